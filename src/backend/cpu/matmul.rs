@@ -1,0 +1,744 @@
+//! `out = x · wᵀ` against weights kept in their stored dtype (F32, F16, BF16), and the
+//! small vector helpers attention uses ([`dot`], [`axpy`]).
+//!
+//! Two shapes of work, both split across the pool by output feature (each task owns a
+//! contiguous block of weight rows, so every weight byte is read once per call):
+//!
+//! - **Few x rows (decode, `rows <= SMALL_ROWS`)** is bound by memory bandwidth. A task
+//!   streams its weight rows four at a time, converting 16-bit values in registers and
+//!   multiplying them into every x row (`Ops::small`).
+//! - **Many x rows (prefill)** is bound by arithmetic. A task converts a panel of `nr`
+//!   weight rows × `KC` columns to f32 once, transposed to `[KC][nr]` (`Ops::pack`), then
+//!   sweeps all x rows over it with an `mr × nr` register-tiled kernel that broadcasts one
+//!   x value against `nr` outputs (`Ops::panel`). Conversion costs O(m·k) against
+//!   O(rows·m·k) multiply-adds.
+//!
+//! Each instruction set (portable scalar, AVX2+FMA+F16C, AVX-512F) provides one table of
+//! kernels ([`Ops`]); the best one the CPU supports is picked once at run time.
+//! `cfg(target_arch)` appears only inside the SIMD modules, which report themselves
+//! unavailable on other architectures. All paths accumulate in f32 (with FMA in SIMD).
+
+mod avx2;
+mod avx512;
+mod scalar;
+
+use std::cell::RefCell;
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use rayon::ThreadPool;
+use rayon::prelude::*;
+
+use crate::tensor::{DType, HostTensor};
+
+/// Calls with at most this many x rows stream the weights (decode, small decode batches);
+/// more rows use the packed, register-tiled path (prefill). Measured crossover on a
+/// 2048 × 5632 BF16 weight: between 8 and 12 rows.
+const SMALL_ROWS: usize = 8;
+/// Task boundaries in the few-rows path fall on multiples of this many weight rows (the
+/// kernels' row group).
+const SMALL_UNIT: usize = 4;
+/// Columns of k per packed weight panel: `KC × nr` f32 values (64 KiB for AVX-512) stay
+/// in L2 while every x row passes over them.
+const KC: usize = 512;
+/// Tasks per pool thread, so work stealing can even out a thread that falls behind.
+const TASKS_PER_THREAD: usize = 4;
+/// Calls with fewer multiply-adds than this run on the calling thread (waking the pool
+/// costs more than the work).
+const PAR_MIN_WORK: usize = 1 << 16;
+
+/// The kernel variants; [`Kernel::best`] is what [`matmul`], [`dot`] and [`axpy`] use.
+/// Public so tests and benchmarks can run each variant explicitly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Portable Rust; always available.
+    Scalar,
+    /// AVX2 + FMA + F16C, 8 lanes.
+    Avx2,
+    /// AVX-512F, 16 lanes.
+    Avx512,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 3] = [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512];
+
+    /// The fastest variant this CPU supports (detected once).
+    pub fn best() -> Kernel {
+        static BEST: OnceLock<Kernel> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            [Kernel::Avx512, Kernel::Avx2].into_iter().find(|k| k.is_available()).unwrap_or(Kernel::Scalar)
+        })
+    }
+
+    /// Whether this CPU has the features the variant needs.
+    pub fn is_available(self) -> bool {
+        self.ops().is_some()
+    }
+
+    fn ops(self) -> Option<&'static Ops> {
+        match self {
+            Kernel::Scalar => Some(&scalar::OPS),
+            Kernel::Avx2 => avx2::ops(),
+            Kernel::Avx512 => avx512::ops(),
+        }
+    }
+
+    fn ops_or_panic(self) -> &'static Ops {
+        self.ops().unwrap_or_else(|| panic!("the {self:?} matmul kernel needs CPU features this machine lacks"))
+    }
+}
+
+fn best_ops() -> &'static Ops {
+    static BEST: OnceLock<&'static Ops> = OnceLock::new();
+    BEST.get_or_init(|| Kernel::best().ops_or_panic())
+}
+
+/// `out[r·m + o] = Σ_k x[r·k_dim + k] · w[o, k]` for `r < rows`, `o < m`, where `w` is
+/// `[m, k_dim]`. `x` and `out` may be longer than `rows` rows; the rest is left alone.
+/// Runs on `pool`, split by output feature.
+pub fn matmul(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
+    matmul_with(Kernel::best(), pool, x, rows, w, out);
+}
+
+/// [`matmul`] with a chosen kernel variant; panics if the CPU does not support it.
+pub fn matmul_with(kernel: Kernel, pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
+    let ops = kernel.ops_or_panic();
+    let w = Weights::new(w);
+    let (m, k) = (w.m, w.k);
+    assert!(x.len() >= rows * k, "matmul: x holds {} values, need {rows} rows of {k}", x.len());
+    assert!(out.len() >= rows * m, "matmul: out holds {} values, need {rows} rows of {m}", out.len());
+    if rows == 0 || m == 0 {
+        return;
+    }
+    if k == 0 {
+        out[..rows * m].fill(0.0);
+        return;
+    }
+    let x = XRows { data: &x[..rows * k], ld: k, rows };
+    let dst = OutPtr { ptr: out.as_mut_ptr(), ld: m };
+    let small = rows <= SMALL_ROWS;
+    let unit = if small { SMALL_UNIT } else { ops.nr };
+    let chunk = chunk_len(m, unit, rows * m * k, pool.current_num_threads());
+    let task = |cols: Range<usize>| {
+        // SAFETY: `ops` exists only if its CPU features were detected. `x` holds `rows × k`
+        // values and `w` holds `m × k` (checked above and in `Weights::new`); `dst` points
+        // at `rows × m` values that stay borrowed mutably for this whole call, and each
+        // task writes only its own columns `cols` of them, so no two tasks touch the same
+        // element.
+        unsafe {
+            if small {
+                (ops.small)(x, w, cols, dst);
+            } else {
+                gemm(ops, x, w, cols, dst);
+            }
+        }
+    };
+    let tasks = m.div_ceil(chunk);
+    if tasks == 1 {
+        task(0..m);
+    } else {
+        pool.install(|| (0..tasks).into_par_iter().for_each(|t| task(t * chunk..((t + 1) * chunk).min(m))));
+    }
+}
+
+/// `Σ a[i]·b[i]` in f32; panics if the lengths differ.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_with(Kernel::best(), a, b)
+}
+
+/// `y += alpha · x`; panics if the lengths differ.
+pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    axpy_with(Kernel::best(), alpha, x, y)
+}
+
+/// [`dot`] with a chosen kernel variant; panics if the CPU does not support it.
+pub fn dot_with(kernel: Kernel, a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot: length mismatch");
+    let ops = if kernel == Kernel::best() { best_ops() } else { kernel.ops_or_panic() };
+    // SAFETY: the table exists only if its CPU features were detected; lengths are equal.
+    unsafe { (ops.dot)(a, b) }
+}
+
+/// [`axpy`] with a chosen kernel variant; panics if the CPU does not support it.
+pub fn axpy_with(kernel: Kernel, alpha: f32, x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "axpy: length mismatch");
+    let ops = if kernel == Kernel::best() { best_ops() } else { kernel.ops_or_panic() };
+    // SAFETY: the table exists only if its CPU features were detected; lengths are equal.
+    unsafe { (ops.axpy)(alpha, x, y) }
+}
+
+/// Output features per task: a multiple of `unit` (so only the last task has a partial
+/// panel or row group), about `TASKS_PER_THREAD` tasks per thread, and all of `m` in one
+/// task when the call is too small to be worth waking the pool.
+fn chunk_len(m: usize, unit: usize, work: usize, threads: usize) -> usize {
+    if threads <= 1 || work < PAR_MIN_WORK {
+        return m;
+    }
+    m.div_ceil(threads * TASKS_PER_THREAD).next_multiple_of(unit).min(m)
+}
+
+/// The prefill path for output features `cols`: for each `KC`-wide slice of k, convert
+/// each `nr`-row panel of weights once and run every x row over it.
+///
+/// # Safety
+/// As for `Ops::panel`, with `cols` inside `0..w.m` and `dst` covering `x.rows × w.m`.
+unsafe fn gemm(ops: &Ops, x: XRows, w: Weights, cols: Range<usize>, dst: OutPtr) {
+    let nr = ops.nr;
+    let kc_max = KC.min(w.k);
+    // The (panel, k-slice) pairs in the order they are packed.
+    let blocks = (0..w.k).step_by(KC).flat_map(|k0| cols.clone().step_by(nr).map(move |p0| (p0, k0)));
+    let mut next_blocks = blocks.clone().skip(1);
+    with_scratch(kc_max * nr + x.rows * nr, |scratch| {
+        let (packed, tile) = scratch.split_at_mut(kc_max * nr);
+        for (p0, k0) in blocks {
+            let p1 = (p0 + nr).min(cols.end);
+            let ks = k0..(k0 + KC).min(w.k);
+            let kc = ks.len();
+            let packed = &mut packed[..kc * nr];
+            let xs = XRows { data: &x.data[k0..], ..x };
+            let accumulate = k0 > 0;
+            // While this panel computes, pull the next one's weights toward the cache.
+            let next = next_blocks
+                .next()
+                .map_or(Prefetch::NONE, |(q0, l0)| w.region(q0..(q0 + nr).min(cols.end), l0..(l0 + KC).min(w.k)));
+            // SAFETY: (all calls below) the caller guarantees the table's features and
+            // that `dst` covers `x.rows × w.m`; `p0..p1` lies inside `cols`. `packed`
+            // holds `kc × nr` values and `tile` `x.rows × nr`.
+            unsafe {
+                (ops.pack)(w, p0..p1, ks, packed);
+                if p1 - p0 == nr {
+                    (ops.panel)(xs, kc, packed, dst.at(0, p0), accumulate, next);
+                    continue;
+                }
+                // A partial panel: run the full-width kernel on a scratch tile and copy
+                // back only the real columns.
+                let n = p1 - p0;
+                if accumulate {
+                    for (r, t) in tile.chunks_exact_mut(nr).enumerate() {
+                        std::ptr::copy_nonoverlapping(dst.at(r, p0).ptr, t.as_mut_ptr(), n);
+                    }
+                }
+                (ops.panel)(xs, kc, packed, OutPtr { ptr: tile.as_mut_ptr(), ld: nr }, accumulate, next);
+                for (r, t) in tile.chunks_exact(nr).enumerate() {
+                    std::ptr::copy_nonoverlapping(t.as_ptr(), dst.at(r, p0).ptr, n);
+                }
+            }
+        }
+    });
+}
+
+/// Runs `f` on a 64-byte-aligned scratch buffer of `len` values owned by this thread
+/// (allocated once per thread and grown as needed).
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    #[derive(Clone, Copy)]
+    #[repr(C, align(64))]
+    struct Line([f32; 16]);
+
+    fn view(lines: &mut [Line], len: usize) -> &mut [f32] {
+        // SAFETY: `Line` is 16 f32 values with no padding, so `lines` is
+        // `16 × lines.len() >= len` initialised f32 values.
+        unsafe { &mut std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<f32>(), lines.len() * 16)[..len] }
+    }
+
+    thread_local! {
+        static SCRATCH: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+    }
+    let lines = len.div_ceil(16);
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < lines {
+                buf.resize(lines, Line([0.0; 16]));
+            }
+            f(view(&mut buf, len))
+        }
+        // Re-entered on this thread (a caller nested a matmul inside one): use a fresh one.
+        Err(_) => f(view(&mut vec![Line([0.0; 16]); lines], len)),
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// The interface between the driver above and the per-instruction-set kernels.
+
+/// One instruction set's kernels. Every function requires the CPU features of its
+/// variant; a table is handed out only after they were detected.
+struct Ops {
+    /// Output features per packed panel (the width of the register tile).
+    nr: usize,
+    /// For x rows `r < x.rows <= SMALL_ROWS` and weight rows `o` in `cols`:
+    /// `dst(r, o) = Σ_k x(r, k) · w[o, k]`.
+    small: unsafe fn(x: XRows<'_>, w: Weights<'_>, cols: Range<usize>, dst: OutPtr),
+    /// Converts weight rows `cols` (at most `nr`), columns `ks`, to f32 in `packed`
+    /// (`ks.len() × nr`, `packed[kk·nr + j] = w[cols.start + j, ks.start + kk]`), padding
+    /// missing rows with zeros.
+    pack: unsafe fn(w: Weights<'_>, cols: Range<usize>, ks: Range<usize>, packed: &mut [f32]),
+    /// For every x row `r` and `j < nr`: `dst(r, j) (+)= Σ_{kk < kc} x(r, kk) · packed[kk·nr + j]`
+    /// (adding to what `dst` holds when `accumulate`), prefetching `next` along the way.
+    panel: unsafe fn(x: XRows<'_>, kc: usize, packed: &[f32], dst: OutPtr, accumulate: bool, next: Prefetch),
+    /// `Σ a[i]·b[i]` over equal-length slices.
+    dot: unsafe fn(a: &[f32], b: &[f32]) -> f32,
+    /// `y += alpha · x` over equal-length slices.
+    axpy: unsafe fn(alpha: f32, x: &[f32], y: &mut [f32]),
+}
+
+/// `rows` rows of x: element `(r, kk)` is `data[r·ld + kk]`.
+#[derive(Clone, Copy)]
+struct XRows<'a> {
+    data: &'a [f32],
+    ld: usize,
+    rows: usize,
+}
+
+/// A row-major output the kernels write through: element `(r, c)` is at `ptr + r·ld + c`.
+/// A raw pointer because the pool's tasks write disjoint columns of the same rows.
+#[derive(Clone, Copy)]
+struct OutPtr {
+    ptr: *mut f32,
+    ld: usize,
+}
+
+// SAFETY: an `OutPtr` is only created from a `&mut [f32]` borrowed for the whole parallel
+// section, and each task writes a disjoint set of its elements (see `matmul_with`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The same matrix starting at element `(r, c)`.
+    ///
+    /// # Safety
+    /// `(r, c)` must lie inside the matrix.
+    unsafe fn at(self, r: usize, c: usize) -> OutPtr {
+        // SAFETY: in bounds by the caller's contract.
+        OutPtr { ptr: unsafe { self.ptr.add(r * self.ld + c) }, ..self }
+    }
+}
+
+/// Weight bytes a kernel should pull toward the cache while it computes (the next panel
+/// to pack): `runs` runs of `len` bytes, `stride` apart, from `ptr`. Only an address hint;
+/// nothing is read through it.
+#[derive(Clone, Copy)]
+struct Prefetch {
+    ptr: *const u8,
+    stride: usize,
+    len: usize,
+    runs: usize,
+}
+
+impl Prefetch {
+    const NONE: Prefetch = Prefetch { ptr: std::ptr::null(), stride: 0, len: 0, runs: 0 };
+}
+
+/// Walks a [`Prefetch`] one cache line at a time, spread over a kernel's loop: `tick`
+/// yields a line every `every` calls, `next` the next line at once.
+struct PrefetchCursor {
+    plan: Prefetch,
+    lines_per_run: usize,
+    total: usize,
+    done: usize,
+    every: u32,
+    countdown: u32,
+}
+
+impl PrefetchCursor {
+    /// A cursor that spreads the plan's lines evenly over about `ticks` calls to `tick`.
+    fn new(plan: Prefetch, ticks: usize) -> Self {
+        let lines_per_run = plan.len.div_ceil(64);
+        let total = plan.runs * lines_per_run;
+        let every = (ticks / total.max(1)).clamp(1, 64) as u32;
+        PrefetchCursor { plan, lines_per_run, total, done: 0, every, countdown: every }
+    }
+
+    #[inline(always)]
+    fn tick(&mut self) -> Option<*const u8> {
+        self.countdown -= 1;
+        if self.countdown != 0 {
+            return None;
+        }
+        self.countdown = self.every;
+        self.next()
+    }
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<*const u8> {
+        if self.done == self.total {
+            return None;
+        }
+        let (run, line) = (self.done / self.lines_per_run, self.done % self.lines_per_run);
+        self.done += 1;
+        Some(self.plan.ptr.wrapping_add(run * self.plan.stride + line * 64))
+    }
+}
+
+/// A `[m, k]` weight matrix, typed.
+#[derive(Clone, Copy)]
+struct Weights<'a> {
+    data: WData<'a>,
+    m: usize,
+    k: usize,
+}
+
+#[derive(Clone, Copy)]
+enum WData<'a> {
+    F32(&'a [f32]),
+    F16(&'a [F16]),
+    Bf16(&'a [Bf16]),
+}
+
+impl<'a> Weights<'a> {
+    fn new(t: &'a HostTensor) -> Self {
+        assert_eq!(t.shape.len(), 2, "matmul: weight must be 2-D, got shape {:?}", t.shape);
+        let (m, k) = (t.shape[0], t.shape[1]);
+        let data = match t.dtype {
+            DType::F32 => WData::F32(t.as_f32()),
+            DType::F16 => WData::F16(F16::cast(t.as_u16())),
+            DType::BF16 => WData::Bf16(Bf16::cast(t.as_u16())),
+        };
+        let len = match data {
+            WData::F32(d) => d.len(),
+            WData::F16(d) => d.len(),
+            WData::Bf16(d) => d.len(),
+        };
+        assert_eq!(len, m * k, "matmul: weight of shape {:?} holds {len} values", t.shape);
+        Weights { data, m, k }
+    }
+}
+
+impl Weights<'_> {
+    /// Where rows `rows`, columns `ks` of the matrix lie in memory.
+    fn region(&self, rows: Range<usize>, ks: Range<usize>) -> Prefetch {
+        let (base, size) = match self.data {
+            WData::F32(d) => (d.as_ptr().cast::<u8>(), 4),
+            WData::F16(d) => (d.as_ptr().cast::<u8>(), 2),
+            WData::Bf16(d) => (d.as_ptr().cast::<u8>(), 2),
+        };
+        Prefetch {
+            ptr: base.wrapping_add((rows.start * self.k + ks.start) * size),
+            stride: self.k * size,
+            len: ks.len() * size,
+            runs: rows.len(),
+        }
+    }
+}
+
+/// A stored weight element the kernels can widen to f32.
+trait WElem: Copy + Send + Sync + 'static {
+    const ZERO: Self;
+    fn to_f32(self) -> f32;
+}
+
+impl WElem for f32 {
+    const ZERO: Self = 0.0;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+/// IEEE half-precision bits.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct F16(u16);
+
+/// bfloat16 bits (the top half of an f32).
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Bf16(u16);
+
+impl WElem for F16 {
+    const ZERO: Self = F16(0);
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::from_bits(self.0).to_f32()
+    }
+}
+
+impl WElem for Bf16 {
+    const ZERO: Self = Bf16(0);
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+}
+
+impl F16 {
+    fn cast(bits: &[u16]) -> &[F16] {
+        // SAFETY: `F16` is `repr(transparent)` over `u16`.
+        unsafe { std::slice::from_raw_parts(bits.as_ptr().cast(), bits.len()) }
+    }
+}
+
+impl Bf16 {
+    fn cast(bits: &[u16]) -> &[Bf16] {
+        // SAFETY: `Bf16` is `repr(transparent)` over `u16`.
+        unsafe { std::slice::from_raw_parts(bits.as_ptr().cast(), bits.len()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use half::{bf16, f16};
+
+    use super::*;
+    use crate::tensor::AlignedBytes;
+
+    /// SplitMix64: a tiny seeded generator, so failures reproduce.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next_u64(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        /// Uniform in [-1, 1).
+        fn f32(&mut self) -> f32 {
+            (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+
+        fn vec(&mut self, n: usize) -> Vec<f32> {
+            (0..n).map(|_| self.f32()).collect()
+        }
+    }
+
+    fn pool(threads: usize) -> ThreadPool {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
+    }
+
+    fn available() -> Vec<Kernel> {
+        Kernel::ALL.into_iter().filter(|k| k.is_available()).collect()
+    }
+
+    /// A random `[m, k]` weight whose data starts one element past a 64-byte boundary
+    /// (aligned for its dtype only, as a memory-mapped tensor may be).
+    fn weight(dtype: DType, m: usize, k: usize, rng: &mut Rng) -> HostTensor {
+        let skew = dtype.size();
+        let mut bytes = vec![0u8; skew];
+        for _ in 0..m * k {
+            let v = rng.f32();
+            match dtype {
+                DType::F32 => bytes.extend(v.to_le_bytes()),
+                DType::F16 => bytes.extend(f16::from_f32(v).to_bits().to_le_bytes()),
+                DType::BF16 => bytes.extend(bf16::from_f32(v).to_bits().to_le_bytes()),
+            }
+        }
+        let len = bytes.len() - skew;
+        HostTensor::new(Arc::new(AlignedBytes::from_slice(&bytes)), skew, len, dtype, vec![m, k])
+    }
+
+    /// Runs one kernel on random data and compares every output with an f64 reference:
+    /// `|got - ref| <= 1e-6 · Σ|x·w| + 1e-7`. Also checks that `out` is overwritten (it
+    /// starts as NaN) and that values past `rows × m` are left alone.
+    fn check(kernel: Kernel, pool: &ThreadPool, dtype: DType, rows: usize, m: usize, k: usize) {
+        let mut rng = Rng((rows * 1_000_003 + m * 1009 + k) as u64);
+        let w = weight(dtype, m, k, &mut rng);
+        let x = rng.vec(rows * k + 3);
+        let mut out = vec![f32::NAN; rows * m + 5];
+        matmul_with(kernel, pool, &x, rows, &w, &mut out);
+        for r in 0..rows {
+            for o in 0..m {
+                let (mut want, mut mag) = (0.0f64, 0.0f64);
+                for kk in 0..k {
+                    let term = x[r * k + kk] as f64 * w.get_f32(o * k + kk) as f64;
+                    want += term;
+                    mag += term.abs();
+                }
+                let got = out[r * m + o] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-6 * mag + 1e-7,
+                    "{kernel:?} {dtype:?} rows={rows} m={m} k={k}: out[{r}, {o}] = {got}, want {want} (Σ|terms| {mag})"
+                );
+            }
+        }
+        assert!(out[rows * m..].iter().all(|v| v.is_nan()), "{kernel:?} wrote past rows × m");
+    }
+
+    /// (rows, m, k): decode and small batches (the streaming path, x rows in groups of
+    /// four), prefill batches around the register tiles (12 rows for AVX-512, 6 for AVX2,
+    /// 4 for scalar), panel widths (8, 16, 32) and `KC` (512), and calls big enough to be
+    /// split across tasks.
+    const SHAPES: &[(usize, usize, usize)] = &[
+        (1, 1, 1),
+        (1, 37, 15),
+        (1, 67, 131),
+        (1, 130, 1030),
+        (2, 9, 33),
+        (3, 45, 97),
+        (4, 33, 64),
+        (5, 31, 17),
+        (7, 301, 257),
+        (8, 20, 40),
+        (9, 33, 40),
+        (12, 32, 16),
+        (13, 65, 600),
+        (17, 71, 301),
+        (17, 300, 700),
+        (40, 100, 1100),
+        (3, 5, 0),
+        (0, 5, 7),
+    ];
+
+    #[test]
+    fn every_kernel_matches_reference() {
+        let pool = pool(2);
+        let kernels = available();
+        eprintln!("matmul kernels tested on this CPU: {kernels:?}");
+        for &kernel in &kernels {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                for &(rows, m, k) in SHAPES {
+                    check(kernel, &pool, dtype, rows, m, k);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn single_thread_pool_matches_reference() {
+        let pool = pool(1);
+        for kernel in available() {
+            check(kernel, &pool, DType::BF16, 17, 300, 700);
+            check(kernel, &pool, DType::F16, 1, 130, 1030);
+        }
+    }
+
+    #[test]
+    fn detection_matches_cpu_features() {
+        assert!(Kernel::Scalar.is_available());
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            assert_eq!(Kernel::Avx512.is_available(), has!("avx512f"));
+            assert_eq!(Kernel::Avx2.is_available(), has!("avx2") && has!("fma") && has!("f16c"));
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            assert!(!Kernel::Avx512.is_available() && !Kernel::Avx2.is_available());
+        }
+        assert_eq!(Kernel::best(), *available().last().unwrap());
+    }
+
+    #[test]
+    fn dot_and_axpy_match_reference() {
+        let mut rng = Rng(7);
+        for kernel in available() {
+            for n in [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 1000] {
+                let (a, b) = (rng.vec(n), rng.vec(n));
+                let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+                let mag: f64 = a.iter().zip(&b).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
+                let got = dot_with(kernel, &a, &b) as f64;
+                assert!((got - want).abs() <= 1e-6 * mag + 1e-7, "{kernel:?} dot n={n}: {got} vs {want}");
+
+                let alpha = rng.f32();
+                let mut y = b.clone();
+                axpy_with(kernel, alpha, &a, &mut y);
+                for i in 0..n {
+                    let term = alpha as f64 * a[i] as f64;
+                    let want = b[i] as f64 + term;
+                    let tol = 1e-6 * (b[i].abs() as f64 + term.abs()) + 1e-7;
+                    assert!((y[i] as f64 - want).abs() <= tol, "{kernel:?} axpy n={n} i={i}: {} vs {want}", y[i]);
+                }
+            }
+        }
+        assert_eq!(dot(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]), 32.0);
+        let mut y = [1.0, 1.0];
+        axpy(2.0, &[3.0, 4.0], &mut y);
+        assert_eq!(y, [7.0, 9.0]);
+    }
+
+    #[test]
+    fn chunks_cover_every_column_on_unit_boundaries() {
+        for (m, unit, work, threads) in [
+            (2048, 4, 1 << 24, 2),
+            (2048, 32, 1 << 30, 2),
+            (70, 32, 1 << 20, 16),
+            (5, 4, 1 << 20, 2),
+            (2048, 4, 100, 2),
+            (1000, 8, 1 << 24, 1),
+        ] {
+            let chunk = chunk_len(m, unit, work, threads);
+            assert!(chunk > 0 && (chunk.is_multiple_of(unit) || chunk == m), "m={m} unit={unit}: chunk {chunk}");
+            if work >= PAR_MIN_WORK && threads > 1 && m >= 2 * threads * unit {
+                assert!(m.div_ceil(chunk) >= threads, "m={m}: {chunk} leaves a thread idle");
+            }
+        }
+    }
+
+    /// Decode and prefill throughput against the machine's read bandwidth, per kernel.
+    /// `cargo test --release --lib backend::cpu::matmul::tests::throughput -- --ignored --nocapture`
+    #[test]
+    #[ignore = "benchmark: run with --ignored --nocapture"]
+    fn throughput() {
+        const M: usize = 2048;
+        const K: usize = 5632;
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(2);
+        let pool = pool(threads);
+        let best_of = |reps: usize, f: &mut dyn FnMut()| {
+            (0..reps)
+                .map(|_| {
+                    let t = Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+
+        // Plain read bandwidth: `threads` threads summing a 1 GiB u64 array.
+        let words: Vec<u64> = (0..1u64 << 27).collect();
+        let mut total = 0u64;
+        let secs = best_of(5, &mut || {
+            total = pool.install(|| {
+                words
+                    .par_chunks(1 << 16)
+                    .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+                    .reduce(|| 0, u64::wrapping_add)
+            });
+        });
+        std::hint::black_box(total);
+        let mem_gbs = (words.len() * 8) as f64 / secs / 1e9;
+        eprintln!("read bandwidth, {threads} threads summing 1 GiB of u64: {mem_gbs:.1} GB/s");
+        drop(words);
+
+        // Decode: rows = 1 over 8 distinct BF16 weights (185 MB, more than the L3), cycled
+        // so each call streams from DRAM; and over one weight that stays cached.
+        let mut rng = Rng(1);
+        let ws: Vec<HostTensor> = (0..8).map(|_| weight(DType::BF16, M, K, &mut rng)).collect();
+        let x = rng.vec(128 * K);
+        let mut out = vec![0.0f32; 128 * M];
+        let bytes = (M * K * 2) as f64;
+        for kernel in available() {
+            let cold = best_of(5, &mut || {
+                for w in &ws {
+                    matmul_with(kernel, &pool, &x, 1, w, &mut out);
+                }
+            }) / ws.len() as f64;
+            let hot = best_of(20, &mut || matmul_with(kernel, &pool, &x, 1, &ws[0], &mut out));
+            eprintln!(
+                "{kernel:?} matvec {M}x{K} BF16, {threads} threads: {:.1} GB/s streaming ({:.0} us), {:.1} GB/s cached ({:.0} us)",
+                bytes / cold / 1e9,
+                cold * 1e6,
+                bytes / hot / 1e9,
+                hot * 1e6,
+            );
+        }
+
+        // Prefill: rows = 128.
+        for kernel in available() {
+            let reps = if kernel == Kernel::Scalar { 1 } else { 5 };
+            for dtype in [DType::BF16, DType::F16, DType::F32] {
+                let w = if dtype == DType::BF16 { ws[0].clone() } else { weight(dtype, M, K, &mut rng) };
+                let secs = best_of(reps, &mut || matmul_with(kernel, &pool, &x, 128, &w, &mut out));
+                let flops = 2.0 * (128 * M * K) as f64;
+                eprintln!(
+                    "{kernel:?} prefill 128x{K} · ({M}x{K} {dtype:?})ᵀ, {threads} threads: {:.1} GFLOP/s ({:.2} ms)",
+                    flops / secs / 1e9,
+                    secs * 1e3
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! Portable kernels: the fallback on CPUs without the SIMD features, and the shape every
+//! SIMD table follows. Plain `a * b + c` rather than `mul_add`, which without hardware FMA
+//! becomes a libm call per element.
+
+use std::ops::Range;
+
+use super::{Bf16, F16, Ops, OutPtr, Prefetch, WData, WElem, Weights, XRows};
+
+/// Output features per packed panel.
+const NR: usize = 8;
+/// x rows per register tile.
+const MR: usize = 4;
+
+pub(super) static OPS: Ops = Ops { nr: NR, small, pack, panel, dot, axpy };
+
+/// # Safety
+/// See `Ops::small`: `dst` must cover `x.rows` rows and the columns `cols`.
+unsafe fn small(x: XRows, w: Weights, cols: Range<usize>, dst: OutPtr) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match w.data {
+            WData::F32(d) => small_t(x, d, w.k, cols, dst),
+            WData::F16(d) => small_t(x, d, w.k, cols, dst),
+            WData::Bf16(d) => small_t(x, d, w.k, cols, dst),
+        }
+    }
+}
+
+unsafe fn small_t<T: WElem>(x: XRows, w: &[T], k: usize, cols: Range<usize>, dst: OutPtr) {
+    for o in cols {
+        let wr = &w[o * k..][..k];
+        for r in 0..x.rows {
+            let xr = &x.data[r * x.ld..][..k];
+            let sum = xr.iter().zip(wr).fold(0.0f32, |acc, (&a, &b)| acc + a * b.to_f32());
+            // SAFETY: `(r, o)` is inside `dst` by the caller's contract.
+            unsafe { *dst.at(r, o).ptr = sum };
+        }
+    }
+}
+
+/// # Safety
+/// None beyond the slice bounds, which are checked.
+unsafe fn pack(w: Weights, cols: Range<usize>, ks: Range<usize>, packed: &mut [f32]) {
+    match w.data {
+        WData::F32(d) => pack_t(d, w.k, cols, ks, packed),
+        WData::F16(d) => pack_t::<F16>(d, w.k, cols, ks, packed),
+        WData::Bf16(d) => pack_t::<Bf16>(d, w.k, cols, ks, packed),
+    }
+}
+
+fn pack_t<T: WElem>(w: &[T], k: usize, cols: Range<usize>, ks: Range<usize>, packed: &mut [f32]) {
+    let n = cols.len();
+    assert!(n <= NR && packed.len() >= ks.len() * NR);
+    for (kk, dst) in packed.chunks_exact_mut(NR).take(ks.len()).enumerate() {
+        for (j, d) in dst.iter_mut().enumerate() {
+            *d = if j < n { w[(cols.start + j) * k + ks.start + kk].to_f32() } else { 0.0 };
+        }
+    }
+}
+
+/// # Safety
+/// See `Ops::panel`: `dst` must cover `x.rows × NR` elements. (No prefetching here.)
+unsafe fn panel(x: XRows, kc: usize, packed: &[f32], dst: OutPtr, accumulate: bool, _next: Prefetch) {
+    let mut r = 0;
+    while r < x.rows {
+        let rows = MR.min(x.rows - r);
+        let mut acc = [[0.0f32; NR]; MR];
+        for (i, acc) in acc.iter_mut().enumerate().take(rows) {
+            let xr = &x.data[(r + i) * x.ld..][..kc];
+            for (&xv, wv) in xr.iter().zip(packed.chunks_exact(NR)) {
+                for (a, &b) in acc.iter_mut().zip(wv) {
+                    *a += xv * b;
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate().take(rows) {
+            // SAFETY: row `r + i` of `dst` has `NR` elements by the caller's contract.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst.at(r + i, 0).ptr, NR) };
+            for (o, &a) in out.iter_mut().zip(acc) {
+                *o = if accumulate { *o + a } else { a };
+            }
+        }
+        r += rows;
+    }
+}
+
+/// # Safety
+/// None.
+unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight independent partial sums: faster, and closer to what the SIMD kernels add up.
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    for (ca, cb) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] += ca[i] * cb[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// # Safety
+/// None.
+unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
+    }
+}

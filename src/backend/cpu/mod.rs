@@ -1,0 +1,181 @@
+//! The CPU backend: multithreaded, SIMD where it matters (detected at run time).
+
+pub mod matmul;
+
+use rayon::prelude::*;
+
+use super::{AttnParams, Backend, RopeFreqs};
+use crate::tensor::HostTensor;
+
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    threads: usize,
+}
+
+impl CpuBackend {
+    /// A backend with `threads` worker threads (0: one per available core).
+    pub fn new(threads: usize) -> Self {
+        let threads =
+            if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("strata-cpu-{i}"))
+            .build()
+            .expect("building a thread pool");
+        CpuBackend { pool, threads }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Weight = HostTensor;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", self.threads)
+    }
+
+    fn alloc(&self, len: usize) -> Vec<f32> {
+        vec![0.0; len]
+    }
+
+    fn upload(&self, data: &[f32]) -> Vec<f32> {
+        data.to_vec()
+    }
+
+    fn download(&self, buf: &Vec<f32>, len: usize) -> Vec<f32> {
+        buf[..len].to_vec()
+    }
+
+    fn weight(&self, t: &HostTensor) -> HostTensor {
+        t.clone()
+    }
+
+    fn embedding(&self, table: &HostTensor, ids: &[u32], out: &mut Vec<f32>) {
+        let dim = table.shape[1];
+        for (row, &id) in out.chunks_exact_mut(dim).zip(ids) {
+            table.read_f32(id as usize * dim, row);
+        }
+    }
+
+    fn matmul(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, out: &mut Vec<f32>) {
+        matmul::matmul(&self.pool, x, rows, w, out);
+    }
+
+    fn add_bias(&self, x: &mut Vec<f32>, rows: usize, bias: &HostTensor) {
+        let b = bias.to_f32_vec();
+        for row in x.chunks_exact_mut(b.len()).take(rows) {
+            row.iter_mut().zip(&b).for_each(|(v, b)| *v += b);
+        }
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, eps: f32, out: &mut Vec<f32>) {
+        let w = w.to_f32_vec();
+        let dim = w.len();
+        let norm = |(src, dst): (&[f32], &mut [f32])| {
+            let mean_sq = src.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / dim as f64;
+            let inv = 1.0 / ((mean_sq as f32) + eps).sqrt();
+            for ((d, &s), &g) in dst.iter_mut().zip(src).zip(&w) {
+                *d = g * (s * inv);
+            }
+        };
+        let (src, dst) = (&x[..rows * dim], &mut out[..rows * dim]);
+        if rows >= 64 {
+            self.pool.install(|| src.par_chunks_exact(dim).zip(dst.par_chunks_exact_mut(dim)).for_each(norm));
+        } else {
+            src.chunks_exact(dim).zip(dst.chunks_exact_mut(dim)).for_each(norm);
+        }
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, n_heads: usize, head_dim: usize, positions: &[u32], freqs: &RopeFreqs) {
+        let half = head_dim / 2;
+        let mut cos = vec![0.0f32; half];
+        let mut sin = vec![0.0f32; half];
+        for (row, &pos) in x.chunks_exact_mut(n_heads * head_dim).zip(positions) {
+            for (i, &f) in freqs.inv_freq.iter().enumerate() {
+                let angle = pos as f32 * f;
+                cos[i] = angle.cos() * freqs.attention_factor;
+                sin[i] = angle.sin() * freqs.attention_factor;
+            }
+            for head in row.chunks_exact_mut(head_dim) {
+                let (a, b) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (x0, x1) = (a[i], b[i]);
+                    a[i] = x0 * cos[i] - x1 * sin[i];
+                    b[i] = x1 * cos[i] + x0 * sin[i];
+                }
+            }
+        }
+    }
+
+    fn copy_rows(
+        &self,
+        src: &Vec<f32>,
+        src_row: usize,
+        rows: usize,
+        row_len: usize,
+        dst: &mut Vec<f32>,
+        dst_row: usize,
+    ) {
+        let n = rows * row_len;
+        dst[dst_row * row_len..][..n].copy_from_slice(&src[src_row * row_len..][..n]);
+    }
+
+    fn attention(
+        &self,
+        q: &Vec<f32>,
+        row0: usize,
+        rows: usize,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        p: &AttnParams,
+        out: &mut Vec<f32>,
+    ) {
+        let hd = p.head_dim;
+        let (q_width, kv_width) = (p.n_heads * hd, p.n_kv_heads * hd);
+        let group = p.n_heads / p.n_kv_heads;
+        let q = &q[row0 * q_width..(row0 + rows) * q_width];
+        let out = &mut out[row0 * q_width..(row0 + rows) * q_width];
+        // One task per (query row, head): a head's output is `head_dim` contiguous values.
+        let task = |(i, o): (usize, &mut [f32])| {
+            let (r, h) = (i / p.n_heads, i % p.n_heads);
+            let pos = p.start_pos + r;
+            let first = match p.sliding_window {
+                Some(w) if w > 0 => (pos + 1).saturating_sub(w),
+                _ => 0,
+            };
+            let qh = &q[r * q_width + h * hd..][..hd];
+            let kv_off = (h / group) * hd;
+            let mut scores: Vec<f32> =
+                (first..=pos).map(|j| matmul::dot(qh, &k[j * kv_width + kv_off..][..hd]) * p.scale).collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0f32;
+            for s in &mut scores {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            o.fill(0.0);
+            for (j, s) in (first..=pos).zip(&scores) {
+                matmul::axpy(s / sum, &v[j * kv_width + kv_off..][..hd], o);
+            }
+        };
+        if rows * p.n_heads > 1 {
+            self.pool.install(|| out.par_chunks_exact_mut(hd).enumerate().for_each(task));
+        } else {
+            out.chunks_exact_mut(hd).enumerate().for_each(task);
+        }
+    }
+
+    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
+        for (g, &u) in gate[..len].iter_mut().zip(&up[..len]) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
+        x[..len].iter_mut().zip(&y[..len]).for_each(|(a, b)| *a += b);
+    }
+}

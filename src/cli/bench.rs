@@ -1,0 +1,188 @@
+//! `strata bench`: prefill and decode speed, next to the memory-bandwidth roofline
+//! measured in the same run.
+
+use std::time::Instant;
+
+use clap::Args;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::RunOpts;
+use crate::engine::session::Engine;
+use crate::model::llama::SeqStep;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Model: a Hugging Face directory or `strata-demo`.
+    pub model: String,
+    #[arg(long = "prompt-tokens", default_value_t = 128)]
+    pub prompt_tokens: usize,
+    #[arg(long = "gen-tokens", default_value_t = 32)]
+    pub gen_tokens: usize,
+    /// Sequences decoded together in one batch.
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: usize,
+    /// Repetitions; the report gives medians.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub run: RunOpts,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub model: String,
+    pub threads: usize,
+    pub prompt_tokens: usize,
+    pub gen_tokens: usize,
+    pub concurrency: usize,
+    pub runs: usize,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    pub weights_bytes: usize,
+    pub streamable_bytes: usize,
+    pub resident_bytes: usize,
+    pub bytes_read_per_token: f64,
+    pub cache_hit_rate: f64,
+    pub io_stall_fraction: f64,
+    pub peak_rss_bytes: u64,
+    /// Weight bytes one decode step touches (layers + output head).
+    pub weight_bytes_per_token: usize,
+    /// Memory read bandwidth measured in this run.
+    pub mem_bandwidth_bytes_s: f64,
+    /// Decode tok/s if every step only had to read its weights once at that bandwidth.
+    pub decode_roofline_tok_s: f64,
+    pub decode_fraction_of_roofline: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Read bandwidth of this machine: threads summing a buffer far larger than the caches.
+pub fn measure_read_bandwidth(threads: usize) -> f64 {
+    let words = 256 << 20 >> 3; // 256 MiB of u64
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
+    let mut samples = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let sum: u64 = pool.install(|| {
+            buf.par_chunks(1 << 16)
+                .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+                .reduce(|| 0, u64::wrapping_add)
+        });
+        std::hint::black_box(sum);
+        samples.push((words * 8) as f64 / t.elapsed().as_secs_f64());
+    }
+    median(samples)
+}
+
+fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+pub fn main(args: BenchArgs) -> anyhow::Result<()> {
+    let engine = Engine::load(&args.model, &args.run.to_options())?;
+    let model = &engine.model;
+    let vocab = model.config.vocab_size as u32;
+    let threads = rayon::current_num_threads().max(1);
+    let threads = if args.run.threads > 0 { args.run.threads } else { threads };
+    let (n_seq, runs) = (args.concurrency.max(1), args.runs.max(1));
+    let needed = args.prompt_tokens + args.gen_tokens + 1;
+    // Deterministic pseudo-random prompt ids.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next_id = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) % vocab as u64) as u32
+    };
+    let prompts: Vec<Vec<u32>> =
+        (0..n_seq).map(|_| (0..args.prompt_tokens.max(1)).map(|_| next_id()).collect()).collect();
+
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let mut caches: Vec<_> = (0..n_seq).map(|_| model.new_cache(needed)).collect();
+        let t = Instant::now();
+        let mut last = Vec::new();
+        for (p, cache) in prompts.iter().zip(caches.iter_mut()) {
+            let mut step = [SeqStep { tokens: p, cache, all_logits: false }];
+            last.push(model.forward(&mut step)?.pop().unwrap_or_default());
+        }
+        prefill.push((n_seq * args.prompt_tokens) as f64 / t.elapsed().as_secs_f64());
+
+        let t = Instant::now();
+        for _ in 0..args.gen_tokens {
+            let ids: Vec<u32> = last
+                .iter()
+                .map(|l| l.iter().enumerate().fold(0, |b, (j, &v)| if v > l[b] { j } else { b }) as u32)
+                .collect();
+            let mut batch: Vec<SeqStep<'_, _>> = ids
+                .iter()
+                .zip(caches.iter_mut())
+                .map(|(id, cache)| SeqStep { tokens: std::slice::from_ref(id), cache, all_logits: false })
+                .collect();
+            last = model.forward(&mut batch)?;
+        }
+        decode.push((n_seq * args.gen_tokens) as f64 / t.elapsed().as_secs_f64());
+    }
+
+    let sched = model.scheduler();
+    let stats = sched.stats();
+    let requests = stats.layer_requests.load(std::sync::atomic::Ordering::Relaxed).max(1);
+    let hits = stats.layer_hits.load(std::sync::atomic::Ordering::Relaxed);
+    let tokens_run = (runs * n_seq * (args.prompt_tokens + args.gen_tokens)).max(1);
+    let weight_bytes_per_token = sched.streamable_bytes() + model.lm_head_bytes();
+    let bandwidth = measure_read_bandwidth(threads);
+    let roofline = bandwidth / weight_bytes_per_token as f64;
+    let decode_tok_s = median(decode);
+    let report = BenchReport {
+        model: engine.name.clone(),
+        threads,
+        prompt_tokens: args.prompt_tokens,
+        gen_tokens: args.gen_tokens,
+        concurrency: n_seq,
+        runs,
+        prefill_tok_s: median(prefill),
+        decode_tok_s,
+        weights_bytes: model.weights_bytes,
+        streamable_bytes: sched.streamable_bytes(),
+        resident_bytes: sched.resident_bytes(),
+        bytes_read_per_token: stats.bytes_read.load(std::sync::atomic::Ordering::Relaxed) as f64 / tokens_run as f64,
+        cache_hit_rate: hits as f64 / requests as f64,
+        io_stall_fraction: 0.0,
+        peak_rss_bytes: peak_rss_bytes(),
+        weight_bytes_per_token,
+        mem_bandwidth_bytes_s: bandwidth,
+        decode_roofline_tok_s: roofline,
+        decode_fraction_of_roofline: decode_tok_s / n_seq as f64 / roofline,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("model {}  threads {}  concurrency {}", report.model, report.threads, report.concurrency);
+        println!("prefill {:.1} tok/s ({} prompt tokens)", report.prefill_tok_s, report.prompt_tokens);
+        println!(
+            "decode  {:.2} tok/s ({} tokens); roofline {:.2} tok/s at {:.1} GB/s measured read bandwidth ({:.0}% of it)",
+            report.decode_tok_s,
+            report.gen_tokens,
+            report.decode_roofline_tok_s,
+            report.mem_bandwidth_bytes_s / 1e9,
+            100.0 * report.decode_fraction_of_roofline
+        );
+        println!(
+            "weights {:.1} MiB; peak RSS {:.1} MiB",
+            report.weights_bytes as f64 / 1048576.0,
+            report.peak_rss_bytes as f64 / 1048576.0
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! `strata run`: chat with a model in the terminal, or one streamed answer to `-p`.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use clap::Args;
+
+use super::RunOpts;
+use crate::backend::Backend;
+use crate::engine::sampler::SamplingParams;
+use crate::engine::session::{Engine, GenerateRequest, Session, TokenEvent};
+use crate::engine::template::ChatMessage;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Model: a Hugging Face directory or `strata-demo`.
+    pub model: String,
+    /// Answer this prompt and exit (otherwise: an interactive chat).
+    #[arg(short, long)]
+    pub prompt: Option<String>,
+    /// A system message for the chat.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Send the prompt as it is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Most tokens per answer.
+    #[arg(long = "max-tokens", short = 'n', default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long = "top-p", default_value_t = 0.9)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Seed for sampling (same seed, same answer).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text appears (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    #[command(flatten)]
+    pub run: RunOpts,
+}
+
+impl RunArgs {
+    fn sampling(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Token ids for a conversation: the chat template when the model has one and `raw`
+/// is off, else the last message's text with the tokenizer's special tokens.
+fn prompt_ids(engine: &Engine, messages: &[ChatMessage], raw: bool) -> anyhow::Result<Vec<u32>> {
+    let tok = &engine.tokenizer;
+    if raw || tok.chat_template().is_none() {
+        let text = messages.last().map(|m| m.content.as_str()).unwrap_or("");
+        return Ok(tok.encode(text, true)?);
+    }
+    let text = tok.apply_chat_template(messages, true)?;
+    Ok(tok.encode(&text, false)?)
+}
+
+/// Streams one answer to stdout and returns its text.
+fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[ChatMessage]) -> anyhow::Result<String> {
+    let req = GenerateRequest {
+        prompt: prompt_ids(engine, messages, args.raw)?,
+        max_tokens: args.max_tokens,
+        sampling: args.sampling(),
+        stop: args.stop.clone(),
+        stop_at_eos: true,
+    };
+    let mut out = std::io::stdout().lock();
+    let mut text = String::new();
+    let summary = session.generate(engine, &req, |ev| {
+        if let TokenEvent::Text(t) = ev {
+            text.push_str(&t);
+            // A closed stdout (`strata run ... | head`) ends the answer.
+            return write!(out, "{t}").and_then(|_| out.flush()).is_ok();
+        }
+        true
+    })?;
+    writeln!(out)?;
+    tracing::info!(
+        prompt_tokens = summary.prompt_tokens,
+        completion_tokens = summary.completion_tokens,
+        finish = summary.finish.as_str(),
+        decode_tok_s = summary.completion_tokens as f64 / summary.decode.as_secs_f64().max(1e-9),
+        "done"
+    );
+    Ok(text)
+}
+
+pub fn main(args: RunArgs) -> anyhow::Result<()> {
+    let engine = Engine::load(&args.model, &args.run.to_options())?;
+    let mut session = Session::new(&engine);
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+    }
+    if let Some(prompt) = &args.prompt {
+        messages.push(ChatMessage { role: "user".into(), content: prompt.clone() });
+        answer(&engine, &mut session, &args, &messages)?;
+        return Ok(());
+    }
+
+    let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        eprintln!(
+            "Chatting with {} ({}). /clear forgets the conversation, /bye or Ctrl-D ends it.",
+            engine.name,
+            engine.model.backend().name()
+        );
+    }
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        if interactive {
+            eprint!(">>> ");
+            std::io::stderr().flush()?;
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        match line.trim() {
+            "" => continue,
+            "/bye" | "/exit" => break,
+            "/clear" => {
+                messages.retain(|m| m.role == "system");
+                eprintln!("(conversation cleared)");
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(ChatMessage { role: "user".into(), content: line });
+        let reply = answer(&engine, &mut session, &args, &messages)?;
+        messages.push(ChatMessage { role: "assistant".into(), content: reply });
+    }
+    Ok(())
+}

@@ -1,0 +1,9 @@
+//! The engine: tokenizer and chat template glue, sampling, stop strings, incremental
+//! detokenization and the generation loop.
+
+pub mod detok;
+pub mod sampler;
+pub mod session;
+pub mod stop;
+pub mod template;
+pub mod tokenizer;

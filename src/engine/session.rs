@@ -1,0 +1,233 @@
+//! The generation loop: prefill, decode, sampling, stop strings and UTF-8-safe
+//! detokenization, reported as a stream of [`TokenEvent`]s.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::tokenizer::{TextTokenizer, TokenizerSources};
+use crate::backend::cpu::CpuBackend;
+use crate::model::ModelSource;
+use crate::model::config::ModelConfig;
+use crate::model::llama::LlamaModel;
+
+use std::time::{Duration, Instant};
+
+use super::detok::IncrementalDecoder;
+use super::sampler::{Sampler, SamplingParams};
+use super::stop::StopMatcher;
+use crate::model::llama::{KvCache, SeqStep};
+
+/// Prompt tokens per forward pass during prefill (bounds activation memory).
+pub const PREFILL_CHUNK: usize = 512;
+
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Stop at the model's end-of-sequence tokens (true unless a caller wants raw text).
+    pub stop_at_eos: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens`, or the context is full.
+    Length,
+    /// The consumer asked to stop (the client went away).
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What a generation reports as it goes.
+#[derive(Clone, Debug)]
+pub enum TokenEvent {
+    /// Text that is final (never half a character, never part of a stop string).
+    Text(String),
+    /// A sampled token id and its log-probability under the model.
+    Token { id: u32, logprob: f32 },
+}
+
+#[derive(Clone, Debug)]
+pub struct GenerationSummary {
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub prefill: Duration,
+    pub decode: Duration,
+    /// Every generated token id (including an end-of-sequence token if one ended it).
+    pub tokens: Vec<u32>,
+}
+
+/// A conversation's state: its tokens and their KV cache. A new prompt that extends
+/// the previous one reuses the cached prefix.
+pub struct Session {
+    cache: KvCache<CpuBackend>,
+    tokens: Vec<u32>,
+}
+
+impl Session {
+    pub fn new(engine: &Engine) -> Self {
+        Session { cache: engine.model.new_cache(engine.context_len), tokens: Vec::new() }
+    }
+
+    pub fn context_len(&self) -> usize {
+        self.cache.capacity()
+    }
+
+    /// Generates a continuation of `req.prompt`. `on_event` returns false to stop early.
+    pub fn generate(
+        &mut self,
+        engine: &Engine,
+        req: &GenerateRequest,
+        mut on_event: impl FnMut(TokenEvent) -> bool,
+    ) -> anyhow::Result<GenerationSummary> {
+        let capacity = self.cache.capacity();
+        if req.prompt.is_empty() {
+            anyhow::bail!("the prompt is empty");
+        }
+        if req.prompt.len() >= capacity {
+            anyhow::bail!("the prompt has {} tokens; the context holds {capacity}", req.prompt.len());
+        }
+        // Reuse the cached prefix shared with the previous turn (keep at least one token
+        // to run, so there are logits to sample from).
+        let common = self.tokens.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
+        let keep = common.min(req.prompt.len() - 1);
+        self.cache.truncate(keep);
+        self.tokens.truncate(keep);
+
+        let start = Instant::now();
+        let mut logits = Vec::new();
+        for chunk in req.prompt[keep..].chunks(PREFILL_CHUNK) {
+            let mut step = [SeqStep { tokens: chunk, cache: &mut self.cache, all_logits: false }];
+            logits = engine.model.forward(&mut step)?.pop().unwrap_or_default();
+            self.tokens.extend_from_slice(chunk);
+        }
+        let prefill = start.elapsed();
+
+        let mut sampler = Sampler::new(req.sampling.clone());
+        let mut decoder = IncrementalDecoder::new(engine.tokenizer.inner(), true).with_prompt_context(&req.prompt);
+        let mut stop = StopMatcher::new(req.stop.clone());
+        let mut generated = Vec::new();
+        let decode_start = Instant::now();
+        let mut finish = FinishReason::Length;
+        // Text passes through the stop matcher before it reaches the consumer.
+        let mut emit = |text: String, on_event: &mut dyn FnMut(TokenEvent) -> bool| -> Option<FinishReason> {
+            let step = stop.push(&text);
+            if !step.emit.is_empty() && !on_event(TokenEvent::Text(step.emit)) {
+                return Some(FinishReason::Cancelled);
+            }
+            step.stopped.then_some(FinishReason::Stop)
+        };
+        let mut by_stop_string = false;
+        loop {
+            if generated.len() >= req.max_tokens || self.tokens.len() >= capacity {
+                break;
+            }
+            let id = sampler.sample(&logits, &self.tokens);
+            let logprob = super::sampler::log_softmax(&logits)[id as usize];
+            generated.push(id);
+            if !on_event(TokenEvent::Token { id, logprob }) {
+                finish = FinishReason::Cancelled;
+                break;
+            }
+            if req.stop_at_eos && engine.tokenizer.is_eos(id) {
+                finish = FinishReason::Stop;
+                break;
+            }
+            if let Some(reason) = emit(decoder.push(id)?, &mut on_event) {
+                finish = reason;
+                by_stop_string = reason == FinishReason::Stop;
+                break;
+            }
+            let mut step = [SeqStep { tokens: std::slice::from_ref(&id), cache: &mut self.cache, all_logits: false }];
+            logits = engine.model.forward(&mut step)?.pop().unwrap_or_default();
+            self.tokens.push(id);
+        }
+        if finish != FinishReason::Cancelled && !by_stop_string {
+            match emit(decoder.flush()?, &mut on_event) {
+                Some(FinishReason::Stop) => finish = FinishReason::Stop,
+                Some(reason) => finish = reason,
+                None => {
+                    let tail = stop.finish();
+                    if !tail.is_empty() && !on_event(TokenEvent::Text(tail)) {
+                        finish = FinishReason::Cancelled;
+                    }
+                }
+            }
+        }
+        Ok(GenerationSummary {
+            finish,
+            prompt_tokens: req.prompt.len(),
+            completion_tokens: generated.len(),
+            prefill,
+            decode: decode_start.elapsed(),
+            tokens: generated,
+        })
+    }
+}
+
+/// Where and how a model runs (the options serve, run, perplexity and bench share).
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Worker threads (0: one per core).
+    pub threads: usize,
+    /// Context length in tokens (0: the model's maximum, capped at [`DEFAULT_CONTEXT`]).
+    pub context: usize,
+    /// `cpu` or `cuda:N`.
+    pub device: Option<String>,
+}
+
+/// Context length when neither the user nor a small model limit asks for another.
+pub const DEFAULT_CONTEXT: usize = 4096;
+
+/// A loaded model with its tokenizer, ready to run.
+pub struct Engine {
+    pub name: String,
+    pub model: LlamaModel<CpuBackend>,
+    pub tokenizer: TextTokenizer,
+    pub context_len: usize,
+}
+
+impl Engine {
+    /// Loads a model SPEC (a Hugging Face directory or `strata-demo`).
+    pub fn load(spec: &str, opts: &RunOptions) -> anyhow::Result<Self> {
+        match opts.device.as_deref() {
+            None | Some("cpu") => {}
+            Some(other) => anyhow::bail!("device `{other}` is not available: this build runs on the CPU only"),
+        }
+        let source = ModelSource::from_spec(spec)?;
+        Self::from_source(source, opts)
+    }
+
+    pub fn from_source(source: ModelSource, opts: &RunOptions) -> anyhow::Result<Self> {
+        let config = ModelConfig::from_json(&source.config_json).with_context(|| format!("model `{}`", source.name))?;
+        let tokenizer = TextTokenizer::from_parts(TokenizerSources {
+            tokenizer_json: &source.tokenizer_json,
+            tokenizer_config_json: source.tokenizer_config_json.as_deref(),
+            generation_config_json: source.generation_config_json.as_deref(),
+            chat_template: source.chat_template.as_deref(),
+            model_config_json: Some(&source.config_json),
+        })
+        .with_context(|| format!("model `{}`: loading the tokenizer", source.name))?;
+        let context_len = match opts.context {
+            0 => config.max_position_embeddings.min(DEFAULT_CONTEXT),
+            n => n,
+        };
+        let backend = Arc::new(CpuBackend::new(opts.threads));
+        let model = LlamaModel::new(config, &source, backend).with_context(|| format!("model `{}`", source.name))?;
+        Ok(Engine { name: source.name, model, tokenizer, context_len })
+    }
+}

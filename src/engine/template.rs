@@ -1,0 +1,1007 @@
+//! Chat templates: the Jinja templates that ship with Hugging Face models, rendered the way
+//! transformers renders them.
+//!
+//! transformers compiles templates with jinja2's `ImmutableSandboxedEnvironment(
+//! trim_blocks=True, lstrip_blocks=True)` plus the `loopcontrols` extension, and adds
+//! `raise_exception(msg)`, `strftime_now(fmt)` and a `tojson` filter that is plain
+//! `json.dumps(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`
+//! (not jinja2's HTML-escaping one). The context holds the tokenizer's named special tokens
+//! (`bos_token`, `eos_token`, ...), the caller's extra variables, `messages`, `tools`
+//! (None unless given), `documents` (None unless given) and `add_generation_prompt`.
+//! Python string and dict methods (`.strip()`, `.split()`, `.items()`, ...) come from
+//! minijinja-contrib's pycompat layer, and `{{ value }}` prints floats, lists and dicts the
+//! way Python's `str()` does.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, State};
+use serde::{Deserialize, Serialize};
+
+use super::tokenizer::TextError;
+
+/// One chat message as the template sees it: `{"role": ..., "content": ...}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+/// Name the template is stored under inside its environment (no `.html`: no autoescape).
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// Nesting limit for values converted from JSON and for `tojson`.
+const MAX_DEPTH: usize = 128;
+
+/// A compiled chat template plus the special-token variables it is rendered with.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    /// Named special tokens (`bos_token`, `eos_token`, `unk_token`, ...) put in the context.
+    special_tokens: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source_len", &self.source.len())
+            .field("special_tokens", &self.special_tokens)
+            .finish()
+    }
+}
+
+/// The error `raise_exception` attaches, so that render can tell it from engine errors.
+#[derive(Debug)]
+struct RaisedException(String);
+
+impl std::fmt::Display for RaisedException {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RaisedException {}
+
+impl ChatTemplate {
+    /// Compiles `source`. Syntax errors are reported here, not at render time.
+    pub fn new(source: &str, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self, TextError> {
+        let mut env = Environment::new();
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .keep_trailing_newline(false)
+                .build()
+                .map_err(|e| TextError::TemplateSyntax(e.to_string()))?,
+        );
+        // jinja2's default `Undefined`: printing it gives "", touching its attributes fails.
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Lenient);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_formatter(python_formatter);
+        env.add_filter("tojson", tojson_filter);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+
+        let source = strip_generation_tags(source);
+        env.add_template_owned(TEMPLATE_NAME, source.clone()).map_err(|e| TextError::TemplateSyntax(describe(&e)))?;
+
+        let mut special_tokens = BTreeMap::new();
+        if let Some(b) = bos_token {
+            special_tokens.insert("bos_token".to_string(), b);
+        }
+        if let Some(e) = eos_token {
+            special_tokens.insert("eos_token".to_string(), e);
+        }
+        Ok(Self { env, source, special_tokens })
+    }
+
+    /// Adds another named special token variable (`unk_token`, `pad_token`, ...).
+    pub fn with_special_token(mut self, name: &str, value: String) -> Self {
+        self.special_tokens.insert(name.to_string(), value);
+        self
+    }
+
+    /// The template text (after `{% generation %}` tags were dropped).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
+        self.render_with(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// Renders with extra context variables (`tools`, `documents`, `enable_thinking`, ...).
+    /// `messages` and `add_generation_prompt` always come from the arguments.
+    ///
+    /// Key order inside `extra` is whatever `serde_json::Map` keeps: sorted unless
+    /// serde_json's `preserve_order` feature is on, and `tojson` prints maps in that order.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TextError> {
+        let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
+        for (k, v) in &self.special_tokens {
+            ctx.insert(k.clone(), Value::from(v.as_str()));
+        }
+        ctx.insert("tools".into(), Value::from(()));
+        ctx.insert("documents".into(), Value::from(()));
+        for (k, v) in extra {
+            ctx.insert(k.clone(), json_to_value(v, 0)?);
+        }
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                Value::from_pairs([
+                    ("role", Value::from(m.role.as_str())),
+                    ("content", Value::from(m.content.as_str())),
+                ])
+            })
+            .collect();
+        ctx.insert("messages".into(), Value::from(messages));
+        ctx.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
+
+        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| TextError::TemplateRender(describe(&e)))?;
+        tmpl.render(Value::from(ctx)).map_err(|e| match raised_message(&e) {
+            Some(msg) => TextError::TemplateRaised(msg),
+            None => TextError::TemplateRender(describe(&e)),
+        })
+    }
+}
+
+/// One-line description of a minijinja error including the template line.
+fn describe(err: &Error) -> String {
+    let mut s = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(inner) = source {
+        let _ = write!(s, ": {inner}");
+        source = inner.source();
+    }
+    s
+}
+
+fn raised_message(err: &Error) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(r) = e.downcast_ref::<RaisedException>() {
+            return Some(r.0.clone());
+        }
+        source = e.source();
+    }
+    None
+}
+
+fn raise_exception(message: Value) -> Result<Value, Error> {
+    let msg = match message.as_str() {
+        Some(s) => s.to_string(),
+        None => message.to_string(),
+    };
+    Err(Error::new(ErrorKind::InvalidOperation, "raise_exception called").with_source(RaisedException(msg)))
+}
+
+/// `strftime_now(fmt)`: the current time (UTC) formatted with a strftime pattern.
+fn strftime_now(state: &State, format: String) -> Result<String, Error> {
+    // datetimeformat treats a few names as presets; Python would print them literally.
+    if matches!(format.as_str(), "short" | "medium" | "long" | "full" | "iso" | "unix") {
+        return Ok(format);
+    }
+    let kwargs = Kwargs::from_iter([("format", Value::from(format))]);
+    minijinja_contrib::filters::datetimeformat(state, minijinja_contrib::globals::now(), kwargs)
+}
+
+/// Removes transformers' `{% generation %}` / `{% endgeneration %}` markers (its
+/// AssistantTracker extension, only used for assistant masks). Whitespace control marks
+/// are kept by turning the tags into an always-true `if`.
+fn strip_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(pos) = rest.find("{%") {
+        out.push_str(&rest[..pos]);
+        let tag = &rest[pos..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let (lead, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, trail) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[b.len()..]),
+            None => (body, ""),
+        };
+        match body.trim() {
+            "generation" => {
+                let _ = write!(out, "{{%{lead} if true {trail}%}}");
+            }
+            "endgeneration" => {
+                let _ = write!(out, "{{%{lead} endif {trail}%}}");
+            }
+            _ => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// serde_json value → template value. Map order is the map's iteration order.
+pub(crate) fn json_to_value(v: &serde_json::Value, depth: usize) -> Result<Value, TextError> {
+    if depth > MAX_DEPTH {
+        return Err(TextError::TemplateRender(format!("template variable nested deeper than {MAX_DEPTH} levels")));
+    }
+    Ok(match v {
+        serde_json::Value::Null => Value::from(()),
+        serde_json::Value::Bool(b) => Value::from(*b),
+        serde_json::Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Value::from(i)
+            } else if let Some(u) = n.as_u64() {
+                Value::from(u)
+            } else {
+                Value::from(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        serde_json::Value::String(s) => Value::from(s.as_str()),
+        serde_json::Value::Array(items) => {
+            Value::from(items.iter().map(|x| json_to_value(x, depth + 1)).collect::<Result<Vec<_>, _>>()?)
+        }
+        serde_json::Value::Object(map) => {
+            let mut pairs = Vec::with_capacity(map.len());
+            for (k, x) in map {
+                pairs.push((Value::from(k.as_str()), json_to_value(x, depth + 1)?));
+            }
+            Value::from_pairs(pairs)
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Python-compatible printing and JSON
+// ---------------------------------------------------------------------------------------
+
+/// `{{ value }}` the way jinja2 prints it: `str(value)`.
+fn python_formatter(out: &mut minijinja::Output, _state: &mut State, value: &Value) -> Result<(), Error> {
+    let text = match value.kind() {
+        ValueKind::Number if !value.is_integer() => py_str(value, 0)?,
+        ValueKind::Seq | ValueKind::Map => py_str(value, 0)?,
+        _ => {
+            return write!(out, "{value}").map_err(|_| Error::from(ErrorKind::WriteFailure));
+        }
+    };
+    out.write_str(&text).map_err(|_| Error::from(ErrorKind::WriteFailure))
+}
+
+fn too_deep() -> Error {
+    Error::new(ErrorKind::InvalidOperation, format!("value nested deeper than {MAX_DEPTH} levels"))
+}
+
+/// Python `str(x)`.
+fn py_str(value: &Value, depth: usize) -> Result<String, Error> {
+    match value.kind() {
+        ValueKind::String => Ok(value.as_str().unwrap_or_default().to_string()),
+        _ => py_repr(value, depth),
+    }
+}
+
+/// Python `repr(x)` for the JSON-like values templates handle.
+fn py_repr(value: &Value, depth: usize) -> Result<String, Error> {
+    if depth > MAX_DEPTH {
+        return Err(too_deep());
+    }
+    Ok(match value.kind() {
+        ValueKind::Undefined => String::new(),
+        ValueKind::None => "None".into(),
+        ValueKind::Bool => if value.is_true() { "True" } else { "False" }.into(),
+        ValueKind::Number => {
+            if value.is_integer() {
+                value.to_string()
+            } else {
+                let f = f64::try_from(value.clone())?;
+                py_float_repr(f, false)
+            }
+        }
+        ValueKind::String => py_quote(value.as_str().unwrap_or_default()),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let mut s = String::from("[");
+            for (i, item) in value.try_iter()?.enumerate() {
+                if i > 0 {
+                    s.push_str(", ");
+                }
+                s.push_str(&py_repr(&item, depth + 1)?);
+            }
+            s.push(']');
+            s
+        }
+        ValueKind::Map => {
+            let mut s = String::from("{");
+            for (i, key) in value.try_iter()?.enumerate() {
+                if i > 0 {
+                    s.push_str(", ");
+                }
+                let item = value.get_item(&key)?;
+                s.push_str(&py_repr(&key, depth + 1)?);
+                s.push_str(": ");
+                s.push_str(&py_repr(&item, depth + 1)?);
+            }
+            s.push('}');
+            s
+        }
+        _ => value.to_string(),
+    })
+}
+
+/// Python's repr of a str: single quotes unless the text has `'` and no `"`.
+fn py_quote(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || (0x7f..=0xa0).contains(&(c as u32)) || c == '\u{ad}' => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            '\u{2028}' | '\u{2029}' | '\u{200b}'..='\u{200f}' | '\u{feff}' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// Python's `repr(float)` (shortest round-trip digits; exponent form below 1e-4 and from
+/// 1e16). With `json`, non-finite values use JSON's spelling (`NaN`, `Infinity`).
+fn py_float_repr(f: f64, json: bool) -> String {
+    if f.is_nan() {
+        return if json { "NaN" } else { "nan" }.into();
+    }
+    if f.is_infinite() {
+        let sign = if f < 0.0 { "-" } else { "" };
+        return format!("{sign}{}", if json { "Infinity" } else { "inf" });
+    }
+    if f == 0.0 {
+        return if f.is_sign_negative() { "-0.0" } else { "0.0" }.into();
+    }
+    // `{:e}` gives the shortest round-trip digits: "-1.2345e-7".
+    let sci = format!("{f:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    if !(-4..16).contains(&exp) {
+        let (first, rest) = digits.split_at(1);
+        let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
+        let esign = if exp < 0 { '-' } else { '+' };
+        format!("{sign}{first}{frac}e{esign}{:02}", exp.abs())
+    } else if exp < 0 {
+        let zeros = "0".repeat((-exp - 1) as usize);
+        format!("{sign}0.{zeros}{digits}")
+    } else {
+        let point = exp as usize + 1;
+        if digits.len() <= point {
+            let zeros = "0".repeat(point - digits.len());
+            format!("{sign}{digits}{zeros}.0")
+        } else {
+            format!("{sign}{}.{}", &digits[..point], &digits[point..])
+        }
+    }
+}
+
+/// How `json.dumps` lays out its output.
+struct JsonStyle {
+    /// `None`: everything on one line.
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    sort_keys: bool,
+    ensure_ascii: bool,
+}
+
+/// `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`, i.e.
+/// Python's `json.dumps` with those arguments (`separators` and `sort_keys` by keyword).
+fn tojson_filter(
+    value: &Value,
+    ensure_ascii: Option<Value>,
+    indent: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    let pick = |pos: Option<Value>, name: &str| -> Result<Option<Value>, Error> {
+        match pos {
+            Some(v) => Ok(Some(v)),
+            None => kwargs.get::<Option<Value>>(name),
+        }
+    };
+    let ensure_ascii = pick(ensure_ascii, "ensure_ascii")?.is_some_and(|v| v.is_true());
+    let indent = match pick(indent, "indent")? {
+        None => None,
+        Some(v) if v.is_none() || v.is_undefined() => None,
+        Some(v) => match v.kind() {
+            ValueKind::String => Some(v.as_str().unwrap_or_default().to_string()),
+            ValueKind::Bool => Some(if v.is_true() { " " } else { "" }.to_string()),
+            ValueKind::Number => {
+                let n = i64::try_from(v.clone())?;
+                Some(" ".repeat(n.clamp(0, 64) as usize))
+            }
+            _ => {
+                return Err(Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an integer or a string"));
+            }
+        },
+    };
+    let (item_sep, key_sep) = match kwargs.get::<Option<Value>>("separators")? {
+        Some(v) if !(v.is_none() || v.is_undefined()) => {
+            let parts: Vec<Value> = v.try_iter()?.collect();
+            match parts.as_slice() {
+                [a, b] if a.as_str().is_some() && b.as_str().is_some() => {
+                    (a.as_str().unwrap_or_default().to_string(), b.as_str().unwrap_or_default().to_string())
+                }
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be a pair of strings",
+                    ));
+                }
+            }
+        }
+        _ => (if indent.is_some() { "," } else { ", " }.to_string(), ": ".to_string()),
+    };
+    let sort_keys = kwargs.get::<Option<Value>>("sort_keys")?.is_some_and(|v| v.is_true());
+    kwargs.assert_all_used()?;
+    let style = JsonStyle { indent, item_sep, key_sep, sort_keys, ensure_ascii };
+    let mut out = String::new();
+    write_json(&mut out, value, &style, 0)?;
+    Ok(Value::from(out))
+}
+
+/// `json.dumps(value, ensure_ascii=False)` exactly as Python prints it (`", "` and `": "`
+/// separators, map order kept), e.g. for tool-call arguments shown back to a template.
+pub fn python_json_dumps(value: &serde_json::Value) -> Result<String, TextError> {
+    let value = json_to_value(value, 0)?;
+    let style =
+        JsonStyle { indent: None, item_sep: ", ".into(), key_sep: ": ".into(), sort_keys: false, ensure_ascii: false };
+    let mut out = String::new();
+    write_json(&mut out, &value, &style, 0).map_err(|e| TextError::TemplateRender(describe(&e)))?;
+    Ok(out)
+}
+
+fn write_newline_indent(out: &mut String, style: &JsonStyle, depth: usize) {
+    if let Some(ind) = &style.indent {
+        out.push('\n');
+        for _ in 0..depth {
+            out.push_str(ind);
+        }
+    }
+}
+
+fn write_json(out: &mut String, value: &Value, style: &JsonStyle, depth: usize) -> Result<(), Error> {
+    if depth > MAX_DEPTH {
+        return Err(too_deep());
+    }
+    match value.kind() {
+        ValueKind::None => out.push_str("null"),
+        ValueKind::Undefined => {
+            return Err(Error::new(ErrorKind::InvalidOperation, "Object of type Undefined is not JSON serializable"));
+        }
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number => {
+            if value.is_integer() {
+                let _ = write!(out, "{value}");
+            } else {
+                out.push_str(&py_float_repr(f64::try_from(value.clone())?, true));
+            }
+        }
+        ValueKind::String => write_json_str(out, value.as_str().unwrap_or_default(), style.ensure_ascii),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = value.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&style.item_sep);
+                }
+                write_newline_indent(out, style, depth + 1);
+                write_json(out, item, style, depth + 1)?;
+            }
+            write_newline_indent(out, style, depth);
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let mut entries: Vec<(String, Value)> = Vec::new();
+            for key in value.try_iter()? {
+                let item = value.get_item(&key)?;
+                entries.push((json_key(&key)?, item));
+            }
+            if style.sort_keys {
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+            if entries.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            out.push('{');
+            for (i, (k, item)) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&style.item_sep);
+                }
+                write_newline_indent(out, style, depth + 1);
+                write_json_str(out, k, style.ensure_ascii);
+                out.push_str(&style.key_sep);
+                write_json(out, item, style, depth + 1)?;
+            }
+            write_newline_indent(out, style, depth);
+            out.push('}');
+        }
+        other => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("Object of type {other} is not JSON serializable"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Keys the way `json.dumps` converts them: str as is, numbers, bools and None spelled out.
+fn json_key(key: &Value) -> Result<String, Error> {
+    Ok(match key.kind() {
+        ValueKind::String => key.as_str().unwrap_or_default().to_string(),
+        ValueKind::None => "null".into(),
+        ValueKind::Bool => if key.is_true() { "true" } else { "false" }.into(),
+        ValueKind::Number if key.is_integer() => key.to_string(),
+        ValueKind::Number => py_float_repr(f64::try_from(key.clone())?, true),
+        other => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("keys must be str, int, float, bool or None, not {other}"),
+            ));
+        }
+    })
+}
+
+fn write_json_str(out: &mut String, s: &str, ensure_ascii: bool) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c if ensure_ascii && (c as u32) > 0x7e => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
+        pairs.iter().map(|(r, c)| ChatMessage::new(*r, *c)).collect()
+    }
+
+    fn render_src(src: &str, ctx: serde_json::Value) -> Result<String, TextError> {
+        let t = ChatTemplate::new(src, Some("<s>".into()), Some("</s>".into()))?;
+        let extra = match ctx {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        };
+        t.render_with(&[], false, &extra)
+    }
+
+    // Llama 3.1 Instruct (abridged to the non-tool-call paths, otherwise verbatim).
+    const LLAMA31: &str = r#"{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"#;
+
+    // Qwen2.5 Instruct (verbatim apart from the tool-call branches for assistant messages).
+    const QWEN25: &str = r#"{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"#;
+
+    // Mistral 7B Instruct v0.1.
+    const MISTRAL: &str = "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
+
+    // Gemma (1/2) instruct.
+    const GEMMA: &str = "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}";
+
+    #[test]
+    fn llama31_renders_system_user_and_generation_prompt() {
+        let t = ChatTemplate::new(LLAMA31, Some("<|begin_of_text|>".into()), None).unwrap();
+        let out = t.render(&msgs(&[("system", "  Be brief. "), ("user", "Hi there\n")]), true).unwrap();
+        let expected = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n\
+Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|>\
+<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>\
+<|start_header_id|>assistant<|end_header_id|>\n\n";
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn llama31_tools_in_user_message_use_python_json_indent() {
+        let t = ChatTemplate::new(LLAMA31, Some("<|begin_of_text|>".into()), None).unwrap();
+        let mut extra = serde_json::Map::new();
+        extra.insert(
+            "tools".into(),
+            json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"city": "Zürich <x>", "n": [1, 2.5]}}}]),
+        );
+        extra.insert("date_string".into(), json!("01 Jan 2025"));
+        let out = t.render_with(&msgs(&[("user", "Weather?")]), false, &extra).unwrap();
+        // serde_json without preserve_order sorts keys; tojson keeps what it is given.
+        let tool = "{\n    \"function\": {\n        \"name\": \"get_weather\",\n        \"parameters\": {\n            \"city\": \"Zürich <x>\",\n            \"n\": [\n                1,\n                2.5\n            ]\n        }\n    },\n    \"type\": \"function\"\n}";
+        let tool_po = "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n        \"parameters\": {\n            \"city\": \"Zürich <x>\",\n            \"n\": [\n                1,\n                2.5\n            ]\n        }\n    }\n}";
+        assert!(out.contains("Environment: ipython\n"), "{out}");
+        assert!(out.contains("Today Date: 01 Jan 2025"), "{out}");
+        assert!(
+            out.contains(&format!("{tool}\n\nWeather?<|eot_id|>"))
+                || out.contains(&format!("{tool_po}\n\nWeather?<|eot_id|>")),
+            "{out}"
+        );
+        // Without a user message after the system one, the template raises.
+        let err = t.render_with(&msgs(&[("system", "S")]), false, &extra).unwrap_err();
+        assert!(matches!(&err, TextError::TemplateRaised(m) if m.contains("no first user message")), "{err}");
+    }
+
+    #[test]
+    fn qwen25_chatml_default_system_and_tools() {
+        let t = ChatTemplate::new(QWEN25, None, Some("<|im_end|>".into())).unwrap();
+        let out = t.render(&msgs(&[("user", "Hello"), ("assistant", "Hi!"), ("user", "Bye")]), true).unwrap();
+        assert_eq!(
+            out,
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi!<|im_end|>\n\
+<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let mut extra = serde_json::Map::new();
+        extra.insert("tools".into(), json!([{"name": "f", "description": "say \"hi\" & <wave>", "parameters": {}}]));
+        let out = t.render_with(&msgs(&[("system", "Sys"), ("user", "Q")]), false, &extra).unwrap();
+        assert!(out.starts_with("<|im_start|>system\nSys\n\n# Tools\n"), "{out}");
+        // Python json.dumps: ", " and ": " separators, no HTML escaping, quotes escaped.
+        assert!(
+            out.contains(
+                "<tools>\n{\"description\": \"say \\\"hi\\\" & <wave>\", \"name\": \"f\", \"parameters\": {}}\n</tools>"
+            ) || out.contains(
+                "<tools>\n{\"name\": \"f\", \"description\": \"say \\\"hi\\\" & <wave>\", \"parameters\": {}}\n</tools>"
+            ),
+            "{out}"
+        );
+        assert!(out.ends_with("</tool_call><|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"), "{out}");
+    }
+
+    #[test]
+    fn mistral_alternation_and_raise_exception() {
+        let t = ChatTemplate::new(MISTRAL, Some("<s>".into()), Some("</s>".into())).unwrap();
+        let out = t.render(&msgs(&[("user", "A"), ("assistant", "B"), ("user", "C")]), true).unwrap();
+        assert_eq!(out, "<s>[INST] A [/INST]B</s>[INST] C [/INST]");
+        let err = t.render(&msgs(&[("user", "A"), ("user", "B")]), true).unwrap_err();
+        match err {
+            TextError::TemplateRaised(m) => {
+                assert_eq!(m, "Conversation roles must alternate user/assistant/user/assistant/...")
+            }
+            other => panic!("expected a raised exception, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn gemma_maps_assistant_to_model_and_rejects_system() {
+        let t = ChatTemplate::new(GEMMA, Some("<bos>".into()), Some("<eos>".into())).unwrap();
+        let out = t.render(&msgs(&[("user", " Hi "), ("assistant", "Hello\n")]), true).unwrap();
+        assert_eq!(
+            out,
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>model\n"
+        );
+        let err = t.render(&msgs(&[("system", "x")]), false).unwrap_err();
+        assert!(matches!(err, TextError::TemplateRaised(ref m) if m == "System role not supported"));
+    }
+
+    #[test]
+    fn trim_blocks_lstrip_blocks_and_trailing_newline() {
+        let src = "{% for m in messages %}\n    {% if m.role == 'user' %}\nU:{{ m.content }}\n    {% endif %}\n{% endfor %}\n";
+        let t = ChatTemplate::new(src, None, None).unwrap();
+        let out = t.render(&msgs(&[("user", "a"), ("user", "b")]), false).unwrap();
+        // jinja2 (trim_blocks, lstrip_blocks) gives "U:a\nU:b\n"; the final newline of the
+        // source is dropped (keep_trailing_newline=False).
+        assert_eq!(out, "U:a\nU:b\n");
+        let t = ChatTemplate::new("x\n", None, None).unwrap();
+        assert_eq!(t.render(&[], false).unwrap(), "x");
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let out =
+            render_src(r#"{{ {"b": 1, "a": [true, none, 1.5, "é\n\"<&>'"], "c": {}} | tojson }}"#, json!({})).unwrap();
+        assert_eq!(out, r#"{"b": 1, "a": [true, null, 1.5, "é\n\"<&>'"], "c": {}}"#);
+        let out = render_src(r#"{{ x | tojson(indent=2) }}"#, json!({"x": {"k": [1, {}], "e": []}})).unwrap();
+        assert!(
+            out == "{\n  \"e\": [],\n  \"k\": [\n    1,\n    {}\n  ]\n}"
+                || out == "{\n  \"k\": [\n    1,\n    {}\n  ],\n  \"e\": []\n}",
+            "{out}"
+        );
+        let out =
+            render_src(r#"{{ {"b": 1, "a": 2} | tojson(sort_keys=true, separators=(",", ":")) }}"#, json!({})).unwrap();
+        assert_eq!(out, r#"{"a":2,"b":1}"#);
+        let out = render_src(r#"{{ "é😀\u0001" | tojson(ensure_ascii=true) }}"#, json!({})).unwrap();
+        assert_eq!(out, r#""\u00e9\ud83d\ude00\u0001""#);
+        let out = render_src(r#"{{ [1e16, 0.0001, 1e-05, 123.0, -0.5, 1e100] | tojson }}"#, json!({})).unwrap();
+        assert_eq!(out, "[1e+16, 0.0001, 1e-05, 123.0, -0.5, 1e+100]");
+        assert!(render_src("{{ nothing | tojson }}", json!({})).is_err());
+    }
+
+    #[test]
+    fn printing_values_follows_python_str() {
+        let out = render_src(
+            "{{ none }}|{{ true }}|{{ 2.5 }}|{{ 1e20 }}|{{ ['a', \"it's\", 1] }}|{{ {'k': none} }}|{{ missing }}",
+            json!({}),
+        )
+        .unwrap();
+        assert_eq!(out, "None|True|2.5|1e+20|['a', \"it's\", 1]|{'k': None}|");
+    }
+
+    #[test]
+    fn pycompat_methods_loop_and_namespace() {
+        let src = "{% set ns = namespace(n=0, last='') %}\
+{% for m in messages %}{% set ns.n = ns.n + 1 %}{% set ns.last = m.content.strip().upper() %}\
+{% if loop.last %}{{ loop.index }}/{{ loop.length }}{% endif %}{% endfor %}\
+|{{ ns.n }}|{{ ns.last }}|{{ 'a,b'.split(',') | join('+') }}|{{ 'Hello'.startswith('He') }}\
+|{% for k, v in {'x': 1, 'y': 2}.items() %}{{ k }}={{ v }};{% endfor %}\
+|{{ messages[-1]['content'] }}|{{ 'abc'.endswith('bc') }}|{{ 'x y'.replace(' ', '_') }}";
+        let t = ChatTemplate::new(src, None, None).unwrap();
+        let out = t.render(&msgs(&[("user", " one "), ("user", " two ")]), false).unwrap();
+        assert_eq!(out, "2/2|2|TWO|a+b|True|x=1;y=2;| two |True|x_y");
+    }
+
+    #[test]
+    fn loop_controls_work() {
+        let src = "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}{% if m.content == 'stop' %}{% break %}{% endif %}{{ m.content }}{% endfor %}";
+        let t = ChatTemplate::new(src, None, None).unwrap();
+        let out = t.render(&msgs(&[("system", "s"), ("user", "a"), ("user", "stop"), ("user", "b")]), false).unwrap();
+        assert_eq!(out, "a");
+    }
+
+    #[test]
+    fn strftime_now_formats_the_current_date() {
+        let out = render_src("{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('short') }}", json!({})).unwrap();
+        let (date, literal) = out.split_once('|').unwrap();
+        assert_eq!(literal, "short");
+        let parts: Vec<&str> = date.split('-').collect();
+        assert_eq!(parts.len(), 3, "{out}");
+        let year: i32 = parts[0].parse().unwrap();
+        assert!(year >= 2024, "{out}");
+        assert_eq!(parts[1].len(), 2);
+    }
+
+    #[test]
+    fn context_has_tools_none_and_special_tokens() {
+        let t = ChatTemplate::new(
+            "{{ tools is none }}|{{ documents is none }}|{{ bos_token }}|{{ eos_token }}|{{ unk_token }}|{{ add_generation_prompt }}",
+            Some("<s>".into()),
+            Some("</s>".into()),
+        )
+        .unwrap()
+        .with_special_token("unk_token", "<unk>".into());
+        assert_eq!(t.render(&[], true).unwrap(), "True|True|<s>|</s>|<unk>|True");
+        let t = ChatTemplate::new("[{{ bos_token }}]{{ bos_token is defined }}", None, None).unwrap();
+        assert_eq!(t.render(&[], false).unwrap(), "[]False");
+    }
+
+    #[test]
+    fn extra_cannot_override_messages() {
+        let t = ChatTemplate::new("{{ messages | length }}{{ enable_thinking }}", None, None).unwrap();
+        let mut extra = serde_json::Map::new();
+        extra.insert("messages".into(), json!([1, 2, 3]));
+        extra.insert("enable_thinking".into(), json!(false));
+        assert_eq!(t.render_with(&msgs(&[("user", "x")]), false, &extra).unwrap(), "1False");
+    }
+
+    #[test]
+    fn syntax_and_render_errors_are_reported() {
+        let err = ChatTemplate::new("{% for x in %}", None, None).unwrap_err();
+        assert!(matches!(err, TextError::TemplateSyntax(_)), "{err:?}");
+        let t = ChatTemplate::new("{{ messages[0].content.nope.deeper }}", None, None).unwrap();
+        let err = t.render(&msgs(&[("user", "x")]), false).unwrap_err();
+        assert!(matches!(err, TextError::TemplateRender(_)), "{err:?}");
+    }
+
+    #[test]
+    fn generation_tags_are_accepted() {
+        let src = "{% for m in messages %}{% if m.role == 'assistant' %}{%- generation %}{{ m.content }}{% endgeneration -%}{% else %}{{ m.content }}{% endif %}\n{% endfor %}";
+        let t = ChatTemplate::new(src, None, None).unwrap();
+        let out = t.render(&msgs(&[("user", "u"), ("assistant", "a")]), false).unwrap();
+        // jinja2 with transformers' AssistantTracker gives "ua" (trim_blocks eats the
+        // newline after `{% endif %}`).
+        assert_eq!(out, "ua");
+        assert_eq!(strip_generation_tags("{%- generation -%}x{% endgeneration %}"), "{%- if true -%}x{% endif %}");
+        assert_eq!(strip_generation_tags("{% if a %}{{ '%}' }}"), "{% if a %}{{ '%}' }}");
+    }
+
+    #[test]
+    fn python_float_repr() {
+        assert_eq!(py_float_repr(1.0, false), "1.0");
+        assert_eq!(py_float_repr(0.1, false), "0.1");
+        assert_eq!(py_float_repr(1e15, false), "1000000000000000.0");
+        assert_eq!(py_float_repr(1e16, false), "1e+16");
+        assert_eq!(py_float_repr(1.5e16, false), "1.5e+16");
+        assert_eq!(py_float_repr(0.0001, false), "0.0001");
+        assert_eq!(py_float_repr(0.00012, false), "0.00012");
+        assert_eq!(py_float_repr(1e-5, false), "1e-05");
+        assert_eq!(py_float_repr(-2.5e-7, false), "-2.5e-07");
+        assert_eq!(py_float_repr(123456.789, false), "123456.789");
+        assert_eq!(py_float_repr(-0.0, false), "-0.0");
+        assert_eq!(py_float_repr(f64::NAN, true), "NaN");
+        assert_eq!(py_float_repr(f64::NEG_INFINITY, true), "-Infinity");
+        assert_eq!(py_float_repr(f64::INFINITY, false), "inf");
+    }
+
+    #[test]
+    fn python_quote_picks_quotes_like_repr() {
+        assert_eq!(py_quote("a"), "'a'");
+        assert_eq!(py_quote("it's"), "\"it's\"");
+        assert_eq!(py_quote("'\""), "'\\'\"'");
+        assert_eq!(py_quote("a\nb\\"), "'a\\nb\\\\'");
+        assert_eq!(py_quote("\u{1}"), "'\\x01'");
+    }
+
+    #[test]
+    fn json_dumps_helper_is_compact_python_style() {
+        let v = json!({"a": [1, "x", 0.5, null]});
+        assert_eq!(python_json_dumps(&v).unwrap(), r#"{"a": [1, "x", 0.5, null]}"#);
+        // Hostile nesting is an error, not a stack overflow.
+        let mut deep = json!(1);
+        for _ in 0..200 {
+            deep = json!([deep]);
+        }
+        assert!(json_to_value(&deep, 0).is_err());
+    }
+}

@@ -1,0 +1,969 @@
+//! Tokenizer glue: a Hugging Face `tokenizers::Tokenizer` plus what transformers reads from
+//! `tokenizer_config.json`, `generation_config.json` and the chat template.
+//!
+//! The goal is transformers parity (`AutoTokenizer.from_pretrained` in transformers 5):
+//! - named special tokens (`bos_token`, `eos_token`, `unk_token`, ...) may be strings or
+//!   AddedToken objects (`{"content": ...}`); transformers (re)registers them as special
+//!   tokens, and so do we;
+//! - an explicit `add_bos_token` / `add_eos_token` in the config replaces the post-processor
+//!   with `[bos] $A [eos]` (transformers' `update_post_processor`);
+//! - `tokenizer_class: LlamaTokenizer` with a SentencePiece-style (non byte-level)
+//!   tokenizer.json is rebuilt the way transformers' `LlamaTokenizer` class builds it
+//!   (Metaspace pre-tokenizer, no normalizer) unless the model type makes AutoTokenizer use
+//!   the plain tokenizer.json (Mistral and friends; see [`TokenizerSources::model_config_json`]);
+//! - `clean_up_tokenization_spaces` is honoured on decode for non-BPE models only, as in
+//!   transformers 5;
+//! - eos ids are the union of the config's eos token and generation_config `eos_token_id`.
+//!
+//! Chat-rendered text is tokenized with `add_special_tokens = false`, as
+//! `apply_chat_template` does.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value as Json;
+use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, PreTokenizerWrapper, Tokenizer};
+
+use super::template::{ChatMessage, ChatTemplate};
+
+/// Errors of the engine's text layer: tokenizer, chat template, sampling parameters.
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    #[error("{file}: {msg}")]
+    Load { file: String, msg: String },
+    #[error("{file}: field `{field}`: {msg}")]
+    InvalidConfig { file: &'static str, field: String, msg: String },
+    #[error("tokenization failed: {0}")]
+    Encode(String),
+    #[error("detokenization failed: {0}")]
+    Decode(String),
+    #[error("chat template does not compile: {0}")]
+    TemplateSyntax(String),
+    #[error("chat template failed: {0}")]
+    TemplateRender(String),
+    /// The template itself rejected the conversation via `raise_exception(msg)`.
+    #[error("{0}")]
+    TemplateRaised(String),
+    #[error("this model has no chat template")]
+    NoChatTemplate,
+    #[error("`{field}` {msg}")]
+    InvalidSampling { field: &'static str, msg: String },
+}
+
+impl TextError {
+    /// Stable machine-readable kind, for API error bodies and logs.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            TextError::Load { .. } => "tokenizer_load",
+            TextError::InvalidConfig { .. } => "invalid_config",
+            TextError::Encode(_) => "encode",
+            TextError::Decode(_) => "decode",
+            TextError::TemplateSyntax(_) => "template_syntax",
+            TextError::TemplateRender(_) => "template_render",
+            TextError::TemplateRaised(_) => "template_exception",
+            TextError::NoChatTemplate => "no_chat_template",
+            TextError::InvalidSampling { .. } => "invalid_sampling",
+        }
+    }
+
+    /// Whether the request (not the model files or the server) is at fault.
+    pub fn is_client_error(&self) -> bool {
+        matches!(self, TextError::TemplateRaised(_) | TextError::NoChatTemplate | TextError::InvalidSampling { .. })
+    }
+}
+
+/// Everything a tokenizer is made from, as file contents.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokenizerSources<'a> {
+    /// tokenizer.json
+    pub tokenizer_json: &'a str,
+    /// tokenizer_config.json
+    pub tokenizer_config_json: Option<&'a str>,
+    /// generation_config.json
+    pub generation_config_json: Option<&'a str>,
+    /// chat_template.jinja; wins over tokenizer_config's `chat_template`.
+    pub chat_template: Option<&'a str>,
+    /// The model's config.json. Only `model_type` is read: AutoTokenizer loads models of
+    /// some types (mistral, mixtral, ...) with the plain tokenizer.json even when the
+    /// config names `LlamaTokenizer`. Without it, the named class is trusted.
+    pub model_config_json: Option<&'a str>,
+}
+
+/// Biggest file accepted by [`TextTokenizer::from_dir`].
+const MAX_FILE_BYTES: u64 = 512 << 20;
+
+/// The named special-token attributes transformers passes to chat templates.
+const SPECIAL_TOKEN_NAMES: [&str; 7] =
+    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
+
+/// Model types that AutoTokenizer (transformers 5.23, without mistral_common) loads with
+/// the generic backend, i.e. tokenizer.json as is, whatever `tokenizer_class` says.
+/// Regenerate with `TOKENIZER_MAPPING_NAMES` when bumping transformers.
+const GENERIC_BACKEND_MODEL_TYPES: &[&str] = &[
+    "arctic",
+    "aria",
+    "chatlm",
+    "ernie4_5",
+    "ernie4_5_moe",
+    "flex_olmo",
+    "fuyu",
+    "glm",
+    "glm4",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "glm4v",
+    "glm4v_moe",
+    "gpt_bigcode",
+    "granite",
+    "granitemoe",
+    "granitemoehybrid",
+    "granitemoeshared",
+    "internlm2",
+    "internlm3",
+    "jamba",
+    "kimi_k25",
+    "kimi_linear",
+    "llava",
+    "llava_next",
+    "minicpm3",
+    "minicpmv",
+    "minimax_m2",
+    "ministral",
+    "ministral3",
+    "mistral",
+    "mistral3",
+    "mistral_large4",
+    "mixtral",
+    "molmo",
+    "molmo2",
+    "nemotron",
+    "olmo2",
+    "olmo3",
+    "olmo_hybrid",
+    "persimmon",
+    "phi3",
+    "phi3_v",
+    "phimoe",
+    "pixtral",
+    "smolvlm",
+    "stablelm",
+    "step3_vl",
+    "vipllava",
+    "voxtral",
+];
+
+/// A Hugging Face tokenizer with the model's special tokens and chat template.
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    bos_id: Option<u32>,
+    eos_ids: Vec<u32>,
+    add_bos: bool,
+    clean_up_spaces: bool,
+    chat_template: Option<ChatTemplate>,
+    named_templates: BTreeMap<String, ChatTemplate>,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .field("bos_id", &self.bos_id)
+            .field("eos_ids", &self.eos_ids)
+            .field("has_chat_template", &self.chat_template.is_some())
+            .finish()
+    }
+}
+
+/// A special token as written in tokenizer_config.json.
+#[derive(Clone, Debug)]
+struct ConfigToken {
+    content: String,
+    /// Set when the config gave an AddedToken object rather than a string.
+    added: Option<AddedToken>,
+}
+
+fn parse_config_token(v: &Json) -> Option<ConfigToken> {
+    match v {
+        Json::String(s) => Some(ConfigToken { content: s.clone(), added: None }),
+        Json::Object(m) => {
+            let content = m.get("content")?.as_str()?.to_string();
+            let flag = |k: &str, default: bool| m.get(k).and_then(Json::as_bool).unwrap_or(default);
+            let special = flag("special", true);
+            let added = AddedToken {
+                content: content.clone(),
+                single_word: flag("single_word", false),
+                lstrip: flag("lstrip", false),
+                rstrip: flag("rstrip", false),
+                normalized: flag("normalized", !special),
+                special,
+            };
+            Some(ConfigToken { content, added: Some(added) })
+        }
+        _ => None,
+    }
+}
+
+fn parse_json(file: &str, text: &str) -> Result<Json, TextError> {
+    serde_json::from_str(text).map_err(|e| TextError::Load { file: file.to_string(), msg: e.to_string() })
+}
+
+fn token_ids_field(v: Option<&Json>) -> Result<Vec<u32>, String> {
+    let as_id = |x: &Json| -> Result<u32, String> {
+        x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| format!("expected a token id, got {x}"))
+    };
+    match v {
+        None | Some(Json::Null) => Ok(Vec::new()),
+        Some(Json::Array(items)) => items.iter().map(as_id).collect(),
+        Some(x) => Ok(vec![as_id(x)?]),
+    }
+}
+
+impl TextTokenizer {
+    /// Builds the tokenizer from file contents (see [`TokenizerSources`]).
+    pub fn from_sources(
+        tokenizer_json: &str,
+        tokenizer_config_json: Option<&str>,
+        generation_config_json: Option<&str>,
+        chat_template_file: Option<&str>,
+    ) -> Result<Self, TextError> {
+        Self::from_parts(TokenizerSources {
+            tokenizer_json,
+            tokenizer_config_json,
+            generation_config_json,
+            chat_template: chat_template_file,
+            model_config_json: None,
+        })
+    }
+
+    /// Reads `tokenizer.json`, and if present `tokenizer_config.json`,
+    /// `generation_config.json`, `chat_template.jinja` and `config.json`, from a model
+    /// directory.
+    pub fn from_dir(dir: &Path) -> Result<Self, TextError> {
+        let read = |name: &str, required: bool| -> Result<Option<String>, TextError> {
+            let path = dir.join(name);
+            let err = |msg: String| TextError::Load { file: path.display().to_string(), msg };
+            let meta = match std::fs::metadata(&path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                    return Ok(None);
+                }
+                Err(e) => return Err(err(e.to_string())),
+            };
+            if meta.len() > MAX_FILE_BYTES {
+                return Err(err(format!("file is {} bytes, more than the {MAX_FILE_BYTES} accepted", meta.len())));
+            }
+            std::fs::read_to_string(&path).map(Some).map_err(|e| err(e.to_string()))
+        };
+        let tokenizer_json = read("tokenizer.json", true)?.unwrap_or_default();
+        let tokenizer_config = read("tokenizer_config.json", false)?;
+        let generation_config = read("generation_config.json", false)?;
+        let chat_template = read("chat_template.jinja", false)?;
+        let model_config = read("config.json", false)?;
+        Self::from_parts(TokenizerSources {
+            tokenizer_json: &tokenizer_json,
+            tokenizer_config_json: tokenizer_config.as_deref(),
+            generation_config_json: generation_config.as_deref(),
+            chat_template: chat_template.as_deref(),
+            model_config_json: model_config.as_deref(),
+        })
+    }
+
+    pub fn from_parts(src: TokenizerSources<'_>) -> Result<Self, TextError> {
+        let mut inner: Tokenizer = src
+            .tokenizer_json
+            .parse()
+            .map_err(|e: tokenizers::Error| TextError::Load { file: "tokenizer.json".into(), msg: e.to_string() })?;
+
+        let config = match src.tokenizer_config_json {
+            Some(t) => parse_json("tokenizer_config.json", t)?,
+            None => Json::Object(Default::default()),
+        };
+        let gen_config = match src.generation_config_json {
+            Some(t) => parse_json("generation_config.json", t)?,
+            None => Json::Object(Default::default()),
+        };
+        let model_type = match src.model_config_json {
+            Some(t) => parse_json("config.json", t)?.get("model_type").and_then(Json::as_str).map(str::to_string),
+            None => None,
+        };
+        let cfg_bool = |k: &str| config.get(k).and_then(Json::as_bool);
+
+        // Named special tokens, in transformers' attribute order.
+        let mut named: Vec<(&'static str, ConfigToken)> = Vec::new();
+        for name in SPECIAL_TOKEN_NAMES {
+            if let Some(tok) = config.get(name).and_then(parse_config_token) {
+                named.push((name, tok));
+            }
+        }
+        let named_content = |name: &str| named.iter().find(|(n, _)| *n == name).map(|(_, t)| t.content.clone());
+        let bos_token = named_content("bos_token");
+        let eos_token = named_content("eos_token");
+
+        // transformers' LlamaTokenizer class rebuilds the pipeline around the vocabulary.
+        let class = config.get("tokenizer_class").and_then(Json::as_str).unwrap_or("");
+        let llama_class = matches!(class, "LlamaTokenizer" | "LlamaTokenizerFast");
+        let generic_model_type = model_type.as_deref().is_some_and(|t| GENERIC_BACKEND_MODEL_TYPES.contains(&t));
+        if llama_class
+            && !generic_model_type
+            && !src.tokenizer_json.contains("\"ByteLevel\"")
+            && matches!(inner.get_model(), ModelWrapper::BPE(_))
+        {
+            let add_prefix_space = cfg_bool("add_prefix_space").unwrap_or(true);
+            let legacy = cfg_bool("legacy").unwrap_or(false);
+            rebuild_as_llama_class(&mut inner, add_prefix_space, legacy)?;
+        }
+
+        // Register the named special tokens (adds missing ones, marks existing ones special).
+        let to_add: Vec<AddedToken> = named
+            .iter()
+            .map(|(_, t)| {
+                t.added.clone().unwrap_or_else(|| {
+                    let mut a = AddedToken::from(t.content.clone(), true);
+                    a.normalized = false;
+                    a
+                })
+            })
+            .collect();
+        if !to_add.is_empty() {
+            inner.add_special_tokens(to_add).map_err(|e| TextError::Load {
+                file: "tokenizer_config.json".into(),
+                msg: format!("cannot add special tokens: {e}"),
+            })?;
+        }
+
+        // Explicit add_bos_token / add_eos_token rebuild the post-processor.
+        let add_bos_cfg = cfg_bool("add_bos_token");
+        let add_eos_cfg = cfg_bool("add_eos_token");
+        if config.get("add_bos_token").is_some() || config.get("add_eos_token").is_some() {
+            let bos = bos_token.as_ref().and_then(|t| inner.token_to_id(t).map(|id| (t.clone(), id)));
+            let eos = eos_token.as_ref().and_then(|t| inner.token_to_id(t).map(|id| (t.clone(), id)));
+            let bos = bos.filter(|_| add_bos_cfg.unwrap_or(false));
+            let eos = eos.filter(|_| add_eos_cfg.unwrap_or(false));
+            inner.with_post_processor(Some(template_processing(bos, eos)?));
+        }
+
+        let token_id = |t: &Option<String>| t.as_ref().and_then(|t| inner.token_to_id(t));
+        let gen_eos = token_ids_field(gen_config.get("eos_token_id")).map_err(|msg| TextError::InvalidConfig {
+            file: "generation_config.json",
+            field: "eos_token_id".into(),
+            msg,
+        })?;
+        let mut eos_ids: Vec<u32> = Vec::new();
+        for id in token_id(&eos_token).into_iter().chain(gen_eos) {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+        let gen_bos = token_ids_field(gen_config.get("bos_token_id")).map_err(|msg| TextError::InvalidConfig {
+            file: "generation_config.json",
+            field: "bos_token_id".into(),
+            msg,
+        })?;
+        let bos_id = gen_bos.first().copied().or_else(|| token_id(&bos_token));
+
+        let model_is_bpe = matches!(inner.get_model(), ModelWrapper::BPE(_));
+        let clean_up_spaces = cfg_bool("clean_up_tokenization_spaces").unwrap_or(false)
+            && (!model_is_bpe
+                || cfg_bool("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")
+                    .unwrap_or(false));
+
+        // Chat templates: chat_template.jinja wins; the config may hold a string or a list
+        // of {name, template}.
+        let special_map: Vec<(&'static str, String)> = named.iter().map(|(n, t)| (*n, t.content.clone())).collect();
+        let compile = |source: &str| -> Result<ChatTemplate, TextError> {
+            let mut t = ChatTemplate::new(source, bos_token.clone(), eos_token.clone())?;
+            for (name, value) in &special_map {
+                if !matches!(*name, "bos_token" | "eos_token") {
+                    t = t.with_special_token(name, value.clone());
+                }
+            }
+            Ok(t)
+        };
+        let mut named_templates = BTreeMap::new();
+        let chat_template = if let Some(src) = src.chat_template {
+            Some(compile(src)?)
+        } else {
+            match config.get("chat_template") {
+                None | Some(Json::Null) => None,
+                Some(Json::String(s)) => Some(compile(s)?),
+                Some(Json::Array(items)) => {
+                    for item in items {
+                        let (Some(name), Some(tmpl)) =
+                            (item.get("name").and_then(Json::as_str), item.get("template").and_then(Json::as_str))
+                        else {
+                            return Err(TextError::InvalidConfig {
+                                file: "tokenizer_config.json",
+                                field: "chat_template".into(),
+                                msg: "list entries must be {\"name\": ..., \"template\": ...}".into(),
+                            });
+                        };
+                        named_templates.insert(name.to_string(), compile(tmpl)?);
+                    }
+                    named_templates.remove("default")
+                }
+                Some(_) => {
+                    return Err(TextError::InvalidConfig {
+                        file: "tokenizer_config.json",
+                        field: "chat_template".into(),
+                        msg: "must be a string or a list of named templates".into(),
+                    });
+                }
+            }
+        };
+
+        let mut tok = Self {
+            inner,
+            bos_token,
+            eos_token,
+            bos_id,
+            eos_ids,
+            add_bos: false,
+            clean_up_spaces,
+            chat_template,
+            named_templates,
+        };
+        tok.add_bos = tok.detect_add_bos();
+        Ok(tok)
+    }
+
+    /// Whether `encode(_, true)` puts the BOS token in front.
+    fn detect_add_bos(&self) -> bool {
+        let Some(bos) = self.bos_id else { return false };
+        let with = self.encode("a", true).unwrap_or_default();
+        let without = self.encode("a", false).unwrap_or_default();
+        with.first() == Some(&bos) && without.first() != Some(&bos)
+    }
+
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TextError> {
+        self.inner
+            .encode(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TextError::Encode(e.to_string()))
+    }
+
+    /// Decodes like transformers' `decode` (including its space clean-up where it applies).
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TextError> {
+        let text = self.decode_raw(ids, skip_special_tokens)?;
+        Ok(if self.clean_up_spaces { clean_up_tokenization(&text) } else { text })
+    }
+
+    /// The backend's decode without transformers' clean-up step.
+    pub fn decode_raw(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TextError> {
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| TextError::Decode(e.to_string()))
+    }
+
+    /// Whether decode applies `clean_up_tokenization` (non-BPE models whose config asks).
+    pub fn cleans_up_tokenization_spaces(&self) -> bool {
+        self.clean_up_spaces
+    }
+
+    /// Every id that ends generation.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos_ids.contains(&id)
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// Whether `encode(text, true)` prepends BOS.
+    pub fn add_bos_token(&self) -> bool {
+        self.add_bos
+    }
+
+    /// Number of ids, added tokens included (`len(tokenizer)` in transformers).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The default chat template, if the model has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// A named template from a list-form `chat_template` (`tool_use`, `rag`, ...).
+    pub fn named_chat_template(&self, name: &str) -> Option<&ChatTemplate> {
+        if name == "default" {
+            return self.chat_template.as_ref();
+        }
+        self.named_templates.get(name)
+    }
+
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TextError> {
+        self.chat_template.as_ref().ok_or(TextError::NoChatTemplate)?.render(messages, add_generation_prompt)
+    }
+
+    /// Renders the chat and tokenizes it without adding special tokens (the template
+    /// writes them), as `apply_chat_template(..., tokenize=True)` does.
+    pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>, TextError> {
+        let text = self.apply_chat_template(messages, add_generation_prompt)?;
+        self.encode(&text, false)
+    }
+
+    pub fn inner(&self) -> &Tokenizer {
+        &self.inner
+    }
+}
+
+/// transformers' `LlamaTokenizer.__init__`: no normalizer, a Metaspace pre-tokenizer whose
+/// prepend scheme follows `add_prefix_space` and `legacy`, and the SentencePiece decoder.
+fn rebuild_as_llama_class(tok: &mut Tokenizer, add_prefix_space: bool, legacy: bool) -> Result<(), TextError> {
+    let scheme = match (add_prefix_space, legacy) {
+        (false, _) => "never",
+        (true, true) => "always",
+        (true, false) => "first",
+    };
+    let fail = |e: String| TextError::Load {
+        file: "tokenizer.json".into(),
+        msg: format!("cannot rebuild as LlamaTokenizer: {e}"),
+    };
+    let pre: PreTokenizerWrapper = serde_json::from_value(serde_json::json!({
+        "type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": scheme, "split": false
+    }))
+    .map_err(|e| fail(e.to_string()))?;
+    let mut steps = vec![
+        serde_json::json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+        serde_json::json!({"type": "ByteFallback"}),
+        serde_json::json!({"type": "Fuse"}),
+    ];
+    if add_prefix_space {
+        steps.push(serde_json::json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    let dec: DecoderWrapper = serde_json::from_value(serde_json::json!({"type": "Sequence", "decoders": steps}))
+        .map_err(|e| fail(e.to_string()))?;
+    tok.with_normalizer(None::<tokenizers::NormalizerWrapper>).map_err(|e| fail(e.to_string()))?;
+    tok.with_pre_tokenizer(Some(pre));
+    tok.with_decoder(Some(dec));
+    Ok(())
+}
+
+/// transformers' `update_post_processor`: `[bos:0] $A:0 [eos:0]` (and the pair form).
+fn template_processing(
+    bos: Option<(String, u32)>,
+    eos: Option<(String, u32)>,
+) -> Result<tokenizers::PostProcessorWrapper, TextError> {
+    use serde_json::json;
+    let piece = |id: &str, type_id: u32| json!({"SpecialToken": {"id": id, "type_id": type_id}});
+    let seq = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
+    let mut single = Vec::new();
+    let mut pair = Vec::new();
+    let mut special = serde_json::Map::new();
+    if let Some((t, id)) = &bos {
+        single.push(piece(t, 0));
+        special.insert(t.clone(), json!({"id": t, "ids": [id], "tokens": [t]}));
+    }
+    single.push(seq("A", 0));
+    if let Some((t, id)) = &eos {
+        single.push(piece(t, 0));
+        special.insert(t.clone(), json!({"id": t, "ids": [id], "tokens": [t]}));
+    }
+    pair.extend(single.iter().cloned());
+    if let Some((t, _)) = &bos {
+        pair.push(piece(t, 1));
+    }
+    pair.push(seq("B", 1));
+    if let Some((t, _)) = &eos {
+        pair.push(piece(t, 1));
+    }
+    serde_json::from_value(json!({
+        "type": "TemplateProcessing",
+        "single": single,
+        "pair": pair,
+        "special_tokens": special,
+    }))
+    .map_err(|e| TextError::Load {
+        file: "tokenizer_config.json".into(),
+        msg: format!("cannot build the post-processor: {e}"),
+    })
+}
+
+/// transformers' `clean_up_tokenization`: drops the space before some punctuation and
+/// English contractions. Applied in this order, like the chained `str.replace` calls.
+pub fn clean_up_tokenization(text: &str) -> String {
+    const RULES: [(&str, &str); 10] = [
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ];
+    let mut s = text.to_string();
+    for (from, to) in RULES {
+        if s.contains(from) {
+            s = s.replace(from, to);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// GPT-2 style byte-to-char map (the byte-level BPE alphabet).
+    pub(crate) fn byte_level_chars() -> Vec<char> {
+        let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+        let mut cs = bs.clone();
+        let mut n = 0;
+        for b in 0..256u32 {
+            if !bs.contains(&b) {
+                bs.push(b);
+                cs.push(256 + n);
+                n += 1;
+            }
+        }
+        let mut map = vec!['\0'; 256];
+        for (b, c) in bs.iter().zip(cs) {
+            map[*b as usize] = char::from_u32(c).unwrap();
+        }
+        map
+    }
+
+    /// Ids of the special tokens in [`byte_level_tokenizer_json`].
+    pub(crate) const BOS: u32 = 263;
+    pub(crate) const EOS: u32 = 264;
+    pub(crate) const EOT: u32 = 265;
+
+    /// A real byte-level BPE tokenizer: the 256 byte symbols (ids 0..256), seven merges
+    /// (256..263) and the special tokens <s>, </s>, <|eot|> (263..266).
+    pub(crate) fn byte_level_tokenizer_json() -> String {
+        let chars = byte_level_chars();
+        let mut vocab = serde_json::Map::new();
+        for (i, c) in chars.iter().enumerate() {
+            vocab.insert(c.to_string(), serde_json::json!(i));
+        }
+        // Ġ is the byte-level char for a space.
+        let sp = chars[b' ' as usize];
+        let merges = [
+            (format!("{sp}"), "w".to_string()),
+            (format!("{sp}w"), "o".to_string()),
+            ("h".to_string(), "e".to_string()),
+            ("l".to_string(), "l".to_string()),
+            ("he".to_string(), "ll".to_string()),
+            // The first two bytes of "é" (C3 A9) and of "😀" (F0 9F 98 80).
+            (chars[0xC3].to_string(), chars[0xA9].to_string()),
+            (chars[0xF0].to_string(), chars[0x9F].to_string()),
+        ];
+        let mut next = 256;
+        let mut merge_list = Vec::new();
+        for (a, b) in &merges {
+            vocab.insert(format!("{a}{b}"), serde_json::json!(next));
+            next += 1;
+            merge_list.push(serde_json::json!(format!("{a} {b}")));
+        }
+        assert_eq!(next, BOS);
+        let added = |id: u32, content: &str| {
+            serde_json::json!({"id": id, "content": content, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+        };
+        let json = serde_json::json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": [added(BOS, "<s>"), added(EOS, "</s>"), added(EOT, "<|eot|>")],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": merge_list}
+        });
+        json.to_string()
+    }
+
+    /// A SentencePiece-style BPE tokenizer.json (Llama 2 / Mistral v0.1 layout): <unk>,
+    /// <s>, </s>, 256 byte-fallback tokens, a few "▁" pieces; Prepend+Replace normalizer,
+    /// `<s> $A` post-processor and the Replace/ByteFallback/Fuse/Strip decoder.
+    pub(crate) fn sentencepiece_tokenizer_json() -> String {
+        use serde_json::json;
+        let mut vocab = serde_json::Map::new();
+        for (i, t) in ["<unk>", "<s>", "</s>"].iter().enumerate() {
+            vocab.insert(t.to_string(), json!(i));
+        }
+        for b in 0..256u32 {
+            vocab.insert(format!("<0x{b:02X}>"), json!(3 + b));
+        }
+        let pieces = [
+            "▁", "H", "i", "t", "h", "e", "r", "▁H", "▁Hi", "▁t", "▁th", "▁the", "▁ther", "▁there", "[", "I", "N", "S",
+            "T", "]", "/",
+        ];
+        for (i, p) in pieces.iter().enumerate() {
+            vocab.insert(p.to_string(), json!(259 + i));
+        }
+        let merges = ["▁ H", "▁H i", "▁ t", "▁t h", "▁th e", "▁the r", "▁ther e"];
+        let added = |id: u32, content: &str| {
+            json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true})
+        };
+        json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")],
+            "normalizer": {"type": "Sequence", "normalizers": [
+                {"type": "Prepend", "prepend": "▁"},
+                {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+            "pre_tokenizer": null,
+            "post_processor": {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+            "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                "vocab": vocab, "merges": merges}
+        })
+        .to_string()
+    }
+
+    fn tok(config: Option<&str>, gen_cfg: Option<&str>) -> TextTokenizer {
+        TextTokenizer::from_sources(&byte_level_tokenizer_json(), config, gen_cfg, None).unwrap()
+    }
+
+    #[test]
+    fn encodes_and_decodes_round_trip() {
+        let t = tok(None, None);
+        let text = "hello world é😀 ok";
+        let ids = t.encode(text, false).unwrap();
+        assert!(ids.len() < text.len(), "merges applied: {ids:?}");
+        assert_eq!(t.decode(&ids, false).unwrap(), text);
+        // "hell" is one merged token.
+        let hell = t.token_to_id("hell").unwrap();
+        assert_eq!(t.encode("hell", false).unwrap(), vec![hell]);
+        assert_eq!(t.vocab_size(), 256 + 3 + 7);
+    }
+
+    #[test]
+    fn special_tokens_from_config_strings_and_objects() {
+        let config = r#"{"bos_token": {"content": "<s>", "special": true}, "eos_token": "</s>",
+            "add_bos_token": true, "chat_template": "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"}"#;
+        let gen_cfg = r#"{"bos_token_id": 263, "eos_token_id": [265, 264]}"#;
+        let t = tok(Some(config), Some(gen_cfg));
+        assert_eq!(t.bos_id(), Some(BOS));
+        assert_eq!(t.eos_ids(), &[EOS, EOT]);
+        assert!(t.is_eos(EOT) && t.is_eos(EOS) && !t.is_eos(BOS));
+        assert!(t.add_bos_token());
+        let ids = t.encode("he", true).unwrap();
+        assert_eq!(ids[0], BOS);
+        assert_eq!(t.encode("he", false).unwrap(), vec![t.token_to_id("he").unwrap()]);
+        let rendered = t.apply_chat_template(&[ChatMessage::new("user", "hi")], false).unwrap();
+        assert_eq!(rendered, "<s>hi</s>");
+        let chat_ids = t.encode_chat(&[ChatMessage::new("user", "hi")], false).unwrap();
+        assert_eq!(chat_ids.first(), Some(&BOS), "exactly one BOS, from the template");
+        assert_ne!(chat_ids.get(1), Some(&BOS));
+        assert_eq!(chat_ids.last(), Some(&EOS));
+        assert_eq!(t.decode(&chat_ids, true).unwrap(), "hi");
+    }
+
+    #[test]
+    fn add_eos_token_appends_eos() {
+        let config = r#"{"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": false, "add_eos_token": true}"#;
+        let t = tok(Some(config), None);
+        let ids = t.encode("he", true).unwrap();
+        assert_eq!(ids.last(), Some(&EOS));
+        assert_ne!(ids.first(), Some(&BOS));
+        assert!(!t.add_bos_token());
+    }
+
+    #[test]
+    fn missing_special_token_is_added() {
+        let config = r#"{"eos_token": "<|im_end|>"}"#;
+        let t = tok(Some(config), None);
+        let id = t.token_to_id("<|im_end|>").unwrap();
+        assert_eq!(t.eos_ids(), &[id]);
+        assert_eq!(t.encode("a<|im_end|>", false).unwrap().last(), Some(&id));
+        assert_eq!(t.vocab_size(), 256 + 3 + 7 + 1);
+    }
+
+    #[test]
+    fn generation_config_eos_int_and_no_config() {
+        let t = tok(None, Some(r#"{"eos_token_id": 265}"#));
+        assert_eq!(t.eos_ids(), &[EOT]);
+        assert_eq!(t.bos_id(), None);
+        assert!(t.chat_template().is_none());
+        let err = t.apply_chat_template(&[ChatMessage::new("user", "x")], true).unwrap_err();
+        assert!(matches!(err, TextError::NoChatTemplate));
+        let err =
+            TextTokenizer::from_sources(&byte_level_tokenizer_json(), None, Some(r#"{"eos_token_id": "x"}"#), None)
+                .unwrap_err();
+        assert!(err.to_string().contains("eos_token_id"), "{err}");
+    }
+
+    #[test]
+    fn chat_template_list_form_and_file_override() {
+        let config = r#"{"chat_template": [
+            {"name": "default", "template": "D{{ messages|length }}"},
+            {"name": "tool_use", "template": "T"}]}"#;
+        let t = tok(Some(config), None);
+        assert_eq!(t.apply_chat_template(&[], false).unwrap(), "D0");
+        assert_eq!(t.named_chat_template("tool_use").unwrap().render(&[], false).unwrap(), "T");
+        let t = TextTokenizer::from_sources(
+            &byte_level_tokenizer_json(),
+            Some(config),
+            None,
+            Some("F{{ add_generation_prompt }}"),
+        )
+        .unwrap();
+        assert_eq!(t.apply_chat_template(&[], true).unwrap(), "FTrue");
+        let bad =
+            TextTokenizer::from_sources(&byte_level_tokenizer_json(), Some(r#"{"chat_template": 5}"#), None, None);
+        assert!(matches!(bad, Err(TextError::InvalidConfig { .. })));
+    }
+
+    #[test]
+    fn broken_inputs_are_errors_not_panics() {
+        assert!(matches!(TextTokenizer::from_sources("{", None, None, None), Err(TextError::Load { .. })));
+        assert!(matches!(
+            TextTokenizer::from_sources(&byte_level_tokenizer_json(), Some("[oops"), None, None),
+            Err(TextError::Load { .. })
+        ));
+        let t = tok(None, None);
+        assert!(t.decode(&[999_999], false).unwrap().is_empty());
+        assert!(matches!(
+            TextTokenizer::from_sources(
+                &byte_level_tokenizer_json(),
+                Some(r#"{"chat_template": "{% if %}"}"#),
+                None,
+                None
+            ),
+            Err(TextError::TemplateSyntax(_))
+        ));
+    }
+
+    /// Expected ids from transformers 5.23.0 `AutoTokenizer.from_pretrained` on a directory
+    /// holding [`sentencepiece_tokenizer_json`], a tokenizer_config.json with
+    /// `{"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+    /// "unk_token": "<unk>", "add_bos_token": true, "add_eos_token": false, ...extra}` and a
+    /// config.json with the given `model_type`. transformers rebuilds `LlamaTokenizer` models
+    /// (Metaspace, prepend "first" unless legacy) but loads `mistral` ones from tokenizer.json.
+    #[test]
+    fn llama_class_rebuild_matches_transformers() {
+        let texts = ["Hi there", "<s>Hi there</s> there", " Hi", "there</s>Hi", "你 Hi"];
+        let cases: [(&str, &str, [&[u32]; 5]); 4] = [
+            (
+                "llama",
+                r#""legacy": false"#,
+                [&[267, 272], &[1, 260, 261, 272, 2, 272], &[267], &[272, 2, 260, 261], &[259, 231, 192, 163, 267]],
+            ),
+            (
+                "llama",
+                r#""legacy": true"#,
+                [&[267, 272], &[1, 267, 272, 2, 272], &[267], &[272, 2, 267], &[259, 231, 192, 163, 267]],
+            ),
+            (
+                "llama",
+                r#""add_prefix_space": false"#,
+                [
+                    &[260, 261, 272],
+                    &[1, 260, 261, 272, 2, 272],
+                    &[267],
+                    &[262, 263, 264, 265, 264, 2, 260, 261],
+                    &[231, 192, 163, 267],
+                ],
+            ),
+            (
+                "mistral",
+                r#""legacy": false"#,
+                [&[267, 272], &[1, 267, 272, 2, 259, 272], &[259, 267], &[272, 2, 267], &[259, 231, 192, 163, 267]],
+            ),
+        ];
+        let json = sentencepiece_tokenizer_json();
+        for (model_type, extra, expected) in cases {
+            let config = format!(
+                r#"{{"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+                "unk_token": "<unk>", "add_bos_token": true, "add_eos_token": false, {extra}}}"#
+            );
+            let model_config = format!(r#"{{"model_type": "{model_type}"}}"#);
+            let t = TextTokenizer::from_parts(TokenizerSources {
+                tokenizer_json: &json,
+                tokenizer_config_json: Some(&config),
+                model_config_json: Some(&model_config),
+                ..Default::default()
+            })
+            .unwrap();
+            for (text, want) in texts.iter().zip(expected) {
+                let ids = t.encode(text, false).unwrap();
+                assert_eq!(ids, want, "{model_type} {extra} {text:?}");
+                let with = t.encode(text, true).unwrap();
+                assert_eq!(with[0], 1, "add_bos_token");
+                assert_eq!(&with[1..], want);
+            }
+            // The SentencePiece decoder drops the first leading space only.
+            let ids = t.encode("Hi there", false).unwrap();
+            assert_eq!(t.decode(&ids, false).unwrap(), "Hi there");
+        }
+    }
+
+    #[test]
+    fn clean_up_tokenization_matches_transformers() {
+        assert_eq!(
+            clean_up_tokenization("Hello , world ! I do n't know . It 's ok ?"),
+            "Hello, world! I don't know. It's ok?"
+        );
+        assert_eq!(clean_up_tokenization("a ' b"), "a'b");
+        // Chained replaces: " ' " first creates " 's"-free text.
+        assert_eq!(clean_up_tokenization("x  ' s"), "x 's".replace(" 's", "'s"));
+        // BPE models never clean up, even when the config asks.
+        let t = tok(Some(r#"{"clean_up_tokenization_spaces": true}"#), None);
+        assert!(!t.cleans_up_tokenization_spaces());
+        let ids = t.encode("a , b", false).unwrap();
+        assert_eq!(t.decode(&ids, false).unwrap(), "a , b");
+    }
+
+    #[test]
+    fn text_types_can_be_shared_across_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<TextTokenizer>();
+        shared::<ChatTemplate>();
+        shared::<crate::engine::detok::DetokState>();
+        shared::<crate::engine::detok::IncrementalDecoder<'static, TextTokenizer>>();
+        shared::<crate::engine::stop::StopMatcher>();
+        fn sendable<T: Send>() {}
+        sendable::<crate::engine::sampler::Sampler>();
+    }
+
+    #[test]
+    fn error_types_are_stable() {
+        assert_eq!(TextError::NoChatTemplate.error_type(), "no_chat_template");
+        assert!(TextError::TemplateRaised("x".into()).is_client_error());
+        assert!(!TextError::Encode("x".into()).is_client_error());
+    }
+}

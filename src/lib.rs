@@ -1,0 +1,9 @@
+//! Strata: an inference server for large language models that streams what does not fit.
+
+pub mod backend;
+pub mod cli;
+pub mod engine;
+pub mod format;
+pub mod model;
+pub mod sched;
+pub mod tensor;

@@ -1,0 +1,193 @@
+//! Host-side tensors: typed views into bytes that outlive them (a memory map or an
+//! owned, aligned buffer). Weights stay in their stored dtype; nothing here converts a
+//! whole model to f32.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+/// Element types Strata reads from weight files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+        }
+    }
+}
+
+/// Anything that owns bytes and can be shared between threads: `memmap2::Mmap`,
+/// [`AlignedBytes`], ...
+pub trait ByteSource: Send + Sync {
+    fn bytes(&self) -> &[u8];
+}
+
+impl ByteSource for memmap2::Mmap {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// An owned byte buffer aligned to 64 bytes (enough for any element type and for
+/// AVX-512 loads).
+pub struct AlignedBytes {
+    words: Vec<[u64; 8]>,
+    len: usize,
+}
+
+impl AlignedBytes {
+    pub fn zeroed(len: usize) -> Self {
+        AlignedBytes { words: vec![[0u64; 8]; len.div_ceil(64)], len }
+    }
+
+    pub fn from_slice(src: &[u8]) -> Self {
+        let mut out = Self::zeroed(src.len());
+        out.bytes_mut().copy_from_slice(src);
+        out
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `words` holds at least `len` initialised bytes; u8 has no alignment needs.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+impl ByteSource for AlignedBytes {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: as in `bytes_mut`.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+/// A typed, row-major view of `shape` elements of `dtype` at `offset` in `src`.
+/// Always aligned for its dtype (constructors copy when the file is not).
+#[derive(Clone)]
+pub struct HostTensor {
+    src: Arc<dyn ByteSource>,
+    offset: usize,
+    len: usize,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl std::fmt::Debug for HostTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostTensor({:?}, {:?})", self.dtype, self.shape)
+    }
+}
+
+impl HostTensor {
+    /// A view of `src[offset..offset + len]`. The caller has checked that the range lies
+    /// inside `src` and that `len == numel(shape) * dtype.size()`. Copies into an aligned
+    /// buffer when the range is not aligned for `dtype`.
+    pub fn new(src: Arc<dyn ByteSource>, offset: usize, len: usize, dtype: DType, shape: Vec<usize>) -> Self {
+        debug_assert_eq!(len, shape.iter().product::<usize>() * dtype.size());
+        let ptr = src.bytes()[offset..].as_ptr() as usize;
+        if ptr % dtype.size() == 0 {
+            return HostTensor { src, offset, len, dtype, shape };
+        }
+        let copy = AlignedBytes::from_slice(&src.bytes()[offset..offset + len]);
+        HostTensor { src: Arc::new(copy), offset: 0, len, dtype, shape }
+    }
+
+    /// An owned f32 tensor (for small things such as the demo model or tests).
+    pub fn from_f32(data: &[f32], shape: Vec<usize>) -> Self {
+        let mut buf = AlignedBytes::zeroed(data.len() * 4);
+        for (dst, v) in buf.bytes_mut().chunks_exact_mut(4).zip(data) {
+            dst.copy_from_slice(&v.to_le_bytes());
+        }
+        let len = data.len() * 4;
+        HostTensor { src: Arc::new(buf), offset: 0, len, dtype: DType::F32, shape }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.src.bytes()[self.offset..self.offset + self.len]
+    }
+
+    /// The elements as f32 values; panics if the dtype is not F32.
+    pub fn as_f32(&self) -> &[f32] {
+        assert_eq!(self.dtype, DType::F32);
+        cast_slice(self.bytes())
+    }
+
+    /// The raw 16-bit elements (F16 or BF16 bit patterns); panics for F32.
+    pub fn as_u16(&self) -> &[u16] {
+        assert!(matches!(self.dtype, DType::F16 | DType::BF16));
+        cast_slice(self.bytes())
+    }
+
+    /// Element `i` converted to f32.
+    pub fn get_f32(&self, i: usize) -> f32 {
+        match self.dtype {
+            DType::F32 => self.as_f32()[i],
+            DType::F16 => f16::from_bits(self.as_u16()[i]).to_f32(),
+            DType::BF16 => bf16::from_bits(self.as_u16()[i]).to_f32(),
+        }
+    }
+
+    /// Elements `start..start + out.len()` converted to f32 into `out`.
+    pub fn read_f32(&self, start: usize, out: &mut [f32]) {
+        match self.dtype {
+            DType::F32 => out.copy_from_slice(&self.as_f32()[start..start + out.len()]),
+            DType::F16 => {
+                for (o, &b) in out.iter_mut().zip(&self.as_u16()[start..]) {
+                    *o = f16::from_bits(b).to_f32();
+                }
+            }
+            DType::BF16 => {
+                for (o, &b) in out.iter_mut().zip(&self.as_u16()[start..]) {
+                    *o = bf16::from_bits(b).to_f32();
+                }
+            }
+        }
+    }
+
+    /// The whole tensor as f32 (copies; for small tensors such as norms and biases).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.numel()];
+        self.read_f32(0, &mut out);
+        out
+    }
+}
+
+/// Reinterprets aligned little-endian bytes as a slice of `T` (f32, u16).
+fn cast_slice<T: Copy>(bytes: &[u8]) -> &[T] {
+    let size = std::mem::size_of::<T>();
+    assert!(bytes.len() % size == 0 && bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0);
+    // SAFETY: length and alignment checked above; T is a plain number type valid for
+    // every bit pattern, and the bytes outlive the returned borrow.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn misaligned_views_are_copied() {
+        let raw: Vec<u8> = (0u8..16).collect();
+        let src: Arc<dyn ByteSource> = Arc::new(AlignedBytes::from_slice(&raw));
+        let t = HostTensor::new(src, 1, 8, DType::F32, vec![2]);
+        assert_eq!(t.bytes(), &raw[1..9]);
+        assert_eq!(t.as_f32()[0], f32::from_le_bytes([1, 2, 3, 4]));
+    }
+}

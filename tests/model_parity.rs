@@ -1,0 +1,161 @@
+//! Parity with transformers: logits at every position, greedy continuations and
+//! per-token log-probabilities (through `strata perplexity --json`) on tiny random
+//! models. Fixtures and references are made by `tools/make_fixtures.py`
+//! (transformers, float32, eager attention; F16/BF16 weights upcast to f32 exactly).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use strata::engine::session::{Engine, RunOptions};
+use strata::model::llama::SeqStep;
+
+const MODELS: [&str; 6] = ["llama3", "mistral", "qwen2", "qwen3", "llama_f16", "llama_bf16_256"];
+
+/// Largest |Δ logit| accepted against transformers, for every stored dtype: the
+/// reference runs in f32 on the same (upcast) weights, so only summation order differs.
+const LOGIT_TOL: f32 = 1e-4;
+/// Largest |Δ log-prob| accepted from `strata perplexity --json`.
+const LOGPROB_TOL: f64 = 1e-4;
+
+#[derive(Deserialize)]
+struct Reference {
+    dir: String,
+    vocab_size: usize,
+    prompts: Vec<Prompt>,
+}
+
+#[derive(Deserialize)]
+struct Prompt {
+    ids: Vec<u32>,
+    logits_offset: usize,
+    n_positions: usize,
+    logprobs: Vec<f64>,
+    greedy: Vec<u32>,
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn reference(name: &str) -> (Reference, Vec<f32>) {
+    let dir = root().join("tests/fixtures/ref");
+    let json = std::fs::read_to_string(dir.join(format!("{name}.json"))).expect("reference json");
+    let bin = std::fs::read(dir.join(format!("{name}.logits.bin"))).expect("reference logits");
+    let logits = bin.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    (serde_json::from_str(&json).expect("reference schema"), logits)
+}
+
+fn engine(r: &Reference) -> Engine {
+    let dir = root().join(&r.dir);
+    Engine::load(dir.to_str().unwrap(), &RunOptions { threads: 2, ..Default::default() }).expect("load fixture model")
+}
+
+#[test]
+fn logits_match_transformers_at_every_position() {
+    for name in MODELS {
+        let (r, all) = reference(name);
+        let e = engine(&r);
+        assert_eq!(e.model.config.vocab_size, r.vocab_size, "{name}");
+        for (pi, p) in r.prompts.iter().enumerate() {
+            let mut cache = e.model.new_cache(64);
+            let got = e.model.forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: true }]).unwrap();
+            let want = &all[p.logits_offset..p.logits_offset + p.n_positions * r.vocab_size];
+            assert_eq!(got[0].len(), want.len(), "{name} prompt {pi}");
+            let (worst, at) = got[0]
+                .iter()
+                .zip(want)
+                .enumerate()
+                .map(|(i, (a, b))| ((a - b).abs(), i))
+                .fold((0.0f32, 0), |m, (d, i)| if d > m.0 { (d, i) } else { m });
+            eprintln!("{name} prompt {pi}: max |Δ logit| = {worst:.2e}");
+            assert!(
+                worst <= LOGIT_TOL,
+                "{name} prompt {pi}: |Δ logit| {worst} at position {} token {}",
+                at / r.vocab_size,
+                at % r.vocab_size
+            );
+        }
+    }
+}
+
+#[test]
+fn greedy_continuations_match_transformers() {
+    for name in MODELS {
+        let (r, _) = reference(name);
+        let e = engine(&r);
+        for p in &r.prompts {
+            let mut cache = e.model.new_cache(64);
+            let mut logits =
+                e.model.forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: false }]).unwrap();
+            let mut got = Vec::new();
+            for _ in 0..p.greedy.len() {
+                let l = &logits[0];
+                let id = l.iter().enumerate().fold(0, |b, (j, &v)| if v > l[b] { j } else { b }) as u32;
+                got.push(id);
+                let step = [id];
+                logits =
+                    e.model.forward(&mut [SeqStep { tokens: &step, cache: &mut cache, all_logits: false }]).unwrap();
+            }
+            assert_eq!(got, p.greedy, "{name}");
+        }
+    }
+}
+
+/// A batch of two sequences gives the same logits as each sequence alone.
+#[test]
+fn batched_forward_equals_single_sequences() {
+    let (r, _) = reference("qwen3");
+    let e = engine(&r);
+    let (a, b) = (&r.prompts[0].ids, &r.prompts[1].ids);
+    let single = |ids: &[u32]| {
+        let mut cache = e.model.new_cache(64);
+        e.model.forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true }]).unwrap().remove(0)
+    };
+    let (mut ca, mut cb) = (e.model.new_cache(64), e.model.new_cache(64));
+    let both = e
+        .model
+        .forward(&mut [
+            SeqStep { tokens: a, cache: &mut ca, all_logits: true },
+            SeqStep { tokens: b, cache: &mut cb, all_logits: true },
+        ])
+        .unwrap();
+    for (got, want) in both.iter().zip([single(a), single(b)]) {
+        let worst = got.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+        assert!(worst < 1e-5, "batched vs single: {worst}");
+    }
+}
+
+#[test]
+fn perplexity_cli_matches_transformers_logprobs() {
+    let bin = Path::new(env!("CARGO_BIN_EXE_strata"));
+    for name in ["llama3", "qwen2"] {
+        let (r, _) = reference(name);
+        let p = &r.prompts[0];
+        let tmp = std::env::temp_dir().join(format!("strata-ppl-{name}-{}.json", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_string(&p.ids).unwrap()).unwrap();
+        let out = std::process::Command::new(bin)
+            .args([
+                "perplexity",
+                root().join(&r.dir).to_str().unwrap(),
+                "--tokens-file",
+                tmp.to_str().unwrap(),
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        std::fs::remove_file(&tmp).ok();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["tokens"], p.ids.len());
+        let got: Vec<f64> = serde_json::from_value(v["logprobs"].clone()).unwrap();
+        let argmax: Vec<u32> = serde_json::from_value(v["argmax"].clone()).unwrap();
+        assert_eq!(got.len(), p.ids.len() - 1);
+        assert_eq!(argmax.len(), p.ids.len());
+        for (i, (g, w)) in got.iter().zip(&p.logprobs).enumerate() {
+            assert!((g - w).abs() <= LOGPROB_TOL, "{name} position {i}: {g} vs {w}");
+        }
+        let nll = -p.logprobs.iter().sum::<f64>() / p.logprobs.len() as f64;
+        assert!((v["nll_mean"].as_f64().unwrap() - nll).abs() < 1e-4);
+        assert!((v["ppl"].as_f64().unwrap() - nll.exp()).abs() < 1e-3 * nll.exp());
+    }
+}
