@@ -33,7 +33,7 @@ fn load(name: &str) -> (Engine, Reference) {
 fn run(engine: &Engine, session: &mut Session, req: &GenerateRequest) -> (String, Vec<u32>, FinishReason) {
     let mut text = String::new();
     let summary = session
-        .generate(engine, req, |ev| {
+        .generate(engine, req, &|| false, |ev| {
             if let TokenEvent::Text(t) = ev {
                 text.push_str(&t);
             }
@@ -160,6 +160,6 @@ fn a_prompt_longer_than_the_context_is_an_error() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let opts = RunOptions { threads: 1, context: 8, ..Default::default() };
     let e = Engine::load(root.join("tests/fixtures/hf/qwen2").to_str().unwrap(), &opts).unwrap();
-    let err = Session::new(&e).generate(&e, &greedy(&[1; 20], 4, vec![]), |_| true).unwrap_err();
+    let err = Session::new(&e).generate(&e, &greedy(&[1; 20], 4, vec![]), &|| false, |_| true).unwrap_err();
     assert!(err.to_string().contains("context"), "{err}");
 }

@@ -89,10 +89,11 @@ fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[Ch
         sampling: args.sampling(),
         stop: args.stop.clone(),
         stop_at_eos: true,
+        top_logprobs: 0,
     };
     let mut out = std::io::stdout().lock();
     let mut text = String::new();
-    let summary = session.generate(engine, &req, |ev| {
+    let summary = session.generate(engine, &req, &|| false, |ev| {
         if let TokenEvent::Text(t) = ev {
             text.push_str(&t);
             // A closed stdout (`strata run ... | head`) ends the answer.

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use super::detok::IncrementalDecoder;
 use super::sampler::{Sampler, SamplingParams};
 use super::stop::StopMatcher;
-use crate::model::llama::{KvCache, SeqStep};
+use super::tokenizer::TextError;
+use crate::model::llama::{KvCache, ModelError, SeqStep};
 
 /// Prompt tokens per forward pass during prefill (bounds activation memory).
 pub const PREFILL_CHUNK: usize = 512;
@@ -29,6 +30,8 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Stop at the model's end-of-sequence tokens (true unless a caller wants raw text).
     pub stop_at_eos: bool,
+    /// Report this many most likely alternatives with every token (0: none).
+    pub top_logprobs: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,8 +59,9 @@ impl FinishReason {
 pub enum TokenEvent {
     /// Text that is final (never half a character, never part of a stop string).
     Text(String),
-    /// A sampled token id and its log-probability under the model.
-    Token { id: u32, logprob: f32 },
+    /// A sampled token id, its log-probability under the model and the
+    /// `top_logprobs` most likely alternatives.
+    Token { id: u32, logprob: f32, top: Vec<(u32, f32)> },
 }
 
 #[derive(Clone, Debug)]
@@ -71,6 +75,18 @@ pub struct GenerationSummary {
     pub tokens: Vec<u32>,
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {tokens} tokens; the context holds {context} (prompt plus at least one generated token)")]
+    PromptTooLong { tokens: usize, context: usize },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Text(#[from] TextError),
+}
+
 /// A conversation's state: its tokens and their KV cache. A new prompt that extends
 /// the previous one reuses the cached prefix.
 pub struct Session {
@@ -80,27 +96,43 @@ pub struct Session {
 
 impl Session {
     pub fn new(engine: &Engine) -> Self {
-        Session { cache: engine.model.new_cache(engine.context_len), tokens: Vec::new() }
+        Self::with_capacity(engine, engine.context_len)
+    }
+
+    /// A session whose context holds `capacity` tokens.
+    pub fn with_capacity(engine: &Engine, capacity: usize) -> Self {
+        Session { cache: engine.model.new_cache(capacity), tokens: Vec::new() }
     }
 
     pub fn context_len(&self) -> usize {
         self.cache.capacity()
     }
 
-    /// Generates a continuation of `req.prompt`. `on_event` returns false to stop early.
+    /// Generates a continuation of `req.prompt`. `on_event` returns false to stop early;
+    /// `cancelled` is also checked before every layer, so a consumer that went away stops
+    /// the work within one layer step.
     pub fn generate(
         &mut self,
         engine: &Engine,
         req: &GenerateRequest,
+        cancelled: &dyn Fn() -> bool,
         mut on_event: impl FnMut(TokenEvent) -> bool,
-    ) -> anyhow::Result<GenerationSummary> {
+    ) -> Result<GenerationSummary, GenerateError> {
         let capacity = self.cache.capacity();
         if req.prompt.is_empty() {
-            anyhow::bail!("the prompt is empty");
+            return Err(GenerateError::EmptyPrompt);
         }
         if req.prompt.len() >= capacity {
-            anyhow::bail!("the prompt has {} tokens; the context holds {capacity}", req.prompt.len());
+            return Err(GenerateError::PromptTooLong { tokens: req.prompt.len(), context: capacity });
         }
+        let cancelled_summary = |tokens: Vec<u32>, prefill: Duration, decode: Duration| GenerationSummary {
+            finish: FinishReason::Cancelled,
+            prompt_tokens: req.prompt.len(),
+            completion_tokens: tokens.len(),
+            prefill,
+            decode,
+            tokens,
+        };
         // Reuse the cached prefix shared with the previous turn (keep at least one token
         // to run, so there are logits to sample from).
         let common = self.tokens.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
@@ -112,7 +144,13 @@ impl Session {
         let mut logits = Vec::new();
         for chunk in req.prompt[keep..].chunks(PREFILL_CHUNK) {
             let mut step = [SeqStep { tokens: chunk, cache: &mut self.cache, all_logits: false }];
-            logits = engine.model.forward(&mut step)?.pop().unwrap_or_default();
+            logits = match engine.model.forward_until(&mut step, cancelled) {
+                Ok(mut l) => l.pop().unwrap_or_default(),
+                Err(ModelError::Cancelled) => {
+                    return Ok(cancelled_summary(Vec::new(), start.elapsed(), Duration::ZERO));
+                }
+                Err(e) => return Err(e.into()),
+            };
             self.tokens.extend_from_slice(chunk);
         }
         let prefill = start.elapsed();
@@ -138,8 +176,12 @@ impl Session {
             }
             let id = sampler.sample(&logits, &self.tokens);
             let logprob = super::sampler::log_softmax(&logits)[id as usize];
+            let top = match req.top_logprobs {
+                0 => Vec::new(),
+                n => super::sampler::top_logprobs(&logits, n),
+            };
             generated.push(id);
-            if !on_event(TokenEvent::Token { id, logprob }) {
+            if !on_event(TokenEvent::Token { id, logprob, top }) {
                 finish = FinishReason::Cancelled;
                 break;
             }
@@ -153,7 +195,13 @@ impl Session {
                 break;
             }
             let mut step = [SeqStep { tokens: std::slice::from_ref(&id), cache: &mut self.cache, all_logits: false }];
-            logits = engine.model.forward(&mut step)?.pop().unwrap_or_default();
+            logits = match engine.model.forward_until(&mut step, cancelled) {
+                Ok(mut l) => l.pop().unwrap_or_default(),
+                Err(ModelError::Cancelled) => {
+                    return Ok(cancelled_summary(generated, prefill, decode_start.elapsed()));
+                }
+                Err(e) => return Err(e.into()),
+            };
             self.tokens.push(id);
         }
         if finish != FinishReason::Cancelled && !by_stop_string {

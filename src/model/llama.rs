@@ -72,6 +72,8 @@ pub enum ModelError {
     Missing(String),
     #[error("context full: {needed} positions needed, the cache holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
+    #[error("cancelled")]
+    Cancelled,
     #[error("token id {id} is outside the vocabulary ({vocab})")]
     BadToken { id: u32, vocab: usize },
 }
@@ -198,6 +200,76 @@ impl<B: Backend> LlamaModel<B> {
     /// their caches. Returns, per sequence, the logits (`[n, vocab]` row-major) of every
     /// new token or of the last one.
     pub fn forward(&self, batch: &mut [SeqStep<'_, B>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.forward_until(batch, &|| false)
+    }
+
+    /// [`forward`](Self::forward) that checks `cancelled` before every layer and gives
+    /// up with [`ModelError::Cancelled`] (the caches are left as they were).
+    pub fn forward_until(
+        &self,
+        batch: &mut [SeqStep<'_, B>],
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let be = &*self.backend;
+        let h = c.hidden_size;
+        let x = self.run_layers(batch, cancelled)?;
+
+        // Gather the rows whose logits are wanted, then the final norm and the head.
+        let rows: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let mut picked = be.alloc(rows * h);
+        let mut counts = Vec::with_capacity(batch.len());
+        let (mut row0, mut out_rows) = (0, 0);
+        for s in batch.iter_mut() {
+            let n = s.tokens.len();
+            let (src, take) = match (s.all_logits, n) {
+                (_, 0) => (row0, 0),
+                (true, _) => (row0, n),
+                (false, _) => (row0 + n - 1, 1),
+            };
+            be.copy_rows(&x, src, take, h, &mut picked, out_rows);
+            counts.push(take);
+            out_rows += take;
+            row0 += n;
+            s.cache.len += n;
+        }
+        let mut normed = be.alloc(out_rows * h);
+        be.rms_norm(&picked, out_rows, &self.norm, c.rms_norm_eps, &mut normed);
+        let mut logits = be.alloc(out_rows * c.vocab_size);
+        be.matmul(&normed, out_rows, &self.lm_head, &mut logits);
+        let logits = be.download(&logits, out_rows * c.vocab_size);
+        let mut out = Vec::with_capacity(batch.len());
+        let mut at = 0;
+        for take in counts {
+            out.push(logits[at * c.vocab_size..(at + take) * c.vocab_size].to_vec());
+            at += take;
+        }
+        Ok(out)
+    }
+
+    /// A sentence embedding: the mean over positions of the final-norm hidden states,
+    /// L2-normalized (`hidden` values).
+    pub fn embed(&self, tokens: &[u32], cancelled: &dyn Fn() -> bool) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let be = &*self.backend;
+        let h = c.hidden_size;
+        let mut cache = self.new_cache(tokens.len());
+        let x = self.run_layers(&mut [SeqStep { tokens, cache: &mut cache, all_logits: true }], cancelled)?;
+        let mut normed = be.alloc(tokens.len() * h);
+        be.rms_norm(&x, tokens.len(), &self.norm, c.rms_norm_eps, &mut normed);
+        let hidden = be.download(&normed, tokens.len() * h);
+        let mut mean = vec![0.0f64; h];
+        for row in hidden.chunks_exact(h) {
+            mean.iter_mut().zip(row).for_each(|(m, &v)| *m += v as f64);
+        }
+        let norm = mean.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-12);
+        Ok(mean.iter().map(|v| (v / norm) as f32).collect())
+    }
+
+    /// Embeds the new tokens of every sequence and runs every layer over them, writing
+    /// keys and values into the caches (without advancing them). Returns the residual
+    /// stream `(rows, hidden)`.
+    fn run_layers(&self, batch: &mut [SeqStep<'_, B>], cancelled: &dyn Fn() -> bool) -> Result<B::Buf, ModelError> {
         let c = &self.config;
         let be = &*self.backend;
         let (h, hd) = (c.hidden_size, c.head_dim);
@@ -231,6 +303,9 @@ impl<B: Backend> LlamaModel<B> {
         let mut scratch = be.alloc(rows * q_dim.max(kv_dim));
 
         for l in 0..c.n_layers {
+            if cancelled() {
+                return Err(ModelError::Cancelled);
+            }
             let w = self.layers.layer(l)?;
             be.rms_norm(&x, rows, &w.attn_norm, c.rms_norm_eps, &mut normed);
             be.matmul(&normed, rows, &w.wq, &mut q);
@@ -278,33 +353,6 @@ impl<B: Backend> LlamaModel<B> {
             be.add(&mut x, &proj, rows * h);
         }
 
-        // Gather the rows whose logits are wanted, then the final norm and the head.
-        let mut picked = be.alloc(rows * h);
-        let mut counts = Vec::with_capacity(batch.len());
-        let (mut row0, mut out_rows) = (0, 0);
-        for s in batch.iter_mut() {
-            let n = s.tokens.len();
-            let (src, take) = match (s.all_logits, n) {
-                (_, 0) => (row0, 0),
-                (true, _) => (row0, n),
-                (false, _) => (row0 + n - 1, 1),
-            };
-            be.copy_rows(&x, src, take, h, &mut picked, out_rows);
-            counts.push(take);
-            out_rows += take;
-            row0 += n;
-            s.cache.len += n;
-        }
-        be.rms_norm(&picked, out_rows, &self.norm, c.rms_norm_eps, &mut normed);
-        let mut logits = be.alloc(out_rows * c.vocab_size);
-        be.matmul(&normed, out_rows, &self.lm_head, &mut logits);
-        let logits = be.download(&logits, out_rows * c.vocab_size);
-        let mut out = Vec::with_capacity(batch.len());
-        let mut at = 0;
-        for take in counts {
-            out.push(logits[at * c.vocab_size..(at + take) * c.vocab_size].to_vec());
-            at += take;
-        }
-        Ok(out)
+        Ok(x)
     }
 }

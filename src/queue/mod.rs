@@ -1,0 +1,308 @@
+//! Admission and the worker thread. One worker owns every loaded engine and runs one job
+//! at a time; a bounded FIFO sits in front. A job's events go back on its own channel:
+//! when the receiver is dropped (the client went away), the worker stops that job within
+//! one layer step and moves on.
+
+pub mod models;
+pub mod worker;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::engine::sampler::SamplingParams;
+use crate::engine::session::FinishReason;
+use crate::engine::template::ChatMessage;
+
+/// How long a model stays loaded after its last use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeepAlive {
+    Forever,
+    For(Duration),
+}
+
+impl KeepAlive {
+    /// Parses Ollama's forms: a duration string (`"5m"`, `"1h30m"`, `"10s"`, `"-1m"`), or
+    /// a number of seconds; negative means forever, zero unloads right after the request.
+    pub fn parse(v: &serde_json::Value) -> Result<Self, String> {
+        let secs = match v {
+            serde_json::Value::Number(n) => n.as_f64().ok_or("not a number")?,
+            serde_json::Value::String(s) => parse_duration(s)?,
+            _ => return Err("must be a duration string such as \"5m\" or a number of seconds".into()),
+        };
+        if secs < 0.0 {
+            Ok(KeepAlive::Forever)
+        } else if secs.is_finite() && secs < 1e10 {
+            Ok(KeepAlive::For(Duration::from_secs_f64(secs)))
+        } else {
+            Err(format!("{secs} seconds is out of range"))
+        }
+    }
+}
+
+/// Seconds in a Go-style duration string: `300`, `1.5h`, `1h30m`, `-1m`, `250ms`.
+pub fn parse_duration(s: &str) -> Result<f64, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<f64>() {
+        return Ok(secs);
+    }
+    let (sign, mut rest) = match s.strip_prefix('-') {
+        Some(r) => (-1.0, r),
+        None => (1.0, s.strip_prefix('+').unwrap_or(s)),
+    };
+    if rest.is_empty() {
+        return Err(format!("`{s}` is not a duration"));
+    }
+    let mut total = 0.0;
+    while !rest.is_empty() {
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let value: f64 = rest[..num_len].parse().map_err(|_| format!("`{s}` is not a duration"))?;
+        rest = &rest[num_len..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return Err(format!("`{s}` is not a duration (units: h, m, s, ms, us, ns)")),
+        };
+        total += value * scale;
+        rest = &rest[unit_len..];
+    }
+    Ok(sign * total)
+}
+
+/// What a generation starts from.
+#[derive(Clone, Debug)]
+pub enum PromptInput {
+    /// Plain text; `special` adds the tokenizer's special tokens (BOS).
+    Text { text: String, special: bool },
+    /// A conversation rendered with the model's chat template (with the generation
+    /// prompt appended).
+    Chat(Vec<ChatMessage>),
+    /// Token ids as they are.
+    Tokens(Vec<u32>),
+}
+
+#[derive(Clone, Debug)]
+pub struct GenerateJob {
+    pub model: String,
+    pub prompt: PromptInput,
+    /// Ollama's `context`: token ids of an earlier exchange to continue from.
+    pub context: Vec<u32>,
+    /// `None`: until the context is full.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Alternatives reported with every token (0: only the sampled token's).
+    pub top_logprobs: usize,
+    /// Context length for this request (`num_ctx`); `None`: the server default.
+    pub num_ctx: Option<usize>,
+    pub keep_alive: Option<KeepAlive>,
+}
+
+#[derive(Clone, Debug)]
+pub enum EmbedInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Clone, Debug)]
+pub struct EmbedJob {
+    pub model: String,
+    pub inputs: Vec<EmbedInput>,
+    /// Cut inputs longer than the context instead of failing.
+    pub truncate: bool,
+    pub keep_alive: Option<KeepAlive>,
+}
+
+#[derive(Clone, Debug)]
+pub enum Work {
+    Generate(GenerateJob),
+    Embed(EmbedJob),
+    /// Load a model (an empty Ollama prompt) and keep it for `keep_alive`.
+    Load {
+        model: String,
+        keep_alive: Option<KeepAlive>,
+    },
+    /// Unload a model now (an empty Ollama prompt with `keep_alive: 0`).
+    Unload {
+        model: String,
+    },
+}
+
+/// A token as the API shows it: its text and log-probability.
+#[derive(Clone, Debug)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub text: String,
+    pub logprob: f32,
+}
+
+#[derive(Clone, Debug)]
+pub struct JobDone {
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt ids followed by the generated ids (Ollama's `context`).
+    pub context: Vec<u32>,
+    pub load: Duration,
+    pub prefill: Duration,
+    pub decode: Duration,
+    /// From admission to the end.
+    pub total: Duration,
+}
+
+/// What a job reports, in order: `Text`/`Token` events, then exactly one of `Done`,
+/// `Embeddings`, `Loaded`, `Unloaded` or `Error`.
+#[derive(Clone, Debug)]
+pub enum Event {
+    Text(String),
+    Token { sampled: TokenLogprob, top: Vec<TokenLogprob> },
+    Done(JobDone),
+    Embeddings { vectors: Vec<Vec<f32>>, prompt_tokens: usize, load: Duration, total: Duration },
+    Loaded { load: Duration },
+    Unloaded,
+    Error(JobError),
+}
+
+/// Why a job failed; the HTTP layer maps each kind to a status.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("model `{0}` not found")]
+    ModelNotFound(String),
+    /// A client mistake found only once the model is known (prompt too long, template
+    /// error, token id out of range, ...): 400.
+    #[error("{message}")]
+    Invalid { param: Option<&'static str>, message: String },
+    #[error("{0}")]
+    Internal(String),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// Pure admission state: how many jobs wait, how many run, and the bound.
+#[derive(Debug)]
+pub struct Admission {
+    capacity: usize,
+    waiting: usize,
+    running: usize,
+}
+
+impl Admission {
+    pub fn new(capacity: usize) -> Self {
+        Admission { capacity, waiting: 0, running: 0 }
+    }
+
+    /// Takes a place in the queue, or refuses when `capacity` jobs already wait.
+    pub fn admit(&mut self) -> bool {
+        if self.waiting >= self.capacity {
+            return false;
+        }
+        self.waiting += 1;
+        true
+    }
+
+    /// The worker took a job.
+    pub fn start(&mut self) {
+        self.waiting = self.waiting.saturating_sub(1);
+        self.running += 1;
+    }
+
+    /// The worker finished a job.
+    pub fn finish(&mut self) {
+        self.running = self.running.saturating_sub(1);
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    pub fn running(&self) -> usize {
+        self.running
+    }
+}
+
+pub(crate) struct Job {
+    pub work: Work,
+    pub events: UnboundedSender<Event>,
+    pub admitted: std::time::Instant,
+}
+
+/// The HTTP side's handle on the worker.
+#[derive(Clone)]
+pub struct QueueHandle {
+    tx: std::sync::mpsc::Sender<Job>,
+    admission: Arc<Mutex<Admission>>,
+    jobs_seen: Arc<AtomicUsize>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the queue is full; retry shortly")]
+    Full,
+    #[error("the server is shutting down")]
+    Closed,
+}
+
+impl QueueHandle {
+    /// Queues `work`; its events arrive on the returned receiver. Dropping the receiver
+    /// cancels the job.
+    pub fn submit(&self, work: Work) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, SubmitError> {
+        if !self.admission.lock().expect("admission lock").admit() {
+            return Err(SubmitError::Full);
+        }
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let job = Job { work, events, admitted: std::time::Instant::now() };
+        if self.tx.send(job).is_err() {
+            self.admission.lock().expect("admission lock").start();
+            self.admission.lock().expect("admission lock").finish();
+            return Err(SubmitError::Closed);
+        }
+        self.jobs_seen.fetch_add(1, Ordering::Relaxed);
+        Ok(rx)
+    }
+
+    /// (waiting, running)
+    pub fn depth(&self) -> (usize, usize) {
+        let a = self.admission.lock().expect("admission lock");
+        (a.waiting(), a.running())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_is_bounded_and_counts_running_jobs() {
+        let mut a = Admission::new(2);
+        assert!(a.admit() && a.admit());
+        assert!(!a.admit(), "a third waiting job is refused");
+        a.start();
+        assert_eq!((a.waiting(), a.running()), (1, 1));
+        assert!(a.admit(), "taking a job frees a place");
+        a.finish();
+        assert_eq!((a.waiting(), a.running()), (2, 0));
+    }
+
+    #[test]
+    fn durations_parse_like_ollama() {
+        assert_eq!(parse_duration("5m").unwrap(), 300.0);
+        assert_eq!(parse_duration("1h30m").unwrap(), 5400.0);
+        assert_eq!(parse_duration("-1m").unwrap(), -60.0);
+        assert_eq!(parse_duration("250ms").unwrap(), 0.25);
+        assert_eq!(parse_duration("42").unwrap(), 42.0);
+        assert!(parse_duration("5 minutes").is_err());
+        assert!(parse_duration("").is_err());
+        let ka = |v: serde_json::Value| KeepAlive::parse(&v);
+        assert_eq!(ka(serde_json::json!(-1)).unwrap(), KeepAlive::Forever);
+        assert_eq!(ka(serde_json::json!("10s")).unwrap(), KeepAlive::For(Duration::from_secs(10)));
+        assert_eq!(ka(serde_json::json!(0)).unwrap(), KeepAlive::For(Duration::ZERO));
+        assert!(ka(serde_json::json!(true)).is_err());
+    }
+}

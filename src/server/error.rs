@@ -1,0 +1,207 @@
+//! API errors: one type, rendered in the OpenAI or the Ollama shape depending on the
+//! route family, mapped to HTTP status in exactly one place.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::queue::{JobError, SubmitError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 400: the request is malformed or a value is out of range.
+    InvalidRequest,
+    /// 401: missing or wrong API key.
+    Authentication,
+    /// 404: no such model.
+    ModelNotFound,
+    /// 404: no such route or resource.
+    NotFound,
+    /// 405
+    MethodNotAllowed,
+    /// 413
+    PayloadTooLarge,
+    /// 429 (OpenAI) / 503 (Ollama): the queue is full.
+    QueueFull,
+    /// 503: loading or shutting down.
+    Unavailable,
+    /// 500: a real server fault.
+    Internal,
+}
+
+/// An error with the field it concerns.
+#[derive(Clone, Debug)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ApiError { kind, message: message.into(), param: None }
+    }
+
+    /// 400 naming the field: `` `top_p` must be in (0, 1] ``.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        ApiError { kind: ErrorKind::InvalidRequest, message: message.into(), param: Some(param.to_string()) }
+    }
+
+    pub fn model_not_found(model: &str) -> Self {
+        ApiError::new(ErrorKind::ModelNotFound, format!("model '{model}' not found")).with_param("model")
+    }
+
+    pub fn with_param(mut self, param: &str) -> Self {
+        self.param = Some(param.to_string());
+        self
+    }
+
+    /// OpenAI's 429 for a full queue; Ollama answers 503 for the same.
+    pub fn status(&self, family: Family) -> StatusCode {
+        match self.kind {
+            ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
+            ErrorKind::ModelNotFound | ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::QueueFull if family == Family::OpenAi => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::QueueFull | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    pub fn openai_type(&self) -> &'static str {
+        match self.kind {
+            ErrorKind::InvalidRequest | ErrorKind::ModelNotFound | ErrorKind::NotFound => "invalid_request_error",
+            ErrorKind::MethodNotAllowed => "invalid_request_error",
+            ErrorKind::PayloadTooLarge => "invalid_request_error",
+            ErrorKind::Authentication => "authentication_error",
+            ErrorKind::QueueFull => "rate_limit_error",
+            ErrorKind::Unavailable | ErrorKind::Internal => "server_error",
+        }
+    }
+
+    /// OpenAI's `error.code`.
+    pub fn openai_code(&self) -> Option<&'static str> {
+        match self.kind {
+            ErrorKind::ModelNotFound => Some("model_not_found"),
+            ErrorKind::Authentication => Some("invalid_api_key"),
+            ErrorKind::QueueFull => Some("rate_limit_exceeded"),
+            ErrorKind::PayloadTooLarge => Some("request_too_large"),
+            ErrorKind::MethodNotAllowed => Some("method_not_allowed"),
+            ErrorKind::NotFound => Some("not_found"),
+            _ => None,
+        }
+    }
+
+    /// The OpenAI body `{"error":{"message","type","param","code"}}`.
+    pub fn openai_body(&self) -> OpenAiErrorBody {
+        OpenAiErrorBody {
+            error: OpenAiErrorDetail {
+                message: self.message.clone(),
+                r#type: self.openai_type().to_string(),
+                param: self.param.clone(),
+                code: self.openai_code().map(str::to_string),
+            },
+        }
+    }
+
+    /// The Ollama body `{"error":"..."}`.
+    pub fn ollama_body(&self) -> OllamaErrorBody {
+        OllamaErrorBody { error: self.message.clone() }
+    }
+
+    pub fn into_response_for(self, family: Family) -> Response {
+        let status = self.status(family);
+        if status.is_server_error() && self.kind == ErrorKind::Internal {
+            tracing::error!(message = %self.message, "request failed");
+        }
+        let mut resp = match family {
+            Family::OpenAi => (status, axum::Json(self.openai_body())).into_response(),
+            Family::Ollama => (status, axum::Json(self.ollama_body())).into_response(),
+        };
+        if self.kind == ErrorKind::QueueFull || self.kind == ErrorKind::Unavailable {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+/// Which API a route belongs to (decides the error shape).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    OpenAi,
+    Ollama,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorBody {
+    pub error: OpenAiErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub r#type: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OllamaErrorBody {
+    pub error: String,
+}
+
+/// An [`ApiError`] answered in the OpenAI shape.
+pub struct OpenAiError(pub ApiError);
+/// An [`ApiError`] answered in the Ollama shape.
+pub struct OllamaError(pub ApiError);
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        self.0.into_response_for(Family::OpenAi)
+    }
+}
+
+impl IntoResponse for OllamaError {
+    fn into_response(self) -> Response {
+        self.0.into_response_for(Family::Ollama)
+    }
+}
+
+impl From<ApiError> for OpenAiError {
+    fn from(e: ApiError) -> Self {
+        OpenAiError(e)
+    }
+}
+
+impl From<ApiError> for OllamaError {
+    fn from(e: ApiError) -> Self {
+        OllamaError(e)
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Full => ApiError::new(ErrorKind::QueueFull, "the request queue is full; retry shortly"),
+            SubmitError::Closed => ApiError::new(ErrorKind::Unavailable, "the server is shutting down"),
+        }
+    }
+}
+
+impl From<JobError> for ApiError {
+    fn from(e: JobError) -> Self {
+        match e {
+            JobError::ModelNotFound(m) => ApiError::model_not_found(&m),
+            JobError::Invalid { param, message } => {
+                ApiError { kind: ErrorKind::InvalidRequest, message, param: param.map(str::to_string) }
+            }
+            JobError::Internal(m) => ApiError::new(ErrorKind::Internal, m),
+            JobError::ShuttingDown => ApiError::new(ErrorKind::Unavailable, "the server is shutting down"),
+        }
+    }
+}

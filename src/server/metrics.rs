@@ -1,0 +1,89 @@
+//! Prometheus metrics: requests by route and status, tokens, prefill and decode time,
+//! queue depth and in-flight jobs.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+
+#[derive(Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    prompt_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    prefill_micros: AtomicU64,
+    decode_micros: AtomicU64,
+}
+
+impl Metrics {
+    /// Counts one finished generation.
+    pub fn record_generation(&self, prompt_tokens: usize, generated: usize, prefill: Duration, decode: Duration) {
+        self.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        self.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
+        self.prefill_micros.fetch_add(prefill.as_micros() as u64, Ordering::Relaxed);
+        self.decode_micros.fetch_add(decode.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn record_request(&self, route: String, status: u16) {
+        *self.requests.lock().expect("metrics lock").entry((route, status)).or_default() += 1;
+    }
+}
+
+/// Middleware: counts every request by its route pattern and status.
+pub async fn record(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let route =
+        req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let resp = next.run(req).await;
+    state.metrics.record_request(route, resp.status().as_u16());
+    resp
+}
+
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", tag = "server", responses(
+    (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+pub async fn render(State(state): State<AppState>) -> Response {
+    let m = &state.metrics;
+    let mut out = String::new();
+    let _ = writeln!(out, "# HELP strata_requests_total HTTP requests by route and status.");
+    let _ = writeln!(out, "# TYPE strata_requests_total counter");
+    for ((route, status), n) in m.requests.lock().expect("metrics lock").iter() {
+        let route = route.replace('\\', "\\\\").replace('"', "\\\"");
+        let _ = writeln!(out, "strata_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
+    }
+    let counters = [
+        ("strata_prompt_tokens_total", "Prompt tokens processed.", m.prompt_tokens.load(Ordering::Relaxed) as f64),
+        ("strata_generated_tokens_total", "Tokens generated.", m.generated_tokens.load(Ordering::Relaxed) as f64),
+        (
+            "strata_prefill_seconds_total",
+            "Time spent in prefill.",
+            m.prefill_micros.load(Ordering::Relaxed) as f64 / 1e6,
+        ),
+        ("strata_decode_seconds_total", "Time spent decoding.", m.decode_micros.load(Ordering::Relaxed) as f64 / 1e6),
+    ];
+    for (name, help, v) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+    }
+    let (waiting, running) = state.queue.depth();
+    let _ = writeln!(
+        out,
+        "# HELP strata_queue_depth Requests waiting for the worker.\n# TYPE strata_queue_depth gauge\nstrata_queue_depth {waiting}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP strata_in_flight Requests the worker is running.\n# TYPE strata_in_flight gauge\nstrata_in_flight {running}"
+    );
+    let loaded = state.status.loaded.lock().expect("status lock").len();
+    let _ = writeln!(
+        out,
+        "# HELP strata_loaded_models Models in memory.\n# TYPE strata_loaded_models gauge\nstrata_loaded_models {loaded}"
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+}

@@ -1,0 +1,346 @@
+//! The HTTP server: OpenAI (`/v1/*`) and Ollama (`/api/*`) APIs over the inference queue.
+//!
+//! Requests are parsed and validated into native types in the handlers
+//! ([`openai`], [`ollama`]); nothing past a handler sees JSON. Errors are shaped per route
+//! family in [`error`]; auth, CORS, body limits and metrics are layers here.
+
+pub mod error;
+pub mod metrics;
+pub mod ollama;
+pub mod openai;
+pub mod openapi;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::de::DeserializeOwned;
+use tower_http::cors::{AllowHeaders, AllowMethods, AllowOrigin, CorsLayer};
+
+use crate::queue::QueueHandle;
+use crate::queue::models::{ModelInfo, Registry};
+use crate::queue::worker::{WorkerConfig, WorkerStatus};
+use anyhow::Context;
+use error::{ApiError, ErrorKind, Family};
+use metrics::Metrics;
+
+/// Settings of the HTTP layer.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Accepted bearer keys; empty: no authentication.
+    pub api_keys: Vec<String>,
+    /// Extra CORS origins (`*` allows every origin).
+    pub allowed_origins: Vec<String>,
+    /// Largest request body in bytes.
+    pub body_limit: usize,
+    /// How long SSE/NDJSON streams may stay silent before a keep-alive.
+    pub keep_alive_interval: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            api_keys: Vec::new(),
+            allowed_origins: Vec::new(),
+            body_limit: 16 << 20,
+            keep_alive_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub queue: QueueHandle,
+    pub registry: Registry,
+    pub status: WorkerStatus,
+    pub metrics: Arc<Metrics>,
+    pub config: Arc<ServerConfig>,
+}
+
+impl AppState {
+    /// The model a request names, or 404 `model_not_found`.
+    pub fn model(&self, name: &str) -> Result<Arc<ModelInfo>, ApiError> {
+        self.registry.get(name).ok_or_else(|| ApiError::model_not_found(name))
+    }
+}
+
+/// Everything needed to start serving.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// (name, spec) pairs; the first is loaded at start and is the default.
+    pub models: Vec<(String, String)>,
+    pub worker: WorkerConfig,
+    pub server: ServerConfig,
+    pub queue_depth: usize,
+    /// Load the first model before answering `/health` with 200.
+    pub preload: bool,
+}
+
+/// Reads the models' metadata, starts the worker and builds the router.
+pub fn start(opts: ServeOptions) -> anyhow::Result<(Router, AppState, std::thread::JoinHandle<()>)> {
+    let registry = Registry::default();
+    for (name, spec) in &opts.models {
+        let info = ModelInfo::read(name, spec).with_context(|| format!("model `{name}` ({spec})"))?;
+        registry.insert(info);
+    }
+    let status = WorkerStatus::default();
+    let preload = opts.preload.then(|| opts.models.first().map(|(n, _)| n.clone())).flatten();
+    let (queue, worker) =
+        crate::queue::worker::spawn(registry.clone(), opts.worker, status.clone(), opts.queue_depth, preload);
+    let state = AppState { queue, registry, status, metrics: Arc::default(), config: Arc::new(opts.server) };
+    Ok((router(state.clone()), state, worker))
+}
+
+/// Parses a JSON body whatever its Content-Type; errors are 400s naming the field.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid("body", "the request body is empty; expected a JSON object"));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let msg = match inner.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                format!("the request body is not valid JSON: {inner}")
+            }
+            _ if path == "." => format!("invalid request: {inner}"),
+            _ => format!("invalid value for `{path}`: {inner}"),
+        };
+        let param = if path == "." { "body".to_string() } else { path };
+        ApiError::invalid(&param, msg)
+    })
+}
+
+/// The family of a path: `/v1/...` answers in the OpenAI shape, the rest in Ollama's.
+pub fn family_of(path: &str) -> Family {
+    if path.starts_with("/v1") { Family::OpenAi } else { Family::Ollama }
+}
+
+pub fn router(state: AppState) -> Router {
+    let body_limit = state.config.body_limit;
+    let api = Router::new()
+        .route("/", get(root).head(root))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics::render))
+        .merge(openai::routes())
+        .merge(ollama::routes())
+        .merge(openapi::routes())
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(state.clone(), shape_errors))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(state.clone(), metrics::record))
+        .layer(cors(&state.config))
+        .layer(tower_http::trace::TraceLayer::new_for_http());
+    api.with_state(state)
+}
+
+/// Liveness for Ollama clients.
+#[utoipa::path(get, path = "/", tag = "server", responses((status = 200, description = "Strata is running", body = String)))]
+
+pub(crate) async fn root() -> &'static str {
+    "Strata is running"
+}
+
+/// Readiness: 200 once the startup model is loaded, 503 before.
+#[utoipa::path(get, path = "/health", tag = "server", responses(
+    (status = 200, description = "ready", body = serde_json::Value, example = json!({"status": "ok"})),
+    (status = 503, description = "loading", body = serde_json::Value, example = json!({"status": "loading"}))))]
+
+pub(crate) async fn health(State(state): State<AppState>) -> Response {
+    match state.status.ready.load(Ordering::SeqCst) {
+        true => (StatusCode::OK, axum::Json(serde_json::json!({"status": "ok"}))).into_response(),
+        false => {
+            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "loading"}))).into_response()
+        }
+    }
+}
+
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    ApiError::new(ErrorKind::NotFound, format!("no route for {} {path}", req.method()))
+        .into_response_for(family_of(&path))
+}
+
+/// Rewrites the plain-text errors axum and tower produce (405, 413, 415, ...) into the
+/// JSON shape of the route's family.
+async fn shape_errors(req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let kind = match status {
+        StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::PayloadTooLarge,
+        StatusCode::NOT_FOUND => ErrorKind::NotFound,
+        s if s.is_client_error() => ErrorKind::InvalidRequest,
+        _ => ErrorKind::Internal,
+    };
+    let message = match kind {
+        ErrorKind::MethodNotAllowed => format!("method {method} is not allowed on {path}"),
+        ErrorKind::PayloadTooLarge => "the request body is too large".to_string(),
+        _ => {
+            let bytes = axum::body::to_bytes(resp.into_body(), 64 << 10).await.unwrap_or_else(|_| Bytes::new());
+            String::from_utf8_lossy(&bytes).trim().to_string()
+        }
+    };
+    let mut out = ApiError::new(kind, message).into_response_for(family_of(&path));
+    *out.status_mut() = status;
+    out
+}
+
+/// Bearer-key authentication when keys are configured; `/`, `/health` and CORS
+/// preflights are exempt. Keys are compared in constant time.
+async fn authenticate(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let keys = &state.config.api_keys;
+    let path = req.uri().path();
+    if keys.is_empty() || path == "/" || path == "/health" || req.method() == Method::OPTIONS {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    if let Some(given) = given {
+        use subtle::ConstantTimeEq;
+        // Every key is compared, so the time taken does not reveal which one matched.
+        let ok = keys.iter().fold(subtle::Choice::from(0), |acc, k| acc | k.as_bytes().ct_eq(given.as_bytes()));
+        if bool::from(ok) {
+            return next.run(req).await;
+        }
+    }
+    let family = family_of(path);
+    let mut resp = ApiError::new(ErrorKind::Authentication, "a valid API key is required (Authorization: Bearer KEY)")
+        .into_response_for(family);
+    resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    resp
+}
+
+/// Origins that may call the API from a browser by default: local pages and desktop
+/// app shells.
+pub fn origin_allowed(origin: &str, extra: &[String]) -> bool {
+    if extra.iter().any(|o| o == "*" || o == origin) {
+        return true;
+    }
+    for scheme in ["app://", "file://", "tauri://", "vscode-webview://"] {
+        if origin.starts_with(scheme) {
+            return true;
+        }
+    }
+    let Some(rest) = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) else {
+        return false;
+    };
+    let (host, port) = match rest.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((h, after)) => (format!("[{h}]"), after),
+            None => return false,
+        },
+        None => match rest.split_once(':') {
+            Some((h, _)) => (h.to_string(), &rest[h.len()..]),
+            None => (rest.to_string(), ""),
+        },
+    };
+    let port_ok = port.is_empty() || port.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok());
+    matches!(host.as_str(), "localhost" | "127.0.0.1" | "[::1]") && port_ok
+}
+
+fn cors(config: &ServerConfig) -> CorsLayer {
+    let extra = config.allowed_origins.clone();
+    let mut headers: Vec<header::HeaderName> = vec![header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT];
+    for h in [
+        "x-stainless-arch",
+        "x-stainless-async",
+        "x-stainless-custom-poll-interval",
+        "x-stainless-helper-method",
+        "x-stainless-lang",
+        "x-stainless-os",
+        "x-stainless-package-version",
+        "x-stainless-poll-helper",
+        "x-stainless-retry-count",
+        "x-stainless-runtime",
+        "x-stainless-runtime-version",
+        "x-stainless-timeout",
+        "x-stainless-read-timeout",
+        "openai-organization",
+        "openai-project",
+        "user-agent",
+    ] {
+        headers.push(header::HeaderName::from_static(h));
+    }
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::predicate(move |origin: &HeaderValue, _| {
+            origin.to_str().is_ok_and(|o| origin_allowed(o, &extra))
+        }))
+        .allow_methods(AllowMethods::list([Method::GET, Method::POST, Method::DELETE, Method::HEAD, Method::OPTIONS]))
+        .allow_headers(AllowHeaders::list(headers))
+        .max_age(Duration::from_secs(3600))
+}
+
+/// A response body that streams `lines` (already framed) and keeps the job's receiver
+/// alive only as long as the client reads.
+pub fn streaming_body<S>(stream: S) -> Body
+where
+    S: futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static,
+{
+    Body::from_stream(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_origins() {
+        let ok = |o: &str| origin_allowed(o, &[]);
+        assert!(ok("http://localhost"));
+        assert!(ok("http://localhost:3000"));
+        assert!(ok("https://127.0.0.1:8080"));
+        assert!(ok("http://[::1]:5173"));
+        assert!(ok("app://obsidian.md"));
+        assert!(ok("vscode-webview://abc"));
+        assert!(!ok("http://localhost.evil.com"));
+        assert!(!ok("http://evil.com"));
+        assert!(!ok("http://127.0.0.1.evil.com:80"));
+        assert!(!ok("null"));
+        assert!(origin_allowed("https://chat.example", &["https://chat.example".into()]));
+        assert!(origin_allowed("https://any.example", &["*".into()]));
+    }
+
+    #[test]
+    fn json_errors_name_the_field() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct R {
+            model: String,
+            n: Option<u32>,
+        }
+        let e = parse_json::<R>(br#"{"model": "x", "n": "two"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("n"));
+        let e = parse_json::<R>(br#"{"n": 1}"#).unwrap_err();
+        assert!(e.message.contains("model"), "{}", e.message);
+        let e = parse_json::<R>(b"{\"model\": \"\xff\"}").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
+        assert!(parse_json::<R>(b"").is_err());
+        let deep = "[".repeat(100_000);
+        assert!(parse_json::<serde_json::Value>(deep.as_bytes()).is_err());
+    }
+}

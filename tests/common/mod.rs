@@ -1,0 +1,61 @@
+//! Shared helpers for the HTTP integration tests: a server on fixture models, driven
+//! with tower's `oneshot` (no socket).
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use strata::queue::KeepAlive;
+use strata::queue::worker::WorkerConfig;
+use strata::server::{AppState, ServeOptions, ServerConfig};
+use tower::ServiceExt;
+
+pub fn fixture(name: &str) -> String {
+    format!("{}/tests/fixtures/hf/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A server offering `llama3` (the default, with a chat template and several eos ids),
+/// `qwen3` and the demo model.
+pub fn app() -> (Router, AppState) {
+    app_with(ServerConfig::default(), 64)
+}
+
+pub fn app_with(server: ServerConfig, queue_depth: usize) -> (Router, AppState) {
+    let opts = ServeOptions {
+        models: vec![
+            ("llama3".into(), fixture("llama3")),
+            ("qwen3".into(), fixture("qwen3")),
+            ("strata-demo".into(), "strata-demo".into()),
+        ],
+        worker: WorkerConfig { threads: 1, context: 256, keep_alive: KeepAlive::For(Duration::from_secs(300)), max_loaded: 2 },
+        server,
+        queue_depth,
+        preload: false,
+    };
+    let (router, state, _worker) = strata::server::start(opts).expect("starting the server");
+    (router, state)
+}
+
+/// Sends one request; returns status, headers and the whole body.
+pub async fn send(app: &Router, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+    let resp = app.clone().oneshot(req).await.expect("infallible");
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.expect("body").to_bytes().to_vec();
+    (status, headers, body)
+}
+
+pub fn post_json(uri: &str, body: serde_json::Value) -> Request<Body> {
+    Request::post(uri).header("content-type", "application/json").body(Body::from(body.to_string())).unwrap()
+}
+
+pub fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+pub fn json(body: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(body)))
+}
