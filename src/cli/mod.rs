@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod perplexity;
 pub mod run;
+pub mod serve;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -13,10 +14,25 @@ use crate::engine::session::RunOptions;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines as text or JSON (for machines); the level comes from STRATA_LOG.
+    #[arg(long = "log-format", global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Serve the OpenAI and Ollama HTTP APIs.
+    Serve(serve::ServeArgs),
+    /// Models the running server has loaded.
+    Ps(serve::PsArgs),
+    /// Stop the running server.
+    Stop(serve::StopArgs),
     /// Chat with a model in the terminal, or print one streamed answer to -p.
     Run(run::RunArgs),
     /// Log-probabilities of a model on a text or on a list of token ids.
@@ -47,6 +63,9 @@ impl RunOpts {
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Serve(a) => serve::main(a),
+        Command::Ps(a) => serve::ps(a),
+        Command::Stop(a) => serve::stop(a),
         Command::Run(a) => run::main(a),
         Command::Perplexity(a) => perplexity::main(a),
         Command::Bench(a) => bench::main(a),

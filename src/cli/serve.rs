@@ -1,0 +1,303 @@
+//! `strata serve`, and `strata ps` / `strata stop`, which find a running server through
+//! the PID file it writes under `$STRATA_HOME`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::RunOpts;
+use crate::model::demo::DEMO_NAME;
+use crate::queue::KeepAlive;
+use crate::queue::worker::WorkerConfig;
+use crate::server::{ServeOptions, ServerConfig};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// A model to offer: SPEC (a Hugging Face directory, or `strata-demo`) or NAME=SPEC.
+    /// Repeatable; the first is loaded at start. Default: the built-in demo model.
+    #[arg(long = "model", short = 'm')]
+    pub models: Vec<String>,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Requests that may wait for the worker; more get 429 (OpenAI) / 503 (Ollama).
+    #[arg(long = "queue-depth", default_value_t = 64)]
+    pub queue_depth: usize,
+    /// Accepted bearer key (repeatable; also STRATA_API_KEY, comma-separated).
+    #[arg(long = "api-key")]
+    pub api_keys: Vec<String>,
+    /// A browser origin allowed besides localhost and app shells (repeatable; `*` for all).
+    #[arg(long = "allow-origin")]
+    pub allow_origins: Vec<String>,
+    /// Largest request body (bytes, or with K/M/G/KiB/MiB/GiB).
+    #[arg(long = "body-limit", default_value = "16MiB", value_parser = parse_size)]
+    pub body_limit: u64,
+    /// How long an idle model stays loaded (`5m`, `1h`, `-1` forever, `0` unload at once).
+    #[arg(long = "keep-alive", default_value = "5m")]
+    pub keep_alive: String,
+    /// Models kept loaded at once.
+    #[arg(long = "max-loaded-models", default_value_t = 1)]
+    pub max_loaded: usize,
+    /// On SIGTERM/SIGINT, how long running requests may finish before they are cancelled.
+    #[arg(long = "grace-period", default_value = "10s")]
+    pub grace_period: String,
+    #[command(flatten)]
+    pub run: RunOpts,
+}
+
+/// Bytes from `123`, `16MiB`, `2G`, `512K`...
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a size"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1048576.0,
+        "gib" => 1073741824.0,
+        "tib" => 1099511627776.0,
+        other => return Err(format!("unknown size unit `{other}` (K, M, G, KiB, MiB, GiB)")),
+    };
+    Ok((n * scale) as u64)
+}
+
+/// `$STRATA_HOME`, or `~/.strata`.
+pub fn strata_home() -> PathBuf {
+    if let Some(home) = std::env::var_os("STRATA_HOME") {
+        return PathBuf::from(home);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    home.join(".strata")
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+struct PidFile {
+    pid: u32,
+    addr: String,
+}
+
+fn pid_path() -> PathBuf {
+    strata_home().join("strata.pid")
+}
+
+fn read_pid_file() -> anyhow::Result<PidFile> {
+    let path = pid_path();
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("no running server found ({} is missing)", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a Strata PID file", path.display()))
+}
+
+fn process_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Writes `contents` to `path` through a temporary file and a rename.
+fn write_atomic(path: &Path, contents: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// `NAME=SPEC` or `SPEC` (named after its file or directory stem).
+fn model_entry(arg: &str) -> (String, String) {
+    if let Some((name, spec)) = arg.split_once('=') {
+        if !name.is_empty() && !name.contains('/') {
+            return (name.to_string(), spec.to_string());
+        }
+    }
+    let path = Path::new(arg.trim_end_matches('/'));
+    let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| arg.to_string());
+    (name, arg.to_string())
+}
+
+pub fn main(args: ServeArgs) -> anyhow::Result<()> {
+    let keep_alive = KeepAlive::parse(&serde_json::Value::String(args.keep_alive.clone()))
+        .map_err(|e| anyhow::anyhow!("--keep-alive: {e}"))?;
+    let grace = crate::queue::parse_duration(&args.grace_period).map_err(|e| anyhow::anyhow!("--grace-period: {e}"))?;
+    let mut api_keys = args.api_keys.clone();
+    if let Ok(env) = std::env::var("STRATA_API_KEY") {
+        api_keys.extend(env.split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string));
+    }
+    let models = match args.models.is_empty() {
+        true => vec![(DEMO_NAME.to_string(), DEMO_NAME.to_string())],
+        false => args.models.iter().map(|m| model_entry(m)).collect(),
+    };
+    if args.run.device != "cpu" {
+        anyhow::bail!("device `{}` is not available: this build runs on the CPU only", args.run.device);
+    }
+    let opts = ServeOptions {
+        models,
+        worker: WorkerConfig {
+            threads: args.run.threads,
+            context: args.run.ctx_size,
+            keep_alive,
+            max_loaded: args.max_loaded,
+        },
+        server: ServerConfig {
+            api_keys,
+            allowed_origins: args.allow_origins.clone(),
+            body_limit: args.body_limit as usize,
+            ..ServerConfig::default()
+        },
+        queue_depth: args.queue_depth,
+        preload: true,
+    };
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .or_else(|_| {
+            use std::net::ToSocketAddrs;
+            (args.host.as_str(), args.port).to_socket_addrs()?.next().ok_or_else(|| std::io::Error::other("no address"))
+        })
+        .with_context(|| format!("--host {}: not an address", args.host))?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().worker_threads(2).build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+        let local = listener.local_addr()?;
+        let home = strata_home();
+        std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
+        if let Ok(old) = read_pid_file() {
+            if old.pid != std::process::id() && process_alive(old.pid) {
+                anyhow::bail!(
+                    "another strata serve (pid {}) is running on {}; `strata stop` stops it",
+                    old.pid,
+                    old.addr
+                );
+            }
+        }
+        let (router, state, _worker) = crate::server::start(opts)?;
+        write_atomic(
+            &pid_path(),
+            &serde_json::to_string(&PidFile { pid: std::process::id(), addr: local.to_string() })?,
+        )
+        .with_context(|| format!("writing {}", pid_path().display()))?;
+        tracing::info!(%local, "Strata listening");
+        eprintln!("Strata listening on http://{local}");
+
+        let status = state.status.clone();
+        let shutdown = async move {
+            wait_for_signal().await;
+            tracing::info!(grace_seconds = grace, "shutting down: finishing requests in flight");
+            // After the grace period, running work is cancelled and queued work refused.
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs_f64(grace.max(0.0))).await;
+                status.shutting_down.store(true, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                tracing::warn!("connections still open after the grace period; exiting");
+                let _ = std::fs::remove_file(pid_path());
+                std::process::exit(0);
+            });
+        };
+        axum::serve(listener, router).with_graceful_shutdown(shutdown).await?;
+        state.status.shutting_down.store(true, Ordering::SeqCst);
+        let _ = std::fs::remove_file(pid_path());
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// A GET to the running server; returns the body.
+fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
+    let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to the server at {addr}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let auth = std::env::var("STRATA_API_KEY")
+        .ok()
+        .and_then(|k| k.split(',').next().map(|k| format!("Authorization: Bearer {}\r\n", k.trim())))
+        .unwrap_or_default();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n")?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").context("malformed HTTP response")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        anyhow::bail!("{path}: {}", head.lines().next().unwrap_or(""));
+    }
+    Ok(body.to_string())
+}
+
+#[derive(Args, Debug)]
+pub struct PsArgs {}
+
+/// `strata ps`: the models the running server has loaded.
+pub fn ps(_: PsArgs) -> anyhow::Result<()> {
+    let pid = read_pid_file()?;
+    let body = http_get(&pid.addr, "/api/ps")?;
+    let v: serde_json::Value = serde_json::from_str(&body).context("the server's /api/ps answer is not JSON")?;
+    println!("{:<32} {:>12} {:>8}  UNTIL", "NAME", "SIZE", "CONTEXT");
+    for m in v["models"].as_array().into_iter().flatten() {
+        let size = m["size"].as_u64().unwrap_or(0) as f64 / 1048576.0;
+        println!(
+            "{:<32} {:>9.1} MiB {:>8}  {}",
+            m["name"].as_str().unwrap_or("?"),
+            size,
+            m["context_length"].as_u64().unwrap_or(0),
+            m["expires_at"].as_str().unwrap_or("forever")
+        );
+    }
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct StopArgs {
+    /// Seconds to wait for the server to exit.
+    #[arg(long, default_value_t = 30)]
+    pub timeout: u64,
+}
+
+/// `strata stop`: SIGTERM to the running server, then wait for it to exit.
+pub fn stop(args: StopArgs) -> anyhow::Result<()> {
+    let pid = read_pid_file()?;
+    if !process_alive(pid.pid) {
+        let _ = std::fs::remove_file(pid_path());
+        anyhow::bail!("the server (pid {}) is not running; removed its stale PID file", pid.pid);
+    }
+    // SAFETY: kill(2) with a pid read from our own PID file and a plain signal number.
+    if unsafe { libc::kill(pid.pid as libc::pid_t, libc::SIGTERM) } != 0 {
+        anyhow::bail!("could not signal pid {}: {}", pid.pid, std::io::Error::last_os_error());
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(args.timeout);
+    while process_alive(pid.pid) {
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("the server (pid {}) did not exit within {} s", pid.pid, args.timeout);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("stopped the server (pid {}) on {}", pid.pid, pid.addr);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_model_names() {
+        assert_eq!(parse_size("16MiB").unwrap(), 16 << 20);
+        assert_eq!(parse_size("2G").unwrap(), 2_000_000_000);
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert!(parse_size("lots").is_err());
+        assert_eq!(model_entry("tiny=/m/x"), ("tiny".into(), "/m/x".into()));
+        assert_eq!(model_entry("/models/llama-3.2-1b/"), ("llama-3.2-1b".into(), "/models/llama-3.2-1b".into()));
+        assert_eq!(model_entry("strata-demo"), ("strata-demo".into(), "strata-demo".into()));
+    }
+}
