@@ -50,6 +50,7 @@ fn greedy(prompt: &[u32], max_tokens: usize, stop: Vec<String>) -> GenerateReque
         sampling: SamplingParams::greedy(),
         stop,
         stop_at_eos: false,
+        top_logprobs: 0,
     }
 }
 
@@ -130,6 +131,7 @@ fn same_seed_same_tokens_and_another_seed_differs() {
             sampling,
             stop: vec![],
             stop_at_eos: false,
+            top_logprobs: 0,
         };
         run(&e, &mut Session::new(&e), &req).1
     };

@@ -1,9 +1,33 @@
 #!/usr/bin/env bash
 # The one test command: builds Strata and runs every test.
 #   tests/run.sh            all tests
+#   tests/run.sh ARGS       ARGS go to `cargo test` (e.g. a test name filter)
+# After the cargo tests come the HTTP client tests (tests/clients/: the real `openai` and
+# `ollama` Python clients against `strata serve`, in a venv at target/client-venv) and the
+# schemathesis fuzz run (tools/schemathesis.sh, venv at target/schemathesis-venv). Both
+# need python3 >= 3.11 and PyPI on first use. STRATA_SKIP_CLIENTS=1 skips the former,
+# STRATA_SKIP_SCHEMATHESIS=1 the latter.
 # Fixtures under tests/fixtures/ are committed; tools/make_fixtures.py regenerates them
 # (needs the reference stack in tools/requirements-ref.txt, never needed here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tests/clients/venv.sh
+failed=()
+
 cargo build --release --locked
-cargo test --release --locked --no-fail-fast "$@"
+cargo test --release --locked --no-fail-fast "$@" || failed+=("cargo test")
+
+if [[ ${STRATA_SKIP_CLIENTS:-0} != 1 ]]; then
+  ensure_venv target/client-venv tests/clients/requirements.txt
+  target/client-venv/bin/python -m pytest tests/clients -q || failed+=("client tests (tests/clients)")
+fi
+
+if [[ ${STRATA_SKIP_SCHEMATHESIS:-0} != 1 ]]; then
+  tools/schemathesis.sh || failed+=("schemathesis (tools/schemathesis.sh)")
+fi
+
+if ((${#failed[@]})); then
+  printf 'FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "all tests passed"

@@ -118,7 +118,14 @@ fn model_entry(arg: &str) -> (String, String) {
         }
     }
     let path = Path::new(arg.trim_end_matches('/'));
-    let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| arg.to_string());
+    // A model file is named without its extension; a directory keeps its whole name
+    // (`llama-3.2-1b` is not `llama-3` with an extension).
+    let is_model_file = matches!(path.extension().and_then(|e| e.to_str()), Some("gguf" | "cawsf" | "safetensors"));
+    let name = match is_model_file {
+        true => path.file_stem(),
+        false => path.file_name(),
+    };
+    let name = name.map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| arg.to_string());
     (name, arg.to_string())
 }
 
@@ -297,7 +304,8 @@ mod tests {
         assert_eq!(parse_size("512").unwrap(), 512);
         assert!(parse_size("lots").is_err());
         assert_eq!(model_entry("tiny=/m/x"), ("tiny".into(), "/m/x".into()));
-        assert_eq!(model_entry("/models/llama-3.2-1b/"), ("llama-3.2-1b".into(), "/models/llama-3.2-1b".into()));
+        assert_eq!(model_entry("/models/llama-3.2-1b/"), ("llama-3.2-1b".into(), "/models/llama-3.2-1b/".into()));
         assert_eq!(model_entry("strata-demo"), ("strata-demo".into(), "strata-demo".into()));
+        assert_eq!(model_entry("/m/tiny.gguf"), ("tiny".into(), "/m/tiny.gguf".into()));
     }
 }

@@ -157,6 +157,7 @@ impl Worker {
                 let start = Instant::now();
                 let i = self.slot(&model)?;
                 self.touch(i, keep_alive);
+                self.publish(); // before the reply, so that /api/ps right after it is current
                 let _ = events.send(Event::Loaded { load: start.elapsed() });
                 Ok(())
             }
@@ -166,6 +167,7 @@ impl Worker {
                 }
                 let key = canonical(&model);
                 self.slots.retain(|s| s.name != key);
+                self.publish();
                 let _ = events.send(Event::Unloaded);
                 Ok(())
             }
@@ -254,15 +256,14 @@ impl Worker {
         let tok = &engine.tokenizer;
         let vocab = engine.model.config.vocab_size;
         let mut prompt = job.context.clone();
-        match &job.prompt {
-            PromptInput::Text { text, special } => {
-                prompt.extend(tok.encode(text, *special).map_err(|e| text_error("prompt", e))?)
-            }
-            PromptInput::Chat(messages) => {
-                prompt.extend(tok.encode_chat(messages, true).map_err(|e| text_error("messages", e))?)
-            }
-            PromptInput::Tokens(ids) => prompt.extend(ids),
-        }
+        let new_ids = match &job.prompt {
+            PromptInput::Text { text, special } => tok.encode(text, *special).map_err(|e| text_error("prompt", e))?,
+            PromptInput::Chat(messages) => tok.encode_chat(messages, true).map_err(|e| text_error("messages", e))?,
+            PromptInput::Tokens(ids) => ids.clone(),
+        };
+        // A continuation of an earlier exchange already starts with BOS.
+        let skip_bos = !prompt.is_empty() && new_ids.first().is_some_and(|&t| Some(t) == tok.bos_id());
+        prompt.extend(&new_ids[skip_bos as usize..]);
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(invalid(Some("prompt"), format!("token id {bad} is outside the vocabulary ({vocab} tokens)")));
         }
@@ -325,10 +326,11 @@ impl Worker {
             decode: summary.decode,
             total: admitted.elapsed(),
         };
-        let _ = events.send(Event::Done(done));
         if slot.keep_alive == KeepAlive::For(Duration::ZERO) {
             self.slots.remove(i);
         }
+        self.publish();
+        let _ = events.send(Event::Done(done));
         Ok(())
     }
 
@@ -377,10 +379,11 @@ impl Worker {
                 Err(e) => return Err(JobError::Internal(e.to_string())),
             }
         }
-        let _ = events.send(Event::Embeddings { vectors, prompt_tokens, load, total: admitted.elapsed() });
         if self.slots[i].keep_alive == KeepAlive::For(Duration::ZERO) {
             self.slots.remove(i);
         }
+        self.publish();
+        let _ = events.send(Event::Embeddings { vectors, prompt_tokens, load, total: admitted.elapsed() });
         Ok(())
     }
 }

@@ -104,20 +104,28 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::invalid("body", "the request body is empty; expected a JSON object"));
     }
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        let what = match std::str::from_utf8(body).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+        {
+            Some(_) => "the request body must be a JSON object",
+            None => "the request body is not valid JSON; expected a JSON object",
+        };
+        return Err(ApiError::invalid("body", what));
+    }
     let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let syntax =
+        |inner: serde_json::Error| ApiError::invalid("body", format!("the request body is not valid JSON: {inner}"));
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        let msg = match inner.classify() {
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                format!("the request body is not valid JSON: {inner}")
-            }
-            _ if path == "." => format!("invalid request: {inner}"),
-            _ => format!("invalid value for `{path}`: {inner}"),
-        };
-        let param = if path == "." { "body".to_string() } else { path };
-        ApiError::invalid(&param, msg)
-    })
+        match inner.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => syntax(inner),
+            _ if path == "." => ApiError::invalid("body", format!("invalid request: {inner}")),
+            _ => ApiError::invalid(&path, format!("invalid value for `{path}`: {inner}")),
+        }
+    })?;
+    de.end().map_err(syntax)?;
+    Ok(value)
 }
 
 /// The family of a path: `/v1/...` answers in the OpenAI shape, the rest in Ollama's.

@@ -1,14 +1,535 @@
-//! (being written)
+//! The Ollama API (`/api/*`): generate and chat as NDJSON streams, embeddings, and the
+//! model routes (`tags`, `show`, `ps`, `copy`, `delete`, `version`).
+//!
+//! Shapes follow Ollama's `docs/api.md` and what the ollama Python/JS libraries and Open
+//! WebUI read. Each body is parsed ([`super::parse_json`], any Content-Type) and checked
+//! here into a [`Work`] for the queue; features Ollama has and Strata does not yet
+//! (`format`, `tools`, `images`, `suffix`, custom `template`, `think`) are refused with a
+//! 400 naming the field rather than ignored.
+//!
+//! Sampling defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9, min_p 0,
+//! repeat_penalty 1.1, repeat_last_n 64), overridden by the model's
+//! `generation_config.json` (what `/api/show` lists as `parameters`, as a Modelfile's
+//! `PARAMETER` lines would be), overridden by the request's `options`.
+
+mod checks;
+mod embed;
+mod models;
+mod types;
+
+use std::convert::Infallible;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use tokio::sync::mpsc::UnboundedReceiver;
 use utoipa::OpenApi;
 
-use super::AppState;
+pub use types::*;
+
+use super::error::{ApiError, ErrorKind, OllamaError, OllamaErrorBody};
+use super::{AppState, parse_json, streaming_body};
+use crate::engine::session::FinishReason;
+use crate::engine::template::ChatMessage;
+use crate::queue::{Event, GenerateJob, JobDone, KeepAlive, PromptInput, Work};
+use checks::{keep_alive, refuse_format, refuse_non_empty, refuse_think, require_model, resolve_options};
+use embed::{__path_embed, __path_embeddings, embed, embeddings};
+use models::{
+    __path_copy, __path_delete_model, __path_ps, __path_show, __path_tags, __path_version, copy, delete_model, ps,
+    show, tags, version,
+};
+
+/// What `/api/version` reports. Clients compare it as a dotted version to gate features
+/// (VS Code's Copilot, for one, wants at least 0.6.4), so it is a real, recent Ollama
+/// release; features of that release Strata lacks are refused explicitly with a 400.
+pub const OLLAMA_VERSION: &str = "0.12.0";
 
 #[derive(OpenApi)]
-#[openapi()]
+#[openapi(
+    paths(generate, chat, embed, embeddings, tags, show, ps, version, copy, delete_model),
+    components(schemas(
+        GenerateRequest,
+        GenerateResponse,
+        ChatRequest,
+        ChatMessageIn,
+        ChatResponse,
+        ChatMessageOut,
+        Options,
+        OneOrMany,
+        Timings,
+        KeepAliveValue,
+        EmbedRequest,
+        EmbedResponse,
+        EmbeddingsRequest,
+        EmbeddingsResponse,
+        ModelRef,
+        CopyRequest,
+        ModelDetails,
+        TagModel,
+        TagsResponse,
+        ShowResponse,
+        PsModel,
+        PsResponse,
+        VersionResponse,
+        OllamaErrorBody
+    )),
+    tags((name = "ollama", description = "Ollama-compatible API (NDJSON streams, `{\"error\": ...}` bodies)"))
+)]
 pub struct Doc;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
+        .route("/api/generate", post(generate))
+        .route("/api/chat", post(chat))
+        .route("/api/embed", post(embed))
+        .route("/api/embeddings", post(embeddings))
+        .route("/api/tags", get(tags))
+        .route("/api/show", post(show))
+        .route("/api/ps", get(ps))
+        .route("/api/version", get(version))
+        .route("/api/copy", post(copy))
+        .route("/api/delete", delete(delete_model))
+}
+
+type Result<T> = std::result::Result<T, OllamaError>;
+
+// ---------------------------------------------------------------------------------------
+// Generate and chat
+
+/// Generates a continuation of a prompt.
+#[utoipa::path(post, path = "/api/generate", tag = "ollama",
+    request_body(content = GenerateRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "An NDJSON stream of chunks ending with `done: true` (default), \
+            or one object with `stream: false`. An empty prompt loads (`done_reason: load`) or, with \
+            `keep_alive: 0`, unloads (`done_reason: unload`) the model.", content(
+            (GenerateResponse = "application/x-ndjson"),
+            (GenerateResponse = "application/json"))),
+        (status = 400, description = "Invalid request (the message names the field)", body = OllamaErrorBody),
+        (status = 404, description = "Unknown model", body = OllamaErrorBody),
+        (status = 503, description = "The queue is full (with `Retry-After`)", body = OllamaErrorBody)))]
+pub(crate) async fn generate(State(state): State<AppState>, body: Bytes) -> Result<Response> {
+    let req: GenerateRequest = parse_json(&body)?;
+    let call = generate_call(&state, req)?;
+    Ok(call.run(&state).await?)
+}
+
+/// Answers a conversation.
+#[utoipa::path(post, path = "/api/chat", tag = "ollama",
+    request_body(content = ChatRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "An NDJSON stream of chunks, each with `message`, ending with \
+            `done: true` (default), or one object with `stream: false`. No messages loads or, with \
+            `keep_alive: 0`, unloads the model.", content(
+            (ChatResponse = "application/x-ndjson"),
+            (ChatResponse = "application/json"))),
+        (status = 400, description = "Invalid request (the message names the field)", body = OllamaErrorBody),
+        (status = 404, description = "Unknown model", body = OllamaErrorBody),
+        (status = 503, description = "The queue is full (with `Retry-After`)", body = OllamaErrorBody)))]
+pub(crate) async fn chat(State(state): State<AppState>, body: Bytes) -> Result<Response> {
+    let req: ChatRequest = parse_json(&body)?;
+    let call = chat_call(&state, req)?;
+    Ok(call.run(&state).await?)
+}
+
+/// Which of the two generation routes answers: decides the shape of every line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Api {
+    Generate,
+    Chat,
+}
+
+/// A checked `/api/generate` or `/api/chat` request.
+struct Call {
+    api: Api,
+    /// The model as the client named it (echoed back).
+    model: String,
+    stream: bool,
+    action: Action,
+}
+
+enum Action {
+    Load(Option<KeepAlive>),
+    Unload,
+    Generate(Box<GenerateJob>),
+}
+
+fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<Call, ApiError> {
+    let info = require_model(state, &req.model)?;
+    refuse_non_empty("suffix", req.suffix.as_deref(), "fill-in-the-middle (`suffix`) is not supported yet")?;
+    refuse_non_empty("template", req.template.as_deref(), "custom templates (`template`) are not supported")?;
+    if req.images.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(ApiError::invalid("images", "images are not supported by this server"));
+    }
+    refuse_format(req.format.as_ref())?;
+    refuse_think(req.think.as_ref(), &req.model)?;
+    let keep_alive = keep_alive(req.keep_alive.as_ref())?;
+    let opts = resolve_options(req.options, &info)?;
+    let stream = req.stream.unwrap_or(true);
+    let prompt = req.prompt.unwrap_or_default();
+    let context = req.context.unwrap_or_default();
+    let action = if prompt.is_empty() {
+        load_or_unload(keep_alive)
+    } else {
+        let system = req.system.unwrap_or_default();
+        let input = if !req.raw.unwrap_or(false) && info.chat_template.is_some() {
+            let mut messages = Vec::with_capacity(2);
+            if !system.is_empty() {
+                messages.push(ChatMessage::new("system", system));
+            }
+            messages.push(ChatMessage::new("user", prompt));
+            PromptInput::Chat(messages)
+        } else {
+            // No template (or `raw`): the text as it is; a system message goes first.
+            let text = match req.raw.unwrap_or(false) || system.is_empty() {
+                true => prompt,
+                false => format!("{system}\n\n{prompt}"),
+            };
+            PromptInput::Text { text, special: context.is_empty() }
+        };
+        Action::Generate(Box::new(opts.job(&req.model, input, context, keep_alive)))
+    };
+    Ok(Call { api: Api::Generate, model: req.model, stream, action })
+}
+
+fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, ApiError> {
+    let info = require_model(state, &req.model)?;
+    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid("tools", "tool calling (`tools`) is not supported yet"));
+    }
+    refuse_format(req.format.as_ref())?;
+    refuse_think(req.think.as_ref(), &req.model)?;
+    let keep_alive = keep_alive(req.keep_alive.as_ref())?;
+    let opts = resolve_options(req.options, &info)?;
+    let stream = req.stream.unwrap_or(true);
+    let messages = req.messages.unwrap_or_default();
+    let action = if messages.is_empty() {
+        load_or_unload(keep_alive)
+    } else {
+        if info.chat_template.is_none() {
+            return Err(ApiError::invalid(
+                "model",
+                format!("model '{}' has no chat template; use /api/generate", req.model),
+            ));
+        }
+        let messages =
+            messages.into_iter().enumerate().map(|(i, m)| chat_message(i, m)).collect::<std::result::Result<_, _>>()?;
+        Action::Generate(Box::new(opts.job(&req.model, PromptInput::Chat(messages), Vec::new(), keep_alive)))
+    };
+    Ok(Call { api: Api::Chat, model: req.model, stream, action })
+}
+
+fn chat_message(i: usize, m: ChatMessageIn) -> std::result::Result<ChatMessage, ApiError> {
+    match m.role.as_str() {
+        "system" | "user" | "assistant" => {}
+        "tool" => {
+            return Err(ApiError::invalid(
+                &format!("messages[{i}].role"),
+                "tool messages (`role: tool`) are not supported yet",
+            ));
+        }
+        other => {
+            return Err(ApiError::invalid(
+                &format!("messages[{i}].role"),
+                format!("`messages[{i}].role` must be system, user or assistant, not {other:?}"),
+            ));
+        }
+    }
+    if m.images.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(ApiError::invalid(&format!("messages[{i}].images"), "images are not supported by this server"));
+    }
+    if m.tool_calls.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(ApiError::invalid(&format!("messages[{i}].tool_calls"), "tool calls are not supported yet"));
+    }
+    Ok(ChatMessage::new(m.role, m.content.unwrap_or_default()))
+}
+
+fn load_or_unload(keep_alive: Option<KeepAlive>) -> Action {
+    match keep_alive {
+        Some(KeepAlive::For(d)) if d.is_zero() => Action::Unload,
+        other => Action::Load(other),
+    }
+}
+
+impl Call {
+    async fn run(self, state: &AppState) -> std::result::Result<Response, ApiError> {
+        let Call { api, model, stream, action } = self;
+        let job = match action {
+            Action::Load(keep_alive) => {
+                let work = Work::Load { model: model.clone(), keep_alive };
+                return match outcome(state, work).await? {
+                    Event::Loaded { .. } => Ok(json_line(api.line(&model, String::new(), Some(End::reason("load"))))),
+                    other => Err(unexpected(&other)),
+                };
+            }
+            Action::Unload => {
+                return match outcome(state, Work::Unload { model: model.clone() }).await? {
+                    Event::Unloaded => Ok(json_line(api.line(&model, String::new(), Some(End::reason("unload"))))),
+                    other => Err(unexpected(&other)),
+                };
+            }
+            Action::Generate(job) => job,
+        };
+        let rx = state.queue.submit(Work::Generate(*job))?;
+        let mut lines = Lines { rx, api, model, state: state.clone(), pending: None, finished: false };
+        if !stream {
+            return lines.collect().await;
+        }
+        // Wait for the first event before answering 200, so that an early error (prompt too
+        // long, template failure) gets its status; past the keep-alive interval (a long
+        // queue), commit and keep the connection alive with empty chunks instead.
+        lines.pending = match wait(state.config.keep_alive_interval, lines.rx.recv()).await {
+            Some(Some(Event::Error(e))) => return Err(e.into()),
+            Some(None) => return Err(ApiError::new(ErrorKind::Internal, "the job ended without a result")),
+            Some(Some(ev)) => Some(ev),
+            None => None,
+        };
+        let body = futures_util::stream::unfold(lines, |mut lines| async move {
+            let line = lines.next_line().await?;
+            Some((Ok::<_, Infallible>(line), lines))
+        });
+        Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], streaming_body(body)).into_response())
+    }
+}
+
+/// How a generation ended, for the final line.
+#[derive(Clone, Copy)]
+struct End<'a> {
+    reason: &'static str,
+    job: Option<&'a JobDone>,
+}
+
+impl End<'_> {
+    fn reason(reason: &'static str) -> Self {
+        End { reason, job: None }
+    }
+}
+
+impl<'a> End<'a> {
+    fn done(job: &'a JobDone) -> Self {
+        let reason = match job.finish {
+            FinishReason::Length => "length",
+            FinishReason::Stop | FinishReason::Cancelled => "stop",
+        };
+        End { reason, job: Some(job) }
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Api {
+    /// One response object (without the newline): a chunk of `text`, or the final object
+    /// when `end` is given.
+    fn line(self, model: &str, text: String, end: Option<End<'_>>) -> Vec<u8> {
+        let created_at = now();
+        let done = end.is_some();
+        let done_reason = end.map(|e| e.reason.to_string());
+        let job = end.and_then(|e| e.job);
+        let timings = job.map_or_else(Timings::default, |j| Timings {
+            total_duration: Some(nanos(j.total)),
+            load_duration: Some(nanos(j.load)),
+            prompt_eval_count: Some(j.prompt_tokens),
+            prompt_eval_duration: Some(nanos(j.prefill)),
+            eval_count: Some(j.completion_tokens),
+            eval_duration: Some(nanos(j.decode)),
+        });
+        let model = model.to_string();
+        let out = match self {
+            Api::Generate => {
+                let context = job.map(|j| j.context.clone());
+                serde_json::to_vec(&GenerateResponse {
+                    model,
+                    created_at,
+                    response: text,
+                    done,
+                    done_reason,
+                    context,
+                    timings,
+                })
+            }
+            Api::Chat => serde_json::to_vec(&ChatResponse {
+                model,
+                created_at,
+                message: ChatMessageOut { role: "assistant".into(), content: text },
+                done,
+                done_reason,
+                timings,
+            }),
+        };
+        out.expect("response objects serialize")
+    }
+}
+
+fn json_line(body: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// The events of one generation, turned into response lines. Owns the receiver: when
+/// the response body is dropped (the client left), the job is cancelled.
+struct Lines {
+    rx: UnboundedReceiver<Event>,
+    api: Api,
+    model: String,
+    state: AppState,
+    /// An event already taken from `rx` (the first one).
+    pending: Option<Event>,
+    finished: bool,
+}
+
+impl Lines {
+    fn done(&self, job: &JobDone) -> Vec<u8> {
+        self.state.metrics.record_generation(job.prompt_tokens, job.completion_tokens, job.prefill, job.decode);
+        self.api.line(&self.model, String::new(), Some(End::done(job)))
+    }
+
+    /// The next NDJSON line, or `None` after the final one.
+    async fn next_line(&mut self) -> Option<Bytes> {
+        if self.finished {
+            return None;
+        }
+        let interval = self.state.config.keep_alive_interval;
+        let mut line = loop {
+            let event = match self.pending.take() {
+                Some(ev) => Some(ev),
+                None => match wait(interval, self.rx.recv()).await {
+                    Some(ev) => ev,
+                    // Silent for a while (a long prefill): an empty chunk keeps proxies and
+                    // clients from timing out, and every client ignores it.
+                    None => break self.api.line(&self.model, String::new(), None),
+                },
+            };
+            match event {
+                Some(Event::Text(text)) => break self.api.line(&self.model, text, None),
+                Some(Event::Token { .. }) => continue,
+                Some(Event::Done(job)) => {
+                    self.finished = true;
+                    break self.done(&job);
+                }
+                Some(Event::Error(e)) => {
+                    self.finished = true;
+                    break error_line(ApiError::from(e));
+                }
+                Some(other) => {
+                    self.finished = true;
+                    break error_line(unexpected(&other));
+                }
+                None => {
+                    self.finished = true;
+                    break error_line(ApiError::new(ErrorKind::Internal, "the job ended without a result"));
+                }
+            }
+        };
+        line.push(b'\n');
+        Some(Bytes::from(line))
+    }
+
+    /// The whole answer as one object (`stream: false`).
+    async fn collect(mut self) -> std::result::Result<Response, ApiError> {
+        let mut text = String::new();
+        loop {
+            match self.rx.recv().await {
+                Some(Event::Text(t)) => text.push_str(&t),
+                Some(Event::Token { .. }) => {}
+                Some(Event::Done(job)) => {
+                    self.state.metrics.record_generation(
+                        job.prompt_tokens,
+                        job.completion_tokens,
+                        job.prefill,
+                        job.decode,
+                    );
+                    return Ok(json_line(self.api.line(&self.model, text, Some(End::done(&job)))));
+                }
+                Some(Event::Error(e)) => return Err(e.into()),
+                Some(other) => return Err(unexpected(&other)),
+                None => return Err(ApiError::new(ErrorKind::Internal, "the job ended without a result")),
+            }
+        }
+    }
+}
+
+fn error_line(e: ApiError) -> Vec<u8> {
+    if e.kind == ErrorKind::Internal {
+        tracing::error!(message = %e.message, "generation failed");
+    }
+    serde_json::to_vec(&e.ollama_body()).expect("error bodies serialize")
+}
+
+fn unexpected(event: &Event) -> ApiError {
+    ApiError::new(ErrorKind::Internal, format!("unexpected event from the worker: {event:?}"))
+}
+
+/// `fut`, or `None` once `interval` passes (never, for a zero interval).
+async fn wait<F: std::future::Future>(interval: Duration, fut: F) -> Option<F::Output> {
+    if interval.is_zero() {
+        return Some(fut.await);
+    }
+    tokio::time::timeout(interval, fut).await.ok()
+}
+
+/// Runs `work` and returns its final event (`Loaded`, `Unloaded`, `Embeddings`, ...);
+/// a job error becomes the error.
+async fn outcome(state: &AppState, work: Work) -> std::result::Result<Event, ApiError> {
+    let mut rx = state.queue.submit(work)?;
+    loop {
+        match rx.recv().await {
+            Some(Event::Text(_) | Event::Token { .. }) => {}
+            Some(Event::Error(e)) => return Err(e.into()),
+            Some(ev) => return Ok(ev),
+            None => return Err(ApiError::new(ErrorKind::Internal, "the job ended without a result")),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Time
+
+/// RFC 3339 in UTC with nanoseconds, as Ollama writes times.
+fn rfc3339(t: SystemTime) -> String {
+    jiff::Timestamp::try_from(t).map(|ts| format!("{ts:.9}")).unwrap_or_else(|_| now())
+}
+
+fn now() -> String {
+    format!("{:.9}", jiff::Timestamp::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+
+    #[test]
+    fn lines_have_ollama_shapes() {
+        let job = JobDone {
+            finish: FinishReason::Length,
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            context: vec![1, 2, 3, 4, 5],
+            load: Duration::from_millis(1),
+            prefill: Duration::from_millis(2),
+            decode: Duration::from_millis(3),
+            total: Duration::from_millis(7),
+        };
+        let v: Value = serde_json::from_slice(&Api::Generate.line("m", "hi".into(), None)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"model": "m", "created_at": v["created_at"], "response": "hi", "done": false})
+        );
+        let v: Value = serde_json::from_slice(&Api::Generate.line("m", String::new(), Some(End::done(&job)))).unwrap();
+        assert_eq!(v["done_reason"], "length");
+        assert_eq!(v["context"], serde_json::json!([1, 2, 3, 4, 5]));
+        assert_eq!(v["total_duration"], 7_000_000);
+        assert_eq!(v["eval_count"], 2);
+        let v: Value = serde_json::from_slice(&Api::Chat.line("m", String::new(), Some(End::reason("load")))).unwrap();
+        assert_eq!(v["message"], serde_json::json!({"role": "assistant", "content": ""}));
+        assert!(v.get("context").is_none() && v.get("total_duration").is_none());
+        let t = v["created_at"].as_str().unwrap();
+        assert!(t.ends_with('Z') && t.split('.').nth(1).is_some_and(|f| f.len() == 10), "{t}");
+    }
 }

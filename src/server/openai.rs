@@ -1,14 +1,291 @@
-//! (being written)
+//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+//! `/v1/models/{id}` and `/v1/embeddings`, in the shapes the OpenAI SDKs (and LangChain,
+//! Continue, Open WebUI) read.
+//!
+//! Each request body is turned into a [`Plan`] (a validated [`crate::queue::GenerateJob`]
+//! plus how to answer) in one place, [`plan`]; errors name the field. Streams are
+//! Server-Sent Events whose payloads come from `render::ChunkWriter`, a plain state
+//! machine over the job's [`Event`]s; the SSE body owns the job's receiver, so a client
+//! that goes away cancels the job.
+
+mod plan;
+mod render;
+mod types;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::HeaderValue;
+use axum::response::sse::{Event as SseEvent, KeepAlive as SseKeepAlive, Sse};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::{get, post};
+use base64::Engine as _;
+use futures_util::StreamExt;
+use tokio::sync::mpsc::UnboundedReceiver;
 use utoipa::OpenApi;
 
-use super::AppState;
+pub use plan::{Api, EmbedPlan, Plan};
+pub use types::*;
+
+use super::error::{ApiError, OpenAiError, OpenAiErrorBody, OpenAiErrorDetail};
+use super::metrics::Metrics;
+use super::{AppState, parse_json};
+use crate::queue::{Event, JobDone, Work};
+use render::{ChunkWriter, Generation, Head, TokenStep, whole_response, worker_gone};
 
 #[derive(OpenApi)]
-#[openapi()]
+#[openapi(
+    paths(chat_completions, completions, list_models, get_model, embeddings),
+    components(schemas(
+        ChatCompletionRequest,
+        ChatMessageIn,
+        MessageContent,
+        ContentPart,
+        StopSpec,
+        StreamOptions,
+        ResponseFormat,
+        CompletionRequest,
+        PromptSpec,
+        EmbeddingRequest,
+        EmbeddingInputSpec,
+        ChatCompletionResponse,
+        ChatChoice,
+        AssistantMessage,
+        ChatCompletionChunk,
+        ChatCompletionEvent,
+        CompletionEvent,
+        ChunkChoice,
+        Delta,
+        ChatLogprobs,
+        ChatTokenLogprob,
+        TopLogprob,
+        CompletionResponse,
+        CompletionChoice,
+        CompletionLogprobs,
+        FinishReason,
+        Usage,
+        EmbeddingResponse,
+        EmbeddingData,
+        EmbeddingVector,
+        EmbeddingUsage,
+        ModelList,
+        ModelObject,
+        OpenAiErrorBody,
+        OpenAiErrorDetail,
+    )),
+    tags((name = "openai", description = "OpenAI-compatible API"))
+)]
 pub struct Doc;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(list_models))
+        // A catch-all, so names with a slash (`org/model`) work too.
+        .route("/v1/models/{*id}", get(get_model))
+        .route("/v1/embeddings", post(embeddings))
+}
+
+/// `system_fingerprint` of every completion.
+pub const SYSTEM_FINGERPRINT: &str = concat!("strata-", env!("CARGO_PKG_VERSION"));
+
+/// Generates the assistant's reply to a conversation.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
+    request_body = ChatCompletionRequest,
+    responses(
+        (status = 200, description = "The completion, or with `stream: true` a stream of chunks ending in `data: [DONE]`",
+            content((ChatCompletionResponse = "application/json"), (ChatCompletionEvent = "text/event-stream"))),
+        (status = 400, description = "Invalid request (names the field)", body = OpenAiErrorBody),
+        (status = 404, description = "Unknown model (`model_not_found`)", body = OpenAiErrorBody),
+        (status = 429, description = "The queue is full; retry after `Retry-After` seconds", body = OpenAiErrorBody),
+        (status = 503, description = "Shutting down", body = OpenAiErrorBody),
+    ))]
+pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Result<Response, OpenAiError> {
+    let plan = parse_json::<ChatCompletionRequest>(&body)?.into_plan()?;
+    Ok(generate(&state, plan).await?)
+}
+
+/// Continues a prompt (the legacy completions API).
+#[utoipa::path(post, path = "/v1/completions", tag = "openai",
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "The completion, or with `stream: true` a stream of chunks ending in `data: [DONE]`",
+            content((CompletionResponse = "application/json"), (CompletionEvent = "text/event-stream"))),
+        (status = 400, description = "Invalid request (names the field)", body = OpenAiErrorBody),
+        (status = 404, description = "Unknown model (`model_not_found`)", body = OpenAiErrorBody),
+        (status = 429, description = "The queue is full; retry after `Retry-After` seconds", body = OpenAiErrorBody),
+        (status = 503, description = "Shutting down", body = OpenAiErrorBody),
+    ))]
+pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, OpenAiError> {
+    let plan = parse_json::<CompletionRequest>(&body)?.into_plan()?;
+    Ok(generate(&state, plan).await?)
+}
+
+/// The models this server offers.
+#[utoipa::path(get, path = "/v1/models", tag = "openai",
+    responses((status = 200, description = "Every model", body = ModelList)))]
+pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
+    let data = state.registry.list().iter().map(|m| ModelObject::of(m)).collect();
+    Json(ModelList { object: "list".into(), data })
+}
+
+/// One model.
+#[utoipa::path(get, path = "/v1/models/{id}", tag = "openai",
+    params(("id" = String, Path, description = "The model's name")),
+    responses(
+        (status = 200, description = "The model", body = ModelObject),
+        (status = 404, description = "Unknown model (`model_not_found`)", body = OpenAiErrorBody),
+    ))]
+pub async fn get_model(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelObject>, OpenAiError> {
+    let info = state.registry.get(&id).ok_or_else(|| ApiError::model_not_found(&id).with_param("id"))?;
+    Ok(Json(ModelObject::of(&info)))
+}
+
+/// Embeds one or more inputs (mean-pooled, unit length).
+#[utoipa::path(post, path = "/v1/embeddings", tag = "openai",
+    request_body = EmbeddingRequest,
+    responses(
+        (status = 200, description = "One embedding per input, in order", body = EmbeddingResponse),
+        (status = 400, description = "Invalid request (names the field)", body = OpenAiErrorBody),
+        (status = 404, description = "Unknown model (`model_not_found`)", body = OpenAiErrorBody),
+        (status = 429, description = "The queue is full; retry after `Retry-After` seconds", body = OpenAiErrorBody),
+        (status = 503, description = "Shutting down", body = OpenAiErrorBody),
+    ))]
+pub async fn embeddings(State(state): State<AppState>, body: Bytes) -> Result<Json<EmbeddingResponse>, OpenAiError> {
+    let plan = parse_json::<EmbeddingRequest>(&body)?.into_plan()?;
+    let info = state.model(&plan.job.model)?;
+    if let Some(d) = plan.dimensions.filter(|&d| d != info.embedding_length) {
+        return Err(ApiError::invalid(
+            "dimensions",
+            format!("`dimensions` is {d}, but `{}` embeds into {} dimensions", info.name, info.embedding_length),
+        )
+        .into());
+    }
+    let model = plan.job.model.clone();
+    let mut rx = state.queue.submit(Work::Embed(plan.job)).map_err(ApiError::from)?;
+    let (vectors, prompt_tokens) = loop {
+        match rx.recv().await {
+            Some(Event::Embeddings { vectors, prompt_tokens, .. }) => break (vectors, prompt_tokens),
+            Some(Event::Error(e)) => return Err(ApiError::from(e).into()),
+            Some(_) => continue,
+            None => return Err(worker_gone().into()),
+        }
+    };
+    let data = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, v)| EmbeddingData {
+            object: "embedding".into(),
+            index,
+            embedding: match plan.base64 {
+                true => EmbeddingVector::Base64(base64::engine::general_purpose::STANDARD.encode(f32_le_bytes(&v))),
+                false => EmbeddingVector::Float(v),
+            },
+        })
+        .collect();
+    Ok(Json(EmbeddingResponse {
+        object: "list".into(),
+        data,
+        model,
+        usage: EmbeddingUsage { prompt_tokens, total_tokens: prompt_tokens },
+    }))
+}
+
+fn f32_le_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Queues a generation and answers it whole or as a stream.
+async fn generate(state: &AppState, plan: Plan) -> Result<Response, ApiError> {
+    state.model(&plan.job.model)?;
+    let head = Head { id: new_id(plan.api), created: unix_seconds(SystemTime::now()), model: plan.job.model.clone() };
+    let mut rx = state.queue.submit(Work::Generate(plan.job))?;
+    if !plan.stream {
+        let generation = collect(&mut rx, &state.metrics).await?;
+        return whole_response(&head, plan.api, plan.logprobs, generation);
+    }
+    // Commit to a 200 stream only once the job has started: a prompt that does not fit
+    // (or any other early failure) is still a plain JSON error with its status.
+    let first = match rx.recv().await {
+        Some(Event::Error(e)) => return Err(e.into()),
+        Some(ev) => ev,
+        None => return Err(worker_gone()),
+    };
+    let writer = ChunkWriter::new(plan.api, head, plan.include_usage, plan.logprobs);
+    Ok(sse_response(state, rx, first, writer))
+}
+
+async fn collect(rx: &mut UnboundedReceiver<Event>, metrics: &Metrics) -> Result<Generation, ApiError> {
+    let (mut text, mut steps) = (String::new(), Vec::new());
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Token { sampled, top } => steps.push(TokenStep { sampled, top }),
+            Event::Done(done) => {
+                record(metrics, &done);
+                return Ok(Generation { text, steps, done });
+            }
+            Event::Error(e) => return Err(e.into()),
+            _ => {}
+        }
+    }
+    Err(worker_gone())
+}
+
+fn record(metrics: &Metrics, done: &JobDone) {
+    metrics.record_generation(done.prompt_tokens, done.completion_tokens, done.prefill, done.decode);
+}
+
+/// The SSE response. The body owns `rx`: when the client goes away the body is dropped,
+/// the receiver with it, and the worker stops the job.
+fn sse_response(state: &AppState, rx: UnboundedReceiver<Event>, first: Event, mut writer: ChunkWriter) -> Response {
+    let metrics = state.metrics.clone();
+    if let Event::Done(done) = &first {
+        record(&metrics, done);
+    }
+    let mut opening = writer.start();
+    opening.extend(writer.push(first));
+    let rest = futures_util::stream::unfold((rx, writer, metrics), |(mut rx, mut writer, metrics)| async move {
+        if writer.is_finished() {
+            return None;
+        }
+        let frames = match rx.recv().await {
+            Some(ev) => {
+                if let Event::Done(done) = &ev {
+                    record(&metrics, done);
+                }
+                writer.push(ev)
+            }
+            None => writer.closed(),
+        };
+        Some((frames, (rx, writer, metrics)))
+    });
+    let events = futures_util::stream::iter([opening])
+        .chain(rest)
+        .flat_map(futures_util::stream::iter)
+        .map(|data| Ok::<_, Infallible>(SseEvent::default().data(data)));
+    let mut resp =
+        Sse::new(events).keep_alive(SseKeepAlive::new().interval(state.config.keep_alive_interval)).into_response();
+    resp.headers_mut().insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+/// `chatcmpl-…` / `cmpl-…`: microseconds since the epoch and a process-wide counter, in hex.
+fn new_id(api: Api) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+    let micros = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+    let prefix = match api {
+        Api::Chat => "chatcmpl",
+        Api::Completion => "cmpl",
+    };
+    format!("{prefix}-{micros:x}{n:06x}")
 }

@@ -30,7 +30,12 @@ pub fn app_with(server: ServerConfig, queue_depth: usize) -> (Router, AppState) 
             ("qwen3".into(), fixture("qwen3")),
             ("strata-demo".into(), "strata-demo".into()),
         ],
-        worker: WorkerConfig { threads: 1, context: 256, keep_alive: KeepAlive::For(Duration::from_secs(300)), max_loaded: 2 },
+        worker: WorkerConfig {
+            threads: 1,
+            context: 256,
+            keep_alive: KeepAlive::For(Duration::from_secs(300)),
+            max_loaded: 2,
+        },
         server,
         queue_depth,
         preload: false,

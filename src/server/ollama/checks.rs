@@ -1,0 +1,211 @@
+//! Request checks shared by the Ollama routes: the model, `keep_alive`, refused
+//! features, and `options` resolved into sampling settings.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::Options;
+use crate::engine::sampler::SamplingParams;
+use crate::engine::tokenizer::TextError;
+use crate::queue::models::ModelInfo;
+use crate::queue::{GenerateJob, KeepAlive, PromptInput};
+use crate::server::AppState;
+use crate::server::error::ApiError;
+
+pub(super) fn require_model(state: &AppState, name: &str) -> std::result::Result<Arc<ModelInfo>, ApiError> {
+    if name.trim().is_empty() {
+        return Err(ApiError::invalid("model", "`model` is required"));
+    }
+    state.model(name)
+}
+
+pub(super) fn refuse_non_empty(field: &str, value: Option<&str>, message: &str) -> std::result::Result<(), ApiError> {
+    match value {
+        Some(v) if !v.is_empty() => Err(ApiError::invalid(field, message)),
+        _ => Ok(()),
+    }
+}
+
+pub(super) fn refuse_format(format: Option<&Value>) -> std::result::Result<(), ApiError> {
+    match format {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(s)) if s.is_empty() => Ok(()),
+        Some(_) => Err(ApiError::invalid(
+            "format",
+            "structured output (`format`: \"json\" or a JSON schema) is not supported yet",
+        )),
+    }
+}
+
+/// `think` is accepted when it asks for nothing; these models have no thinking
+/// capability (`/api/show` does not list it), so anything else is Ollama's 400.
+pub(super) fn refuse_think(think: Option<&Value>, model: &str) -> std::result::Result<(), ApiError> {
+    match think {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(()),
+        Some(_) => Err(ApiError::invalid("think", format!("\"{model}\" does not support thinking"))),
+    }
+}
+
+pub(super) fn keep_alive(value: Option<&Value>) -> std::result::Result<Option<KeepAlive>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => KeepAlive::parse(v)
+            .map(Some)
+            .map_err(|e| ApiError::invalid("keep_alive", format!("invalid `keep_alive`: {e}"))),
+    }
+}
+
+/// `options` resolved against the defaults, as the queue takes them.
+#[derive(Debug)]
+pub(super) struct Resolved {
+    sampling: SamplingParams,
+    max_tokens: Option<usize>,
+    stop: Vec<String>,
+    num_ctx: Option<usize>,
+}
+
+impl Resolved {
+    pub(super) fn job(
+        self,
+        model: &str,
+        prompt: PromptInput,
+        context: Vec<u32>,
+        keep_alive: Option<KeepAlive>,
+    ) -> GenerateJob {
+        GenerateJob {
+            model: model.to_string(),
+            prompt,
+            context,
+            max_tokens: self.max_tokens,
+            sampling: self.sampling,
+            stop: self.stop,
+            top_logprobs: 0,
+            num_ctx: self.num_ctx,
+            keep_alive,
+        }
+    }
+}
+
+/// Ollama's default sampling, overridden by the model's `generation_config.json`.
+pub(super) fn model_defaults(info: &ModelInfo) -> SamplingParams {
+    let mut p = SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.9,
+        min_p: 0.0,
+        repeat_penalty: 1.1,
+        repeat_last_n: 64,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        seed: None,
+    };
+    for (key, value) in generation_parameters(info) {
+        let v = value as f32;
+        match key {
+            "temperature" => p.temperature = v,
+            "top_k" => p.top_k = value.max(0.0) as usize,
+            "top_p" => p.top_p = v,
+            "min_p" => p.min_p = v,
+            "repeat_penalty" => p.repeat_penalty = v,
+            _ => {}
+        }
+    }
+    p
+}
+
+/// The sampling settings `generation_config.json` gives, under Ollama's names.
+pub(super) fn generation_parameters(info: &ModelInfo) -> Vec<(&'static str, f64)> {
+    const KEYS: [(&str, &str); 5] = [
+        ("temperature", "temperature"),
+        ("top_k", "top_k"),
+        ("top_p", "top_p"),
+        ("min_p", "min_p"),
+        ("repetition_penalty", "repeat_penalty"),
+    ];
+    let Some(gc) = info.generation_config.as_ref() else { return Vec::new() };
+    KEYS.iter().filter_map(|(hf, ollama)| Some((*ollama, gc.get(*hf)?.as_f64().filter(|v| v.is_finite())?))).collect()
+}
+
+pub(super) fn resolve_options(options: Option<Options>, info: &ModelInfo) -> std::result::Result<Resolved, ApiError> {
+    let o = options.unwrap_or_default();
+    let bad =
+        |field: &str, msg: &str| ApiError::invalid(&format!("options.{field}"), format!("`options.{field}` {msg}"));
+    let num_ctx = match o.num_ctx {
+        None => None,
+        Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX).min(info.context_length.max(1))),
+        Some(_) => return Err(bad("num_ctx", "must be at least 1")),
+    };
+    let max_tokens = match o.num_predict {
+        None | Some(-2..=0) => None,
+        Some(n) if n > 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        Some(_) => return Err(bad("num_predict", "must be positive, or -1 (until the context is full)")),
+    };
+    let d = model_defaults(info);
+    let repeat_last_n = match o.repeat_last_n {
+        None => d.repeat_last_n,
+        Some(-1) => num_ctx.unwrap_or(info.context_length),
+        Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+        Some(_) => return Err(bad("repeat_last_n", "must be -1 (the whole context), 0 (off) or positive")),
+    };
+    let sampling = SamplingParams {
+        temperature: o.temperature.unwrap_or(d.temperature),
+        top_k: o.top_k.map_or(d.top_k, |k| usize::try_from(k).unwrap_or(0)),
+        top_p: o.top_p.unwrap_or(d.top_p),
+        min_p: o.min_p.unwrap_or(d.min_p),
+        repeat_penalty: o.repeat_penalty.unwrap_or(d.repeat_penalty),
+        repeat_last_n,
+        presence_penalty: o.presence_penalty.unwrap_or(d.presence_penalty),
+        frequency_penalty: o.frequency_penalty.unwrap_or(d.frequency_penalty),
+        seed: o.seed.and_then(|s| u64::try_from(s).ok()),
+    };
+    sampling.validate().map_err(|e| match e {
+        TextError::InvalidSampling { field, msg } => bad(field, &msg),
+        other => ApiError::invalid("options", other.to_string()),
+    })?;
+    let stop = o.stop.unwrap_or_default().into_iter().filter(|s| !s.is_empty()).collect();
+    Ok(Resolved { sampling, max_tokens, stop, num_ctx })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> ModelInfo {
+        ModelInfo::read("strata-demo", "strata-demo").expect("the demo model")
+    }
+
+    #[test]
+    fn options_resolve_with_ollama_defaults() {
+        let r = resolve_options(None, &info()).unwrap();
+        assert_eq!(r.sampling.temperature, 0.8);
+        assert_eq!((r.sampling.top_k, r.sampling.top_p, r.sampling.repeat_penalty), (40, 0.9, 1.1));
+        assert_eq!((r.max_tokens, r.num_ctx), (None, None));
+        let o: Options = serde_json::from_value(serde_json::json!({
+            "num_predict": 4, "top_k": 5.0, "seed": -1, "stop": "x", "repeat_last_n": -1,
+            "num_ctx": 1_000_000_000, "mirostat": 2
+        }))
+        .unwrap();
+        let r = resolve_options(Some(o), &info()).unwrap();
+        assert_eq!(r.max_tokens, Some(4));
+        assert_eq!(r.sampling.top_k, 5);
+        assert_eq!(r.sampling.seed, None);
+        assert_eq!(r.stop, vec!["x".to_string()]);
+        assert_eq!(r.num_ctx, Some(info().context_length), "num_ctx is capped at the model's");
+        assert_eq!(r.sampling.repeat_last_n, info().context_length);
+        for n in [-1, -2, 0] {
+            let o: Options = serde_json::from_value(serde_json::json!({"num_predict": n})).unwrap();
+            assert_eq!(resolve_options(Some(o), &info()).unwrap().max_tokens, None);
+        }
+    }
+
+    #[test]
+    fn bad_options_name_the_field() {
+        let o: Options = serde_json::from_value(serde_json::json!({"top_p": 0.0})).unwrap();
+        let e = resolve_options(Some(o), &info()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("options.top_p"));
+        let o: Options = serde_json::from_value(serde_json::json!({"num_predict": -3})).unwrap();
+        assert_eq!(resolve_options(Some(o), &info()).unwrap_err().param.as_deref(), Some("options.num_predict"));
+        assert!(serde_json::from_value::<Options>(serde_json::json!({"top_k": 1.5})).is_err());
+    }
+}

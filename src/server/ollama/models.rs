@@ -1,0 +1,190 @@
+//! The model routes: `/api/tags`, `/api/show`, `/api/ps`, `/api/version`, `/api/copy`,
+//! `/api/delete`.
+
+use std::time::{Duration, SystemTime};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde_json::Value;
+
+use super::checks::{generation_parameters, require_model};
+use super::{
+    CopyRequest, ModelDetails, ModelRef, OLLAMA_VERSION, PsModel, PsResponse, Result, ShowResponse, TagModel,
+    TagsResponse, VersionResponse, outcome, rfc3339,
+};
+use crate::queue::Work;
+use crate::queue::models::{ModelInfo, canonical};
+use crate::server::error::{ApiError, OllamaErrorBody};
+use crate::server::{AppState, parse_json};
+
+/// Lists the models this server offers.
+#[utoipa::path(get, path = "/api/tags", tag = "ollama",
+    responses((status = 200, description = "The models", body = TagsResponse)))]
+pub(crate) async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
+    let models = state
+        .registry
+        .list()
+        .iter()
+        .map(|info| TagModel {
+            name: canonical(&info.name),
+            model: canonical(&info.name),
+            modified_at: rfc3339(info.modified_at),
+            size: info.size_bytes,
+            digest: info.digest.clone(),
+            details: details(info),
+        })
+        .collect();
+    Json(TagsResponse { models })
+}
+
+/// Describes a model: its template, parameters and architecture.
+#[utoipa::path(post, path = "/api/show", tag = "ollama",
+    request_body(content = ModelRef, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The model", body = ShowResponse),
+        (status = 400, description = "No model named", body = OllamaErrorBody),
+        (status = 404, description = "Unknown model", body = OllamaErrorBody)))]
+pub(crate) async fn show(State(state): State<AppState>, body: Bytes) -> Result<Json<ShowResponse>> {
+    let req: ModelRef = parse_json(&body)?;
+    let info = require_model(&state, named(&req)?)?;
+    Ok(Json(describe(&info)))
+}
+
+/// Lists the models in memory.
+#[utoipa::path(get, path = "/api/ps", tag = "ollama",
+    responses((status = 200, description = "The loaded models", body = PsResponse)))]
+pub(crate) async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
+    let loaded = state.status.loaded.lock().expect("status lock").clone();
+    // Kept forever: a date far enough ahead that clients show "Forever".
+    let forever = SystemTime::now() + Duration::from_secs(100 * 365 * 24 * 3600);
+    let models = loaded
+        .into_iter()
+        .map(|m| {
+            let info = state.registry.get(&m.name);
+            PsModel {
+                model: m.name.clone(),
+                name: m.name,
+                size: m.size_bytes,
+                digest: info.as_ref().map(|i| i.digest.clone()).unwrap_or_default(),
+                details: info.as_deref().map(details).unwrap_or_default(),
+                expires_at: rfc3339(m.expires_at.unwrap_or(forever)),
+                size_vram: 0,
+                context_length: m.context_length,
+            }
+        })
+        .collect();
+    Json(PsResponse { models })
+}
+
+/// The Ollama version this server is compatible with.
+#[utoipa::path(get, path = "/api/version", tag = "ollama",
+    responses((status = 200, description = "A dotted version", body = VersionResponse,
+        example = json!({"version": OLLAMA_VERSION}))))]
+pub(crate) async fn version() -> Json<VersionResponse> {
+    Json(VersionResponse { version: OLLAMA_VERSION.to_string() })
+}
+
+/// Offers a model under another name too.
+#[utoipa::path(post, path = "/api/copy", tag = "ollama",
+    request_body(content = CopyRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Copied (empty body)"),
+        (status = 400, description = "Invalid request", body = OllamaErrorBody),
+        (status = 404, description = "Unknown source model", body = OllamaErrorBody)))]
+pub(crate) async fn copy(State(state): State<AppState>, body: Bytes) -> Result<StatusCode> {
+    let req: CopyRequest = parse_json(&body)?;
+    if req.destination.trim().is_empty() {
+        return Err(ApiError::invalid("destination", "`destination` is required").into());
+    }
+    let source = require_model(&state, &req.source).map_err(|e| e.with_param("source"))?;
+    if !state.registry.copy(&source.name, req.destination.trim()) {
+        return Err(ApiError::model_not_found(&req.source).with_param("source").into());
+    }
+    Ok(StatusCode::OK)
+}
+
+/// Stops offering a model (and unloads it).
+#[utoipa::path(delete, path = "/api/delete", tag = "ollama",
+    request_body(content = ModelRef, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Deleted (empty body)"),
+        (status = 400, description = "No model named", body = OllamaErrorBody),
+        (status = 404, description = "Unknown model", body = OllamaErrorBody)))]
+pub(crate) async fn delete_model(State(state): State<AppState>, body: Bytes) -> Result<StatusCode> {
+    let req: ModelRef = parse_json(&body)?;
+    let name = named(&req)?;
+    require_model(&state, name)?;
+    let key = canonical(name);
+    let loaded = state.status.loaded.lock().expect("status lock").iter().any(|m| m.name == key);
+    if loaded {
+        // Best effort: a model that cannot be unloaded now still expires with its keep-alive.
+        if let Err(e) = outcome(&state, Work::Unload { model: name.to_string() }).await {
+            tracing::warn!(model = %key, error = %e.message, "unloading a deleted model failed");
+        }
+    }
+    if !state.registry.remove(name) {
+        return Err(ApiError::model_not_found(name).into());
+    }
+    Ok(StatusCode::OK)
+}
+
+/// `model`, or its alias `name`.
+fn named(req: &ModelRef) -> std::result::Result<&str, ApiError> {
+    [req.model.as_deref(), req.name.as_deref()]
+        .into_iter()
+        .flatten()
+        .find(|s| !s.trim().is_empty())
+        .ok_or_else(|| ApiError::invalid("model", "`model` is required"))
+}
+
+fn details(info: &ModelInfo) -> ModelDetails {
+    ModelDetails {
+        parent_model: String::new(),
+        format: "safetensors".into(),
+        family: info.arch.clone(),
+        families: vec![info.arch.clone()],
+        parameter_size: info.parameter_size(),
+        quantization_level: info.dtype.clone(),
+    }
+}
+
+fn describe(info: &ModelInfo) -> ShowResponse {
+    let parameters: String = generation_parameters(info).iter().map(|(k, v)| format!("{k:<30} {v}\n")).collect();
+    let template = info.chat_template.clone().unwrap_or_default();
+    let mut modelfile = format!(
+        "# Modelfile generated by \"strata show\"\n# To build a new Modelfile based on this, replace FROM with:\n# FROM {}\n\nFROM {}\n",
+        canonical(&info.name),
+        info.spec
+    );
+    if !template.is_empty() {
+        modelfile.push_str(&format!("TEMPLATE \"\"\"{template}\"\"\"\n"));
+    }
+    for line in parameters.lines() {
+        modelfile.push_str(&format!("PARAMETER {line}\n"));
+    }
+    let arch = &info.arch;
+    let mut model_info = serde_json::Map::new();
+    let mut put = |k: String, v: Value| {
+        model_info.insert(k, v);
+    };
+    put("general.architecture".into(), arch.clone().into());
+    put("general.parameter_count".into(), info.parameters.into());
+    put(format!("{arch}.context_length"), info.context_length.into());
+    put(format!("{arch}.embedding_length"), info.embedding_length.into());
+    put(format!("{arch}.block_count"), info.n_layers.into());
+    put(format!("{arch}.attention.head_count"), info.n_heads.into());
+    put(format!("{arch}.attention.head_count_kv"), info.n_kv_heads.into());
+    put(format!("{arch}.vocab_size"), info.vocab_size.into());
+    ShowResponse {
+        license: String::new(),
+        modelfile,
+        parameters,
+        template,
+        details: details(info),
+        model_info,
+        capabilities: vec!["completion".into(), "embedding".into()],
+        modified_at: rfc3339(info.modified_at),
+    }
+}

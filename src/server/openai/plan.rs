@@ -1,0 +1,580 @@
+//! Request bodies → validated [`Plan`]s: every range and unsupported feature is checked
+//! here, and every error names its field.
+
+use serde_json::Value;
+
+use super::types::*;
+use crate::engine::sampler::SamplingParams;
+use crate::engine::template::ChatMessage;
+use crate::engine::tokenizer::TextError;
+use crate::queue::{EmbedInput, EmbedJob, GenerateJob, PromptInput};
+use crate::server::error::ApiError;
+
+/// Most `stop` strings a request may give (OpenAI's limit).
+const MAX_STOP: usize = 4;
+/// Most alternatives per token (OpenAI's limit for chat).
+const MAX_TOP_LOGPROBS: i64 = 20;
+/// Most inputs in one embeddings request (OpenAI's limit).
+const MAX_EMBED_INPUTS: usize = 2048;
+
+/// Which endpoint a generation answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Completion,
+}
+
+/// A validated generation request: the job and how to answer it.
+#[derive(Debug)]
+pub struct Plan {
+    pub api: Api,
+    pub job: GenerateJob,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Report log-probabilities.
+    pub logprobs: bool,
+}
+
+/// The generation settings chat and completions share, as the client sent them.
+struct Knobs {
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<i64>,
+    min_p: Option<f64>,
+    seed: Option<i64>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    n: Option<i64>,
+    stop: Option<StopSpec>,
+}
+
+fn required<T>(value: Option<T>, field: &str) -> Result<T, ApiError> {
+    value.ok_or_else(|| ApiError::invalid(field, format!("`{field}` is required")))
+}
+
+fn in_range(field: &str, value: Option<f64>, lo: f64, hi: f64, lo_open: bool) -> Result<(), ApiError> {
+    let Some(v) = value else { return Ok(()) };
+    let lo_ok = if lo_open { v > lo } else { v >= lo };
+    if v.is_finite() && lo_ok && v <= hi {
+        return Ok(());
+    }
+    let open = if lo_open { '(' } else { '[' };
+    Err(ApiError::invalid(field, format!("`{field}` must be in {open}{lo}, {hi}]")))
+}
+
+/// At least 1 when given.
+fn positive(field: &str, value: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v >= 1 => Ok(Some(usize::try_from(v).unwrap_or(usize::MAX))),
+        Some(_) => Err(ApiError::invalid(field, format!("`{field}` must be at least 1"))),
+    }
+}
+
+fn only_one(field: &str, value: Option<i64>) -> Result<(), ApiError> {
+    match value {
+        None | Some(1) => Ok(()),
+        Some(_) => Err(ApiError::invalid(field, format!("`{field}` must be 1; several choices are not supported"))),
+    }
+}
+
+impl Knobs {
+    /// OpenAI's defaults: temperature 1, top_p 1, no top_k, no repeat penalty.
+    fn resolve(self) -> Result<(SamplingParams, Vec<String>), ApiError> {
+        only_one("n", self.n)?;
+        in_range("temperature", self.temperature, 0.0, 2.0, false)?;
+        in_range("top_p", self.top_p, 0.0, 1.0, true)?;
+        in_range("min_p", self.min_p, 0.0, 1.0, false)?;
+        in_range("presence_penalty", self.presence_penalty, -2.0, 2.0, false)?;
+        in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, false)?;
+        let top_k = match self.top_k {
+            None => 0,
+            Some(k) if k >= 0 => usize::try_from(k).unwrap_or(usize::MAX),
+            Some(_) => return Err(ApiError::invalid("top_k", "`top_k` must be at least 0 (0: off)")),
+        };
+        // The ranges are checked in f64, as sent; a top_p too small for f32 stays above 0.
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0) as f32,
+            top_k,
+            top_p: (self.top_p.unwrap_or(1.0) as f32).max(f32::MIN_POSITIVE),
+            min_p: self.min_p.unwrap_or(0.0) as f32,
+            repeat_penalty: 1.0,
+            presence_penalty: self.presence_penalty.unwrap_or(0.0) as f32,
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0) as f32,
+            // OpenAI's seed is any integer; its bits are the seed.
+            seed: self.seed.map(|s| s as u64),
+            ..SamplingParams::default()
+        };
+        if let Err(e) = sampling.validate() {
+            let field = match &e {
+                TextError::InvalidSampling { field, .. } => field,
+                _ => "body",
+            };
+            return Err(ApiError::invalid(field, e.to_string()));
+        }
+        let stop = match self.stop {
+            None => Vec::new(),
+            Some(StopSpec::One(s)) => vec![s],
+            Some(StopSpec::Many(list)) if list.len() <= MAX_STOP => list,
+            Some(StopSpec::Many(_)) => {
+                return Err(ApiError::invalid("stop", format!("`stop` may hold at most {MAX_STOP} strings")));
+            }
+        };
+        Ok((sampling, stop.into_iter().filter(|s| !s.is_empty()).collect()))
+    }
+}
+
+fn job(
+    model: String,
+    prompt: PromptInput,
+    max_tokens: Option<usize>,
+    knobs: Knobs,
+    top_logprobs: usize,
+) -> Result<GenerateJob, ApiError> {
+    let (sampling, stop) = knobs.resolve()?;
+    Ok(GenerateJob {
+        model,
+        prompt,
+        context: Vec::new(),
+        max_tokens,
+        sampling,
+        stop,
+        top_logprobs,
+        num_ctx: None,
+        keep_alive: None,
+    })
+}
+
+/// 400 when a tools field asks for something; `none` (or null) is fine.
+fn no_tools(
+    field: &str,
+    list: Option<&Vec<Value>>,
+    choice: Option<&Value>,
+    choice_field: &str,
+) -> Result<(), ApiError> {
+    if list.is_some_and(|l| !l.is_empty()) {
+        return Err(ApiError::invalid(field, format!("`{field}` is not supported yet: tool calling is not available")));
+    }
+    match choice {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(s)) if s == "none" => Ok(()),
+        Some(_) => Err(ApiError::invalid(
+            choice_field,
+            format!("`{choice_field}` is not supported yet: tool calling is not available (only \"none\")"),
+        )),
+    }
+}
+
+fn chat_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "`messages` must hold at least one message"));
+    }
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.role.as_str() {
+                "system" | "developer" => "system",
+                "user" => "user",
+                "assistant" => "assistant",
+                "tool" | "function" => {
+                    let field = format!("messages[{i}].role");
+                    return Err(ApiError::invalid(
+                        &field,
+                        format!("`{field}`: `{}` messages are not supported yet (no tool calling)", m.role),
+                    ));
+                }
+                other => {
+                    let field = format!("messages[{i}].role");
+                    return Err(ApiError::invalid(
+                        &field,
+                        format!("`{field}`: unknown role `{other}`; expected system, developer, user or assistant"),
+                    ));
+                }
+            };
+            let content = match m.content {
+                Some(MessageContent::Text(t)) => t,
+                Some(MessageContent::Parts(parts)) => {
+                    let mut texts = Vec::with_capacity(parts.len());
+                    for (j, part) in parts.into_iter().enumerate() {
+                        let field = format!("messages[{i}].content[{j}]");
+                        match (part.kind.as_str(), part.text) {
+                            ("text", Some(text)) => texts.push(text),
+                            ("text", None) => {
+                                return Err(ApiError::invalid(
+                                    &field,
+                                    format!("`{field}` is a text part without `text`"),
+                                ));
+                            }
+                            (kind, _) => {
+                                return Err(ApiError::invalid(
+                                    &field,
+                                    format!(
+                                        "`{field}`: `{kind}` content parts are not supported; only `text` parts are"
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    texts.join("\n")
+                }
+                // An assistant turn that only called tools has no content; for other
+                // roles, none is the same as "".
+                None => String::new(),
+            };
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+impl ChatCompletionRequest {
+    pub fn into_plan(self) -> Result<Plan, ApiError> {
+        let model = required(self.model, "model")?;
+        let messages = chat_messages(required(self.messages, "messages")?)?;
+        no_tools("tools", self.tools.as_ref(), self.tool_choice.as_ref(), "tool_choice")?;
+        no_tools("functions", self.functions.as_ref(), self.function_call.as_ref(), "function_call")?;
+        if let Some(rf) = &self.response_format {
+            match rf.kind.as_str() {
+                "text" => {}
+                "json_object" | "json_schema" => {
+                    return Err(ApiError::invalid(
+                        "response_format",
+                        format!("`response_format` type `{}` is not supported yet; only `text` is", rf.kind),
+                    ));
+                }
+                other => {
+                    return Err(ApiError::invalid(
+                        "response_format",
+                        format!("unknown `response_format` type `{other}`; expected text, json_object or json_schema"),
+                    ));
+                }
+            }
+        }
+        let logprobs = self.logprobs.unwrap_or(false);
+        let top_logprobs = match self.top_logprobs {
+            None => 0,
+            Some(n) if !(0..=MAX_TOP_LOGPROBS).contains(&n) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    format!("`top_logprobs` must be in [0, {MAX_TOP_LOGPROBS}]"),
+                ));
+            }
+            Some(n) if n > 0 && !logprobs => {
+                return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs` set to true"));
+            }
+            Some(n) => n as usize,
+        };
+        let max_tokens = match (
+            positive("max_tokens", self.max_tokens)?,
+            positive("max_completion_tokens", self.max_completion_tokens)?,
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let knobs = Knobs {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: self.seed,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            n: self.n,
+            stop: self.stop,
+        };
+        Ok(Plan {
+            api: Api::Chat,
+            job: job(model, PromptInput::Chat(messages), max_tokens, knobs, top_logprobs)?,
+            stream: self.stream.unwrap_or(false),
+            include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            logprobs,
+        })
+    }
+}
+
+impl CompletionRequest {
+    pub fn into_plan(self) -> Result<Plan, ApiError> {
+        let model = required(self.model, "model")?;
+        let many =
+            || ApiError::invalid("prompt", "`prompt` may hold only one prompt; several choices are not supported");
+        let empty = || ApiError::invalid("prompt", "`prompt` is empty");
+        let prompt = match required(self.prompt, "prompt")? {
+            PromptSpec::Text(text) => PromptInput::Text { text, special: true },
+            PromptSpec::Texts(mut list) => match list.len() {
+                0 => return Err(empty()),
+                1 => PromptInput::Text { text: list.remove(0), special: true },
+                _ => return Err(many()),
+            },
+            PromptSpec::Tokens(ids) if ids.is_empty() => return Err(empty()),
+            PromptSpec::Tokens(ids) => PromptInput::Tokens(ids),
+            PromptSpec::TokenLists(mut lists) => match lists.len() {
+                1 if !lists[0].is_empty() => PromptInput::Tokens(lists.remove(0)),
+                0 | 1 => return Err(empty()),
+                _ => return Err(many()),
+            },
+        };
+        only_one("best_of", self.best_of)?;
+        if self.echo == Some(true) {
+            return Err(ApiError::invalid("echo", "`echo` is not supported yet"));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid("suffix", "`suffix` is not supported yet"));
+        }
+        let top_logprobs = match self.logprobs {
+            None => None,
+            Some(n) if (0..=MAX_TOP_LOGPROBS).contains(&n) => Some(n as usize),
+            Some(_) => {
+                return Err(ApiError::invalid("logprobs", format!("`logprobs` must be in [0, {MAX_TOP_LOGPROBS}]")));
+            }
+        };
+        let knobs = Knobs {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: self.seed,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            n: self.n,
+            stop: self.stop,
+        };
+        let max_tokens = positive("max_tokens", self.max_tokens)?;
+        Ok(Plan {
+            api: Api::Completion,
+            job: job(model, prompt, max_tokens, knobs, top_logprobs.unwrap_or(0))?,
+            stream: self.stream.unwrap_or(false),
+            include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            logprobs: top_logprobs.is_some(),
+        })
+    }
+}
+
+/// A validated embeddings request.
+#[derive(Debug)]
+pub struct EmbedPlan {
+    pub job: EmbedJob,
+    pub base64: bool,
+    pub dimensions: Option<usize>,
+}
+
+impl EmbeddingRequest {
+    pub fn into_plan(self) -> Result<EmbedPlan, ApiError> {
+        let model = required(self.model, "model")?;
+        let inputs: Vec<EmbedInput> = match required(self.input, "input")? {
+            EmbeddingInputSpec::Text(t) => vec![EmbedInput::Text(t)],
+            EmbeddingInputSpec::Texts(list) => list.into_iter().map(EmbedInput::Text).collect(),
+            EmbeddingInputSpec::Tokens(ids) => vec![EmbedInput::Tokens(ids)],
+            EmbeddingInputSpec::TokenLists(lists) => lists.into_iter().map(EmbedInput::Tokens).collect(),
+        };
+        if inputs.is_empty() {
+            return Err(ApiError::invalid("input", "`input` is empty"));
+        }
+        if inputs.len() > MAX_EMBED_INPUTS {
+            return Err(ApiError::invalid("input", format!("`input` may hold at most {MAX_EMBED_INPUTS} entries")));
+        }
+        if let Some(i) = inputs.iter().position(|x| matches!(x, EmbedInput::Tokens(ids) if ids.is_empty())) {
+            return Err(ApiError::invalid("input", format!("input {i} is an empty list of token ids")));
+        }
+        let base64 = match self.encoding_format.as_deref() {
+            None | Some("float") => false,
+            Some("base64") => true,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "encoding_format",
+                    format!("unknown `encoding_format` `{other}`; expected float or base64"),
+                ));
+            }
+        };
+        let dimensions = positive("dimensions", self.dimensions)?;
+        Ok(EmbedPlan { job: EmbedJob { model, inputs, truncate: false, keep_alive: None }, base64, dimensions })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn chat(extra: Value) -> Result<Plan, ApiError> {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        serde_json::from_value::<ChatCompletionRequest>(body).unwrap().into_plan()
+    }
+
+    fn completion(extra: Value) -> Result<Plan, ApiError> {
+        let mut body = json!({"model": "m", "prompt": "hi"});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        serde_json::from_value::<CompletionRequest>(body).unwrap().into_plan()
+    }
+
+    fn param(r: Result<Plan, ApiError>) -> String {
+        r.expect_err("an error").param.unwrap_or_default()
+    }
+
+    #[test]
+    fn chat_uses_openai_defaults() {
+        let plan = chat(json!({})).unwrap();
+        assert_eq!(plan.api, Api::Chat);
+        assert!(!plan.stream && !plan.include_usage && !plan.logprobs);
+        let s = &plan.job.sampling;
+        assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty), (1.0, 1.0, 0, 0.0, 1.0));
+        assert_eq!((s.presence_penalty, s.frequency_penalty, s.seed), (0.0, 0.0, None));
+        assert_eq!(plan.job.max_tokens, None, "until the context is full");
+        assert!(plan.job.stop.is_empty());
+        assert_eq!(plan.job.top_logprobs, 0);
+    }
+
+    #[test]
+    fn chat_maps_fields() {
+        let plan = chat(json!({
+            "messages": [
+                {"role": "developer", "content": "rules"},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": null},
+                {"role": "user"},
+            ],
+            "temperature": 0.5, "top_p": 0.9, "top_k": 7, "min_p": 0.1, "seed": -1,
+            "presence_penalty": 0.5, "frequency_penalty": -0.5,
+            "max_tokens": 50, "max_completion_tokens": 20, "stop": ["x", ""],
+            "logprobs": true, "top_logprobs": 4, "stream": true, "stream_options": {"include_usage": true},
+            "n": 1, "tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "user": "u",
+        }))
+        .unwrap();
+        let PromptInput::Chat(messages) = &plan.job.prompt else { panic!("{:?}", plan.job.prompt) };
+        assert_eq!(
+            messages,
+            &[
+                ChatMessage::new("system", "rules"),
+                ChatMessage::new("user", "a\nb"),
+                ChatMessage::new("assistant", ""),
+                ChatMessage::new("user", "")
+            ]
+        );
+        let s = &plan.job.sampling;
+        assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p), (0.5, 0.9, 7, 0.1));
+        assert_eq!((s.presence_penalty, s.frequency_penalty, s.seed), (0.5, -0.5, Some(u64::MAX)));
+        assert_eq!(plan.job.max_tokens, Some(20), "the smaller of the two");
+        assert_eq!(plan.job.stop, ["x"], "empty stop strings are dropped");
+        assert_eq!(plan.job.top_logprobs, 4);
+        assert!(plan.stream && plan.include_usage && plan.logprobs);
+        assert_eq!(chat(json!({"stop": "end"})).unwrap().job.stop, ["end"]);
+        assert_eq!(chat(json!({"max_completion_tokens": 3})).unwrap().job.max_tokens, Some(3));
+    }
+
+    #[test]
+    fn chat_errors_name_the_field() {
+        let cases = [
+            (json!({"n": 2}), "n"),
+            (json!({"tools": [{"type": "function"}]}), "tools"),
+            (json!({"tool_choice": "auto"}), "tool_choice"),
+            (json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}), "tool_choice"),
+            (json!({"functions": [{"name": "f"}]}), "functions"),
+            (json!({"response_format": {"type": "json_object"}}), "response_format"),
+            (json!({"response_format": {"type": "json_schema"}}), "response_format"),
+            (json!({"response_format": {"type": "yaml"}}), "response_format"),
+            (json!({"temperature": -0.1}), "temperature"),
+            (json!({"temperature": 2.01}), "temperature"),
+            (json!({"top_p": 0.0}), "top_p"),
+            (json!({"top_p": 1.5}), "top_p"),
+            (json!({"min_p": 1.5}), "min_p"),
+            (json!({"top_k": -1}), "top_k"),
+            (json!({"presence_penalty": 2.5}), "presence_penalty"),
+            (json!({"frequency_penalty": -2.5}), "frequency_penalty"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"max_completion_tokens": -5}), "max_completion_tokens"),
+            (json!({"top_logprobs": 2}), "top_logprobs"),
+            (json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs"),
+            (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
+            (json!({"messages": []}), "messages"),
+            (json!({"messages": [{"role": "tool", "content": "1"}]}), "messages[0].role"),
+            (json!({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}), "messages[0].content[0]"),
+            (json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}), "messages[0].content[0]"),
+        ];
+        for (extra, field) in cases {
+            assert_eq!(param(chat(extra.clone())), field, "{extra}");
+        }
+        let e = chat(json!({"top_p": 1.5})).unwrap_err();
+        assert_eq!(e.message, "`top_p` must be in (0, 1]");
+        let e = chat(json!({"temperature": 3})).unwrap_err();
+        assert_eq!(e.message, "`temperature` must be in [0, 2]");
+        // Logprobs without alternatives, and top_logprobs 0 alone, are fine.
+        assert!(chat(json!({"logprobs": true})).unwrap().logprobs);
+        assert!(chat(json!({"top_logprobs": 0})).is_ok());
+        let missing = serde_json::from_value::<ChatCompletionRequest>(json!({"model": "m"})).unwrap().into_plan();
+        assert_eq!(param(missing), "messages");
+        let missing = serde_json::from_value::<ChatCompletionRequest>(json!({"messages": []})).unwrap().into_plan();
+        assert_eq!(param(missing), "model");
+    }
+
+    #[test]
+    fn completion_prompts() {
+        let prompt = |p: Value| completion(json!({"prompt": p})).map(|plan| plan.job.prompt);
+        let text = |t: &str| PromptInput::Text { text: t.into(), special: true };
+        assert!(matches!(prompt(json!("hi")).unwrap(), p if format!("{p:?}") == format!("{:?}", text("hi"))));
+        assert!(matches!(prompt(json!(["hi"])).unwrap(), p if format!("{p:?}") == format!("{:?}", text("hi"))));
+        assert!(matches!(prompt(json!([1, 2, 3])).unwrap(), PromptInput::Tokens(ids) if ids == [1, 2, 3]));
+        assert!(matches!(prompt(json!([[4, 5]])).unwrap(), PromptInput::Tokens(ids) if ids == [4, 5]));
+        for bad in [json!(["a", "b"]), json!([[1], [2]]), json!([]), json!([[]])] {
+            assert_eq!(param(prompt(bad.clone()).map(|_| unreachable!())), "prompt", "{bad}");
+        }
+    }
+
+    #[test]
+    fn completion_fields() {
+        let plan = completion(json!({"logprobs": 3, "max_tokens": 16, "stream": true})).unwrap();
+        assert_eq!(plan.api, Api::Completion);
+        assert!(plan.logprobs && plan.stream);
+        assert_eq!((plan.job.top_logprobs, plan.job.max_tokens), (3, Some(16)));
+        let plan = completion(json!({"logprobs": 0})).unwrap();
+        assert!(plan.logprobs, "0 alternatives still reports the sampled tokens");
+        assert!(!completion(json!({})).unwrap().logprobs);
+        for (extra, field) in [
+            (json!({"logprobs": 21}), "logprobs"),
+            (json!({"echo": true}), "echo"),
+            (json!({"suffix": "end"}), "suffix"),
+            (json!({"best_of": 2}), "best_of"),
+            (json!({"n": 3}), "n"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+        ] {
+            assert_eq!(param(completion(extra.clone())), field, "{extra}");
+        }
+        assert!(completion(json!({"echo": false, "suffix": "", "best_of": 1})).is_ok());
+    }
+
+    #[test]
+    fn embedding_inputs() {
+        let plan = |v: Value| serde_json::from_value::<EmbeddingRequest>(v).unwrap().into_plan();
+        let p = plan(json!({"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8})).unwrap();
+        assert_eq!(p.job.inputs.len(), 2);
+        assert!(p.base64);
+        assert_eq!(p.dimensions, Some(8));
+        assert!(!p.job.truncate);
+        let p = plan(json!({"model": "m", "input": [[1, 2], [3]]})).unwrap();
+        assert!(
+            matches!(&p.job.inputs[..], [EmbedInput::Tokens(a), EmbedInput::Tokens(b)] if a == &[1, 2] && b == &[3])
+        );
+        assert!(!p.base64);
+        let err = |v: Value| plan(v).unwrap_err().param.unwrap_or_default();
+        assert_eq!(err(json!({"model": "m", "input": []})), "input");
+        assert_eq!(err(json!({"model": "m", "input": [[]]})), "input");
+        assert_eq!(err(json!({"model": "m"})), "input");
+        assert_eq!(err(json!({"model": "m", "input": "a", "encoding_format": "int8"})), "encoding_format");
+        assert_eq!(err(json!({"model": "m", "input": "a", "dimensions": 0})), "dimensions");
+    }
+
+    #[test]
+    fn shapes_that_do_not_fit_name_the_field() {
+        let e = crate::server::parse_json::<ChatCompletionRequest>(br#"{"model": "m", "stop": 5}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
+        assert!(e.message.contains("up to 4 strings"), "{}", e.message);
+        let body = br#"{"model": "m", "messages": [{"role": "user", "content": 5}]}"#;
+        let e = crate::server::parse_json::<ChatCompletionRequest>(body).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content"));
+        let e = crate::server::parse_json::<CompletionRequest>(br#"{"model": "m", "prompt": [-1]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        let e =
+            crate::server::parse_json::<ChatCompletionRequest>(br#"{"model": "m", "temperature": "x"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+    }
+}

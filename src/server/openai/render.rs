@@ -1,0 +1,415 @@
+//! Job results → response bodies: whole completions, the chunks of a stream (a plain
+//! state machine over the job's events), and log-probabilities in both OpenAI shapes.
+
+use axum::response::{IntoResponse, Json, Response};
+use serde_json::Value;
+
+use super::SYSTEM_FINGERPRINT;
+use super::plan::Api;
+use super::types::*;
+use crate::engine::session::FinishReason as EngineFinish;
+use crate::queue::{Event, JobDone, TokenLogprob};
+use crate::server::error::{ApiError, ErrorKind};
+
+/// The logprob reported for an impossible token (JSON has no -inf; OpenAI uses this).
+const IMPOSSIBLE_LOGPROB: f32 = -9999.0;
+
+/// What every chunk of one response repeats.
+#[derive(Clone, Debug)]
+pub(super) struct Head {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+/// Turns a job's events into the `data:` payloads of one streamed response: for chat a
+/// role chunk, content chunks, a chunk with an empty delta and the finish reason, the
+/// usage chunk (with `include_usage`), then `[DONE]`; an error is a last
+/// `{"error": {...}}` payload.
+pub(super) struct ChunkWriter {
+    api: Api,
+    head: Head,
+    include_usage: bool,
+    logprobs: bool,
+    /// Tokens whose text has not been sent yet (held back by detokenization or stop
+    /// matching); their log-probabilities go out with the next text.
+    pending: Vec<TokenStep>,
+    /// Characters of completion text sent so far (legacy `text_offset`).
+    text_offset: usize,
+    finished: bool,
+}
+
+impl ChunkWriter {
+    pub fn new(api: Api, head: Head, include_usage: bool, logprobs: bool) -> Self {
+        ChunkWriter { api, head, include_usage, logprobs, pending: Vec::new(), text_offset: 0, finished: false }
+    }
+
+    /// What goes out before any event: the assistant role, for chat.
+    pub fn start(&mut self) -> Vec<String> {
+        match self.api {
+            Api::Chat => {
+                let delta = Delta { role: Some("assistant".into()), content: Some(String::new()) };
+                vec![self.chunk(delta, None)]
+            }
+            Api::Completion => Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, ev: Event) -> Vec<String> {
+        if self.finished {
+            return Vec::new();
+        }
+        match ev {
+            Event::Token { sampled, top } => {
+                if self.logprobs {
+                    self.pending.push(TokenStep { sampled, top });
+                }
+                Vec::new()
+            }
+            Event::Text(text) if text.is_empty() => Vec::new(),
+            Event::Text(text) => {
+                let delta = Delta { content: Some(text), ..Delta::default() };
+                vec![self.chunk(delta, None)]
+            }
+            Event::Done(done) => match finish_reason(done.finish) {
+                Ok(finish) => {
+                    self.finished = true;
+                    let mut out = vec![self.chunk(Delta::default(), Some(finish))];
+                    if self.include_usage {
+                        out.push(self.usage_chunk(Usage::of(&done)));
+                    }
+                    out.push("[DONE]".to_string());
+                    out
+                }
+                Err(e) => self.error(e),
+            },
+            Event::Error(e) => self.error(e.into()),
+            // Not events of a generation.
+            Event::Embeddings { .. } | Event::Loaded { .. } | Event::Unloaded => Vec::new(),
+        }
+    }
+
+    /// Whether the last payload went out (`[DONE]` or an error).
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// The channel closed before a final event.
+    pub fn closed(&mut self) -> Vec<String> {
+        match self.finished {
+            true => Vec::new(),
+            false => self.error(worker_gone()),
+        }
+    }
+
+    fn error(&mut self, e: ApiError) -> Vec<String> {
+        self.finished = true;
+        vec![serde_json::to_string(&e.openai_body()).unwrap_or_default()]
+    }
+
+    /// One chunk with a choice; it carries the log-probabilities of the tokens whose
+    /// text it (or, for the last chunk, nothing) completes.
+    fn chunk(&mut self, delta: Delta, finish: Option<FinishReason>) -> String {
+        let steps = std::mem::take(&mut self.pending);
+        let has_logprobs =
+            self.logprobs && (!steps.is_empty() || delta.content.as_ref().is_some_and(|c| !c.is_empty()));
+        // With `include_usage`, every chunk but the last says `"usage": null`.
+        let usage = self.include_usage.then_some(None);
+        match self.api {
+            Api::Chat => {
+                let logprobs = has_logprobs.then(|| chat_logprobs(&steps));
+                self.chat_chunk(vec![ChunkChoice { index: 0, delta, logprobs, finish_reason: finish }], usage)
+            }
+            Api::Completion => {
+                let logprobs = has_logprobs.then(|| completion_logprobs(&steps, &mut self.text_offset));
+                let text = delta.content.unwrap_or_default();
+                let choice = CompletionChoice { index: 0, text, logprobs, finish_reason: finish };
+                self.completion_chunk(vec![choice], usage)
+            }
+        }
+    }
+
+    fn usage_chunk(&self, usage: Usage) -> String {
+        match self.api {
+            Api::Chat => self.chat_chunk(Vec::new(), Some(Some(usage))),
+            Api::Completion => self.completion_chunk(Vec::new(), Some(Some(usage))),
+        }
+    }
+
+    fn chat_chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Option<Usage>>) -> String {
+        let h = &self.head;
+        serde_json::to_string(&ChatCompletionChunk {
+            id: h.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: h.created,
+            model: h.model.clone(),
+            system_fingerprint: SYSTEM_FINGERPRINT.into(),
+            choices,
+            usage,
+        })
+        .unwrap_or_default()
+    }
+
+    fn completion_chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Option<Usage>>) -> String {
+        let h = &self.head;
+        serde_json::to_string(&CompletionResponse {
+            id: h.id.clone(),
+            object: "text_completion".into(),
+            created: h.created,
+            model: h.model.clone(),
+            system_fingerprint: SYSTEM_FINGERPRINT.into(),
+            choices,
+            usage,
+        })
+        .unwrap_or_default()
+    }
+}
+
+/// A whole generation.
+pub(super) struct Generation {
+    pub text: String,
+    pub steps: Vec<TokenStep>,
+    pub done: JobDone,
+}
+
+/// One generated token with its alternatives.
+#[derive(Clone, Debug)]
+pub(super) struct TokenStep {
+    pub sampled: TokenLogprob,
+    pub top: Vec<TokenLogprob>,
+}
+
+pub(super) fn worker_gone() -> ApiError {
+    ApiError::new(ErrorKind::Internal, "the worker ended the job without a result")
+}
+
+fn finish_reason(f: EngineFinish) -> Result<FinishReason, ApiError> {
+    match f {
+        EngineFinish::Stop => Ok(FinishReason::Stop),
+        EngineFinish::Length => Ok(FinishReason::Length),
+        EngineFinish::Cancelled => {
+            Err(ApiError::new(ErrorKind::Unavailable, "the generation was cancelled: the server is shutting down"))
+        }
+    }
+}
+
+pub(super) fn whole_response(head: &Head, api: Api, logprobs: bool, g: Generation) -> Result<Response, ApiError> {
+    let finish = finish_reason(g.done.finish)?;
+    let usage = Usage::of(&g.done);
+    let resp = match api {
+        Api::Chat => Json(ChatCompletionResponse {
+            id: head.id.clone(),
+            object: "chat.completion".into(),
+            created: head.created,
+            model: head.model.clone(),
+            system_fingerprint: SYSTEM_FINGERPRINT.into(),
+            choices: vec![ChatChoice {
+                index: 0,
+                message: AssistantMessage { role: "assistant".into(), content: g.text },
+                logprobs: logprobs.then(|| chat_logprobs(&g.steps)),
+                finish_reason: finish,
+            }],
+            usage,
+        })
+        .into_response(),
+        Api::Completion => Json(CompletionResponse {
+            id: head.id.clone(),
+            object: "text_completion".into(),
+            created: head.created,
+            model: head.model.clone(),
+            system_fingerprint: SYSTEM_FINGERPRINT.into(),
+            choices: vec![CompletionChoice {
+                index: 0,
+                text: g.text,
+                logprobs: logprobs.then(|| completion_logprobs(&g.steps, &mut 0)),
+                finish_reason: Some(finish),
+            }],
+            usage: Some(Some(usage)),
+        })
+        .into_response(),
+    };
+    Ok(resp)
+}
+
+fn finite(lp: f32) -> f32 {
+    if lp.is_finite() { lp } else { IMPOSSIBLE_LOGPROB }
+}
+
+fn chat_logprobs(steps: &[TokenStep]) -> ChatLogprobs {
+    let content = steps
+        .iter()
+        .map(|s| ChatTokenLogprob {
+            token: s.sampled.text.clone(),
+            logprob: finite(s.sampled.logprob),
+            bytes: s.sampled.text.as_bytes().to_vec(),
+            top_logprobs: s
+                .top
+                .iter()
+                .map(|t| TopLogprob {
+                    token: t.text.clone(),
+                    logprob: finite(t.logprob),
+                    bytes: t.text.as_bytes().to_vec(),
+                })
+                .collect(),
+        })
+        .collect();
+    ChatLogprobs { content }
+}
+
+/// The legacy shape; `offset` is where the first token starts in the generated text and
+/// moves past the last one.
+fn completion_logprobs(steps: &[TokenStep], offset: &mut usize) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    for s in steps {
+        out.tokens.push(s.sampled.text.clone());
+        out.token_logprobs.push(finite(s.sampled.logprob));
+        let mut top = serde_json::Map::new();
+        for t in s.top.iter().chain(std::iter::once(&s.sampled)) {
+            top.entry(t.text.clone()).or_insert_with(|| Value::from(finite(t.logprob)));
+        }
+        out.top_logprobs.push(top);
+        out.text_offset.push(*offset);
+        *offset += s.sampled.text.chars().count();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::queue::JobError;
+
+    fn head() -> Head {
+        Head { id: "chatcmpl-1".into(), created: 7, model: "m".into() }
+    }
+
+    fn token(id: u32, text: &str, logprob: f32) -> Event {
+        let t = |id, text: &str, logprob| TokenLogprob { id, text: text.into(), logprob };
+        Event::Token { sampled: t(id, text, logprob), top: vec![t(id, text, logprob), t(99, "alt", -3.0)] }
+    }
+
+    fn done(finish: EngineFinish) -> Event {
+        Event::Done(JobDone {
+            finish,
+            prompt_tokens: 4,
+            completion_tokens: 3,
+            context: Vec::new(),
+            load: Duration::ZERO,
+            prefill: Duration::ZERO,
+            decode: Duration::ZERO,
+            total: Duration::ZERO,
+        })
+    }
+
+    /// Runs a writer over `events`: every payload, JSON-decoded (`[DONE]` as a string).
+    fn run(mut w: ChunkWriter, events: Vec<Event>) -> Vec<Value> {
+        let mut out = w.start();
+        for ev in events {
+            out.extend(w.push(ev));
+        }
+        out.extend(w.closed());
+        out.iter().map(|s| serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone()))).collect()
+    }
+
+    #[test]
+    fn chat_stream_sequence() {
+        let w = ChunkWriter::new(Api::Chat, head(), true, false);
+        let events = vec![
+            token(1, "Hel", -0.5),
+            Event::Text("Hel".into()),
+            token(2, "lo", -0.25),
+            Event::Text("lo".into()),
+            token(3, "<eos>", -0.1),
+            done(EngineFinish::Stop),
+        ];
+        let out = run(w, events);
+        assert_eq!(out.len(), 6, "{out:?}");
+        assert_eq!(out[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+        assert_eq!(out[1]["choices"][0]["delta"], json!({"content": "Hel"}));
+        assert_eq!(out[2]["choices"][0]["delta"], json!({"content": "lo"}));
+        assert_eq!(out[3]["choices"][0], json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "stop"}));
+        assert_eq!(out[4]["choices"], json!([]));
+        assert_eq!(out[4]["usage"], json!({"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}));
+        assert_eq!(out[5], "[DONE]");
+        for c in &out[..5] {
+            assert_eq!((c["id"].as_str(), c["created"].as_u64()), (Some("chatcmpl-1"), Some(7)));
+            assert_eq!(c["object"], "chat.completion.chunk");
+            assert_eq!(c["system_fingerprint"], SYSTEM_FINGERPRINT);
+        }
+        for c in &out[..4] {
+            assert!(c.get("usage").is_some_and(Value::is_null), "{c}");
+        }
+    }
+
+    #[test]
+    fn chat_stream_logprobs_follow_the_text() {
+        let w = ChunkWriter::new(Api::Chat, head(), false, true);
+        let events = vec![
+            token(1, "a", -0.5),
+            token(2, "b", -0.25), // held back, then sent with one piece of text
+            Event::Text("ab".into()),
+            token(3, "<eos>", f32::NEG_INFINITY),
+            done(EngineFinish::Stop),
+        ];
+        let out = run(w, events);
+        assert!(out[0]["choices"][0]["logprobs"].is_null());
+        let content = out[1]["choices"][0]["logprobs"]["content"].as_array().unwrap();
+        assert_eq!(content.len(), 2);
+        assert_eq!(content[0]["token"], "a");
+        assert_eq!(content[0]["bytes"], json!([97]));
+        assert_eq!(content[1]["top_logprobs"][1], json!({"token": "alt", "logprob": -3.0, "bytes": [97, 108, 116]}));
+        // The eos token, which has no text, goes out with the last chunk; -inf is finite in JSON.
+        let last = &out[2]["choices"][0];
+        assert_eq!(last["finish_reason"], "stop");
+        assert_eq!(last["logprobs"]["content"][0]["logprob"], json!(IMPOSSIBLE_LOGPROB));
+        assert!(out[2].get("usage").is_none());
+        assert_eq!(out[3], "[DONE]");
+    }
+
+    #[test]
+    fn completion_stream_sequence_and_offsets() {
+        let w = ChunkWriter::new(Api::Completion, Head { id: "cmpl-1".into(), ..head() }, false, true);
+        let events = vec![
+            token(1, "héllo", -0.5),
+            Event::Text("héllo".into()),
+            token(2, " w", -0.25),
+            Event::Text(" w".into()),
+            done(EngineFinish::Length),
+        ];
+        let out = run(w, events);
+        assert_eq!(out.len(), 4, "no role chunk for completions: {out:?}");
+        assert_eq!(out[0]["object"], "text_completion");
+        assert_eq!(out[0]["choices"][0]["text"], "héllo");
+        let lp = &out[1]["choices"][0]["logprobs"];
+        assert_eq!(lp["tokens"], json!([" w"]));
+        assert_eq!(lp["token_logprobs"], json!([-0.25]));
+        assert_eq!(lp["text_offset"], json!([5]), "characters, not bytes");
+        assert_eq!(lp["top_logprobs"], json!([{" w": -0.25, "alt": -3.0}]));
+        assert_eq!(out[2]["choices"][0]["text"], "");
+        assert_eq!(out[2]["choices"][0]["finish_reason"], "length");
+        assert_eq!(out[3], "[DONE]");
+    }
+
+    #[test]
+    fn errors_end_the_stream() {
+        let w = ChunkWriter::new(Api::Chat, head(), true, false);
+        let err = Event::Error(JobError::Internal("boom".into()));
+        let out = run(w, vec![Event::Text("a".into()), err, Event::Text("late".into()), done(EngineFinish::Stop)]);
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert_eq!(out[2], json!({"error": {"message": "boom", "type": "server_error", "param": null, "code": null}}));
+
+        // The worker went away without a result.
+        let out = run(ChunkWriter::new(Api::Chat, head(), false, false), vec![Event::Text("a".into())]);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[2]["error"]["type"], "server_error");
+
+        // A generation cut short by shutdown is not a normal finish.
+        let out = run(ChunkWriter::new(Api::Completion, head(), false, false), vec![done(EngineFinish::Cancelled)]);
+        assert_eq!(out.len(), 1);
+        assert!(out[0]["error"]["message"].as_str().unwrap().contains("shutting down"));
+    }
+}

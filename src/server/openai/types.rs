@@ -1,0 +1,481 @@
+//! The request and response bodies of the OpenAI API, as the SDKs send and read them.
+
+use std::borrow::Cow;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use utoipa::openapi::schema::{AnyOfBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+use utoipa::openapi::{Ref, RefOr};
+
+use crate::queue::JobDone;
+use crate::queue::models::ModelInfo;
+
+// Requests
+
+/// `POST /v1/chat/completions`. Unknown fields are ignored.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct ChatCompletionRequest {
+    #[schema(required = true, value_type = String, example = "llama3")]
+    pub model: Option<String>,
+    /// The conversation; roles `system`, `developer` (treated as `system`), `user`, `assistant`.
+    #[schema(required = true, value_type = Vec<ChatMessageIn>, min_items = 1)]
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// In [0, 2]; default 1.
+    #[schema(minimum = 0.0, maximum = 2.0)]
+    pub temperature: Option<f64>,
+    /// In (0, 1]; default 1.
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    pub top_p: Option<f64>,
+    /// Nonstandard: keep only the `top_k` most likely tokens (0: off, the default).
+    #[schema(minimum = 0)]
+    pub top_k: Option<i64>,
+    /// Nonstandard: drop tokens below `min_p` times the most likely one's probability.
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    pub min_p: Option<f64>,
+    /// Most tokens to generate (≥ 1); absent: until the context is full.
+    #[schema(minimum = 1)]
+    pub max_tokens: Option<i64>,
+    /// Same as `max_tokens`; the smaller wins when both are given.
+    #[schema(minimum = 1)]
+    pub max_completion_tokens: Option<i64>,
+    pub stop: Option<StopSpec>,
+    pub seed: Option<i64>,
+    /// In [-2, 2].
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    pub presence_penalty: Option<f64>,
+    /// In [-2, 2].
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    pub frequency_penalty: Option<f64>,
+    /// Report the log-probability of every generated token.
+    pub logprobs: Option<bool>,
+    /// Alternatives reported per token, 0..=20; needs `logprobs: true`.
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs: Option<i64>,
+    /// Only 1 is supported.
+    #[schema(minimum = 1, maximum = 1)]
+    pub n: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// Only `{"type": "text"}` is supported yet.
+    pub response_format: Option<ResponseFormat>,
+    /// Not supported yet: must be absent or empty.
+    #[schema(value_type = Option<Vec<Object>>, max_items = 0)]
+    pub tools: Option<Vec<Value>>,
+    /// Not supported yet: must be absent or `"none"`.
+    #[schema(value_type = Option<String>, pattern = "^none$")]
+    pub tool_choice: Option<Value>,
+    /// Legacy form of `tools`; not supported yet.
+    #[schema(value_type = Option<Vec<Object>>, max_items = 0)]
+    pub functions: Option<Vec<Value>>,
+    /// Legacy form of `tool_choice`; not supported yet.
+    #[schema(value_type = Option<String>, pattern = "^none$")]
+    pub function_call: Option<Value>,
+    /// Accepted and ignored.
+    pub user: Option<String>,
+}
+
+/// One message of the conversation.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ChatMessageIn {
+    #[schema(example = "user", pattern = "^(system|developer|user|assistant)$")]
+    pub role: String,
+    /// A string or a list of `{"type": "text", "text": ...}` parts (joined by newlines);
+    /// absent or null: empty (an assistant turn that only called tools has none).
+    pub content: Option<MessageContent>,
+    /// Accepted and ignored.
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged, expecting = "a string or an array of content parts")]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// A content part; only `text` parts are supported.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    #[schema(example = "text", pattern = "^text$")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+/// A stop string or a list of at most 4.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged, expecting = "a string or an array of up to 4 strings")]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct StreamOptions {
+    /// Send one more chunk with `"choices": []` and the usage before `[DONE]`.
+    pub include_usage: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ResponseFormat {
+    /// `text`; `json_object` and `json_schema` are not supported yet.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^text$")]
+    pub kind: String,
+}
+
+/// `POST /v1/completions`. Unknown fields are ignored.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct CompletionRequest {
+    #[schema(required = true, value_type = String, example = "llama3")]
+    pub model: Option<String>,
+    #[schema(required = true, value_type = PromptSpec)]
+    pub prompt: Option<PromptSpec>,
+    /// Most tokens to generate (≥ 1); absent: until the context is full.
+    #[schema(minimum = 1)]
+    pub max_tokens: Option<i64>,
+    #[schema(minimum = 0.0, maximum = 2.0)]
+    pub temperature: Option<f64>,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    pub top_p: Option<f64>,
+    /// Nonstandard, as in chat.
+    #[schema(minimum = 0)]
+    pub top_k: Option<i64>,
+    /// Nonstandard, as in chat.
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    pub min_p: Option<f64>,
+    pub stop: Option<StopSpec>,
+    pub seed: Option<i64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    pub presence_penalty: Option<f64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    pub frequency_penalty: Option<f64>,
+    /// Alternatives reported per token (0..=20); absent: no log-probabilities.
+    #[schema(minimum = 0, maximum = 20)]
+    pub logprobs: Option<i64>,
+    /// Not supported yet: must be absent or false.
+    pub echo: Option<bool>,
+    /// Not supported yet: must be absent or empty.
+    #[schema(max_length = 0)]
+    pub suffix: Option<String>,
+    /// Only 1 is supported.
+    #[schema(minimum = 1, maximum = 1)]
+    pub n: Option<i64>,
+    /// Only 1 is supported.
+    #[schema(minimum = 1, maximum = 1)]
+    pub best_of: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// Accepted and ignored.
+    pub user: Option<String>,
+}
+
+/// A string, a list of one string, a list of token ids, or a list of one list of ids.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(
+    untagged,
+    expecting = "a string, an array of strings, an array of token ids or an array of arrays of token ids"
+)]
+pub enum PromptSpec {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/embeddings`. Unknown fields are ignored.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct EmbeddingRequest {
+    #[schema(required = true, value_type = String, example = "llama3")]
+    pub model: Option<String>,
+    #[schema(required = true, value_type = EmbeddingInputSpec)]
+    pub input: Option<EmbeddingInputSpec>,
+    /// `float` (the default) or `base64` (little-endian f32 bytes).
+    #[schema(pattern = "^(float|base64)$")]
+    pub encoding_format: Option<String>,
+    /// Must equal the model's embedding size when given.
+    #[schema(minimum = 1)]
+    pub dimensions: Option<i64>,
+    /// Accepted and ignored.
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(
+    untagged,
+    expecting = "a string, an array of strings, an array of token ids or an array of arrays of token ids"
+)]
+pub enum EmbeddingInputSpec {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+// Responses
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens`, or the context is full.
+    Length,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub(super) fn of(done: &JobDone) -> Self {
+        Usage {
+            prompt_tokens: done.prompt_tokens,
+            completion_tokens: done.completion_tokens,
+            total_tokens: done.prompt_tokens + done.completion_tokens,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatCompletionResponse {
+    #[schema(example = "chatcmpl-18f2a3b4c5d000001")]
+    pub id: String,
+    #[schema(example = "chat.completion")]
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: FinishReason,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AssistantMessage {
+    #[schema(example = "assistant")]
+    pub role: String,
+    pub content: String,
+}
+
+/// One `data:` event of a streamed chat completion.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    #[schema(example = "chat.completion.chunk")]
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    /// Empty in the usage chunk.
+    pub choices: Vec<ChunkChoice>,
+    /// With `stream_options.include_usage`: null, except in the last chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Usage>)]
+    pub usage: Option<Option<Usage>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// What a chunk adds: the role (first chunk), content, or nothing (the last chunk).
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    /// The token's UTF-8 bytes.
+    pub bytes: Vec<u8>,
+    /// The most likely alternatives, most likely first.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// One Server-Sent Event of a streamed chat completion: `data` is a
+/// [`ChatCompletionChunk`] as JSON, a last `{"error": ...}`, or `[DONE]`.
+pub struct ChatCompletionEvent;
+
+/// One Server-Sent Event of a streamed completion: `data` is a [`CompletionResponse`]
+/// as JSON, a last `{"error": ...}`, or `[DONE]`.
+pub struct CompletionEvent;
+
+impl utoipa::PartialSchema for ChatCompletionEvent {
+    fn schema() -> RefOr<Schema> {
+        sse_event_schema("ChatCompletionChunk")
+    }
+}
+
+impl ToSchema for ChatCompletionEvent {
+    fn name() -> Cow<'static, str> {
+        "ChatCompletionEvent".into()
+    }
+}
+
+impl utoipa::PartialSchema for CompletionEvent {
+    fn schema() -> RefOr<Schema> {
+        sse_event_schema("CompletionResponse")
+    }
+}
+
+impl ToSchema for CompletionEvent {
+    fn name() -> Cow<'static, str> {
+        "CompletionEvent".into()
+    }
+}
+
+/// An SSE event (`{"event", "data"}`, as OpenAPI describes `text/event-stream` items) whose
+/// data is the JSON schema `payload` or an error body, or the literal `[DONE]`.
+fn sse_event_schema(payload: &str) -> RefOr<Schema> {
+    let done = ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["[DONE]"]));
+    let json = ObjectBuilder::new().schema_type(Type::String).content_media_type("application/json").content_schema(
+        Some(OneOfBuilder::new().item(Ref::from_schema_name(payload)).item(Ref::from_schema_name("OpenAiErrorBody"))),
+    );
+    let data = AnyOfBuilder::new()
+        .item(done)
+        .item(json)
+        .description(Some(format!("A `{payload}` as JSON, a last `{{\"error\": ...}}`, or `[DONE]`")));
+    ObjectBuilder::new()
+        .property("event", ObjectBuilder::new().schema_type(Type::String))
+        .property("data", data)
+        .required("data")
+        .into()
+}
+
+/// A completion, or one `data:` event of a streamed one.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CompletionResponse {
+    #[schema(example = "cmpl-18f2a3b4c5d000001")]
+    pub id: String,
+    #[schema(example = "text_completion")]
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<CompletionChoice>,
+    /// Always present in a whole completion; in a stream, only with
+    /// `stream_options.include_usage` (null except in the last chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Usage>)]
+    pub usage: Option<Option<Usage>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// The legacy completions log-probabilities.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    /// Per token: the alternatives and the sampled token, `{token: logprob}`.
+    #[schema(value_type = Vec<std::collections::HashMap<String, f32>>)]
+    pub top_logprobs: Vec<serde_json::Map<String, Value>>,
+    /// Character offset of each token in the generated text.
+    pub text_offset: Vec<usize>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EmbeddingResponse {
+    #[schema(example = "list")]
+    pub object: String,
+    pub data: Vec<EmbeddingData>,
+    pub model: String,
+    pub usage: EmbeddingUsage,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EmbeddingData {
+    #[schema(example = "embedding")]
+    pub object: String,
+    pub index: usize,
+    pub embedding: EmbeddingVector,
+}
+
+/// Floats, or base64 of their little-endian f32 bytes.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum EmbeddingVector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EmbeddingUsage {
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelList {
+    #[schema(example = "list")]
+    pub object: String,
+    pub data: Vec<ModelObject>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelObject {
+    #[schema(example = "llama3")]
+    pub id: String,
+    #[schema(example = "model")]
+    pub object: String,
+    /// Unix seconds (when the model's files last changed).
+    pub created: u64,
+    #[schema(example = "strata")]
+    pub owned_by: String,
+}
+
+impl ModelObject {
+    pub(super) fn of(info: &ModelInfo) -> Self {
+        ModelObject {
+            id: info.name.clone(),
+            object: "model".into(),
+            created: unix_seconds(info.modified_at),
+            owned_by: "strata".into(),
+        }
+    }
+}
+
+pub(super) fn unix_seconds(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
