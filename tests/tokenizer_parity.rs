@@ -181,3 +181,18 @@ fn llama_f16_matches_transformers() {
 fn llama_bf16_256_matches_transformers() {
     check_fixture("llama_bf16_256");
 }
+
+/// The bytes of a text's tokens, joined, are the text's UTF-8 bytes (OpenAI's logprobs
+/// `bytes`), even where a token holds only part of a character.
+#[test]
+fn token_bytes_join_up_to_the_text() {
+    for name in ["llama3", "qwen3", "mistral"] {
+        let dir = root().join(load_reference(name).dir);
+        let tok = TextTokenizer::from_dir(&dir).unwrap();
+        for text in ["héllo wörld 🎉 日本語", " leading\tand\n\nnewlines", "<|im_start|>user\nhi"] {
+            let ids = tok.encode(text, false).unwrap();
+            let joined: Vec<u8> = ids.iter().flat_map(|&id| tok.token_bytes(id)).collect();
+            assert_eq!(String::from_utf8_lossy(&joined), text, "{name}");
+        }
+    }
+}

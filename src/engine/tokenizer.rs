@@ -500,6 +500,37 @@ impl TextTokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The bytes token `id` stands for (OpenAI's logprobs `bytes`): byte-level BPE pieces
+    /// map back through GPT-2's byte alphabet, SentencePiece byte tokens `<0xNN>` are that
+    /// byte, `▁` is a space, added tokens are their text.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(piece) = self.inner.id_to_token(id) else { return Vec::new() };
+        if self.inner.get_added_tokens_decoder().contains_key(&id) {
+            return piece.into_bytes();
+        }
+        if let Some(hex) = piece.strip_prefix("<0x").and_then(|t| t.strip_suffix('>')) {
+            if let (2, Ok(b)) = (hex.len(), u8::from_str_radix(hex, 16)) {
+                return vec![b];
+            }
+        }
+        let byte_level = self
+            .inner
+            .get_decoder()
+            .and_then(|d| serde_json::to_string(d).ok())
+            .is_some_and(|d| d.contains("\"ByteLevel\""));
+        if !byte_level {
+            return piece.replace('\u{2581}', " ").into_bytes();
+        }
+        let mut out = Vec::with_capacity(piece.len());
+        for c in piece.chars() {
+            match byte_level_byte(c) {
+                Some(b) => out.push(b),
+                None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+            }
+        }
+        out
+    }
+
     /// The default chat template, if the model has one.
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.chat_template.as_ref()
@@ -531,6 +562,18 @@ impl TextTokenizer {
     pub fn inner(&self) -> &Tokenizer {
         &self.inner
     }
+}
+
+/// The byte GPT-2's byte-level alphabet writes as `c`: printable bytes stand for
+/// themselves, the other 68 are shifted to U+0100.. in order.
+fn byte_level_byte(c: char) -> Option<u8> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let code = c as u32;
+    if code < 256 {
+        return printable(code).then_some(code as u8);
+    }
+    let n = code.checked_sub(256)? as usize;
+    (0u32..256).filter(|&b| !printable(b)).nth(n).map(|b| b as u8)
 }
 
 /// transformers' `LlamaTokenizer.__init__`: no normalizer, a Metaspace pre-tokenizer whose

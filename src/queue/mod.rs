@@ -140,6 +140,8 @@ pub enum Work {
 pub struct TokenLogprob {
     pub id: u32,
     pub text: String,
+    /// The bytes the token stands for (may be part of a UTF-8 character).
+    pub bytes: Vec<u8>,
     pub logprob: f32,
 }
 

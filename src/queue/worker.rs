@@ -295,7 +295,12 @@ impl Worker {
             stop_at_eos: true,
             top_logprobs: job.top_logprobs,
         };
-        let piece = |id: u32| TokenLogprob { id, text: tok.decode(&[id], false).unwrap_or_default(), logprob: 0.0 };
+        let piece = |id: u32| TokenLogprob {
+            id,
+            text: tok.decode(&[id], false).unwrap_or_default(),
+            bytes: tok.token_bytes(id),
+            logprob: 0.0,
+        };
         let summary = slot
             .session
             .generate(engine, &req, cancelled, |ev| {

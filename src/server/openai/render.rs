@@ -241,15 +241,11 @@ fn chat_logprobs(steps: &[TokenStep]) -> ChatLogprobs {
         .map(|s| ChatTokenLogprob {
             token: s.sampled.text.clone(),
             logprob: finite(s.sampled.logprob),
-            bytes: s.sampled.text.as_bytes().to_vec(),
+            bytes: s.sampled.bytes.clone(),
             top_logprobs: s
                 .top
                 .iter()
-                .map(|t| TopLogprob {
-                    token: t.text.clone(),
-                    logprob: finite(t.logprob),
-                    bytes: t.text.as_bytes().to_vec(),
-                })
+                .map(|t| TopLogprob { token: t.text.clone(), logprob: finite(t.logprob), bytes: t.bytes.clone() })
                 .collect(),
         })
         .collect();
@@ -288,7 +284,8 @@ mod tests {
     }
 
     fn token(id: u32, text: &str, logprob: f32) -> Event {
-        let t = |id, text: &str, logprob| TokenLogprob { id, text: text.into(), logprob };
+        let t =
+            |id, text: &str, logprob| TokenLogprob { id, text: text.into(), bytes: text.as_bytes().to_vec(), logprob };
         Event::Token { sampled: t(id, text, logprob), top: vec![t(id, text, logprob), t(99, "alt", -3.0)] }
     }
 
