@@ -302,28 +302,10 @@ async fn malformed_requests_get_exact_errors_and_the_server_keeps_serving() {
     assert!(failures.is_empty(), "{} of {} rows failed:\n{}", failures.len(), rows.len(), failures.join("\n"));
 
     // Still serving, on both APIs.
-    let (status, _, body) = send(
-        &router,
-        post_json(
-            "/v1/chat/completions",
-            json!({
-                "model": "llama3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2
-            }),
-        ),
-    )
-    .await;
+    let (status, _, body) = send(&router, chat_request()).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     assert_eq!(json(&body)["object"], "chat.completion");
-    let (status, _, body) = send(
-        &router,
-        post_json(
-            "/api/generate",
-            json!({
-                "model": "llama3", "prompt": "hi", "stream": false, "options": {"num_predict": 2}
-            }),
-        ),
-    )
-    .await;
+    let (status, _, body) = send(&router, generate_request()).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     assert_eq!(json(&body)["done"], true);
 }
