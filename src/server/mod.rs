@@ -148,7 +148,12 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(middleware::from_fn_with_state(state.clone(), metrics::record))
         .layer(cors(&state.config))
-        .layer(tower_http::trace::TraceLayer::new_for_http());
+        .layer(
+            // Expected 503s (loading, a full Ollama queue) are not faults: real server
+            // errors are logged where they happen, so failures here are only debug lines.
+            tower_http::trace::TraceLayer::new_for_http()
+                .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG)),
+        );
     api.with_state(state)
 }
 
