@@ -64,3 +64,49 @@ fn perplexity_of_a_text_file() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("tokens ") && text.contains("ppl"), "{text}");
 }
+
+/// `strata serve` writes its PID file under STRATA_HOME; `strata ps` asks that server what
+/// it has loaded and `strata stop` stops it (exit 0, PID file removed).
+#[test]
+fn serve_ps_and_stop_find_the_server_through_its_pid_file() {
+    let home = std::env::temp_dir().join(format!("strata-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let bin = env!("CARGO_BIN_EXE_strata");
+    let mut server = Command::new(bin)
+        .args(["serve", "--port", "0", "--threads", "1", "--log-format", "json"])
+        .env("STRATA_HOME", &home)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid_file = home.join("strata.pid");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !pid_file.exists() {
+        assert!(std::time::Instant::now() < deadline, "no PID file");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let with_home = |args: &[&str]| Command::new(bin).args(args).env("STRATA_HOME", &home).output().unwrap();
+    // The demo model is loaded at start; poll until the worker reports it.
+    let mut listing = String::new();
+    while !listing.contains("strata-demo") {
+        assert!(std::time::Instant::now() < deadline, "ps never listed the model: {listing}");
+        let ps = with_home(&["ps"]);
+        assert!(ps.status.success(), "{}", String::from_utf8_lossy(&ps.stderr));
+        listing = String::from_utf8_lossy(&ps.stdout).into_owned();
+    }
+    let stop = with_home(&["stop"]);
+    assert!(stop.status.success(), "{}", String::from_utf8_lossy(&stop.stderr));
+    let out = server.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(!pid_file.exists());
+    // --log-format json: every log line is a JSON object.
+    let log = String::from_utf8_lossy(&out.stderr);
+    let json_lines = log.lines().filter(|l| l.starts_with('{'));
+    assert!(json_lines.clone().count() >= 2, "{log}");
+    for line in json_lines {
+        serde_json::from_str::<serde_json::Value>(line).unwrap();
+    }
+    let again = with_home(&["stop"]);
+    assert!(!again.status.success(), "stop without a server is an error");
+    std::fs::remove_dir_all(&home).ok();
+}

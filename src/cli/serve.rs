@@ -99,8 +99,11 @@ fn read_pid_file() -> anyhow::Result<PidFile> {
     serde_json::from_str(&text).with_context(|| format!("{} is not a Strata PID file", path.display()))
 }
 
+/// Whether `pid` runs (a zombie that exited but was not yet reaped does not).
 fn process_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state letter follows the parenthesised command name.
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
 }
 
 /// Writes `contents` to `path` through a temporary file and a rename.
