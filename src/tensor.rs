@@ -98,7 +98,7 @@ impl HostTensor {
     pub fn new(src: Arc<dyn ByteSource>, offset: usize, len: usize, dtype: DType, shape: Vec<usize>) -> Self {
         debug_assert_eq!(len, shape.iter().product::<usize>() * dtype.size());
         let ptr = src.bytes()[offset..].as_ptr() as usize;
-        if ptr % dtype.size() == 0 {
+        if ptr.is_multiple_of(dtype.size()) {
             return HostTensor { src, offset, len, dtype, shape };
         }
         let copy = AlignedBytes::from_slice(&src.bytes()[offset..offset + len]);
@@ -172,7 +172,7 @@ impl HostTensor {
 /// Reinterprets aligned little-endian bytes as a slice of `T` (f32, u16).
 fn cast_slice<T: Copy>(bytes: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.len() % size == 0 && bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0);
+    assert!(bytes.len().is_multiple_of(size) && (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()));
     // SAFETY: length and alignment checked above; T is a plain number type valid for
     // every bit pattern, and the bytes outlive the returned borrow.
     unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) }

@@ -72,7 +72,7 @@ fn serve_ps_and_stop_find_the_server_through_its_pid_file() {
     let home = std::env::temp_dir().join(format!("strata-home-{}", std::process::id()));
     std::fs::create_dir_all(&home).unwrap();
     let bin = env!("CARGO_BIN_EXE_strata");
-    let mut server = Command::new(bin)
+    let server = Command::new(bin)
         .args(["serve", "--port", "0", "--threads", "1", "--log-format", "json"])
         .env("STRATA_HOME", &home)
         .stdout(Stdio::null())

@@ -166,7 +166,7 @@ async fn chat_stream_sends_role_content_finish_usage_and_done() {
     let usage = &chunks[n - 1];
     assert_eq!(usage["choices"], json!([]));
     let completion_tokens = usage["usage"]["completion_tokens"].as_u64().unwrap();
-    assert!(completion_tokens >= 1 && completion_tokens <= 6);
+    assert!((1..=6).contains(&completion_tokens));
     assert_eq!(
         usage["usage"]["total_tokens"].as_u64().unwrap(),
         usage["usage"]["prompt_tokens"].as_u64().unwrap() + completion_tokens

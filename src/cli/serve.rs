@@ -115,10 +115,11 @@ fn write_atomic(path: &Path, contents: &str) -> std::io::Result<()> {
 
 /// `NAME=SPEC` or `SPEC` (named after its file or directory stem).
 fn model_entry(arg: &str) -> (String, String) {
-    if let Some((name, spec)) = arg.split_once('=') {
-        if !name.is_empty() && !name.contains('/') {
-            return (name.to_string(), spec.to_string());
-        }
+    if let Some((name, spec)) = arg.split_once('=')
+        && !name.is_empty()
+        && !name.contains('/')
+    {
+        return (name.to_string(), spec.to_string());
     }
     let path = Path::new(arg.trim_end_matches('/'));
     // A model file is named without its extension; a directory keeps its whole name
@@ -178,14 +179,11 @@ pub fn main(args: ServeArgs) -> anyhow::Result<()> {
         let local = listener.local_addr()?;
         let home = strata_home();
         std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
-        if let Ok(old) = read_pid_file() {
-            if old.pid != std::process::id() && process_alive(old.pid) {
-                anyhow::bail!(
-                    "another strata serve (pid {}) is running on {}; `strata stop` stops it",
-                    old.pid,
-                    old.addr
-                );
-            }
+        if let Ok(old) = read_pid_file()
+            && old.pid != std::process::id()
+            && process_alive(old.pid)
+        {
+            anyhow::bail!("another strata serve (pid {}) is running on {}; `strata stop` stops it", old.pid, old.addr);
         }
         let (router, state, _worker) = crate::server::start(opts)?;
         write_atomic(

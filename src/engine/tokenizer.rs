@@ -508,10 +508,10 @@ impl TextTokenizer {
         if self.inner.get_added_tokens_decoder().contains_key(&id) {
             return piece.into_bytes();
         }
-        if let Some(hex) = piece.strip_prefix("<0x").and_then(|t| t.strip_suffix('>')) {
-            if let (2, Ok(b)) = (hex.len(), u8::from_str_radix(hex, 16)) {
-                return vec![b];
-            }
+        if let Some(hex) = piece.strip_prefix("<0x").and_then(|t| t.strip_suffix('>'))
+            && let (2, Ok(b)) = (hex.len(), u8::from_str_radix(hex, 16))
+        {
+            return vec![b];
         }
         let byte_level = self
             .inner

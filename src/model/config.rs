@@ -111,7 +111,7 @@ impl ModelConfig {
                 "num_attention_heads {n_heads} is not a multiple of num_key_value_heads {n_kv_heads}"
             )));
         }
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(ConfigError::Unsupported(format!("head_dim {head_dim} (must be even)")));
         }
         let flag = |key: &str| v.get(key).and_then(Value::as_bool).unwrap_or(false);

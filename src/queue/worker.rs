@@ -77,10 +77,10 @@ pub fn spawn(
         .name("strata-worker".into())
         .spawn(move || {
             let mut w = Worker { registry, config, status, slots: Vec::new() };
-            if let Some(name) = preload {
-                if let Err(e) = w.slot(&name) {
-                    tracing::error!(model = %name, error = %e, "loading the model failed");
-                }
+            if let Some(name) = preload
+                && let Err(e) = w.slot(&name)
+            {
+                tracing::error!(model = %name, error = %e, "loading the model failed");
             }
             w.status.ready.store(true, Ordering::SeqCst);
             loop {
