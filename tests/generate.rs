@@ -165,3 +165,29 @@ fn a_prompt_longer_than_the_context_is_an_error() {
     let err = Session::new(&e).generate(&e, &greedy(&[1; 20], 4, vec![]), &|| false, |_| true).unwrap_err();
     assert!(err.to_string().contains("context"), "{err}");
 }
+
+/// A consumer that goes away stops the work within one layer step: once `cancelled`
+/// answers true, no further layer is run, during prefill or during decode.
+#[test]
+fn cancellation_stops_within_one_layer() {
+    use std::cell::Cell;
+    use std::sync::atomic::Ordering;
+    let (e, r) = load("llama3");
+    let layers = || e.model.scheduler().stats().layer_requests.load(Ordering::Relaxed);
+    let n_layers = e.model.config.n_layers as u64;
+    // Cancel at the k-th check: during prefill (k = 2, inside the first pass) and during
+    // decode (k = 3 * n_layers + 2: prefill plus two decode steps, then mid-layer-stack).
+    for k in [2u64, 3 * n_layers + 2] {
+        let checks = Cell::new(0u64);
+        let cancelled = || {
+            checks.set(checks.get() + 1);
+            checks.get() >= k
+        };
+        let before = layers();
+        let summary = Session::new(&e)
+            .generate(&e, &greedy(&r.prompts[0].ids, 50, vec![]), &cancelled, |_| true)
+            .unwrap();
+        assert_eq!(summary.finish, FinishReason::Cancelled);
+        assert_eq!(layers() - before, k - 1, "layers run after cancellation at check {k}");
+    }
+}
