@@ -5,6 +5,7 @@ pub mod cli;
 pub mod engine;
 pub mod format;
 pub mod model;
+pub mod quant;
 pub mod queue;
 pub mod sched;
 pub mod server;

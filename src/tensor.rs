@@ -6,27 +6,95 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
-/// Element types Strata reads from weight files.
+/// Element types Strata reads from weight files: plain floats, and GGML's block-quantized
+/// formats (a block of `block_size()` values packed into `block_bytes()` bytes).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
     F16,
     BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_K,
 }
 
 impl DType {
-    pub fn size(self) -> usize {
+    /// Values per block (1 for plain floats).
+    pub fn block_size(self) -> usize {
+        use DType::*;
         match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
+            F32 | F16 | BF16 => 1,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q4_K | Q5_K | Q6_K | Q8_K => 256,
         }
     }
 
-    pub fn name(self) -> &'static str {
+    /// Bytes per block (the element size for plain floats).
+    pub fn block_bytes(self) -> usize {
+        use DType::*;
         match self {
-            DType::F32 => "F32",
-            DType::F16 => "F16",
-            DType::BF16 => "BF16",
+            F32 => 4,
+            F16 | BF16 => 2,
+            Q4_0 => 18,
+            Q4_1 => 20,
+            Q5_0 => 22,
+            Q5_1 => 24,
+            Q8_0 => 34,
+            Q8_1 => 36,
+            Q4_K => 144,
+            Q5_K => 176,
+            Q6_K => 210,
+            Q8_K => 292,
+        }
+    }
+
+    /// Bytes holding `numel` values, or `None` when `numel` is not a whole number of
+    /// blocks (or overflows).
+    pub fn bytes_for(self, numel: usize) -> Option<usize> {
+        if !numel.is_multiple_of(self.block_size()) {
+            return None;
+        }
+        (numel / self.block_size()).checked_mul(self.block_bytes())
+    }
+
+    /// Alignment a view of this type needs (every block format starts with f16 or f32
+    /// fields; this is the smallest alignment they share).
+    pub fn align(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::Q8_K => 4,
+            _ => 2,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    pub fn name(self) -> &'static str {
+        use DType::*;
+        match self {
+            F32 => "F32",
+            F16 => "F16",
+            BF16 => "BF16",
+            Q4_0 => "Q4_0",
+            Q4_1 => "Q4_1",
+            Q5_0 => "Q5_0",
+            Q5_1 => "Q5_1",
+            Q8_0 => "Q8_0",
+            Q8_1 => "Q8_1",
+            Q4_K => "Q4_K",
+            Q5_K => "Q5_K",
+            Q6_K => "Q6_K",
+            Q8_K => "Q8_K",
         }
     }
 }
@@ -93,12 +161,12 @@ impl std::fmt::Debug for HostTensor {
 
 impl HostTensor {
     /// A view of `src[offset..offset + len]`. The caller has checked that the range lies
-    /// inside `src` and that `len == numel(shape) * dtype.size()`. Copies into an aligned
-    /// buffer when the range is not aligned for `dtype`.
+    /// inside `src` and that `len == dtype.bytes_for(numel(shape))`. Copies into an
+    /// aligned buffer when the range is not aligned for `dtype`.
     pub fn new(src: Arc<dyn ByteSource>, offset: usize, len: usize, dtype: DType, shape: Vec<usize>) -> Self {
-        debug_assert_eq!(len, shape.iter().product::<usize>() * dtype.size());
+        debug_assert_eq!(Some(len), dtype.bytes_for(shape.iter().product::<usize>()));
         let ptr = src.bytes()[offset..].as_ptr() as usize;
-        if ptr.is_multiple_of(dtype.size()) {
+        if ptr.is_multiple_of(dtype.align()) {
             return HostTensor { src, offset, len, dtype, shape };
         }
         let copy = AlignedBytes::from_slice(&src.bytes()[offset..offset + len]);
@@ -137,14 +205,14 @@ impl HostTensor {
 
     /// Element `i` converted to f32.
     pub fn get_f32(&self, i: usize) -> f32 {
-        match self.dtype {
-            DType::F32 => self.as_f32()[i],
-            DType::F16 => f16::from_bits(self.as_u16()[i]).to_f32(),
-            DType::BF16 => bf16::from_bits(self.as_u16()[i]).to_f32(),
-        }
+        let bs = self.dtype.block_size();
+        let mut block = vec![0.0; bs];
+        self.read_f32(i / bs * bs, &mut block);
+        block[i % bs]
     }
 
-    /// Elements `start..start + out.len()` converted to f32 into `out`.
+    /// Elements `start..start + out.len()` converted to f32 into `out`. For block formats
+    /// `start` and `out.len()` are whole blocks.
     pub fn read_f32(&self, start: usize, out: &mut [f32]) {
         match self.dtype {
             DType::F32 => out.copy_from_slice(&self.as_f32()[start..start + out.len()]),
@@ -157,6 +225,12 @@ impl HostTensor {
                 for (o, &b) in out.iter_mut().zip(&self.as_u16()[start..]) {
                     *o = bf16::from_bits(b).to_f32();
                 }
+            }
+            block => {
+                let bs = block.block_size();
+                assert!(start.is_multiple_of(bs), "{block:?}: reads start on a block boundary");
+                let from = start / bs * block.block_bytes();
+                crate::quant::dequantize(block, &self.bytes()[from..], out);
             }
         }
     }

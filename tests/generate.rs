@@ -184,9 +184,8 @@ fn cancellation_stops_within_one_layer() {
             checks.get() >= k
         };
         let before = layers();
-        let summary = Session::new(&e)
-            .generate(&e, &greedy(&r.prompts[0].ids, 50, vec![]), &cancelled, |_| true)
-            .unwrap();
+        let summary =
+            Session::new(&e).generate(&e, &greedy(&r.prompts[0].ids, 50, vec![]), &cancelled, |_| true).unwrap();
         assert_eq!(summary.finish, FinishReason::Cancelled);
         assert_eq!(layers() - before, k - 1, "layers run after cancellation at check {k}");
     }

@@ -67,7 +67,7 @@ pub fn parse(src: Arc<dyn ByteSource>, path: &Path) -> Result<HashMap<String, Ho
         };
         let [begin, end] = entry.data_offsets;
         let numel = entry.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
-        let want = numel.and_then(|n| n.checked_mul(dtype.size() as u64));
+        let want = numel.and_then(|n| dtype.bytes_for(usize::try_from(n).ok()?)).map(|b| b as u64);
         let (abs_begin, abs_end) = (data_start + begin, data_start.saturating_add(end));
         if begin > end || abs_end > file_len || want != Some(end - begin) {
             return Err(corrupt(

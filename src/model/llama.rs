@@ -88,7 +88,7 @@ pub struct LlamaModel<B: Backend> {
     rope: RopeFreqs,
     /// Bytes of all weights (layers, embeddings, head, norms).
     pub weights_bytes: usize,
-    lm_head_dtype_size: usize,
+    lm_head_bytes: usize,
 }
 
 fn checked<'a>(t: &'a HostTensor, name: &str, want: &[usize]) -> Result<&'a HostTensor, ModelError> {
@@ -109,7 +109,7 @@ impl<B: Backend> LlamaModel<B> {
         let embed = global("model.embed_tokens.weight", &[c.vocab_size, h])?;
         let norm = global("model.norm.weight", &[h])?;
         let head_name = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
-        let lm_head_dtype_size = source.tensors.get(head_name).map_or(4, |t| t.dtype.size());
+        let lm_head_bytes = source.tensors.get(head_name).map_or(0, |t| t.bytes().len());
         let lm_head = match c.tie_word_embeddings {
             true => global("model.embed_tokens.weight", &[c.vocab_size, h])?,
             false => global("lm_head.weight", &[c.vocab_size, h])?,
@@ -167,13 +167,12 @@ impl<B: Backend> LlamaModel<B> {
         };
         let layers = Scheduler::resident(layer_sources, build)?;
         let rope = config.rope_freqs();
-        Ok(LlamaModel { config, backend, embed, norm, lm_head, layers, rope, weights_bytes, lm_head_dtype_size })
+        Ok(LlamaModel { config, backend, embed, norm, lm_head, layers, rope, weights_bytes, lm_head_bytes })
     }
 
     /// Bytes of the output head (read in full every decode step).
     pub fn lm_head_bytes(&self) -> usize {
-        let c = &self.config;
-        c.vocab_size * c.hidden_size * self.lm_head_dtype_size
+        self.lm_head_bytes
     }
 
     pub fn backend(&self) -> &Arc<B> {

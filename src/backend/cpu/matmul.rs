@@ -100,6 +100,9 @@ fn best_ops() -> &'static Ops {
 /// `[m, k_dim]`. `x` and `out` may be longer than `rows` rows; the rest is left alone.
 /// Runs on `pool`, split by output feature.
 pub fn matmul(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
+    if !w.dtype.is_float() {
+        return crate::quant::matmul(pool, x, rows, w, out);
+    }
     matmul_with(Kernel::best(), pool, x, rows, w, out);
 }
 
@@ -404,6 +407,7 @@ impl<'a> Weights<'a> {
             DType::F32 => WData::F32(t.as_f32()),
             DType::F16 => WData::F16(F16::cast(t.as_u16())),
             DType::BF16 => WData::Bf16(Bf16::cast(t.as_u16())),
+            other => panic!("matmul_with: {other:?} weights go through crate::quant::matmul"),
         };
         let len = match data {
             WData::F32(d) => d.len(),
@@ -556,7 +560,7 @@ mod tests {
     /// A random `[m, k]` weight whose data starts one element past a 64-byte boundary
     /// (aligned for its dtype only, as a memory-mapped tensor may be).
     fn weight(dtype: DType, m: usize, k: usize, rng: &mut Rng) -> HostTensor {
-        let skew = dtype.size();
+        let skew = dtype.block_bytes();
         let mut bytes = vec![0u8; skew];
         for _ in 0..m * k {
             let v = rng.f32();
