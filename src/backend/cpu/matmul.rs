@@ -568,6 +568,7 @@ mod tests {
                 DType::F32 => bytes.extend(v.to_le_bytes()),
                 DType::F16 => bytes.extend(f16::from_f32(v).to_bits().to_le_bytes()),
                 DType::BF16 => bytes.extend(bf16::from_f32(v).to_bits().to_le_bytes()),
+                other => unreachable!("the float kernels take F32, F16 and BF16, not {other:?}"),
             }
         }
         let len = bytes.len() - skew;
