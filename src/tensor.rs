@@ -24,6 +24,10 @@ pub enum DType {
     Q5_K,
     Q6_K,
     Q8_K,
+    /// Strata's affine 4-bit format (`quant::affine_q4`): 128 values per block.
+    AffineQ4,
+    /// Strata's per-channel int8 format (`quant::int8`): 32 values per block.
+    I8,
 }
 
 impl DType {
@@ -34,6 +38,8 @@ impl DType {
             F32 | F16 | BF16 => 1,
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
             Q4_K | Q5_K | Q6_K | Q8_K => 256,
+            AffineQ4 => 128,
+            I8 => 32,
         }
     }
 
@@ -53,6 +59,8 @@ impl DType {
             Q5_K => 176,
             Q6_K => 210,
             Q8_K => 292,
+            AffineQ4 => 68,
+            I8 => 36,
         }
     }
 
@@ -70,7 +78,7 @@ impl DType {
     pub fn align(self) -> usize {
         match self {
             DType::F32 => 4,
-            DType::Q8_K => 4,
+            DType::Q8_K | DType::I8 => 4,
             _ => 2,
         }
     }
@@ -95,6 +103,8 @@ impl DType {
             Q5_K => "Q5_K",
             Q6_K => "Q6_K",
             Q8_K => "Q8_K",
+            AffineQ4 => "AFFINE_Q4",
+            I8 => "I8",
         }
     }
 }

@@ -1,5 +1,6 @@
 //! On-disk layouts.
 
+pub mod gguf;
 pub mod safetensors;
 
 use std::path::PathBuf;

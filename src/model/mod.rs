@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod demo;
+pub mod gguf_source;
 pub mod llama;
 
 use std::collections::HashMap;
@@ -62,7 +63,7 @@ impl ModelSource {
         })
     }
 
-    /// A model SPEC: `strata-demo`, or a path to a Hugging Face directory.
+    /// A model SPEC: `strata-demo`, a `.gguf` file, or a Hugging Face directory.
     pub fn from_spec(spec: &str) -> anyhow::Result<Self> {
         if spec == demo::DEMO_NAME {
             return demo::demo_source();
@@ -74,8 +75,11 @@ impl ModelSource {
             }
             anyhow::bail!("{spec}: a directory without config.json is not a model this build can load");
         }
+        if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            return gguf_source::source_from_gguf(path);
+        }
         if path.exists() {
-            anyhow::bail!("{spec}: unsupported model file (this build loads Hugging Face safetensors directories)");
+            anyhow::bail!("{spec}: unsupported model file (this build loads .gguf files and Hugging Face directories)");
         }
         anyhow::bail!("model `{spec}` not found: give a model directory or `{}`", demo::DEMO_NAME)
     }

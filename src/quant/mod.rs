@@ -1,19 +1,148 @@
-//! Block-quantized weight formats (GGML's Q4_0 ... Q8_K): one file per format with its
-//! `#[repr(C)]` block, a size assertion, a scalar reference dequantize and dot product
-//! and a quantizer; SIMD paths are tested against those references.
+//! Block-quantized weight formats: GGML's Q4_0 ... Q8_K (layouts exactly as
+//! `ggml-common.h`) and Strata's own `AffineQ4` and `I8`. One file per format with its
+//! `#[repr(C)]` block, a size assertion, a scalar reference `dequantize`, a quantizer
+//! where one is needed, and the integer dot product llama.cpp uses for matmul (weights
+//! against Q8_0/Q8_1/Q8_K-quantized activations). SIMD/CUDA paths are tested against
+//! these references; the references are tested against gguf-py in
+//! `tests/quant_golden.rs` (fixtures from `tools/make_quant_fixtures.py`).
+//!
+//! Blocks are read straight out of little-endian files, so this module only builds on
+//! little-endian targets.
 
 use rayon::ThreadPool;
 use rayon::prelude::*;
 
 use crate::tensor::{DType, HostTensor};
 
+pub mod affine_q4;
+pub mod int8;
+pub mod q4_0;
+pub mod q4_1;
+pub mod q4_k;
+pub mod q5_0;
+pub mod q5_1;
+pub mod q5_k;
+pub mod q6_k;
+pub mod q8_0;
+pub mod q8_1;
+pub mod q8_k;
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("quant blocks are cast from little-endian bytes");
+
+/// Values per block of the 32-value formats (`QK4_0`, `QK8_0`, ...).
+pub const QK: usize = 32;
+/// Values per K-quant super-block (`QK_K`).
+pub const QK_K: usize = 256;
+
+/// A quantized block that can be viewed in place in a file's bytes.
+///
+/// # Safety
+/// Implementors are `#[repr(C)]`, have no padding (their size assertion equals the sum
+/// of their fields) and only hold fields valid for every bit pattern (`u8`, `i8`, `i16`,
+/// `f16`, `f32` and arrays of them), so any `size_of::<Self>()` bytes are a valid block.
+pub unsafe trait Block: Copy + Send + Sync + 'static {
+    /// The [`DType`] whose `block_bytes()` this block's size equals.
+    const DTYPE: DType;
+}
+
+/// Why bytes could not be viewed as blocks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CastError {
+    #[error("{dtype:?}: {len} bytes is not a whole number of {block}-byte blocks")]
+    Length { dtype: DType, len: usize, block: usize },
+    #[error("{dtype:?}: address {addr:#x} is not aligned to {align}")]
+    Align { dtype: DType, addr: usize, align: usize },
+}
+
+/// Why a Strata-format quantizer refused its input.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum QuantError {
+    #[error("value {value} at index {index} is not finite")]
+    NotFinite { index: usize, value: f32 },
+    #[error("value {value} at index {index} is outside the f16 range the format stores")]
+    OutOfRange { index: usize, value: f32 },
+}
+
+/// Views `bytes` as blocks: the length must be a whole number of blocks and the start
+/// aligned for `B`.
+pub fn cast_blocks<B: Block>(bytes: &[u8]) -> Result<&[B], CastError> {
+    let size = size_of::<B>();
+    if !bytes.len().is_multiple_of(size) {
+        return Err(CastError::Length { dtype: B::DTYPE, len: bytes.len(), block: size });
+    }
+    let addr = bytes.as_ptr() as usize;
+    if !addr.is_multiple_of(align_of::<B>()) {
+        return Err(CastError::Align { dtype: B::DTYPE, addr, align: align_of::<B>() });
+    }
+    // SAFETY: length and alignment checked above; `Block` guarantees every bit pattern is
+    // a valid `B` and there is no padding; the borrow keeps the bytes alive.
+    Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<B>(), bytes.len() / size) })
+}
+
+/// The raw bytes of `blocks` (what a file holds).
+pub fn blocks_as_bytes<B: Block>(blocks: &[B]) -> &[u8] {
+    // SAFETY: `Block` types have no padding, so every byte is initialised; u8 has no
+    // alignment needs and the borrow keeps the blocks alive.
+    unsafe { std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), size_of_val(blocks)) }
+}
+
+/// `n` all-zero blocks (a valid value of every `Block`), for quantizers to fill.
+pub fn zeroed_blocks<B: Block>(n: usize) -> Vec<B> {
+    (0..n)
+        .map(|_| {
+            // SAFETY: `Block` types are valid for every bit pattern, all-zero included.
+            unsafe { std::mem::zeroed::<B>() }
+        })
+        .collect()
+}
+
+/// Calls `f` with the first `n` blocks of `bytes`, in place when aligned and from an
+/// aligned copy otherwise. Panics when `bytes` holds fewer than `n` blocks.
+fn with_blocks<B: Block, R>(bytes: &[u8], n: usize, f: impl FnOnce(&[B]) -> R) -> R {
+    let need = n * size_of::<B>();
+    assert!(bytes.len() >= need, "{:?}: {} bytes hold fewer than {n} blocks", B::DTYPE, bytes.len());
+    let bytes = &bytes[..need];
+    match cast_blocks::<B>(bytes) {
+        Ok(blocks) => f(blocks),
+        Err(_) => {
+            let mut copy = zeroed_blocks::<B>(n);
+            // SAFETY: `copy` holds exactly `need` bytes of plain-old-data blocks, and the
+            // source and destination do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), copy.as_mut_ptr().cast::<u8>(), need) };
+            f(&copy)
+        }
+    }
+}
+
+/// GGML's `nearest_int`: rounds to nearest (ties to even) via the 1.5·2²³ trick, valid
+/// for |f| ≤ 4194303.
+#[inline]
+pub(crate) fn nearest_int(f: f32) -> i32 {
+    debug_assert!(f.abs() <= 4_194_303.0, "nearest_int({f})");
+    let v = f + 12_582_912.0;
+    (v.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
+}
+
 /// Dequantizes the leading blocks of `blocks` (format `dtype`) into `out`, whose length
 /// is a whole number of blocks.
-pub fn dequantize(dtype: DType, _blocks: &[u8], out: &mut [f32]) {
+pub fn dequantize(dtype: DType, blocks: &[u8], out: &mut [f32]) {
     assert!(out.len().is_multiple_of(dtype.block_size()), "{dtype:?}: {} values is not whole blocks", out.len());
+    let n = out.len() / dtype.block_size();
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => unreachable!("plain floats are read directly"),
-        other => panic!("dequantizing {other:?} is not available in this build"),
+        DType::Q4_0 => with_blocks(blocks, n, |b| q4_0::dequantize(b, out)),
+        DType::Q4_1 => with_blocks(blocks, n, |b| q4_1::dequantize(b, out)),
+        DType::Q5_0 => with_blocks(blocks, n, |b| q5_0::dequantize(b, out)),
+        DType::Q5_1 => with_blocks(blocks, n, |b| q5_1::dequantize(b, out)),
+        DType::Q8_0 => with_blocks(blocks, n, |b| q8_0::dequantize(b, out)),
+        DType::Q8_1 => with_blocks(blocks, n, |b| q8_1::dequantize(b, out)),
+        DType::Q4_K => with_blocks(blocks, n, |b| q4_k::dequantize(b, out)),
+        DType::Q5_K => with_blocks(blocks, n, |b| q5_k::dequantize(b, out)),
+        DType::Q6_K => with_blocks(blocks, n, |b| q6_k::dequantize(b, out)),
+        DType::Q8_K => with_blocks(blocks, n, |b| q8_k::dequantize(b, out)),
+        DType::AffineQ4 => with_blocks(blocks, n, |b| affine_q4::dequantize(b, out)),
+        DType::I8 => with_blocks(blocks, n, |b| int8::dequantize(b, out)),
     }
 }
 
@@ -38,6 +167,105 @@ pub fn matmul(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &m
     for (o, col) in cols.iter().enumerate() {
         for (r, v) in col.iter().enumerate() {
             out[r * m + o] = *v;
+        }
+    }
+}
+
+/// Helpers shared by the per-format unit tests.
+#[cfg(test)]
+pub(crate) mod testutil {
+    /// A small deterministic generator (xorshift64*), so tests need no extra crates.
+    pub struct Rng(u64);
+
+    impl Rng {
+        pub fn new(seed: u64) -> Self {
+            Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        }
+        pub fn next_u64(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        /// Uniform in [-1, 1).
+        pub fn uniform(&mut self) -> f32 {
+            (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+        /// Roughly normal (sum of four uniforms), scaled.
+        pub fn normal(&mut self, scale: f32) -> f32 {
+            (self.uniform() + self.uniform() + self.uniform() + self.uniform()) * 0.866 * scale
+        }
+        pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+            (0..n).map(|_| self.normal(scale)).collect()
+        }
+        pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+            (0..n).map(|_| self.next_u64() as u8).collect()
+        }
+    }
+
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| (*x as f64) * (*y as f64)).sum::<f64>() as f32
+    }
+
+    /// Σ|a_i·b_i|: the scale the float error of a dot product is relative to.
+    pub fn abs_dot(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_int_rounds_ties_to_even() {
+        assert_eq!(nearest_int(0.5), 0);
+        assert_eq!(nearest_int(1.5), 2);
+        assert_eq!(nearest_int(-2.5), -2);
+        assert_eq!(nearest_int(-2.6), -3);
+        assert_eq!(nearest_int(31.49), 31);
+    }
+
+    #[test]
+    fn cast_checks_length_and_alignment() {
+        let buf = crate::tensor::AlignedBytes::from_slice(&[0u8; 300]);
+        use crate::tensor::ByteSource;
+        let bytes = buf.bytes();
+        assert_eq!(cast_blocks::<q8_0::BlockQ8_0>(&bytes[..68]).map(|b| b.len()), Ok(2));
+        assert!(matches!(cast_blocks::<q8_0::BlockQ8_0>(&bytes[..67]), Err(CastError::Length { .. })));
+        assert!(matches!(cast_blocks::<q8_0::BlockQ8_0>(&bytes[1..69]), Err(CastError::Align { .. })));
+        assert!(matches!(cast_blocks::<int8::BlockI8>(&bytes[2..38]), Err(CastError::Align { .. })));
+        assert!(matches!(cast_blocks::<q8_k::BlockQ8K>(&bytes[..146]), Err(CastError::Length { .. })));
+        assert_eq!(cast_blocks::<q8_k::BlockQ8K>(&bytes[..292]).map(|b| b.len()), Ok(1));
+    }
+
+    #[test]
+    fn misaligned_bytes_dequantize_like_aligned_ones() {
+        let mut rng = testutil::Rng::new(7);
+        let x = rng.vec(64, 1.0);
+        let mut blocks = zeroed_blocks::<q8_0::BlockQ8_0>(2);
+        q8_0::quantize(&x, &mut blocks);
+        let mut raw = vec![0u8; 1];
+        raw.extend_from_slice(blocks_as_bytes(&blocks));
+        // AlignedBytes starts 64-aligned, so offset 1 is misaligned for f16.
+        let shifted = crate::tensor::AlignedBytes::from_slice(&raw);
+        use crate::tensor::ByteSource;
+        assert!(cast_blocks::<q8_0::BlockQ8_0>(&shifted.bytes()[1..]).is_err());
+        let (mut a, mut b) = (vec![0.0; 64], vec![0.0; 64]);
+        dequantize(DType::Q8_0, blocks_as_bytes(&blocks), &mut a);
+        dequantize(DType::Q8_0, &shifted.bytes()[1..], &mut b);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn dispatch_covers_every_block_dtype() {
+        use DType::*;
+        for dtype in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q4_K, Q5_K, Q6_K, Q8_K, AffineQ4, I8] {
+            let buf = crate::tensor::AlignedBytes::zeroed(dtype.block_bytes() * 2);
+            use crate::tensor::ByteSource;
+            let mut out = vec![1.0f32; dtype.block_size() * 2];
+            dequantize(dtype, buf.bytes(), &mut out);
+            assert!(out.iter().all(|v| *v == 0.0), "{dtype:?}: zero blocks are zeros");
         }
     }
 }

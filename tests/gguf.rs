@@ -1,0 +1,270 @@
+//! GGUF: the reader against gguf-py's own view of the same files, and models loaded from
+//! GGUF against the transformers references of the HF models they were converted from.
+//!
+//! Fixtures: `tests/fixtures/gguf/{llama3,qwen2}.gguf` and `<name>.view.json` (gguf-py's
+//! `GGUFReader` view) are made by `tools/make_gguf_fixtures.py` from the HF fixtures,
+//! converting the way llama.cpp's `convert_hf_to_gguf.py` does (Q/K rows permuted for
+//! `llama`, Llama 3 rope scaling as `rope_freqs.weight`). References are
+//! `tests/fixtures/ref/<name>.json` + `.logits.bin` from `tools/make_fixtures.py`.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use strata::engine::session::{Engine, RunOptions};
+use strata::engine::template::ChatMessage;
+use strata::format::gguf::{GgufFile, GgufValue};
+use strata::model::gguf_source::source_from_gguf;
+use strata::model::llama::SeqStep;
+
+const MODELS: [&str; 2] = ["llama3", "qwen2"];
+/// Same bound as `tests/model_parity.rs`: f32 on identical weights, only summation order differs.
+const LOGIT_TOL: f32 = 1e-4;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn gguf_path(name: &str) -> PathBuf {
+    root().join(format!("tests/fixtures/gguf/{name}.gguf"))
+}
+
+#[derive(Deserialize)]
+struct View {
+    version: u32,
+    alignment: u64,
+    data_offset: u64,
+    metadata: serde_json::Map<String, Value>,
+    tensors: Vec<ViewTensor>,
+}
+
+#[derive(Deserialize)]
+struct ViewTensor {
+    name: String,
+    ne: Vec<u64>,
+    type_id: u32,
+    n_elements: u64,
+    offset: u64,
+    first: Vec<f64>,
+    sum: f64,
+}
+
+/// gguf-py's type names (`GGUFValueType`) for a value: `["ARRAY", "STRING"]` for an
+/// array of strings.
+fn gguf_py_types(v: &GgufValue) -> Vec<String> {
+    let name = match v {
+        GgufValue::U8(_) => "UINT8",
+        GgufValue::I8(_) => "INT8",
+        GgufValue::U16(_) => "UINT16",
+        GgufValue::I16(_) => "INT16",
+        GgufValue::U32(_) => "UINT32",
+        GgufValue::I32(_) => "INT32",
+        GgufValue::F32(_) => "FLOAT32",
+        GgufValue::Bool(_) => "BOOL",
+        GgufValue::String(_) => "STRING",
+        GgufValue::U64(_) => "UINT64",
+        GgufValue::I64(_) => "INT64",
+        GgufValue::F64(_) => "FLOAT64",
+        GgufValue::Array(items) => {
+            let mut out = vec!["ARRAY".to_string()];
+            if let Some(first) = items.first() {
+                out.extend(gguf_py_types(first));
+            }
+            return out;
+        }
+    };
+    vec![name.to_string()]
+}
+
+fn to_json(v: &GgufValue) -> Value {
+    match v {
+        GgufValue::U8(x) => json!(x),
+        GgufValue::I8(x) => json!(x),
+        GgufValue::U16(x) => json!(x),
+        GgufValue::I16(x) => json!(x),
+        GgufValue::U32(x) => json!(x),
+        GgufValue::I32(x) => json!(x),
+        GgufValue::F32(x) => json!(f64::from(*x)),
+        GgufValue::Bool(x) => json!(x),
+        GgufValue::String(x) => json!(x),
+        GgufValue::U64(x) => json!(x),
+        GgufValue::I64(x) => json!(x),
+        GgufValue::F64(x) => json!(x),
+        GgufValue::Array(items) => Value::Array(items.iter().map(to_json).collect()),
+    }
+}
+
+/// JSON equality, with numbers compared as f32 (serde_json parses floats to within an
+/// ulp of f64 only, and GGUF floats here are f32).
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_value(p, q)),
+        (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
+            x.as_f64().map(|v| v as f32) == y.as_f64().map(|v| v as f32)
+        }
+        _ => a == b,
+    }
+}
+
+#[test]
+fn reader_agrees_with_gguf_py() {
+    for name in MODELS {
+        let path = gguf_path(name);
+        let view: View =
+            serde_json::from_str(&std::fs::read_to_string(path.with_extension("view.json")).unwrap()).unwrap();
+        let f = GgufFile::open(&path).unwrap();
+        assert_eq!((f.version, f.alignment, f.data_start), (view.version, view.alignment, view.data_offset), "{name}");
+
+        let ours: Vec<&String> = f.metadata.keys().collect();
+        let mut theirs: Vec<&String> = view.metadata.keys().collect();
+        theirs.sort();
+        assert_eq!(ours, theirs, "{name}: metadata keys");
+        for (key, v) in &f.metadata {
+            let want = &view.metadata[key];
+            assert_eq!(json!(gguf_py_types(v)), want["types"], "{name} {key}: types");
+            assert!(same_value(&to_json(v), &want["value"]), "{name} {key}: {v:?} vs {}", want["value"]);
+        }
+
+        let names: Vec<&str> = f.infos.iter().map(|i| i.name.as_str()).collect();
+        let want_names: Vec<&str> = view.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, want_names, "{name}: tensors in file order");
+        for (info, want) in f.infos.iter().zip(&view.tensors) {
+            let t = &f.tensors[&info.name];
+            let n = &info.name;
+            assert_eq!(info.ne, want.ne, "{name} {n}");
+            assert_eq!(info.ggml_type, want.type_id, "{name} {n}");
+            assert_eq!(t.numel() as u64, want.n_elements, "{name} {n}");
+            assert_eq!(f.data_start + info.offset, want.offset, "{name} {n}");
+            let shape: Vec<usize> = want.ne.iter().rev().map(|&d| d as usize).collect();
+            assert_eq!(t.shape, shape, "{name} {n}: row-major shape");
+            let vals = t.to_f32_vec();
+            // serde_json parses floats to within an ulp of f64 only; the values are f32s.
+            let want_first: Vec<f32> = want.first.iter().map(|&x| x as f32).collect();
+            assert_eq!(&vals[..want_first.len()], &want_first[..], "{name} {n}");
+            let sum: f64 = vals.iter().map(|&x| f64::from(x)).sum();
+            assert!((sum - want.sum).abs() <= 1e-9 * want.sum.abs().max(1.0), "{name} {n}: sum {sum} vs {}", want.sum);
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Reference {
+    vocab_size: usize,
+    prompts: Vec<Prompt>,
+    tokenization: Vec<Tokenization>,
+    chat: Vec<Chat>,
+}
+
+#[derive(Deserialize)]
+struct Prompt {
+    text: String,
+    ids: Vec<u32>,
+    logits_offset: usize,
+    n_positions: usize,
+}
+
+#[derive(Deserialize)]
+struct Tokenization {
+    text: String,
+    ids: Vec<u32>,
+    ids_with_special: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct Chat {
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+    rendered: String,
+    ids: Vec<u32>,
+}
+
+fn reference(name: &str) -> (Reference, Vec<f32>) {
+    let dir = root().join("tests/fixtures/ref");
+    let json = std::fs::read_to_string(dir.join(format!("{name}.json"))).expect("reference json");
+    let bin = std::fs::read(dir.join(format!("{name}.logits.bin"))).expect("reference logits");
+    let logits = bin.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    (serde_json::from_str(&json).expect("reference schema"), logits)
+}
+
+fn engine(name: &str) -> Engine {
+    let source = source_from_gguf(&gguf_path(name)).expect("gguf source");
+    Engine::from_source(source, &RunOptions { threads: 2, ..Default::default() }).expect("load gguf model")
+}
+
+#[test]
+fn gguf_models_match_transformers_logits() {
+    for name in MODELS {
+        let (r, all) = reference(name);
+        let e = engine(name);
+        assert_eq!(e.model.config.vocab_size, r.vocab_size, "{name}");
+        for (pi, p) in r.prompts.iter().enumerate() {
+            let mut cache = e.model.new_cache(64);
+            let got = e.model.forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: true }]).unwrap();
+            let want = &all[p.logits_offset..p.logits_offset + p.n_positions * r.vocab_size];
+            assert_eq!(got[0].len(), want.len(), "{name} prompt {pi}");
+            let worst = got[0].iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            eprintln!("{name} (gguf) prompt {pi}: max |Δ logit| = {worst:.2e}");
+            assert!(worst <= LOGIT_TOL, "{name} (gguf) prompt {pi}: |Δ logit| {worst}");
+        }
+    }
+}
+
+#[test]
+fn gguf_tokenizers_match_transformers() {
+    for name in MODELS {
+        let (r, _) = reference(name);
+        let e = engine(name);
+        let tok = &e.tokenizer;
+        for p in &r.prompts {
+            assert_eq!(tok.encode(&p.text, true).unwrap(), p.ids, "{name}: {:?}", p.text);
+        }
+        for t in &r.tokenization {
+            assert_eq!(tok.encode(&t.text, false).unwrap(), t.ids, "{name}: {:?}", t.text);
+            assert_eq!(tok.encode(&t.text, true).unwrap(), t.ids_with_special, "{name} (special): {:?}", t.text);
+        }
+        for (i, c) in r.chat.iter().enumerate() {
+            let rendered = tok.apply_chat_template(&c.messages, c.add_generation_prompt).unwrap();
+            assert_eq!(rendered, c.rendered, "{name} chat[{i}]");
+            assert_eq!(tok.encode_chat(&c.messages, c.add_generation_prompt).unwrap(), c.ids, "{name} chat[{i}]");
+        }
+    }
+}
+
+/// Hostile or unsupported GGUF files are errors naming the file, never panics.
+#[test]
+fn broken_gguf_files_are_named_errors() {
+    let bytes = std::fs::read(gguf_path("qwen2")).unwrap();
+    let dir = std::env::temp_dir().join(format!("strata-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cut = dir.join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let err = format!("{:#}", source_from_gguf(&cut).err().expect("truncated file loads"));
+    assert!(err.contains("cut.gguf") && err.contains("past the end"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Every tensor maps back to its Hugging Face name with the same bytes (Q/K un-permuted
+/// for `llama`), and the rebuilt config resolves to the HF one (Llama 3 rope scaling
+/// recovered from `rope_freqs.weight`).
+#[test]
+fn gguf_sources_equal_the_hf_fixtures() {
+    use strata::format::safetensors;
+    use strata::model::config::ModelConfig;
+    for name in MODELS {
+        let hf_dir = root().join(format!("tests/fixtures/hf/{name}"));
+        let hf = safetensors::load_dir(&hf_dir).unwrap();
+        let src = source_from_gguf(&gguf_path(name)).unwrap();
+        let mut got: Vec<&String> = src.tensors.keys().collect();
+        let mut want: Vec<&String> = hf.keys().collect();
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "{name}: tensor names");
+        for (n, t) in &hf {
+            assert_eq!(src.tensors[n].shape, t.shape, "{name} {n}");
+            assert!(src.tensors[n].bytes() == t.bytes(), "{name} {n}: bytes differ");
+        }
+        let ours = ModelConfig::from_json(&src.config_json).unwrap();
+        let theirs = ModelConfig::from_json(&std::fs::read_to_string(hf_dir.join("config.json")).unwrap()).unwrap();
+        assert_eq!(format!("{ours:?}"), format!("{theirs:?}"), "{name}: config");
+    }
+}

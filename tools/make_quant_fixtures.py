@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Golden vectors for Strata's block-quantized formats (tests/quant_golden.rs).
+
+Run with the reference venv (needs numpy and gguf-py from PyPI):
+
+    /work/refvenv/bin/pip install gguf
+    /work/refvenv/bin/python tools/make_quant_fixtures.py
+
+For each block type it writes, under tests/fixtures/quant/:
+  <name>.blocks.bin   raw little-endian blocks
+  <name>.f32.bin      the expected dequantized values (little-endian f32)
+and, for Q8_0 and Q4_0, <name>.quant_input.f32.bin / <name>.quant_blocks.bin: an f32
+input and the bytes gguf.quants.quantize makes of it. index.json lists them all.
+
+Expected values come from gguf.quants.dequantize (an independent numpy
+implementation) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K. gguf-py has no
+Q8_1, Q8_K or Strata's own AffineQ4/I8, so those are dequantized by the small numpy
+functions below, written from ggml-common.h and the layouts documented in
+src/quant/affine_q4.rs and src/quant/int8.rs.
+
+gguf-py cannot quantize K-quants, so K-quant fixtures are random VALID blocks: random
+bytes with the f16 scales overwritten by small finite values.
+"""
+
+import importlib.metadata
+import json
+import pathlib
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+OUT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "quant"
+RNG = np.random.default_rng(20240601)
+
+
+def f16_bytes(values):
+    return np.asarray(values, dtype=np.float16).view(np.uint8)
+
+
+def random_blocks(n, size, f16_fields=(), f32_fields=(), scale=0.05, positive=()):
+    """n random blocks of `size` bytes whose f16 (or f32) fields at the given byte
+    offsets hold small finite values."""
+    b = RNG.integers(0, 256, size=(n, size), dtype=np.uint8)
+    for off in f16_fields:
+        v = RNG.uniform(-scale, scale, size=n)
+        if off in positive:
+            v = np.abs(v)
+        b[:, off : off + 2] = f16_bytes(v).reshape(n, 2)
+    for off in f32_fields:
+        v = RNG.uniform(-scale, scale, size=n).astype(np.float32)
+        b[:, off : off + 4] = v.view(np.uint8).reshape(n, 4)
+    return b
+
+
+def quant_input(n_blocks, block):
+    x = RNG.normal(0.0, 1.0, size=(n_blocks, block)).astype(np.float32)
+    x[0] = 0.0  # an all-zero block
+    x[1, 7] = 300.0  # one large value
+    x[2] *= 1e-3  # small values
+    x[3, :] = np.float32(0.5)  # a constant block
+    return x.reshape(-1)
+
+
+def deq_q8_1(blocks):
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    return (blocks[:, 4:].copy().view(np.int8).astype(np.float32) * d).reshape(-1)
+
+
+def deq_q8_k(blocks):
+    d = blocks[:, 0:4].copy().view(np.float32)
+    return (d * blocks[:, 4:260].copy().view(np.int8).astype(np.float32)).reshape(-1)
+
+
+def deq_affine_q4(blocks):
+    scale = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    bias = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    qs = blocks[:, 4:68]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)  # j, then j + 64
+    return (q * scale + bias).reshape(-1)
+
+
+def deq_i8(blocks):
+    scale = blocks[:, 0:4].copy().view(np.float32)
+    return (blocks[:, 4:36].copy().view(np.int8).astype(np.float32) * scale).reshape(-1)
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    index = []
+
+    def write(name, dtype, blocks, expected, reference, extra=None):
+        blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
+        expected = np.ascontiguousarray(expected, dtype="<f4")
+        (OUT / f"{name}.blocks.bin").write_bytes(blocks.tobytes())
+        (OUT / f"{name}.f32.bin").write_bytes(expected.tobytes())
+        entry = {
+            "dtype": dtype,
+            "n_blocks": int(blocks.shape[0]),
+            "block_bytes": int(blocks.shape[1]),
+            "blocks": f"{name}.blocks.bin",
+            "expected": f"{name}.f32.bin",
+            "reference": reference,
+        }
+        entry.update(extra or {})
+        index.append(entry)
+
+    # 32-value GGML formats gguf-py can quantize: quantized blocks + random valid blocks.
+    simple = {
+        "Q4_0": (T.Q4_0, 18, [0], ()),
+        "Q4_1": (T.Q4_1, 20, [0, 2], (0,)),
+        "Q5_0": (T.Q5_0, 22, [0], ()),
+        "Q5_1": (T.Q5_1, 24, [0, 2], (0,)),
+        "Q8_0": (T.Q8_0, 34, [0], ()),
+    }
+    for dtype, (qt, size, f16s, pos) in simple.items():
+        name = dtype.lower()
+        x = quant_input(6, 32)
+        q = quantize(x.reshape(1, -1), qt).reshape(-1, size)
+        extra = None
+        if dtype in ("Q8_0", "Q4_0"):
+            (OUT / f"{name}.quant_input.f32.bin").write_bytes(x.astype("<f4").tobytes())
+            (OUT / f"{name}.quant_blocks.bin").write_bytes(q.tobytes())
+            extra = {
+                "quant_input": f"{name}.quant_input.f32.bin",
+                "quant_blocks": f"{name}.quant_blocks.bin",
+                "quant_reference": "gguf.quants.quantize",
+            }
+        blocks = np.concatenate([q, random_blocks(2, size, f16s, positive=pos)])
+        expected = dequantize(blocks.reshape(-1), qt).reshape(-1)
+        write(name, dtype, blocks, expected, "gguf.quants.dequantize", extra)
+
+    # K-quants: random valid blocks.
+    kquants = {
+        "Q4_K": (T.Q4_K, 144, [0, 2]),  # d, dmin at the start
+        "Q5_K": (T.Q5_K, 176, [0, 2]),
+        "Q6_K": (T.Q6_K, 210, [208]),  # d at the end
+    }
+    for dtype, (qt, size, f16s) in kquants.items():
+        blocks = random_blocks(4, size, f16s, scale=0.01, positive=tuple(f16s))
+        blocks[0, :] = 0  # one all-zero block
+        if dtype != "Q6_K":
+            blocks[0, 0:2] = f16_bytes([0.01])  # ...with a scale but zero levels and mins
+        expected = dequantize(blocks.reshape(-1), qt).reshape(-1)
+        write(dtype.lower(), dtype, blocks, expected, "gguf.quants.dequantize")
+
+    # Formats gguf-py does not dequantize: numpy references in this file.
+    blocks = random_blocks(6, 36, [0, 2])
+    write("q8_1", "Q8_1", blocks, deq_q8_1(blocks), "numpy deq_q8_1 in make_quant_fixtures.py")
+    blocks = random_blocks(4, 292, f32_fields=[0], scale=0.1)
+    write("q8_k", "Q8_K", blocks, deq_q8_k(blocks), "numpy deq_q8_k in make_quant_fixtures.py")
+    blocks = random_blocks(4, 68, [0, 2], scale=2.0, positive=(0,))
+    write("affine_q4", "AffineQ4", blocks, deq_affine_q4(blocks), "numpy deq_affine_q4 in make_quant_fixtures.py")
+    blocks = random_blocks(6, 36, f32_fields=[0], scale=0.1)
+    write("i8", "I8", blocks, deq_i8(blocks), "numpy deq_i8 in make_quant_fixtures.py")
+
+    meta = {"generator": "tools/make_quant_fixtures.py", "gguf_py": importlib.metadata.version("gguf"), "fixtures": index}
+    (OUT / "index.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {len(index)} fixtures to {OUT}")
+
+
+if __name__ == "__main__":
+    main()
