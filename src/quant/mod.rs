@@ -26,6 +26,9 @@ pub mod q6_k;
 pub mod q8_0;
 pub mod q8_1;
 pub mod q8_k;
+mod simd;
+
+pub use simd::QuantKernel;
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("quant blocks are cast from little-endian bytes");
@@ -146,9 +149,145 @@ pub fn dequantize(dtype: DType, blocks: &[u8], out: &mut [f32]) {
     }
 }
 
-/// `out[r, o] = Σ_k x[r, k] · w[o, k]` for a block-quantized `w` (`[m, k]`): the
-/// reference path, one dequantized weight row at a time per task.
+/// Calls with fewer weight-block dot products than this run on the calling thread.
+const PAR_MIN_DOTS: usize = 1 << 12;
+/// Tasks per pool thread, so work stealing can even out a thread that falls behind.
+const TASKS_PER_THREAD: usize = 4;
+/// Weight rows per tile: each x row passes over a tile's rows while they sit in L1/L2
+/// (a tile of 2048-value Q8_0 rows is ~17 KiB), and task boundaries fall on tiles.
+const TILE: usize = 8;
+
+/// The format activations are quantized to for the integer dot products with `dtype`
+/// weights (llama.cpp's `vec_dot_type`), or `None` for formats without one here.
+pub fn activation_dtype(dtype: DType) -> Option<DType> {
+    match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some(DType::Q8_0),
+        DType::Q4_1 | DType::Q5_1 => Some(DType::Q8_1),
+        DType::Q4_K | DType::Q5_K | DType::Q6_K => Some(DType::Q8_K),
+        _ => None,
+    }
+}
+
+/// `out[r·m + o] = Σ_k x[r·k + k'] · w[o, k']` for a block-quantized `w` (`[m, k]`), as
+/// llama.cpp does it: every x row is quantized once per call (Q8_0, Q8_1 or Q8_K, see
+/// [`activation_dtype`]) and each weight block meets it in an integer dot product, so the
+/// weights are never dequantized. Runs on `pool` split by output feature (each weight
+/// row is read from memory once per call), with the best [`QuantKernel`] this CPU has.
+/// Formats without an integer dot (Q8_1, Q8_K, AffineQ4, I8) take the dequantizing
+/// reference path.
 pub fn matmul(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
+    matmul_with(QuantKernel::best(), pool, x, rows, w, out)
+}
+
+/// [`matmul`] with a chosen kernel variant; panics if the CPU does not support it.
+pub fn matmul_with(kernel: QuantKernel, pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
+    let (m, k) = (w.shape[0], w.shape[1]);
+    assert!(x.len() >= rows * k, "quant matmul: x holds {} values, need {rows} rows of {k}", x.len());
+    assert!(out.len() >= rows * m, "quant matmul: out holds {} values, need {rows} rows of {m}", out.len());
+    let (Some(act), Some(dot)) = (activation_dtype(w.dtype), kernel.dot_fn(w.dtype)) else {
+        return matmul_dequantized(pool, x, rows, w, out);
+    };
+    if rows == 0 || m == 0 {
+        return;
+    }
+    let row_bytes = w.dtype.bytes_for(k).expect("a weight row is whole blocks");
+    let nb = k / w.dtype.block_size();
+    let bytes = w.bytes();
+    assert!(
+        bytes.len() >= m * row_bytes,
+        "quant matmul: {:?} weight holds {} bytes, need {}",
+        w.dtype,
+        bytes.len(),
+        m * row_bytes
+    );
+    let threads = pool.current_num_threads();
+    let par = threads > 1 && rows * m * nb >= PAR_MIN_DOTS;
+    let acts = quantize_rows(pool, act, &x[..rows * k], rows, k, par);
+    let act_row = acts.len() / rows;
+
+    let chunk = if par { m.div_ceil(threads * TASKS_PER_THREAD).next_multiple_of(TILE).min(m) } else { m };
+    let dst = OutPtr(out.as_mut_ptr());
+    let task = |cols: std::ops::Range<usize>| {
+        for tile in cols.clone().step_by(TILE) {
+            let tile = tile..(tile + TILE).min(cols.end);
+            for r in 0..rows {
+                let a = acts[r * act_row..(r + 1) * act_row].as_ptr();
+                for o in tile.clone() {
+                    let wrow = bytes[o * row_bytes..(o + 1) * row_bytes].as_ptr();
+                    // SAFETY: `dot` came from `kernel.dot_fn`, which checked the CPU
+                    // features; `wrow` holds `nb` weight blocks and `a` the row's `nb`
+                    // activation blocks of the matching format, aligned (see
+                    // `quantize_rows`). `r·m + o` is inside `out` (checked above), and
+                    // only the task owning column `o` writes it while `out` stays
+                    // mutably borrowed for this call.
+                    unsafe { dst.ptr().add(r * m + o).write(dot(wrow, a.cast(), nb)) };
+                }
+            }
+        }
+    };
+    let tasks = m.div_ceil(chunk);
+    if tasks == 1 {
+        task(0..m);
+    } else {
+        pool.install(|| (0..tasks).into_par_iter().for_each(|t| task(t * chunk..((t + 1) * chunk).min(m))));
+    }
+}
+
+/// The output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+
+impl OutPtr {
+    /// Through a method, so closures capture the whole (`Sync`) wrapper, not its field.
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+// SAFETY: tasks write disjoint elements (see `matmul_with`), so sharing the pointer is
+// no more than sharing disjoint `&mut f32`s.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// Activation blocks, aligned for any activation block type (`u32` words suffice: Q8_K
+/// needs 4, Q8_0/Q8_1 need 2) with every row starting on a block boundary.
+fn quantize_rows(pool: &ThreadPool, act: DType, x: &[f32], rows: usize, k: usize, par: bool) -> Vec<u32> {
+    let row_bytes = act.bytes_for(k).expect("a weight row is whole activation blocks");
+    // Round each row up to whole u32 words: Q8_0/Q8_1 rows of odd block counts are not.
+    let row_words = row_bytes.div_ceil(4);
+    let mut buf = vec![0u32; rows * row_words];
+    let one = |(xr, words): (&[f32], &mut [u32])| {
+        // SAFETY: `words` is `row_words ≥ row_bytes / 4` initialised u32s; viewing them as
+        // bytes needs no alignment.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), row_bytes) };
+        let n = k / act.block_size();
+        match act {
+            DType::Q8_0 => q8_0::quantize(xr, cast_blocks_mut::<q8_0::BlockQ8_0>(bytes, n)),
+            DType::Q8_1 => q8_1::quantize(xr, cast_blocks_mut::<q8_1::BlockQ8_1>(bytes, n)),
+            DType::Q8_K => q8_k::quantize(xr, cast_blocks_mut::<q8_k::BlockQ8K>(bytes, n)),
+            other => unreachable!("{other:?} is not an activation format"),
+        }
+    };
+    if par && rows > 1 {
+        pool.install(|| x.par_chunks(k).zip(buf.par_chunks_mut(row_words)).for_each(one));
+    } else {
+        x.chunks(k).zip(buf.chunks_mut(row_words)).for_each(one);
+    }
+    buf
+}
+
+/// Views `n` blocks at the start of `bytes` mutably; panics when misaligned or short.
+fn cast_blocks_mut<B: Block>(bytes: &mut [u8], n: usize) -> &mut [B] {
+    let need = n * size_of::<B>();
+    assert!(bytes.len() >= need && (bytes.as_ptr() as usize).is_multiple_of(align_of::<B>()));
+    // SAFETY: length and alignment checked; every bit pattern is a valid `B` (`Block`),
+    // and the exclusive borrow carries over.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<B>(), n) }
+}
+
+/// The reference path for formats without an integer dot: one dequantized weight row at
+/// a time per task, dotted with the f32 x rows.
+fn matmul_dequantized(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
     let (m, k) = (w.shape[0], w.shape[1]);
     let row_bytes = w.dtype.bytes_for(k).expect("a weight row is whole blocks");
     let bytes = w.bytes();

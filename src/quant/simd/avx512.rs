@@ -1,0 +1,326 @@
+//! AVX-512 (F, BW, VL, VNNI) dot products. 32-value formats take two blocks per
+//! register: weights become unsigned bytes `u` (nibbles, plus the fifth bit, or
+//! `q ^ 0x80` for Q8_0) so `vpdpbusd` can multiply them with the signed activations;
+//! the offset (8, 16 or 128) is taken off exactly with a second `vpdpbusd` against the
+//! activations. K-quants multiply pairs with `vpmaddubsw` and apply the sub-block scales
+//! with `vpdpwssd`, all in i32; Q6_K's −32 comes off via the activations' `bsums`.
+//! Unavailable off x86-64.
+
+use super::DotFn;
+use crate::tensor::DType;
+
+pub(super) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        has!("avx512f")
+            && has!("avx512bw")
+            && has!("avx512vl")
+            && has!("avx512vnni")
+            && has!("avx2")
+            && has!("fma")
+            && has!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use imp::*;
+        let f: DotFn = match dtype {
+            DType::Q4_0 => dot32::<Q4_0>,
+            DType::Q5_0 => dot32::<Q5_0>,
+            DType::Q8_0 => dot32::<Q8_0>,
+            DType::Q4_1 => dot32::<Q4_1>,
+            DType::Q5_1 => dot32::<Q5_1>,
+            DType::Q4_K => dot_q4k::<false>,
+            DType::Q5_K => dot_q4k::<true>,
+            DType::Q6_K => dot_q6k,
+            _ => return None,
+        };
+        Some(f)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = dtype;
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop, reason = "the sub-block index drives several offsets")]
+mod imp {
+    use std::arch::x86_64::*;
+
+    use super::super::{k_min_sum, scales_mins_k4};
+    use crate::quant::QK_K;
+
+    /// Bytes ahead of the current weight block to prefetch (the decode path streams).
+    const PREFETCH: usize = 1024;
+
+    pub const Q4_0: u8 = 0;
+    pub const Q5_0: u8 = 1;
+    pub const Q8_0: u8 = 2;
+    pub const Q4_1: u8 = 3;
+    pub const Q5_1: u8 = 4;
+
+    /// Per 32-value format: weight block bytes, offset of `qs`, offset of `qh` (0: none),
+    /// the value subtracted from the unsigned level, whether it has a min (`m`, at byte 2,
+    /// against Q8_1 activations).
+    const fn layout(f: u8) -> (usize, usize, usize, i8, bool) {
+        match f {
+            Q4_0 => (18, 2, 0, 8, false),
+            Q5_0 => (22, 6, 2, 16, false),
+            Q8_0 => (34, 2, 0, -128, false),
+            Q4_1 => (20, 4, 0, 0, true),
+            _ => (24, 8, 4, 0, true),
+        }
+    }
+
+    #[inline]
+    unsafe fn f16_at(p: *const u8) -> i16 {
+        // SAFETY: the caller passes a readable 2-byte location.
+        unsafe { p.cast::<i16>().read_unaligned() }
+    }
+
+    /// The unsigned levels of weight blocks `wp` and `wp + WB` as 64 bytes, in value order.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    #[inline]
+    unsafe fn levels_pair<const F: u8>(wp: *const u8) -> __m512i {
+        let (wb, qs, qh, _, _) = layout(F);
+        // SAFETY: two whole weight blocks are readable at `wp` (the caller's contract).
+        unsafe {
+            if F == Q8_0 {
+                let lo = _mm256_loadu_si256(wp.add(qs).cast());
+                let hi = _mm256_loadu_si256(wp.add(wb + qs).cast());
+                let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                return _mm512_xor_si512(v, _mm512_set1_epi8(-128));
+            }
+            let t0 = _mm_loadu_si128(wp.add(qs).cast());
+            let t1 = _mm_loadu_si128(wp.add(wb + qs).cast());
+            let v = _mm512_castsi256_si512(_mm256_set_m128i(t1, t0));
+            let v = _mm512_shuffle_i64x2::<0x50>(v, v); // [t0, t0, t1, t1]
+            let u =
+                _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16::<4>(v)), _mm512_set1_epi8(0x0F));
+            if qh == 0 {
+                return u;
+            }
+            let h0 = wp.add(qh).cast::<u32>().read_unaligned() as u64;
+            let h1 = wp.add(wb + qh).cast::<u32>().read_unaligned() as u64;
+            _mm512_mask_add_epi8(u, h0 | (h1 << 32), u, _mm512_set1_epi8(16))
+        }
+    }
+
+    /// 32-value formats against Q8_0 (or Q8_1 for formats with a min).
+    ///
+    /// # Safety
+    /// As for [`DotFn`](super::DotFn), on a CPU with the features enabled here.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn dot32<const F: u8>(w: *const u8, a: *const u8, nb: usize) -> f32 {
+        let (wb, _, _, off, has_min) = layout(F);
+        let (ab, aqs) = if has_min { (36, 4) } else { (34, 2) };
+        let offv = _mm512_set1_epi8(off.wrapping_abs()); // 8, 16 or 128 (as unsigned)
+        let idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        let idx23 = _mm512_add_epi32(idx01, _mm512_set1_epi32(2));
+        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut accm = _mm_setzero_ps();
+        let mut i = 0;
+        // SAFETY: every pointer below stays inside the `nb` blocks the caller vouches for
+        // (prefetches may point past them; they never fault).
+        unsafe {
+            while i + 4 <= nb {
+                let (wp, ap) = (w.add(i * wb), a.add(i * ab));
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
+                let h = _mm256_cvtph_ps(_mm_setr_epi16(
+                    f16_at(wp),
+                    f16_at(wp.add(wb)),
+                    f16_at(wp.add(2 * wb)),
+                    f16_at(wp.add(3 * wb)),
+                    f16_at(ap),
+                    f16_at(ap.add(ab)),
+                    f16_at(ap.add(2 * ab)),
+                    f16_at(ap.add(3 * ab)),
+                ));
+                let d = _mm_mul_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                if has_min {
+                    let ms = _mm256_cvtph_ps(_mm_setr_epi16(
+                        f16_at(wp.add(2)),
+                        f16_at(wp.add(wb + 2)),
+                        f16_at(wp.add(2 * wb + 2)),
+                        f16_at(wp.add(3 * wb + 2)),
+                        f16_at(ap.add(2)),
+                        f16_at(ap.add(ab + 2)),
+                        f16_at(ap.add(2 * ab + 2)),
+                        f16_at(ap.add(3 * ab + 2)),
+                    ));
+                    accm = _mm_fmadd_ps(_mm256_castps256_ps128(ms), _mm256_extractf128_ps::<1>(ms), accm);
+                }
+                let dz = _mm512_castps128_ps512(d);
+                for (half, idx) in [(0, idx01), (2, idx23)] {
+                    let u = levels_pair::<F>(wp.add(half * wb));
+                    let yp = ap.add(half * ab + aqs);
+                    let y = _mm512_inserti64x4::<1>(
+                        _mm512_castsi256_si512(_mm256_loadu_si256(yp.cast())),
+                        _mm256_loadu_si256(yp.add(ab).cast()),
+                    );
+                    let mut s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, y);
+                    if off != 0 {
+                        s = _mm512_sub_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, y));
+                    }
+                    let acc = if half == 0 { &mut acc0 } else { &mut acc1 };
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx, dz), *acc);
+                }
+                i += 4;
+            }
+        }
+        let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        if has_min {
+            let m2 = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+            sum += _mm_cvtss_f32(_mm_add_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+        }
+        if i < nb {
+            let f = super::super::scalar_dot_fn(match F {
+                Q4_0 => crate::tensor::DType::Q4_0,
+                Q5_0 => crate::tensor::DType::Q5_0,
+                Q8_0 => crate::tensor::DType::Q8_0,
+                Q4_1 => crate::tensor::DType::Q4_1,
+                _ => crate::tensor::DType::Q5_1,
+            })
+            .expect("32-value formats have a scalar dot");
+            // SAFETY: the remaining blocks lie inside the caller's ranges.
+            sum += unsafe { f(w.add(i * wb), a.add(i * ab), nb - i) };
+        }
+        sum
+    }
+
+    /// i16 lane indices: lane l of register `r` picks scale `per * r + l / (32 / per)`.
+    const fn scale_idx<const PER: usize>() -> [[i16; 32]; 4] {
+        let mut t = [[0i16; 32]; 4];
+        let mut r = 0;
+        while r < 4 {
+            let mut l = 0;
+            while l < 32 {
+                t[r][l] = (PER * r + l / (32 / PER)) as i16;
+                l += 1;
+            }
+            r += 1;
+        }
+        t
+    }
+    static IDX_K4: [[i16; 32]; 4] = scale_idx::<2>();
+    static IDX_K6: [[i16; 32]; 4] = scale_idx::<4>();
+
+    /// Q4_K (`Q5 = false`) and Q5_K against Q8_K.
+    ///
+    /// # Safety
+    /// As for [`DotFn`](super::DotFn), on a CPU with the features enabled here.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn dot_q4k<const Q5: bool>(w: *const u8, a: *const u8, nb: usize) -> f32 {
+        let (wb, qs) = if Q5 { (176, 48) } else { (144, 16) };
+        const AB: usize = 292;
+        let nib = _mm512_set1_epi8(0x0F);
+        let mut accf = _mm512_setzero_ps();
+        let mut acc_min = 0.0f32;
+        // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted).
+        unsafe {
+            let idx = IDX_K4.map(|r| _mm512_loadu_si512(r.as_ptr().cast()));
+            for i in 0..nb {
+                let (wp, ap) = (w.add(i * wb), a.add(i * AB));
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 128).cast());
+                let (sc, mn) = scales_mins_k4(&*wp.add(4).cast::<[u8; 12]>());
+                let scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr().cast())));
+                let qhz = if Q5 {
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(16).cast()))
+                } else {
+                    _mm512_setzero_si512()
+                };
+                let mut isum = _mm512_setzero_si512();
+                for n in 0..4 {
+                    let qz = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(qs + 32 * n).cast()));
+                    let mut u = _mm512_and_si512(_mm512_mask_blend_epi64(0xF0, qz, _mm512_srli_epi16::<4>(qz)), nib);
+                    if Q5 {
+                        let bits = _mm512_mask_blend_epi64(
+                            0xF0,
+                            _mm512_set1_epi8(1 << (2 * n)),
+                            _mm512_set1_epi8((2u8 << (2 * n)) as i8),
+                        );
+                        let k = _mm512_test_epi8_mask(qhz, bits);
+                        u = _mm512_mask_add_epi8(u, k, u, _mm512_set1_epi8(16));
+                    }
+                    let y = _mm512_loadu_si512(ap.add(4 + 64 * n).cast());
+                    let p = _mm512_maddubs_epi16(u, y);
+                    isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(idx[n], scz));
+                }
+                let dy = ap.cast::<f32>().read();
+                let dx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(f16_at(wp) as u16 as i32)));
+                let dmin = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(f16_at(wp.add(2)) as u16 as i32)));
+                accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * dy), accf);
+                let bsums = &*ap.add(4 + QK_K).cast::<[i16; QK_K / 16]>();
+                acc_min += dmin * dy * k_min_sum(&mn, bsums) as f32;
+            }
+        }
+        _mm512_reduce_add_ps(accf) - acc_min
+    }
+
+    /// Q6_K against Q8_K.
+    ///
+    /// # Safety
+    /// As for [`DotFn`](super::DotFn), on a CPU with the features enabled here.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn dot_q6k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+        const WB: usize = 210;
+        const AB: usize = 292;
+        let nib = _mm512_set1_epi8(0x0F);
+        let hb = _mm512_set1_epi8(0x30);
+        let shl = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);
+        let shr = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+        let mut accf = _mm512_setzero_ps();
+        // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted).
+        unsafe {
+            let idx = IDX_K6.map(|r| _mm512_loadu_si512(r.as_ptr().cast()));
+            for i in 0..nb {
+                let (wp, ap) = (w.add(i * WB), a.add(i * AB));
+                for p in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * p).cast());
+                }
+                let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp.add(192).cast()));
+                let scz = _mm512_castsi256_si512(sc16);
+                let mut isum = _mm512_setzero_si512();
+                for n in 0..2 {
+                    let ql = _mm512_loadu_si512(wp.add(64 * n).cast());
+                    let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(128 + 32 * n).cast()));
+                    let u0 =
+                        _mm512_or_si512(_mm512_and_si512(ql, nib), _mm512_and_si512(_mm512_sllv_epi64(qh, shl), hb));
+                    let u1 = _mm512_or_si512(
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(ql), nib),
+                        _mm512_and_si512(_mm512_srlv_epi64(qh, shr), hb),
+                    );
+                    let y0 = _mm512_loadu_si512(ap.add(4 + 128 * n).cast());
+                    let y1 = _mm512_loadu_si512(ap.add(4 + 128 * n + 64).cast());
+                    isum = _mm512_dpwssd_epi32(
+                        isum,
+                        _mm512_maddubs_epi16(u0, y0),
+                        _mm512_permutexvar_epi16(idx[2 * n], scz),
+                    );
+                    isum = _mm512_dpwssd_epi32(
+                        isum,
+                        _mm512_maddubs_epi16(u1, y1),
+                        _mm512_permutexvar_epi16(idx[2 * n + 1], scz),
+                    );
+                }
+                let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
+                let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
+                isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(corr));
+                let dy = ap.cast::<f32>().read();
+                let dx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(f16_at(wp.add(208)) as u16 as i32)));
+                accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * dy), accf);
+            }
+        }
+        _mm512_reduce_add_ps(accf)
+    }
+}

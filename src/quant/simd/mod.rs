@@ -1,0 +1,179 @@
+//! Integer dot products of one weight row against one quantized activation row, per
+//! instruction set: AVX-512 (BW + VNNI), AVX2 (+FMA, F16C) and the scalar `vec_dot_*`
+//! references, picked once at run time ([`QuantKernel::best`]).
+//!
+//! Every kernel is a [`DotFn`]: `w` points at `nb` weight blocks (any alignment), `a` at
+//! the `nb` matching activation blocks (`Q8_0`, `Q8_1` or `Q8_K`, see
+//! [`super::activation_dtype`]). Integer sums are exact in every path, so SIMD results
+//! differ from the scalar reference only by float summation order. Formats without a
+//! SIMD kernel fall back to the scalar reference inside a SIMD table.
+
+mod avx2;
+mod avx512;
+
+use std::sync::OnceLock;
+
+use super::{QK_K, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k, with_blocks};
+use crate::tensor::DType;
+
+/// `unsafe fn(w, a, nb) -> Σ w·a` over `nb` weight blocks.
+///
+/// # Safety
+/// `w` must point at `nb · block_bytes` readable bytes of the weight format; `a` at `nb`
+/// activation blocks of the matching activation format, aligned for that block type;
+/// the CPU must have the kernel's features.
+pub(crate) type DotFn = unsafe fn(w: *const u8, a: *const u8, nb: usize) -> f32;
+
+/// The quantized-matmul kernel variants. Public so tests and benchmarks can run each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantKernel {
+    /// The scalar `vec_dot_*` references; always available.
+    Scalar,
+    /// AVX2 + FMA + F16C (`vpmaddubsw`).
+    Avx2,
+    /// AVX-512 F/BW/VL + VNNI (`vpdpbusd`, `vpdpwssd`).
+    Avx512,
+}
+
+impl QuantKernel {
+    pub const ALL: [QuantKernel; 3] = [QuantKernel::Scalar, QuantKernel::Avx2, QuantKernel::Avx512];
+
+    /// The fastest variant this CPU supports (detected once).
+    pub fn best() -> QuantKernel {
+        static BEST: OnceLock<QuantKernel> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            [QuantKernel::Avx512, QuantKernel::Avx2]
+                .into_iter()
+                .find(|k| k.is_available())
+                .unwrap_or(QuantKernel::Scalar)
+        })
+    }
+
+    /// Whether this CPU has the features the variant needs.
+    pub fn is_available(self) -> bool {
+        match self {
+            QuantKernel::Scalar => true,
+            QuantKernel::Avx2 => avx2::available(),
+            QuantKernel::Avx512 => avx512::available(),
+        }
+    }
+
+    /// Whether this variant has its own kernel for weights of `dtype` (otherwise it runs
+    /// the scalar reference for them).
+    pub fn has_simd(self, dtype: DType) -> bool {
+        match self {
+            QuantKernel::Scalar => false,
+            QuantKernel::Avx2 => avx2::dot_fn(dtype).is_some(),
+            QuantKernel::Avx512 => avx512::dot_fn(dtype).is_some(),
+        }
+    }
+
+    /// The dot product for `dtype` weights, or `None` when `dtype` has no integer dot
+    /// (it goes through the dequantizing path). Panics if the CPU lacks the features.
+    pub(crate) fn dot_fn(self, dtype: DType) -> Option<DotFn> {
+        assert!(self.is_available(), "the {self:?} quant kernel needs CPU features this machine lacks");
+        let simd = match self {
+            QuantKernel::Scalar => None,
+            QuantKernel::Avx2 => avx2::dot_fn(dtype),
+            QuantKernel::Avx512 => avx512::dot_fn(dtype),
+        };
+        simd.or_else(|| scalar_dot_fn(dtype))
+    }
+}
+
+/// The scalar references behind the [`DotFn`] signature.
+fn scalar_dot_fn(dtype: DType) -> Option<DotFn> {
+    /// # Safety
+    /// As for [`DotFn`].
+    unsafe fn dot<W: super::Block, A: super::Block>(
+        w: *const u8,
+        a: *const u8,
+        nb: usize,
+        f: fn(&[W], &[A]) -> f32,
+    ) -> f32 {
+        // SAFETY: the caller guarantees `nb` weight blocks at `w` and `nb` aligned
+        // activation blocks at `a`; `with_blocks` copies the weights if misaligned.
+        let (wb, ab) = unsafe {
+            (std::slice::from_raw_parts(w, nb * size_of::<W>()), std::slice::from_raw_parts(a.cast::<A>(), nb))
+        };
+        with_blocks::<W, f32>(wb, nb, |wb| f(wb, ab))
+    }
+    macro_rules! scalar {
+        ($w:ty, $a:ty, $f:path) => {{
+            unsafe fn k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                // SAFETY: forwarded from the caller of this `DotFn`.
+                unsafe { dot::<$w, $a>(w, a, nb, $f) }
+            }
+            Some(k as DotFn)
+        }};
+    }
+    match dtype {
+        DType::Q4_0 => scalar!(q4_0::BlockQ4_0, q8_0::BlockQ8_0, q4_0::vec_dot_q4_0_q8_0),
+        DType::Q4_1 => scalar!(q4_1::BlockQ4_1, q8_1::BlockQ8_1, q4_1::vec_dot_q4_1_q8_1),
+        DType::Q5_0 => scalar!(q5_0::BlockQ5_0, q8_0::BlockQ8_0, q5_0::vec_dot_q5_0_q8_0),
+        DType::Q5_1 => scalar!(q5_1::BlockQ5_1, q8_1::BlockQ8_1, q5_1::vec_dot_q5_1_q8_1),
+        DType::Q8_0 => scalar!(q8_0::BlockQ8_0, q8_0::BlockQ8_0, q8_0::vec_dot_q8_0_q8_0),
+        DType::Q4_K => scalar!(q4_k::BlockQ4K, q8_k::BlockQ8K, q4_k::vec_dot_q4_k_q8_k),
+        DType::Q5_K => scalar!(q5_k::BlockQ5K, q8_k::BlockQ8K, q5_k::vec_dot_q5_k_q8_k),
+        DType::Q6_K => scalar!(q6_k::BlockQ6K, q8_k::BlockQ8K, q6_k::vec_dot_q6_k_q8_k),
+        _ => None,
+    }
+}
+
+/// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K block, unpacked with
+/// ggml's `utmp` word trick (equal to [`q4_k::get_scale_min_k4`] for j = 0..8).
+#[inline]
+pub(crate) fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let mut u = [word(0), word(1), word(2), 0];
+    u[3] = ((u[2] >> 4) & K2) | (((u[1] >> 6) & K3) << 4);
+    let uaux = u[1] & K1;
+    u[1] = (u[2] & K2) | (((u[0] >> 6) & K3) << 4);
+    u[2] = uaux;
+    u[0] &= K1;
+    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+    sc[..4].copy_from_slice(&u[0].to_le_bytes());
+    sc[4..].copy_from_slice(&u[1].to_le_bytes());
+    m[..4].copy_from_slice(&u[2].to_le_bytes());
+    m[4..].copy_from_slice(&u[3].to_le_bytes());
+    (sc, m)
+}
+
+/// Σ_j m_j · (bsums[2j] + bsums[2j+1]) for a K-quant with per-32 mins.
+#[inline]
+pub(crate) fn k_min_sum(mins: &[u8; 8], bsums: &[i16; QK_K / 16]) -> i32 {
+    (0..8).map(|j| mins[j] as i32 * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32)).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::testutil::Rng;
+
+    #[test]
+    fn scales_mins_match_get_scale_min_k4() {
+        let mut rng = Rng::new(21);
+        for _ in 0..200 {
+            let mut s = [0u8; 12];
+            s.copy_from_slice(&rng.bytes(12));
+            let (sc, m) = scales_mins_k4(&s);
+            for j in 0..8 {
+                assert_eq!((sc[j], m[j]), q4_k::get_scale_min_k4(j, &s), "j = {j}, {s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn best_is_available_and_scalar_always_is() {
+        assert!(QuantKernel::Scalar.is_available());
+        assert!(QuantKernel::best().is_available());
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            assert_eq!(QuantKernel::Avx2.is_available(), has!("avx2") && has!("fma") && has!("f16c"));
+        }
+    }
+}
