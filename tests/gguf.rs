@@ -219,6 +219,13 @@ fn gguf_tokenizers_match_transformers() {
             assert_eq!(tok.encode(&p.text, true).unwrap(), p.ids, "{name}: {:?}", p.text);
         }
         for t in &r.tokenization {
+            // transformers' Qwen2 tokenizer composes combining marks (NFC); llama.cpp, the
+            // reference for GGUF files, does not, and neither does Strata's GGUF tokenizer
+            // (tests/llamacpp_parity.rs checks those strings against llama.cpp).
+            let decomposed = t.text.chars().any(|c| ('\u{300}'..='\u{36f}').contains(&c));
+            if name == "qwen2" && decomposed {
+                continue;
+            }
             assert_eq!(tok.encode(&t.text, false).unwrap(), t.ids, "{name}: {:?}", t.text);
             assert_eq!(tok.encode(&t.text, true).unwrap(), t.ids_with_special, "{name} (special): {:?}", t.text);
         }

@@ -366,10 +366,9 @@ fn tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
             {"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": false},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]}),
     };
-    let normalizer = match pre {
-        "qwen2" => json!({"type": "NFC"}),
-        _ => Value::Null,
-    };
+    // No Unicode normalization, as llama.cpp (the reference for GGUF files) does none,
+    // not even for `qwen2`, whose transformers tokenizer applies NFC.
+    let normalizer = Value::Null;
     let tokenizer_json = json!({
         "version": "1.0",
         "truncation": null,

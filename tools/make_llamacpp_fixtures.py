@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""llama.cpp references for tests/llamacpp_parity.rs: tiny GGUF models of each
+architecture, quantized by llama.cpp's own quantizer, with llama.cpp's per-token
+log-probs, argmax and tokenization recorded next to each file.
+
+How to run (from the repository root; needs llama-cpp-python, gguf, numpy, safetensors):
+
+    /work/refvenv/bin/python tools/make_llamacpp_fixtures.py
+
+Bases (F32 GGUF, converted the way tools/make_gguf_fixtures.py / convert_hf_to_gguf.py do):
+    llama3, qwen2          the committed tests/fixtures/gguf/{llama3,qwen2}.gguf (reused as is)
+    mistral                tests/fixtures/hf/mistral as arch `llama` (convert_hf_to_gguf.py maps
+                           MistralForCausalLM to LlamaModel; llama.cpp has no sliding window there)
+    qwen3                  tests/fixtures/hf/qwen3 as arch `qwen3`
+    llama256               tests/fixtures/hf/llama_bf16_256 upcast to F32, first layer only: hidden
+                           256 so that llama.cpp's K-quants apply (rows of 64 fall back to
+                           Q5_0/Q8_0 for Q4_K/Q6_K)
+Variants (llama_cpp.llama_model_quantize from the F32 base; base files not committed are
+temporary):
+    tests/fixtures/gguf/<model>.<variant>.gguf
+    tests/fixtures/gguf/<model>[.<variant>].llamacpp.json   llama.cpp's view: tensor types,
+        per prompt the token ids (llama.cpp's tokenizer), per-position log-prob of the next
+        token and argmax; llama.cpp's tokenization of the reference's tricky strings.
+llama.cpp runs on the CPU with an F32 KV cache (type_k = type_v = 0), no flash attention,
+no extra (AMX/repacked) buffer types, 2 threads, n_ctx 64, every position's logits.
+"""
+
+import ctypes
+import json
+import math
+import struct
+import sys
+import tempfile
+from pathlib import Path
+
+import gguf
+import llama_cpp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_gguf_fixtures as mgf  # noqa: E402  (helpers: names, permute, rope factors, vocab)
+
+ROOT = mgf.ROOT
+HF = mgf.HF
+OUT = ROOT / "tests/fixtures/gguf"
+REF = ROOT / "tests/fixtures/ref"
+
+# llama_ftype values (llama.h)
+FTYPES = {"f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_s": 14, "q4_k_m": 15, "q6_k": 18}
+
+# model -> (reference json for prompts/tokenization, variants to commit, base path or None)
+MODELS = {
+    "llama3": ("llama3", [None, "f16", "q8_0", "q4_0"]),
+    "qwen2": ("qwen2", [None, "f16", "q8_0", "q4_0"]),
+    "mistral": ("mistral", ["f16"]),  # Q8_0/Q4_0 are covered by llama3 and qwen2; files stay small
+    "qwen3": ("qwen3", ["f16"]),
+    "llama256": ("llama_bf16_256", ["q4_k_s", "q6_k", "q4_k_m"]),
+}
+
+
+def load_safetensors(path):
+    """numpy float32 arrays from a safetensors file (BF16 upcast exactly)."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        buf = raw[base + a : base + b]
+        dt = info["dtype"]
+        if dt == "F32":
+            arr = np.frombuffer(buf, dtype="<f4")
+        elif dt == "F16":
+            arr = np.frombuffer(buf, dtype="<f2").astype(np.float32)
+        elif dt == "BF16":
+            arr = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise ValueError(f"{path}: {name} has dtype {dt}")
+        out[name] = arr.reshape(info["shape"]).astype(np.float32)
+    return out
+
+
+def load_hf_weights(hf_dir):
+    weights = {}
+    for p in sorted(hf_dir.glob("*.safetensors")):
+        weights.update(load_safetensors(p))
+    return weights
+
+
+def convert(hf_name, arch, pre, path, max_layers=None):
+    """tools/make_gguf_fixtures.py `convert`, generalised: sharded/BF16 weights, a
+    chat_template.jinja, optional truncation to the first `max_layers` layers, and
+    add_bos only when the post-processor really adds a token."""
+    hf_dir = HF / hf_name
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    tok_cfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    weights = load_hf_weights(hf_dir)
+    n_layers = cfg["num_hidden_layers"] if max_layers is None else min(max_layers, cfg["num_hidden_layers"])
+    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // n_head)
+    rope = cfg.get("rope_parameters") or {}
+    theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+    n_vocab = weights["model.embed_tokens.weight"].shape[0]
+
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(path.stem)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(theta)
+    w.add_rope_dimension_count(head_dim)
+    if "head_dim" in cfg:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+    tok, tokens, types, merges = mgf.vocab(hf_dir, n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    ids = {t: i for i, t in enumerate(tokens)}
+    if tok_cfg.get("bos_token"):
+        w.add_bos_token_id(ids[tok_cfg["bos_token"]])
+    if tok_cfg.get("eos_token"):
+        w.add_eos_token_id(ids[tok_cfg["eos_token"]])
+    if tok_cfg.get("pad_token"):
+        w.add_pad_token_id(ids[tok_cfg["pad_token"]])
+    post = tok.get("post_processor") or {}
+    w.add_add_bos_token(any("SpecialToken" in s for s in post.get("single", [])))
+    template = tok_cfg.get("chat_template")
+    if template is None and (hf_dir / "chat_template.jinja").exists():
+        template = (hf_dir / "chat_template.jinja").read_text()
+    if template:
+        w.add_chat_template(template)
+
+    if (cfg.get("rope_scaling") or {}).get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", mgf.llama3_rope_factors(cfg))
+    for name in sorted(weights, key=lambda n: (n.count("."), n)):
+        data = weights[name]
+        if name in mgf.GLOBAL_NAMES:
+            gg_name = mgf.GLOBAL_NAMES[name]
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            if int(layer) >= n_layers:
+                continue
+            gg_name = f"blk.{layer}.{mgf.LAYER_NAMES[rest]}"
+            if arch == "llama" and rest.startswith("self_attn.q_proj."):
+                data = mgf.permute(data, n_head, n_head)
+            elif arch == "llama" and rest.startswith("self_attn.k_proj."):
+                data = mgf.permute(data, n_head, n_kv)
+        w.add_tensor(gg_name, np.ascontiguousarray(data))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def quantize(src, dst, ftype):
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {dst}, ftype {ftype}) returned {rc}")
+
+
+def tensor_types(path):
+    r = gguf.GGUFReader(path)
+    return {t.name: t.tensor_type.name for t in r.tensors}
+
+
+def log_softmax(x):
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def _no_extra_buffer_types():
+    """llama.cpp's model defaults with `use_extra_bufts` off: the AMX buffer type (chosen
+    for Q4_0/Q8_0 on CPUs reporting AMX) dies with SIGILL where the kernel has not enabled
+    AMX tile state, as in the VM these fixtures were made in."""
+    params = _default_model_params()
+    params.use_extra_bufts = False
+    return params
+
+
+_default_model_params = llama_cpp.llama_cpp.llama_model_default_params
+llama_cpp.llama_cpp.llama_model_default_params = _no_extra_buffer_types
+
+
+def llama_view(path, ref, variant):
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=64,
+        n_batch=64,
+        n_ubatch=64,
+        logits_all=True,
+        type_k=0,
+        type_v=0,
+        flash_attn=False,
+        n_threads=2,
+        n_threads_batch=2,
+        seed=1234,
+        n_gpu_layers=0,
+        verbose=False,
+    )
+    add_bos = bool(llm.metadata.get("tokenizer.ggml.add_bos_token") == "true")
+    prompts = []
+    for p in ref["prompts"]:
+        ids = llm.tokenize(p["text"].encode(), add_bos=add_bos, special=True)
+        llm.reset()
+        llm.eval(ids)
+        logits = np.array(llm.scores[: len(ids)], dtype=np.float32)
+        lp = log_softmax(logits)
+        prompts.append({
+            "text": p["text"],
+            "ids": ids,
+            "same_ids_as_transformers": ids == p["ids"],
+            "logprobs": [float(lp[i, ids[i + 1]]) for i in range(len(ids) - 1)],
+            "argmax": [int(a) for a in logits.argmax(axis=-1)],
+            # margin between the best and second-best logit at each position
+            "top2_gap": [float(g) for g in np.diff(np.sort(logits, axis=-1)[:, -2:], axis=-1)[:, 0]],
+        })
+    tokenization = []
+    for t in ref["tokenization"]:
+        tokenization.append({
+            "text": t["text"],
+            "special": llm.tokenize(t["text"].encode(), add_bos=False, special=True),
+            "no_special": llm.tokenize(t["text"].encode(), add_bos=False, special=False),
+        })
+    n_vocab = llm.n_vocab()
+    del llm
+    return {
+        "generator": "tools/make_llamacpp_fixtures.py",
+        "llama_cpp_python": llama_cpp.__version__,
+        "gguf_py": getattr(gguf, "__version__", None),
+        "file": path.name,
+        "variant": variant or "f32",
+        "n_vocab": n_vocab,
+        "add_bos": add_bos,
+        "tensor_types": tensor_types(path),
+        "prompts": prompts,
+        "tokenization": tokenization,
+    }
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="strata-llamacpp-"))
+    bases = {
+        "llama3": OUT / "llama3.gguf",
+        "qwen2": OUT / "qwen2.gguf",
+    }
+    convert("mistral", "llama", "gpt-2", tmp / "mistral.gguf")
+    bases["mistral"] = tmp / "mistral.gguf"
+    convert("qwen3", "qwen3", "qwen2", tmp / "qwen3.gguf")
+    bases["qwen3"] = tmp / "qwen3.gguf"
+    convert("llama_bf16_256", "llama", "gpt-2", tmp / "llama256.gguf", max_layers=1)
+    bases["llama256"] = tmp / "llama256.gguf"
+
+    for model, (ref_name, variants) in MODELS.items():
+        ref = json.loads((REF / f"{ref_name}.json").read_text())
+        for variant in variants:
+            if variant is None:
+                path = bases[model]
+            else:
+                path = OUT / f"{model}.{variant}.gguf"
+                quantize(bases[model], path, FTYPES[variant])
+            view = llama_view(path, ref, variant)
+            view["model"] = model
+            view["reference"] = f"tests/fixtures/ref/{ref_name}.json"
+            stem = path.name[: -len(".gguf")]
+            (OUT / f"{stem}.llamacpp.json").write_text(json.dumps(view, ensure_ascii=False, separators=(",", ":")) + "\n")
+            kinds = sorted(set(view["tensor_types"].values()))
+            same = all(p["same_ids_as_transformers"] for p in view["prompts"])
+            print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: {path.stat().st_size} bytes, "
+                  f"types {kinds}, prompt ids as transformers: {same}")
+
+
+if __name__ == "__main__":
+    main()
