@@ -110,6 +110,23 @@ def quantize(src, dst, ftype, threads):
         raise RuntimeError(f"llama_model_quantize failed for {dst}")
 
 
+def no_extra_buffer_types():
+    """llama.cpp's model defaults with `use_extra_bufts` off. Its AMX buffer type (picked
+    for Q4_0/Q8_0 on CPUs that report AMX) dies with SIGILL in VMs whose kernel has not
+    enabled AMX tile state; turning extra buffer types off also turns off its repacked
+    Q4_0/Q4_K layouts, so on such machines llama.cpp runs its plain CPU kernels."""
+    import llama_cpp
+
+    defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+    def params():
+        p = defaults()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp.llama_cpp.llama_model_default_params = params
+
+
 def llamacpp_run(path, prompt, gen, threads):
     from llama_cpp import Llama
 
@@ -120,10 +137,9 @@ def llamacpp_run(path, prompt, gen, threads):
     llm.eval(prompt)
     prefill = len(prompt) / (time.perf_counter() - t)
     t = time.perf_counter()
-    tok = prompt[-1]
-    for _ in range(gen):
-        llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    # Decode cost does not depend on which token is fed: replay prompt ids.
+    for i in range(gen):
+        llm.eval([prompt[i % len(prompt)]])
     decode = gen / (time.perf_counter() - t)
     del llm
     return prefill, decode
@@ -146,7 +162,11 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen-tokens", type=int, default=32)
+    ap.add_argument("--llamacpp-extra-bufts", action="store_true",
+                    help="keep llama.cpp's extra buffer types (AMX, repacked layouts)")
     args = ap.parse_args()
+    if not args.llamacpp_extra_bufts:
+        no_extra_buffer_types()
     args.out.mkdir(parents=True, exist_ok=True)
     f16 = args.out / "bench-f16.gguf"
     if not f16.exists():
