@@ -2,7 +2,7 @@
 //! `config.json`-equivalent, llama.cpp tensor names become Hugging Face names (with the
 //! Q/K row permutation of `convert_hf_to_gguf.py` undone for `llama`/`mistral`, so the
 //! NEOX-layout model code runs unchanged), and the `tokenizer.ggml.*` vocabulary becomes
-//! a `tokenizer.json` (byte-level BPE only).
+//! a `tokenizer.json` (byte-level BPE, `gpt2`, or SentencePiece, `llama`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -283,10 +283,13 @@ fn strings(f: &GgufFile, key: &str) -> anyhow::Result<Vec<String>> {
 /// `tokenizer.*` metadata.
 fn tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
     let model = f.get_str("tokenizer.ggml.model").context("no `tokenizer.ggml.model`")?;
+    if model == "llama" {
+        return spm_tokenizer(f);
+    }
     if model != "gpt2" {
         bail!(
-            "tokenizer.ggml.model `{model}` is not supported yet (this build reads byte-level BPE, `gpt2`; \
-             SentencePiece `llama` vocabularies are not converted)"
+            "tokenizer.ggml.model `{model}` is not supported (this build reads byte-level BPE, `gpt2`, \
+             and SentencePiece, `llama`)"
         );
     }
     let pre = f.get_str("tokenizer.ggml.pre").unwrap_or("gpt-2");
@@ -386,6 +389,145 @@ fn tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
     let mut tok_cfg =
         json!({"add_bos_token": add_bos, "add_eos_token": add_eos, "clean_up_tokenization_spaces": false});
     for (field, tok) in [("bos_token", bos), ("eos_token", eos), ("pad_token", pad)] {
+        if let Some((_, t)) = tok {
+            tok_cfg[field] = json!(t);
+        }
+    }
+    if let Some(v) = f.get("tokenizer.chat_template") {
+        let GgufValue::String(t) = v else { bail!("`tokenizer.chat_template` is {}, not a string", v.type_name()) };
+        tok_cfg["chat_template"] = json!(t);
+    }
+    let mut stop: Vec<u64> = [eos, eot].iter().flatten().map(|&(id, _)| id).collect();
+    stop.dedup();
+    let mut gen_cfg = json!({"eos_token_id": stop});
+    if let Some((id, _)) = bos {
+        gen_cfg["bos_token_id"] = json!(id);
+    }
+    Ok(TokenizerFiles {
+        tokenizer_json: tokenizer_json.to_string(),
+        tokenizer_config_json: tok_cfg.to_string(),
+        generation_config_json: gen_cfg.to_string(),
+    })
+}
+
+/// `tokenizer.json` (and configs) for a SentencePiece vocabulary (`tokenizer.ggml.model =
+/// "llama"`), tokenizing as llama.cpp's SPM tokenizer does: a BPE model over the whole
+/// vocabulary with byte fallback, its merges derived from the piece scores the way
+/// transformers' `SentencePieceExtractor` does (every split of a piece into two pieces of
+/// the vocabulary, ranked by the merged piece's score, best first); spaces become `▁` and,
+/// with `add_space_prefix`, each stretch of text gets a `▁` in front (llama.cpp prefixes the
+/// text and every stretch that follows a special or user-defined token).
+fn spm_tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
+    const TOKEN_UNKNOWN: i64 = 2;
+    let tokens = strings(f, "tokenizer.ggml.tokens")?;
+    let n = tokens.len();
+    let types: Vec<i64> = match f.get_array("tokenizer.ggml.token_type") {
+        None => vec![1; n],
+        Some(a) => a.iter().map(|v| v.as_i64().unwrap_or(1)).collect(),
+    };
+    let scores: Vec<f64> = match f.get_array("tokenizer.ggml.scores") {
+        None => vec![0.0; n],
+        Some(a) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v.as_f64().with_context(|| format!("`tokenizer.ggml.scores`[{i}] is not a float")))
+            .collect::<anyhow::Result<_>>()?,
+    };
+    if types.len() != n || scores.len() != n {
+        bail!("{} token types and {} scores for {n} tokens", types.len(), scores.len());
+    }
+    let token_at = |key: &str| -> anyhow::Result<Option<(u64, &str)>> {
+        match f.get_u64(key) {
+            None => Ok(None),
+            Some(id) => match tokens.get(id as usize) {
+                Some(t) => Ok(Some((id, t.as_str()))),
+                None => bail!("`{key}` {id} is outside the {n}-token vocabulary"),
+            },
+        }
+    };
+    let bos = token_at("tokenizer.ggml.bos_token_id")?;
+    let eos = token_at("tokenizer.ggml.eos_token_id")?;
+    let eot = token_at("tokenizer.ggml.eot_token_id")?;
+    let pad = token_at("tokenizer.ggml.padding_token_id")?;
+    let unk = match token_at("tokenizer.ggml.unknown_token_id")? {
+        Some(u) => Some(u),
+        None => types.iter().position(|&t| t == TOKEN_UNKNOWN).map(|i| (i as u64, tokens[i].as_str())),
+    };
+    let add_bos = f.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(true);
+    let add_eos = f.get_bool("tokenizer.ggml.add_eos_token").unwrap_or(false);
+    let add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix").unwrap_or(true);
+
+    // llama.cpp looks pieces up by text (the last id of a repeated text wins).
+    let mut ids: HashMap<&str, usize> = HashMap::with_capacity(n);
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    for (id, (tok, &ty)) in tokens.iter().zip(&types).enumerate() {
+        ids.insert(tok, id);
+        vocab.insert(tok.clone(), json!(id));
+        if ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED || ty == TOKEN_UNKNOWN {
+            added.push(json!({"id": id, "content": tok, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": false, "special": ty != TOKEN_USER_DEFINED}));
+        }
+    }
+    let mut merges: Vec<(f64, usize, usize, &str, &str)> = Vec::new();
+    for (&piece, &id) in &ids {
+        for (at, _) in piece.char_indices().skip(1) {
+            let (l, r) = piece.split_at(at);
+            if let (Some(&il), Some(&ir)) = (ids.get(l), ids.get(r)) {
+                merges.push((scores[id], il, ir, l, r));
+            }
+        }
+    }
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let merges: Vec<Value> = merges.iter().map(|&(_, _, _, l, r)| json!([l, r])).collect();
+
+    let mut normalizers = Vec::new();
+    if add_space_prefix {
+        normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+    }
+    normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+    let mut decoders = vec![
+        json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
+    if add_space_prefix {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    let post_processor = {
+        let mut single = Vec::new();
+        let mut special = serde_json::Map::new();
+        for (on, tok, what) in [(add_bos, bos, "bos"), (false, None, ""), (add_eos, eos, "eos")] {
+            if what.is_empty() {
+                single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+            } else if on {
+                let (id, t) = tok.with_context(|| format!("add_{what}_token is set but there is no {what} token"))?;
+                single.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
+                special.insert(t.to_owned(), json!({"id": t, "ids": [id], "tokens": [t]}));
+            }
+        }
+        match add_bos || add_eos {
+            true => json!({"type": "TemplateProcessing", "single": single, "pair": single, "special_tokens": special}),
+            false => Value::Null,
+        }
+    };
+    let tokenizer_json = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": null,
+        "post_processor": post_processor,
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {"type": "BPE", "dropout": null, "unk_token": unk.map(|(_, t)| t), "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+            "vocab": vocab, "merges": merges},
+    });
+
+    let mut tok_cfg =
+        json!({"add_bos_token": add_bos, "add_eos_token": add_eos, "clean_up_tokenization_spaces": false});
+    for (field, tok) in [("bos_token", bos), ("eos_token", eos), ("pad_token", pad), ("unk_token", unk)] {
         if let Some((_, t)) = tok {
             tok_cfg[field] = json!(t);
         }
