@@ -6,7 +6,6 @@
 pub mod models;
 pub mod worker;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -240,7 +239,6 @@ pub(crate) struct Job {
 pub struct QueueHandle {
     tx: std::sync::mpsc::Sender<Job>,
     admission: Arc<Mutex<Admission>>,
-    jobs_seen: Arc<AtomicUsize>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -261,11 +259,12 @@ impl QueueHandle {
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let job = Job { work, events, admitted: std::time::Instant::now() };
         if self.tx.send(job).is_err() {
-            self.admission.lock().expect("admission lock").start();
-            self.admission.lock().expect("admission lock").finish();
+            // The worker is gone: give the place back.
+            let mut admission = self.admission.lock().expect("admission lock");
+            admission.start();
+            admission.finish();
             return Err(SubmitError::Closed);
         }
-        self.jobs_seen.fetch_add(1, Ordering::Relaxed);
         Ok(rx)
     }
 

@@ -72,7 +72,7 @@ pub fn spawn(
 ) -> (QueueHandle, std::thread::JoinHandle<()>) {
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
     let admission = Arc::new(Mutex::new(Admission::new(queue_depth)));
-    let handle = QueueHandle { tx, admission: admission.clone(), jobs_seen: Default::default() };
+    let handle = QueueHandle { tx, admission: admission.clone() };
     let thread = std::thread::Builder::new()
         .name("strata-worker".into())
         .spawn(move || {
