@@ -29,6 +29,7 @@ pub mod q8_k;
 mod simd;
 
 pub use simd::QuantKernel;
+use simd::TileFn;
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("quant blocks are cast from little-endian bytes");
@@ -207,7 +208,48 @@ pub fn matmul_with(kernel: QuantKernel, pool: &ThreadPool, x: &[f32], rows: usiz
 
     let chunk = if par { m.div_ceil(threads * TASKS_PER_THREAD).next_multiple_of(TILE).min(m) } else { m };
     let dst = OutPtr(out.as_mut_ptr());
+    // Prefill register tiles: up to `wr_max` weight rows × 4 activation rows per call.
+    let wr_max = 2;
+    let tiles: [[Option<TileFn>; 4]; 4] =
+        std::array::from_fn(|wr| std::array::from_fn(|ar| kernel.tile_fn(w.dtype, wr + 1, ar + 1)));
+    // Decode (one activation row) keeps the single-row dot: the tile only pays off when
+    // the unpacked weight block is reused across activation rows.
+    let tiled = rows > 1 && tiles[0][0].is_some();
+    let act_stride = act_row * size_of::<u32>();
+    let tiled_task = |cols: std::ops::Range<usize>| {
+        for tile in cols.clone().step_by(TILE) {
+            let tile = tile..(tile + TILE).min(cols.end);
+            for r in (0..rows).step_by(4) {
+                let ar = (rows - r).min(4);
+                let mut o = tile.start;
+                while o < tile.end {
+                    let wr = (tile.end - o).min(wr_max);
+                    let f = tiles[wr - 1][ar - 1].expect("every tile shape matmul uses has a kernel");
+                    // SAFETY: `tiles` came from `kernel.tile_fn`, which checked the CPU
+                    // features; weight rows `o..o + wr` and activation rows `r..r + ar`
+                    // are whole rows inside `bytes` and `acts` (aligned, see
+                    // `quantize_rows`); outputs `(r + j)·m + o + i` are inside `out`
+                    // and only the task owning columns `o..o + wr` writes them.
+                    unsafe {
+                        f(
+                            bytes.as_ptr().add(o * row_bytes),
+                            row_bytes,
+                            acts.as_ptr().add(r * act_row).cast(),
+                            act_stride,
+                            nb,
+                            dst.ptr().add(r * m + o),
+                            m,
+                        )
+                    };
+                    o += wr;
+                }
+            }
+        }
+    };
     let task = |cols: std::ops::Range<usize>| {
+        if tiled {
+            return tiled_task(cols);
+        }
         for tile in cols.clone().step_by(TILE) {
             let tile = tile..(tile + TILE).min(cols.end);
             for r in 0..rows {

@@ -6,7 +6,7 @@
 //! with `vpdpwssd`, all in i32; Q6_K's −32 comes off via the activations' `bsums`.
 //! Unavailable off x86-64.
 
-use super::DotFn;
+use super::{DotFn, TileFn};
 use crate::tensor::DType;
 
 pub(super) fn available() -> bool {
@@ -45,6 +45,43 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = dtype;
+        None
+    }
+}
+
+/// The register-tiled kernel for `wr` weight rows × `ar` activation rows, for the
+/// formats and tile shapes that have one.
+pub(super) fn tile_fn(dtype: DType, wr: usize, ar: usize) -> Option<TileFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use imp::*;
+        macro_rules! pick {
+            ($f:ident $(, $g:tt)?) => {
+                match (wr, ar) {
+                    (1, 1) => $f::<$($g,)? 1, 1> as TileFn,
+                    (1, 2) => $f::<$($g,)? 1, 2>,
+                    (1, 3) => $f::<$($g,)? 1, 3>,
+                    (1, 4) => $f::<$($g,)? 1, 4>,
+                    (2, 1) => $f::<$($g,)? 2, 1>,
+                    (2, 2) => $f::<$($g,)? 2, 2>,
+                    (2, 3) => $f::<$($g,)? 2, 3>,
+                    (2, 4) => $f::<$($g,)? 2, 4>,
+                    (3, 1) => $f::<$($g,)? 3, 1>,
+                    (4, 1) => $f::<$($g,)? 4, 1>,
+                    _ => return None,
+                }
+            };
+        }
+        Some(match dtype {
+            DType::Q4_K => pick!(tile_q4k, false),
+            DType::Q5_K => pick!(tile_q4k, true),
+            DType::Q6_K => pick!(tile_q6k),
+            _ => return None,
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (dtype, wr, ar);
         None
     }
 }
@@ -213,6 +250,37 @@ mod imp {
     static IDX_K4: [[i16; 32]; 4] = scale_idx::<2>();
     static IDX_K6: [[i16; 32]; 4] = scale_idx::<4>();
 
+    /// i16 lane indices for Q4_K/Q5_K mins: lane l picks lane 8 + l / 2 (min l / 2).
+    static IDX_MIN: [i16; 16] = [8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15];
+
+    /// The f16 at `p` as f32.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    #[inline]
+    unsafe fn f16_f32(p: *const u8) -> f32 {
+        // SAFETY: the caller passes a readable 2-byte location.
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(f16_at(p) as u16 as i32))) }
+    }
+
+    /// The scales (i16 lanes 0..8) and mins (lanes 8..16) of a Q4_K/Q5_K block whose
+    /// 12 packed scale bytes are at `s`, with ggml's `utmp` word trick
+    /// (see [`scales_mins_k4`](super::super::scales_mins_k4)).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    #[inline]
+    unsafe fn scales_mins_k4_v(s: *const u8) -> __m256i {
+        const K1: u32 = 0x3f3f_3f3f;
+        const K2: u32 = 0x0f0f_0f0f;
+        const K3: u32 = 0x0303_0303;
+        // SAFETY: 12 readable bytes at `s` (the caller's block).
+        let (u0, u1, u2) = unsafe {
+            let p = s.cast::<u32>();
+            (p.read_unaligned(), p.add(1).read_unaligned(), p.add(2).read_unaligned())
+        };
+        let u3 = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+        let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+        let v = _mm_setr_epi32((u0 & K1) as i32, sc_hi as i32, (u1 & K1) as i32, u3 as i32);
+        _mm256_cvtepu8_epi16(v)
+    }
+
     /// Q4_K (`Q5 = false`) and Q5_K against Q8_K.
     ///
     /// # Safety
@@ -273,54 +341,184 @@ mod imp {
     /// As for [`DotFn`](super::DotFn), on a CPU with the features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn dot_q6k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+        let mut out = 0.0f32;
+        // SAFETY: one weight row and one activation row, as the caller vouches.
+        unsafe { tile_q6k::<1, 1>(w, 0, a, 0, nb, &mut out, 0) };
+        out
+    }
+
+    /// Q4_K (`Q5 = false`) and Q5_K against Q8_K, `WR` weight rows × `AR` activation
+    /// rows: each weight block is unpacked (levels, scales, mins) once and reused for
+    /// every activation row; each activation block is loaded once for every weight row.
+    ///
+    /// # Safety
+    /// As for [`TileFn`](super::TileFn), on a CPU with the features enabled here.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn tile_q4k<const Q5: bool, const WR: usize, const AR: usize>(
+        w: *const u8,
+        ws: usize,
+        a: *const u8,
+        as_: usize,
+        nb: usize,
+        out: *mut f32,
+        os: usize,
+    ) {
+        let (wb, qs) = if Q5 { (176, 48) } else { (144, 16) };
+        const AB: usize = 292;
+        let nib = _mm512_set1_epi8(0x0F);
+        let mut accf = [[_mm512_setzero_ps(); AR]; WR];
+        // SAFETY: pointers stay inside the caller's `WR` weight rows and `AR` activation
+        // rows of `nb` blocks each (prefetches excepted: they never fault).
+        unsafe {
+            let idx = IDX_K4.map(|r| _mm512_loadu_si512(r.as_ptr().cast()));
+            let idx_min = _mm256_loadu_si256(IDX_MIN.as_ptr().cast());
+            for i in 0..nb {
+                let mut scz = [_mm512_setzero_si512(); WR];
+                let mut mins = [_mm256_setzero_si256(); WR];
+                let mut dx = [0.0f32; WR];
+                let mut dm = [0.0f32; WR];
+                for wi in 0..WR {
+                    let wp = w.add(wi * ws + i * wb);
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 128).cast());
+                    let sm = scales_mins_k4_v(wp.add(4));
+                    scz[wi] = _mm512_castsi256_si512(sm);
+                    mins[wi] = _mm256_permutexvar_epi16(idx_min, sm);
+                    dx[wi] = f16_f32(wp);
+                    dm[wi] = f16_f32(wp.add(2));
+                }
+                let mut isum = [[_mm512_setzero_si512(); AR]; WR];
+                for n in 0..4 {
+                    let mut u = [_mm512_setzero_si512(); WR];
+                    let mut s = [_mm512_setzero_si512(); WR];
+                    for wi in 0..WR {
+                        let wp = w.add(wi * ws + i * wb);
+                        let qz = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(qs + 32 * n).cast()));
+                        let mut v =
+                            _mm512_and_si512(_mm512_mask_blend_epi64(0xF0, qz, _mm512_srli_epi16::<4>(qz)), nib);
+                        if Q5 {
+                            let qhz = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(16).cast()));
+                            let bits = _mm512_mask_blend_epi64(
+                                0xF0,
+                                _mm512_set1_epi8(1 << (2 * n)),
+                                _mm512_set1_epi8((2u8 << (2 * n)) as i8),
+                            );
+                            let k = _mm512_test_epi8_mask(qhz, bits);
+                            v = _mm512_mask_add_epi8(v, k, v, _mm512_set1_epi8(16));
+                        }
+                        u[wi] = v;
+                        s[wi] = _mm512_permutexvar_epi16(idx[n], scz[wi]);
+                    }
+                    for r in 0..AR {
+                        let y = _mm512_loadu_si512(a.add(r * as_ + i * AB + 4 + 64 * n).cast());
+                        for wi in 0..WR {
+                            isum[wi][r] = _mm512_dpwssd_epi32(isum[wi][r], _mm512_maddubs_epi16(u[wi], y), s[wi]);
+                        }
+                    }
+                }
+                for r in 0..AR {
+                    let ap = a.add(r * as_ + i * AB);
+                    let dy = ap.cast::<f32>().read();
+                    let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
+                    for wi in 0..WR {
+                        let mv = _mm512_zextsi256_si512(_mm256_madd_epi16(bsums, mins[wi]));
+                        let acc =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[wi][r]), _mm512_set1_ps(dx[wi] * dy), accf[wi][r]);
+                        accf[wi][r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mv), _mm512_set1_ps(dm[wi] * dy), acc);
+                    }
+                }
+            }
+            for r in 0..AR {
+                for wi in 0..WR {
+                    out.add(r * os + wi).write(_mm512_reduce_add_ps(accf[wi][r]));
+                }
+            }
+        }
+    }
+
+    /// Q6_K against Q8_K, `WR` weight rows × `AR` activation rows (as [`tile_q4k`]).
+    ///
+    /// # Safety
+    /// As for [`TileFn`](super::TileFn), on a CPU with the features enabled here.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn tile_q6k<const WR: usize, const AR: usize>(
+        w: *const u8,
+        ws: usize,
+        a: *const u8,
+        as_: usize,
+        nb: usize,
+        out: *mut f32,
+        os: usize,
+    ) {
         const WB: usize = 210;
         const AB: usize = 292;
         let nib = _mm512_set1_epi8(0x0F);
         let hb = _mm512_set1_epi8(0x30);
         let shl = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);
         let shr = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
-        let mut accf = _mm512_setzero_ps();
-        // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted).
+        let mut accf = [[_mm512_setzero_ps(); AR]; WR];
+        // SAFETY: pointers stay inside the caller's `WR` weight rows and `AR` activation
+        // rows of `nb` blocks each (prefetches excepted: they never fault).
         unsafe {
             let idx = IDX_K6.map(|r| _mm512_loadu_si512(r.as_ptr().cast()));
             for i in 0..nb {
-                let (wp, ap) = (w.add(i * WB), a.add(i * AB));
-                for p in 0..4 {
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * p).cast());
+                let mut sc16 = [_mm256_setzero_si256(); WR];
+                let mut dx = [0.0f32; WR];
+                for wi in 0..WR {
+                    let wp = w.add(wi * ws + i * WB);
+                    for p in 0..4 {
+                        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * p).cast());
+                    }
+                    sc16[wi] = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp.add(192).cast()));
+                    dx[wi] = f16_f32(wp.add(208));
                 }
-                let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp.add(192).cast()));
-                let scz = _mm512_castsi256_si512(sc16);
-                let mut isum = _mm512_setzero_si512();
+                let mut isum = [[_mm512_setzero_si512(); AR]; WR];
                 for n in 0..2 {
-                    let ql = _mm512_loadu_si512(wp.add(64 * n).cast());
-                    let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(128 + 32 * n).cast()));
-                    let u0 =
-                        _mm512_or_si512(_mm512_and_si512(ql, nib), _mm512_and_si512(_mm512_sllv_epi64(qh, shl), hb));
-                    let u1 = _mm512_or_si512(
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(ql), nib),
-                        _mm512_and_si512(_mm512_srlv_epi64(qh, shr), hb),
-                    );
-                    let y0 = _mm512_loadu_si512(ap.add(4 + 128 * n).cast());
-                    let y1 = _mm512_loadu_si512(ap.add(4 + 128 * n + 64).cast());
-                    isum = _mm512_dpwssd_epi32(
-                        isum,
-                        _mm512_maddubs_epi16(u0, y0),
-                        _mm512_permutexvar_epi16(idx[2 * n], scz),
-                    );
-                    isum = _mm512_dpwssd_epi32(
-                        isum,
-                        _mm512_maddubs_epi16(u1, y1),
-                        _mm512_permutexvar_epi16(idx[2 * n + 1], scz),
-                    );
+                    for half in 0..2 {
+                        let mut u = [_mm512_setzero_si512(); WR];
+                        let mut s = [_mm512_setzero_si512(); WR];
+                        for wi in 0..WR {
+                            let wp = w.add(wi * ws + i * WB);
+                            let ql = _mm512_loadu_si512(wp.add(64 * n).cast());
+                            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(128 + 32 * n).cast()));
+                            u[wi] = if half == 0 {
+                                _mm512_or_si512(
+                                    _mm512_and_si512(ql, nib),
+                                    _mm512_and_si512(_mm512_sllv_epi64(qh, shl), hb),
+                                )
+                            } else {
+                                _mm512_or_si512(
+                                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), nib),
+                                    _mm512_and_si512(_mm512_srlv_epi64(qh, shr), hb),
+                                )
+                            };
+                            s[wi] = _mm512_permutexvar_epi16(idx[2 * n + half], _mm512_castsi256_si512(sc16[wi]));
+                        }
+                        for r in 0..AR {
+                            let y = _mm512_loadu_si512(a.add(r * as_ + i * AB + 4 + 128 * n + 64 * half).cast());
+                            for wi in 0..WR {
+                                isum[wi][r] = _mm512_dpwssd_epi32(isum[wi][r], _mm512_maddubs_epi16(u[wi], y), s[wi]);
+                            }
+                        }
+                    }
                 }
-                let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
-                let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
-                isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(corr));
-                let dy = ap.cast::<f32>().read();
-                let dx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(f16_at(wp.add(208)) as u16 as i32)));
-                accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * dy), accf);
+                for r in 0..AR {
+                    let ap = a.add(r * as_ + i * AB);
+                    let dy = ap.cast::<f32>().read();
+                    let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
+                    for wi in 0..WR {
+                        let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16[wi]));
+                        let is = _mm512_sub_epi32(isum[wi][r], _mm512_zextsi256_si512(corr));
+                        accf[wi][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(dx[wi] * dy), accf[wi][r]);
+                    }
+                }
+            }
+            for r in 0..AR {
+                for wi in 0..WR {
+                    out.add(r * os + wi).write(_mm512_reduce_add_ps(accf[wi][r]));
+                }
             }
         }
-        _mm512_reduce_add_ps(accf)
     }
 }
