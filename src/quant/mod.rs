@@ -355,6 +355,14 @@ fn matmul_dequantized(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor,
 /// Helpers shared by the per-format unit tests.
 #[cfg(test)]
 pub(crate) mod testutil {
+    /// The error a Q4_1/Q5_1 × Q8_1 integer dot may carry beyond float rounding: each
+    /// weight block's offset `m` multiplies the activation's `s`, which is `d·Σq` rounded
+    /// to f16 with an unrounded `d` (`ms` holds the weight blocks' `m`).
+    pub fn q8_1_s_slop(ms: impl Iterator<Item = f32>, acts: &[super::q8_1::BlockQ8_1]) -> f32 {
+        let ulp = 2f32.powi(-10);
+        ms.zip(acts).map(|(m, a)| m.abs() * (a.s.to_f32().abs() * ulp + 32.0 * 127.0 * a.d.to_f32() * ulp)).sum()
+    }
+
     /// A small deterministic generator (xorshift64*), so tests need no extra crates.
     pub struct Rng(u64);
 

@@ -91,14 +91,7 @@ mod tests {
         let (mut dw, mut da) = (vec![0.0; a.len()], vec![0.0; a.len()]);
         dequantize(&qw, &mut dw);
         q8_1::dequantize(&qa, &mut da);
-        let s_slop: f32 = qw
-            .iter()
-            .zip(&qa)
-            .map(|(w, a)| {
-                w.m.to_f32().abs()
-                    * (a.s.to_f32().abs() * 2f32.powi(-10) + 32.0 * 127.0 * a.d.to_f32() * 2f32.powi(-10))
-            })
-            .sum();
+        let s_slop = crate::quant::testutil::q8_1_s_slop(qw.iter().map(|w| w.m.to_f32()), &qa);
         let got = vec_dot_q5_1_q8_1(&qw, &qa);
         let want = dot(&dw, &da);
         assert!((got - want).abs() <= 1e-5 * abs_dot(&dw, &da) + s_slop, "{got} vs {want}");

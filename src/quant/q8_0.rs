@@ -25,10 +25,14 @@ unsafe impl Block for BlockQ8_0 {
 pub fn dequantize(blocks: &[BlockQ8_0], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK);
     for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-        let d = b.d.to_f32();
-        for (y, &q) in y.iter_mut().zip(&b.qs) {
-            *y = q as f32 * d;
-        }
+        dequantize_levels(b.d.to_f32(), &b.qs, y);
+    }
+}
+
+/// `q · d` for one block's levels (shared with Q8_1).
+pub(super) fn dequantize_levels(d: f32, qs: &[i8; QK], y: &mut [f32]) {
+    for (y, &q) in y.iter_mut().zip(qs) {
+        *y = q as f32 * d;
     }
 }
 
@@ -36,14 +40,20 @@ pub fn dequantize(blocks: &[BlockQ8_0], out: &mut [f32]) {
 pub fn quantize(x: &[f32], out: &mut [BlockQ8_0]) {
     assert_eq!(x.len(), out.len() * QK);
     for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
-        let amax = xb.iter().fold(0.0f32, |a, v| if a > v.abs() { a } else { v.abs() });
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        b.d = f16::from_f32(d);
-        for (q, &v) in b.qs.iter_mut().zip(xb) {
-            *q = (v * id).round() as i8;
-        }
+        b.d = f16::from_f32(quantize_levels(xb, &mut b.qs));
     }
+}
+
+/// One block of `quantize_row_q8_0_ref` (shared with Q8_1): fills `qs` and returns the
+/// unrounded scale `d = max|x| / 127`.
+pub(super) fn quantize_levels(xb: &[f32], qs: &mut [i8; QK]) -> f32 {
+    let amax = xb.iter().fold(0.0f32, |a, v| if a > v.abs() { a } else { v.abs() });
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for (q, &v) in qs.iter_mut().zip(xb) {
+        *q = (v * id).round() as i8;
+    }
+    d
 }
 
 /// `ggml_vec_dot_q8_0_q8_0` (scalar): Σ_blocks (Σ x_q·y_q) · d_x · d_y.

@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use super::{Block, QK};
+use super::{Block, QK, q8_0};
 use crate::tensor::DType;
 
 #[repr(C)]
@@ -27,10 +27,7 @@ unsafe impl Block for BlockQ8_1 {
 pub fn dequantize(blocks: &[BlockQ8_1], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK);
     for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-        let d = b.d.to_f32();
-        for (y, &q) in y.iter_mut().zip(&b.qs) {
-            *y = q as f32 * d;
-        }
+        q8_0::dequantize_levels(b.d.to_f32(), &b.qs, y);
     }
 }
 
@@ -38,15 +35,9 @@ pub fn dequantize(blocks: &[BlockQ8_1], out: &mut [f32]) {
 pub fn quantize(x: &[f32], out: &mut [BlockQ8_1]) {
     assert_eq!(x.len(), out.len() * QK);
     for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
-        let amax = xb.iter().fold(0.0f32, |a, v| if a > v.abs() { a } else { v.abs() });
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let d = q8_0::quantize_levels(xb, &mut b.qs);
+        let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
         b.d = f16::from_f32(d);
-        let mut sum = 0i32;
-        for (q, &v) in b.qs.iter_mut().zip(xb) {
-            *q = (v * id).round() as i8;
-            sum += *q as i32;
-        }
         b.s = f16::from_f32(sum as f32 * d);
     }
 }
