@@ -21,82 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_gguf_fixtures import GLOBAL_NAMES, LAYER_NAMES, permute, vocab  # noqa: E402
+from make_gguf_fixtures import convert  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FTYPES = {"q4_0": 2, "q8_0": 7, "q4_k_m": 15, "q6_k": 18, "q4_k_s": 14}
-
-
-def safetensors_bf16(hf_dir):
-    """Yields (name, float32 array) from every shard, reading BF16 without numpy bf16."""
-    index = hf_dir / "model.safetensors.index.json"
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
-    for shard in shards:
-        raw = np.memmap(hf_dir / shard, dtype=np.uint8, mode="r")
-        n = int(np.frombuffer(raw[:8].tobytes(), dtype="<u8")[0])
-        header = json.loads(raw[8 : 8 + n].tobytes())
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            begin, end = info["data_offsets"]
-            data = raw[8 + n + begin : 8 + n + end]
-            if info["dtype"] == "BF16":
-                bits = np.frombuffer(data.tobytes(), dtype="<u2").astype(np.uint32) << 16
-                arr = bits.view(np.float32)
-            elif info["dtype"] == "F32":
-                arr = np.frombuffer(data.tobytes(), dtype="<f4")
-            else:
-                arr = np.frombuffer(data.tobytes(), dtype="<f2").astype(np.float32)
-            yield name, arr.reshape(info["shape"])
-
-
-def to_gguf_f16(hf_dir, path):
-    cfg = json.loads((hf_dir / "config.json").read_text())
-    tok_cfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
-    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_name("bench")
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
-    w.add_rope_dimension_count(cfg["hidden_size"] // n_head)
-    w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    tok, tokens, types, merges = vocab(hf_dir, cfg["vocab_size"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    ids = {t: i for i, t in enumerate(tokens)}
-    for key, add in [("bos_token", w.add_bos_token_id), ("eos_token", w.add_eos_token_id)]:
-        if tok_cfg.get(key) in ids:
-            add(ids[tok_cfg[key]])
-    for hf_name, data in safetensors_bf16(hf_dir):
-        if hf_name in GLOBAL_NAMES:
-            name = GLOBAL_NAMES[hf_name]
-        else:
-            _, _, layer, rest = hf_name.split(".", 3)
-            name = f"blk.{layer}.{LAYER_NAMES[rest]}"
-            if rest.startswith("self_attn.q_proj."):
-                data = permute(data, n_head, n_head)
-            elif rest.startswith("self_attn.k_proj."):
-                data = permute(data, n_head, n_kv)
-        data = np.ascontiguousarray(data, dtype=np.float32 if data.ndim == 1 else np.float16)
-        w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def quantize(src, dst, ftype, threads):
@@ -170,7 +101,7 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     f16 = args.out / "bench-f16.gguf"
     if not f16.exists():
-        to_gguf_f16(args.hf_dir, f16)
+        convert(args.hf_dir, "llama", "gpt-2", f16, f16=True)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(300, 30000, args.prompt_tokens)]
     rows = []

@@ -18,11 +18,11 @@ Outputs  tests/fixtures/gguf/<name>.gguf
 
 import json
 import math
+import struct
 from pathlib import Path
 
 import gguf
 import numpy as np
-from safetensors.numpy import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 HF = ROOT / "tests/fixtures/hf"
@@ -107,23 +107,60 @@ def vocab(hf_dir, n_vocab):
     return tok, tokens, types, merges
 
 
-def convert(name, arch, pre):
-    hf_dir = HF / name
+def load_safetensors(path):
+    """numpy float32 arrays from a safetensors file (BF16 upcast exactly)."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        buf = raw[base + a : base + b]
+        dt = info["dtype"]
+        if dt == "F32":
+            arr = np.frombuffer(buf, dtype="<f4")
+        elif dt == "F16":
+            arr = np.frombuffer(buf, dtype="<f2").astype(np.float32)
+        elif dt == "BF16":
+            arr = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise ValueError(f"{path}: {name} has dtype {dt}")
+        out[name] = arr.reshape(info["shape"]).astype(np.float32)
+    return out
+
+
+def load_hf_weights(hf_dir):
+    weights = {}
+    for p in sorted(hf_dir.glob("*.safetensors")):
+        weights.update(load_safetensors(p))
+    return weights
+
+
+def convert(hf_dir, arch, pre, path, max_layers=None, f16=False):
+    """Writes the HF model in `hf_dir` (single or sharded safetensors, F32/F16/BF16) as a
+    GGUF at `path` the way convert_hf_to_gguf.py does: llama.cpp's metadata keys and
+    tensor names, Q/K permuted for arch `llama`, Llama 3 rope scaling as rope_freqs, the
+    gpt2 vocabulary, add_bos only when the post-processor really adds a token, the chat
+    template from tokenizer_config.json or chat_template.jinja. `max_layers` keeps only
+    the first layers; `f16` stores 2-D tensors as F16 (norms stay F32)."""
     cfg = json.loads((hf_dir / "config.json").read_text())
     tok_cfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
-    weights = load_file(hf_dir / "model.safetensors")
+    weights = load_hf_weights(hf_dir)
+    n_layers = cfg["num_hidden_layers"] if max_layers is None else min(max_layers, cfg["num_hidden_layers"])
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim", cfg["hidden_size"] // n_head)
     rope = cfg.get("rope_parameters") or {}
     theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
     n_vocab = weights["model.embed_tokens.weight"].shape[0]
 
-    path = OUT / f"{name}.gguf"
     w = gguf.GGUFWriter(path, arch)
-    w.add_name(name)
+    w.add_name(path.stem)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_block_count(n_layers)
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(n_head)
     w.add_head_count_kv(n_kv)
@@ -134,7 +171,7 @@ def convert(name, arch, pre):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_vocab_size(n_vocab)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
 
     tok, tokens, types, merges = vocab(hf_dir, n_vocab)
     w.add_tokenizer_model("gpt2")
@@ -149,28 +186,34 @@ def convert(name, arch, pre):
         w.add_eos_token_id(ids[tok_cfg["eos_token"]])
     if tok_cfg.get("pad_token"):
         w.add_pad_token_id(ids[tok_cfg["pad_token"]])
-    w.add_add_bos_token(tok.get("post_processor") is not None)
-    w.add_chat_template(tok_cfg["chat_template"])
+    post = tok.get("post_processor") or {}
+    w.add_add_bos_token(any("SpecialToken" in s for s in post.get("single", [])))
+    template = tok_cfg.get("chat_template")
+    if template is None and (hf_dir / "chat_template.jinja").exists():
+        template = (hf_dir / "chat_template.jinja").read_text()
+    if template:
+        w.add_chat_template(template)
 
     if (cfg.get("rope_scaling") or {}).get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
-    for hf_name in sorted(weights, key=lambda n: (n.count("."), n)):
-        data = weights[hf_name].astype(np.float32)
-        if hf_name in GLOBAL_NAMES:
-            gg_name = GLOBAL_NAMES[hf_name]
+    for name in sorted(weights, key=lambda n: (n.count("."), n)):
+        data = weights[name]
+        if name in GLOBAL_NAMES:
+            gg_name = GLOBAL_NAMES[name]
         else:
-            _, _, layer, rest = hf_name.split(".", 3)
+            _, _, layer, rest = name.split(".", 3)
+            if int(layer) >= n_layers:
+                continue
             gg_name = f"blk.{layer}.{LAYER_NAMES[rest]}"
             if arch == "llama" and rest.startswith("self_attn.q_proj."):
                 data = permute(data, n_head, n_head)
             elif arch == "llama" and rest.startswith("self_attn.k_proj."):
                 data = permute(data, n_head, n_kv)
-        w.add_tensor(gg_name, np.ascontiguousarray(data))
+        w.add_tensor(gg_name, np.ascontiguousarray(data, dtype=np.float16 if f16 and data.ndim == 2 else np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    record_view(path)
 
 
 def plain(v):
@@ -217,8 +260,10 @@ def record_view(path):
 
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
-    convert("llama3", "llama", "gpt-2")
-    convert("qwen2", "qwen2", "qwen2")
+    for name, arch, pre in [("llama3", "llama", "gpt-2"), ("qwen2", "qwen2", "qwen2")]:
+        path = OUT / f"{name}.gguf"
+        convert(HF / name, arch, pre, path)
+        record_view(path)
     for p in sorted(OUT.iterdir()):
         print(f"{p.relative_to(ROOT)}  {p.stat().st_size} bytes")
 

@@ -27,8 +27,6 @@ no extra (AMX/repacked) buffer types, 2 threads, n_ctx 64, every position's logi
 
 import ctypes
 import json
-import math
-import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -38,7 +36,7 @@ import llama_cpp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_gguf_fixtures as mgf  # noqa: E402  (helpers: names, permute, rope factors, vocab)
+import make_gguf_fixtures as mgf  # noqa: E402  (the HF -> GGUF conversion)
 
 ROOT = mgf.ROOT
 HF = mgf.HF
@@ -56,113 +54,6 @@ MODELS = {
     "qwen3": ("qwen3", ["f16"]),
     "llama256": ("llama_bf16_256", ["q4_k_s", "q6_k", "q4_k_m"]),
 }
-
-
-def load_safetensors(path):
-    """numpy float32 arrays from a safetensors file (BF16 upcast exactly)."""
-    raw = path.read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + n])
-    base = 8 + n
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = info["data_offsets"]
-        buf = raw[base + a : base + b]
-        dt = info["dtype"]
-        if dt == "F32":
-            arr = np.frombuffer(buf, dtype="<f4")
-        elif dt == "F16":
-            arr = np.frombuffer(buf, dtype="<f2").astype(np.float32)
-        elif dt == "BF16":
-            arr = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-        else:
-            raise ValueError(f"{path}: {name} has dtype {dt}")
-        out[name] = arr.reshape(info["shape"]).astype(np.float32)
-    return out
-
-
-def load_hf_weights(hf_dir):
-    weights = {}
-    for p in sorted(hf_dir.glob("*.safetensors")):
-        weights.update(load_safetensors(p))
-    return weights
-
-
-def convert(hf_name, arch, pre, path, max_layers=None):
-    """tools/make_gguf_fixtures.py `convert`, generalised: sharded/BF16 weights, a
-    chat_template.jinja, optional truncation to the first `max_layers` layers, and
-    add_bos only when the post-processor really adds a token."""
-    hf_dir = HF / hf_name
-    cfg = json.loads((hf_dir / "config.json").read_text())
-    tok_cfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
-    weights = load_hf_weights(hf_dir)
-    n_layers = cfg["num_hidden_layers"] if max_layers is None else min(max_layers, cfg["num_hidden_layers"])
-    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    head_dim = cfg.get("head_dim", cfg["hidden_size"] // n_head)
-    rope = cfg.get("rope_parameters") or {}
-    theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
-    n_vocab = weights["model.embed_tokens.weight"].shape[0]
-
-    w = gguf.GGUFWriter(path, arch)
-    w.add_name(path.stem)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_block_count(n_layers)
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(theta)
-    w.add_rope_dimension_count(head_dim)
-    if "head_dim" in cfg:
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-
-    tok, tokens, types, merges = mgf.vocab(hf_dir, n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    ids = {t: i for i, t in enumerate(tokens)}
-    if tok_cfg.get("bos_token"):
-        w.add_bos_token_id(ids[tok_cfg["bos_token"]])
-    if tok_cfg.get("eos_token"):
-        w.add_eos_token_id(ids[tok_cfg["eos_token"]])
-    if tok_cfg.get("pad_token"):
-        w.add_pad_token_id(ids[tok_cfg["pad_token"]])
-    post = tok.get("post_processor") or {}
-    w.add_add_bos_token(any("SpecialToken" in s for s in post.get("single", [])))
-    template = tok_cfg.get("chat_template")
-    if template is None and (hf_dir / "chat_template.jinja").exists():
-        template = (hf_dir / "chat_template.jinja").read_text()
-    if template:
-        w.add_chat_template(template)
-
-    if (cfg.get("rope_scaling") or {}).get("rope_type") == "llama3":
-        w.add_tensor("rope_freqs.weight", mgf.llama3_rope_factors(cfg))
-    for name in sorted(weights, key=lambda n: (n.count("."), n)):
-        data = weights[name]
-        if name in mgf.GLOBAL_NAMES:
-            gg_name = mgf.GLOBAL_NAMES[name]
-        else:
-            _, _, layer, rest = name.split(".", 3)
-            if int(layer) >= n_layers:
-                continue
-            gg_name = f"blk.{layer}.{mgf.LAYER_NAMES[rest]}"
-            if arch == "llama" and rest.startswith("self_attn.q_proj."):
-                data = mgf.permute(data, n_head, n_head)
-            elif arch == "llama" and rest.startswith("self_attn.k_proj."):
-                data = mgf.permute(data, n_head, n_kv)
-        w.add_tensor(gg_name, np.ascontiguousarray(data))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def quantize(src, dst, ftype):
@@ -261,11 +152,11 @@ def main():
         "llama3": OUT / "llama3.gguf",
         "qwen2": OUT / "qwen2.gguf",
     }
-    convert("mistral", "llama", "gpt-2", tmp / "mistral.gguf")
+    mgf.convert(HF / "mistral", "llama", "gpt-2", tmp / "mistral.gguf")
     bases["mistral"] = tmp / "mistral.gguf"
-    convert("qwen3", "qwen3", "qwen2", tmp / "qwen3.gguf")
+    mgf.convert(HF / "qwen3", "qwen3", "qwen2", tmp / "qwen3.gguf")
     bases["qwen3"] = tmp / "qwen3.gguf"
-    convert("llama_bf16_256", "llama", "gpt-2", tmp / "llama256.gguf", max_layers=1)
+    mgf.convert(HF / "llama_bf16_256", "llama", "gpt-2", tmp / "llama256.gguf", max_layers=1)
     bases["llama256"] = tmp / "llama256.gguf"
 
     for model, (ref_name, variants) in MODELS.items():
