@@ -1,12 +1,14 @@
-//! Strata's scalar quant references against golden vectors from an independent
-//! implementation (gguf-py's numpy `gguf.quants`, plus small numpy functions for the
-//! formats it lacks). Fixtures: tests/fixtures/quant/, produced by
-//! `tools/make_quant_fixtures.py` (re-run with /work/refvenv/bin/python after
-//! `pip install gguf`); see its docstring for which reference made each file.
+//! Strata's scalar quant references against golden vectors from independent
+//! implementations: gguf-py's numpy `gguf.quants` (plus small numpy functions for the
+//! formats it lacks) for the dequantizers and the Q8_0/Q4_0 quantizers, and llama.cpp's
+//! own `quantize_row_*_ref` for the Q4_K/Q6_K/Q8_K quantizers. Fixtures:
+//! tests/fixtures/quant/, produced by `tools/make_quant_fixtures.py` (re-run with
+//! /work/refvenv/bin/python after `pip install gguf llama-cpp-python`); see its
+//! docstring for which reference made each file.
 
 use std::path::{Path, PathBuf};
 
-use strata::quant::{self, blocks_as_bytes, zeroed_blocks};
+use strata::quant::{self, Block, blocks_as_bytes, zeroed_blocks};
 use strata::tensor::{AlignedBytes, ByteSource, DType};
 
 fn dir() -> PathBuf {
@@ -22,7 +24,7 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
-fn dtype(name: &str) -> DType {
+fn dtype_of(name: &str) -> DType {
     use DType::*;
     match name {
         "Q4_0" => Q4_0,
@@ -52,7 +54,7 @@ fn dequantize_is_bit_exact_for_every_block_type() {
     let fixtures = index();
     let mut seen = Vec::new();
     for f in &fixtures {
-        let dt = dtype(f["dtype"].as_str().unwrap());
+        let dt = dtype_of(f["dtype"].as_str().unwrap());
         let raw = read(f["blocks"].as_str().unwrap());
         let want = f32s(&read(f["expected"].as_str().unwrap()));
         let n = f["n_blocks"].as_u64().unwrap() as usize;
@@ -79,33 +81,80 @@ fn dequantize_is_bit_exact_for_every_block_type() {
     }
 }
 
+/// Strata's quantizer for `dtype` applied to `x`, as the raw bytes of its blocks.
+fn strata_quantize(dtype: &str, x: &[f32]) -> Vec<u8> {
+    fn run<B: Block>(x: &[f32], quantize: fn(&[f32], &mut [B])) -> Vec<u8> {
+        let mut b = zeroed_blocks::<B>(x.len() / B::DTYPE.block_size());
+        quantize(x, &mut b);
+        blocks_as_bytes(&b).to_vec()
+    }
+    match dtype {
+        "Q8_0" => run(x, quant::q8_0::quantize),
+        "Q4_0" => run(x, quant::q4_0::quantize),
+        "Q4_K" => run(x, quant::q4_k::quantize),
+        "Q6_K" => run(x, quant::q6_k::quantize),
+        "Q8_K" => run(x, quant::q8_k::quantize),
+        other => panic!("no quantizer test for {other}"),
+    }
+}
+
+/// Quantizes the `quant_input` of `dtype`'s fixture with Strata and asserts the bytes
+/// equal the fixture's `quant_blocks`, naming the first differing block and byte.
+/// Returns the fixture's `quant_reference`.
+fn assert_quantizer_matches(dtype: &str) -> String {
+    let fixtures = index();
+    let f = fixtures.iter().find(|f| f["dtype"] == dtype).unwrap_or_else(|| panic!("no {dtype} in index.json"));
+    let (Some(input), Some(blocks), Some(reference)) =
+        (f["quant_input"].as_str(), f["quant_blocks"].as_str(), f["quant_reference"].as_str())
+    else {
+        panic!("{dtype} has no quantizer fixture in index.json (run tools/make_quant_fixtures.py)")
+    };
+    let x = f32s(&read(input));
+    let want = read(blocks);
+    let got = strata_quantize(dtype, &x);
+    let bb = dtype_of(dtype).block_bytes();
+    assert_eq!(got.len(), want.len(), "{dtype}: {} values", x.len());
+    assert_eq!(want.len() % bb, 0, "{blocks}");
+    let bad: Vec<usize> = (0..want.len() / bb).filter(|&i| got[i * bb..][..bb] != want[i * bb..][..bb]).collect();
+    if let Some(&i) = bad.first() {
+        let (g, w) = (&got[i * bb..][..bb], &want[i * bb..][..bb]);
+        let off = g.iter().zip(w).position(|(a, b)| a != b).unwrap();
+        panic!(
+            "{dtype}: {} of {} blocks differ from {reference}; first: block {i} (input values {}..{}), \
+             byte {off}: strata {:#04x} vs {:#04x}\nstrata:    {g:02x?}\nreference: {w:02x?}",
+            bad.len(),
+            want.len() / bb,
+            i * dtype_of(dtype).block_size(),
+            (i + 1) * dtype_of(dtype).block_size(),
+            g[off],
+            w[off],
+        );
+    }
+    reference.to_string()
+}
+
 #[test]
 fn q8_0_and_q4_0_quantizers_match_gguf_py_bytes() {
-    let fixtures = index();
-    let mut checked = 0;
-    for f in &fixtures {
-        let (Some(input), Some(blocks)) = (f["quant_input"].as_str(), f["quant_blocks"].as_str()) else { continue };
-        let x = f32s(&read(input));
-        let want = read(blocks);
-        let got: Vec<u8> = match f["dtype"].as_str().unwrap() {
-            "Q8_0" => {
-                let mut b = zeroed_blocks::<quant::q8_0::BlockQ8_0>(x.len() / 32);
-                quant::q8_0::quantize(&x, &mut b);
-                blocks_as_bytes(&b).to_vec()
-            }
-            "Q4_0" => {
-                let mut b = zeroed_blocks::<quant::q4_0::BlockQ4_0>(x.len() / 32);
-                quant::q4_0::quantize(&x, &mut b);
-                blocks_as_bytes(&b).to_vec()
-            }
-            other => panic!("no quantizer test for {other}"),
-        };
-        assert_eq!(got.len(), want.len());
-        let bb = dtype(f["dtype"].as_str().unwrap()).block_bytes();
-        for (i, (g, w)) in got.chunks(bb).zip(want.chunks(bb)).enumerate() {
-            assert_eq!(g, w, "{} block {i} differs from gguf.quants.quantize", f["dtype"]);
-        }
-        checked += 1;
+    for dtype in ["Q8_0", "Q4_0"] {
+        assert_eq!(assert_quantizer_matches(dtype), "gguf.quants.quantize");
     }
-    assert_eq!(checked, 2, "fixtures for both Q8_0 and Q4_0 quantizers");
+}
+
+// The K-quant quantizers against llama.cpp's own `quantize_row_*_ref` (ggml-quants.c),
+// on one input with an all-zero, an outlier, an all-negative, a tiny (~1e-8), a
+// constant, a per-sub-block-scaled and an on-grid super-block.
+
+#[test]
+fn q4_k_quantizer_matches_llama_cpp_bytes() {
+    assert_eq!(assert_quantizer_matches("Q4_K"), "llama.cpp quantize_row_q4_K_ref");
+}
+
+#[test]
+fn q6_k_quantizer_matches_llama_cpp_bytes() {
+    assert_eq!(assert_quantizer_matches("Q6_K"), "llama.cpp quantize_row_q6_K_ref");
+}
+
+#[test]
+fn q8_k_quantizer_matches_llama_cpp_bytes() {
+    assert_eq!(assert_quantizer_matches("Q8_K"), "llama.cpp quantize_row_q8_K_ref");
 }

@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
 """Golden vectors for Strata's block-quantized formats (tests/quant_golden.rs).
 
-Run with the reference venv (needs numpy and gguf-py from PyPI):
+Run with the reference venv (needs numpy, gguf-py and llama-cpp-python from PyPI):
 
-    /work/refvenv/bin/pip install gguf
+    /work/refvenv/bin/pip install gguf llama-cpp-python
     /work/refvenv/bin/python tools/make_quant_fixtures.py
 
 For each block type it writes, under tests/fixtures/quant/:
   <name>.blocks.bin   raw little-endian blocks
   <name>.f32.bin      the expected dequantized values (little-endian f32)
 and, for Q8_0 and Q4_0, <name>.quant_input.f32.bin / <name>.quant_blocks.bin: an f32
-input and the bytes gguf.quants.quantize makes of it. index.json lists them all.
+input and the bytes gguf.quants.quantize makes of it. For Q4_K, Q6_K and Q8_K,
+k_quant.quant_input.f32.bin (one input shared by the three) and <name>.quant_blocks.bin:
+the bytes llama.cpp's own reference quantizers (`quantize_row_q4_K_ref` etc., called
+through ctypes from the libggml-base.so that llama-cpp-python ships) make of it; see
+kquant_quantizer_fixtures. index.json lists them all.
 
 Expected values come from gguf.quants.dequantize (an independent numpy
 implementation) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K. gguf-py has no
@@ -18,11 +22,13 @@ Q8_1, Q8_K or Strata's own AffineQ4/I8, so those are dequantized by the small nu
 functions below, written from ggml-common.h and the layouts documented in
 src/quant/affine_q4.rs and src/quant/int8.rs.
 
-gguf-py cannot quantize K-quants, so K-quant fixtures are random VALID blocks: random
-bytes with the f16 scales overwritten by small finite values.
+gguf-py cannot quantize K-quants, so the K-quant dequantizer fixtures are random VALID
+blocks: random bytes with the f16 scales overwritten by small finite values.
 """
 
+import ctypes
 import importlib.metadata
+import importlib.util
 import json
 import pathlib
 
@@ -60,6 +66,62 @@ def quant_input(n_blocks, block):
     x[2] *= 1e-3  # small values
     x[3, :] = np.float32(0.5)  # a constant block
     return x.reshape(-1)
+
+
+def kquant_input():
+    """8 super-blocks of f32 for the K-quant quantizers, with the hard cases first.
+
+    Drawn from its own generator so that adding it left RNG's stream, and with it every
+    older fixture, unchanged."""
+    rng = np.random.default_rng(20240602)
+    x = rng.normal(0.0, 1.0, size=(8, 256)).astype(np.float32)
+    x[0] = 0.0  # all zeros
+    x[1, 37] = 1000.0  # one huge outlier: the other sub-block scales round to 0
+    x[2] = -np.abs(x[2])  # all negative
+    x[3] *= 1e-8  # tiny: the f16 super-block scales underflow to 0
+    x[4, :] = np.float32(0.5)  # constant, positive
+    x[5] *= np.repeat(np.float32(10.0) ** np.arange(-4, 4, dtype=np.float32), 32)  # scale per sub-block
+    x[6] = rng.integers(-8, 8, size=256).astype(np.float32) / 2  # on a grid: rounding ties
+    return x.reshape(-1)  # x[7] stays plain N(0, 1)
+
+
+def ggml_base():
+    """llama-cpp-python's libggml-base.so, which exports the `quantize_row_*_ref`s."""
+    spec = importlib.util.find_spec("llama_cpp")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llama-cpp-python is not installed (pip install llama-cpp-python)")
+    return ctypes.CDLL(str(pathlib.Path(spec.submodule_search_locations[0]) / "lib" / "libggml-base.so"))
+
+
+def ggml_quantize_ref(lib, name, x, block_bytes):
+    """`void quantize_row_<name>_ref(const float * x, block_<name> * y, int64_t k)` on x."""
+    fn = getattr(lib, f"quantize_row_{name}_ref")
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    fn.restype = None
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    assert x.size % 256 == 0
+    y = np.zeros((x.size // 256, block_bytes), dtype=np.uint8)
+    fn(x.ctypes.data, y.ctypes.data, x.size)
+    return y
+
+
+def kquant_quantizer_fixtures(index):
+    """Writes the K-quant quantizer fixtures and adds them to the Q4_K, Q6_K and Q8_K
+    entries of `index` (under the same keys as the Q8_0/Q4_0 quantizer fixtures)."""
+    lib = ggml_base()
+    x = kquant_input()
+    (OUT / "k_quant.quant_input.f32.bin").write_bytes(x.astype("<f4").tobytes())
+    for dtype, ref, size in [("Q4_K", "q4_K", 144), ("Q6_K", "q6_K", 210), ("Q8_K", "q8_K", 292)]:
+        name = dtype.lower()
+        (OUT / f"{name}.quant_blocks.bin").write_bytes(ggml_quantize_ref(lib, ref, x, size).tobytes())
+        (entry,) = [e for e in index if e["dtype"] == dtype]
+        entry.update(
+            {
+                "quant_input": "k_quant.quant_input.f32.bin",
+                "quant_blocks": f"{name}.quant_blocks.bin",
+                "quant_reference": f"llama.cpp quantize_row_{ref}_ref",
+            }
+        )
 
 
 def deq_q8_1(blocks):
@@ -154,7 +216,15 @@ def main():
     blocks = random_blocks(6, 36, f32_fields=[0], scale=0.1)
     write("i8", "I8", blocks, deq_i8(blocks), "numpy deq_i8 in make_quant_fixtures.py")
 
-    meta = {"generator": "tools/make_quant_fixtures.py", "gguf_py": importlib.metadata.version("gguf"), "fixtures": index}
+    # K-quant quantizers: llama.cpp's reference bytes (Q5_K too once Strata quantizes it).
+    kquant_quantizer_fixtures(index)
+
+    meta = {
+        "generator": "tools/make_quant_fixtures.py",
+        "gguf_py": importlib.metadata.version("gguf"),
+        "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
+        "fixtures": index,
+    }
     (OUT / "index.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {len(index)} fixtures to {OUT}")
 
