@@ -269,3 +269,36 @@ fn throughput() {
         }
     }
 }
+
+/// Prefill GFLOP/s only (2048 × 5632, 128 rows or `STRATA_BENCH_ROWS`; formats from
+/// `STRATA_BENCH_TYPES`), many repetitions: for profiling the GEMM kernels. Prints figures; asserts nothing about speed.
+#[test]
+#[ignore = "benchmark: cargo test --release --test quant_matmul prefill -- --ignored --nocapture"]
+fn prefill_throughput() {
+    const M: usize = 2048;
+    const K: usize = 5632;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(2);
+    let pool = pool(threads);
+    let rows: usize = std::env::var("STRATA_BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
+    let mut rng = Rng(9);
+    let x = rng.vec(rows * K, 1.0);
+    let mut out = vec![0.0f32; rows * M];
+    let kinds = std::env::var("STRATA_BENCH_TYPES").unwrap_or_else(|_| "q4_0,q8_0,q4_k,q6_k".into());
+    for dtype in FORMATS.into_iter().filter(|d| kinds.split(',').any(|n| n.eq_ignore_ascii_case(d.name()))) {
+        let bytes = random_weight_bytes(dtype, M, K, &mut rng);
+        let w = tensor(dtype, &bytes, M, K, 0);
+        let mut times = Vec::new();
+        for _ in 0..15 {
+            let t = Instant::now();
+            quant::matmul(&pool, &x, rows, &w, &mut out);
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        let gflops = |s: f64| 2.0 * (rows * M * K) as f64 / s / 1e9;
+        eprintln!(
+            "{dtype:?} {M}x{K} rows={rows}, {threads} threads: median {:.1} GFLOP/s, best {:.1}",
+            gflops(times[times.len() / 2]),
+            gflops(times[0])
+        );
+    }
+}

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 use crate::tensor::{DType, HostTensor};
 
 pub mod affine_q4;
+mod gemm;
 pub mod int8;
 pub mod q4_0;
 pub mod q4_1;
@@ -29,7 +30,6 @@ pub mod q8_k;
 mod simd;
 
 pub use simd::QuantKernel;
-use simd::TileFn;
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("quant blocks are cast from little-endian bytes");
@@ -150,6 +150,9 @@ pub fn dequantize(dtype: DType, blocks: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Activation rows from which the packed GEMM ([`gemm`]) takes over from the
+/// single-row dot products.
+const GEMM_MIN_ROWS: usize = 2;
 /// Calls with fewer weight-block dot products than this run on the calling thread.
 const PAR_MIN_DOTS: usize = 1 << 12;
 /// Tasks per pool thread, so work stealing can even out a thread that falls behind.
@@ -173,8 +176,9 @@ pub fn activation_dtype(dtype: DType) -> Option<DType> {
 /// llama.cpp does it: every x row is quantized once per call (Q8_0, Q8_1 or Q8_K, see
 /// [`activation_dtype`]) and each weight block meets it in an integer dot product, so the
 /// weights are never dequantized. Runs on `pool` split by output feature (each weight
-/// row is read from memory once per call), with the best [`QuantKernel`] this CPU has.
-/// Formats without an integer dot (Q8_1, Q8_K, AffineQ4, I8) take the dequantizing
+/// row is read from memory once per call), with the best [`QuantKernel`] this CPU has:
+/// one activation row (decode) takes the single-row dot products, several (prefill)
+/// the packed GEMM of [`gemm`] where the kernel has one. Formats without an integer dot (Q8_1, Q8_K, AffineQ4, I8) take the dequantizing
 /// reference path.
 pub fn matmul(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
     matmul_with(QuantKernel::best(), pool, x, rows, w, out)
@@ -201,6 +205,11 @@ pub fn matmul_with(kernel: QuantKernel, pool: &ThreadPool, x: &[f32], rows: usiz
         bytes.len(),
         m * row_bytes
     );
+    if rows >= GEMM_MIN_ROWS
+        && let Some(g) = kernel.gemm(w.dtype)
+    {
+        return gemm::matmul(pool, &g, w.dtype, bytes, m, k, x, rows, out);
+    }
     let threads = pool.current_num_threads();
     let par = threads > 1 && rows * m * nb >= PAR_MIN_DOTS;
     let acts = quantize_rows(pool, act, &x[..rows * k], rows, k, par);
@@ -208,48 +217,7 @@ pub fn matmul_with(kernel: QuantKernel, pool: &ThreadPool, x: &[f32], rows: usiz
 
     let chunk = if par { m.div_ceil(threads * TASKS_PER_THREAD).next_multiple_of(TILE).min(m) } else { m };
     let dst = OutPtr(out.as_mut_ptr());
-    // Prefill register tiles: up to `wr_max` weight rows × 4 activation rows per call.
-    let wr_max = 2;
-    let tiles: [[Option<TileFn>; 4]; 4] =
-        std::array::from_fn(|wr| std::array::from_fn(|ar| kernel.tile_fn(w.dtype, wr + 1, ar + 1)));
-    // Decode (one activation row) keeps the single-row dot: the tile only pays off when
-    // the unpacked weight block is reused across activation rows.
-    let tiled = rows > 1 && tiles[0][0].is_some();
-    let act_stride = act_row * size_of::<u32>();
-    let tiled_task = |cols: std::ops::Range<usize>| {
-        for tile in cols.clone().step_by(TILE) {
-            let tile = tile..(tile + TILE).min(cols.end);
-            for r in (0..rows).step_by(4) {
-                let ar = (rows - r).min(4);
-                let mut o = tile.start;
-                while o < tile.end {
-                    let wr = (tile.end - o).min(wr_max);
-                    let f = tiles[wr - 1][ar - 1].expect("every tile shape matmul uses has a kernel");
-                    // SAFETY: `tiles` came from `kernel.tile_fn`, which checked the CPU
-                    // features; weight rows `o..o + wr` and activation rows `r..r + ar`
-                    // are whole rows inside `bytes` and `acts` (aligned, see
-                    // `quantize_rows`); outputs `(r + j)·m + o + i` are inside `out`
-                    // and only the task owning columns `o..o + wr` writes them.
-                    unsafe {
-                        f(
-                            bytes.as_ptr().add(o * row_bytes),
-                            row_bytes,
-                            acts.as_ptr().add(r * act_row).cast(),
-                            act_stride,
-                            nb,
-                            dst.ptr().add(r * m + o),
-                            m,
-                        )
-                    };
-                    o += wr;
-                }
-            }
-        }
-    };
     let task = |cols: std::ops::Range<usize>| {
-        if tiled {
-            return tiled_task(cols);
-        }
         for tile in cols.clone().step_by(TILE) {
             let tile = tile..(tile + TILE).min(cols.end);
             for r in 0..rows {

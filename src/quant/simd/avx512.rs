@@ -6,7 +6,7 @@
 //! with `vpdpwssd`, all in i32; Q6_K's −32 comes off via the activations' `bsums`.
 //! Unavailable off x86-64.
 
-use super::{DotFn, TileFn};
+use super::DotFn;
 use crate::tensor::DType;
 
 pub(super) fn available() -> bool {
@@ -45,43 +45,6 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = dtype;
-        None
-    }
-}
-
-/// The register-tiled kernel for `wr` weight rows × `ar` activation rows, for the
-/// formats and tile shapes that have one.
-pub(super) fn tile_fn(dtype: DType, wr: usize, ar: usize) -> Option<TileFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use imp::*;
-        macro_rules! pick {
-            ($f:ident $(, $g:tt)?) => {
-                match (wr, ar) {
-                    (1, 1) => $f::<$($g,)? 1, 1> as TileFn,
-                    (1, 2) => $f::<$($g,)? 1, 2>,
-                    (1, 3) => $f::<$($g,)? 1, 3>,
-                    (1, 4) => $f::<$($g,)? 1, 4>,
-                    (2, 1) => $f::<$($g,)? 2, 1>,
-                    (2, 2) => $f::<$($g,)? 2, 2>,
-                    (2, 3) => $f::<$($g,)? 2, 3>,
-                    (2, 4) => $f::<$($g,)? 2, 4>,
-                    (3, 1) => $f::<$($g,)? 3, 1>,
-                    (4, 1) => $f::<$($g,)? 4, 1>,
-                    _ => return None,
-                }
-            };
-        }
-        Some(match dtype {
-            DType::Q4_K => pick!(tile_q4k, false),
-            DType::Q5_K => pick!(tile_q4k, true),
-            DType::Q6_K => pick!(tile_q6k),
-            _ => return None,
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (dtype, wr, ar);
         None
     }
 }
@@ -250,35 +213,12 @@ mod imp {
     static IDX_K4: [[i16; 32]; 4] = scale_idx::<2>();
     static IDX_K6: [[i16; 32]; 4] = scale_idx::<4>();
 
-    /// i16 lane indices for Q4_K/Q5_K mins: lane l picks lane 8 + l / 2 (min l / 2).
-    static IDX_MIN: [i16; 16] = [8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15];
-
     /// The f16 at `p` as f32.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
     #[inline]
     unsafe fn f16_f32(p: *const u8) -> f32 {
         // SAFETY: the caller passes a readable 2-byte location.
         unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(f16_at(p) as u16 as i32))) }
-    }
-
-    /// The scales (i16 lanes 0..8) and mins (lanes 8..16) of a Q4_K/Q5_K block whose
-    /// 12 packed scale bytes are at `s`, with ggml's `utmp` word trick
-    /// (see [`scales_mins_k4`](super::super::scales_mins_k4)).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
-    #[inline]
-    unsafe fn scales_mins_k4_v(s: *const u8) -> __m256i {
-        const K1: u32 = 0x3f3f_3f3f;
-        const K2: u32 = 0x0f0f_0f0f;
-        const K3: u32 = 0x0303_0303;
-        // SAFETY: 12 readable bytes at `s` (the caller's block).
-        let (u0, u1, u2) = unsafe {
-            let p = s.cast::<u32>();
-            (p.read_unaligned(), p.add(1).read_unaligned(), p.add(2).read_unaligned())
-        };
-        let u3 = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
-        let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
-        let v = _mm_setr_epi32((u0 & K1) as i32, sc_hi as i32, (u1 & K1) as i32, u3 as i32);
-        _mm256_cvtepu8_epi16(v)
     }
 
     /// Q4_K (`Q5 = false`) and Q5_K against Q8_K.
@@ -347,102 +287,15 @@ mod imp {
         out
     }
 
-    /// Q4_K (`Q5 = false`) and Q5_K against Q8_K, `WR` weight rows × `AR` activation
-    /// rows: each weight block is unpacked (levels, scales, mins) once and reused for
-    /// every activation row; each activation block is loaded once for every weight row.
+    /// Q6_K against Q8_K, `WR` weight rows × `AR` activation rows (weight row `i` at
+    /// `w + i·ws`, activation row `j` at `a + j·as_`, `out[j·os + i]`): each weight block
+    /// is unpacked once for all `AR` rows. [`dot_q6k`] runs it as 1 × 1.
     ///
     /// # Safety
-    /// As for [`TileFn`](super::TileFn), on a CPU with the features enabled here.
+    /// As for [`DotFn`](super::DotFn), for every row; `out[j·os + i]` must be writable;
+    /// a CPU with the features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn tile_q4k<const Q5: bool, const WR: usize, const AR: usize>(
-        w: *const u8,
-        ws: usize,
-        a: *const u8,
-        as_: usize,
-        nb: usize,
-        out: *mut f32,
-        os: usize,
-    ) {
-        let (wb, qs) = if Q5 { (176, 48) } else { (144, 16) };
-        const AB: usize = 292;
-        let nib = _mm512_set1_epi8(0x0F);
-        let mut accf = [[_mm512_setzero_ps(); AR]; WR];
-        // SAFETY: pointers stay inside the caller's `WR` weight rows and `AR` activation
-        // rows of `nb` blocks each (prefetches excepted: they never fault).
-        unsafe {
-            let idx = IDX_K4.map(|r| _mm512_loadu_si512(r.as_ptr().cast()));
-            let idx_min = _mm256_loadu_si256(IDX_MIN.as_ptr().cast());
-            for i in 0..nb {
-                let mut scz = [_mm512_setzero_si512(); WR];
-                let mut mins = [_mm256_setzero_si256(); WR];
-                let mut dx = [0.0f32; WR];
-                let mut dm = [0.0f32; WR];
-                for wi in 0..WR {
-                    let wp = w.add(wi * ws + i * wb);
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 128).cast());
-                    let sm = scales_mins_k4_v(wp.add(4));
-                    scz[wi] = _mm512_castsi256_si512(sm);
-                    mins[wi] = _mm256_permutexvar_epi16(idx_min, sm);
-                    dx[wi] = f16_f32(wp);
-                    dm[wi] = f16_f32(wp.add(2));
-                }
-                let mut isum = [[_mm512_setzero_si512(); AR]; WR];
-                for n in 0..4 {
-                    let mut u = [_mm512_setzero_si512(); WR];
-                    let mut s = [_mm512_setzero_si512(); WR];
-                    for wi in 0..WR {
-                        let wp = w.add(wi * ws + i * wb);
-                        let qz = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(qs + 32 * n).cast()));
-                        let mut v =
-                            _mm512_and_si512(_mm512_mask_blend_epi64(0xF0, qz, _mm512_srli_epi16::<4>(qz)), nib);
-                        if Q5 {
-                            let qhz = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(16).cast()));
-                            let bits = _mm512_mask_blend_epi64(
-                                0xF0,
-                                _mm512_set1_epi8(1 << (2 * n)),
-                                _mm512_set1_epi8((2u8 << (2 * n)) as i8),
-                            );
-                            let k = _mm512_test_epi8_mask(qhz, bits);
-                            v = _mm512_mask_add_epi8(v, k, v, _mm512_set1_epi8(16));
-                        }
-                        u[wi] = v;
-                        s[wi] = _mm512_permutexvar_epi16(idx[n], scz[wi]);
-                    }
-                    for r in 0..AR {
-                        let y = _mm512_loadu_si512(a.add(r * as_ + i * AB + 4 + 64 * n).cast());
-                        for wi in 0..WR {
-                            isum[wi][r] = _mm512_dpwssd_epi32(isum[wi][r], _mm512_maddubs_epi16(u[wi], y), s[wi]);
-                        }
-                    }
-                }
-                for r in 0..AR {
-                    let ap = a.add(r * as_ + i * AB);
-                    let dy = ap.cast::<f32>().read();
-                    let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
-                    for wi in 0..WR {
-                        let mv = _mm512_zextsi256_si512(_mm256_madd_epi16(bsums, mins[wi]));
-                        let acc =
-                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[wi][r]), _mm512_set1_ps(dx[wi] * dy), accf[wi][r]);
-                        accf[wi][r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mv), _mm512_set1_ps(dm[wi] * dy), acc);
-                    }
-                }
-            }
-            for r in 0..AR {
-                for wi in 0..WR {
-                    out.add(r * os + wi).write(_mm512_reduce_add_ps(accf[wi][r]));
-                }
-            }
-        }
-    }
-
-    /// Q6_K against Q8_K, `WR` weight rows × `AR` activation rows (as [`tile_q4k`]).
-    ///
-    /// # Safety
-    /// As for [`TileFn`](super::TileFn), on a CPU with the features enabled here.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn tile_q6k<const WR: usize, const AR: usize>(
+    unsafe fn tile_q6k<const WR: usize, const AR: usize>(
         w: *const u8,
         ws: usize,
         a: *const u8,

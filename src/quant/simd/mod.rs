@@ -10,6 +10,7 @@
 
 mod avx2;
 mod avx512;
+pub(crate) mod gemm512;
 
 use std::sync::OnceLock;
 
@@ -23,15 +24,6 @@ use crate::tensor::DType;
 /// activation blocks of the matching activation format, aligned for that block type;
 /// the CPU must have the kernel's features.
 pub(crate) type DotFn = unsafe fn(w: *const u8, a: *const u8, nb: usize) -> f32;
-
-/// `unsafe fn(w, ws, a, as, nb, out, os)`: a register tile of `WR` weight rows (at
-/// `w + i·ws`) × `AR` activation rows (at `a + j·as`), `nb` blocks each, writing
-/// `out[j·os + i] = Σ w_i·a_j`. Each weight block is unpacked once for all `AR` rows.
-///
-/// # Safety
-/// As for [`DotFn`], for every row of the tile; `out[j·os + i]` must be writable.
-pub(crate) type TileFn =
-    unsafe fn(w: *const u8, ws: usize, a: *const u8, as_: usize, nb: usize, out: *mut f32, os: usize);
 
 /// The quantized-matmul kernel variants. Public so tests and benchmarks can run each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -89,12 +81,12 @@ impl QuantKernel {
         simd.or_else(|| scalar_dot_fn(dtype))
     }
 
-    /// The register-tiled kernel for `wr` weight rows × `ar` activation rows of `dtype`
-    /// weights, where this variant has one. Panics if the CPU lacks the features.
-    pub(crate) fn tile_fn(self, dtype: DType, wr: usize, ar: usize) -> Option<TileFn> {
+    /// The packed-GEMM kernels for `dtype` weights, where this variant has them.
+    /// Panics if the CPU lacks the features.
+    pub(crate) fn gemm(self, dtype: DType) -> Option<gemm512::GemmKernel> {
         assert!(self.is_available(), "the {self:?} quant kernel needs CPU features this machine lacks");
         match self {
-            QuantKernel::Avx512 => avx512::tile_fn(dtype, wr, ar),
+            QuantKernel::Avx512 => gemm512::kernel(dtype),
             _ => None,
         }
     }

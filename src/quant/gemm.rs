@@ -1,0 +1,240 @@
+//! Prefill (many activation rows) quantized matmul as a packed integer GEMM.
+//!
+//! Every weight format reduces, per group of `G` values (32, or 16 for Q6_K), to
+//! unsigned levels `u` with `w = dw · u − mw`, where `dw` and `mw` are per row and group
+//! (Q4_0: `dw = d`, `mw = 8d`; Q4_K: `dw = d · sc_j`, `mw = dmin · m_j`; ...). The
+//! activations are quantized as llama.cpp quantizes them for the format (Q8_0, Q8_1 or
+//! Q8_K, see [`super::activation_dtype`]), giving levels `q` with a scale `da` per group.
+//! Then
+//!
+//! ```text
+//! Σ w·x = Σ_groups da · (dw · Σ u·q − off · Σ q)      formats with an integer offset
+//!       = Σ_groups da · dw · Σ u·q − mw · (da · Σ q)     formats with a min
+//! ```
+//!
+//! A panel of 16 weight rows is unpacked once into `u8` levels interleaved four values
+//! per row (one 64-byte register holds 4 values of each of the 16 rows), and each
+//! activation row meets it as broadcast 4-byte words in `vpdpbusd`: 16 outputs per
+//! instruction, no horizontal sums, and the weights are unpacked once per call however
+//! many activation rows there are. The integer sums are exact; only the per-group float
+//! scaling differs in rounding from the single-row dot products.
+
+use rayon::ThreadPool;
+use rayon::prelude::*;
+
+use super::simd::gemm512::{AR_MAX, GemmKernel, MicroTile};
+use super::{OutPtr, QK, QK_K, TASKS_PER_THREAD, q8_0, q8_1, q8_k, zeroed_blocks};
+use crate::tensor::DType;
+
+/// Weight rows per panel: one 512-bit register of i32 lanes.
+pub(crate) const PANEL: usize = 16;
+
+/// How a weight format maps onto the GEMM (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GemmFormat {
+    /// Values per scale group: 32, or 16 (Q6_K).
+    pub group: usize,
+    /// Whether the weights carry a min (`mw`, against the activations' `da · Σ q`) rather
+    /// than an integer offset subtracted from the levels.
+    pub has_min: bool,
+    /// The integer offset of the levels (8, 16, 32 or 128; 0 for formats with a min).
+    pub offset: i32,
+}
+
+impl GemmFormat {
+    pub fn of(dtype: DType) -> Option<GemmFormat> {
+        let (group, has_min, offset) = match dtype {
+            DType::Q4_0 => (32, false, 8),
+            DType::Q5_0 => (32, false, 16),
+            DType::Q8_0 => (32, false, 128),
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => (32, true, 0),
+            DType::Q6_K => (16, false, 32),
+            _ => return None,
+        };
+        Some(GemmFormat { group, has_min, offset })
+    }
+}
+
+/// Quantized activation rows laid out for the GEMM: the levels of each row contiguous,
+/// and per row and group the scale `da` and the correction: `ioff = −off · Σ q` for
+/// offset formats, and for formats with a min `ms`, the f32 that `mw · ms · da` is the
+/// min term with (`Σ q`; for Q8_1 `s / d`, so the product is the block's own `s`).
+pub(crate) struct PackedActs {
+    pub groups: usize,
+    /// Consecutive groups that share one `da` (a Q8_K block's groups, else 1).
+    pub per: usize,
+    pub qs: Vec<i8>,
+    pub da: Vec<f32>,
+    pub ioff: Vec<i32>,
+    pub ms: Vec<f32>,
+}
+
+impl PackedActs {
+    /// Quantizes `rows` rows of `x` (each `k` values) the way the single-row dot
+    /// products do for `dtype` weights.
+    pub fn new(pool: &ThreadPool, dtype: DType, fmt: GemmFormat, x: &[f32], rows: usize, k: usize) -> PackedActs {
+        let act = super::activation_dtype(dtype).expect("GEMM formats have an activation format");
+        let g = fmt.group;
+        let groups = k / g;
+        let per = if act == DType::Q8_K { QK_K / g } else { 1 };
+        let mut p = PackedActs {
+            groups,
+            per,
+            qs: vec![0; rows * k],
+            da: vec![0.0; rows * groups],
+            ioff: vec![0; rows * groups],
+            ms: vec![0.0; rows * groups],
+        };
+        let one = |((((xr, qs), da), ioff), ms): ((((&[f32], &mut [i8]), &mut [f32]), &mut [i32]), &mut [f32])| {
+            match act {
+                DType::Q8_0 | DType::Q8_1 => {
+                    let mut b = zeroed_blocks::<q8_1::BlockQ8_1>(k / QK);
+                    if act == DType::Q8_0 {
+                        let mut b0 = zeroed_blocks::<q8_0::BlockQ8_0>(k / QK);
+                        q8_0::quantize(xr, &mut b0);
+                        for (b1, b0) in b.iter_mut().zip(&b0) {
+                            (b1.d, b1.qs) = (b0.d, b0.qs);
+                        }
+                    } else {
+                        q8_1::quantize(xr, &mut b);
+                    }
+                    for (j, blk) in b.iter().enumerate() {
+                        qs[j * QK..(j + 1) * QK].copy_from_slice(&blk.qs);
+                        let sum: i32 = blk.qs.iter().map(|&q| q as i32).sum();
+                        da[j] = blk.d.to_f32();
+                        ioff[j] = -fmt.offset * sum;
+                        // Q8_1 carries `d · Σ q` rounded to f16, which the reference
+                        // dot products use for the min term.
+                        let d = blk.d.to_f32();
+                        ms[j] = if d == 0.0 { 0.0 } else { blk.s.to_f32() / d };
+                    }
+                }
+                DType::Q8_K => {
+                    let mut b = zeroed_blocks::<q8_k::BlockQ8K>(k / QK_K);
+                    q8_k::quantize(xr, &mut b);
+                    let per = QK_K / g;
+                    for (j, blk) in b.iter().enumerate() {
+                        qs[j * QK_K..(j + 1) * QK_K].copy_from_slice(&blk.qs);
+                        for s in 0..per {
+                            let sums = &blk.bsums[s * g / 16..(s + 1) * g / 16];
+                            let sum: i32 = sums.iter().map(|&v| v as i32).sum();
+                            da[j * per + s] = blk.d;
+                            ioff[j * per + s] = -fmt.offset * sum;
+                            ms[j * per + s] = sum as f32;
+                        }
+                    }
+                }
+                other => unreachable!("{other:?} is not an activation format"),
+            }
+        };
+        let x = &x[..rows * k];
+        if rows > 1 {
+            pool.install(|| {
+                x.par_chunks(k)
+                    .zip(p.qs.par_chunks_mut(k))
+                    .zip(p.da.par_chunks_mut(groups))
+                    .zip(p.ioff.par_chunks_mut(groups))
+                    .zip(p.ms.par_chunks_mut(groups))
+                    .for_each(one)
+            });
+        } else {
+            x.chunks(k)
+                .zip(p.qs.chunks_mut(k))
+                .zip(p.da.chunks_mut(groups))
+                .zip(p.ioff.chunks_mut(groups))
+                .zip(p.ms.chunks_mut(groups))
+                .for_each(one);
+        }
+        p
+    }
+}
+
+/// A 64-byte aligned line of panel scratch.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// One task's unpacked panel: levels and the per-group `dw`/`mw` lanes.
+struct Scratch {
+    levels: Vec<Line>,
+    dw: Vec<Line>,
+    mw: Vec<Line>,
+}
+
+impl Scratch {
+    fn new(k: usize, group: usize) -> Scratch {
+        let groups = k / group;
+        // A line holds 4 values of each of the 16 rows; a group's scales are one line.
+        Scratch { levels: vec![Line([0; 64]); k / 4], dw: vec![Line([0; 64]); groups], mw: vec![Line([0; 64]); groups] }
+    }
+}
+
+/// `out[r·m + o] = Σ x[r, ·] · w[o, ·]` for the `[m, k]` block-quantized weight `bytes`
+/// (rows of `row_bytes`), with `gemm`'s kernels: 16-row panels split over `pool`, each
+/// unpacked once and run against every activation row.
+#[allow(clippy::too_many_arguments, reason = "the matmul shape spelled out")]
+pub(crate) fn matmul(
+    pool: &ThreadPool,
+    gemm: &GemmKernel,
+    dtype: DType,
+    bytes: &[u8],
+    m: usize,
+    k: usize,
+    x: &[f32],
+    rows: usize,
+    out: &mut [f32],
+) {
+    let fmt = gemm.fmt;
+    let row_bytes = dtype.bytes_for(k).expect("a weight row is whole blocks");
+    assert!(bytes.len() >= m * row_bytes && out.len() >= rows * m && x.len() >= rows * k);
+    let nb = k / dtype.block_size();
+    let acts = PackedActs::new(pool, dtype, fmt, x, rows, k);
+    let dst = OutPtr(out.as_mut_ptr());
+    let run = |scratch: &mut Scratch, p: usize| {
+        let o = p * PANEL;
+        let lanes = (m - o).min(PANEL);
+        let (levels, dw, mw) =
+            (scratch.levels.as_mut_ptr().cast(), scratch.dw.as_mut_ptr().cast(), scratch.mw.as_mut_ptr().cast());
+        // SAFETY: rows `o..o + lanes` are whole rows of `nb` blocks inside `bytes`
+        // (asserted above); the scratch lines are aligned and sized for `k` values;
+        // `gemm` came from `QuantKernel::gemm`, which checked the CPU features.
+        unsafe { (gemm.unpack)(bytes.as_ptr().add(o * row_bytes), row_bytes, lanes, nb, levels, dw, mw) };
+        for r in (0..rows).step_by(AR_MAX) {
+            let ar = (rows - r).min(AR_MAX);
+            let tile = MicroTile {
+                levels,
+                dw,
+                mw,
+                groups: acts.groups,
+                qs: acts.qs[r * k..].as_ptr(),
+                qs_stride: k,
+                da: acts.da[r * acts.groups..].as_ptr(),
+                ioff: acts.ioff[r * acts.groups..].as_ptr(),
+                ms: acts.ms[r * acts.groups..].as_ptr(),
+                g_stride: acts.groups,
+                per: acts.per,
+                // SAFETY: `(r + j)·m + o + i` for j < ar, i < lanes is inside `out`.
+                out: unsafe { dst.ptr().add(r * m + o) },
+                os: m,
+                mask: ((1u32 << lanes) - 1) as u16,
+            };
+            // SAFETY: the tile describes the panel just unpacked and activation rows
+            // `r..r + ar` of `acts`; only the task owning panel `p` writes columns
+            // `o..o + lanes`.
+            unsafe { (gemm.micro[ar - 1])(&tile) };
+        }
+    };
+    let panels = m.div_ceil(PANEL);
+    let threads = pool.current_num_threads();
+    // A few tasks per thread, each with one scratch panel for its run of panels.
+    let tasks = if threads > 1 { panels.min(threads * TASKS_PER_THREAD) } else { 1 };
+    let task = |t: usize| {
+        let mut scratch = Scratch::new(k, fmt.group);
+        (t * panels / tasks..(t + 1) * panels / tasks).for_each(|p| run(&mut scratch, p));
+    };
+    if tasks > 1 {
+        pool.install(|| (0..tasks).into_par_iter().for_each(task));
+    } else {
+        task(0);
+    }
+}
