@@ -8,8 +8,8 @@ runs interleaved, medians reported next to the memory bandwidth measured in the 
 
 Needs the reference stack (tools/requirements-ref.txt) plus `gguf` and `llama-cpp-python`.
 Writes <out>/bench-f16.gguf, quantizes it with llama.cpp's own quantizer into
-<out>/bench-<type>.gguf, then alternates `strata bench --json` and llama.cpp (prefill of a
-128-token prompt, then decode one token at a time) for each type and prints a markdown
+<out>/bench-<type>.gguf, then alternates `strata bench --json` and llama.cpp (after a warm-up pass, prefill of
+a 128-token prompt, then decode one token at a time) for each type and prints a markdown
 table: tok/s of each, their ratio, and decode as a fraction of the bandwidth roofline.
 """
 
@@ -63,6 +63,9 @@ def llamacpp_run(path, prompt, gen, threads):
 
     llm = Llama(model_path=str(path), n_ctx=len(prompt) + gen + 8, n_batch=len(prompt), n_threads=threads,
                 n_threads_batch=threads, verbose=False)
+    # Warm-up (as llama-bench and `strata bench` do): the first pass over the mapped
+    # weights pays their page faults.
+    llm.eval(prompt[:8])
     llm.reset()
     t = time.perf_counter()
     llm.eval(prompt)

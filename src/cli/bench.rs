@@ -102,8 +102,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let prompts: Vec<Vec<u32>> =
         (0..n_seq).map(|_| (0..args.prompt_tokens.max(1)).map(|_| next_id()).collect()).collect();
 
-    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
+    // One run of the prompt then `steps` greedy decode steps: (prefill tok/s, decode tok/s).
+    let run = |steps: usize| -> anyhow::Result<(f64, f64)> {
         let mut caches: Vec<_> = (0..n_seq).map(|_| model.new_cache(needed)).collect();
         let t = Instant::now();
         let mut last = Vec::new();
@@ -111,10 +111,10 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             let mut step = [SeqStep { tokens: p, cache, all_logits: false }];
             last.push(model.forward(&mut step)?.pop().unwrap_or_default());
         }
-        prefill.push((n_seq * args.prompt_tokens) as f64 / t.elapsed().as_secs_f64());
+        let prefill = (n_seq * args.prompt_tokens) as f64 / t.elapsed().as_secs_f64();
 
         let t = Instant::now();
-        for _ in 0..args.gen_tokens {
+        for _ in 0..steps {
             let ids: Vec<u32> = last
                 .iter()
                 .map(|l| l.iter().enumerate().fold(0, |b, (j, &v)| if v > l[b] { j } else { b }) as u32)
@@ -126,13 +126,24 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 .collect();
             last = model.forward(&mut batch)?;
         }
-        decode.push((n_seq * args.gen_tokens) as f64 / t.elapsed().as_secs_f64());
+        Ok((prefill, (n_seq * steps) as f64 / t.elapsed().as_secs_f64()))
+    };
+    // An untimed warm-up run first (as llama-bench does): the first pass over a
+    // memory-mapped model pays its page faults. Its layer statistics are left out.
+    run(1)?;
+    let sched = model.scheduler();
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let warm = (load(&sched.stats().layer_requests), load(&sched.stats().layer_hits), load(&sched.stats().bytes_read));
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let (p, d) = run(args.gen_tokens)?;
+        prefill.push(p);
+        decode.push(d);
     }
 
-    let sched = model.scheduler();
     let stats = sched.stats();
-    let requests = stats.layer_requests.load(std::sync::atomic::Ordering::Relaxed).max(1);
-    let hits = stats.layer_hits.load(std::sync::atomic::Ordering::Relaxed);
+    let requests = (load(&stats.layer_requests) - warm.0).max(1);
+    let hits = load(&stats.layer_hits) - warm.1;
     let tokens_run = (runs * n_seq * (args.prompt_tokens + args.gen_tokens)).max(1);
     let weight_bytes_per_token = sched.streamable_bytes() + model.lm_head_bytes();
     let bandwidth = measure_read_bandwidth(threads);
@@ -150,7 +161,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         weights_bytes: model.weights_bytes,
         streamable_bytes: sched.streamable_bytes(),
         resident_bytes: sched.resident_bytes(),
-        bytes_read_per_token: stats.bytes_read.load(std::sync::atomic::Ordering::Relaxed) as f64 / tokens_run as f64,
+        bytes_read_per_token: (load(&stats.bytes_read) - warm.2) as f64 / tokens_run as f64,
         cache_hit_rate: hits as f64 / requests as f64,
         io_stall_fraction: 0.0,
         peak_rss_bytes: peak_rss_bytes(),

@@ -160,6 +160,8 @@ const TASKS_PER_THREAD: usize = 4;
 /// Weight rows per tile: each x row passes over a tile's rows while they sit in L1/L2
 /// (a tile of 2048-value Q8_0 rows is ~17 KiB), and task boundaries fall on tiles.
 const TILE: usize = 8;
+/// Concurrent sequential weight streams per task in decode.
+const STREAMS: usize = 4;
 
 /// The format activations are quantized to for the integer dot products with `dtype`
 /// weights (llama.cpp's `vec_dot_type`), or `None` for formats without one here.
@@ -217,20 +219,34 @@ pub fn matmul_with(kernel: QuantKernel, pool: &ThreadPool, x: &[f32], rows: usiz
 
     let chunk = if par { m.div_ceil(threads * TASKS_PER_THREAD).next_multiple_of(TILE).min(m) } else { m };
     let dst = OutPtr(out.as_mut_ptr());
+    let dot_at = |r: usize, o: usize| {
+        let a = acts[r * act_row..(r + 1) * act_row].as_ptr();
+        let wrow = bytes[o * row_bytes..(o + 1) * row_bytes].as_ptr();
+        // SAFETY: `dot` came from `kernel.dot_fn`, which checked the CPU features; `wrow`
+        // holds `nb` weight blocks and `a` the row's `nb` activation blocks of the
+        // matching format, aligned (see `quantize_rows`). `r·m + o` is inside `out`
+        // (checked above), and only the task owning column `o` writes it while `out`
+        // stays mutably borrowed for this call.
+        unsafe { dst.ptr().add(r * m + o).write(dot(wrow, a.cast(), nb)) };
+    };
     let task = |cols: std::ops::Range<usize>| {
+        if rows == 1 {
+            // Decode streams the weights once: walk `STREAMS` distant parts of the range
+            // in turn, so several sequential reads are in flight at once (one stream per
+            // core reaches only about 60% of the memory bandwidth here).
+            let per = cols.len().div_ceil(STREAMS);
+            for i in 0..per {
+                for o in (cols.start + i..cols.end).step_by(per) {
+                    dot_at(0, o);
+                }
+            }
+            return;
+        }
         for tile in cols.clone().step_by(TILE) {
             let tile = tile..(tile + TILE).min(cols.end);
             for r in 0..rows {
-                let a = acts[r * act_row..(r + 1) * act_row].as_ptr();
                 for o in tile.clone() {
-                    let wrow = bytes[o * row_bytes..(o + 1) * row_bytes].as_ptr();
-                    // SAFETY: `dot` came from `kernel.dot_fn`, which checked the CPU
-                    // features; `wrow` holds `nb` weight blocks and `a` the row's `nb`
-                    // activation blocks of the matching format, aligned (see
-                    // `quantize_rows`). `r·m + o` is inside `out` (checked above), and
-                    // only the task owning column `o` writes it while `out` stays
-                    // mutably borrowed for this call.
-                    unsafe { dst.ptr().add(r * m + o).write(dot(wrow, a.cast(), nb)) };
+                    dot_at(r, o);
                 }
             }
         }

@@ -54,11 +54,10 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::{k_min_sum, scales_mins_k4};
     use crate::quant::QK_K;
 
     /// Bytes ahead of the current weight block to prefetch (the decode path streams).
-    const PREFETCH: usize = 1024;
+    const PREFETCH: usize = 2048;
 
     pub const Q4_0: u8 = 0;
     pub const Q5_0: u8 = 1;
@@ -221,7 +220,31 @@ mod imp {
         unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(f16_at(p) as u16 as i32))) }
     }
 
-    /// Q4_K (`Q5 = false`) and Q5_K against Q8_K.
+    /// i16 lane indices for Q4_K/Q5_K mins: lane l picks lane 8 + l / 2 (min l / 2).
+    static IDX_MIN: [i16; 16] = [8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15];
+
+    /// The scales (i16 lanes 0..8) and mins (lanes 8..16) of a Q4_K/Q5_K block whose
+    /// 12 packed scale bytes are at `s`, with ggml's `utmp` word trick
+    /// (see [`scales_mins_k4`](super::super::scales_mins_k4)).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    #[inline]
+    unsafe fn scales_mins_k4_v(s: *const u8) -> __m256i {
+        const K1: u32 = 0x3f3f_3f3f;
+        const K2: u32 = 0x0f0f_0f0f;
+        const K3: u32 = 0x0303_0303;
+        // SAFETY: 12 readable bytes at `s` (the caller's block).
+        let (u0, u1, u2) = unsafe {
+            let p = s.cast::<u32>();
+            (p.read_unaligned(), p.add(1).read_unaligned(), p.add(2).read_unaligned())
+        };
+        let u3 = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+        let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+        let v = _mm_setr_epi32((u0 & K1) as i32, sc_hi as i32, (u1 & K1) as i32, u3 as i32);
+        _mm256_cvtepu8_epi16(v)
+    }
+
+    /// Q4_K (`Q5 = false`) and Q5_K against Q8_K. Scales and mins are unpacked in
+    /// vector registers; the mins meet the activations' `bsums` in one `vpmaddwd`.
     ///
     /// # Safety
     /// As for [`DotFn`](super::DotFn), on a CPU with the features enabled here.
@@ -231,17 +254,19 @@ mod imp {
         const AB: usize = 292;
         let nib = _mm512_set1_epi8(0x0F);
         let mut accf = _mm512_setzero_ps();
-        let mut acc_min = 0.0f32;
-        // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted).
+        let mut accm = _mm256_setzero_ps();
+        // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted:
+        // they never fault).
         unsafe {
             let idx = IDX_K4.map(|r| _mm512_loadu_si512(r.as_ptr().cast()));
+            let idx_min = _mm256_loadu_si256(IDX_MIN.as_ptr().cast());
             for i in 0..nb {
                 let (wp, ap) = (w.add(i * wb), a.add(i * AB));
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 128).cast());
-                let (sc, mn) = scales_mins_k4(&*wp.add(4).cast::<[u8; 12]>());
-                let scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr().cast())));
+                let sm = scales_mins_k4_v(wp.add(4));
+                let scz = _mm512_castsi256_si512(sm);
                 let qhz = if Q5 {
                     _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(16).cast()))
                 } else {
@@ -264,15 +289,23 @@ mod imp {
                     let p = _mm512_maddubs_epi16(u, y);
                     isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(idx[n], scz));
                 }
-                let dy = ap.cast::<f32>().read();
-                let dx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(f16_at(wp) as u16 as i32)));
-                let dmin = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(f16_at(wp.add(2)) as u16 as i32)));
-                accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * dy), accf);
-                let bsums = &*ap.add(4 + QK_K).cast::<[i16; QK_K / 16]>();
-                acc_min += dmin * dy * k_min_sum(&mn, bsums) as f32;
+                let dy = _mm512_set1_ps(ap.cast::<f32>().read());
+                let dm = _mm512_cvtph_ps(_mm256_set1_epi32(wp.cast::<i32>().read_unaligned()));
+                // lanes: even = d·dy, odd = dmin·dy
+                let dd = _mm512_mul_ps(dm, dy);
+                accf =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(_mm512_setzero_si512(), dd), accf);
+                let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
+                let mv = _mm256_madd_epi16(bsums, _mm256_permutexvar_epi16(idx_min, sm));
+                let dmin = _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_set1_epi32(1), dd));
+                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mv), dmin, accm);
             }
         }
-        _mm512_reduce_add_ps(accf) - acc_min
+        let m = _mm256_add_ps(accm, _mm256_permute2f128_ps::<1>(accm, accm));
+        let m =
+            _mm_add_ps(_mm256_castps256_ps128(m), _mm_movehl_ps(_mm256_castps256_ps128(m), _mm256_castps256_ps128(m)));
+        let m = _mm_add_ss(m, _mm_shuffle_ps::<1>(m, m));
+        _mm512_reduce_add_ps(accf) - _mm_cvtss_f32(m)
     }
 
     /// Q6_K against Q8_K.

@@ -7,8 +7,9 @@
 use crate::quant::gemm::GemmFormat;
 use crate::tensor::DType;
 
-/// Activation rows per micro-kernel call (8 i32 + 8 f32 accumulators in registers).
-pub(crate) const AR_MAX: usize = 8;
+/// Activation rows per micro-kernel call: 12 i32 and 12 f32 accumulators in registers,
+/// so 12 independent `vpdpbusd` chains cover its 5-cycle latency at 2 per cycle.
+pub(crate) const AR_MAX: usize = 12;
 
 /// `unsafe fn(w, row_bytes, lanes, nb, levels, dw, mw)`: unpacks `nb` blocks of the
 /// `lanes` (1..=16) weight rows at `w`, `w + row_bytes`, ... into `levels`
@@ -74,6 +75,10 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
                     micro::<$steps, $min, 6>,
                     micro::<$steps, $min, 7>,
                     micro::<$steps, $min, 8>,
+                    micro::<$steps, $min, 9>,
+                    micro::<$steps, $min, 10>,
+                    micro::<$steps, $min, 11>,
+                    micro::<$steps, $min, 12>,
                 ]
             };
         }
