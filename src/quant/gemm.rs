@@ -22,6 +22,7 @@
 use rayon::ThreadPool;
 use rayon::prelude::*;
 
+use super::simd::act512;
 use super::simd::gemm512::{AR_MAX, GemmKernel, MicroTile};
 use super::{OutPtr, QK, QK_K, TASKS_PER_THREAD, q8_0, q8_1, q8_k, zeroed_blocks};
 use crate::tensor::DType;
@@ -87,31 +88,30 @@ impl PackedActs {
         };
         let one = |((((xr, qs), da), ioff), ms): ((((&[f32], &mut [i8]), &mut [f32]), &mut [i32]), &mut [f32])| {
             match act {
-                DType::Q8_0 | DType::Q8_1 => {
-                    let mut b = zeroed_blocks::<q8_1::BlockQ8_1>(k / QK);
-                    if act == DType::Q8_0 {
-                        let mut b0 = zeroed_blocks::<q8_0::BlockQ8_0>(k / QK);
-                        q8_0::quantize(xr, &mut b0);
-                        for (b1, b0) in b.iter_mut().zip(&b0) {
-                            (b1.d, b1.qs) = (b0.d, b0.qs);
-                        }
-                    } else {
-                        q8_1::quantize(xr, &mut b);
-                    }
+                DType::Q8_0 => {
+                    let mut b = zeroed_blocks::<q8_0::BlockQ8_0>(k / QK);
+                    act512::q8_0(xr, &mut b);
                     for (j, blk) in b.iter().enumerate() {
                         qs[j * QK..(j + 1) * QK].copy_from_slice(&blk.qs);
                         let sum: i32 = blk.qs.iter().map(|&q| q as i32).sum();
                         da[j] = blk.d.to_f32();
                         ioff[j] = -fmt.offset * sum;
-                        // Q8_1 carries `d · Σ q` rounded to f16, which the reference
-                        // dot products use for the min term.
-                        let d = blk.d.to_f32();
-                        ms[j] = if d == 0.0 { 0.0 } else { blk.s.to_f32() / d };
+                    }
+                }
+                DType::Q8_1 => {
+                    let mut b = zeroed_blocks::<q8_1::BlockQ8_1>(k / QK);
+                    act512::q8_1(xr, &mut b);
+                    for (j, blk) in b.iter().enumerate() {
+                        qs[j * QK..(j + 1) * QK].copy_from_slice(&blk.qs);
+                        da[j] = blk.d.to_f32();
+                        // The reference dot products take the min term from the block's
+                        // `s` (`d · Σ q` rounded to f16); `ms · da` gives it back.
+                        ms[j] = if da[j] == 0.0 { 0.0 } else { blk.s.to_f32() / da[j] };
                     }
                 }
                 DType::Q8_K => {
                     let mut b = zeroed_blocks::<q8_k::BlockQ8K>(k / QK_K);
-                    q8_k::quantize(xr, &mut b);
+                    act512::q8_k(xr, &mut b);
                     let per = QK_K / g;
                     for (j, blk) in b.iter().enumerate() {
                         qs[j * QK_K..(j + 1) * QK_K].copy_from_slice(&blk.qs);

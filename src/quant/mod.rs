@@ -286,13 +286,7 @@ fn quantize_rows(pool: &ThreadPool, act: DType, x: &[f32], rows: usize, k: usize
         // SAFETY: `words` is `row_words ≥ row_bytes / 4` initialised u32s; viewing them as
         // bytes needs no alignment.
         let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), row_bytes) };
-        let n = k / act.block_size();
-        match act {
-            DType::Q8_0 => q8_0::quantize(xr, cast_blocks_mut::<q8_0::BlockQ8_0>(bytes, n)),
-            DType::Q8_1 => q8_1::quantize(xr, cast_blocks_mut::<q8_1::BlockQ8_1>(bytes, n)),
-            DType::Q8_K => q8_k::quantize(xr, cast_blocks_mut::<q8_k::BlockQ8K>(bytes, n)),
-            other => unreachable!("{other:?} is not an activation format"),
-        }
+        simd::quantize_activations(act, xr, bytes);
     };
     if par && rows > 1 {
         pool.install(|| x.par_chunks(k).zip(buf.par_chunks_mut(row_words)).for_each(one));

@@ -8,6 +8,7 @@
 //! differ from the scalar reference only by float summation order. Formats without a
 //! SIMD kernel fall back to the scalar reference inside a SIMD table.
 
+pub(crate) mod act512;
 mod avx2;
 mod avx512;
 pub(crate) mod gemm512;
@@ -128,6 +129,28 @@ fn scalar_dot_fn(dtype: DType) -> Option<DotFn> {
         DType::Q5_K => scalar!(q5_k::BlockQ5K, q8_k::BlockQ8K, q5_k::vec_dot_q5_k_q8_k),
         DType::Q6_K => scalar!(q6_k::BlockQ6K, q8_k::BlockQ8K, q6_k::vec_dot_q6_k_q8_k),
         _ => None,
+    }
+}
+
+/// Quantizes activation rows `x` to `act` (Q8_0, Q8_1 or Q8_K) blocks in `out`, with
+/// AVX-512 where the CPU has it; the results equal the scalar references bit for bit.
+pub(crate) fn quantize_activations(act: DType, x: &[f32], out: &mut [u8]) {
+    let n = x.len() / act.block_size();
+    let simd = act512::available();
+    match act {
+        DType::Q8_0 => {
+            let b = super::cast_blocks_mut::<q8_0::BlockQ8_0>(out, n);
+            if simd { act512::q8_0(x, b) } else { q8_0::quantize(x, b) }
+        }
+        DType::Q8_1 => {
+            let b = super::cast_blocks_mut::<q8_1::BlockQ8_1>(out, n);
+            if simd { act512::q8_1(x, b) } else { q8_1::quantize(x, b) }
+        }
+        DType::Q8_K => {
+            let b = super::cast_blocks_mut::<q8_k::BlockQ8K>(out, n);
+            if simd { act512::q8_k(x, b) } else { q8_k::quantize(x, b) }
+        }
+        other => unreachable!("{other:?} is not an activation format"),
     }
 }
 
