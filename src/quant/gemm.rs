@@ -71,21 +71,24 @@ pub(crate) struct PackedActs {
 }
 
 impl PackedActs {
+    const fn empty() -> PackedActs {
+        PackedActs { groups: 0, per: 1, qs: Vec::new(), da: Vec::new(), ioff: Vec::new(), ms: Vec::new() }
+    }
+
     /// Quantizes `rows` rows of `x` (each `k` values) the way the single-row dot
-    /// products do for `dtype` weights.
-    pub fn new(pool: &ThreadPool, dtype: DType, fmt: GemmFormat, x: &[f32], rows: usize, k: usize) -> PackedActs {
+    /// products do for `dtype` weights, reusing this value's buffers.
+    pub fn fill(&mut self, pool: &ThreadPool, dtype: DType, fmt: GemmFormat, x: &[f32], rows: usize, k: usize) {
         let act = super::activation_dtype(dtype).expect("GEMM formats have an activation format");
         let g = fmt.group;
         let groups = k / g;
         let per = if act == DType::Q8_K { QK_K / g } else { 1 };
-        let mut p = PackedActs {
-            groups,
-            per,
-            qs: vec![0; rows * k],
-            da: vec![0.0; rows * groups],
-            ioff: vec![0; rows * groups],
-            ms: vec![0.0; rows * groups],
-        };
+        // Every element is written below; the resizes only allocate when growing.
+        let p = self;
+        (p.groups, p.per) = (groups, per);
+        p.qs.resize(rows * k, 0);
+        p.da.resize(rows * groups, 0.0);
+        p.ioff.resize(rows * groups, 0);
+        p.ms.resize(rows * groups, 0.0);
         let one = |((((xr, qs), da), ioff), ms): ((((&[f32], &mut [i8]), &mut [f32]), &mut [i32]), &mut [f32])| {
             match act {
                 DType::Q8_0 => {
@@ -145,7 +148,6 @@ impl PackedActs {
                 .zip(p.ms.chunks_mut(groups))
                 .for_each(one);
         }
-        p
     }
 }
 
@@ -162,11 +164,26 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn new(k: usize, group: usize) -> Scratch {
-        let groups = k / group;
-        // A line holds 4 values of each of the 16 rows; a group's scales are one line.
-        Scratch { levels: vec![Line([0; 64]); k / 4], dw: vec![Line([0; 64]); groups], mw: vec![Line([0; 64]); groups] }
+    /// Room for a panel of `k` values in groups of `group` (a line holds 4 values of
+    /// each of the 16 rows; a group's scales are one line).
+    fn reserve(&mut self, k: usize, group: usize) {
+        let grow = |v: &mut Vec<Line>, n: usize| {
+            if v.len() < n {
+                v.resize(n, Line([0; 64]));
+            }
+        };
+        grow(&mut self.levels, k / 4);
+        grow(&mut self.dw, k / group);
+        grow(&mut self.mw, k / group);
     }
+}
+
+thread_local! {
+    /// Each pool thread's panel scratch, kept between calls.
+    static SCRATCH: std::cell::RefCell<Scratch> =
+        const { std::cell::RefCell::new(Scratch { levels: Vec::new(), dw: Vec::new(), mw: Vec::new() }) };
+    /// The calling thread's packed activations, kept between calls.
+    static ACTS: std::cell::RefCell<PackedActs> = const { std::cell::RefCell::new(PackedActs::empty()) };
 }
 
 /// `out[r·m + o] = Σ x[r, ·] · w[o, ·]` for the `[m, k]` block-quantized weight `bytes`
@@ -188,7 +205,32 @@ pub(crate) fn matmul(
     let row_bytes = dtype.bytes_for(k).expect("a weight row is whole blocks");
     assert!(bytes.len() >= m * row_bytes && out.len() >= rows * m && x.len() >= rows * k);
     let nb = k / dtype.block_size();
-    let acts = PackedActs::new(pool, dtype, fmt, x, rows, k);
+    let mut run = |acts: &mut PackedActs| {
+        acts.fill(pool, dtype, fmt, x, rows, k);
+        run_panels(pool, gemm, bytes, row_bytes, nb, m, k, acts, rows, out);
+    };
+    // A nested call on this thread (work stolen while it waits) gets its own buffers.
+    ACTS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut acts) => run(&mut acts),
+        Err(_) => run(&mut PackedActs::empty()),
+    });
+}
+
+/// The panels of [`matmul`] over `pool`, against activations already packed.
+#[allow(clippy::too_many_arguments, reason = "the matmul shape spelled out")]
+fn run_panels(
+    pool: &ThreadPool,
+    gemm: &GemmKernel,
+    bytes: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    m: usize,
+    k: usize,
+    acts: &PackedActs,
+    rows: usize,
+    out: &mut [f32],
+) {
+    let fmt = gemm.fmt;
     let dst = OutPtr(out.as_mut_ptr());
     let run = |scratch: &mut Scratch, p: usize| {
         let o = p * PANEL;
@@ -229,8 +271,14 @@ pub(crate) fn matmul(
     // A few tasks per thread, each with one scratch panel for its run of panels.
     let tasks = if threads > 1 { panels.min(threads * TASKS_PER_THREAD) } else { 1 };
     let task = |t: usize| {
-        let mut scratch = Scratch::new(k, fmt.group);
-        (t * panels / tasks..(t + 1) * panels / tasks).for_each(|p| run(&mut scratch, p));
+        let go = |scratch: &mut Scratch| {
+            scratch.reserve(k, fmt.group);
+            (t * panels / tasks..(t + 1) * panels / tasks).for_each(|p| run(scratch, p));
+        };
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => go(&mut scratch),
+            Err(_) => go(&mut Scratch { levels: Vec::new(), dw: Vec::new(), mw: Vec::new() }),
+        })
     };
     if tasks > 1 {
         pool.install(|| (0..tasks).into_par_iter().for_each(task));
