@@ -214,7 +214,19 @@ pub fn matmul_with(kernel: QuantKernel, pool: &ThreadPool, x: &[f32], rows: usiz
     }
     let threads = pool.current_num_threads();
     let par = threads > 1 && rows * m * nb >= PAR_MIN_DOTS;
-    let acts = quantize_rows(pool, act, &x[..rows * k], rows, k, par);
+    let mut acts = quantize_rows(pool, act, &x[..rows * k], rows, k, par);
+    let mut dot = dot;
+    if rows == 1
+        && let Some(dec) = kernel.decode_fn(w.dtype)
+    {
+        // SAFETY: a row of whole Q8_0 blocks (the activation format of the formats
+        // with a decode kernel), viewed as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(acts.as_ptr().cast::<u8>(), acts.len() * 4) };
+        let blocks = cast_blocks::<q8_0::BlockQ8_0>(&bytes[..nb * size_of::<q8_0::BlockQ8_0>()])
+            .expect("activation rows are aligned whole blocks");
+        acts = simd::dec512::pack(w.dtype, blocks).expect("decode kernels have a packing");
+        dot = dec;
+    }
     let act_row = acts.len() / rows;
 
     let chunk = if par { m.div_ceil(threads * TASKS_PER_THREAD).next_multiple_of(TILE).min(m) } else { m };

@@ -11,6 +11,7 @@
 pub(crate) mod act512;
 mod avx2;
 mod avx512;
+pub(crate) mod dec512;
 pub(crate) mod gemm512;
 
 use std::sync::OnceLock;
@@ -80,6 +81,17 @@ impl QuantKernel {
             QuantKernel::Avx512 => avx512::dot_fn(dtype),
         };
         simd.or_else(|| scalar_dot_fn(dtype))
+    }
+
+    /// The single-row (decode) dot product for `dtype` weights that takes a
+    /// [`dec512::pack`]ed activation row, where this variant has one. Panics if the CPU
+    /// lacks the features.
+    pub(crate) fn decode_fn(self, dtype: DType) -> Option<DotFn> {
+        assert!(self.is_available(), "the {self:?} quant kernel needs CPU features this machine lacks");
+        match self {
+            QuantKernel::Avx512 if dec512::available() => dec512::dot_fn(dtype),
+            _ => None,
+        }
     }
 
     /// The packed-GEMM kernels for `dtype` weights, where this variant has them.

@@ -1,0 +1,224 @@
+//! AVX-512 VBMI decode (one activation row) dot products for Q4_0 and Q8_0, the
+//! formats whose weight blocks (18 and 34 bytes) are not register-aligned. One
+//! `vpermt2b` gathers the levels of 4 Q4_0 (or 2 Q8_0) blocks into a register and one
+//! `vpermb` their f16 scales; the activation row is packed once per call to match, so
+//! each block's integer offset (−8 or −128 times the activation sum) starts the
+//! `vpdpbusd` accumulator and its scale multiplies the block's lanes. About 3 vector
+//! instructions per Q4_0 block instead of 10, which is what single-row decode needs to
+//! keep up with memory. Unavailable off x86-64.
+
+use crate::quant::q8_0::BlockQ8_0;
+use crate::quant::{QK, cast_blocks};
+use crate::tensor::DType;
+
+/// Whether this CPU runs the kernels here (AVX-512 F/BW/VL, VNNI and VBMI).
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        super::avx512::available() && has!("avx512vbmi")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Weight blocks per packed activation group, and the group's packed bytes.
+fn geometry(dtype: DType) -> Option<(usize, usize)> {
+    match dtype {
+        DType::Q4_0 => Some((4, 256)),
+        DType::Q8_0 => Some((2, 192)),
+        _ => None,
+    }
+}
+
+/// The packed activation row for `dtype` weights from its Q8_0 blocks: whole groups
+/// packed (see the module docs), then the leftover blocks as Q8_0 for the tail.
+/// `None` when `dtype` has no kernel here.
+pub(crate) fn pack(dtype: DType, blocks: &[BlockQ8_0]) -> Option<Vec<u32>> {
+    let (per, bytes) = geometry(dtype)?;
+    let groups = blocks.len() / per;
+    let tail = &blocks[groups * per..];
+    let mut out = vec![0u32; (groups * bytes + size_of_val(tail)).div_ceil(4)];
+    // SAFETY: `out` holds at least that many initialised bytes; u8 needs no alignment.
+    let buf = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4) };
+    let sum = |b: &BlockQ8_0| b.qs.iter().map(|&q| q as i32).sum::<i32>();
+    for (g, blks) in blocks.chunks_exact(per).enumerate() {
+        let p = &mut buf[g * bytes..(g + 1) * bytes];
+        let (y, rest) = p.split_at_mut(if per == 4 { 128 } else { 64 });
+        let (corr, da) = rest.split_at_mut(64);
+        let lanes = 16 / per;
+        for (j, b) in blks.iter().enumerate() {
+            if per == 4 {
+                // Low halves of the 4 blocks, then high halves (the nibble order).
+                for t in 0..QK / 2 {
+                    y[16 * j + t] = b.qs[t] as u8;
+                    y[64 + 16 * j + t] = b.qs[16 + t] as u8;
+                }
+            } else {
+                for t in 0..QK {
+                    y[32 * j + t] = b.qs[t] as u8;
+                }
+            }
+            let off = if per == 4 { 8 } else { 128 };
+            corr[4 * lanes * j..4 * lanes * j + 4].copy_from_slice(&(-off * sum(b)).to_le_bytes());
+            for l in 0..lanes {
+                da[4 * (lanes * j + l)..4 * (lanes * j + l + 1)].copy_from_slice(&b.d.to_f32().to_le_bytes());
+            }
+        }
+    }
+    let at = groups * bytes;
+    buf[at..at + size_of_val(tail)].copy_from_slice(crate::quant::blocks_as_bytes(tail));
+    Some(out)
+}
+
+/// The decode dot product over a [`pack`]ed activation row, as a
+/// [`DotFn`](super::DotFn) (`a` is the packed row).
+pub(crate) fn dot_fn(dtype: DType) -> Option<super::DotFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match dtype {
+            DType::Q4_0 => Some(imp::dot_q4_0 as super::DotFn),
+            DType::Q8_0 => Some(imp::dot_q8_0 as super::DotFn),
+            _ => None,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = dtype;
+        None
+    }
+}
+
+/// The tail blocks of a packed row: the plain Q8_0 blocks after the groups.
+///
+/// # Safety
+/// `a` is a [`pack`]ed row for `nb` blocks of `per`-block groups of `bytes` bytes.
+unsafe fn tail<'a>(a: *const u8, nb: usize, per: usize, bytes: usize) -> &'a [BlockQ8_0] {
+    let groups = nb / per;
+    // SAFETY: the packed row holds the tail blocks right after the groups (an offset
+    // that is a multiple of 64, so aligned for Q8_0).
+    let raw =
+        unsafe { std::slice::from_raw_parts(a.add(groups * bytes), (nb - groups * per) * size_of::<BlockQ8_0>()) };
+    cast_blocks(raw).expect("the tail of a packed row is aligned Q8_0 blocks")
+}
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use std::arch::x86_64::*;
+
+    use super::tail;
+    use crate::quant::{Block, q4_0, q8_0, zeroed_blocks};
+
+    /// An aligned copy of the `n` weight blocks at `w` (the few left after the groups).
+    ///
+    /// # Safety
+    /// `n` whole blocks are readable at `w`.
+    unsafe fn weight_tail<B: Block>(w: *const u8, n: usize) -> Vec<B> {
+        let mut copy = zeroed_blocks::<B>(n);
+        // SAFETY: `copy` holds exactly `n` blocks; the caller vouches for the source.
+        unsafe { std::ptr::copy_nonoverlapping(w, copy.as_mut_ptr().cast::<u8>(), n * size_of::<B>()) };
+        copy
+    }
+
+    /// Bytes ahead of the current weight group to prefetch.
+    const PREFETCH: usize = 2048;
+
+    /// `vpermt2b` indices gathering the `qs` of `per` blocks of `bb` bytes (levels at
+    /// byte 2 of each) into one register, and `vpermb` indices putting block `j`'s f16
+    /// scale (bytes 0 and 1) in word lanes `j·16/per ..`.
+    const fn indices(per: usize, bb: usize) -> ([u8; 64], [u8; 64]) {
+        let (mut qs, mut d) = ([0u8; 64], [0u8; 64]);
+        let n = 64 / per;
+        let mut i = 0;
+        while i < 64 {
+            qs[i] = ((i / n) * bb + 2 + i % n) as u8;
+            i += 1;
+        }
+        let mut w = 0;
+        while w < 16 {
+            let j = w / (16 / per);
+            d[2 * w] = (j * bb) as u8;
+            d[2 * w + 1] = (j * bb + 1) as u8;
+            w += 1;
+        }
+        (qs, d)
+    }
+    static Q4_0_IDX: ([u8; 64], [u8; 64]) = indices(4, 18);
+    static Q8_0_IDX: ([u8; 64], [u8; 64]) = indices(2, 34);
+
+    /// Q4_0 against a packed Q8_0 row.
+    ///
+    /// # Safety
+    /// As for [`DotFn`](crate::quant::simd::DotFn) with `a` a packed row; a CPU with the
+    /// features enabled here.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
+    pub unsafe fn dot_q4_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+        const BB: usize = 18;
+        let groups = nb / 4;
+        let nib = _mm512_set1_epi8(0x0F);
+        let mut acc = _mm512_setzero_ps();
+        // SAFETY: loads stay inside the caller's `nb` weight blocks (the second one is
+        // masked to the group's last 8 bytes) and packed row; prefetches never fault.
+        unsafe {
+            let qidx = _mm512_loadu_si512(Q4_0_IDX.0.as_ptr().cast());
+            let didx = _mm512_loadu_si512(Q4_0_IDX.1.as_ptr().cast());
+            for g in 0..groups {
+                let (wp, ap) = (w.add(4 * BB * g), a.add(256 * g));
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
+                let v0 = _mm512_loadu_si512(wp.cast());
+                let v1 = _mm512_maskz_loadu_epi8(0xFF, wp.add(64).cast());
+                let q = _mm512_permutex2var_epi8(v0, qidx, v1);
+                let lo = _mm512_and_si512(q, nib);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
+                let mut i = _mm512_loadu_si512(ap.add(128).cast());
+                i = _mm512_dpbusd_epi32(i, lo, _mm512_loadu_si512(ap.cast()));
+                i = _mm512_dpbusd_epi32(i, hi, _mm512_loadu_si512(ap.add(64).cast()));
+                let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
+                let s = _mm512_mul_ps(dw, _mm512_loadu_ps(ap.add(192).cast()));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc);
+            }
+            let mut sum = _mm512_reduce_add_ps(acc);
+            if groups * 4 < nb {
+                let wt = weight_tail::<q4_0::BlockQ4_0>(w.add(4 * BB * groups), nb - 4 * groups);
+                sum += q4_0::vec_dot_q4_0_q8_0(&wt, tail(a, nb, 4, 256));
+            }
+            sum
+        }
+    }
+
+    /// Q8_0 against a packed Q8_0 row.
+    ///
+    /// # Safety
+    /// As for [`dot_q4_0`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
+    pub unsafe fn dot_q8_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+        const BB: usize = 34;
+        let groups = nb / 2;
+        let flip = _mm512_set1_epi8(-128);
+        let mut acc = _mm512_setzero_ps();
+        // SAFETY: as in `dot_q4_0` (the masked load covers the pair's last 4 bytes).
+        unsafe {
+            let qidx = _mm512_loadu_si512(Q8_0_IDX.0.as_ptr().cast());
+            let didx = _mm512_loadu_si512(Q8_0_IDX.1.as_ptr().cast());
+            for g in 0..groups {
+                let (wp, ap) = (w.add(2 * BB * g), a.add(192 * g));
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
+                let v0 = _mm512_loadu_si512(wp.cast());
+                let v1 = _mm512_maskz_loadu_epi8(0x0F, wp.add(64).cast());
+                let u = _mm512_xor_si512(_mm512_permutex2var_epi8(v0, qidx, v1), flip);
+                let i = _mm512_dpbusd_epi32(_mm512_loadu_si512(ap.add(64).cast()), u, _mm512_loadu_si512(ap.cast()));
+                let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
+                let s = _mm512_mul_ps(dw, _mm512_loadu_ps(ap.add(128).cast()));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc);
+            }
+            let mut sum = _mm512_reduce_add_ps(acc);
+            if groups * 2 < nb {
+                let wt = weight_tail::<q8_0::BlockQ8_0>(w.add(2 * BB * groups), 1);
+                sum += q8_0::vec_dot_q8_0_q8_0(&wt, tail(a, nb, 2, 192));
+            }
+            sum
+        }
+    }
+}
