@@ -1,4 +1,4 @@
-//! AVX-512 (F, BW, VL, VNNI) dot products. 32-value formats take two blocks per
+//! AVX-512 (F, BW, VL, VNNI, VBMI: Ice Lake, Zen 4 and later) dot products. 32-value formats take two blocks per
 //! register: weights become unsigned bytes `u` (nibbles, plus the fifth bit, or
 //! `q ^ 0x80` for Q8_0) so `vpdpbusd` can multiply them with the signed activations;
 //! the offset (8, 16 or 128) is taken off exactly with a second `vpdpbusd` against the
@@ -17,6 +17,7 @@ pub(super) fn available() -> bool {
             && has!("avx512bw")
             && has!("avx512vl")
             && has!("avx512vnni")
+            && has!("avx512vbmi")
             && has!("avx2")
             && has!("fma")
             && has!("f16c")
@@ -224,23 +225,22 @@ mod imp {
     static IDX_MIN: [i16; 16] = [8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15];
 
     /// The scales (i16 lanes 0..8) and mins (lanes 8..16) of a Q4_K/Q5_K block whose
-    /// 12 packed scale bytes are at `s`, with ggml's `utmp` word trick
-    /// (see [`scales_mins_k4`](super::super::scales_mins_k4)).
+    /// 12 packed scale bytes are at `s` (16 bytes readable), with ggml's `utmp` word
+    /// trick done in one register (see [`scales_mins_k4`](super::super::scales_mins_k4)).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
     #[inline]
     unsafe fn scales_mins_k4_v(s: *const u8) -> __m256i {
-        const K1: u32 = 0x3f3f_3f3f;
-        const K2: u32 = 0x0f0f_0f0f;
-        const K3: u32 = 0x0303_0303;
-        // SAFETY: 12 readable bytes at `s` (the caller's block).
-        let (u0, u1, u2) = unsafe {
-            let p = s.cast::<u32>();
-            (p.read_unaligned(), p.add(1).read_unaligned(), p.add(2).read_unaligned())
-        };
-        let u3 = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
-        let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
-        let v = _mm_setr_epi32((u0 & K1) as i32, sc_hi as i32, (u1 & K1) as i32, u3 as i32);
-        _mm256_cvtepu8_epi16(v)
+        const K1: i32 = 0x3f3f_3f3f;
+        const K2: i32 = 0x0f0f_0f0f;
+        // SAFETY: 16 readable bytes at `s` (the caller's block).
+        let u = unsafe { _mm_loadu_si128(s.cast()) };
+        // [u0 & K1, u2 & K2, u1 & K1, (u2 >> 4) & K2] ...
+        let a = _mm_srlv_epi32(_mm_shuffle_epi32::<0b10_01_10_00>(u), _mm_setr_epi32(0, 0, 0, 4));
+        let lo = _mm_and_si128(a, _mm_setr_epi32(K1, K2, K1, K2));
+        // ... | [0, ((u0 >> 6) & 3s) << 4, 0, ((u1 >> 6) & 3s) << 4]
+        let b = _mm_srli_epi32::<2>(_mm_shuffle_epi32::<0b01_00_00_00>(u));
+        let hi = _mm_and_si128(b, _mm_setr_epi32(0, 0x3030_3030, 0, 0x3030_3030));
+        _mm256_cvtepu8_epi16(_mm_or_si128(lo, hi))
     }
 
     /// Q4_K (`Q5 = false`) and Q5_K against Q8_K. Scales and mins are unpacked in
@@ -248,7 +248,7 @@ mod imp {
     ///
     /// # Safety
     /// As for [`DotFn`](super::DotFn), on a CPU with the features enabled here.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
     pub unsafe fn dot_q4k<const Q5: bool>(w: *const u8, a: *const u8, nb: usize) -> f32 {
         let (wb, qs) = if Q5 { (176, 48) } else { (144, 16) };
         const AB: usize = 292;
@@ -260,6 +260,18 @@ mod imp {
         unsafe {
             let idx = IDX_K4.map(|r| _mm512_loadu_si512(r.as_ptr().cast()));
             let idx_min = _mm256_loadu_si256(IDX_MIN.as_ptr().cast());
+            // `vpmultishiftqb` bit offsets: byte j of each qword from bit 8j (lower four
+            // qwords) or 8j + 4 (upper four).
+            let nibble_shifts = _mm512_set_epi64(
+                0x3c34_2c24_1c14_0c04,
+                0x3c34_2c24_1c14_0c04,
+                0x3c34_2c24_1c14_0c04,
+                0x3c34_2c24_1c14_0c04,
+                0x3830_2820_1810_0800,
+                0x3830_2820_1810_0800,
+                0x3830_2820_1810_0800,
+                0x3830_2820_1810_0800,
+            );
             for i in 0..nb {
                 let (wp, ap) = (w.add(i * wb), a.add(i * AB));
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
@@ -275,7 +287,8 @@ mod imp {
                 let mut isum = _mm512_setzero_si512();
                 for n in 0..4 {
                     let qz = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(qs + 32 * n).cast()));
-                    let mut u = _mm512_and_si512(_mm512_mask_blend_epi64(0xF0, qz, _mm512_srli_epi16::<4>(qz)), nib);
+                    // Low nibbles in the lower half, high nibbles in the upper half.
+                    let mut u = _mm512_and_si512(_mm512_multishift_epi64_epi8(nibble_shifts, qz), nib);
                     if Q5 {
                         let bits = _mm512_mask_blend_epi64(
                             0xF0,

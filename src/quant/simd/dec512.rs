@@ -11,15 +11,9 @@ use crate::quant::q8_0::BlockQ8_0;
 use crate::quant::{QK, cast_blocks};
 use crate::tensor::DType;
 
-/// Whether this CPU runs the kernels here (AVX-512 F/BW/VL, VNNI and VBMI).
+/// Whether this CPU runs the kernels here (the AVX-512 tier, which includes VBMI).
 pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        super::avx512::available() && has!("avx512vbmi")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    super::avx512::available()
 }
 
 /// Weight blocks per packed activation group, and the group's packed bytes.

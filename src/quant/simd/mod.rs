@@ -34,7 +34,8 @@ pub enum QuantKernel {
     Scalar,
     /// AVX2 + FMA + F16C (`vpmaddubsw`).
     Avx2,
-    /// AVX-512 F/BW/VL + VNNI (`vpdpbusd`, `vpdpwssd`).
+    /// AVX-512 F/BW/VL + VNNI + VBMI (`vpdpbusd`, `vpdpwssd`, `vpermt2b`): Ice Lake,
+    /// Sapphire Rapids, Zen 4 and later.
     Avx512,
 }
 
