@@ -28,6 +28,18 @@ impl CpuBackend {
     pub fn threads(&self) -> usize {
         self.threads
     }
+
+    /// Runs `f` over matching chunks of `x` and `y` (equal lengths), on the pool when the
+    /// vectors are long enough to be worth splitting. Each element sees the same
+    /// arithmetic whichever way it runs.
+    fn elementwise(&self, x: &mut [f32], y: &[f32], f: impl Fn((&mut [f32], &[f32])) + Sync + Send) {
+        const CHUNK: usize = 1 << 13;
+        if self.threads > 1 && x.len() > CHUNK {
+            self.pool.install(|| x.par_chunks_mut(CHUNK).zip(y.par_chunks(CHUNK)).for_each(&f));
+        } else {
+            f((x, y));
+        }
+    }
 }
 
 impl Backend for CpuBackend {
@@ -140,7 +152,7 @@ impl Backend for CpuBackend {
         let q = &q[row0 * q_width..(row0 + rows) * q_width];
         let out = &mut out[row0 * q_width..(row0 + rows) * q_width];
         // One task per (query row, head): a head's output is `head_dim` contiguous values.
-        let task = |(i, o): (usize, &mut [f32])| {
+        let task = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
             let (r, h) = (i / p.n_heads, i % p.n_heads);
             let pos = p.start_pos + r;
             let first = match p.sliding_window {
@@ -149,33 +161,37 @@ impl Backend for CpuBackend {
             };
             let qh = &q[r * q_width + h * hd..][..hd];
             let kv_off = (h / group) * hd;
-            let mut scores: Vec<f32> =
-                (first..=pos).map(|j| matmul::dot(qh, &k[j * kv_width + kv_off..][..hd]) * p.scale).collect();
+            scores.clear();
+            scores.extend((first..=pos).map(|j| matmul::dot(qh, &k[j * kv_width + kv_off..][..hd]) * p.scale));
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0f32;
-            for s in &mut scores {
+            for s in scores.iter_mut() {
                 *s = (*s - max).exp();
                 sum += *s;
             }
             o.fill(0.0);
-            for (j, s) in (first..=pos).zip(&scores) {
+            for (j, s) in (first..=pos).zip(scores.iter()) {
                 matmul::axpy(s / sum, &v[j * kv_width + kv_off..][..hd], o);
             }
         };
         if rows * p.n_heads > 1 {
-            self.pool.install(|| out.par_chunks_exact_mut(hd).enumerate().for_each(task));
+            self.pool.install(|| out.par_chunks_exact_mut(hd).enumerate().for_each_init(Vec::new, task));
         } else {
-            out.chunks_exact_mut(hd).enumerate().for_each(task);
+            let mut scores = Vec::new();
+            out.chunks_exact_mut(hd).enumerate().for_each(|t| task(&mut scores, t));
         }
     }
 
     fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
-        for (g, &u) in gate[..len].iter_mut().zip(&up[..len]) {
-            *g = *g / (1.0 + (-*g).exp()) * u;
-        }
+        let f = |(g, u): (&mut [f32], &[f32])| {
+            for (g, &u) in g.iter_mut().zip(u) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+        };
+        self.elementwise(&mut gate[..len], &up[..len], f);
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
-        x[..len].iter_mut().zip(&y[..len]).for_each(|(a, b)| *a += b);
+        self.elementwise(&mut x[..len], &y[..len], |(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
     }
 }
