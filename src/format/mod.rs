@@ -1,9 +1,18 @@
 //! On-disk layouts.
+//!
+//! Readers turn a file or directory into a [`ModelSource`](crate::model::ModelSource);
+//! Strata's own formats (flat layer directory, `.cawsf`) are written through
+//! [`ModelWriter`], one group of tensors at a time, so a conversion holds one layer in
+//! memory, never the model.
 
 pub mod gguf;
 pub mod safetensors;
 
 use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::tensor::HostTensor;
 
 /// A problem with a weight file: always names the file, and the byte offset when one
 /// applies.
@@ -19,4 +28,67 @@ pub enum FormatError {
     Corrupt { path: PathBuf, offset: u64, msg: String },
     #[error("{path}: {msg}")]
     Invalid { path: PathBuf, msg: String },
+}
+
+/// Everything a model holds besides its weights: the [`ModelSource`] text fields
+/// (`config.json` in Hugging Face form, the tokenizer, the chat template), stored
+/// verbatim by the writers and handed back verbatim by the readers.
+///
+/// [`ModelSource`]: crate::model::ModelSource
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelMeta {
+    pub name: String,
+    pub config_json: String,
+    pub tokenizer_json: String,
+    #[serde(default)]
+    pub tokenizer_config_json: Option<String>,
+    #[serde(default)]
+    pub generation_config_json: Option<String>,
+    #[serde(default)]
+    pub chat_template: Option<String>,
+}
+
+/// Which group a tensor belongs to: the always-resident tensors (embeddings, final
+/// norm, output head) or one decoder layer, whose weights a streaming reader fetches
+/// together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Group {
+    Global,
+    Layer(usize),
+}
+
+impl Group {
+    /// The group of a tensor by its Hugging Face name: `model.layers.N.` is layer N,
+    /// everything else is global.
+    pub fn of(name: &str) -> Group {
+        name.strip_prefix("model.layers.")
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|n| n.parse().ok())
+            .map_or(Group::Global, Group::Layer)
+    }
+}
+
+/// A streaming writer of one of Strata's formats. The caller hands over the global
+/// tensors once, then each layer once in order (`0, 1, ...`), each as tensors in their
+/// final dtype, and calls [`finish`](ModelWriter::finish). Until `finish` returns the
+/// output exists only under a temporary name, so a killed conversion never leaves
+/// something that looks like a valid model.
+pub trait ModelWriter {
+    /// Writes one group's tensors (Hugging Face names).
+    fn write_group(&mut self, group: Group, tensors: &[(String, HostTensor)]) -> anyhow::Result<()>;
+    /// Writes what remains (index, checksums) and renames the output into place.
+    fn finish(self: Box<Self>) -> anyhow::Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Group;
+
+    #[test]
+    fn groups_follow_hugging_face_names() {
+        assert_eq!(Group::of("model.layers.12.mlp.up_proj.weight"), Group::Layer(12));
+        assert_eq!(Group::of("model.embed_tokens.weight"), Group::Global);
+        assert_eq!(Group::of("lm_head.weight"), Group::Global);
+        assert_eq!(Group::of("model.layers.x.y"), Group::Global);
+    }
 }
