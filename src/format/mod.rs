@@ -5,6 +5,9 @@
 //! [`ModelWriter`], one group of tensors at a time, so a conversion holds one layer in
 //! memory, never the model.
 
+pub mod cawsf;
+pub mod checksum;
+pub mod flat;
 pub mod gguf;
 pub mod safetensors;
 

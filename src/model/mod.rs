@@ -70,6 +70,9 @@ impl ModelSource {
         }
         let path = Path::new(spec);
         if path.is_dir() {
+            if path.join("manifest.json").is_file() {
+                return crate::format::flat::open(path);
+            }
             if path.join("config.json").is_file() {
                 return Self::from_hf_dir(path);
             }
@@ -77,6 +80,9 @@ impl ModelSource {
         }
         if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
             return gguf_source::source_from_gguf(path);
+        }
+        if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("cawsf")) {
+            return crate::format::cawsf::open(path);
         }
         if path.exists() {
             anyhow::bail!("{spec}: unsupported model file (this build loads .gguf files and Hugging Face directories)");
