@@ -506,3 +506,128 @@ async fn a_full_queue_answers_503_with_retry_after() {
         assert!(json(&bytes)["error"].as_str().unwrap().contains("queue"));
     }
 }
+
+/// A `STRATA_HOME` for one test, removed when it ends.
+struct TempHome(std::path::PathBuf);
+
+impl Drop for TempHome {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The server offers the store's models next to its own, reads the store at each request,
+/// copies and deletes within it, and keeps the models it was started with.
+#[tokio::test]
+async fn store_models_are_listed_served_copied_and_deleted() {
+    let home = TempHome(std::env::temp_dir().join(format!("strata-http-store-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&home.0);
+    let store = strata::store::Store::open(&home.0);
+    let gguf = format!("{}/tests/fixtures/gguf/llama3.q4_0.gguf", env!("CARGO_MANIFEST_DIR"));
+    store.import(std::path::Path::new(&gguf), "tiny:q4", false).unwrap();
+    let (app, _) = app_with(ServerConfig { store: Some(home.0.clone()), ..ServerConfig::default() }, 64);
+    let delete = |model: &str| {
+        Request::delete("/api/delete")
+            .header("content-type", "application/json")
+            .body(Body::from(json!({"model": model}).to_string()))
+            .unwrap()
+    };
+    let tags = |body: &[u8]| -> Vec<Value> { json(body)["models"].as_array().unwrap().clone() };
+
+    let (status, _, body) = send(&app, get("/api/tags")).await;
+    assert_eq!(status, StatusCode::OK);
+    let models = tags(&body);
+    let names: Vec<&str> = models.iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["llama3:latest", "qwen3:latest", "strata-demo:latest", "tiny:q4"]);
+    let tiny = &models[3];
+    assert_eq!(tiny["model"], "tiny:q4");
+    assert_eq!(tiny["size"], std::fs::metadata(&gguf).unwrap().len());
+    assert_rfc3339_nanos(&tiny["modified_at"]);
+    assert!(tiny["digest"].as_str().is_some_and(|d| d.len() >= 12 && d.chars().all(|c| c.is_ascii_hexdigit())));
+    assert_eq!(
+        tiny["details"],
+        json!({"parent_model": "", "format": "gguf", "family": "llama", "families": ["llama"],
+            "parameter_size": "150K", "quantization_level": "Q4_0"})
+    );
+    let (_, _, body) = send(&app, get("/v1/models")).await;
+    let ids: Vec<String> =
+        json(&body)["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+    assert!(ids.contains(&"tiny:q4".to_string()), "{ids:?}");
+
+    let (status, _, body) = send(&app, post_json("/api/show", json!({"model": "tiny:q4"}))).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let show = json(&body);
+    assert_eq!(show["details"]["format"], "gguf");
+    assert_eq!(show["model_info"]["llama.block_count"], 2);
+    assert_eq!(show["modified_at"], tiny["modified_at"]);
+    let (_, lines) =
+        generate(&app, json!({"model": "tiny:q4", "prompt": "Hi", "options": {"temperature": 0, "num_predict": 2}}))
+            .await;
+    assert_eq!(lines.last().unwrap()["model"], "tiny:q4");
+    assert_final_counters(lines.last().unwrap());
+    let (status, _, body) = send(
+        &app,
+        post_json(
+            "/v1/chat/completions",
+            json!({"model": "tiny:q4", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "Hi"}]}),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+
+    // Imported while the server runs: offered at the next request.
+    store.import(std::path::Path::new(&common::fixture("llama3")), "later/hf", false).unwrap();
+    let (_, _, body) = send(&app, get("/api/tags")).await;
+    let later = tags(&body).into_iter().find(|m| m["name"] == "later/hf:latest").expect("listed");
+    assert_eq!(later["details"]["format"], "safetensors");
+
+    // Copies stay in the store; the copy outlives its source.
+    let (status, _, body) =
+        send(&app, post_json("/api/copy", json!({"source": "tiny:q4", "destination": "tiny:copy"}))).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    assert!(store.get("tiny:copy").is_ok(), "the copy is in the store");
+    let (status, _, body) = send(&app, delete("tiny:q4")).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    assert!(!ps_names(&app).await.contains(&"tiny:q4".to_string()), "a deleted model is unloaded");
+    assert!(store.get("tiny:q4").is_err(), "deleted from disk");
+    let (status, _, body) = send(&app, delete("tiny:q4")).await;
+    assert_eq!((status, json(&body)), (StatusCode::NOT_FOUND, json!({"error": "model 'tiny:q4' not found"})));
+    let (status, _, body) = send(&app, post_json("/api/show", json!({"model": "tiny:q4"}))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{}", String::from_utf8_lossy(&body));
+    let (_, lines) = generate(&app, json!({"model": "tiny:copy", "prompt": "Hi", "options": {"num_predict": 1}})).await;
+    assert_eq!(lines.last().unwrap()["done"], true);
+
+    // Removed behind the server's back (`strata rm`): gone at the next request.
+    store.remove("later/hf").unwrap();
+    let (status, _, _) = send(&app, post_json("/api/show", json!({"model": "later/hf"}))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // What cannot be done says why.
+    let bad = StatusCode::BAD_REQUEST;
+    for model in ["llama3", "strata-demo:latest"] {
+        let (status, _, body) = send(&app, delete(model)).await;
+        assert_eq!(status, bad, "{model}");
+        assert!(json(&body)["error"].as_str().unwrap().contains("strata serve"), "{}", json(&body));
+    }
+    let (_, _, body) = send(&app, get("/api/tags")).await;
+    assert_eq!(tags(&body).len(), 4, "llama3, qwen3, the demo and tiny:copy");
+    let copy = |src: &str, dst: &str| post_json("/api/copy", json!({"source": src, "destination": dst}));
+    expect_error(
+        &app,
+        "/api/copy",
+        json!({"source": "tiny:copy", "destination": "../../x"}),
+        bad,
+        "invalid model name",
+    )
+    .await;
+    expect_error(&app, "/api/copy", json!({"source": "tiny:copy", "destination": "llama3"}), bad, "strata serve").await;
+    expect_error(&app, "/api/copy", json!({"source": "llama3", "destination": "tiny:copy"}), bad, "in the store").await;
+    expect_error(&app, "/api/copy", json!({"source": "../etc", "destination": "x"}), StatusCode::NOT_FOUND, "../etc")
+        .await;
+    // A started-with model is still copied under a name kept in memory, as without a store.
+    assert_eq!(send(&app, copy("llama3", "alias:v1")).await.0, StatusCode::OK);
+    assert!(store.get("alias:v1").is_err(), "not written to the store");
+    assert_eq!(send(&app, delete("alias:v1")).await.0, StatusCode::OK);
+    assert!(std::fs::read_dir(home.0.join("models/.tmp")).unwrap().next().is_none(), "nothing left in .tmp");
+}

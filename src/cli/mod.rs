@@ -1,9 +1,14 @@
 //! Command-line subcommands, one file each.
 
 pub mod bench;
+pub mod convert;
+pub mod import;
+pub mod inspect;
 pub mod perplexity;
 pub mod run;
 pub mod serve;
+pub mod store_cmds;
+pub mod verify;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -39,6 +44,23 @@ pub enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Add a model file or directory, or an Ollama model, to the model store.
+    Import(import::ImportArgs),
+    /// The models in the store ($STRATA_HOME/models).
+    #[command(alias = "ls")]
+    List(store_cmds::ListArgs),
+    /// What a model in the store is.
+    Show(store_cmds::ShowArgs),
+    /// Delete models from the store.
+    Rm(store_cmds::RmArgs),
+    /// Copy a model in the store to another name (hard links: no space taken).
+    Cp(store_cmds::CpArgs),
+    /// Convert a model into a flat layer directory or a `.cawsf` file, quantizing if asked.
+    Convert(convert::ConvertArgs),
+    /// Show what a model file or directory holds (any format Strata reads).
+    Inspect(inspect::InspectArgs),
+    /// Check every checksum of a flat layer directory or `.cawsf` file.
+    Verify(verify::VerifyArgs),
 }
 
 /// Options shared by every command that runs a model.
@@ -69,5 +91,13 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Run(a) => run::main(a),
         Command::Perplexity(a) => perplexity::main(a),
         Command::Bench(a) => bench::main(a),
+        Command::Import(a) => import::main(a),
+        Command::List(a) => store_cmds::list(a),
+        Command::Show(a) => store_cmds::show(a),
+        Command::Rm(a) => store_cmds::rm(a),
+        Command::Cp(a) => store_cmds::cp(a),
+        Command::Convert(a) => convert::main(a),
+        Command::Inspect(a) => inspect::main(a),
+        Command::Verify(a) => verify::main(a),
     }
 }

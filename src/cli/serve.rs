@@ -19,8 +19,9 @@ use crate::server::{ServeOptions, ServerConfig};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// A model to offer: SPEC (a Hugging Face directory, or `strata-demo`) or NAME=SPEC.
-    /// Repeatable; the first is loaded at start. Default: the built-in demo model.
+    /// A model to offer: SPEC (a model file or directory, a name in the store, or
+    /// `strata-demo`) or NAME=SPEC. Repeatable; the first is loaded at start. Default: the
+    /// built-in demo model. The store's models (`strata list`) are offered too.
     #[arg(long = "model", short = 'm')]
     pub models: Vec<String>,
     #[arg(long, default_value = "127.0.0.1")]
@@ -73,14 +74,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok((n * scale) as u64)
 }
 
-/// `$STRATA_HOME`, or `~/.strata`.
-pub fn strata_home() -> PathBuf {
-    if let Some(home) = std::env::var_os("STRATA_HOME") {
-        return PathBuf::from(home);
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-    home.join(".strata")
-}
+pub use crate::store::strata_home;
 
 #[derive(Serialize, Deserialize, Debug)]
 struct PidFile {
@@ -122,6 +116,10 @@ fn model_entry(arg: &str) -> (String, String) {
         return (name.to_string(), spec.to_string());
     }
     let path = Path::new(arg.trim_end_matches('/'));
+    // A name in the store keeps its namespace and tag.
+    if !path.exists() && crate::store::ModelName::parse(arg).is_ok() {
+        return (arg.to_string(), arg.to_string());
+    }
     // A model file is named without its extension; a directory keeps its whole name
     // (`llama-3.2-1b` is not `llama-3` with an extension).
     let is_model_file = matches!(path.extension().and_then(|e| e.to_str()), Some("gguf" | "cawsf" | "safetensors"));
@@ -160,6 +158,7 @@ pub fn main(args: ServeArgs) -> anyhow::Result<()> {
             api_keys,
             allowed_origins: args.allow_origins.clone(),
             body_limit: args.body_limit as usize,
+            store: Some(strata_home()),
             ..ServerConfig::default()
         },
         queue_depth: args.queue_depth,
@@ -308,5 +307,6 @@ mod tests {
         assert_eq!(model_entry("/models/llama-3.2-1b/"), ("llama-3.2-1b".into(), "/models/llama-3.2-1b/".into()));
         assert_eq!(model_entry("strata-demo"), ("strata-demo".into(), "strata-demo".into()));
         assert_eq!(model_entry("/m/tiny.gguf"), ("tiny".into(), "/m/tiny.gguf".into()));
+        assert_eq!(model_entry("team/llama3:q4"), ("team/llama3:q4".into(), "team/llama3:q4".into()));
     }
 }

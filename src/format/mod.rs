@@ -7,6 +7,7 @@
 
 pub mod cawsf;
 pub mod checksum;
+pub mod convert;
 pub mod flat;
 pub mod gguf;
 pub mod safetensors;

@@ -68,7 +68,7 @@ pub fn parse(src: Arc<dyn ByteSource>, path: &Path) -> Result<HashMap<String, Ho
         let [begin, end] = entry.data_offsets;
         let numel = entry.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
         let want = numel.and_then(|n| dtype.bytes_for(usize::try_from(n).ok()?)).map(|b| b as u64);
-        let (abs_begin, abs_end) = (data_start + begin, data_start.saturating_add(end));
+        let (abs_begin, abs_end) = (data_start.saturating_add(begin), data_start.saturating_add(end));
         if begin > end || abs_end > file_len || want != Some(end - begin) {
             return Err(corrupt(
                 abs_begin,
@@ -154,6 +154,13 @@ mod tests {
             (file(r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,1200]}}"#, &[0; 12]), "past the end"),
             (file(r#"{"a":{"dtype":"I64","shape":[3],"data_offsets":[0,24]}}"#, &[0; 24]), "dtype I64"),
             (file(r#"{"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,12]}}"#, &[0; 12]), "shape"),
+            (
+                file(
+                    r#"{"a":{"dtype":"F32","shape":[0],"data_offsets":[18446744073709551615,18446744073709551615]}}"#,
+                    &[],
+                ),
+                "past the end",
+            ),
             (file("not json", &[]), "JSON"),
         ];
         for (src, want) in cases {

@@ -223,8 +223,8 @@ fn hf_tensors(f: &GgufFile, arch: &str, cfg: &ModelConfig) -> anyhow::Result<Has
 /// row `j * head_dim / 2 + i`. Whole rows move, so this works for every block type.
 pub fn unpermute_rows(t: &HostTensor, n_heads: usize) -> anyhow::Result<HostTensor> {
     let rows = t.shape.first().copied().unwrap_or(0);
-    if n_heads == 0 || !rows.is_multiple_of(2 * n_heads) {
-        bail!("{rows} rows do not split into {n_heads} heads of even size");
+    if rows == 0 || n_heads.checked_mul(2).is_none_or(|h| h == 0 || !rows.is_multiple_of(h)) {
+        bail!("{rows} rows do not split into {n_heads} heads of even, non-zero size");
     }
     let bytes = t.bytes();
     let row_bytes = bytes.len() / rows;
@@ -579,5 +579,8 @@ mod tests {
         let t = HostTensor::from_f32(&stored, vec![heads * hd, cols]);
         assert_eq!(unpermute_rows(&t, heads).unwrap().as_f32(), &hf[..]);
         assert!(unpermute_rows(&t, 3).is_err());
+        // A hostile file's zero-row projection is refused, not divided by.
+        assert!(unpermute_rows(&HostTensor::from_f32(&[], vec![0, cols]), heads).is_err());
+        assert!(unpermute_rows(&t, usize::MAX / 2 + 1).is_err());
     }
 }

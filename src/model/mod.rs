@@ -63,30 +63,56 @@ impl ModelSource {
         })
     }
 
-    /// A model SPEC: `strata-demo`, a `.gguf` file, or a Hugging Face directory.
+    /// A model SPEC: `strata-demo`, a `.gguf` or `.cawsf` file, a flat or Hugging Face
+    /// directory, or else a name in the model store (`name[:tag]`, see [`crate::store`]).
     pub fn from_spec(spec: &str) -> anyhow::Result<Self> {
         if spec == demo::DEMO_NAME {
             return demo::demo_source();
         }
-        let path = Path::new(spec);
-        if path.is_dir() {
+        let mut path = std::path::PathBuf::from(spec);
+        let mut store_name = None;
+        if !path.exists() && crate::store::ModelName::parse(spec).is_ok() {
+            let store = crate::store::Store::default();
+            match store.get(spec) {
+                Ok(model) => {
+                    path = store.resolve(spec)?;
+                    store_name = Some(model.name.to_string());
+                }
+                Err(crate::store::StoreError::NotFound(_)) => anyhow::bail!(
+                    "model `{spec}` not found: it is neither a file or directory nor a model in the store at {} \
+                     (`strata list` shows them; `{}` is the built-in demo model)",
+                    store.models_dir().display(),
+                    demo::DEMO_NAME
+                ),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let path = path.as_path();
+        let mut source = if path.is_dir() {
             if path.join("manifest.json").is_file() {
-                return crate::format::flat::open(path);
+                crate::format::flat::open(path)?
+            } else if path.join("config.json").is_file() {
+                Self::from_hf_dir(path)?
+            } else {
+                anyhow::bail!("{spec}: a directory without config.json is not a model this build can load");
             }
-            if path.join("config.json").is_file() {
-                return Self::from_hf_dir(path);
-            }
-            anyhow::bail!("{spec}: a directory without config.json is not a model this build can load");
+        } else if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            gguf_source::source_from_gguf(path)?
+        } else if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("cawsf")) {
+            crate::format::cawsf::open(path)?
+        } else if path.exists() {
+            anyhow::bail!(
+                "{spec}: unsupported model file (this build loads .gguf and .cawsf files and model directories)"
+            );
+        } else {
+            anyhow::bail!(
+                "model `{spec}` not found: give a model file or directory, a name in the store, or `{}`",
+                demo::DEMO_NAME
+            )
+        };
+        if let Some(name) = store_name {
+            source.name = name; // not the store's `model.gguf` / `model`
         }
-        if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-            return gguf_source::source_from_gguf(path);
-        }
-        if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("cawsf")) {
-            return crate::format::cawsf::open(path);
-        }
-        if path.exists() {
-            anyhow::bail!("{spec}: unsupported model file (this build loads .gguf files and Hugging Face directories)");
-        }
-        anyhow::bail!("model `{spec}` not found: give a model directory or `{}`", demo::DEMO_NAME)
+        Ok(source)
     }
 }

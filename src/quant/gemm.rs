@@ -89,7 +89,8 @@ impl PackedActs {
         p.da.resize(rows * groups, 0.0);
         p.ioff.resize(rows * groups, 0);
         p.ms.resize(rows * groups, 0.0);
-        let one = |((((xr, qs), da), ioff), ms): ((((&[f32], &mut [i8]), &mut [f32]), &mut [i32]), &mut [f32])| {
+        type RowParts<'a> = ((((&'a [f32], &'a mut [i8]), &'a mut [f32]), &'a mut [i32]), &'a mut [f32]);
+        let one = |((((xr, qs), da), ioff), ms): RowParts<'_>| {
             match act {
                 DType::Q8_0 => {
                     let mut b = zeroed_blocks::<q8_0::BlockQ8_0>(k / QK);

@@ -342,6 +342,73 @@ fn matmul_dequantized(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor,
     }
 }
 
+/// Formats `strata convert --quant` can produce, by the names it accepts.
+pub const CONVERT_TARGETS: [(&str, DType); 9] = [
+    ("f32", DType::F32),
+    ("f16", DType::F16),
+    ("bf16", DType::BF16),
+    ("q8_0", DType::Q8_0),
+    ("q4_0", DType::Q4_0),
+    ("q4_k", DType::Q4_K),
+    ("q6_k", DType::Q6_K),
+    ("affine_q4", DType::AffineQ4),
+    ("int8", DType::I8),
+];
+
+/// The bytes of a row-major `[rows, cols]` matrix `x` in `dtype` (one of
+/// [`CONVERT_TARGETS`]); `cols` must be whole blocks of `dtype`. Rows are quantized in
+/// parallel on `pool`; the results do not depend on the split.
+pub fn quantize_matrix(
+    pool: &ThreadPool,
+    dtype: DType,
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Result<crate::tensor::AlignedBytes, QuantError> {
+    assert_eq!(x.len(), rows * cols, "quantize_matrix: {} values for {rows} x {cols}", x.len());
+    let row_bytes = dtype.bytes_for(cols).unwrap_or_else(|| panic!("{cols} columns is not whole {dtype:?} blocks"));
+    let mut out = crate::tensor::AlignedBytes::zeroed(rows * row_bytes);
+    let nb = cols / dtype.block_size();
+    let one = |(xr, br): (&[f32], &mut [u8])| -> Result<(), QuantError> {
+        match dtype {
+            DType::F32 => br.copy_from_slice(f32_bytes(xr)),
+            DType::F16 => br
+                .chunks_exact_mut(2)
+                .zip(xr)
+                .for_each(|(b, v)| b.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
+            DType::BF16 => br
+                .chunks_exact_mut(2)
+                .zip(xr)
+                .for_each(|(b, v)| b.copy_from_slice(&half::bf16::from_f32(*v).to_le_bytes())),
+            DType::Q8_0 => q8_0::quantize(xr, cast_blocks_mut(br, nb)),
+            DType::Q4_0 => q4_0::quantize(xr, cast_blocks_mut(br, nb)),
+            DType::Q4_K => q4_k::quantize(xr, cast_blocks_mut(br, nb)),
+            DType::Q6_K => q6_k::quantize(xr, cast_blocks_mut(br, nb)),
+            DType::AffineQ4 => affine_q4::quantize(xr, cast_blocks_mut(br, nb))?,
+            DType::I8 => int8::quantize_rows(xr, cols, cast_blocks_mut(br, nb))?,
+            other => panic!("{other:?} is not a conversion target"),
+        }
+        Ok(())
+    };
+    let bytes = out.bytes_mut();
+    let result: Result<(), QuantError> = pool.install(|| {
+        x.par_chunks(cols).zip(bytes.par_chunks_mut(row_bytes)).enumerate().try_for_each(|(r, pair)| {
+            one(pair).map_err(|e| match e {
+                QuantError::NotFinite { index, value } => QuantError::NotFinite { index: r * cols + index, value },
+                QuantError::OutOfRange { index, value } => QuantError::OutOfRange { index: r * cols + index, value },
+            })
+        })
+    });
+    result.map(|()| out)
+}
+
+/// The little-endian bytes of `x`.
+fn f32_bytes(x: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and every byte is initialised; u8 needs no alignment;
+    // the crate only builds on little-endian targets.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), size_of_val(x)) }
+}
+
 /// Helpers shared by the per-format unit tests.
 #[cfg(test)]
 pub(crate) mod testutil {

@@ -10,6 +10,7 @@ pub mod ollama;
 pub mod openai;
 pub mod openapi;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -25,7 +26,7 @@ use serde::de::DeserializeOwned;
 use tower_http::cors::{AllowHeaders, AllowMethods, AllowOrigin, CorsLayer};
 
 use crate::queue::QueueHandle;
-use crate::queue::models::{ModelInfo, Registry};
+use crate::queue::models::{ModelInfo, Registry, RegistryError};
 use crate::queue::worker::{WorkerConfig, WorkerStatus};
 use anyhow::Context;
 use error::{ApiError, ErrorKind, Family};
@@ -42,6 +43,9 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// How long SSE/NDJSON streams may stay silent before a keep-alive.
     pub keep_alive_interval: Duration,
+    /// `$STRATA_HOME` of the model store whose models are offered too (read at each
+    /// request); `None`: only the models the server is started with.
+    pub store: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +55,7 @@ impl Default for ServerConfig {
             allowed_origins: Vec::new(),
             body_limit: 16 << 20,
             keep_alive_interval: Duration::from_secs(15),
+            store: None,
         }
     }
 }
@@ -68,7 +73,17 @@ pub struct AppState {
 impl AppState {
     /// The model a request names, or 404 `model_not_found`.
     pub fn model(&self, name: &str) -> Result<Arc<ModelInfo>, ApiError> {
-        self.registry.get(name).ok_or_else(|| ApiError::model_not_found(name))
+        Ok(self.registry.find(name)?)
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::NotFound(name) => ApiError::model_not_found(&name),
+            RegistryError::Invalid { param, message } => ApiError::invalid(param, message),
+            failed @ RegistryError::Failed { .. } => ApiError::new(ErrorKind::Internal, failed.to_string()),
+        }
     }
 }
 
@@ -86,7 +101,10 @@ pub struct ServeOptions {
 
 /// Reads the models' metadata, starts the worker and builds the router.
 pub fn start(opts: ServeOptions) -> anyhow::Result<(Router, AppState, std::thread::JoinHandle<()>)> {
-    let registry = Registry::default();
+    let registry = match &opts.server.store {
+        Some(home) => Registry::with_store(crate::store::Store::open(home)),
+        None => Registry::default(),
+    };
     for (name, spec) in &opts.models {
         let info = ModelInfo::read(name, spec).with_context(|| format!("model `{name}` ({spec})"))?;
         registry.insert(info);

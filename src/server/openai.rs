@@ -130,7 +130,17 @@ pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<R
 #[utoipa::path(get, path = "/v1/models", tag = "openai",
     responses((status = 200, description = "Every model", body = ModelList)))]
 pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
-    let data = state.registry.list().iter().map(|m| ModelObject::of(m)).collect();
+    let data = state
+        .registry
+        .list()
+        .into_iter()
+        .map(|m| ModelObject {
+            id: m.name,
+            object: "model".into(),
+            created: unix_seconds(m.modified_at),
+            owned_by: "strata".into(),
+        })
+        .collect();
     Json(ModelList { object: "list".into(), data })
 }
 

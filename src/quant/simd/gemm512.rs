@@ -109,6 +109,7 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
 }
 
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop, reason = "the row index drives several arrays and pointers")]
 mod imp {
     use std::arch::x86_64::*;
 

@@ -1,5 +1,6 @@
 //! The model routes: `/api/tags`, `/api/show`, `/api/ps`, `/api/version`, `/api/copy`,
-//! `/api/delete`.
+//! `/api/delete`. The models are those the server was started with, their `/api/copy`
+//! aliases, and the model store's (see [`crate::queue::models::Registry`]).
 
 use std::time::{Duration, SystemTime};
 
@@ -15,28 +16,32 @@ use super::{
     TagsResponse, VersionResponse, outcome, rfc3339,
 };
 use crate::queue::Work;
-use crate::queue::models::{ModelInfo, canonical};
+use crate::queue::models::{Listing, ModelInfo, canonical, parameter_size};
 use crate::server::error::{ApiError, OllamaErrorBody};
 use crate::server::{AppState, parse_json};
 
-/// Lists the models this server offers.
+/// Lists the models this server offers: those it was started with and the store's.
 #[utoipa::path(get, path = "/api/tags", tag = "ollama",
     responses((status = 200, description = "The models", body = TagsResponse)))]
-pub(crate) async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
-    let models = state
-        .registry
-        .list()
+pub(crate) async fn tags(State(state): State<AppState>) -> Result<Json<TagsResponse>> {
+    let registry = state.registry.clone();
+    let listed = tokio::task::spawn_blocking(move || registry.list()).await.map_err(internal)?;
+    let models = listed
         .iter()
-        .map(|info| TagModel {
-            name: canonical(&info.name),
-            model: canonical(&info.name),
-            modified_at: rfc3339(info.modified_at),
-            size: info.size_bytes,
-            digest: info.digest.clone(),
-            details: details(info),
+        .map(|m| TagModel {
+            name: canonical(&m.name),
+            model: canonical(&m.name),
+            modified_at: rfc3339(m.modified_at),
+            size: m.size_bytes,
+            digest: m.digest.clone(),
+            details: details(m),
         })
         .collect();
-    Json(TagsResponse { models })
+    Ok(Json(TagsResponse { models }))
+}
+
+fn internal(e: tokio::task::JoinError) -> ApiError {
+    ApiError::new(crate::server::error::ErrorKind::Internal, format!("internal error: {e}"))
 }
 
 /// Describes a model: its template, parameters and architecture.
@@ -48,7 +53,9 @@ pub(crate) async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
         (status = 404, description = "Unknown model", body = OllamaErrorBody)))]
 pub(crate) async fn show(State(state): State<AppState>, body: Bytes) -> Result<Json<ShowResponse>> {
     let req: ModelRef = parse_json(&body)?;
-    let info = require_model(&state, named(&req)?)?;
+    let name = named(&req)?.to_string();
+    // A store model is read from its files the first time.
+    let info = tokio::task::spawn_blocking(move || require_model(&state, &name)).await.map_err(internal)??;
     Ok(Json(describe(&info)))
 }
 
@@ -68,7 +75,7 @@ pub(crate) async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
                 name: m.name,
                 size: m.size_bytes,
                 digest: info.as_ref().map(|i| i.digest.clone()).unwrap_or_default(),
-                details: info.as_deref().map(details).unwrap_or_default(),
+                details: info.as_deref().map(|i| details(&Listing::of(i))).unwrap_or_default(),
                 expires_at: rfc3339(m.expires_at.unwrap_or(forever)),
                 size_vram: 0,
                 context_length: m.context_length,
@@ -86,37 +93,63 @@ pub(crate) async fn version() -> Json<VersionResponse> {
     Json(VersionResponse { version: OLLAMA_VERSION.to_string() })
 }
 
-/// Offers a model under another name too.
+/// Copies a model: within the store (hard links, replacing `destination` as Ollama
+/// does), or, for a model the server was started with, as a name that lasts until the
+/// server stops.
 #[utoipa::path(post, path = "/api/copy", tag = "ollama",
     request_body(content = CopyRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "Copied (empty body)"),
-        (status = 400, description = "Invalid request", body = OllamaErrorBody),
+        (status = 400, description = "Invalid request, or a `destination` that cannot be written \
+            (an invalid store name, a name given to `strata serve`)", body = OllamaErrorBody),
         (status = 404, description = "Unknown source model", body = OllamaErrorBody)))]
 pub(crate) async fn copy(State(state): State<AppState>, body: Bytes) -> Result<StatusCode> {
     let req: CopyRequest = parse_json(&body)?;
-    if req.destination.trim().is_empty() {
+    let (source, destination) = (req.source.trim().to_string(), req.destination.trim().to_string());
+    if destination.is_empty() {
         return Err(ApiError::invalid("destination", "`destination` is required").into());
     }
-    let source = require_model(&state, &req.source).map_err(|e| e.with_param("source"))?;
-    if !state.registry.copy(&source.name, req.destination.trim()) {
-        return Err(ApiError::model_not_found(&req.source).with_param("source").into());
+    if source.is_empty() {
+        return Err(ApiError::invalid("source", "`source` is required").into());
+    }
+    let registry = state.registry.clone();
+    let dst = destination.clone();
+    tokio::task::spawn_blocking(move || registry.copy(&source, &dst)).await.map_err(internal)?.map_err(|e| {
+        match ApiError::from(e) {
+            e if e.param.as_deref() == Some("model") => e.with_param("source"),
+            e => e,
+        }
+    })?;
+    // A replaced destination that is loaded would keep answering with the old weights.
+    let key = canonical(&destination);
+    if state.status.loaded.lock().expect("status lock").iter().any(|m| m.name == key)
+        && let Err(e) = outcome(&state, Work::Unload { model: destination }).await
+    {
+        tracing::warn!(model = %key, error = %e.message, "unloading a replaced model failed");
     }
     Ok(StatusCode::OK)
 }
 
-/// Stops offering a model (and unloads it).
+/// Deletes a store model (its files), or forgets an `/api/copy` name of a model the
+/// server was started with; either is unloaded first. The models given to `strata serve`
+/// themselves cannot be deleted (400).
 #[utoipa::path(delete, path = "/api/delete", tag = "ollama",
     request_body(content = ModelRef, content_type = "application/json"),
     responses(
         (status = 200, description = "Deleted (empty body)"),
-        (status = 400, description = "No model named", body = OllamaErrorBody),
+        (status = 400, description = "No model named, or a model given to `strata serve`", body = OllamaErrorBody),
         (status = 404, description = "Unknown model", body = OllamaErrorBody)))]
 pub(crate) async fn delete_model(State(state): State<AppState>, body: Bytes) -> Result<StatusCode> {
     let req: ModelRef = parse_json(&body)?;
-    let name = named(&req)?;
-    require_model(&state, name)?;
-    let key = canonical(name);
+    let name = named(&req)?.to_string();
+    let registry = state.registry.clone();
+    let lookup = name.clone();
+    // Refused before anything is unloaded.
+    tokio::task::spawn_blocking(move || registry.check_removable(&lookup))
+        .await
+        .map_err(internal)?
+        .map_err(ApiError::from)?;
+    let key = canonical(&name);
     let loaded = state.status.loaded.lock().expect("status lock").iter().any(|m| m.name == key);
     if loaded {
         // Best effort: a model that cannot be unloaded now still expires with its keep-alive.
@@ -124,9 +157,8 @@ pub(crate) async fn delete_model(State(state): State<AppState>, body: Bytes) -> 
             tracing::warn!(model = %key, error = %e.message, "unloading a deleted model failed");
         }
     }
-    if !state.registry.remove(name) {
-        return Err(ApiError::model_not_found(name).into());
-    }
+    let registry = state.registry.clone();
+    tokio::task::spawn_blocking(move || registry.remove(&name)).await.map_err(internal)?.map_err(ApiError::from)?;
     Ok(StatusCode::OK)
 }
 
@@ -139,14 +171,14 @@ fn named(req: &ModelRef) -> std::result::Result<&str, ApiError> {
         .ok_or_else(|| ApiError::invalid("model", "`model` is required"))
 }
 
-fn details(info: &ModelInfo) -> ModelDetails {
+fn details(m: &Listing) -> ModelDetails {
     ModelDetails {
         parent_model: String::new(),
-        format: "safetensors".into(),
-        family: info.arch.clone(),
-        families: vec![info.arch.clone()],
-        parameter_size: info.parameter_size(),
-        quantization_level: info.dtype.clone(),
+        format: m.format.clone(),
+        family: m.family.clone(),
+        families: vec![m.family.clone()],
+        parameter_size: parameter_size(m.parameters),
+        quantization_level: m.quantization.clone(),
     }
 }
 
@@ -182,7 +214,7 @@ fn describe(info: &ModelInfo) -> ShowResponse {
         modelfile,
         parameters,
         template,
-        details: details(info),
+        details: details(&Listing::of(info)),
         model_info,
         capabilities: vec!["completion".into(), "embedding".into()],
         modified_at: rfc3339(info.modified_at),

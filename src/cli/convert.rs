@@ -1,0 +1,109 @@
+//! `strata convert`: a model into a flat layer directory or a `.cawsf` file.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use crate::format::cawsf::Compression;
+use crate::format::convert::{ConvertOptions, Progress, Target, convert};
+use crate::model::ModelSource;
+use crate::quant::CONVERT_TARGETS;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Flat,
+    Cawsf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Compress {
+    None,
+    Zstd,
+    Lz4,
+}
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// The model to convert: a Hugging Face directory, a `.gguf` or `.cawsf` file, or a
+    /// flat layer directory.
+    pub src: String,
+    /// Where to write it (must not exist). It appears only when the conversion is done.
+    pub out: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "flat")]
+    pub format: Format,
+    /// Requantize weight matrices: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, affine_q4 or
+    /// int8 (default: keep every tensor as it is stored).
+    #[arg(long)]
+    pub quant: Option<String>,
+    /// Compress `.cawsf` shards (the file is then decompressed into memory on load).
+    #[arg(long, value_enum, default_value = "none")]
+    pub compress: Compress,
+    /// Worker threads for quantizing (default: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
+    let quant = match &args.quant {
+        None => None,
+        Some(q) => {
+            Some(CONVERT_TARGETS.iter().find(|(name, _)| name.eq_ignore_ascii_case(q)).map(|(_, d)| *d).ok_or_else(
+                || {
+                    let names: Vec<_> = CONVERT_TARGETS.iter().map(|(n, _)| *n).collect();
+                    anyhow::anyhow!("--quant {q}: unknown; choose one of {}", names.join(", "))
+                },
+            )?)
+        }
+    };
+    if args.format == Format::Flat && args.compress != Compress::None {
+        anyhow::bail!("--compress applies to --format cawsf only");
+    }
+    let target = match args.format {
+        Format::Flat => Target::Flat,
+        Format::Cawsf => Target::Cawsf(match args.compress {
+            Compress::None => Compression::None,
+            Compress::Zstd => Compression::Zstd,
+            Compress::Lz4 => Compression::Lz4,
+        }),
+    };
+    let src = ModelSource::from_spec(&args.src)?;
+    let tty = std::io::stderr().is_terminal();
+    let mut bar = |p: Progress| {
+        if tty {
+            let width = 30;
+            let filled = width * p.done / p.total.max(1);
+            eprint!(
+                "\r[{}{}] {}/{} groups, {:.1} MB written",
+                "#".repeat(filled),
+                " ".repeat(width - filled),
+                p.done,
+                p.total,
+                p.bytes as f64 / 1e6
+            );
+            let _ = std::io::stderr().flush();
+        }
+    };
+    let report = convert(&src, &args.out, &ConvertOptions { target, quant, threads: args.threads }, &mut bar)?;
+    if tty {
+        eprintln!();
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "{}: {} layers, {} tensors ({} converted), {:.1} MB read, {:.1} MB written",
+            args.out.display(),
+            report.layers,
+            report.tensors,
+            report.converted,
+            report.bytes_in as f64 / 1e6,
+            report.bytes_out as f64 / 1e6
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,31 @@
+//! `strata verify`: every checksum of a flat directory or `.cawsf` file.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// A flat layer directory or a `.cawsf` file.
+    pub path: PathBuf,
+}
+
+pub fn main(args: VerifyArgs) -> anyhow::Result<()> {
+    let p: &Path = &args.path;
+    let report = if p.is_dir() && p.join("manifest.json").is_file() {
+        let r = crate::format::flat::verify(p)?;
+        format!("{} files, {} tensors, {} bytes checked", r.files, r.tensors, r.bytes)
+    } else if p.is_file() && p.extension().is_some_and(|e| e.eq_ignore_ascii_case("cawsf")) {
+        let r = crate::format::cawsf::verify(p)?;
+        format!("{} sections, {} shards, {} tensors, {} bytes checked", r.sections, r.shards, r.tensors, r.bytes_hashed)
+    } else if p.exists() {
+        anyhow::bail!(
+            "{}: not a format with checksums (flat layer directories and .cawsf files have them; GGUF and safetensors do not)",
+            p.display()
+        );
+    } else {
+        anyhow::bail!("{}: no such file or directory", p.display());
+    };
+    println!("{}: ok ({report})", p.display());
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! Writing a `.cawsf` file one group at a time: the shard bank streams out behind a
+//! zeroed header block, META follows the bank, and the header and TOC are written last,
+//! before the file is renamed into place.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use rayon::prelude::*;
+use xxhash_rust::xxh3::Xxh3;
+
+use super::layout::*;
+use crate::format::{Group, ModelMeta, ModelWriter};
+use crate::tensor::HostTensor;
+
+/// PAD payloads are at most `ALIGN + 11 - 12` bytes.
+static ZEROS: [u8; 2 * ALIGN as usize] = [0; 2 * ALIGN as usize];
+
+/// A streaming `.cawsf` writer (see [`ModelWriter`]): memory is one group's tensors
+/// (compressed, when compressing) plus the index.
+pub struct CawsfWriter {
+    out: PathBuf,
+    tmp: PathBuf,
+    file: Option<BufWriter<File>>,
+    /// Bytes written so far (the next shard's offset).
+    pos: u64,
+    model: ModelMeta,
+    n_layers: usize,
+    compression: Compression,
+    /// Largest payload per data shard; tensors beyond it are split.
+    max_chunk: u64,
+    started: bool,
+    next_layer: usize,
+    bank_hash: Xxh3,
+    sums: Vec<ShardSum>,
+    tensors: Vec<TensorEntry>,
+    names: HashSet<String>,
+    global: Range,
+    layers: Vec<Range>,
+    done: bool,
+}
+
+impl CawsfWriter {
+    /// Starts writing `out` (which must not exist) under a temporary sibling name.
+    pub fn create(out: &Path, meta: &ModelMeta, layers: usize, compression: Compression) -> anyhow::Result<Self> {
+        if out.symlink_metadata().is_ok() {
+            bail!("{}: already exists; choose another output or remove it first", out.display());
+        }
+        if layers > MAX_LAYERS {
+            bail!("{}: {layers} layers; a .cawsf file holds at most {MAX_LAYERS}", out.display());
+        }
+        let name = out.file_name().with_context(|| format!("{}: not a file name", out.display()))?;
+        let tmp = out.with_file_name(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+        let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut w = CawsfWriter {
+            out: out.to_owned(),
+            tmp,
+            file: Some(BufWriter::with_capacity(1 << 20, file)),
+            pos: 0,
+            model: meta.clone(),
+            n_layers: layers,
+            compression,
+            max_chunk: MAX_CHUNK,
+            started: false,
+            next_layer: 0,
+            bank_hash: Xxh3::new(),
+            sums: Vec::new(),
+            tensors: Vec::new(),
+            names: HashSet::new(),
+            global: Range { offset: HEADER_BLOCK, len: 0 },
+            layers: vec![Range::default(); layers],
+            done: false,
+        };
+        w.write_raw(&ZEROS[..HEADER_BLOCK as usize])?;
+        Ok(w)
+    }
+
+    /// Splits tensors into data shards of at most `bytes` (tests exercise splitting
+    /// without writing 4 GiB).
+    #[cfg(test)]
+    pub(super) fn with_chunk_limit(mut self, bytes: u64) -> Self {
+        self.max_chunk = bytes;
+        self
+    }
+
+    fn write_raw(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        let f = self.file.as_mut().expect("the file is open until finish");
+        f.write_all(bytes).with_context(|| format!("writing {}", self.tmp.display()))?;
+        self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Writes one shard (header + payload) and records its checksum; returns its offset.
+    fn write_shard(&mut self, h: ShardHeader, payload: &[u8]) -> anyhow::Result<u64> {
+        let offset = self.pos;
+        let head = h.encode();
+        let mut sum = Xxh3::new();
+        sum.update(&head);
+        sum.update(payload);
+        self.bank_hash.update(&head);
+        self.bank_hash.update(payload);
+        self.write_raw(&head)?;
+        self.write_raw(payload)?;
+        let len = SHARD_HEADER_BYTES + payload.len() as u64;
+        self.sums.push(ShardSum { offset, len, xxh3: format!("{:016x}", sum.digest()) });
+        Ok(offset)
+    }
+
+    /// A PAD shard of `gap` bytes in all (at least its 12-byte header).
+    fn pad(&mut self, scope: u16, gap: u64) -> anyhow::Result<()> {
+        let n = (gap - SHARD_HEADER_BYTES) as u32;
+        self.write_shard(ShardHeader { kind: SHARD_PAD, scope, comp: 0, usize: n, csize: n }, &ZEROS[..n as usize])?;
+        Ok(())
+    }
+
+    /// Pads so that the position becomes `≡ -skip (mod ALIGN)`: with `skip = 12` the next
+    /// shard's payload is aligned, with `skip = 0` the next shard itself.
+    fn align(&mut self, scope: u16, skip: u64) -> anyhow::Result<()> {
+        let mut gap = (ALIGN - (self.pos + skip) % ALIGN) % ALIGN;
+        if gap == 0 {
+            return Ok(());
+        }
+        if gap < SHARD_HEADER_BYTES {
+            gap += ALIGN;
+        }
+        self.pad(scope, gap)
+    }
+
+    fn check_tensor(&self, name: &str, t: &HostTensor) -> anyhow::Result<()> {
+        if name.is_empty() || name.len() > MAX_NAME_BYTES {
+            bail!("tensor name `{name}` is empty or longer than {MAX_NAME_BYTES} bytes");
+        }
+        if t.shape.len() > MAX_DIMS {
+            bail!("tensor `{name}` has {} dimensions (at most {MAX_DIMS})", t.shape.len());
+        }
+        if self.names.contains(name) {
+            bail!("tensor `{name}` is written twice");
+        }
+        if t.dtype.bytes_for(t.numel()) != Some(t.bytes().len()) {
+            bail!("tensor `{name}`: {} bytes do not hold {} {:?}", t.bytes().len(), t.dtype.name(), t.shape);
+        }
+        Ok(())
+    }
+
+    fn write_tensor(
+        &mut self,
+        scope: u16,
+        name: &str,
+        t: &HostTensor,
+        packed: Vec<Option<Vec<u8>>>,
+    ) -> anyhow::Result<()> {
+        let bytes = t.bytes();
+        let desc = TensorDesc {
+            name: name.to_owned(),
+            dtype: t.dtype,
+            shape: t.shape.iter().map(|&d| d as u64).collect(),
+            bytes: bytes.len() as u64,
+            chunks: packed.len() as u32,
+        };
+        let record = desc.encode();
+        let n = record.len() as u32;
+        let desc_at =
+            self.write_shard(ShardHeader { kind: SHARD_TENSOR_DESC, scope, comp: 0, usize: n, csize: n }, &record)?;
+        let mut chunks = Vec::with_capacity(packed.len());
+        for (raw, z) in bytes.chunks(self.max_chunk as usize).zip(packed) {
+            let usize = raw.len() as u32;
+            let (comp, payload) = match &z {
+                Some(z) => (self.compression, &z[..]),
+                None => {
+                    self.align(scope, SHARD_HEADER_BYTES)?;
+                    (Compression::None, raw)
+                }
+            };
+            let h = ShardHeader {
+                kind: SHARD_TENSOR_DATA,
+                scope,
+                comp: comp.shard_code(),
+                usize,
+                csize: payload.len() as u32,
+            };
+            let offset = self.write_shard(h, payload)?;
+            chunks.push(ChunkEntry { offset, comp, usize, csize: h.csize });
+        }
+        self.tensors.push(TensorEntry {
+            name: name.to_owned(),
+            dtype: t.dtype.name().to_owned(),
+            shape: desc.shape,
+            layer: (scope != GLOBAL_SCOPE).then_some(usize::from(scope)),
+            bytes: desc.bytes,
+            desc: desc_at,
+            chunks,
+        });
+        self.names.insert(name.to_owned());
+        Ok(())
+    }
+}
+
+impl ModelWriter for CawsfWriter {
+    fn write_group(&mut self, group: Group, tensors: &[(String, HostTensor)]) -> anyhow::Result<()> {
+        let out = self.out.display().to_string();
+        let scope = match group {
+            Group::Global if self.started => bail!("{out}: the global tensors must be written first, and once"),
+            Group::Global => GLOBAL_SCOPE,
+            Group::Layer(i) if i != self.next_layer || i >= self.n_layers => {
+                bail!("{out}: layer {i} written out of order (expected layer {} of {})", self.next_layer, self.n_layers)
+            }
+            Group::Layer(i) => i as u16,
+        };
+        self.started = true;
+        for (name, t) in tensors {
+            self.check_tensor(name, t).with_context(|| format!("{out}: {group:?}"))?;
+        }
+        let (comp, chunk) = (self.compression, self.max_chunk as usize);
+        let packed: Vec<Vec<Option<Vec<u8>>>> =
+            tensors.par_iter().map(|(_, t)| t.bytes().chunks(chunk).map(|c| comp.compress(c)).collect()).collect();
+        let start = self.pos;
+        for ((name, t), packed) in tensors.iter().zip(packed) {
+            self.write_tensor(scope, name, t, packed)?;
+        }
+        self.align(scope, 0)?;
+        let range = Range { offset: start, len: self.pos - start };
+        match group {
+            Group::Global => self.global = range,
+            Group::Layer(i) => {
+                self.layers[i] = range;
+                self.next_layer += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>) -> anyhow::Result<()> {
+        let out = self.out.display().to_string();
+        if self.next_layer != self.n_layers {
+            bail!("{out}: finished after {} of {} layers", self.next_layer, self.n_layers);
+        }
+        let bank_size = self.pos - HEADER_BLOCK;
+        let bank_sum = self.bank_hash.digest();
+        let bank = TocEntry {
+            kind: SECTION_SHARD_BANK,
+            flags: 0,
+            offset: HEADER_BLOCK,
+            size: bank_size,
+            raw_size: bank_size,
+            checksum: bank_sum,
+        };
+        let meta = Meta {
+            format: "cawsf".into(),
+            version: VERSION,
+            model: self.model.clone(),
+            compression: self.compression,
+            alignment: ALIGN,
+            n_layers: self.n_layers,
+            global: self.global,
+            layers: std::mem::take(&mut self.layers),
+            tensors: std::mem::take(&mut self.tensors),
+            checksum_index: ChecksumIndex {
+                algorithm: "xxh3-64".into(),
+                sections: [("SHARD_BANK".to_owned(), format!("{bank_sum:016x}"))].into(),
+                shards: std::mem::take(&mut self.sums),
+            },
+        };
+        let json = serde_json::to_vec(&meta).context("serializing META")?;
+        let raw_size = json.len() as u64;
+        let (stored, flags) = match self.compression.compress(&json) {
+            Some(z) => (z, self.compression.section_flags()),
+            None => (json, 0),
+        };
+        let meta_entry = TocEntry {
+            kind: SECTION_META,
+            flags,
+            offset: self.pos,
+            size: stored.len() as u64,
+            raw_size,
+            checksum: xxh3(&stored),
+        };
+        self.write_raw(&stored)?;
+        let header = encode_header_block(&[meta_entry, bank]);
+        let tmp = self.tmp.clone();
+        let io = |what: &str| format!("{what} {}", tmp.display());
+        let mut file = self
+            .file
+            .take()
+            .expect("open until finish")
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .with_context(|| io("flushing"))?;
+        file.seek(SeekFrom::Start(0)).with_context(|| io("seeking in"))?;
+        file.write_all(&header).with_context(|| io("writing the header of"))?;
+        file.sync_all().with_context(|| io("syncing"))?;
+        drop(file);
+        if self.out.symlink_metadata().is_ok() {
+            bail!("{out}: appeared while converting; not overwriting it");
+        }
+        std::fs::rename(&self.tmp, &self.out).with_context(|| format!("renaming {} to {out}", self.tmp.display()))?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for CawsfWriter {
+    /// An unfinished writer leaves nothing behind.
+    fn drop(&mut self) {
+        if !self.done {
+            drop(self.file.take());
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! `strata convert` (library and CLI): every source format into flat and `.cawsf`, kept
+//! as stored (identical tensors and logits) or requantized (the tensors equal Strata's
+//! quantizers applied to the source, whose bytes are checked against gguf-py and
+//! llama.cpp in `tests/quant_golden.rs`; the model still runs and stays close to its
+//! source), and `inspect` / `verify` on the results.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use strata::engine::session::{Engine, RunOptions};
+use strata::format::cawsf::Compression;
+use strata::format::convert::{ConvertOptions, Target, convert};
+use strata::model::ModelSource;
+use strata::model::llama::SeqStep;
+use strata::tensor::DType;
+
+fn fixture(rel: &str) -> String {
+    format!("{}/tests/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh path under the temp directory (removed when dropped).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("strata-convert-{}-{tag}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn logits(src: ModelSource) -> Vec<Vec<f32>> {
+    let e = Engine::from_source(src, &RunOptions { threads: 2, ..Default::default() }).expect("load");
+    let tokens = [1u32, 7, 42, 99, 3, 250, 17, 8];
+    let mut cache = e.model.new_cache(16);
+    e.model
+        .forward(&mut [SeqStep { tokens: &tokens, cache: &mut cache, all_logits: true }])
+        .expect("forward")
+        .remove(0)
+        .chunks(e.model.config.vocab_size)
+        .map(<[f32]>::to_vec)
+        .collect()
+}
+
+fn out_path(s: &Scratch, target: Target) -> PathBuf {
+    match target {
+        Target::Flat => s.0.join("model"),
+        Target::Cawsf(_) => s.0.join("model.cawsf"),
+    }
+}
+
+const TARGETS: [Target; 3] = [Target::Flat, Target::Cawsf(Compression::None), Target::Cawsf(Compression::Lz4)];
+
+#[test]
+fn unquantized_conversions_are_identical_models() {
+    for src in ["hf/llama3", "gguf/llama3.q4_0.gguf", "gguf/llama256.q4_k_m.gguf"] {
+        for target in TARGETS {
+            let s = Scratch::new("same");
+            let out = out_path(&s, target);
+            let source = ModelSource::from_spec(&fixture(src)).unwrap();
+            let mut groups = 0;
+            let report =
+                convert(&source, &out, &ConvertOptions { target, quant: None, threads: 2 }, &mut |_| groups += 1)
+                    .unwrap();
+            assert_eq!(report.converted, 0);
+            assert_eq!(groups, report.layers + 1, "{src} {target:?}: one progress call per group");
+            let copy = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+            assert_eq!(copy.tensors.len(), source.tensors.len());
+            for (name, t) in &source.tensors {
+                let c = &copy.tensors[name];
+                assert_eq!((c.dtype, &c.shape), (t.dtype, &t.shape), "{src} {target:?} {name}");
+                assert_eq!(c.bytes(), t.bytes(), "{src} {target:?} {name}");
+            }
+            assert!(logits(copy) == logits(ModelSource::from_spec(&fixture(src)).unwrap()), "{src} {target:?}");
+        }
+    }
+}
+
+#[test]
+fn quantized_conversions_use_strata_quantizers_and_stay_close() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    // Bounds on the worst |Δ log-prob| over 8 positions of a random 256-wide model, set
+    // at about twice what was measured (0.30, 0.74, 2.0, 3e-6): random weights have no
+    // structure for quantization to keep, so only the ordering by bit width is telling.
+    for (quant, tol) in [(DType::Q8_0, 0.6f32), (DType::Q6_K, 1.5), (DType::Q4_K, 4.0), (DType::F16, 1e-4)] {
+        for target in [Target::Flat, Target::Cawsf(Compression::Zstd)] {
+            let s = Scratch::new("quant");
+            let out = out_path(&s, target);
+            let source = ModelSource::from_spec(&fixture("hf/llama_bf16_256")).unwrap();
+            let report =
+                convert(&source, &out, &ConvertOptions { target, quant: Some(quant), threads: 2 }, &mut |_| {})
+                    .unwrap();
+            assert!(report.converted > 0);
+            let copy = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+            for (name, t) in &source.tensors {
+                let c = &copy.tensors[name];
+                let matrix = t.shape.len() == 2;
+                if matrix || quant.is_float() {
+                    assert_eq!(c.dtype, quant, "{name}");
+                    let x = t.to_f32_vec();
+                    let cols = *t.shape.last().unwrap();
+                    let want = strata::quant::quantize_matrix(&pool, quant, &x, x.len() / cols, cols).unwrap();
+                    assert_eq!(c.bytes(), strata::tensor::ByteSource::bytes(&want), "{quant:?} {name}");
+                } else {
+                    assert_eq!((c.dtype, c.bytes()), (t.dtype, t.bytes()), "{quant:?} {name}: kept as stored");
+                }
+            }
+            // The requantized model runs and its log-probs stay near the source's.
+            let (a, b) = (logits(copy), logits(ModelSource::from_spec(&fixture("hf/llama_bf16_256")).unwrap()));
+            for (ra, rb) in a.iter().zip(&b) {
+                let (la, lb) = (log_softmax(ra), log_softmax(rb));
+                let worst = la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+                eprintln!("{quant:?} {target:?}: max |Δ log-prob| {worst}");
+                assert!(worst < tol, "{quant:?}: max |Δ log-prob| {worst}");
+            }
+        }
+    }
+}
+
+fn log_softmax(x: &[f32]) -> Vec<f32> {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + x.iter().map(|v| (v - max).exp()).sum::<f32>().ln();
+    x.iter().map(|v| v - lse).collect()
+}
+
+#[test]
+fn existing_outputs_are_refused() {
+    let s = Scratch::new("exists");
+    let out = s.0.join("model");
+    std::fs::create_dir(&out).unwrap();
+    let source = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let err = convert(&source, &out, &ConvertOptions { target: Target::Flat, quant: None, threads: 1 }, &mut |_| {})
+        .unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+}
+
+fn strata(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().expect("run strata")
+}
+
+#[test]
+fn cli_convert_inspect_verify() {
+    let s = Scratch::new("cli");
+    let gguf = fixture("gguf/llama3.q4_0.gguf");
+    for (format, out) in [("flat", s.0.join("flat")), ("cawsf", s.0.join("m.cawsf"))] {
+        let out_s = out.to_str().unwrap();
+        let o = strata(&["convert", &gguf, out_s, "--format", format, "--quant", "q8_0", "--json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(report["converted"].as_u64().unwrap() > 0);
+        let o = strata(&["verify", out_s]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = strata(&["inspect", out_s, "--json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(v.is_object());
+        let o = strata(&["inspect", out_s]);
+        assert!(o.status.success());
+        // A flipped byte in the weights: verify fails, naming where.
+        let victim = if out.is_dir() { out.join("layer_000.bin") } else { out.clone() };
+        flip_last_nonzero(&victim);
+        let o = strata(&["verify", out_s]);
+        assert!(!o.status.success(), "{format}: verify passed a corrupted model");
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(err.contains(if out.is_dir() { "layer_000.bin" } else { "m.cawsf" }), "{err}");
+    }
+    for args in [
+        &["inspect", gguf.as_str(), "--json"][..],
+        &["inspect", fixture("hf/llama3").as_str()][..],
+        &["convert", gguf.as_str(), s.0.join("x").to_str().unwrap(), "--quant", "q3_z"][..],
+        &["convert", gguf.as_str(), s.0.join("y").to_str().unwrap(), "--compress", "zstd"][..],
+        &["verify", gguf.as_str()][..],
+    ] {
+        let o = strata(args);
+        let ok = args[0] == "inspect";
+        assert_eq!(o.status.success(), ok, "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = strata(&["inspect", fixture("gguf/llama3.q4_0.gguf").as_str(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["format"], "gguf");
+    assert_eq!(v["layer_bytes"]["layers"].as_array().unwrap().len(), 2);
+}
+
+/// Flips a byte of `path` inside its data (the last non-zero byte before the end).
+fn flip_last_nonzero(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let i = bytes.iter().rposition(|&b| b != 0).unwrap();
+    bytes[i] ^= 0x40;
+    std::fs::write(path, bytes).unwrap();
+}
