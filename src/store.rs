@@ -26,6 +26,7 @@
 
 mod inspect;
 mod ollama;
+pub mod pull;
 
 use std::fmt;
 use std::fs;

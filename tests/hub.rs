@@ -769,3 +769,145 @@ fn a_directory_being_downloaded_into_is_locked() {
     assert_identical_to_fixture(&dest);
     std::fs::remove_dir_all(&dest).unwrap();
 }
+
+#[test]
+fn pulls_land_in_the_store_as_is_or_quantized() {
+    use strata::store::Store;
+    use strata::store::pull::{PullEvent, default_name, pull_hf};
+    let hub = Hub::start(Behaviour::default());
+    let home = temp_dir("store");
+    let store = Store::open(&home);
+    let spec = format!("hf:{REPO}");
+    let mut saw = (false, false, false);
+    let mut on = |e: PullEvent<'_>| {
+        match e {
+            PullEvent::Download(_) => saw.0 = true,
+            PullEvent::Convert(_) => saw.1 = true,
+            PullEvent::Importing => saw.2 = true,
+            PullEvent::Listing(_) => {}
+        }
+        std::ops::ControlFlow::Continue(())
+    };
+    let plain = pull_hf(&store, &hub.client(None), &spec, None, None, false, &mut on).unwrap();
+    let repo = strata::hub::parse_spec(&spec).unwrap();
+    assert_eq!(plain.name.to_string(), default_name(&repo, None));
+    let quant =
+        pull_hf(&store, &hub.client(None), &spec, Some(strata::tensor::DType::Q8_0), None, false, &mut on).unwrap();
+    assert!(quant.name.to_string().ends_with(":q8_0"), "{}", quant.name);
+    assert_eq!(saw, (true, true, true));
+    // Both load by name; the quantized one holds Q8_0 matrices; the downloads are gone.
+    let from_store = |name: &str| strata::model::ModelSource::from_spec(store.resolve(name).unwrap().to_str().unwrap());
+    let m = from_store(&plain.name.to_string()).unwrap();
+    assert_eq!(m.tensors["model.layers.0.mlp.up_proj.weight"].dtype, strata::tensor::DType::F32);
+    let q = from_store(&quant.name.to_string()).unwrap();
+    assert_eq!(q.tensors["model.layers.0.mlp.up_proj.weight"].dtype, strata::tensor::DType::Q8_0);
+    assert!(!home.join("downloads/hf").join(REPO).join("main").exists());
+    // A taken name is refused before anything is downloaded.
+    let before = hub.requests("/resolve/").len();
+    let err =
+        pull_hf(&store, &hub.client(None), &spec, None, None, false, &mut |_| std::ops::ControlFlow::Continue(()))
+            .unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+    assert_eq!(hub.requests("/resolve/").len(), before);
+
+    // The CLI, with the hub and the store from the environment of its own process.
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .env("HF_ENDPOINT", hub.url())
+            .env_remove("HF_TOKEN")
+            .env("STRATA_HOME", &home)
+            .output()
+            .unwrap()
+    };
+    let o = cli(&["pull", &spec, "--name", "cli-pulled:v1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "cli-pulled:v1");
+    let o = cli(&["list"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("cli-pulled:v1"));
+    let o = cli(&["pull", "llama3"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("hf:ORG/REPO"));
+    std::fs::remove_dir_all(&home).unwrap();
+}
+
+/// `/api/pull` on a real `strata serve` (its own process, with `HF_ENDPOINT` pointing at
+/// the local hub): Ollama's progress lines, the model in `/api/tags` afterwards, and
+/// clean 4xx answers for what cannot be pulled.
+#[test]
+fn api_pull_streams_ollama_progress_into_the_store() {
+    let hub = Hub::start(Behaviour::default());
+    let home = temp_dir("serve");
+    let bin = env!("CARGO_BIN_EXE_strata");
+    let mut server = std::process::Command::new(bin)
+        .args(["serve", "--port", "0", "--threads", "1"])
+        .env("STRATA_HOME", &home)
+        .env("HF_ENDPOINT", hub.url())
+        .env_remove("HF_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid_file = home.join("strata.pid");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !pid_file.exists() {
+        assert!(std::time::Instant::now() < deadline, "no PID file");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let pid: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&pid_file).unwrap()).unwrap();
+    let base = format!("http://{}", pid["addr"].as_str().unwrap());
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let post = |body: serde_json::Value| {
+        let mut r = agent
+            .post(&format!("{base}/api/pull"))
+            .header("content-type", "application/json")
+            .send(body.to_string())
+            .unwrap();
+        let status = r.status().as_u16();
+        let text: String = r.body_mut().read_to_string().unwrap();
+        (status, text)
+    };
+
+    // Streaming (the default): NDJSON progress ending in success.
+    let (status, text) = post(serde_json::json!({ "model": format!("hf:{REPO}") }));
+    assert_eq!(status, 200, "{text}");
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.first().unwrap()["status"], "pulling manifest");
+    assert_eq!(lines.last().unwrap()["status"], "success", "{text}");
+    let mut weights = lines.iter().filter(|l| l["digest"].as_str().is_some_and(|d| d.starts_with("sha256:")));
+    let last = weights.next_back().expect("a pulling line for the LFS weights");
+    assert_eq!(last["completed"], last["total"]);
+    assert!(lines.iter().any(|l| l["status"] == "writing manifest"));
+    let tags: serde_json::Value = serde_json::from_str(
+        &agent.get(&format!("{base}/api/tags")).call().unwrap().body_mut().read_to_string().unwrap(),
+    )
+    .unwrap();
+    let want = format!("{REPO}:latest");
+    assert!(tags["models"].as_array().unwrap().iter().any(|m| m["name"] == want.as_str()), "{tags}");
+
+    // Without streaming, with conversion: one final object.
+    let (status, text) =
+        post(serde_json::json!({ "model": format!("hf:{REPO}"), "stream": false, "quantize": "q8_0" }));
+    assert_eq!((status, text.trim()), (200, r#"{"status":"success"}"#));
+
+    // What cannot be pulled is a 4xx with Ollama's error body.
+    for (body, code) in [
+        (serde_json::json!({ "model": "llama3" }), 400),
+        (serde_json::json!({ "model": "" }), 400),
+        (serde_json::json!({ "model": "hf:../x" }), 400),
+        (serde_json::json!({ "model": format!("hf:{REPO}"), "quantize": "q3_z" }), 400),
+        (serde_json::json!({ "model": "hf:nobody/nothing", "stream": false }), 404),
+    ] {
+        let (status, text) = post(body.clone());
+        assert_eq!(status, code, "{body}: {text}");
+        assert!(serde_json::from_str::<serde_json::Value>(&text).unwrap()["error"].is_string(), "{text}");
+    }
+    // Streaming, a missing repository ends with an error line.
+    let (status, text) = post(serde_json::json!({ "model": "hf:nobody/nothing" }));
+    assert_eq!(status, 200);
+    assert!(text.lines().last().unwrap().contains("\"error\""), "{text}");
+
+    server.kill().unwrap();
+    let _ = server.wait();
+    std::fs::remove_dir_all(&home).ok();
+}

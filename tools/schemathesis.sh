@@ -3,7 +3,9 @@
 # schemathesis at the server's own /openapi.json and checks, for every operation, that
 # no request gets a 5xx (not_a_server_error) and that every answer matches the schema the
 # document declares for its status (response_schema_conformance). Stops the server with
-# SIGTERM at the end and fails if it does not exit 0.
+# SIGTERM at the end and fails if it does not exit 0. /api/pull is left out: a valid
+# request downloads from the Hugging Face hub, which this run cannot reach; its
+# answers are checked against a local hub in tests/hub.rs.
 #
 #   tools/schemathesis.sh [EXTRA SCHEMATHESIS ARGS...]
 #
@@ -67,6 +69,7 @@ status=0
   --report junit,ndjson --report-dir "$report" \
   --output-sanitize false \
   --no-color \
+  --exclude-path /api/pull \
   "$@") || status=$?
 
 server_rc=0

@@ -5,6 +5,7 @@ pub mod convert;
 pub mod import;
 pub mod inspect;
 pub mod perplexity;
+pub mod pull;
 pub mod run;
 pub mod serve;
 pub mod store_cmds;
@@ -61,6 +62,8 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Check every checksum of a flat layer directory or `.cawsf` file.
     Verify(verify::VerifyArgs),
+    /// Download a Hugging Face model (`hf:ORG/REPO[@REV]`) into the store.
+    Pull(pull::PullArgs),
 }
 
 /// Options shared by every command that runs a model.
@@ -99,5 +102,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Convert(a) => convert::main(a),
         Command::Inspect(a) => inspect::main(a),
         Command::Verify(a) => verify::main(a),
+        Command::Pull(a) => pull::main(a),
     }
 }

@@ -15,6 +15,7 @@
 mod checks;
 mod embed;
 mod models;
+mod pull;
 mod types;
 
 use std::convert::Infallible;
@@ -42,6 +43,7 @@ use models::{
     __path_copy, __path_delete_model, __path_ps, __path_show, __path_tags, __path_version, copy, delete_model, ps,
     show, tags, version,
 };
+use pull::{__path_pull, PullRequest, PullStatus, pull};
 
 /// What `/api/version` reports. Clients compare it as a dotted version to gate features
 /// (VS Code's Copilot, for one, wants at least 0.6.4), so it is a real, recent Ollama
@@ -50,7 +52,7 @@ pub const OLLAMA_VERSION: &str = "0.12.0";
 
 #[derive(OpenApi)]
 #[openapi(
-    paths(generate, chat, embed, embeddings, tags, show, ps, version, copy, delete_model),
+    paths(generate, chat, embed, embeddings, tags, show, ps, version, copy, delete_model, pull),
     components(schemas(
         GenerateRequest,
         GenerateResponse,
@@ -68,6 +70,8 @@ pub const OLLAMA_VERSION: &str = "0.12.0";
         EmbeddingsResponse,
         ModelRef,
         CopyRequest,
+        PullRequest,
+        PullStatus,
         ModelDetails,
         TagModel,
         TagsResponse,
@@ -93,6 +97,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/version", get(version))
         .route("/api/copy", post(copy))
         .route("/api/delete", delete(delete_model))
+        .route("/api/pull", post(pull))
 }
 
 type Result<T> = std::result::Result<T, OllamaError>;
