@@ -2,7 +2,7 @@
 //! owned, aligned buffer). Weights stay in their stored dtype; nothing here converts a
 //! whole model to f32.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use half::{bf16, f16};
 
@@ -152,6 +152,35 @@ impl ByteSource for AlignedBytes {
     }
 }
 
+/// Bytes computed on first use and kept: for weights derived from a file (llama's
+/// un-permuted Q/K rows in a GGUF), so that opening a model reads nothing, and a
+/// conversion that drops each layer after writing it holds one layer, not the model.
+pub struct LazyBytes {
+    len: usize,
+    make: Box<dyn Fn() -> AlignedBytes + Send + Sync>,
+    done: OnceLock<AlignedBytes>,
+}
+
+impl LazyBytes {
+    /// `make` must return exactly `len` bytes.
+    pub fn new(len: usize, make: impl Fn() -> AlignedBytes + Send + Sync + 'static) -> Self {
+        LazyBytes { len, make: Box::new(make), done: OnceLock::new() }
+    }
+
+    /// Whether the bytes have been computed.
+    pub fn is_computed(&self) -> bool {
+        self.done.get().is_some()
+    }
+}
+
+impl ByteSource for LazyBytes {
+    fn bytes(&self) -> &[u8] {
+        let b = self.done.get_or_init(|| (self.make)()).bytes();
+        assert_eq!(b.len(), self.len, "a lazy tensor computed the wrong number of bytes");
+        b
+    }
+}
+
 /// A typed, row-major view of `shape` elements of `dtype` at `offset` in `src`.
 /// Always aligned for its dtype (constructors copy when the file is not).
 #[derive(Clone)]
@@ -181,6 +210,14 @@ impl HostTensor {
         }
         let copy = AlignedBytes::from_slice(&src.bytes()[offset..offset + len]);
         HostTensor { src: Arc::new(copy), offset: 0, len, dtype, shape }
+    }
+
+    /// A tensor over `src` computed on first use ([`LazyBytes`], 64-byte aligned, so
+    /// no check or copy is needed here and nothing is computed yet).
+    pub fn lazy(src: Arc<LazyBytes>, dtype: DType, shape: Vec<usize>) -> Self {
+        let len = src.len;
+        debug_assert_eq!(Some(len), dtype.bytes_for(shape.iter().product::<usize>()));
+        HostTensor { src, offset: 0, len, dtype, shape }
     }
 
     /// An owned f32 tensor (for small things such as the demo model or tests).

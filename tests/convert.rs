@@ -68,9 +68,13 @@ fn unquantized_conversions_are_identical_models() {
             let out = out_path(&s, target);
             let source = ModelSource::from_spec(&fixture(src)).unwrap();
             let mut groups = 0;
-            let report =
-                convert(&source, &out, &ConvertOptions { target, quant: None, threads: 2 }, &mut |_| groups += 1)
-                    .unwrap();
+            let report = convert(
+                ModelSource::from_spec(&fixture(src)).unwrap(),
+                &out,
+                &ConvertOptions { target, quant: None, threads: 2 },
+                &mut |_| groups += 1,
+            )
+            .unwrap();
             assert_eq!(report.converted, 0);
             assert_eq!(groups, report.layers + 1, "{src} {target:?}: one progress call per group");
             let copy = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
@@ -96,9 +100,13 @@ fn quantized_conversions_use_strata_quantizers_and_stay_close() {
             let s = Scratch::new("quant");
             let out = out_path(&s, target);
             let source = ModelSource::from_spec(&fixture("hf/llama_bf16_256")).unwrap();
-            let report =
-                convert(&source, &out, &ConvertOptions { target, quant: Some(quant), threads: 2 }, &mut |_| {})
-                    .unwrap();
+            let report = convert(
+                ModelSource::from_spec(&fixture("hf/llama_bf16_256")).unwrap(),
+                &out,
+                &ConvertOptions { target, quant: Some(quant), threads: 2 },
+                &mut |_| {},
+            )
+            .unwrap();
             assert!(report.converted > 0);
             let copy = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
             for (name, t) in &source.tensors {
@@ -138,7 +146,7 @@ fn existing_outputs_are_refused() {
     let out = s.0.join("model");
     std::fs::create_dir(&out).unwrap();
     let source = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
-    let err = convert(&source, &out, &ConvertOptions { target: Target::Flat, quant: None, threads: 1 }, &mut |_| {})
+    let err = convert(source, &out, &ConvertOptions { target: Target::Flat, quant: None, threads: 1 }, &mut |_| {})
         .unwrap_err();
     assert!(err.to_string().contains("already exists"), "{err}");
 }

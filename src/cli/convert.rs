@@ -88,7 +88,7 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
             let _ = std::io::stderr().flush();
         }
     };
-    let report = convert(&src, &args.out, &ConvertOptions { target, quant, threads: args.threads }, &mut bar)?;
+    let report = convert(src, &args.out, &ConvertOptions { target, quant, threads: args.threads }, &mut bar)?;
     if tty {
         eprintln!();
     }

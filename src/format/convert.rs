@@ -80,8 +80,10 @@ fn target_dtype(t: &HostTensor, quant: Option<DType>) -> Option<DType> {
 }
 
 /// Converts `src` into `out` (which must not exist), calling `progress` after each group.
+/// Each group's tensors are dropped once written, so weights that a source computes on
+/// first use (GGUF llama Q/K) are held one layer at a time.
 pub fn convert(
-    src: &ModelSource,
+    mut src: ModelSource,
     out: &Path,
     opts: &ConvertOptions,
     progress: &mut dyn FnMut(Progress),
@@ -89,9 +91,9 @@ pub fn convert(
     if out.exists() {
         anyhow::bail!("{}: already exists; choose another output or remove it first", out.display());
     }
-    let mut groups: std::collections::BTreeMap<Group, Vec<&str>> = Default::default();
+    let mut groups: std::collections::BTreeMap<Group, Vec<String>> = Default::default();
     for name in src.tensors.keys() {
-        groups.entry(Group::of(name)).or_default().push(name);
+        groups.entry(Group::of(name)).or_default().push(name.clone());
     }
     let layers = groups.keys().filter(|g| matches!(g, Group::Layer(_))).count();
     for i in 0..layers {
@@ -99,7 +101,7 @@ pub fn convert(
             anyhow::bail!("{}: layer {i} has no tensors (layers must be 0..{layers})", src.name);
         }
     }
-    let meta = meta_of(src);
+    let meta = meta_of(&src);
     let mut writer: Box<dyn ModelWriter> = match opts.target {
         Target::Flat => Box::new(flat::create(out, &meta, layers)?),
         Target::Cawsf(c) => Box::new(cawsf::CawsfWriter::create(out, &meta, layers, c)?),
@@ -111,20 +113,21 @@ pub fn convert(
         names.sort_unstable();
         let mut tensors = Vec::with_capacity(names.len());
         for name in names {
-            let t = &src.tensors[name];
+            let t = src.tensors.remove(&name).expect("grouped from the source's own names");
             report.bytes_in += t.bytes().len() as u64;
-            let t = match target_dtype(t, opts.quant) {
-                None => t.clone(),
+            let t = match target_dtype(&t, opts.quant) {
+                None => t,
                 Some(dtype) => {
                     report.converted += 1;
-                    requantize(&pool, name, t, dtype)?
+                    requantize(&pool, &name, &t, dtype)?
                 }
             };
             report.bytes_out += t.bytes().len() as u64;
-            tensors.push((name.to_owned(), t));
+            tensors.push((name, t));
         }
         report.tensors += tensors.len();
         writer.write_group(group, &tensors)?;
+        drop(tensors);
         progress(Progress { done: done + 1, total, bytes: report.bytes_out });
     }
     writer.finish()?;

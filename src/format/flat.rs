@@ -697,7 +697,7 @@ fn locate_corruption(c: &Checked, f: &FileEntry, got: &str) -> FormatError {
             return FormatError::Corrupt { path, offset: t.offset, msg };
         }
         first_nonzero_padding = first_nonzero_padding.or_else(|| nonzero_at(bytes, covered, t.offset));
-        covered = t.offset + t.size;
+        covered = covered.max(t.offset + t.size);
     }
     first_nonzero_padding = first_nonzero_padding.or_else(|| nonzero_at(bytes, covered, f.size));
     match first_nonzero_padding {
@@ -713,6 +713,9 @@ fn locate_corruption(c: &Checked, f: &FileEntry, got: &str) -> FormatError {
 
 /// The offset of the first non-zero byte in `bytes[from..to]`.
 fn nonzero_at(bytes: &[u8], from: u64, to: u64) -> Option<u64> {
+    if from >= to {
+        return None;
+    }
     bytes[from as usize..to as usize].iter().position(|&b| b != 0).map(|i| from + i as u64)
 }
 

@@ -14,11 +14,15 @@ use serde_json::{Value, json};
 use super::ModelSource;
 use super::config::ModelConfig;
 use crate::format::gguf::{GgufFile, GgufValue};
-use crate::tensor::{AlignedBytes, ByteSource, HostTensor};
+use crate::tensor::{AlignedBytes, HostTensor};
 
 /// llama.cpp token types (`tokenizer.ggml.token_type`).
 const TOKEN_CONTROL: i64 = 3;
 const TOKEN_USER_DEFINED: i64 = 4;
+/// Bound on the work of deriving SentencePiece merges, which hashes every prefix of every
+/// piece: the sum over pieces of length². Real vocabularies need a few million; a
+/// hostile file with one 1 MB piece would need 10¹² and hours.
+const MAX_SPM_MERGE_WORK: u64 = 1 << 30;
 
 /// Reads a `.gguf` file into a model source.
 pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
@@ -226,28 +230,33 @@ pub fn unpermute_rows(t: &HostTensor, n_heads: usize) -> anyhow::Result<HostTens
     if rows == 0 || n_heads.checked_mul(2).is_none_or(|h| h == 0 || !rows.is_multiple_of(h)) {
         bail!("{rows} rows do not split into {n_heads} heads of even, non-zero size");
     }
-    let bytes = t.bytes();
-    let row_bytes = bytes.len() / rows;
     if t.shape.len() == 1 && !t.dtype.is_float() {
         bail!("a 1-D {} tensor cannot be permuted by rows", t.dtype.name());
     }
+    let len = t.bytes().len();
+    let row_bytes = len / rows;
     let head_dim = rows / n_heads;
     let half = head_dim / 2;
-    let mut buf = AlignedBytes::zeroed(bytes.len());
-    let dst = buf.bytes_mut();
-    for h in 0..n_heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let from = h * head_dim + 2 * i + j;
-                let to = h * head_dim + j * half + i;
-                dst[to * row_bytes..(to + 1) * row_bytes]
-                    .copy_from_slice(&bytes[from * row_bytes..(from + 1) * row_bytes]);
+    // Computed on first use: opening a model (or converting it one layer at a time)
+    // does not hold a second copy of every Q/K matrix.
+    let stored = t.clone();
+    let lazy = crate::tensor::LazyBytes::new(len, move || {
+        let bytes = stored.bytes();
+        let mut buf = AlignedBytes::zeroed(bytes.len());
+        let dst = buf.bytes_mut();
+        for h in 0..n_heads {
+            for i in 0..half {
+                for j in 0..2 {
+                    let from = h * head_dim + 2 * i + j;
+                    let to = h * head_dim + j * half + i;
+                    dst[to * row_bytes..(to + 1) * row_bytes]
+                        .copy_from_slice(&bytes[from * row_bytes..(from + 1) * row_bytes]);
+                }
             }
         }
-    }
-    let len = bytes.len();
-    let src: Arc<dyn ByteSource> = Arc::new(buf);
-    Ok(HostTensor::new(src, 0, len, t.dtype, t.shape.clone()))
+        buf
+    });
+    Ok(HostTensor::lazy(Arc::new(lazy), t.dtype, t.shape.clone()))
 }
 
 struct TokenizerFiles {
@@ -468,6 +477,14 @@ fn spm_tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
             added.push(json!({"id": id, "content": tok, "single_word": false, "lstrip": false, "rstrip": false,
                 "normalized": false, "special": ty != TOKEN_USER_DEFINED}));
         }
+    }
+    let work = ids.keys().fold(0u64, |acc, p| acc.saturating_add((p.len() as u64).saturating_pow(2)));
+    if work > MAX_SPM_MERGE_WORK {
+        let longest = ids.keys().map(|p| p.len()).max().unwrap_or(0);
+        bail!(
+            "`tokenizer.ggml.tokens` pieces are too long to derive merges from (sum of squared lengths {work}, \
+             limit {MAX_SPM_MERGE_WORK}; the longest is {longest} bytes)"
+        );
     }
     let mut merges: Vec<(f64, usize, usize, &str, &str)> = Vec::new();
     for (&piece, &id) in &ids {

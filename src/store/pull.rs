@@ -72,7 +72,7 @@ pub fn pull_hf(
             let result = (|| {
                 let src = ModelSource::from_hf_dir(&snapshot.dir)?;
                 let opts = ConvertOptions { target: Target::Flat, quant: Some(q), threads: 0 };
-                convert::convert(&src, &out, &opts, &mut |p| {
+                convert::convert(src, &out, &opts, &mut |p| {
                     let _ = on(PullEvent::Convert(p));
                 })?;
                 let _ = on(PullEvent::Importing);
