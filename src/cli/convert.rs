@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use crate::format::cawsf::Compression;
 use crate::format::convert::{ConvertOptions, Progress, Target, convert};
 use crate::model::ModelSource;
-use crate::quant::CONVERT_TARGETS;
+use crate::quant::convert_target;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -49,17 +49,7 @@ pub struct ConvertArgs {
 }
 
 pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
-    let quant = match &args.quant {
-        None => None,
-        Some(q) => {
-            Some(CONVERT_TARGETS.iter().find(|(name, _)| name.eq_ignore_ascii_case(q)).map(|(_, d)| *d).ok_or_else(
-                || {
-                    let names: Vec<_> = CONVERT_TARGETS.iter().map(|(n, _)| *n).collect();
-                    anyhow::anyhow!("--quant {q}: unknown; choose one of {}", names.join(", "))
-                },
-            )?)
-        }
-    };
+    let quant = args.quant.as_deref().map(convert_target).transpose().map_err(|e| anyhow::anyhow!("--quant: {e}"))?;
     if args.format == Format::Flat && args.compress != Compress::None {
         anyhow::bail!("--compress applies to --format cawsf only");
     }

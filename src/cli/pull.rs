@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use clap::Args;
 
 use crate::hub::{HubClient, Phase};
-use crate::quant::CONVERT_TARGETS;
+use crate::quant::convert_target;
 use crate::store::Store;
 use crate::store::pull::{PullEvent, pull_hf};
 
@@ -35,16 +35,7 @@ pub fn main(args: PullArgs) -> anyhow::Result<()> {
             args.spec
         );
     }
-    let quant = match &args.quant {
-        None => None,
-        Some(q) => Some(
-            CONVERT_TARGETS
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(q))
-                .map(|(_, d)| *d)
-                .ok_or_else(|| anyhow::anyhow!("--quant {q}: unknown format"))?,
-        ),
-    };
+    let quant = args.quant.as_deref().map(convert_target).transpose().map_err(|e| anyhow::anyhow!("--quant: {e}"))?;
     let store = Store::default();
     let client = HubClient::from_env()?;
     let tty = std::io::stderr().is_terminal();

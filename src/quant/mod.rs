@@ -355,6 +355,14 @@ pub const CONVERT_TARGETS: [(&str, DType); 9] = [
     ("int8", DType::I8),
 ];
 
+/// The conversion target called `name` (case-insensitive), or an error listing them.
+pub fn convert_target(name: &str) -> Result<DType, String> {
+    CONVERT_TARGETS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, d)| *d).ok_or_else(|| {
+        let names: Vec<_> = CONVERT_TARGETS.iter().map(|(n, _)| *n).collect();
+        format!("unknown quantization `{name}`; choose one of {}", names.join(", "))
+    })
+}
+
 /// The bytes of a row-major `[rows, cols]` matrix `x` in `dtype` (one of
 /// [`CONVERT_TARGETS`]); `cols` must be whole blocks of `dtype`. Rows are quantized in
 /// parallel on `pool`; the results do not depend on the split.

@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 
 use super::Result;
 use crate::hub::{HubClient, Phase};
-use crate::quant::CONVERT_TARGETS;
+use crate::quant::convert_target;
 use crate::server::error::{ApiError, ErrorKind, OllamaErrorBody};
 use crate::server::{AppState, parse_json, streaming_body};
 use crate::store::pull::{PullEvent, pull_hf};
@@ -91,16 +91,8 @@ pub(crate) async fn pull(State(state): State<AppState>, body: Bytes) -> Result<R
     if let Err(e) = crate::hub::parse_spec(&model) {
         return Err(ApiError::invalid("model", e.to_string()).into());
     }
-    let quant = match &req.quantize {
-        None => None,
-        Some(q) => Some(
-            CONVERT_TARGETS
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(q))
-                .map(|(_, d)| *d)
-                .ok_or_else(|| ApiError::invalid("quantize", format!("unknown quantization `{q}`")))?,
-        ),
-    };
+    let quant =
+        req.quantize.as_deref().map(convert_target).transpose().map_err(|e| ApiError::invalid("quantize", e))?;
     let Some(store) = state.registry.store().cloned() else {
         return Err(ApiError::invalid("model", "this server was started without a model store").into());
     };
