@@ -205,3 +205,24 @@ fn flip_last_nonzero(path: &Path) {
     bytes[i] ^= 0x40;
     std::fs::write(path, bytes).unwrap();
 }
+
+#[test]
+fn flat_and_cawsf_models_import_into_the_store_and_load_by_name() {
+    let s = Scratch::new("store");
+    let store = strata::store::Store::open(s.0.join("home"));
+    for (target, name) in [(Target::Flat, "conv/flat:q8"), (Target::Cawsf(Compression::Lz4), "conv/cawsf:q8")] {
+        let out = out_path(&s, target);
+        let src = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+        convert(src, &out, &ConvertOptions { target, quant: Some(DType::Q8_0), threads: 2 }, &mut |_| {}).unwrap();
+        let imported = store.import(&out, name, false).unwrap();
+        assert_eq!(imported.name.to_string(), name);
+        let listed = store.list().unwrap();
+        assert!(listed.iter().any(|m| m.name.to_string() == name), "{name} not listed");
+        let path = store.resolve(name).unwrap();
+        let by_name = ModelSource::from_spec(path.to_str().unwrap()).unwrap();
+        let original = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+        assert!(logits(by_name) == logits(original), "{name}: the stored model differs from the converted one");
+        store.remove(name).unwrap();
+        assert!(store.resolve(name).is_err());
+    }
+}
