@@ -13,10 +13,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod support;
+
+use support::{TempDir, groups};
+
 use serde_json::Value;
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::cawsf::{self, CawsfWriter, Compression};
-use strata::format::{Group, ModelMeta, ModelWriter};
+use strata::format::convert::meta_of;
+use strata::format::{Group, ModelWriter};
 use strata::model::ModelSource;
 use strata::model::llama::SeqStep;
 use strata::tensor::HostTensor;
@@ -58,52 +63,6 @@ const COMPRESSIONS: [Compression; 3] = [Compression::None, Compression::Zstd, Co
 
 fn fixture(rel: &str) -> String {
     format!("{}/tests/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("strata-cawsf-{}-{n}-{label}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn meta_of(s: &ModelSource) -> ModelMeta {
-    ModelMeta {
-        name: s.name.clone(),
-        config_json: s.config_json.clone(),
-        tokenizer_json: s.tokenizer_json.clone(),
-        tokenizer_config_json: s.tokenizer_config_json.clone(),
-        generation_config_json: s.generation_config_json.clone(),
-        chat_template: s.chat_template.clone(),
-    }
-}
-
-/// The tensors of `src` grouped as the `ModelWriter` contract wants them.
-fn groups(src: &ModelSource) -> BTreeMap<Group, Vec<(String, HostTensor)>> {
-    let mut g: BTreeMap<Group, Vec<(String, HostTensor)>> = BTreeMap::new();
-    for (name, t) in &src.tensors {
-        g.entry(Group::of(name)).or_default().push((name.clone(), t.clone()));
-    }
-    for v in g.values_mut() {
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-    }
-    g
 }
 
 fn write(src: &ModelSource, out: &Path, c: Compression) {

@@ -7,6 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod support;
+
+use support::TempDir;
+
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::cawsf::Compression;
 use strata::format::convert::{ConvertOptions, Target, convert};
@@ -16,26 +20,6 @@ use strata::tensor::DType;
 
 fn fixture(rel: &str) -> String {
     format!("{}/tests/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A fresh path under the temp directory (removed when dropped).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("strata-convert-{}-{tag}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn logits(src: ModelSource) -> Vec<Vec<f32>> {
@@ -51,7 +35,7 @@ fn logits(src: ModelSource) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn out_path(s: &Scratch, target: Target) -> PathBuf {
+fn out_path(s: &TempDir, target: Target) -> PathBuf {
     match target {
         Target::Flat => s.0.join("model"),
         Target::Cawsf(_) => s.0.join("model.cawsf"),
@@ -64,7 +48,7 @@ const TARGETS: [Target; 3] = [Target::Flat, Target::Cawsf(Compression::None), Ta
 fn unquantized_conversions_are_identical_models() {
     for src in ["hf/llama3", "gguf/llama3.q4_0.gguf", "gguf/llama256.q4_k_m.gguf"] {
         for target in TARGETS {
-            let s = Scratch::new("same");
+            let s = TempDir::new("same");
             let out = out_path(&s, target);
             let source = ModelSource::from_spec(&fixture(src)).unwrap();
             let mut groups = 0;
@@ -97,7 +81,7 @@ fn quantized_conversions_use_strata_quantizers_and_stay_close() {
     // structure for quantization to keep, so only the ordering by bit width is telling.
     for (quant, tol) in [(DType::Q8_0, 0.6f32), (DType::Q6_K, 1.5), (DType::Q4_K, 4.0), (DType::F16, 1e-4)] {
         for target in [Target::Flat, Target::Cawsf(Compression::Zstd)] {
-            let s = Scratch::new("quant");
+            let s = TempDir::new("quant");
             let out = out_path(&s, target);
             let source = ModelSource::from_spec(&fixture("hf/llama_bf16_256")).unwrap();
             let report = convert(
@@ -142,7 +126,7 @@ fn log_softmax(x: &[f32]) -> Vec<f32> {
 
 #[test]
 fn existing_outputs_are_refused() {
-    let s = Scratch::new("exists");
+    let s = TempDir::new("exists");
     let out = s.0.join("model");
     std::fs::create_dir(&out).unwrap();
     let source = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
@@ -157,7 +141,7 @@ fn strata(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn cli_convert_inspect_verify() {
-    let s = Scratch::new("cli");
+    let s = TempDir::new("cli");
     let gguf = fixture("gguf/llama3.q4_0.gguf");
     for (format, out) in [("flat", s.0.join("flat")), ("cawsf", s.0.join("m.cawsf"))] {
         let out_s = out.to_str().unwrap();
@@ -208,7 +192,7 @@ fn flip_last_nonzero(path: &Path) {
 
 #[test]
 fn flat_and_cawsf_models_import_into_the_store_and_load_by_name() {
-    let s = Scratch::new("store");
+    let s = TempDir::new("store");
     let store = strata::store::Store::open(s.0.join("home"));
     for (target, name) in [(Target::Flat, "conv/flat:q8"), (Target::Cawsf(Compression::Lz4), "conv/cawsf:q8")] {
         let out = out_path(&s, target);

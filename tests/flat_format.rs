@@ -5,17 +5,19 @@
 //! Fixtures: `tests/fixtures/hf/*` (`tools/make_fixtures.py`) and
 //! `tests/fixtures/gguf/*.gguf` (`tools/make_gguf_fixtures.py`).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+
+mod support;
+
+use support::{TempDir, groups};
 
 use serde_json::{Value, json};
 use strata::engine::session::{Engine, RunOptions};
+use strata::format::convert::meta_of;
 use strata::format::flat::{self, ALIGN};
-use strata::format::{Group, ModelMeta, ModelWriter};
+use strata::format::{Group, ModelWriter};
 use strata::model::ModelSource;
 use strata::model::llama::SeqStep;
-use strata::tensor::HostTensor;
 
 const HF_MODELS: [&str; 6] = ["llama3", "qwen2", "llama_bf16_256", "llama_f16", "mistral", "qwen3"];
 const GGUF_MODELS: [&str; 4] = ["llama3.q4_0", "llama256.q4_k_m", "qwen2.q8_0", "llama256.q6_k"];
@@ -30,49 +32,6 @@ fn hf(name: &str) -> String {
 
 fn gguf(name: &str) -> String {
     root().join(format!("tests/fixtures/gguf/{name}.gguf")).to_string_lossy().into_owned()
-}
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("strata-flat-test-{}-{tag}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn meta_of(s: &ModelSource) -> ModelMeta {
-    ModelMeta {
-        name: s.name.clone(),
-        config_json: s.config_json.clone(),
-        tokenizer_json: s.tokenizer_json.clone(),
-        tokenizer_config_json: s.tokenizer_config_json.clone(),
-        generation_config_json: s.generation_config_json.clone(),
-        chat_template: s.chat_template.clone(),
-    }
-}
-
-/// The source's tensors by group, each group sorted by name.
-fn groups(s: &ModelSource) -> BTreeMap<Group, Vec<(String, HostTensor)>> {
-    let mut out: BTreeMap<Group, Vec<(String, HostTensor)>> = BTreeMap::new();
-    for (name, t) in &s.tensors {
-        out.entry(Group::of(name)).or_default().push((name.clone(), t.clone()));
-    }
-    for tensors in out.values_mut() {
-        tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    }
-    out
 }
 
 /// Writes `s` as a flat directory at `out`, global group first, then layers in order.

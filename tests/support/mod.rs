@@ -1,0 +1,48 @@
+//! Helpers shared by the format, conversion and store tests: a scratch directory that
+//! removes itself, and a model's tensors grouped the way `ModelWriter` takes them.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use strata::format::Group;
+use strata::model::ModelSource;
+use strata::tensor::HostTensor;
+
+/// A fresh directory under the temp directory, unique per process and call, removed
+/// when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("strata-test-{}-{tag}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The tensors of `src` by group, each group sorted by name.
+pub fn groups(src: &ModelSource) -> BTreeMap<Group, Vec<(String, HostTensor)>> {
+    let mut g: BTreeMap<Group, Vec<(String, HostTensor)>> = BTreeMap::new();
+    for (name, t) in &src.tensors {
+        g.entry(Group::of(name)).or_default().push((name.clone(), t.clone()));
+    }
+    for v in g.values_mut() {
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    g
+}
