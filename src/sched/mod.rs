@@ -3,6 +3,9 @@
 //! every layer is resident: layer streaming adds a policy here without touching the
 //! model code, which only ever sees `Arc<L>` handles from [`Scheduler::layer`].
 
+pub mod io;
+pub mod plan;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,449 @@
+//! Reading weights from storage for layer streaming: page-aligned buffers, a file handle
+//! that reads with `O_DIRECT` where the filesystem allows it (otherwise buffered reads
+//! followed by `posix_fadvise(DONTNEED)`, so the page cache does not keep a second copy),
+//! a count of every byte read, and the sequential-read roofline a benchmark divides by.
+//!
+//! Linux first; elsewhere [`StorageFile`] reads through plain buffered descriptors.
+
+use std::alloc::Layout;
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::tensor::ByteSource;
+
+/// Alignment of every [`AlignedBuf`]: a page, which covers the memory alignment that
+/// `O_DIRECT` asks for on every filesystem we know of.
+pub const BUF_ALIGN: usize = 4096;
+
+/// The alignment of file offsets and lengths assumed for `O_DIRECT` when the kernel
+/// does not report it (`statx(STATX_DIOALIGN)` needs Linux 6.1).
+pub const DEFAULT_DIRECT_ALIGN: usize = 4096;
+
+/// The most one `pread` asks for (Linux caps a single read just below 2 GiB).
+const MAX_READ: usize = 1 << 30;
+
+/// Chunk size of [`measure_sequential_read`].
+const MEASURE_CHUNK: usize = 8 << 20;
+
+/// An owned heap buffer aligned to [`BUF_ALIGN`], the target of [`StorageFile::read_range`].
+/// `len` bytes are valid; capacity is a multiple of [`BUF_ALIGN`] and always initialized
+/// (fresh allocations are zeroed), so growing never exposes uninitialized memory.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    cap: usize,
+}
+
+/// A zero-sized type with the buffer's alignment, for a well-aligned dangling pointer.
+#[repr(align(4096))]
+struct Page;
+const _: () = assert!(align_of::<Page>() == BUF_ALIGN);
+
+// SAFETY: `AlignedBuf` owns its allocation exclusively, like a `Vec<u8>`.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access is read-only (`as_slice`).
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// An empty buffer; allocates nothing.
+    pub fn new() -> Self {
+        AlignedBuf { ptr: NonNull::<Page>::dangling().cast(), len: 0, cap: 0 }
+    }
+
+    /// An empty buffer with room for at least `cap` bytes.
+    pub fn with_capacity(cap: usize) -> Self {
+        let mut buf = Self::new();
+        buf.reserve_discarding(cap);
+        buf
+    }
+
+    /// Bytes that are valid.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes allocated (a multiple of [`BUF_ALIGN`]).
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `cap >= len` initialized bytes (or dangling and
+        // aligned with `len == 0`).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The whole capacity, for reading into.
+    fn spare_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the allocation holds `cap` initialized bytes and `&mut self` is unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
+    }
+
+    /// Makes room for `cap` bytes; the contents are lost when it reallocates, and `len`
+    /// is reset to 0 either way.
+    fn reserve_discarding(&mut self, cap: usize) {
+        self.len = 0;
+        if cap <= self.cap {
+            return;
+        }
+        let new_cap = cap.div_ceil(BUF_ALIGN).checked_mul(BUF_ALIGN).expect("buffer size overflows usize");
+        let layout = Layout::from_size_align(new_cap, BUF_ALIGN).expect("buffer size overflows isize");
+        // SAFETY: `new_cap > 0` since `cap > self.cap >= 0`.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(ptr) else { std::alloc::handle_alloc_error(layout) };
+        self.free();
+        self.ptr = ptr;
+        self.cap = new_cap;
+    }
+
+    fn free(&mut self) {
+        if self.cap > 0 {
+            // SAFETY: allocated in `reserve_discarding` with exactly this layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.cap, BUF_ALIGN)) };
+            self.ptr = NonNull::<Page>::dangling().cast();
+            self.cap = 0;
+            self.len = 0;
+        }
+    }
+}
+
+impl Default for AlignedBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        self.free();
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf(len {}, capacity {})", self.len, self.cap)
+    }
+}
+
+impl ByteSource for AlignedBuf {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+/// A model file opened for streaming reads.
+#[derive(Debug)]
+pub struct StorageFile {
+    file: File,
+    path: PathBuf,
+    size: u64,
+    direct: bool,
+    /// Offset and length alignment of reads (a power of two; 1 when buffered).
+    align: usize,
+    bytes_read: Arc<AtomicU64>,
+}
+
+impl StorageFile {
+    /// Opens `path` with `O_DIRECT` if its filesystem accepts it (checked by opening and by
+    /// one aligned probe read of the first block, which counts as bytes read), otherwise
+    /// with a buffered descriptor.
+    pub fn open(path: impl AsRef<Path>) -> io::Result<StorageFile> {
+        Self::open_mode(path.as_ref(), true)
+    }
+
+    /// Opens `path` buffered even where `O_DIRECT` would work.
+    pub fn open_buffered(path: impl AsRef<Path>) -> io::Result<StorageFile> {
+        Self::open_mode(path.as_ref(), false)
+    }
+
+    /// Counts bytes read into `counter` (shared with other files or the scheduler's
+    /// stats) instead of this file's own counter. Bytes already counted stay where they were.
+    pub fn with_counter(mut self, counter: Arc<AtomicU64>) -> Self {
+        self.bytes_read = counter;
+        self
+    }
+
+    fn open_mode(path: &Path, try_direct: bool) -> io::Result<StorageFile> {
+        let bytes_read = Arc::new(AtomicU64::new(0));
+        if try_direct && let Some(f) = sys::open_direct(path, &bytes_read)? {
+            return Ok(f);
+        }
+        let file = File::open(path).map_err(|e| context(path, "open", e))?;
+        let size = file.metadata().map_err(|e| context(path, "stat", e))?.len();
+        Ok(StorageFile { file, path: path.to_path_buf(), size, direct: false, align: 1, bytes_read })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// File size when it was opened.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether reads bypass the page cache (`O_DIRECT`).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Offsets and lengths of reads are widened to multiples of this (1 when buffered).
+    pub fn alignment(&self) -> usize {
+        self.align
+    }
+
+    /// Bytes read so far into this file's counter, as returned by `pread` (including the
+    /// widening to the alignment in direct mode, and the open-time probe).
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+
+    pub fn counter(&self) -> &Arc<AtomicU64> {
+        &self.bytes_read
+    }
+
+    /// Reads `[offset, offset + len)` of the file into `buf` (grown if needed) and returns
+    /// where those bytes are inside `buf`. In direct mode the read is widened to the
+    /// alignment and the aligned start sits at `buf[0]`; in buffered mode the range is
+    /// `0..len` and the pages read are dropped from the page cache afterwards.
+    /// A range that ends past the end of the file is an error naming the file.
+    pub fn read_range(&self, offset: u64, len: usize, buf: &mut AlignedBuf) -> io::Result<Range<usize>> {
+        let end = offset.checked_add(len as u64).ok_or_else(|| self.eof_error(offset, len))?;
+        if end > self.size {
+            return Err(self.eof_error(offset, len));
+        }
+        buf.reserve_discarding(0);
+        if len == 0 {
+            return Ok(0..0);
+        }
+        let align = self.align as u64;
+        let start = offset / align * align;
+        let wide_end = end.div_ceil(align) * align;
+        let want = usize::try_from(wide_end - start).map_err(|_| self.eof_error(offset, len))?;
+        buf.reserve_discarding(want);
+        let got = self.read_into(start, &mut buf.spare_mut()[..want])?;
+        let lead = (offset - start) as usize;
+        if got < lead + len {
+            return Err(self.eof_error(offset, len));
+        }
+        buf.len = got;
+        if !self.direct {
+            sys::drop_cache(&self.file, offset, len as u64);
+        }
+        Ok(lead..lead + len)
+    }
+
+    /// Fills `dst` from `offset` with large reads until it is full or the file ends;
+    /// returns the bytes read.
+    fn read_into(&self, offset: u64, dst: &mut [u8]) -> io::Result<usize> {
+        let mut pos = 0;
+        while pos < dst.len() {
+            let n = (dst.len() - pos).min(MAX_READ);
+            let at = offset + pos as u64;
+            match sys::read_at(&self.file, &mut dst[pos..pos + n], at) {
+                Ok(0) => break,
+                Ok(r) => {
+                    pos += r;
+                    self.bytes_read.fetch_add(r as u64, Ordering::Relaxed);
+                    // A short direct read leaves `pos` unaligned only at the end of the
+                    // file; the next (unaligned) read would fail rather than return 0.
+                    if self.direct && !pos.is_multiple_of(self.align) {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(context(&self.path, &format!("read of {n} bytes at offset {at}"), e)),
+            }
+        }
+        Ok(pos)
+    }
+
+    fn eof_error(&self, offset: u64, len: usize) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "{}: range at offset {offset} of {len} bytes ends past the end of the file ({} bytes)",
+                self.path.display(),
+                self.size
+            ),
+        )
+    }
+}
+
+/// Prefixes an I/O error with the file and what was being done.
+fn context(path: &Path, what: &str, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {what}: {e}", path.display()))
+}
+
+/// The `read_bytes` field of `/proc/self/io`: bytes this process caused to be fetched
+/// from storage (page-cache hits do not count). `None` where the file does not exist.
+pub fn proc_self_read_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    text.lines().find_map(|line| line.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// One sequential read of a file: the storage roofline a streaming benchmark divides by.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadBandwidth {
+    /// Bytes read from the file (including the widening of the last read to the alignment).
+    pub bytes: u64,
+    pub seconds: f64,
+    pub bytes_per_sec: f64,
+    /// Whether the reads bypassed the page cache. When false the number may be the page
+    /// cache's bandwidth, not the disk's.
+    pub direct: bool,
+}
+
+/// Reads `path` from the start, up to `max_bytes`, in 8 MiB chunks with `O_DIRECT` where
+/// the filesystem allows it (otherwise buffered, after asking the kernel to drop the
+/// file's cached pages), and reports the bandwidth.
+pub fn measure_sequential_read(path: impl AsRef<Path>, max_bytes: u64) -> io::Result<ReadBandwidth> {
+    let file = StorageFile::open(path)?;
+    if !file.is_direct() {
+        sys::drop_cache(&file.file, 0, 0);
+    }
+    let limit = file.size().min(max_bytes);
+    let mut buf = AlignedBuf::with_capacity(MEASURE_CHUNK);
+    let before = file.bytes_read();
+    let t0 = Instant::now();
+    let mut offset = 0u64;
+    while offset < limit {
+        let n = (limit - offset).min(MEASURE_CHUNK as u64) as usize;
+        file.read_range(offset, n, &mut buf)?;
+        offset += n as u64;
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let bytes = file.bytes_read() - before;
+    let bytes_per_sec = if seconds > 0.0 { bytes as f64 / seconds } else { 0.0 };
+    Ok(ReadBandwidth { bytes, seconds, bytes_per_sec, direct: file.is_direct() })
+}
+
+#[cfg(target_os = "linux")]
+mod sys {
+    use std::ffi::CString;
+    use std::fs::File;
+    use std::io;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    use std::os::unix::io::AsRawFd;
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::{AlignedBuf, BUF_ALIGN, DEFAULT_DIRECT_ALIGN, StorageFile, context};
+
+    /// Opens `path` with `O_DIRECT` and probes one aligned read; `None` when the
+    /// filesystem refuses direct I/O (EINVAL at open or at the probe).
+    pub fn open_direct(path: &Path, counter: &Arc<AtomicU64>) -> io::Result<Option<StorageFile>> {
+        let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+            Err(e) => return Err(context(path, "open", e)),
+        };
+        let size = file.metadata().map_err(|e| context(path, "stat", e))?.len();
+        let Some(align) = direct_alignment(path) else { return Ok(None) };
+        let mut probe = AlignedBuf::with_capacity(align);
+        loop {
+            match file.read_at(&mut probe.spare_mut()[..align], 0) {
+                Ok(n) => {
+                    counter.fetch_add(n as u64, Ordering::Relaxed);
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+                Err(e) => return Err(context(path, "probe read at offset 0", e)),
+            }
+        }
+        let bytes_read = counter.clone();
+        Ok(Some(StorageFile { file, path: path.to_path_buf(), size, direct: true, align, bytes_read }))
+    }
+
+    /// The offset/length alignment direct reads of `path` need: what
+    /// `statx(STATX_DIOALIGN)` reports, else [`DEFAULT_DIRECT_ALIGN`]. `None` when the
+    /// kernel says direct I/O is unsupported, or needs more memory alignment than
+    /// [`BUF_ALIGN`].
+    fn direct_alignment(path: &Path) -> Option<usize> {
+        let Ok(cpath) = CString::new(path.as_os_str().as_bytes()) else { return Some(DEFAULT_DIRECT_ALIGN) };
+        // SAFETY: `statx` is plain old data; zero is a valid value.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpath` is NUL-terminated and `stx` is a valid out-pointer.
+        let rc = unsafe { libc::statx(libc::AT_FDCWD, cpath.as_ptr(), 0, libc::STATX_DIOALIGN, &mut stx) };
+        if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+            return Some(DEFAULT_DIRECT_ALIGN);
+        }
+        let (mem, off) = (stx.stx_dio_mem_align as usize, stx.stx_dio_offset_align as usize);
+        if !mem.is_power_of_two() || !off.is_power_of_two() || mem > BUF_ALIGN {
+            return None;
+        }
+        Some(off.max(mem))
+    }
+
+    pub fn read_at(file: &File, dst: &mut [u8], offset: u64) -> io::Result<usize> {
+        file.read_at(dst, offset)
+    }
+
+    /// Asks the kernel to drop `[offset, offset + len)` (0 = to the end) from the page
+    /// cache. Advisory: failure changes nothing we rely on.
+    pub fn drop_cache(file: &File, offset: u64, len: u64) {
+        // SAFETY: plain syscall on a descriptor we own.
+        unsafe {
+            libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod sys {
+    use std::fs::File;
+    use std::io;
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU64;
+
+    use super::StorageFile;
+
+    pub fn open_direct(_path: &Path, _counter: &Arc<AtomicU64>) -> io::Result<Option<StorageFile>> {
+        Ok(None)
+    }
+
+    #[cfg(unix)]
+    pub fn read_at(file: &File, dst: &mut [u8], offset: u64) -> io::Result<usize> {
+        std::os::unix::fs::FileExt::read_at(file, dst, offset)
+    }
+
+    #[cfg(windows)]
+    pub fn read_at(file: &File, dst: &mut [u8], offset: u64) -> io::Result<usize> {
+        std::os::windows::fs::FileExt::seek_read(file, dst, offset)
+    }
+
+    pub fn drop_cache(_file: &File, _offset: u64, _len: u64) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buf_is_page_aligned_and_grows() {
+        let mut b = AlignedBuf::new();
+        assert_eq!(b.capacity(), 0);
+        assert!(b.as_slice().is_empty());
+        assert!((b.as_slice().as_ptr() as usize).is_multiple_of(BUF_ALIGN));
+        b.reserve_discarding(5000);
+        assert_eq!(b.capacity(), 8192);
+        assert!((b.spare_mut().as_ptr() as usize).is_multiple_of(BUF_ALIGN));
+        assert!(b.spare_mut().iter().all(|&x| x == 0));
+        b.reserve_discarding(100);
+        assert_eq!(b.capacity(), 8192);
+    }
+}
