@@ -53,26 +53,7 @@ pub struct ServeArgs {
     pub run: RunOpts,
 }
 
-/// Bytes from `123`, `16MiB`, `2G`, `512K`...
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a size"))?;
-    let scale = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "m" | "mb" => 1e6,
-        "g" | "gb" => 1e9,
-        "t" | "tb" => 1e12,
-        "kib" => 1024.0,
-        "mib" => 1048576.0,
-        "gib" => 1073741824.0,
-        "tib" => 1099511627776.0,
-        other => return Err(format!("unknown size unit `{other}` (K, M, G, KiB, MiB, GiB)")),
-    };
-    Ok((n * scale) as u64)
-}
+pub use crate::sched::plan::parse_size;
 
 pub use crate::store::strata_home;
 
