@@ -259,6 +259,66 @@ pub fn unpermute_rows(t: &HostTensor, n_heads: usize) -> anyhow::Result<HostTens
     Ok(HostTensor::lazy(Arc::new(lazy), t.dtype, t.shape.clone()))
 }
 
+/// The `TemplateProcessing` post-processor that adds BOS/EOS as the GGUF asks
+/// (`Null` when it adds neither); an error when a token it must add is missing.
+fn post_processor(
+    add_bos: bool,
+    add_eos: bool,
+    bos: Option<(u64, &str)>,
+    eos: Option<(u64, &str)>,
+) -> anyhow::Result<Value> {
+    let mut single = Vec::new();
+    let mut special = serde_json::Map::new();
+    for (on, tok, what) in [(add_bos, bos, "bos"), (false, None, ""), (add_eos, eos, "eos")] {
+        if what.is_empty() {
+            single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+        } else if on {
+            let (id, t) = tok.with_context(|| format!("add_{what}_token is set but there is no {what} token"))?;
+            single.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
+            special.insert(t.to_owned(), json!({"id": t, "ids": [id], "tokens": [t]}));
+        }
+    }
+    Ok(match add_bos || add_eos {
+        true => json!({"type": "TemplateProcessing", "single": single, "pair": single, "special_tokens": special}),
+        false => Value::Null,
+    })
+}
+
+/// `tokenizer_config.json` (the special tokens by role, BOS/EOS flags, the chat
+/// template) and `generation_config.json` (BOS, and EOS plus EOT as stop ids) for a
+/// tokenizer built from GGUF metadata.
+fn tokenizer_files(
+    f: &GgufFile,
+    tokenizer_json: Value,
+    add_bos: bool,
+    add_eos: bool,
+    roles: &[(&str, Option<(u64, &str)>)],
+    [bos, eos, eot]: [Option<(u64, &str)>; 3],
+) -> anyhow::Result<TokenizerFiles> {
+    let mut tok_cfg =
+        json!({"add_bos_token": add_bos, "add_eos_token": add_eos, "clean_up_tokenization_spaces": false});
+    for (field, tok) in roles {
+        if let Some((_, t)) = tok {
+            tok_cfg[*field] = json!(t);
+        }
+    }
+    if let Some(v) = f.get("tokenizer.chat_template") {
+        let GgufValue::String(t) = v else { bail!("`tokenizer.chat_template` is {}, not a string", v.type_name()) };
+        tok_cfg["chat_template"] = json!(t);
+    }
+    let mut stop: Vec<u64> = [eos, eot].iter().flatten().map(|&(id, _)| id).collect();
+    stop.dedup();
+    let mut gen_cfg = json!({"eos_token_id": stop});
+    if let Some((id, _)) = bos {
+        gen_cfg["bos_token_id"] = json!(id);
+    }
+    Ok(TokenizerFiles {
+        tokenizer_json: tokenizer_json.to_string(),
+        tokenizer_config_json: tok_cfg.to_string(),
+        generation_config_json: gen_cfg.to_string(),
+    })
+}
+
 struct TokenizerFiles {
     tokenizer_json: String,
     tokenizer_config_json: String,
@@ -348,30 +408,7 @@ fn tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
     let add_bos = f.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false);
     let add_eos = f.get_bool("tokenizer.ggml.add_eos_token").unwrap_or(false);
 
-    let post_processor = {
-        let mut single = Vec::new();
-        let mut special = serde_json::Map::new();
-        let push = |single: &mut Vec<Value>,
-                    special: &mut serde_json::Map<String, Value>,
-                    tok: Option<(u64, &str)>,
-                    what: &str| {
-            let (id, t) = tok.with_context(|| format!("add_{what}_token is set but there is no {what} token"))?;
-            single.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
-            special.insert(t.to_owned(), json!({"id": t, "ids": [id], "tokens": [t]}));
-            anyhow::Ok(())
-        };
-        if add_bos {
-            push(&mut single, &mut special, bos, "bos")?;
-        }
-        single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
-        if add_eos {
-            push(&mut single, &mut special, eos, "eos")?;
-        }
-        match add_bos || add_eos {
-            true => json!({"type": "TemplateProcessing", "single": single, "pair": single, "special_tokens": special}),
-            false => Value::Null,
-        }
-    };
+    let post_processor = post_processor(add_bos, add_eos, bos, eos)?;
     let pre_tokenizer = match regex {
         None => json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
         Some(r) => json!({"type": "Sequence", "pretokenizers": [
@@ -395,28 +432,14 @@ fn tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
             "vocab": vocab, "merges": merges},
     });
 
-    let mut tok_cfg =
-        json!({"add_bos_token": add_bos, "add_eos_token": add_eos, "clean_up_tokenization_spaces": false});
-    for (field, tok) in [("bos_token", bos), ("eos_token", eos), ("pad_token", pad)] {
-        if let Some((_, t)) = tok {
-            tok_cfg[field] = json!(t);
-        }
-    }
-    if let Some(v) = f.get("tokenizer.chat_template") {
-        let GgufValue::String(t) = v else { bail!("`tokenizer.chat_template` is {}, not a string", v.type_name()) };
-        tok_cfg["chat_template"] = json!(t);
-    }
-    let mut stop: Vec<u64> = [eos, eot].iter().flatten().map(|&(id, _)| id).collect();
-    stop.dedup();
-    let mut gen_cfg = json!({"eos_token_id": stop});
-    if let Some((id, _)) = bos {
-        gen_cfg["bos_token_id"] = json!(id);
-    }
-    Ok(TokenizerFiles {
-        tokenizer_json: tokenizer_json.to_string(),
-        tokenizer_config_json: tok_cfg.to_string(),
-        generation_config_json: gen_cfg.to_string(),
-    })
+    tokenizer_files(
+        f,
+        tokenizer_json,
+        add_bos,
+        add_eos,
+        &[("bos_token", bos), ("eos_token", eos), ("pad_token", pad)],
+        [bos, eos, eot],
+    )
 }
 
 /// `tokenizer.json` (and configs) for a SentencePiece vocabulary (`tokenizer.ggml.model =
@@ -511,23 +534,7 @@ fn spm_tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
     if add_space_prefix {
         decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
     }
-    let post_processor = {
-        let mut single = Vec::new();
-        let mut special = serde_json::Map::new();
-        for (on, tok, what) in [(add_bos, bos, "bos"), (false, None, ""), (add_eos, eos, "eos")] {
-            if what.is_empty() {
-                single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
-            } else if on {
-                let (id, t) = tok.with_context(|| format!("add_{what}_token is set but there is no {what} token"))?;
-                single.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
-                special.insert(t.to_owned(), json!({"id": t, "ids": [id], "tokens": [t]}));
-            }
-        }
-        match add_bos || add_eos {
-            true => json!({"type": "TemplateProcessing", "single": single, "pair": single, "special_tokens": special}),
-            false => Value::Null,
-        }
-    };
+    let post_processor = post_processor(add_bos, add_eos, bos, eos)?;
     let tokenizer_json = json!({
         "version": "1.0",
         "truncation": null,
@@ -542,28 +549,14 @@ fn spm_tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
             "vocab": vocab, "merges": merges},
     });
 
-    let mut tok_cfg =
-        json!({"add_bos_token": add_bos, "add_eos_token": add_eos, "clean_up_tokenization_spaces": false});
-    for (field, tok) in [("bos_token", bos), ("eos_token", eos), ("pad_token", pad), ("unk_token", unk)] {
-        if let Some((_, t)) = tok {
-            tok_cfg[field] = json!(t);
-        }
-    }
-    if let Some(v) = f.get("tokenizer.chat_template") {
-        let GgufValue::String(t) = v else { bail!("`tokenizer.chat_template` is {}, not a string", v.type_name()) };
-        tok_cfg["chat_template"] = json!(t);
-    }
-    let mut stop: Vec<u64> = [eos, eot].iter().flatten().map(|&(id, _)| id).collect();
-    stop.dedup();
-    let mut gen_cfg = json!({"eos_token_id": stop});
-    if let Some((id, _)) = bos {
-        gen_cfg["bos_token_id"] = json!(id);
-    }
-    Ok(TokenizerFiles {
-        tokenizer_json: tokenizer_json.to_string(),
-        tokenizer_config_json: tok_cfg.to_string(),
-        generation_config_json: gen_cfg.to_string(),
-    })
+    tokenizer_files(
+        f,
+        tokenizer_json,
+        add_bos,
+        add_eos,
+        &[("bos_token", bos), ("eos_token", eos), ("pad_token", pad), ("unk_token", unk)],
+        [bos, eos, eot],
+    )
 }
 
 #[cfg(test)]
