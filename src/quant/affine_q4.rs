@@ -104,15 +104,11 @@ pub fn vec_dot_affine_q4_q8_0(x: &[BlockAffineQ4], y: &[BlockQ8_0]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::testutil::{Rng, abs_dot, dot};
+    use crate::quant::testutil::{Rng, abs_dot, dot, quantize_roundtrip};
     use crate::quant::{q8_0, zeroed_blocks};
 
     fn roundtrip(x: &[f32]) -> (Vec<BlockAffineQ4>, Vec<f32>) {
-        let mut b = zeroed_blocks(x.len() / GROUP);
-        quantize(x, &mut b).unwrap();
-        let mut y = vec![0.0; x.len()];
-        dequantize(&b, &mut y);
-        (b, y)
+        quantize_roundtrip(x, |x, b| quantize(x, b).unwrap(), dequantize)
     }
 
     /// Half a step, the f16 rounding of scale carried over 15 levels, the f16 rounding

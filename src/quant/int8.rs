@@ -77,15 +77,11 @@ pub fn vec_dot_i8_q8_0(x: &[BlockI8], y: &[BlockQ8_0]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::testutil::{Rng, abs_dot, dot};
+    use crate::quant::testutil::{Rng, abs_dot, dot, quantize_roundtrip};
     use crate::quant::{q8_0, zeroed_blocks};
 
     fn roundtrip(x: &[f32], cols: usize) -> (Vec<BlockI8>, Vec<f32>) {
-        let mut b = zeroed_blocks(x.len() / QK);
-        quantize_rows(x, cols, &mut b).unwrap();
-        let mut y = vec![0.0; x.len()];
-        dequantize(&b, &mut y);
-        (b, y)
+        quantize_roundtrip(x, |x, b| quantize_rows(x, cols, b).unwrap(), dequantize)
     }
 
     #[test]

@@ -428,6 +428,20 @@ pub(crate) mod testutil {
         ms.zip(acts).map(|(m, a)| m.abs() * (a.s.to_f32().abs() * ulp + 32.0 * 127.0 * a.d.to_f32() * ulp)).sum()
     }
 
+    /// Quantizes `x` with `quantize` into whole `B` blocks and dequantizes them back:
+    /// the blocks and the values they stand for.
+    pub fn quantize_roundtrip<B: super::Block>(
+        x: &[f32],
+        quantize: impl FnOnce(&[f32], &mut [B]),
+        dequantize: fn(&[B], &mut [f32]),
+    ) -> (Vec<B>, Vec<f32>) {
+        let mut b = super::zeroed_blocks(x.len() / B::DTYPE.block_size());
+        quantize(x, &mut b);
+        let mut y = vec![0.0; x.len()];
+        dequantize(&b, &mut y);
+        (b, y)
+    }
+
     /// A small deterministic generator (xorshift64*), so tests need no extra crates.
     pub struct Rng(u64);
 

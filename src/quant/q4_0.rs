@@ -77,15 +77,11 @@ pub fn vec_dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::testutil::{Rng, abs_dot, dot};
+    use crate::quant::testutil::{Rng, abs_dot, dot, quantize_roundtrip};
     use crate::quant::{q8_0, zeroed_blocks};
 
     fn roundtrip(x: &[f32]) -> Vec<f32> {
-        let mut b = zeroed_blocks(x.len() / QK);
-        quantize(x, &mut b);
-        let mut y = vec![0.0; x.len()];
-        dequantize(&b, &mut y);
-        y
+        quantize_roundtrip(x, quantize, dequantize).1
     }
 
     #[test]

@@ -171,15 +171,11 @@ pub fn vec_dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::testutil::{Rng, abs_dot, dot};
+    use crate::quant::testutil::{Rng, abs_dot, dot, quantize_roundtrip};
     use crate::quant::{q8_k, zeroed_blocks};
 
     fn roundtrip(x: &[f32]) -> (Vec<BlockQ6K>, Vec<f32>) {
-        let mut b = zeroed_blocks(x.len() / QK_K);
-        quantize(x, &mut b);
-        let mut y = vec![0.0; x.len()];
-        dequantize(&b, &mut y);
-        (b, y)
+        quantize_roundtrip(x, quantize, dequantize)
     }
 
     #[test]

@@ -75,15 +75,10 @@ pub fn vec_dot_q8_k_q8_k(x: &[BlockQ8K], y: &[BlockQ8K]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::testutil::{Rng, abs_dot, dot};
-    use crate::quant::zeroed_blocks;
+    use crate::quant::testutil::{Rng, abs_dot, dot, quantize_roundtrip};
 
     fn roundtrip(x: &[f32]) -> (Vec<BlockQ8K>, Vec<f32>) {
-        let mut b = zeroed_blocks(x.len() / QK_K);
-        quantize(x, &mut b);
-        let mut y = vec![0.0; x.len()];
-        dequantize(&b, &mut y);
-        (b, y)
+        quantize_roundtrip(x, quantize, dequantize)
     }
 
     #[test]
