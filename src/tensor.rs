@@ -2,6 +2,7 @@
 //! owned, aligned buffer). Weights stay in their stored dtype; nothing here converts a
 //! whole model to f32.
 
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use half::{bf16, f16};
@@ -110,14 +111,102 @@ impl DType {
 }
 
 /// Anything that owns bytes and can be shared between threads: `memmap2::Mmap`,
-/// [`AlignedBytes`], ...
+/// [`MappedFile`], [`AlignedBytes`], ...
 pub trait ByteSource: Send + Sync {
     fn bytes(&self) -> &[u8];
+
+    /// The file these bytes are a copy or map of, and the file offset of `bytes()[0]`:
+    /// what the layer streamer reads instead of touching the bytes.
+    fn file(&self) -> Option<(&Arc<Path>, u64)> {
+        None
+    }
 }
 
 impl ByteSource for memmap2::Mmap {
     fn bytes(&self) -> &[u8] {
         self
+    }
+}
+
+/// A whole file mapped read-only, remembering its path so that tensors viewing it can be
+/// streamed from storage instead (see [`HostTensor::origin`]).
+pub struct MappedFile {
+    map: memmap2::Mmap,
+    path: Arc<Path>,
+}
+
+impl MappedFile {
+    pub fn new(map: memmap2::Mmap, path: &Path) -> Self {
+        MappedFile { map, path: Arc::from(path) }
+    }
+}
+
+impl ByteSource for MappedFile {
+    fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    fn file(&self) -> Option<(&Arc<Path>, u64)> {
+        Some((&self.path, 0))
+    }
+}
+
+/// Where a tensor's bytes are stored: `len` bytes (the tensor's) at `offset` in `path`,
+/// to be transformed by `fixup` after reading.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorOrigin {
+    pub path: Arc<Path>,
+    pub offset: u64,
+    pub fixup: Option<Fixup>,
+}
+
+/// A transformation applied to a tensor's stored bytes to get the bytes the model uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fixup {
+    /// Undo `convert_hf_to_gguf.py`'s llama Q/K permutation: within each of `n_heads`
+    /// heads, stored row `2i + j` is row `j * head_dim / 2 + i` (whole rows move).
+    UnpermuteRows { n_heads: usize },
+}
+
+impl Fixup {
+    /// Applies the fixup to `bytes`, `rows` rows of equal length, in place. The caller has
+    /// checked the shape (`rows` divides into `n_heads` heads of even size).
+    pub fn apply_in_place(&self, bytes: &mut [u8], rows: usize) {
+        match *self {
+            Fixup::UnpermuteRows { n_heads } => {
+                let row_bytes = bytes.len() / rows;
+                let head = rows / n_heads * row_bytes;
+                let mut tmp = vec![0u8; head];
+                for h in bytes.chunks_exact_mut(head) {
+                    tmp.copy_from_slice(h);
+                    unpermute_head(&tmp, h, row_bytes);
+                }
+            }
+        }
+    }
+
+    /// Applies the fixup from `src` into `dst` (same length).
+    pub fn apply(&self, src: &[u8], dst: &mut [u8], rows: usize) {
+        match *self {
+            Fixup::UnpermuteRows { n_heads } => {
+                let row_bytes = src.len() / rows;
+                let head = rows / n_heads * row_bytes;
+                for (s, d) in src.chunks_exact(head).zip(dst.chunks_exact_mut(head)) {
+                    unpermute_head(s, d, row_bytes);
+                }
+            }
+        }
+    }
+}
+
+/// One head of [`Fixup::UnpermuteRows`]: `dst` row `j * half + i` = `src` row `2i + j`.
+fn unpermute_head(src: &[u8], dst: &mut [u8], row_bytes: usize) {
+    let half = src.len() / row_bytes / 2;
+    for i in 0..half {
+        for j in 0..2 {
+            let (from, to) = (2 * i + j, j * half + i);
+            dst[to * row_bytes..(to + 1) * row_bytes].copy_from_slice(&src[from * row_bytes..(from + 1) * row_bytes]);
+        }
     }
 }
 
@@ -159,12 +248,19 @@ pub struct LazyBytes {
     len: usize,
     make: Box<dyn Fn() -> AlignedBytes + Send + Sync>,
     done: OnceLock<AlignedBytes>,
+    origin: Option<TensorOrigin>,
 }
 
 impl LazyBytes {
     /// `make` must return exactly `len` bytes.
     pub fn new(len: usize, make: impl Fn() -> AlignedBytes + Send + Sync + 'static) -> Self {
-        LazyBytes { len, make: Box::new(make), done: OnceLock::new() }
+        LazyBytes { len, make: Box::new(make), done: OnceLock::new(), origin: None }
+    }
+
+    /// Records where the bytes `make` computes can be read from (and how to fix them up).
+    pub fn with_origin(mut self, origin: Option<TensorOrigin>) -> Self {
+        self.origin = origin;
+        self
     }
 
     /// Whether the bytes have been computed.
@@ -190,6 +286,7 @@ pub struct HostTensor {
     len: usize,
     pub dtype: DType,
     pub shape: Vec<usize>,
+    origin: Option<TensorOrigin>,
 }
 
 impl std::fmt::Debug for HostTensor {
@@ -204,12 +301,17 @@ impl HostTensor {
     /// aligned buffer when the range is not aligned for `dtype`.
     pub fn new(src: Arc<dyn ByteSource>, offset: usize, len: usize, dtype: DType, shape: Vec<usize>) -> Self {
         debug_assert_eq!(Some(len), dtype.bytes_for(shape.iter().product::<usize>()));
+        let origin = src.file().map(|(path, base)| TensorOrigin {
+            path: path.clone(),
+            offset: base + offset as u64,
+            fixup: None,
+        });
         let ptr = src.bytes()[offset..].as_ptr() as usize;
         if ptr.is_multiple_of(dtype.align()) {
-            return HostTensor { src, offset, len, dtype, shape };
+            return HostTensor { src, offset, len, dtype, shape, origin };
         }
         let copy = AlignedBytes::from_slice(&src.bytes()[offset..offset + len]);
-        HostTensor { src: Arc::new(copy), offset: 0, len, dtype, shape }
+        HostTensor { src: Arc::new(copy), offset: 0, len, dtype, shape, origin }
     }
 
     /// A tensor over `src` computed on first use ([`LazyBytes`], 64-byte aligned, so
@@ -217,7 +319,8 @@ impl HostTensor {
     pub fn lazy(src: Arc<LazyBytes>, dtype: DType, shape: Vec<usize>) -> Self {
         let len = src.len;
         debug_assert_eq!(Some(len), dtype.bytes_for(shape.iter().product::<usize>()));
-        HostTensor { src, offset: 0, len, dtype, shape }
+        let origin = src.origin.clone();
+        HostTensor { src, offset: 0, len, dtype, shape, origin }
     }
 
     /// An owned f32 tensor (for small things such as the demo model or tests).
@@ -227,7 +330,19 @@ impl HostTensor {
             dst.copy_from_slice(&v.to_le_bytes());
         }
         let len = data.len() * 4;
-        HostTensor { src: Arc::new(buf), offset: 0, len, dtype: DType::F32, shape }
+        HostTensor { src: Arc::new(buf), offset: 0, len, dtype: DType::F32, shape, origin: None }
+    }
+
+    /// Where the bytes are stored in a file, when they are (memory-mapped sources, and
+    /// tensors derived from them by a [`Fixup`]); `None` for computed or decompressed
+    /// tensors, which cannot be streamed.
+    pub fn origin(&self) -> Option<&TensorOrigin> {
+        self.origin.as_ref()
+    }
+
+    /// Bytes of the tensor (`bytes().len()` without touching them).
+    pub fn byte_len(&self) -> usize {
+        self.len
     }
 
     pub fn numel(&self) -> usize {

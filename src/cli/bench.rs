@@ -9,6 +9,8 @@ use serde::Serialize;
 use super::RunOpts;
 use crate::engine::session::Engine;
 use crate::model::llama::SeqStep;
+use crate::sched::io::proc_self_read_bytes;
+use crate::sched::{SchedSummary, StatsSnapshot};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -44,9 +46,16 @@ pub struct BenchReport {
     pub weights_bytes: usize,
     pub streamable_bytes: usize,
     pub resident_bytes: usize,
+    /// Bytes read from storage per decoded token, counted at each read.
     pub bytes_read_per_token: f64,
+    /// The same from `/proc/self/io` (`read_bytes`, which counts what reached storage).
+    pub proc_read_bytes_per_token: Option<f64>,
+    /// Layer requests during decode served from memory.
     pub cache_hit_rate: f64,
+    /// Of decode time, the part the compute waited for reads.
     pub io_stall_fraction: f64,
+    /// Of decode time, the part the I/O thread was reading.
+    pub io_busy_fraction: f64,
     pub peak_rss_bytes: u64,
     /// Weight bytes one decode step touches (layers + output head).
     pub weight_bytes_per_token: usize,
@@ -55,6 +64,26 @@ pub struct BenchReport {
     /// Decode tok/s if every step only had to read its weights once at that bandwidth.
     pub decode_roofline_tok_s: f64,
     pub decode_fraction_of_roofline: f64,
+    /// Sequential read bandwidth of the model's largest file, measured in this run
+    /// (streaming only).
+    pub storage_bandwidth_bytes_s: Option<f64>,
+    pub storage_direct_io: Option<bool>,
+    /// Decode tok/s if each token only had to read `bytes_read_per_token` at that bandwidth.
+    pub storage_roofline_tok_s: Option<f64>,
+    pub decode_fraction_of_storage_roofline: Option<f64>,
+    /// Which layers are resident.
+    pub plan: SchedSummary,
+}
+
+/// One timed run.
+struct RunResult {
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    decode_secs: f64,
+    decode_tokens: u64,
+    /// Scheduler counters over the decode steps.
+    stats: StatsSnapshot,
+    proc_read_bytes: Option<u64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -86,7 +115,7 @@ fn peak_rss_bytes() -> u64 {
 }
 
 pub fn main(args: BenchArgs) -> anyhow::Result<()> {
-    let engine = Engine::load(&args.model, &args.run.to_options())?;
+    let engine = Engine::load(&args.model, &args.run.to_options()?)?;
     let model = &engine.model;
     let vocab = model.config.vocab_size as u32;
     let threads = rayon::current_num_threads().max(1);
@@ -102,8 +131,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let prompts: Vec<Vec<u32>> =
         (0..n_seq).map(|_| (0..args.prompt_tokens.max(1)).map(|_| next_id()).collect()).collect();
 
-    // One run of the prompt then `steps` greedy decode steps: (prefill tok/s, decode tok/s).
-    let run = |steps: usize| -> anyhow::Result<(f64, f64)> {
+    // One run of the prompt then `steps` greedy decode steps.
+    let sched = model.scheduler();
+    let run = |steps: usize| -> anyhow::Result<RunResult> {
         let mut caches: Vec<_> = (0..n_seq).map(|_| model.new_cache(needed)).collect();
         let t = Instant::now();
         let mut last = Vec::new();
@@ -113,6 +143,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         }
         let prefill = (n_seq * args.prompt_tokens) as f64 / t.elapsed().as_secs_f64();
 
+        let (stats0, proc0) = (sched.stats().snapshot(), proc_self_read_bytes());
         let t = Instant::now();
         for _ in 0..steps {
             let ids: Vec<u32> = last
@@ -126,29 +157,52 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 .collect();
             last = model.forward(&mut batch)?;
         }
-        Ok((prefill, (n_seq * steps) as f64 / t.elapsed().as_secs_f64()))
+        let decode_secs = t.elapsed().as_secs_f64();
+        Ok(RunResult {
+            prefill_tok_s: prefill,
+            decode_tok_s: (n_seq * steps) as f64 / decode_secs,
+            decode_secs,
+            decode_tokens: (n_seq * steps) as u64,
+            stats: sched.stats().snapshot() - stats0,
+            proc_read_bytes: proc_self_read_bytes().zip(proc0).map(|(a, b)| a.saturating_sub(b)),
+        })
     };
     // An untimed warm-up run first (as llama-bench does): the first pass over a
-    // memory-mapped model pays its page faults. Its layer statistics are left out.
+    // memory-mapped model pays its page faults, and a streaming one fills its ring.
     run(1)?;
-    let sched = model.scheduler();
-    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-    let warm = (load(&sched.stats().layer_requests), load(&sched.stats().layer_hits), load(&sched.stats().bytes_read));
-    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
-        let (p, d) = run(args.gen_tokens)?;
-        prefill.push(p);
-        decode.push(d);
-    }
+    let results = (0..runs).map(|_| run(args.gen_tokens)).collect::<anyhow::Result<Vec<_>>>()?;
 
-    let stats = sched.stats();
-    let requests = (load(&stats.layer_requests) - warm.0).max(1);
-    let hits = load(&stats.layer_hits) - warm.1;
-    let tokens_run = (runs * n_seq * (args.prompt_tokens + args.gen_tokens)).max(1);
+    // Storage counters over every timed decode window together.
+    let tokens = results.iter().map(|r| r.decode_tokens).sum::<u64>().max(1) as f64;
+    let window = results.iter().fold(StatsSnapshot::default(), |acc, r| StatsSnapshot {
+        layer_requests: acc.layer_requests + r.stats.layer_requests,
+        layer_hits: acc.layer_hits + r.stats.layer_hits,
+        bytes_read: acc.bytes_read + r.stats.bytes_read,
+        stall_ns: acc.stall_ns + r.stats.stall_ns,
+        io_ns: acc.io_ns + r.stats.io_ns,
+        seeks: acc.seeks + r.stats.seeks,
+    });
+    let decode_secs: f64 = results.iter().map(|r| r.decode_secs).sum();
+    let proc_read: Option<u64> = results.iter().map(|r| r.proc_read_bytes).sum();
+    let bytes_read_per_token = window.bytes_read as f64 / tokens;
+
+    let peak_rss = peak_rss_bytes(); // before the bandwidth probe allocates its 1 GiB
     let weight_bytes_per_token = sched.streamable_bytes() + model.lm_head_bytes();
     let bandwidth = measure_read_bandwidth(threads);
     let roofline = bandwidth / weight_bytes_per_token as f64;
-    let decode_tok_s = median(decode);
+    let decode_tok_s = median(results.iter().map(|r| r.decode_tok_s).collect());
+    // The storage roofline: the model's largest file read once, sequentially, with
+    // O_DIRECT where the filesystem allows it.
+    let storage = match sched.is_streaming() {
+        false => None,
+        true => sched
+            .files()
+            .iter()
+            .max_by_key(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+            .map(|p| crate::sched::io::measure_sequential_read(p, 4 << 30))
+            .transpose()?,
+    };
+    let storage_roofline = storage.map(|s| s.bytes_per_sec / bytes_read_per_token.max(1.0));
     let report = BenchReport {
         model: engine.name.clone(),
         threads,
@@ -156,19 +210,26 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         gen_tokens: args.gen_tokens,
         concurrency: n_seq,
         runs,
-        prefill_tok_s: median(prefill),
+        prefill_tok_s: median(results.iter().map(|r| r.prefill_tok_s).collect()),
         decode_tok_s,
         weights_bytes: model.weights_bytes,
         streamable_bytes: sched.streamable_bytes(),
         resident_bytes: sched.resident_bytes(),
-        bytes_read_per_token: (load(&stats.bytes_read) - warm.2) as f64 / tokens_run as f64,
-        cache_hit_rate: hits as f64 / requests as f64,
-        io_stall_fraction: 0.0,
-        peak_rss_bytes: peak_rss_bytes(),
+        bytes_read_per_token,
+        proc_read_bytes_per_token: proc_read.map(|b| b as f64 / tokens),
+        cache_hit_rate: window.layer_hits as f64 / window.layer_requests.max(1) as f64,
+        io_stall_fraction: window.stall_ns as f64 / 1e9 / decode_secs.max(1e-9),
+        io_busy_fraction: window.io_ns as f64 / 1e9 / decode_secs.max(1e-9),
+        peak_rss_bytes: peak_rss,
         weight_bytes_per_token,
         mem_bandwidth_bytes_s: bandwidth,
         decode_roofline_tok_s: roofline,
         decode_fraction_of_roofline: decode_tok_s / n_seq as f64 / roofline,
+        storage_bandwidth_bytes_s: storage.map(|s| s.bytes_per_sec),
+        storage_direct_io: storage.map(|s| s.direct),
+        storage_roofline_tok_s: storage_roofline,
+        decode_fraction_of_storage_roofline: storage_roofline.map(|r| decode_tok_s / r),
+        plan: sched.summary(),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -188,6 +249,31 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             report.weights_bytes as f64 / 1048576.0,
             report.peak_rss_bytes as f64 / 1048576.0
         );
+        let p = &report.plan;
+        println!(
+            "layers {} ({}): {} of {} resident [{}], {:.1} of {:.1} MiB, budget {:.1} MiB",
+            p.mode,
+            serde_json::to_value(p.policy)?.as_str().unwrap_or_default(),
+            p.plan.resident_count,
+            p.plan.layers,
+            p.plan.resident_layers,
+            p.plan.resident_bytes as f64 / 1048576.0,
+            p.plan.streamable_bytes as f64 / 1048576.0,
+            p.plan.budget_bytes as f64 / 1048576.0,
+        );
+        if let (Some(bw), Some(roof)) = (report.storage_bandwidth_bytes_s, report.storage_roofline_tok_s) {
+            println!(
+                "streaming: {:.1} MiB read per token, hit rate {:.2}, stall {:.0}%, I/O busy {:.0}%; storage roofline {:.2} tok/s at {:.2} GB/s{} ({:.0}% of it)",
+                report.bytes_read_per_token / 1048576.0,
+                report.cache_hit_rate,
+                100.0 * report.io_stall_fraction,
+                100.0 * report.io_busy_fraction,
+                roof,
+                bw / 1e9,
+                if report.storage_direct_io == Some(true) { " O_DIRECT" } else { " buffered" },
+                100.0 * report.decode_tok_s / roof
+            );
+        }
     }
     Ok(())
 }

@@ -78,11 +78,37 @@ pub struct RunOpts {
     /// Context length in tokens (default: the model's, at most 4096).
     #[arg(long = "ctx-size", default_value_t = 0)]
     pub ctx_size: usize,
+    /// Memory for layer weights (bytes, or with K/M/G/KiB/MiB/GiB); layers beyond it
+    /// stream from storage, `0` streams them all. Default: what free memory holds after
+    /// the KV cache, activations, embeddings and output head.
+    #[arg(long = "memory-budget", value_name = "SIZE", value_parser = parse_size_arg)]
+    pub memory_budget: Option<u64>,
+    /// Layers read ahead of the one computing while streaming.
+    #[arg(long = "prefetch-depth", default_value_t = crate::sched::DEFAULT_PREFETCH_DEPTH)]
+    pub prefetch_depth: usize,
+    /// How layers beyond the budget are handled (`lru` and `reload` are baselines for
+    /// benchmarks).
+    #[arg(long = "stream-policy", value_enum, default_value_t = crate::sched::Policy::Pinned)]
+    pub stream_policy: crate::sched::Policy,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    crate::sched::plan::parse_size(s)
 }
 
 impl RunOpts {
-    pub fn to_options(&self) -> RunOptions {
-        RunOptions { threads: self.threads, context: self.ctx_size, device: Some(self.device.clone()) }
+    pub fn to_options(&self) -> anyhow::Result<RunOptions> {
+        if self.prefetch_depth == 0 && self.stream_policy == crate::sched::Policy::Pinned {
+            anyhow::bail!("--prefetch-depth must be at least 1 (use --stream-policy reload for no prefetch)");
+        }
+        Ok(RunOptions {
+            threads: self.threads,
+            context: self.ctx_size,
+            device: Some(self.device.clone()),
+            memory_budget: self.memory_budget,
+            prefetch_depth: self.prefetch_depth,
+            policy: self.stream_policy,
+        })
     }
 }
 

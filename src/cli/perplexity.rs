@@ -67,7 +67,7 @@ pub fn score(engine: &Engine, tokens: &[u32]) -> anyhow::Result<Perplexity> {
 }
 
 pub fn main(args: PerplexityArgs) -> anyhow::Result<()> {
-    let engine = Engine::load(&args.model, &args.run.to_options())?;
+    let engine = Engine::load(&args.model, &args.run.to_options()?)?;
     let tokens: Vec<u32> = match (&args.file, &args.tokens_file) {
         (Some(path), _) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

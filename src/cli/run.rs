@@ -114,7 +114,7 @@ fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[Ch
 
 pub fn main(args: RunArgs) -> anyhow::Result<()> {
     args.sampling().validate()?;
-    let engine = Engine::load(&args.model, &args.run.to_options())?;
+    let engine = Engine::load(&args.model, &args.run.to_options()?)?;
     let mut session = Session::new(&engine);
     let mut messages = Vec::new();
     if let Some(system) = &args.system {

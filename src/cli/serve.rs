@@ -129,12 +129,7 @@ pub fn main(args: ServeArgs) -> anyhow::Result<()> {
     }
     let opts = ServeOptions {
         models,
-        worker: WorkerConfig {
-            threads: args.run.threads,
-            context: args.run.ctx_size,
-            keep_alive,
-            max_loaded: args.max_loaded,
-        },
+        worker: WorkerConfig { run: args.run.to_options()?, keep_alive, max_loaded: args.max_loaded },
         server: ServerConfig {
             api_keys,
             allowed_origins: args.allow_origins.clone(),

@@ -10,6 +10,8 @@ use crate::backend::cpu::CpuBackend;
 use crate::model::ModelSource;
 use crate::model::config::ModelConfig;
 use crate::model::llama::LlamaModel;
+use crate::sched::plan::{RuntimeShape, default_budget, estimate_runtime_bytes};
+use crate::sched::{DEFAULT_PREFETCH_DEPTH, Policy, SchedOptions};
 
 use std::time::{Duration, Instant};
 
@@ -228,7 +230,7 @@ impl Session {
 }
 
 /// Where and how a model runs (the options serve, run, perplexity and bench share).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RunOptions {
     /// Worker threads (0: one per core).
     pub threads: usize,
@@ -236,6 +238,92 @@ pub struct RunOptions {
     pub context: usize,
     /// `cpu` or `cuda:N`.
     pub device: Option<String>,
+    /// Bytes of layer weights kept resident (`None`: what fits in free memory, see
+    /// [`memory_budget`]); the rest stream from storage.
+    pub memory_budget: Option<u64>,
+    /// Layers read ahead while streaming.
+    pub prefetch_depth: usize,
+    pub policy: Policy,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            threads: 0,
+            context: 0,
+            device: None,
+            memory_budget: None,
+            prefetch_depth: DEFAULT_PREFETCH_DEPTH,
+            policy: Policy::Pinned,
+        }
+    }
+}
+
+/// Of free memory, the fraction the default budget leaves unused (for the allocator, the
+/// page cache of the always-resident weights, and everything else).
+pub const BUDGET_HEADROOM: f64 = 0.1;
+
+/// How a model's layers are held under `opts`: the budget given, or else the default
+/// (what free memory holds once the KV cache of one full-context sequence, prefill
+/// activations, the always-resident weights and the prefetch ring have theirs). The KV
+/// cache of one full-context sequence is the runtime allowance: caches beyond it press
+/// on the budget.
+pub fn memory_budget(source: &ModelSource, config: &ModelConfig, context: usize, opts: &RunOptions) -> SchedOptions {
+    let shape = RuntimeShape {
+        hidden: config.hidden_size as u64,
+        intermediate: config.intermediate_size as u64,
+        n_layers: config.n_layers as u64,
+        n_heads: config.n_heads as u64,
+        n_kv_heads: config.n_kv_heads as u64,
+        head_dim: config.head_dim as u64,
+        vocab: config.vocab_size as u64,
+        context: context as u64,
+        sequences: 1,
+        rows: PREFILL_CHUNK.min(context.max(1)) as u64,
+        kv_dtype_bytes: 4,
+    };
+    let runtime = estimate_runtime_bytes(&shape);
+    let budget = opts.memory_budget.or_else(|| {
+        let free = available_memory()?;
+        let mut layers = vec![0u64; config.n_layers];
+        let mut always_resident = 0u64;
+        for (name, t) in &source.tensors {
+            let layer = name
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.split_once('.'))
+                .and_then(|(i, _)| i.parse::<usize>().ok());
+            match layer.and_then(|i| layers.get_mut(i)) {
+                Some(bytes) => *bytes += t.byte_len() as u64,
+                None => always_resident += t.byte_len() as u64,
+            }
+        }
+        let ring = (opts.prefetch_depth as u64 + 2) * layers.iter().copied().max().unwrap_or(0);
+        let budget = default_budget(free, &runtime, always_resident + ring, BUDGET_HEADROOM);
+        let streamable: u64 = layers.iter().sum();
+        if budget < streamable {
+            tracing::info!(
+                budget,
+                streamable,
+                free,
+                "the model's layers do not fit in free memory: streaming the rest"
+            );
+        }
+        Some(budget)
+    });
+    SchedOptions {
+        budget,
+        policy: opts.policy,
+        prefetch_depth: opts.prefetch_depth,
+        runtime_allowance: runtime.kv_cache,
+        buffered: false,
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes; `None` where it cannot be read.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim();
+    kb.parse::<u64>().ok().map(|k| k * 1024)
 }
 
 /// Context length when neither the user nor a small model limit asks for another.
@@ -275,7 +363,9 @@ impl Engine {
             n => n,
         };
         let backend = Arc::new(CpuBackend::new(opts.threads));
-        let model = LlamaModel::new(config, &source, backend).with_context(|| format!("model `{}`", source.name))?;
+        let sched = memory_budget(&source, &config, context_len, opts);
+        let model = LlamaModel::with_options(config, &source, backend, &sched)
+            .with_context(|| format!("model `{}`", source.name))?;
         Ok(Engine { name: source.name, model, tokenizer, context_len })
     }
 }

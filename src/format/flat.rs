@@ -630,7 +630,7 @@ fn map_file(path: &Path, size: u64) -> Result<Arc<dyn ByteSource>, FormatError> 
         let msg = format!("file is {} bytes, {MANIFEST} says {size} (changed while opening?)", map.len());
         return Err(FormatError::Corrupt { path: path.to_owned(), offset: 0, msg });
     }
-    Ok(Arc::new(map))
+    Ok(Arc::new(crate::tensor::MappedFile::new(map, path)))
 }
 
 /// Reads every file of the directory and checks its XXH3-64 against the manifest. A

@@ -231,7 +231,7 @@ impl GgufFile {
         // SAFETY: the map is read-only; a model file changed underneath a running server is
         // outside what we can defend against (as with every mmap-based loader).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::parse(Arc::new(map), path)
+        Self::parse(Arc::new(crate::tensor::MappedFile::new(map, path)), path)
     }
 
     /// Parses GGUF bytes held by `src`; `path` is only used in error messages.

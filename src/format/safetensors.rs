@@ -29,7 +29,7 @@ pub fn load_file(path: &Path) -> Result<HashMap<String, HostTensor>, FormatError
     // SAFETY: the map is read-only; a model file changed underneath a running server is
     // outside what we can defend against (as with every mmap-based loader).
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    parse(Arc::new(map), path)
+    parse(Arc::new(crate::tensor::MappedFile::new(map, path)), path)
 }
 
 /// Parses safetensors bytes held by `src`; `path` is only used in error messages.

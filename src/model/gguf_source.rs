@@ -233,29 +233,18 @@ pub fn unpermute_rows(t: &HostTensor, n_heads: usize) -> anyhow::Result<HostTens
     if t.shape.len() == 1 && !t.dtype.is_float() {
         bail!("a 1-D {} tensor cannot be permuted by rows", t.dtype.name());
     }
-    let len = t.bytes().len();
-    let row_bytes = len / rows;
-    let head_dim = rows / n_heads;
-    let half = head_dim / 2;
+    let len = t.byte_len();
+    let fixup = crate::tensor::Fixup::UnpermuteRows { n_heads };
+    let origin = t.origin().map(|o| crate::tensor::TensorOrigin { fixup: Some(fixup), ..o.clone() });
     // Computed on first use: opening a model (or converting it one layer at a time)
     // does not hold a second copy of every Q/K matrix.
     let stored = t.clone();
     let lazy = crate::tensor::LazyBytes::new(len, move || {
-        let bytes = stored.bytes();
-        let mut buf = AlignedBytes::zeroed(bytes.len());
-        let dst = buf.bytes_mut();
-        for h in 0..n_heads {
-            for i in 0..half {
-                for j in 0..2 {
-                    let from = h * head_dim + 2 * i + j;
-                    let to = h * head_dim + j * half + i;
-                    dst[to * row_bytes..(to + 1) * row_bytes]
-                        .copy_from_slice(&bytes[from * row_bytes..(from + 1) * row_bytes]);
-                }
-            }
-        }
+        let mut buf = AlignedBytes::zeroed(len);
+        fixup.apply(stored.bytes(), buf.bytes_mut(), rows);
         buf
-    });
+    })
+    .with_origin(origin);
     Ok(HostTensor::lazy(Arc::new(lazy), t.dtype, t.shape.clone()))
 }
 

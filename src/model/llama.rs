@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::ModelSource;
 use super::config::ModelConfig;
 use crate::backend::{AttnParams, Backend, RopeFreqs};
-use crate::sched::{LayerTensors, SchedError, Scheduler};
+use crate::sched::{LayerTensors, Reservation, SchedError, SchedOptions, Scheduler};
 use crate::tensor::HostTensor;
 
 /// One decoder block's weights, in the backend's form.
@@ -31,6 +31,8 @@ pub struct KvCache<B: Backend> {
     v: Vec<B::Buf>,
     len: usize,
     capacity: usize,
+    /// Its bytes, held against the scheduler's memory budget.
+    _memory: Reservation,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -99,7 +101,18 @@ fn checked<'a>(t: &'a HostTensor, name: &str, want: &[usize]) -> Result<&'a Host
 }
 
 impl<B: Backend> LlamaModel<B> {
+    /// Builds the model with every layer resident.
     pub fn new(config: ModelConfig, source: &ModelSource, backend: Arc<B>) -> Result<Self, ModelError> {
+        Self::with_options(config, source, backend, &SchedOptions::default())
+    }
+
+    /// Builds the model with its layers held as `sched` says (a memory budget, streaming).
+    pub fn with_options(
+        config: ModelConfig,
+        source: &ModelSource,
+        backend: Arc<B>,
+        sched: &SchedOptions,
+    ) -> Result<Self, ModelError> {
         let c = &config;
         let (h, q_dim, kv_dim) = (c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
         let global = |name: &str, want: &[usize]| -> Result<B::Weight, ModelError> {
@@ -126,7 +139,9 @@ impl<B: Backend> LlamaModel<B> {
         }
         let weights_bytes = source.tensors.values().map(|t| t.bytes().len()).sum();
 
-        let build = |lt: &LayerTensors| -> Result<LayerWeights<B>, SchedError> {
+        let (be, c) = (backend.clone(), config.clone());
+        let build = move |lt: &LayerTensors| -> Result<LayerWeights<B>, SchedError> {
+            let (c, backend) = (&c, &be);
             let get = |name: &str, want: &[usize]| -> Result<B::Weight, SchedError> {
                 let t = lt.get(name)?;
                 if t.shape != want {
@@ -165,7 +180,7 @@ impl<B: Backend> LlamaModel<B> {
                 w_down: get("mlp.down_proj.weight", &[h, i])?,
             })
         };
-        let layers = Scheduler::resident(layer_sources, build)?;
+        let layers = Scheduler::new(layer_sources, build, sched)?;
         let rope = config.rope_freqs();
         Ok(LlamaModel { config, backend, embed, norm, lm_head, layers, rope, weights_bytes, lm_head_bytes })
     }
@@ -187,7 +202,9 @@ impl<B: Backend> LlamaModel<B> {
     pub fn new_cache(&self, capacity: usize) -> KvCache<B> {
         let width = self.config.n_kv_heads * self.config.head_dim;
         let n = self.config.n_layers;
+        let bytes = (2 * n * capacity * width * std::mem::size_of::<f32>()) as u64;
         KvCache {
+            _memory: self.layers.reserve(bytes),
             k: (0..n).map(|_| self.backend.alloc(capacity * width)).collect(),
             v: (0..n).map(|_| self.backend.alloc(capacity * width)).collect(),
             len: 0,

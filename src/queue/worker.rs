@@ -17,10 +17,9 @@ use crate::model::llama::ModelError;
 
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
-    pub threads: usize,
-    /// Context length of a session unless a request asks for another (0: the model's,
-    /// capped).
-    pub context: usize,
+    /// How models load: threads, context length of a session unless a request asks for
+    /// another (0: the model's, capped), memory budget.
+    pub run: RunOptions,
     pub keep_alive: KeepAlive,
     /// Models kept loaded at once; loading another unloads the least recently used.
     pub max_loaded: usize,
@@ -34,6 +33,8 @@ pub struct LoadedModel {
     pub context_length: usize,
     /// `None`: kept forever.
     pub expires_at: Option<SystemTime>,
+    /// Its layers' residency and storage counters.
+    pub sched: crate::sched::SchedMonitor,
 }
 
 /// State the worker shares with the HTTP side.
@@ -187,7 +188,7 @@ impl Worker {
         while self.slots.len() >= self.config.max_loaded.max(1) {
             self.slots.remove(0);
         }
-        let opts = RunOptions { threads: self.config.threads, context: self.config.context, device: None };
+        let opts = self.config.run.clone();
         let started = Instant::now();
         let engine =
             Engine::load(&info.spec, &opts).map_err(|e| JobError::Internal(format!("loading `{name}`: {e:#}")))?;
@@ -235,6 +236,7 @@ impl Worker {
                 size_bytes: s.size_bytes,
                 context_length: s.session.context_len(),
                 expires_at: s.expires.map(|t| now.1 + t.saturating_duration_since(now.0)),
+                sched: s.engine.model.scheduler().monitor(),
             })
             .collect();
         *self.status.loaded.lock().expect("status lock") = list;

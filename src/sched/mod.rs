@@ -1,16 +1,27 @@
 //! Where weights live. The model asks the scheduler for each layer's weights, every
-//! token, in order; the scheduler decides whether they are resident or streamed. Today
-//! every layer is resident: layer streaming adds a policy here without touching the
-//! model code, which only ever sees `Arc<L>` handles from [`Scheduler::layer`].
+//! token, in order; the scheduler decides whether they are resident or streamed. The
+//! model code only ever sees `Arc<L>` handles from [`Scheduler::layer`].
+//!
+//! With no budget, or one every layer fits, the layers are the source's tensors (memory
+//! maps): nothing is read until used. Under a smaller budget the layers the
+//! [`plan::ResidencyPlan`] pins are read once into memory and the rest stream through a
+//! ring of read buffers, filled `prefetch_depth` layers ahead by an I/O thread
+//! ([`stream`]), from the files the source maps ([`layout`]).
 
 pub mod io;
+pub mod layout;
 pub mod plan;
+mod stream;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use serde::Serialize;
 
 use crate::tensor::HostTensor;
+use plan::PlanSummary;
+use stream::{Core, CoreHandle};
 
 /// The host tensors of one layer, by their name inside the layer (for Hugging Face
 /// checkpoints, the part after `model.layers.N.`).
@@ -31,7 +42,7 @@ impl LayerTensors {
 
     /// Bytes of weights in this layer.
     pub fn bytes(&self) -> usize {
-        self.tensors.values().map(|t| t.bytes().len()).sum()
+        self.tensors.values().map(HostTensor::byte_len).sum()
     }
 }
 
@@ -43,58 +54,346 @@ pub enum SchedError {
     Build { layer: usize, msg: String },
     #[error("layer {0} does not exist")]
     NoSuchLayer(usize),
+    #[error("layer {layer}: reading its weights: {msg}")]
+    Io { layer: usize, msg: String },
+    #[error("layer {0} is not stored in a file and cannot be streamed")]
+    NotStreamable(usize),
 }
 
-/// Counters the benchmarks report.
+/// Counters the benchmarks and `/metrics` report.
 #[derive(Debug, Default)]
 pub struct SchedStats {
+    /// Layer weights asked for.
     pub layer_requests: AtomicU64,
+    /// Of those, served from memory (resident or cached) rather than read.
     pub layer_hits: AtomicU64,
-    pub bytes_read: AtomicU64,
+    /// Bytes read from storage (counted at each `pread`, including the probe when a file
+    /// is opened and the widening of direct reads to the alignment).
+    pub bytes_read: Arc<AtomicU64>,
+    /// Time the compute waited for a layer to be read.
+    pub stall_ns: AtomicU64,
+    /// Time the I/O thread spent reading.
+    pub io_ns: AtomicU64,
+    /// Reads redirected because layers were asked for out of the cyclic order.
+    pub seeks: AtomicU64,
+}
+
+impl SchedStats {
+    /// A copy of the counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            layer_requests: get(&self.layer_requests),
+            layer_hits: get(&self.layer_hits),
+            bytes_read: get(&self.bytes_read),
+            stall_ns: get(&self.stall_ns),
+            io_ns: get(&self.io_ns),
+            seeks: get(&self.seeks),
+        }
+    }
+}
+
+/// [`SchedStats`] at one moment; subtract two for a window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StatsSnapshot {
+    pub layer_requests: u64,
+    pub layer_hits: u64,
+    pub bytes_read: u64,
+    pub stall_ns: u64,
+    pub io_ns: u64,
+    pub seeks: u64,
+}
+
+impl std::ops::Sub for StatsSnapshot {
+    type Output = StatsSnapshot;
+    fn sub(self, o: StatsSnapshot) -> StatsSnapshot {
+        StatsSnapshot {
+            layer_requests: self.layer_requests.saturating_sub(o.layer_requests),
+            layer_hits: self.layer_hits.saturating_sub(o.layer_hits),
+            bytes_read: self.bytes_read.saturating_sub(o.bytes_read),
+            stall_ns: self.stall_ns.saturating_sub(o.stall_ns),
+            io_ns: self.io_ns.saturating_sub(o.io_ns),
+            seeks: self.seeks.saturating_sub(o.seeks),
+        }
+    }
+}
+
+/// How layers beyond the budget are handled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Pin a fixed set (first and last layers first) and stream the rest through the
+    /// prefetch ring. The default, and the only one meant for use.
+    #[default]
+    Pinned,
+    /// Baseline: a plain LRU cache of layers over the budget, read on a miss without
+    /// prefetch.
+    Lru,
+    /// Baseline: read every layer every time it is used, without prefetch (as AirLLM
+    /// does); ignores the budget.
+    Reload,
+}
+
+/// Default `--prefetch-depth`: layers read ahead of the one computing.
+pub const DEFAULT_PREFETCH_DEPTH: usize = 2;
+
+/// How a model's layers are held.
+#[derive(Clone, Debug)]
+pub struct SchedOptions {
+    /// Bytes of layer weights kept resident; `None`: every layer.
+    pub budget: Option<u64>,
+    pub policy: Policy,
+    /// Layers the I/O thread reads ahead (0: read each layer when asked, no thread).
+    pub prefetch_depth: usize,
+    /// Runtime memory (KV caches) the budget already leaves room for: what
+    /// [`Scheduler::reserve`] takes beyond this comes out of the budget.
+    pub runtime_allowance: u64,
+    /// Read with buffered I/O even where `O_DIRECT` works.
+    pub buffered: bool,
+}
+
+impl Default for SchedOptions {
+    fn default() -> Self {
+        SchedOptions {
+            budget: None,
+            policy: Policy::Pinned,
+            prefetch_depth: DEFAULT_PREFETCH_DEPTH,
+            runtime_allowance: u64::MAX,
+            buffered: false,
+        }
+    }
+}
+
+/// Builds a layer's weights (`L`) from its tensors.
+pub type Build<L> = Box<dyn Fn(&LayerTensors) -> Result<L, SchedError> + Send + Sync>;
+
+enum Mode<L> {
+    Resident(Vec<Arc<L>>),
+    Streaming(Arc<Core<L>>),
 }
 
 /// Hands out each layer's weights (`L`, built by the model from [`LayerTensors`]).
 pub struct Scheduler<L> {
-    layers: Vec<Arc<L>>,
-    layer_bytes: Vec<usize>,
-    stats: SchedStats,
+    mode: Mode<L>,
+    /// Per layer: tensor bytes (resident) or read-buffer bytes (streaming).
+    layer_bytes: Vec<u64>,
+    /// The budget asked for, if any.
+    budget: Option<u64>,
+    policy: Policy,
+    stats: Arc<SchedStats>,
 }
 
-impl<L: Send + Sync> Scheduler<L> {
+/// What `strata bench`, `/api/ps` and `/metrics` show of the scheduler.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct SchedSummary {
+    /// `resident` (every layer in memory or mapped) or `streaming`.
+    pub mode: &'static str,
+    pub policy: Policy,
+    pub prefetch_depth: usize,
+    /// Whether streamed reads bypass the page cache (`O_DIRECT`); `None` when resident.
+    pub direct_io: Option<bool>,
+    #[serde(flatten)]
+    pub plan: PlanSummary,
+}
+
+impl<L: Send + Sync + 'static> Scheduler<L> {
     /// Every layer resident: `build` runs once per layer now.
     pub fn resident(
         sources: Vec<LayerTensors>,
         build: impl Fn(&LayerTensors) -> Result<L, SchedError>,
     ) -> Result<Self, SchedError> {
-        let layer_bytes = sources.iter().map(LayerTensors::bytes).collect();
+        let layer_bytes = sources.iter().map(|s| s.bytes() as u64).collect();
         let layers = sources.iter().map(|s| build(s).map(Arc::new)).collect::<Result<_, _>>()?;
-        Ok(Scheduler { layers, layer_bytes, stats: SchedStats::default() })
+        Ok(Scheduler {
+            mode: Mode::Resident(layers),
+            layer_bytes,
+            budget: None,
+            policy: Policy::Pinned,
+            stats: Arc::default(),
+        })
+    }
+
+    /// Layers under `opts`: resident when no budget is given or every layer fits it (or
+    /// some layer's tensors are not in a file, with a warning), streaming otherwise.
+    pub fn new(
+        sources: Vec<LayerTensors>,
+        build: impl Fn(&LayerTensors) -> Result<L, SchedError> + Send + Sync + 'static,
+        opts: &SchedOptions,
+    ) -> Result<Self, SchedError> {
+        let budget = match opts.policy {
+            Policy::Reload => Some(0),
+            _ => opts.budget,
+        };
+        let total: u64 = sources.iter().map(|s| s.bytes() as u64).sum();
+        let Some(budget) = budget.filter(|&b| b < total) else {
+            let mut s = Self::resident(sources, build)?;
+            s.budget = opts.budget;
+            return Ok(s);
+        };
+        let stats = Arc::new(SchedStats::default());
+        let reader = layout::Reader::open(&sources, &stats.bytes_read, opts.buffered)
+            .map_err(|e| SchedError::Io { layer: 0, msg: e.to_string() })?;
+        if let Some(i) = (0..reader.n_layers()).find(|&i| reader.layout(i).is_none()) {
+            tracing::warn!(
+                layer = i,
+                budget,
+                "some layer weights are not stored in a file (a compressed .cawsf, say): every layer stays resident"
+            );
+            let mut s = Self::resident(sources, build)?;
+            s.budget = opts.budget;
+            return Ok(s);
+        }
+        let layer_bytes: Vec<u64> =
+            (0..reader.n_layers()).map(|i| reader.layout(i).map_or(0, |l| l.buf_len as u64)).collect();
+        drop(sources); // the memory maps stay open in the model source, untouched
+        let prefetch_depth = match opts.policy {
+            Policy::Pinned => opts.prefetch_depth.max(1),
+            Policy::Lru | Policy::Reload => 0,
+        };
+        let start = stream::Start {
+            layer_bytes: layer_bytes.clone(),
+            budget,
+            runtime_allowance: opts.runtime_allowance,
+            policy: opts.policy,
+            depth: prefetch_depth,
+        };
+        let core = Core::start(reader, Box::new(build), start, stats.clone())?;
+        Ok(Scheduler { mode: Mode::Streaming(core), layer_bytes, budget: Some(budget), policy: opts.policy, stats })
     }
 
     pub fn n_layers(&self) -> usize {
-        self.layers.len()
+        self.layer_bytes.len()
     }
 
     /// The weights of layer `i`, ready for compute.
     pub fn layer(&self, i: usize) -> Result<Arc<L>, SchedError> {
         self.stats.layer_requests.fetch_add(1, Ordering::Relaxed);
-        let layer = self.layers.get(i).ok_or(SchedError::NoSuchLayer(i))?;
-        self.stats.layer_hits.fetch_add(1, Ordering::Relaxed);
-        Ok(layer.clone())
+        match &self.mode {
+            Mode::Resident(layers) => {
+                let layer = layers.get(i).ok_or(SchedError::NoSuchLayer(i))?;
+                self.stats.layer_hits.fetch_add(1, Ordering::Relaxed);
+                Ok(layer.clone())
+            }
+            Mode::Streaming(core) => core.layer(i),
+        }
     }
 
     /// Bytes of layer weights the memory budget governs.
     pub fn streamable_bytes(&self) -> usize {
-        self.layer_bytes.iter().sum()
+        self.layer_bytes.iter().sum::<u64>() as usize
     }
 
     /// Bytes of layer weights kept resident.
     pub fn resident_bytes(&self) -> usize {
-        self.streamable_bytes()
+        match &self.mode {
+            Mode::Resident(_) => self.streamable_bytes(),
+            Mode::Streaming(core) => core.resident_bytes() as usize,
+        }
+    }
+
+    /// Whether layers stream from storage.
+    pub fn is_streaming(&self) -> bool {
+        matches!(self.mode, Mode::Streaming(_))
+    }
+
+    /// The files streamed layers are read from (none when resident).
+    pub fn files(&self) -> Vec<std::path::PathBuf> {
+        match &self.mode {
+            Mode::Resident(_) => Vec::new(),
+            Mode::Streaming(core) => core.paths(),
+        }
     }
 
     pub fn stats(&self) -> &SchedStats {
         &self.stats
+    }
+
+    pub fn summary(&self) -> SchedSummary {
+        match &self.mode {
+            Mode::Resident(_) => {
+                let bytes = self.layer_bytes.clone();
+                let budget = self.budget.unwrap_or_else(|| bytes.iter().sum());
+                let mut plan = plan::ResidencyPlan::new(bytes, u64::MAX).summary();
+                plan.budget_bytes = budget;
+                SchedSummary { mode: "resident", policy: self.policy, prefetch_depth: 0, direct_io: None, plan }
+            }
+            Mode::Streaming(core) => core.summary(),
+        }
+    }
+
+    /// A handle that reads this scheduler's summary and counters from other threads
+    /// (for `/api/ps` and `/metrics`), without keeping it alive.
+    pub fn monitor(&self) -> SchedMonitor {
+        let live = match &self.mode {
+            Mode::Resident(_) => None,
+            Mode::Streaming(core) => Some(Arc::downgrade(core) as Weak<dyn CoreHandle>),
+        };
+        SchedMonitor { stats: self.stats.clone(), fixed: self.summary(), live }
+    }
+
+    /// Records `bytes` of runtime memory (a KV cache) held until the reservation drops.
+    /// What the streaming scheduler's allowance does not cover comes out of its budget:
+    /// pinned layers are evicted, and re-admitted once the reservation drops.
+    pub fn reserve(&self, bytes: u64) -> Reservation {
+        match &self.mode {
+            Mode::Resident(_) => Reservation { bytes, sink: None },
+            Mode::Streaming(core) => {
+                core.adjust_runtime(bytes as i64);
+                let sink: Weak<dyn CoreHandle> = Arc::downgrade(core) as Weak<dyn CoreHandle>;
+                Reservation { bytes, sink: Some(sink) }
+            }
+        }
+    }
+}
+
+impl<L> Drop for Scheduler<L> {
+    fn drop(&mut self) {
+        if let Mode::Streaming(core) = &self.mode {
+            core.stop();
+        }
+    }
+}
+
+/// Reads a scheduler's summary and counters from another thread; see
+/// [`Scheduler::monitor`].
+#[derive(Clone)]
+pub struct SchedMonitor {
+    pub stats: Arc<SchedStats>,
+    fixed: SchedSummary,
+    live: Option<Weak<dyn CoreHandle>>,
+}
+
+impl SchedMonitor {
+    /// The summary now (as when the monitor was made, for a resident scheduler or one
+    /// that is gone).
+    pub fn summary(&self) -> SchedSummary {
+        self.live.as_ref().and_then(Weak::upgrade).map_or_else(|| self.fixed.clone(), |c| c.summary())
+    }
+}
+
+impl std::fmt::Debug for SchedMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedMonitor").field("summary", &self.summary()).finish()
+    }
+}
+
+/// Runtime memory held against a scheduler's budget; see [`Scheduler::reserve`].
+pub struct Reservation {
+    bytes: u64,
+    sink: Option<Weak<dyn CoreHandle>>,
+}
+
+impl Reservation {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(sink) = self.sink.take().and_then(|w| w.upgrade()) {
+            sink.adjust_runtime(-(self.bytes as i64));
+        }
     }
 }
 

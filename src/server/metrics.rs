@@ -80,10 +80,54 @@ pub async fn render(State(state): State<AppState>) -> Response {
         out,
         "# HELP strata_in_flight Requests the worker is running.\n# TYPE strata_in_flight gauge\nstrata_in_flight {running}"
     );
-    let loaded = state.status.loaded.lock().expect("status lock").len();
+    let loaded = state.status.loaded.lock().expect("status lock").clone();
     let _ = writeln!(
         out,
-        "# HELP strata_loaded_models Models in memory.\n# TYPE strata_loaded_models gauge\nstrata_loaded_models {loaded}"
+        "# HELP strata_loaded_models Models in memory.\n# TYPE strata_loaded_models gauge\nstrata_loaded_models {}",
+        loaded.len()
     );
+    write_layer_metrics(&mut out, &loaded);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+}
+
+/// Per loaded model: the residency plan (gauges) and the layer scheduler's counters.
+fn write_layer_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedModel]) {
+    type Metric = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&crate::sched::SchedSummary, &crate::sched::StatsSnapshot) -> f64,
+    );
+    let metrics: [Metric; 10] = [
+        ("strata_layer_budget_bytes", "gauge", "Memory budget for layer weights.", |s, _| s.plan.budget_bytes as f64),
+        ("strata_layer_resident_bytes", "gauge", "Layer weights kept resident.", |s, _| s.plan.resident_bytes as f64),
+        ("strata_layer_streamable_bytes", "gauge", "All layer weights (what the budget governs).", |s, _| {
+            s.plan.streamable_bytes as f64
+        }),
+        ("strata_layers_resident", "gauge", "Layers kept resident.", |s, _| s.plan.resident_count as f64),
+        ("strata_layers_streamed", "gauge", "Layers streamed from storage.", |s, _| s.plan.streamed_count as f64),
+        ("strata_layer_requests_total", "counter", "Layer weights asked for by the forward pass.", |_, c| {
+            c.layer_requests as f64
+        }),
+        ("strata_layer_hits_total", "counter", "Layer requests served from memory.", |_, c| c.layer_hits as f64),
+        ("strata_storage_read_bytes_total", "counter", "Bytes of weights read from storage.", |_, c| {
+            c.bytes_read as f64
+        }),
+        ("strata_io_stall_seconds_total", "counter", "Time the forward pass waited for layer reads.", |_, c| {
+            c.stall_ns as f64 / 1e9
+        }),
+        ("strata_io_busy_seconds_total", "counter", "Time the prefetch thread spent reading.", |_, c| {
+            c.io_ns as f64 / 1e9
+        }),
+    ];
+    let rows: Vec<_> = loaded
+        .iter()
+        .map(|m| (m.name.replace('\\', "\\\\").replace('"', "\\\""), m.sched.summary(), m.sched.stats.snapshot()))
+        .collect();
+    for (name, kind, help, value) in metrics {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (model, summary, stats) in &rows {
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(summary, stats));
+        }
+    }
 }

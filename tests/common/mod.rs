@@ -31,8 +31,7 @@ pub fn app_with(server: ServerConfig, queue_depth: usize) -> (Router, AppState) 
             ("strata-demo".into(), "strata-demo".into()),
         ],
         worker: WorkerConfig {
-            threads: 1,
-            context: 256,
+            run: strata::engine::session::RunOptions { threads: 1, context: 256, ..Default::default() },
             keep_alive: KeepAlive::For(Duration::from_secs(300)),
             max_loaded: 2,
         },

@@ -11,11 +11,11 @@ use rayon::prelude::*;
 
 use super::layout::*;
 use crate::format::FormatError;
-use crate::tensor::{AlignedBytes, ByteSource, HostTensor};
+use crate::tensor::{AlignedBytes, ByteSource, HostTensor, MappedFile};
 
 /// A memory-mapped `.cawsf` file.
 pub(super) struct Mapped {
-    pub map: Arc<memmap2::Mmap>,
+    pub map: Arc<MappedFile>,
     pub path: PathBuf,
 }
 
@@ -34,11 +34,11 @@ impl Mapped {
         // SAFETY: the map is read-only; a model file changed underneath a running server is
         // outside what we can defend against (as with every mmap-based loader).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Ok(Mapped { map: Arc::new(map), path: path.to_owned() })
+        Ok(Mapped { map: Arc::new(MappedFile::new(map, path)), path: path.to_owned() })
     }
 
     pub fn bytes(&self) -> &[u8] {
-        &self.map
+        self.map.bytes()
     }
 }
 

@@ -79,6 +79,7 @@ pub(crate) async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
                 expires_at: rfc3339(m.expires_at.unwrap_or(forever)),
                 size_vram: 0,
                 context_length: m.context_length,
+                residency: m.sched.summary(),
             }
         })
         .collect();

@@ -358,6 +358,8 @@ pub struct PsModel {
     /// 0: the model is in main memory.
     pub size_vram: u64,
     pub context_length: usize,
+    /// Strata's addition: which layers are resident and which stream from storage.
+    pub residency: crate::sched::SchedSummary,
 }
 
 /// `GET /api/ps`

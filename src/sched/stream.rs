@@ -1,0 +1,462 @@
+//! The streaming side of the scheduler: resident layers under a budget, a ring of read
+//! buffers that an I/O thread fills `depth` layers ahead of the compute, and the two
+//! baselines a benchmark compares against (plain LRU, and reloading every layer).
+//!
+//! Two locks: `Core::cache` (the plan and the resident layers) and `Shared::ring` (what
+//! the I/O thread reads next, and the buffers). Whoever holds both took `cache` first.
+//! A ring buffer goes back to the ring when the last tensor viewing it drops, which
+//! takes `ring`, so nothing is dropped while `ring` is held.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use super::io::AlignedBuf;
+use super::layout::Reader;
+use super::plan::ResidencyPlan;
+use super::{Build, Policy, SchedError, SchedStats, SchedSummary};
+use crate::tensor::ByteSource;
+
+/// Ring buffers beyond the prefetch depth: one for the layer being computed, one spare
+/// so that a caller briefly holding two layers does not stall the I/O thread.
+const EXTRA_BUFFERS: usize = 2;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the I/O thread and the compute share.
+struct Shared {
+    ring: Mutex<Ring>,
+    /// Wakes the I/O thread: a buffer came back, a layer was taken, a seek, shutdown.
+    io_wake: Condvar,
+    /// Wakes the compute: a layer is ready.
+    ready_wake: Condvar,
+}
+
+struct Ring {
+    /// The next layer the I/O thread considers (it skips `skip`ped ones).
+    cursor: usize,
+    /// Layers read and not yet taken, oldest first (an `Err` is a failed read).
+    ready: VecDeque<(usize, Result<AlignedBuf, SchedError>)>,
+    /// The layer being read, and the epoch it was started in.
+    loading: Option<(usize, u64)>,
+    free: Vec<AlignedBuf>,
+    /// Ring buffers in existence (free, ready, loading or viewed by a layer in use).
+    allocated: usize,
+    max_buffers: usize,
+    depth: usize,
+    /// Layers the I/O thread does not read (resident).
+    skip: Vec<bool>,
+    /// Bumped by a seek: reads begun before it are stale.
+    epoch: u64,
+    shutdown: bool,
+}
+
+impl Ring {
+    /// The next layer to read from the cursor on, if any is not skipped.
+    fn next_layer(&self) -> Option<usize> {
+        let n = self.skip.len();
+        (0..n).map(|k| (self.cursor + k) % n).find(|&l| !self.skip[l])
+    }
+}
+
+/// A ring buffer lent to the compute: the tensors of a streamed layer view it, and it
+/// goes back to the ring when the last of them drops (unless it was kept as a resident
+/// layer, see [`RingBuf::keep`]).
+struct RingBuf {
+    buf: AlignedBuf,
+    home: Weak<Shared>,
+    kept: AtomicBool,
+}
+
+impl ByteSource for RingBuf {
+    fn bytes(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+}
+
+impl RingBuf {
+    /// Takes the buffer out of the ring for good (a streamed layer admitted as resident);
+    /// the I/O thread may then allocate a replacement.
+    fn keep(&self) {
+        if !self.kept.swap(true, Ordering::Relaxed)
+            && let Some(shared) = self.home.upgrade()
+        {
+            lock(&shared.ring).allocated -= 1;
+            shared.io_wake.notify_all();
+        }
+    }
+}
+
+impl Drop for RingBuf {
+    fn drop(&mut self) {
+        if self.kept.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(shared) = self.home.upgrade() {
+            lock(&shared.ring).free.push(std::mem::take(&mut self.buf));
+            shared.io_wake.notify_all();
+        }
+    }
+}
+
+/// The plan and the resident layers.
+struct Cache<L> {
+    plan: ResidencyPlan,
+    resident: Vec<Option<Arc<L>>>,
+    /// LRU and reload baselines: cached layers, least recently used first.
+    lru: VecDeque<(usize, Arc<L>, u64)>,
+    lru_bytes: u64,
+    /// The configured budget, runtime memory in use, and what the budget already
+    /// leaves for runtime memory.
+    base_budget: u64,
+    runtime_in_use: u64,
+    runtime_allowance: u64,
+}
+
+impl<L> Cache<L> {
+    fn effective_budget(&self) -> u64 {
+        let over = self.runtime_in_use.saturating_sub(self.runtime_allowance);
+        self.base_budget.saturating_sub(over)
+    }
+}
+
+/// How a streaming core starts.
+pub(super) struct Start {
+    /// Read-buffer bytes of each layer.
+    pub layer_bytes: Vec<u64>,
+    pub budget: u64,
+    pub runtime_allowance: u64,
+    pub policy: Policy,
+    /// Prefetch depth (0 for the baselines, which read on demand).
+    pub depth: usize,
+}
+
+pub(super) struct Core<L> {
+    reader: Arc<Reader>,
+    build: Build<L>,
+    shared: Arc<Shared>,
+    cache: Mutex<Cache<L>>,
+    stats: Arc<SchedStats>,
+    policy: Policy,
+    depth: usize,
+    io_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<L: Send + Sync + 'static> Core<L> {
+    /// Loads the layers the plan pins (one read each) and starts the I/O thread
+    /// (pinned policy with a depth above 0).
+    pub fn start(
+        reader: Reader,
+        build: Build<L>,
+        start: Start,
+        stats: Arc<SchedStats>,
+    ) -> Result<Arc<Self>, SchedError> {
+        let Start { layer_bytes, budget, runtime_allowance, policy, depth } = start;
+        let n = layer_bytes.len();
+        let plan = match policy {
+            Policy::Pinned => ResidencyPlan::new(layer_bytes, budget),
+            Policy::Lru | Policy::Reload => ResidencyPlan::new(layer_bytes, 0),
+        };
+        let reader = Arc::new(reader);
+        let mut resident = vec![None; n];
+        for i in plan.pinned() {
+            let mut buf = AlignedBuf::new();
+            reader.read(i, &mut buf)?;
+            resident[i] = Some(Arc::new(build(&reader.tensors(i, Arc::new(buf)))?));
+        }
+        let skip = resident.iter().map(Option::is_some).collect();
+        let shared = Arc::new(Shared {
+            ring: Mutex::new(Ring {
+                cursor: 0,
+                ready: VecDeque::new(),
+                loading: None,
+                free: Vec::new(),
+                allocated: 0,
+                max_buffers: depth + EXTRA_BUFFERS,
+                depth,
+                skip,
+                epoch: 0,
+                shutdown: false,
+            }),
+            io_wake: Condvar::new(),
+            ready_wake: Condvar::new(),
+        });
+        let cache = Cache {
+            plan,
+            resident,
+            lru: VecDeque::new(),
+            lru_bytes: 0,
+            base_budget: budget,
+            runtime_in_use: 0,
+            runtime_allowance,
+        };
+        let core = Arc::new(Core {
+            reader,
+            build,
+            shared,
+            cache: Mutex::new(cache),
+            stats,
+            policy,
+            depth,
+            io_thread: Mutex::new(None),
+        });
+        if policy == Policy::Pinned && depth > 0 {
+            let (reader, shared, stats) = (core.reader.clone(), core.shared.clone(), core.stats.clone());
+            let handle = std::thread::Builder::new()
+                .name("strata-io".into())
+                .spawn(move || io_thread(&reader, &shared, &stats))
+                .map_err(|e| SchedError::Io { layer: 0, msg: format!("starting the I/O thread: {e}") })?;
+            *lock(&core.io_thread) = Some(handle);
+        }
+        Ok(core)
+    }
+
+    pub fn layer(&self, i: usize) -> Result<Arc<L>, SchedError> {
+        if i >= self.reader.n_layers() {
+            return Err(SchedError::NoSuchLayer(i));
+        }
+        match self.policy {
+            Policy::Pinned => self.pinned_layer(i),
+            Policy::Lru | Policy::Reload => self.cached_layer(i),
+        }
+    }
+
+    fn pinned_layer(&self, i: usize) -> Result<Arc<L>, SchedError> {
+        {
+            let mut cache = lock(&self.cache);
+            cache.plan.touch(i);
+            if let Some(layer) = &cache.resident[i] {
+                self.stats.layer_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(layer.clone());
+            }
+        }
+        let buf = self.take(i)?;
+        let buf = Arc::new(RingBuf { buf, home: Arc::downgrade(&self.shared), kept: AtomicBool::new(false) });
+        let layer = Arc::new((self.build)(&self.reader.tensors(i, buf.clone()))?);
+        // A layer the plan (re-)admitted since it was evicted becomes resident now,
+        // without a second read.
+        let mut cache = lock(&self.cache);
+        if cache.plan.is_resident(i) && cache.resident[i].is_none() {
+            buf.keep();
+            cache.resident[i] = Some(layer.clone());
+            lock(&self.shared.ring).skip[i] = true;
+        }
+        Ok(layer)
+    }
+
+    /// Waits for the I/O thread to deliver layer `i`, redirecting it first if `i` is not
+    /// what it is reading next. Time spent waiting counts as stall.
+    fn take(&self, i: usize) -> Result<AlignedBuf, SchedError> {
+        let shared = &*self.shared;
+        let mut ring = lock(&shared.ring);
+        let mut waited: Option<Instant> = None;
+        let got = loop {
+            if let Some(pos) = ring.ready.iter().position(|(l, _)| *l == i) {
+                // Entries before it are layers the compute skipped: recycle them.
+                let stale: Vec<_> = ring.ready.drain(..pos).collect();
+                ring.free.extend(stale.into_iter().filter_map(|(_, b)| b.ok()));
+                let (_, got) = ring.ready.pop_front().expect("found above");
+                break got;
+            }
+            // Whatever is ready was read for layers the compute has moved past.
+            let stale: Vec<_> = ring.ready.drain(..).collect();
+            ring.free.extend(stale.into_iter().filter_map(|(_, b)| b.ok()));
+            let coming =
+                ring.loading == Some((i, ring.epoch)) || (ring.loading.is_none() && ring.next_layer() == Some(i));
+            if !coming {
+                // Out of the cyclic order (a new pass after a cancelled one, say): read
+                // `i` next, and discard the read in flight.
+                ring.cursor = i;
+                ring.epoch += 1;
+                ring.skip[i] = false;
+                self.stats.seeks.fetch_add(1, Ordering::Relaxed);
+            }
+            shared.io_wake.notify_all();
+            waited.get_or_insert_with(Instant::now);
+            ring = shared.ready_wake.wait(ring).unwrap_or_else(|e| e.into_inner());
+        };
+        drop(ring);
+        shared.io_wake.notify_all();
+        if let Some(t) = waited {
+            self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        got
+    }
+
+    /// The LRU and reload baselines: a hit, or a synchronous read (all stall) whose
+    /// layer is then cached if it fits the budget, evicting least recently used ones.
+    fn cached_layer(&self, i: usize) -> Result<Arc<L>, SchedError> {
+        {
+            let mut cache = lock(&self.cache);
+            if let Some(layer) = &cache.resident[i] {
+                self.stats.layer_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(layer.clone());
+            }
+            if let Some(pos) = cache.lru.iter().position(|(l, ..)| *l == i) {
+                let entry = cache.lru.remove(pos).expect("found above");
+                let layer = entry.1.clone();
+                cache.lru.push_back(entry);
+                self.stats.layer_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(layer);
+            }
+        }
+        let t = Instant::now();
+        let mut buf = AlignedBuf::new();
+        self.reader.read(i, &mut buf)?;
+        self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let layer = Arc::new((self.build)(&self.reader.tensors(i, Arc::new(buf)))?);
+        let mut evicted = Vec::new();
+        let mut cache = lock(&self.cache);
+        let bytes = cache.plan.layer_bytes()[i];
+        let budget = cache.effective_budget();
+        if bytes <= budget {
+            cache.lru.push_back((i, layer.clone(), bytes));
+            cache.lru_bytes += bytes;
+            while cache.lru_bytes > budget {
+                let Some(old) = cache.lru.pop_front() else { break };
+                cache.lru_bytes -= old.2;
+                evicted.push(old);
+            }
+        }
+        drop(cache);
+        drop(evicted);
+        Ok(layer)
+    }
+
+    /// Runtime memory (a KV cache) was allocated (`delta > 0`) or freed: the part beyond
+    /// the allowance comes out of the budget, evicting pinned layers (least recently
+    /// used) now and re-admitting them as they next stream by once memory frees.
+    pub fn adjust_runtime(&self, delta: i64) {
+        let mut evicted = Vec::new();
+        let mut cache = lock(&self.cache);
+        cache.runtime_in_use = match delta >= 0 {
+            true => cache.runtime_in_use.saturating_add(delta as u64),
+            false => cache.runtime_in_use.saturating_sub(delta.unsigned_abs()),
+        };
+        let budget = cache.effective_budget();
+        if self.policy == Policy::Pinned {
+            let change = cache.plan.set_budget(budget);
+            if !change.evicted.is_empty() || !change.admitted.is_empty() {
+                tracing::info!(
+                    evicted = ?change.evicted,
+                    admitted = ?change.admitted,
+                    budget,
+                    "memory pressure changed the resident layers"
+                );
+            }
+            let mut ring = lock(&self.shared.ring);
+            for &l in &change.evicted {
+                evicted.extend(cache.resident[l].take());
+                ring.skip[l] = false;
+            }
+        } else {
+            while cache.lru_bytes > budget {
+                let Some(old) = cache.lru.pop_front() else { break };
+                cache.lru_bytes -= old.2;
+                evicted.push(old.1);
+            }
+        }
+        drop(cache);
+        self.shared.io_wake.notify_all();
+        drop(evicted);
+    }
+
+    pub fn resident_bytes(&self) -> u64 {
+        let cache = lock(&self.cache);
+        match self.policy {
+            Policy::Pinned => cache.plan.resident_bytes(),
+            _ => cache.lru_bytes,
+        }
+    }
+
+    pub fn paths(&self) -> Vec<std::path::PathBuf> {
+        self.reader.paths()
+    }
+}
+
+impl<L> Core<L> {
+    /// Stops the I/O thread (it finishes the read in flight).
+    pub fn stop(&self) {
+        lock(&self.shared.ring).shutdown = true;
+        self.shared.io_wake.notify_all();
+        if let Some(handle) = lock(&self.io_thread).take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Reads the next layers in cyclic order into free ring buffers, keeping at most `depth`
+/// read or in flight ahead of the compute.
+fn io_thread(reader: &Reader, shared: &Shared, stats: &SchedStats) {
+    let mut ring = lock(&shared.ring);
+    loop {
+        if ring.shutdown {
+            return;
+        }
+        let in_flight = ring.ready.len() + usize::from(ring.loading.is_some());
+        let next = ring.next_layer();
+        let have_buffer = !ring.free.is_empty() || ring.allocated < ring.max_buffers;
+        let (Some(layer), true, true) = (next, in_flight < ring.depth, have_buffer) else {
+            ring = shared.io_wake.wait(ring).unwrap_or_else(|e| e.into_inner());
+            continue;
+        };
+        let epoch = ring.epoch;
+        ring.cursor = (layer + 1) % ring.skip.len();
+        ring.loading = Some((layer, epoch));
+        let mut buf = ring.free.pop().unwrap_or_else(|| {
+            ring.allocated += 1;
+            AlignedBuf::new()
+        });
+        drop(ring);
+        let t = Instant::now();
+        let read = reader.read(layer, &mut buf);
+        stats.io_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        ring = lock(&shared.ring);
+        ring.loading = None;
+        if ring.epoch != epoch {
+            ring.free.push(buf);
+            continue;
+        }
+        match read {
+            Ok(()) => ring.ready.push_back((layer, Ok(buf))),
+            Err(e) => {
+                ring.free.push(buf);
+                ring.ready.push_back((layer, Err(e)));
+            }
+        }
+        shared.ready_wake.notify_all();
+    }
+}
+
+/// A streaming core of any layer type, for [`super::Reservation`] and
+/// [`super::SchedMonitor`].
+pub(super) trait CoreHandle: Send + Sync {
+    fn adjust_runtime(&self, delta: i64);
+    fn summary(&self) -> SchedSummary;
+}
+
+impl<L: Send + Sync + 'static> CoreHandle for Core<L> {
+    fn adjust_runtime(&self, delta: i64) {
+        Core::adjust_runtime(self, delta);
+    }
+
+    fn summary(&self) -> SchedSummary {
+        let cache = lock(&self.cache);
+        let mut plan = cache.plan.summary();
+        plan.budget_bytes = cache.effective_budget();
+        if self.policy != Policy::Pinned {
+            plan.resident_bytes = cache.lru_bytes;
+        }
+        SchedSummary {
+            mode: "streaming",
+            policy: self.policy,
+            prefetch_depth: self.depth,
+            direct_io: Some(self.reader.is_direct()),
+            plan,
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! Layer streaming: a model run under a memory budget gives log-probs bit-identical to
+//! the fully resident run, for flat, `.cawsf`, GGUF and safetensors sources, at budgets of
+//! 100%, 50%, 25% and 0 of the layer weights; reads per decoded token match what the plan
+//! leaves streamed; resident bytes stay within the budget; KV-cache pressure evicts and
+//! re-admits pinned layers; the LRU and reload baselines agree too; a file that goes bad
+//! under a running model is an error naming it.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata::backend::cpu::CpuBackend;
+use strata::engine::session::{Engine, RunOptions};
+use strata::format::cawsf::Compression;
+use strata::format::convert::{ConvertOptions, Target, convert};
+use strata::model::ModelSource;
+use strata::model::config::ModelConfig;
+use strata::model::demo::demo_source;
+use strata::model::llama::{LlamaModel, SeqStep};
+use strata::sched::{Policy, SchedOptions, StatsSnapshot};
+use support::TempDir;
+
+fn fixture(rel: &str) -> String {
+    format!("{}/tests/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The demo model (4 layers) written to `out` as a flat directory or `.cawsf` file.
+fn demo_as(out: &Path, target: Target) {
+    let opts = ConvertOptions { target, quant: None, threads: 2 };
+    convert(demo_source().unwrap(), out, &opts, &mut |_| {}).unwrap();
+}
+
+const PROMPT: [u32; 7] = [5, 17, 99, 3, 250, 42, 7];
+const DECODE_STEPS: usize = 5;
+
+/// Logits of every prompt position and of `DECODE_STEPS` greedy decode steps, as bits.
+fn run(model: &LlamaModel<CpuBackend>) -> Vec<u32> {
+    let mut cache = model.new_cache(64);
+    let vocab = model.config.vocab_size;
+    let mut out = model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: true }]).unwrap();
+    let mut bits: Vec<u32> = out[0].iter().map(|v| v.to_bits()).collect();
+    for _ in 0..DECODE_STEPS {
+        let last = &out[0][out[0].len() - vocab..];
+        let next = (0..vocab).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
+        out = model.forward(&mut [SeqStep { tokens: &[next], cache: &mut cache, all_logits: false }]).unwrap();
+        bits.extend(out[0].iter().map(|v| v.to_bits()));
+    }
+    bits
+}
+
+fn load(spec: &str, budget: Option<u64>, policy: Policy) -> Engine {
+    let opts = RunOptions { threads: 2, memory_budget: budget, policy, ..Default::default() };
+    Engine::load(spec, &opts).unwrap()
+}
+
+/// Layer bytes a streaming scheduler governs for `spec` (read-buffer sizes, which include
+/// the alignment of each read).
+fn streamable(spec: &str) -> u64 {
+    load(spec, Some(0), Policy::Pinned).model.scheduler().streamable_bytes() as u64
+}
+
+/// Every source at every budget (and every policy) gives the resident run's logits.
+fn check_bit_identical(spec: &str) {
+    let resident = load(spec, None, Policy::Pinned);
+    assert!(!resident.model.scheduler().is_streaming());
+    let want = run(&resident.model);
+    let total = streamable(spec);
+    for (pct, policy) in [
+        (100, Policy::Pinned),
+        (50, Policy::Pinned),
+        (25, Policy::Pinned),
+        (0, Policy::Pinned),
+        (50, Policy::Lru),
+        (0, Policy::Reload),
+    ] {
+        let budget = total * pct / 100;
+        let e = load(spec, Some(budget), policy);
+        let s = e.model.scheduler();
+        assert_eq!(s.is_streaming(), pct < 100, "{spec} at {pct}%");
+        let got = run(&e.model);
+        assert!(got == want, "{spec}: logits differ at a budget of {pct}% ({policy:?})");
+        if pct < 100 {
+            assert!(s.resident_bytes() as u64 <= budget, "{spec} at {pct}%: resident above the budget");
+            let summary = s.summary();
+            assert_eq!(summary.mode, "streaming");
+            assert_eq!(summary.plan.resident_count + summary.plan.streamed_count, e.model.config.n_layers);
+        }
+    }
+}
+
+#[test]
+fn flat_directory_streams_bit_identically() {
+    let dir = TempDir::new("stream-flat");
+    let out = dir.path("demo-flat");
+    demo_as(&out, Target::Flat);
+    check_bit_identical(out.to_str().unwrap());
+}
+
+#[test]
+fn cawsf_file_streams_bit_identically() {
+    let dir = TempDir::new("stream-cawsf");
+    let out = dir.path("demo.cawsf");
+    demo_as(&out, Target::Cawsf(Compression::None));
+    check_bit_identical(out.to_str().unwrap());
+}
+
+#[test]
+fn gguf_files_stream_bit_identically() {
+    // llama (Q/K rows un-permuted after each read) and qwen2 (biases), block-quantized.
+    for f in ["gguf/llama3.q4_0.gguf", "gguf/qwen2.q8_0.gguf", "gguf/llama256.q4_k_m.gguf"] {
+        check_bit_identical(&fixture(f));
+    }
+}
+
+#[test]
+fn safetensors_directories_stream_bit_identically() {
+    for f in ["hf/qwen2", "hf/llama_bf16_256"] {
+        check_bit_identical(&fixture(f));
+    }
+}
+
+/// Counters over `steps` decode steps, with the prefetch thread settled at both ends so
+/// the window holds whole tokens.
+fn decode_window(model: &LlamaModel<CpuBackend>, steps: usize) -> StatsSnapshot {
+    let mut cache = model.new_cache(PROMPT.len() + steps + 2);
+    model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap();
+    let settle = || std::thread::sleep(Duration::from_millis(100));
+    settle();
+    let before = model.scheduler().stats().snapshot();
+    for i in 0..steps {
+        let t = [(i % 200) as u32 + 1];
+        model.forward(&mut [SeqStep { tokens: &t, cache: &mut cache, all_logits: false }]).unwrap();
+    }
+    settle();
+    model.scheduler().stats().snapshot() - before
+}
+
+#[test]
+fn bytes_read_per_token_are_the_streamed_layers() {
+    let dir = TempDir::new("stream-bytes");
+    let out = dir.path("demo-flat");
+    demo_as(&out, Target::Flat);
+    let spec = out.to_str().unwrap();
+    let total = streamable(spec);
+    let steps = 40;
+    for pct in [0, 25, 50, 75] {
+        let e = load(spec, Some(total * pct / 100), Policy::Pinned);
+        let s = e.model.scheduler();
+        let expected = (s.streamable_bytes() - s.resident_bytes()) as f64;
+        let w = decode_window(&e.model, steps);
+        let per_token = w.bytes_read as f64 / steps as f64;
+        assert!(
+            (per_token - expected).abs() <= 0.1 * expected.max(1.0),
+            "{pct}%: {per_token} bytes read per token, expected {expected}"
+        );
+        let n = e.model.config.n_layers as u64;
+        assert_eq!(w.layer_requests, n * steps as u64);
+        let resident = s.summary().plan.resident_count as u64;
+        assert_eq!(w.layer_hits, resident * steps as u64, "{pct}%: hits are the resident layers");
+        assert_eq!(w.seeks, 0, "{pct}%: cyclic access never redirects the prefetch");
+    }
+
+    // The baselines: plain LRU over half the layers gets no hits on cyclic access and
+    // reads everything; reload reads everything.
+    for policy in [Policy::Lru, Policy::Reload] {
+        let e = load(spec, Some(total / 2), policy);
+        let w = decode_window(&e.model, steps);
+        assert_eq!(w.layer_hits, 0, "{policy:?}");
+        let per_token = w.bytes_read as f64 / steps as f64;
+        assert!((per_token - total as f64).abs() <= 0.1 * total as f64, "{policy:?}: {per_token} of {total}");
+    }
+}
+
+#[test]
+fn buffered_reads_match_direct_ones() {
+    let dir = TempDir::new("stream-buffered");
+    let out = dir.path("demo-flat");
+    demo_as(&out, Target::Flat);
+    let source = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+    let config = ModelConfig::from_json(&source.config_json).unwrap();
+    let backend = Arc::new(CpuBackend::new(2));
+    let resident = LlamaModel::new(config.clone(), &source, backend.clone()).unwrap();
+    let opts = SchedOptions { budget: Some(0), buffered: true, ..Default::default() };
+    let streamed = LlamaModel::with_options(config, &source, backend, &opts).unwrap();
+    assert_eq!(streamed.scheduler().summary().direct_io, Some(false));
+    assert!(run(&streamed) == run(&resident));
+}
+
+#[test]
+fn kv_cache_pressure_evicts_pinned_layers_and_memory_back_readmits_them() {
+    let dir = TempDir::new("stream-pressure");
+    let out = dir.path("demo-flat");
+    demo_as(&out, Target::Flat);
+    let source = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+    let config = ModelConfig::from_json(&source.config_json).unwrap();
+    let backend = Arc::new(CpuBackend::new(2));
+    let want = run(&LlamaModel::new(config.clone(), &source, backend.clone()).unwrap());
+
+    let total = streamable(out.to_str().unwrap());
+    let per_layer = total / config.n_layers as u64;
+    // Three layers' worth, and room for a 64-position cache (what `run` makes) only.
+    let kv_per_position = (2 * config.n_layers * config.n_kv_heads * config.head_dim * 4) as u64;
+    let opts = SchedOptions { budget: Some(3 * per_layer), runtime_allowance: 64 * kv_per_position, ..Default::default() };
+    let model = LlamaModel::with_options(config, &source, backend, &opts).unwrap();
+    let s = model.scheduler();
+    assert_eq!(s.summary().plan.resident_layers, "0-1,3");
+    assert!(run(&model) == want);
+
+    // A cache two layers' bytes beyond the allowance presses the budget down to one
+    // layer: the middle layer goes first, then the least recently used edge.
+    let over = (2 * per_layer).div_ceil(kv_per_position);
+    let big = model.new_cache(64 + over as usize);
+    let summary = s.summary().plan;
+    assert_eq!(summary.resident_layers, "3", "{summary:?}");
+    assert_eq!(summary.budget_bytes, 3 * per_layer - over * kv_per_position);
+    assert!(s.resident_bytes() as u64 <= summary.budget_bytes);
+    assert!(run(&model) == want, "logits change under pressure");
+
+    // Freed: the plan re-admits them, and they become resident as they next stream by,
+    // without another read.
+    drop(big);
+    assert_eq!(s.summary().plan.resident_layers, "0-1,3");
+    assert!(run(&model) == want);
+    let w = decode_window(&model, 20);
+    assert_eq!(w.bytes_read, 20 * per_layer, "after re-admission only layer 2 streams");
+}
+
+#[test]
+fn a_layer_file_that_goes_bad_is_an_error_naming_it() {
+    let dir = TempDir::new("stream-bad");
+    let out = dir.path("demo-flat");
+    demo_as(&out, Target::Flat);
+    let e = load(out.to_str().unwrap(), Some(0), Policy::Pinned);
+    let layer = out.join("layer_002.bin");
+    std::fs::OpenOptions::new().write(true).open(&layer).unwrap().set_len(4096).unwrap();
+    let mut cache = e.model.new_cache(16);
+    let err = e.model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("layer_002.bin") && msg.contains("layer 2"), "{msg}");
+}
