@@ -104,6 +104,15 @@ async fn generate_streams_ndjson_with_final_counters_and_context() {
     let metrics = String::from_utf8(metrics).unwrap();
     let generated = metrics.lines().find(|l| l.starts_with("strata_generated_tokens_total ")).unwrap();
     assert_eq!(generated, format!("strata_generated_tokens_total {}", 2 * eval));
+    // ... and in the layer scheduler's counters (the fixture has 2 layers, resident).
+    let value = |name: &str| -> f64 {
+        let prefix = format!("{name}{{model=\"llama3:latest\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&prefix)).unwrap_or_else(|| panic!("{name}")).parse().unwrap()
+    };
+    assert!(value("strata_layer_requests_total") >= 2.0 * eval as f64);
+    assert_eq!(value("strata_layer_hits_total"), value("strata_layer_requests_total"));
+    assert_eq!(value("strata_layers_resident"), 2.0);
+    assert_eq!(value("strata_storage_read_bytes_total"), 0.0);
     drop(state);
 }
 
@@ -217,6 +226,12 @@ async fn an_empty_prompt_loads_and_keep_alive_zero_unloads() {
     assert_eq!(m["size_vram"], 0);
     assert!(m["size"].as_u64() > Some(0) && m["context_length"].as_u64() > Some(0), "{m}");
     assert_eq!(m["details"]["format"], "safetensors");
+    let r = &m["residency"];
+    assert_eq!(
+        (r["mode"].as_str(), r["layers"].as_u64(), r["resident_layers"].as_str()),
+        (Some("resident"), Some(2), Some("0-1")),
+        "{r}"
+    );
     let expires = assert_rfc3339_nanos(&m["expires_at"]);
     let ahead = expires.duration_since(jiff::Timestamp::now()).as_secs();
     assert!((500..=600).contains(&ahead), "expires in about 10 minutes, not {ahead}s");

@@ -202,7 +202,8 @@ fn kv_cache_pressure_evicts_pinned_layers_and_memory_back_readmits_them() {
     let per_layer = total / config.n_layers as u64;
     // Three layers' worth, and room for a 64-position cache (what `run` makes) only.
     let kv_per_position = (2 * config.n_layers * config.n_kv_heads * config.head_dim * 4) as u64;
-    let opts = SchedOptions { budget: Some(3 * per_layer), runtime_allowance: 64 * kv_per_position, ..Default::default() };
+    let opts =
+        SchedOptions { budget: Some(3 * per_layer), runtime_allowance: 64 * kv_per_position, ..Default::default() };
     let model = LlamaModel::with_options(config, &source, backend, &opts).unwrap();
     let s = model.scheduler();
     assert_eq!(s.summary().plan.resident_layers, "0-1,3");
@@ -239,4 +240,36 @@ fn a_layer_file_that_goes_bad_is_an_error_naming_it() {
     let err = e.model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("layer_002.bin") && msg.contains("layer 2"), "{msg}");
+}
+
+#[test]
+fn bench_reports_the_plan_and_storage_counters() {
+    let dir = TempDir::new("stream-bench");
+    let out = dir.path("demo-flat");
+    demo_as(&out, Target::Flat);
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["bench", out.to_str().unwrap(), "--json", "--memory-budget", "0", "--prompt-tokens", "4"])
+        .args(["--gen-tokens", "16", "--runs", "2", "--threads", "2"])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    for key in ["prefill_tok_s", "decode_tok_s", "weights_bytes", "peak_rss_bytes", "storage_roofline_tok_s"] {
+        assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {r}");
+    }
+    let streamable = r["streamable_bytes"].as_f64().unwrap();
+    let per_token = r["bytes_read_per_token"].as_f64().unwrap();
+    assert!((per_token - streamable).abs() <= 0.1 * streamable, "{per_token} of {streamable}");
+    assert_eq!(r["resident_bytes"], 0);
+    assert_eq!(r["cache_hit_rate"], 0.0);
+    assert!((0.0..=1.0).contains(&r["io_stall_fraction"].as_f64().unwrap()));
+    assert_eq!(r["plan"]["mode"], "streaming");
+    assert_eq!(r["plan"]["streamed_count"], 4);
+
+    // A size that is not one is a usage error, not a panic.
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["bench", "strata-demo", "--memory-budget", "lots"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));
 }

@@ -191,15 +191,22 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let bandwidth = measure_read_bandwidth(threads);
     let roofline = bandwidth / weight_bytes_per_token as f64;
     let decode_tok_s = median(results.iter().map(|r| r.decode_tok_s).collect());
-    // The storage roofline: the model's largest file read once, sequentially, with
-    // O_DIRECT where the filesystem allows it.
+    // The storage roofline: the model's largest file read sequentially, with O_DIRECT
+    // where the filesystem allows it (otherwise buffered after dropping its cached pages).
     let storage = match sched.is_streaming() {
         false => None,
         true => sched
             .files()
             .iter()
             .max_by_key(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
-            .map(|p| crate::sched::io::measure_sequential_read(p, 4 << 30))
+            .map(|p| {
+                // The median of three passes: this is the number the run is judged by.
+                let mut passes = (0..3)
+                    .map(|_| crate::sched::io::measure_sequential_read(p, 4 << 30))
+                    .collect::<Result<Vec<_>, _>>()?;
+                passes.sort_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec));
+                anyhow::Ok(passes[1])
+            })
             .transpose()?,
     };
     let storage_roofline = storage.map(|s| s.bytes_per_sec / bytes_read_per_token.max(1.0));

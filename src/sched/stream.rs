@@ -305,10 +305,14 @@ impl<L: Send + Sync + 'static> Core<L> {
             }
         }
         let t = Instant::now();
-        let mut buf = AlignedBuf::new();
-        self.reader.read(i, &mut buf)?;
+        // Buffers come back to the ring's free list when their layer drops (the ring
+        // has no I/O thread here), so the baselines pay no allocation or page faults.
+        let mut buf = lock(&self.shared.ring).free.pop().unwrap_or_default();
+        let read = self.reader.read(i, &mut buf);
         self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let layer = Arc::new((self.build)(&self.reader.tensors(i, Arc::new(buf)))?);
+        let buf = Arc::new(RingBuf { buf, home: Arc::downgrade(&self.shared), kept: AtomicBool::new(false) });
+        read?;
+        let layer = Arc::new((self.build)(&self.reader.tensors(i, buf))?);
         let mut evicted = Vec::new();
         let mut cache = lock(&self.cache);
         let bytes = cache.plan.layer_bytes()[i];
