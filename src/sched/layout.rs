@@ -173,7 +173,7 @@ impl Reader {
         self.files.iter().all(StorageFile::is_direct)
     }
 
-    /// Reads layer `i` into `buf` and applies the tensors' fixups.
+    /// Reads layer `i` into `buf`; [`fix`](Self::fix) then makes it usable.
     pub fn read(&self, i: usize, buf: &mut AlignedBuf) -> Result<(), SchedError> {
         let layout = self.layout(i).ok_or(SchedError::NotStreamable(i))?;
         buf.resize_discarding(layout.buf_len);
@@ -214,14 +214,19 @@ impl Reader {
             let mine = work();
             others.into_iter().map(|h| h.join().expect("an I/O worker panicked")).fold(mine, Result::and)
         });
-        result.map_err(|e| SchedError::Io { layer: i, msg: e.to_string() })?;
+        result.map_err(|e| SchedError::Io { layer: i, msg: e.to_string() })
+    }
+
+    /// Applies the tensors' fixups to layer `i` as [`read`](Self::read) left it (done by
+    /// the compute thread, so that the I/O thread goes straight on to the next read).
+    pub fn fix(&self, i: usize, buf: &mut AlignedBuf) {
+        let Some(layout) = self.layout(i) else { return };
         let bytes = buf.as_mut_slice();
         for s in &layout.slots {
             if let Some(fixup) = s.fixup {
                 fixup.apply_in_place(&mut bytes[s.at..s.at + s.len], s.shape.first().copied().unwrap_or(1));
             }
         }
-        Ok(())
     }
 
     /// The tensors of layer `i` as views of `src`, which holds what [`read`](Self::read) put
@@ -282,6 +287,7 @@ mod tests {
         let reader = Reader::open(std::slice::from_ref(&layer), &counter, false).unwrap();
         let mut buf = AlignedBuf::new();
         reader.read(0, &mut buf).unwrap();
+        reader.fix(0, &mut buf);
         assert!(counter.load(std::sync::atomic::Ordering::Relaxed) >= 8192 + 400);
         let read = reader.tensors(0, Arc::new(buf));
         for name in ["a", "b", "c"] {

@@ -166,6 +166,7 @@ impl<L: Send + Sync + 'static> Core<L> {
         for i in plan.pinned() {
             let mut buf = AlignedBuf::new();
             reader.read(i, &mut buf)?;
+            reader.fix(i, &mut buf);
             resident[i] = Some(Arc::new(build(&reader.tensors(i, Arc::new(buf)))?));
         }
         let skip = resident.iter().map(Option::is_some).collect();
@@ -234,7 +235,8 @@ impl<L: Send + Sync + 'static> Core<L> {
                 return Ok(layer.clone());
             }
         }
-        let buf = self.take(i)?;
+        let mut buf = self.take(i)?;
+        self.reader.fix(i, &mut buf);
         let buf = Arc::new(RingBuf { buf, home: Arc::downgrade(&self.shared), kept: AtomicBool::new(false) });
         let layer = Arc::new((self.build)(&self.reader.tensors(i, buf.clone()))?);
         // A layer the plan (re-)admitted since it was evicted becomes resident now,
@@ -308,7 +310,7 @@ impl<L: Send + Sync + 'static> Core<L> {
         // Buffers come back to the ring's free list when their layer drops (the ring
         // has no I/O thread here), so the baselines pay no allocation or page faults.
         let mut buf = lock(&self.shared.ring).free.pop().unwrap_or_default();
-        let read = self.reader.read(i, &mut buf);
+        let read = self.reader.read(i, &mut buf).map(|()| self.reader.fix(i, &mut buf));
         self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let buf = Arc::new(RingBuf { buf, home: Arc::downgrade(&self.shared), kept: AtomicBool::new(false) });
         read?;
