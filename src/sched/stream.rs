@@ -237,7 +237,7 @@ impl<L: Send + Sync + 'static> Core<L> {
         }
         let mut buf = self.take(i)?;
         self.reader.fix(i, &mut buf);
-        let buf = Arc::new(RingBuf { buf, home: Arc::downgrade(&self.shared), kept: AtomicBool::new(false) });
+        let buf = self.lend(buf);
         let layer = Arc::new((self.build)(&self.reader.tensors(i, buf.clone()))?);
         // A layer the plan (re-)admitted since it was evicted becomes resident now,
         // without a second read.
@@ -250,6 +250,12 @@ impl<L: Send + Sync + 'static> Core<L> {
         Ok(layer)
     }
 
+    /// Wraps a buffer read for the compute so that it comes back to the ring when the
+    /// layer's tensors drop.
+    fn lend(&self, buf: AlignedBuf) -> Arc<RingBuf> {
+        Arc::new(RingBuf { buf, home: Arc::downgrade(&self.shared), kept: AtomicBool::new(false) })
+    }
+
     /// Waits for the I/O thread to deliver layer `i`, redirecting it first if `i` is not
     /// what it is reading next. Time spent waiting counts as stall.
     fn take(&self, i: usize) -> Result<AlignedBuf, SchedError> {
@@ -259,14 +265,13 @@ impl<L: Send + Sync + 'static> Core<L> {
         let got = loop {
             if let Some(pos) = ring.ready.iter().position(|(l, _)| *l == i) {
                 // Entries before it are layers the compute skipped: recycle them.
-                let stale: Vec<_> = ring.ready.drain(..pos).collect();
-                ring.free.extend(stale.into_iter().filter_map(|(_, b)| b.ok()));
+                recycle(&mut ring, pos);
                 let (_, got) = ring.ready.pop_front().expect("found above");
                 break got;
             }
             // Whatever is ready was read for layers the compute has moved past.
-            let stale: Vec<_> = ring.ready.drain(..).collect();
-            ring.free.extend(stale.into_iter().filter_map(|(_, b)| b.ok()));
+            let all = ring.ready.len();
+            recycle(&mut ring, all);
             let coming =
                 ring.loading == Some((i, ring.epoch)) || (ring.loading.is_none() && ring.next_layer() == Some(i));
             if !coming {
@@ -312,7 +317,7 @@ impl<L: Send + Sync + 'static> Core<L> {
         let mut buf = lock(&self.shared.ring).free.pop().unwrap_or_default();
         let read = self.reader.read(i, &mut buf).map(|()| self.reader.fix(i, &mut buf));
         self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let buf = Arc::new(RingBuf { buf, home: Arc::downgrade(&self.shared), kept: AtomicBool::new(false) });
+        let buf = self.lend(buf);
         read?;
         let layer = Arc::new((self.build)(&self.reader.tensors(i, buf))?);
         let mut evicted = Vec::new();
@@ -393,6 +398,13 @@ impl<L> Core<L> {
             let _ = handle.join();
         }
     }
+}
+
+/// Returns the first `n` ready entries' buffers to the free list (layers the compute
+/// has moved past).
+fn recycle(ring: &mut Ring, n: usize) {
+    let stale: Vec<_> = ring.ready.drain(..n).collect();
+    ring.free.extend(stale.into_iter().filter_map(|(_, b)| b.ok()));
 }
 
 /// Reads the next layers in cyclic order into free ring buffers, keeping at most `depth`
