@@ -174,14 +174,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
 
     // Storage counters over every timed decode window together.
     let tokens = results.iter().map(|r| r.decode_tokens).sum::<u64>().max(1) as f64;
-    let window = results.iter().fold(StatsSnapshot::default(), |acc, r| StatsSnapshot {
-        layer_requests: acc.layer_requests + r.stats.layer_requests,
-        layer_hits: acc.layer_hits + r.stats.layer_hits,
-        bytes_read: acc.bytes_read + r.stats.bytes_read,
-        stall_ns: acc.stall_ns + r.stats.stall_ns,
-        io_ns: acc.io_ns + r.stats.io_ns,
-        seeks: acc.seeks + r.stats.seeks,
-    });
+    let window = results.iter().fold(StatsSnapshot::default(), |acc, r| acc + r.stats);
     let decode_secs: f64 = results.iter().map(|r| r.decode_secs).sum();
     let proc_read: Option<u64> = results.iter().map(|r| r.proc_read_bytes).sum();
     let bytes_read_per_token = window.bytes_read as f64 / tokens;

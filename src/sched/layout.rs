@@ -198,14 +198,10 @@ impl Reader {
                 off += n;
             }
         }
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let chunks: Vec<std::sync::Mutex<Option<Chunk<'_>>>> =
-            chunks.into_iter().map(|c| std::sync::Mutex::new(Some(c))).collect();
+        let queue = std::sync::Mutex::new(chunks.into_iter());
         let work = || -> io::Result<()> {
             loop {
-                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(slot) = chunks.get(k) else { return Ok(()) };
-                let c = slot.lock().unwrap_or_else(|e| e.into_inner()).take().expect("each chunk is taken once");
+                let Some(c) = queue.lock().unwrap_or_else(|e| e.into_inner()).next() else { return Ok(()) };
                 c.file.read_at_least(c.offset, c.dst, c.min)?;
             }
         };

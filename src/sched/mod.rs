@@ -104,6 +104,20 @@ pub struct StatsSnapshot {
     pub seeks: u64,
 }
 
+impl std::ops::Add for StatsSnapshot {
+    type Output = StatsSnapshot;
+    fn add(self, o: StatsSnapshot) -> StatsSnapshot {
+        StatsSnapshot {
+            layer_requests: self.layer_requests + o.layer_requests,
+            layer_hits: self.layer_hits + o.layer_hits,
+            bytes_read: self.bytes_read + o.bytes_read,
+            stall_ns: self.stall_ns + o.stall_ns,
+            io_ns: self.io_ns + o.io_ns,
+            seeks: self.seeks + o.seeks,
+        }
+    }
+}
+
 impl std::ops::Sub for StatsSnapshot {
     type Output = StatsSnapshot;
     fn sub(self, o: StatsSnapshot) -> StatsSnapshot {
