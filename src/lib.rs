@@ -2,6 +2,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod config;
 pub mod engine;
 pub mod format;
 pub mod hub;

@@ -6,7 +6,9 @@
 # `ollama` Python clients against `strata serve`, in a venv at target/client-venv) and the
 # schemathesis fuzz run (tools/schemathesis.sh, venv at target/schemathesis-venv). Both
 # need python3 >= 3.11 and PyPI on first use. STRATA_SKIP_CLIENTS=1 skips the former,
-# STRATA_SKIP_SCHEMATHESIS=1 the latter.
+# STRATA_SKIP_SCHEMATHESIS=1 the latter. Last, tests/deploy.sh checks the deployment
+# files (systemd/, Dockerfile, deploy/) and boots the daemon as the systemd unit runs
+# it (venv at target/deploy-venv); STRATA_SKIP_DEPLOY=1 skips it.
 # Fixtures under tests/fixtures/ are committed; tools/make_fixtures.py regenerates them
 # (needs the reference stack in tools/requirements-ref.txt, never needed here).
 set -euo pipefail
@@ -24,6 +26,10 @@ fi
 
 if [[ ${STRATA_SKIP_SCHEMATHESIS:-0} != 1 ]]; then
   tools/schemathesis.sh || failed+=("schemathesis (tools/schemathesis.sh)")
+fi
+
+if [[ ${STRATA_SKIP_DEPLOY:-0} != 1 ]]; then
+  tests/deploy.sh || failed+=("deployment checks (tests/deploy.sh)")
 fi
 
 if ((${#failed[@]})); then

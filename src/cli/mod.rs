@@ -20,9 +20,21 @@ use crate::engine::session::RunOptions;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-    /// Log lines as text or JSON (for machines); the level comes from STRATA_LOG.
+    /// Log lines as text or JSON (for machines).
     #[arg(long = "log-format", global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Which log lines to write: a level (`error`, `warn`, `info`, `debug`, `trace`) or
+    /// `target=level` directives. Default: `info` for `serve`, `warn` for the others.
+    #[arg(long = "log-level", global = true, value_name = "FILTER", value_parser = parse_log_filter)]
+    pub log_level: Option<String>,
+    /// The config file (default: /etc/strata/strata.toml, else $STRATA_HOME/strata.toml,
+    /// where present). Settings: defaults < this file < STRATA_* variables < flags.
+    #[arg(long, global = true, value_name = "FILE", env = "STRATA_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
+}
+
+fn parse_log_filter(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(s).map(|_| s.to_string()).map_err(|e| e.to_string())
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,9 +124,10 @@ impl RunOpts {
     }
 }
 
-pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
+/// Runs the command; `settings` are what `serve` runs with (see [`crate::config`]).
+pub fn dispatch(cli: Cli, settings: crate::config::Settings) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve(a) => serve::main(a),
+        Command::Serve(a) => serve::main(a, settings),
         Command::Ps(a) => serve::ps(a),
         Command::Stop(a) => serve::stop(a),
         Command::Run(a) => run::main(a),

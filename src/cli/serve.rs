@@ -12,10 +12,11 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use super::RunOpts;
+use crate::config::Settings;
 use crate::model::demo::DEMO_NAME;
 use crate::queue::KeepAlive;
-use crate::queue::worker::WorkerConfig;
-use crate::server::{ServeOptions, ServerConfig};
+use crate::queue::worker::{WorkerConfig, WorkerStatus};
+use crate::server::{Access, ServeOptions, ServerConfig};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -31,7 +32,7 @@ pub struct ServeArgs {
     /// Requests that may wait for the worker; more get 429 (OpenAI) / 503 (Ollama).
     #[arg(long = "queue-depth", default_value_t = 64)]
     pub queue_depth: usize,
-    /// Accepted bearer key (repeatable; also STRATA_API_KEY, comma-separated).
+    /// Accepted bearer key (repeatable, or comma-separated). None: no authentication.
     #[arg(long = "api-key")]
     pub api_keys: Vec<String>,
     /// A browser origin allowed besides localhost and app shells (repeatable; `*` for all).
@@ -51,6 +52,9 @@ pub struct ServeArgs {
     pub grace_period: String,
     #[command(flatten)]
     pub run: RunOpts,
+    /// Print the settings in force, and where each came from, then exit.
+    #[arg(long = "print-config")]
+    pub print_config: bool,
 }
 
 pub use crate::sched::plan::parse_size;
@@ -112,14 +116,15 @@ fn model_entry(arg: &str) -> (String, String) {
     (name, arg.to_string())
 }
 
-pub fn main(args: ServeArgs) -> anyhow::Result<()> {
+pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
+    if args.print_config {
+        print!("{}", settings.render());
+        return Ok(());
+    }
     let keep_alive = KeepAlive::parse(&serde_json::Value::String(args.keep_alive.clone()))
         .map_err(|e| anyhow::anyhow!("--keep-alive: {e}"))?;
     let grace = crate::queue::parse_duration(&args.grace_period).map_err(|e| anyhow::anyhow!("--grace-period: {e}"))?;
-    let mut api_keys = args.api_keys.clone();
-    if let Ok(env) = std::env::var("STRATA_API_KEY") {
-        api_keys.extend(env.split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string));
-    }
+    let api_keys = clean_list(&args.api_keys);
     let models = match args.models.is_empty() {
         true => vec![(DEMO_NAME.to_string(), DEMO_NAME.to_string())],
         false => args.models.iter().map(|m| model_entry(m)).collect(),
@@ -132,7 +137,7 @@ pub fn main(args: ServeArgs) -> anyhow::Result<()> {
         worker: WorkerConfig { run: args.run.to_options()?, keep_alive, max_loaded: args.max_loaded },
         server: ServerConfig {
             api_keys,
-            allowed_origins: args.allow_origins.clone(),
+            allowed_origins: clean_list(&args.allow_origins),
             body_limit: args.body_limit as usize,
             store: Some(strata_home()),
             ..ServerConfig::default()
@@ -166,12 +171,17 @@ pub fn main(args: ServeArgs) -> anyhow::Result<()> {
             &serde_json::to_string(&PidFile { pid: std::process::id(), addr: local.to_string() })?,
         )
         .with_context(|| format!("writing {}", pid_path().display()))?;
-        tracing::info!(%local, "Strata listening");
-        eprintln!("Strata listening on http://{local}");
+        tracing::info!(%local, config = %settings.file.as_deref().map(|p| p.display().to_string()).unwrap_or("none".into()), "Strata listening");
+        if !crate::server::systemd::stderr_is_journal() {
+            eprintln!("Strata listening on http://{local}");
+        }
+        tokio::spawn(notify_when_ready(state.status.clone(), local));
+        tokio::spawn(reload_on_hangup(state.clone(), settings));
 
         let status = state.status.clone();
         let shutdown = async move {
             wait_for_signal().await;
+            crate::server::systemd::notify("STOPPING=1");
             tracing::info!(grace_seconds = grace, "shutting down: finishing requests in flight");
             // After the grace period, running work is cancelled and queued work refused.
             tokio::spawn(async move {
@@ -189,6 +199,64 @@ pub fn main(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// Empty entries dropped (`STRATA_API_KEY=""` means no keys, not an empty key).
+fn clean_list(items: &[String]) -> Vec<String> {
+    items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).map(str::to_string).collect()
+}
+
+/// Tells systemd the server is ready once the startup model has loaded.
+async fn notify_when_ready(status: WorkerStatus, local: SocketAddr) {
+    while !status.ready.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::info!("ready");
+    crate::server::systemd::notify(&format!("READY=1\nSTATUS=serving on http://{local}"));
+}
+
+/// SIGHUP: rereads the config file. API keys, allowed origins and the log level change
+/// at once; the other settings are read at start only, so a change to them is logged
+/// as needing a restart.
+async fn reload_on_hangup(state: crate::server::AppState, mut settings: Settings) {
+    let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+    while hangup.recv().await.is_some() {
+        crate::server::systemd::notify("RELOADING=1");
+        match settings.reload() {
+            Err(e) => tracing::error!("config not reloaded: {e}"),
+            Ok((new, changed)) => {
+                for warning in &new.warnings {
+                    tracing::warn!("{warning}");
+                }
+                let mut applied = Vec::new();
+                let mut restart = Vec::new();
+                for key in &changed {
+                    match key.as_str() {
+                        "api-key" | "allow-origin" => applied.push(key.as_str()),
+                        "log-level" => {
+                            let level = new.get(key).first().cloned().unwrap_or_else(|| "info".to_string());
+                            match crate::server::logging::set_level(&level) {
+                                Ok(()) => applied.push(key.as_str()),
+                                Err(e) => tracing::error!("log-level `{level}` not applied: {e}"),
+                            }
+                        }
+                        _ => restart.push(key.as_str()),
+                    }
+                }
+                state.set_access(Access {
+                    api_keys: clean_list(new.get("api-key")),
+                    allowed_origins: clean_list(new.get("allow-origin")),
+                });
+                let file = new.file.as_deref().map(|p| p.display().to_string()).unwrap_or_else(|| "none".into());
+                tracing::info!(config = %file, applied = ?applied, "config reloaded");
+                if !restart.is_empty() {
+                    tracing::warn!(settings = ?restart, "changed settings take effect at the next restart");
+                }
+                settings = new;
+            }
+        }
+        crate::server::systemd::notify("READY=1");
+    }
 }
 
 async fn wait_for_signal() {

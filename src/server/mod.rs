@@ -5,14 +5,16 @@
 //! family in [`error`]; auth, CORS, body limits and metrics are layers here.
 
 pub mod error;
+pub mod logging;
 pub mod metrics;
 pub mod ollama;
 pub mod openai;
 pub mod openapi;
+pub mod systemd;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -68,6 +70,28 @@ pub struct AppState {
     pub status: WorkerStatus,
     pub metrics: Arc<Metrics>,
     pub config: Arc<ServerConfig>,
+    /// Keys and origins, which SIGHUP may replace while serving.
+    pub access: Arc<RwLock<Access>>,
+}
+
+/// Who may call the API: the settings a config reload can change without a restart.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Accepted bearer keys; empty: no authentication.
+    pub api_keys: Vec<String>,
+    /// Extra CORS origins (`*` allows every origin).
+    pub allowed_origins: Vec<String>,
+}
+
+impl AppState {
+    /// Replaces the accepted keys and origins; requests after this see the new ones.
+    pub fn set_access(&self, access: Access) {
+        *self.access.write().unwrap_or_else(|e| e.into_inner()) = access;
+    }
+
+    fn access(&self) -> std::sync::RwLockReadGuard<'_, Access> {
+        self.access.read().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl AppState {
@@ -113,7 +137,16 @@ pub fn start(opts: ServeOptions) -> anyhow::Result<(Router, AppState, std::threa
     let preload = opts.preload.then(|| opts.models.first().map(|(n, _)| n.clone())).flatten();
     let (queue, worker) =
         crate::queue::worker::spawn(registry.clone(), opts.worker, status.clone(), opts.queue_depth, preload);
-    let state = AppState { queue, registry, status, metrics: Arc::default(), config: Arc::new(opts.server) };
+    let access =
+        Access { api_keys: opts.server.api_keys.clone(), allowed_origins: opts.server.allowed_origins.clone() };
+    let state = AppState {
+        queue,
+        registry,
+        status,
+        metrics: Arc::default(),
+        config: Arc::new(opts.server),
+        access: Arc::new(RwLock::new(access)),
+    };
     Ok((router(state.clone()), state, worker))
 }
 
@@ -165,7 +198,7 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), shape_errors))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(middleware::from_fn_with_state(state.clone(), metrics::record))
-        .layer(cors(&state.config))
+        .layer(cors(state.access.clone()))
         .layer(
             // Expected 503s (loading, a full Ollama queue) are not faults: real server
             // errors are logged where they happen, so failures here are only debug lines.
@@ -240,24 +273,27 @@ async fn shape_errors(req: Request, next: Next) -> Response {
 /// Bearer-key authentication when keys are configured; `/`, `/health` and CORS
 /// preflights are exempt. Keys are compared in constant time.
 async fn authenticate(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let keys = &state.config.api_keys;
     let path = req.uri().path();
-    if keys.is_empty() || path == "/" || path == "/health" || req.method() == Method::OPTIONS {
-        return next.run(req).await;
-    }
+    let exempt = path == "/" || path == "/health" || req.method() == Method::OPTIONS;
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(str::trim);
-    if let Some(given) = given {
-        use subtle::ConstantTimeEq;
-        // Every key is compared, so the time taken does not reveal which one matched.
-        let ok = keys.iter().fold(subtle::Choice::from(0), |acc, k| acc | k.as_bytes().ct_eq(given.as_bytes()));
-        if bool::from(ok) {
-            return next.run(req).await;
-        }
+    let allowed = {
+        let keys = &state.access().api_keys;
+        exempt
+            || keys.is_empty()
+            || given.is_some_and(|given| {
+                use subtle::ConstantTimeEq;
+                // Every key is compared, so the time taken does not reveal which one matched.
+                let ok = keys.iter().fold(subtle::Choice::from(0), |acc, k| acc | k.as_bytes().ct_eq(given.as_bytes()));
+                bool::from(ok)
+            })
+    };
+    if allowed {
+        return next.run(req).await;
     }
     let family = family_of(path);
     let mut resp = ApiError::new(ErrorKind::Authentication, "a valid API key is required (Authorization: Bearer KEY)")
@@ -294,8 +330,7 @@ pub fn origin_allowed(origin: &str, extra: &[String]) -> bool {
     matches!(host.as_str(), "localhost" | "127.0.0.1" | "[::1]") && port_ok
 }
 
-fn cors(config: &ServerConfig) -> CorsLayer {
-    let extra = config.allowed_origins.clone();
+fn cors(access: Arc<RwLock<Access>>) -> CorsLayer {
     let mut headers: Vec<header::HeaderName> = vec![header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT];
     for h in [
         "x-stainless-arch",
@@ -319,7 +354,8 @@ fn cors(config: &ServerConfig) -> CorsLayer {
     }
     CorsLayer::new()
         .allow_origin(AllowOrigin::predicate(move |origin: &HeaderValue, _| {
-            origin.to_str().is_ok_and(|o| origin_allowed(o, &extra))
+            let access = access.read().unwrap_or_else(|e| e.into_inner());
+            origin.to_str().is_ok_and(|o| origin_allowed(o, &access.allowed_origins))
         }))
         .allow_methods(AllowMethods::list([Method::GET, Method::POST, Method::DELETE, Method::HEAD, Method::OPTIONS]))
         .allow_headers(AllowHeaders::list(headers))

@@ -1,0 +1,376 @@
+//! Settings: built-in defaults < config file (TOML) < environment `STRATA_*` < flags.
+//!
+//! A setting is a long option of `strata serve` or a global option. In the config file
+//! its key is the flag's name (`memory-budget = "8GiB"`, `api-key = ["k1"]`); in the
+//! environment it is `STRATA_` and the name in capitals (`STRATA_MEMORY_BUDGET`; lists are
+//! comma-separated). The one exception is the log level, `STRATA_LOG`. Other commands take
+//! the settings they share with `serve` (`threads`, `memory-budget`, ...) from the same
+//! places.
+//!
+//! The file is `--config FILE` (or `STRATA_CONFIG`), else `/etc/strata/strata.toml`, else
+//! `$STRATA_HOME/strata.toml`; it is optional unless named. The file's values become
+//! clap's defaults, so clap's own precedence (flag, then environment, then default) gives
+//! the order above, and `--help` shows the defaults in force.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::parser::ValueSource;
+use clap::{ArgAction, ArgMatches, Command, CommandFactory, FromArgMatches};
+
+use crate::cli::Cli;
+
+/// The command whose long options are the settings.
+const DAEMON: &str = "serve";
+/// Options that are not settings.
+const NOT_SETTINGS: &[&str] = &["config", "help", "version", "print-config"];
+/// Where a system-wide install keeps its config file.
+pub const SYSTEM_CONFIG: &str = "/etc/strata/strata.toml";
+
+/// The environment variable of a setting.
+pub fn env_name(key: &str) -> String {
+    match key {
+        "log-level" => "STRATA_LOG".to_string(),
+        _ => format!("STRATA_{}", key.to_uppercase().replace('-', "_")),
+    }
+}
+
+/// Where a setting's value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    File(PathBuf),
+    Env(String),
+    Flag,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Default => f.write_str("default"),
+            Source::File(p) => write!(f, "{}", p.display()),
+            Source::Env(name) => f.write_str(name),
+            Source::Flag => f.write_str("command line"),
+        }
+    }
+}
+
+/// The settings in force for `serve`, with where each came from; what SIGHUP reloads
+/// against.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// The config file read, if any.
+    pub file: Option<PathBuf>,
+    /// Whether the file was named (`--config`, `STRATA_CONFIG`) rather than found.
+    pub named: bool,
+    /// Key → (values as written, source).
+    pub values: BTreeMap<String, (Vec<String>, Source)>,
+    /// Problems worth a warning once logging is up.
+    pub warnings: Vec<String>,
+}
+
+/// A config file's keys, each as the string values clap parses.
+type FileValues = BTreeMap<String, Vec<String>>;
+
+/// Parses the command line with the config file and the environment under it. Errors are
+/// clap's (usage, exit status 2) or name the config file and key.
+pub fn parse<I, T>(args: I) -> Result<(Cli, Settings), clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let base = Cli::command();
+    let (file, named) = locate(&args).map_err(config_error)?;
+    let values = match &file {
+        Some(path) => read_file(&base, path).map_err(config_error)?,
+        None => FileValues::new(),
+    };
+    let cmd = with_settings(base, &values);
+    let matches = cmd.clone().try_get_matches_from(&args)?;
+    let cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd.clone()))?;
+    let mut settings = settings_of(&matches, &values, file, named);
+    settings.warnings.extend(settings.file.as_deref().and_then(|p| readable_keys(p, &values)));
+    Ok((cli, settings))
+}
+
+fn config_error(message: String) -> clap::Error {
+    clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{message}\n"))
+}
+
+/// The config file: `--config`, `STRATA_CONFIG`, the system one, the user's one.
+fn locate(args: &[OsString]) -> Result<(Option<PathBuf>, bool), String> {
+    let mut named = None;
+    let mut it = args.iter().skip(1);
+    while let Some(arg) = it.next() {
+        let Some(s) = arg.to_str() else { continue };
+        if s == "--" {
+            break;
+        }
+        if s == "--config" {
+            named = it.next().map(PathBuf::from);
+        } else if let Some(v) = s.strip_prefix("--config=") {
+            named = Some(PathBuf::from(v));
+        }
+    }
+    let named = named.or_else(|| std::env::var_os("STRATA_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
+    if let Some(path) = named {
+        if !path.is_file() {
+            return Err(format!("config file {}: not found", path.display()));
+        }
+        return Ok((Some(path), true));
+    }
+    let found = [PathBuf::from(SYSTEM_CONFIG), crate::store::strata_home().join("strata.toml")]
+        .into_iter()
+        .find(|p| p.is_file());
+    Ok((found, false))
+}
+
+/// The settings: `serve`'s long options and the global ones.
+fn setting_args(cmd: &Command) -> Vec<clap::Arg> {
+    let serve = cmd.find_subcommand(DAEMON).expect("serve subcommand");
+    cmd.get_arguments()
+        .chain(serve.get_arguments())
+        .filter(|a| a.get_long().is_some_and(|l| !NOT_SETTINGS.contains(&l)))
+        .cloned()
+        .collect()
+}
+
+fn is_list(arg: &clap::Arg) -> bool {
+    matches!(arg.get_action(), ArgAction::Append)
+}
+
+/// Reads and checks a config file: every key a setting, every value one its flag takes.
+pub fn read_file(cmd: &Command, path: &Path) -> Result<FileValues, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("config file {}: {e}", path.display()))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
+    let args = setting_args(cmd);
+    let mut out = FileValues::new();
+    for (key, value) in table {
+        let at = |msg: String| format!("config file {}: `{key}`: {msg}", path.display());
+        let Some(arg) = args.iter().find(|a| a.get_long() == Some(key.as_str())) else {
+            let known: Vec<&str> = args.iter().filter_map(|a| a.get_long()).collect();
+            return Err(at(format!("not a setting (settings: {})", known.join(", "))));
+        };
+        let values = match (value, is_list(arg)) {
+            (toml::Value::Array(items), true) => {
+                items.into_iter().map(scalar).collect::<Result<Vec<_>, _>>().map_err(at)?
+            }
+            (toml::Value::Array(_), false) => return Err(at("expected one value, not a list".into())),
+            (v, true) => vec![scalar(v).map_err(at)?],
+            (v, false) => vec![scalar(v).map_err(at)?],
+        };
+        for v in &values {
+            check_value(arg, v).map_err(at)?;
+        }
+        out.insert(key, values);
+    }
+    Ok(out)
+}
+
+/// Parses `value` as the option's flag would, so the file gets the flag's checks.
+fn check_value(arg: &clap::Arg, value: &str) -> Result<(), String> {
+    let long = arg.get_long().unwrap_or_default();
+    let one = Command::new("strata").no_binary_name(true).arg(arg.clone().required(false).env(None::<&str>));
+    match one.try_get_matches_from([format!("--{long}={value}")]) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let text = e.to_string();
+            Err(text.lines().next().unwrap_or("").trim_start_matches("error: ").to_string())
+        }
+    }
+}
+
+fn scalar(v: toml::Value) -> Result<String, String> {
+    match v {
+        toml::Value::String(s) => Ok(s),
+        toml::Value::Integer(i) => Ok(i.to_string()),
+        toml::Value::Float(f) => Ok(f.to_string()),
+        toml::Value::Boolean(b) => Ok(b.to_string()),
+        other => Err(format!("expected a string, number or boolean, found {}", other.type_str())),
+    }
+}
+
+/// API keys in a file others can read are not secret.
+fn readable_keys(path: &Path, values: &FileValues) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode();
+    let has_keys = values.get("api-key").is_some_and(|keys| !keys.is_empty());
+    (has_keys && mode & 0o004 != 0)
+        .then(|| format!("{} holds API keys and every user can read it (chmod o-r)", path.display()))
+}
+
+/// `cmd` with each setting's environment variable and the file's values as defaults, in
+/// every subcommand that has the option.
+fn with_settings(cmd: Command, file: &FileValues) -> Command {
+    let keys: Vec<(String, bool)> =
+        setting_args(&cmd).iter().map(|a| (a.get_long().unwrap().to_string(), is_list(a))).collect();
+    let apply = |mut arg: clap::Arg| {
+        let Some(long) = arg.get_long().map(str::to_string) else { return arg };
+        let Some(&(_, list)) = keys.iter().find(|(k, _)| *k == long) else { return arg };
+        // Keys must not show in `--help`.
+        arg = arg.env(env_name(&long)).hide_env_values(long == "api-key");
+        if list {
+            arg = arg.value_delimiter(',');
+        }
+        if let Some(values) = file.get(&long) {
+            arg = arg.default_values(values.iter().cloned());
+        }
+        arg
+    };
+    let globals: Vec<String> = cmd.get_arguments().map(|a| a.get_id().to_string()).collect();
+    let mut cmd = cmd;
+    for id in globals {
+        cmd = cmd.mut_arg(id, apply);
+    }
+    let subs: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_string()).collect();
+    for name in subs {
+        cmd = cmd.mut_subcommand(name, |mut sub| {
+            let ids: Vec<String> = sub.get_arguments().map(|a| a.get_id().to_string()).collect();
+            for id in ids {
+                sub = sub.mut_arg(id, apply);
+            }
+            sub
+        });
+    }
+    cmd
+}
+
+/// The values `serve` runs with, each with its source. Empty unless the command is `serve`.
+fn settings_of(matches: &ArgMatches, file_values: &FileValues, file: Option<PathBuf>, named: bool) -> Settings {
+    let mut values = BTreeMap::new();
+    if let Some(serve) = matches.subcommand_matches(DAEMON) {
+        for arg in setting_args(&Cli::command()) {
+            let long = arg.get_long().unwrap().to_string();
+            let id = arg.get_id().as_str();
+            let m = if serve.try_contains_id(id).is_ok() { serve } else { matches };
+            let raw: Vec<String> =
+                m.get_raw(id).map(|vals| vals.map(|v| v.to_string_lossy().into_owned()).collect()).unwrap_or_default();
+            let source = match m.value_source(id) {
+                Some(ValueSource::CommandLine) => Source::Flag,
+                Some(ValueSource::EnvVariable) => Source::Env(env_name(&long)),
+                _ if file_values.contains_key(&long) => Source::File(file.clone().unwrap()),
+                _ => Source::Default,
+            };
+            values.insert(long, (raw, source));
+        }
+    }
+    Settings { file, named, values, warnings: Vec::new() }
+}
+
+impl Settings {
+    /// The settings as a config file, each line commented with where it came from.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        match &self.file {
+            Some(p) => writeln!(out, "# config file: {}", p.display()),
+            None => writeln!(out, "# config file: none ({SYSTEM_CONFIG} and $STRATA_HOME/strata.toml are absent)"),
+        }
+        .unwrap();
+        let cmd = Cli::command();
+        let args = setting_args(&cmd);
+        for (key, (values, source)) in &self.values {
+            let list = args.iter().find(|a| a.get_long() == Some(key.as_str())).is_some_and(is_list);
+            let quoted: Vec<String> = values.iter().map(|v| toml_value(v)).collect();
+            let line = match (list, quoted.as_slice()) {
+                (true, q) => format!("{key} = [{}]", q.join(", ")),
+                (false, [one]) => format!("{key} = {one}"),
+                (false, _) => format!("# {key} is not set"),
+            };
+            writeln!(out, "{line:<40} # {source}").unwrap();
+        }
+        out
+    }
+
+    /// Rereads the config file (SIGHUP): the settings that come from it or from the
+    /// defaults take the file's new values; flags and the environment still win. Returns
+    /// the new settings and the keys whose value changed.
+    pub fn reload(&self) -> Result<(Settings, Vec<String>), String> {
+        let cmd = Cli::command();
+        let (file, named) = match self.named {
+            true => (self.file.clone(), true),
+            false => locate(&[]).map(|(f, _)| (f, false))?,
+        };
+        let file_values = match &file {
+            Some(path) => read_file(&cmd, path)?,
+            None => FileValues::new(),
+        };
+        let args = setting_args(&cmd);
+        let mut values = self.values.clone();
+        let mut changed = Vec::new();
+        for (key, (vals, source)) in values.iter_mut() {
+            if matches!(source, Source::Flag | Source::Env(_)) {
+                continue;
+            }
+            let (new_vals, new_source) = match file_values.get(key) {
+                Some(v) => (v.clone(), Source::File(file.clone().unwrap())),
+                None => {
+                    let arg = args.iter().find(|a| a.get_long() == Some(key.as_str()));
+                    let defaults = arg
+                        .map(|a| a.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect())
+                        .unwrap_or_default();
+                    (defaults, Source::Default)
+                }
+            };
+            if new_vals != *vals {
+                changed.push(key.clone());
+            }
+            *vals = new_vals;
+            *source = new_source;
+        }
+        let warnings = file.as_deref().and_then(|p| readable_keys(p, &file_values)).into_iter().collect();
+        Ok((Settings { file, named, values, warnings }, changed))
+    }
+
+    /// A setting's values.
+    pub fn get(&self, key: &str) -> &[String] {
+        self.values.get(key).map(|(v, _)| v.as_slice()).unwrap_or(&[])
+    }
+}
+
+fn toml_value(v: &str) -> String {
+    if v.parse::<i64>().is_ok() {
+        return v.to_string();
+    }
+    toml::Value::String(v.to_string()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_names() {
+        assert_eq!(env_name("memory-budget"), "STRATA_MEMORY_BUDGET");
+        assert_eq!(env_name("port"), "STRATA_PORT");
+        assert_eq!(env_name("log-level"), "STRATA_LOG");
+    }
+
+    #[test]
+    fn file_values_are_checked() {
+        let dir = std::env::temp_dir().join(format!("strata-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("strata.toml");
+        let cmd = Cli::command();
+        let check = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            read_file(&cmd, &path)
+        };
+        let ok = check("port = 9000\napi-key = [\"a\", \"b\"]\nmemory-budget = \"2GiB\"\n").unwrap();
+        assert_eq!(ok["port"], ["9000"]);
+        assert_eq!(ok["api-key"], ["a", "b"]);
+        let err = check("port = \"lots\"\n").unwrap_err();
+        assert!(err.contains("strata.toml") && err.contains("`port`"), "{err}");
+        let err = check("colour = \"blue\"\n").unwrap_err();
+        assert!(err.contains("`colour`: not a setting"), "{err}");
+        let err = check("port = [1, 2]\n").unwrap_err();
+        assert!(err.contains("not a list"), "{err}");
+        let err = check("port = \n").unwrap_err();
+        assert!(err.contains("strata.toml"), "{err}");
+        let err = check("stream-policy = \"fifo\"\n").unwrap_err();
+        assert!(err.contains("`stream-policy`"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,246 @@
+//! Settings from the config file, the environment and flags, and `strata serve` as a
+//! systemd service: readiness notifications, SIGHUP reloads, SIGTERM, journal logs.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_strata");
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("strata-config-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `strata serve --print-config ARGS` with only `env` set of the STRATA_* variables.
+fn print_config(home: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve").arg("--print-config").args(args);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("STRATA_")) {
+        cmd.env_remove(k);
+    }
+    cmd.env("STRATA_HOME", home).envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `key = value` → (value, source) from `--print-config` output.
+fn setting(listing: &str, key: &str) -> (String, String) {
+    let line = listing
+        .lines()
+        .find(|l| l.starts_with(&format!("{key} = ")) || l.starts_with(&format!("# {key} is not set")))
+        .unwrap_or_else(|| panic!("no `{key}` in\n{listing}"));
+    let (value, source) = line.split_once(" # ").unwrap();
+    let value = value.trim().strip_prefix(&format!("{key} = ")).unwrap_or("(unset)");
+    (value.to_string(), source.trim().to_string())
+}
+
+fn shipped_config() -> String {
+    format!("{}/config/strata.toml", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// config/strata.toml names every setting, and its values are the built-in defaults, so
+/// serving from it is serving with no config at all.
+#[test]
+fn the_shipped_config_documents_every_setting_at_its_default() {
+    let home = temp_dir("shipped");
+    let (ok, defaults, err) = print_config(&home, &[], &[]);
+    assert!(ok, "{err}");
+    let (ok, shipped, err) = print_config(&home, &["--config", &shipped_config()], &[]);
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(shipped_config()).unwrap();
+    let keys: Vec<&str> = defaults.lines().filter(|l| !l.starts_with("# config file")).collect();
+    assert!(keys.len() >= 15, "{defaults}");
+    for line in keys {
+        let key = line.trim_start_matches("# ").split([' ', '=']).next().unwrap();
+        let (default, _) = setting(&defaults, key);
+        let (value, source) = setting(&shipped, key);
+        assert_eq!(value, default, "config/strata.toml sets `{key}` to something else than its default");
+        // Every key is in the file: set, or shown commented out when it has no default.
+        let present =
+            text.lines().any(|l| l.starts_with(&format!("{key} = ")) || l.starts_with(&format!("# {key} = ")));
+        assert!(present, "config/strata.toml does not mention `{key}`");
+        if text.lines().any(|l| l.starts_with(&format!("{key} = "))) {
+            assert!(source.ends_with("config/strata.toml"), "`{key}` came from {source}");
+        }
+    }
+    std::fs::remove_dir_all(&home).ok();
+}
+
+#[test]
+fn flags_beat_the_environment_which_beats_the_file_which_beats_the_defaults() {
+    let home = temp_dir("precedence");
+    let file = home.join("custom.toml");
+    std::fs::write(&file, "port = 9000\nthreads = 3\nmemory-budget = \"1GiB\"\nmodel = [\"a=/m/a\", \"b=/m/b\"]\n")
+        .unwrap();
+    let file_s = file.to_str().unwrap();
+    let (ok, out, err) = print_config(
+        &home,
+        &["--config", file_s, "--threads", "1"],
+        &[("STRATA_PORT", "9100"), ("STRATA_MEMORY_BUDGET", "2GiB"), ("STRATA_KEEP_ALIVE", "1h")],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(setting(&out, "threads"), ("1".into(), "command line".into()));
+    assert_eq!(setting(&out, "port"), ("9100".into(), "STRATA_PORT".into()));
+    assert_eq!(setting(&out, "memory-budget"), ("\"2GiB\"".into(), "STRATA_MEMORY_BUDGET".into()));
+    assert_eq!(setting(&out, "keep-alive"), ("\"1h\"".into(), "STRATA_KEEP_ALIVE".into()));
+    assert_eq!(setting(&out, "model"), ("[\"a=/m/a\", \"b=/m/b\"]".into(), file_s.to_string()));
+    assert_eq!(setting(&out, "queue-depth"), ("64".into(), "default".into()));
+    // Lists in the environment are comma-separated.
+    let (ok, out, _) = print_config(&home, &["--config", file_s], &[("STRATA_API_KEY", "k1,k2")]);
+    assert!(ok);
+    assert_eq!(setting(&out, "api-key").0, "[\"k1\", \"k2\"]");
+    // STRATA_CONFIG names the file; $STRATA_HOME/strata.toml is found without naming it.
+    let (_, out, _) = print_config(&home, &[], &[("STRATA_CONFIG", file_s)]);
+    assert_eq!(setting(&out, "port"), ("9000".into(), file_s.to_string()));
+    std::fs::copy(&file, home.join("strata.toml")).unwrap();
+    let (_, out, _) = print_config(&home, &[], &[]);
+    assert_eq!(setting(&out, "threads").0, "3");
+    std::fs::remove_dir_all(&home).ok();
+}
+
+#[test]
+fn a_bad_config_file_is_an_error_naming_the_file_and_key() {
+    let home = temp_dir("bad");
+    let file = home.join("bad.toml");
+    let file_s = file.to_str().unwrap();
+    for (text, expect) in [
+        ("port = \"eighty\"\n", "`port`: invalid value 'eighty'"),
+        ("colour = \"blue\"\n", "`colour`: not a setting"),
+        ("threads = [1, 2]\n", "`threads`: expected one value"),
+        ("stream-policy = \"fifo\"\n", "`stream-policy`: invalid value 'fifo'"),
+        ("port = 80\nport = 81\n", "duplicate key"),
+        ("model = [{ a = 1 }]\n", "`model`: expected a string"),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let out = Command::new(BIN).args(["serve", "--config", file_s]).env("STRATA_HOME", &home).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}: {err}");
+        assert!(err.contains(file_s) && err.contains(expect), "{text}: {err}");
+    }
+    let out = Command::new(BIN).args(["serve", "--config", "/nonexistent/strata.toml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/strata.toml: not found"));
+    std::fs::remove_dir_all(&home).ok();
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A GET; returns the status code.
+fn get(port: u16, path: &str, key: Option<&str>) -> u16 {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on the child this test spawned.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+}
+
+/// The next notification from the server, as systemd would receive it.
+fn next_notification(sock: &UnixDatagram) -> String {
+    let mut buf = [0u8; 512];
+    let n = sock.recv(&mut buf).expect("no notification from the server within 60 s");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// The daemon as systemd runs it: settings from a config file and STRATA_PORT, READY=1
+/// once the model is loaded, SIGHUP rereads the file (new API keys apply at once; other
+/// changes are logged; a broken file is refused and the old settings stay), SIGTERM
+/// stops it with exit status 0, and log lines carry journal priorities.
+#[test]
+fn serve_from_a_config_file_under_systemd() {
+    let dir = temp_dir("daemon");
+    let config = dir.join("strata.toml");
+    std::fs::write(&config, "port = 1\nthreads = 1\n").unwrap();
+    let socket_path = dir.join("notify");
+    let sock = UnixDatagram::bind(&socket_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    // stderr is a file standing in for the journal stream: JOURNAL_STREAM names it.
+    let log_path = dir.join("stderr.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let meta = log.metadata().unwrap();
+    let port = free_port();
+    let mut cmd = Command::new(BIN);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("STRATA_")) {
+        cmd.env_remove(k);
+    }
+    let mut server = cmd
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .env("STRATA_PORT", port.to_string())
+        .env("STRATA_HOME", &dir)
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap();
+    let pid = server.id();
+
+    let ready = next_notification(&sock);
+    assert!(ready.starts_with("READY=1\n"), "{ready}");
+    assert!(ready.contains(&format!("STATUS=serving on http://127.0.0.1:{port}")), "{ready}");
+    assert_eq!(get(port, "/health", None), 200);
+    assert_eq!(get(port, "/v1/models", None), 200);
+
+    // Keys added to the file apply at the reload; a changed queue depth needs a restart.
+    std::fs::write(&config, "port = 1\nthreads = 1\napi-key = [\"k1\"]\nqueue-depth = 3\n").unwrap();
+    signal(pid, libc::SIGHUP);
+    assert_eq!(next_notification(&sock), "RELOADING=1");
+    assert_eq!(next_notification(&sock), "READY=1");
+    assert_eq!(get(port, "/v1/models", None), 401);
+    assert_eq!(get(port, "/v1/models", Some("k1")), 200);
+    assert_eq!(get(port, "/health", None), 200);
+
+    // A broken file is refused; the keys in force stay.
+    std::fs::write(&config, "port = \"x\"\n").unwrap();
+    signal(pid, libc::SIGHUP);
+    assert_eq!(next_notification(&sock), "RELOADING=1");
+    assert_eq!(next_notification(&sock), "READY=1");
+    assert_eq!(get(port, "/v1/models", None), 401);
+    assert_eq!(get(port, "/v1/models", Some("k1")), 200);
+
+    signal(pid, libc::SIGTERM);
+    assert_eq!(next_notification(&sock), "STOPPING=1");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(lines.len() >= 4, "{log}");
+    for line in &lines {
+        let level = line.get(..3).unwrap_or("");
+        assert!(["<3>", "<4>", "<6>", "<7>"].contains(&level), "not a journal line: {line}");
+        assert!(!line.contains('\x1b'), "colour codes in the journal: {line}");
+    }
+    assert!(lines.iter().any(|l| l.starts_with("<4>") && l.contains("queue-depth") && l.contains("restart")), "{log}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("<3>") && l.contains("config not reloaded") && l.contains("`port`")),
+        "{log}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
