@@ -244,3 +244,72 @@ fn serve_from_a_config_file_under_systemd() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+fn post(port: u16, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let code = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// SIGTERM with requests in flight: within the grace period they finish (200, a whole
+/// answer); with no grace they are cancelled with a 503. Either way the exit status is 0.
+#[test]
+fn sigterm_drains_requests_within_the_grace_period_and_cancels_them_after() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    for grace in ["60s", "0s"] {
+        let dir = temp_dir(&format!("grace-{grace}"));
+        let port = free_port();
+        let mut server = Command::new(BIN)
+            .args(["serve", "--threads", "1", "--grace-period", grace, "--port", &port.to_string()])
+            .env("STRATA_HOME", &dir)
+            .env_remove("STRATA_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() || get(port, "/health", None) != 200 {
+            assert!(Instant::now() < deadline, "the server did not become healthy");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Long prompts, each with its own start so that none reuses another's prefix:
+        // the worker takes a while over each, so some are running or queued at SIGTERM.
+        let done = Arc::new(AtomicUsize::new(0));
+        let clients: Vec<_> = (0..3)
+            .map(|i| {
+                let done = done.clone();
+                std::thread::spawn(move || {
+                    let prompt = format!("{i}{i}{i} {}", "fish swim ".repeat(400));
+                    let body = format!(
+                        r#"{{"model":"strata-demo","messages":[{{"role":"user","content":"{prompt}"}}],"max_tokens":64}}"#
+                    );
+                    let answer = post(port, "/v1/chat/completions", &body);
+                    done.fetch_add(1, Ordering::SeqCst);
+                    answer
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let done_before = done.load(Ordering::SeqCst);
+        signal(server.id(), libc::SIGTERM);
+        let answers: Vec<(u16, String)> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+        let status = server.wait().unwrap();
+        assert!(status.success(), "grace {grace}: {status}");
+        assert!(done_before < 3, "every request finished before SIGTERM; the test needs longer ones");
+        for (code, body) in &answers {
+            match grace {
+                "60s" => assert!(*code == 200 && body.contains("\"finish_reason\""), "{code} {body}"),
+                _ => assert!(*code == 200 || (*code == 503 && body.contains("shutting down")), "{code} {body}"),
+            }
+        }
+        if grace == "0s" {
+            assert!(answers.iter().any(|(code, _)| *code == 503), "nothing was cancelled: {answers:?}");
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
