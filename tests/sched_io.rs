@@ -6,7 +6,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use strata::sched::io::{AlignedBuf, StorageFile, measure_sequential_read, proc_self_read_bytes};
+use strata::sched::io::{
+    AlignedBuf, StorageFile, measure_sequential_read, measure_sequential_read_into, proc_self_read_bytes,
+};
 use strata::tensor::{ByteSource, DType, HostTensor};
 
 /// Directories to test in: one under `target/` (a real filesystem), the system temporary
@@ -204,6 +206,13 @@ fn sequential_read_numbers_are_plausible() {
     let capped = measure_sequential_read(&file.0, 5 << 20).unwrap();
     assert_eq!(capped.bytes, 5 << 20);
     assert_eq!(capped.direct, bw.direct);
+    // Several files one after the other, into a destination larger than one read, capped
+    // in the second file.
+    let second = Scratch::new(Path::new(env!("CARGO_TARGET_TMPDIR")), "seq2", &pattern(len, 6));
+    let both = measure_sequential_read_into(&[&file.0, &second.0], u64::MAX, 40 << 20).unwrap();
+    assert_eq!(both.bytes, 2 * len as u64);
+    let capped = measure_sequential_read_into(&[&file.0, &second.0], len as u64 + (3 << 20), 40 << 20).unwrap();
+    assert_eq!(capped.bytes, len as u64 + (3 << 20));
 }
 
 #[test]

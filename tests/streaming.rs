@@ -254,7 +254,14 @@ fn bench_reports_the_plan_and_storage_counters() {
         .unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let r: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
-    for key in ["prefill_tok_s", "decode_tok_s", "weights_bytes", "peak_rss_bytes", "storage_roofline_tok_s"] {
+    for key in [
+        "prefill_tok_s",
+        "decode_tok_s",
+        "weights_bytes",
+        "peak_rss_bytes",
+        "storage_roofline_tok_s",
+        "storage_bandwidth_small_buffer_bytes_s",
+    ] {
         assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {r}");
     }
     let streamable = r["streamable_bytes"].as_f64().unwrap();

@@ -331,26 +331,53 @@ pub struct ReadBandwidth {
 
 /// Reads `path` from the start, up to `max_bytes`, in 8 MiB chunks with `O_DIRECT` where
 /// the filesystem allows it (otherwise buffered, after asking the kernel to drop the
-/// file's cached pages), and reports the bandwidth.
+/// file's cached pages), into one 8 MiB buffer, and reports the bandwidth.
 pub fn measure_sequential_read(path: impl AsRef<Path>, max_bytes: u64) -> io::Result<ReadBandwidth> {
-    let file = StorageFile::open(path)?;
-    if !file.is_direct() {
-        sys::drop_cache(&file.file, 0, 0);
+    measure_sequential_read_into(&[path], max_bytes, MEASURE_CHUNK)
+}
+
+/// As [`measure_sequential_read`], over `paths` one after the other until `max_bytes`
+/// are read, with the chunks landing in turn across a destination of `dest_len` bytes.
+///
+/// The destination matters where the kernel copies what the device wrote (software
+/// bounce buffers, SWIOTLB, as in many VMs): copying into a small buffer that stays in
+/// cache is faster than into a layer-sized one, which is what a layer streamer must fill.
+pub fn measure_sequential_read_into(
+    paths: &[impl AsRef<Path>],
+    max_bytes: u64,
+    dest_len: usize,
+) -> io::Result<ReadBandwidth> {
+    let dest_len = dest_len.max(MEASURE_CHUNK).next_multiple_of(MEASURE_CHUNK);
+    let mut dest = AlignedBuf::with_capacity(dest_len);
+    dest.resize_discarding(dest_len);
+    let (mut bytes, mut seconds, mut direct, mut pos) = (0u64, 0f64, true, 0usize);
+    for path in paths {
+        if bytes >= max_bytes {
+            break;
+        }
+        let file = StorageFile::open(path)?;
+        if !file.is_direct() {
+            sys::drop_cache(&file.file, 0, 0);
+        }
+        direct &= file.is_direct();
+        let limit = file.size().min(max_bytes - bytes);
+        let before = file.bytes_read();
+        let t0 = Instant::now();
+        let mut offset = 0u64;
+        while offset < limit {
+            let n = (limit - offset).min(MEASURE_CHUNK as u64) as usize;
+            // Aligned for O_DIRECT: the last read may run past the end of the file.
+            let want = n.next_multiple_of(file.alignment());
+            let dst = &mut dest.as_mut_slice()[pos..pos + want];
+            file.read_at_least(offset, dst, n)?;
+            offset += n as u64;
+            pos = (pos + MEASURE_CHUNK) % dest_len;
+        }
+        seconds += t0.elapsed().as_secs_f64();
+        bytes += file.bytes_read() - before;
     }
-    let limit = file.size().min(max_bytes);
-    let mut buf = AlignedBuf::with_capacity(MEASURE_CHUNK);
-    let before = file.bytes_read();
-    let t0 = Instant::now();
-    let mut offset = 0u64;
-    while offset < limit {
-        let n = (limit - offset).min(MEASURE_CHUNK as u64) as usize;
-        file.read_range(offset, n, &mut buf)?;
-        offset += n as u64;
-    }
-    let seconds = t0.elapsed().as_secs_f64();
-    let bytes = file.bytes_read() - before;
     let bytes_per_sec = if seconds > 0.0 { bytes as f64 / seconds } else { 0.0 };
-    Ok(ReadBandwidth { bytes, seconds, bytes_per_sec, direct: file.is_direct() })
+    Ok(ReadBandwidth { bytes, seconds, bytes_per_sec, direct })
 }
 
 #[cfg(target_os = "linux")]
