@@ -91,7 +91,7 @@ where
     let cmd = with_settings(base, &values);
     let matches = cmd.clone().try_get_matches_from(&args)?;
     let cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd.clone()))?;
-    let mut settings = settings_of(&matches, &values, file, named);
+    let mut settings = settings_of(&cmd, &matches, &values, file, named);
     settings.warnings.extend(settings.file.as_deref().and_then(|p| readable_keys(p, &values)));
     Ok((cli, settings))
 }
@@ -239,10 +239,16 @@ fn with_settings(cmd: Command, file: &FileValues) -> Command {
 }
 
 /// The values `serve` runs with, each with its source. Empty unless the command is `serve`.
-fn settings_of(matches: &ArgMatches, file_values: &FileValues, file: Option<PathBuf>, named: bool) -> Settings {
+fn settings_of(
+    cmd: &Command,
+    matches: &ArgMatches,
+    file_values: &FileValues,
+    file: Option<PathBuf>,
+    named: bool,
+) -> Settings {
     let mut values = BTreeMap::new();
     if let Some(serve) = matches.subcommand_matches(DAEMON) {
-        for arg in setting_args(&Cli::command()) {
+        for arg in setting_args(cmd) {
             let long = arg.get_long().unwrap().to_string();
             let id = arg.get_id().as_str();
             let m = if serve.try_contains_id(id).is_ok() { serve } else { matches };

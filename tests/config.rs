@@ -18,13 +18,19 @@ fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// `strata serve --print-config ARGS` with only `env` set of the STRATA_* variables.
-fn print_config(home: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+/// `strata` with none of the caller's STRATA_* variables.
+fn strata() -> Command {
     let mut cmd = Command::new(BIN);
-    cmd.arg("serve").arg("--print-config").args(args);
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("STRATA_")) {
         cmd.env_remove(k);
     }
+    cmd
+}
+
+/// `strata serve --print-config ARGS` with only `env` set of the STRATA_* variables.
+fn print_config(home: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = strata();
+    cmd.arg("serve").arg("--print-config").args(args);
     cmd.env("STRATA_HOME", home).envs(env.iter().copied());
     let out = cmd.output().unwrap();
     (
@@ -138,15 +144,22 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// A GET; returns the status code.
-fn get(port: u16, path: &str, key: Option<&str>) -> u16 {
+/// An HTTP/1.1 request; returns the status code and the body.
+fn request(port: u16, method: &str, path: &str, key: Option<&str>, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").unwrap();
+    let len = body.len();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}").unwrap();
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
-    raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    let code = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// A GET; returns the status code.
+fn get(port: u16, path: &str, key: Option<&str>) -> u16 {
+    request(port, "GET", path, key, "").0
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
@@ -178,11 +191,7 @@ fn serve_from_a_config_file_under_systemd() {
     let log = std::fs::File::create(&log_path).unwrap();
     let meta = log.metadata().unwrap();
     let port = free_port();
-    let mut cmd = Command::new(BIN);
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("STRATA_")) {
-        cmd.env_remove(k);
-    }
-    let mut server = cmd
+    let mut server = strata()
         .args(["serve", "--config", config.to_str().unwrap()])
         .env("STRATA_PORT", port.to_string())
         .env("STRATA_HOME", &dir)
@@ -245,16 +254,6 @@ fn serve_from_a_config_file_under_systemd() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-fn post(port: u16, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let code = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
-}
-
 /// SIGTERM with requests in flight: within the grace period they finish (200, a whole
 /// answer); with no grace they are cancelled with a 503. Either way the exit status is 0.
 #[test]
@@ -264,10 +263,9 @@ fn sigterm_drains_requests_within_the_grace_period_and_cancels_them_after() {
     for grace in ["60s", "0s"] {
         let dir = temp_dir(&format!("grace-{grace}"));
         let port = free_port();
-        let mut server = Command::new(BIN)
+        let mut server = strata()
             .args(["serve", "--threads", "1", "--grace-period", grace, "--port", &port.to_string()])
             .env("STRATA_HOME", &dir)
-            .env_remove("STRATA_CONFIG")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -288,7 +286,7 @@ fn sigterm_drains_requests_within_the_grace_period_and_cancels_them_after() {
                     let body = format!(
                         r#"{{"model":"strata-demo","messages":[{{"role":"user","content":"{prompt}"}}],"max_tokens":64}}"#
                     );
-                    let answer = post(port, "/v1/chat/completions", &body);
+                    let answer = request(port, "POST", "/v1/chat/completions", None, &body);
                     done.fetch_add(1, Ordering::SeqCst);
                     answer
                 })

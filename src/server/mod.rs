@@ -92,9 +92,7 @@ impl AppState {
     fn access(&self) -> std::sync::RwLockReadGuard<'_, Access> {
         self.access.read().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-impl AppState {
     /// The model a request names, or 404 `model_not_found`.
     pub fn model(&self, name: &str) -> Result<Arc<ModelInfo>, ApiError> {
         Ok(self.registry.find(name)?)
