@@ -78,8 +78,8 @@ fn write(src: &ModelSource, out: &Path, c: Compression) {
 /// Logits at every position of a few tokens.
 fn logits(src: ModelSource) -> Vec<f32> {
     let e = Engine::from_source(src, &RunOptions { threads: 2, ..Default::default() }).unwrap();
-    let tokens: Vec<u32> = [1u32, 7, 42, 300, 5, 99].iter().map(|t| t % e.model.config.vocab_size as u32).collect();
-    let mut cache = e.model.new_cache(16);
+    let tokens: Vec<u32> = [1u32, 7, 42, 300, 5, 99].iter().map(|t| t % e.model.config().vocab_size as u32).collect();
+    let mut cache = e.model.new_cache(16).unwrap();
     e.model.forward(&mut [SeqStep { tokens: &tokens, cache: &mut cache, all_logits: true }]).unwrap().remove(0)
 }
 

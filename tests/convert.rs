@@ -25,12 +25,12 @@ fn fixture(rel: &str) -> String {
 fn logits(src: ModelSource) -> Vec<Vec<f32>> {
     let e = Engine::from_source(src, &RunOptions { threads: 2, ..Default::default() }).expect("load");
     let tokens = [1u32, 7, 42, 99, 3, 250, 17, 8];
-    let mut cache = e.model.new_cache(16);
+    let mut cache = e.model.new_cache(16).unwrap();
     e.model
         .forward(&mut [SeqStep { tokens: &tokens, cache: &mut cache, all_logits: true }])
         .expect("forward")
         .remove(0)
-        .chunks(e.model.config.vocab_size)
+        .chunks(e.model.config().vocab_size)
         .map(<[f32]>::to_vec)
         .collect()
 }

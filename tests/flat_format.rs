@@ -49,9 +49,9 @@ fn write_flat(s: &ModelSource, out: &Path) {
 /// Logits at every position of a few tokens spread over the vocabulary.
 fn logits(source: ModelSource) -> Vec<f32> {
     let e = Engine::from_source(source, &RunOptions { threads: 2, ..Default::default() }).unwrap();
-    let vocab = e.model.config.vocab_size as u32;
+    let vocab = e.model.config().vocab_size as u32;
     let ids: Vec<u32> = (0..7u32).map(|i| (i * 37 + 1) % vocab).collect();
-    let mut cache = e.model.new_cache(16);
+    let mut cache = e.model.new_cache(16).unwrap();
     let mut got = e.model.forward(&mut [SeqStep { tokens: &ids, cache: &mut cache, all_logits: true }]).unwrap();
     let out = got.remove(0);
     assert_eq!(out.len(), ids.len() * vocab as usize);

@@ -59,7 +59,7 @@ fn greedy_generation_equals_the_reference_and_streams_its_text() {
     for name in ["llama3", "mistral", "qwen2", "qwen3"] {
         let (e, r) = load(name);
         for p in &r.prompts {
-            let mut s = Session::new(&e);
+            let mut s = Session::new(&e).unwrap();
             let (text, tokens, finish) = run(&e, &mut s, &greedy(&p.ids, p.greedy.len(), vec![]));
             assert_eq!(tokens, p.greedy, "{name}");
             assert_eq!(finish, FinishReason::Length);
@@ -78,7 +78,7 @@ fn eos_ends_generation_with_stop() {
     let p = &r.prompts[1];
     assert_eq!(p.greedy[0], 488);
     let (_, tokens, _) =
-        run(&e, &mut Session::new(&e), &GenerateRequest { stop_at_eos: true, ..greedy(&p.ids, 4, vec![]) });
+        run(&e, &mut Session::new(&e).unwrap(), &GenerateRequest { stop_at_eos: true, ..greedy(&p.ids, 4, vec![]) });
     assert_eq!(tokens.len(), 4, "488 is not an eos id of the fixture itself");
 
     let dir = std::env::temp_dir().join(format!("strata-eos-{}", std::process::id()));
@@ -90,7 +90,7 @@ fn eos_ends_generation_with_stop() {
     std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": [481, 488]}"#).unwrap();
     let e = Engine::load(dir.to_str().unwrap(), &RunOptions { threads: 2, ..Default::default() }).unwrap();
     let req = GenerateRequest { stop_at_eos: true, ..greedy(&p.ids, 4, vec![]) };
-    let (text, tokens, finish) = run(&e, &mut Session::new(&e), &req);
+    let (text, tokens, finish) = run(&e, &mut Session::new(&e).unwrap(), &req);
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(tokens, [488]);
     assert_eq!(finish, FinishReason::Stop);
@@ -106,7 +106,8 @@ fn stop_strings_cut_the_text_before_them() {
     let cut = full.char_indices().map(|(i, _)| i).find(|&i| i >= full.len() / 2).unwrap();
     let stop: String = full[cut..].chars().take(3).collect();
     let first = full.find(&stop).unwrap();
-    let (text, _, finish) = run(&e, &mut Session::new(&e), &greedy(&p.ids, p.greedy.len(), vec![stop.clone()]));
+    let (text, _, finish) =
+        run(&e, &mut Session::new(&e).unwrap(), &greedy(&p.ids, p.greedy.len(), vec![stop.clone()]));
     assert_eq!(finish, FinishReason::Stop);
     assert_eq!(text, full[..first], "stop string {stop:?}");
 }
@@ -114,7 +115,7 @@ fn stop_strings_cut_the_text_before_them() {
 #[test]
 fn max_tokens_ends_with_length() {
     let (e, r) = load("qwen2");
-    let (_, tokens, finish) = run(&e, &mut Session::new(&e), &greedy(&r.prompts[0].ids, 3, vec![]));
+    let (_, tokens, finish) = run(&e, &mut Session::new(&e).unwrap(), &greedy(&r.prompts[0].ids, 3, vec![]));
     assert_eq!(tokens.len(), 3);
     assert_eq!(finish, FinishReason::Length);
 }
@@ -133,7 +134,7 @@ fn same_seed_same_tokens_and_another_seed_differs() {
             stop_at_eos: false,
             top_logprobs: 0,
         };
-        run(&e, &mut Session::new(&e), &req).1
+        run(&e, &mut Session::new(&e).unwrap(), &req).1
     };
     assert_eq!(sampled(7), sampled(7));
     assert_ne!(sampled(7), sampled(8));
@@ -145,7 +146,7 @@ fn same_seed_same_tokens_and_another_seed_differs() {
 fn chat_turns_reuse_the_cache_without_changing_the_answer() {
     let (e, _) = load("llama3");
     let mut messages = vec![ChatMessage { role: "user".into(), content: "Tell me about rivers.".into() }];
-    let mut session = Session::new(&e);
+    let mut session = Session::new(&e).unwrap();
     let first = e.tokenizer.encode_chat(&messages, true).unwrap();
     let (reply, _, _) = run(&e, &mut session, &greedy(&first, 6, vec![]));
     messages.push(ChatMessage { role: "assistant".into(), content: reply });
@@ -153,7 +154,7 @@ fn chat_turns_reuse_the_cache_without_changing_the_answer() {
     let second = e.tokenizer.encode_chat(&messages, true).unwrap();
     assert!(second.starts_with(&first[..first.len() - 1]));
     let reused = run(&e, &mut session, &greedy(&second, 8, vec![]));
-    let fresh = run(&e, &mut Session::new(&e), &greedy(&second, 8, vec![]));
+    let fresh = run(&e, &mut Session::new(&e).unwrap(), &greedy(&second, 8, vec![]));
     assert_eq!(reused.1, fresh.1);
 }
 
@@ -162,7 +163,7 @@ fn a_prompt_longer_than_the_context_is_an_error() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let opts = RunOptions { threads: 1, context: 8, ..Default::default() };
     let e = Engine::load(root.join("tests/fixtures/hf/qwen2").to_str().unwrap(), &opts).unwrap();
-    let err = Session::new(&e).generate(&e, &greedy(&[1; 20], 4, vec![]), &|| false, |_| true).unwrap_err();
+    let err = Session::new(&e).unwrap().generate(&e, &greedy(&[1; 20], 4, vec![]), &|| false, |_| true).unwrap_err();
     assert!(err.to_string().contains("context"), "{err}");
 }
 
@@ -174,7 +175,7 @@ fn cancellation_stops_within_one_layer() {
     use std::sync::atomic::Ordering;
     let (e, r) = load("llama3");
     let layers = || e.model.scheduler().stats().layer_requests.load(Ordering::Relaxed);
-    let n_layers = e.model.config.n_layers as u64;
+    let n_layers = e.model.config().n_layers as u64;
     // Cancel at the k-th check: during prefill (k = 2, inside the first pass) and during
     // decode (k = 3 * n_layers + 2: prefill plus two decode steps, then mid-layer-stack).
     for k in [2u64, 3 * n_layers + 2] {
@@ -184,8 +185,10 @@ fn cancellation_stops_within_one_layer() {
             checks.get() >= k
         };
         let before = layers();
-        let summary =
-            Session::new(&e).generate(&e, &greedy(&r.prompts[0].ids, 50, vec![]), &cancelled, |_| true).unwrap();
+        let summary = Session::new(&e)
+            .unwrap()
+            .generate(&e, &greedy(&r.prompts[0].ids, 50, vec![]), &cancelled, |_| true)
+            .unwrap();
         assert_eq!(summary.finish, FinishReason::Cancelled);
         assert_eq!(layers() - before, k - 1, "layers run after cancellation at check {k}");
     }

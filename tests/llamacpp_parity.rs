@@ -106,10 +106,10 @@ struct Figures {
 
 fn measure(variant: &str, v: &View) -> Figures {
     let e = engine(variant);
-    assert_eq!(e.model.config.vocab_size, v.n_vocab, "{variant}: vocabulary size");
+    assert_eq!(e.model.config().vocab_size, v.n_vocab, "{variant}: vocabulary size");
     let (mut deltas, mut agree, mut positions) = (Vec::new(), 0usize, 0usize);
     for (pi, p) in v.prompts.iter().enumerate() {
-        let mut cache = e.model.new_cache(64);
+        let mut cache = e.model.new_cache(64).unwrap();
         let got = e.model.forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: true }]).unwrap();
         let rows: Vec<&[f32]> = got[0].chunks_exact(v.n_vocab).collect();
         assert_eq!(rows.len(), p.ids.len(), "{variant} prompt {pi}: positions");

@@ -55,9 +55,9 @@ fn logits_match_transformers_at_every_position() {
     for name in MODELS {
         let (r, all) = reference(name);
         let e = engine(&r);
-        assert_eq!(e.model.config.vocab_size, r.vocab_size, "{name}");
+        assert_eq!(e.model.config().vocab_size, r.vocab_size, "{name}");
         for (pi, p) in r.prompts.iter().enumerate() {
-            let mut cache = e.model.new_cache(64);
+            let mut cache = e.model.new_cache(64).unwrap();
             let got = e.model.forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: true }]).unwrap();
             let want = &all[p.logits_offset..p.logits_offset + p.n_positions * r.vocab_size];
             assert_eq!(got[0].len(), want.len(), "{name} prompt {pi}");
@@ -84,7 +84,7 @@ fn greedy_continuations_match_transformers() {
         let (r, _) = reference(name);
         let e = engine(&r);
         for p in &r.prompts {
-            let mut cache = e.model.new_cache(64);
+            let mut cache = e.model.new_cache(64).unwrap();
             let mut logits =
                 e.model.forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: false }]).unwrap();
             let mut got = Vec::new();
@@ -108,10 +108,10 @@ fn batched_forward_equals_single_sequences() {
     let e = engine(&r);
     let (a, b) = (&r.prompts[0].ids, &r.prompts[1].ids);
     let single = |ids: &[u32]| {
-        let mut cache = e.model.new_cache(64);
+        let mut cache = e.model.new_cache(64).unwrap();
         e.model.forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true }]).unwrap().remove(0)
     };
-    let (mut ca, mut cb) = (e.model.new_cache(64), e.model.new_cache(64));
+    let (mut ca, mut cb) = (e.model.new_cache(64).unwrap(), e.model.new_cache(64).unwrap());
     let both = e
         .model
         .forward(&mut [

@@ -9,6 +9,9 @@
 # STRATA_SKIP_SCHEMATHESIS=1 the latter. Last, tests/deploy.sh checks the deployment
 # files (systemd/, Dockerfile, deploy/) and boots the daemon as the systemd unit runs
 # it (venv at target/deploy-venv); STRATA_SKIP_DEPLOY=1 skips it.
+# tools/cuda_toolchain.sh compiles every CUDA kernel with NVRTC and checks the PTX with
+# ptxas, both from pinned pip wheels (venv at target/cuda-venv; no GPU needed);
+# STRATA_SKIP_CUDA_TOOLCHAIN=1 skips it.
 # Fixtures under tests/fixtures/ are committed; tools/make_fixtures.py regenerates them
 # (needs the reference stack in tools/requirements-ref.txt, never needed here).
 set -euo pipefail
@@ -18,6 +21,10 @@ failed=()
 
 cargo build --release --locked
 cargo test --release --locked --no-fail-fast "$@" || failed+=("cargo test")
+
+if [[ ${STRATA_SKIP_CUDA_TOOLCHAIN:-0} != 1 ]]; then
+  tools/cuda_toolchain.sh || failed+=("CUDA kernel compiles (tools/cuda_toolchain.sh)")
+fi
 
 if [[ ${STRATA_SKIP_CLIENTS:-0} != 1 ]]; then
   ensure_venv target/client-venv tests/clients/requirements.txt

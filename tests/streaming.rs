@@ -15,6 +15,7 @@ use strata::backend::cpu::CpuBackend;
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::cawsf::Compression;
 use strata::format::convert::{ConvertOptions, Target, convert};
+use strata::model::LanguageModel;
 use strata::model::ModelSource;
 use strata::model::config::ModelConfig;
 use strata::model::demo::demo_source;
@@ -36,9 +37,9 @@ const PROMPT: [u32; 7] = [5, 17, 99, 3, 250, 42, 7];
 const DECODE_STEPS: usize = 5;
 
 /// Logits of every prompt position and of `DECODE_STEPS` greedy decode steps, as bits.
-fn run(model: &LlamaModel<CpuBackend>) -> Vec<u32> {
-    let mut cache = model.new_cache(64);
-    let vocab = model.config.vocab_size;
+fn run(model: &dyn LanguageModel) -> Vec<u32> {
+    let mut cache = model.new_cache(64).unwrap();
+    let vocab = model.config().vocab_size;
     let mut out = model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: true }]).unwrap();
     let mut bits: Vec<u32> = out[0].iter().map(|v| v.to_bits()).collect();
     for _ in 0..DECODE_STEPS {
@@ -65,7 +66,7 @@ fn streamable(spec: &str) -> u64 {
 fn check_bit_identical(spec: &str) {
     let resident = load(spec, None, Policy::Pinned);
     assert!(!resident.model.scheduler().is_streaming());
-    let want = run(&resident.model);
+    let want = run(&*resident.model);
     let total = streamable(spec);
     for (pct, policy) in [
         (100, Policy::Pinned),
@@ -79,13 +80,13 @@ fn check_bit_identical(spec: &str) {
         let e = load(spec, Some(budget), policy);
         let s = e.model.scheduler();
         assert_eq!(s.is_streaming(), pct < 100, "{spec} at {pct}%");
-        let got = run(&e.model);
+        let got = run(&*e.model);
         assert!(got == want, "{spec}: logits differ at a budget of {pct}% ({policy:?})");
         if pct < 100 {
             assert!(s.resident_bytes() as u64 <= budget, "{spec} at {pct}%: resident above the budget");
             let summary = s.summary();
             assert_eq!(summary.mode, "streaming");
-            assert_eq!(summary.plan.resident_count + summary.plan.streamed_count, e.model.config.n_layers);
+            assert_eq!(summary.plan.resident_count + summary.plan.streamed_count, e.model.config().n_layers);
         }
     }
 }
@@ -123,8 +124,8 @@ fn safetensors_directories_stream_bit_identically() {
 
 /// Counters over `steps` decode steps, with the prefetch thread settled at both ends so
 /// the window holds whole tokens.
-fn decode_window(model: &LlamaModel<CpuBackend>, steps: usize) -> StatsSnapshot {
-    let mut cache = model.new_cache(PROMPT.len() + steps + 2);
+fn decode_window(model: &dyn LanguageModel, steps: usize) -> StatsSnapshot {
+    let mut cache = model.new_cache(PROMPT.len() + steps + 2).unwrap();
     model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap();
     let settle = || std::thread::sleep(Duration::from_millis(100));
     settle();
@@ -149,13 +150,13 @@ fn bytes_read_per_token_are_the_streamed_layers() {
         let e = load(spec, Some(total * pct / 100), Policy::Pinned);
         let s = e.model.scheduler();
         let expected = (s.streamable_bytes() - s.resident_bytes()) as f64;
-        let w = decode_window(&e.model, steps);
+        let w = decode_window(&*e.model, steps);
         let per_token = w.bytes_read as f64 / steps as f64;
         assert!(
             (per_token - expected).abs() <= 0.1 * expected.max(1.0),
             "{pct}%: {per_token} bytes read per token, expected {expected}"
         );
-        let n = e.model.config.n_layers as u64;
+        let n = e.model.config().n_layers as u64;
         assert_eq!(w.layer_requests, n * steps as u64);
         let resident = s.summary().plan.resident_count as u64;
         assert_eq!(w.layer_hits, resident * steps as u64, "{pct}%: hits are the resident layers");
@@ -166,7 +167,7 @@ fn bytes_read_per_token_are_the_streamed_layers() {
     // reads everything; reload reads everything.
     for policy in [Policy::Lru, Policy::Reload] {
         let e = load(spec, Some(total / 2), policy);
-        let w = decode_window(&e.model, steps);
+        let w = decode_window(&*e.model, steps);
         assert_eq!(w.layer_hits, 0, "{policy:?}");
         let per_token = w.bytes_read as f64 / steps as f64;
         assert!((per_token - total as f64).abs() <= 0.1 * total as f64, "{policy:?}: {per_token} of {total}");
@@ -212,7 +213,7 @@ fn kv_cache_pressure_evicts_pinned_layers_and_memory_back_readmits_them() {
     // A cache two layers' bytes beyond the allowance presses the budget down to one
     // layer: the middle layer goes first, then the least recently used edge.
     let over = (2 * per_layer).div_ceil(kv_per_position);
-    let big = model.new_cache(64 + over as usize);
+    let big = model.new_cache(64 + over as usize).unwrap();
     let summary = s.summary().plan;
     assert_eq!(summary.resident_layers, "3", "{summary:?}");
     assert_eq!(summary.budget_bytes, 3 * per_layer - over * kv_per_position);
@@ -236,7 +237,7 @@ fn a_layer_file_that_goes_bad_is_an_error_naming_it() {
     let e = load(out.to_str().unwrap(), Some(0), Policy::Pinned);
     let layer = out.join("layer_002.bin");
     std::fs::OpenOptions::new().write(true).open(&layer).unwrap().set_len(4096).unwrap();
-    let mut cache = e.model.new_cache(16);
+    let mut cache = e.model.new_cache(16).unwrap();
     let err = e.model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("layer_002.bin") && msg.contains("layer 2"), "{msg}");

@@ -5,6 +5,8 @@
 //! New ops land on the CPU first; other backends are checked against it.
 
 pub mod cpu;
+pub mod cuda;
+pub mod device;
 
 use crate::tensor::HostTensor;
 
@@ -24,44 +26,101 @@ pub struct AttnParams {
 }
 
 /// Rotary embedding frequencies, one per pair of dimensions (`head_dim / 2` values),
-/// already adjusted for any RoPE scaling. The rotation pairs dimension `i` with
-/// `i + head_dim / 2` (the "NEOX"/rotate-half layout Hugging Face checkpoints use).
+/// already adjusted for any RoPE scaling.
 #[derive(Clone, Debug)]
 pub struct RopeFreqs {
     pub inv_freq: Vec<f32>,
     /// Multiplier on cos and sin (1.0 except for scalings such as YaRN).
     pub attention_factor: f32,
+    /// Which dimensions a pair rotates: `i` with `i + head_dim / 2` (false: the
+    /// "NEOX"/rotate-half layout Hugging Face checkpoints use, and GGUF llama once its
+    /// Q/K rows are un-permuted), or `2i` with `2i + 1` (true: GGML's "normal" layout).
+    pub interleaved: bool,
 }
+
+/// What a device op can fail with. None of these is a client's mistake: the server
+/// answers 503 and keeps serving.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Device memory ran out.
+    #[error("GPU memory exhausted: {what} needs {bytes} more bytes than the GPU has free ({msg})")]
+    OutOfMemory { what: String, bytes: u64, msg: String },
+    /// A kernel launch, a copy or a library call failed.
+    #[error("GPU {op} failed: {msg}")]
+    Device { op: String, msg: String },
+    /// A kernel did not compile or load.
+    #[error("compiling CUDA kernels: {0}")]
+    Compile(String),
+}
+
+pub type BackendResult<T> = Result<T, BackendError>;
+
+/// The most likely entries of one row of logits, most likely first (lower id first on
+/// ties), and the row's `logsumexp` (so `logit - lse` is a log-probability).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopK {
+    pub ids: Vec<u32>,
+    pub logits: Vec<f32>,
+    pub lse: f32,
+}
+
+/// The largest `k` the device top-k supports.
+pub const MAX_TOP_K: usize = 256;
 
 /// The operations a forward pass is written against.
 pub trait Backend: Send + Sync + 'static {
     /// A row-major f32 activation buffer.
-    type Buf: Send;
+    type Buf: Send + 'static;
     /// A weight tensor in the backend's own form (any stored dtype).
     type Weight: Send + Sync;
 
     fn name(&self) -> String;
+    /// Bytes of device memory this backend holds (weights, caches, workspaces); 0 on
+    /// the CPU.
+    fn device_bytes(&self) -> u64;
+    /// Bytes of the compute memory still free (RAM on the CPU, VRAM on a GPU), if known.
+    fn free_memory(&self) -> Option<u64>;
+    /// Device memory bandwidth measured now (bytes read plus bytes written per second
+    /// by a device-to-device copy); `None` where the caller measures it another way.
+    fn memory_bandwidth(&self) -> Option<f64>;
 
     /// A zeroed buffer of `len` f32 values.
-    fn alloc(&self, len: usize) -> Self::Buf;
+    fn alloc(&self, len: usize) -> BackendResult<Self::Buf>;
     /// Copies host values into a new buffer.
-    fn upload(&self, data: &[f32]) -> Self::Buf;
+    fn upload(&self, data: &[f32]) -> BackendResult<Self::Buf>;
     /// Copies the first `len` values of a buffer back to the host.
-    fn download(&self, buf: &Self::Buf, len: usize) -> Vec<f32>;
-    /// Makes a weight usable by the ops (on the CPU a zero-copy view).
-    fn weight(&self, t: &HostTensor) -> Self::Weight;
+    fn download(&self, buf: &Self::Buf, len: usize) -> BackendResult<Vec<f32>>;
+    /// Makes a weight usable by the ops (on the CPU a zero-copy view, on a GPU an upload).
+    fn weight(&self, t: &HostTensor) -> BackendResult<Self::Weight>;
+    /// The `k` most likely entries of each of `rows` rows of `vocab` logits
+    /// (`k ≤ MAX_TOP_K`; `k = 1` is the greedy argmax).
+    fn top_k(&self, logits: &Self::Buf, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>>;
 
     /// `out[r] = table[ids[r]]` for a table of shape `[vocab, dim]`.
-    fn embedding(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Buf);
+    fn embedding(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Buf) -> BackendResult<()>;
     /// `out[r, o] = Σ_k x[r, k] · w[o, k]`: `x` is `[rows, in]`, `w` is `[out, in]`,
     /// `out` is `[rows, out]`.
-    fn matmul(&self, x: &Self::Buf, rows: usize, w: &Self::Weight, out: &mut Self::Buf);
+    fn matmul(&self, x: &Self::Buf, rows: usize, w: &Self::Weight, out: &mut Self::Buf) -> BackendResult<()>;
     /// `x[r] += bias` for each of `rows` rows of `bias.len()` values.
-    fn add_bias(&self, x: &mut Self::Buf, rows: usize, bias: &Self::Weight);
+    fn add_bias(&self, x: &mut Self::Buf, rows: usize, bias: &Self::Weight) -> BackendResult<()>;
     /// RMS norm of each `w.len()`-wide row of `x` (`rows` rows), scaled by `w`, into `out`.
-    fn rms_norm(&self, x: &Self::Buf, rows: usize, w: &Self::Weight, eps: f32, out: &mut Self::Buf);
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        w: &Self::Weight,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> BackendResult<()>;
     /// Rotates `n_heads` heads of `head_dim` in each of `positions.len()` rows of `x`.
-    fn rope(&self, x: &mut Self::Buf, n_heads: usize, head_dim: usize, positions: &[u32], freqs: &RopeFreqs);
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        n_heads: usize,
+        head_dim: usize,
+        positions: &[u32],
+        freqs: &RopeFreqs,
+    ) -> BackendResult<()>;
     /// Copies rows `src_row..src_row + rows` (each `row_len` values) of `src` into `dst`
     /// at rows `dst_row..`.
     fn copy_rows(
@@ -72,7 +131,7 @@ pub trait Backend: Send + Sync + 'static {
         row_len: usize,
         dst: &mut Self::Buf,
         dst_row: usize,
-    );
+    ) -> BackendResult<()>;
     /// Causal attention of query rows `row0..row0 + rows` of `q` (`n_heads * head_dim`
     /// wide) over cached keys and values (`n_kv_heads * head_dim` wide, already holding
     /// the new rows) into the same rows of `out`.
@@ -86,9 +145,9 @@ pub trait Backend: Send + Sync + 'static {
         v: &Self::Buf,
         p: &AttnParams,
         out: &mut Self::Buf,
-    );
+    ) -> BackendResult<()>;
     /// `gate = silu(gate) * up`, elementwise over `len` values.
-    fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize);
+    fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize) -> BackendResult<()>;
     /// `x += y` elementwise over `len` values.
-    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize) -> BackendResult<()>;
 }

@@ -36,6 +36,10 @@ pub struct BenchArgs {
 #[derive(Debug, Serialize)]
 pub struct BenchReport {
     pub model: String,
+    /// Where it ran: `cpu` or `cuda:N`.
+    pub device: String,
+    /// The processor or GPU.
+    pub device_name: String,
     pub threads: usize,
     pub prompt_tokens: usize,
     pub gen_tokens: usize,
@@ -120,7 +124,7 @@ fn peak_rss_bytes() -> u64 {
 pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let engine = Engine::load(&args.model, &args.run.to_options()?)?;
     let model = &engine.model;
-    let vocab = model.config.vocab_size as u32;
+    let vocab = model.config().vocab_size as u32;
     let threads = rayon::current_num_threads().max(1);
     let threads = if args.run.threads > 0 { args.run.threads } else { threads };
     let (n_seq, runs) = (args.concurrency.max(1), args.runs.max(1));
@@ -137,28 +141,26 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     // One run of the prompt then `steps` greedy decode steps.
     let sched = model.scheduler();
     let run = |steps: usize| -> anyhow::Result<RunResult> {
-        let mut caches: Vec<_> = (0..n_seq).map(|_| model.new_cache(needed)).collect();
+        let mut caches = (0..n_seq).map(|_| model.new_cache(needed)).collect::<Result<Vec<_>, _>>()?;
         let t = Instant::now();
+        // Greedy decoding, with the argmax taken on the device as serving does.
         let mut last = Vec::new();
         for (p, cache) in prompts.iter().zip(caches.iter_mut()) {
             let mut step = [SeqStep { tokens: p, cache, all_logits: false }];
-            last.push(model.forward(&mut step)?.pop().unwrap_or_default());
+            last.extend(model.forward_top_k(&mut step, 1, &|| false)?);
         }
         let prefill = (n_seq * args.prompt_tokens) as f64 / t.elapsed().as_secs_f64();
 
         let (stats0, proc0) = (sched.stats().snapshot(), proc_self_read_bytes());
         let t = Instant::now();
         for _ in 0..steps {
-            let ids: Vec<u32> = last
-                .iter()
-                .map(|l| l.iter().enumerate().fold(0, |b, (j, &v)| if v > l[b] { j } else { b }) as u32)
-                .collect();
-            let mut batch: Vec<SeqStep<'_, _>> = ids
+            let ids: Vec<u32> = last.iter().map(|t| t.ids.first().copied().unwrap_or(0)).collect();
+            let mut batch: Vec<SeqStep<'_>> = ids
                 .iter()
                 .zip(caches.iter_mut())
                 .map(|(id, cache)| SeqStep { tokens: std::slice::from_ref(id), cache, all_logits: false })
                 .collect();
-            last = model.forward(&mut batch)?;
+            last = model.forward_top_k(&mut batch, 1, &|| false)?;
         }
         let decode_secs = t.elapsed().as_secs_f64();
         Ok(RunResult {
@@ -184,7 +186,12 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
 
     let peak_rss = peak_rss_bytes(); // before the bandwidth probe allocates its 1 GiB
     let weight_bytes_per_token = sched.streamable_bytes() + model.lm_head_bytes();
-    let bandwidth = measure_read_bandwidth(threads);
+    // On a GPU the roofline is device memory: a device-to-device copy, bytes read plus
+    // bytes written, measured now.
+    let bandwidth = match model.memory_bandwidth() {
+        Some(b) => b,
+        None => measure_read_bandwidth(threads),
+    };
     let roofline = bandwidth / weight_bytes_per_token as f64;
     let decode_tok_s = median(results.iter().map(|r| r.decode_tok_s).collect());
     // The storage roofline: the model's streamed files read sequentially, up to 1 GiB,
@@ -208,6 +215,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let storage_roofline = storage.map(|s| s.bytes_per_sec / bytes_read_per_token.max(1.0));
     let report = BenchReport {
         model: engine.name.clone(),
+        device: engine.device.device.clone(),
+        device_name: engine.device.name.clone(),
         threads,
         prompt_tokens: args.prompt_tokens,
         gen_tokens: args.gen_tokens,
@@ -215,7 +224,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         runs,
         prefill_tok_s: median(results.iter().map(|r| r.prefill_tok_s).collect()),
         decode_tok_s,
-        weights_bytes: model.weights_bytes,
+        weights_bytes: model.weights_bytes(),
         streamable_bytes: sched.streamable_bytes(),
         resident_bytes: sched.resident_bytes(),
         bytes_read_per_token,
@@ -238,7 +247,10 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("model {}  threads {}  concurrency {}", report.model, report.threads, report.concurrency);
+        println!(
+            "model {}  device {} ({})  threads {}  concurrency {}",
+            report.model, report.device, report.device_name, report.threads, report.concurrency
+        );
         println!("prefill {:.1} tok/s ({} prompt tokens)", report.prefill_tok_s, report.prompt_tokens);
         println!(
             "decode  {:.2} tok/s ({} tokens); roofline {:.2} tok/s at {:.1} GB/s measured read bandwidth ({:.0}% of it)",

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod convert;
+pub mod doctor;
 pub mod import;
 pub mod inspect;
 pub mod perplexity;
@@ -76,14 +77,18 @@ pub enum Command {
     Verify(verify::VerifyArgs),
     /// Download a Hugging Face model (`hf:ORG/REPO[@REV]`) into the store.
     Pull(pull::PullArgs),
+    /// What this machine offers: CPU features, memory, O_DIRECT, GPUs and the CUDA
+    /// driver/NVRTC/cuBLAS/cuFile; with --compile-kernels, compiles every CUDA kernel.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Options shared by every command that runs a model.
 #[derive(Args, Debug, Clone)]
 pub struct RunOpts {
-    /// Where to run: `cpu` (this build has no GPU backend yet).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    /// Where to run: `auto` (the first GPU that initialises, else the CPU), `cpu`,
+    /// `cuda` or `cuda:N`.
+    #[arg(long, default_value = "auto", value_parser = parse_device_arg)]
+    pub device: crate::backend::device::DeviceSpec,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -104,6 +109,10 @@ pub struct RunOpts {
     pub stream_policy: crate::sched::Policy,
 }
 
+fn parse_device_arg(s: &str) -> Result<crate::backend::device::DeviceSpec, String> {
+    s.parse()
+}
+
 fn parse_size_arg(s: &str) -> Result<u64, String> {
     crate::sched::plan::parse_size(s)
 }
@@ -116,7 +125,7 @@ impl RunOpts {
         Ok(RunOptions {
             threads: self.threads,
             context: self.ctx_size,
-            device: Some(self.device.clone()),
+            device: self.device,
             memory_budget: self.memory_budget,
             prefetch_depth: self.prefetch_depth,
             policy: self.stream_policy,
@@ -142,5 +151,6 @@ pub fn dispatch(cli: Cli, settings: crate::config::Settings) -> anyhow::Result<(
         Command::Inspect(a) => inspect::main(a),
         Command::Verify(a) => verify::main(a),
         Command::Pull(a) => pull::main(a),
+        Command::Doctor(a) => doctor::main(a),
     }
 }

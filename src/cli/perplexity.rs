@@ -44,8 +44,8 @@ pub fn score(engine: &Engine, tokens: &[u32]) -> anyhow::Result<Perplexity> {
     if tokens.is_empty() {
         anyhow::bail!("no tokens to score");
     }
-    let vocab = engine.model.config.vocab_size;
-    let mut cache = engine.model.new_cache(tokens.len().max(engine.context_len));
+    let vocab = engine.model.config().vocab_size;
+    let mut cache = engine.model.new_cache(tokens.len().max(engine.context_len))?;
     let (mut logprobs, mut argmax) = (Vec::new(), Vec::new());
     for (c, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
         let mut step = [SeqStep { tokens: chunk, cache: &mut cache, all_logits: true }];

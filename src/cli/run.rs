@@ -5,7 +5,6 @@ use std::io::{BufRead, IsTerminal, Write};
 use clap::Args;
 
 use super::RunOpts;
-use crate::backend::Backend;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::session::{Engine, GenerateRequest, Session, TokenEvent};
 use crate::engine::template::ChatMessage;
@@ -115,7 +114,7 @@ fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[Ch
 pub fn main(args: RunArgs) -> anyhow::Result<()> {
     args.sampling().validate()?;
     let engine = Engine::load(&args.model, &args.run.to_options()?)?;
-    let mut session = Session::new(&engine);
+    let mut session = Session::new(&engine)?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
         messages.push(ChatMessage { role: "system".into(), content: system.clone() });
@@ -131,7 +130,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<()> {
         eprintln!(
             "Chatting with {} ({}). /clear forgets the conversation, /bye or Ctrl-D ends it.",
             engine.name,
-            engine.model.backend().name()
+            engine.model.backend_name()
         );
     }
     let stdin = std::io::stdin();

@@ -129,9 +129,6 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
         true => vec![(DEMO_NAME.to_string(), DEMO_NAME.to_string())],
         false => args.models.iter().map(|m| model_entry(m)).collect(),
     };
-    if args.run.device != "cpu" {
-        anyhow::bail!("device `{}` is not available: this build runs on the CPU only", args.run.device);
-    }
     let opts = ServeOptions {
         models,
         worker: WorkerConfig { run: args.run.to_options()?, keep_alive, max_loaded: args.max_loaded },

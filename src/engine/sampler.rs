@@ -60,6 +60,22 @@ impl SamplingParams {
     }
 
     /// Whether this picks the argmax instead of drawing.
+    /// How many of the most likely tokens picking (and reporting `top_logprobs`
+    /// alternatives) needs, when that is a small cut of the vocabulary: the forward
+    /// pass then selects them on the device and copies back only those. `None` when
+    /// every logit matters (penalties, or sampling without a top-k cut).
+    pub fn candidates_needed(&self, top_logprobs: usize) -> Option<usize> {
+        let penalties = self.repeat_last_n > 0
+            && (self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0);
+        let k = match (penalties, self.is_greedy(), self.top_k) {
+            (true, _, _) => return None,
+            (false, true, _) => 1,
+            (false, false, 0) => return None,
+            (false, false, k) => k,
+        };
+        Some(k.max(top_logprobs)).filter(|&k| k <= crate::backend::MAX_TOP_K)
+    }
+
     pub fn is_greedy(&self) -> bool {
         // NaN counts as greedy too: there is no meaningful distribution to draw from.
         self.temperature.is_nan() || self.temperature <= 0.0
@@ -294,6 +310,34 @@ impl Sampler {
         candidates_from_logits(logits, &mut cands);
         let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
         apply_penalties(&mut cands, window, p.repeat_penalty, p.presence_penalty, p.frequency_penalty);
+        let picked = if p.is_greedy() {
+            argmax(&cands)
+        } else {
+            top_k(&mut cands, p.top_k);
+            top_p(&mut cands, p.top_p);
+            min_p(&mut cands, p.min_p);
+            temperature(&mut cands, p.temperature);
+            sample_from(&cands, &mut self.rng)
+        };
+        self.scratch = cands;
+        picked.unwrap_or(0)
+    }
+}
+
+impl Sampler {
+    /// Picks the next token from the most likely candidates only (`top`, most likely
+    /// first, as the device selects them). Gives what [`sample`](Self::sample) gives
+    /// from every logit whenever [`SamplingParams::candidates_needed`] allowed the cut.
+    pub fn sample_top(&mut self, top: &crate::backend::TopK) -> u32 {
+        let p = &self.params;
+        let mut cands = std::mem::take(&mut self.scratch);
+        cands.clear();
+        cands.extend(
+            top.ids
+                .iter()
+                .zip(&top.logits)
+                .map(|(&id, &l)| Candidate { id, logit: if l.is_nan() { f32::NEG_INFINITY } else { l } }),
+        );
         let picked = if p.is_greedy() {
             argmax(&cands)
         } else {

@@ -6,10 +6,12 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::tokenizer::{TextTokenizer, TokenizerSources};
+use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
-use crate::model::ModelSource;
+use crate::backend::device::{DeviceInfo, DeviceSpec};
 use crate::model::config::ModelConfig;
 use crate::model::llama::LlamaModel;
+use crate::model::{LanguageModel, ModelSource};
 use crate::sched::plan::{RuntimeShape, default_budget, estimate_runtime_bytes};
 use crate::sched::{DEFAULT_PREFETCH_DEPTH, Policy, SchedOptions};
 
@@ -92,18 +94,18 @@ pub enum GenerateError {
 /// A conversation's state: its tokens and their KV cache. A new prompt that extends
 /// the previous one reuses the cached prefix.
 pub struct Session {
-    cache: KvCache<CpuBackend>,
+    cache: KvCache,
     tokens: Vec<u32>,
 }
 
 impl Session {
-    pub fn new(engine: &Engine) -> Self {
+    pub fn new(engine: &Engine) -> Result<Self, ModelError> {
         Self::with_capacity(engine, engine.context_len)
     }
 
     /// A session whose context holds `capacity` tokens.
-    pub fn with_capacity(engine: &Engine, capacity: usize) -> Self {
-        Session { cache: engine.model.new_cache(capacity), tokens: Vec::new() }
+    pub fn with_capacity(engine: &Engine, capacity: usize) -> Result<Self, ModelError> {
+        Ok(Session { cache: engine.model.new_cache(capacity)?, tokens: Vec::new() })
     }
 
     pub fn context_len(&self) -> usize {
@@ -142,12 +144,16 @@ impl Session {
         self.cache.truncate(keep);
         self.tokens.truncate(keep);
 
+        // Greedy decoding and top-k sampling without penalties need only the most likely
+        // tokens: the device selects them and copies back only those.
+        let cut = req.sampling.candidates_needed(req.top_logprobs);
         let start = Instant::now();
-        let mut logits = Vec::new();
-        for chunk in req.prompt[keep..].chunks(PREFILL_CHUNK) {
-            let mut step = [SeqStep { tokens: chunk, cache: &mut self.cache, all_logits: false }];
-            logits = match engine.model.forward_until(&mut step, cancelled) {
-                Ok(mut l) => l.pop().unwrap_or_default(),
+        let mut next = Next::Logits(Vec::new());
+        let prompt_chunks: Vec<&[u32]> = req.prompt[keep..].chunks(PREFILL_CHUNK).collect();
+        for (i, chunk) in prompt_chunks.iter().enumerate() {
+            let last = i + 1 == prompt_chunks.len();
+            next = match engine.step(&mut self.cache, chunk, if last { cut } else { None }, cancelled) {
+                Ok(n) => n,
                 Err(ModelError::Cancelled) => {
                     return Ok(cancelled_summary(Vec::new(), start.elapsed(), Duration::ZERO));
                 }
@@ -176,11 +182,23 @@ impl Session {
             if generated.len() >= req.max_tokens || self.tokens.len() >= capacity {
                 break;
             }
-            let id = sampler.sample(&logits, &self.tokens);
-            let logprob = super::sampler::log_softmax(&logits)[id as usize];
-            let top = match req.top_logprobs {
-                0 => Vec::new(),
-                n => super::sampler::top_logprobs(&logits, n),
+            let (id, logprob, top) = match &next {
+                Next::Logits(logits) => {
+                    let id = sampler.sample(logits, &self.tokens);
+                    let logprob = super::sampler::log_softmax(logits)[id as usize];
+                    let top = match req.top_logprobs {
+                        0 => Vec::new(),
+                        n => super::sampler::top_logprobs(logits, n),
+                    };
+                    (id, logprob, top)
+                }
+                Next::Top(t) => {
+                    let id = sampler.sample_top(t);
+                    let lp = |l: f32| (l as f64 - t.lse as f64) as f32;
+                    let logprob = t.ids.iter().position(|&i| i == id).map_or(f32::NEG_INFINITY, |at| lp(t.logits[at]));
+                    let top = t.ids.iter().zip(&t.logits).take(req.top_logprobs).map(|(&i, &l)| (i, lp(l))).collect();
+                    (id, logprob, top)
+                }
             };
             generated.push(id);
             if !on_event(TokenEvent::Token { id, logprob, top }) {
@@ -196,9 +214,8 @@ impl Session {
                 by_stop_string = reason == FinishReason::Stop;
                 break;
             }
-            let mut step = [SeqStep { tokens: std::slice::from_ref(&id), cache: &mut self.cache, all_logits: false }];
-            logits = match engine.model.forward_until(&mut step, cancelled) {
-                Ok(mut l) => l.pop().unwrap_or_default(),
+            next = match engine.step(&mut self.cache, std::slice::from_ref(&id), cut, cancelled) {
+                Ok(n) => n,
                 Err(ModelError::Cancelled) => {
                     return Ok(cancelled_summary(generated, prefill, decode_start.elapsed()));
                 }
@@ -229,6 +246,32 @@ impl Session {
     }
 }
 
+/// What a forward step hands the sampler: every logit of the last position, or only
+/// the most likely entries (selected on the device).
+enum Next {
+    Logits(Vec<f32>),
+    Top(crate::backend::TopK),
+}
+
+impl Engine {
+    /// Runs `tokens` of one sequence; returns what sampling after the last one needs.
+    fn step(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        cut: Option<usize>,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Next, ModelError> {
+        let mut step = [SeqStep { tokens, cache, all_logits: false }];
+        Ok(match cut {
+            Some(k) => Next::Top(self.model.forward_top_k(&mut step, k, cancelled)?.pop().unwrap_or_else(|| {
+                crate::backend::TopK { ids: Vec::new(), logits: Vec::new(), lse: f32::NEG_INFINITY }
+            })),
+            None => Next::Logits(self.model.forward_until(&mut step, cancelled)?.pop().unwrap_or_default()),
+        })
+    }
+}
+
 /// Where and how a model runs (the options serve, run, perplexity and bench share).
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -236,8 +279,8 @@ pub struct RunOptions {
     pub threads: usize,
     /// Context length in tokens (0: the model's maximum, capped at [`DEFAULT_CONTEXT`]).
     pub context: usize,
-    /// `cpu` or `cuda:N`.
-    pub device: Option<String>,
+    /// Where the model runs (`auto`: the first GPU that initialises, else the CPU).
+    pub device: DeviceSpec,
     /// Bytes of layer weights kept resident (`None`: what fits in free memory, see
     /// [`memory_budget`]); the rest stream from storage.
     pub memory_budget: Option<u64>,
@@ -251,7 +294,7 @@ impl Default for RunOptions {
         RunOptions {
             threads: 0,
             context: 0,
-            device: None,
+            device: DeviceSpec::Auto,
             memory_budget: None,
             prefetch_depth: DEFAULT_PREFETCH_DEPTH,
             policy: Policy::Pinned,
@@ -268,7 +311,13 @@ pub const BUDGET_HEADROOM: f64 = 0.1;
 /// activations, the always-resident weights and the prefetch ring have theirs). The KV
 /// cache of one full-context sequence is the runtime allowance: caches beyond it press
 /// on the budget.
-pub fn memory_budget(source: &ModelSource, config: &ModelConfig, context: usize, opts: &RunOptions) -> SchedOptions {
+pub fn memory_budget(
+    source: &ModelSource,
+    config: &ModelConfig,
+    context: usize,
+    opts: &RunOptions,
+    free: Option<u64>,
+) -> SchedOptions {
     let shape = RuntimeShape {
         hidden: config.hidden_size as u64,
         intermediate: config.intermediate_size as u64,
@@ -284,7 +333,7 @@ pub fn memory_budget(source: &ModelSource, config: &ModelConfig, context: usize,
     };
     let runtime = estimate_runtime_bytes(&shape);
     let budget = opts.memory_budget.or_else(|| {
-        let free = available_memory()?;
+        let free = free?;
         let mut layers = vec![0u64; config.n_layers];
         let mut always_resident = 0u64;
         for (name, t) in &source.tensors {
@@ -332,18 +381,40 @@ pub const DEFAULT_CONTEXT: usize = 4096;
 /// A loaded model with its tokenizer, ready to run.
 pub struct Engine {
     pub name: String,
-    pub model: LlamaModel<CpuBackend>,
+    pub model: Box<dyn LanguageModel>,
     pub tokenizer: TextTokenizer,
     pub context_len: usize,
+    /// Where the model runs.
+    pub device: DeviceInfo,
+}
+
+/// A backend made for `--device`: `auto` tries the first GPU and falls back to the CPU.
+enum Chosen {
+    Cpu(Arc<CpuBackend>),
+    Cuda(Arc<crate::backend::cuda::CudaBackend>),
+}
+
+fn choose_backend(opts: &RunOptions) -> anyhow::Result<Chosen> {
+    use crate::backend::cuda::CudaBackend;
+    let cpu = || Chosen::Cpu(Arc::new(CpuBackend::new(opts.threads)));
+    match opts.device {
+        DeviceSpec::Cpu => Ok(cpu()),
+        DeviceSpec::Cuda(n) => {
+            CudaBackend::new(n).map(|b| Chosen::Cuda(Arc::new(b))).with_context(|| format!("--device cuda:{n}"))
+        }
+        DeviceSpec::Auto => match CudaBackend::new(0) {
+            Ok(b) => Ok(Chosen::Cuda(Arc::new(b))),
+            Err(e) => {
+                tracing::info!(reason = %e, "no usable GPU: running on the CPU");
+                Ok(cpu())
+            }
+        },
+    }
 }
 
 impl Engine {
     /// Loads a model SPEC (a Hugging Face directory or `strata-demo`).
     pub fn load(spec: &str, opts: &RunOptions) -> anyhow::Result<Self> {
-        match opts.device.as_deref() {
-            None | Some("cpu") => {}
-            Some(other) => anyhow::bail!("device `{other}` is not available: this build runs on the CPU only"),
-        }
         let source = ModelSource::from_spec(spec)?;
         Self::from_source(source, opts)
     }
@@ -362,10 +433,19 @@ impl Engine {
             0 => config.max_position_embeddings.min(DEFAULT_CONTEXT),
             n => n,
         };
-        let backend = Arc::new(CpuBackend::new(opts.threads));
-        let sched = memory_budget(&source, &config, context_len, opts);
-        let model = LlamaModel::with_options(config, &source, backend, &sched)
-            .with_context(|| format!("model `{}`", source.name))?;
-        Ok(Engine { name: source.name, model, tokenizer, context_len })
+        let (model, device): (Box<dyn LanguageModel>, DeviceInfo) = match choose_backend(opts)? {
+            Chosen::Cpu(be) => {
+                let sched = memory_budget(&source, &config, context_len, opts, be.free_memory());
+                let m = LlamaModel::with_options(config, &source, be, &sched);
+                (Box::new(m.with_context(|| format!("model `{}`", source.name))?), DeviceInfo::cpu())
+            }
+            Chosen::Cuda(be) => {
+                let info = DeviceInfo { device: format!("cuda:{}", be.ordinal()), name: be.gpu_name().to_string() };
+                let sched = memory_budget(&source, &config, context_len, opts, be.free_memory());
+                let m = LlamaModel::with_options(config, &source, be, &sched);
+                (Box::new(m.with_context(|| format!("model `{}` on {}", source.name, info.device))?), info)
+            }
+        };
+        Ok(Engine { name: source.name, model, tokenizer, context_len, device })
     }
 }

@@ -172,7 +172,7 @@ impl ModelConfig {
                 }
             }
         }
-        RopeFreqs { inv_freq, attention_factor: 1.0 }
+        RopeFreqs { inv_freq, attention_factor: 1.0, interleaved: false }
     }
 }
 

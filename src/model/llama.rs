@@ -2,12 +2,13 @@
 //! grouped-query attention, rotary embeddings and a SwiGLU MLP, written against the
 //! backend ops. Layer weights come from the scheduler, one layer at a time.
 
-use std::sync::Arc;
+use std::any::Any;
+use std::sync::{Arc, Mutex};
 
 use super::ModelSource;
 use super::config::ModelConfig;
-use crate::backend::{AttnParams, Backend, RopeFreqs};
-use crate::sched::{LayerTensors, Reservation, SchedError, SchedOptions, Scheduler};
+use crate::backend::{AttnParams, Backend, BackendError, RopeFreqs, TopK};
+use crate::sched::{LayerTensors, Reservation, SchedError, SchedInfo, SchedOptions, Scheduler};
 use crate::tensor::HostTensor;
 
 /// One decoder block's weights, in the backend's form.
@@ -25,17 +26,24 @@ pub struct LayerWeights<B: Backend> {
     pub w_down: B::Weight,                // (hidden, intermediate)
 }
 
-/// Keys and values of one sequence, per layer: `[capacity, n_kv_heads * head_dim]`.
-pub struct KvCache<B: Backend> {
+/// Keys and values of one sequence, per layer: `[capacity, n_kv_heads * head_dim]`, in
+/// the buffers of the backend of the model that made it.
+struct KvBufs<B: Backend> {
     k: Vec<B::Buf>,
     v: Vec<B::Buf>,
+}
+
+/// One sequence's KV cache. It belongs to the model that made it: passing it to
+/// another model's forward pass is an error.
+pub struct KvCache {
+    bufs: Box<dyn Any + Send>, // KvBufs<B> of the model's backend
     len: usize,
     capacity: usize,
     /// Its bytes, held against the scheduler's memory budget.
     _memory: Reservation,
 }
 
-impl<B: Backend> KvCache<B> {
+impl KvCache {
     /// Positions already cached.
     pub fn len(&self) -> usize {
         self.len
@@ -56,10 +64,10 @@ impl<B: Backend> KvCache<B> {
 }
 
 /// One sequence's part of a batched forward pass.
-pub struct SeqStep<'a, B: Backend> {
+pub struct SeqStep<'a> {
     /// New tokens, appended after what the cache holds.
     pub tokens: &'a [u32],
-    pub cache: &'a mut KvCache<B>,
+    pub cache: &'a mut KvCache,
     /// Logits for every new token (true) or only the last (false).
     pub all_logits: bool,
 }
@@ -78,6 +86,62 @@ pub enum ModelError {
     Cancelled,
     #[error("token id {id} is outside the vocabulary ({vocab})")]
     BadToken { id: u32, vocab: usize },
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("a KV cache was passed to a model other than the one that made it")]
+    ForeignCache,
+}
+
+/// Activation buffers reused across forward passes (no allocation per token): sized
+/// for `rows` token rows and `out_rows` rows of logits, grown when a pass needs more.
+struct Workspace<B: Backend> {
+    rows: usize,
+    out_rows: usize,
+    x: B::Buf,       // residual stream (rows, hidden)
+    normed: B::Buf,  // (rows, hidden)
+    q: B::Buf,       // (rows, n_heads * head_dim)
+    k: B::Buf,       // (rows, n_kv_heads * head_dim)
+    v: B::Buf,       // (rows, n_kv_heads * head_dim)
+    attn: B::Buf,    // (rows, n_heads * head_dim)
+    proj: B::Buf,    // (rows, hidden)
+    gate: B::Buf,    // (rows, intermediate)
+    up: B::Buf,      // (rows, intermediate)
+    scratch: B::Buf, // (rows, max(q_dim, kv_dim))
+    picked: B::Buf,  // (out_rows, hidden): the rows whose logits are wanted
+    head_in: B::Buf, // (out_rows, hidden): those rows after the final norm
+    logits: B::Buf,  // (out_rows, vocab)
+}
+
+impl<B: Backend> Workspace<B> {
+    fn new(be: &B, c: &ModelConfig, rows: usize, out_rows: usize) -> Result<Self, BackendError> {
+        let (h, q_dim, kv_dim) = (c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let (rows, out_rows) = (rows.max(1), out_rows.max(1));
+        Ok(Workspace {
+            rows,
+            out_rows,
+            x: be.alloc(rows * h)?,
+            normed: be.alloc(rows * h)?,
+            q: be.alloc(rows * q_dim)?,
+            k: be.alloc(rows * kv_dim)?,
+            v: be.alloc(rows * kv_dim)?,
+            attn: be.alloc(rows * q_dim)?,
+            proj: be.alloc(rows * h)?,
+            gate: be.alloc(rows * c.intermediate_size)?,
+            up: be.alloc(rows * c.intermediate_size)?,
+            scratch: be.alloc(rows * q_dim.max(kv_dim))?,
+            picked: be.alloc(out_rows * h)?,
+            head_in: be.alloc(out_rows * h)?,
+            logits: be.alloc(out_rows * c.vocab_size)?,
+        })
+    }
+}
+
+/// What a forward pass hands back for each sequence's selected rows.
+enum Readback {
+    /// Every logit.
+    Full,
+    /// The `k` most likely entries and the `logsumexp` (copied back instead of the row).
+    Top(usize),
 }
 
 pub struct LlamaModel<B: Backend> {
@@ -91,6 +155,7 @@ pub struct LlamaModel<B: Backend> {
     /// Bytes of all weights (layers, embeddings, head, norms).
     pub weights_bytes: usize,
     lm_head_bytes: usize,
+    workspace: Mutex<Option<Workspace<B>>>,
 }
 
 fn checked<'a>(t: &'a HostTensor, name: &str, want: &[usize]) -> Result<&'a HostTensor, ModelError> {
@@ -117,7 +182,7 @@ impl<B: Backend> LlamaModel<B> {
         let (h, q_dim, kv_dim) = (c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
         let global = |name: &str, want: &[usize]| -> Result<B::Weight, ModelError> {
             let t = source.tensors.get(name).ok_or_else(|| ModelError::Missing(name.to_string()))?;
-            Ok(backend.weight(checked(t, name, want)?))
+            Ok(backend.weight(checked(t, name, want)?)?)
         };
         let embed = global("model.embed_tokens.weight", &[c.vocab_size, h])?;
         let norm = global("model.norm.weight", &[h])?;
@@ -150,7 +215,7 @@ impl<B: Backend> LlamaModel<B> {
                         msg: format!("tensor `{name}`: expected shape {want:?}, found {:?}", t.shape),
                     });
                 }
-                Ok(backend.weight(t))
+                backend.weight(t).map_err(|source| SchedError::Backend { layer: lt.index, source })
             };
             let i = c.intermediate_size;
             Ok(LayerWeights {
@@ -182,7 +247,18 @@ impl<B: Backend> LlamaModel<B> {
         };
         let layers = Scheduler::new(layer_sources, build, sched)?;
         let rope = config.rope_freqs();
-        Ok(LlamaModel { config, backend, embed, norm, lm_head, layers, rope, weights_bytes, lm_head_bytes })
+        Ok(LlamaModel {
+            config,
+            backend,
+            embed,
+            norm,
+            lm_head,
+            layers,
+            rope,
+            weights_bytes,
+            lm_head_bytes,
+            workspace: Mutex::new(None),
+        })
     }
 
     /// Bytes of the output head (read in full every decode step).
@@ -199,23 +275,23 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     /// An empty KV cache for up to `capacity` positions.
-    pub fn new_cache(&self, capacity: usize) -> KvCache<B> {
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
         let width = self.config.n_kv_heads * self.config.head_dim;
         let n = self.config.n_layers;
         let bytes = (2 * n * capacity * width * std::mem::size_of::<f32>()) as u64;
-        KvCache {
-            _memory: self.layers.reserve(bytes),
-            k: (0..n).map(|_| self.backend.alloc(capacity * width)).collect(),
-            v: (0..n).map(|_| self.backend.alloc(capacity * width)).collect(),
-            len: 0,
-            capacity,
+        let memory = self.layers.reserve(bytes);
+        let mut bufs = KvBufs::<B> { k: Vec::with_capacity(n), v: Vec::with_capacity(n) };
+        for _ in 0..n {
+            bufs.k.push(self.backend.alloc(capacity * width)?);
+            bufs.v.push(self.backend.alloc(capacity * width)?);
         }
+        Ok(KvCache { bufs: Box::new(bufs), _memory: memory, len: 0, capacity })
     }
 
     /// Runs the new tokens of every sequence in `batch` through the model, appending to
     /// their caches. Returns, per sequence, the logits (`[n, vocab]` row-major) of every
     /// new token or of the last one.
-    pub fn forward(&self, batch: &mut [SeqStep<'_, B>]) -> Result<Vec<Vec<f32>>, ModelError> {
+    pub fn forward(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         self.forward_until(batch, &|| false)
     }
 
@@ -223,19 +299,58 @@ impl<B: Backend> LlamaModel<B> {
     /// up with [`ModelError::Cancelled`] (the caches are left as they were).
     pub fn forward_until(
         &self,
-        batch: &mut [SeqStep<'_, B>],
+        batch: &mut [SeqStep<'_>],
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let vocab = self.config.vocab_size;
+        let (logits, counts, _) = self.run(batch, cancelled, Readback::Full)?;
+        let mut out = Vec::with_capacity(counts.len());
+        let mut at = 0;
+        for take in counts {
+            out.push(logits[at * vocab..(at + take) * vocab].to_vec());
+            at += take;
+        }
+        Ok(out)
+    }
+
+    /// Runs `batch` like [`forward_until`](Self::forward_until) (every sequence's
+    /// `all_logits` is ignored) and returns, per sequence, the `k` most likely next
+    /// tokens after its last new token; only those cross from the device.
+    pub fn forward_top_k(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        k: usize,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Vec<TopK>, ModelError> {
+        batch.iter_mut().for_each(|s| s.all_logits = false);
+        let (_, counts, top) = self.run(batch, cancelled, Readback::Top(k.clamp(1, crate::backend::MAX_TOP_K)))?;
+        let mut top = top.into_iter();
+        // A sequence with no new tokens has no row: it gets an empty answer.
+        Ok(counts.iter().map(|&n| if n == 0 { empty_top() } else { top.next().unwrap_or_else(empty_top) }).collect())
+    }
+
+    /// The layers, then the final norm and head over each sequence's selected rows.
+    /// Returns the logits (`Readback::Full`) or the top entries (`Readback::Top`) of
+    /// those rows, and how many rows each sequence got.
+    fn run(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &dyn Fn() -> bool,
+        readback: Readback,
+    ) -> Result<(Vec<f32>, Vec<usize>, Vec<TopK>), ModelError> {
         let c = &self.config;
         let be = &*self.backend;
         let h = c.hidden_size;
-        let x = self.run_layers(batch, cancelled)?;
+        let rows: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let out_rows: usize =
+            batch.iter().map(|s| if s.all_logits { s.tokens.len() } else { s.tokens.len().min(1) }).sum();
+        let mut guard = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let ws = self.workspace_for(&mut guard, rows, out_rows)?;
+        self.run_layers(batch, cancelled, ws)?;
 
         // Gather the rows whose logits are wanted, then the final norm and the head.
-        let rows: usize = batch.iter().map(|s| s.tokens.len()).sum();
-        let mut picked = be.alloc(rows * h);
         let mut counts = Vec::with_capacity(batch.len());
-        let (mut row0, mut out_rows) = (0, 0);
+        let (mut row0, mut at) = (0, 0);
         for s in batch.iter_mut() {
             let n = s.tokens.len();
             let (src, take) = match (s.all_logits, n) {
@@ -243,24 +358,41 @@ impl<B: Backend> LlamaModel<B> {
                 (true, _) => (row0, n),
                 (false, _) => (row0 + n - 1, 1),
             };
-            be.copy_rows(&x, src, take, h, &mut picked, out_rows);
+            be.copy_rows(&ws.x, src, take, h, &mut ws.picked, at)?;
             counts.push(take);
-            out_rows += take;
-            row0 += n;
-            s.cache.len += n;
-        }
-        let mut normed = be.alloc(out_rows * h);
-        be.rms_norm(&picked, out_rows, &self.norm, c.rms_norm_eps, &mut normed);
-        let mut logits = be.alloc(out_rows * c.vocab_size);
-        be.matmul(&normed, out_rows, &self.lm_head, &mut logits);
-        let logits = be.download(&logits, out_rows * c.vocab_size);
-        let mut out = Vec::with_capacity(batch.len());
-        let mut at = 0;
-        for take in counts {
-            out.push(logits[at * c.vocab_size..(at + take) * c.vocab_size].to_vec());
             at += take;
+            row0 += n;
         }
-        Ok(out)
+        be.rms_norm(&ws.picked, out_rows, &self.norm, c.rms_norm_eps, &mut ws.head_in)?;
+        be.matmul(&ws.head_in, out_rows, &self.lm_head, &mut ws.logits)?;
+        let result = match readback {
+            Readback::Full => (be.download(&ws.logits, out_rows * c.vocab_size)?, counts, Vec::new()),
+            Readback::Top(k) => {
+                let top = be.top_k(&ws.logits, out_rows, c.vocab_size, k)?;
+                (Vec::new(), counts, top)
+            }
+        };
+        // Only a pass that completed advances the caches.
+        for s in batch.iter_mut() {
+            s.cache.len += s.tokens.len();
+        }
+        Ok(result)
+    }
+
+    /// The workspace, grown (reallocated) when this pass needs more rows than it has.
+    fn workspace_for<'w>(
+        &self,
+        slot: &'w mut Option<Workspace<B>>,
+        rows: usize,
+        out_rows: usize,
+    ) -> Result<&'w mut Workspace<B>, ModelError> {
+        let fits = slot.as_ref().is_some_and(|w| w.rows >= rows && w.out_rows >= out_rows);
+        if !fits {
+            let (old_rows, old_out) = slot.as_ref().map_or((0, 0), |w| (w.rows, w.out_rows));
+            *slot = None; // free the old buffers before allocating the new ones
+            *slot = Some(Workspace::new(&*self.backend, &self.config, rows.max(old_rows), out_rows.max(old_out))?);
+        }
+        slot.as_mut().ok_or(ModelError::ForeignCache)
     }
 
     /// A sentence embedding: the mean over positions of the final-norm hidden states,
@@ -269,11 +401,12 @@ impl<B: Backend> LlamaModel<B> {
         let c = &self.config;
         let be = &*self.backend;
         let h = c.hidden_size;
-        let mut cache = self.new_cache(tokens.len());
-        let x = self.run_layers(&mut [SeqStep { tokens, cache: &mut cache, all_logits: true }], cancelled)?;
-        let mut normed = be.alloc(tokens.len() * h);
-        be.rms_norm(&x, tokens.len(), &self.norm, c.rms_norm_eps, &mut normed);
-        let hidden = be.download(&normed, tokens.len() * h);
+        let mut cache = self.new_cache(tokens.len())?;
+        let mut guard = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let ws = self.workspace_for(&mut guard, tokens.len(), 1)?;
+        self.run_layers(&mut [SeqStep { tokens, cache: &mut cache, all_logits: true }], cancelled, ws)?;
+        be.rms_norm(&ws.x, tokens.len(), &self.norm, c.rms_norm_eps, &mut ws.normed)?;
+        let hidden = be.download(&ws.normed, tokens.len() * h)?;
         let mut mean = vec![0.0f64; h];
         for row in hidden.chunks_exact(h) {
             mean.iter_mut().zip(row).for_each(|(m, &v)| *m += v as f64);
@@ -283,9 +416,14 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     /// Embeds the new tokens of every sequence and runs every layer over them, writing
-    /// keys and values into the caches (without advancing them). Returns the residual
-    /// stream `(rows, hidden)`.
-    fn run_layers(&self, batch: &mut [SeqStep<'_, B>], cancelled: &dyn Fn() -> bool) -> Result<B::Buf, ModelError> {
+    /// keys and values into the caches (without advancing them). Leaves the residual
+    /// stream `(rows, hidden)` in `ws.x`.
+    fn run_layers(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &dyn Fn() -> bool,
+        ws: &mut Workspace<B>,
+    ) -> Result<(), ModelError> {
         let c = &self.config;
         let be = &*self.backend;
         let (h, hd) = (c.hidden_size, c.head_dim);
@@ -301,74 +439,126 @@ impl<B: Backend> LlamaModel<B> {
             if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
                 return Err(ModelError::BadToken { id, vocab: c.vocab_size });
             }
+            if !s.cache.bufs.is::<KvBufs<B>>() {
+                return Err(ModelError::ForeignCache);
+            }
             ids.extend_from_slice(s.tokens);
             positions.extend((s.cache.len..needed).map(|p| p as u32));
         }
         let rows = ids.len();
+        let Workspace { x, normed, q, k, v, attn, proj, gate, up, scratch, .. } = ws;
 
-        let mut x = be.alloc(rows * h); // residual stream (rows, hidden)
-        be.embedding(&self.embed, &ids, &mut x);
-        let mut normed = be.alloc(rows * h); // (rows, hidden)
-        let mut q = be.alloc(rows * q_dim); // (rows, n_heads * head_dim)
-        let mut k = be.alloc(rows * kv_dim); // (rows, n_kv_heads * head_dim)
-        let mut v = be.alloc(rows * kv_dim);
-        let mut attn = be.alloc(rows * q_dim);
-        let mut proj = be.alloc(rows * h);
-        let mut gate = be.alloc(rows * c.intermediate_size); // (rows, intermediate)
-        let mut up = be.alloc(rows * c.intermediate_size);
-        let mut scratch = be.alloc(rows * q_dim.max(kv_dim));
-
+        be.embedding(&self.embed, &ids, x)?;
         for l in 0..c.n_layers {
             if cancelled() {
                 return Err(ModelError::Cancelled);
             }
             let w = self.layers.layer(l)?;
-            be.rms_norm(&x, rows, &w.attn_norm, c.rms_norm_eps, &mut normed);
-            be.matmul(&normed, rows, &w.wq, &mut q);
-            be.matmul(&normed, rows, &w.wk, &mut k);
-            be.matmul(&normed, rows, &w.wv, &mut v);
+            be.rms_norm(x, rows, &w.attn_norm, c.rms_norm_eps, normed)?;
+            be.matmul(normed, rows, &w.wq, q)?;
+            be.matmul(normed, rows, &w.wk, k)?;
+            be.matmul(normed, rows, &w.wv, v)?;
             if let Some([bq, bk, bv]) = &w.bias_qkv {
-                be.add_bias(&mut q, rows, bq);
-                be.add_bias(&mut k, rows, bk);
-                be.add_bias(&mut v, rows, bv);
+                be.add_bias(q, rows, bq)?;
+                be.add_bias(k, rows, bk)?;
+                be.add_bias(v, rows, bv)?;
             }
             if let Some([qn, kn]) = &w.qk_norm {
-                be.rms_norm(&q, rows * c.n_heads, qn, c.rms_norm_eps, &mut scratch);
-                be.copy_rows(&scratch, 0, rows, q_dim, &mut q, 0);
-                be.rms_norm(&k, rows * c.n_kv_heads, kn, c.rms_norm_eps, &mut scratch);
-                be.copy_rows(&scratch, 0, rows, kv_dim, &mut k, 0);
+                be.rms_norm(q, rows * c.n_heads, qn, c.rms_norm_eps, scratch)?;
+                be.copy_rows(scratch, 0, rows, q_dim, q, 0)?;
+                be.rms_norm(k, rows * c.n_kv_heads, kn, c.rms_norm_eps, scratch)?;
+                be.copy_rows(scratch, 0, rows, kv_dim, k, 0)?;
             }
-            be.rope(&mut q, c.n_heads, hd, &positions, &self.rope);
-            be.rope(&mut k, c.n_kv_heads, hd, &positions, &self.rope);
+            be.rope(q, c.n_heads, hd, &positions, &self.rope)?;
+            be.rope(k, c.n_kv_heads, hd, &positions, &self.rope)?;
 
             let mut row0 = 0;
             for s in batch.iter_mut() {
                 let n = s.tokens.len();
-                let cache = &mut *s.cache;
-                be.copy_rows(&k, row0, n, kv_dim, &mut cache.k[l], cache.len);
-                be.copy_rows(&v, row0, n, kv_dim, &mut cache.v[l], cache.len);
+                let start_pos = s.cache.len;
+                let cache = s.cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
+                be.copy_rows(k, row0, n, kv_dim, &mut cache.k[l], start_pos)?;
+                be.copy_rows(v, row0, n, kv_dim, &mut cache.v[l], start_pos)?;
                 let p = AttnParams {
                     n_heads: c.n_heads,
                     n_kv_heads: c.n_kv_heads,
                     head_dim: hd,
-                    start_pos: cache.len,
+                    start_pos,
                     scale: (hd as f32).powf(-0.5),
                     sliding_window: c.sliding_window,
                 };
-                be.attention(&q, row0, n, &cache.k[l], &cache.v[l], &p, &mut attn);
+                be.attention(q, row0, n, &cache.k[l], &cache.v[l], &p, attn)?;
                 row0 += n;
             }
-            be.matmul(&attn, rows, &w.wo, &mut proj);
-            be.add(&mut x, &proj, rows * h);
+            be.matmul(attn, rows, &w.wo, proj)?;
+            be.add(x, proj, rows * h)?;
 
-            be.rms_norm(&x, rows, &w.ffn_norm, c.rms_norm_eps, &mut normed);
-            be.matmul(&normed, rows, &w.w_gate, &mut gate);
-            be.matmul(&normed, rows, &w.w_up, &mut up);
-            be.silu_mul(&mut gate, &up, rows * c.intermediate_size);
-            be.matmul(&gate, rows, &w.w_down, &mut proj);
-            be.add(&mut x, &proj, rows * h);
+            be.rms_norm(x, rows, &w.ffn_norm, c.rms_norm_eps, normed)?;
+            be.matmul(normed, rows, &w.w_gate, gate)?;
+            be.matmul(normed, rows, &w.w_up, up)?;
+            be.silu_mul(gate, up, rows * c.intermediate_size)?;
+            be.matmul(gate, rows, &w.w_down, proj)?;
+            be.add(x, proj, rows * h)?;
         }
+        Ok(())
+    }
+}
 
-        Ok(x)
+fn empty_top() -> TopK {
+    TopK { ids: Vec::new(), logits: Vec::new(), lse: f32::NEG_INFINITY }
+}
+
+impl<B: Backend> super::LanguageModel for LlamaModel<B> {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
+        LlamaModel::new_cache(self, capacity)
+    }
+
+    fn forward_until(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        LlamaModel::forward_until(self, batch, cancelled)
+    }
+
+    fn forward_top_k(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        k: usize,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Vec<TopK>, ModelError> {
+        LlamaModel::forward_top_k(self, batch, k, cancelled)
+    }
+
+    fn embed(&self, tokens: &[u32], cancelled: &dyn Fn() -> bool) -> Result<Vec<f32>, ModelError> {
+        LlamaModel::embed(self, tokens, cancelled)
+    }
+
+    fn scheduler(&self) -> &dyn SchedInfo {
+        &self.layers
+    }
+
+    fn backend_name(&self) -> String {
+        self.backend.name()
+    }
+
+    fn device_bytes(&self) -> u64 {
+        self.backend.device_bytes()
+    }
+
+    fn memory_bandwidth(&self) -> Option<f64> {
+        self.backend.memory_bandwidth()
+    }
+
+    fn weights_bytes(&self) -> usize {
+        self.weights_bytes
+    }
+
+    fn lm_head_bytes(&self) -> usize {
+        self.lm_head_bytes
     }
 }

@@ -7,7 +7,51 @@ pub mod llama;
 
 use std::collections::HashMap;
 
+use crate::backend::TopK;
+use crate::sched::SchedInfo;
 use crate::tensor::HostTensor;
+use config::ModelConfig;
+use llama::{KvCache, ModelError, SeqStep};
+
+/// A loaded model on whichever backend it runs: what the engine, the worker and the
+/// CLI use, so nothing past the loader branches on the device.
+pub trait LanguageModel: Send + Sync {
+    fn config(&self) -> &ModelConfig;
+    /// An empty KV cache for up to `capacity` positions, in this model's device memory.
+    fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError>;
+    /// Runs the new tokens of every sequence, appending to their caches; per sequence,
+    /// the logits (`[n, vocab]`) of every new token or only of the last one.
+    fn forward_until(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Vec<Vec<f32>>, ModelError>;
+    /// Like `forward_until`, but returns only each sequence's `k` most likely next
+    /// tokens (selected on the device).
+    fn forward_top_k(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        k: usize,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Vec<TopK>, ModelError>;
+    fn forward(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.forward_until(batch, &|| false)
+    }
+    /// A sentence embedding (mean of the final hidden states, L2-normalized).
+    fn embed(&self, tokens: &[u32], cancelled: &dyn Fn() -> bool) -> Result<Vec<f32>, ModelError>;
+    fn scheduler(&self) -> &dyn SchedInfo;
+    /// The backend, in words (`cpu (2 threads)`, `cuda:0 (NVIDIA H100 …)`).
+    fn backend_name(&self) -> String;
+    /// Bytes of GPU memory the model holds (0 on the CPU).
+    fn device_bytes(&self) -> u64;
+    /// The device's memory bandwidth measured now, in bytes/s (`None` on the CPU,
+    /// whose bandwidth `bench` measures itself).
+    fn memory_bandwidth(&self) -> Option<f64>;
+    /// Bytes of all weights (layers, embeddings, head, norms).
+    fn weights_bytes(&self) -> usize;
+    /// Bytes of the output head (read in full every decode step).
+    fn lm_head_bytes(&self) -> usize;
+}
 
 /// Everything needed to build a model, independent of where it came from (a Hugging
 /// Face directory on disk, or the in-memory demo model).

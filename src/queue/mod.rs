@@ -182,6 +182,10 @@ pub enum JobError {
     Invalid { param: Option<&'static str>, message: String },
     #[error("{0}")]
     Internal(String),
+    /// The device could not run the job (GPU memory exhausted, a failed launch): 503,
+    /// and the server keeps serving.
+    #[error("{0}")]
+    Device(String),
     #[error("the server is shutting down")]
     ShuttingDown,
 }

@@ -35,6 +35,10 @@ pub struct LoadedModel {
     pub expires_at: Option<SystemTime>,
     /// Its layers' residency and storage counters.
     pub sched: crate::sched::SchedMonitor,
+    /// Where it runs.
+    pub device: crate::backend::device::DeviceInfo,
+    /// Bytes of GPU memory it holds (weights, KV cache, activations); 0 on the CPU.
+    pub size_vram: u64,
 }
 
 /// State the worker shares with the HTTP side.
@@ -45,6 +49,8 @@ pub struct WorkerStatus {
     pub ready: Arc<AtomicBool>,
     /// Set on shutdown: running work stops, queued work is refused.
     pub shutting_down: Arc<AtomicBool>,
+    /// The device the most recently loaded model runs on (`None` before the first).
+    pub device: Arc<Mutex<Option<crate::backend::device::DeviceInfo>>>,
 }
 
 struct Slot {
@@ -190,10 +196,21 @@ impl Worker {
         }
         let opts = self.config.run.clone();
         let started = Instant::now();
-        let engine =
-            Engine::load(&info.spec, &opts).map_err(|e| JobError::Internal(format!("loading `{name}`: {e:#}")))?;
-        tracing::info!(model = %key, seconds = started.elapsed().as_secs_f64(), "model loaded");
-        let session = Session::new(&engine);
+        let engine = Engine::load(&info.spec, &opts).map_err(|e| {
+            let msg = format!("loading `{name}`: {e:#}");
+            match is_device_error(&e) {
+                true => JobError::Device(msg),
+                false => JobError::Internal(msg),
+            }
+        })?;
+        tracing::info!(
+            model = %key,
+            device = %engine.device.device,
+            seconds = started.elapsed().as_secs_f64(),
+            "model loaded"
+        );
+        *self.status.device.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine.device.clone());
+        let session = Session::new(&engine).map_err(|e| model_error(&name, e))?;
         self.slots.push(Slot {
             name: key,
             engine,
@@ -237,6 +254,8 @@ impl Worker {
                 context_length: s.session.context_len(),
                 expires_at: s.expires.map(|t| now.1 + t.saturating_duration_since(now.0)),
                 sched: s.engine.model.scheduler().monitor(),
+                device: s.engine.device.clone(),
+                size_vram: s.engine.model.device_bytes(),
             })
             .collect();
         *self.status.loaded.lock().expect("status lock") = list;
@@ -256,7 +275,7 @@ impl Worker {
         let slot = &mut self.slots[i];
         let engine = &slot.engine;
         let tok = &engine.tokenizer;
-        let vocab = engine.model.config.vocab_size;
+        let vocab = engine.model.config().vocab_size;
         let mut prompt = job.context.clone();
         let new_ids = match &job.prompt {
             PromptInput::Text { text, special } => tok.encode(text, *special).map_err(|e| text_error("prompt", e))?,
@@ -271,7 +290,7 @@ impl Worker {
         }
         let ctx = job.num_ctx.unwrap_or(slot.engine.context_len).max(1);
         if slot.session.context_len() != ctx {
-            slot.session = Session::with_capacity(&slot.engine, ctx);
+            slot.session = Session::with_capacity(&slot.engine, ctx).map_err(|e| model_error(&job.model, e))?;
         }
         let param = match job.prompt {
             PromptInput::Chat(_) => "messages",
@@ -319,7 +338,7 @@ impl Worker {
                 GenerateError::EmptyPrompt | GenerateError::PromptTooLong { .. } => invalid(Some(param), e),
                 GenerateError::Model(ModelError::BadToken { .. }) => invalid(Some(param), e),
                 GenerateError::Text(t) => text_error(param, t),
-                other => JobError::Internal(other.to_string()),
+                GenerateError::Model(e) => model_error(&job.model, e),
             })?;
         let mut context = req.prompt;
         context.extend(&summary.tokens);
@@ -353,7 +372,7 @@ impl Worker {
         let load = load_start.elapsed();
         self.touch(i, job.keep_alive);
         let engine = &self.slots[i].engine;
-        let (vocab, ctx) = (engine.model.config.vocab_size, engine.context_len);
+        let (vocab, ctx) = (engine.model.config().vocab_size, engine.context_len);
         let mut vectors = Vec::with_capacity(job.inputs.len());
         let mut prompt_tokens = 0;
         for (n, input) in job.inputs.iter().enumerate() {
@@ -383,7 +402,7 @@ impl Worker {
             match engine.model.embed(&ids, cancelled) {
                 Ok(v) => vectors.push(v),
                 Err(ModelError::Cancelled) => return Ok(()),
-                Err(e) => return Err(JobError::Internal(e.to_string())),
+                Err(e) => return Err(model_error(&job.model, e)),
             }
         }
         if self.slots[i].keep_alive == KeepAlive::For(Duration::ZERO) {
@@ -392,5 +411,26 @@ impl Worker {
         self.publish();
         let _ = events.send(Event::Embeddings { vectors, prompt_tokens, load, total: admitted.elapsed() });
         Ok(())
+    }
+}
+
+/// Whether loading failed for want of a device or its memory (a 503, not a 500).
+fn is_device_error(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.is::<crate::backend::BackendError>()
+            || c.is::<crate::backend::cuda::CudaInitError>()
+            || c.downcast_ref::<ModelError>().is_some_and(|m| {
+                matches!(m, ModelError::Backend(_) | ModelError::Sched(crate::sched::SchedError::Backend { .. }))
+            })
+    })
+}
+
+/// A model error as the client sees it: device trouble (GPU memory, a failed launch) is
+/// 503 and names the device; anything else is an internal error.
+fn model_error(model: &str, e: ModelError) -> JobError {
+    let device = matches!(e, ModelError::Backend(_) | ModelError::Sched(crate::sched::SchedError::Backend { .. }));
+    match device {
+        true => JobError::Device(format!("model `{model}`: {e}")),
+        false => JobError::Internal(format!("model `{model}`: {e}")),
     }
 }

@@ -52,6 +52,8 @@ pub enum SchedError {
     MissingTensor { layer: usize, name: String },
     #[error("layer {layer}: {msg}")]
     Build { layer: usize, msg: String },
+    #[error("layer {layer}: {source}")]
+    Backend { layer: usize, source: crate::backend::BackendError },
     #[error("layer {0} does not exist")]
     NoSuchLayer(usize),
     #[error("layer {layer}: reading its weights: {msg}")]
@@ -357,6 +359,50 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
                 Reservation { bytes, sink: Some(sink) }
             }
         }
+    }
+}
+
+/// What callers outside the model read of a scheduler, whatever its layer type.
+pub trait SchedInfo: Send + Sync {
+    fn n_layers(&self) -> usize;
+    /// Bytes of layer weights the memory budget governs.
+    fn streamable_bytes(&self) -> usize;
+    /// Bytes of layer weights kept resident.
+    fn resident_bytes(&self) -> usize;
+    /// Whether layers stream from storage.
+    fn is_streaming(&self) -> bool;
+    /// The files streamed layers are read from (none when resident).
+    fn files(&self) -> Vec<std::path::PathBuf>;
+    fn stats(&self) -> &SchedStats;
+    fn summary(&self) -> SchedSummary;
+    /// A handle that reads the summary and counters from other threads.
+    fn monitor(&self) -> SchedMonitor;
+}
+
+impl<L: Send + Sync + 'static> SchedInfo for Scheduler<L> {
+    fn n_layers(&self) -> usize {
+        Scheduler::n_layers(self)
+    }
+    fn streamable_bytes(&self) -> usize {
+        Scheduler::streamable_bytes(self)
+    }
+    fn resident_bytes(&self) -> usize {
+        Scheduler::resident_bytes(self)
+    }
+    fn is_streaming(&self) -> bool {
+        Scheduler::is_streaming(self)
+    }
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        Scheduler::files(self)
+    }
+    fn stats(&self) -> &SchedStats {
+        Scheduler::stats(self)
+    }
+    fn summary(&self) -> SchedSummary {
+        Scheduler::summary(self)
+    }
+    fn monitor(&self) -> SchedMonitor {
+        Scheduler::monitor(self)
     }
 }
 

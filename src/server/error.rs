@@ -201,6 +201,7 @@ impl From<JobError> for ApiError {
                 ApiError { kind: ErrorKind::InvalidRequest, message, param: param.map(str::to_string) }
             }
             JobError::Internal(m) => ApiError::new(ErrorKind::Internal, m),
+            JobError::Device(m) => ApiError::new(ErrorKind::Unavailable, m),
             JobError::ShuttingDown => ApiError::new(ErrorKind::Unavailable, "the server is shutting down"),
         }
     }

@@ -120,14 +120,31 @@ fn write_layer_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedM
             c.io_ns as f64 / 1e9
         }),
     ];
-    let rows: Vec<_> = loaded
-        .iter()
-        .map(|m| (m.name.replace('\\', "\\\\").replace('"', "\\\""), m.sched.summary(), m.sched.stats.snapshot()))
-        .collect();
+    let rows: Vec<_> = loaded.iter().map(|m| (escape(&m.name), m.sched.summary(), m.sched.stats.snapshot())).collect();
+    let _ = writeln!(
+        out,
+        "# HELP strata_model_device Where each loaded model runs (always 1).\n# TYPE strata_model_device gauge"
+    );
+    for m in loaded {
+        let (model, device, gpu) = (escape(&m.name), escape(&m.device.device), escape(&m.device.name));
+        let _ = writeln!(out, "strata_model_device{{model=\"{model}\",device=\"{device}\",name=\"{gpu}\"}} 1");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP strata_model_vram_bytes GPU memory each loaded model holds.\n# TYPE strata_model_vram_bytes gauge"
+    );
+    for m in loaded {
+        let _ = writeln!(out, "strata_model_vram_bytes{{model=\"{}\"}} {}", escape(&m.name), m.size_vram);
+    }
     for (name, kind, help, value) in metrics {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (model, summary, stats) in &rows {
             let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(summary, stats));
         }
     }
+}
+
+/// A Prometheus label value: backslashes and quotes escaped.
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }

@@ -213,18 +213,25 @@ pub(crate) async fn root() -> &'static str {
     "Strata is running"
 }
 
-/// Readiness: 200 once the startup model is loaded, 503 before.
+/// Readiness: 200 once the startup model is loaded, 503 before. `device` is where the
+/// most recently loaded model runs (`cpu` or `cuda:N`), `device_name` the processor or
+/// GPU; both are absent until a model has loaded.
 #[utoipa::path(get, path = "/health", tag = "server", responses(
-    (status = 200, description = "ready", body = serde_json::Value, example = json!({"status": "ok"})),
+    (status = 200, description = "ready", body = serde_json::Value,
+        example = json!({"status": "ok", "device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3"})),
     (status = 503, description = "loading", body = serde_json::Value, example = json!({"status": "loading"}))))]
 
 pub(crate) async fn health(State(state): State<AppState>) -> Response {
-    match state.status.ready.load(Ordering::SeqCst) {
-        true => (StatusCode::OK, axum::Json(serde_json::json!({"status": "ok"}))).into_response(),
-        false => {
-            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "loading"}))).into_response()
-        }
+    let (code, status) = match state.status.ready.load(Ordering::SeqCst) {
+        true => (StatusCode::OK, "ok"),
+        false => (StatusCode::SERVICE_UNAVAILABLE, "loading"),
+    };
+    let mut body = serde_json::json!({ "status": status });
+    if let Some(d) = state.status.device.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        body["device"] = d.device.into();
+        body["device_name"] = d.name.into();
     }
+    (code, axum::Json(body)).into_response()
 }
 
 async fn not_found(req: Request) -> Response {

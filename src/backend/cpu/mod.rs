@@ -4,7 +4,7 @@ pub mod matmul;
 
 use rayon::prelude::*;
 
-use super::{AttnParams, Backend, RopeFreqs};
+use super::{AttnParams, Backend, BackendResult, RopeFreqs, TopK};
 use crate::tensor::HostTensor;
 
 pub struct CpuBackend {
@@ -50,41 +50,60 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads)", self.threads)
     }
 
-    fn alloc(&self, len: usize) -> Vec<f32> {
-        vec![0.0; len]
+    fn device_bytes(&self) -> u64 {
+        0
     }
 
-    fn upload(&self, data: &[f32]) -> Vec<f32> {
-        data.to_vec()
+    fn free_memory(&self) -> Option<u64> {
+        crate::engine::session::available_memory()
     }
 
-    fn download(&self, buf: &Vec<f32>, len: usize) -> Vec<f32> {
-        buf[..len].to_vec()
+    fn memory_bandwidth(&self) -> Option<f64> {
+        None
     }
 
-    fn weight(&self, t: &HostTensor) -> HostTensor {
-        t.clone()
+    fn alloc(&self, len: usize) -> BackendResult<Vec<f32>> {
+        Ok(vec![0.0; len])
     }
 
-    fn embedding(&self, table: &HostTensor, ids: &[u32], out: &mut Vec<f32>) {
+    fn upload(&self, data: &[f32]) -> BackendResult<Vec<f32>> {
+        Ok(data.to_vec())
+    }
+
+    fn download(&self, buf: &Vec<f32>, len: usize) -> BackendResult<Vec<f32>> {
+        Ok(buf[..len].to_vec())
+    }
+
+    fn weight(&self, t: &HostTensor) -> BackendResult<HostTensor> {
+        Ok(t.clone())
+    }
+
+    fn top_k(&self, logits: &Vec<f32>, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {
+        Ok(logits.chunks_exact(vocab).take(rows).map(|row| top_k_row(row, k)).collect())
+    }
+
+    fn embedding(&self, table: &HostTensor, ids: &[u32], out: &mut Vec<f32>) -> BackendResult<()> {
         let dim = table.shape[1];
         for (row, &id) in out.chunks_exact_mut(dim).zip(ids) {
             table.read_f32(id as usize * dim, row);
         }
+        Ok(())
     }
 
-    fn matmul(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, out: &mut Vec<f32>) {
+    fn matmul(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, out: &mut Vec<f32>) -> BackendResult<()> {
         matmul::matmul(&self.pool, x, rows, w, out);
+        Ok(())
     }
 
-    fn add_bias(&self, x: &mut Vec<f32>, rows: usize, bias: &HostTensor) {
+    fn add_bias(&self, x: &mut Vec<f32>, rows: usize, bias: &HostTensor) -> BackendResult<()> {
         let b = bias.to_f32_vec();
         for row in x.chunks_exact_mut(b.len()).take(rows) {
             row.iter_mut().zip(&b).for_each(|(v, b)| *v += b);
         }
+        Ok(())
     }
 
-    fn rms_norm(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, eps: f32, out: &mut Vec<f32>) {
+    fn rms_norm(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, eps: f32, out: &mut Vec<f32>) -> BackendResult<()> {
         let w = w.to_f32_vec();
         let dim = w.len();
         let norm = |(src, dst): (&[f32], &mut [f32])| {
@@ -100,9 +119,17 @@ impl Backend for CpuBackend {
         } else {
             src.chunks_exact(dim).zip(dst.chunks_exact_mut(dim)).for_each(norm);
         }
+        Ok(())
     }
 
-    fn rope(&self, x: &mut Vec<f32>, n_heads: usize, head_dim: usize, positions: &[u32], freqs: &RopeFreqs) {
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        n_heads: usize,
+        head_dim: usize,
+        positions: &[u32],
+        freqs: &RopeFreqs,
+    ) -> BackendResult<()> {
         let half = head_dim / 2;
         let mut cos = vec![0.0f32; half];
         let mut sin = vec![0.0f32; half];
@@ -113,14 +140,15 @@ impl Backend for CpuBackend {
                 sin[i] = angle.sin() * freqs.attention_factor;
             }
             for head in row.chunks_exact_mut(head_dim) {
-                let (a, b) = head.split_at_mut(half);
                 for i in 0..half {
-                    let (x0, x1) = (a[i], b[i]);
-                    a[i] = x0 * cos[i] - x1 * sin[i];
-                    b[i] = x1 * cos[i] + x0 * sin[i];
+                    let (i0, i1) = if freqs.interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+                    let (x0, x1) = (head[i0], head[i1]);
+                    head[i0] = x0 * cos[i] - x1 * sin[i];
+                    head[i1] = x1 * cos[i] + x0 * sin[i];
                 }
             }
         }
+        Ok(())
     }
 
     fn copy_rows(
@@ -131,9 +159,10 @@ impl Backend for CpuBackend {
         row_len: usize,
         dst: &mut Vec<f32>,
         dst_row: usize,
-    ) {
+    ) -> BackendResult<()> {
         let n = rows * row_len;
         dst[dst_row * row_len..][..n].copy_from_slice(&src[src_row * row_len..][..n]);
+        Ok(())
     }
 
     fn attention(
@@ -145,7 +174,7 @@ impl Backend for CpuBackend {
         v: &Vec<f32>,
         p: &AttnParams,
         out: &mut Vec<f32>,
-    ) {
+    ) -> BackendResult<()> {
         let hd = p.head_dim;
         let (q_width, kv_width) = (p.n_heads * hd, p.n_kv_heads * hd);
         let group = p.n_heads / p.n_kv_heads;
@@ -180,18 +209,79 @@ impl Backend for CpuBackend {
             let mut scores = Vec::new();
             out.chunks_exact_mut(hd).enumerate().for_each(|t| task(&mut scores, t));
         }
+        Ok(())
     }
 
-    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
+    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) -> BackendResult<()> {
         let f = |(g, u): (&mut [f32], &[f32])| {
             for (g, &u) in g.iter_mut().zip(u) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
         };
         self.elementwise(&mut gate[..len], &up[..len], f);
+        Ok(())
     }
 
-    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> BackendResult<()> {
         self.elementwise(&mut x[..len], &y[..len], |(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
+        Ok(())
+    }
+}
+
+/// The `k` largest logits of a row, largest first (lower id first on ties, NaN never
+/// chosen), and the row's `logsumexp` computed in f64.
+pub fn top_k_row(row: &[f32], k: usize) -> TopK {
+    let k = k.min(row.len());
+    // (logit, id) kept sorted descending; a row is scanned once.
+    let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in row.iter().enumerate() {
+        if l.is_nan() || k == 0 {
+            continue;
+        }
+        if best.len() == k && l <= best[k - 1].0 {
+            continue;
+        }
+        let at = best.partition_point(|&(b, _)| b >= l);
+        best.insert(at, (l, i as u32));
+        best.truncate(k);
+    }
+    let max = row.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    let lse = if max.is_finite() {
+        let sum: f64 = row.iter().filter(|l| !l.is_nan()).map(|&l| (l as f64 - max as f64).exp()).sum();
+        (max as f64 + sum.ln()) as f32
+    } else {
+        max
+    };
+    TopK { ids: best.iter().map(|b| b.1).collect(), logits: best.iter().map(|b| b.0).collect(), lse }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_row_orders_by_logit_then_id_and_reports_lse() {
+        let row = [1.0, 3.0, f32::NAN, 3.0, -2.0, 0.5];
+        let t = top_k_row(&row, 3);
+        assert_eq!(t.ids, vec![1, 3, 0]);
+        assert_eq!(t.logits, vec![3.0, 3.0, 1.0]);
+        let want = row.iter().filter(|l| !l.is_nan()).map(|&l| (l as f64).exp()).sum::<f64>().ln();
+        assert!((t.lse as f64 - want).abs() < 1e-6);
+        assert_eq!(top_k_row(&row, 1).ids, vec![1]);
+        assert_eq!(top_k_row(&row, 10).ids.len(), 5);
+    }
+
+    #[test]
+    fn rope_layouts_rotate_different_pairs() {
+        let be = CpuBackend::new(1);
+        let freqs = |interleaved| RopeFreqs { inv_freq: vec![1.0, 0.5], attention_factor: 1.0, interleaved };
+        let x0 = vec![1.0f32, 2.0, 3.0, 4.0];
+        let (mut neox, mut inter) = (x0.clone(), x0.clone());
+        be.rope(&mut neox, 1, 4, &[1], &freqs(false)).unwrap();
+        be.rope(&mut inter, 1, 4, &[1], &freqs(true)).unwrap();
+        let (c, s) = (1f32.cos(), 1f32.sin());
+        // NEOX pairs (0, 2) at frequency 1; interleaved pairs (0, 1) at frequency 1.
+        assert!((neox[0] - (1.0 * c - 3.0 * s)).abs() < 1e-6 && (neox[2] - (3.0 * c + 1.0 * s)).abs() < 1e-6);
+        assert!((inter[0] - (1.0 * c - 2.0 * s)).abs() < 1e-6 && (inter[1] - (2.0 * c + 1.0 * s)).abs() < 1e-6);
     }
 }

@@ -77,7 +77,8 @@ pub(crate) async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
                 digest: info.as_ref().map(|i| i.digest.clone()).unwrap_or_default(),
                 details: info.as_deref().map(|i| details(&Listing::of(i))).unwrap_or_default(),
                 expires_at: rfc3339(m.expires_at.unwrap_or(forever)),
-                size_vram: 0,
+                size_vram: m.size_vram,
+                device: m.device,
                 context_length: m.context_length,
                 residency: m.sched.summary(),
             }

@@ -355,8 +355,11 @@ pub struct PsModel {
     pub details: ModelDetails,
     /// When the model unloads (about a century ahead when it is kept forever).
     pub expires_at: String,
-    /// 0: the model is in main memory.
+    /// Bytes of GPU memory the model holds (weights, KV cache, activations); 0 when
+    /// it runs on the CPU.
     pub size_vram: u64,
+    /// Strata's addition: where the model runs (`cpu` or `cuda:N`, and its name).
+    pub device: crate::backend::device::DeviceInfo,
     pub context_length: usize,
     /// Strata's addition: which layers are resident and which stream from storage.
     pub residency: crate::sched::SchedSummary,

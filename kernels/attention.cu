@@ -1,0 +1,186 @@
+// attention.cu: causal (optionally sliding-window) attention over the KV cache,
+// split over key ranges and merged (flash-decoding). common.cuh is prepended.
+//
+// Shapes: q and out are [rows, n_heads * head_dim]; k and v are
+// [capacity, n_kv_heads * head_dim]; query head h reads kv head h / (n_heads / n_kv_heads).
+// head_dim <= 256.
+
+#define ATTN_WARPS 4u
+#define ATTN_MAX_HEAD_DIM 256u
+#define ATTN_DPL (ATTN_MAX_HEAD_DIM / 32u)  // head dimensions per lane, at most
+#define ATTN_KPI 4u                          // keys per warp per loop iteration
+
+// attn_partial_f32: for query row r = blockIdx.x / n_heads (position pos = start_pos + r)
+// and head h = blockIdx.x % n_heads, over the keys j of split s = blockIdx.y:
+//   first <= j <= pos, s·split_len <= j < (s+1)·split_len,
+//   first = pos + 1 − window if window > 0 and pos + 1 > window, else 0,
+// with score_j = (q · k_j) · scale, m = max score, writes at
+// part[((r·n_heads + h)·splits + s)·(head_dim + 2)]:
+//   [0, head_dim)  acc = Σ_j e^(score_j − m) · v_j
+//   [head_dim]     m  (−inf for an empty slice)
+//   [head_dim + 1] l  = Σ_j e^(score_j − m)  (0 for an empty slice, acc = 0 then too)
+// Launch: grid (rows · n_heads, splits), block 128 (4 warps), no dynamic shared memory.
+// Warp w takes the keys lo + w, lo + w + 4, ... (four at a time, so their loads and
+// reductions overlap): per key the warp computes q·k (each lane holds head_dim/32
+// dimensions, warp-reduced) and updates its running (m, l, acc) with online-softmax
+// rescaling; the 4 warps then merge (m, l, acc) through shared memory.
+extern "C" __global__ void __launch_bounds__(128)
+    attn_partial_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                     float* __restrict__ part, unsigned int start_pos, unsigned int n_heads,
+                     unsigned int n_kv_heads, unsigned int head_dim, float scale, unsigned int window,
+                     unsigned int split_len) {
+    __shared__ float sm_m[ATTN_WARPS];
+    __shared__ float sm_l[ATTN_WARPS];
+    __shared__ float sm_acc[ATTN_WARPS][ATTN_MAX_HEAD_DIM];
+
+    const float NEG_INF = strata_neg_inf();
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned int bw = blockDim.x >> 5;
+    const unsigned int nw = bw < ATTN_WARPS ? bw : ATTN_WARPS;  // warps that take keys
+    const unsigned int bh = blockIdx.x;
+    const unsigned int r = bh / n_heads, h = bh % n_heads;
+    const unsigned int s = blockIdx.y, splits = gridDim.y;
+    const unsigned int hd = head_dim < ATTN_MAX_HEAD_DIM ? head_dim : ATTN_MAX_HEAD_DIM;
+
+    // Visible key range of this split, in 64-bit to rule out overflow.
+    const unsigned long long pos = (unsigned long long)start_pos + r;
+    const unsigned long long first = (window > 0u && pos + 1ull > window) ? pos + 1ull - window : 0ull;
+    const unsigned long long s_lo = (unsigned long long)s * split_len;
+    const unsigned long long s_hi = s_lo + split_len;
+    const unsigned long long lo = first > s_lo ? first : s_lo;
+    const unsigned long long hi = (pos + 1ull) < s_hi ? (pos + 1ull) : s_hi;  // exclusive
+
+    const unsigned int group = n_kv_heads > 0u ? n_heads / n_kv_heads : 1u;
+    const unsigned int kvh = h / (group > 0u ? group : 1u);
+    const unsigned long long kv_width = (unsigned long long)n_kv_heads * head_dim;
+    const float* qr = q + (unsigned long long)bh * head_dim;
+    const float* kbase = k + (unsigned long long)kvh * head_dim;
+    const float* vbase = v + (unsigned long long)kvh * head_dim;
+
+    float qv[ATTN_DPL], acc[ATTN_DPL];
+#pragma unroll
+    for (unsigned int i = 0; i < ATTN_DPL; ++i) {
+        const unsigned int d = lane + 32u * i;
+        qv[i] = d < hd ? qr[d] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+
+    if (warp < nw) {  // warp-uniform
+        // ATTN_KPI keys per iteration (j, j + nw, ...): their loads and reductions overlap.
+        for (unsigned long long j = lo + warp; j < hi; j += ATTN_KPI * nw) {
+            float kk[ATTN_KPI][ATTN_DPL], vv[ATTN_KPI][ATTN_DPL], dot[ATTN_KPI];
+#pragma unroll
+            for (unsigned int t = 0; t < ATTN_KPI; ++t) {
+                const unsigned long long jt = j + (unsigned long long)t * nw;
+                const bool live = jt < hi;  // warp-uniform
+                const float* kr = kbase + jt * kv_width;
+                const float* vr = vbase + jt * kv_width;
+#pragma unroll
+                for (unsigned int i = 0; i < ATTN_DPL; ++i) {
+                    const unsigned int d = lane + 32u * i;
+                    kk[t][i] = (live && d < hd) ? kr[d] : 0.0f;
+                    vv[t][i] = (live && d < hd) ? vr[d] : 0.0f;
+                }
+            }
+#pragma unroll
+            for (unsigned int t = 0; t < ATTN_KPI; ++t) {
+                float a = 0.0f;
+#pragma unroll
+                for (unsigned int i = 0; i < ATTN_DPL; ++i) a += qv[i] * kk[t][i];
+                dot[t] = a;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+                for (unsigned int t = 0; t < ATTN_KPI; ++t) dot[t] += __shfl_xor_sync(STRATA_FULL_MASK, dot[t], o);
+            }
+            float sc[ATTN_KPI];
+            float m_new = m;
+#pragma unroll
+            for (unsigned int t = 0; t < ATTN_KPI; ++t) {
+                sc[t] = (j + (unsigned long long)t * nw < hi) ? dot[t] * scale : NEG_INF;
+                m_new = fmaxf(m_new, sc[t]);
+            }
+            const float corr = strata_exp_diff(m, m_new);  // 0 while m is −inf
+            float p[ATTN_KPI];
+            l *= corr;
+#pragma unroll
+            for (unsigned int t = 0; t < ATTN_KPI; ++t) {
+                p[t] = strata_exp_diff(sc[t], m_new);  // 0 for keys past the end
+                l += p[t];
+            }
+#pragma unroll
+            for (unsigned int i = 0; i < ATTN_DPL; ++i) {
+                float a = acc[i] * corr;
+#pragma unroll
+                for (unsigned int t = 0; t < ATTN_KPI; ++t) a += p[t] * vv[t][i];
+                acc[i] = a;
+            }
+            m = m_new;
+        }
+    }
+
+    if (warp < nw) {
+        if (lane == 0u) {
+            sm_m[warp] = m;
+            sm_l[warp] = l;
+        }
+#pragma unroll
+        for (unsigned int i = 0; i < ATTN_DPL; ++i) {
+            const unsigned int d = lane + 32u * i;
+            if (d < hd) sm_acc[warp][d] = acc[i];
+        }
+    }
+    __syncthreads();
+
+    float M = NEG_INF;
+    for (unsigned int w = 0; w < nw; ++w) M = fmaxf(M, sm_m[w]);
+    float f[ATTN_WARPS];
+#pragma unroll
+    for (unsigned int w = 0; w < ATTN_WARPS; ++w) f[w] = w < nw ? strata_exp_diff(sm_m[w], M) : 0.0f;
+
+    float* out = part + ((unsigned long long)bh * splits + s) * (head_dim + 2u);
+    for (unsigned int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+#pragma unroll
+        for (unsigned int w = 0; w < ATTN_WARPS; ++w) {
+            if (w < nw) a += sm_acc[w][d] * f[w];
+        }
+        out[d] = a;
+    }
+    if (threadIdx.x == 0u) {
+        float L = 0.0f;
+#pragma unroll
+        for (unsigned int w = 0; w < ATTN_WARPS; ++w) {
+            if (w < nw) L += sm_l[w] * f[w];
+        }
+        out[head_dim] = M;
+        out[head_dim + 1u] = L;
+    }
+}
+
+// attn_combine_f32: merges the splits of one (query row · head) = blockIdx.x:
+//   M = max_s m_s, L = Σ_s l_s e^(m_s − M), out[d] = Σ_s acc_s[d] e^(m_s − M) / L
+// writing out[(r·n_heads + h)·head_dim + d] (0 where no key was visible at all).
+// Launch: grid (rows · n_heads), block head_dim (any block size works: threads loop
+// over the dimensions).
+extern "C" __global__ void __launch_bounds__(1024)
+    attn_combine_f32(const float* __restrict__ part, float* __restrict__ out, unsigned int splits,
+                     unsigned int head_dim) {
+    const unsigned int bh = blockIdx.x;
+    const unsigned long long stride = (unsigned long long)head_dim + 2ull;
+    const float* p = part + (unsigned long long)bh * splits * stride;
+    float M = strata_neg_inf();
+    for (unsigned int s = 0; s < splits; ++s) M = fmaxf(M, p[s * stride + head_dim]);
+    for (unsigned int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float L = 0.0f, a = 0.0f;
+        for (unsigned int s = 0; s < splits; ++s) {
+            const float* ps = p + s * stride;
+            const float f = strata_exp_diff(ps[head_dim], M);
+            L += ps[head_dim + 1u] * f;
+            a += ps[d] * f;
+        }
+        out[(unsigned long long)bh * head_dim + d] = L > 0.0f ? a / L : 0.0f;
+    }
+}

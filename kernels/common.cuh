@@ -1,0 +1,183 @@
+// common.cuh: prepended to every kernel source before NVRTC compiles it.
+//
+// No toolkit headers are available: this file defines the few constants, conversions
+// and reductions the kernels share. Everything here is plain C++ over the CUDA
+// built-ins listed in kernels/README.md, so tools/cuda_emu can compile it with g++.
+//
+// f16 values are carried as `unsigned short` bit patterns, bf16 likewise.
+
+#ifndef STRATA_COMMON_CUH
+#define STRATA_COMMON_CUH
+
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+#define STRATA_FULL_MASK 0xffffffffu
+
+// +inf / -inf as values (usable where INFINITY may be a macro of another kind).
+__device__ __forceinline__ float strata_pos_inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float strata_neg_inf() { return __int_as_float((int)0xff800000u); }
+
+// ---------------------------------------------------------------------------------
+// f16 / bf16 <-> f32 conversions (bit manipulation only).
+// ---------------------------------------------------------------------------------
+
+// IEEE binary16 -> binary32, exact for every input: subnormals, ±0, ±inf, NaN
+// (payload kept, as the hardware and the `half` crate do). Never produces or consumes
+// an f32 subnormal, so it gives the same answer whether or not the GPU flushes them.
+__device__ __forceinline__ float f16_to_f32(unsigned short h) {
+    const unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
+    const unsigned int exp = ((unsigned int)h >> 10) & 0x1fu;
+    const unsigned int mant = (unsigned int)h & 0x3ffu;
+    unsigned int bits;
+    if (exp == 0x1fu) {
+        // inf (mant == 0) or NaN (payload shifted into the f32 mantissa)
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0u) {
+        // normal: rebias 15 -> 127
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    } else if (mant == 0u) {
+        bits = sign;  // ±0
+    } else {
+        // subnormal: mant · 2^-24. (float)mant is exact (< 2^10) and the product is an
+        // exact, normal f32 (>= 2^-24).
+        const float f = (float)mant * 5.9604644775390625e-8f;  // 2^-24
+        bits = sign | __float_as_uint(f);
+    }
+    return __uint_as_float(bits);
+}
+
+// IEEE binary32 -> binary16 bits, round to nearest, ties to even. Overflow gives ±inf,
+// values below half the smallest subnormal give ±0, NaN stays NaN (quiet, top payload
+// bits kept), subnormal results are rounded exactly.
+__device__ __forceinline__ unsigned short f16_from_f32(float f) {
+    const unsigned int x = __float_as_uint(f);
+    const unsigned int sign = (x >> 16) & 0x8000u;
+    unsigned int ax = x & 0x7fffffffu;
+    unsigned int h;
+    if (ax > 0x7f800000u) {
+        h = 0x7e00u | ((ax >> 13) & 0x3ffu);  // NaN
+    } else if (ax >= 0x47800000u) {
+        h = 0x7c00u;  // >= 65536 (or inf): inf
+    } else if (ax >= 0x38800000u) {
+        // normal f16 range (>= 2^-14). Rebias the exponent (−112 << 23) and round the 13
+        // dropped mantissa bits to nearest even; a carry out of the mantissa bumps the
+        // exponent, and 65520.. rounds up to 0x7c00 (inf) as it must.
+        const unsigned int mant_odd = (ax >> 13) & 1u;
+        ax += 0xc8000fffu + mant_odd;  // == ax − (112 << 23) + 0xfff + mant_odd (mod 2^32)
+        h = ax >> 13;
+    } else if (ax > 0x33000000u) {
+        // subnormal f16 result: m = round(|f| · 2^24), |f| = mant · 2^(e − 150).
+        const unsigned int e = ax >> 23;                      // 102 ..= 112
+        const unsigned int mant = (ax & 0x7fffffu) | 0x800000u;
+        const unsigned int s = 126u - e;                      // 14 ..= 24
+        unsigned int m = mant >> s;
+        const unsigned int rem = mant & ((1u << s) - 1u);
+        const unsigned int half = 1u << (s - 1u);
+        if (rem > half || (rem == half && (m & 1u))) m += 1u;  // may carry into 0x400: fine
+        h = m;
+    } else {
+        h = 0u;  // |f| <= 2^-25 rounds (ties to even) to zero
+    }
+    return (unsigned short)(sign | h);
+}
+
+// bfloat16 -> f32: the high half of an f32.
+__device__ __forceinline__ float bf16_to_f32(unsigned short b) {
+    return __uint_as_float(((unsigned int)b) << 16);
+}
+
+// ---------------------------------------------------------------------------------
+// Unaligned-safe little-endian loads from byte pointers (blocks are 2-byte aligned).
+// ---------------------------------------------------------------------------------
+
+// Reads the u16 at `p` (p must be 2-byte aligned).
+__device__ __forceinline__ unsigned int ld_u16(const unsigned char* p) {
+    return (unsigned int)*(const unsigned short*)p;
+}
+
+// Reads 4 bytes at a 2-byte aligned `p` as a little-endian u32 (two u16 loads).
+__device__ __forceinline__ unsigned int ld_u32_a2(const unsigned char* p) {
+    const unsigned short* s = (const unsigned short*)p;
+    return (unsigned int)s[0] | ((unsigned int)s[1] << 16);
+}
+
+// The f16 at a 2-byte aligned `p`, as f32.
+__device__ __forceinline__ float ld_f16(const unsigned char* p) {
+    return f16_to_f32(*(const unsigned short*)p);
+}
+
+// ---------------------------------------------------------------------------------
+// Warp and block reductions. Every lane of the warp must call the warp ones; every
+// thread of the block must call the block ones (they contain __syncthreads).
+// ---------------------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float v) {
+    v += __shfl_xor_sync(STRATA_FULL_MASK, v, 16);
+    v += __shfl_xor_sync(STRATA_FULL_MASK, v, 8);
+    v += __shfl_xor_sync(STRATA_FULL_MASK, v, 4);
+    v += __shfl_xor_sync(STRATA_FULL_MASK, v, 2);
+    v += __shfl_xor_sync(STRATA_FULL_MASK, v, 1);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(STRATA_FULL_MASK, v, 16));
+    v = fmaxf(v, __shfl_xor_sync(STRATA_FULL_MASK, v, 8));
+    v = fmaxf(v, __shfl_xor_sync(STRATA_FULL_MASK, v, 4));
+    v = fmaxf(v, __shfl_xor_sync(STRATA_FULL_MASK, v, 2));
+    v = fmaxf(v, __shfl_xor_sync(STRATA_FULL_MASK, v, 1));
+    return v;
+}
+
+__device__ __forceinline__ unsigned int warp_sum_u32(unsigned int v) {
+    v += __shfl_xor_sync(STRATA_FULL_MASK, v, 16);
+    v += __shfl_xor_sync(STRATA_FULL_MASK, v, 8);
+    v += __shfl_xor_sync(STRATA_FULL_MASK, v, 4);
+    v += __shfl_xor_sync(STRATA_FULL_MASK, v, 2);
+    v += __shfl_xor_sync(STRATA_FULL_MASK, v, 1);
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024). `scratch` is a __shared__
+// float[32] owned by the caller; the result is returned to every thread. Safe to call
+// repeatedly with the same scratch.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned int nwarps = (blockDim.x + 31u) >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = (lane < nwarps) ? scratch[lane] : 0.0f;
+    t = warp_sum(t);
+    return t;
+}
+
+__device__ __forceinline__ unsigned int block_sum_u32(unsigned int v, unsigned int* scratch) {
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned int nwarps = (blockDim.x + 31u) >> 5;
+    v = warp_sum_u32(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    unsigned int t = (lane < nwarps) ? scratch[lane] : 0u;
+    t = warp_sum_u32(t);
+    return t;
+}
+
+// exp(a − b) for a <= b, with exp(−inf − x) = 0 and no NaN when both are −inf
+// (returns 0 then; callers treat a −inf max as "nothing seen").
+__device__ __forceinline__ float strata_exp_diff(float a, float b) {
+    return (a == strata_neg_inf()) ? 0.0f : expf(a - b);
+}
+
+// Orderable key of an f32: larger key <=> larger value in IEEE totalOrder (Rust's
+// f32::total_cmp): −NaN < −inf < … < −0 < +0 < … < +inf < +NaN.
+__device__ __forceinline__ unsigned int f32_order_key(float f) {
+    const unsigned int b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+#endif  // STRATA_COMMON_CUH

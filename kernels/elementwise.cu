@@ -1,0 +1,41 @@
+// elementwise.cu: 1-D elementwise kernels (common.cuh is prepended).
+//
+// Launch shape for all of them: 1-D grid, block 256 (any block size works), grid
+// ceil(n / 256). Every kernel walks a grid-stride loop over 64-bit indices, so a
+// smaller grid (or a capped one) is also correct.
+
+// Start index and stride of a 1-D grid-stride loop.
+#define GRID_STRIDE_LOOP(i, n)                                                                  \
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;      \
+         i < (n); i += (unsigned long long)gridDim.x * blockDim.x)
+
+// x[i] += y[i], i < n. Grid ceil(n / 256), block 256.
+extern "C" __global__ void __launch_bounds__(256) add_f32(float* __restrict__ x, const float* __restrict__ y,
+                                                          unsigned int n) {
+    GRID_STRIDE_LOOP(i, (unsigned long long)n) { x[i] += y[i]; }
+}
+
+// x[r, j] += b[j] for a [rows, width] row-major x. Grid ceil(rows * width / 256),
+// block 256.
+extern "C" __global__ void __launch_bounds__(256) add_bias_f32(float* __restrict__ x, const float* __restrict__ b,
+                                                               unsigned int rows, unsigned int width) {
+    const unsigned long long n = (unsigned long long)rows * width;
+    GRID_STRIDE_LOOP(i, n) { x[i] += b[i % width]; }
+}
+
+// g[i] = silu(g[i]) * u[i] = g / (1 + e^-g) * u (the CPU's evaluation order), i < n.
+// Grid ceil(n / 256), block 256.
+extern "C" __global__ void __launch_bounds__(256) silu_mul_f32(float* __restrict__ g, const float* __restrict__ u,
+                                                               unsigned int n) {
+    GRID_STRIDE_LOOP(i, (unsigned long long)n) {
+        const float a = g[i];
+        g[i] = a / (1.0f + expf(-a)) * u[i];
+    }
+}
+
+// y[i] = f16 bits of x[i], round to nearest even (inf/NaN/subnormals handled), i < n.
+// Grid ceil(n / 256) (may be capped: grid-stride), block 256.
+extern "C" __global__ void __launch_bounds__(256) f32_to_f16(const float* __restrict__ x, unsigned short* __restrict__ y,
+                                                             unsigned long long n) {
+    GRID_STRIDE_LOOP(i, n) { y[i] = f16_from_f32(x[i]); }
+}

@@ -1,0 +1,320 @@
+// quant.cuh: per-format block decoders, prepended (after common.cuh) to embedding.cu,
+// dequant.cu and matvec.cu.
+//
+// Every block format is decoded in "parts" of 8 values: part `p` of a block is two runs
+// of 4 consecutive values, v[0..4] at value offsets off0..off0+4 of the block and
+// v[4..8] at off0+GAP..off0+GAP+4, where off0 is what the decoder returns and GAP is a
+// per-format constant. The split follows each format's nibble/bit packing so that a
+// part reads 4 consecutive bytes of quants (two u16 loads), and consecutive parts read
+// consecutive bytes: when consecutive lanes take consecutive parts a warp streams the
+// blocks contiguously.
+//
+// Each decoder evaluates exactly the expression of the matching `dequantize` in
+// src/quant/*.rs (ggml's dequantize_row_* for the GGML formats), in the same order.
+//
+// Blocks are only 2-byte aligned (4 for i8): fields are read with u8/u16 loads (u32 for
+// i8), never through a struct.
+//
+// Per format:  FMT_QK values per block, FMT_BYTES bytes per block, FMT_PARTS = QK / 8
+// parts per block, FMT_GAP the offset of the second run, and
+//     unsigned int dec8_FMT(const unsigned char* blk, unsigned int part, float* v)
+// which fills v[0..8] and returns off0.
+
+#ifndef STRATA_QUANT_CUH
+#define STRATA_QUANT_CUH
+
+// Byte i (0..4) of a little-endian u32.
+#define QBYTE(w, i) (((w) >> (8u * (i))) & 0xffu)
+
+// ---------------------------------------------------------------------------------
+// Q4_0: { f16 d; u8 qs[16]; } 18 bytes. Value j = (qs[j] & 0xF) − 8, value j + 16 =
+// (qs[j] >> 4) − 8, times d. Part p: values 4p..4p+4 and 16+4p..16+4p+4.
+// ---------------------------------------------------------------------------------
+#define Q4_0_QK 32u
+#define Q4_0_BYTES 18u
+#define Q4_0_PARTS 4u
+#define Q4_0_GAP 16u
+__device__ __forceinline__ unsigned int dec8_q4_0(const unsigned char* __restrict__ b, unsigned int p,
+                                                  float* v) {
+    const float d = ld_f16(b);
+    const unsigned int q = ld_u32_a2(b + 2u + 4u * p);
+#pragma unroll
+    for (unsigned int i = 0; i < 4u; ++i) {
+        const unsigned int byte = QBYTE(q, i);
+        v[i] = (float)((int)(byte & 0xFu) - 8) * d;
+        v[4u + i] = (float)((int)(byte >> 4) - 8) * d;
+    }
+    return 4u * p;
+}
+
+// ---------------------------------------------------------------------------------
+// Q4_1: { f16 d; f16 m; u8 qs[16]; } 20 bytes. Value = nibble · d + m (layout as Q4_0).
+// ---------------------------------------------------------------------------------
+#define Q4_1_QK 32u
+#define Q4_1_BYTES 20u
+#define Q4_1_PARTS 4u
+#define Q4_1_GAP 16u
+__device__ __forceinline__ unsigned int dec8_q4_1(const unsigned char* __restrict__ b, unsigned int p,
+                                                  float* v) {
+    const float d = ld_f16(b);
+    const float m = ld_f16(b + 2u);
+    const unsigned int q = ld_u32_a2(b + 4u + 4u * p);
+#pragma unroll
+    for (unsigned int i = 0; i < 4u; ++i) {
+        const unsigned int byte = QBYTE(q, i);
+        v[i] = (float)(byte & 0xFu) * d + m;
+        v[4u + i] = (float)(byte >> 4) * d + m;
+    }
+    return 4u * p;
+}
+
+// ---------------------------------------------------------------------------------
+// Q5_0: { f16 d; u8 qh[4]; u8 qs[16]; } 22 bytes. 5-bit q: low nibbles as Q4_0, bit 4
+// of value j (0..32) is bit j of the little-endian u32 qh. Value = (q − 16) · d.
+// ---------------------------------------------------------------------------------
+#define Q5_0_QK 32u
+#define Q5_0_BYTES 22u
+#define Q5_0_PARTS 4u
+#define Q5_0_GAP 16u
+__device__ __forceinline__ unsigned int dec8_q5_0(const unsigned char* __restrict__ b, unsigned int p,
+                                                  float* v) {
+    const float d = ld_f16(b);
+    const unsigned int qh = ld_u32_a2(b + 2u);
+    const unsigned int q = ld_u32_a2(b + 6u + 4u * p);
+#pragma unroll
+    for (unsigned int i = 0; i < 4u; ++i) {
+        const unsigned int j = 4u * p + i;
+        const unsigned int byte = QBYTE(q, i);
+        const int x0 = (int)((byte & 0xFu) | (((qh >> j) & 1u) << 4));
+        const int x1 = (int)((byte >> 4) | (((qh >> (j + 16u)) & 1u) << 4));
+        v[i] = (float)(x0 - 16) * d;
+        v[4u + i] = (float)(x1 - 16) * d;
+    }
+    return 4u * p;
+}
+
+// ---------------------------------------------------------------------------------
+// Q5_1: { f16 d; f16 m; u8 qh[4]; u8 qs[16]; } 24 bytes. Bits as Q5_0; value = q·d + m.
+// ---------------------------------------------------------------------------------
+#define Q5_1_QK 32u
+#define Q5_1_BYTES 24u
+#define Q5_1_PARTS 4u
+#define Q5_1_GAP 16u
+__device__ __forceinline__ unsigned int dec8_q5_1(const unsigned char* __restrict__ b, unsigned int p,
+                                                  float* v) {
+    const float d = ld_f16(b);
+    const float m = ld_f16(b + 2u);
+    const unsigned int qh = ld_u32_a2(b + 4u);
+    const unsigned int q = ld_u32_a2(b + 8u + 4u * p);
+#pragma unroll
+    for (unsigned int i = 0; i < 4u; ++i) {
+        const unsigned int j = 4u * p + i;
+        const unsigned int byte = QBYTE(q, i);
+        const unsigned int x0 = (byte & 0xFu) | (((qh >> j) & 1u) << 4);
+        const unsigned int x1 = (byte >> 4) | (((qh >> (j + 16u)) & 1u) << 4);
+        v[i] = (float)x0 * d + m;
+        v[4u + i] = (float)x1 * d + m;
+    }
+    return 4u * p;
+}
+
+// ---------------------------------------------------------------------------------
+// Q8_0: { f16 d; i8 qs[32]; } 34 bytes. Value = q · d. Part p: values 8p..8p+8.
+// ---------------------------------------------------------------------------------
+#define Q8_0_QK 32u
+#define Q8_0_BYTES 34u
+#define Q8_0_PARTS 4u
+#define Q8_0_GAP 4u
+__device__ __forceinline__ unsigned int dec8_q8_0(const unsigned char* __restrict__ b, unsigned int p,
+                                                  float* v) {
+    const float d = ld_f16(b);
+    const unsigned int q0 = ld_u32_a2(b + 2u + 8u * p);
+    const unsigned int q1 = ld_u32_a2(b + 6u + 8u * p);
+#pragma unroll
+    for (unsigned int i = 0; i < 4u; ++i) {
+        v[i] = (float)(int)(signed char)(unsigned char)QBYTE(q0, i) * d;
+        v[4u + i] = (float)(int)(signed char)(unsigned char)QBYTE(q1, i) * d;
+    }
+    return 8u * p;
+}
+
+// ---------------------------------------------------------------------------------
+// I8 (Strata): { f32 scale; i8 qs[32]; } 36 bytes, 4-byte aligned. Value = q · scale.
+// ---------------------------------------------------------------------------------
+#define I8_QK 32u
+#define I8_BYTES 36u
+#define I8_PARTS 4u
+#define I8_GAP 4u
+__device__ __forceinline__ unsigned int dec8_i8(const unsigned char* __restrict__ b, unsigned int p,
+                                                float* v) {
+    const float s = *(const float*)b;
+    const unsigned int* qs = (const unsigned int*)(b + 4u);
+    const unsigned int q0 = qs[2u * p];
+    const unsigned int q1 = qs[2u * p + 1u];
+#pragma unroll
+    for (unsigned int i = 0; i < 4u; ++i) {
+        v[i] = (float)(int)(signed char)(unsigned char)QBYTE(q0, i) * s;
+        v[4u + i] = (float)(int)(signed char)(unsigned char)QBYTE(q1, i) * s;
+    }
+    return 8u * p;
+}
+
+// ---------------------------------------------------------------------------------
+// AffineQ4 (Strata): { f16 scale; f16 bias; u8 qs[64]; } 68 bytes, 128 values. Byte j:
+// value j in the low nibble, value j + 64 in the high one. Value = q · scale + bias.
+// Part p (0..16): values 4p..4p+4 and 64+4p..64+4p+4.
+// ---------------------------------------------------------------------------------
+#define AFFINE_Q4_QK 128u
+#define AFFINE_Q4_BYTES 68u
+#define AFFINE_Q4_PARTS 16u
+#define AFFINE_Q4_GAP 64u
+__device__ __forceinline__ unsigned int dec8_affine_q4(const unsigned char* __restrict__ b, unsigned int p,
+                                                       float* v) {
+    const float scale = ld_f16(b);
+    const float bias = ld_f16(b + 2u);
+    const unsigned int q = ld_u32_a2(b + 4u + 4u * p);
+#pragma unroll
+    for (unsigned int i = 0; i < 4u; ++i) {
+        const unsigned int byte = QBYTE(q, i);
+        v[i] = (float)(byte & 0xFu) * scale + bias;
+        v[4u + i] = (float)(byte >> 4) * scale + bias;
+    }
+    return 4u * p;
+}
+
+// ---------------------------------------------------------------------------------
+// K-quants: 256-value super-blocks.
+// ---------------------------------------------------------------------------------
+
+// ggml's get_scale_min_k4: 6-bit scale and min of sub-block j (0..8) from the 12 packed
+// bytes at q.
+__device__ __forceinline__ void scale_min_k4(unsigned int j, const unsigned char* __restrict__ q,
+                                             unsigned int& sc, unsigned int& m) {
+    if (j < 4u) {
+        sc = (unsigned int)q[j] & 63u;
+        m = (unsigned int)q[j + 4u] & 63u;
+    } else {
+        sc = ((unsigned int)q[j + 4u] & 0xFu) | (((unsigned int)q[j - 4u] >> 6) << 4);
+        m = ((unsigned int)q[j + 4u] >> 4) | (((unsigned int)q[j] >> 6) << 4);
+    }
+}
+
+// Q4_K: { f16 d; f16 dmin; u8 scales[12]; u8 qs[128]; } 144 bytes. Each 64 values
+// (chunk c = 0..4) use qs[32c..32c+32]: value 64c + l in the low nibble of byte l
+// (sub-block 2c), value 64c + 32 + l in the high nibble (sub-block 2c + 1).
+// Value = (d · sc) · q − dmin · m. Part p: chunk c = p / 8, bytes l = 4(p % 8)..+4.
+#define Q4_K_QK 256u
+#define Q4_K_BYTES 144u
+#define Q4_K_PARTS 32u
+#define Q4_K_GAP 32u
+__device__ __forceinline__ unsigned int dec8_q4_k(const unsigned char* __restrict__ b, unsigned int p,
+                                                  float* v) {
+    const unsigned int c = p >> 3, r = p & 7u;
+    const float d = ld_f16(b);
+    const float dmin = ld_f16(b + 2u);
+    unsigned int sc1, m1, sc2, m2;
+    scale_min_k4(2u * c, b + 4u, sc1, m1);
+    scale_min_k4(2u * c + 1u, b + 4u, sc2, m2);
+    const float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+    const float d2 = d * (float)sc2, mm2 = dmin * (float)m2;
+    const unsigned int q = ld_u32_a2(b + 16u + 32u * c + 4u * r);
+#pragma unroll
+    for (unsigned int i = 0; i < 4u; ++i) {
+        const unsigned int byte = QBYTE(q, i);
+        v[i] = d1 * (float)(byte & 0xFu) - mm1;
+        v[4u + i] = d2 * (float)(byte >> 4) - mm2;
+    }
+    return 64u * c + 4u * r;
+}
+
+// Q5_K: { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; } 176 bytes. As Q4_K
+// plus a fifth bit: value 64c + l has it in bit 2c of qh[l], value 64c + 32 + l in bit
+// 2c + 1. Value = (d · sc) · q − dmin · m.
+#define Q5_K_QK 256u
+#define Q5_K_BYTES 176u
+#define Q5_K_PARTS 32u
+#define Q5_K_GAP 32u
+__device__ __forceinline__ unsigned int dec8_q5_k(const unsigned char* __restrict__ b, unsigned int p,
+                                                  float* v) {
+    const unsigned int c = p >> 3, r = p & 7u;
+    const float d = ld_f16(b);
+    const float dmin = ld_f16(b + 2u);
+    unsigned int sc1, m1, sc2, m2;
+    scale_min_k4(2u * c, b + 4u, sc1, m1);
+    scale_min_k4(2u * c + 1u, b + 4u, sc2, m2);
+    const float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+    const float d2 = d * (float)sc2, mm2 = dmin * (float)m2;
+    const unsigned int qh = ld_u32_a2(b + 16u + 4u * r);
+    const unsigned int ql = ld_u32_a2(b + 48u + 32u * c + 4u * r);
+#pragma unroll
+    for (unsigned int i = 0; i < 4u; ++i) {
+        const unsigned int lo = QBYTE(ql, i), hb = QBYTE(qh, i);
+        const unsigned int q0 = (lo & 0xFu) + (((hb >> (2u * c)) & 1u) << 4);
+        const unsigned int q1 = (lo >> 4) + (((hb >> (2u * c + 1u)) & 1u) << 4);
+        v[i] = d1 * (float)q0 - mm1;
+        v[4u + i] = d2 * (float)q1 - mm2;
+    }
+    return 64u * c + 4u * r;
+}
+
+// Q6_K: { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d; } 210 bytes. Per 128 values
+// (half n): ql[64n..64n+64], qh[32n..32n+32]; for l < 32
+//   value 128n + l      = (ql[l] & 0xF)    | ((qh[l] >> 0) & 3) << 4
+//   value 128n + l + 32 = (ql[l+32] & 0xF) | ((qh[l] >> 2) & 3) << 4
+//   value 128n + l + 64 = (ql[l] >> 4)     | ((qh[l] >> 4) & 3) << 4
+//   value 128n + l + 96 = (ql[l+32] >> 4)  | ((qh[l] >> 6) & 3) << 4
+// minus 32, and value i = (d · scales[i / 16]) · q.
+// Part p: half n = p / 16, t = p % 16, l = 4(t / 2)..+4, w = t % 2 picks the rows
+// (l, l + 64) (w = 0) or (l + 32, l + 96) (w = 1).
+#define Q6_K_QK 256u
+#define Q6_K_BYTES 210u
+#define Q6_K_PARTS 32u
+#define Q6_K_GAP 64u
+__device__ __forceinline__ unsigned int dec8_q6_k(const unsigned char* __restrict__ b, unsigned int p,
+                                                  float* v) {
+    const unsigned int n = p >> 4, t = p & 15u, g = t >> 1, w = t & 1u;
+    const float d = ld_f16(b + 208u);
+    const unsigned int si = 192u + 8u * n + 2u * w + (g >> 2);
+    const float da = d * (float)(int)(signed char)b[si];
+    const float db = d * (float)(int)(signed char)b[si + 4u];
+    const unsigned int ql = ld_u32_a2(b + 64u * n + 32u * w + 4u * g);
+    const unsigned int qh = ld_u32_a2(b + 128u + 32u * n + 4u * g);
+    const unsigned int sa = 2u * w, sb = 2u * w + 4u;
+#pragma unroll
+    for (unsigned int i = 0; i < 4u; ++i) {
+        const unsigned int lo = QBYTE(ql, i), hb = QBYTE(qh, i);
+        const int qa = (int)((lo & 0xFu) | (((hb >> sa) & 3u) << 4)) - 32;
+        const int qb = (int)((lo >> 4) | (((hb >> sb) & 3u) << 4)) - 32;
+        v[i] = da * (float)qa;
+        v[4u + i] = db * (float)qb;
+    }
+    return 128u * n + 32u * w + 4u * g;
+}
+
+// The block formats, as X(name, QK, BYTES, PARTS, GAP). Kernel files expand this to
+// stamp out one kernel per format.
+#define STRATA_BLOCK_FORMATS(X)                                           \
+    X(q4_0, Q4_0_QK, Q4_0_BYTES, Q4_0_PARTS, Q4_0_GAP)                    \
+    X(q4_1, Q4_1_QK, Q4_1_BYTES, Q4_1_PARTS, Q4_1_GAP)                    \
+    X(q5_0, Q5_0_QK, Q5_0_BYTES, Q5_0_PARTS, Q5_0_GAP)                    \
+    X(q5_1, Q5_1_QK, Q5_1_BYTES, Q5_1_PARTS, Q5_1_GAP)                    \
+    X(q8_0, Q8_0_QK, Q8_0_BYTES, Q8_0_PARTS, Q8_0_GAP)                    \
+    X(q4_k, Q4_K_QK, Q4_K_BYTES, Q4_K_PARTS, Q4_K_GAP)                    \
+    X(q5_k, Q5_K_QK, Q5_K_BYTES, Q5_K_PARTS, Q5_K_GAP)                    \
+    X(q6_k, Q6_K_QK, Q6_K_BYTES, Q6_K_PARTS, Q6_K_GAP)                    \
+    X(affine_q4, AFFINE_Q4_QK, AFFINE_Q4_BYTES, AFFINE_Q4_PARTS, AFFINE_Q4_GAP) \
+    X(i8, I8_QK, I8_BYTES, I8_PARTS, I8_GAP)
+
+// The element formats: X(name, element type, load expression of element `i` of `p`).
+__device__ __forceinline__ float load_elem_f32(const unsigned char* p, unsigned long long i) {
+    return ((const float*)p)[i];
+}
+__device__ __forceinline__ float load_elem_f16(const unsigned char* p, unsigned long long i) {
+    return f16_to_f32(((const unsigned short*)p)[i]);
+}
+__device__ __forceinline__ float load_elem_bf16(const unsigned char* p, unsigned long long i) {
+    return bf16_to_f32(((const unsigned short*)p)[i]);
+}
+#define STRATA_ELEM_FORMATS(X) X(f32, 4u) X(f16, 2u) X(bf16, 2u)
+
+#endif  // STRATA_QUANT_CUH

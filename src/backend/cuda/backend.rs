@@ -1,0 +1,676 @@
+//! The CUDA backend: one context and one stream per device, kernels from `kernels/`
+//! compiled by NVRTC at first use (cached on disk), cuBLAS for prefill GEMMs.
+//!
+//! Every op is enqueued on the one compute stream, so ops are ordered among themselves;
+//! only `download` and `top_k` wait for the stream. Activation buffers come from the
+//! model's workspace (allocated once, reused every token); the small per-call inputs
+//! (token ids, positions, RoPE frequencies) and the kernels' own scratch live in
+//! [`Scratch`], grown when a call needs more and otherwise reused, so a decode step
+//! allocates nothing on the device.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig};
+use cudarc::driver::{PushKernelArg, sys};
+
+use super::launch::{self, Shape};
+use crate::backend::{AttnParams, Backend, BackendError, BackendResult, MAX_TOP_K, RopeFreqs, TopK};
+use crate::tensor::{DType, HostTensor};
+
+/// Device memory held by one allocation, counted in the backend's total while it lives.
+struct Tracked {
+    bytes: u64,
+    total: Arc<AtomicU64>,
+}
+
+impl Tracked {
+    fn new(bytes: u64, total: &Arc<AtomicU64>) -> Self {
+        total.fetch_add(bytes, Ordering::Relaxed);
+        Tracked { bytes, total: total.clone() }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// An f32 activation buffer in device memory.
+pub struct CudaBuf {
+    data: CudaSlice<f32>,
+    _tracked: Tracked,
+}
+
+/// A weight in device memory, in its stored format (`[out, in]` rows of blocks), or in
+/// f32 for 1-D tensors (norm weights and biases, which the kernels read as f32).
+pub struct CudaWeight {
+    data: CudaSlice<u8>,
+    dtype: DType,
+    shape: Vec<usize>,
+    _tracked: Tracked,
+}
+
+/// Reused device scratch: grown on demand, never shrunk.
+struct Scratch {
+    ids: Option<CudaSlice<u32>>,
+    positions: Option<CudaSlice<u32>>,
+    freqs: Option<(Vec<f32>, CudaSlice<f32>)>,
+    partial: Option<CudaSlice<f32>>,
+    w16: Option<CudaSlice<u16>>,
+    x16: Option<CudaSlice<u16>>,
+    top_idx: Option<CudaSlice<u32>>,
+    top_val: Option<CudaSlice<f32>>,
+    lse: Option<CudaSlice<f32>>,
+}
+
+pub struct CudaBackend {
+    ordinal: usize,
+    gpu_name: String,
+    stream: Arc<CudaStream>,
+    blas: Option<cudarc::cublas::CudaBlas>,
+    funcs: HashMap<String, CudaFunction>,
+    sm_count: usize,
+    scratch: Mutex<Scratch>,
+    used: Arc<AtomicU64>,
+}
+
+/// Maps a driver error to a backend error, naming GPU memory when that ran out.
+fn dev_err(op: &str, bytes: u64) -> impl Fn(DriverError) -> BackendError + '_ {
+    move |e: DriverError| {
+        if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            BackendError::OutOfMemory { what: op.to_string(), bytes, msg: format!("{e:?}") }
+        } else {
+            BackendError::Device { op: op.to_string(), msg: format!("{e:?}") }
+        }
+    }
+}
+
+fn cfg(s: Shape) -> LaunchConfig {
+    LaunchConfig { grid_dim: s.grid, block_dim: s.block, shared_mem_bytes: 0 }
+}
+
+/// The raw device address of element `offset` of a slice (the kernels take plain
+/// pointers; the stream orders every use, so no per-slice events are needed).
+fn ptr<T>(s: &CudaSlice<T>, stream: &Arc<CudaStream>, offset: usize) -> u64 {
+    let (p, _sync) = s.device_ptr(stream);
+    p + (offset * std::mem::size_of::<T>()) as u64
+}
+
+/// Why `cuda:N` cannot be used, in words a user can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaInitError {
+    #[error("no NVIDIA driver: libcuda.so.1 was not found (install the NVIDIA driver, or use --device cpu)")]
+    NoDriver,
+    #[error("the NVIDIA driver did not initialise: {0}")]
+    Init(String),
+    #[error("no CUDA device {ordinal}: this machine has {count}")]
+    NoDevice { ordinal: usize, count: usize },
+    #[error(
+        "NVRTC (libnvrtc.so.13 or .12) was not found: it compiles Strata's kernels at run time \
+         (install the CUDA runtime libraries or `pip install nvidia-cuda-nvrtc-cu12`, or set STRATA_CUDA_LIBS)"
+    )]
+    NoNvrtc,
+    #[error("cuda:{ordinal}: {msg}")]
+    Device { ordinal: usize, msg: String },
+    #[error("cuda:{ordinal}: {source}")]
+    Kernels { ordinal: usize, source: BackendError },
+}
+
+impl CudaBackend {
+    /// Initialises device `ordinal`: the driver, a context and stream, every kernel
+    /// (compiled or read from the cache), and cuBLAS when present.
+    pub fn new(ordinal: usize) -> Result<Self, CudaInitError> {
+        super::libs::preload();
+        // SAFETY: only probes whether the library can be opened; no symbol is called.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaInitError::NoDriver);
+        }
+        let count = CudaContext::device_count().map_err(|e| CudaInitError::Init(format!("{e:?}")))? as usize;
+        if ordinal >= count {
+            return Err(CudaInitError::NoDevice { ordinal, count });
+        }
+        // SAFETY: as above.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(CudaInitError::NoNvrtc);
+        }
+        let dev_err = |e: DriverError| CudaInitError::Device { ordinal, msg: format!("{e:?}") };
+        let ctx = CudaContext::new(ordinal).map_err(dev_err)?;
+        // SAFETY: Strata uses one stream per context, so the per-slice events that order
+        // uses across streams are not needed; every buffer is used on `stream` only.
+        unsafe { ctx.disable_event_tracking() };
+        let gpu_name = ctx.name().map_err(dev_err)?;
+        let (major, minor) = ctx.compute_capability().map_err(dev_err)?;
+        let sm_count =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev_err)? as usize;
+        let stream = ctx.default_stream();
+        let funcs = load_kernels(&ctx, (major as u32, minor as u32))
+            .map_err(|source| CudaInitError::Kernels { ordinal, source })?;
+        // SAFETY: as above.
+        let blas = match unsafe { cudarc::cublas::sys::is_culib_present() } {
+            true => match cudarc::cublas::CudaBlas::new(stream.clone()) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    tracing::warn!(error = ?e, "cuBLAS did not initialise: prefill uses the matrix-vector kernels");
+                    None
+                }
+            },
+            false => {
+                tracing::warn!("cuBLAS (libcublas.so.13 or .12) not found: prefill uses the matrix-vector kernels");
+                None
+            }
+        };
+        tracing::info!(device = ordinal, gpu = %gpu_name, sm = format!("{major}.{minor}"), sm_count, "CUDA ready");
+        Ok(CudaBackend {
+            ordinal,
+            gpu_name,
+            stream,
+            blas,
+            funcs,
+            sm_count,
+            scratch: Mutex::new(Scratch {
+                ids: None,
+                positions: None,
+                freqs: None,
+                partial: None,
+                w16: None,
+                x16: None,
+                top_idx: None,
+                top_val: None,
+                lse: None,
+            }),
+            used: Arc::default(),
+        })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub fn gpu_name(&self) -> &str {
+        &self.gpu_name
+    }
+
+    fn func(&self, name: &str) -> BackendResult<&CudaFunction> {
+        self.funcs.get(name).ok_or_else(|| BackendError::Compile(format!("kernel `{name}` was not loaded")))
+    }
+
+    fn scratch(&self) -> std::sync::MutexGuard<'_, Scratch> {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slot of `n` elements at least: the existing allocation, or a bigger one.
+    fn grow<'s, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        slot: &'s mut Option<CudaSlice<T>>,
+        n: usize,
+        what: &str,
+    ) -> BackendResult<&'s mut CudaSlice<T>> {
+        if slot.as_ref().is_none_or(|s| s.len() < n) {
+            *slot = None;
+            let bytes = (n.max(1) * std::mem::size_of::<T>()) as u64;
+            *slot = Some(self.stream.alloc_zeros::<T>(n.max(1)).map_err(dev_err(what, bytes))?);
+        }
+        slot.as_mut().ok_or_else(|| BackendError::Device { op: what.into(), msg: "no scratch".into() })
+    }
+
+    /// Copies host values into the front of a device slot (which holds at least as many).
+    fn put<T: cudarc::driver::DeviceRepr>(&self, src: &[T], dst: &mut CudaSlice<T>, what: &str) -> BackendResult<()> {
+        let mut view = dst.slice_mut(..src.len());
+        self.stream.memcpy_htod(src, &mut view).map_err(dev_err(what, 0))
+    }
+
+    /// `y[rows, out] = x[rows, in] · w[out, in]ᵀ` with the fused-dequantising
+    /// matrix-vector kernel, `MATVEC_MAX_ROWS` activation rows per launch.
+    fn matvec(&self, x: &CudaBuf, rows: usize, w: &CudaWeight, y: &mut CudaBuf) -> BackendResult<()> {
+        let (out, inn) = (w.shape[0], w.shape[1]);
+        let fmt = launch::format_name(w.dtype)
+            .ok_or_else(|| BackendError::Compile(format!("no kernel reads {} weights", w.dtype.name())))?;
+        let f = self.func(&format!("matvec_{fmt}"))?;
+        let wp = ptr(&w.data, &self.stream, 0);
+        for r0 in (0..rows).step_by(launch::MATVEC_MAX_ROWS) {
+            let n = (rows - r0).min(launch::MATVEC_MAX_ROWS);
+            let (xp, yp) = (ptr(&x.data, &self.stream, r0 * inn), ptr(&y.data, &self.stream, r0 * out));
+            let (n, o, i) = (n as u32, out as u32, inn as u32);
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&wp).arg(&xp).arg(&yp).arg(&n).arg(&o).arg(&i);
+            // SAFETY: matvec_FMT(w, x, y, rows, out, in) per kernels/README.md: `w` holds
+            // `out × in` values of its format, `x` at least `(r0 + n) × in` floats and `y`
+            // `(r0 + n) × out` (the workspace is sized for `rows`); the grid has a warp
+            // per output row.
+            unsafe { b.launch(cfg(launch::matvec(out))) }.map_err(dev_err("matvec", 0))?;
+        }
+        Ok(())
+    }
+
+    /// The prefill product through cuBLAS: `w` dequantised to f16 (or used as it is
+    /// when f32), `x` converted to f16, accumulated in f32 on the tensor cores.
+    fn gemm(
+        &self,
+        blas: &cudarc::cublas::CudaBlas,
+        x: &CudaBuf,
+        rows: usize,
+        w: &CudaWeight,
+        y: &mut CudaBuf,
+    ) -> BackendResult<()> {
+        use cudarc::cublas::sys as cb;
+        let (out, inn) = (w.shape[0], w.shape[1]);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let mut s = self.scratch();
+        let status = if w.dtype == DType::F32 {
+            let (wp, xp, yp) =
+                (ptr(&w.data, &self.stream, 0), ptr(&x.data, &self.stream, 0), ptr(&y.data, &self.stream, 0));
+            // SAFETY: column-major view of row-major data: C(out × rows) = Wᵀ · X with
+            // W (in × out, ld in), X (in × rows, ld in), C (out × rows, ld out); the
+            // buffers hold those sizes and stay alive until the stream has run the call.
+            unsafe {
+                cb::cublasSgemm_v2(
+                    *blas.handle(),
+                    cb::cublasOperation_t::CUBLAS_OP_T,
+                    cb::cublasOperation_t::CUBLAS_OP_N,
+                    out as i32,
+                    rows as i32,
+                    inn as i32,
+                    &alpha,
+                    wp as *const f32,
+                    inn as i32,
+                    xp as *const f32,
+                    inn as i32,
+                    &beta,
+                    yp as *mut f32,
+                    out as i32,
+                )
+            }
+        } else {
+            let fmt = launch::format_name(w.dtype).unwrap_or_default();
+            let n = (out * inn) as u64;
+            let w16 = ptr(self.grow(&mut s.w16, out * inn, "dequantising a weight for GEMM")?, &self.stream, 0);
+            let x16 = ptr(self.grow(&mut s.x16, rows * inn, "converting activations for GEMM")?, &self.stream, 0);
+            let wp = ptr(&w.data, &self.stream, 0);
+            let mut b = self.stream.launch_builder(self.func(&format!("dequant_{fmt}_f16"))?);
+            b.arg(&wp).arg(&w16).arg(&n);
+            // SAFETY: dequant_FMT_f16(w, out, n): `w` holds `n` values of its format and
+            // the f16 scratch at least `n` (grown above).
+            unsafe { b.launch(cfg(launch::dequant(w.dtype, n))) }.map_err(dev_err("dequant", 0))?;
+            let (xp, nx) = (ptr(&x.data, &self.stream, 0), (rows * inn) as u64);
+            let mut b = self.stream.launch_builder(self.func("f32_to_f16")?);
+            b.arg(&xp).arg(&x16).arg(&nx);
+            // SAFETY: f32_to_f16(x, y, n): `x` holds `rows × in` floats, the scratch as many.
+            unsafe { b.launch(cfg(launch::elementwise(rows * inn))) }.map_err(dev_err("f32_to_f16", 0))?;
+            let yp = ptr(&y.data, &self.stream, 0);
+            // SAFETY: as for Sgemm above, with f16 inputs (the two scratch buffers filled
+            // just before on the same stream) and an f32 output accumulated in f32.
+            unsafe {
+                cb::cublasGemmEx(
+                    *blas.handle(),
+                    cb::cublasOperation_t::CUBLAS_OP_T,
+                    cb::cublasOperation_t::CUBLAS_OP_N,
+                    out as i32,
+                    rows as i32,
+                    inn as i32,
+                    &alpha as *const f32 as *const _,
+                    w16 as *const _,
+                    cb::cudaDataType::CUDA_R_16F,
+                    inn as i32,
+                    x16 as *const _,
+                    cb::cudaDataType::CUDA_R_16F,
+                    inn as i32,
+                    &beta as *const f32 as *const _,
+                    yp as *mut _,
+                    cb::cudaDataType::CUDA_R_32F,
+                    out as i32,
+                    cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+        };
+        if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            let what = format!("cuBLAS GEMM ({rows}×{inn} by {out}×{inn})");
+            return Err(match status {
+                cb::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => {
+                    BackendError::OutOfMemory { what, bytes: 0, msg: format!("{status:?}") }
+                }
+                _ => BackendError::Device { op: what, msg: format!("{status:?}") },
+            });
+        }
+        Ok(())
+    }
+
+    /// Launches a 1-D elementwise kernel `name(a, b, n)`.
+    fn elementwise(&self, name: &str, a: u64, b: u64, n: usize) -> BackendResult<()> {
+        let n32 = n as u32;
+        let mut l = self.stream.launch_builder(self.func(name)?);
+        l.arg(&a).arg(&b).arg(&n32);
+        // SAFETY: add_f32 / silu_mul_f32 (x, y, n): both buffers hold at least `n` floats
+        // (checked by the callers against their lengths).
+        unsafe { l.launch(cfg(launch::elementwise(n))) }.map_err(dev_err(name, 0))?;
+        Ok(())
+    }
+}
+
+/// Compiles (or reads from the cache) every kernel file for `arch` and loads the
+/// functions the backend launches.
+fn load_kernels(ctx: &Arc<CudaContext>, arch: (u32, u32)) -> BackendResult<HashMap<String, CudaFunction>> {
+    use super::{kernels, nvrtc};
+    let compiler = nvrtc::Compiler::new(nvrtc::default_cache_dir());
+    let mut funcs = HashMap::new();
+    for file in kernels::FILES {
+        let compiled = compiler
+            .compile(file, nvrtc::Arch { major: arch.0, minor: arch.1 })
+            .map_err(|e| BackendError::Compile(e.to_string()))?;
+        let image = match compiled.kind {
+            nvrtc::ImageKind::Cubin => cudarc::nvrtc::Ptx::from_binary(compiled.image),
+            nvrtc::ImageKind::Ptx => {
+                cudarc::nvrtc::Ptx::from_src(String::from_utf8_lossy(&compiled.image).into_owned())
+            }
+        };
+        let module = ctx
+            .load_module(image)
+            .map_err(|e| BackendError::Compile(format!("loading kernels/{}.cu: {e:?}", file.name)))?;
+        for name in kernels::functions(file) {
+            let f = module
+                .load_function(&name)
+                .map_err(|e| BackendError::Compile(format!("kernels/{}.cu: `{name}`: {e:?}", file.name)))?;
+            funcs.insert(name, f);
+        }
+    }
+    for (file, name) in launch::kernel_names() {
+        if !funcs.contains_key(&name) {
+            return Err(BackendError::Compile(format!("kernels/{file}.cu has no kernel `{name}`")));
+        }
+    }
+    Ok(funcs)
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Weight = CudaWeight;
+
+    fn name(&self) -> String {
+        format!("cuda:{} ({})", self.ordinal, self.gpu_name)
+    }
+
+    fn device_bytes(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn free_memory(&self) -> Option<u64> {
+        self.stream.context().mem_get_info().ok().map(|(free, _)| free as u64)
+    }
+
+    fn memory_bandwidth(&self) -> Option<f64> {
+        // 256 MiB copied 10 times after a warm-up; the median pass counts.
+        let n = 64 << 20; // f32 values
+        let src = self.stream.alloc_zeros::<f32>(n).ok()?;
+        let mut dst = self.stream.alloc_zeros::<f32>(n).ok()?;
+        let mut secs = Vec::new();
+        for pass in 0..11 {
+            self.stream.synchronize().ok()?;
+            let t = std::time::Instant::now();
+            self.stream.memcpy_dtod(&src, &mut dst).ok()?;
+            self.stream.synchronize().ok()?;
+            if pass > 0 {
+                secs.push(t.elapsed().as_secs_f64());
+            }
+        }
+        secs.sort_by(f64::total_cmp);
+        Some(2.0 * (n * 4) as f64 / secs[secs.len() / 2])
+    }
+
+    fn alloc(&self, len: usize) -> BackendResult<CudaBuf> {
+        let bytes = (len.max(1) * 4) as u64;
+        let data = self.stream.alloc_zeros::<f32>(len.max(1)).map_err(dev_err("an activation buffer", bytes))?;
+        Ok(CudaBuf { data, _tracked: Tracked::new(bytes, &self.used) })
+    }
+
+    fn upload(&self, data: &[f32]) -> BackendResult<CudaBuf> {
+        let mut buf = self.alloc(data.len())?;
+        self.put(data, &mut buf.data, "upload")?;
+        Ok(buf)
+    }
+
+    fn download(&self, buf: &CudaBuf, len: usize) -> BackendResult<Vec<f32>> {
+        let mut out = vec![0.0f32; len];
+        self.stream.memcpy_dtoh(&buf.data.slice(..len), &mut out).map_err(dev_err("download", 0))?;
+        self.stream.synchronize().map_err(dev_err("download", 0))?;
+        Ok(out)
+    }
+
+    fn weight(&self, t: &HostTensor) -> BackendResult<CudaWeight> {
+        // 1-D tensors (norms, biases) are read by the kernels as f32.
+        let (bytes, dtype): (std::borrow::Cow<'_, [u8]>, DType) = if t.shape.len() == 1 && t.dtype != DType::F32 {
+            let v = t.to_f32_vec();
+            (v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>().into(), DType::F32)
+        } else {
+            (t.bytes().into(), t.dtype)
+        };
+        let what = format!("a {} weight of shape {:?}", t.dtype.name(), t.shape);
+        let mut data = self.stream.alloc_zeros::<u8>(bytes.len().max(1)).map_err(dev_err(&what, bytes.len() as u64))?;
+        self.put(&bytes, &mut data, &what)?;
+        let tracked = Tracked::new(data.len() as u64, &self.used);
+        Ok(CudaWeight { data, dtype, shape: t.shape.clone(), _tracked: tracked })
+    }
+
+    fn top_k(&self, logits: &CudaBuf, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {
+        let k = k.clamp(1, MAX_TOP_K);
+        let mut s = self.scratch();
+        let idx = ptr(self.grow(&mut s.top_idx, rows * k, "top-k indices")?, &self.stream, 0);
+        let val = ptr(self.grow(&mut s.top_val, rows * k, "top-k values")?, &self.stream, 0);
+        let lse = ptr(self.grow(&mut s.lse, rows, "logsumexp")?, &self.stream, 0);
+        let lp = ptr(&logits.data, &self.stream, 0);
+        let (v32, k32) = (vocab as u32, k as u32);
+        let name = if k == 1 { "argmax_f32" } else { "topk_f32" };
+        let mut b = self.stream.launch_builder(self.func(name)?);
+        b.arg(&lp).arg(&v32);
+        if k > 1 {
+            b.arg(&k32);
+        }
+        b.arg(&idx).arg(&val).arg(&lse);
+        // SAFETY: argmax_f32(logits, vocab, idx, val, lse) / topk_f32(logits, vocab, k,
+        // idx, val, lse): `logits` holds `rows × vocab` floats, the outputs `rows × k`,
+        // `rows × k` and `rows` (grown above); one block per row.
+        unsafe { b.launch(cfg(launch::sample(rows))) }.map_err(dev_err(name, 0))?;
+        let (mut ids, mut vals, mut lses) = (vec![0u32; rows * k], vec![0f32; rows * k], vec![0f32; rows]);
+        let st = &self.stream;
+        st.memcpy_dtoh(&s.top_idx.as_ref().map(|b| b.slice(..rows * k)).ok_or_else(no_scratch)?, &mut ids)
+            .map_err(dev_err("top-k readback", 0))?;
+        st.memcpy_dtoh(&s.top_val.as_ref().map(|b| b.slice(..rows * k)).ok_or_else(no_scratch)?, &mut vals)
+            .map_err(dev_err("top-k readback", 0))?;
+        st.memcpy_dtoh(&s.lse.as_ref().map(|b| b.slice(..rows)).ok_or_else(no_scratch)?, &mut lses)
+            .map_err(dev_err("top-k readback", 0))?;
+        st.synchronize().map_err(dev_err("top-k readback", 0))?;
+        Ok((0..rows)
+            .map(|r| TopK { ids: ids[r * k..][..k].to_vec(), logits: vals[r * k..][..k].to_vec(), lse: lses[r] })
+            .collect())
+    }
+
+    fn embedding(&self, table: &CudaWeight, ids: &[u32], out: &mut CudaBuf) -> BackendResult<()> {
+        let dim = table.shape[1];
+        let fmt = launch::format_name(table.dtype)
+            .ok_or_else(|| BackendError::Compile(format!("no kernel reads {} embeddings", table.dtype.name())))?;
+        let mut s = self.scratch();
+        let slot = self.grow(&mut s.ids, ids.len(), "token ids")?;
+        self.put(ids, slot, "token ids")?;
+        let (tp, ip, op, d) = (
+            ptr(&table.data, &self.stream, 0),
+            ptr(slot, &self.stream, 0),
+            ptr(&out.data, &self.stream, 0),
+            dim as u32,
+        );
+        let mut b = self.stream.launch_builder(self.func(&format!("embed_{fmt}"))?);
+        b.arg(&tp).arg(&ip).arg(&op).arg(&d);
+        // SAFETY: embed_FMT(table, ids, out, dim): ids (checked < vocab by the model) index
+        // rows of the `[vocab, dim]` table; `out` holds `ids.len() × dim` floats.
+        unsafe { b.launch(cfg(launch::embedding(ids.len()))) }.map(|_| ()).map_err(dev_err("embedding", 0))
+    }
+
+    fn matmul(&self, x: &CudaBuf, rows: usize, w: &CudaWeight, out: &mut CudaBuf) -> BackendResult<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        match &self.blas {
+            Some(blas) if rows > launch::MATVEC_MAX_ROWS => self.gemm(blas, x, rows, w, out),
+            _ => self.matvec(x, rows, w, out),
+        }
+    }
+
+    fn add_bias(&self, x: &mut CudaBuf, rows: usize, bias: &CudaWeight) -> BackendResult<()> {
+        let width = bias.shape.iter().product::<usize>();
+        let (xp, bp, r, w) =
+            (ptr(&x.data, &self.stream, 0), ptr(&bias.data, &self.stream, 0), rows as u32, width as u32);
+        let mut b = self.stream.launch_builder(self.func("add_bias_f32")?);
+        b.arg(&xp).arg(&bp).arg(&r).arg(&w);
+        // SAFETY: add_bias_f32(x, b, rows, width): `x` holds `rows × width` floats and the
+        // bias (stored as f32) `width`.
+        unsafe { b.launch(cfg(launch::elementwise(rows * width))) }.map(|_| ()).map_err(dev_err("add_bias", 0))
+    }
+
+    fn rms_norm(&self, x: &CudaBuf, rows: usize, w: &CudaWeight, eps: f32, out: &mut CudaBuf) -> BackendResult<()> {
+        let dim = w.shape.iter().product::<usize>() as u32;
+        let (xp, wp, op) =
+            (ptr(&x.data, &self.stream, 0), ptr(&w.data, &self.stream, 0), ptr(&out.data, &self.stream, 0));
+        let mut b = self.stream.launch_builder(self.func("rms_norm_f32")?);
+        b.arg(&xp).arg(&wp).arg(&op).arg(&dim).arg(&eps);
+        // SAFETY: rms_norm_f32(x, w, out, dim, eps): `x` and `out` hold `rows × dim`
+        // floats, `w` (stored as f32) `dim`; a block per row.
+        unsafe { b.launch(cfg(launch::rms_norm(rows))) }.map(|_| ()).map_err(dev_err("rms_norm", 0))
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaBuf,
+        n_heads: usize,
+        head_dim: usize,
+        positions: &[u32],
+        freqs: &RopeFreqs,
+    ) -> BackendResult<()> {
+        let mut s = self.scratch();
+        let pos = self.grow(&mut s.positions, positions.len(), "positions")?;
+        self.put(positions, pos, "positions")?;
+        let pp = ptr(pos, &self.stream, 0);
+        if s.freqs.as_ref().is_none_or(|(host, _)| *host != freqs.inv_freq) {
+            s.freqs = None;
+            let mut dev = self.stream.alloc_zeros::<f32>(freqs.inv_freq.len().max(1)).map_err(dev_err("rope", 0))?;
+            self.put(&freqs.inv_freq, &mut dev, "rope frequencies")?;
+            s.freqs = Some((freqs.inv_freq.clone(), dev));
+        }
+        let fp = s.freqs.as_ref().map(|(_, d)| ptr(d, &self.stream, 0)).ok_or_else(no_scratch)?;
+        let (xp, nh, hd, af, il) = (
+            ptr(&x.data, &self.stream, 0),
+            n_heads as u32,
+            head_dim as u32,
+            freqs.attention_factor,
+            freqs.interleaved as i32,
+        );
+        let mut b = self.stream.launch_builder(self.func("rope_f32")?);
+        b.arg(&xp).arg(&pp).arg(&fp).arg(&nh).arg(&hd).arg(&af).arg(&il);
+        // SAFETY: rope_f32(x, pos, inv_freq, n_heads, head_dim, attn_factor, interleaved):
+        // `x` holds `positions.len() × n_heads × head_dim` floats, `pos` one position per
+        // row, `inv_freq` `head_dim / 2` values.
+        unsafe { b.launch(cfg(launch::rope(positions.len(), n_heads, head_dim))) }
+            .map(|_| ())
+            .map_err(dev_err("rope", 0))
+    }
+
+    fn copy_rows(
+        &self,
+        src: &CudaBuf,
+        src_row: usize,
+        rows: usize,
+        row_len: usize,
+        dst: &mut CudaBuf,
+        dst_row: usize,
+    ) -> BackendResult<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let n = rows * row_len;
+        let from = src.data.slice(src_row * row_len..src_row * row_len + n);
+        let mut to = dst.data.slice_mut(dst_row * row_len..dst_row * row_len + n);
+        self.stream.memcpy_dtod(&from, &mut to).map_err(dev_err("copy_rows", 0))
+    }
+
+    fn attention(
+        &self,
+        q: &CudaBuf,
+        row0: usize,
+        rows: usize,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        p: &AttnParams,
+        out: &mut CudaBuf,
+    ) -> BackendResult<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        if p.head_dim > launch::MAX_HEAD_DIM {
+            return Err(BackendError::Compile(format!(
+                "head_dim {} exceeds the kernels' {}",
+                p.head_dim,
+                launch::MAX_HEAD_DIM
+            )));
+        }
+        let q_width = p.n_heads * p.head_dim;
+        let kv_len = p.start_pos + rows;
+        let split = launch::attn_split(rows, p.n_heads, kv_len, self.sm_count);
+        let mut s = self.scratch();
+        let part = self.grow(
+            &mut s.partial,
+            launch::attn_partial_len(rows, p.n_heads, p.head_dim, split),
+            "attention scratch",
+        )?;
+        let pp = ptr(part, &self.stream, 0);
+        let (qp, kp, vp) =
+            (ptr(&q.data, &self.stream, row0 * q_width), ptr(&k.data, &self.stream, 0), ptr(&v.data, &self.stream, 0));
+        let (sp, nh, nkv, hd) = (p.start_pos as u32, p.n_heads as u32, p.n_kv_heads as u32, p.head_dim as u32);
+        let window = p.sliding_window.unwrap_or(0) as u32;
+        let split_len = split.split_len as u32;
+        let mut b = self.stream.launch_builder(self.func("attn_partial_f32")?);
+        b.arg(&qp)
+            .arg(&kp)
+            .arg(&vp)
+            .arg(&pp)
+            .arg(&sp)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&p.scale)
+            .arg(&window)
+            .arg(&split_len);
+        // SAFETY: attn_partial_f32 per kernels/README.md: `q` points at query row `row0` of
+        // `rows` rows of `n_heads × head_dim`, the caches hold `start_pos + rows` rows of
+        // `n_kv_heads × head_dim`, the scratch `rows × n_heads × splits × (head_dim + 2)`.
+        unsafe { b.launch(cfg(launch::attn_partial(rows, p.n_heads, split))) }.map_err(dev_err("attention", 0))?;
+        let (op, splits) = (ptr(&out.data, &self.stream, row0 * q_width), split.splits as u32);
+        let mut b = self.stream.launch_builder(self.func("attn_combine_f32")?);
+        b.arg(&pp).arg(&op).arg(&splits).arg(&hd);
+        // SAFETY: attn_combine_f32(part, out, splits, head_dim): the partials written just
+        // above; `out` from row `row0` holds `rows × n_heads × head_dim` floats.
+        unsafe { b.launch(cfg(launch::attn_combine(rows, p.n_heads, p.head_dim))) }
+            .map(|_| ())
+            .map_err(dev_err("attention", 0))
+    }
+
+    fn silu_mul(&self, gate: &mut CudaBuf, up: &CudaBuf, len: usize) -> BackendResult<()> {
+        check_len(&[gate.data.len(), up.data.len()], len, "silu_mul")?;
+        self.elementwise("silu_mul_f32", ptr(&gate.data, &self.stream, 0), ptr(&up.data, &self.stream, 0), len)
+    }
+
+    fn add(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) -> BackendResult<()> {
+        check_len(&[x.data.len(), y.data.len()], len, "add")?;
+        self.elementwise("add_f32", ptr(&x.data, &self.stream, 0), ptr(&y.data, &self.stream, 0), len)
+    }
+}
+
+fn no_scratch() -> BackendError {
+    BackendError::Device { op: "scratch".into(), msg: "a scratch buffer is missing".into() }
+}
+
+fn check_len(lens: &[usize], need: usize, op: &str) -> BackendResult<()> {
+    match lens.iter().all(|&l| l >= need) {
+        true => Ok(()),
+        false => Err(BackendError::Device { op: op.into(), msg: format!("buffers of {lens:?} values, {need} needed") }),
+    }
+}

@@ -1,0 +1,251 @@
+//! Launch shapes of every kernel in `kernels/` (grid, block, shared memory), as pure
+//! functions of the problem size so they can be tested without a device. The shapes
+//! are the ones `kernels/README.md` documents for each kernel.
+
+use crate::tensor::DType;
+
+/// Grid and block dimensions of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+}
+
+impl Shape {
+    fn new(grid: (u32, u32, u32), block: u32) -> Self {
+        Shape { grid, block: (block, 1, 1) }
+    }
+}
+
+/// Threads per block of the 1-D elementwise kernels.
+pub const ELEMENTWISE_BLOCK: u32 = 256;
+/// Output rows per matvec block (one warp each).
+pub const MATVEC_ROWS_PER_BLOCK: u32 = 8;
+/// Activation rows one matvec launch handles.
+pub const MATVEC_MAX_ROWS: usize = 8;
+/// Threads per attention block (four warps).
+pub const ATTN_BLOCK: u32 = 128;
+/// Threads per sampling block.
+pub const SAMPLE_BLOCK: u32 = 1024;
+/// The widest head the attention kernels take.
+pub const MAX_HEAD_DIM: usize = 256;
+/// Blocks of the grid-stride dequantisation kernels, at most.
+const DEQUANT_MAX_BLOCKS: u64 = 65_535;
+
+/// The largest grid x dimension a launch may use.
+const MAX_GRID_X: u64 = (1 << 31) - 1;
+
+fn blocks(n: u64, per: u32) -> u32 {
+    n.div_ceil(per as u64).clamp(1, MAX_GRID_X) as u32
+}
+
+/// `add_f32`, `silu_mul_f32`, `add_bias_f32` over `n` values, `f32_to_f16` over `n`.
+pub fn elementwise(n: usize) -> Shape {
+    Shape::new((blocks(n as u64, ELEMENTWISE_BLOCK), 1, 1), ELEMENTWISE_BLOCK)
+}
+
+/// `rms_norm_f32`: one block per row.
+pub fn rms_norm(rows: usize) -> Shape {
+    Shape::new((rows.max(1) as u32, 1, 1), 256)
+}
+
+/// `rope_f32`: one block per (row, head), a thread per rotated pair.
+pub fn rope(rows: usize, n_heads: usize, head_dim: usize) -> Shape {
+    Shape::new((rows.max(1) as u32, n_heads.max(1) as u32, 1), (head_dim / 2).max(1) as u32)
+}
+
+/// `embed_FMT`: one block per looked-up row.
+pub fn embedding(rows: usize) -> Shape {
+    Shape::new((rows.max(1) as u32, 1, 1), 256)
+}
+
+/// `matvec_FMT`: one warp per output row, eight per block.
+pub fn matvec(out: usize) -> Shape {
+    Shape::new((blocks(out as u64, MATVEC_ROWS_PER_BLOCK), 1, 1), 32 * MATVEC_ROWS_PER_BLOCK)
+}
+
+/// `dequant_FMT_f16` over `n` values: a grid-stride loop, one thread per value (per
+/// block of values for the block formats), capped.
+pub fn dequant(dtype: DType, n: u64) -> Shape {
+    let units = n / dtype.block_size() as u64;
+    Shape::new((units.div_ceil(256).clamp(1, DEQUANT_MAX_BLOCKS) as u32, 1, 1), 256)
+}
+
+/// How the keys of one attention launch are split across blocks (flash-decoding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnSplit {
+    pub splits: usize,
+    /// Key positions per split (a multiple of 64, except when one split takes all).
+    pub split_len: usize,
+}
+
+/// Splits the keys so that decode (few query rows) still fills the GPU: aim for about
+/// two blocks per SM, never a split shorter than 256 keys, at most 64 splits.
+pub fn attn_split(rows: usize, n_heads: usize, kv_len: usize, sm_count: usize) -> AttnSplit {
+    let kv_len = kv_len.max(1);
+    let blocks = (rows * n_heads).max(1);
+    let want = (2 * sm_count.max(1)).div_ceil(blocks);
+    let by_len = kv_len.div_ceil(256);
+    let splits = want.min(by_len).clamp(1, 64);
+    if splits == 1 {
+        return AttnSplit { splits: 1, split_len: kv_len };
+    }
+    let split_len = kv_len.div_ceil(splits).div_ceil(64) * 64;
+    AttnSplit { splits: kv_len.div_ceil(split_len), split_len }
+}
+
+/// `attn_partial_f32`: a block per (query row · head, split).
+pub fn attn_partial(rows: usize, n_heads: usize, split: AttnSplit) -> Shape {
+    Shape::new(((rows * n_heads).max(1) as u32, split.splits as u32, 1), ATTN_BLOCK)
+}
+
+/// `attn_combine_f32`: a block per query row · head, a thread per head dimension.
+pub fn attn_combine(rows: usize, n_heads: usize, head_dim: usize) -> Shape {
+    Shape::new(((rows * n_heads).max(1) as u32, 1, 1), head_dim as u32)
+}
+
+/// Floats of the partial results of one attention launch.
+pub fn attn_partial_len(rows: usize, n_heads: usize, head_dim: usize, split: AttnSplit) -> usize {
+    rows * n_heads * split.splits * (head_dim + 2)
+}
+
+/// `argmax_f32` and `topk_f32`: a block per row.
+pub fn sample(rows: usize) -> Shape {
+    Shape::new((rows.max(1) as u32, 1, 1), SAMPLE_BLOCK)
+}
+
+/// The kernel-name suffix of a weight format, or `None` for a format no kernel reads
+/// (the activation formats Q8_1 and Q8_K).
+pub fn format_name(dtype: DType) -> Option<&'static str> {
+    use DType::*;
+    Some(match dtype {
+        F32 => "f32",
+        F16 => "f16",
+        BF16 => "bf16",
+        Q4_0 => "q4_0",
+        Q4_1 => "q4_1",
+        Q5_0 => "q5_0",
+        Q5_1 => "q5_1",
+        Q8_0 => "q8_0",
+        Q4_K => "q4_k",
+        Q5_K => "q5_k",
+        Q6_K => "q6_k",
+        AffineQ4 => "affine_q4",
+        I8 => "i8",
+        Q8_1 | Q8_K => return None,
+    })
+}
+
+/// Every weight format the kernels read.
+pub const WEIGHT_FORMATS: [DType; 13] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+    DType::AffineQ4,
+    DType::I8,
+];
+
+/// Every kernel name the backend launches, by file (`kernels/FILE.cu`).
+pub fn kernel_names() -> Vec<(&'static str, String)> {
+    let mut names: Vec<(&'static str, String)> = vec![
+        ("elementwise", "add_f32".into()),
+        ("elementwise", "add_bias_f32".into()),
+        ("elementwise", "silu_mul_f32".into()),
+        ("elementwise", "f32_to_f16".into()),
+        ("norm", "rms_norm_f32".into()),
+        ("rope", "rope_f32".into()),
+        ("attention", "attn_partial_f32".into()),
+        ("attention", "attn_combine_f32".into()),
+        ("sample", "argmax_f32".into()),
+        ("sample", "topk_f32".into()),
+    ];
+    for d in WEIGHT_FORMATS {
+        let f = format_name(d).unwrap_or_default();
+        names.push(("embedding", format!("embed_{f}")));
+        names.push(("matvec", format!("matvec_{f}")));
+        names.push(("dequant", format!("dequant_{f}_f16")));
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_dimensional_grids_cover_every_element() {
+        for n in [1usize, 255, 256, 257, 4096 * 11008] {
+            let s = elementwise(n);
+            assert!(s.grid.0 as usize * s.block.0 as usize >= n);
+            assert!((s.grid.0 as usize - 1) * (s.block.0 as usize) < n);
+        }
+        // An empty launch still has a valid (non-zero) grid.
+        assert_eq!(elementwise(0).grid.0, 1);
+    }
+
+    #[test]
+    fn matvec_has_a_warp_per_output_row() {
+        let s = matvec(4097);
+        assert_eq!(s.block, (256, 1, 1));
+        assert_eq!(s.grid.0, 513);
+        assert!(s.grid.0 * MATVEC_ROWS_PER_BLOCK >= 4097);
+    }
+
+    #[test]
+    fn per_row_kernels_have_a_block_per_row() {
+        assert_eq!(rms_norm(7).grid, (7, 1, 1));
+        assert_eq!(rope(5, 32, 128), Shape { grid: (5, 32, 1), block: (64, 1, 1) });
+        assert_eq!(embedding(3).grid.0, 3);
+        assert_eq!(sample(2), Shape { grid: (2, 1, 1), block: (1024, 1, 1) });
+        assert_eq!(attn_combine(3, 8, 64), Shape { grid: (24, 1, 1), block: (64, 1, 1) });
+    }
+
+    #[test]
+    fn dequant_grid_is_capped_and_covers_small_tensors() {
+        let small = dequant(DType::Q4_0, 32 * 100);
+        assert_eq!(small.grid.0, 1);
+        let huge = dequant(DType::F16, 8192 * 28672);
+        assert_eq!(huge.grid.0 as u64, DEQUANT_MAX_BLOCKS);
+    }
+
+    #[test]
+    fn attention_splits_cover_the_keys_exactly_once() {
+        for (rows, heads, kv, sms) in [(1, 32, 4096, 132), (1, 8, 100, 132), (1, 32, 70_000, 132), (512, 32, 512, 132)]
+        {
+            let s = attn_split(rows, heads, kv, sms);
+            assert!(s.splits >= 1 && s.splits <= 64, "{s:?}");
+            assert!(s.splits * s.split_len >= kv, "{s:?} covers {kv}");
+            assert!((s.splits - 1) * s.split_len < kv, "{s:?}: the last split is empty");
+            if s.splits > 1 {
+                assert_eq!(s.split_len % 64, 0);
+                assert!(s.split_len >= 256);
+            }
+        }
+        // Decode over a long context splits; prefill with many rows does not.
+        assert!(attn_split(1, 32, 8192, 132).splits > 1);
+        assert_eq!(attn_split(512, 32, 8192, 132).splits, 1);
+        let s = attn_split(1, 32, 8192, 132);
+        assert_eq!(attn_partial(1, 32, s).grid, (32, s.splits as u32, 1));
+        assert_eq!(attn_partial_len(1, 32, 128, s), 32 * s.splits * 130);
+    }
+
+    #[test]
+    fn every_weight_format_has_kernels() {
+        let names = kernel_names();
+        for d in WEIGHT_FORMATS {
+            let f = format_name(d).unwrap();
+            for k in [format!("matvec_{f}"), format!("embed_{f}"), format!("dequant_{f}_f16")] {
+                assert!(names.iter().any(|(_, n)| *n == k), "{k}");
+            }
+        }
+        assert_eq!(format_name(DType::Q8_K), None);
+    }
+}

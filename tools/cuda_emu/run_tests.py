@@ -1,0 +1,1331 @@
+#!/usr/bin/env python3
+"""Runs Strata's CUDA kernels (kernels/*.cu) on the CPU and checks them against numpy.
+
+Usage:
+    tools/cuda_emu/run_tests.py [--python-only-check] [--no-sanitize] [--tsan]
+                                [--jobs N] [--no-failures-file] [FILTER]
+
+    FILTER          substring of a case name (e.g. `matvec_q4_k`, `attn`, `selftest`);
+                    only matching cases run.
+    --python-only-check
+                    no compiler: checks the harness itself (its ABI table against
+                    kernels/README.md, its numpy reference decoders against a second
+                    implementation) and exits.
+    --no-sanitize   build without AddressSanitizer/UBSan (faster, catches less).
+    --tsan          build with ThreadSanitizer instead (reports data races between the
+                    threads of a block, e.g. a missing __syncthreads; slower).
+    --no-failures-file
+                    do not update tools/cuda_emu/FAILURES.md.
+
+Needs Python 3 with numpy and gguf (tools/cuda_emu/run.sh makes a venv with both) and
+g++ with C++20. Exit status: 0 when every case passes, 1 otherwise (a kernel missing from
+its .cu file counts as a failure).
+
+What it does: for each .cu file of kernels/README.md that exists, it concatenates
+common.cuh (+ quant.cuh for embedding/dequant/matvec) + the .cu (with #line markers, so
+reports name the real files) + small extern "C" host wrappers, one per kernel, and builds
+a shared library with g++ -std=c++20 -O1 -include tools/cuda_emu/emu.hpp (by default also
+-fsanitize=address,undefined). emu.hpp runs each block's threads as real concurrent
+threads with CUDA's __syncthreads / warp-shuffle semantics (see its header). Each kernel
+file's cases run in a child process (so a sanitizer abort or a hang only fails that
+case); every case launches with exactly the grid/block README.md gives, on exactly-sized
+buffers (so ASan sees any out-of-bounds access), with outputs pre-filled with NaN (so
+unwritten outputs fail) and inputs checked to be unchanged afterwards. Results are
+compared with an independent numpy reference (float64) by NMSE = Σ(a−b)²/Σb²:
+≤ 1e-7 for elementwise/norm/rope/embedding/dequant, ≤ 5e-4 for matvec/attention; exact
+for pure decodes (f32 f16 bf16 q4_0 q5_0 q8_0 i8 embedding rows, f32->f16), for
+argmax/top-k indices and values. Weight formats use gguf-py's `gguf.quants` (quantize
+where it can, otherwise random blocks with sane f16 scales; `gguf.quants.dequantize` is
+the reference decode); affine_q4 and i8 are decoded from src/quant/{affine_q4,int8}.rs.
+One line per case is printed; failing cases are also written to
+tools/cuda_emu/FAILURES.md (entries of cases that pass again are removed).
+
+What it proves: that the kernels index, decode and compute correctly for the tested
+shapes under CUDA's execution model as far as real threads expose it: barrier and
+warp-intrinsic participation rules, shared-memory use across barriers, bounds of every
+global buffer. What it does not prove: performance, behaviour under the GPU's weaker
+memory model or true warp lock-step (races that x86 hides may remain), shared-memory
+size limits, register pressure, NVRTC-specific compile errors (this is g++), and exact
+GPU float results (fast-math intrinsics such as __expf are exact here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import ctypes
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+KDIR = ROOT / "kernels"
+BUILD = ROOT / "target" / "cuda_emu"
+FAILURES = HERE / "FAILURES.md"
+
+FMTS = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k",
+        "q6_k", "affine_q4", "i8"]
+
+# ---------------------------------------------------------------- the binding ABI
+# Signatures exactly as kernels/README.md gives them (checked against it by
+# --python-only-check and at every run).
+SIGS: dict[str, list[tuple[str, str]]] = {
+    "elementwise.cu": [
+        ("add_f32", "float* x, const float* y, unsigned n"),
+        ("add_bias_f32", "float* x, const float* b, unsigned rows, unsigned width"),
+        ("silu_mul_f32", "float* g, const float* u, unsigned n"),
+        ("f32_to_f16", "const float* x, unsigned short* y, unsigned long long n"),
+    ],
+    "norm.cu": [
+        ("rms_norm_f32", "const float* x, const float* w, float* out, unsigned dim, float eps"),
+    ],
+    "rope.cu": [
+        ("rope_f32", "float* x, const unsigned* pos, const float* inv_freq, unsigned n_heads, "
+                     "unsigned head_dim, float attn_factor, int interleaved"),
+    ],
+    "embedding.cu": [
+        (f"embed_{f}", "const unsigned char* table, const unsigned* ids, float* out, unsigned dim")
+        for f in FMTS
+    ],
+    "dequant.cu": [
+        (f"dequant_{f}_f16", "const unsigned char* w, unsigned short* out, unsigned long long n")
+        for f in FMTS
+    ],
+    "matvec.cu": [
+        (f"matvec_{f}", "const unsigned char* w, const float* x, float* y, unsigned rows, "
+                        "unsigned out, unsigned in")
+        for f in FMTS
+    ],
+    "attention.cu": [
+        ("attn_partial_f32", "const float* q, const float* k, const float* v, float* part, "
+                             "unsigned start_pos, unsigned n_heads, unsigned n_kv_heads, "
+                             "unsigned head_dim, float scale, unsigned window, unsigned split_len"),
+        ("attn_combine_f32", "const float* part, float* out, unsigned splits, unsigned head_dim"),
+    ],
+    "sample.cu": [
+        ("argmax_f32", "const float* logits, unsigned vocab, unsigned* idx, float* val, float* lse"),
+        ("topk_f32", "const float* logits, unsigned vocab, unsigned k, unsigned* idx, float* val, "
+                     "float* lse"),
+    ],
+}
+QUANT_FILES = {"embedding.cu", "dequant.cu", "matvec.cu"}
+SELFTEST_SIGS = [
+    ("st_block_sum", "const float* x, float* out, unsigned n"),
+    ("st_shuffles", "const float* x, float* out"),
+    ("st_rotate", "const float* x, float* out, unsigned rounds"),
+    ("st_block_maxsum", "const float* x, float* out, unsigned n"),
+    ("st_partial_warp", "const float* x, float* out"),
+    ("bad_early_return", "const float* x, float* out, unsigned n"),
+    ("bad_missing_lane", "const float* x, float* out"),
+    ("bad_missing_lane_deadlock", "const float* x, float* out"),
+    ("bad_divergent_sync", "const float* x, float* out"),
+    ("bad_oob_write", "const float* x, float* out, unsigned n"),
+]
+
+
+def parse_params(s: str) -> list[tuple[str, str]]:
+    out = []
+    for p in s.split(","):
+        p = " ".join(p.split())
+        m = re.match(r"(.*?)\s*(\w+)$", p)
+        assert m, p
+        out.append((m.group(1).replace(" *", "*"), m.group(2)))
+    return out
+
+
+def ctype_of(t: str):
+    import ctypes as c
+    if "*" in t:
+        return c.c_void_p
+    return {"unsigned": c.c_uint, "unsigned long long": c.c_ulonglong, "float": c.c_float,
+            "int": c.c_int}[t]
+
+
+def readme_sigs() -> dict[str, str]:
+    """kernel name -> parameter string, from the table in kernels/README.md."""
+    text = (KDIR / "README.md").read_text()
+    sigs = {}
+    for m in re.finditer(r"\|\s*`(\w+)\(([^`]*)\)`", text):
+        name, params = m.group(1), m.group(2)
+        if "_FMT" in name or "FMT_" in name:
+            for f in FMTS:
+                sigs[name.replace("FMT", f)] = params
+        else:
+            sigs[name] = params
+    return sigs
+
+
+def check_abi_table() -> list[str]:
+    """Differences between SIGS and README.md (empty when they agree)."""
+    try:
+        rs = readme_sigs()
+    except OSError as e:
+        return [f"cannot read kernels/README.md: {e}"]
+    probs = []
+    for file, ks in SIGS.items():
+        for name, params in ks:
+            if name not in rs:
+                probs.append(f"{name}: in the harness table but not in kernels/README.md")
+            elif parse_params(rs[name]) != parse_params(params):
+                probs.append(f"{name}: README.md says ({rs[name]}), harness has ({params})")
+    known = {n for ks in SIGS.values() for n, _ in ks}
+    for name in rs:
+        if name not in known:
+            probs.append(f"{name}: in kernels/README.md but not tested by the harness")
+    return probs
+
+
+# ---------------------------------------------------------------- building
+def wrapper_source(sigs: list[tuple[str, str]]) -> str:
+    out = ["\n#line 1 \"<cuda_emu host wrappers>\"\n"]
+    for name, params in sigs:
+        ps = parse_params(params)
+        decl = ", ".join(f"{t} {n}" for t, n in ps)
+        names = ", ".join(n for _, n in ps)
+        # A weak redeclaration: a kernel that is not (yet) defined leaves a null address
+        # (the wrapper returns -2), and one whose parameters differ from README.md fails
+        # to compile ("conflicting declaration of C function").
+        out.append(f'extern "C" void {name}({decl}) __attribute__((weak));\n')
+        out.append(
+            f'extern "C" int emuw_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, '
+            f"unsigned by, unsigned bz, {decl}) {{\n"
+            f"  if (!&{name}) return -2;\n"
+            f"  return emu_launch({name}, dim3(gx, gy, gz), dim3(bx, by, bz), {names});\n}}\n")
+    return "".join(out)
+
+
+def combined_source(file: str, sigs) -> str:
+    parts = []
+    if file == "selftest.cu":
+        srcs = [HERE / "selftest.cu"]
+    else:
+        srcs = [KDIR / "common.cuh"] + ([KDIR / "quant.cuh"] if file in QUANT_FILES else []) + [KDIR / file]
+    for p in srcs:
+        rel = os.path.relpath(p, ROOT)
+        parts.append(f'#line 1 "{rel}"\n{p.read_text()}\n')
+    parts.append(wrapper_source(sigs))
+    return "".join(parts)
+
+
+def sanitize_flags(mode: str) -> list[str]:
+    if mode == "asan":
+        return ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+    if mode == "tsan":
+        return ["-fsanitize=thread"]
+    return []
+
+
+def build(file: str, sigs, mode: str) -> tuple[Path | None, str, list[str]]:
+    """Returns (shared library, compiler output, kernels dropped for ABI mismatch)."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    dropped: list[str] = []
+    while True:
+        src = combined_source(file, [s for s in sigs if s[0] not in dropped])
+        flags = ["-std=c++20", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-w",
+                 "-include", str(HERE / "emu.hpp")] + sanitize_flags(mode)
+        key = hashlib.sha256((src + " ".join(flags) + (HERE / "emu.hpp").read_text()).encode()).hexdigest()[:16]
+        stem = file.replace(".", "_")
+        so = BUILD / f"{stem}-{mode}-{key}.so"
+        if so.exists():
+            return so, "", dropped
+        cpp = BUILD / f"{stem}-{mode}.cpp"
+        cpp.write_text(src)
+        r = subprocess.run(["g++", *flags, "-o", str(so) + ".tmp", str(cpp)], capture_output=True, text=True)
+        if r.returncode == 0:
+            os.replace(str(so) + ".tmp", so)
+            return so, r.stderr, dropped
+        # a kernel whose parameters differ from README.md: drop its wrapper and retry
+        bad = set(re.findall(r"conflicting declaration of C function '[^']*?\b(\w+)\(", r.stderr.replace("‘", "'").replace("’", "'")))
+        bad -= set(dropped)
+        if not bad:
+            return None, r.stderr, dropped
+        dropped.extend(sorted(bad))
+
+
+# ---------------------------------------------------------------- device buffers
+class Lib:
+    def __init__(self, path: str):
+        self.lib = ctypes.CDLL(path)
+        self.lib.emu_alloc.restype = ctypes.c_void_p
+        self.lib.emu_alloc.argtypes = [ctypes.c_ulonglong]
+        self.lib.emu_free.argtypes = [ctypes.c_void_p]
+        self.lib.emu_last_error_cstr.restype = ctypes.c_char_p
+        self.lib.emu_set_timeout.argtypes = [ctypes.c_double]
+        self.sigs = {}
+
+    def set_sigs(self, sigs):
+        for name, params in sigs:
+            f = getattr(self.lib, "emuw_" + name)
+            f.restype = ctypes.c_int
+            f.argtypes = [ctypes.c_uint] * 6 + [ctype_of(t) for t, _ in parse_params(params)]
+            self.sigs[name] = f
+
+    def last_error(self) -> str:
+        return self.lib.emu_last_error_cstr().decode(errors="replace")
+
+
+class Buf:
+    """An exactly-sized buffer allocated by the emulator (so ASan guards its end)."""
+
+    def __init__(self, lib: Lib, arr, writable=False):
+        import numpy as np
+        self.lib = lib
+        self.arr = np.ascontiguousarray(arr)
+        self.nbytes = self.arr.nbytes
+        self.ptr = lib.lib.emu_alloc(self.nbytes)
+        ctypes.memmove(self.ptr, self.arr.ctypes.data, self.nbytes)
+        self.writable = writable
+
+    def read(self):
+        import numpy as np
+        out = np.empty_like(self.arr)
+        ctypes.memmove(out.ctypes.data, self.ptr, self.nbytes)
+        return out
+
+    def free(self):
+        self.lib.lib.emu_free(self.ptr)
+
+
+def out_buf(lib, shape, dtype):
+    """An output buffer pre-filled with NaN / all-ones bits, so unwritten outputs show."""
+    import numpy as np
+    a = np.full(shape, 0xFF, dtype=np.uint8) if dtype == np.uint8 else \
+        np.frombuffer(b"\xff" * (int(np.prod(shape)) * np.dtype(dtype).itemsize), dtype=dtype).reshape(shape).copy()
+    return Buf(lib, a, writable=True)
+
+
+class CaseFail(Exception):
+    pass
+
+
+@dataclass
+class Ctx:
+    lib: Lib
+    launch_desc: str = ""
+    bufs: list = field(default_factory=list)
+
+    def buf(self, arr, writable=False):
+        b = Buf(self.lib, arr, writable)
+        self.bufs.append(b)
+        return b
+
+    def out(self, shape, dtype):
+        b = out_buf(self.lib, shape, dtype)
+        self.bufs.append(b)
+        return b
+
+    def launch(self, name, grid, block, *args):
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        block = tuple(block) + (1,) * (3 - len(block))
+        self.launch_desc = f"`{name}` grid {grid} block {block}"
+        f = self.lib.sigs.get(name)
+        if f is None:
+            raise CaseFail(f"MISSING: no wrapper for `{name}` (its parameters differ from README.md?)")
+        cargs = [a.ptr if isinstance(a, Buf) else a for a in args]
+        rc = f(*grid, *block, *cargs)
+        if rc == -2:
+            raise CaseFail(f"MISSING: `{name}` is not defined")
+        if rc != 0:
+            raise CaseFail(f"emulator error in {self.launch_desc}: {self.lib.last_error()}")
+        return rc
+
+    def check_inputs(self):
+        import numpy as np
+        for b in self.bufs:
+            if not b.writable:
+                now = b.read()
+                if now.tobytes() != b.arr.tobytes():
+                    diff = np.flatnonzero(now.view(np.uint8) != b.arr.view(np.uint8))
+                    raise CaseFail(f"a const input buffer ({b.arr.dtype}, {b.arr.shape}) was modified; "
+                                   f"first changed byte offsets {diff[:5].tolist()}")
+
+    def free(self):
+        for b in self.bufs:
+            b.free()
+        self.bufs.clear()
+
+
+# ---------------------------------------------------------------- comparisons
+def fmt_idx(i, shape):
+    import numpy as np
+    return str(list(np.unravel_index(i, shape))) if len(shape) > 1 else f"[{i}]"
+
+
+def compare_nmse(name, got, ref, tol, what=""):
+    """Returns a summary; raises CaseFail with the first bad indices when NMSE > tol."""
+    import numpy as np
+    g = np.asarray(got, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    assert g.shape == r.shape, (g.shape, r.shape)
+    nonfinite = ~np.isfinite(g) & np.isfinite(r)
+    den = float(np.sum(r * r))
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.where(nonfinite, np.inf, (g - r) ** 2)
+    num = float(np.sum(err))
+    nmse = num / den if den > 0 else num
+    if nmse <= tol and not nonfinite.any():
+        return f"{name} nmse={nmse:.2e}"
+    flat_g, flat_r, flat_e = g.ravel(), r.ravel(), err.ravel()
+    rms = math.sqrt(den / max(1, r.size))
+    thresh = max(tol, 1e-12) ** 0.5 * rms
+    bad = np.flatnonzero(~(flat_e <= thresh * thresh))
+    worst = int(np.nanargmax(np.where(np.isnan(flat_e), np.inf, flat_e)))
+    lines = [f"{name}{what}: NMSE {nmse:.3e} > {tol:.0e}"
+             + (f" ({int(nonfinite.sum())} non-finite outputs)" if nonfinite.any() else "")
+             + f"; {bad.size} of {r.size} elements off by more than {thresh:.3g}"]
+    lines.append("first bad: " + "; ".join(
+        f"{fmt_idx(i, r.shape)} got {flat_g[i]:.6g} want {flat_r[i]:.6g}" for i in bad[:6]))
+    lines.append(f"worst: {fmt_idx(worst, r.shape)} got {flat_g[worst]:.6g} want {flat_r[worst]:.6g}")
+    raise CaseFail("\n".join(lines))
+
+
+def compare_exact(name, got, ref):
+    """Bit-exact comparison (NaN equals NaN)."""
+    import numpy as np
+    g, r = np.asarray(got), np.asarray(ref)
+    assert g.shape == r.shape
+    if g.dtype.kind == "f":
+        eq = (g == r) | (np.isnan(g) & np.isnan(r))
+    else:
+        eq = g == r
+    if eq.all():
+        return f"{name} exact"
+    bad = np.flatnonzero(~eq.ravel())
+    gf, rf = g.ravel(), r.ravel()
+    raise CaseFail(f"{name}: {bad.size} of {r.size} values differ (exact comparison)\nfirst bad: " + "; ".join(
+        f"{fmt_idx(i, r.shape)} got {gf[i]!r} want {rf[i]!r}" for i in bad[:6]))
+
+
+def nmse_or_exact(name, got, ref, tol):
+    """Passes when exact, or when NMSE <= tol (reports the mismatch count)."""
+    import numpy as np
+    g, r = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    neq = int(np.sum(~((g == r) | (np.isnan(g) & np.isnan(r)))))
+    if neq == 0:
+        return f"{name} exact"
+    s = compare_nmse(name, got, ref, tol)
+    return f"{s} ({neq} values not bit-equal)"
+
+
+# ---------------------------------------------------------------- weight formats
+def f16_to_f32(u16):
+    import numpy as np
+    return np.asarray(u16, dtype=np.uint16).view(np.float16).astype(np.float32)
+
+
+BLOCK = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q4_0": (32, 18), "q4_1": (32, 20),
+         "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34), "q4_k": (256, 144),
+         "q5_k": (256, 176), "q6_k": (256, 210), "affine_q4": (128, 68), "i8": (32, 36)}
+
+
+def decode_affine_q4(raw):
+    """src/quant/affine_q4.rs: 68-byte blocks {f16 scale, f16 bias, u8 qs[64]}; value j is
+    the low nibble of qs[j] (j < 64) or the high nibble of qs[j-64]; v = nibble*scale + bias."""
+    import numpy as np
+    b = np.asarray(raw, dtype=np.uint8).reshape(-1, 68)
+    scale = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    bias = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+    qs = b[:, 4:]
+    lv = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
+    return (lv * scale + bias).astype(np.float32).ravel()
+
+
+def decode_i8(raw):
+    """src/quant/int8.rs: 36-byte blocks {f32 scale, i8 qs[32]}; v = q * scale."""
+    import numpy as np
+    b = np.asarray(raw, dtype=np.uint8).reshape(-1, 36)
+    scale = b[:, 0:4].copy().view(np.float32)
+    qs = b[:, 4:].copy().view(np.int8).astype(np.float32)
+    return (qs * scale).astype(np.float32).ravel()
+
+
+def gguf_type(fmt):
+    from gguf import GGMLQuantizationType as T
+    return {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q4_0": T.Q4_0, "q4_1": T.Q4_1,
+            "q5_0": T.Q5_0, "q5_1": T.Q5_1, "q8_0": T.Q8_0, "q4_k": T.Q4_K, "q5_k": T.Q5_K,
+            "q6_k": T.Q6_K}[fmt]
+
+
+def decode(fmt, raw, n):
+    """Reference decode of `n` values stored as `raw` bytes of format fmt, as f32."""
+    import numpy as np
+    raw = np.ascontiguousarray(np.asarray(raw, dtype=np.uint8).ravel())
+    if fmt == "affine_q4":
+        v = decode_affine_q4(raw)
+    elif fmt == "i8":
+        v = decode_i8(raw)
+    else:
+        import gguf
+        v = np.asarray(gguf.quants.dequantize(raw, gguf_type(fmt)), dtype=np.float32).ravel()
+    assert v.size == n, (fmt, v.size, n)
+    return v
+
+
+def f16_bits(rng, shape, lo, hi):
+    import numpy as np
+    return rng.uniform(lo, hi, size=shape).astype(np.float16).view(np.uint16)
+
+
+def make_weights(fmt, rows, cols, rng):
+    """A [rows, cols] tensor in format fmt: (raw bytes [rows, row_bytes], f32 reference)."""
+    import numpy as np
+    bs, ts = BLOCK[fmt]
+    assert cols % bs == 0, (fmt, cols)
+    nb = cols // bs
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    if fmt == "f32":
+        raw = w.view(np.uint8)
+    elif fmt == "f16":
+        raw = w.astype(np.float16).view(np.uint8)
+    elif fmt in ("bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"):
+        import gguf
+        raw = np.asarray(gguf.quants.quantize(w, gguf_type(fmt))).view(np.uint8)
+    elif fmt in ("q4_k", "q5_k"):
+        raw = rng.integers(0, 256, size=(rows, nb, ts), dtype=np.uint8)
+        raw[:, :, 0:2] = f16_bits(rng, (rows, nb), 0.002, 0.02).view(np.uint8).reshape(rows, nb, 2)
+        raw[:, :, 2:4] = f16_bits(rng, (rows, nb), 0.001, 0.01).view(np.uint8).reshape(rows, nb, 2)
+    elif fmt == "q6_k":
+        raw = rng.integers(0, 256, size=(rows, nb, ts), dtype=np.uint8)
+        raw[:, :, 208:210] = f16_bits(rng, (rows, nb), 0.0005, 0.003).view(np.uint8).reshape(rows, nb, 2)
+    elif fmt == "affine_q4":
+        raw = rng.integers(0, 256, size=(rows, nb, ts), dtype=np.uint8)
+        raw[:, :, 0:2] = f16_bits(rng, (rows, nb), 0.01, 0.2).view(np.uint8).reshape(rows, nb, 2)
+        raw[:, :, 2:4] = f16_bits(rng, (rows, nb), -1.5, -0.1).view(np.uint8).reshape(rows, nb, 2)
+    elif fmt == "i8":
+        raw = np.zeros((rows, nb, ts), dtype=np.uint8)
+        scale = rng.uniform(0.005, 0.05, size=(rows, 1)).astype(np.float32)
+        raw[:, :, 0:4] = np.repeat(scale, nb, axis=1).view(np.uint8).reshape(rows, nb, 4)
+        raw[:, :, 4:] = rng.integers(-127, 128, size=(rows, nb, 32), dtype=np.int8).view(np.uint8)
+    else:
+        raise ValueError(fmt)
+    raw = np.ascontiguousarray(raw).reshape(rows, nb * ts)
+    ref = decode(fmt, raw, rows * cols).reshape(rows, cols)
+    return raw, ref
+
+
+# ---------------------------------------------------------------- cases
+@dataclass
+class Case:
+    id: str
+    kernel: str
+    run: Callable[[Ctx, object], str]
+    expect_error: str | None = None  # selftest: substring the failure must contain
+
+
+def seed_of(s: str) -> int:
+    return zlib.crc32(s.encode())
+
+
+def cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def cases_elementwise():
+    import numpy as np
+    cs = []
+
+    def add(n):
+        def run(c: Ctx, rng):
+            x = rng.standard_normal(n).astype(np.float32)
+            y = rng.standard_normal(n).astype(np.float32)
+            bx, by = c.buf(x, True), c.buf(y)
+            c.launch("add_f32", (cdiv(n, 256),), (256,), bx, by, n)
+            return compare_nmse("x", bx.read(), x.astype(np.float64) + y, 1e-7)
+        return run
+    for n in (1, 255, 256, 1000, 4097):
+        cs.append(Case(f"add_f32 n={n}", "add_f32", add(n)))
+
+    def bias(rows, width):
+        def run(c, rng):
+            x = rng.standard_normal((rows, width)).astype(np.float32)
+            b = rng.standard_normal(width).astype(np.float32)
+            bx, bb = c.buf(x, True), c.buf(b)
+            c.launch("add_bias_f32", (cdiv(rows * width, 256),), (256,), bx, bb, rows, width)
+            return compare_nmse("x", bx.read(), x.astype(np.float64) + b[None, :], 1e-7)
+        return run
+    for rows, width in ((1, 7), (3, 300), (5, 1000), (8, 512)):
+        cs.append(Case(f"add_bias_f32 rows={rows} width={width}", "add_bias_f32", bias(rows, width)))
+
+    def silu(n):
+        def run(c, rng):
+            g = (rng.standard_normal(n) * 4).astype(np.float32)
+            g[: min(n, 4)] = np.array([-100.0, 100.0, 0.0, -20.0], dtype=np.float32)[: min(n, 4)]
+            u = rng.standard_normal(n).astype(np.float32)
+            bg, bu = c.buf(g, True), c.buf(u)
+            c.launch("silu_mul_f32", (cdiv(n, 256),), (256,), bg, bu, n)
+            gd = g.astype(np.float64)
+            return compare_nmse("g", bg.read(), gd / (1 + np.exp(-gd)) * u, 1e-7)
+        return run
+    for n in (1, 1000, 4097):
+        cs.append(Case(f"silu_mul_f32 n={n}", "silu_mul_f32", silu(n)))
+
+    def to_f16(n):
+        def run(c, rng):
+            x = (rng.standard_normal(n) * np.exp(rng.uniform(-20, 12, n))).astype(np.float32)
+            special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.99, 65520.0, -65520.0,
+                                1e-8, 5.9604645e-08, 2.9802322e-08, 2.9802326e-08, 1.0 + 2.0 ** -11,
+                                1.0 + 3 * 2.0 ** -11, 6.097555e-05, 6.1035156e-05, -3.0517578e-05,
+                                1e30, -1e-30], dtype=np.float32)
+            x[: min(n, special.size)] = special[: min(n, special.size)]
+            bx, by = c.buf(x), c.out((n,), np.uint16)
+            c.launch("f32_to_f16", (cdiv(n, 256),), (256,), bx, by, n)
+            got = by.read()
+            want = x.astype(np.float16).view(np.uint16)
+            isnan = np.isnan(x)
+            gnan = ((got & 0x7C00) == 0x7C00) & ((got & 0x3FF) != 0)
+            if not gnan[isnan].all():
+                raise CaseFail(f"y: NaN inputs at {np.flatnonzero(isnan & ~gnan)[:5].tolist()} did not give NaN")
+            got = np.where(isnan, want, got)
+            return compare_exact("y (f16 bits)", got, want)
+        return run
+    for n in (1, 20, 1000, 70001):
+        cs.append(Case(f"f32_to_f16 n={n}", "f32_to_f16", to_f16(n)))
+    return cs
+
+
+def cases_norm():
+    import numpy as np
+    cs = []
+
+    def rms(rows, dim, eps):
+        def run(c, rng):
+            x = (rng.standard_normal((rows, dim)) * rng.uniform(0.1, 10, (rows, 1))).astype(np.float32)
+            w = rng.standard_normal(dim).astype(np.float32)
+            bx, bw, bo = c.buf(x), c.buf(w), c.out((rows, dim), np.float32)
+            c.launch("rms_norm_f32", (rows,), (256,), bx, bw, bo, dim, eps)
+            xd = x.astype(np.float64)
+            ref = w * xd / np.sqrt(np.mean(xd * xd, axis=1, keepdims=True) + np.float32(eps))
+            return compare_nmse("out", bo.read(), ref, 1e-7)
+        return run
+    for rows, dim, eps in ((1, 512, 1e-5), (3, 1000, 1e-6), (2, 100, 1e-5), (8, 4096, 1e-5), (1, 7, 1e-6)):
+        cs.append(Case(f"rms_norm_f32 rows={rows} dim={dim} eps={eps}", "rms_norm_f32", rms(rows, dim, eps)))
+    return cs
+
+
+def cases_rope():
+    import numpy as np
+    cs = []
+
+    def rope(rows, n_heads, hd, inter, factor, maxpos):
+        def run(c, rng):
+            half = hd // 2
+            x = rng.standard_normal((rows, n_heads * hd)).astype(np.float32)
+            pos = rng.integers(1, maxpos, size=rows).astype(np.uint32)
+            pos[0] = maxpos - 1
+            inv = (10000.0 ** (-np.arange(half, dtype=np.float64) * 2 / hd)).astype(np.float32)
+            bx, bp, bi = c.buf(x, True), c.buf(pos), c.buf(inv)
+            c.launch("rope_f32", (rows, n_heads), (half,), bx, bp, bi, n_heads, hd, np.float32(factor), inter)
+            ang = (pos[:, None].astype(np.float32) * inv[None, :]).astype(np.float64)  # f32 angle, as the kernel
+            cs_, sn = np.cos(ang) * factor, np.sin(ang) * factor
+            xr = x.astype(np.float64).reshape(rows, n_heads, hd)
+            if inter:
+                a, b = xr[..., 0::2], xr[..., 1::2]
+            else:
+                a, b = xr[..., :half], xr[..., half:]
+            c_, s_ = cs_[:, None, :], sn[:, None, :]
+            na, nb = a * c_ - b * s_, a * s_ + b * c_
+            ref = np.empty_like(xr)
+            if inter:
+                ref[..., 0::2], ref[..., 1::2] = na, nb
+            else:
+                ref[..., :half], ref[..., half:] = na, nb
+            return compare_nmse("x", bx.read(), ref.reshape(rows, n_heads * hd), 1e-7)
+        return run
+    for rows, nh, hd, inter, factor, maxpos in (
+            (1, 4, 64, 0, 1.0, 50), (3, 4, 128, 0, 1.0, 4000), (3, 4, 128, 1, 1.0, 4000),
+            (2, 2, 64, 1, 0.8, 300), (5, 1, 128, 0, 1.2, 9000), (2, 3, 96, 0, 1.0, 100), (2, 3, 96, 1, 1.0, 100)):
+        cs.append(Case(f"rope_f32 rows={rows} n_heads={nh} head_dim={hd} {'interleaved' if inter else 'neox'} "
+                       f"attn_factor={factor} pos<{maxpos}", "rope_f32", rope(rows, nh, hd, inter, factor, maxpos)))
+    return cs
+
+
+EXACT_DECODE = {"f32", "f16", "bf16", "q4_0", "q5_0", "q8_0", "i8"}
+
+
+def cases_embedding():
+    import numpy as np
+    cs = []
+
+    def emb(fmt, vocab, dim, rows):
+        def run(c, rng):
+            raw, ref = make_weights(fmt, vocab, dim, rng)
+            ids = rng.integers(0, vocab, size=rows).astype(np.uint32)
+            ids[0] = vocab - 1
+            if rows > 1:
+                ids[1] = 0
+            bt, bi, bo = c.buf(raw), c.buf(ids), c.out((rows, dim), np.float32)
+            c.launch(f"embed_{fmt}", (rows,), (256,), bt, bi, bo, dim)
+            if fmt in EXACT_DECODE:
+                return compare_exact("out", bo.read(), ref[ids])
+            return nmse_or_exact("out", bo.read(), ref[ids], 1e-7)
+        return run
+    for fmt in FMTS:
+        bs = BLOCK[fmt][0]
+        small = {1: 100, 32: 96, 128: 384, 256: 768}[bs]
+        for vocab, dim, rows in ((37, 512, 3), (11, small, 8), (5, 2048, 1)):
+            cs.append(Case(f"embed_{fmt} vocab={vocab} dim={dim} rows={rows}", f"embed_{fmt}", emb(fmt, vocab, dim, rows)))
+    return cs
+
+
+def cases_dequant():
+    import numpy as np
+    cs = []
+
+    def deq(fmt, nblocks):
+        def run(c, rng):
+            bs, _ = BLOCK[fmt]
+            n = nblocks * bs
+            raw, ref = make_weights(fmt, 1, n, rng)
+            bw, bo = c.buf(raw), c.out((n,), np.uint16)
+            c.launch(f"dequant_{fmt}_f16", (cdiv(n, 256),), (256,), bw, bo, n)
+            want16 = ref.ravel().astype(np.float16)
+            got16 = bo.read().view(np.float16)
+            return nmse_or_exact("out (f16)", got16, want16, 1e-7)
+        return run
+    for fmt in FMTS:
+        bs = BLOCK[fmt][0]
+        sizes = (5, 37) if bs > 1 else (100, 1001)
+        if bs == 32:
+            sizes = (5, 37, 3)
+        for nb in sizes:
+            cs.append(Case(f"dequant_{fmt}_f16 n={nb * bs}", f"dequant_{fmt}_f16", deq(fmt, nb)))
+    return cs
+
+
+def cases_matvec():
+    import numpy as np
+    cs = []
+
+    def mv(fmt, rows, out, inn):
+        def run(c, rng):
+            raw, wref = make_weights(fmt, out, inn, rng)
+            x = rng.standard_normal((rows, inn)).astype(np.float32)
+            bw, bx, by = c.buf(raw), c.buf(x), c.out((rows, out), np.float32)
+            c.launch(f"matvec_{fmt}", (cdiv(out, 8),), (256,), bw, bx, by, rows, out, inn)
+            ref = x.astype(np.float64) @ wref.astype(np.float64).T
+            return compare_nmse("y", by.read(), ref, 5e-4)
+        return run
+    for fmt in FMTS:
+        bs = BLOCK[fmt][0]
+        odd = {1: 200, 32: 288, 128: 384, 256: 768}[bs]
+        for rows, out, inn in ((1, 67, 512), (3, 67, 512), (8, 16, 512), (5, 9, odd), (2, 1, 1024)):
+            cs.append(Case(f"matvec_{fmt} rows={rows} out={out} in={inn}", f"matvec_{fmt}", mv(fmt, rows, out, inn)))
+    return cs
+
+
+def attn_ref_partial(q, k, v, start_pos, nh, nkv, hd, scale, window, split_len, splits):
+    import numpy as np
+    rows = q.shape[0]
+    part = np.zeros((rows, nh, splits, hd + 2))
+    qd = q.astype(np.float64).reshape(rows, nh, hd)
+    kd = k.astype(np.float64).reshape(-1, nkv, hd)
+    vd = v.astype(np.float64).reshape(-1, nkv, hd)
+    grp = nh // nkv
+    for r in range(rows):
+        pos = start_pos + r
+        first = max(0, pos + 1 - window) if window > 0 else 0
+        for h in range(nh):
+            kh = h // grp
+            for s in range(splits):
+                lo, hi = max(first, s * split_len), min(pos + 1, (s + 1) * split_len)
+                if lo >= hi:
+                    part[r, h, s, hd] = -np.inf
+                    continue
+                sc = np.float32(scale) * (kd[lo:hi, kh] @ qd[r, h])
+                m = sc.max()
+                e = np.exp(sc - m)
+                part[r, h, s, :hd] = e @ vd[lo:hi, kh]
+                part[r, h, s, hd] = m
+                part[r, h, s, hd + 1] = e.sum()
+    return part
+
+
+def attn_ref_combine(part, hd):
+    import numpy as np
+    m = part[..., hd]
+    M = m.max(axis=-1, keepdims=True)
+    w = np.where(np.isfinite(m), np.exp(np.where(np.isfinite(m), m - M, 0)), 0.0)
+    num = (w[..., None] * part[..., :hd]).sum(axis=-2)
+    den = (w * part[..., hd + 1]).sum(axis=-1)
+    return num / den[..., None]
+
+
+def cases_attention():
+    import numpy as np
+    cs = []
+
+    def compare_part(got, ref, hd):
+        empty = ~np.isfinite(ref[..., hd])
+        if empty.any():
+            ge = got[empty]
+            ok = (ge[:, hd] == -np.inf) & (ge[:, hd + 1] == 0) & np.all(ge[:, :hd] == 0, axis=1)
+            if not ok.all():
+                idx = np.argwhere(empty)[~ok][:4]
+                bad = "; ".join(f"[r={a},h={b},s={s_}] m={got[a, b, s_, hd]!r} l={got[a, b, s_, hd + 1]!r} "
+                                f"acc[0]={got[a, b, s_, 0]!r}" for a, b, s_ in idx)
+                raise CaseFail(f"part: empty slices must be m=-inf, l=0, acc=0; bad [row, head, split]: {bad}")
+        full = ~empty
+        if not full.any():
+            return "all slices empty"
+        s1 = compare_nmse("part.acc", got[full][:, :hd], ref[full][:, :hd], 5e-4, " (non-empty slices)")
+        s2 = compare_nmse("part.m", got[full][:, hd], ref[full][:, hd], 5e-4, " (non-empty slices)")
+        s3 = compare_nmse("part.l", got[full][:, hd + 1], ref[full][:, hd + 1], 5e-4, " (non-empty slices)")
+        return f"{s1} {s2.split(' ')[1]} l_{s3.split(' ')[1]} ({int(empty.sum())} empty slices)"
+
+    def attn(rows, start, nh, nkv, hd, window, split_len, splits, mode):
+        def run(c, rng):
+            cap = start + rows
+            q = rng.standard_normal((rows, nh * hd)).astype(np.float32)
+            k = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
+            v = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
+            scale = 1.0 / math.sqrt(hd)
+            ref = attn_ref_partial(q, k, v, start, nh, nkv, hd, scale, window, split_len, splits)
+            if mode == "combine":
+                bp, bo = c.buf(ref.astype(np.float32)), c.out((rows, nh * hd), np.float32)
+                c.launch("attn_combine_f32", (rows * nh,), (hd,), bp, bo, splits, hd)
+                want = attn_ref_combine(ref.astype(np.float32).astype(np.float64), hd).reshape(rows, nh * hd)
+                return compare_nmse("out", bo.read(), want, 5e-4)
+            bq, bk, bv = c.buf(q), c.buf(k), c.buf(v)
+            bp = c.out((rows, nh, splits, hd + 2), np.float32)
+            c.launch("attn_partial_f32", (rows * nh, splits), (128,), bq, bk, bv, bp, start, nh, nkv, hd,
+                     np.float32(scale), window, split_len)
+            got = bp.read()
+            s = compare_part(got.astype(np.float64), ref, hd)
+            if mode == "partial":
+                return s
+            bo = c.out((rows, nh * hd), np.float32)
+            c.launch("attn_combine_f32", (rows * nh,), (hd,), bp, bo, splits, hd)
+            want = attn_ref_combine(ref, hd).reshape(rows, nh * hd)
+            return compare_nmse("out", bo.read(), want, 5e-4) + " (partial+combine)"
+        return run
+
+    shapes = [
+        # rows, start_pos, n_heads, n_kv_heads, head_dim, window, split_len, splits
+        (1, 37, 4, 2, 64, 0, 38, 1),      # decode, one split
+        (1, 37, 4, 2, 64, 0, 16, 3),      # decode, split_len not dividing 38
+        (5, 0, 4, 2, 128, 0, 3, 2),       # prefill from 0, empty slices for early rows
+        (7, 20, 4, 2, 64, 8, 7, 4),       # prefill at start_pos > 0 with a sliding window
+        (2, 100, 4, 4, 128, 50, 23, 5),   # MHA, window, 5 splits
+        (8, 3, 4, 1, 64, 0, 5, 3),        # MQA, 8 rows
+        (3, 9, 4, 2, 64, 0, 5, 8),        # more splits than needed: trailing empty slices
+        (1, 300, 4, 2, 128, 0, 64, 5),    # longer decode
+        (2, 10, 2, 1, 256, 4, 6, 2),      # head_dim 256, window
+    ]
+    for shp in shapes:
+        rows, start, nh, nkv, hd, window, sl, sp = shp
+        desc = (f"rows={rows} start_pos={start} n_heads={nh} n_kv={nkv} head_dim={hd} window={window} "
+                f"split_len={sl} splits={sp}")
+        cs.append(Case(f"attn_partial_f32 {desc}", "attn_partial_f32", attn(*shp, "partial")))
+        cs.append(Case(f"attn_combine_f32 {desc}", "attn_combine_f32", attn(*shp, "combine")))
+        cs.append(Case(f"attn_partial+combine {desc}", "attn_partial_f32", attn(*shp, "both")))
+    return cs
+
+
+def distinct_logits(rng, rows, vocab, ties=False):
+    import numpy as np
+    while True:
+        x = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+        if all(np.unique(r).size == vocab for r in x):
+            break
+    return x
+
+
+def lse_ref(x):
+    import numpy as np
+    xd = x.astype(np.float64)
+    m = xd.max(axis=1, keepdims=True)
+    return (m + np.log(np.exp(xd - m).sum(axis=1, keepdims=True))).ravel()
+
+
+def topk_ref(x, k):
+    import numpy as np
+    # descending value, ties to the lower index
+    order = np.lexsort((np.arange(x.shape[1])[None, :].repeat(x.shape[0], 0), -x.astype(np.float64)), axis=1)
+    return order[:, :k]
+
+
+def cases_sample():
+    import numpy as np
+    cs = []
+
+    def argmax(rows, vocab, variant):
+        def run(c, rng):
+            x = distinct_logits(rng, rows, vocab)
+            if variant == "last" and vocab > 1:
+                x[0, -1] = x[0].max() + 1
+            if variant == "first":
+                x[0, 0] = x[0].max() + 1
+            if variant == "masked" and vocab > 3:
+                x[:, ::3] = -np.inf
+            if variant == "ties" and vocab > 10:
+                top = x.max() + 1
+                x[:, vocab // 3] = top
+                x[:, vocab - 2] = top
+            bl = c.buf(x)
+            bi, bv, bs = c.out((rows,), np.uint32), c.out((rows,), np.float32), c.out((rows,), np.float32)
+            c.launch("argmax_f32", (rows,), (1024,), bl, vocab, bi, bv, bs)
+            want = topk_ref(x, 1)[:, 0].astype(np.uint32)
+            r1 = compare_exact("idx", bi.read(), want)
+            compare_exact("val", bv.read(), x[np.arange(rows), want])
+            r3 = compare_nmse("lse", bs.read(), lse_ref(x), 1e-7)
+            return f"{r1}, val exact, {r3}"
+        return run
+    for rows, vocab, variant in ((1, 1, ""), (2, 5, ""), (3, 1000, ""), (1, 3001, "last"), (2, 3001, "first"),
+                                 (4, 32000, ""), (2, 2000, "masked"), (2, 2000, "ties")):
+        cs.append(Case(f"argmax_f32 rows={rows} vocab={vocab}{' ' + variant if variant else ''}", "argmax_f32",
+                       argmax(rows, vocab, variant)))
+
+    def topk(rows, vocab, k, variant):
+        def run(c, rng):
+            x = distinct_logits(rng, rows, vocab)
+            if variant == "ties":
+                top = np.sort(x[0])[-3]
+                x[:, [vocab // 5, vocab // 2, vocab - 1]] = top + 1  # three-way tie at the top
+                x[:, [7, 3]] = top + 0.5  # a tie further down
+            if variant == "masked":
+                x[:, 1::2] = -np.inf
+            bl = c.buf(x)
+            bi, bv, bs = c.out((rows, k), np.uint32), c.out((rows, k), np.float32), c.out((rows,), np.float32)
+            c.launch("topk_f32", (rows,), (1024,), bl, vocab, k, bi, bv, bs)
+            want = topk_ref(x, k).astype(np.uint32)
+            r1 = compare_exact("idx", bi.read(), want)
+            compare_exact("val", bv.read(), np.take_along_axis(x, want.astype(np.int64), axis=1))
+            r3 = compare_nmse("lse", bs.read(), lse_ref(x), 1e-7)
+            return f"{r1}, val exact, {r3}"
+        return run
+    for rows, vocab, k, variant in ((1, 10, 1, ""), (2, 300, 5, ""), (3, 3001, 40, ""), (1, 32000, 256, ""),
+                                    (2, 1000, 256, ""), (1, 256, 256, ""), (2, 2000, 10, "ties"),
+                                    (1, 600, 50, "masked")):
+        cs.append(Case(f"topk_f32 rows={rows} vocab={vocab} k={k}{' ' + variant if variant else ''}", "topk_f32",
+                       topk(rows, vocab, k, variant)))
+    return cs
+
+
+def cases_selftest():
+    import numpy as np
+    cs = []
+
+    def block_sum(c, rng):
+        n = 1000
+        x = rng.standard_normal(n).astype(np.float32)
+        bx, bo = c.buf(x), c.out((4,), np.float32)
+        c.launch("st_block_sum", (4,), (256,), bx, bo, n)
+        ref = np.array([x[i * 256:(i + 1) * 256].astype(np.float64).sum() for i in range(4)])
+        return compare_nmse("out", bo.read(), ref, 1e-12)
+
+    def shuffles(c, rng):
+        x = rng.standard_normal(64).astype(np.float32)
+        bx, bo = c.buf(x), c.out((6, 64), np.float32)
+        c.launch("st_shuffles", (1,), (64,), bx, bo)
+        got = bo.read()
+        xd = x.astype(np.float64).reshape(2, 32)
+        ref = np.zeros((6, 2, 32))
+        ref[0] = xd.sum(1, keepdims=True)
+        for w in range(2):  # shfl_down tree: lane l sums a lane-dependent set; simulate
+            b = xd[w].copy()
+            for o in (16, 8, 4, 2, 1):
+                b = b + np.array([b[l + o] if l + o < 32 else b[l] for l in range(32)])
+            ref[1, w] = b
+        ref[2] = xd[:, 7:8]
+        ref[3] = np.cumsum(xd, axis=1)
+        ref[4] = xd.reshape(2, 4, 8).sum(2, keepdims=True).repeat(8, 2).reshape(2, 32)
+        ball = [sum(1 << l for l in range(32) if x[w * 32 + l] > 0) for w in range(2)]
+        ref5 = np.array([ball[w] for w in range(2) for _ in range(32)], dtype=np.uint32)
+        compare_exact("ballot", got[5].view(np.uint32), ref5)
+        return compare_nmse("shuffles", got[:5], ref[:5].reshape(5, 64), 1e-12) + ", ballot exact"
+
+    def rotate(c, rng):
+        x = rng.standard_normal(3 * 128).astype(np.float32)
+        bx, bo = c.buf(x), c.out((3 * 128,), np.float32)
+        c.launch("st_rotate", (3,), (16, 8), bx, bo, 37)
+        ref = np.concatenate([np.roll(x[i * 128:(i + 1) * 128], -37) for i in range(3)])
+        return compare_exact("out", bo.read(), ref)
+
+    def maxsum(c, rng):
+        rows, n = 3, 5000
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        bx, bo = c.buf(x), c.out((2 * rows,), np.float32)
+        c.launch("st_block_maxsum", (rows,), (1024,), bx, bo, n)
+        ref = np.concatenate([x.max(1), x.astype(np.float64).sum(1)])
+        return compare_nmse("out", bo.read(), ref, 1e-10)
+
+    def partial(c, rng):
+        x = rng.standard_normal(40).astype(np.float32)
+        bx, bo = c.buf(x), c.out((40,), np.float32)
+        c.launch("st_partial_warp", (1,), (40,), bx, bo)
+        got = bo.read()
+        ref = np.concatenate([x[16:32], x[16:32], x[40 - 8:40] * np.nan])
+        ref[16:32] = x[16:32]  # lanes 16..31 of warp 0: delta past the warp, own value
+        ref[32:40] = np.nan  # warp 1 lanes 0..7 read non-existent lanes 16..23
+        return compare_exact("out", got, ref)
+
+    def neg(name, block, extra=()):
+        def run(c, rng):
+            n = 64 if not extra else extra[0]
+            x = rng.standard_normal(256).astype(np.float32)
+            bx, bo = c.buf(x), c.out((n,), np.float32)
+            if name == "bad_missing_lane_deadlock":
+                c.lib.lib.emu_set_timeout(1.0)
+            try:
+                c.launch(name, (1,), (block,), bx, bo, *extra)
+            finally:
+                c.lib.lib.emu_set_timeout(20.0)
+            return "no error reported"
+        return run
+
+    cs += [Case("selftest shared-memory tree reduction", "st_block_sum", block_sum),
+           Case("selftest warp shuffles xor/down/idx/up/width/ballot", "st_shuffles", shuffles),
+           Case("selftest __syncthreads ordering, 2-D block", "st_rotate", rotate),
+           Case("selftest block max+sum (shuffles + shared), block 1024", "st_block_maxsum", maxsum),
+           Case("selftest partial last warp reads poison", "st_partial_warp", partial),
+           Case("selftest detects early return before __syncthreads", "bad_early_return",
+                neg("bad_early_return", 64, (40,)), expect_error="every thread must reach every __syncthreads"),
+           Case("selftest detects a lane missing from a shuffle (exited)", "bad_missing_lane",
+                neg("bad_missing_lane", 64), expect_error="all named lanes must execute the intrinsic"),
+           Case("selftest detects a lane missing from a shuffle (deadlock, 1 s timeout)", "bad_missing_lane_deadlock",
+                neg("bad_missing_lane_deadlock", 64), expect_error="deadlock"),
+           Case("selftest detects divergent __syncthreads", "bad_divergent_sync",
+                neg("bad_divergent_sync", 64), expect_error="different __syncthreads"),
+           Case("selftest ASan catches an out-of-bounds write", "bad_oob_write",
+                neg("bad_oob_write", 128, (64,)), expect_error="AddressSanitizer")]
+    return cs
+
+
+FILES = {
+    "selftest.cu": (cases_selftest, SELFTEST_SIGS),
+    "elementwise.cu": (cases_elementwise, SIGS["elementwise.cu"]),
+    "norm.cu": (cases_norm, SIGS["norm.cu"]),
+    "rope.cu": (cases_rope, SIGS["rope.cu"]),
+    "embedding.cu": (cases_embedding, SIGS["embedding.cu"]),
+    "dequant.cu": (cases_dequant, SIGS["dequant.cu"]),
+    "matvec.cu": (cases_matvec, SIGS["matvec.cu"]),
+    "attention.cu": (cases_attention, SIGS["attention.cu"]),
+    "sample.cu": (cases_sample, SIGS["sample.cu"]),
+}
+
+
+def selected_cases(file, flt):
+    cs = FILES[file][0]()
+    return [c for c in cs if not flt or flt in c.id]
+
+
+# ---------------------------------------------------------------- worker (child process)
+def worker(file, so, flt, start):
+    import numpy as np
+    lib = Lib(so)
+    sigs = FILES[file][1]
+    present = [s for s in sigs if hasattr(lib.lib, "emuw_" + s[0])]
+    lib.set_sigs(present)
+    cases = selected_cases(file, flt)
+    for i, case in enumerate(cases):
+        if i < start:
+            continue
+        print(f"@@START {i}", flush=True)
+        rng = np.random.default_rng(seed_of(case.id))
+        ctx = Ctx(lib)
+        t0 = time.time()
+        try:
+            detail = case.run(ctx, rng)
+            ctx.check_inputs()
+            status = "PASS"
+        except CaseFail as e:
+            detail = str(e)
+            status = "MISSING" if detail.startswith("MISSING") else "FAIL"
+        except Exception as e:  # a harness bug: report it, keep going
+            import traceback
+            detail = "harness exception: " + "".join(traceback.format_exception_only(type(e), e)).strip() + \
+                     "\n" + traceback.format_exc(limit=4)
+            status = "FAIL"
+        finally:
+            ctx.free()
+        print("@@RESULT " + json.dumps({"i": i, "status": status, "detail": detail,
+                                        "launch": ctx.launch_desc, "secs": time.time() - t0}), flush=True)
+    return 0
+
+
+def sanitizer_env(mode):
+    env = dict(os.environ)
+    if mode == "asan":
+        # libstdc++ preloaded too: otherwise ASan's __cxa_throw interceptor finds no real
+        # __cxa_throw (python itself is not C++) and aborts on the emulator's first throw
+        libs = [subprocess.run(["g++", f"-print-file-name={l}"], capture_output=True, text=True).stdout.strip()
+                for l in ("libasan.so", "libstdc++.so")]
+        env["LD_PRELOAD"] = " ".join(libs)
+        env["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1:print_summary=1:allocator_may_return_null=1"
+        env["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1"
+    elif mode == "tsan":
+        libs = [subprocess.run(["g++", f"-print-file-name={l}"], capture_output=True, text=True).stdout.strip()
+                for l in ("libtsan.so", "libstdc++.so")]
+        env["LD_PRELOAD"] = " ".join(libs)
+        env["TSAN_OPTIONS"] = "halt_on_error=1:report_signal_unsafe=0"
+    return env
+
+
+def crash_summary(stderr: str) -> str:
+    """The informative lines of a sanitizer / emulator report."""
+    keep = []
+    lines = stderr.splitlines()
+    for i, l in enumerate(lines):
+        if re.search(r"ERROR: AddressSanitizer|runtime error:|WARNING: ThreadSanitizer|EMU (ERROR|FATAL)|"
+                     r"(READ|WRITE) of size|located \d+ bytes|is located|SUMMARY:|Previous (write|read)", l):
+            keep.append(l.strip())
+            # the top user frames
+            for l2 in lines[i + 1:i + 8]:
+                if re.match(r"\s+#\d+ ", l2) and ("kernels/" in l2 or "selftest" in l2 or "cuda_emu" in l2):
+                    keep.append("  " + l2.strip())
+    if not keep:
+        keep = [l for l in lines if l.strip()][-15:]
+    out, seen = [], set()
+    for l in keep:
+        if l not in seen:
+            out.append(l)
+            seen.add(l)
+    return "\n".join(out[:30])
+
+
+def run_file(file, so, flt, mode, timeout=600):
+    """Runs every case of `file` in child processes; returns a list of result dicts."""
+    cases = selected_cases(file, flt)
+    results: dict[int, dict] = {}
+    start = 0
+    env = sanitizer_env(mode)
+    while start < len(cases):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", file, "--so", str(so),
+               "--start", str(start), flt or ""]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+            out, err, rc = p.stdout, p.stderr, p.returncode
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = (e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")) + \
+                f"\nEMU FATAL: worker timed out after {timeout} s"
+            rc = -9
+        last_start = None
+        for line in out.splitlines():
+            if line.startswith("@@START "):
+                last_start = int(line.split()[1])
+            elif line.startswith("@@RESULT "):
+                r = json.loads(line[len("@@RESULT "):])
+                results[r["i"]] = r
+                last_start = None
+        if rc == 0 and last_start is None:
+            break
+        # the child died in case `last_start` (or before any case started)
+        bad = last_start if last_start is not None else start
+        summ = crash_summary(err)
+        results[bad] = {"i": bad, "status": "FAIL", "launch": "",
+                        "detail": f"child process died (exit {rc}) in this case:\n{summ}", "secs": 0.0,
+                        "crash": True}
+        start = bad + 1
+    out = []
+    for i, c in enumerate(cases):
+        r = results.get(i, {"status": "FAIL", "detail": "no result (harness bug)", "launch": "", "secs": 0})
+        r = dict(r)
+        r["id"], r["kernel"], r["file"] = c.id, c.kernel, file
+        if c.expect_error is not None:  # a deliberately broken selftest kernel
+            if r["status"] == "FAIL" and c.expect_error in r["detail"]:
+                r["status"], r["detail"] = "PASS", "detected: " + r["detail"].splitlines()[0][:160] \
+                    if not r.get("crash") else "detected: " + next(
+                        (l for l in r["detail"].splitlines() if c.expect_error in l), "")[:160]
+            else:
+                r["status"] = "FAIL"
+                r["detail"] = f"expected an error containing {c.expect_error!r}, got: {r['status']} {r['detail']}"
+        out.append(r)
+    return out
+
+
+# ---------------------------------------------------------------- FAILURES.md
+FAIL_HEADER = """# Kernel failures found by the CPU emulator
+
+Written by `tools/cuda_emu/run_tests.py` (entries of cases that pass again are removed on
+the next run that includes them). Each entry: kernel, case, launch, what differed, the
+first bad indices and, where the source shows it, a diagnosis (lines starting with
+`Diagnosis:` are kept across runs). Reproduce one case with
+`tools/cuda_emu/run.sh 'CASE NAME'` (any substring of the case name works as a filter).
+
+"""
+
+
+def parse_failures(text):
+    entries = {}
+    for m in re.finditer(r"^## (.+?)\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S):
+        entries[m.group(1).strip()] = m.group(2)
+    return entries
+
+
+def update_failures(results, ran_ids):
+    old = parse_failures(FAILURES.read_text()) if FAILURES.exists() else {}
+    entries = {k: v for k, v in old.items() if k not in ran_ids}
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    for r in results:
+        if r["status"] == "PASS":
+            continue
+        diag = [l for l in old.get(r["id"], "").splitlines() if l.startswith("Diagnosis:")]
+        body = [f"- kernel: `{r['kernel']}` (kernels/{r['file']})" if r["file"] != "selftest.cu"
+                else "- emulator selftest (tools/cuda_emu/selftest.cu)"]
+        if r.get("launch"):
+            body.append(f"- launch: {r['launch']}")
+        body.append(f"- status: {r['status']} (last seen {now})")
+        body.append("- what differed:")
+        body.append("```")
+        body.append(r["detail"].rstrip())
+        body.append("```")
+        body += diag
+        entries[r["id"]] = "\n".join(body) + "\n\n"
+    if not entries:
+        text = FAIL_HEADER + "No failures: every case of the last run passed.\n"
+    else:
+        text = FAIL_HEADER + "".join(f"## {k}\n{v}" for k, v in sorted(entries.items()))
+    FAILURES.write_text(text)
+
+
+# ---------------------------------------------------------------- python-only self check
+def python_only_check() -> int:
+    import numpy as np
+    ok = True
+
+    def say(good, what):
+        nonlocal ok
+        ok &= good
+        print(f"{'PASS' if good else 'FAIL'} python-check {what}")
+
+    probs = check_abi_table()
+    say(not probs, "ABI table matches kernels/README.md" + ("" if not probs else ":\n  " + "\n  ".join(probs)))
+    rng = np.random.default_rng(1)
+    # affine_q4 / i8 decoders against a direct loop over the Rust layout
+    raw, ref = make_weights("affine_q4", 2, 256, rng)
+    loop = []
+    for blk in raw.reshape(-1, 68):
+        sc = float(blk[0:2].view(np.float16)[0])
+        bi = float(blk[2:4].view(np.float16)[0])
+        for i in range(128):
+            lv = blk[4 + i] & 0xF if i < 64 else blk[4 + i - 64] >> 4
+            loop.append(np.float32(np.float32(lv) * np.float32(sc) + np.float32(bi)))
+    say(np.array_equal(np.array(loop, np.float32), ref.ravel()), "affine_q4 decoder matches a per-value loop")
+    raw, ref = make_weights("i8", 3, 64, rng)
+    loop = [np.float32(np.float32(np.int8(b[4 + i].astype(np.int8))) * b[0:4].view(np.float32)[0])
+            for b in raw.reshape(-1, 36) for i in range(32)]
+    say(np.array_equal(np.array(loop, np.float32), ref.ravel()), "i8 decoder matches a per-value loop")
+    rows_same = np.all(raw.reshape(3, 2, 36)[:, :, :4] == raw.reshape(3, 2, 36)[:, :1, :4])
+    say(bool(rows_same), "i8 test weights repeat one scale per row")
+    # gguf Q4_0 reference against a hand decode of the GGML layout
+    raw, ref = make_weights("q4_0", 1, 64, rng)
+    hand = []
+    for b in raw.reshape(-1, 18):
+        d = np.float32(b[0:2].view(np.float16)[0])
+        qs = b[2:]
+        hand += [np.float32((int(qs[j] & 0xF) - 8)) * d for j in range(16)]
+        hand += [np.float32((int(qs[j] >> 4) - 8)) * d for j in range(16)]
+    say(np.array_equal(np.array(hand, np.float32), ref.ravel()), "gguf Q4_0 decode matches the GGML layout")
+    for fmt in FMTS:
+        bs, ts = BLOCK[fmt]
+        raw, ref = make_weights(fmt, 3, 512, rng)
+        good = raw.shape == (3, 512 // bs * ts) and np.isfinite(ref).all() and 0.01 < np.abs(ref).mean() < 10
+        say(bool(good), f"{fmt} test weights: {raw.shape[1]} bytes/row, mean |w| {np.abs(ref).mean():.3g}")
+    # attention reference: one split equals plain softmax attention
+    q = rng.standard_normal((2, 4 * 8)).astype(np.float32)
+    k = rng.standard_normal((6, 2 * 8)).astype(np.float32)
+    v = rng.standard_normal((6, 2 * 8)).astype(np.float32)
+    p1 = attn_ref_combine(attn_ref_partial(q, k, v, 4, 4, 2, 8, 0.3, 0, 100, 1), 8)
+    p3 = attn_ref_combine(attn_ref_partial(q, k, v, 4, 4, 2, 8, 0.3, 0, 2, 3), 8)
+    say(bool(np.allclose(p1, p3)), "attention reference: splits merge to the single-split result")
+    total = sum(len(FILES[f][0]()) for f in FILES)
+    say(total > 0, f"{total} cases generated")
+    return 0 if ok else 1
+
+
+# ---------------------------------------------------------------- main
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("filter", nargs="?", default="")
+    ap.add_argument("--python-only-check", action="store_true")
+    ap.add_argument("--no-sanitize", action="store_true")
+    ap.add_argument("--tsan", action="store_true")
+    ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    ap.add_argument("--no-failures-file", action="store_true")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--so", help=argparse.SUPPRESS)
+    ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a.worker, a.so, a.filter, a.start)
+    if a.python_only_check:
+        return python_only_check()
+    t0 = time.time()
+    mode = "tsan" if a.tsan else ("none" if a.no_sanitize else "asan")
+    probs = check_abi_table()
+    for p in probs:
+        print(f"WARN ABI table vs kernels/README.md: {p}")
+
+    files = []
+    missing_files = []
+    for f in FILES:
+        if f != "selftest.cu" and not (KDIR / f).exists():
+            missing_files.append(f)
+            continue
+        if selected_cases(f, a.filter):
+            files.append(f)
+    if not (KDIR / "common.cuh").exists():
+        files = [f for f in files if f == "selftest.cu"]
+        missing_files = [f for f in FILES if f != "selftest.cu"]
+    if any(f in QUANT_FILES for f in files) and not (KDIR / "quant.cuh").exists():
+        missing_files += [f for f in files if f in QUANT_FILES]
+        files = [f for f in files if f not in QUANT_FILES]
+
+    results = []
+    n_fail = 0
+
+    def build_and_run(f):
+        so, log, dropped = build(f, FILES[f][1], mode)
+        if so is None:
+            errs = "\n".join(l for l in log.splitlines() if "error" in l)[:3000] or log[-3000:]
+            return [{"id": c.id, "kernel": c.kernel, "file": f, "status": "FAIL", "launch": "", "secs": 0,
+                     "detail": f"does not compile (g++ with emu.hpp):\n{errs}"} for c in selected_cases(f, a.filter)]
+        rs = run_file(f, so, a.filter, mode)
+        for r in rs:
+            if r["kernel"] in dropped:
+                r["status"] = "FAIL"
+                r["detail"] = f"`{r['kernel']}`'s parameters differ from kernels/README.md (conflicting declaration)"
+        return rs
+
+    with cf.ThreadPoolExecutor(max_workers=a.jobs) as ex:
+        futs = {f: ex.submit(build_and_run, f) for f in files}
+        for f in files:  # print in a stable order
+            rs = futs[f].result()
+            for r in rs:
+                first = r["detail"].splitlines()[0] if r["detail"] else ""
+                print(f"{r['status']:7} {r['id']}  ({r['secs']:.1f}s) {first}", flush=True)
+                if r["status"] != "PASS":
+                    for l in r["detail"].splitlines()[1:8]:
+                        print(f"        {l}")
+                    n_fail += 1
+            results += rs
+    for f in missing_files:
+        for c in selected_cases(f, a.filter):
+            r = {"id": c.id, "kernel": c.kernel, "file": f, "status": "MISSING", "launch": "", "secs": 0,
+                 "detail": f"MISSING: kernels/{f} (or common.cuh/quant.cuh) does not exist yet"}
+            results.append(r)
+        if selected_cases(f, a.filter):
+            print(f"MISSING kernels/{f}: {len(selected_cases(f, a.filter))} cases not run")
+            n_fail += len(selected_cases(f, a.filter))
+    if not a.no_failures_file:
+        update_failures([r for r in results if r["status"] != "MISSING" or r["file"] not in missing_files],
+                        {r["id"] for r in results})
+    npass = sum(r["status"] == "PASS" for r in results)
+    print(f"{npass} passed, {len(results) - npass} failed or missing, {time.time() - t0:.1f}s "
+          f"(sanitizer: {mode})")
+    return 0 if n_fail == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
