@@ -13,14 +13,15 @@
 // * __syncthreads() is a block-wide barrier. The CUDA rule that every thread of the
 //   block must reach the same __syncthreads is checked: a thread that returns while
 //   others wait at (or later reach) a barrier, or threads that meet at two different
-//   __syncthreads call sites, or a barrier that does not complete within EMU_TIMEOUT
-//   seconds (default 20), is reported as an emulator error (file:line of each side)
-//   instead of hanging. The launch then returns non-zero and emu_last_error() says why.
+//   __syncthreads call sites, is reported as an emulator error (file:line of each side)
+//   instead of hanging; so is any other deadlock, found by a watchdog (the launching
+//   thread): no barrier or intrinsic completing and no thread returning for EMU_TIMEOUT
+//   seconds (default 20). The launch then returns non-zero and emu_last_error() says why.
 // * Warp intrinsics (__shfl_sync, __shfl_xor_sync, __shfl_up_sync, __shfl_down_sync,
 //   __ballot_sync, __any_sync, __all_sync, __syncwarp) are a rendezvous of the lanes
-//   named in the mask through a per-warp buffer: every named lane must execute the same
-//   intrinsic with the same mask, as on hardware. A lane that exited, a lane missing
-//   (timeout), a mask that does not contain the calling lane, or lanes that disagree on
+//   named in the mask through a per-warp buffer (double-buffered, futex waits): every
+//   named lane must execute the same intrinsic with the same mask, as on hardware. A lane
+//   that exited, a lane missing (watchdog), a mask that does not contain the calling lane, or lanes that disagree on
 //   the intrinsic or mask is an emulator error. Lanes past the end of a partial last
 //   warp are ignored in the mask; reading from one (or from a lane outside the mask)
 //   returns a NaN poison value (0x7fffdead) instead of garbage.
@@ -58,6 +59,7 @@
 #include <semaphore>
 #include <source_location>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -121,6 +123,7 @@ namespace emu {
 
 using SrcLoc = std::source_location;
 using Clock = std::chrono::steady_clock;
+constexpr auto RLX = std::memory_order_relaxed;
 
 // Thrown inside a kernel thread to unwind it after an emulator error was detected.
 struct Abort {};
@@ -138,53 +141,54 @@ inline std::string loc_str(const char* file, unsigned line) {
   return std::string(file ? file : "?") + ":" + std::to_string(line);
 }
 
+// Where a thread is (for diagnostics; written by the thread, read by anyone).
 struct ThreadInfo {
-  int state = RUNNING;
-  const char* file = nullptr;
-  unsigned line = 0;
+  std::atomic<int> state{RUNNING};
+  std::atomic<const char*> file{nullptr};
+  std::atomic<unsigned> line{0};
+  void set(int s, const char* f, unsigned l) {
+    file.store(f, RLX);
+    line.store(l, RLX);
+    state.store(s, RLX);
+  }
 };
 
+// One warp's rendezvous for the warp intrinsics. A round collects the lanes of one mask;
+// the last lane to arrive completes it (bumps gen); values are double-buffered by the
+// parity of gen, since a lane can be at most one round ahead of the slowest reader.
 struct Warp {
-  std::mutex m;
-  std::condition_variable cv;
-  uint32_t existing = 0;  // lanes that exist in this block
-  uint32_t exited = 0;    // lanes whose kernel call returned
-  // the rendezvous in progress
-  uint32_t mask = 0, arrived = 0;
-  int op = -1;
-  bool draining = false;
-  int readers = 0;
-  uint64_t gen = 0;
-  const char* file = nullptr;
-  unsigned line = 0;
-  uint64_t vals[32];
+  uint32_t existing = 0;               // lanes that exist in this block
+  std::atomic<uint32_t> exited{0};     // lanes whose kernel call returned
+  std::atomic<uint32_t> arrived{0};    // lanes in the round being collected
+  std::atomic<uint64_t> desc{0};       // (op + 1) << 32 | mask of that round; 0: none
+  std::atomic<uint32_t> gen{0};        // completed rounds
+  std::atomic<const char*> file{nullptr};
+  std::atomic<unsigned> line{0};
+  uint64_t vals[2][32];
   void reset(uint32_t ex) {
     existing = ex;
-    exited = 0;
-    mask = arrived = 0;
-    op = -1;
-    draining = false;
-    readers = 0;
-    file = nullptr;
-    line = 0;
+    exited.store(0);
+    arrived.store(0);
+    desc.store(0);
+    file.store(nullptr);
+    line.store(0);
   }
 };
 
 struct Block {
-  unsigned n = 0;        // threads in the block
-  uint3 idx{};           // blockIdx
-  std::mutex m;
-  std::condition_variable cv;
-  unsigned arrived = 0, exited = 0;
-  int count = 0, last_count = 0;  // __syncthreads_count/and/or
-  uint64_t gen = 0;
-  const char* file = nullptr;
-  unsigned line = 0;
+  unsigned n = 0;  // threads in the block
+  uint3 idx{};     // blockIdx
+  std::atomic<unsigned> arrived{0}, exited{0};
+  std::atomic<int> count{0};  // __syncthreads_count/and/or
+  int last_count = 0;
+  std::atomic<uint32_t> gen{0};
   std::vector<std::unique_ptr<Warp>> warps;
-  std::vector<ThreadInfo> info;
+  std::unique_ptr<ThreadInfo[]> info;
+  unsigned info_n = 0;
 };
 
 inline std::atomic<bool> g_failed{false};
+inline std::atomic<uint64_t> g_progress{0};  // barrier/intrinsic completions and exits
 inline std::mutex g_err_m;
 inline std::string g_err;
 inline Block g_block;
@@ -204,29 +208,49 @@ inline std::string tid_str(unsigned tid) {
   return b;
 }
 
-// Where every thread of the current block is (for deadlock reports). Racy reads of
-// ints: good enough for a diagnostic.
+inline const char* op_name(int op) {
+  static const char* n[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
+                            "__shfl_xor_sync", "__ballot/__any/__all_sync", "__syncwarp"};
+  return op >= 0 && op <= 5 ? n[op] : "?";
+}
+
+// Where every thread of the current block is, grouped (for error reports).
 inline std::string states_summary() {
   std::string s;
   const char* names[] = {"running", "at __syncthreads", "at a warp intrinsic", "exited"};
-  // group consecutive threads with the same state and place
   unsigned n = g_block.n, i = 0;
+  auto key = [&](unsigned t) {
+    const ThreadInfo& a = g_block.info[t];
+    int st = a.state.load(RLX);
+    return std::make_tuple(st, st == AT_SYNC || st == AT_WARP ? a.file.load(RLX) : nullptr,
+                           st == AT_SYNC || st == AT_WARP ? a.line.load(RLX) : 0u);
+  };
   while (i < n) {
-    const ThreadInfo& a = g_block.info[i];
+    auto k = key(i);
     unsigned j = i + 1;
-    while (j < n && g_block.info[j].state == a.state && g_block.info[j].line == a.line &&
-           g_block.info[j].file == a.file)
-      ++j;
+    while (j < n && key(j) == k) ++j;
     char b[256];
-    if (a.state == AT_SYNC || a.state == AT_WARP)
-      snprintf(b, sizeof b, "\n    threads %u..%u: %s %s", i, j - 1, names[a.state],
-               loc_str(a.file, a.line).c_str());
+    int st = std::get<0>(k);
+    if (st == AT_SYNC || st == AT_WARP)
+      snprintf(b, sizeof b, "\n    threads %u..%u: %s %s", i, j - 1, names[st],
+               loc_str(std::get<1>(k), std::get<2>(k)).c_str());
     else
-      snprintf(b, sizeof b, "\n    threads %u..%u: %s", i, j - 1, names[a.state]);
+      snprintf(b, sizeof b, "\n    threads %u..%u: %s", i, j - 1, names[st]);
     s += b;
     i = j;
   }
   return s;
+}
+
+// Wakes every thread sleeping in a barrier or intrinsic (they then see g_failed).
+inline void wake_all() {
+  g_block.gen.fetch_add(1);
+  g_block.gen.notify_all();
+  unsigned nw = (g_block.n + 31) / 32;
+  for (unsigned i = 0; i < nw && i < g_block.warps.size(); ++i) {
+    g_block.warps[i]->gen.fetch_add(1);
+    g_block.warps[i]->gen.notify_all();
+  }
 }
 
 // Records the first error of the launch; every waiting thread then unwinds.
@@ -238,6 +262,7 @@ inline void fail(const std::string& msg) {
       g_failed.store(true);
     }
   }
+  wake_all();
 }
 
 [[noreturn]] inline void fail_throw(const std::string& msg) {
@@ -245,142 +270,103 @@ inline void fail(const std::string& msg) {
   throw Abort{};
 }
 
-// Waits on cv until done() or an error; detects a wait longer than EMU_TIMEOUT.
-template <class Lock, class Done, class Describe>
-inline void wait_or_fail(std::condition_variable& cv, Lock& lk, Done done, Describe describe) {
-  auto start = Clock::now();
-  while (!done()) {
-    if (g_failed.load()) throw Abort{};
-    cv.wait_for(lk, std::chrono::milliseconds(50));
-    if (!done() && std::chrono::duration<double>(Clock::now() - start).count() > timeout_s()) {
-      std::string d = describe();
-      lk.unlock();
-      fail("deadlock: " + d + " for more than " + std::to_string(timeout_s()) +
-           " s (EMU_TIMEOUT); thread states:" + states_summary());
-      throw Abort{};
-    }
-  }
-}
-
 // ---- __syncthreads and friends
 inline int block_barrier(int pred, const SrcLoc& loc) {
   Block& b = g_block;
-  std::unique_lock<std::mutex> lk(b.m);
   if (g_failed.load()) throw Abort{};
   unsigned tid = t_tid;
-  if (b.exited > 0) {
-    lk.unlock();
+  b.info[tid].set(AT_SYNC, loc.file_name(), loc.line());
+  uint32_t g = b.gen.load(std::memory_order_acquire);
+  if (pred) b.count.fetch_add(1);
+  unsigned a = b.arrived.fetch_add(1) + 1;
+  if (unsigned ex = b.exited.load()) {
     fail_throw(tid_str(tid) + " reached __syncthreads at " + loc_str(loc.file_name(), loc.line()) +
-               " but " + std::to_string(b.exited) +
+               " but " + std::to_string(ex) +
                " thread(s) of the block already returned: every thread must reach every "
                "__syncthreads (thread states:" + states_summary() + ")");
   }
-  if (b.arrived == 0) {
-    b.file = loc.file_name();
-    b.line = loc.line();
-    b.count = 0;
-  } else if (b.line != loc.line() || strcmp(b.file, loc.file_name()) != 0) {
-    std::string other = loc_str(b.file, b.line);
-    lk.unlock();
-    fail_throw("threads meet at different __syncthreads: " + tid_str(tid) + " at " +
-               loc_str(loc.file_name(), loc.line()) + ", others at " + other);
+  if (a == b.n) {  // the last to arrive: check that all met at the same call site
+    for (unsigned i = 0; i < b.n; ++i) {
+      const ThreadInfo& t = b.info[i];
+      const char* f = t.file.load(RLX);
+      unsigned l = t.line.load(RLX);
+      if (l != loc.line() || f != loc.file_name()) {
+        if (l == loc.line() && f && strcmp(f, loc.file_name()) == 0) continue;
+        fail_throw("threads meet at different __syncthreads: " + tid_str(i) + " at " + loc_str(f, l) +
+                   ", " + tid_str(tid) + " at " + loc_str(loc.file_name(), loc.line()) +
+                   " (undefined in CUDA: every thread must reach the same __syncthreads)");
+      }
+    }
+    b.last_count = b.count.exchange(0);
+    b.arrived.store(0);
+    g_progress.fetch_add(1, RLX);
+    b.gen.fetch_add(1, std::memory_order_release);
+    b.gen.notify_all();
+  } else {
+    while (b.gen.load(std::memory_order_acquire) == g) b.gen.wait(g, std::memory_order_acquire);
+    if (g_failed.load()) throw Abort{};
   }
-  b.info[tid] = {AT_SYNC, loc.file_name(), loc.line()};
-  b.count += pred ? 1 : 0;
-  if (++b.arrived == b.n) {
-    b.arrived = 0;
-    b.last_count = b.count;
-    ++b.gen;
-    b.info[tid].state = RUNNING;
-    int c = b.last_count;
-    lk.unlock();
-    b.cv.notify_all();
-    return c;
-  }
-  uint64_t g = b.gen;
-  wait_or_fail(b.cv, lk, [&] { return b.gen != g; }, [&] {
-    return std::to_string(b.arrived) + " of " + std::to_string(b.n) +
-           " threads waited at __syncthreads " + loc_str(b.file, b.line);
-  });
-  b.info[tid].state = RUNNING;
+  b.info[tid].state.store(RUNNING, RLX);
   return b.last_count;
 }
 
 // ---- warp rendezvous
 enum WarpOp : int { OP_SHFL = 0, OP_SHFL_UP, OP_SHFL_DOWN, OP_SHFL_XOR, OP_BALLOT, OP_SYNCWARP };
-inline const char* op_name(int op) {
-  static const char* n[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
-                            "__shfl_xor_sync", "__ballot/__any/__all_sync", "__syncwarp"};
-  return op >= 0 && op <= 5 ? n[op] : "?";
-}
 
 inline constexpr uint64_t POISON = 0x7fffdead7fffdeadull;
 
-// All lanes of `mask` deposit `mine`; once all have, each calls read(vals, mask) and
-// returns its result.
+// All lanes of `mask` deposit `mine`; once all have, each calls read(vals, participants)
+// and returns its result.
 template <class Read>
 inline auto warp_rendezvous(int op, unsigned mask, uint64_t mine, Read read, const SrcLoc& loc) {
   Block& b = g_block;
-  unsigned tid = t_tid, lane = tid % 32;
-  Warp& w = *b.warps[tid / 32];
-  std::unique_lock<std::mutex> lk(w.m);
   if (g_failed.load()) throw Abort{};
-  std::string here = std::string(op_name(op)) + " at " + loc_str(loc.file_name(), loc.line());
-  if (!((mask >> lane) & 1u)) {
-    lk.unlock();
+  unsigned tid = t_tid, lane = tid % 32;
+  uint32_t bit = 1u << lane;
+  Warp& w = *b.warps[tid / 32];
+  auto here = [&] { return std::string(op_name(op)) + " at " + loc_str(loc.file_name(), loc.line()); };
+  if (!(mask & bit)) {
     char mb[16];
     snprintf(mb, sizeof mb, "0x%08x", mask);
-    fail_throw(tid_str(tid) + " called " + here + " with mask " + mb +
+    fail_throw(tid_str(tid) + " called " + here() + " with mask " + mb +
                " that does not contain its own lane (undefined in CUDA)");
   }
   uint32_t part = mask & w.existing;
-  if (part & w.exited) {
-    lk.unlock();
+  uint64_t d = ((uint64_t)(op + 1) << 32) | part;
+  b.info[tid].set(AT_WARP, loc.file_name(), loc.line());
+  uint32_t g = w.gen.load(std::memory_order_acquire);
+  uint64_t cur = 0;
+  if (w.desc.compare_exchange_strong(cur, d)) {
+    w.file.store(loc.file_name(), RLX);
+    w.line.store(loc.line(), RLX);
+  } else if (cur != d) {
+    char mb[160];
+    snprintf(mb, sizeof mb, " (mask 0x%08x) while lanes 0x%08x wait in %s (mask 0x%08x) at ", part,
+             w.arrived.load(), op_name((int)(cur >> 32) - 1), (uint32_t)cur);
+    fail_throw("warp lanes disagree: " + tid_str(tid) + " called " + here() + mb +
+               loc_str(w.file.load(RLX), w.line.load(RLX)) +
+               " (every lane named in the mask must execute the same intrinsic with the same mask)");
+  }
+  w.vals[g & 1][lane] = mine;
+  uint32_t prev = w.arrived.fetch_or(bit);
+  if (uint32_t ex = w.exited.load() & part) {
     char mb[64];
-    snprintf(mb, sizeof mb, "mask 0x%08x names exited lanes 0x%08x", mask, part & w.exited);
-    fail_throw(tid_str(tid) + " called " + here + ": " + mb +
+    snprintf(mb, sizeof mb, "mask 0x%08x names exited lanes 0x%08x", mask, ex);
+    fail_throw(tid_str(tid) + " called " + here() + ": " + mb +
                " (a lane returned early; all named lanes must execute the intrinsic)");
   }
-  wait_or_fail(w.cv, lk, [&] { return !w.draining; }, [&] {
-    return "warp " + std::to_string(tid / 32) + " draining " + op_name(w.op);
-  });
-  if (w.arrived == 0) {
-    w.mask = part;
-    w.op = op;
-    w.file = loc.file_name();
-    w.line = loc.line();
-  } else if (w.mask != part || w.op != op) {
-    char mb[128];
-    snprintf(mb, sizeof mb, " (mask 0x%08x) while lanes 0x%08x wait in %s (mask 0x%08x) at ",
-             part, w.arrived, op_name(w.op), w.mask);
-    std::string msg = tid_str(tid) + " called " + here + mb + loc_str(w.file, w.line);
-    lk.unlock();
-    fail_throw("warp lanes disagree: " + msg);
-  }
-  b.info[tid] = {AT_WARP, loc.file_name(), loc.line()};
-  w.vals[lane] = mine;
-  w.arrived |= 1u << lane;
-  if (w.arrived == w.mask) {
-    w.draining = true;
-    w.readers = std::popcount(w.mask);
-    ++w.gen;
-    w.cv.notify_all();
+  if ((prev | bit) == part) {  // the last lane of the round
+    w.arrived.store(0);
+    w.desc.store(0);
+    g_progress.fetch_add(1, RLX);
+    w.gen.fetch_add(1, std::memory_order_release);
+    w.gen.notify_all();
   } else {
-    uint64_t g = w.gen;
-    wait_or_fail(w.cv, lk, [&] { return w.gen != g; }, [&] {
-      char mb[96];
-      snprintf(mb, sizeof mb, "lanes 0x%08x of mask 0x%08x waited in ", w.arrived, w.mask);
-      return "warp " + std::to_string(tid / 32) + ": " + mb + op_name(w.op) + " at " +
-             loc_str(w.file, w.line);
-    });
+    while (w.gen.load(std::memory_order_acquire) == g) w.gen.wait(g, std::memory_order_acquire);
+    if (g_failed.load()) throw Abort{};
   }
-  auto r = read(w.vals, w.mask);
-  b.info[tid].state = RUNNING;
-  if (--w.readers == 0) {
-    w.draining = false;
-    w.arrived = 0;
-    w.cv.notify_all();
-  }
+  auto r = read(w.vals[g & 1], part);
+  b.info[tid].state.store(RUNNING, RLX);
   return r;
 }
 
@@ -436,44 +422,36 @@ struct Pool {
   std::atomic<unsigned> remaining{0};
   std::mutex done_m;
   std::condition_variable done_cv;
-  std::atomic<bool> stop{false};
 };
 inline Pool* g_pool = nullptr;
 inline std::mutex g_launch_m;
 
 inline void thread_exit(unsigned tid) {
   Block& b = g_block;
-  {
-    std::unique_lock<std::mutex> lk(b.m);
-    ++b.exited;
-    b.info[tid].state = EXITED;
-    if (b.arrived > 0 && !g_failed.load()) {
-      std::string where = loc_str(b.file, b.line);
-      lk.unlock();
-      fail(tid_str(tid) + " returned while " + std::to_string(b.arrived) +
-           " thread(s) wait at __syncthreads " + where +
-           ": every thread must reach every __syncthreads (thread states:" + states_summary() +
-           ")");
-    }
+  b.info[tid].state.store(EXITED, RLX);
+  b.exited.fetch_add(1);
+  if (unsigned a = b.arrived.load(); a > 0 && !g_failed.load()) {
+    fail(tid_str(tid) + " returned while " + std::to_string(a) + " thread(s) wait at __syncthreads" +
+         ": every thread must reach every __syncthreads (thread states:" + states_summary() + ")");
   }
   Warp& w = *b.warps[tid / 32];
-  std::unique_lock<std::mutex> lk(w.m);
-  w.exited |= 1u << (tid % 32);
-  if (w.arrived && !w.draining && ((w.mask >> (tid % 32)) & 1u) && !g_failed.load()) {
+  uint32_t bit = 1u << (tid % 32);
+  w.exited.fetch_or(bit);
+  uint32_t arr = w.arrived.load();
+  uint64_t d = w.desc.load();
+  if (arr && ((uint32_t)d & bit) && !(arr & bit) && !g_failed.load()) {
     char mb[160];
-    snprintf(mb, sizeof mb, " returned while lanes 0x%08x wait for it in %s (mask 0x%08x) at ",
-             w.arrived, op_name(w.op), w.mask);
-    std::string msg = tid_str(tid) + mb + loc_str(w.file, w.line) +
-                      " (all named lanes must execute the intrinsic)";
-    lk.unlock();
-    fail(msg);
+    snprintf(mb, sizeof mb, " returned while lanes 0x%08x wait for it in %s (mask 0x%08x) at ", arr,
+             op_name((int)(d >> 32) - 1), (uint32_t)d);
+    fail(tid_str(tid) + mb + loc_str(w.file.load(RLX), w.line.load(RLX)) +
+         " (all named lanes must execute the intrinsic)");
   }
+  g_progress.fetch_add(1, RLX);
 }
 
 inline void worker_main(Pool* p, Worker* me, unsigned tid) {
   for (;;) {
     me->go.acquire();
-    if (p->stop.load()) return;
     t_tid = tid;
     try {
       p->job();
@@ -487,17 +465,12 @@ inline void worker_main(Pool* p, Worker* me, unsigned tid) {
   }
 }
 
-// Per-launch values the workers copy into their thread-locals.
-inline dim3 g_grid, g_blockdim;
-inline uint3 g_bidx;
-
 inline void ensure_workers(unsigned n) {
-  if (!g_pool) g_pool = new Pool();  // never freed: threads live for the process
+  if (!g_pool) g_pool = new Pool();  // never freed: the threads live as long as the process
   while (g_pool->workers.size() < n) {
     auto w = std::make_unique<Worker>();
     unsigned tid = (unsigned)g_pool->workers.size();
-    Worker* wp = w.get();
-    w->th = std::thread(worker_main, g_pool, wp, tid);
+    w->th = std::thread(worker_main, g_pool, w.get(), tid);
     w->th.detach();
     g_pool->workers.push_back(std::move(w));
   }
@@ -508,9 +481,32 @@ inline std::string last_error() {
   return g_err;
 }
 
+// What is waiting on what, for a deadlock report.
+inline std::string deadlock_report() {
+  Block& b = g_block;
+  std::string s;
+  if (unsigned a = b.arrived.load())
+    s += "\n    " + std::to_string(a) + " of " + std::to_string(b.n) + " threads wait at __syncthreads";
+  unsigned nw = (b.n + 31) / 32;
+  for (unsigned i = 0; i < nw; ++i) {
+    Warp& w = *b.warps[i];
+    uint32_t arr = w.arrived.load();
+    uint64_t d = w.desc.load();
+    if (arr && d) {
+      char mb[200];
+      snprintf(mb, sizeof mb, "\n    warp %u: lanes 0x%08x of mask 0x%08x wait in %s at ", i, arr,
+               (uint32_t)d, op_name((int)(d >> 32) - 1));
+      s += mb + loc_str(w.file.load(RLX), w.line.load(RLX)) + " (missing lanes 0x";
+      snprintf(mb, sizeof mb, "%08x)", (uint32_t)d & ~arr);
+      s += mb;
+    }
+  }
+  return s;
+}
+
 template <class... P, class... A>
 inline int launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
-  std::lock_guard<std::mutex> launch_guard(g_launch_m);
+  std::lock_guard<std::mutex> launch_guard(g_launch_m);  // one launch (so one block) at a time
   {
     std::lock_guard<std::mutex> g(g_err_m);
     g_err.clear();
@@ -534,22 +530,25 @@ inline int launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
   ensure_workers(n);
   Block& b = g_block;
   b.n = n;
-  b.info.assign(n, ThreadInfo{});
+  if (b.info_n < n) {
+    b.info.reset(new ThreadInfo[n]);
+    b.info_n = n;
+  }
   unsigned nw = (n + 31) / 32;
   while (b.warps.size() < nw) b.warps.push_back(std::make_unique<Warp>());
-  const bool reverse = getenv("EMU_BLOCK_ORDER") && strcmp(getenv("EMU_BLOCK_ORDER"), "reverse") == 0;
+  const char* order = getenv("EMU_BLOCK_ORDER");
+  const bool reverse = order && strcmp(order, "reverse") == 0;
   unsigned long long total = (unsigned long long)grid.x * grid.y * grid.z;
   for (unsigned long long bi = 0; bi < total && !g_failed.load(); ++bi) {
     unsigned long long lin = reverse ? total - 1 - bi : bi;
     uint3 bidx{(unsigned)(lin % grid.x), (unsigned)((lin / grid.x) % grid.y),
                (unsigned)(lin / ((unsigned long long)grid.x * grid.y))};
     b.idx = bidx;
-    b.arrived = b.exited = 0;
-    b.gen = 0;
-    b.count = b.last_count = 0;
-    b.file = nullptr;
-    b.line = 0;
-    for (unsigned i = 0; i < n; ++i) b.info[i] = ThreadInfo{};
+    b.arrived.store(0);
+    b.exited.store(0);
+    b.count.store(0);
+    b.last_count = 0;
+    for (unsigned i = 0; i < n; ++i) b.info[i].set(RUNNING, nullptr, 0);
     for (unsigned wi = 0; wi < nw; ++wi) {
       unsigned lanes = std::min(32u, n - wi * 32);
       b.warps[wi]->reset(lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1));
@@ -564,25 +563,38 @@ inline int launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
     };
     g_pool->remaining.store(n);
     for (unsigned i = 0; i < n; ++i) g_pool->workers[i]->go.release();
+    // Wait for the block, acting as the watchdog: no barrier/intrinsic completion and no
+    // thread exit for EMU_TIMEOUT seconds is a deadlock.
     std::unique_lock<std::mutex> lk(g_pool->done_m);
-    auto start = Clock::now();
+    uint64_t seen = g_progress.load();
+    auto last = Clock::now(), failed_at = Clock::time_point{};
     while (g_pool->remaining.load() != 0) {
       g_pool->done_cv.wait_for(lk, std::chrono::milliseconds(20));
-      // wake any waiters after an error so they unwind promptly
+      if (g_pool->remaining.load() == 0) break;
+      auto now = Clock::now();
       if (g_failed.load()) {
-        b.cv.notify_all();
-        for (unsigned wi = 0; wi < nw; ++wi) b.warps[wi]->cv.notify_all();
+        wake_all();  // again, for threads that went to sleep after the error
+        if (failed_at == Clock::time_point{}) failed_at = now;
+        if (std::chrono::duration<double>(now - failed_at).count() > timeout_s() + 5) {
+          fprintf(stderr,
+                  "EMU FATAL in %s: %u thread(s) still running %.0f s after an error (endless "
+                  "loop?); thread states:%s\n%s\n",
+                  block_str().c_str(), g_pool->remaining.load(), timeout_s() + 5,
+                  states_summary().c_str(), last_error().c_str());
+          fflush(stderr);
+          _exit(70);
+        }
+        continue;
       }
-      if (g_pool->remaining.load() != 0 &&
-          std::chrono::duration<double>(Clock::now() - start).count() > 3 * timeout_s() + 5) {
-        // some thread is stuck outside any barrier (an endless loop): cannot unwind it
-        fprintf(stderr,
-                "EMU FATAL in %s: %u thread(s) still running after %.0f s (endless loop?); "
-                "thread states:%s\n%s\n",
-                block_str().c_str(), g_pool->remaining.load(), 3 * timeout_s() + 5,
-                states_summary().c_str(), last_error().c_str());
-        fflush(stderr);
-        _exit(70);
+      uint64_t p = g_progress.load();
+      if (p != seen) {
+        seen = p;
+        last = now;
+      } else if (std::chrono::duration<double>(now - last).count() > timeout_s()) {
+        char tb[64];
+        snprintf(tb, sizeof tb, "%.1f", timeout_s());
+        fail(std::string("deadlock: no barrier or warp intrinsic completed and no thread returned for ") +
+             tb + " s (EMU_TIMEOUT):" + deadlock_report() + "\n  thread states:" + states_summary());
       }
     }
   }
@@ -670,8 +682,7 @@ inline void __syncwarp(unsigned mask = 0xffffffffu,
 }
 inline unsigned __activemask() {
   emu::Warp& w = *emu::g_block.warps[emu::t_tid / 32];
-  std::lock_guard<std::mutex> g(w.m);
-  return w.existing & ~w.exited;
+  return w.existing & ~w.exited.load();
 }
 
 // ---------------------------------------------------------------- math and bit intrinsics

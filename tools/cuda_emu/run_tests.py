@@ -69,7 +69,7 @@ from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-KDIR = ROOT / "kernels"
+KDIR = Path(os.environ.get("CUDA_EMU_KERNELS", ROOT / "kernels")).resolve()  # override: mutation tests
 BUILD = ROOT / "target" / "cuda_emu"
 FAILURES = HERE / "FAILURES.md"
 
@@ -130,6 +130,7 @@ SELFTEST_SIGS = [
     ("bad_missing_lane_deadlock", "const float* x, float* out"),
     ("bad_divergent_sync", "const float* x, float* out"),
     ("bad_oob_write", "const float* x, float* out, unsigned n"),
+    ("bad_race", "const float* x, float* out"),
 ]
 
 
@@ -211,7 +212,7 @@ def combined_source(file: str, sigs) -> str:
     else:
         srcs = [KDIR / "common.cuh"] + ([KDIR / "quant.cuh"] if file in QUANT_FILES else []) + [KDIR / file]
     for p in srcs:
-        rel = os.path.relpath(p, ROOT)
+        rel = os.path.relpath(p, ROOT) if p.is_relative_to(ROOT) else str(p)
         parts.append(f'#line 1 "{rel}"\n{p.read_text()}\n')
     parts.append(wrapper_source(sigs))
     return "".join(parts)
@@ -238,11 +239,12 @@ def build(file: str, sigs, mode: str) -> tuple[Path | None, str, list[str]]:
         so = BUILD / f"{stem}-{mode}-{key}.so"
         if so.exists():
             return so, "", dropped
-        cpp = BUILD / f"{stem}-{mode}.cpp"
+        cpp = BUILD / f"{stem}-{mode}-{key}.{os.getpid()}.cpp"
         cpp.write_text(src)
-        r = subprocess.run(["g++", *flags, "-o", str(so) + ".tmp", str(cpp)], capture_output=True, text=True)
+        tmp = f"{so}.{os.getpid()}.tmp"
+        r = subprocess.run(["g++", *flags, "-o", tmp, str(cpp)], capture_output=True, text=True)
         if r.returncode == 0:
-            os.replace(str(so) + ".tmp", so)
+            os.replace(tmp, so)
             return so, r.stderr, dropped
         # a kernel whose parameters differ from README.md: drop its wrapper and retry
         bad = set(re.findall(r"conflicting declaration of C function '[^']*?\b(\w+)\(", r.stderr.replace("‘", "'").replace("’", "'")))
@@ -520,6 +522,7 @@ class Case:
     kernel: str
     run: Callable[[Ctx, object], str]
     expect_error: str | None = None  # selftest: substring the failure must contain
+    modes: tuple = ("asan", "tsan", "none")  # sanitizer modes the case runs in
 
 
 def seed_of(s: str) -> int:
@@ -534,16 +537,17 @@ def cases_elementwise():
     import numpy as np
     cs = []
 
-    def add(n):
+    def add(n, grid=None):
         def run(c: Ctx, rng):
             x = rng.standard_normal(n).astype(np.float32)
             y = rng.standard_normal(n).astype(np.float32)
             bx, by = c.buf(x, True), c.buf(y)
-            c.launch("add_f32", (cdiv(n, 256),), (256,), bx, by, n)
+            c.launch("add_f32", (grid or cdiv(n, 256),), (256,), bx, by, n)
             return compare_nmse("x", bx.read(), x.astype(np.float64) + y, 1e-7)
         return run
     for n in (1, 255, 256, 1000, 4097):
         cs.append(Case(f"add_f32 n={n}", "add_f32", add(n)))
+    cs.append(Case("add_f32 n=4097 capped grid 3", "add_f32", add(4097, 3)))
 
     def bias(rows, width):
         def run(c, rng):
@@ -559,7 +563,8 @@ def cases_elementwise():
     def silu(n):
         def run(c, rng):
             g = (rng.standard_normal(n) * 4).astype(np.float32)
-            g[: min(n, 4)] = np.array([-100.0, 100.0, 0.0, -20.0], dtype=np.float32)[: min(n, 4)]
+            if n >= 16:  # extremes (e^100 overflows f32): only where they don't dominate the NMSE
+                g[:4] = np.array([-100.0, 100.0, 0.0, -20.0], dtype=np.float32)
             u = rng.standard_normal(n).astype(np.float32)
             bg, bu = c.buf(g, True), c.buf(u)
             c.launch("silu_mul_f32", (cdiv(n, 256),), (256,), bg, bu, n)
@@ -569,7 +574,7 @@ def cases_elementwise():
     for n in (1, 1000, 4097):
         cs.append(Case(f"silu_mul_f32 n={n}", "silu_mul_f32", silu(n)))
 
-    def to_f16(n):
+    def to_f16(n, grid=None):
         def run(c, rng):
             x = (rng.standard_normal(n) * np.exp(rng.uniform(-20, 12, n))).astype(np.float32)
             special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.99, 65520.0, -65520.0,
@@ -578,7 +583,7 @@ def cases_elementwise():
                                 1e30, -1e-30], dtype=np.float32)
             x[: min(n, special.size)] = special[: min(n, special.size)]
             bx, by = c.buf(x), c.out((n,), np.uint16)
-            c.launch("f32_to_f16", (cdiv(n, 256),), (256,), bx, by, n)
+            c.launch("f32_to_f16", (grid or cdiv(n, 256),), (256,), bx, by, n)
             got = by.read()
             want = x.astype(np.float16).view(np.uint16)
             isnan = np.isnan(x)
@@ -590,6 +595,7 @@ def cases_elementwise():
         return run
     for n in (1, 20, 1000, 70001):
         cs.append(Case(f"f32_to_f16 n={n}", "f32_to_f16", to_f16(n)))
+    cs.append(Case("f32_to_f16 n=70001 capped grid 7", "f32_to_f16", to_f16(70001, 7)))
     return cs
 
 
@@ -622,6 +628,8 @@ def cases_rope():
             x = rng.standard_normal((rows, n_heads * hd)).astype(np.float32)
             pos = rng.integers(1, maxpos, size=rows).astype(np.uint32)
             pos[0] = maxpos - 1
+            if rows > 2:
+                pos[-1] = 0
             inv = (10000.0 ** (-np.arange(half, dtype=np.float64) * 2 / hd)).astype(np.float32)
             bx, bp, bi = c.buf(x, True), c.buf(pos), c.buf(inv)
             c.launch("rope_f32", (rows, n_heads), (half,), bx, bp, bi, n_heads, hd, np.float32(factor), inter)
@@ -681,13 +689,14 @@ def cases_dequant():
     import numpy as np
     cs = []
 
-    def deq(fmt, nblocks):
+    def deq(fmt, nblocks, grid):
         def run(c, rng):
             bs, _ = BLOCK[fmt]
             n = nblocks * bs
             raw, ref = make_weights(fmt, 1, n, rng)
             bw, bo = c.buf(raw), c.out((n,), np.uint16)
-            c.launch(f"dequant_{fmt}_f16", (cdiv(n, 256),), (256,), bw, bo, n)
+            g = {"n/256": cdiv(n, 256), "blocks/256": cdiv(nblocks, 256), "1": 1}[grid]
+            c.launch(f"dequant_{fmt}_f16", (g,), (256,), bw, bo, n)
             want16 = ref.ravel().astype(np.float16)
             got16 = bo.read().view(np.float16)
             return nmse_or_exact("out (f16)", got16, want16, 1e-7)
@@ -698,7 +707,10 @@ def cases_dequant():
         if bs == 32:
             sizes = (5, 37, 3)
         for nb in sizes:
-            cs.append(Case(f"dequant_{fmt}_f16 n={nb * bs}", f"dequant_{fmt}_f16", deq(fmt, nb)))
+            cs.append(Case(f"dequant_{fmt}_f16 n={nb * bs} grid n/256", f"dequant_{fmt}_f16", deq(fmt, nb, "n/256")))
+        nb = 300 if bs > 1 else 3000
+        cs.append(Case(f"dequant_{fmt}_f16 n={nb * bs} grid blocks/256", f"dequant_{fmt}_f16",
+                       deq(fmt, nb, "blocks/256")))
     return cs
 
 
@@ -718,7 +730,8 @@ def cases_matvec():
     for fmt in FMTS:
         bs = BLOCK[fmt][0]
         odd = {1: 200, 32: 288, 128: 384, 256: 768}[bs]
-        for rows, out, inn in ((1, 67, 512), (3, 67, 512), (8, 16, 512), (5, 9, odd), (2, 1, 1024)):
+        for rows, out, inn in ((1, 67, 512), (3, 67, 512), (8, 16, 512), (5, 9, odd), (2, 1, 1024),
+                               (8, 67, odd), (1, 9, 4096)):
             cs.append(Case(f"matvec_{fmt} rows={rows} out={out} in={inn}", f"matvec_{fmt}", mv(fmt, rows, out, inn)))
     return cs
 
@@ -820,6 +833,7 @@ def cases_attention():
         (3, 9, 4, 2, 64, 0, 5, 8),        # more splits than needed: trailing empty slices
         (1, 300, 4, 2, 128, 0, 64, 5),    # longer decode
         (2, 10, 2, 1, 256, 4, 6, 2),      # head_dim 256, window
+        (3, 2, 4, 2, 64, 16, 4, 2),       # window wider than the context
     ]
     for shp in shapes:
         rows, start, nh, nkv, hd, window, sl, sp = shp
@@ -831,12 +845,14 @@ def cases_attention():
     return cs
 
 
-def distinct_logits(rng, rows, vocab, ties=False):
+def distinct_logits(rng, rows, vocab):
+    """Logits without ties: a random permutation of evenly spaced values in about [-8, 8)
+    plus jitter smaller than the spacing."""
     import numpy as np
-    while True:
-        x = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
-        if all(np.unique(r).size == vocab for r in x):
-            break
+    step = 16.0 / vocab
+    x = np.stack([(rng.permutation(vocab) - vocab / 2) * step for _ in range(rows)])
+    x = (x + rng.uniform(0, 0.25 * step, size=x.shape)).astype(np.float32)
+    assert all(np.unique(r).size == vocab for r in x)
     return x
 
 
@@ -867,10 +883,13 @@ def cases_sample():
                 x[0, 0] = x[0].max() + 1
             if variant == "masked" and vocab > 3:
                 x[:, ::3] = -np.inf
-            if variant == "ties" and vocab > 10:
+            if variant == "ties" and vocab > 10:  # tie across threads' slices
                 top = x.max() + 1
                 x[:, vocab // 3] = top
                 x[:, vocab - 2] = top
+            if variant == "same-thread ties":  # tie inside one thread's strided slice
+                top = x.max() + 1
+                x[:, [5 + 2048, 5, 5 + 1024]] = top
             bl = c.buf(x)
             bi, bv, bs = c.out((rows,), np.uint32), c.out((rows,), np.float32), c.out((rows,), np.float32)
             c.launch("argmax_f32", (rows,), (1024,), bl, vocab, bi, bv, bs)
@@ -881,7 +900,8 @@ def cases_sample():
             return f"{r1}, val exact, {r3}"
         return run
     for rows, vocab, variant in ((1, 1, ""), (2, 5, ""), (3, 1000, ""), (1, 3001, "last"), (2, 3001, "first"),
-                                 (4, 32000, ""), (2, 2000, "masked"), (2, 2000, "ties")):
+                                 (4, 32000, ""), (2, 2000, "masked"), (2, 2000, "ties"),
+                                 (1, 3000, "same-thread ties")):
         cs.append(Case(f"argmax_f32 rows={rows} vocab={vocab}{' ' + variant if variant else ''}", "argmax_f32",
                        argmax(rows, vocab, variant)))
 
@@ -894,6 +914,16 @@ def cases_sample():
                 x[:, [7, 3]] = top + 0.5  # a tie further down
             if variant == "masked":
                 x[:, 1::2] = -np.inf
+            if variant == "tie at the cut":  # k-th and (k+1)-th best tie: lower index wins
+                top = x.max() + 1
+                x[:, [vocab - 1, 900, 17, 2000, 1400]] = top
+            if variant == "same-thread top":  # 10 of the top 12 in one thread's slice
+                top = x.max() + 1
+                x[:, [7 + 1024 * j for j in range(10)]] = top + np.arange(10, dtype=np.float32)[::-1]
+                x[:, 3] = top + 0.5
+            if variant == "same-thread ties":
+                top = x.max() + 1
+                x[:, [9 + 1024 * j for j in range(4)]] = top
             bl = c.buf(x)
             bi, bv, bs = c.out((rows, k), np.uint32), c.out((rows, k), np.float32), c.out((rows,), np.float32)
             c.launch("topk_f32", (rows,), (1024,), bl, vocab, k, bi, bv, bs)
@@ -903,9 +933,10 @@ def cases_sample():
             r3 = compare_nmse("lse", bs.read(), lse_ref(x), 1e-7)
             return f"{r1}, val exact, {r3}"
         return run
-    for rows, vocab, k, variant in ((1, 10, 1, ""), (2, 300, 5, ""), (3, 3001, 40, ""), (1, 32000, 256, ""),
-                                    (2, 1000, 256, ""), (1, 256, 256, ""), (2, 2000, 10, "ties"),
-                                    (1, 600, 50, "masked")):
+    for rows, vocab, k, variant in ((1, 10, 1, ""), (2, 300, 5, ""), (1, 3001, 40, ""), (1, 32000, 256, ""),
+                                    (1, 1000, 256, ""), (1, 256, 256, ""), (1, 2000, 10, "ties"),
+                                    (1, 600, 50, "masked"), (1, 3000, 3, "tie at the cut"),
+                                    (1, 10300, 12, "same-thread top"), (1, 5000, 6, "same-thread ties")):
         cs.append(Case(f"topk_f32 rows={rows} vocab={vocab} k={k}{' ' + variant if variant else ''}", "topk_f32",
                        topk(rows, vocab, k, variant)))
     return cs
@@ -997,7 +1028,9 @@ def cases_selftest():
            Case("selftest detects divergent __syncthreads", "bad_divergent_sync",
                 neg("bad_divergent_sync", 64), expect_error="different __syncthreads"),
            Case("selftest ASan catches an out-of-bounds write", "bad_oob_write",
-                neg("bad_oob_write", 128, (64,)), expect_error="AddressSanitizer")]
+                neg("bad_oob_write", 128, (64,)), expect_error="AddressSanitizer", modes=("asan",)),
+           Case("selftest TSan catches a missing __syncthreads", "bad_race",
+                neg("bad_race", 64), expect_error="ThreadSanitizer: data race", modes=("tsan",))]
     return cs
 
 
@@ -1014,9 +1047,12 @@ FILES = {
 }
 
 
+MODE = "asan"  # the sanitizer mode of this run (set by main / the worker's --mode)
+
+
 def selected_cases(file, flt):
     cs = FILES[file][0]()
-    return [c for c in cs if not flt or flt in c.id]
+    return [c for c in cs if (not flt or flt in c.id) and MODE in c.modes]
 
 
 # ---------------------------------------------------------------- worker (child process)
@@ -1101,7 +1137,7 @@ def run_file(file, so, flt, mode, timeout=600):
     env = sanitizer_env(mode)
     while start < len(cases):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", file, "--so", str(so),
-               "--start", str(start), flt or ""]
+               "--mode", mode, "--start", str(start), flt or ""]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
             out, err, rc = p.stdout, p.stderr, p.returncode
@@ -1256,13 +1292,16 @@ def main():
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--so", help=argparse.SUPPRESS)
     ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    global MODE
+    MODE = a.mode or ("tsan" if a.tsan else ("none" if a.no_sanitize else "asan"))
     if a.worker:
         return worker(a.worker, a.so, a.filter, a.start)
     if a.python_only_check:
         return python_only_check()
     t0 = time.time()
-    mode = "tsan" if a.tsan else ("none" if a.no_sanitize else "asan")
+    mode = MODE
     probs = check_abi_table()
     for p in probs:
         print(f"WARN ABI table vs kernels/README.md: {p}")

@@ -154,3 +154,12 @@ extern "C" __global__ void bad_oob_write(const float* __restrict__ x, float* __r
   unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i <= n) out[i] = x[i < n ? i : 0];
 }
+
+// A data race: threads read a neighbour's shared-memory slot with no __syncthreads
+// between the write and the read (run only under --tsan, which must report it).
+extern "C" __global__ void bad_race(const float* __restrict__ x, float* __restrict__ out) {
+  __shared__ float s[256];
+  unsigned t = threadIdx.x;
+  s[t] = x[t];
+  out[t] = s[(t + 1) % blockDim.x];
+}

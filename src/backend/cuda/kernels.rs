@@ -225,15 +225,12 @@ fn preprocess(src: &str) -> Vec<Tok> {
             code.extend(tokenize(line));
             continue;
         };
-        let directive = directive.trim_start();
-        if let Some(rest) = directive.strip_prefix("define") {
-            if let Some((name, m)) = parse_define(rest) {
-                macros.insert(name, m);
-            }
-        } else if let Some(rest) = directive.strip_prefix("undef") {
-            // Conditionals are not evaluated, so an #undef would hide definitions that a
-            // skipped branch replaces; keep the last definition instead.
-            let _ = rest;
+        // Only #define matters. Conditionals are not evaluated, so #undef is ignored too
+        // (every definition counts; the last of a name wins).
+        if let Some(rest) = directive.trim_start().strip_prefix("define")
+            && let Some((name, m)) = parse_define(rest)
+        {
+            macros.insert(name, m);
         }
     }
     let mut budget = MAX_TOKENS;

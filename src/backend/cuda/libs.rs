@@ -191,7 +191,7 @@ fn search_places() -> Vec<Place> {
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let venv = std::env::var_os("VIRTUAL_ENV").map(PathBuf::from);
     let cuda_env: Vec<PathBuf> =
-        ["CUDA_HOME", "CUDA_PATH"].iter().filter_map(|v| std::env::var_os(v)).map(PathBuf::from).collect();
+        ["CUDA_HOME", "CUDA_PATH"].iter().filter_map(std::env::var_os).map(PathBuf::from).collect();
     places_from(&env_dirs, &cuda_env, venv.as_deref(), home.as_deref(), Path::new("/"))
 }
 
