@@ -753,4 +753,35 @@ mod tests {
         assert!((mean - 0.5).abs() < 0.02, "{mean}");
         assert_ne!(Rng::new(1).next_u64(), Rng::new(2).next_u64());
     }
+
+    #[test]
+    fn sampling_from_the_device_top_k_matches_sampling_from_every_logit() {
+        let mut rng = Rng::new(7);
+        let logits: Vec<f32> = (0..5000).map(|_| (rng.next_f64() * 12.0 - 6.0) as f32).collect();
+        let cases = [
+            SamplingParams { seed: Some(3), ..SamplingParams::default() },
+            SamplingParams {
+                seed: Some(4),
+                top_k: 5,
+                top_p: 1.0,
+                min_p: 0.05,
+                temperature: 1.3,
+                ..SamplingParams::default()
+            },
+            SamplingParams::greedy(),
+        ];
+        for p in cases {
+            let k = p.candidates_needed(0).expect("no penalties: a cut is enough");
+            let top = crate::backend::cpu::top_k_row(&logits, k);
+            let (mut full, mut cut) = (Sampler::new(p.clone()), Sampler::new(p.clone()));
+            for _ in 0..200 {
+                assert_eq!(full.sample(&logits, &[]), cut.sample_top(&top), "{p:?}");
+            }
+        }
+        // Penalties or no top-k cut need every logit; top_logprobs widens the cut.
+        assert_eq!(SamplingParams { repeat_penalty: 1.1, ..SamplingParams::greedy() }.candidates_needed(0), None);
+        assert_eq!(SamplingParams { top_k: 0, ..SamplingParams::default() }.candidates_needed(0), None);
+        assert_eq!(SamplingParams::greedy().candidates_needed(5), Some(5));
+        assert_eq!(SamplingParams { top_k: 40, ..SamplingParams::default() }.candidates_needed(300), None);
+    }
 }

@@ -434,3 +434,34 @@ fn model_error(model: &str, e: ModelError) -> JobError {
         false => JobError::Internal(format!("model `{model}`: {e}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::BackendError;
+    use crate::server::error::{ApiError, Family};
+
+    #[test]
+    fn device_errors_are_503_naming_gpu_memory_and_others_500() {
+        let oom = BackendError::OutOfMemory { what: "a weight".into(), bytes: 1 << 30, msg: "OOM".into() };
+        let e = model_error("m", ModelError::Backend(oom));
+        assert!(matches!(e, JobError::Device(_)));
+        let api = ApiError::from(e);
+        assert_eq!(api.status(Family::OpenAi), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(api.message.contains("GPU memory"), "{}", api.message);
+        let launch = BackendError::Device { op: "matvec".into(), msg: "CUDA_ERROR_LAUNCH_FAILED".into() };
+        let in_layer = ModelError::Sched(crate::sched::SchedError::Backend { layer: 3, source: launch });
+        assert!(matches!(model_error("m", in_layer), JobError::Device(_)));
+        let other = model_error("m", ModelError::Missing("x".into()));
+        assert_eq!(ApiError::from(other).status(Family::Ollama), axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        // A model that fails to load for want of GPU memory is a 503 as well.
+        let load = anyhow::Error::new(ModelError::Backend(BackendError::OutOfMemory {
+            what: "w".into(),
+            bytes: 1,
+            msg: "OOM".into(),
+        }))
+        .context("model `m` on cuda:0");
+        assert!(is_device_error(&load));
+        assert!(!is_device_error(&anyhow::anyhow!("no such file")));
+    }
+}

@@ -1117,7 +1117,7 @@ def crash_summary(stderr: str) -> str:
             keep.append(l.strip())
             # the top user frames
             for l2 in lines[i + 1:i + 8]:
-                if re.match(r"\s+#\d+ ", l2) and ("kernels/" in l2 or "selftest" in l2 or "cuda_emu" in l2):
+                if re.match(r"\s+#\d+ ", l2) and re.search(r"\.cuh?:\d+", l2):
                     keep.append("  " + l2.strip())
     if not keep:
         keep = [l for l in lines if l.strip()][-15:]

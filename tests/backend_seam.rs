@@ -1,0 +1,177 @@
+//! The backend seam (DESIGN.md §4) as a forward pass uses it, checked on the CPU with a
+//! recording wrapper around the CPU backend: decode steps allocate no buffers (the
+//! workspace is reused), weights are made once per resident layer, a failing op is an
+//! error the caller sees (never a panic) and the model keeps working afterwards, and the
+//! device top-k path picks what the full-logits path picks.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use strata::backend::cpu::CpuBackend;
+use strata::backend::{AttnParams, Backend, BackendError, BackendResult, RopeFreqs, TopK};
+use strata::model::config::ModelConfig;
+use strata::model::demo::demo_source;
+use strata::model::llama::{LlamaModel, ModelError, SeqStep};
+use strata::tensor::HostTensor;
+
+/// The CPU backend, counting allocations and weight uploads, and failing `matmul` on
+/// request (as a GPU out of memory would).
+struct Recording {
+    cpu: CpuBackend,
+    allocs: AtomicUsize,
+    weights: AtomicUsize,
+    fail_matmul: AtomicBool,
+}
+
+impl Backend for Recording {
+    type Buf = Vec<f32>;
+    type Weight = HostTensor;
+
+    fn name(&self) -> String {
+        "recording".into()
+    }
+    fn device_bytes(&self) -> u64 {
+        0
+    }
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
+    fn memory_bandwidth(&self) -> Option<f64> {
+        None
+    }
+    fn alloc(&self, len: usize) -> BackendResult<Vec<f32>> {
+        self.allocs.fetch_add(1, Ordering::SeqCst);
+        self.cpu.alloc(len)
+    }
+    fn upload(&self, data: &[f32]) -> BackendResult<Vec<f32>> {
+        self.allocs.fetch_add(1, Ordering::SeqCst);
+        self.cpu.upload(data)
+    }
+    fn download(&self, buf: &Vec<f32>, len: usize) -> BackendResult<Vec<f32>> {
+        self.cpu.download(buf, len)
+    }
+    fn weight(&self, t: &HostTensor) -> BackendResult<HostTensor> {
+        self.weights.fetch_add(1, Ordering::SeqCst);
+        self.cpu.weight(t)
+    }
+    fn top_k(&self, logits: &Vec<f32>, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {
+        self.cpu.top_k(logits, rows, vocab, k)
+    }
+    fn embedding(&self, table: &HostTensor, ids: &[u32], out: &mut Vec<f32>) -> BackendResult<()> {
+        self.cpu.embedding(table, ids, out)
+    }
+    fn matmul(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, out: &mut Vec<f32>) -> BackendResult<()> {
+        if self.fail_matmul.load(Ordering::SeqCst) {
+            return Err(BackendError::OutOfMemory { what: "a test".into(), bytes: 1 << 30, msg: "injected".into() });
+        }
+        self.cpu.matmul(x, rows, w, out)
+    }
+    fn add_bias(&self, x: &mut Vec<f32>, rows: usize, bias: &HostTensor) -> BackendResult<()> {
+        self.cpu.add_bias(x, rows, bias)
+    }
+    fn rms_norm(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, eps: f32, out: &mut Vec<f32>) -> BackendResult<()> {
+        self.cpu.rms_norm(x, rows, w, eps, out)
+    }
+    fn rope(&self, x: &mut Vec<f32>, h: usize, d: usize, pos: &[u32], f: &RopeFreqs) -> BackendResult<()> {
+        self.cpu.rope(x, h, d, pos, f)
+    }
+    fn copy_rows(
+        &self,
+        src: &Vec<f32>,
+        src_row: usize,
+        rows: usize,
+        row_len: usize,
+        dst: &mut Vec<f32>,
+        dst_row: usize,
+    ) -> BackendResult<()> {
+        self.cpu.copy_rows(src, src_row, rows, row_len, dst, dst_row)
+    }
+    fn attention(
+        &self,
+        q: &Vec<f32>,
+        row0: usize,
+        rows: usize,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        p: &AttnParams,
+        out: &mut Vec<f32>,
+    ) -> BackendResult<()> {
+        self.cpu.attention(q, row0, rows, k, v, p, out)
+    }
+    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) -> BackendResult<()> {
+        self.cpu.silu_mul(gate, up, len)
+    }
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> BackendResult<()> {
+        self.cpu.add(x, y, len)
+    }
+}
+
+fn model() -> (LlamaModel<Recording>, Arc<Recording>) {
+    let source = demo_source().unwrap();
+    let config = ModelConfig::from_json(&source.config_json).unwrap();
+    let be = Arc::new(Recording {
+        cpu: CpuBackend::new(2),
+        allocs: AtomicUsize::new(0),
+        weights: AtomicUsize::new(0),
+        fail_matmul: AtomicBool::new(false),
+    });
+    (LlamaModel::new(config, &source, be.clone()).unwrap(), be)
+}
+
+const PROMPT: [u32; 9] = [5, 17, 99, 3, 250, 42, 7, 1, 64];
+
+#[test]
+fn decode_allocates_nothing_and_weights_are_made_once() {
+    let (m, be) = model();
+    let c = m.config.clone();
+    // Every layer tensor once, plus the embedding, final norm and head (tied or not).
+    let made = be.weights.load(Ordering::SeqCst);
+    let per_layer = 9 + 3 * c.attention_bias as usize + 2 * c.qk_norm as usize;
+    assert_eq!(made, c.n_layers * per_layer + 3, "weights made at load");
+
+    let mut cache = m.new_cache(64).unwrap();
+    m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap();
+    let (allocs, weights) = (be.allocs.load(Ordering::SeqCst), be.weights.load(Ordering::SeqCst));
+    for t in 0..20u32 {
+        let mut step = [SeqStep { tokens: &[t + 3], cache: &mut cache, all_logits: false }];
+        m.forward_top_k(&mut step, 1, &|| false).unwrap();
+        m.forward(&mut [SeqStep { tokens: &[t + 4], cache: &mut cache, all_logits: false }]).unwrap();
+    }
+    assert_eq!(be.allocs.load(Ordering::SeqCst), allocs, "decode steps allocated buffers");
+    assert_eq!(be.weights.load(Ordering::SeqCst), weights, "decode steps re-made weights");
+    assert_eq!(cache.len(), PROMPT.len() + 40);
+}
+
+#[test]
+fn a_failing_op_is_an_error_and_the_model_recovers() {
+    let (m, be) = model();
+    let mut cache = m.new_cache(64).unwrap();
+    be.fail_matmul.store(true, Ordering::SeqCst);
+    let err = m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap_err();
+    assert!(matches!(err, ModelError::Backend(BackendError::OutOfMemory { .. })), "{err:?}");
+    assert!(err.to_string().contains("GPU memory"), "{err}");
+    // The failed pass did not advance the cache; the next one runs normally.
+    assert_eq!(cache.len(), 0);
+    be.fail_matmul.store(false, Ordering::SeqCst);
+    let logits = m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap();
+    assert_eq!(logits[0].len(), m.config.vocab_size);
+    assert_eq!(cache.len(), PROMPT.len());
+}
+
+#[test]
+fn device_top_k_matches_the_full_logits() {
+    let (m, _) = model();
+    let vocab = m.config.vocab_size;
+    let (mut a, mut b) = (m.new_cache(64).unwrap(), m.new_cache(64).unwrap());
+    let full = m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut a, all_logits: false }]).unwrap();
+    let top = m.forward_top_k(&mut [SeqStep { tokens: &PROMPT, cache: &mut b, all_logits: false }], 8, &|| false);
+    let (row, top) = (&full[0], &top.unwrap()[0]);
+    assert_eq!(row.len(), vocab);
+    let mut order: Vec<usize> = (0..vocab).collect();
+    order.sort_by(|&i, &j| row[j].total_cmp(&row[i]).then(i.cmp(&j)));
+    let want: Vec<u32> = order[..8].iter().map(|&i| i as u32).collect();
+    assert_eq!(top.ids, want);
+    assert_eq!(top.logits, want.iter().map(|&i| row[i as usize]).collect::<Vec<_>>());
+    let lse = strata::engine::sampler::log_softmax(row)[want[0] as usize];
+    assert!((top.logits[0] - top.lse - lse).abs() < 1e-5, "log-probability from lse");
+}
