@@ -1,0 +1,265 @@
+//! Every CUDA op against the CPU op on the same inputs, with llama.cpp's
+//! test-backend-ops bounds: NMSE ≤ 1e-7 for elementwise ops, norms, RoPE and embedding
+//! lookups, ≤ 5e-4 for matrix products and attention; identical ids for top-k.
+//!
+//! Needs a GPU: without one every test prints why and passes, unless
+//! `STRATA_REQUIRE_GPU=1`, which turns a missing GPU into a failure (set it on a GPU
+//! machine; docs/gpu.md says how these run there). `STRATA_CUDA_OPS_ON_CPU=1` runs the
+//! same checks against a second CPU backend, to test this file where there is no GPU.
+
+use strata::backend::cpu::CpuBackend;
+use strata::backend::cuda::CudaBackend;
+use strata::backend::cuda::launch::WEIGHT_FORMATS;
+use strata::backend::{AttnParams, Backend, RopeFreqs};
+use strata::tensor::{AlignedBytes, DType, HostTensor};
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) if std::env::var("STRATA_REQUIRE_GPU").is_ok_and(|v| v == "1") => panic!("STRATA_REQUIRE_GPU=1: {e}"),
+        Err(e) => {
+            eprintln!("no GPU ({e}): skipping");
+            None
+        }
+    }
+}
+
+/// Runs a check on the GPU, or (with `STRATA_CUDA_OPS_ON_CPU=1`, to test this file
+/// itself where there is no GPU) on a second CPU backend.
+fn on_gpu(gpu_run: impl FnOnce(&CudaBackend), cpu_run: impl FnOnce(&CpuBackend)) {
+    if std::env::var("STRATA_CUDA_OPS_ON_CPU").is_ok_and(|v| v == "1") {
+        return cpu_run(&CpuBackend::new(1));
+    }
+    if let Some(g) = gpu() {
+        gpu_run(&g);
+    }
+}
+
+/// Deterministic values in [-scale, scale).
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32 * scale
+        })
+        .collect()
+}
+
+fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let err: f64 = got.iter().zip(want).map(|(&a, &b)| ((a - b) as f64).powi(2)).sum();
+    let norm: f64 = want.iter().map(|&b| (b as f64).powi(2)).sum();
+    err / norm.max(1e-30)
+}
+
+fn check(what: &str, got: &[f32], want: &[f32], bound: f64) {
+    let e = nmse(got, want);
+    assert!(e <= bound, "{what}: NMSE {e:.3e} > {bound:.0e}");
+    eprintln!("{what}: NMSE {e:.2e}");
+}
+
+/// A `[rows, cols]` weight in `dtype`: quantized from values where Strata has a
+/// quantizer, else random blocks with small f16 scales.
+fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> HostTensor {
+    let x = values(rows * cols, seed, 1.0);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let bytes = match strata::quant::quantize_matrix(&pool, dtype, &x, rows, cols) {
+        Ok(b) => b,
+        Err(e) => panic!("{dtype:?}: {e}"),
+    };
+    HostTensor::new(std::sync::Arc::new(bytes), 0, dtype.bytes_for(rows * cols).unwrap(), dtype, vec![rows, cols])
+}
+
+/// Random blocks of a format Strata cannot quantize to, with its f16 scale fields (at
+/// `scale_offsets` in each block) set to small values.
+fn random_blocks(dtype: DType, rows: usize, cols: usize, scale_offsets: &[usize], seed: u64) -> HostTensor {
+    let len = dtype.bytes_for(rows * cols).unwrap();
+    let mut bytes = AlignedBytes::zeroed(len);
+    let noise = values(len, seed, 1.0);
+    let b = bytes.bytes_mut();
+    for (i, v) in noise.iter().enumerate() {
+        b[i] = (v.to_bits() >> 7) as u8;
+    }
+    let scales = values(len / dtype.block_bytes() * scale_offsets.len(), seed + 1, 1.0);
+    let mut s = scales.iter();
+    for block in b.chunks_exact_mut(dtype.block_bytes()) {
+        for &off in scale_offsets {
+            let v = half::f16::from_f32(0.01 + 0.01 * s.next().unwrap().abs());
+            block[off..off + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    HostTensor::new(std::sync::Arc::new(bytes), 0, len, dtype, vec![rows, cols])
+}
+
+fn any_weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> HostTensor {
+    match dtype {
+        DType::Q4_1 | DType::Q5_1 | DType::Q5_K => random_blocks(dtype, rows, cols, &[0, 2], seed),
+        DType::Q5_0 => random_blocks(dtype, rows, cols, &[0], seed),
+        _ => weight(dtype, rows, cols, seed),
+    }
+}
+
+#[test]
+fn elementwise_norm_and_rope_match_the_cpu() {
+    on_gpu(|g| elementwise_norm_and_rope_match_the_cpu_on(g), |g| elementwise_norm_and_rope_match_the_cpu_on(g));
+}
+
+fn elementwise_norm_and_rope_match_the_cpu_on<G: Backend>(g: &G) {
+    let c = CpuBackend::new(2);
+    let (rows, dim) = (3, 4096);
+    let (x, y) = (values(rows * dim, 1, 2.0), values(rows * dim, 2, 2.0));
+
+    let (mut cx, cy) = (c.upload(&x).unwrap(), c.upload(&y).unwrap());
+    let (mut gx, gy) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
+    c.add(&mut cx, &cy, rows * dim).unwrap();
+    g.add(&mut gx, &gy, rows * dim).unwrap();
+    check("add", &g.download(&gx, rows * dim).unwrap(), &c.download(&cx, rows * dim).unwrap(), 1e-7);
+    c.silu_mul(&mut cx, &cy, rows * dim).unwrap();
+    g.silu_mul(&mut gx, &gy, rows * dim).unwrap();
+    check("silu_mul", &g.download(&gx, rows * dim).unwrap(), &c.download(&cx, rows * dim).unwrap(), 1e-7);
+
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let w = HostTensor::from_f32(&values(dim, 3, 1.0), vec![dim]);
+        let w = match dtype {
+            DType::F32 => w,
+            _ => {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+                let b = strata::quant::quantize_matrix(&pool, dtype, &w.to_f32_vec(), 1, dim).unwrap();
+                HostTensor::new(std::sync::Arc::new(b), 0, dim * 2, dtype, vec![dim])
+            }
+        };
+        let (cw, gw) = (c.weight(&w).unwrap(), g.weight(&w).unwrap());
+        let (mut co, mut go) = (c.alloc(rows * dim).unwrap(), g.alloc(rows * dim).unwrap());
+        c.rms_norm(&cx, rows, &cw, 1e-5, &mut co).unwrap();
+        g.rms_norm(&gx, rows, &gw, 1e-5, &mut go).unwrap();
+        let what = format!("rms_norm ({dtype:?} weight)");
+        check(&what, &g.download(&go, rows * dim).unwrap(), &c.download(&co, rows * dim).unwrap(), 1e-7);
+        c.add_bias(&mut co, rows, &cw).unwrap();
+        g.add_bias(&mut go, rows, &gw).unwrap();
+        let what = format!("add_bias ({dtype:?})");
+        check(&what, &g.download(&go, rows * dim).unwrap(), &c.download(&co, rows * dim).unwrap(), 1e-7);
+    }
+
+    for (interleaved, head_dim, factor) in [(false, 128, 1.0), (true, 128, 1.0), (false, 64, 0.7), (true, 96, 1.3)] {
+        let n_heads = 4;
+        let theta = 10_000f32;
+        let inv_freq = (0..head_dim / 2).map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32)).collect();
+        let freqs = RopeFreqs { inv_freq, attention_factor: factor, interleaved };
+        let positions = [0u32, 17, 4095];
+        let v = values(positions.len() * n_heads * head_dim, 4, 1.0);
+        let (mut cv, mut gv) = (c.upload(&v).unwrap(), g.upload(&v).unwrap());
+        c.rope(&mut cv, n_heads, head_dim, &positions, &freqs).unwrap();
+        g.rope(&mut gv, n_heads, head_dim, &positions, &freqs).unwrap();
+        let what = format!("rope (interleaved {interleaved}, head_dim {head_dim}, factor {factor})");
+        check(&what, &g.download(&gv, v.len()).unwrap(), &c.download(&cv, v.len()).unwrap(), 1e-7);
+    }
+
+    let (mut cd, mut gd) = (c.alloc(5 * 64).unwrap(), g.alloc(5 * 64).unwrap());
+    let src = values(4 * 64, 5, 1.0);
+    let (cs, gs) = (c.upload(&src).unwrap(), g.upload(&src).unwrap());
+    c.copy_rows(&cs, 1, 3, 64, &mut cd, 2).unwrap();
+    g.copy_rows(&gs, 1, 3, 64, &mut gd, 2).unwrap();
+    assert_eq!(g.download(&gd, 5 * 64).unwrap(), c.download(&cd, 5 * 64).unwrap(), "copy_rows");
+}
+
+#[test]
+fn embedding_and_matmul_match_the_cpu_for_every_weight_format() {
+    on_gpu(
+        |g| embedding_and_matmul_match_the_cpu_for_every_weight_format_on(g),
+        |g| embedding_and_matmul_match_the_cpu_for_every_weight_format_on(g),
+    );
+}
+
+fn embedding_and_matmul_match_the_cpu_for_every_weight_format_on<G: Backend>(g: &G) {
+    let c = CpuBackend::new(2);
+    let (out, inn) = (300, 512);
+    for dtype in WEIGHT_FORMATS {
+        let w = any_weight(dtype, out, inn, 7);
+        let (cw, gw) = (c.weight(&w).unwrap(), g.weight(&w).unwrap());
+        let ids = [0u32, 299, 5, 5, 123];
+        let (mut ce, mut ge) = (c.alloc(ids.len() * inn).unwrap(), g.alloc(ids.len() * inn).unwrap());
+        c.embedding(&cw, &ids, &mut ce).unwrap();
+        g.embedding(&gw, &ids, &mut ge).unwrap();
+        let n = ids.len() * inn;
+        check(&format!("embedding {dtype:?}"), &g.download(&ge, n).unwrap(), &c.download(&ce, n).unwrap(), 1e-7);
+        // Matrix-vector kernels (≤ 8 rows, more in several launches) and the GEMM path.
+        for rows in [1, 3, 8, 11, 40] {
+            let x = values(rows * inn, 8 + rows as u64, 1.0);
+            let (cx, gx) = (c.upload(&x).unwrap(), g.upload(&x).unwrap());
+            let (mut cy, mut gy) = (c.alloc(rows * out).unwrap(), g.alloc(rows * out).unwrap());
+            c.matmul(&cx, rows, &cw, &mut cy).unwrap();
+            g.matmul(&gx, rows, &gw, &mut gy).unwrap();
+            let n = rows * out;
+            let what = format!("matmul {dtype:?} rows {rows}");
+            check(&what, &g.download(&gy, n).unwrap(), &c.download(&cy, n).unwrap(), 5e-4);
+        }
+    }
+}
+
+#[test]
+fn attention_matches_the_cpu_for_prefill_and_split_decode() {
+    on_gpu(
+        |g| attention_matches_the_cpu_for_prefill_and_split_decode_on(g),
+        |g| attention_matches_the_cpu_for_prefill_and_split_decode_on(g),
+    );
+}
+
+fn attention_matches_the_cpu_for_prefill_and_split_decode_on<G: Backend>(g: &G) {
+    let c = CpuBackend::new(2);
+    // (n_heads, n_kv_heads, head_dim, start_pos, rows, window)
+    let cases = [
+        (4, 4, 64, 0, 7, None),
+        (8, 2, 128, 0, 33, None),
+        (8, 2, 128, 600, 1, None),
+        (8, 2, 128, 5000, 1, None),
+        (8, 2, 64, 40, 5, Some(16)),
+        (32, 8, 128, 3000, 2, Some(1024)),
+        (4, 1, 256, 300, 3, None),
+    ];
+    for (n_heads, n_kv, hd, start, rows, window) in cases {
+        let cap = start + rows + 3;
+        let (qw, kvw) = (n_heads * hd, n_kv * hd);
+        let q = values((rows + 2) * qw, 11, 1.0);
+        let (k, v) = (values(cap * kvw, 12, 1.0), values(cap * kvw, 13, 1.0));
+        let p = AttnParams {
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            start_pos: start,
+            scale: (hd as f32).powf(-0.5),
+            sliding_window: window,
+        };
+        let (cq, ck, cv) = (c.upload(&q).unwrap(), c.upload(&k).unwrap(), c.upload(&v).unwrap());
+        let (gq, gk, gv) = (g.upload(&q).unwrap(), g.upload(&k).unwrap(), g.upload(&v).unwrap());
+        let (mut co, mut go) = (c.alloc((rows + 2) * qw).unwrap(), g.alloc((rows + 2) * qw).unwrap());
+        // Rows 1..=rows of q: the kernels must honour the row offset.
+        c.attention(&cq, 1, rows, &ck, &cv, &p, &mut co).unwrap();
+        g.attention(&gq, 1, rows, &gk, &gv, &p, &mut go).unwrap();
+        let (got, want) = (g.download(&go, (rows + 2) * qw).unwrap(), c.download(&co, (rows + 2) * qw).unwrap());
+        let what = format!("attention heads {n_heads}/{n_kv} hd {hd} start {start} rows {rows} window {window:?}");
+        check(&what, &got[qw..(rows + 1) * qw], &want[qw..(rows + 1) * qw], 5e-4);
+    }
+}
+
+#[test]
+fn top_k_on_the_device_matches_the_cpu() {
+    on_gpu(|g| top_k_on_the_device_matches_the_cpu_on(g), |g| top_k_on_the_device_matches_the_cpu_on(g));
+}
+
+fn top_k_on_the_device_matches_the_cpu_on<G: Backend>(g: &G) {
+    let c = CpuBackend::new(2);
+    let (rows, vocab) = (3, 151_936);
+    let logits = values(rows * vocab, 21, 8.0);
+    let (cl, gl) = (c.upload(&logits).unwrap(), g.upload(&logits).unwrap());
+    for k in [1, 2, 40, 256] {
+        let (want, got) = (c.top_k(&cl, rows, vocab, k).unwrap(), g.top_k(&gl, rows, vocab, k).unwrap());
+        for (w, g) in want.iter().zip(&got) {
+            assert_eq!(g.ids, w.ids, "top-{k} ids");
+            assert_eq!(g.logits, w.logits, "top-{k} logits");
+            assert!((g.lse - w.lse).abs() <= 1e-4 * w.lse.abs().max(1.0), "lse {} vs {}", g.lse, w.lse);
+        }
+    }
+}
