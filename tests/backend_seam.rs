@@ -39,6 +39,9 @@ impl Backend for Recording {
     fn memory_bandwidth(&self) -> Option<f64> {
         None
     }
+    fn launch_stats(&self) -> Option<strata::backend::LaunchStats> {
+        None
+    }
     fn alloc(&self, len: usize) -> BackendResult<Vec<f32>> {
         self.allocs.fetch_add(1, Ordering::SeqCst);
         self.cpu.alloc(len)

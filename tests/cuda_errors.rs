@@ -60,7 +60,7 @@ fn assert_clean_failure(o: &Output, want: &str) {
 
 const RUN: [&str; 6] = ["run", "strata-demo", "-p", "hi", "--max-tokens", "2"];
 
-fn with_device<'a>(device: &'a str) -> Vec<&'a str> {
+fn with_device(device: &str) -> Vec<&str> {
     let mut args = RUN.to_vec();
     args.extend(["--device", device]);
     args

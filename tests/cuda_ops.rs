@@ -104,7 +104,7 @@ fn any_weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> HostTensor {
 
 #[test]
 fn elementwise_norm_and_rope_match_the_cpu() {
-    on_gpu(|g| elementwise_norm_and_rope_match_the_cpu_on(g), |g| elementwise_norm_and_rope_match_the_cpu_on(g));
+    on_gpu(elementwise_norm_and_rope_match_the_cpu_on, elementwise_norm_and_rope_match_the_cpu_on);
 }
 
 fn elementwise_norm_and_rope_match_the_cpu_on<G: Backend>(g: &G) {
@@ -168,8 +168,8 @@ fn elementwise_norm_and_rope_match_the_cpu_on<G: Backend>(g: &G) {
 #[test]
 fn embedding_and_matmul_match_the_cpu_for_every_weight_format() {
     on_gpu(
-        |g| embedding_and_matmul_match_the_cpu_for_every_weight_format_on(g),
-        |g| embedding_and_matmul_match_the_cpu_for_every_weight_format_on(g),
+        embedding_and_matmul_match_the_cpu_for_every_weight_format_on,
+        embedding_and_matmul_match_the_cpu_for_every_weight_format_on,
     );
 }
 
@@ -202,8 +202,8 @@ fn embedding_and_matmul_match_the_cpu_for_every_weight_format_on<G: Backend>(g: 
 #[test]
 fn attention_matches_the_cpu_for_prefill_and_split_decode() {
     on_gpu(
-        |g| attention_matches_the_cpu_for_prefill_and_split_decode_on(g),
-        |g| attention_matches_the_cpu_for_prefill_and_split_decode_on(g),
+        attention_matches_the_cpu_for_prefill_and_split_decode_on,
+        attention_matches_the_cpu_for_prefill_and_split_decode_on,
     );
 }
 
@@ -246,7 +246,7 @@ fn attention_matches_the_cpu_for_prefill_and_split_decode_on<G: Backend>(g: &G) 
 
 #[test]
 fn top_k_on_the_device_matches_the_cpu() {
-    on_gpu(|g| top_k_on_the_device_matches_the_cpu_on(g), |g| top_k_on_the_device_matches_the_cpu_on(g));
+    on_gpu(top_k_on_the_device_matches_the_cpu_on, top_k_on_the_device_matches_the_cpu_on);
 }
 
 fn top_k_on_the_device_matches_the_cpu_on<G: Backend>(g: &G) {

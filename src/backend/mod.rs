@@ -64,6 +64,15 @@ pub struct TopK {
     pub lse: f32,
 }
 
+/// Kernel launches on a GPU, for `bench`'s launch-overhead figure.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LaunchStats {
+    /// Launches since the backend started.
+    pub launches: u64,
+    /// Seconds one empty launch takes from enqueue to completion, measured now.
+    pub latency_s: f64,
+}
+
 /// The largest `k` the device top-k supports.
 pub const MAX_TOP_K: usize = 256;
 
@@ -83,6 +92,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Device memory bandwidth measured now (bytes read plus bytes written per second
     /// by a device-to-device copy); `None` where the caller measures it another way.
     fn memory_bandwidth(&self) -> Option<f64>;
+    /// Kernel launches so far and the cost of one, on backends that launch kernels.
+    fn launch_stats(&self) -> Option<LaunchStats>;
 
     /// A zeroed buffer of `len` f32 values.
     fn alloc(&self, len: usize) -> BackendResult<Self::Buf>;

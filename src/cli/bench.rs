@@ -61,6 +61,12 @@ pub struct BenchReport {
     /// Of decode time, the part the I/O thread was reading.
     pub io_busy_fraction: f64,
     pub peak_rss_bytes: u64,
+    /// GPU only: kernel launches per decode step, the measured cost of one empty launch,
+    /// and their product as a fraction of the decode step's time (the share launch
+    /// overhead could take at most).
+    pub launches_per_token: Option<f64>,
+    pub launch_latency_s: Option<f64>,
+    pub launch_overhead_fraction: Option<f64>,
     /// Weight bytes one decode step touches (layers + output head).
     pub weight_bytes_per_token: usize,
     /// Memory read bandwidth measured in this run.
@@ -91,6 +97,8 @@ struct RunResult {
     /// Scheduler counters over the decode steps.
     stats: StatsSnapshot,
     proc_read_bytes: Option<u64>,
+    /// Kernel launches during the decode steps (GPU only).
+    launches: Option<u64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -152,6 +160,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         let prefill = (n_seq * args.prompt_tokens) as f64 / t.elapsed().as_secs_f64();
 
         let (stats0, proc0) = (sched.stats().snapshot(), proc_self_read_bytes());
+        let launches0 = model.launch_stats().map(|l| l.launches);
         let t = Instant::now();
         for _ in 0..steps {
             let ids: Vec<u32> = last.iter().map(|t| t.ids.first().copied().unwrap_or(0)).collect();
@@ -163,7 +172,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             last = model.forward_top_k(&mut batch, 1, &|| false)?;
         }
         let decode_secs = t.elapsed().as_secs_f64();
+        let launches = model.launch_stats().map(|l| l.launches).zip(launches0).map(|(a, b)| a - b);
         Ok(RunResult {
+            launches,
             prefill_tok_s: prefill,
             decode_tok_s: (n_seq * steps) as f64 / decode_secs,
             decode_secs,
@@ -184,6 +195,11 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let proc_read: Option<u64> = results.iter().map(|r| r.proc_read_bytes).sum();
     let bytes_read_per_token = window.bytes_read as f64 / tokens;
 
+    let launches: Option<u64> = results.iter().map(|r| r.launches).sum();
+    let launches_per_token = launches.map(|l| l as f64 / tokens);
+    let launch_latency_s = model.launch_stats().map(|l| l.latency_s);
+    let launch_overhead_fraction =
+        launches_per_token.zip(launch_latency_s).map(|(n, lat)| n * lat / (decode_secs / tokens).max(1e-12));
     let peak_rss = peak_rss_bytes(); // before the bandwidth probe allocates its 1 GiB
     let weight_bytes_per_token = sched.streamable_bytes() + model.lm_head_bytes();
     // On a GPU the roofline is device memory: a device-to-device copy, bytes read plus
@@ -233,6 +249,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         io_stall_fraction: window.stall_ns as f64 / 1e9 / decode_secs.max(1e-9),
         io_busy_fraction: window.io_ns as f64 / 1e9 / decode_secs.max(1e-9),
         peak_rss_bytes: peak_rss,
+        launches_per_token,
+        launch_latency_s,
+        launch_overhead_fraction,
         weight_bytes_per_token,
         mem_bandwidth_bytes_s: bandwidth,
         decode_roofline_tok_s: roofline,
@@ -265,6 +284,15 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             report.weights_bytes as f64 / 1048576.0,
             report.peak_rss_bytes as f64 / 1048576.0
         );
+        if let (Some(n), Some(lat), Some(frac)) =
+            (report.launches_per_token, report.launch_latency_s, report.launch_overhead_fraction)
+        {
+            println!(
+                "launches {n:.0} per token at {:.1} µs each: at most {:.0}% of a decode step",
+                lat * 1e6,
+                100.0 * frac
+            );
+        }
         let p = &report.plan;
         println!(
             "layers {} ({}): {} of {} resident [{}], {:.1} of {:.1} MiB, budget {:.1} MiB",

@@ -136,6 +136,10 @@ impl<B: Backend> Workspace<B> {
     }
 }
 
+/// A pass's logits (`Readback::Full`) or top entries (`Readback::Top`) of the selected
+/// rows, and how many rows each sequence got.
+type PassOutput = (Vec<f32>, Vec<usize>, Vec<TopK>);
+
 /// What a forward pass hands back for each sequence's selected rows.
 enum Readback {
     /// Every logit.
@@ -337,7 +341,7 @@ impl<B: Backend> LlamaModel<B> {
         batch: &mut [SeqStep<'_>],
         cancelled: &dyn Fn() -> bool,
         readback: Readback,
-    ) -> Result<(Vec<f32>, Vec<usize>, Vec<TopK>), ModelError> {
+    ) -> Result<PassOutput, ModelError> {
         let c = &self.config;
         let be = &*self.backend;
         let h = c.hidden_size;
@@ -552,6 +556,10 @@ impl<B: Backend> super::LanguageModel for LlamaModel<B> {
 
     fn memory_bandwidth(&self) -> Option<f64> {
         self.backend.memory_bandwidth()
+    }
+
+    fn launch_stats(&self) -> Option<crate::backend::LaunchStats> {
+        self.backend.launch_stats()
     }
 
     fn weights_bytes(&self) -> usize {

@@ -47,6 +47,8 @@ pub trait LanguageModel: Send + Sync {
     /// The device's memory bandwidth measured now, in bytes/s (`None` on the CPU,
     /// whose bandwidth `bench` measures itself).
     fn memory_bandwidth(&self) -> Option<f64>;
+    /// Kernel launches so far and the cost of one (`None` on the CPU).
+    fn launch_stats(&self) -> Option<crate::backend::LaunchStats>;
     /// Bytes of all weights (layers, embeddings, head, norms).
     fn weights_bytes(&self) -> usize;
     /// Bytes of the output head (read in full every decode step).

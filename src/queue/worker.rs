@@ -210,7 +210,7 @@ impl Worker {
             "model loaded"
         );
         *self.status.device.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine.device.clone());
-        let session = Session::new(&engine).map_err(|e| model_error(&name, e))?;
+        let session = Session::new(&engine).map_err(|e| model_error(name, e))?;
         self.slots.push(Slot {
             name: key,
             engine,

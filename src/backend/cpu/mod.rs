@@ -61,6 +61,9 @@ impl Backend for CpuBackend {
     fn memory_bandwidth(&self) -> Option<f64> {
         None
     }
+    fn launch_stats(&self) -> Option<crate::backend::LaunchStats> {
+        None
+    }
 
     fn alloc(&self, len: usize) -> BackendResult<Vec<f32>> {
         Ok(vec![0.0; len])

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig};
-use cudarc::driver::{PushKernelArg, sys};
+use cudarc::driver::{LaunchArgs, PushKernelArg, sys};
 
 use super::launch::{self, Shape};
 use crate::backend::{AttnParams, Backend, BackendError, BackendResult, MAX_TOP_K, RopeFreqs, TopK};
@@ -75,6 +75,8 @@ pub struct CudaBackend {
     sm_count: usize,
     scratch: Mutex<Scratch>,
     used: Arc<AtomicU64>,
+    /// Kernel launches so far.
+    launches: AtomicU64,
 }
 
 /// Maps a driver error to a backend error, naming GPU memory when that ran out.
@@ -182,6 +184,7 @@ impl CudaBackend {
                 lse: None,
             }),
             used: Arc::default(),
+            launches: AtomicU64::new(0),
         })
     }
 
@@ -191,6 +194,17 @@ impl CudaBackend {
 
     pub fn gpu_name(&self) -> &str {
         &self.gpu_name
+    }
+
+    /// Launches what `b` holds with `shape`, and counts the launch.
+    ///
+    /// # Safety
+    /// The arguments pushed on `b` must match the kernel's parameters, and every buffer
+    /// must hold what the kernel reads and writes with this launch shape.
+    unsafe fn launch(&self, b: &mut LaunchArgs<'_>, shape: Shape, op: &str) -> BackendResult<()> {
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract.
+        unsafe { b.launch(cfg(shape)) }.map(|_| ()).map_err(dev_err(op, 0))
     }
 
     fn func(&self, name: &str) -> BackendResult<&CudaFunction> {
@@ -240,7 +254,7 @@ impl CudaBackend {
             // `out × in` values of its format, `x` at least `(r0 + n) × in` floats and `y`
             // `(r0 + n) × out` (the workspace is sized for `rows`); the grid has a warp
             // per output row.
-            unsafe { b.launch(cfg(launch::matvec(out))) }.map_err(dev_err("matvec", 0))?;
+            unsafe { self.launch(&mut b, launch::matvec(out), "matvec") }?;
         }
         Ok(())
     }
@@ -284,47 +298,60 @@ impl CudaBackend {
                 )
             }
         } else {
+            // Dequantise a tile of output rows at a time, so the f16 scratch stays small
+            // even for a vocabulary-sized head.
             let fmt = launch::format_name(w.dtype).unwrap_or_default();
-            let n = (out * inn) as u64;
-            let w16 = ptr(self.grow(&mut s.w16, out * inn, "dequantising a weight for GEMM")?, &self.stream, 0);
+            let tile = launch::gemm_tile_rows(out, inn);
             let x16 = ptr(self.grow(&mut s.x16, rows * inn, "converting activations for GEMM")?, &self.stream, 0);
-            let wp = ptr(&w.data, &self.stream, 0);
-            let mut b = self.stream.launch_builder(self.func(&format!("dequant_{fmt}_f16"))?);
-            b.arg(&wp).arg(&w16).arg(&n);
-            // SAFETY: dequant_FMT_f16(w, out, n): `w` holds `n` values of its format and
-            // the f16 scratch at least `n` (grown above).
-            unsafe { b.launch(cfg(launch::dequant(w.dtype, n))) }.map_err(dev_err("dequant", 0))?;
+            let w16 = ptr(self.grow(&mut s.w16, tile * inn, "dequantising a weight for GEMM")?, &self.stream, 0);
             let (xp, nx) = (ptr(&x.data, &self.stream, 0), (rows * inn) as u64);
             let mut b = self.stream.launch_builder(self.func("f32_to_f16")?);
             b.arg(&xp).arg(&x16).arg(&nx);
             // SAFETY: f32_to_f16(x, y, n): `x` holds `rows × in` floats, the scratch as many.
-            unsafe { b.launch(cfg(launch::elementwise(rows * inn))) }.map_err(dev_err("f32_to_f16", 0))?;
-            let yp = ptr(&y.data, &self.stream, 0);
-            // SAFETY: as for Sgemm above, with f16 inputs (the two scratch buffers filled
-            // just before on the same stream) and an f32 output accumulated in f32.
-            unsafe {
-                cb::cublasGemmEx(
-                    *blas.handle(),
-                    cb::cublasOperation_t::CUBLAS_OP_T,
-                    cb::cublasOperation_t::CUBLAS_OP_N,
-                    out as i32,
-                    rows as i32,
-                    inn as i32,
-                    &alpha as *const f32 as *const _,
-                    w16 as *const _,
-                    cb::cudaDataType::CUDA_R_16F,
-                    inn as i32,
-                    x16 as *const _,
-                    cb::cudaDataType::CUDA_R_16F,
-                    inn as i32,
-                    &beta as *const f32 as *const _,
-                    yp as *mut _,
-                    cb::cudaDataType::CUDA_R_32F,
-                    out as i32,
-                    cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
+            unsafe { self.launch(&mut b, launch::elementwise(rows * inn), "f32_to_f16") }?;
+            let row_bytes = w.dtype.bytes_for(inn).unwrap_or(0);
+            let mut status = cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
+            for o0 in (0..out).step_by(tile.max(1)) {
+                let n_out = (out - o0).min(tile);
+                let n = (n_out * inn) as u64;
+                let wp = ptr(&w.data, &self.stream, o0 * row_bytes);
+                let mut b = self.stream.launch_builder(self.func(&format!("dequant_{fmt}_f16"))?);
+                b.arg(&wp).arg(&w16).arg(&n);
+                // SAFETY: dequant_FMT_f16(w, out, n): from output row `o0`, `w` holds
+                // `n_out × in` values of its format; the f16 scratch holds `tile × in`.
+                unsafe { self.launch(&mut b, launch::dequant(w.dtype, n), "dequant") }?;
+                let yp = ptr(&y.data, &self.stream, o0);
+                // SAFETY: as for Sgemm above, for output rows `o0..o0 + n_out`: C starts at
+                // column-major row `o0` with ldc `out`; the f16 inputs were filled just
+                // before on the same stream; accumulation is f32.
+                status = unsafe {
+                    cb::cublasGemmEx(
+                        *blas.handle(),
+                        cb::cublasOperation_t::CUBLAS_OP_T,
+                        cb::cublasOperation_t::CUBLAS_OP_N,
+                        n_out as i32,
+                        rows as i32,
+                        inn as i32,
+                        &alpha as *const f32 as *const _,
+                        w16 as *const _,
+                        cb::cudaDataType::CUDA_R_16F,
+                        inn as i32,
+                        x16 as *const _,
+                        cb::cudaDataType::CUDA_R_16F,
+                        inn as i32,
+                        &beta as *const f32 as *const _,
+                        yp as *mut _,
+                        cb::cudaDataType::CUDA_R_32F,
+                        out as i32,
+                        cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                };
+                if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                    break;
+                }
             }
+            status
         };
         if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             let what = format!("cuBLAS GEMM ({rows}×{inn} by {out}×{inn})");
@@ -345,7 +372,7 @@ impl CudaBackend {
         l.arg(&a).arg(&b).arg(&n32);
         // SAFETY: add_f32 / silu_mul_f32 (x, y, n): both buffers hold at least `n` floats
         // (checked by the callers against their lengths).
-        unsafe { l.launch(cfg(launch::elementwise(n))) }.map_err(dev_err(name, 0))?;
+        unsafe { self.launch(&mut l, launch::elementwise(n), name) }?;
         Ok(())
     }
 }
@@ -419,6 +446,25 @@ impl Backend for CudaBackend {
         Some(2.0 * (n * 4) as f64 / secs[secs.len() / 2])
     }
 
+    fn launch_stats(&self) -> Option<crate::backend::LaunchStats> {
+        // 500 launches of an empty elementwise kernel (one block, nothing to do), timed
+        // from the first enqueue to the last completion.
+        let launches = self.launches.load(Ordering::Relaxed);
+        let f = self.func("add_f32").ok()?;
+        let (zero, n) = (0u64, 0u32);
+        self.stream.synchronize().ok()?;
+        let t = std::time::Instant::now();
+        for _ in 0..500 {
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&zero).arg(&zero).arg(&n);
+            // SAFETY: add_f32(x, y, n) with n = 0 reads and writes nothing, so null
+            // pointers are never dereferenced.
+            unsafe { b.launch(cfg(launch::elementwise(0))) }.ok()?;
+        }
+        self.stream.synchronize().ok()?;
+        Some(crate::backend::LaunchStats { launches, latency_s: t.elapsed().as_secs_f64() / 500.0 })
+    }
+
     fn alloc(&self, len: usize) -> BackendResult<CudaBuf> {
         let bytes = (len.max(1) * 4) as u64;
         let data = self.stream.alloc_zeros::<f32>(len.max(1)).map_err(dev_err("an activation buffer", bytes))?;
@@ -471,7 +517,7 @@ impl Backend for CudaBackend {
         // SAFETY: argmax_f32(logits, vocab, idx, val, lse) / topk_f32(logits, vocab, k,
         // idx, val, lse): `logits` holds `rows × vocab` floats, the outputs `rows × k`,
         // `rows × k` and `rows` (grown above); one block per row.
-        unsafe { b.launch(cfg(launch::sample(rows))) }.map_err(dev_err(name, 0))?;
+        unsafe { self.launch(&mut b, launch::sample(rows), name) }?;
         let (mut ids, mut vals, mut lses) = (vec![0u32; rows * k], vec![0f32; rows * k], vec![0f32; rows]);
         let st = &self.stream;
         st.memcpy_dtoh(&s.top_idx.as_ref().map(|b| b.slice(..rows * k)).ok_or_else(no_scratch)?, &mut ids)
@@ -503,7 +549,7 @@ impl Backend for CudaBackend {
         b.arg(&tp).arg(&ip).arg(&op).arg(&d);
         // SAFETY: embed_FMT(table, ids, out, dim): ids (checked < vocab by the model) index
         // rows of the `[vocab, dim]` table; `out` holds `ids.len() × dim` floats.
-        unsafe { b.launch(cfg(launch::embedding(ids.len()))) }.map(|_| ()).map_err(dev_err("embedding", 0))
+        unsafe { self.launch(&mut b, launch::embedding(ids.len()), "embedding") }
     }
 
     fn matmul(&self, x: &CudaBuf, rows: usize, w: &CudaWeight, out: &mut CudaBuf) -> BackendResult<()> {
@@ -524,7 +570,7 @@ impl Backend for CudaBackend {
         b.arg(&xp).arg(&bp).arg(&r).arg(&w);
         // SAFETY: add_bias_f32(x, b, rows, width): `x` holds `rows × width` floats and the
         // bias (stored as f32) `width`.
-        unsafe { b.launch(cfg(launch::elementwise(rows * width))) }.map(|_| ()).map_err(dev_err("add_bias", 0))
+        unsafe { self.launch(&mut b, launch::elementwise(rows * width), "add_bias") }
     }
 
     fn rms_norm(&self, x: &CudaBuf, rows: usize, w: &CudaWeight, eps: f32, out: &mut CudaBuf) -> BackendResult<()> {
@@ -535,7 +581,7 @@ impl Backend for CudaBackend {
         b.arg(&xp).arg(&wp).arg(&op).arg(&dim).arg(&eps);
         // SAFETY: rms_norm_f32(x, w, out, dim, eps): `x` and `out` hold `rows × dim`
         // floats, `w` (stored as f32) `dim`; a block per row.
-        unsafe { b.launch(cfg(launch::rms_norm(rows))) }.map(|_| ()).map_err(dev_err("rms_norm", 0))
+        unsafe { self.launch(&mut b, launch::rms_norm(rows), "rms_norm") }
     }
 
     fn rope(
@@ -569,9 +615,7 @@ impl Backend for CudaBackend {
         // SAFETY: rope_f32(x, pos, inv_freq, n_heads, head_dim, attn_factor, interleaved):
         // `x` holds `positions.len() × n_heads × head_dim` floats, `pos` one position per
         // row, `inv_freq` `head_dim / 2` values.
-        unsafe { b.launch(cfg(launch::rope(positions.len(), n_heads, head_dim))) }
-            .map(|_| ())
-            .map_err(dev_err("rope", 0))
+        unsafe { self.launch(&mut b, launch::rope(positions.len(), n_heads, head_dim), "rope") }
     }
 
     fn copy_rows(
@@ -642,15 +686,13 @@ impl Backend for CudaBackend {
         // SAFETY: attn_partial_f32 per kernels/README.md: `q` points at query row `row0` of
         // `rows` rows of `n_heads × head_dim`, the caches hold `start_pos + rows` rows of
         // `n_kv_heads × head_dim`, the scratch `rows × n_heads × splits × (head_dim + 2)`.
-        unsafe { b.launch(cfg(launch::attn_partial(rows, p.n_heads, split))) }.map_err(dev_err("attention", 0))?;
+        unsafe { self.launch(&mut b, launch::attn_partial(rows, p.n_heads, split), "attention") }?;
         let (op, splits) = (ptr(&out.data, &self.stream, row0 * q_width), split.splits as u32);
         let mut b = self.stream.launch_builder(self.func("attn_combine_f32")?);
         b.arg(&pp).arg(&op).arg(&splits).arg(&hd);
         // SAFETY: attn_combine_f32(part, out, splits, head_dim): the partials written just
         // above; `out` from row `row0` holds `rows × n_heads × head_dim` floats.
-        unsafe { b.launch(cfg(launch::attn_combine(rows, p.n_heads, p.head_dim))) }
-            .map(|_| ())
-            .map_err(dev_err("attention", 0))
+        unsafe { self.launch(&mut b, launch::attn_combine(rows, p.n_heads, p.head_dim), "attention") }
     }
 
     fn silu_mul(&self, gate: &mut CudaBuf, up: &CudaBuf, len: usize) -> BackendResult<()> {

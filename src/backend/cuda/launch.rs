@@ -94,6 +94,16 @@ pub fn attn_split(rows: usize, n_heads: usize, kv_len: usize, sm_count: usize) -
     AttnSplit { splits: kv_len.div_ceil(split_len), split_len }
 }
 
+/// f16 values of weight the prefill GEMM dequantises at once (64 MiB of scratch).
+pub const GEMM_TILE_VALUES: usize = 32 << 20;
+
+/// Output rows of a `[out, in]` weight per dequantise-and-GEMM tile: as many as fit in
+/// [`GEMM_TILE_VALUES`], a multiple of 128 when the tile does not take them all.
+pub fn gemm_tile_rows(out: usize, inn: usize) -> usize {
+    let fit = (GEMM_TILE_VALUES / inn.max(1)).max(1);
+    if fit >= out { out.max(1) } else { (fit / 128 * 128).max(fit.min(128)) }
+}
+
 /// `attn_partial_f32`: a block per (query row · head, split).
 pub fn attn_partial(rows: usize, n_heads: usize, split: AttnSplit) -> Shape {
     Shape::new(((rows * n_heads).max(1) as u32, split.splits as u32, 1), ATTN_BLOCK)
@@ -235,6 +245,18 @@ mod tests {
         let s = attn_split(1, 32, 8192, 132);
         assert_eq!(attn_partial(1, 32, s).grid, (32, s.splits as u32, 1));
         assert_eq!(attn_partial_len(1, 32, 128, s), 32 * s.splits * 130);
+    }
+
+    #[test]
+    fn gemm_tiles_bound_the_scratch_and_cover_every_row() {
+        // An 8B model's FFN fits in one tile; a 128k vocabulary head does not.
+        assert_eq!(gemm_tile_rows(14336, 4096), 8192);
+        assert_eq!(gemm_tile_rows(4096, 4096), 4096);
+        let t = gemm_tile_rows(128_256, 4096);
+        assert!(t * 4096 <= GEMM_TILE_VALUES && t.is_multiple_of(128) && t > 0, "{t}");
+        assert!(128_256usize.div_ceil(t) * t >= 128_256);
+        assert_eq!(gemm_tile_rows(0, 4096), 1);
+        assert!(gemm_tile_rows(10, 1 << 26) >= 1);
     }
 
     #[test]
