@@ -33,7 +33,8 @@
 // stderr). emu_alloc/emu_free give exactly-sized 256-byte-aligned buffers so that
 // AddressSanitizer (-fsanitize=address) catches any access past a buffer's end.
 //
-// Not modelled: performance, the GPU's weak memory model (x86 is much stronger, so a
+// Not modelled: two disjoint lane subsets of one warp in warp intrinsics at the same time
+// (each with its own mask; reported as lanes disagreeing), performance, the GPU's weak memory model (x86 is much stronger, so a
 // missing fence may pass here), shared-memory capacity limits, dynamic (extern)
 // shared memory, uninitialised shared memory (statics start at zero, then keep the
 // previous block's values), and warp-synchronous code that communicates through

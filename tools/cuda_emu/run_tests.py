@@ -838,15 +838,18 @@ def cases_attention():
         (2, 10, 2, 1, 256, 4, 6, 2),      # head_dim 256, window
         (3, 2, 4, 2, 64, 16, 4, 2),       # window wider than the context
         (1, 700, 4, 2, 128, 0, 256, 3),   # launch.rs-style split (multiple of 64, >= 256 keys)
-        (4, 500, 4, 2, 64, 0, 192, 3),    # prefill with a launch.rs-style split
+        (2, 500, 4, 2, 64, 0, 192, 3),    # prefill with a launch.rs-style split
     ]
-    for shp in shapes:
+    # partial -> combine end to end (the kernels' own partials) on a few of them
+    e2e = {1, 2, 6, 10}
+    for si, shp in enumerate(shapes):
         rows, start, nh, nkv, hd, window, sl, sp = shp
         desc = (f"rows={rows} start_pos={start} n_heads={nh} n_kv={nkv} head_dim={hd} window={window} "
                 f"split_len={sl} splits={sp}")
         cs.append(Case(f"attn_partial_f32 {desc}", "attn_partial_f32", attn(*shp, "partial")))
         cs.append(Case(f"attn_combine_f32 {desc}", "attn_combine_f32", attn(*shp, "combine")))
-        cs.append(Case(f"attn_partial+combine {desc}", "attn_partial_f32", attn(*shp, "both")))
+        if si in e2e:
+            cs.append(Case(f"attn_partial+combine {desc}", "attn_partial_f32", attn(*shp, "both")))
     return cs
 
 

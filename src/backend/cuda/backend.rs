@@ -272,6 +272,9 @@ impl CudaBackend {
         use cudarc::cublas::sys as cb;
         let (out, inn) = (w.shape[0], w.shape[1]);
         let (alpha, beta) = (1.0f32, 0.0f32);
+        // cuBLAS runs on whatever context is current on this thread (the worker's, not
+        // the loader's): make it this device's.
+        self.stream.context().bind_to_thread().map_err(dev_err("cuBLAS GEMM", 0))?;
         let mut s = self.scratch();
         let status = if w.dtype == DType::F32 {
             let (wp, xp, yp) =
@@ -527,8 +530,12 @@ impl Backend for CudaBackend {
         st.memcpy_dtoh(&s.lse.as_ref().map(|b| b.slice(..rows)).ok_or_else(no_scratch)?, &mut lses)
             .map_err(dev_err("top-k readback", 0))?;
         st.synchronize().map_err(dev_err("top-k readback", 0))?;
+        // Slots past the row's non-NaN logits come back as id u32::MAX: drop them.
         Ok((0..rows)
-            .map(|r| TopK { ids: ids[r * k..][..k].to_vec(), logits: vals[r * k..][..k].to_vec(), lse: lses[r] })
+            .map(|r| {
+                let n = ids[r * k..][..k].iter().take_while(|&&i| i != u32::MAX).count();
+                TopK { ids: ids[r * k..][..n].to_vec(), logits: vals[r * k..][..n].to_vec(), lse: lses[r] }
+            })
             .collect())
     }
 
