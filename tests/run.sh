@@ -11,7 +11,9 @@
 # it (venv at target/deploy-venv); STRATA_SKIP_DEPLOY=1 skips it.
 # tools/cuda_toolchain.sh compiles every CUDA kernel with NVRTC and checks the PTX with
 # ptxas, both from pinned pip wheels (venv at target/cuda-venv; no GPU needed);
-# STRATA_SKIP_CUDA_TOOLCHAIN=1 skips it.
+# STRATA_SKIP_CUDA_TOOLCHAIN=1 skips it. tools/cuda_emu/run.sh runs every kernel on a CPU
+# emulator against numpy and gguf-py references (venv at target/emu-venv, needs g++);
+# STRATA_SKIP_CUDA_EMU=1 skips it.
 # Fixtures under tests/fixtures/ are committed; tools/make_fixtures.py regenerates them
 # (needs the reference stack in tools/requirements-ref.txt, never needed here).
 set -euo pipefail
@@ -24,6 +26,10 @@ cargo test --release --locked --no-fail-fast "$@" || failed+=("cargo test")
 
 if [[ ${STRATA_SKIP_CUDA_TOOLCHAIN:-0} != 1 ]]; then
   tools/cuda_toolchain.sh || failed+=("CUDA kernel compiles (tools/cuda_toolchain.sh)")
+fi
+
+if [[ ${STRATA_SKIP_CUDA_EMU:-0} != 1 ]]; then
+  tools/cuda_emu/run.sh || failed+=("CUDA kernels on the CPU emulator (tools/cuda_emu/run.sh)")
 fi
 
 if [[ ${STRATA_SKIP_CLIENTS:-0} != 1 ]]; then

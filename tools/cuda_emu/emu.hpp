@@ -450,6 +450,21 @@ inline void thread_exit(unsigned tid) {
   g_progress.fetch_add(1, RLX);
 }
 
+// Under a sanitizer, its report of a bad access is followed by the CUDA coordinates of
+// the thread that made it (the callback runs in the failing thread).
+inline thread_local bool t_in_kernel = false;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+}  // namespace emu
+extern "C" void __sanitizer_set_death_callback(void (*)(void));
+namespace emu {
+inline void death_callback() {
+  if (t_in_kernel)
+    fprintf(stderr, "EMU: the failing thread is blockIdx (%u,%u,%u) threadIdx (%u,%u,%u)\n", blockIdx.x,
+            blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+}
+inline int g_death_callback_set = (__sanitizer_set_death_callback(death_callback), 0);
+#endif
+
 inline void worker_main(Pool* p, Worker* me, unsigned tid) {
   for (;;) {
     me->go.acquire();
@@ -457,6 +472,7 @@ inline void worker_main(Pool* p, Worker* me, unsigned tid) {
     try {
       p->job();
     } catch (const Abort&) {
+      t_in_kernel = false;
     }
     thread_exit(tid);
     if (p->remaining.fetch_sub(1) == 1) {
@@ -560,7 +576,9 @@ inline int launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
       blockIdx = bidx;
       blockDim = block;
       gridDim = grid;
+      t_in_kernel = true;
       kernel(args...);
+      t_in_kernel = false;
     };
     g_pool->remaining.store(n);
     for (unsigned i = 0; i < n; ++i) g_pool->workers[i]->go.release();

@@ -20,7 +20,8 @@ Usage:
 
 Needs Python 3 with numpy and gguf (tools/cuda_emu/run.sh makes a venv with both) and
 g++ with C++20. Exit status: 0 when every case passes, 1 otherwise (a kernel missing from
-its .cu file counts as a failure).
+its .cu file, or a difference between this file's ABI table and kernels/README.md, counts
+as a failure).
 
 What it does: for each .cu file of kernels/README.md that exists, it concatenates
 common.cuh (+ quant.cuh for embedding/dequant/matvec) + the .cu (with #line markers, so
@@ -45,7 +46,8 @@ What it proves: that the kernels index, decode and compute correctly for the tes
 shapes under CUDA's execution model as far as real threads expose it: barrier and
 warp-intrinsic participation rules, shared-memory use across barriers, bounds of every
 global buffer. What it does not prove: performance, behaviour under the GPU's weaker
-memory model or true warp lock-step (races that x86 hides may remain), shared-memory
+memory model or true warp lock-step (races that x86 hides may remain; --tsan reports
+the ones ThreadSanitizer sees in the tested runs), shared-memory
 size limits, register pressure, NVRTC-specific compile errors (this is g++), and exact
 GPU float results (fast-math intrinsics such as __expf are exact here).
 """
@@ -132,6 +134,7 @@ SELFTEST_SIGS = [
     ("bad_divergent_sync", "const float* x, float* out"),
     ("bad_oob_write", "const float* x, float* out, unsigned n"),
     ("bad_race", "const float* x, float* out"),
+    ("bad_misaligned", "const float* x, float* out"),
 ]
 
 
@@ -246,6 +249,10 @@ def build(file: str, sigs, mode: str) -> tuple[Path | None, str, list[str]]:
         r = subprocess.run(["g++", *flags, "-o", tmp, str(cpp)], capture_output=True, text=True)
         if r.returncode == 0:
             os.replace(tmp, so)
+            cpp.unlink(missing_ok=True)  # kept only when the build fails
+            for old in BUILD.glob(f"{stem}-{mode}-*.so"):  # stale builds of older sources
+                if old != so:
+                    old.unlink(missing_ok=True)
             return so, r.stderr, dropped
         # a kernel whose parameters differ from README.md: drop its wrapper and retry
         bad = set(re.findall(r"conflicting declaration of C function '[^']*?\b(\w+)\(", r.stderr.replace("‘", "'").replace("’", "'")))
@@ -1037,6 +1044,8 @@ def cases_selftest():
                 neg("bad_divergent_sync", 64), expect_error="different __syncthreads"),
            Case("selftest ASan catches an out-of-bounds write", "bad_oob_write",
                 neg("bad_oob_write", 128, (64,)), expect_error="AddressSanitizer", modes=("asan",)),
+           Case("selftest UBSan catches a misaligned load", "bad_misaligned",
+                neg("bad_misaligned", 32), expect_error="misaligned address", modes=("asan",)),
            Case("selftest TSan catches a missing __syncthreads", "bad_race",
                 neg("bad_race", 64), expect_error="ThreadSanitizer: data race", modes=("tsan",))]
     return cs
@@ -1132,7 +1141,7 @@ def crash_summary(stderr: str) -> str:
     lines = stderr.splitlines()
     for i, l in enumerate(lines):
         if re.search(r"ERROR: AddressSanitizer|runtime error:|WARNING: ThreadSanitizer|EMU (ERROR|FATAL)|"
-                     r"(READ|WRITE) of size|located \d+ bytes|is located|SUMMARY:|Previous (write|read)", l):
+                     r"(READ|WRITE) of size|located \d+ bytes|is located|SUMMARY:|Previous (write|read)|^EMU: ", l):
             keep.append(l.strip())
             # the top user frames
             for l2 in lines[i + 1:i + 8]:

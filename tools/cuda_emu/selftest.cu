@@ -163,3 +163,9 @@ extern "C" __global__ void bad_race(const float* __restrict__ x, float* __restri
   s[t] = x[t];
   out[t] = s[(t + 1) % blockDim.x];
 }
+
+// A misaligned 4-byte load (a GPU faults with "misaligned address"; UBSan reports it).
+extern "C" __global__ void bad_misaligned(const float* __restrict__ x, float* __restrict__ out) {
+  const unsigned char* b = (const unsigned char*)x;
+  out[threadIdx.x] = *(const float*)(b + 2 + 4 * threadIdx.x);
+}
