@@ -310,26 +310,13 @@ impl Sampler {
         candidates_from_logits(logits, &mut cands);
         let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
         apply_penalties(&mut cands, window, p.repeat_penalty, p.presence_penalty, p.frequency_penalty);
-        let picked = if p.is_greedy() {
-            argmax(&cands)
-        } else {
-            top_k(&mut cands, p.top_k);
-            top_p(&mut cands, p.top_p);
-            min_p(&mut cands, p.min_p);
-            temperature(&mut cands, p.temperature);
-            sample_from(&cands, &mut self.rng)
-        };
-        self.scratch = cands;
-        picked.unwrap_or(0)
+        self.pick(cands)
     }
-}
 
-impl Sampler {
     /// Picks the next token from the most likely candidates only (`top`, most likely
     /// first, as the device selects them). Gives what [`sample`](Self::sample) gives
     /// from every logit whenever [`SamplingParams::candidates_needed`] allowed the cut.
     pub fn sample_top(&mut self, top: &crate::backend::TopK) -> u32 {
-        let p = &self.params;
         let mut cands = std::mem::take(&mut self.scratch);
         cands.clear();
         cands.extend(
@@ -338,6 +325,12 @@ impl Sampler {
                 .zip(&top.logits)
                 .map(|(&id, &l)| Candidate { id, logit: if l.is_nan() { f32::NEG_INFINITY } else { l } }),
         );
+        self.pick(cands)
+    }
+
+    /// Greedy argmax, or the filters then a draw; keeps `cands` as scratch.
+    fn pick(&mut self, mut cands: Vec<Candidate>) -> u32 {
+        let p = &self.params;
         let picked = if p.is_greedy() {
             argmax(&cands)
         } else {

@@ -259,8 +259,10 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The prefill product through cuBLAS: `w` dequantised to f16 (or used as it is
-    /// when f32), `x` converted to f16, accumulated in f32 on the tensor cores.
+    /// The prefill product through cuBLAS: f32 weights as they are; any other format
+    /// dequantised to f16 a tile of output rows at a time (so the scratch stays small
+    /// even for a vocabulary-sized head) against `x` converted to f16, accumulated in
+    /// f32 on the tensor cores.
     fn gemm(
         &self,
         blas: &cudarc::cublas::CudaBlas,
@@ -269,101 +271,39 @@ impl CudaBackend {
         w: &CudaWeight,
         y: &mut CudaBuf,
     ) -> BackendResult<()> {
-        use cudarc::cublas::sys as cb;
+        use cudarc::cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};
         let (out, inn) = (w.shape[0], w.shape[1]);
-        let (alpha, beta) = (1.0f32, 0.0f32);
         // cuBLAS runs on whatever context is current on this thread (the worker's, not
         // the loader's): make it this device's.
         self.stream.context().bind_to_thread().map_err(dev_err("cuBLAS GEMM", 0))?;
+        let (xp, yp) = (ptr(&x.data, &self.stream, 0), ptr(&y.data, &self.stream, 0));
+        let shape = GemmShape { out, rows, inn, ldc: out };
+        if w.dtype == DType::F32 {
+            return gemm_ex(blas, shape, (ptr(&w.data, &self.stream, 0), CUDA_R_32F), (xp, CUDA_R_32F), yp);
+        }
         let mut s = self.scratch();
-        let status = if w.dtype == DType::F32 {
-            let (wp, xp, yp) =
-                (ptr(&w.data, &self.stream, 0), ptr(&x.data, &self.stream, 0), ptr(&y.data, &self.stream, 0));
-            // SAFETY: column-major view of row-major data: C(out × rows) = Wᵀ · X with
-            // W (in × out, ld in), X (in × rows, ld in), C (out × rows, ld out); the
-            // buffers hold those sizes and stay alive until the stream has run the call.
-            unsafe {
-                cb::cublasSgemm_v2(
-                    *blas.handle(),
-                    cb::cublasOperation_t::CUBLAS_OP_T,
-                    cb::cublasOperation_t::CUBLAS_OP_N,
-                    out as i32,
-                    rows as i32,
-                    inn as i32,
-                    &alpha,
-                    wp as *const f32,
-                    inn as i32,
-                    xp as *const f32,
-                    inn as i32,
-                    &beta,
-                    yp as *mut f32,
-                    out as i32,
-                )
-            }
-        } else {
-            // Dequantise a tile of output rows at a time, so the f16 scratch stays small
-            // even for a vocabulary-sized head.
-            let fmt = launch::format_name(w.dtype).unwrap_or_default();
-            let tile = launch::gemm_tile_rows(out, inn);
-            let x16 = ptr(self.grow(&mut s.x16, rows * inn, "converting activations for GEMM")?, &self.stream, 0);
-            let w16 = ptr(self.grow(&mut s.w16, tile * inn, "dequantising a weight for GEMM")?, &self.stream, 0);
-            let (xp, nx) = (ptr(&x.data, &self.stream, 0), (rows * inn) as u64);
-            let mut b = self.stream.launch_builder(self.func("f32_to_f16")?);
-            b.arg(&xp).arg(&x16).arg(&nx);
-            // SAFETY: f32_to_f16(x, y, n): `x` holds `rows × in` floats, the scratch as many.
-            unsafe { self.launch(&mut b, launch::elementwise(rows * inn), "f32_to_f16") }?;
-            let row_bytes = w.dtype.bytes_for(inn).unwrap_or(0);
-            let mut status = cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
-            for o0 in (0..out).step_by(tile.max(1)) {
-                let n_out = (out - o0).min(tile);
-                let n = (n_out * inn) as u64;
-                let wp = ptr(&w.data, &self.stream, o0 * row_bytes);
-                let mut b = self.stream.launch_builder(self.func(&format!("dequant_{fmt}_f16"))?);
-                b.arg(&wp).arg(&w16).arg(&n);
-                // SAFETY: dequant_FMT_f16(w, out, n): from output row `o0`, `w` holds
-                // `n_out × in` values of its format; the f16 scratch holds `tile × in`.
-                unsafe { self.launch(&mut b, launch::dequant(w.dtype, n), "dequant") }?;
-                let yp = ptr(&y.data, &self.stream, o0);
-                // SAFETY: as for Sgemm above, for output rows `o0..o0 + n_out`: C starts at
-                // column-major row `o0` with ldc `out`; the f16 inputs were filled just
-                // before on the same stream; accumulation is f32.
-                status = unsafe {
-                    cb::cublasGemmEx(
-                        *blas.handle(),
-                        cb::cublasOperation_t::CUBLAS_OP_T,
-                        cb::cublasOperation_t::CUBLAS_OP_N,
-                        n_out as i32,
-                        rows as i32,
-                        inn as i32,
-                        &alpha as *const f32 as *const _,
-                        w16 as *const _,
-                        cb::cudaDataType::CUDA_R_16F,
-                        inn as i32,
-                        x16 as *const _,
-                        cb::cudaDataType::CUDA_R_16F,
-                        inn as i32,
-                        &beta as *const f32 as *const _,
-                        yp as *mut _,
-                        cb::cudaDataType::CUDA_R_32F,
-                        out as i32,
-                        cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                        cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                    )
-                };
-                if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                    break;
-                }
-            }
-            status
-        };
-        if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            let what = format!("cuBLAS GEMM ({rows}×{inn} by {out}×{inn})");
-            return Err(match status {
-                cb::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => {
-                    BackendError::OutOfMemory { what, bytes: 0, msg: format!("{status:?}") }
-                }
-                _ => BackendError::Device { op: what, msg: format!("{status:?}") },
-            });
+        let fmt = launch::format_name(w.dtype).unwrap_or_default();
+        let tile = launch::gemm_tile_rows(out, inn);
+        let x16 = ptr(self.grow(&mut s.x16, rows * inn, "converting activations for GEMM")?, &self.stream, 0);
+        let w16 = ptr(self.grow(&mut s.w16, tile * inn, "dequantising a weight for GEMM")?, &self.stream, 0);
+        let nx = (rows * inn) as u64;
+        let mut b = self.stream.launch_builder(self.func("f32_to_f16")?);
+        b.arg(&xp).arg(&x16).arg(&nx);
+        // SAFETY: f32_to_f16(x, y, n): `x` holds `rows × in` floats, the scratch as many.
+        unsafe { self.launch(&mut b, launch::elementwise(rows * inn), "f32_to_f16") }?;
+        let row_bytes = w.dtype.bytes_for(inn).unwrap_or(0);
+        for o0 in (0..out).step_by(tile.max(1)) {
+            let n_out = (out - o0).min(tile);
+            let n = (n_out * inn) as u64;
+            let wp = ptr(&w.data, &self.stream, o0 * row_bytes);
+            let mut b = self.stream.launch_builder(self.func(&format!("dequant_{fmt}_f16"))?);
+            b.arg(&wp).arg(&w16).arg(&n);
+            // SAFETY: dequant_FMT_f16(w, out, n): from output row `o0`, `w` holds
+            // `n_out × in` values of its format; the f16 scratch holds `tile × in`.
+            unsafe { self.launch(&mut b, launch::dequant(w.dtype, n), "dequant") }?;
+            // Output rows `o0..o0 + n_out` start at row `o0` of the column-major C.
+            let tile_shape = GemmShape { out: n_out, ..shape };
+            gemm_ex(blas, tile_shape, (w16, CUDA_R_16F), (x16, CUDA_R_16F), yp + (o0 * 4) as u64)?;
         }
         Ok(())
     }
@@ -711,6 +651,66 @@ impl Backend for CudaBackend {
         check_len(&[x.data.len(), y.data.len()], len, "add")?;
         self.elementwise("add_f32", ptr(&x.data, &self.stream, 0), ptr(&y.data, &self.stream, 0), len)
     }
+}
+
+/// One cuBLAS product `y[rows, out] = x[rows, in] · w[out, in]ᵀ` on row-major data,
+/// `y`'s rows `ldc` apart.
+#[derive(Clone, Copy)]
+struct GemmShape {
+    out: usize,
+    rows: usize,
+    inn: usize,
+    ldc: usize,
+}
+
+/// `cublasGemmEx` on device addresses: in cuBLAS's column-major terms C(out × rows) =
+/// Wᵀ · X with W (in × out, ld in), X (in × rows, ld in) and C (ld `ldc`), accumulated in
+/// f32. `w` and `x` carry their element types.
+fn gemm_ex(
+    blas: &cudarc::cublas::CudaBlas,
+    g: GemmShape,
+    w: (u64, cudarc::cublas::sys::cudaDataType),
+    x: (u64, cudarc::cublas::sys::cudaDataType),
+    y: u64,
+) -> BackendResult<()> {
+    use cudarc::cublas::sys as cb;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // SAFETY: `w` holds `out × in` values and `x` `rows × in` of their types, `y` has
+    // `rows` rows of `ldc ≥ out` floats (the callers size them so); all were written
+    // on the stream the handle is bound to, which orders this call after them.
+    let status = unsafe {
+        cb::cublasGemmEx(
+            *blas.handle(),
+            cb::cublasOperation_t::CUBLAS_OP_T,
+            cb::cublasOperation_t::CUBLAS_OP_N,
+            g.out as i32,
+            g.rows as i32,
+            g.inn as i32,
+            &alpha as *const f32 as *const _,
+            w.0 as *const _,
+            w.1,
+            g.inn as i32,
+            x.0 as *const _,
+            x.1,
+            g.inn as i32,
+            &beta as *const f32 as *const _,
+            y as *mut _,
+            cb::cudaDataType::CUDA_R_32F,
+            g.ldc as i32,
+            cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    };
+    if status == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Ok(());
+    }
+    let what = format!("cuBLAS GEMM ({}×{} by {}×{})", g.rows, g.inn, g.out, g.inn);
+    Err(match status {
+        cb::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => {
+            BackendError::OutOfMemory { what, bytes: 0, msg: format!("{status:?}") }
+        }
+        _ => BackendError::Device { op: what, msg: format!("{status:?}") },
+    })
 }
 
 fn no_scratch() -> BackendError {
