@@ -113,6 +113,17 @@ async fn generate_streams_ndjson_with_final_counters_and_context() {
     assert_eq!(value("strata_layer_hits_total"), value("strata_layer_requests_total"));
     assert_eq!(value("strata_layers_resident"), 2.0);
     assert_eq!(value("strata_storage_read_bytes_total"), 0.0);
+    // Where the model runs: the CPU on a machine without a GPU (as CI is).
+    if !std::path::Path::new("/dev/nvidiactl").exists() {
+        assert_eq!(value("strata_model_vram_bytes"), 0.0);
+        let device = metrics.lines().find(|l| l.starts_with("strata_model_device{")).expect("strata_model_device");
+        assert!(device.contains("model=\"llama3:latest\",device=\"cpu\",name=\"") && device.ends_with("} 1"));
+        let (_, _, health) = send(&app, get("/health")).await;
+        assert_eq!(json(&health)["device"], "cpu");
+        let (_, _, ps) = send(&app, get("/api/ps")).await;
+        let m = &json(&ps)["models"][0];
+        assert_eq!((m["size_vram"].as_u64(), m["device"]["device"].as_str()), (Some(0), Some("cpu")), "{m}");
+    }
     drop(state);
 }
 
