@@ -90,6 +90,10 @@ fn cuda_without_a_driver_is_a_clean_error_and_auto_uses_the_cpu() {
         strata(None, &[], &["perplexity", "strata-demo", "--file", ppl_text.to_str().unwrap(), "--device", "cuda"]);
     assert_clean_failure(&ppl, "no NVIDIA driver");
 
+    // The setting from the environment, and `serve`, which refuses before it listens.
+    assert_clean_failure(&strata(None, &[("STRATA_DEVICE", "cuda:0")], &RUN), "no NVIDIA driver");
+    assert_clean_failure(&strata(None, &[], &["serve", "--device", "cuda", "--port", "0"]), "no NVIDIA driver");
+
     let auto = strata(None, &[], &with_device("auto"));
     assert!(auto.status.success(), "{}", stderr(&auto));
     let bench = strata(None, &[], &["bench", "strata-demo", "--runs", "1", "--gen-tokens", "2", "--json"]);
@@ -117,6 +121,8 @@ fn a_driver_without_devices_or_without_nvrtc_is_named() {
     let failing = [("FAKE_CUDA_INIT", "100")];
     assert_clean_failure(&strata(lib, &failing, &with_device("cuda:0")), "the NVIDIA driver did not initialise");
     assert_clean_failure(&strata(lib, &two, &with_device("cuda:5")), "no CUDA device 5: this machine has 2");
+    let serve = strata(lib, &two, &["serve", "--device", "cuda:2", "--port", "0"]);
+    assert_clean_failure(&serve, "no CUDA device 2: this machine has 2");
     // `auto` falls back to the CPU in every one of these cases.
     for env in [&[][..], &failing[..]] {
         let o = strata(lib, env, &with_device("auto"));

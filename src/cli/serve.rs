@@ -129,6 +129,10 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
         true => vec![(DEMO_NAME.to_string(), DEMO_NAME.to_string())],
         false => args.models.iter().map(|m| model_entry(m)).collect(),
     };
+    // A GPU asked for by name must be usable before the server listens.
+    if let crate::backend::device::DeviceSpec::Cuda(n) = args.run.device {
+        crate::backend::cuda::CudaBackend::check(n).with_context(|| format!("--device cuda:{n}"))?;
+    }
     let opts = ServeOptions {
         models,
         worker: WorkerConfig { run: args.run.to_options()?, keep_alive, max_loaded: args.max_loaded },

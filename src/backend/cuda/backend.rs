@@ -124,7 +124,10 @@ pub enum CudaInitError {
 impl CudaBackend {
     /// Initialises device `ordinal`: the driver, a context and stream, every kernel
     /// (compiled or read from the cache), and cuBLAS when present.
-    pub fn new(ordinal: usize) -> Result<Self, CudaInitError> {
+    /// Whether `cuda:ordinal` can be used, without creating a context: the driver
+    /// loads and initialises, the device exists, and NVRTC is there to compile the
+    /// kernels. `serve` asks this before it starts listening.
+    pub fn check(ordinal: usize) -> Result<(), CudaInitError> {
         super::libs::preload();
         // SAFETY: only probes whether the library can be opened; no symbol is called.
         if !unsafe { sys::is_culib_present() } {
@@ -138,6 +141,11 @@ impl CudaBackend {
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(CudaInitError::NoNvrtc);
         }
+        Ok(())
+    }
+
+    pub fn new(ordinal: usize) -> Result<Self, CudaInitError> {
+        Self::check(ordinal)?;
         let dev_err = |e: DriverError| CudaInitError::Device { ordinal, msg: format!("{e:?}") };
         let ctx = CudaContext::new(ordinal).map_err(dev_err)?;
         // SAFETY: Strata uses one stream per context, so the per-slice events that order
