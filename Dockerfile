@@ -27,6 +27,7 @@ WORKDIR /src
 # oniguruma regex library behind tokenizers is compiled from source with gcc.
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY kernels ./kernels
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
