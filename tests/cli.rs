@@ -110,3 +110,38 @@ fn serve_ps_and_stop_find_the_server_through_its_pid_file() {
     assert!(!again.status.success(), "stop without a server is an error");
     std::fs::remove_dir_all(&home).ok();
 }
+
+#[test]
+fn tokenize_gives_llama_cpp_ids_for_gguf_files() {
+    // The fixtures record llama.cpp's tokenization, special tokens parsed and no BOS
+    // added (tools/make_llamacpp_fixtures.py), as `strata tokenize` does without --special.
+    let gguf = |f: &str| format!("{}/tests/fixtures/gguf/{f}", env!("CARGO_MANIFEST_DIR"));
+    for name in ["qwen2", "llama3", "mistral.f16"] {
+        let reference: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(gguf(&format!("{name}.llamacpp.json"))).unwrap()).unwrap();
+        let model = gguf(&format!("{name}.gguf"));
+        for case in reference["tokenization"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let out = strata(&["tokenize", model.as_str(), text, "--json"]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(got["ids"], case["special"], "{name} {text:?}");
+            assert_eq!(got["pieces"].as_array().unwrap().len(), case["special"].as_array().unwrap().len());
+        }
+        // --special adds what a prompt starts with (llama.cpp's add_bos).
+        let out = strata(&["tokenize", model.as_str(), "Hi", "--json", "--special"]);
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let plain: serde_json::Value =
+            serde_json::from_slice(&strata(&["tokenize", model.as_str(), "Hi", "--json"]).stdout).unwrap();
+        let extra = got["ids"].as_array().unwrap().len() - plain["ids"].as_array().unwrap().len();
+        assert_eq!(extra, reference["add_bos"].as_bool().unwrap() as usize, "{name}");
+    }
+    // One `id<TAB>piece` line per token without --json; a missing model is an error.
+    let out = strata(&["tokenize", "strata-demo", "Hello world"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.is_empty());
+    assert!(text.lines().all(|l| l.split_once('\t').is_some_and(|(id, _)| id.parse::<u32>().is_ok())));
+    let out = strata(&["tokenize", "/no/such/model.gguf", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+}

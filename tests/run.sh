@@ -13,7 +13,9 @@
 # ptxas, both from pinned pip wheels (venv at target/cuda-venv; no GPU needed);
 # STRATA_SKIP_CUDA_TOOLCHAIN=1 skips it. tools/cuda_emu/run.sh runs every kernel on a CPU
 # emulator against numpy and gguf-py references (venv at target/emu-venv, needs g++);
-# STRATA_SKIP_CUDA_EMU=1 skips it.
+# STRATA_SKIP_CUDA_EMU=1 skips it. tools/llamacpp_vocab.sh checks tokenization against
+# llama.cpp's test vocabularies from the llama-cpp-python sdist (downloaded from PyPI into
+# target/, never committed); STRATA_SKIP_LLAMACPP_VOCAB=1 skips it.
 # Fixtures under tests/fixtures/ are committed; tools/make_fixtures.py regenerates them
 # (needs the reference stack in tools/requirements-ref.txt, never needed here).
 set -euo pipefail
@@ -26,6 +28,10 @@ cargo test --release --locked --no-fail-fast "$@" || failed+=("cargo test")
 
 if [[ ${STRATA_SKIP_CUDA_TOOLCHAIN:-0} != 1 ]]; then
   tools/cuda_toolchain.sh || failed+=("CUDA kernel compiles (tools/cuda_toolchain.sh)")
+fi
+
+if [[ ${STRATA_SKIP_LLAMACPP_VOCAB:-0} != 1 ]]; then
+  tools/llamacpp_vocab.sh || failed+=("tokenizer parity with llama.cpp's vocabularies (tools/llamacpp_vocab.sh)")
 fi
 
 if [[ ${STRATA_SKIP_CUDA_EMU:-0} != 1 ]]; then

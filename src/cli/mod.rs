@@ -10,6 +10,7 @@ pub mod pull;
 pub mod run;
 pub mod serve;
 pub mod store_cmds;
+pub mod tokenize;
 pub mod verify;
 
 use clap::{Args, Parser, Subcommand};
@@ -56,6 +57,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Log-probabilities of a model on a text or on a list of token ids.
     Perplexity(perplexity::PerplexityArgs),
+    /// The token ids (and pieces) a model's tokenizer gives a text.
+    Tokenize(tokenize::TokenizeArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
     /// Add a model file or directory, or an Ollama model, to the model store.
@@ -141,6 +144,7 @@ pub fn dispatch(cli: Cli, settings: crate::config::Settings) -> anyhow::Result<(
         Command::Stop(a) => serve::stop(a),
         Command::Run(a) => run::main(a),
         Command::Perplexity(a) => perplexity::main(a),
+        Command::Tokenize(a) => tokenize::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Import(a) => import::main(a),
         Command::List(a) => store_cmds::list(a),

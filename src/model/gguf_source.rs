@@ -308,25 +308,99 @@ fn tokenizer_files(
     })
 }
 
-struct TokenizerFiles {
-    tokenizer_json: String,
-    tokenizer_config_json: String,
-    generation_config_json: String,
+/// The tokenizer files a GGUF's `tokenizer.*` metadata amounts to.
+pub struct TokenizerFiles {
+    pub tokenizer_json: String,
+    pub tokenizer_config_json: String,
+    pub generation_config_json: String,
 }
 
-/// Pre-tokenizer split patterns for the `tokenizer.ggml.pre` values this build knows
-/// (llama.cpp `llama-vocab.cpp`); `None` means GPT-2's own ByteLevel regex.
-fn pre_tokenizer_regex(pre: &str) -> anyhow::Result<Option<&'static str>> {
-    Ok(match pre {
-        "gpt-2" | "default" => None,
-        "llama-bpe" | "llama3" | "smaug-bpe" => Some(
-            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+/// The tokenizer of a GGUF file alone: neither its architecture nor its tensors are read,
+/// so vocabulary-only files (llama.cpp's `ggml-vocab-*.gguf`) work.
+pub fn gguf_tokenizer(path: &Path) -> anyhow::Result<TokenizerFiles> {
+    let f = GgufFile::open(path)?;
+    tokenizer(&f).with_context(|| format!("{}: building the tokenizer", path.display()))
+}
+
+// Pre-tokenizer regexes of llama.cpp (`llama-vocab.cpp`), applied in order: each splits
+// the pieces the previous one left, keeping both the matches and the text between them.
+// GPT-2's, which llama.cpp runs with a hand-written matcher that also takes the final
+// `\s+` alternative of the original (as the `ByteLevel` pre-tokenizer's regex does).
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const SEED_CODER: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+";
+const UFAKZEKA: &str = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const BAILING: &str = r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
+const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const DEEPSEEK_LLM_LETTERS: &str = r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
+const DEEPSEEK3: &str = r"[!\x22#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Whether llama.cpp takes a pre-tokenized word that is itself in the vocabulary as one
+/// token without applying merges (`ignore_merges`), for this `tokenizer.ggml.pre`.
+fn ignores_merges(pre: &str) -> bool {
+    matches!(
+        pre,
+        "llama3"
+            | "llama-v3"
+            | "llama-bpe"
+            | "falcon3"
+            | "falcon-h1"
+            | "pixtral"
+            | "midm-2.0"
+            | "lfm2"
+            | "jina-v5-nano"
+            | "glm4"
+            | "glm5"
+            | "tekken"
+    )
+}
+
+/// The pre-tokenizer of a `tokenizer.ggml.pre` value: `None` for GPT-2's own regex
+/// (the `ByteLevel` pre-tokenizer), else llama.cpp's regexes for that type, in order.
+/// Types llama.cpp splits with hand-written code rather than regexes are refused.
+fn pre_tokenizer_regexes(pre: &str) -> anyhow::Result<Option<Vec<&'static str>>> {
+    Ok(Some(match pre {
+        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum"
+        | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "exaone4" | "mpt" | "olmo" | "jais"
+        | "trillion" | "granite-docling" | "default" => return Ok(None),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
+        | "jina-v5-nano" | "dbrx" | "smaug-bpe" | "chatglm-bpe" | "glm4" | "glm5" => vec![LLAMA3],
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "stablelm2" | "megrez" | "hunyuan" | "solar-open"
+        | "grok-2" => vec![QWEN2],
+        "qwen35" => vec![QWEN35],
+        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
+            vec![r"\p{N}", GPT2]
+        }
+        "falcon" => vec![r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"],
+        "deepseek-llm" => vec![
+            r"[\r\n]",
+            DEEPSEEK_LLM_LETTERS,
+            r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+            r"\s+$",
+            r"[一-龥ࠀ-一가-퟿]+",
+            r"\p{N}+",
+        ],
+        "deepseek-coder" => vec![r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"],
+        "deepseek-v3" | "hunyuan-dense" | "joyai-llm" | "hy_v4" => {
+            vec![r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+", DEEPSEEK3]
+        }
+        "poro-chat" | "bloom" | "gpt3-finnish" => vec![BLOOM],
+        "viking" => vec![BLOOM, r"\p{N}"],
+        "tekken" => vec![TEKKEN],
+        "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => vec![GPT4O],
+        "seed-coder" => vec![SEED_CODER],
+        "ufakzeka" => vec![UFAKZEKA],
+        "bailingmoe" | "bailingmoe2" | "llada-moe" => vec![BAILING],
+        "laguna" => vec![r"[^\n]+|[\n]+", QWEN2],
+        other => bail!(
+            "tokenizer.ggml.pre `{other}` is not supported: llama.cpp splits it with code of its own, or this \
+             build does not know it"
         ),
-        "qwen2" => Some(
-            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-        ),
-        other => bail!("tokenizer.ggml.pre `{other}` is not supported (supported: gpt-2, llama-bpe, qwen2)"),
-    })
+    }))
 }
 
 fn strings(f: &GgufFile, key: &str) -> anyhow::Result<Vec<String>> {
@@ -351,7 +425,7 @@ fn tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
         );
     }
     let pre = f.get_str("tokenizer.ggml.pre").unwrap_or("gpt-2");
-    let regex = pre_tokenizer_regex(pre)?;
+    let regexes = pre_tokenizer_regexes(pre)?;
     let tokens = strings(f, "tokenizer.ggml.tokens")?;
     let types: Vec<i64> = match f.get_array("tokenizer.ggml.token_type") {
         None => vec![1; tokens.len()],
@@ -398,11 +472,18 @@ fn tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
     let add_eos = f.get_bool("tokenizer.ggml.add_eos_token").unwrap_or(false);
 
     let post_processor = post_processor(add_bos, add_eos, bos, eos)?;
-    let pre_tokenizer = match regex {
+    let pre_tokenizer = match regexes {
         None => json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
-        Some(r) => json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": false},
-            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]}),
+        Some(rs) => {
+            let mut steps: Vec<Value> = rs
+                .iter()
+                .map(|r| json!({"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": false}))
+                .collect();
+            steps.push(
+                json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}),
+            );
+            json!({"type": "Sequence", "pretokenizers": steps})
+        }
     };
     // No Unicode normalization, as llama.cpp (the reference for GGUF files) does none,
     // not even for `qwen2`, whose transformers tokenizer applies NFC.
@@ -417,7 +498,8 @@ fn tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
         "post_processor": post_processor,
         "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
         "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+            "ignore_merges": ignores_merges(pre),
             "vocab": vocab, "merges": merges},
     });
 
@@ -551,6 +633,48 @@ fn spm_tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_known_pre_tokenizer_compiles_and_unknown_ones_are_named() {
+        use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+        use tokenizers::tokenizer::SplitDelimiterBehavior;
+        let known = [
+            "gpt-2",
+            "mpt",
+            "olmo",
+            "llama-bpe",
+            "llama3",
+            "dbrx",
+            "glm4",
+            "qwen2",
+            "stablelm2",
+            "qwen35",
+            "starcoder",
+            "smollm",
+            "command-r",
+            "falcon",
+            "deepseek-coder",
+            "deepseek-llm",
+            "deepseek-v3",
+            "poro-chat",
+            "viking",
+            "tekken",
+            "gpt-4o",
+            "seed-coder",
+            "ufakzeka",
+            "bailingmoe",
+            "laguna",
+        ];
+        for pre in known {
+            for r in pre_tokenizer_regexes(pre).unwrap().unwrap_or_default() {
+                Split::new(SplitPattern::Regex(r.to_string()), SplitDelimiterBehavior::Isolated, false)
+                    .unwrap_or_else(|e| panic!("{pre}: {r}: {e}"));
+            }
+        }
+        assert!(ignores_merges("llama-bpe") && !ignores_merges("qwen2"));
+        let err = pre_tokenizer_regexes("kimi-k2").unwrap_err().to_string();
+        assert!(err.contains("`kimi-k2` is not supported"), "{err}");
+    }
 
     #[test]
     fn names_map_to_hugging_face() {
