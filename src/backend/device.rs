@@ -70,6 +70,23 @@ pub fn cpu_model() -> Option<String> {
         .map(|(_, name)| name.trim().to_string())
 }
 
+/// `KEY:   123 kB` of `/proc/meminfo` text, in bytes.
+pub fn meminfo_bytes(text: &str, key: &str) -> Option<u64> {
+    let rest = text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
+    let mut parts = rest.split_whitespace();
+    let n: u64 = parts.next()?.parse().ok()?;
+    match parts.next() {
+        Some("kB") => n.checked_mul(1024),
+        None => Some(n),
+        Some(_) => None,
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes; `None` where it cannot be read.
+pub fn available_memory() -> Option<u64> {
+    meminfo_bytes(&std::fs::read_to_string("/proc/meminfo").ok()?, "MemAvailable")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

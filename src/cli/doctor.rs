@@ -42,6 +42,7 @@ use serde::Serialize;
 use crate::backend::cuda::kernels::{self, KernelFile};
 use crate::backend::cuda::libs::{self, CudaLibs, GpuInfo};
 use crate::backend::cuda::nvrtc::{self, Arch, Compiled, Compiler};
+use crate::backend::device::meminfo_bytes;
 use crate::cli::store_cmds::human_size;
 
 /// The architectures `--compile-kernels` always builds for: A100, RTX 30xx/A10, RTX
@@ -247,18 +248,6 @@ fn cpuinfo_flags() -> Vec<String> {
 fn ram_report() -> RamReport {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     RamReport { total_bytes: meminfo_bytes(&text, "MemTotal"), available_bytes: meminfo_bytes(&text, "MemAvailable") }
-}
-
-/// `KEY:   123 kB` of `/proc/meminfo`, in bytes.
-fn meminfo_bytes(text: &str, key: &str) -> Option<u64> {
-    let rest = text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
-    let mut parts = rest.split_whitespace();
-    let n: u64 = parts.next()?.parse().ok()?;
-    match parts.next() {
-        Some("kB") => n.checked_mul(1024),
-        None => Some(n),
-        Some(_) => None,
-    }
 }
 
 /// Writes a 1 MiB file under `dir`, reads it back through [`crate::sched::io::StorageFile`]

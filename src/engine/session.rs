@@ -368,13 +368,6 @@ pub fn memory_budget(
     }
 }
 
-/// `MemAvailable` of `/proc/meminfo` in bytes; `None` where it cannot be read.
-pub fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb = text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim();
-    kb.parse::<u64>().ok().map(|k| k * 1024)
-}
-
 /// Context length when neither the user nor a small model limit asks for another.
 pub const DEFAULT_CONTEXT: usize = 4096;
 
@@ -388,25 +381,42 @@ pub struct Engine {
     pub device: DeviceInfo,
 }
 
-/// A backend made for `--device`: `auto` tries the first GPU and falls back to the CPU.
-enum Chosen {
-    Cpu(Arc<CpuBackend>),
-    Cuda(Arc<crate::backend::cuda::CudaBackend>),
-}
-
-fn choose_backend(opts: &RunOptions) -> anyhow::Result<Chosen> {
+/// The model on the backend `--device` chooses: `auto` tries the first GPU and falls
+/// back to the CPU.
+fn build_model(
+    source: &ModelSource,
+    config: ModelConfig,
+    context_len: usize,
+    opts: &RunOptions,
+) -> anyhow::Result<(Box<dyn LanguageModel>, DeviceInfo)> {
     use crate::backend::cuda::CudaBackend;
-    let cpu = || Chosen::Cpu(Arc::new(CpuBackend::new(opts.threads)));
+    fn on<B: Backend>(
+        be: Arc<B>,
+        device: DeviceInfo,
+        source: &ModelSource,
+        config: ModelConfig,
+        context_len: usize,
+        opts: &RunOptions,
+    ) -> anyhow::Result<(Box<dyn LanguageModel>, DeviceInfo)> {
+        let sched = memory_budget(source, &config, context_len, opts, be.free_memory());
+        let model = LlamaModel::with_options(config, source, be, &sched)
+            .with_context(|| format!("model `{}` on {}", source.name, device.device))?;
+        Ok((Box::new(model), device))
+    }
+    let cuda = |b: CudaBackend| {
+        let device = DeviceInfo { device: format!("cuda:{}", b.ordinal()), name: b.gpu_name().to_string() };
+        on(Arc::new(b), device, source, config.clone(), context_len, opts)
+    };
+    let cpu =
+        || on(Arc::new(CpuBackend::new(opts.threads)), DeviceInfo::cpu(), source, config.clone(), context_len, opts);
     match opts.device {
-        DeviceSpec::Cpu => Ok(cpu()),
-        DeviceSpec::Cuda(n) => {
-            CudaBackend::new(n).map(|b| Chosen::Cuda(Arc::new(b))).with_context(|| format!("--device cuda:{n}"))
-        }
+        DeviceSpec::Cpu => cpu(),
+        DeviceSpec::Cuda(n) => cuda(CudaBackend::new(n).with_context(|| format!("--device cuda:{n}"))?),
         DeviceSpec::Auto => match CudaBackend::new(0) {
-            Ok(b) => Ok(Chosen::Cuda(Arc::new(b))),
+            Ok(b) => cuda(b),
             Err(e) => {
                 tracing::info!(reason = %e, "no usable GPU: running on the CPU");
-                Ok(cpu())
+                cpu()
             }
         },
     }
@@ -433,19 +443,7 @@ impl Engine {
             0 => config.max_position_embeddings.min(DEFAULT_CONTEXT),
             n => n,
         };
-        let (model, device): (Box<dyn LanguageModel>, DeviceInfo) = match choose_backend(opts)? {
-            Chosen::Cpu(be) => {
-                let sched = memory_budget(&source, &config, context_len, opts, be.free_memory());
-                let m = LlamaModel::with_options(config, &source, be, &sched);
-                (Box::new(m.with_context(|| format!("model `{}`", source.name))?), DeviceInfo::cpu())
-            }
-            Chosen::Cuda(be) => {
-                let info = DeviceInfo { device: format!("cuda:{}", be.ordinal()), name: be.gpu_name().to_string() };
-                let sched = memory_budget(&source, &config, context_len, opts, be.free_memory());
-                let m = LlamaModel::with_options(config, &source, be, &sched);
-                (Box::new(m.with_context(|| format!("model `{}` on {}", source.name, info.device))?), info)
-            }
-        };
+        let (model, device) = build_model(&source, config, context_len, opts)?;
         Ok(Engine { name: source.name, model, tokenizer, context_len, device })
     }
 }

@@ -390,13 +390,15 @@ impl<B: Backend> LlamaModel<B> {
         rows: usize,
         out_rows: usize,
     ) -> Result<&'w mut Workspace<B>, ModelError> {
-        let fits = slot.as_ref().is_some_and(|w| w.rows >= rows && w.out_rows >= out_rows);
-        if !fits {
-            let (old_rows, old_out) = slot.as_ref().map_or((0, 0), |w| (w.rows, w.out_rows));
-            *slot = None; // free the old buffers before allocating the new ones
-            *slot = Some(Workspace::new(&*self.backend, &self.config, rows.max(old_rows), out_rows.max(old_out))?);
-        }
-        slot.as_mut().ok_or(ModelError::ForeignCache)
+        let ws = match slot.take() {
+            Some(w) if w.rows >= rows && w.out_rows >= out_rows => w,
+            // The old buffers are freed (dropped by `map_or`) before the new ones exist.
+            old => {
+                let (old_rows, old_out) = old.map_or((0, 0), |w| (w.rows, w.out_rows));
+                Workspace::new(&*self.backend, &self.config, rows.max(old_rows), out_rows.max(old_out))?
+            }
+        };
+        Ok(slot.insert(ws))
     }
 
     /// A sentence embedding: the mean over positions of the final-norm hidden states,

@@ -55,7 +55,7 @@ impl Backend for CpuBackend {
     }
 
     fn free_memory(&self) -> Option<u64> {
-        crate::engine::session::available_memory()
+        super::device::available_memory()
     }
 
     fn memory_bandwidth(&self) -> Option<f64> {

@@ -124,26 +124,11 @@ pub fn sample(rows: usize) -> Shape {
     Shape::new((rows.max(1) as u32, 1, 1), SAMPLE_BLOCK)
 }
 
-/// The kernel-name suffix of a weight format, or `None` for a format no kernel reads
-/// (the activation formats Q8_1 and Q8_K).
-pub fn format_name(dtype: DType) -> Option<&'static str> {
-    use DType::*;
-    Some(match dtype {
-        F32 => "f32",
-        F16 => "f16",
-        BF16 => "bf16",
-        Q4_0 => "q4_0",
-        Q4_1 => "q4_1",
-        Q5_0 => "q5_0",
-        Q5_1 => "q5_1",
-        Q8_0 => "q8_0",
-        Q4_K => "q4_k",
-        Q5_K => "q5_k",
-        Q6_K => "q6_k",
-        AffineQ4 => "affine_q4",
-        I8 => "i8",
-        Q8_1 | Q8_K => return None,
-    })
+/// The kernel-name suffix of a weight format (its name in lower case: `q4_k`,
+/// `affine_q4`), or `None` for a format no kernel reads (the activation formats Q8_1
+/// and Q8_K).
+pub fn format_name(dtype: DType) -> Option<String> {
+    WEIGHT_FORMATS.contains(&dtype).then(|| dtype.name().to_ascii_lowercase())
 }
 
 /// Every weight format the kernels read.
