@@ -97,9 +97,13 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--llamacpp-extra-bufts", action="store_true",
-                    help="keep llama.cpp's extra buffer types (AMX, repacked layouts)")
+                    help="(the default now; kept so older commands still run)")
+    ap.add_argument("--no-llamacpp-extra-bufts", action="store_true",
+                    help="turn off llama.cpp's extra buffer types (AMX, repacked layouts), for VMs where its "
+                         "AMX path dies with SIGILL; the result is then not a comparison at llama.cpp's "
+                         "default settings and must not be reported as one")
     args = ap.parse_args()
-    if not args.llamacpp_extra_bufts:
+    if args.no_llamacpp_extra_bufts:
         no_extra_buffer_types()
     args.out.mkdir(parents=True, exist_ok=True)
     f16 = args.out / "bench-f16.gguf"
