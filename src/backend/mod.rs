@@ -69,8 +69,15 @@ pub struct TopK {
 pub struct LaunchStats {
     /// Launches since the backend started.
     pub launches: u64,
-    /// Seconds one empty launch takes from enqueue to completion, measured now.
+    /// Seconds one empty launch takes from enqueue to completion (measured once).
     pub latency_s: f64,
+}
+
+impl TopK {
+    /// No entries (a row with nothing to pick from).
+    pub fn empty() -> Self {
+        TopK { ids: Vec::new(), logits: Vec::new(), lse: f32::NEG_INFINITY }
+    }
 }
 
 /// The largest `k` the device top-k supports.

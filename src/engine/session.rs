@@ -6,9 +6,9 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::tokenizer::{TextTokenizer, TokenizerSources};
-use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::device::{DeviceInfo, DeviceSpec};
+use crate::backend::{Backend, TopK};
 use crate::model::config::ModelConfig;
 use crate::model::llama::LlamaModel;
 use crate::model::{LanguageModel, ModelSource};
@@ -250,7 +250,7 @@ impl Session {
 /// the most likely entries (selected on the device).
 enum Next {
     Logits(Vec<f32>),
-    Top(crate::backend::TopK),
+    Top(TopK),
 }
 
 impl Engine {
@@ -264,9 +264,7 @@ impl Engine {
     ) -> Result<Next, ModelError> {
         let mut step = [SeqStep { tokens, cache, all_logits: false }];
         Ok(match cut {
-            Some(k) => Next::Top(self.model.forward_top_k(&mut step, k, cancelled)?.pop().unwrap_or_else(|| {
-                crate::backend::TopK { ids: Vec::new(), logits: Vec::new(), lse: f32::NEG_INFINITY }
-            })),
+            Some(k) => Next::Top(self.model.forward_top_k(&mut step, k, cancelled)?.pop().unwrap_or_else(TopK::empty)),
             None => Next::Logits(self.model.forward_until(&mut step, cancelled)?.pop().unwrap_or_default()),
         })
     }

@@ -330,7 +330,10 @@ impl<B: Backend> LlamaModel<B> {
         let (_, counts, top) = self.run(batch, cancelled, Readback::Top(k.clamp(1, crate::backend::MAX_TOP_K)))?;
         let mut top = top.into_iter();
         // A sequence with no new tokens has no row: it gets an empty answer.
-        Ok(counts.iter().map(|&n| if n == 0 { empty_top() } else { top.next().unwrap_or_else(empty_top) }).collect())
+        Ok(counts
+            .iter()
+            .map(|&n| if n == 0 { TopK::empty() } else { top.next().unwrap_or_else(TopK::empty) })
+            .collect())
     }
 
     /// The layers, then the final norm and head over each sequence's selected rows.
@@ -508,10 +511,6 @@ impl<B: Backend> LlamaModel<B> {
         }
         Ok(())
     }
-}
-
-fn empty_top() -> TopK {
-    TopK { ids: Vec::new(), logits: Vec::new(), lse: f32::NEG_INFINITY }
 }
 
 impl<B: Backend> super::LanguageModel for LlamaModel<B> {

@@ -77,6 +77,8 @@ pub struct CudaBackend {
     used: Arc<AtomicU64>,
     /// Kernel launches so far.
     launches: AtomicU64,
+    /// Seconds one empty launch takes, measured on first request.
+    launch_latency: std::sync::OnceLock<Option<f64>>,
 }
 
 /// Maps a driver error to a backend error, naming GPU memory when that ran out.
@@ -193,6 +195,7 @@ impl CudaBackend {
             }),
             used: Arc::default(),
             launches: AtomicU64::new(0),
+            launch_latency: std::sync::OnceLock::new(),
         })
     }
 
@@ -398,22 +401,25 @@ impl Backend for CudaBackend {
     }
 
     fn launch_stats(&self) -> Option<crate::backend::LaunchStats> {
-        // 500 launches of an empty elementwise kernel (one block, nothing to do), timed
-        // from the first enqueue to the last completion.
         let launches = self.launches.load(Ordering::Relaxed);
-        let f = self.func("add_f32").ok()?;
-        let (zero, n) = (0u64, 0u32);
-        self.stream.synchronize().ok()?;
-        let t = std::time::Instant::now();
-        for _ in 0..500 {
-            let mut b = self.stream.launch_builder(f);
-            b.arg(&zero).arg(&zero).arg(&n);
-            // SAFETY: add_f32(x, y, n) with n = 0 reads and writes nothing, so null
-            // pointers are never dereferenced.
-            unsafe { b.launch(cfg(launch::elementwise(0))) }.ok()?;
-        }
-        self.stream.synchronize().ok()?;
-        Some(crate::backend::LaunchStats { launches, latency_s: t.elapsed().as_secs_f64() / 500.0 })
+        // Measured once: 500 launches of an empty elementwise kernel (one block, nothing
+        // to do), from the first enqueue to the last completion.
+        let latency = *self.launch_latency.get_or_init(|| {
+            let f = self.func("add_f32").ok()?;
+            let (zero, n) = (0u64, 0u32);
+            self.stream.synchronize().ok()?;
+            let t = std::time::Instant::now();
+            for _ in 0..500 {
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&zero).arg(&zero).arg(&n);
+                // SAFETY: add_f32(x, y, n) with n = 0 reads and writes nothing, so null
+                // pointers are never dereferenced.
+                unsafe { b.launch(cfg(launch::elementwise(0))) }.ok()?;
+            }
+            self.stream.synchronize().ok()?;
+            Some(t.elapsed().as_secs_f64() / 500.0)
+        });
+        Some(crate::backend::LaunchStats { launches, latency_s: latency? })
     }
 
     fn alloc(&self, len: usize) -> BackendResult<CudaBuf> {
