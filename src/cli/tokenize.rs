@@ -30,7 +30,7 @@ pub fn load_tokenizer(spec: &str) -> anyhow::Result<TextTokenizer> {
     let path = Path::new(spec);
     let is_gguf = path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     if is_gguf {
-        let f = crate::model::gguf_source::gguf_tokenizer(path)?;
+        let f = crate::model::gguf_vocab::gguf_tokenizer(path)?;
         return TextTokenizer::from_parts(TokenizerSources {
             tokenizer_json: &f.tokenizer_json,
             tokenizer_config_json: Some(&f.tokenizer_config_json),

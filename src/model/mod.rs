@@ -3,6 +3,7 @@
 pub mod config;
 pub mod demo;
 pub mod gguf_source;
+pub mod gguf_vocab;
 pub mod llama;
 
 use std::collections::HashMap;
