@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use strata::backend::cpu::CpuBackend;
-use strata::backend::{AttnParams, Backend, BackendError, BackendResult, RopeFreqs, TopK};
+use strata::backend::{Activation, AttnParams, Backend, BackendError, BackendResult, RopeFreqs, TopK, Unary};
 use strata::model::config::ModelConfig;
 use strata::model::demo::demo_source;
 use strata::model::llama::{LlamaModel, ModelError, SeqStep};
@@ -101,8 +101,11 @@ impl Backend for Recording {
     ) -> BackendResult<()> {
         self.cpu.attention(q, row0, rows, k, v, p, out)
     }
-    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) -> BackendResult<()> {
-        self.cpu.silu_mul(gate, up, len)
+    fn glu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize, act: Activation) -> BackendResult<()> {
+        self.cpu.glu(gate, up, len, act)
+    }
+    fn unary(&self, x: &mut Vec<f32>, len: usize, op: Unary) -> BackendResult<()> {
+        self.cpu.unary(x, len, op)
     }
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> BackendResult<()> {
         self.cpu.add(x, y, len)

@@ -10,7 +10,7 @@
 use strata::backend::cpu::CpuBackend;
 use strata::backend::cuda::CudaBackend;
 use strata::backend::cuda::launch::WEIGHT_FORMATS;
-use strata::backend::{AttnParams, Backend, RopeFreqs};
+use strata::backend::{Activation, AttnParams, Backend, RopeFreqs};
 use strata::tensor::{AlignedBytes, DType, HostTensor};
 
 fn gpu() -> Option<CudaBackend> {
@@ -117,8 +117,8 @@ fn elementwise_norm_and_rope_match_the_cpu_on<G: Backend>(g: &G) {
     c.add(&mut cx, &cy, rows * dim).unwrap();
     g.add(&mut gx, &gy, rows * dim).unwrap();
     check("add", &g.download(&gx, rows * dim).unwrap(), &c.download(&cx, rows * dim).unwrap(), 1e-7);
-    c.silu_mul(&mut cx, &cy, rows * dim).unwrap();
-    g.silu_mul(&mut gx, &gy, rows * dim).unwrap();
+    c.glu(&mut cx, &cy, rows * dim, Activation::Silu).unwrap();
+    g.glu(&mut gx, &gy, rows * dim, Activation::Silu).unwrap();
     check("silu_mul", &g.download(&gx, rows * dim).unwrap(), &c.download(&cx, rows * dim).unwrap(), 1e-7);
 
     for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -231,6 +231,7 @@ fn attention_matches_the_cpu_for_prefill_and_split_decode_on<G: Backend>(g: &G) 
             start_pos: start,
             scale: (hd as f32).powf(-0.5),
             sliding_window: window,
+            softcap: None,
         };
         let (cq, ck, cv) = (c.upload(&q).unwrap(), c.upload(&k).unwrap(), c.upload(&v).unwrap());
         let (gq, gk, gv) = (g.upload(&q).unwrap(), g.upload(&k).unwrap(), g.upload(&v).unwrap());

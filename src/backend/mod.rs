@@ -23,16 +23,38 @@ pub struct AttnParams {
     pub scale: f32,
     /// A query at position `p` sees only keys at positions `> p - window`.
     pub sliding_window: Option<usize>,
+    /// Scores `s` become `cap * tanh(s / cap)` before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
 }
 
-/// Rotary embedding frequencies, one per pair of dimensions (`head_dim / 2` values),
-/// already adjusted for any RoPE scaling.
+/// The activation of a gated MLP (`act(gate) * up`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (SwiGLU).
+    Silu,
+    /// GELU with the tanh approximation (GeGLU, `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// An elementwise map of a buffer onto itself.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unary {
+    /// `x * factor`.
+    Scale(f32),
+    /// `cap * tanh(x / cap)`.
+    Softcap(f32),
+}
+
+/// Rotary embedding frequencies, one per pair of rotated dimensions, already adjusted
+/// for any RoPE scaling. `inv_freq.len()` pairs rotate the first `2 * inv_freq.len()`
+/// dimensions of each head (all of them, `head_dim / 2` values, unless RoPE is partial);
+/// the rest pass through.
 #[derive(Clone, Debug)]
 pub struct RopeFreqs {
     pub inv_freq: Vec<f32>,
     /// Multiplier on cos and sin (1.0 except for scalings such as YaRN).
     pub attention_factor: f32,
-    /// Which dimensions a pair rotates: `i` with `i + head_dim / 2` (false: the
+    /// Which dimensions a pair rotates: `i` with `i + n` for `n = inv_freq.len()` (false: the
     /// "NEOX"/rotate-half layout Hugging Face checkpoints use, and GGUF llama once its
     /// Q/K rows are un-permuted), or `2i` with `2i + 1` (true: GGML's "normal" layout).
     pub interleaved: bool,
@@ -164,8 +186,10 @@ pub trait Backend: Send + Sync + 'static {
         p: &AttnParams,
         out: &mut Self::Buf,
     ) -> BackendResult<()>;
-    /// `gate = silu(gate) * up`, elementwise over `len` values.
-    fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize) -> BackendResult<()>;
+    /// `gate = act(gate) * up`, elementwise over `len` values.
+    fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize, act: Activation) -> BackendResult<()>;
+    /// `x = op(x)`, elementwise over `len` values.
+    fn unary(&self, x: &mut Self::Buf, len: usize, op: Unary) -> BackendResult<()>;
     /// `x += y` elementwise over `len` values.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize) -> BackendResult<()>;
 }

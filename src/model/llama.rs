@@ -495,6 +495,7 @@ impl<B: Backend> LlamaModel<B> {
                     start_pos,
                     scale: (hd as f32).powf(-0.5),
                     sliding_window: c.sliding_window,
+                    softcap: None,
                 };
                 be.attention(q, row0, n, &cache.k[l], &cache.v[l], &p, attn)?;
                 row0 += n;
@@ -505,7 +506,7 @@ impl<B: Backend> LlamaModel<B> {
             be.rms_norm(x, rows, &w.ffn_norm, c.rms_norm_eps, normed)?;
             be.matmul(normed, rows, &w.w_gate, gate)?;
             be.matmul(normed, rows, &w.w_up, up)?;
-            be.silu_mul(gate, up, rows * c.intermediate_size)?;
+            be.glu(gate, up, rows * c.intermediate_size, crate::backend::Activation::Silu)?;
             be.matmul(gate, rows, &w.w_down, proj)?;
             be.add(x, proj, rows * h)?;
         }

@@ -4,7 +4,7 @@ pub mod matmul;
 
 use rayon::prelude::*;
 
-use super::{AttnParams, Backend, BackendResult, RopeFreqs, TopK};
+use super::{Activation, AttnParams, Backend, BackendResult, RopeFreqs, TopK, Unary};
 use crate::tensor::HostTensor;
 
 pub struct CpuBackend {
@@ -133,11 +133,12 @@ impl Backend for CpuBackend {
         positions: &[u32],
         freqs: &RopeFreqs,
     ) -> BackendResult<()> {
-        let half = head_dim / 2;
+        // Partial RoPE rotates the first `2 * half` dimensions of each head.
+        let half = freqs.inv_freq.len().min(head_dim / 2);
         let mut cos = vec![0.0f32; half];
         let mut sin = vec![0.0f32; half];
         for (row, &pos) in x.chunks_exact_mut(n_heads * head_dim).zip(positions) {
-            for (i, &f) in freqs.inv_freq.iter().enumerate() {
+            for (i, &f) in freqs.inv_freq[..half].iter().enumerate() {
                 let angle = pos as f32 * f;
                 cos[i] = angle.cos() * freqs.attention_factor;
                 sin[i] = angle.sin() * freqs.attention_factor;
@@ -195,6 +196,9 @@ impl Backend for CpuBackend {
             let kv_off = (h / group) * hd;
             scores.clear();
             scores.extend((first..=pos).map(|j| matmul::dot(qh, &k[j * kv_width + kv_off..][..hd]) * p.scale));
+            if let Some(cap) = p.softcap {
+                scores.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+            }
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0f32;
             for s in scores.iter_mut() {
@@ -215,13 +219,22 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) -> BackendResult<()> {
-        let f = |(g, u): (&mut [f32], &[f32])| {
-            for (g, &u) in g.iter_mut().zip(u) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
+    fn glu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize, act: Activation) -> BackendResult<()> {
+        let f = |(g, u): (&mut [f32], &[f32])| match act {
+            Activation::Silu => g.iter_mut().zip(u).for_each(|(g, &u)| *g = *g / (1.0 + (-*g).exp()) * u),
+            Activation::GeluTanh => g.iter_mut().zip(u).for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
         };
         self.elementwise(&mut gate[..len], &up[..len], f);
+        Ok(())
+    }
+
+    fn unary(&self, x: &mut Vec<f32>, len: usize, op: Unary) -> BackendResult<()> {
+        for v in &mut x[..len] {
+            *v = match op {
+                Unary::Scale(f) => *v * f,
+                Unary::Softcap(cap) => cap * (*v / cap).tanh(),
+            };
+        }
         Ok(())
     }
 
@@ -229,6 +242,12 @@ impl Backend for CpuBackend {
         self.elementwise(&mut x[..len], &y[..len], |(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
         Ok(())
     }
+}
+
+/// GELU with the tanh approximation, as PyTorch's `gelu(x, approximate="tanh")`.
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
 }
 
 /// The `k` largest logits of a row, largest first (lower id first on ties, NaN never

@@ -16,7 +16,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr
 use cudarc::driver::{LaunchArgs, PushKernelArg, sys};
 
 use super::launch::{self, Shape};
-use crate::backend::{AttnParams, Backend, BackendError, BackendResult, MAX_TOP_K, RopeFreqs, TopK};
+use crate::backend::{Activation, AttnParams, Backend, BackendError, BackendResult, MAX_TOP_K, RopeFreqs, TopK, Unary};
 use crate::tensor::{DType, HostTensor};
 
 /// Device memory held by one allocation, counted in the backend's total while it lives.
@@ -553,6 +553,9 @@ impl Backend for CudaBackend {
         positions: &[u32],
         freqs: &RopeFreqs,
     ) -> BackendResult<()> {
+        if freqs.inv_freq.len() != head_dim / 2 {
+            return Err(unsupported("partial RoPE"));
+        }
         let mut s = self.scratch();
         let pos = self.grow(&mut s.positions, positions.len(), "positions")?;
         self.put(positions, pos, "positions")?;
@@ -610,6 +613,9 @@ impl Backend for CudaBackend {
         if rows == 0 {
             return Ok(());
         }
+        if p.softcap.is_some() {
+            return Err(unsupported("attention softcapping"));
+        }
         if p.head_dim > launch::MAX_HEAD_DIM {
             return Err(BackendError::Compile(format!(
                 "head_dim {} exceeds the kernels' {}",
@@ -656,9 +662,17 @@ impl Backend for CudaBackend {
         unsafe { self.launch(&mut b, launch::attn_combine(rows, p.n_heads, p.head_dim), "attention") }
     }
 
-    fn silu_mul(&self, gate: &mut CudaBuf, up: &CudaBuf, len: usize) -> BackendResult<()> {
-        check_len(&[gate.data.len(), up.data.len()], len, "silu_mul")?;
-        self.elementwise("silu_mul_f32", ptr(&gate.data, &self.stream, 0), ptr(&up.data, &self.stream, 0), len)
+    fn glu(&self, gate: &mut CudaBuf, up: &CudaBuf, len: usize, act: Activation) -> BackendResult<()> {
+        check_len(&[gate.data.len(), up.data.len()], len, "glu")?;
+        let kernel = match act {
+            Activation::Silu => "silu_mul_f32",
+            Activation::GeluTanh => return Err(unsupported("GeLU-gated MLP")),
+        };
+        self.elementwise(kernel, ptr(&gate.data, &self.stream, 0), ptr(&up.data, &self.stream, 0), len)
+    }
+
+    fn unary(&self, _x: &mut CudaBuf, _len: usize, _op: Unary) -> BackendResult<()> {
+        Err(unsupported("elementwise scale/softcap"))
     }
 
     fn add(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) -> BackendResult<()> {
@@ -729,6 +743,11 @@ fn gemm_ex(
 
 fn no_scratch() -> BackendError {
     BackendError::Device { op: "scratch".into(), msg: "a scratch buffer is missing".into() }
+}
+
+/// An op the CUDA kernels do not implement yet.
+fn unsupported(what: &str) -> BackendError {
+    BackendError::Compile(format!("{what} has no CUDA kernel yet"))
 }
 
 fn check_len(lens: &[usize], need: usize, op: &str) -> BackendResult<()> {
