@@ -14,7 +14,9 @@
 // and head h = blockIdx.x % n_heads, over the keys j of split s = blockIdx.y:
 //   first <= j <= pos, s·split_len <= j < (s+1)·split_len,
 //   first = pos + 1 − window if window > 0 and pos + 1 > window, else 0,
-// with score_j = (q · k_j) · scale, m = max score, writes at
+// with score_j = (q · k_j) · scale, then, when softcap != 0,
+// score_j = softcap · tanh(score_j / softcap) (Gemma 2; 0 turns it off), m = max score,
+// writes at
 // part[((r·n_heads + h)·splits + s)·(head_dim + 2)]:
 //   [0, head_dim)  acc = Σ_j e^(score_j − m) · v_j
 //   [head_dim]     m  (−inf for an empty slice)
@@ -27,8 +29,8 @@
 extern "C" __global__ void __launch_bounds__(128)
     attn_partial_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                      float* __restrict__ part, unsigned int start_pos, unsigned int n_heads,
-                     unsigned int n_kv_heads, unsigned int head_dim, float scale, unsigned int window,
-                     unsigned int split_len) {
+                     unsigned int n_kv_heads, unsigned int head_dim, float scale, float softcap,
+                     unsigned int window, unsigned int split_len) {
     __shared__ float sm_m[ATTN_WARPS];
     __shared__ float sm_l[ATTN_WARPS];
     __shared__ float sm_acc[ATTN_WARPS][ATTN_MAX_HEAD_DIM];
@@ -99,7 +101,9 @@ extern "C" __global__ void __launch_bounds__(128)
             float m_new = m;
 #pragma unroll
             for (unsigned int t = 0; t < ATTN_KPI; ++t) {
-                sc[t] = (j + (unsigned long long)t * nw < hi) ? dot[t] * scale : NEG_INF;
+                float st = dot[t] * scale;
+                if (softcap != 0.0f) st = strata_softcap(st, softcap);  // uniform
+                sc[t] = (j + (unsigned long long)t * nw < hi) ? st : NEG_INF;
                 m_new = fmaxf(m_new, sc[t]);
             }
             const float corr = strata_exp_diff(m, m_new);  // 0 while m is −inf

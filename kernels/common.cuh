@@ -173,6 +173,12 @@ __device__ __forceinline__ float strata_exp_diff(float a, float b) {
     return (a == strata_neg_inf()) ? 0.0f : expf(a - b);
 }
 
+// cap · tanh(x / cap): logit softcapping (Gemma 2), the CPU's evaluation order. Any
+// non-zero cap works (the sign of cap does not change the result).
+__device__ __forceinline__ float strata_softcap(float x, float cap) {
+    return cap * tanhf(x / cap);
+}
+
 // Orderable key of an f32: larger key <=> larger value in IEEE totalOrder (Rust's
 // f32::total_cmp): −NaN < −inf < … < −0 < +0 < … < +inf < +NaN.
 __device__ __forceinline__ unsigned int f32_order_key(float f) {

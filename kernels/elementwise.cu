@@ -33,6 +33,31 @@ extern "C" __global__ void __launch_bounds__(256) silu_mul_f32(float* __restrict
     }
 }
 
+// g[i] = gelu_tanh(g[i]) * u[i], with PyTorch's gelu(approximate="tanh")
+//   gelu_tanh(a) = 0.5·a·(1 + tanh(√(2/π)·(a + 0.044715·a³)))
+// in the CPU's evaluation order (src/backend/cpu/mod.rs `gelu_tanh`), i < n.
+// Grid ceil(n / 256), block 256.
+extern "C" __global__ void __launch_bounds__(256) gelu_mul_f32(float* __restrict__ g, const float* __restrict__ u,
+                                                               unsigned int n) {
+    const float SQRT_2_OVER_PI = 0.7978846f;
+    GRID_STRIDE_LOOP(i, (unsigned long long)n) {
+        const float a = g[i];
+        const float inner = SQRT_2_OVER_PI * (a + 0.044715f * a * a * a);
+        g[i] = 0.5f * a * (1.0f + tanhf(inner)) * u[i];
+    }
+}
+
+// x[i] *= factor, i < n. Grid ceil(n / 256), block 256.
+extern "C" __global__ void __launch_bounds__(256) scale_f32(float* __restrict__ x, unsigned int n, float factor) {
+    GRID_STRIDE_LOOP(i, (unsigned long long)n) { x[i] *= factor; }
+}
+
+// x[i] = cap · tanh(x[i] / cap) (logit softcapping), i < n; cap != 0.
+// Grid ceil(n / 256), block 256.
+extern "C" __global__ void __launch_bounds__(256) softcap_f32(float* __restrict__ x, unsigned int n, float cap) {
+    GRID_STRIDE_LOOP(i, (unsigned long long)n) { x[i] = strata_softcap(x[i], cap); }
+}
+
 // y[i] = f16 bits of x[i], round to nearest even (inf/NaN/subnormals handled), i < n.
 // Grid ceil(n / 256) (may be capped: grid-stride), block 256.
 extern "C" __global__ void __launch_bounds__(256) f32_to_f16(const float* __restrict__ x, unsigned short* __restrict__ y,

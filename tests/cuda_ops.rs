@@ -10,7 +10,7 @@
 use strata::backend::cpu::CpuBackend;
 use strata::backend::cuda::CudaBackend;
 use strata::backend::cuda::launch::WEIGHT_FORMATS;
-use strata::backend::{Activation, AttnParams, Backend, RopeFreqs};
+use strata::backend::{Activation, AttnParams, Backend, RopeFreqs, Unary};
 use strata::tensor::{AlignedBytes, DType, HostTensor};
 
 fn gpu() -> Option<CudaBackend> {
@@ -120,6 +120,23 @@ fn elementwise_norm_and_rope_match_the_cpu_on<G: Backend>(g: &G) {
     c.glu(&mut cx, &cy, rows * dim, Activation::Silu).unwrap();
     g.glu(&mut gx, &gy, rows * dim, Activation::Silu).unwrap();
     check("silu_mul", &g.download(&gx, rows * dim).unwrap(), &c.download(&cx, rows * dim).unwrap(), 1e-7);
+    // GeGLU on fresh values (wide enough to reach both saturated tails of the GELU).
+    let gate = values(rows * dim, 6, 6.0);
+    let (mut cg, mut gg) = (c.upload(&gate).unwrap(), g.upload(&gate).unwrap());
+    c.glu(&mut cg, &cy, rows * dim, Activation::GeluTanh).unwrap();
+    g.glu(&mut gg, &gy, rows * dim, Activation::GeluTanh).unwrap();
+    check("gelu_mul", &g.download(&gg, rows * dim).unwrap(), &c.download(&cg, rows * dim).unwrap(), 1e-7);
+    // Scale and softcap in place, over a prefix of the buffer (the rest must not change).
+    let n = rows * dim - 5;
+    for op in [Unary::Scale(0.125), Unary::Scale(-3.0), Unary::Softcap(30.0), Unary::Softcap(0.5)] {
+        let logits = values(rows * dim, 9, 40.0);
+        let (mut cl, mut gl) = (c.upload(&logits).unwrap(), g.upload(&logits).unwrap());
+        c.unary(&mut cl, n, op).unwrap();
+        g.unary(&mut gl, n, op).unwrap();
+        let (got, want) = (g.download(&gl, rows * dim).unwrap(), c.download(&cl, rows * dim).unwrap());
+        assert_eq!(got[n..], logits[n..], "unary {op:?} wrote past `len`");
+        check(&format!("unary {op:?}"), &got, &want, 1e-7);
+    }
 
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         let w = HostTensor::from_f32(&values(dim, 3, 1.0), vec![dim]);
@@ -155,6 +172,22 @@ fn elementwise_norm_and_rope_match_the_cpu_on<G: Backend>(g: &G) {
         g.rope(&mut gv, n_heads, head_dim, &positions, &freqs).unwrap();
         let what = format!("rope (interleaved {interleaved}, head_dim {head_dim}, factor {factor})");
         check(&what, &g.download(&gv, v.len()).unwrap(), &c.download(&cv, v.len()).unwrap(), 1e-7);
+    }
+    // Partial RoPE: only the first `2 * pairs` dimensions of each head rotate.
+    for (interleaved, head_dim, pairs) in [(false, 128, 16), (true, 128, 16), (false, 80, 16), (true, 64, 8)] {
+        let n_heads = 3;
+        let inv_freq = (0..pairs).map(|i| 1.0 / 10_000f32.powf(i as f32 / pairs as f32)).collect();
+        let freqs = RopeFreqs { inv_freq, attention_factor: 1.0, interleaved };
+        let positions = [0u32, 9, 2047];
+        let v = values(positions.len() * n_heads * head_dim, 10, 1.0);
+        let (mut cv, mut gv) = (c.upload(&v).unwrap(), g.upload(&v).unwrap());
+        c.rope(&mut cv, n_heads, head_dim, &positions, &freqs).unwrap();
+        g.rope(&mut gv, n_heads, head_dim, &positions, &freqs).unwrap();
+        let want = c.download(&cv, v.len()).unwrap();
+        // The pass-through dimensions are untouched on the CPU too: the check is not vacuous.
+        assert_eq!(want[head_dim - 1], v[head_dim - 1]);
+        let what = format!("partial rope (interleaved {interleaved}, head_dim {head_dim}, {pairs} pairs)");
+        check(&what, &g.download(&gv, v.len()).unwrap(), &want, 1e-7);
     }
 
     let (mut cd, mut gd) = (c.alloc(5 * 64).unwrap(), g.alloc(5 * 64).unwrap());
@@ -209,17 +242,23 @@ fn attention_matches_the_cpu_for_prefill_and_split_decode() {
 
 fn attention_matches_the_cpu_for_prefill_and_split_decode_on<G: Backend>(g: &G) {
     let c = CpuBackend::new(2);
-    // (n_heads, n_kv_heads, head_dim, start_pos, rows, window)
+    // (n_heads, n_kv_heads, head_dim, start_pos, rows, window, softcap)
     let cases = [
-        (4, 4, 64, 0, 7, None),
-        (8, 2, 128, 0, 33, None),
-        (8, 2, 128, 600, 1, None),
-        (8, 2, 128, 5000, 1, None),
-        (8, 2, 64, 40, 5, Some(16)),
-        (32, 8, 128, 3000, 2, Some(1024)),
-        (4, 1, 256, 300, 3, None),
+        (4, 4, 64, 0, 7, None, None),
+        (8, 2, 128, 0, 33, None, None),
+        (8, 2, 128, 600, 1, None, None),
+        (8, 2, 128, 5000, 1, None, None),
+        (8, 2, 64, 40, 5, Some(16), None),
+        (32, 8, 128, 3000, 2, Some(1024), None),
+        (4, 1, 256, 300, 3, None, None),
+        // Softcapped scores (Gemma 2 caps at 50; 0.5 reshapes every score here), in
+        // prefill, split decode and with a sliding window.
+        (8, 4, 256, 0, 9, None, Some(50.0)),
+        (8, 2, 128, 0, 6, None, Some(0.5)),
+        (8, 2, 128, 5000, 1, None, Some(0.5)),
+        (8, 4, 64, 40, 5, Some(16), Some(1.5)),
     ];
-    for (n_heads, n_kv, hd, start, rows, window) in cases {
+    for (n_heads, n_kv, hd, start, rows, window, softcap) in cases {
         let cap = start + rows + 3;
         let (qw, kvw) = (n_heads * hd, n_kv * hd);
         let q = values((rows + 2) * qw, 11, 1.0);
@@ -231,7 +270,7 @@ fn attention_matches_the_cpu_for_prefill_and_split_decode_on<G: Backend>(g: &G) 
             start_pos: start,
             scale: (hd as f32).powf(-0.5),
             sliding_window: window,
-            softcap: None,
+            softcap,
         };
         let (cq, ck, cv) = (c.upload(&q).unwrap(), c.upload(&k).unwrap(), c.upload(&v).unwrap());
         let (gq, gk, gv) = (g.upload(&q).unwrap(), g.upload(&k).unwrap(), g.upload(&v).unwrap());
@@ -240,7 +279,9 @@ fn attention_matches_the_cpu_for_prefill_and_split_decode_on<G: Backend>(g: &G) 
         c.attention(&cq, 1, rows, &ck, &cv, &p, &mut co).unwrap();
         g.attention(&gq, 1, rows, &gk, &gv, &p, &mut go).unwrap();
         let (got, want) = (g.download(&go, (rows + 2) * qw).unwrap(), c.download(&co, (rows + 2) * qw).unwrap());
-        let what = format!("attention heads {n_heads}/{n_kv} hd {hd} start {start} rows {rows} window {window:?}");
+        let what = format!(
+            "attention heads {n_heads}/{n_kv} hd {hd} start {start} rows {rows} window {window:?} softcap {softcap:?}"
+        );
         check(&what, &got[qw..(rows + 1) * qw], &want[qw..(rows + 1) * qw], 5e-4);
     }
 }

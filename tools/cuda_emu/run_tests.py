@@ -87,6 +87,9 @@ SIGS: dict[str, list[tuple[str, str]]] = {
         ("add_f32", "float* x, const float* y, unsigned n"),
         ("add_bias_f32", "float* x, const float* b, unsigned rows, unsigned width"),
         ("silu_mul_f32", "float* g, const float* u, unsigned n"),
+        ("gelu_mul_f32", "float* g, const float* u, unsigned n"),
+        ("scale_f32", "float* x, unsigned n, float factor"),
+        ("softcap_f32", "float* x, unsigned n, float cap"),
         ("f32_to_f16", "const float* x, unsigned short* y, unsigned long long n"),
     ],
     "norm.cu": [
@@ -94,7 +97,7 @@ SIGS: dict[str, list[tuple[str, str]]] = {
     ],
     "rope.cu": [
         ("rope_f32", "float* x, const unsigned* pos, const float* inv_freq, unsigned n_heads, "
-                     "unsigned head_dim, float attn_factor, int interleaved"),
+                     "unsigned head_dim, unsigned n_pairs, float attn_factor, int interleaved"),
     ],
     "embedding.cu": [
         (f"embed_{f}", "const unsigned char* table, const unsigned* ids, float* out, unsigned dim")
@@ -112,7 +115,8 @@ SIGS: dict[str, list[tuple[str, str]]] = {
     "attention.cu": [
         ("attn_partial_f32", "const float* q, const float* k, const float* v, float* part, "
                              "unsigned start_pos, unsigned n_heads, unsigned n_kv_heads, "
-                             "unsigned head_dim, float scale, unsigned window, unsigned split_len"),
+                             "unsigned head_dim, float scale, float softcap, unsigned window, "
+                             "unsigned split_len"),
         ("attn_combine_f32", "const float* part, float* out, unsigned splits, unsigned head_dim"),
     ],
     "sample.cu": [
@@ -582,6 +586,47 @@ def cases_elementwise():
     for n in (1, 1000, 4097):
         cs.append(Case(f"silu_mul_f32 n={n}", "silu_mul_f32", silu(n)))
 
+    def gelu(n, grid=None):
+        def run(c, rng):
+            g = (rng.standard_normal(n) * 3).astype(np.float32)
+            if n >= 16:  # saturated tails and zero
+                g[:5] = np.array([-100.0, 100.0, 0.0, -8.0, 12.0], dtype=np.float32)
+            u = rng.standard_normal(n).astype(np.float32)
+            bg, bu = c.buf(g, True), c.buf(u)
+            c.launch("gelu_mul_f32", (grid or cdiv(n, 256),), (256,), bg, bu, n)
+            gd = g.astype(np.float64)
+            ref = 0.5 * gd * (1 + np.tanh(math.sqrt(2 / math.pi) * (gd + 0.044715 * gd ** 3))) * u
+            return compare_nmse("g", bg.read(), ref, 1e-7)
+        return run
+    for n in (1, 1000, 4097):
+        cs.append(Case(f"gelu_mul_f32 n={n}", "gelu_mul_f32", gelu(n)))
+    cs.append(Case("gelu_mul_f32 n=4097 capped grid 3", "gelu_mul_f32", gelu(4097, 3)))
+
+    def scale(n, factor, grid=None):
+        def run(c, rng):
+            x = (rng.standard_normal(n) * 10).astype(np.float32)
+            bx = c.buf(x, True)
+            c.launch("scale_f32", (grid or cdiv(n, 256),), (256,), bx, n, np.float32(factor))
+            return compare_nmse("x", bx.read(), x.astype(np.float64) * np.float32(factor), 1e-7)
+        return run
+    for n, factor in ((1, 0.125), (1000, -3.5), (4097, 48.0)):
+        cs.append(Case(f"scale_f32 n={n} factor={factor}", "scale_f32", scale(n, factor)))
+    cs.append(Case("scale_f32 n=4097 factor=0.5 capped grid 3", "scale_f32", scale(4097, 0.5, 3)))
+
+    def softcap(n, cap, grid=None):
+        def run(c, rng):
+            x = (rng.standard_normal(n) * 2 * abs(cap)).astype(np.float32)
+            if n >= 16:  # saturation, zero, infinities
+                x[:6] = np.array([0.0, -0.0, 1e30, -1e30, np.inf, -np.inf], dtype=np.float32)
+            bx = c.buf(x, True)
+            c.launch("softcap_f32", (grid or cdiv(n, 256),), (256,), bx, n, np.float32(cap))
+            capd = float(np.float32(cap))
+            return compare_nmse("x", bx.read(), capd * np.tanh(x.astype(np.float64) / capd), 1e-7)
+        return run
+    for n, cap in ((1, 30.0), (1000, 50.0), (4097, 0.75), (300, -5.0)):
+        cs.append(Case(f"softcap_f32 n={n} cap={cap}", "softcap_f32", softcap(n, cap)))
+    cs.append(Case("softcap_f32 n=4097 cap=30.0 capped grid 3", "softcap_f32", softcap(4097, 30.0, 3)))
+
     def to_f16(n, grid=None):
         def run(c, rng):
             x = (rng.standard_normal(n) * np.exp(rng.uniform(-20, 12, n))).astype(np.float32)
@@ -630,31 +675,32 @@ def cases_rope():
     import numpy as np
     cs = []
 
-    def rope(rows, n_heads, hd, inter, factor, maxpos):
+    def rope(rows, n_heads, hd, inter, factor, maxpos, pairs=None):
+        # `pairs` < hd/2: partial RoPE (only the first 2·pairs dims rotate); > hd/2: the
+        # kernel must clamp to hd/2 (kernels/ABI_NOTES.md).
         def run(c, rng):
-            half = hd // 2
+            n_arg = hd // 2 if pairs is None else pairs
+            npr = min(n_arg, hd // 2)  # pairs that rotate
             x = rng.standard_normal((rows, n_heads * hd)).astype(np.float32)
             pos = rng.integers(1, maxpos, size=rows).astype(np.uint32)
             pos[0] = maxpos - 1
             if rows > 2:
                 pos[-1] = 0
-            inv = (10000.0 ** (-np.arange(half, dtype=np.float64) * 2 / hd)).astype(np.float32)
+            inv = (10000.0 ** (-np.arange(n_arg, dtype=np.float64) * 2 / (2 * npr))).astype(np.float32)
             bx, bp, bi = c.buf(x, True), c.buf(pos), c.buf(inv)
-            c.launch("rope_f32", (rows, n_heads), (half,), bx, bp, bi, n_heads, hd, np.float32(factor), inter)
-            ang = (pos[:, None].astype(np.float32) * inv[None, :]).astype(np.float64)  # f32 angle, as the kernel
+            c.launch("rope_f32", (rows, n_heads), (n_arg,), bx, bp, bi, n_heads, hd, n_arg, np.float32(factor),
+                     inter)
+            ang = (pos[:, None].astype(np.float32) * inv[None, :npr]).astype(np.float64)  # f32 angle, as the kernel
             cs_, sn = np.cos(ang) * factor, np.sin(ang) * factor
             xr = x.astype(np.float64).reshape(rows, n_heads, hd)
             if inter:
-                a, b = xr[..., 0::2], xr[..., 1::2]
+                ia, ib = np.arange(npr) * 2, np.arange(npr) * 2 + 1
             else:
-                a, b = xr[..., :half], xr[..., half:]
+                ia, ib = np.arange(npr), np.arange(npr) + npr
+            a, b = xr[..., ia], xr[..., ib]
             c_, s_ = cs_[:, None, :], sn[:, None, :]
-            na, nb = a * c_ - b * s_, a * s_ + b * c_
-            ref = np.empty_like(xr)
-            if inter:
-                ref[..., 0::2], ref[..., 1::2] = na, nb
-            else:
-                ref[..., :half], ref[..., half:] = na, nb
+            ref = xr.copy()  # dims past 2·npr pass through
+            ref[..., ia], ref[..., ib] = a * c_ - b * s_, a * s_ + b * c_
             return compare_nmse("x", bx.read(), ref.reshape(rows, n_heads * hd), 1e-7)
         return run
     for rows, nh, hd, inter, factor, maxpos in (
@@ -662,6 +708,14 @@ def cases_rope():
             (2, 2, 64, 1, 0.8, 300), (5, 1, 128, 0, 1.2, 9000), (2, 3, 96, 0, 1.0, 100), (2, 3, 96, 1, 1.0, 100)):
         cs.append(Case(f"rope_f32 rows={rows} n_heads={nh} head_dim={hd} {'interleaved' if inter else 'neox'} "
                        f"attn_factor={factor} pos<{maxpos}", "rope_f32", rope(rows, nh, hd, inter, factor, maxpos)))
+    # partial RoPE: head_dim 128 at 1/4 (StableLM), 80 with 16 pairs (Phi-2), 64 with 1 pair
+    for rows, nh, hd, inter, factor, maxpos, pairs in (
+            (3, 4, 128, 0, 1.0, 4000, 16), (3, 4, 128, 1, 1.0, 4000, 16), (2, 3, 80, 0, 1.0, 2000, 16),
+            (2, 3, 80, 1, 0.9, 2000, 16), (2, 2, 64, 0, 1.0, 100, 1), (2, 2, 64, 0, 1.0, 100, 35)):
+        what = "clamped" if pairs > hd // 2 else "partial"
+        cs.append(Case(f"rope_f32 {what} rows={rows} n_heads={nh} head_dim={hd} n_pairs={pairs} "
+                       f"{'interleaved' if inter else 'neox'} attn_factor={factor} pos<{maxpos}", "rope_f32",
+                       rope(rows, nh, hd, inter, factor, maxpos, pairs)))
     return cs
 
 
@@ -744,7 +798,7 @@ def cases_matvec():
     return cs
 
 
-def attn_ref_partial(q, k, v, start_pos, nh, nkv, hd, scale, window, split_len, splits):
+def attn_ref_partial(q, k, v, start_pos, nh, nkv, hd, scale, window, split_len, splits, softcap=0.0):
     import numpy as np
     rows = q.shape[0]
     part = np.zeros((rows, nh, splits, hd + 2))
@@ -763,6 +817,9 @@ def attn_ref_partial(q, k, v, start_pos, nh, nkv, hd, scale, window, split_len, 
                     part[r, h, s, hd] = -np.inf
                     continue
                 sc = np.float32(scale) * (kd[lo:hi, kh] @ qd[r, h])
+                if softcap != 0:
+                    cap = float(np.float32(softcap))
+                    sc = cap * np.tanh(sc / cap)
                 m = sc.max()
                 e = np.exp(sc - m)
                 part[r, h, s, :hd] = e @ vd[lo:hi, kh]
@@ -805,14 +862,14 @@ def cases_attention():
         s3 = compare_nmse("part.l", z1(got[..., hd + 1]), z1(ref[..., hd + 1]), 5e-4)
         return f"{s1} m_{s2.split(' ')[1]} l_{s3.split(' ')[1]} ({int(empty.sum())} empty slices)"
 
-    def attn(rows, start, nh, nkv, hd, window, split_len, splits, mode):
+    def attn(rows, start, nh, nkv, hd, window, split_len, splits, softcap, mode):
         def run(c, rng):
             cap = start + rows
             q = rng.standard_normal((rows, nh * hd)).astype(np.float32)
             k = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
             v = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
             scale = 1.0 / math.sqrt(hd)
-            ref = attn_ref_partial(q, k, v, start, nh, nkv, hd, scale, window, split_len, splits)
+            ref = attn_ref_partial(q, k, v, start, nh, nkv, hd, scale, window, split_len, splits, softcap)
             if mode == "combine":
                 bp, bo = c.buf(ref.astype(np.float32)), c.out((rows, nh * hd), np.float32)
                 c.launch("attn_combine_f32", (rows * nh,), (hd,), bp, bo, splits, hd)
@@ -821,7 +878,7 @@ def cases_attention():
             bq, bk, bv = c.buf(q), c.buf(k), c.buf(v)
             bp = c.out((rows, nh, splits, hd + 2), np.float32)
             c.launch("attn_partial_f32", (rows * nh, splits), (128,), bq, bk, bv, bp, start, nh, nkv, hd,
-                     np.float32(scale), window, split_len)
+                     np.float32(scale), np.float32(softcap), window, split_len)
             got = bp.read()
             s = compare_part(got.astype(np.float64), ref, hd)
             if mode == "partial":
@@ -833,7 +890,7 @@ def cases_attention():
         return run
 
     shapes = [
-        # rows, start_pos, n_heads, n_kv_heads, head_dim, window, split_len, splits
+        # rows, start_pos, n_heads, n_kv_heads, head_dim, window, split_len, splits[, softcap]
         (1, 37, 4, 2, 64, 0, 38, 1),      # decode, one split
         (1, 37, 4, 2, 64, 0, 16, 3),      # decode, split_len not dividing 38
         (5, 0, 4, 2, 128, 0, 3, 2),       # prefill from 0, empty slices for early rows
@@ -846,17 +903,25 @@ def cases_attention():
         (3, 2, 4, 2, 64, 16, 4, 2),       # window wider than the context
         (1, 700, 4, 2, 128, 0, 256, 3),   # launch.rs-style split (multiple of 64, >= 256 keys)
         (2, 500, 4, 2, 64, 0, 192, 3),    # prefill with a launch.rs-style split
+        # softcapped scores (Gemma 2): caps small enough to reshape a N(0, 1) score
+        (1, 37, 4, 2, 64, 0, 16, 3, 1.0),      # decode, split
+        (5, 0, 4, 2, 128, 0, 3, 2, 0.5),       # prefill from 0, empty slices
+        (7, 20, 4, 2, 64, 8, 7, 4, 2.0),       # sliding window
+        (2, 10, 2, 1, 256, 0, 6, 2, 50.0),     # head_dim 256, Gemma 2's attention cap
+        (3, 9, 4, 2, 64, 0, 5, 2, -1.5),       # a negative cap equals its absolute value
     ]
     # partial -> combine end to end (the kernels' own partials) on a few of them
-    e2e = {1, 2, 6, 10}
+    e2e = {1, 2, 6, 10, 12, 14}
     for si, shp in enumerate(shapes):
-        rows, start, nh, nkv, hd, window, sl, sp = shp
+        rows, start, nh, nkv, hd, window, sl, sp = shp[:8]
+        softcap = shp[8] if len(shp) > 8 else 0.0
         desc = (f"rows={rows} start_pos={start} n_heads={nh} n_kv={nkv} head_dim={hd} window={window} "
-                f"split_len={sl} splits={sp}")
-        cs.append(Case(f"attn_partial_f32 {desc}", "attn_partial_f32", attn(*shp, "partial")))
-        cs.append(Case(f"attn_combine_f32 {desc}", "attn_combine_f32", attn(*shp, "combine")))
+                f"split_len={sl} splits={sp}" + (f" softcap={softcap}" if softcap else ""))
+        args = (rows, start, nh, nkv, hd, window, sl, sp, softcap)
+        cs.append(Case(f"attn_partial_f32 {desc}", "attn_partial_f32", attn(*args, "partial")))
+        cs.append(Case(f"attn_combine_f32 {desc}", "attn_combine_f32", attn(*args, "combine")))
         if si in e2e:
-            cs.append(Case(f"attn_partial+combine {desc}", "attn_partial_f32", attn(*shp, "both")))
+            cs.append(Case(f"attn_partial+combine {desc}", "attn_partial_f32", attn(*args, "both")))
     return cs
 
 
@@ -1304,6 +1369,9 @@ def python_only_check() -> int:
     p1 = attn_ref_combine(attn_ref_partial(q, k, v, 4, 4, 2, 8, 0.3, 0, 100, 1), 8)
     p3 = attn_ref_combine(attn_ref_partial(q, k, v, 4, 4, 2, 8, 0.3, 0, 2, 3), 8)
     say(bool(np.allclose(p1, p3)), "attention reference: splits merge to the single-split result")
+    c1 = attn_ref_combine(attn_ref_partial(q, k, v, 4, 4, 2, 8, 0.3, 0, 100, 1, 0.7), 8)
+    c3 = attn_ref_combine(attn_ref_partial(q, k, v, 4, 4, 2, 8, 0.3, 0, 2, 3, 0.7), 8)
+    say(bool(np.allclose(c1, c3)) and not np.allclose(c1, p1), "attention reference: softcapped splits merge too")
     total = sum(len(FILES[f][0]()) for f in FILES)
     say(total > 0, f"{total} cases generated")
     return 0 if ok else 1

@@ -324,8 +324,19 @@ impl CudaBackend {
         let n32 = n as u32;
         let mut l = self.stream.launch_builder(self.func(name)?);
         l.arg(&a).arg(&b).arg(&n32);
-        // SAFETY: add_f32 / silu_mul_f32 (x, y, n): both buffers hold at least `n` floats
-        // (checked by the callers against their lengths).
+        // SAFETY: add_f32 / silu_mul_f32 / gelu_mul_f32 (x, y, n): both buffers hold at
+        // least `n` floats (checked by the callers against their lengths).
+        unsafe { self.launch(&mut l, launch::elementwise(n), name) }?;
+        Ok(())
+    }
+
+    /// Launches a 1-D in-place kernel `name(x, n, param)`.
+    fn elementwise_unary(&self, name: &str, x: u64, n: usize, param: f32) -> BackendResult<()> {
+        let n32 = n as u32;
+        let mut l = self.stream.launch_builder(self.func(name)?);
+        l.arg(&x).arg(&n32).arg(&param);
+        // SAFETY: scale_f32(x, n, factor) / softcap_f32(x, n, cap): `x` holds at least `n`
+        // floats (checked by the caller against its length).
         unsafe { self.launch(&mut l, launch::elementwise(n), name) }?;
         Ok(())
     }
@@ -553,8 +564,10 @@ impl Backend for CudaBackend {
         positions: &[u32],
         freqs: &RopeFreqs,
     ) -> BackendResult<()> {
-        if freqs.inv_freq.len() != head_dim / 2 {
-            return Err(unsupported("partial RoPE"));
+        // Partial RoPE rotates the first `2 * pairs` dimensions of each head.
+        let pairs = freqs.inv_freq.len().min(head_dim / 2);
+        if positions.is_empty() || pairs == 0 {
+            return Ok(());
         }
         let mut s = self.scratch();
         let pos = self.grow(&mut s.positions, positions.len(), "positions")?;
@@ -567,19 +580,20 @@ impl Backend for CudaBackend {
             s.freqs = Some((freqs.inv_freq.clone(), dev));
         }
         let fp = s.freqs.as_ref().map(|(_, d)| ptr(d, &self.stream, 0)).ok_or_else(no_scratch)?;
-        let (xp, nh, hd, af, il) = (
+        let (xp, nh, hd, np, af, il) = (
             ptr(&x.data, &self.stream, 0),
             n_heads as u32,
             head_dim as u32,
+            pairs as u32,
             freqs.attention_factor,
             freqs.interleaved as i32,
         );
         let mut b = self.stream.launch_builder(self.func("rope_f32")?);
-        b.arg(&xp).arg(&pp).arg(&fp).arg(&nh).arg(&hd).arg(&af).arg(&il);
-        // SAFETY: rope_f32(x, pos, inv_freq, n_heads, head_dim, attn_factor, interleaved):
-        // `x` holds `positions.len() × n_heads × head_dim` floats, `pos` one position per
-        // row, `inv_freq` `head_dim / 2` values.
-        unsafe { self.launch(&mut b, launch::rope(positions.len(), n_heads, head_dim), "rope") }
+        b.arg(&xp).arg(&pp).arg(&fp).arg(&nh).arg(&hd).arg(&np).arg(&af).arg(&il);
+        // SAFETY: rope_f32(x, pos, inv_freq, n_heads, head_dim, n_pairs, attn_factor,
+        // interleaved): `x` holds `positions.len() × n_heads × head_dim` floats, `pos` one
+        // position per row, `inv_freq` at least `n_pairs` values (`n_pairs ≤ head_dim / 2`).
+        unsafe { self.launch(&mut b, launch::rope(positions.len(), n_heads, pairs), "rope") }
     }
 
     fn copy_rows(
@@ -613,9 +627,6 @@ impl Backend for CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        if p.softcap.is_some() {
-            return Err(unsupported("attention softcapping"));
-        }
         if p.head_dim > launch::MAX_HEAD_DIM {
             return Err(BackendError::Compile(format!(
                 "head_dim {} exceeds the kernels' {}",
@@ -637,6 +648,7 @@ impl Backend for CudaBackend {
             (ptr(&q.data, &self.stream, row0 * q_width), ptr(&k.data, &self.stream, 0), ptr(&v.data, &self.stream, 0));
         let (sp, nh, nkv, hd) = (p.start_pos as u32, p.n_heads as u32, p.n_kv_heads as u32, p.head_dim as u32);
         let window = p.sliding_window.unwrap_or(0) as u32;
+        let softcap = p.softcap.unwrap_or(0.0); // 0: off
         let split_len = split.split_len as u32;
         let mut b = self.stream.launch_builder(self.func("attn_partial_f32")?);
         b.arg(&qp)
@@ -648,11 +660,14 @@ impl Backend for CudaBackend {
             .arg(&nkv)
             .arg(&hd)
             .arg(&p.scale)
+            .arg(&softcap)
             .arg(&window)
             .arg(&split_len);
-        // SAFETY: attn_partial_f32 per kernels/README.md: `q` points at query row `row0` of
-        // `rows` rows of `n_heads × head_dim`, the caches hold `start_pos + rows` rows of
-        // `n_kv_heads × head_dim`, the scratch `rows × n_heads × splits × (head_dim + 2)`.
+        // SAFETY: attn_partial_f32(q, k, v, part, start_pos, n_heads, n_kv_heads, head_dim,
+        // scale, softcap, window, split_len) per kernels/README.md: `q` points at query row
+        // `row0` of `rows` rows of `n_heads × head_dim`, the caches hold `start_pos + rows`
+        // rows of `n_kv_heads × head_dim`, the scratch `rows × n_heads × splits ×
+        // (head_dim + 2)`; `softcap` is a plain float (0: off).
         unsafe { self.launch(&mut b, launch::attn_partial(rows, p.n_heads, split), "attention") }?;
         let (op, splits) = (ptr(&out.data, &self.stream, row0 * q_width), split.splits as u32);
         let mut b = self.stream.launch_builder(self.func("attn_combine_f32")?);
@@ -666,13 +681,18 @@ impl Backend for CudaBackend {
         check_len(&[gate.data.len(), up.data.len()], len, "glu")?;
         let kernel = match act {
             Activation::Silu => "silu_mul_f32",
-            Activation::GeluTanh => return Err(unsupported("GeLU-gated MLP")),
+            Activation::GeluTanh => "gelu_mul_f32",
         };
         self.elementwise(kernel, ptr(&gate.data, &self.stream, 0), ptr(&up.data, &self.stream, 0), len)
     }
 
-    fn unary(&self, _x: &mut CudaBuf, _len: usize, _op: Unary) -> BackendResult<()> {
-        Err(unsupported("elementwise scale/softcap"))
+    fn unary(&self, x: &mut CudaBuf, len: usize, op: Unary) -> BackendResult<()> {
+        check_len(&[x.data.len()], len, "unary")?;
+        let (kernel, param) = match op {
+            Unary::Scale(f) => ("scale_f32", f),
+            Unary::Softcap(cap) => ("softcap_f32", cap),
+        };
+        self.elementwise_unary(kernel, ptr(&x.data, &self.stream, 0), len, param)
     }
 
     fn add(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) -> BackendResult<()> {
@@ -743,11 +763,6 @@ fn gemm_ex(
 
 fn no_scratch() -> BackendError {
     BackendError::Device { op: "scratch".into(), msg: "a scratch buffer is missing".into() }
-}
-
-/// An op the CUDA kernels do not implement yet.
-fn unsupported(what: &str) -> BackendError {
-    BackendError::Compile(format!("{what} has no CUDA kernel yet"))
 }
 
 fn check_len(lens: &[usize], need: usize, op: &str) -> BackendResult<()> {

@@ -39,7 +39,8 @@ fn blocks(n: u64, per: u32) -> u32 {
     n.div_ceil(per as u64).clamp(1, MAX_GRID_X) as u32
 }
 
-/// `add_f32`, `silu_mul_f32`, `add_bias_f32` over `n` values, `f32_to_f16` over `n`.
+/// `add_f32`, `silu_mul_f32`, `gelu_mul_f32`, `scale_f32`, `softcap_f32`, `add_bias_f32`
+/// over `n` values, `f32_to_f16` over `n`.
 pub fn elementwise(n: usize) -> Shape {
     Shape::new((blocks(n as u64, ELEMENTWISE_BLOCK), 1, 1), ELEMENTWISE_BLOCK)
 }
@@ -49,9 +50,10 @@ pub fn rms_norm(rows: usize) -> Shape {
     Shape::new((rows.max(1) as u32, 1, 1), 256)
 }
 
-/// `rope_f32`: one block per (row, head), a thread per rotated pair.
-pub fn rope(rows: usize, n_heads: usize, head_dim: usize) -> Shape {
-    Shape::new((rows.max(1) as u32, n_heads.max(1) as u32, 1), (head_dim / 2).max(1) as u32)
+/// `rope_f32`: one block per (row, head), a thread per rotated pair (`pairs` of them:
+/// `head_dim / 2`, or fewer for partial RoPE).
+pub fn rope(rows: usize, n_heads: usize, pairs: usize) -> Shape {
+    Shape::new((rows.max(1) as u32, n_heads.max(1) as u32, 1), pairs.clamp(1, 1024) as u32)
 }
 
 /// `embed_FMT`: one block per looked-up row.
@@ -154,6 +156,9 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         ("elementwise", "add_f32".into()),
         ("elementwise", "add_bias_f32".into()),
         ("elementwise", "silu_mul_f32".into()),
+        ("elementwise", "gelu_mul_f32".into()),
+        ("elementwise", "scale_f32".into()),
+        ("elementwise", "softcap_f32".into()),
         ("elementwise", "f32_to_f16".into()),
         ("norm", "rms_norm_f32".into()),
         ("rope", "rope_f32".into()),
@@ -197,7 +202,9 @@ mod tests {
     #[test]
     fn per_row_kernels_have_a_block_per_row() {
         assert_eq!(rms_norm(7).grid, (7, 1, 1));
-        assert_eq!(rope(5, 32, 128), Shape { grid: (5, 32, 1), block: (64, 1, 1) });
+        assert_eq!(rope(5, 32, 64), Shape { grid: (5, 32, 1), block: (64, 1, 1) });
+        // Partial RoPE: a thread per rotated pair only.
+        assert_eq!(rope(5, 32, 16).block, (16, 1, 1));
         assert_eq!(embedding(3).grid.0, 3);
         assert_eq!(sample(2), Shape { grid: (2, 1, 1), block: (1024, 1, 1) });
         assert_eq!(attn_combine(3, 8, 64), Shape { grid: (24, 1, 1), block: (64, 1, 1) });
@@ -254,5 +261,24 @@ mod tests {
             }
         }
         assert_eq!(format_name(DType::Q8_K), None);
+    }
+
+    #[test]
+    fn kernel_names_are_exactly_what_the_files_declare() {
+        use super::super::kernels;
+        let listed = kernel_names();
+        let mut declared = Vec::new();
+        for f in kernels::FILES {
+            for name in kernels::functions(f) {
+                assert!(listed.contains(&(f.name, name.clone())), "kernels/{}.cu: `{name}` is not listed", f.name);
+                declared.push((f.name, name));
+            }
+        }
+        for entry in &listed {
+            assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
+        }
+        // 3 kernels per weight format, 13 others.
+        assert_eq!(listed.len(), 3 * WEIGHT_FORMATS.len() + 13);
+        assert_eq!(declared.len(), listed.len());
     }
 }
