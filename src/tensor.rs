@@ -166,6 +166,9 @@ pub enum Fixup {
     /// Undo `convert_hf_to_gguf.py`'s llama Q/K permutation: within each of `n_heads`
     /// heads, stored row `2i + j` is row `j * head_dim / 2 + i` (whole rows move).
     UnpermuteRows { n_heads: usize },
+    /// Subtract 1 from every element of an F32 tensor (Gemma's norm weights, which GGUF
+    /// stores as `1 + w` and Hugging Face as `w`).
+    MinusOneF32,
 }
 
 impl Fixup {
@@ -182,6 +185,12 @@ impl Fixup {
                     unpermute_head(&tmp, h, row_bytes);
                 }
             }
+            Fixup::MinusOneF32 => {
+                for v in bytes.chunks_exact_mut(4) {
+                    let x = f32::from_le_bytes([v[0], v[1], v[2], v[3]]) - 1.0;
+                    v.copy_from_slice(&x.to_le_bytes());
+                }
+            }
         }
     }
 
@@ -194,6 +203,10 @@ impl Fixup {
                 for (s, d) in src.chunks_exact(head).zip(dst.chunks_exact_mut(head)) {
                     unpermute_head(s, d, row_bytes);
                 }
+            }
+            Fixup::MinusOneF32 => {
+                dst.copy_from_slice(src);
+                self.apply_in_place(dst, rows);
             }
         }
     }
@@ -395,6 +408,42 @@ impl HostTensor {
                 crate::quant::dequantize(block, &self.bytes()[from..], out);
             }
         }
+    }
+
+    /// Rows `start..start + n` of a 2-D tensor, sharing its bytes (whole rows, so any
+    /// block type): how a fused projection (Phi-3's QKV) is split. `None` when the rows
+    /// are out of range or the stored bytes need a fixup that moves rows.
+    pub fn rows(&self, start: usize, n: usize) -> Option<HostTensor> {
+        let [total, cols] = self.shape[..] else { return None };
+        if start.checked_add(n)? > total || total == 0 || self.origin.as_ref().is_some_and(|o| o.fixup.is_some()) {
+            return None;
+        }
+        let row_bytes = self.len / total;
+        let mut t = HostTensor::new(
+            self.src.clone(),
+            self.offset + start * row_bytes,
+            n * row_bytes,
+            self.dtype,
+            vec![n, cols],
+        );
+        t.origin =
+            self.origin.as_ref().map(|o| TensorOrigin { offset: o.offset + (start * row_bytes) as u64, ..o.clone() });
+        Some(t)
+    }
+
+    /// A tensor whose stored bytes are transformed by `fixup` on first use (and by the
+    /// streamer after each read), keeping where they are stored.
+    pub fn with_fixup(&self, fixup: Fixup) -> HostTensor {
+        let (len, rows) = (self.len, self.shape.first().copied().unwrap_or(1));
+        let origin = self.origin.as_ref().map(|o| TensorOrigin { fixup: Some(fixup), ..o.clone() });
+        let stored = self.clone();
+        let lazy = LazyBytes::new(len, move || {
+            let mut buf = AlignedBytes::zeroed(len);
+            fixup.apply(stored.bytes(), buf.bytes_mut(), rows);
+            buf
+        })
+        .with_origin(origin);
+        HostTensor::lazy(Arc::new(lazy), self.dtype, self.shape.clone())
     }
 
     /// The whole tensor as f32 (copies; for small tensors such as norms and biases).

@@ -132,7 +132,8 @@ fn decode_allocates_nothing_and_weights_are_made_once() {
     let c = m.config.clone();
     // Every layer tensor once, plus the embedding, final norm and head (tied or not).
     let made = be.weights.load(Ordering::SeqCst);
-    let per_layer = 9 + 3 * c.attention_bias as usize + 2 * c.qk_norm as usize;
+    let qk_norm = c.spec().qk_norm != strata::model::spec::QkNorm::None;
+    let per_layer = 9 + 3 * c.attention_bias as usize + 2 * qk_norm as usize;
     assert_eq!(made, c.n_layers * per_layer + 3, "weights made at load");
 
     let mut cache = m.new_cache(64).unwrap();

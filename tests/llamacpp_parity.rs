@@ -17,7 +17,7 @@ use strata::model::llama::SeqStep;
 
 /// Every fixture variant: `<model>` is the F32 file, `<model>.<type>` a llama.cpp
 /// quantization of it (`f16` or a quantized type).
-const VARIANTS: [&str; 13] = [
+const VARIANTS: [&str; 20] = [
     "llama3",
     "llama3.f16",
     "llama3.q8_0",
@@ -31,6 +31,14 @@ const VARIANTS: [&str; 13] = [
     "llama256.q4_k_s",
     "llama256.q6_k",
     "llama256.q4_k_m",
+    // tools/make_arch_fixtures.py: converted by llama.cpp's convert_hf_to_gguf.py
+    "gemma2.f32",
+    "gemma3.f32",
+    "phi3.f32",
+    "phi3_partial.f32",
+    "olmo2.f32",
+    "granite.f32",
+    "smollm3.f32",
 ];
 
 /// F32 weights: only summation order (and llama.cpp's own kernels) differ.
@@ -162,7 +170,19 @@ fn logprobs_match_llama_cpp() {
 fn tokenization_matches_llama_cpp() {
     let mut failures = Vec::new();
     // The tokenizer depends only on the model, not on the weight type: one file per model.
-    for variant in ["llama3", "qwen2", "mistral.f16", "qwen3.f16", "llama256.q4_k_s"] {
+    for variant in [
+        "llama3",
+        "qwen2",
+        "mistral.f16",
+        "qwen3.f16",
+        "llama256.q4_k_s",
+        "gemma2.f32",
+        "gemma3.f32",
+        "phi3.f32",
+        "olmo2.f32",
+        "granite.f32",
+        "smollm3.f32",
+    ] {
         let v = view(variant);
         let e = engine(variant);
         for t in &v.tokenization {

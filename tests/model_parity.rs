@@ -9,7 +9,22 @@ use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::model::llama::SeqStep;
 
-const MODELS: [&str; 6] = ["llama3", "mistral", "qwen2", "qwen3", "llama_f16", "llama_bf16_256"];
+const MODELS: [&str; 13] = [
+    "llama3",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "llama_f16",
+    "llama_bf16_256",
+    // tools/make_arch_fixtures.py
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "phi3_partial",
+    "olmo2",
+    "granite",
+    "smollm3",
+];
 
 /// Largest |Δ logit| accepted against transformers, for every stored dtype: the
 /// reference runs in f32 on the same (upcast) weights, so only summation order differs.

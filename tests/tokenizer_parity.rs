@@ -182,6 +182,14 @@ fn llama_bf16_256_matches_transformers() {
     check_fixture("llama_bf16_256");
 }
 
+/// The architectures of tools/make_arch_fixtures.py, each with its real chat template.
+#[test]
+fn arch_fixtures_match_transformers() {
+    for name in ["gemma2", "gemma3", "phi3", "phi3_partial", "olmo2", "granite", "smollm3"] {
+        check_fixture(name);
+    }
+}
+
 /// The bytes of a text's tokens, joined, are the text's UTF-8 bytes (OpenAI's logprobs
 /// `bytes`), even where a token holds only part of a character.
 #[test]

@@ -21,6 +21,7 @@ use serde_json::{Map, Value, json};
 use super::checksum::{self, Hasher};
 use super::{FormatError, Group, ModelMeta, ModelWriter};
 use crate::model::ModelSource;
+use crate::model::config::ModelConfig;
 use crate::tensor::{AlignedBytes, ByteSource, DType, HostTensor};
 
 /// The manifest's `format` value.
@@ -605,9 +606,12 @@ pub fn open(dir: &Path) -> anyhow::Result<ModelSource> {
     let required = |kind: FileKind| -> Result<String, FormatError> {
         text(kind)?.ok_or_else(|| invalid(&dir.join(MANIFEST), format!("no file of kind {kind:?}")))
     };
+    let config_json = required(FileKind::Config)?;
+    let config = ModelConfig::from_json(&config_json).map_err(|e| invalid(&dir.join("config.json"), e.to_string()))?;
     Ok(ModelSource {
         name: m.name.clone(),
-        config_json: required(FileKind::Config)?,
+        config,
+        config_json,
         tokenizer_json: required(FileKind::Tokenizer)?,
         tokenizer_config_json: text(FileKind::TokenizerConfig)?,
         generation_config_json: text(FileKind::GenerationConfig)?,

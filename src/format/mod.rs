@@ -65,11 +65,15 @@ impl Group {
     /// The group of a tensor by its Hugging Face name: `model.layers.N.` is layer N,
     /// everything else is global.
     pub fn of(name: &str) -> Group {
-        name.strip_prefix("model.layers.")
-            .and_then(|rest| rest.split('.').next())
-            .and_then(|n| n.parse().ok())
-            .map_or(Group::Global, Group::Layer)
+        layer_tensor(name).map_or(Group::Global, |(i, _)| Group::Layer(i))
     }
+}
+
+/// A layer tensor's layer and its name inside the layer (`model.layers.N.REST` → `(N,
+/// REST)`); `None` for the tensors outside the layers. The one place this naming is read.
+pub fn layer_tensor(name: &str) -> Option<(usize, &str)> {
+    let (index, local) = name.strip_prefix("model.layers.")?.split_once('.')?;
+    Some((index.parse().ok()?, local))
 }
 
 /// A streaming writer of one of Strata's formats. The caller hands over the global

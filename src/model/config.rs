@@ -1,28 +1,12 @@
 //! Model hyperparameters from a Hugging Face `config.json`, resolved once into a plain
 //! runtime struct. Unsupported architectures and settings are errors that name them.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::backend::RopeFreqs;
+use crate::backend::{Activation, RopeFreqs};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Mistral,
-    Qwen2,
-    Qwen3,
-}
-
-impl Arch {
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Mistral => "mistral",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-        }
-    }
-}
+pub use super::spec::Arch;
+use super::spec::ArchSpec;
 
 /// How RoPE frequencies are adjusted for longer contexts.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,7 +25,7 @@ pub enum RopeScaling {
     },
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     pub arch: Arch,
     pub hidden_size: usize,
@@ -56,11 +40,45 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// q/k/v projections carry biases (qwen2, or llama with `attention_bias`).
     pub attention_bias: bool,
-    /// RMS norms over each head of q and k before RoPE (qwen3).
-    pub qk_norm: bool,
-    pub sliding_window: Option<usize>,
+    /// Per layer: its attention window and which RoPE it uses (`n_layers` entries).
+    pub layers: Vec<LayerConfig>,
     pub rope_theta: f32,
     pub rope_scaling: RopeScaling,
+    /// The RoPE base of [`LayerRope::Local`] layers (unscaled; Gemma 3's local layers).
+    pub rope_local_theta: f32,
+    /// Dimensions of each head that RoPE rotates (`head_dim` unless RoPE is partial).
+    pub rotary_dim: usize,
+    /// Multiplier on the token embeddings (Gemma: `sqrt(hidden)`; Granite).
+    pub embed_scale: f32,
+    /// Multiplier on each block's output before the residual add (Granite).
+    pub residual_scale: f32,
+    /// Multiplier on q·k (`head_dim^-0.5` unless the family says otherwise).
+    pub attn_scale: f32,
+    /// The logits are divided by this (Granite's `logits_scaling`).
+    pub logits_divisor: f32,
+    /// Attention scores `s` become `cap * tanh(s / cap)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Logits `z` become `cap * tanh(z / cap)` (Gemma 2).
+    pub final_softcap: Option<f32>,
+}
+
+/// What differs from one layer to the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerConfig {
+    /// Keys this far back and nearer only (sliding-window attention).
+    pub sliding_window: Option<usize>,
+    pub rope: LayerRope,
+}
+
+/// Which rotary embedding a layer applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerRope {
+    /// `rope_theta` with `rope_scaling`.
+    Global,
+    /// `rope_local_theta`, unscaled.
+    Local,
+    /// None at all (SmolLM3's NoPE layers).
+    None,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +87,7 @@ pub enum ConfigError {
     Json(#[from] serde_json::Error),
     #[error("config.json: missing or invalid `{0}`")]
     Missing(&'static str),
-    #[error("unsupported architecture `{0}` (supported: llama, mistral, qwen2, qwen3)")]
+    #[error("unsupported architecture `{0}` (supported: {supported})", supported = Arch::supported_hf_types())]
     Architecture(String),
     #[error("config.json: unsupported setting {0}")]
     Unsupported(String),
@@ -89,71 +107,207 @@ fn f32_of(v: &Value, key: &str) -> Option<f32> {
 
 impl ModelConfig {
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
-        let v: Value = serde_json::from_str(text)?;
+        let mut v: Value = serde_json::from_str(text)?;
+        // A multimodal Gemma 3 checkpoint: the language model's config is nested.
+        if v.get("model_type").and_then(Value::as_str) == Some("gemma3")
+            && let Some(text_config) = v.get("text_config").filter(|t| t.is_object())
+        {
+            let mut t = text_config.clone();
+            t["model_type"] = json!("gemma3_text");
+            v = t;
+        }
         let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
-        let arch = match model_type {
-            "llama" => Arch::Llama,
-            "mistral" => Arch::Mistral,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "" => {
+        let arch = match Arch::from_hf_type(model_type) {
+            Some(a) => a,
+            None if model_type.is_empty() => {
                 let first = v.pointer("/architectures/0").and_then(Value::as_str).unwrap_or("(none)");
                 return Err(ConfigError::Architecture(first.to_string()));
             }
-            other => return Err(ConfigError::Architecture(other.to_string())),
+            None => return Err(ConfigError::Architecture(model_type.to_string())),
         };
+        let spec = arch.spec();
         let hidden_size = usize_field(&v, "hidden_size")?;
         let n_heads = usize_field(&v, "num_attention_heads")?;
         let n_kv_heads = opt_usize(&v, "num_key_value_heads").unwrap_or(n_heads);
         let head_dim = opt_usize(&v, "head_dim").unwrap_or(hidden_size / n_heads.max(1));
-        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
-            return Err(ConfigError::Unsupported(format!(
-                "num_attention_heads {n_heads} is not a multiple of num_key_value_heads {n_kv_heads}"
-            )));
-        }
-        if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            return Err(ConfigError::Unsupported(format!("head_dim {head_dim} (must be even)")));
-        }
+        let n_layers = usize_field(&v, "num_hidden_layers")?;
         let flag = |key: &str| v.get(key).and_then(Value::as_bool).unwrap_or(false);
         if flag("mlp_bias") {
             return Err(ConfigError::Unsupported("`mlp_bias: true`".into()));
         }
-        if matches!(arch, Arch::Qwen2 | Arch::Qwen3) && flag("use_sliding_window") {
-            return Err(ConfigError::Unsupported("`use_sliding_window: true` for qwen models".into()));
+        if let Some(act) = ["hidden_activation", "hidden_act"].iter().find_map(|k| v.get(*k).and_then(Value::as_str)) {
+            let ok = match spec.activation {
+                Activation::Silu => act == "silu",
+                Activation::GeluTanh => matches!(act, "gelu_pytorch_tanh" | "gelu_tanh" | "gelu"),
+            };
+            if !ok {
+                return Err(ConfigError::Unsupported(format!("activation `{act}` for {}", spec.hf_type)));
+            }
         }
-        let sliding_window = match arch {
-            Arch::Mistral => opt_usize(&v, "sliding_window"),
-            _ => None,
-        };
-        if let Some(f) = f32_of(&v, "partial_rotary_factor").filter(|&f| f != 1.0) {
-            return Err(ConfigError::Unsupported(format!("`partial_rotary_factor: {f}`")));
-        }
-        let (rope_theta, rope_scaling) = parse_rope(&v)?;
-        Ok(ModelConfig {
+        let (rope_theta, rope_scaling, local_theta) = parse_rope(&v)?;
+        let partial = f32_of(&v, "partial_rotary_factor")
+            .or_else(|| v.get("rope_parameters").and_then(|p| f32_of(p, "partial_rotary_factor")))
+            .unwrap_or(1.0);
+        let rotary_dim = (head_dim as f64 * partial as f64).round() as usize;
+        let layers = layer_configs(&v, arch, n_layers)?;
+        let query_pre_attn_scalar = f32_of(&v, "query_pre_attn_scalar").unwrap_or(head_dim as f32);
+        let granite = arch == Arch::Granite;
+        let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
+        let softcap = |key: &str| f32_of(&v, key).filter(|&c| c > 0.0);
+        let config = ModelConfig {
             arch,
             hidden_size,
             intermediate_size: usize_field(&v, "intermediate_size")?,
-            n_layers: usize_field(&v, "num_hidden_layers")?,
+            n_layers,
             n_heads,
             n_kv_heads,
             head_dim,
             vocab_size: usize_field(&v, "vocab_size")?,
             rms_norm_eps: f32_of(&v, "rms_norm_eps").unwrap_or(1e-6),
             max_position_embeddings: opt_usize(&v, "max_position_embeddings").unwrap_or(4096),
-            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(gemma),
             attention_bias: arch == Arch::Qwen2 || flag("attention_bias"),
-            qk_norm: arch == Arch::Qwen3,
-            sliding_window,
+            layers,
             rope_theta,
             rope_scaling,
-        })
+            rope_local_theta: local_theta.or_else(|| f32_of(&v, "rope_local_base_freq")).unwrap_or(10000.0),
+            rotary_dim,
+            embed_scale: match (gemma, granite) {
+                (true, _) => (hidden_size as f64).sqrt() as f32,
+                (_, true) => f32_of(&v, "embedding_multiplier").unwrap_or(1.0),
+                _ => 1.0,
+            },
+            residual_scale: if granite { f32_of(&v, "residual_multiplier").unwrap_or(1.0) } else { 1.0 },
+            attn_scale: match (gemma, granite) {
+                (true, _) => query_pre_attn_scalar.powf(-0.5),
+                (_, true) => f32_of(&v, "attention_multiplier").unwrap_or(1.0),
+                _ => (head_dim as f32).powf(-0.5),
+            },
+            logits_divisor: if granite { f32_of(&v, "logits_scaling").unwrap_or(1.0) } else { 1.0 },
+            attn_softcap: if gemma { softcap("attn_logit_softcapping") } else { None },
+            final_softcap: if gemma { softcap("final_logit_softcapping") } else { None },
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The architecture's declarative description.
+    pub fn spec(&self) -> &'static ArchSpec {
+        self.arch.spec()
+    }
+
+    /// Checks what every source (config.json or GGUF metadata) must satisfy.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let (h, kv) = (self.n_heads, self.n_kv_heads);
+        if h == 0 || kv == 0 || h % kv != 0 {
+            return Err(ConfigError::Unsupported(format!(
+                "num_attention_heads {h} is not a multiple of num_key_value_heads {kv}"
+            )));
+        }
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return Err(ConfigError::Unsupported(format!("head_dim {} (must be even)", self.head_dim)));
+        }
+        if self.rotary_dim == 0 || self.rotary_dim > self.head_dim || !self.rotary_dim.is_multiple_of(2) {
+            return Err(ConfigError::Unsupported(format!(
+                "{} rotary dimensions of head_dim {} (must be even, non-zero and at most head_dim)",
+                self.rotary_dim, self.head_dim
+            )));
+        }
+        if self.layers.len() != self.n_layers {
+            return Err(ConfigError::Unsupported(format!(
+                "{} per-layer entries for {} layers",
+                self.layers.len(),
+                self.n_layers
+            )));
+        }
+        for (name, x) in [
+            ("embedding multiplier", self.embed_scale),
+            ("residual multiplier", self.residual_scale),
+            ("attention scale", self.attn_scale),
+            ("logits scaling", self.logits_divisor),
+        ] {
+            if !x.is_finite() || x == 0.0 {
+                return Err(ConfigError::Unsupported(format!("{name} {x}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `config.json` (Hugging Face form) that [`from_json`](Self::from_json) reads
+    /// back into this config: what converting a GGUF model to another format stores.
+    pub fn to_json(&self) -> Value {
+        let mut c = json!({
+            "model_type": self.arch.name(),
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "rope_theta": self.rope_theta,
+        });
+        match self.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => c["rope_scaling"] = json!({"rope_type": "linear", "factor": factor}),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
+                c["rope_scaling"] = json!({"rope_type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
+                    "high_freq_factor": high_freq_factor, "original_max_position_embeddings": original_max_position})
+            }
+        }
+        if let Some(w) = self.layers.iter().find_map(|l| l.sliding_window) {
+            c["sliding_window"] = json!(w);
+            let kinds: Vec<&str> = self
+                .layers
+                .iter()
+                .map(|l| if l.sliding_window.is_some() { "sliding_attention" } else { "full_attention" })
+                .collect();
+            c["layer_types"] = json!(kinds);
+        }
+        if self.layers.iter().any(|l| l.rope == LayerRope::Local) {
+            c["rope_local_base_freq"] = json!(self.rope_local_theta);
+        }
+        if self.arch == Arch::SmolLM3 {
+            let uses: Vec<u8> = self.layers.iter().map(|l| u8::from(l.rope != LayerRope::None)).collect();
+            c["no_rope_layers"] = json!(uses);
+        }
+        if self.rotary_dim != self.head_dim {
+            c["partial_rotary_factor"] = json!(self.rotary_dim as f64 / self.head_dim as f64);
+        }
+        match self.arch {
+            Arch::Gemma2 | Arch::Gemma3 => {
+                // `attn_scale` is `query_pre_attn_scalar^-0.5` of an integer scalar.
+                c["query_pre_attn_scalar"] = json!((1.0 / (self.attn_scale as f64).powi(2)).round());
+                c["attn_logit_softcapping"] = json!(self.attn_softcap);
+                c["final_logit_softcapping"] = json!(self.final_softcap);
+            }
+            Arch::Granite => {
+                c["embedding_multiplier"] = json!(self.embed_scale);
+                c["residual_multiplier"] = json!(self.residual_scale);
+                c["attention_multiplier"] = json!(self.attn_scale);
+                c["logits_scaling"] = json!(self.logits_divisor);
+            }
+            _ => {}
+        }
+        c
+    }
+
+    /// The RoPE frequencies of layers that use `rope`, or `None` for NoPE layers.
+    pub fn rope_for(&self, rope: LayerRope) -> Option<RopeFreqs> {
+        match rope {
+            LayerRope::Global => Some(self.rope_freqs()),
+            LayerRope::Local => Some(inv_freqs(self.rope_local_theta, self.rotary_dim)),
+            LayerRope::None => None,
+        }
     }
 
     /// RoPE frequencies for this model, computed in f32 as transformers does.
     pub fn rope_freqs(&self) -> RopeFreqs {
-        let dim = self.head_dim;
-        let mut inv_freq: Vec<f32> =
-            (0..dim / 2).map(|i| 1.0 / self.rope_theta.powf((2 * i) as f32 / dim as f32)).collect();
+        let RopeFreqs { mut inv_freq, .. } = inv_freqs(self.rope_theta, self.rotary_dim);
         match self.rope_scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
@@ -177,13 +331,28 @@ impl ModelConfig {
 }
 
 /// RoPE settings from either `rope_theta` + `rope_scaling` (Hub checkpoints) or
-/// `rope_parameters` (transformers 5).
-fn parse_rope(v: &Value) -> Result<(f32, RopeScaling), ConfigError> {
-    let params = v.get("rope_parameters").filter(|p| p.is_object());
+/// `rope_parameters` (transformers 5, which nests them per layer type when the types
+/// differ: `{"full_attention": {...}, "sliding_attention": {...}}`). Returns the global
+/// base and scaling, and the sliding layers' base when it is given separately.
+fn parse_rope(v: &Value) -> Result<(f32, RopeScaling, Option<f32>), ConfigError> {
+    let mut params = v.get("rope_parameters").filter(|p| p.is_object());
+    let mut local = None;
+    if let Some(p) = params
+        && let Some(full) = p.get("full_attention").filter(|f| f.is_object())
+    {
+        if let Some(sliding) = p.get("sliding_attention") {
+            let kind = sliding.get("rope_type").and_then(Value::as_str).unwrap_or("default");
+            if kind != "default" {
+                return Err(ConfigError::Unsupported(format!("rope type `{kind}` on sliding-window layers")));
+            }
+            local = f32_of(sliding, "rope_theta");
+        }
+        params = Some(full);
+    }
     let scaling = params.or_else(|| v.get("rope_scaling").filter(|s| s.is_object()));
     let theta = params.and_then(|p| f32_of(p, "rope_theta")).or_else(|| f32_of(v, "rope_theta")).unwrap_or(10000.0);
     let Some(s) = scaling else {
-        return Ok((theta, RopeScaling::None));
+        return Ok((theta, RopeScaling::None, local));
     };
     let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
     let factor = || f32_of(s, "factor").ok_or(ConfigError::Missing("rope_scaling.factor"));
@@ -201,7 +370,78 @@ fn parse_rope(v: &Value) -> Result<(f32, RopeScaling), ConfigError> {
         },
         other => return Err(ConfigError::Unsupported(format!("rope scaling type `{other}`"))),
     };
-    Ok((theta, scaling))
+    Ok((theta, scaling, local))
+}
+
+/// Each layer's window and RoPE: `layer_types` when the config lists them, else the
+/// family's pattern (Mistral and Phi-3 slide everywhere, Gemma 2 on even layers, Gemma 3
+/// on five of every six; SmolLM3 drops RoPE on every fourth layer unless
+/// `no_rope_layers` says otherwise).
+fn layer_configs(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<LayerConfig>, ConfigError> {
+    let window = opt_usize(v, "sliding_window").filter(|&w| w > 0);
+    let listed: Option<Vec<bool>> = match v.get("layer_types").and_then(Value::as_array) {
+        None => None,
+        Some(types) => {
+            if types.len() != n_layers {
+                return Err(ConfigError::Unsupported(format!("{} layer_types for {n_layers} layers", types.len())));
+            }
+            let kinds = types.iter().map(|t| match t.as_str() {
+                Some("full_attention") => Ok(false),
+                Some("sliding_attention") => Ok(true),
+                _ => Err(ConfigError::Unsupported(format!("layer type {t}"))),
+            });
+            Some(kinds.collect::<Result<_, _>>()?)
+        }
+    };
+    let use_sliding = v.get("use_sliding_window").and_then(Value::as_bool).unwrap_or(false);
+    if matches!(arch, Arch::Qwen2 | Arch::Qwen3) && use_sliding {
+        return Err(ConfigError::Unsupported("`use_sliding_window: true` for qwen models".into()));
+    }
+    let pattern = opt_usize(v, "sliding_window_pattern").unwrap_or(6).max(1);
+    let sliding = |i: usize| match &listed {
+        Some(kinds) => kinds[i],
+        None => match arch {
+            Arch::Mistral | Arch::Phi3 => true,
+            Arch::Gemma2 => i.is_multiple_of(2),
+            Arch::Gemma3 => !(i + 1).is_multiple_of(pattern),
+            _ => false,
+        },
+    };
+    let rope_flags: Option<Vec<bool>> = match (arch, v.get("no_rope_layers").and_then(Value::as_array)) {
+        (Arch::SmolLM3, Some(flags)) => {
+            if flags.len() != n_layers {
+                return Err(ConfigError::Unsupported(format!("{} no_rope_layers for {n_layers} layers", flags.len())));
+            }
+            Some(flags.iter().map(|f| f.as_u64() != Some(0)).collect())
+        }
+        (Arch::SmolLM3, None) => {
+            let every = opt_usize(v, "no_rope_layer_interval").unwrap_or(4).max(1);
+            Some((0..n_layers).map(|i| (i + 1) % every != 0).collect())
+        }
+        _ => None,
+    };
+    let mut layers = Vec::with_capacity(n_layers.min(1 << 16));
+    for i in 0..n_layers {
+        let slides = sliding(i);
+        if slides && window.is_none() && listed.is_some() {
+            return Err(ConfigError::Missing("sliding_window"));
+        }
+        let sliding_window = if slides { window } else { None };
+        let rope = match &rope_flags {
+            Some(flags) if !flags[i] => LayerRope::None,
+            _ if arch == Arch::Gemma3 && sliding_window.is_some() => LayerRope::Local,
+            _ => LayerRope::Global,
+        };
+        layers.push(LayerConfig { sliding_window, rope });
+    }
+    Ok(layers)
+}
+
+/// Plain RoPE frequencies over `dim` rotated dimensions, computed in f32 as
+/// transformers does.
+fn inv_freqs(theta: f32, dim: usize) -> RopeFreqs {
+    let inv_freq = (0..dim / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / dim as f32)).collect();
+    RopeFreqs { inv_freq, attention_factor: 1.0, interleaved: false }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, NormalizerWrapper, TokenizerBuilder, TokenizerImpl};
 
 use crate::model::ModelSource;
+use crate::model::config::ModelConfig;
 use crate::tensor::HostTensor;
 
 /// The name the demo model is served under.
@@ -156,9 +157,11 @@ pub fn demo_source() -> Result<ModelSource> {
         "bos_token_id": tok.bos,
         "eos_token_id": [tok.eos, tok.eot],
     });
+    let config_json = serde_json::to_string_pretty(&config)?;
     Ok(ModelSource {
         name: DEMO_NAME.to_string(),
-        config_json: serde_json::to_string_pretty(&config)?,
+        config: ModelConfig::from_json(&config_json)?,
+        config_json,
         tokenizer_json: tok.json,
         tokenizer_config_json: Some(serde_json::to_string_pretty(&tokenizer_config)?),
         generation_config_json: Some(serde_json::to_string_pretty(&generation_config)?),

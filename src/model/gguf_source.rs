@@ -1,38 +1,38 @@
-//! A [`ModelSource`] from a llama.cpp GGUF file: the metadata becomes a
-//! `config.json`-equivalent, llama.cpp tensor names become Hugging Face names (with the
-//! Q/K row permutation of `convert_hf_to_gguf.py` undone for `llama`/`mistral`, so the
-//! NEOX-layout model code runs unchanged), and the `tokenizer.ggml.*` vocabulary becomes
+//! A [`ModelSource`] from a llama.cpp GGUF file: the metadata becomes the
+//! [`ModelConfig`] directly (each family's keys as llama.cpp reads them), llama.cpp
+//! tensor names become Hugging Face names through the architecture's spec (with the Q/K
+//! row permutation of `convert_hf_to_gguf.py` undone for the families that have it, and
+//! Gemma's `1 + w` norms stored as `w`), and the `tokenizer.ggml.*` vocabulary becomes
 //! a `tokenizer.json` ([`super::gguf_vocab`]).
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use serde_json::{Value, json};
 
 use super::ModelSource;
-use super::config::ModelConfig;
+use super::config::{LayerConfig, LayerRope, ModelConfig, RopeScaling};
 use super::gguf_vocab;
-use crate::format::gguf::GgufFile;
-use crate::tensor::{AlignedBytes, HostTensor};
+use super::spec::{Arch, ArchSpec};
+use crate::format::gguf::{GgufFile, GgufValue};
+use crate::tensor::{Fixup, HostTensor};
 
 /// Reads a `.gguf` file into a model source.
 pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
     let f = GgufFile::open(path)?;
     let shown = path.display();
-    let arch = f.get_str("general.architecture").with_context(|| format!("{shown}: no `general.architecture`"))?;
-    if !matches!(arch, "llama" | "mistral" | "qwen2" | "qwen3") {
-        bail!("{shown}: architecture `{arch}` is not supported (supported: llama, mistral, qwen2, qwen3)");
-    }
-    let config = config_json(&f, arch).with_context(|| format!("{shown}: building the model config"))?;
-    let cfg = ModelConfig::from_json(&config.to_string()).with_context(|| format!("{shown}: model config"))?;
-    let tensors = hf_tensors(&f, arch, &cfg).with_context(|| format!("{shown}: mapping tensors"))?;
+    let name = f.get_str("general.architecture").with_context(|| format!("{shown}: no `general.architecture`"))?;
+    let Some(arch) = Arch::from_gguf_arch(name) else {
+        bail!("{shown}: architecture `{name}` is not supported (supported: {})", Arch::supported_gguf_archs());
+    };
+    let config = config_from_gguf(&f, arch).with_context(|| format!("{shown}: model config"))?;
+    let tensors = hf_tensors(&f, &config).with_context(|| format!("{shown}: mapping tensors"))?;
     let tok = gguf_vocab::tokenizer(&f).with_context(|| format!("{shown}: building the tokenizer"))?;
     let name = path.file_stem().map_or_else(|| shown.to_string(), |s| s.to_string_lossy().into_owned());
     Ok(ModelSource {
         name,
-        config_json: config.to_string(),
+        config_json: config.to_json().to_string(),
+        config,
         tokenizer_json: tok.tokenizer_json,
         tokenizer_config_json: Some(tok.tokenizer_config_json),
         generation_config_json: Some(tok.generation_config_json),
@@ -41,9 +41,10 @@ pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
     })
 }
 
-/// The `config.json` equivalent of the GGUF hyperparameters.
-fn config_json(f: &GgufFile, arch: &str) -> anyhow::Result<Value> {
-    let key = |k: &str| format!("{arch}.{k}");
+/// The model config from the GGUF hyperparameters, read as llama.cpp reads each family's.
+pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig> {
+    let spec = arch.spec();
+    let key = |k: &str| format!("{}.{k}", spec.gguf_arch);
     let u64_of = |k: &str| -> anyhow::Result<Option<u64>> {
         match f.get(&key(k)) {
             None => Ok(None),
@@ -53,67 +54,155 @@ fn config_json(f: &GgufFile, arch: &str) -> anyhow::Result<Value> {
             },
         }
     };
-    let required = |k: &str| -> anyhow::Result<u64> { u64_of(k)?.with_context(|| format!("missing `{}`", key(k))) };
+    let f32_of = |k: &str| -> anyhow::Result<Option<f32>> {
+        match f.get(&key(k)) {
+            None => Ok(None),
+            Some(_) => f.get_f32(&key(k)).map(Some).with_context(|| format!("`{}` is not a number", key(k))),
+        }
+    };
+    let required = |k: &str| -> anyhow::Result<usize> {
+        let v = u64_of(k)?.with_context(|| format!("missing `{}`", key(k)))?;
+        usize::try_from(v).ok().filter(|&v| v <= 1 << 40).with_context(|| format!("`{}` {v} is too large", key(k)))
+    };
     let hidden = required("embedding_length")?;
     let n_heads = required("attention.head_count")?;
-    let n_kv = u64_of("attention.head_count_kv")?.unwrap_or(n_heads);
-    let head_dim = u64_of("attention.key_length")?.unwrap_or(hidden.checked_div(n_heads).unwrap_or(0));
-    if let Some(v) = u64_of("attention.value_length")?.filter(|&v| v != head_dim) {
+    let n_layers = required("block_count")?;
+    if n_layers > 1 << 16 {
+        bail!("`{}` {n_layers} is too large", key("block_count"));
+    }
+    let n_kv_heads = match u64_of("attention.head_count_kv")? {
+        Some(_) => required("attention.head_count_kv")?,
+        None => n_heads,
+    };
+    let head_dim = match u64_of("attention.key_length")? {
+        Some(_) => required("attention.key_length")?,
+        None => hidden.checked_div(n_heads).unwrap_or(0),
+    };
+    if let Some(v) = u64_of("attention.value_length")?.filter(|&v| v != head_dim as u64) {
         bail!("`{}` {v} differs from the key length {head_dim}", key("attention.value_length"));
     }
+    let rotary_dim = match u64_of("rope.dimension_count")? {
+        Some(_) => required("rope.dimension_count")?,
+        None => head_dim,
+    };
     let embd = f.tensor("token_embd.weight").context("no `token_embd.weight` tensor")?;
     let vocab = embd.shape.first().copied().unwrap_or(0);
-    let eps = f.get_f32(&key("attention.layer_norm_rms_epsilon")).context("missing or non-float rms epsilon")?;
-    let mut c = json!({
-        "model_type": arch,
-        "hidden_size": hidden,
-        "intermediate_size": required("feed_forward_length")?,
-        "num_hidden_layers": required("block_count")?,
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": n_kv,
-        "head_dim": head_dim,
-        "vocab_size": vocab,
-        "rms_norm_eps": eps,
-        "max_position_embeddings": u64_of("context_length")?.unwrap_or(4096),
-        "tie_word_embeddings": f.tensor("output.weight").is_none(),
-        "attention_bias": f.tensor("blk.0.attn_q.bias").is_some(),
-        "rope_theta": f.get_f32(&key("rope.freq_base")).unwrap_or(10000.0),
-    });
-    if let Some(n) = u64_of("rope.dimension_count")?.filter(|&n| n != head_dim) {
-        bail!("partial RoPE (`{}` {n} of head dim {head_dim}) is not supported", key("rope.dimension_count"));
-    }
-    if arch == "mistral"
-        && let Some(w) = u64_of("attention.sliding_window")?
-    {
-        c["sliding_window"] = json!(w);
-    }
-    if let Some(s) = rope_scaling(f, arch, &c)? {
-        c["rope_scaling"] = s;
-    }
-    for (field, k) in [("bos_token_id", "tokenizer.ggml.bos_token_id"), ("eos_token_id", "tokenizer.ggml.eos_token_id")]
-    {
-        if let Some(id) = f.get_u64(k) {
-            c[field] = json!(id);
-        }
-    }
-    Ok(c)
+    let eps = f32_of("attention.layer_norm_rms_epsilon")?.context("missing or non-float rms epsilon")?;
+    let rope_theta = f32_of("rope.freq_base")?.unwrap_or(10000.0);
+
+    // Sliding windows, by llama.cpp's rules per family (it ignores Phi-3's window).
+    let window = u64_of("attention.sliding_window")?.filter(|&w| w > 0).map(|w| w as usize);
+    let (window, default_pattern) = match arch {
+        Arch::Mistral => (window, 1),
+        Arch::Gemma2 => (window.or(Some(4096)), 2),
+        Arch::Gemma3 => (window, 6),
+        Arch::Olmo2 => (window, 4),
+        _ => (None, 1),
+    };
+    let sliding = swa_layers(f, &key("attention.sliding_window_pattern"), n_layers, default_pattern)?;
+    let rope_off_everywhere = arch == Arch::Granite
+        && f.get(&key("rope.scaling.finetuned")).is_some_and(|v| matches!(v, GgufValue::Bool(false)));
+    let layers = (0..n_layers)
+        .map(|i| {
+            let sliding_window = window.filter(|_| sliding[i]);
+            let rope = match arch {
+                _ if rope_off_everywhere => LayerRope::None,
+                Arch::SmolLM3 if (i + 1) % 4 == 0 => LayerRope::None,
+                Arch::Gemma3 if sliding_window.is_some() => LayerRope::Local,
+                _ => LayerRope::Global,
+            };
+            LayerConfig { sliding_window, rope }
+        })
+        .collect();
+
+    let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
+    // llama.cpp scales Gemma's queries by the head width, except for the 27B models
+    // (46 and 62 layers), whose `query_pre_attn_scalar` is hidden / heads.
+    let gemma_27b = (arch == Arch::Gemma2 && n_layers == 46) || (arch == Arch::Gemma3 && n_layers == 62);
+    let attn_scale = match arch {
+        _ if gemma_27b => (hidden as f32 / n_heads.max(1) as f32).powf(-0.5),
+        Arch::Granite => f32_of("attention.scale")?.filter(|&s| s != 0.0).unwrap_or((head_dim as f32).powf(-0.5)),
+        _ => (head_dim as f32).powf(-0.5),
+    };
+    let granite = |k: &str| -> anyhow::Result<f32> {
+        Ok(if arch == Arch::Granite { f32_of(k)?.filter(|&s| s != 0.0).unwrap_or(1.0) } else { 1.0 })
+    };
+    let (attn_softcap, final_softcap) = match arch {
+        Arch::Gemma2 => (
+            Some(f32_of("attn_logit_softcapping")?.unwrap_or(50.0)),
+            Some(f32_of("final_logit_softcapping")?.unwrap_or(30.0)),
+        ),
+        Arch::Gemma3 => (None, f32_of("final_logit_softcapping")?),
+        _ => (None, None),
+    };
+    let mut config = ModelConfig {
+        arch,
+        hidden_size: hidden,
+        intermediate_size: required("feed_forward_length")?,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        vocab_size: vocab,
+        rms_norm_eps: eps,
+        max_position_embeddings: u64_of("context_length")?.map_or(4096, |c| c.min(1 << 40) as usize),
+        tie_word_embeddings: f.tensor("output.weight").is_none(),
+        attention_bias: f.tensor("blk.0.attn_q.bias").is_some(),
+        layers,
+        rope_theta,
+        rope_scaling: RopeScaling::None,
+        rope_local_theta: f32_of("rope.freq_base_swa")?.unwrap_or(10000.0),
+        rotary_dim,
+        embed_scale: if gemma { (hidden as f64).sqrt() as f32 } else { granite("embedding_scale")? },
+        residual_scale: granite("residual_scale")?,
+        attn_scale,
+        logits_divisor: granite("logit_scale")?,
+        attn_softcap: attn_softcap.filter(|&c| c > 0.0),
+        final_softcap: final_softcap.filter(|&c| c > 0.0),
+    };
+    config.rope_scaling = rope_scaling(f, spec, &config)?;
+    config.validate()?;
+    Ok(config)
 }
 
-/// `rope_scaling` from `{arch}.rope.scaling.*`, or Llama 3 scaling recovered from the
+/// Which layers use sliding-window attention: `{arch}.attention.sliding_window_pattern`
+/// as an array of booleans, or as `n` (all but every `n`th layer slide), else `default`.
+fn swa_layers(f: &GgufFile, key: &str, n_layers: usize, default: u64) -> anyhow::Result<Vec<bool>> {
+    let n = match f.get(key) {
+        Some(GgufValue::Array(items)) => {
+            if items.len() != n_layers {
+                bail!("`{key}` has {} entries for {n_layers} layers", items.len());
+            }
+            return items
+                .iter()
+                .map(|v| match v {
+                    GgufValue::Bool(b) => Ok(*b),
+                    other => bail!("`{key}` holds {}, not booleans", other.type_name()),
+                })
+                .collect();
+        }
+        Some(v) => v.as_u64().with_context(|| format!("`{key}` is {}, not a number or array", v.type_name()))?,
+        None => default,
+    };
+    Ok((0..n_layers as u64).map(|i| n == 0 || i % n < n - 1).collect())
+}
+
+/// RoPE scaling from `{arch}.rope.scaling.*`, or Llama 3 scaling recovered from the
 /// `rope_freqs.weight` tensor that `convert_hf_to_gguf.py` writes instead of keys.
-fn rope_scaling(f: &GgufFile, arch: &str, c: &Value) -> anyhow::Result<Option<Value>> {
+fn rope_scaling(f: &GgufFile, spec: &ArchSpec, c: &ModelConfig) -> anyhow::Result<RopeScaling> {
+    let arch = spec.gguf_arch;
     let kind = f.get_str(&format!("{arch}.rope.scaling.type")).unwrap_or("none");
     let factor = f.get_f32(&format!("{arch}.rope.scaling.factor"));
     let freqs = f.tensor("rope_freqs.weight");
     match (kind, freqs) {
-        ("none", None) => Ok(None),
+        ("none", None) => Ok(RopeScaling::None),
         ("linear", None) => {
             let factor = factor.context("rope scaling `linear` without `rope.scaling.factor`")?;
-            Ok(Some(json!({"rope_type": "linear", "factor": factor})))
+            Ok(RopeScaling::Linear { factor })
         }
         ("none" | "llama3", Some(t)) => {
             let orig_key = format!("{arch}.rope.scaling.original_context_length");
-            llama3_from_factors(t, c, f.get_u64(&orig_key)).map(Some)
+            llama3_from_factors(t, c, f.get_u64(&orig_key))
         }
         (other, _) => bail!("rope scaling `{other}` is not supported"),
     }
@@ -123,16 +212,16 @@ fn rope_scaling(f: &GgufFile, arch: &str, c: &Value) -> anyhow::Result<Option<Va
 /// frequencies, `factor` for low ones, a smooth blend between), assuming the low/high
 /// frequency factors every Llama 3.x release uses (1 and 4), then checks that the
 /// recovered parameters reproduce every divisor.
-fn llama3_from_factors(t: &HostTensor, c: &Value, orig_hint: Option<u64>) -> anyhow::Result<Value> {
+fn llama3_from_factors(t: &HostTensor, c: &ModelConfig, orig_hint: Option<u64>) -> anyhow::Result<RopeScaling> {
     let divisors = t.to_f32_vec();
-    let head_dim = c["head_dim"].as_u64().unwrap_or(0) as usize;
-    if divisors.len() * 2 != head_dim {
-        bail!("`rope_freqs.weight` has {} values; head dim {head_dim} needs {}", divisors.len(), head_dim / 2);
+    let dim = c.rotary_dim;
+    if divisors.len() * 2 != dim {
+        bail!("`rope_freqs.weight` has {} values; {dim} rotary dimensions need {}", divisors.len(), dim / 2);
     }
-    let theta = c["rope_theta"].as_f64().unwrap_or(10000.0) as f32;
+    let theta = c.rope_theta;
     let factor = divisors.iter().copied().fold(1.0f32, f32::max);
     let (low, high) = (1.0f32, 4.0f32);
-    let wavelen = |i: usize| 2.0 * std::f32::consts::PI * theta.powf((2 * i) as f32 / head_dim as f32);
+    let wavelen = |i: usize| 2.0 * std::f32::consts::PI * theta.powf((2 * i) as f32 / dim as f32);
     // A blended divisor d gives smooth = (factor / d - 1) / (factor - 1) =
     // (orig / wavelen - low) / (high - low), so orig = wavelen * (low + smooth * (high - low)).
     let from_blend =
@@ -141,14 +230,10 @@ fn llama3_from_factors(t: &HostTensor, c: &Value, orig_hint: Option<u64>) -> any
             (wavelen(i) * (low + smooth * (high - low))).round()
         });
     let orig = from_blend.or(orig_hint.map(|o| o as f32)).unwrap_or(8192.0);
-    let scaling = json!({"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
-        "high_freq_factor": high, "original_max_position_embeddings": orig});
-    let mut with = c.clone();
-    with["rope_scaling"] = scaling.clone();
-    let mut without = c.clone();
-    without["rope_scaling"] = Value::Null;
-    let scaled = ModelConfig::from_json(&with.to_string())?.rope_freqs().inv_freq;
-    let plain = ModelConfig::from_json(&without.to_string())?.rope_freqs().inv_freq;
+    let scaling =
+        RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_max_position: orig };
+    let scaled = ModelConfig { rope_scaling: scaling.clone(), ..c.clone() }.rope_freqs().inv_freq;
+    let plain = ModelConfig { rope_scaling: RopeScaling::None, ..c.clone() }.rope_freqs().inv_freq;
     for (i, ((s, p), d)) in scaled.iter().zip(&plain).zip(&divisors).enumerate() {
         let want = p / d;
         if (s - want).abs() > 1e-4 * want.abs() {
@@ -161,53 +246,38 @@ fn llama3_from_factors(t: &HostTensor, c: &Value, orig_hint: Option<u64>) -> any
     Ok(scaling)
 }
 
-/// llama.cpp per-layer tensor name (after `blk.N.`) → Hugging Face (after `model.layers.N.`).
-const LAYER_NAMES: [(&str, &str); 14] = [
-    ("attn_norm.weight", "input_layernorm.weight"),
-    ("attn_q.weight", "self_attn.q_proj.weight"),
-    ("attn_k.weight", "self_attn.k_proj.weight"),
-    ("attn_v.weight", "self_attn.v_proj.weight"),
-    ("attn_q.bias", "self_attn.q_proj.bias"),
-    ("attn_k.bias", "self_attn.k_proj.bias"),
-    ("attn_v.bias", "self_attn.v_proj.bias"),
-    ("attn_output.weight", "self_attn.o_proj.weight"),
-    ("attn_q_norm.weight", "self_attn.q_norm.weight"),
-    ("attn_k_norm.weight", "self_attn.k_norm.weight"),
-    ("ffn_norm.weight", "post_attention_layernorm.weight"),
-    ("ffn_gate.weight", "mlp.gate_proj.weight"),
-    ("ffn_up.weight", "mlp.up_proj.weight"),
-    ("ffn_down.weight", "mlp.down_proj.weight"),
-];
-
-const GLOBAL_NAMES: [(&str, &str); 3] = [
-    ("token_embd.weight", "model.embed_tokens.weight"),
-    ("output_norm.weight", "model.norm.weight"),
-    ("output.weight", "lm_head.weight"),
-];
-
-/// Hugging Face name for a llama.cpp tensor name, if it has one.
-pub fn hf_name(gguf_name: &str) -> Option<String> {
-    if let Some((_, hf)) = GLOBAL_NAMES.iter().find(|(g, _)| *g == gguf_name) {
+/// The Hugging Face name of a llama.cpp tensor name in a model of this family, if it
+/// has one.
+pub fn hf_name(spec: &ArchSpec, gguf_name: &str) -> Option<String> {
+    if let Some(hf) = ArchSpec::global_hf_from_gguf(gguf_name) {
         return Some(hf.to_string());
     }
     let rest = gguf_name.strip_prefix("blk.")?;
     let (layer, suffix) = rest.split_once('.')?;
     layer.parse::<u32>().ok()?;
-    let (_, hf) = LAYER_NAMES.iter().find(|(g, _)| *g == suffix)?;
-    Some(format!("model.layers.{layer}.{hf}"))
+    Some(format!("model.layers.{layer}.{}", spec.hf_from_gguf(suffix)?))
 }
 
-fn hf_tensors(f: &GgufFile, arch: &str, cfg: &ModelConfig) -> anyhow::Result<HashMap<String, HostTensor>> {
-    let interleaved = matches!(arch, "llama" | "mistral");
+fn hf_tensors(f: &GgufFile, cfg: &ModelConfig) -> anyhow::Result<HashMap<String, HostTensor>> {
+    let spec = cfg.spec();
     let mut out = HashMap::with_capacity(f.tensors.len());
     for (name, t) in &f.tensors {
         if name == "rope_freqs.weight" {
             continue; // folded into `rope_scaling`
         }
-        let hf = hf_name(name).with_context(|| format!("tensor `{name}` has no Hugging Face equivalent"))?;
-        let t = match (interleaved, name.rsplit('.').nth(1)) {
+        let hf = hf_name(spec, name)
+            .with_context(|| format!("tensor `{name}` has no place in a `{}` model", spec.gguf_arch))?;
+        let local = name.rsplit('.').nth(1);
+        let t = match (spec.gguf_qk_permuted, local) {
             (true, Some("attn_q")) => unpermute_rows(t, cfg.n_heads).with_context(|| format!("tensor `{name}`"))?,
             (true, Some("attn_k")) => unpermute_rows(t, cfg.n_kv_heads).with_context(|| format!("tensor `{name}`"))?,
+            // Gemma's norms: GGUF holds `1 + w`, the Hugging Face form `w`.
+            _ if spec.hf_norm_offset && name.ends_with("norm.weight") => {
+                if t.dtype != crate::tensor::DType::F32 {
+                    bail!("tensor `{name}` is {}, expected F32", t.dtype.name());
+                }
+                t.with_fixup(Fixup::MinusOneF32)
+            }
             _ => t.clone(),
         };
         out.insert(hf, t);
@@ -226,19 +296,9 @@ pub fn unpermute_rows(t: &HostTensor, n_heads: usize) -> anyhow::Result<HostTens
     if t.shape.len() == 1 && !t.dtype.is_float() {
         bail!("a 1-D {} tensor cannot be permuted by rows", t.dtype.name());
     }
-    let len = t.byte_len();
-    let fixup = crate::tensor::Fixup::UnpermuteRows { n_heads };
-    let origin = t.origin().map(|o| crate::tensor::TensorOrigin { fixup: Some(fixup), ..o.clone() });
     // Computed on first use: opening a model (or converting it one layer at a time)
     // does not hold a second copy of every Q/K matrix.
-    let stored = t.clone();
-    let lazy = crate::tensor::LazyBytes::new(len, move || {
-        let mut buf = AlignedBytes::zeroed(len);
-        fixup.apply(stored.bytes(), buf.bytes_mut(), rows);
-        buf
-    })
-    .with_origin(origin);
-    Ok(HostTensor::lazy(Arc::new(lazy), t.dtype, t.shape.clone()))
+    Ok(t.with_fixup(crate::tensor::Fixup::UnpermuteRows { n_heads }))
 }
 
 /// The `TemplateProcessing` post-processor that adds BOS/EOS as the GGUF asks
@@ -249,10 +309,20 @@ mod tests {
 
     #[test]
     fn names_map_to_hugging_face() {
-        assert_eq!(hf_name("blk.12.attn_q.weight").as_deref(), Some("model.layers.12.self_attn.q_proj.weight"));
-        assert_eq!(hf_name("output.weight").as_deref(), Some("lm_head.weight"));
-        assert_eq!(hf_name("blk.x.attn_q.weight"), None);
-        assert_eq!(hf_name("blk.0.ffn_gate_exps.weight"), None);
+        let llama = Arch::Llama.spec();
+        assert_eq!(hf_name(llama, "blk.12.attn_q.weight").as_deref(), Some("model.layers.12.self_attn.q_proj.weight"));
+        assert_eq!(hf_name(llama, "output.weight").as_deref(), Some("lm_head.weight"));
+        assert_eq!(hf_name(llama, "blk.x.attn_q.weight"), None);
+        assert_eq!(hf_name(llama, "blk.0.ffn_gate_exps.weight"), None);
+        let gemma = Arch::Gemma2.spec();
+        assert_eq!(
+            hf_name(gemma, "blk.1.post_attention_norm.weight").as_deref(),
+            Some("model.layers.1.post_attention_layernorm.weight")
+        );
+        assert_eq!(
+            hf_name(gemma, "blk.1.ffn_norm.weight").as_deref(),
+            Some("model.layers.1.pre_feedforward_layernorm.weight")
+        );
     }
 
     #[test]

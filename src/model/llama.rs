@@ -1,29 +1,34 @@
-//! The Llama family (llama, mistral, qwen2, qwen3): pre-norm decoder blocks with
-//! grouped-query attention, rotary embeddings and a SwiGLU MLP, written against the
-//! backend ops. Layer weights come from the scheduler, one layer at a time.
+//! The dense decoder: grouped-query attention with rotary embeddings and a gated MLP,
+//! written against the backend ops, for every family its spec ([`super::spec`])
+//! describes (Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3, OLMo 2, Granite, SmolLM3).
+//! Layer weights come from the scheduler, one layer at a time.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 use super::ModelSource;
 use super::config::ModelConfig;
-use crate::backend::{AttnParams, Backend, BackendError, RopeFreqs, TopK};
+use super::spec::{self, QkNorm, Role};
+use crate::backend::{AttnParams, Backend, BackendError, RopeFreqs, TopK, Unary};
 use crate::sched::{LayerTensors, Reservation, SchedError, SchedInfo, SchedOptions, Scheduler};
 use crate::tensor::HostTensor;
 
-/// One decoder block's weights, in the backend's form.
+/// One decoder block's weights, in the backend's form. The norms a family does not
+/// have are `None` (see [`spec::NormPlacement`]).
 pub struct LayerWeights<B: Backend> {
-    pub attn_norm: B::Weight,             // (hidden)
-    pub wq: B::Weight,                    // (n_heads * head_dim, hidden)
-    pub wk: B::Weight,                    // (n_kv_heads * head_dim, hidden)
-    pub wv: B::Weight,                    // (n_kv_heads * head_dim, hidden)
-    pub bias_qkv: Option<[B::Weight; 3]>, // (n_heads * head_dim), (n_kv * head_dim) x2
-    pub qk_norm: Option<[B::Weight; 2]>,  // (head_dim) each
-    pub wo: B::Weight,                    // (hidden, n_heads * head_dim)
-    pub ffn_norm: B::Weight,              // (hidden)
-    pub w_gate: B::Weight,                // (intermediate, hidden)
-    pub w_up: B::Weight,                  // (intermediate, hidden)
-    pub w_down: B::Weight,                // (hidden, intermediate)
+    pub attn_norm: Option<B::Weight>,      // (hidden)
+    pub wq: B::Weight,                     // (n_heads * head_dim, hidden)
+    pub wk: B::Weight,                     // (n_kv_heads * head_dim, hidden)
+    pub wv: B::Weight,                     // (n_kv_heads * head_dim, hidden)
+    pub bias_qkv: Option<[B::Weight; 3]>,  // (n_heads * head_dim), (n_kv * head_dim) x2
+    pub qk_norm: Option<[B::Weight; 2]>,   // (head_dim) each, or (q width), (kv width) when whole
+    pub wo: B::Weight,                     // (hidden, n_heads * head_dim)
+    pub attn_post_norm: Option<B::Weight>, // (hidden)
+    pub ffn_norm: Option<B::Weight>,       // (hidden)
+    pub w_gate: B::Weight,                 // (intermediate, hidden)
+    pub w_up: B::Weight,                   // (intermediate, hidden)
+    pub w_down: B::Weight,                 // (hidden, intermediate)
+    pub ffn_post_norm: Option<B::Weight>,  // (hidden)
 }
 
 /// Keys and values of one sequence, per layer: `[capacity, n_kv_heads * head_dim]`, in
@@ -155,11 +160,81 @@ pub struct LlamaModel<B: Backend> {
     norm: B::Weight,    // (hidden)
     lm_head: B::Weight, // (vocab, hidden), the embedding when tied
     layers: Scheduler<LayerWeights<B>>,
-    rope: RopeFreqs,
+    /// Each layer's RoPE (`None`: the layer has none).
+    rope: Vec<Option<RopeFreqs>>,
     /// Bytes of all weights (layers, embeddings, head, norms).
     pub weights_bytes: usize,
     lm_head_bytes: usize,
     workspace: Mutex<Option<Workspace<B>>>,
+}
+
+/// A norm weight as the forward pass uses it (Gemma's checkpoints store `w - 1`).
+fn norm_weight(t: &HostTensor, stored_minus_one: bool) -> HostTensor {
+    match stored_minus_one {
+        false => t.clone(),
+        true => HostTensor::from_f32(&t.to_f32_vec().iter().map(|w| w + 1.0).collect::<Vec<_>>(), t.shape.clone()),
+    }
+}
+
+/// One layer's weights from its host tensors, as the spec names and shapes them; fused
+/// projections are split by rows.
+fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result<LayerWeights<B>, SchedError> {
+    let spec = c.spec();
+    let build_err = |msg: String| SchedError::Build { layer: lt.index, msg };
+    let host = |role: Role| -> Result<Option<HostTensor>, SchedError> {
+        if !spec.layer_roles(c).any(|r| r == role) {
+            return Ok(None);
+        }
+        let name = spec.tensor(role).map_or("", |t| t.hf);
+        let t = lt.get(name)?;
+        let want = role.shape(c);
+        if t.shape != want {
+            return Err(build_err(format!("tensor `{name}`: expected shape {want:?}, found {:?}", t.shape)));
+        }
+        Ok(Some(if role.is_norm() { norm_weight(t, spec.hf_norm_offset) } else { t.clone() }))
+    };
+    let upload = |t: &HostTensor| be.weight(t).map_err(|source| SchedError::Backend { layer: lt.index, source });
+    let opt = |role: Role| -> Result<Option<B::Weight>, SchedError> { host(role)?.as_ref().map(upload).transpose() };
+    let req = |role: Role, t: Option<HostTensor>| -> Result<HostTensor, SchedError> {
+        t.ok_or_else(|| build_err(format!("the spec of `{}` has no {role:?} tensor", spec.hf_type)))
+    };
+    let (q_dim, kv_dim, i) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.intermediate_size);
+    let split = |t: &HostTensor, at: &[(usize, usize)]| -> Result<Vec<HostTensor>, SchedError> {
+        at.iter()
+            .map(|&(start, n)| t.rows(start, n).ok_or_else(|| build_err(format!("cannot split rows of {t:?}"))))
+            .collect()
+    };
+    let [wq, wk, wv] = match host(Role::Qkv)? {
+        Some(qkv) => {
+            let parts = split(&qkv, &[(0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim)])?;
+            <[HostTensor; 3]>::try_from(parts).map_err(|_| build_err("QKV split".into()))?
+        }
+        None => [req(Role::Q, host(Role::Q)?)?, req(Role::K, host(Role::K)?)?, req(Role::V, host(Role::V)?)?],
+    };
+    let [w_gate, w_up] = match host(Role::GateUp)? {
+        Some(gu) => <[HostTensor; 2]>::try_from(split(&gu, &[(0, i), (i, i)])?)
+            .map_err(|_| build_err("gate/up split".into()))?,
+        None => [req(Role::Gate, host(Role::Gate)?)?, req(Role::Up, host(Role::Up)?)?],
+    };
+    let both = |a: Option<B::Weight>, b: Option<B::Weight>| a.zip(b).map(|(a, b)| [a, b]);
+    Ok(LayerWeights {
+        attn_norm: opt(Role::AttnNorm)?,
+        wq: upload(&wq)?,
+        wk: upload(&wk)?,
+        wv: upload(&wv)?,
+        bias_qkv: match (opt(Role::QBias)?, opt(Role::KBias)?, opt(Role::VBias)?) {
+            (Some(q), Some(k), Some(v)) => Some([q, k, v]),
+            _ => None,
+        },
+        qk_norm: both(opt(Role::QNorm)?, opt(Role::KNorm)?),
+        wo: upload(&req(Role::O, host(Role::O)?)?)?,
+        attn_post_norm: opt(Role::AttnPostNorm)?,
+        ffn_norm: opt(Role::FfnNorm)?,
+        w_gate: upload(&w_gate)?,
+        w_up: upload(&w_up)?,
+        w_down: upload(&req(Role::Down, host(Role::Down)?)?)?,
+        ffn_post_norm: opt(Role::FfnPostNorm)?,
+    })
 }
 
 fn checked<'a>(t: &'a HostTensor, name: &str, want: &[usize]) -> Result<&'a HostTensor, ModelError> {
@@ -183,74 +258,33 @@ impl<B: Backend> LlamaModel<B> {
         sched: &SchedOptions,
     ) -> Result<Self, ModelError> {
         let c = &config;
-        let (h, q_dim, kv_dim) = (c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-        let global = |name: &str, want: &[usize]| -> Result<B::Weight, ModelError> {
+        let h = c.hidden_size;
+        let global = |name: &str, want: &[usize]| -> Result<&HostTensor, ModelError> {
             let t = source.tensors.get(name).ok_or_else(|| ModelError::Missing(name.to_string()))?;
-            Ok(backend.weight(checked(t, name, want)?)?)
+            checked(t, name, want)
         };
-        let embed = global("model.embed_tokens.weight", &[c.vocab_size, h])?;
-        let norm = global("model.norm.weight", &[h])?;
-        let head_name = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
-        let lm_head_bytes = source.tensors.get(head_name).map_or(0, |t| t.bytes().len());
-        let lm_head = match c.tie_word_embeddings {
-            true => global("model.embed_tokens.weight", &[c.vocab_size, h])?,
-            false => global("lm_head.weight", &[c.vocab_size, h])?,
-        };
+        let (embed_name, norm_name, head_name) = (spec::EMBED.0, spec::OUTPUT_NORM.0, spec::OUTPUT.0);
+        let embed = backend.weight(global(embed_name, &[c.vocab_size, h])?)?;
+        let norm = backend.weight(&norm_weight(global(norm_name, &[h])?, c.spec().hf_norm_offset))?;
+        let head_name = if c.tie_word_embeddings { embed_name } else { head_name };
+        let head = global(head_name, &[c.vocab_size, h])?;
+        let (lm_head, lm_head_bytes) = (backend.weight(head)?, head.byte_len());
 
         let mut layer_sources: Vec<LayerTensors> =
             (0..c.n_layers).map(|index| LayerTensors { index, ..Default::default() }).collect();
         for (name, t) in &source.tensors {
-            let Some(rest) = name.strip_prefix("model.layers.") else { continue };
-            let Some((idx, local)) = rest.split_once('.') else { continue };
-            if let Some(layer) = idx.parse::<usize>().ok().and_then(|i| layer_sources.get_mut(i)) {
+            if let Some((i, local)) = crate::format::layer_tensor(name)
+                && let Some(layer) = layer_sources.get_mut(i)
+            {
                 layer.tensors.insert(local.to_string(), t.clone());
             }
         }
-        let weights_bytes = source.tensors.values().map(|t| t.bytes().len()).sum();
+        let weights_bytes = source.tensors.values().map(HostTensor::byte_len).sum();
 
         let (be, c) = (backend.clone(), config.clone());
-        let build = move |lt: &LayerTensors| -> Result<LayerWeights<B>, SchedError> {
-            let (c, backend) = (&c, &be);
-            let get = |name: &str, want: &[usize]| -> Result<B::Weight, SchedError> {
-                let t = lt.get(name)?;
-                if t.shape != want {
-                    return Err(SchedError::Build {
-                        layer: lt.index,
-                        msg: format!("tensor `{name}`: expected shape {want:?}, found {:?}", t.shape),
-                    });
-                }
-                backend.weight(t).map_err(|source| SchedError::Backend { layer: lt.index, source })
-            };
-            let i = c.intermediate_size;
-            Ok(LayerWeights {
-                attn_norm: get("input_layernorm.weight", &[h])?,
-                wq: get("self_attn.q_proj.weight", &[q_dim, h])?,
-                wk: get("self_attn.k_proj.weight", &[kv_dim, h])?,
-                wv: get("self_attn.v_proj.weight", &[kv_dim, h])?,
-                bias_qkv: match c.attention_bias {
-                    true => Some([
-                        get("self_attn.q_proj.bias", &[q_dim])?,
-                        get("self_attn.k_proj.bias", &[kv_dim])?,
-                        get("self_attn.v_proj.bias", &[kv_dim])?,
-                    ]),
-                    false => None,
-                },
-                qk_norm: match c.qk_norm {
-                    true => Some([
-                        get("self_attn.q_norm.weight", &[c.head_dim])?,
-                        get("self_attn.k_norm.weight", &[c.head_dim])?,
-                    ]),
-                    false => None,
-                },
-                wo: get("self_attn.o_proj.weight", &[h, q_dim])?,
-                ffn_norm: get("post_attention_layernorm.weight", &[h])?,
-                w_gate: get("mlp.gate_proj.weight", &[i, h])?,
-                w_up: get("mlp.up_proj.weight", &[i, h])?,
-                w_down: get("mlp.down_proj.weight", &[h, i])?,
-            })
-        };
+        let build = move |lt: &LayerTensors| build_layer(&c, &*be, lt);
         let layers = Scheduler::new(layer_sources, build, sched)?;
-        let rope = config.rope_freqs();
+        let rope = config.layers.iter().map(|l| config.rope_for(l.rope)).collect();
         Ok(LlamaModel {
             config,
             backend,
@@ -372,6 +406,12 @@ impl<B: Backend> LlamaModel<B> {
         }
         be.rms_norm(&ws.picked, out_rows, &self.norm, c.rms_norm_eps, &mut ws.head_in)?;
         be.matmul(&ws.head_in, out_rows, &self.lm_head, &mut ws.logits)?;
+        if c.logits_divisor != 1.0 {
+            be.unary(&mut ws.logits, out_rows * c.vocab_size, Unary::Scale(1.0 / c.logits_divisor))?;
+        }
+        if let Some(cap) = c.final_softcap {
+            be.unary(&mut ws.logits, out_rows * c.vocab_size, Unary::Softcap(cap))?;
+        }
         let result = match readback {
             Readback::Full => (be.download(&ws.logits, out_rows * c.vocab_size)?, counts, Vec::new()),
             Readback::Top(k) => {
@@ -458,28 +498,48 @@ impl<B: Backend> LlamaModel<B> {
         let Workspace { x, normed, q, k, v, attn, proj, gate, up, scratch, .. } = ws;
 
         be.embedding(&self.embed, &ids, x)?;
+        if c.embed_scale != 1.0 {
+            be.unary(x, rows * h, Unary::Scale(c.embed_scale))?;
+        }
+        let eps = c.rms_norm_eps;
+        // Q/K norms run over each head's row, or over a token's whole Q (K) row.
+        let (q_norm_rows, k_norm_rows) = match c.spec().qk_norm {
+            QkNorm::Whole => (rows, rows),
+            _ => (rows * c.n_heads, rows * c.n_kv_heads),
+        };
         for l in 0..c.n_layers {
             if cancelled() {
                 return Err(ModelError::Cancelled);
             }
             let w = self.layers.layer(l)?;
-            be.rms_norm(x, rows, &w.attn_norm, c.rms_norm_eps, normed)?;
-            be.matmul(normed, rows, &w.wq, q)?;
-            be.matmul(normed, rows, &w.wk, k)?;
-            be.matmul(normed, rows, &w.wv, v)?;
+
+            // Attention over the normed stream (or the stream itself when the family
+            // normalizes only after).
+            let input: &B::Buf = match &w.attn_norm {
+                Some(n) => {
+                    be.rms_norm(x, rows, n, eps, normed)?;
+                    normed
+                }
+                None => x,
+            };
+            be.matmul(input, rows, &w.wq, q)?;
+            be.matmul(input, rows, &w.wk, k)?;
+            be.matmul(input, rows, &w.wv, v)?;
             if let Some([bq, bk, bv]) = &w.bias_qkv {
                 be.add_bias(q, rows, bq)?;
                 be.add_bias(k, rows, bk)?;
                 be.add_bias(v, rows, bv)?;
             }
             if let Some([qn, kn]) = &w.qk_norm {
-                be.rms_norm(q, rows * c.n_heads, qn, c.rms_norm_eps, scratch)?;
+                be.rms_norm(q, q_norm_rows, qn, eps, scratch)?;
                 be.copy_rows(scratch, 0, rows, q_dim, q, 0)?;
-                be.rms_norm(k, rows * c.n_kv_heads, kn, c.rms_norm_eps, scratch)?;
+                be.rms_norm(k, k_norm_rows, kn, eps, scratch)?;
                 be.copy_rows(scratch, 0, rows, kv_dim, k, 0)?;
             }
-            be.rope(q, c.n_heads, hd, &positions, &self.rope)?;
-            be.rope(k, c.n_kv_heads, hd, &positions, &self.rope)?;
+            if let Some(rope) = &self.rope[l] {
+                be.rope(q, c.n_heads, hd, &positions, rope)?;
+                be.rope(k, c.n_kv_heads, hd, &positions, rope)?;
+            }
 
             let mut row0 = 0;
             for s in batch.iter_mut() {
@@ -493,25 +553,57 @@ impl<B: Backend> LlamaModel<B> {
                     n_kv_heads: c.n_kv_heads,
                     head_dim: hd,
                     start_pos,
-                    scale: (hd as f32).powf(-0.5),
-                    sliding_window: c.sliding_window,
-                    softcap: None,
+                    scale: c.attn_scale,
+                    sliding_window: c.layers[l].sliding_window,
+                    softcap: c.attn_softcap,
                 };
                 be.attention(q, row0, n, &cache.k[l], &cache.v[l], &p, attn)?;
                 row0 += n;
             }
             be.matmul(attn, rows, &w.wo, proj)?;
-            be.add(x, proj, rows * h)?;
+            residual(be, c, x, proj, w.attn_post_norm.as_ref(), normed, rows)?;
 
-            be.rms_norm(x, rows, &w.ffn_norm, c.rms_norm_eps, normed)?;
-            be.matmul(normed, rows, &w.w_gate, gate)?;
-            be.matmul(normed, rows, &w.w_up, up)?;
-            be.glu(gate, up, rows * c.intermediate_size, crate::backend::Activation::Silu)?;
+            // The gated MLP, likewise.
+            let input: &B::Buf = match &w.ffn_norm {
+                Some(n) => {
+                    be.rms_norm(x, rows, n, eps, normed)?;
+                    normed
+                }
+                None => x,
+            };
+            be.matmul(input, rows, &w.w_gate, gate)?;
+            be.matmul(input, rows, &w.w_up, up)?;
+            be.glu(gate, up, rows * c.intermediate_size, c.spec().activation)?;
             be.matmul(gate, rows, &w.w_down, proj)?;
-            be.add(x, proj, rows * h)?;
+            residual(be, c, x, proj, w.ffn_post_norm.as_ref(), normed, rows)?;
         }
         Ok(())
     }
+}
+
+/// `x += residual_scale * post_norm(branch)` for `rows` rows: the end of each half of a
+/// block, whichever the norm placement (`post_norm` is `None` for pre-norm families).
+fn residual<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    x: &mut B::Buf,
+    branch: &mut B::Buf,
+    post_norm: Option<&B::Weight>,
+    normed: &mut B::Buf,
+    rows: usize,
+) -> Result<(), ModelError> {
+    let len = rows * c.hidden_size;
+    let out = match post_norm {
+        Some(n) => {
+            be.rms_norm(branch, rows, n, c.rms_norm_eps, normed)?;
+            normed
+        }
+        None => branch,
+    };
+    if c.residual_scale != 1.0 {
+        be.unary(out, len, Unary::Scale(c.residual_scale))?;
+    }
+    Ok(be.add(x, out, len)?)
 }
 
 impl<B: Backend> super::LanguageModel for LlamaModel<B> {

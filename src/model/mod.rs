@@ -5,6 +5,7 @@ pub mod demo;
 pub mod gguf_source;
 pub mod gguf_vocab;
 pub mod llama;
+pub mod spec;
 
 use std::collections::HashMap;
 
@@ -61,7 +62,9 @@ pub trait LanguageModel: Send + Sync {
 pub struct ModelSource {
     /// Display name (a directory or file stem, or `strata-demo`).
     pub name: String,
-    /// Contents of `config.json`.
+    /// The model's hyperparameters, read once where the source was opened.
+    pub config: ModelConfig,
+    /// `config.json` as stored (what conversions write and `/api/show` reports).
     pub config_json: String,
     /// Contents of `tokenizer.json`.
     pub tokenizer_json: String,
@@ -99,9 +102,13 @@ impl ModelSource {
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| dir.display().to_string());
+        let config_json = read("config.json")?;
+        let config =
+            ModelConfig::from_json(&config_json).with_context(|| format!("{}", dir.join("config.json").display()))?;
         Ok(ModelSource {
             name,
-            config_json: read("config.json")?,
+            config,
+            config_json,
             tokenizer_json: read("tokenizer.json")?,
             tokenizer_config_json: optional("tokenizer_config.json")?,
             generation_config_json: optional("generation_config.json")?,

@@ -23,6 +23,7 @@ mod write;
 use std::collections::HashMap;
 use std::path::Path;
 
+use anyhow::Context;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -31,6 +32,7 @@ pub use write::CawsfWriter;
 
 use crate::format::FormatError;
 use crate::model::ModelSource;
+use crate::model::config::ModelConfig;
 use layout::*;
 use read::{Bank, Mapped};
 
@@ -63,8 +65,10 @@ pub fn open(path: &Path) -> anyhow::Result<ModelSource> {
     let tensors = read::build_tensors(&p.file, &p.bank)?;
     let m = p.meta.model;
     let name = path.file_stem().map_or_else(|| m.name.clone(), |s| s.to_string_lossy().into_owned());
+    let config = ModelConfig::from_json(&m.config_json).with_context(|| format!("{}: META config", path.display()))?;
     Ok(ModelSource {
         name,
+        config,
         config_json: m.config_json,
         tokenizer_json: m.tokenizer_json,
         tokenizer_config_json: m.tokenizer_config_json,
@@ -245,7 +249,9 @@ mod tests {
     fn meta() -> ModelMeta {
         ModelMeta {
             name: "tiny".into(),
-            config_json: "{}".into(),
+            config_json: r#"{"model_type":"llama","hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,
+                "num_attention_heads":2,"vocab_size":4}"#
+                .into(),
             tokenizer_json: "{}".into(),
             tokenizer_config_json: None,
             generation_config_json: Some("{\"a\":1}".into()),

@@ -1,0 +1,314 @@
+//! The declarative description of each architecture: which tensors a decoder layer
+//! holds (their role, Hugging Face name and llama.cpp name), where the block normalizes,
+//! its activation and the small differences between families. The loader, the shape
+//! checks, GGUF import and the forward pass read this one table; adding a dense family
+//! that fits these axes is an entry here plus its config keys in `config.rs`.
+//!
+//! Mixture-of-experts and hybrid layers extend the same idea: a router and stacked
+//! experts are more [`Role`]s (with an expert axis), and a layer of another kind is a
+//! different `LayerKind` in the per-layer list of `ModelConfig`, not a new model type.
+
+use super::config::ModelConfig;
+use crate::backend::Activation;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+    Gemma2,
+    Gemma3,
+    Phi3,
+    Olmo2,
+    Granite,
+    SmolLM3,
+}
+
+/// What a tensor of a decoder layer is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Norm before attention (hidden).
+    AttnNorm,
+    Q,
+    K,
+    V,
+    /// Q, K and V stacked by rows (Phi-3).
+    Qkv,
+    QBias,
+    KBias,
+    VBias,
+    O,
+    QNorm,
+    KNorm,
+    /// Norm of the attention output before the residual add (sandwich or post-norm).
+    AttnPostNorm,
+    /// Norm before the MLP (hidden).
+    FfnNorm,
+    Gate,
+    Up,
+    /// Gate and up stacked by rows, gate first (Phi-3).
+    GateUp,
+    Down,
+    /// Norm of the MLP output before the residual add.
+    FfnPostNorm,
+}
+
+/// Where a block's norms sit around attention and the MLP (`f`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// `x += f(norm(x))` (Llama).
+    Pre,
+    /// `x += norm(f(x))` (OLMo 2).
+    Post,
+    /// `x += norm_after(f(norm_before(x)))` (Gemma 2 and 3).
+    Sandwich,
+}
+
+/// RMS norms of the queries and keys before RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Over each head (`head_dim` weights; Qwen3, Gemma 3).
+    PerHead,
+    /// Over all heads at once (`n_heads * head_dim` weights; OLMo 2).
+    Whole,
+}
+
+/// One layer tensor: its role and its names after `model.layers.N.` (Hugging Face) and
+/// after `blk.N.` (llama.cpp).
+pub struct TensorName {
+    pub role: Role,
+    pub hf: &'static str,
+    pub gguf: &'static str,
+}
+
+const fn t(role: Role, hf: &'static str, gguf: &'static str) -> TensorName {
+    TensorName { role, hf, gguf }
+}
+
+macro_rules! attention_and_mlp {
+    ($($extra:expr),* $(,)?) => {
+        [
+            $($extra,)*
+            t(Role::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+            t(Role::K, "self_attn.k_proj.weight", "attn_k.weight"),
+            t(Role::V, "self_attn.v_proj.weight", "attn_v.weight"),
+            t(Role::O, "self_attn.o_proj.weight", "attn_output.weight"),
+            t(Role::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
+            t(Role::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
+            t(Role::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
+            t(Role::Up, "mlp.up_proj.weight", "ffn_up.weight"),
+            t(Role::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+        ]
+    };
+}
+
+/// Llama and the families that name their layers as Llama does.
+static LLAMA: [TensorName; 14] = attention_and_mlp!(
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+);
+
+/// Gemma 2 and 3: sandwich norms (`post_attention_layernorm` is the norm *after* attention).
+static GEMMA: [TensorName; 13] = attention_and_mlp!(
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::AttnPostNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+    t(Role::FfnNorm, "pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+    t(Role::FfnPostNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+);
+
+/// OLMo 2: norms after attention and after the MLP only.
+static OLMO2: [TensorName; 11] = attention_and_mlp!(
+    t(Role::AttnPostNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+    t(Role::FfnPostNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+);
+
+/// Phi-3: fused QKV and gate-up (llama.cpp keeps them fused too).
+static PHI3: [TensorName; 6] = [
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::Qkv, "self_attn.qkv_proj.weight", "attn_qkv.weight"),
+    t(Role::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Role::GateUp, "mlp.gate_up_proj.weight", "ffn_up.weight"),
+    t(Role::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+];
+
+/// The tensors outside the layers: (Hugging Face name, llama.cpp name).
+pub const EMBED: (&str, &str) = ("model.embed_tokens.weight", "token_embd.weight");
+pub const OUTPUT_NORM: (&str, &str) = ("model.norm.weight", "output_norm.weight");
+pub const OUTPUT: (&str, &str) = ("lm_head.weight", "output.weight");
+
+/// Everything that distinguishes one dense family from another.
+pub struct ArchSpec {
+    pub arch: Arch,
+    /// `model_type` in `config.json`.
+    pub hf_type: &'static str,
+    /// `general.architecture` in GGUF.
+    pub gguf_arch: &'static str,
+    pub tensors: &'static [TensorName],
+    pub norms: NormPlacement,
+    pub activation: Activation,
+    pub qk_norm: QkNorm,
+    /// Hugging Face stores RMS norm weights as `w - 1` (Gemma): the loader adds 1.
+    /// (`convert_hf_to_gguf.py` already did for GGUF.)
+    pub hf_norm_offset: bool,
+    /// GGUF stores Q/K rows permuted for GGML's interleaved RoPE (`llama`, `mistral`);
+    /// the loader undoes it.
+    pub gguf_qk_permuted: bool,
+    /// Embeddings are multiplied by `sqrt(hidden)` (Gemma).
+    pub embed_scale_sqrt_hidden: bool,
+}
+
+const fn spec(arch: Arch, hf_type: &'static str, gguf_arch: &'static str, tensors: &'static [TensorName]) -> ArchSpec {
+    ArchSpec {
+        arch,
+        hf_type,
+        gguf_arch,
+        tensors,
+        norms: NormPlacement::Pre,
+        activation: Activation::Silu,
+        qk_norm: QkNorm::None,
+        hf_norm_offset: false,
+        gguf_qk_permuted: false,
+        embed_scale_sqrt_hidden: false,
+    }
+}
+
+const GEMMA2: ArchSpec = ArchSpec {
+    norms: NormPlacement::Sandwich,
+    activation: Activation::GeluTanh,
+    hf_norm_offset: true,
+    embed_scale_sqrt_hidden: true,
+    ..spec(Arch::Gemma2, "gemma2", "gemma2", &GEMMA)
+};
+
+pub static SPECS: [ArchSpec; 10] = [
+    ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Llama, "llama", "llama", &LLAMA) },
+    ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mistral, "mistral", "mistral", &LLAMA) },
+    spec(Arch::Qwen2, "qwen2", "qwen2", &LLAMA),
+    ArchSpec { qk_norm: QkNorm::PerHead, ..spec(Arch::Qwen3, "qwen3", "qwen3", &LLAMA) },
+    GEMMA2,
+    ArchSpec { qk_norm: QkNorm::PerHead, arch: Arch::Gemma3, hf_type: "gemma3_text", gguf_arch: "gemma3", ..GEMMA2 },
+    spec(Arch::Phi3, "phi3", "phi3", &PHI3),
+    ArchSpec { norms: NormPlacement::Post, qk_norm: QkNorm::Whole, ..spec(Arch::Olmo2, "olmo2", "olmo2", &OLMO2) },
+    // llama.cpp's `granite` permutes Q/K as `llama` does.
+    ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Granite, "granite", "granite", &LLAMA) },
+    ArchSpec { gguf_qk_permuted: true, ..spec(Arch::SmolLM3, "smollm3", "smollm3", &LLAMA) },
+];
+
+impl Arch {
+    pub fn spec(self) -> &'static ArchSpec {
+        SPECS.iter().find(|s| s.arch == self).expect("every Arch has a spec")
+    }
+
+    pub fn name(self) -> &'static str {
+        self.spec().hf_type
+    }
+
+    pub fn from_hf_type(model_type: &str) -> Option<Arch> {
+        SPECS.iter().find(|s| s.hf_type == model_type).map(|s| s.arch)
+    }
+
+    pub fn from_gguf_arch(arch: &str) -> Option<Arch> {
+        SPECS.iter().find(|s| s.gguf_arch == arch).map(|s| s.arch)
+    }
+
+    /// The supported names, for error messages.
+    pub fn supported_hf_types() -> String {
+        SPECS.iter().map(|s| s.hf_type).collect::<Vec<_>>().join(", ")
+    }
+
+    pub fn supported_gguf_archs() -> String {
+        SPECS.iter().map(|s| s.gguf_arch).collect::<Vec<_>>().join(", ")
+    }
+}
+
+impl ArchSpec {
+    pub fn tensor(&self, role: Role) -> Option<&'static TensorName> {
+        self.tensors.iter().find(|t| t.role == role)
+    }
+
+    /// The Hugging Face layer-local name for a llama.cpp layer-local name.
+    pub fn hf_from_gguf(&self, gguf: &str) -> Option<&'static str> {
+        self.tensors.iter().find(|t| t.gguf == gguf).map(|t| t.hf)
+    }
+
+    /// The Hugging Face name of a tensor outside the layers, by its llama.cpp name.
+    pub fn global_hf_from_gguf(gguf: &str) -> Option<&'static str> {
+        [EMBED, OUTPUT_NORM, OUTPUT].iter().find(|(_, g)| *g == gguf).map(|(hf, _)| *hf)
+    }
+
+    /// The roles a layer of this model holds: the family's tensors, less the biases and
+    /// Q/K norms this config does not use.
+    pub fn layer_roles(&self, c: &ModelConfig) -> impl Iterator<Item = Role> + '_ {
+        let bias = c.attention_bias;
+        let qk_norm = self.qk_norm != QkNorm::None;
+        self.tensors.iter().map(|t| t.role).filter(move |r| match r {
+            Role::QBias | Role::KBias | Role::VBias => bias,
+            Role::QNorm | Role::KNorm => qk_norm,
+            _ => true,
+        })
+    }
+}
+
+impl Role {
+    /// The tensor's shape in a model with config `c`.
+    pub fn shape(self, c: &ModelConfig) -> Vec<usize> {
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let (q, kv) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let whole = c.spec().qk_norm == QkNorm::Whole;
+        match self {
+            Role::AttnNorm | Role::AttnPostNorm | Role::FfnNorm | Role::FfnPostNorm => vec![h],
+            Role::Q => vec![q, h],
+            Role::K | Role::V => vec![kv, h],
+            Role::Qkv => vec![q + 2 * kv, h],
+            Role::QBias => vec![q],
+            Role::KBias | Role::VBias => vec![kv],
+            Role::O => vec![h, q],
+            Role::QNorm => vec![if whole { q } else { c.head_dim }],
+            Role::KNorm => vec![if whole { kv } else { c.head_dim }],
+            Role::Gate | Role::Up => vec![i, h],
+            Role::GateUp => vec![2 * i, h],
+            Role::Down => vec![h, i],
+        }
+    }
+
+    /// An RMS norm weight (which Gemma's checkpoints store as `w - 1`).
+    pub fn is_norm(self) -> bool {
+        matches!(
+            self,
+            Role::AttnNorm | Role::AttnPostNorm | Role::FfnNorm | Role::FfnPostNorm | Role::QNorm | Role::KNorm
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_within_each_family() {
+        for s in &SPECS {
+            for (i, a) in s.tensors.iter().enumerate() {
+                for b in &s.tensors[i + 1..] {
+                    assert!(a.role != b.role && a.hf != b.hf && a.gguf != b.gguf, "{}: {}", s.hf_type, a.hf);
+                }
+            }
+            assert_eq!(Arch::from_hf_type(s.hf_type), Some(s.arch));
+            assert_eq!(Arch::from_gguf_arch(s.gguf_arch), Some(s.arch));
+        }
+    }
+
+    #[test]
+    fn the_same_hugging_face_name_means_different_roles_in_different_families() {
+        let role = |a: Arch, hf: &str| a.spec().tensors.iter().find(|t| t.hf == hf).map(|t| t.role);
+        assert_eq!(role(Arch::Llama, "post_attention_layernorm.weight"), Some(Role::FfnNorm));
+        assert_eq!(role(Arch::Gemma2, "post_attention_layernorm.weight"), Some(Role::AttnPostNorm));
+        assert_eq!(Arch::Phi3.spec().hf_from_gguf("ffn_up.weight"), Some("mlp.gate_up_proj.weight"));
+        assert_eq!(ArchSpec::global_hf_from_gguf("output.weight"), Some("lm_head.weight"));
+    }
+}
