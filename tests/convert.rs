@@ -46,7 +46,18 @@ const TARGETS: [Target; 3] = [Target::Flat, Target::Cawsf(Compression::None), Ta
 
 #[test]
 fn unquantized_conversions_are_identical_models() {
-    for src in ["hf/llama3", "gguf/llama3.q4_0.gguf", "gguf/llama256.q4_k_m.gguf"] {
+    // Gemma's GGUF norms (stored `1 + w`), Phi-3's fused projections and the per-layer
+    // settings of Gemma 3 and SmolLM3 go through the written config.json.
+    for src in [
+        "hf/llama3",
+        "gguf/llama3.q4_0.gguf",
+        "gguf/llama256.q4_k_m.gguf",
+        "gguf/gemma2.f32.gguf",
+        "gguf/gemma3.f32.gguf",
+        "gguf/phi3_partial.f32.gguf",
+        "gguf/smollm3.f32.gguf",
+        "gguf/granite.f32.gguf",
+    ] {
         for target in TARGETS {
             let s = TempDir::new("same");
             let out = out_path(&s, target);
@@ -62,6 +73,7 @@ fn unquantized_conversions_are_identical_models() {
             assert_eq!(report.converted, 0);
             assert_eq!(groups, report.layers + 1, "{src} {target:?}: one progress call per group");
             let copy = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+            assert_eq!(copy.config, source.config, "{src} {target:?}");
             assert_eq!(copy.tensors.len(), source.tensors.len());
             for (name, t) in &source.tensors {
                 let c = &copy.tensors[name];

@@ -242,3 +242,23 @@ fn ggml_name(id: u32) -> &'static str {
         _ => "other",
     }
 }
+
+/// llama.cpp's converter keeps what the forward pass needs: the config read from each
+/// converted GGUF's metadata equals the one read from the checkpoint's config.json,
+/// and the GGUF model gives the checkpoint's logits.
+#[test]
+fn gguf_metadata_gives_the_checkpoint_config() {
+    use strata::model::ModelSource;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for name in ["gemma2", "gemma3", "phi3", "phi3_partial", "olmo2", "granite", "smollm3"] {
+        let gguf = ModelSource::from_spec(root.join(format!("gguf/{name}.f32.gguf")).to_str().unwrap()).unwrap();
+        let hf = ModelSource::from_spec(root.join(format!("hf/{name}")).to_str().unwrap()).unwrap();
+        let (mut a, b) = (gguf.config.clone(), hf.config.clone());
+        // Not in the GGUF, and not used by these models' layers: the local RoPE base of
+        // families without local layers.
+        if !b.layers.iter().any(|l| l.rope == strata::model::config::LayerRope::Local) {
+            a.rope_local_theta = b.rope_local_theta;
+        }
+        assert_eq!(a, b, "{name}");
+    }
+}

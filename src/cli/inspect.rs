@@ -50,7 +50,7 @@ pub fn inspect(p: &Path) -> anyhow::Result<Value> {
 }
 
 fn tensor_row(name: &str, t: &HostTensor) -> Value {
-    json!({ "name": name, "dtype": t.dtype.name(), "shape": t.shape, "bytes": t.bytes().len() })
+    json!({ "name": name, "dtype": t.dtype.name(), "shape": t.shape, "bytes": t.byte_len() })
 }
 
 /// Bytes per layer (`layer_of` maps a tensor name to its layer) and of the rest.

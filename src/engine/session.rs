@@ -335,11 +335,7 @@ pub fn memory_budget(
         let mut layers = vec![0u64; config.n_layers];
         let mut always_resident = 0u64;
         for (name, t) in &source.tensors {
-            let layer = name
-                .strip_prefix("model.layers.")
-                .and_then(|r| r.split_once('.'))
-                .and_then(|(i, _)| i.parse::<usize>().ok());
-            match layer.and_then(|i| layers.get_mut(i)) {
+            match crate::format::layer_tensor(name).and_then(|(i, _)| layers.get_mut(i)) {
                 Some(bytes) => *bytes += t.byte_len() as u64,
                 None => always_resident += t.byte_len() as u64,
             }
@@ -428,7 +424,7 @@ impl Engine {
     }
 
     pub fn from_source(source: ModelSource, opts: &RunOptions) -> anyhow::Result<Self> {
-        let config = ModelConfig::from_json(&source.config_json).with_context(|| format!("model `{}`", source.name))?;
+        let config = source.config.clone();
         let tokenizer = TextTokenizer::from_parts(TokenizerSources {
             tokenizer_json: &source.tokenizer_json,
             tokenizer_config_json: source.tokenizer_config_json.as_deref(),

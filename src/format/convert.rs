@@ -91,6 +91,7 @@ pub fn convert(
     if out.exists() {
         anyhow::bail!("{}: already exists; choose another output or remove it first", out.display());
     }
+    crate::model::spec::check_tensors(&src.config, &src.tensors).with_context(|| format!("model `{}`", src.name))?;
     let mut groups: std::collections::BTreeMap<Group, Vec<String>> = Default::default();
     for name in src.tensors.keys() {
         groups.entry(Group::of(name)).or_default().push(name.clone());

@@ -81,10 +81,8 @@ pub struct SeqStep<'a> {
 pub enum ModelError {
     #[error(transparent)]
     Sched(#[from] SchedError),
-    #[error("tensor `{name}`: expected shape {want:?}, found {got:?}")]
-    Shape { name: String, want: Vec<usize>, got: Vec<usize> },
-    #[error("missing tensor `{0}`")]
-    Missing(String),
+    #[error(transparent)]
+    Tensors(#[from] spec::TensorError),
     #[error("context full: {needed} positions needed, the cache holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
     #[error("cancelled")]
@@ -237,13 +235,6 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
     })
 }
 
-fn checked<'a>(t: &'a HostTensor, name: &str, want: &[usize]) -> Result<&'a HostTensor, ModelError> {
-    if t.shape != want {
-        return Err(ModelError::Shape { name: name.to_string(), want: want.to_vec(), got: t.shape.clone() });
-    }
-    Ok(t)
-}
-
 impl<B: Backend> LlamaModel<B> {
     /// Builds the model with every layer resident.
     pub fn new(config: ModelConfig, source: &ModelSource, backend: Arc<B>) -> Result<Self, ModelError> {
@@ -258,16 +249,16 @@ impl<B: Backend> LlamaModel<B> {
         sched: &SchedOptions,
     ) -> Result<Self, ModelError> {
         let c = &config;
-        let h = c.hidden_size;
-        let global = |name: &str, want: &[usize]| -> Result<&HostTensor, ModelError> {
-            let t = source.tensors.get(name).ok_or_else(|| ModelError::Missing(name.to_string()))?;
-            checked(t, name, want)
+        spec::check_tensors(c, &source.tensors)?;
+        // Present and shaped as the spec says (checked above).
+        let global = |name: &str| -> Result<&HostTensor, ModelError> {
+            source.tensors.get(name).ok_or_else(|| spec::TensorError::Missing(name.to_string()).into())
         };
         let (embed_name, norm_name, head_name) = (spec::EMBED.0, spec::OUTPUT_NORM.0, spec::OUTPUT.0);
-        let embed = backend.weight(global(embed_name, &[c.vocab_size, h])?)?;
-        let norm = backend.weight(&norm_weight(global(norm_name, &[h])?, c.spec().hf_norm_offset))?;
+        let embed = backend.weight(global(embed_name)?)?;
+        let norm = backend.weight(&norm_weight(global(norm_name)?, c.spec().hf_norm_offset))?;
         let head_name = if c.tie_word_embeddings { embed_name } else { head_name };
-        let head = global(head_name, &[c.vocab_size, h])?;
+        let head = global(head_name)?;
         let (lm_head, lm_head_bytes) = (backend.weight(head)?, head.byte_len());
 
         let mut layer_sources: Vec<LayerTensors> =

@@ -8,8 +8,11 @@
 //! experts are more [`Role`]s (with an expert axis), and a layer of another kind is a
 //! different `LayerKind` in the per-layer list of `ModelConfig`, not a new model type.
 
+use std::collections::HashMap;
+
 use super::config::ModelConfig;
 use crate::backend::Activation;
+use crate::tensor::HostTensor;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Arch {
@@ -255,6 +258,50 @@ impl ArchSpec {
     }
 }
 
+/// A source's tensors against what its config says the model holds.
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    #[error("missing tensor `{0}`")]
+    Missing(String),
+    #[error("tensor `{name}`: expected shape {want:?}, found {got:?}")]
+    Shape { name: String, want: Vec<usize>, got: Vec<usize> },
+    #[error("tensor `{name}` has no place in a `{arch}` model with this config")]
+    Unexpected { name: String, arch: &'static str },
+}
+
+/// Checks that `tensors` hold exactly what a model with config `c` is made of, each
+/// shaped as the spec says (the loader and conversion both call this, so a file that
+/// does not fit is refused up front, naming the tensor).
+pub fn check_tensors(c: &ModelConfig, tensors: &HashMap<String, HostTensor>) -> Result<(), TensorError> {
+    let spec = c.spec();
+    let (h, vocab) = (c.hidden_size, c.vocab_size);
+    let mut want: HashMap<String, Vec<usize>> = HashMap::new();
+    want.insert(EMBED.0.into(), vec![vocab, h]);
+    want.insert(OUTPUT_NORM.0.into(), vec![h]);
+    if !c.tie_word_embeddings {
+        want.insert(OUTPUT.0.into(), vec![vocab, h]);
+    }
+    for l in 0..c.n_layers {
+        for role in spec.layer_roles(c) {
+            let hf = spec.tensor(role).map_or("", |t| t.hf);
+            want.insert(format!("model.layers.{l}.{hf}"), role.shape(c));
+        }
+    }
+    for (name, shape) in &want {
+        let t = tensors.get(name).ok_or_else(|| TensorError::Missing(name.clone()))?;
+        if t.shape != *shape {
+            return Err(TensorError::Shape { name: name.clone(), want: shape.clone(), got: t.shape.clone() });
+        }
+    }
+    // Tolerated extras: a head saved beside tied embeddings, and the RoPE tables old
+    // checkpoints carry (recomputed from the config).
+    let tolerated = |name: &str| (name == OUTPUT.0 && c.tie_word_embeddings) || name.ends_with("rotary_emb.inv_freq");
+    match tensors.keys().find(|n| !want.contains_key(*n) && !tolerated(n)) {
+        Some(name) => Err(TensorError::Unexpected { name: name.clone(), arch: spec.hf_type }),
+        None => Ok(()),
+    }
+}
+
 impl Role {
     /// The tensor's shape in a model with config `c`.
     pub fn shape(self, c: &ModelConfig) -> Vec<usize> {
@@ -310,5 +357,39 @@ mod tests {
         assert_eq!(role(Arch::Gemma2, "post_attention_layernorm.weight"), Some(Role::AttnPostNorm));
         assert_eq!(Arch::Phi3.spec().hf_from_gguf("ffn_up.weight"), Some("mlp.gate_up_proj.weight"));
         assert_eq!(ArchSpec::global_hf_from_gguf("output.weight"), Some("lm_head.weight"));
+    }
+
+    #[test]
+    fn tensors_are_checked_against_the_spec() {
+        let c = ModelConfig::from_json(
+            r#"{"model_type":"phi3","hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,
+            "num_attention_heads":2,"num_key_value_heads":1,"vocab_size":5,"tie_word_embeddings":true}"#,
+        )
+        .unwrap();
+        let t = |shape: Vec<usize>| HostTensor::from_f32(&vec![0.0; shape.iter().product()], shape);
+        let mut tensors: HashMap<String, HostTensor> = [
+            ("model.embed_tokens.weight", vec![5, 8]),
+            ("model.norm.weight", vec![8]),
+            ("model.layers.0.input_layernorm.weight", vec![8]),
+            ("model.layers.0.self_attn.qkv_proj.weight", vec![16, 8]),
+            ("model.layers.0.self_attn.o_proj.weight", vec![8, 8]),
+            ("model.layers.0.post_attention_layernorm.weight", vec![8]),
+            ("model.layers.0.mlp.gate_up_proj.weight", vec![32, 8]),
+            ("model.layers.0.mlp.down_proj.weight", vec![8, 16]),
+        ]
+        .into_iter()
+        .map(|(n, s)| (n.to_string(), t(s)))
+        .collect();
+        check_tensors(&c, &tensors).unwrap();
+        tensors.insert("model.layers.0.self_attn.qkv_proj.weight".into(), t(vec![24, 8]));
+        let e = check_tensors(&c, &tensors).unwrap_err().to_string();
+        assert!(e.contains("qkv_proj") && e.contains("[16, 8]"), "{e}");
+        tensors.remove("model.layers.0.self_attn.qkv_proj.weight");
+        let e = check_tensors(&c, &tensors).unwrap_err().to_string();
+        assert!(e.contains("missing tensor `model.layers.0.self_attn.qkv_proj.weight`"), "{e}");
+        tensors.insert("model.layers.0.self_attn.qkv_proj.weight".into(), t(vec![16, 8]));
+        tensors.insert("model.layers.0.self_attn.q_proj.weight".into(), t(vec![8, 8]));
+        let e = check_tensors(&c, &tensors).unwrap_err().to_string();
+        assert!(e.contains("q_proj") && e.contains("`phi3`"), "{e}");
     }
 }

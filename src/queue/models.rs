@@ -14,7 +14,6 @@ use std::time::SystemTime;
 use serde_json::Value;
 
 use crate::model::ModelSource;
-use crate::model::config::ModelConfig;
 use crate::store::{ModelName, Store, StoreError, StoredModel};
 use crate::tensor::DType;
 
@@ -51,9 +50,9 @@ pub struct ModelInfo {
 impl ModelInfo {
     pub fn read(name: &str, spec: &str) -> anyhow::Result<Self> {
         let source = ModelSource::from_spec(spec)?;
-        let config = ModelConfig::from_json(&source.config_json)?;
+        let config = source.config.clone();
         let parameters: u64 = source.tensors.values().map(|t| t.numel() as u64).sum();
-        let size_bytes: u64 = source.tensors.values().map(|t| t.bytes().len() as u64).sum();
+        let size_bytes: u64 = source.tensors.values().map(|t| t.byte_len() as u64).sum();
         let mut by_dtype: BTreeMap<&'static str, u64> = BTreeMap::new();
         for t in source.tensors.values() {
             *by_dtype.entry(t.dtype.name()).or_default() += t.numel() as u64;

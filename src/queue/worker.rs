@@ -452,7 +452,7 @@ mod tests {
         let launch = BackendError::Device { op: "matvec".into(), msg: "CUDA_ERROR_LAUNCH_FAILED".into() };
         let in_layer = ModelError::Sched(crate::sched::SchedError::Backend { layer: 3, source: launch });
         assert!(matches!(model_error("m", in_layer), JobError::Device(_)));
-        let other = model_error("m", ModelError::Missing("x".into()));
+        let other = model_error("m", ModelError::Tensors(crate::model::spec::TensorError::Missing("x".into())));
         assert_eq!(ApiError::from(other).status(Family::Ollama), axum::http::StatusCode::INTERNAL_SERVER_ERROR);
         // A model that fails to load for want of GPU memory is a 503 as well.
         let load = anyhow::Error::new(ModelError::Backend(BackendError::OutOfMemory {
