@@ -11,7 +11,7 @@ use strata::backend::cpu::CpuBackend;
 use strata::backend::{Activation, AttnParams, Backend, BackendError, BackendResult, RopeFreqs, TopK, Unary};
 use strata::model::config::ModelConfig;
 use strata::model::demo::demo_source;
-use strata::model::llama::{LlamaModel, ModelError, SeqStep};
+use strata::model::decoder::{DecoderModel, ModelError, SeqStep};
 use strata::tensor::HostTensor;
 
 /// The CPU backend, counting allocations and weight uploads, and failing `matmul` on
@@ -112,7 +112,7 @@ impl Backend for Recording {
     }
 }
 
-fn model() -> (LlamaModel<Recording>, Arc<Recording>) {
+fn model() -> (DecoderModel<Recording>, Arc<Recording>) {
     let source = demo_source().unwrap();
     let config = ModelConfig::from_json(&source.config_json).unwrap();
     let be = Arc::new(Recording {
@@ -121,7 +121,7 @@ fn model() -> (LlamaModel<Recording>, Arc<Recording>) {
         weights: AtomicUsize::new(0),
         fail_matmul: AtomicBool::new(false),
     });
-    (LlamaModel::new(config, &source, be.clone()).unwrap(), be)
+    (DecoderModel::new(config, &source, be.clone()).unwrap(), be)
 }
 
 const PROMPT: [u32; 9] = [5, 17, 99, 3, 250, 42, 7, 1, 64];

@@ -23,7 +23,7 @@ use strata::format::cawsf::{self, CawsfWriter, Compression};
 use strata::format::convert::meta_of;
 use strata::format::{Group, ModelWriter};
 use strata::model::ModelSource;
-use strata::model::llama::SeqStep;
+use strata::model::decoder::SeqStep;
 use strata::tensor::HostTensor;
 
 /// Records the largest single allocation, so hostile files can be shown not to make the

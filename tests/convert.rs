@@ -15,7 +15,7 @@ use strata::engine::session::{Engine, RunOptions};
 use strata::format::cawsf::Compression;
 use strata::format::convert::{ConvertOptions, Target, convert};
 use strata::model::ModelSource;
-use strata::model::llama::SeqStep;
+use strata::model::decoder::SeqStep;
 use strata::tensor::DType;
 
 fn fixture(rel: &str) -> String {

@@ -17,7 +17,7 @@ use strata::format::convert::meta_of;
 use strata::format::flat::{self, ALIGN};
 use strata::format::{Group, ModelWriter};
 use strata::model::ModelSource;
-use strata::model::llama::SeqStep;
+use strata::model::decoder::SeqStep;
 
 const HF_MODELS: [&str; 6] = ["llama3", "qwen2", "llama_bf16_256", "llama_f16", "mistral", "qwen3"];
 const GGUF_MODELS: [&str; 4] = ["llama3.q4_0", "llama256.q4_k_m", "qwen2.q8_0", "llama256.q6_k"];

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::gguf::GgufFile;
-use strata::model::llama::SeqStep;
+use strata::model::decoder::SeqStep;
 
 /// Every fixture variant: `<model>` is the F32 file, `<model>.<type>` a llama.cpp
 /// quantization of it (`f16` or a quantized type).

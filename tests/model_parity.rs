@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
-use strata::model::llama::SeqStep;
+use strata::model::decoder::SeqStep;
 
 const MODELS: [&str; 13] = [
     "llama3",

@@ -19,7 +19,7 @@ use strata::model::LanguageModel;
 use strata::model::ModelSource;
 use strata::model::config::ModelConfig;
 use strata::model::demo::demo_source;
-use strata::model::llama::{LlamaModel, SeqStep};
+use strata::model::decoder::{DecoderModel, SeqStep};
 use strata::sched::{Policy, SchedOptions, StatsSnapshot};
 use support::TempDir;
 
@@ -182,9 +182,9 @@ fn buffered_reads_match_direct_ones() {
     let source = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
     let config = ModelConfig::from_json(&source.config_json).unwrap();
     let backend = Arc::new(CpuBackend::new(2));
-    let resident = LlamaModel::new(config.clone(), &source, backend.clone()).unwrap();
+    let resident = DecoderModel::new(config.clone(), &source, backend.clone()).unwrap();
     let opts = SchedOptions { budget: Some(0), buffered: true, ..Default::default() };
-    let streamed = LlamaModel::with_options(config, &source, backend, &opts).unwrap();
+    let streamed = DecoderModel::with_options(config, &source, backend, &opts).unwrap();
     assert_eq!(streamed.scheduler().summary().direct_io, Some(false));
     assert!(run(&streamed) == run(&resident));
 }
@@ -197,7 +197,7 @@ fn kv_cache_pressure_evicts_pinned_layers_and_memory_back_readmits_them() {
     let source = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
     let config = ModelConfig::from_json(&source.config_json).unwrap();
     let backend = Arc::new(CpuBackend::new(2));
-    let want = run(&LlamaModel::new(config.clone(), &source, backend.clone()).unwrap());
+    let want = run(&DecoderModel::new(config.clone(), &source, backend.clone()).unwrap());
 
     let total = streamable(out.to_str().unwrap());
     let per_layer = total / config.n_layers as u64;
@@ -205,7 +205,7 @@ fn kv_cache_pressure_evicts_pinned_layers_and_memory_back_readmits_them() {
     let kv_per_position = (2 * config.n_layers * config.n_kv_heads * config.head_dim * 4) as u64;
     let opts =
         SchedOptions { budget: Some(3 * per_layer), runtime_allowance: 64 * kv_per_position, ..Default::default() };
-    let model = LlamaModel::with_options(config, &source, backend, &opts).unwrap();
+    let model = DecoderModel::with_options(config, &source, backend, &opts).unwrap();
     let s = model.scheduler();
     assert_eq!(s.summary().plan.resident_layers, "0-1,3");
     assert!(run(&model) == want);

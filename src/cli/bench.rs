@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::RunOpts;
 use crate::engine::session::Engine;
-use crate::model::llama::SeqStep;
+use crate::model::decoder::SeqStep;
 use crate::sched::io::proc_self_read_bytes;
 use crate::sched::{SchedSummary, StatsSnapshot};
 

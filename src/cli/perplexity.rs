@@ -8,7 +8,7 @@ use clap::Args;
 use super::RunOpts;
 use crate::engine::sampler::log_softmax;
 use crate::engine::session::{Engine, PREFILL_CHUNK};
-use crate::model::llama::SeqStep;
+use crate::model::decoder::SeqStep;
 
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["file", "tokens_file"])))]

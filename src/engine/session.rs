@@ -10,7 +10,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::device::{DeviceInfo, DeviceSpec};
 use crate::backend::{Backend, TopK};
 use crate::model::config::ModelConfig;
-use crate::model::llama::LlamaModel;
+use crate::model::decoder::DecoderModel;
 use crate::model::{LanguageModel, ModelSource};
 use crate::sched::plan::{RuntimeShape, default_budget, estimate_runtime_bytes};
 use crate::sched::{DEFAULT_PREFETCH_DEPTH, Policy, SchedOptions};
@@ -21,7 +21,7 @@ use super::detok::IncrementalDecoder;
 use super::sampler::{Sampler, SamplingParams};
 use super::stop::StopMatcher;
 use super::tokenizer::TextError;
-use crate::model::llama::{KvCache, ModelError, SeqStep};
+use crate::model::decoder::{KvCache, ModelError, SeqStep};
 
 /// Prompt tokens per forward pass during prefill (bounds activation memory).
 pub const PREFILL_CHUNK: usize = 512;
@@ -393,7 +393,7 @@ fn build_model(
         opts: &RunOptions,
     ) -> anyhow::Result<(Box<dyn LanguageModel>, DeviceInfo)> {
         let sched = memory_budget(source, &config, context_len, opts, be.free_memory());
-        let model = LlamaModel::with_options(config, source, be, &sched)
+        let model = DecoderModel::with_options(config, source, be, &sched)
             .with_context(|| format!("model `{}` on {}", source.name, device.device))?;
         Ok((Box::new(model), device))
     }

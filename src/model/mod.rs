@@ -4,7 +4,7 @@ pub mod config;
 pub mod demo;
 pub mod gguf_source;
 pub mod gguf_vocab;
-pub mod llama;
+pub mod decoder;
 pub mod spec;
 
 use std::collections::HashMap;
@@ -13,7 +13,7 @@ use crate::backend::TopK;
 use crate::sched::SchedInfo;
 use crate::tensor::HostTensor;
 use config::ModelConfig;
-use llama::{KvCache, ModelError, SeqStep};
+use decoder::{KvCache, ModelError, SeqStep};
 
 /// A loaded model on whichever backend it runs: what the engine, the worker and the
 /// CLI use, so nothing past the loader branches on the device.

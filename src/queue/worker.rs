@@ -13,7 +13,7 @@ use super::{
 };
 use crate::engine::session::{Engine, GenerateError, GenerateRequest, RunOptions, Session, TokenEvent};
 use crate::engine::tokenizer::TextError;
-use crate::model::llama::ModelError;
+use crate::model::decoder::ModelError;
 
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {

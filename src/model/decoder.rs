@@ -151,7 +151,7 @@ enum Readback {
     Top(usize),
 }
 
-pub struct LlamaModel<B: Backend> {
+pub struct DecoderModel<B: Backend> {
     pub config: ModelConfig,
     backend: Arc<B>,
     embed: B::Weight,   // (vocab, hidden)
@@ -235,7 +235,7 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
     })
 }
 
-impl<B: Backend> LlamaModel<B> {
+impl<B: Backend> DecoderModel<B> {
     /// Builds the model with every layer resident.
     pub fn new(config: ModelConfig, source: &ModelSource, backend: Arc<B>) -> Result<Self, ModelError> {
         Self::with_options(config, source, backend, &SchedOptions::default())
@@ -276,7 +276,7 @@ impl<B: Backend> LlamaModel<B> {
         let build = move |lt: &LayerTensors| build_layer(&c, &*be, lt);
         let layers = Scheduler::new(layer_sources, build, sched)?;
         let rope = config.layers.iter().map(|l| config.rope_for(l.rope)).collect();
-        Ok(LlamaModel {
+        Ok(DecoderModel {
             config,
             backend,
             embed,
@@ -597,13 +597,13 @@ fn residual<B: Backend>(
     Ok(be.add(x, out, len)?)
 }
 
-impl<B: Backend> super::LanguageModel for LlamaModel<B> {
+impl<B: Backend> super::LanguageModel for DecoderModel<B> {
     fn config(&self) -> &ModelConfig {
         &self.config
     }
 
     fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
-        LlamaModel::new_cache(self, capacity)
+        DecoderModel::new_cache(self, capacity)
     }
 
     fn forward_until(
@@ -611,7 +611,7 @@ impl<B: Backend> super::LanguageModel for LlamaModel<B> {
         batch: &mut [SeqStep<'_>],
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        LlamaModel::forward_until(self, batch, cancelled)
+        DecoderModel::forward_until(self, batch, cancelled)
     }
 
     fn forward_top_k(
@@ -620,11 +620,11 @@ impl<B: Backend> super::LanguageModel for LlamaModel<B> {
         k: usize,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Vec<TopK>, ModelError> {
-        LlamaModel::forward_top_k(self, batch, k, cancelled)
+        DecoderModel::forward_top_k(self, batch, k, cancelled)
     }
 
     fn embed(&self, tokens: &[u32], cancelled: &dyn Fn() -> bool) -> Result<Vec<f32>, ModelError> {
-        LlamaModel::embed(self, tokens, cancelled)
+        DecoderModel::embed(self, tokens, cancelled)
     }
 
     fn scheduler(&self) -> &dyn SchedInfo {
