@@ -2,7 +2,9 @@
 # Tokenizer parity with llama.cpp on its own test vocabularies: downloads the
 # llama-cpp-python sdist (pinned; PyPI, ~77 MB, kept in target/llamacpp-sdist), takes
 # vendor/llama.cpp/models/ggml-vocab-*.gguf with their .inp/.out expectations, and runs
-# tests/llamacpp_vocab.rs on them. Nothing from the sdist is committed or compiled.
+# tests/llamacpp_vocab.rs on them, which also checks our own texts against
+# tests/fixtures/vocab/llamacpp_strings.json (tools/make_vocab_fixtures.py, same version).
+# Nothing from the sdist is committed or compiled.
 # tests/run.sh runs this unless STRATA_SKIP_LLAMACPP_VOCAB=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -17,6 +17,11 @@
 //!
 //! Chat-rendered text is tokenized with `add_special_tokens = false`, as
 //! `apply_chat_template` does.
+//!
+//! A tokenizer made from a GGUF file (its `tokenizer_config.json` holds the llama.cpp
+//! vocabulary, see [`crate::model::gguf_vocab`]) encodes with llama.cpp's own algorithms
+//! ([`llama`]) instead, so its ids are llama.cpp's; decoding still goes through the
+//! Hugging Face tokenizer built from the same vocabulary.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,7 +29,11 @@ use std::path::Path;
 use serde_json::Value as Json;
 use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, PreTokenizerWrapper, Tokenizer};
 
+use self::llama::LlamaTokenizer;
 use super::template::{ChatMessage, ChatTemplate};
+use crate::model::gguf_vocab::{LLAMA_VOCAB_KEY, LlamaVocab};
+
+pub mod llama;
 
 /// Errors of the engine's text layer: tokenizer, chat template, sampling parameters.
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +164,8 @@ const GENERIC_BACKEND_MODEL_TYPES: &[&str] = &[
 /// A Hugging Face tokenizer with the model's special tokens and chat template.
 pub struct TextTokenizer {
     inner: Tokenizer,
+    /// llama.cpp's tokenizer for a GGUF vocabulary; encodes in place of `inner`.
+    llama: Option<LlamaTokenizer>,
     bos_token: Option<String>,
     eos_token: Option<String>,
     bos_id: Option<u32>,
@@ -278,9 +289,21 @@ impl TextTokenizer {
             .parse()
             .map_err(|e: tokenizers::Error| TextError::Load { file: "tokenizer.json".into(), msg: e.to_string() })?;
 
-        let config = match src.tokenizer_config_json {
+        let mut config = match src.tokenizer_config_json {
             Some(t) => parse_json("tokenizer_config.json", t)?,
             None => Json::Object(Default::default()),
+        };
+        let llama = match config.as_object_mut().and_then(|m| m.remove(LLAMA_VOCAB_KEY)) {
+            None => None,
+            Some(v) => {
+                let err = |msg: String| TextError::InvalidConfig {
+                    file: "tokenizer_config.json",
+                    field: LLAMA_VOCAB_KEY.into(),
+                    msg,
+                };
+                let spec: LlamaVocab = serde_json::from_value(v).map_err(|e| err(e.to_string()))?;
+                Some(LlamaTokenizer::new(spec).map_err(err)?)
+            }
         };
         let gen_config = match src.generation_config_json {
             Some(t) => parse_json("generation_config.json", t)?,
@@ -417,6 +440,7 @@ impl TextTokenizer {
 
         let mut tok = Self {
             inner,
+            llama,
             bos_token,
             eos_token,
             bos_id,
@@ -438,7 +462,11 @@ impl TextTokenizer {
         with.first() == Some(&bos) && without.first() != Some(&bos)
     }
 
+    /// The ids of `text`; special tokens written in it are always recognised.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TextError> {
+        if let Some(llama) = &self.llama {
+            return llama.encode(text, add_special_tokens, true).map_err(TextError::Encode);
+        }
         self.inner
             .encode(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
