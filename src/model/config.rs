@@ -484,4 +484,40 @@ mod tests {
         );
         assert!(err(r#"{"model_type":"llama","hidden_size":64}"#.into()).contains("num_attention_heads"));
     }
+
+    #[test]
+    fn every_fixture_config_survives_its_own_json() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path().join("config.json")).unwrap();
+            let c = ModelConfig::from_json(&text).unwrap();
+            assert_eq!(ModelConfig::from_json(&c.to_json().to_string()).unwrap(), c, "{}", c.arch.name());
+            seen += 1;
+        }
+        assert!(seen >= 13);
+    }
+
+    #[test]
+    fn families_fill_in_their_layer_patterns() {
+        let layers = |json: String| ModelConfig::from_json(&json).unwrap().layers;
+        let six = BASE.replace(r#""num_hidden_layers":2"#, r#""num_hidden_layers":6"#);
+        // Gemma 2 slides on even layers, Gemma 3 on five of six (with its local RoPE base).
+        let g2 = layers(format!(r#"{{"model_type":"gemma2",{six},"sliding_window":8}}"#));
+        assert_eq!(
+            g2.iter().map(|l| l.sliding_window.is_some()).collect::<Vec<_>>(),
+            [true, false, true, false, true, false]
+        );
+        let g3 = layers(format!(r#"{{"model_type":"gemma3_text",{six},"sliding_window":8}}"#));
+        assert_eq!(g3.iter().filter(|l| l.rope == LayerRope::Local && l.sliding_window == Some(8)).count(), 5);
+        assert_eq!((g3[5].sliding_window, g3[5].rope), (None, LayerRope::Global));
+        // SmolLM3 drops RoPE on every fourth layer unless told otherwise.
+        let s3 = layers(format!(r#"{{"model_type":"smollm3",{six}}}"#));
+        assert_eq!(
+            s3.iter().map(|l| l.rope == LayerRope::None).collect::<Vec<_>>(),
+            [false, false, false, true, false, false]
+        );
+        let bad = format!(r#"{{"model_type":"gemma2",{six},"layer_types":["full_attention"]}}"#);
+        assert!(ModelConfig::from_json(&bad).unwrap_err().to_string().contains("layer_types"));
+    }
 }
