@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use strata::backend::cpu::CpuBackend;
 use strata::backend::{Activation, AttnParams, Backend, BackendError, BackendResult, RopeFreqs, TopK, Unary};
 use strata::model::config::ModelConfig;
-use strata::model::demo::demo_source;
 use strata::model::decoder::{DecoderModel, ModelError, SeqStep};
+use strata::model::demo::demo_source;
 use strata::tensor::HostTensor;
 
 /// The CPU backend, counting allocations and weight uploads, and failing `matmul` on

@@ -18,8 +18,8 @@ use strata::format::convert::{ConvertOptions, Target, convert};
 use strata::model::LanguageModel;
 use strata::model::ModelSource;
 use strata::model::config::ModelConfig;
-use strata::model::demo::demo_source;
 use strata::model::decoder::{DecoderModel, SeqStep};
+use strata::model::demo::demo_source;
 use strata::sched::{Policy, SchedOptions, StatsSnapshot};
 use support::TempDir;
 

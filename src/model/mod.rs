@@ -1,10 +1,10 @@
 //! Models: configuration, weights and forward passes per architecture.
 
 pub mod config;
+pub mod decoder;
 pub mod demo;
 pub mod gguf_source;
 pub mod gguf_vocab;
-pub mod decoder;
 pub mod spec;
 
 use std::collections::HashMap;
