@@ -141,7 +141,8 @@ fn own_texts_tokenize_as_llama_cpp_does_for_every_vocabulary_and_variant() {
         .filter(|name| !covered.contains(name))
         .map(|name| format!("{name}: not in the fixture; rerun tools/make_vocab_fixtures.py"))
         .collect();
-    for case in cases {
+    // Variants with added tokens are the `hybriddna` test's.
+    for case in cases.iter().filter(|c| c.get("added").is_none()) {
         let name = case["name"].as_str().unwrap();
         let mut f = GgufFile::open(&gguf_path(&dir, case["vocab"].as_str().unwrap())).unwrap();
         for (key, value) in case["metadata"].as_object().unwrap() {
@@ -214,4 +215,70 @@ fn control_tokens_in_chat_text_are_single_ids() {
     let chat = tok.encode_chat(&messages, true).unwrap();
     // Qwen2's template adds a default system turn: system, user, and the assistant prompt.
     assert_eq!(chat.iter().filter(|&&i| i == start).count(), 3, "{chat:?}");
+}
+
+/// The fixture's `hybriddna` variants: llama-bpe with `<dna>`, `</dna>`, `<oov>` and every
+/// 6-mer over an alphabet (with the k-mer marker) appended, as
+/// tools/make_vocab_fixtures.py appends them; DNA texts with and without special-token
+/// parsing, and the k-mers decode to the bare sequence.
+#[test]
+fn hybriddna_vocabularies_tokenize_as_llama_cpp_does() {
+    use strata::engine::tokenizer::llama::LlamaTokenizer;
+    let Some(dir) = vocab_dir() else { return };
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
+    let texts: Vec<&str> = fixture["dna_texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let cases: Vec<&Value> = fixture["cases"].as_array().unwrap().iter().filter(|c| c.get("added").is_some()).collect();
+    assert_eq!(cases.len(), 3, "rerun tools/make_vocab_fixtures.py");
+    let mut failures = Vec::new();
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let mut f = GgufFile::open(&gguf_path(&dir, case["vocab"].as_str().unwrap())).unwrap();
+        for (key, value) in case["metadata"].as_object().unwrap() {
+            f.metadata.insert(key.clone(), GgufValue::String(value.as_str().unwrap().to_string()));
+        }
+        let added = &case["added"];
+        let mut new: Vec<(String, i32)> = added["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| (t[0].as_str().unwrap().to_string(), t[1].as_i64().unwrap() as i32))
+            .collect();
+        let alphabet: Vec<char> = added["kmer_alphabet"].as_str().unwrap().chars().collect();
+        let marker = added["kmer_marker"].as_str().unwrap();
+        for i in 0..alphabet.len().pow(6) {
+            // itertools.product order: the last letter varies fastest.
+            let kmer: String = (0..6).rev().map(|d| alphabet[i / alphabet.len().pow(d) % alphabet.len()]).collect();
+            new.push((format!("{kmer}{marker}"), 1));
+        }
+        let push = |f: &mut GgufFile, key: &str, items: Vec<GgufValue>| match f.metadata.get_mut(key) {
+            Some(GgufValue::Array(a)) => a.extend(items),
+            _ => panic!("{name}: no `{key}` array"),
+        };
+        push(&mut f, "tokenizer.ggml.tokens", new.iter().map(|(t, _)| GgufValue::String(t.clone())).collect());
+        push(&mut f, "tokenizer.ggml.token_type", new.iter().map(|&(_, k)| GgufValue::I32(k)).collect());
+
+        let tok = LlamaTokenizer::new(gguf_vocab::llama_vocab(&f).unwrap()).unwrap();
+        for (key, parse_special) in [("dna_ids", true), ("dna_ids_plain", false)] {
+            for (text, want) in texts.iter().zip(case[key].as_array().unwrap()) {
+                let want: Vec<u32> = serde_json::from_value(want.clone()).unwrap();
+                let got = tok.encode(text, false, parse_special).unwrap();
+                if got != want {
+                    failures.push(format!(
+                        "{name}: {text:?} (parse_special {parse_special}): got {got:?}, llama.cpp {want:?}"
+                    ));
+                }
+            }
+        }
+        // The marker is gone from the k-mers' text: each decodes to its letters.
+        let text_tok = tokenizer(&f).unwrap();
+        for (text, pieces) in texts.iter().zip(case["dna_pieces"].as_array().unwrap()) {
+            let ids = text_tok.encode(text, false).unwrap();
+            let got: Vec<String> = ids.iter().map(|&id| text_tok.decode(&[id], true).unwrap()).collect();
+            let want: Vec<String> = serde_json::from_value(pieces.clone()).unwrap();
+            if got != want {
+                failures.push(format!("{name}: {text:?} decodes to {got:?}, llama.cpp {want:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -3,7 +3,8 @@
 texts (code, several scripts, emoji with ZWJ sequences, whitespace runs, long digit runs,
 special-token texts), for every vocabulary in llama.cpp's models/ directory and for
 variants of them with other tokenizer metadata (each pre-tokenizer type llama.cpp knows
-that no file there uses, and other normalizer settings). tests/llamacpp_vocab.rs checks
+that no file there uses, other normalizer settings, and `hybriddna` vocabularies made by
+adding DNA tokens to llama-bpe). tests/llamacpp_vocab.rs checks
 Strata against it, applying the same metadata changes to the same files.
 
 The reference is llama-cpp-python 0.3.36 (its vendored llama.cpp and the ggml-vocab-*.gguf
@@ -16,6 +17,7 @@ Ids are taken as `llama_tokenize(text, add_special, parse_special=True)`: Strata
 `encode` always recognises special tokens written in the text.
 """
 
+import itertools
 import json
 import sys
 import tempfile
@@ -80,9 +82,41 @@ VARIANTS = [(f"pre={p}", "llama-bpe", {"tokenizer.ggml.pre": p}) for p in BPE_PR
 ]
 VALUE_TYPES = {bool: gguf.GGUFValueType.BOOL, str: gguf.GGUFValueType.STRING}
 
+# `hybriddna` vocabularies: llama-bpe with `<dna>`, `</dna>`, `<oov>` (token types given)
+# and then every 6-mer over KMER_ALPHABET (itertools.product order) with llama.cpp's k-mer
+# marker suffix, as normal tokens. Each is checked on DNA_TEXTS with parse_special on
+# ("dna_ids") and off ("dna_ids_plain"), and on TEXTS like the other variants.
+KMER_MARKER = "\ue000"
+KMER_ALPHABET = "ACGT"
+NORMAL, CONTROL = 1, 3
+DNA_VARIANTS = [
+    ("model=hybriddna", [("<dna>", NORMAL), ("</dna>", NORMAL), ("<oov>", NORMAL)]),
+    ("model=hybriddna control tags", [("<dna>", CONTROL), ("</dna>", CONTROL), ("<oov>", CONTROL)]),
+    ("model=hybriddna without <oov>", [("<dna>", NORMAL), ("</dna>", NORMAL)]),
+]
+DNA_TEXTS = [
+    "<dna>ACGTACGGTTAA</dna>",
+    "hello <dna>acgtacGGTTAa</dna> world",
+    "<dna>ACGTNNACGTAC</dna>",
+    "<dna>ACGTACGT</dna>",
+    "x <dna>ACGTACGTA",
+    "<dna></dna><dna>ACG</dna>tail</dna> <dna>",
+    "<dna>AC GT\nacgtac</dna>",
+    "<dna>ACGTA\u00e9</dna>",
+    "plain text ACGTAC CCCCCC",
+    "<DNA>ACGTAC</DNA> <dna>ACGTAC</DNA>",
+]
 
-def rewrite(src: Path, dst: Path, changes: dict) -> None:
-    """Copies a vocabulary-only GGUF with some metadata replaced or added."""
+
+def dna_tokens(tags: list) -> list:
+    """The (text, token type) pairs a DNA variant appends to the vocabulary."""
+    kmers = ["".join(k) + KMER_MARKER for k in itertools.product(KMER_ALPHABET, repeat=6)]
+    return list(tags) + [(k, NORMAL) for k in kmers]
+
+
+def rewrite(src: Path, dst: Path, changes: dict, added: list = ()) -> None:
+    """Copies a vocabulary-only GGUF with some metadata replaced or added, and the
+    (text, token type) pairs of `added` appended to its tokens."""
     reader = gguf.GGUFReader(src)
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
     writer = gguf.GGUFWriter(dst, arch)
@@ -96,6 +130,12 @@ def rewrite(src: Path, dst: Path, changes: dict) -> None:
                 value = [bytes(field.parts[i]) for i in field.data]
             else:
                 value = [field.parts[i][0].item() for i in field.data]
+            if name == "tokenizer.ggml.tokens":
+                value += [t.encode() for t, _ in added]
+            elif name == "tokenizer.ggml.token_type":
+                value += [k for _, k in added]
+            elif name == "tokenizer.ggml.scores":
+                value += [0.0 for _ in added]
             writer.add_key_value(name, value, vtype, sub)
         elif vtype == gguf.GGUFValueType.STRING:
             writer.add_key_value(name, bytes(field.parts[-1]), vtype)
@@ -108,13 +148,20 @@ def rewrite(src: Path, dst: Path, changes: dict) -> None:
     writer.close()
 
 
-def ids(path: Path) -> dict:
+def ids(path: Path, dna: bool = False) -> dict:
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    tok = lambda t, add: llm.tokenize(t.encode(), add_bos=add, special=True)  # noqa: E731
-    return {
+    tok = lambda t, add, special=True: llm.tokenize(t.encode(), add_bos=add, special=special)  # noqa: E731
+    out = {
         "ids": [tok(t, False) for t in TEXTS],
         "with_special": [tok(t, True) for t in SPECIAL_TEXTS],
     }
+    if dna:
+        out["dna_ids"] = [tok(t, False) for t in DNA_TEXTS]
+        out["dna_ids_plain"] = [tok(t, False, False) for t in DNA_TEXTS]
+        out["dna_pieces"] = [
+            [llm.detokenize([i]).decode("utf-8", "replace") for i in tok(t, False)] for t in DNA_TEXTS[:2]
+        ]
+    return out
 
 
 def main() -> None:
@@ -129,11 +176,19 @@ def main() -> None:
             rewrite(models / f"ggml-vocab-{base}.gguf", path, changes)
             cases.append({"name": name, "vocab": base, "metadata": changes, **ids(path)})
             print(name, file=sys.stderr)
+        for name, tags in DNA_VARIANTS:
+            path = Path(tmp) / "variant.gguf"
+            changes = {"tokenizer.ggml.model": "hybriddna"}
+            rewrite(models / "ggml-vocab-llama-bpe.gguf", path, changes, dna_tokens(tags))
+            added = {"tokens": tags, "kmer_alphabet": KMER_ALPHABET, "kmer_marker": KMER_MARKER}
+            cases.append({"name": name, "vocab": "llama-bpe", "metadata": changes, "added": added, **ids(path, True)})
+            print(name, file=sys.stderr)
     out = {
         "generator": "tools/make_vocab_fixtures.py",
         "llama_cpp_python": LLAMA_CPP_PYTHON,
         "texts": TEXTS,
         "special_texts": SPECIAL_TEXTS,
+        "dna_texts": DNA_TEXTS,
         "cases": cases,
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -93,7 +93,10 @@ pub(super) fn byte_level_json(v: &LlamaVocab) -> anyhow::Result<HfParts> {
         // transformers tokenizer applies NFC.
         normalizer: Value::Null,
         pre_tokenizer: json!({"type": "Sequence", "pretokenizers": steps}),
-        decoder: json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}),
+        decoder: drop_kmer_marker(
+            v,
+            json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}),
+        ),
         model: json!({"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
             "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
             "ignore_merges": v.ignore_merges, "vocab": vocab, "merges": merge_pairs(v)?}),
@@ -116,11 +119,26 @@ pub(super) fn sentencepiece_bpe_json(v: &LlamaVocab) -> anyhow::Result<HfParts> 
         added,
         normalizer,
         pre_tokenizer: json!({"type": "Sequence", "pretokenizers": steps}),
-        decoder: sentencepiece_decoder(false),
+        decoder: drop_kmer_marker(v, sentencepiece_decoder(false)),
         model: json!({"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
             "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": true,
             "ignore_merges": v.ignore_merges, "vocab": vocab, "merges": merge_pairs(v)?}),
     })
+}
+
+/// `decoder`, after dropping [`DNA_KMER_MARKER`] from each token of a `hybriddna`
+/// vocabulary, so its k-mers decode to the bare sequence as in llama.cpp. The vocabulary
+/// keeps the marked texts, which stay distinct from base tokens of the same letters.
+/// (Only marker tokens hold the literal character: byte-level tokens spell U+E000 in the
+/// text as three byte characters.)
+fn drop_kmer_marker(v: &LlamaVocab, decoder: Value) -> Value {
+    match v.bpe_session {
+        BpeSession::HybridDna => json!({"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": DNA_KMER_MARKER}, "content": ""},
+            decoder,
+        ]}),
+        BpeSession::Plain | BpeSession::Whitespace => decoder,
+    }
 }
 
 fn sentencepiece_decoder(strip_prefix: bool) -> Value {

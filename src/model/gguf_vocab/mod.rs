@@ -79,13 +79,23 @@ pub enum BpeSession {
     Plain,
     /// `tokenizer.ggml.model = "whitespace"`: whitespace separates words and is dropped.
     Whitespace,
+    /// `tokenizer.ggml.model = "hybriddna"`: text inside `<dna>…</dna>` becomes uppercase
+    /// 6-mers, each looked up as its text plus [`DNA_KMER_MARKER`] (`<oov>` when absent).
+    HybridDna,
 }
+
+/// The suffix (U+E000) that keeps a `hybriddna` vocabulary's k-mer tokens apart from base
+/// tokens of the same letters. [`LlamaVocab::tokens`] keeps it (it is how the tokenizer
+/// finds them); llama.cpp drops it from the text of the tokens after `<oov>` when loading,
+/// so they decode to the bare sequence ([`LlamaVocab::shown_tokens`]).
+pub const DNA_KMER_MARKER: &str = "\u{E000}";
 
 /// A GGUF vocabulary as llama.cpp holds it after loading: everything its tokenizers read.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LlamaVocab {
     pub kind: VocabKind,
-    /// Token texts by id (an empty text reads `[EMPTY_<id>]`, as in llama.cpp).
+    /// Token texts by id (an empty text reads `[EMPTY_<id>]`, as in llama.cpp), as
+    /// llama.cpp looks them up by text (`token_to_id`).
     pub tokens: Vec<String>,
     /// [`attr`] bits by id.
     pub attrs: Vec<u32>,
@@ -136,6 +146,23 @@ pub struct LlamaVocab {
 }
 
 impl LlamaVocab {
+    /// The token texts as llama.cpp holds them by id (`id_to_token`), which special tokens
+    /// are matched against and tokens decode to: for `hybriddna`, every token after `<oov>`
+    /// (its last id) that ends in [`DNA_KMER_MARKER`] loses it.
+    pub fn shown_tokens(&self) -> Vec<String> {
+        let mut tokens = self.tokens.clone();
+        if self.bpe_session != BpeSession::HybridDna {
+            return tokens;
+        }
+        let Some(oov) = tokens.iter().rposition(|t| t == "<oov>") else { return tokens };
+        for t in &mut tokens[oov + 1..] {
+            if t.len() > DNA_KMER_MARKER.len() && t.ends_with(DNA_KMER_MARKER) {
+                t.truncate(t.len() - DNA_KMER_MARKER.len());
+            }
+        }
+        tokens
+    }
+
     /// The precompiled charsmap's bytes.
     pub fn charsmap(&self) -> Result<Vec<u8>, String> {
         match &self.precompiled_charsmap {
@@ -474,14 +501,14 @@ pub fn llama_vocab(f: &GgufFile) -> anyhow::Result<LlamaVocab> {
     let (kind, defaults): (VocabKind, [Option<u32>; 4]) = match model {
         "llama" => (VocabKind::Spm, [Some(1), Some(2), Some(0), None]),
         "bert" => (VocabKind::Wpm, [Some(101), None, Some(100), Some(102)]),
-        "gpt2" | "whitespace" => (VocabKind::Bpe, [Some(11), Some(11), None, None]),
+        "gpt2" | "whitespace" | "hybriddna" => (VocabKind::Bpe, [Some(11), Some(11), None, None]),
         "gemma4" => (VocabKind::Bpe, [None; 4]),
         "t5" => (VocabKind::Ugm, [None, Some(1), Some(2), None]),
         "rwkv" => (VocabKind::Rwkv, [None; 4]),
         "plamo2" => (VocabKind::Plamo2, [Some(1), Some(2), Some(0), None]),
         other => bail!(
             "tokenizer.ggml.model `{other}` is not supported (this build reads llama, gpt2, gemma4, whitespace, \
-             bert, t5, rwkv and plamo2 vocabularies)"
+             hybriddna, bert, t5, rwkv and plamo2 vocabularies)"
         ),
     };
     let mut vocab = LlamaVocab {
@@ -490,7 +517,11 @@ pub fn llama_vocab(f: &GgufFile) -> anyhow::Result<LlamaVocab> {
         attrs: Vec::new(),
         scores: Vec::new(),
         merges: Vec::new(),
-        bpe_session: if model == "whitespace" { BpeSession::Whitespace } else { BpeSession::Plain },
+        bpe_session: match model {
+            "whitespace" => BpeSession::Whitespace,
+            "hybriddna" => BpeSession::HybridDna,
+            _ => BpeSession::Plain,
+        },
         pre_regexes: Vec::new(),
         byte_encode: false,
         ignore_merges: false,

@@ -8,7 +8,7 @@ use std::collections::{BinaryHeap, HashMap};
 use super::split::PreTokenizer;
 use super::unicode::{is_whitespace, to_lower};
 use super::{Symbol, Vocab, utf8_symbols};
-use crate::model::gguf_vocab::{BpeSession, LlamaVocab};
+use crate::model::gguf_vocab::{BpeSession, DNA_KMER_MARKER, LlamaVocab};
 
 pub(super) struct Bpe {
     /// `left right` → rank (the first of a repeated merge wins, as in llama.cpp).
@@ -58,7 +58,33 @@ impl Bpe {
                 }
                 self.words(vocab, &segment, out)
             }
+            BpeSession::HybridDna => self.hybrid_dna(vocab, text, out),
         }
+    }
+
+    /// llama.cpp's `llm_tokenizer_hybriddna_session`: plain BPE outside `<dna>…</dna>`;
+    /// inside, the tags' own ids and the sequence as k-mers (an unclosed `<dna>` runs to
+    /// the end). Without all of `<dna>`, `</dna>` and `<oov>` in the vocabulary, plain BPE.
+    fn hybrid_dna(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) -> Result<(), String> {
+        const OPEN: &str = "<dna>";
+        const CLOSE: &str = "</dna>";
+        let (Some(open), Some(close), Some(oov)) = (vocab.id(OPEN), vocab.id(CLOSE), vocab.id("<oov>")) else {
+            return self.words(vocab, text, out);
+        };
+        let mut rest = text;
+        while let Some(start) = rest.find(OPEN) {
+            self.words(vocab, &rest[..start], out)?;
+            out.push(open);
+            let inside = &rest[start + OPEN.len()..];
+            let Some(end) = inside.find(CLOSE) else {
+                dna_kmers(vocab, inside.as_bytes(), oov, out);
+                return Ok(());
+            };
+            dna_kmers(vocab, &inside.as_bytes()[..end], oov, out);
+            out.push(close);
+            rest = &inside[end + CLOSE.len()..];
+        }
+        self.words(vocab, rest, out)
     }
 
     fn words(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) -> Result<(), String> {
@@ -124,5 +150,21 @@ impl Bpe {
             }
         }
         Ok(())
+    }
+}
+
+/// Letters per DNA k-mer token.
+const DNA_K: usize = 6;
+
+/// A DNA sequence as k-mer tokens: ASCII letters uppercased, cut every [`DNA_K`] bytes
+/// (a short last piece padded with `A`), each the token of its text plus the k-mer marker,
+/// else `oov`. Bytes, not characters, as in llama.cpp: a piece that splits a character
+/// is no token's text.
+fn dna_kmers(vocab: &Vocab, seq: &[u8], oov: u32, out: &mut Vec<u32>) {
+    for piece in seq.chunks(DNA_K) {
+        let mut key: Vec<u8> = piece.iter().map(u8::to_ascii_uppercase).collect();
+        key.resize(DNA_K, b'A');
+        key.extend_from_slice(DNA_KMER_MARKER.as_bytes());
+        out.push(String::from_utf8(key).ok().and_then(|k| vocab.id(&k)).unwrap_or(oov));
     }
 }

@@ -1,6 +1,7 @@
 //! GGUF vocabularies tokenized the way llama.cpp tokenizes them (`llama-vocab.cpp`,
 //! `unicode.cpp`), so a GGUF model gets llama.cpp's ids for every text: SentencePiece
-//! BPE, regex-pre-tokenized BPE, WordPiece, Unigram, RWKV and PLaMo-2.
+//! BPE, regex-pre-tokenized BPE (with its whitespace and hybrid-DNA sessions), WordPiece,
+//! Unigram, RWKV and PLaMo-2.
 //!
 //! The input is a [`LlamaVocab`], the vocabulary as llama.cpp's loader leaves it
 //! (`model::gguf_vocab` reads it from the GGUF). Special tokens are cut out of the text
@@ -114,11 +115,14 @@ impl LlamaTokenizer {
         for (i, t) in spec.tokens.iter().enumerate() {
             ids.insert(t.clone(), i as u32);
         }
+        // Looked up by their texts as stored, matched in the text as shown (they differ
+        // for `hybriddna` k-mers).
+        let tokens = spec.shown_tokens();
         let special_bits = attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN;
         let mut specials: Vec<u32> = (0..n as u32).filter(|&id| spec.attrs[id as usize] & special_bits != 0).collect();
-        specials.sort_by_key(|&id| std::cmp::Reverse(spec.tokens[id as usize].len()));
+        specials.sort_by_key(|&id| std::cmp::Reverse(tokens[id as usize].len()));
         Ok(Self {
-            vocab: Vocab { tokens: spec.tokens, attrs: spec.attrs, scores: spec.scores, ids },
+            vocab: Vocab { tokens, attrs: spec.attrs, scores: spec.scores, ids },
             model,
             specials,
             add_space_prefix: spec.add_space_prefix,
