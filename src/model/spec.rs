@@ -14,6 +14,7 @@ use super::config::ModelConfig;
 use crate::backend::Activation;
 use crate::tensor::HostTensor;
 
+/// A dense family. `SPECS` holds one entry per variant, in this order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Arch {
     Llama,
@@ -205,7 +206,8 @@ pub static SPECS: [ArchSpec; 10] = [
 
 impl Arch {
     pub fn spec(self) -> &'static ArchSpec {
-        SPECS.iter().find(|s| s.arch == self).expect("every Arch has a spec")
+        // `SPECS` lists the families in `Arch`'s order (checked by a test).
+        &SPECS[self as usize]
     }
 
     pub fn name(self) -> &'static str {
@@ -339,7 +341,8 @@ mod tests {
 
     #[test]
     fn names_are_unique_within_each_family() {
-        for s in &SPECS {
+        for (i, s) in SPECS.iter().enumerate() {
+            assert_eq!(s.arch as usize, i, "SPECS is in Arch's order");
             for (i, a) in s.tensors.iter().enumerate() {
                 for b in &s.tensors[i + 1..] {
                     assert!(a.role != b.role && a.hf != b.hf && a.gguf != b.gguf, "{}: {}", s.hf_type, a.hf);
