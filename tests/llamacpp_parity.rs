@@ -17,7 +17,7 @@ use strata::model::decoder::SeqStep;
 
 /// Every fixture variant: `<model>` is the F32 file, `<model>.<type>` a llama.cpp
 /// quantization of it (`f16` or a quantized type).
-const VARIANTS: [&str; 20] = [
+const VARIANTS: [&str; 21] = [
     "llama3",
     "llama3.f16",
     "llama3.q8_0",
@@ -39,6 +39,7 @@ const VARIANTS: [&str; 20] = [
     "olmo2.f32",
     "granite.f32",
     "smollm3.f32",
+    "gemma.f32",
 ];
 
 /// F32 weights: only summation order (and llama.cpp's own kernels) differ.
@@ -182,6 +183,7 @@ fn tokenization_matches_llama_cpp() {
         "olmo2.f32",
         "granite.f32",
         "smollm3.f32",
+        "gemma.f32",
     ] {
         let v = view(variant);
         let e = engine(variant);
@@ -250,7 +252,7 @@ fn ggml_name(id: u32) -> &'static str {
 fn gguf_metadata_gives_the_checkpoint_config() {
     use strata::model::ModelSource;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    for name in ["gemma2", "gemma3", "phi3", "phi3_partial", "olmo2", "granite", "smollm3"] {
+    for name in ["gemma", "gemma2", "gemma3", "phi3", "phi3_partial", "olmo2", "granite", "smollm3"] {
         let gguf = ModelSource::from_spec(root.join(format!("gguf/{name}.f32.gguf")).to_str().unwrap()).unwrap();
         let hf = ModelSource::from_spec(root.join(format!("hf/{name}")).to_str().unwrap()).unwrap();
         let (mut a, b) = (gguf.config.clone(), hf.config.clone());

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::model::decoder::SeqStep;
 
-const MODELS: [&str; 13] = [
+const MODELS: [&str; 14] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -24,6 +24,7 @@ const MODELS: [&str; 13] = [
     "olmo2",
     "granite",
     "smollm3",
+    "gemma",
 ];
 
 /// Largest |Δ logit| accepted against transformers, for every stored dtype: the

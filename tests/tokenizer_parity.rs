@@ -185,7 +185,7 @@ fn llama_bf16_256_matches_transformers() {
 /// The architectures of tools/make_arch_fixtures.py, each with its real chat template.
 #[test]
 fn arch_fixtures_match_transformers() {
-    for name in ["gemma2", "gemma3", "phi3", "phi3_partial", "olmo2", "granite", "smollm3"] {
+    for name in ["gemma", "gemma2", "gemma3", "phi3", "phi3_partial", "olmo2", "granite", "smollm3"] {
         check_fixture(name);
     }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Parity fixtures for the architectures beyond llama/mistral/qwen: gemma2, gemma3 (text-only Gemma3ForCausalLM),
-phi3 (+ phi3_partial: partial rotary 0.75, Phi-4-mini style), olmo2, granite, smollm3.
+phi3 (+ phi3_partial: partial rotary 0.75, Phi-4-mini style), olmo2, granite, smollm3, gemma (Gemma 1; listed
+last so that the others keep their seeds; `make_arch_fixtures.py NAME...` regenerates only those).
 
 For each model <name>:
   tests/fixtures/hf/<name>/               tiny random-weight transformers checkpoint (F32 safetensors, hidden 64)
@@ -128,6 +129,7 @@ base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 if patch_vocab == "1":
     from conversion import gemma, phi
     gemma.Gemma2Model.set_vocab = base.TextModel._set_vocab_gpt2
+    gemma.GemmaModel.set_vocab = base.TextModel._set_vocab_gpt2
     phi.Phi3MiniModel.set_vocab = base.TextModel._set_vocab_gpt2
 sys.argv = ["convert_hf_to_gguf.py", "--outtype", "f32", "--model-name", model_name, "--outfile", out, hf_dir]
 runpy.run_path(lcpp + "/convert_hf_to_gguf.py", run_name="__main__")
@@ -152,6 +154,8 @@ from transformers import (  # noqa: E402
     AutoTokenizer,
     Gemma2Config,
     Gemma2ForCausalLM,
+    GemmaConfig,
+    GemmaForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     GenerationConfig,
@@ -255,6 +259,7 @@ OLMO2_TEMPLATE = (
 # <unk>, <s>, </s> in the vocabulary (llama-vocab.cpp); real Phi-3.5/Phi-4 conversions are named "Phi 3.5 Mini
 # Instruct" / "Phi 4 Mini Instruct", which do not trigger it, and neither do these names.
 GGUF_NAMES = {
+    "gemma": "Strata Tiny Gemma",
     "gemma2": "Strata Tiny Gemma 2",
     "gemma3": "Strata Tiny Gemma 3",
     "phi3": "Strata Tiny Phi 3.5 Mini",
@@ -272,7 +277,7 @@ def read_template(fname):
 def chats_for(name):
     base = [(list(m), agp) for m, agp in mf.CHATS]
     sys_msg = {"role": "system", "content": "You are a helpful assistant."}
-    if name == "gemma2":  # "System role not supported"
+    if name in ("gemma", "gemma2"):  # "System role not supported"
         base[0] = ([m for m in base[0][0] if m["role"] != "system"], True)
     elif name == "granite":  # the default system message contains strftime_now('%B %d, %Y')
         base = [(m if m[0]["role"] == "system" else [sys_msg] + m, agp) for m, agp in base]
@@ -536,6 +541,34 @@ def model_specs(V, ids):
             arch=["no_rope_layers", "no_rope_layer_interval", "rope_parameters", "tie_word_embeddings"],
             knobs={"no_rope_layers": {"no_rope_layers": [1, 1, 1, 1]}},
         ),
+        # Added after the others, so their seeds (by position) stay as they were.
+        dict(
+            name="gemma",
+            cls=GemmaForCausalLM,
+            cfg=GemmaConfig(
+                **h,
+                intermediate_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                head_dim=16,
+                hidden_act="gelu_pytorch_tanh",
+                rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                tie_word_embeddings=True,
+                bos_token_id=ids["<bos>"],
+                eos_token_id=ids["<eos>"],
+                pad_token_id=ids["<pad>"],
+            ),
+            tok=gemma_tok,
+            template=read_template("google-gemma-2-2b-it.jinja"),
+            template_source="llama.cpp models/templates/google-gemma-2-2b-it.jinja (Gemma 1 and 2 share the format)",
+            gen=gemma_gen,
+            gemma_norms="plain",  # offsets N(0, 0.1): Gemma 1 has no post-norms to centre
+            proj_std=0.2,
+            arch=["head_dim", "hidden_act", "rope_parameters", "tie_word_embeddings", "rms_norm_eps"],
+            knobs={},
+        ),
     ]
 
 
@@ -586,11 +619,19 @@ def redraw_weights(model, seed, gemma_norms, proj_std):
             for name, p in model.named_parameters():
                 if name.endswith("norm.weight"):
                     centre = 0.0
-                    if name.endswith("post_attention_layernorm.weight"):
+                    if gemma_norms == "plain":  # Gemma 1: no post-norms; see the MLP share below
+                        pass
+                    elif name.endswith("post_attention_layernorm.weight"):
                         centre = 2.0
                     elif name.endswith("post_feedforward_layernorm.weight"):
                         centre = -0.5
                     p.copy_(centre + 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float32))
+            # Gemma 1 has no post-MLP norm to shrink the MLP's share of the residual stream (which carries
+            # llama.cpp's F16-table GELU error): a smaller down projection does it instead.
+            if gemma_norms == "plain":
+                for name, p in model.named_parameters():
+                    if name.endswith("mlp.down_proj.weight"):
+                        p.mul_(0.25)
 
 
 def make_model(spec, seed):
@@ -830,7 +871,7 @@ def make_reference(spec, d, disk_tok, mem_tok, ref, seed, notes):
 def convert(spec, d, out):
     if out.exists():
         out.unlink()
-    patch = "1" if spec["cls"] in (Gemma2ForCausalLM, Phi3ForCausalLM) else "0"
+    patch = "1" if spec["cls"] in (GemmaForCausalLM, Gemma2ForCausalLM, Phi3ForCausalLM) else "0"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONHASHSEED="0")
     env.pop("NO_LOCAL_GGUF", None)  # the converter then puts its own gguf-py first
     r = subprocess.run(

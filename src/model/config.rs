@@ -152,7 +152,7 @@ impl ModelConfig {
         let layers = layer_configs(&v, arch, n_layers)?;
         let query_pre_attn_scalar = f32_of(&v, "query_pre_attn_scalar").unwrap_or(head_dim as f32);
         let granite = arch == Arch::Granite;
-        let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
+        let gemma = matches!(arch, Arch::Gemma | Arch::Gemma2 | Arch::Gemma3);
         let softcap = |key: &str| f32_of(&v, key).filter(|&c| c > 0.0);
         let config = ModelConfig {
             arch,
@@ -279,7 +279,7 @@ impl ModelConfig {
             c["partial_rotary_factor"] = json!(self.rotary_dim as f64 / self.head_dim as f64);
         }
         match self.arch {
-            Arch::Gemma2 | Arch::Gemma3 => {
+            Arch::Gemma | Arch::Gemma2 | Arch::Gemma3 => {
                 // `attn_scale` is `query_pre_attn_scalar^-0.5` of an integer scalar.
                 c["query_pre_attn_scalar"] = json!((1.0 / (self.attn_scale as f64).powi(2)).round());
                 c["attn_logit_softcapping"] = json!(self.attn_softcap);

@@ -115,7 +115,7 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
         })
         .collect();
 
-    let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
+    let gemma = matches!(arch, Arch::Gemma | Arch::Gemma2 | Arch::Gemma3);
     // llama.cpp scales Gemma's queries by the head width, except for the 27B models
     // (46 and 62 layers), whose `query_pre_attn_scalar` is hidden / heads.
     let gemma_27b = (arch == Arch::Gemma2 && n_layers == 46) || (arch == Arch::Gemma3 && n_layers == 62);

@@ -27,6 +27,7 @@ pub enum Arch {
     Olmo2,
     Granite,
     SmolLM3,
+    Gemma,
 }
 
 /// What a tensor of a decoder layer is for.
@@ -190,7 +191,7 @@ const GEMMA2: ArchSpec = ArchSpec {
     ..spec(Arch::Gemma2, "gemma2", "gemma2", &GEMMA)
 };
 
-pub static SPECS: [ArchSpec; 10] = [
+pub static SPECS: [ArchSpec; 11] = [
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Llama, "llama", "llama", &LLAMA) },
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mistral, "mistral", "mistral", &LLAMA) },
     spec(Arch::Qwen2, "qwen2", "qwen2", &LLAMA),
@@ -202,6 +203,15 @@ pub static SPECS: [ArchSpec; 10] = [
     // llama.cpp's `granite` permutes Q/K as `llama` does.
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Granite, "granite", "granite", &LLAMA) },
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::SmolLM3, "smollm3", "smollm3", &LLAMA) },
+    // Gemma 1: Gemma 2 without the sandwich norms, soft-capping or local layers.
+    ArchSpec {
+        norms: NormPlacement::Pre,
+        arch: Arch::Gemma,
+        hf_type: "gemma",
+        gguf_arch: "gemma",
+        tensors: &LLAMA,
+        ..GEMMA2
+    },
 ];
 
 impl Arch {
