@@ -109,15 +109,23 @@ fn cawsf_file_streams_bit_identically() {
 
 #[test]
 fn gguf_files_stream_bit_identically() {
-    // llama (Q/K rows un-permuted after each read) and qwen2 (biases), block-quantized.
-    for f in ["gguf/llama3.q4_0.gguf", "gguf/qwen2.q8_0.gguf", "gguf/llama256.q4_k_m.gguf"] {
+    // llama (Q/K rows un-permuted after each read) and qwen2 (biases), block-quantized;
+    // gemma2 (norms stored `1 + w`, fixed up after each read) and phi3 (fused projections
+    // split by rows of the read buffer).
+    for f in [
+        "gguf/llama3.q4_0.gguf",
+        "gguf/qwen2.q8_0.gguf",
+        "gguf/llama256.q4_k_m.gguf",
+        "gguf/gemma2.f32.gguf",
+        "gguf/phi3.f32.gguf",
+    ] {
         check_bit_identical(&fixture(f));
     }
 }
 
 #[test]
 fn safetensors_directories_stream_bit_identically() {
-    for f in ["hf/qwen2", "hf/llama_bf16_256"] {
+    for f in ["hf/qwen2", "hf/llama_bf16_256", "hf/gemma3", "hf/phi3_partial"] {
         check_bit_identical(&fixture(f));
     }
 }
