@@ -81,7 +81,8 @@ impl ModelInfo {
             name: name.to_string(),
             spec: spec.to_string(),
             format: format_of(spec),
-            arch: config.arch.name().to_string(),
+            // llama.cpp's architecture names, as Ollama reports them (`gemma3`, not `gemma3_text`).
+            arch: config.spec().gguf_arch.to_string(),
             parameters,
             size_bytes,
             dtype,
