@@ -899,19 +899,9 @@ def gguf_hparams(path):
     return out
 
 
-def llamacpp_reference(name, gguf_path, ref):
-    out = GGUF_DIR / f"{name}.f32.llamacpp.json"
-    r = subprocess.run(
-        [LCPP_PYTHON, str(Path(__file__).resolve()), "--llamacpp-worker", str(gguf_path), str(REF_DIR / f"{name}.json"),
-         str(out), name],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        print(r.stdout[-5000:], r.stderr[-5000:])
-        raise RuntimeError(f"llama.cpp reference failed for {name}")
-    view = json.loads(out.read_text(encoding="utf-8"))
-    # transformers vs llama.cpp on the same token ids
+def annotate_view(view, name, gguf_path, ref):
+    """Adds to a llama.cpp view its GGUF's architecture settings ("gguf_hparams") and how it compares with the
+    transformers reference on the same token ids ("vs_transformers")."""
     diffs, agree, n = [], 0, 0
     logits = np.fromfile(REF_DIR / f"{name}.logits.bin", dtype="<f4")
     V = ref["vocab_size"]
@@ -932,6 +922,21 @@ def llamacpp_reference(name, gguf_path, ref):
         "argmax_agreement": agree / n,
         "tokenization_mismatches": tok_mismatch,
     }
+
+
+def llamacpp_reference(name, gguf_path, ref):
+    out = GGUF_DIR / f"{name}.f32.llamacpp.json"
+    r = subprocess.run(
+        [LCPP_PYTHON, str(Path(__file__).resolve()), "--llamacpp-worker", str(gguf_path), str(REF_DIR / f"{name}.json"),
+         str(out), name],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        print(r.stdout[-5000:], r.stderr[-5000:])
+        raise RuntimeError(f"llama.cpp reference failed for {name}")
+    view = json.loads(out.read_text(encoding="utf-8"))
+    annotate_view(view, name, gguf_path, ref)
     out.write_text(json.dumps(view, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     return view
 

@@ -112,7 +112,6 @@ sys.path.insert(0, str(TOOLS))
 import make_arch_fixtures as maf  # noqa: E402
 import make_fixtures as mf  # noqa: E402
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import (  # noqa: E402
     AutoTokenizer,
@@ -314,25 +313,7 @@ def llamacpp_reference(name, variant, gguf_path, ref, quant_src=None):
         print(r.stdout[-5000:], r.stderr[-5000:])
         raise RuntimeError(f"llama.cpp reference failed for {name} {variant}")
     view = json.loads(out.read_text(encoding="utf-8"))
-    diffs, agree, n = [], 0, 0
-    logits = np.fromfile(REF_DIR / f"{name}.logits.bin", dtype="<f4")
-    V = ref["vocab_size"]
-    assert view["n_vocab"] == V, (view["n_vocab"], V)
-    for hp, lp in zip(ref["prompts"], view["prompts"]):
-        assert lp["ids"] == hp["ids"], (name, lp["ids"], hp["ids"])
-        diffs += [abs(a - b) for a, b in zip(hp["logprobs"], lp["logprobs"])]
-        lg = logits[hp["logits_offset"]: hp["logits_offset"] + hp["n_positions"] * V].reshape(hp["n_positions"], V)
-        agree += int((lg.argmax(-1) == np.array(lp["argmax"])).sum())
-        n += hp["n_positions"]
-    tok_mismatch = [t["text"] for t, v in zip(ref["tokenization"], view["tokenization"]) if t["ids"] != v["special"]]
-    view["gguf_hparams"] = maf.gguf_hparams(gguf_path)
-    view["vs_transformers"] = {
-        "max_abs_logprob_diff": max(diffs),
-        "mean_abs_logprob_diff": sum(diffs) / len(diffs),
-        "n_logprobs": len(diffs),
-        "argmax_agreement": agree / n,
-        "tokenization_mismatches": tok_mismatch,
-    }
+    maf.annotate_view(view, name, gguf_path, ref)
     out.write_text(json.dumps(view, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     return view
 
