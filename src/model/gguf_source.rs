@@ -60,31 +60,25 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
             Some(_) => f.get_f32(&key(k)).map(Some).with_context(|| format!("`{}` is not a number", key(k))),
         }
     };
-    let required = |k: &str| -> anyhow::Result<usize> {
-        let v = u64_of(k)?.with_context(|| format!("missing `{}`", key(k)))?;
-        usize::try_from(v).ok().filter(|&v| v <= 1 << 40).with_context(|| format!("`{}` {v} is too large", key(k)))
+    // A size: an unsigned integer capped before anything is allocated from it.
+    let size = |k: &str| -> anyhow::Result<Option<usize>> {
+        let Some(v) = u64_of(k)? else { return Ok(None) };
+        let fits = usize::try_from(v).ok().filter(|&v| v <= 1 << 40);
+        fits.map(Some).with_context(|| format!("`{}` {v} is too large", key(k)))
     };
+    let required = |k: &str| -> anyhow::Result<usize> { size(k)?.with_context(|| format!("missing `{}`", key(k))) };
     let hidden = required("embedding_length")?;
     let n_heads = required("attention.head_count")?;
     let n_layers = required("block_count")?;
     if n_layers > 1 << 16 {
         bail!("`{}` {n_layers} is too large", key("block_count"));
     }
-    let n_kv_heads = match u64_of("attention.head_count_kv")? {
-        Some(_) => required("attention.head_count_kv")?,
-        None => n_heads,
-    };
-    let head_dim = match u64_of("attention.key_length")? {
-        Some(_) => required("attention.key_length")?,
-        None => hidden.checked_div(n_heads).unwrap_or(0),
-    };
+    let n_kv_heads = size("attention.head_count_kv")?.unwrap_or(n_heads);
+    let head_dim = size("attention.key_length")?.unwrap_or(hidden.checked_div(n_heads).unwrap_or(0));
     if let Some(v) = u64_of("attention.value_length")?.filter(|&v| v != head_dim as u64) {
         bail!("`{}` {v} differs from the key length {head_dim}", key("attention.value_length"));
     }
-    let rotary_dim = match u64_of("rope.dimension_count")? {
-        Some(_) => required("rope.dimension_count")?,
-        None => head_dim,
-    };
+    let rotary_dim = size("rope.dimension_count")?.unwrap_or(head_dim);
     let embd = f.tensor("token_embd.weight").context("no `token_embd.weight` tensor")?;
     let vocab = embd.shape.first().copied().unwrap_or(0);
     let eps = f32_of("attention.layer_norm_rms_epsilon")?.context("missing or non-float rms epsilon")?;
