@@ -4,12 +4,13 @@
 //! global tensors, then each layer), so memory stays O(one layer) and a model larger than
 //! RAM converts. The writers keep the output under a temporary name until the end.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::{Group, ModelMeta, ModelWriter, cawsf, flat};
+use super::{Group, ModelMeta, ModelWriter, cawsf, expert_tensor, flat, layer_tensor};
 use crate::model::ModelSource;
 use crate::tensor::{AlignedBytes, DType, HostTensor};
 
@@ -64,12 +65,19 @@ pub fn meta_of(src: &ModelSource) -> ModelMeta {
     }
 }
 
-/// The dtype `name` is converted to under `quant`, or `None` to keep it: float targets
-/// convert every float tensor; block targets convert weight matrices whose rows are
-/// whole blocks (norms, biases and odd shapes keep their dtype).
-fn target_dtype(t: &HostTensor, quant: Option<DType>) -> Option<DType> {
+/// Layer-local names of the tensors that route tokens: the MoE router (`[n_experts,
+/// hidden]`) and the shared expert's gate (`[1, hidden]`). Every `--quant` keeps them in
+/// their source dtype, as llama.cpp keeps `ffn_gate_inp` in F32: a small error there
+/// changes which experts run.
+const ROUTING_TENSORS: [&str; 3] = ["mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.shared_expert_gate.weight"];
+
+/// The dtype tensor `name` is converted to under `quant`, or `None` to keep it: float
+/// targets convert every float tensor; block targets convert weight matrices whose rows
+/// are whole blocks (norms, biases and odd shapes keep their dtype). Routing tensors
+/// ([`ROUTING_TENSORS`]) are never converted.
+fn target_dtype(name: &str, t: &HostTensor, quant: Option<DType>) -> Option<DType> {
     let q = quant?;
-    if t.dtype == q {
+    if t.dtype == q || layer_tensor(name).is_some_and(|(_, local)| ROUTING_TENSORS.contains(&local)) {
         return None;
     }
     if q.is_float() {
@@ -77,6 +85,47 @@ fn target_dtype(t: &HostTensor, quant: Option<DType>) -> Option<DType> {
     }
     let cols = *t.shape.last()?;
     (t.shape.len() == 2 && cols.is_multiple_of(q.block_size())).then_some(q)
+}
+
+/// One read unit of a decoder layer as the writers lay it out: the layer core
+/// (attention, norms, router, shared expert) or one routed expert.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerUnit {
+    /// `None` for the core, `Some(e)` for routed expert `e`.
+    pub expert: Option<usize>,
+    /// Indices into the group's tensors, in the order they are written.
+    pub tensors: Vec<usize>,
+}
+
+/// An expert's tensors in the order they are written, per naming (Qwen MoE, Mixtral):
+/// gate, up, down.
+const EXPERT_ORDER: [[&str; 3]; 2] =
+    [["gate_proj.weight", "up_proj.weight", "down_proj.weight"], ["w1.weight", "w3.weight", "w2.weight"]];
+
+/// The order in which both writers store a group's tensors, as units: the core first,
+/// its tensors in the order handed over; then each routed expert by ascending index
+/// (expert 10 after expert 9), its tensors gate, up, down ([`EXPERT_ORDER`]), then any
+/// others of the expert by name. Units without tensors are left out, so a group without
+/// experts is one unit in the order handed over (dense layers are written as before).
+/// The one place this order is decided.
+pub fn layer_units(tensors: &[(String, HostTensor)]) -> Vec<LayerUnit> {
+    let mut core = Vec::new();
+    let mut experts: BTreeMap<usize, Vec<(usize, &str, usize)>> = BTreeMap::new();
+    for (i, (name, _)) in tensors.iter().enumerate() {
+        match layer_tensor(name).and_then(|(_, local)| expert_tensor(local)) {
+            None => core.push(i),
+            Some((e, rest)) => {
+                let rank = EXPERT_ORDER.iter().find_map(|o| o.iter().position(|n| *n == rest));
+                experts.entry(e).or_default().push((rank.unwrap_or(EXPERT_ORDER[0].len()), rest, i));
+            }
+        }
+    }
+    let core = (!core.is_empty()).then_some(LayerUnit { expert: None, tensors: core });
+    let experts = experts.into_iter().map(|(e, mut ts)| {
+        ts.sort_unstable();
+        LayerUnit { expert: Some(e), tensors: ts.into_iter().map(|(_, _, i)| i).collect() }
+    });
+    core.into_iter().chain(experts).collect()
 }
 
 /// Converts `src` into `out` (which must not exist), calling `progress` after each group.
@@ -92,7 +141,7 @@ pub fn convert(
         anyhow::bail!("{}: already exists; choose another output or remove it first", out.display());
     }
     crate::model::spec::check_tensors(&src.config, &src.tensors).with_context(|| format!("model `{}`", src.name))?;
-    let mut groups: std::collections::BTreeMap<Group, Vec<String>> = Default::default();
+    let mut groups: BTreeMap<Group, Vec<String>> = Default::default();
     for name in src.tensors.keys() {
         groups.entry(Group::of(name)).or_default().push(name.clone());
     }
@@ -116,7 +165,7 @@ pub fn convert(
         for name in names {
             let t = src.tensors.remove(&name).expect("grouped from the source's own names");
             report.bytes_in += t.bytes().len() as u64;
-            let t = match target_dtype(&t, opts.quant) {
+            let t = match target_dtype(&name, &t, opts.quant) {
                 None => t,
                 Some(dtype) => {
                     report.converted += 1;
@@ -144,4 +193,236 @@ fn requantize(pool: &rayon::ThreadPool, name: &str, t: &HostTensor, dtype: DType
         .with_context(|| format!("quantizing {name} to {}", dtype.name()))?;
     let len = crate::tensor::ByteSource::bytes(&bytes).len();
     Ok(HostTensor::new(Arc::new(bytes), 0, len, dtype, t.shape.clone()))
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// Routed experts of [`moe_layer`]: enough that string order (`10` before `2`) would
+    /// show.
+    pub(in crate::format) const EXPERTS: usize = 12;
+    const HIDDEN: usize = 64;
+
+    /// A meta whose config the readers parse (the writers do not check tensors against it).
+    pub(in crate::format) fn tiny_meta() -> ModelMeta {
+        ModelMeta {
+            name: "tiny-moe".into(),
+            config_json: r#"{"model_type":"llama","hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,
+                "num_attention_heads":2,"vocab_size":4}"#
+                .into(),
+            tokenizer_json: "{}".into(),
+            tokenizer_config_json: None,
+            generation_config_json: None,
+            chat_template: None,
+        }
+    }
+
+    /// An F32 tensor whose values repeat (so zstd shrinks it) and differ per `seed`.
+    fn filled(shape: Vec<usize>, seed: usize) -> HostTensor {
+        let data: Vec<f32> = (0..shape.iter().product::<usize>()).map(|k| (seed * 8 + k % 7) as f32).collect();
+        HostTensor::from_f32(&data, shape)
+    }
+
+    /// Layer 0 of a synthetic MoE model: attention, norms, the router, for Qwen naming
+    /// the shared expert and its gate, and [`EXPERTS`] routed experts whose tensors span
+    /// one to three pages. Sorted by name, as `convert` hands them over: expert 10 comes
+    /// before expert 2, Mixtral's `w2` before `w3`.
+    pub(in crate::format) fn moe_layer(mixtral: bool) -> Vec<(String, HostTensor)> {
+        let h = HIDDEN;
+        let mut core = vec![
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+            ("self_attn.q_proj.weight", vec![h, h]),
+            ("self_attn.k_proj.weight", vec![h / 2, h]),
+            ("self_attn.v_proj.weight", vec![h / 2, h]),
+            ("self_attn.o_proj.weight", vec![h, h]),
+        ];
+        let (prefix, names) = match mixtral {
+            true => ("block_sparse_moe", EXPERT_ORDER[1]),
+            false => ("mlp", EXPERT_ORDER[0]),
+        };
+        match mixtral {
+            true => core.push(("block_sparse_moe.gate.weight", vec![EXPERTS, h])),
+            false => core.extend([
+                ("mlp.gate.weight", vec![EXPERTS, h]),
+                ("mlp.shared_expert.gate_proj.weight", vec![32, h]),
+                ("mlp.shared_expert.up_proj.weight", vec![32, h]),
+                ("mlp.shared_expert.down_proj.weight", vec![h, 32]),
+                ("mlp.shared_expert_gate.weight", vec![1, h]),
+            ]),
+        }
+        let mut out: Vec<(String, Vec<usize>)> =
+            core.into_iter().map(|(n, shape)| (format!("model.layers.0.{n}"), shape)).collect();
+        for e in 0..EXPERTS {
+            let rows = (e % 5 + 1) * 8; // 2 to 10 KiB per tensor in F32
+            for (name, shape) in names.iter().zip([vec![rows, h], vec![rows, h], vec![h, rows]]) {
+                out.push((format!("model.layers.0.{prefix}.experts.{e}.{name}"), shape));
+            }
+        }
+        out.sort_unstable();
+        out.into_iter().enumerate().map(|(seed, (name, shape))| (name, filled(shape, seed))).collect()
+    }
+
+    /// Checks the MoE layout of one written layer from each tensor's byte span `[start,
+    /// end)` in its file: the core first, at `layer_start`; then experts `0..experts` in
+    /// order; each unit's tensors back to back (less than a page apart) with nothing of
+    /// another unit between them; each unit starting on a page; each expert's tensors
+    /// gate, up, down.
+    pub(in crate::format) fn assert_unit_layout(spans: &[(String, u64, u64)], layer_start: u64, experts: usize) {
+        let mut spans = spans.to_vec();
+        spans.sort_by_key(|s| s.1);
+        let mut units: Vec<(Option<usize>, Vec<&str>)> = Vec::new();
+        for (i, (name, start, _)) in spans.iter().enumerate() {
+            let (unit, rest) = match layer_tensor(name).and_then(|(_, local)| expert_tensor(local)) {
+                Some((e, rest)) => (Some(e), rest),
+                None => (None, name.as_str()),
+            };
+            match units.last_mut() {
+                Some((u, rests)) if *u == unit => {
+                    let gap = start.checked_sub(spans[i - 1].2);
+                    assert!(
+                        gap.is_some_and(|g| g < flat::ALIGN),
+                        "`{name}` is {gap:?} bytes after its unit's previous tensor"
+                    );
+                    rests.push(rest);
+                }
+                _ => {
+                    assert_eq!(start % flat::ALIGN, 0, "unit {unit:?} (`{name}`) starts at {start}, not on a page");
+                    units.push((unit, vec![rest]));
+                }
+            }
+        }
+        assert_eq!(spans.first().map(|s| s.1), Some(layer_start), "the layer starts with its core");
+        let order: Vec<Option<usize>> = units.iter().map(|u| u.0).collect();
+        let want: Vec<Option<usize>> = std::iter::once(None).chain((0..experts).map(Some)).collect();
+        assert_eq!(order, want, "units split or out of order");
+        for (e, rests) in &units[1..] {
+            assert!(EXPERT_ORDER.iter().any(|o| o[..] == rests[..]), "expert {e:?} holds {rests:?}");
+        }
+    }
+
+    #[test]
+    fn experts_follow_the_core_in_numeric_order() {
+        for mixtral in [false, true] {
+            let layer = moe_layer(mixtral);
+            let units = layer_units(&layer);
+            assert_eq!(units.len(), 1 + EXPERTS, "mixtral: {mixtral}");
+            let core: Vec<usize> = (0..layer.len()).filter(|&i| !layer[i].0.contains(".experts.")).collect();
+            assert_eq!(units[0], LayerUnit { expert: None, tensors: core }, "the core keeps the order handed over");
+            for (e, unit) in units[1..].iter().enumerate() {
+                assert_eq!(unit.expert, Some(e));
+                let names: Vec<&str> = unit.tensors.iter().map(|&i| layer[i].0.as_str()).collect();
+                let order = EXPERT_ORDER[usize::from(mixtral)];
+                assert!(names.iter().zip(order).all(|(n, o)| n.ends_with(&format!(".experts.{e}.{o}"))), "{names:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_dense_layer_is_one_unit_in_the_order_handed_over() {
+        let names = ["self_attn.v_proj.weight", "mlp.gate_proj.weight", "input_layernorm.weight", "mlp.gate.bias"];
+        let layer: Vec<_> = names.iter().map(|n| (format!("model.layers.3.{n}"), filled(vec![4], 0))).collect();
+        assert_eq!(layer_units(&layer), [LayerUnit { expert: None, tensors: vec![0, 1, 2, 3] }]);
+        let global = [("model.embed_tokens.weight".to_string(), filled(vec![4], 0))];
+        assert_eq!(layer_units(&global), [LayerUnit { expert: None, tensors: vec![0] }]);
+        assert_eq!(layer_units(&[]), []);
+    }
+
+    #[test]
+    fn routing_tensors_keep_their_dtype_under_every_quant() {
+        let t = |shape: Vec<usize>| filled(shape, 1);
+        for q in [DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::F16] {
+            for router in ["mlp.gate.weight", "block_sparse_moe.gate.weight"] {
+                let name = format!("model.layers.1.{router}");
+                assert_eq!(target_dtype(&name, &t(vec![EXPERTS, 256]), Some(q)), None, "{name} {q:?}");
+            }
+            let name = "model.layers.1.mlp.shared_expert_gate.weight";
+            assert_eq!(target_dtype(name, &t(vec![1, 256]), Some(q)), None, "{name} {q:?}");
+            for weight in [
+                "mlp.experts.10.gate_proj.weight",
+                "block_sparse_moe.experts.0.w2.weight",
+                "mlp.shared_expert.down_proj.weight",
+                "mlp.gate_proj.weight",
+            ] {
+                let name = format!("model.layers.1.{weight}");
+                assert_eq!(target_dtype(&name, &t(vec![8, 256]), Some(q)), Some(q), "{name} {q:?}");
+            }
+        }
+        // Rows that are not whole blocks keep their dtype, expert or not.
+        assert_eq!(
+            target_dtype("model.layers.0.mlp.experts.1.up_proj.weight", &t(vec![8, 40]), Some(DType::Q8_0)),
+            None
+        );
+        assert_eq!(target_dtype("model.layers.0.mlp.gate.weight", &t(vec![8, 256]), None), None);
+    }
+
+    /// `tests/fixtures/hf/{qwen2_moe,mixtral}` (from `tools/make_moe_fixtures.py`) through
+    /// `convert --quant q8_0`: routers and the shared expert's gate stay F32 and
+    /// bit-identical, expert and shared-expert matrices whose rows are whole blocks become
+    /// Q8_0 (`down` rows of 8 or 16 do not fit a block and stay F32), and layer 0 is laid
+    /// out core first, then one aligned range per expert.
+    #[test]
+    fn q8_0_conversion_keeps_the_router_f32() {
+        let f32 = |local: &'static str| (local, DType::F32);
+        let q8 = |local: &'static str| (local, DType::Q8_0);
+        let cases = [
+            (
+                "qwen2_moe",
+                vec![
+                    f32("mlp.gate.weight"),
+                    f32("mlp.shared_expert_gate.weight"),
+                    q8("mlp.experts.7.gate_proj.weight"),
+                    q8("mlp.experts.0.up_proj.weight"),
+                    f32("mlp.experts.0.down_proj.weight"),
+                    q8("mlp.shared_expert.gate_proj.weight"),
+                    q8("mlp.shared_expert.down_proj.weight"),
+                ],
+            ),
+            (
+                "mixtral",
+                vec![
+                    f32("block_sparse_moe.gate.weight"),
+                    q8("block_sparse_moe.experts.7.w1.weight"),
+                    q8("block_sparse_moe.experts.0.w3.weight"),
+                    f32("block_sparse_moe.experts.0.w2.weight"),
+                ],
+            ),
+        ];
+        for (fixture, want) in cases {
+            let spec = format!("{}/tests/fixtures/hf/{fixture}", env!("CARGO_MANIFEST_DIR"));
+            let dir = std::env::temp_dir().join(format!("strata-convert-unit-{}-{fixture}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let out = dir.join("m");
+            let src = ModelSource::from_spec(&spec).unwrap();
+            let experts = src.config.moe.as_ref().map_or(0, |m| m.n_experts);
+            let opts = ConvertOptions { target: Target::Flat, quant: Some(DType::Q8_0), threads: 2 };
+            convert(ModelSource::from_spec(&spec).unwrap(), &out, &opts, &mut |_| {}).unwrap();
+            let copy = flat::open(&out).unwrap();
+            for layer in 0..src.config.n_layers {
+                for (local, dtype) in &want {
+                    let name = format!("model.layers.{layer}.{local}");
+                    let (a, b) = (&src.tensors[&name], &copy.tensors[&name]);
+                    assert_eq!(b.dtype, *dtype, "{fixture}: {name}");
+                    if *dtype == DType::F32 {
+                        assert_eq!(b.bytes(), a.bytes(), "{fixture}: {name}");
+                    }
+                }
+            }
+            let manifest = flat::inspect(&out).unwrap();
+            let spans: Vec<(String, u64, u64)> = manifest["tensors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|t| t["file"] == flat::layer_file_name(0))
+                .map(|t| {
+                    let (offset, size) = (t["offset"].as_u64().unwrap(), t["size"].as_u64().unwrap());
+                    (t["name"].as_str().unwrap().to_owned(), offset, offset + size)
+                })
+                .collect();
+            assert_unit_layout(&spans, 0, experts);
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
 }

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::checksum::{self, Hasher};
+use super::convert::layer_units;
 use super::{FormatError, Group, ModelMeta, ModelWriter};
 use crate::model::ModelSource;
 use crate::model::config::ModelConfig;
@@ -345,7 +346,11 @@ impl ModelWriter for FlatWriter {
             }
             Group::Layer(index) => {
                 let file = layer_file_name(index);
-                let size = self.write_bin(&file, FileKind::Layer, &tensors.iter().collect::<Vec<_>>())?;
+                // Every tensor starts on a page, so each unit (the core, each expert)
+                // written back to back is one aligned range of its own.
+                let units = layer_units(tensors);
+                let ordered: Vec<_> = units.iter().flat_map(|u| &u.tensors).map(|&i| &tensors[i]).collect();
+                let size = self.write_bin(&file, FileKind::Layer, &ordered)?;
                 self.manifest.layers.push(LayerEntry { index, file, offset: 0, size });
             }
         }
@@ -794,6 +799,39 @@ mod tests {
         assert_eq!(layer_file_name(7), "layer_007.bin");
         assert_eq!(layer_file_name(123), "layer_123.bin");
         assert_eq!(layer_file_name(1234), "layer_1234.bin");
+    }
+
+    #[test]
+    fn each_expert_is_one_aligned_range_after_the_core() {
+        use crate::format::convert::tests::{EXPERTS, assert_unit_layout, moe_layer, tiny_meta};
+        for mixtral in [false, true] {
+            let dir = std::env::temp_dir().join(format!("strata-flat-unit-{}-moe-{mixtral}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let out = dir.join("m");
+            let layer = moe_layer(mixtral);
+            let mut w = Box::new(create(&out, &tiny_meta(), 1).unwrap());
+            w.write_group(Group::Global, &[("model.norm.weight".into(), HostTensor::from_f32(&[1.0; 8], vec![8]))])
+                .unwrap();
+            w.write_group(Group::Layer(0), &layer).unwrap();
+            w.finish().unwrap();
+            let m = read_manifest(&out).unwrap().manifest;
+            let spans: Vec<(String, u64, u64)> = m
+                .tensors
+                .iter()
+                .filter(|t| t.file == layer_file_name(0))
+                .map(|t| (t.name.clone(), t.offset, t.offset + t.size))
+                .collect();
+            assert_eq!(spans.len(), layer.len());
+            assert_unit_layout(&spans, 0, EXPERTS);
+            let src = open(&out).unwrap();
+            for (name, t) in &layer {
+                let r = &src.tensors[name];
+                assert_eq!((r.dtype, &r.shape, r.bytes()), (t.dtype, &t.shape, t.bytes()), "{name}");
+            }
+            verify(&out).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 
     #[test]

@@ -76,6 +76,16 @@ pub fn layer_tensor(name: &str) -> Option<(usize, &str)> {
     Some((index.parse().ok()?, local))
 }
 
+/// A routed expert's tensor inside a layer: the layer-local name `mlp.experts.E.REST`
+/// (Qwen MoE) or `block_sparse_moe.experts.E.REST` (Mixtral) → `(E, REST)`; `None` for
+/// the layer core (attention, norms, router, shared expert). The one place this naming
+/// is read.
+pub fn expert_tensor(local: &str) -> Option<(usize, &str)> {
+    let rest = local.strip_prefix("mlp.experts.").or_else(|| local.strip_prefix("block_sparse_moe.experts."))?;
+    let (e, rest) = rest.split_once('.')?;
+    Some((e.parse().ok()?, rest))
+}
+
 /// A streaming writer of one of Strata's formats. The caller hands over the global
 /// tensors once, then each layer once in order (`0, 1, ...`), each as tensors in their
 /// final dtype, and calls [`finish`](ModelWriter::finish). Until `finish` returns the
@@ -97,6 +107,10 @@ mod tests {
         assert_eq!(Group::of("model.layers.12.mlp.up_proj.weight"), Group::Layer(12));
         assert_eq!(Group::of("model.embed_tokens.weight"), Group::Global);
         assert_eq!(Group::of("lm_head.weight"), Group::Global);
+        assert_eq!(super::expert_tensor("mlp.experts.12.up_proj.weight"), Some((12, "up_proj.weight")));
+        assert_eq!(super::expert_tensor("block_sparse_moe.experts.0.w2.weight"), Some((0, "w2.weight")));
+        assert_eq!(super::expert_tensor("mlp.shared_expert.up_proj.weight"), None);
+        assert_eq!(super::expert_tensor("mlp.gate.weight"), None);
         assert_eq!(Group::of("model.layers.x.y"), Group::Global);
     }
 }

@@ -291,6 +291,47 @@ mod tests {
     }
 
     #[test]
+    fn each_expert_is_one_aligned_range_after_the_core() {
+        use crate::format::convert::tests::{EXPERTS, assert_unit_layout, moe_layer, tiny_meta};
+        for comp in [Compression::None, Compression::Zstd] {
+            for mixtral in [false, true] {
+                let out = temp(&format!("moe-{}-{mixtral}", comp.name()));
+                let layer = moe_layer(mixtral);
+                let mut w = Box::new(CawsfWriter::create(&out, &tiny_meta(), 1, comp).unwrap());
+                w.write_group(Group::Global, &[("g".into(), tensor(10, 5))]).unwrap();
+                w.write_group(Group::Layer(0), &layer).unwrap();
+                w.finish().unwrap();
+                let p = parse(&out).unwrap();
+                // A tensor's span: its TENSOR_DESC shard to the end of its last data shard.
+                let spans: Vec<(String, u64, u64)> = p
+                    .meta
+                    .tensors
+                    .iter()
+                    .filter(|t| t.layer == Some(0))
+                    .map(|t| {
+                        let end =
+                            t.chunks.last().map_or(t.desc, |c| c.offset + SHARD_HEADER_BYTES + u64::from(c.csize));
+                        (t.name.clone(), t.desc, end)
+                    })
+                    .collect();
+                assert_eq!(spans.len(), layer.len());
+                assert_unit_layout(&spans, p.meta.layers[0].offset, EXPERTS);
+                if comp == Compression::Zstd {
+                    let compressed = p.meta.tensors.iter().flat_map(|t| &t.chunks).any(|c| c.comp == comp);
+                    assert!(compressed, "the test should exercise unaligned compressed shards");
+                }
+                let src = open(&out).unwrap();
+                for (name, t) in &layer {
+                    let r = &src.tensors[name];
+                    assert_eq!((r.dtype, &r.shape, r.bytes()), (t.dtype, &t.shape, t.bytes()), "{name} {comp:?}");
+                }
+                verify(&out).unwrap();
+                std::fs::remove_dir_all(out.parent().unwrap()).unwrap();
+            }
+        }
+    }
+
+    #[test]
     fn groups_out_of_order_and_missing_layers_are_refused() {
         let out = temp("order");
         let mut w = Box::new(CawsfWriter::create(&out, &meta(), 2, Compression::None).unwrap());

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::layout::*;
+use crate::format::convert::layer_units;
 use crate::format::{Group, ModelMeta, ModelWriter};
 use crate::tensor::HostTensor;
 
@@ -213,11 +214,17 @@ impl ModelWriter for CawsfWriter {
             self.check_tensor(name, t).with_context(|| format!("{out}: {group:?}"))?;
         }
         let (comp, chunk) = (self.compression, self.max_chunk as usize);
-        let packed: Vec<Vec<Option<Vec<u8>>>> =
+        let mut packed: Vec<Vec<Option<Vec<u8>>>> =
             tensors.par_iter().map(|(_, t)| t.bytes().chunks(chunk).map(|c| comp.compress(c)).collect()).collect();
         let start = self.pos;
-        for ((name, t), packed) in tensors.iter().zip(packed) {
-            self.write_tensor(scope, name, t, packed)?;
+        for unit in layer_units(tensors) {
+            // Each unit (the core, each expert) starts on a page of its own; the group
+            // starts on one already, so a dense layer gains no padding.
+            self.align(scope, 0)?;
+            for i in unit.tensors {
+                let (name, t) = &tensors[i];
+                self.write_tensor(scope, name, t, std::mem::take(&mut packed[i]))?;
+            }
         }
         self.align(scope, 0)?;
         let range = Range { offset: start, len: self.pos - start };
