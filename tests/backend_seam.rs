@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use strata::backend::cpu::CpuBackend;
-use strata::backend::{Activation, AttnParams, Backend, BackendError, BackendResult, RopeFreqs, TopK, Unary};
+use strata::backend::{Activation, AttnParams, Backend, BackendError, BackendResult, RopeFreqs, Rows, TopK, Unary};
 use strata::model::config::ModelConfig;
 use strata::model::decoder::{DecoderModel, ModelError, SeqStep};
 use strata::model::demo::demo_source;
@@ -81,13 +81,12 @@ impl Backend for Recording {
     fn copy_rows(
         &self,
         src: &Vec<f32>,
-        src_row: usize,
-        rows: usize,
+        rows: Rows<'_>,
         row_len: usize,
         dst: &mut Vec<f32>,
         dst_row: usize,
     ) -> BackendResult<()> {
-        self.cpu.copy_rows(src, src_row, rows, row_len, dst, dst_row)
+        self.cpu.copy_rows(src, rows, row_len, dst, dst_row)
     }
     fn attention(
         &self,
@@ -107,8 +106,15 @@ impl Backend for Recording {
     fn unary(&self, x: &mut Vec<f32>, len: usize, op: Unary) -> BackendResult<()> {
         self.cpu.unary(x, len, op)
     }
-    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> BackendResult<()> {
-        self.cpu.add(x, y, len)
+    fn add_rows(
+        &self,
+        x: &mut Vec<f32>,
+        y: &Vec<f32>,
+        row_len: usize,
+        rows: Rows<'_>,
+        weights: Option<&[f32]>,
+    ) -> BackendResult<()> {
+        self.cpu.add_rows(x, y, row_len, rows, weights)
     }
 }
 

@@ -10,7 +10,7 @@
 use strata::backend::cpu::CpuBackend;
 use strata::backend::cuda::CudaBackend;
 use strata::backend::cuda::launch::WEIGHT_FORMATS;
-use strata::backend::{Activation, AttnParams, Backend, RopeFreqs, Unary};
+use strata::backend::{Activation, AttnParams, Backend, RopeFreqs, Rows, Unary};
 use strata::tensor::{AlignedBytes, DType, HostTensor};
 
 fn gpu() -> Option<CudaBackend> {
@@ -114,8 +114,8 @@ fn elementwise_norm_and_rope_match_the_cpu_on<G: Backend>(g: &G) {
 
     let (mut cx, cy) = (c.upload(&x).unwrap(), c.upload(&y).unwrap());
     let (mut gx, gy) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
-    c.add(&mut cx, &cy, rows * dim).unwrap();
-    g.add(&mut gx, &gy, rows * dim).unwrap();
+    c.add_rows(&mut cx, &cy, dim, Rows::first(rows), None).unwrap();
+    g.add_rows(&mut gx, &gy, dim, Rows::first(rows), None).unwrap();
     check("add", &g.download(&gx, rows * dim).unwrap(), &c.download(&cx, rows * dim).unwrap(), 1e-7);
     c.glu(&mut cx, &cy, rows * dim, Activation::Silu).unwrap();
     g.glu(&mut gx, &gy, rows * dim, Activation::Silu).unwrap();
@@ -193,8 +193,8 @@ fn elementwise_norm_and_rope_match_the_cpu_on<G: Backend>(g: &G) {
     let (mut cd, mut gd) = (c.alloc(5 * 64).unwrap(), g.alloc(5 * 64).unwrap());
     let src = values(4 * 64, 5, 1.0);
     let (cs, gs) = (c.upload(&src).unwrap(), g.upload(&src).unwrap());
-    c.copy_rows(&cs, 1, 3, 64, &mut cd, 2).unwrap();
-    g.copy_rows(&gs, 1, 3, 64, &mut gd, 2).unwrap();
+    c.copy_rows(&cs, Rows::Range { start: 1, n: 3 }, 64, &mut cd, 2).unwrap();
+    g.copy_rows(&gs, Rows::Range { start: 1, n: 3 }, 64, &mut gd, 2).unwrap();
     assert_eq!(g.download(&gd, 5 * 64).unwrap(), c.download(&cd, 5 * 64).unwrap(), "copy_rows");
 }
 

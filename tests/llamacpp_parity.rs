@@ -17,7 +17,7 @@ use strata::model::decoder::SeqStep;
 
 /// Every fixture variant: `<model>` is the F32 file, `<model>.<type>` a llama.cpp
 /// quantization of it (`f16` or a quantized type).
-const VARIANTS: [&str; 21] = [
+const VARIANTS: [&str; 27] = [
     "llama3",
     "llama3.f16",
     "llama3.q8_0",
@@ -40,6 +40,13 @@ const VARIANTS: [&str; 21] = [
     "granite.f32",
     "smollm3.f32",
     "gemma.f32",
+    // tools/make_moe_fixtures.py
+    "mixtral.f32",
+    "mixtral.q8_0",
+    "qwen2_moe.f32",
+    "qwen2_moe.q8_0",
+    "qwen3_moe.f32",
+    "qwen3_moe.q8_0",
 ];
 
 /// F32 weights: only summation order (and llama.cpp's own kernels) differ.

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::model::decoder::SeqStep;
 
-const MODELS: [&str; 14] = [
+const MODELS: [&str; 19] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -25,6 +25,14 @@ const MODELS: [&str; 14] = [
     "granite",
     "smollm3",
     "gemma",
+    // tools/make_moe_fixtures.py
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    // dense layers by `decoder_sparse_step` and `mlp_only_layers`
+    "qwen3_moe_mixed",
+    // tools/make_moe_zipf_fixture.py: routers biased to a Zipf-like expert popularity
+    "qwen3_moe_zipf",
 ];
 
 /// Largest |Δ logit| accepted against transformers, for every stored dtype: the
@@ -100,7 +108,7 @@ fn greedy_continuations_match_transformers() {
         let (r, _) = reference(name);
         let e = engine(&r);
         for p in &r.prompts {
-            let mut cache = e.model.new_cache(64).unwrap();
+            let mut cache = e.model.new_cache(128).unwrap();
             let mut logits =
                 e.model.forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: false }]).unwrap();
             let mut got = Vec::new();

@@ -27,7 +27,7 @@ transformers-vs-llama.cpp cross-check. For each model <name>:
 
 How to run (from the repository root; nothing is downloaded, everything is seeded and deterministic):
 
-    /tmp/refvenv/bin/python tools/make_moe_fixtures.py [name ...]
+    /tmp/refvenv/bin/python tools/make_moe_fixtures.py [name ...]     # e.g. `... qwen3_moe_mixed`: only that one
 
 with the environment of tools/make_arch_fixtures.py (see its docstring: /tmp/refvenv with torch 2.15.0,
 transformers 5.23.0, tokenizers 0.23.3, safetensors 0.8.0, numpy 2.4.6, jinja2 3.1.6, gguf 0.19.0; llama-cpp-python
@@ -51,7 +51,23 @@ requires output.weight):
                Every layer is sparse:
                transformers supports dense layers (mlp_only_layers / decoder_sparse_step) but llama.cpp 0.3.36
                cannot represent them in qwen3moe (its graph and tensor loader give every layer ffn_*_exps and the
-               converter ignores both keys), so the dense layer was dropped.
+               converter ignores both keys), so the dense layer was dropped (qwen3_moe_mixed has them instead).
+  * qwen3_moe_mixed  (added last, so the others keep their seeds; transformers only: NO GGUF files, since llama.cpp
+               cannot represent its dense layers, see above; spec field gguf=False makes main() skip the conversion,
+               the llama.cpp views and their checks). qwen3_moe's settings but 4 layers, decoder_sparse_step 2,
+               mlp_only_layers [3], intermediate_size 32. transformers' rule (Qwen3MoeDecoderLayer.__init__, and
+               the same in Qwen2MoeDecoderLayer, transformers 5.23.0): layer i gets the sparse block
+               (mlp.gate + mlp.experts) iff
+                   i not in mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0,
+               otherwise a dense SwiGLU MLP of width intermediate_size (mlp.gate_proj / up_proj / down_proj). Here:
+               (i + 1) % 2 == 0 gives layers 1 and 3, mlp_only_layers removes 3: layer 1 sparse, layers 0, 2, 3
+               dense. check_layer_pattern asserts that the rule, the loaded modules and the saved safetensors (names
+               and shapes, per layer) all say exactly that. Its config.json names the expert count "num_experts",
+               as published Qwen3-MoE configs do (transformers 5.23 writes "num_local_experts" for qwen3_moe; see
+               hub_num_experts, which checks that transformers reads the rewritten file back identically).
+               Files: tests/fixtures/hf/qwen3_moe_mixed/, tests/fixtures/ref/qwen3_moe_mixed.{json,logits.bin};
+               its "routing" has one entry per layer, null for a dense layer (no router), and
+               "routing_min_logit_gap" covers the sparse layers only. < 1 MB in all.
 Q8_0: ffn_down_exps rows have expert-width (16 or 8) columns, not a multiple of Q8_0's block of 32, so llama.cpp's
 quantizer stores them as F16 (other matrices Q8_0; norms, biases, routers, shared-expert gate F32); the q8_0 JSON's
 tensor_types lists every tensor's type. Expert width 32 would take each model over the size budget (MAX_FIXTURE_BYTES).
@@ -133,6 +149,7 @@ maf.GGUF_NAMES.update(
     mixtral="Strata Tiny Mixtral",
     qwen2_moe="Strata Tiny Qwen2 MoE",
     qwen3_moe="Strata Tiny Qwen3 MoE",
+    qwen3_moe_mixed="Strata Tiny Qwen3 MoE Mixed",  # unused: no GGUF
 )
 
 MOE_ARCH_KEYS = {
@@ -241,6 +258,42 @@ def model_specs(V, ids):
             arch=MOE_ARCH_KEYS["qwen3_moe"],
             knobs={"norm_topk_prob": {"norm_topk_prob": False}, "num_experts_per_tok": {"num_experts_per_tok": 2}},
         ),
+        # Added after the others, so their seeds (by position) stay as they were. transformers only: no GGUF.
+        dict(
+            name="qwen3_moe_mixed",
+            cls=Qwen3MoeForCausalLM,
+            cfg=Qwen3MoeConfig(
+                **{**h, "num_hidden_layers": 4},
+                intermediate_size=32,  # the dense layers' MLP width (layers 0, 2, 3)
+                moe_intermediate_size=16,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=16,
+                num_experts=8,
+                num_experts_per_tok=4,
+                norm_topk_prob=True,
+                decoder_sparse_step=2,  # sparse iff (i + 1) % 2 == 0: layers 1, 3 ...
+                mlp_only_layers=[3],  # ... minus layer 3: only layer 1 is sparse
+                attention_bias=False,
+                rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                use_sliding_window=False,
+                tie_word_embeddings=False,
+                bos_token_id=None,
+                eos_token_id=ids["<|im_end|>"],
+                pad_token_id=ids["<|endoftext|>"],
+            ),
+            tok=qwen_tok,
+            template=maf.read_template("Qwen-Qwen3-0.6B.jinja"),
+            template_source="llama.cpp models/templates/Qwen-Qwen3-0.6B.jinja",
+            gen=qwen_gen,
+            arch=MOE_ARCH_KEYS["qwen3_moe"],
+            knobs={"norm_topk_prob": {"norm_topk_prob": False}, "num_experts_per_tok": {"num_experts_per_tok": 2}},
+            gguf=False,  # llama.cpp's qwen3moe cannot represent dense layers
+            sparse_layers=[1],  # what transformers' rule gives; checked against the saved checkpoint
+            max_bytes=1_000_000,
+            hub_num_experts=True,  # config.json says "num_experts" (see hub_num_experts)
+        ),
     ]
 
 
@@ -250,22 +303,28 @@ def model_specs(V, ids):
 
 
 def routing_of(model, ids):
-    """(ids[layer][position] -> top-k expert ids, min gap between the k-th and (k+1)-th largest router logit)."""
-    records = []
+    """(ids[layer][position] -> top-k expert ids, or None for a dense layer (no router); min gap between the k-th
+    and (k+1)-th largest router logit over the sparse layers)."""
+    records = {}
 
-    def hook(mod, inp, out):
-        logits, _, idx = out
-        top = torch.topk(logits.float(), mod.top_k + 1, dim=-1).values
-        records.append(([[int(e) for e in row] for row in idx], float((top[:, -2] - top[:, -1]).min())))
+    def hook_for(i):
+        def hook(mod, inp, out):
+            logits, _, idx = out
+            top = torch.topk(logits.float(), mod.top_k + 1, dim=-1).values
+            records[i] = ([[int(e) for e in row] for row in idx], float((top[:, -2] - top[:, -1]).min()))
 
-    handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
+        return hook
+
+    handles = [layer.mlp.gate.register_forward_hook(hook_for(i)) for i, layer in enumerate(model.model.layers)
+               if hasattr(layer.mlp, "gate")]  # dense layers (Qwen3MoeMLP) have no router
     try:
         mf.logits_of(model, ids)
     finally:
         for hd in handles:
             hd.remove()
-    assert len(records) == model.config.num_hidden_layers
-    return [r[0] for r in records], min(r[1] for r in records)
+    assert len(records) == len(handles) >= 1
+    n = model.config.num_hidden_layers
+    return [records[i][0] if i in records else None for i in range(n)], min(r[1] for r in records.values())
 
 
 _pick_seed = maf.pick_seed
@@ -318,12 +377,64 @@ def llamacpp_reference(name, variant, gguf_path, ref, quant_src=None):
     return view
 
 
-def fixture_files(name):
+def fixture_files(name, gguf=True):
     files = sorted((HF_DIR / name).iterdir())
     files += [REF_DIR / f"{name}.json", REF_DIR / f"{name}.logits.bin"]
-    for v in ("f32", "q8_0"):
+    for v in ("f32", "q8_0") if gguf else ():
         files += [GGUF_DIR / f"{name}.{v}.gguf", GGUF_DIR / f"{name}.{v}.llamacpp.json"]
     return files
+
+
+def hub_num_experts(spec, d, ref, notes):
+    """transformers 5.x writes Qwen3-MoE's expert count as "num_local_experts" (Qwen3MoeConfig.attribute_map maps
+    num_experts -> num_local_experts); published Qwen3-MoE checkpoints (Qwen/Qwen3-30B-A3B) have "num_experts".
+    Rewrites config.json that way (same formatting as transformers: indent 2, sorted keys) and checks that transformers
+    reads the same config and weights back. Returns the reloaded reference model."""
+    p = d / "config.json"
+    cfg = json.loads(p.read_text(encoding="utf-8"))
+    n = cfg.pop("num_local_experts")
+    assert "num_experts" not in cfg
+    cfg["num_experts"] = n
+    p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    again = maf.load_ref(spec, d)
+    assert again.config.num_experts == ref.config.num_experts == n
+    assert again.config.to_dict() == ref.config.to_dict()
+    for (k1, v1), (k2, v2) in zip(ref.state_dict().items(), again.state_dict().items()):
+        assert k1 == k2 and torch.equal(v1, v2), k1
+    notes.append(f"{spec['name']}: config.json: num_local_experts -> num_experts ({n}), as published Qwen3-MoE configs")
+    return again
+
+
+def check_layer_pattern(spec, d, ref, notes):
+    """transformers' rule (Qwen2Moe/Qwen3MoeDecoderLayer.__init__): layer i is sparse iff i not in mlp_only_layers
+    and num_experts > 0 and (i + 1) % decoder_sparse_step == 0. Checked three ways: the rule, the loaded modules, and
+    the tensor names and shapes in the saved safetensors."""
+    from safetensors import safe_open
+
+    c = ref.config
+    rule = [i for i in range(c.num_hidden_layers)
+            if i not in c.mlp_only_layers and c.num_experts > 0 and (i + 1) % c.decoder_sparse_step == 0]
+    modules = [i for i, layer in enumerate(ref.model.layers) if hasattr(layer.mlp, "gate")]
+    assert rule == modules == spec["sparse_layers"], (rule, modules, spec["sparse_layers"])
+    shapes = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(f, framework="pt") as sf:
+            for k in sf.keys():
+                shapes[k] = tuple(sf.get_slice(k).get_shape())
+    H, I, M, E = c.hidden_size, c.intermediate_size, c.moe_intermediate_size, c.num_experts
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}.mlp."
+        got = {k[len(p):]: v for k, v in shapes.items() if k.startswith(p)}
+        if i in rule:
+            want = {"gate.weight": (E, H)}
+            for e in range(E):
+                want.update({f"experts.{e}.gate_proj.weight": (M, H), f"experts.{e}.up_proj.weight": (M, H),
+                             f"experts.{e}.down_proj.weight": (H, M)})
+        else:
+            want = {"gate_proj.weight": (I, H), "up_proj.weight": (I, H), "down_proj.weight": (H, I)}
+        assert got == want, (i, sorted(got.items())[:6])
+    notes.append(f"{spec['name']}: sparse layers {rule} (rule = modules = safetensors), dense layers "
+                 f"{[i for i in range(c.num_hidden_layers) if i not in rule]} with mlp.{{gate,up,down}}_proj of width {I}")
 
 
 def add_routing(spec, ref_model, refj):
@@ -331,7 +442,7 @@ def add_routing(spec, ref_model, refj):
     routing, gaps = [], []
     for p in refj["prompts"]:
         r, gap = routing_of(ref_model, p["ids"])
-        assert all(len(layer) == len(p["ids"]) for layer in r)
+        assert all(layer is None or len(layer) == len(p["ids"]) for layer in r)
         routing.append(r)
         gaps.append(gap)
     refj["routing"] = routing
@@ -359,11 +470,21 @@ def main():
             continue
         name = spec["name"]
         d, mem_tok, ref, seed = maf.build_model(spec, base, notes)
+        if spec.get("hub_num_experts"):
+            ref = hub_num_experts(spec, d, ref, notes)
         disk_tok = AutoTokenizer.from_pretrained(d)
         spec["sensitivity"] = maf.sensitivity(spec, ref, disk_tok(mf.PROMPTS[0])["input_ids"], notes)
         refj = maf.make_reference(spec, d, disk_tok, mem_tok, ref, seed, notes)
         gap = add_routing(spec, ref, refj)
         notes.append(f"{name}: routing recorded, min router logit gap on the prompts {gap:.4f}")
+        if "sparse_layers" in spec:
+            check_layer_pattern(spec, d, ref, notes)
+        if not spec.get("gguf", True):
+            size = sum(f.stat().st_size for f in fixture_files(name, gguf=False))
+            notes.append(f"{name}: transformers only (no GGUF); fixture total {size} bytes")
+            summary.append((name, None, None, None, None, size))
+            assert size < spec.get("max_bytes", MAX_FIXTURE_BYTES), (name, size)
+            continue
 
         f32 = GGUF_DIR / f"{name}.f32.gguf"
         maf.convert(spec, d, f32)
@@ -390,14 +511,17 @@ def main():
 
     print()
     print("files:")
-    for name, *_ in summary:
-        for p in fixture_files(name):
+    for name, d32, *_ in summary:
+        for p in fixture_files(name, gguf=d32 is not None):
             h = hashlib.sha256(p.read_bytes()).hexdigest()[:12]
             print(f"  {p.stat().st_size:>9}  {h}  {p.relative_to(ROOT)}")
     print()
     print(f"{'model':<10} {'f32 max|dlogprob|':>18} {'f32 argmax':>10} {'q8 max|dlogprob|':>17} {'q8 top-1':>9} "
           f"{'bytes':>9}")
     for name, d32, a32, dq8, aq8, size in summary:
+        if d32 is None:
+            print(f"{name:<10} {'(no GGUF)':>18} {'':>10} {'':>17} {'':>9} {size:>9}")
+            continue
         print(f"{name:<10} {d32:>18.2e} {a32:>10.3f} {dq8:>17.2e} {aq8:>9.3f} {size:>9}")
     print("versions:", json.dumps(maf.VERSIONS))
 

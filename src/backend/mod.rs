@@ -27,6 +27,55 @@ pub struct AttnParams {
     pub softcap: Option<f32>,
 }
 
+/// Which rows of a buffer an indexed op reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows<'a> {
+    /// `n` rows from `start` on.
+    Range { start: usize, n: usize },
+    /// These rows, in this order (repeats allowed when reading, not when adding).
+    List(&'a [u32]),
+}
+
+impl Rows<'_> {
+    /// The first `n` rows.
+    pub fn first(n: usize) -> Rows<'static> {
+        Rows::Range { start: 0, n }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Rows::Range { n, .. } => *n,
+            Rows::List(rows) => rows.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The `i`-th row selected.
+    pub fn get(&self, i: usize) -> usize {
+        match self {
+            Rows::Range { start, .. } => start + i,
+            Rows::List(rows) => rows[i] as usize,
+        }
+    }
+
+    /// One past the largest row selected (0 when none is).
+    pub fn end(&self) -> usize {
+        match self {
+            Rows::Range { start, n } => {
+                if *n == 0 {
+                    0
+                } else {
+                    start + n
+                }
+            }
+            Rows::List(rows) => rows.iter().max().map_or(0, |&r| r as usize + 1),
+        }
+    }
+}
+
 /// The activation of a gated MLP (`act(gate) * up`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -161,13 +210,12 @@ pub trait Backend: Send + Sync + 'static {
         positions: &[u32],
         freqs: &RopeFreqs,
     ) -> BackendResult<()>;
-    /// Copies rows `src_row..src_row + rows` (each `row_len` values) of `src` into `dst`
-    /// at rows `dst_row..`.
+    /// Copies the `rows` of `src` (each `row_len` values), in their order, into `dst` at
+    /// rows `dst_row..` (a listed selection gathers: the rows a MoE expert was routed).
     fn copy_rows(
         &self,
         src: &Self::Buf,
-        src_row: usize,
-        rows: usize,
+        rows: Rows<'_>,
         row_len: usize,
         dst: &mut Self::Buf,
         dst_row: usize,
@@ -190,6 +238,15 @@ pub trait Backend: Send + Sync + 'static {
     fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize, act: Activation) -> BackendResult<()>;
     /// `x = op(x)`, elementwise over `len` values.
     fn unary(&self, x: &mut Self::Buf, len: usize, op: Unary) -> BackendResult<()>;
-    /// `x += y` elementwise over `len` values.
-    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize) -> BackendResult<()>;
+    /// Adds row `i` of `y` (each `row_len` values), times `weights[i]` when given, to the
+    /// `i`-th of the `rows` of `x`: a residual add over `Rows::Range`, or a MoE expert's
+    /// output scattered back to its tokens with their routing weights.
+    fn add_rows(
+        &self,
+        x: &mut Self::Buf,
+        y: &Self::Buf,
+        row_len: usize,
+        rows: Rows<'_>,
+        weights: Option<&[f32]>,
+    ) -> BackendResult<()>;
 }

@@ -110,6 +110,19 @@ pub struct RunOpts {
     /// benchmarks).
     #[arg(long = "stream-policy", value_enum, default_value_t = crate::sched::Policy::Pinned)]
     pub stream_policy: crate::sched::Policy,
+    /// Memory for a mixture-of-experts model's routed experts, cached between uses
+    /// (bytes, or with K/M/G/KiB/MiB/GiB). Default: what the memory budget leaves after
+    /// the layer cores (attention, norms, router, shared expert).
+    #[arg(long = "expert-cache", value_name = "SIZE", value_parser = parse_size_arg)]
+    pub expert_cache: Option<u64>,
+    /// Which experts the expert cache keeps: `lru`, `lfu` or `freq` (frequency-weighted
+    /// recency).
+    #[arg(long = "expert-policy", value_enum, default_value_t = crate::sched::expert_policy::CachePolicy::default())]
+    pub expert_policy: crate::sched::expert_policy::CachePolicy,
+    /// How a MoE layer's experts are loaded: `routed` (only those the router chose) or
+    /// `all` (every expert with its layer: a baseline for benchmarks).
+    #[arg(long = "experts", value_enum, default_value_t = crate::sched::ExpertLoading::Routed)]
+    pub experts: crate::sched::ExpertLoading,
 }
 
 fn parse_device_arg(s: &str) -> Result<crate::backend::device::DeviceSpec, String> {
@@ -132,6 +145,9 @@ impl RunOpts {
             memory_budget: self.memory_budget,
             prefetch_depth: self.prefetch_depth,
             policy: self.stream_policy,
+            expert_cache: self.expert_cache,
+            expert_policy: self.expert_policy,
+            expert_loading: self.experts,
         })
     }
 }

@@ -12,8 +12,9 @@ use crate::backend::{Backend, TopK};
 use crate::model::config::ModelConfig;
 use crate::model::decoder::DecoderModel;
 use crate::model::{LanguageModel, ModelSource};
+use crate::sched::expert_policy::CachePolicy;
 use crate::sched::plan::{RuntimeShape, default_budget, estimate_runtime_bytes};
-use crate::sched::{DEFAULT_PREFETCH_DEPTH, Policy, SchedOptions};
+use crate::sched::{DEFAULT_PREFETCH_DEPTH, ExpertLoading, Policy, SchedOptions};
 
 use std::time::{Duration, Instant};
 
@@ -285,6 +286,11 @@ pub struct RunOptions {
     /// Layers read ahead while streaming.
     pub prefetch_depth: usize,
     pub policy: Policy,
+    /// Bytes of routed experts a MoE model keeps cached (`None`: what the budget
+    /// leaves after the layer cores).
+    pub expert_cache: Option<u64>,
+    pub expert_policy: CachePolicy,
+    pub expert_loading: ExpertLoading,
 }
 
 impl Default for RunOptions {
@@ -296,6 +302,9 @@ impl Default for RunOptions {
             memory_budget: None,
             prefetch_depth: DEFAULT_PREFETCH_DEPTH,
             policy: Policy::Pinned,
+            expert_cache: None,
+            expert_policy: CachePolicy::default(),
+            expert_loading: ExpertLoading::Routed,
         }
     }
 }
@@ -359,6 +368,9 @@ pub fn memory_budget(
         prefetch_depth: opts.prefetch_depth,
         runtime_allowance: runtime.kv_cache,
         buffered: false,
+        expert_cache: opts.expert_cache,
+        expert_policy: opts.expert_policy,
+        expert_loading: opts.expert_loading,
     }
 }
 

@@ -60,6 +60,25 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     /// Logits `z` become `cap * tanh(z / cap)` (Gemma 2).
     pub final_softcap: Option<f32>,
+    /// The routed experts of a mixture-of-experts model (which layers use them:
+    /// [`LayerConfig::ffn`]).
+    pub moe: Option<MoeConfig>,
+}
+
+/// How a mixture-of-experts layer routes: each token goes to the `top_k` experts the
+/// router scores highest (softmax over all `n_experts`), weighted by those probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    pub top_k: usize,
+    /// Width of each routed expert's MLP.
+    pub expert_size: usize,
+    /// Width of the shared expert every token also goes through, scaled by
+    /// `sigmoid(shared_expert_gate · x)` (Qwen2-MoE); `None` when there is none.
+    pub shared_expert_size: Option<usize>,
+    /// The `top_k` probabilities are rescaled to sum to 1 (Mixtral always; Qwen by
+    /// `norm_topk_prob`).
+    pub norm_topk_prob: bool,
 }
 
 /// What differs from one layer to the next.
@@ -68,6 +87,16 @@ pub struct LayerConfig {
     /// Keys this far back and nearer only (sliding-window attention).
     pub sliding_window: Option<usize>,
     pub rope: LayerRope,
+    pub ffn: Ffn,
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ffn {
+    /// The gated MLP of width `intermediate_size`.
+    Dense,
+    /// Routed experts ([`ModelConfig::moe`]), and the shared expert if the model has one.
+    Moe,
 }
 
 /// Which rotary embedding a layer applies.
@@ -80,6 +109,10 @@ pub enum LayerRope {
     /// None at all (SmolLM3's NoPE layers).
     None,
 }
+
+/// The most routed experts a layer may have (Qwen3-235B and DeepSeek-V3 have 128 and
+/// 256): a cap checked before anything is sized from a file's claim.
+pub const MAX_EXPERTS: usize = 1 << 12;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -149,7 +182,12 @@ impl ModelConfig {
             .or_else(|| v.get("rope_parameters").and_then(|p| f32_of(p, "partial_rotary_factor")))
             .unwrap_or(1.0);
         let rotary_dim = (head_dim as f64 * partial as f64).round() as usize;
-        let layers = layer_configs(&v, arch, n_layers)?;
+        let moe = moe_config(&v, arch)?;
+        let mut layers = layer_configs(&v, arch, n_layers)?;
+        if moe.is_some() {
+            let sparse = sparse_layers(&v, arch, n_layers)?;
+            layers.iter_mut().zip(sparse).for_each(|(l, s)| l.ffn = if s { Ffn::Moe } else { Ffn::Dense });
+        }
         let query_pre_attn_scalar = f32_of(&v, "query_pre_attn_scalar").unwrap_or(head_dim as f32);
         let granite = arch == Arch::Granite;
         let gemma = matches!(arch, Arch::Gemma | Arch::Gemma2 | Arch::Gemma3);
@@ -166,7 +204,11 @@ impl ModelConfig {
             rms_norm_eps: f32_of(&v, "rms_norm_eps").unwrap_or(1e-6),
             max_position_embeddings: opt_usize(&v, "max_position_embeddings").unwrap_or(4096),
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(gemma),
-            attention_bias: arch == Arch::Qwen2 || flag("attention_bias"),
+            attention_bias: match arch {
+                Arch::Qwen2 => true,
+                Arch::Qwen2Moe => v.get("qkv_bias").and_then(Value::as_bool).unwrap_or(true),
+                _ => flag("attention_bias"),
+            },
             layers,
             rope_theta,
             rope_scaling,
@@ -186,6 +228,7 @@ impl ModelConfig {
             logits_divisor: if granite { f32_of(&v, "logits_scaling").unwrap_or(1.0) } else { 1.0 },
             attn_softcap: if gemma { softcap("attn_logit_softcapping") } else { None },
             final_softcap: if gemma { softcap("final_logit_softcapping") } else { None },
+            moe,
         };
         config.validate()?;
         Ok(config)
@@ -219,6 +262,23 @@ impl ModelConfig {
                 self.layers.len(),
                 self.n_layers
             )));
+        }
+        if let Some(m) = &self.moe {
+            if m.n_experts == 0 || m.top_k == 0 || m.top_k > m.n_experts {
+                return Err(ConfigError::Unsupported(format!(
+                    "{} experts per token of {} experts (must be between 1 and the expert count)",
+                    m.top_k, m.n_experts
+                )));
+            }
+            if m.n_experts > MAX_EXPERTS || m.expert_size == 0 {
+                return Err(ConfigError::Unsupported(format!(
+                    "{} experts of width {} (at most {MAX_EXPERTS}, width above 0)",
+                    m.n_experts, m.expert_size
+                )));
+            }
+        }
+        if self.moe.is_none() && self.layers.iter().any(|l| l.ffn == Ffn::Moe) {
+            return Err(ConfigError::Unsupported("a mixture-of-experts layer in a model without experts".into()));
         }
         for (name, x) in [
             ("embedding multiplier", self.embed_scale),
@@ -277,6 +337,27 @@ impl ModelConfig {
         }
         if self.rotary_dim != self.head_dim {
             c["partial_rotary_factor"] = json!(self.rotary_dim as f64 / self.head_dim as f64);
+        }
+        if let Some(m) = &self.moe {
+            let dense: Vec<usize> = (0..self.n_layers).filter(|&i| self.layers[i].ffn == Ffn::Dense).collect();
+            match self.arch {
+                Arch::Mixtral => {
+                    c["num_local_experts"] = json!(m.n_experts);
+                    c["intermediate_size"] = json!(m.expert_size);
+                }
+                _ => {
+                    c["num_experts"] = json!(m.n_experts);
+                    c["moe_intermediate_size"] = json!(m.expert_size);
+                    c["norm_topk_prob"] = json!(m.norm_topk_prob);
+                    c["decoder_sparse_step"] = json!(1);
+                    c["mlp_only_layers"] = json!(dense);
+                }
+            }
+            c["num_experts_per_tok"] = json!(m.top_k);
+            if self.arch == Arch::Qwen2Moe {
+                c["shared_expert_intermediate_size"] = json!(m.shared_expert_size.unwrap_or(0));
+                c["qkv_bias"] = json!(self.attention_bias);
+            }
         }
         match self.arch {
             Arch::Gemma | Arch::Gemma2 | Arch::Gemma3 => {
@@ -432,9 +513,57 @@ fn layer_configs(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<LayerConf
             _ if arch == Arch::Gemma3 && sliding_window.is_some() => LayerRope::Local,
             _ => LayerRope::Global,
         };
-        layers.push(LayerConfig { sliding_window, rope });
+        layers.push(LayerConfig { sliding_window, rope, ffn: Ffn::Dense });
     }
     Ok(layers)
+}
+
+/// The routed experts of a MoE family's `config.json` (`None` for dense families, and
+/// for a Qwen MoE config with `num_experts: 0`).
+fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
+    let (n_experts, expert_size, shared_expert_size, norm_topk_prob) = match arch {
+        Arch::Mixtral => (usize_field(v, "num_local_experts")?, usize_field(v, "intermediate_size")?, None, true),
+        Arch::Qwen2Moe | Arch::Qwen3Moe => {
+            // transformers 5 saves Qwen3-MoE's count under Mixtral's name.
+            let n = opt_usize(v, "num_experts")
+                .or_else(|| opt_usize(v, "num_local_experts"))
+                .ok_or(ConfigError::Missing("num_experts"))?;
+            if n == 0 {
+                return Ok(None);
+            }
+            let shared = match arch {
+                Arch::Qwen2Moe => Some(usize_field(v, "shared_expert_intermediate_size")?).filter(|&s| s > 0),
+                _ => None,
+            };
+            let norm = v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false);
+            (n, usize_field(v, "moe_intermediate_size")?, shared, norm)
+        }
+        _ => return Ok(None),
+    };
+    let top_k = usize_field(v, "num_experts_per_tok")?;
+    Ok(Some(MoeConfig { n_experts, top_k, expert_size, shared_expert_size, norm_topk_prob }))
+}
+
+/// Which layers of a MoE model route to experts: every layer of Mixtral; for the Qwen
+/// families, as transformers decides, layer `i` unless it is in `mlp_only_layers` or
+/// `i + 1` is not a multiple of `decoder_sparse_step`.
+fn sparse_layers(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<bool>, ConfigError> {
+    if arch == Arch::Mixtral {
+        return Ok(vec![true; n_layers]);
+    }
+    let step = opt_usize(v, "decoder_sparse_step").unwrap_or(1);
+    if step == 0 {
+        return Err(ConfigError::Unsupported("`decoder_sparse_step: 0`".into()));
+    }
+    let dense: Vec<usize> = match v.get("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| i.as_u64().map(|i| i as usize).ok_or(ConfigError::Missing("mlp_only_layers")))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(ConfigError::Missing("mlp_only_layers")),
+    };
+    Ok((0..n_layers).map(|i| !dense.contains(&i) && (i + 1).is_multiple_of(step)).collect())
 }
 
 /// Plain RoPE frequencies over `dim` rotated dimensions, computed in f32 as

@@ -7,10 +7,13 @@ use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 use super::ModelSource;
-use super::config::ModelConfig;
+use super::config::{Ffn, ModelConfig};
+use super::moe::{self, ExpertSource, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights};
 use super::spec::{self, QkNorm, Role};
-use crate::backend::{AttnParams, Backend, BackendError, RopeFreqs, TopK, Unary};
-use crate::sched::{LayerTensors, Reservation, SchedError, SchedInfo, SchedOptions, Scheduler};
+use crate::backend::{AttnParams, Backend, BackendError, RopeFreqs, Rows, TopK, Unary};
+use crate::sched::expert_policy::ExpertId;
+use crate::sched::experts::{ExpertCache, ExpertOptions, ExpertUnit};
+use crate::sched::{ExpertLoading, LayerTensors, Reservation, SchedError, SchedInfo, SchedOptions, Scheduler};
 use crate::tensor::HostTensor;
 
 /// One decoder block's weights, in the backend's form. The norms a family does not
@@ -25,10 +28,16 @@ pub struct LayerWeights<B: Backend> {
     pub wo: B::Weight,                     // (hidden, n_heads * head_dim)
     pub attn_post_norm: Option<B::Weight>, // (hidden)
     pub ffn_norm: Option<B::Weight>,       // (hidden)
-    pub w_gate: B::Weight,                 // (intermediate, hidden)
-    pub w_up: B::Weight,                   // (intermediate, hidden)
-    pub w_down: B::Weight,                 // (hidden, intermediate)
-    pub ffn_post_norm: Option<B::Weight>,  // (hidden)
+    pub ffn: FfnWeights<B>,
+    pub ffn_post_norm: Option<B::Weight>, // (hidden)
+}
+
+/// A layer's feed-forward block.
+pub enum FfnWeights<B: Backend> {
+    /// The gated MLP, `(intermediate, hidden)` gate and up, `(hidden, intermediate)` down.
+    Dense(Mlp<B>),
+    /// The router and shared expert; the routed experts come from the expert cache.
+    Moe(MoeWeights<B>),
 }
 
 /// Keys and values of one sequence, per layer: `[capacity, n_kv_heads * head_dim]`, in
@@ -100,15 +109,16 @@ pub enum ModelError {
 struct Workspace<B: Backend> {
     rows: usize,
     out_rows: usize,
-    x: B::Buf,       // residual stream (rows, hidden)
-    normed: B::Buf,  // (rows, hidden)
-    q: B::Buf,       // (rows, n_heads * head_dim)
-    k: B::Buf,       // (rows, n_kv_heads * head_dim)
-    v: B::Buf,       // (rows, n_kv_heads * head_dim)
-    attn: B::Buf,    // (rows, n_heads * head_dim)
-    proj: B::Buf,    // (rows, hidden)
-    gate: B::Buf,    // (rows, intermediate)
-    up: B::Buf,      // (rows, intermediate)
+    x: B::Buf,      // residual stream (rows, hidden)
+    normed: B::Buf, // (rows, hidden)
+    q: B::Buf,      // (rows, n_heads * head_dim)
+    k: B::Buf,      // (rows, n_kv_heads * head_dim)
+    v: B::Buf,      // (rows, n_kv_heads * head_dim)
+    attn: B::Buf,   // (rows, n_heads * head_dim)
+    proj: B::Buf,   // (rows, hidden)
+    gate: B::Buf,   // (rows, widest MLP: intermediate, expert or shared expert)
+    up: B::Buf,     // (rows, widest MLP)
+    moe: Option<MoeBufs<B>>,
     scratch: B::Buf, // (rows, max(q_dim, kv_dim))
     picked: B::Buf,  // (out_rows, hidden): the rows whose logits are wanted
     head_in: B::Buf, // (out_rows, hidden): those rows after the final norm
@@ -129,14 +139,21 @@ impl<B: Backend> Workspace<B> {
             v: be.alloc(rows * kv_dim)?,
             attn: be.alloc(rows * q_dim)?,
             proj: be.alloc(rows * h)?,
-            gate: be.alloc(rows * c.intermediate_size)?,
-            up: be.alloc(rows * c.intermediate_size)?,
+            gate: be.alloc(rows * ffn_width(c))?,
+            up: be.alloc(rows * ffn_width(c))?,
+            moe: MoeBufs::new(be, c, rows)?,
             scratch: be.alloc(rows * q_dim.max(kv_dim))?,
             picked: be.alloc(out_rows * h)?,
             head_in: be.alloc(out_rows * h)?,
             logits: be.alloc(out_rows * c.vocab_size)?,
         })
     }
+}
+
+/// The widest MLP any layer runs (dense, routed expert or shared expert).
+fn ffn_width(c: &ModelConfig) -> usize {
+    let m = c.moe.map_or(0, |m| m.expert_size.max(m.shared_expert_size.unwrap_or(0)));
+    c.intermediate_size.max(m)
 }
 
 /// A pass's logits (`Readback::Full`) or top entries (`Readback::Top`) of the selected
@@ -158,6 +175,9 @@ pub struct DecoderModel<B: Backend> {
     norm: B::Weight,    // (hidden)
     lm_head: B::Weight, // (vocab, hidden), the embedding when tied
     layers: Scheduler<LayerWeights<B>>,
+    /// The routed experts of a MoE model (`None` when dense, or when each layer is
+    /// loaded with all of its experts).
+    experts: Option<Arc<ExpertCache<Mlp<B>>>>,
     /// Each layer's RoPE (`None`: the layer has none).
     rope: Vec<Option<RopeFreqs>>,
     /// Bytes of all weights (layers, embeddings, head, norms).
@@ -180,7 +200,7 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
     let spec = c.spec();
     let build_err = |msg: String| SchedError::Build { layer: lt.index, msg };
     let host = |role: Role| -> Result<Option<HostTensor>, SchedError> {
-        if !spec.layer_roles(c).any(|r| r == role) {
+        if !spec.layer_roles(c, lt.index).any(|r| r == role) {
             return Ok(None);
         }
         let name = spec.tensor(role).map_or("", |t| t.hf);
@@ -209,10 +229,39 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
         }
         None => [req(Role::Q, host(Role::Q)?)?, req(Role::K, host(Role::K)?)?, req(Role::V, host(Role::V)?)?],
     };
-    let [w_gate, w_up] = match host(Role::GateUp)? {
-        Some(gu) => <[HostTensor; 2]>::try_from(split(&gu, &[(0, i), (i, i)])?)
-            .map_err(|_| build_err("gate/up split".into()))?,
-        None => [req(Role::Gate, host(Role::Gate)?)?, req(Role::Up, host(Role::Up)?)?],
+    let moe = c.layers.get(lt.index).is_some_and(|l| l.ffn == Ffn::Moe);
+    let ffn = match moe {
+        false => {
+            let [w_gate, w_up] = match host(Role::GateUp)? {
+                Some(gu) => <[HostTensor; 2]>::try_from(split(&gu, &[(0, i), (i, i)])?)
+                    .map_err(|_| build_err("gate/up split".into()))?,
+                None => [req(Role::Gate, host(Role::Gate)?)?, req(Role::Up, host(Role::Up)?)?],
+            };
+            let down = req(Role::Down, host(Role::Down)?)?;
+            FfnWeights::Dense(Mlp { width: i, gate: upload(&w_gate)?, up: upload(&w_up)?, down: upload(&down)? })
+        }
+        true => {
+            let router = upload(&req(Role::Router, host(Role::Router)?)?)?;
+            let shared = match (host(Role::SharedGate)?, host(Role::SharedUp)?, host(Role::SharedDown)?) {
+                (Some(g), Some(u), Some(d)) => {
+                    let gate = upload(&req(Role::SharedExpertGate, host(Role::SharedExpertGate)?)?)?;
+                    let width = g.shape.first().copied().unwrap_or(0);
+                    Some((Mlp { width, gate: upload(&g)?, up: upload(&u)?, down: upload(&d)? }, gate))
+                }
+                _ => None,
+            };
+            // The layer carries its experts only when it is loaded whole.
+            let m = c.moe.ok_or_else(|| build_err("a MoE layer in a model without experts".into()))?;
+            let experts = match lt.tensors.contains_key(&moe::expert_names(c, 0)[0]) {
+                false => None,
+                true => Some(
+                    (0..m.n_experts)
+                        .map(|e| build_expert(c, be, lt.index, lt, e).map(Arc::new))
+                        .collect::<Result<Vec<_>, _>>()?,
+                ),
+            };
+            FfnWeights::Moe(MoeWeights { router, shared, experts })
+        }
     };
     let both = |a: Option<B::Weight>, b: Option<B::Weight>| a.zip(b).map(|(a, b)| [a, b]);
     Ok(LayerWeights {
@@ -228,11 +277,22 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
         wo: upload(&req(Role::O, host(Role::O)?)?)?,
         attn_post_norm: opt(Role::AttnPostNorm)?,
         ffn_norm: opt(Role::FfnNorm)?,
-        w_gate: upload(&w_gate)?,
-        w_up: upload(&w_up)?,
-        w_down: upload(&req(Role::Down, host(Role::Down)?)?)?,
+        ffn,
         ffn_post_norm: opt(Role::FfnPostNorm)?,
     })
+}
+
+/// Routed expert `e` of layer `layer` from tensors named as in the checkpoint.
+pub(crate) fn build_expert<B: Backend>(
+    c: &ModelConfig,
+    be: &B,
+    layer: usize,
+    lt: &LayerTensors,
+    e: usize,
+) -> Result<Mlp<B>, SchedError> {
+    let [g, u, d] = moe::expert_names(c, e);
+    let width = c.moe.map_or(0, |m| m.expert_size);
+    moe::build_mlp(be, layer, [(&g, lt.get(&g)?), (&u, lt.get(&u)?), (&d, lt.get(&d)?)], width, c.hidden_size)
 }
 
 impl<B: Backend> DecoderModel<B> {
@@ -263,18 +323,60 @@ impl<B: Backend> DecoderModel<B> {
 
         let mut layer_sources: Vec<LayerTensors> =
             (0..c.n_layers).map(|index| LayerTensors { index, ..Default::default() }).collect();
+        // A MoE layer's routed experts are units of their own, unless loaded whole.
+        let split_experts = sched.expert_loading == ExpertLoading::Routed;
+        let n_experts = c.moe.map_or(0, |m| m.n_experts);
+        let mut expert_tensors: Vec<Vec<LayerTensors>> = Vec::new();
+        for (l, layer) in c.layers.iter().enumerate() {
+            let units = match layer.ffn == Ffn::Moe && split_experts {
+                true => (0..n_experts).map(|_| LayerTensors { index: l, ..Default::default() }).collect(),
+                false => Vec::new(),
+            };
+            expert_tensors.push(units);
+        }
         for (name, t) in &source.tensors {
             if let Some((i, local)) = crate::format::layer_tensor(name)
                 && let Some(layer) = layer_sources.get_mut(i)
             {
-                layer.tensors.insert(local.to_string(), t.clone());
+                let unit = crate::format::expert_tensor(local).and_then(|(e, _)| expert_tensors[i].get_mut(e));
+                match unit {
+                    Some(unit) => unit.tensors.insert(local.to_string(), t.clone()),
+                    None => layer.tensors.insert(local.to_string(), t.clone()),
+                };
             }
         }
         let weights_bytes = source.tensors.values().map(HostTensor::byte_len).sum();
+        let units: Vec<ExpertUnit> = expert_tensors
+            .into_iter()
+            .enumerate()
+            .flat_map(|(l, units)| {
+                units
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(e, tensors)| ExpertUnit { id: ExpertId { layer: l as u32, expert: e as u32 }, tensors })
+            })
+            .collect();
+        let expert_bytes: u64 = units.iter().map(|u| u.tensors.bytes() as u64).sum();
+        let core_bytes: u64 = layer_sources.iter().map(|l| l.bytes() as u64).sum();
 
         let (be, c) = (backend.clone(), config.clone());
         let build = move |lt: &LayerTensors| build_layer(&c, &*be, lt);
-        let layers = Scheduler::new(layer_sources, build, sched)?;
+        let mut layers = Scheduler::new(layer_sources, build, sched)?;
+        let experts = match units.is_empty() {
+            true => None,
+            false => {
+                // The cache gets what the budget leaves after the cores, unless told.
+                let budget = sched.expert_cache.or(sched.budget.map(|b| b.saturating_sub(core_bytes)));
+                let opts = ExpertOptions { budget, policy: sched.expert_policy, buffered: sched.buffered };
+                let (be, c) = (backend.clone(), config.clone());
+                let build = Box::new(move |e: usize, lt: &LayerTensors| build_expert(&c, &*be, lt.index, lt, e));
+                let cache = ExpertCache::new(config.n_layers, n_experts, units, build, &opts, layers.stats_arc())?;
+                let cache = Arc::new(cache);
+                layers.attach_experts(cache.clone());
+                tracing::debug!(expert_bytes, core_bytes, "experts held apart from the layer cores");
+                Some(cache)
+            }
+        };
         let rope = config.layers.iter().map(|l| config.rope_for(l.rope)).collect();
         Ok(DecoderModel {
             config,
@@ -283,6 +385,7 @@ impl<B: Backend> DecoderModel<B> {
             norm,
             lm_head,
             layers,
+            experts,
             rope,
             weights_bytes,
             lm_head_bytes,
@@ -390,7 +493,7 @@ impl<B: Backend> DecoderModel<B> {
                 (true, _) => (row0, n),
                 (false, _) => (row0 + n - 1, 1),
             };
-            be.copy_rows(&ws.x, src, take, h, &mut ws.picked, at)?;
+            be.copy_rows(&ws.x, Rows::Range { start: src, n: take }, h, &mut ws.picked, at)?;
             counts.push(take);
             at += take;
             row0 += n;
@@ -486,7 +589,7 @@ impl<B: Backend> DecoderModel<B> {
             positions.extend((s.cache.len..needed).map(|p| p as u32));
         }
         let rows = ids.len();
-        let Workspace { x, normed, q, k, v, attn, proj, gate, up, scratch, .. } = ws;
+        let Workspace { x, normed, q, k, v, attn, proj, gate, up, scratch, moe: moe_bufs, .. } = ws;
 
         be.embedding(&self.embed, &ids, x)?;
         if c.embed_scale != 1.0 {
@@ -523,9 +626,9 @@ impl<B: Backend> DecoderModel<B> {
             }
             if let Some([qn, kn]) = &w.qk_norm {
                 be.rms_norm(q, q_norm_rows, qn, eps, scratch)?;
-                be.copy_rows(scratch, 0, rows, q_dim, q, 0)?;
+                be.copy_rows(scratch, Rows::first(rows), q_dim, q, 0)?;
                 be.rms_norm(k, k_norm_rows, kn, eps, scratch)?;
-                be.copy_rows(scratch, 0, rows, kv_dim, k, 0)?;
+                be.copy_rows(scratch, Rows::first(rows), kv_dim, k, 0)?;
             }
             if let Some(rope) = &self.rope[l] {
                 be.rope(q, c.n_heads, hd, &positions, rope)?;
@@ -537,8 +640,8 @@ impl<B: Backend> DecoderModel<B> {
                 let n = s.tokens.len();
                 let start_pos = s.cache.len;
                 let cache = s.cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
-                be.copy_rows(k, row0, n, kv_dim, &mut cache.k[l], start_pos)?;
-                be.copy_rows(v, row0, n, kv_dim, &mut cache.v[l], start_pos)?;
+                be.copy_rows(k, Rows::Range { start: row0, n }, kv_dim, &mut cache.k[l], start_pos)?;
+                be.copy_rows(v, Rows::Range { start: row0, n }, kv_dim, &mut cache.v[l], start_pos)?;
                 let p = AttnParams {
                     n_heads: c.n_heads,
                     n_kv_heads: c.n_kv_heads,
@@ -562,13 +665,27 @@ impl<B: Backend> DecoderModel<B> {
                 }
                 None => x,
             };
-            be.matmul(input, rows, &w.w_gate, gate)?;
-            be.matmul(input, rows, &w.w_up, up)?;
-            be.glu(gate, up, rows * c.intermediate_size, c.spec().activation)?;
-            be.matmul(gate, rows, &w.w_down, proj)?;
+            let mut bufs = MlpBufs { gate: &mut *gate, up: &mut *up };
+            match &w.ffn {
+                FfnWeights::Dense(mlp) => moe::mlp_forward(be, c, mlp, input, rows, &mut bufs, proj)?,
+                FfnWeights::Moe(mw) => {
+                    let bufs_moe = moe_bufs
+                        .as_mut()
+                        .ok_or(ModelError::Sched(SchedError::Build { layer: l, msg: "no MoE buffers".into() }))?;
+                    let block = MoeBlock { layer: l, weights: mw, source: self, input, rows };
+                    moe::moe_forward(be, c, block, &mut bufs, bufs_moe, proj)?;
+                }
+            }
             residual(be, c, x, proj, w.ffn_post_norm.as_ref(), normed, rows)?;
         }
         Ok(())
+    }
+}
+
+impl<B: Backend> ExpertSource<B> for DecoderModel<B> {
+    fn experts(&self, layer: usize, experts: &[usize]) -> Result<Vec<Arc<Mlp<B>>>, ModelError> {
+        let cache = self.experts.as_ref().ok_or(SchedError::Build { layer, msg: "no expert cache".into() })?;
+        Ok(cache.get(layer, experts)?)
     }
 }
 
@@ -594,7 +711,7 @@ fn residual<B: Backend>(
     if c.residual_scale != 1.0 {
         be.unary(out, len, Unary::Scale(c.residual_scale))?;
     }
-    Ok(be.add(x, out, len)?)
+    Ok(be.add_rows(x, out, c.hidden_size, Rows::first(rows), None)?)
 }
 
 impl<B: Backend> super::LanguageModel for DecoderModel<B> {

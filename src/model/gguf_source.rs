@@ -11,9 +11,9 @@ use std::path::Path;
 use anyhow::{Context, bail};
 
 use super::ModelSource;
-use super::config::{LayerConfig, LayerRope, ModelConfig, RopeScaling};
+use super::config::{Ffn, LayerConfig, LayerRope, ModelConfig, MoeConfig, RopeScaling};
 use super::gguf_vocab;
-use super::spec::{Arch, ArchSpec};
+use super::spec::{Arch, ArchSpec, Role};
 use crate::format::gguf::{GgufFile, GgufValue};
 use crate::tensor::{Fixup, HostTensor};
 
@@ -22,9 +22,13 @@ pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
     let f = GgufFile::open(path)?;
     let shown = path.display();
     let name = f.get_str("general.architecture").with_context(|| format!("{shown}: no `general.architecture`"))?;
-    let Some(arch) = Arch::from_gguf_arch(name) else {
+    let Some(mut arch) = Arch::from_gguf_arch(name) else {
         bail!("{shown}: architecture `{name}` is not supported (supported: {})", Arch::supported_gguf_archs());
     };
+    // llama.cpp writes Mixtral as `llama` with experts.
+    if arch == Arch::Llama && f.get("llama.expert_count").and_then(|v| v.as_u64()).is_some_and(|n| n > 0) {
+        arch = Arch::Mixtral;
+    }
     let config = config_from_gguf(&f, arch).with_context(|| format!("{shown}: model config"))?;
     let tensors = hf_tensors(&f, &config).with_context(|| format!("{shown}: mapping tensors"))?;
     let tok = gguf_vocab::tokenizer(&f).with_context(|| format!("{shown}: building the tokenizer"))?;
@@ -94,6 +98,27 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
         _ => (None, 1),
     };
     let sliding = swa_layers(f, &key("attention.sliding_window_pattern"), n_layers, default_pattern)?;
+    let moe = match arch {
+        Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe => {
+            let n_experts = required("expert_count")?;
+            let top_k = required("expert_used_count")?;
+            let expert_size = match arch {
+                Arch::Mixtral => required("feed_forward_length")?,
+                _ => required("expert_feed_forward_length")?,
+            };
+            let shared_expert_size = match arch {
+                Arch::Qwen2Moe => match size("expert_shared_feed_forward_length")? {
+                    Some(s) => Some(s),
+                    None => f.tensor("blk.0.ffn_gate_shexp.weight").and_then(|t| t.shape.first().copied()),
+                },
+                _ => None,
+            };
+            // llama.cpp's graphs fix this per family (its `build_moe_ffn(..., norm_w)`).
+            let norm_topk_prob = arch != Arch::Qwen2Moe;
+            Some(MoeConfig { n_experts, top_k, expert_size, shared_expert_size, norm_topk_prob })
+        }
+        _ => None,
+    };
     let rope_off_everywhere = arch == Arch::Granite
         && f.get(&key("rope.scaling.finetuned")).is_some_and(|v| matches!(v, GgufValue::Bool(false)));
     let layers = (0..n_layers)
@@ -105,7 +130,13 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
                 Arch::Gemma3 if sliding_window.is_some() => LayerRope::Local,
                 _ => LayerRope::Global,
             };
-            LayerConfig { sliding_window, rope }
+            // A layer routes when it has a router (llama.cpp's MoE families route in
+            // every layer; a dense layer would carry `ffn_gate` instead).
+            let ffn = match moe.is_some() && f.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_some() {
+                true => Ffn::Moe,
+                false => Ffn::Dense,
+            };
+            LayerConfig { sliding_window, rope, ffn }
         })
         .collect();
 
@@ -153,6 +184,7 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
         logits_divisor: granite("logit_scale")?,
         attn_softcap: attn_softcap.filter(|&c| c > 0.0),
         final_softcap: final_softcap.filter(|&c| c > 0.0),
+        moe,
     };
     config.rope_scaling = rope_scaling(f, spec, &config)?;
     config.validate()?;
@@ -262,6 +294,20 @@ fn hf_tensors(f: &GgufFile, cfg: &ModelConfig) -> anyhow::Result<HashMap<String,
         let hf = hf_name(spec, name)
             .with_context(|| format!("tensor `{name}` has no place in a `{}` model", spec.gguf_arch))?;
         let local = name.rsplit('.').nth(1);
+        let role = spec.tensors.iter().find(|n| name.ends_with(&format!(".{}", n.gguf))).map(|n| n.role);
+        if role.is_some_and(Role::is_expert) {
+            for (e, expert) in split_experts(name, t, cfg)?.into_iter().enumerate() {
+                out.insert(hf.replacen('*', &e.to_string(), 1), expert);
+            }
+            continue;
+        }
+        if role == Some(Role::SharedExpertGate) && t.shape.len() == 1 {
+            // llama.cpp stores the shared expert's gate as a vector; it is one row.
+            let mut row = t.clone();
+            row.shape = vec![1, t.shape[0]];
+            out.insert(hf, row);
+            continue;
+        }
         let t = match (spec.gguf_qk_permuted, local) {
             (true, Some("attn_q")) => unpermute_rows(t, cfg.n_heads).with_context(|| format!("tensor `{name}`"))?,
             (true, Some("attn_k")) => unpermute_rows(t, cfg.n_kv_heads).with_context(|| format!("tensor `{name}`"))?,
@@ -277,6 +323,33 @@ fn hf_tensors(f: &GgufFile, cfg: &ModelConfig) -> anyhow::Result<HashMap<String,
         out.insert(hf, t);
     }
     Ok(out)
+}
+
+/// A stacked expert tensor (`ffn_{gate,up,down}_exps`: `[n_experts, rows, cols]`,
+/// expert-major) as one `[rows, cols]` view per expert, each a contiguous range of the
+/// file. Its expert count and shape must be what the metadata says.
+fn split_experts(name: &str, t: &HostTensor, cfg: &ModelConfig) -> anyhow::Result<Vec<HostTensor>> {
+    let Some(moe) = cfg.moe else { bail!("tensor `{name}`: experts in a model without `expert_count`") };
+    let &[n, rows, cols] = &t.shape[..] else {
+        bail!("tensor `{name}` has shape {:?}; stacked experts are [experts, rows, columns]", t.shape)
+    };
+    if n != moe.n_experts {
+        bail!("tensor `{name}` holds {n} experts; `expert_count` is {}", moe.n_experts);
+    }
+    let down = name.contains("ffn_down_exps");
+    let want = if down { [cfg.hidden_size, moe.expert_size] } else { [moe.expert_size, cfg.hidden_size] };
+    if [rows, cols] != want {
+        bail!(
+            "tensor `{name}`: each expert is {rows}x{cols}; hidden size {} and expert width {} make it {}x{}",
+            cfg.hidden_size,
+            moe.expert_size,
+            want[0],
+            want[1]
+        );
+    }
+    let mut flat = t.clone();
+    flat.shape = vec![n * rows, cols];
+    (0..n).map(|e| flat.rows(e * rows, rows).with_context(|| format!("tensor `{name}`: expert {e}"))).collect()
 }
 
 /// Undoes `convert_hf_to_gguf.py`'s `LlamaModel.permute` on the rows of a Q or K

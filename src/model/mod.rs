@@ -5,6 +5,7 @@ pub mod decoder;
 pub mod demo;
 pub mod gguf_source;
 pub mod gguf_vocab;
+pub mod moe;
 pub mod spec;
 
 use std::collections::HashMap;

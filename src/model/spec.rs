@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use super::config::ModelConfig;
+use super::config::{Ffn, ModelConfig, MoeConfig};
 use crate::backend::Activation;
 use crate::tensor::HostTensor;
 
@@ -28,6 +28,9 @@ pub enum Arch {
     Granite,
     SmolLM3,
     Gemma,
+    Mixtral,
+    Qwen2Moe,
+    Qwen3Moe,
 }
 
 /// What a tensor of a decoder layer is for.
@@ -57,6 +60,19 @@ pub enum Role {
     Down,
     /// Norm of the MLP output before the residual add.
     FfnPostNorm,
+    /// The MoE router: one row of scores per expert.
+    Router,
+    /// A routed expert's gate, up and down projections (one tensor per expert, named
+    /// with the expert's index in place of `*`).
+    ExpertGate,
+    ExpertUp,
+    ExpertDown,
+    /// The shared expert every token of a MoE layer goes through (Qwen2-MoE).
+    SharedGate,
+    SharedUp,
+    SharedDown,
+    /// One row scoring how much of the shared expert's output a token takes.
+    SharedExpertGate,
 }
 
 /// Where a block's norms sit around attention and the MLP (`f`).
@@ -86,6 +102,14 @@ pub struct TensorName {
     pub role: Role,
     pub hf: &'static str,
     pub gguf: &'static str,
+}
+
+impl TensorName {
+    /// The Hugging Face layer-local name of expert `e`'s tensor (an expert role's name
+    /// has `*` where the index goes; other names are returned as they are).
+    pub fn hf_for(&self, e: usize) -> String {
+        self.hf.replacen('*', &e.to_string(), 1)
+    }
 }
 
 const fn t(role: Role, hf: &'static str, gguf: &'static str) -> TensorName {
@@ -142,6 +166,42 @@ static PHI3: [TensorName; 6] = [
     t(Role::Down, "mlp.down_proj.weight", "ffn_down.weight"),
 ];
 
+/// Mixtral: Llama's attention and routed experts (`w1` gate, `w3` up, `w2` down).
+/// llama.cpp stores each layer's experts stacked (`ffn_*_exps`, expert-major).
+static MIXTRAL: [TensorName; 13] = [
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    t(Role::K, "self_attn.k_proj.weight", "attn_k.weight"),
+    t(Role::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    t(Role::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Role::Router, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
+    t(Role::ExpertGate, "block_sparse_moe.experts.*.w1.weight", "ffn_gate_exps.weight"),
+    t(Role::ExpertUp, "block_sparse_moe.experts.*.w3.weight", "ffn_up_exps.weight"),
+    t(Role::ExpertDown, "block_sparse_moe.experts.*.w2.weight", "ffn_down_exps.weight"),
+];
+
+/// Qwen2-MoE and Qwen3-MoE: Llama's names, routed experts under `mlp.experts.*`, a
+/// shared expert (Qwen2-MoE), and dense MLPs in the layers that do not route.
+static QWEN_MOE: [TensorName; 22] = attention_and_mlp!(
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
+    t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
+    t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
+    t(Role::ExpertDown, "mlp.experts.*.down_proj.weight", "ffn_down_exps.weight"),
+    t(Role::SharedGate, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+    t(Role::SharedUp, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+    t(Role::SharedDown, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+    t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+);
+
 /// The tensors outside the layers: (Hugging Face name, llama.cpp name).
 pub const EMBED: (&str, &str) = ("model.embed_tokens.weight", "token_embd.weight");
 pub const OUTPUT_NORM: (&str, &str) = ("model.norm.weight", "output_norm.weight");
@@ -191,7 +251,7 @@ const GEMMA2: ArchSpec = ArchSpec {
     ..spec(Arch::Gemma2, "gemma2", "gemma2", &GEMMA)
 };
 
-pub static SPECS: [ArchSpec; 11] = [
+pub static SPECS: [ArchSpec; 14] = [
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Llama, "llama", "llama", &LLAMA) },
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mistral, "mistral", "mistral", &LLAMA) },
     spec(Arch::Qwen2, "qwen2", "qwen2", &LLAMA),
@@ -212,6 +272,11 @@ pub static SPECS: [ArchSpec; 11] = [
         tensors: &LLAMA,
         ..GEMMA2
     },
+    // llama.cpp converts Mixtral to its `llama` architecture with stacked experts; the
+    // loader tells them apart by `llama.expert_count`.
+    ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mixtral, "mixtral", "llama", &MIXTRAL) },
+    spec(Arch::Qwen2Moe, "qwen2_moe", "qwen2moe", &QWEN_MOE),
+    ArchSpec { qk_norm: QkNorm::PerHead, ..spec(Arch::Qwen3Moe, "qwen3_moe", "qwen3moe", &QWEN_MOE) },
 ];
 
 impl Arch {
@@ -238,7 +303,9 @@ impl Arch {
     }
 
     pub fn supported_gguf_archs() -> String {
-        SPECS.iter().map(|s| s.gguf_arch).collect::<Vec<_>>().join(", ")
+        let mut archs: Vec<&str> = SPECS.iter().map(|s| s.gguf_arch).collect();
+        archs.dedup();
+        archs.join(", ")
     }
 }
 
@@ -257,16 +324,37 @@ impl ArchSpec {
         [EMBED, OUTPUT_NORM, OUTPUT].iter().find(|(_, g)| *g == gguf).map(|(hf, _)| *hf)
     }
 
-    /// The roles a layer of this model holds: the family's tensors, less the biases and
-    /// Q/K norms this config does not use.
-    pub fn layer_roles(&self, c: &ModelConfig) -> impl Iterator<Item = Role> + '_ {
+    /// The roles layer `l` of this model holds: the family's tensors, less the biases
+    /// and Q/K norms this config does not use, and the dense MLP or the experts (and the
+    /// shared expert) by the layer's kind. An expert role stands for one tensor per expert.
+    pub fn layer_roles(&self, c: &ModelConfig, l: usize) -> impl Iterator<Item = Role> + '_ {
         let bias = c.attention_bias;
         let qk_norm = self.qk_norm != QkNorm::None;
+        let moe = c.layers.get(l).is_some_and(|l| l.ffn == Ffn::Moe);
+        let shared = moe && c.moe.is_some_and(|m| m.shared_expert_size.is_some());
         self.tensors.iter().map(|t| t.role).filter(move |r| match r {
             Role::QBias | Role::KBias | Role::VBias => bias,
             Role::QNorm | Role::KNorm => qk_norm,
+            Role::Gate | Role::Up | Role::GateUp | Role::Down => !moe,
+            Role::Router | Role::ExpertGate | Role::ExpertUp | Role::ExpertDown => moe,
+            Role::SharedGate | Role::SharedUp | Role::SharedDown | Role::SharedExpertGate => shared,
             _ => true,
         })
+    }
+
+    /// The Hugging Face layer-local names of layer `l`'s tensors, with their roles
+    /// (one name per expert for an expert role).
+    pub fn layer_tensor_names(&self, c: &ModelConfig, l: usize) -> Vec<(Role, String)> {
+        let n_experts = c.moe.map_or(0, |m| m.n_experts);
+        let mut out = Vec::new();
+        for role in self.layer_roles(c, l) {
+            let Some(t) = self.tensor(role) else { continue };
+            match role.is_expert() {
+                true => out.extend((0..n_experts).map(|e| (role, t.hf_for(e)))),
+                false => out.push((role, t.hf.to_string())),
+            }
+        }
+        out
     }
 }
 
@@ -294,8 +382,7 @@ pub fn check_tensors(c: &ModelConfig, tensors: &HashMap<String, HostTensor>) -> 
         want.insert(OUTPUT.0.into(), vec![vocab, h]);
     }
     for l in 0..c.n_layers {
-        for role in spec.layer_roles(c) {
-            let hf = spec.tensor(role).map_or("", |t| t.hf);
+        for (role, hf) in spec.layer_tensor_names(c, l) {
             want.insert(format!("model.layers.{l}.{hf}"), role.shape(c));
         }
     }
@@ -320,6 +407,14 @@ impl Role {
         let (h, i) = (c.hidden_size, c.intermediate_size);
         let (q, kv) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
         let whole = c.spec().qk_norm == QkNorm::Whole;
+        let moe = c.moe.unwrap_or(MoeConfig {
+            n_experts: 0,
+            top_k: 0,
+            expert_size: 0,
+            shared_expert_size: None,
+            norm_topk_prob: false,
+        });
+        let shared = moe.shared_expert_size.unwrap_or(0);
         match self {
             Role::AttnNorm | Role::AttnPostNorm | Role::FfnNorm | Role::FfnPostNorm => vec![h],
             Role::Q => vec![q, h],
@@ -333,7 +428,18 @@ impl Role {
             Role::Gate | Role::Up => vec![i, h],
             Role::GateUp => vec![2 * i, h],
             Role::Down => vec![h, i],
+            Role::Router => vec![moe.n_experts, h],
+            Role::ExpertGate | Role::ExpertUp => vec![moe.expert_size, h],
+            Role::ExpertDown => vec![h, moe.expert_size],
+            Role::SharedGate | Role::SharedUp => vec![shared, h],
+            Role::SharedDown => vec![h, shared],
+            Role::SharedExpertGate => vec![1, h],
         }
+    }
+
+    /// One tensor per routed expert.
+    pub fn is_expert(self) -> bool {
+        matches!(self, Role::ExpertGate | Role::ExpertUp | Role::ExpertDown)
     }
 
     /// An RMS norm weight (which Gemma's checkpoints store as `w - 1`).
@@ -359,7 +465,9 @@ mod tests {
                 }
             }
             assert_eq!(Arch::from_hf_type(s.hf_type), Some(s.arch));
-            assert_eq!(Arch::from_gguf_arch(s.gguf_arch), Some(s.arch));
+            // llama.cpp's `llama` is also Mixtral's (told apart by its expert count).
+            let gguf = if s.arch == Arch::Mixtral { Arch::Llama } else { s.arch };
+            assert_eq!(Arch::from_gguf_arch(s.gguf_arch), Some(gguf));
         }
     }
 

@@ -175,42 +175,50 @@ impl Reader {
 
     /// Reads layer `i` into `buf`; [`fix`](Self::fix) then makes it usable.
     pub fn read(&self, i: usize, buf: &mut AlignedBuf) -> Result<(), SchedError> {
-        let layout = self.layout(i).ok_or(SchedError::NotStreamable(i))?;
-        buf.resize_discarding(layout.buf_len);
-        let bytes = buf.as_mut_slice();
-        // Chunks of every read, taken in turn by IO_STREAMS threads so that one request
-        // is always queued at the device while another completes.
-        let mut chunks: Vec<Chunk<'_>> = Vec::new();
-        let mut rest = &mut *bytes;
-        let mut at = 0;
-        for r in &layout.reads {
-            let (_, tail) = rest.split_at_mut(r.dst - at);
-            let (mut this, tail) = tail.split_at_mut(r.len);
-            rest = tail;
-            at = r.dst + r.len;
-            let mut off = 0;
-            while !this.is_empty() {
-                let n = this.len().min(IO_CHUNK);
-                let (head, tail) = this.split_at_mut(n);
-                let min = r.min.saturating_sub(off).min(n);
-                chunks.push(Chunk { file: &self.files[r.file], offset: r.offset + off as u64, dst: head, min });
-                this = tail;
-                off += n;
+        self.read_many(&mut [(i, buf)], IO_STREAMS)
+    }
+
+    /// Reads several units at once (a layer's routed experts), each into its buffer,
+    /// with `streams` requests in flight: the chunks of every read are taken in turn, so
+    /// one request is always queued at the device while another completes.
+    pub fn read_many(&self, units: &mut [(usize, &mut AlignedBuf)], streams: usize) -> Result<(), SchedError> {
+        let mut chunks: Vec<(usize, Chunk<'_>)> = Vec::new();
+        for (i, buf) in units.iter_mut() {
+            let i = *i;
+            let layout = self.layout(i).ok_or(SchedError::NotStreamable(i))?;
+            buf.resize_discarding(layout.buf_len);
+            let mut rest = buf.as_mut_slice();
+            let mut at = 0;
+            for r in &layout.reads {
+                let (_, tail) = rest.split_at_mut(r.dst - at);
+                let (mut this, tail) = tail.split_at_mut(r.len);
+                rest = tail;
+                at = r.dst + r.len;
+                let mut off = 0;
+                while !this.is_empty() {
+                    let n = this.len().min(IO_CHUNK);
+                    let (head, tail) = this.split_at_mut(n);
+                    let min = r.min.saturating_sub(off).min(n);
+                    let c = Chunk { file: &self.files[r.file], offset: r.offset + off as u64, dst: head, min };
+                    chunks.push((i, c));
+                    this = tail;
+                    off += n;
+                }
             }
         }
         let queue = std::sync::Mutex::new(chunks.into_iter());
-        let work = || -> io::Result<()> {
+        let work = || -> Result<(), (usize, io::Error)> {
             loop {
-                let Some(c) = queue.lock().unwrap_or_else(|e| e.into_inner()).next() else { return Ok(()) };
-                c.file.read_at_least(c.offset, c.dst, c.min)?;
+                let Some((i, c)) = queue.lock().unwrap_or_else(|e| e.into_inner()).next() else { return Ok(()) };
+                c.file.read_at_least(c.offset, c.dst, c.min).map_err(|e| (i, e))?;
             }
         };
         let result = std::thread::scope(|s| {
-            let others: Vec<_> = (1..IO_STREAMS).map(|_| s.spawn(work)).collect();
+            let others: Vec<_> = (1..streams.max(1)).map(|_| s.spawn(work)).collect();
             let mine = work();
             others.into_iter().map(|h| h.join().expect("an I/O worker panicked")).fold(mine, Result::and)
         });
-        result.map_err(|e| SchedError::Io { layer: i, msg: e.to_string() })
+        result.map_err(|(i, e)| SchedError::Io { layer: i, msg: e.to_string() })
     }
 
     /// Applies the tensors' fixups to layer `i` as [`read`](Self::read) left it (done by

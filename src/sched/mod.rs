@@ -8,6 +8,8 @@
 //! ring of read buffers, filled `prefetch_depth` layers ahead by an I/O thread
 //! ([`stream`]), from the files the source maps ([`layout`]).
 
+pub mod expert_policy;
+pub mod experts;
 pub mod io;
 pub mod layout;
 pub mod plan;
@@ -78,19 +80,31 @@ pub struct SchedStats {
     pub io_ns: AtomicU64,
     /// Reads redirected because layers were asked for out of the cyclic order.
     pub seeks: AtomicU64,
+    /// Routed experts asked for (MoE models), and of those, served from memory.
+    pub expert_requests: AtomicU64,
+    pub expert_hits: AtomicU64,
+    /// Bytes of routed experts read from storage (included in `bytes_read`'s total by
+    /// [`SchedStats::snapshot`], and shown apart).
+    pub expert_bytes_read: Arc<AtomicU64>,
+    /// Expert hits and misses by layer.
+    pub expert_layers: std::sync::Mutex<Vec<experts::LayerExpertStats>>,
 }
 
 impl SchedStats {
     /// A copy of the counters now.
     pub fn snapshot(&self) -> StatsSnapshot {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let expert_bytes_read = get(&self.expert_bytes_read);
         StatsSnapshot {
             layer_requests: get(&self.layer_requests),
             layer_hits: get(&self.layer_hits),
-            bytes_read: get(&self.bytes_read),
+            bytes_read: get(&self.bytes_read) + expert_bytes_read,
             stall_ns: get(&self.stall_ns),
             io_ns: get(&self.io_ns),
             seeks: get(&self.seeks),
+            expert_requests: get(&self.expert_requests),
+            expert_hits: get(&self.expert_hits),
+            expert_bytes_read,
         }
     }
 }
@@ -100,10 +114,15 @@ impl SchedStats {
 pub struct StatsSnapshot {
     pub layer_requests: u64,
     pub layer_hits: u64,
+    /// Every byte read from storage: layers (or layer cores) and experts.
     pub bytes_read: u64,
     pub stall_ns: u64,
     pub io_ns: u64,
     pub seeks: u64,
+    pub expert_requests: u64,
+    pub expert_hits: u64,
+    /// Of `bytes_read`, the routed experts' bytes.
+    pub expert_bytes_read: u64,
 }
 
 impl std::ops::Add for StatsSnapshot {
@@ -116,6 +135,9 @@ impl std::ops::Add for StatsSnapshot {
             stall_ns: self.stall_ns + o.stall_ns,
             io_ns: self.io_ns + o.io_ns,
             seeks: self.seeks + o.seeks,
+            expert_requests: self.expert_requests + o.expert_requests,
+            expert_hits: self.expert_hits + o.expert_hits,
+            expert_bytes_read: self.expert_bytes_read + o.expert_bytes_read,
         }
     }
 }
@@ -130,6 +152,9 @@ impl std::ops::Sub for StatsSnapshot {
             stall_ns: self.stall_ns.saturating_sub(o.stall_ns),
             io_ns: self.io_ns.saturating_sub(o.io_ns),
             seeks: self.seeks.saturating_sub(o.seeks),
+            expert_requests: self.expert_requests.saturating_sub(o.expert_requests),
+            expert_hits: self.expert_hits.saturating_sub(o.expert_hits),
+            expert_bytes_read: self.expert_bytes_read.saturating_sub(o.expert_bytes_read),
         }
     }
 }
@@ -166,6 +191,23 @@ pub struct SchedOptions {
     pub runtime_allowance: u64,
     /// Read with buffered I/O even where `O_DIRECT` works.
     pub buffered: bool,
+    /// Bytes of routed experts a MoE model keeps cached (`--expert-cache`); `None`:
+    /// what `budget` leaves after the layer cores (every expert when there is no budget).
+    pub expert_cache: Option<u64>,
+    pub expert_policy: expert_policy::CachePolicy,
+    /// How a MoE layer's routed experts are loaded.
+    pub expert_loading: ExpertLoading,
+}
+
+/// How a MoE layer's routed experts are loaded (`--experts`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExpertLoading {
+    /// Only the experts the router chose, through the expert cache (the default).
+    #[default]
+    Routed,
+    /// Every expert with its layer, as a dense streamer would (a baseline).
+    All,
 }
 
 impl Default for SchedOptions {
@@ -176,6 +218,9 @@ impl Default for SchedOptions {
             prefetch_depth: DEFAULT_PREFETCH_DEPTH,
             runtime_allowance: u64::MAX,
             buffered: false,
+            expert_cache: None,
+            expert_policy: expert_policy::CachePolicy::default(),
+            expert_loading: ExpertLoading::Routed,
         }
     }
 }
@@ -197,6 +242,8 @@ pub struct Scheduler<L> {
     budget: Option<u64>,
     policy: Policy,
     stats: Arc<SchedStats>,
+    /// The routed experts of a MoE model, held apart from the layer cores.
+    experts: Option<Arc<dyn experts::ExpertInfo>>,
 }
 
 /// What `strata bench`, `/api/ps` and `/metrics` show of the scheduler.
@@ -210,6 +257,8 @@ pub struct SchedSummary {
     pub direct_io: Option<bool>,
     #[serde(flatten)]
     pub plan: PlanSummary,
+    /// The expert cache of a MoE model (`None` for a dense one).
+    pub experts: Option<experts::ExpertSummary>,
 }
 
 impl<L: Send + Sync + 'static> Scheduler<L> {
@@ -226,6 +275,7 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
             budget: None,
             policy: Policy::Pinned,
             stats: Arc::default(),
+            experts: None,
         })
     }
 
@@ -274,7 +324,14 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
             depth: prefetch_depth,
         };
         let core = Core::start(reader, Box::new(build), start, stats.clone())?;
-        Ok(Scheduler { mode: Mode::Streaming(core), layer_bytes, budget: Some(budget), policy: opts.policy, stats })
+        Ok(Scheduler {
+            mode: Mode::Streaming(core),
+            layer_bytes,
+            budget: Some(budget),
+            policy: opts.policy,
+            stats,
+            experts: None,
+        })
     }
 
     pub fn n_layers(&self) -> usize {
@@ -307,31 +364,60 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
         }
     }
 
-    /// Whether layers stream from storage.
+    /// Whether layers (or experts) stream from storage.
     pub fn is_streaming(&self) -> bool {
-        matches!(self.mode, Mode::Streaming(_))
+        matches!(self.mode, Mode::Streaming(_)) || self.experts.as_ref().is_some_and(|e| e.is_on_demand())
     }
 
-    /// The files streamed layers are read from (none when resident).
+    /// The files streamed layers and experts are read from (none when resident).
     pub fn files(&self) -> Vec<std::path::PathBuf> {
-        match &self.mode {
+        let mut files = match &self.mode {
             Mode::Resident(_) => Vec::new(),
             Mode::Streaming(core) => core.paths(),
+        };
+        for f in self.experts.iter().flat_map(|e| e.files()) {
+            if !files.contains(&f) {
+                files.push(f);
+            }
         }
+        files
     }
 
     pub fn stats(&self) -> &SchedStats {
         &self.stats
     }
 
+    /// The counters, shared (an expert cache counts into the same ones).
+    pub fn stats_arc(&self) -> Arc<SchedStats> {
+        self.stats.clone()
+    }
+
+    /// Shows `experts` (a MoE model's expert cache) with the layers' summary.
+    pub fn attach_experts(&mut self, experts: Arc<dyn experts::ExpertInfo>) {
+        self.experts = Some(experts);
+    }
+
     pub fn summary(&self) -> SchedSummary {
+        let mut s = self.layer_summary();
+        s.experts = self.experts.as_ref().map(|e| e.summary());
+        s
+    }
+
+    fn layer_summary(&self) -> SchedSummary {
         match &self.mode {
             Mode::Resident(_) => {
                 let bytes = self.layer_bytes.clone();
                 let budget = self.budget.unwrap_or_else(|| bytes.iter().sum());
                 let mut plan = plan::ResidencyPlan::new(bytes, u64::MAX).summary();
                 plan.budget_bytes = budget;
-                SchedSummary { mode: "resident", policy: self.policy, prefetch_depth: 0, direct_io: None, plan }
+                SchedSummary {
+                    mode: "resident",
+                    policy: self.policy,
+                    prefetch_depth: 0,
+                    direct_io: None,
+                    plan,
+                    experts: None,
+                }
             }
             Mode::Streaming(core) => core.summary(),
         }
@@ -344,7 +430,8 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
             Mode::Resident(_) => None,
             Mode::Streaming(core) => Some(Arc::downgrade(core) as Weak<dyn CoreHandle>),
         };
-        SchedMonitor { stats: self.stats.clone(), fixed: self.summary(), live }
+        let experts = self.experts.as_ref().map(Arc::downgrade);
+        SchedMonitor { stats: self.stats.clone(), fixed: self.summary(), live, experts }
     }
 
     /// Records `bytes` of runtime memory (a KV cache) held until the reservation drops.
@@ -421,13 +508,18 @@ pub struct SchedMonitor {
     pub stats: Arc<SchedStats>,
     fixed: SchedSummary,
     live: Option<Weak<dyn CoreHandle>>,
+    experts: Option<Weak<dyn experts::ExpertInfo>>,
 }
 
 impl SchedMonitor {
     /// The summary now (as when the monitor was made, for a resident scheduler or one
     /// that is gone).
     pub fn summary(&self) -> SchedSummary {
-        self.live.as_ref().and_then(Weak::upgrade).map_or_else(|| self.fixed.clone(), |c| c.summary())
+        let mut s = self.live.as_ref().and_then(Weak::upgrade).map_or_else(|| self.fixed.clone(), |c| c.summary());
+        if let Some(e) = self.experts.as_ref().and_then(Weak::upgrade) {
+            s.experts = Some(e.summary());
+        }
+        s
     }
 }
 

@@ -475,6 +475,7 @@ impl<L: Send + Sync + 'static> CoreHandle for Core<L> {
             prefetch_depth: self.depth,
             direct_io: Some(self.reader.is_direct()),
             plan,
+            experts: None,
         }
     }
 }

@@ -4,7 +4,7 @@ pub mod matmul;
 
 use rayon::prelude::*;
 
-use super::{Activation, AttnParams, Backend, BackendResult, RopeFreqs, TopK, Unary};
+use super::{Activation, AttnParams, Backend, BackendResult, RopeFreqs, Rows, TopK, Unary};
 use crate::tensor::HostTensor;
 
 pub struct CpuBackend {
@@ -158,14 +158,23 @@ impl Backend for CpuBackend {
     fn copy_rows(
         &self,
         src: &Vec<f32>,
-        src_row: usize,
-        rows: usize,
+        rows: Rows<'_>,
         row_len: usize,
         dst: &mut Vec<f32>,
         dst_row: usize,
     ) -> BackendResult<()> {
-        let n = rows * row_len;
-        dst[dst_row * row_len..][..n].copy_from_slice(&src[src_row * row_len..][..n]);
+        match rows {
+            Rows::Range { start, n } => {
+                let len = n * row_len;
+                dst[dst_row * row_len..][..len].copy_from_slice(&src[start * row_len..][..len]);
+            }
+            Rows::List(list) => {
+                let out = dst[dst_row * row_len..][..list.len() * row_len].chunks_exact_mut(row_len.max(1));
+                for (o, &r) in out.zip(list) {
+                    o.copy_from_slice(&src[r as usize * row_len..][..row_len]);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -238,8 +247,28 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> BackendResult<()> {
-        self.elementwise(&mut x[..len], &y[..len], |(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
+    fn add_rows(
+        &self,
+        x: &mut Vec<f32>,
+        y: &Vec<f32>,
+        row_len: usize,
+        rows: Rows<'_>,
+        weights: Option<&[f32]>,
+    ) -> BackendResult<()> {
+        match (rows, weights) {
+            (Rows::Range { start, n }, None) => {
+                let len = n * row_len;
+                let add = |(a, b): (&mut [f32], &[f32])| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+                self.elementwise(&mut x[start * row_len..][..len], &y[..len], add);
+            }
+            _ => {
+                for i in 0..rows.len() {
+                    let w = weights.map_or(1.0, |w| w[i]);
+                    let dst = &mut x[rows.get(i) * row_len..][..row_len];
+                    dst.iter_mut().zip(&y[i * row_len..][..row_len]).for_each(|(a, b)| *a += w * b);
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -16,7 +16,9 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr
 use cudarc::driver::{LaunchArgs, PushKernelArg, sys};
 
 use super::launch::{self, Shape};
-use crate::backend::{Activation, AttnParams, Backend, BackendError, BackendResult, MAX_TOP_K, RopeFreqs, TopK, Unary};
+use crate::backend::{
+    Activation, AttnParams, Backend, BackendError, BackendResult, MAX_TOP_K, RopeFreqs, Rows, TopK, Unary,
+};
 use crate::tensor::{DType, HostTensor};
 
 /// Device memory held by one allocation, counted in the backend's total while it lives.
@@ -64,6 +66,7 @@ struct Scratch {
     top_idx: Option<CudaSlice<u32>>,
     top_val: Option<CudaSlice<f32>>,
     lse: Option<CudaSlice<f32>>,
+    row: Option<CudaSlice<f32>>,
 }
 
 pub struct CudaBackend {
@@ -192,6 +195,7 @@ impl CudaBackend {
                 top_idx: None,
                 top_val: None,
                 lse: None,
+                row: None,
             }),
             used: Arc::default(),
             launches: AtomicU64::new(0),
@@ -599,19 +603,31 @@ impl Backend for CudaBackend {
     fn copy_rows(
         &self,
         src: &CudaBuf,
-        src_row: usize,
-        rows: usize,
+        rows: Rows<'_>,
         row_len: usize,
         dst: &mut CudaBuf,
         dst_row: usize,
     ) -> BackendResult<()> {
-        if rows == 0 {
+        if rows.is_empty() {
             return Ok(());
         }
-        let n = rows * row_len;
-        let from = src.data.slice(src_row * row_len..src_row * row_len + n);
-        let mut to = dst.data.slice_mut(dst_row * row_len..dst_row * row_len + n);
-        self.stream.memcpy_dtod(&from, &mut to).map_err(dev_err("copy_rows", 0))
+        check_len(&[src.data.len()], rows.end() * row_len, "copy_rows")?;
+        check_len(&[dst.data.len()], (dst_row + rows.len()) * row_len, "copy_rows")?;
+        // Consecutive source rows are copied together.
+        let mut i = 0;
+        while i < rows.len() {
+            let first = rows.get(i);
+            let mut n = 1;
+            while i + n < rows.len() && rows.get(i + n) == first + n {
+                n += 1;
+            }
+            let from = src.data.slice(first * row_len..(first + n) * row_len);
+            let at = (dst_row + i) * row_len;
+            let mut to = dst.data.slice_mut(at..at + n * row_len);
+            self.stream.memcpy_dtod(&from, &mut to).map_err(dev_err("copy_rows", 0))?;
+            i += n;
+        }
+        Ok(())
     }
 
     fn attention(
@@ -695,9 +711,34 @@ impl Backend for CudaBackend {
         self.elementwise_unary(kernel, ptr(&x.data, &self.stream, 0), len, param)
     }
 
-    fn add(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) -> BackendResult<()> {
-        check_len(&[x.data.len(), y.data.len()], len, "add")?;
-        self.elementwise("add_f32", ptr(&x.data, &self.stream, 0), ptr(&y.data, &self.stream, 0), len)
+    fn add_rows(
+        &self,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        row_len: usize,
+        rows: Rows<'_>,
+        weights: Option<&[f32]>,
+    ) -> BackendResult<()> {
+        check_len(&[x.data.len()], rows.end() * row_len, "add_rows")?;
+        check_len(&[y.data.len()], rows.len() * row_len, "add_rows")?;
+        if let (Rows::Range { start, n }, None) = (rows, weights) {
+            let (xp, yp) = (ptr(&x.data, &self.stream, start * row_len), ptr(&y.data, &self.stream, 0));
+            return self.elementwise("add_f32", xp, yp, n * row_len);
+        }
+        // Row by row: y's row scaled in scratch, then added.
+        let mut s = self.scratch();
+        let tmp = self.grow(&mut s.row, row_len, "add_rows scratch")?;
+        for i in 0..rows.len() {
+            let from = y.data.slice(i * row_len..(i + 1) * row_len);
+            let mut to = tmp.slice_mut(..row_len);
+            self.stream.memcpy_dtod(&from, &mut to).map_err(dev_err("add_rows", 0))?;
+            let tp = ptr(tmp, &self.stream, 0);
+            if let Some(w) = weights {
+                self.elementwise_unary("scale_f32", tp, row_len, w[i])?;
+            }
+            self.elementwise("add_f32", ptr(&x.data, &self.stream, rows.get(i) * row_len), tp, row_len)?;
+        }
+        Ok(())
     }
 }
 

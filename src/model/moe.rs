@@ -1,0 +1,218 @@
+//! Mixture-of-experts feed-forward blocks (Mixtral, Qwen2-MoE, Qwen3-MoE), in two
+//! phases: the router, computed with the layer core, picks each token's experts; then
+//! exactly those experts are fetched (from the expert cache, or from the layer when it
+//! carries all of them) and run over the tokens routed to them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::config::{ModelConfig, MoeConfig};
+use super::decoder::ModelError;
+use crate::backend::{Backend, Rows};
+use crate::sched::SchedError;
+use crate::tensor::HostTensor;
+
+/// A gated MLP: a dense layer's, the shared expert's, or one routed expert's.
+pub struct Mlp<B: Backend> {
+    pub width: usize,
+    pub gate: B::Weight, // (width, hidden)
+    pub up: B::Weight,   // (width, hidden)
+    pub down: B::Weight, // (hidden, width)
+}
+
+/// What a MoE layer's core holds for its feed-forward block.
+pub struct MoeWeights<B: Backend> {
+    pub router: B::Weight, // (n_experts, hidden)
+    /// The shared expert and its gate (`(1, hidden)`), Qwen2-MoE.
+    pub shared: Option<(Mlp<B>, B::Weight)>,
+    /// Every routed expert, when the layer is loaded whole (the baseline that reads
+    /// every expert); `None` when they come from the expert cache.
+    pub experts: Option<Vec<Arc<Mlp<B>>>>,
+}
+
+/// The expert layer-local names of expert `e`'s gate, up and down projections.
+pub fn expert_names(c: &ModelConfig, e: usize) -> [String; 3] {
+    use super::spec::Role;
+    let spec = c.spec();
+    let name = |role: Role| spec.tensor(role).map_or_else(String::new, |t| t.hf_for(e));
+    [name(Role::ExpertGate), name(Role::ExpertUp), name(Role::ExpertDown)]
+}
+
+/// An MLP from its three host tensors, each checked against the shape it must have.
+pub fn build_mlp<B: Backend>(
+    be: &B,
+    layer: usize,
+    tensors: [(&str, &HostTensor); 3],
+    width: usize,
+    hidden: usize,
+) -> Result<Mlp<B>, SchedError> {
+    let want = [[width, hidden], [width, hidden], [hidden, width]];
+    let mut out = Vec::with_capacity(3);
+    for ((name, t), want) in tensors.into_iter().zip(want) {
+        if t.shape != want {
+            let msg = format!("tensor `{name}`: expected shape {want:?}, found {:?}", t.shape);
+            return Err(SchedError::Build { layer, msg });
+        }
+        out.push(be.weight(t).map_err(|source| SchedError::Backend { layer, source })?);
+    }
+    let [gate, up, down] =
+        <[B::Weight; 3]>::try_from(out).map_err(|_| SchedError::Build { layer, msg: "mlp".into() })?;
+    Ok(Mlp { width, gate, up, down })
+}
+
+/// Where a layer's routed experts come from.
+pub trait ExpertSource<B: Backend> {
+    /// The weights of `experts` (distinct, ascending) of layer `layer`, in that order.
+    fn experts(&self, layer: usize, experts: &[usize]) -> Result<Vec<Arc<Mlp<B>>>, ModelError>;
+}
+
+/// Each row's experts and their weights, as transformers routes: softmax over every
+/// expert's score, the `top_k` most probable (the lower index first on ties), and those
+/// probabilities rescaled to sum to 1 when `norm_topk_prob`.
+pub fn route(logits: &[f32], m: &MoeConfig) -> Vec<(Vec<u32>, Vec<f32>)> {
+    logits
+        .chunks_exact(m.n_experts)
+        .map(|row| {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let exp: Vec<f32> = row.iter().map(|&z| (z - max).exp()).collect();
+            let sum: f32 = exp.iter().sum();
+            let mut order: Vec<u32> = (0..m.n_experts as u32).collect();
+            // NaN scores sort last, so a broken router never picks them first.
+            order.sort_by(|&a, &b| {
+                let (pa, pb) = (exp[a as usize], exp[b as usize]);
+                pb.partial_cmp(&pa).unwrap_or_else(|| pa.is_nan().cmp(&pb.is_nan())).then(a.cmp(&b))
+            });
+            order.truncate(m.top_k);
+            let mut w: Vec<f32> = order.iter().map(|&e| exp[e as usize] / sum).collect();
+            if m.norm_topk_prob {
+                let total: f32 = w.iter().sum();
+                w.iter_mut().for_each(|x| *x /= total);
+            }
+            (order, w)
+        })
+        .collect()
+}
+
+/// The buffers a MoE block needs beside the dense ones.
+pub struct MoeBufs<B: Backend> {
+    pub logits: B::Buf, // (rows, n_experts)
+    pub xe: B::Buf,     // (rows, hidden): the rows routed to one expert
+    pub ye: B::Buf,     // (rows, hidden): that expert's output
+}
+
+impl<B: Backend> MoeBufs<B> {
+    pub fn new(be: &B, c: &ModelConfig, rows: usize) -> Result<Option<Self>, crate::backend::BackendError> {
+        let Some(m) = c.moe else { return Ok(None) };
+        let h = c.hidden_size;
+        Ok(Some(MoeBufs { logits: be.alloc(rows * m.n_experts)?, xe: be.alloc(rows * h)?, ye: be.alloc(rows * h)? }))
+    }
+}
+
+/// The dense buffers the MLP uses: `gate` and `up` of `(rows, width)`.
+pub struct MlpBufs<'a, B: Backend> {
+    pub gate: &'a mut B::Buf,
+    pub up: &'a mut B::Buf,
+}
+
+/// `out = mlp(x)` over `rows` rows.
+pub fn mlp_forward<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    mlp: &Mlp<B>,
+    x: &B::Buf,
+    rows: usize,
+    bufs: &mut MlpBufs<'_, B>,
+    out: &mut B::Buf,
+) -> Result<(), ModelError> {
+    be.matmul(x, rows, &mlp.gate, bufs.gate)?;
+    be.matmul(x, rows, &mlp.up, bufs.up)?;
+    be.glu(bufs.gate, bufs.up, rows * mlp.width, c.spec().activation)?;
+    be.matmul(bufs.gate, rows, &mlp.down, out)?;
+    Ok(())
+}
+
+/// One MoE block's inputs: `rows` rows of `input` (normed) through layer `layer`.
+pub struct MoeBlock<'a, B: Backend> {
+    pub layer: usize,
+    pub weights: &'a MoeWeights<B>,
+    pub source: &'a dyn ExpertSource<B>,
+    pub input: &'a B::Buf,
+    pub rows: usize,
+}
+
+/// A MoE layer's feed-forward output for `rows` rows of `input` into `out` (`(rows,
+/// hidden)`): the shared expert (scaled by its sigmoid gate), plus each routed expert
+/// over its rows, weighted. Returns the routing (each row's experts).
+pub fn moe_forward<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    block: MoeBlock<'_, B>,
+    bufs: &mut MlpBufs<'_, B>,
+    moe: &mut MoeBufs<B>,
+    out: &mut B::Buf,
+) -> Result<Vec<Vec<u32>>, ModelError> {
+    let MoeBlock { layer, weights: w, source, input, rows } = block;
+    let Some(m) = c.moe else { return Ok(Vec::new()) };
+    let h = c.hidden_size;
+    // Phase 1: the router, on the host (its choice drives what is read).
+    be.matmul(input, rows, &w.router, &mut moe.logits)?;
+    let routing = route(&be.download(&moe.logits, rows * m.n_experts)?, &m);
+    let mut by_expert: BTreeMap<usize, (Vec<u32>, Vec<f32>)> = BTreeMap::new();
+    for (row, (ids, weights)) in routing.iter().enumerate() {
+        for (&e, &wt) in ids.iter().zip(weights) {
+            let entry = by_expert.entry(e as usize).or_default();
+            entry.0.push(row as u32);
+            entry.1.push(wt);
+        }
+    }
+    let wanted: Vec<usize> = by_expert.keys().copied().collect();
+    // Phase 2: exactly the routed experts (all reads issued together).
+    let experts = match &w.experts {
+        Some(all) => wanted.iter().map(|&e| all[e].clone()).collect(),
+        None => source.experts(layer, &wanted)?,
+    };
+
+    be.unary(out, rows * h, crate::backend::Unary::Scale(0.0))?;
+    if let Some((shared, gate)) = &w.shared {
+        be.matmul(input, rows, gate, &mut moe.logits)?;
+        let scale: Vec<f32> = be.download(&moe.logits, rows)?.iter().map(|&g| 1.0 / (1.0 + (-g).exp())).collect();
+        mlp_forward(be, c, shared, input, rows, bufs, &mut moe.ye)?;
+        be.add_rows(out, &moe.ye, h, Rows::first(rows), Some(&scale))?;
+    }
+    for (expert, (rows_of, weights)) in experts.iter().zip(by_expert.values()) {
+        let n = rows_of.len();
+        be.copy_rows(input, Rows::List(rows_of), h, &mut moe.xe, 0)?;
+        mlp_forward(be, c, expert, &moe.xe, n, bufs, &mut moe.ye)?;
+        be.add_rows(out, &moe.ye, h, Rows::List(rows_of), Some(weights))?;
+    }
+    Ok(routing.into_iter().map(|(ids, _)| ids).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(top_k: usize, norm: bool) -> MoeConfig {
+        MoeConfig { n_experts: 4, top_k, expert_size: 8, shared_expert_size: None, norm_topk_prob: norm }
+    }
+
+    #[test]
+    fn routing_takes_the_most_probable_experts() {
+        let logits = [0.0, 2.0, 1.0, 2.0, /* row 2 */ 5.0, 0.0, 0.0, 0.0];
+        let r = route(&logits, &cfg(2, false));
+        // Ties go to the lower index.
+        assert_eq!(r[0].0, vec![1, 3]);
+        let p = (2.0f32).exp() / (1.0 + 2.0 * (2.0f32).exp() + 1.0f32.exp());
+        assert!((r[0].1[0] - p).abs() < 1e-6 && (r[0].1[1] - p).abs() < 1e-6);
+        assert_eq!(r[1].0[0], 0);
+        let n = route(&logits, &cfg(2, true));
+        assert!((n[0].1.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!((n[0].1[0] - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_nan_score_is_never_chosen_first() {
+        let r = route(&[f32::NAN, 1.0, 0.0, -1.0], &cfg(1, true));
+        assert_eq!(r[0].0, vec![1]);
+    }
+}

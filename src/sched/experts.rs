@@ -1,0 +1,322 @@
+//! The expert cache: the routed experts of a mixture-of-experts model, one unit per
+//! `(layer, expert)`, loaded on demand. The model asks for exactly the experts its
+//! router chose for a layer ([`ExpertCache::get`]); the hits come from memory, and the
+//! misses are read from storage together, each expert one contiguous read in Strata's
+//! own formats (one range per tensor in a GGUF file, whose stacked experts are
+//! expert-major). What stays cached afterwards is the [`ExpertPolicy`]'s decision under
+//! the cache's byte budget.
+//!
+//! Access is skewed, not cyclic, so this is a cache with LRU / LFU / frequency-weighted
+//! eviction, unlike the pinned set and prefetch ring of the layer cores.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::expert_policy::{CachePolicy, ExpertId, ExpertPolicy};
+use super::io::AlignedBuf;
+use super::layout::Reader;
+use super::{LayerTensors, SchedError, SchedStats};
+use crate::tensor::ByteSource;
+
+/// Expert reads in flight at once (a layer's misses are read together).
+const EXPERT_STREAMS: usize = 4;
+/// Read buffers kept for reuse (beyond this they are freed when their expert drops).
+const POOL_MAX: usize = 64;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Builds one expert's weights (`E`) from its tensors: `(expert index, tensors)`, the
+/// tensors under their layer-local names and `index` the layer.
+pub type BuildExpert<E> = Box<dyn Fn(usize, &LayerTensors) -> Result<E, SchedError> + Send + Sync>;
+
+/// How the routed experts are held.
+#[derive(Clone, Debug)]
+pub struct ExpertOptions {
+    /// Bytes of experts kept in memory between uses; `None`: every expert resident.
+    pub budget: Option<u64>,
+    pub policy: CachePolicy,
+    /// Read with buffered I/O even where `O_DIRECT` works.
+    pub buffered: bool,
+}
+
+/// One expert's stored tensors.
+pub struct ExpertUnit {
+    pub id: ExpertId,
+    pub tensors: LayerTensors,
+}
+
+/// Hits and misses of one layer's experts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct LayerExpertStats {
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// What `bench`, `/api/ps` and `/metrics` show of the expert cache.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct ExpertSummary {
+    /// `resident` (every expert in memory or mapped) or `on_demand`.
+    pub mode: &'static str,
+    pub policy: CachePolicy,
+    pub experts_per_layer: usize,
+    pub moe_layers: usize,
+    /// Bytes of every routed expert of every layer.
+    pub expert_bytes: u64,
+    /// The cache's budget, and what it holds now.
+    pub cache_budget_bytes: u64,
+    pub cached_bytes: u64,
+    pub cached_experts: usize,
+    /// Hits and misses so far, by layer (MoE layers only, in order).
+    pub layers: Vec<LayerExpertStats>,
+}
+
+/// A read buffer lent to an expert's tensors; it goes back to the pool when they drop.
+struct PooledBuf {
+    buf: AlignedBuf,
+    home: Weak<Mutex<Vec<AlignedBuf>>>,
+}
+
+impl ByteSource for PooledBuf {
+    fn bytes(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        if let Some(pool) = self.home.upgrade() {
+            let mut pool = lock(&pool);
+            if pool.len() < POOL_MAX {
+                pool.push(std::mem::take(&mut self.buf));
+            }
+        }
+    }
+}
+
+struct OnDemand<E> {
+    reader: Reader,
+    build: BuildExpert<E>,
+    state: Mutex<State<E>>,
+    pool: Arc<Mutex<Vec<AlignedBuf>>>,
+}
+
+struct State<E> {
+    policy: ExpertPolicy,
+    cached: HashMap<ExpertId, Arc<E>>,
+}
+
+enum Mode<E> {
+    Resident(Vec<Arc<E>>),
+    OnDemand(Box<OnDemand<E>>),
+}
+
+/// The routed experts of every MoE layer.
+pub struct ExpertCache<E> {
+    n_experts: usize,
+    /// Per layer, the unit index of its expert 0 (`None` for a dense layer).
+    base: Vec<Option<usize>>,
+    /// Per unit, its bytes as stored.
+    unit_bytes: Vec<u64>,
+    policy: CachePolicy,
+    mode: Mode<E>,
+    stats: Arc<SchedStats>,
+}
+
+impl<E: Send + Sync + 'static> ExpertCache<E> {
+    /// The experts of `units` (every expert of every MoE layer, layer by layer, experts
+    /// in order), all built now when `opts.budget` is `None` or holds them all (or when
+    /// some are not stored in a file), else read on demand. Counts into `stats`.
+    pub fn new(
+        n_layers: usize,
+        n_experts: usize,
+        units: Vec<ExpertUnit>,
+        build: BuildExpert<E>,
+        opts: &ExpertOptions,
+        stats: Arc<SchedStats>,
+    ) -> Result<Self, SchedError> {
+        let mut base = vec![None; n_layers];
+        for (i, u) in units.iter().enumerate() {
+            let l = u.id.layer as usize;
+            let slot = base.get_mut(l).ok_or(SchedError::NoSuchLayer(l))?;
+            if u.id.expert == 0 {
+                *slot = Some(i);
+            }
+            if *slot != Some(i - u.id.expert as usize) {
+                return Err(SchedError::Build { layer: l, msg: format!("expert {} is out of order", u.id.expert) });
+            }
+        }
+        let unit_bytes: Vec<u64> = units.iter().map(|u| u.tensors.bytes() as u64).collect();
+        let total: u64 = unit_bytes.iter().sum();
+        lock(&stats.expert_layers).resize(n_layers, LayerExpertStats::default());
+        let mut cache =
+            ExpertCache { n_experts, base, unit_bytes, policy: opts.policy, mode: Mode::Resident(Vec::new()), stats };
+        let resident = |units: &[ExpertUnit]| -> Result<Vec<Arc<E>>, SchedError> {
+            units.iter().map(|u| build(u.id.expert as usize, &u.tensors).map(Arc::new)).collect()
+        };
+        let Some(budget) = opts.budget.filter(|&b| b < total) else {
+            cache.mode = Mode::Resident(resident(&units)?);
+            return Ok(cache);
+        };
+        let sources: Vec<LayerTensors> = units.iter().map(|u| u.tensors.clone()).collect();
+        let reader = Reader::open(&sources, &cache.stats.expert_bytes_read, opts.buffered)
+            .map_err(|e| SchedError::Io { layer: 0, msg: format!("opening the expert files: {e}") })?;
+        if (0..reader.n_layers()).any(|i| reader.layout(i).is_none()) {
+            tracing::warn!(budget, "some experts are not stored in a file: every expert stays resident");
+            cache.mode = Mode::Resident(resident(&units)?);
+            return Ok(cache);
+        }
+        let state = State { policy: ExpertPolicy::new(opts.policy, budget), cached: HashMap::new() };
+        let pool = Arc::new(Mutex::new(Vec::new()));
+        cache.mode = Mode::OnDemand(Box::new(OnDemand { reader, build, state: Mutex::new(state), pool }));
+        Ok(cache)
+    }
+
+    /// Marks the start of a forward pass (recency is counted in passes).
+    pub fn step(&self) {
+        if let Mode::OnDemand(d) = &self.mode {
+            lock(&d.state).policy.tick();
+        }
+    }
+
+    /// The weights of `experts` (distinct) of layer `layer`, in that order. Misses are
+    /// read together, then offered to the cache.
+    pub fn get(&self, layer: usize, experts: &[usize]) -> Result<Vec<Arc<E>>, SchedError> {
+        let base = self.base.get(layer).copied().flatten().ok_or(SchedError::NoSuchLayer(layer))?;
+        if let Some(&e) = experts.iter().find(|&&e| e >= self.n_experts) {
+            let msg = format!("expert {e} of {} asked for", self.n_experts);
+            return Err(SchedError::Build { layer, msg });
+        }
+        self.stats.expert_requests.fetch_add(experts.len() as u64, Ordering::Relaxed);
+        let d = match &self.mode {
+            Mode::Resident(all) => {
+                self.count(layer, experts.len() as u64, 0);
+                return Ok(experts.iter().map(|&e| all[base + e].clone()).collect());
+            }
+            Mode::OnDemand(d) => d,
+        };
+        let id = |e: usize| ExpertId { layer: layer as u32, expert: e as u32 };
+        let mut got: Vec<Option<Arc<E>>> = Vec::with_capacity(experts.len());
+        {
+            let mut state = lock(&d.state);
+            for &e in experts {
+                state.policy.touch(id(e));
+                got.push(state.cached.get(&id(e)).cloned());
+            }
+        }
+        let missing: Vec<usize> = (0..experts.len()).filter(|&i| got[i].is_none()).collect();
+        self.count(layer, (experts.len() - missing.len()) as u64, missing.len() as u64);
+        if missing.is_empty() {
+            return Ok(got.into_iter().flatten().collect());
+        }
+        let t = Instant::now();
+        let mut bufs: Vec<AlignedBuf> = {
+            let mut pool = lock(&d.pool);
+            missing.iter().map(|_| pool.pop().unwrap_or_default()).collect()
+        };
+        let mut reads: Vec<(usize, &mut AlignedBuf)> =
+            missing.iter().zip(bufs.iter_mut()).map(|(&i, b)| (base + experts[i], b)).collect();
+        let read = d.reader.read_many(&mut reads, EXPERT_STREAMS);
+        self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        read.map_err(|e| match e {
+            SchedError::Io { msg, .. } => SchedError::Io { layer, msg: format!("reading its experts: {msg}") },
+            other => other,
+        })?;
+        let protect: Vec<ExpertId> = experts.iter().map(|&e| id(e)).collect();
+        let mut evicted = Vec::new();
+        for (&i, mut buf) in missing.iter().zip(bufs) {
+            let unit = base + experts[i];
+            d.reader.fix(unit, &mut buf);
+            let src = Arc::new(PooledBuf { buf, home: Arc::downgrade(&d.pool) });
+            let mut tensors = d.reader.tensors(unit, src);
+            tensors.index = layer;
+            let expert = Arc::new((d.build)(experts[i], &tensors)?);
+            let mut state = lock(&d.state);
+            let admission = state.policy.admit(id(experts[i]), self.unit_bytes[unit], &protect);
+            for gone in admission.evicted {
+                evicted.extend(state.cached.remove(&gone));
+            }
+            if admission.admitted {
+                state.cached.insert(id(experts[i]), expert.clone());
+            }
+            got[i] = Some(expert);
+        }
+        drop(evicted); // outside the lock: freeing returns buffers to the pool
+        Ok(got.into_iter().flatten().collect())
+    }
+
+    fn count(&self, layer: usize, hits: u64, misses: u64) {
+        self.stats.expert_hits.fetch_add(hits, Ordering::Relaxed);
+        if let Some(s) = lock(&self.stats.expert_layers).get_mut(layer) {
+            s.hits += hits;
+            s.misses += misses;
+        }
+    }
+
+    /// Bytes of all routed experts.
+    pub fn expert_bytes(&self) -> u64 {
+        self.unit_bytes.iter().sum()
+    }
+
+    /// The files experts are read from (none when resident).
+    pub fn files(&self) -> Vec<std::path::PathBuf> {
+        match &self.mode {
+            Mode::Resident(_) => Vec::new(),
+            Mode::OnDemand(d) => d.reader.paths(),
+        }
+    }
+
+    pub fn summary(&self) -> ExpertSummary {
+        let moe_layers: Vec<usize> = (0..self.base.len()).filter(|&l| self.base[l].is_some()).collect();
+        let per_layer = lock(&self.stats.expert_layers).clone();
+        let layers = moe_layers.iter().map(|&l| per_layer.get(l).copied().unwrap_or_default()).collect();
+        let (mode, budget, cached_bytes, cached_experts) = match &self.mode {
+            Mode::Resident(_) => ("resident", self.expert_bytes(), self.expert_bytes(), self.unit_bytes.len()),
+            Mode::OnDemand(d) => {
+                let s = lock(&d.state);
+                ("on_demand", s.policy.budget(), s.policy.cached_bytes(), s.cached.len())
+            }
+        };
+        ExpertSummary {
+            mode,
+            policy: self.policy,
+            experts_per_layer: self.n_experts,
+            moe_layers: moe_layers.len(),
+            expert_bytes: self.expert_bytes(),
+            cache_budget_bytes: budget,
+            cached_bytes,
+            cached_experts,
+            layers,
+        }
+    }
+}
+
+/// An expert cache of any weight type, for summaries read from other threads.
+pub trait ExpertInfo: Send + Sync {
+    fn summary(&self) -> ExpertSummary;
+    fn files(&self) -> Vec<std::path::PathBuf>;
+    /// Whether experts are read from storage on demand.
+    fn is_on_demand(&self) -> bool;
+    /// Bytes of all routed experts.
+    fn expert_bytes(&self) -> u64;
+}
+
+impl<E: Send + Sync + 'static> ExpertInfo for ExpertCache<E> {
+    fn summary(&self) -> ExpertSummary {
+        ExpertCache::summary(self)
+    }
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        ExpertCache::files(self)
+    }
+    fn is_on_demand(&self) -> bool {
+        matches!(self.mode, Mode::OnDemand(_))
+    }
+    fn expert_bytes(&self) -> u64 {
+        ExpertCache::expert_bytes(self)
+    }
+}
