@@ -29,6 +29,11 @@ pub struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Feed each decode step a pseudo-random token instead of the model's own argmax
+    /// (random-weight models repeat a few tokens when greedy, which would flatter an
+    /// expert cache with the same few experts).
+    #[arg(long = "feed-random")]
+    pub feed_random: bool,
     #[command(flatten)]
     pub run: RunOpts,
 }
@@ -74,19 +79,46 @@ pub struct BenchReport {
     /// Decode tok/s if every step only had to read its weights once at that bandwidth.
     pub decode_roofline_tok_s: f64,
     pub decode_fraction_of_roofline: f64,
-    /// Sequential `O_DIRECT` read bandwidth of the model's streamed files into a
-    /// layer-sized buffer, measured in this run (streaming only): the storage roofline.
+    /// Sequential `O_DIRECT` read bandwidth of the model's streamed files into
+    /// layer-sized (or expert-sized) buffers, measured in this run (streaming only), at
+    /// the better of one and several reads in flight: the storage roofline.
     pub storage_bandwidth_bytes_s: Option<f64>,
     /// The same reads into one 8 MiB buffer that stays in cache (what `fio` or `dd`
     /// report). Higher where the kernel copies reads through bounce buffers.
     pub storage_bandwidth_small_buffer_bytes_s: Option<f64>,
     pub storage_direct_io: Option<bool>,
+    /// Reads in flight when the storage roofline was measured (the better of 1 and
+    /// [`STORAGE_PROBE_DEPTH`]).
+    pub storage_queue_depth: Option<usize>,
     /// Decode tok/s if each token only had to read `bytes_read_per_token` at that bandwidth.
     pub storage_roofline_tok_s: Option<f64>,
     pub decode_fraction_of_storage_roofline: Option<f64>,
-    /// Which layers are resident.
+    /// Which layers are resident (and the expert cache of a MoE model).
     pub plan: SchedSummary,
+    /// A mixture-of-experts model's storage traffic during decode.
+    pub moe: Option<MoeReport>,
 }
+
+/// How a MoE model's decode steps used storage and the expert cache.
+#[derive(Debug, Serialize)]
+pub struct MoeReport {
+    /// Bytes per decoded token read for the layer cores (attention, norms, router,
+    /// shared expert) and for routed experts.
+    pub core_bytes_per_token: f64,
+    pub expert_bytes_per_token: f64,
+    /// Bytes per token of exactly the experts the routers chose (hits included).
+    pub routed_expert_bytes_per_token: f64,
+    /// Core bytes plus routed-expert bytes: what reading only the routed experts costs
+    /// with nothing cached, and `bytes_read_per_token` over it.
+    pub routed_limit_bytes_per_token: f64,
+    pub fraction_of_routed_limit: f64,
+    /// Experts asked for per token, and the share served from the cache.
+    pub experts_per_token: f64,
+    pub expert_hit_rate: f64,
+}
+
+/// Reads in flight in the deep storage probe.
+pub const STORAGE_PROBE_DEPTH: usize = 8;
 
 /// One timed run.
 struct RunResult {
@@ -146,6 +178,13 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let prompts: Vec<Vec<u32>> =
         (0..n_seq).map(|_| (0..args.prompt_tokens.max(1)).map(|_| next_id()).collect()).collect();
 
+    let mut feed_state = 0x2545_f491_4f6c_dd1du64;
+    let next_feed = move || {
+        feed_state = feed_state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((feed_state >> 33) % vocab as u64) as u32
+    };
+    let next_feed = std::cell::RefCell::new(next_feed);
+    let next_feed = || (next_feed.borrow_mut())();
     // One run of the prompt then `steps` greedy decode steps.
     let sched = model.scheduler();
     let run = |steps: usize| -> anyhow::Result<RunResult> {
@@ -170,6 +209,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 .map(|(id, cache)| SeqStep { tokens: std::slice::from_ref(id), cache, all_logits: false })
                 .collect();
             last = model.forward_top_k(&mut batch, 1, &|| false)?;
+            if args.feed_random {
+                last.iter_mut().for_each(|t| t.ids = vec![next_feed()]);
+            }
         }
         let decode_secs = t.elapsed().as_secs_f64();
         let launches = model.launch_stats().map(|l| l.launches).zip(launches0).map(|(a, b)| a - b);
@@ -201,7 +243,28 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let launch_overhead_fraction =
         launches_per_token.zip(launch_latency_s).map(|(n, lat)| n * lat / (decode_secs / tokens).max(1e-12));
     let peak_rss = peak_rss_bytes(); // before the bandwidth probe allocates its 1 GiB
-    let weight_bytes_per_token = sched.streamable_bytes() + model.lm_head_bytes();
+    let summary = sched.summary();
+    let moe = summary.experts.as_ref().map(|_| {
+        let (read, routed) = (window.expert_bytes_read as f64 / tokens, window.expert_routed_bytes as f64 / tokens);
+        let core = (window.bytes_read - window.expert_bytes_read) as f64 / tokens;
+        MoeReport {
+            core_bytes_per_token: core,
+            expert_bytes_per_token: read,
+            routed_expert_bytes_per_token: routed,
+            routed_limit_bytes_per_token: core + routed,
+            fraction_of_routed_limit: bytes_read_per_token / (core + routed).max(1.0),
+            experts_per_token: window.expert_requests as f64 / tokens,
+            expert_hit_rate: window.expert_hits as f64 / window.expert_requests.max(1) as f64,
+        }
+    });
+    // A MoE step touches its cores and its routed experts, not every expert.
+    let weight_bytes_per_token = match &summary.experts {
+        None => sched.streamable_bytes() + model.lm_head_bytes(),
+        Some(e) => {
+            let routed = window.expert_routed_bytes as f64 / tokens;
+            sched.streamable_bytes() - e.expert_bytes as usize + routed as usize + model.lm_head_bytes()
+        }
+    };
     // On a GPU the roofline is device memory: a device-to-device copy, bytes read plus
     // bytes written, measured now.
     let bandwidth = match model.memory_bandwidth() {
@@ -214,19 +277,30 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     // with O_DIRECT where the filesystem allows it (otherwise buffered after dropping
     // their cached pages), in 8 MiB reads landing across a buffer of one layer's size, as
     // streamed layers do. Also into one small buffer, for comparison.
-    let probe = |dest_len: usize| -> anyhow::Result<crate::sched::io::ReadBandwidth> {
+    let probe = |dest_len: usize, streams: usize| -> anyhow::Result<crate::sched::io::ReadBandwidth> {
         // The median of three passes: this is the number the run is judged by.
         let files = sched.files();
         let mut passes = (0..3)
-            .map(|_| crate::sched::io::measure_sequential_read_into(&files, 1 << 30, dest_len))
+            .map(|_| crate::sched::io::measure_parallel_read_into(&files, 1 << 30, dest_len, streams))
             .collect::<Result<Vec<_>, _>>()?;
         passes.sort_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec));
         Ok(passes[1])
     };
-    let layer_len = sched.streamable_bytes().div_ceil(sched.n_layers().max(1));
-    let (storage, storage_small) = match sched.is_streaming() {
-        false => (None, None),
-        true => (Some(probe(layer_len)?), Some(probe(0)?)),
+    // Reads land in buffers of a layer's (or an expert's) size.
+    let layer_len = match &summary.experts {
+        None => sched.streamable_bytes().div_ceil(sched.n_layers().max(1)),
+        Some(e) => (e.expert_bytes / (e.experts_per_layer * e.moe_layers).max(1) as u64) as usize,
+    };
+    // The device's limit is its best at one read in flight or at several (NVMe and
+    // virtio serve requests in parallel; the streamers keep 2 to 4 in flight).
+    let (storage, storage_depth, storage_small) = match sched.is_streaming() {
+        false => (None, None, None),
+        true => {
+            let (one, deep) = (probe(layer_len, 1)?, probe(layer_len, STORAGE_PROBE_DEPTH)?);
+            let (best, depth) =
+                if deep.bytes_per_sec > one.bytes_per_sec { (deep, STORAGE_PROBE_DEPTH) } else { (one, 1) };
+            (Some(best), Some(depth), Some(probe(0, 1)?))
+        }
     };
     let storage_roofline = storage.map(|s| s.bytes_per_sec / bytes_read_per_token.max(1.0));
     let report = BenchReport {
@@ -259,9 +333,11 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         storage_bandwidth_bytes_s: storage.map(|s| s.bytes_per_sec),
         storage_bandwidth_small_buffer_bytes_s: storage_small.map(|s| s.bytes_per_sec),
         storage_direct_io: storage.map(|s| s.direct),
+        storage_queue_depth: storage_depth,
         storage_roofline_tok_s: storage_roofline,
         decode_fraction_of_storage_roofline: storage_roofline.map(|r| decode_tok_s / r),
-        plan: sched.summary(),
+        plan: summary,
+        moe,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -305,6 +381,22 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             p.plan.streamable_bytes as f64 / 1048576.0,
             p.plan.budget_bytes as f64 / 1048576.0,
         );
+        if let (Some(m), Some(e)) = (&report.moe, &p.experts) {
+            println!(
+                "experts {} ({}): cache {:.1} of {:.1} MiB budget, {} cached; {:.1} experts/token, hit rate {:.2}; per token {:.1} MiB cores + {:.1} MiB experts read, routed-only limit {:.1} MiB ({:.0}% of it read)",
+                e.mode,
+                serde_json::to_value(e.policy)?.as_str().unwrap_or_default(),
+                e.cached_bytes as f64 / 1048576.0,
+                e.cache_budget_bytes as f64 / 1048576.0,
+                e.cached_experts,
+                m.experts_per_token,
+                m.expert_hit_rate,
+                m.core_bytes_per_token / 1048576.0,
+                m.expert_bytes_per_token / 1048576.0,
+                m.routed_limit_bytes_per_token / 1048576.0,
+                100.0 * m.fraction_of_routed_limit
+            );
+        }
         if let (Some(bw), Some(roof)) = (report.storage_bandwidth_bytes_s, report.storage_roofline_tok_s) {
             println!(
                 "streaming: {:.1} MiB read per token, hit rate {:.2}, stall {:.0}%, I/O busy {:.0}%; storage roofline {:.2} tok/s at {:.2} GB/s{} ({:.0}% of it; {:.2} GB/s into a small buffer)",

@@ -111,10 +111,11 @@ pub struct RunOpts {
     #[arg(long = "stream-policy", value_enum, default_value_t = crate::sched::Policy::Pinned)]
     pub stream_policy: crate::sched::Policy,
     /// Memory for a mixture-of-experts model's routed experts, cached between uses
-    /// (bytes, or with K/M/G/KiB/MiB/GiB). Default: what the memory budget leaves after
-    /// the layer cores (attention, norms, router, shared expert).
-    #[arg(long = "expert-cache", value_name = "SIZE", value_parser = parse_size_arg)]
-    pub expert_cache: Option<u64>,
+    /// (bytes, with K/M/G/KiB/MiB/GiB, or a percentage of all experts such as `25%`).
+    /// Default: what the memory budget leaves after the layer cores (attention, norms,
+    /// router, shared expert).
+    #[arg(long = "expert-cache", value_name = "SIZE", value_parser = crate::sched::experts::CacheSize::parse)]
+    pub expert_cache: Option<crate::sched::experts::CacheSize>,
     /// Which experts the expert cache keeps: `lru`, `lfu` or `freq` (frequency-weighted
     /// recency).
     #[arg(long = "expert-policy", value_enum, default_value_t = crate::sched::expert_policy::CachePolicy::default())]

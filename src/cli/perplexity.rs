@@ -21,9 +21,14 @@ pub struct PerplexityArgs {
     /// A JSON array of token ids.
     #[arg(long)]
     pub tokens_file: Option<PathBuf>,
-    /// Print `{"tokens","ppl","nll_mean","logprobs","argmax"}` as JSON.
+    /// Print `{"tokens","ppl","nll_mean","logprobs","argmax"}` as JSON (and, for a
+    /// mixture-of-experts model, `"experts"`: the expert cache's summary and hits).
     #[arg(long)]
     pub json: bool,
+    /// Tokens per forward pass (default: prefill chunks); `1` feeds the text token by
+    /// token as decoding does, which is what an expert cache sees when serving.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub chunk: Option<u64>,
     #[command(flatten)]
     pub run: RunOpts,
 }
@@ -37,21 +42,25 @@ pub struct Perplexity {
     pub nll_mean: f64,
     pub logprobs: Vec<f64>,
     pub argmax: Vec<u32>,
+    /// A MoE model's expert cache after the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<crate::sched::experts::ExpertSummary>,
 }
 
-/// Scores `tokens` with one causal pass (prompt chunks of [`PREFILL_CHUNK`]).
-pub fn score(engine: &Engine, tokens: &[u32]) -> anyhow::Result<Perplexity> {
+/// Scores `tokens` with one causal pass, `chunk` tokens per forward pass.
+pub fn score(engine: &Engine, tokens: &[u32], chunk: usize) -> anyhow::Result<Perplexity> {
     if tokens.is_empty() {
         anyhow::bail!("no tokens to score");
     }
     let vocab = engine.model.config().vocab_size;
     let mut cache = engine.model.new_cache(tokens.len().max(engine.context_len))?;
     let (mut logprobs, mut argmax) = (Vec::new(), Vec::new());
-    for (c, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+    let size = chunk.max(1);
+    for (c, chunk) in tokens.chunks(size).enumerate() {
         let mut step = [SeqStep { tokens: chunk, cache: &mut cache, all_logits: true }];
         let logits = engine.model.forward(&mut step)?.pop().unwrap_or_default();
         for (r, row) in logits.chunks_exact(vocab).enumerate() {
-            let i = c * PREFILL_CHUNK + r;
+            let i = c * size + r;
             let best = row.iter().enumerate().fold(0, |b, (j, &v)| if v > row[b] { j } else { b });
             argmax.push(best as u32);
             if let Some(&next) = tokens.get(i + 1) {
@@ -63,7 +72,8 @@ pub fn score(engine: &Engine, tokens: &[u32]) -> anyhow::Result<Perplexity> {
         0 => 0.0,
         n => -logprobs.iter().sum::<f64>() / n as f64,
     };
-    Ok(Perplexity { tokens: tokens.len(), ppl: nll_mean.exp(), nll_mean, logprobs, argmax })
+    let experts = engine.model.scheduler().summary().experts;
+    Ok(Perplexity { tokens: tokens.len(), ppl: nll_mean.exp(), nll_mean, logprobs, argmax, experts })
 }
 
 pub fn main(args: PerplexityArgs) -> anyhow::Result<()> {
@@ -80,7 +90,8 @@ pub fn main(args: PerplexityArgs) -> anyhow::Result<()> {
         }
         (None, None) => unreachable!("clap requires one input"),
     };
-    let result = score(&engine, &tokens)?;
+    let chunk = args.chunk.map_or(PREFILL_CHUNK, |c| c.min(usize::MAX as u64) as usize);
+    let result = score(&engine, &tokens, chunk)?;
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {

@@ -288,7 +288,7 @@ pub struct RunOptions {
     pub policy: Policy,
     /// Bytes of routed experts a MoE model keeps cached (`None`: what the budget
     /// leaves after the layer cores).
-    pub expert_cache: Option<u64>,
+    pub expert_cache: Option<crate::sched::experts::CacheSize>,
     pub expert_policy: CachePolicy,
     pub expert_loading: ExpertLoading,
 }

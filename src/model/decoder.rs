@@ -366,7 +366,10 @@ impl<B: Backend> DecoderModel<B> {
             true => None,
             false => {
                 // The cache gets what the budget leaves after the cores, unless told.
-                let budget = sched.expert_cache.or(sched.budget.map(|b| b.saturating_sub(core_bytes)));
+                let budget = match sched.expert_cache {
+                    Some(size) => Some(size.bytes(expert_bytes)),
+                    None => sched.budget.map(|b| b.saturating_sub(core_bytes)),
+                };
                 let opts = ExpertOptions { budget, policy: sched.expert_policy, buffered: sched.buffered };
                 let (be, c) = (backend.clone(), config.clone());
                 let build = Box::new(move |e: usize, lt: &LayerTensors| build_expert(&c, &*be, lt.index, lt, e));

@@ -35,6 +35,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// tensors under their layer-local names and `index` the layer.
 pub type BuildExpert<E> = Box<dyn Fn(usize, &LayerTensors) -> Result<E, SchedError> + Send + Sync>;
 
+/// The size of an expert cache: bytes, or a share of every routed expert's bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CacheSize {
+    Bytes(u64),
+    /// `0.25` for `25%`.
+    Fraction(f64),
+}
+
+impl CacheSize {
+    /// `25%`, or a size as [`super::plan::parse_size`] reads it.
+    pub fn parse(s: &str) -> Result<CacheSize, String> {
+        match s.trim().strip_suffix('%') {
+            Some(pct) => match pct.trim().parse::<f64>() {
+                Ok(p) if (0.0..=100.0).contains(&p) => Ok(CacheSize::Fraction(p / 100.0)),
+                _ => Err(format!("`{s}`: a percentage is between 0% and 100%")),
+            },
+            None => super::plan::parse_size(s).map(CacheSize::Bytes),
+        }
+    }
+
+    /// Bytes, of `total` expert bytes.
+    pub fn bytes(self, total: u64) -> u64 {
+        match self {
+            CacheSize::Bytes(b) => b,
+            CacheSize::Fraction(f) => (total as f64 * f).round() as u64,
+        }
+    }
+}
+
 /// How the routed experts are held.
 #[derive(Clone, Debug)]
 pub struct ExpertOptions {
@@ -193,6 +222,8 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
             return Err(SchedError::Build { layer, msg });
         }
         self.stats.expert_requests.fetch_add(experts.len() as u64, Ordering::Relaxed);
+        let routed: u64 = experts.iter().map(|&e| self.unit_bytes[base + e]).sum();
+        self.stats.expert_routed_bytes.fetch_add(routed, Ordering::Relaxed);
         let d = match &self.mode {
             Mode::Resident(all) => {
                 self.count(layer, experts.len() as u64, 0);

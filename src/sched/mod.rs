@@ -86,6 +86,9 @@ pub struct SchedStats {
     /// Bytes of routed experts read from storage (included in `bytes_read`'s total by
     /// [`SchedStats::snapshot`], and shown apart).
     pub expert_bytes_read: Arc<AtomicU64>,
+    /// Bytes of the experts asked for (hits and misses), as stored: what reading
+    /// exactly the routed experts would cost.
+    pub expert_routed_bytes: AtomicU64,
     /// Expert hits and misses by layer.
     pub expert_layers: std::sync::Mutex<Vec<experts::LayerExpertStats>>,
 }
@@ -105,6 +108,7 @@ impl SchedStats {
             expert_requests: get(&self.expert_requests),
             expert_hits: get(&self.expert_hits),
             expert_bytes_read,
+            expert_routed_bytes: get(&self.expert_routed_bytes),
         }
     }
 }
@@ -123,6 +127,8 @@ pub struct StatsSnapshot {
     pub expert_hits: u64,
     /// Of `bytes_read`, the routed experts' bytes.
     pub expert_bytes_read: u64,
+    /// Bytes of the experts asked for, as stored.
+    pub expert_routed_bytes: u64,
 }
 
 impl std::ops::Add for StatsSnapshot {
@@ -138,6 +144,7 @@ impl std::ops::Add for StatsSnapshot {
             expert_requests: self.expert_requests + o.expert_requests,
             expert_hits: self.expert_hits + o.expert_hits,
             expert_bytes_read: self.expert_bytes_read + o.expert_bytes_read,
+            expert_routed_bytes: self.expert_routed_bytes + o.expert_routed_bytes,
         }
     }
 }
@@ -155,6 +162,7 @@ impl std::ops::Sub for StatsSnapshot {
             expert_requests: self.expert_requests.saturating_sub(o.expert_requests),
             expert_hits: self.expert_hits.saturating_sub(o.expert_hits),
             expert_bytes_read: self.expert_bytes_read.saturating_sub(o.expert_bytes_read),
+            expert_routed_bytes: self.expert_routed_bytes.saturating_sub(o.expert_routed_bytes),
         }
     }
 }
@@ -193,7 +201,7 @@ pub struct SchedOptions {
     pub buffered: bool,
     /// Bytes of routed experts a MoE model keeps cached (`--expert-cache`); `None`:
     /// what `budget` leaves after the layer cores (every expert when there is no budget).
-    pub expert_cache: Option<u64>,
+    pub expert_cache: Option<experts::CacheSize>,
     pub expert_policy: expert_policy::CachePolicy,
     /// How a MoE layer's routed experts are loaded.
     pub expert_loading: ExpertLoading,
@@ -351,17 +359,21 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
         }
     }
 
-    /// Bytes of layer weights the memory budget governs.
+    /// Bytes of layer weights the memory budget governs (a MoE model's routed experts
+    /// included).
     pub fn streamable_bytes(&self) -> usize {
-        self.layer_bytes.iter().sum::<u64>() as usize
+        let experts = self.experts.as_ref().map_or(0, |e| e.expert_bytes());
+        (self.layer_bytes.iter().sum::<u64>() + experts) as usize
     }
 
-    /// Bytes of layer weights kept resident.
+    /// Bytes of layer weights kept resident (and routed experts cached).
     pub fn resident_bytes(&self) -> usize {
-        match &self.mode {
-            Mode::Resident(_) => self.streamable_bytes(),
-            Mode::Streaming(core) => core.resident_bytes() as usize,
-        }
+        let cores = match &self.mode {
+            Mode::Resident(_) => self.layer_bytes.iter().sum::<u64>(),
+            Mode::Streaming(core) => core.resident_bytes(),
+        };
+        let experts = self.experts.as_ref().map_or(0, |e| e.summary().cached_bytes);
+        (cores + experts) as usize
     }
 
     /// Whether layers (or experts) stream from storage.

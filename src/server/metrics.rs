@@ -13,6 +13,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
+use crate::sched::StatsSnapshot;
+use crate::sched::experts::ExpertSummary;
 
 #[derive(Default)]
 pub struct Metrics {
@@ -87,6 +89,7 @@ pub async fn render(State(state): State<AppState>) -> Response {
         loaded.len()
     );
     write_layer_metrics(&mut out, &loaded);
+    write_expert_metrics(&mut out, &loaded);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
 }
 
@@ -140,6 +143,57 @@ fn write_layer_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedM
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (model, summary, stats) in &rows {
             let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(summary, stats));
+        }
+    }
+}
+
+/// Per loaded mixture-of-experts model: the expert cache (gauges), its hits and misses
+/// by layer, and the bytes of experts read (the rest of the storage reads are the layer
+/// cores').
+fn write_expert_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedModel]) {
+    let rows: Vec<_> = loaded
+        .iter()
+        .filter_map(|m| Some((escape(&m.name), m.sched.summary().experts?, m.sched.stats.snapshot())))
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    type Metric = (&'static str, &'static str, &'static str, fn(&ExpertSummary, &StatsSnapshot) -> f64);
+    let metrics: [Metric; 6] = [
+        ("strata_expert_cache_budget_bytes", "gauge", "Memory for cached routed experts.", |e, _| {
+            e.cache_budget_bytes as f64
+        }),
+        ("strata_expert_cache_bytes", "gauge", "Routed experts cached now.", |e, _| e.cached_bytes as f64),
+        ("strata_expert_requests_total", "counter", "Routed experts asked for by the forward pass.", |_, c| {
+            c.expert_requests as f64
+        }),
+        ("strata_expert_hits_total", "counter", "Routed experts served from memory.", |_, c| c.expert_hits as f64),
+        ("strata_expert_read_bytes_total", "counter", "Bytes of routed experts read from storage.", |_, c| {
+            c.expert_bytes_read as f64
+        }),
+        (
+            "strata_expert_routed_bytes_total",
+            "counter",
+            "Bytes of the routed experts asked for (read or not).",
+            |_, c| c.expert_routed_bytes as f64,
+        ),
+    ];
+    for (name, kind, help, value) in metrics {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (model, e, stats) in &rows {
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(e, stats));
+        }
+    }
+    for (name, help, pick) in [
+        ("strata_expert_layer_hits_total", "Routed experts served from memory, by layer.", true),
+        ("strata_expert_layer_misses_total", "Routed experts read from storage, by layer.", false),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (model, e, _) in &rows {
+            for (i, l) in e.layers.iter().enumerate() {
+                let n = if pick { l.hits } else { l.misses };
+                let _ = writeln!(out, "{name}{{model=\"{model}\",moe_layer=\"{i}\"}} {n}");
+            }
         }
     }
 }
