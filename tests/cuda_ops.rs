@@ -199,6 +199,92 @@ fn elementwise_norm_and_rope_match_the_cpu_on<G: Backend>(g: &G) {
 }
 
 #[test]
+fn row_gathers_and_scatter_adds_match_the_cpu() {
+    on_gpu(row_gathers_and_scatter_adds_match_the_cpu_on, row_gathers_and_scatter_adds_match_the_cpu_on);
+}
+
+/// `copy_rows` and `add_rows` over ranges and MoE-style row lists: `row_len` 300 and 1
+/// (not multiples of the 256-thread block) and 4097, a gather that repeats a source
+/// row, a scatter in a scrambled order with and without routing weights.
+fn row_gathers_and_scatter_adds_match_the_cpu_on<G: Backend>(g: &G) {
+    let c = CpuBackend::new(2);
+    for row_len in [300, 1, 4097] {
+        let (src_rows, dst_rows) = (9, 12);
+        let src = values(src_rows * row_len, 31, 1.0);
+        let dst = values(dst_rows * row_len, 32, 1.0);
+        let (cs, gs) = (c.upload(&src).unwrap(), g.upload(&src).unwrap());
+        let gather = [8u32, 3, 3, 0, 5, 3];
+        for (rows, dst_row) in [
+            (Rows::Range { start: 2, n: 5 }, 4),
+            (Rows::List(&gather), 0),
+            (Rows::List(&gather), 6),
+            (Rows::List(&[4]), 11),
+        ] {
+            let (mut cd, mut gd) = (c.upload(&dst).unwrap(), g.upload(&dst).unwrap());
+            c.copy_rows(&cs, rows, row_len, &mut cd, dst_row).unwrap();
+            g.copy_rows(&gs, rows, row_len, &mut gd, dst_row).unwrap();
+            let (got, want) = (g.download(&gd, dst.len()).unwrap(), c.download(&cd, dst.len()).unwrap());
+            // A copy is exact; rows outside the destination range keep their values.
+            assert_eq!(got, want, "copy_rows {rows:?} to row {dst_row}, row_len {row_len}");
+        }
+
+        let (x_rows, n) = (12, 5);
+        let x = values(x_rows * row_len, 33, 1.0);
+        let y = values(n * row_len, 34, 1.0);
+        let (cy, gy) = (c.upload(&y).unwrap(), g.upload(&y).unwrap());
+        let scatter = [7u32, 0, 11, 2, 5];
+        let weights = [0.25f32, -1.5, 0.7, 1.0, 3.0];
+        let cases: [(Rows<'_>, Option<&[f32]>); 4] = [
+            (Rows::Range { start: 6, n }, None),
+            (Rows::Range { start: 3, n }, Some(&weights)),
+            (Rows::List(&scatter), None),
+            (Rows::List(&scatter), Some(&weights)),
+        ];
+        for (rows, w) in cases {
+            let (mut cx, mut gx) = (c.upload(&x).unwrap(), g.upload(&x).unwrap());
+            c.add_rows(&mut cx, &cy, row_len, rows, w).unwrap();
+            g.add_rows(&mut gx, &gy, row_len, rows, w).unwrap();
+            let (got, want) = (g.download(&gx, x.len()).unwrap(), c.download(&cx, x.len()).unwrap());
+            let what = format!("add_rows {rows:?} weights {} row_len {row_len}", w.is_some());
+            for r in (0..x_rows).filter(|&r| !(0..n).any(|i| rows.get(i) == r)) {
+                assert_eq!(got[r * row_len..][..row_len], x[r * row_len..][..row_len], "{what}: row {r} changed");
+            }
+            check(&what, &got, &want, 1e-7);
+        }
+    }
+}
+
+/// Row ids past the buffer, a repeated scatter row and a short weight list are errors on
+/// the GPU, before anything is launched (the CPU backend would panic instead).
+#[test]
+fn row_ops_reject_bad_rows_on_the_gpu() {
+    on_gpu(
+        |g| {
+            let row_len = 8;
+            let src = g.upload(&values(4 * row_len, 41, 1.0)).unwrap();
+            let mut dst = g.upload(&values(4 * row_len, 42, 1.0)).unwrap();
+            let y = g.upload(&values(2 * row_len, 43, 1.0)).unwrap();
+            let bad = |r: Result<(), strata::backend::BackendError>, what: &str| {
+                let e = r.expect_err(what).to_string();
+                assert!(e.contains(what.split(' ').next().unwrap()), "{what}: {e}");
+            };
+            bad(g.copy_rows(&src, Rows::List(&[1, 4]), row_len, &mut dst, 0), "copy_rows row past src");
+            bad(g.copy_rows(&src, Rows::Range { start: 2, n: 3 }, row_len, &mut dst, 0), "copy_rows range past src");
+            bad(g.copy_rows(&src, Rows::List(&[0, 1]), row_len, &mut dst, 3), "copy_rows past dst");
+            bad(g.add_rows(&mut dst, &y, row_len, Rows::List(&[0, 4]), None), "add_rows row past x");
+            bad(g.add_rows(&mut dst, &y, row_len, Rows::List(&[2, 2]), None), "add_rows repeated row");
+            bad(g.add_rows(&mut dst, &y, row_len, Rows::List(&[0, 1]), Some(&[1.0])), "add_rows short weights");
+            bad(g.add_rows(&mut dst, &y, row_len, Rows::List(&[0, 1, 2]), None), "add_rows y too short");
+            // The buffers are untouched and still usable.
+            g.copy_rows(&src, Rows::List(&[3, 0]), row_len, &mut dst, 2).unwrap();
+            let got = g.download(&dst, 4 * row_len).unwrap();
+            assert_eq!(got[2 * row_len..3 * row_len], values(4 * row_len, 41, 1.0)[3 * row_len..]);
+        },
+        |_| {},
+    );
+}
+
+#[test]
 fn embedding_and_matmul_match_the_cpu_for_every_weight_format() {
     on_gpu(
         embedding_and_matmul_match_the_cpu_for_every_weight_format_on,

@@ -51,7 +51,7 @@ d = json.load(open(sys.argv[1]))
 status = int(sys.argv[2])
 k = d["kernels"]
 assert k["error"] is None, k["error"]
-files = ["elementwise", "norm", "rope", "embedding", "dequant", "matvec", "attention", "sample"]
+files = ["elementwise", "norm", "rope", "embedding", "dequant", "matvec", "attention", "sample", "rows"]
 archs = ["sm_80", "sm_86", "sm_89", "sm_90"]
 got = {(r["file"], r["arch"]): r for r in k["results"]}
 problems = []

@@ -34,8 +34,8 @@ case); every case launches with exactly the grid/block README.md gives, on exact
 buffers (so ASan sees any out-of-bounds access), with outputs pre-filled with NaN (so
 unwritten outputs fail) and inputs checked to be unchanged afterwards. Results are
 compared with an independent numpy reference (float64) by NMSE = Σ(a−b)²/Σb²:
-≤ 1e-7 for elementwise/norm/rope/embedding/dequant, ≤ 5e-4 for matvec/attention; exact
-for pure decodes (f32 f16 bf16 q4_0 q5_0 q8_0 i8 embedding rows, f32->f16), for
+≤ 1e-7 for elementwise/add_rows/norm/rope/embedding/dequant, ≤ 5e-4 for matvec/attention;
+exact for row gathers, for pure decodes (f32 f16 bf16 q4_0 q5_0 q8_0 i8 embedding rows, f32->f16), for
 argmax/top-k indices and values. Weight formats use gguf-py's `gguf.quants` (quantize
 where it can, otherwise random blocks with sane f16 scales; `gguf.quants.dequantize` is
 the reference decode); affine_q4 and i8 are decoded from src/quant/{affine_q4,int8}.rs.
@@ -91,6 +91,12 @@ SIGS: dict[str, list[tuple[str, str]]] = {
         ("scale_f32", "float* x, unsigned n, float factor"),
         ("softcap_f32", "float* x, unsigned n, float cap"),
         ("f32_to_f16", "const float* x, unsigned short* y, unsigned long long n"),
+    ],
+    "rows.cu": [
+        ("gather_rows_f32", "const float* src, const unsigned* rows, float* dst, unsigned row_len, "
+                            "unsigned n_rows"),
+        ("add_rows_f32", "float* x, const float* y, const unsigned* rows, const float* w, "
+                         "unsigned row_len, unsigned n_rows"),
     ],
     "norm.cu": [
         ("rms_norm_f32", "const float* x, const float* w, float* out, unsigned dim, float eps"),
@@ -652,6 +658,70 @@ def cases_elementwise():
     return cs
 
 
+def rows_grid(n_rows, row_len):
+    """README.md's launch of the row kernels: grid (n_rows, ceil(row_len / 256))."""
+    return (n_rows, cdiv(row_len, 256))
+
+
+def cases_rows():
+    import numpy as np
+    cs = []
+
+    def gather(src_rows, n_rows, row_len, grid=None):
+        def run(c: Ctx, rng):
+            src = rng.standard_normal((src_rows, row_len)).astype(np.float32)
+            rows = rng.integers(0, src_rows, size=n_rows).astype(np.uint32)
+            rows[0] = src_rows - 1  # the last row: an off-by-one reads past the buffer
+            if n_rows > 2:
+                rows[1] = rows[2] = 0  # a repeated row, and row 0
+            bs, bi, bd = c.buf(src), c.buf(rows), c.out((n_rows, row_len), np.float32)
+            c.launch("gather_rows_f32", grid or rows_grid(n_rows, row_len), (256,), bs, bi, bd, row_len, n_rows)
+            return compare_exact("dst", bd.read(), src[rows])
+        return run
+    for src_rows, n_rows, row_len in ((1, 1, 1), (3, 1, 4097), (4, 8, 1), (7, 5, 300), (9, 7, 4097),
+                                      (2, 40, 33)):
+        cs.append(Case(f"gather_rows_f32 src_rows={src_rows} n_rows={n_rows} row_len={row_len}",
+                       "gather_rows_f32", gather(src_rows, n_rows, row_len)))
+    cs.append(Case("gather_rows_f32 src_rows=5 n_rows=9 row_len=1000 capped grid (2, 3)", "gather_rows_f32",
+                   gather(5, 9, 1000, (2, 3))))
+
+    def add(x_rows, n_rows, row_len, listed, weighted, grid=None):
+        def run(c: Ctx, rng):
+            x = rng.standard_normal((x_rows, row_len)).astype(np.float32)
+            y = rng.standard_normal((n_rows, row_len)).astype(np.float32)
+            if listed:  # distinct rows in a scrambled order, the last row among them
+                rows = rng.permutation(x_rows)[:n_rows].astype(np.uint32)
+                if x_rows - 1 not in rows:
+                    rows[0] = x_rows - 1
+            else:
+                rows = np.arange(n_rows, dtype=np.uint32)
+            w = rng.uniform(-2, 2, n_rows).astype(np.float32) if weighted else np.ones(n_rows, np.float32)
+            bx, by = c.buf(x, True), c.buf(y)
+            bi = c.buf(rows) if listed else None
+            bw = c.buf(w) if weighted else None
+            c.launch("add_rows_f32", grid or rows_grid(n_rows, row_len), (256,), bx, by, bi, bw, row_len, n_rows)
+            ref = x.astype(np.float64)
+            ref[rows] += w.astype(np.float64)[:, None] * y
+            got = bx.read()
+            untouched = np.setdiff1d(np.arange(x_rows), rows)
+            if not np.array_equal(got[untouched], x[untouched]):
+                raise CaseFail(f"x: rows not listed changed (rows {untouched[:5].tolist()}...)")
+            return compare_nmse("x", got, ref, 1e-7)
+        return run
+    shapes = ((1, 1, 1), (3, 1, 4097), (9, 8, 1), (12, 5, 300), (10, 6, 4097))
+    for listed in (True, False):
+        for weighted in (True, False):
+            what = f"rows={'list' if listed else 'null'} w={'set' if weighted else 'null'}"
+            for x_rows, n_rows, row_len in shapes:
+                if not listed:
+                    x_rows = n_rows  # x points at the first row of the range
+                cs.append(Case(f"add_rows_f32 {what} x_rows={x_rows} n_rows={n_rows} row_len={row_len}",
+                               "add_rows_f32", add(x_rows, n_rows, row_len, listed, weighted)))
+    cs.append(Case("add_rows_f32 rows=list w=set x_rows=20 n_rows=9 row_len=1000 capped grid (2, 3)",
+                   "add_rows_f32", add(20, 9, 1000, True, True, (2, 3))))
+    return cs
+
+
 def cases_norm():
     import numpy as np
     cs = []
@@ -1119,6 +1189,7 @@ def cases_selftest():
 FILES = {
     "selftest.cu": (cases_selftest, SELFTEST_SIGS),
     "elementwise.cu": (cases_elementwise, SIGS["elementwise.cu"]),
+    "rows.cu": (cases_rows, SIGS["rows.cu"]),
     "norm.cu": (cases_norm, SIGS["norm.cu"]),
     "rope.cu": (cases_rope, SIGS["rope.cu"]),
     "embedding.cu": (cases_embedding, SIGS["embedding.cu"]),

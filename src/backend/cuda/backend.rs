@@ -66,7 +66,10 @@ struct Scratch {
     top_idx: Option<CudaSlice<u32>>,
     top_val: Option<CudaSlice<f32>>,
     lse: Option<CudaSlice<f32>>,
-    row: Option<CudaSlice<f32>>,
+    /// The row list of a `Rows::List` for `copy_rows` / `add_rows`.
+    row_ids: Option<CudaSlice<u32>>,
+    /// The routing weights of `add_rows`, one per listed row.
+    row_weights: Option<CudaSlice<f32>>,
 }
 
 pub struct CudaBackend {
@@ -195,7 +198,8 @@ impl CudaBackend {
                 top_idx: None,
                 top_val: None,
                 lse: None,
-                row: None,
+                row_ids: None,
+                row_weights: None,
             }),
             used: Arc::default(),
             launches: AtomicU64::new(0),
@@ -611,23 +615,36 @@ impl Backend for CudaBackend {
         if rows.is_empty() {
             return Ok(());
         }
-        check_len(&[src.data.len()], rows.end() * row_len, "copy_rows")?;
+        check_rows(rows, row_len, src.data.len(), "copy_rows")?;
         check_len(&[dst.data.len()], (dst_row + rows.len()) * row_len, "copy_rows")?;
-        // Consecutive source rows are copied together.
-        let mut i = 0;
-        while i < rows.len() {
-            let first = rows.get(i);
-            let mut n = 1;
-            while i + n < rows.len() && rows.get(i + n) == first + n {
-                n += 1;
-            }
-            let from = src.data.slice(first * row_len..(first + n) * row_len);
-            let at = (dst_row + i) * row_len;
-            let mut to = dst.data.slice_mut(at..at + n * row_len);
-            self.stream.memcpy_dtod(&from, &mut to).map_err(dev_err("copy_rows", 0))?;
-            i += n;
+        if row_len == 0 {
+            return Ok(());
         }
-        Ok(())
+        let list = match rows {
+            Rows::Range { start, n } => {
+                let from = src.data.slice(start * row_len..(start + n) * row_len);
+                let at = dst_row * row_len;
+                let mut to = dst.data.slice_mut(at..at + n * row_len);
+                return self.stream.memcpy_dtod(&from, &mut to).map_err(dev_err("copy_rows", 0));
+            }
+            Rows::List(list) => list,
+        };
+        let (len32, n32) = (to_u32(row_len, "copy_rows")?, to_u32(list.len(), "copy_rows")?);
+        let mut s = self.scratch();
+        let ids = self.grow(&mut s.row_ids, list.len(), "copy_rows row list")?;
+        self.put(list, ids, "copy_rows row list")?;
+        let (sp, ip, dp) = (
+            ptr(&src.data, &self.stream, 0),
+            ptr(ids, &self.stream, 0),
+            ptr(&dst.data, &self.stream, dst_row * row_len),
+        );
+        let mut b = self.stream.launch_builder(self.func("gather_rows_f32")?);
+        b.arg(&sp).arg(&ip).arg(&dp).arg(&len32).arg(&n32);
+        // SAFETY: gather_rows_f32(src, rows, dst, row_len, n_rows): every listed row is
+        // below `src`'s row count (`check_rows`), so each read `src[rows[i] × row_len ..
+        // + row_len]` is in bounds; `dst` from row `dst_row` holds `n_rows × row_len`
+        // floats (`check_len`); the scratch holds the `n_rows` row ids just uploaded.
+        unsafe { self.launch(&mut b, launch::rows(list.len(), row_len), "copy_rows") }
     }
 
     fn attention(
@@ -719,26 +736,56 @@ impl Backend for CudaBackend {
         rows: Rows<'_>,
         weights: Option<&[f32]>,
     ) -> BackendResult<()> {
-        check_len(&[x.data.len()], rows.end() * row_len, "add_rows")?;
+        check_rows(rows, row_len, x.data.len(), "add_rows")?;
         check_len(&[y.data.len()], rows.len() * row_len, "add_rows")?;
-        if let (Rows::Range { start, n }, None) = (rows, weights) {
-            let (xp, yp) = (ptr(&x.data, &self.stream, start * row_len), ptr(&y.data, &self.stream, 0));
-            return self.elementwise("add_f32", xp, yp, n * row_len);
+        if let Some(w) = weights
+            && w.len() != rows.len()
+        {
+            return Err(BackendError::Device {
+                op: "add_rows".into(),
+                msg: format!("{} weights for {} rows", w.len(), rows.len()),
+            });
         }
-        // Row by row: y's row scaled in scratch, then added.
-        let mut s = self.scratch();
-        let tmp = self.grow(&mut s.row, row_len, "add_rows scratch")?;
-        for i in 0..rows.len() {
-            let from = y.data.slice(i * row_len..(i + 1) * row_len);
-            let mut to = tmp.slice_mut(..row_len);
-            self.stream.memcpy_dtod(&from, &mut to).map_err(dev_err("add_rows", 0))?;
-            let tp = ptr(tmp, &self.stream, 0);
-            if let Some(w) = weights {
-                self.elementwise_unary("scale_f32", tp, row_len, w[i])?;
+        if rows.is_empty() || row_len == 0 {
+            return Ok(());
+        }
+        let (x0, list) = match rows {
+            Rows::Range { start, n } if weights.is_none() => {
+                let (xp, yp) = (ptr(&x.data, &self.stream, start * row_len), ptr(&y.data, &self.stream, 0));
+                return self.elementwise("add_f32", xp, yp, n * row_len);
             }
-            self.elementwise("add_f32", ptr(&x.data, &self.stream, rows.get(i) * row_len), tp, row_len)?;
+            Rows::Range { start, .. } => (start * row_len, None),
+            Rows::List(list) => {
+                check_distinct(list, "add_rows")?;
+                (0, Some(list))
+            }
+        };
+        let (len32, n32) = (to_u32(row_len, "add_rows")?, to_u32(rows.len(), "add_rows")?);
+        let mut s = self.scratch();
+        // Left null: no list (a range: row `i` past `x`'s offset), no weights (weight 1).
+        let mut ip = 0u64;
+        if let Some(list) = list {
+            let ids = self.grow(&mut s.row_ids, list.len(), "add_rows row list")?;
+            self.put(list, ids, "add_rows row list")?;
+            ip = ptr(ids, &self.stream, 0);
         }
-        Ok(())
+        let mut wp = 0u64;
+        if let Some(w) = weights {
+            let slot = self.grow(&mut s.row_weights, w.len(), "add_rows weights")?;
+            self.put(w, slot, "add_rows weights")?;
+            wp = ptr(slot, &self.stream, 0);
+        }
+        let (xp, yp) = (ptr(&x.data, &self.stream, x0), ptr(&y.data, &self.stream, 0));
+        let mut b = self.stream.launch_builder(self.func("add_rows_f32")?);
+        b.arg(&xp).arg(&yp).arg(&ip).arg(&wp).arg(&len32).arg(&n32);
+        // SAFETY: add_rows_f32(x, y, rows, w, row_len, n_rows): every destination row (a
+        // listed one, or `start + i` for a range, `x` then pointing at row `start`) is
+        // below `x`'s row count (`check_rows`), and listed rows are distinct
+        // (`check_distinct`), so each row has one writer and nothing else is written; `y` holds
+        // `n_rows × row_len` floats (`check_len`); the row ids and weights (exactly
+        // `n_rows`, checked above) were just uploaded to scratch, or are null (identity
+        // rows, weight 1), which the kernel tests for.
+        unsafe { self.launch(&mut b, launch::rows(rows.len(), row_len), "add_rows") }
     }
 }
 
@@ -804,6 +851,37 @@ fn gemm_ex(
 
 fn no_scratch() -> BackendError {
     BackendError::Device { op: "scratch".into(), msg: "a scratch buffer is missing".into() }
+}
+
+/// Every row of `rows` lies inside a buffer of `len` values of `row_len`-value rows.
+fn check_rows(rows: Rows<'_>, row_len: usize, len: usize, op: &str) -> BackendResult<()> {
+    let have = len.checked_div(row_len).unwrap_or(usize::MAX);
+    let bad = match rows {
+        Rows::Range { start, n } => (n > 0 && start.saturating_add(n) > have).then_some(start.saturating_add(n) - 1),
+        Rows::List(list) => list.iter().map(|&r| r as usize).find(|&r| r >= have),
+    };
+    match bad {
+        None => Ok(()),
+        Some(r) => Err(BackendError::Device {
+            op: op.into(),
+            msg: format!("row {r} is past the buffer's {have} rows of {row_len} values"),
+        }),
+    }
+}
+
+/// The rows of a scatter-add are distinct (the kernel gives each row one writer).
+fn check_distinct(list: &[u32], op: &str) -> BackendResult<()> {
+    let mut seen = list.to_vec();
+    seen.sort_unstable();
+    match seen.windows(2).find(|w| w[0] == w[1]) {
+        None => Ok(()),
+        Some(w) => Err(BackendError::Device { op: op.into(), msg: format!("row {} is listed twice", w[0]) }),
+    }
+}
+
+/// A size a kernel takes as `unsigned int`.
+fn to_u32(n: usize, op: &str) -> BackendResult<u32> {
+    u32::try_from(n).map_err(|_| BackendError::Device { op: op.into(), msg: format!("{n} exceeds the kernels' u32") })
 }
 
 fn check_len(lens: &[usize], need: usize, op: &str) -> BackendResult<()> {

@@ -34,6 +34,7 @@ macro_rules! kernel_file {
 /// Every kernel file, in the order `strata doctor --compile-kernels` reports them.
 pub const FILES: &[KernelFile] = &[
     kernel_file!("elementwise", false),
+    kernel_file!("rows", false),
     kernel_file!("norm", false),
     kernel_file!("rope", false),
     kernel_file!("embedding", true),
@@ -597,7 +598,10 @@ KERNEL plain_via_object_macro(float* x) {}
     #[test]
     fn every_file_is_registered_once() {
         let names: Vec<_> = FILES.iter().map(|f| f.name).collect();
-        assert_eq!(names, ["elementwise", "norm", "rope", "embedding", "dequant", "matvec", "attention", "sample"]);
+        assert_eq!(
+            names,
+            ["elementwise", "rows", "norm", "rope", "embedding", "dequant", "matvec", "attention", "sample"]
+        );
         for f in FILES {
             assert_eq!(by_name(f.name), Some(f));
             assert_eq!(f.needs_quant, matches!(f.name, "embedding" | "dequant" | "matvec"));

@@ -45,6 +45,18 @@ pub fn elementwise(n: usize) -> Shape {
     Shape::new((blocks(n as u64, ELEMENTWISE_BLOCK), 1, 1), ELEMENTWISE_BLOCK)
 }
 
+/// Threads per block of the row kernels (`gather_rows_f32`, `add_rows_f32`).
+pub const ROWS_BLOCK: u32 = 256;
+/// The largest grid y (and z) dimension a launch may use.
+const MAX_GRID_Y: u64 = 65_535;
+
+/// `gather_rows_f32` and `add_rows_f32`: a block per (row, `ROWS_BLOCK` values of it),
+/// rows on x. Both kernels loop over both dimensions, so the caps keep them correct.
+pub fn rows(n_rows: usize, row_len: usize) -> Shape {
+    let chunks = (row_len as u64).div_ceil(ROWS_BLOCK as u64).clamp(1, MAX_GRID_Y) as u32;
+    Shape::new(((n_rows as u64).clamp(1, MAX_GRID_X) as u32, chunks, 1), ROWS_BLOCK)
+}
+
 /// `rms_norm_f32`: one block per row.
 pub fn rms_norm(rows: usize) -> Shape {
     Shape::new((rows.max(1) as u32, 1, 1), 256)
@@ -160,6 +172,8 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         ("elementwise", "scale_f32".into()),
         ("elementwise", "softcap_f32".into()),
         ("elementwise", "f32_to_f16".into()),
+        ("rows", "gather_rows_f32".into()),
+        ("rows", "add_rows_f32".into()),
         ("norm", "rms_norm_f32".into()),
         ("rope", "rope_f32".into()),
         ("attention", "attn_partial_f32".into()),
@@ -189,6 +203,16 @@ mod tests {
         }
         // An empty launch still has a valid (non-zero) grid.
         assert_eq!(elementwise(0).grid.0, 1);
+    }
+
+    #[test]
+    fn row_grids_have_a_row_per_x_and_cover_each_row() {
+        assert_eq!(rows(3, 4097), Shape { grid: (3, 17, 1), block: (256, 1, 1) });
+        assert_eq!(rows(1, 1).grid, (1, 1, 1));
+        assert_eq!(rows(100_000, 256).grid, (100_000, 1, 1));
+        // Empty launches still have a valid grid; huge rows cap y (the kernels loop).
+        assert_eq!(rows(0, 0).grid, (1, 1, 1));
+        assert_eq!(rows(2, 1 << 26).grid.1 as u64, MAX_GRID_Y);
     }
 
     #[test]
@@ -277,8 +301,8 @@ mod tests {
         for entry in &listed {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
-        // 3 kernels per weight format, 13 others.
-        assert_eq!(listed.len(), 3 * WEIGHT_FORMATS.len() + 13);
+        // 3 kernels per weight format, 15 others.
+        assert_eq!(listed.len(), 3 * WEIGHT_FORMATS.len() + 15);
         assert_eq!(declared.len(), listed.len());
     }
 }

@@ -1,0 +1,48 @@
+// rows.cu: row gathers and scatter-adds over [rows, row_len] row-major f32 buffers, for
+// mixture-of-experts routing (common.cuh is prepended).
+//
+// Launch shape for both: grid (n_rows, ceil(row_len / 256)), block 256 (any block size
+// works). Block (r, c) handles row r, values c * blockDim.x + threadIdx.x of it. Both
+// dimensions are grid-stride loops, so a smaller grid (or a capped one: the launcher
+// caps y at 65535) is also correct. Row offsets are 64-bit. The host checks every
+// listed row against its buffer before launching; the kernels trust them.
+
+// Rows handled by this block: r = blockIdx.x, blockIdx.x + gridDim.x, ... < n_rows.
+#define ROW_LOOP(r, n_rows) for (unsigned int r = blockIdx.x; r < (n_rows); r += gridDim.x)
+// Values of a row handled by this thread: j = blockIdx.y * blockDim.x + threadIdx.x, ...
+#define COL_LOOP(j, row_len)                                                                     \
+    for (unsigned long long j = (unsigned long long)blockIdx.y * blockDim.x + threadIdx.x;      \
+         j < (row_len); j += (unsigned long long)gridDim.y * blockDim.x)
+
+// dst[i, :] = src[rows[i], :] for i < n_rows (rows may repeat). `src` holds at least
+// max(rows) + 1 rows, `dst` n_rows rows, of row_len floats each.
+extern "C" __global__ void __launch_bounds__(1024) gather_rows_f32(const float* __restrict__ src,
+                                                                   const unsigned int* __restrict__ rows,
+                                                                   float* __restrict__ dst, unsigned int row_len,
+                                                                   unsigned int n_rows) {
+    ROW_LOOP(i, n_rows) {
+        const float* s = src + (unsigned long long)rows[i] * row_len;
+        float* d = dst + (unsigned long long)i * row_len;
+        COL_LOOP(j, (unsigned long long)row_len) { d[j] = s[j]; }
+    }
+}
+
+// x[rows[i], :] += w[i] * y[i, :] for i < n_rows. `rows` null: row i itself; `w` null:
+// weight 1 (a plain add). Listed rows must be distinct (no atomics: each destination row
+// has one writer). `x` holds at least max(rows) + 1 rows (n_rows when `rows` is null),
+// `y` n_rows rows, of row_len floats each.
+extern "C" __global__ void __launch_bounds__(1024) add_rows_f32(float* __restrict__ x, const float* __restrict__ y,
+                                                                const unsigned int* __restrict__ rows,
+                                                                const float* __restrict__ w, unsigned int row_len,
+                                                                unsigned int n_rows) {
+    ROW_LOOP(i, n_rows) {
+        float* d = x + (unsigned long long)(rows ? rows[i] : i) * row_len;
+        const float* s = y + (unsigned long long)i * row_len;
+        if (w) {
+            const float wi = w[i];
+            COL_LOOP(j, (unsigned long long)row_len) { d[j] += wi * s[j]; }
+        } else {
+            COL_LOOP(j, (unsigned long long)row_len) { d[j] += s[j]; }
+        }
+    }
+}
