@@ -507,7 +507,7 @@ fn edge_value(rng: &mut Rng) -> GgufValue {
 }
 
 /// The metadata keys `source_from_gguf` reads (`{arch}` for the architecture).
-const SOURCE_KEYS: [&str; 31] = [
+const SOURCE_KEYS: [&str; 35] = [
     "general.architecture",
     "general.alignment",
     "{arch}.embedding_length",
@@ -525,6 +525,10 @@ const SOURCE_KEYS: [&str; 31] = [
     "{arch}.rope.scaling.type",
     "{arch}.rope.scaling.factor",
     "{arch}.rope.scaling.original_context_length",
+    "{arch}.expert_count",
+    "{arch}.expert_used_count",
+    "{arch}.expert_feed_forward_length",
+    "{arch}.expert_shared_feed_forward_length",
     "tokenizer.ggml.model",
     "tokenizer.ggml.pre",
     "tokenizer.ggml.tokens",
@@ -612,6 +616,91 @@ fn mutants_gguf_source() {
         };
         for _ in 0..1 + rng.below(3) {
             mutate_gguf(rng, &mut p);
+        }
+        p.data = s.data.clone();
+        p.write()
+    });
+}
+
+/// The mixture-of-experts GGUF fixtures (`tools/make_moe_fixtures.py`; 8 experts each).
+const MOE_GGUF: [&str; 3] = ["mixtral.q8_0", "qwen2_moe.q8_0", "qwen3_moe.q8_0"];
+
+/// The metadata keys that size a MoE model's experts (Mixtral's width is
+/// `feed_forward_length`).
+const EXPERT_KEYS: [&str; 5] = [
+    "{arch}.expert_count",
+    "{arch}.expert_used_count",
+    "{arch}.expert_feed_forward_length",
+    "{arch}.expert_shared_feed_forward_length",
+    "{arch}.feed_forward_length",
+];
+
+/// One mutation aimed at the experts: an expert count, top-k or width set to a value on
+/// an edge of its check (0, one either side of the fixtures' 8 and of `MAX_EXPERTS`,
+/// beyond the 2^40 size cap), or a router, stacked expert or shared expert tensor given
+/// another size, one dimension fewer or one more; else any `mutate_gguf` mutation.
+fn mutate_experts(rng: &mut Rng, p: &mut GgufParts) {
+    let arch = p
+        .metadata
+        .iter()
+        .find(|(k, _)| k == "general.architecture")
+        .and_then(|(_, v)| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "llama".into());
+    let experts: Vec<usize> = (0..p.infos.len()).filter(|&i| p.infos[i].name.contains("_exps.")).collect();
+    let others: Vec<usize> = (0..p.infos.len())
+        .filter(|&i| p.infos[i].name.contains("_gate_inp") || p.infos[i].name.contains("_shexp"))
+        .collect();
+    match rng.below(4) {
+        0 | 1 => {
+            let key = rng.pick(&EXPERT_KEYS).replace("{arch}", &arch);
+            let max = strata::model::config::MAX_EXPERTS as u64;
+            let n = *rng.pick(&[0, 1, 2, 4, 7, 8, 9, 16, max - 1, max, max + 1, 1 << 40, (1 << 40) + 1, u64::MAX]);
+            let value = match rng.below(3) {
+                0 => GgufValue::U64(n),
+                1 => GgufValue::U32(n as u32),
+                _ => edge_value(rng),
+            };
+            match p.metadata.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => *v = value,
+                None => p.metadata.push((key, value)),
+            }
+        }
+        2 if !experts.is_empty() || !others.is_empty() => {
+            let pool = if others.is_empty() || (!experts.is_empty() && rng.below(3) > 0) { &experts } else { &others };
+            let ne = &mut p.infos[*rng.pick(pool)].ne;
+            match rng.below(4) {
+                0 if ne.len() > 1 => {
+                    let last = ne.pop().expect("two dimensions");
+                    *ne.last_mut().expect("one dimension") *= last;
+                }
+                1 => ne.push(*rng.pick(&[1, 2, 8])),
+                _ => {
+                    let d = rng.below(ne.len());
+                    let old = ne[d];
+                    ne[d] = *rng.pick(&[0, 1, 2, 6, 9, 32, old / 2, old + 1, old.saturating_mul(2), 1 << 40]);
+                }
+            }
+        }
+        _ => mutate_gguf(rng, p),
+    }
+}
+
+/// The expert metadata and stacked expert tensors of the MoE fixtures, mutated: a file
+/// whose experts disagree is refused with an error, never a panic or a read past a
+/// tensor (`tests/moe_bad_files.rs` checks what those errors say).
+#[test]
+fn mutants_gguf_source_experts() {
+    let seeds = MOE_GGUF.map(|n| GgufParts::read(&format!("tests/fixtures/gguf/{n}.gguf")));
+    mutants(&Runner::new(Target::GgufSource), &seeds, 600, |rng, s| {
+        let mut p = GgufParts {
+            version: s.version,
+            alignment: s.alignment,
+            metadata: s.metadata.clone(),
+            infos: s.infos.clone(),
+            data: Vec::new(),
+        };
+        for _ in 0..1 + rng.below(3) {
+            mutate_experts(rng, &mut p);
         }
         p.data = s.data.clone();
         p.write()

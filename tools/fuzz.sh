@@ -9,7 +9,11 @@
 #
 #   gguf, gguf_source  tests/fixtures/gguf/*.gguf: each cut after its header, and a
 #                      "tiny" copy (same metadata and tensor names, rows shrunk to one
-#                      block) that still loads, where it is at most 64 KiB;
+#                      block) that still loads, where it is at most 64 KiB; from each
+#                      quantized mixture-of-experts fixture (*.q8_0.gguf with `*_exps`
+#                      tensors) an "experts" copy (one layer, two whole experts, so it
+#                      passes the expert checks) and variants one step from it whose
+#                      expert count, top-k, expert width or stacked shapes disagree;
 #   safetensors        tests/fixtures/hf/*/model*.safetensors: header-only cuts and tiny
 #                      copies (every tensor two values);
 #   cawsf              `strata convert tests/fixtures/gguf/llama3.q4_0.gguf X.cawsf`;
@@ -111,40 +115,132 @@ def gguf_parts(b):
     data_start = -(-pos // alignment) * alignment
     return b[24:meta_end], n_kv, alignment, infos, data_start
 
+def assemble(meta, n_kv, alignment, tensors):
+    """A GGUF file from metadata bytes and (name, ne, type, data) tensors."""
+    head, data = bytearray(), bytearray()
+    for name, ne, ty, raw in tensors:
+        head += struct.pack("<Q", len(name.encode())) + name.encode() + struct.pack("<I", len(ne))
+        head += b"".join(struct.pack("<Q", d) for d in ne) + struct.pack("<IQ", ty, len(data))
+        data += raw
+        data += bytes(-len(data) % alignment)
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), n_kv)) + meta + head
+    out += bytes(-len(out) % alignment)
+    return bytes(out + data)
+
+def nbytes(ne, ty):
+    bs, bb = BLOCK[ty]
+    n = 1
+    for d in ne:
+        n *= d
+    return n // bs * bb
+
 def tiny_gguf(b):
     """Same metadata and tensor names; every matrix keeps its rows but has one block per
     row, filled with the original tensor's first bytes."""
     meta, n_kv, alignment, infos, data_start = gguf_parts(b)
-    head, data, offset = bytearray(), bytearray(), 0
+    tensors = []
     for name, ne, ty, off in infos:
-        bs, bb = BLOCK[ty]
         if len(ne) > 1:
-            ne = [bs] + ne[1:]
-        n = 1
-        for d in ne:
-            n *= d
-        size = n // bs * bb
-        head += struct.pack("<Q", len(name.encode())) + name.encode() + struct.pack("<I", len(ne))
-        head += b"".join(struct.pack("<Q", d) for d in ne) + struct.pack("<IQ", ty, offset)
-        data += b[data_start + off:data_start + off + size]
-        pad = -len(data) % alignment
-        data += bytes(pad)
-        offset = len(data)
-    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(infos), n_kv)) + meta + head
-    out += bytes(-len(out) % alignment)
-    return bytes(out + data)
+            ne = [BLOCK[ty][0]] + ne[1:]
+        tensors.append((name, ne, ty, b[data_start + off:data_start + off + nbytes(ne, ty)]))
+    return assemble(meta, n_kv, alignment, tensors)
+
+def set_u32(meta, key, value):
+    """`meta` with the u32 value of `key` replaced (the fixtures store counts as u32)."""
+    k = key.encode()
+    at = meta.find(struct.pack("<Q", len(k)) + k + struct.pack("<I", 4))
+    if at < 0:
+        return meta
+    at += 12 + len(k)
+    return meta[:at] + struct.pack("<I", value) + meta[at + 4:]
+
+def get_u32(meta, key, default):
+    k = key.encode()
+    at = meta.find(struct.pack("<Q", len(k)) + k + struct.pack("<I", 4))
+    return default if at < 0 else struct.unpack_from("<I", meta, at + 12 + len(k))[0]
+
+MOE_EXPERTS = 2
+
+def experts_gguf(b, edit=None):
+    """A mixture-of-experts file that still loads, small enough to fuzz: its first layer
+    (`{arch}.block_count` 1) with its first MOE_EXPERTS experts (`{arch}.expert_count`,
+    the stacked `*_exps` tensors and the router cut to match, every expert whole), no
+    `output.weight` (tied embeddings), the other matrices shrunk as in tiny_gguf.
+    `edit(arch, meta, tensors)` returns a variant."""
+    meta, n_kv, alignment, infos, data_start = gguf_parts(b)
+    arch = "llama"
+    for cand in ("llama", "qwen2moe", "qwen3moe"):
+        if (cand + ".expert_count").encode() in meta:
+            arch = cand
+    meta = set_u32(meta, arch + ".block_count", 1)
+    meta = set_u32(meta, arch + ".expert_count", MOE_EXPERTS)
+    used = get_u32(meta, arch + ".expert_used_count", MOE_EXPERTS)
+    meta = set_u32(meta, arch + ".expert_used_count", min(used, MOE_EXPERTS))
+    tensors = []
+    for name, ne, ty, off in infos:
+        if name == "output.weight" or (name.startswith("blk.") and not name.startswith("blk.0.")):
+            continue
+        if "_exps." in name and len(ne) == 3:
+            ne = ne[:2] + [MOE_EXPERTS]  # expert-major: the first experts lead
+        elif ".ffn_gate_inp." in name and len(ne) == 2:
+            ne = [ne[0], MOE_EXPERTS]
+        elif len(ne) > 1:
+            ne = [BLOCK[ty][0]] + ne[1:]
+        tensors.append([name, ne, ty, b[data_start + off:data_start + off + nbytes(ne, ty)]])
+    if edit:
+        meta, tensors = edit(arch, meta, tensors)
+    return assemble(meta, n_kv, alignment, tensors)
+
+def retensor(match, change):
+    """An experts_gguf edit: `change(tensor)` on every tensor whose name contains `match`."""
+    def edit(arch, meta, tensors):
+        for t in tensors:
+            if match in t[0]:
+                change(t)
+        return meta, tensors
+    return edit
+
+def remeta(key, value):
+    """An experts_gguf edit: `{arch}.<key>` set to `value` (Mixtral's expert width is
+    `llama.feed_forward_length`)."""
+    def edit(arch, meta, tensors):
+        k = "feed_forward_length" if (arch, key) == ("llama", "expert_feed_forward_length") else key
+        return set_u32(meta, arch + "." + k, value), tensors
+    return edit
+
+# Expert metadata and stacked shapes that disagree, each one step from a file that loads
+# (tests/moe_bad_files.rs checks the errors these give).
+MOE_VARIANTS = {
+    "experts": None,
+    "experts.count_over": remeta("expert_count", MOE_EXPERTS + 1),
+    "experts.count_under": remeta("expert_count", 1),
+    "experts.count_zero": remeta("expert_count", 0),
+    "experts.used_zero": remeta("expert_used_count", 0),
+    "experts.used_over": remeta("expert_used_count", MOE_EXPERTS + 1),
+    "experts.width": remeta("expert_feed_forward_length", 3),
+    "experts.down_narrow": retensor("blk.0.ffn_down_exps.", lambda t: t[1].__setitem__(0, t[1][0] // 2)),
+    "experts.gate_2d": retensor("blk.0.ffn_gate_exps.", lambda t: t.__setitem__(1, [t[1][0], t[1][1] * t[1][2]])),
+    "experts.up_huge": retensor("blk.0.ffn_up_exps.", lambda t: t[1].__setitem__(2, 1 << 40)),
+}
 
 for path in sorted(glob.glob(os.path.join(root, "tests/fixtures/gguf/*.gguf"))):
     b = open(path, "rb").read()
     stem = os.path.basename(path)[:-5]
-    _, _, _, _, data_start = gguf_parts(b)
+    _, _, _, infos, data_start = gguf_parts(b)
     tiny = tiny_gguf(b)
+    # The quantized MoE fixtures: expert seeds (the f32 ones would only repeat them).
+    moe = stem.endswith(".q8_0") and any("_exps." in i[0] for i in infos)
     for target in ("gguf", "gguf_source"):
         put(target, stem + ".header.gguf", b[:data_start])
         # Larger inputs only slow every execution down (-max_len is the largest seed).
         for name, data in ((stem + ".tiny.gguf", tiny), (stem + ".gguf", b)):
             if len(data) <= MAX_SEED:
                 put(target, name, data)
+        if moe:
+            for variant, edit in MOE_VARIANTS.items():
+                data = experts_gguf(b, edit)
+                if len(data) <= MAX_SEED:
+                    put(target, stem + "." + variant + ".gguf", data)
 
 for path in sorted(glob.glob(os.path.join(root, "tests/fixtures/hf/*/model*.safetensors"))):
     b = open(path, "rb").read()

@@ -70,6 +70,26 @@ sys.exit(0 if ok else 1)
 EOF
   done
 
+  echo "== MoE models with streamed experts (budget 0, a device expert cache of 25%), cuda:0 against cpu"
+  for model in tests/fixtures/gguf/*moe*.gguf tests/fixtures/gguf/mixtral*.gguf tests/fixtures/hf/*moe*/ tests/fixtures/hf/mixtral/; do
+    local name
+    name=$(basename "$model")
+    "$bin" perplexity "$model" --tokens-file "$ids" --json --device cuda:0 --memory-budget 0 --expert-cache 25% \
+      >"$out/ppl-$name-cuda-streamed.json" 2>"$out/ppl-$name-cuda-streamed.err" || failed+=("streamed $name")
+    python3 - "$out/ppl-$name-cpu.json" "$out/ppl-$name-cuda-streamed.json" "$name" <<'EOF' || failed+=("streamed parity $name")
+import json, sys
+cpu, gpu, name = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+diff = max(abs(a - b) for a, b in zip(cpu["logprobs"], gpu["logprobs"]))
+agree = sum(a == b for a, b in zip(cpu["argmax"], gpu["argmax"])) / len(cpu["argmax"])
+e = gpu["experts"]
+hits = sum(l["hits"] for l in e["layers"]); misses = sum(l["misses"] for l in e["layers"])
+ok = e["mode"] == "on_demand" and (agree >= 0.99 if "q8" in name else diff <= 1e-3)
+print(f"{'ok  ' if ok else 'FAIL'} {name} streamed: max |dlogprob| {diff:.2e}, argmax agreement {agree:.3f}, "
+      f"expert hits {hits} misses {misses}")
+sys.exit(0 if ok else 1)
+EOF
+  done
+
   echo "== greedy generation, cuda:0 against cpu (F32 fixtures)"
   for model in tests/fixtures/gguf/llama3.gguf tests/fixtures/gguf/qwen2.gguf tests/fixtures/hf/llama3/; do
     local a b

@@ -115,6 +115,9 @@ pub struct MoeReport {
     /// Experts asked for per token, and the share served from the cache.
     pub experts_per_token: f64,
     pub expert_hit_rate: f64,
+    /// With `--expert-guess`: of the experts routed, the share that layer `l`'s router
+    /// applied to layer `l - 1`'s output named.
+    pub guess_accuracy: Option<f64>,
 }
 
 /// Reads in flight in the deep storage probe.
@@ -255,6 +258,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             fraction_of_routed_limit: bytes_read_per_token / (core + routed).max(1.0),
             experts_per_token: window.expert_requests as f64 / tokens,
             expert_hit_rate: window.expert_hits as f64 / window.expert_requests.max(1) as f64,
+            guess_accuracy: (window.expert_guess_total > 0)
+                .then(|| window.expert_guess_right as f64 / window.expert_guess_total as f64),
         }
     });
     // A MoE step touches its cores and its routed experts, not every expert.

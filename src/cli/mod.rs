@@ -124,6 +124,13 @@ pub struct RunOpts {
     /// `all` (every expert with its layer: a baseline for benchmarks).
     #[arg(long = "experts", value_enum, default_value_t = crate::sched::ExpertLoading::Routed)]
     pub experts: crate::sched::ExpertLoading,
+    /// Measure how often each MoE layer's router, applied to the previous layer's
+    /// output, guesses the experts the layer takes (what a speculative prefetch would
+    /// read); shown by `bench --json` as `moe.guess_accuracy`. Costs one router product
+    /// per MoE layer.
+    #[arg(long = "expert-guess", value_name = "BOOL", num_args = 0..=1, default_value_t = false,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub expert_guess: bool,
 }
 
 fn parse_device_arg(s: &str) -> Result<crate::backend::device::DeviceSpec, String> {
@@ -149,6 +156,7 @@ impl RunOpts {
             expert_cache: self.expert_cache,
             expert_policy: self.expert_policy,
             expert_loading: self.experts,
+            expert_guess: self.expert_guess,
         })
     }
 }

@@ -291,6 +291,8 @@ pub struct RunOptions {
     pub expert_cache: Option<crate::sched::experts::CacheSize>,
     pub expert_policy: CachePolicy,
     pub expert_loading: ExpertLoading,
+    /// Score a speculative guess of each MoE layer's experts.
+    pub expert_guess: bool,
 }
 
 impl Default for RunOptions {
@@ -305,6 +307,7 @@ impl Default for RunOptions {
             expert_cache: None,
             expert_policy: CachePolicy::default(),
             expert_loading: ExpertLoading::Routed,
+            expert_guess: false,
         }
     }
 }
@@ -371,6 +374,7 @@ pub fn memory_budget(
         expert_cache: opts.expert_cache,
         expert_policy: opts.expert_policy,
         expert_loading: opts.expert_loading,
+        expert_guess: opts.expert_guess,
     }
 }
 

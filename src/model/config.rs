@@ -521,12 +521,16 @@ fn layer_configs(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<LayerConf
 /// The routed experts of a MoE family's `config.json` (`None` for dense families, and
 /// for a Qwen MoE config with `num_experts: 0`).
 fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
-    let (n_experts, expert_size, shared_expert_size, norm_topk_prob) = match arch {
-        Arch::Mixtral => (usize_field(v, "num_local_experts")?, usize_field(v, "intermediate_size")?, None, true),
+    let (experts_key, n_experts, expert_size, shared_expert_size, norm_topk_prob) = match arch {
+        Arch::Mixtral => {
+            let n = usize_field(v, "num_local_experts")?;
+            ("num_local_experts", n, usize_field(v, "intermediate_size")?, None, true)
+        }
         Arch::Qwen2Moe | Arch::Qwen3Moe => {
             // transformers 5 saves Qwen3-MoE's count under Mixtral's name.
-            let n = opt_usize(v, "num_experts")
-                .or_else(|| opt_usize(v, "num_local_experts"))
+            let (key, n) = ["num_experts", "num_local_experts"]
+                .into_iter()
+                .find_map(|k| opt_usize(v, k).map(|n| (k, n)))
                 .ok_or(ConfigError::Missing("num_experts"))?;
             if n == 0 {
                 return Ok(None);
@@ -536,11 +540,19 @@ fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
                 _ => None,
             };
             let norm = v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false);
-            (n, usize_field(v, "moe_intermediate_size")?, shared, norm)
+            (key, n, usize_field(v, "moe_intermediate_size")?, shared, norm)
         }
         _ => return Ok(None),
     };
     let top_k = usize_field(v, "num_experts_per_tok")?;
+    if n_experts > MAX_EXPERTS {
+        return Err(ConfigError::Unsupported(format!("`{experts_key}` {n_experts} (at most {MAX_EXPERTS})")));
+    }
+    if top_k == 0 || top_k > n_experts {
+        return Err(ConfigError::Unsupported(format!(
+            "`num_experts_per_tok` {top_k} with `{experts_key}` {n_experts} (must be between 1 and the expert count)"
+        )));
+    }
     Ok(Some(MoeConfig { n_experts, top_k, expert_size, shared_expert_size, norm_topk_prob }))
 }
 

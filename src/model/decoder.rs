@@ -178,6 +178,8 @@ pub struct DecoderModel<B: Backend> {
     /// The routed experts of a MoE model (`None` when dense, or when each layer is
     /// loaded with all of its experts).
     experts: Option<Arc<ExpertCache<Mlp<B>>>>,
+    /// Score a speculative guess of each MoE layer's experts (`--expert-guess`).
+    guess_experts: bool,
     /// Each layer's RoPE (`None`: the layer has none).
     rope: Vec<Option<RopeFreqs>>,
     /// Bytes of all weights (layers, embeddings, head, norms).
@@ -389,6 +391,7 @@ impl<B: Backend> DecoderModel<B> {
             lm_head,
             layers,
             experts,
+            guess_experts: sched.expert_guess,
             rope,
             weights_bytes,
             lm_head_bytes,
@@ -609,6 +612,13 @@ impl<B: Backend> DecoderModel<B> {
                 return Err(ModelError::Cancelled);
             }
             let w = self.layers.layer(l)?;
+            // What a speculative expert prefetch would guess, scored below (measured only).
+            let guess = match (&w.ffn, &w.ffn_norm, moe_bufs.as_mut()) {
+                (FfnWeights::Moe(mw), Some(n), Some(mb)) if self.guess_experts => {
+                    Some(moe::guess(be, c, mw, n, x, rows, normed, mb)?)
+                }
+                _ => None,
+            };
 
             // Attention over the normed stream (or the stream itself when the family
             // normalizes only after).
@@ -676,7 +686,13 @@ impl<B: Backend> DecoderModel<B> {
                         .as_mut()
                         .ok_or(ModelError::Sched(SchedError::Build { layer: l, msg: "no MoE buffers".into() }))?;
                     let block = MoeBlock { layer: l, weights: mw, source: self, input, rows };
-                    moe::moe_forward(be, c, block, &mut bufs, bufs_moe, proj)?;
+                    let taken = moe::moe_forward(be, c, block, &mut bufs, bufs_moe, proj)?;
+                    if let Some(g) = &guess {
+                        let (right, total) = moe::score_guess(g, &taken);
+                        let stats = self.layers.stats();
+                        stats.expert_guess_right.fetch_add(right, std::sync::atomic::Ordering::Relaxed);
+                        stats.expert_guess_total.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
             }
             residual(be, c, x, proj, w.ffn_post_norm.as_ref(), normed, rows)?;

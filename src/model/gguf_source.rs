@@ -11,7 +11,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 
 use super::ModelSource;
-use super::config::{Ffn, LayerConfig, LayerRope, ModelConfig, MoeConfig, RopeScaling};
+use super::config::{Ffn, LayerConfig, LayerRope, MAX_EXPERTS, ModelConfig, MoeConfig, RopeScaling};
 use super::gguf_vocab;
 use super::spec::{Arch, ArchSpec, Role};
 use crate::format::gguf::{GgufFile, GgufValue};
@@ -101,7 +101,17 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
     let moe = match arch {
         Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe => {
             let n_experts = required("expert_count")?;
+            if n_experts == 0 || n_experts > MAX_EXPERTS {
+                bail!("`{}` {n_experts} is not between 1 and {MAX_EXPERTS}", key("expert_count"));
+            }
             let top_k = required("expert_used_count")?;
+            if top_k == 0 || top_k > n_experts {
+                bail!(
+                    "`{}` {top_k} is not between 1 and `{}` {n_experts}",
+                    key("expert_used_count"),
+                    key("expert_count")
+                );
+            }
             let expert_size = match arch {
                 Arch::Mixtral => required("feed_forward_length")?,
                 _ => required("expert_feed_forward_length")?,

@@ -93,6 +93,33 @@ pub fn route(logits: &[f32], m: &MoeConfig) -> Vec<(Vec<u32>, Vec<f32>)> {
         .collect()
 }
 
+/// The experts each row would be routed to if layer `l`'s router were applied to the
+/// stream entering the layer (layer `l - 1`'s output), before its attention: what a
+/// speculative prefetch would read ahead. `normed` is scratch.
+#[allow(clippy::too_many_arguments)]
+pub fn guess<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    w: &MoeWeights<B>,
+    ffn_norm: &B::Weight,
+    x: &B::Buf,
+    rows: usize,
+    normed: &mut B::Buf,
+    moe: &mut MoeBufs<B>,
+) -> Result<Vec<Vec<u32>>, ModelError> {
+    let Some(m) = c.moe else { return Ok(Vec::new()) };
+    be.rms_norm(x, rows, ffn_norm, c.rms_norm_eps, normed)?;
+    be.matmul(normed, rows, &w.router, &mut moe.logits)?;
+    Ok(route(&be.download(&moe.logits, rows * m.n_experts)?, &m).into_iter().map(|(ids, _)| ids).collect())
+}
+
+/// Of the experts `taken`, how many `guessed` named (row by row), and how many there were.
+pub fn score_guess(guessed: &[Vec<u32>], taken: &[Vec<u32>]) -> (u64, u64) {
+    guessed.iter().zip(taken).fold((0, 0), |(right, total), (g, t)| {
+        (right + t.iter().filter(|e| g.contains(e)).count() as u64, total + t.len() as u64)
+    })
+}
+
 /// The buffers a MoE block needs beside the dense ones.
 pub struct MoeBufs<B: Backend> {
     pub logits: B::Buf, // (rows, n_experts)
@@ -208,6 +235,13 @@ mod tests {
         let n = route(&logits, &cfg(2, true));
         assert!((n[0].1.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!((n[0].1[0] - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn guesses_are_scored_against_the_routing_taken() {
+        let guessed = vec![vec![1, 2], vec![0, 3]];
+        let taken = vec![vec![2, 5], vec![3, 0]];
+        assert_eq!(score_guess(&guessed, &taken), (3, 4));
     }
 
     #[test]

@@ -103,6 +103,10 @@ pub struct ExpertSummary {
     pub cached_experts: usize,
     /// Hits and misses so far, by layer (MoE layers only, in order).
     pub layers: Vec<LayerExpertStats>,
+    /// With `--expert-guess`: routed experts a guess from the previous layer's output
+    /// named, of those scored.
+    pub guess_right: u64,
+    pub guess_total: u64,
 }
 
 /// A read buffer lent to an expert's tensors; it goes back to the pool when they drop.
@@ -323,6 +327,8 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
             cached_bytes,
             cached_experts,
             layers,
+            guess_right: self.stats.expert_guess_right.load(Ordering::Relaxed),
+            guess_total: self.stats.expert_guess_total.load(Ordering::Relaxed),
         }
     }
 }

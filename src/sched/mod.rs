@@ -89,6 +89,10 @@ pub struct SchedStats {
     /// Bytes of the experts asked for (hits and misses), as stored: what reading
     /// exactly the routed experts would cost.
     pub expert_routed_bytes: AtomicU64,
+    /// Of the experts routed, how many a speculative guess from the previous layer's
+    /// output named (`--expert-guess`), and how many were scored.
+    pub expert_guess_right: AtomicU64,
+    pub expert_guess_total: AtomicU64,
     /// Expert hits and misses by layer.
     pub expert_layers: std::sync::Mutex<Vec<experts::LayerExpertStats>>,
 }
@@ -109,6 +113,8 @@ impl SchedStats {
             expert_hits: get(&self.expert_hits),
             expert_bytes_read,
             expert_routed_bytes: get(&self.expert_routed_bytes),
+            expert_guess_right: get(&self.expert_guess_right),
+            expert_guess_total: get(&self.expert_guess_total),
         }
     }
 }
@@ -129,6 +135,8 @@ pub struct StatsSnapshot {
     pub expert_bytes_read: u64,
     /// Bytes of the experts asked for, as stored.
     pub expert_routed_bytes: u64,
+    pub expert_guess_right: u64,
+    pub expert_guess_total: u64,
 }
 
 impl std::ops::Add for StatsSnapshot {
@@ -145,6 +153,8 @@ impl std::ops::Add for StatsSnapshot {
             expert_hits: self.expert_hits + o.expert_hits,
             expert_bytes_read: self.expert_bytes_read + o.expert_bytes_read,
             expert_routed_bytes: self.expert_routed_bytes + o.expert_routed_bytes,
+            expert_guess_right: self.expert_guess_right + o.expert_guess_right,
+            expert_guess_total: self.expert_guess_total + o.expert_guess_total,
         }
     }
 }
@@ -163,6 +173,8 @@ impl std::ops::Sub for StatsSnapshot {
             expert_hits: self.expert_hits.saturating_sub(o.expert_hits),
             expert_bytes_read: self.expert_bytes_read.saturating_sub(o.expert_bytes_read),
             expert_routed_bytes: self.expert_routed_bytes.saturating_sub(o.expert_routed_bytes),
+            expert_guess_right: self.expert_guess_right.saturating_sub(o.expert_guess_right),
+            expert_guess_total: self.expert_guess_total.saturating_sub(o.expert_guess_total),
         }
     }
 }
@@ -205,6 +217,9 @@ pub struct SchedOptions {
     pub expert_policy: expert_policy::CachePolicy,
     /// How a MoE layer's routed experts are loaded.
     pub expert_loading: ExpertLoading,
+    /// Score how well each MoE layer's router, applied to the stream entering the layer,
+    /// guesses the experts taken after attention (what a speculative prefetch would read).
+    pub expert_guess: bool,
 }
 
 /// How a MoE layer's routed experts are loaded (`--experts`).
@@ -229,6 +244,7 @@ impl Default for SchedOptions {
             expert_cache: None,
             expert_policy: expert_policy::CachePolicy::default(),
             expert_loading: ExpertLoading::Routed,
+            expert_guess: false,
         }
     }
 }
