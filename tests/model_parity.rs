@@ -183,3 +183,61 @@ fn perplexity_cli_matches_transformers_logprobs() {
         assert!((v["ppl"].as_f64().unwrap() - nll.exp()).abs() < 1e-3 * nll.exp());
     }
 }
+
+/// The Zipf-router fixture over 2048 tokens of real text (`pydoc_data.topics`), fed one
+/// token at a time as decoding does: every log-prob within 1e-3 of transformers' up to
+/// the first position where a router's 4th and 5th scores are within 1e-4 (there F32
+/// rounding may pick the other expert, and the difference then flows on through the KV
+/// cache), and the mean log-likelihood within 1e-3 over the whole text.
+#[test]
+fn moe_text_logprobs_match_transformers_token_by_token() {
+    #[derive(Deserialize)]
+    struct Sequence {
+        logprobs: Vec<f64>,
+    }
+    #[derive(Deserialize)]
+    struct Zipf {
+        dir: String,
+        tokens: Vec<u32>,
+        sequence: Sequence,
+        /// `[layer, position, gap]` where the 4th and 5th router scores are closer than 1e-4.
+        routing_close_positions: Vec<(usize, usize, f64)>,
+    }
+    let text = std::fs::read_to_string(root().join("tests/fixtures/ref/qwen3_moe_zipf.json")).unwrap();
+    let z: Zipf = serde_json::from_str(&text).unwrap();
+    let dir = root().join(&z.dir);
+    let e = Engine::load(dir.to_str().unwrap(), &RunOptions { threads: 2, ..Default::default() }).unwrap();
+    let vocab = e.model.config().vocab_size;
+    let mut cache = e.model.new_cache(z.tokens.len()).unwrap();
+    let (mut worst, mut over, mut total) = (0.0f64, Vec::new(), 0.0f64);
+    for (i, t) in z.tokens.iter().enumerate().take(z.tokens.len() - 1) {
+        let row = e
+            .model
+            .forward(&mut [SeqStep { tokens: std::slice::from_ref(t), cache: &mut cache, all_logits: false }])
+            .unwrap()
+            .pop()
+            .unwrap();
+        assert_eq!(row.len(), vocab);
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+        let got = row[z.tokens[i + 1] as usize] as f64 - lse;
+        total += got;
+        let d = (got - z.sequence.logprobs[i]).abs();
+        if d > 1e-3 {
+            over.push((i, d));
+        }
+        worst = worst.max(d);
+    }
+    eprintln!("qwen3_moe_zipf, 2048 tokens one at a time: max |Δ log-prob| = {worst:.2e}");
+    eprintln!("positions over 1e-3: {over:?}; near-tied routers at {:?}", z.routing_close_positions);
+    if let Some(&(first, d)) = over.first() {
+        assert!(
+            z.routing_close_positions.iter().any(|&(_, p, _)| p == first),
+            "position {first} is {d} off, and no router is near a tie there"
+        );
+    }
+    let nll = -total / (z.tokens.len() - 1) as f64;
+    let want = -z.sequence.logprobs.iter().sum::<f64>() / z.sequence.logprobs.len() as f64;
+    eprintln!("mean NLL {nll:.6} (transformers {want:.6}), max |Δ log-prob| {worst:.2e}");
+    assert!((nll - want).abs() <= 1e-3, "mean NLL {nll} against {want}");
+}

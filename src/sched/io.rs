@@ -347,40 +347,50 @@ pub fn measure_sequential_read_into(
     max_bytes: u64,
     dest_len: usize,
 ) -> io::Result<ReadBandwidth> {
-    measure_parallel_read_into(paths, max_bytes, dest_len, 1)
+    measure_parallel_read_into(paths, 0, max_bytes, dest_len, 1)
 }
 
-/// As [`measure_sequential_read_into`] with `streams` reads in flight: each of `streams`
-/// threads takes the next 8 MiB chunk in file order into its own destination of
-/// `dest_len` bytes. Devices that serve several requests at once (NVMe, virtio) read
-/// faster so, and a streamer that keeps several reads in flight must be judged by it.
+/// As [`measure_sequential_read_into`], starting `skip` bytes into the files (taken one
+/// after the other; rounded down to 8 MiB, and wrapping round to the start), with
+/// `streams` reads in flight: each of `streams` threads takes the next 8 MiB chunk in
+/// file order into its own destination of `dest_len` bytes. Devices that serve several
+/// requests at once (NVMe, virtio) read faster so, and a streamer that keeps several
+/// reads in flight must be judged by it. Passes that start at different places read
+/// different bytes, so that a cache below the machine (a VM host's) serves none of them.
 pub fn measure_parallel_read_into(
     paths: &[impl AsRef<Path>],
+    skip: u64,
     max_bytes: u64,
     dest_len: usize,
     streams: usize,
 ) -> io::Result<ReadBandwidth> {
     let dest_len = dest_len.max(MEASURE_CHUNK).next_multiple_of(MEASURE_CHUNK);
     let mut files = Vec::new();
-    let mut chunks: Vec<(usize, u64, usize)> = Vec::new();
-    let mut planned = 0u64;
+    let mut all: Vec<(usize, u64, usize)> = Vec::new();
     for path in paths {
-        if planned >= max_bytes {
-            break;
-        }
         let file = StorageFile::open(path)?;
         if !file.is_direct() {
             sys::drop_cache(&file.file, 0, 0);
         }
-        let limit = file.size().min(max_bytes - planned);
         let mut offset = 0u64;
-        while offset < limit {
-            let n = (limit - offset).min(MEASURE_CHUNK as u64) as usize;
-            chunks.push((files.len(), offset, n));
+        while offset < file.size() {
+            let n = (file.size() - offset).min(MEASURE_CHUNK as u64) as usize;
+            all.push((files.len(), offset, n));
             offset += n as u64;
         }
-        planned += limit;
         files.push(file);
+    }
+    // Chunks from `skip` on, wrapping, until `max_bytes`.
+    let first = if all.is_empty() { 0 } else { (skip / MEASURE_CHUNK as u64) as usize % all.len() };
+    let mut chunks: Vec<(usize, u64, usize)> = Vec::new();
+    let mut planned = 0u64;
+    for &(f, offset, n) in all.iter().cycle().skip(first).take(all.len()) {
+        if planned >= max_bytes {
+            break;
+        }
+        let n = n.min((max_bytes - planned) as usize);
+        chunks.push((f, offset, n));
+        planned += n as u64;
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
     let work = |dest: &mut AlignedBuf| -> io::Result<()> {
