@@ -8,8 +8,9 @@ all experts, and the baseline that loads every expert of every layer with its la
 decode tok/s, bytes read per token (cores and experts apart), the routed-experts-only
 limit (cores + the experts the routers chose, from the routing taken in the run),
 expert hit rate, stall, and the storage roofline `strata bench` measures in the same run
-(the model file read sequentially with O_DIRECT into expert-sized buffers, at the better
-of 1 and 8 reads in flight; bytes per token / bandwidth).
+(the model file read sequentially with O_DIRECT into expert-sized buffers, before and
+after the runs, at 1 and 8 reads in flight, each probe the median of five passes over
+bytes no other pass reads, the best probe counting; bytes per token / bandwidth).
 
     python3 tools/bench_moe.py MODEL [--rounds 3] [--gen-tokens 16] [--threads 2]
         [--configs 0,10,25,all] [--policy freq] [--device cpu|cuda:0]
@@ -17,7 +18,8 @@ of 1 and 8 reads in flight; bytes per token / bandwidth).
 MODEL: e.g. the Qwen3-30B-A3B-shaped file `tools/make_moe_bench_model.py` writes.
 `--feed-random` feeds each decode step a pseudo-random token: random weights decoded
 greedily repeat a few tokens, which would route to the same few experts and flatter the
-cache; random tokens route near-uniformly, the hardest case for a cache. Needs only the
+cache (random tokens still route as the model's random routers are skewed; the table's
+hit rates show how much). Needs only the
 release binary (`cargo build --release`), or the one `STRATA_BIN` names.
 """
 

@@ -258,7 +258,7 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
                 false => None,
                 true => Some(
                     (0..m.n_experts)
-                        .map(|e| build_expert(c, be, lt.index, lt, e).map(Arc::new))
+                        .map(|e| build_expert(c, be, lt, e).map(Arc::new))
                         .collect::<Result<Vec<_>, _>>()?,
                 ),
             };
@@ -284,17 +284,11 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
     })
 }
 
-/// Routed expert `e` of layer `layer` from tensors named as in the checkpoint.
-pub(crate) fn build_expert<B: Backend>(
-    c: &ModelConfig,
-    be: &B,
-    layer: usize,
-    lt: &LayerTensors,
-    e: usize,
-) -> Result<Mlp<B>, SchedError> {
+/// Routed expert `e` of layer `lt.index` from tensors named as in the checkpoint.
+fn build_expert<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors, e: usize) -> Result<Mlp<B>, SchedError> {
     let [g, u, d] = moe::expert_names(c, e);
     let width = c.moe.map_or(0, |m| m.expert_size);
-    moe::build_mlp(be, layer, [(&g, lt.get(&g)?), (&u, lt.get(&u)?), (&d, lt.get(&d)?)], width, c.hidden_size)
+    moe::build_mlp(be, lt.index, [(&g, lt.get(&g)?), (&u, lt.get(&u)?), (&d, lt.get(&d)?)], width, c.hidden_size)
 }
 
 impl<B: Backend> DecoderModel<B> {
@@ -374,7 +368,7 @@ impl<B: Backend> DecoderModel<B> {
                 };
                 let opts = ExpertOptions { budget, policy: sched.expert_policy, buffered: sched.buffered };
                 let (be, c) = (backend.clone(), config.clone());
-                let build = Box::new(move |e: usize, lt: &LayerTensors| build_expert(&c, &*be, lt.index, lt, e));
+                let build = Box::new(move |e: usize, lt: &LayerTensors| build_expert(&c, &*be, lt, e));
                 let cache = ExpertCache::new(config.n_layers, n_experts, units, build, &opts, layers.stats_arc())?;
                 let cache = Arc::new(cache);
                 layers.attach_experts(cache.clone());
