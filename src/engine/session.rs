@@ -344,15 +344,24 @@ pub fn memory_budget(
     let runtime = estimate_runtime_bytes(&shape);
     let budget = opts.memory_budget.or_else(|| {
         let free = free?;
-        let mut layers = vec![0u64; config.n_layers];
+        // Per layer: all its weights, and what the prefetch ring holds of it (a MoE
+        // layer's core only, when its routed experts are read on their own).
+        let (mut layers, mut ring_layers) = (vec![0u64; config.n_layers], vec![0u64; config.n_layers]);
         let mut always_resident = 0u64;
         for (name, t) in &source.tensors {
-            match crate::format::layer_tensor(name).and_then(|(i, _)| layers.get_mut(i)) {
-                Some(bytes) => *bytes += t.byte_len() as u64,
-                None => always_resident += t.byte_len() as u64,
+            let bytes = t.byte_len() as u64;
+            match crate::format::layer_tensor(name).filter(|&(i, _)| i < config.n_layers) {
+                Some((i, local)) => {
+                    layers[i] += bytes;
+                    let routed = opts.expert_loading == ExpertLoading::Routed;
+                    if !(routed && crate::format::expert_tensor(local).is_some()) {
+                        ring_layers[i] += bytes;
+                    }
+                }
+                None => always_resident += bytes,
             }
         }
-        let ring = (opts.prefetch_depth as u64 + 2) * layers.iter().copied().max().unwrap_or(0);
+        let ring = (opts.prefetch_depth as u64 + 2) * ring_layers.iter().copied().max().unwrap_or(0);
         let budget = default_budget(free, &runtime, always_resident + ring, BUDGET_HEADROOM);
         let streamable: u64 = layers.iter().sum();
         if budget < streamable {

@@ -180,7 +180,7 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
             if u.id.expert == 0 {
                 *slot = Some(i);
             }
-            if *slot != Some(i - u.id.expert as usize) {
+            if *slot != i.checked_sub(u.id.expert as usize) {
                 return Err(SchedError::Build { layer: l, msg: format!("expert {} is out of order", u.id.expert) });
             }
         }
