@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::ModelSource;
 use super::config::{Ffn, ModelConfig};
-use super::moe::{self, ExpertSource, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights};
+use super::moe::{self, EachExpert, ExpertSource, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights};
 use super::spec::{self, QkNorm, Role};
 use crate::backend::{AttnParams, Backend, BackendError, RopeFreqs, Rows, TopK, Unary};
 use crate::sched::expert_policy::ExpertId;
@@ -696,9 +696,9 @@ impl<B: Backend> DecoderModel<B> {
 }
 
 impl<B: Backend> ExpertSource<B> for DecoderModel<B> {
-    fn experts(&self, layer: usize, experts: &[usize]) -> Result<Vec<Arc<Mlp<B>>>, ModelError> {
+    fn experts(&self, layer: usize, experts: &[usize], each: &mut EachExpert<'_, B>) -> Result<(), ModelError> {
         let cache = self.experts.as_ref().ok_or(SchedError::Build { layer, msg: "no expert cache".into() })?;
-        Ok(cache.get(layer, experts)?)
+        cache.get_each(layer, experts, |i, e| each(i, &e))
     }
 }
 

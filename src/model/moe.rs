@@ -60,10 +60,15 @@ pub fn build_mlp<B: Backend>(
     Ok(Mlp { width, gate, up, down })
 }
 
+/// What receives each routed expert: its position in the list asked for, and its weights.
+pub type EachExpert<'a, B> = dyn FnMut(usize, &Mlp<B>) -> Result<(), ModelError> + 'a;
+
 /// Where a layer's routed experts come from.
 pub trait ExpertSource<B: Backend> {
-    /// The weights of `experts` (distinct, ascending) of layer `layer`, in that order.
-    fn experts(&self, layer: usize, experts: &[usize]) -> Result<Vec<Arc<Mlp<B>>>, ModelError>;
+    /// Hands `each` the weights of `experts` (distinct, ascending) of layer `layer`, in
+    /// that order, each as soon as it is in memory (so that one computes while the next
+    /// is still being read).
+    fn experts(&self, layer: usize, experts: &[usize], each: &mut EachExpert<'_, B>) -> Result<(), ModelError>;
 }
 
 /// Each row's experts and their weights, as transformers routes: softmax over every
@@ -193,11 +198,7 @@ pub fn moe_forward<B: Backend>(
         }
     }
     let wanted: Vec<usize> = by_expert.keys().copied().collect();
-    // Phase 2: exactly the routed experts (all reads issued together).
-    let experts = match &w.experts {
-        Some(all) => wanted.iter().map(|&e| all[e].clone()).collect(),
-        None => source.experts(layer, &wanted)?,
-    };
+    let groups: Vec<&(Vec<u32>, Vec<f32>)> = by_expert.values().collect();
 
     be.unary(out, rows * h, crate::backend::Unary::Scale(0.0))?;
     if let Some((shared, gate)) = &w.shared {
@@ -206,11 +207,18 @@ pub fn moe_forward<B: Backend>(
         mlp_forward(be, c, shared, input, rows, bufs, &mut moe.ye)?;
         be.add_rows(out, &moe.ye, h, Rows::first(rows), Some(&scale))?;
     }
-    for (expert, (rows_of, weights)) in experts.iter().zip(by_expert.values()) {
-        let n = rows_of.len();
+    // Phase 2: exactly the routed experts (all reads issued together), each computed
+    // over its rows as it arrives, in expert order (so the sum is the same whatever the
+    // order the reads complete in).
+    let mut run = |i: usize, expert: &Mlp<B>| -> Result<(), ModelError> {
+        let (rows_of, weights) = groups[i];
         be.copy_rows(input, Rows::List(rows_of), h, &mut moe.xe, 0)?;
-        mlp_forward(be, c, expert, &moe.xe, n, bufs, &mut moe.ye)?;
-        be.add_rows(out, &moe.ye, h, Rows::List(rows_of), Some(weights))?;
+        mlp_forward(be, c, expert, &moe.xe, rows_of.len(), bufs, &mut moe.ye)?;
+        Ok(be.add_rows(out, &moe.ye, h, Rows::List(rows_of), Some(weights))?)
+    };
+    match &w.experts {
+        Some(all) => wanted.iter().enumerate().try_for_each(|(i, &e)| run(i, &all[e]))?,
+        None => source.experts(layer, &wanted, &mut run)?,
     }
     Ok(routing.into_iter().map(|(ids, _)| ids).collect())
 }

@@ -220,10 +220,29 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
     /// The weights of `experts` (distinct) of layer `layer`, in that order. Misses are
     /// read together, then offered to the cache.
     pub fn get(&self, layer: usize, experts: &[usize]) -> Result<Vec<Arc<E>>, SchedError> {
+        let mut got = Vec::with_capacity(experts.len());
+        self.get_each(layer, experts, |_, e| {
+            got.push(e);
+            Ok::<(), SchedError>(())
+        })?;
+        Ok(got)
+    }
+
+    /// Hands `each` the weights of `experts` (distinct) of layer `layer` one by one, in
+    /// that order, as soon as each is there: the hits at once, the misses as their reads
+    /// complete (all issued together, `EXPERT_STREAMS` at a time), so that the caller
+    /// computes an expert while the next ones are still being read. Misses are then
+    /// offered to the cache. An error from `each` or a read stops the rest.
+    pub fn get_each<X: From<SchedError>>(
+        &self,
+        layer: usize,
+        experts: &[usize],
+        mut each: impl FnMut(usize, Arc<E>) -> Result<(), X>,
+    ) -> Result<(), X> {
         let base = self.base.get(layer).copied().flatten().ok_or(SchedError::NoSuchLayer(layer))?;
         if let Some(&e) = experts.iter().find(|&&e| e >= self.n_experts) {
             let msg = format!("expert {e} of {} asked for", self.n_experts);
-            return Err(SchedError::Build { layer, msg });
+            return Err(SchedError::Build { layer, msg }.into());
         }
         self.stats.expert_requests.fetch_add(experts.len() as u64, Ordering::Relaxed);
         let routed: u64 = experts.iter().map(|&e| self.unit_bytes[base + e]).sum();
@@ -231,7 +250,7 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
         let d = match &self.mode {
             Mode::Resident(all) => {
                 self.count(layer, experts.len() as u64, 0);
-                return Ok(experts.iter().map(|&e| all[base + e].clone()).collect());
+                return experts.iter().enumerate().try_for_each(|(i, &e)| each(i, all[base + e].clone()));
             }
             Mode::OnDemand(d) => d,
         };
@@ -246,43 +265,81 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
         }
         let missing: Vec<usize> = (0..experts.len()).filter(|&i| got[i].is_none()).collect();
         self.count(layer, (experts.len() - missing.len()) as u64, missing.len() as u64);
-        if missing.is_empty() {
-            return Ok(got.into_iter().flatten().collect());
-        }
-        let t = Instant::now();
-        let mut bufs: Vec<AlignedBuf> = {
-            let mut pool = lock(&d.pool);
-            missing.iter().map(|_| pool.pop().unwrap_or_default()).collect()
+        // Hands over, in order, every expert that is there up to the first that is not.
+        let mut next = 0;
+        let mut release = |got: &mut [Option<Arc<E>>]| -> Result<(), X> {
+            while let Some(expert) = got.get_mut(next).and_then(Option::take) {
+                each(next, expert)?;
+                next += 1;
+            }
+            Ok(())
         };
-        let mut reads: Vec<(usize, &mut AlignedBuf)> =
-            missing.iter().zip(bufs.iter_mut()).map(|(&i, b)| (base + experts[i], b)).collect();
-        let read = d.reader.read_many(&mut reads, EXPERT_STREAMS);
-        self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        read.map_err(|e| match e {
+        release(&mut got)?;
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let protect: Vec<ExpertId> = experts.iter().map(|&e| id(e)).collect();
+        let queue: Mutex<std::collections::VecDeque<(usize, AlignedBuf)>> = {
+            let mut pool = lock(&d.pool);
+            Mutex::new(missing.iter().map(|&i| (i, pool.pop().unwrap_or_default())).collect())
+        };
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<AlignedBuf, SchedError>)>();
+        let read_err = |e: SchedError| match e {
             SchedError::Io { msg, .. } => SchedError::Io { layer, msg: format!("reading its experts: {msg}") },
             other => other,
-        })?;
-        let protect: Vec<ExpertId> = experts.iter().map(|&e| id(e)).collect();
+        };
         let mut evicted = Vec::new();
-        for (&i, mut buf) in missing.iter().zip(bufs) {
-            let unit = base + experts[i];
-            d.reader.fix(unit, &mut buf);
-            let src = Arc::new(PooledBuf { buf, home: Arc::downgrade(&d.pool) });
-            let mut tensors = d.reader.tensors(unit, src);
-            tensors.index = layer;
-            let expert = Arc::new((d.build)(experts[i], &tensors)?);
-            let mut state = lock(&d.state);
-            let admission = state.policy.admit(id(experts[i]), self.unit_bytes[unit], &protect);
-            for gone in admission.evicted {
-                evicted.extend(state.cached.remove(&gone));
+        let result = std::thread::scope(|s| -> Result<(), X> {
+            for _ in 0..EXPERT_STREAMS.min(missing.len()) {
+                let (tx, queue, stop) = (tx.clone(), &queue, &stop);
+                s.spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let Some((i, mut buf)) = lock(queue).pop_front() else { return };
+                        let read = d.reader.read_many(&mut [(base + experts[i], &mut buf)], 1).map(|()| buf);
+                        if tx.send((i, read)).is_err() {
+                            return;
+                        }
+                    }
+                });
             }
-            if admission.admitted {
-                state.cached.insert(id(experts[i]), expert.clone());
-            }
-            got[i] = Some(expert);
-        }
+            drop(tx);
+            let outcome = (|| -> Result<(), X> {
+                for _ in 0..missing.len() {
+                    let t = Instant::now();
+                    let Ok((i, read)) = rx.recv() else { break };
+                    self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    let mut buf = read.map_err(read_err)?;
+                    let unit = base + experts[i];
+                    d.reader.fix(unit, &mut buf);
+                    let src = Arc::new(PooledBuf { buf, home: Arc::downgrade(&d.pool) });
+                    let mut tensors = d.reader.tensors(unit, src);
+                    tensors.index = layer;
+                    let expert = Arc::new((d.build)(experts[i], &tensors)?);
+                    let mut state = lock(&d.state);
+                    let admission = state.policy.admit(id(experts[i]), self.unit_bytes[unit], &protect);
+                    for gone in admission.evicted {
+                        evicted.extend(state.cached.remove(&gone));
+                    }
+                    if admission.admitted {
+                        state.cached.insert(id(experts[i]), expert.clone());
+                    }
+                    drop(state);
+                    got[i] = Some(expert);
+                    release(&mut got)?;
+                }
+                Ok(())
+            })();
+            // On an error the readers stop taking work; what they hold is dropped.
+            stop.store(true, Ordering::Relaxed);
+            outcome
+        });
         drop(evicted); // outside the lock: freeing returns buffers to the pool
-        Ok(got.into_iter().flatten().collect())
+        result?;
+        match next == experts.len() {
+            true => Ok(()),
+            false => Err(SchedError::Io { layer, msg: "an expert read was lost".into() }.into()),
+        }
     }
 
     fn count(&self, layer: usize, hits: u64, misses: u64) {
