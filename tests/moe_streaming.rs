@@ -174,3 +174,30 @@ fn bytes_read_per_token_are_the_cores_and_the_routed_experts() {
         assert_eq!(w.expert_bytes_read, routed * expert_bytes, "each routed expert is read once, whole");
     }
 }
+
+#[test]
+fn an_expert_that_cannot_be_read_is_an_error_naming_its_file_and_layer() {
+    let dir = TempDir::new("moe-bad");
+    let out = dir.path("qwen3_moe-flat");
+    let source = ModelSource::from_spec(&fixture("hf/qwen3_moe")).unwrap();
+    convert(source, &out, &ConvertOptions { target: Target::Flat, quant: None, threads: 2 }, &mut |_| {}).unwrap();
+    let e = load(out.to_str().unwrap(), Some(0), Some(CacheSize::Bytes(0)), CachePolicy::Lru, false);
+    // Cut layer 1's file where its experts begin: its core still reads, its experts not.
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let first_expert = manifest["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "model.layers.1.mlp.experts.0.gate_proj.weight")
+        .and_then(|t| t["offset"].as_u64())
+        .unwrap();
+    let file = out.join("layer_001.bin");
+    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(first_expert).unwrap();
+    let mut cache = e.model.new_cache(16).unwrap();
+    let err = e.model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("layer_001.bin") && msg.contains("layer 1") && msg.contains("experts"), "{msg}");
+    // The model keeps answering what it can: layer 0's experts still read.
+    assert!(e.model.scheduler().summary().experts.unwrap().layers[0].misses > 0);
+}

@@ -1,6 +1,6 @@
 //! The expert cache: the routed experts of a mixture-of-experts model, one unit per
 //! `(layer, expert)`, loaded on demand. The model asks for exactly the experts its
-//! router chose for a layer ([`ExpertCache::get`]); the hits come from memory, and the
+//! router chose for a layer ([`ExpertCache::get_each`]); the hits come from memory, and the
 //! misses are read from storage together, each expert one contiguous read in Strata's
 //! own formats (one range per tensor in a GGUF file, whose stacked experts are
 //! expert-major). What stays cached afterwards is the [`ExpertPolicy`]'s decision under
@@ -215,17 +215,6 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
         if let Mode::OnDemand(d) = &self.mode {
             lock(&d.state).policy.tick();
         }
-    }
-
-    /// The weights of `experts` (distinct) of layer `layer`, in that order. Misses are
-    /// read together, then offered to the cache.
-    pub fn get(&self, layer: usize, experts: &[usize]) -> Result<Vec<Arc<E>>, SchedError> {
-        let mut got = Vec::with_capacity(experts.len());
-        self.get_each(layer, experts, |_, e| {
-            got.push(e);
-            Ok::<(), SchedError>(())
-        })?;
-        Ok(got)
     }
 
     /// Hands `each` the weights of `experts` (distinct) of layer `layer` one by one, in
