@@ -201,3 +201,25 @@ fn an_expert_that_cannot_be_read_is_an_error_naming_its_file_and_layer() {
     // The model keeps answering what it can: layer 0's experts still read.
     assert!(e.model.scheduler().summary().experts.unwrap().layers[0].misses > 0);
 }
+
+/// Each forward pass is a step of the expert cache's clock: `freq`'s counts decay with
+/// it, so on real text it keeps other experts than LFU (were the clock stuck, the two
+/// would keep the same ones and tie to the last hit).
+#[test]
+fn the_freq_policy_decays_with_each_forward_pass() {
+    let tokens: Vec<u32> =
+        serde_json::from_str(&std::fs::read_to_string(fixture("ref/qwen3_moe_zipf.tokens.json")).unwrap()).unwrap();
+    let hits = |policy: CachePolicy| -> u64 {
+        let e = load(&fixture("hf/qwen3_moe_zipf"), Some(0), Some(CacheSize::Fraction(0.25)), policy, false);
+        let mut cache = e.model.new_cache(1024).unwrap();
+        for t in &tokens[..1024] {
+            e.model
+                .forward(&mut [SeqStep { tokens: std::slice::from_ref(t), cache: &mut cache, all_logits: false }])
+                .unwrap();
+        }
+        e.model.scheduler().summary().experts.unwrap().layers.iter().map(|l| l.hits).sum()
+    };
+    let (lfu, freq) = (hits(CachePolicy::Lfu), hits(CachePolicy::Freq));
+    eprintln!("hits over 1024 tokens at 25%: lfu {lfu}, freq {freq}");
+    assert_ne!(lfu, freq);
+}

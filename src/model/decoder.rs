@@ -589,6 +589,10 @@ impl<B: Backend> DecoderModel<B> {
             positions.extend((s.cache.len..needed).map(|p| p as u32));
         }
         let rows = ids.len();
+        // Recency in the expert cache is counted in forward passes.
+        if let Some(experts) = &self.experts {
+            experts.step();
+        }
         let Workspace { x, normed, q, k, v, attn, proj, gate, up, scratch, moe: moe_bufs, .. } = ws;
 
         be.embedding(&self.embed, &ids, x)?;
