@@ -13,6 +13,8 @@
 //! for the fuzzers' seeds (a flat reproducer is a manifest that only means something
 //! next to the `.bin` files of that conversion).
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -21,10 +23,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
-use strata::format::gguf::{GgufFile, GgufValue, TensorInfo};
+use strata::format::gguf::{GgufFile, GgufValue};
 use strata::format::{cawsf, checksum, flat, safetensors};
 use strata::model::gguf_source::source_from_gguf;
 use strata::tensor::{AlignedBytes, ByteSource, HostTensor};
+use support::gguf::GgufParts;
 
 /// Tensors with more values than this are checked for their byte range only.
 const MAX_DEQUANT_VALUES: usize = 1 << 14;
@@ -373,102 +376,6 @@ fn mutants_gguf() {
     });
 }
 
-/// A GGUF file as values, to mutate the metadata and tensor table and write it back.
-struct GgufParts {
-    version: u32,
-    alignment: u64,
-    metadata: Vec<(String, GgufValue)>,
-    infos: Vec<TensorInfo>,
-    data: Vec<u8>,
-}
-
-impl GgufParts {
-    fn read(rel: &str) -> GgufParts {
-        let bytes = fixture(rel);
-        let src: Arc<dyn ByteSource> = Arc::new(AlignedBytes::from_slice(&bytes));
-        let f = GgufFile::parse(src, Path::new(rel)).expect("fixture parses");
-        GgufParts {
-            version: f.version,
-            alignment: f.alignment,
-            metadata: f.metadata.clone().into_iter().collect(),
-            infos: f.infos.clone(),
-            data: bytes[f.data_start as usize..].to_vec(),
-        }
-    }
-
-    /// The GGUF encoding (the data section as read, so mutated tensor infos point at
-    /// the original bytes).
-    fn write(&self) -> Vec<u8> {
-        let mut out = b"GGUF".to_vec();
-        out.extend(self.version.to_le_bytes());
-        out.extend((self.infos.len() as u64).to_le_bytes());
-        out.extend((self.metadata.len() as u64).to_le_bytes());
-        for (key, value) in &self.metadata {
-            put_string(&mut out, key);
-            out.extend(value_type(value).to_le_bytes());
-            put_value(&mut out, value);
-        }
-        for t in &self.infos {
-            put_string(&mut out, &t.name);
-            out.extend((t.ne.len() as u32).to_le_bytes());
-            t.ne.iter().for_each(|d| out.extend(d.to_le_bytes()));
-            out.extend(t.ggml_type.to_le_bytes());
-            out.extend(t.offset.to_le_bytes());
-        }
-        out.resize(out.len().next_multiple_of(self.alignment as usize), 0);
-        out.extend(&self.data);
-        out
-    }
-}
-
-fn put_string(out: &mut Vec<u8>, s: &str) {
-    out.extend((s.len() as u64).to_le_bytes());
-    out.extend(s.as_bytes());
-}
-
-fn value_type(v: &GgufValue) -> u32 {
-    use GgufValue::*;
-    match v {
-        U8(_) => 0,
-        I8(_) => 1,
-        U16(_) => 2,
-        I16(_) => 3,
-        U32(_) => 4,
-        I32(_) => 5,
-        F32(_) => 6,
-        Bool(_) => 7,
-        String(_) => 8,
-        Array(_) => 9,
-        U64(_) => 10,
-        I64(_) => 11,
-        F64(_) => 12,
-    }
-}
-
-fn put_value(out: &mut Vec<u8>, v: &GgufValue) {
-    use GgufValue::*;
-    match v {
-        U8(x) => out.push(*x),
-        I8(x) => out.extend(x.to_le_bytes()),
-        U16(x) => out.extend(x.to_le_bytes()),
-        I16(x) => out.extend(x.to_le_bytes()),
-        U32(x) => out.extend(x.to_le_bytes()),
-        I32(x) => out.extend(x.to_le_bytes()),
-        F32(x) => out.extend(x.to_le_bytes()),
-        Bool(x) => out.push(u8::from(*x)),
-        String(s) => put_string(out, s),
-        Array(items) => {
-            // Arrays are homogeneous; an empty one is written as u8.
-            out.extend(items.first().map_or(0, value_type).to_le_bytes());
-            out.extend((items.len() as u64).to_le_bytes());
-            items.iter().for_each(|i| put_value(out, i));
-        }
-        U64(x) => out.extend(x.to_le_bytes()),
-        I64(x) => out.extend(x.to_le_bytes()),
-        F64(x) => out.extend(x.to_le_bytes()),
-    }
-}
-
 /// A value of a random type from the edges: counts, ids, floats, names the GGUF reader
 /// branches on, small arrays.
 fn edge_value(rng: &mut Rng) -> GgufValue {
@@ -606,20 +513,7 @@ fn mutate_gguf(rng: &mut Rng, p: &mut GgufParts) {
 fn mutants_gguf_source() {
     let seeds = ["llama3.q4_0", "qwen2.q4_0", "mistral.f16", "qwen3.f16", "spm"]
         .map(|n| GgufParts::read(&format!("tests/fixtures/gguf/{n}.gguf")));
-    mutants(&Runner::new(Target::GgufSource), &seeds, 600, |rng, s| {
-        let mut p = GgufParts {
-            version: s.version,
-            alignment: s.alignment,
-            metadata: s.metadata.clone(),
-            infos: s.infos.clone(),
-            data: Vec::new(),
-        };
-        for _ in 0..1 + rng.below(3) {
-            mutate_gguf(rng, &mut p);
-        }
-        p.data = s.data.clone();
-        p.write()
-    });
+    gguf_source_mutants(&seeds, mutate_gguf);
 }
 
 /// The mixture-of-experts GGUF fixtures (`tools/make_moe_fixtures.py`; 8 experts each).
@@ -691,7 +585,13 @@ fn mutate_experts(rng: &mut Rng, p: &mut GgufParts) {
 #[test]
 fn mutants_gguf_source_experts() {
     let seeds = MOE_GGUF.map(|n| GgufParts::read(&format!("tests/fixtures/gguf/{n}.gguf")));
-    mutants(&Runner::new(Target::GgufSource), &seeds, 600, |rng, s| {
+    gguf_source_mutants(&seeds, mutate_experts);
+}
+
+/// 600 inputs through `source_from_gguf`, each a seed with its metadata and tensor
+/// table changed by one to three rounds of `mutate` over the seed's data section.
+fn gguf_source_mutants(seeds: &[GgufParts], mutate: fn(&mut Rng, &mut GgufParts)) {
+    mutants(&Runner::new(Target::GgufSource), seeds, 600, |rng, s| {
         let mut p = GgufParts {
             version: s.version,
             alignment: s.alignment,
@@ -700,7 +600,7 @@ fn mutants_gguf_source_experts() {
             data: Vec::new(),
         };
         for _ in 0..1 + rng.below(3) {
-            mutate_experts(rng, &mut p);
+            mutate(rng, &mut p);
         }
         p.data = s.data.clone();
         p.write()

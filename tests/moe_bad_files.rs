@@ -7,42 +7,23 @@
 //! an error naming the key or tensor and the numbers involved, never a panic, an
 //! out-of-bounds read or an allocation sized from the file's claim.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
 use strata::backend::device::DeviceSpec;
 use strata::engine::session::{Engine, RunOptions};
-use strata::format::gguf::{GgufFile, GgufValue, TensorInfo};
+use strata::format::gguf::GgufValue;
 use strata::model::ModelSource;
 use strata::model::gguf_source::source_from_gguf;
-use strata::tensor::{AlignedBytes, ByteSource};
+use support::TempDir;
+use support::gguf::GgufParts;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A directory of its own under the system temp directory, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(what: &str) -> Scratch {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("strata-moe-bad-{}-{what}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Runs `load` and returns its error in full (`{:#}`); fails the test when it succeeds
@@ -83,40 +64,24 @@ fn cpu() -> RunOptions {
 
 /// A GGUF fixture as values: metadata and tensor table to edit, written back over the
 /// original data section (tensor infos keep pointing at the original bytes).
-struct Gguf {
-    version: u32,
-    alignment: u64,
-    metadata: Vec<(String, GgufValue)>,
-    infos: Vec<TensorInfo>,
-    data: Vec<u8>,
-}
+struct Gguf(GgufParts);
 
 impl Gguf {
     fn fixture(name: &str) -> Gguf {
-        let path = root().join("tests/fixtures/gguf").join(format!("{name}.gguf"));
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        let src: Arc<dyn ByteSource> = Arc::new(AlignedBytes::from_slice(&bytes));
-        let f = GgufFile::parse(src, &path).expect("fixture parses");
-        Gguf {
-            version: f.version,
-            alignment: f.alignment,
-            metadata: f.metadata.clone().into_iter().collect(),
-            infos: f.infos.clone(),
-            data: bytes[f.data_start as usize..].to_vec(),
-        }
+        Gguf(GgufParts::read(&format!("tests/fixtures/gguf/{name}.gguf")))
     }
 
     /// `{arch}.<key>` for this file's architecture.
     fn key(&self, key: &str) -> String {
-        let arch = self.metadata.iter().find(|(k, _)| k == "general.architecture").and_then(|(_, v)| v.as_str());
+        let arch = self.0.metadata.iter().find(|(k, _)| k == "general.architecture").and_then(|(_, v)| v.as_str());
         format!("{}.{key}", arch.expect("general.architecture"))
     }
 
     fn set(&mut self, key: &str, value: GgufValue) -> &mut Self {
         let key = self.key(key);
-        match self.metadata.iter_mut().find(|(k, _)| *k == key) {
+        match self.0.metadata.iter_mut().find(|(k, _)| *k == key) {
             Some((_, v)) => *v = value,
-            None => self.metadata.push((key, value)),
+            None => self.0.metadata.push((key, value)),
         }
         self
     }
@@ -124,95 +89,26 @@ impl Gguf {
     /// Sets a tensor's GGML dimensions (`ne[0]` is the row length; a stacked expert
     /// tensor is `[cols, rows, experts]`).
     fn set_ne(&mut self, tensor: &str, ne: &[u64]) -> &mut Self {
-        let t = self.infos.iter_mut().find(|t| t.name == tensor).unwrap_or_else(|| panic!("no tensor {tensor}"));
+        let t = self.0.infos.iter_mut().find(|t| t.name == tensor).unwrap_or_else(|| panic!("no tensor {tensor}"));
         t.ne = ne.to_vec();
         self
     }
 
     fn ne(&self, tensor: &str) -> Vec<u64> {
-        self.infos.iter().find(|t| t.name == tensor).unwrap_or_else(|| panic!("no tensor {tensor}")).ne.clone()
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        let mut out = b"GGUF".to_vec();
-        out.extend(self.version.to_le_bytes());
-        out.extend((self.infos.len() as u64).to_le_bytes());
-        out.extend((self.metadata.len() as u64).to_le_bytes());
-        for (key, value) in &self.metadata {
-            put_string(&mut out, key);
-            out.extend(value_type(value).to_le_bytes());
-            put_value(&mut out, value);
-        }
-        for t in &self.infos {
-            put_string(&mut out, &t.name);
-            out.extend((t.ne.len() as u32).to_le_bytes());
-            t.ne.iter().for_each(|d| out.extend(d.to_le_bytes()));
-            out.extend(t.ggml_type.to_le_bytes());
-            out.extend(t.offset.to_le_bytes());
-        }
-        out.resize(out.len().next_multiple_of(self.alignment as usize), 0);
-        out.extend(&self.data);
-        out
+        self.0.infos.iter().find(|t| t.name == tensor).unwrap_or_else(|| panic!("no tensor {tensor}")).ne.clone()
     }
 
     /// Writes the file into `dir` and opens it as a model source.
-    fn source(&self, dir: &Scratch) -> anyhow::Result<ModelSource> {
+    fn source(&self, dir: &TempDir) -> anyhow::Result<ModelSource> {
         let path = dir.0.join("bad.gguf");
-        std::fs::write(&path, self.bytes()).expect("writing the scratch file");
+        std::fs::write(&path, self.0.write()).expect("writing the scratch file");
         source_from_gguf(&path)
     }
 
     /// The error opening this file gives (it must not open, nor panic).
     fn error(&self) -> String {
-        let dir = Scratch::new("gguf");
+        let dir = TempDir::new("gguf");
         load_error("the rewritten GGUF", || self.source(&dir))
-    }
-}
-
-fn put_string(out: &mut Vec<u8>, s: &str) {
-    out.extend((s.len() as u64).to_le_bytes());
-    out.extend(s.as_bytes());
-}
-
-fn value_type(v: &GgufValue) -> u32 {
-    use GgufValue::*;
-    match v {
-        U8(_) => 0,
-        I8(_) => 1,
-        U16(_) => 2,
-        I16(_) => 3,
-        U32(_) => 4,
-        I32(_) => 5,
-        F32(_) => 6,
-        Bool(_) => 7,
-        String(_) => 8,
-        Array(_) => 9,
-        U64(_) => 10,
-        I64(_) => 11,
-        F64(_) => 12,
-    }
-}
-
-fn put_value(out: &mut Vec<u8>, v: &GgufValue) {
-    use GgufValue::*;
-    match v {
-        U8(x) => out.push(*x),
-        I8(x) => out.extend(x.to_le_bytes()),
-        U16(x) => out.extend(x.to_le_bytes()),
-        I16(x) => out.extend(x.to_le_bytes()),
-        U32(x) => out.extend(x.to_le_bytes()),
-        I32(x) => out.extend(x.to_le_bytes()),
-        F32(x) => out.extend(x.to_le_bytes()),
-        Bool(x) => out.push(u8::from(*x)),
-        String(s) => put_string(out, s),
-        Array(items) => {
-            out.extend(items.first().map_or(0, value_type).to_le_bytes());
-            out.extend((items.len() as u64).to_le_bytes());
-            items.iter().for_each(|i| put_value(out, i));
-        }
-        U64(x) => out.extend(x.to_le_bytes()),
-        I64(x) => out.extend(x.to_le_bytes()),
-        F64(x) => out.extend(x.to_le_bytes()),
     }
 }
 
@@ -223,7 +119,7 @@ const GGUF_MOE: [&str; 3] = ["mixtral.q8_0", "qwen2_moe.q8_0", "qwen3_moe.q8_0"]
 #[test]
 fn rewritten_fixtures_still_load() {
     for name in GGUF_MOE {
-        let dir = Scratch::new("ok");
+        let dir = TempDir::new("ok");
         let src = Gguf::fixture(name).source(&dir).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         assert_eq!(src.config.moe.map(|m| m.n_experts), Some(8), "{name}");
         Engine::from_source(src, &cpu()).unwrap_or_else(|e| panic!("{name}: {e:#}"));
@@ -322,7 +218,7 @@ fn gguf_router_with_other_than_expert_count_rows_is_named() {
     let mut g = Gguf::fixture("qwen2_moe.q8_0");
     assert_eq!(g.ne("blk.1.ffn_gate_inp.weight"), [64, 8]);
     g.set_ne("blk.1.ffn_gate_inp.weight", &[64, 6]);
-    let dir = Scratch::new("router");
+    let dir = TempDir::new("router");
     let err = load_error("router of 6 rows", || Engine::from_source(g.source(&dir)?, &cpu()));
     assert_names(&err, &["`model.layers.1.mlp.gate.weight`", "[8, 64]", "[6, 64]"]);
 }
@@ -332,12 +228,12 @@ fn gguf_router_with_other_than_expert_count_rows_is_named() {
 
 /// A copy of `tests/fixtures/hf/<name>` to edit.
 struct HfDir {
-    dir: Scratch,
+    dir: TempDir,
 }
 
 impl HfDir {
     fn fixture(name: &str) -> HfDir {
-        let dir = Scratch::new(name);
+        let dir = TempDir::new(name);
         let from = root().join("tests/fixtures/hf").join(name);
         for entry in std::fs::read_dir(&from).expect("fixture directory") {
             let entry = entry.expect("fixture entry");

@@ -166,23 +166,20 @@ static PHI3: [TensorName; 6] = [
     t(Role::Down, "mlp.down_proj.weight", "ffn_down.weight"),
 ];
 
-/// Mixtral: Llama's attention and routed experts (`w1` gate, `w3` up, `w2` down).
-/// llama.cpp stores each layer's experts stacked (`ffn_*_exps`, expert-major).
-static MIXTRAL: [TensorName; 13] = [
+/// Mixtral: Llama's attention and routed experts (`w1` gate, `w3` up, `w2` down); its
+/// layers all route, so the dense MLP's names never apply. llama.cpp stores each layer's
+/// experts stacked (`ffn_*_exps`, expert-major).
+static MIXTRAL: [TensorName; 18] = attention_and_mlp!(
     t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
-    t(Role::Q, "self_attn.q_proj.weight", "attn_q.weight"),
-    t(Role::K, "self_attn.k_proj.weight", "attn_k.weight"),
-    t(Role::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
     t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
     t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
     t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
-    t(Role::O, "self_attn.o_proj.weight", "attn_output.weight"),
-    t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
     t(Role::Router, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
     t(Role::ExpertGate, "block_sparse_moe.experts.*.w1.weight", "ffn_gate_exps.weight"),
     t(Role::ExpertUp, "block_sparse_moe.experts.*.w3.weight", "ffn_up_exps.weight"),
     t(Role::ExpertDown, "block_sparse_moe.experts.*.w2.weight", "ffn_down_exps.weight"),
-];
+);
 
 /// Qwen2-MoE and Qwen3-MoE: Llama's names, routed experts under `mlp.experts.*`, a
 /// shared expert (Qwen2-MoE), and dense MLPs in the layers that do not route.

@@ -2,6 +2,8 @@
 //! removes itself, and a model's tensors grouped the way `ModelWriter` takes them.
 #![allow(dead_code)]
 
+pub mod gguf;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
