@@ -120,6 +120,13 @@ pub trait ByteSource: Send + Sync {
     fn file(&self) -> Option<(&Arc<Path>, u64)> {
         None
     }
+
+    /// A copy of these bytes in device memory, already uploaded (or being uploaded, in
+    /// order with the compute) by the streamer: the backend's weights view it instead of
+    /// copying again. Only the backend that staged it knows its type.
+    fn device_copy(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        None
+    }
 }
 
 impl ByteSource for memmap2::Mmap {
@@ -351,6 +358,12 @@ impl HostTensor {
     /// tensors, which cannot be streamed.
     pub fn origin(&self) -> Option<&TensorOrigin> {
         self.origin.as_ref()
+    }
+
+    /// The device copy of the bytes this tensor views (see [`ByteSource::device_copy`]),
+    /// and the tensor's byte offset in it.
+    pub fn device_copy(&self) -> Option<(Arc<dyn std::any::Any + Send + Sync>, usize)> {
+        self.src.device_copy().map(|d| (d, self.offset))
     }
 
     /// Bytes of the tensor (`bytes().len()` without touching them).

@@ -40,6 +40,20 @@ pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
     cap: usize,
+    /// Page-locks the allocation for a GPU's copy engine ([`AlignedBuf::pin_with`]).
+    pin: Option<Arc<dyn HostPin>>,
+    /// Whether the current allocation is page-locked.
+    pinned: bool,
+}
+
+/// Page-locks host memory so that a GPU's copy engine can read it directly (CUDA's
+/// `cuMemHostRegister`). A buffer the OS refuses to lock (`ulimit -l`, systemd's
+/// `LimitMEMLOCK`) stays usable: copies from it are slower, not wrong.
+pub trait HostPin: Send + Sync {
+    /// Locks `len` bytes at `ptr`; false when refused.
+    fn pin(&self, ptr: *mut u8, len: usize) -> bool;
+    /// Unlocks what [`HostPin::pin`] locked at `ptr`, before the memory is freed.
+    fn unpin(&self, ptr: *mut u8);
 }
 
 /// A zero-sized type with the buffer's alignment, for a well-aligned dangling pointer.
@@ -55,7 +69,25 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// An empty buffer; allocates nothing.
     pub fn new() -> Self {
-        AlignedBuf { ptr: NonNull::<Page>::dangling().cast(), len: 0, cap: 0 }
+        AlignedBuf { ptr: NonNull::<Page>::dangling().cast(), len: 0, cap: 0, pin: None, pinned: false }
+    }
+
+    /// Page-locks this buffer's allocation now and every one it grows into, until it is
+    /// freed. Returns whether the current allocation is locked (an empty one counts).
+    pub fn pin_with(&mut self, pin: Arc<dyn HostPin>) -> bool {
+        if self.pinned {
+            return true;
+        }
+        if self.cap > 0 {
+            self.pinned = pin.pin(self.ptr.as_ptr(), self.cap);
+        }
+        self.pin = Some(pin);
+        self.pinned || self.cap == 0
+    }
+
+    /// Whether the allocation is page-locked for a GPU's copy engine.
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
     }
 
     /// An empty buffer with room for at least `cap` bytes.
@@ -118,10 +150,19 @@ impl AlignedBuf {
         self.free();
         self.ptr = ptr;
         self.cap = new_cap;
+        if let Some(pin) = &self.pin {
+            self.pinned = pin.pin(self.ptr.as_ptr(), self.cap);
+        }
     }
 
     fn free(&mut self) {
         if self.cap > 0 {
+            if self.pinned
+                && let Some(pin) = &self.pin
+            {
+                pin.unpin(self.ptr.as_ptr());
+            }
+            self.pinned = false;
             // SAFETY: allocated in `reserve_discarding` with exactly this layout.
             unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.cap, BUF_ALIGN)) };
             self.ptr = NonNull::<Page>::dangling().cast();

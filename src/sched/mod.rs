@@ -14,6 +14,7 @@ pub mod io;
 pub mod layout;
 pub mod plan;
 mod stream;
+pub mod upload;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

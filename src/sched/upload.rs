@@ -1,0 +1,337 @@
+//! The host→device leg of streaming (DESIGN.md §4–5), for a backend whose compute reads
+//! its own memory (a GPU). The I/O thread reads storage into page-locked staging buffers;
+//! [`Uploader::stage`] enqueues an asynchronous copy of one into a device slot on a copy
+//! stream and makes the compute stream wait for it; the layer's weights view the slot.
+//!
+//! Two orderings keep this correct without the host ever waiting on the GPU:
+//! - a staging buffer goes back to its pool only after the copy reading it has completed
+//!   (the reaper thread waits on each copy's event, then drops its hold on the buffer);
+//! - a slot is reused only after the compute reading it has completed: when the layer's
+//!   weights drop, an event is recorded on the compute stream, and the next copy into the
+//!   slot waits for it on the copy stream.
+//!
+//! The device is abstract ([`CopyEngine`]): CUDA's streams and events in production, and a
+//! recording fake in the tests, which executes copies and compute late and on its own
+//! threads, and checks both orderings on what it executed.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+
+use serde::Serialize;
+
+use crate::backend::BackendError;
+use crate::tensor::ByteSource;
+
+/// Copies between host and device memory on a stream of their own, ordered against the
+/// compute stream by events.
+pub trait CopyEngine: Send + Sync + 'static {
+    /// Completes when the work enqueued before it on its stream has.
+    type Event: Send + Sync + 'static;
+    /// Device memory for one unit.
+    type Slot: Send + Sync + 'static;
+
+    /// A device slot of `len` bytes.
+    fn alloc_slot(&self, len: usize) -> Result<Self::Slot, BackendError>;
+
+    /// Enqueues on the copy stream: wait for `after` (the compute that last read `dst`),
+    /// then copy `src` into the front of `dst`. The event returned completes with the copy.
+    ///
+    /// # Safety
+    /// `src` must stay allocated and unchanged until the returned event has completed.
+    unsafe fn copy(
+        &self,
+        src: &[u8],
+        dst: &Self::Slot,
+        after: Option<&Self::Event>,
+    ) -> Result<Self::Event, BackendError>;
+
+    /// Makes the compute stream wait for `event` before whatever is enqueued next.
+    fn compute_wait(&self, event: &Self::Event) -> Result<(), BackendError>;
+
+    /// An event on the compute stream: completes when everything enqueued there so far has.
+    fn compute_mark(&self) -> Result<Self::Event, BackendError>;
+
+    /// Blocks the calling thread until `event` has completed.
+    fn synchronize(&self, event: &Self::Event) -> Result<(), BackendError>;
+
+    /// Seconds the copy that returned `event` took on the device, once it has completed,
+    /// where the engine times copies.
+    fn copy_seconds(&self, _event: &Self::Event) -> Option<f64> {
+        None
+    }
+}
+
+/// What [`Uploader`] has moved, for `bench`, `/api/ps` and `/metrics`.
+#[derive(Debug, Default)]
+pub struct TransferStats {
+    /// Bytes copied host → device.
+    pub h2d_bytes: AtomicU64,
+    /// Copies enqueued, and of those, from memory the OS would not page-lock.
+    pub copies: AtomicU64,
+    pub pageable_copies: AtomicU64,
+    /// Device time of the copies that have completed (where the engine times them).
+    pub copy_ns: AtomicU64,
+    /// Slots allocated beyond the ring because every slot was held.
+    pub extra_slots: AtomicU64,
+}
+
+/// [`TransferStats`] at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct TransferSnapshot {
+    pub h2d_bytes: u64,
+    pub copies: u64,
+    pub pageable_copies: u64,
+    pub copy_ns: u64,
+}
+
+impl TransferStats {
+    pub fn snapshot(&self) -> TransferSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TransferSnapshot {
+            h2d_bytes: get(&self.h2d_bytes),
+            copies: get(&self.copies),
+            pageable_copies: get(&self.pageable_copies),
+            copy_ns: get(&self.copy_ns),
+        }
+    }
+}
+
+/// The scheduler's view of an uploader, whatever its engine: a streamed unit's host bytes
+/// in, a byte source whose tensors the backend can view on the device out.
+pub trait Stage: Send + Sync {
+    /// Enqueues the upload of `host` (read-only from now on) and returns a source with
+    /// the same bytes whose device copy the backend's `weight` views (see
+    /// [`ByteSource::device_copy`]). `pinned`: whether `host` is page-locked.
+    fn stage(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, BackendError>;
+    /// Page-locks staging buffers, where the engine can.
+    fn host_pin(&self) -> Option<Arc<dyn super::io::HostPin>>;
+    fn stats(&self) -> TransferSnapshot;
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Free slots, each with the compute event its last reader left (oldest first).
+struct Pool<E: CopyEngine> {
+    free: VecDeque<(E::Slot, Option<E::Event>)>,
+    /// Slots in existence: free, or held by staged units.
+    allocated: usize,
+}
+
+struct Inner<E: CopyEngine> {
+    engine: Arc<E>,
+    slot_len: usize,
+    /// Slots the ring holds (`--prefetch-depth` + the unit computing + a spare).
+    ring: usize,
+    pool: Mutex<Pool<E>>,
+    stats: Arc<TransferStats>,
+    warned_extra: AtomicBool,
+}
+
+/// A copy the reaper waits for, and the host bytes it keeps alive until then.
+struct Reap<E: CopyEngine> {
+    event: E::Event,
+    _host: Arc<dyn ByteSource>,
+}
+
+/// Uploads streamed units into a ring of device slots; see the module docs.
+pub struct Uploader<E: CopyEngine> {
+    inner: Arc<Inner<E>>,
+    reaper: Mutex<Option<mpsc::Sender<Reap<E>>>>,
+    reaper_thread: Mutex<Option<JoinHandle<()>>>,
+    pin: Option<Arc<dyn super::io::HostPin>>,
+}
+
+impl<E: CopyEngine> Uploader<E> {
+    /// An uploader with `ring` slots of `slot_len` bytes (allocated as first needed).
+    /// `pin` page-locks staging buffers (none: they stay pageable).
+    pub fn new(
+        engine: Arc<E>,
+        slot_len: usize,
+        ring: usize,
+        pin: Option<Arc<dyn super::io::HostPin>>,
+        stats: Arc<TransferStats>,
+    ) -> std::io::Result<Self> {
+        let inner = Arc::new(Inner {
+            engine,
+            slot_len,
+            ring: ring.max(1),
+            pool: Mutex::new(Pool { free: VecDeque::new(), allocated: 0 }),
+            stats,
+            warned_extra: AtomicBool::new(false),
+        });
+        let (tx, rx) = mpsc::channel::<Reap<E>>();
+        let reaper_inner = inner.clone();
+        let thread = std::thread::Builder::new().name("strata-reap".into()).spawn(move || {
+            for reap in rx {
+                let engine = &reaper_inner.engine;
+                if let Err(e) = engine.synchronize(&reap.event) {
+                    // The device failed; the compute sees the same error on its next op.
+                    tracing::error!(error = %e, "waiting for a host-to-device copy");
+                }
+                if let Some(s) = engine.copy_seconds(&reap.event) {
+                    reaper_inner.stats.copy_ns.fetch_add((s * 1e9) as u64, Ordering::Relaxed);
+                }
+                // Dropping `reap` now returns the staging buffer to its pool.
+            }
+        })?;
+        Ok(Uploader { inner, reaper: Mutex::new(Some(tx)), reaper_thread: Mutex::new(Some(thread)), pin })
+    }
+
+    /// Slots allocated now (free or held).
+    pub fn slots_allocated(&self) -> usize {
+        lock(&self.inner.pool).allocated
+    }
+
+    /// A free slot with the event its last reader left, or a new one. Never waits: slot
+    /// reuse is ordered on the device. When every slot of the ring is held (a caller
+    /// keeping more units than the ring was sized for), one more is allocated, with a
+    /// warning.
+    fn take_slot(&self) -> Result<(E::Slot, Option<E::Event>), BackendError> {
+        let inner = &*self.inner;
+        let mut pool = lock(&inner.pool);
+        if let Some(free) = pool.free.pop_front() {
+            return Ok(free);
+        }
+        if pool.allocated >= inner.ring {
+            inner.stats.extra_slots.fetch_add(1, Ordering::Relaxed);
+            if !inner.warned_extra.swap(true, Ordering::Relaxed) {
+                tracing::warn!(ring = inner.ring, "every device slot is in use: allocating one beyond the ring");
+            }
+        }
+        pool.allocated += 1;
+        drop(pool);
+        match inner.engine.alloc_slot(inner.slot_len) {
+            Ok(slot) => Ok((slot, None)),
+            Err(e) => {
+                lock(&inner.pool).allocated -= 1;
+                Err(e)
+            }
+        }
+    }
+
+    /// See [`Stage::stage`]; the typed result gives the slot to the engine's backend.
+    pub fn upload(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<Staged<E>>, BackendError> {
+        let inner = &*self.inner;
+        let len = host.bytes().len();
+        if len > inner.slot_len {
+            return Err(BackendError::Device {
+                op: "staging a streamed unit".into(),
+                msg: format!("{len} bytes do not fit a {}-byte slot", inner.slot_len),
+            });
+        }
+        let (slot, after) = self.take_slot()?;
+        // SAFETY: `host` is kept alive and unchanged (nothing writes a staged buffer while
+        // an `Arc` to it exists) until the reaper has seen `event` complete.
+        let event = match unsafe { inner.engine.copy(host.bytes(), &slot, after.as_ref()) } {
+            Ok(e) => e,
+            Err(e) => {
+                lock(&inner.pool).free.push_front((slot, after));
+                return Err(e);
+            }
+        };
+        drop(after);
+        let hold = Arc::new(SlotHold { slot: Some(slot), home: Arc::downgrade(&self.inner) });
+        let waited = inner.engine.compute_wait(&event);
+        inner.stats.h2d_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        inner.stats.copies.fetch_add(1, Ordering::Relaxed);
+        if !pinned {
+            inner.stats.pageable_copies.fetch_add(1, Ordering::Relaxed);
+        }
+        let reap = Reap { event, _host: host.clone() };
+        match lock(&self.reaper).as_ref() {
+            Some(tx) => {
+                if let Err(mpsc::SendError(reap)) = tx.send(reap) {
+                    let _ = inner.engine.synchronize(&reap.event);
+                }
+            }
+            None => {
+                let _ = inner.engine.synchronize(&reap.event);
+            }
+        }
+        waited?;
+        Ok(Arc::new(Staged { host, hold }))
+    }
+}
+
+impl<E: CopyEngine> Drop for Uploader<E> {
+    fn drop(&mut self) {
+        lock(&self.reaper).take();
+        if let Some(t) = lock(&self.reaper_thread).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<E: CopyEngine> Stage for Uploader<E> {
+    fn stage(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, BackendError> {
+        Ok(self.upload(host, pinned)?)
+    }
+
+    fn host_pin(&self) -> Option<Arc<dyn super::io::HostPin>> {
+        self.pin.clone()
+    }
+
+    fn stats(&self) -> TransferSnapshot {
+        self.inner.stats.snapshot()
+    }
+}
+
+/// A device slot held by the weights that view it. Dropping the last view records an
+/// event on the compute stream and returns the slot to the pool with it.
+pub struct SlotHold<E: CopyEngine> {
+    slot: Option<E::Slot>,
+    home: Weak<Inner<E>>,
+}
+
+impl<E: CopyEngine> SlotHold<E> {
+    pub fn slot(&self) -> &E::Slot {
+        self.slot.as_ref().expect("a held slot is present until drop")
+    }
+}
+
+impl<E: CopyEngine> Drop for SlotHold<E> {
+    fn drop(&mut self) {
+        let (Some(slot), Some(inner)) = (self.slot.take(), self.home.upgrade()) else { return };
+        match inner.engine.compute_mark() {
+            Ok(mark) => {
+                lock(&inner.pool).free.push_back((slot, Some(mark)));
+            }
+            Err(e) => {
+                // Without an event the slot's last reader cannot be waited for: retire it.
+                tracing::error!(error = %e, "recording the end of a streamed unit's compute");
+                lock(&inner.pool).allocated -= 1;
+                drop(slot);
+            }
+        }
+    }
+}
+
+/// A streamed unit's bytes on the host, and its copy in a device slot.
+pub struct Staged<E: CopyEngine> {
+    host: Arc<dyn ByteSource>,
+    hold: Arc<SlotHold<E>>,
+}
+
+impl<E: CopyEngine> Staged<E> {
+    pub fn hold(&self) -> &Arc<SlotHold<E>> {
+        &self.hold
+    }
+}
+
+impl<E: CopyEngine> ByteSource for Staged<E> {
+    fn bytes(&self) -> &[u8] {
+        self.host.bytes()
+    }
+
+    fn device_copy(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        Some(self.hold.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests;
