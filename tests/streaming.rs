@@ -9,19 +9,18 @@ mod support;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use strata::backend::cpu::CpuBackend;
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::cawsf::Compression;
 use strata::format::convert::{ConvertOptions, Target, convert};
-use strata::model::LanguageModel;
 use strata::model::ModelSource;
 use strata::model::config::ModelConfig;
 use strata::model::decoder::{DecoderModel, SeqStep};
 use strata::model::demo::demo_source;
-use strata::sched::{Policy, SchedOptions, StatsSnapshot};
+use strata::sched::{Policy, SchedOptions};
 use support::TempDir;
+use support::decode::{PROMPT, decode_window, logit_bits as run};
 
 fn fixture(rel: &str) -> String {
     format!("{}/tests/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"))
@@ -31,24 +30,6 @@ fn fixture(rel: &str) -> String {
 fn demo_as(out: &Path, target: Target) {
     let opts = ConvertOptions { target, quant: None, threads: 2 };
     convert(demo_source().unwrap(), out, &opts, &mut |_| {}).unwrap();
-}
-
-const PROMPT: [u32; 7] = [5, 17, 99, 3, 250, 42, 7];
-const DECODE_STEPS: usize = 5;
-
-/// Logits of every prompt position and of `DECODE_STEPS` greedy decode steps, as bits.
-fn run(model: &dyn LanguageModel) -> Vec<u32> {
-    let mut cache = model.new_cache(64).unwrap();
-    let vocab = model.config().vocab_size;
-    let mut out = model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: true }]).unwrap();
-    let mut bits: Vec<u32> = out[0].iter().map(|v| v.to_bits()).collect();
-    for _ in 0..DECODE_STEPS {
-        let last = &out[0][out[0].len() - vocab..];
-        let next = (0..vocab).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
-        out = model.forward(&mut [SeqStep { tokens: &[next], cache: &mut cache, all_logits: false }]).unwrap();
-        bits.extend(out[0].iter().map(|v| v.to_bits()));
-    }
-    bits
 }
 
 fn load(spec: &str, budget: Option<u64>, policy: Policy) -> Engine {
@@ -128,22 +109,6 @@ fn safetensors_directories_stream_bit_identically() {
     for f in ["hf/qwen2", "hf/llama_bf16_256", "hf/gemma3", "hf/phi3_partial"] {
         check_bit_identical(&fixture(f));
     }
-}
-
-/// Counters over `steps` decode steps, with the prefetch thread settled at both ends so
-/// the window holds whole tokens.
-fn decode_window(model: &dyn LanguageModel, steps: usize) -> StatsSnapshot {
-    let mut cache = model.new_cache(PROMPT.len() + steps + 2).unwrap();
-    model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap();
-    let settle = || std::thread::sleep(Duration::from_millis(100));
-    settle();
-    let before = model.scheduler().stats().snapshot();
-    for i in 0..steps {
-        let t = [(i % 200) as u32 + 1];
-        model.forward(&mut [SeqStep { tokens: &t, cache: &mut cache, all_logits: false }]).unwrap();
-    }
-    settle();
-    model.scheduler().stats().snapshot() - before
 }
 
 #[test]

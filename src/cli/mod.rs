@@ -103,6 +103,12 @@ pub struct RunOpts {
     /// the KV cache, activations, embeddings and output head.
     #[arg(long = "memory-budget", value_name = "SIZE", value_parser = parse_size_arg)]
     pub memory_budget: Option<u64>,
+    /// Page-locked host memory for streamed layers behind a GPU (bytes, or with
+    /// K/M/G/KiB/MiB/GiB): those layers are copied to the GPU on every use instead of
+    /// read from storage. Default: what free RAM holds after a tenth is left free. Not
+    /// used on the CPU, where `--memory-budget` is RAM.
+    #[arg(long = "host-budget", value_name = "SIZE", value_parser = parse_size_arg)]
+    pub host_budget: Option<u64>,
     /// Layers read ahead of the one computing while streaming.
     #[arg(long = "prefetch-depth", default_value_t = crate::sched::DEFAULT_PREFETCH_DEPTH)]
     pub prefetch_depth: usize,
@@ -151,6 +157,7 @@ impl RunOpts {
             context: self.ctx_size,
             device: self.device,
             memory_budget: self.memory_budget,
+            host_budget: self.host_budget,
             prefetch_depth: self.prefetch_depth,
             policy: self.stream_policy,
             expert_cache: self.expert_cache,

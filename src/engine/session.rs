@@ -14,6 +14,7 @@ use crate::model::decoder::DecoderModel;
 use crate::model::{LanguageModel, ModelSource};
 use crate::sched::expert_policy::CachePolicy;
 use crate::sched::plan::{RuntimeShape, default_budget, estimate_runtime_bytes};
+use crate::sched::upload::StageFactory;
 use crate::sched::{DEFAULT_PREFETCH_DEPTH, ExpertLoading, Policy, SchedOptions};
 
 use std::time::{Duration, Instant};
@@ -283,6 +284,9 @@ pub struct RunOptions {
     /// Bytes of layer weights kept resident (`None`: what fits in free memory, see
     /// [`memory_budget`]); the rest stream from storage.
     pub memory_budget: Option<u64>,
+    /// Bytes of streamed layers kept in page-locked host memory behind a GPU (`None`:
+    /// what free RAM holds, see [`host_budget`]); not used on the CPU.
+    pub host_budget: Option<u64>,
     /// Layers read ahead while streaming.
     pub prefetch_depth: usize,
     pub policy: Policy,
@@ -302,6 +306,7 @@ impl Default for RunOptions {
             context: 0,
             device: DeviceSpec::Auto,
             memory_budget: None,
+            host_budget: None,
             prefetch_depth: DEFAULT_PREFETCH_DEPTH,
             policy: Policy::Pinned,
             expert_cache: None,
@@ -316,18 +321,36 @@ impl Default for RunOptions {
 /// page cache of the always-resident weights, and everything else).
 pub const BUDGET_HEADROOM: f64 = 0.1;
 
+/// Where a model's weights go: the memory the compute reads, and behind it, on a GPU,
+/// page-locked host memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Memory {
+    /// Free memory the compute reads (VRAM on a GPU, RAM on the CPU), if known.
+    pub free: Option<u64>,
+    /// Free host RAM behind a GPU (`None` on the CPU, or unknown).
+    pub host_free: Option<u64>,
+    /// `cpu` or `cuda:N`, for messages.
+    pub device: String,
+}
+
 /// How a model's layers are held under `opts`: the budget given, or else the default
 /// (what free memory holds once the KV cache of one full-context sequence, prefill
 /// activations, the always-resident weights and the prefetch ring have theirs). The KV
 /// cache of one full-context sequence is the runtime allowance: caches beyond it press
 /// on the budget.
+///
+/// A budget above the free memory it draws on is clamped to it, with a warning naming
+/// both. Behind a GPU (`mem.host_free` known), the host tier's budget is `--host-budget`
+/// or what free RAM holds; and a model whose always-resident weights, runtime memory and
+/// streaming ring do not fit in free VRAM is refused here, with the sizes named, rather
+/// than failing mid-request.
 pub fn memory_budget(
     source: &ModelSource,
     config: &ModelConfig,
     context: usize,
     opts: &RunOptions,
-    free: Option<u64>,
-) -> SchedOptions {
+    mem: &Memory,
+) -> anyhow::Result<SchedOptions> {
     let shape = RuntimeShape {
         hidden: config.hidden_size as u64,
         intermediate: config.intermediate_size as u64,
@@ -342,39 +365,95 @@ pub fn memory_budget(
         kv_dtype_bytes: 4,
     };
     let runtime = estimate_runtime_bytes(&shape);
-    let budget = opts.memory_budget.or_else(|| {
-        let free = free?;
-        // Per layer: all its weights, and what the prefetch ring holds of it (a MoE
-        // layer's core only, when its routed experts are read on their own).
-        let (mut layers, mut ring_layers) = (vec![0u64; config.n_layers], vec![0u64; config.n_layers]);
-        let mut always_resident = 0u64;
-        for (name, t) in &source.tensors {
-            let bytes = t.byte_len() as u64;
-            match crate::format::layer_tensor(name).filter(|&(i, _)| i < config.n_layers) {
-                Some((i, local)) => {
-                    layers[i] += bytes;
-                    let routed = opts.expert_loading == ExpertLoading::Routed;
-                    if !(routed && crate::format::expert_tensor(local).is_some()) {
-                        ring_layers[i] += bytes;
-                    }
+    // Per layer: all its weights, and what the prefetch ring holds of it (a MoE layer's
+    // core only, when its routed experts are read on their own).
+    let (mut layers, mut ring_layers) = (vec![0u64; config.n_layers], vec![0u64; config.n_layers]);
+    let mut always_resident = 0u64;
+    for (name, t) in &source.tensors {
+        let bytes = t.byte_len() as u64;
+        match crate::format::layer_tensor(name).filter(|&(i, _)| i < config.n_layers) {
+            Some((i, local)) => {
+                layers[i] += bytes;
+                let routed = opts.expert_loading == ExpertLoading::Routed;
+                if !(routed && crate::format::expert_tensor(local).is_some()) {
+                    ring_layers[i] += bytes;
                 }
-                None => always_resident += bytes,
             }
+            None => always_resident += bytes,
         }
-        let ring = (opts.prefetch_depth as u64 + 2) * ring_layers.iter().copied().max().unwrap_or(0);
-        let budget = default_budget(free, &runtime, always_resident + ring, BUDGET_HEADROOM);
-        let streamable: u64 = layers.iter().sum();
-        if budget < streamable {
-            tracing::info!(
-                budget,
-                streamable,
-                free,
-                "the model's layers do not fit in free memory: streaming the rest"
+    }
+    let ring = (opts.prefetch_depth as u64 + 2) * ring_layers.iter().copied().max().unwrap_or(0);
+    let streamable: u64 = layers.iter().sum();
+    let gpu = mem.host_free.is_some();
+    if gpu && let Some(free) = mem.free {
+        let need = always_resident + runtime.total() + ring;
+        if need > free {
+            anyhow::bail!(
+                "the model cannot run on {}: it needs {} of device memory at least ({} of embeddings, output head \
+                 and norms, {} of KV cache and activations for a {context}-token context, {} of streaming \
+                 slots), and {} is free; try a smaller --ctx-size or --prefetch-depth, or --device cpu",
+                mem.device,
+                human(need),
+                human(always_resident),
+                human(runtime.total()),
+                human(ring),
+                human(free)
             );
         }
-        Some(budget)
-    });
-    SchedOptions {
+    }
+    let budget = match (opts.memory_budget, mem.free) {
+        (Some(asked), Some(free)) if asked > free && streamable > free => {
+            tracing::warn!(
+                asked,
+                free,
+                device = mem.device,
+                "--memory-budget {} is more than the {} free on {}: using {}",
+                human(asked),
+                human(free),
+                mem.device,
+                human(free)
+            );
+            Some(free)
+        }
+        (Some(asked), _) => Some(asked),
+        (None, free) => free.map(|free| {
+            let budget = default_budget(free, &runtime, always_resident + ring, BUDGET_HEADROOM);
+            if budget < streamable {
+                tracing::info!(
+                    budget,
+                    streamable,
+                    free,
+                    "the model's layers do not fit in free memory: streaming the rest"
+                );
+            }
+            budget
+        }),
+    };
+    let host_budget = match (gpu, opts.host_budget, mem.host_free) {
+        (false, Some(_), _) => {
+            tracing::warn!("--host-budget is not used on the CPU, where --memory-budget is RAM");
+            0
+        }
+        (false, None, _) => 0,
+        (true, Some(asked), Some(free)) if asked > free => {
+            tracing::warn!(
+                asked,
+                free,
+                "--host-budget {} is more than the {} of free RAM: using {}",
+                human(asked),
+                human(free),
+                human(free)
+            );
+            free
+        }
+        (true, Some(asked), _) => asked,
+        (true, None, free) => {
+            let free = free.unwrap_or(0);
+            // The staging ring is host memory too.
+            free.saturating_sub((free as f64 * BUDGET_HEADROOM) as u64).saturating_sub(ring)
+        }
+    };
+    Ok(SchedOptions {
         budget,
         policy: opts.policy,
         prefetch_depth: opts.prefetch_depth,
@@ -384,7 +463,18 @@ pub fn memory_budget(
         expert_policy: opts.expert_policy,
         expert_loading: opts.expert_loading,
         expert_guess: opts.expert_guess,
-    }
+        host_budget,
+        stage: None,
+    })
+}
+
+/// Bytes in words: `1.5 GiB`, `300 MiB`, `12 KiB`, `100 B`.
+fn human(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    UNITS
+        .iter()
+        .find(|&&(_, n)| bytes >= n)
+        .map_or_else(|| format!("{bytes} B"), |&(unit, n)| format!("{:.1} {unit}", bytes as f64 / n as f64))
 }
 
 /// Context length when neither the user nor a small model limit asks for another.
@@ -409,25 +499,32 @@ fn build_model(
     opts: &RunOptions,
 ) -> anyhow::Result<(Box<dyn LanguageModel>, DeviceInfo)> {
     use crate::backend::cuda::CudaBackend;
+    /// On a GPU, `stage` is its upload pipeline and there is host RAM behind it.
     fn on<B: Backend>(
         be: Arc<B>,
         device: DeviceInfo,
-        source: &ModelSource,
-        config: ModelConfig,
-        context_len: usize,
-        opts: &RunOptions,
+        stage: Option<StageFactory>,
+        (source, config, context_len, opts): (&ModelSource, ModelConfig, usize, &RunOptions),
     ) -> anyhow::Result<(Box<dyn LanguageModel>, DeviceInfo)> {
-        let sched = memory_budget(source, &config, context_len, opts, be.free_memory());
+        let host_free = stage.as_ref().map(|_| crate::backend::device::available_memory().unwrap_or(0));
+        let mem = Memory { free: be.free_memory(), host_free, device: device.device.clone() };
+        let mut sched = memory_budget(source, &config, context_len, opts, &mem)?;
+        sched.stage = stage;
         let model = DecoderModel::with_options(config, source, be, &sched)
             .with_context(|| format!("model `{}` on {}", source.name, device.device))?;
         Ok((Box::new(model), device))
     }
     let cuda = |b: CudaBackend| {
         let device = DeviceInfo { device: format!("cuda:{}", b.ordinal()), name: b.gpu_name().to_string() };
-        on(Arc::new(b), device, source, config.clone(), context_len, opts)
+        let be = Arc::new(b);
+        let up = be.clone();
+        let stage = StageFactory(Arc::new(move |slot_len, ring, stats| up.stage(slot_len, ring, stats)));
+        on(be, device, Some(stage), (source, config.clone(), context_len, opts))
     };
-    let cpu =
-        || on(Arc::new(CpuBackend::new(opts.threads)), DeviceInfo::cpu(), source, config.clone(), context_len, opts);
+    let cpu = || {
+        let be = Arc::new(CpuBackend::new(opts.threads));
+        on(be, DeviceInfo::cpu(), None, (source, config.clone(), context_len, opts))
+    };
     match opts.device {
         DeviceSpec::Cpu => cpu(),
         DeviceSpec::Cuda(n) => cuda(CudaBackend::new(n).with_context(|| format!("--device cuda:{n}"))?),

@@ -96,6 +96,11 @@ pub struct SchedStats {
     pub expert_guess_total: AtomicU64,
     /// Expert hits and misses by layer.
     pub expert_layers: std::sync::Mutex<Vec<experts::LayerExpertStats>>,
+    /// Streamed layers served from the host tier (page-locked RAM behind a GPU) rather
+    /// than read from storage.
+    pub host_hits: AtomicU64,
+    /// What the upload pipeline copied host → device (GPU streaming).
+    pub transfer: Arc<upload::TransferStats>,
 }
 
 impl SchedStats {
@@ -116,6 +121,8 @@ impl SchedStats {
             expert_routed_bytes: get(&self.expert_routed_bytes),
             expert_guess_right: get(&self.expert_guess_right),
             expert_guess_total: get(&self.expert_guess_total),
+            host_hits: get(&self.host_hits),
+            transfer: self.transfer.snapshot(),
         }
     }
 }
@@ -138,6 +145,11 @@ pub struct StatsSnapshot {
     pub expert_routed_bytes: u64,
     pub expert_guess_right: u64,
     pub expert_guess_total: u64,
+    /// Streamed layers served from the host tier.
+    pub host_hits: u64,
+    /// Host → device copies of streamed units.
+    #[serde(flatten)]
+    pub transfer: upload::TransferSnapshot,
 }
 
 impl std::ops::Add for StatsSnapshot {
@@ -156,6 +168,8 @@ impl std::ops::Add for StatsSnapshot {
             expert_routed_bytes: self.expert_routed_bytes + o.expert_routed_bytes,
             expert_guess_right: self.expert_guess_right + o.expert_guess_right,
             expert_guess_total: self.expert_guess_total + o.expert_guess_total,
+            host_hits: self.host_hits + o.host_hits,
+            transfer: self.transfer + o.transfer,
         }
     }
 }
@@ -176,6 +190,8 @@ impl std::ops::Sub for StatsSnapshot {
             expert_routed_bytes: self.expert_routed_bytes.saturating_sub(o.expert_routed_bytes),
             expert_guess_right: self.expert_guess_right.saturating_sub(o.expert_guess_right),
             expert_guess_total: self.expert_guess_total.saturating_sub(o.expert_guess_total),
+            host_hits: self.host_hits.saturating_sub(o.host_hits),
+            transfer: self.transfer - o.transfer,
         }
     }
 }
@@ -221,6 +237,11 @@ pub struct SchedOptions {
     /// Score how well each MoE layer's router, applied to the stream entering the layer,
     /// guesses the experts taken after attention (what a speculative prefetch would read).
     pub expert_guess: bool,
+    /// Bytes of streamed layers kept in page-locked host memory behind the device
+    /// (`--host-budget`; only where the compute has memory of its own, a GPU).
+    pub host_budget: u64,
+    /// The upload pipeline into device memory (`None`: the compute reads host memory).
+    pub stage: Option<upload::StageFactory>,
 }
 
 /// How a MoE layer's routed experts are loaded (`--experts`).
@@ -246,6 +267,8 @@ impl Default for SchedOptions {
             expert_policy: expert_policy::CachePolicy::default(),
             expert_loading: ExpertLoading::Routed,
             expert_guess: false,
+            host_budget: 0,
+            stage: None,
         }
     }
 }
@@ -282,6 +305,9 @@ pub struct SchedSummary {
     pub direct_io: Option<bool>,
     #[serde(flatten)]
     pub plan: PlanSummary,
+    /// The host tier behind a GPU: streamed layers kept in page-locked RAM and copied
+    /// to the device on every use (`None` where the compute reads host memory).
+    pub host_tier: Option<plan::HostTierSummary>,
     /// The expert cache of a MoE model (`None` for a dense one).
     pub experts: Option<experts::ExpertSummary>,
 }
@@ -341,12 +367,27 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
             Policy::Pinned => opts.prefetch_depth.max(1),
             Policy::Lru | Policy::Reload => 0,
         };
+        // Where the compute reads its own memory, streamed layers are uploaded into a
+        // ring of device slots (the baselines copy each tensor as they build it).
+        let stage = match (&opts.stage, opts.policy) {
+            (Some(factory), Policy::Pinned) => {
+                let slot_len = layer_bytes.iter().copied().max().unwrap_or(0) as usize;
+                let ring = prefetch_depth + stream::EXTRA_BUFFERS;
+                Some(
+                    (factory.0)(slot_len, ring, stats.transfer.clone())
+                        .map_err(|source| SchedError::Backend { layer: 0, source })?,
+                )
+            }
+            _ => None,
+        };
         let start = stream::Start {
             layer_bytes: layer_bytes.clone(),
             budget,
             runtime_allowance: opts.runtime_allowance,
             policy: opts.policy,
             depth: prefetch_depth,
+            host_budget: opts.host_budget,
+            stage,
         };
         let core = Core::start(reader, Box::new(build), start, stats.clone())?;
         Ok(Scheduler {
@@ -445,6 +486,7 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
                     prefetch_depth: 0,
                     direct_io: None,
                     plan,
+                    host_tier: None,
                     experts: None,
                 }
             }

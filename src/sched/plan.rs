@@ -365,6 +365,34 @@ impl ResidencyPlan {
     }
 }
 
+/// The host tier behind a device (DESIGN.md §5): of the layers not resident on the
+/// device, those kept in page-locked host memory under `budget` and copied to the device
+/// on every use, in [`pin_order`], skipping any that does not fit (as
+/// [`ResidencyPlan::new`] does). The rest stream from storage.
+pub fn host_tier(layer_bytes: &[u64], on_device: &[bool], budget: u64) -> Vec<bool> {
+    let mut left = budget;
+    let mut host = vec![false; layer_bytes.len()];
+    for l in pin_order(layer_bytes.len()) {
+        if !on_device.get(l).copied().unwrap_or(false) && layer_bytes[l] <= left {
+            left -= layer_bytes[l];
+            host[l] = true;
+        }
+    }
+    host
+}
+
+/// What the host tier holds, as `strata bench`, `/api/ps` and `/metrics` show it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct HostTierSummary {
+    pub budget_bytes: u64,
+    pub resident_bytes: u64,
+    /// Layers held, as compact ranges (`"2-5,9"`).
+    pub layers: String,
+    pub count: usize,
+    /// Whether the OS page-locked every one of them (else copies from them are pageable).
+    pub pinned: bool,
+}
+
 /// Ascending layer indices as compact ranges: `[0,1,2,5,7,8]` → `"0-2,5,7-8"`.
 pub fn format_ranges(sorted: &[usize]) -> String {
     let mut out = String::new();
@@ -392,6 +420,20 @@ pub fn format_ranges(sorted: &[usize]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_tier_takes_what_the_device_does_not_hold_in_pin_order() {
+        let bytes = [10, 10, 10, 10, 10, 10];
+        let on_device = [true, false, false, false, false, true];
+        // Pin order for 6 layers is 0, 5, 1, 2, 3, 4: the host tier gets the next ones.
+        let host = host_tier(&bytes, &on_device, 25);
+        assert_eq!(host, vec![false, true, true, false, false, false]);
+        assert_eq!(host_tier(&bytes, &on_device, 0), vec![false; 6]);
+        assert_eq!(host_tier(&bytes, &on_device, u64::MAX), vec![false, true, true, true, true, false]);
+        // A layer that does not fit is skipped; a smaller later one still gets in.
+        let host = host_tier(&[10, 50, 10], &[false; 3], 25);
+        assert_eq!(host, vec![true, false, true]);
+    }
 
     // --- parse_size -------------------------------------------------------------------
 

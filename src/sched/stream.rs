@@ -13,15 +13,16 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::io::AlignedBuf;
+use super::io::{AlignedBuf, HostPin};
 use super::layout::Reader;
-use super::plan::ResidencyPlan;
+use super::plan::{HostTierSummary, ResidencyPlan, format_ranges, host_tier};
+use super::upload::Stage;
 use super::{Build, Policy, SchedError, SchedStats, SchedSummary};
 use crate::tensor::ByteSource;
 
 /// Ring buffers beyond the prefetch depth: one for the layer being computed, one spare
 /// so that a caller briefly holding two layers does not stall the I/O thread.
-const EXTRA_BUFFERS: usize = 2;
+pub(super) const EXTRA_BUFFERS: usize = 2;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -133,6 +134,31 @@ pub(super) struct Start {
     pub policy: Policy,
     /// Prefetch depth (0 for the baselines, which read on demand).
     pub depth: usize,
+    /// Bytes of streamed layers held in page-locked host memory (with a `stage` only).
+    pub host_budget: u64,
+    /// The upload into device memory, when the compute has memory of its own.
+    pub stage: Option<Arc<dyn Stage>>,
+}
+
+/// How the I/O thread allocates ring buffers: page-locked, and large enough for every
+/// layer so that they never reallocate (and lose their lock), when a stage uploads them.
+#[derive(Clone)]
+struct Alloc {
+    pin: Option<Arc<dyn HostPin>>,
+    cap: usize,
+}
+
+impl Alloc {
+    fn buf(&self) -> AlignedBuf {
+        match &self.pin {
+            None => AlignedBuf::new(),
+            Some(pin) => {
+                let mut buf = AlignedBuf::with_capacity(self.cap);
+                buf.pin_with(pin.clone());
+                buf
+            }
+        }
+    }
 }
 
 pub(super) struct Core<L> {
@@ -144,6 +170,10 @@ pub(super) struct Core<L> {
     policy: Policy,
     depth: usize,
     io_thread: Mutex<Option<JoinHandle<()>>>,
+    stage: Option<Arc<dyn Stage>>,
+    /// The host tier: layers kept in (page-locked) host memory, uploaded on every use.
+    host: Vec<Option<Arc<AlignedBuf>>>,
+    host_budget: u64,
 }
 
 impl<L: Send + Sync + 'static> Core<L> {
@@ -155,8 +185,12 @@ impl<L: Send + Sync + 'static> Core<L> {
         start: Start,
         stats: Arc<SchedStats>,
     ) -> Result<Arc<Self>, SchedError> {
-        let Start { layer_bytes, budget, runtime_allowance, policy, depth } = start;
+        let Start { layer_bytes, budget, runtime_allowance, policy, depth, host_budget, stage } = start;
         let n = layer_bytes.len();
+        let alloc = Alloc {
+            pin: stage.as_ref().and_then(|s| s.host_pin()),
+            cap: layer_bytes.iter().copied().max().unwrap_or(0) as usize,
+        };
         let plan = match policy {
             Policy::Pinned => ResidencyPlan::new(layer_bytes, budget),
             Policy::Lru | Policy::Reload => ResidencyPlan::new(layer_bytes, 0),
@@ -169,7 +203,18 @@ impl<L: Send + Sync + 'static> Core<L> {
             reader.fix(i, &mut buf);
             resident[i] = Some(Arc::new(build(&reader.tensors(i, Arc::new(buf)))?));
         }
-        let skip = resident.iter().map(Option::is_some).collect();
+        let on_device: Vec<bool> = resident.iter().map(Option::is_some).collect();
+        let host_budget = if stage.is_some() && policy == Policy::Pinned { host_budget } else { 0 };
+        let mut host = vec![None; n];
+        for (i, held) in host_tier(plan.layer_bytes(), &on_device, host_budget).into_iter().enumerate() {
+            if held {
+                let mut buf = alloc.buf();
+                reader.read(i, &mut buf)?;
+                reader.fix(i, &mut buf);
+                host[i] = Some(Arc::new(buf));
+            }
+        }
+        let skip = on_device.iter().zip(&host).map(|(&d, h)| d || h.is_some()).collect();
         let shared = Arc::new(Shared {
             ring: Mutex::new(Ring {
                 cursor: 0,
@@ -204,12 +249,15 @@ impl<L: Send + Sync + 'static> Core<L> {
             policy,
             depth,
             io_thread: Mutex::new(None),
+            stage,
+            host,
+            host_budget,
         });
         if policy == Policy::Pinned && depth > 0 {
             let (reader, shared, stats) = (core.reader.clone(), core.shared.clone(), core.stats.clone());
             let handle = std::thread::Builder::new()
                 .name("strata-io".into())
-                .spawn(move || io_thread(&reader, &shared, &stats))
+                .spawn(move || io_thread(&reader, &shared, &stats, &alloc))
                 .map_err(|e| SchedError::Io { layer: 0, msg: format!("starting the I/O thread: {e}") })?;
             *lock(&core.io_thread) = Some(handle);
         }
@@ -235,19 +283,41 @@ impl<L: Send + Sync + 'static> Core<L> {
                 return Ok(layer.clone());
             }
         }
+        if let Some(held) = &self.host[i] {
+            self.stats.layer_hits.fetch_add(1, Ordering::Relaxed);
+            self.stats.host_hits.fetch_add(1, Ordering::Relaxed);
+            let src = self.staged(i, held.clone(), held.is_pinned())?;
+            return Ok(Arc::new((self.build)(&self.reader.tensors(i, src))?));
+        }
         let mut buf = self.take(i)?;
         self.reader.fix(i, &mut buf);
+        let pinned = buf.is_pinned();
         let buf = self.lend(buf);
-        let layer = Arc::new((self.build)(&self.reader.tensors(i, buf.clone()))?);
+        let layer = Arc::new((self.build)(&self.reader.tensors(i, self.staged(i, buf.clone(), pinned)?))?);
         // A layer the plan (re-)admitted since it was evicted becomes resident now,
-        // without a second read.
+        // without a second read: the buffer itself where the compute reads host memory,
+        // else a copy of its own on the device (not a slot of the ring).
         let mut cache = lock(&self.cache);
         if cache.plan.is_resident(i) && cache.resident[i].is_none() {
-            buf.keep();
-            cache.resident[i] = Some(layer.clone());
+            let layer = match self.stage {
+                None => {
+                    buf.keep();
+                    layer.clone()
+                }
+                Some(_) => Arc::new((self.build)(&self.reader.tensors(i, buf.clone()))?),
+            };
+            cache.resident[i] = Some(layer);
             lock(&self.shared.ring).skip[i] = true;
         }
         Ok(layer)
+    }
+
+    /// The bytes a layer is built from: `host` itself, or its upload into a device slot.
+    fn staged(&self, i: usize, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, SchedError> {
+        match &self.stage {
+            None => Ok(host),
+            Some(stage) => stage.stage(host, pinned).map_err(|source| SchedError::Backend { layer: i, source }),
+        }
     }
 
     /// Wraps a buffer read for the compute so that it comes back to the ring when the
@@ -409,7 +479,7 @@ fn recycle(ring: &mut Ring, n: usize) {
 
 /// Reads the next layers in cyclic order into free ring buffers, keeping at most `depth`
 /// read or in flight ahead of the compute.
-fn io_thread(reader: &Reader, shared: &Shared, stats: &SchedStats) {
+fn io_thread(reader: &Reader, shared: &Shared, stats: &SchedStats, alloc: &Alloc) {
     let mut ring = lock(&shared.ring);
     loop {
         if ring.shutdown {
@@ -425,11 +495,13 @@ fn io_thread(reader: &Reader, shared: &Shared, stats: &SchedStats) {
         let epoch = ring.epoch;
         ring.cursor = (layer + 1) % ring.skip.len();
         ring.loading = Some((layer, epoch));
-        let mut buf = ring.free.pop().unwrap_or_else(|| {
+        let free = ring.free.pop();
+        if free.is_none() {
             ring.allocated += 1;
-            AlignedBuf::new()
-        });
+        }
         drop(ring);
+        // A new buffer is allocated (and page-locked) outside the lock.
+        let mut buf = free.unwrap_or_else(|| alloc.buf());
         let t = Instant::now();
         let read = reader.read(layer, &mut buf);
         stats.io_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -475,7 +547,21 @@ impl<L: Send + Sync + 'static> CoreHandle for Core<L> {
             prefetch_depth: self.depth,
             direct_io: Some(self.reader.is_direct()),
             plan,
+            host_tier: self.stage.as_ref().map(|_| self.host_tier()),
             experts: None,
+        }
+    }
+}
+
+impl<L> Core<L> {
+    fn host_tier(&self) -> HostTierSummary {
+        let held: Vec<usize> = (0..self.host.len()).filter(|&l| self.host[l].is_some()).collect();
+        HostTierSummary {
+            budget_bytes: self.host_budget,
+            resident_bytes: self.host.iter().flatten().map(|b| b.len() as u64).sum(),
+            layers: format_ranges(&held),
+            count: held.len(),
+            pinned: self.host.iter().flatten().all(|b| b.is_pinned()),
         }
     }
 }

@@ -76,6 +76,8 @@ pub struct TransferStats {
     pub copy_ns: AtomicU64,
     /// Slots allocated beyond the ring because every slot was held.
     pub extra_slots: AtomicU64,
+    /// Device bytes the slots hold now.
+    pub slot_bytes: AtomicU64,
 }
 
 /// [`TransferStats`] at one moment.
@@ -85,6 +87,35 @@ pub struct TransferSnapshot {
     pub copies: u64,
     pub pageable_copies: u64,
     pub copy_ns: u64,
+    /// Device bytes the streaming slots hold (a level, not a count: the later one of two
+    /// snapshots wins when they are subtracted or added).
+    pub slot_bytes: u64,
+}
+
+impl std::ops::Add for TransferSnapshot {
+    type Output = TransferSnapshot;
+    fn add(self, o: TransferSnapshot) -> TransferSnapshot {
+        TransferSnapshot {
+            h2d_bytes: self.h2d_bytes + o.h2d_bytes,
+            copies: self.copies + o.copies,
+            pageable_copies: self.pageable_copies + o.pageable_copies,
+            copy_ns: self.copy_ns + o.copy_ns,
+            slot_bytes: self.slot_bytes.max(o.slot_bytes),
+        }
+    }
+}
+
+impl std::ops::Sub for TransferSnapshot {
+    type Output = TransferSnapshot;
+    fn sub(self, o: TransferSnapshot) -> TransferSnapshot {
+        TransferSnapshot {
+            h2d_bytes: self.h2d_bytes.saturating_sub(o.h2d_bytes),
+            copies: self.copies.saturating_sub(o.copies),
+            pageable_copies: self.pageable_copies.saturating_sub(o.pageable_copies),
+            copy_ns: self.copy_ns.saturating_sub(o.copy_ns),
+            slot_bytes: self.slot_bytes,
+        }
+    }
 }
 
 impl TransferStats {
@@ -95,6 +126,7 @@ impl TransferStats {
             copies: get(&self.copies),
             pageable_copies: get(&self.pageable_copies),
             copy_ns: get(&self.copy_ns),
+            slot_bytes: get(&self.slot_bytes),
         }
     }
 }
@@ -109,6 +141,20 @@ pub trait Stage: Send + Sync {
     /// Page-locks staging buffers, where the engine can.
     fn host_pin(&self) -> Option<Arc<dyn super::io::HostPin>>;
     fn stats(&self) -> TransferSnapshot;
+}
+
+/// Makes the stage a streaming scheduler uploads through, given the slot size (the
+/// largest streamed unit) and the number of slots in the ring.
+#[derive(Clone)]
+pub struct StageFactory(
+    #[allow(clippy::type_complexity)]
+    pub  Arc<dyn Fn(usize, usize, Arc<TransferStats>) -> Result<Arc<dyn Stage>, BackendError> + Send + Sync>,
+);
+
+impl std::fmt::Debug for StageFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StageFactory")
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -130,6 +176,13 @@ struct Inner<E: CopyEngine> {
     pool: Mutex<Pool<E>>,
     stats: Arc<TransferStats>,
     warned_extra: AtomicBool,
+}
+
+impl<E: CopyEngine> Drop for Inner<E> {
+    fn drop(&mut self) {
+        let allocated = lock(&self.pool).allocated as u64;
+        self.stats.slot_bytes.fetch_sub(allocated * self.slot_len as u64, Ordering::Relaxed);
+    }
 }
 
 /// A copy the reaper waits for, and the host bytes it keeps alive until then.
@@ -206,7 +259,10 @@ impl<E: CopyEngine> Uploader<E> {
         pool.allocated += 1;
         drop(pool);
         match inner.engine.alloc_slot(inner.slot_len) {
-            Ok(slot) => Ok((slot, None)),
+            Ok(slot) => {
+                inner.stats.slot_bytes.fetch_add(inner.slot_len as u64, Ordering::Relaxed);
+                Ok((slot, None))
+            }
             Err(e) => {
                 lock(&inner.pool).allocated -= 1;
                 Err(e)
@@ -305,6 +361,7 @@ impl<E: CopyEngine> Drop for SlotHold<E> {
                 // Without an event the slot's last reader cannot be waited for: retire it.
                 tracing::error!(error = %e, "recording the end of a streamed unit's compute");
                 lock(&inner.pool).allocated -= 1;
+                inner.stats.slot_bytes.fetch_sub(inner.slot_len as u64, Ordering::Relaxed);
                 drop(slot);
             }
         }

@@ -2,6 +2,7 @@
 //! removes itself, and a model's tensors grouped the way `ModelWriter` takes them.
 #![allow(dead_code)]
 
+pub mod decode;
 pub mod gguf;
 
 use std::collections::BTreeMap;

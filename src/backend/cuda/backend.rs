@@ -15,20 +15,22 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig};
 use cudarc::driver::{LaunchArgs, PushKernelArg, sys};
 
+use super::copy::{CudaCopy, CudaPin};
 use super::launch::{self, Shape};
 use crate::backend::{
     Activation, AttnParams, Backend, BackendError, BackendResult, MAX_TOP_K, RopeFreqs, Rows, TopK, Unary,
 };
+use crate::sched::upload::{SlotHold, Stage, TransferStats, Uploader};
 use crate::tensor::{DType, HostTensor};
 
 /// Device memory held by one allocation, counted in the backend's total while it lives.
-struct Tracked {
+pub(super) struct Tracked {
     bytes: u64,
     total: Arc<AtomicU64>,
 }
 
 impl Tracked {
-    fn new(bytes: u64, total: &Arc<AtomicU64>) -> Self {
+    pub(super) fn new(bytes: u64, total: &Arc<AtomicU64>) -> Self {
         total.fetch_add(bytes, Ordering::Relaxed);
         Tracked { bytes, total: total.clone() }
     }
@@ -49,10 +51,28 @@ pub struct CudaBuf {
 /// A weight in device memory, in its stored format (`[out, in]` rows of blocks), or in
 /// f32 for 1-D tensors (norm weights and biases, which the kernels read as f32).
 pub struct CudaWeight {
-    data: CudaSlice<u8>,
+    mem: WeightMem,
     dtype: DType,
     shape: Vec<usize>,
-    _tracked: Tracked,
+}
+
+/// Where a weight's bytes are on the device.
+enum WeightMem {
+    /// Its own allocation (resident weights, and units uploaded without the pipeline).
+    Owned { data: CudaSlice<u8>, _tracked: Tracked },
+    /// `offset..` of a streaming slot the upload pipeline filled; the slot returns to its
+    /// ring when the last weight viewing it drops.
+    Slot { hold: Arc<SlotHold<CudaCopy>>, offset: usize },
+}
+
+impl CudaWeight {
+    /// The device address of byte `offset` of the weight.
+    fn ptr(&self, stream: &Arc<CudaStream>, offset: usize) -> u64 {
+        match &self.mem {
+            WeightMem::Owned { data, .. } => ptr(data, stream, offset),
+            WeightMem::Slot { hold, offset: at } => hold.slot().ptr(stream, at + offset),
+        }
+    }
 }
 
 /// Reused device scratch: grown on demand, never shrunk.
@@ -88,7 +108,7 @@ pub struct CudaBackend {
 }
 
 /// Maps a driver error to a backend error, naming GPU memory when that ran out.
-fn dev_err(op: &str, bytes: u64) -> impl Fn(DriverError) -> BackendError + '_ {
+pub(super) fn dev_err(op: &str, bytes: u64) -> impl Fn(DriverError) -> BackendError + '_ {
     move |e: DriverError| {
         if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
             BackendError::OutOfMemory { what: op.to_string(), bytes, msg: format!("{e:?}") }
@@ -215,6 +235,26 @@ impl CudaBackend {
         &self.gpu_name
     }
 
+    /// The upload pipeline streamed units go through on this device: a copy stream, a
+    /// ring of `ring` slots of `slot_len` bytes, page-locked staging buffers.
+    pub fn stage(
+        &self,
+        slot_len: usize,
+        ring: usize,
+        stats: Arc<TransferStats>,
+    ) -> Result<Arc<dyn Stage>, BackendError> {
+        let engine = Arc::new(CudaCopy::new(self.stream.clone(), self.used.clone())?);
+        let pin: Arc<dyn crate::sched::io::HostPin> = Arc::new(CudaPin::new(self.stream.context().clone()));
+        let up = Uploader::new(engine, slot_len, ring, Some(pin), stats)
+            .map_err(|e| BackendError::Device { op: "starting the copy reaper".into(), msg: e.to_string() })?;
+        Ok(Arc::new(up))
+    }
+
+    /// Host→device bandwidth from page-locked memory, measured now (bytes per second).
+    pub fn h2d_bandwidth(&self) -> Option<f64> {
+        super::copy::measure_h2d(&self.stream)
+    }
+
     /// Launches what `b` holds with `shape`, and counts the launch.
     ///
     /// # Safety
@@ -262,7 +302,7 @@ impl CudaBackend {
         let fmt = launch::format_name(w.dtype)
             .ok_or_else(|| BackendError::Compile(format!("no kernel reads {} weights", w.dtype.name())))?;
         let f = self.func(&format!("matvec_{fmt}"))?;
-        let wp = ptr(&w.data, &self.stream, 0);
+        let wp = w.ptr(&self.stream, 0);
         for r0 in (0..rows).step_by(launch::MATVEC_MAX_ROWS) {
             let n = (rows - r0).min(launch::MATVEC_MAX_ROWS);
             let (xp, yp) = (ptr(&x.data, &self.stream, r0 * inn), ptr(&y.data, &self.stream, r0 * out));
@@ -298,7 +338,7 @@ impl CudaBackend {
         let (xp, yp) = (ptr(&x.data, &self.stream, 0), ptr(&y.data, &self.stream, 0));
         let shape = GemmShape { out, rows, inn, ldc: out };
         if w.dtype == DType::F32 {
-            return gemm_ex(blas, shape, (ptr(&w.data, &self.stream, 0), CUDA_R_32F), (xp, CUDA_R_32F), yp);
+            return gemm_ex(blas, shape, (w.ptr(&self.stream, 0), CUDA_R_32F), (xp, CUDA_R_32F), yp);
         }
         let mut s = self.scratch();
         let fmt = launch::format_name(w.dtype).unwrap_or_default();
@@ -314,7 +354,7 @@ impl CudaBackend {
         for o0 in (0..out).step_by(tile.max(1)) {
             let n_out = (out - o0).min(tile);
             let n = (n_out * inn) as u64;
-            let wp = ptr(&w.data, &self.stream, o0 * row_bytes);
+            let wp = w.ptr(&self.stream, o0 * row_bytes);
             let mut b = self.stream.launch_builder(self.func(&format!("dequant_{fmt}_f16"))?);
             b.arg(&wp).arg(&w16).arg(&n);
             // SAFETY: dequant_FMT_f16(w, out, n): from output row `o0`, `w` holds
@@ -461,6 +501,13 @@ impl Backend for CudaBackend {
     }
 
     fn weight(&self, t: &HostTensor) -> BackendResult<CudaWeight> {
+        // A streamed unit the upload pipeline already copied: view its slot.
+        let f32_ready = t.shape.len() != 1 || t.dtype == DType::F32;
+        if let Some((copy, offset)) = t.device_copy().filter(|_| f32_ready)
+            && let Ok(hold) = copy.downcast::<SlotHold<CudaCopy>>()
+        {
+            return Ok(CudaWeight { mem: WeightMem::Slot { hold, offset }, dtype: t.dtype, shape: t.shape.clone() });
+        }
         // 1-D tensors (norms, biases) are read by the kernels as f32.
         let (bytes, dtype): (std::borrow::Cow<'_, [u8]>, DType) = if t.shape.len() == 1 && t.dtype != DType::F32 {
             let v = t.to_f32_vec();
@@ -472,7 +519,7 @@ impl Backend for CudaBackend {
         let mut data = self.stream.alloc_zeros::<u8>(bytes.len().max(1)).map_err(dev_err(&what, bytes.len() as u64))?;
         self.put(&bytes, &mut data, &what)?;
         let tracked = Tracked::new(data.len() as u64, &self.used);
-        Ok(CudaWeight { data, dtype, shape: t.shape.clone(), _tracked: tracked })
+        Ok(CudaWeight { mem: WeightMem::Owned { data, _tracked: tracked }, dtype, shape: t.shape.clone() })
     }
 
     fn top_k(&self, logits: &CudaBuf, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {
@@ -519,12 +566,8 @@ impl Backend for CudaBackend {
         let mut s = self.scratch();
         let slot = self.grow(&mut s.ids, ids.len(), "token ids")?;
         self.put(ids, slot, "token ids")?;
-        let (tp, ip, op, d) = (
-            ptr(&table.data, &self.stream, 0),
-            ptr(slot, &self.stream, 0),
-            ptr(&out.data, &self.stream, 0),
-            dim as u32,
-        );
+        let (tp, ip, op, d) =
+            (table.ptr(&self.stream, 0), ptr(slot, &self.stream, 0), ptr(&out.data, &self.stream, 0), dim as u32);
         let mut b = self.stream.launch_builder(self.func(&format!("embed_{fmt}"))?);
         b.arg(&tp).arg(&ip).arg(&op).arg(&d);
         // SAFETY: embed_FMT(table, ids, out, dim): ids (checked < vocab by the model) index
@@ -544,8 +587,7 @@ impl Backend for CudaBackend {
 
     fn add_bias(&self, x: &mut CudaBuf, rows: usize, bias: &CudaWeight) -> BackendResult<()> {
         let width = bias.shape.iter().product::<usize>();
-        let (xp, bp, r, w) =
-            (ptr(&x.data, &self.stream, 0), ptr(&bias.data, &self.stream, 0), rows as u32, width as u32);
+        let (xp, bp, r, w) = (ptr(&x.data, &self.stream, 0), bias.ptr(&self.stream, 0), rows as u32, width as u32);
         let mut b = self.stream.launch_builder(self.func("add_bias_f32")?);
         b.arg(&xp).arg(&bp).arg(&r).arg(&w);
         // SAFETY: add_bias_f32(x, b, rows, width): `x` holds `rows × width` floats and the
@@ -555,8 +597,7 @@ impl Backend for CudaBackend {
 
     fn rms_norm(&self, x: &CudaBuf, rows: usize, w: &CudaWeight, eps: f32, out: &mut CudaBuf) -> BackendResult<()> {
         let dim = w.shape.iter().product::<usize>() as u32;
-        let (xp, wp, op) =
-            (ptr(&x.data, &self.stream, 0), ptr(&w.data, &self.stream, 0), ptr(&out.data, &self.stream, 0));
+        let (xp, wp, op) = (ptr(&x.data, &self.stream, 0), w.ptr(&self.stream, 0), ptr(&out.data, &self.stream, 0));
         let mut b = self.stream.launch_builder(self.func("rms_norm_f32")?);
         b.arg(&xp).arg(&wp).arg(&op).arg(&dim).arg(&eps);
         // SAFETY: rms_norm_f32(x, w, out, dim, eps): `x` and `out` hold `rows × dim`

@@ -4,6 +4,7 @@
 //! device code (cached on disk), `launch` holds every launch shape, `backend` the ops.
 
 pub mod backend;
+pub mod copy;
 pub mod kernels;
 pub mod launch;
 pub mod libs;

@@ -1,0 +1,211 @@
+//! CUDA's copy engine for the upload pipeline ([`crate::sched::upload`]): a stream of its
+//! own for host→device copies, events that order it against the compute stream, device
+//! slots, and page-locking of the streamer's staging buffers (`cuMemHostRegister`).
+//!
+//! With `CU_STREAM_NON_BLOCKING` copy streams the copy engine runs beside the kernels;
+//! only what the events say orders the two.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DriverError, sys};
+
+use super::backend::{Tracked, dev_err as err};
+use crate::backend::BackendError;
+use crate::sched::io::HostPin;
+use crate::sched::upload::CopyEngine;
+
+/// Host→device copies on their own stream.
+pub struct CudaCopy {
+    copy: Arc<CudaStream>,
+    compute: Arc<CudaStream>,
+    /// Device bytes the backend has allocated (slots count in it).
+    used: Arc<AtomicU64>,
+}
+
+/// A device slot: one streamed unit's bytes.
+pub struct CudaSlot {
+    data: CudaSlice<u8>,
+    _tracked: Tracked,
+}
+
+impl CudaSlot {
+    /// The device address of byte `offset`.
+    pub fn ptr(&self, stream: &CudaStream, offset: usize) -> u64 {
+        let (p, _sync) = self.data.device_ptr(stream);
+        p + offset as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.len() == 0
+    }
+}
+
+/// The end of a copy (timed from `start`), or a mark on the compute stream.
+pub struct CopyEvent {
+    start: Option<CudaEvent>,
+    end: CudaEvent,
+}
+
+impl CudaCopy {
+    /// A copy stream beside `compute` (the backend's stream).
+    pub fn new(compute: Arc<CudaStream>, used: Arc<AtomicU64>) -> Result<Self, BackendError> {
+        let copy = compute.context().new_stream().map_err(err("creating the copy stream", 0))?;
+        Ok(CudaCopy { copy, compute, used })
+    }
+
+    fn ctx(&self) -> &Arc<CudaContext> {
+        self.compute.context()
+    }
+}
+
+impl CopyEngine for CudaCopy {
+    type Event = CopyEvent;
+    type Slot = CudaSlot;
+
+    fn alloc_slot(&self, len: usize) -> Result<CudaSlot, BackendError> {
+        let what = "a streaming slot";
+        let data = self.copy.alloc_zeros::<u8>(len.max(1)).map_err(err(what, len as u64))?;
+        // The allocation is ordered on the copy stream; the compute stream first reads
+        // it after waiting on a copy into it.
+        Ok(CudaSlot { _tracked: Tracked::new(data.len() as u64, &self.used), data })
+    }
+
+    unsafe fn copy(&self, src: &[u8], dst: &CudaSlot, after: Option<&CopyEvent>) -> Result<CopyEvent, BackendError> {
+        if src.len() > dst.len() {
+            return Err(BackendError::Device {
+                op: "host-to-device copy".into(),
+                msg: format!("{} bytes into a {}-byte slot", src.len(), dst.len()),
+            });
+        }
+        if let Some(after) = after {
+            self.copy.wait(&after.end).map_err(err("ordering a copy after the compute", 0))?;
+        }
+        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.copy.record_event(timing).map_err(err("recording a copy's start", 0))?;
+        let dst_ptr = dst.ptr(&self.copy, 0);
+        self.ctx().bind_to_thread().map_err(err("host-to-device copy", 0))?;
+        // SAFETY: `dst` holds at least `src.len()` bytes (checked above) and lives in the
+        // slot pool until this copy's event and the compute after it complete; the caller
+        // keeps `src` allocated and unchanged until the returned event completes. From
+        // page-locked memory the copy is asynchronous; from pageable memory the driver
+        // stages it and returns once `src` has been read, which is also correct.
+        let rc = unsafe { sys::cuMemcpyHtoDAsync_v2(dst_ptr, src.as_ptr().cast(), src.len(), self.copy.cu_stream()) };
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            return Err(err("host-to-device copy", src.len() as u64)(DriverError(rc)));
+        }
+        let end = self.copy.record_event(timing).map_err(err("recording a copy's end", 0))?;
+        Ok(CopyEvent { start: Some(start), end })
+    }
+
+    fn compute_wait(&self, event: &CopyEvent) -> Result<(), BackendError> {
+        self.compute.wait(&event.end).map_err(err("ordering the compute after a copy", 0))
+    }
+
+    fn compute_mark(&self) -> Result<CopyEvent, BackendError> {
+        let end = self.compute.record_event(None).map_err(err("recording the end of a unit's compute", 0))?;
+        Ok(CopyEvent { start: None, end })
+    }
+
+    fn synchronize(&self, event: &CopyEvent) -> Result<(), BackendError> {
+        event.end.synchronize().map_err(err("waiting for a copy", 0))
+    }
+
+    fn copy_seconds(&self, event: &CopyEvent) -> Option<f64> {
+        let ms = event.start.as_ref()?.elapsed_ms(&event.end).ok()?;
+        Some(f64::from(ms) / 1e3)
+    }
+}
+
+/// Page-locks host buffers for the copy engine. When the OS refuses (`ulimit -l`,
+/// systemd's `LimitMEMLOCK`), the buffer stays pageable and the log says so once.
+pub struct CudaPin {
+    ctx: Arc<CudaContext>,
+    refused: AtomicBool,
+    /// What is page-locked now: address → bytes.
+    locked: Mutex<HashMap<usize, usize>>,
+}
+
+impl CudaPin {
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        CudaPin { ctx, refused: AtomicBool::new(false), locked: Mutex::default() }
+    }
+
+    /// Bytes page-locked now.
+    pub fn locked_bytes(&self) -> u64 {
+        self.locked.lock().unwrap_or_else(|e| e.into_inner()).values().map(|&n| n as u64).sum()
+    }
+
+    /// Whether the OS has refused a page-lock.
+    pub fn was_refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
+impl HostPin for CudaPin {
+    fn pin(&self, ptr: *mut u8, len: usize) -> bool {
+        if self.ctx.bind_to_thread().is_err() {
+            return false;
+        }
+        // SAFETY: `ptr` is the start of a live allocation of `len` bytes that stays put
+        // until `unpin` (AlignedBuf unpins before it frees or reallocates).
+        let rc = unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, 0) };
+        if rc == sys::CUresult::CUDA_SUCCESS {
+            self.locked.lock().unwrap_or_else(|e| e.into_inner()).insert(ptr as usize, len);
+            return true;
+        }
+        if !self.refused.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                bytes = len,
+                error = ?rc,
+                "the OS refused to page-lock a staging buffer (ulimit -l, or LimitMEMLOCK under systemd): \
+                 copies to the GPU go through pageable memory, which is slower"
+            );
+        }
+        false
+    }
+
+    fn unpin(&self, ptr: *mut u8) {
+        if self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        // SAFETY: `ptr` was registered by `pin` and is still allocated.
+        let rc = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
+        self.locked.lock().unwrap_or_else(|e| e.into_inner()).remove(&(ptr as usize));
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            tracing::warn!(error = ?rc, "unlocking a staging buffer");
+        }
+    }
+}
+
+/// Host→device bandwidth through the copy engine from page-locked memory: the median of
+/// five timed 64 MiB copies (after one untimed), in bytes per second. `None` when the
+/// memory cannot be had or locked.
+pub fn measure_h2d(compute: &Arc<CudaStream>) -> Option<f64> {
+    const LEN: usize = 64 << 20;
+    let pin = Arc::new(CudaPin::new(compute.context().clone()));
+    let mut host = crate::sched::io::AlignedBuf::with_capacity(LEN);
+    host.resize_discarding(LEN);
+    if !host.pin_with(pin) {
+        return None;
+    }
+    let engine = CudaCopy::new(compute.clone(), Arc::default()).ok()?;
+    let slot = engine.alloc_slot(LEN).ok()?;
+    let mut secs = Vec::new();
+    for i in 0..6 {
+        // SAFETY: `host` outlives the copy: it is waited for before the next iteration.
+        let ev = unsafe { engine.copy(host.as_slice(), &slot, None) }.ok()?;
+        engine.synchronize(&ev).ok()?;
+        if i > 0 {
+            secs.push(engine.copy_seconds(&ev)?);
+        }
+    }
+    secs.sort_by(f64::total_cmp);
+    let median = secs[secs.len() / 2];
+    (median > 0.0).then(|| LEN as f64 / median)
+}
