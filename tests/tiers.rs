@@ -44,10 +44,13 @@ impl Done {
     }
 }
 
-/// A copy's completion, the slot it filled and the checksum of what it was given.
+type Slot = Arc<Mutex<Vec<u8>>>;
+
+/// A copy's completion, the slot it filled, and the length and checksum of what it was
+/// given.
 struct Event {
     done: Arc<Done>,
-    check: Option<(Arc<Mutex<Vec<u8>>>, usize, u64)>,
+    check: Option<(Slot, usize, u64)>,
 }
 
 fn checksum(bytes: &[u8]) -> u64 {
@@ -79,7 +82,7 @@ impl Loopback {
 
 impl CopyEngine for Loopback {
     type Event = Event;
-    type Slot = Arc<Mutex<Vec<u8>>>;
+    type Slot = Slot;
 
     fn alloc_slot(&self, len: usize) -> Result<Self::Slot, BackendError> {
         if self.fail_alloc.load(Ordering::Relaxed) {

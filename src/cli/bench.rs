@@ -93,10 +93,33 @@ pub struct BenchReport {
     /// Decode tok/s if each token only had to read `bytes_read_per_token` at that bandwidth.
     pub storage_roofline_tok_s: Option<f64>,
     pub decode_fraction_of_storage_roofline: Option<f64>,
+    /// GPU streaming: the upload pipeline's traffic during decode and its bound.
+    pub upload: Option<UploadReport>,
     /// Which layers are resident (and the expert cache of a MoE model).
     pub plan: SchedSummary,
     /// A mixture-of-experts model's storage traffic during decode.
     pub moe: Option<MoeReport>,
+}
+
+/// How a GPU's decode steps got their streamed layers: from the host tier or storage,
+/// through the copy engine.
+#[derive(Debug, Serialize)]
+pub struct UploadReport {
+    /// Bytes copied host → device per decoded token.
+    pub h2d_bytes_per_token: f64,
+    /// Host→device bandwidth from page-locked memory, measured at load.
+    pub h2d_bandwidth_bytes_s: Option<f64>,
+    /// Of decode time, the part the copy engine was copying.
+    pub copy_busy_fraction: f64,
+    /// Layer requests served from the host tier.
+    pub host_hit_rate: f64,
+    /// Copies from memory the OS would not page-lock.
+    pub pageable_copies: u64,
+    /// Decode tok/s if a token only had to read `bytes_read_per_token` from storage and
+    /// copy `h2d_bytes_per_token` to the device, the two overlapping: the bound
+    /// min(storage, H2D), each bandwidth measured in this run.
+    pub roofline_tok_s: Option<f64>,
+    pub decode_fraction_of_roofline: Option<f64>,
 }
 
 /// How a MoE model's decode steps used storage and the expert cache.
@@ -329,6 +352,23 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         false => None,
     };
     let storage_roofline = storage.map(|s| s.bytes_per_sec / bytes_read_per_token.max(1.0));
+    let upload = summary.upload.as_ref().map(|u| {
+        let h2d_per_token = window.transfer.h2d_bytes as f64 / tokens;
+        // Seconds per token each leg needs at its measured bandwidth; they overlap, so
+        // the slower one bounds the step.
+        let storage_s = storage.map_or(0.0, |s| bytes_read_per_token / s.bytes_per_sec);
+        let h2d_s = u.h2d_bandwidth_bytes_s.map(|b| h2d_per_token / b);
+        let roofline = h2d_s.map(|h| 1.0 / h.max(storage_s).max(1e-12));
+        UploadReport {
+            h2d_bytes_per_token: h2d_per_token,
+            h2d_bandwidth_bytes_s: u.h2d_bandwidth_bytes_s,
+            copy_busy_fraction: window.transfer.copy_ns as f64 / 1e9 / decode_secs.max(1e-9),
+            host_hit_rate: window.host_hits as f64 / window.layer_requests.max(1) as f64,
+            pageable_copies: window.transfer.pageable_copies,
+            roofline_tok_s: roofline,
+            decode_fraction_of_roofline: roofline.map(|r| decode_tok_s / r),
+        }
+    });
     let report = BenchReport {
         model: engine.name.clone(),
         device: engine.device.device.clone(),
@@ -362,6 +402,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         storage_queue_depth: storage_depth,
         storage_roofline_tok_s: storage_roofline,
         decode_fraction_of_storage_roofline: storage_roofline.map(|r| decode_tok_s / r),
+        upload,
         plan: summary,
         moe,
     };
@@ -435,6 +476,20 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 if report.storage_direct_io == Some(true) { " O_DIRECT" } else { " buffered" },
                 100.0 * report.decode_tok_s / roof,
                 report.storage_bandwidth_small_buffer_bytes_s.unwrap_or(0.0) / 1e9
+            );
+        }
+        if let Some(u) = &report.upload {
+            let bound = match (u.roofline_tok_s, u.decode_fraction_of_roofline) {
+                (Some(r), Some(f)) => format!("; bound min(storage, H2D) {r:.2} tok/s ({:.0}% of it)", 100.0 * f),
+                _ => String::new(),
+            };
+            println!(
+                "upload: {:.1} MiB to the GPU per token at {:.1} GB/s H2D, copy engine busy {:.0}%, host-tier hit rate {:.2}{}{bound}",
+                u.h2d_bytes_per_token / 1048576.0,
+                u.h2d_bandwidth_bytes_s.unwrap_or(0.0) / 1e9,
+                100.0 * u.copy_busy_fraction,
+                u.host_hit_rate,
+                if u.pageable_copies > 0 { format!(", {} pageable copies", u.pageable_copies) } else { String::new() },
             );
         }
     }

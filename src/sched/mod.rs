@@ -308,6 +308,9 @@ pub struct SchedSummary {
     /// The host tier behind a GPU: streamed layers kept in page-locked RAM and copied
     /// to the device on every use (`None` where the compute reads host memory).
     pub host_tier: Option<plan::HostTierSummary>,
+    /// The upload pipeline into device memory (`None` where the compute reads host
+    /// memory).
+    pub upload: Option<upload::UploadSummary>,
     /// The expert cache of a MoE model (`None` for a dense one).
     pub experts: Option<experts::ExpertSummary>,
 }
@@ -487,6 +490,7 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
                     direct_io: None,
                     plan,
                     host_tier: None,
+                    upload: None,
                     experts: None,
                 }
             }

@@ -210,7 +210,7 @@ pub struct BudgetChange {
 }
 
 /// What `strata bench`, `/api/ps` and `/metrics` show of a plan.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct PlanSummary {
     pub budget_bytes: u64,
     pub resident_bytes: u64,

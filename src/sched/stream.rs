@@ -548,6 +548,7 @@ impl<L: Send + Sync + 'static> CoreHandle for Core<L> {
             direct_io: Some(self.reader.is_direct()),
             plan,
             host_tier: self.stage.as_ref().map(|_| self.host_tier()),
+            upload: self.stage.as_ref().map(|s| s.summary()),
             experts: None,
         }
     }

@@ -131,6 +131,16 @@ impl TransferStats {
     }
 }
 
+/// How streamed units reach the device, as `bench`, `/api/ps` and `/metrics` show it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct UploadSummary {
+    /// Device slots in the ring, and the bytes each holds (the largest streamed unit).
+    pub ring_slots: usize,
+    pub slot_bytes: u64,
+    /// Host→device bandwidth from page-locked memory, measured when the model loaded.
+    pub h2d_bandwidth_bytes_s: Option<f64>,
+}
+
 /// The scheduler's view of an uploader, whatever its engine: a streamed unit's host bytes
 /// in, a byte source whose tensors the backend can view on the device out.
 pub trait Stage: Send + Sync {
@@ -141,6 +151,7 @@ pub trait Stage: Send + Sync {
     /// Page-locks staging buffers, where the engine can.
     fn host_pin(&self) -> Option<Arc<dyn super::io::HostPin>>;
     fn stats(&self) -> TransferSnapshot;
+    fn summary(&self) -> UploadSummary;
 }
 
 /// Makes the stage a streaming scheduler uploads through, given the slot size (the
@@ -197,6 +208,7 @@ pub struct Uploader<E: CopyEngine> {
     reaper: Mutex<Option<mpsc::Sender<Reap<E>>>>,
     reaper_thread: Mutex<Option<JoinHandle<()>>>,
     pin: Option<Arc<dyn super::io::HostPin>>,
+    h2d_bandwidth: Option<f64>,
 }
 
 impl<E: CopyEngine> Uploader<E> {
@@ -232,7 +244,19 @@ impl<E: CopyEngine> Uploader<E> {
                 // Dropping `reap` now returns the staging buffer to its pool.
             }
         })?;
-        Ok(Uploader { inner, reaper: Mutex::new(Some(tx)), reaper_thread: Mutex::new(Some(thread)), pin })
+        Ok(Uploader {
+            inner,
+            reaper: Mutex::new(Some(tx)),
+            reaper_thread: Mutex::new(Some(thread)),
+            pin,
+            h2d_bandwidth: None,
+        })
+    }
+
+    /// Records the host→device bandwidth measured for this engine (for the summary).
+    pub fn with_bandwidth(mut self, bytes_per_sec: Option<f64>) -> Self {
+        self.h2d_bandwidth = bytes_per_sec;
+        self
     }
 
     /// Slots allocated now (free or held).
@@ -334,6 +358,14 @@ impl<E: CopyEngine> Stage for Uploader<E> {
 
     fn stats(&self) -> TransferSnapshot {
         self.inner.stats.snapshot()
+    }
+
+    fn summary(&self) -> UploadSummary {
+        UploadSummary {
+            ring_slots: self.inner.ring,
+            slot_bytes: self.inner.slot_len as u64,
+            h2d_bandwidth_bytes_s: self.h2d_bandwidth,
+        }
     }
 }
 

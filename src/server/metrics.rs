@@ -90,6 +90,7 @@ pub async fn render(State(state): State<AppState>) -> Response {
     );
     write_layer_metrics(&mut out, &loaded);
     write_expert_metrics(&mut out, &loaded);
+    write_upload_metrics(&mut out, &loaded);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
 }
 
@@ -142,6 +143,60 @@ fn write_layer_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedM
     for (name, kind, help, value) in metrics {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (model, summary, stats) in &rows {
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(summary, stats));
+        }
+    }
+}
+
+/// Per model that streams into GPU memory: its host tier (gauges), what the upload
+/// pipeline copied host → device, and the bandwidth it measured at load.
+fn write_upload_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedModel]) {
+    let rows: Vec<_> = loaded
+        .iter()
+        .filter(|m| m.sched.summary().upload.is_some())
+        .map(|m| (escape(&m.name), m.sched.summary(), m.sched.stats.snapshot()))
+        .collect();
+    write_upload_rows(out, &rows);
+}
+
+/// The lines of [`write_upload_metrics`] for `(model, summary, counters)` rows.
+fn write_upload_rows(out: &mut String, rows: &[(String, crate::sched::SchedSummary, StatsSnapshot)]) {
+    type Metric = (&'static str, &'static str, &'static str, fn(&crate::sched::SchedSummary, &StatsSnapshot) -> f64);
+    let metrics: [Metric; 9] = [
+        (
+            "strata_host_tier_budget_bytes",
+            "gauge",
+            "Page-locked host memory for streamed layers behind the GPU.",
+            |s, _| s.host_tier.as_ref().map_or(0.0, |h| h.budget_bytes as f64),
+        ),
+        ("strata_host_tier_bytes", "gauge", "Streamed layers held in the host tier.", |s, _| {
+            s.host_tier.as_ref().map_or(0.0, |h| h.resident_bytes as f64)
+        }),
+        ("strata_host_tier_layers", "gauge", "Layers held in the host tier.", |s, _| {
+            s.host_tier.as_ref().map_or(0.0, |h| h.count as f64)
+        }),
+        ("strata_upload_slot_bytes", "gauge", "GPU memory the streaming slots hold.", |_, c| {
+            c.transfer.slot_bytes as f64
+        }),
+        ("strata_h2d_bandwidth_bytes_per_second", "gauge", "Host-to-device bandwidth measured at load.", |s, _| {
+            s.upload.as_ref().and_then(|u| u.h2d_bandwidth_bytes_s).unwrap_or(0.0)
+        }),
+        ("strata_host_tier_hits_total", "counter", "Layer requests served from the host tier.", |_, c| {
+            c.host_hits as f64
+        }),
+        ("strata_h2d_bytes_total", "counter", "Bytes of streamed weights copied host to device.", |_, c| {
+            c.transfer.h2d_bytes as f64
+        }),
+        ("strata_h2d_pageable_copies_total", "counter", "Copies from memory the OS would not page-lock.", |_, c| {
+            c.transfer.pageable_copies as f64
+        }),
+        ("strata_h2d_copy_seconds_total", "counter", "Time the copy engine spent on streamed weights.", |_, c| {
+            c.transfer.copy_ns as f64 / 1e9
+        }),
+    ];
+    for (name, kind, help, value) in metrics {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (model, summary, stats) in rows {
             let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(summary, stats));
         }
     }
@@ -201,4 +256,59 @@ fn write_expert_metrics(out: &mut String, loaded: &[crate::queue::worker::Loaded
 /// A Prometheus label value: backslashes and quotes escaped.
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::plan::{HostTierSummary, PlanSummary};
+    use crate::sched::upload::{TransferSnapshot, UploadSummary};
+    use crate::sched::{Policy, SchedSummary};
+
+    #[test]
+    fn upload_metrics_show_the_host_tier_and_the_copies() {
+        let summary = SchedSummary {
+            mode: "streaming",
+            policy: Policy::Pinned,
+            prefetch_depth: 2,
+            direct_io: Some(true),
+            plan: PlanSummary::default(),
+            host_tier: Some(HostTierSummary {
+                budget_bytes: 1000,
+                resident_bytes: 800,
+                layers: "1-2".into(),
+                count: 2,
+                pinned: true,
+            }),
+            upload: Some(UploadSummary { ring_slots: 4, slot_bytes: 400, h2d_bandwidth_bytes_s: Some(2.5e10) }),
+            experts: None,
+        };
+        let stats = StatsSnapshot {
+            host_hits: 6,
+            transfer: TransferSnapshot {
+                h2d_bytes: 123,
+                copies: 9,
+                pageable_copies: 1,
+                copy_ns: 2_000_000_000,
+                slot_bytes: 1600,
+            },
+            ..Default::default()
+        };
+        let mut out = String::new();
+        write_upload_rows(&mut out, &[("m".into(), summary, stats)]);
+        for line in [
+            "strata_host_tier_budget_bytes{model=\"m\"} 1000",
+            "strata_host_tier_bytes{model=\"m\"} 800",
+            "strata_host_tier_layers{model=\"m\"} 2",
+            "strata_upload_slot_bytes{model=\"m\"} 1600",
+            "strata_h2d_bandwidth_bytes_per_second{model=\"m\"} 25000000000",
+            "strata_host_tier_hits_total{model=\"m\"} 6",
+            "strata_h2d_bytes_total{model=\"m\"} 123",
+            "strata_h2d_pageable_copies_total{model=\"m\"} 1",
+            "strata_h2d_copy_seconds_total{model=\"m\"} 2",
+            "# TYPE strata_h2d_bytes_total counter",
+        ] {
+            assert!(out.lines().any(|l| l == line), "missing `{line}` in:\n{out}");
+        }
+    }
 }

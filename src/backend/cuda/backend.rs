@@ -245,8 +245,13 @@ impl CudaBackend {
     ) -> Result<Arc<dyn Stage>, BackendError> {
         let engine = Arc::new(CudaCopy::new(self.stream.clone(), self.used.clone())?);
         let pin: Arc<dyn crate::sched::io::HostPin> = Arc::new(CudaPin::new(self.stream.context().clone()));
+        let bandwidth = self.h2d_bandwidth();
+        if let Some(bw) = bandwidth {
+            tracing::info!(gb_s = format!("{:.1}", bw / 1e9), "host-to-device bandwidth (page-locked, copy engine)");
+        }
         let up = Uploader::new(engine, slot_len, ring, Some(pin), stats)
-            .map_err(|e| BackendError::Device { op: "starting the copy reaper".into(), msg: e.to_string() })?;
+            .map_err(|e| BackendError::Device { op: "starting the copy reaper".into(), msg: e.to_string() })?
+            .with_bandwidth(bandwidth);
         Ok(Arc::new(up))
     }
 
