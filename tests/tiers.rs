@@ -24,6 +24,7 @@ use strata::model::ModelSource;
 use strata::model::config::ModelConfig;
 use strata::model::decoder::{DecoderModel, SeqStep};
 use strata::model::demo::demo_source;
+use strata::sched::experts::CacheSize;
 use strata::sched::upload::{CopyEngine, StageFactory, TransferStats, Uploader};
 use strata::sched::{Policy, SchedOptions};
 use support::TempDir;
@@ -281,4 +282,30 @@ fn budgets_beyond_free_memory_are_clamped_and_a_model_that_cannot_fit_is_refused
     let err = memory_budget(&source, &config, 4096, &opts(None, None), &gpu(1 << 20, 1 << 30)).unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("cannot run on cuda:0") && msg.contains("KV cache") && msg.contains("is free"), "{msg}");
+}
+
+#[test]
+fn routed_experts_upload_into_memory_of_their_own_and_give_the_resident_logits() {
+    let spec = format!("{}/tests/fixtures/gguf/qwen3_moe.f32.gguf", env!("CARGO_MANIFEST_DIR"));
+    let source = ModelSource::from_spec(&spec).unwrap();
+    let config = ModelConfig::from_json(&source.config_json).unwrap();
+    let backend = Arc::new(CpuBackend::new(2));
+    let want = run(&DecoderModel::new(config.clone(), &source, backend.clone()).unwrap());
+    for cache in [CacheSize::Bytes(0), CacheSize::Fraction(0.5)] {
+        let engine = Loopback::new();
+        let opts = SchedOptions {
+            budget: Some(0),
+            expert_cache: Some(cache),
+            stage: Some(stage(&engine)),
+            ..Default::default()
+        };
+        let model = DecoderModel::with_options(config.clone(), &source, backend.clone(), &opts).unwrap();
+        assert!(run(&model) == want, "cache {cache:?}: logits differ from the resident run");
+        let w = decode_window(&model, 8);
+        let misses = w.expert_requests - w.expert_hits;
+        assert!(misses > 0, "cache {cache:?}");
+        // Every layer core (none on the device) and every expert read is one copy.
+        assert_eq!(w.transfer.copies, w.layer_requests + misses, "cache {cache:?}");
+        assert_eq!(engine.mismatches.load(Ordering::Relaxed), 0, "cache {cache:?}");
+    }
 }

@@ -366,7 +366,12 @@ impl<B: Backend> DecoderModel<B> {
                     Some(size) => Some(size.bytes(expert_bytes)),
                     None => sched.budget.map(|b| b.saturating_sub(core_bytes)),
                 };
-                let opts = ExpertOptions { budget, policy: sched.expert_policy, buffered: sched.buffered };
+                let opts = ExpertOptions {
+                    budget,
+                    policy: sched.expert_policy,
+                    buffered: sched.buffered,
+                    stage: sched.stage.clone(),
+                };
                 let (be, c) = (backend.clone(), config.clone());
                 let build = Box::new(move |e: usize, lt: &LayerTensors| build_expert(&c, &*be, lt, e));
                 let cache = ExpertCache::new(config.n_layers, n_experts, units, build, &opts, layers.stats_arc())?;

@@ -19,6 +19,7 @@ use serde::Serialize;
 use super::expert_policy::{CachePolicy, ExpertId, ExpertPolicy};
 use super::io::AlignedBuf;
 use super::layout::Reader;
+use super::upload::Stage;
 use super::{LayerTensors, SchedError, SchedStats};
 use crate::tensor::ByteSource;
 
@@ -72,6 +73,9 @@ pub struct ExpertOptions {
     pub policy: CachePolicy,
     /// Read with buffered I/O even where `O_DIRECT` works.
     pub buffered: bool,
+    /// The upload into device memory, when the compute has memory of its own: misses
+    /// are read into page-locked buffers and copied to device memory of their own.
+    pub stage: Option<super::upload::StageFactory>,
 }
 
 /// One expert's stored tensors.
@@ -137,6 +141,27 @@ struct OnDemand<E> {
     build: BuildExpert<E>,
     state: Mutex<State<E>>,
     pool: Arc<Mutex<Vec<AlignedBuf>>>,
+    stage: Option<Arc<dyn Stage>>,
+    /// Read buffers are allocated this large (every expert fits, so a page-locked one
+    /// never reallocates).
+    buf_cap: usize,
+}
+
+impl<E> OnDemand<E> {
+    /// A read buffer from the pool, or a new one (page-locked where a stage uploads).
+    fn buf(&self) -> AlignedBuf {
+        if let Some(buf) = lock(&self.pool).pop() {
+            return buf;
+        }
+        match self.stage.as_ref().and_then(|s| s.host_pin()) {
+            None => AlignedBuf::new(),
+            Some(pin) => {
+                let mut buf = AlignedBuf::with_capacity(self.buf_cap);
+                buf.pin_with(pin);
+                buf
+            }
+        }
+    }
 }
 
 struct State<E> {
@@ -206,7 +231,17 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
         }
         let state = State { policy: ExpertPolicy::new(opts.policy, budget), cached: HashMap::new() };
         let pool = Arc::new(Mutex::new(Vec::new()));
-        cache.mode = Mode::OnDemand(Box::new(OnDemand { reader, build, state: Mutex::new(state), pool }));
+        let buf_cap = (0..reader.n_layers()).filter_map(|i| reader.layout(i)).map(|l| l.buf_len).max().unwrap_or(0);
+        // Experts get device memory of their own, so the stage's ring goes unused.
+        let stage = match &opts.stage {
+            Some(factory) => Some(
+                (factory.0)(buf_cap, 1, cache.stats.transfer.clone())
+                    .map_err(|source| SchedError::Backend { layer: 0, source })?,
+            ),
+            None => None,
+        };
+        cache.mode =
+            Mode::OnDemand(Box::new(OnDemand { reader, build, state: Mutex::new(state), pool, stage, buf_cap }));
         Ok(cache)
     }
 
@@ -268,10 +303,8 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
             return Ok(());
         }
         let protect: Vec<ExpertId> = experts.iter().map(|&e| id(e)).collect();
-        let queue: Mutex<std::collections::VecDeque<(usize, AlignedBuf)>> = {
-            let mut pool = lock(&d.pool);
-            Mutex::new(missing.iter().map(|&i| (i, pool.pop().unwrap_or_default())).collect())
-        };
+        let queue: Mutex<std::collections::VecDeque<(usize, AlignedBuf)>> =
+            { Mutex::new(missing.iter().map(|&i| (i, d.buf())).collect()) };
         let stop = std::sync::atomic::AtomicBool::new(false);
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<AlignedBuf, SchedError>)>();
         let read_err = |e: SchedError| match e {
@@ -301,7 +334,14 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
                     let mut buf = read.map_err(read_err)?;
                     let unit = base + experts[i];
                     d.reader.fix(unit, &mut buf);
-                    let src = Arc::new(PooledBuf { buf, home: Arc::downgrade(&d.pool) });
+                    let pinned = buf.is_pinned();
+                    let src: Arc<dyn ByteSource> = Arc::new(PooledBuf { buf, home: Arc::downgrade(&d.pool) });
+                    let src = match &d.stage {
+                        None => src,
+                        Some(stage) => {
+                            stage.stage_owned(src, pinned).map_err(|source| SchedError::Backend { layer, source })?
+                        }
+                    };
                     let mut tensors = d.reader.tensors(unit, src);
                     tensors.index = layer;
                     let expert = Arc::new((d.build)(experts[i], &tensors)?);

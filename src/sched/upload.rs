@@ -148,6 +148,9 @@ pub trait Stage: Send + Sync {
     /// the same bytes whose device copy the backend's `weight` views (see
     /// [`ByteSource::device_copy`]). `pinned`: whether `host` is page-locked.
     fn stage(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, BackendError>;
+    /// As [`Stage::stage`], into device memory of the unit's own rather than a slot of
+    /// the ring: for units a cache keeps (routed experts).
+    fn stage_owned(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, BackendError>;
     /// Page-locks staging buffers, where the engine can.
     fn host_pin(&self) -> Option<Arc<dyn super::io::HostPin>>;
     fn stats(&self) -> TransferSnapshot;
@@ -187,6 +190,23 @@ struct Inner<E: CopyEngine> {
     pool: Mutex<Pool<E>>,
     stats: Arc<TransferStats>,
     warned_extra: AtomicBool,
+    /// The reaper's queue (`None` once the uploader is dropped: then the caller waits).
+    reaper: Mutex<Option<mpsc::Sender<Reap<E>>>>,
+}
+
+impl<E: CopyEngine> Inner<E> {
+    /// Keeps `keep` until `event` completes: hands both to the reaper, or waits here when
+    /// there is none.
+    fn reap(&self, event: E::Event, keep: Keep<E>) {
+        let reap = Reap { event, _keep: keep };
+        let unsent = match lock(&self.reaper).as_ref() {
+            Some(tx) => tx.send(reap).err().map(|mpsc::SendError(r)| r),
+            None => Some(reap),
+        };
+        if let Some(reap) = unsent {
+            let _ = self.engine.synchronize(&reap.event);
+        }
+    }
 }
 
 impl<E: CopyEngine> Drop for Inner<E> {
@@ -196,16 +216,24 @@ impl<E: CopyEngine> Drop for Inner<E> {
     }
 }
 
-/// A copy the reaper waits for, and the host bytes it keeps alive until then.
+/// What the reaper keeps until an event completes: the host bytes a copy reads, or a
+/// device slot of its own that the compute may still read. Held, never read: dropping it
+/// is the point.
+#[allow(dead_code)]
+enum Keep<E: CopyEngine> {
+    Host(Arc<dyn ByteSource>),
+    Slot(E::Slot),
+}
+
+/// An event the reaper waits for, and what it keeps alive until then.
 struct Reap<E: CopyEngine> {
     event: E::Event,
-    _host: Arc<dyn ByteSource>,
+    _keep: Keep<E>,
 }
 
 /// Uploads streamed units into a ring of device slots; see the module docs.
 pub struct Uploader<E: CopyEngine> {
     inner: Arc<Inner<E>>,
-    reaper: Mutex<Option<mpsc::Sender<Reap<E>>>>,
     reaper_thread: Mutex<Option<JoinHandle<()>>>,
     pin: Option<Arc<dyn super::io::HostPin>>,
     h2d_bandwidth: Option<f64>,
@@ -221,6 +249,7 @@ impl<E: CopyEngine> Uploader<E> {
         pin: Option<Arc<dyn super::io::HostPin>>,
         stats: Arc<TransferStats>,
     ) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<Reap<E>>();
         let inner = Arc::new(Inner {
             engine,
             slot_len,
@@ -228,8 +257,8 @@ impl<E: CopyEngine> Uploader<E> {
             pool: Mutex::new(Pool { free: VecDeque::new(), allocated: 0 }),
             stats,
             warned_extra: AtomicBool::new(false),
+            reaper: Mutex::new(Some(tx)),
         });
-        let (tx, rx) = mpsc::channel::<Reap<E>>();
         let reaper_inner = inner.clone();
         let thread = std::thread::Builder::new().name("strata-reap".into()).spawn(move || {
             for reap in rx {
@@ -241,16 +270,11 @@ impl<E: CopyEngine> Uploader<E> {
                 if let Some(s) = engine.copy_seconds(&reap.event) {
                     reaper_inner.stats.copy_ns.fetch_add((s * 1e9) as u64, Ordering::Relaxed);
                 }
-                // Dropping `reap` now returns the staging buffer to its pool.
+                // Dropping `reap` now returns the staging buffer to its pool, or frees
+                // a slot of its own.
             }
         })?;
-        Ok(Uploader {
-            inner,
-            reaper: Mutex::new(Some(tx)),
-            reaper_thread: Mutex::new(Some(thread)),
-            pin,
-            h2d_bandwidth: None,
-        })
+        Ok(Uploader { inner, reaper_thread: Mutex::new(Some(thread)), pin, h2d_bandwidth: None })
     }
 
     /// Records the host→device bandwidth measured for this engine (for the summary).
@@ -315,24 +339,39 @@ impl<E: CopyEngine> Uploader<E> {
             }
         };
         drop(after);
-        let hold = Arc::new(SlotHold { slot: Some(slot), home: Arc::downgrade(&self.inner) });
+        let hold = Arc::new(SlotHold { slot: Some(slot), home: Arc::downgrade(&self.inner), owned: false });
+        self.finish(host, hold, event, pinned)
+    }
+
+    /// Uploads `host` into device memory of its own (not a slot of the ring), for a unit
+    /// a cache keeps (a routed expert): freed once the last weight viewing it drops and
+    /// the compute reading it has completed.
+    pub fn upload_owned(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<Staged<E>>, BackendError> {
+        let inner = &*self.inner;
+        let slot = inner.engine.alloc_slot(host.bytes().len())?;
+        // SAFETY: as in `upload`.
+        let event = unsafe { inner.engine.copy(host.bytes(), &slot, None) }?;
+        let hold = Arc::new(SlotHold { slot: Some(slot), home: Arc::downgrade(&self.inner), owned: true });
+        self.finish(host, hold, event, pinned)
+    }
+
+    /// Orders the compute after the copy, counts it, and has the reaper keep `host`
+    /// until the copy completes.
+    fn finish(
+        &self,
+        host: Arc<dyn ByteSource>,
+        hold: Arc<SlotHold<E>>,
+        event: E::Event,
+        pinned: bool,
+    ) -> Result<Arc<Staged<E>>, BackendError> {
+        let inner = &*self.inner;
         let waited = inner.engine.compute_wait(&event);
-        inner.stats.h2d_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        inner.stats.h2d_bytes.fetch_add(host.bytes().len() as u64, Ordering::Relaxed);
         inner.stats.copies.fetch_add(1, Ordering::Relaxed);
         if !pinned {
             inner.stats.pageable_copies.fetch_add(1, Ordering::Relaxed);
         }
-        let reap = Reap { event, _host: host.clone() };
-        match lock(&self.reaper).as_ref() {
-            Some(tx) => {
-                if let Err(mpsc::SendError(reap)) = tx.send(reap) {
-                    let _ = inner.engine.synchronize(&reap.event);
-                }
-            }
-            None => {
-                let _ = inner.engine.synchronize(&reap.event);
-            }
-        }
+        inner.reap(event, Keep::Host(host.clone()));
         waited?;
         Ok(Arc::new(Staged { host, hold }))
     }
@@ -340,7 +379,7 @@ impl<E: CopyEngine> Uploader<E> {
 
 impl<E: CopyEngine> Drop for Uploader<E> {
     fn drop(&mut self) {
-        lock(&self.reaper).take();
+        lock(&self.inner.reaper).take();
         if let Some(t) = lock(&self.reaper_thread).take() {
             let _ = t.join();
         }
@@ -350,6 +389,10 @@ impl<E: CopyEngine> Drop for Uploader<E> {
 impl<E: CopyEngine> Stage for Uploader<E> {
     fn stage(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, BackendError> {
         Ok(self.upload(host, pinned)?)
+    }
+
+    fn stage_owned(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, BackendError> {
+        Ok(self.upload_owned(host, pinned)?)
     }
 
     fn host_pin(&self) -> Option<Arc<dyn super::io::HostPin>> {
@@ -370,10 +413,12 @@ impl<E: CopyEngine> Stage for Uploader<E> {
 }
 
 /// A device slot held by the weights that view it. Dropping the last view records an
-/// event on the compute stream and returns the slot to the pool with it.
+/// event on the compute stream and returns the slot to the pool with it (or, for a slot
+/// of the unit's own, frees it once that event completes).
 pub struct SlotHold<E: CopyEngine> {
     slot: Option<E::Slot>,
     home: Weak<Inner<E>>,
+    owned: bool,
 }
 
 impl<E: CopyEngine> SlotHold<E> {
@@ -386,8 +431,13 @@ impl<E: CopyEngine> Drop for SlotHold<E> {
     fn drop(&mut self) {
         let (Some(slot), Some(inner)) = (self.slot.take(), self.home.upgrade()) else { return };
         match inner.engine.compute_mark() {
+            Ok(mark) if self.owned => inner.reap(mark, Keep::Slot(slot)),
             Ok(mark) => {
                 lock(&inner.pool).free.push_back((slot, Some(mark)));
+            }
+            Err(e) if self.owned => {
+                tracing::error!(error = %e, "recording the end of a cached unit's compute");
+                drop(slot);
             }
             Err(e) => {
                 // Without an event the slot's last reader cannot be waited for: retire it.

@@ -10,11 +10,13 @@ use strata::sched::StatsSnapshot;
 pub const PROMPT: [u32; 7] = [5, 17, 99, 3, 250, 42, 7];
 pub const DECODE_STEPS: usize = 5;
 
-/// Logits of every prompt position and of `DECODE_STEPS` greedy decode steps, as bits.
+/// Logits of every prompt position and of `DECODE_STEPS` greedy decode steps, as bits
+/// (the prompt's ids taken modulo a smaller vocabulary).
 pub fn logit_bits(model: &dyn LanguageModel) -> Vec<u32> {
     let mut cache = model.new_cache(64).unwrap();
     let vocab = model.config().vocab_size;
-    let mut out = model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: true }]).unwrap();
+    let prompt: Vec<u32> = PROMPT.iter().map(|&t| t % vocab as u32).collect();
+    let mut out = model.forward(&mut [SeqStep { tokens: &prompt, cache: &mut cache, all_logits: true }]).unwrap();
     let mut bits: Vec<u32> = out[0].iter().map(|v| v.to_bits()).collect();
     for _ in 0..DECODE_STEPS {
         let last = &out[0][out[0].len() - vocab..];
