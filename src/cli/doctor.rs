@@ -19,6 +19,12 @@
 //!   `backend::cuda::libs`).
 //! - `gpus`: `[{ordinal, name, total_memory_bytes, compute_capability: [major, minor]}]`,
 //!   and `gpu_error`: why there are none to list (null when the driver answered).
+//! - `gds`: `{available, mode, nvidia_fs_version, reason}`: whether the cuFile driver
+//!   opens (tried only with a GPU and cuFile present, on GPU 0), `mode` `"direct"` (DMA
+//!   from NVMe into GPU memory through nvidia-fs) or `"compat"` (cuFile's POSIX reads
+//!   through bounce buffers), the nvidia-fs module's version when loaded, and `reason`:
+//!   why GDS is unavailable (no GPU, no cuFile, the driver did not open); see
+//!   `backend::cuda::gds`.
 //! - `kernels` (with `--compile-kernels` only): `{cache_dir, nvrtc_version,
 //!   nvrtc_supported_sm, archs, error, failed, results}`; `error` is set when NVRTC is
 //!   absent; `results` has one entry per kernel file and architecture: `{file, arch,
@@ -39,6 +45,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use clap::Args;
 use serde::Serialize;
 
+use crate::backend::cuda::gds::{self, GdsMode, GdsReport};
 use crate::backend::cuda::kernels::{self, KernelFile};
 use crate::backend::cuda::libs::{self, CudaLibs, GpuInfo};
 use crate::backend::cuda::nvrtc::{self, Arch, Compiled, Compiler};
@@ -70,6 +77,7 @@ struct Report {
     cuda: CudaLibs,
     gpus: Vec<GpuInfo>,
     gpu_error: Option<String>,
+    gds: GdsReport,
     #[serde(skip_serializing_if = "Option::is_none")]
     kernels: Option<KernelsReport>,
     ok: bool,
@@ -162,6 +170,7 @@ pub fn main(args: DoctorArgs) -> anyhow::Result<()> {
         Ok(g) => (g, None),
         Err(e) => (Vec::new(), Some(e)),
     };
+    let gds = gds::report();
     let kernels = args.compile_kernels.then(|| compile_kernels(&gpus));
     let ok = kernels.as_ref().is_none_or(|k| k.error.is_none() && k.failed == 0);
     let report = Report {
@@ -172,6 +181,7 @@ pub fn main(args: DoctorArgs) -> anyhow::Result<()> {
         cuda,
         gpus,
         gpu_error,
+        gds,
         kernels,
         ok,
     };
@@ -401,10 +411,30 @@ fn render_text(r: &Report) -> String {
             line("", format!("note: {n}"));
         }
     }
+    line("GDS", gds_text(&r.gds));
     if let Some(k) = &r.kernels {
         out.push_str(&render_kernels(k));
     }
     out
+}
+
+/// The `GDS` line: the mode and what it means, or why GDS is unavailable.
+fn gds_text(g: &GdsReport) -> String {
+    match (g.available, g.mode, &g.nvidia_fs_version) {
+        (true, Some(m), v) if m == GdsMode::Direct.as_str() => {
+            format!("direct   nvidia-fs {}: DMA from NVMe into GPU memory", v.as_deref().unwrap_or("?"))
+        }
+        (true, Some(_), None) => {
+            "compat   nvidia-fs not loaded: cuFile reads through host bounce buffers (no P2P)".to_string()
+        }
+        (true, Some(_), Some(v)) => {
+            format!(
+                "compat   forced by cuFile's force_compat_mode (nvidia-fs {v} loaded): reads through host bounce buffers"
+            )
+        }
+        (true, None, _) => "available".to_string(),
+        (false, ..) => format!("unavailable: {}", g.reason.as_deref().unwrap_or("unknown")),
+    }
 }
 
 fn render_kernels(k: &KernelsReport) -> String {
@@ -471,6 +501,24 @@ mod tests {
         assert!(r.supported || r.error.is_some(), "{r:?}");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the probe file is removed");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn gds_line_says_the_mode_or_why_not() {
+        let direct =
+            GdsReport { available: true, mode: Some("direct"), nvidia_fs_version: Some("2.17".into()), reason: None };
+        assert_eq!(gds_text(&direct), "direct   nvidia-fs 2.17: DMA from NVMe into GPU memory");
+        let compat = GdsReport { mode: Some("compat"), nvidia_fs_version: None, ..direct.clone() };
+        assert!(gds_text(&compat).starts_with("compat   nvidia-fs not loaded"), "{}", gds_text(&compat));
+        let forced = GdsReport { mode: Some("compat"), ..direct.clone() };
+        assert!(gds_text(&forced).contains("force_compat_mode"), "{}", gds_text(&forced));
+        let absent = GdsReport {
+            available: false,
+            mode: None,
+            nvidia_fs_version: None,
+            reason: Some("no GPU: libcuda.so.1 not found: no NVIDIA driver".into()),
+        };
+        assert_eq!(gds_text(&absent), "unavailable: no GPU: libcuda.so.1 not found: no NVIDIA driver");
     }
 
     #[test]

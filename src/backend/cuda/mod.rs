@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod copy;
+pub mod gds;
 pub mod kernels;
 pub mod launch;
 pub mod libs;
