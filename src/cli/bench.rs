@@ -109,12 +109,18 @@ pub struct UploadReport {
     pub h2d_bytes_per_token: f64,
     /// Host→device bandwidth from page-locked memory, measured at load.
     pub h2d_bandwidth_bytes_s: Option<f64>,
-    /// Of decode time, the part the copy engine was copying.
+    /// Of decode time, the part the copy engine was copying, and the part the GPU's
+    /// compute waited for a copy.
     pub copy_busy_fraction: f64,
+    pub copy_stall_fraction: f64,
     /// Layer requests served from the host tier.
     pub host_hit_rate: f64,
     /// Copies from memory the OS would not page-lock.
     pub pageable_copies: u64,
+    /// Device memory the streaming slots held at the end (they are never freed while
+    /// the model runs, so this is their peak), and what the ring was sized for.
+    pub slot_bytes_in_use: u64,
+    pub ring_bytes: u64,
     /// Decode tok/s if a token only had to read `bytes_read_per_token` from storage and
     /// copy `h2d_bytes_per_token` to the device, the two overlapping: the bound
     /// min(storage, H2D), each bandwidth measured in this run.
@@ -363,8 +369,11 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             h2d_bytes_per_token: h2d_per_token,
             h2d_bandwidth_bytes_s: u.h2d_bandwidth_bytes_s,
             copy_busy_fraction: window.transfer.copy_ns as f64 / 1e9 / decode_secs.max(1e-9),
+            copy_stall_fraction: window.transfer.copy_stall_ns as f64 / 1e9 / decode_secs.max(1e-9),
             host_hit_rate: window.host_hits as f64 / window.layer_requests.max(1) as f64,
             pageable_copies: window.transfer.pageable_copies,
+            slot_bytes_in_use: sched.stats().snapshot().transfer.slot_bytes,
+            ring_bytes: u.ring_slots as u64 * u.slot_bytes,
             roofline_tok_s: roofline,
             decode_fraction_of_roofline: roofline.map(|r| decode_tok_s / r),
         }
@@ -484,10 +493,11 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 _ => String::new(),
             };
             println!(
-                "upload: {:.1} MiB to the GPU per token at {:.1} GB/s H2D, copy engine busy {:.0}%, host-tier hit rate {:.2}{}{bound}",
+                "upload: {:.1} MiB to the GPU per token at {:.1} GB/s H2D, copy engine busy {:.0}%, compute waiting on copies {:.0}%, host-tier hit rate {:.2}{}{bound}",
                 u.h2d_bytes_per_token / 1048576.0,
                 u.h2d_bandwidth_bytes_s.unwrap_or(0.0) / 1e9,
                 100.0 * u.copy_busy_fraction,
+                100.0 * u.copy_stall_fraction,
                 u.host_hit_rate,
                 if u.pageable_copies > 0 { format!(", {} pageable copies", u.pageable_copies) } else { String::new() },
             );

@@ -62,6 +62,13 @@ pub trait CopyEngine: Send + Sync + 'static {
     fn copy_seconds(&self, _event: &Self::Event) -> Option<f64> {
         None
     }
+
+    /// Seconds the compute stream waited on the device for the copy that returned
+    /// `event` (0 when the copy was done first), once it has completed, where the engine
+    /// times it.
+    fn stall_seconds(&self, _event: &Self::Event) -> Option<f64> {
+        None
+    }
 }
 
 /// What [`Uploader`] has moved, for `bench`, `/api/ps` and `/metrics`.
@@ -74,6 +81,8 @@ pub struct TransferStats {
     pub pageable_copies: AtomicU64,
     /// Device time of the copies that have completed (where the engine times them).
     pub copy_ns: AtomicU64,
+    /// Device time the compute stream waited for copies.
+    pub stall_ns: AtomicU64,
     /// Slots allocated beyond the ring because every slot was held.
     pub extra_slots: AtomicU64,
     /// Device bytes the slots hold now.
@@ -87,6 +96,8 @@ pub struct TransferSnapshot {
     pub copies: u64,
     pub pageable_copies: u64,
     pub copy_ns: u64,
+    /// Device time the compute waited for copies.
+    pub copy_stall_ns: u64,
     /// Device bytes the streaming slots hold (a level, not a count: the later one of two
     /// snapshots wins when they are subtracted or added).
     pub slot_bytes: u64,
@@ -100,6 +111,7 @@ impl std::ops::Add for TransferSnapshot {
             copies: self.copies + o.copies,
             pageable_copies: self.pageable_copies + o.pageable_copies,
             copy_ns: self.copy_ns + o.copy_ns,
+            copy_stall_ns: self.copy_stall_ns + o.copy_stall_ns,
             slot_bytes: self.slot_bytes.max(o.slot_bytes),
         }
     }
@@ -113,6 +125,7 @@ impl std::ops::Sub for TransferSnapshot {
             copies: self.copies.saturating_sub(o.copies),
             pageable_copies: self.pageable_copies.saturating_sub(o.pageable_copies),
             copy_ns: self.copy_ns.saturating_sub(o.copy_ns),
+            copy_stall_ns: self.copy_stall_ns.saturating_sub(o.copy_stall_ns),
             slot_bytes: self.slot_bytes,
         }
     }
@@ -126,6 +139,7 @@ impl TransferStats {
             copies: get(&self.copies),
             pageable_copies: get(&self.pageable_copies),
             copy_ns: get(&self.copy_ns),
+            copy_stall_ns: get(&self.stall_ns),
             slot_bytes: get(&self.slot_bytes),
         }
     }
@@ -269,6 +283,9 @@ impl<E: CopyEngine> Uploader<E> {
                 }
                 if let Some(s) = engine.copy_seconds(&reap.event) {
                     reaper_inner.stats.copy_ns.fetch_add((s * 1e9) as u64, Ordering::Relaxed);
+                }
+                if let Some(s) = engine.stall_seconds(&reap.event) {
+                    reaper_inner.stats.stall_ns.fetch_add((s * 1e9) as u64, Ordering::Relaxed);
                 }
                 // Dropping `reap` now returns the staging buffer to its pool, or frees
                 // a slot of its own.

@@ -162,7 +162,7 @@ fn write_upload_metrics(out: &mut String, loaded: &[crate::queue::worker::Loaded
 /// The lines of [`write_upload_metrics`] for `(model, summary, counters)` rows.
 fn write_upload_rows(out: &mut String, rows: &[(String, crate::sched::SchedSummary, StatsSnapshot)]) {
     type Metric = (&'static str, &'static str, &'static str, fn(&crate::sched::SchedSummary, &StatsSnapshot) -> f64);
-    let metrics: [Metric; 9] = [
+    let metrics: [Metric; 10] = [
         (
             "strata_host_tier_budget_bytes",
             "gauge",
@@ -192,6 +192,9 @@ fn write_upload_rows(out: &mut String, rows: &[(String, crate::sched::SchedSumma
         }),
         ("strata_h2d_copy_seconds_total", "counter", "Time the copy engine spent on streamed weights.", |_, c| {
             c.transfer.copy_ns as f64 / 1e9
+        }),
+        ("strata_h2d_stall_seconds_total", "counter", "Time the GPU's compute waited for copies.", |_, c| {
+            c.transfer.copy_stall_ns as f64 / 1e9
         }),
     ];
     for (name, kind, help, value) in metrics {
@@ -290,6 +293,7 @@ mod tests {
                 copies: 9,
                 pageable_copies: 1,
                 copy_ns: 2_000_000_000,
+                copy_stall_ns: 500_000_000,
                 slot_bytes: 1600,
             },
             ..Default::default()
@@ -306,6 +310,7 @@ mod tests {
             "strata_h2d_bytes_total{model=\"m\"} 123",
             "strata_h2d_pageable_copies_total{model=\"m\"} 1",
             "strata_h2d_copy_seconds_total{model=\"m\"} 2",
+            "strata_h2d_stall_seconds_total{model=\"m\"} 0.5",
             "# TYPE strata_h2d_bytes_total counter",
         ] {
             assert!(out.lines().any(|l| l == line), "missing `{line}` in:\n{out}");

@@ -46,10 +46,12 @@ impl CudaSlot {
     }
 }
 
-/// The end of a copy (timed from `start`), or a mark on the compute stream.
+/// The end of a copy (timed from `start`), or a mark on the compute stream. `waited`:
+/// recorded on the compute stream where it began to wait for the copy.
 pub struct CopyEvent {
     start: Option<CudaEvent>,
     end: CudaEvent,
+    waited: Mutex<Option<CudaEvent>>,
 }
 
 impl CudaCopy {
@@ -100,16 +102,20 @@ impl CopyEngine for CudaCopy {
             return Err(err("host-to-device copy", src.len() as u64)(DriverError(rc)));
         }
         let end = self.copy.record_event(timing).map_err(err("recording a copy's end", 0))?;
-        Ok(CopyEvent { start: Some(start), end })
+        Ok(CopyEvent { start: Some(start), end, waited: Mutex::new(None) })
     }
 
     fn compute_wait(&self, event: &CopyEvent) -> Result<(), BackendError> {
+        // Where the compute stream stands when it begins to wait, to time the wait.
+        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let at = self.compute.record_event(timing).map_err(err("recording a compute wait", 0))?;
+        *event.waited.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
         self.compute.wait(&event.end).map_err(err("ordering the compute after a copy", 0))
     }
 
     fn compute_mark(&self) -> Result<CopyEvent, BackendError> {
         let end = self.compute.record_event(None).map_err(err("recording the end of a unit's compute", 0))?;
-        Ok(CopyEvent { start: None, end })
+        Ok(CopyEvent { start: None, end, waited: Mutex::new(None) })
     }
 
     fn synchronize(&self, event: &CopyEvent) -> Result<(), BackendError> {
@@ -119,6 +125,13 @@ impl CopyEngine for CudaCopy {
     fn copy_seconds(&self, event: &CopyEvent) -> Option<f64> {
         let ms = event.start.as_ref()?.elapsed_ms(&event.end).ok()?;
         Some(f64::from(ms) / 1e3)
+    }
+
+    fn stall_seconds(&self, event: &CopyEvent) -> Option<f64> {
+        let waited = event.waited.lock().unwrap_or_else(|e| e.into_inner());
+        // Negative when the copy had finished before the compute reached it: no stall.
+        let ms = waited.as_ref()?.elapsed_ms(&event.end).ok()?;
+        Some(f64::from(ms.max(0.0)) / 1e3)
     }
 }
 
