@@ -14,7 +14,8 @@
 # STRATA_REQUIRE_GPU=1); `strata perplexity` on every committed fixture on cuda:0 against
 # the CPU (F32/F16/BF16 models: log-probabilities within 1e-3; quantized ones: argmax
 # agreement >= 0.99); greedy generations equal on F32 fixtures; and `strata serve
-# --device cuda:0` answering the OpenAI and Ollama APIs. Timings are not judged here:
+# --device cuda:0` answering the OpenAI and Ollama APIs; streaming into VRAM through the
+# three tiers (tools/gpu_tiers.py). Timings are not judged here:
 # `strata bench` gives them (docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,6 +91,9 @@ sys.exit(0 if ok else 1)
 EOF
   done
 
+  echo "== streaming into VRAM: VRAM budgets 100/50/25/0%, with and without a host tier, GGUF/flat/.cawsf"
+  python3 tools/gpu_tiers.py "$bin" "$out/tiers" || failed+=("streaming into VRAM")
+
   echo "== greedy generation, cuda:0 against cpu (F32 fixtures)"
   for model in tests/fixtures/gguf/llama3.gguf tests/fixtures/gguf/qwen2.gguf tests/fixtures/hf/llama3/; do
     local a b
@@ -126,5 +130,5 @@ EOF
 case ${1:-} in
   pack) pack ;;
   run) shift && run "$@" ;;
-  *) sed -n '2,18p' "$0" && exit 2 ;;
+  *) sed -n '2,19p' "$0" && exit 2 ;;
 esac

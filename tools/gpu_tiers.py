@@ -10,8 +10,9 @@ For a GGUF fixture and its flat and `.cawsf` conversions, on cuda:0:
   the layers in neither tier; H2D: every layer not resident in VRAM), and the streaming
   slots within the ring.
 
-Usage: gpu_tiers.py STRATA_BIN OUT_DIR. Exits 1 when a check fails. Needs no third-party
-Python package.
+Usage: gpu_tiers.py STRATA_BIN OUT_DIR [DEVICE]. DEVICE defaults to cuda:0; `cpu` runs
+the same mechanics where there is no GPU (no host tier, nothing copied). Exits 1 when a
+check fails. Needs no third-party Python package.
 """
 
 import json
@@ -27,6 +28,8 @@ def sh(args, out_path):
 
 def main():
     strata, out = sys.argv[1], sys.argv[2]
+    device = sys.argv[3] if len(sys.argv) > 3 else "cuda:0"
+    gpu = device != "cpu"
     os.makedirs(out, exist_ok=True)
     ids = os.path.join(out, "tiers-ids.json")
     with open(ids, "w") as f:
@@ -42,13 +45,13 @@ def main():
     failed = []
     for fmt, model in sources.items():
         ref_path = os.path.join(out, f"tiers-{fmt}-resident.json")
-        if sh([strata, "perplexity", model, "--tokens-file", ids, "--json", "--device", "cuda:0"], ref_path):
+        if sh([strata, "perplexity", model, "--tokens-file", ids, "--json", "--device", device], ref_path):
             failed.append(f"{fmt} resident")
             continue
         ref = json.load(open(ref_path))
         # The layer bytes the budget governs, from a streamed bench run's report.
         probe = os.path.join(out, f"tiers-{fmt}-probe.json")
-        bench = [strata, "bench", model, "--json", "--device", "cuda:0", "--prompt-tokens", "8", "--gen-tokens", "16",
+        bench = [strata, "bench", model, "--json", "--device", device, "--prompt-tokens", "8", "--gen-tokens", "16",
                  "--runs", "2"]
         if sh(bench + ["--memory-budget", "0", "--host-budget", "0"], probe):
             failed.append(f"{fmt} bench probe")
@@ -59,7 +62,7 @@ def main():
                 case = f"{fmt} VRAM {pct}% host {'all' if host else 0}"
                 budget = ["--memory-budget", str(streamable * pct // 100), "--host-budget", str(host)]
                 p = os.path.join(out, f"tiers-{fmt}-{pct}-{host}.json")
-                if sh([strata, "perplexity", model, "--tokens-file", ids, "--json", "--device", "cuda:0"] + budget, p):
+                if sh([strata, "perplexity", model, "--tokens-file", ids, "--json", "--device", device] + budget, p):
                     failed.append(case)
                     continue
                 got = json.load(open(p))
@@ -70,12 +73,11 @@ def main():
                     continue
                 r = json.load(open(b))
                 plan, up = r["plan"], r.get("upload")
-                layers = plan["layers"]
-                per_layer = streamable / max(layers, 1)
-                on_device = plan["resident_count"] if plan["mode"] == "streaming" else layers
-                in_host = (plan.get("host_tier") or {}).get("count", 0)
-                want_read = (layers - on_device - in_host) * per_layer
-                want_h2d = (layers - on_device) * per_layer
+                per_layer = streamable / max(plan["layers"], 1)
+                on_device = plan["resident_bytes"] if plan["mode"] == "streaming" else streamable
+                in_host = (plan.get("host_tier") or {}).get("resident_bytes", 0)
+                want_read = streamable - on_device - in_host
+                want_h2d = streamable - on_device if gpu else 0.0
                 read = r["bytes_read_per_token"]
                 h2d = up["h2d_bytes_per_token"] if up else 0.0
                 near = lambda a, b: abs(a - b) <= 0.1 * max(b, per_layer * 0.05)
