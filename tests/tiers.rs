@@ -25,7 +25,7 @@ use strata::model::config::ModelConfig;
 use strata::model::decoder::{DecoderModel, SeqStep};
 use strata::model::demo::demo_source;
 use strata::sched::experts::CacheSize;
-use strata::sched::upload::{CopyEngine, StageFactory, TransferStats, Uploader};
+use strata::sched::upload::{CopyEngine, DeviceRead, StageFactory, TransferStats, Uploader};
 use strata::sched::{Policy, SchedOptions};
 use support::TempDir;
 use support::decode::{PROMPT, decode_window, logit_bits as run};
@@ -66,6 +66,10 @@ struct Loopback {
     tx: Mutex<mpsc::Sender<Job>>,
     fail_alloc: AtomicBool,
     mismatches: AtomicU64,
+    /// Reads storage straight into slots (as GPUDirect Storage does), and fails them.
+    direct: AtomicBool,
+    fail_direct: AtomicBool,
+    direct_reads: AtomicU64,
 }
 
 impl Loopback {
@@ -77,7 +81,14 @@ impl Loopback {
                 job();
             }
         });
-        Arc::new(Loopback { tx: Mutex::new(tx), fail_alloc: AtomicBool::new(false), mismatches: AtomicU64::new(0) })
+        Arc::new(Loopback {
+            tx: Mutex::new(tx),
+            fail_alloc: AtomicBool::new(false),
+            mismatches: AtomicU64::new(0),
+            direct: AtomicBool::new(false),
+            fail_direct: AtomicBool::new(false),
+            direct_reads: AtomicU64::new(0),
+        })
     }
 }
 
@@ -133,6 +144,39 @@ impl CopyEngine for Loopback {
         event.done.wait();
         Ok(())
     }
+
+    fn read_into(&self, dst: &Slot, reads: &[DeviceRead<'_>]) -> Option<Result<u64, BackendError>> {
+        use std::os::unix::fs::FileExt;
+        self.direct.load(Ordering::Relaxed).then_some(())?;
+        if self.fail_direct.load(Ordering::Relaxed) {
+            return Some(Err(BackendError::Device { op: "direct read".into(), msg: "loopback".into() }));
+        }
+        let mut slot = dst.lock().unwrap();
+        let mut total = 0;
+        for r in reads {
+            let file = std::fs::File::open(r.path).unwrap();
+            let mut got = 0;
+            while got < r.len {
+                let n = file.read_at(&mut slot[r.dst + got..r.dst + r.len], r.offset + got as u64).unwrap();
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            assert!(got >= r.min, "{}: {got} of {} bytes", r.path.display(), r.min);
+            total += got as u64;
+        }
+        self.direct_reads.fetch_add(1, Ordering::Relaxed);
+        Some(Ok(total))
+    }
+
+    fn direct_mode(&self) -> Option<&'static str> {
+        self.direct.load(Ordering::Relaxed).then_some("direct")
+    }
+
+    fn download(&self, slot: &Slot, len: usize) -> Result<Vec<u8>, BackendError> {
+        Ok(slot.lock().unwrap()[..len].to_vec())
+    }
 }
 
 fn stage(engine: &Arc<Loopback>) -> StageFactory {
@@ -152,32 +196,39 @@ fn demo_flat(dir: &TempDir) -> (ModelSource, ModelConfig) {
     (source, config)
 }
 
+/// The demo model as a flat directory, and the read-buffer bytes of each of its layers
+/// (all equal) as a streaming scheduler counts them.
+fn demo_flat_per_layer(dir: &TempDir) -> (ModelSource, ModelConfig, u64) {
+    let (source, config) = demo_flat(dir);
+    let opts = SchedOptions { budget: Some(0), ..Default::default() };
+    let probe = DecoderModel::with_options(config.clone(), &source, Arc::new(CpuBackend::new(1)), &opts).unwrap();
+    let per_layer = probe.scheduler().streamable_bytes() as u64 / config.n_layers as u64;
+    (source, config, per_layer)
+}
+
+/// A staged scheduler with `device` layers resident on the "device" and `host` in the
+/// host tier.
+fn tiered(engine: &Arc<Loopback>, per_layer: u64, device: u64, host: u64) -> SchedOptions {
+    SchedOptions {
+        budget: Some(device * per_layer),
+        host_budget: host * per_layer,
+        stage: Some(stage(engine)),
+        ..Default::default()
+    }
+}
+
 #[test]
 fn every_tier_split_gives_the_resident_logits_and_moves_the_planned_bytes() {
     let dir = TempDir::new("tiers");
-    let (source, config) = demo_flat(&dir);
+    let (source, config, per_layer) = demo_flat_per_layer(&dir);
     let backend = Arc::new(CpuBackend::new(2));
     let want = run(&DecoderModel::new(config.clone(), &source, backend.clone()).unwrap());
-    let probe = DecoderModel::with_options(
-        config.clone(),
-        &source,
-        backend.clone(),
-        &SchedOptions { budget: Some(0), ..Default::default() },
-    )
-    .unwrap();
     let n = config.n_layers as u64;
-    let per_layer = probe.scheduler().streamable_bytes() as u64 / n;
-    drop(probe);
     let steps = 12u64;
     // (layers on the device, layers in the host tier)
     for (device, host) in [(2, 0), (2, 1), (2, 2), (1, 0), (1, 3), (0, 0), (0, 2), (0, 4)] {
         let engine = Loopback::new();
-        let opts = SchedOptions {
-            budget: Some(device * per_layer),
-            host_budget: host * per_layer,
-            stage: Some(stage(&engine)),
-            ..Default::default()
-        };
+        let opts = tiered(&engine, per_layer, device, host);
         let model = DecoderModel::with_options(config.clone(), &source, backend.clone(), &opts).unwrap();
         let case = format!("{device} layers on the device, {host} in the host tier");
         assert!(run(&model) == want, "{case}: logits differ from the resident run");
@@ -308,4 +359,41 @@ fn routed_experts_upload_into_memory_of_their_own_and_give_the_resident_logits()
         assert_eq!(w.transfer.copies, w.layer_requests + misses, "cache {cache:?}");
         assert_eq!(engine.mismatches.load(Ordering::Relaxed), 0, "cache {cache:?}");
     }
+}
+
+#[test]
+fn storage_read_straight_into_device_slots_gives_the_resident_logits() {
+    let dir = TempDir::new("tiers-direct");
+    let (source, config, per_layer) = demo_flat_per_layer(&dir);
+    let backend = Arc::new(CpuBackend::new(2));
+    let want = run(&DecoderModel::new(config.clone(), &source, backend.clone()).unwrap());
+    let n = config.n_layers as u64;
+    for (device, host) in [(0u64, 0u64), (1, 1), (2, 0)] {
+        let engine = Loopback::new();
+        engine.direct.store(true, Ordering::Relaxed);
+        let opts = tiered(&engine, per_layer, device, host);
+        let model = DecoderModel::with_options(config.clone(), &source, backend.clone(), &opts).unwrap();
+        let case = format!("direct reads, {device} layers on the device, {host} in the host tier");
+        assert_eq!(model.scheduler().summary().upload.and_then(|u| u.gds).as_deref(), Some("direct"), "{case}");
+        // The compute here reads host bytes, which for a direct read are copied back
+        // from the slot: the logits check what the direct reads put there.
+        assert!(run(&model) == want, "{case}: logits differ from the resident run");
+        let w = decode_window(&model, 8);
+        let streamed = n - device - host;
+        assert_eq!(w.bytes_read, 8 * streamed * per_layer, "{case}: bytes from storage");
+        // Only the host tier's layers pass through the copy engine.
+        assert_eq!(w.transfer.h2d_bytes, 8 * host * per_layer, "{case}: bytes copied");
+        assert!(engine.direct_reads.load(Ordering::Relaxed) >= 8 * streamed, "{case}");
+    }
+
+    // A direct read that fails: said once, and every layer goes through host memory.
+    let engine = Loopback::new();
+    engine.direct.store(true, Ordering::Relaxed);
+    engine.fail_direct.store(true, Ordering::Relaxed);
+    let opts = SchedOptions { budget: Some(0), stage: Some(stage(&engine)), ..Default::default() };
+    let model = DecoderModel::with_options(config, &source, backend, &opts).unwrap();
+    assert!(run(&model) == want, "after a failed direct read");
+    assert_eq!(model.scheduler().summary().upload.and_then(|u| u.gds), None, "no longer reading directly");
+    assert_eq!(engine.direct_reads.load(Ordering::Relaxed), 0);
+    assert!(decode_window(&model, 4).transfer.copies >= 4 * n, "layers copied through host memory instead");
 }

@@ -109,6 +109,10 @@ pub struct UploadReport {
     pub h2d_bytes_per_token: f64,
     /// Host→device bandwidth from page-locked memory, measured at load.
     pub h2d_bandwidth_bytes_s: Option<f64>,
+    /// How streamed layers came from storage: `direct` (GPUDirect Storage, NVMe to GPU
+    /// memory), `compat` (cuFile's compatibility mode, through its own host buffers), or
+    /// `null` (page-locked host memory and the copy engine).
+    pub gds: Option<String>,
     /// Of decode time, the part the copy engine was copying, and the part the GPU's
     /// compute waited for a copy.
     pub copy_busy_fraction: f64,
@@ -368,6 +372,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         UploadReport {
             h2d_bytes_per_token: h2d_per_token,
             h2d_bandwidth_bytes_s: u.h2d_bandwidth_bytes_s,
+            gds: u.gds.clone(),
             copy_busy_fraction: window.transfer.copy_ns as f64 / 1e9 / decode_secs.max(1e-9),
             copy_stall_fraction: window.transfer.copy_stall_ns as f64 / 1e9 / decode_secs.max(1e-9),
             host_hit_rate: window.host_hits as f64 / window.layer_requests.max(1) as f64,
@@ -493,7 +498,12 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 _ => String::new(),
             };
             println!(
-                "upload: {:.1} MiB to the GPU per token at {:.1} GB/s H2D, copy engine busy {:.0}%, compute waiting on copies {:.0}%, host-tier hit rate {:.2}{}{bound}",
+                "upload: storage reads {}, {:.1} MiB to the GPU per token at {:.1} GB/s H2D, copy engine busy {:.0}%, compute waiting on copies {:.0}%, host-tier hit rate {:.2}{}{bound}",
+                match u.gds.as_deref() {
+                    Some("direct") => "straight into GPU memory (GPUDirect Storage)",
+                    Some(_) => "through cuFile's compatibility mode (host bounce buffers, no P2P)",
+                    None => "through page-locked host memory",
+                },
                 u.h2d_bytes_per_token / 1048576.0,
                 u.h2d_bandwidth_bytes_s.unwrap_or(0.0) / 1e9,
                 100.0 * u.copy_busy_fraction,

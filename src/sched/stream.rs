@@ -16,7 +16,7 @@ use std::time::Instant;
 use super::io::{AlignedBuf, HostPin};
 use super::layout::Reader;
 use super::plan::{HostTierSummary, ResidencyPlan, format_ranges, host_tier};
-use super::upload::Stage;
+use super::upload::{DeviceRead, Stage};
 use super::{Build, Policy, SchedError, SchedStats, SchedSummary};
 use crate::tensor::ByteSource;
 
@@ -41,7 +41,7 @@ struct Ring {
     /// The next layer the I/O thread considers (it skips `skip`ped ones).
     cursor: usize,
     /// Layers read and not yet taken, oldest first (an `Err` is a failed read).
-    ready: VecDeque<(usize, Result<AlignedBuf, SchedError>)>,
+    ready: VecDeque<(usize, Result<Loaded, SchedError>)>,
     /// The layer being read, and the epoch it was started in.
     loading: Option<(usize, u64)>,
     free: Vec<AlignedBuf>,
@@ -61,6 +61,37 @@ impl Ring {
     fn next_layer(&self) -> Option<usize> {
         let n = self.skip.len();
         (0..n).map(|k| (self.cursor + k) % n).find(|&l| !self.skip[l])
+    }
+}
+
+/// A layer the I/O thread has read: into a ring buffer, or straight into a device slot
+/// (GPUDirect Storage).
+enum Loaded {
+    Host(AlignedBuf),
+    Device(Arc<dyn ByteSource>),
+}
+
+/// Reads layers straight into device slots, where the stage can and the layer needs no
+/// fixup on the host.
+struct Direct {
+    stage: Arc<dyn Stage>,
+    paths: Vec<std::path::PathBuf>,
+    /// Per layer: whether its bytes are used as stored (no fixup).
+    eligible: Vec<bool>,
+}
+
+impl Direct {
+    /// Layer `i` read into a device slot, with the bytes read; `None`: read it through
+    /// host memory.
+    fn read(&self, reader: &Reader, i: usize) -> Option<(Arc<dyn ByteSource>, u64)> {
+        let layout = reader.layout(i).filter(|_| self.eligible[i])?;
+        let reads: Vec<DeviceRead<'_>> = layout
+            .reads
+            .iter()
+            .map(|r| DeviceRead { path: &self.paths[r.file], offset: r.offset, len: r.len, min: r.min, dst: r.dst })
+            .collect();
+        let src = self.stage.read_direct(&reads, layout.buf_len)?;
+        Some((src, layout.reads.iter().map(|r| r.len as u64).sum()))
     }
 }
 
@@ -255,9 +286,16 @@ impl<L: Send + Sync + 'static> Core<L> {
         });
         if policy == Policy::Pinned && depth > 0 {
             let (reader, shared, stats) = (core.reader.clone(), core.shared.clone(), core.stats.clone());
+            let direct = core.stage.as_ref().filter(|s| s.summary().gds.is_some()).map(|stage| Direct {
+                stage: stage.clone(),
+                paths: reader.paths(),
+                eligible: (0..n)
+                    .map(|i| reader.layout(i).is_some_and(|l| l.slots.iter().all(|s| s.fixup.is_none())))
+                    .collect(),
+            });
             let handle = std::thread::Builder::new()
                 .name("strata-io".into())
-                .spawn(move || io_thread(&reader, &shared, &stats, &alloc))
+                .spawn(move || io_thread(&reader, &shared, &stats, &alloc, direct.as_ref()))
                 .map_err(|e| SchedError::Io { layer: 0, msg: format!("starting the I/O thread: {e}") })?;
             *lock(&core.io_thread) = Some(handle);
         }
@@ -289,22 +327,34 @@ impl<L: Send + Sync + 'static> Core<L> {
             let src = self.staged(i, held.clone(), held.is_pinned())?;
             return Ok(Arc::new((self.build)(&self.reader.tensors(i, src))?));
         }
-        let mut buf = self.take(i)?;
-        self.reader.fix(i, &mut buf);
-        let pinned = buf.is_pinned();
-        let buf = self.lend(buf);
-        let layer = Arc::new((self.build)(&self.reader.tensors(i, self.staged(i, buf.clone(), pinned)?))?);
-        // A layer the plan (re-)admitted since it was evicted becomes resident now,
-        // without a second read: the buffer itself where the compute reads host memory,
-        // else a copy of its own on the device (not a slot of the ring).
+        let (src, buf) = match self.take(i)? {
+            Loaded::Host(mut buf) => {
+                self.reader.fix(i, &mut buf);
+                let pinned = buf.is_pinned();
+                let buf = self.lend(buf);
+                (self.staged(i, buf.clone(), pinned)?, Some(buf))
+            }
+            Loaded::Device(src) => (src, None),
+        };
+        let layer = Arc::new((self.build)(&self.reader.tensors(i, src))?);
+        // A layer the plan (re-)admitted since it was evicted becomes resident now: the
+        // buffer itself where the compute reads host memory, else a copy of its own on
+        // the device (not a slot of the ring), from the buffer or read again when the
+        // layer went to the device without passing the host.
         let mut cache = lock(&self.cache);
         if cache.plan.is_resident(i) && cache.resident[i].is_none() {
-            let layer = match self.stage {
-                None => {
+            let layer = match (&self.stage, buf) {
+                (None, Some(buf)) => {
                     buf.keep();
                     layer.clone()
                 }
-                Some(_) => Arc::new((self.build)(&self.reader.tensors(i, buf.clone()))?),
+                (_, Some(buf)) => Arc::new((self.build)(&self.reader.tensors(i, buf))?),
+                (_, None) => {
+                    let mut own = AlignedBuf::new();
+                    self.reader.read(i, &mut own)?;
+                    self.reader.fix(i, &mut own);
+                    Arc::new((self.build)(&self.reader.tensors(i, Arc::new(own)))?)
+                }
             };
             cache.resident[i] = Some(layer);
             lock(&self.shared.ring).skip[i] = true;
@@ -328,7 +378,7 @@ impl<L: Send + Sync + 'static> Core<L> {
 
     /// Waits for the I/O thread to deliver layer `i`, redirecting it first if `i` is not
     /// what it is reading next. Time spent waiting counts as stall.
-    fn take(&self, i: usize) -> Result<AlignedBuf, SchedError> {
+    fn take(&self, i: usize) -> Result<Loaded, SchedError> {
         let shared = &*self.shared;
         let mut ring = lock(&shared.ring);
         let mut waited: Option<Instant> = None;
@@ -474,12 +524,17 @@ impl<L> Core<L> {
 /// has moved past).
 fn recycle(ring: &mut Ring, n: usize) {
     let stale: Vec<_> = ring.ready.drain(..n).collect();
-    ring.free.extend(stale.into_iter().filter_map(|(_, b)| b.ok()));
+    for (_, loaded) in stale {
+        if let Ok(Loaded::Host(buf)) = loaded {
+            ring.free.push(buf);
+        }
+    }
 }
 
-/// Reads the next layers in cyclic order into free ring buffers, keeping at most `depth`
-/// read or in flight ahead of the compute.
-fn io_thread(reader: &Reader, shared: &Shared, stats: &SchedStats, alloc: &Alloc) {
+/// Reads the next layers in cyclic order into free ring buffers (or, with `direct`,
+/// straight into device slots), keeping at most `depth` read or in flight ahead of the
+/// compute.
+fn io_thread(reader: &Reader, shared: &Shared, stats: &SchedStats, alloc: &Alloc, direct: Option<&Direct>) {
     let mut ring = lock(&shared.ring);
     loop {
         if ring.shutdown {
@@ -495,6 +550,23 @@ fn io_thread(reader: &Reader, shared: &Shared, stats: &SchedStats, alloc: &Alloc
         let epoch = ring.epoch;
         ring.cursor = (layer + 1) % ring.skip.len();
         ring.loading = Some((layer, epoch));
+        if let Some(d) = direct {
+            drop(ring);
+            let t = Instant::now();
+            let read = d.read(reader, layer);
+            stats.io_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            ring = lock(&shared.ring);
+            if let Some((src, bytes)) = read {
+                stats.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+                ring.loading = None;
+                if ring.epoch == epoch {
+                    ring.ready.push_back((layer, Ok(Loaded::Device(src))));
+                    shared.ready_wake.notify_all();
+                }
+                continue;
+            }
+            // Not read directly: through host memory below.
+        }
         let free = ring.free.pop();
         if free.is_none() {
             ring.allocated += 1;
@@ -512,7 +584,7 @@ fn io_thread(reader: &Reader, shared: &Shared, stats: &SchedStats, alloc: &Alloc
             continue;
         }
         match read {
-            Ok(()) => ring.ready.push_back((layer, Ok(buf))),
+            Ok(()) => ring.ready.push_back((layer, Ok(Loaded::Host(buf)))),
             Err(e) => {
                 ring.free.push(buf);
                 ring.ready.push_back((layer, Err(e)));

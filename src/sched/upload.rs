@@ -69,6 +69,33 @@ pub trait CopyEngine: Send + Sync + 'static {
     fn stall_seconds(&self, _event: &Self::Event) -> Option<f64> {
         None
     }
+
+    /// Reads `reads` from storage straight into `dst` (GPUDirect Storage), synchronously,
+    /// where the engine can: `None` when it cannot. Returns the bytes read.
+    fn read_into(&self, _dst: &Self::Slot, _reads: &[DeviceRead<'_>]) -> Option<Result<u64, BackendError>> {
+        None
+    }
+
+    /// How [`CopyEngine::read_into`] moves bytes (`direct` or `compat`), where it can.
+    fn direct_mode(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The first `len` bytes of `slot`, copied back to the host (for the rare reader of
+    /// a unit's host bytes when the unit went to the device without passing the host).
+    fn download(&self, slot: &Self::Slot, len: usize) -> Result<Vec<u8>, BackendError>;
+}
+
+/// One read of a unit from storage straight into device memory: `len` bytes at `offset`
+/// of `path`, to byte `dst` of the slot; at least `min` of them exist (the rest is
+/// widening past the end of the file).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceRead<'a> {
+    pub path: &'a std::path::Path,
+    pub offset: u64,
+    pub len: usize,
+    pub min: usize,
+    pub dst: usize,
 }
 
 /// What [`Uploader`] has moved, for `bench`, `/api/ps` and `/metrics`.
@@ -153,6 +180,10 @@ pub struct UploadSummary {
     pub slot_bytes: u64,
     /// Host→device bandwidth from page-locked memory, measured when the model loaded.
     pub h2d_bandwidth_bytes_s: Option<f64>,
+    /// How storage is read straight into device memory: `direct` (GPUDirect Storage),
+    /// `compat` (cuFile's compatibility mode, through its own host buffers), or `None`
+    /// (through page-locked host memory and the copy engine).
+    pub gds: Option<String>,
 }
 
 /// The scheduler's view of an uploader, whatever its engine: a streamed unit's host bytes
@@ -167,6 +198,11 @@ pub trait Stage: Send + Sync {
     fn stage_owned(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, BackendError>;
     /// Page-locks staging buffers, where the engine can.
     fn host_pin(&self) -> Option<Arc<dyn super::io::HostPin>>;
+    /// Reads a unit of `len` bytes from storage straight into a slot of the ring
+    /// (GPUDirect Storage). `None` where the engine cannot, or when a direct read fails
+    /// (said once in the log; from then on every unit goes through host memory): the
+    /// caller then reads it through host memory.
+    fn read_direct(&self, reads: &[DeviceRead<'_>], len: usize) -> Option<Arc<dyn ByteSource>>;
     fn stats(&self) -> TransferSnapshot;
     fn summary(&self) -> UploadSummary;
 }
@@ -251,6 +287,8 @@ pub struct Uploader<E: CopyEngine> {
     reaper_thread: Mutex<Option<JoinHandle<()>>>,
     pin: Option<Arc<dyn super::io::HostPin>>,
     h2d_bandwidth: Option<f64>,
+    /// Set when a direct read failed: from then on units go through host memory.
+    direct_failed: AtomicBool,
 }
 
 impl<E: CopyEngine> Uploader<E> {
@@ -291,7 +329,13 @@ impl<E: CopyEngine> Uploader<E> {
                 // a slot of its own.
             }
         })?;
-        Ok(Uploader { inner, reaper_thread: Mutex::new(Some(thread)), pin, h2d_bandwidth: None })
+        Ok(Uploader {
+            inner,
+            reaper_thread: Mutex::new(Some(thread)),
+            pin,
+            h2d_bandwidth: None,
+            direct_failed: AtomicBool::new(false),
+        })
     }
 
     /// Records the host→device bandwidth measured for this engine (for the summary).
@@ -372,6 +416,38 @@ impl<E: CopyEngine> Uploader<E> {
         self.finish(host, hold, event, pinned)
     }
 
+    /// See [`Stage::read_direct`]. A storage read is ordered on no stream, so this waits
+    /// here for the slot's last reader to finish before it may be overwritten.
+    pub fn read_direct(&self, reads: &[DeviceRead<'_>], len: usize) -> Option<Arc<dyn ByteSource>> {
+        let inner = &*self.inner;
+        if len > inner.slot_len || self.direct_failed.load(Ordering::Relaxed) || inner.engine.direct_mode().is_none() {
+            return None;
+        }
+        let failed = |e: BackendError| {
+            if !self.direct_failed.swap(true, Ordering::Relaxed) {
+                tracing::warn!(error = %e, "a GPUDirect Storage read failed: reading through host memory from now on");
+            }
+        };
+        let (slot, after) = self.take_slot().map_err(failed).ok()?;
+        let read = match after.as_ref().map(|a| inner.engine.synchronize(a)) {
+            Some(Err(e)) => Some(Err(e)),
+            _ => inner.engine.read_into(&slot, reads),
+        };
+        match read {
+            Some(Ok(_)) => {
+                let hold = Arc::new(SlotHold { slot: Some(slot), home: Arc::downgrade(&self.inner), owned: false });
+                Some(Arc::new(DeviceOnly { hold, len, host: std::sync::OnceLock::new() }))
+            }
+            other => {
+                lock(&inner.pool).free.push_front((slot, None));
+                if let Some(Err(e)) = other {
+                    failed(e);
+                }
+                None
+            }
+        }
+    }
+
     /// Orders the compute after the copy, counts it, and has the reaper keep `host`
     /// until the copy completes.
     fn finish(
@@ -416,6 +492,10 @@ impl<E: CopyEngine> Stage for Uploader<E> {
         self.pin.clone()
     }
 
+    fn read_direct(&self, reads: &[DeviceRead<'_>], len: usize) -> Option<Arc<dyn ByteSource>> {
+        Uploader::read_direct(self, reads, len)
+    }
+
     fn stats(&self) -> TransferSnapshot {
         self.inner.stats.snapshot()
     }
@@ -425,6 +505,10 @@ impl<E: CopyEngine> Stage for Uploader<E> {
             ring_slots: self.inner.ring,
             slot_bytes: self.inner.slot_len as u64,
             h2d_bandwidth_bytes_s: self.h2d_bandwidth,
+            gds: match self.direct_failed.load(Ordering::Relaxed) {
+                true => None,
+                false => self.inner.engine.direct_mode().map(str::to_string),
+            },
         }
     }
 }
@@ -482,6 +566,35 @@ impl<E: CopyEngine> Staged<E> {
 impl<E: CopyEngine> ByteSource for Staged<E> {
     fn bytes(&self) -> &[u8] {
         self.host.bytes()
+    }
+
+    fn device_copy(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        Some(self.hold.clone())
+    }
+}
+
+/// A unit read from storage straight into a device slot: its host bytes exist only if
+/// something asks for them, copied back from the device then.
+struct DeviceOnly<E: CopyEngine> {
+    hold: Arc<SlotHold<E>>,
+    len: usize,
+    host: std::sync::OnceLock<Vec<u8>>,
+}
+
+impl<E: CopyEngine> ByteSource for DeviceOnly<E> {
+    fn bytes(&self) -> &[u8] {
+        self.host.get_or_init(|| {
+            let inner = self.hold.home.upgrade();
+            match inner.map(|i| i.engine.download(self.hold.slot(), self.len)) {
+                Some(Ok(bytes)) => bytes,
+                Some(Err(e)) => {
+                    // The device failed: its next op fails too, and the request with it.
+                    tracing::error!(error = %e, "copying a streamed unit back from the device");
+                    vec![0; self.len]
+                }
+                None => vec![0; self.len],
+            }
+        })
     }
 
     fn device_copy(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {

@@ -283,7 +283,12 @@ mod tests {
                 count: 2,
                 pinned: true,
             }),
-            upload: Some(UploadSummary { ring_slots: 4, slot_bytes: 400, h2d_bandwidth_bytes_s: Some(2.5e10) }),
+            upload: Some(UploadSummary {
+                ring_slots: 4,
+                slot_bytes: 400,
+                h2d_bandwidth_bytes_s: Some(2.5e10),
+                gds: None,
+            }),
             experts: None,
         };
         let stats = StatsSnapshot {

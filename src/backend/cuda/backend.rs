@@ -105,6 +105,10 @@ pub struct CudaBackend {
     launches: AtomicU64,
     /// Seconds one empty launch takes, measured on first request.
     launch_latency: std::sync::OnceLock<Option<f64>>,
+    /// Host→device bandwidth, measured on first request.
+    h2d: std::sync::OnceLock<Option<f64>>,
+    /// The cuFile driver, opened on first request.
+    gds: std::sync::OnceLock<Option<Arc<super::gds::Gds>>>,
 }
 
 /// Maps a driver error to a backend error, naming GPU memory when that ran out.
@@ -224,6 +228,8 @@ impl CudaBackend {
             used: Arc::default(),
             launches: AtomicU64::new(0),
             launch_latency: std::sync::OnceLock::new(),
+            h2d: std::sync::OnceLock::new(),
+            gds: std::sync::OnceLock::new(),
         })
     }
 
@@ -243,7 +249,7 @@ impl CudaBackend {
         ring: usize,
         stats: Arc<TransferStats>,
     ) -> Result<Arc<dyn Stage>, BackendError> {
-        let engine = Arc::new(CudaCopy::new(self.stream.clone(), self.used.clone())?);
+        let engine = Arc::new(CudaCopy::new(self.stream.clone(), self.used.clone(), self.gds())?);
         let pin: Arc<dyn crate::sched::io::HostPin> = Arc::new(CudaPin::new(self.stream.context().clone()));
         let bandwidth = self.h2d_bandwidth();
         if let Some(bw) = bandwidth {
@@ -255,9 +261,41 @@ impl CudaBackend {
         Ok(Arc::new(up))
     }
 
-    /// Host→device bandwidth from page-locked memory, measured now (bytes per second).
+    /// Host→device bandwidth from page-locked memory, measured once (bytes per second).
     pub fn h2d_bandwidth(&self) -> Option<f64> {
-        super::copy::measure_h2d(&self.stream)
+        *self.h2d.get_or_init(|| super::copy::measure_h2d(&self.stream))
+    }
+
+    /// The cuFile driver, opened once, for storage reads straight into device memory:
+    /// `None` where cuFile is absent or does not open (said once in the log), or when
+    /// `STRATA_GDS=off`.
+    pub fn gds(&self) -> Option<Arc<super::gds::Gds>> {
+        self.gds
+            .get_or_init(|| {
+                if matches!(std::env::var("STRATA_GDS").as_deref(), Ok("0" | "off" | "false" | "no")) {
+                    tracing::info!("GPUDirect Storage off (STRATA_GDS): streamed layers go through host memory");
+                    return None;
+                }
+                if !super::libs::cufile_present() {
+                    tracing::debug!("cuFile not found: streamed layers go through host memory");
+                    return None;
+                }
+                let opened = self.stream.context().bind_to_thread().map_err(|e| format!("{e:?}"));
+                match opened.and_then(|()| super::gds::Gds::open()) {
+                    Ok(g) => {
+                        tracing::info!(
+                            mode = g.mode().as_str(),
+                            "GPUDirect Storage: streamed layers read into GPU memory"
+                        );
+                        Some(g)
+                    }
+                    Err(reason) => {
+                        tracing::info!(%reason, "GPUDirect Storage not used: streamed layers go through host memory");
+                        None
+                    }
+                }
+            })
+            .clone()
     }
 
     /// Launches what `b` holds with `shape`, and counts the launch.

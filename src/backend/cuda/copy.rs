@@ -6,26 +6,50 @@
 //! only what the events say orders the two.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DriverError, sys};
 
 use super::backend::{Tracked, dev_err as err};
+use super::gds::{Gds, GdsBuffer, GdsFile};
 use crate::backend::BackendError;
 use crate::sched::io::HostPin;
-use crate::sched::upload::CopyEngine;
+use crate::sched::upload::{CopyEngine, DeviceRead};
 
-/// Host→device copies on their own stream.
+/// Host→device copies on their own stream, and storage reads straight into device
+/// memory where GPUDirect Storage works.
 pub struct CudaCopy {
     copy: Arc<CudaStream>,
     compute: Arc<CudaStream>,
     /// Device bytes the backend has allocated (slots count in it).
     used: Arc<AtomicU64>,
+    gds: Option<Direct>,
 }
 
-/// A device slot: one streamed unit's bytes.
+/// The cuFile driver and the files opened through it, by path.
+struct Direct {
+    gds: Arc<Gds>,
+    files: Mutex<HashMap<PathBuf, Arc<GdsFile>>>,
+}
+
+impl Direct {
+    fn file(&self, path: &Path) -> Result<Arc<GdsFile>, String> {
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = files.get(path) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(self.gds.open_file(path)?);
+        files.insert(path.to_path_buf(), f.clone());
+        Ok(f)
+    }
+}
+
+/// A device slot: one streamed unit's bytes. (Fields drop in order: the cuFile
+/// registration goes before the memory.)
 pub struct CudaSlot {
+    _registered: Option<GdsBuffer>,
     data: CudaSlice<u8>,
     _tracked: Tracked,
 }
@@ -55,10 +79,12 @@ pub struct CopyEvent {
 }
 
 impl CudaCopy {
-    /// A copy stream beside `compute` (the backend's stream).
-    pub fn new(compute: Arc<CudaStream>, used: Arc<AtomicU64>) -> Result<Self, BackendError> {
+    /// A copy stream beside `compute` (the backend's stream); with `gds`, storage reads
+    /// go straight into device slots.
+    pub fn new(compute: Arc<CudaStream>, used: Arc<AtomicU64>, gds: Option<Arc<Gds>>) -> Result<Self, BackendError> {
         let copy = compute.context().new_stream().map_err(err("creating the copy stream", 0))?;
-        Ok(CudaCopy { copy, compute, used })
+        let gds = gds.map(|gds| Direct { gds, files: Mutex::default() });
+        Ok(CudaCopy { copy, compute, used, gds })
     }
 
     fn ctx(&self) -> &Arc<CudaContext> {
@@ -74,8 +100,14 @@ impl CopyEngine for CudaCopy {
         let what = "a streaming slot";
         let data = self.copy.alloc_zeros::<u8>(len.max(1)).map_err(err(what, len as u64))?;
         // The allocation is ordered on the copy stream; the compute stream first reads
-        // it after waiting on a copy into it.
-        Ok(CudaSlot { _tracked: Tracked::new(data.len() as u64, &self.used), data })
+        // it after waiting on a copy into it. A slot storage reads land in is registered
+        // with cuFile (unregistered, cuFile still reads into it, through its own buffers).
+        self.copy.synchronize().map_err(err(what, len as u64))?;
+        let registered = self.gds.as_ref().and_then(|d| {
+            let (p, _sync) = data.device_ptr(&self.copy);
+            d.gds.register_buffer(p, data.len()).map_err(|e| tracing::debug!(error = %e, "cuFileBufRegister")).ok()
+        });
+        Ok(CudaSlot { _registered: registered, _tracked: Tracked::new(data.len() as u64, &self.used), data })
     }
 
     unsafe fn copy(&self, src: &[u8], dst: &CudaSlot, after: Option<&CopyEvent>) -> Result<CopyEvent, BackendError> {
@@ -125,6 +157,42 @@ impl CopyEngine for CudaCopy {
     fn copy_seconds(&self, event: &CopyEvent) -> Option<f64> {
         let ms = event.start.as_ref()?.elapsed_ms(&event.end).ok()?;
         Some(f64::from(ms) / 1e3)
+    }
+
+    fn read_into(&self, dst: &CudaSlot, reads: &[DeviceRead<'_>]) -> Option<Result<u64, BackendError>> {
+        let direct = self.gds.as_ref()?;
+        let fail = |msg: String| BackendError::Device { op: "GPUDirect Storage read".into(), msg };
+        let read = || -> Result<u64, BackendError> {
+            // cuFile reads into the memory of the context current on this thread.
+            self.ctx().bind_to_thread().map_err(err("GPUDirect Storage read", 0))?;
+            let base = dst.ptr(&self.copy, 0);
+            let mut total = 0u64;
+            for r in reads {
+                if r.dst + r.len > dst.len() {
+                    return Err(fail(format!("{} bytes at {} do not fit a {}-byte slot", r.len, r.dst, dst.len())));
+                }
+                let n = direct.file(r.path).map_err(fail)?.read(base, r.dst, r.len, r.offset).map_err(fail)?;
+                if n < r.min {
+                    let msg = format!("{}: {n} bytes at offset {}, {} expected", r.path.display(), r.offset, r.min);
+                    return Err(fail(msg));
+                }
+                total += n as u64;
+            }
+            Ok(total)
+        };
+        Some(read())
+    }
+
+    fn direct_mode(&self) -> Option<&'static str> {
+        self.gds.as_ref().map(|d| d.gds.mode().as_str())
+    }
+
+    fn download(&self, slot: &CudaSlot, len: usize) -> Result<Vec<u8>, BackendError> {
+        let mut out = vec![0u8; len.min(slot.len())];
+        let n = out.len();
+        self.copy.memcpy_dtoh(&slot.data.slice(..n), &mut out).map_err(err("copying a unit back to the host", 0))?;
+        self.copy.synchronize().map_err(err("copying a unit back to the host", 0))?;
+        Ok(out)
     }
 
     fn stall_seconds(&self, event: &CopyEvent) -> Option<f64> {
@@ -207,7 +275,7 @@ pub fn measure_h2d(compute: &Arc<CudaStream>) -> Option<f64> {
     if !host.pin_with(pin) {
         return None;
     }
-    let engine = CudaCopy::new(compute.clone(), Arc::default()).ok()?;
+    let engine = CudaCopy::new(compute.clone(), Arc::default(), None).ok()?;
     let slot = engine.alloc_slot(LEN).ok()?;
     let mut secs = Vec::new();
     for i in 0..6 {

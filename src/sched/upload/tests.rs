@@ -212,6 +212,10 @@ impl CopyEngine for Fake {
         event.wait();
         Ok(())
     }
+
+    fn download(&self, slot: &Self::Slot, len: usize) -> Result<Vec<u8>, BackendError> {
+        Ok(lock(&slot.data)[..len].to_vec())
+    }
 }
 
 /// Staging buffers as the I/O thread's ring holds them: a buffer goes back to the pool
