@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Write a Hugging Face directory for a random-weight Llama model to benchmark with.
 
-    python3 tools/make_bench_model.py OUT_DIR [--layers N] [--seed S] [--max-shard-bytes B]
+    python3 tools/make_bench_model.py OUT_DIR [--shape tinyllama|8b] [--layers N] [--seed S]
+                                      [--max-shard-bytes B]
 
 The model has TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32 heads, 4 KV heads,
-intermediate 5632, vocab 32000, untied head), BF16 weights drawn from N(0, 0.02) (norm
+intermediate 5632, vocab 32000, untied head), or with `--shape 8b` Llama-3-8B's (hidden
+4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336, vocab 128256; 16 GB), BF16 weights drawn from N(0, 0.02) (norm
 weights from N(1, 0.02)), and a byte-level BPE tokenizer of exactly 32000 ids (3 special
 tokens, the 256 byte characters, a few hundred merges building common English words, and
 filler tokens). Its output is noise: it exists to measure speed and memory, not quality.
@@ -37,6 +39,11 @@ HEADS = 32
 KV_HEADS = 4
 VOCAB = 32000
 MAX_POSITIONS = 2048
+# hidden, intermediate, layers, heads, KV heads, vocab, positions
+SHAPES = {
+    "tinyllama": (HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, VOCAB, MAX_POSITIONS),
+    "8b": (4096, 14336, 32, 32, 8, 128256, 8192),
+}
 WEIGHT_STD = 0.02
 NORM_STD = 0.02
 
@@ -280,11 +287,17 @@ def write_safetensors(path, specs, tables, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--layers", type=int, default=LAYERS, help=f"decoder layers (default {LAYERS})")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tinyllama",
+                    help="TinyLlama-1.1B's shape (default) or Llama-3-8B's")
+    ap.add_argument("--layers", type=int, help="decoder layers (default: the shape's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-shard-bytes", type=float, default=2e9,
                     help="largest safetensors file (default 2e9 bytes)")
     args = ap.parse_args()
+    global HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, VOCAB, MAX_POSITIONS
+    HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, VOCAB, MAX_POSITIONS = SHAPES[args.shape]
+    if args.layers is None:
+        args.layers = LAYERS
     if args.layers < 1:
         ap.error("--layers must be at least 1")
 
