@@ -180,11 +180,17 @@ struct Alloc {
 }
 
 impl Alloc {
+    /// A ring buffer.
     fn buf(&self) -> AlignedBuf {
+        self.buf_for(self.cap)
+    }
+
+    /// A buffer for `len` bytes (page-locked when pinning; unpinned ones grow as needed).
+    fn buf_for(&self, len: usize) -> AlignedBuf {
         match &self.pin {
             None => AlignedBuf::new(),
             Some(pin) => {
-                let mut buf = AlignedBuf::with_capacity(self.cap);
+                let mut buf = AlignedBuf::with_capacity(len);
                 buf.pin_with(pin.clone());
                 buf
             }
@@ -239,7 +245,7 @@ impl<L: Send + Sync + 'static> Core<L> {
         let mut host = vec![None; n];
         for (i, held) in host_tier(plan.layer_bytes(), &on_device, host_budget).into_iter().enumerate() {
             if held {
-                let mut buf = alloc.buf();
+                let mut buf = alloc.buf_for(plan.layer_bytes()[i] as usize);
                 reader.read(i, &mut buf)?;
                 reader.fix(i, &mut buf);
                 host[i] = Some(Arc::new(buf));

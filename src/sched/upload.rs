@@ -1,7 +1,11 @@
 //! The host→device leg of streaming (DESIGN.md §4–5), for a backend whose compute reads
-//! its own memory (a GPU). The I/O thread reads storage into page-locked staging buffers;
-//! [`Uploader::stage`] enqueues an asynchronous copy of one into a device slot on a copy
-//! stream and makes the compute stream wait for it; the layer's weights view the slot.
+//! its own memory (a GPU). The I/O thread reads storage into page-locked staging buffers
+//! (or a layer of the host tier is already in one); [`Uploader::upload`] enqueues an
+//! asynchronous copy of it into a device slot of a ring on a copy stream and makes the
+//! compute stream wait for it; the layer's weights view the slot. Routed experts, which
+//! a cache keeps, get device memory of their own instead ([`Uploader::upload_owned`]).
+//! Where the engine reads storage straight into device memory (GPUDirect Storage),
+//! [`Uploader::read_direct`] fills a slot without passing the host.
 //!
 //! Two orderings keep this correct without the host ever waiting on the GPU:
 //! - a staging buffer goes back to its pool only after the copy reading it has completed
