@@ -7,6 +7,7 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use crate::queue::models::parameter_size;
+pub use crate::sched::plan::human_size;
 use crate::store::{Store, StoreError, StoredModel};
 
 #[derive(Args, Debug)]
@@ -148,21 +149,6 @@ fn to_json(m: &StoredModel) -> Value {
         obj.extend(entry);
     }
     v
-}
-
-/// `1.5 GiB`, `110.4 KiB`, `12 B`.
-pub fn human_size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut v = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
 }
 
 /// `just now`, `5 minutes ago`, `3 days ago`.

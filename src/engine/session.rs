@@ -13,7 +13,7 @@ use crate::model::config::ModelConfig;
 use crate::model::decoder::DecoderModel;
 use crate::model::{LanguageModel, ModelSource};
 use crate::sched::expert_policy::CachePolicy;
-use crate::sched::plan::{RuntimeShape, default_budget, estimate_runtime_bytes};
+use crate::sched::plan::{RuntimeShape, default_budget, estimate_runtime_bytes, human_size};
 use crate::sched::upload::StageFactory;
 use crate::sched::{DEFAULT_PREFETCH_DEPTH, ExpertLoading, Policy, SchedOptions};
 
@@ -393,11 +393,11 @@ pub fn memory_budget(
                  and norms, {} of KV cache and activations for a {context}-token context, {} of streaming \
                  slots), and {} is free; try a smaller --ctx-size or --prefetch-depth, or --device cpu",
                 mem.device,
-                human(need),
-                human(always_resident),
-                human(runtime.total()),
-                human(ring),
-                human(free)
+                human_size(need),
+                human_size(always_resident),
+                human_size(runtime.total()),
+                human_size(ring),
+                human_size(free)
             );
         }
     }
@@ -408,10 +408,10 @@ pub fn memory_budget(
                 free,
                 device = mem.device,
                 "--memory-budget {} is more than the {} free on {}: using {}",
-                human(asked),
-                human(free),
+                human_size(asked),
+                human_size(free),
                 mem.device,
-                human(free)
+                human_size(free)
             );
             Some(free)
         }
@@ -440,9 +440,9 @@ pub fn memory_budget(
                 asked,
                 free,
                 "--host-budget {} is more than the {} of free RAM: using {}",
-                human(asked),
-                human(free),
-                human(free)
+                human_size(asked),
+                human_size(free),
+                human_size(free)
             );
             free
         }
@@ -466,15 +466,6 @@ pub fn memory_budget(
         host_budget,
         stage: None,
     })
-}
-
-/// Bytes in words: `1.5 GiB`, `300 MiB`, `12 KiB`, `100 B`.
-fn human(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
-    UNITS
-        .iter()
-        .find(|&&(_, n)| bytes >= n)
-        .map_or_else(|| format!("{bytes} B"), |&(unit, n)| format!("{:.1} {unit}", bytes as f64 / n as f64))
 }
 
 /// Context length when neither the user nor a small model limit asks for another.

@@ -63,6 +63,21 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     u64::try_from(bytes).map_err(|_| too_large())
 }
 
+/// `1.5 GiB`, `110.4 KiB`, `12 B`.
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
 // ---------------------------------------------------------------------------------------
 // Runtime memory: KV cache and activations
 // ---------------------------------------------------------------------------------------
