@@ -386,6 +386,8 @@ pub fn memory_budget(
     let streamable: u64 = layers.iter().sum();
     let gpu = mem.host_free.is_some();
     if gpu && let Some(free) = mem.free {
+        // The slots are needed only by what streams: never more than the layers.
+        let ring = ring.min(streamable);
         let need = always_resident + runtime.total() + ring;
         if need > free {
             anyhow::bail!(
