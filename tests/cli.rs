@@ -1,5 +1,7 @@
 //! The `strata` binary as a user runs it.
 
+mod support;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -79,12 +81,8 @@ fn serve_ps_and_stop_find_the_server_through_its_pid_file() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid_file = home.join("strata.pid");
+    let pid_file = support::wait_for_pid_file(&home);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !pid_file.exists() {
-        assert!(std::time::Instant::now() < deadline, "no PID file");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
     let with_home = |args: &[&str]| Command::new(bin).args(args).env("STRATA_HOME", &home).output().unwrap();
     // The demo model is loaded at start; poll until the worker reports it.
     let mut listing = String::new();
@@ -144,4 +142,85 @@ fn tokenize_gives_llama_cpp_ids_for_gguf_files() {
     assert!(text.lines().all(|l| l.split_once('\t').is_some_and(|(id, _)| id.parse::<u32>().is_ok())));
     let out = strata(&["tokenize", "/no/such/model.gguf", "x"]);
     assert_eq!(out.status.code(), Some(1));
+}
+
+/// Two daemons on different ports share one STRATA_HOME (one per GPU, as
+/// deploy/README.md describes): both start, each with its own PID file; `strata ps` lists
+/// both; `strata stop --port` stops one and `strata stop` the rest. A third started on a
+/// port in use fails without touching the others' files.
+#[test]
+fn two_daemons_share_one_store_and_ps_and_stop_take_a_port() {
+    let home = std::env::temp_dir().join(format!("strata-home-two-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let bin = env!("CARGO_BIN_EXE_strata");
+    let free_port = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (a, b) = (free_port(), free_port());
+    // Started at the same instant: the old single PID file let both pass its check and
+    // the second overwrite the first.
+    let serve = |port: u16| {
+        Command::new(bin)
+            .args(["serve", "--port", &port.to_string(), "--threads", "1"])
+            .env("STRATA_HOME", &home)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (mut sa, mut sb) = (serve(a), serve(b));
+    let run = home.join("run");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let pid_files = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&run)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".pid"))
+            .collect();
+        v.sort();
+        v
+    };
+    while pid_files().len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "both daemons should write a PID file: {:?}", pid_files());
+        assert!(sa.try_wait().unwrap().is_none() && sb.try_wait().unwrap().is_none(), "a daemon exited");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(pid_files(), {
+        let mut want = vec![format!("serve-127.0.0.1_{a}.pid"), format!("serve-127.0.0.1_{b}.pid")];
+        want.sort();
+        want
+    });
+    let with_home = |args: &[&str]| Command::new(bin).args(args).env("STRATA_HOME", &home).output().unwrap();
+    let mut listing = String::new();
+    while !(listing.contains(&format!("127.0.0.1:{a}")) && listing.contains(&format!("127.0.0.1:{b}"))) {
+        assert!(std::time::Instant::now() < deadline, "ps should list both servers: {listing}");
+        let ps = with_home(&["ps"]);
+        listing = String::from_utf8_lossy(&ps.stdout).into_owned();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let only_b = with_home(&["ps", "--port", &b.to_string()]);
+    let text = String::from_utf8_lossy(&only_b.stdout);
+    assert!(text.contains(&format!("127.0.0.1:{b}")) && text.matches("server pid").count() == 1, "{text}");
+
+    // A third on a port in use: refused, and the others' PID files stay.
+    let third = Command::new(bin)
+        .args(["serve", "--port", &a.to_string(), "--threads", "1"])
+        .env("STRATA_HOME", &home)
+        .output()
+        .unwrap();
+    assert!(!third.status.success());
+    assert_eq!(pid_files().len(), 2);
+
+    let stop_a = with_home(&["stop", "--port", &a.to_string()]);
+    assert!(stop_a.status.success(), "{}", String::from_utf8_lossy(&stop_a.stderr));
+    assert!(sa.wait().unwrap().success());
+    assert_eq!(pid_files(), vec![format!("serve-127.0.0.1_{b}.pid")]);
+    assert!(sb.try_wait().unwrap().is_none(), "stopping one daemon left the other running");
+    let none = with_home(&["stop", "--port", &a.to_string()]);
+    assert!(!none.status.success(), "no server is left on that port");
+    let stop_all = with_home(&["stop"]);
+    assert!(stop_all.status.success(), "{}", String::from_utf8_lossy(&stop_all.stderr));
+    assert!(sb.wait().unwrap().success());
+    assert!(pid_files().is_empty());
+    std::fs::remove_dir_all(&home).ok();
 }

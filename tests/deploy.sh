@@ -196,7 +196,7 @@ with open(sys.argv[2], "a") as out:
   done
   curl -fsS -o /dev/null "$url/health" || die "no /health 200 on STRATA_PORT=$port within 60 s"
   # The PID file under STRATA_HOME names this process and the address it listens on.
-  python3 - "$home/strata.pid" "$pid" "$port" <<'EOF' || die "the PID file in STRATA_HOME does not name this server on STRATA_PORT"
+  python3 - "$(ls "$home"/run/serve-*_"$port".pid 2>/dev/null | head -1)" "$pid" "$port" <<'EOF' || die "the PID file in STRATA_HOME/run does not name this server on STRATA_PORT"
 import json, sys
 f = json.load(open(sys.argv[1]))
 print("PID file:", f)
@@ -244,7 +244,7 @@ EOF
   wait "$pid" || rc=$?
   pid=""
   ((rc == 0)) || die "exit status $rc after SIGTERM (want 0)"
-  [[ ! -e $home/strata.pid ]] || die "the PID file is still there after exit"
+  ! ls "$home"/run/serve-*_"$port".pid >/dev/null 2>&1 || die "the PID file is still there after exit"
   sleep 0.2
   grep -qx 'STOPPING=1' "$notes" || die "no STOPPING=1 on NOTIFY_SOCKET (got: $(tr '\n' ' ' <"$notes"))"
   kill "$listener" 2>/dev/null || true

@@ -8,6 +8,8 @@
 //! `tools/make_fixtures.py`); its tree JSON is computed here from the files: sizes,
 //! SHA-256 for the LFS files, git blob sha1 for the others.
 
+mod support;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -847,12 +849,7 @@ fn api_pull_streams_ollama_progress_into_the_store() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let pid_file = home.join("strata.pid");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !pid_file.exists() {
-        assert!(std::time::Instant::now() < deadline, "no PID file");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let pid_file = support::wait_for_pid_file(&home);
     std::thread::sleep(std::time::Duration::from_millis(100));
     let pid: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&pid_file).unwrap()).unwrap();
     let base = format!("http://{}", pid["addr"].as_str().unwrap());

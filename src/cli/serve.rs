@@ -1,5 +1,6 @@
-//! `strata serve`, and `strata ps` / `strata stop`, which find a running server through
-//! the PID file it writes under `$STRATA_HOME`.
+//! `strata serve`, and `strata ps` / `strata stop`, which find running servers through
+//! the PID files they write under `$STRATA_HOME/run`, one per address: several daemons
+//! (one per GPU, say) share one store.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -67,15 +68,97 @@ struct PidFile {
     addr: String,
 }
 
-fn pid_path() -> PathBuf {
-    strata_home().join("strata.pid")
+/// Where servers write their PID files.
+fn pid_dir() -> PathBuf {
+    strata_home().join("run")
 }
 
-fn read_pid_file() -> anyhow::Result<PidFile> {
-    let path = pid_path();
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("no running server found ({} is missing)", path.display()))?;
+/// The PID file of the server listening on `addr`: `serve-127.0.0.1_8000.pid`.
+fn pid_path(addr: &SocketAddr) -> PathBuf {
+    let name: String =
+        addr.to_string().chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect();
+    pid_dir().join(format!("serve-{}.pid", name.trim_matches('_')))
+}
+
+/// Writes `pid`'s file at `path`, whole or not at all, unless a live server holds it:
+/// the file is written aside and hard-linked into place, which fails if the name exists,
+/// so of two servers starting at once exactly one takes it. A file whose process is gone
+/// (or that is not a PID file) is replaced.
+fn take_pid_file(path: &Path, pid: &PidFile) -> anyhow::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}.{:?}", std::process::id(), std::thread::current().id()));
+    std::fs::write(&tmp, serde_json::to_string(pid)?).with_context(|| format!("writing {}", tmp.display()))?;
+    let taken = (|| {
+        for _ in 0..3 {
+            match std::fs::hard_link(&tmp, path) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    if let Ok(old) = read_pid_file(path)
+                        && process_alive(old.pid)
+                    {
+                        anyhow::bail!(
+                            "another strata serve (pid {}) is running on {}; `strata stop --port {}` stops it",
+                            old.pid,
+                            old.addr,
+                            old.addr.rsplit_once(':').map_or("", |(_, p)| p)
+                        );
+                    }
+                    // Stale: remove it and try again (another server may win the retry).
+                    let _ = std::fs::remove_file(path);
+                }
+                // A filesystem without hard links: create-if-absent, then write.
+                Err(_) => {
+                    let mut f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(path)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                    return f
+                        .write_all(serde_json::to_string(pid)?.as_bytes())
+                        .with_context(|| format!("writing {}", path.display()));
+                }
+            }
+        }
+        anyhow::bail!("{} keeps changing under us: is another server starting?", path.display())
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    taken
+}
+
+fn read_pid_file(path: &Path) -> anyhow::Result<PidFile> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("{} is not a Strata PID file", path.display()))
+}
+
+/// The servers that wrote PID files under this `$STRATA_HOME` (live or not), by address:
+/// `run/serve-*.pid`, and the single `strata.pid` older versions wrote.
+fn pid_files() -> Vec<(PathBuf, PidFile)> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(pid_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pid"))
+        .collect();
+    paths.push(strata_home().join("strata.pid"));
+    paths.sort();
+    paths.into_iter().filter_map(|p| read_pid_file(&p).ok().map(|f| (p, f))).collect()
+}
+
+/// The live servers, optionally only the one on `port`; an error says what was looked for.
+fn running(port: Option<u16>) -> anyhow::Result<Vec<(PathBuf, PidFile)>> {
+    let (live, stale): (Vec<_>, Vec<_>) = pid_files().into_iter().partition(|(_, f)| process_alive(f.pid));
+    for (path, _) in &stale {
+        let _ = std::fs::remove_file(path);
+    }
+    let on_port = |f: &PidFile| port.is_none_or(|p| f.addr.rsplit_once(':').is_some_and(|(_, q)| q == p.to_string()));
+    let live: Vec<_> = live.into_iter().filter(|(_, f)| on_port(f)).collect();
+    if live.is_empty() {
+        match port {
+            Some(p) => anyhow::bail!("no running server on port {p} (no live PID file in {})", pid_dir().display()),
+            None => anyhow::bail!("no running server found (no live PID file in {})", pid_dir().display()),
+        }
+    }
+    Ok(live)
 }
 
 /// Whether `pid` runs (a zombie that exited but was not yet reaped does not).
@@ -83,13 +166,6 @@ fn process_alive(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
     // The state letter follows the parenthesised command name.
     stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
-}
-
-/// Writes `contents` to `path` through a temporary file and a rename.
-fn write_atomic(path: &Path, contents: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(&tmp, path)
 }
 
 /// `NAME=SPEC` or `SPEC` (named after its file or directory stem).
@@ -158,20 +234,17 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
         let local = listener.local_addr()?;
-        let home = strata_home();
-        std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
-        if let Ok(old) = read_pid_file()
-            && old.pid != std::process::id()
-            && process_alive(old.pid)
-        {
-            anyhow::bail!("another strata serve (pid {}) is running on {}; `strata stop` stops it", old.pid, old.addr);
-        }
-        let (router, state, _worker) = crate::server::start(opts)?;
-        write_atomic(
-            &pid_path(),
-            &serde_json::to_string(&PidFile { pid: std::process::id(), addr: local.to_string() })?,
-        )
-        .with_context(|| format!("writing {}", pid_path().display()))?;
+        let run_dir = pid_dir();
+        std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+        let pid_file = pid_path(&local);
+        take_pid_file(&pid_file, &PidFile { pid: std::process::id(), addr: local.to_string() })?;
+        let (router, state, _worker) = match crate::server::start(opts) {
+            Ok(started) => started,
+            Err(e) => {
+                let _ = std::fs::remove_file(&pid_file);
+                return Err(e);
+            }
+        };
         tracing::info!(%local, config = %settings.file.as_deref().map(|p| p.display().to_string()).unwrap_or("none".into()), "Strata listening");
         if !crate::server::systemd::stderr_is_journal() {
             eprintln!("Strata listening on http://{local}");
@@ -190,13 +263,13 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
                 status.shutting_down.store(true, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 tracing::warn!("connections still open after the grace period; exiting");
-                let _ = std::fs::remove_file(pid_path());
+                let _ = std::fs::remove_file(pid_path(&local));
                 std::process::exit(0);
             });
         };
         axum::serve(listener, router).with_graceful_shutdown(shutdown).await?;
         state.status.shutting_down.store(true, Ordering::SeqCst);
-        let _ = std::fs::remove_file(pid_path());
+        let _ = std::fs::remove_file(&pid_file);
         tracing::info!("stopped");
         Ok(())
     })
@@ -288,59 +361,115 @@ fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
 }
 
 #[derive(Args, Debug)]
-pub struct PsArgs {}
+pub struct PsArgs {
+    /// Only the server listening on this port (default: every server using this
+    /// `$STRATA_HOME`).
+    #[arg(long)]
+    pub port: Option<u16>,
+}
 
-/// `strata ps`: the models the running server has loaded.
-pub fn ps(_: PsArgs) -> anyhow::Result<()> {
-    let pid = read_pid_file()?;
-    let body = http_get(&pid.addr, "/api/ps")?;
-    let v: serde_json::Value = serde_json::from_str(&body).context("the server's /api/ps answer is not JSON")?;
-    println!("{:<32} {:>12} {:>8}  UNTIL", "NAME", "SIZE", "CONTEXT");
-    for m in v["models"].as_array().into_iter().flatten() {
-        let size = m["size"].as_u64().unwrap_or(0) as f64 / 1048576.0;
-        println!(
-            "{:<32} {:>9.1} MiB {:>8}  {}",
-            m["name"].as_str().unwrap_or("?"),
-            size,
-            m["context_length"].as_u64().unwrap_or(0),
-            m["expires_at"].as_str().unwrap_or("forever")
-        );
+/// `strata ps`: each running server, and the models it has loaded.
+pub fn ps(args: PsArgs) -> anyhow::Result<()> {
+    for (_, pid) in running(args.port)? {
+        println!("server pid {} on {}", pid.pid, pid.addr);
+        let body = http_get(&pid.addr, "/api/ps")?;
+        let v: serde_json::Value = serde_json::from_str(&body).context("the server's /api/ps answer is not JSON")?;
+        println!("  {:<32} {:>12} {:>8}  UNTIL", "NAME", "SIZE", "CONTEXT");
+        for m in v["models"].as_array().into_iter().flatten() {
+            let size = m["size"].as_u64().unwrap_or(0) as f64 / 1048576.0;
+            println!(
+                "  {:<32} {:>9.1} MiB {:>8}  {}",
+                m["name"].as_str().unwrap_or("?"),
+                size,
+                m["context_length"].as_u64().unwrap_or(0),
+                m["expires_at"].as_str().unwrap_or("forever")
+            );
+        }
     }
     Ok(())
 }
 
 #[derive(Args, Debug)]
 pub struct StopArgs {
-    /// Seconds to wait for the server to exit.
+    /// Only the server listening on this port (default: every server using this
+    /// `$STRATA_HOME`).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Seconds to wait for each server to exit.
     #[arg(long, default_value_t = 30)]
     pub timeout: u64,
 }
 
-/// `strata stop`: SIGTERM to the running server, then wait for it to exit.
+/// `strata stop`: SIGTERM to the running servers (or the one on `--port`), then wait for
+/// them to exit.
 pub fn stop(args: StopArgs) -> anyhow::Result<()> {
-    let pid = read_pid_file()?;
-    if !process_alive(pid.pid) {
-        let _ = std::fs::remove_file(pid_path());
-        anyhow::bail!("the server (pid {}) is not running; removed its stale PID file", pid.pid);
-    }
-    // SAFETY: kill(2) with a pid read from our own PID file and a plain signal number.
-    if unsafe { libc::kill(pid.pid as libc::pid_t, libc::SIGTERM) } != 0 {
-        anyhow::bail!("could not signal pid {}: {}", pid.pid, std::io::Error::last_os_error());
+    let servers = running(args.port)?;
+    for (_, pid) in &servers {
+        // SAFETY: kill(2) with a pid read from a PID file of ours and a plain signal number.
+        if unsafe { libc::kill(pid.pid as libc::pid_t, libc::SIGTERM) } != 0 {
+            anyhow::bail!("could not signal pid {}: {}", pid.pid, std::io::Error::last_os_error());
+        }
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(args.timeout);
-    while process_alive(pid.pid) {
-        if std::time::Instant::now() > deadline {
-            anyhow::bail!("the server (pid {}) did not exit within {} s", pid.pid, args.timeout);
+    for (path, pid) in &servers {
+        while process_alive(pid.pid) {
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!("the server (pid {}) did not exit within {} s", pid.pid, args.timeout);
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        let _ = std::fs::remove_file(path);
+        eprintln!("stopped the server (pid {}) on {}", pid.pid, pid.addr);
     }
-    eprintln!("stopped the server (pid {}) on {}", pid.pid, pid.addr);
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn of_servers_taking_one_pid_file_at_once_exactly_one_wins_and_a_stale_one_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("strata-pid-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("serve-127.0.0.1_1.pid");
+        let me = std::process::id();
+        let barrier = std::sync::Barrier::new(8);
+        let wins: usize = std::thread::scope(|s| {
+            let tries: Vec<_> = (0..8)
+                .map(|i| {
+                    let (path, barrier) = (&path, &barrier);
+                    s.spawn(move || {
+                        barrier.wait();
+                        take_pid_file(path, &PidFile { pid: me, addr: format!("127.0.0.1:{i}") }).is_ok()
+                    })
+                })
+                .collect();
+            tries.into_iter().map(|t| t.join().unwrap() as usize).sum()
+        });
+        assert_eq!(wins, 1, "exactly one of eight racing servers takes the PID file");
+        let held = read_pid_file(&path).unwrap();
+        assert_eq!(held.pid, me);
+        let err = take_pid_file(&path, &PidFile { pid: me, addr: "127.0.0.1:9".into() }).unwrap_err().to_string();
+        assert!(err.contains(&format!("pid {me}")) && err.contains(&held.addr), "{err}");
+        // A PID file whose process is gone, or that is not a PID file, is taken over.
+        for stale in [r#"{"pid": 4000000000, "addr": "127.0.0.1:1"}"#, "garbage"] {
+            std::fs::write(&path, stale).unwrap();
+            take_pid_file(&path, &PidFile { pid: me, addr: "127.0.0.1:2".into() }).unwrap();
+            assert_eq!(read_pid_file(&path).unwrap().addr, "127.0.0.1:2");
+            std::fs::remove_file(&path).unwrap();
+        }
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no temporary file is left behind");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn pid_files_are_named_by_address() {
+        let name = |a: &str| pid_path(&a.parse().unwrap()).file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(name("127.0.0.1:8000"), "serve-127.0.0.1_8000.pid");
+        assert_eq!(name("[::1]:11434"), "serve-1__11434.pid");
+        assert_ne!(name("127.0.0.1:8000"), name("127.0.0.1:8001"));
+    }
 
     #[test]
     fn sizes_and_model_names() {

@@ -49,3 +49,22 @@ pub fn groups(src: &ModelSource) -> BTreeMap<Group, Vec<(String, HostTensor)>> {
     }
     g
 }
+
+/// The PID file a `strata serve` using `home` as `$STRATA_HOME` writes
+/// (`run/serve-ADDR.pid`), once it is there; panics after 30 s.
+pub fn wait_for_pid_file(home: &std::path::Path) -> PathBuf {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let found = std::fs::read_dir(home.join("run"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "pid"));
+        if let Some(p) = found {
+            return p;
+        }
+        assert!(std::time::Instant::now() < deadline, "no PID file under {}", home.display());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
