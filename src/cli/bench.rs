@@ -76,6 +76,8 @@ pub struct BenchReport {
     pub weight_bytes_per_token: usize,
     /// Memory read bandwidth measured in this run.
     pub mem_bandwidth_bytes_s: f64,
+    /// How the CPU probe read at its best (`None` on a GPU, which copies device to device).
+    pub mem_bandwidth_pattern: Option<String>,
     /// Decode tok/s if every step only had to read its weights once at that bandwidth.
     pub decode_roofline_tok_s: f64,
     pub decode_fraction_of_roofline: f64,
@@ -92,7 +94,11 @@ pub struct BenchReport {
     pub storage_queue_depth: Option<usize>,
     /// Decode tok/s if each token only had to read `bytes_read_per_token` at that bandwidth.
     pub storage_roofline_tok_s: Option<f64>,
+    /// The median over runs of each run's decode against the better of the storage probes
+    /// just before and after it (the storage bandwidth above is that run's).
     pub decode_fraction_of_storage_roofline: Option<f64>,
+    /// Rooflines the decode beat: a probe that is not an upper bound, not a result.
+    pub probe_errors: Vec<String>,
     /// GPU streaming: the upload pipeline's traffic during decode and its bound.
     pub upload: Option<UploadReport>,
     /// Which layers are resident (and the expert cache of a MoE model).
@@ -153,11 +159,9 @@ pub struct MoeReport {
     pub guess_accuracy: Option<f64>,
 }
 
-/// Passes of each storage probe, the most bytes each reads, and the probes (one and
-/// several reads in flight, before and after the runs, and into a small buffer).
+/// Passes of each storage probe, and the most bytes each reads.
 const PROBE_PASSES: u64 = 5;
 const PROBE_BYTES: u64 = 64 << 20;
-const PROBE_SLOTS: u64 = 5;
 
 /// Reads in flight in the deep storage probe.
 pub const STORAGE_PROBE_DEPTH: usize = 8;
@@ -175,23 +179,35 @@ struct RunResult {
     launches: Option<u64>,
 }
 
+/// A roofline is an upper bound: a decode above one says the probe is wrong, and is
+/// reported as such rather than as a result.
+fn probe_errors(mem_fraction: f64, storage_fraction: Option<f64>) -> Vec<String> {
+    let mut errors = Vec::new();
+    if mem_fraction > 1.0 {
+        errors.push(format!(
+            "decode read its weights at {:.0}% of the measured memory bandwidth: the memory probe is not an upper bound here",
+            100.0 * mem_fraction
+        ));
+    }
+    if let Some(f) = storage_fraction.filter(|&f| f > 1.0) {
+        errors.push(format!(
+            "decode read storage at {:.0}% of the storage probe's bandwidth: the probe is not an upper bound here \
+             (a drifting disk, or a host cache the probe missed)",
+            100.0 * f
+        ));
+    }
+    errors
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-/// Read bandwidth of this machine: `threads` threads summing 1 GiB, far larger than the
-/// caches, four streams per thread (as the decode kernel reads); the best of five.
-pub fn measure_read_bandwidth(threads: usize) -> f64 {
-    let words: Vec<u64> = (0..1u64 << 27).collect();
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
-    let mut best = 0.0f64;
-    for _ in 0..5 {
-        let t = Instant::now();
-        std::hint::black_box(crate::backend::cpu::matmul::sum_words(&pool, &words, 4));
-        best = best.max((words.len() * 8) as f64 / t.elapsed().as_secs_f64());
-    }
-    best
+/// Read bandwidth of this machine: `threads` threads reading 1 GiB, far larger than the
+/// caches, in every pattern `backend::cpu::bandwidth` tries; the best, and its pattern.
+pub fn measure_read_bandwidth(threads: usize) -> crate::backend::cpu::bandwidth::Bandwidth {
+    crate::backend::cpu::bandwidth::measure(threads)
 }
 
 fn peak_rss_bytes() -> u64 {
@@ -273,9 +289,13 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     // size, as streamed reads do: the median of five passes of up to 64 MiB. Every pass
     // of every probe reads its own part of the files (`slot`): re-reading the same bytes
     // would time a VM host's page cache, not the disk. Storage whose speed drifts is
-    // probed before and after the runs, and the better median counts.
+    // probed between the runs, and each run is judged against the better of the probes
+    // just before and just after it.
     let files_len: u64 = sched.files().iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
-    let region = files_len / (PROBE_SLOTS * PROBE_PASSES);
+    // Two slots per probe point (one read in flight, and several), one per run and one
+    // more, and one for the small-buffer probe.
+    let slots = 2 * (runs as u64 + 1) + 1;
+    let region = files_len / (slots * PROBE_PASSES);
     let probe = |dest_len: usize, streams: usize, slot: u64| -> anyhow::Result<crate::sched::io::ReadBandwidth> {
         let files = sched.files();
         let mut passes = (0..PROBE_PASSES)
@@ -300,11 +320,23 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         let (one, deep) = (probe(layer_len, 1, 2 * side)?, probe(layer_len, STORAGE_PROBE_DEPTH, 2 * side + 1)?);
         Ok(Some(if deep.bytes_per_sec > one.bytes_per_sec { (deep, STORAGE_PROBE_DEPTH) } else { (one, 1) }))
     };
-    let probe_before = probe_streaming(0)?;
     // An untimed warm-up run first (as llama-bench does): the first pass over a
     // memory-mapped model pays its page faults, and a streaming one fills its ring.
     run(1)?;
-    let results = (0..runs).map(|_| run(args.gen_tokens)).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut probes = vec![probe_streaming(0)?];
+    let mut results = Vec::new();
+    for i in 0..runs {
+        results.push(run(args.gen_tokens)?);
+        probes.push(probe_streaming(i as u64 + 1)?);
+    }
+    // Per run, the better of the probes on either side of it.
+    let storage_per_run: Vec<Option<(crate::sched::io::ReadBandwidth, usize)>> = probes
+        .windows(2)
+        .map(|w| match (w[0], w[1]) {
+            (Some(a), Some(b)) => Some(if a.0.bytes_per_sec >= b.0.bytes_per_sec { a } else { b }),
+            (a, b) => a.or(b),
+        })
+        .collect();
 
     // Storage counters over every timed decode window together.
     let tokens = results.iter().map(|r| r.decode_tokens).sum::<u64>().max(1) as f64;
@@ -345,20 +377,35 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     };
     // On a GPU the roofline is device memory: a device-to-device copy, bytes read plus
     // bytes written, measured now.
-    let bandwidth = match model.memory_bandwidth() {
-        Some(b) => b,
-        None => measure_read_bandwidth(threads),
+    let (bandwidth, bandwidth_pattern) = match model.memory_bandwidth() {
+        Some(b) => (b, None),
+        None => {
+            let m = measure_read_bandwidth(threads);
+            (m.bytes_per_sec, Some(m.pattern))
+        }
     };
     let roofline = bandwidth / weight_bytes_per_token as f64;
     let decode_tok_s = median(results.iter().map(|r| r.decode_tok_s).collect());
-    // The better of the probes before and after the runs; also the same reads into one
-    // small buffer, for comparison.
-    let (storage, storage_depth) = match (probe_before, probe_streaming(1)?) {
-        (Some(a), Some(b)) => Some(if a.0.bytes_per_sec >= b.0.bytes_per_sec { a } else { b }).unzip(),
-        (a, b) => a.or(b).unzip(),
+    // The storage bound of the median run (by its own fraction of its adjacent probes);
+    // also the same reads into one small buffer, for comparison.
+    let fractions: Vec<(f64, usize)> = results
+        .iter()
+        .zip(&storage_per_run)
+        .enumerate()
+        .filter_map(|(i, (r, p))| {
+            let per_token = r.stats.bytes_read as f64 / r.decode_tokens.max(1) as f64;
+            p.map(|(bw, _)| (r.decode_tok_s / (bw.bytes_per_sec / per_token.max(1.0)), i))
+        })
+        .collect();
+    let median_run = {
+        let mut f = fractions.clone();
+        f.sort_by(|a, b| a.0.total_cmp(&b.0));
+        f.get(f.len() / 2).map(|&(_, i)| i)
     };
+    let (storage, storage_depth) = median_run.and_then(|i| storage_per_run[i]).unzip();
+    let storage_fraction = median_run.and_then(|i| fractions.iter().find(|f| f.1 == i)).map(|f| f.0);
     let storage_small = match sched.is_streaming() {
-        true => Some(probe(0, 1, 4)?),
+        true => Some(probe(0, 1, slots - 1)?),
         false => None,
     };
     let storage_roofline = storage.map(|s| s.bytes_per_sec / bytes_read_per_token.max(1.0));
@@ -383,6 +430,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             decode_fraction_of_roofline: roofline.map(|r| decode_tok_s / r),
         }
     });
+    let probe_errors = probe_errors(decode_tok_s / n_seq as f64 / roofline, storage_fraction);
     let report = BenchReport {
         model: engine.name.clone(),
         device: engine.device.device.clone(),
@@ -408,6 +456,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         launch_overhead_fraction,
         weight_bytes_per_token,
         mem_bandwidth_bytes_s: bandwidth,
+        mem_bandwidth_pattern: bandwidth_pattern,
         decode_roofline_tok_s: roofline,
         decode_fraction_of_roofline: decode_tok_s / n_seq as f64 / roofline,
         storage_bandwidth_bytes_s: storage.map(|s| s.bytes_per_sec),
@@ -415,7 +464,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         storage_direct_io: storage.map(|s| s.direct),
         storage_queue_depth: storage_depth,
         storage_roofline_tok_s: storage_roofline,
-        decode_fraction_of_storage_roofline: storage_roofline.map(|r| decode_tok_s / r),
+        decode_fraction_of_storage_roofline: storage_fraction,
+        probe_errors,
         upload,
         plan: summary,
         moe,
@@ -436,6 +486,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             report.mem_bandwidth_bytes_s / 1e9,
             100.0 * report.decode_fraction_of_roofline
         );
+        for e in &report.probe_errors {
+            println!("PROBE ERROR: {e}");
+        }
         println!(
             "weights {:.1} MiB; peak RSS {:.1} MiB",
             report.weights_bytes as f64 / 1048576.0,
@@ -488,7 +541,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 roof,
                 bw / 1e9,
                 if report.storage_direct_io == Some(true) { " O_DIRECT" } else { " buffered" },
-                100.0 * report.decode_tok_s / roof,
+                100.0 * report.decode_fraction_of_storage_roofline.unwrap_or(report.decode_tok_s / roof),
                 report.storage_bandwidth_small_buffer_bytes_s.unwrap_or(0.0) / 1e9
             );
         }
@@ -514,4 +567,19 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decode_above_a_roofline_is_a_probe_error() {
+        assert!(probe_errors(0.97, Some(0.99)).is_empty());
+        assert!(probe_errors(0.5, None).is_empty());
+        let e = probe_errors(1.07, Some(1.16));
+        assert_eq!(e.len(), 2);
+        assert!(e[0].contains("107%") && e[0].contains("memory probe"), "{e:?}");
+        assert!(e[1].contains("116%") && e[1].contains("storage probe"), "{e:?}");
+    }
 }

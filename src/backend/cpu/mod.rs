@@ -1,5 +1,6 @@
 //! The CPU backend: multithreaded, SIMD where it matters (detected at run time).
 
+pub mod bandwidth;
 pub mod matmul;
 
 use rayon::prelude::*;
