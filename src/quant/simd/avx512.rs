@@ -113,6 +113,34 @@ mod imp {
         }
     }
 
+    /// The unsigned levels of the one weight block at `wp` in the low 32 bytes, zeros above
+    /// (a row's last block when it has an odd count: [`levels_pair`] would read past it).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    #[inline]
+    unsafe fn levels_one<const F: u8>(wp: *const u8) -> __m512i {
+        let (_, qs, qh, _, _) = layout(F);
+        // SAFETY: one whole weight block is readable at `wp` (the caller's contract).
+        unsafe {
+            if F == Q8_0 {
+                let lo = _mm256_loadu_si256(wp.add(qs).cast());
+                return _mm512_zextsi256_si512(_mm256_xor_si256(lo, _mm256_set1_epi8(-128)));
+            }
+            let t0 = _mm_loadu_si128(wp.add(qs).cast());
+            let v = _mm512_zextsi128_si512(t0);
+            let v = _mm512_shuffle_i64x2::<0x50>(v, v); // [t0, t0, 0, 0]
+            let u = _mm512_maskz_and_epi64(
+                0x0F,
+                _mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16::<4>(v)),
+                _mm512_set1_epi8(0x0F),
+            );
+            if qh == 0 {
+                return u;
+            }
+            let h0 = wp.add(qh).cast::<u32>().read_unaligned() as u64;
+            _mm512_mask_add_epi8(u, h0, u, _mm512_set1_epi8(16))
+        }
+    }
+
     /// 32-value formats against Q8_0 (or Q8_1 for formats with a min).
     ///
     /// # Safety
@@ -176,22 +204,44 @@ mod imp {
                 i += 4;
             }
         }
+        // The last one to three blocks, two at a time and then one (rows of 18 blocks,
+        // as a 576-wide model has, spent most of their time here in scalar code).
+        // SAFETY: as above; a pair is read only where two blocks remain.
+        unsafe {
+            while i < nb {
+                let two = i + 2 <= nb;
+                let (wp, ap) = (w.add(i * wb), a.add(i * ab));
+                let (w1, a1) = if two { (f16_at(wp.add(wb)), f16_at(ap.add(ab))) } else { (0, 0) };
+                let h = _mm256_cvtph_ps(_mm_setr_epi16(f16_at(wp), w1, 0, 0, f16_at(ap), a1, 0, 0));
+                let d = _mm_mul_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                if has_min {
+                    let (m1, s1) = if two { (f16_at(wp.add(wb + 2)), f16_at(ap.add(ab + 2))) } else { (0, 0) };
+                    let ms = _mm256_cvtph_ps(_mm_setr_epi16(f16_at(wp.add(2)), m1, 0, 0, f16_at(ap.add(2)), s1, 0, 0));
+                    accm = _mm_fmadd_ps(_mm256_castps256_ps128(ms), _mm256_extractf128_ps::<1>(ms), accm);
+                }
+                let yp = ap.add(aqs);
+                let (u, y) = if two {
+                    let y = _mm512_inserti64x4::<1>(
+                        _mm512_castsi256_si512(_mm256_loadu_si256(yp.cast())),
+                        _mm256_loadu_si256(yp.add(ab).cast()),
+                    );
+                    (levels_pair::<F>(wp), y)
+                } else {
+                    (levels_one::<F>(wp), _mm512_zextsi256_si512(_mm256_loadu_si256(yp.cast())))
+                };
+                let mut s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, y);
+                if off != 0 {
+                    s = _mm512_sub_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, y));
+                }
+                let dz = _mm512_castps128_ps512(d);
+                acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx01, dz), acc0);
+                i += if two { 2 } else { 1 };
+            }
+        }
         let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
         if has_min {
             let m2 = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
             sum += _mm_cvtss_f32(_mm_add_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
-        }
-        if i < nb {
-            let f = super::super::scalar_dot_fn(match F {
-                Q4_0 => crate::tensor::DType::Q4_0,
-                Q5_0 => crate::tensor::DType::Q5_0,
-                Q8_0 => crate::tensor::DType::Q8_0,
-                Q4_1 => crate::tensor::DType::Q4_1,
-                _ => crate::tensor::DType::Q5_1,
-            })
-            .expect("32-value formats have a scalar dot");
-            // SAFETY: the remaining blocks lie inside the caller's ranges.
-            sum += unsafe { f(w.add(i * wb), a.add(i * ab), nb - i) };
         }
         sum
     }
