@@ -50,6 +50,22 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
     }
 }
 
+/// The 32-value block dot of Q4_0 or Q8_0 weights against plain Q8_0 activation blocks:
+/// the few blocks after the groups of [`super::dec512`]'s packed rows.
+///
+/// # Safety
+/// As for [`DotFn`](super::DotFn), on a CPU with the AVX-512 tier.
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn dot_tail(dtype: crate::tensor::DType, w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match dtype {
+            crate::tensor::DType::Q4_0 => imp::dot32::<{ imp::Q4_0 }>(w, a, nb),
+            _ => imp::dot32::<{ imp::Q8_0 }>(w, a, nb),
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, reason = "the sub-block index drives several offsets")]
 mod imp {

@@ -7,8 +7,8 @@
 //! instructions per Q4_0 block instead of 10, which is what single-row decode needs to
 //! keep up with memory. Unavailable off x86-64.
 
+use crate::quant::QK;
 use crate::quant::q8_0::BlockQ8_0;
-use crate::quant::{QK, cast_blocks};
 use crate::tensor::DType;
 
 /// Whether this CPU runs the kernels here (the AVX-512 tier, which includes VBMI).
@@ -83,36 +83,11 @@ pub(crate) fn dot_fn(dtype: DType) -> Option<super::DotFn> {
     }
 }
 
-/// The tail blocks of a packed row: the plain Q8_0 blocks after the groups.
-///
-/// # Safety
-/// `a` is a [`pack`]ed row for `nb` blocks of `per`-block groups of `bytes` bytes.
-unsafe fn tail<'a>(a: *const u8, nb: usize, per: usize, bytes: usize) -> &'a [BlockQ8_0] {
-    let groups = nb / per;
-    // SAFETY: the packed row holds the tail blocks right after the groups (an offset
-    // that is a multiple of 64, so aligned for Q8_0).
-    let raw =
-        unsafe { std::slice::from_raw_parts(a.add(groups * bytes), (nb - groups * per) * size_of::<BlockQ8_0>()) };
-    cast_blocks(raw).expect("the tail of a packed row is aligned Q8_0 blocks")
-}
-
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::tail;
-    use crate::quant::{Block, q4_0, q8_0, zeroed_blocks};
-
-    /// An aligned copy of the `n` weight blocks at `w` (the few left after the groups).
-    ///
-    /// # Safety
-    /// `n` whole blocks are readable at `w`.
-    unsafe fn weight_tail<B: Block>(w: *const u8, n: usize) -> Vec<B> {
-        let mut copy = zeroed_blocks::<B>(n);
-        // SAFETY: `copy` holds exactly `n` blocks; the caller vouches for the source.
-        unsafe { std::ptr::copy_nonoverlapping(w, copy.as_mut_ptr().cast::<u8>(), n * size_of::<B>()) };
-        copy
-    }
+    use crate::tensor::DType;
 
     /// Bytes ahead of the current weight group to prefetch.
     const PREFETCH: usize = 2048;
@@ -174,8 +149,9 @@ mod imp {
             }
             let mut sum = _mm512_reduce_add_ps(acc);
             if groups * 4 < nb {
-                let wt = weight_tail::<q4_0::BlockQ4_0>(w.add(4 * BB * groups), nb - 4 * groups);
-                sum += q4_0::vec_dot_q4_0_q8_0(&wt, tail(a, nb, 4, 256));
+                // The packed row keeps its last blocks as plain Q8_0 after the groups.
+                let (wt, at) = (w.add(4 * BB * groups), a.add(256 * groups));
+                sum += super::super::avx512::dot_tail(DType::Q4_0, wt, at, nb - 4 * groups);
             }
             sum
         }
@@ -209,8 +185,8 @@ mod imp {
             }
             let mut sum = _mm512_reduce_add_ps(acc);
             if groups * 2 < nb {
-                let wt = weight_tail::<q8_0::BlockQ8_0>(w.add(2 * BB * groups), 1);
-                sum += q8_0::vec_dot_q8_0_q8_0(&wt, tail(a, nb, 2, 192));
+                let (wt, at) = (w.add(2 * BB * groups), a.add(192 * groups));
+                sum += super::super::avx512::dot_tail(DType::Q8_0, wt, at, nb - 2 * groups);
             }
             sum
         }
