@@ -171,7 +171,6 @@ fn a_prompt_longer_than_the_context_is_an_error() {
 /// answers true, no further layer is run, during prefill or during decode.
 #[test]
 fn cancellation_stops_within_one_layer() {
-    use std::cell::Cell;
     use std::sync::atomic::Ordering;
     let (e, r) = load("llama3");
     let layers = || e.model.scheduler().stats().layer_requests.load(Ordering::Relaxed);
@@ -179,11 +178,8 @@ fn cancellation_stops_within_one_layer() {
     // Cancel at the k-th check: during prefill (k = 2, inside the first pass) and during
     // decode (k = 3 * n_layers + 2: prefill plus two decode steps, then mid-layer-stack).
     for k in [2u64, 3 * n_layers + 2] {
-        let checks = Cell::new(0u64);
-        let cancelled = || {
-            checks.set(checks.get() + 1);
-            checks.get() >= k
-        };
+        let checks = std::sync::atomic::AtomicU64::new(0);
+        let cancelled = || checks.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 >= k;
         let before = layers();
         let summary = Session::new(&e)
             .unwrap()

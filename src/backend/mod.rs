@@ -249,4 +249,15 @@ pub trait Backend: Send + Sync + 'static {
         rows: Rows<'_>,
         weights: Option<&[f32]>,
     ) -> BackendResult<()>;
+
+    /// Runs `f`, a whole forward pass, where the backend's ops dispatch their work
+    /// cheapest. The CPU runs it inside its thread pool, so that each op's parallel work
+    /// starts in place rather than being handed to the pool while the caller sleeps (a
+    /// wake-up and a sleep per op). Elsewhere `f` runs here.
+    fn on_workers<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R
+    where
+        Self: Sized,
+    {
+        f()
+    }
 }

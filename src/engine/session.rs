@@ -121,7 +121,7 @@ impl Session {
         &mut self,
         engine: &Engine,
         req: &GenerateRequest,
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
         mut on_event: impl FnMut(TokenEvent) -> bool,
     ) -> Result<GenerationSummary, GenerateError> {
         let capacity = self.cache.capacity();
@@ -262,7 +262,7 @@ impl Engine {
         cache: &mut KvCache,
         tokens: &[u32],
         cut: Option<usize>,
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Next, ModelError> {
         let mut step = [SeqStep { tokens, cache, all_logits: false }];
         Ok(match cut {

@@ -437,7 +437,7 @@ impl<B: Backend> DecoderModel<B> {
     pub fn forward_until(
         &self,
         batch: &mut [SeqStep<'_>],
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let vocab = self.config.vocab_size;
         let (logits, counts, _) = self.run(batch, cancelled, Readback::Full)?;
@@ -457,7 +457,7 @@ impl<B: Backend> DecoderModel<B> {
         &self,
         batch: &mut [SeqStep<'_>],
         k: usize,
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<TopK>, ModelError> {
         batch.iter_mut().for_each(|s| s.all_logits = false);
         let (_, counts, top) = self.run(batch, cancelled, Readback::Top(k.clamp(1, crate::backend::MAX_TOP_K)))?;
@@ -475,7 +475,17 @@ impl<B: Backend> DecoderModel<B> {
     fn run(
         &self,
         batch: &mut [SeqStep<'_>],
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
+        readback: Readback,
+    ) -> Result<PassOutput, ModelError> {
+        self.backend.on_workers(|| self.run_here(batch, cancelled, readback))
+    }
+
+    /// [`run`](Self::run), on whichever thread calls it.
+    fn run_here(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &(dyn Fn() -> bool + Sync),
         readback: Readback,
     ) -> Result<PassOutput, ModelError> {
         let c = &self.config;
@@ -545,7 +555,7 @@ impl<B: Backend> DecoderModel<B> {
 
     /// A sentence embedding: the mean over positions of the final-norm hidden states,
     /// L2-normalized (`hidden` values).
-    pub fn embed(&self, tokens: &[u32], cancelled: &dyn Fn() -> bool) -> Result<Vec<f32>, ModelError> {
+    pub fn embed(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
         let be = &*self.backend;
         let h = c.hidden_size;
@@ -569,7 +579,7 @@ impl<B: Backend> DecoderModel<B> {
     fn run_layers(
         &self,
         batch: &mut [SeqStep<'_>],
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
         ws: &mut Workspace<B>,
     ) -> Result<(), ModelError> {
         let c = &self.config;
@@ -748,7 +758,7 @@ impl<B: Backend> super::LanguageModel for DecoderModel<B> {
     fn forward_until(
         &self,
         batch: &mut [SeqStep<'_>],
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         DecoderModel::forward_until(self, batch, cancelled)
     }
@@ -757,12 +767,12 @@ impl<B: Backend> super::LanguageModel for DecoderModel<B> {
         &self,
         batch: &mut [SeqStep<'_>],
         k: usize,
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<TopK>, ModelError> {
         DecoderModel::forward_top_k(self, batch, k, cancelled)
     }
 
-    fn embed(&self, tokens: &[u32], cancelled: &dyn Fn() -> bool) -> Result<Vec<f32>, ModelError> {
+    fn embed(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError> {
         DecoderModel::embed(self, tokens, cancelled)
     }
 

@@ -27,7 +27,7 @@ pub trait LanguageModel: Send + Sync {
     fn forward_until(
         &self,
         batch: &mut [SeqStep<'_>],
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<Vec<f32>>, ModelError>;
     /// Like `forward_until`, but returns only each sequence's `k` most likely next
     /// tokens (selected on the device).
@@ -35,13 +35,13 @@ pub trait LanguageModel: Send + Sync {
         &self,
         batch: &mut [SeqStep<'_>],
         k: usize,
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<TopK>, ModelError>;
     fn forward(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         self.forward_until(batch, &|| false)
     }
     /// A sentence embedding (mean of the final hidden states, L2-normalized).
-    fn embed(&self, tokens: &[u32], cancelled: &dyn Fn() -> bool) -> Result<Vec<f32>, ModelError>;
+    fn embed(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError>;
     fn scheduler(&self) -> &dyn SchedInfo;
     /// The backend, in words (`cpu (2 threads)`, `cuda:0 (NVIDIA H100 …)`).
     fn backend_name(&self) -> String;

@@ -265,7 +265,7 @@ impl Worker {
         &mut self,
         job: GenerateJob,
         events: &tokio::sync::mpsc::UnboundedSender<Event>,
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
         admitted: Instant,
     ) -> Result<(), JobError> {
         let load_start = Instant::now();
@@ -364,7 +364,7 @@ impl Worker {
         &mut self,
         job: EmbedJob,
         events: &tokio::sync::mpsc::UnboundedSender<Event>,
-        cancelled: &dyn Fn() -> bool,
+        cancelled: &(dyn Fn() -> bool + Sync),
         admitted: Instant,
     ) -> Result<(), JobError> {
         let load_start = Instant::now();

@@ -94,6 +94,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn on_workers<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
     fn matmul(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, out: &mut Vec<f32>) -> BackendResult<()> {
         matmul::matmul(&self.pool, x, rows, w, out);
         Ok(())
