@@ -4,7 +4,10 @@ runs interleaved, medians reported next to the memory bandwidth measured in the 
 
     python3 tools/make_bench_model.py /tmp/bench1b          # HF directory, BF16
     /work/refvenv/bin/python tools/bench_vs_llamacpp.py /tmp/bench1b /tmp/benchgguf \
-        [--types q4_0,q8_0,q4_k_m] [--rounds 3] [--threads 2]
+        [--types q4_0,q8_0,q4_k_m] [--rounds 3] [--threads 2] [--gguf MODEL.gguf ...]
+
+`--gguf` adds GGUF files as they are (SmolLM2-135M-Instruct Q4_1, say) to the table;
+with `--types ''` only those run (HF_DIR and OUT are then not used).
 
 Needs the reference stack (tools/requirements-ref.txt) plus `gguf` and `llama-cpp-python`.
 Writes <out>/bench-f16.gguf, quantizes it with llama.cpp's own quantizer into
@@ -92,6 +95,7 @@ def main():
     ap.add_argument("hf_dir", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--types", default="q4_0,q8_0,q4_k_m")
+    ap.add_argument("--gguf", type=Path, action="append", default=[], help="a GGUF file to add, as it is")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=128)
@@ -105,17 +109,24 @@ def main():
     args = ap.parse_args()
     if args.no_llamacpp_extra_bufts:
         no_extra_buffer_types()
-    args.out.mkdir(parents=True, exist_ok=True)
-    f16 = args.out / "bench-f16.gguf"
-    if not f16.exists():
-        convert(args.hf_dir, "llama", "gpt-2", f16, f16=True)
+    types = [t for t in args.types.split(",") if t]
+    models = []
+    if types:
+        args.out.mkdir(parents=True, exist_ok=True)
+        f16 = args.out / "bench-f16.gguf"
+        if not f16.exists():
+            convert(args.hf_dir, "llama", "gpt-2", f16, f16=True)
+        for name in types:
+            path = args.out / f"bench-{name}.gguf"
+            if not path.exists():
+                quantize(f16, path, FTYPES[name], args.threads)
+            models.append((name, path))
+    models += [(g.stem, g) for g in args.gguf]
     rng = np.random.default_rng(0)
+    # Ids every vocabulary here has (SmolLM2's is 49152).
     prompt = [int(t) for t in rng.integers(300, 30000, args.prompt_tokens)]
     rows = []
-    for name in args.types.split(","):
-        path = args.out / f"bench-{name}.gguf"
-        if not path.exists():
-            quantize(f16, path, FTYPES[name], args.threads)
+    for name, path in models:
         lp, ld, sp, sd, bw, roof = [], [], [], [], [], []
         for _ in range(args.rounds):
             p, d = llamacpp_run(path, prompt, args.gen_tokens, args.threads)
