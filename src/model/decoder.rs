@@ -556,6 +556,11 @@ impl<B: Backend> DecoderModel<B> {
     /// A sentence embedding: the mean over positions of the final-norm hidden states,
     /// L2-normalized (`hidden` values).
     pub fn embed(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError> {
+        self.backend.on_workers(|| self.embed_here(tokens, cancelled))
+    }
+
+    /// [`embed`](Self::embed), on whichever thread calls it.
+    fn embed_here(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
         let be = &*self.backend;
         let h = c.hidden_size;
