@@ -455,20 +455,12 @@ const SOURCE_KEYS: [&str; 35] = [
 /// One value-level mutation: a metadata value replaced, removed or cut short, or a
 /// tensor's dimensions, type, offset or name changed.
 fn mutate_gguf(rng: &mut Rng, p: &mut GgufParts) {
-    let arch = p
-        .metadata
-        .iter()
-        .find(|(k, _)| k == "general.architecture")
-        .and_then(|(_, v)| v.as_str().map(str::to_owned))
-        .unwrap_or_else(|| "llama".into());
+    let arch = p.arch().unwrap_or("llama").to_owned();
     match rng.below(8) {
         0 | 1 => {
             let key = rng.pick(&SOURCE_KEYS).replace("{arch}", &arch);
             let value = edge_value(rng);
-            match p.metadata.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, v)) => *v = value,
-                None => p.metadata.push((key, value)),
-            }
+            p.set_meta(key, value);
         }
         2 if !p.metadata.is_empty() => {
             let i = rng.below(p.metadata.len());
@@ -534,12 +526,7 @@ const EXPERT_KEYS: [&str; 5] = [
 /// beyond the 2^40 size cap), or a router, stacked expert or shared expert tensor given
 /// another size, one dimension fewer or one more; else any `mutate_gguf` mutation.
 fn mutate_experts(rng: &mut Rng, p: &mut GgufParts) {
-    let arch = p
-        .metadata
-        .iter()
-        .find(|(k, _)| k == "general.architecture")
-        .and_then(|(_, v)| v.as_str().map(str::to_owned))
-        .unwrap_or_else(|| "llama".into());
+    let arch = p.arch().unwrap_or("llama").to_owned();
     let experts: Vec<usize> = (0..p.infos.len()).filter(|&i| p.infos[i].name.contains("_exps.")).collect();
     let others: Vec<usize> = (0..p.infos.len())
         .filter(|&i| p.infos[i].name.contains("_gate_inp") || p.infos[i].name.contains("_shexp"))
@@ -554,10 +541,7 @@ fn mutate_experts(rng: &mut Rng, p: &mut GgufParts) {
                 1 => GgufValue::U32(n as u32),
                 _ => edge_value(rng),
             };
-            match p.metadata.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, v)) => *v = value,
-                None => p.metadata.push((key, value)),
-            }
+            p.set_meta(key, value);
         }
         2 if !experts.is_empty() || !others.is_empty() => {
             let pool = if others.is_empty() || (!experts.is_empty() && rng.below(3) > 0) { &experts } else { &others };

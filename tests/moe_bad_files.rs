@@ -73,16 +73,12 @@ impl Gguf {
 
     /// `{arch}.<key>` for this file's architecture.
     fn key(&self, key: &str) -> String {
-        let arch = self.0.metadata.iter().find(|(k, _)| k == "general.architecture").and_then(|(_, v)| v.as_str());
-        format!("{}.{key}", arch.expect("general.architecture"))
+        format!("{}.{key}", self.0.arch().expect("general.architecture"))
     }
 
     fn set(&mut self, key: &str, value: GgufValue) -> &mut Self {
         let key = self.key(key);
-        match self.0.metadata.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => *v = value,
-            None => self.0.metadata.push((key, value)),
-        }
+        self.0.set_meta(key, value);
         self
     }
 

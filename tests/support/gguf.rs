@@ -17,6 +17,19 @@ pub struct GgufParts {
 }
 
 impl GgufParts {
+    /// `general.architecture`, if the file names one.
+    pub fn arch(&self) -> Option<&str> {
+        self.metadata.iter().find(|(k, _)| k == "general.architecture").and_then(|(_, v)| v.as_str())
+    }
+
+    /// Sets metadata `key` to `value`, adding the key if the file lacks it.
+    pub fn set_meta(&mut self, key: String, value: GgufValue) {
+        match self.metadata.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => *v = value,
+            None => self.metadata.push((key, value)),
+        }
+    }
+
     /// A fixture, by its path under the repository root.
     pub fn read(rel: &str) -> GgufParts {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
