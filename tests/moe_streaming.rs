@@ -20,28 +20,25 @@ use strata::sched::ExpertLoading;
 use strata::sched::expert_policy::CachePolicy;
 use strata::sched::experts::CacheSize;
 use support::TempDir;
+use support::decode::{PROMPT, logit_bits_for};
 
 fn fixture(rel: &str) -> String {
     format!("{}/tests/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"))
 }
 
-const PROMPT: [u32; 7] = [5, 17, 99, 3, 250, 42, 7];
+/// Greedy decode steps after the prompt in each logits comparison.
 const DECODE_STEPS: usize = 6;
 
-/// Logits of every prompt position and of `DECODE_STEPS` greedy decode steps, as bits.
 fn run(model: &dyn LanguageModel) -> Vec<u32> {
-    let mut cache = model.new_cache(64).unwrap();
-    let vocab = model.config().vocab_size;
-    let prompt: Vec<u32> = PROMPT.iter().map(|&t| t % vocab as u32).collect();
-    let mut out = model.forward(&mut [SeqStep { tokens: &prompt, cache: &mut cache, all_logits: true }]).unwrap();
-    let mut bits: Vec<u32> = out[0].iter().map(|v| v.to_bits()).collect();
-    for _ in 0..DECODE_STEPS {
-        let last = &out[0][out[0].len() - vocab..];
-        let next = (0..vocab).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
-        out = model.forward(&mut [SeqStep { tokens: &[next], cache: &mut cache, all_logits: false }]).unwrap();
-        bits.extend(out[0].iter().map(|v| v.to_bits()));
-    }
-    bits
+    logit_bits_for(model, DECODE_STEPS)
+}
+
+/// `rel` (a fixture) converted to `target` as `dir/name`.
+fn converted(dir: &TempDir, rel: &str, target: Target, name: &str) -> std::path::PathBuf {
+    let out = dir.path(name);
+    let source = ModelSource::from_spec(&fixture(rel)).unwrap();
+    convert(source, &out, &ConvertOptions { target, quant: None, threads: 2 }, &mut |_| {}).unwrap();
+    out
 }
 
 fn load(spec: &str, budget: Option<u64>, cache: Option<CacheSize>, policy: CachePolicy, all: bool) -> Engine {
@@ -112,9 +109,7 @@ fn converted_moe_models_stream_bit_identically() {
         ("hf/mixtral", Target::Flat, "mixtral-flat"),
         ("gguf/qwen2_moe.q8_0.gguf", Target::Cawsf(Compression::None), "qwen2_moe.cawsf"),
     ] {
-        let out = dir.path(name);
-        let source = ModelSource::from_spec(&fixture(src)).unwrap();
-        convert(source, &out, &ConvertOptions { target, quant: None, threads: 2 }, &mut |_| {}).unwrap();
+        let out = converted(&dir, src, target, name);
         check_bit_identical(out.to_str().unwrap());
     }
 }
@@ -136,9 +131,7 @@ fn bytes_read_per_token_are_the_cores_and_the_routed_experts() {
     // A flat conversion: each expert is one aligned range of its three tensors
     // (16 x 64 f32 = 4 KiB each, so no padding), read whole.
     let dir = TempDir::new("moe-bytes");
-    let out = dir.path("qwen3_moe-flat");
-    let source = ModelSource::from_spec(&fixture("hf/qwen3_moe")).unwrap();
-    convert(source, &out, &ConvertOptions { target: Target::Flat, quant: None, threads: 2 }, &mut |_| {}).unwrap();
+    let out = converted(&dir, "hf/qwen3_moe", Target::Flat, "qwen3_moe-flat");
     let e = load(out.to_str().unwrap(), Some(0), Some(CacheSize::Bytes(0)), CachePolicy::Lru, false);
     let c = e.model.config().clone();
     let m = c.moe.unwrap();
@@ -178,9 +171,7 @@ fn bytes_read_per_token_are_the_cores_and_the_routed_experts() {
 #[test]
 fn an_expert_that_cannot_be_read_is_an_error_naming_its_file_and_layer() {
     let dir = TempDir::new("moe-bad");
-    let out = dir.path("qwen3_moe-flat");
-    let source = ModelSource::from_spec(&fixture("hf/qwen3_moe")).unwrap();
-    convert(source, &out, &ConvertOptions { target: Target::Flat, quant: None, threads: 2 }, &mut |_| {}).unwrap();
+    let out = converted(&dir, "hf/qwen3_moe", Target::Flat, "qwen3_moe-flat");
     let e = load(out.to_str().unwrap(), Some(0), Some(CacheSize::Bytes(0)), CachePolicy::Lru, false);
     // Cut layer 1's file where its experts begin: its core still reads, its experts not.
     let manifest: serde_json::Value =

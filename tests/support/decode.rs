@@ -13,12 +13,17 @@ pub const DECODE_STEPS: usize = 5;
 /// Logits of every prompt position and of `DECODE_STEPS` greedy decode steps, as bits
 /// (the prompt's ids taken modulo a smaller vocabulary).
 pub fn logit_bits(model: &dyn LanguageModel) -> Vec<u32> {
+    logit_bits_for(model, DECODE_STEPS)
+}
+
+/// [`logit_bits`] with `steps` greedy decode steps.
+pub fn logit_bits_for(model: &dyn LanguageModel, steps: usize) -> Vec<u32> {
     let mut cache = model.new_cache(64).unwrap();
     let vocab = model.config().vocab_size;
     let prompt: Vec<u32> = PROMPT.iter().map(|&t| t % vocab as u32).collect();
     let mut out = model.forward(&mut [SeqStep { tokens: &prompt, cache: &mut cache, all_logits: true }]).unwrap();
     let mut bits: Vec<u32> = out[0].iter().map(|v| v.to_bits()).collect();
-    for _ in 0..DECODE_STEPS {
+    for _ in 0..steps {
         let last = &out[0][out[0].len() - vocab..];
         let next = (0..vocab).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
         out = model.forward(&mut [SeqStep { tokens: &[next], cache: &mut cache, all_logits: false }]).unwrap();
