@@ -227,7 +227,7 @@ fn throughput() {
     for _ in 0..3 {
         for (s, streams) in read_s.iter_mut().zip([1, 4]) {
             *s = s.min(time(&mut || {
-                std::hint::black_box(strata::backend::cpu::matmul::sum_words(&pool, &words, streams));
+                std::hint::black_box(strata::backend::cpu::bandwidth::sum_words(&pool, &words, streams));
             }));
         }
     }

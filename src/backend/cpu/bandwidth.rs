@@ -8,6 +8,8 @@
 
 use std::time::Instant;
 
+use rayon::ThreadPool;
+
 /// Bytes the probe reads per pass: far beyond any cache.
 const PROBE_BYTES: usize = 1 << 30;
 /// Timed passes per pattern; the best counts (on a shared VM single passes vary by half:
@@ -41,7 +43,7 @@ pub fn measure(threads: usize) -> Bandwidth {
         patterns.push((name, best));
     };
     for streams in [1, 4, 8] {
-        time(format!("1 MiB tasks, {streams} streams, scalar"), &|| super::matmul::sum_words(&pool, &words, streams));
+        time(format!("1 MiB tasks, {streams} streams, scalar"), &|| sum_words(&pool, &words, streams));
     }
     let simd = Simd::best();
     for streams in [1, 2, 4, 8] {
@@ -52,6 +54,31 @@ pub fn measure(threads: usize) -> Bandwidth {
     let (pattern, bytes_per_sec) =
         patterns.iter().cloned().max_by(|a, b| a.1.total_cmp(&b.1)).expect("at least one pattern");
     Bandwidth { bytes_per_sec, pattern, patterns }
+}
+
+/// Sums `words` on `pool` in 1 MiB-word tasks (a probe pattern): each task sums `streams`
+/// far-apart pieces of its chunk at once, as the decode kernel reads several weight rows
+/// at once, with eight independent sums so the adds keep up with memory.
+pub fn sum_words(pool: &ThreadPool, words: &[u64], streams: usize) -> u64 {
+    use rayon::prelude::*;
+    let streams = streams.max(1);
+    pool.install(|| {
+        words
+            .par_chunks(1 << 20)
+            .map(|chunk| {
+                let mut acc = [0u64; 8];
+                let len = chunk.len() / streams / 8 * 8;
+                for i in (0..len).step_by(8) {
+                    for s in 0..streams {
+                        for (a, &b) in acc.iter_mut().zip(&chunk[s * len + i..][..8]) {
+                            *a = a.wrapping_add(b);
+                        }
+                    }
+                }
+                acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+            })
+            .reduce(|| 0, u64::wrapping_add)
+    })
 }
 
 /// The vector width the probe reads with.

@@ -492,31 +492,6 @@ impl Bf16 {
     }
 }
 
-/// Sums `words` on `pool` (for measuring read bandwidth): each task sums `streams`
-/// far-apart pieces of its chunk at once, as the decode kernel reads several weight rows
-/// at once, with eight independent sums so the adds keep up with memory.
-pub fn sum_words(pool: &ThreadPool, words: &[u64], streams: usize) -> u64 {
-    use rayon::prelude::*;
-    let streams = streams.max(1);
-    pool.install(|| {
-        words
-            .par_chunks(1 << 20)
-            .map(|chunk| {
-                let mut acc = [0u64; 8];
-                let len = chunk.len() / streams / 8 * 8;
-                for i in (0..len).step_by(8) {
-                    for s in 0..streams {
-                        for (a, &b) in acc.iter_mut().zip(&chunk[s * len + i..][..8]) {
-                            *a = a.wrapping_add(b);
-                        }
-                    }
-                }
-                acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
-            })
-            .reduce(|| 0, u64::wrapping_add)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -754,7 +729,7 @@ mod tests {
         // Plain read bandwidth: `threads` threads summing a 1 GiB u64 array (eight
         // independent sums per thread so the adds keep up with memory).
         let words: Vec<u64> = (0..1u64 << 27).collect();
-        let sum_words = |streams: usize| sum_words(&pool, &words, streams);
+        let sum_words = |streams: usize| super::super::bandwidth::sum_words(&pool, &words, streams);
 
         let kernels = available();
         let mut read_s = [f64::INFINITY; 2];
