@@ -98,11 +98,18 @@ impl CopyEngine for CudaCopy {
 
     fn alloc_slot(&self, len: usize) -> Result<CudaSlot, BackendError> {
         let what = "a streaming slot";
-        let data = self.copy.alloc_zeros::<u8>(len.max(1)).map_err(err(what, len as u64))?;
+        // Left unset: a slot is read only where a copy or a storage read wrote it first.
+        // Expert misses allocate one each, so this stays off the host's critical path:
+        // no memset, and no wait unless cuFile must register the memory.
+        // SAFETY: as said, nothing reads a slot's bytes before they are written.
+        let data = unsafe { self.copy.alloc::<u8>(len.max(1)) }.map_err(err(what, len as u64))?;
         // The allocation is ordered on the copy stream; the compute stream first reads
         // it after waiting on a copy into it. A slot storage reads land in is registered
-        // with cuFile (unregistered, cuFile still reads into it, through its own buffers).
-        self.copy.synchronize().map_err(err(what, len as u64))?;
+        // with cuFile (unregistered, cuFile still reads into it, through its own buffers),
+        // which needs the memory to exist now.
+        if self.gds.is_some() {
+            self.copy.synchronize().map_err(err(what, len as u64))?;
+        }
         let registered = self.gds.as_ref().and_then(|d| {
             let (p, _sync) = data.device_ptr(&self.copy);
             d.gds.register_buffer(p, data.len()).map_err(|e| tracing::debug!(error = %e, "cuFileBufRegister")).ok()
