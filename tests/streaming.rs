@@ -186,7 +186,9 @@ fn kv_cache_pressure_evicts_pinned_layers_and_memory_back_readmits_them() {
     // A cache two layers' bytes beyond the allowance presses the budget down to one
     // layer: the middle layer goes first, then the least recently used edge.
     let over = (2 * per_layer).div_ceil(kv_per_position);
-    let big = model.new_cache(64 + over as usize).unwrap();
+    // (Caches grow by need: this one is grown to its capacity at once.)
+    let mut big = model.new_cache(64 + over as usize).unwrap();
+    model.reserve_cache(&mut big, 64 + over as usize).unwrap();
     let summary = s.summary().plan;
     assert_eq!(summary.resident_layers, "3", "{summary:?}");
     assert_eq!(summary.budget_bytes, 3 * per_layer - over * kv_per_position);

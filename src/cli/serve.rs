@@ -48,6 +48,15 @@ pub struct ServeArgs {
     /// Models kept loaded at once.
     #[arg(long = "max-loaded-models", default_value_t = 1)]
     pub max_loaded: usize,
+    /// Sequences each model generates at once (their decode steps share one forward pass
+    /// and one read of the weights); more requests wait in the queue. 0: what KV memory
+    /// allows, at most 8.
+    #[arg(long, default_value_t = 0)]
+    pub parallel: usize,
+    /// Prompt tokens one step runs, shared by the requests prefilling; running requests
+    /// keep decoding between the chunks of a long prompt.
+    #[arg(long = "prefill-chunk", default_value_t = crate::engine::session::PREFILL_CHUNK, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub prefill_chunk: usize,
     /// On SIGTERM/SIGINT, how long running requests may finish before they are cancelled.
     #[arg(long = "grace-period", default_value = "10s")]
     pub grace_period: String,
@@ -211,7 +220,13 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
     }
     let opts = ServeOptions {
         models,
-        worker: WorkerConfig { run: args.run.to_options()?, keep_alive, max_loaded: args.max_loaded },
+        worker: WorkerConfig {
+            run: args.run.to_options()?,
+            keep_alive,
+            max_loaded: args.max_loaded,
+            parallel: (args.parallel > 0).then_some(args.parallel),
+            prefill_chunk: args.prefill_chunk,
+        },
         server: ServerConfig {
             api_keys,
             allowed_origins: clean_list(&args.allow_origins),

@@ -1,6 +1,7 @@
 //! The engine: tokenizer and chat template glue, sampling, stop strings, incremental
 //! detokenization and the generation loop.
 
+pub mod batch;
 pub mod detok;
 pub mod sampler;
 pub mod session;

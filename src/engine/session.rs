@@ -8,7 +8,7 @@ use anyhow::Context;
 use super::tokenizer::{TextTokenizer, TokenizerSources};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::device::{DeviceInfo, DeviceSpec};
-use crate::backend::{Backend, TopK};
+use crate::backend::Backend;
 use crate::model::config::ModelConfig;
 use crate::model::decoder::DecoderModel;
 use crate::model::{LanguageModel, ModelSource};
@@ -17,13 +17,12 @@ use crate::sched::plan::{RuntimeShape, default_budget, estimate_runtime_bytes, h
 use crate::sched::upload::StageFactory;
 use crate::sched::{DEFAULT_PREFETCH_DEPTH, ExpertLoading, Policy, SchedOptions};
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::detok::IncrementalDecoder;
-use super::sampler::{Sampler, SamplingParams};
-use super::stop::StopMatcher;
+use super::batch::{self, Sequence};
+use super::sampler::SamplingParams;
 use super::tokenizer::TextError;
-use crate::model::decoder::{KvCache, ModelError, SeqStep};
+use crate::model::decoder::{KvCache, ModelError};
 
 /// Prompt tokens per forward pass during prefill (bounds activation memory).
 pub const PREFILL_CHUNK: usize = 512;
@@ -94,10 +93,13 @@ pub enum GenerateError {
 }
 
 /// A conversation's state: its tokens and their KV cache. A new prompt that extends
-/// the previous one reuses the cached prefix.
+/// the previous one reuses the cached prefix. It runs the step loop of
+/// [`super::batch`] with one sequence.
 pub struct Session {
-    cache: KvCache,
-    tokens: Vec<u32>,
+    /// The cache and the tokens it holds (`None` after a failed request: the next one
+    /// starts afresh).
+    held: Option<(KvCache, Vec<u32>)>,
+    capacity: usize,
 }
 
 impl Session {
@@ -107,11 +109,11 @@ impl Session {
 
     /// A session whose context holds `capacity` tokens.
     pub fn with_capacity(engine: &Engine, capacity: usize) -> Result<Self, ModelError> {
-        Ok(Session { cache: engine.model.new_cache(capacity)?, tokens: Vec::new() })
+        Ok(Session { held: Some((engine.model.new_cache(capacity)?, Vec::new())), capacity })
     }
 
     pub fn context_len(&self) -> usize {
-        self.cache.capacity()
+        self.capacity
     }
 
     /// Generates a continuation of `req.prompt`. `on_event` returns false to stop early;
@@ -124,151 +126,27 @@ impl Session {
         cancelled: &(dyn Fn() -> bool + Sync),
         mut on_event: impl FnMut(TokenEvent) -> bool,
     ) -> Result<GenerationSummary, GenerateError> {
-        let capacity = self.cache.capacity();
-        if req.prompt.is_empty() {
-            return Err(GenerateError::EmptyPrompt);
-        }
-        if req.prompt.len() >= capacity {
-            return Err(GenerateError::PromptTooLong { tokens: req.prompt.len(), context: capacity });
-        }
-        let cancelled_summary = |tokens: Vec<u32>, prefill: Duration, decode: Duration| GenerationSummary {
-            finish: FinishReason::Cancelled,
-            prompt_tokens: req.prompt.len(),
-            completion_tokens: tokens.len(),
-            prefill,
-            decode,
-            tokens,
+        let (cache, tokens) = match self.held.take() {
+            Some(held) => held,
+            None => (engine.model.new_cache(self.capacity)?, Vec::new()),
         };
-        // Reuse the cached prefix shared with the previous turn (keep at least one token
-        // to run, so there are logits to sample from).
-        let common = self.tokens.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
-        let keep = common.min(req.prompt.len() - 1);
-        self.cache.truncate(keep);
-        self.tokens.truncate(keep);
-
-        // Greedy decoding and top-k sampling without penalties need only the most likely
-        // tokens: the device selects them and copies back only those.
-        let cut = req.sampling.candidates_needed(req.top_logprobs);
-        let start = Instant::now();
-        let mut next = Next::Logits(Vec::new());
-        let prompt_chunks: Vec<&[u32]> = req.prompt[keep..].chunks(PREFILL_CHUNK).collect();
-        for (i, chunk) in prompt_chunks.iter().enumerate() {
-            let last = i + 1 == prompt_chunks.len();
-            next = match engine.step(&mut self.cache, chunk, if last { cut } else { None }, cancelled) {
-                Ok(n) => n,
-                Err(ModelError::Cancelled) => {
-                    return Ok(cancelled_summary(Vec::new(), start.elapsed(), Duration::ZERO));
-                }
+        let mut seq = Sequence::new(engine, cache, tokens, req.clone())?;
+        while !seq.is_finished() {
+            match batch::step(engine, &mut [&mut seq], PREFILL_CHUNK, cancelled) {
+                Ok(_) | Err(ModelError::Cancelled) => {}
                 Err(e) => return Err(e.into()),
-            };
-            self.tokens.extend_from_slice(chunk);
-        }
-        let prefill = start.elapsed();
-
-        let mut sampler = Sampler::new(req.sampling.clone());
-        let mut decoder = IncrementalDecoder::new(engine.tokenizer.inner(), true).with_prompt_context(&req.prompt);
-        let mut stop = StopMatcher::new(req.stop.clone());
-        let mut generated = Vec::new();
-        let decode_start = Instant::now();
-        let mut finish = FinishReason::Length;
-        // Text passes through the stop matcher before it reaches the consumer.
-        let mut emit = |text: String, on_event: &mut dyn FnMut(TokenEvent) -> bool| -> Option<FinishReason> {
-            let step = stop.push(&text);
-            if !step.emit.is_empty() && !on_event(TokenEvent::Text(step.emit)) {
-                return Some(FinishReason::Cancelled);
             }
-            step.stopped.then_some(FinishReason::Stop)
-        };
-        let mut by_stop_string = false;
-        loop {
-            if generated.len() >= req.max_tokens || self.tokens.len() >= capacity {
-                break;
+            let gone = seq.drain_events().any(|ev| !on_event(ev));
+            if gone {
+                seq.cancel();
             }
-            let (id, logprob, top) = match &next {
-                Next::Logits(logits) => {
-                    let id = sampler.sample(logits, &self.tokens);
-                    let logprob = super::sampler::log_softmax(logits)[id as usize];
-                    let top = match req.top_logprobs {
-                        0 => Vec::new(),
-                        n => super::sampler::top_logprobs(logits, n),
-                    };
-                    (id, logprob, top)
-                }
-                Next::Top(t) => {
-                    let id = sampler.sample_top(t);
-                    let lp = |l: f32| (l as f64 - t.lse as f64) as f32;
-                    let logprob = t.ids.iter().position(|&i| i == id).map_or(f32::NEG_INFINITY, |at| lp(t.logits[at]));
-                    let top = t.ids.iter().zip(&t.logits).take(req.top_logprobs).map(|(&i, &l)| (i, lp(l))).collect();
-                    (id, logprob, top)
-                }
-            };
-            generated.push(id);
-            if !on_event(TokenEvent::Token { id, logprob, top }) {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            if req.stop_at_eos && engine.tokenizer.is_eos(id) {
-                finish = FinishReason::Stop;
-                break;
-            }
-            if let Some(reason) = emit(decoder.push(id)?, &mut on_event) {
-                finish = reason;
-                by_stop_string = reason == FinishReason::Stop;
-                break;
-            }
-            next = match engine.step(&mut self.cache, std::slice::from_ref(&id), cut, cancelled) {
-                Ok(n) => n,
-                Err(ModelError::Cancelled) => {
-                    return Ok(cancelled_summary(generated, prefill, decode_start.elapsed()));
-                }
-                Err(e) => return Err(e.into()),
-            };
-            self.tokens.push(id);
-        }
-        if finish != FinishReason::Cancelled && !by_stop_string {
-            match emit(decoder.flush()?, &mut on_event) {
-                Some(FinishReason::Stop) => finish = FinishReason::Stop,
-                Some(reason) => finish = reason,
-                None => {
-                    let tail = stop.finish();
-                    if !tail.is_empty() && !on_event(TokenEvent::Text(tail)) {
-                        finish = FinishReason::Cancelled;
-                    }
-                }
+            if let Some(e) = seq.take_error() {
+                return Err(e);
             }
         }
-        Ok(GenerationSummary {
-            finish,
-            prompt_tokens: req.prompt.len(),
-            completion_tokens: generated.len(),
-            prefill,
-            decode: decode_start.elapsed(),
-            tokens: generated,
-        })
-    }
-}
-
-/// What a forward step hands the sampler: every logit of the last position, or only
-/// the most likely entries (selected on the device).
-enum Next {
-    Logits(Vec<f32>),
-    Top(TopK),
-}
-
-impl Engine {
-    /// Runs `tokens` of one sequence; returns what sampling after the last one needs.
-    fn step(
-        &self,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        cut: Option<usize>,
-        cancelled: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Next, ModelError> {
-        let mut step = [SeqStep { tokens, cache, all_logits: false }];
-        Ok(match cut {
-            Some(k) => Next::Top(self.model.forward_top_k(&mut step, k, cancelled)?.pop().unwrap_or_else(TopK::empty)),
-            None => Next::Logits(self.model.forward_until(&mut step, cancelled)?.pop().unwrap_or_default()),
-        })
+        let summary = seq.summary().expect("a finished sequence has a summary");
+        self.held = Some(seq.into_cache());
+        Ok(summary)
     }
 }
 

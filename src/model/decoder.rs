@@ -47,14 +47,22 @@ struct KvBufs<B: Backend> {
     v: Vec<B::Buf>,
 }
 
+/// Positions a KV cache's buffers grow by, at least.
+pub const KV_BLOCK: usize = 256;
+
 /// One sequence's KV cache. It belongs to the model that made it: passing it to
-/// another model's forward pass is an error.
+/// another model's forward pass is an error. Its buffers are allocated by need, in
+/// [`KV_BLOCK`]s growing by half again, up to `capacity` positions.
 pub struct KvCache {
     bufs: Box<dyn Any + Send>, // KvBufs<B> of the model's backend
     len: usize,
     capacity: usize,
-    /// Its bytes, held against the scheduler's memory budget.
-    _memory: Reservation,
+    /// Positions the buffers hold now.
+    allocated: usize,
+    /// Bytes one position takes, over every layer.
+    position_bytes: u64,
+    /// Its allocated bytes, held against the scheduler's memory budget.
+    memory: Reservation,
 }
 
 impl KvCache {
@@ -69,6 +77,16 @@ impl KvCache {
 
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Bytes its buffers hold now.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.memory.bytes()
+    }
+
+    /// Bytes one position takes, over every layer: a full cache is `capacity` times this.
+    pub fn position_bytes(&self) -> u64 {
+        self.position_bytes
     }
 
     /// Forgets everything after the first `len` positions (for reusing a shared prefix).
@@ -411,18 +429,48 @@ impl<B: Backend> DecoderModel<B> {
         &self.layers
     }
 
-    /// An empty KV cache for up to `capacity` positions.
+    /// An empty KV cache for up to `capacity` positions; nothing is allocated until a
+    /// forward pass (or [`reserve_cache`](Self::reserve_cache)) needs it.
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
         let width = self.config.n_kv_heads * self.config.head_dim;
-        let n = self.config.n_layers;
-        let bytes = (2 * n * capacity * width * std::mem::size_of::<f32>()) as u64;
-        let memory = self.layers.reserve(bytes);
-        let mut bufs = KvBufs::<B> { k: Vec::with_capacity(n), v: Vec::with_capacity(n) };
-        for _ in 0..n {
-            bufs.k.push(self.backend.alloc(capacity * width)?);
-            bufs.v.push(self.backend.alloc(capacity * width)?);
+        let position_bytes = (2 * self.config.n_layers * width * std::mem::size_of::<f32>()) as u64;
+        let bufs = KvBufs::<B> { k: Vec::new(), v: Vec::new() };
+        let memory = self.layers.reserve(0);
+        Ok(KvCache { bufs: Box::new(bufs), memory, len: 0, capacity, allocated: 0, position_bytes })
+    }
+
+    /// Grows `cache` to hold at least `positions` (at most its capacity), keeping what
+    /// it holds: by a [`KV_BLOCK`] or half its size again, whichever is more, so that a
+    /// growing sequence copies its cache a bounded number of times.
+    pub fn reserve_cache(&self, cache: &mut KvCache, positions: usize) -> Result<(), ModelError> {
+        let positions = positions.min(cache.capacity);
+        if positions <= cache.allocated {
+            return Ok(());
         }
-        Ok(KvCache { bufs: Box::new(bufs), _memory: memory, len: 0, capacity })
+        let grown = (cache.allocated + cache.allocated / 2).max(positions).next_multiple_of(KV_BLOCK);
+        let target = grown.min(cache.capacity);
+        let width = self.config.n_kv_heads * self.config.head_dim;
+        let be = &*self.backend;
+        let bufs = cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
+        // Charged before the buffers exist, so that a streaming budget makes room first.
+        let memory = self.layers.reserve(target as u64 * cache.position_bytes);
+        let fresh = |old: Option<&B::Buf>| -> Result<B::Buf, ModelError> {
+            let mut buf = be.alloc(target * width)?;
+            if let Some(old) = old.filter(|_| cache.len > 0) {
+                be.copy_rows(old, Rows::first(cache.len), width, &mut buf, 0)?;
+            }
+            Ok(buf)
+        };
+        let mut next = KvBufs::<B> { k: Vec::with_capacity(self.config.n_layers), v: Vec::new() };
+        next.v.reserve(self.config.n_layers);
+        for l in 0..self.config.n_layers {
+            next.k.push(fresh(bufs.k.get(l))?);
+            next.v.push(fresh(bufs.v.get(l))?);
+        }
+        *bufs = next;
+        cache.memory = memory;
+        cache.allocated = target;
+        Ok(())
     }
 
     /// Runs the new tokens of every sequence in `batch` through the model, appending to
@@ -594,7 +642,7 @@ impl<B: Backend> DecoderModel<B> {
 
         let mut ids = Vec::new();
         let mut positions = Vec::new();
-        for s in batch.iter() {
+        for s in batch.iter_mut() {
             let needed = s.cache.len + s.tokens.len();
             if needed > s.cache.capacity {
                 return Err(ModelError::ContextFull { needed, capacity: s.cache.capacity });
@@ -602,9 +650,7 @@ impl<B: Backend> DecoderModel<B> {
             if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
                 return Err(ModelError::BadToken { id, vocab: c.vocab_size });
             }
-            if !s.cache.bufs.is::<KvBufs<B>>() {
-                return Err(ModelError::ForeignCache);
-            }
+            self.reserve_cache(s.cache, needed)?;
             ids.extend_from_slice(s.tokens);
             positions.extend((s.cache.len..needed).map(|p| p as u32));
         }
@@ -758,6 +804,14 @@ impl<B: Backend> super::LanguageModel for DecoderModel<B> {
 
     fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
         DecoderModel::new_cache(self, capacity)
+    }
+
+    fn reserve_cache(&self, cache: &mut KvCache, positions: usize) -> Result<(), ModelError> {
+        DecoderModel::reserve_cache(self, cache, positions)
+    }
+
+    fn free_memory(&self) -> Option<u64> {
+        self.backend.free_memory()
     }
 
     fn forward_until(

@@ -22,6 +22,10 @@ pub trait LanguageModel: Send + Sync {
     fn config(&self) -> &ModelConfig;
     /// An empty KV cache for up to `capacity` positions, in this model's device memory.
     fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError>;
+    /// Grows `cache` to hold at least `positions` (forward passes grow it as they need).
+    fn reserve_cache(&self, cache: &mut KvCache, positions: usize) -> Result<(), ModelError>;
+    /// Free memory on the device the model runs on (RAM on the CPU), if known.
+    fn free_memory(&self) -> Option<u64>;
     /// Runs the new tokens of every sequence, appending to their caches; per sequence,
     /// the logits (`[n, vocab]`) of every new token or only of the last one.
     fn forward_until(

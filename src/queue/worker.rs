@@ -1,8 +1,13 @@
-//! The worker thread: owns the loaded engines, runs one job at a time, unloads idle
-//! models when their keep-alive runs out.
+//! The worker thread: owns the loaded engines and runs the step loop of DESIGN.md §5b.
+//! Waiting generations are admitted while their model's `--parallel` and KV memory
+//! allow; every step runs one forward pass over each model's running sequences (their
+//! prompt chunks and decode tokens together) and retires those that finished or whose
+//! client went away. Other work (embeddings, loads, unloads) runs between steps. Idle
+//! models are unloaded when their keep-alive runs out.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::RecvTimeoutError;
+use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -11,9 +16,17 @@ use super::{
     Admission, EmbedInput, EmbedJob, Event, GenerateJob, Job, JobDone, JobError, KeepAlive, PromptInput, QueueHandle,
     TokenLogprob, Work,
 };
-use crate::engine::session::{Engine, GenerateError, GenerateRequest, RunOptions, Session, TokenEvent};
+use crate::engine::batch::{self, Sequence};
+use crate::engine::session::{Engine, GenerateError, GenerateRequest, RunOptions, TokenEvent};
 use crate::engine::tokenizer::TextError;
-use crate::model::decoder::ModelError;
+use crate::model::decoder::{KvCache, ModelError};
+use crate::sched::plan::human_size;
+
+/// Running sequences per model when memory allows more and `--parallel` is not given.
+pub const DEFAULT_PARALLEL: usize = 8;
+
+/// Of the device memory free once a model has loaded, the part its KV caches may use.
+const KV_MEMORY_SHARE: f64 = 0.9;
 
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
@@ -23,6 +36,11 @@ pub struct WorkerConfig {
     pub keep_alive: KeepAlive,
     /// Models kept loaded at once; loading another unloads the least recently used.
     pub max_loaded: usize,
+    /// Running sequences per model (`None`: what KV memory allows, at most
+    /// [`DEFAULT_PARALLEL`]).
+    pub parallel: Option<usize>,
+    /// Prompt tokens one step runs, over every sequence prefilling.
+    pub prefill_chunk: usize,
 }
 
 /// A loaded model as `/api/ps` shows it.
@@ -39,6 +57,12 @@ pub struct LoadedModel {
     pub device: crate::backend::device::DeviceInfo,
     /// Bytes of GPU memory it holds (weights, KV cache, activations); 0 on the CPU.
     pub size_vram: u64,
+    /// Sequences generating now, and the most it runs at once.
+    pub running: usize,
+    pub parallel: usize,
+    /// Bytes its KV caches hold (running and kept for reuse), and the most they may.
+    pub kv_bytes: u64,
+    pub kv_limit: u64,
 }
 
 /// State the worker shares with the HTTP side.
@@ -53,13 +77,39 @@ pub struct WorkerStatus {
     pub device: Arc<Mutex<Option<crate::backend::device::DeviceInfo>>>,
 }
 
+/// A generation in the step loop, with what its reply needs.
+struct Running {
+    seq: Sequence,
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
+    /// The request field its prompt came from (for a 400's `param`).
+    param: &'static str,
+    admitted: Instant,
+    load: Duration,
+    /// KV bytes set aside for it: every position its request may reach.
+    kv_claim: u64,
+}
+
 struct Slot {
     name: String,
     engine: Engine,
-    session: Session,
+    running: Vec<Running>,
+    /// Caches of finished sequences and the tokens they hold, for a follow-up request
+    /// to continue from (least recently used first).
+    idle: Vec<(KvCache, Vec<u32>)>,
     keep_alive: KeepAlive,
     expires: Option<Instant>,
     size_bytes: u64,
+    /// KV bytes one position takes.
+    position_bytes: u64,
+    /// KV bytes its sequences may claim at once.
+    kv_limit: u64,
+    parallel: usize,
+}
+
+impl Slot {
+    fn claimed(&self) -> u64 {
+        self.running.iter().map(|r| r.kv_claim).sum::<u64>() + self.idle.iter().map(|(c, _)| c.allocated_bytes()).sum::<u64>()
+    }
 }
 
 struct Worker {
@@ -67,6 +117,16 @@ struct Worker {
     config: WorkerConfig,
     status: WorkerStatus,
     slots: Vec<Slot>, // least recently used first
+    waiting: VecDeque<Job>,
+    admission: Arc<Mutex<Admission>>,
+}
+
+/// Whether a waiting job could start.
+enum Admit {
+    /// It started (or finished, or failed and was answered).
+    Done,
+    /// It waits for a running sequence to finish (a place, KV memory, or a model).
+    Later,
 }
 
 /// Starts the worker thread. `preload` names a model to load before `ready` is set.
@@ -83,26 +143,37 @@ pub fn spawn(
     let thread = std::thread::Builder::new()
         .name("strata-worker".into())
         .spawn(move || {
-            let mut w = Worker { registry, config, status, slots: Vec::new() };
+            let mut w = Worker { registry, config, status, slots: Vec::new(), waiting: VecDeque::new(), admission };
             if let Some(name) = preload
                 && let Err(e) = w.slot(&name)
             {
                 tracing::error!(model = %name, error = %e, "loading the model failed");
             }
             w.status.ready.store(true, Ordering::SeqCst);
-            loop {
-                let next_expiry = w.slots.iter().filter_map(|s| s.expires).min();
-                let wait =
-                    next_expiry.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
-                match rx.recv_timeout(wait) {
-                    Ok(job) => {
-                        admission.lock().expect("admission lock").start();
-                        w.run(job);
-                        admission.lock().expect("admission lock").finish();
+            let mut open = true;
+            while open || !w.waiting.is_empty() || w.busy() {
+                if !w.busy() && w.waiting.is_empty() {
+                    let next_expiry = w.slots.iter().filter_map(|s| s.expires).min();
+                    let wait =
+                        next_expiry.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
+                    match rx.recv_timeout(wait) {
+                        Ok(job) => w.waiting.push_back(job),
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => open = false,
                     }
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => break,
                 }
+                loop {
+                    match rx.try_recv() {
+                        Ok(job) => w.waiting.push_back(job),
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => {
+                            open = false;
+                            break;
+                        }
+                    }
+                }
+                w.admit();
+                w.step();
                 w.unload_expired();
             }
         })
@@ -121,32 +192,105 @@ fn text_error(param: &'static str, e: TextError) -> JobError {
     }
 }
 
+fn generate_error(model: &str, param: &'static str, e: GenerateError) -> JobError {
+    match e {
+        GenerateError::EmptyPrompt | GenerateError::PromptTooLong { .. } => invalid(Some(param), e),
+        GenerateError::Model(ModelError::BadToken { .. }) => invalid(Some(param), e),
+        GenerateError::Text(t) => text_error(param, t),
+        GenerateError::Model(e) => model_error(model, e),
+    }
+}
+
+/// The message of a panic caught at a job or a step.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let msg = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+    tracing::error!(panic = ?msg, "the worker caught a panic");
+    format!("internal error: {}", msg.unwrap_or_default())
+}
+
 impl Worker {
-    fn run(&mut self, job: Job) {
-        let Job { work, events, admitted } = job;
-        if events.is_closed() {
-            return; // the client left while the job waited
+    /// Whether any sequence is running.
+    fn busy(&self) -> bool {
+        self.slots.iter().any(|s| !s.running.is_empty())
+    }
+
+    /// Takes waiting jobs, first come first served, until one has to wait.
+    fn admit(&mut self) {
+        let mut changed = false;
+        while let Some(job) = self.waiting.front() {
+            let gone = job.events.is_closed();
+            let shutting_down = self.status.shutting_down.load(Ordering::SeqCst);
+            if !gone && !shutting_down && matches!(self.ready_to_run(job), Admit::Later) {
+                break;
+            }
+            let job = self.waiting.pop_front().expect("a waiting job");
+            self.admission.lock().expect("admission lock").start();
+            changed = true;
+            let mut running = false;
+            if gone {
+                // The client left while the job waited.
+            } else if shutting_down {
+                let _ = job.events.send(Event::Error(JobError::ShuttingDown));
+            } else {
+                let Job { work, events, admitted } = job;
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match work {
+                    Work::Generate(g) => self.start_generation(g, &events, admitted),
+                    other => self.dispatch(other, &events, admitted).map(|()| false),
+                }));
+                match result.unwrap_or_else(|p| Err(JobError::Internal(panic_message(&*p)))) {
+                    Ok(started) => running = started,
+                    Err(e) => {
+                        let _ = events.send(Event::Error(e));
+                    }
+                }
+            }
+            if !running {
+                self.admission.lock().expect("admission lock").finish();
+            }
         }
-        if self.status.shutting_down.load(Ordering::SeqCst) {
-            let _ = events.send(Event::Error(JobError::ShuttingDown));
-            return;
+        if changed {
+            self.publish();
         }
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.dispatch(work, &events, admitted)));
-        let outcome = match result {
-            Ok(r) => r,
-            Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
-                tracing::error!(panic = ?msg, "a job panicked");
-                Err(JobError::Internal(format!("internal error: {}", msg.unwrap_or_default())))
+    }
+
+    /// Whether `job` can start now: a generation needs a place among its model's
+    /// running sequences and the KV memory its request may reach; an unload waits for
+    /// the model's sequences to finish; loading a model that would unload another waits
+    /// for that one's sequences.
+    fn ready_to_run(&self, job: &Job) -> Admit {
+        let model = match &job.work {
+            Work::Generate(g) => &g.model,
+            Work::Embed(e) => &e.model,
+            Work::Load { model, .. } => model,
+            Work::Unload { model } => {
+                let key = canonical(model);
+                return match self.slots.iter().any(|s| s.name == key && !s.running.is_empty()) {
+                    true => Admit::Later,
+                    false => Admit::Done,
+                };
             }
         };
-        if let Err(e) = outcome {
-            let _ = events.send(Event::Error(e));
+        let key = canonical(model);
+        let Some(slot) = self.slots.iter().find(|s| s.name == key) else {
+            let full = self.slots.len() >= self.config.max_loaded.max(1);
+            return match full && self.slots.iter().all(|s| !s.running.is_empty()) {
+                true => Admit::Later,
+                false => Admit::Done,
+            };
+        };
+        let Work::Generate(g) = &job.work else { return Admit::Done };
+        if slot.running.len() >= slot.parallel {
+            return Admit::Later;
         }
-        self.publish();
+        // A request that can never fit is answered (400) when it starts; one that fits
+        // once others finish waits. Caches kept for reuse give way.
+        let ctx = g.num_ctx.unwrap_or(slot.engine.context_len).max(1);
+        let claim = kv_claim(slot, ctx, g.max_tokens, 0);
+        let running: u64 = slot.running.iter().map(|r| r.kv_claim).sum();
+        match claim <= slot.kv_limit && running + claim > slot.kv_limit {
+            true => Admit::Later,
+            false => Admit::Done,
+        }
     }
 
     fn dispatch(
@@ -158,7 +302,7 @@ impl Worker {
         let shutting_down = self.status.shutting_down.clone();
         let cancelled = || events.is_closed() || shutting_down.load(Ordering::Relaxed);
         match work {
-            Work::Generate(job) => self.generate(job, events, &cancelled, admitted),
+            Work::Generate(_) => unreachable!("generations start in the step loop"),
             Work::Embed(job) => self.embed(job, events, &cancelled, admitted),
             Work::Load { model, keep_alive } => {
                 let start = Instant::now();
@@ -182,7 +326,7 @@ impl Worker {
     }
 
     /// The index of the loaded model `name`, loading it (and unloading the least recently
-    /// used beyond `max_loaded`) when needed.
+    /// used idle model beyond `max_loaded`) when needed.
     fn slot(&mut self, name: &str) -> Result<usize, JobError> {
         let info = self.registry.get(name).ok_or_else(|| JobError::ModelNotFound(name.to_string()))?;
         let key = canonical(name);
@@ -192,7 +336,10 @@ impl Worker {
             return Ok(self.slots.len() - 1);
         }
         while self.slots.len() >= self.config.max_loaded.max(1) {
-            self.slots.remove(0);
+            match self.slots.iter().position(|s| s.running.is_empty()) {
+                Some(i) => drop(self.slots.remove(i)),
+                None => return Err(JobError::Internal("every loaded model is busy".into())),
+            }
         }
         let opts = self.config.run.clone();
         let started = Instant::now();
@@ -203,21 +350,31 @@ impl Worker {
                 false => JobError::Internal(msg),
             }
         })?;
+        *self.status.device.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine.device.clone());
+        let position_bytes = engine.model.new_cache(1).map_err(|e| model_error(name, e))?.position_bytes();
+        let full = position_bytes * engine.context_len as u64;
+        let free = engine.model.free_memory().map(|f| (f as f64 * KV_MEMORY_SHARE) as u64);
+        let kv_limit = free.unwrap_or(full * DEFAULT_PARALLEL as u64).max(full);
+        let parallel = self.config.parallel.unwrap_or((kv_limit / full.max(1)).clamp(1, DEFAULT_PARALLEL as u64) as usize);
         tracing::info!(
             model = %key,
             device = %engine.device.device,
             seconds = started.elapsed().as_secs_f64(),
+            parallel,
+            kv_memory = %human_size(kv_limit),
             "model loaded"
         );
-        *self.status.device.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine.device.clone());
-        let session = Session::new(&engine).map_err(|e| model_error(name, e))?;
         self.slots.push(Slot {
             name: key,
             engine,
-            session,
+            running: Vec::new(),
+            idle: Vec::new(),
             keep_alive: self.config.keep_alive,
             expires: None,
             size_bytes: info.size_bytes,
+            position_bytes,
+            kv_limit,
+            parallel: parallel.max(1),
         });
         self.publish();
         Ok(self.slots.len() - 1)
@@ -236,7 +393,7 @@ impl Worker {
     fn unload_expired(&mut self) {
         let now = Instant::now();
         let before = self.slots.len();
-        self.slots.retain(|s| s.expires.is_none_or(|t| t > now));
+        self.slots.retain(|s| !s.running.is_empty() || s.expires.is_none_or(|t| t > now));
         if self.slots.len() != before {
             tracing::info!(unloaded = before - self.slots.len(), "idle models unloaded");
             self.publish();
@@ -251,23 +408,29 @@ impl Worker {
             .map(|s| LoadedModel {
                 name: s.name.clone(),
                 size_bytes: s.size_bytes,
-                context_length: s.session.context_len(),
+                context_length: s.engine.context_len,
                 expires_at: s.expires.map(|t| now.1 + t.saturating_duration_since(now.0)),
                 sched: s.engine.model.scheduler().monitor(),
                 device: s.engine.device.clone(),
                 size_vram: s.engine.model.device_bytes(),
+                running: s.running.len(),
+                parallel: s.parallel,
+                kv_bytes: s.running.iter().map(|r| r.seq.cache_bytes()).sum::<u64>()
+                    + s.idle.iter().map(|(c, _)| c.allocated_bytes()).sum::<u64>(),
+                kv_limit: s.kv_limit,
             })
             .collect();
         *self.status.loaded.lock().expect("status lock") = list;
     }
 
-    fn generate(
+    /// Validates a generation and adds it to its model's running sequences; `Ok(false)`
+    /// when it finished at once (nothing to generate).
+    fn start_generation(
         &mut self,
         job: GenerateJob,
         events: &tokio::sync::mpsc::UnboundedSender<Event>,
-        cancelled: &(dyn Fn() -> bool + Sync),
         admitted: Instant,
-    ) -> Result<(), JobError> {
+    ) -> Result<bool, JobError> {
         let load_start = Instant::now();
         let i = self.slot(&job.model)?;
         let load = load_start.elapsed();
@@ -288,10 +451,7 @@ impl Worker {
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(invalid(Some("prompt"), format!("token id {bad} is outside the vocabulary ({vocab} tokens)")));
         }
-        let ctx = job.num_ctx.unwrap_or(slot.engine.context_len).max(1);
-        if slot.session.context_len() != ctx {
-            slot.session = Session::with_capacity(&slot.engine, ctx).map_err(|e| model_error(&job.model, e))?;
-        }
+        let ctx = job.num_ctx.unwrap_or(engine.context_len).max(1);
         let param = match job.prompt {
             PromptInput::Chat(_) => "messages",
             _ => "prompt",
@@ -308,6 +468,36 @@ impl Worker {
                 ),
             ));
         }
+        let claim = kv_claim(slot, ctx, job.max_tokens, prompt.len());
+        if claim > slot.kv_limit {
+            let positions = claim / slot.position_bytes.max(1);
+            return Err(invalid(
+                Some(if job.max_tokens.is_some() { "max_tokens" } else { param }),
+                format!(
+                    "this request may reach {positions} positions, whose KV cache needs {}; the model's KV memory holds {} \
+                     ({} positions); ask for fewer tokens or a smaller context",
+                    human_size(claim),
+                    human_size(slot.kv_limit),
+                    slot.kv_limit / slot.position_bytes.max(1)
+                ),
+            ));
+        }
+        // Room for it: caches kept for reuse give way, least recently used first.
+        while slot.claimed() + claim > slot.kv_limit && !slot.idle.is_empty() {
+            slot.idle.remove(0);
+        }
+        // The kept cache that shares the longest prefix with this prompt.
+        let best = slot
+            .idle
+            .iter()
+            .enumerate()
+            .filter(|(_, (c, _))| c.capacity() == ctx)
+            .map(|(n, (_, t))| (n, t.iter().zip(&prompt).take_while(|(a, b)| a == b).count()))
+            .max_by_key(|&(n, common)| (common, n));
+        let (cache, cached) = match best {
+            Some((n, _)) => slot.idle.remove(n),
+            None => (engine.model.new_cache(ctx).map_err(|e| model_error(&job.model, e))?, Vec::new()),
+        };
         let req = GenerateRequest {
             max_tokens: job.max_tokens.unwrap_or(usize::MAX),
             prompt,
@@ -316,48 +506,117 @@ impl Worker {
             stop_at_eos: true,
             top_logprobs: job.top_logprobs,
         };
-        let piece = |id: u32| TokenLogprob {
-            id,
-            text: tok.decode(&[id], false).unwrap_or_default(),
-            bytes: tok.token_bytes(id),
-            logprob: 0.0,
-        };
-        let summary = slot
-            .session
-            .generate(engine, &req, cancelled, |ev| {
-                let ev = match ev {
-                    TokenEvent::Text(t) => Event::Text(t),
-                    TokenEvent::Token { id, logprob, top } => Event::Token {
-                        sampled: TokenLogprob { logprob, ..piece(id) },
-                        top: top.into_iter().map(|(id, logprob)| TokenLogprob { logprob, ..piece(id) }).collect(),
-                    },
-                };
-                events.send(ev).is_ok()
-            })
-            .map_err(|e| match e {
-                GenerateError::EmptyPrompt | GenerateError::PromptTooLong { .. } => invalid(Some(param), e),
-                GenerateError::Model(ModelError::BadToken { .. }) => invalid(Some(param), e),
-                GenerateError::Text(t) => text_error(param, t),
-                GenerateError::Model(e) => model_error(&job.model, e),
-            })?;
-        let mut context = req.prompt;
-        context.extend(&summary.tokens);
-        let done = JobDone {
-            finish: summary.finish,
-            prompt_tokens: summary.prompt_tokens,
-            completion_tokens: summary.completion_tokens,
-            context,
-            load,
-            prefill: summary.prefill,
-            decode: summary.decode,
-            total: admitted.elapsed(),
-        };
-        if slot.keep_alive == KeepAlive::For(Duration::ZERO) {
-            self.slots.remove(i);
+        let seq = Sequence::new(engine, cache, cached, req).map_err(|e| generate_error(&job.model, param, e))?;
+        slot.running.push(Running { seq, events: events.clone(), param, admitted, load, kv_claim: claim });
+        Ok(true)
+    }
+
+    /// One forward pass over each model's running sequences; then their events go out
+    /// and the finished ones retire.
+    fn step(&mut self) {
+        let shutting_down = self.status.shutting_down.clone();
+        let chunk = self.config.prefill_chunk.max(1);
+        // Replies go out once /api/ps is current (a `keep_alive: 0` model unloaded).
+        let mut replies = Vec::new();
+        for i in 0..self.slots.len() {
+            let slot = &mut self.slots[i];
+            if slot.running.is_empty() {
+                continue;
+            }
+            for r in slot.running.iter_mut().filter(|r| r.events.is_closed()) {
+                r.seq.cancel();
+            }
+            // The pass stops within a layer when every client has gone, or on shutdown.
+            let senders: Vec<_> = slot.running.iter().map(|r| r.events.clone()).collect();
+            let cancelled =
+                || shutting_down.load(Ordering::Relaxed) || senders.iter().all(|e| e.is_closed());
+            let engine = &slot.engine;
+            let mut seqs: Vec<&mut Sequence> = slot.running.iter_mut().map(|r| &mut r.seq).collect();
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                batch::step(engine, &mut seqs, chunk, &cancelled)
+            }));
+            drop(seqs);
+            let failure = match result {
+                Ok(Ok(_)) | Ok(Err(ModelError::Cancelled)) => None,
+                Ok(Err(e)) => Some(model_error(&slot.name, e)),
+                Err(panic) => {
+                    slot.running.iter_mut().for_each(|r| r.seq.cancel());
+                    Some(JobError::Internal(panic_message(&*panic)))
+                }
+            };
+            let tok = &slot.engine.tokenizer;
+            let piece = |id: u32| TokenLogprob {
+                id,
+                text: tok.decode(&[id], false).unwrap_or_default(),
+                bytes: tok.token_bytes(id),
+                logprob: 0.0,
+            };
+            for r in slot.running.iter_mut() {
+                let mut sent = true;
+                for ev in r.seq.drain_events() {
+                    let ev = match ev {
+                        TokenEvent::Text(t) => Event::Text(t),
+                        TokenEvent::Token { id, logprob, top } => Event::Token {
+                            sampled: TokenLogprob { logprob, ..piece(id) },
+                            top: top.into_iter().map(|(id, logprob)| TokenLogprob { logprob, ..piece(id) }).collect(),
+                        },
+                    };
+                    sent &= r.events.send(ev).is_ok();
+                }
+                if !sent {
+                    r.seq.cancel();
+                }
+            }
+            // Retire the finished: their caches stay for a follow-up request.
+            let mut n = 0;
+            while n < slot.running.len() {
+                if !slot.running[n].seq.is_finished() {
+                    n += 1;
+                    continue;
+                }
+                let mut r = slot.running.remove(n);
+                self.admission.lock().expect("admission lock").finish();
+                let error = r.seq.take_error().map(|e| generate_error(&slot.name, r.param, e)).or_else(|| failure.clone());
+                let summary = r.seq.summary().expect("a finished sequence has a summary");
+                let mut context = r.seq.request().prompt.clone();
+                let (cache, tokens) = r.seq.into_cache();
+                match error {
+                    Some(e) => replies.push((r.events, Event::Error(e))),
+                    None => {
+                        context.extend(&summary.tokens);
+                        let done = Event::Done(JobDone {
+                            finish: summary.finish,
+                            prompt_tokens: summary.prompt_tokens,
+                            completion_tokens: summary.completion_tokens,
+                            context,
+                            load: r.load,
+                            prefill: summary.prefill,
+                            decode: summary.decode,
+                            total: r.admitted.elapsed(),
+                        });
+                        replies.push((r.events, done));
+                    }
+                }
+                slot.idle.push((cache, tokens));
+                if slot.idle.len() > slot.parallel {
+                    slot.idle.remove(0);
+                }
+            }
         }
-        self.publish();
-        let _ = events.send(Event::Done(done));
-        Ok(())
+        if !replies.is_empty() {
+            // Keep-alive counts from the end of use; `keep_alive: 0` unloads right away.
+            let now = Instant::now();
+            for slot in self.slots.iter_mut().filter(|s| s.running.is_empty()) {
+                if let KeepAlive::For(d) = slot.keep_alive {
+                    slot.expires = Some(now + d);
+                }
+            }
+            self.slots.retain(|s| !s.running.is_empty() || s.keep_alive != KeepAlive::For(Duration::ZERO));
+            self.publish();
+        }
+        for (events, reply) in replies {
+            let _ = events.send(reply);
+        }
     }
 
     fn embed(
@@ -412,6 +671,12 @@ impl Worker {
         let _ = events.send(Event::Embeddings { vectors, prompt_tokens, load, total: admitted.elapsed() });
         Ok(())
     }
+}
+
+/// KV bytes a request may reach: its prompt and `max_tokens` (or the whole context).
+fn kv_claim(slot: &Slot, ctx: usize, max_tokens: Option<usize>, prompt: usize) -> u64 {
+    let positions = max_tokens.map_or(ctx, |m| prompt.saturating_add(m).min(ctx));
+    positions as u64 * slot.position_bytes
 }
 
 /// Whether loading failed for want of a device or its memory (a 503, not a 500).

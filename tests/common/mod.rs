@@ -34,6 +34,8 @@ pub fn app_with(server: ServerConfig, queue_depth: usize) -> (Router, AppState) 
             run: strata::engine::session::RunOptions { threads: 1, context: 256, ..Default::default() },
             keep_alive: KeepAlive::For(Duration::from_secs(300)),
             max_loaded: 2,
+            parallel: None,
+            prefill_chunk: strata::engine::session::PREFILL_CHUNK,
         },
         server,
         queue_depth,

@@ -1,0 +1,353 @@
+//! Sequences and the step that advances all of them with one forward pass (DESIGN.md
+//! §5b): each running sequence adds its next prompt chunk or its last sampled token to
+//! the batch; after the pass, each one samples, detokenizes and checks its own stops.
+//! A sequence owns everything it needs (KV cache, sampler, stop matcher, detokenizer);
+//! what it reports waits in its outbox until the caller drains it.
+
+use std::time::{Duration, Instant};
+
+use super::detok::DetokState;
+use super::sampler::{Sampler, log_softmax, top_logprobs};
+use super::session::{Engine, FinishReason, GenerateError, GenerateRequest, GenerationSummary, TokenEvent};
+use super::stop::StopMatcher;
+use crate::backend::TopK;
+use crate::backend::cpu::top_k_row;
+use crate::model::decoder::{KvCache, ModelError, SeqStep};
+
+/// One generation in progress.
+pub struct Sequence {
+    cache: KvCache,
+    /// The tokens whose keys and values the cache holds.
+    tokens: Vec<u32>,
+    req: GenerateRequest,
+    /// Prompt tokens in the cache (a reused prefix counts).
+    fed: usize,
+    /// The most likely tokens sampling needs (`None`: every logit).
+    cut: Option<usize>,
+    sampler: Sampler,
+    detok: DetokState,
+    stop: StopMatcher,
+    generated: Vec<u32>,
+    /// The token sampled last, which the next step runs.
+    pending: Option<u32>,
+    finish: Option<FinishReason>,
+    by_stop_string: bool,
+    started: Instant,
+    prefill: Option<Duration>,
+    decode_start: Option<Instant>,
+    decode: Duration,
+    outbox: Vec<TokenEvent>,
+    /// Why it ended early, when its own text went wrong.
+    error: Option<GenerateError>,
+}
+
+/// What one step feeds a sequence: a prompt chunk (`true` when it ends the prompt) or
+/// its last sampled token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Feed {
+    Prompt { n: usize, last: bool },
+    Decode,
+}
+
+impl Sequence {
+    /// Starts `req` on `cache`, which already holds the keys and values of `cached`
+    /// (a previous exchange's tokens; the prefix it shares with the prompt is reused).
+    pub fn new(
+        engine: &Engine,
+        mut cache: KvCache,
+        mut cached: Vec<u32>,
+        req: GenerateRequest,
+    ) -> Result<Self, GenerateError> {
+        let capacity = cache.capacity();
+        if req.prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        if req.prompt.len() >= capacity {
+            return Err(GenerateError::PromptTooLong { tokens: req.prompt.len(), context: capacity });
+        }
+        let vocab = engine.model.config().vocab_size;
+        if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::BadToken { id, vocab }.into());
+        }
+        // Keep at least one prompt token to run, so there are logits to sample from.
+        let common = cached.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
+        let keep = common.min(req.prompt.len() - 1).min(cache.len());
+        cache.truncate(keep);
+        cached.truncate(keep);
+        let detok = DetokState::new(true).with_prompt_context(&req.prompt);
+        Ok(Sequence {
+            cache,
+            tokens: cached,
+            fed: keep,
+            cut: req.sampling.candidates_needed(req.top_logprobs),
+            sampler: Sampler::new(req.sampling.clone()),
+            detok,
+            stop: StopMatcher::new(req.stop.clone()),
+            generated: Vec::new(),
+            pending: None,
+            finish: None,
+            by_stop_string: false,
+            started: Instant::now(),
+            prefill: None,
+            decode_start: None,
+            decode: Duration::ZERO,
+            outbox: Vec::new(),
+            error: None,
+            req,
+        })
+    }
+
+    pub fn request(&self) -> &GenerateRequest {
+        &self.req
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// Bytes its KV cache holds now.
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache.allocated_bytes()
+    }
+
+    /// Prompt tokens still to run.
+    pub fn prompt_left(&self) -> usize {
+        self.req.prompt.len() - self.fed
+    }
+
+    /// Ends the sequence now (its consumer went away); it keeps what it has cached.
+    pub fn cancel(&mut self) {
+        if self.finish.is_none() {
+            self.finish = Some(FinishReason::Cancelled);
+            self.stop_clock();
+        }
+    }
+
+    /// What it reported since the last call, in order.
+    pub fn drain_events(&mut self) -> std::vec::Drain<'_, TokenEvent> {
+        self.outbox.drain(..)
+    }
+
+    /// The error that ended it, if one did (taken once).
+    pub fn take_error(&mut self) -> Option<GenerateError> {
+        self.error.take()
+    }
+
+    /// How it ended, once finished.
+    pub fn summary(&self) -> Option<GenerationSummary> {
+        let finish = self.finish?;
+        Some(GenerationSummary {
+            finish,
+            prompt_tokens: self.req.prompt.len(),
+            completion_tokens: self.generated.len(),
+            prefill: self.prefill.unwrap_or_else(|| self.started.elapsed()),
+            decode: self.decode,
+            tokens: self.generated.clone(),
+        })
+    }
+
+    /// Its cache and the tokens it holds, for a later request to continue from.
+    pub fn into_cache(self) -> (KvCache, Vec<u32>) {
+        (self.cache, self.tokens)
+    }
+
+    fn stop_clock(&mut self) {
+        if let Some(t) = self.decode_start {
+            self.decode = t.elapsed();
+        }
+    }
+
+    /// The tokens this step runs for it, given `budget` prompt tokens left this step.
+    fn feed(&self, budget: usize) -> Option<Feed> {
+        if self.finish.is_some() {
+            return None;
+        }
+        match self.prompt_left() {
+            0 => self.pending.map(|_| Feed::Decode),
+            _ if budget == 0 => None,
+            left => Some(Feed::Prompt { n: left.min(budget), last: left <= budget }),
+        }
+    }
+
+    /// After a pass that gave it logits (or its top entries) for its last token.
+    fn advance(&mut self, engine: &Engine, next: Next) -> Result<(), GenerateError> {
+        if self.prefill.is_none() {
+            self.prefill = Some(self.started.elapsed());
+            self.decode_start = Some(Instant::now());
+        }
+        if self.generated.len() >= self.req.max_tokens {
+            self.finish = Some(FinishReason::Length);
+            return self.finish_text(engine);
+        }
+        let (id, logprob, top) = match &next {
+            Next::Logits(logits) => {
+                let id = self.sampler.sample(logits, &self.tokens);
+                let logprob = log_softmax(logits)[id as usize];
+                let top = match self.req.top_logprobs {
+                    0 => Vec::new(),
+                    n => top_logprobs(logits, n),
+                };
+                (id, logprob, top)
+            }
+            Next::Top(t) => {
+                let id = self.sampler.sample_top(t);
+                let lp = |l: f32| (l as f64 - t.lse as f64) as f32;
+                let logprob = t.ids.iter().position(|&i| i == id).map_or(f32::NEG_INFINITY, |at| lp(t.logits[at]));
+                let top = t.ids.iter().zip(&t.logits).take(self.req.top_logprobs).map(|(&i, &l)| (i, lp(l))).collect();
+                (id, logprob, top)
+            }
+        };
+        self.generated.push(id);
+        self.outbox.push(TokenEvent::Token { id, logprob, top });
+        if self.req.stop_at_eos && engine.tokenizer.is_eos(id) {
+            self.finish = Some(FinishReason::Stop);
+            return self.finish_text(engine);
+        }
+        let text = self.detok.push(&engine.tokenizer, id)?;
+        if self.emit(text) {
+            self.finish = Some(FinishReason::Stop);
+            self.by_stop_string = true;
+            self.stop_clock();
+            return Ok(());
+        }
+        // Running the token needs one more position; past `max_tokens` it is not run.
+        if self.generated.len() >= self.req.max_tokens || self.tokens.len() + 1 >= self.cache.capacity() {
+            self.finish = Some(FinishReason::Length);
+            return self.finish_text(engine);
+        }
+        self.pending = Some(id);
+        Ok(())
+    }
+
+    /// Passes text through the stop matcher into the outbox; true when a stop string
+    /// ended it.
+    fn emit(&mut self, text: String) -> bool {
+        let step = self.stop.push(&text);
+        if !step.emit.is_empty() {
+            self.outbox.push(TokenEvent::Text(step.emit));
+        }
+        step.stopped
+    }
+
+    /// The text held back (an unfinished character, a possible stop string's start).
+    fn finish_text(&mut self, engine: &Engine) -> Result<(), GenerateError> {
+        self.stop_clock();
+        let tail = self.detok.flush(&engine.tokenizer)?;
+        if self.emit(tail) {
+            self.finish = Some(FinishReason::Stop);
+        } else {
+            let rest = std::mem::replace(&mut self.stop, StopMatcher::new(Vec::new())).finish();
+            if !rest.is_empty() {
+                self.outbox.push(TokenEvent::Text(rest));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a pass hands a sequence's sampler: every logit of its last token, or only the
+/// most likely entries.
+enum Next {
+    Logits(Vec<f32>),
+    Top(TopK),
+}
+
+/// Advances every unfinished sequence in `seqs` by one forward pass: each decoding one
+/// runs its last sampled token, and the prefilling ones share `prefill_chunk` prompt
+/// tokens, shortest remaining prompt first (a short request is not kept behind a long
+/// one). Returns the number of sequences that ran.
+///
+/// An error of the pass itself (a device failure, `cancelled`) ends every sequence in
+/// it; a sequence's own text error ends only that one. `cancelled` is checked before
+/// every layer.
+pub fn step(
+    engine: &Engine,
+    seqs: &mut [&mut Sequence],
+    prefill_chunk: usize,
+    cancelled: &(dyn Fn() -> bool + Sync),
+) -> Result<usize, ModelError> {
+    let mut feeds: Vec<Option<Feed>> = seqs.iter().map(|s| s.feed(0)).collect();
+    let mut by_prompt: Vec<usize> =
+        (0..seqs.len()).filter(|&i| !seqs[i].is_finished() && seqs[i].prompt_left() > 0).collect();
+    by_prompt.sort_by_key(|&i| seqs[i].prompt_left());
+    let mut budget = prefill_chunk.max(1);
+    for i in by_prompt {
+        feeds[i] = seqs[i].feed(budget);
+        if let Some(Feed::Prompt { n, .. }) = feeds[i] {
+            budget -= n;
+        }
+    }
+    let ran: Vec<usize> = (0..seqs.len()).filter(|&i| feeds[i].is_some()).collect();
+    if ran.is_empty() {
+        return Ok(0);
+    }
+    // Sampling after this pass: every logit if any sequence needs them all, else the
+    // most likely entries (as many as the widest request needs).
+    let sampling = |i: usize| matches!(feeds[i], Some(Feed::Decode | Feed::Prompt { last: true, .. }));
+    let cuts: Vec<Option<usize>> = ran.iter().filter(|&&i| sampling(i)).map(|&i| seqs[i].cut).collect();
+    let top = match cuts.iter().all(Option::is_some) {
+        true => cuts.iter().flatten().copied().max(),
+        false => None,
+    };
+    let inputs: Vec<Vec<u32>> = ran
+        .iter()
+        .map(|&i| match feeds[i] {
+            Some(Feed::Prompt { n, .. }) => seqs[i].req.prompt[seqs[i].fed..seqs[i].fed + n].to_vec(),
+            _ => seqs[i].pending.into_iter().collect(),
+        })
+        .collect();
+    let mut outs: Vec<Next> = {
+        let mut batch: Vec<SeqStep<'_>> = Vec::with_capacity(ran.len());
+        let mut inputs_iter = inputs.iter();
+        for (seq, feed) in seqs.iter_mut().zip(&feeds) {
+            if feed.is_some() {
+                let tokens = inputs_iter.next().expect("one input per running sequence");
+                batch.push(SeqStep { tokens, cache: &mut seq.cache, all_logits: false });
+            }
+        }
+        let result = match top {
+            Some(k) => engine.model.forward_top_k(&mut batch, k, cancelled).map(|v| v.into_iter().map(Next::Top).collect()),
+            None => engine.model.forward_until(&mut batch, cancelled).map(|v| v.into_iter().map(Next::Logits).collect()),
+        };
+        drop(batch);
+        match result {
+            Ok(outs) => outs,
+            Err(e) => {
+                for &i in &ran {
+                    seqs[i].cancel();
+                }
+                return Err(e);
+            }
+        }
+    };
+    for (&i, tokens) in ran.iter().zip(&inputs).rev() {
+        let out = outs.pop().expect("one output per running sequence");
+        let seq = &mut *seqs[i];
+        seq.tokens.extend_from_slice(tokens);
+        match feeds[i] {
+            Some(Feed::Prompt { n, last }) => {
+                seq.fed += n;
+                if !last {
+                    continue;
+                }
+            }
+            _ => seq.pending = None,
+        }
+        // Each sequence sees exactly what it would see alone: its own cut of the
+        // entries, or entries selected from every logit.
+        let next = match (out, seq.cut) {
+            (Next::Top(mut t), Some(k)) => {
+                t.ids.truncate(k);
+                t.logits.truncate(k);
+                Next::Top(t)
+            }
+            (Next::Logits(l), Some(k)) => Next::Top(top_k_row(&l, k)),
+            (next, None) => next,
+        };
+        if let Err(e) = seq.advance(engine, next) {
+            seq.cancel();
+            seq.error = Some(e);
+        }
+    }
+    Ok(ran.len())
+}
