@@ -26,7 +26,9 @@ async fn the_expert_cache_is_shown_in_ps_and_metrics() {
     };
     let opts = ServeOptions {
         models: vec![("moe".into(), model)],
-        worker: WorkerConfig { run, keep_alive: KeepAlive::For(Duration::from_secs(300)),
+        worker: WorkerConfig {
+            run,
+            keep_alive: KeepAlive::For(Duration::from_secs(300)),
             max_loaded: 1,
             parallel: None,
             prefill_chunk: strata::engine::session::PREFILL_CHUNK,

@@ -190,6 +190,20 @@ pub trait Backend: Send + Sync + 'static {
     /// `out[r, o] = Σ_k x[r, k] · w[o, k]`: `x` is `[rows, in]`, `w` is `[out, in]`,
     /// `out` is `[rows, out]`.
     fn matmul(&self, x: &Self::Buf, rows: usize, w: &Self::Weight, out: &mut Self::Buf) -> BackendResult<()>;
+    /// [`matmul`](Self::matmul) over the rows of several sequences in a batch,
+    /// `seq_rows[i]` rows each, in order. Each sequence's rows come out as a call with
+    /// only them would give, so that what a sequence computes does not depend on what
+    /// shares its batch. This default is right for kernels whose per-row result does
+    /// not depend on the row count.
+    fn matmul_seqs(
+        &self,
+        x: &Self::Buf,
+        seq_rows: &[usize],
+        w: &Self::Weight,
+        out: &mut Self::Buf,
+    ) -> BackendResult<()> {
+        self.matmul(x, seq_rows.iter().sum(), w, out)
+    }
     /// `x[r] += bias` for each of `rows` rows of `bias.len()` values.
     fn add_bias(&self, x: &mut Self::Buf, rows: usize, bias: &Self::Weight) -> BackendResult<()>;
     /// RMS norm of each `w.len()`-wide row of `x` (`rows` rows), scaled by `w`, into `out`.

@@ -69,9 +69,10 @@ impl Sequence {
         if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(ModelError::BadToken { id, vocab }.into());
         }
-        // Keep at least one prompt token to run, so there are logits to sample from.
+        // Reuse the cached prefix, but run at least two prompt tokens (one alone would take
+        // the decode kernel, and come out other than in a whole prompt: see `step`).
         let common = cached.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
-        let keep = common.min(req.prompt.len() - 1).min(cache.len());
+        let keep = common.min(req.prompt.len().saturating_sub(2)).min(cache.len());
         cache.truncate(keep);
         cached.truncate(keep);
         let detok = DetokState::new(true).with_prompt_context(&req.prompt);
@@ -146,8 +147,14 @@ impl Sequence {
         })
     }
 
-    /// Its cache and the tokens it holds, for a later request to continue from.
-    pub fn into_cache(self) -> (KvCache, Vec<u32>) {
+    /// Its cache and the tokens it holds, for a later request to continue from: its
+    /// prompt's only. The generated tokens' keys and values came from the decode kernel;
+    /// a prompt that contains them runs them again, so that it computes exactly what it
+    /// would on a fresh cache.
+    pub fn into_cache(mut self) -> (KvCache, Vec<u32>) {
+        let prompt = self.fed.min(self.tokens.len());
+        self.cache.truncate(prompt);
+        self.tokens.truncate(prompt);
         (self.cache, self.tokens)
     }
 
@@ -157,15 +164,12 @@ impl Sequence {
         }
     }
 
-    /// The tokens this step runs for it, given `budget` prompt tokens left this step.
-    fn feed(&self, budget: usize) -> Option<Feed> {
-        if self.finish.is_some() {
-            return None;
-        }
-        match self.prompt_left() {
-            0 => self.pending.map(|_| Feed::Decode),
-            _ if budget == 0 => None,
-            left => Some(Feed::Prompt { n: left.min(budget), last: left <= budget }),
+    /// What this step runs for it when it is decoding (its prompt chunks are planned
+    /// by [`step`]).
+    fn decode_feed(&self) -> Option<Feed> {
+        match (self.finish, self.prompt_left()) {
+            (None, 0) => self.pending.map(|_| Feed::Decode),
+            _ => None,
         }
     }
 
@@ -253,9 +257,16 @@ enum Next {
 }
 
 /// Advances every unfinished sequence in `seqs` by one forward pass: each decoding one
-/// runs its last sampled token, and the prefilling ones share `prefill_chunk` prompt
-/// tokens, shortest remaining prompt first (a short request is not kept behind a long
-/// one). Returns the number of sequences that ran.
+/// runs its last sampled token, and the prefilling ones run their next prompt chunk
+/// (`prefill_chunk` tokens, or what is left), shortest remaining prompt first, while the
+/// chunks fit in `prefill_chunk` tokens (one always runs). Returns the number of
+/// sequences that ran.
+///
+/// A sequence computes exactly what it would alone: its prompt is cut into the same
+/// chunks whatever else runs, sampling sees only its own cut of the logits, and the
+/// backend keeps sequences apart in its row-count-dependent kernels
+/// ([`Backend::matmul_seqs`](crate::backend::Backend::matmul_seqs)), which is why the
+/// one-row sequences come first in the pass.
 ///
 /// An error of the pass itself (a device failure, `cancelled`) ends every sequence in
 /// it; a sequence's own text error ends only that one. `cancelled` is checked before
@@ -266,18 +277,33 @@ pub fn step(
     prefill_chunk: usize,
     cancelled: &(dyn Fn() -> bool + Sync),
 ) -> Result<usize, ModelError> {
-    let mut feeds: Vec<Option<Feed>> = seqs.iter().map(|s| s.feed(0)).collect();
+    let chunk = prefill_chunk.max(1);
+    let mut feeds: Vec<Option<Feed>> = seqs.iter().map(|s| s.decode_feed()).collect();
     let mut by_prompt: Vec<usize> =
         (0..seqs.len()).filter(|&i| !seqs[i].is_finished() && seqs[i].prompt_left() > 0).collect();
     by_prompt.sort_by_key(|&i| seqs[i].prompt_left());
-    let mut budget = prefill_chunk.max(1);
+    let mut budget = chunk;
     for i in by_prompt {
-        feeds[i] = seqs[i].feed(budget);
-        if let Some(Feed::Prompt { n, .. }) = feeds[i] {
-            budget -= n;
+        let left = seqs[i].prompt_left();
+        // Never leave a last chunk of one token: it would take the decode kernel.
+        let n = match left.min(chunk) {
+            n if left - n == 1 && n > 2 => n - 1,
+            n if left - n == 1 => left,
+            n => n,
+        };
+        if n > budget && budget < chunk {
+            continue;
         }
+        feeds[i] = Some(Feed::Prompt { n, last: n == seqs[i].prompt_left() });
+        budget = budget.saturating_sub(n);
     }
-    let ran: Vec<usize> = (0..seqs.len()).filter(|&i| feeds[i].is_some()).collect();
+    let rows = |f: &Feed| match *f {
+        Feed::Prompt { n, .. } => n,
+        Feed::Decode => 1,
+    };
+    // One-row sequences first, then the others, each in the order given.
+    let mut ran: Vec<usize> = (0..seqs.len()).filter(|&i| feeds[i].is_some()).collect();
+    ran.sort_by_key(|&i| feeds[i].as_ref().map_or(0, rows) != 1);
     if ran.is_empty() {
         return Ok(0);
     }
@@ -297,17 +323,19 @@ pub fn step(
         })
         .collect();
     let mut outs: Vec<Next> = {
+        let mut by_index: Vec<Option<&mut Sequence>> = seqs.iter_mut().map(|s| Some(&mut **s)).collect();
         let mut batch: Vec<SeqStep<'_>> = Vec::with_capacity(ran.len());
-        let mut inputs_iter = inputs.iter();
-        for (seq, feed) in seqs.iter_mut().zip(&feeds) {
-            if feed.is_some() {
-                let tokens = inputs_iter.next().expect("one input per running sequence");
-                batch.push(SeqStep { tokens, cache: &mut seq.cache, all_logits: false });
-            }
+        for (&i, tokens) in ran.iter().zip(&inputs) {
+            let seq = by_index[i].take().expect("each sequence runs once");
+            batch.push(SeqStep { tokens, cache: &mut seq.cache, all_logits: false });
         }
         let result = match top {
-            Some(k) => engine.model.forward_top_k(&mut batch, k, cancelled).map(|v| v.into_iter().map(Next::Top).collect()),
-            None => engine.model.forward_until(&mut batch, cancelled).map(|v| v.into_iter().map(Next::Logits).collect()),
+            Some(k) => {
+                engine.model.forward_top_k(&mut batch, k, cancelled).map(|v| v.into_iter().map(Next::Top).collect())
+            }
+            None => {
+                engine.model.forward_until(&mut batch, cancelled).map(|v| v.into_iter().map(Next::Logits).collect())
+            }
         };
         drop(batch);
         match result {

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::tokenizer::{TextTokenizer, TokenizerSources};
+use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::device::{DeviceInfo, DeviceSpec};
-use crate::backend::Backend;
 use crate::model::config::ModelConfig;
 use crate::model::decoder::DecoderModel;
 use crate::model::{LanguageModel, ModelSource};

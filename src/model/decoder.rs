@@ -562,7 +562,8 @@ impl<B: Backend> DecoderModel<B> {
             row0 += n;
         }
         be.rms_norm(&ws.picked, out_rows, &self.norm, c.rms_norm_eps, &mut ws.head_in)?;
-        be.matmul(&ws.head_in, out_rows, &self.lm_head, &mut ws.logits)?;
+        let head_rows: Vec<usize> = counts.iter().copied().filter(|&n| n > 0).collect();
+        be.matmul_seqs(&ws.head_in, &head_rows, &self.lm_head, &mut ws.logits)?;
         if c.logits_divisor != 1.0 {
             be.unary(&mut ws.logits, out_rows * c.vocab_size, Unary::Scale(1.0 / c.logits_divisor))?;
         }
@@ -655,6 +656,8 @@ impl<B: Backend> DecoderModel<B> {
             positions.extend((s.cache.len..needed).map(|p| p as u32));
         }
         let rows = ids.len();
+        // Rows per sequence: a sequence's results do not depend on what shares the batch.
+        let seq_rows: Vec<usize> = batch.iter().map(|s| s.tokens.len()).filter(|&n| n > 0).collect();
         // Recency in the expert cache is counted in forward passes.
         if let Some(experts) = &self.experts {
             experts.step();
@@ -693,9 +696,9 @@ impl<B: Backend> DecoderModel<B> {
                 }
                 None => x,
             };
-            be.matmul(input, rows, &w.wq, q)?;
-            be.matmul(input, rows, &w.wk, k)?;
-            be.matmul(input, rows, &w.wv, v)?;
+            be.matmul_seqs(input, &seq_rows, &w.wq, q)?;
+            be.matmul_seqs(input, &seq_rows, &w.wk, k)?;
+            be.matmul_seqs(input, &seq_rows, &w.wv, v)?;
             if let Some([bq, bk, bv]) = &w.bias_qkv {
                 be.add_bias(q, rows, bq)?;
                 be.add_bias(k, rows, bk)?;
@@ -731,7 +734,7 @@ impl<B: Backend> DecoderModel<B> {
                 be.attention(q, row0, n, &cache.k[l], &cache.v[l], &p, attn)?;
                 row0 += n;
             }
-            be.matmul(attn, rows, &w.wo, proj)?;
+            be.matmul_seqs(attn, &seq_rows, &w.wo, proj)?;
             residual(be, c, x, proj, w.attn_post_norm.as_ref(), normed, rows)?;
 
             // The gated MLP, likewise.
@@ -744,7 +747,7 @@ impl<B: Backend> DecoderModel<B> {
             };
             let mut bufs = MlpBufs { gate: &mut *gate, up: &mut *up };
             match &w.ffn {
-                FfnWeights::Dense(mlp) => moe::mlp_forward(be, c, mlp, input, rows, &mut bufs, proj)?,
+                FfnWeights::Dense(mlp) => moe::mlp_forward(be, c, mlp, input, &seq_rows, &mut bufs, proj)?,
                 FfnWeights::Moe(mw) => {
                     let bufs_moe = moe_bufs
                         .as_mut()

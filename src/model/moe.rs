@@ -152,14 +152,15 @@ pub fn mlp_forward<B: Backend>(
     c: &ModelConfig,
     mlp: &Mlp<B>,
     x: &B::Buf,
-    rows: usize,
+    seq_rows: &[usize],
     bufs: &mut MlpBufs<'_, B>,
     out: &mut B::Buf,
 ) -> Result<(), ModelError> {
-    be.matmul(x, rows, &mlp.gate, bufs.gate)?;
-    be.matmul(x, rows, &mlp.up, bufs.up)?;
+    let rows = seq_rows.iter().sum::<usize>();
+    be.matmul_seqs(x, seq_rows, &mlp.gate, bufs.gate)?;
+    be.matmul_seqs(x, seq_rows, &mlp.up, bufs.up)?;
     be.glu(bufs.gate, bufs.up, rows * mlp.width, c.spec().activation)?;
-    be.matmul(bufs.gate, rows, &mlp.down, out)?;
+    be.matmul_seqs(bufs.gate, seq_rows, &mlp.down, out)?;
     Ok(())
 }
 
@@ -204,7 +205,7 @@ pub fn moe_forward<B: Backend>(
     if let Some((shared, gate)) = &w.shared {
         be.matmul(input, rows, gate, &mut moe.logits)?;
         let scale: Vec<f32> = be.download(&moe.logits, rows)?.iter().map(|&g| 1.0 / (1.0 + (-g).exp())).collect();
-        mlp_forward(be, c, shared, input, rows, bufs, &mut moe.ye)?;
+        mlp_forward(be, c, shared, input, &[rows], bufs, &mut moe.ye)?;
         be.add_rows(out, &moe.ye, h, Rows::first(rows), Some(&scale))?;
     }
     // Phase 2: exactly the routed experts (all reads issued together), each computed
@@ -213,7 +214,7 @@ pub fn moe_forward<B: Backend>(
     let mut run = |i: usize, expert: &Mlp<B>| -> Result<(), ModelError> {
         let (rows_of, weights) = groups[i];
         be.copy_rows(input, Rows::List(rows_of), h, &mut moe.xe, 0)?;
-        mlp_forward(be, c, expert, &moe.xe, rows_of.len(), bufs, &mut moe.ye)?;
+        mlp_forward(be, c, expert, &moe.xe, &[rows_of.len()], bufs, &mut moe.ye)?;
         Ok(be.add_rows(out, &moe.ye, h, Rows::List(rows_of), Some(weights))?)
     };
     match &w.experts {

@@ -188,6 +188,25 @@ pub fn matmul(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &m
 
 /// [`matmul`] with a chosen kernel variant; panics if the CPU does not support it.
 pub fn matmul_with(kernel: QuantKernel, pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
+    matmul_on(kernel, pool, x, rows, w, out, false)
+}
+
+/// [`matmul`] computing every row exactly as a one-row call computes it (the decode
+/// kernel, not the GEMM), while reading the weights once for all of them: the rows of
+/// a batch of decoding sequences, each of which must get what it would get alone.
+pub fn matmul_rows_alone(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
+    matmul_on(QuantKernel::best(), pool, x, rows, w, out, true)
+}
+
+fn matmul_on(
+    kernel: QuantKernel,
+    pool: &ThreadPool,
+    x: &[f32],
+    rows: usize,
+    w: &HostTensor,
+    out: &mut [f32],
+    alone: bool,
+) {
     let (m, k) = (w.shape[0], w.shape[1]);
     assert!(x.len() >= rows * k, "quant matmul: x holds {} values, need {rows} rows of {k}", x.len());
     assert!(out.len() >= rows * m, "quant matmul: out holds {} values, need {rows} rows of {m}", out.len());
@@ -208,6 +227,7 @@ pub fn matmul_with(kernel: QuantKernel, pool: &ThreadPool, x: &[f32], rows: usiz
         m * row_bytes
     );
     if rows >= GEMM_MIN_ROWS
+        && !alone
         && let Some(g) = kernel.gemm(w.dtype)
     {
         return gemm::matmul(pool, &g, w.dtype, bytes, m, k, x, rows, out);
@@ -216,15 +236,21 @@ pub fn matmul_with(kernel: QuantKernel, pool: &ThreadPool, x: &[f32], rows: usiz
     let par = threads > 1 && rows * m * nb >= PAR_MIN_DOTS;
     let mut acts = quantize_rows(pool, act, &x[..rows * k], rows, k, par);
     let mut dot = dot;
-    if rows == 1
+    if (rows == 1 || alone)
         && let Some(dec) = kernel.decode_fn(w.dtype)
     {
-        // SAFETY: a row of whole Q8_0 blocks (the activation format of the formats
-        // with a decode kernel), viewed as bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(acts.as_ptr().cast::<u8>(), acts.len() * 4) };
-        let blocks = cast_blocks::<q8_0::BlockQ8_0>(&bytes[..nb * size_of::<q8_0::BlockQ8_0>()])
-            .expect("activation rows are aligned whole blocks");
-        acts = simd::dec512::pack(w.dtype, blocks).expect("decode kernels have a packing");
+        let act_row = acts.len() / rows;
+        let mut packed = Vec::new();
+        for r in 0..rows {
+            let row = &acts[r * act_row..(r + 1) * act_row];
+            // SAFETY: a row of whole Q8_0 blocks (the activation format of the formats
+            // with a decode kernel), viewed as bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<u8>(), row.len() * 4) };
+            let blocks = cast_blocks::<q8_0::BlockQ8_0>(&bytes[..nb * size_of::<q8_0::BlockQ8_0>()])
+                .expect("activation rows are aligned whole blocks");
+            packed.extend(simd::dec512::pack(w.dtype, blocks).expect("decode kernels have a packing"));
+        }
+        acts = packed;
         dot = dec;
     }
     let act_row = acts.len() / rows;

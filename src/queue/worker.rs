@@ -108,7 +108,8 @@ struct Slot {
 
 impl Slot {
     fn claimed(&self) -> u64 {
-        self.running.iter().map(|r| r.kv_claim).sum::<u64>() + self.idle.iter().map(|(c, _)| c.allocated_bytes()).sum::<u64>()
+        self.running.iter().map(|r| r.kv_claim).sum::<u64>()
+            + self.idle.iter().map(|(c, _)| c.allocated_bytes()).sum::<u64>()
     }
 }
 
@@ -355,7 +356,8 @@ impl Worker {
         let full = position_bytes * engine.context_len as u64;
         let free = engine.model.free_memory().map(|f| (f as f64 * KV_MEMORY_SHARE) as u64);
         let kv_limit = free.unwrap_or(full * DEFAULT_PARALLEL as u64).max(full);
-        let parallel = self.config.parallel.unwrap_or((kv_limit / full.max(1)).clamp(1, DEFAULT_PARALLEL as u64) as usize);
+        let parallel =
+            self.config.parallel.unwrap_or((kv_limit / full.max(1)).clamp(1, DEFAULT_PARALLEL as u64) as usize);
         tracing::info!(
             model = %key,
             device = %engine.device.device,
@@ -528,8 +530,7 @@ impl Worker {
             }
             // The pass stops within a layer when every client has gone, or on shutdown.
             let senders: Vec<_> = slot.running.iter().map(|r| r.events.clone()).collect();
-            let cancelled =
-                || shutting_down.load(Ordering::Relaxed) || senders.iter().all(|e| e.is_closed());
+            let cancelled = || shutting_down.load(Ordering::Relaxed) || senders.iter().all(|e| e.is_closed());
             let engine = &slot.engine;
             let mut seqs: Vec<&mut Sequence> = slot.running.iter_mut().map(|r| &mut r.seq).collect();
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -576,7 +577,8 @@ impl Worker {
                 }
                 let mut r = slot.running.remove(n);
                 self.admission.lock().expect("admission lock").finish();
-                let error = r.seq.take_error().map(|e| generate_error(&slot.name, r.param, e)).or_else(|| failure.clone());
+                let error =
+                    r.seq.take_error().map(|e| generate_error(&slot.name, r.param, e)).or_else(|| failure.clone());
                 let summary = r.seq.summary().expect("a finished sequence has a summary");
                 let mut context = r.seq.request().prompt.clone();
                 let (cache, tokens) = r.seq.into_cache();

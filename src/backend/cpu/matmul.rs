@@ -37,7 +37,7 @@ use crate::tensor::{DType, HostTensor};
 /// Calls with at most this many x rows stream the weights (decode, small decode batches);
 /// more rows use the packed, register-tiled path (prefill). Measured crossover on a
 /// 2048 × 5632 BF16 weight: between 8 and 12 rows.
-const SMALL_ROWS: usize = 8;
+pub(crate) const SMALL_ROWS: usize = 8;
 /// Task boundaries in the few-rows path fall on multiples of this many weight rows (the
 /// kernels' row group).
 const SMALL_UNIT: usize = 4;
@@ -108,6 +108,17 @@ pub fn matmul(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &m
 
 /// [`matmul`] with a chosen kernel variant; panics if the CPU does not support it.
 pub fn matmul_with(kernel: Kernel, pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
+    matmul_on(kernel, pool, x, rows, w, out, rows <= SMALL_ROWS)
+}
+
+/// [`matmul`] of float weights through the packed, register-tiled path whatever the row
+/// count: each row comes out as it does among any other rows in that path.
+pub fn matmul_packed(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
+    assert!(w.dtype.is_float(), "matmul_packed takes float weights");
+    matmul_on(Kernel::best(), pool, x, rows, w, out, false)
+}
+
+fn matmul_on(kernel: Kernel, pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32], small: bool) {
     let ops = kernel.ops_or_panic();
     let w = Weights::new(w);
     let (m, k) = (w.m, w.k);
@@ -122,7 +133,6 @@ pub fn matmul_with(kernel: Kernel, pool: &ThreadPool, x: &[f32], rows: usize, w:
     }
     let x = XRows { data: &x[..rows * k], ld: k, rows };
     let dst = OutPtr { ptr: out.as_mut_ptr(), ld: m };
-    let small = rows <= SMALL_ROWS;
     let unit = if small { SMALL_UNIT } else { ops.nr };
     let chunk = chunk_len(m, unit, rows * m * k, pool.current_num_threads());
     let task = |cols: Range<usize>| {

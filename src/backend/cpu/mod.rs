@@ -103,6 +103,41 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    /// Which kernel computes a row depends on the row count (one row: the decode
+    /// kernel; a few: the streaming path; many: the GEMM), so the path is chosen per
+    /// sequence instead: a one-row sequence's row (a decode step) takes the one-row
+    /// kernel, and the rows of a longer sequence (a prompt chunk) the packed GEMM path,
+    /// whatever the chunk's length, and whatever shares the call. The leading one-row
+    /// sequences run together, reading the weights once for all of them; the rest share
+    /// one GEMM, whose rows do not depend on each other.
+    fn matmul_seqs(&self, x: &Vec<f32>, seq_rows: &[usize], w: &HostTensor, out: &mut Vec<f32>) -> BackendResult<()> {
+        let (m, k) = (w.shape[0], w.shape[1]);
+        let rows: usize = seq_rows.iter().sum();
+        if rows == 0 || m == 0 || k == 0 {
+            return self.matmul(x, rows, w, out);
+        }
+        assert!(x.len() >= rows * k && out.len() >= rows * m, "matmul_seqs: buffers shorter than {rows} rows");
+        // Runs of one-row sequences, and runs of longer ones (one of each in a batch).
+        let mut at = 0;
+        for run in seq_rows.chunk_by(|a, b| (*a == 1) == (*b == 1)) {
+            let n: usize = run.iter().sum();
+            let (x, out) = (&x[at * k..(at + n) * k], &mut out[at * m..(at + n) * m]);
+            match (run[0] == 1, w.dtype.is_float()) {
+                (true, false) => crate::quant::matmul_rows_alone(&self.pool, x, n, w, out),
+                // Up to `SMALL_ROWS` rows, each comes out as it does alone.
+                (true, true) => {
+                    for (x, out) in x.chunks(matmul::SMALL_ROWS * k).zip(out.chunks_mut(matmul::SMALL_ROWS * m)) {
+                        matmul::matmul(&self.pool, x, out.len() / m, w, out);
+                    }
+                }
+                (false, false) => crate::quant::matmul(&self.pool, x, n, w, out),
+                (false, true) => matmul::matmul_packed(&self.pool, x, n, w, out),
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
     fn add_bias(&self, x: &mut Vec<f32>, rows: usize, bias: &HostTensor) -> BackendResult<()> {
         let b = bias.to_f32_vec();
         for row in x.chunks_exact_mut(b.len()).take(rows) {
