@@ -178,3 +178,134 @@ fn a_reused_prefix_gives_what_a_fresh_cache_gives() {
     let again = Sequence::new(&e, cache, cached, next.clone()).unwrap();
     assert_eq!(again.prompt_left(), 2);
 }
+
+/// A short request admitted while a long prompt prefills gets its first token at the
+/// step it joins: prompts go shortest first, and the long one's next chunk waits a step.
+#[test]
+fn a_short_request_is_not_kept_behind_a_long_prompt() {
+    let path = root().join("tests/fixtures/hf/llama3");
+    let e =
+        Engine::load(path.to_str().unwrap(), &RunOptions { threads: 2, context: 2304, ..Default::default() }).unwrap();
+    let reqs = requests(e.model.config().vocab_size as u32);
+    let mut long = reqs[3].clone();
+    long.prompt = long.prompt.iter().copied().cycle().take(2048).collect();
+    let chunk = 512;
+    let mut seqs = vec![Sequence::new(&e, e.model.new_cache(e.context_len).unwrap(), Vec::new(), long).unwrap()];
+    batch::step(&e, &mut seqs.iter_mut().collect::<Vec<_>>(), chunk, &|| false).unwrap();
+    assert_eq!(seqs[0].prompt_left(), 2048 - chunk);
+    // The short one joins: it prefills and samples in this very step.
+    seqs.push(Sequence::new(&e, e.model.new_cache(e.context_len).unwrap(), Vec::new(), reqs[1].clone()).unwrap());
+    batch::step(&e, &mut seqs.iter_mut().collect::<Vec<_>>(), chunk, &|| false).unwrap();
+    assert_eq!(seqs[1].prompt_left(), 0);
+    assert!(seqs[1].drain_events().any(|ev| matches!(ev, TokenEvent::Token { .. })), "a first token at once");
+    assert_eq!(seqs[0].prompt_left(), 2048 - chunk, "the long prompt gave way for one step");
+    // Then both go on: the short one decodes beside each of the long one's chunks.
+    for left in [1024, 512, 0] {
+        batch::step(&e, &mut seqs.iter_mut().collect::<Vec<_>>(), chunk, &|| false).unwrap();
+        assert_eq!(seqs[0].prompt_left(), left);
+        assert!(seqs[1].drain_events().any(|ev| matches!(ev, TokenEvent::Token { .. })), "a token every step");
+    }
+}
+
+mod worker {
+    //! The step loop inside the worker: places, KV memory and cancellation.
+
+    use std::time::{Duration, Instant};
+
+    use strata::engine::sampler::SamplingParams;
+    use strata::engine::session::RunOptions;
+    use strata::queue::worker::WorkerConfig;
+    use strata::queue::{Event, GenerateJob, JobDone, JobError, KeepAlive, PromptInput, Work};
+    use strata::server::{AppState, ServeOptions, ServerConfig};
+    use tokio::sync::mpsc::UnboundedReceiver;
+
+    fn server(parallel: usize, context: usize, kv_memory: Option<u64>) -> AppState {
+        let model = format!("{}/tests/fixtures/hf/llama3", env!("CARGO_MANIFEST_DIR"));
+        let opts = ServeOptions {
+            models: vec![("llama3".into(), model)],
+            worker: WorkerConfig {
+                run: RunOptions { threads: 1, context, ..Default::default() },
+                keep_alive: KeepAlive::For(Duration::from_secs(300)),
+                max_loaded: 1,
+                parallel: Some(parallel),
+                prefill_chunk: 64,
+                kv_memory,
+            },
+            server: ServerConfig::default(),
+            queue_depth: 16,
+            preload: true,
+        };
+        strata::server::start(opts).expect("starting the server").1
+    }
+
+    fn job(prompt: usize, max_tokens: Option<usize>) -> Work {
+        Work::Generate(GenerateJob {
+            model: "llama3".into(),
+            prompt: PromptInput::Tokens((0..prompt as u32).map(|i| 10 + i % 400).collect()),
+            context: Vec::new(),
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            stop: Vec::new(),
+            top_logprobs: 0,
+            num_ctx: None,
+            keep_alive: None,
+        })
+    }
+
+    /// The events up to the end: the `Done`, or the error.
+    fn finish(rx: &mut UnboundedReceiver<Event>) -> Result<JobDone, JobError> {
+        loop {
+            match rx.blocking_recv().expect("the worker answers") {
+                Event::Done(d) => return Ok(d),
+                Event::Error(e) => return Err(e),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn a_cancelled_requests_place_goes_to_the_next() {
+        let state = server(1, 4096, None);
+        // Alone, a request that runs to the end of its context takes this long.
+        let t = Instant::now();
+        let alone = finish(&mut state.queue.submit(job(8, None)).unwrap()).unwrap();
+        let full = t.elapsed();
+        assert!(alone.completion_tokens > 1000, "{alone:?}");
+        // Started again and dropped after its first token, its place goes to the next
+        // request at once, not after it would have ended.
+        let mut a = state.queue.submit(job(9, None)).unwrap();
+        while !matches!(a.blocking_recv(), Some(Event::Token { .. })) {}
+        let t = Instant::now();
+        drop(a);
+        let b = finish(&mut state.queue.submit(job(5, Some(3))).unwrap()).unwrap();
+        assert_eq!(b.completion_tokens, 3);
+        assert!(
+            t.elapsed() < full / 2,
+            "the next request waited {:?}; the dropped one ran {full:?} alone",
+            t.elapsed()
+        );
+        let loaded = state.status.loaded.lock().unwrap().clone();
+        assert_eq!((loaded[0].batching.running, loaded[0].batching.waiting), (0, 0));
+    }
+
+    #[test]
+    fn kv_memory_makes_a_request_wait_or_refuses_one_that_can_never_fit() {
+        // Room for 100 positions of the fixture's KV cache (2 layers × 2 KV heads × 16 × 4
+        // bytes, keys and values).
+        let position = 2 * 2 * 2 * 16 * 4;
+        let state = server(8, 256, Some(100 * position));
+        match finish(&mut state.queue.submit(job(10, Some(200))).unwrap()) {
+            Err(JobError::Invalid { param: Some("max_tokens"), message }) => {
+                assert!(message.contains("210 positions") && message.contains("100 positions"), "{message}")
+            }
+            other => panic!("expected a 400 naming the sizes, got {other:?}"),
+        }
+        // Two requests of 60 positions each: the second waits for the first.
+        let (mut a, mut b) =
+            (state.queue.submit(job(10, Some(50))).unwrap(), state.queue.submit(job(12, Some(48))).unwrap());
+        let (a, b) = (finish(&mut a).unwrap(), finish(&mut b).unwrap());
+        assert_eq!((a.completion_tokens, b.completion_tokens), (50, 48));
+        let waited = b.total - b.prefill - b.decode;
+        assert!(waited >= a.decode, "the second waited {waited:?}; the first decoded for {:?}", a.decode);
+    }
+}

@@ -32,6 +32,7 @@ async fn the_expert_cache_is_shown_in_ps_and_metrics() {
             max_loaded: 1,
             parallel: None,
             prefill_chunk: strata::engine::session::PREFILL_CHUNK,
+            kv_memory: None,
         },
         server: ServerConfig::default(),
         queue_depth: 8,

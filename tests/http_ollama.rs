@@ -243,6 +243,11 @@ async fn an_empty_prompt_loads_and_keep_alive_zero_unloads() {
         (Some("resident"), Some(2), Some("0-1")),
         "{r}"
     );
+    // Nothing runs or waits now.
+    let b = &m["batching"];
+    assert_eq!((b["running"].as_u64(), b["waiting"].as_u64()), (Some(0), Some(0)), "{b}");
+    assert!((1..=8).contains(&b["parallel"].as_u64().unwrap()), "{b}");
+    assert!(b["kv_cache_limit_bytes"].as_u64().unwrap() > 0, "{b}");
     let expires = assert_rfc3339_nanos(&m["expires_at"]);
     let ahead = expires.duration_since(jiff::Timestamp::now()).as_secs();
     assert!((500..=600).contains(&ahead), "expires in about 10 minutes, not {ahead}s");

@@ -57,6 +57,11 @@ pub struct ServeArgs {
     /// keep decoding between the chunks of a long prompt.
     #[arg(long = "prefill-chunk", default_value_t = crate::engine::session::PREFILL_CHUNK, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub prefill_chunk: usize,
+    /// KV cache memory each model's running requests may claim at once (bytes, or with
+    /// K/M/G/KiB/MiB/GiB); a request claims its prompt plus max tokens (or its whole
+    /// context). Unset: 90% of what is free once the model has loaded.
+    #[arg(long = "kv-memory", value_parser = parse_size)]
+    pub kv_memory: Option<u64>,
     /// On SIGTERM/SIGINT, how long running requests may finish before they are cancelled.
     #[arg(long = "grace-period", default_value = "10s")]
     pub grace_period: String,
@@ -226,6 +231,7 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
             max_loaded: args.max_loaded,
             parallel: (args.parallel > 0).then_some(args.parallel),
             prefill_chunk: args.prefill_chunk,
+            kv_memory: args.kv_memory,
         },
         server: ServerConfig {
             api_keys,

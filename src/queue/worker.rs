@@ -41,6 +41,10 @@ pub struct WorkerConfig {
     pub parallel: Option<usize>,
     /// Prompt tokens one step runs, over every sequence prefilling.
     pub prefill_chunk: usize,
+    /// Bytes of KV cache each model's running requests may claim at once (`None`:
+    /// [`KV_MEMORY_SHARE`] of the memory free once the model has loaded, and at least one
+    /// full-context cache).
+    pub kv_memory: Option<u64>,
 }
 
 /// A loaded model as `/api/ps` shows it.
@@ -57,12 +61,22 @@ pub struct LoadedModel {
     pub device: crate::backend::device::DeviceInfo,
     /// Bytes of GPU memory it holds (weights, KV cache, activations); 0 on the CPU.
     pub size_vram: u64,
-    /// Sequences generating now, and the most it runs at once.
+    pub batching: Batching,
+}
+
+/// A loaded model's continuous batching, as `/api/ps` and `/metrics` show it.
+#[derive(Clone, Debug, Default, serde::Serialize, utoipa::ToSchema)]
+pub struct Batching {
+    /// Sequences generating now.
     pub running: usize,
+    /// Requests for it waiting for a place (or for KV memory).
+    pub waiting: usize,
+    /// The most sequences it runs at once (`--parallel`).
     pub parallel: usize,
-    /// Bytes its KV caches hold (running and kept for reuse), and the most they may.
-    pub kv_bytes: u64,
-    pub kv_limit: u64,
+    /// Bytes its KV caches hold now (running, and kept for a follow-up request).
+    pub kv_cache_bytes: u64,
+    /// Bytes of KV cache its running requests may claim at once.
+    pub kv_cache_limit_bytes: u64,
 }
 
 /// State the worker shares with the HTTP side.
@@ -163,6 +177,7 @@ pub fn spawn(
                         Err(RecvTimeoutError::Disconnected) => open = false,
                     }
                 }
+                let before = w.waiting.len();
                 loop {
                     match rx.try_recv() {
                         Ok(job) => w.waiting.push_back(job),
@@ -173,7 +188,7 @@ pub fn spawn(
                         }
                     }
                 }
-                w.admit();
+                w.admit(w.waiting.len() != before);
                 w.step();
                 w.unload_expired();
             }
@@ -216,8 +231,8 @@ impl Worker {
     }
 
     /// Takes waiting jobs, first come first served, until one has to wait.
-    fn admit(&mut self) {
-        let mut changed = false;
+    fn admit(&mut self, arrived: bool) {
+        let mut changed = arrived;
         while let Some(job) = self.waiting.front() {
             let gone = job.events.is_closed();
             let shutting_down = self.status.shutting_down.load(Ordering::SeqCst);
@@ -355,7 +370,10 @@ impl Worker {
         let position_bytes = engine.model.new_cache(1).map_err(|e| model_error(name, e))?.position_bytes();
         let full = position_bytes * engine.context_len as u64;
         let free = engine.model.free_memory().map(|f| (f as f64 * KV_MEMORY_SHARE) as u64);
-        let kv_limit = free.unwrap_or(full * DEFAULT_PARALLEL as u64).max(full);
+        let kv_limit = match self.config.kv_memory {
+            Some(bytes) => bytes,
+            None => free.unwrap_or(full * DEFAULT_PARALLEL as u64).max(full),
+        };
         let parallel =
             self.config.parallel.unwrap_or((kv_limit / full.max(1)).clamp(1, DEFAULT_PARALLEL as u64) as usize);
         tracing::info!(
@@ -415,11 +433,18 @@ impl Worker {
                 sched: s.engine.model.scheduler().monitor(),
                 device: s.engine.device.clone(),
                 size_vram: s.engine.model.device_bytes(),
-                running: s.running.len(),
-                parallel: s.parallel,
-                kv_bytes: s.running.iter().map(|r| r.seq.cache_bytes()).sum::<u64>()
-                    + s.idle.iter().map(|(c, _)| c.allocated_bytes()).sum::<u64>(),
-                kv_limit: s.kv_limit,
+                batching: Batching {
+                    running: s.running.len(),
+                    waiting: self
+                        .waiting
+                        .iter()
+                        .filter(|j| job_model(&j.work).is_some_and(|m| canonical(m) == s.name))
+                        .count(),
+                    parallel: s.parallel,
+                    kv_cache_bytes: s.running.iter().map(|r| r.seq.cache_bytes()).sum::<u64>()
+                        + s.idle.iter().map(|(c, _)| c.allocated_bytes()).sum::<u64>(),
+                    kv_cache_limit_bytes: s.kv_limit,
+                },
             })
             .collect();
         *self.status.loaded.lock().expect("status lock") = list;
@@ -476,8 +501,8 @@ impl Worker {
             return Err(invalid(
                 Some(if job.max_tokens.is_some() { "max_tokens" } else { param }),
                 format!(
-                    "this request may reach {positions} positions, whose KV cache needs {}; the model's KV memory holds {} \
-                     ({} positions); ask for fewer tokens or a smaller context",
+                    "this request may reach {positions} positions, whose KV cache needs {}; the model's KV memory \
+                     (--kv-memory) holds {} ({} positions); ask for fewer tokens or a smaller context",
                     human_size(claim),
                     human_size(slot.kv_limit),
                     slot.kv_limit / slot.position_bytes.max(1)
@@ -672,6 +697,15 @@ impl Worker {
         self.publish();
         let _ = events.send(Event::Embeddings { vectors, prompt_tokens, load, total: admitted.elapsed() });
         Ok(())
+    }
+}
+
+/// The model a job is for.
+fn job_model(work: &Work) -> Option<&str> {
+    match work {
+        Work::Generate(g) => Some(&g.model),
+        Work::Embed(e) => Some(&e.model),
+        Work::Load { model, .. } | Work::Unload { model } => Some(model),
     }
 }
 

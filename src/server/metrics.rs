@@ -140,6 +140,20 @@ fn write_layer_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedM
     for m in loaded {
         let _ = writeln!(out, "strata_model_vram_bytes{{model=\"{}\"}} {}", escape(&m.name), m.size_vram);
     }
+    type Gauge = (&'static str, &'static str, fn(&crate::queue::worker::Batching) -> u64);
+    let batching: [Gauge; 5] = [
+        ("strata_running_sequences", "Sequences each model is generating.", |b| b.running as u64),
+        ("strata_waiting_requests", "Requests waiting for a place among a model's sequences.", |b| b.waiting as u64),
+        ("strata_parallel_limit", "The most sequences a model runs at once.", |b| b.parallel as u64),
+        ("strata_kv_cache_bytes", "Bytes a model's KV caches hold.", |b| b.kv_cache_bytes),
+        ("strata_kv_cache_limit_bytes", "Bytes of KV cache a model's requests may claim.", |b| b.kv_cache_limit_bytes),
+    ];
+    for (name, help, value) in batching {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for m in loaded {
+            let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", escape(&m.name), value(&m.batching));
+        }
+    }
     for (name, kind, help, value) in metrics {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (model, summary, stats) in &rows {

@@ -36,6 +36,7 @@ pub fn app_with(server: ServerConfig, queue_depth: usize) -> (Router, AppState) 
             max_loaded: 2,
             parallel: None,
             prefill_chunk: strata::engine::session::PREFILL_CHUNK,
+            kv_memory: None,
         },
         server,
         queue_depth,

@@ -81,6 +81,7 @@ pub(crate) async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
                 device: m.device,
                 context_length: m.context_length,
                 residency: m.sched.summary(),
+                batching: m.batching,
             }
         })
         .collect();

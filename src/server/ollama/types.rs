@@ -363,6 +363,8 @@ pub struct PsModel {
     pub context_length: usize,
     /// Strata's addition: which layers are resident and which stream from storage.
     pub residency: crate::sched::SchedSummary,
+    /// Strata's addition: its running and waiting requests and their KV caches.
+    pub batching: crate::queue::worker::Batching,
 }
 
 /// `GET /api/ps`
