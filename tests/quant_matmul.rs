@@ -154,6 +154,36 @@ fn every_kernel_matches_scalar_reference_on_odd_shapes() {
     }
 }
 
+/// Rows computed together "each as alone" (the decode rows of a batch) equal one-row
+/// calls bit for bit, whatever their number: the several-row kernels repeat exactly the
+/// one-row kernel's operations per row.
+#[test]
+fn rows_alone_equal_one_row_calls_bit_for_bit() {
+    let (one, two) = (pool(1), pool(2));
+    for dtype in FORMATS {
+        // 576 and 2048 wide: whole register groups and a tail of blocks after them.
+        for (m, k) in [(37, 576), (20, 2048), (9, dtype.block_size() * 3)] {
+            if k % dtype.block_size() != 0 {
+                continue;
+            }
+            let mut rng = Rng(m as u64 * 31 + k as u64);
+            let bytes = random_weight_bytes(dtype, m, k, &mut rng);
+            let w = tensor(dtype, &bytes, m, k, 2);
+            for rows in [2, 3, 4, 7, 8, 13] {
+                let x = rng.vec(rows * k, 2.0);
+                let mut got = vec![f32::NAN; rows * m];
+                quant::matmul_rows_alone(&two, &x, rows, &w, &mut got);
+                for r in 0..rows {
+                    let mut want = vec![f32::NAN; m];
+                    quant::matmul(&one, &x[r * k..(r + 1) * k], 1, &w, &mut want);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got[r * m..(r + 1) * m]), bits(&want), "{dtype:?} {m}×{k}, row {r} of {rows}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn integer_path_matches_dequantized_f32_matmul() {
     // Only the activations are rounded (to 8 bits), so the result is within a few

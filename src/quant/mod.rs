@@ -236,9 +236,13 @@ fn matmul_on(
     let par = threads > 1 && rows * m * nb >= PAR_MIN_DOTS;
     let mut acts = quantize_rows(pool, act, &x[..rows * k], rows, k, par);
     let mut dot = dot;
-    if (rows == 1 || alone)
-        && let Some(dec) = kernel.decode_fn(w.dtype)
-    {
+    let decode = (rows == 1 || alone).then(|| kernel.decode_fn(w.dtype)).flatten();
+    // Several rows, each as one alone: the several-row form of the same kernel.
+    let several = match alone && rows > 1 {
+        true => kernel.rows_fn(w.dtype).filter(|&(_, packed)| packed == decode.is_some()).map(|(f, _)| f),
+        false => None,
+    };
+    if let Some(dec) = decode {
         let act_row = acts.len() / rows;
         let mut packed = Vec::new();
         for r in 0..rows {
@@ -276,6 +280,31 @@ fn matmul_on(
             for i in 0..per {
                 for o in (cols.start + i..cols.end).step_by(per) {
                     dot_at(0, o);
+                }
+            }
+            return;
+        }
+        if let Some(f) = several {
+            // Each weight row meets the activation rows 8, 4 or 2 at a time.
+            for o in cols {
+                let wrow = bytes[o * row_bytes..].as_ptr();
+                let mut r = 0;
+                while r < rows {
+                    let a = |i: usize| acts[(r + i) * act_row..].as_ptr().cast::<u8>();
+                    // SAFETY: as in `dot_at`, for each of the rows passed; `r + n ≤ rows`.
+                    let got: &[f32] = unsafe {
+                        match rows - r {
+                            8.. => &(f.r8)(wrow, std::array::from_fn(a), nb),
+                            4.. => &(f.r4)(wrow, std::array::from_fn(a), nb),
+                            2.. => &(f.r2)(wrow, std::array::from_fn(a), nb),
+                            _ => &[dot(wrow, a(0), nb)],
+                        }
+                    };
+                    for (i, &v) in got.iter().enumerate() {
+                        // SAFETY: as in `dot_at`.
+                        unsafe { dst.ptr().add((r + i) * m + o).write(v) };
+                    }
+                    r += got.len();
                 }
             }
             return;

@@ -50,6 +50,27 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
     }
 }
 
+/// [`dot_fn`] over several activation rows at once, where it has that form.
+pub(super) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use imp::*;
+        Some(match dtype {
+            DType::Q4_0 => super::rows_fn!(dot32_rows, Q4_0),
+            DType::Q5_0 => super::rows_fn!(dot32_rows, Q5_0),
+            DType::Q8_0 => super::rows_fn!(dot32_rows, Q8_0),
+            DType::Q4_1 => super::rows_fn!(dot32_rows, Q4_1),
+            DType::Q5_1 => super::rows_fn!(dot32_rows, Q5_1),
+            _ => return None,
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = dtype;
+        None
+    }
+}
+
 /// The 32-value block dot of Q4_0 or Q8_0 weights against plain Q8_0 activation blocks:
 /// the few blocks after the groups of [`super::dec512`]'s packed rows.
 ///
@@ -163,59 +184,75 @@ mod imp {
     /// As for [`DotFn`](super::DotFn), on a CPU with the features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn dot32<const F: u8>(w: *const u8, a: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded contract.
+        unsafe { dot32_rows::<F, 1>(w, [a], nb)[0] }
+    }
+
+    /// [`dot32`] against `R` activation rows at once: each weight block's levels are
+    /// unpacked once, and each row takes exactly the operations `dot32` (`R = 1`) takes,
+    /// so each result is bit-identical to that row's one-row dot.
+    ///
+    /// # Safety
+    /// As for [`dot32`], for every row in `a`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn dot32_rows<const F: u8, const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
         let (wb, _, _, off, has_min) = layout(F);
         let (ab, aqs) = if has_min { (36, 4) } else { (34, 2) };
         let offv = _mm512_set1_epi8(off.wrapping_abs()); // 8, 16 or 128 (as unsigned)
         let idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
         let idx23 = _mm512_add_epi32(idx01, _mm512_set1_epi32(2));
-        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut accm = _mm_setzero_ps();
+        let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+        let mut accm = [_mm_setzero_ps(); R];
         let mut i = 0;
         // SAFETY: every pointer below stays inside the `nb` blocks the caller vouches for
         // (prefetches may point past them; they never fault).
         unsafe {
             while i + 4 <= nb {
-                let (wp, ap) = (w.add(i * wb), a.add(i * ab));
+                let wp = w.add(i * wb);
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
-                let h = _mm256_cvtph_ps(_mm_setr_epi16(
-                    f16_at(wp),
-                    f16_at(wp.add(wb)),
-                    f16_at(wp.add(2 * wb)),
-                    f16_at(wp.add(3 * wb)),
-                    f16_at(ap),
-                    f16_at(ap.add(ab)),
-                    f16_at(ap.add(2 * ab)),
-                    f16_at(ap.add(3 * ab)),
-                ));
-                let d = _mm_mul_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
-                if has_min {
-                    let ms = _mm256_cvtph_ps(_mm_setr_epi16(
-                        f16_at(wp.add(2)),
-                        f16_at(wp.add(wb + 2)),
-                        f16_at(wp.add(2 * wb + 2)),
-                        f16_at(wp.add(3 * wb + 2)),
-                        f16_at(ap.add(2)),
-                        f16_at(ap.add(ab + 2)),
-                        f16_at(ap.add(2 * ab + 2)),
-                        f16_at(ap.add(3 * ab + 2)),
+                let u = [levels_pair::<F>(wp), levels_pair::<F>(wp.add(2 * wb))];
+                for r in 0..R {
+                    let ap = a[r].add(i * ab);
+                    let h = _mm256_cvtph_ps(_mm_setr_epi16(
+                        f16_at(wp),
+                        f16_at(wp.add(wb)),
+                        f16_at(wp.add(2 * wb)),
+                        f16_at(wp.add(3 * wb)),
+                        f16_at(ap),
+                        f16_at(ap.add(ab)),
+                        f16_at(ap.add(2 * ab)),
+                        f16_at(ap.add(3 * ab)),
                     ));
-                    accm = _mm_fmadd_ps(_mm256_castps256_ps128(ms), _mm256_extractf128_ps::<1>(ms), accm);
-                }
-                let dz = _mm512_castps128_ps512(d);
-                for (half, idx) in [(0, idx01), (2, idx23)] {
-                    let u = levels_pair::<F>(wp.add(half * wb));
-                    let yp = ap.add(half * ab + aqs);
-                    let y = _mm512_inserti64x4::<1>(
-                        _mm512_castsi256_si512(_mm256_loadu_si256(yp.cast())),
-                        _mm256_loadu_si256(yp.add(ab).cast()),
-                    );
-                    let mut s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, y);
-                    if off != 0 {
-                        s = _mm512_sub_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, y));
+                    let d = _mm_mul_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                    if has_min {
+                        let ms = _mm256_cvtph_ps(_mm_setr_epi16(
+                            f16_at(wp.add(2)),
+                            f16_at(wp.add(wb + 2)),
+                            f16_at(wp.add(2 * wb + 2)),
+                            f16_at(wp.add(3 * wb + 2)),
+                            f16_at(ap.add(2)),
+                            f16_at(ap.add(ab + 2)),
+                            f16_at(ap.add(2 * ab + 2)),
+                            f16_at(ap.add(3 * ab + 2)),
+                        ));
+                        accm[r] = _mm_fmadd_ps(_mm256_castps256_ps128(ms), _mm256_extractf128_ps::<1>(ms), accm[r]);
                     }
-                    let acc = if half == 0 { &mut acc0 } else { &mut acc1 };
-                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx, dz), *acc);
+                    let dz = _mm512_castps128_ps512(d);
+                    for (half, idx) in [(0, idx01), (2, idx23)] {
+                        let yp = ap.add(half * ab + aqs);
+                        let y = _mm512_inserti64x4::<1>(
+                            _mm512_castsi256_si512(_mm256_loadu_si256(yp.cast())),
+                            _mm256_loadu_si256(yp.add(ab).cast()),
+                        );
+                        let mut s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[half / 2], y);
+                        if off != 0 {
+                            s = _mm512_sub_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, y));
+                        }
+                        let acc = if half == 0 { &mut acc0[r] } else { &mut acc1[r] };
+                        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx, dz), *acc);
+                    }
                 }
                 i += 4;
             }
@@ -226,40 +263,48 @@ mod imp {
         unsafe {
             while i < nb {
                 let two = i + 2 <= nb;
-                let (wp, ap) = (w.add(i * wb), a.add(i * ab));
-                let (w1, a1) = if two { (f16_at(wp.add(wb)), f16_at(ap.add(ab))) } else { (0, 0) };
-                let h = _mm256_cvtph_ps(_mm_setr_epi16(f16_at(wp), w1, 0, 0, f16_at(ap), a1, 0, 0));
-                let d = _mm_mul_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
-                if has_min {
-                    let (m1, s1) = if two { (f16_at(wp.add(wb + 2)), f16_at(ap.add(ab + 2))) } else { (0, 0) };
-                    let ms = _mm256_cvtph_ps(_mm_setr_epi16(f16_at(wp.add(2)), m1, 0, 0, f16_at(ap.add(2)), s1, 0, 0));
-                    accm = _mm_fmadd_ps(_mm256_castps256_ps128(ms), _mm256_extractf128_ps::<1>(ms), accm);
+                let wp = w.add(i * wb);
+                let u = if two { levels_pair::<F>(wp) } else { levels_one::<F>(wp) };
+                for r in 0..R {
+                    let ap = a[r].add(i * ab);
+                    let (w1, a1) = if two { (f16_at(wp.add(wb)), f16_at(ap.add(ab))) } else { (0, 0) };
+                    let h = _mm256_cvtph_ps(_mm_setr_epi16(f16_at(wp), w1, 0, 0, f16_at(ap), a1, 0, 0));
+                    let d = _mm_mul_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                    if has_min {
+                        let (m1, s1) = if two { (f16_at(wp.add(wb + 2)), f16_at(ap.add(ab + 2))) } else { (0, 0) };
+                        let ms =
+                            _mm256_cvtph_ps(_mm_setr_epi16(f16_at(wp.add(2)), m1, 0, 0, f16_at(ap.add(2)), s1, 0, 0));
+                        accm[r] = _mm_fmadd_ps(_mm256_castps256_ps128(ms), _mm256_extractf128_ps::<1>(ms), accm[r]);
+                    }
+                    let yp = ap.add(aqs);
+                    let y = if two {
+                        _mm512_inserti64x4::<1>(
+                            _mm512_castsi256_si512(_mm256_loadu_si256(yp.cast())),
+                            _mm256_loadu_si256(yp.add(ab).cast()),
+                        )
+                    } else {
+                        _mm512_zextsi256_si512(_mm256_loadu_si256(yp.cast()))
+                    };
+                    let mut s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, y);
+                    if off != 0 {
+                        s = _mm512_sub_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, y));
+                    }
+                    let dz = _mm512_castps128_ps512(d);
+                    acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx01, dz), acc0[r]);
                 }
-                let yp = ap.add(aqs);
-                let (u, y) = if two {
-                    let y = _mm512_inserti64x4::<1>(
-                        _mm512_castsi256_si512(_mm256_loadu_si256(yp.cast())),
-                        _mm256_loadu_si256(yp.add(ab).cast()),
-                    );
-                    (levels_pair::<F>(wp), y)
-                } else {
-                    (levels_one::<F>(wp), _mm512_zextsi256_si512(_mm256_loadu_si256(yp.cast())))
-                };
-                let mut s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, y);
-                if off != 0 {
-                    s = _mm512_sub_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, y));
-                }
-                let dz = _mm512_castps128_ps512(d);
-                acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx01, dz), acc0);
                 i += if two { 2 } else { 1 };
             }
         }
-        let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-        if has_min {
-            let m2 = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-            sum += _mm_cvtss_f32(_mm_add_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+        let mut out = [0f32; R];
+        for r in 0..R {
+            let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
+            if has_min {
+                let m2 = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
+                sum += _mm_cvtss_f32(_mm_add_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+            }
+            out[r] = sum;
         }
-        sum
+        out
     }
 
     /// i16 lane indices: lane l of register `r` picks scale `per * r + l / (32 / per)`.

@@ -83,6 +83,25 @@ pub(crate) fn dot_fn(dtype: DType) -> Option<super::DotFn> {
     }
 }
 
+/// The decode dot product over `R` [`pack`]ed rows at once (see
+/// [`RowsFn`](super::RowsFn)), each bit-identical to [`dot_fn`]'s.
+pub(crate) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use imp::*;
+        match dtype {
+            DType::Q4_0 => Some(super::rows_fn!(q4_0_rows)),
+            DType::Q8_0 => Some(super::rows_fn!(q8_0_rows)),
+            _ => None,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = dtype;
+        None
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use std::arch::x86_64::*;
@@ -122,17 +141,30 @@ mod imp {
     /// features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     pub unsafe fn dot_q4_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded contract.
+        unsafe { q4_0_rows::<1>(w, [a], nb)[0] }
+    }
+
+    /// Q4_0 against `R` packed rows at once: each weight group is unpacked once, and
+    /// each row takes exactly the operations [`dot_q4_0`] (`R = 1`) takes, so each
+    /// result is bit-identical to that row's one-row dot.
+    ///
+    /// # Safety
+    /// As for [`dot_q4_0`], for every row in `a`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
+    #[inline]
+    pub unsafe fn q4_0_rows<const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
         const BB: usize = 18;
         let groups = nb / 4;
         let nib = _mm512_set1_epi8(0x0F);
-        let mut acc = _mm512_setzero_ps();
+        let mut acc = [_mm512_setzero_ps(); R];
         // SAFETY: loads stay inside the caller's `nb` weight blocks (the second one is
-        // masked to the group's last 8 bytes) and packed row; prefetches never fault.
+        // masked to the group's last 8 bytes) and packed rows; prefetches never fault.
         unsafe {
             let qidx = _mm512_loadu_si512(Q4_0_IDX.0.as_ptr().cast());
             let didx = _mm512_loadu_si512(Q4_0_IDX.1.as_ptr().cast());
             for g in 0..groups {
-                let (wp, ap) = (w.add(4 * BB * g), a.add(256 * g));
+                let wp = w.add(4 * BB * g);
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
                 let v0 = _mm512_loadu_si512(wp.cast());
@@ -140,20 +172,26 @@ mod imp {
                 let q = _mm512_permutex2var_epi8(v0, qidx, v1);
                 let lo = _mm512_and_si512(q, nib);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
-                let mut i = _mm512_loadu_si512(ap.add(128).cast());
-                i = _mm512_dpbusd_epi32(i, lo, _mm512_loadu_si512(ap.cast()));
-                i = _mm512_dpbusd_epi32(i, hi, _mm512_loadu_si512(ap.add(64).cast()));
                 let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
-                let s = _mm512_mul_ps(dw, _mm512_loadu_ps(ap.add(192).cast()));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc);
+                for r in 0..R {
+                    let ap = a[r].add(256 * g);
+                    let mut i = _mm512_loadu_si512(ap.add(128).cast());
+                    i = _mm512_dpbusd_epi32(i, lo, _mm512_loadu_si512(ap.cast()));
+                    i = _mm512_dpbusd_epi32(i, hi, _mm512_loadu_si512(ap.add(64).cast()));
+                    let s = _mm512_mul_ps(dw, _mm512_loadu_ps(ap.add(192).cast()));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[r]);
+                }
             }
-            let mut sum = _mm512_reduce_add_ps(acc);
-            if groups * 4 < nb {
-                // The packed row keeps its last blocks as plain Q8_0 after the groups.
-                let (wt, at) = (w.add(4 * BB * groups), a.add(256 * groups));
-                sum += super::super::avx512::dot_tail(DType::Q4_0, wt, at, nb - 4 * groups);
+            let mut out = [0f32; R];
+            for r in 0..R {
+                out[r] = _mm512_reduce_add_ps(acc[r]);
+                if groups * 4 < nb {
+                    // The packed row keeps its last blocks as plain Q8_0 after the groups.
+                    let (wt, at) = (w.add(4 * BB * groups), a[r].add(256 * groups));
+                    out[r] += super::super::avx512::dot_tail(DType::Q4_0, wt, at, nb - 4 * groups);
+                }
             }
-            sum
+            out
         }
     }
 
@@ -163,32 +201,50 @@ mod imp {
     /// As for [`dot_q4_0`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     pub unsafe fn dot_q8_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded contract.
+        unsafe { q8_0_rows::<1>(w, [a], nb)[0] }
+    }
+
+    /// Q8_0 against `R` packed rows at once, as [`q4_0_rows`] does for Q4_0.
+    ///
+    /// # Safety
+    /// As for [`dot_q8_0`], for every row in `a`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
+    #[inline]
+    pub unsafe fn q8_0_rows<const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
         const BB: usize = 34;
         let groups = nb / 2;
         let flip = _mm512_set1_epi8(-128);
-        let mut acc = _mm512_setzero_ps();
-        // SAFETY: as in `dot_q4_0` (the masked load covers the pair's last 4 bytes).
+        let mut acc = [_mm512_setzero_ps(); R];
+        // SAFETY: as in `q4_0_rows` (the masked load covers the pair's last 4 bytes).
         unsafe {
             let qidx = _mm512_loadu_si512(Q8_0_IDX.0.as_ptr().cast());
             let didx = _mm512_loadu_si512(Q8_0_IDX.1.as_ptr().cast());
             for g in 0..groups {
-                let (wp, ap) = (w.add(2 * BB * g), a.add(192 * g));
+                let wp = w.add(2 * BB * g);
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
                 let v0 = _mm512_loadu_si512(wp.cast());
                 let v1 = _mm512_maskz_loadu_epi8(0x0F, wp.add(64).cast());
                 let u = _mm512_xor_si512(_mm512_permutex2var_epi8(v0, qidx, v1), flip);
-                let i = _mm512_dpbusd_epi32(_mm512_loadu_si512(ap.add(64).cast()), u, _mm512_loadu_si512(ap.cast()));
                 let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
-                let s = _mm512_mul_ps(dw, _mm512_loadu_ps(ap.add(128).cast()));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc);
+                for r in 0..R {
+                    let ap = a[r].add(192 * g);
+                    let i =
+                        _mm512_dpbusd_epi32(_mm512_loadu_si512(ap.add(64).cast()), u, _mm512_loadu_si512(ap.cast()));
+                    let s = _mm512_mul_ps(dw, _mm512_loadu_ps(ap.add(128).cast()));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[r]);
+                }
             }
-            let mut sum = _mm512_reduce_add_ps(acc);
-            if groups * 2 < nb {
-                let (wt, at) = (w.add(2 * BB * groups), a.add(192 * groups));
-                sum += super::super::avx512::dot_tail(DType::Q8_0, wt, at, nb - 2 * groups);
+            let mut out = [0f32; R];
+            for r in 0..R {
+                out[r] = _mm512_reduce_add_ps(acc[r]);
+                if groups * 2 < nb {
+                    let (wt, at) = (w.add(2 * BB * groups), a[r].add(192 * groups));
+                    out[r] += super::super::avx512::dot_tail(DType::Q8_0, wt, at, nb - 2 * groups);
+                }
             }
-            sum
+            out
         }
     }
 }

@@ -27,6 +27,27 @@ use crate::tensor::DType;
 /// the CPU must have the kernel's features.
 pub(crate) type DotFn = unsafe fn(w: *const u8, a: *const u8, nb: usize) -> f32;
 
+/// A weight row's dot products with several activation rows at once (8, 4 or 2), each
+/// bit-identical to the one-row [`DotFn`]'s for that row: the weights are unpacked once
+/// for all of them (decode batches). Safety as for [`DotFn`], for every row.
+#[derive(Clone, Copy)]
+pub(crate) struct RowsFn {
+    pub r8: unsafe fn(*const u8, [*const u8; 8], usize) -> [f32; 8],
+    pub r4: unsafe fn(*const u8, [*const u8; 4], usize) -> [f32; 4],
+    pub r2: unsafe fn(*const u8, [*const u8; 2], usize) -> [f32; 2],
+}
+
+/// A [`RowsFn`] from a kernel generic over its row count.
+macro_rules! rows_fn {
+    ($f:ident) => {
+        $crate::quant::simd::RowsFn { r8: $f::<8>, r4: $f::<4>, r2: $f::<2> }
+    };
+    ($f:ident, $fmt:expr) => {
+        $crate::quant::simd::RowsFn { r8: $f::<{ $fmt }, 8>, r4: $f::<{ $fmt }, 4>, r2: $f::<{ $fmt }, 2> }
+    };
+}
+pub(crate) use rows_fn;
+
 /// The quantized-matmul kernel variants. Public so tests and benchmarks can run each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QuantKernel {
@@ -91,6 +112,19 @@ impl QuantKernel {
         assert!(self.is_available(), "the {self:?} quant kernel needs CPU features this machine lacks");
         match self {
             QuantKernel::Avx512 if dec512::available() => dec512::dot_fn(dtype),
+            _ => None,
+        }
+    }
+
+    /// The several-row form of [`decode_fn`](Self::decode_fn) (with `true`: it takes
+    /// packed rows) or else of [`dot_fn`](Self::dot_fn), where this variant has one.
+    pub(crate) fn rows_fn(self, dtype: DType) -> Option<(RowsFn, bool)> {
+        assert!(self.is_available(), "the {self:?} quant kernel needs CPU features this machine lacks");
+        match self {
+            QuantKernel::Avx512 if dec512::available() && dec512::rows_fn(dtype).is_some() => {
+                dec512::rows_fn(dtype).map(|f| (f, true))
+            }
+            QuantKernel::Avx512 => avx512::rows_fn(dtype).map(|f| (f, false)),
             _ => None,
         }
     }
