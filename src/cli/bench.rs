@@ -7,7 +7,9 @@ use clap::Args;
 use serde::Serialize;
 
 use super::RunOpts;
-use crate::engine::session::Engine;
+use crate::engine::batch::{self, Sequence};
+use crate::engine::sampler::SamplingParams;
+use crate::engine::session::{Engine, GenerateRequest, PREFILL_CHUNK};
 use crate::model::decoder::SeqStep;
 use crate::sched::io::proc_self_read_bytes;
 use crate::sched::{SchedSummary, StatsSnapshot};
@@ -245,14 +247,34 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let next_feed = || (next_feed.borrow_mut())();
     // One run of the prompt then `steps` greedy decode steps.
     let sched = model.scheduler();
+    // Prefill then `steps` greedy decode steps, through the serving step loop (the
+    // argmax taken on the device as serving does); `--feed-random` drives the batched
+    // forward pass itself, feeding pseudo-random tokens.
     let run = |steps: usize| -> anyhow::Result<RunResult> {
-        let mut caches = (0..n_seq).map(|_| model.new_cache(needed)).collect::<Result<Vec<_>, _>>()?;
-        let t = Instant::now();
-        // Greedy decoding, with the argmax taken on the device as serving does.
+        let mut caches = (0..n_seq).map(|_| model.new_cache(needed + 1)).collect::<Result<Vec<_>, _>>()?;
+        let mut seqs = Vec::new();
         let mut last = Vec::new();
-        for (p, cache) in prompts.iter().zip(caches.iter_mut()) {
-            let mut step = [SeqStep { tokens: p, cache, all_logits: false }];
-            last.extend(model.forward_top_k(&mut step, 1, &|| false)?);
+        let t = Instant::now();
+        if args.feed_random {
+            for (p, cache) in prompts.iter().zip(caches.iter_mut()) {
+                let mut step = [SeqStep { tokens: p, cache, all_logits: false }];
+                last.extend(model.forward_top_k(&mut step, 1, &|| false)?);
+            }
+        } else {
+            for (p, cache) in prompts.iter().zip(caches.drain(..)) {
+                let req = GenerateRequest {
+                    prompt: p.clone(),
+                    max_tokens: steps + 1,
+                    sampling: SamplingParams::greedy(),
+                    stop: Vec::new(),
+                    stop_at_eos: false,
+                    top_logprobs: 0,
+                };
+                seqs.push(Sequence::new(&engine, cache, Vec::new(), req)?);
+            }
+            while seqs.iter().any(|s| s.prompt_left() > 0) {
+                batch::step(&engine, &mut seqs.iter_mut().collect::<Vec<_>>(), PREFILL_CHUNK, &|| false)?;
+            }
         }
         let prefill = (n_seq * args.prompt_tokens) as f64 / t.elapsed().as_secs_f64();
 
@@ -260,16 +282,17 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         let launches0 = model.launch_stats().map(|l| l.launches);
         let t = Instant::now();
         for _ in 0..steps {
-            let ids: Vec<u32> = last.iter().map(|t| t.ids.first().copied().unwrap_or(0)).collect();
+            if !args.feed_random {
+                batch::step(&engine, &mut seqs.iter_mut().collect::<Vec<_>>(), PREFILL_CHUNK, &|| false)?;
+                continue;
+            }
+            let ids: Vec<u32> = last.iter().map(|_| next_feed()).collect();
             let mut batch: Vec<SeqStep<'_>> = ids
                 .iter()
                 .zip(caches.iter_mut())
                 .map(|(id, cache)| SeqStep { tokens: std::slice::from_ref(id), cache, all_logits: false })
                 .collect();
             last = model.forward_top_k(&mut batch, 1, &|| false)?;
-            if args.feed_random {
-                last.iter_mut().for_each(|t| t.ids = vec![next_feed()]);
-            }
         }
         let decode_secs = t.elapsed().as_secs_f64();
         let launches = model.launch_stats().map(|l| l.launches).zip(launches0).map(|(a, b)| a - b);
