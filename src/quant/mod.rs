@@ -290,14 +290,15 @@ fn matmul_on(
                 let wrow = bytes[o * row_bytes..].as_ptr();
                 let mut r = 0;
                 while r < rows {
-                    let a = |i: usize| acts[(r + i) * act_row..].as_ptr().cast::<u8>();
-                    // SAFETY: as in `dot_at`, for each of the rows passed; `r + n ≤ rows`.
+                    let (a, stride) = (acts[r * act_row..].as_ptr().cast::<u8>(), act_row * 4);
+                    // SAFETY: as in `dot_at`, for each of the rows passed (`act_row` u32s
+                    // apart); `r + n ≤ rows`.
                     let got: &[f32] = unsafe {
                         match rows - r {
-                            8.. => &(f.r8)(wrow, std::array::from_fn(a), nb),
-                            4.. => &(f.r4)(wrow, std::array::from_fn(a), nb),
-                            2.. => &(f.r2)(wrow, std::array::from_fn(a), nb),
-                            _ => &[dot(wrow, a(0), nb)],
+                            8.. => &(f.r8)(wrow, a, stride, nb),
+                            4.. => &(f.r4)(wrow, a, stride, nb),
+                            2.. => &(f.r2)(wrow, a, stride, nb),
+                            _ => &[dot(wrow, a, nb)],
                         }
                     };
                     for (i, &v) in got.iter().enumerate() {

@@ -61,6 +61,9 @@ pub(super) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
             DType::Q8_0 => super::rows_fn!(dot32_rows, Q8_0),
             DType::Q4_1 => super::rows_fn!(dot32_rows, Q4_1),
             DType::Q5_1 => super::rows_fn!(dot32_rows, Q5_1),
+            DType::Q4_K => super::rows_fn!(dot_q4k_rows, false),
+            DType::Q5_K => super::rows_fn!(dot_q4k_rows, true),
+            DType::Q6_K => super::rows_fn!(q6k_rows),
             _ => return None,
         })
     }
@@ -185,7 +188,7 @@ mod imp {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn dot32<const F: u8>(w: *const u8, a: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded contract.
-        unsafe { dot32_rows::<F, 1>(w, [a], nb)[0] }
+        unsafe { dot32_rows::<F, 1>(w, a, 0, nb)[0] }
     }
 
     /// [`dot32`] against `R` activation rows at once: each weight block's levels are
@@ -196,7 +199,13 @@ mod imp {
     /// As for [`dot32`], for every row in `a`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    pub unsafe fn dot32_rows<const F: u8, const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
+    pub unsafe fn dot32_rows<const F: u8, const R: usize>(
+        w: *const u8,
+        a: *const u8,
+        stride: usize,
+        nb: usize,
+    ) -> [f32; R] {
+        let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
         let (wb, _, _, off, has_min) = layout(F);
         let (ab, aqs) = if has_min { (36, 4) } else { (34, 2) };
         let offv = _mm512_set1_epi8(off.wrapping_abs()); // 8, 16 or 128 (as unsigned)
@@ -361,11 +370,29 @@ mod imp {
     /// As for [`DotFn`](super::DotFn), on a CPU with the features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
     pub unsafe fn dot_q4k<const Q5: bool>(w: *const u8, a: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded contract.
+        unsafe { dot_q4k_rows::<Q5, 1>(w, a, 0, nb)[0] }
+    }
+
+    /// [`dot_q4k`] against `R` activation rows `stride` bytes apart: each block's levels
+    /// and scales are unpacked once, and each row takes exactly the operations `dot_q4k`
+    /// (`R = 1`) takes, so each result is bit-identical to that row's one-row dot.
+    ///
+    /// # Safety
+    /// As for [`dot_q4k`], for every row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn dot_q4k_rows<const Q5: bool, const R: usize>(
+        w: *const u8,
+        a: *const u8,
+        stride: usize,
+        nb: usize,
+    ) -> [f32; R] {
         let (wb, qs) = if Q5 { (176, 48) } else { (144, 16) };
         const AB: usize = 292;
         let nib = _mm512_set1_epi8(0x0F);
-        let mut accf = _mm512_setzero_ps();
-        let mut accm = _mm256_setzero_ps();
+        let mut accf = [_mm512_setzero_ps(); R];
+        let mut accm = [_mm256_setzero_ps(); R];
         // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted:
         // they never fault).
         unsafe {
@@ -384,7 +411,7 @@ mod imp {
                 0x3830_2820_1810_0800,
             );
             for i in 0..nb {
-                let (wp, ap) = (w.add(i * wb), a.add(i * AB));
+                let wp = w.add(i * wb);
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 128).cast());
@@ -395,11 +422,12 @@ mod imp {
                 } else {
                     _mm512_setzero_si512()
                 };
-                let mut isum = _mm512_setzero_si512();
+                let mut u = [_mm512_setzero_si512(); 4];
+                let mut sc = [_mm512_setzero_si512(); 4];
                 for n in 0..4 {
                     let qz = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(qs + 32 * n).cast()));
                     // Low nibbles in the lower half, high nibbles in the upper half.
-                    let mut u = _mm512_and_si512(_mm512_multishift_epi64_epi8(nibble_shifts, qz), nib);
+                    u[n] = _mm512_and_si512(_mm512_multishift_epi64_epi8(nibble_shifts, qz), nib);
                     if Q5 {
                         let bits = _mm512_mask_blend_epi64(
                             0xF0,
@@ -407,29 +435,59 @@ mod imp {
                             _mm512_set1_epi8((2u8 << (2 * n)) as i8),
                         );
                         let k = _mm512_test_epi8_mask(qhz, bits);
-                        u = _mm512_mask_add_epi8(u, k, u, _mm512_set1_epi8(16));
+                        u[n] = _mm512_mask_add_epi8(u[n], k, u[n], _mm512_set1_epi8(16));
                     }
-                    let y = _mm512_loadu_si512(ap.add(4 + 64 * n).cast());
-                    let p = _mm512_maddubs_epi16(u, y);
-                    isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(idx[n], scz));
+                    sc[n] = _mm512_permutexvar_epi16(idx[n], scz);
                 }
-                let dy = _mm512_set1_ps(ap.cast::<f32>().read());
                 let dm = _mm512_cvtph_ps(_mm256_set1_epi32(wp.cast::<i32>().read_unaligned()));
-                // lanes: even = d·dy, odd = dmin·dy
-                let dd = _mm512_mul_ps(dm, dy);
-                accf =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(_mm512_setzero_si512(), dd), accf);
-                let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
-                let mv = _mm256_madd_epi16(bsums, _mm256_permutexvar_epi16(idx_min, sm));
-                let dmin = _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_set1_epi32(1), dd));
-                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mv), dmin, accm);
+                let mins = _mm256_permutexvar_epi16(idx_min, sm);
+                for r in 0..R {
+                    let ap = a.wrapping_add(r * stride).add(i * AB);
+                    let mut isum = _mm512_setzero_si512();
+                    for n in 0..4 {
+                        let y = _mm512_loadu_si512(ap.add(4 + 64 * n).cast());
+                        let p = _mm512_maddubs_epi16(u[n], y);
+                        isum = _mm512_dpwssd_epi32(isum, p, sc[n]);
+                    }
+                    let dy = _mm512_set1_ps(ap.cast::<f32>().read());
+                    // lanes: even = d·dy, odd = dmin·dy
+                    let dd = _mm512_mul_ps(dm, dy);
+                    accf[r] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(isum),
+                        _mm512_permutexvar_ps(_mm512_setzero_si512(), dd),
+                        accf[r],
+                    );
+                    let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
+                    let mv = _mm256_madd_epi16(bsums, mins);
+                    let dmin = _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_set1_epi32(1), dd));
+                    accm[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mv), dmin, accm[r]);
+                }
             }
         }
-        let m = _mm256_add_ps(accm, _mm256_permute2f128_ps::<1>(accm, accm));
-        let m =
-            _mm_add_ps(_mm256_castps256_ps128(m), _mm_movehl_ps(_mm256_castps256_ps128(m), _mm256_castps256_ps128(m)));
-        let m = _mm_add_ss(m, _mm_shuffle_ps::<1>(m, m));
-        _mm512_reduce_add_ps(accf) - _mm_cvtss_f32(m)
+        let mut out = [0f32; R];
+        for r in 0..R {
+            let m = _mm256_add_ps(accm[r], _mm256_permute2f128_ps::<1>(accm[r], accm[r]));
+            let m = _mm_add_ps(
+                _mm256_castps256_ps128(m),
+                _mm_movehl_ps(_mm256_castps256_ps128(m), _mm256_castps256_ps128(m)),
+            );
+            let m = _mm_add_ss(m, _mm_shuffle_ps::<1>(m, m));
+            out[r] = _mm512_reduce_add_ps(accf[r]) - _mm_cvtss_f32(m);
+        }
+        out
+    }
+
+    /// Q6_K against `R` activation rows `stride` bytes apart ([`tile_q6k`] as 1 × `R`):
+    /// each result bit-identical to that row's [`dot_q6k`].
+    ///
+    /// # Safety
+    /// As for [`dot_q6k`], for every row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn q6k_rows<const R: usize>(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; R] {
+        let mut out = [0f32; R];
+        // SAFETY: forwarded contract; `out` holds `R` values.
+        unsafe { tile_q6k::<1, R>(w, 0, a, stride, nb, out.as_mut_ptr(), 1) };
+        out
     }
 
     /// Q6_K against Q8_K.

@@ -142,7 +142,7 @@ mod imp {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     pub unsafe fn dot_q4_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded contract.
-        unsafe { q4_0_rows::<1>(w, [a], nb)[0] }
+        unsafe { q4_0_rows::<1>(w, a, 0, nb)[0] }
     }
 
     /// Q4_0 against `R` packed rows at once: each weight group is unpacked once, and
@@ -153,7 +153,9 @@ mod imp {
     /// As for [`dot_q4_0`], for every row in `a`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     #[inline]
-    pub unsafe fn q4_0_rows<const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
+    pub unsafe fn q4_0_rows<const R: usize>(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; R] {
+        // SAFETY: the caller's rows, `stride` bytes apart.
+        let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
         const BB: usize = 18;
         let groups = nb / 4;
         let nib = _mm512_set1_epi8(0x0F);
@@ -202,7 +204,7 @@ mod imp {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     pub unsafe fn dot_q8_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded contract.
-        unsafe { q8_0_rows::<1>(w, [a], nb)[0] }
+        unsafe { q8_0_rows::<1>(w, a, 0, nb)[0] }
     }
 
     /// Q8_0 against `R` packed rows at once, as [`q4_0_rows`] does for Q4_0.
@@ -211,7 +213,9 @@ mod imp {
     /// As for [`dot_q8_0`], for every row in `a`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     #[inline]
-    pub unsafe fn q8_0_rows<const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
+    pub unsafe fn q8_0_rows<const R: usize>(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; R] {
+        // SAFETY: the caller's rows, `stride` bytes apart.
+        let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
         const BB: usize = 34;
         let groups = nb / 2;
         let flip = _mm512_set1_epi8(-128);

@@ -27,14 +27,15 @@ use crate::tensor::DType;
 /// the CPU must have the kernel's features.
 pub(crate) type DotFn = unsafe fn(w: *const u8, a: *const u8, nb: usize) -> f32;
 
-/// A weight row's dot products with several activation rows at once (8, 4 or 2), each
-/// bit-identical to the one-row [`DotFn`]'s for that row: the weights are unpacked once
-/// for all of them (decode batches). Safety as for [`DotFn`], for every row.
+/// A weight row's dot products with several activation rows at once (8, 4 or 2; the
+/// rows `stride` bytes apart), each bit-identical to the one-row [`DotFn`]'s for that
+/// row: the weights are unpacked once for all of them (decode batches). Safety as for
+/// [`DotFn`], for every row.
 #[derive(Clone, Copy)]
 pub(crate) struct RowsFn {
-    pub r8: unsafe fn(*const u8, [*const u8; 8], usize) -> [f32; 8],
-    pub r4: unsafe fn(*const u8, [*const u8; 4], usize) -> [f32; 4],
-    pub r2: unsafe fn(*const u8, [*const u8; 2], usize) -> [f32; 2],
+    pub r8: unsafe fn(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; 8],
+    pub r4: unsafe fn(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; 4],
+    pub r2: unsafe fn(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; 2],
 }
 
 /// A [`RowsFn`] from a kernel generic over its row count.
