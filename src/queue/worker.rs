@@ -513,16 +513,20 @@ impl Worker {
         while slot.claimed() + claim > slot.kv_limit && !slot.idle.is_empty() {
             slot.idle.remove(0);
         }
-        // The kept cache that shares the longest prefix with this prompt.
+        // The kept cache that shares the longest prefix with this prompt, when that is
+        // most of what it holds; otherwise a new one, so that a conversation's cache is
+        // not spent on a request that shares only a chat template's first tokens with it
+        // (the oldest kept caches give way when there are too many, see `step`).
         let best = slot
             .idle
             .iter()
             .enumerate()
             .filter(|(_, (c, _))| c.capacity() == ctx)
-            .map(|(n, (_, t))| (n, t.iter().zip(&prompt).take_while(|(a, b)| a == b).count()))
-            .max_by_key(|&(n, common)| (common, n));
+            .map(|(n, (_, t))| (n, t.iter().zip(&prompt).take_while(|(a, b)| a == b).count(), t.len()))
+            .max_by_key(|&(n, common, _)| (common, n))
+            .filter(|&(_, common, held)| 2 * common >= held);
         let (cache, cached) = match best {
-            Some((n, _)) => slot.idle.remove(n),
+            Some((n, _, _)) => slot.idle.remove(n),
             None => (engine.model.new_cache(ctx).map_err(|e| model_error(&job.model, e))?, Vec::new()),
         };
         let req = GenerateRequest {
@@ -534,6 +538,7 @@ impl Worker {
             top_logprobs: job.top_logprobs,
         };
         let seq = Sequence::new(engine, cache, cached, req).map_err(|e| generate_error(&job.model, param, e))?;
+        tracing::debug!(model = %slot.name, prompt = seq.request().prompt.len(), to_run = seq.prompt_left(), "admitted");
         slot.running.push(Running { seq, events: events.clone(), param, admitted, load, kv_claim: claim });
         Ok(true)
     }
@@ -558,10 +563,15 @@ impl Worker {
             let cancelled = || shutting_down.load(Ordering::Relaxed) || senders.iter().all(|e| e.is_closed());
             let engine = &slot.engine;
             let mut seqs: Vec<&mut Sequence> = slot.running.iter_mut().map(|r| &mut r.seq).collect();
+            let started = Instant::now();
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 batch::step(engine, &mut seqs, chunk, &cancelled)
             }));
             drop(seqs);
+            if let Ok(Ok(ran)) = &result {
+                let ms = started.elapsed().as_secs_f64() * 1e3;
+                tracing::debug!(model = %slot.name, sequences = ran, ms, "step");
+            }
             let failure = match result {
                 Ok(Ok(_)) | Ok(Err(ModelError::Cancelled)) => None,
                 Ok(Err(e)) => Some(model_error(&slot.name, e)),
