@@ -19,6 +19,7 @@ import json
 import statistics
 import time
 
+import openai
 from openai import AsyncOpenAI
 
 
@@ -59,7 +60,14 @@ async def one(client, model, prompt, max_tokens):
 
 
 async def run(url, model, ns, max_tokens, rounds):
-    client = AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key="none", timeout=600, max_retries=0)
+    # A fresh connection per request: llama-server closes kept-alive connections after a
+    # few requests, and a reused one it has closed fails the request.
+    import httpx2
+
+    http = openai.DefaultAsyncHttpx2Client(limits=httpx2.Limits(max_keepalive_connections=0))
+    client = AsyncOpenAI(
+        base_url=url.rstrip("/") + "/v1", api_key="none", timeout=600, max_retries=0, http_client=http
+    )
     all_prompts = prompts(max(ns))
     # Solo answers, and a warm-up.
     solo = {}
