@@ -11,6 +11,7 @@
 
 use std::path::PathBuf;
 
+use strata::backend::KvType;
 use strata::engine::batch::{self, Sequence};
 use strata::engine::sampler::SamplingParams;
 use strata::engine::session::{Engine, GenerateRequest, RunOptions, TokenEvent};
@@ -22,8 +23,12 @@ fn root() -> PathBuf {
 }
 
 fn engine(fixture: &str) -> Engine {
+    engine_with(fixture, KvType::F32)
+}
+
+fn engine_with(fixture: &str, kv: KvType) -> Engine {
     let path = root().join("tests/fixtures").join(fixture);
-    let opts = RunOptions { threads: 2, context: 256, ..Default::default() };
+    let opts = RunOptions { threads: 2, context: 256, kv_type: Some(kv), ..Default::default() };
     Engine::load(path.to_str().unwrap(), &opts).unwrap()
 }
 
@@ -106,7 +111,11 @@ fn together(e: &Engine, reqs: &[GenerateRequest], join: &[usize]) -> Vec<Trace> 
 }
 
 fn check(fixture: &str) {
-    let e = engine(fixture);
+    check_with(fixture, KvType::F32)
+}
+
+fn check_with(fixture: &str, kv: KvType) {
+    let e = engine_with(fixture, kv);
     let reqs = requests(e.model.config().vocab_size as u32);
     let solo: Vec<Trace> = reqs.iter().map(|r| alone(&e, r)).collect();
     for t in &solo {
@@ -117,6 +126,31 @@ fn check(fixture: &str) {
         for (i, (b, s)) in batched.iter().zip(&solo).enumerate() {
             assert!(b == s, "{fixture}: request {i} joining at {join:?} differs from its solo run:\n{b:?}\n{s:?}");
         }
+    }
+}
+
+#[test]
+fn f16_and_q8_0_kv_caches_give_each_sequence_what_it_gets_alone() {
+    check_with("gguf/llama3.q4_0.gguf", KvType::F16);
+    check_with("hf/llama3", KvType::Q8_0);
+}
+
+/// A compact KV cache costs only its rounding: on the F32 fixture, log-probs stay close
+/// to the f32 cache's.
+#[test]
+fn compact_kv_caches_stay_close_to_f32() {
+    let reference = engine("hf/llama3");
+    let mut greedy = requests(reference.model.config().vocab_size as u32)[3].clone();
+    greedy.top_logprobs = 0;
+    greedy.sampling = SamplingParams::greedy();
+    let want = alone(&reference, &greedy);
+    for (kv, tol) in [(KvType::F16, 1e-2), (KvType::Q8_0, 5e-2)] {
+        let got = alone(&engine_with("hf/llama3", kv), &greedy);
+        let lp = |t: &Trace| t.0.iter().map(|(_, l, _)| f32::from_bits(*l)).collect::<Vec<_>>();
+        // The first token: the same prompt, only the cache's rounding differs.
+        let (a, b) = (lp(&got)[0], lp(&want)[0]);
+        assert!((a - b).abs() < tol, "{kv:?}: first log-prob {a} vs {b}");
+        assert_ne!(got, want, "{kv:?} changed nothing: is the cache really stored as {kv:?}?");
     }
 }
 

@@ -357,6 +357,7 @@ fn attention_matches_the_cpu_for_prefill_and_split_decode_on<G: Backend>(g: &G) 
             scale: (hd as f32).powf(-0.5),
             sliding_window: window,
             softcap,
+            kv: strata::backend::KvType::F32,
         };
         let (cq, ck, cv) = (c.upload(&q).unwrap(), c.upload(&k).unwrap(), c.upload(&v).unwrap());
         let (gq, gk, gv) = (g.upload(&q).unwrap(), g.upload(&k).unwrap(), g.upload(&v).unwrap());

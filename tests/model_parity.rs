@@ -164,6 +164,9 @@ fn perplexity_cli_matches_transformers_logprobs() {
                 "--tokens-file",
                 tmp.to_str().unwrap(),
                 "--json",
+                // Parity with the reference keeps the KV cache in f32.
+                "--kv-type",
+                "f32",
             ])
             .output()
             .unwrap();

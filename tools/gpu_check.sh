@@ -55,7 +55,7 @@ run() {
     local name
     name=$(basename "$model")
     for dev in cpu cuda:0; do
-      "$bin" perplexity "$model" --tokens-file "$ids" --json --device "$dev" >"$out/ppl-$name-$dev.json" \
+      "$bin" perplexity "$model" --tokens-file "$ids" --json --kv-type f32 --device "$dev" >"$out/ppl-$name-$dev.json" \
         2>"$out/ppl-$name-$dev.err" || failed+=("perplexity $name $dev")
     done
     python3 - "$out/ppl-$name-cpu.json" "$out/ppl-$name-cuda:0.json" "$name" <<'EOF' || failed+=("parity $name")
@@ -75,7 +75,7 @@ EOF
   for model in tests/fixtures/gguf/*moe*.gguf tests/fixtures/gguf/mixtral*.gguf tests/fixtures/hf/*moe*/ tests/fixtures/hf/mixtral/; do
     local name
     name=$(basename "$model")
-    "$bin" perplexity "$model" --tokens-file "$ids" --json --device cuda:0 --memory-budget 0 --expert-cache 25% \
+    "$bin" perplexity "$model" --tokens-file "$ids" --json --kv-type f32 --device cuda:0 --memory-budget 0 --expert-cache 25% \
       >"$out/ppl-$name-cuda-streamed.json" 2>"$out/ppl-$name-cuda-streamed.err" || failed+=("streamed $name")
     python3 - "$out/ppl-$name-cpu.json" "$out/ppl-$name-cuda-streamed.json" "$name" <<'EOF' || failed+=("streamed parity $name")
 import json, sys

@@ -45,7 +45,7 @@ def main():
     failed = []
     for fmt, model in sources.items():
         ref_path = os.path.join(out, f"tiers-{fmt}-resident.json")
-        if sh([strata, "perplexity", model, "--tokens-file", ids, "--json", "--device", device], ref_path):
+        if sh([strata, "perplexity", model, "--tokens-file", ids, "--json", "--kv-type", "f32", "--device", device], ref_path):
             failed.append(f"{fmt} resident")
             continue
         ref = json.load(open(ref_path))
@@ -62,7 +62,7 @@ def main():
                 case = f"{fmt} VRAM {pct}% host {'all' if host else 0}"
                 budget = ["--memory-budget", str(streamable * pct // 100), "--host-budget", str(host)]
                 p = os.path.join(out, f"tiers-{fmt}-{pct}-{host}.json")
-                if sh([strata, "perplexity", model, "--tokens-file", ids, "--json", "--device", device] + budget, p):
+                if sh([strata, "perplexity", model, "--tokens-file", ids, "--json", "--kv-type", "f32", "--device", device] + budget, p):
                     failed.append(case)
                     continue
                 got = json.load(open(p))

@@ -78,7 +78,7 @@ def strata_windows(strata, model, windows):
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
             json.dump(w, f)
             f.flush()
-            got = json.loads(subprocess.run([strata, "perplexity", model, "--tokens-file", f.name, "--json",
+            got = json.loads(subprocess.run([strata, "perplexity", model, "--tokens-file", f.name, "--json", "--kv-type", "f32",
                                              "--device", "cpu"], capture_output=True, text=True, check=True).stdout)
         out.append((np.array(got["logprobs"]), np.array(got["argmax"])))
     return out

@@ -25,7 +25,49 @@ pub struct AttnParams {
     pub sliding_window: Option<usize>,
     /// Scores `s` become `cap * tanh(s / cap)` before the softmax (Gemma 2).
     pub softcap: Option<f32>,
+    /// How the cache stores its keys and values.
+    pub kv: KvType,
 }
+
+/// How a KV cache stores its keys and values (`--kv-type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+pub enum KvType {
+    /// As computed.
+    #[default]
+    #[value(name = "f32")]
+    #[serde(rename = "f32")]
+    F32,
+    /// Half precision: half the memory.
+    #[value(name = "f16")]
+    #[serde(rename = "f16")]
+    F16,
+    /// Blocks of 32 values as 8-bit integers and one f32 scale: 9/32 of the memory.
+    #[value(name = "q8_0")]
+    #[serde(rename = "q8_0")]
+    Q8_0,
+}
+
+impl KvType {
+    /// Values of a cache buffer (f32 slots) one row of `width` keys or values takes.
+    pub fn row_len(self, width: usize) -> usize {
+        match self {
+            KvType::F32 => width,
+            KvType::F16 => width.div_ceil(2),
+            KvType::Q8_0 => width.div_ceil(Q8_BLOCK) * (Q8_BLOCK / 4 + 1),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+}
+
+/// Values per scale in a [`KvType::Q8_0`] row.
+pub const Q8_BLOCK: usize = 32;
 
 /// Which rows of a buffer an indexed op reads or writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,6 +266,31 @@ pub trait Backend: Send + Sync + 'static {
         positions: &[u32],
         freqs: &RopeFreqs,
     ) -> BackendResult<()>;
+    /// Writes the `rows` of `src` (each `width` values) into the KV cache buffer `dst` at
+    /// rows `at..`, stored as `ty` (each row [`KvType::row_len`] buffer values). This
+    /// default stores f32 only; a backend that stores more says so in
+    /// [`kv_types`](Self::kv_types).
+    fn kv_store(
+        &self,
+        src: &Self::Buf,
+        rows: Rows<'_>,
+        width: usize,
+        dst: &mut Self::Buf,
+        at: usize,
+        ty: KvType,
+    ) -> BackendResult<()> {
+        match ty {
+            KvType::F32 => self.copy_rows(src, rows, width, dst, at),
+            other => Err(BackendError::Device {
+                op: "storing the KV cache".into(),
+                msg: format!("{} KV caches are not supported on this device", other.name()),
+            }),
+        }
+    }
+    /// The KV cache types [`kv_store`](Self::kv_store) and `attention` handle.
+    fn kv_types(&self) -> &'static [KvType] {
+        &[KvType::F32]
+    }
     /// Copies the `rows` of `src` (each `row_len` values), in their order, into `dst` at
     /// rows `dst_row..` (a listed selection gathers: the rows a MoE expert was routed).
     fn copy_rows(

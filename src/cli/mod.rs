@@ -137,6 +137,10 @@ pub struct RunOpts {
     #[arg(long = "expert-guess", value_name = "BOOL", num_args = 0..=1, default_value_t = false,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub expert_guess: bool,
+    /// How KV caches store keys and values: `f32`, `f16` (half the memory) or `q8_0`
+    /// (9/32 of it). Default: f16 where the device stores it (the CPU), else f32.
+    #[arg(long = "kv-type", value_enum)]
+    pub kv_type: Option<crate::backend::KvType>,
 }
 
 fn parse_device_arg(s: &str) -> Result<crate::backend::device::DeviceSpec, String> {
@@ -164,6 +168,7 @@ impl RunOpts {
             expert_policy: self.expert_policy,
             expert_loading: self.experts,
             expert_guess: self.expert_guess,
+            kv_type: self.kv_type,
         })
     }
 }

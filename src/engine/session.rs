@@ -6,9 +6,9 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::tokenizer::{TextTokenizer, TokenizerSources};
-use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::device::{DeviceInfo, DeviceSpec};
+use crate::backend::{Backend, KvType};
 use crate::model::config::ModelConfig;
 use crate::model::decoder::DecoderModel;
 use crate::model::{LanguageModel, ModelSource};
@@ -175,7 +175,16 @@ pub struct RunOptions {
     pub expert_loading: ExpertLoading,
     /// Score a speculative guess of each MoE layer's experts.
     pub expert_guess: bool,
+    /// How KV caches store keys and values (`None`: [`DEFAULT_KV_TYPE`] where the
+    /// device stores it, else f32). `RunOptions::default()` asks for f32, as parity with
+    /// a reference needs.
+    pub kv_type: Option<KvType>,
 }
+
+/// How KV caches store keys and values unless told: on SmolLM2 with f32 weights its
+/// log-probs stay within 0.007 of an f32 cache, for half the memory (see
+/// docs/benchmarks.md, "KV cache types").
+pub const DEFAULT_KV_TYPE: KvType = KvType::F16;
 
 impl Default for RunOptions {
     fn default() -> Self {
@@ -191,6 +200,7 @@ impl Default for RunOptions {
             expert_policy: CachePolicy::default(),
             expert_loading: ExpertLoading::Routed,
             expert_guess: false,
+            kv_type: Some(KvType::F32),
         }
     }
 }
@@ -240,7 +250,11 @@ pub fn memory_budget(
         context: context as u64,
         sequences: 1,
         rows: PREFILL_CHUNK.min(context.max(1)) as u64,
-        kv_dtype_bytes: 4,
+        // Bytes per value, rounded up (q8_0 takes 1.125).
+        kv_dtype_bytes: match opts.kv_type.unwrap_or(DEFAULT_KV_TYPE) {
+            KvType::F32 => 4,
+            KvType::F16 | KvType::Q8_0 => 2,
+        },
     };
     let runtime = estimate_runtime_bytes(&shape);
     // Per layer: all its weights, and what the prefetch ring holds of it (a MoE layer's
@@ -379,9 +393,15 @@ fn build_model(
     ) -> anyhow::Result<(Box<dyn LanguageModel>, DeviceInfo)> {
         let host_free = stage.as_ref().map(|_| crate::backend::device::available_memory().unwrap_or(0));
         let mem = Memory { free: be.free_memory(), host_free, device: device.device.clone() };
-        let mut sched = memory_budget(source, &config, context_len, opts, &mem)?;
+        let kv_type = opts.kv_type.unwrap_or(match be.kv_types().contains(&DEFAULT_KV_TYPE) {
+            true => DEFAULT_KV_TYPE,
+            false => KvType::F32,
+        });
+        let mut sched =
+            memory_budget(source, &config, context_len, &RunOptions { kv_type: Some(kv_type), ..opts.clone() }, &mem)?;
         sched.stage = stage;
         let model = DecoderModel::with_options(config, source, be, &sched)
+            .and_then(|m| m.with_kv_type(kv_type))
             .with_context(|| format!("model `{}` on {}", source.name, device.device))?;
         Ok((Box::new(model), device))
     }

@@ -10,7 +10,7 @@ use super::ModelSource;
 use super::config::{Ffn, ModelConfig};
 use super::moe::{self, EachExpert, ExpertSource, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights};
 use super::spec::{self, QkNorm, Role};
-use crate::backend::{AttnParams, Backend, BackendError, RopeFreqs, Rows, TopK, Unary};
+use crate::backend::{AttnParams, Backend, BackendError, KvType, RopeFreqs, Rows, TopK, Unary};
 use crate::sched::expert_policy::ExpertId;
 use crate::sched::experts::{ExpertCache, ExpertOptions, ExpertUnit};
 use crate::sched::{ExpertLoading, LayerTensors, Reservation, SchedError, SchedInfo, SchedOptions, Scheduler};
@@ -120,6 +120,8 @@ pub enum ModelError {
     Backend(#[from] BackendError),
     #[error("a KV cache was passed to a model other than the one that made it")]
     ForeignCache,
+    #[error("{0} KV caches are not supported on this device (--kv-type f32 is)")]
+    UnsupportedKv(&'static str),
 }
 
 /// Activation buffers reused across forward passes (no allocation per token): sized
@@ -204,6 +206,8 @@ pub struct DecoderModel<B: Backend> {
     pub weights_bytes: usize,
     lm_head_bytes: usize,
     workspace: Mutex<Option<Workspace<B>>>,
+    /// How its KV caches store keys and values.
+    kv_type: KvType,
 }
 
 /// A norm weight as the forward pass uses it (Gemma's checkpoints store `w - 1`).
@@ -413,7 +417,17 @@ impl<B: Backend> DecoderModel<B> {
             weights_bytes,
             lm_head_bytes,
             workspace: Mutex::new(None),
+            kv_type: KvType::F32,
         })
+    }
+
+    /// Stores its KV caches as `ty`, when the backend can.
+    pub fn with_kv_type(mut self, ty: KvType) -> Result<Self, ModelError> {
+        if !self.backend.kv_types().contains(&ty) {
+            return Err(ModelError::UnsupportedKv(ty.name()));
+        }
+        self.kv_type = ty;
+        Ok(self)
     }
 
     /// Bytes of the output head (read in full every decode step).
@@ -432,7 +446,7 @@ impl<B: Backend> DecoderModel<B> {
     /// An empty KV cache for up to `capacity` positions; nothing is allocated until a
     /// forward pass (or [`reserve_cache`](Self::reserve_cache)) needs it.
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
-        let width = self.config.n_kv_heads * self.config.head_dim;
+        let width = self.kv_type.row_len(self.config.n_kv_heads * self.config.head_dim);
         let position_bytes = (2 * self.config.n_layers * width * std::mem::size_of::<f32>()) as u64;
         let bufs = KvBufs::<B> { k: Vec::new(), v: Vec::new() };
         let memory = self.layers.reserve(0);
@@ -449,7 +463,7 @@ impl<B: Backend> DecoderModel<B> {
         }
         let grown = (cache.allocated + cache.allocated / 2).max(positions).next_multiple_of(KV_BLOCK);
         let target = grown.min(cache.capacity);
-        let width = self.config.n_kv_heads * self.config.head_dim;
+        let width = self.kv_type.row_len(self.config.n_kv_heads * self.config.head_dim);
         let be = &*self.backend;
         let bufs = cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
         // Charged before the buffers exist, so that a streaming budget makes room first.
@@ -720,8 +734,9 @@ impl<B: Backend> DecoderModel<B> {
                 let n = s.tokens.len();
                 let start_pos = s.cache.len;
                 let cache = s.cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
-                be.copy_rows(k, Rows::Range { start: row0, n }, kv_dim, &mut cache.k[l], start_pos)?;
-                be.copy_rows(v, Rows::Range { start: row0, n }, kv_dim, &mut cache.v[l], start_pos)?;
+                let ty = self.kv_type;
+                be.kv_store(k, Rows::Range { start: row0, n }, kv_dim, &mut cache.k[l], start_pos, ty)?;
+                be.kv_store(v, Rows::Range { start: row0, n }, kv_dim, &mut cache.v[l], start_pos, ty)?;
                 let p = AttnParams {
                     n_heads: c.n_heads,
                     n_kv_heads: c.n_kv_heads,
@@ -730,6 +745,7 @@ impl<B: Backend> DecoderModel<B> {
                     scale: c.attn_scale,
                     sliding_window: c.layers[l].sliding_window,
                     softcap: c.attn_softcap,
+                    kv: self.kv_type,
                 };
                 be.attention(q, row0, n, &cache.k[l], &cache.v[l], &p, attn)?;
                 row0 += n;

@@ -1,11 +1,12 @@
 //! The CPU backend: multithreaded, SIMD where it matters (detected at run time).
 
 pub mod bandwidth;
+mod kv;
 pub mod matmul;
 
 use rayon::prelude::*;
 
-use super::{Activation, AttnParams, Backend, BackendResult, RopeFreqs, Rows, TopK, Unary};
+use super::{Activation, AttnParams, Backend, BackendResult, KvType, RopeFreqs, Rows, TopK, Unary};
 use crate::tensor::HostTensor;
 
 pub struct CpuBackend {
@@ -218,6 +219,30 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn kv_store(
+        &self,
+        src: &Vec<f32>,
+        rows: Rows<'_>,
+        width: usize,
+        dst: &mut Vec<f32>,
+        at: usize,
+        ty: KvType,
+    ) -> BackendResult<()> {
+        if ty == KvType::F32 {
+            return self.copy_rows(src, rows, width, dst, at);
+        }
+        let row_len = ty.row_len(width);
+        for i in 0..rows.len() {
+            let from = &src[rows.get(i) * width..][..width];
+            kv::encode(ty, from, &mut dst[(at + i) * row_len..][..row_len]);
+        }
+        Ok(())
+    }
+
+    fn kv_types(&self) -> &'static [KvType] {
+        &[KvType::F32, KvType::F16, KvType::Q8_0]
+    }
+
     fn attention(
         &self,
         q: &Vec<f32>,
@@ -230,6 +255,21 @@ impl Backend for CpuBackend {
     ) -> BackendResult<()> {
         let hd = p.head_dim;
         let (q_width, kv_width) = (p.n_heads * hd, p.n_kv_heads * hd);
+        if p.kv != KvType::F32 {
+            // A compact cache is decoded once per call, the positions the rows see.
+            let (len, row_len) = (p.start_pos + rows, p.kv.row_len(kv_width));
+            let decode = |c: &[f32]| {
+                let mut out = vec![0.0f32; len * kv_width];
+                let one = |(j, o): (usize, &mut [f32])| kv::decode(p.kv, &c[j * row_len..][..row_len], 0, o);
+                match len * kv_width >= 1 << 16 {
+                    true => self.pool.install(|| out.par_chunks_exact_mut(kv_width).enumerate().for_each(one)),
+                    false => out.chunks_exact_mut(kv_width).enumerate().for_each(one),
+                }
+                out
+            };
+            let (k, v) = (decode(k), decode(v));
+            return self.attention(q, row0, rows, &k, &v, &AttnParams { kv: KvType::F32, ..*p }, out);
+        }
         let group = p.n_heads / p.n_kv_heads;
         let q = &q[row0 * q_width..(row0 + rows) * q_width];
         let out = &mut out[row0 * q_width..(row0 + rows) * q_width];
@@ -374,5 +414,50 @@ mod tests {
         // NEOX pairs (0, 2) at frequency 1; interleaved pairs (0, 1) at frequency 1.
         assert!((neox[0] - (1.0 * c - 3.0 * s)).abs() < 1e-6 && (neox[2] - (3.0 * c + 1.0 * s)).abs() < 1e-6);
         assert!((inter[0] - (1.0 * c - 2.0 * s)).abs() < 1e-6 && (inter[1] - (2.0 * c + 1.0 * s)).abs() < 1e-6);
+    }
+
+    /// Attention over an f16 or Q8_0 cache equals attention over that cache's values
+    /// decoded to f32 (the only loss is the storage rounding).
+    #[test]
+    fn attention_over_a_compact_cache_matches_its_decoded_values() {
+        let be = CpuBackend::new(2);
+        let (n_heads, n_kv, hd, len) = (4, 2, 64, 37);
+        let kvw = n_kv * hd;
+        let val = |i: usize, salt: usize| (((i * 7919 + salt * 104729) % 1000) as f32 / 500.0 - 1.0) * 3.0;
+        let q: Vec<f32> = (0..n_heads * hd).map(|i| val(i, 1)).collect();
+        let k: Vec<f32> = (0..len * kvw).map(|i| val(i, 2)).collect();
+        let v: Vec<f32> = (0..len * kvw).map(|i| val(i, 3)).collect();
+        for ty in [KvType::F16, KvType::Q8_0] {
+            let rl = ty.row_len(kvw);
+            let (mut kc, mut vc) = (vec![0.0f32; len * rl], vec![0.0f32; len * rl]);
+            be.kv_store(&k, Rows::first(len), kvw, &mut kc, 0, ty).unwrap();
+            be.kv_store(&v, Rows::first(len), kvw, &mut vc, 0, ty).unwrap();
+            // The decoded cache, as f32.
+            let decoded = |c: &[f32]| {
+                let mut out = vec![0.0f32; len * kvw];
+                for j in 0..len {
+                    kv::decode(ty, &c[j * rl..][..rl], 0, &mut out[j * kvw..][..kvw]);
+                }
+                out
+            };
+            let (kd, vd) = (decoded(&kc), decoded(&vc));
+            let scale = (hd as f32).powf(-0.5);
+            let p = AttnParams {
+                n_heads,
+                n_kv_heads: n_kv,
+                head_dim: hd,
+                start_pos: len - 1,
+                scale,
+                sliding_window: None,
+                softcap: None,
+                kv: ty,
+            };
+            let (mut got, mut want) = (vec![0.0f32; n_heads * hd], vec![0.0f32; n_heads * hd]);
+            be.attention(&q, 0, 1, &kc, &vc, &p, &mut got).unwrap();
+            be.attention(&q, 0, 1, &kd, &vd, &AttnParams { kv: KvType::F32, ..p }, &mut want).unwrap();
+            assert_eq!(got, want, "{ty:?}");
+            let err = kd.iter().zip(&k).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(err < 3.0 / 127.0, "{ty:?}: rounding {err}");
+        }
     }
 }
