@@ -18,8 +18,14 @@ use strata::engine::session::{Engine, GenerateRequest, RunOptions, TokenEvent};
 
 const CHUNK: usize = 16;
 
+/// The repository: where this was built, or the working directory (a copy elsewhere,
+/// as on the GPU machine `tools/gpu_check.sh run` uses).
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    match built.join("tests/fixtures").exists() {
+        true => built,
+        false => std::env::current_dir().unwrap(),
+    }
 }
 
 fn engine(fixture: &str) -> Engine {
@@ -254,7 +260,7 @@ mod worker {
     use tokio::sync::mpsc::UnboundedReceiver;
 
     fn server(parallel: usize, context: usize, kv_memory: Option<u64>) -> AppState {
-        let model = format!("{}/tests/fixtures/hf/llama3", env!("CARGO_MANIFEST_DIR"));
+        let model = super::root().join("tests/fixtures/hf/llama3").to_string_lossy().into_owned();
         let opts = ServeOptions {
             models: vec![("llama3".into(), model)],
             worker: WorkerConfig {

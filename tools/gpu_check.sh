@@ -22,16 +22,18 @@ cd "$(dirname "$0")/.."
 
 pack() {
   cargo build --release --locked
-  local test_bin
-  test_bin=$(cargo test --release --locked --test cuda_ops --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("executable") and m.get("target", {}).get("name") == "cuda_ops": print(m["executable"])' | tail -1)
   rm -rf gpu-run && mkdir -p gpu-run/bin
   cp target/release/strata gpu-run/bin/strata
-  cp "$test_bin" gpu-run/bin/cuda_ops
-  strip gpu-run/bin/strata gpu-run/bin/cuda_ops
+  local name test_bin
+  for name in cuda_ops batching; do
+    test_bin=$(cargo test --release --locked --test "$name" --no-run --message-format=json 2>/dev/null |
+      NAME=$name python3 -c 'import json,os,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("executable") and m.get("target", {}).get("name") == os.environ["NAME"]: print(m["executable"])' | tail -1)
+    cp "$test_bin" "gpu-run/bin/$name"
+  done
+  strip gpu-run/bin/strata gpu-run/bin/cuda_ops gpu-run/bin/batching
   echo "gpu-run/: $(du -sh gpu-run | cut -f1); carry it (tests/fixtures travel with the tree)"
 }
 
@@ -47,6 +49,9 @@ run() {
   echo "== CUDA ops against the CPU ops"
   STRATA_REQUIRE_GPU=1 "$dir/bin/cuda_ops" --nocapture --test-threads 1 >"$out/cuda_ops.txt" 2>&1 || failed+=(cuda_ops)
   grep -E "test result|panicked" "$out/cuda_ops.txt" | tail -5
+  echo "== batching: each sequence as alone, engines on cuda:0 (docs/gpu.md item 10)"
+  "$dir/bin/batching" --nocapture --test-threads 1 >"$out/batching.txt" 2>&1 || failed+=(batching)
+  grep -E "test result|panicked|differs" "$out/batching.txt" | tail -8
 
   echo "== perplexity, cuda:0 against cpu"
   local ids="$out/ids.json"
