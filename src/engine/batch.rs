@@ -31,7 +31,6 @@ pub struct Sequence {
     /// The token sampled last, which the next step runs.
     pending: Option<u32>,
     finish: Option<FinishReason>,
-    by_stop_string: bool,
     started: Instant,
     prefill: Option<Duration>,
     decode_start: Option<Instant>,
@@ -87,7 +86,6 @@ impl Sequence {
             generated: Vec::new(),
             pending: None,
             finish: None,
-            by_stop_string: false,
             started: Instant::now(),
             prefill: None,
             decode_start: None,
@@ -210,7 +208,6 @@ impl Sequence {
         let text = self.detok.push(&engine.tokenizer, id)?;
         if self.emit(text) {
             self.finish = Some(FinishReason::Stop);
-            self.by_stop_string = true;
             self.stop_clock();
             return Ok(());
         }
