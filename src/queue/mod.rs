@@ -1,7 +1,7 @@
-//! Admission and the worker thread. One worker owns every loaded engine and runs one job
-//! at a time; a bounded FIFO sits in front. A job's events go back on its own channel:
-//! when the receiver is dropped (the client went away), the worker stops that job within
-//! one layer step and moves on.
+//! Admission and the worker thread. One worker owns every loaded engine and batches the
+//! running generations of each model step by step (see [`worker`]); a bounded FIFO sits
+//! in front. A job's events go back on its own channel: when the receiver is dropped (the
+//! client went away), the worker retires that generation at the next step.
 
 pub mod models;
 pub mod worker;
@@ -212,13 +212,13 @@ impl Admission {
         true
     }
 
-    /// The worker took a job.
+    /// The worker took a job (a generation joined the running ones, or other work began).
     pub fn start(&mut self) {
         self.waiting = self.waiting.saturating_sub(1);
         self.running += 1;
     }
 
-    /// The worker finished a job.
+    /// The worker finished a job (a generation retired).
     pub fn finish(&mut self) {
         self.running = self.running.saturating_sub(1);
     }
