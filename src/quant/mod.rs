@@ -285,28 +285,51 @@ fn matmul_on(
             return;
         }
         if let Some(f) = several {
-            // Each weight row meets the activation rows 8, 4 or 2 at a time.
-            for o in cols {
+            // Each weight row meets the activation rows 8, 4 or 2 at a time; where the
+            // format has it, two weight rows meet 8 activation rows at once.
+            let stride = act_row * 4;
+            let put = |r: usize, o: usize, v: f32| {
+                // SAFETY: as in `dot_at`.
+                unsafe { dst.ptr().add(r * m + o).write(v) }
+            };
+            let mut o = cols.start;
+            while o < cols.end {
                 let wrow = bytes[o * row_bytes..].as_ptr();
                 let mut r = 0;
-                while r < rows {
-                    let (a, stride) = (acts[r * act_row..].as_ptr().cast::<u8>(), act_row * 4);
-                    // SAFETY: as in `dot_at`, for each of the rows passed (`act_row` u32s
-                    // apart); `r + n ≤ rows`.
-                    let got: &[f32] = unsafe {
-                        match rows - r {
-                            8.. => &(f.r8)(wrow, a, stride, nb),
-                            4.. => &(f.r4)(wrow, a, stride, nb),
-                            2.. => &(f.r2)(wrow, a, stride, nb),
-                            _ => &[dot(wrow, a, nb)],
+                if let Some(pair) = f.pair8.filter(|_| o + 1 < cols.end) {
+                    while rows - r >= 8 {
+                        let a = acts[r * act_row..].as_ptr().cast::<u8>();
+                        // SAFETY: as in `dot_at`, for weight rows `o`, `o + 1` (inside
+                        // `cols`) and activation rows `r..r + 8`.
+                        let got = unsafe { pair(wrow, row_bytes, a, stride, nb) };
+                        for (j, vals) in got.iter().enumerate() {
+                            vals.iter().enumerate().for_each(|(i, &v)| put(r + i, o + j, v));
                         }
-                    };
-                    for (i, &v) in got.iter().enumerate() {
-                        // SAFETY: as in `dot_at`.
-                        unsafe { dst.ptr().add((r + i) * m + o).write(v) };
+                        r += 8;
                     }
-                    r += got.len();
+                    if r == rows {
+                        o += 2;
+                        continue;
+                    }
+                    // The rows left: weight row `o + 1` from the first of them too.
+                    for oo in [o, o + 1] {
+                        let wrow = bytes[oo * row_bytes..].as_ptr();
+                        let mut rr = r;
+                        while rr < rows {
+                            let (left, at) = (rows - rr, &acts[rr * act_row..]);
+                            // SAFETY: as in `dot_at`, for weight row `oo` and the rows left.
+                            rr += unsafe { several_at(&f, dot, wrow, at, stride, left, nb, |i, v| put(rr + i, oo, v)) };
+                        }
+                    }
+                    o += 2;
+                    continue;
                 }
+                while r < rows {
+                    let (left, at) = (rows - r, &acts[r * act_row..]);
+                    // SAFETY: as in `dot_at`, for weight row `o` and the rows left.
+                    r += unsafe { several_at(&f, dot, wrow, at, stride, left, nb, |i, v| put(r + i, o, v)) };
+                }
+                o += 1;
             }
             return;
         }
@@ -325,6 +348,39 @@ fn matmul_on(
     } else {
         pool.install(|| (0..tasks).into_par_iter().for_each(|t| task(t * chunk..((t + 1) * chunk).min(m))));
     }
+}
+
+/// One weight row against the next 8, 4, 2 or 1 of `left` activation rows (`stride`
+/// bytes apart from `acts`), through `f`'s several-row forms or `dot`; hands each result
+/// to `put` with its row offset and returns how many rows it did.
+///
+/// # Safety
+/// `f` and `dot` are kernels of `wrow`'s format this CPU runs; `wrow` holds `nb` weight
+/// blocks, and `acts` at least `left` activation rows of `nb` blocks `stride` bytes apart,
+/// in the kernels' activation format.
+#[allow(clippy::too_many_arguments, reason = "the kernel call spelled out")]
+unsafe fn several_at(
+    f: &simd::RowsFn,
+    dot: simd::DotFn,
+    wrow: *const u8,
+    acts: &[u32],
+    stride: usize,
+    left: usize,
+    nb: usize,
+    mut put: impl FnMut(usize, f32),
+) -> usize {
+    let a = acts.as_ptr().cast::<u8>();
+    // SAFETY: the caller's contract.
+    let got: &[f32] = unsafe {
+        match left {
+            8.. => &(f.r8)(wrow, a, stride, nb),
+            4.. => &(f.r4)(wrow, a, stride, nb),
+            2.. => &(f.r2)(wrow, a, stride, nb),
+            _ => &[dot(wrow, a, nb)],
+        }
+    };
+    got.iter().enumerate().for_each(|(i, &v)| put(i, v));
+    got.len()
 }
 
 /// The output pointer shared by tasks that write disjoint elements.

@@ -90,7 +90,7 @@ pub(crate) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
     {
         use imp::*;
         match dtype {
-            DType::Q4_0 => Some(super::rows_fn!(q4_0_rows)),
+            DType::Q4_0 => Some(super::RowsFn { pair8: Some(q4_0_tile::<2, 8>), ..super::rows_fn!(q4_0_rows) }),
             DType::Q8_0 => Some(super::rows_fn!(q8_0_rows)),
             _ => None,
         }
@@ -154,43 +154,78 @@ mod imp {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     #[inline]
     pub unsafe fn q4_0_rows<const R: usize>(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; R] {
-        // SAFETY: the caller's rows, `stride` bytes apart.
+        // SAFETY: forwarded contract.
+        unsafe { q4_0_tile::<1, R>(w, 0, a, stride, nb)[0] }
+    }
+
+    /// [`q4_0_rows`] for `W` weight rows `w_stride` bytes apart: each activation group is
+    /// loaded once for all of them, and each (weight row, activation row) pair still
+    /// takes exactly [`dot_q4_0`]'s operations.
+    ///
+    /// # Safety
+    /// As for [`dot_q4_0`], for every weight row and every activation row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
+    #[inline]
+    pub unsafe fn q4_0_tile<const W: usize, const R: usize>(
+        w: *const u8,
+        w_stride: usize,
+        a: *const u8,
+        stride: usize,
+        nb: usize,
+    ) -> [[f32; R]; W] {
         let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
+        let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
         const BB: usize = 18;
         let groups = nb / 4;
         let nib = _mm512_set1_epi8(0x0F);
-        let mut acc = [_mm512_setzero_ps(); R];
-        // SAFETY: loads stay inside the caller's `nb` weight blocks (the second one is
-        // masked to the group's last 8 bytes) and packed rows; prefetches never fault.
+        let mut acc = [[_mm512_setzero_ps(); R]; W];
+        // SAFETY: loads stay inside the caller's `nb` weight blocks of each weight row (the
+        // second one is masked to the group's last 8 bytes) and packed rows; prefetches
+        // never fault.
         unsafe {
             let qidx = _mm512_loadu_si512(Q4_0_IDX.0.as_ptr().cast());
             let didx = _mm512_loadu_si512(Q4_0_IDX.1.as_ptr().cast());
             for g in 0..groups {
-                let wp = w.add(4 * BB * g);
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
-                let v0 = _mm512_loadu_si512(wp.cast());
-                let v1 = _mm512_maskz_loadu_epi8(0xFF, wp.add(64).cast());
-                let q = _mm512_permutex2var_epi8(v0, qidx, v1);
-                let lo = _mm512_and_si512(q, nib);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
-                let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
+                let mut lo = [_mm512_setzero_si512(); W];
+                let mut hi = [_mm512_setzero_si512(); W];
+                let mut dw = [_mm512_setzero_ps(); W];
+                for j in 0..W {
+                    let wp = w[j].add(4 * BB * g);
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
+                    let v0 = _mm512_loadu_si512(wp.cast());
+                    let v1 = _mm512_maskz_loadu_epi8(0xFF, wp.add(64).cast());
+                    let q = _mm512_permutex2var_epi8(v0, qidx, v1);
+                    lo[j] = _mm512_and_si512(q, nib);
+                    hi[j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
+                    dw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
+                }
                 for r in 0..R {
                     let ap = a[r].add(256 * g);
-                    let mut i = _mm512_loadu_si512(ap.add(128).cast());
-                    i = _mm512_dpbusd_epi32(i, lo, _mm512_loadu_si512(ap.cast()));
-                    i = _mm512_dpbusd_epi32(i, hi, _mm512_loadu_si512(ap.add(64).cast()));
-                    let s = _mm512_mul_ps(dw, _mm512_loadu_ps(ap.add(192).cast()));
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[r]);
+                    let (corr, y0, y1) = (
+                        _mm512_loadu_si512(ap.add(128).cast()),
+                        _mm512_loadu_si512(ap.cast()),
+                        _mm512_loadu_si512(ap.add(64).cast()),
+                    );
+                    let da = _mm512_loadu_ps(ap.add(192).cast());
+                    for j in 0..W {
+                        let mut i = corr;
+                        i = _mm512_dpbusd_epi32(i, lo[j], y0);
+                        i = _mm512_dpbusd_epi32(i, hi[j], y1);
+                        let s = _mm512_mul_ps(dw[j], da);
+                        acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[j][r]);
+                    }
                 }
             }
-            let mut out = [0f32; R];
-            for r in 0..R {
-                out[r] = _mm512_reduce_add_ps(acc[r]);
-                if groups * 4 < nb {
-                    // The packed row keeps its last blocks as plain Q8_0 after the groups.
-                    let (wt, at) = (w.add(4 * BB * groups), a[r].add(256 * groups));
-                    out[r] += super::super::avx512::dot_tail(DType::Q4_0, wt, at, nb - 4 * groups);
+            let mut out = [[0f32; R]; W];
+            for j in 0..W {
+                for r in 0..R {
+                    out[j][r] = _mm512_reduce_add_ps(acc[j][r]);
+                    if groups * 4 < nb {
+                        // The packed row keeps its last blocks as plain Q8_0 after the groups.
+                        let (wt, at) = (w[j].add(4 * BB * groups), a[r].add(256 * groups));
+                        out[j][r] += super::super::avx512::dot_tail(DType::Q4_0, wt, at, nb - 4 * groups);
+                    }
                 }
             }
             out

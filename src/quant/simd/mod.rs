@@ -36,15 +36,22 @@ pub(crate) struct RowsFn {
     pub r8: unsafe fn(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; 8],
     pub r4: unsafe fn(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; 4],
     pub r2: unsafe fn(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; 2],
+    /// Two weight rows (`w_stride` bytes apart) against 8 activation rows, where the
+    /// format has it: each activation group is loaded once for both.
+    pub pair8: Option<PairFn>,
 }
+
+/// Two weight rows (`w_stride` bytes apart) against 8 activation rows (`stride` apart).
+pub(crate) type PairFn =
+    unsafe fn(w: *const u8, w_stride: usize, a: *const u8, stride: usize, nb: usize) -> [[f32; 8]; 2];
 
 /// A [`RowsFn`] from a kernel generic over its row count.
 macro_rules! rows_fn {
     ($f:ident) => {
-        $crate::quant::simd::RowsFn { r8: $f::<8>, r4: $f::<4>, r2: $f::<2> }
+        $crate::quant::simd::RowsFn { r8: $f::<8>, r4: $f::<4>, r2: $f::<2>, pair8: None }
     };
     ($f:ident, $fmt:expr) => {
-        $crate::quant::simd::RowsFn { r8: $f::<{ $fmt }, 8>, r4: $f::<{ $fmt }, 4>, r2: $f::<{ $fmt }, 2> }
+        $crate::quant::simd::RowsFn { r8: $f::<{ $fmt }, 8>, r4: $f::<{ $fmt }, 4>, r2: $f::<{ $fmt }, 2>, pair8: None }
     };
 }
 pub(crate) use rows_fn;
