@@ -475,9 +475,9 @@ impl<B: Backend> DecoderModel<B> {
             }
             Ok(buf)
         };
-        let mut next = KvBufs::<B> { k: Vec::with_capacity(self.config.n_layers), v: Vec::new() };
-        next.v.reserve(self.config.n_layers);
-        for l in 0..self.config.n_layers {
+        let n = self.config.n_layers;
+        let mut next = KvBufs::<B> { k: Vec::with_capacity(n), v: Vec::with_capacity(n) };
+        for l in 0..n {
             next.k.push(fresh(bufs.k.get(l))?);
             next.v.push(fresh(bufs.v.get(l))?);
         }

@@ -286,7 +286,7 @@ fn matmul_on(
         }
         if let Some(f) = several {
             // Each weight row meets the activation rows 8, 4 or 2 at a time; where the
-            // format has it, two weight rows meet 8 activation rows at once.
+            // format has it, two weight rows meet them at once.
             let stride = act_row * 4;
             let put = |r: usize, o: usize, v: f32| {
                 // SAFETY: as in `dot_at`.
@@ -296,29 +296,40 @@ fn matmul_on(
             while o < cols.end {
                 let wrow = bytes[o * row_bytes..].as_ptr();
                 let mut r = 0;
-                if let Some(pair) = f.pair8.filter(|_| o + 1 < cols.end) {
-                    while rows - r >= 8 {
+                if let Some(pairs) = f.pairs.filter(|_| o + 1 < cols.end) {
+                    while rows - r >= 2 {
                         let a = acts[r * act_row..].as_ptr().cast::<u8>();
+                        let take = |got: &[&[f32]; 2]| {
+                            for (j, vals) in got.iter().enumerate() {
+                                vals.iter().enumerate().for_each(|(i, &v)| put(r + i, o + j, v));
+                            }
+                            got[0].len()
+                        };
                         // SAFETY: as in `dot_at`, for weight rows `o`, `o + 1` (inside
-                        // `cols`) and activation rows `r..r + 8`.
-                        let got = unsafe { pair(wrow, row_bytes, a, stride, nb) };
-                        for (j, vals) in got.iter().enumerate() {
-                            vals.iter().enumerate().for_each(|(i, &v)| put(r + i, o + j, v));
-                        }
-                        r += 8;
+                        // `cols`) and the activation rows from `r` (as many as remain).
+                        r += unsafe {
+                            match rows - r {
+                                8.. => {
+                                    let [x, y] = (pairs.p8)(wrow, row_bytes, a, stride, nb);
+                                    take(&[&x, &y])
+                                }
+                                4.. => {
+                                    let [x, y] = (pairs.p4)(wrow, row_bytes, a, stride, nb);
+                                    take(&[&x, &y])
+                                }
+                                _ => {
+                                    let [x, y] = (pairs.p2)(wrow, row_bytes, a, stride, nb);
+                                    take(&[&x, &y])
+                                }
+                            }
+                        };
                     }
-                    if r == rows {
-                        o += 2;
-                        continue;
-                    }
-                    // The rows left: weight row `o + 1` from the first of them too.
-                    for oo in [o, o + 1] {
-                        let wrow = bytes[oo * row_bytes..].as_ptr();
-                        let mut rr = r;
-                        while rr < rows {
-                            let (left, at) = (rows - rr, &acts[rr * act_row..]);
-                            // SAFETY: as in `dot_at`, for weight row `oo` and the rows left.
-                            rr += unsafe { several_at(&f, dot, wrow, at, stride, left, nb, |i, v| put(rr + i, oo, v)) };
+                    // A last odd row: each weight row on its own.
+                    if r < rows {
+                        let a = acts[r * act_row..].as_ptr().cast::<u8>();
+                        for oo in [o, o + 1] {
+                            // SAFETY: as in `dot_at`.
+                            put(r, oo, unsafe { dot(bytes[oo * row_bytes..].as_ptr(), a, nb) });
                         }
                     }
                     o += 2;

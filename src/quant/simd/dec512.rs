@@ -90,8 +90,8 @@ pub(crate) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
     {
         use imp::*;
         match dtype {
-            DType::Q4_0 => Some(super::RowsFn { pair8: Some(q4_0_tile::<2, 8>), ..super::rows_fn!(q4_0_rows) }),
-            DType::Q8_0 => Some(super::rows_fn!(q8_0_rows)),
+            DType::Q4_0 => Some(super::RowsFn { pairs: super::pair_fns!(q4_0_tile), ..super::rows_fn!(q4_0_rows) }),
+            DType::Q8_0 => Some(super::RowsFn { pairs: super::pair_fns!(q8_0_tile), ..super::rows_fn!(q8_0_rows) }),
             _ => None,
         }
     }
@@ -143,6 +143,34 @@ mod imp {
     pub unsafe fn dot_q4_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded contract.
         unsafe { q4_0_rows::<1>(w, a, 0, nb)[0] }
+    }
+
+    /// Each accumulator's sum, plus the dot of the blocks left after the whole groups
+    /// (`tail` blocks, at byte `at.0` of each weight row and `at.1` of each packed row).
+    ///
+    /// # Safety
+    /// The tail blocks are readable; a CPU with the features enabled here.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
+    #[inline]
+    unsafe fn finish<const W: usize, const R: usize>(
+        acc: [[__m512; R]; W],
+        dtype: DType,
+        w: [*const u8; W],
+        a: [*const u8; R],
+        at: (usize, usize),
+        tail: usize,
+    ) -> [[f32; R]; W] {
+        let mut out = [[0f32; R]; W];
+        for j in 0..W {
+            for r in 0..R {
+                out[j][r] = _mm512_reduce_add_ps(acc[j][r]);
+                if tail > 0 {
+                    // SAFETY: the caller's contract.
+                    out[j][r] += unsafe { super::super::avx512::dot_tail(dtype, w[j].add(at.0), a[r].add(at.1), tail) };
+                }
+            }
+        }
+        out
     }
 
     /// Q4_0 against `R` packed rows at once: each weight group is unpacked once, and
@@ -217,18 +245,8 @@ mod imp {
                     }
                 }
             }
-            let mut out = [[0f32; R]; W];
-            for j in 0..W {
-                for r in 0..R {
-                    out[j][r] = _mm512_reduce_add_ps(acc[j][r]);
-                    if groups * 4 < nb {
-                        // The packed row keeps its last blocks as plain Q8_0 after the groups.
-                        let (wt, at) = (w[j].add(4 * BB * groups), a[r].add(256 * groups));
-                        out[j][r] += super::super::avx512::dot_tail(DType::Q4_0, wt, at, nb - 4 * groups);
-                    }
-                }
-            }
-            out
+            // The packed row keeps its last blocks as plain Q8_0 after the groups.
+            finish(acc, DType::Q4_0, w, a, (4 * BB * groups, 256 * groups), nb - 4 * groups)
         }
     }
 
@@ -249,41 +267,61 @@ mod imp {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     #[inline]
     pub unsafe fn q8_0_rows<const R: usize>(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; R] {
-        // SAFETY: the caller's rows, `stride` bytes apart.
+        // SAFETY: forwarded contract.
+        unsafe { q8_0_tile::<1, R>(w, 0, a, stride, nb)[0] }
+    }
+
+    /// [`q8_0_rows`] for `W` weight rows `w_stride` bytes apart, as [`q4_0_tile`] is for
+    /// Q4_0.
+    ///
+    /// # Safety
+    /// As for [`dot_q8_0`], for every weight row and every activation row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
+    #[inline]
+    pub unsafe fn q8_0_tile<const W: usize, const R: usize>(
+        w: *const u8,
+        w_stride: usize,
+        a: *const u8,
+        stride: usize,
+        nb: usize,
+    ) -> [[f32; R]; W] {
         let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
+        let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
         const BB: usize = 34;
         let groups = nb / 2;
         let flip = _mm512_set1_epi8(-128);
-        let mut acc = [_mm512_setzero_ps(); R];
-        // SAFETY: as in `q4_0_rows` (the masked load covers the pair's last 4 bytes).
+        let mut acc = [[_mm512_setzero_ps(); R]; W];
+        // SAFETY: as in `q4_0_tile` (the masked load covers the pair's last 4 bytes).
         unsafe {
             let qidx = _mm512_loadu_si512(Q8_0_IDX.0.as_ptr().cast());
             let didx = _mm512_loadu_si512(Q8_0_IDX.1.as_ptr().cast());
             for g in 0..groups {
-                let wp = w.add(2 * BB * g);
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
-                let v0 = _mm512_loadu_si512(wp.cast());
-                let v1 = _mm512_maskz_loadu_epi8(0x0F, wp.add(64).cast());
-                let u = _mm512_xor_si512(_mm512_permutex2var_epi8(v0, qidx, v1), flip);
-                let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
+                let mut u = [_mm512_setzero_si512(); W];
+                let mut dw = [_mm512_setzero_ps(); W];
+                for j in 0..W {
+                    let wp = w[j].add(2 * BB * g);
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
+                    let v0 = _mm512_loadu_si512(wp.cast());
+                    let v1 = _mm512_maskz_loadu_epi8(0x0F, wp.add(64).cast());
+                    u[j] = _mm512_xor_si512(_mm512_permutex2var_epi8(v0, qidx, v1), flip);
+                    dw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
+                }
                 for r in 0..R {
                     let ap = a[r].add(192 * g);
-                    let i =
-                        _mm512_dpbusd_epi32(_mm512_loadu_si512(ap.add(64).cast()), u, _mm512_loadu_si512(ap.cast()));
-                    let s = _mm512_mul_ps(dw, _mm512_loadu_ps(ap.add(128).cast()));
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[r]);
+                    let (corr, y, da) = (
+                        _mm512_loadu_si512(ap.add(64).cast()),
+                        _mm512_loadu_si512(ap.cast()),
+                        _mm512_loadu_ps(ap.add(128).cast()),
+                    );
+                    for j in 0..W {
+                        let i = _mm512_dpbusd_epi32(corr, u[j], y);
+                        let s = _mm512_mul_ps(dw[j], da);
+                        acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[j][r]);
+                    }
                 }
             }
-            let mut out = [0f32; R];
-            for r in 0..R {
-                out[r] = _mm512_reduce_add_ps(acc[r]);
-                if groups * 2 < nb {
-                    let (wt, at) = (w.add(2 * BB * groups), a[r].add(192 * groups));
-                    out[r] += super::super::avx512::dot_tail(DType::Q8_0, wt, at, nb - 2 * groups);
-                }
-            }
-            out
+            finish(acc, DType::Q8_0, w, a, (2 * BB * groups, 192 * groups), nb - 2 * groups)
         }
     }
 }

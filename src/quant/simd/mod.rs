@@ -36,22 +36,38 @@ pub(crate) struct RowsFn {
     pub r8: unsafe fn(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; 8],
     pub r4: unsafe fn(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; 4],
     pub r2: unsafe fn(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; 2],
-    /// Two weight rows (`w_stride` bytes apart) against 8 activation rows, where the
-    /// format has it: each activation group is loaded once for both.
-    pub pair8: Option<PairFn>,
+    /// Two weight rows (`w_stride` bytes apart) against 8, 4 or 2 activation rows, where
+    /// the format has them: each activation group is loaded once for both.
+    pub pairs: Option<PairFns>,
 }
 
-/// Two weight rows (`w_stride` bytes apart) against 8 activation rows (`stride` apart).
-pub(crate) type PairFn =
-    unsafe fn(w: *const u8, w_stride: usize, a: *const u8, stride: usize, nb: usize) -> [[f32; 8]; 2];
+/// Two weight rows (`w_stride` bytes apart) against `N` activation rows (`stride`
+/// apart), each result bit-identical to its one-row dot.
+pub(crate) type PairFn<const N: usize> =
+    unsafe fn(w: *const u8, w_stride: usize, a: *const u8, stride: usize, nb: usize) -> [[f32; N]; 2];
+
+#[derive(Clone, Copy)]
+pub(crate) struct PairFns {
+    pub p8: PairFn<8>,
+    pub p4: PairFn<4>,
+    pub p2: PairFn<2>,
+}
+
+/// The [`PairFns`] of a kernel generic over its weight and activation row counts.
+macro_rules! pair_fns {
+    ($f:ident) => {
+        Some($crate::quant::simd::PairFns { p8: $f::<2, 8>, p4: $f::<2, 4>, p2: $f::<2, 2> })
+    };
+}
+pub(crate) use pair_fns;
 
 /// A [`RowsFn`] from a kernel generic over its row count.
 macro_rules! rows_fn {
     ($f:ident) => {
-        $crate::quant::simd::RowsFn { r8: $f::<8>, r4: $f::<4>, r2: $f::<2>, pair8: None }
+        $crate::quant::simd::RowsFn { r8: $f::<8>, r4: $f::<4>, r2: $f::<2>, pairs: None }
     };
     ($f:ident, $fmt:expr) => {
-        $crate::quant::simd::RowsFn { r8: $f::<{ $fmt }, 8>, r4: $f::<{ $fmt }, 4>, r2: $f::<{ $fmt }, 2>, pair8: None }
+        $crate::quant::simd::RowsFn { r8: $f::<{ $fmt }, 8>, r4: $f::<{ $fmt }, 4>, r2: $f::<{ $fmt }, 2>, pairs: None }
     };
 }
 pub(crate) use rows_fn;
