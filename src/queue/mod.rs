@@ -218,6 +218,12 @@ impl Admission {
         self.running += 1;
     }
 
+    /// A job the worker took goes back to the front of the queue.
+    pub fn wait_again(&mut self) {
+        self.running = self.running.saturating_sub(1);
+        self.waiting += 1;
+    }
+
     /// The worker finished a job (a generation retired).
     pub fn finish(&mut self) {
         self.running = self.running.saturating_sub(1);

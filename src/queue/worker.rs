@@ -136,6 +136,17 @@ struct Worker {
     admission: Arc<Mutex<Admission>>,
 }
 
+/// What starting a job came to.
+enum Began {
+    /// A generation joined the running ones.
+    Running,
+    /// The job finished (answered, or failed and was answered).
+    Done,
+    /// A generation whose claim on KV memory, known once its prompt is tokenized, does
+    /// not fit beside the running ones: it waits.
+    Wait(GenerateJob),
+}
+
 /// Whether a waiting job could start.
 enum Admit {
     /// It started (or finished, or failed and was answered).
@@ -242,7 +253,7 @@ impl Worker {
             let job = self.waiting.pop_front().expect("a waiting job");
             self.admission.lock().expect("admission lock").start();
             changed = true;
-            let mut running = false;
+            let mut began = Began::Done;
             if gone {
                 // The client left while the job waited.
             } else if shutting_down {
@@ -251,16 +262,20 @@ impl Worker {
                 let Job { work, events, admitted } = job;
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match work {
                     Work::Generate(g) => self.start_generation(g, &events, admitted),
-                    other => self.dispatch(other, &events, admitted).map(|()| false),
+                    other => self.dispatch(other, &events, admitted).map(|()| Began::Done),
                 }));
-                match result.unwrap_or_else(|p| Err(JobError::Internal(panic_message(&*p)))) {
-                    Ok(started) => running = started,
-                    Err(e) => {
-                        let _ = events.send(Event::Error(e));
-                    }
+                began = result.unwrap_or_else(|p| Err(JobError::Internal(panic_message(&*p)))).unwrap_or_else(|e| {
+                    let _ = events.send(Event::Error(e));
+                    Began::Done
+                });
+                if let Began::Wait(g) = began {
+                    // Its prompt needs more KV memory than is free now: first in line again.
+                    self.waiting.push_front(Job { work: Work::Generate(g), events, admitted });
+                    self.admission.lock().expect("admission lock").wait_again();
+                    break;
                 }
             }
-            if !running {
+            if matches!(began, Began::Done) {
                 self.admission.lock().expect("admission lock").finish();
             }
         }
@@ -450,14 +465,14 @@ impl Worker {
         *self.status.loaded.lock().expect("status lock") = list;
     }
 
-    /// Validates a generation and adds it to its model's running sequences; `Ok(false)`
-    /// when it finished at once (nothing to generate).
+    /// Validates a generation and adds it to its model's running sequences, or hands it
+    /// back when its KV claim does not fit beside theirs yet.
     fn start_generation(
         &mut self,
         job: GenerateJob,
         events: &tokio::sync::mpsc::UnboundedSender<Event>,
         admitted: Instant,
-    ) -> Result<bool, JobError> {
+    ) -> Result<Began, JobError> {
         let load_start = Instant::now();
         let i = self.slot(&job.model)?;
         let load = load_start.elapsed();
@@ -509,6 +524,11 @@ impl Worker {
                 ),
             ));
         }
+        // `ready_to_run` could count only its token limit: with the prompt, it may have to
+        // wait for running sequences to finish.
+        if slot.running.iter().map(|r| r.kv_claim).sum::<u64>() + claim > slot.kv_limit {
+            return Ok(Began::Wait(job));
+        }
         // Room for it: caches kept for reuse give way, least recently used first.
         while slot.claimed() + claim > slot.kv_limit && !slot.idle.is_empty() {
             slot.idle.remove(0);
@@ -540,7 +560,7 @@ impl Worker {
         let seq = Sequence::new(engine, cache, cached, req).map_err(|e| generate_error(&job.model, param, e))?;
         tracing::debug!(model = %slot.name, prompt = seq.request().prompt.len(), to_run = seq.prompt_left(), "admitted");
         slot.running.push(Running { seq, events: events.clone(), param, admitted, load, kv_claim: claim });
-        Ok(true)
+        Ok(Began::Running)
     }
 
     /// One forward pass over each model's running sequences; then their events go out
