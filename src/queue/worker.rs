@@ -144,7 +144,7 @@ enum Began {
     Done,
     /// A generation whose claim on KV memory, known once its prompt is tokenized, does
     /// not fit beside the running ones: it waits.
-    Wait(GenerateJob),
+    Wait(Box<GenerateJob>),
 }
 
 /// Whether a waiting job could start.
@@ -270,7 +270,7 @@ impl Worker {
                 });
                 if let Began::Wait(g) = began {
                     // Its prompt needs more KV memory than is free now: first in line again.
-                    self.waiting.push_front(Job { work: Work::Generate(g), events, admitted });
+                    self.waiting.push_front(Job { work: Work::Generate(*g), events, admitted });
                     self.admission.lock().expect("admission lock").wait_again();
                     break;
                 }
@@ -527,7 +527,7 @@ impl Worker {
         // `ready_to_run` could count only its token limit: with the prompt, it may have to
         // wait for running sequences to finish.
         if slot.running.iter().map(|r| r.kv_claim).sum::<u64>() + claim > slot.kv_limit {
-            return Ok(Began::Wait(job));
+            return Ok(Began::Wait(Box::new(job)));
         }
         // Room for it: caches kept for reuse give way, least recently used first.
         while slot.claimed() + claim > slot.kv_limit && !slot.idle.is_empty() {
