@@ -145,12 +145,12 @@ fn same_seed_same_tokens_and_another_seed_differs() {
 #[test]
 fn chat_turns_reuse_the_cache_without_changing_the_answer() {
     let (e, _) = load("llama3");
-    let mut messages = vec![ChatMessage { role: "user".into(), content: "Tell me about rivers.".into() }];
+    let mut messages = vec![ChatMessage::new("user", "Tell me about rivers.")];
     let mut session = Session::new(&e).unwrap();
     let first = e.tokenizer.encode_chat(&messages, true).unwrap();
     let (reply, _, _) = run(&e, &mut session, &greedy(&first, 6, vec![]));
-    messages.push(ChatMessage { role: "assistant".into(), content: reply });
-    messages.push(ChatMessage { role: "user".into(), content: "And lakes?".into() });
+    messages.push(ChatMessage::new("assistant", reply));
+    messages.push(ChatMessage::new("user", "And lakes?"));
     let second = e.tokenizer.encode_chat(&messages, true).unwrap();
     assert!(second.starts_with(&first[..first.len() - 1]));
     let reused = run(&e, &mut session, &greedy(&second, 8, vec![]));

@@ -117,10 +117,10 @@ pub fn main(args: RunArgs) -> anyhow::Result<()> {
     let mut session = Session::new(&engine)?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
-        messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+        messages.push(ChatMessage::new("system", system.clone()));
     }
     if let Some(prompt) = &args.prompt {
-        messages.push(ChatMessage { role: "user".into(), content: prompt.clone() });
+        messages.push(ChatMessage::new("user", prompt.clone()));
         answer(&engine, &mut session, &args, &messages)?;
         return Ok(());
     }
@@ -152,9 +152,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<()> {
             }
             _ => {}
         }
-        messages.push(ChatMessage { role: "user".into(), content: line });
+        messages.push(ChatMessage::new("user", line));
         let reply = answer(&engine, &mut session, &args, &messages)?;
-        messages.push(ChatMessage { role: "assistant".into(), content: reply });
+        messages.push(ChatMessage::new("assistant", reply));
     }
     Ok(())
 }

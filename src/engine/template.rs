@@ -21,17 +21,62 @@ use serde::{Deserialize, Serialize};
 
 use super::tokenizer::TextError;
 
-/// One chat message as the template sees it: `{"role": ..., "content": ...}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One chat message as the template sees it: `{"role": ..., "content": ..., ...}`.
+///
+/// `fields` holds the message's other keys in the order given (`tool_calls`,
+/// `tool_call_id`, `name`, `reasoning_content`, ...); templates see them after `role` and
+/// `content`, as transformers passes the caller's dict.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), fields: serde_json::Map::new() }
     }
+
+    /// Adds another key (`tool_calls`, `tool_call_id`, `name`, `reasoning_content`, ...).
+    pub fn with_field(mut self, key: &str, value: serde_json::Value) -> Self {
+        self.fields.insert(key.to_string(), value);
+        self
+    }
+
+    /// The message as a JSON object: `role`, `content`, then `fields` in order.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::with_capacity(2 + self.fields.len());
+        m.insert("role".into(), self.role.clone().into());
+        m.insert("content".into(), self.content.clone().into());
+        for (k, v) in &self.fields {
+            if k != "role" && k != "content" {
+                m.insert(k.clone(), v.clone());
+            }
+        }
+        serde_json::Value::Object(m)
+    }
+}
+
+/// The keys transformers reads a message's reasoning from, in the order it tries them.
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+
+/// transformers' reasoning aliasing: a message with reasoning under any of
+/// [`REASONING_FIELDS`] gets it as `thinking` (first, unless already there; gpt-oss
+/// templates read that) and as `reasoning_content` (Qwen's name).
+fn alias_reasoning(message: &serde_json::Value) -> serde_json::Value {
+    let serde_json::Value::Object(m) = message else { return message.clone() };
+    let Some(reasoning) = REASONING_FIELDS.iter().find_map(|k| m.get(*k).filter(|v| !v.is_null())) else {
+        return message.clone();
+    };
+    let mut out = serde_json::Map::with_capacity(m.len() + 2);
+    out.insert("thinking".into(), reasoning.clone());
+    for (k, v) in m {
+        out.insert(k.clone(), v.clone());
+    }
+    out.insert("reasoning_content".into(), reasoning.clone());
+    serde_json::Value::Object(out)
 }
 
 /// Name the template is stored under inside its environment (no `.html`: no autoescape).
@@ -89,6 +134,7 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson_filter);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_test("iterable", is_iterable);
 
         let source = strip_generation_tags(source);
         env.add_template_owned(TEMPLATE_NAME, source.clone()).map_err(|e| TextError::TemplateSyntax(describe(&e)))?;
@@ -129,6 +175,19 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, TextError> {
+        let messages: Vec<serde_json::Value> = messages.iter().map(ChatMessage::to_json).collect();
+        self.render_json(&messages, add_generation_prompt, extra)
+    }
+
+    /// Renders messages given as JSON objects, exactly as transformers'
+    /// `apply_chat_template` passes the caller's dicts (a `null` content stays `None`),
+    /// after its reasoning aliasing ([`REASONING_FIELDS`]).
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TextError> {
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         for (k, v) in &self.special_tokens {
             ctx.insert(k.clone(), Value::from(v.as_str()));
@@ -138,15 +197,7 @@ impl ChatTemplate {
         for (k, v) in extra {
             ctx.insert(k.clone(), json_to_value(v, 0)?);
         }
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from_pairs([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ])
-            })
-            .collect();
+        let messages = messages.iter().map(|m| json_to_value(&alias_reasoning(m), 1)).collect::<Result<Vec<_>, _>>()?;
         ctx.insert("messages".into(), Value::from(messages));
         ctx.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
 
@@ -155,6 +206,14 @@ impl ChatTemplate {
             Some(msg) => TextError::TemplateRaised(msg),
             None => TextError::TemplateRender(describe(&e)),
         })
+    }
+
+    /// Pins `strftime_now` to a moment (Unix seconds, UTC), for reproducible renders.
+    pub fn with_fixed_now(mut self, unix_seconds: i64) -> Self {
+        self.env.add_function("strftime_now", move |state: &State, format: String| {
+            strftime_at(state, Value::from(unix_seconds as f64), format)
+        });
+        self
     }
 }
 
@@ -190,12 +249,23 @@ fn raise_exception(message: Value) -> Result<Value, Error> {
 
 /// `strftime_now(fmt)`: the current time (UTC) formatted with a strftime pattern.
 fn strftime_now(state: &State, format: String) -> Result<String, Error> {
+    strftime_at(state, minijinja_contrib::globals::now(), format)
+}
+
+fn strftime_at(state: &State, time: Value, format: String) -> Result<String, Error> {
     // datetimeformat treats a few names as presets; Python would print them literally.
     if matches!(format.as_str(), "short" | "medium" | "long" | "full" | "iso" | "unix") {
         return Ok(format);
     }
     let kwargs = Kwargs::from_iter([("format", Value::from(format))]);
-    minijinja_contrib::filters::datetimeformat(state, minijinja_contrib::globals::now(), kwargs)
+    minijinja_contrib::filters::datetimeformat(state, time, kwargs)
+}
+
+/// jinja2's `iterable` test: whether `iter(value)` works. minijinja would also call none
+/// and undefined iterable (they iterate as empty), which breaks the common guard
+/// `tools is iterable and tools | length > 0` when there are no tools.
+fn is_iterable(value: &Value) -> bool {
+    !matches!(value.kind(), ValueKind::None | ValueKind::Undefined) && value.try_iter().is_ok()
 }
 
 /// Removes transformers' `{% generation %}` / `{% endgeneration %}` markers (its
