@@ -87,5 +87,113 @@ fn templates_render_as_transformers_does() {
         }
     }
     eprintln!("{compared} renders compared over {} templates", templates.len());
+    // The tool-call format read from each real template.
+    use strata::engine::toolcall::ToolFormat;
+    for (name, want) in [
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", ToolFormat::Hermes),
+        ("Qwen-Qwen3-0.6B.jinja", ToolFormat::Hermes),
+        ("Qwen-QwQ-32B.jinja", ToolFormat::Hermes),
+        ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", ToolFormat::Hermes),
+        ("ibm-granite-granite-4.0.jinja", ToolFormat::Hermes),
+        ("Qwen3-Coder.jinja", ToolFormat::QwenXml),
+        ("Qwen3.5-4B.jinja", ToolFormat::QwenXml),
+        ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", ToolFormat::QwenXml),
+        ("meta-llama-Llama-3.1-8B-Instruct.jinja", ToolFormat::Llama3),
+        ("meta-llama-Llama-3.2-3B-Instruct.jinja", ToolFormat::Llama3),
+        ("meta-llama-Llama-3.3-70B-Instruct.jinja", ToolFormat::Llama3),
+        ("mistralai-Mistral-Nemo-Instruct-2407.jinja", ToolFormat::Mistral),
+        ("Mistral-Small-3.2-24B-Instruct-2506.jinja", ToolFormat::Mistral),
+        ("unsloth-mistral-Devstral-Small-2507.jinja", ToolFormat::Mistral),
+        ("google-gemma-2-2b-it.jinja", ToolFormat::Generic),
+    ] {
+        let source = std::fs::read_to_string(dir.join(name)).unwrap();
+        assert_eq!(ToolFormat::detect(&source), want, "{name}");
+    }
     assert!(failures.is_empty(), "{} of {compared} renders differ:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The tool calls that transformers rendered into assistant turns (the fixture's
+/// `two_calls_empty_content` and `tool_round_trip` conversations) parse back into the
+/// same calls, in the format detected from each template: the real output shapes.
+#[test]
+fn rendered_tool_calls_parse_back() {
+    use strata::engine::toolcall::{ToolCallParser, ToolEvent, ToolFormat};
+    let fixture: Value = serde_json::from_str(FIXTURE).unwrap();
+    let paris = serde_json::json!({"city": "Paris", "unit": "celsius"});
+    let rome = serde_json::json!({"city": "Rome"});
+    let two = "two_calls_empty_content";
+    let chatml = ("Paris and Rome?<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>");
+    let cases: [(&str, &str, (&str, &str), ToolFormat, Vec<&Value>); 9] = [
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", two, chatml, ToolFormat::Hermes, vec![&paris, &rome]),
+        ("Qwen-Qwen3-0.6B.jinja", two, chatml, ToolFormat::Hermes, vec![&paris, &rome]),
+        ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", two, chatml, ToolFormat::Hermes, vec![&paris, &rome]),
+        ("Qwen3-Coder.jinja", two, chatml, ToolFormat::QwenXml, vec![&paris, &rome]),
+        (
+            "ibm-granite-granite-4.0.jinja",
+            two,
+            ("Paris and Rome?<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>", "<|end_of_text|>"),
+            ToolFormat::Hermes,
+            vec![&paris, &rome],
+        ),
+        (
+            "meta-llama-Llama-3.1-8B-Instruct.jinja",
+            "tool_round_trip",
+            ("in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
+            ToolFormat::Llama3,
+            vec![&paris],
+        ),
+        (
+            "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+            two,
+            ("Paris and Rome?[/INST]", "</s>"),
+            ToolFormat::Mistral,
+            vec![&paris, &rome],
+        ),
+        (
+            "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+            two,
+            ("Paris and Rome?[/INST]", "</s>"),
+            ToolFormat::Mistral,
+            vec![&paris, &rome],
+        ),
+        (
+            "unsloth-mistral-Devstral-Small-2507.jinja",
+            two,
+            ("Paris and Rome?[/INST]", "</s>"),
+            ToolFormat::Mistral,
+            vec![&paris, &rome],
+        ),
+    ];
+    for (name, case, (after, before), format, want) in cases {
+        let text =
+            fixture["templates"][name]["renders"][case]["text"].as_str().unwrap_or_else(|| panic!("{name} {case}"));
+        let start = text.find(after).unwrap_or_else(|| panic!("{name}: no {after:?}")) + after.len();
+        let end = start + text[start..].find(before).unwrap();
+        let reply = &text[start..end];
+        let mut parser = ToolCallParser::new(format, &[], 1);
+        let mut events = Vec::new();
+        for ch in reply.chars() {
+            events.extend(parser.push(&ch.to_string()));
+        }
+        events.extend(parser.finish());
+        let calls: Vec<Value> = events
+            .iter()
+            .filter_map(|e| match e {
+                ToolEvent::End { call, .. } => {
+                    assert_eq!(call.name, "get_weather", "{name}");
+                    Some(serde_json::from_str(&call.arguments).unwrap())
+                }
+                _ => None,
+            })
+            .collect();
+        let content: String = events
+            .iter()
+            .filter_map(|e| match e {
+                ToolEvent::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls.iter().collect::<Vec<_>>(), want, "{name}: calls parsed from {reply:?}");
+        assert!(content.trim().is_empty(), "{name}: content {content:?}");
+    }
 }

@@ -8,3 +8,4 @@ pub mod session;
 pub mod stop;
 pub mod template;
 pub mod tokenizer;
+pub mod toolcall;

@@ -1,0 +1,189 @@
+use super::*;
+use serde_json::json;
+
+fn tools() -> Vec<Value> {
+    vec![json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"type": "string"}}}}})]
+}
+
+/// Feeds `text` in pieces of `step` bytes (on char boundaries) and collects the events.
+fn run(format: ToolFormat, text: &str, step: usize) -> Vec<ToolEvent> {
+    let mut p = ToolCallParser::new(format, &tools(), 7);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < text.len() {
+        let mut j = (i + step).min(text.len());
+        while !text.is_char_boundary(j) {
+            j += 1;
+        }
+        out.extend(p.push(&text[i..j]));
+        i = j;
+    }
+    out.extend(p.finish());
+    out
+}
+
+/// Content text and whole calls (name, parsed arguments) from events, checking that the
+/// streamed fragments add up to each call's arguments and that Begin comes first.
+fn settle(events: &[ToolEvent]) -> (String, Vec<(String, Value)>) {
+    let mut text = String::new();
+    let mut streamed: Vec<(String, String)> = Vec::new();
+    let mut calls = Vec::new();
+    for e in events {
+        match e {
+            ToolEvent::Text(t) => text.push_str(t),
+            ToolEvent::Begin { index, name, id } => {
+                assert_eq!(*index, streamed.len());
+                assert!(!id.is_empty());
+                streamed.push((name.clone(), String::new()));
+            }
+            ToolEvent::Args { index, fragment } => streamed[*index].1.push_str(fragment),
+            ToolEvent::End { index, call } => {
+                assert_eq!(streamed[*index].1, call.arguments, "fragments add up to the arguments");
+                assert_eq!(streamed[*index].0, call.name);
+                calls.push((call.name.clone(), serde_json::from_str(&call.arguments).unwrap()));
+            }
+        }
+    }
+    assert_eq!(calls.len(), streamed.len(), "every begun call ended");
+    (text, calls)
+}
+
+fn check(format: ToolFormat, text: &str, want_text: &str, want: &[(&str, Value)]) {
+    for step in [1, 2, 3, 5, 8, 1000] {
+        let events = run(format, text, step);
+        let (got_text, calls) = settle(&events);
+        assert_eq!(got_text, want_text, "{format:?} step {step}: content");
+        let want: Vec<(String, Value)> = want.iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
+        assert_eq!(calls, want, "{format:?} step {step}: calls");
+    }
+}
+
+#[test]
+fn detects_formats_from_real_template_fragments() {
+    assert_eq!(
+        ToolFormat::detect(
+            "<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>"
+        ),
+        ToolFormat::Hermes
+    );
+    assert_eq!(
+        ToolFormat::detect("<tool_call>\n<function=' + tool_call.name + '>\n<parameter=' + k"),
+        ToolFormat::QwenXml
+    );
+    assert_eq!(ToolFormat::detect("{{- '[TOOL_CALLS]' }}"), ToolFormat::Mistral);
+    assert_eq!(
+        ToolFormat::detect(
+            "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name"
+        ),
+        ToolFormat::Llama3
+    );
+    assert_eq!(ToolFormat::detect("{% for m in messages %}{{ m.content }}{% endfor %}"), ToolFormat::Generic);
+}
+
+#[test]
+fn hermes_calls_stream_with_text_around() {
+    let out = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
+    check(
+        ToolFormat::Hermes,
+        out,
+        "Let me check.\n\n",
+        &[("get_weather", json!({"city": "Paris", "days": 2})), ("get_weather", json!({"city": "Rome"}))],
+    );
+    // Plain text with a `<` that is not a call passes through whole.
+    check(ToolFormat::Hermes, "a < b and <tool> stays", "a < b and <tool> stays", &[]);
+    // A broken call is content.
+    check(ToolFormat::Hermes, "<tool_call>\nnot json\n</tool_call>", "<tool_call>\nnot json\n</tool_call>", &[]);
+    // Cut off at the end of the call, before the end tag: the call stands.
+    check(
+        ToolFormat::Hermes,
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}",
+        "",
+        &[("get_weather", json!({}))],
+    );
+}
+
+#[test]
+fn hermes_arguments_stream_before_the_call_ends() {
+    let mut p = ToolCallParser::new(ToolFormat::Hermes, &tools(), 1);
+    let mut ev = p.push("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa");
+    assert!(matches!(&ev[0], ToolEvent::Begin { index: 0, name, .. } if name == "get_weather"), "{ev:?}");
+    assert_eq!(ev[1], ToolEvent::Args { index: 0, fragment: "{\"city\": \"Pa".into() });
+    ev = p.push("ris\"}}\n</tool_call>");
+    assert_eq!(ev[0], ToolEvent::Args { index: 0, fragment: "ris\"}".into() });
+    assert!(matches!(&ev[1], ToolEvent::End { index: 0, call } if call.arguments == "{\"city\": \"Paris\"}"));
+    assert_eq!(p.calls().len(), 1);
+}
+
+#[test]
+fn qwen_xml_values_follow_the_schema() {
+    let out = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    check(ToolFormat::QwenXml, out, "", &[("get_weather", json!({"city": "Paris", "days": 3}))]);
+    // A number-looking string stays a string when the schema says string.
+    let out = "<tool_call>\n<function=get_weather>\n<parameter=city>\n1984\n</parameter>\n</function>\n</tool_call>";
+    check(ToolFormat::QwenXml, out, "", &[("get_weather", json!({"city": "1984"}))]);
+}
+
+#[test]
+fn llama3_reply_is_the_call() {
+    let out = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}";
+    check(ToolFormat::Llama3, out, "", &[("get_weather", json!({"city": "Paris"}))]);
+    check(ToolFormat::Llama3, &format!("<|python_tag|>{out}"), "", &[("get_weather", json!({"city": "Paris"}))]);
+    check(ToolFormat::Llama3, "The weather is {nice}.", "The weather is {nice}.", &[]);
+    check(ToolFormat::Llama3, "{\"answer\": 42}", "{\"answer\": 42}", &[]);
+}
+
+#[test]
+fn mistral_both_shapes() {
+    let nemo = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"abc123xyz\"}]";
+    check(ToolFormat::Mistral, nemo, "", &[("get_weather", json!({"city": "Paris"}))]);
+    let small = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"unit\": \"celsius\"}[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}";
+    check(
+        ToolFormat::Mistral,
+        small,
+        "",
+        &[("get_weather", json!({"city": "Paris", "unit": "celsius"})), ("get_weather", json!({"city": "Rome"}))],
+    );
+    let events = run(ToolFormat::Mistral, small, 1000);
+    for e in events {
+        if let ToolEvent::Begin { id, .. } = e {
+            assert_eq!(id.len(), 9, "Mistral's templates want nine-character ids: {id}");
+            assert!(id.chars().all(|c| c.is_ascii_alphanumeric()));
+        }
+    }
+}
+
+#[test]
+fn generic_json_forms() {
+    let out = "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]}";
+    check(
+        ToolFormat::Generic,
+        out,
+        "",
+        &[("get_weather", json!({"city": "Paris"})), ("get_weather", json!({"city": "Rome"}))],
+    );
+    check(ToolFormat::Generic, "  Hello there", "  Hello there", &[]);
+    // Arguments given as a JSON string are unpacked.
+    check(
+        ToolFormat::Generic,
+        "{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Oslo\\\"}\"}",
+        "",
+        &[("get_weather", json!({"city": "Oslo"}))],
+    );
+    // An unfinished object is content, never a half call.
+    check(ToolFormat::Generic, "{\"tool_calls\": [{\"name\": \"get_", "{\"tool_calls\": [{\"name\": \"get_", &[]);
+}
+
+#[test]
+fn ids_are_unique_within_a_reply() {
+    let out = "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"b\", \"arguments\": {}}</tool_call>";
+    let ids: Vec<String> = run(ToolFormat::Hermes, out, 4)
+        .into_iter()
+        .filter_map(|e| match e {
+            ToolEvent::Begin { id, .. } => Some(id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 2);
+    assert_ne!(ids[0], ids[1]);
+}
