@@ -59,6 +59,7 @@ fn requests(vocab: u32) -> Vec<GenerateRequest> {
             stop: Vec::new(),
             stop_at_eos: false,
             top_logprobs,
+            grammar: None,
         })
         .collect()
 }
@@ -289,6 +290,9 @@ mod worker {
             top_logprobs: 0,
             num_ctx: None,
             keep_alive: None,
+            tools: None,
+            grammar: None,
+            template_vars: Default::default(),
         })
     }
 

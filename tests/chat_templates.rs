@@ -123,7 +123,9 @@ fn rendered_tool_calls_parse_back() {
     let rome = serde_json::json!({"city": "Rome"});
     let two = "two_calls_empty_content";
     let chatml = ("Paris and Rome?<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>");
-    let cases: [(&str, &str, (&str, &str), ToolFormat, Vec<&Value>); 9] = [
+    // (template, conversation, (text before the reply, text after it), format, calls)
+    type Case<'a> = (&'a str, &'a str, (&'a str, &'a str), ToolFormat, Vec<&'a Value>);
+    let cases: [Case; 9] = [
         ("Qwen-Qwen2.5-7B-Instruct.jinja", two, chatml, ToolFormat::Hermes, vec![&paris, &rome]),
         ("Qwen-Qwen3-0.6B.jinja", two, chatml, ToolFormat::Hermes, vec![&paris, &rome]),
         ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", two, chatml, ToolFormat::Hermes, vec![&paris, &rome]),

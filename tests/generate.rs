@@ -51,6 +51,7 @@ fn greedy(prompt: &[u32], max_tokens: usize, stop: Vec<String>) -> GenerateReque
         stop,
         stop_at_eos: false,
         top_logprobs: 0,
+        grammar: None,
     }
 }
 
@@ -133,6 +134,7 @@ fn same_seed_same_tokens_and_another_seed_differs() {
             stop: vec![],
             stop_at_eos: false,
             top_logprobs: 0,
+            grammar: None,
         };
         run(&e, &mut Session::new(&e).unwrap(), &req).1
     };

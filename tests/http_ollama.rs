@@ -440,8 +440,8 @@ async fn errors_have_the_right_status_and_shape() {
     expect_error(&app, "/api/chat", json!({"model": "nope", "messages": []}), StatusCode::NOT_FOUND, "nope").await;
     expect_error(&app, "/api/show", json!({"model": "nope"}), StatusCode::NOT_FOUND, "nope").await;
     expect_error(&app, "/api/embed", json!({"model": "nope", "input": "x"}), StatusCode::NOT_FOUND, "nope").await;
-    expect_error(&app, "/api/generate", g(json!({"format": "json"})), bad, "format").await;
-    let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+    expect_error(&app, "/api/generate", g(json!({"format": 7})), bad, "format").await;
+    let schema = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}});
     expect_error(
         &app,
         "/api/chat",
@@ -465,17 +465,25 @@ async fn errors_have_the_right_status_and_shape() {
         &app,
         "/api/chat",
         json!({"model": "llama3", "messages": [{"role": "user", "content": "x"}],
-        "tools": [{"type": "function", "function": {"name": "f"}}]}),
+        "tools": [{"type": "function", "function": {"description": "no name"}}]}),
         bad,
-        "tools",
+        "tools[0].function.name",
     )
     .await;
     expect_error(
         &app,
         "/api/chat",
-        json!({"model": "llama3", "messages": [{"role": "tool", "content": "x"}]}),
+        json!({"model": "llama3", "messages": [{"role": "wizard", "content": "x"}]}),
         bad,
-        "tool",
+        "wizard",
+    )
+    .await;
+    expect_error(
+        &app,
+        "/api/chat",
+        json!({"model": "llama3", "messages": [{"role": "user", "content": "x"}], "format": "yaml"}),
+        bad,
+        "format",
     )
     .await;
     expect_error(

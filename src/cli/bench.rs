@@ -269,6 +269,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                     stop: Vec::new(),
                     stop_at_eos: false,
                     top_logprobs: 0,
+                    grammar: None,
                 };
                 seqs.push(Sequence::new(&engine, cache, Vec::new(), req)?);
             }

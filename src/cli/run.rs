@@ -89,6 +89,7 @@ fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[Ch
         stop: args.stop.clone(),
         stop_at_eos: true,
         top_logprobs: 0,
+        grammar: None,
     };
     let mut out = std::io::stdout().lock();
     let mut text = String::new();

@@ -1,12 +1,17 @@
 //! Sequences and the step that advances all of them with one forward pass (DESIGN.md
 //! §5b): each running sequence adds its next prompt chunk or its last sampled token to
 //! the batch; after the pass, each one samples, detokenizes and checks its own stops.
-//! A sequence owns everything it needs (KV cache, sampler, stop matcher, detokenizer);
-//! what it reports waits in its outbox until the caller drains it.
+//! A sequence owns everything it needs (KV cache, sampler, stop matcher, detokenizer,
+//! grammar constraint); what it reports waits in its outbox until the caller drains it.
+//!
+//! A sequence under a grammar samples only the tokens the grammar allows. Its mask for
+//! the next token depends only on the tokens it has committed, so [`step`] computes it on
+//! another thread while the forward pass runs.
 
 use std::time::{Duration, Instant};
 
 use super::detok::DetokState;
+use super::grammar::{self, Constraint};
 use super::sampler::{Sampler, log_softmax, top_logprobs};
 use super::session::{Engine, FinishReason, GenerateError, GenerateRequest, GenerationSummary, TokenEvent};
 use super::stop::StopMatcher;
@@ -25,6 +30,8 @@ pub struct Sequence {
     /// The most likely tokens sampling needs (`None`: every logit).
     cut: Option<usize>,
     sampler: Sampler,
+    /// The grammar its output must match, if the request has one.
+    constraint: Option<Constraint>,
     detok: DetokState,
     stop: StopMatcher,
     generated: Vec<u32>,
@@ -74,13 +81,22 @@ impl Sequence {
         let keep = common.min(req.prompt.len().saturating_sub(2)).min(cache.len());
         cache.truncate(keep);
         cached.truncate(keep);
+        let constraint = match &req.grammar {
+            Some(spec) => Some(Constraint::new(spec, engine.token_env()?).map_err(GenerateError::Grammar)?),
+            None => None,
+        };
         let detok = DetokState::new(true).with_prompt_context(&req.prompt);
         Ok(Sequence {
             cache,
             tokens: cached,
             fed: keep,
-            cut: req.sampling.candidates_needed(req.top_logprobs),
+            // A grammar may allow only tokens far down the list: it needs every logit.
+            cut: match constraint {
+                Some(_) => None,
+                None => req.sampling.candidates_needed(req.top_logprobs),
+            },
             sampler: Sampler::new(req.sampling.clone()),
+            constraint,
             detok,
             stop: StopMatcher::new(req.stop.clone()),
             generated: Vec::new(),
@@ -172,6 +188,11 @@ impl Sequence {
     }
 
     /// After a pass that gave it logits (or its top entries) for its last token.
+    ///
+    /// Under a grammar, the token is sampled among those the grammar allows, but the
+    /// log-probabilities reported (its own and the alternatives') are the model's, over
+    /// every token, as llama.cpp's server reports them: they say how far the grammar
+    /// steered the model.
     fn advance(&mut self, engine: &Engine, next: Next) -> Result<(), GenerateError> {
         if self.prefill.is_none() {
             self.prefill = Some(self.started.elapsed());
@@ -183,7 +204,15 @@ impl Sequence {
         }
         let (id, logprob, top) = match &next {
             Next::Logits(logits) => {
-                let id = self.sampler.sample(logits, &self.tokens);
+                let id = match &mut self.constraint {
+                    None => self.sampler.sample(logits, &self.tokens),
+                    Some(c) => {
+                        let mask = c.allowed().map_err(GenerateError::Grammar)?;
+                        self.sampler
+                            .sample_masked(logits, &self.tokens, |id| grammar::allows(mask, id))
+                            .ok_or_else(|| GenerateError::Grammar("the grammar allows no token here".into()))?
+                    }
+                };
                 let logprob = log_softmax(logits)[id as usize];
                 let top = match self.req.top_logprobs {
                     0 => Vec::new(),
@@ -192,6 +221,8 @@ impl Sequence {
                 (id, logprob, top)
             }
             Next::Top(t) => {
+                // A constrained sequence asks for every logit (its `cut` is `None`).
+                debug_assert!(self.constraint.is_none(), "a constrained sequence got only the top logits");
                 let id = self.sampler.sample_top(t);
                 let lp = |l: f32| (l as f64 - t.lse as f64) as f32;
                 let logprob = t.ids.iter().position(|&i| i == id).map_or(f32::NEG_INFINITY, |at| lp(t.logits[at]));
@@ -199,9 +230,13 @@ impl Sequence {
                 (id, logprob, top)
             }
         };
+        if let Some(c) = &mut self.constraint {
+            c.commit(id).map_err(GenerateError::Grammar)?;
+        }
         self.generated.push(id);
         self.outbox.push(TokenEvent::Token { id, logprob, top });
-        if self.req.stop_at_eos && engine.tokenizer.is_eos(id) {
+        // A grammar allows an end-of-sequence token only where it is complete.
+        if (self.req.stop_at_eos || self.constraint.is_some()) && engine.tokenizer.is_eos(id) {
             self.finish = Some(FinishReason::Stop);
             return self.finish_text(engine);
         }
@@ -210,6 +245,12 @@ impl Sequence {
             self.finish = Some(FinishReason::Stop);
             self.stop_clock();
             return Ok(());
+        }
+        // A complete grammar allows only an end-of-sequence token: it ends here, as that
+        // token would.
+        if self.constraint.as_ref().is_some_and(Constraint::is_done) {
+            self.finish = Some(FinishReason::Stop);
+            return self.finish_text(engine);
         }
         // Running the token needs one more position; past `max_tokens` it is not run.
         if self.generated.len() >= self.req.max_tokens || self.tokens.len() + 1 >= self.cache.capacity() {
@@ -322,18 +363,37 @@ pub fn step(
     let mut outs: Vec<Next> = {
         let mut by_index: Vec<Option<&mut Sequence>> = seqs.iter_mut().map(|s| Some(&mut **s)).collect();
         let mut batch: Vec<SeqStep<'_>> = Vec::with_capacity(ran.len());
+        // The grammars whose next mask this pass's sampling needs.
+        let mut masks: Vec<&mut Constraint> = Vec::new();
         for (&i, tokens) in ran.iter().zip(&inputs) {
             let seq = by_index[i].take().expect("each sequence runs once");
+            if sampling(i)
+                && let Some(c) = seq.constraint.as_mut()
+            {
+                masks.push(c);
+            }
             batch.push(SeqStep { tokens, cache: &mut seq.cache, all_logits: false });
         }
-        let result = match top {
-            Some(k) => {
-                engine.model.forward_top_k(&mut batch, k, cancelled).map(|v| v.into_iter().map(Next::Top).collect())
+        let result = std::thread::scope(|scope| {
+            // The masks are computed while the pass runs; an error stays in its
+            // constraint, for `advance` to report. Without a thread, `advance` computes
+            // them after the pass.
+            if !masks.is_empty() {
+                let _ = std::thread::Builder::new().name("grammar-mask".into()).spawn_scoped(scope, move || {
+                    for c in masks {
+                        let _ = c.allowed();
+                    }
+                });
             }
-            None => {
-                engine.model.forward_until(&mut batch, cancelled).map(|v| v.into_iter().map(Next::Logits).collect())
+            match top {
+                Some(k) => {
+                    engine.model.forward_top_k(&mut batch, k, cancelled).map(|v| v.into_iter().map(Next::Top).collect())
+                }
+                None => {
+                    engine.model.forward_until(&mut batch, cancelled).map(|v| v.into_iter().map(Next::Logits).collect())
+                }
             }
-        };
+        });
         drop(batch);
         match result {
             Ok(outs) => outs,

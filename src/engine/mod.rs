@@ -1,8 +1,9 @@
 //! The engine: tokenizer and chat template glue, sampling, stop strings, incremental
-//! detokenization and the generation loop.
+//! detokenization, grammar-constrained sampling and the generation loop.
 
 pub mod batch;
 pub mod detok;
+pub mod grammar;
 pub mod sampler;
 pub mod session;
 pub mod stop;

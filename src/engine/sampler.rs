@@ -313,6 +313,27 @@ impl Sampler {
         self.pick(cands)
     }
 
+    /// Picks the next token among those `allowed` accepts (a grammar's mask): the same
+    /// as [`sample`](Self::sample) with every other logit set to -inf, so penalties and
+    /// the filters act on the allowed tokens only and greedy picks the best allowed one.
+    /// `None` when no token is allowed.
+    pub fn sample_masked(&mut self, logits: &[f32], history: &[u32], allowed: impl Fn(u32) -> bool) -> Option<u32> {
+        let p = &self.params;
+        let mut cands = std::mem::take(&mut self.scratch);
+        candidates_from_logits(logits, &mut cands);
+        let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
+        apply_penalties(&mut cands, window, p.repeat_penalty, p.presence_penalty, p.frequency_penalty);
+        // Dropping the others is the same as -inf logits, and the filters then sort only
+        // what can be drawn. An allowed token keeps its place even at -inf, so that
+        // something allowed is picked whatever the logits.
+        cands.retain(|c| allowed(c.id));
+        if cands.is_empty() {
+            self.scratch = cands;
+            return None;
+        }
+        Some(self.pick(cands))
+    }
+
     /// Picks the next token from the most likely candidates only (`top`, most likely
     /// first, as the device selects them). Gives what [`sample`](Self::sample) gives
     /// from every logit whenever [`SamplingParams::candidates_needed`] allowed the cut.
@@ -673,6 +694,27 @@ mod tests {
         for _ in 0..500 {
             assert!(s.sample(&l, &[]) <= 2);
         }
+    }
+
+    #[test]
+    fn masked_sampling_picks_only_allowed_tokens() {
+        let l = [5.0, 4.0, 3.0, 2.0, f32::NEG_INFINITY];
+        let odd = |id: u32| id % 2 == 1;
+        let mut greedy = Sampler::new(SamplingParams::greedy());
+        assert_eq!(greedy.sample_masked(&l, &[], odd), Some(1));
+        // Penalties act on the allowed tokens: 4 - 3 < 2.
+        let params = SamplingParams { presence_penalty: 3.0, ..SamplingParams::greedy() };
+        assert_eq!(Sampler::new(params).sample_masked(&l, &[1], odd), Some(3));
+        let params = SamplingParams { temperature: 2.0, top_k: 0, top_p: 1.0, seed: Some(5), ..Default::default() };
+        let mut s = Sampler::new(params);
+        for _ in 0..500 {
+            assert!(odd(s.sample_masked(&l, &[], odd).unwrap()));
+        }
+        // An allowed token is picked even when the model gives it -inf; nothing allowed
+        // is `None`.
+        assert_eq!(greedy.sample_masked(&l, &[], |id| id == 4), Some(4));
+        assert_eq!(s.sample_masked(&l, &[], |id| id == 4), Some(4));
+        assert_eq!(s.sample_masked(&l, &[], |_| false), None);
     }
 
     #[test]

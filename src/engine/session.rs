@@ -1,7 +1,7 @@
 //! The generation loop: prefill, decode, sampling, stop strings and UTF-8-safe
 //! detokenization, reported as a stream of [`TokenEvent`]s.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 
@@ -20,6 +20,7 @@ use crate::sched::{DEFAULT_PREFETCH_DEPTH, ExpertLoading, Policy, SchedOptions};
 use std::time::Duration;
 
 use super::batch::{self, Sequence};
+use super::grammar::{GrammarSpec, TokenEnv};
 use super::sampler::SamplingParams;
 use super::tokenizer::TextError;
 use crate::model::decoder::{KvCache, ModelError};
@@ -37,6 +38,10 @@ pub struct GenerateRequest {
     pub stop_at_eos: bool,
     /// Report this many most likely alternatives with every token (0: none).
     pub top_logprobs: usize,
+    /// What the output must match (`None`: free text). The generation stops with
+    /// [`FinishReason::Stop`] where the grammar is complete, or at an end-of-sequence
+    /// token the grammar allows, whatever `stop_at_eos` says.
+    pub grammar: Option<GrammarSpec>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +95,10 @@ pub enum GenerateError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Text(#[from] TextError),
+    /// The request's grammar does not compile for this model, or generation under it
+    /// failed (the request's fault: a 400).
+    #[error("{0}")]
+    Grammar(String),
 }
 
 /// A conversation's state: its tokens and their KV cache. A new prompt that extends
@@ -373,6 +382,9 @@ pub struct Engine {
     pub context_len: usize,
     /// Where the model runs.
     pub device: DeviceInfo,
+    /// The vocabulary as grammars see it, built on the first constrained request
+    /// (see [`Engine::token_env`]).
+    token_env: OnceLock<Result<TokenEnv, String>>,
 }
 
 /// The model on the backend `--device` chooses: `auto` tries the first GPU and falls
@@ -451,6 +463,16 @@ impl Engine {
             n => n,
         };
         let (model, device) = build_model(&source, config, context_len, opts)?;
-        Ok(Engine { name: source.name, model, tokenizer, context_len, device })
+        Ok(Engine { name: source.name, model, tokenizer, context_len, device, token_env: OnceLock::new() })
+    }
+
+    /// The vocabulary as llguidance's token trie, for compiling grammars. Built once, on
+    /// first use (a fraction of a second for a 50k vocabulary); later calls share it.
+    pub fn token_env(&self) -> Result<&TokenEnv, GenerateError> {
+        let env = self.token_env.get_or_init(|| {
+            TokenEnv::new(&self.tokenizer, self.model.config().vocab_size)
+                .map_err(|e| format!("structured output is not available for this model's vocabulary: {e}"))
+        });
+        env.as_ref().map_err(|e| GenerateError::Grammar(e.clone()))
     }
 }

@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::engine::grammar::GrammarSpec;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::session::FinishReason;
 use crate::engine::template::ChatMessage;
+use crate::engine::toolcall::{ToolCall, ToolEvent};
 
 /// How long a model stays loaded after its last use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +89,38 @@ pub enum PromptInput {
     Tokens(Vec<u32>),
 }
 
+/// Which tool calls a chat asks for (`tool_choice`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides.
+    Auto,
+    /// The reply must call at least one tool.
+    Required,
+    /// The reply must call this function.
+    Function(String),
+}
+
+/// The tools a chat offers the model.
+#[derive(Clone, Debug)]
+pub struct ChatTools {
+    /// Tool definitions in OpenAI's shape, `{"type": "function", "function": {name,
+    /// description, parameters}}`, passed to the chat template as transformers passes them.
+    pub tools: Vec<serde_json::Value>,
+    pub choice: ToolChoice,
+    /// Several calls in one reply (`parallel_tool_calls`, default true).
+    pub parallel: bool,
+}
+
+impl ChatTools {
+    /// The definition of the function `name`, if offered.
+    pub fn function(&self, name: &str) -> Option<&serde_json::Value> {
+        self.tools
+            .iter()
+            .filter_map(|t| t.get("function"))
+            .find(|f| f.get("name").and_then(|n| n.as_str()) == Some(name))
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct GenerateJob {
     pub model: String,
@@ -102,6 +136,13 @@ pub struct GenerateJob {
     /// Context length for this request (`num_ctx`); `None`: the server default.
     pub num_ctx: Option<usize>,
     pub keep_alive: Option<KeepAlive>,
+    /// Tools offered to a chat (`None`: none, or `tool_choice: none`). The reply's calls
+    /// come as [`Event::Tool`]s.
+    pub tools: Option<ChatTools>,
+    /// What the output must match (`response_format`, Ollama's `format`, `grammar`).
+    pub grammar: Option<GrammarSpec>,
+    /// More chat template variables (`enable_thinking`, ...).
+    pub template_vars: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Clone, Debug)]
@@ -119,6 +160,9 @@ pub struct EmbedJob {
     pub keep_alive: Option<KeepAlive>,
 }
 
+// One `Work` per request, moved a few times on its way to the worker: its size does not
+// matter next to the generation it asks for.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Work {
     Generate(GenerateJob),
@@ -156,6 +200,8 @@ pub struct JobDone {
     pub decode: Duration,
     /// From admission to the end.
     pub total: Duration,
+    /// The tool calls of the reply, in order.
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// What a job reports, in order: `Text`/`Token` events, then exactly one of `Done`,
@@ -163,10 +209,22 @@ pub struct JobDone {
 #[derive(Clone, Debug)]
 pub enum Event {
     Text(String),
-    Token { sampled: TokenLogprob, top: Vec<TokenLogprob> },
+    Token {
+        sampled: TokenLogprob,
+        top: Vec<TokenLogprob>,
+    },
+    /// A tool call starts, grows or ends (never [`ToolEvent::Text`]: that is `Text`).
+    Tool(ToolEvent),
     Done(JobDone),
-    Embeddings { vectors: Vec<Vec<f32>>, prompt_tokens: usize, load: Duration, total: Duration },
-    Loaded { load: Duration },
+    Embeddings {
+        vectors: Vec<Vec<f32>>,
+        prompt_tokens: usize,
+        load: Duration,
+        total: Duration,
+    },
+    Loaded {
+        load: Duration,
+    },
     Unloaded,
     Error(JobError),
 }

@@ -13,12 +13,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::models::{Registry, canonical};
 use super::{
-    Admission, EmbedInput, EmbedJob, Event, GenerateJob, Job, JobDone, JobError, KeepAlive, PromptInput, QueueHandle,
-    TokenLogprob, Work,
+    Admission, ChatTools, EmbedInput, EmbedJob, Event, GenerateJob, Job, JobDone, JobError, KeepAlive, PromptInput,
+    QueueHandle, TokenLogprob, ToolChoice, Work,
 };
 use crate::engine::batch::{self, Sequence};
+use crate::engine::grammar::GrammarSpec;
 use crate::engine::session::{Engine, GenerateError, GenerateRequest, RunOptions, TokenEvent};
-use crate::engine::tokenizer::TextError;
+use crate::engine::template::ChatMessage;
+use crate::engine::tokenizer::{TextError, TextTokenizer};
+use crate::engine::toolcall::{ToolCallParser, ToolEvent, ToolFormat, generic_system_prompt};
 use crate::model::decoder::{KvCache, ModelError};
 use crate::sched::plan::human_size;
 
@@ -101,6 +104,8 @@ struct Running {
     load: Duration,
     /// KV bytes set aside for it: every position its request may reach.
     kv_claim: u64,
+    /// Splits tool calls from the text, when the chat offered tools.
+    tools: Option<ToolCallParser>,
 }
 
 struct Slot {
@@ -225,6 +230,171 @@ fn generate_error(model: &str, param: &'static str, e: GenerateError) -> JobErro
         GenerateError::Model(ModelError::BadToken { .. }) => invalid(Some(param), e),
         GenerateError::Text(t) => text_error(param, t),
         GenerateError::Model(e) => model_error(model, e),
+        GenerateError::Grammar(_) => invalid(Some(param), e),
+    }
+}
+
+/// A parser's event as a job event.
+fn tool_event(ev: ToolEvent) -> Event {
+    match ev {
+        ToolEvent::Text(t) => Event::Text(t),
+        other => Event::Tool(other),
+    }
+}
+
+/// A seed for a request's tool-call ids: unique per request within a run, and unlikely
+/// to repeat across runs.
+fn call_id_seed() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    (now ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 1
+}
+
+/// Renders a chat with its tools and template variables. Tools go to the template as
+/// transformers passes them; a template that never mentions them gets them in a system
+/// message instead ([`ToolFormat::Generic`]). Returns the text and the tool-call format
+/// (when tools were offered).
+fn chat_text(
+    tok: &TextTokenizer,
+    messages: &[ChatMessage],
+    job: &GenerateJob,
+) -> Result<(String, Option<ToolFormat>), TextError> {
+    let template = tok.chat_template().ok_or(TextError::NoChatTemplate)?;
+    let mut extra = job.template_vars.clone();
+    let Some(offer) = &job.tools else {
+        return Ok((template.render_with(messages, true, &extra)?, None));
+    };
+    let format = ToolFormat::detect(template.source());
+    if format != ToolFormat::Generic || template.source().contains("tools") {
+        extra.insert("tools".into(), serde_json::Value::Array(offer.tools.clone()));
+        return Ok((template.render_with(messages, true, &extra)?, Some(format)));
+    }
+    let prompt = generic_system_prompt(&offer.tools);
+    let mut with_system = messages.to_vec();
+    match with_system.first_mut() {
+        Some(m) if m.role == "system" => m.content = format!("{}\n\n{prompt}", m.content),
+        _ => with_system.insert(0, ChatMessage::new("system", prompt.clone())),
+    }
+    match template.render_with(&with_system, true, &extra) {
+        // A template without a system role: the first user message carries it.
+        Err(TextError::TemplateRaised(_)) if messages.first().is_none_or(|m| m.role != "system") => {
+            let mut with_user = messages.to_vec();
+            if let Some(m) = with_user.iter_mut().find(|m| m.role == "user") {
+                m.content = format!("{prompt}\n\n{}", m.content);
+            }
+            Ok((template.render_with(&with_user, true, &extra)?, Some(format)))
+        }
+        other => Ok((other?, Some(format))),
+    }
+}
+
+/// llguidance's JSON options for tool calls: `{"name": "f", "arguments": {"k": 1}}`,
+/// separators as models are trained to write them, no other whitespace.
+fn compact_json() -> serde_json::Value {
+    serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "whitespace_pattern": null})
+}
+
+/// The grammar that makes a reply call a tool (`tool_choice` `required`, or a named
+/// function), in the model's format.
+fn tool_grammar(format: ToolFormat, offer: &ChatTools) -> Result<GrammarSpec, String> {
+    let functions: Vec<&serde_json::Value> = match &offer.choice {
+        ToolChoice::Function(name) => {
+            vec![
+                offer
+                    .function(name)
+                    .ok_or_else(|| format!("`tool_choice` names `{name}`, which is not among `tools`"))?,
+            ]
+        }
+        _ => offer.tools.iter().filter_map(|t| t.get("function")).collect(),
+    };
+    if functions.is_empty() {
+        return Err("`tool_choice` asks for a tool call, but `tools` holds no functions".into());
+    }
+    // Arguments hold only the declared parameters unless the schema says otherwise (as
+    // OpenAI's strict mode and llama.cpp's grammars do): a small model otherwise runs on
+    // inventing keys.
+    let params = |f: &serde_json::Value| {
+        let mut p = f.get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}));
+        if let Some(o) = p.as_object_mut()
+            && o.contains_key("properties")
+        {
+            o.entry("additionalProperties").or_insert(serde_json::Value::Bool(false));
+        }
+        p
+    };
+    let name = |f: &serde_json::Value| f.get("name").and_then(|n| n.as_str()).unwrap_or_default().to_string();
+    let call_schema = |args_key: &str| -> serde_json::Value {
+        let each: Vec<serde_json::Value> = functions
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {"name": {"const": name(f)}, args_key: params(f)},
+                    "required": ["name", args_key],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let mut schema = if each.len() == 1 { each[0].clone() } else { serde_json::json!({"anyOf": each}) };
+        // Calls are written compactly (`{"name": "f", "arguments": {...}}`), as models
+        // are trained to write them, with no room to wander in whitespace.
+        schema["x-guidance"] = compact_json();
+        schema
+    };
+    let most = if offer.parallel { serde_json::Value::Null } else { serde_json::json!(1) };
+    match format {
+        ToolFormat::Generic => {
+            let mut list = serde_json::json!({"type": "array", "items": call_schema("arguments"), "minItems": 1});
+            if !most.is_null() {
+                list["maxItems"] = most;
+            }
+            Ok(GrammarSpec::JsonSchema(serde_json::json!({
+                "type": "object",
+                "properties": {"tool_calls": list},
+                "required": ["tool_calls"],
+                "additionalProperties": false,
+                "x-guidance": compact_json(),
+            })))
+        }
+        ToolFormat::Llama3 => Ok(GrammarSpec::JsonSchema(call_schema("parameters"))),
+        ToolFormat::Hermes => {
+            let schema = serde_json::to_string(&call_schema("arguments")).map_err(|e| e.to_string())?;
+            let repeat = if offer.parallel { "(\"\\n\" call)*" } else { "" };
+            Ok(GrammarSpec::Lark(format!(
+                "start: call {repeat}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {schema}\n"
+            )))
+        }
+        ToolFormat::QwenXml => {
+            let mut rules = String::new();
+            let mut alts = Vec::new();
+            for (i, f) in functions.iter().enumerate() {
+                let props = params(f).get("properties").and_then(|p| p.as_object()).cloned().unwrap_or_default();
+                let mut params_alt: Vec<String> = props
+                    .keys()
+                    .map(|k| {
+                        let lit = serde_json::to_string(&format!("<parameter={k}>\n")).unwrap_or_default();
+                        format!("{lit} VALUE \"\\n</parameter>\\n\"")
+                    })
+                    .collect();
+                if params_alt.is_empty() {
+                    params_alt.push("\"\"".into());
+                }
+                let head = serde_json::to_string(&format!("<function={}>\n", name(f))).unwrap_or_default();
+                rules.push_str(&format!("f{i}: {head} (p{i})* \"</function>\"\np{i}: {}\n", params_alt.join(" | ")));
+                alts.push(format!("f{i}"));
+            }
+            let repeat = if offer.parallel { "(\"\\n\" call)*" } else { "" };
+            Ok(GrammarSpec::Lark(format!(
+                "start: call {repeat}\ncall: \"<tool_call>\\n\" func \"\\n</tool_call>\"\nfunc: {}\n{rules}VALUE: /[^<]+/\n",
+                alts.join(" | ")
+            )))
+        }
+        ToolFormat::Mistral => {
+            Err("`tool_choice` `required` or a named function is not supported for this model's tool-call format \
+             (Mistral's); use `auto`"
+                .into())
+        }
     }
 }
 
@@ -482,9 +652,20 @@ impl Worker {
         let tok = &engine.tokenizer;
         let vocab = engine.model.config().vocab_size;
         let mut prompt = job.context.clone();
+        let mut tools = None;
+        let mut grammar = job.grammar.clone();
         let new_ids = match &job.prompt {
             PromptInput::Text { text, special } => tok.encode(text, *special).map_err(|e| text_error("prompt", e))?,
-            PromptInput::Chat(messages) => tok.encode_chat(messages, true).map_err(|e| text_error("messages", e))?,
+            PromptInput::Chat(messages) => {
+                let (text, format) = chat_text(tok, messages, &job).map_err(|e| text_error("messages", e))?;
+                if let (Some(offer), Some(format)) = (&job.tools, format) {
+                    if offer.choice != ToolChoice::Auto {
+                        grammar = Some(tool_grammar(format, offer).map_err(|m| invalid(Some("tool_choice"), m))?);
+                    }
+                    tools = Some(ToolCallParser::new(format, &offer.tools, call_id_seed()));
+                }
+                tok.encode(&text, false).map_err(|e| text_error("messages", e))?
+            }
             PromptInput::Tokens(ids) => ids.clone(),
         };
         // A continuation of an earlier exchange already starts with BOS.
@@ -556,10 +737,11 @@ impl Worker {
             stop: job.stop.clone(),
             stop_at_eos: true,
             top_logprobs: job.top_logprobs,
+            grammar,
         };
         let seq = Sequence::new(engine, cache, cached, req).map_err(|e| generate_error(&job.model, param, e))?;
         tracing::debug!(model = %slot.name, prompt = seq.request().prompt.len(), to_run = seq.prompt_left(), "admitted");
-        slot.running.push(Running { seq, events: events.clone(), param, admitted, load, kv_claim: claim });
+        slot.running.push(Running { seq, events: events.clone(), param, admitted, load, kv_claim: claim, tools });
         Ok(Began::Running)
     }
 
@@ -609,14 +791,25 @@ impl Worker {
             };
             for r in slot.running.iter_mut() {
                 let mut sent = true;
+                let mut out = Vec::new();
                 for ev in r.seq.drain_events() {
-                    let ev = match ev {
-                        TokenEvent::Text(t) => Event::Text(t),
-                        TokenEvent::Token { id, logprob, top } => Event::Token {
+                    match ev {
+                        TokenEvent::Text(t) => match &mut r.tools {
+                            Some(parser) => out.extend(parser.push(&t).into_iter().map(tool_event)),
+                            None => out.push(Event::Text(t)),
+                        },
+                        TokenEvent::Token { id, logprob, top } => out.push(Event::Token {
                             sampled: TokenLogprob { logprob, ..piece(id) },
                             top: top.into_iter().map(|(id, logprob)| TokenLogprob { logprob, ..piece(id) }).collect(),
-                        },
-                    };
+                        }),
+                    }
+                }
+                if r.seq.is_finished()
+                    && let Some(parser) = &mut r.tools
+                {
+                    out.extend(parser.finish().into_iter().map(tool_event));
+                }
+                for ev in out {
                     sent &= r.events.send(ev).is_ok();
                 }
                 if !sent {
@@ -650,6 +843,7 @@ impl Worker {
                             prefill: summary.prefill,
                             decode: summary.decode,
                             total: r.admitted.elapsed(),
+                            tool_calls: r.tools.as_ref().map(|p| p.calls().to_vec()).unwrap_or_default(),
                         });
                         replies.push((r.events, done));
                     }

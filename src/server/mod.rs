@@ -11,6 +11,7 @@ pub mod ollama;
 pub mod openai;
 pub mod openapi;
 pub mod systemd;
+pub mod tools;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;

@@ -36,14 +36,17 @@ use super::error::{ApiError, ErrorKind, OllamaError, OllamaErrorBody};
 use super::{AppState, parse_json, streaming_body};
 use crate::engine::session::FinishReason;
 use crate::engine::template::ChatMessage;
+use crate::engine::toolcall::{ToolCall, ToolEvent};
 use crate::queue::{Event, GenerateJob, JobDone, KeepAlive, PromptInput, Work};
-use checks::{keep_alive, refuse_format, refuse_non_empty, refuse_think, require_model, resolve_options};
+use crate::server::tools::{history_calls, tool_choice, tool_definitions};
+use checks::{format_grammar, keep_alive, refuse_non_empty, refuse_think, require_model, resolve_options};
 use embed::{__path_embed, __path_embeddings, embed, embeddings};
 use models::{
     __path_copy, __path_delete_model, __path_ps, __path_show, __path_tags, __path_version, copy, delete_model, ps,
     show, tags, version,
 };
 use pull::{__path_pull, PullRequest, PullStatus, pull};
+use serde_json::Value;
 
 /// What `/api/version` reports. Clients compare it as a dotted version to gate features
 /// (VS Code's Copilot, for one, wants at least 0.6.4), so it is a real, recent Ollama
@@ -170,7 +173,7 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
     if req.images.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(ApiError::invalid("images", "images are not supported by this server"));
     }
-    refuse_format(req.format.as_ref())?;
+    let grammar = format_grammar(req.format.as_ref())?;
     refuse_think(req.think.as_ref(), &req.model)?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
     let opts = resolve_options(req.options, &info)?;
@@ -196,17 +199,18 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
             };
             PromptInput::Text { text, special: context.is_empty() }
         };
-        Action::Generate(Box::new(opts.job(&req.model, input, context, keep_alive)))
+        let mut job = opts.job(&req.model, input, context, keep_alive);
+        job.grammar = grammar;
+        Action::Generate(Box::new(job))
     };
     Ok(Call { api: Api::Generate, model: req.model, stream, action })
 }
 
 fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, ApiError> {
     let info = require_model(state, &req.model)?;
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid("tools", "tool calling (`tools`) is not supported yet"));
-    }
-    refuse_format(req.format.as_ref())?;
+    let tools = tool_definitions("tools", req.tools.as_deref().unwrap_or_default())?;
+    let tools = tool_choice("tools", tools, None, None)?;
+    let grammar = format_grammar(req.format.as_ref())?;
     refuse_think(req.think.as_ref(), &req.model)?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
     let opts = resolve_options(req.options, &info)?;
@@ -223,34 +227,42 @@ fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, Ap
         }
         let messages =
             messages.into_iter().enumerate().map(|(i, m)| chat_message(i, m)).collect::<std::result::Result<_, _>>()?;
-        Action::Generate(Box::new(opts.job(&req.model, PromptInput::Chat(messages), Vec::new(), keep_alive)))
+        let mut job = opts.job(&req.model, PromptInput::Chat(messages), Vec::new(), keep_alive);
+        job.tools = tools;
+        job.grammar = grammar;
+        Action::Generate(Box::new(job))
     };
     Ok(Call { api: Api::Chat, model: req.model, stream, action })
 }
 
 fn chat_message(i: usize, m: ChatMessageIn) -> std::result::Result<ChatMessage, ApiError> {
     match m.role.as_str() {
-        "system" | "user" | "assistant" => {}
-        "tool" => {
-            return Err(ApiError::invalid(
-                &format!("messages[{i}].role"),
-                "tool messages (`role: tool`) are not supported yet",
-            ));
-        }
+        "system" | "user" | "assistant" | "tool" => {}
         other => {
             return Err(ApiError::invalid(
                 &format!("messages[{i}].role"),
-                format!("`messages[{i}].role` must be system, user or assistant, not {other:?}"),
+                format!("`messages[{i}].role` must be system, user, assistant or tool, not {other:?}"),
             ));
         }
     }
     if m.images.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(ApiError::invalid(&format!("messages[{i}].images"), "images are not supported by this server"));
     }
-    if m.tool_calls.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::invalid(&format!("messages[{i}].tool_calls"), "tool calls are not supported yet"));
+    let mut msg = ChatMessage::new(m.role.clone(), m.content.unwrap_or_default());
+    if let Some(calls) = m.tool_calls.filter(|c| !c.is_empty()) {
+        let field = format!("messages[{i}].tool_calls");
+        if m.role != "assistant" {
+            return Err(ApiError::invalid(&field, format!("`{field}`: only assistant messages carry tool calls")));
+        }
+        msg = msg.with_field("tool_calls", Value::Array(history_calls(&field, &calls)?));
     }
-    Ok(ChatMessage::new(m.role, m.content.unwrap_or_default()))
+    if let Some(name) = m.tool_name {
+        msg = msg.with_field("name", Value::String(name));
+    }
+    if let Some(t) = m.thinking {
+        msg = msg.with_field("reasoning_content", Value::String(t));
+    }
+    Ok(msg)
 }
 
 fn load_or_unload(keep_alive: Option<KeepAlive>) -> Action {
@@ -332,6 +344,11 @@ impl Api {
     /// One response object (without the newline): a chunk of `text`, or the final object
     /// when `end` is given.
     fn line(self, model: &str, text: String, end: Option<End<'_>>) -> Vec<u8> {
+        self.line_with_calls(model, text, end, None)
+    }
+
+    /// [`Api::line`] with tool calls in the chat message.
+    fn line_with_calls(self, model: &str, text: String, end: Option<End<'_>>, calls: Option<Vec<Value>>) -> Vec<u8> {
         let created_at = now();
         let done = end.is_some();
         let done_reason = end.map(|e| e.reason.to_string());
@@ -361,7 +378,7 @@ impl Api {
             Api::Chat => serde_json::to_vec(&ChatResponse {
                 model,
                 created_at,
-                message: ChatMessageOut { role: "assistant".into(), content: text },
+                message: ChatMessageOut { role: "assistant".into(), content: text, tool_calls: calls },
                 done,
                 done_reason,
                 timings,
@@ -412,6 +429,16 @@ impl Lines {
             match event {
                 Some(Event::Text(text)) => break self.api.line(&self.model, text, None),
                 Some(Event::Token { .. }) => continue,
+                // Ollama sends each call whole, once complete.
+                Some(Event::Tool(ToolEvent::End { index, call })) => {
+                    break self.api.line_with_calls(
+                        &self.model,
+                        String::new(),
+                        None,
+                        Some(vec![ollama_call(index, &call)]),
+                    );
+                }
+                Some(Event::Tool(_)) => continue,
                 Some(Event::Done(job)) => {
                     self.finished = true;
                     break self.done(&job);
@@ -440,7 +467,7 @@ impl Lines {
         loop {
             match self.rx.recv().await {
                 Some(Event::Text(t)) => text.push_str(&t),
-                Some(Event::Token { .. }) => {}
+                Some(Event::Token { .. } | Event::Tool(_)) => {}
                 Some(Event::Done(job)) => {
                     self.state.metrics.record_generation(
                         job.prompt_tokens,
@@ -448,7 +475,9 @@ impl Lines {
                         job.prefill,
                         job.decode,
                     );
-                    return Ok(json_line(self.api.line(&self.model, text, Some(End::done(&job)))));
+                    let calls = (!job.tool_calls.is_empty())
+                        .then(|| job.tool_calls.iter().enumerate().map(|(i, c)| ollama_call(i, c)).collect());
+                    return Ok(json_line(self.api.line_with_calls(&self.model, text, Some(End::done(&job)), calls)));
                 }
                 Some(Event::Error(e)) => return Err(e.into()),
                 Some(other) => return Err(unexpected(&other)),
@@ -456,6 +485,12 @@ impl Lines {
             }
         }
     }
+}
+
+/// A call in Ollama's shape: arguments as an object.
+fn ollama_call(index: usize, call: &ToolCall) -> Value {
+    let arguments: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|_| Value::Object(Default::default()));
+    serde_json::json!({"id": call.id, "function": {"index": index, "name": call.name, "arguments": arguments}})
 }
 
 fn error_line(e: ApiError) -> Vec<u8> {
@@ -483,7 +518,7 @@ async fn outcome(state: &AppState, work: Work) -> std::result::Result<Event, Api
     let mut rx = state.queue.submit(work)?;
     loop {
         match rx.recv().await {
-            Some(Event::Text(_) | Event::Token { .. }) => {}
+            Some(Event::Text(_) | Event::Token { .. } | Event::Tool(_)) => {}
             Some(Event::Error(e)) => return Err(e.into()),
             Some(ev) => return Ok(ev),
             None => return Err(ApiError::new(ErrorKind::Internal, "the job ended without a result")),
@@ -520,6 +555,7 @@ mod tests {
             prefill: Duration::from_millis(2),
             decode: Duration::from_millis(3),
             total: Duration::from_millis(7),
+            tool_calls: Vec::new(),
         };
         let v: Value = serde_json::from_slice(&Api::Generate.line("m", "hi".into(), None)).unwrap();
         assert_eq!(

@@ -6,12 +6,14 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::Options;
+use crate::engine::grammar::GrammarSpec;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::tokenizer::TextError;
 use crate::queue::models::ModelInfo;
 use crate::queue::{GenerateJob, KeepAlive, PromptInput};
 use crate::server::AppState;
 use crate::server::error::ApiError;
+use crate::server::tools::checked;
 
 pub(super) fn require_model(state: &AppState, name: &str) -> std::result::Result<Arc<ModelInfo>, ApiError> {
     if name.trim().is_empty() {
@@ -27,14 +29,14 @@ pub(super) fn refuse_non_empty(field: &str, value: Option<&str>, message: &str) 
     }
 }
 
-pub(super) fn refuse_format(format: Option<&Value>) -> std::result::Result<(), ApiError> {
+/// Ollama's `format`: `"json"` (any JSON object) or a JSON schema object.
+pub(super) fn format_grammar(format: Option<&Value>) -> std::result::Result<Option<GrammarSpec>, ApiError> {
     match format {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(s)) if s.is_empty() => Ok(()),
-        Some(_) => Err(ApiError::invalid(
-            "format",
-            "structured output (`format`: \"json\" or a JSON schema) is not supported yet",
-        )),
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) if s == "json" => Ok(Some(GrammarSpec::JsonObject)),
+        Some(schema @ Value::Object(_)) => checked("format", GrammarSpec::JsonSchema(schema.clone())).map(Some),
+        Some(_) => Err(ApiError::invalid("format", "`format` must be \"json\" or a JSON schema object")),
     }
 }
 
@@ -83,6 +85,9 @@ impl Resolved {
             top_logprobs: 0,
             num_ctx: self.num_ctx,
             keep_alive,
+            tools: None,
+            grammar: None,
+            template_vars: serde_json::Map::new(),
         }
     }
 }

@@ -119,7 +119,9 @@ pub struct GenerateRequest {
     #[schema(value_type = Option<KeepAliveValue>)]
     pub keep_alive: Option<Value>,
     pub options: Option<Options>,
-    /// Structured output (`"json"` or a JSON schema): not supported yet (must be empty).
+    /// Structured output: `"json"` (any JSON object) or a JSON schema; the output is
+    /// constrained to match, token by token.
+    #[schema(value_type = Option<Object>)]
     pub format: Option<Value>,
     /// Thinking: not supported by these models (`false` or absent).
     #[schema(value_type = Option<bool>)]
@@ -130,15 +132,17 @@ pub struct GenerateRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[schema(as = ollama::ChatMessageIn)]
 pub struct ChatMessageIn {
-    /// `system`, `user` or `assistant` (`tool` is not supported yet).
+    /// `system`, `user`, `assistant` or `tool` (a tool's result).
     pub role: String,
     pub content: Option<String>,
     /// Not supported (must be empty).
     pub images: Option<Vec<String>>,
-    /// Not supported yet (must be empty).
+    /// An assistant turn's calls: `{"function": {"name", "arguments": {...}}}`.
     #[schema(value_type = Option<Vec<Object>>)]
     pub tool_calls: Option<Vec<Value>>,
-    /// Accepted and ignored (the reasoning of an earlier assistant turn).
+    /// On `tool` messages: the tool's name.
+    pub tool_name: Option<String>,
+    /// The reasoning of an earlier assistant turn, passed to templates that show it.
     pub thinking: Option<String>,
 }
 
@@ -149,13 +153,16 @@ pub struct ChatRequest {
     pub model: String,
     /// The conversation. Empty: load the model (unload it with `keep_alive: 0`).
     pub messages: Option<Vec<ChatMessageIn>>,
-    /// Tool definitions: not supported yet (must be empty).
+    /// Functions the model may call: `{"type": "function", "function": {"name",
+    /// "description", "parameters"}}`. Calls come back in `message.tool_calls`.
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<Value>>,
     pub stream: Option<bool>,
     #[schema(value_type = Option<KeepAliveValue>)]
     pub keep_alive: Option<Value>,
     pub options: Option<Options>,
+    /// Structured output: `"json"` or a JSON schema.
+    #[schema(value_type = Option<Object>)]
     pub format: Option<Value>,
     #[schema(value_type = Option<bool>)]
     pub think: Option<Value>,
@@ -207,6 +214,10 @@ pub struct GenerateResponse {
 pub struct ChatMessageOut {
     pub role: String,
     pub content: String,
+    /// The reply's calls, each whole: `{"function": {"index", "name", "arguments": {...}}}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 /// One line of the `/api/chat` stream, or the whole answer with `stream: false`. Every

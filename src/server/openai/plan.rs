@@ -4,11 +4,13 @@
 use serde_json::Value;
 
 use super::types::*;
+use crate::engine::grammar::GrammarSpec;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::template::ChatMessage;
 use crate::engine::tokenizer::TextError;
-use crate::queue::{EmbedInput, EmbedJob, GenerateJob, PromptInput};
+use crate::queue::{EmbedInput, EmbedJob, GenerateJob, PromptInput, ToolChoice};
 use crate::server::error::ApiError;
+use crate::server::tools::{checked, history_calls, response_format, tool_choice, tool_definitions};
 
 /// Most `stop` strings a request may give (OpenAI's limit).
 const MAX_STOP: usize = 4;
@@ -142,27 +144,10 @@ fn job(
         top_logprobs,
         num_ctx: None,
         keep_alive: None,
+        tools: None,
+        grammar: None,
+        template_vars: serde_json::Map::new(),
     })
-}
-
-/// 400 when a tools field asks for something; `none` (or null) is fine.
-fn no_tools(
-    field: &str,
-    list: Option<&Vec<Value>>,
-    choice: Option<&Value>,
-    choice_field: &str,
-) -> Result<(), ApiError> {
-    if list.is_some_and(|l| !l.is_empty()) {
-        return Err(ApiError::invalid(field, format!("`{field}` is not supported yet: tool calling is not available")));
-    }
-    match choice {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(s)) if s == "none" => Ok(()),
-        Some(_) => Err(ApiError::invalid(
-            choice_field,
-            format!("`{choice_field}` is not supported yet: tool calling is not available (only \"none\")"),
-        )),
-    }
 }
 
 fn chat_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
@@ -177,18 +162,15 @@ fn chat_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiEr
                 "system" | "developer" => "system",
                 "user" => "user",
                 "assistant" => "assistant",
-                "tool" | "function" => {
-                    let field = format!("messages[{i}].role");
-                    return Err(ApiError::invalid(
-                        &field,
-                        format!("`{field}`: `{}` messages are not supported yet (no tool calling)", m.role),
-                    ));
-                }
+                // The legacy `function` role is a tool result.
+                "tool" | "function" => "tool",
                 other => {
                     let field = format!("messages[{i}].role");
                     return Err(ApiError::invalid(
                         &field,
-                        format!("`{field}`: unknown role `{other}`; expected system, developer, user or assistant"),
+                        format!(
+                            "`{field}`: unknown role `{other}`; expected system, developer, user, assistant or tool"
+                        ),
                     ));
                 }
             };
@@ -222,7 +204,28 @@ fn chat_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiEr
                 // roles, none is the same as "".
                 None => String::new(),
             };
-            Ok(ChatMessage::new(role, content))
+            let mut msg = ChatMessage::new(role, content);
+            if let Some(calls) = m.tool_calls.filter(|c| !c.is_empty()) {
+                if role != "assistant" {
+                    let field = format!("messages[{i}].tool_calls");
+                    return Err(ApiError::invalid(
+                        &field,
+                        format!("`{field}`: only assistant messages carry tool calls"),
+                    ));
+                }
+                let calls = history_calls(&format!("messages[{i}].tool_calls"), &calls)?;
+                msg = msg.with_field("tool_calls", Value::Array(calls));
+            }
+            if let Some(id) = m.tool_call_id {
+                msg = msg.with_field("tool_call_id", Value::String(id));
+            }
+            if let Some(name) = m.name {
+                msg = msg.with_field("name", Value::String(name));
+            }
+            if let Some(r) = m.reasoning_content {
+                msg = msg.with_field("reasoning_content", Value::String(r));
+            }
+            Ok(msg)
         })
         .collect()
 }
@@ -231,24 +234,35 @@ impl ChatCompletionRequest {
     pub fn into_plan(self) -> Result<Plan, ApiError> {
         let model = required(self.model, "model")?;
         let messages = chat_messages(required(self.messages, "messages")?)?;
-        no_tools("tools", self.tools.as_ref(), self.tool_choice.as_ref(), "tool_choice")?;
-        no_tools("functions", self.functions.as_ref(), self.function_call.as_ref(), "function_call")?;
-        if let Some(rf) = &self.response_format {
-            match rf.kind.as_str() {
-                "text" => {}
-                "json_object" | "json_schema" => {
-                    return Err(ApiError::invalid(
-                        "response_format",
-                        format!("`response_format` type `{}` is not supported yet; only `text` is", rf.kind),
-                    ));
-                }
-                other => {
-                    return Err(ApiError::invalid(
-                        "response_format",
-                        format!("unknown `response_format` type `{other}`; expected text, json_object or json_schema"),
-                    ));
-                }
+        let tools = match (&self.tools, &self.functions) {
+            (Some(t), Some(f)) if !t.is_empty() && !f.is_empty() => {
+                return Err(ApiError::invalid("functions", "give `tools` or the legacy `functions`, not both"));
             }
+            (Some(t), _) if !t.is_empty() => {
+                let defs = tool_definitions("tools", t)?;
+                tool_choice("tool_choice", defs, self.tool_choice.as_ref(), self.parallel_tool_calls)?
+            }
+            (_, Some(f)) if !f.is_empty() => {
+                let defs = tool_definitions("functions", f)?;
+                tool_choice("function_call", defs, self.function_call.as_ref(), Some(false))?
+            }
+            _ => tool_choice("tool_choice", Vec::new(), self.tool_choice.as_ref(), None)?,
+        };
+        let mut grammar = match &self.response_format {
+            Some(rf) => response_format(&rf.kind, rf.json_schema.as_ref())?,
+            None => None,
+        };
+        if let Some(g) = self.grammar {
+            if grammar.is_some() {
+                return Err(ApiError::invalid("grammar", "give `grammar` or a JSON `response_format`, not both"));
+            }
+            grammar = Some(checked("grammar", GrammarSpec::Lark(g))?);
+        }
+        if grammar.is_some() && tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "a forced tool call cannot be combined with `response_format` or `grammar`",
+            ));
         }
         let logprobs = self.logprobs.unwrap_or(false);
         let top_logprobs = match self.top_logprobs {
@@ -282,9 +296,13 @@ impl ChatCompletionRequest {
             n: self.n,
             stop: self.stop,
         };
+        let mut job = job(model, PromptInput::Chat(messages), max_tokens, knobs, top_logprobs)?;
+        job.tools = tools;
+        job.grammar = grammar;
+        job.template_vars = self.chat_template_kwargs.unwrap_or_default();
         Ok(Plan {
             api: Api::Chat,
-            job: job(model, PromptInput::Chat(messages), max_tokens, knobs, top_logprobs)?,
+            job,
             stream: self.stream.unwrap_or(false),
             include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             logprobs,
@@ -463,16 +481,85 @@ mod tests {
     }
 
     #[test]
+    fn tools_and_formats_become_the_job() {
+        let tool = json!({"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}});
+        let plan = chat(json!({
+            "tools": [tool], "tool_choice": {"type": "function", "function": {"name": "get"}}, "parallel_tool_calls": false,
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get", "arguments": "{\"a\": 1}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "r"},
+            ],
+        }))
+        .unwrap();
+        let tools = plan.job.tools.as_ref().unwrap();
+        assert_eq!((tools.choice.clone(), tools.parallel), (ToolChoice::Function("get".into()), false));
+        let PromptInput::Chat(messages) = &plan.job.prompt else { panic!() };
+        assert_eq!(
+            messages[1].fields["tool_calls"][0]["function"]["arguments"],
+            json!({"a": 1}),
+            "arguments as an object"
+        );
+        assert_eq!((messages[2].role.as_str(), &messages[2].fields["tool_call_id"]), ("tool", &json!("c1")));
+        // `tool_choice: none` offers no tools.
+        assert!(chat(json!({"tools": [tool], "tool_choice": "none"})).unwrap().job.tools.is_none());
+        // The legacy `functions`.
+        let legacy = chat(json!({"functions": [{"name": "get"}]})).unwrap().job.tools.unwrap();
+        assert_eq!(legacy.tools[0]["function"]["name"], "get");
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let plan =
+            chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}));
+        assert_eq!(plan.unwrap().job.grammar, Some(GrammarSpec::JsonSchema(schema)));
+        let plan = chat(json!({"response_format": {"type": "json_object"}})).unwrap();
+        assert_eq!(plan.job.grammar, Some(GrammarSpec::JsonObject));
+        let plan = chat(json!({"grammar": "start: \"yes\" | \"no\""})).unwrap();
+        assert!(matches!(plan.job.grammar, Some(GrammarSpec::Lark(_))));
+        let plan = chat(json!({"chat_template_kwargs": {"enable_thinking": false}})).unwrap();
+        assert_eq!(plan.job.template_vars["enable_thinking"], json!(false));
+    }
+
+    #[test]
     fn chat_errors_name_the_field() {
         let cases = [
             (json!({"n": 2}), "n"),
-            (json!({"tools": [{"type": "function"}]}), "tools"),
-            (json!({"tool_choice": "auto"}), "tool_choice"),
+            (json!({"tools": [{"type": "function"}]}), "tools[0].function"),
+            (json!({"tools": [{"type": "function", "function": {"name": ""}}]}), "tools[0].function.name"),
+            (json!({"tools": [{"type": "code_interpreter"}]}), "tools[0].type"),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}),
+                "tools[0].function.parameters",
+            ),
+            (json!({"tool_choice": "required"}), "tool_choice"),
             (json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}), "tool_choice"),
-            (json!({"functions": [{"name": "f"}]}), "functions"),
-            (json!({"response_format": {"type": "json_object"}}), "response_format"),
-            (json!({"response_format": {"type": "json_schema"}}), "response_format"),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "maybe"}),
+                "tool_choice",
+            ),
+            (
+                json!({"functions": [{"name": "f"}], "tools": [{"type": "function", "function": {"name": "f"}}]}),
+                "functions",
+            ),
+            (json!({"response_format": {"type": "json_schema"}}), "response_format.json_schema"),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}}),
+                "response_format.json_schema.schema",
+            ),
             (json!({"response_format": {"type": "yaml"}}), "response_format"),
+            (json!({"grammar": "start: ("}), "grammar"),
+            (json!({"grammar": "start: \"a\"", "response_format": {"type": "json_object"}}), "grammar"),
+            (
+                json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{x"}}]}]}),
+                "messages[0].tool_calls[0].function.arguments",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "a", "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}),
+                "messages[0].tool_calls",
+            ),
             (json!({"temperature": -0.1}), "temperature"),
             (json!({"temperature": 2.01}), "temperature"),
             (json!({"top_p": 0.0}), "top_p"),
@@ -487,7 +574,7 @@ mod tests {
             (json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs"),
             (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
             (json!({"messages": []}), "messages"),
-            (json!({"messages": [{"role": "tool", "content": "1"}]}), "messages[0].role"),
+            (json!({"messages": [{"role": "robot", "content": "1"}]}), "messages[0].role"),
             (json!({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}), "messages[0].content[0]"),
             (json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}), "messages[0].content[0]"),
         ];

@@ -8,6 +8,7 @@ use super::SYSTEM_FINGERPRINT;
 use super::plan::Api;
 use super::types::*;
 use crate::engine::session::FinishReason as EngineFinish;
+use crate::engine::toolcall::ToolEvent;
 use crate::queue::{Event, JobDone, TokenLogprob};
 use crate::server::error::{ApiError, ErrorKind};
 
@@ -48,7 +49,7 @@ impl ChunkWriter {
     pub fn start(&mut self) -> Vec<String> {
         match self.api {
             Api::Chat => {
-                let delta = Delta { role: Some("assistant".into()), content: Some(String::new()) };
+                let delta = Delta { role: Some("assistant".into()), content: Some(String::new()), ..Delta::default() };
                 vec![self.chunk(delta, None)]
             }
             Api::Completion => Vec::new(),
@@ -71,7 +72,26 @@ impl ChunkWriter {
                 let delta = Delta { content: Some(text), ..Delta::default() };
                 vec![self.chunk(delta, None)]
             }
-            Event::Done(done) => match finish_reason(done.finish) {
+            Event::Tool(ToolEvent::Begin { index, id, name }) => {
+                let call = ToolCallDelta {
+                    index,
+                    id: Some(id),
+                    kind: Some("function".into()),
+                    function: FunctionDelta { name: Some(name), arguments: Some(String::new()) },
+                };
+                vec![self.chunk(Delta { tool_calls: Some(vec![call]), ..Delta::default() }, None)]
+            }
+            Event::Tool(ToolEvent::Args { index, fragment }) => {
+                let call = ToolCallDelta {
+                    index,
+                    id: None,
+                    kind: None,
+                    function: FunctionDelta { name: None, arguments: Some(fragment) },
+                };
+                vec![self.chunk(Delta { tool_calls: Some(vec![call]), ..Delta::default() }, None)]
+            }
+            Event::Tool(_) => Vec::new(),
+            Event::Done(done) => match finish_reason(&done) {
                 Ok(finish) => {
                     self.finished = true;
                     let mut out = vec![self.chunk(Delta::default(), Some(finish))];
@@ -183,8 +203,10 @@ pub(super) fn worker_gone() -> ApiError {
     ApiError::new(ErrorKind::Internal, "the worker ended the job without a result")
 }
 
-fn finish_reason(f: EngineFinish) -> Result<FinishReason, ApiError> {
-    match f {
+/// The finish reason: `tool_calls` when the reply called tools.
+fn finish_reason(done: &JobDone) -> Result<FinishReason, ApiError> {
+    match done.finish {
+        EngineFinish::Stop | EngineFinish::Length if !done.tool_calls.is_empty() => Ok(FinishReason::ToolCalls),
         EngineFinish::Stop => Ok(FinishReason::Stop),
         EngineFinish::Length => Ok(FinishReason::Length),
         EngineFinish::Cancelled => {
@@ -194,7 +216,7 @@ fn finish_reason(f: EngineFinish) -> Result<FinishReason, ApiError> {
 }
 
 pub(super) fn whole_response(head: &Head, api: Api, logprobs: bool, g: Generation) -> Result<Response, ApiError> {
-    let finish = finish_reason(g.done.finish)?;
+    let finish = finish_reason(&g.done)?;
     let usage = Usage::of(&g.done);
     let resp = match api {
         Api::Chat => Json(ChatCompletionResponse {
@@ -205,7 +227,7 @@ pub(super) fn whole_response(head: &Head, api: Api, logprobs: bool, g: Generatio
             system_fingerprint: SYSTEM_FINGERPRINT.into(),
             choices: vec![ChatChoice {
                 index: 0,
-                message: AssistantMessage { role: "assistant".into(), content: g.text },
+                message: assistant_message(g.text, &g.done),
                 logprobs: logprobs.then(|| chat_logprobs(&g.steps)),
                 finish_reason: finish,
             }],
@@ -229,6 +251,29 @@ pub(super) fn whole_response(head: &Head, api: Api, logprobs: bool, g: Generatio
         .into_response(),
     };
     Ok(resp)
+}
+
+/// The reply as a message: its text (null when it only called tools) and its calls.
+fn assistant_message(text: String, done: &JobDone) -> AssistantMessage {
+    if done.tool_calls.is_empty() {
+        return AssistantMessage {
+            role: "assistant".into(),
+            content: Some(text),
+            reasoning_content: None,
+            tool_calls: None,
+        };
+    }
+    let calls = done
+        .tool_calls
+        .iter()
+        .map(|c| ToolCallOut {
+            id: c.id.clone(),
+            kind: "function".into(),
+            function: FunctionCallOut { name: c.name.clone(), arguments: c.arguments.clone() },
+        })
+        .collect();
+    let content = (!text.trim().is_empty()).then_some(text);
+    AssistantMessage { role: "assistant".into(), content, reasoning_content: None, tool_calls: Some(calls) }
 }
 
 fn finite(lp: f32) -> f32 {
@@ -299,6 +344,7 @@ mod tests {
             prefill: Duration::ZERO,
             decode: Duration::ZERO,
             total: Duration::ZERO,
+            tool_calls: Vec::new(),
         })
     }
 

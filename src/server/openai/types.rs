@@ -58,20 +58,33 @@ pub struct ChatCompletionRequest {
     pub n: Option<i64>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
-    /// Only `{"type": "text"}` is supported yet.
+    /// `{"type": "text"}`, `{"type": "json_object"}` (any JSON object) or
+    /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`: the output
+    /// is constrained to match, token by token.
     pub response_format: Option<ResponseFormat>,
-    /// Not supported yet: must be absent or empty.
-    #[schema(value_type = Option<Vec<Object>>, max_items = 0)]
+    /// Nonstandard: a grammar in llguidance's Lark syntax the output must match (as
+    /// llama.cpp's server `grammar`, in Lark rather than GBNF).
+    pub grammar: Option<String>,
+    /// Functions the model may call: `{"type": "function", "function": {"name",
+    /// "description", "parameters"}}`. Calls come back in `message.tool_calls`.
+    #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<Value>>,
-    /// Not supported yet: must be absent or `"none"`.
-    #[schema(value_type = Option<String>, pattern = "^none$")]
+    /// `"none"`, `"auto"` (the default with tools), `"required"`, or
+    /// `{"type": "function", "function": {"name": ...}}`; the last two are enforced.
+    #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<Value>,
-    /// Legacy form of `tools`; not supported yet.
-    #[schema(value_type = Option<Vec<Object>>, max_items = 0)]
+    /// Whether a reply may call several tools (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// Legacy form of `tools` (a list of function definitions).
+    #[schema(value_type = Option<Vec<Object>>)]
     pub functions: Option<Vec<Value>>,
-    /// Legacy form of `tool_choice`; not supported yet.
-    #[schema(value_type = Option<String>, pattern = "^none$")]
+    /// Legacy form of `tool_choice`: `"none"`, `"auto"` or `{"name": ...}`.
+    #[schema(value_type = Option<Object>)]
     pub function_call: Option<Value>,
+    /// Nonstandard: more chat template variables (as vLLM's `chat_template_kwargs`),
+    /// e.g. `{"enable_thinking": false}`.
+    #[schema(value_type = Option<Object>)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Accepted and ignored.
     pub user: Option<String>,
 }
@@ -79,13 +92,21 @@ pub struct ChatCompletionRequest {
 /// One message of the conversation.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ChatMessageIn {
-    #[schema(example = "user", pattern = "^(system|developer|user|assistant)$")]
+    #[schema(example = "user", pattern = "^(system|developer|user|assistant|tool|function)$")]
     pub role: String,
     /// A string or a list of `{"type": "text", "text": ...}` parts (joined by newlines);
     /// absent or null: empty (an assistant turn that only called tools has none).
     pub content: Option<MessageContent>,
-    /// Accepted and ignored.
+    /// The tool's name, on `tool` messages; passed to the template.
     pub name: Option<String>,
+    /// An assistant turn's calls: `{"id", "type": "function", "function": {"name",
+    /// "arguments"}}`, arguments as a JSON string (or object).
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Vec<Value>>,
+    /// On `tool` messages: the id of the call this answers.
+    pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning, passed to templates that show it.
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -120,10 +141,13 @@ pub struct StreamOptions {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ResponseFormat {
-    /// `text`; `json_object` and `json_schema` are not supported yet.
+    /// `text`, `json_object` or `json_schema`.
     #[serde(rename = "type")]
-    #[schema(pattern = "^text$")]
+    #[schema(pattern = "^(text|json_object|json_schema)$")]
     pub kind: String,
+    /// With `json_schema`: `{"name", "schema", "strict", "description"}`.
+    #[schema(value_type = Option<Object>)]
+    pub json_schema: Option<Value>,
 }
 
 /// `POST /v1/completions`. Unknown fields are ignored.
@@ -223,6 +247,8 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens`, or the context is full.
     Length,
+    /// The reply called tools (see `tool_calls`).
+    ToolCalls,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
@@ -268,7 +294,50 @@ pub struct ChatChoice {
 pub struct AssistantMessage {
     #[schema(example = "assistant")]
     pub role: String,
-    pub content: String,
+    /// The reply's text; null when it only called tools.
+    pub content: Option<String>,
+    /// The reply's reasoning (between the template's think markers), when split off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// A call in a reply.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    #[schema(example = "function")]
+    pub kind: String,
+    pub function: FunctionCallOut,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FunctionCallOut {
+    pub name: String,
+    /// JSON text of an object.
+    pub arguments: String,
+}
+
+/// A piece of a call in a stream: the first carries `id`, `type` and `function.name`,
+/// later ones only `index` and `function.arguments` fragments.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub function: FunctionDelta,
+}
+
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// One `data:` event of a streamed chat completion.
@@ -303,6 +372,10 @@ pub struct Delta {
     pub role: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

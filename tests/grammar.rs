@@ -1,0 +1,286 @@
+//! Structured output end to end: generation under a JSON schema, a JSON object or a Lark
+//! grammar on the llama3 fixture model (random weights, made by
+//! `tools/make_fixtures.py`), greedy and sampled, alone and batched with an
+//! unconstrained sequence; and, when `STRATA_SMOLLM2` names the SmolLM2-135M-Instruct
+//! GGUF, on a real model.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use strata::engine::batch::{self, Sequence};
+use strata::engine::grammar::{Constraint, GrammarSpec};
+use strata::engine::sampler::SamplingParams;
+use strata::engine::session::{
+    Engine, FinishReason, GenerateError, GenerateRequest, GenerationSummary, RunOptions, Session, TokenEvent,
+};
+use strata::engine::template::ChatMessage;
+
+const CHUNK: usize = 16;
+
+/// The repository: where this was built, or the working directory (a copy elsewhere).
+fn root() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    match built.join("tests/fixtures").exists() {
+        true => built,
+        false => std::env::current_dir().unwrap(),
+    }
+}
+
+fn engine() -> Engine {
+    let path = root().join("tests/fixtures/hf/llama3");
+    Engine::load(path.to_str().unwrap(), &RunOptions { threads: 2, context: 512, ..Default::default() }).unwrap()
+}
+
+fn request(e: &Engine, grammar: Option<GrammarSpec>, sampling: SamplingParams) -> GenerateRequest {
+    GenerateRequest {
+        prompt: e.tokenizer.encode("Describe a pet as JSON:", false).unwrap(),
+        max_tokens: 300,
+        sampling,
+        stop: Vec::new(),
+        stop_at_eos: false,
+        top_logprobs: 3,
+        grammar,
+    }
+}
+
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: Some(seed), ..SamplingParams::default() }
+}
+
+/// Runs `req` in a fresh session: its text and summary.
+fn generate(e: &Engine, req: &GenerateRequest) -> Result<(String, GenerationSummary), GenerateError> {
+    let mut text = String::new();
+    let summary = Session::new(e).unwrap().generate(e, req, &|| false, |ev| {
+        if let TokenEvent::Text(t) = ev {
+            text.push_str(&t);
+        }
+        true
+    })?;
+    Ok((text, summary))
+}
+
+/// A schema whose every document is short: every key required, bounded strings,
+/// numbers and arrays.
+fn pet_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 10},
+            "kind": {"enum": ["cat", "dog", "fish"]},
+            "legs": {"type": "integer", "minimum": 0, "maximum": 8},
+            "friendly": {"type": "boolean"},
+            "toys": {"type": "array", "items": {"type": "string", "maxLength": 5}, "minItems": 1, "maxItems": 3}
+        },
+        "required": ["name", "kind", "legs", "friendly", "toys"],
+        "additionalProperties": false
+    })
+}
+
+/// Whether `text` is a document of [`pet_schema`]; the error says what is wrong.
+fn check_pet(text: &str) -> Result<(), String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("{e}: {text:?}"))?;
+    let obj = v.as_object().ok_or("not an object")?;
+    let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+    keys.sort();
+    if keys != ["friendly", "kind", "legs", "name", "toys"] {
+        return Err(format!("keys {keys:?}"));
+    }
+    let name = obj["name"].as_str().ok_or("name")?;
+    let kind = obj["kind"].as_str().ok_or("kind")?;
+    let legs = obj["legs"].as_i64().ok_or("legs")?;
+    let toys = obj["toys"].as_array().ok_or("toys")?;
+    let ok = name.chars().count() <= 10
+        && ["cat", "dog", "fish"].contains(&kind)
+        && (0..=8).contains(&legs)
+        && obj["friendly"].is_boolean()
+        && (1..=3).contains(&toys.len())
+        && toys.iter().all(|t| t.as_str().is_some_and(|t| t.chars().count() <= 5));
+    match ok {
+        true => Ok(()),
+        false => Err(format!("does not match the schema: {text}")),
+    }
+}
+
+#[test]
+fn a_json_schema_shapes_greedy_and_sampled_output() {
+    let e = engine();
+    let spec = GrammarSpec::JsonSchema(pet_schema());
+    let runs = [SamplingParams::greedy(), sampled(1), sampled(2), sampled(3), sampled(4)];
+    for sampling in runs {
+        let (text, summary) = generate(&e, &request(&e, Some(spec.clone()), sampling.clone())).unwrap();
+        assert_eq!(summary.finish, FinishReason::Stop, "{sampling:?}: {text}");
+        check_pet(&text).unwrap_or_else(|err| panic!("{sampling:?}: {err}"));
+    }
+}
+
+#[test]
+fn a_json_object_is_an_object() {
+    let e = engine();
+    for sampling in [SamplingParams::greedy(), sampled(5), sampled(6)] {
+        let req = GenerateRequest { max_tokens: 400, ..request(&e, Some(GrammarSpec::JsonObject), sampling.clone()) };
+        let (text, summary) = generate(&e, &req).unwrap();
+        match summary.finish {
+            FinishReason::Stop => {
+                // Only the syntax: a random model writes numbers such as 1E2857151, valid
+                // JSON that serde_json will not hold in an f64.
+                serde_json::from_str::<serde::de::IgnoredAny>(&text).unwrap_or_else(|err| panic!("{err}: {text:?}"));
+                assert!(text.starts_with('{'), "{text}");
+            }
+            // A random model may write a long string: what it wrote is still an object's
+            // beginning.
+            _ => assert!(text.starts_with('{'), "{sampling:?}: {text:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_lark_grammar_may_end_with_a_special_token() {
+    let e = engine();
+    // The grammar names a special token; the generation ends where the grammar is
+    // complete, with `stop_at_eos` off and no end-of-sequence token.
+    let spec = GrammarSpec::Lark("start: (\"yes\" | \"no\") <|im_end|>\n".into());
+    for sampling in [SamplingParams::greedy(), sampled(7)] {
+        let (text, summary) = generate(&e, &request(&e, Some(spec.clone()), sampling)).unwrap();
+        assert_eq!(summary.finish, FinishReason::Stop);
+        assert!(text == "yes" || text == "no", "{text:?}");
+        let im_end = e.tokenizer.token_to_id("<|im_end|>").unwrap();
+        assert_eq!(summary.tokens.last(), Some(&im_end), "the grammar is complete after <|im_end|>");
+    }
+}
+
+#[test]
+fn a_grammar_that_does_not_compile_is_a_grammar_error() {
+    let e = engine();
+    let req = request(&e, Some(GrammarSpec::Lark("start: <|no_such_token|>\n".into())), SamplingParams::greedy());
+    match generate(&e, &req) {
+        Err(GenerateError::Grammar(msg)) => assert!(msg.contains("no_such_token"), "{msg}"),
+        other => panic!("expected a grammar error, got {:?}", other.map(|r| r.0)),
+    }
+}
+
+/// What a sequence reported: its tokens with their log-probabilities and alternatives
+/// (as bits), and its text.
+type Trace = (Vec<(u32, u32, Vec<(u32, u32)>)>, String);
+
+fn record(seq: &mut Sequence, trace: &mut Trace) {
+    for ev in seq.drain_events() {
+        match ev {
+            TokenEvent::Token { id, logprob, top } => {
+                trace.0.push((id, logprob.to_bits(), top.into_iter().map(|(i, l)| (i, l.to_bits())).collect()))
+            }
+            TokenEvent::Text(t) => trace.1.push_str(&t),
+        }
+    }
+}
+
+/// All of `reqs` through one step loop from the start.
+fn together(e: &Engine, reqs: &[GenerateRequest]) -> Vec<Trace> {
+    let mut seqs: Vec<Sequence> = reqs
+        .iter()
+        .map(|r| Sequence::new(e, e.model.new_cache(e.context_len).unwrap(), Vec::new(), r.clone()).unwrap())
+        .collect();
+    let mut traces = vec![Trace::default(); reqs.len()];
+    loop {
+        let mut running: Vec<&mut Sequence> = seqs.iter_mut().filter(|s| !s.is_finished()).collect();
+        if running.is_empty() {
+            break;
+        }
+        batch::step(e, &mut running, CHUNK, &|| false).unwrap();
+        for (seq, trace) in seqs.iter_mut().zip(&mut traces) {
+            record(seq, trace);
+            if let Some(err) = seq.take_error() {
+                panic!("{err}");
+            }
+        }
+    }
+    traces
+}
+
+#[test]
+fn an_unconstrained_sequence_gets_what_it_gets_alone_beside_a_constrained_one() {
+    let e = engine();
+    let constrained = request(&e, Some(GrammarSpec::JsonSchema(pet_schema())), sampled(9));
+    // Greedy with a one-token cut, and top-k sampling: both sample from a cut of the
+    // logits alone, and from every logit beside a grammar.
+    let top_k = SamplingParams { temperature: 0.8, top_k: 5, seed: Some(3), ..SamplingParams::greedy() };
+    for sampling in [SamplingParams::greedy(), top_k] {
+        let free = GenerateRequest { max_tokens: 40, ..request(&e, None, sampling) };
+        let alone = together(&e, std::slice::from_ref(&free)).remove(0);
+        let both = together(&e, &[constrained.clone(), free.clone()]);
+        assert!(both[1] == alone, "batched:\n{:?}\nalone:\n{alone:?}", both[1]);
+        check_pet(&both[0].1).unwrap();
+        // The reported log-probs are the model's own: the constrained sequence's first
+        // token has the same alternatives as the unconstrained one's (the same prompt;
+        // one computed from every logit, the other from the device's top entries).
+        let (a, b) = (&both[0].0[0].2, &alone.0[0].2);
+        assert_eq!(a.iter().map(|t| t.0).collect::<Vec<_>>(), b.iter().map(|t| t.0).collect::<Vec<_>>());
+        for (x, y) in a.iter().zip(b) {
+            assert!((f32::from_bits(x.1) - f32::from_bits(y.1)).abs() < 1e-5, "{a:?} vs {b:?}");
+        }
+    }
+}
+
+/// SmolLM2-135M-Instruct (49152 tokens) at `STRATA_SMOLLM2`: a chat answer under a
+/// schema is a document of it, and every token of a valid document passes its mask.
+/// Prints the time a mask takes (not asserted: timing is for benchmarks).
+#[test]
+fn a_real_model_answers_in_the_schema() {
+    let Some(path) = std::env::var_os("STRATA_SMOLLM2") else {
+        eprintln!("skipped: set STRATA_SMOLLM2 to SmolLM2-135M-Instruct's GGUF to run this test");
+        return;
+    };
+    let e =
+        Engine::load(path.to_str().unwrap(), &RunOptions { threads: 2, context: 1024, ..Default::default() }).unwrap();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "kind": {"enum": ["cat", "dog", "fish"]},
+            "legs": {"type": "integer", "minimum": 0, "maximum": 8},
+            "friendly": {"type": "boolean"},
+            "toys": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3}
+        },
+        "required": ["name", "kind", "legs", "friendly", "toys"],
+        "additionalProperties": false
+    });
+    let spec = GrammarSpec::JsonSchema(schema);
+
+    let t = Instant::now();
+    let env = e.token_env().unwrap();
+    eprintln!("token trie of {} tokens built in {:.0?}", env.vocab_size(), t.elapsed());
+    let doc = r#"{"name": "Rex", "kind": "dog", "legs": 4, "friendly": true, "toys": ["ball", "stick"]}"#;
+    let ids = e.tokenizer.encode(doc, false).unwrap();
+    let t = Instant::now();
+    let mut c = Constraint::new(&spec, env).unwrap();
+    let compile = t.elapsed();
+    let t = Instant::now();
+    for &id in &ids {
+        assert!(strata::engine::grammar::allows(c.allowed().unwrap(), id), "token {id} of {doc}");
+        c.commit(id).unwrap();
+    }
+    let per_token = t.elapsed() / ids.len() as u32;
+    assert!(c.is_done(), "the document is complete");
+    eprintln!("schema compiled in {compile:.1?}; mask and commit: {per_token:.1?} per token over {} tokens", ids.len());
+
+    let messages =
+        [ChatMessage::new("user", "Describe a pet dog as JSON with its name, kind, legs, friendliness and toys.")];
+    let prompt = e.tokenizer.encode_chat(&messages, true).unwrap();
+    for sampling in [SamplingParams::greedy(), sampled(1), sampled(2)] {
+        let req = GenerateRequest {
+            prompt: prompt.clone(),
+            max_tokens: 200,
+            sampling: sampling.clone(),
+            stop: Vec::new(),
+            stop_at_eos: true,
+            top_logprobs: 0,
+            grammar: Some(spec.clone()),
+        };
+        let (text, summary) = generate(&e, &req).unwrap();
+        eprintln!("{sampling:?}: {text}");
+        assert_eq!(summary.finish, FinishReason::Stop, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|err| panic!("{err}: {text}"));
+        assert!(["cat", "dog", "fish"].contains(&v["kind"].as_str().unwrap()), "{text}");
+        assert!(v["toys"].as_array().is_some_and(|t| (1..=3).contains(&t.len())), "{text}");
+    }
+}
