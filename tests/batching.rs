@@ -60,6 +60,7 @@ fn requests(vocab: u32) -> Vec<GenerateRequest> {
             stop_at_eos: false,
             top_logprobs,
             grammar: None,
+            keep_special_tokens: false,
         })
         .collect()
 }
@@ -293,6 +294,7 @@ mod worker {
             tools: None,
             grammar: None,
             template_vars: Default::default(),
+            split_reasoning: false,
         })
     }
 

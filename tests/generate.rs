@@ -52,6 +52,7 @@ fn greedy(prompt: &[u32], max_tokens: usize, stop: Vec<String>) -> GenerateReque
         stop_at_eos: false,
         top_logprobs: 0,
         grammar: None,
+        keep_special_tokens: false,
     }
 }
 
@@ -135,6 +136,7 @@ fn same_seed_same_tokens_and_another_seed_differs() {
             stop_at_eos: false,
             top_logprobs: 0,
             grammar: None,
+            keep_special_tokens: false,
         };
         run(&e, &mut Session::new(&e).unwrap(), &req).1
     };

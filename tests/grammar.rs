@@ -41,6 +41,7 @@ fn request(e: &Engine, grammar: Option<GrammarSpec>, sampling: SamplingParams) -
         stop_at_eos: false,
         top_logprobs: 3,
         grammar,
+        keep_special_tokens: false,
     }
 }
 
@@ -275,6 +276,7 @@ fn a_real_model_answers_in_the_schema() {
             stop_at_eos: true,
             top_logprobs: 0,
             grammar: Some(spec.clone()),
+            keep_special_tokens: false,
         };
         let (text, summary) = generate(&e, &req).unwrap();
         eprintln!("{sampling:?}: {text}");
@@ -282,5 +284,65 @@ fn a_real_model_answers_in_the_schema() {
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|err| panic!("{err}: {text}"));
         assert!(["cat", "dog", "fish"].contains(&v["kind"].as_str().unwrap()), "{text}");
         assert!(v["toys"].as_array().is_some_and(|t| (1..=3).contains(&t.len())), "{text}");
+    }
+}
+
+/// The grammars that force a tool call accept each format's canonical call, token by
+/// token (as the fixture's tokenizer spells it), end there, and the parser reads the call
+/// back; they refuse a call to a function not offered.
+#[test]
+fn forced_call_grammars_accept_canonical_calls() {
+    use strata::engine::toolcall::{ToolCallParser, ToolEvent, ToolFormat, call_grammar};
+    let e = engine();
+    let env = e.token_env().unwrap();
+    let f = |name: &str| {
+        json!({"name": name, "parameters": {"type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}})
+    };
+    let (weather, search) = (f("get_weather"), f("search"));
+    let cases = [
+        (
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>",
+        ),
+        (
+            ToolFormat::QwenXml,
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+        ),
+        (ToolFormat::Llama3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 2}}"),
+        (
+            ToolFormat::Generic,
+            "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}]}",
+        ),
+    ];
+    let accepts = |spec: &GrammarSpec, text: &str| -> Result<bool, String> {
+        let mut c = Constraint::new(spec, env)?;
+        for id in e.tokenizer.encode(text, false).unwrap() {
+            if !strata::engine::grammar::allows(c.allowed()?, id) {
+                return Ok(false);
+            }
+            c.commit(id)?;
+        }
+        // Complete: only an end-of-sequence token may follow.
+        Ok(c.is_done()
+            || e.tokenizer.eos_ids().iter().any(|&eos| strata::engine::grammar::allows(c.allowed().unwrap(), eos)))
+    };
+    for (format, text) in cases {
+        for parallel in [false, true] {
+            let spec = call_grammar(format, &[&weather, &search], parallel).unwrap();
+            assert!(accepts(&spec, text).unwrap(), "{format:?} parallel {parallel}: {text}");
+            let only_search = call_grammar(format, &[&search], parallel).unwrap();
+            assert!(!accepts(&only_search, text).unwrap(), "{format:?}: a function not offered");
+        }
+        let mut p = ToolCallParser::new(format, &[json!({"type": "function", "function": weather.clone()})], 3);
+        let mut events = p.push(text);
+        events.extend(p.finish());
+        let call = events.iter().find_map(|ev| match ev {
+            ToolEvent::End { call, .. } => Some(call.clone()),
+            _ => None,
+        });
+        let call = call.unwrap_or_else(|| panic!("{format:?}: {events:?}"));
+        assert_eq!(call.name, "get_weather");
+        assert_eq!(serde_json::from_str::<Value>(&call.arguments).unwrap(), json!({"city": "Paris", "days": 2}));
     }
 }

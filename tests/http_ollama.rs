@@ -313,7 +313,7 @@ async fn model_routes_have_ollama_shapes() {
         assert!(show["modelfile"].as_str().is_some_and(|m| m.contains("FROM ")));
         assert!(show["parameters"].is_string());
         assert_eq!(show["details"]["family"], "llama");
-        assert_eq!(show["capabilities"], json!(["completion", "embedding"]));
+        assert_eq!(show["capabilities"], json!(["completion", "tools", "embedding"]));
         let info = &show["model_info"];
         assert_eq!(info["general.architecture"], "llama");
         assert!(info["general.parameter_count"].as_u64() > Some(0));

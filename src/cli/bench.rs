@@ -270,6 +270,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                     stop_at_eos: false,
                     top_logprobs: 0,
                     grammar: None,
+                    keep_special_tokens: false,
                 };
                 seqs.push(Sequence::new(&engine, cache, Vec::new(), req)?);
             }

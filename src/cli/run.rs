@@ -90,6 +90,7 @@ fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[Ch
         stop_at_eos: true,
         top_logprobs: 0,
         grammar: None,
+        keep_special_tokens: false,
     };
     let mut out = std::io::stdout().lock();
     let mut text = String::new();

@@ -85,7 +85,7 @@ impl Sequence {
             Some(spec) => Some(Constraint::new(spec, engine.token_env()?).map_err(GenerateError::Grammar)?),
             None => None,
         };
-        let detok = DetokState::new(true).with_prompt_context(&req.prompt);
+        let detok = DetokState::new(!req.keep_special_tokens).with_prompt_context(&req.prompt);
         Ok(Sequence {
             cache,
             tokens: cached,

@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod detok;
 pub mod grammar;
+pub mod reasoning;
 pub mod sampler;
 pub mod session;
 pub mod stop;

@@ -42,6 +42,9 @@ pub struct GenerateRequest {
     /// [`FinishReason::Stop`] where the grammar is complete, or at an end-of-sequence
     /// token the grammar allows, whatever `stop_at_eos` says.
     pub grammar: Option<GrammarSpec>,
+    /// Keep special tokens in the text (tool-call and reasoning markers such as Mistral's
+    /// `[TOOL_CALLS]` are special tokens; the parsers need to see them).
+    pub keep_special_tokens: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -22,6 +22,8 @@
 
 use serde_json::Value;
 
+use super::grammar::GrammarSpec;
+
 /// How a model writes tool calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolFormat {
@@ -375,7 +377,7 @@ fn base36(mut n: u64, len: usize) -> String {
 }
 
 /// The length of the longest suffix of `text` that is a proper prefix of `pat`.
-fn partial_suffix(text: &str, pat: &str) -> usize {
+pub(crate) fn partial_suffix(text: &str, pat: &str) -> usize {
     (1..pat.len().min(text.len() + 1))
         .rev()
         .find(|&n| text.is_char_boundary(text.len() - n) && pat.starts_with(&text[text.len() - n..]))
@@ -756,6 +758,106 @@ fn scan_qwen_xml(buf: &str, tools: &[Value], eof: bool) -> Scan {
         args.push_str(&serde_json::to_string(&value).unwrap_or_default());
         n += 1;
         rest = &p[val_end + "</parameter>".len()..];
+    }
+}
+
+/// llguidance's JSON options for tool calls: `{"name": "f", "arguments": {"k": 1}}`,
+/// separators as models are trained to write them, no other whitespace.
+fn compact_json() -> Value {
+    serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "whitespace_pattern": null})
+}
+
+/// The grammar that makes a reply call one of `functions` (function definitions:
+/// `{"name", "description", "parameters"}`) in `format`: one call, or with `parallel`
+/// one or more. Mistral's format is refused (its markers are special tokens).
+pub fn call_grammar(format: ToolFormat, functions: &[&Value], parallel: bool) -> Result<GrammarSpec, String> {
+    if functions.is_empty() {
+        return Err("`tool_choice` asks for a tool call, but `tools` holds no functions".into());
+    }
+    // Arguments hold only the declared parameters unless the schema says otherwise (as
+    // OpenAI's strict mode and llama.cpp's grammars do): a small model otherwise runs on
+    // inventing keys.
+    let params = |f: &Value| {
+        let mut p = f.get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}));
+        if let Some(o) = p.as_object_mut()
+            && o.contains_key("properties")
+        {
+            o.entry("additionalProperties").or_insert(Value::Bool(false));
+        }
+        p
+    };
+    let name = |f: &Value| f.get("name").and_then(|n| n.as_str()).unwrap_or_default().to_string();
+    let call_schema = |args_key: &str| -> Value {
+        let each: Vec<Value> = functions
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {"name": {"const": name(f)}, args_key: params(f)},
+                    "required": ["name", args_key],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let mut schema = if each.len() == 1 { each[0].clone() } else { serde_json::json!({"anyOf": each}) };
+        // Calls are written compactly (`{"name": "f", "arguments": {...}}`), as models
+        // are trained to write them, with no room to wander in whitespace.
+        schema["x-guidance"] = compact_json();
+        schema
+    };
+    let most = if parallel { Value::Null } else { serde_json::json!(1) };
+    match format {
+        ToolFormat::Generic => {
+            let mut list = serde_json::json!({"type": "array", "items": call_schema("arguments"), "minItems": 1});
+            if !most.is_null() {
+                list["maxItems"] = most;
+            }
+            Ok(GrammarSpec::JsonSchema(serde_json::json!({
+                "type": "object",
+                "properties": {"tool_calls": list},
+                "required": ["tool_calls"],
+                "additionalProperties": false,
+                "x-guidance": compact_json(),
+            })))
+        }
+        ToolFormat::Llama3 => Ok(GrammarSpec::JsonSchema(call_schema("parameters"))),
+        ToolFormat::Hermes => {
+            let schema = serde_json::to_string(&call_schema("arguments")).map_err(|e| e.to_string())?;
+            let repeat = if parallel { "(\"\\n\" call)*" } else { "" };
+            Ok(GrammarSpec::Lark(format!(
+                "start: call {repeat}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {schema}\n"
+            )))
+        }
+        ToolFormat::QwenXml => {
+            let mut rules = String::new();
+            let mut alts = Vec::new();
+            for (i, f) in functions.iter().enumerate() {
+                let props = params(f).get("properties").and_then(|p| p.as_object()).cloned().unwrap_or_default();
+                let mut params_alt: Vec<String> = props
+                    .keys()
+                    .map(|k| {
+                        let lit = serde_json::to_string(&format!("<parameter={k}>")).unwrap_or_default();
+                        format!("{lit} VALUE \"</parameter>\\n\"")
+                    })
+                    .collect();
+                if params_alt.is_empty() {
+                    params_alt.push("\"\"".into());
+                }
+                let head = serde_json::to_string(&format!("<function={}>\n", name(f))).unwrap_or_default();
+                rules.push_str(&format!("f{i}: {head} (p{i})* \"</function>\"\np{i}: {}\n", params_alt.join(" | ")));
+                alts.push(format!("f{i}"));
+            }
+            let repeat = if parallel { "(\"\\n\" call)*" } else { "" };
+            Ok(GrammarSpec::Lark(format!(
+                "start: call {repeat}\ncall: \"<tool_call>\\n\" func \"\\n</tool_call>\"\nfunc: {}\n{rules}VALUE: /\\n[^<]*\\n/\n",
+                alts.join(" | ")
+            )))
+        }
+        ToolFormat::Mistral => {
+            Err("`tool_choice` `required` or a named function is not supported for this model's tool-call format \
+             (Mistral's); use `auto`"
+                .into())
+        }
     }
 }
 

@@ -143,6 +143,9 @@ pub struct GenerateJob {
     pub grammar: Option<GrammarSpec>,
     /// More chat template variables (`enable_thinking`, ...).
     pub template_vars: serde_json::Map<String, serde_json::Value>,
+    /// Split a chat reply's reasoning (between the template's think markers) from its
+    /// answer: it comes as [`Event::Reasoning`].
+    pub split_reasoning: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -215,6 +218,8 @@ pub enum Event {
     },
     /// A tool call starts, grows or ends (never [`ToolEvent::Text`]: that is `Text`).
     Tool(ToolEvent),
+    /// Reasoning text, apart from the answer (`GenerateJob::split_reasoning`).
+    Reasoning(String),
     Done(JobDone),
     Embeddings {
         vectors: Vec<Vec<f32>>,

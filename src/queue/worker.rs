@@ -18,10 +18,11 @@ use super::{
 };
 use crate::engine::batch::{self, Sequence};
 use crate::engine::grammar::GrammarSpec;
+use crate::engine::reasoning::{Piece, ReasoningSplitter, ThinkMarkers};
 use crate::engine::session::{Engine, GenerateError, GenerateRequest, RunOptions, TokenEvent};
 use crate::engine::template::ChatMessage;
 use crate::engine::tokenizer::{TextError, TextTokenizer};
-use crate::engine::toolcall::{ToolCallParser, ToolEvent, ToolFormat, generic_system_prompt};
+use crate::engine::toolcall::{ToolCallParser, ToolEvent, ToolFormat, call_grammar, generic_system_prompt};
 use crate::model::decoder::{KvCache, ModelError};
 use crate::sched::plan::human_size;
 
@@ -106,6 +107,8 @@ struct Running {
     kv_claim: u64,
     /// Splits tool calls from the text, when the chat offered tools.
     tools: Option<ToolCallParser>,
+    /// Splits reasoning from the answer, when asked and the template has think markers.
+    reasoning: Option<ReasoningSplitter>,
 }
 
 struct Slot {
@@ -234,6 +237,38 @@ fn generate_error(model: &str, param: &'static str, e: GenerateError) -> JobErro
     }
 }
 
+impl Running {
+    /// Generated text on its way out: reasoning apart, then tool calls apart.
+    fn text(&mut self, text: String, out: &mut Vec<Event>) {
+        let pieces = match &mut self.reasoning {
+            Some(split) => split.push(&text),
+            None => vec![Piece::Answer(text)],
+        };
+        self.pieces(pieces, out);
+    }
+
+    /// The generation ended: what the splitters held back goes out.
+    fn finish_text(&mut self, out: &mut Vec<Event>) {
+        if let Some(split) = &mut self.reasoning {
+            let pieces = split.finish();
+            self.pieces(pieces, out);
+        }
+        if let Some(parser) = &mut self.tools {
+            out.extend(parser.finish().into_iter().map(tool_event));
+        }
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>, out: &mut Vec<Event>) {
+        for piece in pieces {
+            match (piece, &mut self.tools) {
+                (Piece::Reasoning(t), _) => out.push(Event::Reasoning(t)),
+                (Piece::Answer(t), Some(parser)) => out.extend(parser.push(&t).into_iter().map(tool_event)),
+                (Piece::Answer(t), None) => out.push(Event::Text(t)),
+            }
+        }
+    }
+}
+
 /// A parser's event as a job event.
 fn tool_event(ev: ToolEvent) -> Event {
     match ev {
@@ -289,12 +324,6 @@ fn chat_text(
     }
 }
 
-/// llguidance's JSON options for tool calls: `{"name": "f", "arguments": {"k": 1}}`,
-/// separators as models are trained to write them, no other whitespace.
-fn compact_json() -> serde_json::Value {
-    serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "whitespace_pattern": null})
-}
-
 /// The grammar that makes a reply call a tool (`tool_choice` `required`, or a named
 /// function), in the model's format.
 fn tool_grammar(format: ToolFormat, offer: &ChatTools) -> Result<GrammarSpec, String> {
@@ -308,94 +337,7 @@ fn tool_grammar(format: ToolFormat, offer: &ChatTools) -> Result<GrammarSpec, St
         }
         _ => offer.tools.iter().filter_map(|t| t.get("function")).collect(),
     };
-    if functions.is_empty() {
-        return Err("`tool_choice` asks for a tool call, but `tools` holds no functions".into());
-    }
-    // Arguments hold only the declared parameters unless the schema says otherwise (as
-    // OpenAI's strict mode and llama.cpp's grammars do): a small model otherwise runs on
-    // inventing keys.
-    let params = |f: &serde_json::Value| {
-        let mut p = f.get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}));
-        if let Some(o) = p.as_object_mut()
-            && o.contains_key("properties")
-        {
-            o.entry("additionalProperties").or_insert(serde_json::Value::Bool(false));
-        }
-        p
-    };
-    let name = |f: &serde_json::Value| f.get("name").and_then(|n| n.as_str()).unwrap_or_default().to_string();
-    let call_schema = |args_key: &str| -> serde_json::Value {
-        let each: Vec<serde_json::Value> = functions
-            .iter()
-            .map(|f| {
-                serde_json::json!({
-                    "type": "object",
-                    "properties": {"name": {"const": name(f)}, args_key: params(f)},
-                    "required": ["name", args_key],
-                    "additionalProperties": false,
-                })
-            })
-            .collect();
-        let mut schema = if each.len() == 1 { each[0].clone() } else { serde_json::json!({"anyOf": each}) };
-        // Calls are written compactly (`{"name": "f", "arguments": {...}}`), as models
-        // are trained to write them, with no room to wander in whitespace.
-        schema["x-guidance"] = compact_json();
-        schema
-    };
-    let most = if offer.parallel { serde_json::Value::Null } else { serde_json::json!(1) };
-    match format {
-        ToolFormat::Generic => {
-            let mut list = serde_json::json!({"type": "array", "items": call_schema("arguments"), "minItems": 1});
-            if !most.is_null() {
-                list["maxItems"] = most;
-            }
-            Ok(GrammarSpec::JsonSchema(serde_json::json!({
-                "type": "object",
-                "properties": {"tool_calls": list},
-                "required": ["tool_calls"],
-                "additionalProperties": false,
-                "x-guidance": compact_json(),
-            })))
-        }
-        ToolFormat::Llama3 => Ok(GrammarSpec::JsonSchema(call_schema("parameters"))),
-        ToolFormat::Hermes => {
-            let schema = serde_json::to_string(&call_schema("arguments")).map_err(|e| e.to_string())?;
-            let repeat = if offer.parallel { "(\"\\n\" call)*" } else { "" };
-            Ok(GrammarSpec::Lark(format!(
-                "start: call {repeat}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {schema}\n"
-            )))
-        }
-        ToolFormat::QwenXml => {
-            let mut rules = String::new();
-            let mut alts = Vec::new();
-            for (i, f) in functions.iter().enumerate() {
-                let props = params(f).get("properties").and_then(|p| p.as_object()).cloned().unwrap_or_default();
-                let mut params_alt: Vec<String> = props
-                    .keys()
-                    .map(|k| {
-                        let lit = serde_json::to_string(&format!("<parameter={k}>\n")).unwrap_or_default();
-                        format!("{lit} VALUE \"\\n</parameter>\\n\"")
-                    })
-                    .collect();
-                if params_alt.is_empty() {
-                    params_alt.push("\"\"".into());
-                }
-                let head = serde_json::to_string(&format!("<function={}>\n", name(f))).unwrap_or_default();
-                rules.push_str(&format!("f{i}: {head} (p{i})* \"</function>\"\np{i}: {}\n", params_alt.join(" | ")));
-                alts.push(format!("f{i}"));
-            }
-            let repeat = if offer.parallel { "(\"\\n\" call)*" } else { "" };
-            Ok(GrammarSpec::Lark(format!(
-                "start: call {repeat}\ncall: \"<tool_call>\\n\" func \"\\n</tool_call>\"\nfunc: {}\n{rules}VALUE: /[^<]+/\n",
-                alts.join(" | ")
-            )))
-        }
-        ToolFormat::Mistral => {
-            Err("`tool_choice` `required` or a named function is not supported for this model's tool-call format \
-             (Mistral's); use `auto`"
-                .into())
-        }
-    }
+    call_grammar(format, &functions, offer.parallel)
 }
 
 /// The message of a panic caught at a job or a step.
@@ -653,6 +595,7 @@ impl Worker {
         let vocab = engine.model.config().vocab_size;
         let mut prompt = job.context.clone();
         let mut tools = None;
+        let mut reasoning = None;
         let mut grammar = job.grammar.clone();
         let new_ids = match &job.prompt {
             PromptInput::Text { text, special } => tok.encode(text, *special).map_err(|e| text_error("prompt", e))?,
@@ -663,6 +606,10 @@ impl Worker {
                         grammar = Some(tool_grammar(format, offer).map_err(|m| invalid(Some("tool_choice"), m))?);
                     }
                     tools = Some(ToolCallParser::new(format, &offer.tools, call_id_seed()));
+                }
+                let markers = tok.chat_template().and_then(|t| ThinkMarkers::detect(t.source()));
+                if let (true, Some(m)) = (job.split_reasoning, markers) {
+                    reasoning = Some(ReasoningSplitter::new(m, m.open_at_end(&text)));
                 }
                 tok.encode(&text, false).map_err(|e| text_error("messages", e))?
             }
@@ -738,10 +685,21 @@ impl Worker {
             stop_at_eos: true,
             top_logprobs: job.top_logprobs,
             grammar,
+            // Markers may be special tokens (Mistral's `[TOOL_CALLS]`, `[THINK]`).
+            keep_special_tokens: tools.is_some() || reasoning.is_some(),
         };
         let seq = Sequence::new(engine, cache, cached, req).map_err(|e| generate_error(&job.model, param, e))?;
         tracing::debug!(model = %slot.name, prompt = seq.request().prompt.len(), to_run = seq.prompt_left(), "admitted");
-        slot.running.push(Running { seq, events: events.clone(), param, admitted, load, kv_claim: claim, tools });
+        slot.running.push(Running {
+            seq,
+            events: events.clone(),
+            param,
+            admitted,
+            load,
+            kv_claim: claim,
+            tools,
+            reasoning,
+        });
         Ok(Began::Running)
     }
 
@@ -792,22 +750,18 @@ impl Worker {
             for r in slot.running.iter_mut() {
                 let mut sent = true;
                 let mut out = Vec::new();
-                for ev in r.seq.drain_events() {
+                let events: Vec<TokenEvent> = r.seq.drain_events().collect();
+                for ev in events {
                     match ev {
-                        TokenEvent::Text(t) => match &mut r.tools {
-                            Some(parser) => out.extend(parser.push(&t).into_iter().map(tool_event)),
-                            None => out.push(Event::Text(t)),
-                        },
+                        TokenEvent::Text(t) => r.text(t, &mut out),
                         TokenEvent::Token { id, logprob, top } => out.push(Event::Token {
                             sampled: TokenLogprob { logprob, ..piece(id) },
                             top: top.into_iter().map(|(id, logprob)| TokenLogprob { logprob, ..piece(id) }).collect(),
                         }),
                     }
                 }
-                if r.seq.is_finished()
-                    && let Some(parser) = &mut r.tools
-                {
-                    out.extend(parser.finish().into_iter().map(tool_event));
+                if r.seq.is_finished() {
+                    r.finish_text(&mut out);
                 }
                 for ev in out {
                     sent &= r.events.send(ev).is_ok();
@@ -965,6 +919,30 @@ mod tests {
     use super::*;
     use crate::backend::BackendError;
     use crate::server::error::{ApiError, Family};
+
+    /// Every format's forced-call grammar compiles, for one function or several, named or
+    /// not; Mistral's is refused with a reason.
+    #[test]
+    fn tool_grammars_compile_in_every_format() {
+        let f = |name: &str| {
+            serde_json::json!({"type": "function", "function": {"name": name, "parameters": {"type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}})
+        };
+        let tools = vec![f("get_weather"), f("search")];
+        for format in [ToolFormat::Hermes, ToolFormat::QwenXml, ToolFormat::Llama3, ToolFormat::Generic] {
+            for choice in [ToolChoice::Required, ToolChoice::Function("search".into())] {
+                for parallel in [true, false] {
+                    let offer = ChatTools { tools: tools.clone(), choice: choice.clone(), parallel };
+                    let spec = tool_grammar(format, &offer).unwrap();
+                    spec.check().unwrap_or_else(|e| panic!("{format:?} {choice:?}: {e}\n{spec:?}"));
+                }
+            }
+        }
+        let offer = ChatTools { tools, choice: ToolChoice::Required, parallel: true };
+        assert!(tool_grammar(ToolFormat::Mistral, &offer).unwrap_err().contains("Mistral"));
+        let offer = ChatTools { choice: ToolChoice::Function("nope".into()), ..offer };
+        assert!(tool_grammar(ToolFormat::Hermes, &offer).unwrap_err().contains("nope"));
+    }
 
     #[test]
     fn device_errors_are_503_naming_gpu_memory_and_others_500() {

@@ -39,7 +39,7 @@ use crate::engine::template::ChatMessage;
 use crate::engine::toolcall::{ToolCall, ToolEvent};
 use crate::queue::{Event, GenerateJob, JobDone, KeepAlive, PromptInput, Work};
 use crate::server::tools::{history_calls, tool_choice, tool_definitions};
-use checks::{format_grammar, keep_alive, refuse_non_empty, refuse_think, require_model, resolve_options};
+use checks::{format_grammar, keep_alive, refuse_non_empty, require_model, resolve_options, think};
 use embed::{__path_embed, __path_embeddings, embed, embeddings};
 use models::{
     __path_copy, __path_delete_model, __path_ps, __path_show, __path_tags, __path_version, copy, delete_model, ps,
@@ -174,7 +174,7 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
         return Err(ApiError::invalid("images", "images are not supported by this server"));
     }
     let grammar = format_grammar(req.format.as_ref())?;
-    refuse_think(req.think.as_ref(), &req.model)?;
+    let think = think(req.think.as_ref(), &info, &req.model)?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
     let opts = resolve_options(req.options, &info)?;
     let stream = req.stream.unwrap_or(true);
@@ -201,6 +201,8 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
         };
         let mut job = opts.job(&req.model, input, context, keep_alive);
         job.grammar = grammar;
+        job.template_vars = think.vars;
+        job.split_reasoning = think.split;
         Action::Generate(Box::new(job))
     };
     Ok(Call { api: Api::Generate, model: req.model, stream, action })
@@ -211,7 +213,7 @@ fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, Ap
     let tools = tool_definitions("tools", req.tools.as_deref().unwrap_or_default())?;
     let tools = tool_choice("tools", tools, None, None)?;
     let grammar = format_grammar(req.format.as_ref())?;
-    refuse_think(req.think.as_ref(), &req.model)?;
+    let think = think(req.think.as_ref(), &info, &req.model)?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
     let opts = resolve_options(req.options, &info)?;
     let stream = req.stream.unwrap_or(true);
@@ -230,6 +232,8 @@ fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, Ap
         let mut job = opts.job(&req.model, PromptInput::Chat(messages), Vec::new(), keep_alive);
         job.tools = tools;
         job.grammar = grammar;
+        job.template_vars = think.vars;
+        job.split_reasoning = think.split;
         Action::Generate(Box::new(job))
     };
     Ok(Call { api: Api::Chat, model: req.model, stream, action })
@@ -344,11 +348,12 @@ impl Api {
     /// One response object (without the newline): a chunk of `text`, or the final object
     /// when `end` is given.
     fn line(self, model: &str, text: String, end: Option<End<'_>>) -> Vec<u8> {
-        self.line_with_calls(model, text, end, None)
+        self.line_with(model, Extra { text, ..Extra::default() }, end)
     }
 
-    /// [`Api::line`] with tool calls in the chat message.
-    fn line_with_calls(self, model: &str, text: String, end: Option<End<'_>>, calls: Option<Vec<Value>>) -> Vec<u8> {
+    /// [`Api::line`] with reasoning or tool calls.
+    fn line_with(self, model: &str, extra: Extra, end: Option<End<'_>>) -> Vec<u8> {
+        let Extra { text, thinking, calls } = extra;
         let created_at = now();
         let done = end.is_some();
         let done_reason = end.map(|e| e.reason.to_string());
@@ -369,6 +374,7 @@ impl Api {
                     model,
                     created_at,
                     response: text,
+                    thinking,
                     done,
                     done_reason,
                     context,
@@ -378,7 +384,7 @@ impl Api {
             Api::Chat => serde_json::to_vec(&ChatResponse {
                 model,
                 created_at,
-                message: ChatMessageOut { role: "assistant".into(), content: text, tool_calls: calls },
+                message: ChatMessageOut { role: "assistant".into(), content: text, thinking, tool_calls: calls },
                 done,
                 done_reason,
                 timings,
@@ -431,12 +437,11 @@ impl Lines {
                 Some(Event::Token { .. }) => continue,
                 // Ollama sends each call whole, once complete.
                 Some(Event::Tool(ToolEvent::End { index, call })) => {
-                    break self.api.line_with_calls(
-                        &self.model,
-                        String::new(),
-                        None,
-                        Some(vec![ollama_call(index, &call)]),
-                    );
+                    let extra = Extra { calls: Some(vec![ollama_call(index, &call)]), ..Extra::default() };
+                    break self.api.line_with(&self.model, extra, None);
+                }
+                Some(Event::Reasoning(t)) => {
+                    break self.api.line_with(&self.model, Extra { thinking: Some(t), ..Extra::default() }, None);
                 }
                 Some(Event::Tool(_)) => continue,
                 Some(Event::Done(job)) => {
@@ -463,10 +468,11 @@ impl Lines {
 
     /// The whole answer as one object (`stream: false`).
     async fn collect(mut self) -> std::result::Result<Response, ApiError> {
-        let mut text = String::new();
+        let (mut text, mut thinking) = (String::new(), String::new());
         loop {
             match self.rx.recv().await {
                 Some(Event::Text(t)) => text.push_str(&t),
+                Some(Event::Reasoning(t)) => thinking.push_str(&t),
                 Some(Event::Token { .. } | Event::Tool(_)) => {}
                 Some(Event::Done(job)) => {
                     self.state.metrics.record_generation(
@@ -477,7 +483,9 @@ impl Lines {
                     );
                     let calls = (!job.tool_calls.is_empty())
                         .then(|| job.tool_calls.iter().enumerate().map(|(i, c)| ollama_call(i, c)).collect());
-                    return Ok(json_line(self.api.line_with_calls(&self.model, text, Some(End::done(&job)), calls)));
+                    let thinking = (!thinking.is_empty()).then_some(thinking);
+                    let extra = Extra { text, thinking, calls };
+                    return Ok(json_line(self.api.line_with(&self.model, extra, Some(End::done(&job)))));
                 }
                 Some(Event::Error(e)) => return Err(e.into()),
                 Some(other) => return Err(unexpected(&other)),
@@ -485,6 +493,16 @@ impl Lines {
             }
         }
     }
+}
+
+/// What a line carries besides its place in the stream.
+#[derive(Debug, Default)]
+struct Extra {
+    text: String,
+    /// Reasoning (`thinking`).
+    thinking: Option<String>,
+    /// Whole tool calls, in Ollama's shape.
+    calls: Option<Vec<Value>>,
 }
 
 /// A call in Ollama's shape: arguments as an object.
@@ -518,7 +536,7 @@ async fn outcome(state: &AppState, work: Work) -> std::result::Result<Event, Api
     let mut rx = state.queue.submit(work)?;
     loop {
         match rx.recv().await {
-            Some(Event::Text(_) | Event::Token { .. } | Event::Tool(_)) => {}
+            Some(Event::Text(_) | Event::Token { .. } | Event::Tool(_) | Event::Reasoning(_)) => {}
             Some(Event::Error(e)) => return Err(e.into()),
             Some(ev) => return Ok(ev),
             None => return Err(ApiError::new(ErrorKind::Internal, "the job ended without a result")),

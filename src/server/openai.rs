@@ -238,14 +238,15 @@ async fn generate(state: &AppState, plan: Plan) -> Result<Response, ApiError> {
 }
 
 async fn collect(rx: &mut UnboundedReceiver<Event>, metrics: &Metrics) -> Result<Generation, ApiError> {
-    let (mut text, mut steps) = (String::new(), Vec::new());
+    let (mut text, mut reasoning, mut steps) = (String::new(), String::new(), Vec::new());
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Text(t) => text.push_str(&t),
+            Event::Reasoning(t) => reasoning.push_str(&t),
             Event::Token { sampled, top } => steps.push(TokenStep { sampled, top }),
             Event::Done(done) => {
                 record(metrics, &done);
-                return Ok(Generation { text, steps, done });
+                return Ok(Generation { text, reasoning, steps, done });
             }
             Event::Error(e) => return Err(e.into()),
             _ => {}

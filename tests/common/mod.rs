@@ -24,6 +24,15 @@ pub fn app() -> (Router, AppState) {
 }
 
 pub fn app_with(server: ServerConfig, queue_depth: usize) -> (Router, AppState) {
+    app_full(server, queue_depth, 256)
+}
+
+/// [`app`] with a longer context (prompts with tool definitions).
+pub fn app_with_context(context: usize) -> (Router, AppState) {
+    app_full(ServerConfig::default(), 64, context)
+}
+
+fn app_full(server: ServerConfig, queue_depth: usize, context: usize) -> (Router, AppState) {
     let opts = ServeOptions {
         models: vec![
             ("llama3".into(), fixture("llama3")),
@@ -31,7 +40,7 @@ pub fn app_with(server: ServerConfig, queue_depth: usize) -> (Router, AppState) 
             ("strata-demo".into(), "strata-demo".into()),
         ],
         worker: WorkerConfig {
-            run: strata::engine::session::RunOptions { threads: 1, context: 256, ..Default::default() },
+            run: strata::engine::session::RunOptions { threads: 1, context, ..Default::default() },
             keep_alive: KeepAlive::For(Duration::from_secs(300)),
             max_loaded: 2,
             parallel: None,

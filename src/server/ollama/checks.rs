@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::Options;
 use crate::engine::grammar::GrammarSpec;
+use crate::engine::reasoning::ThinkMarkers;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::tokenizer::TextError;
 use crate::queue::models::ModelInfo;
@@ -40,13 +41,48 @@ pub(super) fn format_grammar(format: Option<&Value>) -> std::result::Result<Opti
     }
 }
 
-/// `think` is accepted when it asks for nothing; these models have no thinking
-/// capability (`/api/show` does not list it), so anything else is Ollama's 400.
-pub(super) fn refuse_think(think: Option<&Value>, model: &str) -> std::result::Result<(), ApiError> {
-    match think {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(()),
-        Some(_) => Err(ApiError::invalid("think", format!("\"{model}\" does not support thinking"))),
+/// What a request's `think` asks of the chat template and the reply.
+#[derive(Debug, Default)]
+pub(super) struct Think {
+    /// Template variables (`enable_thinking`, `reasoning_effort`).
+    pub vars: serde_json::Map<String, Value>,
+    /// Return the reasoning apart (`thinking`) from the answer.
+    pub split: bool,
+}
+
+/// Whether a model thinks: its chat template writes think markers or takes
+/// `enable_thinking`.
+pub(super) fn thinks(info: &ModelInfo) -> bool {
+    info.chat_template.as_deref().is_some_and(|t| ThinkMarkers::detect(t).is_some() || t.contains("enable_thinking"))
+}
+
+/// Ollama's `think`: `true`/`false`, or `"high"`/`"medium"`/`"low"`. A model that does
+/// not think refuses anything but `false`, with Ollama's message. Absent, a thinking
+/// model thinks as its template defaults, and its reasoning comes apart.
+pub(super) fn think(value: Option<&Value>, info: &ModelInfo, model: &str) -> std::result::Result<Think, ApiError> {
+    let capable = thinks(info);
+    let refuse = || ApiError::invalid("think", format!("\"{model}\" does not support thinking"));
+    let mut out = Think { vars: serde_json::Map::new(), split: capable };
+    match value {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(false)) => {
+            if capable {
+                out.vars.insert("enable_thinking".into(), Value::Bool(false));
+            }
+        }
+        Some(Value::Bool(true)) if capable => {
+            out.vars.insert("enable_thinking".into(), Value::Bool(true));
+        }
+        Some(Value::String(level)) if capable && matches!(level.as_str(), "high" | "medium" | "low") => {
+            out.vars.insert("enable_thinking".into(), Value::Bool(true));
+            out.vars.insert("reasoning_effort".into(), Value::String(level.clone()));
+        }
+        Some(Value::Bool(true)) | Some(Value::String(_)) if !capable => return Err(refuse()),
+        Some(_) => {
+            return Err(ApiError::invalid("think", "`think` must be true, false, \"high\", \"medium\" or \"low\""));
+        }
     }
+    Ok(out)
 }
 
 pub(super) fn keep_alive(value: Option<&Value>) -> std::result::Result<Option<KeepAlive>, ApiError> {
@@ -88,6 +124,7 @@ impl Resolved {
             tools: None,
             grammar: None,
             template_vars: serde_json::Map::new(),
+            split_reasoning: false,
         }
     }
 }

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::Value;
 
-use super::checks::{generation_parameters, require_model};
+use super::checks::{generation_parameters, require_model, thinks};
 use super::{
     CopyRequest, ModelDetails, ModelRef, OLLAMA_VERSION, PsModel, PsResponse, Result, ShowResponse, TagModel,
     TagsResponse, VersionResponse, outcome, rfc3339,
@@ -185,6 +185,21 @@ fn details(m: &Listing) -> ModelDetails {
     }
 }
 
+/// What a model can do, as Ollama names it: every model completes and embeds; a chat
+/// model takes tools (through its template's own format, or Strata's generic one);
+/// `thinking` when its template thinks. No `insert`: fill-in-the-middle is not served.
+fn capabilities(info: &ModelInfo) -> Vec<String> {
+    let mut caps = vec!["completion".to_string()];
+    if info.chat_template.is_some() {
+        caps.push("tools".into());
+    }
+    if thinks(info) {
+        caps.push("thinking".into());
+    }
+    caps.push("embedding".into());
+    caps
+}
+
 fn describe(info: &ModelInfo) -> ShowResponse {
     let parameters: String = generation_parameters(info).iter().map(|(k, v)| format!("{k:<30} {v}\n")).collect();
     let template = info.chat_template.clone().unwrap_or_default();
@@ -219,7 +234,7 @@ fn describe(info: &ModelInfo) -> ShowResponse {
         template,
         details: details(&Listing::of(info)),
         model_info,
-        capabilities: vec!["completion".into(), "embedding".into()],
+        capabilities: capabilities(info),
         modified_at: rfc3339(info.modified_at),
     }
 }

@@ -123,8 +123,9 @@ pub struct GenerateRequest {
     /// constrained to match, token by token.
     #[schema(value_type = Option<Object>)]
     pub format: Option<Value>,
-    /// Thinking: not supported by these models (`false` or absent).
-    #[schema(value_type = Option<bool>)]
+    /// Thinking, for models whose template thinks: `true`, `false`, or `"high"`,
+    /// `"medium"`, `"low"`; the reasoning comes back in `thinking`.
+    #[schema(value_type = Option<Object>)]
     pub think: Option<Value>,
 }
 
@@ -164,7 +165,9 @@ pub struct ChatRequest {
     /// Structured output: `"json"` or a JSON schema.
     #[schema(value_type = Option<Object>)]
     pub format: Option<Value>,
-    #[schema(value_type = Option<bool>)]
+    /// Thinking, for models whose template thinks: `true`, `false`, or `"high"`,
+    /// `"medium"`, `"low"`; the reasoning comes back in `message.thinking`.
+    #[schema(value_type = Option<Object>)]
     pub think: Option<Value>,
 }
 
@@ -197,6 +200,9 @@ pub struct GenerateResponse {
     pub created_at: String,
     /// The text of this chunk (the whole text with `stream: false`).
     pub response: String,
+    /// Reasoning, apart from the answer (models that think).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
     pub done: bool,
     /// On the final line: `stop`, `length`, `load` or `unload`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -214,6 +220,9 @@ pub struct GenerateResponse {
 pub struct ChatMessageOut {
     pub role: String,
     pub content: String,
+    /// Reasoning, apart from the answer (models that think).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
     /// The reply's calls, each whole: `{"function": {"index", "name", "arguments": {...}}}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<Object>>)]

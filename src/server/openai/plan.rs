@@ -147,6 +147,7 @@ fn job(
         tools: None,
         grammar: None,
         template_vars: serde_json::Map::new(),
+        split_reasoning: false,
     })
 }
 
@@ -300,6 +301,9 @@ impl ChatCompletionRequest {
         job.tools = tools;
         job.grammar = grammar;
         job.template_vars = self.chat_template_kwargs.unwrap_or_default();
+        // A thinking model's reasoning comes back in `reasoning_content`, as llama.cpp's
+        // server and vLLM's reasoning parsers return it.
+        job.split_reasoning = true;
         Ok(Plan {
             api: Api::Chat,
             job,

@@ -91,6 +91,10 @@ impl ChunkWriter {
                 vec![self.chunk(Delta { tool_calls: Some(vec![call]), ..Delta::default() }, None)]
             }
             Event::Tool(_) => Vec::new(),
+            Event::Reasoning(text) => {
+                let delta = Delta { reasoning_content: Some(text), ..Delta::default() };
+                vec![self.chunk(delta, None)]
+            }
             Event::Done(done) => match finish_reason(&done) {
                 Ok(finish) => {
                     self.finished = true;
@@ -188,6 +192,8 @@ impl ChunkWriter {
 /// A whole generation.
 pub(super) struct Generation {
     pub text: String,
+    /// Reasoning split from the answer (empty when there was none).
+    pub reasoning: String,
     pub steps: Vec<TokenStep>,
     pub done: JobDone,
 }
@@ -227,7 +233,7 @@ pub(super) fn whole_response(head: &Head, api: Api, logprobs: bool, g: Generatio
             system_fingerprint: SYSTEM_FINGERPRINT.into(),
             choices: vec![ChatChoice {
                 index: 0,
-                message: assistant_message(g.text, &g.done),
+                message: assistant_message(g.text, g.reasoning, &g.done),
                 logprobs: logprobs.then(|| chat_logprobs(&g.steps)),
                 finish_reason: finish,
             }],
@@ -254,14 +260,10 @@ pub(super) fn whole_response(head: &Head, api: Api, logprobs: bool, g: Generatio
 }
 
 /// The reply as a message: its text (null when it only called tools) and its calls.
-fn assistant_message(text: String, done: &JobDone) -> AssistantMessage {
+fn assistant_message(text: String, reasoning: String, done: &JobDone) -> AssistantMessage {
+    let reasoning_content = (!reasoning.is_empty()).then_some(reasoning);
     if done.tool_calls.is_empty() {
-        return AssistantMessage {
-            role: "assistant".into(),
-            content: Some(text),
-            reasoning_content: None,
-            tool_calls: None,
-        };
+        return AssistantMessage { role: "assistant".into(), content: Some(text), reasoning_content, tool_calls: None };
     }
     let calls = done
         .tool_calls
@@ -273,7 +275,7 @@ fn assistant_message(text: String, done: &JobDone) -> AssistantMessage {
         })
         .collect();
     let content = (!text.trim().is_empty()).then_some(text);
-    AssistantMessage { role: "assistant".into(), content, reasoning_content: None, tool_calls: Some(calls) }
+    AssistantMessage { role: "assistant".into(), content, reasoning_content, tool_calls: Some(calls) }
 }
 
 fn finite(lp: f32) -> f32 {
