@@ -180,3 +180,38 @@ async fn ollama_think_format_and_calls() {
     assert_eq!(strip_id(&with_calls[0]["message"]["tool_calls"][0]), strip_id(&calls[0]));
     assert_ne!(with_calls[0]["message"]["tool_calls"][0]["id"], calls[0]["id"], "ids are unique per request");
 }
+
+#[tokio::test]
+async fn ollama_logprobs_stream_and_whole() {
+    let (app, _) = app_with_context(256);
+    for api in ["/api/generate", "/api/chat"] {
+        let mut body = json!({"model": "llama3", "logprobs": true, "top_logprobs": 2, "stream": false,
+            "options": {"num_predict": 6, "temperature": 0}});
+        match api {
+            "/api/generate" => body["prompt"] = json!("Hello"),
+            _ => body["messages"] = json!([{"role": "user", "content": "Hello"}]),
+        }
+        let v = json(&send(&app, post_json(api, body.clone())).await.2);
+        let lps = v["logprobs"].as_array().unwrap_or_else(|| panic!("{api}: {v}"));
+        assert_eq!(lps.len() as u64, v["eval_count"].as_u64().unwrap(), "{api}: one per token: {v}");
+        for lp in lps {
+            assert!(lp["token"].is_string() && lp["logprob"].as_f64().unwrap() <= 0.0, "{lp}");
+            assert!(lp["bytes"].is_array());
+            assert_eq!(lp["top_logprobs"].as_array().unwrap().len(), 2, "{lp}");
+        }
+        let text_key = if api == "/api/generate" { "/response" } else { "/message/content" };
+        let text: String = lps.iter().map(|l| l["token"].as_str().unwrap()).collect();
+        assert!(text.starts_with(v.pointer(text_key).unwrap().as_str().unwrap()), "{text:?} {v}");
+        // Streamed: each token's entry once, on the line that carries its text (or the last).
+        body["stream"] = json!(true);
+        let out = send(&app, post_json(api, body.clone())).await.2;
+        let lines: Vec<Value> = out.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(json).collect();
+        let streamed: Vec<Value> =
+            lines.iter().flat_map(|l| l["logprobs"].as_array().cloned().unwrap_or_default()).collect();
+        assert_eq!(&streamed, lps, "{api}: the same entries, greedy");
+        // Out of range.
+        body["top_logprobs"] = json!(21);
+        let (status, _, out) = send(&app, post_json(api, body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&out));
+    }
+}

@@ -37,7 +37,7 @@ use super::{AppState, parse_json, streaming_body};
 use crate::engine::session::FinishReason;
 use crate::engine::template::ChatMessage;
 use crate::engine::toolcall::{ToolCall, ToolEvent};
-use crate::queue::{Event, GenerateJob, JobDone, KeepAlive, PromptInput, Work};
+use crate::queue::{Event, GenerateJob, JobDone, KeepAlive, PromptInput, TokenLogprob, Work};
 use crate::server::tools::{history_calls, tool_choice, tool_definitions};
 use checks::{format_grammar, keep_alive, refuse_non_empty, require_model, resolve_options, think};
 use embed::{__path_embed, __path_embeddings, embed, embeddings};
@@ -158,6 +158,8 @@ struct Call {
     model: String,
     stream: bool,
     action: Action,
+    /// Report log-probabilities.
+    logprobs: bool,
 }
 
 enum Action {
@@ -175,6 +177,7 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
     }
     let grammar = format_grammar(req.format.as_ref())?;
     let think = think(req.think.as_ref(), &info, &req.model)?;
+    let (logprobs, top_logprobs) = logprob_request(req.logprobs, req.top_logprobs)?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
     let opts = resolve_options(req.options, &info)?;
     let stream = req.stream.unwrap_or(true);
@@ -201,11 +204,12 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
         };
         let mut job = opts.job(&req.model, input, context, keep_alive);
         job.grammar = grammar;
+        job.top_logprobs = top_logprobs;
         job.template_vars = think.vars;
         job.split_reasoning = think.split;
         Action::Generate(Box::new(job))
     };
-    Ok(Call { api: Api::Generate, model: req.model, stream, action })
+    Ok(Call { api: Api::Generate, model: req.model, stream, action, logprobs })
 }
 
 fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, ApiError> {
@@ -214,6 +218,7 @@ fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, Ap
     let tools = tool_choice("tools", tools, None, None)?;
     let grammar = format_grammar(req.format.as_ref())?;
     let think = think(req.think.as_ref(), &info, &req.model)?;
+    let (logprobs, top_logprobs) = logprob_request(req.logprobs, req.top_logprobs)?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
     let opts = resolve_options(req.options, &info)?;
     let stream = req.stream.unwrap_or(true);
@@ -232,11 +237,12 @@ fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, Ap
         let mut job = opts.job(&req.model, PromptInput::Chat(messages), Vec::new(), keep_alive);
         job.tools = tools;
         job.grammar = grammar;
+        job.top_logprobs = top_logprobs;
         job.template_vars = think.vars;
         job.split_reasoning = think.split;
         Action::Generate(Box::new(job))
     };
-    Ok(Call { api: Api::Chat, model: req.model, stream, action })
+    Ok(Call { api: Api::Chat, model: req.model, stream, action, logprobs })
 }
 
 fn chat_message(i: usize, m: ChatMessageIn) -> std::result::Result<ChatMessage, ApiError> {
@@ -278,7 +284,7 @@ fn load_or_unload(keep_alive: Option<KeepAlive>) -> Action {
 
 impl Call {
     async fn run(self, state: &AppState) -> std::result::Result<Response, ApiError> {
-        let Call { api, model, stream, action } = self;
+        let Call { api, model, stream, action, logprobs } = self;
         let job = match action {
             Action::Load(keep_alive) => {
                 let work = Work::Load { model: model.clone(), keep_alive };
@@ -296,7 +302,8 @@ impl Call {
             Action::Generate(job) => job,
         };
         let rx = state.queue.submit(Work::Generate(*job))?;
-        let mut lines = Lines { rx, api, model, state: state.clone(), pending: None, finished: false };
+        let mut lines =
+            Lines { rx, api, model, state: state.clone(), pending: None, finished: false, logprobs, steps: Vec::new() };
         if !stream {
             return lines.collect().await;
         }
@@ -353,7 +360,7 @@ impl Api {
 
     /// [`Api::line`] with reasoning or tool calls.
     fn line_with(self, model: &str, extra: Extra, end: Option<End<'_>>) -> Vec<u8> {
-        let Extra { text, thinking, calls } = extra;
+        let Extra { text, thinking, calls, logprobs } = extra;
         let created_at = now();
         let done = end.is_some();
         let done_reason = end.map(|e| e.reason.to_string());
@@ -375,6 +382,7 @@ impl Api {
                     created_at,
                     response: text,
                     thinking,
+                    logprobs,
                     done,
                     done_reason,
                     context,
@@ -385,6 +393,7 @@ impl Api {
                 model,
                 created_at,
                 message: ChatMessageOut { role: "assistant".into(), content: text, thinking, tool_calls: calls },
+                logprobs,
                 done,
                 done_reason,
                 timings,
@@ -408,12 +417,22 @@ struct Lines {
     /// An event already taken from `rx` (the first one).
     pending: Option<Event>,
     finished: bool,
+    /// Report log-probabilities.
+    logprobs: bool,
+    /// Tokens whose text has not gone out yet; their log-probabilities go with it.
+    steps: Vec<Logprob>,
 }
 
 impl Lines {
-    fn done(&self, job: &JobDone) -> Vec<u8> {
+    fn done(&mut self, job: &JobDone) -> Vec<u8> {
         self.state.metrics.record_generation(job.prompt_tokens, job.completion_tokens, job.prefill, job.decode);
-        self.api.line(&self.model, String::new(), Some(End::done(job)))
+        let extra = Extra { logprobs: self.take_steps(), ..Extra::default() };
+        self.api.line_with(&self.model, extra, Some(End::done(job)))
+    }
+
+    /// The log-probabilities waiting for text, when asked for and any wait.
+    fn take_steps(&mut self) -> Option<Vec<Logprob>> {
+        (self.logprobs && !self.steps.is_empty()).then(|| std::mem::take(&mut self.steps))
     }
 
     /// The next NDJSON line, or `None` after the final one.
@@ -433,15 +452,24 @@ impl Lines {
                 },
             };
             match event {
-                Some(Event::Text(text)) => break self.api.line(&self.model, text, None),
-                Some(Event::Token { .. }) => continue,
+                Some(Event::Text(text)) => {
+                    let extra = Extra { text, logprobs: self.take_steps(), ..Extra::default() };
+                    break self.api.line_with(&self.model, extra, None);
+                }
+                Some(Event::Token { sampled, top }) => {
+                    if self.logprobs {
+                        self.steps.push(logprob(sampled, top));
+                    }
+                    continue;
+                }
                 // Ollama sends each call whole, once complete.
                 Some(Event::Tool(ToolEvent::End { index, call })) => {
                     let extra = Extra { calls: Some(vec![ollama_call(index, &call)]), ..Extra::default() };
                     break self.api.line_with(&self.model, extra, None);
                 }
                 Some(Event::Reasoning(t)) => {
-                    break self.api.line_with(&self.model, Extra { thinking: Some(t), ..Extra::default() }, None);
+                    let extra = Extra { thinking: Some(t), logprobs: self.take_steps(), ..Extra::default() };
+                    break self.api.line_with(&self.model, extra, None);
                 }
                 Some(Event::Tool(_)) => continue,
                 Some(Event::Done(job)) => {
@@ -473,7 +501,12 @@ impl Lines {
             match self.rx.recv().await {
                 Some(Event::Text(t)) => text.push_str(&t),
                 Some(Event::Reasoning(t)) => thinking.push_str(&t),
-                Some(Event::Token { .. } | Event::Tool(_)) => {}
+                Some(Event::Token { sampled, top }) => {
+                    if self.logprobs {
+                        self.steps.push(logprob(sampled, top));
+                    }
+                }
+                Some(Event::Tool(_)) => {}
                 Some(Event::Done(job)) => {
                     self.state.metrics.record_generation(
                         job.prompt_tokens,
@@ -484,7 +517,7 @@ impl Lines {
                     let calls = (!job.tool_calls.is_empty())
                         .then(|| job.tool_calls.iter().enumerate().map(|(i, c)| ollama_call(i, c)).collect());
                     let thinking = (!thinking.is_empty()).then_some(thinking);
-                    let extra = Extra { text, thinking, calls };
+                    let extra = Extra { text, thinking, calls, logprobs: self.take_steps() };
                     return Ok(json_line(self.api.line_with(&self.model, extra, Some(End::done(&job)))));
                 }
                 Some(Event::Error(e)) => return Err(e.into()),
@@ -503,6 +536,33 @@ struct Extra {
     thinking: Option<String>,
     /// Whole tool calls, in Ollama's shape.
     calls: Option<Vec<Value>>,
+    logprobs: Option<Vec<Logprob>>,
+}
+
+/// The logprob reported for an impossible token (JSON has no -inf).
+const IMPOSSIBLE_LOGPROB: f32 = -9999.0;
+
+fn logprob(sampled: TokenLogprob, top: Vec<TokenLogprob>) -> Logprob {
+    let finite = |lp: f32| if lp.is_finite() { lp } else { IMPOSSIBLE_LOGPROB };
+    Logprob {
+        token: sampled.text,
+        logprob: finite(sampled.logprob),
+        bytes: sampled.bytes,
+        top_logprobs: top
+            .into_iter()
+            .map(|t| TopLogprob { token: t.text, logprob: finite(t.logprob), bytes: t.bytes })
+            .collect(),
+    }
+}
+
+/// `logprobs` and `top_logprobs` (0..=20; alternatives imply `logprobs`): whether to
+/// report, and how many alternatives.
+fn logprob_request(logprobs: Option<bool>, top: Option<i64>) -> std::result::Result<(bool, usize), ApiError> {
+    match top {
+        None => Ok((logprobs.unwrap_or(false), 0)),
+        Some(n @ 0..=20) => Ok((logprobs.unwrap_or(false) || n > 0, n as usize)),
+        Some(_) => Err(ApiError::invalid("top_logprobs", "`top_logprobs` must be in [0, 20]")),
+    }
 }
 
 /// A call in Ollama's shape: arguments as an object.

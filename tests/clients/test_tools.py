@@ -325,3 +325,13 @@ def test_bad_requests_are_400s_naming_the_field(tools_server):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=60)
     assert e.value.code == 400 and "format" in json.loads(e.value.read())["error"]
+
+
+def test_ollama_logprobs(ol):
+    r = ol.generate(model=MODEL, prompt="Hello", logprobs=True, top_logprobs=2,
+                    options={"num_predict": 5, "temperature": 0})
+    assert len(r.logprobs) == r.eval_count
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in r.logprobs)
+    r = ol.chat(model=MODEL, messages=[{"role": "user", "content": "Hello"}], logprobs=True,
+                options={"num_predict": 5, "temperature": 0})
+    assert len(r.logprobs) == r.eval_count

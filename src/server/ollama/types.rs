@@ -127,6 +127,11 @@ pub struct GenerateRequest {
     /// `"medium"`, `"low"`; the reasoning comes back in `thinking`.
     #[schema(value_type = Option<Object>)]
     pub think: Option<Value>,
+    /// Report each generated token's log-probability (in `logprobs`).
+    pub logprobs: Option<bool>,
+    /// Alternatives reported per token, 0..=20 (with `logprobs`).
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs: Option<i64>,
 }
 
 /// A message of `POST /api/chat`.
@@ -169,6 +174,11 @@ pub struct ChatRequest {
     /// `"medium"`, `"low"`; the reasoning comes back in `message.thinking`.
     #[schema(value_type = Option<Object>)]
     pub think: Option<Value>,
+    /// Report each generated token's log-probability (in `logprobs`).
+    pub logprobs: Option<bool>,
+    /// Alternatives reported per token, 0..=20 (with `logprobs`).
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs: Option<i64>,
 }
 
 /// The counters of a finished generation, on the final line only (durations in
@@ -210,6 +220,9 @@ pub struct GenerateResponse {
     /// On the final line: the prompt and generated token ids, to continue from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context: Option<Vec<u32>>,
+    /// With `logprobs`: the tokens whose text this line carries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<Logprob>>,
     #[serde(flatten)]
     pub timings: Timings,
 }
@@ -240,8 +253,31 @@ pub struct ChatResponse {
     pub done: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub done_reason: Option<String>,
+    /// With `logprobs`: the tokens whose text this line carries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<Logprob>>,
     #[serde(flatten)]
     pub timings: Timings,
+}
+
+/// A generated token's log-probability, with the most likely alternatives.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ollama::Logprob)]
+pub struct Logprob {
+    pub token: String,
+    pub logprob: f32,
+    /// The token's bytes (it may hold part of a UTF-8 character).
+    pub bytes: Vec<u8>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ollama::TopLogprob)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
 }
 
 /// `POST /api/embed`
