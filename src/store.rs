@@ -222,6 +222,48 @@ pub struct Entry {
     /// What the import could read from the model's metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<Details>,
+    /// Settings `POST /api/create` gave the model (Ollama's Modelfile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modelfile: Option<Modelfile>,
+}
+
+/// What Ollama's Modelfile (or `POST /api/create`) sets besides the weights: applied to
+/// every request for the model, each overridden by what the request itself gives.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Modelfile {
+    /// A Jinja chat template in place of the model's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// The system message of conversations that bring none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// Default `options` (Ollama's names: `temperature`, `num_ctx`, `stop`, ...).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub parameters: serde_json::Map<String, serde_json::Value>,
+    /// Messages put before every conversation (after the system message).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub license: Option<String>,
+}
+
+impl Modelfile {
+    /// `self` with what `over` sets put over it.
+    pub fn overlaid(&self, over: &Modelfile) -> Modelfile {
+        let mut parameters = self.parameters.clone();
+        parameters.extend(over.parameters.clone());
+        Modelfile {
+            template: over.template.clone().or_else(|| self.template.clone()),
+            system: over.system.clone().or_else(|| self.system.clone()),
+            parameters,
+            messages: if over.messages.is_empty() { self.messages.clone() } else { over.messages.clone() },
+            license: over.license.clone().or_else(|| self.license.clone()),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Modelfile::default()
+    }
 }
 
 /// Facts read cheaply from a model's metadata.
@@ -275,6 +317,7 @@ struct Origin {
     digest: Option<String>,
     /// Known details (a copy's); `None`: read them from the new files.
     details: Option<Details>,
+    modelfile: Option<Modelfile>,
 }
 
 /// The store under one `$STRATA_HOME`.
@@ -313,7 +356,7 @@ impl Store {
         let name = self.new_name(name)?;
         let format = Format::detect(src)?;
         let source = fs::canonicalize(src).map_err(io(src))?;
-        let origin = Origin { source: source.display().to_string(), digest: None, details: None };
+        let origin = Origin { source: source.display().to_string(), digest: None, details: None, modelfile: None };
         self.install(&name, format, origin, replace, |payload| match format {
             Format::Gguf | Format::Cawsf => link_or_copy(&source, payload),
             Format::Flat => copy_tree(&source, payload, true),
@@ -337,7 +380,8 @@ impl Store {
         if Format::detect(&blob.path)? != Format::Gguf {
             return Err(StoreError::Unsupported { path: blob.path, msg: "the model layer is not a GGUF file".into() });
         }
-        let origin = Origin { source: format!("ollama:{wanted}"), digest: Some(blob.digest), details: None };
+        let origin =
+            Origin { source: format!("ollama:{wanted}"), digest: Some(blob.digest), details: None, modelfile: None };
         self.install(&name, Format::Gguf, origin, replace, |payload| link_or_copy(&blob.path, payload))
     }
 
@@ -414,15 +458,84 @@ impl Store {
         if name == from.name {
             return Ok(from);
         }
+        let modelfile = from.entry.modelfile.clone();
+        self.install_copy(&from, &name, modelfile, replace)
+    }
+
+    /// Installs `from`'s files (hard links) as `name`, with `modelfile`.
+    fn install_copy(
+        &self,
+        from: &StoredModel,
+        name: &ModelName,
+        modelfile: Option<Modelfile>,
+        replace: bool,
+    ) -> Result<StoredModel> {
         let e = &from.entry;
-        let origin = Origin { source: e.source.clone(), digest: e.digest.clone(), details: e.details.clone() };
-        self.install(&name, e.format, origin, replace, |payload| {
+        let origin =
+            Origin { source: e.source.clone(), digest: e.digest.clone(), details: e.details.clone(), modelfile };
+        self.install(name, e.format, origin, replace, |payload| {
             let path = from.path();
             match fs::metadata(&path).map_err(io(&path))?.is_dir() {
                 true => copy_tree(&path, payload, true),
                 false => link_or_copy(&path, payload),
             }
         })
+    }
+
+    /// Where the blob `sha256:<hex>` is kept (`POST /api/blobs`).
+    pub fn blob_path(&self, hex: &str) -> PathBuf {
+        self.home.join("blobs").join(format!("sha256-{hex}"))
+    }
+
+    /// A fresh path to write a blob to, beside the blobs (renamed into place once
+    /// its digest is checked).
+    pub fn blob_staging(&self) -> Result<PathBuf> {
+        let dir = self.home.join("blobs");
+        fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let tmp = self.staging("blob")?;
+        Ok(dir.join(tmp.file_name().unwrap_or_default()).with_extension("partial"))
+    }
+
+    /// Creates `name` from the GGUF blob `sha256:<hex>` (hard-linked) with `modelfile`.
+    pub fn create_from_blob(&self, name: &str, hex: &str, modelfile: Modelfile) -> Result<StoredModel> {
+        let blob = self.blob_path(hex);
+        if !blob.exists() {
+            return Err(StoreError::NotFound(format!("blob sha256:{hex}")));
+        }
+        if Format::detect(&blob)? != Format::Gguf {
+            return Err(StoreError::Unsupported { path: blob, msg: "the blob is not a GGUF file".into() });
+        }
+        let origin = Origin {
+            source: format!("blob:sha256:{hex}"),
+            digest: Some(format!("sha256:{hex}")),
+            details: None,
+            modelfile: Some(modelfile),
+        };
+        self.install(&self.new_name(name)?, Format::Gguf, origin, true, |payload| link_or_copy(&blob, payload))
+    }
+
+    /// Creates `name` from a model file or directory (as [`import`](Self::import) does,
+    /// replacing) with `modelfile`.
+    pub fn create_from_path(&self, name: &str, src: &Path, modelfile: Modelfile) -> Result<StoredModel> {
+        let name = self.new_name(name)?;
+        let format = Format::detect(src)?;
+        let source = fs::canonicalize(src).map_err(io(src))?;
+        let origin =
+            Origin { source: source.display().to_string(), digest: None, details: None, modelfile: Some(modelfile) };
+        self.install(&name, format, origin, true, |payload| match format {
+            Format::Gguf | Format::Cawsf => link_or_copy(&source, payload),
+            Format::Flat => copy_tree(&source, payload, true),
+            Format::Safetensors => copy_hf_dir(&source, payload),
+        })
+    }
+
+    /// Creates (or redefines) `name` from the store model `from`: its files (hard links)
+    /// and its Modelfile with `modelfile` put over it.
+    pub fn create_from_model(&self, name: &str, from: &str, modelfile: &Modelfile) -> Result<StoredModel> {
+        let src = self.get(from)?;
+        let name = self.new_name(name)?;
+        let merged = src.entry.modelfile.clone().unwrap_or_default().overlaid(modelfile);
+        self.install_copy(&src, &name, Some(merged), true)
     }
 
     /// A name a new model may take.
@@ -469,6 +582,7 @@ impl Store {
             imported_at: format!("{:.9}", jiff::Timestamp::now()),
             digest: origin.digest,
             details,
+            modelfile: origin.modelfile.filter(|m| !m.is_empty()),
         };
         let entry_path = staging.0.join(ENTRY_FILE);
         let text = serde_json::to_string_pretty(&entry).expect("an entry serializes");
@@ -707,6 +821,7 @@ mod tests {
             imported_at: "2025-01-02T03:04:05.000000006Z".into(),
             digest: None,
             details: None,
+            modelfile: None,
         };
         let d = entry.digest_hex();
         assert!(d.len() == 32 && d.chars().all(|c| c.is_ascii_hexdigit()), "{d}");

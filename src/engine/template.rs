@@ -149,6 +149,13 @@ impl ChatTemplate {
         Ok(Self { env, source, special_tokens })
     }
 
+    /// Another template rendered with the same special-token variables.
+    pub fn with_source(&self, source: &str) -> Result<Self, TextError> {
+        let mut t = ChatTemplate::new(source, None, None)?;
+        t.special_tokens = self.special_tokens.clone();
+        Ok(t)
+    }
+
     /// Adds another named special token variable (`unk_token`, `pad_token`, ...).
     pub fn with_special_token(mut self, name: &str, value: String) -> Self {
         self.special_tokens.insert(name.to_string(), value);

@@ -564,6 +564,17 @@ impl TextTokenizer {
         self.chat_template.as_ref()
     }
 
+    /// Puts `source` in place of the default chat template (a Modelfile's `TEMPLATE`),
+    /// with the same special-token variables.
+    pub fn set_chat_template(&mut self, source: &str) -> Result<(), TextError> {
+        let t = match &self.chat_template {
+            Some(old) => old.with_source(source)?,
+            None => ChatTemplate::new(source, self.bos_token.clone(), self.eos_token.clone())?,
+        };
+        self.chat_template = Some(t);
+        Ok(())
+    }
+
     /// A named template from a list-form `chat_template` (`tool_use`, `rag`, ...).
     pub fn named_chat_template(&self, name: &str) -> Option<&ChatTemplate> {
         if name == "default" {

@@ -8,13 +8,14 @@
 //! same name.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
 use serde_json::Value;
 
 use crate::model::ModelSource;
-use crate::store::{ModelName, Store, StoreError, StoredModel};
+use crate::store::{ModelName, Modelfile, Store, StoreError, StoredModel};
 use crate::tensor::DType;
 
 /// Static facts about a model, read from its files once.
@@ -45,6 +46,9 @@ pub struct ModelInfo {
     pub modified_at: SystemTime,
     /// A stable identifier of the weights (hex).
     pub digest: String,
+    /// What `POST /api/create` set (a store model's `entry.json`); its template is
+    /// already `chat_template`.
+    pub modelfile: Option<crate::store::Modelfile>,
 }
 
 impl ModelInfo {
@@ -97,6 +101,7 @@ impl ModelInfo {
             generation_config: source.generation_config_json.as_deref().and_then(|s| serde_json::from_str(s).ok()),
             modified_at,
             digest: format!("{hash:016x}{:016x}", hash.rotate_left(29) ^ size_bytes),
+            modelfile: None,
         })
     }
 
@@ -284,6 +289,12 @@ impl Registry {
         info.digest = stored.entry.digest_hex();
         info.modified_at = stored.entry.modified();
         info.format = stored.entry.format.name().into();
+        if let Some(m) = &stored.entry.modelfile {
+            if m.template.is_some() {
+                info.chat_template = m.template.clone();
+            }
+            info.modelfile = Some(m.clone());
+        }
         let info = Arc::new(info);
         self.read.lock().expect("registry cache lock").insert(key, (stored.entry.imported_at, info.clone()));
         Ok(info)
@@ -378,6 +389,51 @@ impl Registry {
             // `src` is a valid name, so this is about `dst`.
             Err(e @ StoreError::InvalidName { .. }) => Err(invalid(e.to_string())),
             Err(e) => Err(RegistryError::store(src, e)),
+        }
+    }
+}
+
+/// Where `POST /api/create` takes a model's weights from.
+#[derive(Clone, Debug)]
+pub enum CreateFrom {
+    /// A GGUF blob uploaded with `POST /api/blobs/sha256:<hex>`.
+    Blob(String),
+    /// Another model: a store model, or one the server was started with.
+    Model(String),
+}
+
+impl Registry {
+    /// Creates (or redefines) the store model `name` from `from`, with `modelfile` (over
+    /// the source model's own, for a store model). A loaded `name` keeps its old settings
+    /// until it is unloaded.
+    pub fn create(&self, name: &str, from: &CreateFrom, modelfile: Modelfile) -> Result<(), RegistryError> {
+        let invalid = |param: &'static str, message: String| RegistryError::Invalid { param, message };
+        if self.in_memory(name).is_some() {
+            return Err(invalid("model", format!("'{name}' is the name of a model given to `strata serve`")));
+        }
+        let store = self
+            .store
+            .as_ref()
+            .ok_or_else(|| invalid("model", "this server was started without a model store".into()))?;
+        let result = match from {
+            CreateFrom::Blob(hex) => store.create_from_blob(name, hex, modelfile),
+            CreateFrom::Model(src) => match self.in_memory(src) {
+                Some((_, info)) if info.format == "demo" => {
+                    return Err(invalid("from", format!("`from`: '{src}' is the built-in demo model; it has no files")));
+                }
+                Some((_, info)) => store.create_from_path(name, Path::new(&info.spec), modelfile),
+                None => store.create_from_model(name, src, &modelfile),
+            },
+        };
+        match result {
+            Ok(_) => Ok(()),
+            Err(e @ StoreError::InvalidName { .. }) => Err(invalid("model", e.to_string())),
+            Err(StoreError::NotFound(what)) => match from {
+                CreateFrom::Blob(_) => Err(invalid("files", format!("`files`: {what} has not been uploaded (POST /api/blobs)"))),
+                CreateFrom::Model(src) => Err(RegistryError::NotFound(src.clone())),
+            },
+            Err(e @ StoreError::Unsupported { .. }) => Err(invalid("files", format!("`files`: {e}"))),
+            Err(e) => Err(RegistryError::store(name, e)),
         }
     }
 }

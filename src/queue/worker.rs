@@ -25,6 +25,7 @@ use crate::engine::tokenizer::{TextError, TextTokenizer};
 use crate::engine::toolcall::{ToolCallParser, ToolEvent, ToolFormat, call_grammar, generic_system_prompt};
 use crate::model::decoder::{KvCache, ModelError};
 use crate::sched::plan::human_size;
+use crate::store::Modelfile;
 
 /// Running sequences per model when memory allows more and `--parallel` is not given.
 pub const DEFAULT_PARALLEL: usize = 8;
@@ -286,6 +287,23 @@ fn call_id_seed() -> u64 {
     (now ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 1
 }
 
+/// A conversation with what a model's Modelfile puts first: its messages, and its
+/// system message when the conversation brings none.
+fn with_modelfile(messages: &[ChatMessage], modelfile: Option<&Modelfile>) -> Vec<ChatMessage> {
+    let Some(m) = modelfile else { return messages.to_vec() };
+    let text = |v: &serde_json::Value, key: &str| v.get(key).and_then(|x| x.as_str()).unwrap_or_default().to_string();
+    let has_system = messages.first().is_some_and(|m| m.role == "system");
+    let mut out = Vec::with_capacity(messages.len() + m.messages.len() + 1);
+    let (system, rest) = match has_system {
+        true => (Some(messages[0].clone()), &messages[1..]),
+        false => (m.system.as_ref().map(|s| ChatMessage::new("system", s.clone())), messages),
+    };
+    out.extend(system);
+    out.extend(m.messages.iter().map(|v| ChatMessage::new(text(v, "role"), text(v, "content"))));
+    out.extend(rest.iter().cloned());
+    out
+}
+
 /// Renders a chat with its tools and template variables. Tools go to the template as
 /// transformers passes them; a template that never mentions them gets them in a system
 /// message instead ([`ToolFormat::Generic`]). Returns the text and the tool-call format
@@ -486,13 +504,17 @@ impl Worker {
         }
         let opts = self.config.run.clone();
         let started = Instant::now();
-        let engine = Engine::load(&info.spec, &opts).map_err(|e| {
+        let mut engine = Engine::load(&info.spec, &opts).map_err(|e| {
             let msg = format!("loading `{name}`: {e:#}");
             match is_device_error(&e) {
                 true => JobError::Device(msg),
                 false => JobError::Internal(msg),
             }
         })?;
+        // A template `POST /api/create` gave (checked when it was created).
+        if let Some(template) = info.modelfile.as_ref().and_then(|m| m.template.as_deref()) {
+            engine.tokenizer.set_chat_template(template).map_err(|e| text_error("template", e))?;
+        }
         *self.status.device.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine.device.clone());
         let position_bytes = engine.model.new_cache(1).map_err(|e| model_error(name, e))?.position_bytes();
         let full = position_bytes * engine.context_len as u64;
@@ -600,7 +622,9 @@ impl Worker {
         let new_ids = match &job.prompt {
             PromptInput::Text { text, special } => tok.encode(text, *special).map_err(|e| text_error("prompt", e))?,
             PromptInput::Chat(messages) => {
-                let (text, format) = chat_text(tok, messages, &job).map_err(|e| text_error("messages", e))?;
+                let modelfile = self.registry.get(&job.model).and_then(|info| info.modelfile.clone());
+                let messages = with_modelfile(messages, modelfile.as_ref());
+                let (text, format) = chat_text(tok, &messages, &job).map_err(|e| text_error("messages", e))?;
                 if let (Some(offer), Some(format)) = (&job.tools, format) {
                     if offer.choice != ToolChoice::Auto {
                         grammar = Some(tool_grammar(format, offer).map_err(|m| invalid(Some("tool_choice"), m))?);

@@ -13,6 +13,7 @@
 //! `PARAMETER` lines would be), overridden by the request's `options`.
 
 mod checks;
+mod create;
 mod embed;
 mod models;
 mod pull;
@@ -45,6 +46,7 @@ use models::{
     __path_copy, __path_delete_model, __path_ps, __path_show, __path_tags, __path_version, copy, delete_model, ps,
     show, tags, version,
 };
+use create::{__path_blob_head, __path_blob_post, __path_create, CreateRequest, blob_head, blob_post, create};
 use pull::{__path_pull, PullRequest, PullStatus, pull};
 use serde_json::Value;
 
@@ -55,7 +57,7 @@ pub const OLLAMA_VERSION: &str = "0.12.0";
 
 #[derive(OpenApi)]
 #[openapi(
-    paths(generate, chat, embed, embeddings, tags, show, ps, version, copy, delete_model, pull),
+    paths(generate, chat, embed, embeddings, tags, show, ps, version, copy, delete_model, pull, create, blob_head, blob_post),
     components(schemas(
         GenerateRequest,
         GenerateResponse,
@@ -75,6 +77,9 @@ pub const OLLAMA_VERSION: &str = "0.12.0";
         CopyRequest,
         PullRequest,
         PullStatus,
+        CreateRequest,
+        Logprob,
+        TopLogprob,
         ModelDetails,
         TagModel,
         TagsResponse,
@@ -101,6 +106,8 @@ pub fn routes() -> Router<AppState> {
         .route("/api/copy", post(copy))
         .route("/api/delete", delete(delete_model))
         .route("/api/pull", post(pull))
+        .route("/api/create", post(create))
+        .route("/api/blobs/{digest}", post(blob_post).head(blob_head))
 }
 
 type Result<T> = std::result::Result<T, OllamaError>;

@@ -335,3 +335,21 @@ def test_ollama_logprobs(ol):
     r = ol.chat(model=MODEL, messages=[{"role": "user", "content": "Hello"}], logprobs=True,
                 options={"num_predict": 5, "temperature": 0})
     assert len(r.logprobs) == r.eval_count
+
+
+def test_ollama_create_from_blob_and_model(ol):
+    digest = ol.create_blob(ROOT / "tests/fixtures/gguf/llama3.q4_0.gguf")
+    assert digest.startswith("sha256:")
+    r = ol.create(model="tiny-created", files={"model.gguf": digest}, system="Be brief.",
+                  parameters={"num_predict": 2, "temperature": 0})
+    assert r.status == "success"
+    r = ol.chat(model="tiny-created", messages=[{"role": "user", "content": "Hi"}])
+    assert r.eval_count == 2
+    shown = ol.show("tiny-created")
+    assert "SYSTEM" in shown.modelfile and "num_predict" in shown.parameters
+    statuses = [p.status for p in ol.create(model="smol-terse", from_=SMOL, system="One word.", stream=True)]
+    assert statuses[-1] == "success"
+    assert "smol-terse:latest" in [m.model for m in ol.list().models]
+    with pytest.raises(ollama.ResponseError) as e:
+        ol.create(model="bad", from_=SMOL, template="{{ .Prompt }}")
+    assert e.value.status_code == 400

@@ -170,7 +170,13 @@ pub(super) fn generation_parameters(info: &ModelInfo) -> Vec<(&'static str, f64)
 }
 
 pub(super) fn resolve_options(options: Option<Options>, info: &ModelInfo) -> std::result::Result<Resolved, ApiError> {
-    let o = options.unwrap_or_default();
+    // A Modelfile's `parameters` (checked when the model was created) under the request's.
+    let modelfile = info
+        .modelfile
+        .as_ref()
+        .and_then(|m| serde_json::from_value::<Options>(Value::Object(m.parameters.clone())).ok())
+        .unwrap_or_default();
+    let o = options.unwrap_or_default().or(modelfile);
     let bad =
         |field: &str, msg: &str| ApiError::invalid(&format!("options.{field}"), format!("`options.{field}` {msg}"));
     let num_ctx = match o.num_ctx {

@@ -45,6 +45,27 @@ pub struct Options {
     pub stop: Option<Vec<String>>,
 }
 
+impl Options {
+    /// These options, with `defaults` filling what they leave unset (a Modelfile's
+    /// `parameters` under a request's `options`).
+    pub fn or(self, defaults: Options) -> Options {
+        Options {
+            num_predict: self.num_predict.or(defaults.num_predict),
+            num_ctx: self.num_ctx.or(defaults.num_ctx),
+            temperature: self.temperature.or(defaults.temperature),
+            top_k: self.top_k.or(defaults.top_k),
+            top_p: self.top_p.or(defaults.top_p),
+            min_p: self.min_p.or(defaults.min_p),
+            repeat_penalty: self.repeat_penalty.or(defaults.repeat_penalty),
+            repeat_last_n: self.repeat_last_n.or(defaults.repeat_last_n),
+            presence_penalty: self.presence_penalty.or(defaults.presence_penalty),
+            frequency_penalty: self.frequency_penalty.or(defaults.frequency_penalty),
+            seed: self.seed.or(defaults.seed),
+            stop: self.stop.or(defaults.stop),
+        }
+    }
+}
+
 /// An integer, also written as an integral float; values beyond `i64` saturate.
 fn int<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     let Some(n) = Option::<serde_json::Number>::deserialize(d)? else { return Ok(None) };

@@ -1,0 +1,133 @@
+//! `POST /api/create` and `/api/blobs/{digest}`: a GGUF uploaded as a blob becomes a store
+//! model; a Modelfile's template, system message, messages and parameters apply to its
+//! requests; bad uploads and requests are 4xx naming the field.
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use common::{app_with, json, post_json, send};
+use serde_json::{Value, json};
+use sha2::Digest;
+use strata::server::ServerConfig;
+
+struct TempHome(std::path::PathBuf);
+
+impl Drop for TempHome {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn blob(method: &str, digest: &str, body: Vec<u8>) -> Request<Body> {
+    Request::builder().method(method).uri(format!("/api/blobs/{digest}")).body(Body::from(body)).unwrap()
+}
+
+async fn chat_counts(app: &axum::Router, model: &str, options: Value) -> Value {
+    let body = json!({"model": model, "stream": false, "options": options,
+        "messages": [{"role": "user", "content": "Hello"}]});
+    let (status, _, out) = send(app, post_json("/api/chat", body)).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    json(&out)
+}
+
+#[tokio::test]
+async fn blobs_become_models_with_their_modelfile() {
+    let home = TempHome(std::env::temp_dir().join(format!("strata-http-create-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&home.0);
+    let (app, _) = app_with(ServerConfig { store: Some(home.0.clone()), ..ServerConfig::default() }, 64);
+    let gguf = std::fs::read(format!("{}/tests/fixtures/gguf/llama3.q4_0.gguf", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let hex: String = sha2::Sha256::digest(&gguf).iter().map(|b| format!("{b:02x}")).collect();
+    let digest = format!("sha256:{hex}");
+
+    // Upload: unknown first, refused under the wrong digest, then stored.
+    assert_eq!(send(&app, blob("HEAD", &digest, vec![])).await.0, StatusCode::NOT_FOUND);
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let (status, _, out) = send(&app, blob("POST", &wrong, gguf.clone())).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&out));
+    assert!(json(&out)["error"].as_str().unwrap().contains(&hex), "names the body's digest");
+    assert_eq!(send(&app, blob("HEAD", &wrong, vec![])).await.0, StatusCode::NOT_FOUND, "nothing half-written");
+    assert_eq!(send(&app, blob("POST", "sha256:xyz", vec![1])).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(send(&app, blob("POST", &digest, gguf.clone())).await.0, StatusCode::CREATED);
+    assert_eq!(send(&app, blob("HEAD", &digest, vec![])).await.0, StatusCode::OK);
+
+    // A plain model from the blob, and one with a Modelfile.
+    let create = |body: Value| post_json("/api/create", body);
+    let (status, _, out) =
+        send(&app, create(json!({"model": "plain", "files": {"m.gguf": digest}, "stream": false}))).await;
+    assert_eq!((status, json(&out)), (StatusCode::OK, json!({"status": "success"})));
+    let template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+    let body = json!({"model": "shaped", "files": {"m.gguf": digest}, "template": template,
+        "system": "You are terse and kind.", "license": "MIT",
+        "messages": [{"role": "user", "content": "One"}, {"role": "assistant", "content": "Two"}],
+        "parameters": {"num_predict": 3, "temperature": 0, "stop": ["zzz"]}});
+    let (status, _, out) = send(&app, create(body)).await;
+    assert_eq!(status, StatusCode::OK);
+    let lines: Vec<Value> = out.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(json).collect();
+    assert_eq!(lines.last().unwrap()["status"], "success", "{lines:?}");
+
+    let show = json(&send(&app, post_json("/api/show", json!({"model": "shaped"}))).await.2);
+    assert_eq!(show["template"], template);
+    assert_eq!(show["license"], "MIT");
+    let mf = show["modelfile"].as_str().unwrap();
+    assert!(
+        mf.contains("SYSTEM \"\"\"You are terse and kind.\"\"\"") && mf.contains("MESSAGE user \"\"\"One\"\"\""),
+        "{mf}"
+    );
+    assert!(show["parameters"].as_str().unwrap().contains("num_predict"), "{show}");
+
+    // The template, system message and messages make the prompt; the parameters are the
+    // defaults (the request's own options win).
+    let plain = chat_counts(&app, "plain", json!({"num_predict": 3, "temperature": 0})).await;
+    let shaped = chat_counts(&app, "shaped", json!({})).await;
+    assert_eq!(shaped["eval_count"], 3, "num_predict from the Modelfile: {shaped}");
+    let tok = |s: &str| s.len();
+    let expected = "<system>You are terse and kind.<user>One<assistant>Two<user>Hello<assistant>";
+    assert!(shaped["prompt_eval_count"].as_u64().unwrap() as usize <= tok(expected), "{shaped}");
+    assert_ne!(shaped["prompt_eval_count"], plain["prompt_eval_count"]);
+    let own = chat_counts(&app, "shaped", json!({"num_predict": 1})).await;
+    assert_eq!(own["eval_count"], 1, "the request's options win");
+    // A conversation with its own system message keeps it.
+    let body = json!({"model": "shaped", "stream": false, "options": {"num_predict": 1},
+        "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hello"}]});
+    let with_system = json(&send(&app, post_json("/api/chat", body)).await.2);
+    assert!(with_system["prompt_eval_count"].as_u64() < shaped["prompt_eval_count"].as_u64(), "{with_system}");
+
+    // From another model: the store's (Modelfile overlaid) and a started-with one.
+    let body = json!({"model": "shaped2", "from": "shaped", "system": "Other.", "stream": false});
+    assert_eq!(send(&app, create(body)).await.0, StatusCode::OK);
+    let show = json(&send(&app, post_json("/api/show", json!({"model": "shaped2"}))).await.2);
+    assert_eq!(show["template"], template, "kept from `shaped`");
+    assert!(show["modelfile"].as_str().unwrap().contains("SYSTEM \"\"\"Other.\"\"\""));
+    let body = json!({"model": "fromhf", "from": "llama3", "system": "Hi.", "stream": false});
+    let (status, _, out) = send(&app, create(body)).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    assert_eq!(chat_counts(&app, "fromhf", json!({"num_predict": 1})).await["done"], true);
+
+    // Bad requests name their field.
+    let bad = [
+        (json!({"files": {"m.gguf": digest}}), "model"),
+        (json!({"model": "x"}), "from"),
+        (json!({"model": "x", "from": "plain", "files": {"m.gguf": digest}}), "files"),
+        (json!({"model": "x", "files": {"m.gguf": "sha256:12"}}), "files"),
+        (json!({"model": "x", "files": {"m.gguf": format!("sha256:{}", "a".repeat(64))}}), "files"),
+        (json!({"model": "x", "from": "plain", "template": "{{ .System }} {{ .Prompt }}"}), "template"),
+        (json!({"model": "x", "from": "plain", "template": "{% for %}"}), "template"),
+        (json!({"model": "x", "from": "plain", "parameters": {"temperature": "hot"}}), "parameters"),
+        (json!({"model": "x", "from": "plain", "messages": [{"role": "wizard", "content": "a"}]}), "messages[0]"),
+        (json!({"model": "x", "from": "plain", "quantize": "q4_K_M"}), "quantize"),
+        (json!({"model": "x", "from": "plain", "adapters": {"a": "sha256:00"}}), "adapters"),
+        (json!({"model": "x", "modelfile": "FROM plain"}), "modelfile"),
+        (json!({"model": "x", "from": "strata-demo"}), "from"),
+        (json!({"model": "llama3", "from": "plain"}), "model"),
+        (json!({"model": "../x", "from": "plain"}), "model"),
+    ];
+    for (body, field) in bad {
+        let (status, _, out) = send(&app, create(body.clone())).await;
+        let v = json(&out);
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(field) || field == "model", "{body}: {v}");
+    }
+    let (status, _, _) = send(&app, create(json!({"model": "x", "from": "nope"}))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
