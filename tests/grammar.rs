@@ -292,7 +292,7 @@ fn a_real_model_answers_in_the_schema() {
 /// back; they refuse a call to a function not offered.
 #[test]
 fn forced_call_grammars_accept_canonical_calls() {
-    use strata::engine::toolcall::{ToolCallParser, ToolEvent, ToolFormat, call_grammar};
+    use strata::engine::toolcall::{MistralTokens, ToolCallParser, ToolEvent, ToolFormat, call_grammar};
     let e = engine();
     let env = e.token_env().unwrap();
     let f = |name: &str| {
@@ -329,9 +329,9 @@ fn forced_call_grammars_accept_canonical_calls() {
     };
     for (format, text) in cases {
         for parallel in [false, true] {
-            let spec = call_grammar(format, &[&weather, &search], parallel).unwrap();
+            let spec = call_grammar(format, &[&weather, &search], parallel, MistralTokens::default()).unwrap();
             assert!(accepts(&spec, text).unwrap(), "{format:?} parallel {parallel}: {text}");
-            let only_search = call_grammar(format, &[&search], parallel).unwrap();
+            let only_search = call_grammar(format, &[&search], parallel, MistralTokens::default()).unwrap();
             assert!(!accepts(&only_search, text).unwrap(), "{format:?}: a function not offered");
         }
         let mut p = ToolCallParser::new(format, &[json!({"type": "function", "function": weather.clone()})], 3);
@@ -345,4 +345,60 @@ fn forced_call_grammars_accept_canonical_calls() {
         assert_eq!(call.name, "get_weather");
         assert_eq!(serde_json::from_str::<Value>(&call.arguments).unwrap(), json!({"city": "Paris", "days": 2}));
     }
+}
+
+/// Mistral's forced calls name its marker tokens by id: with a vocabulary that has them
+/// (the fixture's, with `[TOOL_CALLS]`, `[ARGS]` and `[CALL_ID]` added as special tokens),
+/// both of Mistral's shapes are accepted token by token, markers as the special tokens.
+#[test]
+fn mistral_forced_calls_use_the_marker_tokens() {
+    use strata::engine::grammar::TokenEnv;
+    use strata::engine::tokenizer::TextTokenizer;
+    use strata::engine::toolcall::{MistralTokens, ToolFormat, call_grammar};
+    let dir = root().join("tests/fixtures/hf/llama3");
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap()).unwrap();
+    let added = json["added_tokens"].as_array_mut().unwrap();
+    let first = added.iter().map(|t| t["id"].as_u64().unwrap()).max().unwrap() as u32 + 1;
+    for (i, marker) in ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"].iter().enumerate() {
+        added.push(json!({"id": first + i as u32, "content": marker, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}));
+    }
+    let tok = TextTokenizer::from_sources(&json.to_string(), None, None, None).unwrap();
+    let env = TokenEnv::new(&tok, first as usize + 3).unwrap();
+    let weather = json!({"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}});
+    let ids = |pieces: &[&str]| -> Vec<u32> {
+        pieces
+            .iter()
+            .flat_map(|p| match tok.token_to_id(p).filter(|&id| id >= first) {
+                Some(id) => vec![id],
+                None => tok.encode(p, false).unwrap(),
+            })
+            .collect()
+    };
+    let accepts = |spec: &GrammarSpec, ids: &[u32]| -> bool {
+        let mut c = Constraint::new(spec, &env).unwrap();
+        for &id in ids {
+            if !strata::engine::grammar::allows(c.allowed().unwrap(), id) {
+                return false;
+            }
+            c.commit(id).unwrap();
+        }
+        c.is_done() || tok.eos_ids().iter().any(|&e| strata::engine::grammar::allows(c.allowed().unwrap(), e))
+    };
+    let template = "[TOOL_CALLS] [ARGS] [CALL_ID]";
+    let tokens = MistralTokens::of(template, |m| tok.token_to_id(m));
+    assert_eq!(tokens.tool_calls, Some(first));
+    let small = call_grammar(ToolFormat::Mistral, &[&weather], false, tokens).unwrap();
+    let call = ids(&["[TOOL_CALLS]", "get_weather", "[CALL_ID]", "abc123xyz", "[ARGS]", "{\"city\": \"Paris\"}"]);
+    assert!(accepts(&small, &call));
+    // The marker spelled as text is not the marker.
+    let spelled = [tok.encode("[TOOL", false).unwrap(), tok.encode("_CALLS]", false).unwrap()].concat();
+    assert!(!spelled.contains(&first));
+    assert!(!accepts(&small, &[spelled, call[1..].to_vec()].concat()));
+    let nemo =
+        call_grammar(ToolFormat::Mistral, &[&weather], true, MistralTokens::of("[TOOL_CALLS]", |m| tok.token_to_id(m)))
+            .unwrap();
+    let call = ids(&["[TOOL_CALLS]", "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"]);
+    assert!(accepts(&nemo, &call));
 }

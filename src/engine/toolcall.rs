@@ -767,10 +767,36 @@ fn compact_json() -> Value {
     serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "whitespace_pattern": null})
 }
 
+/// Mistral's markers are special tokens, which a grammar names by id (`<[5]>`): the ids
+/// of this vocabulary's, those the template uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MistralTokens {
+    /// `[TOOL_CALLS]`.
+    pub tool_calls: Option<u32>,
+    /// `[ARGS]`, when calls are `NAME[ARGS]{...}` (Small 3.2, Devstral); `None`: a JSON
+    /// list follows `[TOOL_CALLS]` (Nemo).
+    pub args: Option<u32>,
+    /// `[CALL_ID]`, when the call's id comes between its name and `[ARGS]`.
+    pub call_id: Option<u32>,
+}
+
+impl MistralTokens {
+    /// The markers `template` writes, looked up with `id_of`.
+    pub fn of(template: &str, id_of: impl Fn(&str) -> Option<u32>) -> Self {
+        let used = |m: &str| if template.contains(m) { id_of(m) } else { None };
+        MistralTokens { tool_calls: used("[TOOL_CALLS]"), args: used("[ARGS]"), call_id: used("[CALL_ID]") }
+    }
+}
+
 /// The grammar that makes a reply call one of `functions` (function definitions:
 /// `{"name", "description", "parameters"}`) in `format`: one call, or with `parallel`
-/// one or more. Mistral's format is refused (its markers are special tokens).
-pub fn call_grammar(format: ToolFormat, functions: &[&Value], parallel: bool) -> Result<GrammarSpec, String> {
+/// one or more. Mistral's needs its marker tokens' ids (`mistral`).
+pub fn call_grammar(
+    format: ToolFormat,
+    functions: &[&Value],
+    parallel: bool,
+    mistral: MistralTokens,
+) -> Result<GrammarSpec, String> {
     if functions.is_empty() {
         return Err("`tool_choice` asks for a tool call, but `tools` holds no functions".into());
     }
@@ -854,9 +880,46 @@ pub fn call_grammar(format: ToolFormat, functions: &[&Value], parallel: bool) ->
             )))
         }
         ToolFormat::Mistral => {
-            Err("`tool_choice` `required` or a named function is not supported for this model's tool-call format \
-             (Mistral's); use `auto`"
-                .into())
+            let Some(tc) = mistral.tool_calls else {
+                return Err(
+                    "`tool_choice` asks for a tool call, but this model's vocabulary has no [TOOL_CALLS] token".into(),
+                );
+            };
+            let calls = if parallel { "call+" } else { "call" };
+            match mistral.args {
+                // `[TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}` per call.
+                Some(args) => {
+                    let id = match mistral.call_id {
+                        Some(cid) => format!(" <[{cid}]> /[a-zA-Z0-9]{{9}}/"),
+                        None => String::new(),
+                    };
+                    let mut rules = String::new();
+                    let mut alts = Vec::new();
+                    for (i, f) in functions.iter().enumerate() {
+                        let lit = serde_json::to_string(&name(f)).map_err(|e| e.to_string())?;
+                        let mut schema = params(f);
+                        schema["x-guidance"] = compact_json();
+                        let schema = serde_json::to_string(&schema).map_err(|e| e.to_string())?;
+                        rules.push_str(&format!("f{i}: {lit}{id} <[{args}]> a{i}\na{i}: %json {schema}\n"));
+                        alts.push(format!("f{i}"));
+                    }
+                    Ok(GrammarSpec::Lark(format!(
+                        "start: {calls}\ncall: <[{tc}]> func\nfunc: {}\n{rules}",
+                        alts.join(" | ")
+                    )))
+                }
+                // `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+                None => {
+                    let mut list =
+                        serde_json::json!({"type": "array", "items": call_schema("arguments"), "minItems": 1});
+                    if !most.is_null() {
+                        list["maxItems"] = most;
+                    }
+                    list["x-guidance"] = compact_json();
+                    let schema = serde_json::to_string(&list).map_err(|e| e.to_string())?;
+                    Ok(GrammarSpec::Lark(format!("start: <[{tc}]> calls\ncalls: %json {schema}\n")))
+                }
+            }
         }
     }
 }

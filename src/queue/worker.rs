@@ -22,7 +22,9 @@ use crate::engine::reasoning::{Piece, ReasoningSplitter, ThinkMarkers};
 use crate::engine::session::{Engine, GenerateError, GenerateRequest, RunOptions, TokenEvent};
 use crate::engine::template::ChatMessage;
 use crate::engine::tokenizer::{TextError, TextTokenizer};
-use crate::engine::toolcall::{ToolCallParser, ToolEvent, ToolFormat, call_grammar, generic_system_prompt};
+use crate::engine::toolcall::{
+    MistralTokens, ToolCallParser, ToolEvent, ToolFormat, call_grammar, generic_system_prompt,
+};
 use crate::model::decoder::{KvCache, ModelError};
 use crate::sched::plan::human_size;
 use crate::store::Modelfile;
@@ -344,7 +346,7 @@ fn chat_text(
 
 /// The grammar that makes a reply call a tool (`tool_choice` `required`, or a named
 /// function), in the model's format.
-fn tool_grammar(format: ToolFormat, offer: &ChatTools) -> Result<GrammarSpec, String> {
+fn tool_grammar(format: ToolFormat, offer: &ChatTools, mistral: MistralTokens) -> Result<GrammarSpec, String> {
     let functions: Vec<&serde_json::Value> = match &offer.choice {
         ToolChoice::Function(name) => {
             vec![
@@ -355,7 +357,7 @@ fn tool_grammar(format: ToolFormat, offer: &ChatTools) -> Result<GrammarSpec, St
         }
         _ => offer.tools.iter().filter_map(|t| t.get("function")).collect(),
     };
-    call_grammar(format, &functions, offer.parallel)
+    call_grammar(format, &functions, offer.parallel, mistral)
 }
 
 /// The message of a panic caught at a job or a step.
@@ -627,7 +629,10 @@ impl Worker {
                 let (text, format) = chat_text(tok, &messages, &job).map_err(|e| text_error("messages", e))?;
                 if let (Some(offer), Some(format)) = (&job.tools, format) {
                     if offer.choice != ToolChoice::Auto {
-                        grammar = Some(tool_grammar(format, offer).map_err(|m| invalid(Some("tool_choice"), m))?);
+                        let source = tok.chat_template().map(|t| t.source()).unwrap_or_default();
+                        let mistral = MistralTokens::of(source, |m| tok.token_to_id(m));
+                        grammar =
+                            Some(tool_grammar(format, offer, mistral).map_err(|m| invalid(Some("tool_choice"), m))?);
                     }
                     tools = Some(ToolCallParser::new(format, &offer.tools, call_id_seed()));
                 }
@@ -945,7 +950,7 @@ mod tests {
     use crate::server::error::{ApiError, Family};
 
     /// Every format's forced-call grammar compiles, for one function or several, named or
-    /// not; Mistral's is refused with a reason.
+    /// not; Mistral's needs its marker tokens.
     #[test]
     fn tool_grammars_compile_in_every_format() {
         let f = |name: &str| {
@@ -957,15 +962,16 @@ mod tests {
             for choice in [ToolChoice::Required, ToolChoice::Function("search".into())] {
                 for parallel in [true, false] {
                     let offer = ChatTools { tools: tools.clone(), choice: choice.clone(), parallel };
-                    let spec = tool_grammar(format, &offer).unwrap();
+                    let spec = tool_grammar(format, &offer, MistralTokens::default()).unwrap();
                     spec.check().unwrap_or_else(|e| panic!("{format:?} {choice:?}: {e}\n{spec:?}"));
                 }
             }
         }
         let offer = ChatTools { tools, choice: ToolChoice::Required, parallel: true };
-        assert!(tool_grammar(ToolFormat::Mistral, &offer).unwrap_err().contains("Mistral"));
+        let none = MistralTokens::default();
+        assert!(tool_grammar(ToolFormat::Mistral, &offer, none).unwrap_err().contains("[TOOL_CALLS]"));
         let offer = ChatTools { choice: ToolChoice::Function("nope".into()), ..offer };
-        assert!(tool_grammar(ToolFormat::Hermes, &offer).unwrap_err().contains("nope"));
+        assert!(tool_grammar(ToolFormat::Hermes, &offer, none).unwrap_err().contains("nope"));
     }
 
     #[test]

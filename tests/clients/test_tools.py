@@ -62,7 +62,7 @@ def smollm2_gguf() -> Path:
 @pytest.fixture(scope="module")
 def tools_server():
     models = ["--model", f"{SMOL}={smollm2_gguf()}", "--model", f"{MODEL}=tests/fixtures/hf/llama3",
-              "--ctx-size", "1024", "--threads", "1"]
+              "--model", "qwen3=tests/fixtures/hf/qwen3", "--ctx-size", "1024", "--threads", "1"]
     with strata_serve(models=models, name="tools") as s:
         yield s
 
@@ -353,3 +353,19 @@ def test_ollama_create_from_blob_and_model(ol):
     with pytest.raises(ollama.ResponseError) as e:
         ol.create(model="bad", from_=SMOL, template="{{ .Prompt }}")
     assert e.value.status_code == 400
+
+
+def test_ollama_think(ol, oa):
+    """qwen3's real template thinks (`<think>`); the fixture's random weights do not, so the
+    grammar extension makes it, and both clients get the reasoning apart."""
+    assert "thinking" in ol.show("qwen3").capabilities
+    r = ol.chat(model="qwen3", messages=[{"role": "user", "content": "Hi"}], think=True,
+                options={"num_predict": 4, "temperature": 0})
+    assert r.done
+    with pytest.raises(ollama.ResponseError) as e:
+        ol.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}], think=True)
+    assert e.value.status_code == 400 and "thinking" in str(e.value)
+    r = oa.chat.completions.create(model="qwen3", messages=[{"role": "user", "content": "Hi"}], max_tokens=40,
+                                   temperature=0, extra_body={"grammar": 'start: "<think>" /[a-z]{3,6}/ "</think>" /[a-z]{2,4}/'})
+    msg = r.choices[0].message
+    assert msg.reasoning_content.isalpha() and msg.content.isalpha(), msg
