@@ -215,3 +215,24 @@ async fn ollama_logprobs_stream_and_whole() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&out));
     }
 }
+
+#[tokio::test]
+async fn completions_take_grammars_too() {
+    let (app, _) = app_with_context(256);
+    let body = json!({"model": "llama3", "prompt": "Answer:", "max_tokens": 10, "grammar": r#"start: "yes" | "no""#});
+    let v = json(&send(&app, post_json("/v1/completions", body)).await.2);
+    let text = v["choices"][0]["text"].as_str().unwrap_or_else(|| panic!("{v}"));
+    assert!(text == "yes" || text == "no", "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"], "additionalProperties": false});
+    let body = json!({"model": "llama3", "prompt": "JSON:", "max_tokens": 40, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}});
+    let v = json(&send(&app, post_json("/v1/completions", body)).await.2);
+    let doc: Value = serde_json::from_str(v["choices"][0]["text"].as_str().unwrap()).unwrap();
+    assert!(doc["n"].as_u64().unwrap() <= 9);
+    let body = json!({"model": "llama3", "prompt": "x", "grammar": "start: ("});
+    let (status, _, out) = send(&app, post_json("/v1/completions", body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(json(&out)["error"]["param"], "grammar");
+}

@@ -151,6 +151,19 @@ fn job(
     })
 }
 
+/// `response_format` and `grammar` as the output's grammar (at most one of them).
+fn output_grammar(format: Option<&ResponseFormat>, lark: Option<String>) -> Result<Option<GrammarSpec>, ApiError> {
+    let grammar = match format {
+        Some(rf) => response_format(&rf.kind, rf.json_schema.as_ref())?,
+        None => None,
+    };
+    match (grammar, lark) {
+        (Some(_), Some(_)) => Err(ApiError::invalid("grammar", "give `grammar` or a JSON `response_format`, not both")),
+        (g, None) => Ok(g),
+        (None, Some(l)) => Ok(Some(checked("grammar", GrammarSpec::Lark(l))?)),
+    }
+}
+
 fn chat_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "`messages` must hold at least one message"));
@@ -249,16 +262,7 @@ impl ChatCompletionRequest {
             }
             _ => tool_choice("tool_choice", Vec::new(), self.tool_choice.as_ref(), None)?,
         };
-        let mut grammar = match &self.response_format {
-            Some(rf) => response_format(&rf.kind, rf.json_schema.as_ref())?,
-            None => None,
-        };
-        if let Some(g) = self.grammar {
-            if grammar.is_some() {
-                return Err(ApiError::invalid("grammar", "give `grammar` or a JSON `response_format`, not both"));
-            }
-            grammar = Some(checked("grammar", GrammarSpec::Lark(g))?);
-        }
+        let grammar = output_grammar(self.response_format.as_ref(), self.grammar)?;
         if grammar.is_some() && tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) {
             return Err(ApiError::invalid(
                 "tool_choice",
@@ -361,9 +365,12 @@ impl CompletionRequest {
             stop: self.stop,
         };
         let max_tokens = positive("max_tokens", self.max_tokens)?;
+        let grammar = output_grammar(self.response_format.as_ref(), self.grammar)?;
+        let mut job = job(model, prompt, max_tokens, knobs, top_logprobs.unwrap_or(0))?;
+        job.grammar = grammar;
         Ok(Plan {
             api: Api::Completion,
-            job: job(model, prompt, max_tokens, knobs, top_logprobs.unwrap_or(0))?,
+            job,
             stream: self.stream.unwrap_or(false),
             include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             logprobs: top_logprobs.is_some(),

@@ -192,6 +192,10 @@ pub struct CompletionRequest {
     pub best_of: Option<i64>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    /// Nonstandard (as vLLM): `json_object` or `json_schema`, as in chat.
+    pub response_format: Option<ResponseFormat>,
+    /// Nonstandard: a Lark grammar the output must match, as in chat.
+    pub grammar: Option<String>,
     /// Accepted and ignored.
     pub user: Option<String>,
 }
