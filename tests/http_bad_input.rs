@@ -106,7 +106,7 @@ fn rows() -> Vec<Row> {
         row("oa messages not a list", "/v1/chat/completions", chat(json!({"messages": "hi"})), 400, oa(Some("messages"), Contains("invalid value for `messages`: invalid type: string"))),
         row("oa empty messages", "/v1/chat/completions", chat(json!({"messages": []})), 400, oa(Some("messages"), Exact("`messages` must hold at least one message"))),
         row("oa message without role", "/v1/chat/completions", chat(json!({"messages": [{"content": "hi"}]})), 400, oa(Some("messages[0]"), Contains("invalid value for `messages[0]`: missing field `role`"))),
-        row("oa unknown role", "/v1/chat/completions", chat(json!({"messages": [{"role": "wizard", "content": "hi"}]})), 400, oa(Some("messages[0].role"), Exact("`messages[0].role`: unknown role `wizard`; expected system, developer, user, assistant or tool"))),
+        row("oa unknown role", "/v1/chat/completions", chat(json!({"messages": [{"role": "wizard", "content": "hi"}]})), 400, oa(Some("messages[0].role"), Exact("`messages[0].role`: unknown role `wizard`; expected system, developer, user, assistant, tool or ipython"))),
         row("oa temperature as string", "/v1/chat/completions", chat(json!({"temperature": "hot"})), 400, oa(Some("temperature"), Contains("invalid value for `temperature`: invalid type: string"))),
         row("oa max_tokens negative", "/v1/chat/completions", chat(json!({"max_tokens": -5})), 400, oa(Some("max_tokens"), Exact("`max_tokens` must be at least 1"))),
         row("oa stream as string", "/v1/chat/completions", chat(json!({"stream": "yes"})), 400, oa(Some("stream"), Contains("invalid value for `stream`: invalid type: string"))),

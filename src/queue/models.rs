@@ -419,7 +419,10 @@ impl Registry {
             CreateFrom::Blob(hex) => store.create_from_blob(name, hex, modelfile),
             CreateFrom::Model(src) => match self.in_memory(src) {
                 Some((_, info)) if info.format == "demo" => {
-                    return Err(invalid("from", format!("`from`: '{src}' is the built-in demo model; it has no files")));
+                    return Err(invalid(
+                        "from",
+                        format!("`from`: '{src}' is the built-in demo model; it has no files"),
+                    ));
                 }
                 Some((_, info)) => store.create_from_path(name, Path::new(&info.spec), modelfile),
                 None => store.create_from_model(name, src, &modelfile),
@@ -429,7 +432,9 @@ impl Registry {
             Ok(_) => Ok(()),
             Err(e @ StoreError::InvalidName { .. }) => Err(invalid("model", e.to_string())),
             Err(StoreError::NotFound(what)) => match from {
-                CreateFrom::Blob(_) => Err(invalid("files", format!("`files`: {what} has not been uploaded (POST /api/blobs)"))),
+                CreateFrom::Blob(_) => {
+                    Err(invalid("files", format!("`files`: {what} has not been uploaded (POST /api/blobs)")))
+                }
                 CreateFrom::Model(src) => Err(RegistryError::NotFound(src.clone())),
             },
             Err(e @ StoreError::Unsupported { .. }) => Err(invalid("files", format!("`files`: {e}"))),

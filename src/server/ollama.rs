@@ -41,12 +41,12 @@ use crate::engine::toolcall::{ToolCall, ToolEvent};
 use crate::queue::{Event, GenerateJob, JobDone, KeepAlive, PromptInput, TokenLogprob, Work};
 use crate::server::tools::{history_calls, tool_choice, tool_definitions};
 use checks::{format_grammar, keep_alive, refuse_non_empty, require_model, resolve_options, think};
+use create::{__path_blob_head, __path_blob_post, __path_create, CreateRequest, blob_head, blob_post, create};
 use embed::{__path_embed, __path_embeddings, embed, embeddings};
 use models::{
     __path_copy, __path_delete_model, __path_ps, __path_show, __path_tags, __path_version, copy, delete_model, ps,
     show, tags, version,
 };
-use create::{__path_blob_head, __path_blob_post, __path_create, CreateRequest, blob_head, blob_post, create};
 use pull::{__path_pull, PullRequest, PullStatus, pull};
 use serde_json::Value;
 
@@ -254,11 +254,11 @@ fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, Ap
 
 fn chat_message(i: usize, m: ChatMessageIn) -> std::result::Result<ChatMessage, ApiError> {
     match m.role.as_str() {
-        "system" | "user" | "assistant" | "tool" => {}
+        "system" | "user" | "assistant" | "tool" | "ipython" => {}
         other => {
             return Err(ApiError::invalid(
                 &format!("messages[{i}].role"),
-                format!("`messages[{i}].role` must be system, user, assistant or tool, not {other:?}"),
+                format!("`messages[{i}].role` must be system, user, assistant, tool or ipython, not {other:?}"),
             ));
         }
     }

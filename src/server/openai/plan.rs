@@ -176,14 +176,16 @@ fn chat_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiEr
                 "system" | "developer" => "system",
                 "user" => "user",
                 "assistant" => "assistant",
-                // The legacy `function` role is a tool result.
+                // The legacy `function` role is a tool result; Llama 3's templates also
+                // read results under `ipython`.
                 "tool" | "function" => "tool",
+                "ipython" => "ipython",
                 other => {
                     let field = format!("messages[{i}].role");
                     return Err(ApiError::invalid(
                         &field,
                         format!(
-                            "`{field}`: unknown role `{other}`; expected system, developer, user, assistant or tool"
+                            "`{field}`: unknown role `{other}`; expected system, developer, user, assistant, tool or ipython"
                         ),
                     ));
                 }

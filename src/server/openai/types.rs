@@ -92,7 +92,7 @@ pub struct ChatCompletionRequest {
 /// One message of the conversation.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ChatMessageIn {
-    #[schema(example = "user", pattern = "^(system|developer|user|assistant|tool|function)$")]
+    #[schema(example = "user", pattern = "^(system|developer|user|assistant|tool|function|ipython)$")]
     pub role: String,
     /// A string or a list of `{"type": "text", "text": ...}` parts (joined by newlines);
     /// absent or null: empty (an assistant turn that only called tools has none).
