@@ -6,6 +6,7 @@ run the same number of tokens), ROUNDS times, and prints the median decode tok/s
 (eval_count / eval_duration, the server's own decode clock) and their ratio.
 
 Usage: tools/bench_constrained.py MODEL [--tokens N] [--rounds R] [--bin target/release/strata]
+       [--strata-args "--device cuda:0"]
 """
 import argparse
 import json
@@ -48,13 +49,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--bin", default="target/release/strata")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--strata-args", default="", help="more `strata serve` arguments")
     a = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     home = tempfile.mkdtemp(prefix="strata-bench-constrained-")
     proc = subprocess.Popen([a.bin, "serve", "--model", f"m={a.model}", "--host", "127.0.0.1", "--port", str(port),
-                             "--threads", str(a.threads), "--ctx-size", "2048"],
+                             "--threads", str(a.threads), "--ctx-size", "2048", *a.strata_args.split()],
                             env=dict(os.environ, STRATA_HOME=home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

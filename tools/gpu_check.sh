@@ -25,7 +25,7 @@ pack() {
   rm -rf gpu-run && mkdir -p gpu-run/bin
   cp target/release/strata gpu-run/bin/strata
   local name test_bin
-  for name in cuda_ops batching; do
+  for name in cuda_ops batching grammar; do
     test_bin=$(cargo test --release --locked --test "$name" --no-run --message-format=json 2>/dev/null |
       NAME=$name python3 -c 'import json,os,sys
 for l in sys.stdin:
@@ -33,7 +33,7 @@ for l in sys.stdin:
     if m.get("executable") and m.get("target", {}).get("name") == os.environ["NAME"]: print(m["executable"])' | tail -1)
     cp "$test_bin" "gpu-run/bin/$name"
   done
-  strip gpu-run/bin/strata gpu-run/bin/cuda_ops gpu-run/bin/batching
+  strip gpu-run/bin/strata gpu-run/bin/cuda_ops gpu-run/bin/batching gpu-run/bin/grammar
   echo "gpu-run/: $(du -sh gpu-run | cut -f1); carry it (tests/fixtures travel with the tree)"
 }
 
@@ -52,6 +52,9 @@ run() {
   echo "== batching: each sequence as alone, engines on cuda:0 (docs/gpu.md item 10)"
   "$dir/bin/batching" --nocapture --test-threads 1 >"$out/batching.txt" 2>&1 || failed+=(batching)
   grep -E "test result|panicked|differs" "$out/batching.txt" | tail -8
+  echo "== structured output: constrained generation, engines on cuda:0 (docs/gpu.md item 11)"
+  "$dir/bin/grammar" --nocapture --test-threads 1 >"$out/grammar.txt" 2>&1 || failed+=(grammar)
+  grep -E "test result|panicked" "$out/grammar.txt" | tail -5
 
   echo "== perplexity, cuda:0 against cpu"
   local ids="$out/ids.json"
