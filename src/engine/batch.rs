@@ -11,8 +11,8 @@
 use std::time::{Duration, Instant};
 
 use super::detok::DetokState;
-use super::grammar::{self, Constraint};
-use super::sampler::{Sampler, log_softmax, top_logprobs};
+use super::grammar::Constraint;
+use super::sampler::{Sampler, log_softmax_at, top_logprobs};
 use super::session::{Engine, FinishReason, GenerateError, GenerateRequest, GenerationSummary, TokenEvent};
 use super::stop::StopMatcher;
 use crate::backend::TopK;
@@ -209,11 +209,11 @@ impl Sequence {
                     Some(c) => {
                         let mask = c.allowed().map_err(GenerateError::Grammar)?;
                         self.sampler
-                            .sample_masked(logits, &self.tokens, |id| grammar::allows(mask, id))
+                            .sample_among(logits, &self.tokens, mask.iter())
                             .ok_or_else(|| GenerateError::Grammar("the grammar allows no token here".into()))?
                     }
                 };
-                let logprob = log_softmax(logits)[id as usize];
+                let logprob = log_softmax_at(logits, id as usize);
                 let top = match self.req.top_logprobs {
                     0 => Vec::new(),
                     n => top_logprobs(logits, n),

@@ -151,13 +151,23 @@ pub fn apply_penalties(
     for &id in window {
         *counts.entry(id).or_insert(0) += 1;
     }
-    // Candidate lists fresh from the logits are in id order, so index == id; otherwise
+    // Candidate lists fresh from the logits are in id order, so index == id; the allowed
+    // tokens of a grammar are in id order with gaps, found by binary search; otherwise
     // fall back to a map from id to position.
     let identity = cands.iter().enumerate().all(|(i, c)| c.id as usize == i);
-    let position: HashMap<u32, usize> =
-        if identity { HashMap::new() } else { cands.iter().enumerate().map(|(i, c)| (c.id, i)).collect() };
+    let ascending = !identity && cands.is_sorted_by_key(|c| c.id);
+    let position: HashMap<u32, usize> = match identity || ascending {
+        true => HashMap::new(),
+        false => cands.iter().enumerate().map(|(i, c)| (c.id, i)).collect(),
+    };
     for (&id, &count) in &counts {
-        let idx = if identity { Some(id as usize).filter(|&i| i < cands.len()) } else { position.get(&id).copied() };
+        let idx = if identity {
+            Some(id as usize).filter(|&i| i < cands.len())
+        } else if ascending {
+            cands.binary_search_by_key(&id, |c| c.id).ok()
+        } else {
+            position.get(&id).copied()
+        };
         let Some(idx) = idx else { continue };
         let c = &mut cands[idx];
         if c.logit > 0.0 {
@@ -318,15 +328,26 @@ impl Sampler {
     /// the filters act on the allowed tokens only and greedy picks the best allowed one.
     /// `None` when no token is allowed.
     pub fn sample_masked(&mut self, logits: &[f32], history: &[u32], allowed: impl Fn(u32) -> bool) -> Option<u32> {
+        self.sample_among(logits, history, (0..logits.len() as u32).filter(|&id| allowed(id)))
+    }
+
+    /// [`sample_masked`](Self::sample_masked) with the allowed tokens listed, in
+    /// ascending id order: only they become candidates, so a narrow grammar state costs
+    /// little. Ids past the logits are skipped.
+    pub fn sample_among(&mut self, logits: &[f32], history: &[u32], allowed: impl Iterator<Item = u32>) -> Option<u32> {
         let p = &self.params;
         let mut cands = std::mem::take(&mut self.scratch);
-        candidates_from_logits(logits, &mut cands);
-        let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
-        apply_penalties(&mut cands, window, p.repeat_penalty, p.presence_penalty, p.frequency_penalty);
+        cands.clear();
         // Dropping the others is the same as -inf logits, and the filters then sort only
         // what can be drawn. An allowed token keeps its place even at -inf, so that
         // something allowed is picked whatever the logits.
-        cands.retain(|c| allowed(c.id));
+        cands.extend(
+            allowed
+                .map_while(|id| logits.get(id as usize).map(|&l| (id, l)))
+                .map(|(id, l)| Candidate { id, logit: if l.is_nan() { f32::NEG_INFINITY } else { l } }),
+        );
+        let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
+        apply_penalties(&mut cands, window, p.repeat_penalty, p.presence_penalty, p.frequency_penalty);
         if cands.is_empty() {
             self.scratch = cands;
             return None;
@@ -368,6 +389,22 @@ impl Sampler {
 
 /// Log-probabilities of `logits`, computed in f64 with the max subtracted first.
 /// `-inf` logits get `-inf`; if every logit is `-inf` (or NaN) the result is all `-inf`.
+/// `log_softmax(logits)[id]`, computed the same way without the whole row.
+pub fn log_softmax_at(logits: &[f32], id: usize) -> f32 {
+    let max = logits.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    let l = logits.get(id).copied().unwrap_or(f32::NAN);
+    if max == f32::NEG_INFINITY || l.is_nan() {
+        return f32::NEG_INFINITY;
+    }
+    if max == f32::INFINITY {
+        let n = logits.iter().filter(|&&l| l == f32::INFINITY).count() as f64;
+        return if l == f32::INFINITY { (-(n.ln())) as f32 } else { f32::NEG_INFINITY };
+    }
+    let max = max as f64;
+    let sum: f64 = logits.iter().filter(|l| !l.is_nan()).map(|&l| (l as f64 - max).exp()).sum();
+    (l as f64 - max - sum.ln()) as f32
+}
+
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let max = logits.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY {
@@ -669,6 +706,49 @@ mod tests {
         assert!((freq[0] - 0.7).abs() < 0.02, "{freq:?}");
         assert!((freq[1] - 0.2).abs() < 0.02, "{freq:?}");
         assert!((freq[2] - 0.1).abs() < 0.02, "{freq:?}");
+    }
+
+    #[test]
+    fn one_log_softmax_entry_is_the_rows() {
+        let rows: [&[f32]; 4] = [
+            &[1.5, -2.0, 0.25, 7.0, f32::NAN],
+            &[f32::NEG_INFINITY, 0.0, 3.0],
+            &[f32::INFINITY, 1.0, f32::INFINITY],
+            &[f32::NEG_INFINITY; 3],
+        ];
+        for row in rows {
+            let all = log_softmax(row);
+            for (id, want) in all.iter().enumerate() {
+                assert_eq!(log_softmax_at(row, id).to_bits(), want.to_bits(), "{row:?} {id}");
+            }
+        }
+    }
+
+    /// Listing the allowed tokens draws exactly what masking the others does, penalties
+    /// included (the penalized tokens are found among a list with gaps).
+    #[test]
+    fn sampling_among_listed_tokens_is_sampling_masked() {
+        let logits: Vec<f32> = (0..500).map(|i| ((i * 7919) % 113) as f32 / 10.0).collect();
+        let allowed = |id: u32| id % 3 != 1 && id != 42;
+        let history: Vec<u32> = (0..40).map(|i| (i * 37) % 500).collect();
+        for seed in 0..20 {
+            let params = SamplingParams {
+                temperature: 0.9,
+                top_k: 40,
+                top_p: 0.95,
+                repeat_penalty: 1.3,
+                repeat_last_n: 64,
+                presence_penalty: 0.5,
+                frequency_penalty: 0.25,
+                seed: Some(seed),
+                ..Default::default()
+            };
+            let (mut a, mut b) = (Sampler::new(params.clone()), Sampler::new(params));
+            for _ in 0..5 {
+                let listed = (0..600u32).filter(|&id| allowed(id));
+                assert_eq!(a.sample_among(&logits, &history, listed), b.sample_masked(&logits, &history, allowed));
+            }
+        }
     }
 
     #[test]
