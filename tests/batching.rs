@@ -293,6 +293,7 @@ mod worker {
             keep_alive: None,
             tools: None,
             grammar: None,
+            grammar_param: "grammar",
             template_vars: Default::default(),
             split_reasoning: false,
         })

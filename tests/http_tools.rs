@@ -235,4 +235,11 @@ async fn completions_take_grammars_too() {
     let (status, _, out) = send(&app, post_json("/v1/completions", body)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(json(&out)["error"]["param"], "grammar");
+    // A special token the model lacks is only found when the grammar meets the model.
+    let body = json!({"model": "llama3", "prompt": "x", "grammar": "start: <|no_such_token|>"});
+    let (status, _, out) = send(&app, post_json("/v1/completions", body)).await;
+    let v = json(&out);
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["param"], "grammar", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("no_such_token"), "{v}");
 }

@@ -141,6 +141,9 @@ pub struct GenerateJob {
     pub tools: Option<ChatTools>,
     /// What the output must match (`response_format`, Ollama's `format`, `grammar`).
     pub grammar: Option<GrammarSpec>,
+    /// The request field `grammar` came from, for a 400 when it does not compile for the
+    /// model.
+    pub grammar_param: &'static str,
     /// More chat template variables (`enable_thinking`, ...).
     pub template_vars: serde_json::Map<String, serde_json::Value>,
     /// Split a chat reply's reasoning (between the template's think markers) from its

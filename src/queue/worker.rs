@@ -621,6 +621,7 @@ impl Worker {
         let mut tools = None;
         let mut reasoning = None;
         let mut grammar = job.grammar.clone();
+        let mut grammar_param = job.grammar_param;
         let new_ids = match &job.prompt {
             PromptInput::Text { text, special } => tok.encode(text, *special).map_err(|e| text_error("prompt", e))?,
             PromptInput::Chat(messages) => {
@@ -633,6 +634,7 @@ impl Worker {
                         let mistral = MistralTokens::of(source, |m| tok.token_to_id(m));
                         grammar =
                             Some(tool_grammar(format, offer, mistral).map_err(|m| invalid(Some("tool_choice"), m))?);
+                        grammar_param = "tool_choice";
                     }
                     tools = Some(ToolCallParser::new(format, &offer.tools, call_id_seed()));
                 }
@@ -717,7 +719,11 @@ impl Worker {
             // Markers may be special tokens (Mistral's `[TOOL_CALLS]`, `[THINK]`).
             keep_special_tokens: tools.is_some() || reasoning.is_some(),
         };
-        let seq = Sequence::new(engine, cache, cached, req).map_err(|e| generate_error(&job.model, param, e))?;
+        let seq = Sequence::new(engine, cache, cached, req).map_err(|e| match e {
+            // The grammar does not compile for this model (a special token it lacks).
+            GenerateError::Grammar(_) => invalid(Some(grammar_param), e),
+            e => generate_error(&job.model, param, e),
+        })?;
         tracing::debug!(model = %slot.name, prompt = seq.request().prompt.len(), to_run = seq.prompt_left(), "admitted");
         slot.running.push(Running {
             seq,

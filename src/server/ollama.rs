@@ -211,6 +211,7 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
         };
         let mut job = opts.job(&req.model, input, context, keep_alive);
         job.grammar = grammar;
+        job.grammar_param = "format";
         job.top_logprobs = top_logprobs;
         job.template_vars = think.vars;
         job.split_reasoning = think.split;
@@ -244,6 +245,7 @@ fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, Ap
         let mut job = opts.job(&req.model, PromptInput::Chat(messages), Vec::new(), keep_alive);
         job.tools = tools;
         job.grammar = grammar;
+        job.grammar_param = "format";
         job.top_logprobs = top_logprobs;
         job.template_vars = think.vars;
         job.split_reasoning = think.split;

@@ -123,6 +123,7 @@ impl Resolved {
             keep_alive,
             tools: None,
             grammar: None,
+            grammar_param: "grammar",
             template_vars: serde_json::Map::new(),
             split_reasoning: false,
         }

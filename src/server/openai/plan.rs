@@ -146,9 +146,15 @@ fn job(
         keep_alive: None,
         tools: None,
         grammar: None,
+        grammar_param: "grammar",
         template_vars: serde_json::Map::new(),
         split_reasoning: false,
     })
+}
+
+/// The field a request's grammar came from.
+fn grammar_param(from_response_format: bool) -> &'static str {
+    if from_response_format { "response_format" } else { "grammar" }
 }
 
 /// `response_format` and `grammar` as the output's grammar (at most one of them).
@@ -305,6 +311,7 @@ impl ChatCompletionRequest {
         };
         let mut job = job(model, PromptInput::Chat(messages), max_tokens, knobs, top_logprobs)?;
         job.tools = tools;
+        job.grammar_param = grammar_param(self.response_format.is_some());
         job.grammar = grammar;
         job.template_vars = self.chat_template_kwargs.unwrap_or_default();
         // A thinking model's reasoning comes back in `reasoning_content`, as llama.cpp's
@@ -369,6 +376,7 @@ impl CompletionRequest {
         let max_tokens = positive("max_tokens", self.max_tokens)?;
         let grammar = output_grammar(self.response_format.as_ref(), self.grammar)?;
         let mut job = job(model, prompt, max_tokens, knobs, top_logprobs.unwrap_or(0))?;
+        job.grammar_param = grammar_param(self.response_format.is_some());
         job.grammar = grammar;
         Ok(Plan {
             api: Api::Completion,
