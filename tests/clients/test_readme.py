@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SMALL, strata_serve
+from conftest import ROOT, strata_serve
 
 README_URL = "http://localhost:8000"
 
@@ -41,8 +41,9 @@ def test_the_readme_shows_both_apis():
 
 @pytest.fixture(scope="module")
 def demo_server():
-    # `cargo run --release -- serve` as the README runs it: the demo model.
-    with strata_serve(name="readme", models=SMALL) as s:
+    # `cargo run --release -- serve` as the README runs it: the demo model (with room for
+    # the tool-call example's prompt, as the default context has).
+    with strata_serve(name="readme", models=["--ctx-size", "1024", "--threads", "1"]) as s:
         yield s
 
 
