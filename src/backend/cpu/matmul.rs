@@ -167,6 +167,27 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     axpy_on(best_ops(), alpha, x, y)
 }
 
+/// `out[j] = dot(q, k[j·stride..][..q.len()]) · scale` for every `j < out.len()`: the
+/// attention scores of one query head over cached positions, each exactly [`dot`]'s.
+/// Panics if `k` is too short.
+pub fn scores(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(k.len() >= last * stride + q.len(), "scores: k holds {} values, too few", k.len());
+    }
+    // SAFETY: a table exists only if its CPU features were detected; `k` was checked.
+    unsafe { (best_ops().scores)(q, k, stride, scale, out) }
+}
+
+/// `o += w[j] · v[j·stride..][..o.len()]` for every `j < w.len()`, in order, each element
+/// exactly as those [`axpy`] calls leave it. Panics if `v` is too short.
+pub fn weighted_sum(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]) {
+    if let Some(last) = w.len().checked_sub(1) {
+        assert!(v.len() >= last * stride + o.len(), "weighted_sum: v holds {} values, too few", v.len());
+    }
+    // SAFETY: a table exists only if its CPU features were detected; `v` was checked.
+    unsafe { (best_ops().weighted_sum)(w, v, stride, o) }
+}
+
 /// [`dot`] with a chosen kernel variant; panics if the CPU does not support it.
 pub fn dot_with(kernel: Kernel, a: &[f32], b: &[f32]) -> f32 {
     dot_on(kernel.ops_or_panic(), a, b)
@@ -300,6 +321,12 @@ struct Ops {
     dot: unsafe fn(a: &[f32], b: &[f32]) -> f32,
     /// `y += alpha · x` over equal-length slices.
     axpy: unsafe fn(alpha: f32, x: &[f32], y: &mut [f32]),
+    /// `out[j] = dot(q, k[j·stride..][..q.len()]) · scale` for every `j < out.len()`,
+    /// each exactly as `dot` gives it (attention scores over cached positions).
+    scores: unsafe fn(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f32]),
+    /// `o += w[j] · v[j·stride..][..o.len()]` for `j` in order, each element exactly as
+    /// that sequence of `axpy` calls leaves it (attention's weighted sum of values).
+    weighted_sum: unsafe fn(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]),
 }
 
 /// `rows` rows of x: element `(r, kk)` is `data[r·ld + kk]`.
@@ -649,6 +676,39 @@ mod tests {
             assert!(!Kernel::Avx512.is_available() && !Kernel::Avx2.is_available());
         }
         assert_eq!(Kernel::best(), *available().last().unwrap());
+    }
+
+    /// The fused attention loops give bit for bit what `dot` and `axpy` give position by
+    /// position, in every kernel, for head sizes with and without a tail.
+    #[test]
+    fn scores_and_weighted_sums_are_dot_and_axpy_per_position() {
+        let mut rng = Rng(11);
+        for kernel in available() {
+            let ops = kernel.ops_or_panic();
+            for hd in [1, 7, 8, 16, 24, 63, 64, 80, 96, 128, 130] {
+                for positions in [1, 2, 5, 33] {
+                    let stride = hd + 3;
+                    let (q, k) = (rng.vec(hd), rng.vec((positions - 1) * stride + hd));
+                    let mut got = vec![0.0; positions];
+                    // SAFETY: `k` holds the positions asked for.
+                    unsafe { (ops.scores)(&q, &k, stride, 0.125, &mut got) };
+                    for (j, g) in got.iter().enumerate() {
+                        let want = dot_with(kernel, &q, &k[j * stride..][..hd]) * 0.125;
+                        assert_eq!(g.to_bits(), want.to_bits(), "{kernel:?} scores hd={hd} j={j}");
+                    }
+                    let (w, v) = (rng.vec(positions), rng.vec((positions - 1) * stride + hd));
+                    let start = rng.vec(hd);
+                    let (mut got, mut want) = (start.clone(), start);
+                    // SAFETY: `v` holds the positions asked for.
+                    unsafe { (ops.weighted_sum)(&w, &v, stride, &mut got) };
+                    for (j, &wj) in w.iter().enumerate() {
+                        axpy_with(kernel, wj, &v[j * stride..][..hd], &mut want);
+                    }
+                    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{kernel:?} weighted_sum hd={hd} positions={positions}");
+                }
+            }
+        }
     }
 
     #[test]

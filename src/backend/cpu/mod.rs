@@ -284,7 +284,9 @@ impl Backend for CpuBackend {
             let qh = &q[r * q_width + h * hd..][..hd];
             let kv_off = (h / group) * hd;
             scores.clear();
-            scores.extend((first..=pos).map(|j| matmul::dot(qh, &k[j * kv_width + kv_off..][..hd]) * p.scale));
+            scores.resize(pos + 1 - first, 0.0);
+            let at = first * kv_width + kv_off;
+            matmul::scores(qh, &k[at..], kv_width, p.scale, scores);
             if let Some(cap) = p.softcap {
                 scores.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
             }
@@ -294,10 +296,9 @@ impl Backend for CpuBackend {
                 *s = (*s - max).exp();
                 sum += *s;
             }
+            scores.iter_mut().for_each(|s| *s /= sum);
             o.fill(0.0);
-            for (j, s) in (first..=pos).zip(scores.iter()) {
-                matmul::axpy(s / sum, &v[j * kv_width + kv_off..][..hd], o);
-            }
+            matmul::weighted_sum(scores, &v[at..], kv_width, o);
         };
         if rows * p.n_heads > 1 {
             self.pool.install(|| out.par_chunks_exact_mut(hd).enumerate().for_each_init(Vec::new, task));

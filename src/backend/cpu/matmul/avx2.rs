@@ -33,7 +33,7 @@ mod imp {
     /// x rows per register tile: `MR × 2` accumulators of the 16 registers.
     const MR: usize = 6;
 
-    pub(super) static OPS: Ops = Ops { nr: NR, small, pack, panel, dot, axpy };
+    pub(super) static OPS: Ops = Ops { nr: NR, small, pack, panel, dot, axpy, scores, weighted_sum };
 
     /// Weight elements that widen to 8 f32 lanes.
     trait Load: WElem {
@@ -399,6 +399,61 @@ mod imp {
             }
             while i < n {
                 *py.add(i) = alpha.mul_add(*px.add(i), *py.add(i));
+                i += 1;
+            }
+        }
+    }
+    /// # Safety
+    /// AVX2,FMA,F16C; `k` holds `(out.len() - 1) · stride + q.len()` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+        let hd = q.len();
+        for (j, o) in out.iter_mut().enumerate() {
+            // SAFETY: the caller's bound; `dot` inlines here, with the same features.
+            *o = unsafe { dot(q, k.get_unchecked(j * stride..j * stride + hd)) } * scale;
+        }
+    }
+
+    /// The values' weighted sum with `o` held in registers, block by block: each element
+    /// takes the same fused multiply-adds, in the same order, as `axpy` per position.
+    ///
+    /// # Safety
+    /// AVX2,FMA,F16C; `v` holds `(w.len() - 1) · stride + o.len()` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weighted_sum(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]) {
+        let n = o.len();
+        let (pv, po) = (v.as_ptr(), o.as_mut_ptr());
+        // SAFETY: every access is below `n` in `o` and below the caller's bound in `v`.
+        unsafe {
+            let mut i = 0;
+            while i + 4 * L <= n {
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for (b, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm256_loadu_ps(po.add(i + b * L));
+                }
+                for (j, &wj) in w.iter().enumerate() {
+                    let (a, p) = (_mm256_set1_ps(wj), pv.add(j * stride + i));
+                    for (b, acc) in acc.iter_mut().enumerate() {
+                        *acc = _mm256_fmadd_ps(a, _mm256_loadu_ps(p.add(b * L)), *acc);
+                    }
+                }
+                for (b, acc) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(po.add(i + b * L), *acc);
+                }
+                i += 4 * L;
+            }
+            while i + L <= n {
+                let mut acc = _mm256_loadu_ps(po.add(i));
+                for (j, &wj) in w.iter().enumerate() {
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(wj), _mm256_loadu_ps(pv.add(j * stride + i)), acc);
+                }
+                _mm256_storeu_ps(po.add(i), acc);
+                i += L;
+            }
+            while i < n {
+                for (j, &wj) in w.iter().enumerate() {
+                    *po.add(i) = wj.mul_add(*pv.add(j * stride + i), *po.add(i));
+                }
                 i += 1;
             }
         }

@@ -32,7 +32,7 @@ mod imp {
     /// Weight rows per group in the few-rows kernel (one accumulator each per x row).
     const C: usize = 4;
 
-    pub(super) static OPS: Ops = Ops { nr: NR, small, pack, panel, dot, axpy };
+    pub(super) static OPS: Ops = Ops { nr: NR, small, pack, panel, dot, axpy, scores, weighted_sum };
 
     /// Weight elements that widen to 16 f32 lanes.
     trait Load: WElem {
@@ -402,6 +402,64 @@ mod imp {
                 let v =
                     _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(mask, px.add(i)), _mm512_maskz_loadu_ps(mask, py.add(i)));
                 _mm512_mask_storeu_ps(py.add(i), mask, v);
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX512F; `k` holds `(out.len() - 1) · stride + q.len()` values.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scores(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+        let hd = q.len();
+        for (j, o) in out.iter_mut().enumerate() {
+            // SAFETY: the caller's bound; `dot` inlines here, with the same features.
+            *o = unsafe { dot(q, k.get_unchecked(j * stride..j * stride + hd)) } * scale;
+        }
+    }
+
+    /// The values' weighted sum with `o` held in registers, block by block: each element
+    /// takes the same fused multiply-adds, in the same order, as `axpy` per position.
+    ///
+    /// # Safety
+    /// AVX512F; `v` holds `(w.len() - 1) · stride + o.len()` values.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn weighted_sum(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]) {
+        let n = o.len();
+        let (pv, po) = (v.as_ptr(), o.as_mut_ptr());
+        // SAFETY: every access is below `n` in `o` and below the caller's bound in `v`.
+        unsafe {
+            let mut i = 0;
+            while i + 4 * L <= n {
+                let mut acc = [_mm512_setzero_ps(); 4];
+                for (b, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_loadu_ps(po.add(i + b * L));
+                }
+                for (j, &wj) in w.iter().enumerate() {
+                    let (a, p) = (_mm512_set1_ps(wj), pv.add(j * stride + i));
+                    for (b, acc) in acc.iter_mut().enumerate() {
+                        *acc = _mm512_fmadd_ps(a, _mm512_loadu_ps(p.add(b * L)), *acc);
+                    }
+                }
+                for (b, acc) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(po.add(i + b * L), *acc);
+                }
+                i += 4 * L;
+            }
+            while i + L <= n {
+                let mut acc = _mm512_loadu_ps(po.add(i));
+                for (j, &wj) in w.iter().enumerate() {
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(wj), _mm512_loadu_ps(pv.add(j * stride + i)), acc);
+                }
+                _mm512_storeu_ps(po.add(i), acc);
+                i += L;
+            }
+            if i < n {
+                let mask = tail_mask(n - i);
+                for (j, &wj) in w.iter().enumerate() {
+                    let (a, p) = (_mm512_set1_ps(wj), pv.add(j * stride + i));
+                    let y = _mm512_maskz_loadu_ps(mask, po.add(i));
+                    _mm512_mask_storeu_ps(po.add(i), mask, _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(mask, p), y));
+                }
             }
         }
     }

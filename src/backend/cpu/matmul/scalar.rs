@@ -11,7 +11,7 @@ const NR: usize = 8;
 /// x rows per register tile.
 const MR: usize = 4;
 
-pub(super) static OPS: Ops = Ops { nr: NR, small, pack, panel, dot, axpy };
+pub(super) static OPS: Ops = Ops { nr: NR, small, pack, panel, dot, axpy, scores, weighted_sum };
 
 /// # Safety
 /// See `Ops::small`: `dst` must cover `x.rows` rows and the columns `cols`.
@@ -104,5 +104,24 @@ unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
 unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
         *y += alpha * x;
+    }
+}
+
+/// # Safety
+/// `k` holds `(out.len() - 1) · stride + q.len()` values.
+unsafe fn scores(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        // SAFETY: the caller's bound.
+        *o = unsafe { dot(q, &k[j * stride..][..q.len()]) } * scale;
+    }
+}
+
+/// # Safety
+/// `v` holds `(w.len() - 1) · stride + o.len()` values.
+unsafe fn weighted_sum(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]) {
+    let n = o.len();
+    for (j, &wj) in w.iter().enumerate() {
+        // SAFETY: the caller's bound.
+        unsafe { axpy(wj, &v[j * stride..][..n], o) };
     }
 }
