@@ -326,7 +326,9 @@ impl Sampler {
     /// Picks the next token among those `allowed` accepts (a grammar's mask): the same
     /// as [`sample`](Self::sample) with every other logit set to -inf, so penalties and
     /// the filters act on the allowed tokens only and greedy picks the best allowed one.
-    /// `None` when no token is allowed.
+    /// `None` when no token is allowed. (Generation lists the allowed tokens instead, with
+    /// [`sample_among`](Self::sample_among); this is the tests' reference.)
+    #[cfg(test)]
     pub fn sample_masked(&mut self, logits: &[f32], history: &[u32], allowed: impl Fn(u32) -> bool) -> Option<u32> {
         self.sample_among(logits, history, (0..logits.len() as u32).filter(|&id| allowed(id)))
     }

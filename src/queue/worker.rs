@@ -129,6 +129,36 @@ struct Slot {
     /// KV bytes its sequences may claim at once.
     kv_limit: u64,
     parallel: usize,
+    /// What its chat template and Modelfile mean for chats, read once at load.
+    chat: ChatTraits,
+}
+
+/// What a model's chat template and Modelfile (`POST /api/create`) mean for its chats.
+struct ChatTraits {
+    modelfile: Option<Modelfile>,
+    /// How its template writes tool calls.
+    tool_format: ToolFormat,
+    /// Whether the template shows `tools` itself (else the generic format's system
+    /// message does).
+    renders_tools: bool,
+    /// Its reasoning markers, if it thinks.
+    think: Option<ThinkMarkers>,
+    /// Mistral's marker tokens, for forced calls.
+    mistral: MistralTokens,
+}
+
+impl ChatTraits {
+    fn of(tok: &TextTokenizer, modelfile: Option<Modelfile>) -> Self {
+        let source = tok.chat_template().map(|t| t.source()).unwrap_or_default();
+        let tool_format = ToolFormat::detect(source);
+        ChatTraits {
+            modelfile,
+            tool_format,
+            renders_tools: tool_format != ToolFormat::Generic || source.contains("tools"),
+            think: ThinkMarkers::detect(source),
+            mistral: MistralTokens::of(source, |m| tok.token_to_id(m)),
+        }
+    }
 }
 
 impl Slot {
@@ -308,22 +338,21 @@ fn with_modelfile(messages: &[ChatMessage], modelfile: Option<&Modelfile>) -> Ve
 
 /// Renders a chat with its tools and template variables. Tools go to the template as
 /// transformers passes them; a template that never mentions them gets them in a system
-/// message instead ([`ToolFormat::Generic`]). Returns the text and the tool-call format
-/// (when tools were offered).
+/// message instead ([`ToolFormat::Generic`]).
 fn chat_text(
     tok: &TextTokenizer,
+    traits: &ChatTraits,
     messages: &[ChatMessage],
     job: &GenerateJob,
-) -> Result<(String, Option<ToolFormat>), TextError> {
+) -> Result<String, TextError> {
     let template = tok.chat_template().ok_or(TextError::NoChatTemplate)?;
     let mut extra = job.template_vars.clone();
     let Some(offer) = &job.tools else {
-        return Ok((template.render_with(messages, true, &extra)?, None));
+        return template.render_with(messages, true, &extra);
     };
-    let format = ToolFormat::detect(template.source());
-    if format != ToolFormat::Generic || template.source().contains("tools") {
+    if traits.renders_tools {
         extra.insert("tools".into(), serde_json::Value::Array(offer.tools.clone()));
-        return Ok((template.render_with(messages, true, &extra)?, Some(format)));
+        return template.render_with(messages, true, &extra);
     }
     let prompt = generic_system_prompt(&offer.tools);
     let mut with_system = messages.to_vec();
@@ -338,9 +367,9 @@ fn chat_text(
             if let Some(m) = with_user.iter_mut().find(|m| m.role == "user") {
                 m.content = format!("{prompt}\n\n{}", m.content);
             }
-            Ok((template.render_with(&with_user, true, &extra)?, Some(format)))
+            template.render_with(&with_user, true, &extra)
         }
-        other => Ok((other?, Some(format))),
+        other => other,
     }
 }
 
@@ -517,6 +546,7 @@ impl Worker {
         if let Some(template) = info.modelfile.as_ref().and_then(|m| m.template.as_deref()) {
             engine.tokenizer.set_chat_template(template).map_err(|e| text_error("template", e))?;
         }
+        let chat = ChatTraits::of(&engine.tokenizer, info.modelfile.clone());
         *self.status.device.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine.device.clone());
         let position_bytes = engine.model.new_cache(1).map_err(|e| model_error(name, e))?.position_bytes();
         let full = position_bytes * engine.context_len as u64;
@@ -546,6 +576,7 @@ impl Worker {
             position_bytes,
             kv_limit,
             parallel: parallel.max(1),
+            chat,
         });
         self.publish();
         Ok(self.slots.len() - 1)
@@ -625,21 +656,18 @@ impl Worker {
         let new_ids = match &job.prompt {
             PromptInput::Text { text, special } => tok.encode(text, *special).map_err(|e| text_error("prompt", e))?,
             PromptInput::Chat(messages) => {
-                let modelfile = self.registry.get(&job.model).and_then(|info| info.modelfile.clone());
-                let messages = with_modelfile(messages, modelfile.as_ref());
-                let (text, format) = chat_text(tok, &messages, &job).map_err(|e| text_error("messages", e))?;
-                if let (Some(offer), Some(format)) = (&job.tools, format) {
+                let traits = &slot.chat;
+                let messages = with_modelfile(messages, traits.modelfile.as_ref());
+                let text = chat_text(tok, traits, &messages, &job).map_err(|e| text_error("messages", e))?;
+                if let Some(offer) = &job.tools {
                     if offer.choice != ToolChoice::Auto {
-                        let source = tok.chat_template().map(|t| t.source()).unwrap_or_default();
-                        let mistral = MistralTokens::of(source, |m| tok.token_to_id(m));
-                        grammar =
-                            Some(tool_grammar(format, offer, mistral).map_err(|m| invalid(Some("tool_choice"), m))?);
+                        let forced = tool_grammar(traits.tool_format, offer, traits.mistral);
+                        grammar = Some(forced.map_err(|m| invalid(Some("tool_choice"), m))?);
                         grammar_param = "tool_choice";
                     }
-                    tools = Some(ToolCallParser::new(format, &offer.tools, call_id_seed()));
+                    tools = Some(ToolCallParser::new(traits.tool_format, &offer.tools, call_id_seed()));
                 }
-                let markers = tok.chat_template().and_then(|t| ThinkMarkers::detect(t.source()));
-                if let (true, Some(m)) = (job.split_reasoning, markers) {
+                if let (true, Some(m)) = (job.split_reasoning, traits.think) {
                     reasoning = Some(ReasoningSplitter::new(m, m.open_at_end(&text)));
                 }
                 tok.encode(&text, false).map_err(|e| text_error("messages", e))?

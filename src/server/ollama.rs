@@ -35,12 +35,14 @@ pub use types::*;
 
 use super::error::{ApiError, ErrorKind, OllamaError, OllamaErrorBody};
 use super::{AppState, parse_json, streaming_body};
+use crate::engine::grammar::GrammarSpec;
 use crate::engine::session::FinishReason;
 use crate::engine::template::ChatMessage;
 use crate::engine::toolcall::{ToolCall, ToolEvent};
+use crate::queue::models::ModelInfo;
 use crate::queue::{Event, GenerateJob, JobDone, KeepAlive, PromptInput, TokenLogprob, Work};
 use crate::server::tools::{history_calls, tool_choice, tool_definitions};
-use checks::{format_grammar, keep_alive, refuse_non_empty, require_model, resolve_options, think};
+use checks::{Think, format_grammar, keep_alive, refuse_non_empty, require_model, resolve_options, think};
 use create::{__path_blob_head, __path_blob_post, __path_create, CreateRequest, blob_head, blob_post, create};
 use embed::{__path_embed, __path_embeddings, embed, embeddings};
 use models::{
@@ -182,9 +184,7 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
     if req.images.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(ApiError::invalid("images", "images are not supported by this server"));
     }
-    let grammar = format_grammar(req.format.as_ref())?;
-    let think = think(req.think.as_ref(), &info, &req.model)?;
-    let (logprobs, top_logprobs) = logprob_request(req.logprobs, req.top_logprobs)?;
+    let asks = Asks::read(req.format.as_ref(), req.think.as_ref(), req.logprobs, req.top_logprobs, &info, &req.model)?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
     let opts = resolve_options(req.options, &info)?;
     let stream = req.stream.unwrap_or(true);
@@ -209,24 +209,16 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
             };
             PromptInput::Text { text, special: context.is_empty() }
         };
-        let mut job = opts.job(&req.model, input, context, keep_alive);
-        job.grammar = grammar;
-        job.grammar_param = "format";
-        job.top_logprobs = top_logprobs;
-        job.template_vars = think.vars;
-        job.split_reasoning = think.split;
-        Action::Generate(Box::new(job))
+        Action::Generate(Box::new(asks.apply(opts.job(&req.model, input, context, keep_alive))))
     };
-    Ok(Call { api: Api::Generate, model: req.model, stream, action, logprobs })
+    Ok(Call { api: Api::Generate, model: req.model, stream, action, logprobs: asks.logprobs })
 }
 
 fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, ApiError> {
     let info = require_model(state, &req.model)?;
     let tools = tool_definitions("tools", req.tools.as_deref().unwrap_or_default())?;
     let tools = tool_choice("tools", tools, None, None)?;
-    let grammar = format_grammar(req.format.as_ref())?;
-    let think = think(req.think.as_ref(), &info, &req.model)?;
-    let (logprobs, top_logprobs) = logprob_request(req.logprobs, req.top_logprobs)?;
+    let asks = Asks::read(req.format.as_ref(), req.think.as_ref(), req.logprobs, req.top_logprobs, &info, &req.model)?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
     let opts = resolve_options(req.options, &info)?;
     let stream = req.stream.unwrap_or(true);
@@ -242,16 +234,46 @@ fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, Ap
         }
         let messages =
             messages.into_iter().enumerate().map(|(i, m)| chat_message(i, m)).collect::<std::result::Result<_, _>>()?;
-        let mut job = opts.job(&req.model, PromptInput::Chat(messages), Vec::new(), keep_alive);
+        let mut job = asks.apply(opts.job(&req.model, PromptInput::Chat(messages), Vec::new(), keep_alive));
         job.tools = tools;
-        job.grammar = grammar;
-        job.grammar_param = "format";
-        job.top_logprobs = top_logprobs;
-        job.template_vars = think.vars;
-        job.split_reasoning = think.split;
         Action::Generate(Box::new(job))
     };
-    Ok(Call { api: Api::Chat, model: req.model, stream, action, logprobs })
+    Ok(Call { api: Api::Chat, model: req.model, stream, action, logprobs: asks.logprobs })
+}
+
+/// What generate and chat requests ask for beyond the prompt and `options`: `format`,
+/// `think`, `logprobs` and `top_logprobs`, checked.
+struct Asks {
+    grammar: Option<GrammarSpec>,
+    think: Think,
+    logprobs: bool,
+    top_logprobs: usize,
+}
+
+impl Asks {
+    fn read(
+        format: Option<&Value>,
+        think_value: Option<&Value>,
+        logprobs: Option<bool>,
+        top_logprobs: Option<i64>,
+        info: &ModelInfo,
+        model: &str,
+    ) -> std::result::Result<Self, ApiError> {
+        let grammar = format_grammar(format)?;
+        let think = think(think_value, info, model)?;
+        let (logprobs, top_logprobs) = logprob_request(logprobs, top_logprobs)?;
+        Ok(Asks { grammar, think, logprobs, top_logprobs })
+    }
+
+    /// The job, with what was asked (`Asks::logprobs` is the response's business).
+    fn apply(&self, mut job: GenerateJob) -> GenerateJob {
+        job.grammar = self.grammar.clone();
+        job.grammar_param = "format";
+        job.top_logprobs = self.top_logprobs;
+        job.template_vars = self.think.vars.clone();
+        job.split_reasoning = self.think.split;
+        job
+    }
 }
 
 fn chat_message(i: usize, m: ChatMessageIn) -> std::result::Result<ChatMessage, ApiError> {
