@@ -340,14 +340,16 @@ impl CudaBackend {
 
     /// `y[rows, out] = x[rows, in] · w[out, in]ᵀ` with the fused-dequantising
     /// matrix-vector kernel, `MATVEC_MAX_ROWS` activation rows per launch.
-    fn matvec(&self, x: &CudaBuf, rows: usize, w: &CudaWeight, y: &mut CudaBuf) -> BackendResult<()> {
+    /// Rows `at..at + rows` of `x` and `y`; each row comes out the same whatever the
+    /// launch's row count (a warp per output row keeps one sum per activation row).
+    fn matvec(&self, x: &CudaBuf, at: usize, rows: usize, w: &CudaWeight, y: &mut CudaBuf) -> BackendResult<()> {
         let (out, inn) = (w.shape[0], w.shape[1]);
         let fmt = launch::format_name(w.dtype)
             .ok_or_else(|| BackendError::Compile(format!("no kernel reads {} weights", w.dtype.name())))?;
         let f = self.func(&format!("matvec_{fmt}"))?;
         let wp = w.ptr(&self.stream, 0);
-        for r0 in (0..rows).step_by(launch::MATVEC_MAX_ROWS) {
-            let n = (rows - r0).min(launch::MATVEC_MAX_ROWS);
+        for r0 in (at..at + rows).step_by(launch::MATVEC_MAX_ROWS) {
+            let n = (at + rows - r0).min(launch::MATVEC_MAX_ROWS);
             let (xp, yp) = (ptr(&x.data, &self.stream, r0 * inn), ptr(&y.data, &self.stream, r0 * out));
             let (n, o, i) = (n as u32, out as u32, inn as u32);
             let mut b = self.stream.launch_builder(f);
@@ -364,11 +366,12 @@ impl CudaBackend {
     /// The prefill product through cuBLAS: f32 weights as they are; any other format
     /// dequantised to f16 a tile of output rows at a time (so the scratch stays small
     /// even for a vocabulary-sized head) against `x` converted to f16, accumulated in
-    /// f32 on the tensor cores.
+    /// f32 on the tensor cores. Rows `at..at + rows` of `x` and `y`.
     fn gemm(
         &self,
         blas: &cudarc::cublas::CudaBlas,
         x: &CudaBuf,
+        at: usize,
         rows: usize,
         w: &CudaWeight,
         y: &mut CudaBuf,
@@ -378,7 +381,7 @@ impl CudaBackend {
         // cuBLAS runs on whatever context is current on this thread (the worker's, not
         // the loader's): make it this device's.
         self.stream.context().bind_to_thread().map_err(dev_err("cuBLAS GEMM", 0))?;
-        let (xp, yp) = (ptr(&x.data, &self.stream, 0), ptr(&y.data, &self.stream, 0));
+        let (xp, yp) = (ptr(&x.data, &self.stream, at * inn), ptr(&y.data, &self.stream, at * out));
         let shape = GemmShape { out, rows, inn, ldc: out };
         if w.dtype == DType::F32 {
             return gemm_ex(blas, shape, (w.ptr(&self.stream, 0), CUDA_R_32F), (xp, CUDA_R_32F), yp);
@@ -408,6 +411,17 @@ impl CudaBackend {
             gemm_ex(blas, tile_shape, (w16, CUDA_R_16F), (x16, CUDA_R_16F), yp + (o0 * 4) as u64)?;
         }
         Ok(())
+    }
+
+    /// [`Backend::matmul`] over rows `at..at + rows` of `x` and `out`.
+    fn matmul_at(&self, x: &CudaBuf, at: usize, rows: usize, w: &CudaWeight, out: &mut CudaBuf) -> BackendResult<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        match &self.blas {
+            Some(blas) if rows > launch::MATVEC_MAX_ROWS => self.gemm(blas, x, at, rows, w, out),
+            _ => self.matvec(x, at, rows, w, out),
+        }
     }
 
     /// Launches a 1-D elementwise kernel `name(a, b, n)`.
@@ -619,13 +633,29 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, x: &CudaBuf, rows: usize, w: &CudaWeight, out: &mut CudaBuf) -> BackendResult<()> {
-        if rows == 0 {
-            return Ok(());
+        self.matmul_at(x, 0, rows, w, out)
+    }
+
+    /// The kernel that computes a row depends on the row count (up to
+    /// `MATVEC_MAX_ROWS`: the matrix-vector kernel in f32; more: the GEMM, on f16
+    /// tensor cores, whose per-row result also depends on the shape cuBLAS is given), so
+    /// each sequence takes the path it takes alone: one-row sequences (decode steps) the
+    /// matrix-vector kernel, several at a time (its rows do not depend on each other),
+    /// and each longer sequence (a prompt chunk) a call of its own.
+    fn matmul_seqs(&self, x: &CudaBuf, seq_rows: &[usize], w: &CudaWeight, out: &mut CudaBuf) -> BackendResult<()> {
+        let mut at = 0;
+        for run in seq_rows.chunk_by(|a, b| (*a == 1) == (*b == 1)) {
+            if run[0] == 1 {
+                self.matvec(x, at, run.len(), w, out)?;
+                at += run.len();
+                continue;
+            }
+            for &rows in run {
+                self.matmul_at(x, at, rows, w, out)?;
+                at += rows;
+            }
         }
-        match &self.blas {
-            Some(blas) if rows > launch::MATVEC_MAX_ROWS => self.gemm(blas, x, rows, w, out),
-            _ => self.matvec(x, rows, w, out),
-        }
+        Ok(())
     }
 
     fn add_bias(&self, x: &mut CudaBuf, rows: usize, bias: &CudaWeight) -> BackendResult<()> {
