@@ -23,25 +23,39 @@ __device__ __forceinline__ bool cand_better(unsigned int ka, unsigned int ia, un
     return ka > kb || (ka == kb && ia < ib);
 }
 
-// Running logsumexp state (m, s): s = Σ e^(x − m). Adds x (not NaN).
-__device__ __forceinline__ void lse_push(float& m, float& s, float x) {
-    if (x > m) {
-        s = s * strata_exp_diff(m, x) + 1.0f;
-        m = x;
-    } else {
-        s += strata_exp_diff(x, m);
+// logsumexp as the host computes it (the CPU's top_k_row), so that a sequence's
+// log-probs do not depend on where its top entries were picked: M = the largest
+// non-NaN logit (a thread's running max, then block_max_f32); when M is finite,
+// lse = (float)((double)M + log(Σ exp((double)x − (double)M))), summed in f64 (the sum's
+// order differs from the host's, far below what the final rounding to f32 keeps);
+// else lse = M. Contains __syncthreads; every thread must call it.
+__device__ __forceinline__ float row_lse(const float* __restrict__ row, unsigned int vocab, float m, float* sm,
+                                         double* sd) {
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned int nwarps = (blockDim.x + 31u) >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(STRATA_FULL_MASK, m, o));
+    __syncthreads();
+    if (lane == 0u) sm[warp] = m;
+    __syncthreads();
+    m = lane < nwarps ? sm[lane] : strata_neg_inf();
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(STRATA_FULL_MASK, m, o));
+    if (m == strata_neg_inf() || m == strata_pos_inf()) return m;  // uniform: m is the block's
+    double s = 0.0;
+    for (unsigned int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float x = row[i];
+        if (x == x) s += exp((double)x - (double)m);
     }
-}
-
-__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
-    const float M = fmaxf(m, m2);
-    s = s * strata_exp_diff(m, M) + s2 * strata_exp_diff(m2, M);
-    m = M;
-}
-
-__device__ __forceinline__ float lse_final(float m, float s) {
-    // m is ±inf or finite (NaN never enters): infinite maxima are returned as they are.
-    return (m == strata_neg_inf() || m == strata_pos_inf()) ? m : m + logf(s);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(STRATA_FULL_MASK, s, o);
+    __syncthreads();
+    if (lane == 0u) sd[warp] = s;
+    __syncthreads();
+    s = lane < nwarps ? sd[lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(STRATA_FULL_MASK, s, o);
+    return (float)((double)m + log(s));
 }
 
 // Warp-wide best (key, idx); every lane gets the result.
@@ -71,32 +85,6 @@ __device__ __forceinline__ void block_best(unsigned int& key, unsigned int& idx,
     key = lane < nwarps ? sk[lane] : 0u;
     idx = lane < nwarps ? si[lane] : SAMPLE_NONE;
     warp_best(key, idx);
-}
-
-// Block-wide logsumexp state merge; every thread gets (m, s). Contains __syncthreads.
-__device__ __forceinline__ void block_lse(float& m, float& s, float* sm, float* ss) {
-    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    const unsigned int nwarps = (blockDim.x + 31u) >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(STRATA_FULL_MASK, m, o);
-        const float s2 = __shfl_xor_sync(STRATA_FULL_MASK, s, o);
-        lse_merge(m, s, m2, s2);
-    }
-    __syncthreads();
-    if (lane == 0u) {
-        sm[warp] = m;
-        ss[warp] = s;
-    }
-    __syncthreads();
-    m = lane < nwarps ? sm[lane] : strata_neg_inf();
-    s = lane < nwarps ? ss[lane] : 0.0f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(STRATA_FULL_MASK, m, o);
-        const float s2 = __shfl_xor_sync(STRATA_FULL_MASK, s, o);
-        lse_merge(m, s, m2, s2);
-    }
 }
 
 __device__ __forceinline__ unsigned int block_max_u32(unsigned int v, unsigned int* scratch) {
@@ -155,11 +143,12 @@ extern "C" __global__ void __launch_bounds__(1024)
     argmax_f32(const float* __restrict__ logits, unsigned int vocab, unsigned int* __restrict__ idx,
                float* __restrict__ val, float* __restrict__ lse) {
     __shared__ unsigned int sk[32], si[32];
-    __shared__ float sm[32], ss[32];
+    __shared__ float sm[32];
+    __shared__ double sd[32];
     const unsigned int r = blockIdx.x;
     const float* row = logits + (unsigned long long)r * vocab;
     unsigned int bk = 0u, bi = SAMPLE_NONE;
-    float m = strata_neg_inf(), s = 0.0f;
+    float m = strata_neg_inf();
     for (unsigned int i = threadIdx.x; i < vocab; i += blockDim.x) {
         const float x = row[i];
         if (x == x) {
@@ -168,15 +157,15 @@ extern "C" __global__ void __launch_bounds__(1024)
                 bk = key;
                 bi = i;
             }
-            lse_push(m, s, x);
+            m = fmaxf(m, x);
         }
     }
     block_best(bk, bi, sk, si);
-    block_lse(m, s, sm, ss);
+    const float l = row_lse(row, vocab, m, sm, sd);
     if (threadIdx.x == 0u) {
         idx[r] = bi;
         val[r] = bi != SAMPLE_NONE ? row[bi] : __int_as_float(0x7fc00000);
-        lse[r] = lse_final(m, s);
+        lse[r] = l;
     }
 }
 
@@ -198,7 +187,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     topk_f32(const float* __restrict__ logits, unsigned int vocab, unsigned int k, unsigned int* __restrict__ idx,
              float* __restrict__ val, float* __restrict__ lse) {
     __shared__ unsigned int sk[32], si[32], su[32];
-    __shared__ float sm[32], ss[32];
+    __shared__ float sm[32];
+    __shared__ double sd[32];
     __shared__ unsigned int sel_key[TOPK_MAX_K], sel_idx[TOPK_MAX_K];
 
     const unsigned int r = blockIdx.x;
@@ -215,12 +205,12 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         ci[t] = SAMPLE_NONE;
     }
     unsigned int seen = 0u;
-    float m = strata_neg_inf(), s = 0.0f;
+    float m = strata_neg_inf();
     for (unsigned int i = threadIdx.x; i < vocab; i += blockDim.x) {
         const float x = row[i];
         if (x == x) {
             ++seen;
-            lse_push(m, s, x);
+            m = fmaxf(m, x);
             const unsigned int key = logit_key(x);
             if (key > ck[TOPK_T - 1]) {  // i increases: equal keys keep the earlier index
                 ck[TOPK_T - 1] = key;
@@ -238,8 +228,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
             }
         }
     }
-    block_lse(m, s, sm, ss);
-    if (threadIdx.x == 0u) lse[r] = lse_final(m, s);
+    const float l = row_lse(row, vocab, m, sm, sd);
+    if (threadIdx.x == 0u) lse[r] = l;
 
     const unsigned int nvalid = block_sum_u32(seen, su);
     const unsigned int kk = kmax < nvalid ? kmax : nvalid;  // slots that get a logit
