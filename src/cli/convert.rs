@@ -34,7 +34,8 @@ pub struct ConvertArgs {
     #[arg(long, value_enum, default_value = "flat")]
     pub format: Format,
     /// Requantize weight matrices: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, affine_q4 or
-    /// int8 (default: keep every tensor as it is stored).
+    /// int8; f32, f16 and bf16 also dequantize quantized tensors (default: keep every
+    /// tensor as it is stored).
     #[arg(long)]
     pub quant: Option<String>,
     /// Compress `.cawsf` shards (the file is then decompressed into memory on load).

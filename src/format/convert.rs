@@ -72,16 +72,17 @@ pub fn meta_of(src: &ModelSource) -> ModelMeta {
 const ROUTING_TENSORS: [&str; 3] = ["mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.shared_expert_gate.weight"];
 
 /// The dtype tensor `name` is converted to under `quant`, or `None` to keep it: float
-/// targets convert every float tensor; block targets convert weight matrices whose rows
-/// are whole blocks (norms, biases and odd shapes keep their dtype). Routing tensors
-/// ([`ROUTING_TENSORS`]) are never converted.
+/// targets convert every tensor (quantized ones are dequantized: `--quant f32` turns a
+/// Q8_0 model into the exact F32 model its blocks stand for); block targets convert
+/// weight matrices whose rows are whole blocks (norms, biases and odd shapes keep their
+/// dtype). Routing tensors ([`ROUTING_TENSORS`]) are never converted.
 fn target_dtype(name: &str, t: &HostTensor, quant: Option<DType>) -> Option<DType> {
     let q = quant?;
     if t.dtype == q || layer_tensor(name).is_some_and(|(_, local)| ROUTING_TENSORS.contains(&local)) {
         return None;
     }
     if q.is_float() {
-        return t.dtype.is_float().then_some(q);
+        return Some(q);
     }
     let cols = *t.shape.last()?;
     (t.shape.len() == 2 && cols.is_multiple_of(q.block_size())).then_some(q)
@@ -355,6 +356,25 @@ pub(super) mod tests {
             None
         );
         assert_eq!(target_dtype("model.layers.0.mlp.gate.weight", &t(vec![8, 256]), None), None);
+    }
+
+    /// A float target dequantizes quantized tensors (a Q8_0 model to the F32 model its
+    /// blocks stand for, value for value); a block target does not requantize a float
+    /// vector.
+    #[test]
+    fn float_targets_dequantize_blocks() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let x: Vec<f32> = (0..2 * 64).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
+        let bytes = crate::quant::quantize_matrix(&pool, DType::Q8_0, &x, 2, 64).unwrap();
+        let len = crate::tensor::ByteSource::bytes(&bytes).len();
+        let q8 = HostTensor::new(Arc::new(bytes), 0, len, DType::Q8_0, vec![2, 64]);
+        let name = "model.layers.0.mlp.up_proj.weight";
+        assert_eq!(target_dtype(name, &q8, Some(DType::F32)), Some(DType::F32));
+        assert_eq!(target_dtype(name, &q8, Some(DType::F16)), Some(DType::F16));
+        let f32 = requantize(&pool, name, &q8, DType::F32).unwrap();
+        assert_eq!(f32.dtype, DType::F32);
+        assert_eq!(f32.to_f32_vec(), q8.to_f32_vec(), "dequantized value for value");
+        assert_eq!(target_dtype("model.norm.weight", &filled(vec![64], 1), Some(DType::Q8_0)), None);
     }
 
     /// `tests/fixtures/hf/{qwen2_moe,mixtral}` (from `tools/make_moe_fixtures.py`) through
