@@ -85,8 +85,14 @@ struct Tokenization {
     special: Vec<u32>,
 }
 
+/// The fixtures: where this was built, or under the working directory (a copy elsewhere,
+/// as on the GPU machine `tools/gpu_check.sh run` uses, where the engines run on cuda:0).
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf")
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf");
+    match built.exists() {
+        true => built,
+        false => std::env::current_dir().unwrap().join("tests/fixtures/gguf"),
+    }
 }
 
 fn view(variant: &str) -> View {

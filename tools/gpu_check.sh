@@ -25,7 +25,7 @@ pack() {
   rm -rf gpu-run && mkdir -p gpu-run/bin
   cp target/release/strata gpu-run/bin/strata
   local name test_bin
-  for name in cuda_ops batching grammar; do
+  for name in cuda_ops batching grammar llamacpp_parity; do
     test_bin=$(cargo test --release --locked --test "$name" --no-run --message-format=json 2>/dev/null |
       NAME=$name python3 -c 'import json,os,sys
 for l in sys.stdin:
@@ -33,7 +33,7 @@ for l in sys.stdin:
     if m.get("executable") and m.get("target", {}).get("name") == os.environ["NAME"]: print(m["executable"])' | tail -1)
     cp "$test_bin" "gpu-run/bin/$name"
   done
-  strip gpu-run/bin/strata gpu-run/bin/cuda_ops gpu-run/bin/batching gpu-run/bin/grammar
+  strip gpu-run/bin/strata gpu-run/bin/cuda_ops gpu-run/bin/batching gpu-run/bin/grammar gpu-run/bin/llamacpp_parity
   echo "gpu-run/: $(du -sh gpu-run | cut -f1); carry it (tests/fixtures travel with the tree)"
 }
 
@@ -41,40 +41,68 @@ run() {
   local dir=${1:?usage: tools/gpu_check.sh run DIR}
   local bin="$dir/bin/strata" out=${OUT:-$dir/out}
   mkdir -p "$out"
+  # Everything printed also lands in $out/summary.txt, so a run cut short by the device's
+  # time limit still brings back what it saw; each step has its own time limit.
+  exec > >(tee "$out/summary.txt") 2>&1
   export STRATA_HOME="$out/home" RUST_BACKTRACE=1
   local failed=()
+  local t0=$SECONDS
   echo "== doctor"
-  "$bin" doctor --json >"$out/doctor.json" || failed+=(doctor)
-  "$bin" doctor --compile-kernels --json >"$out/doctor-compile.json" || failed+=("doctor --compile-kernels")
+  timeout 60 "$bin" doctor --json >"$out/doctor.json" || failed+=(doctor)
+  timeout 180 "$bin" doctor --compile-kernels --json >"$out/doctor-compile.json" || failed+=("doctor --compile-kernels")
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d)[:1500])' "$out/doctor-compile.json" || true
+  echo "   ($((SECONDS - t0)) s)"
   echo "== CUDA ops against the CPU ops"
-  STRATA_REQUIRE_GPU=1 "$dir/bin/cuda_ops" --nocapture --test-threads 1 >"$out/cuda_ops.txt" 2>&1 || failed+=(cuda_ops)
-  grep -E "test result|panicked" "$out/cuda_ops.txt" | tail -5
-  echo "== batching: each sequence as alone, engines on cuda:0 (docs/gpu.md item 10)"
-  "$dir/bin/batching" --nocapture --test-threads 1 >"$out/batching.txt" 2>&1 || failed+=(batching)
-  grep -E "test result|panicked|differs" "$out/batching.txt" | tail -8
-  echo "== structured output: constrained generation, engines on cuda:0 (docs/gpu.md item 11)"
-  "$dir/bin/grammar" --nocapture --test-threads 1 >"$out/grammar.txt" 2>&1 || failed+=(grammar)
-  grep -E "test result|panicked" "$out/grammar.txt" | tail -5
-
+  STRATA_REQUIRE_GPU=1 timeout 180 "$dir/bin/cuda_ops" --nocapture --test-threads 1 >"$out/cuda_ops.txt" 2>&1 || failed+=(cuda_ops)
+  grep -E "test result|panicked|FAILED|failed" "$out/cuda_ops.txt" | tail -12 || true
+  echo "   ($((SECONDS - t0)) s)"
   echo "== perplexity, cuda:0 against cpu"
   local ids="$out/ids.json"
   python3 -c 'import json; print(json.dumps([(i * 7919 + 13) % 250 + 3 for i in range(96)]))' >"$ids"
+  # Six runs at a time (the fixtures are small; the GPU has room for several contexts).
+  # Models whose weights are not all F32 also get the exact reference: `strata convert
+  # --quant f32` (the F32 model their blocks stand for, value for value) scored on the CPU
+  # in f32 arithmetic, and a cuda:0 run in chunks of 8 (the matrix-vector kernels only).
+  # The CPU's own runs of GGUF block formats quantise activations to 8 bits as llama.cpp
+  # does, so they are no reference for a GPU that does not.
+  for model in tests/fixtures/gguf/*.gguf tests/fixtures/hf/*/; do
+    printf '%s cpu\n%s cuda:0\n' "$model" "$model"
+    if [[ $(basename "$model") =~ (q[4-8]|f16|bf16) ]]; then printf '%s exact\n%s c8\n' "$model" "$model"; fi
+  done | BIN=$bin OUTD=$out IDS=$ids xargs -P 6 -L 1 bash -c 'name=$(basename "$0")
+    ppl() { timeout 90 "$BIN" perplexity "$@" --tokens-file "$IDS" --json --kv-type f32; }
+    case $1 in
+      exact) timeout 90 "$BIN" convert "$0" "$OUTD/exact-$name" --quant f32 >/dev/null 2>&1 &&
+        ppl "$OUTD/exact-$name" --device cpu >"$OUTD/ppl-$name-exact.json" 2>"$OUTD/ppl-$name-exact.err" ;;
+      c8) ppl "$0" --device cuda:0 --chunk 8 >"$OUTD/ppl-$name-c8.json" 2>"$OUTD/ppl-$name-c8.err" ;;
+      *) ppl "$0" --device "$1" >"$OUTD/ppl-$name-$1.json" 2>"$OUTD/ppl-$name-$1.err" ;;
+    esac || echo "perplexity $name $1 failed (exit $?)"' || true
+  echo "   ($((SECONDS - t0)) s)"
   for model in tests/fixtures/gguf/*.gguf tests/fixtures/hf/*/; do
     local name
     name=$(basename "$model")
-    for dev in cpu cuda:0; do
-      "$bin" perplexity "$model" --tokens-file "$ids" --json --kv-type f32 --device "$dev" >"$out/ppl-$name-$dev.json" \
-        2>"$out/ppl-$name-$dev.err" || failed+=("perplexity $name $dev")
-    done
-    python3 - "$out/ppl-$name-cpu.json" "$out/ppl-$name-cuda:0.json" "$name" <<'EOF' || failed+=("parity $name")
-import json, sys
-cpu, gpu, name = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
-diff = max(abs(a - b) for a, b in zip(cpu["logprobs"], gpu["logprobs"]))
-agree = sum(a == b for a, b in zip(cpu["argmax"], gpu["argmax"])) / len(cpu["argmax"])
-quantized = any(q in name for q in ("q4", "q5", "q6", "q8"))
-ok = agree >= 0.99 if quantized else diff <= 1e-3
-print(f"{'ok  ' if ok else 'FAIL'} {name}: max |dlogprob| {diff:.2e}, argmax agreement {agree:.3f}, "
-      f"ppl {cpu['ppl']:.4f} vs {gpu['ppl']:.4f}")
+    python3 - "$out" "$name" <<'EOF' || failed+=("parity $name")
+import json, os, sys
+out, name = sys.argv[1], sys.argv[2]
+load = lambda kind: json.load(open(os.path.join(out, f"ppl-{name}-{kind}.json")))
+diff = lambda a, b: max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"]))
+agree = lambda a, b: sum(x == y for x, y in zip(a["argmax"], b["argmax"])) / len(a["argmax"])
+cpu, gpu = load("cpu"), load("cuda:0")
+if not any(q in name for q in ("q4", "q5", "q6", "q8", "f16", "bf16")):
+    # F32 weights: the CPU is the reference.
+    ok = diff(gpu, cpu) <= 1e-3
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: max |dlogprob| {diff(gpu, cpu):.2e}, argmax agreement "
+          f"{agree(gpu, cpu):.3f}, ppl {cpu['ppl']:.4f} vs {gpu['ppl']:.4f}")
+    sys.exit(0 if ok else 1)
+# Other weights against the exact F32 model: the matrix-vector path (chunks of 8) in f32
+# arithmetic within 1e-3; the prefill GEMM, which rounds activations and dequantised
+# weights to f16 as llama.cpp's CUDA backend does, within 2e-2 (tests/llamacpp_parity.rs's
+# F16 bound) with argmax agreement >= 0.95 (its bound for quantized weights: these random
+# models have near ties that any rounding tips; one flip in 96 is 0.990).
+exact, c8 = load("exact"), load("c8")
+ok = diff(c8, exact) <= 1e-3 and diff(gpu, exact) <= 2e-2 and agree(gpu, exact) >= 0.95
+print(f"{'ok  ' if ok else 'FAIL'} {name} against the exact F32 model: chunks of 8 max |dlogprob| "
+      f"{diff(c8, exact):.2e}; GEMM max |dlogprob| {diff(gpu, exact):.2e}, argmax agreement {agree(gpu, exact):.3f} "
+      f"(the CPU: {diff(cpu, exact):.2e}, {agree(cpu, exact):.3f})")
 sys.exit(0 if ok else 1)
 EOF
   done
@@ -83,30 +111,33 @@ EOF
   for model in tests/fixtures/gguf/*moe*.gguf tests/fixtures/gguf/mixtral*.gguf tests/fixtures/hf/*moe*/ tests/fixtures/hf/mixtral/; do
     local name
     name=$(basename "$model")
-    "$bin" perplexity "$model" --tokens-file "$ids" --json --kv-type f32 --device cuda:0 --memory-budget 0 --expert-cache 25% \
+    timeout 60 "$bin" perplexity "$model" --tokens-file "$ids" --json --kv-type f32 --device cuda:0 --memory-budget 0 --expert-cache 25% \
       >"$out/ppl-$name-cuda-streamed.json" 2>"$out/ppl-$name-cuda-streamed.err" || failed+=("streamed $name")
-    python3 - "$out/ppl-$name-cpu.json" "$out/ppl-$name-cuda-streamed.json" "$name" <<'EOF' || failed+=("streamed parity $name")
+    python3 - "$out/ppl-$name-cuda:0.json" "$out/ppl-$name-cuda-streamed.json" "$name" <<'EOF' || failed+=("streamed parity $name")
 import json, sys
-cpu, gpu, name = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
-diff = max(abs(a - b) for a, b in zip(cpu["logprobs"], gpu["logprobs"]))
-agree = sum(a == b for a, b in zip(cpu["argmax"], gpu["argmax"])) / len(cpu["argmax"])
+resident, gpu, name = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+# Streaming moves bytes, not arithmetic: the resident GPU run is the reference (the
+# parity step above checks that one against the CPU or the exact model).
+diff = max(abs(a - b) for a, b in zip(resident["logprobs"], gpu["logprobs"]))
 e = gpu["experts"]
 hits = sum(l["hits"] for l in e["layers"]); misses = sum(l["misses"] for l in e["layers"])
-ok = e["mode"] == "on_demand" and (agree >= 0.99 if "q8" in name else diff <= 1e-3)
-print(f"{'ok  ' if ok else 'FAIL'} {name} streamed: max |dlogprob| {diff:.2e}, argmax agreement {agree:.3f}, "
+ok = e["mode"] == "on_demand" and diff <= 1e-5
+print(f"{'ok  ' if ok else 'FAIL'} {name} streamed: max |dlogprob| against the resident GPU run {diff:.2e}, "
       f"expert hits {hits} misses {misses}")
 sys.exit(0 if ok else 1)
 EOF
   done
 
   echo "== streaming into VRAM: VRAM budgets 100/50/25/0%, with and without a host tier, GGUF/flat/.cawsf"
-  python3 tools/gpu_tiers.py "$bin" "$out/tiers" || failed+=("streaming into VRAM")
+  echo "   ($((SECONDS - t0)) s)"
+  timeout 240 python3 tools/gpu_tiers.py "$bin" "$out/tiers" || failed+=("streaming into VRAM")
+  echo "   ($((SECONDS - t0)) s)"
 
   echo "== greedy generation, cuda:0 against cpu (F32 fixtures)"
   for model in tests/fixtures/gguf/llama3.gguf tests/fixtures/gguf/qwen2.gguf tests/fixtures/hf/llama3/; do
     local a b
-    a=$("$bin" run "$model" -p "The capital of" --max-tokens 24 --temperature 0 --device cpu 2>/dev/null || true)
-    b=$("$bin" run "$model" -p "The capital of" --max-tokens 24 --temperature 0 --device cuda:0 2>/dev/null || true)
+    a=$(timeout 60 "$bin" run "$model" -p "The capital of" --max-tokens 24 --temperature 0 --device cpu 2>/dev/null || true)
+    b=$(timeout 60 "$bin" run "$model" -p "The capital of" --max-tokens 24 --temperature 0 --device cuda:0 2>/dev/null || true)
     if [[ -n $a && $a == "$b" ]]; then echo "ok   $model"; else
       echo "FAIL $model: cpu [$a] cuda [$b]"
       failed+=("greedy $model")
@@ -127,6 +158,23 @@ EOF
   curl -sf localhost:8765/api/ps | tee "$out/ps.json" && echo
   curl -sf localhost:8765/metrics | grep -E "strata_model_(device|vram)" || true
   kill "$pid" && wait "$pid" || true
+
+  echo "== batching: each sequence as alone, engines on cuda:0 (docs/gpu.md item 10)"
+  timeout 120 "$dir/bin/batching" --nocapture --test-threads 1 >"$out/batching.txt" 2>&1 || failed+=(batching)
+  grep -E "test result|panicked|differs" "$out/batching.txt" | tail -8 || true
+  echo "   ($((SECONDS - t0)) s)"
+  # Reported, not judged: llama.cpp's CPU quantises activations (Q8_K for K-quants), so on
+  # quantized fixtures it is farther from the exact model than the GPU is (the parity step
+  # above prints the CPU's distance, which mirrors llama.cpp's), and the bounds meant for
+  # the CPU engine can fail for the GPU being closer to exact.
+  echo "== llama.cpp parity, engines on cuda:0 (tests/llamacpp_parity.rs: llama.cpp's CPU log-probs; reported)"
+  timeout 180 "$dir/bin/llamacpp_parity" --nocapture --test-threads 1 >"$out/llamacpp_parity.txt" 2>&1 || true
+  grep -E "test result|panicked|max \|" "$out/llamacpp_parity.txt" | tail -40 || true
+  echo "   ($((SECONDS - t0)) s)"
+  echo "== structured output: constrained generation, engines on cuda:0 (docs/gpu.md item 11)"
+  timeout 120 "$dir/bin/grammar" --nocapture --test-threads 1 >"$out/grammar.txt" 2>&1 || failed+=(grammar)
+  grep -E "test result|panicked" "$out/grammar.txt" | tail -5 || true
+  echo "   ($((SECONDS - t0)) s)"
 
   if ((${#failed[@]})); then
     printf 'FAILED: %s\n' "${failed[@]}"
