@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# What docs/gpu.md lists as not yet run on a GPU, in one script with two halves:
+# What docs/gpu.md lists as run on a GPU, in one script with two halves:
 #
 #   tools/gpu_check.sh pack      here (Rust toolchain): builds the release binary and the
-#                                GPU op test, strips them, and copies them into gpu-run/
-#                                (ignored by git; carry it, a few MiB)
+#                                test binaries that run on cuda:0 there, strips them, and
+#                                packs them into gpu-run/bin.tar.xz (ignored by git, about
+#                                20 MB: carry gpu-run, within the 64 MiB a carry takes)
 #   tools/gpu_check.sh run DIR   on the GPU machine, from the repository root, with DIR
-#                                the carried gpu-run/: writes results under $OUT (or
-#                                DIR/out) and prints a summary
+#                                the carried gpu-run/: unpacks, writes results under
+#                                $GPU_CHECK_DIR (default /tmp/gpu-check) and prints a
+#                                summary; where $OUT is set (the device tool), the summary
+#                                (written as it goes, so a run cut short still returns
+#                                it) and results.tar.xz go there
 #
-# `run` checks, in order: `strata doctor` and `--compile-kernels` (NVRTC and cuBLAS from
-# the machine's Python wheels, found by scanning site-packages; STRATA_CUDA_LIBS adds
-# directories); every CUDA op against the CPU op (tests/cuda_ops.rs, with
-# STRATA_REQUIRE_GPU=1); `strata perplexity` on every committed fixture on cuda:0 against
-# the CPU (F32/F16/BF16 models: log-probabilities within 1e-3; quantized ones: argmax
-# agreement >= 0.99); greedy generations equal on F32 fixtures; and `strata serve
-# --device cuda:0` answering the OpenAI and Ollama APIs; streaming into VRAM through the
-# three tiers (tools/gpu_tiers.py). Timings are not judged here:
-# `strata bench` gives them (docs/benchmarks.md).
+# `run` checks, in order: `strata doctor` and `--compile-kernels` (the driver, NVRTC,
+# cuBLAS and cuFile; STRATA_CUDA_LIBS adds directories); every CUDA op against the CPU op
+# and the exact product (tests/cuda_ops.rs, with STRATA_REQUIRE_GPU=1); `strata
+# perplexity` on every committed fixture on cuda:0 (F32 models against the CPU within 1e-3
+# per log-prob; other weights against the exact F32 model, in chunks of 8 within 1e-3 and
+# through the prefill GEMM within 2e-2); MoE fixtures with streamed experts against the
+# resident GPU run; streaming into VRAM through the three tiers (tools/gpu_tiers.py);
+# greedy generations equal on F32 fixtures; `strata serve --device cuda:0` answering the
+# OpenAI and Ollama APIs; continuous batching and constrained decoding (tests/batching.rs,
+# tests/grammar.rs) with engines on cuda:0; and llama.cpp parity on cuda:0 (reported, not
+# judged). Timings are not judged here: `strata bench` gives them (docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,17 +39,25 @@ for l in sys.stdin:
     if m.get("executable") and m.get("target", {}).get("name") == os.environ["NAME"]: print(m["executable"])' | tail -1)
     cp "$test_bin" "gpu-run/bin/$name"
   done
-  strip gpu-run/bin/strata gpu-run/bin/cuda_ops gpu-run/bin/batching gpu-run/bin/grammar gpu-run/bin/llamacpp_parity
+  strip gpu-run/bin/*
+  tar -C gpu-run -cf - bin | xz -T0 -6 >gpu-run/bin.tar.xz
+  rm -r gpu-run/bin
   echo "gpu-run/: $(du -sh gpu-run | cut -f1); carry it (tests/fixtures travel with the tree)"
 }
 
 run() {
   local dir=${1:?usage: tools/gpu_check.sh run DIR}
-  local bin="$dir/bin/strata" out=${OUT:-$dir/out}
+  local bin="$dir/bin/strata" out=${GPU_CHECK_DIR:-/tmp/gpu-check}
+  [[ -x $bin ]] || tar -xJf "$dir/bin.tar.xz" -C "$dir"
   mkdir -p "$out"
-  # Everything printed also lands in $out/summary.txt, so a run cut short by the device's
-  # time limit still brings back what it saw; each step has its own time limit.
-  exec > >(tee "$out/summary.txt") 2>&1
+  # Everything printed also lands in summary.txt (and $OUT's, which the device tool brings
+  # back even from a run cut short by its time limit); each step has its own time limit.
+  exec > >(tee "$out/summary.txt" ${OUT:+"$OUT/summary.txt"}) 2>&1
+  # The device tool brings back at most 8 files: the results go as one archive.
+  # (A TERM, as from `timeout`, ends the run when the step in progress returns.)
+  RESULTS=$out
+  [[ -n ${OUT:-} ]] && trap 'tar --exclude=home --exclude="exact-*" -cJf "$OUT/results.tar.xz" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")"' EXIT
+  trap 'exit 143' TERM
   export STRATA_HOME="$out/home" RUST_BACKTRACE=1
   local failed=()
   local t0=$SECONDS
