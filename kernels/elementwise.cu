@@ -47,6 +47,13 @@ extern "C" __global__ void __launch_bounds__(256) gelu_mul_f32(float* __restrict
     }
 }
 
+// g[i] = sigmoid(g[i]) * u[i] = u / (1 + e^-g) (the CPU's evaluation order), i < n: a
+// gate on u (Qwen3-Next's attention output). Grid ceil(n / 256), block 256.
+extern "C" __global__ void __launch_bounds__(256) sigmoid_mul_f32(float* __restrict__ g, const float* __restrict__ u,
+                                                                  unsigned int n) {
+    GRID_STRIDE_LOOP(i, (unsigned long long)n) { g[i] = u[i] / (1.0f + expf(-g[i])); }
+}
+
 // x[i] *= factor, i < n. Grid ceil(n / 256), block 256.
 extern "C" __global__ void __launch_bounds__(256) scale_f32(float* __restrict__ x, unsigned int n, float factor) {
     GRID_STRIDE_LOOP(i, (unsigned long long)n) { x[i] *= factor; }

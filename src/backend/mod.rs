@@ -125,6 +125,9 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (GeGLU, `gelu_pytorch_tanh`).
     GeluTanh,
+    /// `sigmoid(x)`: `glu` then gates `up` by the sigmoid of `gate` (Qwen3-Next's
+    /// attention output gate). Never a family's MLP activation.
+    Sigmoid,
 }
 
 /// An elementwise map of a buffer onto itself.

@@ -88,6 +88,7 @@ SIGS: dict[str, list[tuple[str, str]]] = {
         ("add_bias_f32", "float* x, const float* b, unsigned rows, unsigned width"),
         ("silu_mul_f32", "float* g, const float* u, unsigned n"),
         ("gelu_mul_f32", "float* g, const float* u, unsigned n"),
+        ("sigmoid_mul_f32", "float* g, const float* u, unsigned n"),
         ("scale_f32", "float* x, unsigned n, float factor"),
         ("softcap_f32", "float* x, unsigned n, float cap"),
         ("f32_to_f16", "const float* x, unsigned short* y, unsigned long long n"),
@@ -591,6 +592,20 @@ def cases_elementwise():
         return run
     for n in (1, 1000, 4097):
         cs.append(Case(f"silu_mul_f32 n={n}", "silu_mul_f32", silu(n)))
+
+    def sigmoid_gate(n):
+        def run(c, rng):
+            g = (rng.standard_normal(n) * 4).astype(np.float32)
+            if n >= 16:  # saturated gates and zero
+                g[:4] = np.array([-100.0, 100.0, 0.0, -20.0], dtype=np.float32)
+            u = rng.standard_normal(n).astype(np.float32)
+            bg, bu = c.buf(g, True), c.buf(u)
+            c.launch("sigmoid_mul_f32", (cdiv(n, 256),), (256,), bg, bu, n)
+            gd = g.astype(np.float64)
+            return compare_nmse("g", bg.read(), u / (1 + np.exp(-gd)), 1e-7)
+        return run
+    for n in (1, 1000, 4097):
+        cs.append(Case(f"sigmoid_mul_f32 n={n}", "sigmoid_mul_f32", sigmoid_gate(n)))
 
     def gelu(n, grid=None):
         def run(c, rng):

@@ -313,6 +313,7 @@ impl Backend for CpuBackend {
         let f = |(g, u): (&mut [f32], &[f32])| match act {
             Activation::Silu => g.iter_mut().zip(u).for_each(|(g, &u)| *g = *g / (1.0 + (-*g).exp()) * u),
             Activation::GeluTanh => g.iter_mut().zip(u).for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
+            Activation::Sigmoid => g.iter_mut().zip(u).for_each(|(g, &u)| *g = u / (1.0 + (-*g).exp())),
         };
         self.elementwise(&mut gate[..len], &up[..len], f);
         Ok(())

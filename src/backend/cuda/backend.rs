@@ -429,7 +429,7 @@ impl CudaBackend {
         let n32 = n as u32;
         let mut l = self.stream.launch_builder(self.func(name)?);
         l.arg(&a).arg(&b).arg(&n32);
-        // SAFETY: add_f32 / silu_mul_f32 / gelu_mul_f32 (x, y, n): both buffers hold at
+        // SAFETY: add_f32 / silu_mul_f32 / gelu_mul_f32 / sigmoid_mul_f32 (x, y, n): both buffers hold at
         // least `n` floats (checked by the callers against their lengths).
         unsafe { self.launch(&mut l, launch::elementwise(n), name) }?;
         Ok(())
@@ -829,6 +829,7 @@ impl Backend for CudaBackend {
         let kernel = match act {
             Activation::Silu => "silu_mul_f32",
             Activation::GeluTanh => "gelu_mul_f32",
+            Activation::Sigmoid => "sigmoid_mul_f32",
         };
         self.elementwise(kernel, ptr(&gate.data, &self.stream, 0), ptr(&up.data, &self.stream, 0), len)
     }

@@ -39,7 +39,7 @@ fn blocks(n: u64, per: u32) -> u32 {
     n.div_ceil(per as u64).clamp(1, MAX_GRID_X) as u32
 }
 
-/// `add_f32`, `silu_mul_f32`, `gelu_mul_f32`, `scale_f32`, `softcap_f32`, `add_bias_f32`
+/// `add_f32`, `silu_mul_f32`, `gelu_mul_f32`, `sigmoid_mul_f32`, `scale_f32`, `softcap_f32`, `add_bias_f32`
 /// over `n` values, `f32_to_f16` over `n`.
 pub fn elementwise(n: usize) -> Shape {
     Shape::new((blocks(n as u64, ELEMENTWISE_BLOCK), 1, 1), ELEMENTWISE_BLOCK)
@@ -169,6 +169,7 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         ("elementwise", "add_bias_f32".into()),
         ("elementwise", "silu_mul_f32".into()),
         ("elementwise", "gelu_mul_f32".into()),
+        ("elementwise", "sigmoid_mul_f32".into()),
         ("elementwise", "scale_f32".into()),
         ("elementwise", "softcap_f32".into()),
         ("elementwise", "f32_to_f16".into()),
@@ -301,8 +302,8 @@ mod tests {
         for entry in &listed {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
-        // 3 kernels per weight format, 15 others.
-        assert_eq!(listed.len(), 3 * WEIGHT_FORMATS.len() + 15);
+        // 3 kernels per weight format, 16 others.
+        assert_eq!(listed.len(), 3 * WEIGHT_FORMATS.len() + 16);
         assert_eq!(declared.len(), listed.len());
     }
 }
