@@ -9,7 +9,7 @@ use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::model::decoder::SeqStep;
 
-const MODELS: [&str; 19] = [
+const MODELS: [&str; 20] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -33,6 +33,8 @@ const MODELS: [&str; 19] = [
     "qwen3_moe_mixed",
     // tools/make_moe_zipf_fixture.py: routers biased to a Zipf-like expert popularity
     "qwen3_moe_zipf",
+    // tools/make_hybrid_fixtures.py: gated-delta-rule layers beside gated attention
+    "qwen3_next",
 ];
 
 /// Largest |Δ logit| accepted against transformers, for every stored dtype: the

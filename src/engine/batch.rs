@@ -80,7 +80,8 @@ impl Sequence {
         let common = cached.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
         let keep = common.min(req.prompt.len().saturating_sub(2)).min(cache.len());
         cache.truncate(keep);
-        cached.truncate(keep);
+        // A linear-attention (hybrid) cache cannot go back: it may have emptied itself.
+        cached.truncate(cache.len());
         let constraint = match &req.grammar {
             Some(spec) => Some(Constraint::new(spec, engine.token_env()?).map_err(GenerateError::Grammar)?),
             None => None,
@@ -164,11 +165,12 @@ impl Sequence {
     /// Its cache and the tokens it holds, for a later request to continue from: its
     /// prompt's only. The generated tokens' keys and values came from the decode kernel;
     /// a prompt that contains them runs them again, so that it computes exactly what it
-    /// would on a fresh cache.
+    /// would on a fresh cache. (A hybrid model's linear-attention state cannot be cut
+    /// back to the prompt: its cache comes back empty once it generated.)
     pub fn into_cache(mut self) -> (KvCache, Vec<u32>) {
         let prompt = self.fed.min(self.tokens.len());
         self.cache.truncate(prompt);
-        self.tokens.truncate(prompt);
+        self.tokens.truncate(self.cache.len());
         (self.cache, self.tokens)
     }
 

@@ -63,6 +63,49 @@ pub struct ModelConfig {
     /// The routed experts of a mixture-of-experts model (which layers use them:
     /// [`LayerConfig::ffn`]).
     pub moe: Option<MoeConfig>,
+    /// The shape of the linear-attention layers (Qwen3-Next's gated delta rule; which
+    /// layers: [`LayerConfig::mixer`]); `None` when the model has none.
+    pub linear_attn: Option<LinearAttnConfig>,
+    /// `q_proj` also gives a gate per head, and the attention output is multiplied by
+    /// its sigmoid before `o_proj` (Qwen3-Next).
+    pub attn_output_gate: bool,
+}
+
+/// A gated-delta-rule (linear attention) layer: `n_k_heads` query/key heads of
+/// `k_head_dim`, `n_v_heads` value heads of `v_head_dim` (each key head serves
+/// `n_v_heads / n_k_heads` consecutive value heads), and a causal depthwise convolution
+/// of `conv_kernel` taps over the queries, keys and values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearAttnConfig {
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub k_head_dim: usize,
+    pub v_head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl LinearAttnConfig {
+    /// Width of the queries (and of the keys).
+    pub fn key_dim(&self) -> usize {
+        self.n_k_heads * self.k_head_dim
+    }
+
+    /// Width of the values (and of the output gate `z`).
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.v_head_dim
+    }
+
+    /// Channels of the convolution: queries, keys and values.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Floats of one sequence's state in one layer: the convolution's last
+    /// `conv_kernel - 1` inputs and the recurrent `k_head_dim x v_head_dim` matrix of
+    /// each value head.
+    pub fn state_len(&self) -> usize {
+        self.conv_dim() * (self.conv_kernel - 1) + self.n_v_heads * self.k_head_dim * self.v_head_dim
+    }
 }
 
 /// How a mixture-of-experts layer routes: each token goes to the `top_k` experts the
@@ -88,6 +131,17 @@ pub struct LayerConfig {
     pub sliding_window: Option<usize>,
     pub rope: LayerRope,
     pub ffn: Ffn,
+    pub mixer: Mixer,
+}
+
+/// How a layer mixes tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mixer {
+    /// Softmax attention over a KV cache.
+    Attention,
+    /// The gated delta rule ([`ModelConfig::linear_attn`]): a fixed-size state per
+    /// sequence instead of a KV cache.
+    Linear,
 }
 
 /// A layer's feed-forward block.
@@ -172,6 +226,7 @@ impl ModelConfig {
             let ok = match spec.activation {
                 Activation::Silu => act == "silu",
                 Activation::GeluTanh => matches!(act, "gelu_pytorch_tanh" | "gelu_tanh" | "gelu"),
+                Activation::Sigmoid => false,
             };
             if !ok {
                 return Err(ConfigError::Unsupported(format!("activation `{act}` for {}", spec.hf_type)));
@@ -183,6 +238,16 @@ impl ModelConfig {
             .unwrap_or(1.0);
         let rotary_dim = (head_dim as f64 * partial as f64).round() as usize;
         let moe = moe_config(&v, arch)?;
+        let linear_attn = match arch {
+            Arch::Qwen3Next => Some(LinearAttnConfig {
+                n_k_heads: usize_field(&v, "linear_num_key_heads")?,
+                n_v_heads: usize_field(&v, "linear_num_value_heads")?,
+                k_head_dim: usize_field(&v, "linear_key_head_dim")?,
+                v_head_dim: usize_field(&v, "linear_value_head_dim")?,
+                conv_kernel: opt_usize(&v, "linear_conv_kernel_dim").unwrap_or(4),
+            }),
+            _ => None,
+        };
         let mut layers = layer_configs(&v, arch, n_layers)?;
         if moe.is_some() {
             let sparse = sparse_layers(&v, arch, n_layers)?;
@@ -229,6 +294,8 @@ impl ModelConfig {
             attn_softcap: if gemma { softcap("attn_logit_softcapping") } else { None },
             final_softcap: if gemma { softcap("final_logit_softcapping") } else { None },
             moe,
+            linear_attn,
+            attn_output_gate: arch == Arch::Qwen3Next,
         };
         config.validate()?;
         Ok(config)
@@ -277,6 +344,26 @@ impl ModelConfig {
                 )));
             }
         }
+        let linear_layers = self.layers.iter().any(|l| l.mixer == Mixer::Linear);
+        match (&self.linear_attn, linear_layers) {
+            (None, true) => {
+                return Err(ConfigError::Unsupported("a linear-attention layer in a model without its shape".into()));
+            }
+            (Some(la), _) => {
+                let dims = [la.n_k_heads, la.n_v_heads, la.k_head_dim, la.v_head_dim];
+                if dims.contains(&0)
+                    || !la.n_v_heads.is_multiple_of(la.n_k_heads)
+                    || !(2..=16).contains(&la.conv_kernel)
+                {
+                    return Err(ConfigError::Unsupported(format!(
+                        "linear attention with {} key heads of {}, {} value heads of {} and a convolution of {} \
+                         (value heads a multiple of key heads, widths above 0, 2 to 16 taps)",
+                        la.n_k_heads, la.k_head_dim, la.n_v_heads, la.v_head_dim, la.conv_kernel
+                    )));
+                }
+            }
+            (None, false) => {}
+        }
         if self.moe.is_none() && self.layers.iter().any(|l| l.ffn == Ffn::Moe) {
             return Err(ConfigError::Unsupported("a mixture-of-experts layer in a model without experts".into()));
         }
@@ -319,6 +406,19 @@ impl ModelConfig {
                     "high_freq_factor": high_freq_factor, "original_max_position_embeddings": original_max_position})
             }
         }
+        if let Some(la) = &self.linear_attn {
+            c["linear_num_key_heads"] = json!(la.n_k_heads);
+            c["linear_num_value_heads"] = json!(la.n_v_heads);
+            c["linear_key_head_dim"] = json!(la.k_head_dim);
+            c["linear_value_head_dim"] = json!(la.v_head_dim);
+            c["linear_conv_kernel_dim"] = json!(la.conv_kernel);
+            let kinds: Vec<&str> = self
+                .layers
+                .iter()
+                .map(|l| if l.mixer == Mixer::Linear { "linear_attention" } else { "full_attention" })
+                .collect();
+            c["layer_types"] = json!(kinds);
+        }
         if let Some(w) = self.layers.iter().find_map(|l| l.sliding_window) {
             c["sliding_window"] = json!(w);
             let kinds: Vec<&str> = self
@@ -357,6 +457,9 @@ impl ModelConfig {
             if self.arch == Arch::Qwen2Moe {
                 c["shared_expert_intermediate_size"] = json!(m.shared_expert_size.unwrap_or(0));
                 c["qkv_bias"] = json!(self.attention_bias);
+            }
+            if self.arch == Arch::Qwen3Next {
+                c["shared_expert_intermediate_size"] = json!(m.shared_expert_size.unwrap_or(0));
             }
         }
         match self.arch {
@@ -460,19 +563,28 @@ fn parse_rope(v: &Value) -> Result<(f32, RopeScaling, Option<f32>), ConfigError>
 /// `no_rope_layers` says otherwise).
 fn layer_configs(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<LayerConfig>, ConfigError> {
     let window = opt_usize(v, "sliding_window").filter(|&w| w > 0);
-    let listed: Option<Vec<bool>> = match v.get("layer_types").and_then(Value::as_array) {
+    // (sliding, linear) per listed layer.
+    let hybrid = arch == Arch::Qwen3Next;
+    let listed: Option<Vec<(bool, bool)>> = match v.get("layer_types").and_then(Value::as_array) {
         None => None,
         Some(types) => {
             if types.len() != n_layers {
                 return Err(ConfigError::Unsupported(format!("{} layer_types for {n_layers} layers", types.len())));
             }
             let kinds = types.iter().map(|t| match t.as_str() {
-                Some("full_attention") => Ok(false),
-                Some("sliding_attention") => Ok(true),
-                _ => Err(ConfigError::Unsupported(format!("layer type {t}"))),
+                Some("full_attention") => Ok((false, false)),
+                Some("sliding_attention") if !hybrid => Ok((true, false)),
+                Some("linear_attention") if hybrid => Ok((false, true)),
+                _ => Err(ConfigError::Unsupported(format!("layer type {t} for {}", arch.name()))),
             });
             Some(kinds.collect::<Result<_, _>>()?)
         }
+    };
+    // Qwen3-Next without `layer_types`: full attention every `full_attention_interval`.
+    let interval = opt_usize(v, "full_attention_interval").unwrap_or(4).max(1);
+    let linear = |i: usize| match &listed {
+        Some(kinds) => kinds[i].1,
+        None => hybrid && !(i + 1).is_multiple_of(interval),
     };
     let use_sliding = v.get("use_sliding_window").and_then(Value::as_bool).unwrap_or(false);
     if matches!(arch, Arch::Qwen2 | Arch::Qwen3) && use_sliding {
@@ -480,7 +592,7 @@ fn layer_configs(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<LayerConf
     }
     let pattern = opt_usize(v, "sliding_window_pattern").unwrap_or(6).max(1);
     let sliding = |i: usize| match &listed {
-        Some(kinds) => kinds[i],
+        Some(kinds) => kinds[i].0,
         None => match arch {
             Arch::Mistral | Arch::Phi3 => true,
             Arch::Gemma2 => i.is_multiple_of(2),
@@ -513,7 +625,8 @@ fn layer_configs(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<LayerConf
             _ if arch == Arch::Gemma3 && sliding_window.is_some() => LayerRope::Local,
             _ => LayerRope::Global,
         };
-        layers.push(LayerConfig { sliding_window, rope, ffn: Ffn::Dense });
+        let mixer = if linear(i) { Mixer::Linear } else { Mixer::Attention };
+        layers.push(LayerConfig { sliding_window, rope, ffn: Ffn::Dense, mixer });
     }
     Ok(layers)
 }
@@ -526,7 +639,7 @@ fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
             let n = usize_field(v, "num_local_experts")?;
             ("num_local_experts", n, usize_field(v, "intermediate_size")?, None, true)
         }
-        Arch::Qwen2Moe | Arch::Qwen3Moe => {
+        Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen3Next => {
             // transformers 5 saves Qwen3-MoE's count under Mixtral's name.
             let (key, n) = ["num_experts", "num_local_experts"]
                 .into_iter()
@@ -536,7 +649,9 @@ fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
                 return Ok(None);
             }
             let shared = match arch {
-                Arch::Qwen2Moe => Some(usize_field(v, "shared_expert_intermediate_size")?).filter(|&s| s > 0),
+                Arch::Qwen2Moe | Arch::Qwen3Next => {
+                    Some(usize_field(v, "shared_expert_intermediate_size")?).filter(|&s| s > 0)
+                }
                 _ => None,
             };
             let norm = v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false);

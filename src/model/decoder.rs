@@ -7,29 +7,44 @@ use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 use super::ModelSource;
-use super::config::{Ffn, ModelConfig};
+use super::config::{Ffn, Mixer, ModelConfig};
+use super::deltanet::{self, LinearHost, LinearWeights};
 use super::moe::{self, EachExpert, ExpertSource, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights};
 use super::spec::{self, QkNorm, Role};
-use crate::backend::{AttnParams, Backend, BackendError, KvType, RopeFreqs, Rows, TopK, Unary};
+use crate::backend::{Activation, AttnParams, Backend, BackendError, KvType, RopeFreqs, Rows, TopK, Unary};
 use crate::sched::expert_policy::ExpertId;
 use crate::sched::experts::{ExpertCache, ExpertOptions, ExpertUnit};
 use crate::sched::{ExpertLoading, LayerTensors, Reservation, SchedError, SchedInfo, SchedOptions, Scheduler};
-use crate::tensor::HostTensor;
+use crate::tensor::{AlignedBytes, HostTensor};
 
 /// One decoder block's weights, in the backend's form. The norms a family does not
 /// have are `None` (see [`spec::NormPlacement`]).
 pub struct LayerWeights<B: Backend> {
-    pub attn_norm: Option<B::Weight>,      // (hidden)
-    pub wq: B::Weight,                     // (n_heads * head_dim, hidden)
-    pub wk: B::Weight,                     // (n_kv_heads * head_dim, hidden)
-    pub wv: B::Weight,                     // (n_kv_heads * head_dim, hidden)
-    pub bias_qkv: Option<[B::Weight; 3]>,  // (n_heads * head_dim), (n_kv * head_dim) x2
-    pub qk_norm: Option<[B::Weight; 2]>,   // (head_dim) each, or (q width), (kv width) when whole
-    pub wo: B::Weight,                     // (hidden, n_heads * head_dim)
+    pub attn_norm: Option<B::Weight>, // (hidden)
+    pub mixer: MixerWeights<B>,
     pub attn_post_norm: Option<B::Weight>, // (hidden)
     pub ffn_norm: Option<B::Weight>,       // (hidden)
     pub ffn: FfnWeights<B>,
     pub ffn_post_norm: Option<B::Weight>, // (hidden)
+}
+
+/// How a layer mixes tokens ([`Mixer`]).
+pub enum MixerWeights<B: Backend> {
+    Attention(AttnWeights<B>),
+    /// The gated delta rule (Qwen3-Next's linear layers).
+    Linear(LinearWeights<B>),
+}
+
+/// Grouped-query attention.
+pub struct AttnWeights<B: Backend> {
+    pub wq: B::Weight,                    // (n_heads * head_dim, hidden)
+    pub wk: B::Weight,                    // (n_kv_heads * head_dim, hidden)
+    pub wv: B::Weight,                    // (n_kv_heads * head_dim, hidden)
+    pub bias_qkv: Option<[B::Weight; 3]>, // (n_heads * head_dim), (n_kv * head_dim) x2
+    pub qk_norm: Option<[B::Weight; 2]>,  // (head_dim) each, or (q width), (kv width) when whole
+    /// The output gate's rows of `q_proj` (`attn_output_gate`), (n_heads * head_dim, hidden).
+    pub gate: Option<B::Weight>,
+    pub wo: B::Weight, // (hidden, n_heads * head_dim)
 }
 
 /// A layer's feed-forward block.
@@ -55,6 +70,10 @@ pub const KV_BLOCK: usize = 256;
 /// [`KV_BLOCK`]s growing by half again, up to `capacity` positions.
 pub struct KvCache {
     bufs: Box<dyn Any + Send>, // KvBufs<B> of the model's backend
+    /// Per layer, a linear-attention layer's state (`LinearAttnConfig::state_len`
+    /// floats, on the host; empty for attention layers): fixed in size, charged to the
+    /// memory budget when the cache is made.
+    states: Vec<Vec<f32>>,
     len: usize,
     capacity: usize,
     /// Positions the buffers hold now.
@@ -63,6 +82,8 @@ pub struct KvCache {
     position_bytes: u64,
     /// Its allocated bytes, held against the scheduler's memory budget.
     memory: Reservation,
+    /// The bytes of `states`, likewise.
+    state_memory: Reservation,
 }
 
 impl KvCache {
@@ -79,9 +100,9 @@ impl KvCache {
         self.capacity
     }
 
-    /// Bytes its buffers hold now.
+    /// Bytes its buffers hold now (keys and values, and linear-attention state).
     pub fn allocated_bytes(&self) -> u64 {
-        self.memory.bytes()
+        self.memory.bytes() + self.state_memory.bytes()
     }
 
     /// Bytes one position takes, over every layer: a full cache is `capacity` times this.
@@ -89,8 +110,23 @@ impl KvCache {
         self.position_bytes
     }
 
+    /// Empties a cache whose linear-attention state went further than its length (a
+    /// pass that failed part way); a cache of attention layers only is left as it is.
+    fn forget_states(&mut self) {
+        if self.states.iter().any(|s| !s.is_empty()) {
+            self.states.iter_mut().for_each(|s| s.fill(0.0));
+            self.len = 0;
+        }
+    }
+
     /// Forgets everything after the first `len` positions (for reusing a shared prefix).
+    /// A cache with linear-attention state cannot go back: a shorter `len` empties it
+    /// (check [`len`](Self::len) afterwards).
     pub fn truncate(&mut self, len: usize) {
+        if len < self.len && self.states.iter().any(|s| !s.is_empty()) {
+            self.states.iter_mut().for_each(|s| s.fill(0.0));
+            self.len = 0;
+        }
         self.len = self.len.min(len);
     }
 }
@@ -140,6 +176,11 @@ struct Workspace<B: Backend> {
     up: B::Buf,     // (rows, widest MLP)
     moe: Option<MoeBufs<B>>,
     scratch: B::Buf, // (rows, max(q_dim, kv_dim))
+    /// The attention output gate (rows, q_dim) when the model has one.
+    attn_gate: Option<B::Buf>,
+    /// A linear-attention layer's projections: (rows, 2 key_dim + 2 value_dim) and
+    /// (rows, 2 n_v_heads), when the model has such layers.
+    lin: Option<(B::Buf, B::Buf)>,
     picked: B::Buf,  // (out_rows, hidden): the rows whose logits are wanted
     head_in: B::Buf, // (out_rows, hidden): those rows after the final norm
     logits: B::Buf,  // (out_rows, vocab)
@@ -163,6 +204,14 @@ impl<B: Backend> Workspace<B> {
             up: be.alloc(rows * ffn_width(c))?,
             moe: MoeBufs::new(be, c, rows)?,
             scratch: be.alloc(rows * q_dim.max(kv_dim))?,
+            attn_gate: if c.attn_output_gate { Some(be.alloc(rows * q_dim)?) } else { None },
+            lin: match &c.linear_attn {
+                Some(la) => Some((
+                    be.alloc(rows * (2 * la.key_dim() + 2 * la.value_dim()))?,
+                    be.alloc(rows * 2 * la.n_v_heads)?,
+                )),
+                None => None,
+            },
             picked: be.alloc(out_rows * h)?,
             head_in: be.alloc(out_rows * h)?,
             logits: be.alloc(out_rows * c.vocab_size)?,
@@ -246,12 +295,55 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
             .map(|&(start, n)| t.rows(start, n).ok_or_else(|| build_err(format!("cannot split rows of {t:?}"))))
             .collect()
     };
-    let [wq, wk, wv] = match host(Role::Qkv)? {
-        Some(qkv) => {
-            let parts = split(&qkv, &[(0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim)])?;
-            <[HostTensor; 3]>::try_from(parts).map_err(|_| build_err("QKV split".into()))?
+    let linear = c.layers.get(lt.index).is_some_and(|l| l.mixer == Mixer::Linear);
+    let mixer = match linear {
+        true => {
+            let need = |role: Role| req(role, host(role)?);
+            let lin = LinearHost::new(
+                &need(Role::LinConv)?,
+                &need(Role::LinALog)?,
+                &need(Role::LinDtBias)?,
+                &need(Role::LinNorm)?,
+            );
+            MixerWeights::Linear(LinearWeights {
+                qkvz: upload(&need(Role::LinQkvz)?)?,
+                ba: upload(&need(Role::LinBa)?)?,
+                out: upload(&need(Role::LinOut)?)?,
+                host: lin,
+            })
         }
-        None => [req(Role::Q, host(Role::Q)?)?, req(Role::K, host(Role::K)?)?, req(Role::V, host(Role::V)?)?],
+        false => {
+            let [wq, wk, wv] = match host(Role::Qkv)? {
+                Some(qkv) => {
+                    let parts = split(&qkv, &[(0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim)])?;
+                    <[HostTensor; 3]>::try_from(parts).map_err(|_| build_err("QKV split".into()))?
+                }
+                None => [req(Role::Q, host(Role::Q)?)?, req(Role::K, host(Role::K)?)?, req(Role::V, host(Role::V)?)?],
+            };
+            // A gated `q_proj` holds each head's queries, then its gate rows.
+            let (wq, gate) = match c.attn_output_gate {
+                true => {
+                    let hd = c.head_dim;
+                    let q = gather_rows(&wq, (0..c.n_heads).map(|h| (2 * h * hd, hd)));
+                    let g = gather_rows(&wq, (0..c.n_heads).map(|h| (2 * h * hd + hd, hd)));
+                    (q, Some(upload(&g)?))
+                }
+                false => (wq, None),
+            };
+            let both = |a: Option<B::Weight>, b: Option<B::Weight>| a.zip(b).map(|(a, b)| [a, b]);
+            MixerWeights::Attention(AttnWeights {
+                wq: upload(&wq)?,
+                wk: upload(&wk)?,
+                wv: upload(&wv)?,
+                bias_qkv: match (opt(Role::QBias)?, opt(Role::KBias)?, opt(Role::VBias)?) {
+                    (Some(q), Some(k), Some(v)) => Some([q, k, v]),
+                    _ => None,
+                },
+                qk_norm: both(opt(Role::QNorm)?, opt(Role::KNorm)?),
+                gate,
+                wo: upload(&req(Role::O, host(Role::O)?)?)?,
+            })
+        }
     };
     let moe = c.layers.get(lt.index).is_some_and(|l| l.ffn == Ffn::Moe);
     let ffn = match moe {
@@ -287,23 +379,31 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
             FfnWeights::Moe(MoeWeights { router, shared, experts })
         }
     };
-    let both = |a: Option<B::Weight>, b: Option<B::Weight>| a.zip(b).map(|(a, b)| [a, b]);
     Ok(LayerWeights {
         attn_norm: opt(Role::AttnNorm)?,
-        wq: upload(&wq)?,
-        wk: upload(&wk)?,
-        wv: upload(&wv)?,
-        bias_qkv: match (opt(Role::QBias)?, opt(Role::KBias)?, opt(Role::VBias)?) {
-            (Some(q), Some(k), Some(v)) => Some([q, k, v]),
-            _ => None,
-        },
-        qk_norm: both(opt(Role::QNorm)?, opt(Role::KNorm)?),
-        wo: upload(&req(Role::O, host(Role::O)?)?)?,
+        mixer,
         attn_post_norm: opt(Role::AttnPostNorm)?,
         ffn_norm: opt(Role::FfnNorm)?,
         ffn,
         ffn_post_norm: opt(Role::FfnPostNorm)?,
     })
+}
+
+/// Row ranges `(start, n)` of a 2-D tensor, one after another in a tensor of their own
+/// (whole rows, so any block type).
+fn gather_rows(t: &HostTensor, ranges: impl Iterator<Item = (usize, usize)>) -> HostTensor {
+    let [rows, cols] = t.shape[..] else { return t.clone() };
+    let row_bytes = t.byte_len() / rows.max(1);
+    let ranges: Vec<(usize, usize)> = ranges.collect();
+    let n: usize = ranges.iter().map(|r| r.1).sum();
+    let mut bytes = AlignedBytes::zeroed(n * row_bytes);
+    let (src, dst) = (t.bytes(), bytes.bytes_mut());
+    let mut at = 0;
+    for (start, len) in ranges {
+        dst[at..at + len * row_bytes].copy_from_slice(&src[start * row_bytes..(start + len) * row_bytes]);
+        at += len * row_bytes;
+    }
+    HostTensor::new(Arc::new(bytes), 0, n * row_bytes, t.dtype, vec![n, cols])
 }
 
 /// Routed expert `e` of layer `lt.index` from tensors named as in the checkpoint.
@@ -446,11 +546,33 @@ impl<B: Backend> DecoderModel<B> {
     /// An empty KV cache for up to `capacity` positions; nothing is allocated until a
     /// forward pass (or [`reserve_cache`](Self::reserve_cache)) needs it.
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
-        let width = self.kv_type.row_len(self.config.n_kv_heads * self.config.head_dim);
-        let position_bytes = (2 * self.config.n_layers * width * std::mem::size_of::<f32>()) as u64;
+        let c = &self.config;
+        let width = self.kv_type.row_len(c.n_kv_heads * c.head_dim);
+        let attn_layers = c.layers.iter().filter(|l| l.mixer == Mixer::Attention).count();
+        let position_bytes = (2 * attn_layers * width * std::mem::size_of::<f32>()) as u64;
         let bufs = KvBufs::<B> { k: Vec::new(), v: Vec::new() };
+        // Linear-attention state: fixed, allocated (and charged) now.
+        let states: Vec<Vec<f32>> = c
+            .layers
+            .iter()
+            .map(|l| match (l.mixer, &c.linear_attn) {
+                (Mixer::Linear, Some(la)) => vec![0.0; la.state_len()],
+                _ => Vec::new(),
+            })
+            .collect();
+        let state_bytes = states.iter().map(|s| (s.len() * std::mem::size_of::<f32>()) as u64).sum();
         let memory = self.layers.reserve(0);
-        Ok(KvCache { bufs: Box::new(bufs), memory, len: 0, capacity, allocated: 0, position_bytes })
+        let state_memory = self.layers.reserve(state_bytes);
+        Ok(KvCache {
+            bufs: Box::new(bufs),
+            states,
+            memory,
+            state_memory,
+            len: 0,
+            capacity,
+            allocated: 0,
+            position_bytes,
+        })
     }
 
     /// Grows `cache` to hold at least `positions` (at most its capacity), keeping what
@@ -468,7 +590,11 @@ impl<B: Backend> DecoderModel<B> {
         let bufs = cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
         // Charged before the buffers exist, so that a streaming budget makes room first.
         let memory = self.layers.reserve(target as u64 * cache.position_bytes);
-        let fresh = |old: Option<&B::Buf>| -> Result<B::Buf, ModelError> {
+        // A linear-attention layer keeps no keys or values: one placeholder float.
+        let fresh = |old: Option<&B::Buf>, attn: bool| -> Result<B::Buf, ModelError> {
+            if !attn {
+                return Ok(be.alloc(1)?);
+            }
             let mut buf = be.alloc(target * width)?;
             if let Some(old) = old.filter(|_| cache.len > 0) {
                 be.copy_rows(old, Rows::first(cache.len), width, &mut buf, 0)?;
@@ -477,9 +603,10 @@ impl<B: Backend> DecoderModel<B> {
         };
         let n = self.config.n_layers;
         let mut next = KvBufs::<B> { k: Vec::with_capacity(n), v: Vec::with_capacity(n) };
-        for l in 0..n {
-            next.k.push(fresh(bufs.k.get(l))?);
-            next.v.push(fresh(bufs.v.get(l))?);
+        for (l, layer) in self.config.layers.iter().enumerate() {
+            let attn = layer.mixer == Mixer::Attention;
+            next.k.push(fresh(bufs.k.get(l), attn)?);
+            next.v.push(fresh(bufs.v.get(l), attn)?);
         }
         *bufs = next;
         cache.memory = memory;
@@ -550,14 +677,32 @@ impl<B: Backend> DecoderModel<B> {
         cancelled: &(dyn Fn() -> bool + Sync),
         readback: Readback,
     ) -> Result<PassOutput, ModelError> {
-        let c = &self.config;
-        let be = &*self.backend;
-        let h = c.hidden_size;
         let rows: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let out_rows: usize =
             batch.iter().map(|s| if s.all_logits { s.tokens.len() } else { s.tokens.len().min(1) }).sum();
         let mut guard = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
         let ws = self.workspace_for(&mut guard, rows, out_rows)?;
+        let result = self.run_pass(batch, cancelled, readback, ws);
+        if result.is_err() {
+            // A linear-attention state moved on in the layers that ran: start it over.
+            batch.iter_mut().for_each(|s| s.cache.forget_states());
+        }
+        result
+    }
+
+    /// The layers and the head over the workspace (see [`run`](Self::run)).
+    fn run_pass(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &(dyn Fn() -> bool + Sync),
+        readback: Readback,
+        ws: &mut Workspace<B>,
+    ) -> Result<PassOutput, ModelError> {
+        let c = &self.config;
+        let be = &*self.backend;
+        let h = c.hidden_size;
+        let out_rows: usize =
+            batch.iter().map(|s| if s.all_logits { s.tokens.len() } else { s.tokens.len().min(1) }).sum();
         self.run_layers(batch, cancelled, ws)?;
 
         // Gather the rows whose logits are wanted, then the final norm and the head.
@@ -676,7 +821,7 @@ impl<B: Backend> DecoderModel<B> {
         if let Some(experts) = &self.experts {
             experts.step();
         }
-        let Workspace { x, normed, q, k, v, attn, proj, gate, up, scratch, moe: moe_bufs, .. } = ws;
+        let Workspace { x, normed, q, k, v, attn, proj, gate, up, scratch, moe: moe_bufs, attn_gate, lin, .. } = ws;
 
         be.embedding(&self.embed, &ids, x)?;
         if c.embed_scale != 1.0 {
@@ -710,47 +855,83 @@ impl<B: Backend> DecoderModel<B> {
                 }
                 None => x,
             };
-            be.matmul_seqs(input, &seq_rows, &w.wq, q)?;
-            be.matmul_seqs(input, &seq_rows, &w.wk, k)?;
-            be.matmul_seqs(input, &seq_rows, &w.wv, v)?;
-            if let Some([bq, bk, bv]) = &w.bias_qkv {
-                be.add_bias(q, rows, bq)?;
-                be.add_bias(k, rows, bk)?;
-                be.add_bias(v, rows, bv)?;
-            }
-            if let Some([qn, kn]) = &w.qk_norm {
-                be.rms_norm(q, q_norm_rows, qn, eps, scratch)?;
-                be.copy_rows(scratch, Rows::first(rows), q_dim, q, 0)?;
-                be.rms_norm(k, k_norm_rows, kn, eps, scratch)?;
-                be.copy_rows(scratch, Rows::first(rows), kv_dim, k, 0)?;
-            }
-            if let Some(rope) = &self.rope[l] {
-                be.rope(q, c.n_heads, hd, &positions, rope)?;
-                be.rope(k, c.n_kv_heads, hd, &positions, rope)?;
-            }
+            match &w.mixer {
+                MixerWeights::Attention(aw) => {
+                    be.matmul_seqs(input, &seq_rows, &aw.wq, q)?;
+                    be.matmul_seqs(input, &seq_rows, &aw.wk, k)?;
+                    be.matmul_seqs(input, &seq_rows, &aw.wv, v)?;
+                    if let Some([bq, bk, bv]) = &aw.bias_qkv {
+                        be.add_bias(q, rows, bq)?;
+                        be.add_bias(k, rows, bk)?;
+                        be.add_bias(v, rows, bv)?;
+                    }
+                    if let Some([qn, kn]) = &aw.qk_norm {
+                        be.rms_norm(q, q_norm_rows, qn, eps, scratch)?;
+                        be.copy_rows(scratch, Rows::first(rows), q_dim, q, 0)?;
+                        be.rms_norm(k, k_norm_rows, kn, eps, scratch)?;
+                        be.copy_rows(scratch, Rows::first(rows), kv_dim, k, 0)?;
+                    }
+                    if let Some(rope) = &self.rope[l] {
+                        be.rope(q, c.n_heads, hd, &positions, rope)?;
+                        be.rope(k, c.n_kv_heads, hd, &positions, rope)?;
+                    }
 
-            let mut row0 = 0;
-            for s in batch.iter_mut() {
-                let n = s.tokens.len();
-                let start_pos = s.cache.len;
-                let cache = s.cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
-                let ty = self.kv_type;
-                be.kv_store(k, Rows::Range { start: row0, n }, kv_dim, &mut cache.k[l], start_pos, ty)?;
-                be.kv_store(v, Rows::Range { start: row0, n }, kv_dim, &mut cache.v[l], start_pos, ty)?;
-                let p = AttnParams {
-                    n_heads: c.n_heads,
-                    n_kv_heads: c.n_kv_heads,
-                    head_dim: hd,
-                    start_pos,
-                    scale: c.attn_scale,
-                    sliding_window: c.layers[l].sliding_window,
-                    softcap: c.attn_softcap,
-                    kv: self.kv_type,
-                };
-                be.attention(q, row0, n, &cache.k[l], &cache.v[l], &p, attn)?;
-                row0 += n;
+                    let mut row0 = 0;
+                    for s in batch.iter_mut() {
+                        let n = s.tokens.len();
+                        let start_pos = s.cache.len;
+                        let cache = s.cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
+                        let ty = self.kv_type;
+                        be.kv_store(k, Rows::Range { start: row0, n }, kv_dim, &mut cache.k[l], start_pos, ty)?;
+                        be.kv_store(v, Rows::Range { start: row0, n }, kv_dim, &mut cache.v[l], start_pos, ty)?;
+                        let p = AttnParams {
+                            n_heads: c.n_heads,
+                            n_kv_heads: c.n_kv_heads,
+                            head_dim: hd,
+                            start_pos,
+                            scale: c.attn_scale,
+                            sliding_window: c.layers[l].sliding_window,
+                            softcap: c.attn_softcap,
+                            kv: self.kv_type,
+                        };
+                        be.attention(q, row0, n, &cache.k[l], &cache.v[l], &p, attn)?;
+                        row0 += n;
+                    }
+                    // Qwen3-Next gates each head's output by the sigmoid of its gate rows.
+                    let o_in: &B::Buf = match (&aw.gate, attn_gate.as_mut()) {
+                        (Some(wg), Some(g)) => {
+                            be.matmul_seqs(input, &seq_rows, wg, g)?;
+                            be.glu(g, attn, rows * q_dim, Activation::Sigmoid)?;
+                            g
+                        }
+                        _ => attn,
+                    };
+                    be.matmul_seqs(o_in, &seq_rows, &aw.wo, proj)?;
+                }
+                MixerWeights::Linear(lw) => {
+                    let no_bufs =
+                        || ModelError::Sched(SchedError::Build { layer: l, msg: "no linear-attention state".into() });
+                    let la = c.linear_attn.as_ref().ok_or_else(no_bufs)?;
+                    let (qkvz_buf, ba_buf) = lin.as_mut().ok_or_else(no_bufs)?;
+                    be.matmul_seqs(input, &seq_rows, &lw.qkvz, qkvz_buf)?;
+                    be.matmul_seqs(input, &seq_rows, &lw.ba, ba_buf)?;
+                    let (qw, bw, vw) = (2 * la.key_dim() + 2 * la.value_dim(), 2 * la.n_v_heads, la.value_dim());
+                    let (qkvz, ba) = (be.download(qkvz_buf, rows * qw)?, be.download(ba_buf, rows * bw)?);
+                    // Each sequence's tokens in order through its own state, on the host.
+                    let mut mixed = vec![0.0f32; rows * vw];
+                    let mut row0 = 0;
+                    for s in batch.iter_mut() {
+                        let n = s.tokens.len();
+                        let state =
+                            s.cache.states.get_mut(l).filter(|st| st.len() == la.state_len()).ok_or_else(no_bufs)?;
+                        let (qs, bs) = (&qkvz[row0 * qw..(row0 + n) * qw], &ba[row0 * bw..(row0 + n) * bw]);
+                        deltanet::mix(la, &lw.host, eps, qs, bs, state, &mut mixed[row0 * vw..(row0 + n) * vw]);
+                        row0 += n;
+                    }
+                    let mixed = be.upload(&mixed)?;
+                    be.matmul_seqs(&mixed, &seq_rows, &lw.out, proj)?;
+                }
             }
-            be.matmul_seqs(attn, &seq_rows, &w.wo, proj)?;
             residual(be, c, x, proj, w.attn_post_norm.as_ref(), normed, rows)?;
 
             // The gated MLP, likewise.

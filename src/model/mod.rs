@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod decoder;
+pub mod deltanet;
 pub mod demo;
 pub mod gguf_source;
 pub mod gguf_vocab;

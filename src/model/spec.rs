@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use super::config::{Ffn, ModelConfig, MoeConfig};
+use super::config::{Ffn, LinearAttnConfig, Mixer, ModelConfig, MoeConfig};
 use crate::backend::Activation;
 use crate::tensor::HostTensor;
 
@@ -31,6 +31,7 @@ pub enum Arch {
     Mixtral,
     Qwen2Moe,
     Qwen3Moe,
+    Qwen3Next,
 }
 
 /// What a tensor of a decoder layer is for.
@@ -73,6 +74,22 @@ pub enum Role {
     SharedDown,
     /// One row scoring how much of the shared expert's output a token takes.
     SharedExpertGate,
+    /// A linear-attention (gated delta rule) layer's input projection to queries, keys,
+    /// values and the output gate `z`, grouped by key head (Qwen3-Next's `in_proj_qkvz`).
+    LinQkvz,
+    /// Its projection to each value head's `beta` and decay input `a`, grouped likewise.
+    LinBa,
+    /// Its causal depthwise convolution over queries, keys and values
+    /// (`[channels, 1, taps]`).
+    LinConv,
+    /// Each value head's log decay rate (`A_log`).
+    LinALog,
+    /// Each value head's decay bias (`dt_bias`).
+    LinDtBias,
+    /// The gated RMS norm of each value head's output (a plain weight, never offset).
+    LinNorm,
+    /// Its output projection.
+    LinOut,
 }
 
 /// Where a block's norms sit around attention and the MLP (`f`).
@@ -199,6 +216,33 @@ static QWEN_MOE: [TensorName; 22] = attention_and_mlp!(
     t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
 );
 
+/// Qwen3-Next: Qwen-MoE's names, with gated-delta-rule layers (`linear_attn.*`) in
+/// place of attention on most layers. Their llama.cpp names stand for tensors its
+/// converter reshapes (`ssm_a` is `-exp(A_log)`, `attn_qkv` and `attn_gate` split
+/// `in_proj_qkvz`): GGUF import of this family is refused for now (`gguf_source`).
+static QWEN3_NEXT: [TensorName; 29] = attention_and_mlp!(
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+    t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
+    t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
+    t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
+    t(Role::ExpertDown, "mlp.experts.*.down_proj.weight", "ffn_down_exps.weight"),
+    t(Role::SharedGate, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+    t(Role::SharedUp, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+    t(Role::SharedDown, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+    t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+    t(Role::LinQkvz, "linear_attn.in_proj_qkvz.weight", "attn_qkv.weight"),
+    t(Role::LinBa, "linear_attn.in_proj_ba.weight", "ssm_ba.weight"),
+    t(Role::LinConv, "linear_attn.conv1d.weight", "ssm_conv1d.weight"),
+    t(Role::LinALog, "linear_attn.A_log", "ssm_a"),
+    t(Role::LinDtBias, "linear_attn.dt_bias", "ssm_dt.bias"),
+    t(Role::LinNorm, "linear_attn.norm.weight", "ssm_norm.weight"),
+    t(Role::LinOut, "linear_attn.out_proj.weight", "ssm_out.weight"),
+    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+);
+
 /// The tensors outside the layers: (Hugging Face name, llama.cpp name).
 pub const EMBED: (&str, &str) = ("model.embed_tokens.weight", "token_embd.weight");
 pub const OUTPUT_NORM: (&str, &str) = ("model.norm.weight", "output_norm.weight");
@@ -248,7 +292,7 @@ const GEMMA2: ArchSpec = ArchSpec {
     ..spec(Arch::Gemma2, "gemma2", "gemma2", &GEMMA)
 };
 
-pub static SPECS: [ArchSpec; 14] = [
+pub static SPECS: [ArchSpec; 15] = [
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Llama, "llama", "llama", &LLAMA) },
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mistral, "mistral", "mistral", &LLAMA) },
     spec(Arch::Qwen2, "qwen2", "qwen2", &LLAMA),
@@ -274,6 +318,12 @@ pub static SPECS: [ArchSpec; 14] = [
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mixtral, "mixtral", "llama", &MIXTRAL) },
     spec(Arch::Qwen2Moe, "qwen2_moe", "qwen2moe", &QWEN_MOE),
     ArchSpec { qk_norm: QkNorm::PerHead, ..spec(Arch::Qwen3Moe, "qwen3_moe", "qwen3moe", &QWEN_MOE) },
+    // Its RMS norms scale by `1 + w` (the gated norm of the linear layers excepted).
+    ArchSpec {
+        qk_norm: QkNorm::PerHead,
+        hf_norm_offset: true,
+        ..spec(Arch::Qwen3Next, "qwen3_next", "qwen3next", &QWEN3_NEXT)
+    },
 ];
 
 impl Arch {
@@ -329,9 +379,18 @@ impl ArchSpec {
         let qk_norm = self.qk_norm != QkNorm::None;
         let moe = c.layers.get(l).is_some_and(|l| l.ffn == Ffn::Moe);
         let shared = moe && c.moe.is_some_and(|m| m.shared_expert_size.is_some());
+        let linear = c.layers.get(l).is_some_and(|l| l.mixer == Mixer::Linear);
         self.tensors.iter().map(|t| t.role).filter(move |r| match r {
-            Role::QBias | Role::KBias | Role::VBias => bias,
-            Role::QNorm | Role::KNorm => qk_norm,
+            Role::Q | Role::K | Role::V | Role::O | Role::Qkv => !linear,
+            Role::QBias | Role::KBias | Role::VBias => bias && !linear,
+            Role::QNorm | Role::KNorm => qk_norm && !linear,
+            Role::LinQkvz
+            | Role::LinBa
+            | Role::LinConv
+            | Role::LinALog
+            | Role::LinDtBias
+            | Role::LinNorm
+            | Role::LinOut => linear,
             Role::Gate | Role::Up | Role::GateUp | Role::Down => !moe,
             Role::Router | Role::ExpertGate | Role::ExpertUp | Role::ExpertDown => moe,
             Role::SharedGate | Role::SharedUp | Role::SharedDown | Role::SharedExpertGate => shared,
@@ -412,9 +471,18 @@ impl Role {
             norm_topk_prob: false,
         });
         let shared = moe.shared_expert_size.unwrap_or(0);
+        let la = c.linear_attn.unwrap_or(LinearAttnConfig {
+            n_k_heads: 0,
+            n_v_heads: 0,
+            k_head_dim: 0,
+            v_head_dim: 0,
+            conv_kernel: 0,
+        });
+        // Queries and a gate per head, interleaved head by head.
+        let q_rows = if c.attn_output_gate { 2 * q } else { q };
         match self {
             Role::AttnNorm | Role::AttnPostNorm | Role::FfnNorm | Role::FfnPostNorm => vec![h],
-            Role::Q => vec![q, h],
+            Role::Q => vec![q_rows, h],
             Role::K | Role::V => vec![kv, h],
             Role::Qkv => vec![q + 2 * kv, h],
             Role::QBias => vec![q],
@@ -431,6 +499,12 @@ impl Role {
             Role::SharedGate | Role::SharedUp => vec![shared, h],
             Role::SharedDown => vec![h, shared],
             Role::SharedExpertGate => vec![1, h],
+            Role::LinQkvz => vec![2 * la.key_dim() + 2 * la.value_dim(), h],
+            Role::LinBa => vec![2 * la.n_v_heads, h],
+            Role::LinConv => vec![la.conv_dim(), 1, la.conv_kernel],
+            Role::LinALog | Role::LinDtBias => vec![la.n_v_heads],
+            Role::LinNorm => vec![la.v_head_dim],
+            Role::LinOut => vec![h, la.value_dim()],
         }
     }
 
@@ -463,6 +537,7 @@ mod tests {
             }
             assert_eq!(Arch::from_hf_type(s.hf_type), Some(s.arch));
             // llama.cpp's `llama` is also Mixtral's (told apart by its expert count).
+            // (Qwen3-Next's names are unique but only stand for reshaped tensors.)
             let gguf = if s.arch == Arch::Mixtral { Arch::Llama } else { s.arch };
             assert_eq!(Arch::from_gguf_arch(s.gguf_arch), Some(gguf));
         }

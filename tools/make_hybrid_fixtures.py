@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Parity fixture for the hybrid linear-attention architecture: qwen3_next (Qwen3NextForCausalLM, issue 21).
+
+Built on tools/make_arch_fixtures.py and tools/make_moe_fixtures.py (imported, not copied): the same tiny byte-level
+BPE tokenizer, seed choice (clear greedy argmax at every step, varied continuations), weight redraw, reference
+writer and routing record. For the model <name>:
+
+  tests/fixtures/hf/<name>/                tiny random-weight transformers checkpoint (F32 safetensors, hidden 64,
+                                           4 layers), tiny tokenizer, chat template
+  tests/fixtures/ref/<name>.json           transformers reference, schema of tools/make_moe_fixtures.py (with
+  tests/fixtures/ref/<name>.logits.bin       "routing"), plus "long_prompt": a prompt of more than 64 tokens (the
+                                           chunk of transformers' chunked gated delta rule, and more than Strata's
+                                           test prefill chunks) with its token ids and per-position log-probs
+
+How to run (from the repository root; nothing is downloaded, everything is seeded and deterministic):
+
+    /tmp/refvenv/bin/python tools/make_hybrid_fixtures.py
+
+with the environment of tools/make_arch_fixtures.py (torch 2.15.0, transformers 5.23.0, tokenizers 0.23.3,
+safetensors 0.8.0, numpy 2.4.6, jinja2 3.1.6; python 3.11.7, CPU). The versions are also recorded in the JSON.
+
+Model (hidden 64, 4 layers, vocab = the tiny tokenizer's exact size, untied embeddings):
+  * qwen3_next  layer_types [linear, linear, linear, full] (transformers' default pattern, full attention every
+               4th layer). Full attention: 4 heads of 16, 2 KV heads, q/k RMS norms, partial RoPE (factor 0.25: 4
+               of 16 dimensions), the output gated per head by sigmoid of the second half of q_proj. Linear
+               attention: the gated delta rule with 2 key heads and 4 value heads of 16, a causal conv1d of 4 taps,
+               a gated RMS norm on the output. MLP: 8 routed experts (top-2, width 16, norm_topk_prob) and a shared
+               expert (width 32) scaled by sigmoid(shared_expert_gate), except layer 2 (mlp_only_layers [2]: a
+               dense SwiGLU MLP of width 32). RMS norms scale by 1 + w (zero-centred weights redrawn as
+               make_fixtures does: w ~ 1 + N(0, 0.1)); the gated norm's weight is plain. Template
+               Qwen-Qwen3-0.6B.jinja (the Qwen3 family template, as Qwen3-Next's).
+No GGUF: llama.cpp's converter reshapes this family's tensors (in_proj_qkvz split into attn_qkv and attn_gate, A_log
+stored as -exp(A_log), norms stored as 1 + w); Strata does not map them back yet.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+import make_arch_fixtures as maf  # noqa: E402
+import make_fixtures as mf  # noqa: E402
+import make_moe_fixtures as mmf  # noqa: E402
+
+import torch  # noqa: E402
+from transformers import AutoTokenizer, Qwen3NextConfig, Qwen3NextForCausalLM  # noqa: E402
+
+GENERATOR = "tools/make_hybrid_fixtures.py"
+maf.GENERATOR = GENERATOR
+maf.GGUF_NAMES.update(qwen3_next="Strata Tiny Qwen3 Next")  # unused: no GGUF
+REF_DIR = maf.REF_DIR
+MAX_FIXTURE_BYTES = 1_500_000  # as tools/make_moe_fixtures.py
+LONG_TEXT = " ".join(mf.PROMPTS * 2)  # more than 64 tokens
+
+
+def model_specs(V, ids):
+    return [
+        dict(
+            name="qwen3_next",
+            cls=Qwen3NextForCausalLM,
+            cfg=Qwen3NextConfig(
+                vocab_size=V,
+                hidden_size=64,
+                max_position_embeddings=512,
+                num_hidden_layers=4,
+                hidden_act="silu",
+                layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                linear_key_head_dim=16,
+                linear_value_head_dim=16,
+                linear_conv_kernel_dim=4,
+                intermediate_size=32,  # the dense layer's MLP (layer 2)
+                moe_intermediate_size=16,
+                shared_expert_intermediate_size=32,
+                num_experts=8,
+                num_experts_per_tok=2,
+                norm_topk_prob=True,
+                decoder_sparse_step=1,
+                mlp_only_layers=[2],
+                attention_bias=False,
+                rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+                tie_word_embeddings=False,
+                bos_token_id=None,
+                eos_token_id=ids["<|im_end|>"],
+                pad_token_id=ids["<|endoftext|>"],
+            ),
+            tok=dict(add_bos=False, bos=None, eos="<|im_end|>", pad="<|endoftext|>"),
+            template=maf.read_template("Qwen-Qwen3-0.6B.jinja"),
+            template_source="llama.cpp models/templates/Qwen-Qwen3-0.6B.jinja",
+            gen=dict(eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"]),
+            arch=["layer_types", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                  "linear_value_head_dim", "linear_conv_kernel_dim", "num_experts", "num_experts_per_tok",
+                  "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
+                  "decoder_sparse_step", "mlp_only_layers", "rope_parameters", "tie_word_embeddings",
+                  "rms_norm_eps"],
+            knobs={"norm_topk_prob": {"norm_topk_prob": False},
+                   "partial_rotary_factor": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                 "partial_rotary_factor": 0.5}}},
+        ),
+    ]
+
+
+def add_long_prompt(spec, ref, disk_tok, refj, notes):
+    """A prompt longer than transformers' delta-rule chunk (64): its ids and per-position log-probs."""
+    ids = [int(x) for x in disk_tok(LONG_TEXT, add_special_tokens=True)["input_ids"]]
+    assert len(ids) > 64, len(ids)
+    lp = torch.log_softmax(mf.logits_of(ref, ids).double(), dim=-1)
+    refj["long_prompt"] = dict(text=LONG_TEXT, ids=ids,
+                               logprobs=[float(lp[i, ids[i + 1]]) for i in range(len(ids) - 1)],
+                               argmax=[int(a) for a in lp.argmax(-1)])
+    (REF_DIR / f"{spec['name']}.json").write_text(json.dumps(refj, indent=1, ensure_ascii=False) + "\n",
+                                                  encoding="utf-8")
+    notes.append(f"{spec['name']}: long prompt of {len(ids)} tokens")
+
+
+def main():
+    for d in (maf.HF_DIR, REF_DIR):
+        d.mkdir(parents=True, exist_ok=True)
+    notes = maf.Notes()
+    base, ids = maf.build_tokenizer()
+    V = base.get_vocab_size(with_added_tokens=True)
+    notes.append(f"tokenizer: {V} tokens (= vocab_size)")
+    for i, spec in enumerate(model_specs(V, ids)):
+        spec["first_seed"] = 70000 + 1000 * i
+        name = spec["name"]
+        d, mem_tok, ref, seed = maf.build_model(spec, base, notes)
+        disk_tok = AutoTokenizer.from_pretrained(d)
+        spec["sensitivity"] = maf.sensitivity(spec, ref, disk_tok(mf.PROMPTS[0])["input_ids"], notes)
+        refj = maf.make_reference(spec, d, disk_tok, mem_tok, ref, seed, notes)
+        gap = mmf.add_routing(spec, ref, refj)
+        notes.append(f"{name}: routing recorded, min router logit gap on the prompts {gap:.4f}")
+        add_long_prompt(spec, ref, disk_tok, refj, notes)
+        size = sum(f.stat().st_size for f in mmf.fixture_files(name, gguf=False))
+        notes.append(f"{name}: fixture total {size} bytes")
+        assert size < MAX_FIXTURE_BYTES, (name, size)
+    print("versions:", json.dumps(maf.VERSIONS))
+
+
+if __name__ == "__main__":
+    main()
