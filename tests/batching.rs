@@ -191,6 +191,16 @@ fn k_quant_weights_give_each_sequence_what_it_gets_alone() {
     check("gguf/llama256.q4_k_m.gguf");
 }
 
+/// Mixture-of-experts layers route and run each sequence's rows per sequence (the router,
+/// the shared expert and every expert's rows), and Qwen3-Next's linear-attention layers
+/// carry each sequence's state: both as alone.
+#[test]
+fn moe_and_hybrid_models_give_each_sequence_what_it_gets_alone() {
+    for fixture in ["gguf/qwen2_moe.q8_0.gguf", "gguf/mixtral.f32.gguf", "hf/qwen3_next"] {
+        check(fixture);
+    }
+}
+
 /// A follow-up request reuses the prompt part of a finished sequence's cache and still
 /// computes what it computes on a fresh cache.
 #[test]

@@ -949,7 +949,7 @@ impl<B: Backend> DecoderModel<B> {
                     let bufs_moe = moe_bufs
                         .as_mut()
                         .ok_or(ModelError::Sched(SchedError::Build { layer: l, msg: "no MoE buffers".into() }))?;
-                    let block = MoeBlock { layer: l, weights: mw, source: self, input, rows };
+                    let block = MoeBlock { layer: l, weights: mw, source: self, input, rows, seq_rows: &seq_rows };
                     let taken = moe::moe_forward(be, c, block, &mut bufs, bufs_moe, proj)?;
                     if let Some(g) = &guess {
                         let (right, total) = moe::score_guess(g, &taken);

@@ -171,11 +171,15 @@ pub struct MoeBlock<'a, B: Backend> {
     pub source: &'a dyn ExpertSource<B>,
     pub input: &'a B::Buf,
     pub rows: usize,
+    /// Rows per sequence of the batch, in order (see [`Backend::matmul_seqs`]).
+    pub seq_rows: &'a [usize],
 }
 
 /// A MoE layer's feed-forward output for `rows` rows of `input` into `out` (`(rows,
 /// hidden)`): the shared expert (scaled by its sigmoid gate), plus each routed expert
-/// over its rows, weighted. Returns the routing (each row's experts).
+/// over its rows, weighted. Returns the routing (each row's experts). Every product runs
+/// per sequence ([`Backend::matmul_seqs`]): a sequence's routing and its rows through
+/// each expert come out as they do when it runs alone, whatever shares the batch.
 pub fn moe_forward<B: Backend>(
     be: &B,
     c: &ModelConfig,
@@ -184,11 +188,13 @@ pub fn moe_forward<B: Backend>(
     moe: &mut MoeBufs<B>,
     out: &mut B::Buf,
 ) -> Result<Vec<Vec<u32>>, ModelError> {
-    let MoeBlock { layer, weights: w, source, input, rows } = block;
+    let MoeBlock { layer, weights: w, source, input, rows, seq_rows } = block;
     let Some(m) = c.moe else { return Ok(Vec::new()) };
     let h = c.hidden_size;
+    // The sequence each row belongs to.
+    let seq_of: Vec<usize> = seq_rows.iter().enumerate().flat_map(|(s, &n)| std::iter::repeat_n(s, n)).collect();
     // Phase 1: the router, on the host (its choice drives what is read).
-    be.matmul(input, rows, &w.router, &mut moe.logits)?;
+    be.matmul_seqs(input, seq_rows, &w.router, &mut moe.logits)?;
     let routing = route(&be.download(&moe.logits, rows * m.n_experts)?, &m);
     let mut by_expert: BTreeMap<usize, (Vec<u32>, Vec<f32>)> = BTreeMap::new();
     for (row, (ids, weights)) in routing.iter().enumerate() {
@@ -203,9 +209,9 @@ pub fn moe_forward<B: Backend>(
 
     be.unary(out, rows * h, crate::backend::Unary::Scale(0.0))?;
     if let Some((shared, gate)) = &w.shared {
-        be.matmul(input, rows, gate, &mut moe.logits)?;
+        be.matmul_seqs(input, seq_rows, gate, &mut moe.logits)?;
         let scale: Vec<f32> = be.download(&moe.logits, rows)?.iter().map(|&g| 1.0 / (1.0 + (-g).exp())).collect();
-        mlp_forward(be, c, shared, input, &[rows], bufs, &mut moe.ye)?;
+        mlp_forward(be, c, shared, input, seq_rows, bufs, &mut moe.ye)?;
         be.add_rows(out, &moe.ye, h, Rows::first(rows), Some(&scale))?;
     }
     // Phase 2: exactly the routed experts (all reads issued together), each computed
@@ -214,7 +220,18 @@ pub fn moe_forward<B: Backend>(
     let mut run = |i: usize, expert: &Mlp<B>| -> Result<(), ModelError> {
         let (rows_of, weights) = groups[i];
         be.copy_rows(input, Rows::List(rows_of), h, &mut moe.xe, 0)?;
-        mlp_forward(be, c, expert, &moe.xe, &[rows_of.len()], bufs, &mut moe.ye)?;
+        // Its rows (ascending) by sequence: each sequence's as they would come alone.
+        let mut per_seq: Vec<usize> = Vec::new();
+        let mut last = usize::MAX;
+        for &r in rows_of {
+            let s = seq_of.get(r as usize).copied().unwrap_or(0);
+            match per_seq.last_mut() {
+                Some(n) if s == last => *n += 1,
+                _ => per_seq.push(1),
+            }
+            last = s;
+        }
+        mlp_forward(be, c, expert, &moe.xe, &per_seq, bufs, &mut moe.ye)?;
         Ok(be.add_rows(out, &moe.ye, h, Rows::List(rows_of), Some(weights))?)
     };
     match &w.experts {
