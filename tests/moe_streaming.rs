@@ -96,8 +96,9 @@ fn gguf_moe_models_stream_bit_identically() {
 
 #[test]
 fn safetensors_moe_models_stream_bit_identically() {
-    // qwen3_moe_mixed: dense layers (decoder_sparse_step, mlp_only_layers) beside a MoE one.
-    for f in ["hf/qwen2_moe", "hf/qwen3_moe_mixed"] {
+    // qwen3_moe_mixed: dense layers (decoder_sparse_step, mlp_only_layers) beside a MoE one;
+    // qwen3_next: linear-attention layers (their state in the cache) beside attention.
+    for f in ["hf/qwen2_moe", "hf/qwen3_moe_mixed", "hf/qwen3_next"] {
         check_bit_identical(&fixture(f));
     }
 }
@@ -108,6 +109,7 @@ fn converted_moe_models_stream_bit_identically() {
     for (src, target, name) in [
         ("hf/mixtral", Target::Flat, "mixtral-flat"),
         ("gguf/qwen2_moe.q8_0.gguf", Target::Cawsf(Compression::None), "qwen2_moe.cawsf"),
+        ("hf/qwen3_next", Target::Flat, "qwen3_next-flat"),
     ] {
         let out = converted(&dir, src, target, name);
         check_bit_identical(out.to_str().unwrap());
@@ -117,8 +119,9 @@ fn converted_moe_models_stream_bit_identically() {
 #[derive(Deserialize)]
 struct Reference {
     prompts: Vec<RefPrompt>,
-    /// Per prompt, per layer, per position: the experts transformers' router chose.
-    routing: Vec<Vec<Vec<Vec<usize>>>>,
+    /// Per prompt, per layer, per position: the experts transformers' router chose
+    /// (`None` for a dense layer).
+    routing: Vec<Vec<Option<Vec<Vec<usize>>>>>,
 }
 
 #[derive(Deserialize)]
@@ -128,17 +131,25 @@ struct RefPrompt {
 
 #[test]
 fn bytes_read_per_token_are_the_cores_and_the_routed_experts() {
+    // qwen3_next: its linear-attention layers are cores like any other.
+    for name in ["qwen3_moe", "qwen3_next"] {
+        bytes_read_per_token(name);
+    }
+}
+
+fn bytes_read_per_token(name: &str) {
     // A flat conversion: each expert is one aligned range of its three tensors
     // (16 x 64 f32 = 4 KiB each, so no padding), read whole.
     let dir = TempDir::new("moe-bytes");
-    let out = converted(&dir, "hf/qwen3_moe", Target::Flat, "qwen3_moe-flat");
+    let out = converted(&dir, &format!("hf/{name}"), Target::Flat, &format!("{name}-flat"));
     let e = load(out.to_str().unwrap(), Some(0), Some(CacheSize::Bytes(0)), CachePolicy::Lru, false);
     let c = e.model.config().clone();
     let m = c.moe.unwrap();
     let expert_bytes = (3 * m.expert_size * c.hidden_size * 4) as u64;
     let s = e.model.scheduler();
     let core_bytes = s.summary().plan.streamable_bytes;
-    let r: Reference = serde_json::from_str(&std::fs::read_to_string(fixture("ref/qwen3_moe.json")).unwrap()).unwrap();
+    let json = std::fs::read_to_string(fixture(&format!("ref/{name}.json"))).unwrap();
+    let r: Reference = serde_json::from_str(&json).unwrap();
     let settle = || std::thread::sleep(Duration::from_millis(100));
     for (p, routing) in r.prompts.iter().zip(&r.routing) {
         let mut cache = e.model.new_cache(64).unwrap();
@@ -155,14 +166,15 @@ fn bytes_read_per_token_are_the_cores_and_the_routed_experts() {
         let w = s.stats().snapshot() - before;
         let steps = (p.ids.len() - 1) as u64;
         // What transformers routed at positions 1.. (each row's experts are distinct).
-        let routed: u64 = routing.iter().map(|layer| layer[1..].iter().map(|e| e.len() as u64).sum::<u64>()).sum();
-        assert_eq!(w.expert_requests, routed, "the experts asked for are the ones transformers routed");
+        let routed: u64 =
+            routing.iter().flatten().map(|layer| layer[1..].iter().map(|e| e.len() as u64).sum::<u64>()).sum();
+        assert_eq!(w.expert_requests, routed, "{name}: the experts asked for are the ones transformers routed");
         assert_eq!(w.expert_hits, 0, "no cache, no hits");
         let expected = (steps * core_bytes + routed * expert_bytes) as f64;
         let got = w.bytes_read as f64;
         assert!(
             (got - expected).abs() <= 0.1 * expected,
-            "{got} bytes read over {steps} tokens; cores + routed experts are {expected}"
+            "{name}: {got} bytes read over {steps} tokens; cores + routed experts are {expected}"
         );
         assert_eq!(w.expert_bytes_read, routed * expert_bytes, "each routed expert is read once, whole");
     }
