@@ -196,7 +196,9 @@ fn k_quant_weights_give_each_sequence_what_it_gets_alone() {
 /// carry each sequence's state: both as alone.
 #[test]
 fn moe_and_hybrid_models_give_each_sequence_what_it_gets_alone() {
-    for fixture in ["gguf/qwen2_moe.q8_0.gguf", "gguf/mixtral.f32.gguf", "hf/qwen3_next"] {
+    for fixture in
+        ["gguf/qwen2_moe.q8_0.gguf", "gguf/mixtral.f32.gguf", "hf/qwen3_next", "hf/qwen3_5", "hf/qwen3_5_moe"]
+    {
         check(fixture);
     }
 }

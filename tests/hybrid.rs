@@ -1,5 +1,5 @@
-//! Qwen3-Next's hybrid layers (gated delta rule beside gated attention) on the tiny
-//! fixture of tools/make_hybrid_fixtures.py: a prompt longer than transformers' delta-rule
+//! The hybrid layers (gated delta rule beside gated attention) of Qwen3-Next and Qwen3.5
+//! (dense and MoE) on the tiny fixtures of tools/make_hybrid_fixtures.py: a prompt longer than transformers' delta-rule
 //! chunk against transformers, fed in one pass, in chunks and token by token; batched
 //! sequences each as alone; the fixed-size state in the cache (charged, reset when the
 //! cache goes back or a pass fails part way).
@@ -27,12 +27,16 @@ fn fixture(rel: &str) -> String {
     format!("{}/tests/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"))
 }
 
-fn engine() -> Engine {
-    Engine::load(&fixture("hf/qwen3_next"), &RunOptions { threads: 2, ..Default::default() }).unwrap()
+/// The hybrid fixtures: Qwen3-Next (projections grouped by key head) and Qwen3.5's
+/// dense and MoE text models (projections apart).
+const MODELS: [&str; 3] = ["qwen3_next", "qwen3_5", "qwen3_5_moe"];
+
+fn engine(name: &str) -> Engine {
+    Engine::load(&fixture(&format!("hf/{name}")), &RunOptions { threads: 2, ..Default::default() }).unwrap()
 }
 
-fn reference() -> Reference {
-    serde_json::from_str(&std::fs::read_to_string(fixture("ref/qwen3_next.json")).unwrap()).unwrap()
+fn reference(name: &str) -> Reference {
+    serde_json::from_str(&std::fs::read_to_string(fixture(&format!("ref/{name}.json"))).unwrap()).unwrap()
 }
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
@@ -54,7 +58,13 @@ fn logits_in_chunks(e: &Engine, ids: &[u32], chunk: usize) -> Vec<f32> {
 
 #[test]
 fn a_long_prompt_matches_transformers_in_one_pass_in_chunks_and_token_by_token() {
-    let (e, r) = (engine(), reference());
+    for name in MODELS {
+        long_prompt(name);
+    }
+}
+
+fn long_prompt(name: &str) {
+    let (e, r) = (engine(name), reference(name));
     let p = &r.long_prompt;
     assert!(p.ids.len() > 64, "longer than transformers' chunk of 64");
     let whole = logits_in_chunks(&e, &p.ids, p.ids.len());
@@ -68,10 +78,10 @@ fn a_long_prompt_matches_transformers_in_one_pass_in_chunks_and_token_by_token()
                 worst = worst.max((lp[p.ids[i + 1] as usize] - want).abs());
             }
             let top = row.iter().enumerate().fold(0, |b, (j, &v)| if v > row[b] { j } else { b });
-            assert_eq!(top as u32, p.argmax[i], "chunks of {chunk}: argmax at position {i}");
+            assert_eq!(top as u32, p.argmax[i], "{name}, chunks of {chunk}: argmax at position {i}");
         }
-        eprintln!("chunks of {chunk}: max |Δ log-prob| against transformers {worst:.2e}");
-        assert!(worst <= 1e-3, "chunks of {chunk}: |Δ log-prob| {worst} against transformers");
+        eprintln!("{name}, chunks of {chunk}: max |Δ log-prob| against transformers {worst:.2e}");
+        assert!(worst <= 1e-3, "{name}, chunks of {chunk}: |Δ log-prob| {worst} against transformers");
         // Against the one pass. The linear layers run token by token whatever the chunks
         // (bit for bit: src/model/deltanet.rs's test), but a chunk's projections and
         // experts take other kernels than a longer one's (f32 rounding of ~1e-7), and this
@@ -80,8 +90,8 @@ fn a_long_prompt_matches_transformers_in_one_pass_in_chunks_and_token_by_token()
         // generator environment); Strata's by 2.7e-5 (16) and 1.7e-4 (1).
         let (a, b) = (log_softmax_all(&got, r.vocab_size), log_softmax_all(&whole, r.vocab_size));
         let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-        eprintln!("chunks of {chunk}: max |Δ log-prob| against one pass {d:.2e}");
-        assert!(d <= 5e-4, "chunks of {chunk}: |Δ log-prob| {d} against one pass");
+        eprintln!("{name}, chunks of {chunk}: max |Δ log-prob| against one pass {d:.2e}");
+        assert!(d <= 5e-4, "{name}, chunks of {chunk}: |Δ log-prob| {d} against one pass");
     }
 }
 
@@ -91,7 +101,13 @@ fn log_softmax_all(logits: &[f32], vocab: usize) -> Vec<f64> {
 
 #[test]
 fn batched_sequences_each_get_what_they_get_alone() {
-    let (e, r) = (engine(), reference());
+    for name in MODELS {
+        batched(name);
+    }
+}
+
+fn batched(name: &str) {
+    let (e, r) = (engine(name), reference(name));
     let ids = &r.long_prompt.ids;
     let (a, b) = (&ids[..40], &ids[40..71]);
     let alone = |t: &[u32]| {
@@ -119,14 +135,14 @@ fn batched_sequences_each_get_what_they_get_alone() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for (i, t) in [a, b].into_iter().enumerate() {
         let (first, step) = alone(t);
-        assert!(bits(&both[i]) == bits(&first), "sequence {i}: its prompt's logits differ in a batch");
-        assert!(bits(&next[i]) == bits(&step), "sequence {i}: its decode step differs in a batch");
+        assert!(bits(&both[i]) == bits(&first), "{name} sequence {i}: its prompt's logits differ in a batch");
+        assert!(bits(&next[i]) == bits(&step), "{name} sequence {i}: its decode step differs in a batch");
     }
 }
 
 #[test]
 fn the_state_is_charged_and_starts_over_when_the_cache_goes_back() {
-    let (e, r) = (engine(), reference());
+    let (e, r) = (engine("qwen3_next"), reference("qwen3_next"));
     let c = e.model.config();
     let la = c.linear_attn.expect("linear attention");
     let linear = c.layers.iter().filter(|l| l.mixer == strata::model::config::Mixer::Linear).count();
@@ -150,7 +166,7 @@ fn the_state_is_charged_and_starts_over_when_the_cache_goes_back() {
 
 #[test]
 fn a_pass_cancelled_part_way_leaves_a_fresh_state() {
-    let (e, r) = (engine(), reference());
+    let (e, r) = (engine("qwen3_5"), reference("qwen3_5"));
     let ids = &r.long_prompt.ids[..25];
     let fresh = logits_in_chunks(&e, ids, 25);
     let mut cache = e.model.new_cache(128).unwrap();

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::model::decoder::SeqStep;
 
-const MODELS: [&str; 20] = [
+const MODELS: [&str; 22] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -35,11 +35,20 @@ const MODELS: [&str; 20] = [
     "qwen3_moe_zipf",
     // tools/make_hybrid_fixtures.py: gated-delta-rule layers beside gated attention
     "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
 ];
 
 /// Largest |Δ logit| accepted against transformers, for every stored dtype: the
 /// reference runs in f32 on the same (upcast) weights, so only summation order differs.
 const LOGIT_TOL: f32 = 1e-4;
+/// The hybrid models' (gated delta rule): transformers computes the rule in chunks of 64
+/// (its WY form) and Strata token by token, the same function in another order, and
+/// these random models amplify f32 rounding: transformers' own token-by-token run of
+/// qwen3_next's 98-token prompt differs from its one pass by 1.4e-4 per log-prob.
+const HYBRID_LOGIT_TOL: f32 = 3e-4;
+const HYBRID: [&str; 3] = ["qwen3_next", "qwen3_5", "qwen3_5_moe"];
+
 /// Largest |Δ log-prob| accepted from `strata perplexity --json`.
 const LOGPROB_TOL: f64 = 1e-4;
 
@@ -94,8 +103,9 @@ fn logits_match_transformers_at_every_position() {
                 .map(|(i, (a, b))| ((a - b).abs(), i))
                 .fold((0.0f32, 0), |m, (d, i)| if d > m.0 { (d, i) } else { m });
             eprintln!("{name} prompt {pi}: max |Δ logit| = {worst:.2e}");
+            let tol = if HYBRID.contains(&name) { HYBRID_LOGIT_TOL } else { LOGIT_TOL };
             assert!(
-                worst <= LOGIT_TOL,
+                worst <= tol,
                 "{name} prompt {pi}: |Δ logit| {worst} at position {} token {}",
                 at / r.vocab_size,
                 at % r.vocab_size

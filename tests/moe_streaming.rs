@@ -98,7 +98,7 @@ fn gguf_moe_models_stream_bit_identically() {
 fn safetensors_moe_models_stream_bit_identically() {
     // qwen3_moe_mixed: dense layers (decoder_sparse_step, mlp_only_layers) beside a MoE one;
     // qwen3_next: linear-attention layers (their state in the cache) beside attention.
-    for f in ["hf/qwen2_moe", "hf/qwen3_moe_mixed", "hf/qwen3_next"] {
+    for f in ["hf/qwen2_moe", "hf/qwen3_moe_mixed", "hf/qwen3_next", "hf/qwen3_5_moe"] {
         check_bit_identical(&fixture(f));
     }
 }
@@ -132,7 +132,7 @@ struct RefPrompt {
 #[test]
 fn bytes_read_per_token_are_the_cores_and_the_routed_experts() {
     // qwen3_next: its linear-attention layers are cores like any other.
-    for name in ["qwen3_moe", "qwen3_next"] {
+    for name in ["qwen3_moe", "qwen3_next", "qwen3_5_moe"] {
         bytes_read_per_token(name);
     }
 }

@@ -44,17 +44,41 @@ import make_fixtures as mf  # noqa: E402
 import make_moe_fixtures as mmf  # noqa: E402
 
 import torch  # noqa: E402
-from transformers import AutoTokenizer, Qwen3NextConfig, Qwen3NextForCausalLM  # noqa: E402
+from transformers import (  # noqa: E402
+    TokenizersBackend,
+    Qwen3_5ForCausalLM,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5TextConfig,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+)
 
 GENERATOR = "tools/make_hybrid_fixtures.py"
 maf.GENERATOR = GENERATOR
-maf.GGUF_NAMES.update(qwen3_next="Strata Tiny Qwen3 Next")  # unused: no GGUF
+maf.GGUF_NAMES.update(qwen3_next="Strata Tiny Qwen3 Next", qwen3_5="Strata Tiny Qwen3.5",
+                      qwen3_5_moe="Strata Tiny Qwen3.5 MoE")  # unused: no GGUF
 REF_DIR = maf.REF_DIR
 MAX_FIXTURE_BYTES = 1_500_000  # as tools/make_moe_fixtures.py
 LONG_TEXT = " ".join(mf.PROMPTS * 2)  # more than 64 tokens
 
 
 def model_specs(V, ids):
+    qwen_tok = dict(add_bos=False, bos=None, eos="<|im_end|>", pad="<|endoftext|>")
+    qwen_gen = dict(eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"])
+    hybrid = dict(vocab_size=V, hidden_size=64, max_position_embeddings=512, num_hidden_layers=4, hidden_act="silu",
+                  layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                  linear_conv_kernel_dim=4, attention_bias=False, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+                  tie_word_embeddings=False, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
+                  pad_token_id=ids["<|endoftext|>"])
+    qwen35_arch = ["layer_types", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                   "linear_value_head_dim", "linear_conv_kernel_dim", "rope_parameters", "tie_word_embeddings",
+                   "rms_norm_eps"]
+    partial = {"partial_rotary_factor": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                             "partial_rotary_factor": 0.5}}}
     return [
         dict(
             name="qwen3_next",
@@ -103,7 +127,48 @@ def model_specs(V, ids):
                    "partial_rotary_factor": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                                  "partial_rotary_factor": 0.5}}},
         ),
+        # Added after qwen3_next, so that its seed (by position) stays as it was.
+        dict(
+            name="qwen3_5",
+            cls=Qwen3_5ForCausalLM,
+            cfg=Qwen3_5TextConfig(**hybrid, intermediate_size=64),
+            tok=qwen_tok,
+            template=maf.read_template("Qwen-Qwen3-0.6B.jinja"),
+            template_source="llama.cpp models/templates/Qwen-Qwen3-0.6B.jinja",
+            gen=qwen_gen,
+            arch=qwen35_arch,
+            knobs=partial,
+        ),
+        dict(
+            name="qwen3_5_moe",
+            cls=Qwen3_5MoeForCausalLM,
+            cfg=Qwen3_5MoeTextConfig(**hybrid, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                                     shared_expert_intermediate_size=32),
+            tok=qwen_tok,
+            template=maf.read_template("Qwen-Qwen3-0.6B.jinja"),
+            template_source="llama.cpp models/templates/Qwen-Qwen3-0.6B.jinja",
+            gen=qwen_gen,
+            arch=qwen35_arch + ["num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                "shared_expert_intermediate_size"],
+            knobs={**partial, "num_experts_per_tok": {"num_experts_per_tok": 1}},
+        ),
     ]
+
+
+def arch_config(spec, ref):
+    """make_arch_fixtures.arch_config, with the keys a config does not have as null (Qwen3.5-MoE's text config has
+    no intermediate_size: every layer routes)."""
+    c = ref.config.to_dict()
+    out = {"model_type": c["model_type"], "architectures": c.get("architectures")}
+    for k in spec["arch"]:
+        out[k] = c.get(k, getattr(ref.config, k, None))
+    for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
+        out[k] = c.get(k)
+    out["head_dim"] = getattr(ref.config, "head_dim", None) or c["hidden_size"] // c["num_attention_heads"]
+    return out
+
+
+maf.arch_config = arch_config
 
 
 def add_long_prompt(spec, ref, disk_tok, refj, notes):
@@ -120,6 +185,7 @@ def add_long_prompt(spec, ref, disk_tok, refj, notes):
 
 
 def main():
+    names = sys.argv[1:]
     for d in (maf.HF_DIR, REF_DIR):
         d.mkdir(parents=True, exist_ok=True)
     notes = maf.Notes()
@@ -129,12 +195,20 @@ def main():
     for i, spec in enumerate(model_specs(V, ids)):
         spec["first_seed"] = 70000 + 1000 * i
         name = spec["name"]
+        if names and name not in names:
+            continue
+        # make_moe_fixtures' seed choice also wants clear router decisions; a dense model has no router.
+        maf.pick_seed = mmf.pick_seed if hasattr(spec["cfg"], "num_experts") else mmf._pick_seed
         d, mem_tok, ref, seed = maf.build_model(spec, base, notes)
-        disk_tok = AutoTokenizer.from_pretrained(d)
+        # The tokenizer files as they are (tokenizer_config.json says TokenizersBackend): AutoTokenizer would
+        # put transformers' Qwen3_5Tokenizer over qwen3_5_moe_text, which NFC-normalizes what tokenizer.json
+        # does not (Strata reads tokenizer.json).
+        disk_tok = TokenizersBackend.from_pretrained(d)
         spec["sensitivity"] = maf.sensitivity(spec, ref, disk_tok(mf.PROMPTS[0])["input_ids"], notes)
         refj = maf.make_reference(spec, d, disk_tok, mem_tok, ref, seed, notes)
-        gap = mmf.add_routing(spec, ref, refj)
-        notes.append(f"{name}: routing recorded, min router logit gap on the prompts {gap:.4f}")
+        if hasattr(ref.config, "num_experts"):
+            gap = mmf.add_routing(spec, ref, refj)
+            notes.append(f"{name}: routing recorded, min router logit gap on the prompts {gap:.4f}")
         add_long_prompt(spec, ref, disk_tok, refj, notes)
         size = sum(f.stat().st_size for f in mmf.fixture_files(name, gguf=False))
         notes.append(f"{name}: fixture total {size} bytes")

@@ -195,12 +195,18 @@ fn f32_of(v: &Value, key: &str) -> Option<f32> {
 impl ModelConfig {
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
         let mut v: Value = serde_json::from_str(text)?;
-        // A multimodal Gemma 3 checkpoint: the language model's config is nested.
-        if v.get("model_type").and_then(Value::as_str) == Some("gemma3")
+        // A multimodal Gemma 3 or Qwen3.5 checkpoint: the language model's config is nested.
+        let text_type = match v.get("model_type").and_then(Value::as_str) {
+            Some("gemma3") => Some("gemma3_text"),
+            Some("qwen3_5") => Some("qwen3_5_text"),
+            Some("qwen3_5_moe") => Some("qwen3_5_moe_text"),
+            _ => None,
+        };
+        if let Some(text_type) = text_type
             && let Some(text_config) = v.get("text_config").filter(|t| t.is_object())
         {
             let mut t = text_config.clone();
-            t["model_type"] = json!("gemma3_text");
+            t["model_type"] = json!(text_type);
             v = t;
         }
         let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
@@ -238,15 +244,16 @@ impl ModelConfig {
             .unwrap_or(1.0);
         let rotary_dim = (head_dim as f64 * partial as f64).round() as usize;
         let moe = moe_config(&v, arch)?;
-        let linear_attn = match arch {
-            Arch::Qwen3Next => Some(LinearAttnConfig {
+        let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe);
+        let linear_attn = match hybrid {
+            true => Some(LinearAttnConfig {
                 n_k_heads: usize_field(&v, "linear_num_key_heads")?,
                 n_v_heads: usize_field(&v, "linear_num_value_heads")?,
                 k_head_dim: usize_field(&v, "linear_key_head_dim")?,
                 v_head_dim: usize_field(&v, "linear_value_head_dim")?,
                 conv_kernel: opt_usize(&v, "linear_conv_kernel_dim").unwrap_or(4),
             }),
-            _ => None,
+            false => None,
         };
         let mut layers = layer_configs(&v, arch, n_layers)?;
         if moe.is_some() {
@@ -260,7 +267,11 @@ impl ModelConfig {
         let config = ModelConfig {
             arch,
             hidden_size,
-            intermediate_size: usize_field(&v, "intermediate_size")?,
+            // Qwen3.5-MoE's text config has none: every layer routes.
+            intermediate_size: match (arch, opt_usize(&v, "intermediate_size")) {
+                (Arch::Qwen35Moe, None) => 0,
+                _ => usize_field(&v, "intermediate_size")?,
+            },
             n_layers,
             n_heads,
             n_kv_heads,
@@ -295,7 +306,7 @@ impl ModelConfig {
             final_softcap: if gemma { softcap("final_logit_softcapping") } else { None },
             moe,
             linear_attn,
-            attn_output_gate: arch == Arch::Qwen3Next,
+            attn_output_gate: hybrid,
         };
         config.validate()?;
         Ok(config)
@@ -458,7 +469,7 @@ impl ModelConfig {
                 c["shared_expert_intermediate_size"] = json!(m.shared_expert_size.unwrap_or(0));
                 c["qkv_bias"] = json!(self.attention_bias);
             }
-            if self.arch == Arch::Qwen3Next {
+            if matches!(self.arch, Arch::Qwen3Next | Arch::Qwen35Moe) {
                 c["shared_expert_intermediate_size"] = json!(m.shared_expert_size.unwrap_or(0));
             }
         }
@@ -564,7 +575,7 @@ fn parse_rope(v: &Value) -> Result<(f32, RopeScaling, Option<f32>), ConfigError>
 fn layer_configs(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<LayerConfig>, ConfigError> {
     let window = opt_usize(v, "sliding_window").filter(|&w| w > 0);
     // (sliding, linear) per listed layer.
-    let hybrid = arch == Arch::Qwen3Next;
+    let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe);
     let listed: Option<Vec<(bool, bool)>> = match v.get("layer_types").and_then(Value::as_array) {
         None => None,
         Some(types) => {
@@ -639,7 +650,7 @@ fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
             let n = usize_field(v, "num_local_experts")?;
             ("num_local_experts", n, usize_field(v, "intermediate_size")?, None, true)
         }
-        Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen3Next => {
+        Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35Moe => {
             // transformers 5 saves Qwen3-MoE's count under Mixtral's name.
             let (key, n) = ["num_experts", "num_local_experts"]
                 .into_iter()
@@ -649,12 +660,13 @@ fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
                 return Ok(None);
             }
             let shared = match arch {
-                Arch::Qwen2Moe | Arch::Qwen3Next => {
+                Arch::Qwen2Moe | Arch::Qwen3Next | Arch::Qwen35Moe => {
                     Some(usize_field(v, "shared_expert_intermediate_size")?).filter(|&s| s > 0)
                 }
                 _ => None,
             };
-            let norm = v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false);
+            // Qwen3.5's router always renormalizes its top-k.
+            let norm = arch == Arch::Qwen35Moe || v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false);
             (key, n, usize_field(v, "moe_intermediate_size")?, shared, norm)
         }
         _ => return Ok(None),

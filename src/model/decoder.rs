@@ -299,15 +299,29 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
     let mixer = match linear {
         true => {
             let need = |role: Role| req(role, host(role)?);
+            // Qwen3-Next's projections come grouped by key head; Qwen3.5's apart, stacked
+            // here into the same two products (queries, keys, values, z; then b, a).
+            let (qkvz, ba, grouped) = match host(Role::LinQkvz)? {
+                Some(qkvz) => (qkvz, need(Role::LinBa)?, true),
+                None => {
+                    let (qkv, z) = (need(Role::LinQkv)?, need(Role::LinZ)?);
+                    let (b, a) = (need(Role::LinB)?, need(Role::LinA)?);
+                    let stack = |x: &HostTensor, y: &HostTensor| {
+                        stack_rows(x, y).ok_or_else(|| build_err(format!("cannot stack {x:?} and {y:?}")))
+                    };
+                    (stack(&qkv, &z)?, stack(&b, &a)?, false)
+                }
+            };
             let lin = LinearHost::new(
                 &need(Role::LinConv)?,
                 &need(Role::LinALog)?,
                 &need(Role::LinDtBias)?,
                 &need(Role::LinNorm)?,
+                grouped,
             );
             MixerWeights::Linear(LinearWeights {
-                qkvz: upload(&need(Role::LinQkvz)?)?,
-                ba: upload(&need(Role::LinBa)?)?,
+                qkvz: upload(&qkvz)?,
+                ba: upload(&ba)?,
                 out: upload(&need(Role::LinOut)?)?,
                 host: lin,
             })
@@ -404,6 +418,20 @@ fn gather_rows(t: &HostTensor, ranges: impl Iterator<Item = (usize, usize)>) -> 
         at += len * row_bytes;
     }
     HostTensor::new(Arc::new(bytes), 0, n * row_bytes, t.dtype, vec![n, cols])
+}
+
+/// `a`'s rows then `b`'s, in a tensor of their own (`None` unless both are 2-D of the
+/// same dtype and width).
+fn stack_rows(a: &HostTensor, b: &HostTensor) -> Option<HostTensor> {
+    let ([ra, ca], [rb, cb]) = (&a.shape[..], &b.shape[..]) else { return None };
+    if ca != cb || a.dtype != b.dtype {
+        return None;
+    }
+    let (xa, xb) = (a.bytes(), b.bytes());
+    let mut bytes = AlignedBytes::zeroed(xa.len() + xb.len());
+    bytes.bytes_mut()[..xa.len()].copy_from_slice(xa);
+    bytes.bytes_mut()[xa.len()..].copy_from_slice(xb);
+    Some(HostTensor::new(Arc::new(bytes), 0, xa.len() + xb.len(), a.dtype, vec![ra + rb, *ca]))
 }
 
 /// Routed expert `e` of layer `lt.index` from tensors named as in the checkpoint.

@@ -44,17 +44,22 @@ pub struct LinearHost {
     pub dt_bias: Vec<f32>,
     /// `v_head_dim` weights of the gated norm.
     pub norm: Vec<f32>,
+    /// The projections come grouped by key head (Qwen3-Next: `[q, k, v.., z..]` and
+    /// `[b.., a..]` per key head) rather than each part whole in head order (Qwen3.5:
+    /// `[q, k, v, z]` and `[b, a]`).
+    pub grouped: bool,
 }
 
 impl LinearHost {
     /// From the checkpoint's `conv1d.weight` (`[conv_dim, 1, taps]`), `A_log`, `dt_bias`
     /// and `norm.weight`.
-    pub fn new(conv: &HostTensor, a_log: &HostTensor, dt_bias: &HostTensor, norm: &HostTensor) -> Self {
+    pub fn new(conv: &HostTensor, a_log: &HostTensor, dt_bias: &HostTensor, norm: &HostTensor, grouped: bool) -> Self {
         LinearHost {
             conv: conv.to_f32_vec(),
             neg_a: a_log.to_f32_vec().iter().map(|a| -a.exp()).collect(),
             dt_bias: dt_bias.to_f32_vec(),
             norm: norm.to_f32_vec(),
+            grouped,
         }
     }
 }
@@ -76,6 +81,7 @@ fn l2norm(x: &mut [f32]) {
 
 /// Runs `n` consecutive tokens of one sequence through the layer's mixer, from their
 /// projections `qkvz` (`n x (2 key_dim + 2 value_dim)`) and `ba` (`n x 2 n_v_heads`),
+/// laid out as `w.grouped` says,
 /// updating `state` (`la.state_len()` floats, zero for a new sequence) and writing each
 /// token's gated, normalized output (`n x value_dim`) into `out`.
 pub fn mix(
@@ -101,13 +107,21 @@ pub fn mix(
     for t in 0..out.len() / value_dim {
         let row = &qkvz[t * row_len..(t + 1) * row_len];
         // Queries, keys and values head by head into one row; `z` by value head.
-        for g in 0..nk {
-            let src = &row[g * group..(g + 1) * group];
-            mixed[g * dk..(g + 1) * dk].copy_from_slice(&src[..dk]);
-            mixed[key_dim + g * dk..key_dim + (g + 1) * dk].copy_from_slice(&src[dk..2 * dk]);
-            let v0 = 2 * key_dim + g * r * dv;
-            mixed[v0..v0 + r * dv].copy_from_slice(&src[2 * dk..2 * dk + r * dv]);
-            z[g * r * dv..(g + 1) * r * dv].copy_from_slice(&src[2 * dk + r * dv..]);
+        match w.grouped {
+            true => {
+                for g in 0..nk {
+                    let src = &row[g * group..(g + 1) * group];
+                    mixed[g * dk..(g + 1) * dk].copy_from_slice(&src[..dk]);
+                    mixed[key_dim + g * dk..key_dim + (g + 1) * dk].copy_from_slice(&src[dk..2 * dk]);
+                    let v0 = 2 * key_dim + g * r * dv;
+                    mixed[v0..v0 + r * dv].copy_from_slice(&src[2 * dk..2 * dk + r * dv]);
+                    z[g * r * dv..(g + 1) * r * dv].copy_from_slice(&src[2 * dk + r * dv..]);
+                }
+            }
+            false => {
+                mixed.copy_from_slice(&row[..conv_dim]);
+                z.copy_from_slice(&row[conv_dim..]);
+            }
         }
         // The causal convolution over the previous `taps - 1` rows and this one, then SiLU.
         for (c, o) in conv_out.iter_mut().enumerate() {
@@ -133,7 +147,10 @@ pub fn mix(
         let o_row = &mut out[t * value_dim..(t + 1) * value_dim];
         for h in 0..nv {
             let g = h / r;
-            let (b, a) = (ba_row[g * 2 * r + h % r], ba_row[g * 2 * r + r + h % r]);
+            let (b, a) = match w.grouped {
+                true => (ba_row[g * 2 * r + h % r], ba_row[g * 2 * r + r + h % r]),
+                false => (ba_row[h], ba_row[nv + h]),
+            };
             let beta = 1.0 / (1.0 + (-b).exp());
             let decay = (w.neg_a[h] * softplus(a + w.dt_bias[h])).exp();
             let (qh, kh, vh) = (&q[g * dk..(g + 1) * dk], &k[g * dk..(g + 1) * dk], &v[h * dv..(h + 1) * dv]);
@@ -188,6 +205,7 @@ mod tests {
             neg_a: values(4, 2).iter().map(|a| -a.exp()).collect(),
             dt_bias: values(4, 3),
             norm: values(4, 4),
+            grouped: true,
         };
         let n = 11;
         let qkvz = values(n * (2 * la.key_dim() + 2 * la.value_dim()), 5);

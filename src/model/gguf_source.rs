@@ -48,10 +48,10 @@ pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
 /// The model config from the GGUF hyperparameters, read as llama.cpp reads each family's.
 pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig> {
     let spec = arch.spec();
-    if arch == Arch::Qwen3Next {
+    if matches!(arch, Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe) {
         // llama.cpp's converter reshapes its linear-attention tensors (`in_proj_qkvz` split
         // into `attn_qkv` and `attn_gate`, `ssm_a` = -exp(A_log)): not mapped back yet.
-        bail!("GGUF `qwen3next` models are not supported yet; load the Hugging Face checkpoint instead");
+        bail!("GGUF `{}` models are not supported yet; load the Hugging Face checkpoint instead", spec.gguf_arch);
     }
     let key = |k: &str| format!("{}.{k}", spec.gguf_arch);
     let u64_of = |k: &str| -> anyhow::Result<Option<u64>> {

@@ -32,6 +32,8 @@ pub enum Arch {
     Qwen2Moe,
     Qwen3Moe,
     Qwen3Next,
+    Qwen35,
+    Qwen35Moe,
 }
 
 /// What a tensor of a decoder layer is for.
@@ -90,6 +92,12 @@ pub enum Role {
     LinNorm,
     /// Its output projection.
     LinOut,
+    /// Qwen3.5's separate projections: queries, keys and values (all query heads, then
+    /// all key heads, then all value heads), the output gate `z`, `beta` and `a`.
+    LinQkv,
+    LinZ,
+    LinB,
+    LinA,
 }
 
 /// Where a block's norms sit around attention and the MLP (`f`).
@@ -243,6 +251,41 @@ static QWEN3_NEXT: [TensorName; 29] = attention_and_mlp!(
     t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
 );
 
+/// Qwen3.5 (dense and MoE): Qwen3-Next's layers with the linear-attention projections
+/// apart (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`). GGUF import is refused
+/// for now, as for Qwen3-Next.
+macro_rules! qwen35_linear {
+    ($($extra:expr),* $(,)?) => {
+        attention_and_mlp!(
+            $($extra,)*
+            t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+            t(Role::FfnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+            t(Role::LinQkv, "linear_attn.in_proj_qkv.weight", "attn_qkv.weight"),
+            t(Role::LinZ, "linear_attn.in_proj_z.weight", "attn_gate.weight"),
+            t(Role::LinB, "linear_attn.in_proj_b.weight", "ssm_beta.weight"),
+            t(Role::LinA, "linear_attn.in_proj_a.weight", "ssm_alpha.weight"),
+            t(Role::LinConv, "linear_attn.conv1d.weight", "ssm_conv1d.weight"),
+            t(Role::LinALog, "linear_attn.A_log", "ssm_a"),
+            t(Role::LinDtBias, "linear_attn.dt_bias", "ssm_dt.bias"),
+            t(Role::LinNorm, "linear_attn.norm.weight", "ssm_norm.weight"),
+            t(Role::LinOut, "linear_attn.out_proj.weight", "ssm_out.weight"),
+        )
+    };
+}
+
+static QWEN35: [TensorName; 20] = qwen35_linear!();
+
+static QWEN35_MOE: [TensorName; 28] = qwen35_linear!(
+    t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
+    t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
+    t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
+    t(Role::ExpertDown, "mlp.experts.*.down_proj.weight", "ffn_down_exps.weight"),
+    t(Role::SharedGate, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+    t(Role::SharedUp, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+    t(Role::SharedDown, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+    t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+);
+
 /// The tensors outside the layers: (Hugging Face name, llama.cpp name).
 pub const EMBED: (&str, &str) = ("model.embed_tokens.weight", "token_embd.weight");
 pub const OUTPUT_NORM: (&str, &str) = ("model.norm.weight", "output_norm.weight");
@@ -292,7 +335,7 @@ const GEMMA2: ArchSpec = ArchSpec {
     ..spec(Arch::Gemma2, "gemma2", "gemma2", &GEMMA)
 };
 
-pub static SPECS: [ArchSpec; 15] = [
+pub static SPECS: [ArchSpec; 17] = [
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Llama, "llama", "llama", &LLAMA) },
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mistral, "mistral", "mistral", &LLAMA) },
     spec(Arch::Qwen2, "qwen2", "qwen2", &LLAMA),
@@ -323,6 +366,17 @@ pub static SPECS: [ArchSpec; 15] = [
         qk_norm: QkNorm::PerHead,
         hf_norm_offset: true,
         ..spec(Arch::Qwen3Next, "qwen3_next", "qwen3next", &QWEN3_NEXT)
+    },
+    // The text models of Qwen3.5 (a multimodal checkpoint's `text_config`, config.rs).
+    ArchSpec {
+        qk_norm: QkNorm::PerHead,
+        hf_norm_offset: true,
+        ..spec(Arch::Qwen35, "qwen3_5_text", "qwen35", &QWEN35)
+    },
+    ArchSpec {
+        qk_norm: QkNorm::PerHead,
+        hf_norm_offset: true,
+        ..spec(Arch::Qwen35Moe, "qwen3_5_moe_text", "qwen35moe", &QWEN35_MOE)
     },
 ];
 
@@ -390,7 +444,11 @@ impl ArchSpec {
             | Role::LinALog
             | Role::LinDtBias
             | Role::LinNorm
-            | Role::LinOut => linear,
+            | Role::LinOut
+            | Role::LinQkv
+            | Role::LinZ
+            | Role::LinB
+            | Role::LinA => linear,
             Role::Gate | Role::Up | Role::GateUp | Role::Down => !moe,
             Role::Router | Role::ExpertGate | Role::ExpertUp | Role::ExpertDown => moe,
             Role::SharedGate | Role::SharedUp | Role::SharedDown | Role::SharedExpertGate => shared,
@@ -505,6 +563,9 @@ impl Role {
             Role::LinALog | Role::LinDtBias => vec![la.n_v_heads],
             Role::LinNorm => vec![la.v_head_dim],
             Role::LinOut => vec![h, la.value_dim()],
+            Role::LinQkv => vec![la.conv_dim(), h],
+            Role::LinZ => vec![la.value_dim(), h],
+            Role::LinB | Role::LinA => vec![la.n_v_heads, h],
         }
     }
 
