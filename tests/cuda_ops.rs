@@ -126,6 +126,11 @@ fn elementwise_norm_and_rope_match_the_cpu_on<G: Backend>(g: &G) {
     c.glu(&mut cg, &cy, rows * dim, Activation::GeluTanh).unwrap();
     g.glu(&mut gg, &gy, rows * dim, Activation::GeluTanh).unwrap();
     check("gelu_mul", &g.download(&gg, rows * dim).unwrap(), &c.download(&cg, rows * dim).unwrap(), 1e-7);
+    // The sigmoid gate (Qwen3-Next's attention output), over the same wide values.
+    let (mut cs, mut gs) = (c.upload(&gate).unwrap(), g.upload(&gate).unwrap());
+    c.glu(&mut cs, &cy, rows * dim, Activation::Sigmoid).unwrap();
+    g.glu(&mut gs, &gy, rows * dim, Activation::Sigmoid).unwrap();
+    check("sigmoid_mul", &g.download(&gs, rows * dim).unwrap(), &c.download(&cs, rows * dim).unwrap(), 1e-7);
     // Scale and softcap in place, over a prefix of the buffer (the rest must not change).
     let n = rows * dim - 5;
     for op in [Unary::Scale(0.125), Unary::Scale(-3.0), Unary::Softcap(30.0), Unary::Softcap(0.5)] {
