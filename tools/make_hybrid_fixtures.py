@@ -25,12 +25,20 @@ Model (hidden 64, 4 layers, vocab = the tiny tokenizer's exact size, untied embe
                of 16 dimensions), the output gated per head by sigmoid of the second half of q_proj. Linear
                attention: the gated delta rule with 2 key heads and 4 value heads of 16, a causal conv1d of 4 taps,
                a gated RMS norm on the output. MLP: 8 routed experts (top-2, width 16, norm_topk_prob) and a shared
-               expert (width 32) scaled by sigmoid(shared_expert_gate), except layer 2 (mlp_only_layers [2]: a
-               dense SwiGLU MLP of width 32). RMS norms scale by 1 + w (zero-centred weights redrawn as
+               expert (width 32) scaled by sigmoid(shared_expert_gate) in every layer (llama.cpp's qwen3next has
+               no dense layers; qwen3_5 below is dense throughout). RMS norms scale by 1 + w (zero-centred weights redrawn as
                make_fixtures does: w ~ 1 + N(0, 0.1)); the gated norm's weight is plain. Template
                Qwen-Qwen3-0.6B.jinja (the Qwen3 family template, as Qwen3-Next's).
-No GGUF: llama.cpp's converter reshapes this family's tensors (in_proj_qkvz split into attn_qkv and attn_gate, A_log
-stored as -exp(A_log), norms stored as 1 + w); Strata does not map them back yet.
+qwen3_next also as GGUF: llama.cpp's convert_hf_to_gguf.py --no-mtp (the tiny checkpoint has no multi-token-prediction
+layers, which the converter otherwise expects of Qwen3-Next) --outtype f32, run as tools/make_arch_fixtures.py runs it,
+into tests/fixtures/gguf/qwen3_next.f32.gguf, with llama.cpp's view (qwen3_next.f32.llamacpp.json, schema of
+tools/make_moe_fixtures.py: F32 KV cache, CPU, 2 threads). No Q8_0 variant: llama.cpp's own Q8_0 quantization of this
+tiny model moves its log-probs by up to 2.2 (top-1 agreement 0.52 with transformers), no reference to hold Strata to.
+The fixture is 2.2 MB (the checkpoint and its F32 GGUF), over the 1.5 MB of the other MoE fixtures.
+The converter reshapes the linear-attention tensors: in_proj_qkvz becomes attn_qkv (all queries, all keys, all values)
+and attn_gate (z); A_log is stored as ssm_a = -exp(A_log); RMS norm weights as 1 + w (not the gated norm's).
+The Qwen3.5 fixtures have no GGUF: llama.cpp's converter also reorders their value heads (grouped to tiled), which
+Strata does not map back yet.
 """
 
 import json
@@ -98,14 +106,14 @@ def model_specs(V, ids):
                 linear_key_head_dim=16,
                 linear_value_head_dim=16,
                 linear_conv_kernel_dim=4,
-                intermediate_size=32,  # the dense layer's MLP (layer 2)
+                intermediate_size=32,  # unused: every layer routes
                 moe_intermediate_size=16,
                 shared_expert_intermediate_size=32,
                 num_experts=8,
                 num_experts_per_tok=2,
                 norm_topk_prob=True,
                 decoder_sparse_step=1,
-                mlp_only_layers=[2],
+                mlp_only_layers=[],  # llama.cpp's qwen3next cannot represent a dense layer
                 attention_bias=False,
                 rms_norm_eps=1e-6,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
@@ -123,6 +131,8 @@ def model_specs(V, ids):
                   "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
                   "decoder_sparse_step", "mlp_only_layers", "rope_parameters", "tie_word_embeddings",
                   "rms_norm_eps"],
+            gguf=True,
+            max_bytes=2_500_000,
             knobs={"norm_topk_prob": {"norm_topk_prob": False},
                    "partial_rotary_factor": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                                  "partial_rotary_factor": 0.5}}},
@@ -184,6 +194,25 @@ def add_long_prompt(spec, ref, disk_tok, refj, notes):
     notes.append(f"{spec['name']}: long prompt of {len(ids)} tokens")
 
 
+def gguf_references(spec, d, refj, notes):
+    """llama.cpp's conversion (F32, then Q8_0 by its quantizer) and its views of both."""
+    name = spec["name"]
+    runner = maf.CONVERT_RUNNER
+    assert '"--outtype", "f32"' in runner
+    maf.CONVERT_RUNNER = runner.replace('"--outtype", "f32"', '"--no-mtp", "--outtype", "f32"')
+    try:
+        f32 = maf.GGUF_DIR / f"{name}.f32.gguf"
+        maf.convert(spec, d, f32)
+    finally:
+        maf.CONVERT_RUNNER = runner
+    view = mmf.llamacpp_reference(name, "f32", f32, refj)
+    vs = view["vs_transformers"]
+    notes.append(f"{name}: F32 transformers vs llama.cpp: max |logprob diff| {vs['max_abs_logprob_diff']:.2e}, argmax "
+                 f"agreement {vs['argmax_agreement']:.3f}")
+    assert vs["max_abs_logprob_diff"] <= maf.MAX_LOGPROB_DIFF, vs
+    assert not vs["tokenization_mismatches"], vs
+
+
 def main():
     names = sys.argv[1:]
     for d in (maf.HF_DIR, REF_DIR):
@@ -210,9 +239,14 @@ def main():
             gap = mmf.add_routing(spec, ref, refj)
             notes.append(f"{name}: routing recorded, min router logit gap on the prompts {gap:.4f}")
         add_long_prompt(spec, ref, disk_tok, refj, notes)
-        size = sum(f.stat().st_size for f in mmf.fixture_files(name, gguf=False))
+        if spec.get("gguf"):
+            gguf_references(spec, d, refj, notes)
+        files = mmf.fixture_files(name, gguf=False)
+        if spec.get("gguf"):
+            files += [maf.GGUF_DIR / f"{name}.f32.gguf", maf.GGUF_DIR / f"{name}.f32.llamacpp.json"]
+        size = sum(f.stat().st_size for f in files)
         notes.append(f"{name}: fixture total {size} bytes")
-        assert size < MAX_FIXTURE_BYTES, (name, size)
+        assert size < spec.get("max_bytes", MAX_FIXTURE_BYTES), (name, size)
     print("versions:", json.dumps(maf.VERSIONS))
 
 
