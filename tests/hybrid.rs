@@ -179,3 +179,21 @@ fn a_pass_cancelled_part_way_leaves_a_fresh_state() {
     let got = e.model.forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true }]).unwrap();
     assert!(got[0] == fresh, "the pass after a cancelled one computes what a fresh cache does");
 }
+
+/// llama.cpp's conversion of the Qwen3-Next fixture (its tensors reshaped: queries, keys
+/// and values apart from `z`, `-exp(A_log)`, norms as `1 + w`) computes what the
+/// checkpoint does.
+#[test]
+fn the_gguf_conversion_computes_what_the_checkpoint_does() {
+    let r = reference("qwen3_next");
+    let gguf =
+        Engine::load(&fixture("gguf/qwen3_next.f32.gguf"), &RunOptions { threads: 2, ..Default::default() }).unwrap();
+    assert!(gguf.model.config().linear_attn.is_some_and(|la| la.gguf_layout));
+    let (a, b) = (
+        logits_in_chunks(&engine("qwen3_next"), &r.long_prompt.ids, 16),
+        logits_in_chunks(&gguf, &r.long_prompt.ids, 16),
+    );
+    let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    eprintln!("GGUF against the checkpoint: max |Δ logit| {d:.2e}");
+    assert!(d <= 1e-4, "GGUF against the checkpoint: |Δ logit| {d}");
+}

@@ -17,7 +17,7 @@ use strata::model::decoder::SeqStep;
 
 /// Every fixture variant: `<model>` is the F32 file, `<model>.<type>` a llama.cpp
 /// quantization of it (`f16` or a quantized type).
-const VARIANTS: [&str; 27] = [
+const VARIANTS: [&str; 28] = [
     "llama3",
     "llama3.f16",
     "llama3.q8_0",
@@ -47,6 +47,8 @@ const VARIANTS: [&str; 27] = [
     "qwen2_moe.q8_0",
     "qwen3_moe.f32",
     "qwen3_moe.q8_0",
+    // tools/make_hybrid_fixtures.py (converted with --no-mtp)
+    "qwen3_next.f32",
 ];
 
 /// F32 weights: only summation order (and llama.cpp's own kernels) differ.

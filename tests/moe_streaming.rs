@@ -89,7 +89,9 @@ fn check_bit_identical(spec: &str) {
 
 #[test]
 fn gguf_moe_models_stream_bit_identically() {
-    for f in ["gguf/mixtral.f32.gguf", "gguf/qwen2_moe.q8_0.gguf", "gguf/qwen3_moe.f32.gguf"] {
+    for f in
+        ["gguf/mixtral.f32.gguf", "gguf/qwen2_moe.q8_0.gguf", "gguf/qwen3_moe.f32.gguf", "gguf/qwen3_next.f32.gguf"]
+    {
         check_bit_identical(&fixture(f));
     }
 }
@@ -110,6 +112,8 @@ fn converted_moe_models_stream_bit_identically() {
         ("hf/mixtral", Target::Flat, "mixtral-flat"),
         ("gguf/qwen2_moe.q8_0.gguf", Target::Cawsf(Compression::None), "qwen2_moe.cawsf"),
         ("hf/qwen3_next", Target::Flat, "qwen3_next-flat"),
+        // llama.cpp's layout of the linear-attention tensors, kept through the conversion.
+        ("gguf/qwen3_next.f32.gguf", Target::Cawsf(Compression::None), "qwen3_next-gguf.cawsf"),
     ] {
         let out = converted(&dir, src, target, name);
         check_bit_identical(out.to_str().unwrap());

@@ -82,6 +82,11 @@ pub struct LinearAttnConfig {
     pub k_head_dim: usize,
     pub v_head_dim: usize,
     pub conv_kernel: usize,
+    /// The tensors are laid out as llama.cpp's converter leaves them (a GGUF Qwen3-Next,
+    /// or a conversion of one): queries, keys and values apart from `z`
+    /// (`in_proj_qkv`, `in_proj_z`), and `-exp(A_log)` (`ssm_a`) in place of `A_log`.
+    /// Written to `config.json` as `strata_gguf_linear_layout`.
+    pub gguf_layout: bool,
 }
 
 impl LinearAttnConfig {
@@ -252,6 +257,7 @@ impl ModelConfig {
                 k_head_dim: usize_field(&v, "linear_key_head_dim")?,
                 v_head_dim: usize_field(&v, "linear_value_head_dim")?,
                 conv_kernel: opt_usize(&v, "linear_conv_kernel_dim").unwrap_or(4),
+                gguf_layout: flag("strata_gguf_linear_layout"),
             }),
             false => None,
         };
@@ -423,6 +429,9 @@ impl ModelConfig {
             c["linear_key_head_dim"] = json!(la.k_head_dim);
             c["linear_value_head_dim"] = json!(la.v_head_dim);
             c["linear_conv_kernel_dim"] = json!(la.conv_kernel);
+            if la.gguf_layout {
+                c["strata_gguf_linear_layout"] = json!(true);
+            }
             let kinds: Vec<&str> = self
                 .layers
                 .iter()

@@ -299,26 +299,33 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
     let mixer = match linear {
         true => {
             let need = |role: Role| req(role, host(role)?);
-            // Qwen3-Next's projections come grouped by key head; Qwen3.5's apart, stacked
-            // here into the same two products (queries, keys, values, z; then b, a).
-            let (qkvz, ba, grouped) = match host(Role::LinQkvz)? {
-                Some(qkvz) => (qkvz, need(Role::LinBa)?, true),
-                None => {
-                    let (qkv, z) = (need(Role::LinQkv)?, need(Role::LinZ)?);
-                    let (b, a) = (need(Role::LinB)?, need(Role::LinA)?);
-                    let stack = |x: &HostTensor, y: &HostTensor| {
-                        stack_rows(x, y).ok_or_else(|| build_err(format!("cannot stack {x:?} and {y:?}")))
-                    };
-                    (stack(&qkv, &z)?, stack(&b, &a)?, false)
-                }
+            // Qwen3-Next's projections come grouped by key head; Qwen3.5's (and a GGUF
+            // Qwen3-Next's queries, keys and values) apart, stacked here into the same two
+            // products (queries, keys, values, z; then b, a).
+            let stack = |x: Role, y: Role| {
+                let (x, y) = (need(x)?, need(y)?);
+                stack_rows(&x, &y).ok_or_else(|| build_err(format!("cannot stack {x:?} and {y:?}")))
             };
-            let lin = LinearHost::new(
-                &need(Role::LinConv)?,
-                &need(Role::LinALog)?,
-                &need(Role::LinDtBias)?,
-                &need(Role::LinNorm)?,
-                grouped,
-            );
+            let (qkvz, qkvz_grouped) = match host(Role::LinQkvz)? {
+                Some(t) => (t, true),
+                None => (stack(Role::LinQkv, Role::LinZ)?, false),
+            };
+            let (ba, ba_grouped) = match host(Role::LinBa)? {
+                Some(t) => (t, true),
+                None => (stack(Role::LinB, Role::LinA)?, false),
+            };
+            let neg_a = match host(Role::LinNegA)? {
+                Some(t) => t.to_f32_vec(),
+                None => need(Role::LinALog)?.to_f32_vec().iter().map(|a| -a.exp()).collect(),
+            };
+            let lin = LinearHost {
+                conv: need(Role::LinConv)?.to_f32_vec(),
+                neg_a,
+                dt_bias: need(Role::LinDtBias)?.to_f32_vec(),
+                norm: need(Role::LinNorm)?.to_f32_vec(),
+                qkvz_grouped,
+                ba_grouped,
+            };
             MixerWeights::Linear(LinearWeights {
                 qkvz: upload(&qkvz)?,
                 ba: upload(&ba)?,

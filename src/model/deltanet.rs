@@ -21,7 +21,6 @@
 
 use super::config::LinearAttnConfig;
 use crate::backend::Backend;
-use crate::tensor::HostTensor;
 
 /// A linear-attention layer's weights: the projections in the backend's form, the small
 /// per-channel and per-head tensors on the host.
@@ -44,24 +43,12 @@ pub struct LinearHost {
     pub dt_bias: Vec<f32>,
     /// `v_head_dim` weights of the gated norm.
     pub norm: Vec<f32>,
-    /// The projections come grouped by key head (Qwen3-Next: `[q, k, v.., z..]` and
-    /// `[b.., a..]` per key head) rather than each part whole in head order (Qwen3.5:
-    /// `[q, k, v, z]` and `[b, a]`).
-    pub grouped: bool,
-}
-
-impl LinearHost {
-    /// From the checkpoint's `conv1d.weight` (`[conv_dim, 1, taps]`), `A_log`, `dt_bias`
-    /// and `norm.weight`.
-    pub fn new(conv: &HostTensor, a_log: &HostTensor, dt_bias: &HostTensor, norm: &HostTensor, grouped: bool) -> Self {
-        LinearHost {
-            conv: conv.to_f32_vec(),
-            neg_a: a_log.to_f32_vec().iter().map(|a| -a.exp()).collect(),
-            dt_bias: dt_bias.to_f32_vec(),
-            norm: norm.to_f32_vec(),
-            grouped,
-        }
-    }
+    /// The queries, keys, values and `z` come grouped by key head (Qwen3-Next's
+    /// checkpoints: `[q, k, v.., z..]` per key head) rather than each whole in head order
+    /// (Qwen3.5, and a GGUF Qwen3-Next: `[q, k, v, z]`).
+    pub qkvz_grouped: bool,
+    /// `b` and `a` likewise (`[b.., a..]` per key head, or `[b, a]`).
+    pub ba_grouped: bool,
 }
 
 /// `log(1 + e^x)`, linear above 20 as PyTorch's `softplus`.
@@ -81,7 +68,7 @@ fn l2norm(x: &mut [f32]) {
 
 /// Runs `n` consecutive tokens of one sequence through the layer's mixer, from their
 /// projections `qkvz` (`n x (2 key_dim + 2 value_dim)`) and `ba` (`n x 2 n_v_heads`),
-/// laid out as `w.grouped` says,
+/// laid out as `w.qkvz_grouped` and `w.ba_grouped` say,
 /// updating `state` (`la.state_len()` floats, zero for a new sequence) and writing each
 /// token's gated, normalized output (`n x value_dim`) into `out`.
 pub fn mix(
@@ -107,7 +94,7 @@ pub fn mix(
     for t in 0..out.len() / value_dim {
         let row = &qkvz[t * row_len..(t + 1) * row_len];
         // Queries, keys and values head by head into one row; `z` by value head.
-        match w.grouped {
+        match w.qkvz_grouped {
             true => {
                 for g in 0..nk {
                     let src = &row[g * group..(g + 1) * group];
@@ -147,7 +134,7 @@ pub fn mix(
         let o_row = &mut out[t * value_dim..(t + 1) * value_dim];
         for h in 0..nv {
             let g = h / r;
-            let (b, a) = match w.grouped {
+            let (b, a) = match w.ba_grouped {
                 true => (ba_row[g * 2 * r + h % r], ba_row[g * 2 * r + r + h % r]),
                 false => (ba_row[h], ba_row[nv + h]),
             };
@@ -199,13 +186,21 @@ mod tests {
     /// the same bit for bit (the state carries everything between calls).
     #[test]
     fn chunks_give_what_one_pass_gives() {
-        let la = LinearAttnConfig { n_k_heads: 2, n_v_heads: 4, k_head_dim: 8, v_head_dim: 4, conv_kernel: 4 };
+        let la = LinearAttnConfig {
+            n_k_heads: 2,
+            n_v_heads: 4,
+            k_head_dim: 8,
+            v_head_dim: 4,
+            conv_kernel: 4,
+            gguf_layout: false,
+        };
         let w = LinearHost {
             conv: values(la.conv_dim() * 4, 1),
             neg_a: values(4, 2).iter().map(|a| -a.exp()).collect(),
             dt_bias: values(4, 3),
             norm: values(4, 4),
-            grouped: true,
+            qkvz_grouped: true,
+            ba_grouped: true,
         };
         let n = 11;
         let qkvz = values(n * (2 * la.key_dim() + 2 * la.value_dim()), 5);

@@ -11,7 +11,9 @@ use std::path::Path;
 use anyhow::{Context, bail};
 
 use super::ModelSource;
-use super::config::{Ffn, LayerConfig, LayerRope, MAX_EXPERTS, Mixer, ModelConfig, MoeConfig, RopeScaling};
+use super::config::{
+    Ffn, LayerConfig, LayerRope, LinearAttnConfig, MAX_EXPERTS, Mixer, ModelConfig, MoeConfig, RopeScaling,
+};
 use super::gguf_vocab;
 use super::spec::{Arch, ArchSpec, Role};
 use crate::format::gguf::{GgufFile, GgufValue};
@@ -48,9 +50,9 @@ pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
 /// The model config from the GGUF hyperparameters, read as llama.cpp reads each family's.
 pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig> {
     let spec = arch.spec();
-    if matches!(arch, Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe) {
-        // llama.cpp's converter reshapes its linear-attention tensors (`in_proj_qkvz` split
-        // into `attn_qkv` and `attn_gate`, `ssm_a` = -exp(A_log)): not mapped back yet.
+    if matches!(arch, Arch::Qwen35 | Arch::Qwen35Moe) {
+        // llama.cpp's converter reorders Qwen3.5's value heads (grouped by key head to
+        // tiled) in every linear-attention tensor: not mapped back yet.
         bail!("GGUF `{}` models are not supported yet; load the Hugging Face checkpoint instead", spec.gguf_arch);
     }
     let key = |k: &str| format!("{}.{k}", spec.gguf_arch);
@@ -104,7 +106,7 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
     };
     let sliding = swa_layers(f, &key("attention.sliding_window_pattern"), n_layers, default_pattern)?;
     let moe = match arch {
-        Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe => {
+        Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen3Next => {
             let n_experts = required("expert_count")?;
             if n_experts == 0 || n_experts > MAX_EXPERTS {
                 bail!("`{}` {n_experts} is not between 1 and {MAX_EXPERTS}", key("expert_count"));
@@ -122,7 +124,7 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
                 _ => required("expert_feed_forward_length")?,
             };
             let shared_expert_size = match arch {
-                Arch::Qwen2Moe => match size("expert_shared_feed_forward_length")? {
+                Arch::Qwen2Moe | Arch::Qwen3Next => match size("expert_shared_feed_forward_length")? {
                     Some(s) => Some(s),
                     None => f.tensor("blk.0.ffn_gate_shexp.weight").and_then(|t| t.shape.first().copied()),
                 },
@@ -203,6 +205,30 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
         linear_attn: None,
         attn_output_gate: false,
     };
+    if arch == Arch::Qwen3Next {
+        // The gated delta rule: `ssm.group_count` key heads of `ssm.state_size`,
+        // `ssm.time_step_rank` value heads sharing `ssm.inner_size`; which layers are
+        // recurrent by `attention.recurrent_layers`, else every layer but each
+        // `full_attention_interval`-th (llama.cpp's rule).
+        let n_v_heads = required("ssm.time_step_rank")?;
+        let inner = required("ssm.inner_size")?;
+        config.linear_attn = Some(LinearAttnConfig {
+            n_k_heads: required("ssm.group_count")?,
+            n_v_heads,
+            k_head_dim: required("ssm.state_size")?,
+            v_head_dim: inner.checked_div(n_v_heads).unwrap_or(0),
+            conv_kernel: required("ssm.conv_kernel")?,
+            gguf_layout: true,
+        });
+        let recurrent = match f.get(&key("attention.recurrent_layers")) {
+            Some(_) => swa_layers(f, &key("attention.recurrent_layers"), n_layers, 4)?,
+            None => swa_layers(f, &key("full_attention_interval"), n_layers, 4)?,
+        };
+        for (l, r) in config.layers.iter_mut().zip(recurrent) {
+            l.mixer = if r { Mixer::Linear } else { Mixer::Attention };
+        }
+        config.attn_output_gate = true;
+    }
     config.rope_scaling = rope_scaling(f, spec, &config)?;
     config.validate()?;
     Ok(config)
@@ -318,6 +344,13 @@ fn hf_tensors(f: &GgufFile, cfg: &ModelConfig) -> anyhow::Result<HashMap<String,
             }
             continue;
         }
+        if role == Some(Role::LinConv) && t.shape.len() == 2 {
+            // llama.cpp squeezes the convolution's `[channels, 1, taps]` to two dimensions.
+            let mut conv = t.clone();
+            conv.shape = vec![t.shape[0], 1, t.shape[1]];
+            out.insert(hf, conv);
+            continue;
+        }
         if role == Some(Role::SharedExpertGate) && t.shape.len() == 1 {
             // llama.cpp stores the shared expert's gate as a vector; it is one row.
             let mut row = t.clone();
@@ -328,8 +361,9 @@ fn hf_tensors(f: &GgufFile, cfg: &ModelConfig) -> anyhow::Result<HashMap<String,
         let t = match (spec.gguf_qk_permuted, local) {
             (true, Some("attn_q")) => unpermute_rows(t, cfg.n_heads).with_context(|| format!("tensor `{name}`"))?,
             (true, Some("attn_k")) => unpermute_rows(t, cfg.n_kv_heads).with_context(|| format!("tensor `{name}`"))?,
-            // Gemma's norms: GGUF holds `1 + w`, the Hugging Face form `w`.
-            _ if spec.hf_norm_offset && name.ends_with("norm.weight") => {
+            // Gemma's (and Qwen3-Next's) norms: GGUF holds `1 + w`, the Hugging Face form
+            // `w` (not the gated norm of a linear-attention layer, which is plain).
+            _ if spec.hf_norm_offset && name.ends_with("norm.weight") && role.is_none_or(Role::is_norm) => {
                 if t.dtype != crate::tensor::DType::F32 {
                     bail!("tensor `{name}` is {}, expected F32", t.dtype.name());
                 }

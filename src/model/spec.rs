@@ -86,6 +86,8 @@ pub enum Role {
     LinConv,
     /// Each value head's log decay rate (`A_log`).
     LinALog,
+    /// `-exp(A_log)`, as llama.cpp stores it (`ssm_a`).
+    LinNegA,
     /// Each value head's decay bias (`dt_bias`).
     LinDtBias,
     /// The gated RMS norm of each value head's output (a plain weight, never offset).
@@ -225,10 +227,11 @@ static QWEN_MOE: [TensorName; 22] = attention_and_mlp!(
 );
 
 /// Qwen3-Next: Qwen-MoE's names, with gated-delta-rule layers (`linear_attn.*`) in
-/// place of attention on most layers. Their llama.cpp names stand for tensors its
-/// converter reshapes (`ssm_a` is `-exp(A_log)`, `attn_qkv` and `attn_gate` split
-/// `in_proj_qkvz`): GGUF import of this family is refused for now (`gguf_source`).
-static QWEN3_NEXT: [TensorName; 29] = attention_and_mlp!(
+/// place of attention on most layers. llama.cpp's converter splits `in_proj_qkvz` into
+/// `attn_qkv` and `attn_gate` and stores `-exp(A_log)` as `ssm_a`: a GGUF model keeps
+/// those ([`LinearAttnConfig::gguf_layout`]), under names of Strata's making (`A_log`
+/// has no llama.cpp name).
+static QWEN3_NEXT: [TensorName; 32] = attention_and_mlp!(
     t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
     t(Role::FfnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
     t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
@@ -239,10 +242,13 @@ static QWEN3_NEXT: [TensorName; 29] = attention_and_mlp!(
     t(Role::SharedUp, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
     t(Role::SharedDown, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
     t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
-    t(Role::LinQkvz, "linear_attn.in_proj_qkvz.weight", "attn_qkv.weight"),
+    t(Role::LinQkvz, "linear_attn.in_proj_qkvz.weight", "ssm_in.weight"),
+    t(Role::LinQkv, "linear_attn.in_proj_qkv.weight", "attn_qkv.weight"),
+    t(Role::LinZ, "linear_attn.in_proj_z.weight", "attn_gate.weight"),
     t(Role::LinBa, "linear_attn.in_proj_ba.weight", "ssm_ba.weight"),
     t(Role::LinConv, "linear_attn.conv1d.weight", "ssm_conv1d.weight"),
-    t(Role::LinALog, "linear_attn.A_log", "ssm_a"),
+    t(Role::LinALog, "linear_attn.A_log", ""),
+    t(Role::LinNegA, "linear_attn.ssm_a", "ssm_a"),
     t(Role::LinDtBias, "linear_attn.dt_bias", "ssm_dt.bias"),
     t(Role::LinNorm, "linear_attn.norm.weight", "ssm_norm.weight"),
     t(Role::LinOut, "linear_attn.out_proj.weight", "ssm_out.weight"),
@@ -434,21 +440,19 @@ impl ArchSpec {
         let moe = c.layers.get(l).is_some_and(|l| l.ffn == Ffn::Moe);
         let shared = moe && c.moe.is_some_and(|m| m.shared_expert_size.is_some());
         let linear = c.layers.get(l).is_some_and(|l| l.mixer == Mixer::Linear);
+        let gguf = c.linear_attn.is_some_and(|la| la.gguf_layout);
+        // Qwen3.5 always holds its projections apart; Qwen3-Next only from a GGUF.
+        let apart = gguf || self.tensor(Role::LinQkvz).is_none();
         self.tensors.iter().map(|t| t.role).filter(move |r| match r {
             Role::Q | Role::K | Role::V | Role::O | Role::Qkv => !linear,
             Role::QBias | Role::KBias | Role::VBias => bias && !linear,
             Role::QNorm | Role::KNorm => qk_norm && !linear,
-            Role::LinQkvz
-            | Role::LinBa
-            | Role::LinConv
-            | Role::LinALog
-            | Role::LinDtBias
-            | Role::LinNorm
-            | Role::LinOut
-            | Role::LinQkv
-            | Role::LinZ
-            | Role::LinB
-            | Role::LinA => linear,
+            Role::LinQkvz | Role::LinALog => linear && !gguf,
+            Role::LinNegA => linear && gguf,
+            Role::LinQkv | Role::LinZ => linear && apart,
+            Role::LinBa | Role::LinConv | Role::LinDtBias | Role::LinNorm | Role::LinOut | Role::LinB | Role::LinA => {
+                linear
+            }
             Role::Gate | Role::Up | Role::GateUp | Role::Down => !moe,
             Role::Router | Role::ExpertGate | Role::ExpertUp | Role::ExpertDown => moe,
             Role::SharedGate | Role::SharedUp | Role::SharedDown | Role::SharedExpertGate => shared,
@@ -535,6 +539,7 @@ impl Role {
             k_head_dim: 0,
             v_head_dim: 0,
             conv_kernel: 0,
+            gguf_layout: false,
         });
         // Queries and a gate per head, interleaved head by head.
         let q_rows = if c.attn_output_gate { 2 * q } else { q };
@@ -560,7 +565,7 @@ impl Role {
             Role::LinQkvz => vec![2 * la.key_dim() + 2 * la.value_dim(), h],
             Role::LinBa => vec![2 * la.n_v_heads, h],
             Role::LinConv => vec![la.conv_dim(), 1, la.conv_kernel],
-            Role::LinALog | Role::LinDtBias => vec![la.n_v_heads],
+            Role::LinALog | Role::LinNegA | Role::LinDtBias => vec![la.n_v_heads],
             Role::LinNorm => vec![la.v_head_dim],
             Role::LinOut => vec![h, la.value_dim()],
             Role::LinQkv => vec![la.conv_dim(), h],
