@@ -180,20 +180,21 @@ fn a_pass_cancelled_part_way_leaves_a_fresh_state() {
     assert!(got[0] == fresh, "the pass after a cancelled one computes what a fresh cache does");
 }
 
-/// llama.cpp's conversion of the Qwen3-Next fixture (its tensors reshaped: queries, keys
-/// and values apart from `z`, `-exp(A_log)`, norms as `1 + w`) computes what the
-/// checkpoint does.
+/// llama.cpp's conversions of the fixtures (their tensors reshaped: queries, keys and
+/// values apart from `z`, `-exp(A_log)`, norms as `1 + w`; Qwen3.5's value heads tiled)
+/// compute what the checkpoints do.
 #[test]
-fn the_gguf_conversion_computes_what_the_checkpoint_does() {
-    let r = reference("qwen3_next");
-    let gguf =
-        Engine::load(&fixture("gguf/qwen3_next.f32.gguf"), &RunOptions { threads: 2, ..Default::default() }).unwrap();
-    assert!(gguf.model.config().linear_attn.is_some_and(|la| la.gguf_layout));
-    let (a, b) = (
-        logits_in_chunks(&engine("qwen3_next"), &r.long_prompt.ids, 16),
-        logits_in_chunks(&gguf, &r.long_prompt.ids, 16),
-    );
-    let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-    eprintln!("GGUF against the checkpoint: max |Δ logit| {d:.2e}");
-    assert!(d <= 1e-4, "GGUF against the checkpoint: |Δ logit| {d}");
+fn the_gguf_conversions_compute_what_the_checkpoints_do() {
+    for name in MODELS {
+        let r = reference(name);
+        let path = fixture(&format!("gguf/{name}.f32.gguf"));
+        let gguf = Engine::load(&path, &RunOptions { threads: 2, ..Default::default() }).unwrap();
+        let la = gguf.model.config().linear_attn.unwrap();
+        assert!(la.gguf_layout && la.v_tiled == (name != "qwen3_next"), "{name}");
+        let ids = &r.long_prompt.ids;
+        let (a, b) = (logits_in_chunks(&engine(name), ids, 16), logits_in_chunks(&gguf, ids, 16));
+        let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        eprintln!("{name}: GGUF against the checkpoint: max |Δ logit| {d:.2e}");
+        assert!(d <= 1e-4, "{name}: GGUF against the checkpoint: |Δ logit| {d}");
+    }
 }

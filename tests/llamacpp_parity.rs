@@ -17,7 +17,7 @@ use strata::model::decoder::SeqStep;
 
 /// Every fixture variant: `<model>` is the F32 file, `<model>.<type>` a llama.cpp
 /// quantization of it (`f16` or a quantized type).
-const VARIANTS: [&str; 28] = [
+const VARIANTS: [&str; 30] = [
     "llama3",
     "llama3.f16",
     "llama3.q8_0",
@@ -49,6 +49,8 @@ const VARIANTS: [&str; 28] = [
     "qwen3_moe.q8_0",
     // tools/make_hybrid_fixtures.py (converted with --no-mtp)
     "qwen3_next.f32",
+    "qwen3_5.f32",
+    "qwen3_5_moe.f32",
 ];
 
 /// F32 weights: only summation order (and llama.cpp's own kernels) differ.

@@ -89,9 +89,13 @@ fn check_bit_identical(spec: &str) {
 
 #[test]
 fn gguf_moe_models_stream_bit_identically() {
-    for f in
-        ["gguf/mixtral.f32.gguf", "gguf/qwen2_moe.q8_0.gguf", "gguf/qwen3_moe.f32.gguf", "gguf/qwen3_next.f32.gguf"]
-    {
+    for f in [
+        "gguf/mixtral.f32.gguf",
+        "gguf/qwen2_moe.q8_0.gguf",
+        "gguf/qwen3_moe.f32.gguf",
+        "gguf/qwen3_next.f32.gguf",
+        "gguf/qwen3_5_moe.f32.gguf",
+    ] {
         check_bit_identical(&fixture(f));
     }
 }

@@ -122,7 +122,8 @@ EOF
   done
 
   echo "== MoE models with streamed experts (budget 0, a device expert cache of 25%), cuda:0 against cpu"
-  for model in tests/fixtures/gguf/*moe*.gguf tests/fixtures/gguf/mixtral*.gguf tests/fixtures/hf/*moe*/ tests/fixtures/hf/mixtral/; do
+  for model in tests/fixtures/gguf/*moe*.gguf tests/fixtures/gguf/mixtral*.gguf tests/fixtures/gguf/qwen3_next*.gguf \
+    tests/fixtures/hf/*moe*/ tests/fixtures/hf/mixtral/ tests/fixtures/hf/qwen3_next/; do
     local name
     name=$(basename "$model")
     timeout 60 "$bin" perplexity "$model" --tokens-file "$ids" --json --kv-type f32 --device cuda:0 --memory-budget 0 --expert-cache 25% \

@@ -29,16 +29,16 @@ Model (hidden 64, 4 layers, vocab = the tiny tokenizer's exact size, untied embe
                no dense layers; qwen3_5 below is dense throughout). RMS norms scale by 1 + w (zero-centred weights redrawn as
                make_fixtures does: w ~ 1 + N(0, 0.1)); the gated norm's weight is plain. Template
                Qwen-Qwen3-0.6B.jinja (the Qwen3 family template, as Qwen3-Next's).
-qwen3_next also as GGUF: llama.cpp's convert_hf_to_gguf.py --no-mtp (the tiny checkpoint has no multi-token-prediction
-layers, which the converter otherwise expects of Qwen3-Next) --outtype f32, run as tools/make_arch_fixtures.py runs it,
-into tests/fixtures/gguf/qwen3_next.f32.gguf, with llama.cpp's view (qwen3_next.f32.llamacpp.json, schema of
-tools/make_moe_fixtures.py: F32 KV cache, CPU, 2 threads). No Q8_0 variant: llama.cpp's own Q8_0 quantization of this
-tiny model moves its log-probs by up to 2.2 (top-1 agreement 0.52 with transformers), no reference to hold Strata to.
-The fixture is 2.2 MB (the checkpoint and its F32 GGUF), over the 1.5 MB of the other MoE fixtures.
+Each also as GGUF: llama.cpp's convert_hf_to_gguf.py --no-mtp (the tiny checkpoints have no multi-token-prediction
+layers, which the converter otherwise expects of these families) --outtype f32, run as tools/make_arch_fixtures.py runs
+it, into tests/fixtures/gguf/<name>.f32.gguf, with llama.cpp's view (<name>.f32.llamacpp.json, schema of
+tools/make_moe_fixtures.py: F32 KV cache, CPU, 2 threads). No Q8_0 variant: llama.cpp's own Q8_0 quantization of the
+tiny qwen3_next moves its log-probs by up to 2.2 (top-1 agreement 0.52 with transformers), no reference to hold Strata
+to. Each fixture is 2 to 2.5 MB (the checkpoint and its F32 GGUF), over the 1.5 MB of the other MoE fixtures.
 The converter reshapes the linear-attention tensors: in_proj_qkvz becomes attn_qkv (all queries, all keys, all values)
 and attn_gate (z); A_log is stored as ssm_a = -exp(A_log); RMS norm weights as 1 + w (not the gated norm's).
-The Qwen3.5 fixtures have no GGUF: llama.cpp's converter also reorders their value heads (grouped to tiled), which
-Strata does not map back yet.
+For Qwen3.5 the converter also reorders the value heads (grouped by key head to tiled). Qwen3.5's configs carry
+"mrope_section" [1, 1, 0] (see model_specs).
 """
 
 import json
@@ -82,11 +82,16 @@ def model_specs(V, ids):
                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
                   tie_word_embeddings=False, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
                   pad_token_id=ids["<|endoftext|>"])
+    # Qwen3.5's RoPE is multimodal (sections of the rotary pairs follow time, height and width positions, all one
+    # position for text); llama.cpp requires the sections to fit the rotary dimensions (4 here: 2 pairs) and its
+    # converter writes Qwen3.5's default [11, 11, 10] when the config has none.
+    qwen35_rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                   "mrope_section": [1, 1, 0]}
     qwen35_arch = ["layer_types", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                    "linear_value_head_dim", "linear_conv_kernel_dim", "rope_parameters", "tie_word_embeddings",
                    "rms_norm_eps"]
     partial = {"partial_rotary_factor": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                                             "partial_rotary_factor": 0.5}}}
+                                                             "partial_rotary_factor": 0.5, "mrope_section": [2, 2, 0]}}}
     return [
         dict(
             name="qwen3_next",
@@ -141,19 +146,21 @@ def model_specs(V, ids):
         dict(
             name="qwen3_5",
             cls=Qwen3_5ForCausalLM,
-            cfg=Qwen3_5TextConfig(**hybrid, intermediate_size=64),
+            cfg=Qwen3_5TextConfig(**{**hybrid, "rope_parameters": qwen35_rope}, intermediate_size=64),
             tok=qwen_tok,
             template=maf.read_template("Qwen-Qwen3-0.6B.jinja"),
             template_source="llama.cpp models/templates/Qwen-Qwen3-0.6B.jinja",
             gen=qwen_gen,
             arch=qwen35_arch,
             knobs=partial,
+            gguf=True,
+            max_bytes=2_500_000,
         ),
         dict(
             name="qwen3_5_moe",
             cls=Qwen3_5MoeForCausalLM,
-            cfg=Qwen3_5MoeTextConfig(**hybrid, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
-                                     shared_expert_intermediate_size=32),
+            cfg=Qwen3_5MoeTextConfig(**{**hybrid, "rope_parameters": qwen35_rope}, num_experts=8, num_experts_per_tok=2,
+                                     moe_intermediate_size=16, shared_expert_intermediate_size=32),
             tok=qwen_tok,
             template=maf.read_template("Qwen-Qwen3-0.6B.jinja"),
             template_source="llama.cpp models/templates/Qwen-Qwen3-0.6B.jinja",
@@ -161,6 +168,8 @@ def model_specs(V, ids):
             arch=qwen35_arch + ["num_experts", "num_experts_per_tok", "moe_intermediate_size",
                                 "shared_expert_intermediate_size"],
             knobs={**partial, "num_experts_per_tok": {"num_experts_per_tok": 1}},
+            gguf=True,
+            max_bytes=3_000_000,
         ),
     ]
 

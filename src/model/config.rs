@@ -87,6 +87,11 @@ pub struct LinearAttnConfig {
     /// (`in_proj_qkv`, `in_proj_z`), and `-exp(A_log)` (`ssm_a`) in place of `A_log`.
     /// Written to `config.json` as `strata_gguf_linear_layout`.
     pub gguf_layout: bool,
+    /// The value heads come in tiled order (a GGUF Qwen3.5: llama.cpp's converter puts
+    /// value head `j` of key head `g` at `j * n_k_heads + g`, so that value head `h`
+    /// reads key head `h % n_k_heads`), not grouped by key head (`h / (n_v / n_k)`).
+    /// Written to `config.json` as `strata_linear_v_tiled`.
+    pub v_tiled: bool,
 }
 
 impl LinearAttnConfig {
@@ -258,6 +263,7 @@ impl ModelConfig {
                 v_head_dim: usize_field(&v, "linear_value_head_dim")?,
                 conv_kernel: opt_usize(&v, "linear_conv_kernel_dim").unwrap_or(4),
                 gguf_layout: flag("strata_gguf_linear_layout"),
+                v_tiled: flag("strata_linear_v_tiled"),
             }),
             false => None,
         };
@@ -431,6 +437,9 @@ impl ModelConfig {
             c["linear_conv_kernel_dim"] = json!(la.conv_kernel);
             if la.gguf_layout {
                 c["strata_gguf_linear_layout"] = json!(true);
+            }
+            if la.v_tiled {
+                c["strata_linear_v_tiled"] = json!(true);
             }
             let kinds: Vec<&str> = self
                 .layers

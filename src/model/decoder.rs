@@ -325,6 +325,7 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
                 norm: need(Role::LinNorm)?.to_f32_vec(),
                 qkvz_grouped,
                 ba_grouped,
+                v_tiled: c.linear_attn.is_some_and(|la| la.v_tiled),
             };
             MixerWeights::Linear(LinearWeights {
                 qkvz: upload(&qkvz)?,

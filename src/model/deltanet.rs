@@ -49,6 +49,9 @@ pub struct LinearHost {
     pub qkvz_grouped: bool,
     /// `b` and `a` likewise (`[b.., a..]` per key head, or `[b, a]`).
     pub ba_grouped: bool,
+    /// Value head `h` reads key head `h % n_k_heads` (tiled) rather than
+    /// `h / (n_v / n_k)` ([`LinearAttnConfig::v_tiled`]).
+    pub v_tiled: bool,
 }
 
 /// `log(1 + e^x)`, linear above 20 as PyTorch's `softplus`.
@@ -133,7 +136,7 @@ pub fn mix(
         let ba_row = &ba[t * 2 * nv..(t + 1) * 2 * nv];
         let o_row = &mut out[t * value_dim..(t + 1) * value_dim];
         for h in 0..nv {
-            let g = h / r;
+            let g = if w.v_tiled { h % nk } else { h / r };
             let (b, a) = match w.ba_grouped {
                 true => (ba_row[g * 2 * r + h % r], ba_row[g * 2 * r + r + h % r]),
                 false => (ba_row[h], ba_row[nv + h]),
@@ -193,6 +196,7 @@ mod tests {
             v_head_dim: 4,
             conv_kernel: 4,
             gguf_layout: false,
+            v_tiled: false,
         };
         let w = LinearHost {
             conv: values(la.conv_dim() * 4, 1),
@@ -201,6 +205,7 @@ mod tests {
             norm: values(4, 4),
             qkvz_grouped: true,
             ba_grouped: true,
+            v_tiled: false,
         };
         let n = 11;
         let qkvz = values(n * (2 * la.key_dim() + 2 * la.value_dim()), 5);

@@ -50,11 +50,6 @@ pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
 /// The model config from the GGUF hyperparameters, read as llama.cpp reads each family's.
 pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig> {
     let spec = arch.spec();
-    if matches!(arch, Arch::Qwen35 | Arch::Qwen35Moe) {
-        // llama.cpp's converter reorders Qwen3.5's value heads (grouped by key head to
-        // tiled) in every linear-attention tensor: not mapped back yet.
-        bail!("GGUF `{}` models are not supported yet; load the Hugging Face checkpoint instead", spec.gguf_arch);
-    }
     let key = |k: &str| format!("{}.{k}", spec.gguf_arch);
     let u64_of = |k: &str| -> anyhow::Result<Option<u64>> {
         match f.get(&key(k)) {
@@ -106,7 +101,7 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
     };
     let sliding = swa_layers(f, &key("attention.sliding_window_pattern"), n_layers, default_pattern)?;
     let moe = match arch {
-        Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen3Next => {
+        Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35Moe => {
             let n_experts = required("expert_count")?;
             if n_experts == 0 || n_experts > MAX_EXPERTS {
                 bail!("`{}` {n_experts} is not between 1 and {MAX_EXPERTS}", key("expert_count"));
@@ -124,10 +119,12 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
                 _ => required("expert_feed_forward_length")?,
             };
             let shared_expert_size = match arch {
-                Arch::Qwen2Moe | Arch::Qwen3Next => match size("expert_shared_feed_forward_length")? {
-                    Some(s) => Some(s),
-                    None => f.tensor("blk.0.ffn_gate_shexp.weight").and_then(|t| t.shape.first().copied()),
-                },
+                Arch::Qwen2Moe | Arch::Qwen3Next | Arch::Qwen35Moe => {
+                    match size("expert_shared_feed_forward_length")? {
+                        Some(s) => Some(s),
+                        None => f.tensor("blk.0.ffn_gate_shexp.weight").and_then(|t| t.shape.first().copied()),
+                    }
+                }
                 _ => None,
             };
             // llama.cpp's graphs fix this per family (its `build_moe_ffn(..., norm_w)`).
@@ -180,7 +177,11 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
     let mut config = ModelConfig {
         arch,
         hidden_size: hidden,
-        intermediate_size: required("feed_forward_length")?,
+        // Qwen3.5-MoE has no dense MLP (every layer routes), and no length for one.
+        intermediate_size: match arch {
+            Arch::Qwen35Moe => size("feed_forward_length")?.unwrap_or(0),
+            _ => required("feed_forward_length")?,
+        },
         n_layers,
         n_heads,
         n_kv_heads,
@@ -205,7 +206,7 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
         linear_attn: None,
         attn_output_gate: false,
     };
-    if arch == Arch::Qwen3Next {
+    if matches!(arch, Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe) {
         // The gated delta rule: `ssm.group_count` key heads of `ssm.state_size`,
         // `ssm.time_step_rank` value heads sharing `ssm.inner_size`; which layers are
         // recurrent by `attention.recurrent_layers`, else every layer but each
@@ -219,6 +220,8 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
             v_head_dim: inner.checked_div(n_v_heads).unwrap_or(0),
             conv_kernel: required("ssm.conv_kernel")?,
             gguf_layout: true,
+            // llama.cpp's converter tiles Qwen3.5's value heads (not Qwen3-Next's).
+            v_tiled: arch != Arch::Qwen3Next,
         });
         let recurrent = match f.get(&key("attention.recurrent_layers")) {
             Some(_) => swa_layers(f, &key("attention.recurrent_layers"), n_layers, 4)?,

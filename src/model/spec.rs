@@ -258,8 +258,8 @@ static QWEN3_NEXT: [TensorName; 32] = attention_and_mlp!(
 );
 
 /// Qwen3.5 (dense and MoE): Qwen3-Next's layers with the linear-attention projections
-/// apart (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`). GGUF import is refused
-/// for now, as for Qwen3-Next.
+/// apart (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`). A GGUF keeps llama.cpp's
+/// layout ([`LinearAttnConfig::gguf_layout`], [`LinearAttnConfig::v_tiled`]).
 macro_rules! qwen35_linear {
     ($($extra:expr),* $(,)?) => {
         attention_and_mlp!(
@@ -271,7 +271,8 @@ macro_rules! qwen35_linear {
             t(Role::LinB, "linear_attn.in_proj_b.weight", "ssm_beta.weight"),
             t(Role::LinA, "linear_attn.in_proj_a.weight", "ssm_alpha.weight"),
             t(Role::LinConv, "linear_attn.conv1d.weight", "ssm_conv1d.weight"),
-            t(Role::LinALog, "linear_attn.A_log", "ssm_a"),
+            t(Role::LinALog, "linear_attn.A_log", ""),
+            t(Role::LinNegA, "linear_attn.ssm_a", "ssm_a"),
             t(Role::LinDtBias, "linear_attn.dt_bias", "ssm_dt.bias"),
             t(Role::LinNorm, "linear_attn.norm.weight", "ssm_norm.weight"),
             t(Role::LinOut, "linear_attn.out_proj.weight", "ssm_out.weight"),
@@ -279,9 +280,9 @@ macro_rules! qwen35_linear {
     };
 }
 
-static QWEN35: [TensorName; 20] = qwen35_linear!();
+static QWEN35: [TensorName; 21] = qwen35_linear!();
 
-static QWEN35_MOE: [TensorName; 28] = qwen35_linear!(
+static QWEN35_MOE: [TensorName; 29] = qwen35_linear!(
     t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
     t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
     t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
@@ -540,6 +541,7 @@ impl Role {
             v_head_dim: 0,
             conv_kernel: 0,
             gguf_layout: false,
+            v_tiled: false,
         });
         // Queries and a gate per head, interleaved head by head.
         let q_rows = if c.attn_output_gate { 2 * q } else { q };
