@@ -45,6 +45,10 @@ pub struct Sequence {
     outbox: Vec<TokenEvent>,
     /// Why it ended early, when its own text went wrong.
     error: Option<GenerateError>,
+    /// A hybrid model's linear-attention state as its prompt left it (taken when the
+    /// prompt's last chunk ran), for [`into_cache`](Self::into_cache): that state cannot
+    /// be cut back from the one after the answer.
+    prompt_state: Option<(usize, Vec<Vec<f32>>)>,
 }
 
 /// What one step feeds a sequence: a prompt chunk (`true` when it ends the prompt) or
@@ -81,7 +85,8 @@ impl Sequence {
         let keep = common.min(req.prompt.len().saturating_sub(2)).min(cache.len());
         cache.truncate(keep);
         // A linear-attention (hybrid) cache cannot go back: it may have emptied itself.
-        cached.truncate(cache.len());
+        let fed = cache.len();
+        cached.truncate(fed);
         let constraint = match &req.grammar {
             Some(spec) => Some(Constraint::new(spec, engine.token_env()?).map_err(GenerateError::Grammar)?),
             None => None,
@@ -90,7 +95,7 @@ impl Sequence {
         Ok(Sequence {
             cache,
             tokens: cached,
-            fed: keep,
+            fed,
             // A grammar may allow only tokens far down the list: it needs every logit.
             cut: match constraint {
                 Some(_) => None,
@@ -109,6 +114,7 @@ impl Sequence {
             decode: Duration::ZERO,
             outbox: Vec::new(),
             error: None,
+            prompt_state: None,
             req,
         })
     }
@@ -166,10 +172,14 @@ impl Sequence {
     /// prompt's only. The generated tokens' keys and values came from the decode kernel;
     /// a prompt that contains them runs them again, so that it computes exactly what it
     /// would on a fresh cache. (A hybrid model's linear-attention state cannot be cut
-    /// back to the prompt: its cache comes back empty once it generated.)
+    /// back to the prompt: the state the prompt left is put back instead, or the cache
+    /// comes back empty when there is none.)
     pub fn into_cache(mut self) -> (KvCache, Vec<u32>) {
         let prompt = self.fed.min(self.tokens.len());
-        self.cache.truncate(prompt);
+        match self.prompt_state.take() {
+            Some((len, states)) if len == prompt => self.cache.restore_states(len, states),
+            _ => self.cache.truncate(prompt),
+        }
         self.tokens.truncate(self.cache.len());
         (self.cache, self.tokens)
     }
@@ -417,6 +427,7 @@ pub fn step(
                 if !last {
                     continue;
                 }
+                seq.prompt_state = seq.cache.states_snapshot().map(|s| (seq.fed, s));
             }
             _ => seq.pending = None,
         }

@@ -110,6 +110,28 @@ impl KvCache {
         self.position_bytes
     }
 
+    /// A copy of its linear-attention state (`None` for a cache of attention layers
+    /// only), to [`restore_states`](Self::restore_states) later.
+    pub fn states_snapshot(&self) -> Option<Vec<Vec<f32>>> {
+        self.states.iter().any(|s| !s.is_empty()).then(|| self.states.clone())
+    }
+
+    /// Goes back to `len` positions with the linear-attention state a
+    /// [`states_snapshot`](Self::states_snapshot) took there (the keys and values
+    /// before `len` are still the cache's own). A snapshot of another shape, or a `len`
+    /// past the cache's, empties it instead.
+    pub fn restore_states(&mut self, len: usize, states: Vec<Vec<f32>>) {
+        let fits =
+            states.len() == self.states.len() && states.iter().zip(&self.states).all(|(a, b)| a.len() == b.len());
+        match fits && len <= self.len {
+            true => {
+                self.states = states;
+                self.len = len;
+            }
+            false => self.truncate(0),
+        }
+    }
+
     /// Empties a cache whose linear-attention state went further than its length (a
     /// pass that failed part way); a cache of attention layers only is left as it is.
     fn forget_states(&mut self) {
