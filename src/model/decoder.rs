@@ -1,7 +1,9 @@
-//! The dense decoder: grouped-query attention with rotary embeddings and a gated MLP,
-//! written against the backend ops, for every family its spec ([`super::spec`])
-//! describes (Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3, OLMo 2, Granite, SmolLM3).
-//! Layer weights come from the scheduler, one layer at a time.
+//! The decoder: grouped-query attention with rotary embeddings (or, in the hybrid
+//! families, the gated delta rule of [`super::deltanet`] on most layers) and a gated MLP
+//! or routed experts, written against the backend ops, for every family its spec
+//! ([`super::spec`]) describes (Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3, OLMo 2,
+//! Granite, SmolLM3, the MoE and the hybrid families). Layer weights come from the
+//! scheduler, one layer at a time.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex};
@@ -31,7 +33,7 @@ pub struct LayerWeights<B: Backend> {
 /// How a layer mixes tokens ([`Mixer`]).
 pub enum MixerWeights<B: Backend> {
     Attention(AttnWeights<B>),
-    /// The gated delta rule (Qwen3-Next's linear layers).
+    /// The gated delta rule (Qwen3-Next's and Qwen3.5's linear layers).
     Linear(LinearWeights<B>),
 }
 
@@ -145,9 +147,8 @@ impl KvCache {
     /// A cache with linear-attention state cannot go back: a shorter `len` empties it
     /// (check [`len`](Self::len) afterwards).
     pub fn truncate(&mut self, len: usize) {
-        if len < self.len && self.states.iter().any(|s| !s.is_empty()) {
-            self.states.iter_mut().for_each(|s| s.fill(0.0));
-            self.len = 0;
+        if len < self.len {
+            self.forget_states();
         }
         self.len = self.len.min(len);
     }

@@ -1,11 +1,12 @@
-//! The gated delta rule: Qwen3-Next's linear attention. A layer of this kind keeps, per
+//! The gated delta rule: the linear attention of Qwen3-Next and Qwen3.5. A layer of this
+//! kind keeps, per
 //! sequence, a fixed-size state instead of a KV cache: the last `conv_kernel - 1` inputs
 //! of its causal convolution and, per value head, a `k_head_dim x v_head_dim` matrix `S`.
 //! Each token
 //!
-//! 1. projects to queries, keys, values and an output gate `z` (`in_proj_qkvz`, grouped
-//!    by key head: `[q, k, v.., z..]` per key head) and to `beta` and `a` per value head
-//!    (`in_proj_ba`, grouped likewise);
+//! 1. projects to queries, keys, values and an output gate `z`, and to `beta` and `a` per
+//!    value head (Qwen3-Next's checkpoints group both by key head; Qwen3.5's and the GGUF
+//!    files hold each part whole: [`LinearHost`]);
 //! 2. runs queries, keys and values through the depthwise causal convolution and SiLU;
 //! 3. L2-normalizes each query and key head, scales queries by `k_head_dim^-1/2`;
 //! 4. per value head `h` (key head `h / (n_v / n_k)`), with `decay = exp(g)`,
