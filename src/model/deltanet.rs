@@ -20,6 +20,8 @@
 //! in f32, as transformers' recurrent form does (its chunked form for prefill is the same
 //! function in another order).
 
+use rayon::prelude::*;
+
 use super::config::LinearAttnConfig;
 use crate::backend::Backend;
 
@@ -93,7 +95,6 @@ pub fn mix(
     let mut mixed = vec![0.0f32; conv_dim];
     let mut z = vec![0.0f32; value_dim];
     let mut conv_out = vec![0.0f32; conv_dim];
-    let mut kv_mem = vec![0.0f32; dv];
     let scale = (dk as f32).powf(-0.5);
     for t in 0..out.len() / value_dim {
         let row = &qkvz[t * row_len..(t + 1) * row_len];
@@ -136,7 +137,10 @@ pub fn mix(
         q.iter_mut().for_each(|x| *x *= scale);
         let ba_row = &ba[t * 2 * nv..(t + 1) * 2 * nv];
         let o_row = &mut out[t * value_dim..(t + 1) * value_dim];
-        for h in 0..nv {
+        let (q, k, v, z) = (&*q, &*k, &*v, &z);
+        // Each value head on its own (the heads share nothing but q and k), on the pool
+        // the forward pass runs on.
+        let head = |(h, (s, oh)): (usize, (&mut [f32], &mut [f32]))| {
             let g = if w.v_tiled { h % nk } else { h / r };
             let (b, a) = match w.ba_grouped {
                 true => (ba_row[g * 2 * r + h % r], ba_row[g * 2 * r + r + h % r]),
@@ -145,28 +149,27 @@ pub fn mix(
             let beta = 1.0 / (1.0 + (-b).exp());
             let decay = (w.neg_a[h] * softplus(a + w.dt_bias[h])).exp();
             let (qh, kh, vh) = (&q[g * dk..(g + 1) * dk], &k[g * dk..(g + 1) * dk], &v[h * dv..(h + 1) * dv]);
-            let s = &mut s_all[h * dk * dv..(h + 1) * dk * dv];
-            s.iter_mut().for_each(|x| *x *= decay);
-            kv_mem.fill(0.0);
+            // delta = beta * (v - (decay S)^T k), with decay applied to each element as read.
+            let mut delta = vec![0.0f32; dv];
             for (i, &ki) in kh.iter().enumerate() {
-                kv_mem.iter_mut().zip(&s[i * dv..(i + 1) * dv]).for_each(|(m, &sij)| *m += sij * ki);
+                delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]).for_each(|(m, &sij)| *m += (sij * decay) * ki);
             }
-            // kv_mem becomes delta = beta * (v - S^T k).
-            kv_mem.iter_mut().zip(vh).for_each(|(m, &vj)| *m = (vj - *m) * beta);
-            for (i, &ki) in kh.iter().enumerate() {
-                s[i * dv..(i + 1) * dv].iter_mut().zip(&kv_mem).for_each(|(sij, &d)| *sij += ki * d);
-            }
-            let oh = &mut o_row[h * dv..(h + 1) * dv];
+            delta.iter_mut().zip(vh).for_each(|(m, &vj)| *m = (vj - *m) * beta);
+            // S = decay S + k delta^T, and o = S^T q, in one pass over S.
             oh.fill(0.0);
-            for (i, &qi) in qh.iter().enumerate() {
-                oh.iter_mut().zip(&s[i * dv..(i + 1) * dv]).for_each(|(o, &sij)| *o += sij * qi);
+            for (i, (&ki, &qi)) in kh.iter().zip(qh).enumerate() {
+                for ((sij, &d), o) in s[i * dv..(i + 1) * dv].iter_mut().zip(&delta).zip(oh.iter_mut()) {
+                    *sij = *sij * decay + ki * d;
+                    *o += *sij * qi;
+                }
             }
             // The gated RMS norm.
             let inv = 1.0 / (oh.iter().map(|x| x * x).sum::<f32>() / dv as f32 + eps).sqrt();
             for ((o, &nw), &zj) in oh.iter_mut().zip(&w.norm).zip(&z[h * dv..(h + 1) * dv]) {
                 *o = nw * (*o * inv) * silu(zj);
             }
-        }
+        };
+        s_all.par_chunks_mut(dk * dv).zip(o_row.par_chunks_mut(dv)).enumerate().for_each(head);
     }
 }
 
