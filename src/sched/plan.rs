@@ -236,6 +236,30 @@ pub struct PlanSummary {
     pub resident_layers: String,
     pub resident_count: usize,
     pub streamed_count: usize,
+    /// The layers by the size of their unit (a MoE layer's core: its routed experts are
+    /// units of their own), smallest layer first in each: a hybrid model's linear-attention
+    /// and attention layers differ, as do the layers of a file that mixes quantizations.
+    pub layer_sizes: Vec<LayerSize>,
+}
+
+/// Layers whose units are `bytes` each.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct LayerSize {
+    pub bytes: u64,
+    /// As compact ranges, e.g. `"0-2,4-6"`.
+    pub layers: String,
+}
+
+/// Layer indices grouped by their byte size, in order of each size's first layer.
+fn layer_sizes(layer_bytes: &[u64]) -> Vec<LayerSize> {
+    let mut sizes: Vec<(u64, Vec<usize>)> = Vec::new();
+    for (l, &b) in layer_bytes.iter().enumerate() {
+        match sizes.iter_mut().find(|(s, _)| *s == b) {
+            Some((_, layers)) => layers.push(l),
+            None => sizes.push((b, vec![l])),
+        }
+    }
+    sizes.into_iter().map(|(bytes, layers)| LayerSize { bytes, layers: format_ranges(&layers) }).collect()
 }
 
 impl ResidencyPlan {
@@ -352,6 +376,7 @@ impl ResidencyPlan {
             resident_layers: format_ranges(&resident),
             resident_count: resident.len(),
             streamed_count: self.n_layers() - resident.len(),
+            layer_sizes: layer_sizes(&self.layer_bytes),
         }
     }
 
@@ -759,5 +784,13 @@ mod tests {
         assert_eq!(json["resident_bytes"], 110);
         assert_eq!(json["budget_bytes"], 110);
         assert_eq!(json["streamed_count"], 21);
+        assert_eq!(json["layer_sizes"], serde_json::json!([{"bytes": 10, "layers": "0-31"}]));
+        // Two kinds of layer (a hybrid model's): each size with its layers.
+        let plan = ResidencyPlan::new(vec![7, 7, 7, 12, 7, 7, 7, 12], 0);
+        let sizes = plan.summary().layer_sizes;
+        assert_eq!(
+            sizes,
+            [LayerSize { bytes: 7, layers: "0-2,4-6".into() }, LayerSize { bytes: 12, layers: "3,7".into() }]
+        );
     }
 }
