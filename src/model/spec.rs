@@ -208,89 +208,79 @@ static MIXTRAL: [TensorName; 18] = attention_and_mlp!(
     t(Role::ExpertDown, "block_sparse_moe.experts.*.w2.weight", "ffn_down_exps.weight"),
 );
 
+/// Llama's attention and MLP names with Qwen-MoE's router, routed experts under
+/// `mlp.experts.*` and shared expert, and `$extra` entries.
+macro_rules! qwen_moe {
+    ($($extra:expr),* $(,)?) => {
+        attention_and_mlp!(
+            t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
+            t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
+            t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
+            t(Role::ExpertDown, "mlp.experts.*.down_proj.weight", "ffn_down_exps.weight"),
+            t(Role::SharedGate, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+            t(Role::SharedUp, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+            t(Role::SharedDown, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+            t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+            $($extra,)*
+        )
+    };
+}
+
 /// Qwen2-MoE and Qwen3-MoE: Llama's names, routed experts under `mlp.experts.*`, a
 /// shared expert (Qwen2-MoE), and dense MLPs in the layers that do not route.
-static QWEN_MOE: [TensorName; 22] = attention_and_mlp!(
+static QWEN_MOE: [TensorName; 22] = qwen_moe!(
     t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
     t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
     t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
     t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
     t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
-    t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
-    t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
-    t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
-    t(Role::ExpertDown, "mlp.experts.*.down_proj.weight", "ffn_down_exps.weight"),
-    t(Role::SharedGate, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
-    t(Role::SharedUp, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
-    t(Role::SharedDown, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
-    t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
 );
 
-/// Qwen3-Next: Qwen-MoE's names, with gated-delta-rule layers (`linear_attn.*`) in
-/// place of attention on most layers. llama.cpp's converter splits `in_proj_qkvz` into
-/// `attn_qkv` and `attn_gate` and stores `-exp(A_log)` as `ssm_a`: a GGUF model keeps
-/// those ([`LinearAttnConfig::gguf_layout`]), under names of Strata's making (`A_log`
-/// has no llama.cpp name).
-static QWEN3_NEXT: [TensorName; 32] = attention_and_mlp!(
-    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
-    t(Role::FfnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
-    t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
-    t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
-    t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
-    t(Role::ExpertDown, "mlp.experts.*.down_proj.weight", "ffn_down_exps.weight"),
-    t(Role::SharedGate, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
-    t(Role::SharedUp, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
-    t(Role::SharedDown, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
-    t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
-    t(Role::LinQkvz, "linear_attn.in_proj_qkvz.weight", "ssm_in.weight"),
-    t(Role::LinQkv, "linear_attn.in_proj_qkv.weight", "attn_qkv.weight"),
-    t(Role::LinZ, "linear_attn.in_proj_z.weight", "attn_gate.weight"),
-    t(Role::LinBa, "linear_attn.in_proj_ba.weight", "ssm_ba.weight"),
-    t(Role::LinConv, "linear_attn.conv1d.weight", "ssm_conv1d.weight"),
-    t(Role::LinALog, "linear_attn.A_log", ""),
-    t(Role::LinNegA, "linear_attn.ssm_a", "ssm_a"),
-    t(Role::LinDtBias, "linear_attn.dt_bias", "ssm_dt.bias"),
-    t(Role::LinNorm, "linear_attn.norm.weight", "ssm_norm.weight"),
-    t(Role::LinOut, "linear_attn.out_proj.weight", "ssm_out.weight"),
-    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
-    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
-    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
-);
-
-/// Qwen3.5 (dense and MoE): Qwen3-Next's layers with the linear-attention projections
-/// apart (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`). A GGUF keeps llama.cpp's
-/// layout ([`LinearAttnConfig::gguf_layout`], [`LinearAttnConfig::v_tiled`]).
-macro_rules! qwen35_linear {
-    ($($extra:expr),* $(,)?) => {
-        attention_and_mlp!(
-            $($extra,)*
+/// The hybrid families' names: `$base`'s (attention and MLP, with or without Qwen-MoE's
+/// experts), their norms, the gated-delta-rule layers' (`linear_attn.*`) as Qwen3.5's
+/// checkpoints and every GGUF name them, and `$extra` entries. llama.cpp's converter
+/// splits Qwen3-Next's `in_proj_qkvz` into `attn_qkv` and `attn_gate` and stores
+/// `-exp(A_log)` as `ssm_a`: a GGUF model keeps those
+/// ([`LinearAttnConfig::gguf_layout`], [`LinearAttnConfig::v_tiled`]), under names of
+/// Strata's making (`A_log` has no llama.cpp name).
+macro_rules! hybrid {
+    ($base:ident; $($extra:expr),* $(,)?) => {
+        $base!(
             t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
             t(Role::FfnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
             t(Role::LinQkv, "linear_attn.in_proj_qkv.weight", "attn_qkv.weight"),
             t(Role::LinZ, "linear_attn.in_proj_z.weight", "attn_gate.weight"),
-            t(Role::LinB, "linear_attn.in_proj_b.weight", "ssm_beta.weight"),
-            t(Role::LinA, "linear_attn.in_proj_a.weight", "ssm_alpha.weight"),
             t(Role::LinConv, "linear_attn.conv1d.weight", "ssm_conv1d.weight"),
             t(Role::LinALog, "linear_attn.A_log", ""),
             t(Role::LinNegA, "linear_attn.ssm_a", "ssm_a"),
             t(Role::LinDtBias, "linear_attn.dt_bias", "ssm_dt.bias"),
             t(Role::LinNorm, "linear_attn.norm.weight", "ssm_norm.weight"),
             t(Role::LinOut, "linear_attn.out_proj.weight", "ssm_out.weight"),
+            $($extra,)*
         )
     };
 }
 
-static QWEN35: [TensorName; 21] = qwen35_linear!();
+/// Qwen3-Next: its checkpoints group the linear-attention projections by key head
+/// (`in_proj_qkvz`, `in_proj_ba`); every layer routes.
+static QWEN3_NEXT: [TensorName; 32] = hybrid!(qwen_moe;
+    t(Role::LinQkvz, "linear_attn.in_proj_qkvz.weight", "ssm_in.weight"),
+    t(Role::LinBa, "linear_attn.in_proj_ba.weight", "ssm_ba.weight"),
+    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+);
 
-static QWEN35_MOE: [TensorName; 29] = qwen35_linear!(
-    t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
-    t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
-    t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
-    t(Role::ExpertDown, "mlp.experts.*.down_proj.weight", "ffn_down_exps.weight"),
-    t(Role::SharedGate, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
-    t(Role::SharedUp, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
-    t(Role::SharedDown, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
-    t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+/// Qwen3.5 (dense and MoE): the linear-attention projections apart (`in_proj_qkv`,
+/// `in_proj_z`, `in_proj_b`, `in_proj_a`).
+static QWEN35: [TensorName; 21] = hybrid!(attention_and_mlp;
+    t(Role::LinB, "linear_attn.in_proj_b.weight", "ssm_beta.weight"),
+    t(Role::LinA, "linear_attn.in_proj_a.weight", "ssm_alpha.weight"),
+);
+
+static QWEN35_MOE: [TensorName; 29] = hybrid!(qwen_moe;
+    t(Role::LinB, "linear_attn.in_proj_b.weight", "ssm_beta.weight"),
+    t(Role::LinA, "linear_attn.in_proj_a.weight", "ssm_alpha.weight"),
 );
 
 /// The tensors outside the layers: (Hugging Face name, llama.cpp name).
