@@ -140,7 +140,8 @@ pub fn mix(
         let (q, k, v, z) = (&*q, &*k, &*v, &z);
         // Each value head on its own (the heads share nothing but q and k), on the pool
         // the forward pass runs on.
-        let head = |(h, (s, oh)): (usize, (&mut [f32], &mut [f32]))| {
+        // `delta`: one scratch row per rayon task, not per head.
+        let head = |delta: &mut Vec<f32>, (h, (s, oh)): (usize, (&mut [f32], &mut [f32]))| {
             let g = if w.v_tiled { h % nk } else { h / r };
             let (b, a) = match w.ba_grouped {
                 true => (ba_row[g * 2 * r + h % r], ba_row[g * 2 * r + r + h % r]),
@@ -150,7 +151,7 @@ pub fn mix(
             let decay = (w.neg_a[h] * softplus(a + w.dt_bias[h])).exp();
             let (qh, kh, vh) = (&q[g * dk..(g + 1) * dk], &k[g * dk..(g + 1) * dk], &v[h * dv..(h + 1) * dv]);
             // delta = beta * (v - (decay S)^T k), with decay applied to each element as read.
-            let mut delta = vec![0.0f32; dv];
+            delta.fill(0.0);
             for (i, &ki) in kh.iter().enumerate() {
                 delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]).for_each(|(m, &sij)| *m += (sij * decay) * ki);
             }
@@ -158,7 +159,7 @@ pub fn mix(
             // S = decay S + k delta^T, and o = S^T q, in one pass over S.
             oh.fill(0.0);
             for (i, (&ki, &qi)) in kh.iter().zip(qh).enumerate() {
-                for ((sij, &d), o) in s[i * dv..(i + 1) * dv].iter_mut().zip(&delta).zip(oh.iter_mut()) {
+                for ((sij, &d), o) in s[i * dv..(i + 1) * dv].iter_mut().zip(delta.iter()).zip(oh.iter_mut()) {
                     *sij = *sij * decay + ki * d;
                     *o += *sij * qi;
                 }
@@ -169,7 +170,11 @@ pub fn mix(
                 *o = nw * (*o * inv) * silu(zj);
             }
         };
-        s_all.par_chunks_mut(dk * dv).zip(o_row.par_chunks_mut(dv)).enumerate().for_each(head);
+        s_all
+            .par_chunks_mut(dk * dv)
+            .zip(o_row.par_chunks_mut(dv))
+            .enumerate()
+            .for_each_init(|| vec![0.0f32; dv], head);
     }
 }
 
