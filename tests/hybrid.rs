@@ -4,11 +4,14 @@
 //! sequences each as alone; the fixed-size state in the cache (charged, reset when the
 //! cache goes back or a pass fails part way).
 
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::model::decoder::SeqStep;
+use support::{argmax, log_softmax};
 
 #[derive(Deserialize)]
 struct Reference {
@@ -37,12 +40,6 @@ fn engine(name: &str) -> Engine {
 
 fn reference(name: &str) -> Reference {
     serde_json::from_str(&std::fs::read_to_string(fixture(&format!("ref/{name}.json"))).unwrap()).unwrap()
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-    let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-    row.iter().map(|&x| x as f64 - lse).collect()
 }
 
 /// Every position's logits of `ids`, fed `chunk` tokens per forward pass.
@@ -77,8 +74,7 @@ fn long_prompt(name: &str) {
             if let Some(&want) = p.logprobs.get(i) {
                 worst = worst.max((lp[p.ids[i + 1] as usize] - want).abs());
             }
-            let top = row.iter().enumerate().fold(0, |b, (j, &v)| if v > row[b] { j } else { b });
-            assert_eq!(top as u32, p.argmax[i], "{name}, chunks of {chunk}: argmax at position {i}");
+            assert_eq!(argmax(row), p.argmax[i], "{name}, chunks of {chunk}: argmax at position {i}");
         }
         eprintln!("{name}, chunks of {chunk}: max |Δ log-prob| against transformers {worst:.2e}");
         assert!(worst <= 1e-3, "{name}, chunks of {chunk}: |Δ log-prob| {worst} against transformers");

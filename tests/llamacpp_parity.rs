@@ -8,12 +8,15 @@
 //! the log-prob of each next token, the argmax at each position, the GGML type of every
 //! tensor in the file and llama.cpp's tokenization of the reference's tricky strings.
 
+mod support;
+
 use std::path::PathBuf;
 
 use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::gguf::GgufFile;
 use strata::model::decoder::SeqStep;
+use support::{argmax, log_softmax};
 
 /// Every fixture variant: `<model>` is the F32 file, `<model>.<type>` a llama.cpp
 /// quantization of it (`f16` or a quantized type).
@@ -109,17 +112,6 @@ fn engine(variant: &str) -> Engine {
     let path = dir().join(format!("{variant}.gguf"));
     Engine::load(path.to_str().unwrap(), &RunOptions { threads: 2, ..Default::default() })
         .unwrap_or_else(|e| panic!("{variant}: {e:#}"))
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
-    let lse = max + sum.ln();
-    row.iter().map(|&x| x as f64 - lse).collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    row.iter().enumerate().fold(0, |b, (j, &v)| if v > row[b] { j } else { b }) as u32
 }
 
 /// Measured agreement of one variant with llama.cpp over all prompts.

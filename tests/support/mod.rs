@@ -68,3 +68,16 @@ pub fn wait_for_pid_file(home: &std::path::Path) -> PathBuf {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// Log-probabilities of a row of logits, in f64.
+pub fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+    let lse = max + sum.ln();
+    row.iter().map(|&x| x as f64 - lse).collect()
+}
+
+/// The index of a row's largest logit (the first on ties).
+pub fn argmax(row: &[f32]) -> u32 {
+    row.iter().enumerate().fold(0, |b, (j, &v)| if v > row[b] { j } else { b }) as u32
+}
