@@ -327,7 +327,8 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
             // products (queries, keys, values, z; then b, a).
             let stack = |x: Role, y: Role| {
                 let (x, y) = (need(x)?, need(y)?);
-                stack_rows(&x, &y).ok_or_else(|| build_err(format!("cannot stack {x:?} and {y:?}")))
+                let parts = [(&x, 0, x.shape[0]), (&y, 0, y.shape[0])];
+                concat_rows(&parts).ok_or_else(|| build_err(format!("cannot stack {x:?} and {y:?}")))
             };
             let (qkvz, qkvz_grouped) = match host(Role::LinQkvz)? {
                 Some(t) => (t, true),
@@ -369,8 +370,12 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
             let (wq, gate) = match c.attn_output_gate {
                 true => {
                     let hd = c.head_dim;
-                    let q = gather_rows(&wq, (0..c.n_heads).map(|h| (2 * h * hd, hd)));
-                    let g = gather_rows(&wq, (0..c.n_heads).map(|h| (2 * h * hd + hd, hd)));
+                    // Head h's query rows, then its gate rows (offset 0 or hd).
+                    let half = |offset: usize| {
+                        let parts: Vec<_> = (0..c.n_heads).map(|h| (&wq, 2 * h * hd + offset, hd)).collect();
+                        concat_rows(&parts).ok_or_else(|| build_err(format!("cannot split the gate of {wq:?}")))
+                    };
+                    let (q, g) = (half(0)?, half(hd)?);
                     (q, Some(upload(&g)?))
                 }
                 false => (wq, None),
@@ -434,35 +439,30 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
     })
 }
 
-/// Row ranges `(start, n)` of a 2-D tensor, one after another in a tensor of their own
-/// (whole rows, so any block type).
-fn gather_rows(t: &HostTensor, ranges: impl Iterator<Item = (usize, usize)>) -> HostTensor {
-    let [rows, cols] = t.shape[..] else { return t.clone() };
-    let row_bytes = t.byte_len() / rows.max(1);
-    let ranges: Vec<(usize, usize)> = ranges.collect();
-    let n: usize = ranges.iter().map(|r| r.1).sum();
-    let mut bytes = AlignedBytes::zeroed(n * row_bytes);
-    let (src, dst) = (t.bytes(), bytes.bytes_mut());
+/// Row ranges `(tensor, start, n)` of 2-D tensors of one dtype and width, one after
+/// another in a tensor of their own (whole rows, so any block type); `None` when the
+/// tensors do not fit together or a range is out of bounds.
+fn concat_rows(parts: &[(&HostTensor, usize, usize)]) -> Option<HostTensor> {
+    let (first, ..) = parts.first()?;
+    let (dtype, cols) = (first.dtype, *first.shape.get(1)?);
+    let mut ranges = Vec::with_capacity(parts.len());
+    for &(t, start, n) in parts {
+        let &[rows, c] = &t.shape[..] else { return None };
+        if c != cols || t.dtype != dtype || start + n > rows {
+            return None;
+        }
+        let row_bytes = t.byte_len() / rows.max(1);
+        ranges.push((&t.bytes()[start * row_bytes..(start + n) * row_bytes], n));
+    }
+    let len = ranges.iter().map(|r| r.0.len()).sum();
+    let mut bytes = AlignedBytes::zeroed(len);
     let mut at = 0;
-    for (start, len) in ranges {
-        dst[at..at + len * row_bytes].copy_from_slice(&src[start * row_bytes..(start + len) * row_bytes]);
-        at += len * row_bytes;
+    for (src, _) in &ranges {
+        bytes.bytes_mut()[at..at + src.len()].copy_from_slice(src);
+        at += src.len();
     }
-    HostTensor::new(Arc::new(bytes), 0, n * row_bytes, t.dtype, vec![n, cols])
-}
-
-/// `a`'s rows then `b`'s, in a tensor of their own (`None` unless both are 2-D of the
-/// same dtype and width).
-fn stack_rows(a: &HostTensor, b: &HostTensor) -> Option<HostTensor> {
-    let ([ra, ca], [rb, cb]) = (&a.shape[..], &b.shape[..]) else { return None };
-    if ca != cb || a.dtype != b.dtype {
-        return None;
-    }
-    let (xa, xb) = (a.bytes(), b.bytes());
-    let mut bytes = AlignedBytes::zeroed(xa.len() + xb.len());
-    bytes.bytes_mut()[..xa.len()].copy_from_slice(xa);
-    bytes.bytes_mut()[xa.len()..].copy_from_slice(xb);
-    Some(HostTensor::new(Arc::new(bytes), 0, xa.len() + xb.len(), a.dtype, vec![ra + rb, *ca]))
+    let rows = ranges.iter().map(|r| r.1).sum();
+    Some(HostTensor::new(Arc::new(bytes), 0, len, dtype, vec![rows, cols]))
 }
 
 /// Routed expert `e` of layer `lt.index` from tensors named as in the checkpoint.
