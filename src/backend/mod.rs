@@ -249,6 +249,14 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BackendResult<()> {
         self.matmul(x, seq_rows.iter().sum(), w, out)
     }
+    /// Whether a row of [`matmul`](Self::matmul) comes out differently with the row
+    /// count (the CUDA backend's prompt chunks take the GEMM, shorter ones the
+    /// matrix-vector kernel): then a prompt cut into other chunks computes other values,
+    /// and a reused prefix must end where a fresh prompt's chunks would
+    /// ([`KvCache::grid_rows`](crate::model::decoder::KvCache::grid_rows)).
+    fn chunking_changes_rows(&self) -> bool {
+        false
+    }
     /// `x[r] += bias` for each of `rows` rows of `bias.len()` values.
     fn add_bias(&self, x: &mut Self::Buf, rows: usize, bias: &Self::Weight) -> BackendResult<()>;
     /// RMS norm of each `w.len()`-wide row of `x` (`rows` rows), scaled by `w`, into `out`.

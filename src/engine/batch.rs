@@ -81,8 +81,13 @@ impl Sequence {
         }
         // Reuse the cached prefix, but run at least two prompt tokens (one alone would take
         // the decode kernel, and come out other than in a whole prompt: see `step`).
+        // Where the backend's rows depend on how a prompt is cut, only the positions that
+        // ran as a fresh prompt's chunks are reused.
         let common = cached.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
-        let keep = common.min(req.prompt.len().saturating_sub(2)).min(cache.len());
+        let mut keep = common.min(req.prompt.len().saturating_sub(2)).min(cache.len());
+        if engine.model.chunking_changes_rows() {
+            keep = cache.grid_rows(keep);
+        }
         cache.truncate(keep);
         // A linear-attention (hybrid) cache cannot go back: it may have emptied itself.
         let fed = cache.len();
@@ -423,6 +428,7 @@ pub fn step(
         seq.tokens.extend_from_slice(tokens);
         match feeds[i] {
             Some(Feed::Prompt { n, last }) => {
+                seq.cache.note_prompt_chunk(seq.fed, n, chunk);
                 seq.fed += n;
                 if !last {
                     continue;

@@ -86,6 +86,15 @@ pub struct KvCache {
     memory: Reservation,
     /// The bytes of `states`, likewise.
     state_memory: Reservation,
+    /// The first `rows` positions ran as whole prompt chunks of `chunk` tokens from
+    /// position 0, as any fresh prompt that starts with them runs them.
+    grid: Grid,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Grid {
+    chunk: usize,
+    rows: usize,
 }
 
 impl KvCache {
@@ -112,6 +121,33 @@ impl KvCache {
         self.position_bytes
     }
 
+    /// The most of its first `limit` positions that ran as whole prompt chunks from
+    /// position 0 (a multiple of the chunk size). Where the backend's rows depend on the
+    /// chunking ([`Backend::chunking_changes_rows`](crate::backend::Backend::chunking_changes_rows)),
+    /// only these are reused: a fresh prompt that starts with them cuts them into the
+    /// same chunks, and its later chunks start at the same place.
+    pub fn grid_rows(&self, limit: usize) -> usize {
+        let rows = self.grid.rows.min(self.len).min(limit);
+        rows - rows % self.grid.chunk.max(1)
+    }
+
+    /// Records a prompt chunk of `n` tokens from position `start`, in a pass that cuts
+    /// prompts into chunks of `chunk`.
+    pub(crate) fn note_prompt_chunk(&mut self, start: usize, n: usize, chunk: usize) {
+        if self.grid.chunk != chunk {
+            self.grid = Grid { chunk, rows: 0 };
+        }
+        if start == self.grid.rows && n == chunk {
+            self.grid.rows += n;
+        }
+    }
+
+    /// Sets its length to `len`, no more than it holds.
+    fn cut_to(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.grid.rows = self.grid.rows.min(self.len);
+    }
+
     /// A copy of its linear-attention state (`None` for a cache of attention layers
     /// only), to [`restore_states`](Self::restore_states) later.
     pub fn states_snapshot(&self) -> Option<Vec<Vec<f32>>> {
@@ -128,7 +164,7 @@ impl KvCache {
         match fits && len <= self.len {
             true => {
                 self.states = states;
-                self.len = len;
+                self.cut_to(len);
             }
             false => self.truncate(0),
         }
@@ -139,7 +175,7 @@ impl KvCache {
     fn forget_states(&mut self) {
         if self.states.iter().any(|s| !s.is_empty()) {
             self.states.iter_mut().for_each(|s| s.fill(0.0));
-            self.len = 0;
+            self.cut_to(0);
         }
     }
 
@@ -150,7 +186,7 @@ impl KvCache {
         if len < self.len {
             self.forget_states();
         }
-        self.len = self.len.min(len);
+        self.cut_to(len);
     }
 }
 
@@ -631,6 +667,7 @@ impl<B: Backend> DecoderModel<B> {
             capacity,
             allocated: 0,
             position_bytes,
+            grid: Grid::default(),
         })
     }
 
@@ -1100,6 +1137,10 @@ impl<B: Backend> super::LanguageModel for DecoderModel<B> {
 
     fn backend_name(&self) -> String {
         self.backend.name()
+    }
+
+    fn chunking_changes_rows(&self) -> bool {
+        self.backend.chunking_changes_rows()
     }
 
     fn device_bytes(&self) -> u64 {

@@ -48,6 +48,8 @@ pub trait LanguageModel: Send + Sync {
     /// A sentence embedding (mean of the final hidden states, L2-normalized).
     fn embed(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError>;
     fn scheduler(&self) -> &dyn SchedInfo;
+    /// See [`Backend::chunking_changes_rows`](crate::backend::Backend::chunking_changes_rows).
+    fn chunking_changes_rows(&self) -> bool;
     /// The backend, in words (`cpu (2 threads)`, `cuda:0 (NVIDIA H100 …)`).
     fn backend_name(&self) -> String;
     /// Bytes of GPU memory the model holds (0 on the CPU).

@@ -658,6 +658,10 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn chunking_changes_rows(&self) -> bool {
+        self.blas.is_some()
+    }
+
     fn add_bias(&self, x: &mut CudaBuf, rows: usize, bias: &CudaWeight) -> BackendResult<()> {
         let width = bias.shape.iter().product::<usize>();
         let (xp, bp, r, w) = (ptr(&x.data, &self.stream, 0), bias.ptr(&self.stream, 0), rows as u32, width as u32);
