@@ -28,6 +28,12 @@ use crate::model::decoder::{KvCache, ModelError};
 /// Prompt tokens per forward pass during prefill (bounds activation memory).
 pub const PREFILL_CHUNK: usize = 512;
 
+/// A model refused at load: what it needs at least does not fit the device's free
+/// memory (the sizes named). Like running out of GPU memory, a 503 from the server.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DeviceTooSmall(pub String);
+
 #[derive(Clone, Debug)]
 pub struct GenerateRequest {
     pub prompt: Vec<u32>,
@@ -294,7 +300,7 @@ pub fn memory_budget(
         let ring = ring.min(streamable);
         let need = always_resident + runtime.total() + ring;
         if need > free {
-            anyhow::bail!(
+            return Err(DeviceTooSmall(format!(
                 "the model cannot run on {}: it needs {} of device memory at least ({} of embeddings, output head \
                  and norms, {} of KV cache and activations for a {context}-token context, {} of streaming \
                  slots), and {} is free; try a smaller --ctx-size or --prefetch-depth, or --device cpu",
@@ -304,7 +310,8 @@ pub fn memory_budget(
                 human_size(runtime.total()),
                 human_size(ring),
                 human_size(free)
-            );
+            ))
+            .into());
         }
     }
     let budget = match (opts.memory_budget, mem.free) {

@@ -961,6 +961,7 @@ fn is_device_error(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.is::<crate::backend::BackendError>()
             || c.is::<crate::backend::cuda::CudaInitError>()
+            || c.is::<crate::engine::session::DeviceTooSmall>()
             || c.downcast_ref::<ModelError>().is_some_and(|m| {
                 matches!(m, ModelError::Backend(_) | ModelError::Sched(crate::sched::SchedError::Backend { .. }))
             })
@@ -1029,6 +1030,9 @@ mod tests {
         }))
         .context("model `m` on cuda:0");
         assert!(is_device_error(&load));
+        // So is one whose context, with its weights, can never fit the GPU's free memory.
+        let refused = anyhow::Error::new(crate::engine::session::DeviceTooSmall("needs 309 GiB".into()));
+        assert!(is_device_error(&refused.context("model `m`")));
         assert!(!is_device_error(&anyhow::anyhow!("no such file")));
     }
 }
