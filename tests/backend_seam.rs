@@ -100,6 +100,14 @@ impl Backend for Recording {
     ) -> BackendResult<()> {
         self.cpu.attention(q, row0, rows, k, v, p, out)
     }
+    fn delta_rule(
+        &self,
+        d: &strata::backend::delta::DeltaRule<'_, Vec<f32>>,
+        state: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> BackendResult<()> {
+        self.cpu.delta_rule(d, state, out)
+    }
     fn glu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize, act: Activation) -> BackendResult<()> {
         self.cpu.glu(gate, up, len, act)
     }

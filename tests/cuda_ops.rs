@@ -380,6 +380,75 @@ fn a_batch_gives_each_sequence_the_rows_it_gets_alone_on<G: Backend>(g: &G) {
 }
 
 #[test]
+fn the_delta_rule_matches_the_cpu_in_one_pass_and_in_chunks() {
+    on_gpu(
+        the_delta_rule_matches_the_cpu_in_one_pass_and_in_chunks_on,
+        the_delta_rule_matches_the_cpu_in_one_pass_and_in_chunks_on,
+    );
+}
+
+/// The gated delta rule (Qwen3-Next's and Qwen3.5's linear attention) on the device
+/// against the CPU's, for every layout: the outputs and the carried state over a prompt
+/// fed in one pass, in chunks and token by token, from rows in the middle of a batch.
+fn the_delta_rule_matches_the_cpu_in_one_pass_and_in_chunks_on<G: Backend>(g: &G) {
+    use strata::backend::delta::{DeltaRule, DeltaShape, DeltaWeights};
+    let cpu = CpuBackend::new(2);
+    for (i, &(nk, nv, dk, dv, grouped, tiled)) in
+        [(2, 4, 16, 24, true, false), (2, 4, 128, 128, false, false), (4, 8, 32, 40, false, true)].iter().enumerate()
+    {
+        let shape = DeltaShape {
+            n_k_heads: nk,
+            n_v_heads: nv,
+            k_head_dim: dk,
+            v_head_dim: dv,
+            conv_kernel: 4,
+            qkvz_grouped: grouped,
+            ba_grouped: grouped,
+            v_tiled: tiled,
+            eps: 1e-6,
+        };
+        let seed = 10 * i as u64;
+        let conv = values(shape.conv_dim() * 4, seed + 1, 0.5);
+        let neg_a: Vec<f32> = values(nv, seed + 2, 1.0).iter().map(|a| -a.exp()).collect();
+        let (dt_bias, norm) = (values(nv, seed + 3, 1.0), values(dv, seed + 4, 1.0));
+        let (skip, n) = (3, 13);
+        let rows = skip + n;
+        let qkvz = values(rows * shape.qkvz_len(), seed + 5, 2.0);
+        let ba = values(rows * 2 * nv, seed + 6, 2.0);
+        macro_rules! go {
+            ($be:expr, $cuts:expr) => {{
+                let be = $be;
+                let w = DeltaWeights {
+                    conv: be.upload(&conv).unwrap(),
+                    neg_a: be.upload(&neg_a).unwrap(),
+                    dt_bias: be.upload(&dt_bias).unwrap(),
+                    norm: be.upload(&norm).unwrap(),
+                };
+                let (bq, bb) = (be.upload(&qkvz).unwrap(), be.upload(&ba).unwrap());
+                let mut state = be.alloc(shape.state_len()).unwrap();
+                let mut out = be.alloc(rows * shape.value_dim()).unwrap();
+                let mut row0 = skip;
+                for &m in $cuts {
+                    let d = DeltaRule { shape, weights: &w, qkvz: &bq, ba: &bb, row0, n: m };
+                    be.delta_rule(&d, &mut state, &mut out).unwrap();
+                    row0 += m;
+                }
+                let out = be.download(&out, rows * shape.value_dim()).unwrap();
+                (out[skip * shape.value_dim()..].to_vec(), be.download(&state, shape.state_len()).unwrap())
+            }};
+        }
+        let want = go!(&cpu, &[n]);
+        assert!(want.0.iter().all(|x| x.is_finite()) && want.0.iter().any(|&x| x != 0.0));
+        for cuts in [&[n][..], &[5, 8], &[1; 13]] {
+            let got = go!(g, cuts);
+            check(&format!("delta rule {shape:?} out, cuts {cuts:?}"), &got.0, &want.0, 1e-9);
+            check(&format!("delta rule {shape:?} state, cuts {cuts:?}"), &got.1, &want.1, 1e-9);
+        }
+        eprintln!("delta rule nk={nk} nv={nv} dk={dk} dv={dv} grouped={grouped} tiled={tiled}: as the CPU");
+    }
+}
+
+#[test]
 fn attention_matches_the_cpu_for_prefill_and_split_decode() {
     on_gpu(
         attention_matches_the_cpu_for_prefill_and_split_decode_on,

@@ -6,6 +6,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod delta;
 pub mod device;
 
 use crate::tensor::HostTensor;
@@ -199,10 +200,35 @@ impl TopK {
 /// The largest `k` the device top-k supports.
 pub const MAX_TOP_K: usize = 256;
 
+/// A buffer's values to and from the host, without the backend at hand: a cache's
+/// linear-attention state is saved and put back by code that holds only the cache.
+pub trait HostCopy {
+    /// Every value of the buffer.
+    fn to_host(&self) -> BackendResult<Vec<f32>>;
+    /// Overwrites the buffer's first `data.len()` values.
+    fn write_host(&mut self, data: &[f32]) -> BackendResult<()>;
+}
+
+impl HostCopy for Vec<f32> {
+    fn to_host(&self) -> BackendResult<Vec<f32>> {
+        Ok(self.clone())
+    }
+
+    fn write_host(&mut self, data: &[f32]) -> BackendResult<()> {
+        match self.get_mut(..data.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(data);
+                Ok(())
+            }
+            None => Err(BackendError::Device { op: "write_host".into(), msg: "the buffer is too small".into() }),
+        }
+    }
+}
+
 /// The operations a forward pass is written against.
 pub trait Backend: Send + Sync + 'static {
     /// A row-major f32 activation buffer.
-    type Buf: Send + 'static;
+    type Buf: Send + Sync + HostCopy + 'static;
     /// A weight tensor in the backend's own form (any stored dtype).
     type Weight: Send + Sync;
 
@@ -327,6 +353,15 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Buf,
     ) -> BackendResult<()>;
     /// `gate = act(gate) * up`, elementwise over `len` values.
+    /// The gated delta rule over one sequence's rows ([`delta`]): the gated, normalized
+    /// mixer output of rows `d.row0..d.row0 + d.n` into the same rows of `out`
+    /// (`value_dim` wide); `state` (`d.shape.state_len()` floats) carries over.
+    fn delta_rule(
+        &self,
+        d: &delta::DeltaRule<'_, Self::Buf>,
+        state: &mut Self::Buf,
+        out: &mut Self::Buf,
+    ) -> BackendResult<()>;
     fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize, act: Activation) -> BackendResult<()>;
     /// `x = op(x)`, elementwise over `len` values.
     fn unary(&self, x: &mut Self::Buf, len: usize, op: Unary) -> BackendResult<()>;

@@ -10,10 +10,13 @@ use std::sync::{Arc, Mutex};
 
 use super::ModelSource;
 use super::config::{Ffn, Mixer, ModelConfig};
-use super::deltanet::{self, LinearHost, LinearWeights};
+use super::deltanet::LinearWeights;
 use super::moe::{self, EachExpert, ExpertSource, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights};
 use super::spec::{self, QkNorm, Role};
-use crate::backend::{Activation, AttnParams, Backend, BackendError, KvType, RopeFreqs, Rows, TopK, Unary};
+use crate::backend::delta::{DeltaRule, DeltaShape, DeltaWeights};
+use crate::backend::{
+    Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, RopeFreqs, Rows, TopK, Unary,
+};
 use crate::sched::expert_policy::ExpertId;
 use crate::sched::experts::{ExpertCache, ExpertOptions, ExpertUnit};
 use crate::sched::{ExpertLoading, LayerTensors, Reservation, SchedError, SchedInfo, SchedOptions, Scheduler};
@@ -73,9 +76,12 @@ pub const KV_BLOCK: usize = 256;
 pub struct KvCache {
     bufs: Box<dyn Any + Send>, // KvBufs<B> of the model's backend
     /// Per layer, a linear-attention layer's state (`LinearAttnConfig::state_len`
-    /// floats, on the host; empty for attention layers): fixed in size, charged to the
-    /// memory budget when the cache is made.
-    states: Vec<Vec<f32>>,
+    /// floats, in a buffer of the model's backend; `None` for attention layers): fixed
+    /// in size, charged to the memory budget when the cache is made.
+    states: Vec<Option<Box<dyn LinState>>>,
+    /// The states went further than the cache's length (a pass that failed part way, a
+    /// shorter length asked for): they are zeroed before the next pass uses them.
+    states_stale: bool,
     len: usize,
     capacity: usize,
     /// Positions the buffers hold now.
@@ -89,6 +95,41 @@ pub struct KvCache {
     /// The first `rows` positions ran as whole prompt chunks of `chunk` tokens from
     /// position 0, as any fresh prompt that starts with them runs them.
     grid: Grid,
+}
+
+/// A linear-attention state in a buffer of the model's backend, saved and put back
+/// through the host without the backend at hand.
+trait LinState: Send {
+    fn len(&self) -> usize;
+    fn to_host(&self) -> BackendResult<Vec<f32>>;
+    fn write_host(&mut self, data: &[f32]) -> BackendResult<()>;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A buffer and its length (a backend may allocate more).
+struct StateBuf<T> {
+    buf: T,
+    len: usize,
+}
+
+impl<T: HostCopy + Send + 'static> LinState for StateBuf<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn to_host(&self) -> BackendResult<Vec<f32>> {
+        let mut v = self.buf.to_host()?;
+        v.truncate(self.len);
+        Ok(v)
+    }
+
+    fn write_host(&mut self, data: &[f32]) -> BackendResult<()> {
+        self.buf.write_host(data)
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        &mut self.buf
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -150,8 +191,29 @@ impl KvCache {
 
     /// A copy of its linear-attention state (`None` for a cache of attention layers
     /// only), to [`restore_states`](Self::restore_states) later.
+    /// On a GPU this copies the states to the host; a copy that fails gives `None`.
     pub fn states_snapshot(&self) -> Option<Vec<Vec<f32>>> {
-        self.states.iter().any(|s| !s.is_empty()).then(|| self.states.clone())
+        if self.states_stale || self.states.iter().all(Option::is_none) {
+            return None;
+        }
+        self.states.iter().map(|s| s.as_ref().map_or(Ok(Vec::new()), |s| s.to_host())).collect::<Result<_, _>>().ok()
+    }
+
+    /// Layer `l`'s state buffer (of backend `B`), `len` floats long; `None` for an
+    /// attention layer, or a cache of another backend.
+    fn state_mut<B: Backend>(&mut self, l: usize, len: usize) -> Option<&mut B::Buf> {
+        let s = self.states.get_mut(l)?.as_mut().filter(|s| s.len() == len)?;
+        s.as_any_mut().downcast_mut::<B::Buf>()
+    }
+
+    /// Zeroes the states of a cache that went back (see `states_stale`).
+    fn fresh_states(&mut self) -> BackendResult<()> {
+        if std::mem::take(&mut self.states_stale) {
+            for s in self.states.iter_mut().flatten() {
+                s.write_host(&vec![0.0; s.len()])?;
+            }
+        }
+        Ok(())
     }
 
     /// Goes back to `len` positions with the linear-attention state a
@@ -159,22 +221,28 @@ impl KvCache {
     /// before `len` are still the cache's own). A snapshot of another shape, or a `len`
     /// past the cache's, empties it instead.
     pub fn restore_states(&mut self, len: usize, states: Vec<Vec<f32>>) {
-        let fits =
-            states.len() == self.states.len() && states.iter().zip(&self.states).all(|(a, b)| a.len() == b.len());
-        match fits && len <= self.len {
+        let fits = states.len() == self.states.len()
+            && states.iter().zip(&self.states).all(|(a, b)| a.len() == b.as_ref().map_or(0, |b| b.len()));
+        let put = fits
+            && len <= self.len
+            && self.states.iter_mut().zip(&states).all(|(b, a)| b.as_mut().is_none_or(|b| b.write_host(a).is_ok()));
+        match put {
             true => {
-                self.states = states;
+                self.states_stale = false;
                 self.cut_to(len);
             }
-            false => self.truncate(0),
+            false => {
+                self.states_stale = true;
+                self.cut_to(0);
+            }
         }
     }
 
     /// Empties a cache whose linear-attention state went further than its length (a
     /// pass that failed part way); a cache of attention layers only is left as it is.
     fn forget_states(&mut self) {
-        if self.states.iter().any(|s| !s.is_empty()) {
-            self.states.iter_mut().for_each(|s| s.fill(0.0));
+        if self.states.iter().any(Option::is_some) {
+            self.states_stale = true;
             self.cut_to(0);
         }
     }
@@ -239,7 +307,7 @@ struct Workspace<B: Backend> {
     attn_gate: Option<B::Buf>,
     /// A linear-attention layer's projections: (rows, 2 key_dim + 2 value_dim) and
     /// (rows, 2 n_v_heads), when the model has such layers.
-    lin: Option<(B::Buf, B::Buf)>,
+    lin: Option<(B::Buf, B::Buf, B::Buf)>,
     picked: B::Buf,  // (out_rows, hidden): the rows whose logits are wanted
     head_in: B::Buf, // (out_rows, hidden): those rows after the final norm
     logits: B::Buf,  // (out_rows, vocab)
@@ -268,6 +336,7 @@ impl<B: Backend> Workspace<B> {
                 Some(la) => Some((
                     be.alloc(rows * (2 * la.key_dim() + 2 * la.value_dim()))?,
                     be.alloc(rows * 2 * la.n_v_heads)?,
+                    be.alloc(rows * la.value_dim())?,
                 )),
                 None => None,
             },
@@ -378,20 +447,31 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
                 Some(t) => t.to_f32_vec(),
                 None => need(Role::LinALog)?.to_f32_vec().iter().map(|a| -a.exp()).collect(),
             };
-            let lin = LinearHost {
-                conv: need(Role::LinConv)?.to_f32_vec(),
-                neg_a,
-                dt_bias: need(Role::LinDtBias)?.to_f32_vec(),
-                norm: need(Role::LinNorm)?.to_f32_vec(),
+            let la = c.linear_attn.as_ref().ok_or_else(|| build_err("linear attention without its sizes".into()))?;
+            let small = |v: &[f32]| be.upload(v).map_err(|source| SchedError::Backend { layer: lt.index, source });
+            let small = DeltaWeights {
+                conv: small(&need(Role::LinConv)?.to_f32_vec())?,
+                neg_a: small(&neg_a)?,
+                dt_bias: small(&need(Role::LinDtBias)?.to_f32_vec())?,
+                norm: small(&need(Role::LinNorm)?.to_f32_vec())?,
+            };
+            let shape = DeltaShape {
+                n_k_heads: la.n_k_heads,
+                n_v_heads: la.n_v_heads,
+                k_head_dim: la.k_head_dim,
+                v_head_dim: la.v_head_dim,
+                conv_kernel: la.conv_kernel,
                 qkvz_grouped,
                 ba_grouped,
-                v_tiled: c.linear_attn.is_some_and(|la| la.v_tiled),
+                v_tiled: la.v_tiled,
+                eps: c.rms_norm_eps,
             };
             MixerWeights::Linear(LinearWeights {
                 qkvz: upload(&qkvz)?,
                 ba: upload(&ba)?,
                 out: upload(&need(Role::LinOut)?)?,
-                host: lin,
+                small,
+                shape,
             })
         }
         false => {
@@ -647,20 +727,23 @@ impl<B: Backend> DecoderModel<B> {
         let position_bytes = (2 * attn_layers * width * std::mem::size_of::<f32>()) as u64;
         let bufs = KvBufs::<B> { k: Vec::new(), v: Vec::new() };
         // Linear-attention state: fixed, allocated (and charged) now.
-        let states: Vec<Vec<f32>> = c
-            .layers
-            .iter()
-            .map(|l| match (l.mixer, &c.linear_attn) {
-                (Mixer::Linear, Some(la)) => vec![0.0; la.state_len()],
-                _ => Vec::new(),
-            })
-            .collect();
-        let state_bytes = states.iter().map(|s| (s.len() * std::mem::size_of::<f32>()) as u64).sum();
+        let mut states: Vec<Option<Box<dyn LinState>>> = Vec::with_capacity(c.layers.len());
+        for l in &c.layers {
+            states.push(match (l.mixer, &c.linear_attn) {
+                (Mixer::Linear, Some(la)) => {
+                    let buf = self.backend.alloc(la.state_len()).map_err(ModelError::Backend)?;
+                    Some(Box::new(StateBuf { buf, len: la.state_len() }))
+                }
+                _ => None,
+            });
+        }
+        let state_bytes = states.iter().flatten().map(|s| (s.len() * std::mem::size_of::<f32>()) as u64).sum();
         let memory = self.layers.reserve(0);
         let state_memory = self.layers.reserve(state_bytes);
         Ok(KvCache {
             bufs: Box::new(bufs),
             states,
+            states_stale: false,
             memory,
             state_memory,
             len: 0,
@@ -778,6 +861,9 @@ impl<B: Backend> DecoderModel<B> {
             batch.iter().map(|s| if s.all_logits { s.tokens.len() } else { s.tokens.len().min(1) }).sum();
         let mut guard = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
         let ws = self.workspace_for(&mut guard, rows, out_rows)?;
+        for s in batch.iter_mut() {
+            s.cache.fresh_states().map_err(ModelError::Backend)?;
+        }
         let result = self.run_pass(batch, cancelled, readback, ws);
         if result.is_err() {
             // A linear-attention state moved on in the layers that ran: start it over.
@@ -1008,24 +1094,19 @@ impl<B: Backend> DecoderModel<B> {
                     let no_bufs =
                         || ModelError::Sched(SchedError::Build { layer: l, msg: "no linear-attention state".into() });
                     let la = c.linear_attn.as_ref().ok_or_else(no_bufs)?;
-                    let (qkvz_buf, ba_buf) = lin.as_mut().ok_or_else(no_bufs)?;
+                    let (qkvz_buf, ba_buf, mixed) = lin.as_mut().ok_or_else(no_bufs)?;
                     be.matmul_seqs(input, &seq_rows, &lw.qkvz, qkvz_buf)?;
                     be.matmul_seqs(input, &seq_rows, &lw.ba, ba_buf)?;
-                    let (qw, bw, vw) = (2 * la.key_dim() + 2 * la.value_dim(), 2 * la.n_v_heads, la.value_dim());
-                    let (qkvz, ba) = (be.download(qkvz_buf, rows * qw)?, be.download(ba_buf, rows * bw)?);
-                    // Each sequence's tokens in order through its own state, on the host.
-                    let mut mixed = vec![0.0f32; rows * vw];
+                    // Each sequence's tokens in order through its own state.
                     let mut row0 = 0;
                     for s in batch.iter_mut() {
                         let n = s.tokens.len();
-                        let state =
-                            s.cache.states.get_mut(l).filter(|st| st.len() == la.state_len()).ok_or_else(no_bufs)?;
-                        let (qs, bs) = (&qkvz[row0 * qw..(row0 + n) * qw], &ba[row0 * bw..(row0 + n) * bw]);
-                        deltanet::mix(la, &lw.host, eps, qs, bs, state, &mut mixed[row0 * vw..(row0 + n) * vw]);
+                        let state = s.cache.state_mut::<B>(l, la.state_len()).ok_or_else(no_bufs)?;
+                        let d = DeltaRule { shape: lw.shape, weights: &lw.small, qkvz: qkvz_buf, ba: ba_buf, row0, n };
+                        be.delta_rule(&d, state, mixed)?;
                         row0 += n;
                     }
-                    let mixed = be.upload(&mixed)?;
-                    be.matmul_seqs(&mixed, &seq_rows, &lw.out, proj)?;
+                    be.matmul_seqs(mixed, &seq_rows, &lw.out, proj)?;
                 }
             }
             residual(be, c, x, proj, w.attn_post_norm.as_ref(), normed, rows)?;

@@ -6,7 +6,8 @@ pub mod matmul;
 
 use rayon::prelude::*;
 
-use super::{Activation, AttnParams, Backend, BackendResult, KvType, RopeFreqs, Rows, TopK, Unary};
+use super::delta::{self, DeltaRule, DeltaWeights};
+use super::{Activation, AttnParams, Backend, BackendError, BackendResult, KvType, RopeFreqs, Rows, TopK, Unary};
 use crate::tensor::HostTensor;
 
 pub struct CpuBackend {
@@ -306,6 +307,21 @@ impl Backend for CpuBackend {
             let mut scores = Vec::new();
             out.chunks_exact_mut(hd).enumerate().for_each(|t| task(&mut scores, t));
         }
+        Ok(())
+    }
+
+    fn delta_rule(&self, d: &DeltaRule<'_, Vec<f32>>, state: &mut Vec<f32>, out: &mut Vec<f32>) -> BackendResult<()> {
+        let sh = &d.shape;
+        let (qw, bw, vw) = (sh.qkvz_len(), 2 * sh.n_v_heads, sh.value_dim());
+        let (r0, r1) = (d.row0, d.row0 + d.n);
+        let short = || BackendError::Device { op: "delta_rule".into(), msg: "a buffer is too small".into() };
+        let w = &d.weights;
+        let small = DeltaWeights { conv: &w.conv[..], neg_a: &w.neg_a[..], dt_bias: &w.dt_bias[..], norm: &w.norm[..] };
+        let qkvz = d.qkvz.get(r0 * qw..r1 * qw).ok_or_else(short)?;
+        let ba = d.ba.get(r0 * bw..r1 * bw).ok_or_else(short)?;
+        let state = state.get_mut(..sh.state_len()).ok_or_else(short)?;
+        let out = out.get_mut(r0 * vw..r1 * vw).ok_or_else(short)?;
+        delta::mix(sh, &small, qkvz, ba, state, out);
         Ok(())
     }
 

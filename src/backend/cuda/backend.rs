@@ -17,8 +17,9 @@ use cudarc::driver::{LaunchArgs, PushKernelArg, sys};
 
 use super::copy::{CudaCopy, CudaPin};
 use super::launch::{self, Shape};
+use crate::backend::delta::DeltaRule;
 use crate::backend::{
-    Activation, AttnParams, Backend, BackendError, BackendResult, MAX_TOP_K, RopeFreqs, Rows, TopK, Unary,
+    Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, MAX_TOP_K, RopeFreqs, Rows, TopK, Unary,
 };
 use crate::sched::upload::{SlotHold, Stage, TransferStats, Uploader};
 use crate::tensor::{DType, HostTensor};
@@ -90,6 +91,25 @@ struct Scratch {
     row_ids: Option<CudaSlice<u32>>,
     /// The routing weights of `add_rows`, one per listed row.
     row_weights: Option<CudaSlice<f32>>,
+    /// The convolved queries, keys and values of `delta_rule`.
+    conv: Option<CudaSlice<f32>>,
+}
+
+impl HostCopy for CudaBuf {
+    fn to_host(&self) -> BackendResult<Vec<f32>> {
+        let stream = self.data.stream();
+        let mut out = vec![0.0f32; self.data.len()];
+        stream.memcpy_dtoh(&self.data, &mut out).map_err(dev_err("copying a state to the host", 0))?;
+        stream.synchronize().map_err(dev_err("copying a state to the host", 0))?;
+        Ok(out)
+    }
+
+    fn write_host(&mut self, data: &[f32]) -> BackendResult<()> {
+        check_len(&[self.data.len()], data.len(), "write_host")?;
+        let stream = self.data.stream().clone();
+        let mut view = self.data.slice_mut(..data.len());
+        stream.memcpy_htod(data, &mut view).map_err(dev_err("copying a state to the GPU", 0))
+    }
 }
 
 pub struct CudaBackend {
@@ -224,6 +244,7 @@ impl CudaBackend {
                 lse: None,
                 row_ids: None,
                 row_weights: None,
+                conv: None,
             }),
             used: Arc::default(),
             launches: AtomicU64::new(0),
@@ -826,6 +847,53 @@ impl Backend for CudaBackend {
         // SAFETY: attn_combine_f32(part, out, splits, head_dim): the partials written just
         // above; `out` from row `row0` holds `rows × n_heads × head_dim` floats.
         unsafe { self.launch(&mut b, launch::attn_combine(rows, p.n_heads, p.head_dim), "attention") }
+    }
+
+    fn delta_rule(&self, d: &DeltaRule<'_, CudaBuf>, state: &mut CudaBuf, out: &mut CudaBuf) -> BackendResult<()> {
+        let sh = &d.shape;
+        let (conv_dim, value_dim) = (sh.conv_dim(), sh.value_dim());
+        let (r0, n) = (d.row0, d.n);
+        if n == 0 {
+            return Ok(());
+        }
+        if !launch::delta_fits(sh) {
+            return Err(BackendError::Compile(format!("no delta-rule kernel for {sh:?}")));
+        }
+        check_len(&[d.qkvz.data.len()], (r0 + n) * sh.qkvz_len(), "delta_rule")?;
+        check_len(&[d.ba.data.len()], (r0 + n) * 2 * sh.n_v_heads, "delta_rule")?;
+        check_len(&[out.data.len()], (r0 + n) * value_dim, "delta_rule")?;
+        check_len(&[state.data.len()], sh.state_len(), "delta_rule")?;
+        let w = d.weights;
+        check_len(&[w.conv.data.len()], conv_dim * sh.conv_kernel, "delta_rule")?;
+        check_len(&[w.neg_a.data.len(), w.dt_bias.data.len()], sh.n_v_heads, "delta_rule")?;
+        check_len(&[w.norm.data.len()], sh.v_head_dim, "delta_rule")?;
+        let mut scratch = self.scratch();
+        let mixed = ptr(self.grow(&mut scratch.conv, n * conv_dim, "the delta rule's convolution")?, &self.stream, 0);
+        let st = &self.stream;
+        let qkvz = ptr(&d.qkvz.data, st, r0 * sh.qkvz_len());
+        let ba = ptr(&d.ba.data, st, r0 * 2 * sh.n_v_heads);
+        let (conv_state, s) = (ptr(&state.data, st, 0), ptr(&state.data, st, conv_dim * (sh.conv_kernel - 1)));
+        let o = ptr(&out.data, st, r0 * value_dim);
+        let u = |x: usize| x as u32;
+        let (nn, nk, nv, dk, dv, taps) =
+            (u(n), u(sh.n_k_heads), u(sh.n_v_heads), u(sh.k_head_dim), u(sh.v_head_dim), u(sh.conv_kernel));
+        let (qg, bg, vt) = (i32::from(sh.qkvz_grouped), i32::from(sh.ba_grouped), i32::from(sh.v_tiled));
+        let cw = ptr(&w.conv.data, st, 0);
+        let mut b = st.launch_builder(self.func("delta_conv_f32")?);
+        b.arg(&qkvz).arg(&cw).arg(&conv_state).arg(&mixed).arg(&nn).arg(&nk).arg(&nv).arg(&dk).arg(&dv);
+        b.arg(&taps).arg(&qg);
+        // SAFETY: delta_conv_f32 per kernels/README.md: `qkvz` holds the n rows from `row0`
+        // (checked above), `conv_w` conv_dim x taps floats, the state's first (taps - 1)
+        // conv_dim floats the convolution's inputs, the scratch n x conv_dim floats.
+        unsafe { self.launch(&mut b, launch::delta_conv(conv_dim), "delta_conv") }?;
+        let (na, dt, nw) = (ptr(&w.neg_a.data, st, 0), ptr(&w.dt_bias.data, st, 0), ptr(&w.norm.data, st, 0));
+        let mut b = st.launch_builder(self.func("delta_rule_f32")?);
+        b.arg(&mixed).arg(&qkvz).arg(&ba).arg(&na).arg(&dt).arg(&nw).arg(&s).arg(&o).arg(&nn).arg(&nk).arg(&nv);
+        b.arg(&dk).arg(&dv).arg(&qg).arg(&bg).arg(&vt).arg(&sh.eps);
+        // SAFETY: delta_rule_f32 per kernels/README.md: the scratch holds the n convolved
+        // rows, `ba` n x 2 nv floats from `row0`, `s` nv x dk x dv floats after the conv
+        // state, `out` n x value_dim floats from `row0`; dk <= 256 (`delta_fits`).
+        unsafe { self.launch(&mut b, launch::delta_rule(sh.n_v_heads, sh.v_head_dim), "delta_rule") }
     }
 
     fn glu(&self, gate: &mut CudaBuf, up: &CudaBuf, len: usize, act: Activation) -> BackendResult<()> {

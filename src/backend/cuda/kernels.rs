@@ -42,6 +42,7 @@ pub const FILES: &[KernelFile] = &[
     kernel_file!("matvec", true),
     kernel_file!("attention", false),
     kernel_file!("sample", false),
+    kernel_file!("deltanet", false),
 ];
 
 /// The kernel file named `name` (its stem, e.g. `"matvec"`).

@@ -138,6 +138,23 @@ pub fn sample(rows: usize) -> Shape {
     Shape::new((rows.max(1) as u32, 1, 1), SAMPLE_BLOCK)
 }
 
+/// `delta_conv_f32`: a thread per convolution channel.
+pub fn delta_conv(conv_dim: usize) -> Shape {
+    elementwise(conv_dim)
+}
+
+/// `delta_rule_f32`: a block per value head, a thread per column of its state (the
+/// value head's width rounded up to whole warps).
+pub fn delta_rule(n_v_heads: usize, v_head_dim: usize) -> Shape {
+    Shape::new((n_v_heads.max(1) as u32, 1, 1), (v_head_dim.div_ceil(32) * 32).clamp(32, 1024) as u32)
+}
+
+/// Whether the delta-rule kernels take a layer of this shape: a key head of at most 256
+/// values, a value head of at most 1024, a convolution of 2 to 8 taps.
+pub fn delta_fits(s: &crate::backend::delta::DeltaShape) -> bool {
+    s.k_head_dim <= 256 && s.v_head_dim <= 1024 && (2..=8).contains(&s.conv_kernel) && s.n_k_heads > 0
+}
+
 /// The kernel-name suffix of a weight format (its name in lower case: `q4_k`,
 /// `affine_q4`), or `None` for a format no kernel reads (the activation formats Q8_1
 /// and Q8_K).
@@ -181,6 +198,8 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         ("attention", "attn_combine_f32".into()),
         ("sample", "argmax_f32".into()),
         ("sample", "topk_f32".into()),
+        ("deltanet", "delta_conv_f32".into()),
+        ("deltanet", "delta_rule_f32".into()),
     ];
     for d in WEIGHT_FORMATS {
         let f = format_name(d).unwrap_or_default();
