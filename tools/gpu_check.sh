@@ -28,7 +28,8 @@ cd "$(dirname "$0")/.."
 
 pack() {
   cargo build --release --locked
-  rm -rf gpu-run && mkdir -p gpu-run/bin
+  # Only what pack makes: gpu-run/ may hold other things to carry.
+  rm -rf gpu-run/bin gpu-run/bin.tar.xz && mkdir -p gpu-run/bin
   cp target/release/strata gpu-run/bin/strata
   local name test_bin
   for name in cuda_ops batching grammar llamacpp_parity; do
