@@ -96,7 +96,7 @@ impl CopyEngine for Loopback {
     type Event = Event;
     type Slot = Slot;
 
-    fn alloc_slot(&self, len: usize) -> Result<Self::Slot, BackendError> {
+    fn alloc_slot(&self, len: usize, _direct: bool) -> Result<Self::Slot, BackendError> {
         if self.fail_alloc.load(Ordering::Relaxed) {
             return Err(BackendError::OutOfMemory {
                 what: "a streaming slot".into(),

@@ -37,8 +37,9 @@ pub trait CopyEngine: Send + Sync + 'static {
     /// Device memory for one unit.
     type Slot: Send + Sync + 'static;
 
-    /// A device slot of `len` bytes.
-    fn alloc_slot(&self, len: usize) -> Result<Self::Slot, BackendError>;
+    /// A device slot of `len` bytes. `direct`: storage may read straight into it (a slot
+    /// of the ring, for GPUDirect Storage), so the engine may register it for that.
+    fn alloc_slot(&self, len: usize, direct: bool) -> Result<Self::Slot, BackendError>;
 
     /// Enqueues on the copy stream: wait for `after` (the compute that last read `dst`),
     /// then copy `src` into the front of `dst`. The event returned completes with the copy.
@@ -371,7 +372,7 @@ impl<E: CopyEngine> Uploader<E> {
         }
         pool.allocated += 1;
         drop(pool);
-        match inner.engine.alloc_slot(inner.slot_len) {
+        match inner.engine.alloc_slot(inner.slot_len, true) {
             Ok(slot) => {
                 inner.stats.slot_bytes.fetch_add(inner.slot_len as u64, Ordering::Relaxed);
                 Ok((slot, None))
@@ -413,7 +414,8 @@ impl<E: CopyEngine> Uploader<E> {
     /// the compute reading it has completed.
     pub fn upload_owned(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<Staged<E>>, BackendError> {
         let inner = &*self.inner;
-        let slot = inner.engine.alloc_slot(host.bytes().len())?;
+        // Only copies fill it: no registration for direct reads.
+        let slot = inner.engine.alloc_slot(host.bytes().len(), false)?;
         // SAFETY: as in `upload`.
         let event = unsafe { inner.engine.copy(host.bytes(), &slot, None) }?;
         let hold = Arc::new(SlotHold { slot: Some(slot), home: Arc::downgrade(&self.inner), owned: true });

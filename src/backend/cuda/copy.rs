@@ -96,21 +96,24 @@ impl CopyEngine for CudaCopy {
     type Event = CopyEvent;
     type Slot = CudaSlot;
 
-    fn alloc_slot(&self, len: usize) -> Result<CudaSlot, BackendError> {
+    fn alloc_slot(&self, len: usize, direct: bool) -> Result<CudaSlot, BackendError> {
         let what = "a streaming slot";
         // Left unset: a slot is read only where a copy or a storage read wrote it first.
-        // Expert misses allocate one each, so this stays off the host's critical path:
-        // no memset, and no wait unless cuFile must register the memory.
+        // Expert misses allocate one each (not `direct`: only copies fill them), so this
+        // stays off the host's critical path: no memset, and neither a wait nor a cuFile
+        // registration (each costs more than the copy of an expert) unless storage may
+        // read into it.
         // SAFETY: as said, nothing reads a slot's bytes before they are written.
         let data = unsafe { self.copy.alloc::<u8>(len.max(1)) }.map_err(err(what, len as u64))?;
         // The allocation is ordered on the copy stream; the compute stream first reads
         // it after waiting on a copy into it. A slot storage reads land in is registered
         // with cuFile (unregistered, cuFile still reads into it, through its own buffers),
         // which needs the memory to exist now.
-        if self.gds.is_some() {
+        let gds = self.gds.as_ref().filter(|_| direct);
+        if gds.is_some() {
             self.copy.synchronize().map_err(err(what, len as u64))?;
         }
-        let registered = self.gds.as_ref().and_then(|d| {
+        let registered = gds.and_then(|d| {
             let (p, _sync) = data.device_ptr(&self.copy);
             d.gds.register_buffer(p, data.len()).map_err(|e| tracing::debug!(error = %e, "cuFileBufRegister")).ok()
         });
@@ -283,7 +286,7 @@ pub fn measure_h2d(compute: &Arc<CudaStream>) -> Option<f64> {
         return None;
     }
     let engine = CudaCopy::new(compute.clone(), Arc::default(), None).ok()?;
-    let slot = engine.alloc_slot(LEN).ok()?;
+    let slot = engine.alloc_slot(LEN, false).ok()?;
     let mut secs = Vec::new();
     for i in 0..6 {
         // SAFETY: `host` outlives the copy: it is waited for before the next iteration.

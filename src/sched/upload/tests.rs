@@ -176,7 +176,7 @@ impl CopyEngine for Fake {
     type Event = Arc<FakeEvent>;
     type Slot = Arc<FakeSlot>;
 
-    fn alloc_slot(&self, len: usize) -> Result<Self::Slot, BackendError> {
+    fn alloc_slot(&self, len: usize, _direct: bool) -> Result<Self::Slot, BackendError> {
         Ok(Arc::new(FakeSlot { id: self.id(), data: Mutex::new(vec![0; len]) }))
     }
 
@@ -355,7 +355,7 @@ fn the_checks_catch_a_staging_buffer_returned_early() {
     // slow copy stream, as a pipeline without the reaper would.
     let fake = Fake::new(true, 3000, 0);
     let staging = Arc::new(Staging { pool: Mutex::new(vec![Vec::new()]), back: Condvar::new(), fake: fake.clone() });
-    let slot = fake.alloc_slot(256).unwrap();
+    let slot = fake.alloc_slot(256, false).unwrap();
     let host = staging.fill(1, 256);
     // SAFETY: deliberately broken: `host` drops before the copy runs (its bytes go back
     // to the pool, still allocated, so the fake reads stale but valid memory).
