@@ -601,7 +601,18 @@ KERNEL plain_via_object_macro(float* x) {}
         let names: Vec<_> = FILES.iter().map(|f| f.name).collect();
         assert_eq!(
             names,
-            ["elementwise", "rows", "norm", "rope", "embedding", "dequant", "matvec", "attention", "sample"]
+            [
+                "elementwise",
+                "rows",
+                "norm",
+                "rope",
+                "embedding",
+                "dequant",
+                "matvec",
+                "attention",
+                "sample",
+                "deltanet"
+            ]
         );
         for f in FILES {
             assert_eq!(by_name(f.name), Some(f));

@@ -321,8 +321,8 @@ mod tests {
         for entry in &listed {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
-        // 3 kernels per weight format, 16 others.
-        assert_eq!(listed.len(), 3 * WEIGHT_FORMATS.len() + 16);
+        // 3 kernels per weight format, 18 others.
+        assert_eq!(listed.len(), 3 * WEIGHT_FORMATS.len() + 18);
         assert_eq!(declared.len(), listed.len());
     }
 }
