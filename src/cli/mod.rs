@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod convert;
 pub mod doctor;
+pub mod export;
 pub mod import;
 pub mod inspect;
 pub mod perplexity;
@@ -74,6 +75,8 @@ pub enum Command {
     Cp(store_cmds::CpArgs),
     /// Convert a model into a flat layer directory or a `.cawsf` file, quantizing if asked.
     Convert(convert::ConvertArgs),
+    /// Export a model as a GGUF file that llama.cpp (and Ollama) load, quantizing if asked.
+    Export(export::ExportArgs),
     /// Show what a model file or directory holds (any format Strata reads).
     Inspect(inspect::InspectArgs),
     /// Check every checksum of a flat layer directory or `.cawsf` file.
@@ -189,6 +192,7 @@ pub fn dispatch(cli: Cli, settings: crate::config::Settings) -> anyhow::Result<(
         Command::Rm(a) => store_cmds::rm(a),
         Command::Cp(a) => store_cmds::cp(a),
         Command::Convert(a) => convert::main(a),
+        Command::Export(a) => export::main(a),
         Command::Inspect(a) => inspect::main(a),
         Command::Verify(a) => verify::main(a),
         Command::Pull(a) => pull::main(a),

@@ -76,7 +76,7 @@ const ROUTING_TENSORS: [&str; 3] = ["mlp.gate.weight", "block_sparse_moe.gate.we
 /// Q8_0 model into the exact F32 model its blocks stand for); block targets convert
 /// weight matrices whose rows are whole blocks (norms, biases and odd shapes keep their
 /// dtype). Routing tensors ([`ROUTING_TENSORS`]) are never converted.
-fn target_dtype(name: &str, t: &HostTensor, quant: Option<DType>) -> Option<DType> {
+pub(crate) fn target_dtype(name: &str, t: &HostTensor, quant: Option<DType>) -> Option<DType> {
     let q = quant?;
     if t.dtype == q || layer_tensor(name).is_some_and(|(_, local)| ROUTING_TENSORS.contains(&local)) {
         return None;

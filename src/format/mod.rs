@@ -8,8 +8,10 @@
 pub mod cawsf;
 pub mod checksum;
 pub mod convert;
+pub mod export;
 pub mod flat;
 pub mod gguf;
+pub mod gguf_write;
 pub mod safetensors;
 
 use std::path::PathBuf;

@@ -782,6 +782,133 @@ fn set_strip_flags(f: &GgufFile, pre: &str, ids: &HashMap<&str, u32>, attrs: &mu
     }
 }
 
+/// One `tokenizer.ggml.pre` name for each pre-tokenizer llama.cpp distinguishes (the
+/// names [`bpe_pre`] reads that behave alike are represented once), most common first:
+/// the names an export may write.
+pub const PRE_NAMES: &[&str] = &[
+    "qwen2",
+    "llama-bpe",
+    "smollm",
+    "gpt-2",
+    "qwen35",
+    "gpt-4o",
+    "tekken",
+    "deepseek-v3",
+    "default",
+    "deepseek-llm",
+    "deepseek-coder",
+    "falcon",
+    "dbrx",
+    "chatglm-bpe",
+    "glm4",
+    "minicpm5",
+    "jais-2",
+    "spark2_5",
+    "youtu",
+    "gemma4",
+    "sarvam-moe",
+    "whitespace",
+    "bloom",
+    "viking",
+    "exaone-moe",
+    "chameleon",
+    "granite-embed-multi-97m",
+    "tiny_aya",
+    "superbpe",
+    "bailingmoe",
+    "seed-coder",
+    "kimi-k2",
+    "ufakzeka",
+    "afmoe",
+    "laguna",
+];
+
+/// The `tokenizer.ggml.pre` of [`PRE_NAMES`] whose reading gives this BPE vocabulary's
+/// pre-tokenizer (its regexes and flags), if any.
+pub fn pre_name(v: &LlamaVocab) -> Option<&'static str> {
+    PRE_NAMES.iter().copied().find(|name| {
+        bpe_pre(name).is_ok_and(|b| {
+            b.regexes.iter().map(|r| r.to_string()).eq(v.pre_regexes.iter().cloned())
+                && b.raw_utf8 != v.byte_encode
+                && b.escape_whitespaces == v.escape_whitespaces
+                && b.ignore_merges == v.ignore_merges
+                && b.whole_newline_runs == v.whole_newline_runs
+        })
+    })
+}
+
+/// `tokenizer.ggml.*` metadata that [`llama_vocab`] reads back as `v`: the inverse of the
+/// reading, for `strata export`. `pre` overrides the pre-tokenizer's name (else
+/// [`pre_name`] finds it).
+pub fn gguf_keys(v: &LlamaVocab, pre: Option<&str>) -> anyhow::Result<Vec<(String, GgufValue)>> {
+    let model = match (v.kind, v.bpe_session) {
+        (VocabKind::Spm, _) => "llama",
+        (VocabKind::Bpe, BpeSession::Whitespace) => "whitespace",
+        (VocabKind::Bpe, BpeSession::HybridDna) => "hybriddna",
+        (VocabKind::Bpe, BpeSession::Plain) if v.whole_newline_runs => "gemma4",
+        (VocabKind::Bpe, BpeSession::Plain) => "gpt2",
+        (VocabKind::Wpm, _) => "bert",
+        (VocabKind::Ugm, _) => "t5",
+        (VocabKind::Rwkv, _) => "rwkv",
+        (VocabKind::Plamo2, _) => "plamo2",
+    };
+    let s = |x: &str| GgufValue::String(x.to_string());
+    let mut keys = vec![("tokenizer.ggml.model".to_string(), s(model))];
+    if model == "gpt2" {
+        let pre = match pre {
+            Some(p) => p,
+            None => pre_name(v).context("no llama.cpp pre-tokenizer name reads as this vocabulary's")?,
+        };
+        keys.push(("tokenizer.ggml.pre".into(), s(pre)));
+    }
+    let strings = |items: &[String]| GgufValue::Array(items.iter().map(|t| s(t)).collect());
+    keys.push(("tokenizer.ggml.tokens".into(), strings(&v.tokens)));
+    if !v.scores.is_empty() {
+        keys.push((
+            "tokenizer.ggml.scores".into(),
+            GgufValue::Array(v.scores.iter().map(|&x| GgufValue::F32(x)).collect()),
+        ));
+    }
+    let types = v.attrs.iter().map(|&a| {
+        GgufValue::I32(match a {
+            a if a & attr::CONTROL != 0 => TOKEN_CONTROL,
+            a if a & attr::USER_DEFINED != 0 => TOKEN_USER_DEFINED,
+            a if a & attr::UNKNOWN != 0 => TOKEN_UNKNOWN,
+            a if a & attr::UNUSED != 0 => TOKEN_UNUSED,
+            a if a & attr::BYTE != 0 => TOKEN_BYTE,
+            _ => TOKEN_NORMAL,
+        } as i32)
+    });
+    keys.push(("tokenizer.ggml.token_type".into(), GgufValue::Array(types.collect())));
+    if v.kind == VocabKind::Bpe {
+        keys.push(("tokenizer.ggml.merges".into(), strings(&v.merges)));
+    }
+    for (key, id) in
+        [("bos_token_id", v.bos), ("eos_token_id", v.eos), ("unknown_token_id", v.unk), ("seperator_token_id", v.sep)]
+    {
+        if let Some(id) = id {
+            keys.push((format!("tokenizer.ggml.{key}"), GgufValue::U32(id)));
+        }
+    }
+    for (key, on) in [
+        ("add_bos_token", v.add_bos),
+        ("add_eos_token", v.add_eos),
+        ("add_space_prefix", v.add_space_prefix),
+        ("remove_extra_whitespaces", v.remove_extra_whitespaces),
+    ] {
+        keys.push((format!("tokenizer.ggml.{key}"), GgufValue::Bool(on)));
+    }
+    if v.kind == VocabKind::Wpm {
+        keys.push(("tokenizer.ggml.normalizer.lowercase".into(), GgufValue::Bool(v.lowercase)));
+    }
+    let charsmap = v.charsmap().map_err(anyhow::Error::msg)?;
+    if !charsmap.is_empty() {
+        let bytes = charsmap.into_iter().map(GgufValue::U8).collect();
+        keys.push(("tokenizer.ggml.precompiled_charsmap".into(), GgufValue::Array(bytes)));
+    }
+    Ok(keys)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

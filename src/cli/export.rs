@@ -1,0 +1,61 @@
+//! `strata export`: a model as a GGUF file for llama.cpp.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::format::export::export;
+use crate::model::ModelSource;
+use crate::quant::convert_target;
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// The model to export: a Hugging Face directory, a `.gguf` or `.cawsf` file, a flat
+    /// layer directory, or a model in the store.
+    pub src: String,
+    /// The GGUF file to write (must not exist). It appears only once the export is done
+    /// and has read back as the source.
+    pub out: PathBuf,
+    /// Weight matrices in f32, f16, bf16, q8_0, q4_0, q4_k or q6_k (default: as stored;
+    /// formats llama.cpp does not read become f32). Norms and biases stay f32, and MoE
+    /// routers as stored.
+    #[arg(long)]
+    pub quant: Option<String>,
+    /// Worker threads for quantizing (default: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn main(args: ExportArgs) -> anyhow::Result<()> {
+    let quant = args.quant.as_deref().map(convert_target).transpose().map_err(|e| anyhow::anyhow!("--quant: {e}"))?;
+    if let Some(q) = quant
+        && crate::format::gguf_write::ggml_type(q).is_none()
+    {
+        anyhow::bail!(
+            "--quant {}: llama.cpp does not read it (use f32, f16, bf16, q8_0, q4_0, q4_k or q6_k)",
+            q.name()
+        );
+    }
+    let src = ModelSource::from_spec(&args.src)?;
+    let report = export(&src, &args.out, quant, args.threads)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "{}: {} ({} tensors, {} converted), tokenizer {}, {:.1} MB",
+            args.out.display(),
+            report.architecture,
+            report.tensors,
+            report.converted,
+            report.tokenizer,
+            report.bytes as f64 / 1e6
+        );
+        if let Some(note) = &report.note {
+            println!("note: {note}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,587 @@
+//! `strata export`: any model Strata reads (Hugging Face directory, GGUF, flat, `.cawsf`)
+//! as a GGUF file that llama.cpp loads: its architecture's metadata, llama.cpp's tensor
+//! names and layouts, the tokenizer and the chat template.
+//!
+//! Everything is the inverse of what Strata does when it reads a GGUF
+//! (`model::gguf_source`, `model::gguf_vocab`), and the export checks itself against that
+//! reading before it keeps the file: the GGUF read back must give the source's model
+//! config, and its tokenizer must tokenize a test text as the source's does. A model with
+//! something GGUF cannot say for its family (a setting llama.cpp fixes otherwise, a
+//! tokenizer no llama.cpp pre-tokenizer reproduces) is refused, naming it, rather than
+//! written wrong. Tensors are converted one at a time, so memory stays O(one tensor).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use super::gguf::{GgufFile, GgufValue};
+use super::gguf_write::{self, TensorEntry};
+use crate::engine::tokenizer::TextTokenizer;
+use crate::model::ModelSource;
+use crate::model::config::{Ffn, LayerRope, ModelConfig, RopeScaling};
+use crate::model::gguf_vocab::{self, LLAMA_VOCAB_KEY, LlamaVocab};
+use crate::model::spec::{self, Arch, ArchSpec, Role};
+use crate::tensor::{AlignedBytes, DType, HostTensor};
+
+/// What an export did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ExportReport {
+    pub architecture: String,
+    pub tensors: usize,
+    /// Tensors whose dtype changed.
+    pub converted: usize,
+    pub bytes: u64,
+    /// `tokenizer.ggml.model` and `tokenizer.ggml.pre`.
+    pub tokenizer: String,
+    /// What llama.cpp will do differently from Strata with this model, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// GGUF metadata: keys and values, in the order written.
+type Metadata = Vec<(String, GgufValue)>;
+
+/// Where one GGUF tensor's data comes from.
+enum Source {
+    /// A tensor of the source, under its Hugging Face name, with the changes it needs.
+    One { hf: String, fix: Fix },
+    /// Routed experts' tensors stacked `[experts, rows, cols]`, expert 0 first.
+    Stacked(Vec<String>),
+    /// Values computed here (`rope_freqs.weight`).
+    Values(Vec<f32>),
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Fix {
+    None,
+    /// llama.cpp's Q/K row order (`convert_hf_to_gguf.py`'s permutation) over this many
+    /// heads.
+    Permute(usize),
+    /// Gemma's norms: GGUF holds `1 + w`.
+    PlusOne,
+}
+
+/// Writes `src` to `out` (which must not exist) as GGUF, with weight matrices in `quant`
+/// where given (else as stored, or F32 where llama.cpp does not read the stored type).
+pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usize) -> anyhow::Result<ExportReport> {
+    if out.exists() {
+        bail!("{}: already exists; choose another output or remove it first", out.display());
+    }
+    let c = &src.config;
+    let spec = c.spec();
+    if c.linear_attn.is_some() {
+        bail!(
+            "`{}`: exporting linear-attention (Qwen3-Next, Qwen3.5) models is not supported yet: llama.cpp lays out \
+             their projections differently",
+            src.name
+        );
+    }
+    spec::check_tensors(c, &src.tensors).with_context(|| format!("model `{}`", src.name))?;
+    let (name, tok_keys, tok_name) = tokenizer_keys(src)?;
+    let mut meta = metadata(src, &name)?;
+    meta.extend(tok_keys);
+    if let Some(t) = chat_template(src) {
+        meta.push(("tokenizer.chat_template".into(), GgufValue::String(t)));
+    }
+
+    let (entries, sources) = plan(src, spec, quant)?;
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("building a thread pool")?;
+    let mut converted = 0;
+    let bytes = gguf_write::write(out, &meta, &entries, |i| {
+        let e = &entries[i];
+        let data = match &sources[i] {
+            Source::Values(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Source::One { hf, fix } => {
+                let t = &src.tensors[hf];
+                converted += usize::from(t.dtype != e.dtype);
+                let t = match fix {
+                    Fix::PlusOne => HostTensor::from_f32(
+                        &t.to_f32_vec().iter().map(|w| w + 1.0).collect::<Vec<_>>(),
+                        t.shape.clone(),
+                    ),
+                    _ => t.clone(),
+                };
+                let bytes = in_dtype(&pool, hf, &t, e.dtype)?;
+                match fix {
+                    Fix::Permute(heads) => permute_rows(&bytes, t.shape[0], *heads)
+                        .with_context(|| format!("tensor `{hf}`: {heads} heads"))?,
+                    _ => bytes,
+                }
+            }
+            Source::Stacked(names) => {
+                let mut all = Vec::with_capacity(e.bytes()?);
+                for hf in names {
+                    let t = &src.tensors[hf];
+                    converted += usize::from(t.dtype != e.dtype);
+                    all.extend(in_dtype(&pool, hf, t, e.dtype)?);
+                }
+                all
+            }
+        };
+        Ok(data)
+    })?;
+    // Read it back as Strata reads any GGUF: the same model, or no file.
+    if let Err(e) = check(src, out) {
+        let _ = std::fs::remove_file(out);
+        return Err(e.context(format!(
+            "{}: the export does not read back as `{}`; nothing written",
+            out.display(),
+            src.name
+        )));
+    }
+    let window = c.layers.iter().find_map(|l| l.sliding_window).filter(|_| c.arch == Arch::Mistral);
+    let note = window.map(|w| {
+        format!("llama.cpp runs Mistral as `llama`, without its sliding window: past {w} tokens its outputs differ")
+    });
+    Ok(ExportReport {
+        architecture: gguf_arch(c).into(),
+        tensors: entries.len(),
+        converted,
+        bytes,
+        tokenizer: tok_name,
+        note,
+    })
+}
+
+/// The GGUF's `general.*` and architecture keys: the inverse of
+/// `gguf_source::config_from_gguf`, family by family.
+fn metadata(src: &ModelSource, name: &str) -> anyhow::Result<Metadata> {
+    let c = &src.config;
+    let a = gguf_arch(c);
+    let mut m: Metadata = Vec::new();
+    let mut put = |k: &str, v: GgufValue| m.push((k.to_string(), v));
+    let u = |x: usize| GgufValue::U32(x as u32);
+    put("general.architecture", GgufValue::String(a.into()));
+    put("general.name", GgufValue::String(name.into()));
+    put(&format!("{a}.context_length"), u(c.max_position_embeddings));
+    put(&format!("{a}.embedding_length"), u(c.hidden_size));
+    put(&format!("{a}.block_count"), u(c.n_layers));
+    put(&format!("{a}.feed_forward_length"), u(c.intermediate_size));
+    put(&format!("{a}.attention.head_count"), u(c.n_heads));
+    put(&format!("{a}.attention.head_count_kv"), u(c.n_kv_heads));
+    put(&format!("{a}.attention.key_length"), u(c.head_dim));
+    put(&format!("{a}.attention.value_length"), u(c.head_dim));
+    put(&format!("{a}.rope.dimension_count"), u(c.rotary_dim));
+    put(&format!("{a}.attention.layer_norm_rms_epsilon"), GgufValue::F32(c.rms_norm_eps));
+    put(&format!("{a}.rope.freq_base"), GgufValue::F32(c.rope_theta));
+    if let Some(w) = c.layers.iter().find_map(|l| l.sliding_window).filter(|_| c.arch != Arch::Mistral) {
+        put(&format!("{a}.attention.sliding_window"), u(w));
+        let pattern = c.layers.iter().map(|l| GgufValue::Bool(l.sliding_window.is_some())).collect();
+        put(&format!("{a}.attention.sliding_window_pattern"), GgufValue::Array(pattern));
+    }
+    if c.arch == Arch::Gemma3 {
+        put(&format!("{a}.rope.freq_base_swa"), GgufValue::F32(c.rope_local_theta));
+    }
+    if let Some(cap) = c.attn_softcap {
+        put(&format!("{a}.attn_logit_softcapping"), GgufValue::F32(cap));
+    }
+    if let Some(cap) = c.final_softcap {
+        put(&format!("{a}.final_logit_softcapping"), GgufValue::F32(cap));
+    }
+    if c.arch == Arch::Granite {
+        put(&format!("{a}.attention.scale"), GgufValue::F32(c.attn_scale));
+        put(&format!("{a}.embedding_scale"), GgufValue::F32(c.embed_scale));
+        put(&format!("{a}.residual_scale"), GgufValue::F32(c.residual_scale));
+        put(&format!("{a}.logit_scale"), GgufValue::F32(c.logits_divisor));
+        if c.layers.iter().all(|l| l.rope == LayerRope::None) {
+            put(&format!("{a}.rope.scaling.finetuned"), GgufValue::Bool(false));
+        }
+    }
+    if let Some(moe) = c.moe {
+        put(&format!("{a}.expert_count"), u(moe.n_experts));
+        put(&format!("{a}.expert_used_count"), u(moe.top_k));
+        if c.arch != Arch::Mixtral {
+            put(&format!("{a}.expert_feed_forward_length"), u(moe.expert_size));
+        }
+        if let Some(s) = moe.shared_expert_size {
+            put(&format!("{a}.expert_shared_feed_forward_length"), u(s));
+        }
+    }
+    match c.rope_scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => {
+            put(&format!("{a}.rope.scaling.type"), GgufValue::String("linear".into()));
+            put(&format!("{a}.rope.scaling.factor"), GgufValue::F32(factor));
+        }
+        // The per-frequency divisors go in `rope_freqs.weight` (see `plan`).
+        RopeScaling::Llama3 { original_max_position, .. } => {
+            put(&format!("{a}.rope.scaling.original_context_length"), u(original_max_position as usize));
+        }
+    }
+    Ok(m)
+}
+
+/// The `general.architecture` llama.cpp runs the model as: its family's, except Mistral,
+/// which llama.cpp (like its converter) runs as `llama`, without a sliding window.
+fn gguf_arch(c: &ModelConfig) -> &'static str {
+    match c.arch {
+        Arch::Mistral => "llama",
+        _ => c.spec().gguf_arch,
+    }
+}
+
+/// What reading the export back must give: the source's config, Mistral's as llama.cpp
+/// runs it ([`gguf_arch`]).
+fn expected_config(c: &ModelConfig) -> ModelConfig {
+    let mut c = c.clone();
+    if c.arch == Arch::Mistral {
+        c.arch = Arch::Llama;
+        c.layers.iter_mut().for_each(|l| l.sliding_window = None);
+    }
+    c
+}
+
+/// `general.name`, the tokenizer's `tokenizer.ggml.*` keys, and `model/pre` for the
+/// report: a GGUF source's vocabulary as llama.cpp read it, or a Hugging Face byte-level
+/// BPE `tokenizer.json` with the llama.cpp pre-tokenizer that splits text as it does.
+/// llama.cpp also sets token flags by `general.name` (Phi-3: special tokens strip the
+/// spaces after them), so the name is chosen with the tokenizer: the model's own, marked
+/// `phi3` for a Phi-3 whose tokenizer strips so, never `phi3` for a vocabulary without
+/// the tokens llama.cpp then looks up (it fails to load).
+fn tokenizer_keys(src: &ModelSource) -> anyhow::Result<(String, Metadata, String)> {
+    let source_tok = source_tokenizer(src)?;
+    let stored = src
+        .tokenizer_config_json
+        .as_deref()
+        .and_then(|t| serde_json::from_str::<Value>(t).ok())
+        .and_then(|v| v.get(LLAMA_VOCAB_KEY).cloned());
+    let candidates: Vec<Metadata> = match stored {
+        Some(v) => {
+            let vocab: LlamaVocab = serde_json::from_value(v).context("the stored llama.cpp vocabulary")?;
+            vec![gguf_vocab::gguf_keys(&vocab, None)?]
+        }
+        None => byte_level_bpe(src, &source_tok)?,
+    };
+    let mut last = None;
+    for keys in candidates {
+        for name in names(src, &keys) {
+            match tokenizes_alike(&name, &keys, &source_tok) {
+                Ok(()) => {
+                    let get = |k: &str| keys.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.as_str()).unwrap_or("");
+                    let tok = format!("{}/{}", get("tokenizer.ggml.model"), get("tokenizer.ggml.pre"));
+                    return Ok((name, keys, tok.trim_end_matches('/').to_string()));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no tokenizer")))
+        .context("no llama.cpp tokenizer reproduces this model's: the GGUF would tokenize differently")
+}
+
+/// The `general.name`s to try, in order (see [`tokenizer_keys`]).
+fn names(src: &ModelSource, keys: &[(String, GgufValue)]) -> Vec<String> {
+    let phi3 = |n: &str| n.to_lowercase().contains("phi3") || n.to_lowercase().contains("phi-3");
+    let tokens: Vec<&str> = keys
+        .iter()
+        .find(|(k, _)| k == "tokenizer.ggml.tokens")
+        .and_then(|(_, v)| v.as_array())
+        .map(|a| a.iter().filter_map(GgufValue::as_str).collect())
+        .unwrap_or_default();
+    let loads_as_phi3 = ["</s>", "<unk>", "<s>", "<|endoftext|>"].iter().all(|t| tokens.contains(t));
+    let plain =
+        src.name.replace("phi3", "phi_3").replace("Phi3", "Phi_3").replace("phi-3", "phi_3").replace("Phi-3", "Phi_3");
+    let mut out = Vec::new();
+    if !phi3(&src.name) || loads_as_phi3 {
+        out.push(src.name.clone());
+    }
+    if src.config.arch == Arch::Phi3 && loads_as_phi3 && !phi3(&src.name) {
+        out.push(format!("phi3-{}", src.name));
+    }
+    if !phi3(&plain) && !out.contains(&plain) {
+        out.push(plain);
+    }
+    out
+}
+
+fn source_tokenizer(src: &ModelSource) -> anyhow::Result<TextTokenizer> {
+    TextTokenizer::from_parts(crate::engine::tokenizer::TokenizerSources {
+        tokenizer_json: &src.tokenizer_json,
+        tokenizer_config_json: src.tokenizer_config_json.as_deref(),
+        generation_config_json: src.generation_config_json.as_deref(),
+        chat_template: src.chat_template.as_deref(),
+        model_config_json: Some(&src.config_json),
+    })
+    .context("the source's tokenizer")
+}
+
+/// A byte-level BPE `tokenizer.json` as `gpt2` vocabulary keys, once per llama.cpp
+/// pre-tokenizer ([`gguf_vocab::PRE_NAMES`]): the caller keeps the first that tokenizes
+/// as the source.
+fn byte_level_bpe(src: &ModelSource, tok: &TextTokenizer) -> anyhow::Result<Vec<Metadata>> {
+    let j: Value = serde_json::from_str(&src.tokenizer_json).context("tokenizer.json")?;
+    let model = j.get("model").context("tokenizer.json has no `model`")?;
+    let byte_level = src.tokenizer_json.contains("\"ByteLevel\"");
+    if model.get("type").and_then(Value::as_str) != Some("BPE") || !byte_level {
+        bail!(
+            "exporting this tokenizer (`{}`, not byte-level BPE) from a Hugging Face directory is not supported yet",
+            model.get("type").and_then(Value::as_str).unwrap_or("?")
+        );
+    }
+    let vocab = model.get("vocab").and_then(Value::as_object).context("tokenizer.json has no BPE vocab")?;
+    let mut by_id: BTreeMap<usize, (String, i32)> = BTreeMap::new();
+    for (t, id) in vocab {
+        let id = id.as_u64().context("a vocab id is not a number")? as usize;
+        by_id.insert(id, (t.clone(), 1));
+    }
+    for a in j.get("added_tokens").and_then(Value::as_array).into_iter().flatten() {
+        let (Some(id), Some(t)) = (a.get("id").and_then(Value::as_u64), a.get("content").and_then(Value::as_str))
+        else {
+            continue;
+        };
+        let special = a.get("special").and_then(Value::as_bool).unwrap_or(false);
+        by_id.insert(id as usize, (t.to_string(), if special { 3 } else { 4 }));
+    }
+    let n = src.config.vocab_size.max(by_id.keys().next_back().map_or(0, |&i| i + 1));
+    let mut tokens = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    for i in 0..n {
+        let (t, ty) = by_id.remove(&i).unwrap_or_else(|| (format!("[PAD{i}]"), 5));
+        tokens.push(GgufValue::String(t));
+        types.push(GgufValue::I32(ty));
+    }
+    let merges: Vec<GgufValue> = model
+        .get("merges")
+        .and_then(Value::as_array)
+        .context("tokenizer.json has no merges")?
+        .iter()
+        .map(|m| match m {
+            Value::String(s) => Ok(GgufValue::String(s.clone())),
+            Value::Array(p) if p.len() == 2 => {
+                let (a, b) = (p[0].as_str().unwrap_or(""), p[1].as_str().unwrap_or(""));
+                Ok(GgufValue::String(format!("{a} {b}")))
+            }
+            other => bail!("a merge is {other}, not `a b` or [a, b]"),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut common = vec![
+        ("tokenizer.ggml.model".to_string(), GgufValue::String("gpt2".into())),
+        ("tokenizer.ggml.tokens".into(), GgufValue::Array(tokens)),
+        ("tokenizer.ggml.token_type".into(), GgufValue::Array(types)),
+        ("tokenizer.ggml.merges".into(), GgufValue::Array(merges)),
+        ("tokenizer.ggml.add_bos_token".into(), GgufValue::Bool(tok.add_bos_token())),
+        ("tokenizer.ggml.add_eos_token".into(), GgufValue::Bool(false)),
+    ];
+    let id_of = |t: Option<&str>| t.and_then(|t| tok.token_to_id(t));
+    for (key, id) in [("bos_token_id", tok.bos_id()), ("eos_token_id", id_of(tok.eos_token()))] {
+        if let Some(id) = id {
+            common.push((format!("tokenizer.ggml.{key}"), GgufValue::U32(id)));
+        }
+    }
+    Ok(gguf_vocab::PRE_NAMES
+        .iter()
+        .map(|pre| {
+            let mut keys = common.clone();
+            keys.insert(1, ("tokenizer.ggml.pre".into(), GgufValue::String(pre.to_string())));
+            keys
+        })
+        .collect())
+}
+
+/// Text every export's tokenizer must split as the source's does: words, numbers of
+/// every length, contractions, whitespace runs, newlines, code, accents, CJK, emoji.
+const CHECK_TEXT: &str = "Hello world! It's 2026-11-26; we've 3 cats, they'll run 12345678 m in 1.5 s.\n\n\
+    \tIndented   code: fn main() { println!(\"héllo wörld\"); } // über café naïve\r\n\
+    日本語のテキスト、中文字符。 Ünïcödé — “quotes” ‘single’ 🙂🚀 x²+y² ≤ 10³\n    trailing   \n";
+
+/// Whether the GGUF tokenizer `keys` describe tokenizes [`CHECK_TEXT`] (with and without
+/// special tokens) and a few of the source's own special tokens as `source` does, read
+/// back as Strata reads a GGUF's vocabulary.
+fn tokenizes_alike(name: &str, keys: &[(String, GgufValue)], source: &TextTokenizer) -> anyhow::Result<()> {
+    let mut meta = vec![
+        ("general.architecture".to_string(), GgufValue::String("llama".into())),
+        ("general.name".to_string(), GgufValue::String(name.into())),
+    ];
+    meta.extend(keys.iter().cloned());
+    let bytes = gguf_write::encode_metadata(&meta)?;
+    let f = GgufFile::parse(Arc::new(AlignedBytes::from_slice(&bytes)), Path::new("export.gguf"))?;
+    let files = gguf_vocab::tokenizer(&f)?;
+    let back = TextTokenizer::from_sources(
+        &files.tokenizer_json,
+        Some(&files.tokenizer_config_json),
+        Some(&files.generation_config_json),
+        None,
+    )?;
+    let specials: String = [source.bos_token(), source.eos_token()].into_iter().flatten().collect();
+    for text in [CHECK_TEXT.to_string(), format!("{specials} a{specials}b")] {
+        for special in [false, true] {
+            let (want, got) = (source.encode(&text, special)?, back.encode(&text, special)?);
+            if want != got {
+                let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(want.len().min(got.len()));
+                bail!(
+                    "tokenizer {:?}: token {at} of {:?} is {:?}, the source's {:?}",
+                    keys.iter().find(|(k, _)| k == "tokenizer.ggml.pre").map(|(_, v)| v),
+                    text.chars().take(40).collect::<String>(),
+                    got.get(at),
+                    want.get(at)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The chat template, as transformers would pick it: `chat_template.jinja`, else
+/// `tokenizer_config.json`'s (a string, or the one named `default`).
+fn chat_template(src: &ModelSource) -> Option<String> {
+    if let Some(t) = &src.chat_template {
+        return Some(t.clone());
+    }
+    let cfg: Value = serde_json::from_str(src.tokenizer_config_json.as_deref()?).ok()?;
+    match cfg.get("chat_template")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(items) => items
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+        _ => None,
+    }
+}
+
+/// The GGUF tensor table, in llama.cpp's order (token embedding, output norm, output,
+/// then the layers), and where each one's data comes from.
+fn plan(src: &ModelSource, spec: &ArchSpec, quant: Option<DType>) -> anyhow::Result<(Vec<TensorEntry>, Vec<Source>)> {
+    let c = &src.config;
+    let mut entries = Vec::new();
+    let mut sources = Vec::new();
+    let dtype_for = |hf: &str, t: &HostTensor| -> DType {
+        // llama.cpp reads 1-D tensors (norms, biases) as F32, as its converter writes them.
+        if t.shape.len() == 1 {
+            return DType::F32;
+        }
+        match super::convert::target_dtype(hf, t, quant) {
+            Some(d) => d,
+            None if gguf_write::ggml_type(t.dtype).is_some() => t.dtype,
+            None => DType::F32,
+        }
+    };
+    for (hf, gguf) in [spec::EMBED, spec::OUTPUT_NORM, spec::OUTPUT] {
+        if let Some(t) = src.tensors.get(hf) {
+            let fix = if spec.hf_norm_offset && hf == spec::OUTPUT_NORM.0 { Fix::PlusOne } else { Fix::None };
+            entries.push(TensorEntry { name: gguf.into(), shape: t.shape.clone(), dtype: dtype_for(hf, t) });
+            sources.push(Source::One { hf: hf.into(), fix });
+        }
+    }
+    if let RopeScaling::Llama3 { .. } = c.rope_scaling {
+        // llama.cpp divides each frequency by its factor from `rope_freqs.weight`.
+        let scaled = c.rope_freqs().inv_freq;
+        let plain = ModelConfig { rope_scaling: RopeScaling::None, ..c.clone() }.rope_freqs().inv_freq;
+        let divisors: Vec<f32> = plain.iter().zip(&scaled).map(|(p, s)| p / s).collect();
+        entries.push(TensorEntry { name: "rope_freqs.weight".into(), shape: vec![divisors.len()], dtype: DType::F32 });
+        sources.push(Source::Values(divisors));
+    }
+    for l in 0..c.n_layers {
+        let prefix = format!("model.layers.{l}.");
+        let mut names: Vec<&String> = src.tensors.keys().filter(|n| n.starts_with(&prefix)).collect();
+        names.sort();
+        let mut stacks: BTreeMap<&'static str, Vec<(usize, String)>> = BTreeMap::new();
+        for hf in names {
+            let local = &hf[prefix.len()..];
+            let t = &src.tensors[hf];
+            let found = spec.tensors.iter().find_map(|n| match n.hf.split_once('*') {
+                None => (n.hf == local).then_some((n, None)),
+                Some((pre, post)) => {
+                    let e = local.strip_prefix(pre)?.strip_suffix(post)?.parse::<usize>().ok()?;
+                    Some((n, Some(e)))
+                }
+            });
+            let Some((name, expert)) = found else {
+                bail!("tensor `{hf}` has no llama.cpp name in a `{}` model", spec.gguf_arch);
+            };
+            if let Some(e) = expert {
+                stacks.entry(name.gguf).or_default().push((e, hf.clone()));
+                continue;
+            }
+            let gguf = format!("blk.{l}.{}", name.gguf);
+            let stem = name.gguf.rsplit_once('.').map_or(name.gguf, |(s, _)| s);
+            let fix = match (spec.gguf_qk_permuted, stem) {
+                (true, "attn_q") => Fix::Permute(c.n_heads),
+                (true, "attn_k") => Fix::Permute(c.n_kv_heads),
+                _ if spec.hf_norm_offset && name.role.is_norm() => Fix::PlusOne,
+                _ => Fix::None,
+            };
+            // llama.cpp holds the shared expert's gate as a vector.
+            let shape = match (name.role, &t.shape[..]) {
+                (Role::SharedExpertGate, &[1, h]) => vec![h],
+                _ => t.shape.clone(),
+            };
+            let dtype = if shape.len() == 1 { DType::F32 } else { dtype_for(hf, t) };
+            entries.push(TensorEntry { name: gguf, shape, dtype });
+            sources.push(Source::One { hf: hf.clone(), fix });
+        }
+        for (gguf, mut experts) in stacks {
+            experts.sort();
+            let n = c.moe.map_or(0, |m| m.n_experts);
+            if experts.len() != n || experts.iter().enumerate().any(|(i, (e, _))| *e != i) {
+                bail!("layer {l}: `{gguf}` has {} of the {n} experts", experts.len());
+            }
+            let first = &src.tensors[&experts[0].1];
+            let dtype = dtype_for(&experts[0].1, first);
+            let mut shape = vec![n];
+            shape.extend(&first.shape);
+            entries.push(TensorEntry { name: format!("blk.{l}.{gguf}"), shape, dtype });
+            sources.push(Source::Stacked(experts.into_iter().map(|(_, hf)| hf).collect()));
+        }
+        if c.layers[l].ffn == Ffn::Moe && c.moe.is_none() {
+            bail!("layer {l} routes, but the model has no experts");
+        }
+    }
+    Ok((entries, sources))
+}
+
+/// `t`'s bytes in `dtype` (through f32 when it changes).
+fn in_dtype(pool: &rayon::ThreadPool, name: &str, t: &HostTensor, dtype: DType) -> anyhow::Result<Vec<u8>> {
+    if t.dtype == dtype {
+        return Ok(t.bytes().to_vec());
+    }
+    let x = t.to_f32_vec();
+    if dtype == DType::F32 {
+        return Ok(x.iter().flat_map(|v| v.to_le_bytes()).collect());
+    }
+    let cols = *t.shape.last().unwrap_or(&1);
+    let rows = x.len() / cols.max(1);
+    let bytes = crate::quant::quantize_matrix(pool, dtype, &x, rows, cols)
+        .with_context(|| format!("converting {name} to {}", dtype.name()))?;
+    Ok(crate::tensor::ByteSource::bytes(&bytes).to_vec())
+}
+
+/// `convert_hf_to_gguf.py`'s Q/K row permutation, which
+/// [`unpermute_rows`](crate::model::gguf_source::unpermute_rows) undoes: within each
+/// head, stored row `2i + j` is Hugging Face row `j * head_dim / 2 + i`. Whole rows of
+/// `bytes` (`rows` of them) move, so any block type works.
+fn permute_rows(bytes: &[u8], rows: usize, n_heads: usize) -> anyhow::Result<Vec<u8>> {
+    if rows == 0 || n_heads == 0 || !rows.is_multiple_of(2 * n_heads) || !bytes.len().is_multiple_of(rows) {
+        bail!("{rows} rows do not split into {n_heads} heads of even size");
+    }
+    let (hd, row) = (rows / n_heads, bytes.len() / rows);
+    let mut out = vec![0u8; bytes.len()];
+    for h in 0..n_heads {
+        for i in 0..hd / 2 {
+            for j in 0..2 {
+                let (s, o) = (h * hd + 2 * i + j, h * hd + j * hd / 2 + i);
+                out[s * row..(s + 1) * row].copy_from_slice(&bytes[o * row..(o + 1) * row]);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The exported file read back as Strata reads a GGUF gives the source's config.
+fn check(src: &ModelSource, out: &Path) -> anyhow::Result<()> {
+    let back = crate::model::gguf_source::source_from_gguf(out)?;
+    let (a, b) = (&expected_config(&src.config), &back.config);
+    if a != b {
+        let (a, b) = (format!("{a:#?}"), format!("{b:#?}"));
+        let diff: Vec<String> = a
+            .lines()
+            .zip(b.lines())
+            .filter(|(x, y)| x != y)
+            .map(|(x, y)| format!("{} (GGUF: {})", x.trim(), y.trim()))
+            .collect();
+        bail!("its model config differs: {}", diff.join("; "));
+    }
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! `strata export` (issue 22): every committed fixture of a family llama.cpp runs exports
+//! to a GGUF that reads back as the same model: the same config, the same tensor values,
+//! the same tokenization, and, run by Strata, the same logits. What llama.cpp itself does
+//! with the exports (it needs llama-cpp-python, which CI does not build) is measured by
+//! `tools/export_vs_llamacpp.py` and recorded in docs/parity.md.
+
+mod support;
+
+use strata::engine::session::{Engine, RunOptions};
+use strata::format::export::export;
+use strata::model::ModelSource;
+use strata::model::decoder::SeqStep;
+use strata::tensor::DType;
+use support::TempDir;
+
+fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every position's logits of `ids` through a model loaded from `path`.
+fn logits(path: &str, ids: &[u32]) -> Vec<f32> {
+    let e = Engine::load(path, &RunOptions { threads: 2, ..Default::default() })
+        .unwrap_or_else(|e| panic!("{path}: {e:#}"));
+    let mut cache = e.model.new_cache(ids.len() + 1).unwrap();
+    e.model.forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true }]).unwrap().remove(0)
+}
+
+/// A source and its export: tensors equal value for value (llama.cpp's Q/K order and
+/// Gemma's `1 + w` undone on reading), logits within `tol`.
+fn round_trip(rel: &str, quant: Option<DType>, tol: f32) {
+    let dir = TempDir::new("export");
+    let src_path = root().join("tests/fixtures").join(rel);
+    let src = ModelSource::from_spec(src_path.to_str().unwrap()).unwrap();
+    let out = dir.path("out.gguf");
+    let report = export(&src, &out, quant, 2).unwrap_or_else(|e| panic!("{rel}: {e:#}"));
+    let back = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+    if quant.is_none() {
+        for (name, t) in &src.tensors {
+            let b = back.tensors.get(name).unwrap_or_else(|| panic!("{rel}: `{name}` missing from the export"));
+            assert_eq!(b.shape, t.shape, "{rel}: `{name}` shape");
+            let (x, y) = (t.to_f32_vec(), b.to_f32_vec());
+            let worst = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            // Gemma's norms go through `1 + w` and back in f32.
+            assert!(worst <= 1e-6, "{rel}: `{name}` differs by {worst}");
+        }
+    }
+    let vocab = src.config.vocab_size as u32;
+    let ids: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let (a, b) = (logits(src_path.to_str().unwrap(), &ids), logits(out.to_str().unwrap(), &ids));
+    let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    eprintln!(
+        "{rel} ({:?}): {} tensors, tokenizer {}, max |Δ logit| {worst:.2e}",
+        quant, report.tensors, report.tokenizer
+    );
+    assert!(worst <= tol, "{rel}: the export's logits differ by {worst}");
+}
+
+#[test]
+fn hugging_face_fixtures_export_to_gguf_that_reads_back_the_same() {
+    for rel in [
+        "hf/llama3",
+        "hf/qwen2",
+        "hf/qwen3",
+        "hf/gemma",
+        "hf/gemma2",
+        "hf/gemma3",
+        "hf/phi3",
+        "hf/olmo2",
+        "hf/granite",
+        "hf/smollm3",
+        "hf/mixtral",
+        "hf/qwen2_moe",
+        "hf/qwen3_moe",
+        "hf/llama_bf16_256",
+    ] {
+        round_trip(rel, None, 1e-5);
+    }
+}
+
+#[test]
+fn gguf_fixtures_export_as_stored() {
+    for rel in ["gguf/llama3.q4_0.gguf", "gguf/spm.gguf", "gguf/mixtral.q8_0.gguf", "gguf/llama256.q4_k_m.gguf"] {
+        round_trip(rel, None, 0.0);
+    }
+}
+
+/// `--quant` to a block format: the export holds the blocks `strata convert` would make
+/// (norms, biases and routers as they were), so it computes what the converted model
+/// computes. (A float `--quant` differs from `convert`'s there: GGUF keeps norms F32.)
+#[test]
+fn quantized_exports_compute_what_the_converted_model_does() {
+    let dir = TempDir::new("export-quant");
+    for (rel, q) in [
+        ("hf/llama3", DType::Q8_0),
+        ("hf/llama_bf16_256", DType::Q4_K),
+        ("hf/qwen2_moe", DType::Q8_0),
+        ("hf/gemma2", DType::Q4_0),
+    ] {
+        let src_path = root().join("tests/fixtures").join(rel);
+        let src = ModelSource::from_spec(src_path.to_str().unwrap()).unwrap();
+        let tag = rel.trim_start_matches("hf/");
+        let flat = dir.path(&format!("{tag}.{}.flat", q.name()));
+        let opts = strata::format::convert::ConvertOptions {
+            target: strata::format::convert::Target::Flat,
+            quant: Some(q),
+            threads: 2,
+        };
+        strata::format::convert::convert(src, &flat, &opts, &mut |_| {}).unwrap();
+        let src = ModelSource::from_spec(src_path.to_str().unwrap()).unwrap();
+        let out = dir.path(&format!("{tag}.{}.gguf", q.name()));
+        export(&src, &out, Some(q), 2).unwrap();
+        let ids: Vec<u32> = (0..24u32).map(|i| (i * 31 + 5) % src.config.vocab_size as u32).collect();
+        let (a, b) = (logits(flat.to_str().unwrap(), &ids), logits(out.to_str().unwrap(), &ids));
+        let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        eprintln!("{rel} --quant {}: max |Δ logit| against `convert --quant` {worst:.2e}", q.name());
+        assert!(worst <= 1e-5, "{rel} {q:?}: {worst}");
+    }
+}
+
+#[test]
+fn what_gguf_cannot_hold_is_refused_and_nothing_is_left() {
+    let dir = TempDir::new("export-refused");
+    let hybrid = ModelSource::from_spec(root().join("tests/fixtures/hf/qwen3_5").to_str().unwrap()).unwrap();
+    let out = dir.path("h.gguf");
+    let err = format!("{:#}", export(&hybrid, &out, None, 2).unwrap_err());
+    assert!(err.contains("linear-attention"), "{err}");
+    assert!(!out.exists());
+    // Mistral runs in llama.cpp as `llama`, without its sliding window: exported, and said.
+    let mistral = ModelSource::from_spec(root().join("tests/fixtures/hf/mistral").to_str().unwrap()).unwrap();
+    let report = export(&mistral, &dir.path("mistral.gguf"), None, 2).unwrap();
+    assert_eq!(report.architecture, "llama");
+    assert!(report.note.as_deref().is_some_and(|n| n.contains("sliding window")), "{report:?}");
+    std::fs::remove_file(dir.path("mistral.gguf")).unwrap();
+    // An existing output is never overwritten.
+    let src = ModelSource::from_spec(root().join("tests/fixtures/hf/llama3").to_str().unwrap()).unwrap();
+    std::fs::write(&out, b"keep").unwrap();
+    let err = format!("{:#}", export(&src, &out, None, 2).unwrap_err());
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), b"keep");
+    // A model whose config GGUF cannot carry for its family (Qwen2-MoE's top-k weights are
+    // never renormalised in llama.cpp): refused after reading back, the file removed.
+    let mut moe = ModelSource::from_spec(root().join("tests/fixtures/hf/qwen2_moe").to_str().unwrap()).unwrap();
+    if let Some(m) = moe.config.moe.as_mut() {
+        m.norm_topk_prob = !m.norm_topk_prob;
+    }
+    let out = dir.path("moe.gguf");
+    let err = format!("{:#}", export(&moe, &out, None, 2).unwrap_err());
+    assert!(err.contains("norm_topk_prob") && err.contains("does not read back"), "{err}");
+    assert!(!out.exists() && std::fs::read_dir(&dir.0).unwrap().count() == 1, "nothing else left behind");
+}
