@@ -12,6 +12,7 @@ pub mod export;
 pub mod flat;
 pub mod gguf;
 pub mod gguf_write;
+pub mod ndsq;
 pub mod safetensors;
 
 use std::path::PathBuf;
