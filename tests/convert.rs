@@ -66,7 +66,7 @@ fn unquantized_conversions_are_identical_models() {
             let report = convert(
                 ModelSource::from_spec(&fixture(src)).unwrap(),
                 &out,
-                &ConvertOptions { target, quant: None, threads: 2 },
+                &ConvertOptions { target, quant: None, threads: 2, ndsq: None },
                 &mut |_| groups += 1,
             )
             .unwrap();
@@ -99,7 +99,7 @@ fn quantized_conversions_use_strata_quantizers_and_stay_close() {
             let report = convert(
                 ModelSource::from_spec(&fixture("hf/llama_bf16_256")).unwrap(),
                 &out,
-                &ConvertOptions { target, quant: Some(quant), threads: 2 },
+                &ConvertOptions { target, quant: Some(quant), threads: 2, ndsq: None },
                 &mut |_| {},
             )
             .unwrap();
@@ -142,8 +142,13 @@ fn existing_outputs_are_refused() {
     let out = s.0.join("model");
     std::fs::create_dir(&out).unwrap();
     let source = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
-    let err = convert(source, &out, &ConvertOptions { target: Target::Flat, quant: None, threads: 1 }, &mut |_| {})
-        .unwrap_err();
+    let err = convert(
+        source,
+        &out,
+        &ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: None },
+        &mut |_| {},
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("already exists"), "{err}");
 }
 
@@ -209,7 +214,8 @@ fn flat_and_cawsf_models_import_into_the_store_and_load_by_name() {
     for (target, name) in [(Target::Flat, "conv/flat:q8"), (Target::Cawsf(Compression::Lz4), "conv/cawsf:q8")] {
         let out = out_path(&s, target);
         let src = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
-        convert(src, &out, &ConvertOptions { target, quant: Some(DType::Q8_0), threads: 2 }, &mut |_| {}).unwrap();
+        convert(src, &out, &ConvertOptions { target, quant: Some(DType::Q8_0), threads: 2, ndsq: None }, &mut |_| {})
+            .unwrap();
         let imported = store.import(&out, name, false).unwrap();
         assert_eq!(imported.name.to_string(), name);
         let listed = store.list().unwrap();

@@ -703,6 +703,31 @@ fn mutants_cawsf() {
     });
 }
 
+/// The same for a `.cawsf` file whose layer matrices are NDSQ shards (`convert --ndsq`):
+/// mutated shard payloads reach the NDSQ parsers and the reconstruction.
+#[test]
+fn mutants_cawsf_ndsq() {
+    let runner = Runner::new(Target::Cawsf);
+    let model = runner.scratch.0.join("ndsq.cawsf");
+    let o = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .arg("convert")
+        .arg(root().join(CONVERT_SOURCE))
+        .arg(&model)
+        .args(["--format", "cawsf", "--ndsq", "--rank", "4", "--pq-k", "16"])
+        .output()
+        .expect("running strata convert --ndsq");
+    assert!(o.status.success(), "strata convert --ndsq: {}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&model).expect("the NDSQ .cawsf");
+    let seed = Seed { hot: bytes.len(), bytes };
+    mutants(&runner, &[seed], 600, |rng, s| {
+        let mut data = s.bytes.clone();
+        for _ in 0..1 + rng.below(3) {
+            mutate_bytes(rng, &mut data, s.hot);
+        }
+        data
+    });
+}
+
 /// Deriving SentencePiece merges hashes every prefix of every piece, so a file with one
 /// long piece took time quadratic in its length (a 60 KB piece: 2 s; 1 MB: minutes); such
 /// a vocabulary is now refused.

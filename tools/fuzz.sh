@@ -274,6 +274,9 @@ if "$bin" convert --help >/dev/null 2>&1; then
   if "$bin" convert "$src" "$work/models/m.cawsf" --format cawsf >"$work/logs/convert-cawsf.log" 2>&1; then
     mkdir -p "$seeds/cawsf"
     cp "$work/models/m.cawsf" "$seeds/cawsf/llama3.q4_0.cawsf"
+    # and one whose layer matrices are NDSQ shards, for the NDSQ parsers
+    "$bin" convert "$src" "$seeds/cawsf/llama3.ndsq.cawsf" --format cawsf --ndsq --rank 4 --pq-k 16 \
+      >>"$work/logs/convert-cawsf.log" 2>&1 || echo "strata convert --ndsq failed" >&2
   else
     echo "strata convert --format cawsf failed (see $work/logs/convert-cawsf.log)" >&2
   fi

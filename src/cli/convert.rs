@@ -47,6 +47,25 @@ pub struct ConvertArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Decompose each layer's weight matrices with NDSQ (W = L + S + D + R, seed 000;
+    /// `--format cawsf` only): lossy, see docs/benchmarks.md for its cost.
+    #[arg(long)]
+    pub ndsq: bool,
+    /// NDSQ: rank of the low-rank part L.
+    #[arg(long, default_value_t = 16, requires = "ndsq")]
+    pub rank: usize,
+    /// NDSQ: fraction of entries kept exactly as outliers (S).
+    #[arg(long, default_value_t = 0.005, requires = "ndsq")]
+    pub outlier_q: f64,
+    /// NDSQ: values per product-quantisation vector of the residue R.
+    #[arg(long, default_value_t = 8, requires = "ndsq")]
+    pub pq_d: usize,
+    /// NDSQ: codebooks (sub-vectors) per vector: R costs pq-m * log2(pq-k) / pq-d bits a weight.
+    #[arg(long, default_value_t = 4, requires = "ndsq")]
+    pub pq_m: usize,
+    /// NDSQ: centroids per codebook (2 to 256).
+    #[arg(long, default_value_t = 256, requires = "ndsq")]
+    pub pq_k: usize,
 }
 
 pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
@@ -79,7 +98,15 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
             let _ = std::io::stderr().flush();
         }
     };
-    let report = convert(src, &args.out, &ConvertOptions { target, quant, threads: args.threads }, &mut bar)?;
+    let ndsq = args.ndsq.then_some(crate::format::ndsq::NdsqParams {
+        rank: args.rank,
+        outlier_q: args.outlier_q,
+        pq_d: args.pq_d,
+        pq_m: args.pq_m,
+        pq_k: args.pq_k,
+    });
+    let opts = ConvertOptions { target, quant, threads: args.threads, ndsq };
+    let report = convert(src, &args.out, &opts, &mut bar)?;
     if tty {
         eprintln!();
     }

@@ -31,6 +31,9 @@ pub struct ConvertOptions {
     pub quant: Option<DType>,
     /// Worker threads for quantizing (0: one per core).
     pub threads: usize,
+    /// Decompose the layers' weight matrices with NDSQ (`.cawsf` only; `quant` still
+    /// applies to the tensors NDSQ leaves: embeddings, head, routers).
+    pub ndsq: Option<super::ndsq::NdsqParams>,
 }
 
 /// Where a conversion stands, for a progress bar: groups written of the total, and bytes
@@ -69,7 +72,8 @@ pub fn meta_of(src: &ModelSource) -> ModelMeta {
 /// hidden]`) and the shared expert's gate (`[1, hidden]`). Every `--quant` keeps them in
 /// their source dtype, as llama.cpp keeps `ffn_gate_inp` in F32: a small error there
 /// changes which experts run.
-const ROUTING_TENSORS: [&str; 3] = ["mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.shared_expert_gate.weight"];
+pub(crate) const ROUTING_TENSORS: [&str; 3] =
+    ["mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.shared_expert_gate.weight"];
 
 /// The dtype tensor `name` is converted to under `quant`, or `None` to keep it: float
 /// targets convert every tensor (quantized ones are dequantized: `--quant f32` turns a
@@ -153,11 +157,22 @@ pub fn convert(
         }
     }
     let meta = meta_of(&src);
-    let mut writer: Box<dyn ModelWriter> = match opts.target {
-        Target::Flat => Box::new(flat::create(out, &meta, layers)?),
-        Target::Cawsf(c) => Box::new(cawsf::CawsfWriter::create(out, &meta, layers, c)?),
-    };
     let pool = rayon::ThreadPoolBuilder::new().num_threads(opts.threads).build().context("building a thread pool")?;
+    let pool = Arc::new(pool);
+    let mut writer: Box<dyn ModelWriter> = match (opts.target, opts.ndsq) {
+        (Target::Flat, None) => Box::new(flat::create(out, &meta, layers)?),
+        (Target::Flat, Some(_)) => anyhow::bail!("NDSQ is written to .cawsf files only (--format cawsf)"),
+        (Target::Cawsf(c), ndsq) => {
+            let w = cawsf::CawsfWriter::create(out, &meta, layers, c)?;
+            match ndsq {
+                Some(p) => {
+                    p.check()?;
+                    Box::new(w.with_ndsq(p, pool.clone()))
+                }
+                None => Box::new(w),
+            }
+        }
+    };
     let mut report = ConvertReport { layers, ..Default::default() };
     let total = groups.len();
     for (done, (group, mut names)) in groups.into_iter().enumerate() {
@@ -417,7 +432,7 @@ pub(super) mod tests {
             let out = dir.join("m");
             let src = ModelSource::from_spec(&spec).unwrap();
             let experts = src.config.moe.as_ref().map_or(0, |m| m.n_experts);
-            let opts = ConvertOptions { target: Target::Flat, quant: Some(DType::Q8_0), threads: 2 };
+            let opts = ConvertOptions { target: Target::Flat, quant: Some(DType::Q8_0), threads: 2, ndsq: None };
             convert(ModelSource::from_spec(&spec).unwrap(), &out, &opts, &mut |_| {}).unwrap();
             let copy = flat::open(&out).unwrap();
             for layer in 0..src.config.n_layers {

@@ -288,7 +288,7 @@ impl Ndsq {
         let (u, v): (Vec<u16>, Vec<u16>) = (u.iter().map(|&x| h(x)).collect(), v.iter().map(|&x| h(x)).collect());
         let mut rest = w.to_vec();
         if r > 0 {
-            let l = dense_low_rank(pool, &u, &v, rows, cols, r);
+            let l = dense_low_rank(&u, &v, rows, cols, r);
             rest.iter_mut().zip(&l).for_each(|(x, l)| *x -= l);
         }
         // S: the largest residue entries, exact.
@@ -330,11 +330,11 @@ impl Ndsq {
     }
 
     /// The parts decoded to dense `rows x cols` matrices: L, S, D, R.
-    pub fn components(&self, pool: &rayon::ThreadPool) -> [Vec<f32>; 4] {
+    pub fn components(&self) -> [Vec<f32>; 4] {
         let n = self.rows * self.cols;
         let l = match self.rank {
             0 => vec![0.0; n],
-            r => dense_low_rank(pool, &self.u, &self.v, self.rows, self.cols, r),
+            r => dense_low_rank(&self.u, &self.v, self.rows, self.cols, r),
         };
         let mut s = vec![0.0f32; n];
         for &(r, c, x) in &self.sparse {
@@ -362,8 +362,8 @@ impl Ndsq {
     }
 
     /// `L + S + D + R`, `rows x cols` f32: exactly the sum of [`components`](Self::components).
-    pub fn reconstruct(&self, pool: &rayon::ThreadPool) -> Vec<f32> {
-        let [l, s, d, r] = self.components(pool);
+    pub fn reconstruct(&self) -> Vec<f32> {
+        let [l, s, d, r] = self.components();
         l.iter().zip(&s).zip(&d).zip(&r).map(|(((l, s), d), r)| l + s + d + r).collect()
     }
 
@@ -378,10 +378,17 @@ impl Ndsq {
     }
 }
 
-fn dense_low_rank(pool: &rayon::ThreadPool, u: &[u16], v: &[u16], rows: usize, cols: usize, r: usize) -> Vec<f32> {
-    let u: Vec<f32> = u.iter().map(|&b| f(b)).collect();
-    let vt = transpose(&v.iter().map(|&b| f(b)).collect::<Vec<_>>(), r, cols);
-    a_bt(pool, &u, rows, &vt, cols, r)
+/// `U V` from the FP16 factors, row by row (`rows * r * cols` multiply-adds, in order).
+fn dense_low_rank(u: &[u16], v: &[u16], rows: usize, cols: usize, r: usize) -> Vec<f32> {
+    let v: Vec<f32> = v.iter().map(|&b| f(b)).collect();
+    let mut out = vec![0.0f32; rows * cols];
+    out.par_chunks_mut(cols.max(1)).enumerate().for_each(|(i, row)| {
+        for t in 0..r {
+            let ui = f(u[i * r + t]);
+            row.iter_mut().zip(&v[t * cols..(t + 1) * cols]).for_each(|(o, x)| *o += ui * x);
+        }
+    });
+    out
 }
 
 /// Shard payloads (`docs/formats.md`, NDSQ shards), little-endian.
@@ -554,8 +561,8 @@ mod tests {
         let p = pool();
         let params = NdsqParams { rank: 4, outlier_q: 0.002, pq_d: 8, pq_m: 4, pq_k: 16 };
         let n = Ndsq::encode(&p, &w, rows, cols, &params).unwrap();
-        let back = n.reconstruct(&p);
-        let [l, s, d, r] = n.components(&p);
+        let back = n.reconstruct();
+        let [l, s, d, r] = n.components();
         let sum: Vec<f32> = (0..rows * cols).map(|i| l[i] + s[i] + d[i] + r[i]).collect();
         assert_eq!(back, sum);
         // The spikes are outliers, kept exactly; rank 4 holds the structure.
@@ -565,7 +572,7 @@ mod tests {
         assert!(err < 0.05, "relative error {err}");
         // Without the low rank, the same codes do worse.
         let flat = Ndsq::encode(&p, &w, rows, cols, &NdsqParams { rank: 0, ..params }).unwrap();
-        assert!(rel_err(&flat.reconstruct(&p), &w) > err);
+        assert!(rel_err(&flat.reconstruct(), &w) > err);
     }
 
     #[test]

@@ -51,6 +51,8 @@ pub const FLAG_LZ4: u32 = 1 << 1;
 
 /// Shard types: the seed's NDSQ components (0..=3), then Strata's tensor shards.
 pub const SHARD_NDSQ_L: u8 = 0;
+pub const SHARD_NDSQ_R: u8 = 1;
+pub const SHARD_NDSQ_S: u8 = 2;
 pub const SHARD_NDSQ_D: u8 = 3;
 pub const SHARD_TENSOR_DESC: u8 = 0x10;
 pub const SHARD_TENSOR_DATA: u8 = 0x11;

@@ -11,7 +11,8 @@ use rayon::prelude::*;
 
 use super::layout::*;
 use crate::format::FormatError;
-use crate::tensor::{AlignedBytes, ByteSource, HostTensor, MappedFile};
+use crate::format::ndsq::{Ndsq, payload};
+use crate::tensor::{AlignedBytes, ByteSource, DType, HostTensor, LazyBytes, MappedFile};
 
 /// A memory-mapped `.cawsf` file.
 pub(super) struct Mapped {
@@ -238,6 +239,8 @@ pub(super) struct Walked {
     pub chunks: Vec<usize>,
     /// Sum of the data shards' `usize` so far.
     got: u64,
+    /// Its shards are NDSQ components (L, L, S, D, R), not its bytes.
+    pub ndsq: bool,
 }
 
 /// The shard bank as found on disk.
@@ -291,9 +294,6 @@ pub(super) fn walk_bank(b: &[u8], path: &Path, e: &TocEntry, n_layers: usize) ->
         last_key = key;
         let data = &b[payload as usize..pend as usize];
         match h.kind {
-            SHARD_NDSQ_L..=SHARD_NDSQ_D => {
-                return Err(err(format!("an {what} shard: NDSQ shards are not supported by this build")));
-            }
             SHARD_PAD if comp != Compression::None => return Err(err("a PAD shard must be raw".into())),
             SHARD_PAD => {}
             SHARD_TENSOR_DESC => {
@@ -309,22 +309,37 @@ pub(super) fn walk_bank(b: &[u8], path: &Path, e: &TocEntry, n_layers: usize) ->
                 if desc.chunks == 0 && desc.bytes != 0 {
                     return Err(err(format!("tensor `{}` has {} bytes in no data shards", desc.name, desc.bytes)));
                 }
-                let t = Walked { desc, scope: h.scope, desc_shard: i, chunks: Vec::new(), got: 0 };
+                let t = Walked { desc, scope: h.scope, desc_shard: i, chunks: Vec::new(), got: 0, ndsq: false };
                 match t.desc.chunks {
                     0 => bank.tensors.push(t),
                     _ => open = Some(t),
                 }
             }
-            SHARD_TENSOR_DATA => {
+            SHARD_TENSOR_DATA | SHARD_NDSQ_L..=SHARD_NDSQ_D => {
                 let Some(t) = open.as_mut().filter(|t| t.scope == h.scope) else {
                     return Err(err(format!(
                         "({what}) a data shard without a TENSOR_DESC of the same scope before it"
                     )));
                 };
+                let ndsq = h.kind != SHARD_TENSOR_DATA;
+                if !t.chunks.is_empty() && t.ndsq != ndsq {
+                    return Err(err(format!("({what}) tensor `{}` mixes NDSQ and data shards", t.desc.name)));
+                }
+                t.ndsq = ndsq;
                 t.chunks.push(i);
                 t.got += u64::from(h.usize);
                 if t.chunks.len() == t.desc.chunks as usize {
-                    if t.got != t.desc.bytes {
+                    if t.ndsq && (t.desc.dtype != DType::F32 || t.desc.shape.len() != 2 || t.desc.chunks != 5) {
+                        let msg = format!(
+                            "tensor `{}`: NDSQ shards describe an F32 matrix in 5 shards, not {} {:?} in {}",
+                            t.desc.name,
+                            t.desc.dtype.name(),
+                            t.desc.shape,
+                            t.desc.chunks
+                        );
+                        return Err(err(msg));
+                    }
+                    if !t.ndsq && t.got != t.desc.bytes {
                         let msg = format!(
                             "tensor `{}`: its data shards hold {} bytes, not {}",
                             t.desc.name, t.got, t.desc.bytes
@@ -437,6 +452,9 @@ pub(super) fn build_tensors(f: &Mapped, bank: &Bank) -> Result<HashMap<String, H
                 corrupt(&f.path, at, format!("tensor `{}`: shape {:?} does not fit this machine", d.name, d.shape))
             })?;
         let len = d.bytes as usize; // ≤ the bank, or checked against the codecs' ratio
+        if t.ndsq {
+            return ndsq_tensor(f, bank, t, shape).map(|x| (d.name.clone(), x));
+        }
         if let [i] = t.chunks[..]
             && bank.shards[i].h.comp == Compression::None.shard_code()
         {
@@ -457,4 +475,51 @@ pub(super) fn build_tensors(f: &Mapped, bank: &Bank) -> Result<HashMap<String, H
         Ok((d.name.clone(), HostTensor::new(Arc::new(buf), 0, len, d.dtype, shape)))
     };
     bank.tensors.par_iter().map(one).collect()
+}
+
+/// An NDSQ tensor's shards (L's two factors, S, D, R), decompressed and checked now, as
+/// an F32 tensor reconstructed on first use (`format::ndsq`).
+fn ndsq_tensor(f: &Mapped, bank: &Bank, t: &Walked, shape: Vec<usize>) -> Result<HostTensor, FormatError> {
+    let b = f.bytes();
+    let (rows, cols) = (shape[0], shape[1]);
+    // Each shard's payload, and the error naming it.
+    let mut parts: Vec<Vec<u8>> = Vec::with_capacity(5);
+    let bad = |n: usize, m: String| {
+        let i = t.chunks[n];
+        corrupt(&f.path, bank.shards[i].offset, format!("shard {i} (NDSQ of `{}`): {m}", t.desc.name))
+    };
+    for (n, &i) in t.chunks.iter().enumerate() {
+        let s = &bank.shards[i];
+        let want = [SHARD_NDSQ_L, SHARD_NDSQ_L, SHARD_NDSQ_S, SHARD_NDSQ_D, SHARD_NDSQ_R][n];
+        if s.h.kind != want {
+            let msg = format!("a {} shard where {} belongs", shard_type_name(s.h.kind), shard_type_name(want));
+            return Err(bad(n, msg));
+        }
+        let input = &b[s.payload() as usize..(s.payload() + u64::from(s.h.csize)) as usize];
+        let mut out = vec![0u8; s.h.usize as usize];
+        let comp = Compression::from_shard_code(s.h.comp).expect("checked in the walk");
+        comp.decompress_into(input, &mut out).map_err(|m| bad(n, m))?;
+        parts.push(out);
+    }
+    let fp16 = |n: usize| payload::parse_fp16(&parts[n]).map_err(|e| bad(n, format!("{e:#}")));
+    let (u_rows, rank, u) = fp16(0)?;
+    let (v_rank, v_cols, v) = fp16(1)?;
+    let (d_len, d_cols, diag) = fp16(3)?;
+    if (u_rows, v_rank, v_cols, d_len, d_cols) != (rows, rank, cols, rows.min(cols), 1) {
+        let msg = format!(
+            "factors {u_rows}x{rank} and {v_rank}x{v_cols}, diagonal {d_len}x{d_cols} do not make a {rows}x{cols} matrix"
+        );
+        return Err(bad(0, msg));
+    }
+    let sparse = payload::parse_sparse(&parts[2], rows, cols).map_err(|e| bad(2, format!("{e:#}")))?;
+    let pq = payload::parse_pq(&parts[4], rows, cols).map_err(|e| bad(4, format!("{e:#}")))?;
+    let n = Ndsq { rows, cols, u, v, rank, diag, sparse, pq };
+    let len = rows * cols * 4;
+    let lazy = LazyBytes::new(len, move || {
+        let w = n.reconstruct();
+        let mut out = AlignedBytes::zeroed(w.len() * 4);
+        out.bytes_mut().chunks_exact_mut(4).zip(&w).for_each(|(o, x)| o.copy_from_slice(&x.to_le_bytes()));
+        out
+    });
+    Ok(HostTensor::lazy(Arc::new(lazy), DType::F32, shape))
 }

@@ -12,9 +12,12 @@ use rayon::prelude::*;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::layout::*;
+use std::sync::Arc;
+
 use crate::format::convert::layer_units;
-use crate::format::{Group, ModelMeta, ModelWriter};
-use crate::tensor::HostTensor;
+use crate::format::ndsq::{Ndsq, NdsqParams, payload};
+use crate::format::{Group, ModelMeta, ModelWriter, layer_tensor};
+use crate::tensor::{DType, HostTensor};
 
 /// PAD payloads are at most `ALIGN + 11 - 12` bytes.
 static ZEROS: [u8; 2 * ALIGN as usize] = [0; 2 * ALIGN as usize];
@@ -41,6 +44,8 @@ pub struct CawsfWriter {
     global: Range,
     layers: Vec<Range>,
     done: bool,
+    /// Decompose eligible weight matrices with NDSQ ([`CawsfWriter::with_ndsq`]).
+    ndsq: Option<(NdsqParams, Arc<rayon::ThreadPool>)>,
 }
 
 impl CawsfWriter {
@@ -73,9 +78,17 @@ impl CawsfWriter {
             global: Range { offset: HEADER_BLOCK, len: 0 },
             layers: vec![Range::default(); layers],
             done: false,
+            ndsq: None,
         };
         w.write_raw(&ZEROS[..HEADER_BLOCK as usize])?;
         Ok(w)
+    }
+
+    /// Writes each decoder layer's weight matrices (2-D, whole PQ vectors per row; not
+    /// the MoE routers) as NDSQ shards (`format::ndsq`) instead of their bytes.
+    pub fn with_ndsq(mut self, params: NdsqParams, pool: Arc<rayon::ThreadPool>) -> Self {
+        self.ndsq = Some((params, pool));
+        self
     }
 
     /// Splits tensors into data shards of at most `bytes` (tests exercise splitting
@@ -198,6 +211,60 @@ impl CawsfWriter {
     }
 }
 
+impl CawsfWriter {
+    /// Writes `name` as NDSQ shards: L's two factors, S, D and R (`docs/formats.md`).
+    fn write_ndsq(&mut self, scope: u16, name: &str, shape: &[usize], n: &Ndsq) -> anyhow::Result<()> {
+        let payloads = [
+            (SHARD_NDSQ_L, payload::fp16(n.rows, n.rank, &n.u)),
+            (SHARD_NDSQ_L, payload::fp16(n.rank, n.cols, &n.v)),
+            (SHARD_NDSQ_S, payload::sparse(n)),
+            (SHARD_NDSQ_D, payload::fp16(n.diag.len(), 1, &n.diag)),
+            (SHARD_NDSQ_R, payload::pq(n)),
+        ];
+        let desc = TensorDesc {
+            name: name.to_owned(),
+            dtype: DType::F32,
+            shape: shape.iter().map(|&d| d as u64).collect(),
+            bytes: (n.rows * n.cols * 4) as u64,
+            chunks: payloads.len() as u32,
+        };
+        let record = desc.encode();
+        let len = record.len() as u32;
+        let desc_at =
+            self.write_shard(ShardHeader { kind: SHARD_TENSOR_DESC, scope, comp: 0, usize: len, csize: len }, &record)?;
+        let mut chunks = Vec::with_capacity(payloads.len());
+        for (kind, raw) in payloads {
+            let z = self.compression.compress(&raw);
+            let (comp, bytes) = match &z {
+                Some(z) => (self.compression, &z[..]),
+                None => (Compression::None, &raw[..]),
+            };
+            let usize = u32::try_from(raw.len()).context("an NDSQ shard over 4 GiB")?;
+            let h = ShardHeader { kind, scope, comp: comp.shard_code(), usize, csize: bytes.len() as u32 };
+            let offset = self.write_shard(h, bytes)?;
+            chunks.push(ChunkEntry { offset, comp, usize, csize: h.csize });
+        }
+        self.tensors.push(TensorEntry {
+            name: name.to_owned(),
+            dtype: DType::F32.name().to_owned(),
+            shape: desc.shape,
+            layer: Some(usize::from(scope)),
+            bytes: desc.bytes,
+            desc: desc_at,
+            chunks,
+        });
+        self.names.insert(name.to_owned());
+        Ok(())
+    }
+}
+
+/// Whether NDSQ decomposes this tensor of a layer: a weight matrix of whole PQ vectors
+/// per row, not a MoE router (a small error there changes which experts run).
+fn ndsq_eligible(name: &str, t: &HostTensor, p: &NdsqParams) -> bool {
+    let routing = layer_tensor(name).is_some_and(|(_, local)| crate::format::convert::ROUTING_TENSORS.contains(&local));
+    t.shape.len() == 2 && t.shape[0] >= 2 && t.shape[1].is_multiple_of(p.pq_d) && !routing
+}
+
 impl ModelWriter for CawsfWriter {
     fn write_group(&mut self, group: Group, tensors: &[(String, HostTensor)]) -> anyhow::Result<()> {
         let out = self.out.display().to_string();
@@ -213,6 +280,18 @@ impl ModelWriter for CawsfWriter {
         for (name, t) in tensors {
             self.check_tensor(name, t).with_context(|| format!("{out}: {group:?}"))?;
         }
+        // NDSQ: each eligible matrix of a layer decomposed (the work is inside each).
+        let mut ndsq: Vec<Option<Ndsq>> = vec![None; tensors.len()];
+        if let (Some((p, pool)), Group::Layer(_)) = (&self.ndsq, group) {
+            for (slot, (name, t)) in ndsq.iter_mut().zip(tensors) {
+                if ndsq_eligible(name, t, p) {
+                    let w = t.to_f32_vec();
+                    let n = Ndsq::encode(pool, &w, t.shape[0], t.shape[1], p)
+                        .with_context(|| format!("{out}: NDSQ of `{name}`"))?;
+                    *slot = Some(n);
+                }
+            }
+        }
         let (comp, chunk) = (self.compression, self.max_chunk as usize);
         let mut packed: Vec<Vec<Option<Vec<u8>>>> =
             tensors.par_iter().map(|(_, t)| t.bytes().chunks(chunk).map(|c| comp.compress(c)).collect()).collect();
@@ -223,7 +302,10 @@ impl ModelWriter for CawsfWriter {
             self.align(scope, 0)?;
             for i in unit.tensors {
                 let (name, t) = &tensors[i];
-                self.write_tensor(scope, name, t, std::mem::take(&mut packed[i]))?;
+                match ndsq[i].take() {
+                    Some(n) => self.write_ndsq(scope, name, &t.shape, &n)?,
+                    None => self.write_tensor(scope, name, t, std::mem::take(&mut packed[i]))?,
+                }
             }
         }
         self.align(scope, 0)?;

@@ -1,0 +1,126 @@
+//! NDSQ in `.cawsf` (issue 22): `convert --ndsq` writes each layer matrix as the seed's
+//! L/S/D/R shards, a reader gives back exactly the sum of the decoded components, the
+//! model runs, and a flipped byte in any NDSQ shard is named by `verify`.
+
+mod support;
+
+use strata::engine::session::{Engine, RunOptions};
+use strata::format::cawsf::{self, Compression};
+use strata::format::convert::{ConvertOptions, Target, convert};
+use strata::format::ndsq::{Ndsq, NdsqParams};
+use strata::model::ModelSource;
+use strata::model::decoder::SeqStep;
+use support::TempDir;
+
+fn fixture(rel: &str) -> String {
+    format!("{}/tests/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+const PARAMS: NdsqParams = NdsqParams { rank: 4, outlier_q: 0.01, pq_d: 8, pq_m: 4, pq_k: 16 };
+
+fn convert_ndsq(src: &str, out: &std::path::Path, comp: Compression) {
+    let opts = ConvertOptions { target: Target::Cawsf(comp), quant: None, threads: 2, ndsq: Some(PARAMS) };
+    convert(ModelSource::from_spec(src).unwrap(), out, &opts, &mut |_| {}).unwrap();
+}
+
+#[test]
+fn layer_matrices_read_back_as_the_sum_of_their_components() {
+    let dir = TempDir::new("ndsq");
+    for comp in [Compression::None, Compression::Zstd] {
+        let out = dir.path(&format!("m-{}.cawsf", comp.name()));
+        convert_ndsq(&fixture("hf/qwen2_moe"), &out, comp);
+        let src = ModelSource::from_spec(&fixture("hf/qwen2_moe")).unwrap();
+        let back = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let mut decomposed = 0;
+        for (name, t) in &src.tensors {
+            let b = &back.tensors[name];
+            let layer_matrix = name.starts_with("model.layers.") && t.shape.len() == 2;
+            let router = name.ends_with("mlp.gate.weight") || name.ends_with("shared_expert_gate.weight");
+            if !layer_matrix || router {
+                assert_eq!(b.to_f32_vec(), t.to_f32_vec(), "`{name}` is kept as it was");
+                continue;
+            }
+            // The same decomposition, done here: the file holds exactly its components.
+            let n = Ndsq::encode(&pool, &t.to_f32_vec(), t.shape[0], t.shape[1], &PARAMS).unwrap();
+            let [l, s, d, r] = n.components();
+            let sum: Vec<f32> = (0..l.len()).map(|i| l[i] + s[i] + d[i] + r[i]).collect();
+            assert_eq!(b.to_f32_vec(), sum, "`{name}`");
+            decomposed += 1;
+        }
+        assert!(decomposed > 10, "{decomposed} matrices decomposed");
+        eprintln!("{}: {decomposed} matrices decomposed", comp.name());
+    }
+}
+
+/// The model runs from NDSQ shards, and spending more bits (8 per weight in R, rank 8)
+/// brings its logits nearer the original's than fewer do (this file's 2 bits a weight).
+/// Random tiny weights are noise, which no codec compresses: quality on a real model is
+/// measured in docs/benchmarks.md.
+#[test]
+fn more_bits_bring_the_model_nearer_the_original() {
+    let dir = TempDir::new("ndsq-bits");
+    let ids: Vec<u32> = (0..24).map(|i| (i * 37 + 11) % 400).collect();
+    let logits = |p: &str| {
+        let e = Engine::load(p, &RunOptions { threads: 2, ..Default::default() }).unwrap();
+        let mut cache = e.model.new_cache(32).unwrap();
+        e.model.forward(&mut [SeqStep { tokens: &ids, cache: &mut cache, all_logits: true }]).unwrap().remove(0)
+    };
+    let want = logits(&fixture("hf/llama3"));
+    let err = |params: NdsqParams, tag: &str| {
+        let out = dir.path(tag);
+        let opts =
+            ConvertOptions { target: Target::Cawsf(Compression::None), quant: None, threads: 2, ndsq: Some(params) };
+        convert(ModelSource::from_spec(&fixture("hf/llama3")).unwrap(), &out, &opts, &mut |_| {}).unwrap();
+        let got = logits(out.to_str().unwrap());
+        assert!(got.iter().all(|x| x.is_finite()));
+        let e: f32 = got.iter().zip(&want).map(|(x, y)| (x - y).powi(2)).sum();
+        (e / want.iter().map(|x| x * x).sum::<f32>()).sqrt()
+    };
+    let small = err(PARAMS, "small.cawsf");
+    let large = err(NdsqParams { rank: 8, outlier_q: 0.01, pq_d: 4, pq_m: 4, pq_k: 256 }, "large.cawsf");
+    eprintln!("relative logit error: {small:.3} at 2 bits a weight, {large:.3} at 8");
+    assert!(large < small / 2.0, "{large} against {small}");
+}
+
+#[test]
+fn a_flipped_byte_in_any_ndsq_shard_is_named() {
+    let dir = TempDir::new("ndsq-flip");
+    let out = dir.path("m.cawsf");
+    convert_ndsq(&fixture("hf/llama3"), &out, Compression::None);
+    let clean = std::fs::read(&out).unwrap();
+    assert!(cawsf::verify(&out).is_ok());
+    // The first shard of each NDSQ kind: flip its payload's last byte.
+    let info = cawsf::inspect(&out).unwrap();
+    let bank =
+        info["sections"].as_array().unwrap().iter().find(|s| s["type"] == 3).unwrap()["offset"].as_u64().unwrap();
+    let mut pos = bank as usize;
+    let mut seen = std::collections::HashSet::new();
+    while pos + 12 <= clean.len() && seen.len() < 4 {
+        let (kind, csize) = (clean[pos], u32::from_le_bytes(clean[pos + 8..pos + 12].try_into().unwrap()) as usize);
+        if kind <= 3 && csize > 0 && seen.insert(kind) {
+            let mut bad = clean.clone();
+            bad[pos + 12 + csize - 1] ^= 0x40;
+            std::fs::write(&out, &bad).unwrap();
+            let err = cawsf::verify(&out).unwrap_err().to_string();
+            let name = ["NDSQ L", "NDSQ R", "NDSQ S", "NDSQ D"][kind as usize];
+            assert!(err.contains(name) && err.contains("checksum mismatch") && err.contains("tensor `"), "{err}");
+        }
+        pos += 12 + csize;
+    }
+    assert_eq!(seen.len(), 4, "every NDSQ shard kind was flipped");
+}
+
+#[test]
+fn ndsq_needs_a_cawsf_output_and_sane_settings() {
+    let dir = TempDir::new("ndsq-bad");
+    let src = || ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let flat = ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: Some(PARAMS) };
+    let err = format!("{:#}", convert(src(), &dir.path("f"), &flat, &mut |_| {}).unwrap_err());
+    assert!(err.contains(".cawsf"), "{err}");
+    let bad = NdsqParams { pq_k: 300, ..PARAMS };
+    let opts = ConvertOptions { target: Target::Cawsf(Compression::None), quant: None, threads: 1, ndsq: Some(bad) };
+    let err = format!("{:#}", convert(src(), &dir.path("c.cawsf"), &opts, &mut |_| {}).unwrap_err());
+    assert!(err.contains("--pq-k 300"), "{err}");
+    assert!(!dir.path("c.cawsf").exists());
+}
