@@ -49,6 +49,12 @@ fn layer_matrices_read_back_as_the_sum_of_their_components() {
             decomposed += 1;
         }
         assert!(decomposed > 10, "{decomposed} matrices decomposed");
+        // `inspect` counts each component's bytes.
+        let info = cawsf::inspect(&out).unwrap();
+        assert_eq!(info["ndsq"]["tensors"], decomposed);
+        for part in ["l_bytes", "s_bytes", "d_bytes", "r_bytes"] {
+            assert!(info["ndsq"][part].as_u64().unwrap() > 0, "{part}: {}", info["ndsq"]);
+        }
         eprintln!("{}: {decomposed} matrices decomposed", comp.name());
     }
 }

@@ -206,6 +206,10 @@ pub fn inspect(path: &Path) -> anyhow::Result<Value> {
         .collect();
     let mut layer_bytes = vec![0u64; m.n_layers];
     let mut global_bytes = 0u64;
+    // NDSQ components' stored bytes (headers included), per tensor and in all: L, S, D, R.
+    let kind_at: HashMap<u64, u8> = p.bank.shards.iter().map(|s| (s.offset, s.h.kind)).collect();
+    let mut ndsq_total = [0u64; 4];
+    let mut ndsq_tensors = 0usize;
     let tensors: Vec<Value> = m
         .tensors
         .iter()
@@ -213,11 +217,23 @@ pub fn inspect(path: &Path) -> anyhow::Result<Value> {
             *t.layer.map_or(&mut global_bytes, |i| &mut layer_bytes[i]) += t.bytes;
             let stored: u64 = t.chunks.iter().map(|c| u64::from(c.csize)).sum();
             let comps: Vec<&str> = t.chunks.iter().map(|c| c.comp.name()).collect();
-            json!({
+            let mut v = json!({
                 "name": t.name, "dtype": t.dtype, "shape": t.shape, "layer": t.layer, "bytes": t.bytes,
                 "stored_bytes": stored, "shards": t.chunks.len(), "compression": comps,
                 "offset": t.chunks.first().map(|c| c.offset + SHARD_HEADER_BYTES),
-            })
+            });
+            let kinds: Vec<u8> = t.chunks.iter().filter_map(|c| kind_at.get(&c.offset).copied()).collect();
+            if kinds.iter().any(|&k| k <= SHARD_NDSQ_D) {
+                let mut parts = [0u64; 4];
+                for (c, &k) in t.chunks.iter().zip(&kinds) {
+                    let slot = [0, 3, 1, 2][usize::from(k.min(3))]; // L, R, S, D -> L, S, D, R
+                    parts[slot] += SHARD_HEADER_BYTES + u64::from(c.csize);
+                }
+                ndsq_total.iter_mut().zip(parts).for_each(|(t, p)| *t += p);
+                ndsq_tensors += 1;
+                v["ndsq"] = json!({"l_bytes": parts[0], "s_bytes": parts[1], "d_bytes": parts[2], "r_bytes": parts[3]});
+            }
+            v
         })
         .collect();
     let config: Value = serde_json::from_str(&m.model.config_json).unwrap_or_else(|_| json!(m.model.config_json));
@@ -234,6 +250,10 @@ pub fn inspect(path: &Path) -> anyhow::Result<Value> {
         "config": config,
         "tensors": tensors,
         "layer_bytes": { "global": global_bytes, "layers": layer_bytes },
+        "ndsq": (ndsq_tensors > 0).then(|| json!({
+            "tensors": ndsq_tensors, "l_bytes": ndsq_total[0], "s_bytes": ndsq_total[1], "d_bytes": ndsq_total[2],
+            "r_bytes": ndsq_total[3],
+        })),
         "layer_ranges": { "global": m.global, "layers": m.layers },
     }))
 }
