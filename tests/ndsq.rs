@@ -130,3 +130,22 @@ fn ndsq_needs_a_cawsf_output_and_sane_settings() {
     assert!(err.contains("--pq-k 300"), "{err}");
     assert!(!dir.path("c.cawsf").exists());
 }
+
+/// `strata export` of an NDSQ model writes the reconstructed weights: the GGUF computes
+/// what the `.cawsf` does.
+#[test]
+fn an_ndsq_model_exports_to_gguf_reconstructed() {
+    let dir = TempDir::new("ndsq-export");
+    let cawsf_path = dir.path("m.cawsf");
+    convert_ndsq(&fixture("hf/llama3"), &cawsf_path, Compression::None);
+    let gguf = dir.path("m.gguf");
+    let src = ModelSource::from_spec(cawsf_path.to_str().unwrap()).unwrap();
+    strata::format::export::export(&src, &gguf, None, 2).unwrap();
+    let ids: Vec<u32> = (0..16).map(|i| (i * 53 + 7) % 400).collect();
+    let logits = |p: &std::path::Path| {
+        let e = Engine::load(p.to_str().unwrap(), &RunOptions { threads: 2, ..Default::default() }).unwrap();
+        let mut cache = e.model.new_cache(32).unwrap();
+        e.model.forward(&mut [SeqStep { tokens: &ids, cache: &mut cache, all_logits: true }]).unwrap().remove(0)
+    };
+    assert_eq!(logits(&cawsf_path), logits(&gguf));
+}
