@@ -201,7 +201,12 @@ pub fn convert(
 }
 
 /// `t` in `dtype`, through f32.
-fn requantize(pool: &rayon::ThreadPool, name: &str, t: &HostTensor, dtype: DType) -> anyhow::Result<HostTensor> {
+pub(crate) fn requantize(
+    pool: &rayon::ThreadPool,
+    name: &str,
+    t: &HostTensor,
+    dtype: DType,
+) -> anyhow::Result<HostTensor> {
     let x = t.to_f32_vec();
     let cols = *t.shape.last().unwrap_or(&1);
     let rows = x.len() / cols.max(1);

@@ -532,20 +532,12 @@ fn plan(src: &ModelSource, spec: &ArchSpec, quant: Option<DType>) -> anyhow::Res
     Ok((entries, sources))
 }
 
-/// `t`'s bytes in `dtype` (through f32 when it changes).
+/// `t`'s bytes in `dtype` (through f32 when it changes, as `strata convert` does).
 fn in_dtype(pool: &rayon::ThreadPool, name: &str, t: &HostTensor, dtype: DType) -> anyhow::Result<Vec<u8>> {
-    if t.dtype == dtype {
-        return Ok(t.bytes().to_vec());
+    match t.dtype == dtype {
+        true => Ok(t.bytes().to_vec()),
+        false => Ok(super::convert::requantize(pool, name, t, dtype)?.bytes().to_vec()),
     }
-    let x = t.to_f32_vec();
-    if dtype == DType::F32 {
-        return Ok(x.iter().flat_map(|v| v.to_le_bytes()).collect());
-    }
-    let cols = *t.shape.last().unwrap_or(&1);
-    let rows = x.len() / cols.max(1);
-    let bytes = crate::quant::quantize_matrix(pool, dtype, &x, rows, cols)
-        .with_context(|| format!("converting {name} to {}", dtype.name()))?;
-    Ok(crate::tensor::ByteSource::bytes(&bytes).to_vec())
 }
 
 /// `convert_hf_to_gguf.py`'s Q/K row permutation, which
