@@ -472,7 +472,10 @@ fn hostile_files_fail_cleanly() {
     open_err(&dir, &shard(data, &|h| h[8..12].copy_from_slice(&u32::MAX.to_le_bytes())), "past the end of the bank");
     open_err(&dir, &shard(data, &|h| h[4..8].copy_from_slice(&u32::MAX.to_le_bytes())), "differs from csize");
     open_err(&dir, &shard(data, &|h| h[0] = 0x42), "unknown shard type");
-    open_err(&dir, &shard(desc, &|h| h[0] = 0), "NDSQ shards are not supported");
+    // An NDSQ shard where a TENSOR_DESC belongs: no tensor for it to belong to.
+    open_err(&dir, &shard(desc, &|h| h[0] = 0), "(NDSQ L scope 65535) a data shard without a TENSOR_DESC");
+    // An NDSQ shard among a tensor's data shards: the tensor cannot mix the two.
+    open_err(&dir, &shard(data, &|h| h[0] = 1), "NDSQ");
     open_err(&dir, &shard(data, &|h| h[3] = 9), "unknown compression code");
     open_err(&dir, &shard(data, &|h| h[1] = 200), "layers");
     open_err(&dir, &shard(desc, &|h| h[1..3].copy_from_slice(&0u16.to_le_bytes())), "contiguous");
