@@ -224,3 +224,34 @@ fn two_daemons_share_one_store_and_ps_and_stop_take_a_port() {
     assert!(pid_files().is_empty());
     std::fs::remove_dir_all(&home).ok();
 }
+
+/// `strata export`: a GGUF and a one-line report (JSON with `--json`); a format llama.cpp
+/// does not read, or an NDSQ setting out of range for `convert`, is a clear error.
+#[test]
+fn export_writes_a_gguf_and_refuses_what_llama_cpp_cannot_read() {
+    let dir = std::env::temp_dir().join(format!("strata-cli-export-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("m.gguf");
+    let o = strata(&["export", &fixture("qwen2"), out.to_str().unwrap(), "--quant", "q8_0", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((report["architecture"].as_str(), report["tokenizer"].as_str()), (Some("qwen2"), Some("gpt2/qwen2")));
+    assert!(report["converted"].as_u64().unwrap() > 0 && out.exists());
+    let o = strata(&["export", &fixture("qwen2"), dir.join("a.gguf").to_str().unwrap(), "--quant", "affine_q4"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("llama.cpp does not read it"));
+    let o = strata(&[
+        "convert",
+        &fixture("qwen2"),
+        dir.join("n.cawsf").to_str().unwrap(),
+        "--format",
+        "cawsf",
+        "--ndsq",
+        "--pq-m",
+        "3",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--pq-m 3"), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
