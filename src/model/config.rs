@@ -3,6 +3,7 @@
 
 use serde_json::{Value, json};
 
+use crate::backend::delta::DeltaShape;
 use crate::backend::{Activation, RopeFreqs};
 
 pub use super::spec::Arch;
@@ -95,26 +96,42 @@ pub struct LinearAttnConfig {
 }
 
 impl LinearAttnConfig {
+    /// The layer's sizes as the delta-rule op takes them, with both projections in head
+    /// order (the layouts and `eps` are the weights' and the model's: set by the caller).
+    pub fn delta_shape(&self) -> DeltaShape {
+        DeltaShape {
+            n_k_heads: self.n_k_heads,
+            n_v_heads: self.n_v_heads,
+            k_head_dim: self.k_head_dim,
+            v_head_dim: self.v_head_dim,
+            conv_kernel: self.conv_kernel,
+            qkvz_grouped: false,
+            ba_grouped: false,
+            v_tiled: self.v_tiled,
+            eps: 0.0,
+        }
+    }
+
     /// Width of the queries (and of the keys).
     pub fn key_dim(&self) -> usize {
-        self.n_k_heads * self.k_head_dim
+        self.delta_shape().key_dim()
     }
 
     /// Width of the values (and of the output gate `z`).
     pub fn value_dim(&self) -> usize {
-        self.n_v_heads * self.v_head_dim
+        self.delta_shape().value_dim()
     }
 
     /// Channels of the convolution: queries, keys and values.
     pub fn conv_dim(&self) -> usize {
-        2 * self.key_dim() + self.value_dim()
+        self.delta_shape().conv_dim()
     }
 
     /// Floats of one sequence's state in one layer: the convolution's last
     /// `conv_kernel - 1` inputs and the recurrent `k_head_dim x v_head_dim` matrix of
     /// each value head.
     pub fn state_len(&self) -> usize {
-        self.conv_dim() * (self.conv_kernel - 1) + self.n_v_heads * self.k_head_dim * self.v_head_dim
+        self.delta_shape().state_len()
     }
 }
 

@@ -455,17 +455,7 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
                 dt_bias: small(&need(Role::LinDtBias)?.to_f32_vec())?,
                 norm: small(&need(Role::LinNorm)?.to_f32_vec())?,
             };
-            let shape = DeltaShape {
-                n_k_heads: la.n_k_heads,
-                n_v_heads: la.n_v_heads,
-                k_head_dim: la.k_head_dim,
-                v_head_dim: la.v_head_dim,
-                conv_kernel: la.conv_kernel,
-                qkvz_grouped,
-                ba_grouped,
-                v_tiled: la.v_tiled,
-                eps: c.rms_norm_eps,
-            };
+            let shape = DeltaShape { qkvz_grouped, ba_grouped, eps: c.rms_norm_eps, ..la.delta_shape() };
             MixerWeights::Linear(LinearWeights {
                 qkvz: upload(&qkvz)?,
                 ba: upload(&ba)?,
