@@ -344,7 +344,7 @@ impl Ndsq {
         for (i, &d) in self.diag.iter().enumerate() {
             dm[i * self.cols + i] = f(d);
         }
-        (l, s, dm, self.decode_r()).into()
+        [l, s, dm, self.decode_r()]
     }
 
     fn decode_r(&self) -> Vec<f32> {
@@ -365,16 +365,6 @@ impl Ndsq {
     pub fn reconstruct(&self) -> Vec<f32> {
         let [l, s, d, r] = self.components();
         l.iter().zip(&s).zip(&d).zip(&r).map(|(((l, s), d), r)| l + s + d + r).collect()
-    }
-
-    /// Bytes of each component's payload as stored: L, S, D, R.
-    pub fn sizes(&self) -> [usize; 4] {
-        [
-            8 * 2 + 2 * (self.u.len() + self.v.len()),
-            12 + 12 * self.sparse.len(),
-            8 + 2 * self.diag.len(),
-            18 + 4 * self.pq.codebooks.len() + self.pq.codes.len(),
-        ]
     }
 }
 
