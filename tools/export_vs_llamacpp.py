@@ -27,17 +27,10 @@ import llama_cpp
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from bench_vs_llamacpp import no_extra_buffer_types  # noqa: E402
 
-_default_model_params = llama_cpp.llama_cpp.llama_model_default_params
-
-
-def _no_extra_buffer_types():
-    params = _default_model_params()
-    params.use_extra_bufts = False
-    return params
-
-
-llama_cpp.llama_cpp.llama_model_default_params = _no_extra_buffer_types
+no_extra_buffer_types()
 
 FIXTURES = ["llama3", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "granite",
             "smollm3", "mixtral", "qwen2_moe", "qwen3_moe"]
