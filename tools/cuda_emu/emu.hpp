@@ -280,7 +280,10 @@ inline int block_barrier(int pred, const SrcLoc& loc) {
   uint32_t g = b.gen.load(std::memory_order_acquire);
   if (pred) b.count.fetch_add(1);
   unsigned a = b.arrived.fetch_add(1) + 1;
-  if (unsigned ex = b.exited.load()) {
+  // Returned threads are an error only while this barrier is still open: a thread
+  // preempted after its arrival may run again after the barrier completed and other
+  // threads legitimately returned.
+  if (unsigned ex = b.exited.load(); ex && b.gen.load(std::memory_order_acquire) == g) {
     fail_throw(tid_str(tid) + " reached __syncthreads at " + loc_str(loc.file_name(), loc.line()) +
                " but " + std::to_string(ex) +
                " thread(s) of the block already returned: every thread must reach every "
@@ -350,7 +353,8 @@ inline auto warp_rendezvous(int op, unsigned mask, uint64_t mine, Read read, con
   }
   w.vals[g & 1][lane] = mine;
   uint32_t prev = w.arrived.fetch_or(bit);
-  if (uint32_t ex = w.exited.load() & part) {
+  // As for __syncthreads: exited lanes matter only while this round is still open.
+  if (uint32_t ex = w.exited.load() & part; ex && w.gen.load(std::memory_order_acquire) == g) {
     char mb[64];
     snprintf(mb, sizeof mb, "mask 0x%08x names exited lanes 0x%08x", mask, ex);
     fail_throw(tid_str(tid) + " called " + here() + ": " + mb +
