@@ -255,3 +255,38 @@ fn export_writes_a_gguf_and_refuses_what_llama_cpp_cannot_read() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--pq-m 3"), "{}", String::from_utf8_lossy(&o.stderr));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `strata route` ranks an NDSQ file's shards for a prompt, the same way each time and
+/// within a budget; `--route-budget` runs the model with the shards it keeps; a model
+/// without a ROUTING section, or a run without a prompt, is a clear error.
+#[test]
+fn route_ranks_shards_within_a_budget_and_run_uses_it() {
+    let dir = std::env::temp_dir().join(format!("strata-cli-route-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("m.cawsf");
+    let m = model.to_str().unwrap();
+    let o = strata(&["convert", &fixture("llama3"), m, "--format", "cawsf", "--ndsq", "--rank", "4", "--pq-k", "16"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let args = ["route", m, "-p", "Once upon a time", "--budget", "4KiB", "--components", "R,S", "--json"];
+    let (a, b) = (strata(&args), strata(&args));
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert_eq!(a.stdout, b.stdout, "the same ranking each time");
+    let r: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
+    assert_eq!(r["budget_bytes"], 4096);
+    assert!(r["kept_bytes"].as_u64().unwrap() <= 4096 && r["kept"].as_u64().unwrap() > 0, "{r}");
+    let shards = r["shards"].as_array().unwrap();
+    assert!(shards.iter().all(|s| s["component"] == "R" || s["component"] == "S"));
+    assert_eq!(shards.iter().filter(|s| s["kept"] == true).count() as u64, r["kept"].as_u64().unwrap());
+    let text = strata(&["route", m, "-p", "Once upon a time", "--top", "3"]);
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(out.lines().count(), 5, "a header, three shards, the summary:\n{out}");
+    let run = strata(&["run", m, "-p", "Hello", "-n", "4", "--temperature", "0", "--route-budget", "25%"]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let no_prompt = strata(&["run", m, "-n", "4", "--route-budget", "25%"]);
+    assert!(String::from_utf8_lossy(&no_prompt.stderr).contains("give one with --prompt"));
+    let plain = strata(&["route", &fixture("llama3"), "-p", "Hello"]);
+    assert!(!plain.status.success());
+    assert!(String::from_utf8_lossy(&plain.stderr).contains("no ROUTING section"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

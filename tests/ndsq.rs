@@ -149,3 +149,88 @@ fn an_ndsq_model_exports_to_gguf_reconstructed() {
     };
     assert_eq!(logits(&cawsf_path), logits(&gguf));
 }
+
+/// A flipped byte in the CODEBOOKS or ROUTING section is named by `verify`, and `open`
+/// refuses the file naming the section.
+#[test]
+fn a_flipped_byte_in_codebooks_or_routing_is_named() {
+    let dir = TempDir::new("ndsq-sections");
+    let out = dir.path("m.cawsf");
+    convert_ndsq(&fixture("hf/llama3"), &out, Compression::None);
+    let clean = std::fs::read(&out).unwrap();
+    let info = cawsf::inspect(&out).unwrap();
+    for (kind, name) in [(2, "CODEBOOKS"), (4, "ROUTING")] {
+        let s = info["sections"].as_array().unwrap().iter().find(|s| s["type"] == kind).expect(name);
+        let at = (s["offset"].as_u64().unwrap() + s["size"].as_u64().unwrap() / 2) as usize;
+        let mut bad = clean.clone();
+        bad[at] ^= 0x10;
+        std::fs::write(&out, &bad).unwrap();
+        let err = cawsf::verify(&out).unwrap_err().to_string();
+        assert!(err.contains(&format!("section {name}: checksum mismatch")), "{err}");
+        let err = format!("{:#}", ModelSource::from_spec(out.to_str().unwrap()).err().unwrap());
+        assert!(err.contains(&format!("section {name}")), "{err}");
+    }
+}
+
+/// Every NDSQ shard has a routing entry; ranking is deterministic; a budget keeps shards
+/// in rank order within it; `--route-budget` leaves out exactly the R and S shards over
+/// it (each matrix then reads back as the sum of the components it kept).
+#[test]
+fn routing_ranks_every_shard_and_a_budget_leaves_out_exactly_what_it_skips() {
+    use strata::format::route::{Budget, OPTIONAL, apply_budget, routing_key, select};
+    let dir = TempDir::new("ndsq-route");
+    let out = dir.path("m.cawsf");
+    convert_ndsq(&fixture("hf/llama3"), &out, Compression::None);
+    let spec = out.to_str().unwrap();
+    let source = ModelSource::from_spec(spec).unwrap();
+    let routing = source.routing.clone().expect("an NDSQ file has a ROUTING section");
+    let decomposed = cawsf::inspect(&out).unwrap()["ndsq"]["tensors"].as_u64().unwrap() as usize;
+    assert_eq!(routing.entries.len(), 5 * decomposed, "five shards per matrix, each with a key");
+    let key = routing_key(&source, &routing, "The quick brown fox").unwrap();
+    let a = select(&routing, &key, &[], None);
+    let b = select(&routing, &routing_key(&source, &routing, "The quick brown fox").unwrap(), &[], None);
+    let order = |s: &strata::format::route::Selection| s.shards.iter().map(|r| r.entry.shard).collect::<Vec<_>>();
+    assert_eq!(order(&a), order(&b));
+    assert!(a.shards.windows(2).all(|w| w[0].score >= w[1].score));
+    let other = select(&routing, &routing_key(&source, &routing, "1 2 3 4 5 6 7 8 9").unwrap(), &[], None);
+    assert_ne!(order(&a), order(&other), "another prompt ranks otherwise");
+    for pct in [0.0, 10.0, 50.0, 100.0] {
+        let s = select(&routing, &key, &OPTIONAL, Some(Budget::Percent(pct)));
+        let budget = s.summary.budget_bytes.unwrap();
+        assert!(s.summary.kept_bytes <= budget, "{pct}%: {:?}", s.summary);
+        assert!(s.shards.iter().all(|r| OPTIONAL.contains(&r.entry.component)));
+        // Greedy in rank order: every skipped shard was too big for what was left then.
+        let mut left = budget;
+        for r in &s.shards {
+            assert_eq!(r.kept, r.entry.cost <= left, "{pct}%: shard {}", r.entry.shard);
+            if r.kept {
+                left -= r.entry.cost;
+            }
+        }
+    }
+    // Half the optional bytes: a matrix whose R shard was skipped is L + S + D, one
+    // whose S was skipped L + D + R.
+    let mut routed = ModelSource::from_spec(spec).unwrap();
+    let summary = apply_budget(&mut routed, "The quick brown fox", Budget::Percent(50.0)).unwrap();
+    assert!(summary.kept > 0 && summary.kept < summary.candidates, "{summary:?}");
+    let sel = select(&routing, &key, &OPTIONAL, Some(Budget::Percent(50.0)));
+    let skipped: std::collections::HashMap<(String, &str), bool> =
+        sel.shards.iter().map(|r| ((r.entry.tensor.clone(), r.entry.component), !r.kept)).collect();
+    let src = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let mut checked = 0;
+    for (name, t) in &src.tensors {
+        let (Some(&skip_s), Some(&skip_r)) = (skipped.get(&(name.clone(), "S")), skipped.get(&(name.clone(), "R")))
+        else {
+            continue;
+        };
+        let n = Ndsq::encode(&pool, &t.to_f32_vec(), t.shape[0], t.shape[1], &PARAMS).unwrap();
+        let [l, s, d, r] = n.components();
+        let want: Vec<f32> = (0..l.len())
+            .map(|i| l[i] + if skip_s { 0.0 } else { s[i] } + d[i] + if skip_r { 0.0 } else { r[i] })
+            .collect();
+        assert_eq!(routed.tensors[name].to_f32_vec(), want, "`{name}` (S skipped {skip_s}, R skipped {skip_r})");
+        checked += 1;
+    }
+    assert_eq!(checked, decomposed);
+}

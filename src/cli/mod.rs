@@ -8,6 +8,7 @@ pub mod import;
 pub mod inspect;
 pub mod perplexity;
 pub mod pull;
+pub mod route;
 pub mod run;
 pub mod serve;
 pub mod store_cmds;
@@ -77,6 +78,9 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Export a model as a GGUF file that llama.cpp (and Ollama) load, quantizing if asked.
     Export(export::ExportArgs),
+    /// Rank an NDSQ .cawsf model's shards by how well they match a prompt (seed 000's
+    /// router), within an optional byte budget.
+    Route(route::RouteArgs),
     /// Show what a model file or directory holds (any format Strata reads).
     Inspect(inspect::InspectArgs),
     /// Check every checksum of a flat layer directory or `.cawsf` file.
@@ -193,6 +197,7 @@ pub fn dispatch(cli: Cli, settings: crate::config::Settings) -> anyhow::Result<(
         Command::Cp(a) => store_cmds::cp(a),
         Command::Convert(a) => convert::main(a),
         Command::Export(a) => export::main(a),
+        Command::Route(a) => route::main(a),
         Command::Inspect(a) => inspect::main(a),
         Command::Verify(a) => verify::main(a),
         Command::Pull(a) => pull::main(a),

@@ -29,6 +29,14 @@ pub struct PerplexityArgs {
     /// token as decoding does, which is what an expert cache sees when serving.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub chunk: Option<u64>,
+    /// For an NDSQ .cawsf model: load only the optional shards (R, S) that rank best
+    /// for the text (`strata route`) within this many bytes, or a percentage such as
+    /// `50%` (see `strata run --route-budget`). Needs `--file`.
+    #[arg(long = "route-budget", value_name = "SIZE", value_parser = crate::format::route::Budget::parse)]
+    pub route_budget: Option<crate::format::route::Budget>,
+    /// Route by this text instead of the scored one (a control for `--route-budget`).
+    #[arg(long = "route-prompt", requires = "route_budget")]
+    pub route_prompt: Option<String>,
     #[command(flatten)]
     pub run: RunOpts,
 }
@@ -45,6 +53,9 @@ pub struct Perplexity {
     /// A MoE model's expert cache after the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experts: Option<crate::sched::experts::ExpertSummary>,
+    /// What `--route-budget` kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<crate::format::route::RouteSummary>,
 }
 
 /// Scores `tokens` with one causal pass, `chunk` tokens per forward pass.
@@ -73,11 +84,26 @@ pub fn score(engine: &Engine, tokens: &[u32], chunk: usize) -> anyhow::Result<Pe
         n => -logprobs.iter().sum::<f64>() / n as f64,
     };
     let experts = engine.model.scheduler().summary().experts;
-    Ok(Perplexity { tokens: tokens.len(), ppl: nll_mean.exp(), nll_mean, logprobs, argmax, experts })
+    Ok(Perplexity { tokens: tokens.len(), ppl: nll_mean.exp(), nll_mean, logprobs, argmax, experts, route: None })
 }
 
 pub fn main(args: PerplexityArgs) -> anyhow::Result<()> {
-    let engine = Engine::load(&args.model, &args.run.to_options()?)?;
+    let opts = args.run.to_options()?;
+    let (engine, route) = match args.route_budget {
+        None => (Engine::load(&args.model, &opts)?, None),
+        Some(budget) => {
+            let mut source = crate::model::ModelSource::from_spec(&args.model)?;
+            let prompt = match (&args.route_prompt, &args.file) {
+                (Some(p), _) => p.clone(),
+                (None, Some(path)) => {
+                    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+                }
+                (None, None) => anyhow::bail!("--route-budget routes by the text: give --file or --route-prompt"),
+            };
+            let summary = crate::format::route::apply_budget(&mut source, &prompt, budget)?;
+            (Engine::from_source(source, &opts)?, Some(summary))
+        }
+    };
     let tokens: Vec<u32> = match (&args.file, &args.tokens_file) {
         (Some(path), _) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -91,7 +117,7 @@ pub fn main(args: PerplexityArgs) -> anyhow::Result<()> {
         (None, None) => unreachable!("clap requires one input"),
     };
     let chunk = args.chunk.map_or(PREFILL_CHUNK, |c| c.min(usize::MAX as u64) as usize);
-    let result = score(&engine, &tokens, chunk)?;
+    let result = Perplexity { route, ..score(&engine, &tokens, chunk)? };
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {

@@ -48,6 +48,12 @@ pub struct RunArgs {
     /// Stop when this text appears (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// For an NDSQ .cawsf model: load only the optional shards (R, S) that rank best
+    /// for the prompt (`strata route`) within this many bytes, or a percentage of them
+    /// such as `50%`; the rest count as zero. Approximate: its cost is measured in
+    /// docs/benchmarks.md. Needs `--prompt`.
+    #[arg(long = "route-budget", value_name = "SIZE", value_parser = crate::format::route::Budget::parse)]
+    pub route_budget: Option<crate::format::route::Budget>,
     #[command(flatten)]
     pub run: RunOpts,
 }
@@ -115,7 +121,16 @@ fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[Ch
 
 pub fn main(args: RunArgs) -> anyhow::Result<()> {
     args.sampling().validate()?;
-    let engine = Engine::load(&args.model, &args.run.to_options()?)?;
+    let opts = args.run.to_options()?;
+    let engine = match (args.route_budget, &args.prompt) {
+        (None, _) => Engine::load(&args.model, &opts)?,
+        (Some(_), None) => anyhow::bail!("--route-budget routes by the prompt: give one with --prompt"),
+        (Some(budget), Some(prompt)) => {
+            let mut source = crate::model::ModelSource::from_spec(&args.model)?;
+            crate::format::route::apply_budget(&mut source, prompt, budget)?;
+            Engine::from_source(source, &opts)?
+        }
+    };
     let mut session = Session::new(&engine)?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {

@@ -40,15 +40,7 @@ pub fn load_tokenizer(spec: &str) -> anyhow::Result<TextTokenizer> {
         })
         .with_context(|| format!("{spec}: loading the tokenizer"));
     }
-    let s = ModelSource::from_spec(spec)?;
-    TextTokenizer::from_parts(TokenizerSources {
-        tokenizer_json: &s.tokenizer_json,
-        tokenizer_config_json: s.tokenizer_config_json.as_deref(),
-        generation_config_json: s.generation_config_json.as_deref(),
-        chat_template: s.chat_template.as_deref(),
-        model_config_json: Some(&s.config_json),
-    })
-    .with_context(|| format!("{spec}: loading the tokenizer"))
+    ModelSource::from_spec(spec)?.tokenizer()
 }
 
 pub fn main(args: TokenizeArgs) -> anyhow::Result<()> {

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 
-use super::tokenizer::{TextTokenizer, TokenizerSources};
+use super::tokenizer::TextTokenizer;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::device::{DeviceInfo, DeviceSpec};
 use crate::backend::{Backend, KvType};
@@ -460,14 +460,7 @@ impl Engine {
 
     pub fn from_source(source: ModelSource, opts: &RunOptions) -> anyhow::Result<Self> {
         let config = source.config.clone();
-        let tokenizer = TextTokenizer::from_parts(TokenizerSources {
-            tokenizer_json: &source.tokenizer_json,
-            tokenizer_config_json: source.tokenizer_config_json.as_deref(),
-            generation_config_json: source.generation_config_json.as_deref(),
-            chat_template: source.chat_template.as_deref(),
-            model_config_json: Some(&source.config_json),
-        })
-        .with_context(|| format!("model `{}`: loading the tokenizer", source.name))?;
+        let tokenizer = source.tokenizer()?;
         let context_len = match opts.context {
             0 => config.max_position_embeddings.min(DEFAULT_CONTEXT),
             n => n,

@@ -167,7 +167,7 @@ pub fn convert(
             match ndsq {
                 Some(p) => {
                     p.check()?;
-                    Box::new(w.with_ndsq(p, pool.clone()))
+                    Box::new(w.with_ndsq(p, pool.clone())?)
                 }
                 None => Box::new(w),
             }

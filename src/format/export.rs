@@ -242,7 +242,7 @@ fn expected_config(c: &ModelConfig) -> ModelConfig {
 /// `phi3` for a Phi-3 whose tokenizer strips so, never `phi3` for a vocabulary without
 /// the tokens llama.cpp then looks up (it fails to load).
 fn tokenizer_keys(src: &ModelSource) -> anyhow::Result<(String, Metadata, String)> {
-    let source_tok = source_tokenizer(src)?;
+    let source_tok = src.tokenizer()?;
     let stored = src
         .tokenizer_config_json
         .as_deref()
@@ -295,17 +295,6 @@ fn names(src: &ModelSource, keys: &[(String, GgufValue)]) -> Vec<String> {
         out.push(plain);
     }
     out
-}
-
-fn source_tokenizer(src: &ModelSource) -> anyhow::Result<TextTokenizer> {
-    TextTokenizer::from_parts(crate::engine::tokenizer::TokenizerSources {
-        tokenizer_json: &src.tokenizer_json,
-        tokenizer_config_json: src.tokenizer_config_json.as_deref(),
-        generation_config_json: src.generation_config_json.as_deref(),
-        chat_template: src.chat_template.as_deref(),
-        model_config_json: Some(&src.config_json),
-    })
-    .context("the source's tokenizer")
 }
 
 /// A byte-level BPE `tokenizer.json` as `gpt2` vocabulary keys, once per llama.cpp

@@ -622,6 +622,7 @@ pub fn open(dir: &Path) -> anyhow::Result<ModelSource> {
         generation_config_json: text(FileKind::GenerationConfig)?,
         chat_template: text(FileKind::ChatTemplate)?,
         tensors,
+        routing: None,
     })
 }
 

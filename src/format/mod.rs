@@ -13,6 +13,7 @@ pub mod flat;
 pub mod gguf;
 pub mod gguf_write;
 pub mod ndsq;
+pub mod route;
 pub mod safetensors;
 
 use std::path::PathBuf;

@@ -347,6 +347,68 @@ impl Ndsq {
         [l, s, dm, self.decode_r()]
     }
 
+    /// The routing key of each component, `[L, S, D, R]` (`format::route`): the unit
+    /// dominant singular vector of the decoded component on its side of length `hidden`
+    /// (the input side when the columns are `hidden`, else the output side); `None` when
+    /// neither side is. A zero component has a zero key.
+    pub fn component_keys(&self, hidden: usize) -> Option<[Vec<f32>; 4]> {
+        let (rows, cols) = (self.rows, self.cols);
+        let input = match () {
+            _ if cols == hidden => true,
+            _ if rows == hidden => false,
+            _ => return None,
+        };
+        let triplets = |t: Vec<(usize, usize, f32)>| {
+            let mul = |x: &[f32]| {
+                let mut y = vec![0.0f32; rows];
+                t.iter().for_each(|&(r, c, v)| y[r] += v * x[c]);
+                y
+            };
+            let tmul = |y: &[f32]| {
+                let mut x = vec![0.0f32; cols];
+                t.iter().for_each(|&(r, c, v)| x[c] += v * y[r]);
+                x
+            };
+            dominant(rows, cols, input, mul, tmul)
+        };
+        let (r, v) = (self.rank, &self.v);
+        let u: Vec<f32> = self.u.iter().map(|&b| f(b)).collect();
+        let vf: Vec<f32> = v.iter().map(|&b| f(b)).collect();
+        // L = U V: through the rank-r middle.
+        let l = dominant(
+            rows,
+            cols,
+            input,
+            |x| {
+                let mid: Vec<f32> = (0..r).map(|t| dot(&vf[t * cols..(t + 1) * cols], x)).collect();
+                (0..rows).map(|i| dot(&u[i * r..(i + 1) * r], &mid)).collect()
+            },
+            |y| {
+                let mut mid = vec![0.0f32; r];
+                (0..rows).for_each(|i| mid.iter_mut().zip(&u[i * r..(i + 1) * r]).for_each(|(m, a)| *m += a * y[i]));
+                (0..cols).map(|c| (0..r).map(|t| vf[t * cols + c] * mid[t]).sum()).collect()
+            },
+        );
+        let s = triplets(self.sparse.iter().map(|&(r, c, x)| (r as usize, c as usize, x)).collect());
+        let d = triplets(self.diag.iter().enumerate().map(|(i, &b)| (i, i, f(b))).collect());
+        let dense = self.decode_r();
+        let rk = dominant(
+            rows,
+            cols,
+            input,
+            |x| dense.par_chunks_exact(cols).map(|row| dot(row, x)).collect(),
+            |y| {
+                let mut x = vec![0.0f32; cols];
+                dense
+                    .chunks_exact(cols)
+                    .zip(y)
+                    .for_each(|(row, &w)| x.iter_mut().zip(row).for_each(|(o, a)| *o += a * w));
+                x
+            },
+        );
+        Some([l, s, d, rk])
+    }
+
     fn decode_r(&self) -> Vec<f32> {
         let Pq { d, m, codebooks, codes, k } = &self.pq;
         let sub = d / m;
@@ -367,6 +429,42 @@ impl Ndsq {
         l.iter().zip(&s).zip(&d).zip(&r).map(|(((l, s), d), r)| l + s + d + r).collect()
     }
 }
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Power iterations for the dominant right (`input`) or left singular vector of the
+/// `rows x cols` operator `mul` (`x -> W x`) with transpose `tmul` (`y -> Wᵀ y`): unit
+/// length, its largest-magnitude entry positive; zeros for a zero operator.
+fn dominant(
+    rows: usize,
+    cols: usize,
+    input: bool,
+    mul: impl Fn(&[f32]) -> Vec<f32>,
+    tmul: impl Fn(&[f32]) -> Vec<f32>,
+) -> Vec<f32> {
+    let n = if input { cols } else { rows };
+    // A fixed start that is not orthogonal to any basis direction.
+    let mut x: Vec<f32> = (0..n).map(|i| 1.0 + (i % 7) as f32 / 7.0).collect();
+    for _ in 0..KEY_ITERATIONS {
+        let y = if input { tmul(&mul(&x)) } else { mul(&tmul(&x)) };
+        let norm = y.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+        if !(norm > 0.0 && norm.is_finite()) {
+            return vec![0.0; n];
+        }
+        x = y.iter().map(|v| (f64::from(*v) / norm) as f32).collect();
+    }
+    let big = x.iter().copied().fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+    if big < 0.0 {
+        x.iter_mut().for_each(|v| *v = -*v);
+    }
+    x
+}
+
+/// Power iterations per routing key (enough to find the dominant direction's
+/// neighbourhood; keys are compared by cosine, not used as weights).
+const KEY_ITERATIONS: usize = 12;
 
 /// `U V` from the FP16 factors, row by row (`rows * r * cols` multiply-adds, in order).
 fn dense_low_rank(u: &[u16], v: &[u16], rows: usize, cols: usize, r: usize) -> Vec<f32> {
@@ -428,6 +526,72 @@ pub mod payload {
         o
     }
 
+    /// An R payload whose codebooks are number `cb_id` of the CODEBOOKS section:
+    /// `rows:u32, cols:u32, d:u16, m:u16, k:u16, n:u32, cb_id:u16`, then `n * m` u8 codes.
+    pub fn pq_shared(n: &Ndsq, cb_id: u16) -> Vec<u8> {
+        let q = &n.pq;
+        let mut o = Vec::with_capacity(20 + q.codes.len());
+        put_u32(&mut o, n.rows);
+        put_u32(&mut o, n.cols);
+        for x in [q.d, q.m, q.k] {
+            o.extend_from_slice(&(x as u16).to_le_bytes());
+        }
+        put_u32(&mut o, q.codes.len() / q.m.max(1));
+        o.extend_from_slice(&cb_id.to_le_bytes());
+        o.extend_from_slice(&q.codes);
+        o
+    }
+
+    /// One entry of the CODEBOOKS section: `m` codebooks of `k` centroids of `d / m`.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct Codebook {
+        pub d: usize,
+        pub m: usize,
+        pub k: usize,
+        pub values: Vec<f32>,
+    }
+
+    /// The CODEBOOKS section: `count:u32`, then per entry `d:u16, m:u16, k:u16, 0:u16`
+    /// and its `m * k * (d / m)` f32.
+    pub fn codebooks(books: &[Codebook]) -> Vec<u8> {
+        let mut o = Vec::new();
+        put_u32(&mut o, books.len());
+        for b in books {
+            for x in [b.d, b.m, b.k, 0] {
+                o.extend_from_slice(&(x as u16).to_le_bytes());
+            }
+            b.values.iter().for_each(|x| o.extend_from_slice(&x.to_le_bytes()));
+        }
+        o
+    }
+
+    /// Parses the CODEBOOKS section.
+    pub fn parse_codebooks(b: &[u8]) -> anyhow::Result<Vec<Codebook>> {
+        let mut c = Cur(b, 0);
+        let n = c.u32("count")?;
+        if n.checked_mul(8).is_none_or(|x| x > b.len()) {
+            bail!("{n} codebooks exceed the section's {} bytes", b.len());
+        }
+        (0..n)
+            .map(|i| {
+                let (d, m, k, zero) = (c.u16("d")?, c.u16("m")?, c.u16("k")?, c.u16("reserved")?);
+                if m == 0 || d == 0 || !d.is_multiple_of(m) || !(1..=256).contains(&k) || zero != 0 {
+                    bail!("codebook {i}: d {d}, m {m}, k {k}, reserved {zero} are not a PQ codebook");
+                }
+                let values = f32s(c.take(4 * m * k * (d / m), "centroids")?);
+                if values.iter().any(|x| !x.is_finite()) {
+                    bail!("codebook {i} has a centroid value that is not finite");
+                }
+                Ok(Codebook { d, m, k, values })
+            })
+            .collect::<anyhow::Result<_>>()
+            .and_then(|books| c.done().map(|()| books))
+    }
+
+    fn f32s(b: &[u8]) -> Vec<f32> {
+        b.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect()
+    }
+
     struct Cur<'a>(&'a [u8], usize);
 
     impl Cur<'_> {
@@ -487,8 +651,9 @@ pub mod payload {
             .collect()
     }
 
-    /// Parses an R payload (embedded codebooks) against the matrix shape.
-    pub fn parse_pq(b: &[u8], rows: usize, cols: usize) -> anyhow::Result<Pq> {
+    /// Parses an R payload against the matrix shape: with its codebooks embedded, or
+    /// naming one of `pool` (the CODEBOOKS section).
+    pub fn parse_pq(b: &[u8], rows: usize, cols: usize, pool: &[Codebook]) -> anyhow::Result<Pq> {
         let mut c = Cur(b, 0);
         if (c.u32("rows")?, c.u32("cols")?) != (rows, cols) {
             bail!("an R shard of another shape than {rows}x{cols}");
@@ -501,11 +666,16 @@ pub mod payload {
             bail!("{n} PQ vectors for a {rows}x{cols} matrix of vectors of {d}");
         }
         let cb = m * k * (d / m);
-        let codebooks = c
-            .take(4 * cb, "codebooks")?
-            .chunks_exact(4)
-            .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-            .collect();
+        let codebooks = if b.len().checked_sub(c.1) == n.checked_mul(m).and_then(|x| x.checked_add(2)) {
+            let id = c.u16("cb_id")?;
+            let book = pool.get(id).with_context(|| format!("codebook {id} of the {} in CODEBOOKS", pool.len()))?;
+            if (book.d, book.m, book.k) != (d, m, k) {
+                bail!("codebook {id} has d {}, m {}, k {}, not this shard's {d}, {m}, {k}", book.d, book.m, book.k);
+            }
+            book.values.clone()
+        } else {
+            f32s(c.take(4 * cb, "codebooks")?)
+        };
         let codes = c.take(n * m, "codes")?.to_vec();
         c.done()?;
         if let Some(&bad) = codes.iter().find(|&&x| usize::from(x) >= k) {
@@ -574,12 +744,25 @@ mod tests {
         assert_eq!((r, c, u), (rows, n.rank, n.u.clone()));
         assert_eq!(payload::parse_sparse(&payload::sparse(&n), rows, cols).unwrap(), n.sparse);
         let pq = payload::pq(&n);
-        assert_eq!(payload::parse_pq(&pq, rows, cols).unwrap(), n.pq);
-        assert!(payload::parse_pq(&pq[..pq.len() - 1], rows, cols).is_err());
-        assert!(payload::parse_pq(&pq, rows, cols + 8).is_err());
+        assert_eq!(payload::parse_pq(&pq, rows, cols, &[]).unwrap(), n.pq);
+        assert!(payload::parse_pq(&pq[..pq.len() - 1], rows, cols, &[]).is_err());
+        assert!(payload::parse_pq(&pq, rows, cols + 8, &[]).is_err());
         let mut bad = pq.clone();
         *bad.last_mut().unwrap() = 200;
-        assert!(payload::parse_pq(&bad, rows, cols).unwrap_err().to_string().contains("code 200"));
+        assert!(payload::parse_pq(&bad, rows, cols, &[]).unwrap_err().to_string().contains("code 200"));
+        // The same codes with the codebooks in a CODEBOOKS section, as entry 1.
+        let q = &n.pq;
+        let book = payload::Codebook { d: q.d, m: q.m, k: q.k, values: q.codebooks.clone() };
+        let other = payload::Codebook { d: q.d, m: q.m, k: 2, values: vec![0.0; 2 * q.d] };
+        let books = payload::parse_codebooks(&payload::codebooks(&[other.clone(), book.clone()])).unwrap();
+        assert_eq!(books, [other, book]);
+        let shared = payload::pq_shared(&n, 1);
+        assert_eq!(payload::parse_pq(&shared, rows, cols, &books).unwrap(), n.pq);
+        let err = payload::parse_pq(&payload::pq_shared(&n, 0), rows, cols, &books).unwrap_err();
+        assert!(err.to_string().contains("k 2"), "{err}");
+        assert!(payload::parse_pq(&payload::pq_shared(&n, 2), rows, cols, &books).is_err());
+        let section = payload::codebooks(&books);
+        assert!(payload::parse_codebooks(&section[..section.len() - 4]).is_err());
         let mut s = payload::sparse(&n);
         s[12..16].copy_from_slice(&99u32.to_le_bytes());
         assert!(payload::parse_sparse(&s, rows, cols).is_err());

@@ -167,6 +167,7 @@ pub fn demo_source() -> Result<ModelSource> {
         generation_config_json: Some(serde_json::to_string_pretty(&generation_config)?),
         chat_template: None,
         tensors: demo_tensors(vocab_size),
+        routing: None,
     })
 }
 

@@ -44,6 +44,7 @@ pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
         generation_config_json: Some(tok.generation_config_json),
         chat_template: None,
         tensors,
+        routing: None,
     })
 }
 

@@ -85,6 +85,9 @@ pub struct ModelSource {
     pub chat_template: Option<String>,
     /// Every weight tensor by its Hugging Face name.
     pub tensors: HashMap<String, HostTensor>,
+    /// An NDSQ `.cawsf` file's ROUTING section and what rebuilding its tensors with
+    /// components left out needs (`format::route`, `--route-budget`).
+    pub routing: Option<std::sync::Arc<crate::format::cawsf::Routing>>,
 }
 
 use std::path::Path;
@@ -114,6 +117,18 @@ fn text_tensors(config_json: &str, tensors: HashMap<String, HostTensor>) -> Hash
 }
 
 impl ModelSource {
+    /// The model's tokenizer and chat template.
+    pub fn tokenizer(&self) -> anyhow::Result<crate::engine::tokenizer::TextTokenizer> {
+        crate::engine::tokenizer::TextTokenizer::from_parts(crate::engine::tokenizer::TokenizerSources {
+            tokenizer_json: &self.tokenizer_json,
+            tokenizer_config_json: self.tokenizer_config_json.as_deref(),
+            generation_config_json: self.generation_config_json.as_deref(),
+            chat_template: self.chat_template.as_deref(),
+            model_config_json: Some(&self.config_json),
+        })
+        .with_context(|| format!("model `{}`: loading the tokenizer", self.name))
+    }
+
     /// Reads a Hugging Face model directory: config, tokenizer files and the
     /// memory-mapped safetensors weights.
     pub fn from_hf_dir(dir: &Path) -> anyhow::Result<Self> {
@@ -145,6 +160,7 @@ impl ModelSource {
             generation_config_json: optional("generation_config.json")?,
             chat_template: optional("chat_template.jinja")?,
             tensors,
+            routing: None,
         })
     }
 

@@ -20,8 +20,9 @@ mod layout;
 mod read;
 mod write;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Context;
 use serde::Serialize;
@@ -31,6 +32,8 @@ pub use layout::{Compression, GLOBAL_SCOPE};
 pub use write::CawsfWriter;
 
 use crate::format::FormatError;
+use crate::format::ndsq::payload::Codebook;
+use crate::format::route::RoutingTable;
 use crate::model::ModelSource;
 use crate::model::config::ModelConfig;
 use layout::*;
@@ -43,6 +46,8 @@ struct Parsed {
     meta_at: u64,
     meta: Meta,
     bank: Bank,
+    codebooks: Vec<Codebook>,
+    routing: Option<RoutingTable>,
 }
 
 fn parse(path: &Path) -> Result<Parsed, FormatError> {
@@ -55,15 +60,18 @@ fn parse(path: &Path) -> Result<Parsed, FormatError> {
     let bank = read::walk_bank(b, path, &toc[s.bank], meta.n_layers)?;
     let meta_at = toc[s.meta].offset;
     read::cross_check(path, meta_at, &meta, &bank)?;
-    Ok(Parsed { file, toc, meta_at, meta, bank })
+    let codebooks = read::read_codebooks(b, path, s.codebooks.map(|i| &toc[i]))?;
+    let routing = read::read_routing(b, path, s.routing.map(|i| &toc[i]), &bank)?;
+    Ok(Parsed { file, toc, meta_at, meta, bank, codebooks, routing })
 }
 
 /// Opens a `.cawsf` model: raw tensors are zero-copy views of the memory map,
 /// compressed ones are decompressed into aligned buffers.
 pub fn open(path: &Path) -> anyhow::Result<ModelSource> {
     let p = parse(path)?;
-    let tensors = read::build_tensors(&p.file, &p.bank)?;
+    let tensors = read::build_tensors(&p.file, &p.bank, &p.codebooks, &HashSet::new())?;
     let m = p.meta.model;
+    let routing = p.routing.map(|table| Arc::new(Routing::new(p.file, p.bank, p.codebooks, table)));
     let name = path.file_stem().map_or_else(|| m.name.clone(), |s| s.to_string_lossy().into_owned());
     let config = ModelConfig::from_json(&m.config_json).with_context(|| format!("{}: META config", path.display()))?;
     Ok(ModelSource {
@@ -75,7 +83,61 @@ pub fn open(path: &Path) -> anyhow::Result<ModelSource> {
         generation_config_json: m.generation_config_json,
         chat_template: m.chat_template,
         tensors,
+        routing,
     })
+}
+
+/// One ROUTING entry, described.
+#[derive(Clone, Debug, Serialize)]
+pub struct RouteEntry {
+    /// The shard's number in the bank.
+    pub shard: u32,
+    /// `L`, `S`, `D` or `R`.
+    pub component: &'static str,
+    pub layer: usize,
+    pub tensor: String,
+    /// Stored bytes (header included).
+    pub cost: u64,
+}
+
+/// An NDSQ file's ROUTING section with what rebuilding its tensors needs.
+pub struct Routing {
+    file: Mapped,
+    bank: Bank,
+    codebooks: Vec<Codebook>,
+    pub table: RoutingTable,
+    /// Per table entry.
+    pub entries: Vec<RouteEntry>,
+}
+
+impl Routing {
+    fn new(file: Mapped, bank: Bank, codebooks: Vec<Codebook>, table: RoutingTable) -> Routing {
+        let owner: HashMap<usize, &read::Walked> =
+            bank.tensors.iter().flat_map(|t| t.chunks.iter().map(move |&c| (c, t))).collect();
+        let entries = table
+            .shards
+            .iter()
+            .zip(&table.costs)
+            .map(|(&s, &cost)| {
+                let rec = &bank.shards[s as usize];
+                let tensor = owner.get(&(s as usize)).map_or_else(String::new, |t| t.desc.name.clone());
+                let component = ["L", "R", "S", "D"][usize::from(rec.h.kind)];
+                RouteEntry { shard: s, component, layer: usize::from(rec.h.scope), tensor, cost: cost as u64 }
+            })
+            .collect();
+        Routing { file, bank, codebooks, table, entries }
+    }
+
+    /// Replaces `source`'s NDSQ tensors that own a shard in `drop` (bank numbers) by
+    /// ones that leave those components out.
+    pub fn drop_shards(&self, source: &mut ModelSource, drop: &HashSet<u32>) -> anyhow::Result<()> {
+        for t in self.bank.tensors.iter().filter(|t| t.ndsq && t.chunks.iter().any(|&c| drop.contains(&(c as u32)))) {
+            let shape = t.desc.shape.iter().map(|&x| x as usize).collect();
+            let rebuilt = read::ndsq_tensor(&self.file, &self.bank, t, shape, &self.codebooks, drop)?;
+            source.tensors.insert(t.desc.name.clone(), rebuilt);
+        }
+        Ok(())
+    }
 }
 
 /// What [`verify`] checked.
@@ -152,6 +214,8 @@ pub fn verify(path: &Path) -> Result<VerifyReport, FormatError> {
     check_padding(b, path, &toc)?;
     let bank = read::walk_bank(b, path, bank_entry, meta.n_layers)?;
     read::cross_check(path, meta_entry.offset, &meta, &bank)?;
+    read::read_codebooks(b, path, s.codebooks.map(|i| &toc[i]))?;
+    read::read_routing(b, path, s.routing.map(|i| &toc[i]), &bank)?;
     Ok(VerifyReport {
         sections: toc.len(),
         shards: bank.shards.len(),

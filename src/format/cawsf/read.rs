@@ -11,7 +11,9 @@ use rayon::prelude::*;
 
 use super::layout::*;
 use crate::format::FormatError;
-use crate::format::ndsq::{Ndsq, payload};
+use crate::format::ndsq::Ndsq;
+use crate::format::ndsq::payload::{self, Codebook};
+use crate::format::route::RoutingTable;
 use crate::tensor::{AlignedBytes, ByteSource, DType, HostTensor, LazyBytes, MappedFile};
 
 /// A memory-mapped `.cawsf` file.
@@ -92,17 +94,19 @@ pub(super) fn check_header_checksum(b: &[u8], path: &Path) -> Result<(), FormatE
     Ok(())
 }
 
-/// Where the two required sections are in the TOC.
+/// Where the two required sections, and the optional ones, are in the TOC.
 pub(super) struct Sections {
     pub meta: usize,
     pub bank: usize,
+    pub codebooks: Option<usize>,
+    pub routing: Option<usize>,
 }
 
 /// Checks every TOC record against the file (bounds, alignment, overlap, flags) and
 /// finds META and SHARD_BANK. Unknown section types are skipped with a warning.
 pub(super) fn check_sections(b: &[u8], path: &Path, toc: &[TocEntry]) -> Result<Sections, FormatError> {
     let file_len = b.len() as u64;
-    let (mut meta, mut bank) = (None, None);
+    let (mut meta, mut bank, mut codebooks, mut routing) = (None, None, None, None);
     let mut spans = Vec::with_capacity(toc.len());
     for (i, e) in toc.iter().enumerate() {
         let at = toc_record_at(i);
@@ -126,10 +130,8 @@ pub(super) fn check_sections(b: &[u8], path: &Path, toc: &[TocEntry]) -> Result<
         let slot = match e.kind {
             SECTION_META => &mut meta,
             SECTION_SHARD_BANK => &mut bank,
-            SECTION_CODEBOOKS | SECTION_ROUTING => {
-                tracing::debug!(path = %path.display(), section = %name, offset = e.offset, "section not used by this build");
-                continue;
-            }
+            SECTION_CODEBOOKS => &mut codebooks,
+            SECTION_ROUTING => &mut routing,
             other => {
                 tracing::warn!(
                     path = %path.display(),
@@ -169,7 +171,12 @@ pub(super) fn check_sections(b: &[u8], path: &Path, toc: &[TocEntry]) -> Result<
         }
     }
     let missing = |what: &str| corrupt(path, 12, format!("header: the TOC has no {what} section"));
-    Ok(Sections { meta: meta.ok_or_else(|| missing("META"))?, bank: bank.ok_or_else(|| missing("SHARD_BANK"))? })
+    Ok(Sections {
+        meta: meta.ok_or_else(|| missing("META"))?,
+        bank: bank.ok_or_else(|| missing("SHARD_BANK"))?,
+        codebooks,
+        routing,
+    })
 }
 
 /// The stored bytes of a checked section.
@@ -177,31 +184,40 @@ pub(super) fn section_bytes<'a>(b: &'a [u8], e: &TocEntry) -> &'a [u8] {
     &b[e.offset as usize..(e.offset + e.size) as usize]
 }
 
-/// Checks META's checksum (from its TOC record), decompresses and parses it.
-pub(super) fn read_meta(b: &[u8], path: &Path, e: &TocEntry) -> Result<Meta, FormatError> {
+/// A section's bytes after checking its checksum (from its TOC record) and
+/// decompressing it (to at most `max` bytes).
+pub(super) fn read_section<'a>(
+    b: &'a [u8],
+    path: &Path,
+    e: &TocEntry,
+    max: u64,
+) -> Result<std::borrow::Cow<'a, [u8]>, FormatError> {
+    let name = section_name(e.kind);
     let stored = section_bytes(b, e);
     let computed = xxh3(stored);
     if computed != e.checksum {
         let msg =
-            format!("section META: checksum mismatch (TOC records {:016x}, computed {computed:016x})", e.checksum);
+            format!("section {name}: checksum mismatch (TOC records {:016x}, computed {computed:016x})", e.checksum);
         return Err(corrupt(path, e.offset, msg));
     }
-    let comp = Compression::from_section_flags(e.flags).expect("flags checked");
-    let owned;
-    let json = match comp {
-        Compression::None => stored,
+    match Compression::from_section_flags(e.flags).expect("flags checked") {
+        Compression::None => Ok(stored.into()),
         c => {
-            if e.raw_size > MAX_META_BYTES || e.raw_size > c.max_decompressed(e.size) {
-                let msg = format!("section META claims {} bytes from {} compressed bytes", e.raw_size, e.size);
+            if e.raw_size > max || e.raw_size > c.max_decompressed(e.size) {
+                let msg = format!("section {name} claims {} bytes from {} compressed bytes", e.raw_size, e.size);
                 return Err(corrupt(path, e.offset, msg));
             }
             let mut out = vec![0u8; e.raw_size as usize];
-            c.decompress_into(stored, &mut out).map_err(|m| corrupt(path, e.offset, format!("section META: {m}")))?;
-            owned = out;
-            &owned
+            c.decompress_into(stored, &mut out).map_err(|m| corrupt(path, e.offset, format!("section {name}: {m}")))?;
+            Ok(out.into())
         }
-    };
-    let meta: Meta = serde_json::from_slice(json)
+    }
+}
+
+/// Checks META's checksum (from its TOC record), decompresses and parses it.
+pub(super) fn read_meta(b: &[u8], path: &Path, e: &TocEntry) -> Result<Meta, FormatError> {
+    let json = read_section(b, path, e, MAX_META_BYTES)?;
+    let meta: Meta = serde_json::from_slice(&json)
         .map_err(|err| corrupt(path, e.offset, format!("section META is not valid META JSON: {err}")))?;
     if meta.format != "cawsf" || meta.version != VERSION || meta.alignment != ALIGN {
         let msg = format!(
@@ -214,6 +230,34 @@ pub(super) fn read_meta(b: &[u8], path: &Path, e: &TocEntry) -> Result<Meta, For
         return Err(corrupt(path, e.offset, format!("META: {} layers (at most {MAX_LAYERS})", meta.n_layers)));
     }
     Ok(meta)
+}
+
+/// The CODEBOOKS section, parsed (empty without one).
+pub(super) fn read_codebooks(b: &[u8], path: &Path, e: Option<&TocEntry>) -> Result<Vec<Codebook>, FormatError> {
+    let Some(e) = e else { return Ok(Vec::new()) };
+    let bytes = read_section(b, path, e, b.len() as u64 * 2)?;
+    payload::parse_codebooks(&bytes).map_err(|m| corrupt(path, e.offset, format!("section CODEBOOKS: {m:#}")))
+}
+
+/// The ROUTING section, parsed and checked against the bank: every entry names an NDSQ
+/// shard.
+pub(super) fn read_routing(
+    b: &[u8],
+    path: &Path,
+    e: Option<&TocEntry>,
+    bank: &Bank,
+) -> Result<Option<RoutingTable>, FormatError> {
+    let Some(e) = e else { return Ok(None) };
+    let bytes = read_section(b, path, e, b.len() as u64 * 2)?;
+    let err = |m: String| corrupt(path, e.offset, format!("section ROUTING: {m}"));
+    let table = RoutingTable::parse(&bytes).map_err(|m| err(format!("{m:#}")))?;
+    for &s in &table.shards {
+        let kind = bank.shards.get(s as usize).map(|r| r.h.kind);
+        if !kind.is_some_and(|k| (SHARD_NDSQ_L..=SHARD_NDSQ_D).contains(&k)) {
+            return Err(err(format!("entry for shard {s}, which is not an NDSQ shard of the bank")));
+        }
+    }
+    Ok(Some(table))
 }
 
 /// One shard found by the walk.
@@ -441,7 +485,13 @@ pub(super) fn cross_check(path: &Path, meta_at: u64, meta: &Meta, bank: &Bank) -
 
 /// The tensors as host tensors: zero-copy views of the map for single raw shards, an
 /// aligned copy (decompressed) otherwise.
-pub(super) fn build_tensors(f: &Mapped, bank: &Bank) -> Result<HashMap<String, HostTensor>, FormatError> {
+/// NDSQ shards (bank numbers) in `drop` decode as zero (`--route-budget`).
+pub(super) fn build_tensors(
+    f: &Mapped,
+    bank: &Bank,
+    codebooks: &[Codebook],
+    drop: &HashSet<u32>,
+) -> Result<HashMap<String, HostTensor>, FormatError> {
     let src: Arc<dyn ByteSource> = f.map.clone();
     let b = f.bytes();
     let one = |t: &Walked| -> Result<(String, HostTensor), FormatError> {
@@ -453,7 +503,7 @@ pub(super) fn build_tensors(f: &Mapped, bank: &Bank) -> Result<HashMap<String, H
             })?;
         let len = d.bytes as usize; // ≤ the bank, or checked against the codecs' ratio
         if t.ndsq {
-            return ndsq_tensor(f, bank, t, shape).map(|x| (d.name.clone(), x));
+            return ndsq_tensor(f, bank, t, shape, codebooks, drop).map(|x| (d.name.clone(), x));
         }
         if let [i] = t.chunks[..]
             && bank.shards[i].h.comp == Compression::None.shard_code()
@@ -478,8 +528,16 @@ pub(super) fn build_tensors(f: &Mapped, bank: &Bank) -> Result<HashMap<String, H
 }
 
 /// An NDSQ tensor's shards (L's two factors, S, D, R), decompressed and checked now, as
-/// an F32 tensor reconstructed on first use (`format::ndsq`).
-fn ndsq_tensor(f: &Mapped, bank: &Bank, t: &Walked, shape: Vec<usize>) -> Result<HostTensor, FormatError> {
+/// an F32 tensor reconstructed on first use (`format::ndsq`). Shards in `drop` are left
+/// out (zero), L as a whole when either factor is.
+pub(super) fn ndsq_tensor(
+    f: &Mapped,
+    bank: &Bank,
+    t: &Walked,
+    shape: Vec<usize>,
+    codebooks: &[Codebook],
+    drop: &HashSet<u32>,
+) -> Result<HostTensor, FormatError> {
     let b = f.bytes();
     let (rows, cols) = (shape[0], shape[1]);
     // Each shard's payload, and the error naming it.
@@ -512,8 +570,21 @@ fn ndsq_tensor(f: &Mapped, bank: &Bank, t: &Walked, shape: Vec<usize>) -> Result
         return Err(bad(0, msg));
     }
     let sparse = payload::parse_sparse(&parts[2], rows, cols).map_err(|e| bad(2, format!("{e:#}")))?;
-    let pq = payload::parse_pq(&parts[4], rows, cols).map_err(|e| bad(4, format!("{e:#}")))?;
-    let n = Ndsq { rows, cols, u, v, rank, diag, sparse, pq };
+    let pq = payload::parse_pq(&parts[4], rows, cols, codebooks).map_err(|e| bad(4, format!("{e:#}")))?;
+    let mut n = Ndsq { rows, cols, u, v, rank, diag, sparse, pq };
+    let dropped = |k: usize| drop.contains(&(t.chunks[k] as u32));
+    if dropped(0) || dropped(1) {
+        (n.rank, n.u, n.v) = (0, Vec::new(), Vec::new());
+    }
+    if dropped(2) {
+        n.sparse.clear();
+    }
+    if dropped(3) {
+        n.diag.iter_mut().for_each(|x| *x = 0);
+    }
+    if dropped(4) {
+        n.pq.codebooks.iter_mut().for_each(|x| *x = 0.0);
+    }
     let len = rows * cols * 4;
     let lazy = LazyBytes::new(len, move || {
         let w = n.reconstruct();

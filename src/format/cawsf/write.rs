@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::format::convert::layer_units;
 use crate::format::ndsq::{Ndsq, NdsqParams, payload};
+use crate::format::route::RoutingTable;
 use crate::format::{Group, ModelMeta, ModelWriter, layer_tensor};
 use crate::tensor::{DType, HostTensor};
 
@@ -46,6 +47,10 @@ pub struct CawsfWriter {
     done: bool,
     /// Decompose eligible weight matrices with NDSQ ([`CawsfWriter::with_ndsq`]).
     ndsq: Option<(NdsqParams, Arc<rayon::ThreadPool>)>,
+    /// The R shards' codebooks (the CODEBOOKS section).
+    codebooks: Vec<payload::Codebook>,
+    /// The NDSQ shards' keys and costs (the ROUTING section; `dim` is the hidden size).
+    routing: RoutingTable,
 }
 
 impl CawsfWriter {
@@ -79,6 +84,8 @@ impl CawsfWriter {
             layers: vec![Range::default(); layers],
             done: false,
             ndsq: None,
+            codebooks: Vec::new(),
+            routing: RoutingTable { dim: 0, shards: Vec::new(), costs: Vec::new(), keys: Vec::new() },
         };
         w.write_raw(&ZEROS[..HEADER_BLOCK as usize])?;
         Ok(w)
@@ -86,9 +93,15 @@ impl CawsfWriter {
 
     /// Writes each decoder layer's weight matrices (2-D, whole PQ vectors per row; not
     /// the MoE routers) as NDSQ shards (`format::ndsq`) instead of their bytes.
-    pub fn with_ndsq(mut self, params: NdsqParams, pool: Arc<rayon::ThreadPool>) -> Self {
+    pub fn with_ndsq(mut self, params: NdsqParams, pool: Arc<rayon::ThreadPool>) -> anyhow::Result<Self> {
+        let config = crate::model::config::ModelConfig::from_json(&self.model.config_json)
+            .with_context(|| format!("{}: the model's config", self.out.display()))?;
+        if config.hidden_size == 0 || config.hidden_size > usize::from(u16::MAX) {
+            bail!("{}: hidden size {} does not fit a ROUTING key", self.out.display(), config.hidden_size);
+        }
+        self.routing.dim = config.hidden_size;
         self.ndsq = Some((params, pool));
-        self
+        Ok(self)
     }
 
     /// Splits tensors into data shards of at most `bytes` (tests exercise splitting
@@ -212,15 +225,26 @@ impl CawsfWriter {
 }
 
 impl CawsfWriter {
-    /// Writes `name` as NDSQ shards: L's two factors, S, D and R (`docs/formats.md`).
+    /// Writes `name` as NDSQ shards: L's two factors, S, D and R (`docs/formats.md`),
+    /// R's codebooks into CODEBOOKS and each shard's key and cost into ROUTING.
     fn write_ndsq(&mut self, scope: u16, name: &str, shape: &[usize], n: &Ndsq) -> anyhow::Result<()> {
+        // Codebook numbers are u16; past them, codebooks stay in their shards.
+        let r = match u16::try_from(self.codebooks.len()) {
+            Ok(id) if id < u16::MAX => {
+                let q = &n.pq;
+                self.codebooks.push(payload::Codebook { d: q.d, m: q.m, k: q.k, values: q.codebooks.clone() });
+                payload::pq_shared(n, id)
+            }
+            _ => payload::pq(n),
+        };
         let payloads = [
             (SHARD_NDSQ_L, payload::fp16(n.rows, n.rank, &n.u)),
             (SHARD_NDSQ_L, payload::fp16(n.rank, n.cols, &n.v)),
             (SHARD_NDSQ_S, payload::sparse(n)),
             (SHARD_NDSQ_D, payload::fp16(n.diag.len(), 1, &n.diag)),
-            (SHARD_NDSQ_R, payload::pq(n)),
+            (SHARD_NDSQ_R, r),
         ];
+        let keys = n.component_keys(self.routing.dim).map(|[l, s, d, r]| [l.clone(), l, s, d, r]);
         let desc = TensorDesc {
             name: name.to_owned(),
             dtype: DType::F32,
@@ -233,7 +257,8 @@ impl CawsfWriter {
         let desc_at =
             self.write_shard(ShardHeader { kind: SHARD_TENSOR_DESC, scope, comp: 0, usize: len, csize: len }, &record)?;
         let mut chunks = Vec::with_capacity(payloads.len());
-        for (kind, raw) in payloads {
+        for (j, (kind, raw)) in payloads.into_iter().enumerate() {
+            let number = self.sums.len() as u32;
             let z = self.compression.compress(&raw);
             let (comp, bytes) = match &z {
                 Some(z) => (self.compression, &z[..]),
@@ -243,6 +268,11 @@ impl CawsfWriter {
             let h = ShardHeader { kind, scope, comp: comp.shard_code(), usize, csize: bytes.len() as u32 };
             let offset = self.write_shard(h, bytes)?;
             chunks.push(ChunkEntry { offset, comp, usize, csize: h.csize });
+            if let Some(keys) = &keys {
+                self.routing.shards.push(number);
+                self.routing.costs.push((SHARD_HEADER_BYTES + u64::from(h.csize)) as f32);
+                self.routing.keys.extend_from_slice(&keys[j]);
+            }
         }
         self.tensors.push(TensorEntry {
             name: name.to_owned(),
@@ -263,6 +293,24 @@ impl CawsfWriter {
 fn ndsq_eligible(name: &str, t: &HostTensor, p: &NdsqParams) -> bool {
     let routing = layer_tensor(name).is_some_and(|(_, local)| crate::format::convert::ROUTING_TENSORS.contains(&local));
     t.shape.len() == 2 && t.shape[0] >= 2 && t.shape[1].is_multiple_of(p.pq_d) && !routing
+}
+
+impl CawsfWriter {
+    /// Writes a section at the next page boundary (compressed as the file is, when that
+    /// saves bytes) and returns its TOC record.
+    fn write_section(&mut self, kind: u32, raw: Vec<u8>) -> anyhow::Result<TocEntry> {
+        let gap = (ALIGN - self.pos % ALIGN) % ALIGN;
+        self.write_raw(&ZEROS[..gap as usize])?;
+        let raw_size = raw.len() as u64;
+        let (stored, flags) = match self.compression.compress(&raw) {
+            Some(z) => (z, self.compression.section_flags()),
+            None => (raw, 0),
+        };
+        let entry =
+            TocEntry { kind, flags, offset: self.pos, size: stored.len() as u64, raw_size, checksum: xxh3(&stored) };
+        self.write_raw(&stored)?;
+        Ok(entry)
+    }
 }
 
 impl ModelWriter for CawsfWriter {
@@ -327,6 +375,19 @@ impl ModelWriter for CawsfWriter {
         }
         let bank_size = self.pos - HEADER_BLOCK;
         let bank_sum = self.bank_hash.digest();
+        // CODEBOOKS and ROUTING, when there are NDSQ shards, each on a page of its own.
+        let mut extra = Vec::new();
+        let mut extra_sums = Vec::new();
+        let sections = [
+            (SECTION_CODEBOOKS, (!self.codebooks.is_empty()).then(|| payload::codebooks(&self.codebooks))),
+            (SECTION_ROUTING, (!self.routing.shards.is_empty()).then(|| self.routing.encode())),
+        ];
+        for (kind, bytes) in sections {
+            let Some(bytes) = bytes else { continue };
+            let entry = self.write_section(kind, bytes)?;
+            extra_sums.push((section_name(kind), format!("{:016x}", entry.checksum)));
+            extra.push(entry);
+        }
         let bank = TocEntry {
             kind: SECTION_SHARD_BANK,
             flags: 0,
@@ -347,26 +408,16 @@ impl ModelWriter for CawsfWriter {
             tensors: std::mem::take(&mut self.tensors),
             checksum_index: ChecksumIndex {
                 algorithm: "xxh3-64".into(),
-                sections: [("SHARD_BANK".to_owned(), format!("{bank_sum:016x}"))].into(),
+                sections: [("SHARD_BANK".to_owned(), format!("{bank_sum:016x}"))]
+                    .into_iter()
+                    .chain(extra_sums)
+                    .collect(),
                 shards: std::mem::take(&mut self.sums),
             },
         };
         let json = serde_json::to_vec(&meta).context("serializing META")?;
-        let raw_size = json.len() as u64;
-        let (stored, flags) = match self.compression.compress(&json) {
-            Some(z) => (z, self.compression.section_flags()),
-            None => (json, 0),
-        };
-        let meta_entry = TocEntry {
-            kind: SECTION_META,
-            flags,
-            offset: self.pos,
-            size: stored.len() as u64,
-            raw_size,
-            checksum: xxh3(&stored),
-        };
-        self.write_raw(&stored)?;
-        let header = encode_header_block(&[meta_entry, bank]);
+        let meta_entry = self.write_section(SECTION_META, json)?;
+        let header = encode_header_block(&[[meta_entry, bank].as_slice(), &extra].concat());
         let tmp = self.tmp.clone();
         let io = |what: &str| format!("{what} {}", tmp.display());
         let mut file = self
