@@ -127,6 +127,30 @@ pub trait ByteSource: Send + Sync {
     fn device_copy(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
         None
     }
+
+    /// How these bytes are stored encoded in a file, when they are computed from such
+    /// pieces (an NDSQ tensor): what the layer streamer reads and decodes instead.
+    fn encoded(&self) -> Option<&Arc<Encoded>> {
+        None
+    }
+}
+
+/// A tensor stored as encoded pieces of a file (NDSQ shards) that `decode` turns into its
+/// `len` bytes: the layer streamer reads the pieces, not the decoded size.
+pub struct Encoded {
+    pub path: Arc<Path>,
+    /// File offset and length of each piece, in the order `decode` takes them.
+    pub pieces: Vec<(u64, usize)>,
+    /// The decoded bytes.
+    pub len: usize,
+    #[allow(clippy::type_complexity)]
+    pub decode: Box<dyn Fn(&[&[u8]], &mut [u8]) -> Result<(), String> + Send + Sync>,
+}
+
+impl std::fmt::Debug for Encoded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Encoded({}, {:?} -> {} bytes)", self.path.display(), self.pieces, self.len)
+    }
 }
 
 impl ByteSource for memmap2::Mmap {
@@ -269,12 +293,31 @@ pub struct LazyBytes {
     make: Box<dyn Fn() -> AlignedBytes + Send + Sync>,
     done: OnceLock<AlignedBytes>,
     origin: Option<TensorOrigin>,
+    encoded: Option<Arc<Encoded>>,
 }
 
 impl LazyBytes {
     /// `make` must return exactly `len` bytes.
     pub fn new(len: usize, make: impl Fn() -> AlignedBytes + Send + Sync + 'static) -> Self {
-        LazyBytes { len, make: Box::new(make), done: OnceLock::new(), origin: None }
+        LazyBytes { len, make: Box::new(make), done: OnceLock::new(), origin: None, encoded: None }
+    }
+
+    /// Bytes decoded from pieces of a file, the same way on first use as the streamer
+    /// does after reading them.
+    pub fn encoded(encoded: Encoded, map: Arc<dyn ByteSource>, base: u64) -> Self {
+        let e = Arc::new(encoded);
+        let (len, dec) = (e.len, e.clone());
+        let make = move || {
+            let b = map.bytes();
+            let pieces: Vec<&[u8]> =
+                dec.pieces.iter().map(|&(at, n)| &b[(at - base) as usize..(at - base) as usize + n]).collect();
+            let mut out = AlignedBytes::zeroed(dec.len);
+            if let Err(m) = (dec.decode)(&pieces, out.bytes_mut()) {
+                panic!("{}: decoding a tensor checked when the file was opened: {m}", dec.path.display());
+            }
+            out
+        };
+        LazyBytes { len, make: Box::new(make), done: OnceLock::new(), origin: None, encoded: Some(e) }
     }
 
     /// Records where the bytes `make` computes can be read from (and how to fix them up).
@@ -294,6 +337,10 @@ impl ByteSource for LazyBytes {
         let b = self.done.get_or_init(|| (self.make)()).bytes();
         assert_eq!(b.len(), self.len, "a lazy tensor computed the wrong number of bytes");
         b
+    }
+
+    fn encoded(&self) -> Option<&Arc<Encoded>> {
+        self.encoded.as_ref()
     }
 }
 
@@ -358,6 +405,11 @@ impl HostTensor {
     /// tensors, which cannot be streamed.
     pub fn origin(&self) -> Option<&TensorOrigin> {
         self.origin.as_ref()
+    }
+
+    /// How the whole tensor is stored encoded (see [`Encoded`]), when it is.
+    pub fn encoded(&self) -> Option<&Arc<Encoded>> {
+        self.src.encoded().filter(|e| self.offset == 0 && self.len == e.len)
     }
 
     /// The device copy of the bytes this tensor views (see [`ByteSource::device_copy`]),

@@ -599,8 +599,15 @@ impl Write for Captured {
 #[test]
 fn unknown_sections_are_skipped_with_a_warning() {
     let (dir, out) = written("hf/llama3", Compression::Lz4);
-    let mut b = std::fs::read(&out).unwrap();
-    let routing_at = append_section(&mut b, 4, &[1u8; 10]);
+    let clean = std::fs::read(&out).unwrap();
+    // A ROUTING section is known (and checked): garbage in one is an error naming it.
+    let mut bad = clean.clone();
+    append_section(&mut bad, 4, &[1u8; 10]);
+    let err = cawsf::open(&save(&dir, "garbage-routing.cawsf", &bad)).err().unwrap().to_string();
+    assert!(err.contains("section ROUTING"), "{err}");
+    let mut b = clean;
+    // An empty routing table (64-value keys, no entries) is well formed.
+    let routing_at = append_section(&mut b, 4, &[64, 0, 0, 0, 0, 0]);
     let unknown_at = append_section(&mut b, 0x5eed, b"a future section");
     let p = save(&dir, "llama3.cawsf", &b);
     let log = Captured::default();

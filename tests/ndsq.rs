@@ -234,3 +234,41 @@ fn routing_ranks_every_shard_and_a_budget_leaves_out_exactly_what_it_skips() {
     }
     assert_eq!(checked, decomposed);
 }
+
+/// Under a memory budget an NDSQ model streams: each layer's compressed shards are read
+/// from the file and decoded after the read (not reconstructed once and kept), and the
+/// logits are those of the resident model exactly. Bytes read per pass are the shards',
+/// well under the layers' F32 size.
+#[test]
+fn an_ndsq_model_streams_its_compressed_shards() {
+    use std::sync::atomic::Ordering;
+    let dir = TempDir::new("ndsq-stream");
+    let out = dir.path("m.cawsf");
+    convert_ndsq(&fixture("hf/llama3"), &out, Compression::None);
+    let spec = out.to_str().unwrap();
+    let ids: Vec<u32> = (0..12).map(|i| (i * 29 + 5) % 400).collect();
+    let run = |budget: Option<u64>| {
+        let opts = RunOptions { threads: 2, memory_budget: budget, ..Default::default() };
+        let e = Engine::load(spec, &opts).unwrap();
+        let mut cache = e.model.new_cache(32).unwrap();
+        let logits =
+            e.model.forward(&mut [SeqStep { tokens: &ids, cache: &mut cache, all_logits: true }]).unwrap().remove(0);
+        let s = e.model.scheduler();
+        (logits, s.summary().mode, s.stats().bytes_read.load(Ordering::Relaxed), s.summary().plan.streamable_bytes)
+    };
+    let (resident, mode, ..) = run(None);
+    assert_eq!(mode, "resident");
+    let (streamed, mode, read, layer_bytes) = run(Some(0));
+    assert_eq!(mode, "streaming");
+    assert_eq!(streamed, resident);
+    let f32_bytes: u64 = {
+        let src = ModelSource::from_spec(spec).unwrap();
+        src.tensors
+            .iter()
+            .filter(|(n, t)| n.starts_with("model.layers.") && t.encoded().is_some())
+            .map(|(_, t)| t.byte_len() as u64)
+            .sum()
+    };
+    assert!(read > 0 && read < f32_bytes / 2, "read {read} bytes for {f32_bytes} bytes of F32 matrices");
+    assert!(layer_bytes > 0);
+}

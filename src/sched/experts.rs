@@ -333,7 +333,7 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
                     self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     let mut buf = read.map_err(read_err)?;
                     let unit = base + experts[i];
-                    d.reader.fix(unit, &mut buf);
+                    d.reader.fix(unit, &mut buf)?;
                     let pinned = buf.is_pinned();
                     let src: Arc<dyn ByteSource> = Arc::new(PooledBuf { buf, home: Arc::downgrade(&d.pool) });
                     let src = match &d.stage {

@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicU64;
 
 use super::io::{AlignedBuf, StorageFile};
 use super::{LayerTensors, SchedError};
-use crate::tensor::{ByteSource, DType, Fixup, HostTensor};
+use crate::tensor::{ByteSource, DType, Encoded, Fixup, HostTensor};
 
 /// Two tensors of a layer in the same file that are at most this far apart are read
 /// together (reading the gap costs less than another request).
@@ -45,41 +45,69 @@ pub struct Slot {
     pub at: usize,
     pub len: usize,
     pub fixup: Option<Fixup>,
+    /// A tensor stored encoded: its pieces' places (`at`, `len`) in the buffer, which
+    /// [`Reader::fix`] decodes into this slot.
+    pub decode: Option<(Arc<Encoded>, Places)>,
 }
+
+/// Places (`at`, `len`) in a layer buffer.
+pub type Places = Vec<(usize, usize)>;
 
 /// How to read one layer.
 #[derive(Clone, Debug)]
 pub struct LayerLayout {
     pub reads: Vec<ReadOp>,
-    /// Buffer bytes (the sum of the reads' lengths).
+    /// Buffer bytes: the reads, then the decoded tensors' slots.
     pub buf_len: usize,
     pub slots: Vec<Slot>,
 }
 
-/// Plans the reads of every layer. A layer some of whose tensors are not stored in a
-/// file ([`HostTensor::origin`] is `None`: decompressed or computed) gets `None`.
-/// Returns the distinct files (in first-seen order) and the layouts.
+impl LayerLayout {
+    /// Whether the buffer holds every tensor as stored (no fixup, nothing to decode).
+    pub fn as_stored(&self) -> bool {
+        self.slots.iter().all(|s| s.fixup.is_none() && s.decode.is_none())
+    }
+}
+
+/// What a stored range holds: a tensor as it is used (with its fixup), or piece `k` of
+/// an encoded tensor.
+enum Piece<'a> {
+    Tensor(&'a HostTensor, Option<Fixup>),
+    Encoded(&'a Arc<Encoded>, usize),
+}
+
+/// Plans the reads of every layer. A layer some of whose tensors are neither stored in
+/// a file ([`HostTensor::origin`]) nor stored encoded in one ([`HostTensor::encoded`])
+/// gets `None`. Returns the distinct files (in first-seen order) and the layouts.
 pub fn plan_layers(sources: &[LayerTensors], align: u64) -> (Vec<Arc<Path>>, Vec<Option<LayerLayout>>) {
     let mut files: Vec<Arc<Path>> = Vec::new();
     let mut file_index: HashMap<Arc<Path>, usize> = HashMap::new();
     let mut layouts = Vec::with_capacity(sources.len());
     for layer in sources {
-        let mut placed = Vec::with_capacity(layer.tensors.len());
+        // (file, offset, len, tensor name, what)
+        let mut placed: Vec<(usize, u64, usize, &String, Piece<'_>)> = Vec::with_capacity(layer.tensors.len());
         let mut streamable = true;
         let mut names: Vec<&String> = layer.tensors.keys().collect();
         names.sort();
+        let mut file_of = |path: &Arc<Path>| {
+            let next = files.len();
+            *file_index.entry(path.clone()).or_insert_with(|| {
+                files.push(path.clone());
+                next
+            })
+        };
         for name in names {
             let t = &layer.tensors[name];
-            let Some(o) = t.origin() else {
+            if let Some(o) = t.origin() {
+                placed.push((file_of(&o.path), o.offset, t.byte_len(), name, Piece::Tensor(t, o.fixup)));
+            } else if let Some(e) = t.encoded() {
+                let file = file_of(&e.path);
+                placed
+                    .extend(e.pieces.iter().enumerate().map(|(k, &(at, n))| (file, at, n, name, Piece::Encoded(e, k))));
+            } else {
                 streamable = false;
                 break;
-            };
-            let next = files.len();
-            let file = *file_index.entry(o.path.clone()).or_insert_with(|| {
-                files.push(o.path.clone());
-                next
-            });
-            placed.push((file, o.offset, name.clone(), t, o.fixup));
+            }
         }
         if !streamable {
             layouts.push(None);
@@ -87,16 +115,18 @@ pub fn plan_layers(sources: &[LayerTensors], align: u64) -> (Vec<Arc<Path>>, Vec
         }
         placed.sort_by_key(|&(file, offset, ..)| (file, offset));
         let (mut reads, mut slots): (Vec<ReadOp>, Vec<Slot>) = (Vec::new(), Vec::new());
+        // Encoded tensors' pieces as they are placed: name -> (encoded, piece places).
+        let mut encoded: HashMap<&String, (&Arc<Encoded>, Places)> = HashMap::new();
         let mut buf_len = 0usize;
         let mut i = 0;
         while i < placed.len() {
-            // One read: tensors i..j of the same file, each starting within MERGE_GAP of
+            // One read: ranges i..j of the same file, each starting within MERGE_GAP of
             // the end of the previous one.
             let (file, first) = (placed[i].0, placed[i].1);
-            let mut end = first + placed[i].3.byte_len() as u64;
+            let mut end = first + placed[i].2 as u64;
             let mut j = i + 1;
             while j < placed.len() && placed[j].0 == file && placed[j].1 <= end.saturating_add(MERGE_GAP) {
-                end = end.max(placed[j].1 + placed[j].3.byte_len() as u64);
+                end = end.max(placed[j].1 + placed[j].2 as u64);
                 j += 1;
             }
             let start = first / align * align;
@@ -104,19 +134,43 @@ pub fn plan_layers(sources: &[LayerTensors], align: u64) -> (Vec<Arc<Path>>, Vec
             let dst = buf_len;
             let len = (wide_end - start) as usize;
             reads.push(ReadOp { file, offset: start, len, min: (end - start) as usize, dst });
-            for (_, offset, name, t, fixup) in &placed[i..j] {
+            for (_, offset, n, name, what) in &placed[i..j] {
                 let at = dst + (offset - start) as usize;
-                slots.push(Slot {
-                    name: name.clone(),
-                    dtype: t.dtype,
-                    shape: t.shape.clone(),
-                    at,
-                    len: t.byte_len(),
-                    fixup: *fixup,
-                });
+                match what {
+                    Piece::Tensor(t, fixup) => slots.push(Slot {
+                        name: (*name).clone(),
+                        dtype: t.dtype,
+                        shape: t.shape.clone(),
+                        at,
+                        len: *n,
+                        fixup: *fixup,
+                        decode: None,
+                    }),
+                    Piece::Encoded(e, k) => {
+                        let entry = encoded.entry(name).or_insert_with(|| (e, vec![(0, 0); e.pieces.len()]));
+                        entry.1[*k] = (at, *n);
+                    }
+                }
             }
             buf_len += len;
             i = j;
+        }
+        // The decoded tensors after the reads, each 64-byte aligned.
+        let mut decoded: Vec<_> = encoded.into_iter().collect();
+        decoded.sort_by_key(|(name, _)| *name);
+        for (name, (e, pieces)) in decoded {
+            let t = &layer.tensors[name];
+            let at = buf_len.next_multiple_of(64);
+            slots.push(Slot {
+                name: name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                at,
+                len: e.len,
+                fixup: None,
+                decode: Some((e.clone(), pieces)),
+            });
+            buf_len = at + e.len;
         }
         layouts.push(Some(LayerLayout { reads, buf_len, slots }));
     }
@@ -221,16 +275,29 @@ impl Reader {
         result.map_err(|(i, e)| SchedError::Io { layer: i, msg: e.to_string() })
     }
 
-    /// Applies the tensors' fixups to layer `i` as [`read`](Self::read) left it (done by
-    /// the compute thread, so that the I/O thread goes straight on to the next read).
-    pub fn fix(&self, i: usize, buf: &mut AlignedBuf) {
-        let Some(layout) = self.layout(i) else { return };
+    /// Applies the tensors' fixups to layer `i` as [`read`](Self::read) left it, and
+    /// decodes its encoded tensors into their slots (done by the compute thread, so that
+    /// the I/O thread goes straight on to the next read).
+    pub fn fix(&self, i: usize, buf: &mut AlignedBuf) -> Result<(), SchedError> {
+        let Some(layout) = self.layout(i) else { return Ok(()) };
         let bytes = buf.as_mut_slice();
+        // Decoded slots lie after every read, so the pieces can be borrowed beside them.
+        let read_end = layout.reads.iter().map(|r| r.dst + r.len).max().unwrap_or(0);
+        let (stored, after) = bytes.split_at_mut(read_end);
         for s in &layout.slots {
-            if let Some(fixup) = s.fixup {
-                fixup.apply_in_place(&mut bytes[s.at..s.at + s.len], s.shape.first().copied().unwrap_or(1));
+            if let Some((e, pieces)) = &s.decode {
+                let parts: Vec<&[u8]> = pieces.iter().map(|&(at, n)| &stored[at..at + n]).collect();
+                (e.decode)(&parts, &mut after[s.at - read_end..s.at - read_end + s.len]).map_err(|m| {
+                    SchedError::Io { layer: i, msg: format!("{}: tensor `{}` as read: {m}", e.path.display(), s.name) }
+                })?;
             }
         }
+        for s in &layout.slots {
+            if let Some(fixup) = s.fixup {
+                fixup.apply_in_place(&mut stored[s.at..s.at + s.len], s.shape.first().copied().unwrap_or(1));
+            }
+        }
+        Ok(())
     }
 
     /// The tensors of layer `i` as views of `src`, which holds what [`read`](Self::read) put
@@ -291,7 +358,7 @@ mod tests {
         let reader = Reader::open(std::slice::from_ref(&layer), &counter, false).unwrap();
         let mut buf = AlignedBuf::new();
         reader.read(0, &mut buf).unwrap();
-        reader.fix(0, &mut buf);
+        reader.fix(0, &mut buf).unwrap();
         assert!(counter.load(std::sync::atomic::Ordering::Relaxed) >= 8192 + 400);
         let read = reader.tensors(0, Arc::new(buf));
         for name in ["a", "b", "c"] {

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::io::{AlignedBuf, HostPin};
-use super::layout::Reader;
+use super::layout::{LayerLayout, Reader};
 use super::plan::{HostTierSummary, ResidencyPlan, format_ranges, host_tier};
 use super::upload::{DeviceRead, Stage};
 use super::{Build, Policy, SchedError, SchedStats, SchedSummary};
@@ -237,7 +237,7 @@ impl<L: Send + Sync + 'static> Core<L> {
         for i in plan.pinned() {
             let mut buf = AlignedBuf::new();
             reader.read(i, &mut buf)?;
-            reader.fix(i, &mut buf);
+            reader.fix(i, &mut buf)?;
             resident[i] = Some(Arc::new(build(&reader.tensors(i, Arc::new(buf)))?));
         }
         let on_device: Vec<bool> = resident.iter().map(Option::is_some).collect();
@@ -247,7 +247,7 @@ impl<L: Send + Sync + 'static> Core<L> {
             if held {
                 let mut buf = alloc.buf_for(plan.layer_bytes()[i] as usize);
                 reader.read(i, &mut buf)?;
-                reader.fix(i, &mut buf);
+                reader.fix(i, &mut buf)?;
                 host[i] = Some(Arc::new(buf));
             }
         }
@@ -295,9 +295,7 @@ impl<L: Send + Sync + 'static> Core<L> {
             let direct = core.stage.as_ref().filter(|s| s.summary().gds.is_some()).map(|stage| Direct {
                 stage: stage.clone(),
                 paths: reader.paths(),
-                eligible: (0..n)
-                    .map(|i| reader.layout(i).is_some_and(|l| l.slots.iter().all(|s| s.fixup.is_none())))
-                    .collect(),
+                eligible: (0..n).map(|i| reader.layout(i).is_some_and(LayerLayout::as_stored)).collect(),
             });
             let handle = std::thread::Builder::new()
                 .name("strata-io".into())
@@ -335,7 +333,7 @@ impl<L: Send + Sync + 'static> Core<L> {
         }
         let (src, buf) = match self.take(i)? {
             Loaded::Host(mut buf) => {
-                self.reader.fix(i, &mut buf);
+                self.reader.fix(i, &mut buf)?;
                 let pinned = buf.is_pinned();
                 let buf = self.lend(buf);
                 (self.staged(i, buf.clone(), pinned)?, Some(buf))
@@ -358,7 +356,7 @@ impl<L: Send + Sync + 'static> Core<L> {
                 (_, None) => {
                     let mut own = AlignedBuf::new();
                     self.reader.read(i, &mut own)?;
-                    self.reader.fix(i, &mut own);
+                    self.reader.fix(i, &mut own)?;
                     Arc::new((self.build)(&self.reader.tensors(i, Arc::new(own)))?)
                 }
             };
@@ -441,7 +439,7 @@ impl<L: Send + Sync + 'static> Core<L> {
         // Buffers come back to the ring's free list when their layer drops (the ring
         // has no I/O thread here), so the baselines pay no allocation or page faults.
         let mut buf = lock(&self.shared.ring).free.pop().unwrap_or_default();
-        let read = self.reader.read(i, &mut buf).map(|()| self.reader.fix(i, &mut buf));
+        let read = self.reader.read(i, &mut buf).and_then(|()| self.reader.fix(i, &mut buf));
         self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let buf = self.lend(buf);
         read?;

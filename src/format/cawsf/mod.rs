@@ -46,7 +46,7 @@ struct Parsed {
     meta_at: u64,
     meta: Meta,
     bank: Bank,
-    codebooks: Vec<Codebook>,
+    codebooks: Arc<Vec<Codebook>>,
     routing: Option<RoutingTable>,
 }
 
@@ -60,7 +60,7 @@ fn parse(path: &Path) -> Result<Parsed, FormatError> {
     let bank = read::walk_bank(b, path, &toc[s.bank], meta.n_layers)?;
     let meta_at = toc[s.meta].offset;
     read::cross_check(path, meta_at, &meta, &bank)?;
-    let codebooks = read::read_codebooks(b, path, s.codebooks.map(|i| &toc[i]))?;
+    let codebooks = Arc::new(read::read_codebooks(b, path, s.codebooks.map(|i| &toc[i]))?);
     let routing = read::read_routing(b, path, s.routing.map(|i| &toc[i]), &bank)?;
     Ok(Parsed { file, toc, meta_at, meta, bank, codebooks, routing })
 }
@@ -104,14 +104,14 @@ pub struct RouteEntry {
 pub struct Routing {
     file: Mapped,
     bank: Bank,
-    codebooks: Vec<Codebook>,
+    codebooks: Arc<Vec<Codebook>>,
     pub table: RoutingTable,
     /// Per table entry.
     pub entries: Vec<RouteEntry>,
 }
 
 impl Routing {
-    fn new(file: Mapped, bank: Bank, codebooks: Vec<Codebook>, table: RoutingTable) -> Routing {
+    fn new(file: Mapped, bank: Bank, codebooks: Arc<Vec<Codebook>>, table: RoutingTable) -> Routing {
         let owner: HashMap<usize, &read::Walked> =
             bank.tensors.iter().flat_map(|t| t.chunks.iter().map(move |&c| (c, t))).collect();
         let entries = table

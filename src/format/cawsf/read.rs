@@ -14,7 +14,7 @@ use crate::format::FormatError;
 use crate::format::ndsq::Ndsq;
 use crate::format::ndsq::payload::{self, Codebook};
 use crate::format::route::RoutingTable;
-use crate::tensor::{AlignedBytes, ByteSource, DType, HostTensor, LazyBytes, MappedFile};
+use crate::tensor::{AlignedBytes, ByteSource, DType, Encoded, HostTensor, LazyBytes, MappedFile};
 
 /// A memory-mapped `.cawsf` file.
 pub(super) struct Mapped {
@@ -489,7 +489,7 @@ pub(super) fn cross_check(path: &Path, meta_at: u64, meta: &Meta, bank: &Bank) -
 pub(super) fn build_tensors(
     f: &Mapped,
     bank: &Bank,
-    codebooks: &[Codebook],
+    codebooks: &Arc<Vec<Codebook>>,
     drop: &HashSet<u32>,
 ) -> Result<HashMap<String, HostTensor>, FormatError> {
     let src: Arc<dyn ByteSource> = f.map.clone();
@@ -527,70 +527,104 @@ pub(super) fn build_tensors(
     bank.tensors.par_iter().map(one).collect()
 }
 
-/// An NDSQ tensor's shards (L's two factors, S, D, R), decompressed and checked now, as
-/// an F32 tensor reconstructed on first use (`format::ndsq`). Shards in `drop` are left
-/// out (zero), L as a whole when either factor is.
+/// How one NDSQ tensor's five shards decode: what the open-time check, the first use
+/// and the layer streamer share.
+struct NdsqShards {
+    rows: usize,
+    cols: usize,
+    comp: [Compression; 5],
+    usize: [usize; 5],
+    codebooks: Arc<Vec<Codebook>>,
+    /// Shards left out (`--route-budget`): L as a whole when either factor is.
+    dropped: [bool; 5],
+}
+
+impl NdsqShards {
+    /// Decompresses and parses the stored payloads; an error names the shard (0..5).
+    fn parse(&self, stored: &[&[u8]]) -> Result<Ndsq, (usize, String)> {
+        let (rows, cols) = (self.rows, self.cols);
+        let mut parts: Vec<Vec<u8>> = Vec::with_capacity(5);
+        for (n, input) in stored.iter().enumerate() {
+            let mut out = vec![0u8; self.usize[n]];
+            self.comp[n].decompress_into(input, &mut out).map_err(|m| (n, m))?;
+            parts.push(out);
+        }
+        let fp16 = |n: usize| payload::parse_fp16(&parts[n]).map_err(|e| (n, format!("{e:#}")));
+        let (u_rows, rank, u) = fp16(0)?;
+        let (v_rank, v_cols, v) = fp16(1)?;
+        let (d_len, d_cols, diag) = fp16(3)?;
+        if (u_rows, v_rank, v_cols, d_len, d_cols) != (rows, rank, cols, rows.min(cols), 1) {
+            let msg = format!(
+                "factors {u_rows}x{rank} and {v_rank}x{v_cols}, diagonal {d_len}x{d_cols} do not make a {rows}x{cols} matrix"
+            );
+            return Err((0, msg));
+        }
+        let sparse = payload::parse_sparse(&parts[2], rows, cols).map_err(|e| (2, format!("{e:#}")))?;
+        let pq = payload::parse_pq(&parts[4], rows, cols, &self.codebooks).map_err(|e| (4, format!("{e:#}")))?;
+        let mut n = Ndsq { rows, cols, u, v, rank, diag, sparse, pq };
+        let dropped = self.dropped;
+        if dropped[0] || dropped[1] {
+            (n.rank, n.u, n.v) = (0, Vec::new(), Vec::new());
+        }
+        if dropped[2] {
+            n.sparse.clear();
+        }
+        if dropped[3] {
+            n.diag.iter_mut().for_each(|x| *x = 0);
+        }
+        if dropped[4] {
+            n.pq.codebooks.iter_mut().for_each(|x| *x = 0.0);
+        }
+        Ok(n)
+    }
+
+    /// The reconstructed matrix, f32 little-endian, into `out`.
+    fn decode(&self, stored: &[&[u8]], out: &mut [u8]) -> Result<(), String> {
+        let n = self.parse(stored).map_err(|(i, m)| format!("NDSQ shard {} of 5: {m}", i + 1))?;
+        let w = n.reconstruct();
+        out.chunks_exact_mut(4).zip(&w).for_each(|(o, x)| o.copy_from_slice(&x.to_le_bytes()));
+        Ok(())
+    }
+}
+
+/// An NDSQ tensor (L's two factors, S, D, R shards), checked now (each shard
+/// decompressed and parsed) and reconstructed to F32 when first used, from the map, or
+/// by the layer streamer from the shards it reads. Shards in `drop` are left out.
 pub(super) fn ndsq_tensor(
     f: &Mapped,
     bank: &Bank,
     t: &Walked,
     shape: Vec<usize>,
-    codebooks: &[Codebook],
+    codebooks: &Arc<Vec<Codebook>>,
     drop: &HashSet<u32>,
 ) -> Result<HostTensor, FormatError> {
-    let b = f.bytes();
-    let (rows, cols) = (shape[0], shape[1]);
-    // Each shard's payload, and the error naming it.
-    let mut parts: Vec<Vec<u8>> = Vec::with_capacity(5);
     let bad = |n: usize, m: String| {
         let i = t.chunks[n];
         corrupt(&f.path, bank.shards[i].offset, format!("shard {i} (NDSQ of `{}`): {m}", t.desc.name))
     };
-    for (n, &i) in t.chunks.iter().enumerate() {
-        let s = &bank.shards[i];
+    let shards: Vec<&ShardRec> = t.chunks.iter().map(|&i| &bank.shards[i]).collect();
+    for (n, s) in shards.iter().enumerate() {
         let want = [SHARD_NDSQ_L, SHARD_NDSQ_L, SHARD_NDSQ_S, SHARD_NDSQ_D, SHARD_NDSQ_R][n];
         if s.h.kind != want {
             let msg = format!("a {} shard where {} belongs", shard_type_name(s.h.kind), shard_type_name(want));
             return Err(bad(n, msg));
         }
-        let input = &b[s.payload() as usize..(s.payload() + u64::from(s.h.csize)) as usize];
-        let mut out = vec![0u8; s.h.usize as usize];
-        let comp = Compression::from_shard_code(s.h.comp).expect("checked in the walk");
-        comp.decompress_into(input, &mut out).map_err(|m| bad(n, m))?;
-        parts.push(out);
     }
-    let fp16 = |n: usize| payload::parse_fp16(&parts[n]).map_err(|e| bad(n, format!("{e:#}")));
-    let (u_rows, rank, u) = fp16(0)?;
-    let (v_rank, v_cols, v) = fp16(1)?;
-    let (d_len, d_cols, diag) = fp16(3)?;
-    if (u_rows, v_rank, v_cols, d_len, d_cols) != (rows, rank, cols, rows.min(cols), 1) {
-        let msg = format!(
-            "factors {u_rows}x{rank} and {v_rank}x{v_cols}, diagonal {d_len}x{d_cols} do not make a {rows}x{cols} matrix"
-        );
-        return Err(bad(0, msg));
-    }
-    let sparse = payload::parse_sparse(&parts[2], rows, cols).map_err(|e| bad(2, format!("{e:#}")))?;
-    let pq = payload::parse_pq(&parts[4], rows, cols, codebooks).map_err(|e| bad(4, format!("{e:#}")))?;
-    let mut n = Ndsq { rows, cols, u, v, rank, diag, sparse, pq };
-    let dropped = |k: usize| drop.contains(&(t.chunks[k] as u32));
-    if dropped(0) || dropped(1) {
-        (n.rank, n.u, n.v) = (0, Vec::new(), Vec::new());
-    }
-    if dropped(2) {
-        n.sparse.clear();
-    }
-    if dropped(3) {
-        n.diag.iter_mut().for_each(|x| *x = 0);
-    }
-    if dropped(4) {
-        n.pq.codebooks.iter_mut().for_each(|x| *x = 0.0);
-    }
-    let len = rows * cols * 4;
-    let lazy = LazyBytes::new(len, move || {
-        let w = n.reconstruct();
-        let mut out = AlignedBytes::zeroed(w.len() * 4);
-        out.bytes_mut().chunks_exact_mut(4).zip(&w).for_each(|(o, x)| o.copy_from_slice(&x.to_le_bytes()));
-        out
-    });
+    let spec = NdsqShards {
+        rows: shape[0],
+        cols: shape[1],
+        comp: std::array::from_fn(|n| Compression::from_shard_code(shards[n].h.comp).expect("checked in the walk")),
+        usize: std::array::from_fn(|n| shards[n].h.usize as usize),
+        codebooks: codebooks.clone(),
+        dropped: std::array::from_fn(|n| drop.contains(&(t.chunks[n] as u32))),
+    };
+    let pieces: Vec<(u64, usize)> = shards.iter().map(|s| (s.payload(), s.h.csize as usize)).collect();
+    let b = f.bytes();
+    let stored: Vec<&[u8]> = pieces.iter().map(|&(at, n)| &b[at as usize..at as usize + n]).collect();
+    spec.parse(&stored).map_err(|(n, m)| bad(n, m))?;
+    let len = spec.rows * spec.cols * 4;
+    let path: Arc<Path> = Arc::from(f.path.as_path());
+    let encoded = Encoded { path, pieces, len, decode: Box::new(move |p, out| spec.decode(p, out)) };
+    let lazy = LazyBytes::encoded(encoded, f.map.clone(), 0);
     Ok(HostTensor::lazy(Arc::new(lazy), DType::F32, shape))
 }
