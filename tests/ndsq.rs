@@ -173,7 +173,7 @@ fn a_flipped_byte_in_codebooks_or_routing_is_named() {
 }
 
 /// Every NDSQ shard has a routing entry; ranking is deterministic; a budget keeps shards
-/// in rank order within it; `--route-budget` leaves out exactly the R and S shards over
+/// in rank order within it; `--route-budget` leaves out exactly the R shards over
 /// it (each matrix then reads back as the sum of the components it kept).
 #[test]
 fn routing_ranks_every_shard_and_a_budget_leaves_out_exactly_what_it_skips() {
@@ -208,8 +208,7 @@ fn routing_ranks_every_shard_and_a_budget_leaves_out_exactly_what_it_skips() {
             }
         }
     }
-    // Half the optional bytes: a matrix whose R shard was skipped is L + S + D, one
-    // whose S was skipped L + D + R.
+    // Half the R bytes: a matrix whose R shard was skipped reads back as L + S + D.
     let mut routed = ModelSource::from_spec(spec).unwrap();
     let summary = apply_budget(&mut routed, "The quick brown fox", Budget::Percent(50.0)).unwrap();
     assert!(summary.kept > 0 && summary.kept < summary.candidates, "{summary:?}");
@@ -220,16 +219,11 @@ fn routing_ranks_every_shard_and_a_budget_leaves_out_exactly_what_it_skips() {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
     let mut checked = 0;
     for (name, t) in &src.tensors {
-        let (Some(&skip_s), Some(&skip_r)) = (skipped.get(&(name.clone(), "S")), skipped.get(&(name.clone(), "R")))
-        else {
-            continue;
-        };
+        let Some(&skip_r) = skipped.get(&(name.clone(), "R")) else { continue };
         let n = Ndsq::encode(&pool, &t.to_f32_vec(), t.shape[0], t.shape[1], &PARAMS).unwrap();
         let [l, s, d, r] = n.components();
-        let want: Vec<f32> = (0..l.len())
-            .map(|i| l[i] + if skip_s { 0.0 } else { s[i] } + d[i] + if skip_r { 0.0 } else { r[i] })
-            .collect();
-        assert_eq!(routed.tensors[name].to_f32_vec(), want, "`{name}` (S skipped {skip_s}, R skipped {skip_r})");
+        let want: Vec<f32> = (0..l.len()).map(|i| l[i] + s[i] + d[i] + if skip_r { 0.0 } else { r[i] }).collect();
+        assert_eq!(routed.tensors[name].to_f32_vec(), want, "`{name}` (R skipped: {skip_r})");
         checked += 1;
     }
     assert_eq!(checked, decomposed);

@@ -29,7 +29,7 @@ pub struct PerplexityArgs {
     /// token as decoding does, which is what an expert cache sees when serving.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub chunk: Option<u64>,
-    /// For an NDSQ .cawsf model: load only the optional shards (R, S) that rank best
+    /// For an NDSQ .cawsf model: load only the R shards that rank best
     /// for the text (`strata route`) within this many bytes, or a percentage such as
     /// `50%` (see `strata run --route-budget`). Needs `--file`.
     #[arg(long = "route-budget", value_name = "SIZE", value_parser = crate::format::route::Budget::parse)]

@@ -48,7 +48,7 @@ pub struct RunArgs {
     /// Stop when this text appears (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
-    /// For an NDSQ .cawsf model: load only the optional shards (R, S) that rank best
+    /// For an NDSQ .cawsf model: load only the R shards (the residue) that rank best
     /// for the prompt (`strata route`) within this many bytes, or a percentage of them
     /// such as `50%`; the rest count as zero. Approximate: its cost is measured in
     /// docs/benchmarks.md. Needs `--prompt`.

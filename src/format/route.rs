@@ -143,9 +143,10 @@ pub fn prompt_key(source: &ModelSource, prompt: &str) -> anyhow::Result<Vec<f32>
     Ok(key)
 }
 
-/// Components that `--route-budget` may leave out: R (the residue, most of the bytes)
-/// and S (the outliers). L and D always load.
-pub const OPTIONAL: [&str; 2] = ["R", "S"];
+/// Components that `--route-budget` may leave out: R, the residue, most of the bytes.
+/// L and D always load, and so does S: the outliers are the largest entries in few
+/// bytes, so leaving one out costs much and saves little.
+pub const OPTIONAL: [&str; 1] = ["R"];
 
 /// How many candidate shards there were and how many a budget kept.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -230,7 +231,7 @@ pub fn apply_budget(source: &mut ModelSource, prompt: &str, budget: Budget) -> a
         candidates = sel.summary.candidates,
         kept_bytes = sel.summary.kept_bytes,
         candidate_bytes = sel.summary.candidate_bytes,
-        "route budget: optional NDSQ shards (R, S) kept"
+        "route budget: NDSQ R shards kept"
     );
     Ok(sel.summary)
 }
