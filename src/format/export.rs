@@ -21,7 +21,7 @@ use super::gguf::{GgufFile, GgufValue};
 use super::gguf_write::{self, TensorEntry};
 use crate::engine::tokenizer::TextTokenizer;
 use crate::model::ModelSource;
-use crate::model::config::{Ffn, LayerRope, ModelConfig, RopeScaling};
+use crate::model::config::{Ffn, LayerRope, Mixer, ModelConfig, RopeScaling};
 use crate::model::gguf_vocab::{self, LLAMA_VOCAB_KEY, LlamaVocab};
 use crate::model::spec::{self, Arch, ArchSpec, Role};
 use crate::tensor::{AlignedBytes, DType, HostTensor};
@@ -52,6 +52,10 @@ enum Source {
     Stacked(Vec<String>),
     /// Values computed here (`rope_freqs.weight`).
     Values(Vec<f32>),
+    /// A tensor of the source, through f32: the rows (first dimension) `rows` picks, in
+    /// that order, then the columns `cols` picks, then `-exp` where `neg_exp` (how
+    /// llama.cpp's converter lays out the gated-delta-rule layers; see [`hybrid`]).
+    Mapped { hf: String, rows: Option<Vec<usize>>, cols: Option<Vec<usize>>, neg_exp: bool },
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -72,13 +76,6 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
     }
     let c = &src.config;
     let spec = c.spec();
-    if c.linear_attn.is_some() {
-        bail!(
-            "`{}`: exporting linear-attention (Qwen3-Next, Qwen3.5) models is not supported yet: llama.cpp lays out \
-             their projections differently",
-            src.name
-        );
-    }
     spec::check_tensors(c, &src.tensors).with_context(|| format!("model `{}`", src.name))?;
     let (name, tok_keys, tok_name) = tokenizer_keys(src)?;
     let mut meta = metadata(src, &name)?;
@@ -110,6 +107,12 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
                         .with_context(|| format!("tensor `{hf}`: {heads} heads"))?,
                     _ => bytes,
                 }
+            }
+            Source::Mapped { hf, rows, cols, neg_exp } => {
+                let t = &src.tensors[hf];
+                converted += usize::from(t.dtype != e.dtype);
+                let mapped = map_f32(t, rows.as_deref(), cols.as_deref(), *neg_exp, &e.shape);
+                in_dtype(&pool, hf, &mapped, e.dtype)?
             }
             Source::Stacked(names) => {
                 let mut all = Vec::with_capacity(e.bytes()?);
@@ -200,6 +203,21 @@ fn metadata(src: &ModelSource, name: &str) -> anyhow::Result<Metadata> {
             put(&format!("{a}.expert_shared_feed_forward_length"), u(s));
         }
     }
+    if let Some(la) = c.linear_attn {
+        put(&format!("{a}.ssm.conv_kernel"), u(la.conv_kernel));
+        put(&format!("{a}.ssm.state_size"), u(la.k_head_dim));
+        put(&format!("{a}.ssm.group_count"), u(la.n_k_heads));
+        put(&format!("{a}.ssm.time_step_rank"), u(la.n_v_heads));
+        put(&format!("{a}.ssm.inner_size"), u(la.n_v_heads * la.v_head_dim));
+        let recurrent = c.layers.iter().map(|l| GgufValue::Bool(l.mixer == Mixer::Linear)).collect();
+        put(&format!("{a}.attention.recurrent_layers"), GgufValue::Array(recurrent));
+        if c.arch != Arch::Qwen3Next {
+            // Qwen3.5's interleaved multimodal RoPE, which llama.cpp requires: on text
+            // (one position for every section) it is plain RoPE over the same dims.
+            let sections = mrope_sections(src, c.rotary_dim / 2);
+            put(&format!("{a}.rope.dimension_sections"), GgufValue::Array(sections.map(GgufValue::I32).to_vec()));
+        }
+    }
     match c.rope_scaling {
         RopeScaling::None => {}
         RopeScaling::Linear { factor } => {
@@ -212,6 +230,25 @@ fn metadata(src: &ModelSource, name: &str) -> anyhow::Result<Metadata> {
         }
     }
     Ok(m)
+}
+
+/// Qwen3.5's `mrope_section` from its config (padded with a zero), or the three
+/// sections Hugging Face's default split gives `half` rotary pairs ([11, 11, 10] of 32).
+fn mrope_sections(src: &ModelSource, half: usize) -> [i32; 4] {
+    let j: Value = serde_json::from_str(&src.config_json).unwrap_or(Value::Null);
+    let text = j.get("text_config").unwrap_or(&j);
+    let given = ["rope_parameters", "rope_scaling"]
+        .iter()
+        .find_map(|k| text.get(*k)?.get("mrope_section")?.as_array().cloned())
+        .map(|a| a.iter().filter_map(Value::as_i64).map(|x| x as i32).collect::<Vec<_>>())
+        .filter(|v| v.len() == 3 && v.iter().sum::<i32>() as usize == half);
+    match given {
+        Some(v) => [v[0], v[1], v[2], 0],
+        None => {
+            let (s, rem) = ((half / 3) as i32, (half % 3) as i32);
+            [s + i32::from(rem > 0), s + i32::from(rem > 1), s, 0]
+        }
+    }
 }
 
 /// The `general.architecture` llama.cpp runs the model as: its family's, except Mistral,
@@ -227,6 +264,11 @@ fn gguf_arch(c: &ModelConfig) -> &'static str {
 /// runs it ([`gguf_arch`]).
 fn expected_config(c: &ModelConfig) -> ModelConfig {
     let mut c = c.clone();
+    if let Some(la) = &mut c.linear_attn {
+        // Laid out as llama.cpp's converter leaves it (see `hybrid`).
+        la.gguf_layout = true;
+        la.v_tiled = c.arch != Arch::Qwen3Next;
+    }
     if c.arch == Arch::Mistral {
         c.arch = Arch::Llama;
         c.layers.iter_mut().for_each(|l| l.sliding_window = None);
@@ -484,6 +526,14 @@ fn plan(src: &ModelSource, spec: &ArchSpec, quant: Option<DType>) -> anyhow::Res
                 stacks.entry(name.gguf).or_default().push((e, hf.clone()));
                 continue;
             }
+            if let Some(mapped) = hybrid(c, name.role, hf, t)? {
+                for (gguf, shape, source) in mapped {
+                    let dtype = if shape.len() == 1 || f32_only(&gguf) { DType::F32 } else { dtype_for(hf, t) };
+                    entries.push(TensorEntry { name: format!("blk.{l}.{gguf}"), shape, dtype });
+                    sources.push(source);
+                }
+                continue;
+            }
             let gguf = format!("blk.{l}.{}", name.gguf);
             let stem = name.gguf.rsplit_once('.').map_or(name.gguf, |(s, _)| s);
             let fix = match (spec.gguf_qk_permuted, stem) {
@@ -497,7 +547,7 @@ fn plan(src: &ModelSource, spec: &ArchSpec, quant: Option<DType>) -> anyhow::Res
                 (Role::SharedExpertGate, &[1, h]) => vec![h],
                 _ => t.shape.clone(),
             };
-            let dtype = if shape.len() == 1 { DType::F32 } else { dtype_for(hf, t) };
+            let dtype = if shape.len() == 1 || f32_only(&gguf) { DType::F32 } else { dtype_for(hf, t) };
             entries.push(TensorEntry { name: gguf, shape, dtype });
             sources.push(Source::One { hf: hf.clone(), fix });
         }
@@ -519,6 +569,120 @@ fn plan(src: &ModelSource, spec: &ArchSpec, quant: Option<DType>) -> anyhow::Res
         }
     }
     Ok((entries, sources))
+}
+
+/// A gated-delta-rule tensor of a Hugging Face checkpoint as llama.cpp's converter
+/// writes it (`convert_hf_to_gguf.py`, Qwen3-Next and Qwen3.5), or `None` for a tensor
+/// exported as it is (every tensor of a source already in that layout, a GGUF):
+/// - Qwen3-Next's `in_proj_qkvz`, grouped by key head (`[q, k, v, z]` per head), becomes
+///   `attn_qkv` (every q, every k, every v) and `attn_gate` (every z);
+/// - `A_log` becomes `ssm_a = -exp(A_log)`, the convolution `[channels, 1, taps]`
+///   becomes `[channels, taps]`;
+/// - Qwen3.5's value heads, grouped by key head (head `g · r + j`, `r` value heads per
+///   key head), are put in tiled order (head `j · n_k + g`) wherever they appear: the
+///   value rows of `in_proj_qkv` and of the convolution, `in_proj_z`, `in_proj_b`,
+///   `in_proj_a`, `A_log`, `dt_bias`, and the columns of `out_proj`.
+///
+/// Each result: the llama.cpp name after `blk.N.`, the shape, and where the data comes from.
+#[allow(clippy::type_complexity)]
+fn hybrid(
+    c: &ModelConfig,
+    role: Role,
+    hf: &str,
+    t: &HostTensor,
+) -> anyhow::Result<Option<Vec<(String, Vec<usize>, Source)>>> {
+    let Some(la) = c.linear_attn.filter(|la| !la.gguf_layout) else { return Ok(None) };
+    let (nk, nv, dk, dv) = (la.n_k_heads, la.n_v_heads, la.k_head_dim, la.v_head_dim);
+    let r = nv / nk.max(1);
+    let tile = c.arch != Arch::Qwen3Next && !la.v_tiled;
+    // `base..` plus heads of `hd` rows put in tiled order (or left as they are).
+    let heads = |base: usize, hd: usize| -> Vec<usize> {
+        let order: Vec<usize> = match tile {
+            true => (0..r).flat_map(|j| (0..nk).map(move |g| g * r + j)).collect(),
+            false => (0..nv).collect(),
+        };
+        order.into_iter().flat_map(|h| base + h * hd..base + (h + 1) * hd).collect()
+    };
+    let qk = 2 * nk * dk;
+    let with_qk = |hd: usize| -> Vec<usize> { (0..qk).chain(heads(qk, hd)).collect() };
+    let mapped = |rows: Option<Vec<usize>>, cols: Option<Vec<usize>>, neg_exp: bool| Source::Mapped {
+        hf: hf.to_string(),
+        rows,
+        cols,
+        neg_exp,
+    };
+    let shape = t.shape.clone();
+    let out = match role {
+        Role::LinQkvz => {
+            let blk = 2 * dk + 2 * r * dv;
+            let part = |from: usize, len: usize| -> Vec<usize> {
+                (0..nk).flat_map(|g| g * blk + from..g * blk + from + len).collect()
+            };
+            let qkv: Vec<usize> = [part(0, dk), part(dk, dk), part(2 * dk, r * dv)].concat();
+            let z = part(2 * dk + r * dv, r * dv);
+            let cols = shape[1];
+            vec![
+                ("attn_qkv.weight".into(), vec![qkv.len(), cols], mapped(Some(qkv), None, false)),
+                ("attn_gate.weight".into(), vec![z.len(), cols], mapped(Some(z), None, false)),
+            ]
+        }
+        Role::LinALog => vec![("ssm_a".into(), shape, mapped(Some(heads(0, 1)), None, true))],
+        Role::LinConv => {
+            let (channels, taps) = (shape[0], shape.iter().skip(1).product::<usize>());
+            vec![("ssm_conv1d.weight".into(), vec![channels, taps], mapped(Some(with_qk(dv)), None, false))]
+        }
+        Role::LinQkv if tile => vec![("attn_qkv.weight".into(), shape, mapped(Some(with_qk(dv)), None, false))],
+        Role::LinZ if tile => vec![("attn_gate.weight".into(), shape, mapped(Some(heads(0, dv)), None, false))],
+        Role::LinB if tile => vec![("ssm_beta.weight".into(), shape, mapped(Some(heads(0, 1)), None, false))],
+        Role::LinA if tile => vec![("ssm_alpha.weight".into(), shape, mapped(Some(heads(0, 1)), None, false))],
+        Role::LinDtBias if tile => vec![("ssm_dt.bias".into(), shape, mapped(Some(heads(0, 1)), None, false))],
+        Role::LinOut if tile => vec![("ssm_out.weight".into(), shape, mapped(None, Some(heads(0, dv)), false))],
+        _ => return Ok(None),
+    };
+    for (gguf, shape, source) in &out {
+        if let Source::Mapped { rows, cols, .. } = source {
+            let (n_rows, n_cols) = (t.shape[0], t.numel() / t.shape[0].max(1));
+            let bad = rows.as_ref().is_some_and(|r| r.len() != shape[0] || r.iter().any(|&i| i >= n_rows))
+                || cols.as_ref().is_some_and(|c| c.len() != n_cols || c.iter().any(|&i| i >= n_cols));
+            if bad {
+                bail!(
+                    "tensor `{hf}` {:?} does not hold the heads `{gguf}` needs ({nk} key, {nv} value heads)",
+                    t.shape
+                );
+            }
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Tensors llama.cpp computes with in F32 only, whatever `--quant` says (its
+/// convolution kernel asserts F32 weights).
+fn f32_only(gguf: &str) -> bool {
+    gguf.ends_with("ssm_conv1d.weight")
+}
+
+/// `t` through f32 with [`Source::Mapped`]'s changes, as a tensor of `shape`.
+fn map_f32(
+    t: &HostTensor,
+    rows: Option<&[usize]>,
+    cols: Option<&[usize]>,
+    neg_exp: bool,
+    shape: &[usize],
+) -> HostTensor {
+    let v = t.to_f32_vec();
+    let n_rows = t.shape[0].max(1);
+    let width = v.len() / n_rows;
+    let mut out: Vec<f32> = match rows {
+        Some(rows) => rows.iter().flat_map(|&i| v[i * width..(i + 1) * width].iter().copied()).collect(),
+        None => v,
+    };
+    if let Some(cols) = cols {
+        out = out.chunks_exact(width).flat_map(|row| cols.iter().map(|&j| row[j])).collect();
+    }
+    if neg_exp {
+        out.iter_mut().for_each(|x| *x = -x.exp());
+    }
+    HostTensor::from_f32(&out, shape.to_vec())
 }
 
 /// `t`'s bytes in `dtype` (through f32 when it changes, as `strata convert` does).
