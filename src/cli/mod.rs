@@ -13,6 +13,7 @@ pub mod run;
 pub mod serve;
 pub mod store_cmds;
 pub mod tokenize;
+pub mod top;
 pub mod verify;
 
 use clap::{Args, Parser, Subcommand};
@@ -78,6 +79,9 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Export a model as a GGUF file that llama.cpp (and Ollama) load, quantizing if asked.
     Export(export::ExportArgs),
+    /// Watch a running server: where each model's weights are, tokens, storage and
+    /// copy rates, the batch and KV memory, redrawn live.
+    Top(top::TopArgs),
     /// Rank an NDSQ .cawsf model's shards by how well they match a prompt (seed 000's
     /// router), within an optional byte budget.
     Route(route::RouteArgs),
@@ -198,6 +202,7 @@ pub fn dispatch(cli: Cli, settings: crate::config::Settings) -> anyhow::Result<(
         Command::Convert(a) => convert::main(a),
         Command::Export(a) => export::main(a),
         Command::Route(a) => route::main(a),
+        Command::Top(a) => top::main(a),
         Command::Inspect(a) => inspect::main(a),
         Command::Verify(a) => verify::main(a),
         Command::Pull(a) => pull::main(a),

@@ -77,9 +77,9 @@ pub use crate::sched::plan::parse_size;
 pub use crate::store::strata_home;
 
 #[derive(Serialize, Deserialize, Debug)]
-struct PidFile {
+pub(crate) struct PidFile {
     pid: u32,
-    addr: String,
+    pub(crate) addr: String,
 }
 
 /// Where servers write their PID files.
@@ -159,7 +159,7 @@ fn pid_files() -> Vec<(PathBuf, PidFile)> {
 }
 
 /// The live servers, optionally only the one on `port`; an error says what was looked for.
-fn running(port: Option<u16>) -> anyhow::Result<Vec<(PathBuf, PidFile)>> {
+pub(crate) fn running(port: Option<u16>) -> anyhow::Result<Vec<(PathBuf, PidFile)>> {
     let (live, stale): (Vec<_>, Vec<_>) = pid_files().into_iter().partition(|(_, f)| process_alive(f.pid));
     for (path, _) in &stale {
         let _ = std::fs::remove_file(path);
@@ -364,7 +364,7 @@ async fn wait_for_signal() {
 }
 
 /// A GET to the running server; returns the body.
-fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
+pub(crate) fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to the server at {addr}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     let auth = std::env::var("STRATA_API_KEY")

@@ -427,6 +427,10 @@ pub trait ExpertInfo: Send + Sync {
     fn is_on_demand(&self) -> bool;
     /// Bytes of all routed experts.
     fn expert_bytes(&self) -> u64;
+    /// The experts in memory now, as (layer, expert): every one when resident.
+    fn cached(&self) -> Vec<ExpertId>;
+    /// The layers that route to experts.
+    fn moe_layers(&self) -> Vec<usize>;
 }
 
 impl<E: Send + Sync + 'static> ExpertInfo for ExpertCache<E> {
@@ -441,5 +445,19 @@ impl<E: Send + Sync + 'static> ExpertInfo for ExpertCache<E> {
     }
     fn expert_bytes(&self) -> u64 {
         ExpertCache::expert_bytes(self)
+    }
+    fn moe_layers(&self) -> Vec<usize> {
+        (0..self.base.len()).filter(|&l| self.base[l].is_some()).collect()
+    }
+    fn cached(&self) -> Vec<ExpertId> {
+        let mut ids: Vec<ExpertId> = match &self.mode {
+            Mode::Resident(_) => ExpertInfo::moe_layers(self)
+                .into_iter()
+                .flat_map(|l| (0..self.n_experts).map(move |e| ExpertId::new(l as u32, e as u32)))
+                .collect(),
+            Mode::OnDemand(d) => lock(&d.state).cached.keys().copied().collect(),
+        };
+        ids.sort();
+        ids
     }
 }

@@ -128,7 +128,7 @@ impl SchedStats {
 }
 
 /// [`SchedStats`] at one moment; subtract two for a window.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct StatsSnapshot {
     pub layer_requests: u64,
     pub layer_hits: u64,
@@ -595,6 +595,87 @@ impl SchedMonitor {
             s.experts = Some(e.summary());
         }
         s
+    }
+}
+
+/// Where a unit of weights is now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Resident in GPU memory.
+    Vram,
+    /// Held in page-locked host memory behind a GPU, copied to it on every use.
+    Pinned,
+    /// Resident in host memory (or mapped from a file the page cache holds), used by the CPU.
+    Ram,
+    /// Read from storage when used.
+    Storage,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 4] = [Tier::Vram, Tier::Pinned, Tier::Ram, Tier::Storage];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Vram => "vram",
+            Tier::Pinned => "pinned",
+            Tier::Ram => "ram",
+            Tier::Storage => "storage",
+        }
+    }
+}
+
+/// One unit of a model's weights and where it is.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct UnitStatus {
+    /// `layer` (a whole layer, or a mixture-of-experts layer's core: attention, norms,
+    /// router, shared expert) or `expert` (one routed expert).
+    pub kind: &'static str,
+    pub layer: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert: Option<usize>,
+    pub tier: Tier,
+    pub bytes: u64,
+}
+
+impl SchedMonitor {
+    /// Every unit (layers in order, then each MoE layer's experts) and its tier now, from
+    /// `summary` (this monitor's) and the expert cache. Resident units are in VRAM when
+    /// the model runs on a GPU (`on_gpu`), else in RAM.
+    pub fn units(&self, summary: &SchedSummary, on_gpu: bool) -> Vec<UnitStatus> {
+        let home = if on_gpu { Tier::Vram } else { Tier::Ram };
+        let p = &summary.plan;
+        let mut bytes = vec![0u64; p.layers];
+        for s in &p.layer_sizes {
+            plan::parse_ranges(&s.layers).into_iter().filter(|&l| l < p.layers).for_each(|l| bytes[l] = s.bytes);
+        }
+        let all_resident = summary.mode == "resident";
+        let resident: std::collections::HashSet<usize> = plan::parse_ranges(&p.resident_layers).into_iter().collect();
+        let host: std::collections::HashSet<usize> =
+            summary.host_tier.as_ref().map(|h| plan::parse_ranges(&h.layers).into_iter().collect()).unwrap_or_default();
+        let mut units: Vec<UnitStatus> = (0..p.layers)
+            .map(|l| {
+                let tier = match () {
+                    _ if all_resident || resident.contains(&l) => home,
+                    _ if host.contains(&l) => Tier::Pinned,
+                    _ => Tier::Storage,
+                };
+                UnitStatus { kind: "layer", layer: l, expert: None, tier, bytes: bytes[l] }
+            })
+            .collect();
+        if let (Some(e), Some(info)) = (&summary.experts, self.experts.as_ref().and_then(Weak::upgrade)) {
+            let cached: std::collections::HashSet<expert_policy::ExpertId> = info.cached().into_iter().collect();
+            let n = e.experts_per_layer;
+            let each = e.expert_bytes / (e.moe_layers * n).max(1) as u64;
+            for l in info.moe_layers() {
+                for x in 0..n {
+                    let id = expert_policy::ExpertId::new(l as u32, x as u32);
+                    let tier = if cached.contains(&id) { home } else { Tier::Storage };
+                    units.push(UnitStatus { kind: "expert", layer: l, expert: Some(x), tier, bytes: each });
+                }
+            }
+        }
+        units
     }
 }
 

@@ -457,6 +457,18 @@ pub fn format_ranges(sorted: &[usize]) -> String {
     out
 }
 
+/// The inverse of [`format_ranges`]: `"0-2,5"` → `[0, 1, 2, 5]` (an empty string gives
+/// none; anything unparsable is skipped).
+pub fn parse_ranges(s: &str) -> Vec<usize> {
+    s.split(',')
+        .filter_map(|part| {
+            let (a, b) = part.trim().split_once('-').unwrap_or((part.trim(), part.trim()));
+            Some(a.parse::<usize>().ok()?..=b.parse::<usize>().ok()?)
+        })
+        .flatten()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -773,6 +785,9 @@ mod tests {
         assert_eq!(format_ranges(&[]), "");
         assert_eq!(format_ranges(&[3]), "3");
         assert_eq!(format_ranges(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        for v in [vec![], vec![3], vec![0, 1, 2, 5, 7, 8]] {
+            assert_eq!(parse_ranges(&format_ranges(&v)), v);
+        }
         assert_eq!(format_ranges(&(0..10).chain([31]).collect::<Vec<_>>()), "0-9,31");
     }
 

@@ -34,6 +34,17 @@ impl Metrics {
         self.decode_micros.fetch_add(decode.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// Tokens and their time since the server started.
+    pub fn tokens(&self) -> super::status::TokenTotals {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        super::status::TokenTotals {
+            prompt: get(&self.prompt_tokens),
+            generated: get(&self.generated_tokens),
+            prefill_seconds: get(&self.prefill_micros) as f64 / 1e6,
+            decode_seconds: get(&self.decode_micros) as f64 / 1e6,
+        }
+    }
+
     fn record_request(&self, route: String, status: u16) {
         *self.requests.lock().expect("metrics lock").entry((route, status)).or_default() += 1;
     }

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod ollama;
 pub mod openai;
 pub mod openapi;
+pub mod status;
 pub mod systemd;
 pub mod tools;
 
@@ -191,6 +192,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::render))
         .merge(openai::routes())
         .merge(ollama::routes())
+        .merge(status::routes())
         .merge(openapi::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(body_limit))
