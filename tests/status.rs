@@ -18,16 +18,23 @@ struct Server {
     child: Child,
     home: std::path::PathBuf,
     addr: String,
+    key: Option<String>,
 }
 
 impl Server {
     fn start(tag: &str) -> Server {
+        Server::start_with(tag, &[])
+    }
+
+    /// With `extra` arguments to `strata serve` (`--api-key K` is then sent as the key).
+    fn start_with(tag: &str, extra: &[&str]) -> Server {
         let home = std::env::temp_dir().join(format!("strata-status-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&home);
         std::fs::create_dir_all(&home).unwrap();
         let model = format!("{}/tests/fixtures/hf/qwen3_moe", env!("CARGO_MANIFEST_DIR"));
         let child = Command::new(env!("CARGO_BIN_EXE_strata"))
             .args(["serve", "-m", &model, "--port", "0", "--threads", "1", "--memory-budget", "100K"])
+            .args(extra)
             .env("STRATA_HOME", &home)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -36,7 +43,8 @@ impl Server {
         let pid: Value =
             serde_json::from_str(&std::fs::read_to_string(support::wait_for_pid_file(&home)).unwrap()).unwrap();
         let addr = pid["addr"].as_str().unwrap().to_string();
-        let s = Server { child, home, addr };
+        let key = extra.iter().position(|a| *a == "--api-key").map(|i| extra[i + 1].to_string());
+        let s = Server { child, home, addr, key };
         let deadline = Instant::now() + Duration::from_secs(30);
         while s.get("/health").0 != 200 {
             assert!(Instant::now() < deadline, "the server never became ready");
@@ -49,9 +57,10 @@ impl Server {
     fn request(&self, head: &str, body: &str) -> (u16, String) {
         let mut stream = TcpStream::connect(&self.addr).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let auth = self.key.as_ref().map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
         write!(
             stream,
-            "{head}\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            "{head}\r\nHost: {}\r\n{auth}Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
             self.addr,
             body.len()
         )
@@ -174,4 +183,188 @@ fn top_in_tmux_shows_the_tier_counts_of_the_json() {
     let layers = screen.lines().find(|l| l.trim_start().starts_with("layers")).unwrap();
     assert!(layers.trim_end().ends_with("RR"), "{layers}");
     assert_eq!(screen.lines().filter(|l| l.trim_start().starts_with("experts")).count(), 2, "{screen}");
+}
+
+/// A WebDriver session on headless Chromium (`chromedriver`), spoken to over plain HTTP.
+struct Browser {
+    driver: Child,
+    port: u16,
+    session: String,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        for tool in ["chromium", "chromedriver"] {
+            assert!(
+                Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success()),
+                "{tool} is required for this test (Debian: apt install chromium chromium-driver; .ci/run installs them)"
+            );
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut b = Browser { driver, port, session: String::new() };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let caps = serde_json::json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"]}}}});
+        let v = b.call("POST", "/session", &caps);
+        b.session = v["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {v}")).to_string();
+        b
+    }
+
+    fn call(&self, method: &str, path: &str, body: &Value) -> Value {
+        let body = if body.is_null() { String::new() } else { body.to_string() };
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        // chromedriver keeps the connection open: read the headers, then Content-Length.
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            raw.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&raw);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len = head
+                    .lines()
+                    .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                    .and_then(|v| v.parse::<usize>().ok());
+                if n == 0 || len.is_some_and(|len| body.len() >= len) {
+                    return serde_json::from_str(body).unwrap_or(Value::Null);
+                }
+            }
+            assert!(n > 0, "chromedriver closed the connection: {text}");
+        }
+    }
+
+    fn open(&self, url: &str) {
+        self.call("POST", &format!("/session/{}/url", self.session), &serde_json::json!({ "url": url }));
+    }
+
+    fn eval(&self, script: &str) -> Value {
+        let v = self.call(
+            "POST",
+            &format!("/session/{}/execute/sync", self.session),
+            &serde_json::json!({"script": script, "args": []}),
+        );
+        v["value"].clone()
+    }
+
+    /// Polls `script` until `done` holds for its value (20 s at most).
+    fn wait(&self, what: &str, script: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let v = self.eval(script);
+            if done(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "{what}: the page shows {v}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn screenshot(&self, path: &std::path::Path) {
+        let v = self.call("GET", &format!("/session/{}/screenshot", self.session), &Value::Null);
+        let png = base64_decode(v["value"].as_str().expect("a screenshot"));
+        assert!(png.starts_with(b"\x89PNG"));
+        std::fs::write(path, png).unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            self.call("DELETE", &format!("/session/{}", self.session), &Value::Null);
+        }
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|&c| c != b'=' && !c.is_ascii_whitespace()).map(val).collect();
+    bytes
+        .chunks(4)
+        .flat_map(|q| {
+            let n = q.iter().enumerate().fold(0u32, |n, (i, &v)| n | (u32::from(v) << (18 - 6 * i)));
+            let out = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+            out.into_iter().take(q.len().saturating_sub(1))
+        })
+        .collect()
+}
+
+/// The status page in headless Chromium: the residency map has as many cells in each
+/// tier as the JSON says, the charts take new points while a generation runs, and the
+/// chat box streams a reply with per-token timings. A screenshot goes to
+/// `target/status-page.png`. With an API key set, the page asks for it and shows no data.
+#[test]
+fn the_status_page_draws_the_status_in_a_real_browser() {
+    let s = Server::start("ui");
+    let b = Browser::start();
+    b.open(&format!("http://{}/ui", s.addr));
+    let json = s.status();
+    for (tier, n) in tier_counts(&json) {
+        let script = format!("return document.querySelectorAll('.cell[data-tier={tier}]').length");
+        b.wait(&format!("{n} {tier} cells"), &script, |v| v.as_u64() == Some(n));
+    }
+    // Charts: points accumulate once a second; a generation's reads show in the bytes chart.
+    let points = "return Number(document.querySelector('[data-chart=bytes]').getAttribute('data-points'))";
+    let before = b.wait("chart points", points, |v| v.as_u64() >= Some(2)).as_u64().unwrap();
+    let during = std::thread::scope(|scope| {
+        let h = scope.spawn(|| s.generate());
+        let during = b.wait("more chart points", points, |v| v.as_u64() > Some(before));
+        h.join().unwrap();
+        during
+    });
+    assert!(during.as_u64() > Some(before));
+    b.wait(
+        "storage reads in the chart",
+        "return Number(document.querySelector('[data-chart=bytes]').getAttribute('data-max'))",
+        |v| v.as_f64().is_some_and(|x| x > 0.0),
+    );
+    // The chat box streams a reply, each token with its milliseconds.
+    b.wait("the chat box", "return document.getElementById('chatmodel').options.length", |v| v.as_u64() >= Some(1));
+    b.eval(
+        "document.getElementById('prompt').value = 'Hello there'; document.getElementById('send').click(); return 0",
+    );
+    b.wait("a streamed reply", "return document.getElementById('replystats').textContent", |v| {
+        v.as_str().is_some_and(|t| t.contains("tokens in"))
+    });
+    let toks = b.eval("return [...document.querySelectorAll('#reply .tok sub')].map(e => e.textContent)");
+    let toks = toks.as_array().unwrap();
+    assert!(!toks.is_empty() && toks.iter().all(|t| t.as_str().unwrap().ends_with("ms")), "{toks:?}");
+    let shot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/status-page.png");
+    b.screenshot(&shot);
+    drop(s);
+    // With a key: the page asks for it and draws nothing until given.
+    let locked = Server::start_with("ui-key", &["--api-key", "sesame"]);
+    b.open(&format!("http://{}/ui", locked.addr));
+    b.wait("the key prompt", "return getComputedStyle(document.getElementById('keyform')).display", |v| v == "block");
+    assert_eq!(b.eval("return document.querySelectorAll('.cell').length").as_u64(), Some(0));
+    assert_eq!(b.eval("return document.getElementById('server').hidden"), Value::Bool(true));
+    b.eval("document.getElementById('key').value = 'sesame'; document.querySelector('#keyf button').click(); return 0");
+    b.wait("cells once the key is given", "return document.querySelectorAll('.cell').length", |v| {
+        v.as_u64() == Some(18)
+    });
 }

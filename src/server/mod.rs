@@ -282,7 +282,8 @@ async fn shape_errors(req: Request, next: Next) -> Response {
 /// preflights are exempt. Keys are compared in constant time.
 async fn authenticate(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    let exempt = path == "/" || path == "/health" || req.method() == Method::OPTIONS;
+    // The status page itself asks for the key its data needs.
+    let exempt = path == "/" || path == "/health" || path == "/ui" || req.method() == Method::OPTIONS;
     let given = req
         .headers()
         .get(header::AUTHORIZATION)

@@ -9,7 +9,11 @@ use super::AppState;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Strata", description = "OpenAI- and Ollama-compatible inference server."),
+    info(
+        title = "Strata",
+        description = "OpenAI- and Ollama-compatible inference server. \
+        [The status page](/ui): where each model's weights are, what the server is doing, and a chat box."
+    ),
     paths(super::root, super::health, super::metrics::render)
 )]
 struct Base;

@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Query, State};
-use axum::http::HeaderValue;
+use axum::http::{HeaderValue, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, routing::get};
@@ -149,13 +149,26 @@ pub(crate) async fn events(State(state): State<AppState>, Query(q): Query<Events
     resp
 }
 
+/// The status page: a residency map, charts and a chat box drawn from
+/// `/api/strata/status/events`, with no external assets (it works offline). Served
+/// without a key; it asks for one when the data needs it.
+#[utoipa::path(get, path = "/ui", tag = "strata",
+    responses((status = 200, description = "The status page", body = String, content_type = "text/html")))]
+pub(crate) async fn ui() -> Response {
+    let headers = [(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")];
+    (headers, include_str!("ui.html")).into_response()
+}
+
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    paths(get_status, events),
+    paths(ui, get_status, events),
     components(schemas(StatusResponse, TokenTotals, ModelStatus, TierTotal, UnitStatus, Tier))
 )]
 pub struct Doc;
 
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/api/strata/status", get(get_status)).route("/api/strata/status/events", get(events))
+    Router::new()
+        .route("/ui", get(ui))
+        .route("/api/strata/status", get(get_status))
+        .route("/api/strata/status/events", get(events))
 }
