@@ -707,6 +707,39 @@ impl Drop for Reservation {
 
 #[cfg(test)]
 mod tests {
+    use super::plan::{HostTierSummary, LayerSize, PlanSummary};
+
+    /// Six layers of 100 bytes on a GPU: 0 and 5 resident, 2-3 in the host tier.
+    #[test]
+    fn units_take_their_tier_from_the_plan_and_the_device() {
+        let plan = PlanSummary {
+            layers: 6,
+            resident_layers: "0,5".into(),
+            layer_sizes: vec![LayerSize { bytes: 100, layers: "0-5".into() }],
+            ..Default::default()
+        };
+        let host = HostTierSummary { layers: "2-3".into(), count: 2, ..Default::default() };
+        let summary = SchedSummary {
+            mode: "streaming",
+            policy: Policy::Pinned,
+            prefetch_depth: 2,
+            direct_io: Some(true),
+            plan,
+            host_tier: Some(host),
+            upload: None,
+            experts: None,
+        };
+        let monitor =
+            SchedMonitor { stats: Arc::new(SchedStats::default()), fixed: summary.clone(), live: None, experts: None };
+        let tiers = |on_gpu| monitor.units(&summary, on_gpu).iter().map(|u| u.tier).collect::<Vec<_>>();
+        use Tier::*;
+        assert_eq!(tiers(true), [Vram, Storage, Pinned, Pinned, Storage, Vram]);
+        assert_eq!(tiers(false)[0], Ram);
+        assert!(monitor.units(&summary, true).iter().all(|u| u.bytes == 100 && u.kind == "layer"));
+        // A resident scheduler: every layer where the model runs.
+        let resident = SchedSummary { mode: "resident", host_tier: None, ..summary.clone() };
+        assert!(monitor.units(&resident, false).iter().all(|u| u.tier == Ram));
+    }
     use super::*;
 
     #[test]
