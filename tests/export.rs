@@ -73,8 +73,29 @@ fn hugging_face_fixtures_export_to_gguf_that_reads_back_the_same() {
         "hf/qwen2_moe",
         "hf/qwen3_moe",
         "hf/llama_bf16_256",
+        "hf/llama_spm",
     ] {
         round_trip(rel, None, 1e-5);
+    }
+}
+
+/// A SentencePiece `tokenizer.json` (`hf/llama_spm`: transformers' conversion of
+/// `gguf/spm.gguf`) exports as llama.cpp's `llama` vocabulary, scores from the merges;
+/// the report says where llama.cpp tokenizes otherwise (text after a special token).
+#[test]
+fn a_sentencepiece_tokenizer_json_exports_as_a_llama_vocabulary() {
+    let dir = TempDir::new("export-spm");
+    let src = ModelSource::from_spec(root().join("tests/fixtures/hf/llama_spm").to_str().unwrap()).unwrap();
+    let out = dir.path("spm.gguf");
+    let report = export(&src, &out, None, 2).unwrap();
+    assert_eq!(report.tokenizer, "llama");
+    assert!(report.note.as_deref().is_some_and(|n| n.contains("special token")), "{report:?}");
+    // Read back, the vocabulary splits plain text as the source's tokenizer does.
+    let back = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+    let (a, b) = (src.tokenizer().unwrap(), back.tokenizer().unwrap());
+    assert!(report.note.as_deref().is_some_and(|n| n.contains("starts with spaces")), "{report:?}");
+    for text in ["Hello world, it's 2026!", "two  spaces\n\ttab", "naïve café 日本語 🙂"] {
+        assert_eq!(a.encode(text, true).unwrap(), b.encode(text, true).unwrap(), "{text:?}");
     }
 }
 
