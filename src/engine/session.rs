@@ -435,7 +435,12 @@ fn build_model(
         on(be, device, Some(stage), (source, config.clone(), context_len, opts))
     };
     let cpu = || {
-        let be = Arc::new(CpuBackend::new(opts.threads));
+        let be = match config.linear_attn {
+            // A recurrent state accumulates the decode kernel's other rounding.
+            Some(_) => CpuBackend::new(opts.threads).row_invariant(),
+            None => CpuBackend::new(opts.threads),
+        };
+        let be = Arc::new(be);
         on(be, DeviceInfo::cpu(), None, (source, config.clone(), context_len, opts))
     };
     match opts.device {

@@ -188,14 +188,38 @@ pub fn matmul(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &m
 
 /// [`matmul`] with a chosen kernel variant; panics if the CPU does not support it.
 pub fn matmul_with(kernel: QuantKernel, pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
-    matmul_on(kernel, pool, x, rows, w, out, false)
+    matmul_on(kernel, pool, x, rows, w, out, Rows::ByCount)
 }
 
 /// [`matmul`] computing every row exactly as a one-row call computes it (the decode
 /// kernel, not the GEMM), while reading the weights once for all of them: the rows of
 /// a batch of decoding sequences, each of which must get what it would get alone.
 pub fn matmul_rows_alone(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
-    matmul_on(QuantKernel::best(), pool, x, rows, w, out, true)
+    matmul_on(QuantKernel::best(), pool, x, rows, w, out, Rows::Alone)
+}
+
+/// [`matmul`] computing every row as the prefill path does whatever the row count: the
+/// packed GEMM for formats that have one (a single row included), else each row as a
+/// one-row call computes it ([`matmul_rows_alone`]).
+pub fn matmul_packed(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
+    let kernel = QuantKernel::best();
+    let gemm =
+        activation_dtype(w.dtype).is_some() && kernel.dot_fn(w.dtype).is_some() && kernel.gemm(w.dtype).is_some();
+    match gemm {
+        true => matmul_on(kernel, pool, x, rows, w, out, Rows::Gemm),
+        false => matmul_on(kernel, pool, x, rows, w, out, Rows::Alone),
+    }
+}
+
+/// How [`matmul_on`] computes its rows.
+#[derive(Clone, Copy, PartialEq)]
+enum Rows {
+    /// The GEMM from `GEMM_MIN_ROWS` rows, the decode kernel for one.
+    ByCount,
+    /// Each as a one-row call would.
+    Alone,
+    /// The GEMM whatever the count.
+    Gemm,
 }
 
 fn matmul_on(
@@ -205,8 +229,9 @@ fn matmul_on(
     rows: usize,
     w: &HostTensor,
     out: &mut [f32],
-    alone: bool,
+    how: Rows,
 ) {
+    let alone = how == Rows::Alone;
     let (m, k) = (w.shape[0], w.shape[1]);
     assert!(x.len() >= rows * k, "quant matmul: x holds {} values, need {rows} rows of {k}", x.len());
     assert!(out.len() >= rows * m, "quant matmul: out holds {} values, need {rows} rows of {m}", out.len());
@@ -226,7 +251,7 @@ fn matmul_on(
         bytes.len(),
         m * row_bytes
     );
-    if rows >= GEMM_MIN_ROWS
+    if (rows >= GEMM_MIN_ROWS || how == Rows::Gemm)
         && !alone
         && let Some(g) = kernel.gemm(w.dtype)
     {

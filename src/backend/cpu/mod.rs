@@ -13,6 +13,9 @@ use crate::tensor::HostTensor;
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
+    /// Every matmul row through the prefill (packed GEMM) path, whatever the row count
+    /// ([`CpuBackend::row_invariant`]).
+    row_invariant: bool,
 }
 
 impl CpuBackend {
@@ -25,7 +28,18 @@ impl CpuBackend {
             .thread_name(|i| format!("strata-cpu-{i}"))
             .build()
             .expect("building a thread pool");
-        CpuBackend { pool, threads }
+        CpuBackend { pool, threads, row_invariant: false }
+    }
+
+    /// Computes every matmul row as the prefill path does, whatever the call's row count:
+    /// a decode step gets what the same token gets inside a prompt, and any prompt
+    /// chunking gives the same numbers. For models with a recurrent state (the gated
+    /// delta rule), where the decode kernel's other rounding would otherwise accumulate
+    /// (1e-4 in log-probs over 700 tokens on the hybrid fixtures). Costs decode speed: 3%
+    /// on Q4_1 weights, 20% on F32 (SmolLM2, docs/benchmarks.md).
+    pub fn row_invariant(mut self) -> Self {
+        self.row_invariant = true;
+        self
     }
 
     pub fn threads(&self) -> usize {
@@ -101,7 +115,11 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, out: &mut Vec<f32>) -> BackendResult<()> {
-        matmul::matmul(&self.pool, x, rows, w, out);
+        match (self.row_invariant, w.dtype.is_float()) {
+            (false, _) => matmul::matmul(&self.pool, x, rows, w, out),
+            (true, true) => matmul::matmul_packed(&self.pool, x, rows, w, out),
+            (true, false) => crate::quant::matmul_packed(&self.pool, x, rows, w, out),
+        }
         Ok(())
     }
 
@@ -115,7 +133,8 @@ impl Backend for CpuBackend {
     fn matmul_seqs(&self, x: &Vec<f32>, seq_rows: &[usize], w: &HostTensor, out: &mut Vec<f32>) -> BackendResult<()> {
         let (m, k) = (w.shape[0], w.shape[1]);
         let rows: usize = seq_rows.iter().sum();
-        if rows == 0 || m == 0 || k == 0 {
+        if rows == 0 || m == 0 || k == 0 || self.row_invariant {
+            // Row-invariant: every row comes out alike whatever shares the call.
             return self.matmul(x, rows, w, out);
         }
         assert!(x.len() >= rows * k && out.len() >= rows * m, "matmul_seqs: buffers shorter than {rows} rows");
