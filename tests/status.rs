@@ -289,7 +289,8 @@ impl Browser {
 
     fn screenshot(&self, path: &std::path::Path) {
         let v = self.call("GET", &format!("/session/{}/screenshot", self.session), &Value::Null);
-        let png = base64_decode(v["value"].as_str().expect("a screenshot"));
+        use base64::Engine;
+        let png = base64::engine::general_purpose::STANDARD.decode(v["value"].as_str().expect("a screenshot")).unwrap();
         assert!(png.starts_with(b"\x89PNG"));
         std::fs::write(path, png).unwrap();
     }
@@ -303,25 +304,6 @@ impl Drop for Browser {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
-}
-
-fn base64_decode(s: &str) -> Vec<u8> {
-    let val = |c: u8| match c {
-        b'A'..=b'Z' => c - b'A',
-        b'a'..=b'z' => c - b'a' + 26,
-        b'0'..=b'9' => c - b'0' + 52,
-        b'+' => 62,
-        _ => 63,
-    };
-    let bytes: Vec<u8> = s.bytes().filter(|&c| c != b'=' && !c.is_ascii_whitespace()).map(val).collect();
-    bytes
-        .chunks(4)
-        .flat_map(|q| {
-            let n = q.iter().enumerate().fold(0u32, |n, (i, &v)| n | (u32::from(v) << (18 - 6 * i)));
-            let out = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-            out.into_iter().take(q.len().saturating_sub(1))
-        })
-        .collect()
 }
 
 /// The status page in headless Chromium: the residency map has as many cells in each

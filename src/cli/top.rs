@@ -55,16 +55,9 @@ pub fn main(args: TopArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Bytes in binary units.
+/// Bytes in binary units (a rate or a count from the JSON's numbers).
 fn size(b: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 { format!("{v:.0} B") } else { format!("{v:.1} {}", units[u]) }
+    crate::sched::plan::human_size(b.max(0.0) as u64)
 }
 
 /// `a / b` as a percentage, or `-` without a denominator.

@@ -20,6 +20,7 @@ use anyhow::{Context, bail};
 use half::f16;
 use rayon::prelude::*;
 
+use crate::backend::cpu::matmul::dot;
 use crate::tensor::HostTensor;
 
 /// The knobs of the decomposition.
@@ -428,10 +429,6 @@ impl Ndsq {
         let [l, s, d, r] = self.components();
         l.iter().zip(&s).zip(&d).zip(&r).map(|(((l, s), d), r)| l + s + d + r).collect()
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// Power iterations for the dominant right (`input`) or left singular vector of the
