@@ -186,10 +186,7 @@ impl CawsfWriter {
             bytes: bytes.len() as u64,
             chunks: packed.len() as u32,
         };
-        let record = desc.encode();
-        let n = record.len() as u32;
-        let desc_at =
-            self.write_shard(ShardHeader { kind: SHARD_TENSOR_DESC, scope, comp: 0, usize: n, csize: n }, &record)?;
+        let desc_at = self.write_desc(scope, &desc)?;
         let mut chunks = Vec::with_capacity(packed.len());
         for (raw, z) in bytes.chunks(self.max_chunk as usize).zip(packed) {
             let usize = raw.len() as u32;
@@ -210,16 +207,7 @@ impl CawsfWriter {
             let offset = self.write_shard(h, payload)?;
             chunks.push(ChunkEntry { offset, comp, usize, csize: h.csize });
         }
-        self.tensors.push(TensorEntry {
-            name: name.to_owned(),
-            dtype: t.dtype.name().to_owned(),
-            shape: desc.shape,
-            layer: (scope != GLOBAL_SCOPE).then_some(usize::from(scope)),
-            bytes: desc.bytes,
-            desc: desc_at,
-            chunks,
-        });
-        self.names.insert(name.to_owned());
+        self.record(scope, desc, desc_at, chunks);
         Ok(())
     }
 }
@@ -252,10 +240,7 @@ impl CawsfWriter {
             bytes: (n.rows * n.cols * 4) as u64,
             chunks: payloads.len() as u32,
         };
-        let record = desc.encode();
-        let len = record.len() as u32;
-        let desc_at =
-            self.write_shard(ShardHeader { kind: SHARD_TENSOR_DESC, scope, comp: 0, usize: len, csize: len }, &record)?;
+        let desc_at = self.write_desc(scope, &desc)?;
         let mut chunks = Vec::with_capacity(payloads.len());
         for (j, (kind, raw)) in payloads.into_iter().enumerate() {
             let number = self.sums.len() as u32;
@@ -274,17 +259,29 @@ impl CawsfWriter {
                 self.routing.keys.extend_from_slice(&keys[j]);
             }
         }
+        self.record(scope, desc, desc_at, chunks);
+        Ok(())
+    }
+
+    /// Writes a tensor's TENSOR_DESC shard; returns its offset.
+    fn write_desc(&mut self, scope: u16, desc: &TensorDesc) -> anyhow::Result<u64> {
+        let record = desc.encode();
+        let n = record.len() as u32;
+        self.write_shard(ShardHeader { kind: SHARD_TENSOR_DESC, scope, comp: 0, usize: n, csize: n }, &record)
+    }
+
+    /// Adds a written tensor to META's index.
+    fn record(&mut self, scope: u16, desc: TensorDesc, desc_at: u64, chunks: Vec<ChunkEntry>) {
+        self.names.insert(desc.name.clone());
         self.tensors.push(TensorEntry {
-            name: name.to_owned(),
-            dtype: DType::F32.name().to_owned(),
+            name: desc.name,
+            dtype: desc.dtype.name().to_owned(),
             shape: desc.shape,
-            layer: Some(usize::from(scope)),
+            layer: (scope != GLOBAL_SCOPE).then_some(usize::from(scope)),
             bytes: desc.bytes,
             desc: desc_at,
             chunks,
         });
-        self.names.insert(name.to_owned());
-        Ok(())
     }
 }
 
