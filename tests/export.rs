@@ -153,6 +153,7 @@ fn quantized_exports_compute_what_the_converted_model_does() {
             quant: Some(q),
             threads: 2,
             ndsq: None,
+            sparse_ffn: None,
         };
         strata::format::convert::convert(src, &flat, &opts, &mut |_| {}).unwrap();
         let src = ModelSource::from_spec(src_path.to_str().unwrap()).unwrap();

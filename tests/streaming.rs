@@ -28,7 +28,7 @@ fn fixture(rel: &str) -> String {
 
 /// The demo model (4 layers) written to `out` as a flat directory or `.cawsf` file.
 fn demo_as(out: &Path, target: Target) {
-    let opts = ConvertOptions { target, quant: None, threads: 2, ndsq: None };
+    let opts = ConvertOptions { target, quant: None, threads: 2, ndsq: None, sparse_ffn: None };
     convert(demo_source().unwrap(), out, &opts, &mut |_| {}).unwrap();
 }
 

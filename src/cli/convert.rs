@@ -66,6 +66,15 @@ pub struct ConvertArgs {
     /// NDSQ: centroids per codebook (2 to 256).
     #[arg(long, default_value_t = 256, requires = "ndsq")]
     pub pq_k: usize,
+    /// Store each layer's up and down projections as neuron-group bundles (a group's
+    /// rows of up beside its columns of down, one read), for `--sparse-ffn` on serve,
+    /// run, perplexity and bench. SwiGLU models only.
+    #[arg(long = "sparse-ffn", conflicts_with = "ndsq")]
+    pub sparse_ffn: bool,
+    /// Neurons per bundle (default: the size nearest 128 KiB a bundle; a multiple of
+    /// down's block that divides the FFN width).
+    #[arg(long = "sparse-group", value_name = "NEURONS", requires = "sparse_ffn")]
+    pub sparse_group: Option<usize>,
 }
 
 pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
@@ -105,7 +114,8 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
         pq_m: args.pq_m,
         pq_k: args.pq_k,
     });
-    let opts = ConvertOptions { target, quant, threads: args.threads, ndsq };
+    let sparse_ffn = args.sparse_ffn.then_some(args.sparse_group.unwrap_or(0));
+    let opts = ConvertOptions { target, quant, threads: args.threads, ndsq, sparse_ffn };
     let report = convert(src, &args.out, &opts, &mut bar)?;
     if tty {
         eprintln!();

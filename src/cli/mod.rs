@@ -152,6 +152,15 @@ pub struct RunOpts {
     /// (9/32 of it). Default: f16 where the device stores it (the CPU), else f32.
     #[arg(long = "kv-type", value_enum)]
     pub kv_type: Option<crate::backend::KvType>,
+    /// How a model converted with `--sparse-ffn` runs its FFNs: `off` (every neuron
+    /// group), `topk=F` (per token, the fraction F of groups with the most gate
+    /// activity), `threshold=T` (the groups whose mean |silu(gate)| is at least T) or
+    /// `auto` (the sparsest topk measured to cost at most 2% perplexity on a real model);
+    /// add `,per=sequence` to choose once per sequence of a forward pass. Approximate:
+    /// docs/benchmarks.md gives its cost.
+    #[arg(long = "sparse-ffn", value_name = "SETTING", default_value = "off",
+          value_parser = crate::model::sparse::SparseFfn::parse)]
+    pub sparse_ffn: crate::model::sparse::SparseFfn,
 }
 
 fn parse_device_arg(s: &str) -> Result<crate::backend::device::DeviceSpec, String> {
@@ -180,6 +189,7 @@ impl RunOpts {
             expert_loading: self.experts,
             expert_guess: self.expert_guess,
             kv_type: self.kv_type,
+            sparse_ffn: self.sparse_ffn,
         })
     }
 }

@@ -37,6 +37,12 @@ pub struct PerplexityArgs {
     /// Route by this text instead of the scored one (a control for `--route-budget`).
     #[arg(long = "route-prompt", requires = "route_budget")]
     pub route_prompt: Option<String>,
+    /// Compare with this model (the same options, but `--sparse-ffn off` and no
+    /// `--route-budget`): report the KL divergence from it, top-1 agreement and mean
+    /// |Δ log-prob| per position (`"against"` in the JSON). Give the model itself to
+    /// measure what `--sparse-ffn` costs.
+    #[arg(long, value_name = "MODEL")]
+    pub reference: Option<String>,
     #[command(flatten)]
     pub run: RunOpts,
 }
@@ -56,35 +62,125 @@ pub struct Perplexity {
     /// What `--route-budget` kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub route: Option<crate::format::route::RouteSummary>,
+    /// A sparse FFN's setting and the fraction of neuron groups it kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sparse_ffn: Option<SparseRun>,
+    /// Against `--reference`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub against: Option<Against>,
+}
+
+/// What `--sparse-ffn` did over the run.
+#[derive(Debug, serde::Serialize)]
+pub struct SparseRun {
+    pub setting: String,
+    /// Neuron groups computed, of all there were (over positions and layers).
+    pub kept_fraction: f64,
+}
+
+/// Per-position differences from a reference model, averaged over the scored positions.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Against {
+    pub reference: String,
+    pub reference_ppl: f64,
+    /// KL(reference ‖ model), nats per position.
+    pub kl_mean: f64,
+    /// Positions whose most likely next token is the reference's.
+    pub top1_agreement: f64,
+    /// Mean |log p(next) − log p_reference(next)|.
+    pub mean_abs_dlogprob: f64,
 }
 
 /// Scores `tokens` with one causal pass, `chunk` tokens per forward pass.
 pub fn score(engine: &Engine, tokens: &[u32], chunk: usize) -> anyhow::Result<Perplexity> {
+    score_against(engine, None, tokens, chunk)
+}
+
+/// Scores `tokens` as [`score`] does, and with a reference engine beside it (the same
+/// chunks), compares each position's distribution with the reference's.
+pub fn score_against(
+    engine: &Engine,
+    reference: Option<(&str, &Engine)>,
+    tokens: &[u32],
+    chunk: usize,
+) -> anyhow::Result<Perplexity> {
     if tokens.is_empty() {
         anyhow::bail!("no tokens to score");
     }
     let vocab = engine.model.config().vocab_size;
-    let mut cache = engine.model.new_cache(tokens.len().max(engine.context_len))?;
+    if let Some((name, r)) = reference
+        && r.model.config().vocab_size != vocab
+    {
+        anyhow::bail!("--reference {name}: a vocabulary of {} against {vocab}", r.model.config().vocab_size);
+    }
+    let capacity = tokens.len().max(engine.context_len);
+    let mut cache = engine.model.new_cache(capacity)?;
+    let mut ref_cache = reference.map(|(_, r)| r.model.new_cache(capacity)).transpose()?;
     let (mut logprobs, mut argmax) = (Vec::new(), Vec::new());
+    let (mut ref_logprobs, mut kl, mut agree) = (Vec::new(), 0f64, 0usize);
+    let before = engine.model.scheduler().stats().snapshot();
     let size = chunk.max(1);
+    let argmax_of = |row: &[f32]| row.iter().enumerate().fold(0, |b, (j, &v)| if v > row[b] { j } else { b });
     for (c, chunk) in tokens.chunks(size).enumerate() {
         let mut step = [SeqStep { tokens: chunk, cache: &mut cache, all_logits: true }];
         let logits = engine.model.forward(&mut step)?.pop().unwrap_or_default();
+        let ref_logits = match (reference, ref_cache.as_mut()) {
+            (Some((_, r)), Some(rc)) => {
+                let mut step = [SeqStep { tokens: chunk, cache: rc, all_logits: true }];
+                Some(r.model.forward(&mut step)?.pop().unwrap_or_default())
+            }
+            _ => None,
+        };
         for (r, row) in logits.chunks_exact(vocab).enumerate() {
             let i = c * size + r;
-            let best = row.iter().enumerate().fold(0, |b, (j, &v)| if v > row[b] { j } else { b });
+            let best = argmax_of(row);
             argmax.push(best as u32);
+            let lp = log_softmax(row);
             if let Some(&next) = tokens.get(i + 1) {
-                logprobs.push(log_softmax(row)[next as usize] as f64);
+                logprobs.push(lp[next as usize] as f64);
+            }
+            if let Some(all) = &ref_logits {
+                let rrow = &all[r * vocab..(r + 1) * vocab];
+                agree += usize::from(argmax_of(rrow) == best);
+                let rlp = log_softmax(rrow);
+                kl += rlp.iter().zip(&lp).map(|(&q, &p)| (q as f64).exp() * (q as f64 - p as f64)).sum::<f64>();
+                if let Some(&next) = tokens.get(i + 1) {
+                    ref_logprobs.push(rlp[next as usize] as f64);
+                }
             }
         }
     }
-    let nll_mean = match logprobs.len() {
+    let nll = |lp: &[f64]| match lp.len() {
         0 => 0.0,
-        n => -logprobs.iter().sum::<f64>() / n as f64,
+        n => -lp.iter().sum::<f64>() / n as f64,
     };
-    let experts = engine.model.scheduler().summary().experts;
-    Ok(Perplexity { tokens: tokens.len(), ppl: nll_mean.exp(), nll_mean, logprobs, argmax, experts, route: None })
+    let nll_mean = nll(&logprobs);
+    let against = reference.map(|(name, _)| Against {
+        reference: name.to_string(),
+        reference_ppl: nll(&ref_logprobs).exp(),
+        kl_mean: kl / tokens.len() as f64,
+        top1_agreement: agree as f64 / tokens.len() as f64,
+        mean_abs_dlogprob: logprobs.iter().zip(&ref_logprobs).map(|(a, b)| (a - b).abs()).sum::<f64>()
+            / logprobs.len().max(1) as f64,
+    });
+    let window = engine.model.scheduler().stats().snapshot() - before;
+    let summary = engine.model.scheduler().summary();
+    let sparse_ffn = (window.neuron_groups_total > 0).then(|| SparseRun {
+        setting: engine.sparse_ffn.to_string(),
+        kept_fraction: window.neuron_groups_kept as f64 / window.neuron_groups_total as f64,
+    });
+    let experts = summary.experts;
+    Ok(Perplexity {
+        tokens: tokens.len(),
+        ppl: nll_mean.exp(),
+        nll_mean,
+        logprobs,
+        argmax,
+        experts,
+        route: None,
+        sparse_ffn,
+        against,
+    })
 }
 
 pub fn main(args: PerplexityArgs) -> anyhow::Result<()> {
@@ -117,11 +213,28 @@ pub fn main(args: PerplexityArgs) -> anyhow::Result<()> {
         (None, None) => unreachable!("clap requires one input"),
     };
     let chunk = args.chunk.map_or(PREFILL_CHUNK, |c| c.min(usize::MAX as u64) as usize);
-    let result = Perplexity { route, ..score(&engine, &tokens, chunk)? };
+    let reference = match &args.reference {
+        Some(spec) => {
+            let opts = crate::engine::session::RunOptions { sparse_ffn: Default::default(), ..opts.clone() };
+            Some(Engine::load(spec, &opts).with_context(|| format!("--reference {spec}"))?)
+        }
+        None => None,
+    };
+    let reference = args.reference.as_deref().zip(reference.as_ref());
+    let result = Perplexity { route, ..score_against(&engine, reference, &tokens, chunk)? };
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {
         println!("tokens {}  nll_mean {:.6}  ppl {:.4}", result.tokens, result.nll_mean, result.ppl);
+        if let Some(s) = &result.sparse_ffn {
+            println!("sparse-ffn {}  kept {:.3} of the neuron groups", s.setting, s.kept_fraction);
+        }
+        if let Some(a) = &result.against {
+            println!(
+                "against {}: ppl {:.4}  KL {:.5}  top-1 agreement {:.4}  mean |Δ log-prob| {:.5}",
+                a.reference, a.reference_ppl, a.kl_mean, a.top1_agreement, a.mean_abs_dlogprob
+            );
+        }
     }
     Ok(())
 }

@@ -193,6 +193,8 @@ pub struct RunOptions {
     pub expert_loading: ExpertLoading,
     /// Score a speculative guess of each MoE layer's experts.
     pub expert_guess: bool,
+    /// How a model stored with neuron-group bundles runs its FFNs.
+    pub sparse_ffn: crate::model::sparse::SparseFfn,
     /// How KV caches store keys and values (`None`: [`DEFAULT_KV_TYPE`] where the
     /// device stores it, else f32). `RunOptions::default()` asks for f32, as parity with
     /// a reference needs.
@@ -219,6 +221,7 @@ impl Default for RunOptions {
             expert_loading: ExpertLoading::Routed,
             expert_guess: false,
             kv_type: Some(KvType::F32),
+            sparse_ffn: Default::default(),
         }
     }
 }
@@ -285,7 +288,7 @@ pub fn memory_budget(
             Some((i, local)) => {
                 layers[i] += bytes;
                 let routed = opts.expert_loading == ExpertLoading::Routed;
-                if !(routed && crate::format::expert_tensor(local).is_some()) {
+                if !(routed && crate::format::unit_tensor(local).is_some()) {
                     ring_layers[i] += bytes;
                 }
             }
@@ -376,6 +379,7 @@ pub fn memory_budget(
         expert_policy: opts.expert_policy,
         expert_loading: opts.expert_loading,
         expert_guess: opts.expert_guess,
+        sparse_ffn: opts.sparse_ffn,
         host_budget,
         stage: None,
     })
@@ -392,6 +396,8 @@ pub struct Engine {
     pub context_len: usize,
     /// Where the model runs.
     pub device: DeviceInfo,
+    /// How it runs its FFNs when stored with neuron-group bundles (`off` otherwise).
+    pub sparse_ffn: crate::model::sparse::SparseFfn,
     /// The vocabulary as grammars see it, built on the first constrained request
     /// (see [`Engine::token_env`]).
     token_env: OnceLock<Result<TokenEnv, String>>,
@@ -471,7 +477,8 @@ impl Engine {
             n => n,
         };
         let (model, device) = build_model(&source, config, context_len, opts)?;
-        Ok(Engine { name: source.name, model, tokenizer, context_len, device, token_env: OnceLock::new() })
+        let sparse_ffn = opts.sparse_ffn;
+        Ok(Engine { name: source.name, model, tokenizer, context_len, device, sparse_ffn, token_env: OnceLock::new() })
     }
 
     /// The vocabulary as llguidance's token trie, for compiling grammars. Built once, on

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::{Group, ModelMeta, ModelWriter, cawsf, expert_tensor, flat, layer_tensor};
-use crate::model::ModelSource;
+use super::{Group, ModelMeta, ModelWriter, cawsf, flat, layer_tensor, unit_tensor};
+use crate::model::{ModelSource, sparse};
 use crate::tensor::{AlignedBytes, DType, HostTensor};
 
 /// The output format.
@@ -34,6 +34,75 @@ pub struct ConvertOptions {
     /// Decompose the layers' weight matrices with NDSQ (`.cawsf` only; `quant` still
     /// applies to the tensors NDSQ leaves: embeddings, head, routers).
     pub ndsq: Option<super::ndsq::NdsqParams>,
+    /// Store each layer's `up` and `down` as neuron-group bundles for `--sparse-ffn`:
+    /// `Some(neurons per group)`, `Some(0)` to choose the size from
+    /// [`sparse::BUNDLE_BYTES`].
+    pub sparse_ffn: Option<usize>,
+}
+
+/// The group size `--sparse-ffn` bundles a model's FFNs in: `asked` when it fits every
+/// layer (a multiple of each `down`'s block that divides the width), else an error
+/// saying why; with `asked == 0`, the size whose bundle is nearest
+/// [`sparse::BUNDLE_BYTES`] as the tensors will be stored (after `quant`).
+fn sparse_group(src: &ModelSource, asked: usize, quant: Option<DType>) -> anyhow::Result<usize> {
+    let c = &src.config;
+    if let Some(why) = sparse::unsupported(c) {
+        anyhow::bail!("--sparse-ffn: {why}");
+    }
+    if c.neuron_group.is_some() {
+        anyhow::bail!("--sparse-ffn: `{}` is already stored with neuron-group bundles", src.name);
+    }
+    let (width, hidden) = (c.intermediate_size, c.hidden_size);
+    let stored = |name: String| -> anyhow::Result<DType> {
+        let t = src.tensors.get(&name).with_context(|| format!("--sparse-ffn: no tensor `{name}`"))?;
+        Ok(target_dtype(&name, t, quant).unwrap_or(t.dtype))
+    };
+    let (mut block, mut per_neuron) = (1usize, 0usize);
+    for l in 0..c.n_layers {
+        let up = stored(format!("model.layers.{l}.{UP}"))?;
+        let down = stored(format!("model.layers.{l}.{DOWN}"))?;
+        block = lcm(block, down.block_size());
+        let bytes = |d: DType, n: usize| d.bytes_for(n).unwrap_or(0);
+        per_neuron = per_neuron.max(bytes(up, hidden) + bytes(down, hidden * width) / width.max(1));
+    }
+    let fits = |g: usize| g > 0 && width.is_multiple_of(g) && g.is_multiple_of(block);
+    match asked {
+        0 => sparse::group_for(width, per_neuron, block, sparse::BUNDLE_BYTES).with_context(|| {
+            format!("--sparse-ffn: no group of whole {block}-column blocks of down divides the FFN width {width}")
+        }),
+        g if fits(g) => Ok(g),
+        g => anyhow::bail!(
+            "--sparse-group {g}: a group must divide the FFN width {width} and be a multiple of {block} (down's block)"
+        ),
+    }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b).max(1) * b
+}
+
+/// The layer-local names of a dense SwiGLU FFN's up and down projections (every family
+/// `--sparse-ffn` accepts names them so).
+const UP: &str = "mlp.up_proj.weight";
+const DOWN: &str = "mlp.down_proj.weight";
+
+/// Layer `layer`'s tensors with `up` and `down` replaced by their neuron-group bundles.
+fn bundle_layer(layer: usize, tensors: &mut Vec<(String, HostTensor)>, group: usize) -> anyhow::Result<()> {
+    let mut take = |local: &str| -> anyhow::Result<HostTensor> {
+        let name = format!("model.layers.{layer}.{local}");
+        let at = tensors.iter().position(|(n, _)| *n == name).with_context(|| format!("no tensor `{name}`"))?;
+        Ok(tensors.remove(at).1)
+    };
+    let (up, down) = (take(UP)?, take(DOWN)?);
+    let bundles = sparse::bundle(&up, &down, group).map_err(|e| anyhow::anyhow!("layer {layer}: {e}"))?;
+    tensors.extend(bundles.into_iter().map(|(local, t)| (format!("model.layers.{layer}.{local}"), t)));
+    Ok(())
 }
 
 /// Where a conversion stands, for a progress bar: groups written of the total, and bytes
@@ -93,17 +162,18 @@ pub(crate) fn target_dtype(name: &str, t: &HostTensor, quant: Option<DType>) -> 
 }
 
 /// One read unit of a decoder layer as the writers lay it out: the layer core
-/// (attention, norms, router, shared expert) or one routed expert.
+/// (attention, norms, router, shared expert, a sparse FFN's gate) or one routed expert
+/// or neuron group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayerUnit {
-    /// `None` for the core, `Some(e)` for routed expert `e`.
+    /// `None` for the core, `Some(e)` for routed expert (or neuron group) `e`.
     pub expert: Option<usize>,
     /// Indices into the group's tensors, in the order they are written.
     pub tensors: Vec<usize>,
 }
 
 /// An expert's tensors in the order they are written, per naming (Qwen MoE, Mixtral):
-/// gate, up, down.
+/// gate, up, down (a neuron group has no gate: up, down).
 const EXPERT_ORDER: [[&str; 3]; 2] =
     [["gate_proj.weight", "up_proj.weight", "down_proj.weight"], ["w1.weight", "w3.weight", "w2.weight"]];
 
@@ -117,7 +187,7 @@ pub fn layer_units(tensors: &[(String, HostTensor)]) -> Vec<LayerUnit> {
     let mut core = Vec::new();
     let mut experts: BTreeMap<usize, Vec<(usize, &str, usize)>> = BTreeMap::new();
     for (i, (name, _)) in tensors.iter().enumerate() {
-        match layer_tensor(name).and_then(|(_, local)| expert_tensor(local)) {
+        match layer_tensor(name).and_then(|(_, local)| unit_tensor(local)) {
             None => core.push(i),
             Some((e, rest)) => {
                 let rank = EXPERT_ORDER.iter().find_map(|o| o.iter().position(|n| *n == rest));
@@ -156,6 +226,13 @@ pub fn convert(
             anyhow::bail!("{}: layer {i} has no tensors (layers must be 0..{layers})", src.name);
         }
     }
+    let group = match opts.sparse_ffn {
+        Some(asked) => Some(sparse_group(&src, asked, opts.quant)?),
+        None => None,
+    };
+    if group.is_some() && opts.ndsq.is_some() {
+        anyhow::bail!("--sparse-ffn and --ndsq do not combine (NDSQ decomposes the whole up and down)");
+    }
     let meta = meta_of(&src);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(opts.threads).build().context("building a thread pool")?;
     let pool = Arc::new(pool);
@@ -175,7 +252,7 @@ pub fn convert(
     };
     let mut report = ConvertReport { layers, ..Default::default() };
     let total = groups.len();
-    for (done, (group, mut names)) in groups.into_iter().enumerate() {
+    for (done, (grp, mut names)) in groups.into_iter().enumerate() {
         names.sort_unstable();
         let mut tensors = Vec::with_capacity(names.len());
         for name in names {
@@ -191,8 +268,11 @@ pub fn convert(
             report.bytes_out += t.bytes().len() as u64;
             tensors.push((name, t));
         }
+        if let (Some(g), Group::Layer(l)) = (group, grp) {
+            bundle_layer(l, &mut tensors, g)?;
+        }
         report.tensors += tensors.len();
-        writer.write_group(group, &tensors)?;
+        writer.write_group(grp, &tensors)?;
         drop(tensors);
         progress(Progress { done: done + 1, total, bytes: report.bytes_out });
     }
@@ -295,7 +375,7 @@ pub(super) mod tests {
         spans.sort_by_key(|s| s.1);
         let mut units: Vec<(Option<usize>, Vec<&str>)> = Vec::new();
         for (i, (name, start, _)) in spans.iter().enumerate() {
-            let (unit, rest) = match layer_tensor(name).and_then(|(_, local)| expert_tensor(local)) {
+            let (unit, rest) = match layer_tensor(name).and_then(|(_, local)| unit_tensor(local)) {
                 Some((e, rest)) => (Some(e), rest),
                 None => (None, name.as_str()),
             };
@@ -437,7 +517,7 @@ pub(super) mod tests {
             let out = dir.join("m");
             let src = ModelSource::from_spec(&spec).unwrap();
             let experts = src.config.moe.as_ref().map_or(0, |m| m.n_experts);
-            let opts = ConvertOptions { target: Target::Flat, quant: Some(DType::Q8_0), threads: 2, ndsq: None };
+            let opts = ConvertOptions { target: Target::Flat, quant: Some(DType::Q8_0), threads: 2, ndsq: None, sparse_ffn: None };
             convert(ModelSource::from_spec(&spec).unwrap(), &out, &opts, &mut |_| {}).unwrap();
             let copy = flat::open(&out).unwrap();
             for layer in 0..src.config.n_layers {

@@ -612,7 +612,9 @@ pub fn open(dir: &Path) -> anyhow::Result<ModelSource> {
         text(kind)?.ok_or_else(|| invalid(&dir.join(MANIFEST), format!("no file of kind {kind:?}")))
     };
     let config_json = required(FileKind::Config)?;
-    let config = ModelConfig::from_json(&config_json).map_err(|e| invalid(&dir.join("config.json"), e.to_string()))?;
+    let mut config =
+        ModelConfig::from_json(&config_json).map_err(|e| invalid(&dir.join("config.json"), e.to_string()))?;
+    config.detect_neuron_groups(&tensors);
     Ok(ModelSource {
         name: m.name.clone(),
         config,

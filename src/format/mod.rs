@@ -90,6 +90,23 @@ pub fn expert_tensor(local: &str) -> Option<(usize, &str)> {
     Some((e.parse().ok()?, rest))
 }
 
+/// The prefix of a sparse-FFN layer's neuron-group bundles: `mlp.neurons.G.up_proj.weight`
+/// (the group's rows of `up`) and `mlp.neurons.G.down_proj.weight` (its columns of `down`).
+pub const NEURON_PREFIX: &str = "mlp.neurons.";
+
+/// A neuron-group bundle's tensor inside a layer: `mlp.neurons.G.REST` → `(G, REST)`;
+/// `None` for every other tensor. The one place this naming is read.
+pub fn neuron_tensor(local: &str) -> Option<(usize, &str)> {
+    let (g, rest) = local.strip_prefix(NEURON_PREFIX)?.split_once('.')?;
+    Some((g.parse().ok()?, rest))
+}
+
+/// A tensor of a unit read on its own, apart from the layer core: a routed expert's
+/// ([`expert_tensor`]) or a neuron group's ([`neuron_tensor`]) → `(unit index, REST)`.
+pub fn unit_tensor(local: &str) -> Option<(usize, &str)> {
+    expert_tensor(local).or_else(|| neuron_tensor(local))
+}
+
 /// A streaming writer of one of Strata's formats. The caller hands over the global
 /// tensors once, then each layer once in order (`0, 1, ...`), each as tensors in their
 /// final dtype, and calls [`finish`](ModelWriter::finish). Until `finish` returns the
@@ -115,6 +132,10 @@ mod tests {
         assert_eq!(super::expert_tensor("block_sparse_moe.experts.0.w2.weight"), Some((0, "w2.weight")));
         assert_eq!(super::expert_tensor("mlp.shared_expert.up_proj.weight"), None);
         assert_eq!(super::expert_tensor("mlp.gate.weight"), None);
+        assert_eq!(super::neuron_tensor("mlp.neurons.3.down_proj.weight"), Some((3, "down_proj.weight")));
+        assert_eq!(super::neuron_tensor("mlp.experts.3.down_proj.weight"), None);
+        assert_eq!(super::unit_tensor("mlp.neurons.11.up_proj.weight"), Some((11, "up_proj.weight")));
+        assert_eq!(super::unit_tensor("mlp.up_proj.weight"), None);
         assert_eq!(Group::of("model.layers.x.y"), Group::Global);
     }
 }

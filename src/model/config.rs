@@ -70,6 +70,11 @@ pub struct ModelConfig {
     /// `q_proj` also gives a gate per head, and the attention output is multiplied by
     /// its sigmoid before `o_proj` (Qwen3-Next).
     pub attn_output_gate: bool,
+    /// Neurons per group when the dense FFNs are stored as neuron-group bundles
+    /// (`strata convert --sparse-ffn`): `up` and `down` come as
+    /// `intermediate_size / group` units of `group` neurons each. Set from the tensors
+    /// when a model is opened ([`ModelConfig::detect_neuron_groups`]).
+    pub neuron_group: Option<usize>,
 }
 
 /// A gated-delta-rule (linear attention) layer: `n_k_heads` query/key heads of
@@ -220,6 +225,13 @@ fn f32_of(v: &Value, key: &str) -> Option<f32> {
 }
 
 impl ModelConfig {
+    /// Sets [`ModelConfig::neuron_group`] from the tensors: the rows of layer 0's first
+    /// neuron-group bundle, when the FFNs are stored as bundles.
+    pub fn detect_neuron_groups(&mut self, tensors: &std::collections::HashMap<String, crate::tensor::HostTensor>) {
+        let name = format!("model.layers.0.{}0.up_proj.weight", crate::format::NEURON_PREFIX);
+        self.neuron_group = tensors.get(&name).and_then(|t| t.shape.first().copied()).filter(|&g| g > 0);
+    }
+
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
         let mut v: Value = serde_json::from_str(text)?;
         // A multimodal Gemma 3 or Qwen3.5 checkpoint: the language model's config is nested.
@@ -336,6 +348,7 @@ impl ModelConfig {
             moe,
             linear_attn,
             attn_output_gate: hybrid,
+            neuron_group: None,
         };
         config.validate()?;
         Ok(config)

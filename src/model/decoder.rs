@@ -12,6 +12,7 @@ use super::ModelSource;
 use super::config::{Ffn, Mixer, ModelConfig};
 use super::deltanet::LinearWeights;
 use super::moe::{self, EachExpert, ExpertSource, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights};
+use super::sparse::{self, Bundle, EachGroup, GroupSource, NeuronWeights, SparseBlock, SparseFfn};
 use super::spec::{self, QkNorm, Role};
 use crate::backend::delta::{DeltaRule, DeltaShape, DeltaWeights};
 use crate::backend::{
@@ -58,6 +59,8 @@ pub enum FfnWeights<B: Backend> {
     Dense(Mlp<B>),
     /// The router and shared expert; the routed experts come from the expert cache.
     Moe(MoeWeights<B>),
+    /// The gate in full; `up` and `down` as neuron groups (a sparse FFN).
+    Neurons(NeuronWeights<B>),
 }
 
 /// Keys and values of one sequence, per layer: `[capacity, n_kv_heads * head_dim]`, in
@@ -285,6 +288,9 @@ pub enum ModelError {
     ForeignCache,
     #[error("{0} KV caches are not supported on this device (--kv-type f32 is)")]
     UnsupportedKv(&'static str),
+    /// `--sparse-ffn` on a model that cannot run it.
+    #[error("--sparse-ffn {setting}: {why}")]
+    Sparse { setting: String, why: String },
 }
 
 /// Activation buffers reused across forward passes (no allocation per token): sized
@@ -377,6 +383,11 @@ pub struct DecoderModel<B: Backend> {
     experts: Option<Arc<ExpertCache<Mlp<B>>>>,
     /// Score a speculative guess of each MoE layer's experts (`--expert-guess`).
     guess_experts: bool,
+    /// The neuron groups of a sparse FFN model held apart from the layer cores
+    /// (`None` when dense, or when each layer is loaded with all of its groups).
+    neurons: Option<Arc<ExpertCache<Bundle<B>>>>,
+    /// How a model stored with neuron-group bundles chooses its groups.
+    sparse: SparseFfn,
     /// Each layer's RoPE (`None`: the layer has none).
     rope: Vec<Option<RopeFreqs>>,
     /// Bytes of all weights (layers, embeddings, head, norms).
@@ -503,6 +514,20 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
     };
     let moe = c.layers.get(lt.index).is_some_and(|l| l.ffn == Ffn::Moe);
     let ffn = match moe {
+        false if c.neuron_group.is_some() => {
+            let group = c.neuron_group.unwrap_or(i);
+            let gate = upload(&req(Role::Gate, host(Role::Gate)?)?)?;
+            // The layer carries its groups only when it is loaded whole.
+            let groups = match lt.tensors.contains_key(&neuron_names(0)[0]) {
+                false => None,
+                true => Some(
+                    (0..i / group.max(1))
+                        .map(|g| build_bundle(c, be, lt, g).map(Arc::new))
+                        .collect::<Result<Vec<_>, _>>()?,
+                ),
+            };
+            FfnWeights::Neurons(NeuronWeights { gate, group, groups })
+        }
         false => {
             let [w_gate, w_up] = match host(Role::GateUp)? {
                 Some(gu) => <[HostTensor; 2]>::try_from(split(&gu, &[(0, i), (i, i)])?)
@@ -571,6 +596,28 @@ fn concat_rows(parts: &[(&HostTensor, usize, usize)]) -> Option<HostTensor> {
     Some(HostTensor::new(Arc::new(bytes), 0, len, dtype, vec![rows, cols]))
 }
 
+/// The layer-local names of neuron group `g`'s up rows and down columns.
+fn neuron_names(g: usize) -> [String; 2] {
+    let p = crate::format::NEURON_PREFIX;
+    [format!("{p}{g}.up_proj.weight"), format!("{p}{g}.down_proj.weight")]
+}
+
+/// Neuron group `g` of layer `lt.index`, each tensor checked against its shape.
+fn build_bundle<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors, g: usize) -> Result<Bundle<B>, SchedError> {
+    let group = c.neuron_group.unwrap_or(c.intermediate_size);
+    let mut out = Vec::with_capacity(2);
+    for (name, want) in neuron_names(g).iter().zip([[group, c.hidden_size], [c.hidden_size, group]]) {
+        let t = lt.get(name)?;
+        if t.shape != want {
+            let msg = format!("tensor `{name}`: expected shape {want:?}, found {:?}", t.shape);
+            return Err(SchedError::Build { layer: lt.index, msg });
+        }
+        out.push(be.weight(t).map_err(|source| SchedError::Backend { layer: lt.index, source })?);
+    }
+    let [up, down] = <[B::Weight; 2]>::try_from(out).map_err(|_| SchedError::NoSuchLayer(lt.index))?;
+    Ok(Bundle { up, down })
+}
+
 /// Routed expert `e` of layer `lt.index` from tensors named as in the checkpoint.
 fn build_expert<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors, e: usize) -> Result<Mlp<B>, SchedError> {
     let [g, u, d] = moe::expert_names(c, e);
@@ -606,13 +653,30 @@ impl<B: Backend> DecoderModel<B> {
 
         let mut layer_sources: Vec<LayerTensors> =
             (0..c.n_layers).map(|index| LayerTensors { index, ..Default::default() }).collect();
-        // A MoE layer's routed experts are units of their own, unless loaded whole.
+        // A MoE layer's routed experts (a sparse FFN's neuron groups) are units of their
+        // own, unless loaded whole.
         let split_experts = sched.expert_loading == ExpertLoading::Routed;
         let n_experts = c.moe.map_or(0, |m| m.n_experts);
+        let n_groups = c.neuron_group.map_or(0, |g| c.intermediate_size / g.max(1));
+        let sparse = sched.sparse_ffn;
+        if !sparse.is_off() && c.neuron_group.is_none() {
+            let why = match sparse::unsupported(c) {
+                Some(why) => why,
+                None => format!(
+                    "model `{}` was converted without neuron-group bundles (convert it with `strata convert --sparse-ffn`)",
+                    source.name
+                ),
+            };
+            return Err(ModelError::Sparse { setting: sparse.to_string(), why });
+        }
         let mut expert_tensors: Vec<Vec<LayerTensors>> = Vec::new();
         for (l, layer) in c.layers.iter().enumerate() {
-            let units = match layer.ffn == Ffn::Moe && split_experts {
-                true => (0..n_experts).map(|_| LayerTensors { index: l, ..Default::default() }).collect(),
+            let n = match layer.ffn {
+                Ffn::Moe => n_experts,
+                Ffn::Dense => n_groups,
+            };
+            let units = match split_experts {
+                true => (0..n).map(|_| LayerTensors { index: l, ..Default::default() }).collect(),
                 false => Vec::new(),
             };
             expert_tensors.push(units);
@@ -621,7 +685,7 @@ impl<B: Backend> DecoderModel<B> {
             if let Some((i, local)) = crate::format::layer_tensor(name)
                 && let Some(layer) = layer_sources.get_mut(i)
             {
-                let unit = crate::format::expert_tensor(local).and_then(|(e, _)| expert_tensors[i].get_mut(e));
+                let unit = crate::format::unit_tensor(local).and_then(|(e, _)| expert_tensors[i].get_mut(e));
                 match unit {
                     Some(unit) => unit.tensors.insert(local.to_string(), t.clone()),
                     None => layer.tensors.insert(local.to_string(), t.clone()),
@@ -645,29 +709,37 @@ impl<B: Backend> DecoderModel<B> {
         let (be, c) = (backend.clone(), config.clone());
         let build = move |lt: &LayerTensors| build_layer(&c, &*be, lt);
         let mut layers = Scheduler::new(layer_sources, build, sched)?;
-        let experts = match units.is_empty() {
-            true => None,
-            false => {
-                // The cache gets what the budget leaves after the cores, unless told.
-                let budget = match sched.expert_cache {
-                    Some(size) => Some(size.bytes(expert_bytes)),
-                    None => sched.budget.map(|b| b.saturating_sub(core_bytes)),
-                };
-                let opts = ExpertOptions {
-                    budget,
-                    policy: sched.expert_policy,
-                    buffered: sched.buffered,
-                    stage: sched.stage.clone(),
-                };
-                let (be, c) = (backend.clone(), config.clone());
-                let build = Box::new(move |e: usize, lt: &LayerTensors| build_expert(&c, &*be, lt, e));
-                let cache = ExpertCache::new(config.n_layers, n_experts, units, build, &opts, layers.stats_arc())?;
-                let cache = Arc::new(cache);
-                layers.attach_experts(cache.clone());
-                tracing::debug!(expert_bytes, core_bytes, "experts held apart from the layer cores");
-                Some(cache)
-            }
+        // The cache gets what the budget leaves after the cores, unless told.
+        let opts = ExpertOptions {
+            budget: match sched.expert_cache {
+                Some(size) => Some(size.bytes(expert_bytes)),
+                None => sched.budget.map(|b| b.saturating_sub(core_bytes)),
+            },
+            policy: sched.expert_policy,
+            buffered: sched.buffered,
+            stage: sched.stage.clone(),
         };
+        let (mut experts, mut neurons) = (None, None);
+        if !units.is_empty() {
+            let (be, cfg, stats) = (backend.clone(), config.clone(), layers.stats_arc());
+            match config.neuron_group {
+                Some(_) => {
+                    let build = Box::new(move |g: usize, lt: &LayerTensors| build_bundle(&cfg, &*be, lt, g));
+                    let cache = ExpertCache::new(config.n_layers, n_groups, units, build, &opts, stats)?;
+                    let cache = Arc::new(cache.for_neuron_groups());
+                    layers.attach_experts(cache.clone());
+                    tracing::debug!(group_bytes = expert_bytes, core_bytes, "neuron groups held apart from the cores");
+                    neurons = Some(cache);
+                }
+                None => {
+                    let build = Box::new(move |e: usize, lt: &LayerTensors| build_expert(&cfg, &*be, lt, e));
+                    let cache = Arc::new(ExpertCache::new(config.n_layers, n_experts, units, build, &opts, stats)?);
+                    layers.attach_experts(cache.clone());
+                    tracing::debug!(expert_bytes, core_bytes, "experts held apart from the layer cores");
+                    experts = Some(cache);
+                }
+            }
+        }
         let rope = config.layers.iter().map(|l| config.rope_for(l.rope)).collect();
         Ok(DecoderModel {
             config,
@@ -678,6 +750,8 @@ impl<B: Backend> DecoderModel<B> {
             layers,
             experts,
             guess_experts: sched.expert_guess,
+            neurons,
+            sparse,
             rope,
             weights_bytes,
             lm_head_bytes,
@@ -993,6 +1067,9 @@ impl<B: Backend> DecoderModel<B> {
         if let Some(experts) = &self.experts {
             experts.step();
         }
+        if let Some(neurons) = &self.neurons {
+            neurons.step();
+        }
         let Workspace { x, normed, q, k, v, attn, proj, gate, up, scratch, moe: moe_bufs, attn_gate, lin, .. } = ws;
 
         be.embedding(&self.embed, &ids, x)?;
@@ -1125,10 +1202,28 @@ impl<B: Backend> DecoderModel<B> {
                         stats.expert_guess_total.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
+                FfnWeights::Neurons(nw) => {
+                    let nb = moe_bufs
+                        .as_mut()
+                        .ok_or(ModelError::Sched(SchedError::Build { layer: l, msg: "no sparse FFN buffers".into() }))?;
+                    let setting = self.sparse;
+                    let block = SparseBlock { layer: l, weights: nw, source: self, input, rows, seq_rows: &seq_rows, setting };
+                    let (kept, total) = sparse::sparse_forward(be, c, block, &mut bufs, nb, proj)?;
+                    let stats = self.layers.stats();
+                    stats.neuron_groups_kept.fetch_add(kept, std::sync::atomic::Ordering::Relaxed);
+                    stats.neuron_groups_total.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
+                }
             }
             residual(be, c, x, proj, w.ffn_post_norm.as_ref(), normed, rows)?;
         }
         Ok(())
+    }
+}
+
+impl<B: Backend> GroupSource<B> for DecoderModel<B> {
+    fn groups(&self, layer: usize, groups: &[usize], each: &mut EachGroup<'_, B>) -> Result<(), ModelError> {
+        let cache = self.neurons.as_ref().ok_or(SchedError::Build { layer, msg: "no neuron-group cache".into() })?;
+        cache.get_each(layer, groups, |i, g| each(i, &g))
     }
 }
 

@@ -206,6 +206,7 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
         moe,
         linear_attn: None,
         attn_output_gate: false,
+        neuron_group: None,
     };
     if matches!(arch, Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe) {
         // The gated delta rule: `ssm.group_count` key heads of `ssm.state_size`,

@@ -7,6 +7,7 @@ pub mod demo;
 pub mod gguf_source;
 pub mod gguf_vocab;
 pub mod moe;
+pub mod sparse;
 pub mod spec;
 
 use std::collections::HashMap;

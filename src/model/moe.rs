@@ -125,18 +125,41 @@ pub fn score_guess(guessed: &[Vec<u32>], taken: &[Vec<u32>]) -> (u64, u64) {
     })
 }
 
-/// The buffers a MoE block needs beside the dense ones.
+/// Rows (ascending, given by index into `seq_of`, each row's sequence) as runs per
+/// sequence: each sequence's rows as they would come alone (see
+/// [`Backend::matmul_seqs`]).
+pub fn runs_by_sequence(rows: &[u32], seq_of: &[usize]) -> Vec<usize> {
+    let mut per_seq: Vec<usize> = Vec::new();
+    let mut last = usize::MAX;
+    for &r in rows {
+        let s = seq_of.get(r as usize).copied().unwrap_or(0);
+        match per_seq.last_mut() {
+            Some(n) if s == last => *n += 1,
+            _ => per_seq.push(1),
+        }
+        last = s;
+    }
+    per_seq
+}
+
+/// The buffers a MoE block (or a sparse FFN) needs beside the dense ones.
 pub struct MoeBufs<B: Backend> {
-    pub logits: B::Buf, // (rows, n_experts)
-    pub xe: B::Buf,     // (rows, hidden): the rows routed to one expert
-    pub ye: B::Buf,     // (rows, hidden): that expert's output
+    /// (rows, n_experts): the router's logits; in a sparse FFN (rows, group): one
+    /// neuron group's activations.
+    pub logits: B::Buf,
+    pub xe: B::Buf, // (rows, hidden): the rows routed to one expert (or group)
+    pub ye: B::Buf, // (rows, hidden): that expert's output
 }
 
 impl<B: Backend> MoeBufs<B> {
     pub fn new(be: &B, c: &ModelConfig, rows: usize) -> Result<Option<Self>, crate::backend::BackendError> {
-        let Some(m) = c.moe else { return Ok(None) };
+        let width = match (c.moe, c.neuron_group) {
+            (Some(m), _) => m.n_experts,
+            (None, Some(group)) => group,
+            (None, None) => return Ok(None),
+        };
         let h = c.hidden_size;
-        Ok(Some(MoeBufs { logits: be.alloc(rows * m.n_experts)?, xe: be.alloc(rows * h)?, ye: be.alloc(rows * h)? }))
+        Ok(Some(MoeBufs { logits: be.alloc(rows * width)?, xe: be.alloc(rows * h)?, ye: be.alloc(rows * h)? }))
     }
 }
 
@@ -220,17 +243,7 @@ pub fn moe_forward<B: Backend>(
     let mut run = |i: usize, expert: &Mlp<B>| -> Result<(), ModelError> {
         let (rows_of, weights) = groups[i];
         be.copy_rows(input, Rows::List(rows_of), h, &mut moe.xe, 0)?;
-        // Its rows (ascending) by sequence: each sequence's as they would come alone.
-        let mut per_seq: Vec<usize> = Vec::new();
-        let mut last = usize::MAX;
-        for &r in rows_of {
-            let s = seq_of.get(r as usize).copied().unwrap_or(0);
-            match per_seq.last_mut() {
-                Some(n) if s == last => *n += 1,
-                _ => per_seq.push(1),
-            }
-            last = s;
-        }
+        let per_seq = runs_by_sequence(rows_of, &seq_of);
         mlp_forward(be, c, expert, &moe.xe, &per_seq, bufs, &mut moe.ye)?;
         Ok(be.add_rows(out, &moe.ye, h, Rows::List(rows_of), Some(weights))?)
     };

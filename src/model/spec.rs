@@ -456,11 +456,17 @@ impl ArchSpec {
     pub fn layer_tensor_names(&self, c: &ModelConfig, l: usize) -> Vec<(Role, String)> {
         let n_experts = c.moe.map_or(0, |m| m.n_experts);
         let mut out = Vec::new();
+        let groups = c.neuron_group.map_or(0, |g| c.intermediate_size / g.max(1));
         for role in self.layer_roles(c, l) {
             let Some(t) = self.tensor(role) else { continue };
-            match role.is_expert() {
-                true => out.extend((0..n_experts).map(|e| (role, t.hf_for(e)))),
-                false => out.push((role, t.hf.to_string())),
+            match role {
+                _ if role.is_expert() => out.extend((0..n_experts).map(|e| (role, t.hf_for(e)))),
+                // A sparse FFN's up rows and down columns, one bundle per neuron group.
+                Role::Up | Role::Down if c.neuron_group.is_some() => {
+                    let rest = if role == Role::Up { "up_proj.weight" } else { "down_proj.weight" };
+                    out.extend((0..groups).map(|g| (role, format!("{}{g}.{rest}", crate::format::NEURON_PREFIX))));
+                }
+                _ => out.push((role, t.hf.to_string())),
             }
         }
         out
@@ -545,9 +551,11 @@ impl Role {
             Role::O => vec![h, q],
             Role::QNorm => vec![if whole { q } else { c.head_dim }],
             Role::KNorm => vec![if whole { kv } else { c.head_dim }],
-            Role::Gate | Role::Up => vec![i, h],
+            Role::Gate => vec![i, h],
+            // A neuron group's rows of `up` and columns of `down` (sparse FFN bundles).
+            Role::Up => vec![c.neuron_group.unwrap_or(i), h],
             Role::GateUp => vec![2 * i, h],
-            Role::Down => vec![h, i],
+            Role::Down => vec![h, c.neuron_group.unwrap_or(i)],
             Role::Router => vec![moe.n_experts, h],
             Role::ExpertGate | Role::ExpertUp => vec![moe.expert_size, h],
             Role::ExpertDown => vec![h, moe.expert_size],

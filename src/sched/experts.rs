@@ -94,6 +94,9 @@ pub struct LayerExpertStats {
 /// What `bench`, `/api/ps` and `/metrics` show of the expert cache.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct ExpertSummary {
+    /// What a unit is: `expert` (a routed expert of a MoE model) or `neuron_group` (a
+    /// sparse FFN's group of neurons: its rows of `up` and columns of `down`).
+    pub unit: &'static str,
     /// `resident` (every expert in memory or mapped) or `on_demand`.
     pub mode: &'static str,
     pub policy: CachePolicy,
@@ -174,8 +177,10 @@ enum Mode<E> {
     OnDemand(Box<OnDemand<E>>),
 }
 
-/// The routed experts of every MoE layer.
+/// The routed experts of every MoE layer (or the neuron groups of a sparse FFN).
 pub struct ExpertCache<E> {
+    /// `expert` or `neuron_group` ([`ExpertSummary::unit`]).
+    unit: &'static str,
     n_experts: usize,
     /// Per layer, the unit index of its expert 0 (`None` for a dense layer).
     base: Vec<Option<usize>>,
@@ -212,8 +217,8 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
         let unit_bytes: Vec<u64> = units.iter().map(|u| u.tensors.bytes() as u64).collect();
         let total: u64 = unit_bytes.iter().sum();
         lock(&stats.expert_layers).resize(n_layers, LayerExpertStats::default());
-        let mut cache =
-            ExpertCache { n_experts, base, unit_bytes, policy: opts.policy, mode: Mode::Resident(Vec::new()), stats };
+        let mode = Mode::Resident(Vec::new());
+        let mut cache = ExpertCache { unit: "expert", n_experts, base, unit_bytes, policy: opts.policy, mode, stats };
         let resident = |units: &[ExpertUnit]| -> Result<Vec<Arc<E>>, SchedError> {
             units.iter().map(|u| build(u.id.expert as usize, &u.tensors).map(Arc::new)).collect()
         };
@@ -243,6 +248,11 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
         cache.mode =
             Mode::OnDemand(Box::new(OnDemand { reader, build, state: Mutex::new(state), pool, stage, buf_cap }));
         Ok(cache)
+    }
+
+    /// The same cache, holding a sparse FFN's neuron groups (as summaries say).
+    pub fn for_neuron_groups(self) -> Self {
+        ExpertCache { unit: "neuron_group", ..self }
     }
 
     /// Marks the start of a forward pass (recency is counted in passes).
@@ -404,6 +414,7 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
             }
         };
         ExpertSummary {
+            unit: self.unit,
             mode,
             policy: self.policy,
             experts_per_layer: self.n_experts,

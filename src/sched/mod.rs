@@ -94,6 +94,9 @@ pub struct SchedStats {
     /// output named (`--expert-guess`), and how many were scored.
     pub expert_guess_right: AtomicU64,
     pub expert_guess_total: AtomicU64,
+    /// A sparse FFN's neuron groups kept, and those there were (over rows and layers).
+    pub neuron_groups_kept: AtomicU64,
+    pub neuron_groups_total: AtomicU64,
     /// Expert hits and misses by layer.
     pub expert_layers: std::sync::Mutex<Vec<experts::LayerExpertStats>>,
     /// Streamed layers served from the host tier (page-locked RAM behind a GPU) rather
@@ -121,6 +124,8 @@ impl SchedStats {
             expert_routed_bytes: get(&self.expert_routed_bytes),
             expert_guess_right: get(&self.expert_guess_right),
             expert_guess_total: get(&self.expert_guess_total),
+            neuron_groups_kept: get(&self.neuron_groups_kept),
+            neuron_groups_total: get(&self.neuron_groups_total),
             host_hits: get(&self.host_hits),
             transfer: self.transfer.snapshot(),
         }
@@ -145,6 +150,9 @@ pub struct StatsSnapshot {
     pub expert_routed_bytes: u64,
     pub expert_guess_right: u64,
     pub expert_guess_total: u64,
+    /// A sparse FFN's neuron groups kept, of those there were (over rows and layers).
+    pub neuron_groups_kept: u64,
+    pub neuron_groups_total: u64,
     /// Streamed layers served from the host tier.
     pub host_hits: u64,
     /// Host → device copies of streamed units.
@@ -168,6 +176,8 @@ impl std::ops::Add for StatsSnapshot {
             expert_routed_bytes: self.expert_routed_bytes + o.expert_routed_bytes,
             expert_guess_right: self.expert_guess_right + o.expert_guess_right,
             expert_guess_total: self.expert_guess_total + o.expert_guess_total,
+            neuron_groups_kept: self.neuron_groups_kept + o.neuron_groups_kept,
+            neuron_groups_total: self.neuron_groups_total + o.neuron_groups_total,
             host_hits: self.host_hits + o.host_hits,
             transfer: self.transfer + o.transfer,
         }
@@ -190,6 +200,8 @@ impl std::ops::Sub for StatsSnapshot {
             expert_routed_bytes: self.expert_routed_bytes.saturating_sub(o.expert_routed_bytes),
             expert_guess_right: self.expert_guess_right.saturating_sub(o.expert_guess_right),
             expert_guess_total: self.expert_guess_total.saturating_sub(o.expert_guess_total),
+            neuron_groups_kept: self.neuron_groups_kept.saturating_sub(o.neuron_groups_kept),
+            neuron_groups_total: self.neuron_groups_total.saturating_sub(o.neuron_groups_total),
             host_hits: self.host_hits.saturating_sub(o.host_hits),
             transfer: self.transfer - o.transfer,
         }
@@ -237,6 +249,8 @@ pub struct SchedOptions {
     /// Score how well each MoE layer's router, applied to the stream entering the layer,
     /// guesses the experts taken after attention (what a speculative prefetch would read).
     pub expert_guess: bool,
+    /// How a model stored with neuron-group bundles chooses them (`--sparse-ffn`).
+    pub sparse_ffn: crate::model::sparse::SparseFfn,
     /// Bytes of streamed layers kept in page-locked host memory behind the device
     /// (`--host-budget`; only where the compute has memory of its own, a GPU).
     pub host_budget: u64,
@@ -267,6 +281,7 @@ impl Default for SchedOptions {
             expert_policy: expert_policy::CachePolicy::default(),
             expert_loading: ExpertLoading::Routed,
             expert_guess: false,
+            sparse_ffn: Default::default(),
             host_budget: 0,
             stage: None,
         }

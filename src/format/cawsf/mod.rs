@@ -73,7 +73,9 @@ pub fn open(path: &Path) -> anyhow::Result<ModelSource> {
     let m = p.meta.model;
     let routing = p.routing.map(|table| Arc::new(Routing::new(p.file, p.bank, p.codebooks, table)));
     let name = path.file_stem().map_or_else(|| m.name.clone(), |s| s.to_string_lossy().into_owned());
-    let config = ModelConfig::from_json(&m.config_json).with_context(|| format!("{}: META config", path.display()))?;
+    let mut config =
+        ModelConfig::from_json(&m.config_json).with_context(|| format!("{}: META config", path.display()))?;
+    config.detect_neuron_groups(&tensors);
     Ok(ModelSource {
         name,
         config,

@@ -1,0 +1,517 @@
+//! Gate-predicted sparse FFN (seed 002, R2). In a SwiGLU block neuron `i` adds
+//! `silu(gate_i · x) * (up_i · x) * down[:, i]`: when `silu(gate_i · x)` is near zero it
+//! adds nearly nothing, whatever `up_i · x` is. The gate projection is computed in full;
+//! `up` and `down` are stored as neuron-group bundles (`strata convert --sparse-ffn`:
+//! group `g`'s rows of `up` and columns of `down`, side by side, one read), and each row
+//! keeps the groups whose gate activity is largest. Only those groups are read (through
+//! the neuron-group cache) and computed, each with the dense kernels over its own slice.
+//!
+//! Approximate by design: docs/benchmarks.md gives its cost on a real model.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use super::config::{Ffn, ModelConfig};
+use super::decoder::ModelError;
+use super::moe::{MlpBufs, MoeBufs};
+use crate::backend::{Activation, Backend, Rows};
+use crate::sched::SchedError;
+use crate::tensor::HostTensor;
+
+/// The fraction of groups `auto` keeps: the sparsest `topk` whose perplexity on
+/// SmolLM2-135M-Instruct rises by at most 2% (docs/benchmarks.md, "Sparse FFN").
+pub const AUTO_TOPK: f32 = 0.8;
+
+/// Which neuron groups a row keeps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Select {
+    /// Every group (the dense result, computed group by group).
+    Off,
+    /// The `⌈F · groups⌉` groups with the largest gate activity, `F` in (0, 1].
+    TopK(f32),
+    /// The groups whose mean `|act(gate)|` over their neurons is at least `T ≥ 0`.
+    Threshold(f32),
+}
+
+/// `--sparse-ffn`: how a model stored with neuron-group bundles runs its FFNs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SparseFfn {
+    pub select: Select,
+    /// Choose once per sequence of a forward pass (the union of its rows' activity:
+    /// CoreInfer-style prefill) instead of per row.
+    pub per_sequence: bool,
+    /// Chosen as `auto` (shown as such).
+    pub auto: bool,
+}
+
+impl Default for SparseFfn {
+    fn default() -> Self {
+        SparseFfn { select: Select::Off, per_sequence: false, auto: false }
+    }
+}
+
+impl SparseFfn {
+    /// `off`, `auto`, `topk=F` or `threshold=T`, then optionally `,per=token|sequence`.
+    pub fn parse(s: &str) -> Result<SparseFfn, String> {
+        let mut parts = s.split(',').map(str::trim);
+        let head = parts.next().unwrap_or_default();
+        let num = |v: &str, what: &str| {
+            v.trim().parse::<f32>().map_err(|_| format!("`{s}`: {what} takes a number, found `{v}`"))
+        };
+        let mut out = SparseFfn::default();
+        match head.split_once('=') {
+            None if head == "off" => {}
+            None if head == "auto" => out = SparseFfn { select: Select::TopK(AUTO_TOPK), auto: true, ..out },
+            Some(("topk", v)) => match num(v, "topk")? {
+                f if f > 0.0 && f <= 1.0 => out.select = Select::TopK(f),
+                f => return Err(format!("`{s}`: topk is a fraction of the neuron groups in (0, 1], found {f}")),
+            },
+            Some(("threshold", v)) => match num(v, "threshold")? {
+                t if t >= 0.0 && t.is_finite() => out.select = Select::Threshold(t),
+                t => return Err(format!("`{s}`: threshold is a mean activation of at least 0, found {t}")),
+            },
+            _ => return Err(format!("`{s}`: expected off, auto, topk=F or threshold=T")),
+        }
+        for part in parts {
+            match part {
+                "per=token" => out.per_sequence = false,
+                "per=sequence" => out.per_sequence = true,
+                _ => return Err(format!("`{s}`: after the setting only `per=token` or `per=sequence` may follow")),
+            }
+        }
+        if out.select == Select::Off && out.per_sequence {
+            return Err(format!("`{s}`: `off` chooses nothing per sequence"));
+        }
+        Ok(out)
+    }
+
+    pub fn is_off(&self) -> bool {
+        self.select == Select::Off
+    }
+}
+
+impl std::str::FromStr for SparseFfn {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        SparseFfn::parse(s)
+    }
+}
+
+impl fmt::Display for SparseFfn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.select {
+            Select::Off => return f.write_str("off"),
+            _ if self.auto => f.write_str("auto")?,
+            Select::TopK(k) => write!(f, "topk={k}")?,
+            Select::Threshold(t) => write!(f, "threshold={t}")?,
+        }
+        if self.per_sequence {
+            f.write_str(",per=sequence")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a model cannot be stored or run with a sparse FFN, or `None` when it can: a
+/// dense gated FFN with SiLU (SwiGLU) and separate gate and up projections.
+pub fn unsupported(c: &ModelConfig) -> Option<String> {
+    use super::spec::Role;
+    let spec = c.spec();
+    let arch = spec.hf_type;
+    if c.layers.iter().any(|l| l.ffn == Ffn::Moe) {
+        return Some(format!("`{arch}` has mixture-of-experts FFNs; a sparse FFN needs a dense SwiGLU block"));
+    }
+    if spec.activation != Activation::Silu {
+        return Some(format!("`{arch}` does not use a SwiGLU FFN (its activation is {:?})", spec.activation));
+    }
+    if spec.tensor(Role::Gate).is_none() || spec.tensor(Role::Up).is_none() {
+        return Some(format!("`{arch}` stores gate and up fused; a sparse FFN needs them apart"));
+    }
+    None
+}
+
+/// Bytes of a neuron-group bundle `strata convert --sparse-ffn` aims at: the smallest
+/// read that reaches 90% of this disk's random-read throughput (docs/formats.md,
+/// "Sparse FFN bundles").
+pub const BUNDLE_BYTES: u64 = 128 << 10;
+
+/// The group size whose bundle (`bytes_per_neuron` each: a neuron's row of `up` and
+/// column of `down`, as stored) is nearest `target` bytes, among the sizes that divide
+/// the FFN width and are whole blocks of `down` (`block` columns). `None` when no size
+/// does.
+pub fn group_for(width: usize, bytes_per_neuron: usize, block: usize, target: u64) -> Option<usize> {
+    (1..=width)
+        .filter(|g| width.is_multiple_of(*g) && g.is_multiple_of(block.max(1)))
+        .min_by_key(|&g| ((g * bytes_per_neuron) as i64 - target as i64).unsigned_abs())
+}
+
+/// A dense layer's FFN as neuron-group bundles: `up` `(width, hidden)` and `down`
+/// `(hidden, width)` → per group `g`, `up` rows and `down` columns `g·group..(g+1)·group`,
+/// under their bundle names ([`crate::format::NEURON_PREFIX`]). The bytes are the
+/// stored blocks, copied (no requantization): `group` must be a multiple of `down`'s
+/// block size and divide `width`.
+pub fn bundle(up: &HostTensor, down: &HostTensor, group: usize) -> Result<Vec<(String, HostTensor)>, String> {
+    let (&[width, hidden], &[h2, w2]) = (&up.shape[..], &down.shape[..]) else {
+        return Err(format!("up {:?} and down {:?} are not matrices", up.shape, down.shape));
+    };
+    let block = down.dtype.block_size();
+    if h2 != hidden || w2 != width {
+        return Err(format!("up {:?} and down {:?} do not fit together", up.shape, down.shape));
+    }
+    if group == 0 || !width.is_multiple_of(group) || !group.is_multiple_of(block) {
+        return Err(format!(
+            "a group of {group} neurons must divide the FFN width {width} and be a multiple of down's block of {block} ({})",
+            down.dtype.name()
+        ));
+    }
+    let down_row = down.byte_len() / hidden;
+    let slice = down_row / (width / group); // one group's share of a down row
+    let mut out = Vec::with_capacity(2 * width / group);
+    for g in 0..width / group {
+        let up_g = up.rows(g * group, group).ok_or_else(|| format!("cannot take rows of {up:?}"))?;
+        let mut bytes = crate::tensor::AlignedBytes::zeroed(hidden * slice);
+        let src = down.bytes();
+        for r in 0..hidden {
+            let from = r * down_row + g * slice;
+            bytes.bytes_mut()[r * slice..(r + 1) * slice].copy_from_slice(&src[from..from + slice]);
+        }
+        let down_g = HostTensor::new(Arc::new(bytes), 0, hidden * slice, down.dtype, vec![hidden, group]);
+        let p = crate::format::NEURON_PREFIX;
+        out.push((format!("{p}{g}.up_proj.weight"), up_g));
+        out.push((format!("{p}{g}.down_proj.weight"), down_g));
+    }
+    Ok(out)
+}
+
+/// One neuron group's weights: its rows of `up` `(group, hidden)` and columns of `down`
+/// `(hidden, group)`.
+pub struct Bundle<B: Backend> {
+    pub up: B::Weight,
+    pub down: B::Weight,
+}
+
+/// What a sparse layer's core holds for its FFN.
+pub struct NeuronWeights<B: Backend> {
+    pub gate: B::Weight, // (width, hidden)
+    pub group: usize,
+    /// Every group, when the layer is loaded whole; `None` when they come from the
+    /// neuron-group cache.
+    pub groups: Option<Vec<Arc<Bundle<B>>>>,
+}
+
+/// What receives each group: its position in the list asked for, and its weights.
+pub type EachGroup<'a, B> = dyn FnMut(usize, &Bundle<B>) -> Result<(), ModelError> + 'a;
+
+/// Where a layer's neuron groups come from.
+pub trait GroupSource<B: Backend> {
+    /// Hands `each` the bundles of `groups` (distinct, ascending) of layer `layer`, in
+    /// that order, each as soon as it is in memory.
+    fn groups(&self, layer: usize, groups: &[usize], each: &mut EachGroup<'_, B>) -> Result<(), ModelError>;
+}
+
+/// Per row, the groups it keeps (ascending), from the gate's pre-activations `gate`
+/// (`(rows, width)`, rows by sequence as `seq_rows` says).
+pub fn choose(gate: &[f32], seq_rows: &[usize], width: usize, group: usize, s: SparseFfn) -> Vec<Vec<u32>> {
+    let n = width / group.max(1);
+    let rows = gate.len() / width.max(1);
+    if s.is_off() {
+        return vec![(0..n as u32).collect(); rows];
+    }
+    // Each row's activity per group: the sum of |silu| over its neurons.
+    let silu = |x: f32| x / (1.0 + (-x).exp());
+    let scores: Vec<Vec<f32>> = gate
+        .chunks_exact(width)
+        .map(|row| row.chunks_exact(group).map(|g| g.iter().map(|&x| silu(x).abs()).sum()).collect())
+        .collect();
+    let keep = |score: &[f32]| -> Vec<u32> {
+        match s.select {
+            Select::Off => (0..n as u32).collect(),
+            Select::Threshold(t) => (0..n as u32).filter(|&g| score[g as usize] >= t * group as f32).collect(),
+            Select::TopK(f) => {
+                let k = ((f as f64 * n as f64).ceil() as usize).clamp(1, n);
+                let mut order: Vec<u32> = (0..n as u32).collect();
+                // Largest first, the lower index on ties (NaN last).
+                order.sort_by(|&a, &b| {
+                    let (x, y) = (score[a as usize], score[b as usize]);
+                    y.partial_cmp(&x).unwrap_or_else(|| x.is_nan().cmp(&y.is_nan())).then(a.cmp(&b))
+                });
+                order.truncate(k);
+                order.sort_unstable();
+                order
+            }
+        }
+    };
+    match s.per_sequence {
+        false => scores.iter().map(|sc| keep(sc)).collect(),
+        true => {
+            let mut out = Vec::with_capacity(rows);
+            let mut at = 0;
+            for &len in seq_rows {
+                let mut total = vec![0f32; n];
+                for sc in &scores[at..at + len] {
+                    total.iter_mut().zip(sc).for_each(|(t, x)| *t += x);
+                }
+                // The threshold applies to the sequence's mean activity.
+                total.iter_mut().for_each(|t| *t /= len.max(1) as f32);
+                let kept = keep(&total);
+                out.extend(std::iter::repeat_n(kept, len));
+                at += len;
+            }
+            out
+        }
+    }
+}
+
+/// One sparse FFN's inputs: `rows` rows of `input` (normed) through layer `layer`.
+pub struct SparseBlock<'a, B: Backend> {
+    pub layer: usize,
+    pub weights: &'a NeuronWeights<B>,
+    pub source: &'a dyn GroupSource<B>,
+    pub input: &'a B::Buf,
+    pub rows: usize,
+    /// Rows per sequence of the batch, in order (see [`Backend::matmul_seqs`]).
+    pub seq_rows: &'a [usize],
+    pub setting: SparseFfn,
+}
+
+/// A sparse FFN's output for `rows` rows of `input` into `out` (`(rows, hidden)`): the
+/// gate in full, then each kept group over the rows that keep it, in group order.
+/// Returns the row-groups kept, of those there were.
+pub fn sparse_forward<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    block: SparseBlock<'_, B>,
+    bufs: &mut MlpBufs<'_, B>,
+    nb: &mut MoeBufs<B>,
+    out: &mut B::Buf,
+) -> Result<(u64, u64), ModelError> {
+    let SparseBlock { layer, weights: w, source, input, rows, seq_rows, setting } = block;
+    let (h, width, group) = (c.hidden_size, c.intermediate_size, w.group);
+    let n = width / group.max(1);
+    if n == 0 || !width.is_multiple_of(group) {
+        return Err(SchedError::Build { layer, msg: format!("groups of {group} in an FFN of {width}") }.into());
+    }
+    be.matmul_seqs(input, seq_rows, &w.gate, bufs.gate)?;
+    let kept = match setting.is_off() {
+        true => vec![(0..n as u32).collect::<Vec<u32>>(); rows],
+        false => choose(&be.download(bufs.gate, rows * width)?, seq_rows, width, group, setting),
+    };
+    let mut by_group: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+    for (row, gs) in kept.iter().enumerate() {
+        for &g in gs {
+            by_group.entry(g as usize).or_default().push(row as u32);
+        }
+    }
+    let wanted: Vec<usize> = by_group.keys().copied().collect();
+    let row_lists: Vec<&Vec<u32>> = by_group.values().collect();
+    let seq_of: Vec<usize> = seq_rows.iter().enumerate().flat_map(|(s, &k)| std::iter::repeat_n(s, k)).collect();
+    let act = c.spec().activation;
+    be.unary(out, rows * h, crate::backend::Unary::Scale(0.0))?;
+    let mut run = |i: usize, b: &Bundle<B>| -> Result<(), ModelError> {
+        let rows_of = row_lists[i];
+        let g = wanted[i];
+        let whole = rows_of.len() == rows;
+        let x = match whole {
+            true => input,
+            false => {
+                be.copy_rows(input, Rows::List(rows_of), h, &mut nb.xe, 0)?;
+                &nb.xe
+            }
+        };
+        let per_seq = super::moe::runs_by_sequence(rows_of, &seq_of);
+        be.matmul_seqs(x, &per_seq, &b.up, bufs.up)?;
+        // The gate's pre-activations of this group, row by row: viewed as rows of
+        // `group` values, row r's group g is row `r * n + g`.
+        let at: Vec<u32> = rows_of.iter().map(|&r| r * n as u32 + g as u32).collect();
+        be.copy_rows(bufs.gate, Rows::List(&at), group, &mut nb.logits, 0)?;
+        be.glu(&mut nb.logits, bufs.up, rows_of.len() * group, act)?;
+        be.matmul_seqs(&nb.logits, &per_seq, &b.down, &mut nb.ye)?;
+        let dst = if whole { Rows::first(rows) } else { Rows::List(rows_of) };
+        Ok(be.add_rows(out, &nb.ye, h, dst, None)?)
+    };
+    match &w.groups {
+        Some(all) => wanted.iter().enumerate().try_for_each(|(i, &g)| run(i, &all[g]))?,
+        None => source.groups(layer, &wanted, &mut run)?,
+    }
+    let kept_total: u64 = kept.iter().map(|k| k.len() as u64).sum();
+    Ok((kept_total, (rows * n) as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_parse_and_bad_ones_say_why() {
+        assert_eq!(SparseFfn::parse("off").unwrap(), SparseFfn::default());
+        let t = SparseFfn::parse("topk=0.5").unwrap();
+        assert_eq!((t.select, t.per_sequence, t.to_string()), (Select::TopK(0.5), false, "topk=0.5".into()));
+        let a = SparseFfn::parse("auto").unwrap();
+        assert_eq!((a.select, a.to_string()), (Select::TopK(AUTO_TOPK), "auto".into()));
+        let s = SparseFfn::parse("threshold=0.05,per=sequence").unwrap();
+        assert_eq!((s.select, s.per_sequence), (Select::Threshold(0.05), true));
+        assert_eq!(s.to_string(), "threshold=0.05,per=sequence");
+        for bad in ["topk=0", "topk=1.5", "topk=-1", "topk=x", "threshold=-0.1", "threshold=inf", "dense", "off,per=sequence", "topk=0.5,per=layer"] {
+            assert!(SparseFfn::parse(bad).is_err(), "{bad} was accepted");
+        }
+        assert!(SparseFfn::parse("topk=1.5").unwrap_err().contains("(0, 1]"));
+        assert!(SparseFfn::parse("threshold=-1").unwrap_err().contains("at least 0"));
+    }
+
+    #[test]
+    fn rows_keep_the_most_active_groups() {
+        // 2 rows, 4 groups of 2: row 0 most active in groups 2 then 0; row 1 in 3 then 1.
+        let gate = [1.0, 1.0, 0.0, 0.0, 3.0, 3.0, -5.0, 0.0, /* row 1 */ 0.0, 0.0, 2.0, 2.0, 0.0, 0.0, 4.0, 4.0];
+        let s = |x: &str| SparseFfn::parse(x).unwrap();
+        assert_eq!(choose(&gate, &[2], 8, 2, s("topk=0.5")), [vec![0, 2], vec![1, 3]]);
+        assert_eq!(choose(&gate, &[2], 8, 2, s("topk=0.1")), [vec![2], vec![3]]);
+        assert_eq!(choose(&gate, &[2], 8, 2, s("topk=1")), [vec![0, 1, 2, 3], vec![0, 1, 2, 3]]);
+        // Per sequence: one choice for both rows, from their summed activity.
+        assert_eq!(choose(&gate, &[2], 8, 2, s("topk=0.5,per=sequence")), [vec![2, 3], vec![2, 3]]);
+        // Two sequences of one row each choose apart.
+        assert_eq!(choose(&gate, &[1, 1], 8, 2, s("topk=0.25,per=sequence")), [vec![2], vec![3]]);
+        // A threshold on the mean |silu| of the group's neurons: silu(1) = 0.731.
+        assert_eq!(choose(&gate, &[2], 8, 2, s("threshold=0.7")), [vec![0, 2], vec![1, 3]]);
+        assert_eq!(choose(&gate, &[2], 8, 2, s("threshold=100")), [Vec::<u32>::new(), vec![]]);
+    }
+
+    #[test]
+    fn bundles_are_the_stored_rows_and_column_blocks() {
+        use crate::tensor::DType;
+        let (width, hidden) = (64, 32);
+        let up: Vec<f32> = (0..width * hidden).map(|k| (k % 13) as f32 - 6.0).collect();
+        let down: Vec<f32> = (0..hidden * width).map(|k| (k % 7) as f32 * 0.5).collect();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let q = |x: &[f32], r: usize, c: usize| {
+            let b = crate::quant::quantize_matrix(&pool, DType::Q8_0, x, r, c).unwrap();
+            let len = crate::tensor::ByteSource::bytes(&b).len();
+            HostTensor::new(Arc::new(b), 0, len, DType::Q8_0, vec![r, c])
+        };
+        let (up_t, down_t) = (q(&up, width, hidden), q(&down, hidden, width));
+        assert!(bundle(&up_t, &down_t, 16).unwrap_err().contains("block of 32"));
+        let b = bundle(&up_t, &down_t, 32).unwrap();
+        assert_eq!(b.len(), 4);
+        let (up_full, down_full) = (up_t.to_f32_vec(), down_t.to_f32_vec());
+        for g in 0..2 {
+            let (u, d) = (b[2 * g].1.to_f32_vec(), b[2 * g + 1].1.to_f32_vec());
+            assert_eq!(b[2 * g].0, format!("mlp.neurons.{g}.up_proj.weight"));
+            assert_eq!(u[..], up_full[g * 32 * hidden..(g + 1) * 32 * hidden]);
+            for r in 0..hidden {
+                assert_eq!(d[r * 32..(r + 1) * 32], down_full[r * width + g * 32..r * width + (g + 1) * 32]);
+            }
+        }
+        let per_neuron = (up_t.byte_len() + down_t.byte_len()) / width;
+        assert_eq!(group_for(width, per_neuron, 32, 1 << 20), Some(64));
+        assert_eq!(group_for(width, per_neuron, 32, 0), Some(32));
+        assert_eq!(group_for(width, per_neuron, 256, 0), None);
+    }
+
+    /// A random matrix of `dtype`, and the f32 values its blocks stand for.
+    fn random(rows: usize, cols: usize, dtype: crate::tensor::DType, seed: u64) -> HostTensor {
+        let mut state = seed;
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+            })
+            .collect();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let b = crate::quant::quantize_matrix(&pool, dtype, &x, rows, cols).unwrap();
+        let len = crate::tensor::ByteSource::bytes(&b).len();
+        HostTensor::new(Arc::new(b), 0, len, dtype, vec![rows, cols])
+    }
+
+    struct Groups(Vec<Arc<Bundle<crate::backend::cpu::CpuBackend>>>);
+    impl GroupSource<crate::backend::cpu::CpuBackend> for Groups {
+        fn groups(
+            &self,
+            _: usize,
+            groups: &[usize],
+            each: &mut EachGroup<'_, crate::backend::cpu::CpuBackend>,
+        ) -> Result<(), ModelError> {
+            groups.iter().enumerate().try_for_each(|(i, &g)| each(i, &self.0[g]))
+        }
+    }
+
+    /// The sparse FFN over the groups each row keeps equals the dense MLP whose gate, up
+    /// and down are cut down to those groups' neurons (each row alone), and with every
+    /// group it equals the dense MLP.
+    #[test]
+    fn the_sparse_ffn_is_the_dense_one_restricted_to_the_kept_groups() {
+        use crate::backend::cpu::CpuBackend;
+        use crate::tensor::DType;
+        let (h, width, group, rows) = (64, 256, 64, 3);
+        let json = format!(
+            r#"{{"model_type":"llama","hidden_size":{h},"intermediate_size":{width},"num_hidden_layers":1,
+               "num_attention_heads":2,"vocab_size":8}}"#
+        );
+        let mut c = ModelConfig::from_json(&json).unwrap();
+        c.neuron_group = Some(group);
+        let be = CpuBackend::new(2);
+        for dtype in [DType::Q8_0, DType::Q4_0, DType::F32] {
+            let (gate, up, down) = (random(width, h, dtype, 1), random(width, h, dtype, 2), random(h, width, dtype, 3));
+            let bundles = bundle(&up, &down, group).unwrap();
+            let groups: Vec<_> =
+                bundles.chunks(2).map(|b| Arc::new(Bundle { up: b[0].1.clone(), down: b[1].1.clone() })).collect();
+            let x: Vec<f32> = random(rows, h, DType::F32, 4).to_f32_vec();
+            let w = NeuronWeights { gate: gate.clone(), group, groups: None };
+            for setting in ["topk=0.5", "topk=0.25,per=sequence", "off"] {
+                let setting = SparseFfn::parse(setting).unwrap();
+                let (mut g_buf, mut u_buf, mut out) = (vec![0f32; rows * width], vec![0f32; rows * width], vec![0f32; rows * h]);
+                let mut nb = MoeBufs::new(&be, &c, rows).unwrap().unwrap();
+                let block = SparseBlock { layer: 0, weights: &w, source: &Groups(groups.clone()), input: &x, rows, seq_rows: &[rows], setting };
+                let mut bufs = MlpBufs { gate: &mut g_buf, up: &mut u_buf };
+                let (kept, total) = sparse_forward(&be, &c, block, &mut bufs, &mut nb, &mut out).unwrap();
+                assert_eq!(total, (rows * width / group) as u64);
+                // The groups kept, as `choose` picks them from the gate.
+                let mut pre = vec![0f32; rows * width];
+                be.matmul(&x, rows, &gate, &mut pre).unwrap();
+                let chosen = choose(&pre, &[rows], width, group, setting);
+                assert_eq!(kept, chosen.iter().map(|k| k.len() as u64).sum::<u64>());
+                for (r, keep) in chosen.iter().enumerate() {
+                    // The dense MLP over this row with only the kept neurons.
+                    let take_rows = |t: &HostTensor| {
+                        let parts: Vec<HostTensor> = keep.iter().map(|&g| t.rows(g as usize * group, group).unwrap()).collect();
+                        let f: Vec<f32> = parts.iter().flat_map(|p| p.to_f32_vec()).collect();
+                        HostTensor::from_f32(&f, vec![keep.len() * group, h])
+                    };
+                    let (gk, uk) = (take_rows(&gate), take_rows(&up));
+                    let full_down = down.to_f32_vec();
+                    let dk: Vec<f32> = (0..h)
+                        .flat_map(|o| {
+                            let row = &full_down[o * width..(o + 1) * width];
+                            keep.iter().flat_map(move |&g| row[g as usize * group..(g as usize + 1) * group].to_vec())
+                        })
+                        .collect();
+                    let dk = HostTensor::from_f32(&dk, vec![h, keep.len() * group]);
+                    let xr = x[r * h..(r + 1) * h].to_vec();
+                    let n = keep.len() * group;
+                    let (mut a, mut b, mut y) = (vec![0f32; n], vec![0f32; n], vec![0f32; h]);
+                    let xq = |w: &HostTensor, x: &[f32], out: &mut Vec<f32>| {
+                        // Quantized weights meet the activation as the kernels do.
+                        let w = if dtype == DType::F32 { w.clone() } else { requant(w, dtype) };
+                        be.matmul(&x.to_vec(), 1, &w, out).unwrap();
+                    };
+                    xq(&gk, &xr, &mut a);
+                    xq(&uk, &xr, &mut b);
+                    be.glu(&mut a, &b, n, Activation::Silu).unwrap();
+                    xq(&dk, &a, &mut y);
+                    let got = &out[r * h..(r + 1) * h];
+                    let err = got.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+                    let scale = y.iter().map(|v| v.abs()).fold(0f32, f32::max);
+                    assert!(err <= 1e-5 * scale.max(1.0), "{dtype:?} {setting}: row {r} off by {err} (of {scale})");
+                }
+            }
+        }
+    }
+
+    /// `t` (whose values are exactly representable in `dtype`'s blocks) back in `dtype`.
+    fn requant(t: &HostTensor, dtype: crate::tensor::DType) -> HostTensor {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let (r, c) = (t.shape[0], t.shape[1]);
+        let b = crate::quant::quantize_matrix(&pool, dtype, &t.to_f32_vec(), r, c).unwrap();
+        let len = crate::tensor::ByteSource::bytes(&b).len();
+        HostTensor::new(Arc::new(b), 0, len, dtype, vec![r, c])
+    }
+}
