@@ -335,6 +335,7 @@ mod worker {
             grammar_param: "grammar",
             template_vars: Default::default(),
             split_reasoning: false,
+            sparse_ffn: None,
         })
     }
 

@@ -66,7 +66,7 @@ fn unquantized_conversions_are_identical_models() {
             let report = convert(
                 ModelSource::from_spec(&fixture(src)).unwrap(),
                 &out,
-                &ConvertOptions { target, quant: None, threads: 2, ndsq: None },
+                &ConvertOptions { target, quant: None, threads: 2, ndsq: None, sparse_ffn: None },
                 &mut |_| groups += 1,
             )
             .unwrap();
@@ -99,7 +99,7 @@ fn quantized_conversions_use_strata_quantizers_and_stay_close() {
             let report = convert(
                 ModelSource::from_spec(&fixture("hf/llama_bf16_256")).unwrap(),
                 &out,
-                &ConvertOptions { target, quant: Some(quant), threads: 2, ndsq: None },
+                &ConvertOptions { target, quant: Some(quant), threads: 2, ndsq: None, sparse_ffn: None },
                 &mut |_| {},
             )
             .unwrap();
@@ -145,7 +145,7 @@ fn existing_outputs_are_refused() {
     let err = convert(
         source,
         &out,
-        &ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: None },
+        &ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: None, sparse_ffn: None },
         &mut |_| {},
     )
     .unwrap_err();
@@ -214,8 +214,13 @@ fn flat_and_cawsf_models_import_into_the_store_and_load_by_name() {
     for (target, name) in [(Target::Flat, "conv/flat:q8"), (Target::Cawsf(Compression::Lz4), "conv/cawsf:q8")] {
         let out = out_path(&s, target);
         let src = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
-        convert(src, &out, &ConvertOptions { target, quant: Some(DType::Q8_0), threads: 2, ndsq: None }, &mut |_| {})
-            .unwrap();
+        convert(
+            src,
+            &out,
+            &ConvertOptions { target, quant: Some(DType::Q8_0), threads: 2, ndsq: None, sparse_ffn: None },
+            &mut |_| {},
+        )
+        .unwrap();
         let imported = store.import(&out, name, false).unwrap();
         assert_eq!(imported.name.to_string(), name);
         let listed = store.list().unwrap();

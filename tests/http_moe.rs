@@ -63,14 +63,7 @@ async fn the_expert_cache_is_shown_in_ps_and_metrics() {
 
     let (_, _, metrics) = send(&app, get("/metrics")).await;
     let metrics = String::from_utf8(metrics).unwrap();
-    let value = |line: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(line))
-            .unwrap_or_else(|| panic!("{line}\n{metrics}"))
-            .parse()
-            .unwrap()
-    };
+    let value = |line: &str| common::metric(&metrics, line);
     let requests = value("strata_expert_requests_total{model=\"moe:latest\"} ");
     assert_eq!(requests, hits + misses);
     assert_eq!(value("strata_expert_hits_total{model=\"moe:latest\"} "), hits);

@@ -37,7 +37,13 @@ fn run(model: &dyn LanguageModel) -> Vec<u32> {
 fn converted(dir: &TempDir, rel: &str, target: Target, name: &str) -> std::path::PathBuf {
     let out = dir.path(name);
     let source = ModelSource::from_spec(&fixture(rel)).unwrap();
-    convert(source, &out, &ConvertOptions { target, quant: None, threads: 2, ndsq: None }, &mut |_| {}).unwrap();
+    convert(
+        source,
+        &out,
+        &ConvertOptions { target, quant: None, threads: 2, ndsq: None, sparse_ffn: None },
+        &mut |_| {},
+    )
+    .unwrap();
     out
 }
 

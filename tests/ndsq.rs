@@ -19,7 +19,8 @@ fn fixture(rel: &str) -> String {
 const PARAMS: NdsqParams = NdsqParams { rank: 4, outlier_q: 0.01, pq_d: 8, pq_m: 4, pq_k: 16 };
 
 fn convert_ndsq(src: &str, out: &std::path::Path, comp: Compression) {
-    let opts = ConvertOptions { target: Target::Cawsf(comp), quant: None, threads: 2, ndsq: Some(PARAMS), sparse_ffn: None };
+    let opts =
+        ConvertOptions { target: Target::Cawsf(comp), quant: None, threads: 2, ndsq: Some(PARAMS), sparse_ffn: None };
     convert(ModelSource::from_spec(src).unwrap(), out, &opts, &mut |_| {}).unwrap();
 }
 
@@ -75,8 +76,13 @@ fn more_bits_bring_the_model_nearer_the_original() {
     let want = logits(&fixture("hf/llama3"));
     let err = |params: NdsqParams, tag: &str| {
         let out = dir.path(tag);
-        let opts =
-            ConvertOptions { target: Target::Cawsf(Compression::None), quant: None, threads: 2, ndsq: Some(params), sparse_ffn: None };
+        let opts = ConvertOptions {
+            target: Target::Cawsf(Compression::None),
+            quant: None,
+            threads: 2,
+            ndsq: Some(params),
+            sparse_ffn: None,
+        };
         convert(ModelSource::from_spec(&fixture("hf/llama3")).unwrap(), &out, &opts, &mut |_| {}).unwrap();
         let got = logits(out.to_str().unwrap());
         assert!(got.iter().all(|x| x.is_finite()));
@@ -125,7 +131,13 @@ fn ndsq_needs_a_cawsf_output_and_sane_settings() {
     let err = format!("{:#}", convert(src(), &dir.path("f"), &flat, &mut |_| {}).unwrap_err());
     assert!(err.contains(".cawsf"), "{err}");
     let bad = NdsqParams { pq_k: 300, ..PARAMS };
-    let opts = ConvertOptions { target: Target::Cawsf(Compression::None), quant: None, threads: 1, ndsq: Some(bad), sparse_ffn: None };
+    let opts = ConvertOptions {
+        target: Target::Cawsf(Compression::None),
+        quant: None,
+        threads: 1,
+        ndsq: Some(bad),
+        sparse_ffn: None,
+    };
     let err = format!("{:#}", convert(src(), &dir.path("c.cawsf"), &opts, &mut |_| {}).unwrap_err());
     assert!(err.contains("--pq-k 300"), "{err}");
     assert!(!dir.path("c.cawsf").exists());

@@ -189,7 +189,7 @@ fn stage(engine: &Arc<Loopback>) -> StageFactory {
 
 fn demo_flat(dir: &TempDir) -> (ModelSource, ModelConfig) {
     let out = dir.path("demo-flat");
-    let opts = ConvertOptions { target: Target::Flat, quant: None, threads: 2, ndsq: None };
+    let opts = ConvertOptions { target: Target::Flat, quant: None, threads: 2, ndsq: None, sparse_ffn: None };
     convert(demo_source().unwrap(), &out, &opts, &mut |_| {}).unwrap();
     let source = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
     let config = ModelConfig::from_json(&source.config_json).unwrap();

@@ -107,6 +107,27 @@ pub struct BenchReport {
     pub plan: SchedSummary,
     /// A mixture-of-experts model's storage traffic during decode.
     pub moe: Option<MoeReport>,
+    /// A sparse FFN's choices and storage traffic during decode (a model converted with
+    /// `--sparse-ffn`).
+    pub sparse_ffn: Option<SparseReport>,
+}
+
+/// How a sparse FFN's decode steps chose and read their neuron groups.
+#[derive(Debug, Serialize)]
+pub struct SparseReport {
+    /// `--sparse-ffn` (`off` computes every group).
+    pub setting: String,
+    /// Neuron groups computed, of all there were (over tokens and layers).
+    pub kept_fraction: f64,
+    /// Bytes per decoded token read for the layer cores (attention, norms, gate) and
+    /// for neuron groups; and the bytes of the groups kept (read or cached).
+    pub core_bytes_per_token: f64,
+    pub group_bytes_per_token: f64,
+    pub kept_group_bytes_per_token: f64,
+    /// Layers and neuron groups read from storage per decoded token (one read each).
+    pub reads_per_token: f64,
+    /// Neuron groups asked for served from the neuron-group cache.
+    pub neuron_cache_hit_rate: f64,
 }
 
 /// How a GPU's decode steps got their streamed layers: from the host tier or storage,
@@ -332,9 +353,11 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         passes.sort_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec));
         Ok(passes[passes.len() / 2])
     };
+    // Probe at the size of the reads that dominate: a layer, or a routed expert. (A
+    // sparse FFN reads both its cores and its smaller groups; the layer size bounds it.)
     let layer_len = match &sched.summary().experts {
-        None => sched.streamable_bytes().div_ceil(sched.n_layers().max(1)),
-        Some(e) => (e.expert_bytes / (e.experts_per_layer * e.moe_layers).max(1) as u64) as usize,
+        Some(e) if e.unit == "expert" => (e.expert_bytes / (e.experts_per_layer * e.moe_layers).max(1) as u64) as usize,
+        _ => sched.streamable_bytes().div_ceil(sched.n_layers().max(1)),
     };
     // The device's limit is its best at one read in flight or at several (NVMe and
     // virtio serve requests in parallel; the streamers keep 2 to 4 in flight).
@@ -377,7 +400,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         launches_per_token.zip(launch_latency_s).map(|(n, lat)| n * lat / (decode_secs / tokens).max(1e-12));
     let peak_rss = peak_rss_bytes(); // before the bandwidth probe allocates its 1 GiB
     let summary = sched.summary(); // now, with the runs' hits and misses
-    let moe = summary.experts.as_ref().map(|_| {
+    let moe = summary.experts.as_ref().filter(|e| e.unit == "expert").map(|_| {
         let (read, routed) = (window.expert_bytes_read as f64 / tokens, window.expert_routed_bytes as f64 / tokens);
         let core = (window.bytes_read - window.expert_bytes_read) as f64 / tokens;
         MoeReport {
@@ -392,7 +415,22 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 .then(|| window.expert_guess_right as f64 / window.expert_guess_total as f64),
         }
     });
-    // A MoE step touches its cores and its routed experts, not every expert.
+    let sparse_ffn = summary.experts.as_ref().filter(|e| e.unit == "neuron_group").map(|_| {
+        let read = window.expert_bytes_read as f64 / tokens;
+        SparseReport {
+            setting: engine.sparse_ffn.to_string(),
+            kept_fraction: window.neuron_groups_kept as f64 / window.neuron_groups_total.max(1) as f64,
+            core_bytes_per_token: (window.bytes_read - window.expert_bytes_read) as f64 / tokens,
+            group_bytes_per_token: read,
+            kept_group_bytes_per_token: window.expert_routed_bytes as f64 / tokens,
+            reads_per_token: ((window.layer_requests - window.layer_hits)
+                + (window.expert_requests - window.expert_hits)) as f64
+                / tokens,
+            neuron_cache_hit_rate: window.expert_hits as f64 / window.expert_requests.max(1) as f64,
+        }
+    });
+    // A MoE step touches its cores and its routed experts, not every expert (a sparse
+    // FFN, its cores and the groups kept).
     let weight_bytes_per_token = match &summary.experts {
         None => sched.streamable_bytes() + model.lm_head_bytes(),
         Some(e) => {
@@ -494,6 +532,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         upload,
         plan: summary,
         moe,
+        sparse_ffn,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -554,6 +593,18 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 m.expert_bytes_per_token / 1048576.0,
                 m.routed_limit_bytes_per_token / 1048576.0,
                 100.0 * m.fraction_of_routed_limit
+            );
+        }
+        if let Some(s) = &report.sparse_ffn {
+            println!(
+                "sparse FFN {}: kept {:.2} of the neuron groups; per token {:.1} MiB cores + {:.1} MiB groups read ({:.1} MiB kept), {:.0} reads, neuron-cache hit rate {:.2}",
+                s.setting,
+                s.kept_fraction,
+                s.core_bytes_per_token / 1048576.0,
+                s.group_bytes_per_token / 1048576.0,
+                s.kept_group_bytes_per_token / 1048576.0,
+                s.reads_per_token,
+                s.neuron_cache_hit_rate
             );
         }
         if let (Some(bw), Some(roof)) = (report.storage_bandwidth_bytes_s, report.storage_roofline_tok_s) {

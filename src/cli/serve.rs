@@ -238,6 +238,7 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
             allowed_origins: clean_list(&args.allow_origins),
             body_limit: args.body_limit as usize,
             store: Some(strata_home()),
+            sparse_ffn: args.run.sparse_ffn,
             ..ServerConfig::default()
         },
         queue_depth: args.queue_depth,

@@ -46,11 +46,12 @@ pub struct ConvertOptions {
 /// [`sparse::BUNDLE_BYTES`] as the tensors will be stored (after `quant`).
 fn sparse_group(src: &ModelSource, asked: usize, quant: Option<DType>) -> anyhow::Result<usize> {
     let c = &src.config;
+    let refuse = |why: String| Err(sparse::Refused(format!("--sparse-ffn: {why}")).into());
     if let Some(why) = sparse::unsupported(c) {
-        anyhow::bail!("--sparse-ffn: {why}");
+        return refuse(why);
     }
     if c.neuron_group.is_some() {
-        anyhow::bail!("--sparse-ffn: `{}` is already stored with neuron-group bundles", src.name);
+        return refuse(format!("`{}` is already stored with neuron-group bundles", src.name));
     }
     let (width, hidden) = (c.intermediate_size, c.hidden_size);
     let stored = |name: String| -> anyhow::Result<DType> {
@@ -67,13 +68,15 @@ fn sparse_group(src: &ModelSource, asked: usize, quant: Option<DType>) -> anyhow
     }
     let fits = |g: usize| g > 0 && width.is_multiple_of(g) && g.is_multiple_of(block);
     match asked {
-        0 => sparse::group_for(width, per_neuron, block, sparse::BUNDLE_BYTES).with_context(|| {
-            format!("--sparse-ffn: no group of whole {block}-column blocks of down divides the FFN width {width}")
-        }),
+        0 => match sparse::group_for(width, per_neuron, block, sparse::BUNDLE_BYTES) {
+            Some(g) => Ok(g),
+            None => refuse(format!("no group of whole {block}-column blocks of down divides the FFN width {width}")),
+        },
         g if fits(g) => Ok(g),
-        g => anyhow::bail!(
+        g => Err(sparse::Refused(format!(
             "--sparse-group {g}: a group must divide the FFN width {width} and be a multiple of {block} (down's block)"
-        ),
+        ))
+        .into()),
     }
 }
 
@@ -231,7 +234,8 @@ pub fn convert(
         None => None,
     };
     if group.is_some() && opts.ndsq.is_some() {
-        anyhow::bail!("--sparse-ffn and --ndsq do not combine (NDSQ decomposes the whole up and down)");
+        let why = "--sparse-ffn and --ndsq do not combine (NDSQ decomposes the whole up and down)";
+        return Err(sparse::Refused(why.into()).into());
     }
     let meta = meta_of(&src);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(opts.threads).build().context("building a thread pool")?;
@@ -517,7 +521,13 @@ pub(super) mod tests {
             let out = dir.join("m");
             let src = ModelSource::from_spec(&spec).unwrap();
             let experts = src.config.moe.as_ref().map_or(0, |m| m.n_experts);
-            let opts = ConvertOptions { target: Target::Flat, quant: Some(DType::Q8_0), threads: 2, ndsq: None, sparse_ffn: None };
+            let opts = ConvertOptions {
+                target: Target::Flat,
+                quant: Some(DType::Q8_0),
+                threads: 2,
+                ndsq: None,
+                sparse_ffn: None,
+            };
             convert(ModelSource::from_spec(&spec).unwrap(), &out, &opts, &mut |_| {}).unwrap();
             let copy = flat::open(&out).unwrap();
             for layer in 0..src.config.n_layers {

@@ -98,6 +98,9 @@ pub struct KvCache {
     /// The first `rows` positions ran as whole prompt chunks of `chunk` tokens from
     /// position 0, as any fresh prompt that starts with them runs them.
     grid: Grid,
+    /// This sequence's `--sparse-ffn` setting (a request's `sparse_ffn`); `None`: the
+    /// model's.
+    pub sparse_ffn: Option<SparseFfn>,
 }
 
 /// A linear-attention state in a buffer of the model's backend, saved and put back
@@ -815,6 +818,7 @@ impl<B: Backend> DecoderModel<B> {
             allocated: 0,
             position_bytes,
             grid: Grid::default(),
+            sparse_ffn: None,
         })
     }
 
@@ -1063,6 +1067,9 @@ impl<B: Backend> DecoderModel<B> {
         let rows = ids.len();
         // Rows per sequence: a sequence's results do not depend on what shares the batch.
         let seq_rows: Vec<usize> = batch.iter().map(|s| s.tokens.len()).filter(|&n| n > 0).collect();
+        // Each sequence's sparse FFN setting, likewise.
+        let sparse: Vec<SparseFfn> =
+            batch.iter().filter(|s| !s.tokens.is_empty()).map(|s| s.cache.sparse_ffn.unwrap_or(self.sparse)).collect();
         // Recency in the expert cache is counted in forward passes.
         if let Some(experts) = &self.experts {
             experts.step();
@@ -1203,11 +1210,18 @@ impl<B: Backend> DecoderModel<B> {
                     }
                 }
                 FfnWeights::Neurons(nw) => {
-                    let nb = moe_bufs
-                        .as_mut()
-                        .ok_or(ModelError::Sched(SchedError::Build { layer: l, msg: "no sparse FFN buffers".into() }))?;
-                    let setting = self.sparse;
-                    let block = SparseBlock { layer: l, weights: nw, source: self, input, rows, seq_rows: &seq_rows, setting };
+                    let nb = moe_bufs.as_mut().ok_or(ModelError::Sched(SchedError::Build {
+                        layer: l,
+                        msg: "no sparse FFN buffers".into(),
+                    }))?;
+                    let block = SparseBlock {
+                        layer: l,
+                        weights: nw,
+                        source: self,
+                        input,
+                        seq_rows: &seq_rows,
+                        settings: &sparse,
+                    };
                     let (kept, total) = sparse::sparse_forward(be, c, block, &mut bufs, nb, proj)?;
                     let stats = self.layers.stats();
                     stats.neuron_groups_kept.fetch_add(kept, std::sync::atomic::Ordering::Relaxed);

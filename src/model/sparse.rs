@@ -21,7 +21,7 @@ use crate::tensor::HostTensor;
 
 /// The fraction of groups `auto` keeps: the sparsest `topk` whose perplexity on
 /// SmolLM2-135M-Instruct rises by at most 2% (docs/benchmarks.md, "Sparse FFN").
-pub const AUTO_TOPK: f32 = 0.8;
+pub const AUTO_TOPK: f64 = 0.8;
 
 /// Which neuron groups a row keeps.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -29,9 +29,9 @@ pub enum Select {
     /// Every group (the dense result, computed group by group).
     Off,
     /// The `⌈F · groups⌉` groups with the largest gate activity, `F` in (0, 1].
-    TopK(f32),
+    TopK(f64),
     /// The groups whose mean `|act(gate)|` over their neurons is at least `T ≥ 0`.
-    Threshold(f32),
+    Threshold(f64),
 }
 
 /// `--sparse-ffn`: how a model stored with neuron-group bundles runs its FFNs.
@@ -57,7 +57,7 @@ impl SparseFfn {
         let mut parts = s.split(',').map(str::trim);
         let head = parts.next().unwrap_or_default();
         let num = |v: &str, what: &str| {
-            v.trim().parse::<f32>().map_err(|_| format!("`{s}`: {what} takes a number, found `{v}`"))
+            v.trim().parse::<f64>().map_err(|_| format!("`{s}`: {what} takes a number, found `{v}`"))
         };
         let mut out = SparseFfn::default();
         match head.split_once('=') {
@@ -110,6 +110,22 @@ impl fmt::Display for SparseFfn {
             f.write_str(",per=sequence")?;
         }
         Ok(())
+    }
+}
+
+/// A `--sparse-ffn` asked of a model that cannot have it (the CLI exits with 2, as for a
+/// bad argument).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+impl Refused {
+    /// Whether `e`, or what caused it, is a refused `--sparse-ffn`.
+    pub fn in_chain(e: &anyhow::Error) -> bool {
+        e.chain().any(|c| {
+            c.downcast_ref::<Refused>().is_some()
+                || matches!(c.downcast_ref::<ModelError>(), Some(ModelError::Sparse { .. }))
+        })
     }
 }
 
@@ -211,8 +227,20 @@ pub trait GroupSource<B: Backend> {
 }
 
 /// Per row, the groups it keeps (ascending), from the gate's pre-activations `gate`
-/// (`(rows, width)`, rows by sequence as `seq_rows` says).
-pub fn choose(gate: &[f32], seq_rows: &[usize], width: usize, group: usize, s: SparseFfn) -> Vec<Vec<u32>> {
+/// (`(rows, width)`, rows by sequence as `seq_rows` says, each sequence with its own
+/// setting).
+pub fn choose(gate: &[f32], seq_rows: &[usize], width: usize, group: usize, settings: &[SparseFfn]) -> Vec<Vec<u32>> {
+    let mut out = Vec::with_capacity(gate.len() / width.max(1));
+    let mut at = 0;
+    for (&len, &s) in seq_rows.iter().zip(settings) {
+        out.extend(choose_one(&gate[at * width..(at + len) * width], width, group, s));
+        at += len;
+    }
+    out
+}
+
+/// [`choose`] for the rows of one sequence.
+fn choose_one(gate: &[f32], width: usize, group: usize, s: SparseFfn) -> Vec<Vec<u32>> {
     let n = width / group.max(1);
     let rows = gate.len() / width.max(1);
     if s.is_off() {
@@ -227,9 +255,10 @@ pub fn choose(gate: &[f32], seq_rows: &[usize], width: usize, group: usize, s: S
     let keep = |score: &[f32]| -> Vec<u32> {
         match s.select {
             Select::Off => (0..n as u32).collect(),
-            Select::Threshold(t) => (0..n as u32).filter(|&g| score[g as usize] >= t * group as f32).collect(),
+            Select::Threshold(t) => (0..n as u32).filter(|&g| score[g as usize] as f64 >= t * group as f64).collect(),
             Select::TopK(f) => {
-                let k = ((f as f64 * n as f64).ceil() as usize).clamp(1, n);
+                // ⌈F·n⌉, not fooled by F's rounding (0.6 · 5 is 3.0000000000000004).
+                let k = ((f * n as f64 - 1e-9).ceil() as usize).clamp(1, n);
                 let mut order: Vec<u32> = (0..n as u32).collect();
                 // Largest first, the lower index on ties (NaN last).
                 order.sort_by(|&a, &b| {
@@ -245,20 +274,13 @@ pub fn choose(gate: &[f32], seq_rows: &[usize], width: usize, group: usize, s: S
     match s.per_sequence {
         false => scores.iter().map(|sc| keep(sc)).collect(),
         true => {
-            let mut out = Vec::with_capacity(rows);
-            let mut at = 0;
-            for &len in seq_rows {
-                let mut total = vec![0f32; n];
-                for sc in &scores[at..at + len] {
-                    total.iter_mut().zip(sc).for_each(|(t, x)| *t += x);
-                }
-                // The threshold applies to the sequence's mean activity.
-                total.iter_mut().for_each(|t| *t /= len.max(1) as f32);
-                let kept = keep(&total);
-                out.extend(std::iter::repeat_n(kept, len));
-                at += len;
+            let mut total = vec![0f32; n];
+            for sc in &scores {
+                total.iter_mut().zip(sc).for_each(|(t, x)| *t += x);
             }
-            out
+            // The threshold applies to the sequence's mean activity.
+            total.iter_mut().for_each(|t| *t /= rows.max(1) as f32);
+            vec![keep(&total); rows]
         }
     }
 }
@@ -269,10 +291,10 @@ pub struct SparseBlock<'a, B: Backend> {
     pub weights: &'a NeuronWeights<B>,
     pub source: &'a dyn GroupSource<B>,
     pub input: &'a B::Buf,
-    pub rows: usize,
     /// Rows per sequence of the batch, in order (see [`Backend::matmul_seqs`]).
     pub seq_rows: &'a [usize],
-    pub setting: SparseFfn,
+    /// Each sequence's setting.
+    pub settings: &'a [SparseFfn],
 }
 
 /// A sparse FFN's output for `rows` rows of `input` into `out` (`(rows, hidden)`): the
@@ -286,16 +308,17 @@ pub fn sparse_forward<B: Backend>(
     nb: &mut MoeBufs<B>,
     out: &mut B::Buf,
 ) -> Result<(u64, u64), ModelError> {
-    let SparseBlock { layer, weights: w, source, input, rows, seq_rows, setting } = block;
+    let SparseBlock { layer, weights: w, source, input, seq_rows, settings } = block;
+    let rows: usize = seq_rows.iter().sum();
     let (h, width, group) = (c.hidden_size, c.intermediate_size, w.group);
     let n = width / group.max(1);
     if n == 0 || !width.is_multiple_of(group) {
         return Err(SchedError::Build { layer, msg: format!("groups of {group} in an FFN of {width}") }.into());
     }
     be.matmul_seqs(input, seq_rows, &w.gate, bufs.gate)?;
-    let kept = match setting.is_off() {
+    let kept = match settings.iter().all(SparseFfn::is_off) {
         true => vec![(0..n as u32).collect::<Vec<u32>>(); rows],
-        false => choose(&be.download(bufs.gate, rows * width)?, seq_rows, width, group, setting),
+        false => choose(&be.download(bufs.gate, rows * width)?, seq_rows, width, group, settings),
     };
     let mut by_group: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
     for (row, gs) in kept.iter().enumerate() {
@@ -352,7 +375,17 @@ mod tests {
         let s = SparseFfn::parse("threshold=0.05,per=sequence").unwrap();
         assert_eq!((s.select, s.per_sequence), (Select::Threshold(0.05), true));
         assert_eq!(s.to_string(), "threshold=0.05,per=sequence");
-        for bad in ["topk=0", "topk=1.5", "topk=-1", "topk=x", "threshold=-0.1", "threshold=inf", "dense", "off,per=sequence", "topk=0.5,per=layer"] {
+        for bad in [
+            "topk=0",
+            "topk=1.5",
+            "topk=-1",
+            "topk=x",
+            "threshold=-0.1",
+            "threshold=inf",
+            "dense",
+            "off,per=sequence",
+            "topk=0.5,per=layer",
+        ] {
             assert!(SparseFfn::parse(bad).is_err(), "{bad} was accepted");
         }
         assert!(SparseFfn::parse("topk=1.5").unwrap_err().contains("(0, 1]"));
@@ -364,16 +397,18 @@ mod tests {
         // 2 rows, 4 groups of 2: row 0 most active in groups 2 then 0; row 1 in 3 then 1.
         let gate = [1.0, 1.0, 0.0, 0.0, 3.0, 3.0, -5.0, 0.0, /* row 1 */ 0.0, 0.0, 2.0, 2.0, 0.0, 0.0, 4.0, 4.0];
         let s = |x: &str| SparseFfn::parse(x).unwrap();
-        assert_eq!(choose(&gate, &[2], 8, 2, s("topk=0.5")), [vec![0, 2], vec![1, 3]]);
-        assert_eq!(choose(&gate, &[2], 8, 2, s("topk=0.1")), [vec![2], vec![3]]);
-        assert_eq!(choose(&gate, &[2], 8, 2, s("topk=1")), [vec![0, 1, 2, 3], vec![0, 1, 2, 3]]);
+        let one = |x: &str| choose(&gate, &[2], 8, 2, &[s(x)]);
+        assert_eq!(one("topk=0.5"), [vec![0, 2], vec![1, 3]]);
+        assert_eq!(one("topk=0.1"), [vec![2], vec![3]]);
+        assert_eq!(one("topk=1"), [vec![0, 1, 2, 3], vec![0, 1, 2, 3]]);
         // Per sequence: one choice for both rows, from their summed activity.
-        assert_eq!(choose(&gate, &[2], 8, 2, s("topk=0.5,per=sequence")), [vec![2, 3], vec![2, 3]]);
-        // Two sequences of one row each choose apart.
-        assert_eq!(choose(&gate, &[1, 1], 8, 2, s("topk=0.25,per=sequence")), [vec![2], vec![3]]);
+        assert_eq!(one("topk=0.5,per=sequence"), [vec![2, 3], vec![2, 3]]);
+        // Two sequences of one row each choose apart, each by its own setting.
+        assert_eq!(choose(&gate, &[1, 1], 8, 2, &[s("topk=0.25,per=sequence"); 2]), [vec![2], vec![3]]);
+        assert_eq!(choose(&gate, &[1, 1], 8, 2, &[s("off"), s("topk=0.25")]), [vec![0, 1, 2, 3], vec![3]]);
         // A threshold on the mean |silu| of the group's neurons: silu(1) = 0.731.
-        assert_eq!(choose(&gate, &[2], 8, 2, s("threshold=0.7")), [vec![0, 2], vec![1, 3]]);
-        assert_eq!(choose(&gate, &[2], 8, 2, s("threshold=100")), [Vec::<u32>::new(), vec![]]);
+        assert_eq!(one("threshold=0.7"), [vec![0, 2], vec![1, 3]]);
+        assert_eq!(one("threshold=100"), [Vec::<u32>::new(), vec![]]);
     }
 
     #[test]
@@ -458,21 +493,32 @@ mod tests {
             let w = NeuronWeights { gate: gate.clone(), group, groups: None };
             for setting in ["topk=0.5", "topk=0.25,per=sequence", "off"] {
                 let setting = SparseFfn::parse(setting).unwrap();
-                let (mut g_buf, mut u_buf, mut out) = (vec![0f32; rows * width], vec![0f32; rows * width], vec![0f32; rows * h]);
+                let (mut g_buf, mut u_buf, mut out) =
+                    (vec![0f32; rows * width], vec![0f32; rows * width], vec![0f32; rows * h]);
                 let mut nb = MoeBufs::new(&be, &c, rows).unwrap().unwrap();
-                let block = SparseBlock { layer: 0, weights: &w, source: &Groups(groups.clone()), input: &x, rows, seq_rows: &[rows], setting };
+                let source = Groups(groups.clone());
+                let settings = [setting];
+                let block = SparseBlock {
+                    layer: 0,
+                    weights: &w,
+                    source: &source,
+                    input: &x,
+                    seq_rows: &[rows],
+                    settings: &settings,
+                };
                 let mut bufs = MlpBufs { gate: &mut g_buf, up: &mut u_buf };
                 let (kept, total) = sparse_forward(&be, &c, block, &mut bufs, &mut nb, &mut out).unwrap();
                 assert_eq!(total, (rows * width / group) as u64);
                 // The groups kept, as `choose` picks them from the gate.
                 let mut pre = vec![0f32; rows * width];
                 be.matmul(&x, rows, &gate, &mut pre).unwrap();
-                let chosen = choose(&pre, &[rows], width, group, setting);
+                let chosen = choose(&pre, &[rows], width, group, &[setting]);
                 assert_eq!(kept, chosen.iter().map(|k| k.len() as u64).sum::<u64>());
                 for (r, keep) in chosen.iter().enumerate() {
                     // The dense MLP over this row with only the kept neurons.
                     let take_rows = |t: &HostTensor| {
-                        let parts: Vec<HostTensor> = keep.iter().map(|&g| t.rows(g as usize * group, group).unwrap()).collect();
+                        let parts: Vec<HostTensor> =
+                            keep.iter().map(|&g| t.rows(g as usize * group, group).unwrap()).collect();
                         let f: Vec<f32> = parts.iter().flat_map(|p| p.to_f32_vec()).collect();
                         HostTensor::from_f32(&f, vec![keep.len() * group, h])
                     };

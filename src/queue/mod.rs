@@ -149,6 +149,9 @@ pub struct GenerateJob {
     /// Split a chat reply's reasoning (between the template's think markers) from its
     /// answer: it comes as [`Event::Reasoning`].
     pub split_reasoning: bool,
+    /// This request's `--sparse-ffn` setting and the field it came from (`None`: the
+    /// model's).
+    pub sparse_ffn: Option<(crate::model::sparse::SparseFfn, &'static str)>,
 }
 
 #[derive(Clone, Debug)]

@@ -49,6 +49,11 @@ pub struct ModelInfo {
     /// What `POST /api/create` set (a store model's `entry.json`); its template is
     /// already `chat_template`.
     pub modelfile: Option<crate::store::Modelfile>,
+    /// Neurons per group when the FFNs are stored as neuron-group bundles (a model
+    /// converted with `--sparse-ffn`).
+    pub neuron_group: Option<usize>,
+    /// The FFN width.
+    pub intermediate_size: usize,
 }
 
 impl ModelInfo {
@@ -102,6 +107,8 @@ impl ModelInfo {
             modified_at,
             digest: format!("{hash:016x}{:016x}", hash.rotate_left(29) ^ size_bytes),
             modelfile: None,
+            neuron_group: config.neuron_group,
+            intermediate_size: config.intermediate_size,
         })
     }
 

@@ -533,7 +533,12 @@ impl Worker {
                 None => return Err(JobError::Internal("every loaded model is busy".into())),
             }
         }
-        let opts = self.config.run.clone();
+        let mut opts = self.config.run.clone();
+        // The server's `--sparse-ffn` applies to the models stored with neuron-group
+        // bundles; the others run dense (a request that asks them for it gets a 400).
+        if info.neuron_group.is_none() {
+            opts.sparse_ffn = Default::default();
+        }
         let started = Instant::now();
         let mut engine = Engine::load(&info.spec, &opts).map_err(|e| {
             let msg = format!("loading `{name}`: {e:#}");
@@ -697,6 +702,18 @@ impl Worker {
                 ),
             ));
         }
+        if let Some((s, field)) = job.sparse_ffn
+            && !s.is_off()
+            && engine.model.config().neuron_group.is_none()
+        {
+            let why = crate::model::sparse::unsupported(engine.model.config()).unwrap_or_else(|| {
+                format!(
+                    "model `{}` was converted without neuron-group bundles (`strata convert --sparse-ffn`)",
+                    job.model
+                )
+            });
+            return Err(invalid(Some(field), format!("`{field}` {s}: {why}")));
+        }
         let claim = kv_claim(slot, ctx, job.max_tokens, prompt.len());
         if claim > slot.kv_limit {
             let positions = claim / slot.position_bytes.max(1);
@@ -732,10 +749,11 @@ impl Worker {
             .map(|(n, (_, t))| (n, t.iter().zip(&prompt).take_while(|(a, b)| a == b).count(), t.len()))
             .max_by_key(|&(n, common, _)| (common, n))
             .filter(|&(_, common, held)| 2 * common >= held);
-        let (cache, cached) = match best {
+        let (mut cache, cached) = match best {
             Some((n, _, _)) => slot.idle.remove(n),
             None => (engine.model.new_cache(ctx).map_err(|e| model_error(&job.model, e))?, Vec::new()),
         };
+        cache.sparse_ffn = job.sparse_ffn.map(|(s, _)| s);
         let req = GenerateRequest {
             max_tokens: job.max_tokens.unwrap_or(usize::MAX),
             prompt,

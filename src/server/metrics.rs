@@ -232,50 +232,70 @@ fn write_upload_rows(out: &mut String, rows: &[(String, crate::sched::SchedSumma
 
 /// Per loaded mixture-of-experts model: the expert cache (gauges), its hits and misses
 /// by layer, and the bytes of experts read (the rest of the storage reads are the layer
-/// cores').
+/// cores'). A sparse FFN's neuron-group cache, likewise, as `strata_neuron_group_*`,
+/// with the groups its rows kept.
 fn write_expert_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedModel]) {
-    let rows: Vec<_> = loaded
-        .iter()
-        .filter_map(|m| Some((escape(&m.name), m.sched.summary().experts?, m.sched.stats.snapshot())))
-        .collect();
-    if rows.is_empty() {
-        return;
-    }
-    type Metric = (&'static str, &'static str, &'static str, fn(&ExpertSummary, &StatsSnapshot) -> f64);
-    let metrics: [Metric; 6] = [
-        ("strata_expert_cache_budget_bytes", "gauge", "Memory for cached routed experts.", |e, _| {
-            e.cache_budget_bytes as f64
-        }),
-        ("strata_expert_cache_bytes", "gauge", "Routed experts cached now.", |e, _| e.cached_bytes as f64),
-        ("strata_expert_requests_total", "counter", "Routed experts asked for by the forward pass.", |_, c| {
-            c.expert_requests as f64
-        }),
-        ("strata_expert_hits_total", "counter", "Routed experts served from memory.", |_, c| c.expert_hits as f64),
-        ("strata_expert_read_bytes_total", "counter", "Bytes of routed experts read from storage.", |_, c| {
-            c.expert_bytes_read as f64
-        }),
-        (
-            "strata_expert_routed_bytes_total",
-            "counter",
-            "Bytes of the routed experts asked for (read or not).",
-            |_, c| c.expert_routed_bytes as f64,
-        ),
-    ];
-    for (name, kind, help, value) in metrics {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (model, e, stats) in &rows {
-            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(e, stats));
+    for (unit, prefix, noun) in
+        [("expert", "expert", "routed experts"), ("neuron_group", "neuron_group", "neuron groups")]
+    {
+        let rows: Vec<_> = loaded
+            .iter()
+            .filter_map(|m| {
+                let e = m.sched.summary().experts.filter(|e| e.unit == unit)?;
+                Some((escape(&m.name), e, m.sched.stats.snapshot()))
+            })
+            .collect();
+        if rows.is_empty() {
+            continue;
         }
-    }
-    for (name, help, pick) in [
-        ("strata_expert_layer_hits_total", "Routed experts served from memory, by layer.", true),
-        ("strata_expert_layer_misses_total", "Routed experts read from storage, by layer.", false),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for (model, e, _) in &rows {
-            for (i, l) in e.layers.iter().enumerate() {
-                let n = if pick { l.hits } else { l.misses };
-                let _ = writeln!(out, "{name}{{model=\"{model}\",moe_layer=\"{i}\"}} {n}");
+        let label = if unit == "expert" { "moe_layer" } else { "layer" };
+        type Value = fn(&ExpertSummary, &StatsSnapshot) -> f64;
+        let metrics: [(&str, &str, String, Value); 6] = [
+            ("cache_budget_bytes", "gauge", format!("Memory for cached {noun}."), |e, _| e.cache_budget_bytes as f64),
+            ("cache_bytes", "gauge", format!("{noun} cached now."), |e, _| e.cached_bytes as f64),
+            ("requests_total", "counter", format!("{noun} asked for by the forward pass."), |_, c| {
+                c.expert_requests as f64
+            }),
+            ("hits_total", "counter", format!("{noun} served from memory."), |_, c| c.expert_hits as f64),
+            ("read_bytes_total", "counter", format!("Bytes of {noun} read from storage."), |_, c| {
+                c.expert_bytes_read as f64
+            }),
+            ("routed_bytes_total", "counter", format!("Bytes of the {noun} asked for (read or not)."), |_, c| {
+                c.expert_routed_bytes as f64
+            }),
+        ];
+        for (name, kind, help, value) in metrics {
+            let _ = writeln!(out, "# HELP strata_{prefix}_{name} {help}\n# TYPE strata_{prefix}_{name} {kind}");
+            for (model, e, stats) in &rows {
+                let _ = writeln!(out, "strata_{prefix}_{name}{{model=\"{model}\"}} {}", value(e, stats));
+            }
+        }
+        for (name, help, pick) in [
+            ("layer_hits_total", format!("{noun} served from memory, by layer."), true),
+            ("layer_misses_total", format!("{noun} read from storage, by layer."), false),
+        ] {
+            let _ = writeln!(out, "# HELP strata_{prefix}_{name} {help}\n# TYPE strata_{prefix}_{name} counter");
+            for (model, e, _) in &rows {
+                for (i, l) in e.layers.iter().enumerate() {
+                    let n = if pick { l.hits } else { l.misses };
+                    let _ = writeln!(out, "strata_{prefix}_{name}{{model=\"{model}\",{label}=\"{i}\"}} {n}");
+                }
+            }
+        }
+        if unit == "neuron_group" {
+            for (name, help, value) in [
+                (
+                    "strata_sparse_ffn_groups_kept_total",
+                    "Neuron groups the sparse FFN computed, over rows and layers.",
+                    true,
+                ),
+                ("strata_sparse_ffn_groups_total", "Neuron groups there were, over rows and layers.", false),
+            ] {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+                for (model, _, c) in &rows {
+                    let n = if value { c.neuron_groups_kept } else { c.neuron_groups_total };
+                    let _ = writeln!(out, "{name}{{model=\"{model}\"}} {n}");
+                }
             }
         }
     }

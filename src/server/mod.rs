@@ -50,6 +50,9 @@ pub struct ServerConfig {
     /// `$STRATA_HOME` of the model store whose models are offered too (read at each
     /// request); `None`: only the models the server is started with.
     pub store: Option<PathBuf>,
+    /// What `--sparse-ffn` runs models stored with neuron-group bundles with, unless a
+    /// request says otherwise (`/api/show` reports it).
+    pub sparse_ffn: crate::model::sparse::SparseFfn,
 }
 
 impl Default for ServerConfig {
@@ -60,6 +63,7 @@ impl Default for ServerConfig {
             body_limit: 16 << 20,
             keep_alive_interval: Duration::from_secs(15),
             store: None,
+            sparse_ffn: Default::default(),
         }
     }
 }

@@ -71,7 +71,8 @@ pub fn pull_hf(
             let out = work.join("model");
             let result = (|| {
                 let src = ModelSource::from_hf_dir(&snapshot.dir)?;
-                let opts = ConvertOptions { target: Target::Flat, quant: Some(q), threads: 0, ndsq: None, sparse_ffn: None };
+                let opts =
+                    ConvertOptions { target: Target::Flat, quant: Some(q), threads: 0, ndsq: None, sparse_ffn: None };
                 convert::convert(src, &out, &opts, &mut |p| {
                     let _ = on(PullEvent::Convert(p));
                 })?;

@@ -75,3 +75,8 @@ pub fn get(uri: &str) -> Request<Body> {
 pub fn json(body: &[u8]) -> serde_json::Value {
     serde_json::from_slice(body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(body)))
 }
+
+/// The value of the `/metrics` line that starts with `line` (name, labels and a space).
+pub fn metric(metrics: &str, line: &str) -> u64 {
+    metrics.lines().find_map(|l| l.strip_prefix(line)).unwrap_or_else(|| panic!("{line}\n{metrics}")).parse().unwrap()
+}

@@ -10,6 +10,7 @@ use crate::engine::grammar::GrammarSpec;
 use crate::engine::reasoning::ThinkMarkers;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::tokenizer::TextError;
+use crate::model::sparse::SparseFfn;
 use crate::queue::models::ModelInfo;
 use crate::queue::{GenerateJob, KeepAlive, PromptInput};
 use crate::server::AppState;
@@ -101,6 +102,7 @@ pub(super) struct Resolved {
     max_tokens: Option<usize>,
     stop: Vec<String>,
     num_ctx: Option<usize>,
+    sparse_ffn: Option<(SparseFfn, &'static str)>,
 }
 
 impl Resolved {
@@ -126,6 +128,7 @@ impl Resolved {
             grammar_param: "grammar",
             template_vars: serde_json::Map::new(),
             split_reasoning: false,
+            sparse_ffn: self.sparse_ffn,
         }
     }
 }
@@ -213,7 +216,12 @@ pub(super) fn resolve_options(options: Option<Options>, info: &ModelInfo) -> std
         other => ApiError::invalid("options", other.to_string()),
     })?;
     let stop = o.stop.unwrap_or_default().into_iter().filter(|s| !s.is_empty()).collect();
-    Ok(Resolved { sampling, max_tokens, stop, num_ctx })
+    let sparse_ffn = match o.sparse_ffn.as_deref().map(SparseFfn::parse) {
+        None => None,
+        Some(Ok(s)) => Some((s, "options.sparse_ffn")),
+        Some(Err(e)) => return Err(bad("sparse_ffn", &e)),
+    };
+    Ok(Resolved { sampling, max_tokens, stop, num_ctx, sparse_ffn })
 }
 
 #[cfg(test)]

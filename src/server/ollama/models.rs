@@ -54,9 +54,10 @@ fn internal(e: tokio::task::JoinError) -> ApiError {
 pub(crate) async fn show(State(state): State<AppState>, body: Bytes) -> Result<Json<ShowResponse>> {
     let req: ModelRef = parse_json(&body)?;
     let name = named(&req)?.to_string();
+    let sparse_ffn = state.config.sparse_ffn;
     // A store model is read from its files the first time.
     let info = tokio::task::spawn_blocking(move || require_model(&state, &name)).await.map_err(internal)??;
-    Ok(Json(describe(&info)))
+    Ok(Json(describe(&info, sparse_ffn)))
 }
 
 /// Lists the models in memory.
@@ -200,7 +201,7 @@ fn capabilities(info: &ModelInfo) -> Vec<String> {
     caps
 }
 
-fn describe(info: &ModelInfo) -> ShowResponse {
+fn describe(info: &ModelInfo, sparse_ffn: crate::model::sparse::SparseFfn) -> ShowResponse {
     let mut parameters: String = generation_parameters(info).iter().map(|(k, v)| format!("{k:<30} {v}\n")).collect();
     let modelfile = info.modelfile.clone().unwrap_or_default();
     for (k, v) in &modelfile.parameters {
@@ -244,6 +245,12 @@ fn describe(info: &ModelInfo) -> ShowResponse {
     put(format!("{arch}.attention.head_count"), info.n_heads.into());
     put(format!("{arch}.attention.head_count_kv"), info.n_kv_heads.into());
     put(format!("{arch}.vocab_size"), info.vocab_size.into());
+    // Stored with neuron-group bundles: how requests run its FFNs unless they say.
+    if let Some(g) = info.neuron_group {
+        put("strata.sparse_ffn".into(), sparse_ffn.to_string().into());
+        put("strata.sparse_ffn.group_size".into(), g.into());
+        put("strata.sparse_ffn.groups_per_layer".into(), (info.intermediate_size / g.max(1)).into());
+    }
     ShowResponse {
         license: modelfile.license.clone().unwrap_or_default(),
         modelfile: text,

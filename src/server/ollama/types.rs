@@ -43,6 +43,10 @@ pub struct Options {
     #[serde(default, deserialize_with = "one_or_many")]
     #[schema(value_type = Option<OneOrMany>)]
     pub stop: Option<Vec<String>>,
+    /// Strata: how a model converted with `--sparse-ffn` runs its FFNs for this request
+    /// (`off`, `auto`, `topk=F`, `threshold=T`, optionally `,per=sequence`); absent: the
+    /// server's `--sparse-ffn`.
+    pub sparse_ffn: Option<String>,
 }
 
 impl Options {
@@ -52,6 +56,7 @@ impl Options {
         Options {
             num_predict: self.num_predict.or(defaults.num_predict),
             num_ctx: self.num_ctx.or(defaults.num_ctx),
+            sparse_ffn: self.sparse_ffn.or(defaults.sparse_ffn),
             temperature: self.temperature.or(defaults.temperature),
             top_k: self.top_k.or(defaults.top_k),
             top_p: self.top_p.or(defaults.top_p),

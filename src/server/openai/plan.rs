@@ -1,6 +1,7 @@
 //! Request bodies → validated [`Plan`]s: every range and unsupported feature is checked
 //! here, and every error names its field.
 
+use crate::model::sparse::SparseFfn;
 use serde_json::Value;
 
 use super::types::*;
@@ -149,7 +150,17 @@ fn job(
         grammar_param: "grammar",
         template_vars: serde_json::Map::new(),
         split_reasoning: false,
+        sparse_ffn: None,
     })
+}
+
+/// A request's `sparse_ffn`, checked.
+fn sparse_ffn(value: Option<&str>) -> Result<Option<(SparseFfn, &'static str)>, ApiError> {
+    match value.map(SparseFfn::parse) {
+        None => Ok(None),
+        Some(Ok(s)) => Ok(Some((s, "sparse_ffn"))),
+        Some(Err(e)) => Err(ApiError::invalid("sparse_ffn", format!("`sparse_ffn` {e}"))),
+    }
 }
 
 /// The field a request's grammar came from.
@@ -313,6 +324,7 @@ impl ChatCompletionRequest {
         job.tools = tools;
         job.grammar_param = grammar_param(self.response_format.is_some());
         job.grammar = grammar;
+        job.sparse_ffn = sparse_ffn(self.sparse_ffn.as_deref())?;
         job.template_vars = self.chat_template_kwargs.unwrap_or_default();
         // A thinking model's reasoning comes back in `reasoning_content`, as llama.cpp's
         // server and vLLM's reasoning parsers return it.
@@ -378,6 +390,7 @@ impl CompletionRequest {
         let mut job = job(model, prompt, max_tokens, knobs, top_logprobs.unwrap_or(0))?;
         job.grammar_param = grammar_param(self.response_format.is_some());
         job.grammar = grammar;
+        job.sparse_ffn = sparse_ffn(self.sparse_ffn.as_deref())?;
         Ok(Plan {
             api: Api::Completion,
             job,

@@ -42,6 +42,10 @@ pub struct ChatCompletionRequest {
     pub max_completion_tokens: Option<i64>,
     pub stop: Option<StopSpec>,
     pub seed: Option<i64>,
+    /// Strata: how a model converted with `--sparse-ffn` runs its FFNs for this request
+    /// (`off`, `auto`, `topk=F`, `threshold=T`, optionally `,per=sequence`); absent: the
+    /// server's `--sparse-ffn`.
+    pub sparse_ffn: Option<String>,
     /// In [-2, 2].
     #[schema(minimum = -2.0, maximum = 2.0)]
     pub presence_penalty: Option<f64>,
@@ -172,6 +176,10 @@ pub struct CompletionRequest {
     pub min_p: Option<f64>,
     pub stop: Option<StopSpec>,
     pub seed: Option<i64>,
+    /// Strata: how a model converted with `--sparse-ffn` runs its FFNs for this request
+    /// (`off`, `auto`, `topk=F`, `threshold=T`, optionally `,per=sequence`); absent: the
+    /// server's `--sparse-ffn`.
+    pub sparse_ffn: Option<String>,
     #[schema(minimum = -2.0, maximum = 2.0)]
     pub presence_penalty: Option<f64>,
     #[schema(minimum = -2.0, maximum = 2.0)]
