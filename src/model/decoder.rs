@@ -520,6 +520,10 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
         false if c.neuron_group.is_some() => {
             let group = c.neuron_group.unwrap_or(i);
             let gate = upload(&req(Role::Gate, host(Role::Gate)?)?)?;
+            let scale = lt.get(sparse::SCALE)?.to_f32_vec();
+            if scale.len() != i {
+                return Err(build_err(format!("`{}` holds {} values for {i} neurons", sparse::SCALE, scale.len())));
+            }
             // The layer carries its groups only when it is loaded whole.
             let groups = match lt.tensors.contains_key(&neuron_names(0)[0]) {
                 false => None,
@@ -529,7 +533,7 @@ fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result
                         .collect::<Result<Vec<_>, _>>()?,
                 ),
             };
-            FfnWeights::Neurons(NeuronWeights { gate, group, groups })
+            FfnWeights::Neurons(NeuronWeights { gate, scale, group, groups })
         }
         false => {
             let [w_gate, w_up] = match host(Role::GateUp)? {

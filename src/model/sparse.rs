@@ -30,7 +30,8 @@ pub enum Select {
     Off,
     /// The `⌈F · groups⌉` groups with the largest gate activity, `F` in (0, 1].
     TopK(f64),
-    /// The groups whose mean `|act(gate)|` over their neurons is at least `T ≥ 0`.
+    /// The groups whose mean `|act(gate)| · scale` over their neurons is at least `T ≥ 0`
+    /// ([`neuron_scale`]).
     Threshold(f64),
 }
 
@@ -183,7 +184,8 @@ pub fn bundle(up: &HostTensor, down: &HostTensor, group: usize) -> Result<Vec<(S
     }
     let down_row = down.byte_len() / hidden;
     let slice = down_row / (width / group); // one group's share of a down row
-    let mut out = Vec::with_capacity(2 * width / group);
+    let mut out = Vec::with_capacity(2 * width / group + 1);
+    out.push((SCALE.to_string(), HostTensor::from_f32(&neuron_scale(up, down), vec![width])));
     for g in 0..width / group {
         let up_g = up.rows(g * group, group).ok_or_else(|| format!("cannot take rows of {up:?}"))?;
         let mut bytes = crate::tensor::AlignedBytes::zeroed(hidden * slice);
@@ -200,6 +202,29 @@ pub fn bundle(up: &HostTensor, down: &HostTensor, group: usize) -> Result<Vec<(S
     Ok(out)
 }
 
+/// The layer-local name of a sparse FFN's per-neuron scale ([`neuron_scale`]), F32
+/// `[width]`, in the layer core.
+pub const SCALE: &str = "mlp.neuron_scale";
+
+/// Per neuron `i`, `‖up_i‖ · ‖down[:, i]‖` (the values the stored blocks stand for): how
+/// much the neuron's output can weigh per unit of `act(gate_i · x)`, since `|up_i · x| ≤
+/// ‖up_i‖ ‖x‖` and `x` is the same for every neuron of a row. Gate activity times this
+/// ranks the groups; without it a group of rarely active neurons with large weights
+/// (SmolLM2 has such) is dropped as if it did not matter.
+pub fn neuron_scale(up: &HostTensor, down: &HostTensor) -> Vec<f32> {
+    let (u, d) = (up.to_f32_vec(), down.to_f32_vec());
+    let width = up.shape[0];
+    let hidden = up.shape.get(1).copied().unwrap_or(0);
+    let mut col = vec![0f64; width];
+    for row in d.chunks_exact(width.max(1)) {
+        col.iter_mut().zip(row).for_each(|(c, &v)| *c += (v as f64) * (v as f64));
+    }
+    u.chunks_exact(hidden.max(1))
+        .zip(&col)
+        .map(|(r, &c)| (r.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>().sqrt() * c.sqrt()) as f32)
+        .collect()
+}
+
 /// One neuron group's weights: its rows of `up` `(group, hidden)` and columns of `down`
 /// `(hidden, group)`.
 pub struct Bundle<B: Backend> {
@@ -210,6 +235,8 @@ pub struct Bundle<B: Backend> {
 /// What a sparse layer's core holds for its FFN.
 pub struct NeuronWeights<B: Backend> {
     pub gate: B::Weight, // (width, hidden)
+    /// [`neuron_scale`] of each neuron, on the host (the choice is made there).
+    pub scale: Vec<f32>,
     pub group: usize,
     /// Every group, when the layer is loaded whole; `None` when they come from the
     /// neuron-group cache.
@@ -228,29 +255,42 @@ pub trait GroupSource<B: Backend> {
 
 /// Per row, the groups it keeps (ascending), from the gate's pre-activations `gate`
 /// (`(rows, width)`, rows by sequence as `seq_rows` says, each sequence with its own
-/// setting).
-pub fn choose(gate: &[f32], seq_rows: &[usize], width: usize, group: usize, settings: &[SparseFfn]) -> Vec<Vec<u32>> {
+/// setting) and each neuron's [`neuron_scale`].
+pub fn choose(
+    gate: &[f32],
+    scale: &[f32],
+    seq_rows: &[usize],
+    group: usize,
+    settings: &[SparseFfn],
+) -> Vec<Vec<u32>> {
+    let width = scale.len();
     let mut out = Vec::with_capacity(gate.len() / width.max(1));
     let mut at = 0;
     for (&len, &s) in seq_rows.iter().zip(settings) {
-        out.extend(choose_one(&gate[at * width..(at + len) * width], width, group, s));
+        out.extend(choose_one(&gate[at * width..(at + len) * width], scale, group, s));
         at += len;
     }
     out
 }
 
 /// [`choose`] for the rows of one sequence.
-fn choose_one(gate: &[f32], width: usize, group: usize, s: SparseFfn) -> Vec<Vec<u32>> {
+fn choose_one(gate: &[f32], scale: &[f32], group: usize, s: SparseFfn) -> Vec<Vec<u32>> {
+    let width = scale.len();
     let n = width / group.max(1);
     let rows = gate.len() / width.max(1);
     if s.is_off() {
         return vec![(0..n as u32).collect(); rows];
     }
-    // Each row's activity per group: the sum of |silu| over its neurons.
+    // Each row's activity per group: the sum over its neurons of |silu(gate)| · scale.
     let silu = |x: f32| x / (1.0 + (-x).exp());
     let scores: Vec<Vec<f32>> = gate
         .chunks_exact(width)
-        .map(|row| row.chunks_exact(group).map(|g| g.iter().map(|&x| silu(x).abs()).sum()).collect())
+        .map(|row| {
+            row.chunks_exact(group)
+                .zip(scale.chunks_exact(group))
+                .map(|(g, sc)| g.iter().zip(sc).map(|(&x, &k)| silu(x).abs() * k).sum())
+                .collect()
+        })
         .collect();
     let keep = |score: &[f32]| -> Vec<u32> {
         match s.select {
@@ -318,7 +358,7 @@ pub fn sparse_forward<B: Backend>(
     be.matmul_seqs(input, seq_rows, &w.gate, bufs.gate)?;
     let kept = match settings.iter().all(SparseFfn::is_off) {
         true => vec![(0..n as u32).collect::<Vec<u32>>(); rows],
-        false => choose(&be.download(bufs.gate, rows * width)?, seq_rows, width, group, settings),
+        false => choose(&be.download(bufs.gate, rows * width)?, &w.scale, seq_rows, group, settings),
     };
     let mut by_group: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
     for (row, gs) in kept.iter().enumerate() {
@@ -397,15 +437,15 @@ mod tests {
         // 2 rows, 4 groups of 2: row 0 most active in groups 2 then 0; row 1 in 3 then 1.
         let gate = [1.0, 1.0, 0.0, 0.0, 3.0, 3.0, -5.0, 0.0, /* row 1 */ 0.0, 0.0, 2.0, 2.0, 0.0, 0.0, 4.0, 4.0];
         let s = |x: &str| SparseFfn::parse(x).unwrap();
-        let one = |x: &str| choose(&gate, &[2], 8, 2, &[s(x)]);
+        let one = |x: &str| choose(&gate, &[1.0; 8], &[2], 2, &[s(x)]);
         assert_eq!(one("topk=0.5"), [vec![0, 2], vec![1, 3]]);
         assert_eq!(one("topk=0.1"), [vec![2], vec![3]]);
         assert_eq!(one("topk=1"), [vec![0, 1, 2, 3], vec![0, 1, 2, 3]]);
         // Per sequence: one choice for both rows, from their summed activity.
         assert_eq!(one("topk=0.5,per=sequence"), [vec![2, 3], vec![2, 3]]);
         // Two sequences of one row each choose apart, each by its own setting.
-        assert_eq!(choose(&gate, &[1, 1], 8, 2, &[s("topk=0.25,per=sequence"); 2]), [vec![2], vec![3]]);
-        assert_eq!(choose(&gate, &[1, 1], 8, 2, &[s("off"), s("topk=0.25")]), [vec![0, 1, 2, 3], vec![3]]);
+        assert_eq!(choose(&gate, &[1.0; 8], &[1, 1], 2, &[s("topk=0.25,per=sequence"); 2]), [vec![2], vec![3]]);
+        assert_eq!(choose(&gate, &[1.0; 8], &[1, 1], 2, &[s("off"), s("topk=0.25")]), [vec![0, 1, 2, 3], vec![3]]);
         // A threshold on the mean |silu| of the group's neurons: silu(1) = 0.731.
         assert_eq!(one("threshold=0.7"), [vec![0, 2], vec![1, 3]]);
         assert_eq!(one("threshold=100"), [Vec::<u32>::new(), vec![]]);
@@ -426,7 +466,14 @@ mod tests {
         let (up_t, down_t) = (q(&up, width, hidden), q(&down, hidden, width));
         assert!(bundle(&up_t, &down_t, 16).unwrap_err().contains("block of 32"));
         let b = bundle(&up_t, &down_t, 32).unwrap();
-        assert_eq!(b.len(), 4);
+        assert_eq!(b.len(), 5);
+        // The scale first: ‖up_i‖ · ‖down[:, i]‖ of the values the blocks stand for.
+        assert_eq!(b[0].0, SCALE);
+        let (scale, upf, downf) = (b[0].1.to_f32_vec(), up_t.to_f32_vec(), down_t.to_f32_vec());
+        let norm = |v: Vec<f32>| v.iter().map(|x| (x * x) as f64).sum::<f64>().sqrt();
+        let want = norm(upf[5 * hidden..6 * hidden].to_vec()) * norm((0..hidden).map(|r| downf[r * width + 5]).collect());
+        assert!((scale[5] as f64 - want).abs() < 1e-4 * want, "{} against {want}", scale[5]);
+        let b = &b[1..];
         let (up_full, down_full) = (up_t.to_f32_vec(), down_t.to_f32_vec());
         for g in 0..2 {
             let (u, d) = (b[2 * g].1.to_f32_vec(), b[2 * g + 1].1.to_f32_vec());
@@ -487,10 +534,11 @@ mod tests {
         for dtype in [DType::Q8_0, DType::Q4_0, DType::F32] {
             let (gate, up, down) = (random(width, h, dtype, 1), random(width, h, dtype, 2), random(h, width, dtype, 3));
             let bundles = bundle(&up, &down, group).unwrap();
+            let scale = bundles[0].1.to_f32_vec();
             let groups: Vec<_> =
-                bundles.chunks(2).map(|b| Arc::new(Bundle { up: b[0].1.clone(), down: b[1].1.clone() })).collect();
+                bundles[1..].chunks(2).map(|b| Arc::new(Bundle { up: b[0].1.clone(), down: b[1].1.clone() })).collect();
             let x: Vec<f32> = random(rows, h, DType::F32, 4).to_f32_vec();
-            let w = NeuronWeights { gate: gate.clone(), group, groups: None };
+            let w = NeuronWeights { gate: gate.clone(), scale, group, groups: None };
             for setting in ["topk=0.5", "topk=0.25,per=sequence", "off"] {
                 let setting = SparseFfn::parse(setting).unwrap();
                 let (mut g_buf, mut u_buf, mut out) =
@@ -512,7 +560,7 @@ mod tests {
                 // The groups kept, as `choose` picks them from the gate.
                 let mut pre = vec![0f32; rows * width];
                 be.matmul(&x, rows, &gate, &mut pre).unwrap();
-                let chosen = choose(&pre, &[rows], width, group, &[setting]);
+                let chosen = choose(&pre, &w.scale, &[rows], group, &[setting]);
                 assert_eq!(kept, chosen.iter().map(|k| k.len() as u64).sum::<u64>());
                 for (r, keep) in chosen.iter().enumerate() {
                     // The dense MLP over this row with only the kept neurons.

@@ -500,6 +500,10 @@ pub fn check_tensors(c: &ModelConfig, tensors: &HashMap<String, HostTensor>) -> 
         for (role, hf) in spec.layer_tensor_names(c, l) {
             want.insert(format!("model.layers.{l}.{hf}"), role.shape(c));
         }
+        // A sparse FFN's per-neuron scale, beside its bundles.
+        if c.neuron_group.is_some() {
+            want.insert(format!("model.layers.{l}.{}", crate::model::sparse::SCALE), vec![c.intermediate_size]);
+        }
     }
     for (name, shape) in &want {
         let t = tensors.get(name).ok_or_else(|| TensorError::Missing(name.clone()))?;
