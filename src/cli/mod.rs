@@ -154,10 +154,10 @@ pub struct RunOpts {
     pub kv_type: Option<crate::backend::KvType>,
     /// How a model converted with `--sparse-ffn` runs its FFNs: `off` (every neuron
     /// group), `topk=F` (per token, the fraction F of groups with the most gate
-    /// activity), `threshold=T` (the groups whose mean |silu(gate)| is at least T) or
-    /// `auto` (the sparsest topk measured to cost at most 2% perplexity on a real model);
-    /// add `,per=sequence` to choose once per sequence of a forward pass. Approximate:
-    /// docs/benchmarks.md gives its cost.
+    /// activity), `threshold=T` (the groups whose mean |silu(gate)|·‖up‖·‖down‖ is at
+    /// least T) or `auto` (the sparsest topk measured to cost at most 2% perplexity on
+    /// SmolLM2: there, every group); add `,per=sequence` to choose once per sequence of a
+    /// forward pass. Approximate: docs/benchmarks.md gives its cost.
     #[arg(long = "sparse-ffn", value_name = "SETTING", default_value = "off",
           value_parser = crate::model::sparse::SparseFfn::parse)]
     pub sparse_ffn: crate::model::sparse::SparseFfn,

@@ -3,7 +3,8 @@
 //! adds nearly nothing, whatever `up_i · x` is. The gate projection is computed in full;
 //! `up` and `down` are stored as neuron-group bundles (`strata convert --sparse-ffn`:
 //! group `g`'s rows of `up` and columns of `down`, side by side, one read), and each row
-//! keeps the groups whose gate activity is largest. Only those groups are read (through
+//! keeps the groups whose gate activity, weighted by each neuron's `‖up_i‖ · ‖down[:, i]‖`,
+//! is largest. Only those groups are read (through
 //! the neuron-group cache) and computed, each with the dense kernels over its own slice.
 //!
 //! Approximate by design: docs/benchmarks.md gives its cost on a real model.
@@ -20,8 +21,11 @@ use crate::sched::SchedError;
 use crate::tensor::HostTensor;
 
 /// The fraction of groups `auto` keeps: the sparsest `topk` whose perplexity on
-/// SmolLM2-135M-Instruct rises by at most 2% (docs/benchmarks.md, "Sparse FFN").
-pub const AUTO_TOPK: f64 = 0.8;
+/// SmolLM2-135M-Instruct (converted with the default group size, 8 groups a layer) rises
+/// by at most 2%. None below 1 does (7 of 8 groups already costs over 40%;
+/// docs/benchmarks.md, "Sparse FFN"), so `auto` keeps every group: the sparse path's
+/// reads and bookkeeping with the dense result.
+pub const AUTO_TOPK: f64 = 1.0;
 
 /// Which neuron groups a row keeps.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -148,9 +152,9 @@ pub fn unsupported(c: &ModelConfig) -> Option<String> {
     None
 }
 
-/// Bytes of a neuron-group bundle `strata convert --sparse-ffn` aims at: the smallest
-/// read that reaches 90% of this disk's random-read throughput (docs/formats.md,
-/// "Sparse FFN bundles").
+/// Bytes of a neuron-group bundle `strata convert --sparse-ffn` aims at: where random
+/// reads from 4 readers reach the plateau of the development VM's disk (1.22 GB/s at
+/// 128 KiB, 0.77 at 32 KiB, 1.38 at 1 MiB; docs/formats.md, "Sparse FFN bundles").
 pub const BUNDLE_BYTES: u64 = 128 << 10;
 
 /// The group size whose bundle (`bytes_per_neuron` each: a neuron's row of `up` and
@@ -256,13 +260,7 @@ pub trait GroupSource<B: Backend> {
 /// Per row, the groups it keeps (ascending), from the gate's pre-activations `gate`
 /// (`(rows, width)`, rows by sequence as `seq_rows` says, each sequence with its own
 /// setting) and each neuron's [`neuron_scale`].
-pub fn choose(
-    gate: &[f32],
-    scale: &[f32],
-    seq_rows: &[usize],
-    group: usize,
-    settings: &[SparseFfn],
-) -> Vec<Vec<u32>> {
+pub fn choose(gate: &[f32], scale: &[f32], seq_rows: &[usize], group: usize, settings: &[SparseFfn]) -> Vec<Vec<u32>> {
     let width = scale.len();
     let mut out = Vec::with_capacity(gate.len() / width.max(1));
     let mut at = 0;
@@ -471,7 +469,8 @@ mod tests {
         assert_eq!(b[0].0, SCALE);
         let (scale, upf, downf) = (b[0].1.to_f32_vec(), up_t.to_f32_vec(), down_t.to_f32_vec());
         let norm = |v: Vec<f32>| v.iter().map(|x| (x * x) as f64).sum::<f64>().sqrt();
-        let want = norm(upf[5 * hidden..6 * hidden].to_vec()) * norm((0..hidden).map(|r| downf[r * width + 5]).collect());
+        let want =
+            norm(upf[5 * hidden..6 * hidden].to_vec()) * norm((0..hidden).map(|r| downf[r * width + 5]).collect());
         assert!((scale[5] as f64 - want).abs() < 1e-4 * want, "{} against {want}", scale[5]);
         let b = &b[1..];
         let (up_full, down_full) = (up_t.to_f32_vec(), down_t.to_f32_vec());
