@@ -415,7 +415,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 .then(|| window.expert_guess_right as f64 / window.expert_guess_total as f64),
         }
     });
-    let sparse_ffn = summary.experts.as_ref().filter(|e| e.unit == "neuron_group").map(|_| {
+    let sparse_ffn = (window.neuron_groups_total > 0).then(|| {
         let read = window.expert_bytes_read as f64 / tokens;
         SparseReport {
             setting: engine.sparse_ffn.to_string(),

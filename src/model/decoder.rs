@@ -661,11 +661,14 @@ impl<B: Backend> DecoderModel<B> {
         let mut layer_sources: Vec<LayerTensors> =
             (0..c.n_layers).map(|index| LayerTensors { index, ..Default::default() }).collect();
         // A MoE layer's routed experts (a sparse FFN's neuron groups) are units of their
-        // own, unless loaded whole.
-        let split_experts = sched.expert_loading == ExpertLoading::Routed;
+        // own, unless loaded whole. A sparse FFN that keeps every group reads them with
+        // their layer, through the prefetch ring, as a dense layer is read (a request
+        // that asks for fewer then saves compute, not reads).
+        let sparse = sched.sparse_ffn;
+        let whole_groups = c.neuron_group.is_some() && sparse.keeps_all();
+        let split_experts = sched.expert_loading == ExpertLoading::Routed && !whole_groups;
         let n_experts = c.moe.map_or(0, |m| m.n_experts);
         let n_groups = c.neuron_group.map_or(0, |g| c.intermediate_size / g.max(1));
-        let sparse = sched.sparse_ffn;
         if !sparse.is_off() && c.neuron_group.is_none() {
             let why = match sparse::unsupported(c) {
                 Some(why) => why,

@@ -94,6 +94,16 @@ impl SparseFfn {
     pub fn is_off(&self) -> bool {
         self.select == Select::Off
     }
+
+    /// Whether it keeps every group whatever the gate says (`off`, `topk=1`,
+    /// `threshold=0`, and `auto` where that is `topk=1`).
+    pub fn keeps_all(&self) -> bool {
+        match self.select {
+            Select::Off => true,
+            Select::TopK(f) => f >= 1.0,
+            Select::Threshold(t) => t <= 0.0,
+        }
+    }
 }
 
 impl std::str::FromStr for SparseFfn {

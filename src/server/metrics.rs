@@ -101,6 +101,7 @@ pub async fn render(State(state): State<AppState>) -> Response {
     );
     write_layer_metrics(&mut out, &loaded);
     write_expert_metrics(&mut out, &loaded);
+    write_sparse_metrics(&mut out, &loaded);
     write_upload_metrics(&mut out, &loaded);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
 }
@@ -232,8 +233,7 @@ fn write_upload_rows(out: &mut String, rows: &[(String, crate::sched::SchedSumma
 
 /// Per loaded mixture-of-experts model: the expert cache (gauges), its hits and misses
 /// by layer, and the bytes of experts read (the rest of the storage reads are the layer
-/// cores'). A sparse FFN's neuron-group cache, likewise, as `strata_neuron_group_*`,
-/// with the groups its rows kept.
+/// cores'). A sparse FFN's neuron-group cache, likewise, as `strata_neuron_group_*`.
 fn write_expert_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedModel]) {
     for (unit, prefix, noun) in
         [("expert", "expert", "routed experts"), ("neuron_group", "neuron_group", "neuron groups")]
@@ -282,21 +282,28 @@ fn write_expert_metrics(out: &mut String, loaded: &[crate::queue::worker::Loaded
                 }
             }
         }
-        if unit == "neuron_group" {
-            for (name, help, value) in [
-                (
-                    "strata_sparse_ffn_groups_kept_total",
-                    "Neuron groups the sparse FFN computed, over rows and layers.",
-                    true,
-                ),
-                ("strata_sparse_ffn_groups_total", "Neuron groups there were, over rows and layers.", false),
-            ] {
-                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-                for (model, _, c) in &rows {
-                    let n = if value { c.neuron_groups_kept } else { c.neuron_groups_total };
-                    let _ = writeln!(out, "{name}{{model=\"{model}\"}} {n}");
-                }
-            }
+    }
+}
+
+/// Per loaded model that runs a sparse FFN: the neuron groups its rows kept, of those
+/// there were.
+fn write_sparse_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedModel]) {
+    let rows: Vec<_> = loaded
+        .iter()
+        .map(|m| (escape(&m.name), m.sched.stats.snapshot()))
+        .filter(|(_, c)| c.neuron_groups_total > 0)
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    for (name, help, kept) in [
+        ("strata_sparse_ffn_groups_kept_total", "Neuron groups the sparse FFN computed, over rows and layers.", true),
+        ("strata_sparse_ffn_groups_total", "Neuron groups there were, over rows and layers.", false),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (model, c) in &rows {
+            let n = if kept { c.neuron_groups_kept } else { c.neuron_groups_total };
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {n}");
         }
     }
 }
