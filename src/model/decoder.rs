@@ -611,17 +611,10 @@ fn neuron_names(g: usize) -> [String; 2] {
 
 /// Neuron group `g` of layer `lt.index`, each tensor checked against its shape.
 fn build_bundle<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors, g: usize) -> Result<Bundle<B>, SchedError> {
-    let group = c.neuron_group.unwrap_or(c.intermediate_size);
-    let mut out = Vec::with_capacity(2);
-    for (name, want) in neuron_names(g).iter().zip([[group, c.hidden_size], [c.hidden_size, group]]) {
-        let t = lt.get(name)?;
-        if t.shape != want {
-            let msg = format!("tensor `{name}`: expected shape {want:?}, found {:?}", t.shape);
-            return Err(SchedError::Build { layer: lt.index, msg });
-        }
-        out.push(be.weight(t).map_err(|source| SchedError::Backend { layer: lt.index, source })?);
-    }
-    let [up, down] = <[B::Weight; 2]>::try_from(out).map_err(|_| SchedError::NoSuchLayer(lt.index))?;
+    let (group, h) = (c.neuron_group.unwrap_or(c.intermediate_size), c.hidden_size);
+    let [u, d] = neuron_names(g);
+    let [up, down] =
+        moe::checked_weights(be, lt.index, [(&u, lt.get(&u)?, [group, h]), (&d, lt.get(&d)?, [h, group])])?;
     Ok(Bundle { up, down })
 }
 

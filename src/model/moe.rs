@@ -38,6 +38,24 @@ pub fn expert_names(c: &ModelConfig, e: usize) -> [String; 3] {
     [name(Role::ExpertGate), name(Role::ExpertUp), name(Role::ExpertDown)]
 }
 
+/// Host tensors of layer `layer` as backend weights, each `(name, tensor, shape it must
+/// have)` checked first.
+pub fn checked_weights<B: Backend, const N: usize>(
+    be: &B,
+    layer: usize,
+    tensors: [(&str, &HostTensor, [usize; 2]); N],
+) -> Result<[B::Weight; N], SchedError> {
+    let mut out = Vec::with_capacity(N);
+    for (name, t, want) in tensors {
+        if t.shape != want {
+            let msg = format!("tensor `{name}`: expected shape {want:?}, found {:?}", t.shape);
+            return Err(SchedError::Build { layer, msg });
+        }
+        out.push(be.weight(t).map_err(|source| SchedError::Backend { layer, source })?);
+    }
+    <[B::Weight; N]>::try_from(out).map_err(|_| SchedError::Build { layer, msg: "weights".into() })
+}
+
 /// An MLP from its three host tensors, each checked against the shape it must have.
 pub fn build_mlp<B: Backend>(
     be: &B,
@@ -46,17 +64,9 @@ pub fn build_mlp<B: Backend>(
     width: usize,
     hidden: usize,
 ) -> Result<Mlp<B>, SchedError> {
-    let want = [[width, hidden], [width, hidden], [hidden, width]];
-    let mut out = Vec::with_capacity(3);
-    for ((name, t), want) in tensors.into_iter().zip(want) {
-        if t.shape != want {
-            let msg = format!("tensor `{name}`: expected shape {want:?}, found {:?}", t.shape);
-            return Err(SchedError::Build { layer, msg });
-        }
-        out.push(be.weight(t).map_err(|source| SchedError::Backend { layer, source })?);
-    }
+    let [(g, gt), (u, ut), (d, dt)] = tensors;
     let [gate, up, down] =
-        <[B::Weight; 3]>::try_from(out).map_err(|_| SchedError::Build { layer, msg: "mlp".into() })?;
+        checked_weights(be, layer, [(g, gt, [width, hidden]), (u, ut, [width, hidden]), (d, dt, [hidden, width])])?;
     Ok(Mlp { width, gate, up, down })
 }
 
