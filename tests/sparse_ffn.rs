@@ -138,6 +138,17 @@ fn models_that_cannot_be_sparse_are_refused_naming_why() {
     let opts = ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: None, sparse_ffn: Some(48) };
     let err = convert(ModelSource::from_spec(&fixture("hf/llama3")).unwrap(), &out, &opts, &mut |_| {}).unwrap_err();
     assert!(format!("{err:#}").contains("divide the FFN width 160"), "{err:#}");
+    // A bundled model has no GGUF layout: export refuses it and writes nothing.
+    let spec = bundled(&dir, Target::Flat, 32);
+    let gguf = dir.path("bundled.gguf");
+    let err = strata::format::export::export(&ModelSource::from_spec(&spec).unwrap(), &gguf, None, 1).unwrap_err();
+    assert!(format!("{err:#}").contains("neuron-group bundles") && !gguf.exists(), "{err:#}");
+    // Converted again without --sparse-ffn, the bundles stay (and run as before).
+    let again = dir.path("again.flat");
+    let opts = ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: None, sparse_ffn: None };
+    convert(ModelSource::from_spec(&spec).unwrap(), &again, &opts, &mut |_| {}).unwrap();
+    let again = again.to_str().unwrap();
+    assert!(logit_bits(&*load(again, "off", None).model) == logit_bits(&*load(&spec, "off", None).model));
     // A model without bundles: sparse settings are refused when it loads; `off` runs.
     let opts = RunOptions { sparse_ffn: SparseFfn::parse("topk=0.5").unwrap(), ..Default::default() };
     let err = Engine::load(&fixture("hf/llama3"), &opts).err().expect("refused");

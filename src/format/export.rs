@@ -76,6 +76,13 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
     }
     let c = &src.config;
     let spec = c.spec();
+    if c.neuron_group.is_some() {
+        bail!(
+            "model `{}` stores its FFNs as neuron-group bundles (`convert --sparse-ffn`), which GGUF has no \
+             layout for; export the model it was converted from",
+            src.name
+        );
+    }
     spec::check_tensors(c, &src.tensors).with_context(|| format!("model `{}`", src.name))?;
     let (name, tok_keys, tok_name, tok_note) = tokenizer_keys(src)?;
     let mut meta = metadata(src, &name)?;
