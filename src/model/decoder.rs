@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use super::ModelSource;
 use super::config::{Ffn, Mixer, ModelConfig};
 use super::deltanet::LinearWeights;
-use super::moe::{self, EachExpert, ExpertSource, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights};
-use super::sparse::{self, Bundle, EachGroup, GroupSource, NeuronWeights, SparseBlock, SparseFfn};
+use super::moe::{self, EachUnit, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights, UnitSource};
+use super::sparse::{self, Bundle, NeuronWeights, SparseBlock, SparseFfn};
 use super::spec::{self, QkNorm, Role};
 use crate::backend::delta::{DeltaRule, DeltaShape, DeltaWeights};
 use crate::backend::{
@@ -663,13 +663,7 @@ impl<B: Backend> DecoderModel<B> {
         let n_experts = c.moe.map_or(0, |m| m.n_experts);
         let n_groups = c.neuron_group.map_or(0, |g| c.intermediate_size / g.max(1));
         if !sparse.is_off() && c.neuron_group.is_none() {
-            let why = match sparse::unsupported(c) {
-                Some(why) => why,
-                None => format!(
-                    "model `{}` was converted without neuron-group bundles (convert it with `strata convert --sparse-ffn`)",
-                    source.name
-                ),
-            };
+            let why = sparse::without_bundles(c, &source.name);
             return Err(ModelError::Sparse { setting: sparse.to_string(), why });
         }
         let mut expert_tensors: Vec<Vec<LayerTensors>> = Vec::new();
@@ -1234,17 +1228,27 @@ impl<B: Backend> DecoderModel<B> {
     }
 }
 
-impl<B: Backend> GroupSource<B> for DecoderModel<B> {
-    fn groups(&self, layer: usize, groups: &[usize], each: &mut EachGroup<'_, B>) -> Result<(), ModelError> {
-        let cache = self.neurons.as_ref().ok_or(SchedError::Build { layer, msg: "no neuron-group cache".into() })?;
-        cache.get_each(layer, groups, |i, g| each(i, &g))
+/// Units `ids` of layer `layer` from `cache` (`what` names it when there is none).
+fn from_cache<U: Send + Sync + 'static>(
+    cache: Option<&Arc<ExpertCache<U>>>,
+    what: &str,
+    layer: usize,
+    ids: &[usize],
+    each: &mut EachUnit<'_, U>,
+) -> Result<(), ModelError> {
+    let cache = cache.ok_or_else(|| SchedError::Build { layer, msg: format!("no {what} cache") })?;
+    cache.get_each(layer, ids, |i, u| each(i, &u))
+}
+
+impl<B: Backend> UnitSource<Bundle<B>> for DecoderModel<B> {
+    fn units(&self, layer: usize, ids: &[usize], each: &mut EachUnit<'_, Bundle<B>>) -> Result<(), ModelError> {
+        from_cache(self.neurons.as_ref(), "neuron-group", layer, ids, each)
     }
 }
 
-impl<B: Backend> ExpertSource<B> for DecoderModel<B> {
-    fn experts(&self, layer: usize, experts: &[usize], each: &mut EachExpert<'_, B>) -> Result<(), ModelError> {
-        let cache = self.experts.as_ref().ok_or(SchedError::Build { layer, msg: "no expert cache".into() })?;
-        cache.get_each(layer, experts, |i, e| each(i, &e))
+impl<B: Backend> UnitSource<Mlp<B>> for DecoderModel<B> {
+    fn units(&self, layer: usize, ids: &[usize], each: &mut EachUnit<'_, Mlp<B>>) -> Result<(), ModelError> {
+        from_cache(self.experts.as_ref(), "expert", layer, ids, each)
     }
 }
 

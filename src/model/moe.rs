@@ -70,15 +70,16 @@ pub fn build_mlp<B: Backend>(
     Ok(Mlp { width, gate, up, down })
 }
 
-/// What receives each routed expert: its position in the list asked for, and its weights.
-pub type EachExpert<'a, B> = dyn FnMut(usize, &Mlp<B>) -> Result<(), ModelError> + 'a;
+/// What receives each unit read apart from its layer core (a routed expert's [`Mlp`], a
+/// sparse FFN's neuron-group bundle): its position in the list asked for, and its weights.
+pub type EachUnit<'a, U> = dyn FnMut(usize, &U) -> Result<(), ModelError> + 'a;
 
-/// Where a layer's routed experts come from.
-pub trait ExpertSource<B: Backend> {
-    /// Hands `each` the weights of `experts` (distinct, ascending) of layer `layer`, in
+/// Where a layer's units read apart (routed experts, neuron groups) come from.
+pub trait UnitSource<U> {
+    /// Hands `each` the weights of units `ids` (distinct, ascending) of layer `layer`, in
     /// that order, each as soon as it is in memory (so that one computes while the next
     /// is still being read).
-    fn experts(&self, layer: usize, experts: &[usize], each: &mut EachExpert<'_, B>) -> Result<(), ModelError>;
+    fn units(&self, layer: usize, ids: &[usize], each: &mut EachUnit<'_, U>) -> Result<(), ModelError>;
 }
 
 /// Each row's experts and their weights, as transformers routes: softmax over every
@@ -201,7 +202,7 @@ pub fn mlp_forward<B: Backend>(
 pub struct MoeBlock<'a, B: Backend> {
     pub layer: usize,
     pub weights: &'a MoeWeights<B>,
-    pub source: &'a dyn ExpertSource<B>,
+    pub source: &'a dyn UnitSource<Mlp<B>>,
     pub input: &'a B::Buf,
     pub rows: usize,
     /// Rows per sequence of the batch, in order (see [`Backend::matmul_seqs`]).
@@ -259,7 +260,7 @@ pub fn moe_forward<B: Backend>(
     };
     match &w.experts {
         Some(all) => wanted.iter().enumerate().try_for_each(|(i, &e)| run(i, &all[e]))?,
-        None => source.experts(layer, &wanted, &mut run)?,
+        None => source.units(layer, &wanted, &mut run)?,
     }
     Ok(routing.into_iter().map(|(ids, _)| ids).collect())
 }

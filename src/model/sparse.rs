@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::config::{Ffn, ModelConfig};
 use super::decoder::ModelError;
-use super::moe::{MlpBufs, MoeBufs};
+use super::moe::{MlpBufs, MoeBufs, UnitSource};
 use crate::backend::{Activation, Backend, Rows};
 use crate::sched::SchedError;
 use crate::tensor::HostTensor;
@@ -144,6 +144,16 @@ impl Refused {
     }
 }
 
+/// Why model `name` (config `c`, stored without neuron-group bundles) cannot run a sparse
+/// setting: its architecture, or how to convert it.
+pub fn without_bundles(c: &ModelConfig, name: &str) -> String {
+    unsupported(c).unwrap_or_else(|| {
+        format!(
+            "model `{name}` was converted without neuron-group bundles (convert it with `strata convert --sparse-ffn`)"
+        )
+    })
+}
+
 /// Why a model cannot be stored or run with a sparse FFN, or `None` when it can: a
 /// dense gated FFN with SiLU (SwiGLU) and separate gate and up projections.
 pub fn unsupported(c: &ModelConfig) -> Option<String> {
@@ -257,16 +267,6 @@ pub struct NeuronWeights<B: Backend> {
     pub groups: Option<Vec<Arc<Bundle<B>>>>,
 }
 
-/// What receives each group: its position in the list asked for, and its weights.
-pub type EachGroup<'a, B> = dyn FnMut(usize, &Bundle<B>) -> Result<(), ModelError> + 'a;
-
-/// Where a layer's neuron groups come from.
-pub trait GroupSource<B: Backend> {
-    /// Hands `each` the bundles of `groups` (distinct, ascending) of layer `layer`, in
-    /// that order, each as soon as it is in memory.
-    fn groups(&self, layer: usize, groups: &[usize], each: &mut EachGroup<'_, B>) -> Result<(), ModelError>;
-}
-
 /// Per row, the groups it keeps (ascending), from the gate's pre-activations `gate`
 /// (`(rows, width)`, rows by sequence as `seq_rows` says, each sequence with its own
 /// setting) and each neuron's [`neuron_scale`].
@@ -337,7 +337,7 @@ fn choose_one(gate: &[f32], scale: &[f32], group: usize, s: SparseFfn) -> Vec<Ve
 pub struct SparseBlock<'a, B: Backend> {
     pub layer: usize,
     pub weights: &'a NeuronWeights<B>,
-    pub source: &'a dyn GroupSource<B>,
+    pub source: &'a dyn UnitSource<Bundle<B>>,
     pub input: &'a B::Buf,
     /// Rows per sequence of the batch, in order (see [`Backend::matmul_seqs`]).
     pub seq_rows: &'a [usize],
@@ -403,7 +403,7 @@ pub fn sparse_forward<B: Backend>(
     };
     match &w.groups {
         Some(all) => wanted.iter().enumerate().try_for_each(|(i, &g)| run(i, &all[g]))?,
-        None => source.groups(layer, &wanted, &mut run)?,
+        None => source.units(layer, &wanted, &mut run)?,
     }
     let kept_total: u64 = kept.iter().map(|k| k.len() as u64).sum();
     Ok((kept_total, (rows * n) as u64))
@@ -514,12 +514,12 @@ mod tests {
     }
 
     struct Groups(Vec<Arc<Bundle<crate::backend::cpu::CpuBackend>>>);
-    impl GroupSource<crate::backend::cpu::CpuBackend> for Groups {
-        fn groups(
+    impl UnitSource<Bundle<crate::backend::cpu::CpuBackend>> for Groups {
+        fn units(
             &self,
             _: usize,
             groups: &[usize],
-            each: &mut EachGroup<'_, crate::backend::cpu::CpuBackend>,
+            each: &mut crate::model::moe::EachUnit<'_, Bundle<crate::backend::cpu::CpuBackend>>,
         ) -> Result<(), ModelError> {
             groups.iter().enumerate().try_for_each(|(i, &g)| each(i, &self.0[g]))
         }

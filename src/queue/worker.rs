@@ -706,12 +706,7 @@ impl Worker {
             && !s.is_off()
             && engine.model.config().neuron_group.is_none()
         {
-            let why = crate::model::sparse::unsupported(engine.model.config()).unwrap_or_else(|| {
-                format!(
-                    "model `{}` was converted without neuron-group bundles (`strata convert --sparse-ffn`)",
-                    job.model
-                )
-            });
+            let why = crate::model::sparse::without_bundles(engine.model.config(), &job.model);
             return Err(invalid(Some(field), format!("`{field}` {s}: {why}")));
         }
         let claim = kv_claim(slot, ctx, job.max_tokens, prompt.len());
