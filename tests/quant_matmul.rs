@@ -184,6 +184,35 @@ fn rows_alone_equal_one_row_calls_bit_for_bit() {
     }
 }
 
+/// A prompt row gets the same bits from every kernel's GEMM whatever else is in the
+/// call (how many rows, and where it sits among them): what lets a batch's prompt chunks
+/// give what the prompt gets alone (tests/batching.rs) on AVX-512 and on AVX2 machines.
+#[test]
+fn gemm_rows_do_not_depend_on_the_rest_of_the_call() {
+    let p = pool(2);
+    for kernel in available() {
+        for dtype in FORMATS {
+            let (m, k) = (35, dtype.block_size() * 5);
+            let mut rng = Rng(k as u64 + m as u64);
+            let bytes = random_weight_bytes(dtype, m, k, &mut rng);
+            let w = tensor(dtype, &bytes, m, k, 2);
+            let rows = 15;
+            let x = rng.vec(rows * k, 2.0);
+            let mut all = vec![f32::NAN; rows * m];
+            quant::matmul_with(kernel, &p, &x, rows, &w, &mut all);
+            for r in 0..rows {
+                // The row second of two, beside the last row.
+                let mut two = x[(rows - 1) * k..].to_vec();
+                two.extend_from_slice(&x[r * k..(r + 1) * k]);
+                let mut got = vec![f32::NAN; 2 * m];
+                quant::matmul_with(kernel, &p, &two, 2, &w, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got[m..]), bits(&all[r * m..(r + 1) * m]), "{kernel:?} {dtype:?} row {r}");
+            }
+        }
+    }
+}
+
 #[test]
 fn integer_path_matches_dequantized_f32_matmul() {
     // Only the activations are rounded (to 8 bits), so the result is within a few
@@ -301,7 +330,9 @@ fn throughput() {
 }
 
 /// Prefill GFLOP/s only (2048 × 5632, 128 rows or `STRATA_BENCH_ROWS`; formats from
-/// `STRATA_BENCH_TYPES`), many repetitions: for profiling the GEMM kernels. Prints figures; asserts nothing about speed.
+/// `STRATA_BENCH_TYPES`), many repetitions, beside the same rows as one-row calls: for
+/// profiling the GEMM kernels (`STRATA_CPU_ISA=avx2` times the AVX2 ones). Prints
+/// figures; asserts nothing about speed.
 #[test]
 #[ignore = "benchmark: cargo test --release --test quant_matmul prefill -- --ignored --nocapture"]
 fn prefill_throughput() {
@@ -317,18 +348,30 @@ fn prefill_throughput() {
     for dtype in FORMATS.into_iter().filter(|d| kinds.split(',').any(|n| n.eq_ignore_ascii_case(d.name()))) {
         let bytes = random_weight_bytes(dtype, M, K, &mut rng);
         let w = tensor(dtype, &bytes, M, K, 0);
-        let mut times = Vec::new();
-        for _ in 0..15 {
-            let t = Instant::now();
-            quant::matmul(&pool, &x, rows, &w, &mut out);
-            times.push(t.elapsed().as_secs_f64());
-        }
-        times.sort_by(f64::total_cmp);
         let gflops = |s: f64| 2.0 * (rows * M * K) as f64 / s / 1e9;
+        // The GEMM, and each row as a one-row call (the path without a GEMM), interleaved.
+        let mut times = [Vec::new(), Vec::new()];
+        for _ in 0..15 {
+            for (i, ts) in times.iter_mut().enumerate() {
+                let t = Instant::now();
+                match i {
+                    0 => quant::matmul(&pool, &x, rows, &w, &mut out),
+                    _ => quant::matmul_rows_alone(&pool, &x, rows, &w, &mut out),
+                }
+                ts.push(t.elapsed().as_secs_f64());
+            }
+        }
+        let [gemm, alone] = times.map(|mut ts| {
+            ts.sort_by(f64::total_cmp);
+            (gflops(ts[ts.len() / 2]), gflops(ts[0]))
+        });
         eprintln!(
-            "{dtype:?} {M}x{K} rows={rows}, {threads} threads: median {:.1} GFLOP/s, best {:.1}",
-            gflops(times[times.len() / 2]),
-            gflops(times[0])
+            "{dtype:?} {M}x{K} rows={rows}, {threads} threads, {:?}: median {:.1} GFLOP/s, best {:.1}; rows as one-row calls: median {:.1}, best {:.1}",
+            QuantKernel::best(),
+            gemm.0,
+            gemm.1,
+            alone.0,
+            alone.1
         );
     }
 }

@@ -16,6 +16,8 @@
 # STRATA_SKIP_CUDA_EMU=1 skips it. tools/llamacpp_vocab.sh checks tokenization against
 # llama.cpp's test vocabularies from the llama-cpp-python sdist (downloaded from PyPI into
 # target/, never committed); STRATA_SKIP_LLAMACPP_VOCAB=1 skips it.
+# Without ARGS, the kernel and parity tests run a second time with STRATA_CPU_ISA=avx2,
+# the paths of a machine without AVX-512.
 # Fixtures under tests/fixtures/ are committed; tools/make_fixtures.py regenerates them
 # (needs the reference stack in tools/requirements-ref.txt, never needed here).
 set -euo pipefail
@@ -25,6 +27,12 @@ failed=()
 
 cargo build --release --locked
 cargo test --release --locked --no-fail-fast "$@" || failed+=("cargo test")
+if (($# == 0)); then
+  # The kernels an AVX2-only machine runs (AVX-512 capped off): against the scalar
+  # references, llama.cpp's log-probs and the batching identities.
+  STRATA_CPU_ISA=avx2 cargo test --release --locked --no-fail-fast --test quant_matmul \
+    --test llamacpp_parity --test quant_golden --test batching || failed+=("cargo test with STRATA_CPU_ISA=avx2")
+fi
 
 if [[ ${STRATA_SKIP_CUDA_TOOLCHAIN:-0} != 1 ]]; then
   tools/cuda_toolchain.sh || failed+=("CUDA kernel compiles (tools/cuda_toolchain.sh)")

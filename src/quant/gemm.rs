@@ -23,7 +23,6 @@ use rayon::ThreadPool;
 use rayon::prelude::*;
 
 use super::simd::act512;
-use super::simd::gemm512::{AR_MAX, GemmKernel, MicroTile};
 use super::{OutPtr, QK, QK_K, TASKS_PER_THREAD, q8_0, q8_1, q8_k, zeroed_blocks};
 use crate::tensor::DType;
 
@@ -56,6 +55,76 @@ impl GemmFormat {
     }
 }
 
+/// `unsafe fn(w, row_bytes, lanes, nb, levels, dw, mw)`: unpacks `nb` blocks of the
+/// `lanes` (1..=16) weight rows at `w`, `w + row_bytes`, ... into `levels`
+/// (`group / 4` 64-byte lines per group, lane `i` of a line holding 4 consecutive values
+/// of row `i`), `dw` and `mw` (16 f32 per group). Lanes past `lanes` are zero.
+///
+/// # Safety
+/// `w + i·row_bytes` must point at `nb` readable weight blocks for `i < lanes`;
+/// `levels`, `dw` and `mw` must be 64-byte aligned and hold every group of `nb` blocks;
+/// the CPU must have the kernel's features.
+pub(crate) type UnpackFn =
+    unsafe fn(w: *const u8, row_bytes: usize, lanes: usize, nb: usize, levels: *mut u8, dw: *mut f32, mw: *mut f32);
+
+/// What one micro-kernel call reads and writes: an unpacked panel (as [`UnpackFn`]
+/// wrote it, `groups` groups) against activation rows `r` = 0.. whose levels start at
+/// `qs + r·qs_stride` and whose per-group `da`, `ioff` and `ms` start at `r·g_stride`;
+/// writes `out[r·os + i]` for the lanes set in `mask`.
+pub(crate) struct MicroTile {
+    pub levels: *const u8,
+    pub dw: *const f32,
+    pub mw: *const f32,
+    pub groups: usize,
+    pub qs: *const i8,
+    pub qs_stride: usize,
+    pub da: *const f32,
+    pub ioff: *const i32,
+    pub ms: *const f32,
+    pub g_stride: usize,
+    /// Consecutive groups that share one activation scale `da` (8 or 16 in a Q8_K block,
+    /// else 1); divides `groups`.
+    pub per: usize,
+    pub out: *mut f32,
+    pub os: usize,
+    pub mask: u16,
+}
+
+/// # Safety
+/// Every pointer of the [`MicroTile`] must be valid for the rows, groups and lanes it
+/// describes; `levels`, `dw` and `mw` 64-byte aligned; the CPU must have the features.
+pub(crate) type MicroFn = unsafe fn(&MicroTile);
+
+/// The unpacker and the micro-kernels (index: activation rows − 1; as many as the
+/// instruction set has registers for) of one format and instruction set.
+#[derive(Clone, Copy)]
+pub(crate) struct GemmKernel {
+    pub fmt: GemmFormat,
+    pub unpack: UnpackFn,
+    pub micro: &'static [MicroFn],
+}
+
+/// The 32-value block formats, which the unpackers take as a const parameter.
+pub(crate) mod block32 {
+    pub const Q4_0: u8 = 0;
+    pub const Q5_0: u8 = 1;
+    pub const Q8_0: u8 = 2;
+    pub const Q4_1: u8 = 3;
+    pub const Q5_1: u8 = 4;
+
+    /// Per format: block bytes, offset of `qs`, offset of `qh` (0: none), whether the
+    /// second f16 of the block is a min `m` (`w = d·u + m`).
+    pub const fn layout(f: u8) -> (usize, usize, usize, bool) {
+        match f {
+            Q4_0 => (18, 2, 0, false),
+            Q5_0 => (22, 6, 2, false),
+            Q8_0 => (34, 2, 0, false),
+            Q4_1 => (20, 4, 0, true),
+            _ => (24, 8, 4, true),
+        }
+    }
+}
+
 /// Quantized activation rows laid out for the GEMM: the levels of each row contiguous,
 /// and per row and group the scale `da` and the correction: `ioff = −off · Σ q` for
 /// offset formats, and for formats with a min `ms`, the f32 that `mw · ms · da` is the
@@ -82,6 +151,9 @@ impl PackedActs {
         let g = fmt.group;
         let groups = k / g;
         let per = if act == DType::Q8_K { QK_K / g } else { 1 };
+        // The AVX-512 quantizers where the CPU has them, else the scalar references
+        // (bit for bit the same).
+        let simd = act512::available();
         // Every element is written below; the resizes only allocate when growing.
         let p = self;
         (p.groups, p.per) = (groups, per);
@@ -94,7 +166,11 @@ impl PackedActs {
             match act {
                 DType::Q8_0 => {
                     let mut b = zeroed_blocks::<q8_0::BlockQ8_0>(k / QK);
-                    act512::q8_0(xr, &mut b);
+                    if simd {
+                        act512::q8_0(xr, &mut b)
+                    } else {
+                        q8_0::quantize(xr, &mut b)
+                    }
                     for (j, blk) in b.iter().enumerate() {
                         qs[j * QK..(j + 1) * QK].copy_from_slice(&blk.qs);
                         let sum: i32 = blk.qs.iter().map(|&q| q as i32).sum();
@@ -104,7 +180,11 @@ impl PackedActs {
                 }
                 DType::Q8_1 => {
                     let mut b = zeroed_blocks::<q8_1::BlockQ8_1>(k / QK);
-                    act512::q8_1(xr, &mut b);
+                    if simd {
+                        act512::q8_1(xr, &mut b)
+                    } else {
+                        q8_1::quantize(xr, &mut b)
+                    }
                     for (j, blk) in b.iter().enumerate() {
                         qs[j * QK..(j + 1) * QK].copy_from_slice(&blk.qs);
                         da[j] = blk.d.to_f32();
@@ -115,7 +195,11 @@ impl PackedActs {
                 }
                 DType::Q8_K => {
                     let mut b = zeroed_blocks::<q8_k::BlockQ8K>(k / QK_K);
-                    act512::q8_k(xr, &mut b);
+                    if simd {
+                        act512::q8_k(xr, &mut b)
+                    } else {
+                        q8_k::quantize(xr, &mut b)
+                    }
                     let per = QK_K / g;
                     for (j, blk) in b.iter().enumerate() {
                         qs[j * QK_K..(j + 1) * QK_K].copy_from_slice(&blk.qs);
@@ -242,8 +326,9 @@ fn run_panels(
         // (asserted above); the scratch lines are aligned and sized for `k` values;
         // `gemm` came from `QuantKernel::gemm`, which checked the CPU features.
         unsafe { (gemm.unpack)(bytes.as_ptr().add(o * row_bytes), row_bytes, lanes, nb, levels, dw, mw) };
-        for r in (0..rows).step_by(AR_MAX) {
-            let ar = (rows - r).min(AR_MAX);
+        let ar_max = gemm.micro.len();
+        for r in (0..rows).step_by(ar_max) {
+            let ar = (rows - r).min(ar_max);
             let tile = MicroTile {
                 levels,
                 dw,

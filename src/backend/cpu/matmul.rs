@@ -667,9 +667,10 @@ mod tests {
         assert!(Kernel::Scalar.is_available());
         #[cfg(target_arch = "x86_64")]
         {
+            use crate::backend::cpu::isa;
             use std::arch::is_x86_feature_detected as has;
-            assert_eq!(Kernel::Avx512.is_available(), has!("avx512f"));
-            assert_eq!(Kernel::Avx2.is_available(), has!("avx2") && has!("fma") && has!("f16c"));
+            assert_eq!(Kernel::Avx512.is_available(), isa::avx512() && has!("avx512f"));
+            assert_eq!(Kernel::Avx2.is_available(), isa::avx2() && has!("avx2") && has!("fma") && has!("f16c"));
         }
         #[cfg(not(target_arch = "x86_64"))]
         {

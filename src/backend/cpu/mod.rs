@@ -1,6 +1,7 @@
 //! The CPU backend: multithreaded, SIMD where it matters (detected at run time).
 
 pub mod bandwidth;
+pub mod isa;
 mod kv;
 pub mod matmul;
 

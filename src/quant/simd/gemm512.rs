@@ -1,72 +1,22 @@
 //! AVX-512 (F, BW, VL, VNNI) kernels of the packed GEMM (see [`crate::quant::gemm`]):
 //! per-format unpackers that turn a panel of 16 weight rows into interleaved `u8` levels
 //! and per-group scales with 32-bit gathers (one gather reads the same 4 bytes of all 16
-//! rows), and the `vpdpbusd` micro-kernel that runs up to [`AR_MAX`] activation rows
-//! over an unpacked panel. Unavailable off x86-64.
+//! rows), and the `vpdpbusd` micro-kernel that runs up to 12 activation rows over an
+//! unpacked panel. Unavailable off x86-64.
 
-use crate::quant::gemm::GemmFormat;
+use crate::quant::gemm::{GemmFormat, GemmKernel, MicroFn, UnpackFn};
 use crate::tensor::DType;
-
-/// Activation rows per micro-kernel call: 12 i32 and 12 f32 accumulators in registers,
-/// so 12 independent `vpdpbusd` chains cover its 5-cycle latency at 2 per cycle.
-pub(crate) const AR_MAX: usize = 12;
-
-/// `unsafe fn(w, row_bytes, lanes, nb, levels, dw, mw)`: unpacks `nb` blocks of the
-/// `lanes` (1..=16) weight rows at `w`, `w + row_bytes`, ... into `levels`
-/// (`group / 4` 64-byte lines per group, lane `i` of a line holding 4 consecutive values
-/// of row `i`), `dw` and `mw` (16 f32 per group). Lanes past `lanes` are zero.
-///
-/// # Safety
-/// `w + i·row_bytes` must point at `nb` readable weight blocks for `i < lanes`;
-/// `levels`, `dw` and `mw` must be 64-byte aligned and hold every group of `nb` blocks;
-/// the CPU must have the kernel's features.
-pub(crate) type UnpackFn =
-    unsafe fn(w: *const u8, row_bytes: usize, lanes: usize, nb: usize, levels: *mut u8, dw: *mut f32, mw: *mut f32);
-
-/// What one micro-kernel call reads and writes: an unpacked panel (as [`UnpackFn`]
-/// wrote it, `groups` groups) against activation rows `r` = 0.. whose levels start at
-/// `qs + r·qs_stride` and whose per-group `da`, `ioff` and `ms` start at `r·g_stride`;
-/// writes `out[r·os + i]` for the lanes set in `mask`.
-pub(crate) struct MicroTile {
-    pub levels: *const u8,
-    pub dw: *const f32,
-    pub mw: *const f32,
-    pub groups: usize,
-    pub qs: *const i8,
-    pub qs_stride: usize,
-    pub da: *const f32,
-    pub ioff: *const i32,
-    pub ms: *const f32,
-    pub g_stride: usize,
-    /// Consecutive groups that share one activation scale `da` (8 or 16 in a Q8_K block,
-    /// else 1); divides `groups`.
-    pub per: usize,
-    pub out: *mut f32,
-    pub os: usize,
-    pub mask: u16,
-}
-
-/// # Safety
-/// Every pointer of the [`MicroTile`] must be valid for the rows, groups and lanes it
-/// describes; `levels`, `dw` and `mw` 64-byte aligned; the CPU must have the features.
-pub(crate) type MicroFn = unsafe fn(&MicroTile);
-
-/// The unpacker and the micro-kernels (index: activation rows − 1) for one format.
-#[derive(Clone, Copy)]
-pub(crate) struct GemmKernel {
-    pub fmt: GemmFormat,
-    pub unpack: UnpackFn,
-    pub micro: [MicroFn; AR_MAX],
-}
 
 pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
     #[cfg(target_arch = "x86_64")]
     {
         use imp::*;
         let fmt = GemmFormat::of(dtype)?;
+        // Up to 12 activation rows per call: 12 i32 and 12 f32 accumulators in registers,
+        // so 12 independent `vpdpbusd` chains cover its 5-cycle latency at 2 per cycle.
         macro_rules! micros {
-            ($steps:literal, $min:literal) => {
-                [
+            ($steps:literal, $min:literal) => {{
+                const M: &[MicroFn] = &[
                     micro::<$steps, $min, 1> as MicroFn,
                     micro::<$steps, $min, 2>,
                     micro::<$steps, $min, 3>,
@@ -79,8 +29,9 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
                     micro::<$steps, $min, 10>,
                     micro::<$steps, $min, 11>,
                     micro::<$steps, $min, 12>,
-                ]
-            };
+                ];
+                M
+            }};
         }
         let unpack: UnpackFn = match dtype {
             DType::Q4_0 => unpack32::<Q4_0>,
@@ -113,25 +64,8 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::MicroTile;
-
-    pub const Q4_0: u8 = 0;
-    pub const Q5_0: u8 = 1;
-    pub const Q8_0: u8 = 2;
-    pub const Q4_1: u8 = 3;
-    pub const Q5_1: u8 = 4;
-
-    /// Per 32-value format: block bytes, offset of `qs`, offset of `qh` (0: none),
-    /// whether the second f16 of the block is a min `m` (`w = d·u + m`).
-    const fn layout(f: u8) -> (usize, usize, usize, bool) {
-        match f {
-            Q4_0 => (18, 2, 0, false),
-            Q5_0 => (22, 6, 2, false),
-            Q8_0 => (34, 2, 0, false),
-            Q4_1 => (20, 4, 0, true),
-            _ => (24, 8, 4, true),
-        }
-    }
+    use crate::quant::gemm::MicroTile;
+    pub use crate::quant::gemm::block32::*;
 
     /// The 4 bytes at `w + off + lane_offset` for the lanes in `k` (zero elsewhere).
     #[target_feature(enable = "avx512f")]
@@ -176,7 +110,7 @@ mod imp {
     /// Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 (one group per block).
     ///
     /// # Safety
-    /// As for [`UnpackFn`](super::UnpackFn).
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn unpack32<const F: u8>(
         w: *const u8,
@@ -232,7 +166,7 @@ mod imp {
     /// `mw = dmin · m_j`.
     ///
     /// # Safety
-    /// As for [`UnpackFn`](super::UnpackFn).
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn unpack_q4k<const Q5: bool>(
         w: *const u8,
@@ -306,7 +240,7 @@ mod imp {
     /// Q6_K: sixteen groups of 16 per block, `dw = d · sc_j`, offset 32.
     ///
     /// # Safety
-    /// As for [`UnpackFn`](super::UnpackFn).
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn unpack_q6k(
         w: *const u8,
@@ -363,7 +297,7 @@ mod imp {
     /// are summed before `da` multiplies them.
     ///
     /// # Safety
-    /// As for [`MicroFn`](super::MicroFn).
+    /// As for [`MicroFn`](crate::quant::gemm::MicroFn).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn micro<const STEPS: usize, const MIN: bool, const AR: usize>(t: &MicroTile) {
         let glen = 4 * STEPS;

@@ -12,10 +12,12 @@ pub(crate) mod act512;
 mod avx2;
 mod avx512;
 pub(crate) mod dec512;
+pub(crate) mod gemm256;
 pub(crate) mod gemm512;
 
 use std::sync::OnceLock;
 
+use super::gemm::GemmKernel;
 use super::{QK_K, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k, with_blocks};
 use crate::tensor::DType;
 
@@ -155,11 +157,12 @@ impl QuantKernel {
 
     /// The packed-GEMM kernels for `dtype` weights, where this variant has them.
     /// Panics if the CPU lacks the features.
-    pub(crate) fn gemm(self, dtype: DType) -> Option<gemm512::GemmKernel> {
+    pub(crate) fn gemm(self, dtype: DType) -> Option<GemmKernel> {
         assert!(self.is_available(), "the {self:?} quant kernel needs CPU features this machine lacks");
         match self {
             QuantKernel::Avx512 => gemm512::kernel(dtype),
-            _ => None,
+            QuantKernel::Avx2 => gemm256::kernel(dtype),
+            QuantKernel::Scalar => None,
         }
     }
 }
@@ -278,7 +281,8 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            assert_eq!(QuantKernel::Avx2.is_available(), has!("avx2") && has!("fma") && has!("f16c"));
+            let cap = crate::backend::cpu::isa::avx2();
+            assert_eq!(QuantKernel::Avx2.is_available(), cap && has!("avx2") && has!("fma") && has!("f16c"));
         }
     }
 }
