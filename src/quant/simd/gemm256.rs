@@ -20,12 +20,12 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
         // Four activation rows per call: 8 i32 accumulators (two halves a row), the two
         // weight halves and the temporaries fill AVX2's 16 registers.
         macro_rules! micros {
-            ($steps:literal, $min:literal, $signed:literal) => {{
+            ($steps:literal, $fold:literal, $min:literal, $signed:literal) => {{
                 const M: &[MicroFn] = &[
-                    micro::<$steps, $min, $signed, 1> as MicroFn,
-                    micro::<$steps, $min, $signed, 2>,
-                    micro::<$steps, $min, $signed, 3>,
-                    micro::<$steps, $min, $signed, 4>,
+                    micro::<$steps, $fold, $min, $signed, 1> as MicroFn,
+                    micro::<$steps, $fold, $min, $signed, 2>,
+                    micro::<$steps, $fold, $min, $signed, 3>,
+                    micro::<$steps, $fold, $min, $signed, 4>,
                 ];
                 M
             }};
@@ -41,15 +41,19 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
             DType::Q6_K => unpack_q6k,
             _ => return None,
         };
-        let micro = match (dtype, fmt.group, fmt.has_min) {
-            (DType::Q8_0, ..) => {
+        // Steps folded in i16 (see `micro`): 4-bit levels (≤ 15) all 8 of a group, 5-bit
+        // 4, Q6_K's 6-bit 2, Q8_0's |w| ≤ 128 one.
+        let micro = match dtype {
+            DType::Q8_0 => {
                 // Signed levels: no offset to take off.
                 fmt.offset = 0;
-                micros!(8, false, true)
+                micros!(8, 1, false, true)
             }
-            (_, 32, false) => micros!(8, false, false),
-            (_, 32, true) => micros!(8, true, false),
-            (_, 16, false) => micros!(4, false, false),
+            DType::Q4_0 => micros!(8, 8, false, false),
+            DType::Q5_0 => micros!(8, 4, false, false),
+            DType::Q4_1 | DType::Q4_K => micros!(8, 8, true, false),
+            DType::Q5_1 | DType::Q5_K => micros!(8, 4, true, false),
+            DType::Q6_K => micros!(4, 2, false, false),
             _ => return None,
         };
         Some(GemmKernel { fmt, unpack, micro })
@@ -258,7 +262,9 @@ mod imp {
     }
 
     /// `AR` activation rows over an unpacked panel, `STEPS` (group / 4) lines per group,
-    /// each line as two halves of 8 weight rows. `MIN` and the per-block scaling as in
+    /// each line as two halves of 8 weight rows. The pair sums of `FOLD` steps add up in
+    /// i16 before they are widened to i32, as many as cannot overflow: a pair sum is at
+    /// most 2 · 127 · the largest level. `MIN` and the per-block scaling as in
     /// the AVX-512 micro-kernel; `SIGNED`: the levels are signed (Q8_0), so each
     /// activation word takes the sign of the levels it meets (`vpsignb`) and the levels
     /// their absolute value. A row's arithmetic is the same whatever `AR` is.
@@ -266,7 +272,9 @@ mod imp {
     /// # Safety
     /// As for [`MicroFn`](crate::quant::gemm::MicroFn).
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn micro<const STEPS: usize, const MIN: bool, const SIGNED: bool, const AR: usize>(t: &MicroTile) {
+    pub unsafe fn micro<const STEPS: usize, const FOLD: usize, const MIN: bool, const SIGNED: bool, const AR: usize>(
+        t: &MicroTile,
+    ) {
         let glen = 4 * STEPS;
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[0.0f32; 16]; AR];
@@ -286,16 +294,26 @@ mod imp {
                         }
                     }
                     let wl = t.levels.add(64 * STEPS * g);
-                    for s in 0..STEPS {
-                        let w =
-                            [_mm256_load_si256(wl.add(64 * s).cast()), _mm256_load_si256(wl.add(64 * s + 32).cast())];
-                        let u = if SIGNED { [_mm256_abs_epi8(w[0]), _mm256_abs_epi8(w[1])] } else { w };
+                    for f in (0..STEPS).step_by(FOLD) {
+                        // `FOLD` steps of pair sums in i16, then widened once.
+                        let mut part = [[_mm256_setzero_si256(); 2]; AR];
+                        for s in f..f + FOLD {
+                            let w = [
+                                _mm256_load_si256(wl.add(64 * s).cast()),
+                                _mm256_load_si256(wl.add(64 * s + 32).cast()),
+                            ];
+                            let u = if SIGNED { [_mm256_abs_epi8(w[0]), _mm256_abs_epi8(w[1])] } else { w };
+                            for r in 0..AR {
+                                let q = _mm256_set1_epi32(qs[r].add(glen * g + 4 * s).cast::<i32>().read_unaligned());
+                                for h in 0..2 {
+                                    let q = if SIGNED { _mm256_sign_epi8(q, w[h]) } else { q };
+                                    part[r][h] = _mm256_add_epi16(part[r][h], _mm256_maddubs_epi16(u[h], q));
+                                }
+                            }
+                        }
                         for r in 0..AR {
-                            let q = _mm256_set1_epi32(qs[r].add(glen * g + 4 * s).cast::<i32>().read_unaligned());
                             for h in 0..2 {
-                                let q = if SIGNED { _mm256_sign_epi8(q, w[h]) } else { q };
-                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[h], q), ones);
-                                isum[r][h] = _mm256_add_epi32(isum[r][h], p);
+                                isum[r][h] = _mm256_add_epi32(isum[r][h], _mm256_madd_epi16(part[r][h], ones));
                             }
                         }
                     }
