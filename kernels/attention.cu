@@ -26,11 +26,44 @@
 // reductions overlap): per key the warp computes q·k (each lane holds head_dim/32
 // dimensions, warp-reduced) and updates its running (m, l, acc) with online-softmax
 // rescaling; the 4 warps then merge (m, l, acc) through shared memory.
-extern "C" __global__ void __launch_bounds__(128)
-    attn_partial_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                     float* __restrict__ part, unsigned int start_pos, unsigned int n_heads,
-                     unsigned int n_kv_heads, unsigned int head_dim, float scale, float softcap,
-                     unsigned int window, unsigned int split_len) {
+// KV cache row layouts (the CPU backend's, src/backend/cpu/kv.rs), each in a float buffer:
+//   KV_F32  row_len = width floats;
+//   KV_F16  two f16 bit patterns per float, row_len = ceil(width / 2);
+//   KV_Q8_0 per 32 values a float scale d then 32 signed bytes (9 floats), value = d · q,
+//           row_len = ceil(width / 32) · 9.
+#define KV_F32 0
+#define KV_F16 1
+#define KV_Q8_0 2
+#define KV_Q8_BLOCK 32u
+#define KV_Q8_SLOTS 9u
+
+template <int KV>
+__device__ __forceinline__ unsigned long long kv_row_len(unsigned long long width) {
+    if (KV == KV_F16) return (width + 1ull) / 2ull;
+    if (KV == KV_Q8_0) return (width + KV_Q8_BLOCK - 1ull) / KV_Q8_BLOCK * KV_Q8_SLOTS;
+    return width;
+}
+
+// Value e of cache row `row` (rows `row_len` floats apart), decoded to f32 exactly as the
+// CPU decodes it.
+template <int KV>
+__device__ __forceinline__ float kv_at(const float* cache, unsigned long long row, unsigned long long row_len,
+                                       unsigned long long e) {
+    const float* r = cache + row * row_len;
+    if (KV == KV_F16) return f16_to_f32(((const unsigned short*)r)[e]);
+    if (KV == KV_Q8_0) {
+        const float* b = r + (e / KV_Q8_BLOCK) * KV_Q8_SLOTS;
+        return b[0] * (float)((const signed char*)(b + 1))[e % KV_Q8_BLOCK];
+    }
+    return r[e];
+}
+
+template <int KV>
+__device__ __forceinline__ void attn_partial(const float* __restrict__ q, const float* __restrict__ k,
+                                             const float* __restrict__ v, float* __restrict__ part,
+                                             unsigned int start_pos, unsigned int n_heads, unsigned int n_kv_heads,
+                                             unsigned int head_dim, float scale, float softcap, unsigned int window,
+                                             unsigned int split_len) {
     __shared__ float sm_m[ATTN_WARPS];
     __shared__ float sm_l[ATTN_WARPS];
     __shared__ float sm_acc[ATTN_WARPS][ATTN_MAX_HEAD_DIM];
@@ -54,10 +87,9 @@ extern "C" __global__ void __launch_bounds__(128)
 
     const unsigned int group = n_kv_heads > 0u ? n_heads / n_kv_heads : 1u;
     const unsigned int kvh = h / (group > 0u ? group : 1u);
-    const unsigned long long kv_width = (unsigned long long)n_kv_heads * head_dim;
+    const unsigned long long row_len = kv_row_len<KV>((unsigned long long)n_kv_heads * head_dim);
+    const unsigned long long kv_off = (unsigned long long)kvh * head_dim;  // this head's first value
     const float* qr = q + (unsigned long long)bh * head_dim;
-    const float* kbase = k + (unsigned long long)kvh * head_dim;
-    const float* vbase = v + (unsigned long long)kvh * head_dim;
 
     float qv[ATTN_DPL], acc[ATTN_DPL];
 #pragma unroll
@@ -76,13 +108,11 @@ extern "C" __global__ void __launch_bounds__(128)
             for (unsigned int t = 0; t < ATTN_KPI; ++t) {
                 const unsigned long long jt = j + (unsigned long long)t * nw;
                 const bool live = jt < hi;  // warp-uniform
-                const float* kr = kbase + jt * kv_width;
-                const float* vr = vbase + jt * kv_width;
 #pragma unroll
                 for (unsigned int i = 0; i < ATTN_DPL; ++i) {
                     const unsigned int d = lane + 32u * i;
-                    kk[t][i] = (live && d < hd) ? kr[d] : 0.0f;
-                    vv[t][i] = (live && d < hd) ? vr[d] : 0.0f;
+                    kk[t][i] = (live && d < hd) ? kv_at<KV>(k, jt, row_len, kv_off + d) : 0.0f;
+                    vv[t][i] = (live && d < hd) ? kv_at<KV>(v, jt, row_len, kv_off + d) : 0.0f;
                 }
             }
 #pragma unroll
@@ -162,6 +192,61 @@ extern "C" __global__ void __launch_bounds__(128)
         out[head_dim] = M;
         out[head_dim + 1u] = L;
     }
+}
+
+// attn_partial_f32 over f32 caches, attn_partial_f16 and attn_partial_q8_0 over caches
+// stored as KV_F16 and KV_Q8_0 (same arguments; k and v are the caches' float buffers).
+#define STRATA_ATTN_PARTIAL(NAME, KV)                                                                     \
+    extern "C" __global__ void __launch_bounds__(128)                                                     \
+        NAME(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,      \
+             float* __restrict__ part, unsigned int start_pos, unsigned int n_heads, unsigned int n_kv_heads, \
+             unsigned int head_dim, float scale, float softcap, unsigned int window, unsigned int split_len) { \
+        attn_partial<KV>(q, k, v, part, start_pos, n_heads, n_kv_heads, head_dim, scale, softcap, window,   \
+                         split_len);                                                                      \
+    }
+STRATA_ATTN_PARTIAL(attn_partial_f32, KV_F32)
+STRATA_ATTN_PARTIAL(attn_partial_f16, KV_F16)
+STRATA_ATTN_PARTIAL(attn_partial_q8_0, KV_Q8_0)
+
+// kv_store_f16: stores row i < n_rows of src (`width` floats; source row rows[i], or i when
+// rows is null) as cache row i of dst in KV_F16: grid (n_rows, ceil(width / 256)),
+// block 256, a thread per value (round to nearest even, as the CPU's F16C conversion).
+// The padding half of an odd-width row is left as it is.
+extern "C" __global__ void __launch_bounds__(256)
+    kv_store_f16(const float* __restrict__ src, const unsigned int* __restrict__ rows, float* __restrict__ dst,
+                 unsigned int width, unsigned int n_rows) {
+    const unsigned int i = blockIdx.x;
+    const unsigned long long e = (unsigned long long)blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= n_rows || e >= width) return;
+    const unsigned long long sr = rows ? rows[i] : i;
+    unsigned short* out = (unsigned short*)(dst + (unsigned long long)i * kv_row_len<KV_F16>(width));
+    out[e] = f16_from_f32(src[sr * width + e]);
+}
+
+// kv_store_q8_0: as kv_store_f16 into KV_Q8_0: a warp per block of 32 values, grid
+// (n_rows, ceil(ceil(width / 32) / 8)), block 256 (8 warps). d = max |x| / 127, each
+// value round(x / d) (halves away from zero) clamped to ±127, as the CPU encodes it;
+// the bytes of a last partial block past `width` are 0.
+extern "C" __global__ void __launch_bounds__(256)
+    kv_store_q8_0(const float* __restrict__ src, const unsigned int* __restrict__ rows, float* __restrict__ dst,
+                  unsigned int width, unsigned int n_rows) {
+    const unsigned int i = blockIdx.x;
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned long long blk = (unsigned long long)blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const unsigned long long blocks = ((unsigned long long)width + KV_Q8_BLOCK - 1ull) / KV_Q8_BLOCK;
+    if (i >= n_rows || blk >= blocks) return;  // warp-uniform
+    const unsigned long long sr = rows ? rows[i] : i;
+    const unsigned long long e = blk * KV_Q8_BLOCK + lane;
+    const float x = e < width ? src[sr * width + e] : 0.0f;
+    float amax = fabsf(x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(STRATA_FULL_MASK, amax, o));
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const float r = fminf(fmaxf(roundf(x * inv), -127.0f), 127.0f);
+    float* b = dst + (unsigned long long)i * kv_row_len<KV_Q8_0>(width) + blk * KV_Q8_SLOTS;
+    if (lane == 0u) b[0] = d;
+    ((signed char*)(b + 1))[lane] = e < width ? (signed char)(int)r : (signed char)0;
 }
 
 // attn_combine_f32: merges the splits of one (query row · head) = blockIdx.x:

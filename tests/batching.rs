@@ -36,10 +36,8 @@ fn engine(fixture: &str) -> Engine {
 
 fn engine_with(fixture: &str, kv: KvType) -> Engine {
     let path = root().join("tests/fixtures").join(fixture);
-    // The CUDA backend keeps f32 caches only (docs/gpu.md, item 10): compact caches are
-    // checked on the CPU wherever the tests run.
-    let device = if kv == KvType::F32 { DeviceSpec::Auto } else { DeviceSpec::Cpu };
-    let opts = RunOptions { threads: 2, context: 256, kv_type: Some(kv), device, ..Default::default() };
+    let opts =
+        RunOptions { threads: 2, context: 256, kv_type: Some(kv), device: DeviceSpec::Auto, ..Default::default() };
     Engine::load(path.to_str().unwrap(), &opts).unwrap()
 }
 

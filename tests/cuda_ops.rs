@@ -503,6 +503,63 @@ fn attention_matches_the_cpu_for_prefill_and_split_decode_on<G: Backend>(g: &G) 
     }
 }
 
+/// Compact KV caches: rows stored on the device hold the CPU's bytes exactly (the same
+/// f16 rounding and Q8_0 scales), from a range of rows and from a list, and attention over
+/// them matches the CPU's.
+#[test]
+fn compact_kv_caches_match_the_cpu() {
+    on_gpu(compact_kv_caches_match_the_cpu_on, compact_kv_caches_match_the_cpu_on);
+}
+
+fn compact_kv_caches_match_the_cpu_on<G: Backend>(g: &G) {
+    use strata::backend::{KvType, Rows};
+    let c = CpuBackend::new(2);
+    // (n_heads, n_kv_heads, head_dim, start_pos, rows): widths of whole and partial
+    // Q8_0 blocks, odd widths (a padding half in f16 rows).
+    for (n_heads, n_kv, hd, start, rows) in [(8, 2, 128, 40, 3), (6, 3, 80, 0, 9), (4, 1, 27, 300, 1)] {
+        for ty in [KvType::F16, KvType::Q8_0] {
+            let (qw, kvw) = (n_heads * hd, n_kv * hd);
+            let cap = start + rows;
+            let (row_len, len) = (ty.row_len(kvw), ty.row_len(kvw) * cap);
+            let (k, v) = (values(cap * kvw, 31, 3.0), values(cap * kvw, 32, 0.01));
+            let q = values(rows * qw, 33, 1.0);
+            let mut stored = Vec::new();
+            for (src, seed) in [(&k, 0u32), (&v, 1)] {
+                let (cs, gs) = (c.upload(src).unwrap(), g.upload(src).unwrap());
+                let (mut cc, mut gc) = (c.alloc(len).unwrap(), g.alloc(len).unwrap());
+                // The first rows as a range, the rest as a list in reverse order.
+                let list: Vec<u32> = (1..cap as u32).rev().collect();
+                for (rows, at) in [(Rows::Range { start: 0, n: 1 }, 0), (Rows::List(&list), 1)] {
+                    c.kv_store(&cs, rows, kvw, &mut cc, at, ty).unwrap();
+                    g.kv_store(&gs, rows, kvw, &mut gc, at, ty).unwrap();
+                }
+                let (want, got) = (c.download(&cc, len).unwrap(), g.download(&gc, len).unwrap());
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{ty:?} cache {seed} of width {kvw} ({row_len} floats a row)");
+                stored.push((cc, gc));
+            }
+            let p = AttnParams {
+                n_heads,
+                n_kv_heads: n_kv,
+                head_dim: hd,
+                start_pos: start,
+                scale: (hd as f32).powf(-0.5),
+                sliding_window: None,
+                softcap: None,
+                kv: ty,
+            };
+            // The cache rows in reverse order hold the source rows reversed: fine for
+            // attention, which only sees the stored rows.
+            let (cq, gq) = (c.upload(&q).unwrap(), g.upload(&q).unwrap());
+            let (mut co, mut go) = (c.alloc(rows * qw).unwrap(), g.alloc(rows * qw).unwrap());
+            c.attention(&cq, 0, rows, &stored[0].0, &stored[1].0, &p, &mut co).unwrap();
+            g.attention(&gq, 0, rows, &stored[0].1, &stored[1].1, &p, &mut go).unwrap();
+            let (got, want) = (g.download(&go, rows * qw).unwrap(), c.download(&co, rows * qw).unwrap());
+            check(&format!("{ty:?} attention heads {n_heads}/{n_kv} hd {hd} start {start}"), &got, &want, 5e-4);
+        }
+    }
+}
+
 #[test]
 fn top_k_on_the_device_matches_the_cpu() {
     on_gpu(top_k_on_the_device_matches_the_cpu_on, top_k_on_the_device_matches_the_cpu_on);

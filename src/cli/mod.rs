@@ -149,7 +149,7 @@ pub struct RunOpts {
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub expert_guess: bool,
     /// How KV caches store keys and values: `f32`, `f16` (half the memory) or `q8_0`
-    /// (9/32 of it). Default: f16 where the device stores it (the CPU), else f32.
+    /// (9/32 of it). Default: f16 (the CPU and CUDA store all three).
     #[arg(long = "kv-type", value_enum)]
     pub kv_type: Option<crate::backend::KvType>,
     /// How a model converted with `--sparse-ffn` runs its FFNs: `off` (every neuron

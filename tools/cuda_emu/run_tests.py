@@ -125,6 +125,15 @@ SIGS: dict[str, list[tuple[str, str]]] = {
                              "unsigned head_dim, float scale, float softcap, unsigned window, "
                              "unsigned split_len"),
         ("attn_combine_f32", "const float* part, float* out, unsigned splits, unsigned head_dim"),
+    ] + [
+        (f"attn_partial_{t}", "const float* q, const float* k, const float* v, float* part, "
+                              "unsigned start_pos, unsigned n_heads, unsigned n_kv_heads, "
+                              "unsigned head_dim, float scale, float softcap, unsigned window, "
+                              "unsigned split_len")
+        for t in ("f16", "q8_0")
+    ] + [
+        (f"kv_store_{t}", "const float* src, const unsigned* rows, float* dst, unsigned width, unsigned n_rows")
+        for t in ("f16", "q8_0")
     ],
     "deltanet.cu": [
         ("delta_conv_f32", "const float* qkvz, const float* conv_w, float* state, float* mixed, unsigned n, "
@@ -931,6 +940,79 @@ def attn_ref_combine(part, hd):
     return num / den[..., None]
 
 
+def kv_encode(kv, x):
+    """Rows of x (float32, [rows, width]) as the CPU stores them (src/backend/cpu/kv.rs), in a
+    float32 buffer [rows, row_len]: f16 two per float; q8_0 per 32 values the scale
+    max|x|/127 then 32 signed bytes round(x/d) (halves away from zero) clamped to ±127."""
+    import numpy as np
+    rows, width = x.shape
+    if kv == "f32":
+        return x.copy()
+    if kv == "f16":
+        h = np.zeros((rows, 2 * ((width + 1) // 2)), np.float16)
+        h[:, :width] = x.astype(np.float16)
+        return h.view(np.float32)
+    nb = (width + 31) // 32
+    out = np.zeros((rows, nb, 9), np.float32)
+    for b in range(nb):
+        blk = x[:, 32 * b:32 * b + 32]
+        d = (np.abs(blk).max(axis=1) / np.float32(127)).astype(np.float32)
+        inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+        y = (blk * inv[:, None]).astype(np.float32).astype(np.float64)  # exact: |y| + 0.5 cannot round
+        q = np.clip(np.sign(y) * np.floor(np.abs(y) + 0.5), -127, 127).astype(np.int8)
+        qs = np.zeros((rows, 32), np.int8)
+        qs[:, :blk.shape[1]] = q
+        out[:, b, 0] = d
+        out[:, b, 1:] = qs.view(np.float32)
+    return out.reshape(rows, nb * 9)
+
+
+def kv_decode(kv, buf, width):
+    """The values a cache of kv_encode's layout holds, as float64 [rows, width]."""
+    import numpy as np
+    rows = buf.shape[0]
+    if kv == "f32":
+        return buf.astype(np.float64)
+    if kv == "f16":
+        return buf.view(np.float16)[:, :width].astype(np.float64)
+    blocks = buf.reshape(rows, -1, 9)
+    d = blocks[:, :, 0].astype(np.float32)
+    q = blocks[:, :, 1:].copy().view(np.int8).astype(np.float32)
+    return (d[:, :, None] * q).astype(np.float32).reshape(rows, -1)[:, :width].astype(np.float64)
+
+
+def cases_kv_store():
+    import numpy as np
+    cs = []
+
+    def store(kv, src_rows, n_rows, width, listed):
+        def run(c: Ctx, rng):
+            src = (rng.standard_normal((src_rows, width)) * rng.uniform(0.01, 100)).astype(np.float32)
+            src[0, :min(width, 40)] = 0.0  # an all-zero block: d = 0
+            if width > 3:
+                src[-1, 1] = 0.5 * float(np.abs(src[-1, :32]).max()) / 127 * 3  # a value on a rounding tie
+            rows = (rng.permutation(src_rows)[:n_rows] if listed else np.arange(n_rows)).astype(np.uint32)
+            want = kv_encode(kv, src[rows])
+            bs, bd = c.buf(src), c.out(want.shape, np.float32)
+            bi = c.buf(rows) if listed else None
+            blocks = (width + 31) // 32
+            grid = (n_rows, (width + 255) // 256) if kv == "f16" else (n_rows, (blocks + 7) // 8)
+            c.launch(f"kv_store_{kv}", grid, (256,), bs, bi, bd, width, n_rows)
+            got = bd.read()
+            if kv == "f16" and width % 2:
+                got, want = got.view(np.uint16)[:, :width], want.view(np.uint16)[:, :width]  # padding untouched
+            return compare_exact("dst", got.view(np.uint32) if got.dtype == np.float32 else got,
+                                 want.view(np.uint32) if want.dtype == np.float32 else want)
+        return run
+    for kv in ("f16", "q8_0"):
+        for src_rows, n_rows, width, listed in ((3, 3, 64, False), (5, 3, 77, True), (2, 2, 1, False),
+                                                (4, 4, 300, True), (9, 6, 1024, False), (3, 2, 33, True)):
+            cs.append(Case(f"kv_store_{kv} src_rows={src_rows} n_rows={n_rows} width={width} "
+                           f"rows={'list' if listed else 'null'}", f"kv_store_{kv}",
+                           store(kv, src_rows, n_rows, width, listed)))
+    return cs
+
+
 def cases_attention():
     import numpy as np
     cs = []
@@ -955,14 +1037,17 @@ def cases_attention():
         s3 = compare_nmse("part.l", z1(got[..., hd + 1]), z1(ref[..., hd + 1]), 5e-4)
         return f"{s1} m_{s2.split(' ')[1]} l_{s3.split(' ')[1]} ({int(empty.sum())} empty slices)"
 
-    def attn(rows, start, nh, nkv, hd, window, split_len, splits, softcap, mode):
+    def attn(rows, start, nh, nkv, hd, window, split_len, splits, softcap, mode, kv="f32"):
         def run(c, rng):
             cap = start + rows
             q = rng.standard_normal((rows, nh * hd)).astype(np.float32)
             k = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
             v = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
+            # The caches as stored; the reference attends over the values they hold.
+            k, v = kv_encode(kv, k), kv_encode(kv, v)
+            kd, vd = kv_decode(kv, k, nkv * hd), kv_decode(kv, v, nkv * hd)
             scale = 1.0 / math.sqrt(hd)
-            ref = attn_ref_partial(q, k, v, start, nh, nkv, hd, scale, window, split_len, splits, softcap)
+            ref = attn_ref_partial(q, kd, vd, start, nh, nkv, hd, scale, window, split_len, splits, softcap)
             if mode == "combine":
                 bp, bo = c.buf(ref.astype(np.float32)), c.out((rows, nh * hd), np.float32)
                 c.launch("attn_combine_f32", (rows * nh,), (hd,), bp, bo, splits, hd)
@@ -970,7 +1055,7 @@ def cases_attention():
                 return compare_nmse("out", bo.read(), want, 5e-4)
             bq, bk, bv = c.buf(q), c.buf(k), c.buf(v)
             bp = c.out((rows, nh, splits, hd + 2), np.float32)
-            c.launch("attn_partial_f32", (rows * nh, splits), (128,), bq, bk, bv, bp, start, nh, nkv, hd,
+            c.launch(f"attn_partial_{kv}", (rows * nh, splits), (128,), bq, bk, bv, bp, start, nh, nkv, hd,
                      np.float32(scale), np.float32(softcap), window, split_len)
             got = bp.read()
             s = compare_part(got.astype(np.float64), ref, hd)
@@ -1015,7 +1100,19 @@ def cases_attention():
         cs.append(Case(f"attn_combine_f32 {desc}", "attn_combine_f32", attn(*args, "combine")))
         if si in e2e:
             cs.append(Case(f"attn_partial+combine {desc}", "attn_partial_f32", attn(*args, "both")))
-    return cs
+    # Caches stored as f16 and q8_0 (head_dim 80 and 96: heads that straddle q8_0 blocks;
+    # 40 with one KV head and 27 with three: rows that end in a partial block, odd rows).
+    kv_shapes = shapes[:3] + [shapes[6], shapes[8], (2, 40, 4, 2, 80, 0, 16, 3), (3, 9, 6, 3, 96, 8, 5, 2, 1.0),
+                              (2, 30, 2, 1, 40, 0, 16, 2), (1, 12, 3, 3, 27, 0, 13, 1)]
+    for kv in ("f16", "q8_0"):
+        for shp in kv_shapes:
+            rows, start, nh, nkv, hd, window, sl, sp = shp[:8]
+            softcap = shp[8] if len(shp) > 8 else 0.0
+            desc = (f"rows={rows} start_pos={start} n_heads={nh} n_kv={nkv} head_dim={hd} window={window} "
+                    f"split_len={sl} splits={sp}" + (f" softcap={softcap}" if softcap else ""))
+            args = (rows, start, nh, nkv, hd, window, sl, sp, softcap)
+            cs.append(Case(f"attn_partial_{kv} {desc}", f"attn_partial_{kv}", attn(*args, "partial", kv)))
+    return cs + cases_kv_store()
 
 
 def distinct_logits(rng, rows, vocab):

@@ -19,7 +19,8 @@ use super::copy::{CudaCopy, CudaPin};
 use super::launch::{self, Shape};
 use crate::backend::delta::DeltaRule;
 use crate::backend::{
-    Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, MAX_TOP_K, RopeFreqs, Rows, TopK, Unary,
+    Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, MAX_TOP_K, RopeFreqs, Rows, TopK,
+    Unary,
 };
 use crate::sched::upload::{SlotHold, Stage, TransferStats, Uploader};
 use crate::tensor::{DType, HostTensor};
@@ -786,6 +787,56 @@ impl Backend for CudaBackend {
         unsafe { self.launch(&mut b, launch::rows(list.len(), row_len), "copy_rows") }
     }
 
+    fn kv_store(
+        &self,
+        src: &CudaBuf,
+        rows: Rows<'_>,
+        width: usize,
+        dst: &mut CudaBuf,
+        at: usize,
+        ty: KvType,
+    ) -> BackendResult<()> {
+        if ty == KvType::F32 {
+            return self.copy_rows(src, rows, width, dst, at);
+        }
+        if rows.is_empty() || width == 0 {
+            return Ok(());
+        }
+        let row_len = ty.row_len(width);
+        check_rows(rows, width, src.data.len(), "kv_store")?;
+        check_len(&[dst.data.len()], (at + rows.len()) * row_len, "kv_store")?;
+        let shape = launch::kv_store(ty, rows.len(), width).ok_or_else(|| BackendError::Device {
+            op: "storing the KV cache".into(),
+            msg: format!("{} rows of {width} values are past the launch grid", rows.len()),
+        })?;
+        let (w32, n32) = (to_u32(width, "kv_store")?, to_u32(rows.len(), "kv_store")?);
+        let mut s = self.scratch();
+        let (sp, ip) = match rows {
+            Rows::Range { start, .. } => (ptr(&src.data, &self.stream, start * width), 0),
+            Rows::List(list) => {
+                let ids = self.grow(&mut s.row_ids, list.len(), "kv_store row list")?;
+                self.put(list, ids, "kv_store row list")?;
+                (ptr(&src.data, &self.stream, 0), ptr(ids, &self.stream, 0))
+            }
+        };
+        let dp = ptr(&dst.data, &self.stream, at * row_len);
+        let name = match ty {
+            KvType::F16 => "kv_store_f16",
+            _ => "kv_store_q8_0",
+        };
+        let mut b = self.stream.launch_builder(self.func(name)?);
+        b.arg(&sp).arg(&ip).arg(&dp).arg(&w32).arg(&n32);
+        // SAFETY: kv_store_{f16,q8_0}(src, rows, dst, width, n_rows) per kernels/README.md:
+        // `src` holds every source row (`check_rows`; a range starts at its first row and
+        // passes no list, a list was just uploaded to the scratch), `dst` from row `at`
+        // holds `n_rows` rows of `ty.row_len(width)` floats (`check_len`).
+        unsafe { self.launch(&mut b, shape, "kv_store") }
+    }
+
+    fn kv_types(&self) -> &'static [KvType] {
+        &[KvType::F32, KvType::F16, KvType::Q8_0]
+    }
+
     fn attention(
         &self,
         q: &CudaBuf,
@@ -822,7 +873,9 @@ impl Backend for CudaBackend {
         let window = p.sliding_window.unwrap_or(0) as u32;
         let softcap = p.softcap.unwrap_or(0.0); // 0: off
         let split_len = split.split_len as u32;
-        let mut b = self.stream.launch_builder(self.func("attn_partial_f32")?);
+        let row_len = p.kv.row_len(p.n_kv_heads * p.head_dim);
+        check_len(&[k.data.len(), v.data.len()], kv_len * row_len, "attention")?;
+        let mut b = self.stream.launch_builder(self.func(launch::attn_partial_kernel(p.kv))?);
         b.arg(&qp)
             .arg(&kp)
             .arg(&vp)
@@ -835,11 +888,12 @@ impl Backend for CudaBackend {
             .arg(&softcap)
             .arg(&window)
             .arg(&split_len);
-        // SAFETY: attn_partial_f32(q, k, v, part, start_pos, n_heads, n_kv_heads, head_dim,
-        // scale, softcap, window, split_len) per kernels/README.md: `q` points at query row
-        // `row0` of `rows` rows of `n_heads × head_dim`, the caches hold `start_pos + rows`
-        // rows of `n_kv_heads × head_dim`, the scratch `rows × n_heads × splits ×
-        // (head_dim + 2)`; `softcap` is a plain float (0: off).
+        // SAFETY: attn_partial_{f32,f16,q8_0}(q, k, v, part, start_pos, n_heads, n_kv_heads,
+        // head_dim, scale, softcap, window, split_len) per kernels/README.md: `q` points at
+        // query row `row0` of `rows` rows of `n_heads × head_dim`, the caches hold
+        // `start_pos + rows` rows of `n_kv_heads × head_dim` values stored as `p.kv`
+        // (checked above), the scratch `rows × n_heads × splits × (head_dim + 2)`;
+        // `softcap` is a plain float (0: off).
         unsafe { self.launch(&mut b, launch::attn_partial(rows, p.n_heads, split), "attention") }?;
         let (op, splits) = (ptr(&out.data, &self.stream, row0 * q_width), split.splits as u32);
         let mut b = self.stream.launch_builder(self.func("attn_combine_f32")?);

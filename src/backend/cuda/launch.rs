@@ -2,6 +2,7 @@
 //! functions of the problem size so they can be tested without a device. The shapes
 //! are the ones `kernels/README.md` documents for each kernel.
 
+use crate::backend::{KvType, Q8_BLOCK};
 use crate::tensor::DType;
 
 /// Grid and block dimensions of one launch.
@@ -123,6 +124,29 @@ pub fn attn_partial(rows: usize, n_heads: usize, split: AttnSplit) -> Shape {
     Shape::new(((rows * n_heads).max(1) as u32, split.splits as u32, 1), ATTN_BLOCK)
 }
 
+/// `kv_store_f16` (a thread per value) and `kv_store_q8_0` (a warp per 32-value block, 8
+/// blocks per launch block): a block row per cache row, `None` when a dimension would not
+/// fit the grid.
+pub fn kv_store(ty: KvType, n_rows: usize, width: usize) -> Option<Shape> {
+    let per = match ty {
+        KvType::F32 => return None,
+        KvType::F16 => ROWS_BLOCK as u64,
+        KvType::Q8_0 => (ROWS_BLOCK / 32 * Q8_BLOCK as u32) as u64,
+    };
+    let chunks = (width as u64).div_ceil(per).max(1);
+    (n_rows as u64 <= MAX_GRID_X && chunks <= MAX_GRID_Y)
+        .then(|| Shape::new((n_rows.max(1) as u32, chunks as u32, 1), ROWS_BLOCK))
+}
+
+/// The `attn_partial_*` kernel for caches stored as `ty`.
+pub fn attn_partial_kernel(ty: KvType) -> &'static str {
+    match ty {
+        KvType::F32 => "attn_partial_f32",
+        KvType::F16 => "attn_partial_f16",
+        KvType::Q8_0 => "attn_partial_q8_0",
+    }
+}
+
 /// `attn_combine_f32`: a block per query row · head, a thread per head dimension.
 pub fn attn_combine(rows: usize, n_heads: usize, head_dim: usize) -> Shape {
     Shape::new(((rows * n_heads).max(1) as u32, 1, 1), head_dim as u32)
@@ -196,6 +220,10 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         ("rope", "rope_f32".into()),
         ("attention", "attn_partial_f32".into()),
         ("attention", "attn_combine_f32".into()),
+        ("attention", "attn_partial_f16".into()),
+        ("attention", "attn_partial_q8_0".into()),
+        ("attention", "kv_store_f16".into()),
+        ("attention", "kv_store_q8_0".into()),
         ("sample", "argmax_f32".into()),
         ("sample", "topk_f32".into()),
         ("deltanet", "delta_conv_f32".into()),
