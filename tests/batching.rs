@@ -83,15 +83,19 @@ fn record(seq: &mut Sequence, trace: &mut Trace) {
     }
 }
 
-fn alone(e: &Engine, req: &GenerateRequest) -> Trace {
-    let cache = e.model.new_cache(e.context_len).unwrap();
-    let mut seq = Sequence::new(e, cache, Vec::new(), req.clone()).unwrap();
+/// Runs `seq` alone to its end.
+fn run_out(e: &Engine, seq: &mut Sequence) -> Trace {
     let mut trace = Trace::default();
     while !seq.is_finished() {
-        batch::step(e, &mut [&mut seq], CHUNK, &|| false).unwrap();
-        record(&mut seq, &mut trace);
+        batch::step(e, &mut [&mut *seq], CHUNK, &|| false).unwrap();
+        record(seq, &mut trace);
     }
     trace
+}
+
+fn alone(e: &Engine, req: &GenerateRequest) -> Trace {
+    let cache = e.model.new_cache(e.context_len).unwrap();
+    run_out(e, &mut Sequence::new(e, cache, Vec::new(), req.clone()).unwrap())
 }
 
 /// All of `reqs` through one step loop, request `i` joining at step `join[i]`.
@@ -242,20 +246,30 @@ fn reused_prefix(fixture: &str) {
     let kept = reusable(&cache, first.prompt.len());
     let mut reused = Sequence::new(&e, cache, cached, next.clone()).unwrap();
     assert_eq!(reused.prompt_left(), next.prompt.len() - kept, "{fixture}: the prefix is reused");
-    let mut got = Trace::default();
-    while !reused.is_finished() {
-        batch::step(&e, &mut [&mut reused], CHUNK, &|| false).unwrap();
-        record(&mut reused, &mut got);
-    }
+    let got = run_out(&e, &mut reused);
     let fresh = alone(&e, &next);
     assert!(got == fresh, "{fixture}: reusing the prefix changed the answer");
     eprintln!("{}: {fixture}: {kept} of {} prompt positions reused", e.device.device, next.prompt.len());
-    // The same prompt again still runs two tokens (never one alone): a hybrid model's
-    // state cannot go back two tokens, so it runs the whole prompt.
+    // The same prompt again runs nothing where rows do not depend on the chunking: its
+    // first token comes from the output the prompt's last row gave, kept with the cache
+    // (a hybrid model's state too). Elsewhere it runs at least two tokens (never one
+    // alone), and a hybrid model, whose state cannot go back, the whole prompt.
     let (cache, cached) = reused.into_cache();
-    let kept = if hybrid { 0 } else { reusable(&cache, next.prompt.len() - 2) };
-    let again = Sequence::new(&e, cache, cached, next.clone()).unwrap();
+    let kept = match (e.model.chunking_changes_rows(), hybrid) {
+        (false, _) => next.prompt.len(),
+        (true, true) => 0,
+        (true, false) => reusable(&cache, next.prompt.len() - 2),
+    };
+    let mut again = Sequence::new(&e, cache, cached, next.clone()).unwrap();
     assert_eq!(again.prompt_left(), next.prompt.len() - kept, "{fixture}");
+    let got = run_out(&e, &mut again);
+    assert!(got == fresh, "{fixture}: the repeated prompt's answer differs from a fresh run's");
+    // And once more, from the cache that answer left (the prompt's state kept again).
+    let (cache, cached) = again.into_cache();
+    let mut third = Sequence::new(&e, cache, cached, next.clone()).unwrap();
+    assert_eq!(third.prompt_left(), next.prompt.len() - kept, "{fixture}: the third run reuses as much");
+    let got = run_out(&e, &mut third);
+    assert!(got == fresh, "{fixture}: the third answer differs from a fresh run's");
 }
 
 /// A short request admitted while a long prompt prefills gets its first token at the

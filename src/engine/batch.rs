@@ -15,9 +15,8 @@ use super::grammar::Constraint;
 use super::sampler::{Sampler, log_softmax_at, top_logprobs};
 use super::session::{Engine, FinishReason, GenerateError, GenerateRequest, GenerationSummary, TokenEvent};
 use super::stop::StopMatcher;
-use crate::backend::TopK;
 use crate::backend::cpu::top_k_row;
-use crate::model::decoder::{KvCache, ModelError, SeqStep};
+use crate::model::decoder::{KvCache, LastOutput, ModelError, SeqStep};
 
 /// One generation in progress.
 pub struct Sequence {
@@ -49,6 +48,9 @@ pub struct Sequence {
     /// prompt's last chunk ran), for [`into_cache`](Self::into_cache): that state cannot
     /// be cut back from the one after the answer.
     prompt_state: Option<(usize, Vec<Vec<f32>>)>,
+    /// Its first token's output, already there: the request repeats exactly a prompt
+    /// whose cache (and last output) it took over; the next step samples from it.
+    ready: Option<LastOutput>,
 }
 
 /// What one step feeds a sequence: a prompt chunk (`true` when it ends the prompt) or
@@ -79,12 +81,28 @@ impl Sequence {
         if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(ModelError::BadToken { id, vocab }.into());
         }
+        let constraint = match &req.grammar {
+            Some(spec) => Some(Constraint::new(spec, engine.token_env()?).map_err(GenerateError::Grammar)?),
+            None => None,
+        };
+        // A grammar may allow only tokens far down the list: it needs every logit.
+        let cut = match constraint {
+            Some(_) => None,
+            None => req.sampling.candidates_needed(req.top_logprobs),
+        };
         // Reuse the cached prefix, but run at least two prompt tokens (one alone would take
         // the decode kernel, and come out other than in a whole prompt: see `step`).
         // Where the backend's rows depend on how a prompt is cut, only the positions that
-        // ran as a fresh prompt's chunks are reused.
+        // ran as a fresh prompt's chunks are reused. A prompt the cache holds exactly,
+        // with the output its last row gave, runs nothing: that output is what a fresh
+        // run computes (rows do not depend on the chunks here).
         let common = cached.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
-        let mut keep = common.min(req.prompt.len().saturating_sub(2)).min(cache.len());
+        let whole = common == req.prompt.len() && cache.len() == common && !engine.model.chunking_changes_rows();
+        let ready = cache.kept_output().filter(|_| whole).and_then(|out| out_for(out, cut, vocab));
+        let mut keep = match ready {
+            Some(_) => common,
+            None => common.min(req.prompt.len().saturating_sub(2)).min(cache.len()),
+        };
         if engine.model.chunking_changes_rows() {
             keep = cache.grid_rows(keep);
         }
@@ -92,20 +110,14 @@ impl Sequence {
         // A linear-attention (hybrid) cache cannot go back: it may have emptied itself.
         let fed = cache.len();
         cached.truncate(fed);
-        let constraint = match &req.grammar {
-            Some(spec) => Some(Constraint::new(spec, engine.token_env()?).map_err(GenerateError::Grammar)?),
-            None => None,
-        };
         let detok = DetokState::new(!req.keep_special_tokens).with_prompt_context(&req.prompt);
+        // A hybrid model's state at the prompt's end, for `into_cache` (no chunk runs).
+        let prompt_state = ready.as_ref().and_then(|_| cache.states_snapshot()).map(|s| (fed, s));
         Ok(Sequence {
             cache,
             tokens: cached,
             fed,
-            // A grammar may allow only tokens far down the list: it needs every logit.
-            cut: match constraint {
-                Some(_) => None,
-                None => req.sampling.candidates_needed(req.top_logprobs),
-            },
+            cut,
             sampler: Sampler::new(req.sampling.clone()),
             constraint,
             detok,
@@ -119,7 +131,8 @@ impl Sequence {
             decode: Duration::ZERO,
             outbox: Vec::new(),
             error: None,
-            prompt_state: None,
+            prompt_state,
+            ready,
             req,
         })
     }
@@ -210,7 +223,7 @@ impl Sequence {
     /// log-probabilities reported (its own and the alternatives') are the model's, over
     /// every token, as llama.cpp's server reports them: they say how far the grammar
     /// steered the model.
-    fn advance(&mut self, engine: &Engine, next: Next) -> Result<(), GenerateError> {
+    fn advance(&mut self, engine: &Engine, next: LastOutput) -> Result<(), GenerateError> {
         if self.prefill.is_none() {
             self.prefill = Some(self.started.elapsed());
             self.decode_start = Some(Instant::now());
@@ -220,7 +233,7 @@ impl Sequence {
             return self.finish_text(engine);
         }
         let (id, logprob, top) = match &next {
-            Next::Logits(logits) => {
+            LastOutput::Logits(logits) => {
                 let id = match &mut self.constraint {
                     None => self.sampler.sample(logits, &self.tokens),
                     Some(c) => {
@@ -237,7 +250,7 @@ impl Sequence {
                 };
                 (id, logprob, top)
             }
-            Next::Top(t) => {
+            LastOutput::Top(t) => {
                 // A constrained sequence asks for every logit (its `cut` is `None`).
                 debug_assert!(self.constraint.is_none(), "a constrained sequence got only the top logits");
                 let id = self.sampler.sample_top(t);
@@ -304,18 +317,29 @@ impl Sequence {
     }
 }
 
-/// What a pass hands a sequence's sampler: every logit of its last token, or only the
-/// most likely entries.
-enum Next {
-    Logits(Vec<f32>),
-    Top(TopK),
+/// `out`, a prompt's last output as kept, cut as a sequence whose cut is `cut` sees it
+/// (see [`step`]), or `None` when it holds less than that sequence needs.
+fn out_for(out: &LastOutput, cut: Option<usize>, vocab: usize) -> Option<LastOutput> {
+    match (out, cut) {
+        (LastOutput::Logits(l), None) => Some(LastOutput::Logits(l.clone())),
+        (LastOutput::Logits(l), Some(k)) => Some(LastOutput::Top(top_k_row(l, k))),
+        (LastOutput::Top(t), Some(k)) if t.ids.len() >= k.min(vocab) => {
+            let mut t = t.clone();
+            t.ids.truncate(k);
+            t.logits.truncate(k);
+            Some(LastOutput::Top(t))
+        }
+        (LastOutput::Top(_), _) => None,
+    }
 }
 
 /// Advances every unfinished sequence in `seqs` by one forward pass: each decoding one
 /// runs its last sampled token, and the prefilling ones run their next prompt chunk
 /// (`prefill_chunk` tokens, or what is left), shortest remaining prompt first, while the
 /// chunks fit in `prefill_chunk` tokens (one always runs). Returns the number of
-/// sequences that ran.
+/// sequences that ran. A sequence that starts from a kept prompt output (see
+/// [`Sequence::new`]) samples its first token from it instead, and the step ends there:
+/// it returns how many did.
 ///
 /// A sequence computes exactly what it would alone: its prompt is cut into the same
 /// chunks whatever else runs, sampling sees only its own cut of the logits, and the
@@ -333,6 +357,21 @@ pub fn step(
     cancelled: &(dyn Fn() -> bool + Sync),
 ) -> Result<usize, ModelError> {
     let chunk = prefill_chunk.max(1);
+    // Sequences whose first output is already there sample it now; this step ends
+    // there, so that their first tokens go out without waiting for a pass.
+    let mut readied = 0;
+    for seq in seqs.iter_mut() {
+        if let Some(next) = seq.ready.take() {
+            readied += 1;
+            if let Err(e) = seq.advance(engine, next) {
+                seq.cancel();
+                seq.error = Some(e);
+            }
+        }
+    }
+    if readied > 0 {
+        return Ok(readied);
+    }
     let mut feeds: Vec<Option<Feed>> = seqs.iter().map(|s| s.decode_feed()).collect();
     let mut by_prompt: Vec<usize> =
         (0..seqs.len()).filter(|&i| !seqs[i].is_finished() && seqs[i].prompt_left() > 0).collect();
@@ -377,7 +416,7 @@ pub fn step(
             _ => seqs[i].pending.into_iter().collect(),
         })
         .collect();
-    let mut outs: Vec<Next> = {
+    let mut outs: Vec<LastOutput> = {
         let mut by_index: Vec<Option<&mut Sequence>> = seqs.iter_mut().map(|s| Some(&mut **s)).collect();
         let mut batch: Vec<SeqStep<'_>> = Vec::with_capacity(ran.len());
         // The grammars whose next mask this pass's sampling needs.
@@ -403,12 +442,14 @@ pub fn step(
                 });
             }
             match top {
-                Some(k) => {
-                    engine.model.forward_top_k(&mut batch, k, cancelled).map(|v| v.into_iter().map(Next::Top).collect())
-                }
-                None => {
-                    engine.model.forward_until(&mut batch, cancelled).map(|v| v.into_iter().map(Next::Logits).collect())
-                }
+                Some(k) => engine
+                    .model
+                    .forward_top_k(&mut batch, k, cancelled)
+                    .map(|v| v.into_iter().map(LastOutput::Top).collect()),
+                None => engine
+                    .model
+                    .forward_until(&mut batch, cancelled)
+                    .map(|v| v.into_iter().map(LastOutput::Logits).collect()),
             }
         });
         drop(batch);
@@ -440,14 +481,18 @@ pub fn step(
         // Each sequence sees exactly what it would see alone: its own cut of the
         // entries, or entries selected from every logit.
         let next = match (out, seq.cut) {
-            (Next::Top(mut t), Some(k)) => {
+            (LastOutput::Top(mut t), Some(k)) => {
                 t.ids.truncate(k);
                 t.logits.truncate(k);
-                Next::Top(t)
+                LastOutput::Top(t)
             }
-            (Next::Logits(l), Some(k)) => Next::Top(top_k_row(&l, k)),
+            (LastOutput::Logits(l), Some(k)) => LastOutput::Top(top_k_row(&l, k)),
             (next, None) => next,
         };
+        if matches!(feeds[i], Some(Feed::Prompt { .. })) {
+            // For a request that repeats this prompt (`Sequence::new`).
+            seq.cache.keep_output(next.clone());
+        }
         if let Err(e) = seq.advance(engine, next) {
             seq.cancel();
             seq.error = Some(e);

@@ -101,6 +101,24 @@ pub struct KvCache {
     /// This sequence's `--sparse-ffn` setting (a request's `sparse_ffn`); `None`: the
     /// model's.
     pub sparse_ffn: Option<SparseFfn>,
+    /// What the model gave for a position's last row (see [`KvCache::keep_output`]).
+    kept_output: Option<KeptOutput>,
+}
+
+/// A forward pass's output for a sequence's last new position: every logit, or the
+/// most likely entries.
+#[derive(Clone, Debug)]
+pub enum LastOutput {
+    Logits(Vec<f32>),
+    Top(TopK),
+}
+
+/// The output for the last of a cache's first `len` positions, under `sparse_ffn`.
+#[derive(Debug)]
+struct KeptOutput {
+    len: usize,
+    sparse_ffn: Option<SparseFfn>,
+    out: LastOutput,
 }
 
 /// A linear-attention state in a buffer of the model's backend, saved and put back
@@ -193,6 +211,26 @@ impl KvCache {
     fn cut_to(&mut self, len: usize) {
         self.len = self.len.min(len);
         self.grid.rows = self.grid.rows.min(self.len);
+        // Positions past `len` may be written again with other tokens.
+        if self.kept_output.as_ref().is_some_and(|k| k.len > self.len) {
+            self.kept_output = None;
+        }
+    }
+
+    /// Keeps `out`, what the model gave for the last position the cache holds now (a
+    /// prompt's last row), so that a request repeating exactly that prompt can start
+    /// from it ([`kept_output`](Self::kept_output)) instead of running its last rows
+    /// again.
+    pub(crate) fn keep_output(&mut self, out: LastOutput) {
+        self.kept_output = Some(KeptOutput { len: self.len, sparse_ffn: self.sparse_ffn, out });
+    }
+
+    /// The output [`keep_output`](Self::keep_output) kept, while the cache holds
+    /// exactly the positions it was kept at (going back further, or running other
+    /// tokens there, drops it) and runs under the same `sparse_ffn` setting.
+    pub(crate) fn kept_output(&self) -> Option<&LastOutput> {
+        let k = self.kept_output.as_ref()?;
+        (k.len == self.len && k.sparse_ffn == self.sparse_ffn && !self.states_stale).then_some(&k.out)
     }
 
     /// A copy of its linear-attention state (`None` for a cache of attention layers
@@ -813,6 +851,7 @@ impl<B: Backend> DecoderModel<B> {
             position_bytes,
             grid: Grid::default(),
             sparse_ffn: None,
+            kept_output: None,
         })
     }
 
