@@ -361,7 +361,7 @@ pub fn step(
     // there, so that their first tokens go out without waiting for a pass.
     let mut readied = 0;
     for seq in seqs.iter_mut() {
-        if let Some(next) = seq.ready.take() {
+        if let Some(next) = seq.ready.take().filter(|_| !seq.is_finished()) {
             readied += 1;
             if let Err(e) = seq.advance(engine, next) {
                 seq.cancel();

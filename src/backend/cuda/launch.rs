@@ -349,8 +349,8 @@ mod tests {
         for entry in &listed {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
-        // 3 kernels per weight format, 18 others.
-        assert_eq!(listed.len(), 3 * WEIGHT_FORMATS.len() + 18);
+        // 3 kernels per weight format, 22 others.
+        assert_eq!(listed.len(), 3 * WEIGHT_FORMATS.len() + 22);
         assert_eq!(declared.len(), listed.len());
     }
 }
