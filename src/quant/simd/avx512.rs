@@ -126,6 +126,20 @@ mod imp {
         unsafe { p.cast::<i16>().read_unaligned() }
     }
 
+    /// The f16s at `p`, `p + stride`, `p + 2·stride` and `p + 3·stride` as four f32 lanes.
+    ///
+    /// # Safety
+    /// The four 2-byte locations are readable.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    #[inline]
+    unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let h = |k: usize| f16_at(p.add(k * stride)) as u16 as u64;
+            _mm_cvtph_ps(_mm_cvtsi64_si128((h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48) as i64))
+        }
+    }
+
     /// The unsigned levels of weight blocks `wp` and `wp + WB` as 64 bytes, in value order.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
     #[inline]
@@ -223,31 +237,14 @@ mod imp {
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
                 let u = [levels_pair::<F>(wp), levels_pair::<F>(wp.add(2 * wb))];
+                // The four blocks' scales (and mins), converted once for every row.
+                let wd = f16x4(wp, wb);
+                let wm = if has_min { f16x4(wp.add(2), wb) } else { _mm_setzero_ps() };
                 for r in 0..R {
                     let ap = a[r].add(i * ab);
-                    let h = _mm256_cvtph_ps(_mm_setr_epi16(
-                        f16_at(wp),
-                        f16_at(wp.add(wb)),
-                        f16_at(wp.add(2 * wb)),
-                        f16_at(wp.add(3 * wb)),
-                        f16_at(ap),
-                        f16_at(ap.add(ab)),
-                        f16_at(ap.add(2 * ab)),
-                        f16_at(ap.add(3 * ab)),
-                    ));
-                    let d = _mm_mul_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                    let d = _mm_mul_ps(wd, f16x4(ap, ab));
                     if has_min {
-                        let ms = _mm256_cvtph_ps(_mm_setr_epi16(
-                            f16_at(wp.add(2)),
-                            f16_at(wp.add(wb + 2)),
-                            f16_at(wp.add(2 * wb + 2)),
-                            f16_at(wp.add(3 * wb + 2)),
-                            f16_at(ap.add(2)),
-                            f16_at(ap.add(ab + 2)),
-                            f16_at(ap.add(2 * ab + 2)),
-                            f16_at(ap.add(3 * ab + 2)),
-                        ));
-                        accm[r] = _mm_fmadd_ps(_mm256_castps256_ps128(ms), _mm256_extractf128_ps::<1>(ms), accm[r]);
+                        accm[r] = _mm_fmadd_ps(wm, f16x4(ap.add(2), ab), accm[r]);
                     }
                     let dz = _mm512_castps128_ps512(d);
                     for (half, idx) in [(0, idx01), (2, idx23)] {
