@@ -448,6 +448,17 @@ fn the_delta_rule_matches_the_cpu_in_one_pass_and_in_chunks_on<G: Backend>(g: &G
     }
 }
 
+/// Attention over `(n_heads, n_kv_heads, head_dim, start_pos)`, scaled by `head_dim^-0.5`.
+fn attn_params(
+    (n_heads, n_kv_heads, head_dim, start_pos): (usize, usize, usize, usize),
+    sliding_window: Option<usize>,
+    softcap: Option<f32>,
+    kv: strata::backend::KvType,
+) -> AttnParams {
+    let scale = (head_dim as f32).powf(-0.5);
+    AttnParams { n_heads, n_kv_heads, head_dim, start_pos, scale, sliding_window, softcap, kv }
+}
+
 #[test]
 fn attention_matches_the_cpu_for_prefill_and_split_decode() {
     on_gpu(
@@ -479,16 +490,7 @@ fn attention_matches_the_cpu_for_prefill_and_split_decode_on<G: Backend>(g: &G) 
         let (qw, kvw) = (n_heads * hd, n_kv * hd);
         let q = values((rows + 2) * qw, 11, 1.0);
         let (k, v) = (values(cap * kvw, 12, 1.0), values(cap * kvw, 13, 1.0));
-        let p = AttnParams {
-            n_heads,
-            n_kv_heads: n_kv,
-            head_dim: hd,
-            start_pos: start,
-            scale: (hd as f32).powf(-0.5),
-            sliding_window: window,
-            softcap,
-            kv: strata::backend::KvType::F32,
-        };
+        let p = attn_params((n_heads, n_kv, hd, start), window, softcap, strata::backend::KvType::F32);
         let (cq, ck, cv) = (c.upload(&q).unwrap(), c.upload(&k).unwrap(), c.upload(&v).unwrap());
         let (gq, gk, gv) = (g.upload(&q).unwrap(), g.upload(&k).unwrap(), g.upload(&v).unwrap());
         let (mut co, mut go) = (c.alloc((rows + 2) * qw).unwrap(), g.alloc((rows + 2) * qw).unwrap());
@@ -538,16 +540,7 @@ fn compact_kv_caches_match_the_cpu_on<G: Backend>(g: &G) {
                 assert_eq!(bits(&got), bits(&want), "{ty:?} cache {seed} of width {kvw} ({row_len} floats a row)");
                 stored.push((cc, gc));
             }
-            let p = AttnParams {
-                n_heads,
-                n_kv_heads: n_kv,
-                head_dim: hd,
-                start_pos: start,
-                scale: (hd as f32).powf(-0.5),
-                sliding_window: None,
-                softcap: None,
-                kv: ty,
-            };
+            let p = attn_params((n_heads, n_kv, hd, start), None, None, ty);
             // The cache rows in reverse order hold the source rows reversed: fine for
             // attention, which only sees the stored rows.
             let (cq, gq) = (c.upload(&q).unwrap(), g.upload(&q).unwrap());
