@@ -44,7 +44,7 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::{k_min_sum, scales_mins_k4};
+    use super::super::{f16x4, k_min_sum, scales_mins_k4};
     use crate::quant::QK_K;
 
     const PREFETCH: usize = 1024;
@@ -125,9 +125,32 @@ mod imp {
         let (ab, aqs) = if has_min { (36, 4) } else { (34, 2) };
         let mut acc = [_mm256_setzero_ps(); 2];
         let mut accm = 0.0f32;
+        let mut i = 0;
+        // Four blocks at a time: their scale products (and min terms) in one conversion
+        // and one multiply, the same IEEE products as one block at a time below.
         // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted).
         unsafe {
-            for i in 0..nb {
+            while i + 4 <= nb {
+                let (wp, ap) = (w.add(i * wb), a.add(i * ab));
+                let d: [f32; 4] = std::mem::transmute(_mm_mul_ps(f16x4(wp, wb), f16x4(ap, ab)));
+                let m: [f32; 4] = match has_min {
+                    true => std::mem::transmute(_mm_mul_ps(f16x4(wp.add(2), wb), f16x4(ap.add(2), ab))),
+                    false => [0.0; 4],
+                };
+                for k in 0..4 {
+                    let (wp, ap) = (wp.add(k * wb), ap.add(k * ab));
+                    if (i + k) % 2 == 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                    }
+                    let s = block_sum::<F>(wp, _mm256_loadu_si256(ap.add(aqs).cast()));
+                    acc[(i + k) % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[k]), acc[(i + k) % 2]);
+                    if has_min {
+                        accm += m[k];
+                    }
+                }
+                i += 4;
+            }
+            for i in i..nb {
                 let (wp, ap) = (w.add(i * wb), a.add(i * ab));
                 if i % 2 == 0 {
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());

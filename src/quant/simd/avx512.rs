@@ -97,6 +97,7 @@ mod imp {
     use std::arch::x86_64::*;
 
     use crate::quant::QK_K;
+    use crate::quant::simd::f16x4;
 
     /// Bytes ahead of the current weight block to prefetch (the decode path streams).
     const PREFETCH: usize = 2048;
@@ -124,20 +125,6 @@ mod imp {
     unsafe fn f16_at(p: *const u8) -> i16 {
         // SAFETY: the caller passes a readable 2-byte location.
         unsafe { p.cast::<i16>().read_unaligned() }
-    }
-
-    /// The f16s at `p`, `p + stride`, `p + 2·stride` and `p + 3·stride` as four f32 lanes.
-    ///
-    /// # Safety
-    /// The four 2-byte locations are readable.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-    #[inline]
-    unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let h = |k: usize| f16_at(p.add(k * stride)) as u16 as u64;
-            _mm_cvtph_ps(_mm_cvtsi64_si128((h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48) as i64))
-        }
     }
 
     /// The unsigned levels of weight blocks `wp` and `wp + WB` as 64 bytes, in value order.

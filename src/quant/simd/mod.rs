@@ -228,6 +228,23 @@ pub(crate) fn quantize_activations(act: DType, x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// The f16s at `p`, `p + stride`, `p + 2·stride` and `p + 3·stride` as four f32 lanes
+/// (the scales, or mins, of four consecutive blocks in one conversion).
+///
+/// # Safety
+/// The four 2-byte locations are readable; the CPU has F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "f16c")]
+#[inline]
+pub(crate) unsafe fn f16x4(p: *const u8, stride: usize) -> std::arch::x86_64::__m128 {
+    use std::arch::x86_64::{_mm_cvtph_ps, _mm_cvtsi64_si128};
+    // SAFETY: the caller's contract.
+    unsafe {
+        let h = |k: usize| p.add(k * stride).cast::<u16>().read_unaligned() as u64;
+        _mm_cvtph_ps(_mm_cvtsi64_si128((h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48) as i64))
+    }
+}
+
 /// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K block, unpacked with
 /// ggml's `utmp` word trick (equal to [`q4_k::get_scale_min_k4`] for j = 0..8).
 #[inline]
