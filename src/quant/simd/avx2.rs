@@ -132,9 +132,14 @@ mod imp {
         unsafe {
             while i + 4 <= nb {
                 let (wp, ap) = (w.add(i * wb), a.add(i * ab));
-                let d: [f32; 4] = std::mem::transmute(_mm_mul_ps(f16x4(wp, wb), f16x4(ap, ab)));
-                let m: [f32; 4] = match has_min {
-                    true => std::mem::transmute(_mm_mul_ps(f16x4(wp.add(2), wb), f16x4(ap.add(2), ab))),
+                let lanes = |v: __m128| {
+                    let mut x = [0.0f32; 4];
+                    _mm_storeu_ps(x.as_mut_ptr(), v);
+                    x
+                };
+                let d = lanes(_mm_mul_ps(f16x4(wp, wb), f16x4(ap, ab)));
+                let m = match has_min {
+                    true => lanes(_mm_mul_ps(f16x4(wp.add(2), wb), f16x4(ap.add(2), ab))),
                     false => [0.0; 4],
                 };
                 for k in 0..4 {
