@@ -127,6 +127,20 @@ mod imp {
         unsafe { p.cast::<i16>().read_unaligned() }
     }
 
+    /// The f16 at `p` (and with `two`, the one at `p + stride`) as f32 lanes, the others 0.
+    ///
+    /// # Safety
+    /// The one or two 2-byte locations are readable.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    #[inline]
+    unsafe fn f16x2(p: *const u8, stride: usize, two: bool) -> __m128 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let h1 = if two { f16_at(p.add(stride)) as u16 as i32 } else { 0 };
+            _mm_cvtph_ps(_mm_cvtsi32_si128(f16_at(p) as u16 as i32 | h1 << 16))
+        }
+    }
+
     /// The unsigned levels of weight blocks `wp` and `wp + WB` as 64 bytes, in value order.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
     #[inline]
@@ -259,16 +273,14 @@ mod imp {
                 let two = i + 2 <= nb;
                 let wp = w.add(i * wb);
                 let u = if two { levels_pair::<F>(wp) } else { levels_one::<F>(wp) };
+                // The one or two blocks' scales (and mins), zero in the other lanes.
+                let wd = f16x2(wp, wb, two);
+                let wm = if has_min { f16x2(wp.add(2), wb, two) } else { _mm_setzero_ps() };
                 for r in 0..R {
                     let ap = a[r].add(i * ab);
-                    let (w1, a1) = if two { (f16_at(wp.add(wb)), f16_at(ap.add(ab))) } else { (0, 0) };
-                    let h = _mm256_cvtph_ps(_mm_setr_epi16(f16_at(wp), w1, 0, 0, f16_at(ap), a1, 0, 0));
-                    let d = _mm_mul_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                    let d = _mm_mul_ps(wd, f16x2(ap, ab, two));
                     if has_min {
-                        let (m1, s1) = if two { (f16_at(wp.add(wb + 2)), f16_at(ap.add(ab + 2))) } else { (0, 0) };
-                        let ms =
-                            _mm256_cvtph_ps(_mm_setr_epi16(f16_at(wp.add(2)), m1, 0, 0, f16_at(ap.add(2)), s1, 0, 0));
-                        accm[r] = _mm_fmadd_ps(_mm256_castps256_ps128(ms), _mm256_extractf128_ps::<1>(ms), accm[r]);
+                        accm[r] = _mm_fmadd_ps(wm, f16x2(ap.add(2), ab, two), accm[r]);
                     }
                     let yp = ap.add(aqs);
                     let y = if two {
