@@ -125,24 +125,28 @@ mod imp {
         let (ab, aqs) = if has_min { (36, 4) } else { (34, 2) };
         let mut acc = [_mm256_setzero_ps(); 2];
         let mut accm = 0.0f32;
-        let mut i = 0;
-        // Four blocks at a time: their scale products (and min terms) in one conversion
-        // and one multiply, the same IEEE products as one block at a time below.
+        // Four blocks at a time: a whole group's scale products (and min terms) in one
+        // conversion and one multiply, the last blocks' one by one: the same IEEE
+        // products either way.
         // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted).
         unsafe {
-            while i + 4 <= nb {
+            for i in (0..nb).step_by(4) {
                 let (wp, ap) = (w.add(i * wb), a.add(i * ab));
-                let lanes = |v: __m128| {
-                    let mut x = [0.0f32; 4];
-                    _mm_storeu_ps(x.as_mut_ptr(), v);
-                    x
-                };
-                let d = lanes(_mm_mul_ps(f16x4(wp, wb), f16x4(ap, ab)));
-                let m = match has_min {
-                    true => lanes(_mm_mul_ps(f16x4(wp.add(2), wb), f16x4(ap.add(2), ab))),
-                    false => [0.0; 4],
-                };
-                for k in 0..4 {
+                let n = (nb - i).min(4);
+                let (mut d, mut m) = ([0.0f32; 4], [0.0f32; 4]);
+                if n == 4 {
+                    _mm_storeu_ps(d.as_mut_ptr(), _mm_mul_ps(f16x4(wp, wb), f16x4(ap, ab)));
+                    if has_min {
+                        _mm_storeu_ps(m.as_mut_ptr(), _mm_mul_ps(f16x4(wp.add(2), wb), f16x4(ap.add(2), ab)));
+                    }
+                } else {
+                    for k in 0..n {
+                        let (wp, ap) = (wp.add(k * wb), ap.add(k * ab));
+                        d[k] = f16_at(wp) * f16_at(ap);
+                        m[k] = if has_min { f16_at(wp.add(2)) * f16_at(ap.add(2)) } else { 0.0 };
+                    }
+                }
+                for k in 0..n {
                     let (wp, ap) = (wp.add(k * wb), ap.add(k * ab));
                     if (i + k) % 2 == 0 {
                         _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
@@ -152,20 +156,6 @@ mod imp {
                     if has_min {
                         accm += m[k];
                     }
-                }
-                i += 4;
-            }
-            for i in i..nb {
-                let (wp, ap) = (w.add(i * wb), a.add(i * ab));
-                if i % 2 == 0 {
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
-                }
-                let y = _mm256_loadu_si256(ap.add(aqs).cast());
-                let s = block_sum::<F>(wp, y);
-                let d = _mm256_set1_ps(f16_at(wp) * f16_at(ap));
-                acc[i % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[i % 2]);
-                if has_min {
-                    accm += f16_at(wp.add(2)) * f16_at(ap.add(2));
                 }
             }
         }
