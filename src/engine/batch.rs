@@ -317,20 +317,29 @@ impl Sequence {
     }
 }
 
-/// `out`, a prompt's last output as kept, cut as a sequence whose cut is `cut` sees it
-/// (see [`step`]), or `None` when it holds less than that sequence needs.
-fn out_for(out: &LastOutput, cut: Option<usize>, vocab: usize) -> Option<LastOutput> {
+/// `out` as a sequence whose cut is `cut` sees it: its own number of top entries, or
+/// every logit (see [`step`]).
+fn cut_output(out: LastOutput, cut: Option<usize>) -> LastOutput {
     match (out, cut) {
-        (LastOutput::Logits(l), None) => Some(LastOutput::Logits(l.clone())),
-        (LastOutput::Logits(l), Some(k)) => Some(LastOutput::Top(top_k_row(l, k))),
-        (LastOutput::Top(t), Some(k)) if t.ids.len() >= k.min(vocab) => {
-            let mut t = t.clone();
+        (LastOutput::Top(mut t), Some(k)) => {
             t.ids.truncate(k);
             t.logits.truncate(k);
-            Some(LastOutput::Top(t))
+            LastOutput::Top(t)
         }
-        (LastOutput::Top(_), _) => None,
+        (LastOutput::Logits(l), Some(k)) => LastOutput::Top(top_k_row(&l, k)),
+        (out, None) => out,
     }
+}
+
+/// A prompt's kept last output as a sequence whose cut is `cut` sees it, or `None` when
+/// it holds less than that sequence needs.
+fn out_for(out: &LastOutput, cut: Option<usize>, vocab: usize) -> Option<LastOutput> {
+    let enough = match (out, cut) {
+        (LastOutput::Logits(_), _) => true,
+        (LastOutput::Top(t), Some(k)) => t.ids.len() >= k.min(vocab),
+        (LastOutput::Top(_), None) => false,
+    };
+    enough.then(|| cut_output(out.clone(), cut))
 }
 
 /// Advances every unfinished sequence in `seqs` by one forward pass: each decoding one
@@ -480,15 +489,7 @@ pub fn step(
         }
         // Each sequence sees exactly what it would see alone: its own cut of the
         // entries, or entries selected from every logit.
-        let next = match (out, seq.cut) {
-            (LastOutput::Top(mut t), Some(k)) => {
-                t.ids.truncate(k);
-                t.logits.truncate(k);
-                LastOutput::Top(t)
-            }
-            (LastOutput::Logits(l), Some(k)) => LastOutput::Top(top_k_row(&l, k)),
-            (next, None) => next,
-        };
+        let next = cut_output(out, seq.cut);
         if matches!(feeds[i], Some(Feed::Prompt { .. })) {
             // For a request that repeats this prompt (`Sequence::new`).
             seq.cache.keep_output(next.clone());
