@@ -1090,12 +1090,16 @@ def cases_attention():
     ]
     # partial -> combine end to end (the kernels' own partials) on a few of them
     e2e = {1, 2, 6, 10, 12, 14}
-    for si, shp in enumerate(shapes):
+    def described(shp):
+        """A shape's launch arguments (softcap 0 when not given) and its case description."""
         rows, start, nh, nkv, hd, window, sl, sp = shp[:8]
         softcap = shp[8] if len(shp) > 8 else 0.0
         desc = (f"rows={rows} start_pos={start} n_heads={nh} n_kv={nkv} head_dim={hd} window={window} "
                 f"split_len={sl} splits={sp}" + (f" softcap={softcap}" if softcap else ""))
-        args = (rows, start, nh, nkv, hd, window, sl, sp, softcap)
+        return (rows, start, nh, nkv, hd, window, sl, sp, softcap), desc
+
+    for si, shp in enumerate(shapes):
+        args, desc = described(shp)
         cs.append(Case(f"attn_partial_f32 {desc}", "attn_partial_f32", attn(*args, "partial")))
         cs.append(Case(f"attn_combine_f32 {desc}", "attn_combine_f32", attn(*args, "combine")))
         if si in e2e:
@@ -1106,11 +1110,7 @@ def cases_attention():
                               (2, 30, 2, 1, 40, 0, 16, 2), (1, 12, 3, 3, 27, 0, 13, 1)]
     for kv in ("f16", "q8_0"):
         for shp in kv_shapes:
-            rows, start, nh, nkv, hd, window, sl, sp = shp[:8]
-            softcap = shp[8] if len(shp) > 8 else 0.0
-            desc = (f"rows={rows} start_pos={start} n_heads={nh} n_kv={nkv} head_dim={hd} window={window} "
-                    f"split_len={sl} splits={sp}" + (f" softcap={softcap}" if softcap else ""))
-            args = (rows, start, nh, nkv, hd, window, sl, sp, softcap)
+            args, desc = described(shp)
             cs.append(Case(f"attn_partial_{kv} {desc}", f"attn_partial_{kv}", attn(*args, "partial", kv)))
     return cs + cases_kv_store()
 
