@@ -80,6 +80,9 @@ pub struct BenchReport {
     pub mem_bandwidth_bytes_s: f64,
     /// How the CPU probe read at its best (`None` on a GPU, which copies device to device).
     pub mem_bandwidth_pattern: Option<String>,
+    /// How one-row quantized matmuls read their weight rows on this machine (CPU only):
+    /// `in-turn` or `side-by-side` (`backend::cpu::bandwidth::decode_reads`).
+    pub decode_reads: Option<String>,
     /// Decode tok/s if every step only had to read its weights once at that bandwidth.
     pub decode_roofline_tok_s: f64,
     pub decode_fraction_of_roofline: f64,
@@ -440,11 +443,15 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     };
     // On a GPU the roofline is device memory: a device-to-device copy, bytes read plus
     // bytes written, measured now.
-    let (bandwidth, bandwidth_pattern) = match model.memory_bandwidth() {
-        Some(b) => (b, None),
+    let (bandwidth, bandwidth_pattern, decode_reads) = match model.memory_bandwidth() {
+        Some(b) => (b, None, None),
         None => {
             let m = measure_read_bandwidth(threads);
-            (m.bytes_per_sec, Some(m.pattern))
+            let reads = match crate::backend::cpu::bandwidth::decode_reads(threads) {
+                crate::backend::cpu::bandwidth::DecodeReads::InTurn => "in-turn",
+                crate::backend::cpu::bandwidth::DecodeReads::SideBySide => "side-by-side",
+            };
+            (m.bytes_per_sec, Some(m.pattern), Some(reads.to_string()))
         }
     };
     let roofline = bandwidth / weight_bytes_per_token as f64;
@@ -520,6 +527,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         weight_bytes_per_token,
         mem_bandwidth_bytes_s: bandwidth,
         mem_bandwidth_pattern: bandwidth_pattern,
+        decode_reads,
         decode_roofline_tok_s: roofline,
         decode_fraction_of_roofline: decode_tok_s / n_seq as f64 / roofline,
         storage_bandwidth_bytes_s: storage.map(|s| s.bytes_per_sec),
@@ -552,6 +560,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         );
         for e in &report.probe_errors {
             println!("PROBE ERROR: {e}");
+        }
+        if let Some(reads) = &report.decode_reads {
+            println!("decode reads its weight rows {}", reads.replace('-', " "));
         }
         println!(
             "weights {:.1} MiB; peak RSS {:.1} MiB",

@@ -12,6 +12,7 @@
 use rayon::ThreadPool;
 use rayon::prelude::*;
 
+use crate::backend::cpu::bandwidth::{DecodeReads, decode_reads};
 use crate::tensor::{DType, HostTensor};
 
 pub mod affine_q4;
@@ -160,7 +161,8 @@ const TASKS_PER_THREAD: usize = 4;
 /// Weight rows per tile: each x row passes over a tile's rows while they sit in L1/L2
 /// (a tile of 2048-value Q8_0 rows is ~17 KiB), and task boundaries fall on tiles.
 const TILE: usize = 8;
-/// Concurrent sequential weight streams per task in decode.
+/// Parts of a task's weight rows decode reads in turn or side by side
+/// ([`DecodeReads`]).
 const STREAMS: usize = 4;
 
 /// The format activations are quantized to for the integer dot products with `dtype`
@@ -231,6 +233,22 @@ fn matmul_on(
     out: &mut [f32],
     how: Rows,
 ) {
+    let reads = decode_reads(pool.current_num_threads());
+    matmul_reading(kernel, pool, x, rows, w, out, how, reads)
+}
+
+/// [`matmul_on`] with the way one-row calls read their weight rows chosen.
+#[allow(clippy::too_many_arguments, reason = "the call spelled out")]
+fn matmul_reading(
+    kernel: QuantKernel,
+    pool: &ThreadPool,
+    x: &[f32],
+    rows: usize,
+    w: &HostTensor,
+    out: &mut [f32],
+    how: Rows,
+    reads: DecodeReads,
+) {
     let alone = how == Rows::Alone;
     let (m, k) = (w.shape[0], w.shape[1]);
     assert!(x.len() >= rows * k, "quant matmul: x holds {} values, need {rows} rows of {k}", x.len());
@@ -261,6 +279,9 @@ fn matmul_on(
     let par = threads > 1 && rows * m * nb >= PAR_MIN_DOTS;
     let mut acts = quantize_rows(pool, act, &x[..rows * k], rows, k, par);
     let mut dot = dot;
+    // The four-row form of whichever one-row kernel runs (`streams_fn` follows
+    // `decode_fn`, as `dot` does below).
+    let streams = kernel.streams_fn(w.dtype).filter(|_| rows == 1 && reads == DecodeReads::SideBySide);
     let decode = (rows == 1 || alone).then(|| kernel.decode_fn(w.dtype)).flatten();
     // Several rows, each as one alone: the several-row form of the same kernel.
     let several = match alone && rows > 1 {
@@ -297,10 +318,27 @@ fn matmul_on(
         unsafe { dst.ptr().add(r * m + o).write(dot(wrow, a.cast(), nb)) };
     };
     let task = |cols: std::ops::Range<usize>| {
+        if let Some(f) = streams {
+            // Decode reads `STREAMS` distant parts of the range side by side: rows
+            // `o + s·per` for `s < STREAMS` at once, block by block.
+            let per = cols.len() / STREAMS;
+            let a = acts.as_ptr().cast::<u8>();
+            for o in cols.start..cols.start + per {
+                // SAFETY: as in `dot_at`, for the weight rows `o + s·per` (inside `cols`)
+                // and the one activation row; `f` is the four-row form of `dot`.
+                let got = unsafe { f(bytes[o * row_bytes..].as_ptr(), per * row_bytes, a, nb) };
+                for (s, v) in got.into_iter().enumerate() {
+                    // SAFETY: as in `dot_at`: column `o + s·per` belongs to this task.
+                    unsafe { dst.ptr().add(o + s * per).write(v) };
+                }
+            }
+            (cols.start + STREAMS * per..cols.end).for_each(|o| dot_at(0, o));
+            return;
+        }
         if rows == 1 {
             // Decode streams the weights once: walk `STREAMS` distant parts of the range
             // in turn, so several sequential reads are in flight at once (one stream per
-            // core reaches only about 60% of the memory bandwidth here).
+            // core reaches only about 60% of the memory bandwidth on some machines).
             let per = cols.len().div_ceil(STREAMS);
             for i in 0..per {
                 for o in (cols.start + i..cols.end).step_by(per) {
@@ -632,6 +670,54 @@ pub(crate) mod testutil {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Decode reads weight rows in turn or four side by side, as the machine reads faster;
+    /// every output is the same bits either way, and the same as that weight row alone.
+    #[test]
+    fn decode_reads_rows_in_turn_or_side_by_side_with_the_same_bits() {
+        use crate::backend::cpu::bandwidth::DecodeReads;
+        use crate::tensor::{AlignedBytes, ByteSource};
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let mut rng = testutil::Rng::new(5);
+        let kernel = QuantKernel::best();
+        let formats =
+            [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
+        for dtype in formats {
+            for (m, k) in [(6, 512), (37, 768), (300, 512)] {
+                let bytes = match dtype {
+                    DType::Q6_K => quantize_matrix(&pool, dtype, &rng.vec(m * k, 1.0), m, k).unwrap().bytes().to_vec(),
+                    _ => {
+                        let mut b = rng.bytes(dtype.bytes_for(m * k).unwrap());
+                        // Sane scales (and mins) where every format keeps them: bytes 0..4.
+                        for blk in b.chunks_exact_mut(dtype.block_bytes()) {
+                            blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                            blk[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
+                        }
+                        b
+                    }
+                };
+                let tensor = |b: &[u8], rows: usize| {
+                    HostTensor::new(std::sync::Arc::new(AlignedBytes::from_slice(b)), 0, b.len(), dtype, vec![rows, k])
+                };
+                let w = tensor(&bytes, m);
+                let x = rng.vec(k, 1.0);
+                let run = |w: &HostTensor, rows: usize, reads| {
+                    let mut out = vec![0f32; rows];
+                    matmul_reading(kernel, &pool, &x, 1, w, &mut out, Rows::ByCount, reads);
+                    out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                };
+                let in_turn = run(&w, m, DecodeReads::InTurn);
+                assert_eq!(run(&w, m, DecodeReads::SideBySide), in_turn, "{dtype:?} {m}x{k}");
+                let row_bytes = bytes.len() / m;
+                let alone: Vec<u32> = (0..m)
+                    .flat_map(|o| {
+                        run(&tensor(&bytes[o * row_bytes..(o + 1) * row_bytes], 1), 1, DecodeReads::SideBySide)
+                    })
+                    .collect();
+                assert_eq!(alone, in_turn, "{dtype:?} {m}x{k}: a row alone");
+            }
+        }
+    }
 
     #[test]
     fn nearest_int_rounds_ties_to_even() {

@@ -56,6 +56,54 @@ pub fn measure(threads: usize) -> Bandwidth {
     Bandwidth { bytes_per_sec, pattern, patterns }
 }
 
+/// How a one-row (decode) quantized matmul reads its weight rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeReads {
+    /// One row at a time, a task's four parts in turn (one memory stream at a time).
+    InTurn,
+    /// Four rows from four parts of a task side by side, block by block (four streams).
+    SideBySide,
+}
+
+/// Bytes each way of the [`decode_reads`] comparison reads per pass.
+const CHOICE_BYTES: usize = 128 << 20;
+/// Passes of each way, alternated; the best of each counts.
+const CHOICE_PASSES: usize = 4;
+
+/// Which [`DecodeReads`] reads memory faster here, decided once per process: the kernels
+/// give the same bits either way, but CPUs differ in what their prefetchers keep up with
+/// (an Intel Xeon VM read 27 GB/s with four streams per thread and 19 with one; an AMD
+/// EPYC VM 38 and 54). `STRATA_DECODE_READS=in-turn|side-by-side` fixes it; otherwise
+/// `threads` threads each read a contiguous part of 128 MiB as one stream and as four,
+/// alternated, the best of four passes each (about 0.15 s), and four streams win only
+/// by at least 5%.
+pub fn decode_reads(threads: usize) -> DecodeReads {
+    static CHOICE: std::sync::OnceLock<DecodeReads> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| match std::env::var("STRATA_DECODE_READS").as_deref() {
+        Ok("in-turn") => DecodeReads::InTurn,
+        Ok("side-by-side") => DecodeReads::SideBySide,
+        _ => {
+            let (one, four) = compare_streams(threads.max(1));
+            if four >= one * 1.05 { DecodeReads::SideBySide } else { DecodeReads::InTurn }
+        }
+    })
+}
+
+/// The best read rate (bytes/s) of one and of four streams per thread, alternated.
+fn compare_streams(threads: usize) -> (f64, f64) {
+    let words: Vec<u64> = (0..(CHOICE_BYTES / 8) as u64).collect();
+    let simd = Simd::best();
+    let mut best = [0.0f64; 2];
+    for _ in 0..CHOICE_PASSES {
+        for (b, streams) in best.iter_mut().zip([1, 4]) {
+            let t = Instant::now();
+            std::hint::black_box(per_thread(&words, threads, streams, simd));
+            *b = b.max(CHOICE_BYTES as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    (best[0], best[1])
+}
+
 /// Sums `words` on `pool` in 1 MiB-word tasks (a probe pattern): each task sums `streams`
 /// far-apart pieces of its chunk at once, as the decode kernel reads several weight rows
 /// at once, with eight independent sums so the adds keep up with memory.

@@ -75,6 +75,43 @@ pub(super) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
     }
 }
 
+/// [`dot_fn`] over four weight rows at once, read side by side, where it has that form.
+pub(super) fn streams_fn(dtype: DType) -> Option<super::StreamsFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use imp::*;
+        macro_rules! four {
+            ($f:ident, $p:expr) => {{
+                // SAFETY: the `StreamsFn` contract is the tile's, for four weight rows and
+                // one activation row.
+                let f: super::StreamsFn = |w, ws, a, nb| unsafe { $f::<{ $p }, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]);
+                f
+            }};
+        }
+        Some(match dtype {
+            DType::Q4_0 => four!(dot32_tile, Q4_0),
+            DType::Q5_0 => four!(dot32_tile, Q5_0),
+            DType::Q8_0 => four!(dot32_tile, Q8_0),
+            DType::Q4_1 => four!(dot32_tile, Q4_1),
+            DType::Q5_1 => four!(dot32_tile, Q5_1),
+            DType::Q4_K => four!(q4k_tile, false),
+            DType::Q5_K => four!(q4k_tile, true),
+            DType::Q6_K => |w, ws, a, nb| {
+                let mut out = [0f32; 4];
+                // SAFETY: as above; `out` holds the four results.
+                unsafe { tile_q6k::<4, 1>(w, ws, a, 0, nb, out.as_mut_ptr(), 1) };
+                out
+            },
+            _ => return None,
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = dtype;
+        None
+    }
+}
+
 /// The 32-value block dot of Q4_0 or Q8_0 weights against plain Q8_0 activation blocks:
 /// the few blocks after the groups of [`super::dec512`]'s packed rows.
 ///
@@ -221,45 +258,67 @@ mod imp {
         stride: usize,
         nb: usize,
     ) -> [f32; R] {
+        // SAFETY: forwarded contract.
+        unsafe { dot32_tile::<F, 1, R>(w, 0, a, stride, nb)[0] }
+    }
+
+    /// [`dot32_rows`] for `W` weight rows `w_stride` bytes apart, read side by side
+    /// block group by block group (several memory streams at once); each (weight row,
+    /// activation row) pair takes exactly [`dot32`]'s operations.
+    ///
+    /// # Safety
+    /// As for [`dot32`], for every weight row and every activation row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn dot32_tile<const F: u8, const W: usize, const R: usize>(
+        w: *const u8,
+        w_stride: usize,
+        a: *const u8,
+        stride: usize,
+        nb: usize,
+    ) -> [[f32; R]; W] {
         let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
+        let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
         let (wb, _, _, off, has_min) = layout(F);
         let (ab, aqs) = if has_min { (36, 4) } else { (34, 2) };
         let offv = _mm512_set1_epi8(off.wrapping_abs()); // 8, 16 or 128 (as unsigned)
         let idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
         let idx23 = _mm512_add_epi32(idx01, _mm512_set1_epi32(2));
-        let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
-        let mut accm = [_mm_setzero_ps(); R];
+        let (mut acc0, mut acc1) = ([[_mm512_setzero_ps(); R]; W], [[_mm512_setzero_ps(); R]; W]);
+        let mut accm = [[_mm_setzero_ps(); R]; W];
         let mut i = 0;
         // SAFETY: every pointer below stays inside the `nb` blocks the caller vouches for
         // (prefetches may point past them; they never fault).
         unsafe {
             while i + 4 <= nb {
-                let wp = w.add(i * wb);
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
-                let u = [levels_pair::<F>(wp), levels_pair::<F>(wp.add(2 * wb))];
-                // The four blocks' scales (and mins), converted once for every row.
-                let wd = f16x4(wp, wb);
-                let wm = if has_min { f16x4(wp.add(2), wb) } else { _mm_setzero_ps() };
-                for r in 0..R {
-                    let ap = a[r].add(i * ab);
-                    let d = _mm_mul_ps(wd, f16x4(ap, ab));
-                    if has_min {
-                        accm[r] = _mm_fmadd_ps(wm, f16x4(ap.add(2), ab), accm[r]);
-                    }
-                    let dz = _mm512_castps128_ps512(d);
-                    for (half, idx) in [(0, idx01), (2, idx23)] {
-                        let yp = ap.add(half * ab + aqs);
-                        let y = _mm512_inserti64x4::<1>(
-                            _mm512_castsi256_si512(_mm256_loadu_si256(yp.cast())),
-                            _mm256_loadu_si256(yp.add(ab).cast()),
-                        );
-                        let mut s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[half / 2], y);
-                        if off != 0 {
-                            s = _mm512_sub_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, y));
+                for j in 0..W {
+                    let wp = w[j].add(i * wb);
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
+                    let u = [levels_pair::<F>(wp), levels_pair::<F>(wp.add(2 * wb))];
+                    // The four blocks' scales (and mins), converted once for every row.
+                    let wd = f16x4(wp, wb);
+                    let wm = if has_min { f16x4(wp.add(2), wb) } else { _mm_setzero_ps() };
+                    for r in 0..R {
+                        let ap = a[r].add(i * ab);
+                        let d = _mm_mul_ps(wd, f16x4(ap, ab));
+                        if has_min {
+                            accm[j][r] = _mm_fmadd_ps(wm, f16x4(ap.add(2), ab), accm[j][r]);
                         }
-                        let acc = if half == 0 { &mut acc0[r] } else { &mut acc1[r] };
-                        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx, dz), *acc);
+                        let dz = _mm512_castps128_ps512(d);
+                        for (half, idx) in [(0, idx01), (2, idx23)] {
+                            let yp = ap.add(half * ab + aqs);
+                            let y = _mm512_inserti64x4::<1>(
+                                _mm512_castsi256_si512(_mm256_loadu_si256(yp.cast())),
+                                _mm256_loadu_si256(yp.add(ab).cast()),
+                            );
+                            let mut s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[half / 2], y);
+                            if off != 0 {
+                                s = _mm512_sub_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, y));
+                            }
+                            let acc = if half == 0 { &mut acc0[j][r] } else { &mut acc1[j][r] };
+                            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx, dz), *acc);
+                        }
                     }
                 }
                 i += 4;
@@ -271,44 +330,49 @@ mod imp {
         unsafe {
             while i < nb {
                 let two = i + 2 <= nb;
-                let wp = w.add(i * wb);
-                let u = if two { levels_pair::<F>(wp) } else { levels_one::<F>(wp) };
-                // The one or two blocks' scales (and mins), zero in the other lanes.
-                let wd = f16x2(wp, wb, two);
-                let wm = if has_min { f16x2(wp.add(2), wb, two) } else { _mm_setzero_ps() };
-                for r in 0..R {
-                    let ap = a[r].add(i * ab);
-                    let d = _mm_mul_ps(wd, f16x2(ap, ab, two));
-                    if has_min {
-                        accm[r] = _mm_fmadd_ps(wm, f16x2(ap.add(2), ab, two), accm[r]);
+                for j in 0..W {
+                    let wp = w[j].add(i * wb);
+                    let u = if two { levels_pair::<F>(wp) } else { levels_one::<F>(wp) };
+                    // The one or two blocks' scales (and mins), zero in the other lanes.
+                    let wd = f16x2(wp, wb, two);
+                    let wm = if has_min { f16x2(wp.add(2), wb, two) } else { _mm_setzero_ps() };
+                    for r in 0..R {
+                        let ap = a[r].add(i * ab);
+                        let d = _mm_mul_ps(wd, f16x2(ap, ab, two));
+                        if has_min {
+                            accm[j][r] = _mm_fmadd_ps(wm, f16x2(ap.add(2), ab, two), accm[j][r]);
+                        }
+                        let yp = ap.add(aqs);
+                        let y = if two {
+                            _mm512_inserti64x4::<1>(
+                                _mm512_castsi256_si512(_mm256_loadu_si256(yp.cast())),
+                                _mm256_loadu_si256(yp.add(ab).cast()),
+                            )
+                        } else {
+                            _mm512_zextsi256_si512(_mm256_loadu_si256(yp.cast()))
+                        };
+                        let mut s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, y);
+                        if off != 0 {
+                            s = _mm512_sub_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, y));
+                        }
+                        let dz = _mm512_castps128_ps512(d);
+                        acc0[j][r] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx01, dz), acc0[j][r]);
                     }
-                    let yp = ap.add(aqs);
-                    let y = if two {
-                        _mm512_inserti64x4::<1>(
-                            _mm512_castsi256_si512(_mm256_loadu_si256(yp.cast())),
-                            _mm256_loadu_si256(yp.add(ab).cast()),
-                        )
-                    } else {
-                        _mm512_zextsi256_si512(_mm256_loadu_si256(yp.cast()))
-                    };
-                    let mut s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, y);
-                    if off != 0 {
-                        s = _mm512_sub_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, y));
-                    }
-                    let dz = _mm512_castps128_ps512(d);
-                    acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx01, dz), acc0[r]);
                 }
                 i += if two { 2 } else { 1 };
             }
         }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
-            if has_min {
-                let m2 = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
-                sum += _mm_cvtss_f32(_mm_add_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+        let mut out = [[0f32; R]; W];
+        for j in 0..W {
+            for r in 0..R {
+                let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j][r], acc1[j][r]));
+                if has_min {
+                    let m2 = _mm_add_ps(accm[j][r], _mm_movehl_ps(accm[j][r], accm[j][r]));
+                    sum += _mm_cvtss_f32(_mm_add_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+                }
+                out[j][r] = sum;
             }
-            out[r] = sum;
         }
         out
     }
@@ -385,11 +449,31 @@ mod imp {
         stride: usize,
         nb: usize,
     ) -> [f32; R] {
+        // SAFETY: forwarded contract.
+        unsafe { q4k_tile::<Q5, 1, R>(w, 0, a, stride, nb)[0] }
+    }
+
+    /// [`dot_q4k_rows`] for `W` weight rows `w_stride` bytes apart, read side by side
+    /// block by block (several memory streams at once); each (weight row, activation
+    /// row) pair takes exactly [`dot_q4k`]'s operations.
+    ///
+    /// # Safety
+    /// As for [`dot_q4k`], for every weight row and every activation row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn q4k_tile<const Q5: bool, const W: usize, const R: usize>(
+        w: *const u8,
+        w_stride: usize,
+        a: *const u8,
+        stride: usize,
+        nb: usize,
+    ) -> [[f32; R]; W] {
+        let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
         let (wb, qs) = if Q5 { (176, 48) } else { (144, 16) };
         const AB: usize = 292;
         let nib = _mm512_set1_epi8(0x0F);
-        let mut accf = [_mm512_setzero_ps(); R];
-        let mut accm = [_mm256_setzero_ps(); R];
+        let mut accf = [[_mm512_setzero_ps(); R]; W];
+        let mut accm = [[_mm256_setzero_ps(); R]; W];
         // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted:
         // they never fault).
         unsafe {
@@ -408,68 +492,73 @@ mod imp {
                 0x3830_2820_1810_0800,
             );
             for i in 0..nb {
-                let wp = w.add(i * wb);
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 128).cast());
-                let sm = scales_mins_k4_v(wp.add(4));
-                let scz = _mm512_castsi256_si512(sm);
-                let qhz = if Q5 {
-                    _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(16).cast()))
-                } else {
-                    _mm512_setzero_si512()
-                };
-                let mut u = [_mm512_setzero_si512(); 4];
-                let mut sc = [_mm512_setzero_si512(); 4];
-                for n in 0..4 {
-                    let qz = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(qs + 32 * n).cast()));
-                    // Low nibbles in the lower half, high nibbles in the upper half.
-                    u[n] = _mm512_and_si512(_mm512_multishift_epi64_epi8(nibble_shifts, qz), nib);
-                    if Q5 {
-                        let bits = _mm512_mask_blend_epi64(
-                            0xF0,
-                            _mm512_set1_epi8(1 << (2 * n)),
-                            _mm512_set1_epi8((2u8 << (2 * n)) as i8),
-                        );
-                        let k = _mm512_test_epi8_mask(qhz, bits);
-                        u[n] = _mm512_mask_add_epi8(u[n], k, u[n], _mm512_set1_epi8(16));
-                    }
-                    sc[n] = _mm512_permutexvar_epi16(idx[n], scz);
-                }
-                let dm = _mm512_cvtph_ps(_mm256_set1_epi32(wp.cast::<i32>().read_unaligned()));
-                let mins = _mm256_permutexvar_epi16(idx_min, sm);
-                for r in 0..R {
-                    let ap = a.wrapping_add(r * stride).add(i * AB);
-                    let mut isum = _mm512_setzero_si512();
+                for j in 0..W {
+                    let wp = w[j].add(i * wb);
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 128).cast());
+                    let sm = scales_mins_k4_v(wp.add(4));
+                    let scz = _mm512_castsi256_si512(sm);
+                    let qhz = if Q5 {
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(16).cast()))
+                    } else {
+                        _mm512_setzero_si512()
+                    };
+                    let mut u = [_mm512_setzero_si512(); 4];
+                    let mut sc = [_mm512_setzero_si512(); 4];
                     for n in 0..4 {
-                        let y = _mm512_loadu_si512(ap.add(4 + 64 * n).cast());
-                        let p = _mm512_maddubs_epi16(u[n], y);
-                        isum = _mm512_dpwssd_epi32(isum, p, sc[n]);
+                        let qz = _mm512_broadcast_i64x4(_mm256_loadu_si256(wp.add(qs + 32 * n).cast()));
+                        // Low nibbles in the lower half, high nibbles in the upper half.
+                        u[n] = _mm512_and_si512(_mm512_multishift_epi64_epi8(nibble_shifts, qz), nib);
+                        if Q5 {
+                            let bits = _mm512_mask_blend_epi64(
+                                0xF0,
+                                _mm512_set1_epi8(1 << (2 * n)),
+                                _mm512_set1_epi8((2u8 << (2 * n)) as i8),
+                            );
+                            let k = _mm512_test_epi8_mask(qhz, bits);
+                            u[n] = _mm512_mask_add_epi8(u[n], k, u[n], _mm512_set1_epi8(16));
+                        }
+                        sc[n] = _mm512_permutexvar_epi16(idx[n], scz);
                     }
-                    let dy = _mm512_set1_ps(ap.cast::<f32>().read());
-                    // lanes: even = d·dy, odd = dmin·dy
-                    let dd = _mm512_mul_ps(dm, dy);
-                    accf[r] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(isum),
-                        _mm512_permutexvar_ps(_mm512_setzero_si512(), dd),
-                        accf[r],
-                    );
-                    let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
-                    let mv = _mm256_madd_epi16(bsums, mins);
-                    let dmin = _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_set1_epi32(1), dd));
-                    accm[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mv), dmin, accm[r]);
+                    let dm = _mm512_cvtph_ps(_mm256_set1_epi32(wp.cast::<i32>().read_unaligned()));
+                    let mins = _mm256_permutexvar_epi16(idx_min, sm);
+                    for r in 0..R {
+                        let ap = a.wrapping_add(r * stride).add(i * AB);
+                        let mut isum = _mm512_setzero_si512();
+                        for n in 0..4 {
+                            let y = _mm512_loadu_si512(ap.add(4 + 64 * n).cast());
+                            let p = _mm512_maddubs_epi16(u[n], y);
+                            isum = _mm512_dpwssd_epi32(isum, p, sc[n]);
+                        }
+                        let dy = _mm512_set1_ps(ap.cast::<f32>().read());
+                        // lanes: even = d·dy, odd = dmin·dy
+                        let dd = _mm512_mul_ps(dm, dy);
+                        accf[j][r] = _mm512_fmadd_ps(
+                            _mm512_cvtepi32_ps(isum),
+                            _mm512_permutexvar_ps(_mm512_setzero_si512(), dd),
+                            accf[j][r],
+                        );
+                        let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
+                        let mv = _mm256_madd_epi16(bsums, mins);
+                        let dmin = _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_set1_epi32(1), dd));
+                        accm[j][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mv), dmin, accm[j][r]);
+                    }
                 }
             }
         }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            let m = _mm256_add_ps(accm[r], _mm256_permute2f128_ps::<1>(accm[r], accm[r]));
-            let m = _mm_add_ps(
-                _mm256_castps256_ps128(m),
-                _mm_movehl_ps(_mm256_castps256_ps128(m), _mm256_castps256_ps128(m)),
-            );
-            let m = _mm_add_ss(m, _mm_shuffle_ps::<1>(m, m));
-            out[r] = _mm512_reduce_add_ps(accf[r]) - _mm_cvtss_f32(m);
+        let mut out = [[0f32; R]; W];
+        for j in 0..W {
+            for r in 0..R {
+                let (accm, accf) = (accm[j][r], accf[j][r]);
+                let m = _mm256_add_ps(accm, _mm256_permute2f128_ps::<1>(accm, accm));
+                let m = _mm_add_ps(
+                    _mm256_castps256_ps128(m),
+                    _mm_movehl_ps(_mm256_castps256_ps128(m), _mm256_castps256_ps128(m)),
+                );
+                let m = _mm_add_ss(m, _mm_shuffle_ps::<1>(m, m));
+                out[j][r] = _mm512_reduce_add_ps(accf) - _mm_cvtss_f32(m);
+            }
         }
         out
     }
@@ -507,7 +596,7 @@ mod imp {
     /// As for [`DotFn`](super::DotFn), for every row; `out[j·os + i]` must be writable;
     /// a CPU with the features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn tile_q6k<const WR: usize, const AR: usize>(
+    pub unsafe fn tile_q6k<const WR: usize, const AR: usize>(
         w: *const u8,
         ws: usize,
         a: *const u8,

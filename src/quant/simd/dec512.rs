@@ -83,6 +83,28 @@ pub(crate) fn dot_fn(dtype: DType) -> Option<super::DotFn> {
     }
 }
 
+/// Four weight rows `w_stride` bytes apart against one [`pack`]ed row, read side by side
+/// (four memory streams), each result bit-identical to [`dot_fn`]'s.
+pub(crate) fn streams_fn(dtype: DType) -> Option<super::StreamsFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use imp::*;
+        // SAFETY (both): the `StreamsFn` contract is the tile's, for four weight rows and
+        // one packed activation row.
+        let f: super::StreamsFn = match dtype {
+            DType::Q4_0 => |w, ws, a, nb| unsafe { q4_0_tile::<4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+            DType::Q8_0 => |w, ws, a, nb| unsafe { q8_0_tile::<4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+            _ => return None,
+        };
+        Some(f)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = dtype;
+        None
+    }
+}
+
 /// The decode dot product over `R` [`pack`]ed rows at once (see
 /// [`RowsFn`](super::RowsFn)), each bit-identical to [`dot_fn`]'s.
 pub(crate) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {

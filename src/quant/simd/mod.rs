@@ -29,6 +29,14 @@ use crate::tensor::DType;
 /// the CPU must have the kernel's features.
 pub(crate) type DotFn = unsafe fn(w: *const u8, a: *const u8, nb: usize) -> f32;
 
+/// Four weight rows `w_stride` bytes apart against one activation row, the rows read side
+/// by side (four memory streams at once): each result bit-identical to the format's
+/// one-row [`DotFn`] (the decode kernel's, with a packed row, where it has one).
+///
+/// # Safety
+/// As for [`DotFn`], for each of the four weight rows.
+pub(crate) type StreamsFn = unsafe fn(w: *const u8, w_stride: usize, a: *const u8, nb: usize) -> [f32; 4];
+
 /// A weight row's dot products with several activation rows at once (8, 4 or 2; the
 /// rows `stride` bytes apart), each bit-identical to the one-row [`DotFn`]'s for that
 /// row: the weights are unpacked once for all of them (decode batches). Safety as for
@@ -138,6 +146,19 @@ impl QuantKernel {
         assert!(self.is_available(), "the {self:?} quant kernel needs CPU features this machine lacks");
         match self {
             QuantKernel::Avx512 if dec512::available() => dec512::dot_fn(dtype),
+            _ => None,
+        }
+    }
+
+    /// The four-weight-row form of the one-row kernel ([`Self::decode_fn`] where that
+    /// exists, else [`Self::dot_fn`]), where it has one.
+    pub(crate) fn streams_fn(self, dtype: DType) -> Option<StreamsFn> {
+        assert!(self.is_available(), "the {self:?} quant kernel needs CPU features this machine lacks");
+        match self {
+            QuantKernel::Avx512 if dec512::available() && dec512::streams_fn(dtype).is_some() => {
+                dec512::streams_fn(dtype)
+            }
+            QuantKernel::Avx512 => avx512::streams_fn(dtype),
             _ => None,
         }
     }
