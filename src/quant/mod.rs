@@ -679,10 +679,10 @@ mod tests {
         use crate::tensor::{AlignedBytes, ByteSource};
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
         let mut rng = testutil::Rng::new(5);
-        let kernel = QuantKernel::best();
         let formats =
             [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
-        for dtype in formats {
+        let kernels = QuantKernel::ALL.into_iter().filter(|k| k.is_available());
+        for (kernel, dtype) in kernels.flat_map(|k| formats.map(|d| (k, d))) {
             for (m, k) in [(6, 512), (37, 768), (300, 512)] {
                 let bytes = match dtype {
                     DType::Q6_K => quantize_matrix(&pool, dtype, &rng.vec(m * k, 1.0), m, k).unwrap().bytes().to_vec(),
@@ -707,14 +707,14 @@ mod tests {
                     out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
                 };
                 let in_turn = run(&w, m, DecodeReads::InTurn);
-                assert_eq!(run(&w, m, DecodeReads::SideBySide), in_turn, "{dtype:?} {m}x{k}");
+                assert_eq!(run(&w, m, DecodeReads::SideBySide), in_turn, "{kernel:?} {dtype:?} {m}x{k}");
                 let row_bytes = bytes.len() / m;
                 let alone: Vec<u32> = (0..m)
                     .flat_map(|o| {
                         run(&tensor(&bytes[o * row_bytes..(o + 1) * row_bytes], 1), 1, DecodeReads::SideBySide)
                     })
                     .collect();
-                assert_eq!(alone, in_turn, "{dtype:?} {m}x{k}: a row alone");
+                assert_eq!(alone, in_turn, "{kernel:?} {dtype:?} {m}x{k}: a row alone");
             }
         }
     }

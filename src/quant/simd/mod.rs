@@ -159,7 +159,8 @@ impl QuantKernel {
                 dec512::streams_fn(dtype)
             }
             QuantKernel::Avx512 => avx512::streams_fn(dtype),
-            _ => None,
+            QuantKernel::Avx2 => avx2::streams_fn(dtype),
+            QuantKernel::Scalar => None,
         }
     }
 
