@@ -55,16 +55,17 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
 pub(super) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
     #[cfg(target_arch = "x86_64")]
     {
+        use super::{RowsFn, pair_fns, rows_fn};
         use imp::*;
         Some(match dtype {
-            DType::Q4_0 => super::rows_fn!(dot32_rows, Q4_0),
-            DType::Q5_0 => super::rows_fn!(dot32_rows, Q5_0),
-            DType::Q8_0 => super::rows_fn!(dot32_rows, Q8_0),
-            DType::Q4_1 => super::rows_fn!(dot32_rows, Q4_1),
-            DType::Q5_1 => super::rows_fn!(dot32_rows, Q5_1),
-            DType::Q4_K => super::rows_fn!(dot_q4k_rows, false),
-            DType::Q5_K => super::rows_fn!(dot_q4k_rows, true),
-            DType::Q6_K => super::rows_fn!(q6k_rows),
+            DType::Q4_0 => RowsFn { pairs: pair_fns!(dot32_tile, Q4_0), ..rows_fn!(dot32_rows, Q4_0) },
+            DType::Q5_0 => RowsFn { pairs: pair_fns!(dot32_tile, Q5_0), ..rows_fn!(dot32_rows, Q5_0) },
+            DType::Q8_0 => RowsFn { pairs: pair_fns!(dot32_tile, Q8_0), ..rows_fn!(dot32_rows, Q8_0) },
+            DType::Q4_1 => RowsFn { pairs: pair_fns!(dot32_tile, Q4_1), ..rows_fn!(dot32_rows, Q4_1) },
+            DType::Q5_1 => RowsFn { pairs: pair_fns!(dot32_tile, Q5_1), ..rows_fn!(dot32_rows, Q5_1) },
+            DType::Q4_K => RowsFn { pairs: pair_fns!(q4k_tile, false), ..rows_fn!(dot_q4k_rows, false) },
+            DType::Q5_K => RowsFn { pairs: pair_fns!(q4k_tile, true), ..rows_fn!(dot_q4k_rows, true) },
+            DType::Q6_K => RowsFn { pairs: pair_fns!(q6k_tile_rows), ..rows_fn!(q6k_rows) },
             _ => return None,
         })
     }
@@ -81,6 +82,11 @@ pub(super) fn streams_fn(dtype: DType) -> Option<super::StreamsFn> {
     {
         use imp::*;
         macro_rules! four {
+            ($f:ident) => {{
+                // SAFETY: as below.
+                let f: super::StreamsFn = |w, ws, a, nb| unsafe { $f::<4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]);
+                f
+            }};
             ($f:ident, $p:expr) => {{
                 // SAFETY: the `StreamsFn` contract is the tile's, for four weight rows and
                 // one activation row.
@@ -96,12 +102,7 @@ pub(super) fn streams_fn(dtype: DType) -> Option<super::StreamsFn> {
             DType::Q5_1 => four!(dot32_tile, Q5_1),
             DType::Q4_K => four!(q4k_tile, false),
             DType::Q5_K => four!(q4k_tile, true),
-            DType::Q6_K => |w, ws, a, nb| {
-                let mut out = [0f32; 4];
-                // SAFETY: as above; `out` holds the four results.
-                unsafe { tile_q6k::<4, 1>(w, ws, a, 0, nb, out.as_mut_ptr(), 1) };
-                out
-            },
+            DType::Q6_K => four!(q6k_tile_rows),
             _ => return None,
         })
     }
@@ -570,10 +571,27 @@ mod imp {
     /// As for [`dot_q6k`], for every row.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn q6k_rows<const R: usize>(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; R] {
-        let mut out = [0f32; R];
-        // SAFETY: forwarded contract; `out` holds `R` values.
-        unsafe { tile_q6k::<1, R>(w, 0, a, stride, nb, out.as_mut_ptr(), 1) };
-        out
+        // SAFETY: forwarded contract.
+        unsafe { q6k_tile_rows::<1, R>(w, 0, a, stride, nb)[0] }
+    }
+
+    /// [`tile_q6k`] as `W` weight rows `w_stride` bytes apart × `R` activation rows,
+    /// results by weight row.
+    ///
+    /// # Safety
+    /// As for [`dot_q6k`], for every weight row and every activation row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn q6k_tile_rows<const W: usize, const R: usize>(
+        w: *const u8,
+        w_stride: usize,
+        a: *const u8,
+        stride: usize,
+        nb: usize,
+    ) -> [[f32; R]; W] {
+        let mut t = [[0f32; W]; R];
+        // SAFETY: forwarded contract; `t` holds `R` rows of `W` results.
+        unsafe { tile_q6k::<W, R>(w, w_stride, a, stride, nb, t.as_mut_ptr().cast(), W) };
+        std::array::from_fn(|i| std::array::from_fn(|r| t[r][i]))
     }
 
     /// Q6_K against Q8_K.
@@ -596,7 +614,7 @@ mod imp {
     /// As for [`DotFn`](super::DotFn), for every row; `out[j·os + i]` must be writable;
     /// a CPU with the features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn tile_q6k<const WR: usize, const AR: usize>(
+    unsafe fn tile_q6k<const WR: usize, const AR: usize>(
         w: *const u8,
         ws: usize,
         a: *const u8,

@@ -68,6 +68,13 @@ macro_rules! pair_fns {
     ($f:ident) => {
         Some($crate::quant::simd::PairFns { p8: $f::<2, 8>, p4: $f::<2, 4>, p2: $f::<2, 2> })
     };
+    ($f:ident, $fmt:expr) => {
+        Some($crate::quant::simd::PairFns {
+            p8: $f::<{ $fmt }, 2, 8>,
+            p4: $f::<{ $fmt }, 2, 4>,
+            p2: $f::<{ $fmt }, 2, 2>,
+        })
+    };
 }
 pub(crate) use pair_fns;
 
