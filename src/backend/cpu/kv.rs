@@ -49,8 +49,9 @@ pub fn decode(ty: KvType, row: &[f32], off: usize, out: &mut [f32]) {
     }
 }
 
-/// The conversions, with F16C / AVX-512 where the CPU has them (attention decodes a head
-/// of every cached position for every query, so these run in its inner loop).
+/// The conversions, with F16C / AVX-512 where the CPU has them (attention decodes a Q8_0
+/// cache's positions once per call; it reads an f16 cache as it is, widening in the
+/// score and value loops).
 mod simd {
     /// `out[i] = f16(values[i])`, rounded to nearest even.
     pub fn to_f16(values: &[f32], out: &mut [u16]) {
@@ -153,7 +154,7 @@ fn as_u16(slots: &mut [f32]) -> &mut [u16] {
     unsafe { std::slice::from_raw_parts_mut(slots.as_mut_ptr().cast::<u16>(), slots.len() * 2) }
 }
 
-fn as_u16_ref(slots: &[f32]) -> &[u16] {
+pub(super) fn as_u16_ref(slots: &[f32]) -> &[u16] {
     // SAFETY: as for `as_u16`, shared.
     unsafe { std::slice::from_raw_parts(slots.as_ptr().cast::<u16>(), slots.len() * 2) }
 }

@@ -188,6 +188,25 @@ pub fn weighted_sum(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]) {
     unsafe { (best_ops().weighted_sum)(w, v, stride, o) }
 }
 
+/// [`scores`] over keys stored as IEEE f16 bits: the same bits as over their f32 widening.
+pub fn scores_f16(q: &[f32], k: &[u16], stride: usize, scale: f32, out: &mut [f32]) {
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(k.len() >= last * stride + q.len(), "scores_f16: k holds {} values, too few", k.len());
+    }
+    // SAFETY: a table exists only if its CPU features were detected; `k` was checked.
+    unsafe { (best_ops().scores_f16)(q, F16::cast(k), stride, scale, out) }
+}
+
+/// [`weighted_sum`] over values stored as IEEE f16 bits: the same bits as over their f32
+/// widening.
+pub fn weighted_sum_f16(w: &[f32], v: &[u16], stride: usize, o: &mut [f32]) {
+    if let Some(last) = w.len().checked_sub(1) {
+        assert!(v.len() >= last * stride + o.len(), "weighted_sum_f16: v holds {} values, too few", v.len());
+    }
+    // SAFETY: a table exists only if its CPU features were detected; `v` was checked.
+    unsafe { (best_ops().weighted_sum_f16)(w, F16::cast(v), stride, o) }
+}
+
 /// [`dot`] with a chosen kernel variant; panics if the CPU does not support it.
 pub fn dot_with(kernel: Kernel, a: &[f32], b: &[f32]) -> f32 {
     dot_on(kernel.ops_or_panic(), a, b)
@@ -327,7 +346,31 @@ struct Ops {
     /// `o += w[j] · v[j·stride..][..o.len()]` for `j` in order, each element exactly as
     /// that sequence of `axpy` calls leaves it (attention's weighted sum of values).
     weighted_sum: unsafe fn(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]),
+    /// `scores` over f16 keys, each exactly what `scores` gives over their f32 widening.
+    scores_f16: unsafe fn(q: &[f32], k: &[F16], stride: usize, scale: f32, out: &mut [f32]),
+    /// `weighted_sum` over f16 values, exactly what it gives over their f32 widening.
+    weighted_sum_f16: unsafe fn(w: &[f32], v: &[F16], stride: usize, o: &mut [f32]),
 }
+
+/// An [`Ops`] table of the kernels named as the fields are, in the invoking module (its
+/// `scores` and `weighted_sum` generic over the key and value element type).
+macro_rules! ops_table {
+    () => {
+        Ops {
+            nr: NR,
+            small,
+            pack,
+            panel,
+            dot,
+            axpy,
+            scores: scores::<f32>,
+            weighted_sum: weighted_sum::<f32>,
+            scores_f16: scores::<F16>,
+            weighted_sum_f16: weighted_sum::<F16>,
+        }
+    };
+}
+use ops_table;
 
 /// `rows` rows of x: element `(r, kk)` is `data[r·ld + kk]`.
 #[derive(Clone, Copy)]
@@ -680,7 +723,8 @@ mod tests {
     }
 
     /// The fused attention loops give bit for bit what `dot` and `axpy` give position by
-    /// position, in every kernel, for head sizes with and without a tail.
+    /// position, in every kernel, for head sizes with and without a tail; their f16 forms
+    /// give what they give over the widened values.
     #[test]
     fn scores_and_weighted_sums_are_dot_and_axpy_per_position() {
         let mut rng = Rng(11);
@@ -707,6 +751,28 @@ mod tests {
                     }
                     let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "{kernel:?} weighted_sum hd={hd} positions={positions}");
+
+                    // Over f16 keys and values: the bits of the same loops over their
+                    // f32 widening.
+                    let half = |x: &[f32]| x.iter().map(|&v| f16::from_f32(v).to_bits()).collect::<Vec<u16>>();
+                    let widen = |x: &[u16]| x.iter().map(|&h| f16::from_bits(h).to_f32()).collect::<Vec<f32>>();
+                    let (kh, vh) = (half(&k), half(&v));
+                    let (kw, vw) = (widen(&kh), widen(&vh));
+                    let (mut got, mut want) = (vec![0.0; positions], vec![0.0; positions]);
+                    // SAFETY: `k` and `kh` hold the positions asked for.
+                    unsafe {
+                        (ops.scores_f16)(&q, F16::cast(&kh), stride, 0.125, &mut got);
+                        (ops.scores)(&q, &kw, stride, 0.125, &mut want);
+                    }
+                    assert_eq!(bits(&got), bits(&want), "{kernel:?} scores_f16 hd={hd} positions={positions}");
+                    let start = rng.vec(hd);
+                    let (mut got, mut want) = (start.clone(), start);
+                    // SAFETY: `v` and `vh` hold the positions asked for.
+                    unsafe {
+                        (ops.weighted_sum_f16)(&w, F16::cast(&vh), stride, &mut got);
+                        (ops.weighted_sum)(&w, &vw, stride, &mut want);
+                    }
+                    assert_eq!(bits(&got), bits(&want), "{kernel:?} weighted_sum_f16 hd={hd} positions={positions}");
                 }
             }
         }

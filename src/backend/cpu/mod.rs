@@ -19,6 +19,13 @@ pub struct CpuBackend {
     row_invariant: bool,
 }
 
+/// The cached keys or values attention reads: f32 rows, or f16 rows as they are stored.
+#[derive(Clone, Copy)]
+enum KvRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [u16]),
+}
+
 impl CpuBackend {
     /// A backend with `threads` worker threads (0: one per available core).
     pub fn new(threads: usize) -> Self {
@@ -278,8 +285,8 @@ impl Backend for CpuBackend {
     ) -> BackendResult<()> {
         let hd = p.head_dim;
         let (q_width, kv_width) = (p.n_heads * hd, p.n_kv_heads * hd);
-        if p.kv != KvType::F32 {
-            // A compact cache is decoded once per call, the positions the rows see.
+        if p.kv == KvType::Q8_0 {
+            // A Q8_0 cache is decoded once per call, the positions the rows see.
             let (len, row_len) = (p.start_pos + rows, p.kv.row_len(kv_width));
             let decode = |c: &[f32]| {
                 let mut out = vec![0.0f32; len * kv_width];
@@ -293,6 +300,11 @@ impl Backend for CpuBackend {
             let (k, v) = (decode(k), decode(v));
             return self.attention(q, row0, rows, &k, &v, &AttnParams { kv: KvType::F32, ..*p }, out);
         }
+        // F32 rows, or f16 rows read as they are (widened in registers: the same bits).
+        let (k, v, stride) = match p.kv {
+            KvType::F16 => (KvRows::F16(kv::as_u16_ref(k)), KvRows::F16(kv::as_u16_ref(v)), 2 * p.kv.row_len(kv_width)),
+            _ => (KvRows::F32(k), KvRows::F32(v), kv_width),
+        };
         let group = p.n_heads / p.n_kv_heads;
         let q = &q[row0 * q_width..(row0 + rows) * q_width];
         let out = &mut out[row0 * q_width..(row0 + rows) * q_width];
@@ -308,8 +320,11 @@ impl Backend for CpuBackend {
             let kv_off = (h / group) * hd;
             scores.clear();
             scores.resize(pos + 1 - first, 0.0);
-            let at = first * kv_width + kv_off;
-            matmul::scores(qh, &k[at..], kv_width, p.scale, scores);
+            let at = first * stride + kv_off;
+            match k {
+                KvRows::F32(k) => matmul::scores(qh, &k[at..], stride, p.scale, scores),
+                KvRows::F16(k) => matmul::scores_f16(qh, &k[at..], stride, p.scale, scores),
+            }
             if let Some(cap) = p.softcap {
                 scores.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
             }
@@ -321,7 +336,10 @@ impl Backend for CpuBackend {
             }
             scores.iter_mut().for_each(|s| *s /= sum);
             o.fill(0.0);
-            matmul::weighted_sum(scores, &v[at..], kv_width, o);
+            match v {
+                KvRows::F32(v) => matmul::weighted_sum(scores, &v[at..], stride, o),
+                KvRows::F16(v) => matmul::weighted_sum_f16(scores, &v[at..], stride, o),
+            }
         };
         if rows * p.n_heads > 1 {
             self.pool.install(|| out.par_chunks_exact_mut(hd).enumerate().for_each_init(Vec::new, task));

@@ -34,7 +34,7 @@ mod imp {
     /// x rows per register tile: `MR × 2` accumulators of the 16 registers.
     const MR: usize = 6;
 
-    pub(super) static OPS: Ops = Ops { nr: NR, small, pack, panel, dot, axpy, scores, weighted_sum };
+    pub(super) static OPS: Ops = super::super::ops_table!();
 
     /// Weight elements that widen to 8 f32 lanes.
     trait Load: WElem {
@@ -356,6 +356,18 @@ mod imp {
     /// AVX2, FMA; `a.len() == b.len()`.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: forwarded contract.
+        unsafe { dot_with(a, b) }
+    }
+
+    /// [`dot`] with `b` in any element type widened to f32 (exactly, so an f16 `b` gives
+    /// the bits its f32 widening gives).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C; `a.len() == b.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dot_with<T: Load>(a: &[f32], b: &[T]) -> f32 {
         let n = a.len().min(b.len());
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         // SAFETY: every access is below `n`.
@@ -365,18 +377,18 @@ mod imp {
             while i + 4 * L <= n {
                 for (j, acc) in acc.iter_mut().enumerate() {
                     let o = i + j * L;
-                    *acc = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(o)), _mm256_loadu_ps(pb.add(o)), *acc);
+                    *acc = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(o)), T::load(pb.add(o)), *acc);
                 }
                 i += 4 * L;
             }
             while i + L <= n {
-                acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]);
+                acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), T::load(pb.add(i)), acc[0]);
                 i += L;
             }
             let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
             let mut total = hsum(sum);
             while i < n {
-                total += *pa.add(i) * *pb.add(i);
+                total += *pa.add(i) * (*pb.add(i)).to_f32();
                 i += 1;
             }
             total
@@ -407,11 +419,11 @@ mod imp {
     /// # Safety
     /// AVX2,FMA,F16C; `k` holds `(out.len() - 1) · stride + q.len()` values.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scores(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    unsafe fn scores<T: Load>(q: &[f32], k: &[T], stride: usize, scale: f32, out: &mut [f32]) {
         let hd = q.len();
         for (j, o) in out.iter_mut().enumerate() {
-            // SAFETY: the caller's bound; `dot` inlines here, with the same features.
-            *o = unsafe { dot(q, k.get_unchecked(j * stride..j * stride + hd)) } * scale;
+            // SAFETY: the caller's bound; `dot_with` inlines here, with the same features.
+            *o = unsafe { dot_with(q, k.get_unchecked(j * stride..j * stride + hd)) } * scale;
         }
     }
 
@@ -421,7 +433,7 @@ mod imp {
     /// # Safety
     /// AVX2,FMA,F16C; `v` holds `(w.len() - 1) · stride + o.len()` values.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weighted_sum(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]) {
+    unsafe fn weighted_sum<T: Load>(w: &[f32], v: &[T], stride: usize, o: &mut [f32]) {
         let n = o.len();
         let (pv, po) = (v.as_ptr(), o.as_mut_ptr());
         // SAFETY: every access is below `n` in `o` and below the caller's bound in `v`.
@@ -435,7 +447,7 @@ mod imp {
                 for (j, &wj) in w.iter().enumerate() {
                     let (a, p) = (_mm256_set1_ps(wj), pv.add(j * stride + i));
                     for (b, acc) in acc.iter_mut().enumerate() {
-                        *acc = _mm256_fmadd_ps(a, _mm256_loadu_ps(p.add(b * L)), *acc);
+                        *acc = _mm256_fmadd_ps(a, T::load(p.add(b * L)), *acc);
                     }
                 }
                 for (b, acc) in acc.iter().enumerate() {
@@ -446,14 +458,14 @@ mod imp {
             while i + L <= n {
                 let mut acc = _mm256_loadu_ps(po.add(i));
                 for (j, &wj) in w.iter().enumerate() {
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(wj), _mm256_loadu_ps(pv.add(j * stride + i)), acc);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(wj), T::load(pv.add(j * stride + i)), acc);
                 }
                 _mm256_storeu_ps(po.add(i), acc);
                 i += L;
             }
             while i < n {
                 for (j, &wj) in w.iter().enumerate() {
-                    *po.add(i) = wj.mul_add(*pv.add(j * stride + i), *po.add(i));
+                    *po.add(i) = wj.mul_add((*pv.add(j * stride + i)).to_f32(), *po.add(i));
                 }
                 i += 1;
             }

@@ -32,7 +32,7 @@ mod imp {
     /// Weight rows per group in the few-rows kernel (one accumulator each per x row).
     const C: usize = 4;
 
-    pub(super) static OPS: Ops = Ops { nr: NR, small, pack, panel, dot, axpy, scores, weighted_sum };
+    pub(super) static OPS: Ops = super::super::ops_table!();
 
     /// Weight elements that widen to 16 f32 lanes.
     trait Load: WElem {
@@ -41,6 +41,16 @@ mod imp {
         /// # Safety
         /// AVX-512F; `p..p + 16` readable.
         unsafe fn load(p: *const Self) -> __m512;
+
+        /// Loads `n < 16` elements at `p` as f32, zero in the other lanes.
+        ///
+        /// # Safety
+        /// AVX-512F; `p..p + n` readable.
+        #[inline(always)]
+        unsafe fn load_n(p: *const Self, n: usize) -> __m512 {
+            // SAFETY: by the trait contract.
+            unsafe { load_part(p, n) }
+        }
     }
 
     impl Load for f32 {
@@ -48,6 +58,12 @@ mod imp {
         unsafe fn load(p: *const f32) -> __m512 {
             // SAFETY: by the trait contract.
             unsafe { _mm512_loadu_ps(p) }
+        }
+
+        #[inline(always)]
+        unsafe fn load_n(p: *const f32, n: usize) -> __m512 {
+            // SAFETY: by the trait contract; masked lanes are not read.
+            unsafe { _mm512_maskz_loadu_ps(tail_mask(n), p) }
         }
     }
 
@@ -355,6 +371,18 @@ mod imp {
     /// AVX-512F; `a.len() == b.len()`.
     #[target_feature(enable = "avx512f")]
     unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: forwarded contract.
+        unsafe { dot_with(a, b) }
+    }
+
+    /// [`dot`] with `b` in any element type widened to f32 (exactly, so an f16 `b` gives
+    /// the bits its f32 widening gives).
+    ///
+    /// # Safety
+    /// AVX-512F; `a.len() == b.len()`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn dot_with<T: Load>(a: &[f32], b: &[T]) -> f32 {
         let n = a.len().min(b.len());
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         // SAFETY: every access is below `n`.
@@ -364,17 +392,16 @@ mod imp {
             while i + 4 * L <= n {
                 for (j, acc) in acc.iter_mut().enumerate() {
                     let o = i + j * L;
-                    *acc = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(o)), _mm512_loadu_ps(pb.add(o)), *acc);
+                    *acc = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(o)), T::load(pb.add(o)), *acc);
                 }
                 i += 4 * L;
             }
             while i + L <= n {
-                acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc[0]);
+                acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), T::load(pb.add(i)), acc[0]);
                 i += L;
             }
             if i < n {
-                let mask = tail_mask(n - i);
-                let (va, vb) = (_mm512_maskz_loadu_ps(mask, pa.add(i)), _mm512_maskz_loadu_ps(mask, pb.add(i)));
+                let (va, vb) = (_mm512_maskz_loadu_ps(tail_mask(n - i), pa.add(i)), T::load_n(pb.add(i), n - i));
                 acc[1] = _mm512_fmadd_ps(va, vb, acc[1]);
             }
             let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
@@ -409,11 +436,11 @@ mod imp {
     /// # Safety
     /// AVX512F; `k` holds `(out.len() - 1) · stride + q.len()` values.
     #[target_feature(enable = "avx512f")]
-    unsafe fn scores(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    unsafe fn scores<T: Load>(q: &[f32], k: &[T], stride: usize, scale: f32, out: &mut [f32]) {
         let hd = q.len();
         for (j, o) in out.iter_mut().enumerate() {
-            // SAFETY: the caller's bound; `dot` inlines here, with the same features.
-            *o = unsafe { dot(q, k.get_unchecked(j * stride..j * stride + hd)) } * scale;
+            // SAFETY: the caller's bound; `dot_with` inlines here, with the same features.
+            *o = unsafe { dot_with(q, k.get_unchecked(j * stride..j * stride + hd)) } * scale;
         }
     }
 
@@ -423,7 +450,7 @@ mod imp {
     /// # Safety
     /// AVX512F; `v` holds `(w.len() - 1) · stride + o.len()` values.
     #[target_feature(enable = "avx512f")]
-    unsafe fn weighted_sum(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]) {
+    unsafe fn weighted_sum<T: Load>(w: &[f32], v: &[T], stride: usize, o: &mut [f32]) {
         let n = o.len();
         let (pv, po) = (v.as_ptr(), o.as_mut_ptr());
         // SAFETY: every access is below `n` in `o` and below the caller's bound in `v`.
@@ -437,7 +464,7 @@ mod imp {
                 for (j, &wj) in w.iter().enumerate() {
                     let (a, p) = (_mm512_set1_ps(wj), pv.add(j * stride + i));
                     for (b, acc) in acc.iter_mut().enumerate() {
-                        *acc = _mm512_fmadd_ps(a, _mm512_loadu_ps(p.add(b * L)), *acc);
+                        *acc = _mm512_fmadd_ps(a, T::load(p.add(b * L)), *acc);
                     }
                 }
                 for (b, acc) in acc.iter().enumerate() {
@@ -448,7 +475,7 @@ mod imp {
             while i + L <= n {
                 let mut acc = _mm512_loadu_ps(po.add(i));
                 for (j, &wj) in w.iter().enumerate() {
-                    acc = _mm512_fmadd_ps(_mm512_set1_ps(wj), _mm512_loadu_ps(pv.add(j * stride + i)), acc);
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(wj), T::load(pv.add(j * stride + i)), acc);
                 }
                 _mm512_storeu_ps(po.add(i), acc);
                 i += L;
@@ -458,7 +485,7 @@ mod imp {
                 for (j, &wj) in w.iter().enumerate() {
                     let (a, p) = (_mm512_set1_ps(wj), pv.add(j * stride + i));
                     let y = _mm512_maskz_loadu_ps(mask, po.add(i));
-                    _mm512_mask_storeu_ps(po.add(i), mask, _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(mask, p), y));
+                    _mm512_mask_storeu_ps(po.add(i), mask, _mm512_fmadd_ps(a, T::load_n(p, n - i), y));
                 }
             }
         }

@@ -11,7 +11,7 @@ const NR: usize = 8;
 /// x rows per register tile.
 const MR: usize = 4;
 
-pub(super) static OPS: Ops = Ops { nr: NR, small, pack, panel, dot, axpy, scores, weighted_sum };
+pub(super) static OPS: Ops = super::ops_table!();
 
 /// # Safety
 /// See `Ops::small`: `dst` must cover `x.rows` rows and the columns `cols`.
@@ -87,13 +87,18 @@ unsafe fn panel(x: XRows, kc: usize, packed: &[f32], dst: OutPtr, accumulate: bo
 /// # Safety
 /// None.
 unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_with(a, b)
+}
+
+/// [`dot`] with `b` in any element type widened to f32 (exactly).
+fn dot_with<T: WElem>(a: &[f32], b: &[T]) -> f32 {
     // Eight independent partial sums: faster, and closer to what the SIMD kernels add up.
     let mut acc = [0.0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y.to_f32()).sum();
     for (ca, cb) in ac.zip(bc) {
         for i in 0..8 {
-            acc[i] += ca[i] * cb[i];
+            acc[i] += ca[i] * cb[i].to_f32();
         }
     }
     acc.iter().sum::<f32>() + tail
@@ -102,26 +107,29 @@ unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// # Safety
 /// None.
 unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    axpy_with(alpha, x, y)
+}
+
+/// [`axpy`] with `x` in any element type widened to f32 (exactly).
+fn axpy_with<T: WElem>(alpha: f32, x: &[T], y: &mut [f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
-        *y += alpha * x;
+        *y += alpha * x.to_f32();
     }
 }
 
 /// # Safety
 /// `k` holds `(out.len() - 1) · stride + q.len()` values.
-unsafe fn scores(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+unsafe fn scores<T: WElem>(q: &[f32], k: &[T], stride: usize, scale: f32, out: &mut [f32]) {
     for (j, o) in out.iter_mut().enumerate() {
-        // SAFETY: the caller's bound.
-        *o = unsafe { dot(q, &k[j * stride..][..q.len()]) } * scale;
+        *o = dot_with(q, &k[j * stride..][..q.len()]) * scale;
     }
 }
 
 /// # Safety
 /// `v` holds `(w.len() - 1) · stride + o.len()` values.
-unsafe fn weighted_sum(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]) {
+unsafe fn weighted_sum<T: WElem>(w: &[f32], v: &[T], stride: usize, o: &mut [f32]) {
     let n = o.len();
     for (j, &wj) in w.iter().enumerate() {
-        // SAFETY: the caller's bound.
-        unsafe { axpy(wj, &v[j * stride..][..n], o) };
+        axpy_with(wj, &v[j * stride..][..n], o);
     }
 }
