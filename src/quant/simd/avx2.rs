@@ -16,30 +16,7 @@ pub(super) fn available() -> bool {
     false
 }
 
-/// [`dot_fn`] over four weight rows at once, read side by side.
-pub(super) fn streams_fn(dtype: DType) -> Option<super::StreamsFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use imp::*;
-        // SAFETY (each): the `StreamsFn` contract is the tile's, for four weight rows.
-        Some(match dtype {
-            DType::Q4_0 => |w, ws, a, nb| unsafe { dot32_tile::<Q4_0, 4>(w, ws, a, nb) },
-            DType::Q5_0 => |w, ws, a, nb| unsafe { dot32_tile::<Q5_0, 4>(w, ws, a, nb) },
-            DType::Q8_0 => |w, ws, a, nb| unsafe { dot32_tile::<Q8_0, 4>(w, ws, a, nb) },
-            DType::Q4_1 => |w, ws, a, nb| unsafe { dot32_tile::<Q4_1, 4>(w, ws, a, nb) },
-            DType::Q5_1 => |w, ws, a, nb| unsafe { dot32_tile::<Q5_1, 4>(w, ws, a, nb) },
-            DType::Q4_K => |w, ws, a, nb| unsafe { q4k_tile::<false, 4>(w, ws, a, nb) },
-            DType::Q5_K => |w, ws, a, nb| unsafe { q4k_tile::<true, 4>(w, ws, a, nb) },
-            DType::Q6_K => |w, ws, a, nb| unsafe { q6k_tile::<4>(w, ws, a, nb) },
-            _ => return None,
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = dtype;
-        None
-    }
-}
+super::tile_tables!();
 
 pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
     #[cfg(target_arch = "x86_64")]
@@ -111,12 +88,13 @@ mod imp {
         _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
     }
 
-    /// Σ over 8 i32 lanes of the 32 products of the block at `wp` with `y`.
+    /// The levels of the block at `wp` as `vpmaddubsw`'s unsigned operand, and the signs
+    /// the activations take (for formats with an offset or signed levels: |x| and x;
+    /// otherwise the unsigned levels twice).
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn block_sum<const F: u8>(wp: *const u8, y: __m256i) -> __m256i {
+    unsafe fn levels<const F: u8>(wp: *const u8) -> (__m256i, __m256i) {
         let (_, qs, qh, off, _) = layout(F);
-        let ones = _mm256_set1_epi16(1);
         // SAFETY: one whole weight block is readable at `wp` (the caller's contract).
         unsafe {
             let x = if F == Q8_0 {
@@ -129,15 +107,25 @@ mod imp {
                     u = _mm256_or_si256(u, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
                 }
                 if off == 0 {
-                    // unsigned levels times signed activations: no sign trick needed
-                    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), ones);
+                    return (u, u);
                 }
                 _mm256_sub_epi8(u, _mm256_set1_epi8(off))
             };
-            let ax = _mm256_sign_epi8(x, x);
-            let sy = _mm256_sign_epi8(y, x);
-            _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones)
+            (_mm256_sign_epi8(x, x), x)
         }
+    }
+
+    /// Σ over 8 i32 lanes of the 32 products of a block's [`levels`] with `y`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn levels_dot<const F: u8>((u, x): (__m256i, __m256i), y: __m256i) -> __m256i {
+        let (_, _, _, off, _) = layout(F);
+        let ones = _mm256_set1_epi16(1);
+        if F != Q8_0 && off == 0 {
+            // unsigned levels times signed activations: no sign trick needed
+            return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), ones);
+        }
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(y, x)), ones)
     }
 
     /// 32-value formats against Q8_0 (or Q8_1 for formats with a min).
@@ -147,66 +135,99 @@ mod imp {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot32<const F: u8>(w: *const u8, a: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded contract.
-        unsafe { dot32_tile::<F, 1>(w, 0, a, nb)[0] }
+        unsafe { dot32_tile::<F, 1, 1>(w, 0, a, 0, nb)[0][0] }
     }
 
-    /// [`dot32`] for `W` weight rows `w_stride` bytes apart, read side by side four
-    /// blocks at a time (several memory streams at once); each row takes exactly
-    /// `dot32`'s operations.
+    /// [`dot32`] against `R` activation rows `stride` bytes apart.
     ///
     /// # Safety
-    /// As for [`dot32`], for every weight row.
+    /// As for [`dot32`], for every row.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot32_rows<const F: u8, const R: usize>(
+        w: *const u8,
+        a: *const u8,
+        stride: usize,
+        nb: usize,
+    ) -> [f32; R] {
+        // SAFETY: forwarded contract.
+        unsafe { dot32_tile::<F, 1, R>(w, 0, a, stride, nb)[0] }
+    }
+
+    /// [`dot32`] for `W` weight rows `w_stride` bytes apart (read side by side four
+    /// blocks at a time) × `R` activation rows `stride` bytes apart: each weight block is
+    /// unpacked once for all rows, and each (weight row, activation row) pair takes
+    /// exactly `dot32`'s operations, so its result is that one-row dot's bits.
+    ///
+    /// # Safety
+    /// As for [`dot32`], for every weight row and every activation row.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub unsafe fn dot32_tile<const F: u8, const W: usize>(
+    pub unsafe fn dot32_tile<const F: u8, const W: usize, const R: usize>(
         w: *const u8,
         w_stride: usize,
         a: *const u8,
+        stride: usize,
         nb: usize,
-    ) -> [f32; W] {
+    ) -> [[f32; R]; W] {
         let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
+        let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
         let (wb, _, _, _, has_min) = layout(F);
         let (ab, aqs) = if has_min { (36, 4) } else { (34, 2) };
-        let mut acc = [[_mm256_setzero_ps(); 2]; W];
-        let mut accm = [0.0f32; W];
-        // Four blocks at a time: a whole group's scale products (and min terms) in one
-        // conversion and one multiply, the last blocks' one by one: the same IEEE
-        // products either way.
+        let mut acc = [[[_mm256_setzero_ps(); 2]; R]; W];
+        let mut accm = [[0.0f32; R]; W];
+        // Whole groups of four blocks: the group's scale products (and min terms) in one
+        // conversion and one multiply; then the last blocks one by one: the same IEEE
+        // products either way. Block `b` adds into accumulator `b % 2`.
+        let full = nb / 4 * 4;
         // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted).
         unsafe {
-            for i in (0..nb).step_by(4) {
+            for i in (0..full).step_by(4) {
                 for j in 0..W {
-                    let (wp, ap) = (w[j].add(i * wb), a.add(i * ab));
-                    let n = (nb - i).min(4);
-                    let (mut d, mut m) = ([0.0f32; 4], [0.0f32; 4]);
-                    if n == 4 {
-                        _mm_storeu_ps(d.as_mut_ptr(), _mm_mul_ps(f16x4(wp, wb), f16x4(ap, ab)));
+                    let wp = w[j].add(i * wb);
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(2 * wb + PREFETCH).cast());
+                    let lv: [_; 4] = std::array::from_fn(|k| levels::<F>(wp.add(k * wb)));
+                    let wd = f16x4(wp, wb);
+                    let wm = if has_min { f16x4(wp.add(2), wb) } else { _mm_setzero_ps() };
+                    for r in 0..R {
+                        let ap = a[r].add(i * ab);
+                        let (mut d, mut m) = ([0.0f32; 4], [0.0f32; 4]);
+                        _mm_storeu_ps(d.as_mut_ptr(), _mm_mul_ps(wd, f16x4(ap, ab)));
                         if has_min {
-                            _mm_storeu_ps(m.as_mut_ptr(), _mm_mul_ps(f16x4(wp.add(2), wb), f16x4(ap.add(2), ab)));
+                            _mm_storeu_ps(m.as_mut_ptr(), _mm_mul_ps(wm, f16x4(ap.add(2), ab)));
                         }
-                    } else {
-                        for k in 0..n {
-                            let (wp, ap) = (wp.add(k * wb), ap.add(k * ab));
-                            d[k] = f16_at(wp) * f16_at(ap);
-                            m[k] = if has_min { f16_at(wp.add(2)) * f16_at(ap.add(2)) } else { 0.0 };
+                        for k in 0..4 {
+                            let s = levels_dot::<F>(lv[k], _mm256_loadu_si256(ap.add(k * ab + aqs).cast()));
+                            let acc = &mut acc[j][r][k % 2];
+                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[k]), *acc);
+                            if has_min {
+                                accm[j][r] += m[k];
+                            }
                         }
                     }
-                    for k in 0..n {
-                        let (wp, ap) = (wp.add(k * wb), ap.add(k * ab));
-                        if (i + k) % 2 == 0 {
-                            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
-                        }
-                        let s = block_sum::<F>(wp, _mm256_loadu_si256(ap.add(aqs).cast()));
-                        let acc = &mut acc[j][(i + k) % 2];
-                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[k]), *acc);
+                }
+            }
+            for i in full..nb {
+                for j in 0..W {
+                    let wp = w[j].add(i * wb);
+                    if i % 2 == 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
+                    }
+                    let lv = levels::<F>(wp);
+                    for r in 0..R {
+                        let ap = a[r].add(i * ab);
+                        let d = f16_at(wp) * f16_at(ap);
+                        let s = levels_dot::<F>(lv, _mm256_loadu_si256(ap.add(aqs).cast()));
+                        let acc = &mut acc[j][r][i % 2];
+                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), *acc);
                         if has_min {
-                            accm[j] += m[k];
+                            accm[j][r] += f16_at(wp.add(2)) * f16_at(ap.add(2));
                         }
                     }
                 }
             }
         }
-        std::array::from_fn(|j| hsum(_mm256_add_ps(acc[j][0], acc[j][1])) + accm[j])
+        std::array::from_fn(|j| std::array::from_fn(|r| hsum(_mm256_add_ps(acc[j][r][0], acc[j][r][1])) + accm[j][r]))
     }
 
     #[target_feature(enable = "avx2")]
@@ -224,40 +245,58 @@ mod imp {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_q4k<const Q5: bool>(w: *const u8, a: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded contract.
-        unsafe { q4k_tile::<Q5, 1>(w, 0, a, nb)[0] }
+        unsafe { q4k_tile::<Q5, 1, 1>(w, 0, a, 0, nb)[0][0] }
     }
 
-    /// [`dot_q4k`] for `W` weight rows `w_stride` bytes apart, read side by side block
-    /// by block; each row takes exactly `dot_q4k`'s operations.
+    /// [`dot_q4k`] against `R` activation rows `stride` bytes apart.
     ///
     /// # Safety
-    /// As for [`dot_q4k`], for every weight row.
+    /// As for [`dot_q4k`], for every row.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4k_rows<const Q5: bool, const R: usize>(
+        w: *const u8,
+        a: *const u8,
+        stride: usize,
+        nb: usize,
+    ) -> [f32; R] {
+        // SAFETY: forwarded contract.
+        unsafe { q4k_tile::<Q5, 1, R>(w, 0, a, stride, nb)[0] }
+    }
+
+    /// [`dot_q4k`] for `W` weight rows `w_stride` bytes apart (read side by side block
+    /// by block) × `R` activation rows `stride` bytes apart: each block unpacked once, and
+    /// each pair takes exactly `dot_q4k`'s operations.
+    ///
+    /// # Safety
+    /// As for [`dot_q4k`], for every weight row and every activation row.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub unsafe fn q4k_tile<const Q5: bool, const W: usize>(
+    pub unsafe fn q4k_tile<const Q5: bool, const W: usize, const R: usize>(
         w: *const u8,
         w_stride: usize,
         a: *const u8,
+        stride: usize,
         nb: usize,
-    ) -> [f32; W] {
+    ) -> [[f32; R]; W] {
         let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
+        let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
         let (wb, qs) = if Q5 { (176, 48) } else { (144, 16) };
         const AB: usize = 292;
         let nib = _mm256_set1_epi8(0x0F);
-        let mut accf = [_mm256_setzero_ps(); W];
-        let mut acc_min = [0.0f32; W];
+        let mut accf = [[_mm256_setzero_ps(); R]; W];
+        let mut acc_min = [[0.0f32; R]; W];
         // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted).
         unsafe {
             for i in 0..nb {
                 for j in 0..W {
-                    let (wp, ap) = (w[j].add(i * wb), a.add(i * AB));
+                    let wp = w[j].add(i * wb);
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 128).cast());
                     let (sc, mn) = scales_mins_k4(&*wp.add(4).cast::<[u8; 12]>());
                     let qh = if Q5 { _mm256_loadu_si256(wp.add(16).cast()) } else { _mm256_setzero_si256() };
-                    let mut isum = _mm256_setzero_si256();
-                    for n in 0..4 {
+                    let mut lohi = [[_mm256_setzero_si256(); 2]; 4];
+                    for (n, lohi) in lohi.iter_mut().enumerate() {
                         let q = _mm256_loadu_si256(wp.add(qs + 32 * n).cast());
                         let mut lo = _mm256_and_si256(q, nib);
                         let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), nib);
@@ -274,21 +313,32 @@ mod imp {
                                 _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen),
                             );
                         }
-                        let y0 = _mm256_loadu_si256(ap.add(4 + 64 * n).cast());
-                        let y1 = _mm256_loadu_si256(ap.add(4 + 64 * n + 32).cast());
-                        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * n] as i16));
-                        let p1 =
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(sc[2 * n + 1] as i16));
-                        isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
+                        *lohi = [lo, hi];
                     }
-                    let dy = ap.cast::<f32>().read();
-                    accf[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16_at(wp) * dy), accf[j]);
-                    let bsums = &*ap.add(4 + QK_K).cast::<[i16; QK_K / 16]>();
-                    acc_min[j] += f16_at(wp.add(2)) * dy * k_min_sum(&mn, bsums) as f32;
+                    let (d, dmin) = (f16_at(wp), f16_at(wp.add(2)));
+                    for r in 0..R {
+                        let ap = a[r].add(i * AB);
+                        let mut isum = _mm256_setzero_si256();
+                        for (n, [lo, hi]) in lohi.into_iter().enumerate() {
+                            let y0 = _mm256_loadu_si256(ap.add(4 + 64 * n).cast());
+                            let y1 = _mm256_loadu_si256(ap.add(4 + 64 * n + 32).cast());
+                            let p0 =
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * n] as i16));
+                            let p1 = _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(hi, y1),
+                                _mm256_set1_epi16(sc[2 * n + 1] as i16),
+                            );
+                            isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
+                        }
+                        let dy = ap.cast::<f32>().read();
+                        accf[j][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dy), accf[j][r]);
+                        let bsums = &*ap.add(4 + QK_K).cast::<[i16; QK_K / 16]>();
+                        acc_min[j][r] += dmin * dy * k_min_sum(&mn, bsums) as f32;
+                    }
                 }
             }
         }
-        std::array::from_fn(|j| hsum(accf[j]) - acc_min[j])
+        std::array::from_fn(|j| std::array::from_fn(|r| hsum(accf[j][r]) - acc_min[j][r]))
     }
 
     /// Q6_K against Q8_K.
@@ -298,38 +348,56 @@ mod imp {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_q6k(w: *const u8, a: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded contract.
-        unsafe { q6k_tile::<1>(w, 0, a, nb)[0] }
+        unsafe { q6k_tile_rows::<1, 1>(w, 0, a, 0, nb)[0][0] }
     }
 
-    /// [`dot_q6k`] for `W` weight rows `w_stride` bytes apart, read side by side block
-    /// by block; each row takes exactly `dot_q6k`'s operations.
+    /// [`dot_q6k`] against `R` activation rows `stride` bytes apart.
     ///
     /// # Safety
-    /// As for [`dot_q6k`], for every weight row.
+    /// As for [`dot_q6k`], for every row.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q6k_rows<const R: usize>(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; R] {
+        // SAFETY: forwarded contract.
+        unsafe { q6k_tile_rows::<1, R>(w, 0, a, stride, nb)[0] }
+    }
+
+    /// [`dot_q6k`] for `W` weight rows `w_stride` bytes apart (read side by side block
+    /// by block) × `R` activation rows `stride` bytes apart: each block unpacked once, and
+    /// each pair takes exactly `dot_q6k`'s operations.
+    ///
+    /// # Safety
+    /// As for [`dot_q6k`], for every weight row and every activation row.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub unsafe fn q6k_tile<const W: usize>(w: *const u8, w_stride: usize, a: *const u8, nb: usize) -> [f32; W] {
+    pub unsafe fn q6k_tile_rows<const W: usize, const R: usize>(
+        w: *const u8,
+        w_stride: usize,
+        a: *const u8,
+        stride: usize,
+        nb: usize,
+    ) -> [[f32; R]; W] {
         let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
+        let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
         const WB: usize = 210;
         const AB: usize = 292;
         let nib = _mm256_set1_epi8(0x0F);
         let hb = _mm256_set1_epi8(0x30);
-        let mut accf = [_mm256_setzero_ps(); W];
+        let mut accf = [[_mm256_setzero_ps(); R]; W];
         // SAFETY: pointers stay inside the caller's `nb` blocks (prefetches excepted).
         unsafe {
             for i in 0..nb {
                 for j in 0..W {
-                    let (wp, ap) = (w[j].add(i * WB), a.add(i * AB));
+                    let wp = w[j].add(i * WB);
                     for p in 0..4 {
                         _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * p).cast());
                     }
                     let sc = &*wp.add(192).cast::<[i8; 16]>();
-                    let mut isum = _mm256_setzero_si256();
-                    for n in 0..2 {
+                    let mut us = [[_mm256_setzero_si256(); 4]; 2];
+                    for (n, u) in us.iter_mut().enumerate() {
                         let qla = _mm256_loadu_si256(wp.add(64 * n).cast());
                         let qlb = _mm256_loadu_si256(wp.add(64 * n + 32).cast());
                         let qh = _mm256_loadu_si256(wp.add(128 + 32 * n).cast());
-                        let u = [
+                        *u = [
                             _mm256_or_si256(
                                 _mm256_and_si256(qla, nib),
                                 _mm256_and_si256(_mm256_slli_epi16::<4>(qh), hb),
@@ -347,22 +415,29 @@ mod imp {
                                 _mm256_and_si256(_mm256_srli_epi16::<2>(qh), hb),
                             ),
                         ];
-                        for (c, u) in u.into_iter().enumerate() {
-                            let g = 8 * n + 2 * c;
-                            let y = _mm256_loadu_si256(ap.add(4 + 128 * n + 32 * c).cast());
-                            let scv = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1] as i16), _mm_set1_epi16(sc[g] as i16));
-                            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), scv));
-                        }
                     }
                     let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
-                    let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
-                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16)));
-                    let dy = ap.cast::<f32>().read();
-                    accf[j] =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16_at(wp.add(208)) * dy), accf[j]);
+                    let dx = f16_at(wp.add(208));
+                    for r in 0..R {
+                        let ap = a[r].add(i * AB);
+                        let mut isum = _mm256_setzero_si256();
+                        for (n, u) in us.iter().enumerate() {
+                            for (c, &u) in u.iter().enumerate() {
+                                let g = 8 * n + 2 * c;
+                                let y = _mm256_loadu_si256(ap.add(4 + 128 * n + 32 * c).cast());
+                                let scv =
+                                    _mm256_set_m128i(_mm_set1_epi16(sc[g + 1] as i16), _mm_set1_epi16(sc[g] as i16));
+                                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), scv));
+                            }
+                        }
+                        let bsums = _mm256_loadu_si256(ap.add(4 + QK_K).cast());
+                        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16)));
+                        let dy = ap.cast::<f32>().read();
+                        accf[j][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dx * dy), accf[j][r]);
+                    }
                 }
             }
         }
-        std::array::from_fn(|j| hsum(accf[j]))
+        std::array::from_fn(|j| std::array::from_fn(|r| hsum(accf[j][r])))
     }
 }

@@ -51,67 +51,7 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
     }
 }
 
-/// [`dot_fn`] over several activation rows at once, where it has that form.
-pub(super) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::{RowsFn, pair_fns, rows_fn};
-        use imp::*;
-        Some(match dtype {
-            DType::Q4_0 => RowsFn { pairs: pair_fns!(dot32_tile, Q4_0), ..rows_fn!(dot32_rows, Q4_0) },
-            DType::Q5_0 => RowsFn { pairs: pair_fns!(dot32_tile, Q5_0), ..rows_fn!(dot32_rows, Q5_0) },
-            DType::Q8_0 => RowsFn { pairs: pair_fns!(dot32_tile, Q8_0), ..rows_fn!(dot32_rows, Q8_0) },
-            DType::Q4_1 => RowsFn { pairs: pair_fns!(dot32_tile, Q4_1), ..rows_fn!(dot32_rows, Q4_1) },
-            DType::Q5_1 => RowsFn { pairs: pair_fns!(dot32_tile, Q5_1), ..rows_fn!(dot32_rows, Q5_1) },
-            DType::Q4_K => RowsFn { pairs: pair_fns!(q4k_tile, false), ..rows_fn!(dot_q4k_rows, false) },
-            DType::Q5_K => RowsFn { pairs: pair_fns!(q4k_tile, true), ..rows_fn!(dot_q4k_rows, true) },
-            DType::Q6_K => RowsFn { pairs: pair_fns!(q6k_tile_rows), ..rows_fn!(q6k_rows) },
-            _ => return None,
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = dtype;
-        None
-    }
-}
-
-/// [`dot_fn`] over four weight rows at once, read side by side, where it has that form.
-pub(super) fn streams_fn(dtype: DType) -> Option<super::StreamsFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use imp::*;
-        macro_rules! four {
-            ($f:ident) => {{
-                // SAFETY: as below.
-                let f: super::StreamsFn = |w, ws, a, nb| unsafe { $f::<4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]);
-                f
-            }};
-            ($f:ident, $p:expr) => {{
-                // SAFETY: the `StreamsFn` contract is the tile's, for four weight rows and
-                // one activation row.
-                let f: super::StreamsFn = |w, ws, a, nb| unsafe { $f::<{ $p }, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]);
-                f
-            }};
-        }
-        Some(match dtype {
-            DType::Q4_0 => four!(dot32_tile, Q4_0),
-            DType::Q5_0 => four!(dot32_tile, Q5_0),
-            DType::Q8_0 => four!(dot32_tile, Q8_0),
-            DType::Q4_1 => four!(dot32_tile, Q4_1),
-            DType::Q5_1 => four!(dot32_tile, Q5_1),
-            DType::Q4_K => four!(q4k_tile, false),
-            DType::Q5_K => four!(q4k_tile, true),
-            DType::Q6_K => four!(q6k_tile_rows),
-            _ => return None,
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = dtype;
-        None
-    }
-}
+super::tile_tables!();
 
 /// The 32-value block dot of Q4_0 or Q8_0 weights against plain Q8_0 activation blocks:
 /// the few blocks after the groups of [`super::dec512`]'s packed rows.

@@ -79,6 +79,66 @@ macro_rules! pair_fns {
 pub(crate) use pair_fns;
 
 /// A [`RowsFn`] from a kernel generic over its row count.
+/// `rows_fn` (several activation rows at once, and two weight rows at once) and
+/// `streams_fn` (four weight rows side by side) of an instruction-set module whose `imp`
+/// has the tiles `dot32_tile`/`dot32_rows`, `q4k_tile`/`dot_q4k_rows` and
+/// `q6k_tile_rows`/`q6k_rows`.
+macro_rules! tile_tables {
+    () => {
+        /// [`dot_fn`] over several activation rows at once, and two weight rows at once.
+        pub(super) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use super::{RowsFn, pair_fns, rows_fn};
+                use imp::*;
+                Some(match dtype {
+                    DType::Q4_0 => RowsFn { pairs: pair_fns!(dot32_tile, Q4_0), ..rows_fn!(dot32_rows, Q4_0) },
+                    DType::Q5_0 => RowsFn { pairs: pair_fns!(dot32_tile, Q5_0), ..rows_fn!(dot32_rows, Q5_0) },
+                    DType::Q8_0 => RowsFn { pairs: pair_fns!(dot32_tile, Q8_0), ..rows_fn!(dot32_rows, Q8_0) },
+                    DType::Q4_1 => RowsFn { pairs: pair_fns!(dot32_tile, Q4_1), ..rows_fn!(dot32_rows, Q4_1) },
+                    DType::Q5_1 => RowsFn { pairs: pair_fns!(dot32_tile, Q5_1), ..rows_fn!(dot32_rows, Q5_1) },
+                    DType::Q4_K => RowsFn { pairs: pair_fns!(q4k_tile, false), ..rows_fn!(dot_q4k_rows, false) },
+                    DType::Q5_K => RowsFn { pairs: pair_fns!(q4k_tile, true), ..rows_fn!(dot_q4k_rows, true) },
+                    DType::Q6_K => RowsFn { pairs: pair_fns!(q6k_tile_rows), ..rows_fn!(q6k_rows) },
+                    _ => return None,
+                })
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = dtype;
+                None
+            }
+        }
+
+        /// [`dot_fn`] over four weight rows at once, read side by side.
+        pub(super) fn streams_fn(dtype: DType) -> Option<super::StreamsFn> {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use imp::*;
+                // SAFETY (each): the `StreamsFn` contract is the tile's, for four weight
+                // rows and one activation row.
+                Some(match dtype {
+                    DType::Q4_0 => |w, ws, a, nb| unsafe { dot32_tile::<Q4_0, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+                    DType::Q5_0 => |w, ws, a, nb| unsafe { dot32_tile::<Q5_0, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+                    DType::Q8_0 => |w, ws, a, nb| unsafe { dot32_tile::<Q8_0, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+                    DType::Q4_1 => |w, ws, a, nb| unsafe { dot32_tile::<Q4_1, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+                    DType::Q5_1 => |w, ws, a, nb| unsafe { dot32_tile::<Q5_1, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+                    DType::Q4_K => |w, ws, a, nb| unsafe { q4k_tile::<false, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+                    DType::Q5_K => |w, ws, a, nb| unsafe { q4k_tile::<true, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+                    DType::Q6_K => |w, ws, a, nb| unsafe { q6k_tile_rows::<4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+                    _ => return None,
+                })
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = dtype;
+                None
+            }
+        }
+    };
+}
+pub(crate) use tile_tables;
+
 macro_rules! rows_fn {
     ($f:ident) => {
         $crate::quant::simd::RowsFn { r8: $f::<8>, r4: $f::<4>, r2: $f::<2>, pairs: None }
@@ -180,7 +240,8 @@ impl QuantKernel {
                 dec512::rows_fn(dtype).map(|f| (f, true))
             }
             QuantKernel::Avx512 => avx512::rows_fn(dtype).map(|f| (f, false)),
-            _ => None,
+            QuantKernel::Avx2 => avx2::rows_fn(dtype).map(|f| (f, false)),
+            QuantKernel::Scalar => None,
         }
     }
 
