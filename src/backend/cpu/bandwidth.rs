@@ -65,18 +65,20 @@ pub enum DecodeReads {
     SideBySide,
 }
 
-/// Bytes each way of the [`decode_reads`] comparison reads per pass.
-const CHOICE_BYTES: usize = 128 << 20;
+/// Bytes each way of the [`decode_reads`] comparison reads per pass: far beyond the
+/// caches, and one allocation well under the 64 MiB that tests/cawsf_format.rs allows
+/// any allocation in a process that opens damaged files.
+const CHOICE_BYTES: usize = 48 << 20;
 /// Passes of each way, alternated; the best of each counts.
-const CHOICE_PASSES: usize = 4;
+const CHOICE_PASSES: usize = 6;
 
 /// Which [`DecodeReads`] reads memory faster here, decided once per process: the kernels
 /// give the same bits either way, but CPUs differ in what their prefetchers keep up with
 /// (an Intel Xeon VM read 27 GB/s with four streams per thread and 19 with one; an AMD
 /// EPYC VM 38 and 54). `STRATA_DECODE_READS=in-turn|side-by-side` fixes it; otherwise
-/// `threads` threads each read a contiguous part of 128 MiB as one stream and as four,
-/// alternated, the best of four passes each (about 0.15 s), and four streams win only
-/// by at least 5%.
+/// `threads` threads each read a contiguous part of 48 MiB as one stream and as four,
+/// alternated, the best of six passes each (about 0.1 s), and four streams win only by
+/// at least 5%.
 pub fn decode_reads(threads: usize) -> DecodeReads {
     static CHOICE: std::sync::OnceLock<DecodeReads> = std::sync::OnceLock::new();
     *CHOICE.get_or_init(|| match std::env::var("STRATA_DECODE_READS").as_deref() {
