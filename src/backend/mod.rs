@@ -275,6 +275,17 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BackendResult<()> {
         self.matmul(x, seq_rows.iter().sum(), w, out)
     }
+    /// [`matmul_seqs`](Self::matmul_seqs) of one `x` through several weights, each into
+    /// its own output: a layer's q, k and v, or its gate and up. The CPU runs a batch of
+    /// one-row sequences as one parallel op.
+    fn matmul_seqs_each(
+        &self,
+        x: &Self::Buf,
+        seq_rows: &[usize],
+        each: &mut [(&Self::Weight, &mut Self::Buf)],
+    ) -> BackendResult<()> {
+        each.iter_mut().try_for_each(|(w, out)| self.matmul_seqs(x, seq_rows, w, out))
+    }
     /// Whether a row of [`matmul`](Self::matmul) comes out differently with the row
     /// count (the CUDA backend's prompt chunks take the GEMM, shorter ones the
     /// matrix-vector kernel): then a prompt cut into other chunks computes other values,

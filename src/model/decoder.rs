@@ -1146,9 +1146,7 @@ impl<B: Backend> DecoderModel<B> {
             };
             match &w.mixer {
                 MixerWeights::Attention(aw) => {
-                    be.matmul_seqs(input, &seq_rows, &aw.wq, q)?;
-                    be.matmul_seqs(input, &seq_rows, &aw.wk, k)?;
-                    be.matmul_seqs(input, &seq_rows, &aw.wv, v)?;
+                    be.matmul_seqs_each(input, &seq_rows, &mut [(&aw.wq, q), (&aw.wk, k), (&aw.wv, v)])?;
                     if let Some([bq, bk, bv]) = &aw.bias_qkv {
                         be.add_bias(q, rows, bq)?;
                         be.add_bias(k, rows, bk)?;

@@ -191,8 +191,7 @@ pub fn mlp_forward<B: Backend>(
     out: &mut B::Buf,
 ) -> Result<(), ModelError> {
     let rows = seq_rows.iter().sum::<usize>();
-    be.matmul_seqs(x, seq_rows, &mlp.gate, bufs.gate)?;
-    be.matmul_seqs(x, seq_rows, &mlp.up, bufs.up)?;
+    be.matmul_seqs_each(x, seq_rows, &mut [(&mlp.gate, bufs.gate), (&mlp.up, bufs.up)])?;
     be.glu(bufs.gate, bufs.up, rows * mlp.width, c.spec().activation)?;
     be.matmul_seqs(bufs.gate, seq_rows, &mlp.down, out)?;
     Ok(())

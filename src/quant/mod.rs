@@ -13,6 +13,7 @@ use rayon::ThreadPool;
 use rayon::prelude::*;
 
 use crate::backend::cpu::bandwidth::{DecodeReads, decode_reads};
+use crate::backend::cpu::team;
 use crate::tensor::{DType, HostTensor};
 
 pub mod affine_q4;
@@ -200,6 +201,29 @@ pub fn matmul_rows_alone(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTens
     matmul_on(QuantKernel::best(), pool, x, rows, w, out, Rows::Alone)
 }
 
+/// [`matmul_rows_alone`] of one `x` through several weights, each into its own output
+/// (a layer's q, k and v; its gate and up), as one parallel op: every weight's tasks go
+/// to the pool at once, so the threads meet once rather than once per weight, and a
+/// weight too small to split runs beside the others instead of alone. Each output comes
+/// out as its own call gives it.
+pub fn matmul_many_rows_alone(pool: &ThreadPool, x: &[f32], rows: usize, each: &mut [(&HostTensor, &mut [f32])]) {
+    let kernel = QuantKernel::best();
+    let reads = decode_reads(pool.current_num_threads());
+    let mut starts = vec![0];
+    let mut tasks = Vec::with_capacity(each.len());
+    for (w, out) in each.iter_mut() {
+        if let Some((n, task)) = plan(kernel, pool, x, rows, w, out, Rows::Alone, reads) {
+            starts.push(starts.last().copied().unwrap_or(0) + n);
+            tasks.push(task);
+        }
+    }
+    let total = starts.pop().unwrap_or(0);
+    team::for_each(pool, total, |t| {
+        let i = starts.partition_point(|&s| s <= t) - 1;
+        tasks[i](t - starts[i]);
+    });
+}
+
 /// [`matmul`] computing every row as the prefill path does whatever the row count: the
 /// packed GEMM for formats that have one (a single row included), else each row as a
 /// one-row call computes it ([`matmul_rows_alone`]).
@@ -249,15 +273,35 @@ fn matmul_reading(
     how: Rows,
     reads: DecodeReads,
 ) {
+    if let Some((tasks, task)) = plan(kernel, pool, x, rows, w, out, how, reads) {
+        team::for_each(pool, tasks, task);
+    }
+}
+
+/// Prepares [`matmul_reading`]'s split by output feature: its task count and the task
+/// (by index) that computes each part. Runs the calls that take another path (the GEMM,
+/// the dequantizing reference) at once and returns `None`.
+#[allow(clippy::too_many_arguments, reason = "the call spelled out")]
+fn plan<'a>(
+    kernel: QuantKernel,
+    pool: &ThreadPool,
+    x: &[f32],
+    rows: usize,
+    w: &'a HostTensor,
+    out: &'a mut [f32],
+    how: Rows,
+    reads: DecodeReads,
+) -> Option<(usize, impl Fn(usize) + Sync + 'a)> {
     let alone = how == Rows::Alone;
     let (m, k) = (w.shape[0], w.shape[1]);
     assert!(x.len() >= rows * k, "quant matmul: x holds {} values, need {rows} rows of {k}", x.len());
     assert!(out.len() >= rows * m, "quant matmul: out holds {} values, need {rows} rows of {m}", out.len());
     let (Some(act), Some(dot)) = (activation_dtype(w.dtype), kernel.dot_fn(w.dtype)) else {
-        return matmul_dequantized(pool, x, rows, w, out);
+        matmul_dequantized(pool, x, rows, w, out);
+        return None;
     };
     if rows == 0 || m == 0 {
-        return;
+        return None;
     }
     let row_bytes = w.dtype.bytes_for(k).expect("a weight row is whole blocks");
     let nb = k / w.dtype.block_size();
@@ -273,7 +317,8 @@ fn matmul_reading(
         && !alone
         && let Some(g) = kernel.gemm(w.dtype)
     {
-        return gemm::matmul(pool, &g, w.dtype, bytes, m, k, x, rows, out);
+        gemm::matmul(pool, &g, w.dtype, bytes, m, k, x, rows, out);
+        return None;
     }
     let threads = pool.current_num_threads();
     let par = threads > 1 && rows * m * nb >= PAR_MIN_DOTS;
@@ -307,121 +352,120 @@ fn matmul_reading(
 
     let chunk = if par { m.div_ceil(threads * TASKS_PER_THREAD).next_multiple_of(TILE).min(m) } else { m };
     let dst = OutPtr(out.as_mut_ptr());
-    let dot_at = |r: usize, o: usize| {
-        let a = acts[r * act_row..(r + 1) * act_row].as_ptr();
-        let wrow = bytes[o * row_bytes..(o + 1) * row_bytes].as_ptr();
-        // SAFETY: `dot` came from `kernel.dot_fn`, which checked the CPU features; `wrow`
-        // holds `nb` weight blocks and `a` the row's `nb` activation blocks of the
-        // matching format, aligned (see `quantize_rows`). `r·m + o` is inside `out`
-        // (checked above), and only the task owning column `o` writes it while `out`
-        // stays mutably borrowed for this call.
-        unsafe { dst.ptr().add(r * m + o).write(dot(wrow, a.cast(), nb)) };
-    };
-    let task = |cols: std::ops::Range<usize>| {
-        if let Some(f) = streams {
-            // Decode reads `STREAMS` distant parts of the range side by side: rows
-            // `o + s·per` for `s < STREAMS` at once, block by block.
-            let per = cols.len() / STREAMS;
-            let a = acts.as_ptr().cast::<u8>();
-            for o in cols.start..cols.start + per {
-                // SAFETY: as in `dot_at`, for the weight rows `o + s·per` (inside `cols`)
-                // and the one activation row; `f` is the four-row form of `dot`.
-                let got = unsafe { f(bytes[o * row_bytes..].as_ptr(), per * row_bytes, a, nb) };
-                for (s, v) in got.into_iter().enumerate() {
-                    // SAFETY: as in `dot_at`: column `o + s·per` belongs to this task.
-                    unsafe { dst.ptr().add(o + s * per).write(v) };
-                }
-            }
-            (cols.start + STREAMS * per..cols.end).for_each(|o| dot_at(0, o));
-            return;
-        }
-        if rows == 1 {
-            // Decode streams the weights once: walk `STREAMS` distant parts of the range
-            // in turn, so several sequential reads are in flight at once (one stream per
-            // core reaches only about 60% of the memory bandwidth on some machines).
-            let per = cols.len().div_ceil(STREAMS);
-            for i in 0..per {
-                for o in (cols.start + i..cols.end).step_by(per) {
-                    dot_at(0, o);
-                }
-            }
-            return;
-        }
-        if let Some(f) = several {
-            // Each weight row meets the activation rows 8, 4 or 2 at a time; where the
-            // format has it, two weight rows meet them at once.
-            let stride = act_row * 4;
-            let put = |r: usize, o: usize, v: f32| {
-                // SAFETY: as in `dot_at`.
-                unsafe { dst.ptr().add(r * m + o).write(v) }
-            };
-            let mut o = cols.start;
-            while o < cols.end {
-                let wrow = bytes[o * row_bytes..].as_ptr();
-                let mut r = 0;
-                if let Some(pairs) = f.pairs.filter(|_| o + 1 < cols.end) {
-                    while rows - r >= 2 {
-                        let a = acts[r * act_row..].as_ptr().cast::<u8>();
-                        let take = |got: &[&[f32]; 2]| {
-                            for (j, vals) in got.iter().enumerate() {
-                                vals.iter().enumerate().for_each(|(i, &v)| put(r + i, o + j, v));
-                            }
-                            got[0].len()
-                        };
-                        // SAFETY: as in `dot_at`, for weight rows `o`, `o + 1` (inside
-                        // `cols`) and the activation rows from `r` (as many as remain).
-                        r += unsafe {
-                            match rows - r {
-                                8.. => {
-                                    let [x, y] = (pairs.p8)(wrow, row_bytes, a, stride, nb);
-                                    take(&[&x, &y])
-                                }
-                                4.. => {
-                                    let [x, y] = (pairs.p4)(wrow, row_bytes, a, stride, nb);
-                                    take(&[&x, &y])
-                                }
-                                _ => {
-                                    let [x, y] = (pairs.p2)(wrow, row_bytes, a, stride, nb);
-                                    take(&[&x, &y])
-                                }
-                            }
-                        };
-                    }
-                    // A last odd row: each weight row on its own.
-                    if r < rows {
-                        let a = acts[r * act_row..].as_ptr().cast::<u8>();
-                        for oo in [o, o + 1] {
-                            // SAFETY: as in `dot_at`.
-                            put(r, oo, unsafe { dot(bytes[oo * row_bytes..].as_ptr(), a, nb) });
-                        }
-                    }
-                    o += 2;
-                    continue;
-                }
-                while r < rows {
-                    let (left, at) = (rows - r, &acts[r * act_row..]);
-                    // SAFETY: as in `dot_at`, for weight row `o` and the rows left.
-                    r += unsafe { several_at(&f, dot, wrow, at, stride, left, nb, |i, v| put(r + i, o, v)) };
-                }
-                o += 1;
-            }
-            return;
-        }
-        for tile in cols.clone().step_by(TILE) {
-            let tile = tile..(tile + TILE).min(cols.end);
-            for r in 0..rows {
-                for o in tile.clone() {
-                    dot_at(r, o);
-                }
-            }
-        }
-    };
     let tasks = m.div_ceil(chunk);
-    if tasks == 1 {
-        task(0..m);
-    } else {
-        pool.install(|| (0..tasks).into_par_iter().for_each(|t| task(t * chunk..((t + 1) * chunk).min(m))));
-    }
+    let run = move |t: usize| {
+        let dot_at = |r: usize, o: usize| {
+            let a = acts[r * act_row..(r + 1) * act_row].as_ptr();
+            let wrow = bytes[o * row_bytes..(o + 1) * row_bytes].as_ptr();
+            // SAFETY: `dot` came from `kernel.dot_fn`, which checked the CPU features; `wrow`
+            // holds `nb` weight blocks and `a` the row's `nb` activation blocks of the
+            // matching format, aligned (see `quantize_rows`). `r·m + o` is inside `out`
+            // (checked above), and only the task owning column `o` writes it while `out`
+            // stays mutably borrowed for this call.
+            unsafe { dst.ptr().add(r * m + o).write(dot(wrow, a.cast(), nb)) };
+        };
+        let task = |cols: std::ops::Range<usize>| {
+            if let Some(f) = streams {
+                // Decode reads `STREAMS` distant parts of the range side by side: rows
+                // `o + s·per` for `s < STREAMS` at once, block by block.
+                let per = cols.len() / STREAMS;
+                let a = acts.as_ptr().cast::<u8>();
+                for o in cols.start..cols.start + per {
+                    // SAFETY: as in `dot_at`, for the weight rows `o + s·per` (inside `cols`)
+                    // and the one activation row; `f` is the four-row form of `dot`.
+                    let got = unsafe { f(bytes[o * row_bytes..].as_ptr(), per * row_bytes, a, nb) };
+                    for (s, v) in got.into_iter().enumerate() {
+                        // SAFETY: as in `dot_at`: column `o + s·per` belongs to this task.
+                        unsafe { dst.ptr().add(o + s * per).write(v) };
+                    }
+                }
+                (cols.start + STREAMS * per..cols.end).for_each(|o| dot_at(0, o));
+                return;
+            }
+            if rows == 1 {
+                // Decode streams the weights once: walk `STREAMS` distant parts of the range
+                // in turn, so several sequential reads are in flight at once (one stream per
+                // core reaches only about 60% of the memory bandwidth on some machines).
+                let per = cols.len().div_ceil(STREAMS);
+                for i in 0..per {
+                    for o in (cols.start + i..cols.end).step_by(per) {
+                        dot_at(0, o);
+                    }
+                }
+                return;
+            }
+            if let Some(f) = several {
+                // Each weight row meets the activation rows 8, 4 or 2 at a time; where the
+                // format has it, two weight rows meet them at once.
+                let stride = act_row * 4;
+                let put = |r: usize, o: usize, v: f32| {
+                    // SAFETY: as in `dot_at`.
+                    unsafe { dst.ptr().add(r * m + o).write(v) }
+                };
+                let mut o = cols.start;
+                while o < cols.end {
+                    let wrow = bytes[o * row_bytes..].as_ptr();
+                    let mut r = 0;
+                    if let Some(pairs) = f.pairs.filter(|_| o + 1 < cols.end) {
+                        while rows - r >= 2 {
+                            let a = acts[r * act_row..].as_ptr().cast::<u8>();
+                            let take = |got: &[&[f32]; 2]| {
+                                for (j, vals) in got.iter().enumerate() {
+                                    vals.iter().enumerate().for_each(|(i, &v)| put(r + i, o + j, v));
+                                }
+                                got[0].len()
+                            };
+                            // SAFETY: as in `dot_at`, for weight rows `o`, `o + 1` (inside
+                            // `cols`) and the activation rows from `r` (as many as remain).
+                            r += unsafe {
+                                match rows - r {
+                                    8.. => {
+                                        let [x, y] = (pairs.p8)(wrow, row_bytes, a, stride, nb);
+                                        take(&[&x, &y])
+                                    }
+                                    4.. => {
+                                        let [x, y] = (pairs.p4)(wrow, row_bytes, a, stride, nb);
+                                        take(&[&x, &y])
+                                    }
+                                    _ => {
+                                        let [x, y] = (pairs.p2)(wrow, row_bytes, a, stride, nb);
+                                        take(&[&x, &y])
+                                    }
+                                }
+                            };
+                        }
+                        // A last odd row: each weight row on its own.
+                        if r < rows {
+                            let a = acts[r * act_row..].as_ptr().cast::<u8>();
+                            for oo in [o, o + 1] {
+                                // SAFETY: as in `dot_at`.
+                                put(r, oo, unsafe { dot(bytes[oo * row_bytes..].as_ptr(), a, nb) });
+                            }
+                        }
+                        o += 2;
+                        continue;
+                    }
+                    while r < rows {
+                        let (left, at) = (rows - r, &acts[r * act_row..]);
+                        // SAFETY: as in `dot_at`, for weight row `o` and the rows left.
+                        r += unsafe { several_at(&f, dot, wrow, at, stride, left, nb, |i, v| put(r + i, o, v)) };
+                    }
+                    o += 1;
+                }
+                return;
+            }
+            for tile in cols.clone().step_by(TILE) {
+                let tile = tile..(tile + TILE).min(cols.end);
+                for r in 0..rows {
+                    for o in tile.clone() {
+                        dot_at(r, o);
+                    }
+                }
+            }
+        };
+        task(t * chunk..((t + 1) * chunk).min(m));
+    };
+    Some((tasks, run))
 }
 
 /// One weight row against the next 8, 4, 2 or 1 of `left` activation rows (`stride`
@@ -715,6 +759,54 @@ mod tests {
                     })
                     .collect();
                 assert_eq!(alone, in_turn, "{kernel:?} {dtype:?} {m}x{k}: a row alone");
+            }
+        }
+    }
+
+    /// Several weights through one parallel op (`matmul_many_rows_alone`) give each the
+    /// bits of its own call, on a team and off it, for one row and several.
+    #[test]
+    fn several_weights_in_one_op_give_each_call_s_bits() {
+        use crate::tensor::{AlignedBytes, ByteSource};
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let mut rng = testutil::Rng::new(11);
+        let k = 512;
+        let weight = |rng: &mut testutil::Rng, dtype: DType, m: usize| {
+            let t = quantize_matrix(&pool, dtype, &rng.vec(m * k, 1.0), m, k).unwrap();
+            let b = t.bytes().to_vec();
+            HostTensor::new(std::sync::Arc::new(AlignedBytes::from_slice(&b)), 0, b.len(), dtype, vec![m, k])
+        };
+        // Sizes from one task to many; formats with and without a decode kernel, and one
+        // (AffineQ4) without an integer dot.
+        let ws = [
+            weight(&mut rng, DType::Q4_0, 300),
+            weight(&mut rng, DType::Q6_K, 7),
+            weight(&mut rng, DType::Q4_K, 64),
+            weight(&mut rng, DType::Q8_0, 129),
+            weight(&mut rng, DType::AffineQ4, 40),
+        ];
+        for rows in [1, 3] {
+            let x = rng.vec(rows * k, 1.0);
+            let alone: Vec<Vec<f32>> = ws
+                .iter()
+                .map(|w| {
+                    let mut out = vec![0f32; rows * w.shape[0]];
+                    matmul_rows_alone(&pool, &x, rows, w, &mut out);
+                    out
+                })
+                .collect();
+            for on_team in [false, true] {
+                let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; rows * w.shape[0]]).collect();
+                let mut each: Vec<(&HostTensor, &mut [f32])> =
+                    ws.iter().zip(outs.iter_mut()).map(|(w, o)| (w, &mut o[..])).collect();
+                match on_team {
+                    true => team::lead(&pool, || matmul_many_rows_alone(&pool, &x, rows, &mut each)),
+                    false => matmul_many_rows_alone(&pool, &x, rows, &mut each),
+                }
+                let bits = |v: &[Vec<f32>]| {
+                    v.iter().map(|o| o.iter().map(|f| f.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>()
+                };
+                assert_eq!(bits(&outs), bits(&alone), "{rows} rows, on a team: {on_team}");
             }
         }
     }

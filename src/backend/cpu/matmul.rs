@@ -30,7 +30,6 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use rayon::ThreadPool;
-use rayon::prelude::*;
 
 use crate::tensor::{DType, HostTensor};
 
@@ -153,7 +152,7 @@ fn matmul_on(kernel: Kernel, pool: &ThreadPool, x: &[f32], rows: usize, w: &Host
     if tasks == 1 {
         task(0..m);
     } else {
-        pool.install(|| (0..tasks).into_par_iter().for_each(|t| task(t * chunk..((t + 1) * chunk).min(m))));
+        super::team::for_each(pool, tasks, |t| task(t * chunk..((t + 1) * chunk).min(m)));
     }
 }
 

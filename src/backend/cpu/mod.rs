@@ -4,6 +4,7 @@ pub mod bandwidth;
 pub mod isa;
 mod kv;
 pub mod matmul;
+pub mod team;
 
 use rayon::prelude::*;
 
@@ -121,7 +122,7 @@ impl Backend for CpuBackend {
     }
 
     fn on_workers<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
+        team::lead(&self.pool, f)
     }
 
     fn matmul(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, out: &mut Vec<f32>) -> BackendResult<()> {
@@ -166,6 +167,29 @@ impl Backend for CpuBackend {
             }
             at += n;
         }
+        Ok(())
+    }
+
+    fn matmul_seqs_each(
+        &self,
+        x: &Vec<f32>,
+        seq_rows: &[usize],
+        each: &mut [(&HostTensor, &mut Vec<f32>)],
+    ) -> BackendResult<()> {
+        let rows = seq_rows.len();
+        let fused = !self.row_invariant
+            && seq_rows.iter().all(|&n| n == 1)
+            && each.iter().all(|(w, out)| !w.dtype.is_float() && out.len() >= rows * w.shape[0] && w.shape[1] > 0);
+        if !fused || rows == 0 {
+            return each.iter_mut().try_for_each(|(w, out)| self.matmul_seqs(x, seq_rows, w, out));
+        }
+        let k = each[0].0.shape[1];
+        assert!(
+            x.len() >= rows * k && each.iter().all(|(w, _)| w.shape[1] == k),
+            "matmul_seqs_each: weights of other widths, or x shorter than {rows} rows"
+        );
+        let mut each: Vec<(&HostTensor, &mut [f32])> = each.iter_mut().map(|(w, out)| (*w, &mut out[..])).collect();
+        crate::quant::matmul_many_rows_alone(&self.pool, &x[..rows * k], rows, &mut each);
         Ok(())
     }
 
@@ -309,7 +333,7 @@ impl Backend for CpuBackend {
         let q = &q[row0 * q_width..(row0 + rows) * q_width];
         let out = &mut out[row0 * q_width..(row0 + rows) * q_width];
         // One task per (query row, head): a head's output is `head_dim` contiguous values.
-        let task = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
+        let task = |scores: &mut Vec<f32>, i: usize, o: &mut [f32]| {
             let (r, h) = (i / p.n_heads, i % p.n_heads);
             let pos = p.start_pos + r;
             let first = match p.sliding_window {
@@ -342,10 +366,10 @@ impl Backend for CpuBackend {
             }
         };
         if rows * p.n_heads > 1 {
-            self.pool.install(|| out.par_chunks_exact_mut(hd).enumerate().for_each_init(Vec::new, task));
+            team::for_each_chunk_mut(&self.pool, out, hd, |i, o| task(&mut Vec::new(), i, o));
         } else {
             let mut scores = Vec::new();
-            out.chunks_exact_mut(hd).enumerate().for_each(|t| task(&mut scores, t));
+            out.chunks_exact_mut(hd).enumerate().for_each(|(i, o)| task(&mut scores, i, o));
         }
         Ok(())
     }

@@ -1,0 +1,274 @@
+//! A forward pass's threads, kept spinning between its ops.
+//!
+//! A decode step of a small model is a few hundred short parallel ops (SmolLM2-135M: 30
+//! layers × 7 matmuls, each a few tens of microseconds). Handed to rayon one by one, every
+//! op pays for waking the other workers, which sleep or sit in `sched_yield` between ops,
+//! and the late ones find most of the work already taken: two threads decoded only 1.45×
+//! faster than one. [`CpuBackend::on_workers`](super::CpuBackend) instead runs the pass as
+//! a *team*: the pool's first thread runs the pass, the others wait for work in a spin
+//! loop, and each op's tasks go to all of them at once ([`for_each`]). Between passes the
+//! threads are back in rayon's hands (and asleep when idle).
+//!
+//! While they wait, team threads also take any rayon job the pass left for the pool, so a
+//! parallel iterator inside a pass still runs on every thread.
+
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+
+use rayon::ThreadPool;
+use rayon::prelude::*;
+
+/// One op's work: called once for each task index.
+type Job<'a> = &'a (dyn Fn(usize) + Sync);
+
+/// An atomic on its own cache line, so that threads polling one do not slow the others.
+#[repr(align(128))]
+#[derive(Default)]
+struct Line<T>(T);
+
+#[derive(Default)]
+struct Team {
+    /// Bumped once for every op handed out.
+    epoch: Line<AtomicUsize>,
+    /// The next task index to take.
+    next: Line<AtomicUsize>,
+    /// Helpers done with the current op.
+    finished: Line<AtomicUsize>,
+    /// The current op: a pointer to a [`Job`] on the leader's stack, and its task count.
+    job: AtomicPtr<()>,
+    tasks: AtomicUsize,
+    /// The pass is over (or its leader panicked): helpers return.
+    stop: AtomicBool,
+    /// A helper's task panicked; the leader panics once the op is over.
+    panicked: AtomicBool,
+    helpers: usize,
+}
+
+thread_local! {
+    /// The team this thread leads, while it runs a pass and no op of it.
+    static LEADING: Cell<*const Team> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Polls a helper spins through (some 100 µs) before it yields its core between polls:
+/// the gaps between a pass's ops are microseconds, and a pool that shares its cores
+/// with other work must not starve it.
+const SPINS: u32 = 1 << 12;
+
+impl Team {
+    /// Hands `f`'s `tasks` tasks to every thread of the team, takes its share and returns
+    /// once every task has run and every helper has left the op.
+    fn run(&self, tasks: usize, f: Job<'_>) {
+        self.job.store((&raw const f).cast_mut().cast(), Ordering::Relaxed);
+        self.tasks.store(tasks, Ordering::Relaxed);
+        self.next.0.store(0, Ordering::Relaxed);
+        self.finished.0.store(0, Ordering::Relaxed);
+        // Publishes the four stores above to the helpers that see the new epoch.
+        self.epoch.0.fetch_add(1, Ordering::Release);
+        // Caught, so that `f` outlives the helpers still running it.
+        let mine = catch_unwind(AssertUnwindSafe(|| self.take(tasks, f)));
+        while self.finished.0.load(Ordering::Acquire) < self.helpers {
+            std::hint::spin_loop();
+        }
+        if let Err(e) = mine {
+            std::panic::resume_unwind(e);
+        }
+        if self.panicked.load(Ordering::Relaxed) {
+            panic!("a task of a parallel op panicked on another thread");
+        }
+    }
+
+    fn take(&self, tasks: usize, f: Job<'_>) {
+        loop {
+            let i = self.next.0.fetch_add(1, Ordering::Relaxed);
+            if i >= tasks {
+                return;
+            }
+            f(i);
+        }
+    }
+
+    /// A helper's life: waits for ops and takes their tasks until the pass is over.
+    fn help(&self) {
+        // From the team's first epoch: the leader may have handed out ops before this
+        // helper started.
+        let mut seen = 0;
+        let mut idle = 0u32;
+        loop {
+            let epoch = self.epoch.0.load(Ordering::Acquire);
+            if epoch != seen {
+                seen = epoch;
+                let tasks = self.tasks.load(Ordering::Relaxed);
+                // SAFETY: `run` stored a pointer to its `Job` before this epoch and keeps
+                // both alive until every helper has counted itself finished below.
+                let f = unsafe { *self.job.load(Ordering::Relaxed).cast::<Job<'_>>() };
+                if catch_unwind(AssertUnwindSafe(|| self.take(tasks, f))).is_err() {
+                    self.panicked.store(true, Ordering::Relaxed);
+                }
+                self.finished.0.fetch_add(1, Ordering::Release);
+                idle = 0;
+                continue;
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            idle = idle.saturating_add(1);
+            // Rayon jobs the pass left for the pool (a parallel iterator not routed
+            // through `for_each`): looked for now and then, since looking costs more
+            // than a poll.
+            if idle.is_multiple_of(64) && rayon::yield_now() == Some(rayon::Yield::Executed) {
+                idle = 0;
+            } else if idle < SPINS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Runs `pass` on `pool`'s first thread with the others as its team (see the module
+/// docs); on a one-thread pool, or inside a pass already, simply on the pool.
+pub fn lead<R: Send>(pool: &ThreadPool, pass: impl FnOnce() -> R + Send) -> R {
+    let helpers = pool.current_num_threads() - 1;
+    if helpers == 0 || !LEADING.get().is_null() {
+        return pool.install(pass);
+    }
+    let team = Team { helpers, ..Team::default() };
+    let pass = Mutex::new(Some(pass));
+    let out = Mutex::new(None);
+    /// Ends the pass for the helpers even when it panics.
+    struct Over<'a>(&'a Team);
+    impl Drop for Over<'_> {
+        fn drop(&mut self) {
+            LEADING.set(std::ptr::null());
+            self.0.stop.store(true, Ordering::Release);
+        }
+    }
+    pool.broadcast(|ctx| {
+        if ctx.index() != 0 {
+            return team.help();
+        }
+        let _over = Over(&team);
+        LEADING.set(&raw const team);
+        let pass = pass.lock().unwrap_or_else(|e| e.into_inner()).take().expect("one leader");
+        *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(pass());
+    });
+    out.into_inner().unwrap_or_else(|e| e.into_inner()).expect("the leader ran the pass")
+}
+
+/// Runs `f(i)` for every `i < tasks`, in parallel: on the team this thread leads, or
+/// else on `pool`. Tasks may run in any order and on any thread.
+pub fn for_each(pool: &ThreadPool, tasks: usize, f: impl Fn(usize) + Sync) {
+    if tasks <= 1 {
+        return (0..tasks).for_each(f);
+    }
+    let team = LEADING.get();
+    if team.is_null() {
+        return pool.install(|| (0..tasks).into_par_iter().for_each(&f));
+    }
+    // Tasks that start parallel work of their own run it in place: the team is busy.
+    LEADING.set(std::ptr::null());
+    // SAFETY: `lead` set the pointer to a team that outlives its pass, which is running
+    // on this thread now.
+    unsafe { &*team }.run(tasks, &f);
+    LEADING.set(team);
+}
+
+/// Runs `f(i, chunk)` for each `chunk`-long piece `i` of `data` (a shorter last one
+/// included), in parallel as [`for_each`] does.
+pub fn for_each_chunk_mut<T: Send>(
+    pool: &ThreadPool,
+    data: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    /// The start of `data`, shared by tasks that take disjoint pieces of it.
+    struct Start<T>(*mut T);
+    // SAFETY: each task takes its own piece (below), so sharing the pointer shares no
+    // more than disjoint `&mut [T]`, which may go to other threads since `T: Send`.
+    unsafe impl<T: Send> Sync for Start<T> {}
+    impl<T> Start<T> {
+        fn at(&self, i: usize) -> *mut T {
+            self.0.wrapping_add(i)
+        }
+    }
+    let (len, chunk) = (data.len(), chunk.max(1));
+    let start = Start(data.as_mut_ptr());
+    for_each(pool, len.div_ceil(chunk), |i| {
+        let at = i * chunk;
+        // SAFETY: piece `i` is `data[at..at + n]`, inside `data`, which stays borrowed
+        // mutably for this call; `for_each` runs each index once, so pieces never overlap.
+        let piece = unsafe { std::slice::from_raw_parts_mut(start.at(at), chunk.min(len - at)) };
+        f(i, piece);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(n: usize) -> ThreadPool {
+        rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap()
+    }
+
+    #[test]
+    fn every_task_runs_once_on_a_team_and_off_it() {
+        for threads in [1, 2, 3] {
+            let pool = pool(threads);
+            let count = |tasks: usize| {
+                let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+                for_each(&pool, tasks, |i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                });
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1)
+            };
+            let led = lead(&pool, || (0..200).all(|n| count(n % 37)));
+            assert!(led && count(5) && count(0), "{threads} threads");
+        }
+    }
+
+    #[test]
+    fn a_pass_uses_every_thread_and_nested_work_runs_in_place() {
+        let pool = pool(2);
+        let threads = lead(&pool, || {
+            let ids = Mutex::new(std::collections::HashSet::new());
+            for _ in 0..100 {
+                for_each(&pool, 64, |_| {
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                    ids.lock().unwrap().insert(std::thread::current().id());
+                    // Nested: must not wait on the team it is part of.
+                    let inner = AtomicUsize::new(0);
+                    for_each(&pool, 3, |_| {
+                        inner.fetch_add(1, Ordering::Relaxed);
+                    });
+                    assert_eq!(inner.load(Ordering::Relaxed), 3);
+                });
+            }
+            let n = ids.lock().unwrap().len();
+            // A rayon iterator inside a pass still finishes (helpers take its jobs).
+            let sum: usize = pool.install(|| (0..1000usize).into_par_iter().sum());
+            assert_eq!(sum, 499_500);
+            n
+        });
+        assert_eq!(threads, 2);
+    }
+
+    #[test]
+    fn a_panicking_task_panics_the_pass_and_the_pool_lives_on() {
+        let pool = pool(2);
+        for _ in 0..4 {
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                lead(&pool, || {
+                    for_each(&pool, 64, |i| {
+                        std::thread::sleep(std::time::Duration::from_micros(50));
+                        assert_ne!(i, 40, "task 40 fails");
+                    })
+                })
+            }));
+            assert!(r.is_err());
+        }
+        assert_eq!(lead(&pool, || 7), 7);
+    }
+}
