@@ -110,7 +110,7 @@ impl Backend for CpuBackend {
     }
 
     fn top_k(&self, logits: &Vec<f32>, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {
-        Ok(logits.chunks_exact(vocab).take(rows).map(|row| top_k_row(row, k)).collect())
+        Ok(logits.chunks_exact(vocab).take(rows).map(|row| top_k_row_on(&self.pool, row, k)).collect())
     }
 
     fn embedding(&self, table: &HostTensor, ids: &[u32], out: &mut Vec<f32>) -> BackendResult<()> {
@@ -444,10 +444,36 @@ pub fn gelu_tanh(x: f32) -> f32 {
 /// The `k` largest logits of a row, largest first (lower id first on ties, NaN never
 /// chosen), and the row's `logsumexp` computed in f64.
 pub fn top_k_row(row: &[f32], k: usize) -> TopK {
-    let k = k.min(row.len());
-    // (logit, id) kept sorted descending; a row is scanned once.
+    top_k_merge(row.chunks(TOP_K_PART).enumerate().map(|(i, part)| top_k_part(part, i * TOP_K_PART, k)), k)
+}
+
+/// [`top_k_row`] with the row's parts scanned in parallel: the same result.
+fn top_k_row_on(pool: &rayon::ThreadPool, row: &[f32], k: usize) -> TopK {
+    let mut parts: Vec<Option<TopKPart>> = (0..row.len().div_ceil(TOP_K_PART)).map(|_| None).collect();
+    team::for_each_chunk_mut(pool, &mut parts, 1, |i, slot| {
+        let first = i * TOP_K_PART;
+        slot[0] = Some(top_k_part(&row[first..(first + TOP_K_PART).min(row.len())], first, k));
+    });
+    top_k_merge(parts.into_iter().flatten(), k)
+}
+
+/// Logits per part of a row that [`top_k_row`] scans as a unit, and may scan beside the
+/// others; the parts are fixed, so the result does not depend on how they are spread.
+const TOP_K_PART: usize = 1 << 13;
+
+/// A part of a row, scanned: its `k` best (logit, id), largest first, its largest logit
+/// and `Σ exp(logit − max)` over it (0 where the max is not finite).
+struct TopKPart {
+    best: Vec<(f32, u32)>,
+    max: f32,
+    sum: f64,
+}
+
+/// Scans `part`, the logits from id `first` on.
+fn top_k_part(part: &[f32], first: usize, k: usize) -> TopKPart {
+    // (logit, id) kept sorted descending; a part is scanned once.
     let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
-    for (i, &l) in row.iter().enumerate() {
+    for (i, &l) in part.iter().enumerate() {
         if l.is_nan() || k == 0 {
             continue;
         }
@@ -455,16 +481,32 @@ pub fn top_k_row(row: &[f32], k: usize) -> TopK {
             continue;
         }
         let at = best.partition_point(|&(b, _)| b >= l);
-        best.insert(at, (l, i as u32));
+        best.insert(at, (l, (first + i) as u32));
         best.truncate(k);
     }
-    let max = row.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    let max = part.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    let sum = match max.is_finite() {
+        true => part.iter().filter(|l| !l.is_nan()).map(|&l| (l as f64 - max as f64).exp()).sum(),
+        false => 0.0,
+    };
+    TopKPart { best, max, sum }
+}
+
+/// A row's [`TopK`] from its parts, in order.
+fn top_k_merge(parts: impl Iterator<Item = TopKPart>, k: usize) -> TopK {
+    let parts: Vec<TopKPart> = parts.collect();
+    let max = parts.iter().map(|p| p.max).fold(f32::NEG_INFINITY, f32::max);
     let lse = if max.is_finite() {
-        let sum: f64 = row.iter().filter(|l| !l.is_nan()).map(|&l| (l as f64 - max as f64).exp()).sum();
+        let scaled = parts.iter().filter(|p| p.max.is_finite());
+        let sum: f64 = scaled.map(|p| p.sum * (p.max as f64 - max as f64).exp()).sum();
         (max as f64 + sum.ln()) as f32
     } else {
         max
     };
+    // A stable sort: equal logits keep their parts' order, so the lower id comes first.
+    let mut best: Vec<(f32, u32)> = parts.into_iter().flat_map(|p| p.best).collect();
+    best.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
+    best.truncate(k);
     TopK { ids: best.iter().map(|b| b.1).collect(), logits: best.iter().map(|b| b.0).collect(), lse }
 }
 
@@ -482,6 +524,49 @@ mod tests {
         assert!((t.lse as f64 - want).abs() < 1e-6);
         assert_eq!(top_k_row(&row, 1).ids, vec![1]);
         assert_eq!(top_k_row(&row, 10).ids.len(), 5);
+    }
+
+    /// A vocabulary-sized row is scanned in parts (beside each other on a team): the
+    /// same ids, logits and lse as one scan would give, ties across parts included.
+    #[test]
+    fn a_long_row_scanned_in_parts_gives_one_scan_s_top_k() {
+        let n = 3 * TOP_K_PART + 1234;
+        let mut rng = crate::quant::testutil::Rng::new(3);
+        let mut row: Vec<f32> = rng.vec(n, 4.0);
+        // Ties across parts, and a part that is all NaN and -inf.
+        row[5] = 9.0;
+        row[2 * TOP_K_PART + 7] = 9.0;
+        row[TOP_K_PART - 1] = 8.5;
+        row[3 * TOP_K_PART + 3] = 8.5;
+        for (i, l) in row[TOP_K_PART..2 * TOP_K_PART].iter_mut().enumerate() {
+            *l = if i % 2 == 0 { f32::NAN } else { f32::NEG_INFINITY };
+        }
+        let mut want: Vec<(f32, u32)> =
+            row.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (l, i as u32)).collect();
+        want.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
+        let max = want[0].0 as f64;
+        let lse = max + row.iter().filter(|l| !l.is_nan()).map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+        let be = CpuBackend::new(2);
+        for k in [1, 4, 40] {
+            let one = top_k_row(&row, k);
+            assert_eq!(one.ids, want[..k].iter().map(|w| w.1).collect::<Vec<_>>(), "k = {k}");
+            assert_eq!(one.logits, want[..k].iter().map(|w| w.0).collect::<Vec<_>>());
+            assert!((one.lse as f64 - lse).abs() < 1e-6 * lse.abs(), "{} vs {lse}", one.lse);
+            for on_team in [false, true] {
+                let got = match on_team {
+                    true => be.on_workers(|| be.top_k(&row, 1, n, k).unwrap()),
+                    false => be.top_k(&row, 1, n, k).unwrap(),
+                };
+                assert_eq!(
+                    (&got[0].ids, &got[0].logits, got[0].lse.to_bits()),
+                    (&one.ids, &one.logits, one.lse.to_bits())
+                );
+            }
+        }
+        let mut inf = row.clone();
+        inf[n - 1] = f32::INFINITY;
+        assert_eq!(top_k_row(&inf, 2).lse, f32::INFINITY);
+        assert_eq!(top_k_row(&[f32::NAN; 3], 2).lse, f32::NEG_INFINITY);
     }
 
     #[test]
