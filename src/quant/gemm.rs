@@ -367,7 +367,7 @@ fn run_panels(
         })
     };
     if tasks > 1 {
-        pool.install(|| (0..tasks).into_par_iter().for_each(task));
+        crate::backend::cpu::team::for_each(pool, tasks, task);
     } else {
         task(0);
     }
