@@ -531,7 +531,7 @@ fn quantize_rows(pool: &ThreadPool, act: DType, x: &[f32], rows: usize, k: usize
         simd::quantize_activations(act, xr, bytes);
     };
     if par && rows > 1 {
-        pool.install(|| x.par_chunks(k).zip(buf.par_chunks_mut(row_words)).for_each(one));
+        team::for_each_chunk_mut(pool, &mut buf, row_words, |r, words| one((&x[r * k..][..k], words)));
     } else {
         x.chunks(k).zip(buf.chunks_mut(row_words)).for_each(one);
     }

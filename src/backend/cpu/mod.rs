@@ -6,8 +6,6 @@ mod kv;
 pub mod matmul;
 pub mod team;
 
-use rayon::prelude::*;
-
 use super::delta::{self, DeltaRule, DeltaWeights};
 use super::{Activation, AttnParams, Backend, BackendError, BackendResult, KvType, RopeFreqs, Rows, TopK, Unary};
 use crate::tensor::HostTensor;
@@ -217,7 +215,7 @@ impl Backend for CpuBackend {
         };
         let (src, dst) = (&x[..rows * dim], &mut out[..rows * dim]);
         if rows >= 64 {
-            self.pool.install(|| src.par_chunks_exact(dim).zip(dst.par_chunks_exact_mut(dim)).for_each(norm));
+            team::for_each_chunk_mut(&self.pool, dst, dim, |i, d| norm((&src[i * dim..][..dim], d)));
         } else {
             src.chunks_exact(dim).zip(dst.chunks_exact_mut(dim)).for_each(norm);
         }
@@ -318,10 +316,10 @@ impl Backend for CpuBackend {
             let (len, row_len) = (p.start_pos + rows, p.kv.row_len(kv_width));
             let decode = |c: &[f32]| {
                 let mut out = vec![0.0f32; len * kv_width];
-                let one = |(j, o): (usize, &mut [f32])| kv::decode(p.kv, &c[j * row_len..][..row_len], 0, o);
+                let one = |j: usize, o: &mut [f32]| kv::decode(p.kv, &c[j * row_len..][..row_len], 0, o);
                 match len * kv_width >= 1 << 16 {
-                    true => self.pool.install(|| out.par_chunks_exact_mut(kv_width).enumerate().for_each(one)),
-                    false => out.chunks_exact_mut(kv_width).enumerate().for_each(one),
+                    true => team::for_each_chunk_mut(&self.pool, &mut out, kv_width, one),
+                    false => out.chunks_exact_mut(kv_width).enumerate().for_each(|(j, o)| one(j, o)),
                 }
                 out
             };

@@ -44,6 +44,10 @@ struct Team {
     /// A helper's task panicked; the leader panics once the op is over.
     panicked: AtomicBool,
     helpers: usize,
+    /// Helpers parked until the next op (or the end of the pass), and every helper's
+    /// thread, to unpark them.
+    sleepers: AtomicUsize,
+    threads: Mutex<Vec<std::thread::Thread>>,
 }
 
 thread_local! {
@@ -51,10 +55,11 @@ thread_local! {
     static LEADING: Cell<*const Team> = const { Cell::new(std::ptr::null()) };
 }
 
-/// Polls a helper spins through (some 100 µs) before it yields its core between polls:
-/// the gaps between a pass's ops are microseconds, and a pool that shares its cores
-/// with other work must not starve it.
-const SPINS: u32 = 1 << 12;
+/// How long a helper spins without work before it parks until the next op: the gaps
+/// between a pass's ops are microseconds, but a pass that waits on storage for its next
+/// layer must leave the cores to the threads reading it. (Counted in time, not polls:
+/// a `pause` takes 10 to 150 cycles, depending on the CPU.)
+const SPIN_FOR: std::time::Duration = std::time::Duration::from_micros(500);
 
 impl Team {
     /// Hands `f`'s `tasks` tasks to every thread of the team, takes its share and returns
@@ -64,8 +69,10 @@ impl Team {
         self.tasks.store(tasks, Ordering::Relaxed);
         self.next.0.store(0, Ordering::Relaxed);
         self.finished.0.store(0, Ordering::Relaxed);
-        // Publishes the four stores above to the helpers that see the new epoch.
-        self.epoch.0.fetch_add(1, Ordering::Release);
+        // Publishes the four stores above to the helpers that see the new epoch; SeqCst
+        // against `nap`'s, so that a parking helper either sees it or is woken.
+        self.epoch.0.fetch_add(1, Ordering::SeqCst);
+        self.wake();
         // Caught, so that `f` outlives the helpers still running it.
         let mine = catch_unwind(AssertUnwindSafe(|| self.take(tasks, f)));
         while self.finished.0.load(Ordering::Acquire) < self.helpers {
@@ -89,12 +96,31 @@ impl Team {
         }
     }
 
+    /// Unparks the helpers that sleep.
+    fn wake(&self) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.threads.lock().unwrap_or_else(|e| e.into_inner()).iter().for_each(|t| t.unpark());
+        }
+    }
+
+    /// Parks this helper until the leader hands out an op after epoch `seen`, or ends
+    /// the pass (or a spurious wake-up).
+    fn nap(&self, seen: usize) {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        if self.epoch.0.load(Ordering::SeqCst) == seen && !self.stop.load(Ordering::SeqCst) {
+            std::thread::park();
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// A helper's life: waits for ops and takes their tasks until the pass is over.
     fn help(&self) {
+        self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(std::thread::current());
         // From the team's first epoch: the leader may have handed out ops before this
         // helper started.
         let mut seen = 0;
         let mut idle = 0u32;
+        let mut since = std::time::Instant::now();
         loop {
             let epoch = self.epoch.0.load(Ordering::Acquire);
             if epoch != seen {
@@ -108,21 +134,24 @@ impl Team {
                 }
                 self.finished.0.fetch_add(1, Ordering::Release);
                 idle = 0;
+                since = std::time::Instant::now();
                 continue;
             }
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            idle = idle.saturating_add(1);
-            // Rayon jobs the pass left for the pool (a parallel iterator not routed
-            // through `for_each`): looked for now and then, since looking costs more
-            // than a poll.
-            if idle.is_multiple_of(64) && rayon::yield_now() == Some(rayon::Yield::Executed) {
-                idle = 0;
-            } else if idle < SPINS {
+            idle = idle.wrapping_add(1);
+            if !idle.is_multiple_of(64) {
                 std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+                continue;
+            }
+            // Now and then (looking costs more than a poll): rayon jobs the pass left for
+            // the pool (a parallel iterator not routed through `for_each`), and the clock.
+            if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                since = std::time::Instant::now();
+            } else if since.elapsed() > SPIN_FOR {
+                self.nap(seen);
+                since = std::time::Instant::now();
             }
         }
     }
@@ -143,7 +172,8 @@ pub fn lead<R: Send>(pool: &ThreadPool, pass: impl FnOnce() -> R + Send) -> R {
     impl Drop for Over<'_> {
         fn drop(&mut self) {
             LEADING.set(std::ptr::null());
-            self.0.stop.store(true, Ordering::Release);
+            self.0.stop.store(true, Ordering::SeqCst);
+            self.0.wake();
         }
     }
     pool.broadcast(|ctx| {
@@ -253,6 +283,25 @@ mod tests {
             n
         });
         assert_eq!(threads, 2);
+    }
+
+    /// A helper parks through a gap longer than it spins (a pass waiting on storage) and
+    /// wakes for the next op.
+    #[test]
+    fn helpers_parked_through_a_long_gap_take_the_next_op() {
+        let pool = pool(2);
+        lead(&pool, || {
+            for _ in 0..4 {
+                std::thread::sleep(SPIN_FOR * 4);
+                let ids = Mutex::new(std::collections::HashSet::new());
+                // Long enough for a woken thread to be scheduled on a busy machine.
+                for_each(&pool, 64, |_| {
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                    ids.lock().unwrap().insert(std::thread::current().id());
+                });
+                assert_eq!(ids.lock().unwrap().len(), 2);
+            }
+        });
     }
 
     #[test]
