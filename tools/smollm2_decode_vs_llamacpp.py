@@ -34,7 +34,7 @@ def llamacpp(model, threads, tokens, prompt_tokens):
     llm.eval(prompt)
     t0 = time.perf_counter()
     for i in range(tokens):
-        llm.eval([(i * 7919) % 40000 + 100])
+        llm.eval([(i * 7919) % (llm.n_vocab() - 200) + 100])
     return tokens / (time.perf_counter() - t0)
 
 
