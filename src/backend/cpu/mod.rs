@@ -56,9 +56,9 @@ impl CpuBackend {
     }
 
     /// Runs `f` over matching chunks of `x` and `y` (equal lengths), in parallel when the
-    /// vectors are long enough to be worth splitting (a decode step's GLU is: 1536 SiLUs
-    /// take some 15 µs, handing them to the team about 1). Each element sees the same
-    /// arithmetic whichever way it runs.
+    /// vectors are long enough to be worth splitting (from 1024 values, so that a decode
+    /// step's GLU goes to the team). Each element sees the same arithmetic whichever way
+    /// it runs.
     fn elementwise(&self, x: &mut [f32], y: &[f32], f: impl Fn((&mut [f32], &[f32])) + Sync + Send) {
         const CHUNK: usize = 1 << 10;
         if self.threads > 1 && x.len() > CHUNK {
@@ -368,7 +368,16 @@ impl Backend for CpuBackend {
             }
         };
         if rows * p.n_heads > 1 {
-            team::for_each_chunk_mut(&self.pool, out, hd, |i, o| task(&mut Vec::new(), i, o));
+            // Each thread keeps one scores buffer across tasks, heads and layers.
+            thread_local! {
+                static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+            }
+            team::for_each_chunk_mut(&self.pool, out, hd, |i, o| {
+                SCORES.with(|cell| match cell.try_borrow_mut() {
+                    Ok(mut scores) => task(&mut scores, i, o),
+                    Err(_) => task(&mut Vec::new(), i, o),
+                })
+            });
         } else {
             let mut scores = Vec::new();
             out.chunks_exact_mut(hd).enumerate().for_each(|(i, o)| task(&mut scores, i, o));
