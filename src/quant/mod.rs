@@ -338,12 +338,10 @@ fn plan<'a>(
         let mut packed = Vec::new();
         for r in 0..rows {
             let row = &acts[r * act_row..(r + 1) * act_row];
-            // SAFETY: a row of whole Q8_0 blocks (the activation format of the formats
-            // with a decode kernel), viewed as bytes.
+            // SAFETY: a row of whole activation blocks, viewed as bytes.
             let bytes = unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<u8>(), row.len() * 4) };
-            let blocks = cast_blocks::<q8_0::BlockQ8_0>(&bytes[..nb * size_of::<q8_0::BlockQ8_0>()])
-                .expect("activation rows are aligned whole blocks");
-            packed.extend(simd::dec512::pack(w.dtype, blocks).expect("decode kernels have a packing"));
+            let used = act.bytes_for(k).expect("activation rows are whole blocks");
+            packed.extend(simd::dec512::pack(w.dtype, &bytes[..used]).expect("decode kernels have a packing"));
         }
         acts = packed;
         dot = dec;

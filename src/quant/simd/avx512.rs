@@ -53,8 +53,9 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
 
 super::tile_tables!();
 
-/// The 32-value block dot of Q4_0 or Q8_0 weights against plain Q8_0 activation blocks:
-/// the few blocks after the groups of [`super::dec512`]'s packed rows.
+/// The 32-value block dot of Q4_0, Q4_1 or Q8_0 weights against plain Q8_0 (for Q4_1,
+/// Q8_1) activation blocks: the few blocks after the groups of [`super::dec512`]'s packed
+/// rows.
 ///
 /// # Safety
 /// As for [`DotFn`](super::DotFn), on a CPU with the AVX-512 tier.
@@ -64,6 +65,7 @@ pub(super) unsafe fn dot_tail(dtype: crate::tensor::DType, w: *const u8, a: *con
     unsafe {
         match dtype {
             crate::tensor::DType::Q4_0 => imp::dot32::<{ imp::Q4_0 }>(w, a, nb),
+            crate::tensor::DType::Q4_1 => imp::dot32::<{ imp::Q4_1 }>(w, a, nb),
             _ => imp::dot32::<{ imp::Q8_0 }>(w, a, nb),
         }
     }

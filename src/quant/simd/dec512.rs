@@ -1,14 +1,16 @@
-//! AVX-512 VBMI decode (one activation row) dot products for Q4_0 and Q8_0, the
-//! formats whose weight blocks (18 and 34 bytes) are not register-aligned. One
-//! `vpermt2b` gathers the levels of 4 Q4_0 (or 2 Q8_0) blocks into a register and one
-//! `vpermb` their f16 scales; the activation row is packed once per call to match, so
-//! each block's integer offset (−8 or −128 times the activation sum) starts the
-//! `vpdpbusd` accumulator and its scale multiplies the block's lanes. About 3 vector
-//! instructions per Q4_0 block instead of 10, which is what single-row decode needs to
-//! keep up with memory. Unavailable off x86-64.
+//! AVX-512 VBMI decode (one activation row) dot products for Q4_0, Q4_1 and Q8_0, the
+//! formats whose weight blocks (18, 20 and 34 bytes) are not register-aligned. One
+//! `vpermt2b` gathers the levels of 4 Q4_0 or Q4_1 (or 2 Q8_0) blocks into a register
+//! and one `vpermb` their f16 scales (a second their Q4_1 mins); the activation row is
+//! packed once per call to match, so each block's integer offset (−8 or −128 times the
+//! activation sum) starts the `vpdpbusd` accumulator, its scale multiplies the block's
+//! lanes, and a Q4_1 block's min meets the activation block's `s` in one lane. About 3
+//! vector instructions per Q4_0 block instead of 10, which is what single-row decode
+//! needs to keep up with memory. Unavailable off x86-64.
 
 use crate::quant::QK;
 use crate::quant::q8_0::BlockQ8_0;
+use crate::quant::q8_1::BlockQ8_1;
 use crate::tensor::DType;
 
 /// Whether this CPU runs the kernels here (the AVX-512 tier, which includes VBMI).
@@ -19,23 +21,48 @@ pub(crate) fn available() -> bool {
 /// Weight blocks per packed activation group, and the group's packed bytes.
 fn geometry(dtype: DType) -> Option<(usize, usize)> {
     match dtype {
-        DType::Q4_0 => Some((4, 256)),
+        DType::Q4_0 | DType::Q4_1 => Some((4, 256)),
         DType::Q8_0 => Some((2, 192)),
         _ => None,
     }
 }
 
-/// The packed activation row for `dtype` weights from its Q8_0 blocks: whole groups
-/// packed (see the module docs), then the leftover blocks as Q8_0 for the tail.
-/// `None` when `dtype` has no kernel here.
-pub(crate) fn pack(dtype: DType, blocks: &[BlockQ8_0]) -> Option<Vec<u32>> {
+/// One activation block as [`pack`] needs it: scale, levels and, for Q8_1, `s`.
+struct ActBlock<'a> {
+    d: f32,
+    qs: &'a [i8; QK],
+    s: f32,
+}
+
+/// The packed activation row for `dtype` weights from its activation blocks (`act`, the
+/// row's Q8_0 blocks, or Q8_1 for Q4_1): whole groups packed (see the module docs), then
+/// the leftover blocks as they are for the tail. `None` when `dtype` has no kernel here
+/// or `act` is not whole aligned blocks of its activation format.
+pub(crate) fn pack(dtype: DType, act: &[u8]) -> Option<Vec<u32>> {
     let (per, bytes) = geometry(dtype)?;
+    let (blocks, block_bytes): (Vec<ActBlock>, usize) = match dtype {
+        DType::Q4_1 => (
+            crate::quant::cast_blocks::<BlockQ8_1>(act)
+                .ok()?
+                .iter()
+                .map(|b| ActBlock { d: b.d.to_f32(), qs: &b.qs, s: b.s.to_f32() })
+                .collect(),
+            size_of::<BlockQ8_1>(),
+        ),
+        _ => (
+            crate::quant::cast_blocks::<BlockQ8_0>(act)
+                .ok()?
+                .iter()
+                .map(|b| ActBlock { d: b.d.to_f32(), qs: &b.qs, s: 0.0 })
+                .collect(),
+            size_of::<BlockQ8_0>(),
+        ),
+    };
     let groups = blocks.len() / per;
-    let tail = &blocks[groups * per..];
-    let mut out = vec![0u32; (groups * bytes + size_of_val(tail)).div_ceil(4)];
+    let tail = &act[groups * per * block_bytes..];
+    let mut out = vec![0u32; (groups * bytes + tail.len()).div_ceil(4)];
     // SAFETY: `out` holds at least that many initialised bytes; u8 needs no alignment.
     let buf = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4) };
-    let sum = |b: &BlockQ8_0| b.qs.iter().map(|&q| q as i32).sum::<i32>();
     for (g, blks) in blocks.chunks_exact(per).enumerate() {
         let p = &mut buf[g * bytes..(g + 1) * bytes];
         let (y, rest) = p.split_at_mut(if per == 4 { 128 } else { 64 });
@@ -53,15 +80,23 @@ pub(crate) fn pack(dtype: DType, blocks: &[BlockQ8_0]) -> Option<Vec<u32>> {
                     y[32 * j + t] = b.qs[t] as u8;
                 }
             }
-            let off = if per == 4 { 8 } else { 128 };
-            corr[4 * lanes * j..4 * lanes * j + 4].copy_from_slice(&(-off * sum(b)).to_le_bytes());
+            // Q4_1 levels are unsigned already: no offset, and the block's `s` (for its
+            // min) in its first lane, zero in the others.
+            let first = match dtype {
+                DType::Q4_1 => b.s.to_le_bytes(),
+                _ => {
+                    let off = if per == 4 { 8 } else { 128 };
+                    (-off * b.qs.iter().map(|&q| q as i32).sum::<i32>()).to_le_bytes()
+                }
+            };
+            corr[4 * lanes * j..4 * lanes * j + 4].copy_from_slice(&first);
             for l in 0..lanes {
-                da[4 * (lanes * j + l)..4 * (lanes * j + l + 1)].copy_from_slice(&b.d.to_f32().to_le_bytes());
+                da[4 * (lanes * j + l)..4 * (lanes * j + l + 1)].copy_from_slice(&b.d.to_le_bytes());
             }
         }
     }
     let at = groups * bytes;
-    buf[at..at + size_of_val(tail)].copy_from_slice(crate::quant::blocks_as_bytes(tail));
+    buf[at..at + tail.len()].copy_from_slice(tail);
     Some(out)
 }
 
@@ -71,7 +106,8 @@ pub(crate) fn dot_fn(dtype: DType) -> Option<super::DotFn> {
     #[cfg(target_arch = "x86_64")]
     {
         match dtype {
-            DType::Q4_0 => Some(imp::dot_q4_0 as super::DotFn),
+            DType::Q4_0 => Some(imp::dot_q4::<false> as super::DotFn),
+            DType::Q4_1 => Some(imp::dot_q4::<true> as super::DotFn),
             DType::Q8_0 => Some(imp::dot_q8_0 as super::DotFn),
             _ => None,
         }
@@ -92,7 +128,8 @@ pub(crate) fn streams_fn(dtype: DType) -> Option<super::StreamsFn> {
         // SAFETY (both): the `StreamsFn` contract is the tile's, for four weight rows and
         // one packed activation row.
         let f: super::StreamsFn = match dtype {
-            DType::Q4_0 => |w, ws, a, nb| unsafe { q4_0_tile::<4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+            DType::Q4_0 => |w, ws, a, nb| unsafe { q4_tile::<false, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+            DType::Q4_1 => |w, ws, a, nb| unsafe { q4_tile::<true, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
             DType::Q8_0 => |w, ws, a, nb| unsafe { q8_0_tile::<4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
             _ => return None,
         };
@@ -112,7 +149,12 @@ pub(crate) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
     {
         use imp::*;
         match dtype {
-            DType::Q4_0 => Some(super::RowsFn { pairs: super::pair_fns!(q4_0_tile), ..super::rows_fn!(q4_0_rows) }),
+            DType::Q4_0 => {
+                Some(super::RowsFn { pairs: super::pair_fns!(q4_tile, false), ..super::rows_fn!(q4_rows, false) })
+            }
+            DType::Q4_1 => {
+                Some(super::RowsFn { pairs: super::pair_fns!(q4_tile, true), ..super::rows_fn!(q4_rows, true) })
+            }
             DType::Q8_0 => Some(super::RowsFn { pairs: super::pair_fns!(q8_0_tile), ..super::rows_fn!(q8_0_rows) }),
             _ => None,
         }
@@ -134,14 +176,15 @@ mod imp {
     const PREFETCH: usize = 2048;
 
     /// `vpermt2b` indices gathering the `qs` of `per` blocks of `bb` bytes (levels at
-    /// byte 2 of each) into one register, and `vpermb` indices putting block `j`'s f16
-    /// scale (bytes 0 and 1) in word lanes `j·16/per ..`.
-    const fn indices(per: usize, bb: usize) -> ([u8; 64], [u8; 64]) {
-        let (mut qs, mut d) = ([0u8; 64], [0u8; 64]);
+    /// byte `at` of each) into one register, and `vpermb` indices putting block `j`'s f16
+    /// scale (bytes 0 and 1; with `at` 4, its min too, bytes 2 and 3) in word lanes
+    /// `j·16/per ..`.
+    const fn indices(per: usize, bb: usize, at: usize) -> ([u8; 64], [u8; 64], [u8; 64]) {
+        let (mut qs, mut d, mut m) = ([0u8; 64], [0u8; 64], [0u8; 64]);
         let n = 64 / per;
         let mut i = 0;
         while i < 64 {
-            qs[i] = ((i / n) * bb + 2 + i % n) as u8;
+            qs[i] = ((i / n) * bb + at + i % n) as u8;
             i += 1;
         }
         let mut w = 0;
@@ -149,22 +192,26 @@ mod imp {
             let j = w / (16 / per);
             d[2 * w] = (j * bb) as u8;
             d[2 * w + 1] = (j * bb + 1) as u8;
+            m[2 * w] = (j * bb + 2) as u8;
+            m[2 * w + 1] = (j * bb + 3) as u8;
             w += 1;
         }
-        (qs, d)
+        (qs, d, m)
     }
-    static Q4_0_IDX: ([u8; 64], [u8; 64]) = indices(4, 18);
-    static Q8_0_IDX: ([u8; 64], [u8; 64]) = indices(2, 34);
+    static Q4_0_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(4, 18, 2);
+    static Q4_1_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(4, 20, 4);
+    static Q8_0_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(2, 34, 2);
 
-    /// Q4_0 against a packed Q8_0 row.
+    /// Q4_0 (`MIN` false) against a packed Q8_0 row, or Q4_1 (`MIN` true) against a
+    /// packed Q8_1 row.
     ///
     /// # Safety
     /// As for [`DotFn`](crate::quant::simd::DotFn) with `a` a packed row; a CPU with the
     /// features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
-    pub unsafe fn dot_q4_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    pub unsafe fn dot_q4<const MIN: bool>(w: *const u8, a: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded contract.
-        unsafe { q4_0_rows::<1>(w, a, 0, nb)[0] }
+        unsafe { q4_rows::<MIN, 1>(w, a, 0, nb)[0] }
     }
 
     /// Each accumulator's sum, plus the dot of the blocks left after the whole groups
@@ -195,28 +242,38 @@ mod imp {
         out
     }
 
-    /// Q4_0 against `R` packed rows at once: each weight group is unpacked once, and
-    /// each row takes exactly the operations [`dot_q4_0`] (`R = 1`) takes, so each
-    /// result is bit-identical to that row's one-row dot.
+    /// [`dot_q4`] against `R` packed rows at once: each weight group is unpacked once, and
+    /// each row takes exactly the operations [`dot_q4`] (`R = 1`) takes, so each result
+    /// is bit-identical to that row's one-row dot.
     ///
     /// # Safety
-    /// As for [`dot_q4_0`], for every row in `a`.
+    /// As for [`dot_q4`], for every row in `a`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     #[inline]
-    pub unsafe fn q4_0_rows<const R: usize>(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; R] {
+    pub unsafe fn q4_rows<const MIN: bool, const R: usize>(
+        w: *const u8,
+        a: *const u8,
+        stride: usize,
+        nb: usize,
+    ) -> [f32; R] {
         // SAFETY: forwarded contract.
-        unsafe { q4_0_tile::<1, R>(w, 0, a, stride, nb)[0] }
+        unsafe { q4_tile::<MIN, 1, R>(w, 0, a, stride, nb)[0] }
     }
 
-    /// [`q4_0_rows`] for `W` weight rows `w_stride` bytes apart: each activation group is
+    /// [`q4_rows`] for `W` weight rows `w_stride` bytes apart: each activation group is
     /// loaded once for all of them, and each (weight row, activation row) pair still
-    /// takes exactly [`dot_q4_0`]'s operations.
+    /// takes exactly [`dot_q4`]'s operations.
+    ///
+    /// A Q4_1 block (`MIN`) is `d·q + m`, so against an activation block (scale `da`,
+    /// levels `y`, `s = da·Σy`) it gives `d·da·Σ q·y + m·s`: its levels need no offset,
+    /// and the packed row's first lane of each block holds `s` (the others 0) for the min
+    /// where a Q4_0 row holds the offset.
     ///
     /// # Safety
-    /// As for [`dot_q4_0`], for every weight row and every activation row.
+    /// As for [`dot_q4`], for every weight row and every activation row.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     #[inline]
-    pub unsafe fn q4_0_tile<const W: usize, const R: usize>(
+    pub unsafe fn q4_tile<const MIN: bool, const W: usize, const R: usize>(
         w: *const u8,
         w_stride: usize,
         a: *const u8,
@@ -225,64 +282,72 @@ mod imp {
     ) -> [[f32; R]; W] {
         let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
         let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
-        const BB: usize = 18;
+        // Block bytes, index tables and the mask of the group's bytes past the first 64.
+        let (bb, idx, rest) = if MIN { (20, &Q4_1_IDX, 0xFFFF) } else { (18, &Q4_0_IDX, 0xFF) };
         let groups = nb / 4;
         let nib = _mm512_set1_epi8(0x0F);
         let mut acc = [[_mm512_setzero_ps(); R]; W];
         // SAFETY: loads stay inside the caller's `nb` weight blocks of each weight row (the
-        // second one is masked to the group's last 8 bytes) and packed rows; prefetches
+        // second one is masked to the group's bytes past 64) and packed rows; prefetches
         // never fault.
         unsafe {
-            let qidx = _mm512_loadu_si512(Q4_0_IDX.0.as_ptr().cast());
-            let didx = _mm512_loadu_si512(Q4_0_IDX.1.as_ptr().cast());
+            let qidx = _mm512_loadu_si512(idx.0.as_ptr().cast());
+            let didx = _mm512_loadu_si512(idx.1.as_ptr().cast());
+            let midx = _mm512_loadu_si512(idx.2.as_ptr().cast());
             for g in 0..groups {
                 let mut lo = [_mm512_setzero_si512(); W];
                 let mut hi = [_mm512_setzero_si512(); W];
                 let mut dw = [_mm512_setzero_ps(); W];
+                let mut mw = [_mm512_setzero_ps(); W];
                 for j in 0..W {
-                    let wp = w[j].add(4 * BB * g);
+                    let wp = w[j].add(4 * bb * g);
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
                     let v0 = _mm512_loadu_si512(wp.cast());
-                    let v1 = _mm512_maskz_loadu_epi8(0xFF, wp.add(64).cast());
+                    let v1 = _mm512_maskz_loadu_epi8(rest, wp.add(64).cast());
                     let q = _mm512_permutex2var_epi8(v0, qidx, v1);
                     lo[j] = _mm512_and_si512(q, nib);
                     hi[j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
                     dw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
+                    if MIN {
+                        mw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(midx, v0)));
+                    }
                 }
                 for r in 0..R {
                     let ap = a[r].add(256 * g);
-                    let (corr, y0, y1) = (
-                        _mm512_loadu_si512(ap.add(128).cast()),
-                        _mm512_loadu_si512(ap.cast()),
-                        _mm512_loadu_si512(ap.add(64).cast()),
-                    );
+                    let (y0, y1) = (_mm512_loadu_si512(ap.cast()), _mm512_loadu_si512(ap.add(64).cast()));
+                    // The offsets (Q4_0) or the activation blocks' `s` (Q4_1).
+                    let first = _mm512_loadu_si512(ap.add(128).cast());
                     let da = _mm512_loadu_ps(ap.add(192).cast());
                     for j in 0..W {
-                        let mut i = corr;
+                        let mut i = if MIN { _mm512_setzero_si512() } else { first };
                         i = _mm512_dpbusd_epi32(i, lo[j], y0);
                         i = _mm512_dpbusd_epi32(i, hi[j], y1);
                         let s = _mm512_mul_ps(dw[j], da);
                         acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[j][r]);
+                        if MIN {
+                            acc[j][r] = _mm512_fmadd_ps(mw[j], _mm512_castsi512_ps(first), acc[j][r]);
+                        }
                     }
                 }
             }
-            // The packed row keeps its last blocks as plain Q8_0 after the groups.
-            finish(acc, DType::Q4_0, w, a, (4 * BB * groups, 256 * groups), nb - 4 * groups)
+            // The packed row keeps its last blocks as they are after the groups.
+            let dtype = if MIN { DType::Q4_1 } else { DType::Q4_0 };
+            finish(acc, dtype, w, a, (4 * bb * groups, 256 * groups), nb - 4 * groups)
         }
     }
 
     /// Q8_0 against a packed Q8_0 row.
     ///
     /// # Safety
-    /// As for [`dot_q4_0`].
+    /// As for [`dot_q4`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     pub unsafe fn dot_q8_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded contract.
         unsafe { q8_0_rows::<1>(w, a, 0, nb)[0] }
     }
 
-    /// Q8_0 against `R` packed rows at once, as [`q4_0_rows`] does for Q4_0.
+    /// Q8_0 against `R` packed rows at once, as [`q4_rows`] does for Q4_0.
     ///
     /// # Safety
     /// As for [`dot_q8_0`], for every row in `a`.
@@ -293,7 +358,7 @@ mod imp {
         unsafe { q8_0_tile::<1, R>(w, 0, a, stride, nb)[0] }
     }
 
-    /// [`q8_0_rows`] for `W` weight rows `w_stride` bytes apart, as [`q4_0_tile`] is for
+    /// [`q8_0_rows`] for `W` weight rows `w_stride` bytes apart, as [`q4_tile`] is for
     /// Q4_0.
     ///
     /// # Safety
@@ -313,7 +378,7 @@ mod imp {
         let groups = nb / 2;
         let flip = _mm512_set1_epi8(-128);
         let mut acc = [[_mm512_setzero_ps(); R]; W];
-        // SAFETY: as in `q4_0_tile` (the masked load covers the pair's last 4 bytes).
+        // SAFETY: as in `q4_tile` (the masked load covers the pair's last 4 bytes).
         unsafe {
             let qidx = _mm512_loadu_si512(Q8_0_IDX.0.as_ptr().cast());
             let didx = _mm512_loadu_si512(Q8_0_IDX.1.as_ptr().cast());
