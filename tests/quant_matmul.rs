@@ -375,3 +375,40 @@ fn prefill_throughput() {
         );
     }
 }
+
+/// The decode kernels' arithmetic, away from memory: a 256 × 2048 weight that stays in
+/// L2, one thread, one activation row (GB/s of weights) and 16 rows as batched decode
+/// runs them (`matmul_rows_alone`, G multiply-adds/s). Best of 20 × 200 calls.
+/// `STRATA_DECODE_READS` picks how one row reads its weight rows.
+#[test]
+#[ignore]
+fn arithmetic_from_cache() {
+    const M: usize = 256;
+    const K: usize = 2048;
+    let pool = pool(1);
+    let mut rng = Rng(9);
+    let x = rng.vec(16 * K, 1.0);
+    let mut out = vec![0.0f32; 16 * M];
+    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K] {
+        let bytes = random_weight_bytes(dtype, M, K, &mut rng);
+        let w = tensor(dtype, &bytes, M, K, 0);
+        let best = |f: &mut dyn FnMut()| {
+            (0..20)
+                .map(|_| {
+                    let t = Instant::now();
+                    (0..200).for_each(|_| f());
+                    t.elapsed().as_secs_f64() / 200.0
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let one = best(&mut || quant::matmul(&pool, &x, 1, &w, &mut out));
+        let rows = best(&mut || quant::matmul_rows_alone(&pool, &x, 16, &w, &mut out));
+        eprintln!(
+            "{dtype:?}: one row {:.1} GB/s ({:.1} us); 16 rows {:.1} G multiply-adds/s ({:.1} us)",
+            bytes.len() as f64 / one / 1e9,
+            one * 1e6,
+            (16 * M * K) as f64 / rows / 1e9,
+            rows * 1e6
+        );
+    }
+}
