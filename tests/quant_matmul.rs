@@ -376,22 +376,22 @@ fn prefill_throughput() {
     }
 }
 
-/// The decode kernels' arithmetic, away from memory: a 256 × 2048 weight that stays in
-/// L2, one thread, one activation row (GB/s of weights) and 16 rows as batched decode
-/// runs them (`matmul_rows_alone`, G multiply-adds/s). Best of 20 × 200 calls.
-/// `STRATA_DECODE_READS` picks how one row reads its weight rows.
+/// The decode kernels' arithmetic, away from memory: a 256 × 2048 weight (or 256 ×
+/// `STRATA_BENCH_K`) that stays in L2, one thread, one activation row (GB/s of weights)
+/// and 16 rows as batched decode runs them (`matmul_rows_alone`, G multiply-adds/s).
+/// Best of 20 × 200 calls. `STRATA_DECODE_READS` picks how one row reads its weight rows.
 #[test]
 #[ignore]
 fn arithmetic_from_cache() {
     const M: usize = 256;
-    const K: usize = 2048;
+    let k: usize = std::env::var("STRATA_BENCH_K").ok().and_then(|v| v.parse().ok()).unwrap_or(2048);
     let pool = pool(1);
     let mut rng = Rng(9);
-    let x = rng.vec(16 * K, 1.0);
+    let x = rng.vec(16 * k, 1.0);
     let mut out = vec![0.0f32; 16 * M];
     for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K] {
-        let bytes = random_weight_bytes(dtype, M, K, &mut rng);
-        let w = tensor(dtype, &bytes, M, K, 0);
+        let bytes = random_weight_bytes(dtype, M, k, &mut rng);
+        let w = tensor(dtype, &bytes, M, k, 0);
         let best = |f: &mut dyn FnMut()| {
             (0..20)
                 .map(|_| {
@@ -407,7 +407,7 @@ fn arithmetic_from_cache() {
             "{dtype:?}: one row {:.1} GB/s ({:.1} us); 16 rows {:.1} G multiply-adds/s ({:.1} us)",
             bytes.len() as f64 / one / 1e9,
             one * 1e6,
-            (16 * M * K) as f64 / rows / 1e9,
+            (16 * M * k) as f64 / rows / 1e9,
             rows * 1e6
         );
     }
