@@ -27,39 +27,38 @@ fn geometry(dtype: DType) -> Option<(usize, usize)> {
     }
 }
 
-/// One activation block as [`pack`] needs it: scale, levels and, for Q8_1, `s`.
-struct ActBlock<'a> {
-    d: f32,
-    qs: &'a [i8; QK],
-    s: f32,
-}
-
 /// The packed activation row for `dtype` weights from its activation blocks (`act`, the
 /// row's Q8_0 blocks, or Q8_1 for Q4_1): whole groups packed (see the module docs), then
 /// the leftover blocks as they are for the tail. `None` when `dtype` has no kernel here
 /// or `act` is not whole aligned blocks of its activation format.
 pub(crate) fn pack(dtype: DType, act: &[u8]) -> Option<Vec<u32>> {
     let (per, bytes) = geometry(dtype)?;
-    let (blocks, block_bytes): (Vec<ActBlock>, usize) = match dtype {
-        DType::Q4_1 => (
-            crate::quant::cast_blocks::<BlockQ8_1>(act)
-                .ok()?
-                .iter()
-                .map(|b| ActBlock { d: b.d.to_f32(), qs: &b.qs, s: b.s.to_f32() })
-                .collect(),
-            size_of::<BlockQ8_1>(),
-        ),
-        _ => (
-            crate::quant::cast_blocks::<BlockQ8_0>(act)
-                .ok()?
-                .iter()
-                .map(|b| ActBlock { d: b.d.to_f32(), qs: &b.qs, s: 0.0 })
-                .collect(),
-            size_of::<BlockQ8_0>(),
-        ),
-    };
+    Some(match dtype {
+        DType::Q4_1 => {
+            let blocks = crate::quant::cast_blocks::<BlockQ8_1>(act).ok()?;
+            // Q4_1 levels are unsigned already: no offset, and each block's `s` (for its
+            // min) in its first lane.
+            pack_blocks(blocks, per, bytes, |b| (b.d.to_f32(), &b.qs, b.s.to_f32().to_le_bytes()))
+        }
+        _ => {
+            let blocks = crate::quant::cast_blocks::<BlockQ8_0>(act).ok()?;
+            let off = if per == 4 { 8 } else { 128 };
+            let corr = |b: &BlockQ8_0| (-off * b.qs.iter().map(|&q| q as i32).sum::<i32>()).to_le_bytes();
+            pack_blocks(blocks, per, bytes, |b| (b.d.to_f32(), &b.qs, corr(b)))
+        }
+    })
+}
+
+/// [`pack`] over blocks `view` gives as (scale, levels, first lane's bytes), `per` to a
+/// group of `bytes`.
+fn pack_blocks<B: crate::quant::Block>(
+    blocks: &[B],
+    per: usize,
+    bytes: usize,
+    view: impl Fn(&B) -> (f32, &[i8; QK], [u8; 4]),
+) -> Vec<u32> {
     let groups = blocks.len() / per;
-    let tail = &act[groups * per * block_bytes..];
+    let tail = crate::quant::blocks_as_bytes(&blocks[groups * per..]);
     let mut out = vec![0u32; (groups * bytes + tail.len()).div_ceil(4)];
     // SAFETY: `out` holds at least that many initialised bytes; u8 needs no alignment.
     let buf = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4) };
@@ -69,35 +68,27 @@ pub(crate) fn pack(dtype: DType, act: &[u8]) -> Option<Vec<u32>> {
         let (corr, da) = rest.split_at_mut(64);
         let lanes = 16 / per;
         for (j, b) in blks.iter().enumerate() {
+            let (d, qs, first) = view(b);
             if per == 4 {
                 // Low halves of the 4 blocks, then high halves (the nibble order).
                 for t in 0..QK / 2 {
-                    y[16 * j + t] = b.qs[t] as u8;
-                    y[64 + 16 * j + t] = b.qs[16 + t] as u8;
+                    y[16 * j + t] = qs[t] as u8;
+                    y[64 + 16 * j + t] = qs[16 + t] as u8;
                 }
             } else {
                 for t in 0..QK {
-                    y[32 * j + t] = b.qs[t] as u8;
+                    y[32 * j + t] = qs[t] as u8;
                 }
             }
-            // Q4_1 levels are unsigned already: no offset, and the block's `s` (for its
-            // min) in its first lane, zero in the others.
-            let first = match dtype {
-                DType::Q4_1 => b.s.to_le_bytes(),
-                _ => {
-                    let off = if per == 4 { 8 } else { 128 };
-                    (-off * b.qs.iter().map(|&q| q as i32).sum::<i32>()).to_le_bytes()
-                }
-            };
             corr[4 * lanes * j..4 * lanes * j + 4].copy_from_slice(&first);
             for l in 0..lanes {
-                da[4 * (lanes * j + l)..4 * (lanes * j + l + 1)].copy_from_slice(&b.d.to_le_bytes());
+                da[4 * (lanes * j + l)..4 * (lanes * j + l + 1)].copy_from_slice(&d.to_le_bytes());
             }
         }
     }
     let at = groups * bytes;
     buf[at..at + tail.len()].copy_from_slice(tail);
-    Some(out)
+    out
 }
 
 /// The decode dot product over a [`pack`]ed activation row, as a
