@@ -116,7 +116,7 @@ pub(crate) fn streams_fn(dtype: DType) -> Option<super::StreamsFn> {
     #[cfg(target_arch = "x86_64")]
     {
         use imp::*;
-        // SAFETY (both): the `StreamsFn` contract is the tile's, for four weight rows and
+        // SAFETY (each): the `StreamsFn` contract is the tile's, for four weight rows and
         // one packed activation row.
         let f: super::StreamsFn = match dtype {
             DType::Q4_0 => |w, ws, a, nb| unsafe { q4_tile::<false, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
