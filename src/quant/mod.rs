@@ -725,7 +725,11 @@ mod tests {
             [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
         let kernels = QuantKernel::ALL.into_iter().filter(|k| k.is_available());
         for (kernel, dtype) in kernels.flat_map(|k| formats.map(|d| (k, d))) {
-            for (m, k) in [(6, 512), (37, 768), (300, 512)] {
+            // 544 wide: a last group of fewer blocks (32-value formats only).
+            for (m, k) in [(6, 512), (37, 768), (300, 512), (41, 544)] {
+                if k % dtype.block_size() != 0 {
+                    continue;
+                }
                 let bytes = match dtype {
                     DType::Q6_K => quantize_matrix(&pool, dtype, &rng.vec(m * k, 1.0), m, k).unwrap().bytes().to_vec(),
                     _ => {

@@ -53,24 +53,6 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
 
 super::tile_tables!();
 
-/// The 32-value block dot of Q4_0, Q4_1 or Q8_0 weights against plain Q8_0 (for Q4_1,
-/// Q8_1) activation blocks: the few blocks after the groups of [`super::dec512`]'s packed
-/// rows.
-///
-/// # Safety
-/// As for [`DotFn`](super::DotFn), on a CPU with the AVX-512 tier.
-#[cfg(target_arch = "x86_64")]
-pub(super) unsafe fn dot_tail(dtype: crate::tensor::DType, w: *const u8, a: *const u8, nb: usize) -> f32 {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        match dtype {
-            crate::tensor::DType::Q4_0 => imp::dot32::<{ imp::Q4_0 }>(w, a, nb),
-            crate::tensor::DType::Q4_1 => imp::dot32::<{ imp::Q4_1 }>(w, a, nb),
-            _ => imp::dot32::<{ imp::Q8_0 }>(w, a, nb),
-        }
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, reason = "the sub-block index drives several offsets")]
 mod imp {

@@ -28,9 +28,9 @@ fn geometry(dtype: DType) -> Option<(usize, usize)> {
 }
 
 /// The packed activation row for `dtype` weights from its activation blocks (`act`, the
-/// row's Q8_0 blocks, or Q8_1 for Q4_1): whole groups packed (see the module docs), then
-/// the leftover blocks as they are for the tail. `None` when `dtype` has no kernel here
-/// or `act` is not whole aligned blocks of its activation format.
+/// row's Q8_0 blocks, or Q8_1 for Q4_1), in groups (see the module docs); a last group of
+/// fewer blocks is padded with zero blocks, which add nothing. `None` when `dtype` has no
+/// kernel here or `act` is not whole aligned blocks of its activation format.
 pub(crate) fn pack(dtype: DType, act: &[u8]) -> Option<Vec<u32>> {
     let (per, bytes) = geometry(dtype)?;
     Some(match dtype {
@@ -57,12 +57,10 @@ fn pack_blocks<B: crate::quant::Block>(
     bytes: usize,
     view: impl Fn(&B) -> (f32, &[i8; QK], [u8; 4]),
 ) -> Vec<u32> {
-    let groups = blocks.len() / per;
-    let tail = crate::quant::blocks_as_bytes(&blocks[groups * per..]);
-    let mut out = vec![0u32; (groups * bytes + tail.len()).div_ceil(4)];
+    let mut out = vec![0u32; blocks.len().div_ceil(per) * bytes / 4];
     // SAFETY: `out` holds at least that many initialised bytes; u8 needs no alignment.
     let buf = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4) };
-    for (g, blks) in blocks.chunks_exact(per).enumerate() {
+    for (g, blks) in blocks.chunks(per).enumerate() {
         let p = &mut buf[g * bytes..(g + 1) * bytes];
         let (y, rest) = p.split_at_mut(if per == 4 { 128 } else { 64 });
         let (corr, da) = rest.split_at_mut(64);
@@ -86,8 +84,6 @@ fn pack_blocks<B: crate::quant::Block>(
             }
         }
     }
-    let at = groups * bytes;
-    buf[at..at + tail.len()].copy_from_slice(tail);
     out
 }
 
@@ -161,8 +157,6 @@ pub(crate) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
 mod imp {
     use std::arch::x86_64::*;
 
-    use crate::tensor::DType;
-
     /// Bytes ahead of the current weight group to prefetch.
     const PREFETCH: usize = 2048;
 
@@ -205,32 +199,25 @@ mod imp {
         unsafe { q4_rows::<MIN, 1>(w, a, 0, nb)[0] }
     }
 
-    /// Each accumulator's sum, plus the dot of the blocks left after the whole groups
-    /// (`tail` blocks, at byte `at.0` of each weight row and `at.1` of each packed row).
-    ///
-    /// # Safety
-    /// The tail blocks are readable; a CPU with the features enabled here.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
+    /// Each accumulator's sum (in loops: closures here would not share the target
+    /// features, and a map over the accumulators slowed every tile by a quarter).
+    #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn finish<const W: usize, const R: usize>(
-        acc: [[__m512; R]; W],
-        dtype: DType,
-        w: [*const u8; W],
-        a: [*const u8; R],
-        at: (usize, usize),
-        tail: usize,
-    ) -> [[f32; R]; W] {
+    fn sums<const W: usize, const R: usize>(acc: [[__m512; R]; W]) -> [[f32; R]; W] {
         let mut out = [[0f32; R]; W];
         for j in 0..W {
             for r in 0..R {
                 out[j][r] = _mm512_reduce_add_ps(acc[j][r]);
-                if tail > 0 {
-                    // SAFETY: the caller's contract.
-                    out[j][r] += unsafe { super::super::avx512::dot_tail(dtype, w[j].add(at.0), a[r].add(at.1), tail) };
-                }
             }
         }
         out
+    }
+
+    /// Load masks for `n` bytes of a group: its first 64 and the rest.
+    #[inline(always)]
+    fn masks(n: usize) -> (u64, u64) {
+        let m = |b: usize| if b >= 64 { u64::MAX } else { (1u64 << b) - 1 };
+        (m(n), m(n.saturating_sub(64)))
     }
 
     /// [`dot_q4`] against `R` packed rows at once: each weight group is unpacked once, and
@@ -275,7 +262,9 @@ mod imp {
         let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
         // Block bytes, index tables and the mask of the group's bytes past the first 64.
         let (bb, idx, rest) = if MIN { (20, &Q4_1_IDX, 0xFFFF) } else { (18, &Q4_0_IDX, 0xFF) };
-        let groups = nb / 4;
+        // Whole groups, then a last one of fewer blocks with its loads masked to them.
+        let (full, groups) = (nb / 4, nb.div_ceil(4));
+        let last = masks((nb - 4 * full) * bb);
         let nib = _mm512_set1_epi8(0x0F);
         let mut acc = [[_mm512_setzero_ps(); R]; W];
         // SAFETY: loads stay inside the caller's `nb` weight blocks of each weight row (the
@@ -294,8 +283,13 @@ mod imp {
                     let wp = w[j].add(4 * bb * g);
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
-                    let v0 = _mm512_loadu_si512(wp.cast());
-                    let v1 = _mm512_maskz_loadu_epi8(rest, wp.add(64).cast());
+                    let (v0, v1) = match g < full {
+                        true => (_mm512_loadu_si512(wp.cast()), _mm512_maskz_loadu_epi8(rest, wp.add(64).cast())),
+                        false => (
+                            _mm512_maskz_loadu_epi8(last.0, wp.cast()),
+                            _mm512_maskz_loadu_epi8(last.1, wp.add(64).cast()),
+                        ),
+                    };
                     let q = _mm512_permutex2var_epi8(v0, qidx, v1);
                     lo[j] = _mm512_and_si512(q, nib);
                     hi[j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
@@ -322,9 +316,7 @@ mod imp {
                     }
                 }
             }
-            // The packed row keeps its last blocks as they are after the groups.
-            let dtype = if MIN { DType::Q4_1 } else { DType::Q4_0 };
-            finish(acc, dtype, w, a, (4 * bb * groups, 256 * groups), nb - 4 * groups)
+            sums(acc)
         }
     }
 
@@ -366,7 +358,8 @@ mod imp {
         let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
         let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
         const BB: usize = 34;
-        let groups = nb / 2;
+        let (full, groups) = (nb / 2, nb.div_ceil(2));
+        let last = masks((nb - 2 * full) * BB);
         let flip = _mm512_set1_epi8(-128);
         let mut acc = [[_mm512_setzero_ps(); R]; W];
         // SAFETY: as in `q4_tile` (the masked load covers the pair's last 4 bytes).
@@ -380,8 +373,13 @@ mod imp {
                     let wp = w[j].add(2 * BB * g);
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
-                    let v0 = _mm512_loadu_si512(wp.cast());
-                    let v1 = _mm512_maskz_loadu_epi8(0x0F, wp.add(64).cast());
+                    let (v0, v1) = match g < full {
+                        true => (_mm512_loadu_si512(wp.cast()), _mm512_maskz_loadu_epi8(0x0F, wp.add(64).cast())),
+                        false => (
+                            _mm512_maskz_loadu_epi8(last.0, wp.cast()),
+                            _mm512_maskz_loadu_epi8(last.1, wp.add(64).cast()),
+                        ),
+                    };
                     u[j] = _mm512_xor_si512(_mm512_permutex2var_epi8(v0, qidx, v1), flip);
                     dw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
                 }
@@ -399,7 +397,7 @@ mod imp {
                     }
                 }
             }
-            finish(acc, DType::Q8_0, w, a, (2 * BB * groups, 192 * groups), nb - 2 * groups)
+            sums(acc)
         }
     }
 }
