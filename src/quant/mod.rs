@@ -336,11 +336,11 @@ fn plan<'a>(
     if let Some(dec) = decode {
         let act_row = acts.len() / rows;
         let mut packed = Vec::new();
+        let used = act.bytes_for(k).expect("activation rows are whole blocks");
         for r in 0..rows {
             let row = &acts[r * act_row..(r + 1) * act_row];
             // SAFETY: a row of whole activation blocks, viewed as bytes.
             let bytes = unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<u8>(), row.len() * 4) };
-            let used = act.bytes_for(k).expect("activation rows are whole blocks");
             packed.extend(simd::dec512::pack(w.dtype, &bytes[..used]).expect("decode kernels have a packing"));
         }
         acts = packed;

@@ -268,8 +268,8 @@ mod imp {
         let nib = _mm512_set1_epi8(0x0F);
         let mut acc = [[_mm512_setzero_ps(); R]; W];
         // SAFETY: loads stay inside the caller's `nb` weight blocks of each weight row (the
-        // second one is masked to the group's bytes past 64) and packed rows; prefetches
-        // never fault.
+        // second one masked to the group's bytes past 64, both in a last group of fewer
+        // blocks) and packed rows (padded to whole groups); prefetches never fault.
         unsafe {
             let qidx = _mm512_loadu_si512(idx.0.as_ptr().cast());
             let didx = _mm512_loadu_si512(idx.1.as_ptr().cast());
