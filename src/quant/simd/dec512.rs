@@ -1,7 +1,8 @@
 //! AVX-512 VBMI decode (one activation row) dot products for Q4_0, Q4_1 and Q8_0, the
 //! formats whose weight blocks (18, 20 and 34 bytes) are not register-aligned. One
-//! `vpermt2b` gathers the levels of 4 Q4_0 or Q4_1 (or 2 Q8_0) blocks into a register
-//! and one `vpermb` their f16 scales (a second their Q4_1 mins); the activation row is
+//! `vpermt2b` gathers the levels of 4 Q4_0 or Q4_1 blocks into a register (two those of
+//! 4 Q8_0 blocks) and one `vpermb` their f16 scales (a second their Q4_1 mins), so every
+//! block takes 4 lanes of an accumulator; the activation row is
 //! packed once per call to match, so each block's integer offset (−8 or −128 times the
 //! activation sum) starts the `vpdpbusd` accumulator, its scale multiplies the block's
 //! lanes, and a Q4_1 block's min meets the activation block's `s` in one lane. About 3
@@ -18,69 +19,53 @@ pub(crate) fn available() -> bool {
     super::avx512::available()
 }
 
-/// Weight blocks per packed activation group, and the group's packed bytes.
-fn geometry(dtype: DType) -> Option<(usize, usize)> {
-    match dtype {
-        DType::Q4_0 | DType::Q4_1 => Some((4, 256)),
-        DType::Q8_0 => Some((2, 192)),
-        _ => None,
-    }
-}
+/// Weight blocks per packed activation group, and the group's packed bytes: 4 blocks'
+/// levels (128 bytes), their first lanes (64) and their scales (64).
+const PER: usize = 4;
+const GROUP_BYTES: usize = 256;
 
 /// The packed activation row for `dtype` weights from its activation blocks (`act`, the
-/// row's Q8_0 blocks, or Q8_1 for Q4_1), in groups (see the module docs); a last group of
-/// fewer blocks is padded with zero blocks, which add nothing. `None` when `dtype` has no
-/// kernel here or `act` is not whole aligned blocks of its activation format.
+/// row's Q8_0 blocks, or Q8_1 for Q4_1), in groups of 4 (see the module docs); a last
+/// group of fewer blocks is padded with zero blocks, which add nothing. `None` when
+/// `dtype` has no kernel here or `act` is not whole aligned blocks of its activation
+/// format.
 pub(crate) fn pack(dtype: DType, act: &[u8]) -> Option<Vec<u32>> {
-    let (per, bytes) = geometry(dtype)?;
-    Some(match dtype {
+    let offset = match dtype {
+        // Q4_1 levels are unsigned already: no offset, and each block's `s` (for its
+        // min) in its first lane.
         DType::Q4_1 => {
             let blocks = crate::quant::cast_blocks::<BlockQ8_1>(act).ok()?;
-            // Q4_1 levels are unsigned already: no offset, and each block's `s` (for its
-            // min) in its first lane.
-            pack_blocks(blocks, per, bytes, |b| (b.d.to_f32(), &b.qs, b.s.to_f32().to_le_bytes()))
+            return Some(pack_blocks(blocks, |b| (b.d.to_f32(), &b.qs, b.s.to_f32().to_le_bytes())));
         }
-        _ => {
-            let blocks = crate::quant::cast_blocks::<BlockQ8_0>(act).ok()?;
-            let off = if per == 4 { 8 } else { 128 };
-            let corr = |b: &BlockQ8_0| (-off * b.qs.iter().map(|&q| q as i32).sum::<i32>()).to_le_bytes();
-            pack_blocks(blocks, per, bytes, |b| (b.d.to_f32(), &b.qs, corr(b)))
-        }
-    })
+        DType::Q4_0 => 8,
+        DType::Q8_0 => 128,
+        _ => return None,
+    };
+    let blocks = crate::quant::cast_blocks::<BlockQ8_0>(act).ok()?;
+    let corr = |b: &BlockQ8_0| (-offset * b.qs.iter().map(|&q| q as i32).sum::<i32>()).to_le_bytes();
+    Some(pack_blocks(blocks, |b| (b.d.to_f32(), &b.qs, corr(b))))
 }
 
-/// [`pack`] over blocks `view` gives as (scale, levels, first lane's bytes), `per` to a
-/// group of `bytes`.
-fn pack_blocks<B: crate::quant::Block>(
-    blocks: &[B],
-    per: usize,
-    bytes: usize,
-    view: impl Fn(&B) -> (f32, &[i8; QK], [u8; 4]),
-) -> Vec<u32> {
-    let mut out = vec![0u32; blocks.len().div_ceil(per) * bytes / 4];
+/// [`pack`] over blocks `view` gives as (scale, levels, first lane's bytes).
+fn pack_blocks<B: crate::quant::Block>(blocks: &[B], view: impl Fn(&B) -> (f32, &[i8; QK], [u8; 4])) -> Vec<u32> {
+    let mut out = vec![0u32; blocks.len().div_ceil(PER) * GROUP_BYTES / 4];
     // SAFETY: `out` holds at least that many initialised bytes; u8 needs no alignment.
     let buf = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4) };
-    for (g, blks) in blocks.chunks(per).enumerate() {
-        let p = &mut buf[g * bytes..(g + 1) * bytes];
-        let (y, rest) = p.split_at_mut(if per == 4 { 128 } else { 64 });
+    for (g, blks) in blocks.chunks(PER).enumerate() {
+        let p = &mut buf[g * GROUP_BYTES..(g + 1) * GROUP_BYTES];
+        let (y, rest) = p.split_at_mut(128);
         let (corr, da) = rest.split_at_mut(64);
-        let lanes = 16 / per;
         for (j, b) in blks.iter().enumerate() {
             let (d, qs, first) = view(b);
-            if per == 4 {
-                // Low halves of the 4 blocks, then high halves (the nibble order).
-                for t in 0..QK / 2 {
-                    y[16 * j + t] = qs[t] as u8;
-                    y[64 + 16 * j + t] = qs[16 + t] as u8;
-                }
-            } else {
-                for t in 0..QK {
-                    y[32 * j + t] = qs[t] as u8;
-                }
+            // The first halves of the 4 blocks, then the second halves (a Q4 block's low
+            // and high nibbles; a Q8_0 block's first and last 16 levels).
+            for t in 0..QK / 2 {
+                y[16 * j + t] = qs[t] as u8;
+                y[64 + 16 * j + t] = qs[16 + t] as u8;
             }
-            corr[4 * lanes * j..4 * lanes * j + 4].copy_from_slice(&first);
-            for l in 0..lanes {
-                da[4 * (lanes * j + l)..4 * (lanes * j + l + 1)].copy_from_slice(&d.to_le_bytes());
+            corr[16 * j..16 * j + 4].copy_from_slice(&first);
+            for l in 0..4 {
+                da[16 * j + 4 * l..16 * j + 4 * l + 4].copy_from_slice(&d.to_le_bytes());
             }
         }
     }
@@ -185,7 +170,11 @@ mod imp {
     }
     static Q4_0_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(4, 18, 2);
     static Q4_1_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(4, 20, 4);
-    static Q8_0_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(2, 34, 2);
+    /// Q8_0: the first 16 levels of 4 blocks from the group's first 128 bytes, with the
+    /// scales; then the last 16 from its bytes 8..136 (levels at byte 18 of a block are at
+    /// byte 10 counted from 8).
+    static Q8_0_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(4, 34, 2);
+    static Q8_0_HI: ([u8; 64], [u8; 64], [u8; 64]) = indices(4, 34, 10);
 
     /// Q4_0 (`MIN` false) against a packed Q8_0 row, or Q4_1 (`MIN` true) against a
     /// packed Q8_1 row.
@@ -342,7 +331,10 @@ mod imp {
     }
 
     /// [`q8_0_rows`] for `W` weight rows `w_stride` bytes apart, as [`q4_tile`] is for
-    /// Q4_0.
+    /// Q4_0: 4 blocks (136 bytes) a group, one register their first 16 levels each and
+    /// one their last 16 (with 128 added, against a packed row whose first lanes hold
+    /// −128 times each block's activation sum), so each block takes 4 lanes as a Q4_0
+    /// block does.
     ///
     /// # Safety
     /// As for [`dot_q8_0`], for every weight row and every activation row.
@@ -358,40 +350,54 @@ mod imp {
         let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
         let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
         const BB: usize = 34;
-        let (full, groups) = (nb / 2, nb.div_ceil(2));
-        let last = masks((nb - 2 * full) * BB);
+        let (full, groups) = (nb / 4, nb.div_ceil(4));
+        // The last group's bytes from 0 and from 8, each as (first 64, the rest).
+        let n = (nb - 4 * full) * BB;
+        let (last, last8) = (masks(n), masks(n.saturating_sub(8)));
         let flip = _mm512_set1_epi8(-128);
         let mut acc = [[_mm512_setzero_ps(); R]; W];
-        // SAFETY: as in `q4_tile` (the masked load covers the pair's last 4 bytes).
+        // SAFETY: as in `q4_tile`: loads stay inside each weight row's `nb` blocks (a
+        // whole group's 136 bytes, a last group's masked to its blocks) and the packed
+        // rows (padded to whole groups); prefetches never fault.
         unsafe {
-            let qidx = _mm512_loadu_si512(Q8_0_IDX.0.as_ptr().cast());
+            let lidx = _mm512_loadu_si512(Q8_0_IDX.0.as_ptr().cast());
             let didx = _mm512_loadu_si512(Q8_0_IDX.1.as_ptr().cast());
+            let hidx = _mm512_loadu_si512(Q8_0_HI.0.as_ptr().cast());
             for g in 0..groups {
-                let mut u = [_mm512_setzero_si512(); W];
+                let mut lo = [_mm512_setzero_si512(); W];
+                let mut hi = [_mm512_setzero_si512(); W];
                 let mut dw = [_mm512_setzero_ps(); W];
                 for j in 0..W {
-                    let wp = w[j].add(2 * BB * g);
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
-                    let (v0, v1) = match g < full {
-                        true => (_mm512_loadu_si512(wp.cast()), _mm512_maskz_loadu_epi8(0x0F, wp.add(64).cast())),
+                    let wp = w[j].add(4 * BB * g);
+                    for line in [0, 64, 128] {
+                        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + line).cast());
+                    }
+                    let (v0, v1, v2, v3) = match g < full {
+                        true => (
+                            _mm512_loadu_si512(wp.cast()),
+                            _mm512_loadu_si512(wp.add(64).cast()),
+                            _mm512_loadu_si512(wp.add(8).cast()),
+                            _mm512_loadu_si512(wp.add(72).cast()),
+                        ),
                         false => (
                             _mm512_maskz_loadu_epi8(last.0, wp.cast()),
                             _mm512_maskz_loadu_epi8(last.1, wp.add(64).cast()),
+                            _mm512_maskz_loadu_epi8(last8.0, wp.add(8).cast()),
+                            _mm512_maskz_loadu_epi8(last8.1, wp.add(72).cast()),
                         ),
                     };
-                    u[j] = _mm512_xor_si512(_mm512_permutex2var_epi8(v0, qidx, v1), flip);
-                    dw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
+                    lo[j] = _mm512_xor_si512(_mm512_permutex2var_epi8(v0, lidx, v1), flip);
+                    hi[j] = _mm512_xor_si512(_mm512_permutex2var_epi8(v2, hidx, v3), flip);
+                    dw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(v0, didx, v1)));
                 }
                 for r in 0..R {
-                    let ap = a[r].add(192 * g);
-                    let (corr, y, da) = (
-                        _mm512_loadu_si512(ap.add(64).cast()),
-                        _mm512_loadu_si512(ap.cast()),
-                        _mm512_loadu_ps(ap.add(128).cast()),
-                    );
+                    let ap = a[r].add(256 * g);
+                    let (y0, y1) = (_mm512_loadu_si512(ap.cast()), _mm512_loadu_si512(ap.add(64).cast()));
+                    let corr = _mm512_loadu_si512(ap.add(128).cast());
+                    let da = _mm512_loadu_ps(ap.add(192).cast());
                     for j in 0..W {
-                        let i = _mm512_dpbusd_epi32(corr, u[j], y);
+                        let mut i = _mm512_dpbusd_epi32(corr, lo[j], y0);
+                        i = _mm512_dpbusd_epi32(i, hi[j], y1);
                         let s = _mm512_mul_ps(dw[j], da);
                         acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[j][r]);
                     }
