@@ -166,44 +166,53 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     axpy_on(best_ops(), alpha, x, y)
 }
 
-/// `out[j] = dot(q, k[j·stride..][..q.len()]) · scale` for every `j < out.len()`: the
-/// attention scores of one query head over cached positions, each exactly [`dot`]'s.
-/// Panics if `k` is too short.
-pub fn scores(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
-    if let Some(last) = out.len().checked_sub(1) {
-        assert!(k.len() >= last * stride + q.len(), "scores: k holds {} values, too few", k.len());
+/// Checks the shapes of a group of attention heads sharing keys or values: `heads` of
+/// `hd` values in `per_head`, `n` positions of `rows` (`stride` apart, `hd` read of each).
+/// Panics with `what` on a mismatch.
+fn check_heads(what: &str, hd: usize, per_head: usize, weights: usize, rows: usize, stride: usize) -> (usize, usize) {
+    assert!(hd > 0 && per_head.is_multiple_of(hd), "{what}: {per_head} values are not whole heads of {hd}");
+    let heads = per_head / hd;
+    assert!(heads > 0 && weights.is_multiple_of(heads), "{what}: {weights} scores are not whole rows of {heads} heads");
+    let n = weights / heads;
+    if let Some(last) = n.checked_sub(1) {
+        assert!(rows >= last * stride + hd, "{what}: the cache holds {rows} values, too few");
     }
-    // SAFETY: a table exists only if its CPU features were detected; `k` was checked.
-    unsafe { (best_ops().scores)(q, k, stride, scale, out) }
+    (heads, n)
 }
 
-/// `o += w[j] · v[j·stride..][..o.len()]` for every `j < w.len()`, in order, each element
-/// exactly as those [`axpy`] calls leave it. Panics if `v` is too short.
-pub fn weighted_sum(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]) {
-    if let Some(last) = w.len().checked_sub(1) {
-        assert!(v.len() >= last * stride + o.len(), "weighted_sum: v holds {} values, too few", v.len());
-    }
-    // SAFETY: a table exists only if its CPU features were detected; `v` was checked.
-    unsafe { (best_ops().weighted_sum)(w, v, stride, o) }
+/// `out[g·n + j] = dot(q_g, k[j·stride..][..hd]) · scale` for every query head `q_g =
+/// q[g·hd..][..hd]` of `q` (heads that share one KV head) and every `j < n`, where `out`
+/// holds `n` scores per head: attention scores over cached positions, each exactly
+/// [`dot`]'s. Each key is read once for all the heads. Panics on shapes that disagree.
+pub fn scores(q: &[f32], hd: usize, k: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    check_heads("scores", hd, q.len(), out.len(), k.len(), stride);
+    // SAFETY: a table exists only if its CPU features were detected; shapes were checked.
+    unsafe { (best_ops().scores)(q, hd, k, stride, scale, out) }
+}
+
+/// `o_g += w[g·n + j] · v[j·stride..][..hd]` for every head `o_g = o[g·hd..][..hd]` of `o`
+/// and every `j < n`, in order, each element exactly as those [`axpy`] calls leave it
+/// (`w` holds `n` weights per head). Each value row is read once for all the heads.
+/// Panics on shapes that disagree.
+pub fn weighted_sum(w: &[f32], v: &[f32], stride: usize, o: &mut [f32], hd: usize) {
+    check_heads("weighted_sum", hd, o.len(), w.len(), v.len(), stride);
+    // SAFETY: a table exists only if its CPU features were detected; shapes were checked.
+    unsafe { (best_ops().weighted_sum)(w, v, stride, o, hd) }
 }
 
 /// [`scores`] over keys stored as IEEE f16 bits: the same bits as over their f32 widening.
-pub fn scores_f16(q: &[f32], k: &[u16], stride: usize, scale: f32, out: &mut [f32]) {
-    if let Some(last) = out.len().checked_sub(1) {
-        assert!(k.len() >= last * stride + q.len(), "scores_f16: k holds {} values, too few", k.len());
-    }
-    // SAFETY: a table exists only if its CPU features were detected; `k` was checked.
-    unsafe { (best_ops().scores_f16)(q, F16::cast(k), stride, scale, out) }
+pub fn scores_f16(q: &[f32], hd: usize, k: &[u16], stride: usize, scale: f32, out: &mut [f32]) {
+    check_heads("scores_f16", hd, q.len(), out.len(), k.len(), stride);
+    // SAFETY: a table exists only if its CPU features were detected; shapes were checked.
+    unsafe { (best_ops().scores_f16)(q, hd, F16::cast(k), stride, scale, out) }
 }
 
 /// [`weighted_sum`] over values stored as IEEE f16 bits: the same bits as over their f32
 /// widening.
-pub fn weighted_sum_f16(w: &[f32], v: &[u16], stride: usize, o: &mut [f32]) {
-    if let Some(last) = w.len().checked_sub(1) {
-        assert!(v.len() >= last * stride + o.len(), "weighted_sum_f16: v holds {} values, too few", v.len());
-    }
-    // SAFETY: a table exists only if its CPU features were detected; `v` was checked.
-    unsafe { (best_ops().weighted_sum_f16)(w, F16::cast(v), stride, o) }
+pub fn weighted_sum_f16(w: &[f32], v: &[u16], stride: usize, o: &mut [f32], hd: usize) {
+    check_heads("weighted_sum_f16", hd, o.len(), w.len(), v.len(), stride);
+    // SAFETY: a table exists only if its CPU features were detected; shapes were checked.
+    unsafe { (best_ops().weighted_sum_f16)(w, F16::cast(v), stride, o, hd) }
 }
 
 /// [`dot`] with a chosen kernel variant; panics if the CPU does not support it.
@@ -320,6 +329,11 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 // ---------------------------------------------------------------------------------------
 // The interface between the driver above and the per-instruction-set kernels.
 
+/// `scores(q, hd, k, stride, scale, out)` over keys of element type `T` (see [`Ops`]).
+type ScoresFn<T> = unsafe fn(q: &[f32], hd: usize, k: &[T], stride: usize, scale: f32, out: &mut [f32]);
+/// `weighted_sum(w, v, stride, o, hd)` over values of element type `T` (see [`Ops`]).
+type WeightedSumFn<T> = unsafe fn(w: &[f32], v: &[T], stride: usize, o: &mut [f32], hd: usize);
+
 /// One instruction set's kernels. Every function requires the CPU features of its
 /// variant; a table is handed out only after they were detected.
 struct Ops {
@@ -339,16 +353,18 @@ struct Ops {
     dot: unsafe fn(a: &[f32], b: &[f32]) -> f32,
     /// `y += alpha · x` over equal-length slices.
     axpy: unsafe fn(alpha: f32, x: &[f32], y: &mut [f32]),
-    /// `out[j] = dot(q, k[j·stride..][..q.len()]) · scale` for every `j < out.len()`,
-    /// each exactly as `dot` gives it (attention scores over cached positions).
-    scores: unsafe fn(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f32]),
-    /// `o += w[j] · v[j·stride..][..o.len()]` for `j` in order, each element exactly as
-    /// that sequence of `axpy` calls leaves it (attention's weighted sum of values).
-    weighted_sum: unsafe fn(w: &[f32], v: &[f32], stride: usize, o: &mut [f32]),
+    /// For each query head `g` of `q` (`hd` values each) and `j < n` (`out` holds `n`
+    /// per head): `out[g·n + j] = dot(q_g, k[j·stride..][..hd]) · scale`, each exactly as
+    /// `dot` gives it (attention scores over cached positions).
+    scores: ScoresFn<f32>,
+    /// For each head `g` of `o` (`hd` values each) and `j < n` in order (`w` holds `n`
+    /// per head): `o_g += w[g·n + j] · v[j·stride..][..hd]`, each element exactly as that
+    /// sequence of `axpy` calls leaves it (attention's weighted sum of values).
+    weighted_sum: WeightedSumFn<f32>,
     /// `scores` over f16 keys, each exactly what `scores` gives over their f32 widening.
-    scores_f16: unsafe fn(q: &[f32], k: &[F16], stride: usize, scale: f32, out: &mut [f32]),
+    scores_f16: ScoresFn<F16>,
     /// `weighted_sum` over f16 values, exactly what it gives over their f32 widening.
-    weighted_sum_f16: unsafe fn(w: &[f32], v: &[F16], stride: usize, o: &mut [f32]),
+    weighted_sum_f16: WeightedSumFn<F16>,
 }
 
 /// An [`Ops`] table of the kernels named as the fields are, in the invoking module (its
@@ -722,34 +738,47 @@ mod tests {
     }
 
     /// The fused attention loops give bit for bit what `dot` and `axpy` give position by
-    /// position, in every kernel, for head sizes with and without a tail; their f16 forms
-    /// give what they give over the widened values.
+    /// position and head by head, in every kernel, for head sizes with and without a tail
+    /// and any number of heads sharing the keys and values (several at once in the
+    /// AVX-512 kernels, with a remainder); their f16 forms give what they give over the
+    /// widened values.
     #[test]
     fn scores_and_weighted_sums_are_dot_and_axpy_per_position() {
         let mut rng = Rng(11);
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         for kernel in available() {
             let ops = kernel.ops_or_panic();
             for hd in [1, 7, 8, 16, 24, 63, 64, 80, 96, 128, 130] {
-                for positions in [1, 2, 5, 33] {
+                for (positions, heads) in [(1, 1), (2, 3), (5, 1), (16, 2), (33, 5), (40, 8), (17, 4)] {
                     let stride = hd + 3;
-                    let (q, k) = (rng.vec(hd), rng.vec((positions - 1) * stride + hd));
-                    let mut got = vec![0.0; positions];
-                    // SAFETY: `k` holds the positions asked for.
-                    unsafe { (ops.scores)(&q, &k, stride, 0.125, &mut got) };
-                    for (j, g) in got.iter().enumerate() {
-                        let want = dot_with(kernel, &q, &k[j * stride..][..hd]) * 0.125;
-                        assert_eq!(g.to_bits(), want.to_bits(), "{kernel:?} scores hd={hd} j={j}");
+                    let (q, k) = (rng.vec(heads * hd), rng.vec((positions - 1) * stride + hd));
+                    let mut got = vec![0.0; heads * positions];
+                    // SAFETY: `k` holds the positions asked for; `q` and `got` whole heads.
+                    unsafe { (ops.scores)(&q, hd, &k, stride, 0.125, &mut got) };
+                    for (g, j) in (0..heads).flat_map(|g| (0..positions).map(move |j| (g, j))) {
+                        let want = dot_with(kernel, &q[g * hd..][..hd], &k[j * stride..][..hd]) * 0.125;
+                        let got = got[g * positions + j];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{kernel:?} scores hd={hd} head {g} of {heads} j={j}"
+                        );
                     }
-                    let (w, v) = (rng.vec(positions), rng.vec((positions - 1) * stride + hd));
-                    let start = rng.vec(hd);
+                    let (w, v) = (rng.vec(heads * positions), rng.vec((positions - 1) * stride + hd));
+                    let start = rng.vec(heads * hd);
                     let (mut got, mut want) = (start.clone(), start);
-                    // SAFETY: `v` holds the positions asked for.
-                    unsafe { (ops.weighted_sum)(&w, &v, stride, &mut got) };
-                    for (j, &wj) in w.iter().enumerate() {
-                        axpy_with(kernel, wj, &v[j * stride..][..hd], &mut want);
+                    // SAFETY: `v` holds the positions asked for; `w` and `got` whole heads.
+                    unsafe { (ops.weighted_sum)(&w, &v, stride, &mut got, hd) };
+                    for (g, want) in want.chunks_exact_mut(hd).enumerate() {
+                        for (j, &wj) in w[g * positions..][..positions].iter().enumerate() {
+                            axpy_with(kernel, wj, &v[j * stride..][..hd], want);
+                        }
                     }
-                    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&want), "{kernel:?} weighted_sum hd={hd} positions={positions}");
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{kernel:?} weighted_sum hd={hd} positions={positions} heads={heads}"
+                    );
 
                     // Over f16 keys and values: the bits of the same loops over their
                     // f32 widening.
@@ -757,19 +786,19 @@ mod tests {
                     let widen = |x: &[u16]| x.iter().map(|&h| f16::from_bits(h).to_f32()).collect::<Vec<f32>>();
                     let (kh, vh) = (half(&k), half(&v));
                     let (kw, vw) = (widen(&kh), widen(&vh));
-                    let (mut got, mut want) = (vec![0.0; positions], vec![0.0; positions]);
+                    let (mut got, mut want) = (vec![0.0; heads * positions], vec![0.0; heads * positions]);
                     // SAFETY: `k` and `kh` hold the positions asked for.
                     unsafe {
-                        (ops.scores_f16)(&q, F16::cast(&kh), stride, 0.125, &mut got);
-                        (ops.scores)(&q, &kw, stride, 0.125, &mut want);
+                        (ops.scores_f16)(&q, hd, F16::cast(&kh), stride, 0.125, &mut got);
+                        (ops.scores)(&q, hd, &kw, stride, 0.125, &mut want);
                     }
                     assert_eq!(bits(&got), bits(&want), "{kernel:?} scores_f16 hd={hd} positions={positions}");
-                    let start = rng.vec(hd);
+                    let start = rng.vec(heads * hd);
                     let (mut got, mut want) = (start.clone(), start);
                     // SAFETY: `v` and `vh` hold the positions asked for.
                     unsafe {
-                        (ops.weighted_sum_f16)(&w, F16::cast(&vh), stride, &mut got);
-                        (ops.weighted_sum)(&w, &vw, stride, &mut want);
+                        (ops.weighted_sum_f16)(&w, F16::cast(&vh), stride, &mut got, hd);
+                        (ops.weighted_sum)(&w, &vw, stride, &mut want, hd);
                     }
                     assert_eq!(bits(&got), bits(&want), "{kernel:?} weighted_sum_f16 hd={hd} positions={positions}");
                 }

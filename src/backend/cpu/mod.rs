@@ -332,47 +332,56 @@ impl Backend for CpuBackend {
             _ => (KvRows::F32(k), KvRows::F32(v), kv_width),
         };
         let group = p.n_heads / p.n_kv_heads;
+        // Query heads a task takes, all reading their KV head's keys and values once: the
+        // most of a group (a divisor of it) that still gives every thread a task. How the
+        // heads are grouped changes no result: each head gets the bits it gets alone.
+        let threads = self.pool.current_num_threads();
+        let per = (1..=group).rev().find(|&s| group.is_multiple_of(s) && rows * p.n_heads / s >= threads).unwrap_or(1);
         let q = &q[row0 * q_width..(row0 + rows) * q_width];
         let out = &mut out[row0 * q_width..(row0 + rows) * q_width];
-        // One task per (query row, head): a head's output is `head_dim` contiguous values.
+        // One task per (query row, `per` heads of one KV head): `per · head_dim` contiguous
+        // output values.
         let task = |scores: &mut Vec<f32>, i: usize, o: &mut [f32]| {
-            let (r, h) = (i / p.n_heads, i % p.n_heads);
+            let (r, h) = (i * per / p.n_heads, i * per % p.n_heads);
             let pos = p.start_pos + r;
             let first = match p.sliding_window {
                 Some(w) if w > 0 => (pos + 1).saturating_sub(w),
                 _ => 0,
             };
-            let qh = &q[r * q_width + h * hd..][..hd];
+            let qh = &q[r * q_width + h * hd..][..per * hd];
             let kv_off = (h / group) * hd;
+            let n = pos + 1 - first;
             scores.clear();
-            scores.resize(pos + 1 - first, 0.0);
+            scores.resize(per * n, 0.0);
             let at = first * stride + kv_off;
             match k {
-                KvRows::F32(k) => matmul::scores(qh, &k[at..], stride, p.scale, scores),
-                KvRows::F16(k) => matmul::scores_f16(qh, &k[at..], stride, p.scale, scores),
+                KvRows::F32(k) => matmul::scores(qh, hd, &k[at..], stride, p.scale, scores),
+                KvRows::F16(k) => matmul::scores_f16(qh, hd, &k[at..], stride, p.scale, scores),
             }
-            if let Some(cap) = p.softcap {
-                scores.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+            for scores in scores.chunks_exact_mut(n) {
+                if let Some(cap) = p.softcap {
+                    scores.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+                }
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0f32;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                scores.iter_mut().for_each(|s| *s /= sum);
             }
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            scores.iter_mut().for_each(|s| *s /= sum);
             o.fill(0.0);
             match v {
-                KvRows::F32(v) => matmul::weighted_sum(scores, &v[at..], stride, o),
-                KvRows::F16(v) => matmul::weighted_sum_f16(scores, &v[at..], stride, o),
+                KvRows::F32(v) => matmul::weighted_sum(scores, &v[at..], stride, o, hd),
+                KvRows::F16(v) => matmul::weighted_sum_f16(scores, &v[at..], stride, o, hd),
             }
         };
-        if rows * p.n_heads > 1 {
+        if rows * p.n_heads > per {
             // Each thread keeps one scores buffer across tasks, heads and layers.
             thread_local! {
                 static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
             }
-            team::for_each_chunk_mut(&self.pool, out, hd, |i, o| {
+            team::for_each_chunk_mut(&self.pool, out, per * hd, |i, o| {
                 SCORES.with(|cell| match cell.try_borrow_mut() {
                     Ok(mut scores) => task(&mut scores, i, o),
                     Err(_) => task(&mut Vec::new(), i, o),
@@ -380,7 +389,7 @@ impl Backend for CpuBackend {
             });
         } else {
             let mut scores = Vec::new();
-            out.chunks_exact_mut(hd).enumerate().for_each(|(i, o)| task(&mut scores, i, o));
+            out.chunks_exact_mut(per * hd).enumerate().for_each(|(i, o)| task(&mut scores, i, o));
         }
         Ok(())
     }

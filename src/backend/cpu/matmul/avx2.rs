@@ -416,10 +416,41 @@ mod imp {
             }
         }
     }
+    /// [`scores_one`] for each head of `q`, as the table's `scores` asks.
+    ///
+    /// # Safety
+    /// AVX2,FMA,F16C; `q` and `out` are whole heads (`hd` values and `n` scores each), `k`
+    /// holds `(n - 1) · stride + hd` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores<T: Load>(q: &[f32], hd: usize, k: &[T], stride: usize, scale: f32, out: &mut [f32]) {
+        let n = out.len() / (q.len() / hd);
+        for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(n)) {
+            // SAFETY: the caller's bound, for this head.
+            unsafe { scores_one(q, k, stride, scale, out) };
+        }
+    }
+
+    /// [`weighted_sum_one`] for each head of `o`, as the table's `weighted_sum` asks.
+    ///
+    /// # Safety
+    /// AVX2,FMA,F16C; `o` and `w` are whole heads (`hd` values and `n` weights each), `v`
+    /// holds `(n - 1) · stride + hd` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weighted_sum<T: Load>(w: &[f32], v: &[T], stride: usize, o: &mut [f32], hd: usize) {
+        let n = w.len() / (o.len() / hd);
+        for (o, w) in o.chunks_exact_mut(hd).zip(w.chunks_exact(n)) {
+            // SAFETY: the caller's bound, for this head.
+            unsafe { weighted_sum_one(w, v, stride, o) };
+        }
+    }
+
+    /// One head's scores.
+    ///
     /// # Safety
     /// AVX2,FMA,F16C; `k` holds `(out.len() - 1) · stride + q.len()` values.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scores<T: Load>(q: &[f32], k: &[T], stride: usize, scale: f32, out: &mut [f32]) {
+    #[inline]
+    unsafe fn scores_one<T: Load>(q: &[f32], k: &[T], stride: usize, scale: f32, out: &mut [f32]) {
         let hd = q.len();
         for (j, o) in out.iter_mut().enumerate() {
             // SAFETY: the caller's bound; `dot_with` inlines here, with the same features.
@@ -433,7 +464,8 @@ mod imp {
     /// # Safety
     /// AVX2,FMA,F16C; `v` holds `(w.len() - 1) · stride + o.len()` values.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weighted_sum<T: Load>(w: &[f32], v: &[T], stride: usize, o: &mut [f32]) {
+    #[inline]
+    unsafe fn weighted_sum_one<T: Load>(w: &[f32], v: &[T], stride: usize, o: &mut [f32]) {
         let n = o.len();
         let (pv, po) = (v.as_ptr(), o.as_mut_ptr());
         // SAFETY: every access is below `n` in `o` and below the caller's bound in `v`.

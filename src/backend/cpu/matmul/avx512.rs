@@ -384,29 +384,93 @@ mod imp {
     #[inline]
     unsafe fn dot_with<T: Load>(a: &[f32], b: &[T]) -> f32 {
         let n = a.len().min(b.len());
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        // SAFETY: forwarded contract.
+        unsafe { hsum(dot_lanes::<T, 1>(a.as_ptr(), n, n, b.as_ptr())[0]) }
+    }
+
+    /// The 16 lanes each of `G` dot products `Σ q_g[i]·b[i]` (`q_g` at `q + g·q_stride`,
+    /// `n` values) whose [`hsum`] is the dot, with `b` widened once for all of them: every
+    /// head takes the same operations in the same order as a dot on its own.
+    ///
+    /// # Safety
+    /// AVX-512F; `n` values readable at `b` and at each `q_g`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn dot_lanes<T: Load, const G: usize>(q: *const f32, q_stride: usize, n: usize, b: *const T) -> [__m512; G] {
         // SAFETY: every access is below `n`.
         unsafe {
-            let mut acc = [_mm512_setzero_ps(); 4];
+            let mut acc = [[_mm512_setzero_ps(); 4]; G];
             let mut i = 0;
             while i + 4 * L <= n {
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    let o = i + j * L;
-                    *acc = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(o)), T::load(pb.add(o)), *acc);
+                for u in 0..4 {
+                    let o = i + u * L;
+                    let vb = T::load(b.add(o));
+                    for g in 0..G {
+                        acc[g][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(g * q_stride + o)), vb, acc[g][u]);
+                    }
                 }
                 i += 4 * L;
             }
             while i + L <= n {
-                acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), T::load(pb.add(i)), acc[0]);
+                let vb = T::load(b.add(i));
+                for g in 0..G {
+                    acc[g][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(g * q_stride + i)), vb, acc[g][0]);
+                }
                 i += L;
             }
             if i < n {
-                let (va, vb) = (_mm512_maskz_loadu_ps(tail_mask(n - i), pa.add(i)), T::load_n(pb.add(i), n - i));
-                acc[1] = _mm512_fmadd_ps(va, vb, acc[1]);
+                let vb = T::load_n(b.add(i), n - i);
+                for g in 0..G {
+                    let va = _mm512_maskz_loadu_ps(tail_mask(n - i), q.add(g * q_stride + i));
+                    acc[g][1] = _mm512_fmadd_ps(va, vb, acc[g][1]);
+                }
             }
-            let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-            _mm512_reduce_add_ps(sum)
+            let mut out = [_mm512_setzero_ps(); G];
+            for g in 0..G {
+                out[g] = _mm512_add_ps(_mm512_add_ps(acc[g][0], acc[g][1]), _mm512_add_ps(acc[g][2], acc[g][3]));
+            }
+            out
         }
+    }
+
+    /// The sum of the 16 lanes, halving: lanes `i` and `i + 8`, then `i + 4`, `i + 2` and
+    /// `i + 1` (the order [`hsum16`] keeps for each of its vectors).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn hsum(v: __m512) -> f32 {
+        let v = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0xEE>(v, v));
+        let v = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0x55>(v, v));
+        let v = _mm512_add_ps(v, _mm512_permute_ps::<0x4E>(v));
+        let v = _mm512_add_ps(v, _mm512_permute_ps::<0xB1>(v));
+        _mm512_cvtss_f32(v)
+    }
+
+    /// Lane `p` of the result is [`hsum`]`(v[p])`, bit for bit: the same pairs added in
+    /// the same order, 16 vectors at a time (about 3 instructions a vector instead of 8).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn hsum16(v: &[__m512; L]) -> __m512 {
+        // Lanes i and i + 8: vectors 2m and 2m + 1 in the halves of t[m].
+        let mut t = [_mm512_setzero_ps(); 8];
+        for m in 0..8 {
+            let (a, b) = (v[2 * m], v[2 * m + 1]);
+            t[m] = _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xEE>(a, b));
+        }
+        // And i + 4: vectors 4k .. 4k + 3 in the quarters of w[k].
+        let mut w = [_mm512_setzero_ps(); 4];
+        for k in 0..4 {
+            let (a, b) = (t[2 * k], t[2 * k + 1]);
+            w[k] = _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(a, b), _mm512_shuffle_f32x4::<0xDD>(a, b));
+        }
+        // And i + 2: quarter q of z[h] holds vectors 8h + q and 8h + 4 + q, two lanes each.
+        let mut z = [_mm512_setzero_ps(); 2];
+        for h in 0..2 {
+            let (a, b) = (w[2 * h], w[2 * h + 1]);
+            z[h] = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xEE>(a, b));
+        }
+        // And i + 1: lane 4q + t holds vector 4t + q.
+        let r = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(z[0], z[1]), _mm512_shuffle_ps::<0xDD>(z[0], z[1]));
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r)
     }
 
     /// # Safety
@@ -433,62 +497,194 @@ mod imp {
         }
     }
 
-    /// # Safety
-    /// AVX512F; `k` holds `(out.len() - 1) · stride + q.len()` values.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn scores<T: Load>(q: &[f32], k: &[T], stride: usize, scale: f32, out: &mut [f32]) {
-        let hd = q.len();
-        for (j, o) in out.iter_mut().enumerate() {
-            // SAFETY: the caller's bound; `dot_with` inlines here, with the same features.
-            *o = unsafe { dot_with(q, k.get_unchecked(j * stride..j * stride + hd)) } * scale;
+    /// Query heads whose dot products share one widened key, and value heads one widened
+    /// value row (4 heads' accumulators fill 16 registers).
+    const HEADS: usize = 4;
+    /// Positions ahead of the one read that the attention loops prefetch: cached keys and
+    /// values are rows `stride` apart, which the hardware prefetcher leaves waiting on
+    /// memory.
+    const AHEAD: usize = 16;
+
+    /// Prefetches the cache lines of `n` elements at `p` (which need not be readable).
+    #[inline(always)]
+    fn prefetch_row<T>(p: *const T, n: usize) {
+        let bytes = n * std::mem::size_of::<T>();
+        for at in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>().wrapping_add(at)) };
         }
     }
 
-    /// The values' weighted sum with `o` held in registers, block by block: each element
-    /// takes the same fused multiply-adds, in the same order, as `axpy` per position.
+    /// The table's `scores`: up to [`HEADS`] heads at a time read each key once.
     ///
     /// # Safety
-    /// AVX512F; `v` holds `(w.len() - 1) · stride + o.len()` values.
+    /// AVX512F; `q` and `out` are whole heads (`hd` values and `n` scores each), `k` holds
+    /// `(n - 1) · stride + hd` values.
     #[target_feature(enable = "avx512f")]
-    unsafe fn weighted_sum<T: Load>(w: &[f32], v: &[T], stride: usize, o: &mut [f32]) {
-        let n = o.len();
-        let (pv, po) = (v.as_ptr(), o.as_mut_ptr());
-        // SAFETY: every access is below `n` in `o` and below the caller's bound in `v`.
-        unsafe {
-            let mut i = 0;
-            while i + 4 * L <= n {
-                let mut acc = [_mm512_setzero_ps(); 4];
-                for (b, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_loadu_ps(po.add(i + b * L));
+    unsafe fn scores<T: Load>(q: &[f32], hd: usize, k: &[T], stride: usize, scale: f32, out: &mut [f32]) {
+        let heads = q.len() / hd;
+        let n = out.len() / heads;
+        let (q, k, out) = (q.as_ptr(), k.as_ptr(), out.as_mut_ptr());
+        let mut h = 0;
+        while h < heads {
+            let (qh, oh) = (q.wrapping_add(h * hd), out.wrapping_add(h * n));
+            // SAFETY: the caller's contract, for heads `h ..`.
+            h += unsafe {
+                match heads - h {
+                    1 => scores_heads::<T, 1>(qh, hd, k, stride, scale, oh, n),
+                    2 => scores_heads::<T, 2>(qh, hd, k, stride, scale, oh, n),
+                    3 => scores_heads::<T, 3>(qh, hd, k, stride, scale, oh, n),
+                    _ => scores_heads::<T, HEADS>(qh, hd, k, stride, scale, oh, n),
                 }
-                for (j, &wj) in w.iter().enumerate() {
-                    let (a, p) = (_mm512_set1_ps(wj), pv.add(j * stride + i));
-                    for (b, acc) in acc.iter_mut().enumerate() {
-                        *acc = _mm512_fmadd_ps(a, T::load(p.add(b * L)), *acc);
+            };
+        }
+    }
+
+    /// `G` heads' scores (see [`scores`]): 16 positions at a time, each head's 16 lane
+    /// vectors summed together by [`hsum16`]. Returns `G`.
+    ///
+    /// # Safety
+    /// As for [`scores`], for the `G` heads at `q` and `out`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    #[allow(clippy::too_many_arguments, reason = "the kernel call spelled out")]
+    unsafe fn scores_heads<T: Load, const G: usize>(
+        q: *const f32,
+        hd: usize,
+        k: *const T,
+        stride: usize,
+        scale: f32,
+        out: *mut f32,
+        n: usize,
+    ) -> usize {
+        let mut lanes = [[_mm512_setzero_ps(); L]; G];
+        let s = _mm512_set1_ps(scale);
+        let mut j = 0;
+        // SAFETY: positions below `n`, `hd` values each, heads below `G`.
+        unsafe {
+            while j + L <= n {
+                for p in 0..L {
+                    prefetch_row(k.wrapping_add((j + p + AHEAD) * stride), hd);
+                    let v = dot_lanes::<T, G>(q, hd, hd, k.add((j + p) * stride));
+                    for g in 0..G {
+                        lanes[g][p] = v[g];
                     }
                 }
-                for (b, acc) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(po.add(i + b * L), *acc);
+                for g in 0..G {
+                    _mm512_storeu_ps(out.add(g * n + j), _mm512_mul_ps(hsum16(&lanes[g]), s));
+                }
+                j += L;
+            }
+            while j < n {
+                let v = dot_lanes::<T, G>(q, hd, hd, k.add(j * stride));
+                for g in 0..G {
+                    *out.add(g * n + j) = hsum(v[g]) * scale;
+                }
+                j += 1;
+            }
+        }
+        G
+    }
+
+    /// The table's `weighted_sum`: up to [`HEADS`] heads at a time read each value row
+    /// once, their outputs held in registers block by block; each element takes the same
+    /// fused multiply-adds, in the same order, as `axpy` per position.
+    ///
+    /// # Safety
+    /// AVX512F; `o` and `w` are whole heads (`hd` values and `n` weights each), `v` holds
+    /// `(n - 1) · stride + hd` values.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn weighted_sum<T: Load>(w: &[f32], v: &[T], stride: usize, o: &mut [f32], hd: usize) {
+        let heads = o.len() / hd;
+        let n = w.len() / heads;
+        let (w, v, o) = (w.as_ptr(), v.as_ptr(), o.as_mut_ptr());
+        let mut h = 0;
+        while h < heads {
+            let (wh, oh) = (w.wrapping_add(h * n), o.wrapping_add(h * hd));
+            // SAFETY: the caller's contract, for heads `h ..`.
+            h += unsafe {
+                match heads - h {
+                    1 => weighted_sum_heads::<T, 1>(wh, n, v, stride, oh, hd),
+                    2 => weighted_sum_heads::<T, 2>(wh, n, v, stride, oh, hd),
+                    3 => weighted_sum_heads::<T, 3>(wh, n, v, stride, oh, hd),
+                    _ => weighted_sum_heads::<T, HEADS>(wh, n, v, stride, oh, hd),
+                }
+            };
+        }
+    }
+
+    /// `G` heads' weighted sums (see [`weighted_sum`]). Returns `G`.
+    ///
+    /// # Safety
+    /// As for [`weighted_sum`], for the `G` heads at `w` and `o`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn weighted_sum_heads<T: Load, const G: usize>(
+        w: *const f32,
+        n: usize,
+        pv: *const T,
+        stride: usize,
+        po: *mut f32,
+        hd: usize,
+    ) -> usize {
+        // SAFETY: every access is below `hd` in each head of `o`, below `n` in each head
+        // of `w`, and below the caller's bound in `v`.
+        unsafe {
+            let mut i = 0;
+            while i + 4 * L <= hd {
+                let mut acc = [[_mm512_setzero_ps(); 4]; G];
+                for g in 0..G {
+                    for b in 0..4 {
+                        acc[g][b] = _mm512_loadu_ps(po.add(g * hd + i + b * L));
+                    }
+                }
+                for j in 0..n {
+                    let p = pv.add(j * stride + i);
+                    prefetch_row(p.wrapping_add(AHEAD * stride), 4 * L);
+                    for b in 0..4 {
+                        let x = T::load(p.add(b * L));
+                        for g in 0..G {
+                            acc[g][b] = _mm512_fmadd_ps(_mm512_set1_ps(*w.add(g * n + j)), x, acc[g][b]);
+                        }
+                    }
+                }
+                for g in 0..G {
+                    for b in 0..4 {
+                        _mm512_storeu_ps(po.add(g * hd + i + b * L), acc[g][b]);
+                    }
                 }
                 i += 4 * L;
             }
-            while i + L <= n {
-                let mut acc = _mm512_loadu_ps(po.add(i));
-                for (j, &wj) in w.iter().enumerate() {
-                    acc = _mm512_fmadd_ps(_mm512_set1_ps(wj), T::load(pv.add(j * stride + i)), acc);
+            while i + L <= hd {
+                let mut acc = [_mm512_setzero_ps(); G];
+                for g in 0..G {
+                    acc[g] = _mm512_loadu_ps(po.add(g * hd + i));
                 }
-                _mm512_storeu_ps(po.add(i), acc);
+                for j in 0..n {
+                    prefetch_row(pv.wrapping_add((j + AHEAD) * stride + i), L);
+                    let x = T::load(pv.add(j * stride + i));
+                    for g in 0..G {
+                        acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(*w.add(g * n + j)), x, acc[g]);
+                    }
+                }
+                for g in 0..G {
+                    _mm512_storeu_ps(po.add(g * hd + i), acc[g]);
+                }
                 i += L;
             }
-            if i < n {
-                let mask = tail_mask(n - i);
-                for (j, &wj) in w.iter().enumerate() {
-                    let (a, p) = (_mm512_set1_ps(wj), pv.add(j * stride + i));
-                    let y = _mm512_maskz_loadu_ps(mask, po.add(i));
-                    _mm512_mask_storeu_ps(po.add(i), mask, _mm512_fmadd_ps(a, T::load_n(p, n - i), y));
+            if i < hd {
+                let mask = tail_mask(hd - i);
+                for g in 0..G {
+                    let po = po.add(g * hd + i);
+                    for j in 0..n {
+                        let (a, p) = (_mm512_set1_ps(*w.add(g * n + j)), pv.add(j * stride + i));
+                        let y = _mm512_maskz_loadu_ps(mask, po);
+                        _mm512_mask_storeu_ps(po, mask, _mm512_fmadd_ps(a, T::load_n(p, hd - i), y));
+                    }
                 }
             }
         }
+        G
     }
 
     /// A mask of the low `n < 16` lanes.

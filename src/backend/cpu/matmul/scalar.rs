@@ -118,18 +118,25 @@ fn axpy_with<T: WElem>(alpha: f32, x: &[T], y: &mut [f32]) {
 }
 
 /// # Safety
-/// `k` holds `(out.len() - 1) · stride + q.len()` values.
-unsafe fn scores<T: WElem>(q: &[f32], k: &[T], stride: usize, scale: f32, out: &mut [f32]) {
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = dot_with(q, &k[j * stride..][..q.len()]) * scale;
+/// `q` and `out` are whole heads (`hd` values and `n` scores each), `k` holds
+/// `(n - 1) · stride + hd` values.
+unsafe fn scores<T: WElem>(q: &[f32], hd: usize, k: &[T], stride: usize, scale: f32, out: &mut [f32]) {
+    let n = out.len() / (q.len() / hd);
+    for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(n)) {
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = dot_with(q, &k[j * stride..][..hd]) * scale;
+        }
     }
 }
 
 /// # Safety
-/// `v` holds `(w.len() - 1) · stride + o.len()` values.
-unsafe fn weighted_sum<T: WElem>(w: &[f32], v: &[T], stride: usize, o: &mut [f32]) {
-    let n = o.len();
-    for (j, &wj) in w.iter().enumerate() {
-        axpy_with(wj, &v[j * stride..][..n], o);
+/// `o` and `w` are whole heads (`hd` values and `n` weights each), `v` holds
+/// `(n - 1) · stride + hd` values.
+unsafe fn weighted_sum<T: WElem>(w: &[f32], v: &[T], stride: usize, o: &mut [f32], hd: usize) {
+    let n = w.len() / (o.len() / hd);
+    for (o, w) in o.chunks_exact_mut(hd).zip(w.chunks_exact(n)) {
+        for (j, &wj) in w.iter().enumerate() {
+            axpy_with(wj, &v[j * stride..][..hd], o);
+        }
     }
 }
