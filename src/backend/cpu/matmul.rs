@@ -215,6 +215,22 @@ pub fn weighted_sum_f16(w: &[f32], v: &[u16], stride: usize, o: &mut [f32], hd: 
     unsafe { (best_ops().weighted_sum_f16)(w, F16::cast(v), stride, o, hd) }
 }
 
+/// `x[i] = exp(x[i] − max x) / Σ_j exp(x[j] − max x)`: attention's softmax over one
+/// head's scores (in the AVX-512 kernel a vector `exp` within 2 ulp of the correctly
+/// rounded one; the others call `f32::exp`).
+pub fn softmax(x: &mut [f32]) {
+    // SAFETY: a table exists only if its CPU features were detected.
+    unsafe { (best_ops().softmax)(x) }
+}
+
+/// `g[i] = silu(g[i]) · u[i]` (SwiGLU's gate times its up projection), with the `exp`
+/// [`softmax`] uses; panics if the lengths differ.
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    assert_eq!(g.len(), u.len(), "silu_mul: length mismatch");
+    // SAFETY: a table exists only if its CPU features were detected; lengths are equal.
+    unsafe { (best_ops().silu_mul)(g, u) }
+}
+
 /// [`dot`] with a chosen kernel variant; panics if the CPU does not support it.
 pub fn dot_with(kernel: Kernel, a: &[f32], b: &[f32]) -> f32 {
     dot_on(kernel.ops_or_panic(), a, b)
@@ -365,6 +381,10 @@ struct Ops {
     scores_f16: ScoresFn<F16>,
     /// `weighted_sum` over f16 values, exactly what it gives over their f32 widening.
     weighted_sum_f16: WeightedSumFn<F16>,
+    /// `x[i] = exp(x[i] − max x) / Σ_j exp(x[j] − max x)` (attention's softmax).
+    softmax: unsafe fn(x: &mut [f32]),
+    /// `g[i] = g[i] / (1 + exp(−g[i])) · u[i]` over equal-length slices (SwiGLU).
+    silu_mul: unsafe fn(g: &mut [f32], u: &[f32]),
 }
 
 /// An [`Ops`] table of the kernels named as the fields are, in the invoking module (its
@@ -382,6 +402,8 @@ macro_rules! ops_table {
             weighted_sum: weighted_sum::<f32>,
             scores_f16: scores::<F16>,
             weighted_sum_f16: weighted_sum::<F16>,
+            softmax,
+            silu_mul,
         }
     };
 }
@@ -801,6 +823,55 @@ mod tests {
                         (ops.weighted_sum)(&w, &vw, stride, &mut want, hd);
                     }
                     assert_eq!(bits(&got), bits(&want), "{kernel:?} weighted_sum_f16 hd={hd} positions={positions}");
+                }
+            }
+        }
+    }
+
+    /// Every kernel's softmax agrees with `f32::exp` summed in order within a few ulp, on
+    /// lengths with and without a 16-lane tail and on scores whose exponentials underflow.
+    #[test]
+    fn softmax_matches_the_scalar_one() {
+        let mut rng = Rng(5);
+        for kernel in available() {
+            let ops = kernel.ops_or_panic();
+            for n in [1, 5, 16, 17, 100, 1000] {
+                for spread in [1.0f32, 30.0, 200.0] {
+                    let x: Vec<f32> = rng.vec(n).iter().map(|v| v * spread).collect();
+                    let (mut got, mut want) = (x.clone(), x);
+                    // SAFETY: the kernel's features were detected.
+                    unsafe { (ops.softmax)(&mut got) };
+                    scalar::softmax_ref(&mut want);
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let tol = 4.0 * f32::EPSILON * w.abs() + 1e-37;
+                        assert!((g - w).abs() <= tol, "{kernel:?} n={n} spread={spread} i={i}: {g} vs {w}");
+                    }
+                    let total: f32 = got.iter().sum();
+                    assert!((total - 1.0).abs() < 1e-5, "{kernel:?} n={n}: sums to {total}");
+                }
+            }
+        }
+    }
+
+    /// Every kernel's SwiGLU product agrees with the scalar formula within a few ulp,
+    /// across the range where `exp(−g)` overflows and underflows.
+    #[test]
+    fn silu_mul_matches_the_scalar_one() {
+        let mut rng = Rng(6);
+        for kernel in available() {
+            let ops = kernel.ops_or_panic();
+            for n in [1, 15, 16, 33, 1000] {
+                for spread in [1.0f32, 20.0, 200.0] {
+                    let g: Vec<f32> = rng.vec(n).iter().map(|v| v * spread).collect();
+                    let u = rng.vec(n);
+                    let (mut got, mut want) = (g.clone(), g);
+                    // SAFETY: the kernel's features were detected; equal lengths.
+                    unsafe { (ops.silu_mul)(&mut got, &u) };
+                    scalar::silu_mul_ref(&mut want, &u);
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let tol = 4.0 * f32::EPSILON * w.abs() + 1e-37;
+                        assert!((g - w).abs() <= tol, "{kernel:?} n={n} spread={spread} i={i}: {g} vs {w}");
+                    }
                 }
             }
         }

@@ -362,13 +362,7 @@ impl Backend for CpuBackend {
                 if let Some(cap) = p.softcap {
                     scores.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
                 }
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                scores.iter_mut().for_each(|s| *s /= sum);
+                matmul::softmax(scores);
             }
             o.fill(0.0);
             match v {
@@ -411,7 +405,7 @@ impl Backend for CpuBackend {
 
     fn glu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize, act: Activation) -> BackendResult<()> {
         let f = |(g, u): (&mut [f32], &[f32])| match act {
-            Activation::Silu => g.iter_mut().zip(u).for_each(|(g, &u)| *g = *g / (1.0 + (-*g).exp()) * u),
+            Activation::Silu => matmul::silu_mul(g, u),
             Activation::GeluTanh => g.iter_mut().zip(u).for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
             Activation::Sigmoid => g.iter_mut().zip(u).for_each(|(g, &u)| *g = u / (1.0 + (-*g).exp())),
         };

@@ -444,6 +444,18 @@ mod imp {
         }
     }
 
+    /// # Safety
+    /// None (the scalar softmax).
+    unsafe fn softmax(x: &mut [f32]) {
+        super::super::scalar::softmax_ref(x)
+    }
+
+    /// # Safety
+    /// None (the scalar product).
+    unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+        super::super::scalar::silu_mul_ref(g, u)
+    }
+
     /// One head's scores.
     ///
     /// # Safety

@@ -687,6 +687,114 @@ mod imp {
         G
     }
 
+    /// `exp(x)` in each lane, within about an ulp of the correctly rounded value: `x =
+    /// n·ln 2 + r` with `|r| ≤ ln 2 / 2`, a degree-7 Taylor polynomial for `e^r`, scaled
+    /// by `2^n`. Lanes far below −87 come out as 0, as `expf` gives them.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn exp(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-104.0));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+            x,
+            _mm512_set1_ps(std::f32::consts::LOG2_E),
+        ));
+        // ln 2 in two parts: n·0.693145751953125 is exact for the n that occur.
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+        let mut p = _mm512_set1_ps(1.0 / 5040.0);
+        for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        _mm512_scalef_ps(p, n)
+    }
+
+    /// The lanes of `x` from `i`: all 16, or the `n − i < 16` left with `fill` beyond them.
+    ///
+    /// # Safety
+    /// AVX-512F; `x[i..n]` readable.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn lanes_from(x: *const f32, i: usize, n: usize, fill: f32) -> __m512 {
+        // SAFETY: the caller's bound; masked lanes are not read.
+        unsafe {
+            match i + L <= n {
+                true => _mm512_loadu_ps(x.add(i)),
+                false => _mm512_mask_loadu_ps(_mm512_set1_ps(fill), tail_mask(n - i), x.add(i)),
+            }
+        }
+    }
+
+    /// Stores the lanes of `v` that [`lanes_from`] read at `i`.
+    ///
+    /// # Safety
+    /// AVX-512F; `x[i..n]` writable.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn store_lanes(x: *mut f32, i: usize, n: usize, v: __m512) {
+        // SAFETY: the caller's bound; masked lanes are not written.
+        unsafe {
+            match i + L <= n {
+                true => _mm512_storeu_ps(x.add(i), v),
+                false => _mm512_mask_storeu_ps(x.add(i), tail_mask(n - i), v),
+            }
+        }
+    }
+
+    /// The table's `softmax`, 16 lanes at a time (the sum in lanes, then [`hsum`]).
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn softmax(x: &mut [f32]) {
+        let (n, p) = (x.len(), x.as_mut_ptr());
+        // SAFETY: every access is below `n`.
+        unsafe {
+            let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+            let mut i = 0;
+            while i < n {
+                m = _mm512_max_ps(m, lanes_from(p, i, n, f32::NEG_INFINITY));
+                i += L;
+            }
+            let m = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+            let mut sum = _mm512_setzero_ps();
+            i = 0;
+            while i < n {
+                // The lanes past `n` read −∞ and give 0.
+                let e = exp(_mm512_sub_ps(lanes_from(p, i, n, f32::NEG_INFINITY), m));
+                let e = _mm512_maskz_mov_ps(if i + L <= n { 0xFFFF } else { tail_mask(n - i) }, e);
+                sum = _mm512_add_ps(sum, e);
+                store_lanes(p, i, n, e);
+                i += L;
+            }
+            let sum = _mm512_set1_ps(hsum(sum));
+            i = 0;
+            while i < n {
+                store_lanes(p, i, n, _mm512_div_ps(lanes_from(p, i, n, 0.0), sum));
+                i += L;
+            }
+        }
+    }
+
+    /// The table's `silu_mul`: `g / (1 + exp(−g)) · u`, 16 lanes at a time.
+    ///
+    /// # Safety
+    /// AVX-512F; `g.len() == u.len()`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+        let (n, pg, pu) = (g.len().min(u.len()), g.as_mut_ptr(), u.as_ptr());
+        // SAFETY: every access is below `n`.
+        unsafe {
+            let mut i = 0;
+            while i < n {
+                let x = lanes_from(pg, i, n, 0.0);
+                let e = exp(_mm512_sub_ps(_mm512_setzero_ps(), x));
+                let y = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e));
+                store_lanes(pg, i, n, _mm512_mul_ps(y, lanes_from(pu, i, n, 0.0)));
+                i += L;
+            }
+        }
+    }
+
     /// A mask of the low `n < 16` lanes.
     #[inline(always)]
     fn tail_mask(n: usize) -> __mmask16 {

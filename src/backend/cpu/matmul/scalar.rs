@@ -140,3 +140,31 @@ unsafe fn weighted_sum<T: WElem>(w: &[f32], v: &[T], stride: usize, o: &mut [f32
         }
     }
 }
+
+/// # Safety
+/// None.
+unsafe fn softmax(x: &mut [f32]) {
+    softmax_ref(x)
+}
+
+/// The softmax with `f32::exp`, summing in order.
+pub(super) fn softmax_ref(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for s in x.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    x.iter_mut().for_each(|s| *s /= sum);
+}
+
+/// # Safety
+/// None.
+unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+    silu_mul_ref(g, u)
+}
+
+/// SwiGLU's product with `f32::exp`.
+pub(super) fn silu_mul_ref(g: &mut [f32], u: &[f32]) {
+    g.iter_mut().zip(u).for_each(|(g, &u)| *g = *g / (1.0 + (-*g).exp()) * u);
+}
