@@ -166,10 +166,11 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     axpy_on(best_ops(), alpha, x, y)
 }
 
-/// Checks the shapes of a group of attention heads sharing keys or values: `heads` of
-/// `hd` values in `per_head`, `n` positions of `rows` (`stride` apart, `hd` read of each).
-/// Panics with `what` on a mismatch.
-fn check_heads(what: &str, hd: usize, per_head: usize, weights: usize, rows: usize, stride: usize) -> (usize, usize) {
+/// Checks the shapes of a group of attention heads sharing keys or values: whole heads of
+/// `hd` values in `per_head`, as many rows of `n` scores or weights in `weights`, and `n`
+/// positions in `rows` (`stride` apart, `hd` read of each). Panics with `what` on a
+/// mismatch.
+fn check_heads(what: &str, hd: usize, per_head: usize, weights: usize, rows: usize, stride: usize) {
     assert!(hd > 0 && per_head.is_multiple_of(hd), "{what}: {per_head} values are not whole heads of {hd}");
     let heads = per_head / hd;
     assert!(heads > 0 && weights.is_multiple_of(heads), "{what}: {weights} scores are not whole rows of {heads} heads");
@@ -177,7 +178,6 @@ fn check_heads(what: &str, hd: usize, per_head: usize, weights: usize, rows: usi
     if let Some(last) = n.checked_sub(1) {
         assert!(rows >= last * stride + hd, "{what}: the cache holds {rows} values, too few");
     }
-    (heads, n)
 }
 
 /// `out[g·n + j] = dot(q_g, k[j·stride..][..hd]) · scale` for every query head `q_g =

@@ -78,9 +78,9 @@ pub(crate) fn dot_fn(dtype: DType) -> Option<super::DotFn> {
     #[cfg(target_arch = "x86_64")]
     {
         match dtype {
-            DType::Q4_0 => Some(imp::dot_q4::<false> as super::DotFn),
-            DType::Q4_1 => Some(imp::dot_q4::<true> as super::DotFn),
-            DType::Q8_0 => Some(imp::dot_q8_0 as super::DotFn),
+            DType::Q4_0 => Some(imp::dot::<{ imp::Q4_0 }> as super::DotFn),
+            DType::Q4_1 => Some(imp::dot::<{ imp::Q4_1 }> as super::DotFn),
+            DType::Q8_0 => Some(imp::dot::<{ imp::Q8_0 }> as super::DotFn),
             _ => None,
         }
     }
@@ -100,9 +100,9 @@ pub(crate) fn streams_fn(dtype: DType) -> Option<super::StreamsFn> {
         // SAFETY (each): the `StreamsFn` contract is the tile's, for four weight rows and
         // one packed activation row.
         let f: super::StreamsFn = match dtype {
-            DType::Q4_0 => |w, ws, a, nb| unsafe { q4_tile::<false, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
-            DType::Q4_1 => |w, ws, a, nb| unsafe { q4_tile::<true, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
-            DType::Q8_0 => |w, ws, a, nb| unsafe { q8_0_tile::<4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+            DType::Q4_0 => |w, ws, a, nb| unsafe { tile::<Q4_0, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+            DType::Q4_1 => |w, ws, a, nb| unsafe { tile::<Q4_1, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+            DType::Q8_0 => |w, ws, a, nb| unsafe { tile::<Q8_0, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
             _ => return None,
         };
         Some(f)
@@ -121,13 +121,9 @@ pub(crate) fn rows_fn(dtype: DType) -> Option<super::RowsFn> {
     {
         use imp::*;
         match dtype {
-            DType::Q4_0 => {
-                Some(super::RowsFn { pairs: super::pair_fns!(q4_tile, false), ..super::rows_fn!(q4_rows, false) })
-            }
-            DType::Q4_1 => {
-                Some(super::RowsFn { pairs: super::pair_fns!(q4_tile, true), ..super::rows_fn!(q4_rows, true) })
-            }
-            DType::Q8_0 => Some(super::RowsFn { pairs: super::pair_fns!(q8_0_tile), ..super::rows_fn!(q8_0_rows) }),
+            DType::Q4_0 => Some(super::RowsFn { pairs: super::pair_fns!(tile, Q4_0), ..super::rows_fn!(rows, Q4_0) }),
+            DType::Q4_1 => Some(super::RowsFn { pairs: super::pair_fns!(tile, Q4_1), ..super::rows_fn!(rows, Q4_1) }),
+            DType::Q8_0 => Some(super::RowsFn { pairs: super::pair_fns!(tile, Q8_0), ..super::rows_fn!(rows, Q8_0) }),
             _ => None,
         }
     }
@@ -145,21 +141,24 @@ mod imp {
     /// Bytes ahead of the current weight group to prefetch.
     const PREFETCH: usize = 2048;
 
-    /// `vpermt2b` indices gathering the `qs` of `per` blocks of `bb` bytes (levels at
-    /// byte `at` of each) into one register, and `vpermb` indices putting block `j`'s f16
-    /// scale (bytes 0 and 1; with `at` 4, its min too, bytes 2 and 3) in word lanes
-    /// `j·16/per ..`.
-    const fn indices(per: usize, bb: usize, at: usize) -> ([u8; 64], [u8; 64], [u8; 64]) {
+    /// The formats of [`tile`].
+    pub const Q4_0: u8 = 0;
+    pub const Q4_1: u8 = 1;
+    pub const Q8_0: u8 = 2;
+
+    /// `vpermt2b` indices gathering 16 bytes at byte `at` of each of 4 blocks of `bb`
+    /// bytes into one register, and indices putting block `j`'s f16 at byte 0 (its scale)
+    /// and at byte 2 (a Q4_1 min) in word lanes `4j ..`.
+    const fn indices(bb: usize, at: usize) -> ([u8; 64], [u8; 64], [u8; 64]) {
         let (mut qs, mut d, mut m) = ([0u8; 64], [0u8; 64], [0u8; 64]);
-        let n = 64 / per;
         let mut i = 0;
         while i < 64 {
-            qs[i] = ((i / n) * bb + at + i % n) as u8;
+            qs[i] = ((i / 16) * bb + at + i % 16) as u8;
             i += 1;
         }
         let mut w = 0;
         while w < 16 {
-            let j = w / (16 / per);
+            let j = w / 4;
             d[2 * w] = (j * bb) as u8;
             d[2 * w + 1] = (j * bb + 1) as u8;
             m[2 * w] = (j * bb + 2) as u8;
@@ -168,24 +167,24 @@ mod imp {
         }
         (qs, d, m)
     }
-    static Q4_0_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(4, 18, 2);
-    static Q4_1_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(4, 20, 4);
+    static Q4_0_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(18, 2);
+    static Q4_1_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(20, 4);
     /// Q8_0: the first 16 levels of 4 blocks from the group's first 128 bytes, with the
     /// scales; then the last 16 from its bytes 8..136 (levels at byte 18 of a block are at
     /// byte 10 counted from 8).
-    static Q8_0_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(4, 34, 2);
-    static Q8_0_HI: ([u8; 64], [u8; 64], [u8; 64]) = indices(4, 34, 10);
+    static Q8_0_IDX: ([u8; 64], [u8; 64], [u8; 64]) = indices(34, 2);
+    static Q8_0_HI: ([u8; 64], [u8; 64], [u8; 64]) = indices(34, 10);
 
-    /// Q4_0 (`MIN` false) against a packed Q8_0 row, or Q4_1 (`MIN` true) against a
-    /// packed Q8_1 row.
+    /// A format `F` weight row against a packed row: Q4_0 against Q8_0 activations, Q4_1
+    /// against Q8_1, Q8_0 against Q8_0.
     ///
     /// # Safety
     /// As for [`DotFn`](crate::quant::simd::DotFn) with `a` a packed row; a CPU with the
     /// features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
-    pub unsafe fn dot_q4<const MIN: bool>(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    pub unsafe fn dot<const F: u8>(w: *const u8, a: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded contract.
-        unsafe { q4_rows::<MIN, 1>(w, a, 0, nb)[0] }
+        unsafe { rows::<F, 1>(w, a, 0, nb)[0] }
     }
 
     /// Each accumulator's sum (in loops: closures here would not share the target
@@ -209,38 +208,39 @@ mod imp {
         (m(n), m(n.saturating_sub(64)))
     }
 
-    /// [`dot_q4`] against `R` packed rows at once: each weight group is unpacked once, and
-    /// each row takes exactly the operations [`dot_q4`] (`R = 1`) takes, so each result
-    /// is bit-identical to that row's one-row dot.
+    /// [`dot`] against `R` packed rows at once: each weight group is unpacked once, and
+    /// each row takes exactly the operations [`dot`] (`R = 1`) takes, so each result is
+    /// bit-identical to that row's one-row dot.
     ///
     /// # Safety
-    /// As for [`dot_q4`], for every row in `a`.
+    /// As for [`dot`], for every row in `a`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     #[inline]
-    pub unsafe fn q4_rows<const MIN: bool, const R: usize>(
-        w: *const u8,
-        a: *const u8,
-        stride: usize,
-        nb: usize,
-    ) -> [f32; R] {
+    pub unsafe fn rows<const F: u8, const R: usize>(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; R] {
         // SAFETY: forwarded contract.
-        unsafe { q4_tile::<MIN, 1, R>(w, 0, a, stride, nb)[0] }
+        unsafe { tile::<F, 1, R>(w, 0, a, stride, nb)[0] }
     }
 
-    /// [`q4_rows`] for `W` weight rows `w_stride` bytes apart: each activation group is
-    /// loaded once for all of them, and each (weight row, activation row) pair still
-    /// takes exactly [`dot_q4`]'s operations.
+    /// [`rows`] for `W` weight rows `w_stride` bytes apart: each activation group is loaded
+    /// once for all of them, and each (weight row, activation row) pair still takes
+    /// exactly [`dot`]'s operations.
     ///
-    /// A Q4_1 block (`MIN`) is `d·q + m`, so against an activation block (scale `da`,
-    /// levels `y`, `s = da·Σy`) it gives `d·da·Σ q·y + m·s`: its levels need no offset,
-    /// and the packed row's first lane of each block holds `s` (the others 0) for the min
-    /// where a Q4_0 row holds the offset.
+    /// A group is 4 blocks, each taking 4 lanes of an accumulator: two registers of
+    /// levels (a Q4 group's low and high nibbles, gathered by one `vpermt2b` from its
+    /// first 128 bytes; a Q8_0 group's first and last 16 levels of each block, gathered
+    /// from bytes 0..128 and 8..136 and moved to unsigned by adding 128) meet the packed
+    /// row's two level registers in `vpdpbusd`, started from the row's offsets (−8 or
+    /// −128 times each block's activation sum, in its first lane).
+    ///
+    /// A Q4_1 block is `d·q + m`, so against an activation block (scale `da`, levels `y`,
+    /// `s = da·Σy`) it gives `d·da·Σ q·y + m·s`: its levels need no offset, and the packed
+    /// row's first lane of each block holds `s` (the others 0) for the min.
     ///
     /// # Safety
-    /// As for [`dot_q4`], for every weight row and every activation row.
+    /// As for [`dot`], for every weight row and every activation row.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
     #[inline]
-    pub unsafe fn q4_tile<const MIN: bool, const W: usize, const R: usize>(
+    pub unsafe fn tile<const F: u8, const W: usize, const R: usize>(
         w: *const u8,
         w_stride: usize,
         a: *const u8,
@@ -249,20 +249,28 @@ mod imp {
     ) -> [[f32; R]; W] {
         let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
         let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
-        // Block bytes, index tables and the mask of the group's bytes past the first 64.
-        let (bb, idx, rest) = if MIN { (20, &Q4_1_IDX, 0xFFFF) } else { (18, &Q4_0_IDX, 0xFF) };
-        // Whole groups, then a last one of fewer blocks with its loads masked to them.
+        let min = F == Q4_1;
+        // Block bytes, index tables and the mask of a whole group's bytes past the first 64.
+        let (bb, idx, rest) = match F {
+            Q4_0 => (18, &Q4_0_IDX, 0xFF),
+            Q4_1 => (20, &Q4_1_IDX, 0xFFFF),
+            _ => (34, &Q8_0_IDX, u64::MAX),
+        };
+        // Whole groups, then a last one of fewer blocks with its loads masked to them (as
+        // counted from byte 0 and from byte 8).
         let (full, groups) = (nb / 4, nb.div_ceil(4));
-        let last = masks((nb - 4 * full) * bb);
-        let nib = _mm512_set1_epi8(0x0F);
+        let n = (nb - 4 * full) * bb;
+        let (last, last8) = (masks(n), masks(n.saturating_sub(8)));
+        let (nib, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(-128));
         let mut acc = [[_mm512_setzero_ps(); R]; W];
-        // SAFETY: loads stay inside the caller's `nb` weight blocks of each weight row (the
-        // second one masked to the group's bytes past 64, both in a last group of fewer
-        // blocks) and packed rows (padded to whole groups); prefetches never fault.
+        // SAFETY: loads stay inside the caller's `nb` weight blocks of each weight row (a
+        // whole group's bytes; a last group's masked to its blocks) and the packed rows
+        // (padded to whole groups); prefetches never fault.
         unsafe {
             let qidx = _mm512_loadu_si512(idx.0.as_ptr().cast());
             let didx = _mm512_loadu_si512(idx.1.as_ptr().cast());
             let midx = _mm512_loadu_si512(idx.2.as_ptr().cast());
+            let hidx = _mm512_loadu_si512(Q8_0_HI.0.as_ptr().cast());
             for g in 0..groups {
                 let mut lo = [_mm512_setzero_si512(); W];
                 let mut hi = [_mm512_setzero_si512(); W];
@@ -270,8 +278,10 @@ mod imp {
                 let mut mw = [_mm512_setzero_ps(); W];
                 for j in 0..W {
                     let wp = w[j].add(4 * bb * g);
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
+                    // A group's 72, 80 or 136 bytes: two lines or three.
+                    for line in 0..if F == Q8_0 { 3 } else { 2 } {
+                        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * line).cast());
+                    }
                     let (v0, v1) = match g < full {
                         true => (_mm512_loadu_si512(wp.cast()), _mm512_maskz_loadu_epi8(rest, wp.add(64).cast())),
                         false => (
@@ -279,127 +289,41 @@ mod imp {
                             _mm512_maskz_loadu_epi8(last.1, wp.add(64).cast()),
                         ),
                     };
-                    let q = _mm512_permutex2var_epi8(v0, qidx, v1);
-                    lo[j] = _mm512_and_si512(q, nib);
-                    hi[j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
-                    dw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(didx, v0)));
-                    if MIN {
+                    if F == Q8_0 {
+                        let (v2, v3) = match g < full {
+                            true => (_mm512_loadu_si512(wp.add(8).cast()), _mm512_loadu_si512(wp.add(72).cast())),
+                            false => (
+                                _mm512_maskz_loadu_epi8(last8.0, wp.add(8).cast()),
+                                _mm512_maskz_loadu_epi8(last8.1, wp.add(72).cast()),
+                            ),
+                        };
+                        lo[j] = _mm512_xor_si512(_mm512_permutex2var_epi8(v0, qidx, v1), flip);
+                        hi[j] = _mm512_xor_si512(_mm512_permutex2var_epi8(v2, hidx, v3), flip);
+                    } else {
+                        let q = _mm512_permutex2var_epi8(v0, qidx, v1);
+                        lo[j] = _mm512_and_si512(q, nib);
+                        hi[j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
+                    }
+                    dw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(v0, didx, v1)));
+                    if min {
                         mw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(midx, v0)));
                     }
                 }
                 for r in 0..R {
-                    let ap = a[r].add(256 * g);
+                    let ap = a[r].add(super::GROUP_BYTES * g);
                     let (y0, y1) = (_mm512_loadu_si512(ap.cast()), _mm512_loadu_si512(ap.add(64).cast()));
-                    // The offsets (Q4_0) or the activation blocks' `s` (Q4_1).
+                    // The offsets (Q4_0, Q8_0) or the activation blocks' `s` (Q4_1).
                     let first = _mm512_loadu_si512(ap.add(128).cast());
                     let da = _mm512_loadu_ps(ap.add(192).cast());
                     for j in 0..W {
-                        let mut i = if MIN { _mm512_setzero_si512() } else { first };
+                        let mut i = if min { _mm512_setzero_si512() } else { first };
                         i = _mm512_dpbusd_epi32(i, lo[j], y0);
                         i = _mm512_dpbusd_epi32(i, hi[j], y1);
                         let s = _mm512_mul_ps(dw[j], da);
                         acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[j][r]);
-                        if MIN {
+                        if min {
                             acc[j][r] = _mm512_fmadd_ps(mw[j], _mm512_castsi512_ps(first), acc[j][r]);
                         }
-                    }
-                }
-            }
-            sums(acc)
-        }
-    }
-
-    /// Q8_0 against a packed Q8_0 row.
-    ///
-    /// # Safety
-    /// As for [`dot_q4`].
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
-    pub unsafe fn dot_q8_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
-        // SAFETY: forwarded contract.
-        unsafe { q8_0_rows::<1>(w, a, 0, nb)[0] }
-    }
-
-    /// Q8_0 against `R` packed rows at once, as [`q4_rows`] does for Q4_0.
-    ///
-    /// # Safety
-    /// As for [`dot_q8_0`], for every row in `a`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
-    #[inline]
-    pub unsafe fn q8_0_rows<const R: usize>(w: *const u8, a: *const u8, stride: usize, nb: usize) -> [f32; R] {
-        // SAFETY: forwarded contract.
-        unsafe { q8_0_tile::<1, R>(w, 0, a, stride, nb)[0] }
-    }
-
-    /// [`q8_0_rows`] for `W` weight rows `w_stride` bytes apart, as [`q4_tile`] is for
-    /// Q4_0: 4 blocks (136 bytes) a group, one register their first 16 levels each and
-    /// one their last 16 (with 128 added, against a packed row whose first lanes hold
-    /// −128 times each block's activation sum), so each block takes 4 lanes as a Q4_0
-    /// block does.
-    ///
-    /// # Safety
-    /// As for [`dot_q8_0`], for every weight row and every activation row.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
-    #[inline]
-    pub unsafe fn q8_0_tile<const W: usize, const R: usize>(
-        w: *const u8,
-        w_stride: usize,
-        a: *const u8,
-        stride: usize,
-        nb: usize,
-    ) -> [[f32; R]; W] {
-        let a: [*const u8; R] = std::array::from_fn(|r| a.wrapping_add(r * stride));
-        let w: [*const u8; W] = std::array::from_fn(|j| w.wrapping_add(j * w_stride));
-        const BB: usize = 34;
-        let (full, groups) = (nb / 4, nb.div_ceil(4));
-        // The last group's bytes from 0 and from 8, each as (first 64, the rest).
-        let n = (nb - 4 * full) * BB;
-        let (last, last8) = (masks(n), masks(n.saturating_sub(8)));
-        let flip = _mm512_set1_epi8(-128);
-        let mut acc = [[_mm512_setzero_ps(); R]; W];
-        // SAFETY: as in `q4_tile`: loads stay inside each weight row's `nb` blocks (a
-        // whole group's 136 bytes, a last group's masked to its blocks) and the packed
-        // rows (padded to whole groups); prefetches never fault.
-        unsafe {
-            let lidx = _mm512_loadu_si512(Q8_0_IDX.0.as_ptr().cast());
-            let didx = _mm512_loadu_si512(Q8_0_IDX.1.as_ptr().cast());
-            let hidx = _mm512_loadu_si512(Q8_0_HI.0.as_ptr().cast());
-            for g in 0..groups {
-                let mut lo = [_mm512_setzero_si512(); W];
-                let mut hi = [_mm512_setzero_si512(); W];
-                let mut dw = [_mm512_setzero_ps(); W];
-                for j in 0..W {
-                    let wp = w[j].add(4 * BB * g);
-                    for line in [0, 64, 128] {
-                        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + line).cast());
-                    }
-                    let (v0, v1, v2, v3) = match g < full {
-                        true => (
-                            _mm512_loadu_si512(wp.cast()),
-                            _mm512_loadu_si512(wp.add(64).cast()),
-                            _mm512_loadu_si512(wp.add(8).cast()),
-                            _mm512_loadu_si512(wp.add(72).cast()),
-                        ),
-                        false => (
-                            _mm512_maskz_loadu_epi8(last.0, wp.cast()),
-                            _mm512_maskz_loadu_epi8(last.1, wp.add(64).cast()),
-                            _mm512_maskz_loadu_epi8(last8.0, wp.add(8).cast()),
-                            _mm512_maskz_loadu_epi8(last8.1, wp.add(72).cast()),
-                        ),
-                    };
-                    lo[j] = _mm512_xor_si512(_mm512_permutex2var_epi8(v0, lidx, v1), flip);
-                    hi[j] = _mm512_xor_si512(_mm512_permutex2var_epi8(v2, hidx, v3), flip);
-                    dw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(v0, didx, v1)));
-                }
-                for r in 0..R {
-                    let ap = a[r].add(256 * g);
-                    let (y0, y1) = (_mm512_loadu_si512(ap.cast()), _mm512_loadu_si512(ap.add(64).cast()));
-                    let corr = _mm512_loadu_si512(ap.add(128).cast());
-                    let da = _mm512_loadu_ps(ap.add(192).cast());
-                    for j in 0..W {
-                        let mut i = _mm512_dpbusd_epi32(corr, lo[j], y0);
-                        i = _mm512_dpbusd_epi32(i, hi[j], y1);
-                        let s = _mm512_mul_ps(dw[j], da);
-                        acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[j][r]);
                     }
                 }
             }
