@@ -133,6 +133,11 @@ pub trait ByteSource: Send + Sync {
     fn encoded(&self) -> Option<&Arc<Encoded>> {
         None
     }
+
+    /// Says `bytes()[range]` will not be read again soon: a mapped file's whole pages in
+    /// it leave this process's memory (reading them again faults them back in from the
+    /// file). Nothing happens for other sources.
+    fn release(&self, _range: std::ops::Range<usize>) {}
 }
 
 /// A tensor stored as encoded pieces of a file (NDSQ shards) that `decode` turns into its
@@ -173,6 +178,17 @@ impl MappedFile {
 }
 
 impl ByteSource for MappedFile {
+    fn release(&self, range: std::ops::Range<usize>) {
+        const PAGE: usize = 4096;
+        let (start, end) = (range.start.next_multiple_of(PAGE), range.end.min(self.map.len()) / PAGE * PAGE);
+        if end > start {
+            // SAFETY: the map is read-only and the file is not written while mapped, so
+            // dropping the pages only makes the next read fault the same bytes back in;
+            // no borrow sees other contents. Failure (another page size) leaves them.
+            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+        }
+    }
+
     fn bytes(&self) -> &[u8] {
         &self.map
     }
@@ -354,11 +370,15 @@ pub struct HostTensor {
     pub dtype: DType,
     pub shape: Vec<usize>,
     origin: Option<TensorOrigin>,
+    /// Whether the bytes are the CPU's 16-row panels ([`crate::quant::panels`]) rather
+    /// than rows as stored.
+    panels: bool,
 }
 
 impl std::fmt::Debug for HostTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostTensor({:?}, {:?})", self.dtype, self.shape)
+        let panels = if self.panels { ", panels" } else { "" };
+        write!(f, "HostTensor({:?}, {:?}{panels})", self.dtype, self.shape)
     }
 }
 
@@ -375,10 +395,10 @@ impl HostTensor {
         });
         let ptr = src.bytes()[offset..].as_ptr() as usize;
         if ptr.is_multiple_of(dtype.align()) {
-            return HostTensor { src, offset, len, dtype, shape, origin };
+            return HostTensor { src, offset, len, dtype, shape, origin, panels: false };
         }
         let copy = AlignedBytes::from_slice(&src.bytes()[offset..offset + len]);
-        HostTensor { src: Arc::new(copy), offset: 0, len, dtype, shape, origin }
+        HostTensor { src: Arc::new(copy), offset: 0, len, dtype, shape, origin, panels: false }
     }
 
     /// A tensor over `src` computed on first use ([`LazyBytes`], 64-byte aligned, so
@@ -387,7 +407,7 @@ impl HostTensor {
         let len = src.len;
         debug_assert_eq!(Some(len), dtype.bytes_for(shape.iter().product::<usize>()));
         let origin = src.origin.clone();
-        HostTensor { src, offset: 0, len, dtype, shape, origin }
+        HostTensor { src, offset: 0, len, dtype, shape, origin, panels: false }
     }
 
     /// An owned f32 tensor (for small things such as the demo model or tests).
@@ -397,7 +417,7 @@ impl HostTensor {
             dst.copy_from_slice(&v.to_le_bytes());
         }
         let len = data.len() * 4;
-        HostTensor { src: Arc::new(buf), offset: 0, len, dtype: DType::F32, shape, origin: None }
+        HostTensor { src: Arc::new(buf), offset: 0, len, dtype: DType::F32, shape, origin: None, panels: false }
     }
 
     /// Where the bytes are stored in a file, when they are (memory-mapped sources, and
@@ -466,6 +486,21 @@ impl HostTensor {
                     *o = bf16::from_bits(b).to_f32();
                 }
             }
+            block if self.panels => {
+                // Row by row, each put back as stored first.
+                let k = self.shape[1];
+                let mut row = vec![0u8; block.bytes_for(k).expect("a panel row is whole blocks")];
+                let (mut at, mut done) = (start, 0);
+                while done < out.len() {
+                    let (r, c) = (at / k, at % k);
+                    let n = (k - c).min(out.len() - done);
+                    crate::quant::panels::row(self.bytes(), k, r, &mut row);
+                    let mut vals = vec![0.0; k];
+                    crate::quant::dequantize(block, &row, &mut vals);
+                    out[done..done + n].copy_from_slice(&vals[c..c + n]);
+                    (at, done) = (at + n, done + n);
+                }
+            }
             block => {
                 let bs = block.block_size();
                 assert!(start.is_multiple_of(bs), "{block:?}: reads start on a block boundary");
@@ -480,7 +515,8 @@ impl HostTensor {
     /// are out of range or the stored bytes need a fixup that moves rows.
     pub fn rows(&self, start: usize, n: usize) -> Option<HostTensor> {
         let [total, cols] = self.shape[..] else { return None };
-        if start.checked_add(n)? > total || total == 0 || self.origin.as_ref().is_some_and(|o| o.fixup.is_some()) {
+        let moved = self.panels || self.origin.as_ref().is_some_and(|o| o.fixup.is_some());
+        if start.checked_add(n)? > total || total == 0 || moved {
             return None;
         }
         let row_bytes = self.len / total;
@@ -499,6 +535,7 @@ impl HostTensor {
     /// A tensor whose stored bytes are transformed by `fixup` on first use (and by the
     /// streamer after each read), keeping where they are stored.
     pub fn with_fixup(&self, fixup: Fixup) -> HostTensor {
+        assert!(!self.panels, "fixups apply to tensors as stored, not to panels");
         let (len, rows) = (self.len, self.shape.first().copied().unwrap_or(1));
         let origin = self.origin.as_ref().map(|o| TensorOrigin { fixup: Some(fixup), ..o.clone() });
         let stored = self.clone();
@@ -509,6 +546,27 @@ impl HostTensor {
         })
         .with_origin(origin);
         HostTensor::lazy(Arc::new(lazy), self.dtype, self.shape.clone())
+    }
+
+    /// Whether the bytes are 16-row panels ([`crate::quant::panels`]).
+    pub fn is_panels(&self) -> bool {
+        self.panels
+    }
+
+    /// This weight repacked as the CPU's 16-row panels ([`crate::quant::panels`]), where
+    /// this CPU runs their kernels and the dtype and shape have them; `None` otherwise.
+    /// The copy is made now; it keeps no file origin (the streamer reads the stored
+    /// tensor, and the backend repacks what it read).
+    pub fn to_panels(&self) -> Option<HostTensor> {
+        if self.panels || !crate::quant::panels::eligible(self.dtype, &self.shape) {
+            return None;
+        }
+        let mut buf = AlignedBytes::zeroed(self.len);
+        crate::quant::panels::repack(self.bytes(), self.shape[0], self.shape[1], buf.bytes_mut());
+        // The stored bytes are not read again for the matmul: a mapped file's pages go.
+        self.src.release(self.offset..self.offset + self.len);
+        let (len, dtype, shape) = (self.len, self.dtype, self.shape.clone());
+        Some(HostTensor { src: Arc::new(buf), offset: 0, len, dtype, shape, origin: None, panels: true })
     }
 
     /// The whole tensor as f32 (copies; for small tensors such as norms and biases).

@@ -391,24 +391,28 @@ fn arithmetic_from_cache() {
     let mut out = vec![0.0f32; 16 * M];
     for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K] {
         let bytes = random_weight_bytes(dtype, M, k, &mut rng);
-        let w = tensor(dtype, &bytes, M, k, 0);
-        let best = |f: &mut dyn FnMut()| {
-            (0..20)
-                .map(|_| {
-                    let t = Instant::now();
-                    (0..200).for_each(|_| f());
-                    t.elapsed().as_secs_f64() / 200.0
-                })
-                .fold(f64::INFINITY, f64::min)
-        };
-        let one = best(&mut || quant::matmul(&pool, &x, 1, &w, &mut out));
-        let rows = best(&mut || quant::matmul_rows_alone(&pool, &x, 16, &w, &mut out));
-        eprintln!(
-            "{dtype:?}: one row {:.1} GB/s ({:.1} us); 16 rows {:.1} G multiply-adds/s ({:.1} us)",
-            bytes.len() as f64 / one / 1e9,
-            one * 1e6,
-            (16 * M * k) as f64 / rows / 1e9,
-            rows * 1e6
-        );
+        let stored = tensor(dtype, &bytes, M, k, 0);
+        // As stored, and as the CPU backend keeps the weights that have 16-row panels.
+        for w in [Some(stored.clone()), stored.to_panels()].into_iter().flatten() {
+            let best = |f: &mut dyn FnMut()| {
+                (0..20)
+                    .map(|_| {
+                        let t = Instant::now();
+                        (0..200).for_each(|_| f());
+                        t.elapsed().as_secs_f64() / 200.0
+                    })
+                    .fold(f64::INFINITY, f64::min)
+            };
+            let one = best(&mut || quant::matmul(&pool, &x, 1, &w, &mut out));
+            let rows = best(&mut || quant::matmul_rows_alone(&pool, &x, 16, &w, &mut out));
+            eprintln!(
+                "{dtype:?}{}: one row {:.1} GB/s ({:.1} us); 16 rows {:.1} G multiply-adds/s ({:.1} us)",
+                if w.is_panels() { " panels" } else { "" },
+                bytes.len() as f64 / one / 1e9,
+                one * 1e6,
+                (16 * M * k) as f64 / rows / 1e9,
+                rows * 1e6
+            );
+        }
     }
 }

@@ -19,6 +19,7 @@ use crate::tensor::{DType, HostTensor};
 pub mod affine_q4;
 mod gemm;
 pub mod int8;
+pub(crate) mod panels;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q4_k;
@@ -293,6 +294,8 @@ fn plan<'a>(
     reads: DecodeReads,
 ) -> Option<(usize, impl Fn(usize) + Sync + 'a)> {
     let alone = how == Rows::Alone;
+    // Panels exist only where the best kernel runs them, whatever kernel was asked for.
+    let kernel = if w.is_panels() { QuantKernel::best() } else { kernel };
     let (m, k) = (w.shape[0], w.shape[1]);
     assert!(x.len() >= rows * k, "quant matmul: x holds {} values, need {rows} rows of {k}", x.len());
     assert!(out.len() >= rows * m, "quant matmul: out holds {} values, need {rows} rows of {m}", out.len());
@@ -315,19 +318,43 @@ fn plan<'a>(
     );
     if (rows >= GEMM_MIN_ROWS || how == Rows::Gemm)
         && !alone
-        && let Some(g) = kernel.gemm(w.dtype)
+        && let Some(mut g) = kernel.gemm(w.dtype)
     {
+        #[cfg(target_arch = "x86_64")]
+        if w.is_panels() {
+            g.unpack = panels::gemm_unpack;
+        }
         gemm::matmul(pool, &g, w.dtype, bytes, m, k, x, rows, out);
         return None;
     }
     let threads = pool.current_num_threads();
     let par = threads > 1 && rows * m * nb >= PAR_MIN_DOTS;
     let mut acts = quantize_rows(pool, act, &x[..rows * k], rows, k, par);
+    // Panels: each activation row packed for them, every row through their kernels.
+    let panel_fns = w.is_panels().then(panels::kernels).flatten();
+    assert!(panel_fns.is_some() || !w.is_panels(), "panels exist only where their kernels run");
+    if w.is_panels() {
+        let act_row = acts.len() / rows;
+        let mut packed = vec![0u32; rows * nb * panels::ACT_BLOCK / 4];
+        for (r, dst) in packed.chunks_exact_mut(nb * panels::ACT_BLOCK / 4).enumerate() {
+            let row = &acts[r * act_row..(r + 1) * act_row];
+            // SAFETY: a row of whole activation blocks, and its packed form, as bytes.
+            let (src, dst) = unsafe {
+                (
+                    std::slice::from_raw_parts(row.as_ptr().cast::<u8>(), row.len() * 4),
+                    std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), dst.len() * 4),
+                )
+            };
+            let blocks = cast_blocks::<q8_0::BlockQ8_0>(&src[..nb * 34]).expect("Q8_0 activation rows");
+            panels::pack_act(blocks, dst);
+        }
+        acts = packed;
+    }
     let mut dot = dot;
     // The four-row form of whichever one-row kernel runs (`streams_fn` follows
     // `decode_fn`, as `dot` does below).
     let streams = kernel.streams_fn(w.dtype).filter(|_| rows == 1 && reads == DecodeReads::SideBySide);
-    let decode = (rows == 1 || alone).then(|| kernel.decode_fn(w.dtype)).flatten();
+    let decode = (rows == 1 || alone).then(|| kernel.decode_fn(w.dtype)).flatten().filter(|_| !w.is_panels());
     // Several rows, each as one alone: the several-row form of the same kernel.
     let several = match alone && rows > 1 {
         true => kernel.rows_fn(w.dtype).filter(|&(_, packed)| packed == decode.is_some()).map(|(f, _)| f),
@@ -348,7 +375,8 @@ fn plan<'a>(
     }
     let act_row = acts.len() / rows;
 
-    let chunk = if par { m.div_ceil(threads * TASKS_PER_THREAD).next_multiple_of(TILE).min(m) } else { m };
+    let unit = if panel_fns.is_some() { panels::ROWS } else { TILE };
+    let chunk = if par { m.div_ceil(threads * TASKS_PER_THREAD).next_multiple_of(unit).min(m) } else { m };
     let dst = OutPtr(out.as_mut_ptr());
     let tasks = m.div_ceil(chunk);
     let run = move |t: usize| {
@@ -363,6 +391,38 @@ fn plan<'a>(
             unsafe { dst.ptr().add(r * m + o).write(dot(wrow, a.cast(), nb)) };
         };
         let task = |cols: std::ops::Range<usize>| {
+            if let Some(fns) = panel_fns {
+                // Each panel of the range against the rows 8, 4, 2 or 1 at a time.
+                let (stride, panel_bytes) = (act_row * 4, panels::ROWS * row_bytes);
+                for p in cols.start / panels::ROWS..cols.end / panels::ROWS {
+                    let mut r = 0;
+                    while r < rows {
+                        let (n, f) = match rows - r {
+                            8.. => (8, fns[0]),
+                            4.. => (4, fns[1]),
+                            2.. => (2, fns[2]),
+                            _ => (1, fns[3]),
+                        };
+                        // SAFETY: panel `p` is whole inside `bytes` (`m` is a multiple of
+                        // 16, checked above); activation rows `r..r + n` hold `nb` packed
+                        // blocks each; `out[(r + j)·m + 16p + i]` for `j < n`, `i < 16`
+                        // is inside `out`, and only this task writes panel `p`'s columns.
+                        unsafe {
+                            let a = acts[r * act_row..].as_ptr().cast::<u8>();
+                            f(
+                                bytes[p * panel_bytes..].as_ptr(),
+                                nb,
+                                a,
+                                stride,
+                                dst.ptr().add(r * m + p * panels::ROWS),
+                                m,
+                            )
+                        };
+                        r += n;
+                    }
+                }
+                return;
+            }
             if let Some(f) = streams {
                 // Decode reads `STREAMS` distant parts of the range side by side: rows
                 // `o + s·per` for `s < STREAMS` at once, block by block.

@@ -107,8 +107,10 @@ impl Backend for CpuBackend {
         Ok(buf[..len].to_vec())
     }
 
+    /// A view of `t`, or for the weights that have them on this CPU a copy as 16-row
+    /// panels (`quant::panels`), which decode reads at about twice the rate.
     fn weight(&self, t: &HostTensor) -> BackendResult<HostTensor> {
-        Ok(t.clone())
+        Ok(t.to_panels().unwrap_or_else(|| t.clone()))
     }
 
     fn top_k(&self, logits: &Vec<f32>, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {
