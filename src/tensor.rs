@@ -494,7 +494,7 @@ impl HostTensor {
                 while done < out.len() {
                     let (r, c) = (at / k, at % k);
                     let n = (k - c).min(out.len() - done);
-                    crate::quant::panels::row(self.bytes(), k, r, &mut row);
+                    crate::quant::panels::row(block, self.bytes(), k, r, &mut row);
                     let mut vals = vec![0.0; k];
                     crate::quant::dequantize(block, &row, &mut vals);
                     out[done..done + n].copy_from_slice(&vals[c..c + n]);
@@ -562,7 +562,7 @@ impl HostTensor {
             return None;
         }
         let mut buf = AlignedBytes::zeroed(self.len);
-        crate::quant::panels::repack(self.bytes(), self.shape[0], self.shape[1], buf.bytes_mut());
+        crate::quant::panels::repack(self.dtype, self.bytes(), self.shape[0], self.shape[1], buf.bytes_mut());
         // The stored bytes are not read again for the matmul: a mapped file's pages go.
         self.src.release(self.offset..self.offset + self.len);
         let (len, dtype, shape) = (self.len, self.dtype, self.shape.clone());

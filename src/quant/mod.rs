@@ -322,7 +322,7 @@ fn plan<'a>(
     {
         #[cfg(target_arch = "x86_64")]
         if w.is_panels() {
-            g.unpack = panels::gemm_unpack;
+            g.unpack = panels::gemm_unpack(w.dtype).expect("panel formats have a GEMM unpacker");
         }
         gemm::matmul(pool, &g, w.dtype, bytes, m, k, x, rows, out);
         return None;
@@ -331,11 +331,12 @@ fn plan<'a>(
     let par = threads > 1 && rows * m * nb >= PAR_MIN_DOTS;
     let mut acts = quantize_rows(pool, act, &x[..rows * k], rows, k, par);
     // Panels: each activation row packed for them, every row through their kernels.
-    let panel_fns = w.is_panels().then(panels::kernels).flatten();
+    let panel_fns = w.is_panels().then(|| panels::kernels(w.dtype)).flatten();
     assert!(panel_fns.is_some() || !w.is_panels(), "panels exist only where their kernels run");
     if w.is_panels() {
         let act_row = acts.len() / rows;
         let mut packed = vec![0u32; rows * nb * panels::ACT_BLOCK / 4];
+        let used = act.bytes_for(k).expect("activation rows are whole blocks");
         for (r, dst) in packed.chunks_exact_mut(nb * panels::ACT_BLOCK / 4).enumerate() {
             let row = &acts[r * act_row..(r + 1) * act_row];
             // SAFETY: a row of whole activation blocks, and its packed form, as bytes.
@@ -345,8 +346,7 @@ fn plan<'a>(
                     std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), dst.len() * 4),
                 )
             };
-            let blocks = cast_blocks::<q8_0::BlockQ8_0>(&src[..nb * 34]).expect("Q8_0 activation rows");
-            panels::pack_act(blocks, dst);
+            panels::pack_act(w.dtype, &src[..used], dst);
         }
         acts = packed;
     }

@@ -1,94 +1,132 @@
-//! Q4_0 weights repacked for the CPU as panels of 16 rows, so that one vector lane is
-//! one weight row.
+//! Q4_0, Q4_1 and Q8_0 weights repacked for the CPU as panels of 16 rows, so that one
+//! vector lane is one weight row.
 //!
-//! The row-major decode tile ([`simd::dec512`](super::simd)) spends, per block and
-//! activation row, a `vpermt2b` gather, an int→float conversion, a scale multiply and an
-//! FMA on 4 lanes, and sums 16 lanes at the end. With 16 rows interleaved, each
+//! The row-major decode tile ([`simd::dec512`](super::simd)) spends, per 4 blocks and
+//! activation row, `vpermt2b` gathers, an int→float conversion, a scale multiply and an
+//! FMA on 4 lanes a block, and sums 16 lanes at the end. With 16 rows interleaved, each
 //! `vpdpbusd` takes 4 levels of every row of the panel against one broadcast activation
 //! word, and a block's conversion, scale multiply and FMA serve all 16 rows at once:
 //! about half the vector operations per multiply-add, and no horizontal sums.
 //!
-//! A panel of `nb` blocks per row holds, for block `b`, 4 lines of 64 bytes at `256·b`
-//! (line `s`, bytes `4i..4i + 4`: row `i`'s packed levels `qs[4s..4s + 4]`, so its low
-//! nibbles are values `4s..4s + 4` and its high nibbles `16 + 4s..`), then after all
-//! blocks the scales, 16 f16 per block at `256·nb + 32·b`. That is `16·nb·18` bytes,
-//! what the 16 rows take as stored, and line `s` of block `b` is exactly the 32-bit
+//! A panel of `nb` blocks per row holds, for block `b`, `L` lines of 64 bytes at
+//! `64·L·b` (line `s`, bytes `4i..4i + 4`: row `i`'s level bytes `qs[4s..4s + 4]`; a Q4
+//! block's 16 bytes make 4 lines, whose low nibbles are values `4s..` and high nibbles
+//! `16 + 4s..`; a Q8_0 block's 32 make 8), then after all blocks the scales: per block
+//! the 16 rows' f16 `d` (32 bytes), and for Q4_1 then their mins `m` (32 more). That is
+//! exactly what the 16 rows take as stored, and line `s` of block `b` is the 32-bit
 //! gather the prompt GEMM makes from row-major rows, so the GEMM unpacks a panel with the
 //! same operations and results, minus the gathers.
 //!
-//! Each row's sum is `Σ_b cvt(i_b)·(d_b·da_b)` added block after block into one lane
-//! (FMA), whatever the number of activation rows run at once, so a batch of decoding
-//! sequences gets each sequence's bits as alone.
+//! Each row's sum is `Σ_b cvt(i_b)·(d_b·da_b)` (`+ m_b·s_b` for Q4_1) added block after
+//! block into one lane (FMA), whatever the number of activation rows run at once, so a
+//! batch of decoding sequences gets each sequence's bits as alone.
 
-use crate::quant::QK;
 use crate::quant::q8_0::BlockQ8_0;
+use crate::quant::q8_1::BlockQ8_1;
+use crate::quant::{QK, cast_blocks};
 use crate::tensor::DType;
 
 /// Weight rows per panel.
 pub(crate) const ROWS: usize = 16;
 
-/// Bytes of one packed activation block: its 32 levels, `−8·Σ levels` (i32) and its
+/// Bytes of one packed activation block: its 32 levels, a first word (the levels'
+/// offset `−8·Σ` or `−128·Σ` levels as i32; Q4_1's activation sum `s` as f32) and its
 /// scale (f32).
 pub(crate) const ACT_BLOCK: usize = 40;
 
-/// Whether a weight of `dtype` and `shape` is kept as panels on this CPU: Q4_0 `[m, k]`
-/// with `m` a multiple of 16, where the AVX-512 VBMI kernels run (and the instruction
-/// set is not capped below them).
+/// How a format's blocks sit in a panel: bytes per stored block, f16 values at its head
+/// (1: `d`; 2: `d`, `m`), 64-byte level lines per block.
+const fn layout(dtype: DType) -> Option<(usize, usize, usize)> {
+    match dtype {
+        DType::Q4_0 => Some((18, 1, 4)),
+        DType::Q4_1 => Some((20, 2, 4)),
+        DType::Q8_0 => Some((34, 1, 8)),
+        _ => None,
+    }
+}
+
+/// Whether a weight of `dtype` and `shape` is kept as panels on this CPU: Q4_0, Q4_1 or
+/// Q8_0 `[m, k]` with `m` a multiple of 16, where the AVX-512 VBMI kernels run (and the
+/// instruction set is not capped below them).
 pub(crate) fn eligible(dtype: DType, shape: &[usize]) -> bool {
     let &[m, k] = shape else { return false };
-    dtype == DType::Q4_0
+    layout(dtype).is_some()
         && m > 0
         && m.is_multiple_of(ROWS)
         && k > 0
         && k.is_multiple_of(QK)
-        && super::QuantKernel::best().decode_fn(DType::Q4_0).is_some()
+        && super::QuantKernel::best().decode_fn(dtype).is_some()
 }
 
-/// Repacks `src`, `m` rows of `k` values of Q4_0 as stored, into panels in `dst` (the
+/// Where block `b` of panel row `i` keeps its level bytes and its f16 values, as offsets
+/// into the panel: (level line starts, f16 starts).
+fn places(dtype: DType, nb: usize, b: usize, i: usize) -> (impl Iterator<Item = usize>, impl Iterator<Item = usize>) {
+    let (_, heads, lines) = layout(dtype).expect("a panel format");
+    let scales = 64 * lines * nb + 32 * heads * b;
+    ((0..lines).map(move |s| 64 * (lines * b + s) + 4 * i), (0..heads).map(move |j| scales + 32 * j + 2 * i))
+}
+
+/// Moves one row's blocks between stored order (`row`) and its places in a panel
+/// (`panel`), either way.
+fn each_piece(dtype: DType, nb: usize, i: usize, mut f: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>)) {
+    let (bb, heads, _) = layout(dtype).expect("a panel format");
+    for b in 0..nb {
+        let (lines, f16s) = places(dtype, nb, b, i);
+        for (j, at) in f16s.enumerate() {
+            f(b * bb + 2 * j..b * bb + 2 * j + 2, at..at + 2);
+        }
+        for (s, at) in lines.enumerate() {
+            let from = b * bb + 2 * heads + 4 * s;
+            f(from..from + 4, at..at + 4);
+        }
+    }
+}
+
+/// Repacks `src`, `m` rows of `k` values of `dtype` as stored, into panels in `dst` (the
 /// same length). `m` is a multiple of 16.
-pub(crate) fn repack(src: &[u8], m: usize, k: usize, dst: &mut [u8]) {
+pub(crate) fn repack(dtype: DType, src: &[u8], m: usize, k: usize, dst: &mut [u8]) {
     let nb = k / QK;
-    let row_bytes = nb * 18;
+    let row_bytes = dtype.bytes_for(k).expect("whole blocks");
     assert!(m.is_multiple_of(ROWS) && src.len() >= m * row_bytes && dst.len() >= m * row_bytes);
     for (p, out) in dst[..m * row_bytes].chunks_exact_mut(ROWS * row_bytes).enumerate() {
-        let (levels, scales) = out.split_at_mut(256 * nb);
         for i in 0..ROWS {
             let row = &src[(p * ROWS + i) * row_bytes..][..row_bytes];
-            for (b, blk) in row.chunks_exact(18).enumerate() {
-                scales[32 * b + 2 * i..][..2].copy_from_slice(&blk[..2]);
-                for s in 0..4 {
-                    levels[256 * b + 64 * s + 4 * i..][..4].copy_from_slice(&blk[2 + 4 * s..][..4]);
-                }
-            }
+            each_piece(dtype, nb, i, |from, to| out[to].copy_from_slice(&row[from]));
         }
     }
 }
 
-/// Row `r` of a repacked `[m, k]` weight, as stored (its `k / 32` Q4_0 blocks), into
-/// `dst`.
-pub(crate) fn row(panels: &[u8], k: usize, r: usize, dst: &mut [u8]) {
+/// Row `r` of a repacked `[m, k]` weight of `dtype`, as stored (its `k / 32` blocks),
+/// into `dst`.
+pub(crate) fn row(dtype: DType, panels: &[u8], k: usize, r: usize, dst: &mut [u8]) {
     let nb = k / QK;
-    let (p, i) = (r / ROWS, r % ROWS);
-    let panel = &panels[p * ROWS * nb * 18..][..ROWS * nb * 18];
-    let (levels, scales) = panel.split_at(256 * nb);
-    for (b, blk) in dst[..nb * 18].chunks_exact_mut(18).enumerate() {
-        blk[..2].copy_from_slice(&scales[32 * b + 2 * i..][..2]);
-        for s in 0..4 {
-            blk[2 + 4 * s..][..4].copy_from_slice(&levels[256 * b + 64 * s + 4 * i..][..4]);
-        }
-    }
+    let panel_bytes = ROWS * dtype.bytes_for(k).expect("whole blocks");
+    let panel = &panels[r / ROWS * panel_bytes..][..panel_bytes];
+    each_piece(dtype, nb, r % ROWS, |from, to| dst[from].copy_from_slice(&panel[to]));
 }
 
-/// One activation row's Q8_0 blocks packed for [`rows`]: per block its levels, `−8·Σ`
-/// levels and scale ([`ACT_BLOCK`] bytes).
-pub(crate) fn pack_act(blocks: &[BlockQ8_0], out: &mut [u8]) {
-    for (b, dst) in blocks.iter().zip(out.chunks_exact_mut(ACT_BLOCK)) {
-        for (d, &q) in dst[..QK].iter_mut().zip(&b.qs) {
+/// One activation row (`act`: its Q8_0 blocks, Q8_1 for Q4_1 weights) packed for the
+/// `dtype` kernels into `out`: per block its levels, first word and scale
+/// ([`ACT_BLOCK`] bytes).
+pub(crate) fn pack_act(dtype: DType, act: &[u8], out: &mut [u8]) {
+    let mut put = |b: usize, qs: &[i8; QK], first: [u8; 4], d: f32| {
+        let dst = &mut out[b * ACT_BLOCK..(b + 1) * ACT_BLOCK];
+        for (d, &q) in dst[..QK].iter_mut().zip(qs) {
             *d = q as u8;
         }
-        let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
-        dst[QK..QK + 4].copy_from_slice(&(-8 * sum).to_le_bytes());
-        dst[QK + 4..QK + 8].copy_from_slice(&b.d.to_f32().to_le_bytes());
+        dst[QK..QK + 4].copy_from_slice(&first);
+        dst[QK + 4..QK + 8].copy_from_slice(&d.to_le_bytes());
+    };
+    if dtype == DType::Q4_1 {
+        let blocks = cast_blocks::<BlockQ8_1>(act).expect("Q8_1 activation blocks");
+        blocks.iter().enumerate().for_each(|(b, x)| put(b, &x.qs, x.s.to_f32().to_le_bytes(), x.d.to_f32()));
+        return;
+    }
+    let offset = if dtype == DType::Q8_0 { 128 } else { 8 };
+    let blocks = cast_blocks::<BlockQ8_0>(act).expect("Q8_0 activation blocks");
+    for (b, x) in blocks.iter().enumerate() {
+        let sum: i32 = x.qs.iter().map(|&q| q as i32).sum();
+        put(b, &x.qs, (-offset * sum).to_le_bytes(), x.d.to_f32());
     }
 }
 
@@ -96,25 +134,39 @@ pub(crate) fn pack_act(blocks: &[BlockQ8_0], out: &mut [u8]) {
 /// `nb` blocks: `out[r·os + i]` = row `r` · weight row `i`, for `i < 16`.
 pub(crate) type PanelFn = unsafe fn(panel: *const u8, nb: usize, a: *const u8, stride: usize, out: *mut f32, os: usize);
 
-/// The panel kernels for 8, 4, 2 and 1 activation rows at once, on CPUs that run them.
-pub(crate) fn kernels() -> Option<[PanelFn; 4]> {
+/// The panel kernels of `dtype` for 8, 4, 2 and 1 activation rows at once, where this
+/// CPU runs them.
+pub(crate) fn kernels(dtype: DType) -> Option<[PanelFn; 4]> {
     #[cfg(target_arch = "x86_64")]
     {
-        if super::QuantKernel::best().decode_fn(DType::Q4_0).is_some() {
-            return Some([imp::rows::<8>, imp::rows::<4>, imp::rows::<2>, imp::rows::<1>]);
+        use imp::*;
+        // Where the VBMI decode kernels run (the instruction set not capped below them).
+        super::QuantKernel::best().decode_fn(dtype)?;
+        match dtype {
+            DType::Q4_0 => Some([rows::<Q4_0, 8>, rows::<Q4_0, 4>, rows::<Q4_0, 2>, rows::<Q4_0, 1>]),
+            DType::Q4_1 => Some([rows::<Q4_1, 8>, rows::<Q4_1, 4>, rows::<Q4_1, 2>, rows::<Q4_1, 1>]),
+            DType::Q8_0 => Some([rows::<Q8_0, 8>, rows::<Q8_0, 4>, rows::<Q8_0, 2>, rows::<Q8_0, 1>]),
+            _ => None,
         }
-        None
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
+        let _ = dtype;
         None
     }
 }
 
-/// The prompt GEMM's unpacker (see [`UnpackFn`](super::gemm::UnpackFn)) for a panel: the
-/// lines and scales Q4_0's row-major unpacker makes, read without gathers.
+/// The prompt GEMM's unpacker (see [`UnpackFn`](super::gemm::UnpackFn)) for a panel of
+/// `dtype`: the lines and scales its row-major unpacker makes, read without gathers.
 #[cfg(target_arch = "x86_64")]
-pub(crate) use imp::unpack as gemm_unpack;
+pub(crate) fn gemm_unpack(dtype: DType) -> Option<super::gemm::UnpackFn> {
+    match dtype {
+        DType::Q4_0 => Some(imp::unpack::<{ imp::Q4_0 }>),
+        DType::Q4_1 => Some(imp::unpack::<{ imp::Q4_1 }>),
+        DType::Q8_0 => Some(imp::unpack::<{ imp::Q8_0 }>),
+        _ => None,
+    }
+}
 
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, reason = "the row index drives several arrays and pointers")]
@@ -122,6 +174,11 @@ mod imp {
     use std::arch::x86_64::*;
 
     use super::ACT_BLOCK;
+
+    /// The formats of [`rows`] and [`unpack`].
+    pub const Q4_0: u8 = 0;
+    pub const Q4_1: u8 = 1;
+    pub const Q8_0: u8 = 2;
 
     /// Bytes ahead of the current block to prefetch.
     const PREFETCH: usize = 2048;
@@ -138,12 +195,40 @@ mod imp {
         unsafe { _mm512_set1_epi32(p.cast::<i32>().read_unaligned()) }
     }
 
+    /// A block's 8 level registers (unsigned: Q4 nibbles; Q8_0 levels plus 128), in the
+    /// order of the activation words they meet (values 0..4, 4..8, ...), from its lines
+    /// at `wp`.
+    ///
     /// # Safety
-    /// `panel` holds a whole panel of `nb` blocks; `a + r·stride` holds `nb` packed
-    /// activation blocks for `r < R`; `out[r·os + i]` is writable for `r < R`, `i < 16`;
-    /// a CPU with the features enabled here.
+    /// The block's lines readable at `wp`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    unsafe fn levels<const F: u8>(wp: *const u8) -> [__m512i; 8] {
+        let mut u = [_mm512_setzero_si512(); 8];
+        // SAFETY: the caller's lines.
+        unsafe {
+            if F == Q8_0 {
+                for s in 0..8 {
+                    u[s] = _mm512_xor_si512(_mm512_loadu_si512(wp.add(64 * s).cast()), _mm512_set1_epi8(-128));
+                }
+                return u;
+            }
+            let nib = _mm512_set1_epi8(0x0F);
+            for s in 0..4 {
+                let v = _mm512_loadu_si512(wp.add(64 * s).cast());
+                u[s] = _mm512_and_si512(v, nib);
+                u[s + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+            }
+            u
+        }
+    }
+
+    /// # Safety
+    /// `panel` holds a whole panel of `nb` blocks of format `F`; `a + r·stride` holds
+    /// `nb` packed activation blocks for `r < R`; `out[r·os + i]` is writable for
+    /// `r < R`, `i < 16`; a CPU with the features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn rows<const R: usize>(
+    pub unsafe fn rows<const F: u8, const R: usize>(
         panel: *const u8,
         nb: usize,
         a: *const u8,
@@ -151,34 +236,33 @@ mod imp {
         out: *mut f32,
         os: usize,
     ) {
-        let nib = _mm512_set1_epi8(0x0F);
+        let lines = if F == Q8_0 { 8 } else { 4 };
+        let min = F == Q4_1;
         let mut acc = [_mm512_setzero_ps(); R];
         // SAFETY: loads stay inside the panel's `nb` blocks and the activation rows;
         // prefetches never fault; stores go to the caller's outputs.
         unsafe {
-            let scales = panel.add(256 * nb);
+            let scales = panel.add(64 * lines * nb);
             for b in 0..nb {
-                let wp = panel.add(256 * b);
-                for line in 0..4 {
+                let wp = panel.add(64 * lines * b);
+                for line in 0..lines {
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * line).cast());
                 }
-                let mut lo = [_mm512_setzero_si512(); 4];
-                let mut hi = [_mm512_setzero_si512(); 4];
-                for s in 0..4 {
-                    let v = _mm512_loadu_si512(wp.add(64 * s).cast());
-                    lo[s] = _mm512_and_si512(v, nib);
-                    hi[s] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
-                }
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(32 * b).cast()));
+                let u = levels::<F>(wp);
+                let sp = scales.add(if min { 64 * b } else { 32 * b });
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sp.cast()));
+                let mw = if min { _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(32).cast())) } else { dw };
                 for r in 0..R {
                     let ap = a.add(r * stride + ACT_BLOCK * b);
-                    let mut i = word(ap.add(32));
-                    for s in 0..4 {
-                        i = _mm512_dpbusd_epi32(i, lo[s], word(ap.add(4 * s)));
-                        i = _mm512_dpbusd_epi32(i, hi[s], word(ap.add(16 + 4 * s)));
+                    let mut i = if min { _mm512_setzero_si512() } else { word(ap.add(32)) };
+                    for s in 0..8 {
+                        i = _mm512_dpbusd_epi32(i, u[s], word(ap.add(4 * s)));
                     }
                     let sc = _mm512_mul_ps(dw, _mm512_set1_ps(ap.add(36).cast::<f32>().read_unaligned()));
                     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sc, acc[r]);
+                    if min {
+                        acc[r] = _mm512_fmadd_ps(mw, _mm512_castsi512_ps(word(ap.add(32))), acc[r]);
+                    }
                 }
             }
             for r in 0..R {
@@ -187,31 +271,34 @@ mod imp {
         }
     }
 
-    /// See [`gemm_unpack`](super::gemm_unpack): `w` is the panel (`lanes` is 16).
+    /// See [`gemm_unpack`](super::gemm_unpack): `w` is a panel of format `F` (`lanes` is 16).
     ///
     /// # Safety
     /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn), with `w` a whole panel.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn unpack(
+    pub unsafe fn unpack<const F: u8>(
         w: *const u8,
         _row_bytes: usize,
         _lanes: usize,
         nb: usize,
         levels: *mut u8,
         dw: *mut f32,
-        _mw: *mut f32,
+        mw: *mut f32,
     ) {
-        let nib = _mm512_set1_epi8(0x0F);
+        let lines = if F == Q8_0 { 8 } else { 4 };
+        let min = F == Q4_1;
         // SAFETY: reads inside the panel, writes group `b` of the caller's buffers.
         unsafe {
+            let scales = w.add(64 * lines * nb);
             for b in 0..nb {
-                let d = _mm256_loadu_si256(w.add(256 * nb + 32 * b).cast());
-                _mm512_store_ps(dw.add(16 * b), _mm512_cvtph_ps(d));
-                for s in 0..4 {
-                    let v = _mm512_loadu_si512(w.add(256 * b + 64 * s).cast());
-                    let line = |t: usize| levels.add(64 * (8 * b + t)).cast::<__m512i>();
-                    _mm512_store_si512(line(s), _mm512_and_si512(v, nib));
-                    _mm512_store_si512(line(s + 4), _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib));
+                let sp = scales.add(if min { 64 * b } else { 32 * b });
+                _mm512_store_ps(dw.add(16 * b), _mm512_cvtph_ps(_mm256_loadu_si256(sp.cast())));
+                if min {
+                    let m = _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(32).cast()));
+                    _mm512_store_ps(mw.add(16 * b), _mm512_sub_ps(_mm512_setzero_ps(), m));
+                }
+                for (t, v) in super::imp::levels::<F>(w.add(64 * lines * b)).into_iter().enumerate() {
+                    _mm512_store_si512(levels.add(64 * (8 * b + t)).cast(), v);
                 }
             }
         }
@@ -224,18 +311,30 @@ mod tests {
 
     use super::*;
     use crate::quant::testutil::Rng;
-    use crate::quant::{matmul, matmul_rows_alone, q4_0::BlockQ4_0, quantize_matrix};
+    use crate::quant::{blocks_as_bytes, matmul, matmul_rows_alone, quantize_matrix, zeroed_blocks};
     use crate::tensor::{AlignedBytes, ByteSource, HostTensor};
+
+    const FORMATS: [DType; 3] = [DType::Q4_0, DType::Q4_1, DType::Q8_0];
 
     fn pool() -> rayon::ThreadPool {
         rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap()
     }
 
-    /// A random Q4_0 `[m, k]` weight (as stored).
-    fn weight(pool: &rayon::ThreadPool, rng: &mut Rng, m: usize, k: usize) -> HostTensor {
-        let t = quantize_matrix(pool, DType::Q4_0, &rng.vec(m * k, 1.0), m, k).unwrap();
-        let b = t.bytes().to_vec();
-        HostTensor::new(Arc::new(AlignedBytes::from_slice(&b)), 0, b.len(), DType::Q4_0, vec![m, k])
+    /// A random `[m, k]` weight of `dtype` (as stored).
+    fn weight(pool: &rayon::ThreadPool, rng: &mut Rng, dtype: DType, m: usize, k: usize) -> HostTensor {
+        let b = match dtype {
+            // No Q4_1 quantizer here: random levels, small random scales and mins.
+            DType::Q4_1 => {
+                let mut b = rng.bytes(m * k / QK * 20);
+                for blk in b.chunks_exact_mut(20) {
+                    blk[..2].copy_from_slice(&half::f16::from_f32(rng.uniform() * 0.02).to_le_bytes());
+                    blk[2..4].copy_from_slice(&half::f16::from_f32(rng.uniform() * 0.1 - 0.05).to_le_bytes());
+                }
+                b
+            }
+            _ => quantize_matrix(pool, dtype, &rng.vec(m * k, 1.0), m, k).unwrap().bytes().to_vec(),
+        };
+        HostTensor::new(Arc::new(AlignedBytes::from_slice(&b)), 0, b.len(), dtype, vec![m, k])
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
@@ -246,88 +345,109 @@ mod tests {
     fn rows_come_back_as_stored() {
         let (pool, mut rng) = (pool(), Rng::new(1));
         let (m, k) = (48, 96);
-        let w = weight(&pool, &mut rng, m, k);
-        let mut panels = vec![0u8; w.byte_len()];
-        repack(w.bytes(), m, k, &mut panels);
-        assert_ne!(panels, w.bytes(), "the layout moved");
-        let row_bytes = w.byte_len() / m;
-        let mut row_out = vec![0u8; row_bytes];
-        for r in 0..m {
-            row(&panels, k, r, &mut row_out);
-            assert_eq!(row_out, &w.bytes()[r * row_bytes..(r + 1) * row_bytes], "row {r}");
+        for dtype in FORMATS {
+            let w = weight(&pool, &mut rng, dtype, m, k);
+            let mut panels = vec![0u8; w.byte_len()];
+            repack(dtype, w.bytes(), m, k, &mut panels);
+            assert_ne!(panels, w.bytes(), "{dtype:?}: the layout moved");
+            let row_bytes = w.byte_len() / m;
+            let mut row_out = vec![0u8; row_bytes];
+            for r in 0..m {
+                row(dtype, &panels, k, r, &mut row_out);
+                assert_eq!(row_out, &w.bytes()[r * row_bytes..(r + 1) * row_bytes], "{dtype:?}: row {r}");
+            }
+            // A panel tensor reads its values as the stored one does, across rows too.
+            let Some(p) = w.to_panels() else { continue };
+            assert!(p.is_panels() && p.rows(0, 16).is_none());
+            let (mut a, mut b) = (vec![0f32; 3 * k], vec![0f32; 3 * k]);
+            w.read_f32(5 * k + 32, &mut a);
+            p.read_f32(5 * k + 32, &mut b);
+            assert_eq!(bits(&a), bits(&b), "{dtype:?}");
         }
-        // A panel tensor reads its values as the stored one does, across rows too.
-        let Some(p) = w.to_panels() else { return };
-        assert!(p.is_panels() && p.rows(0, 16).is_none());
-        let (mut a, mut b) = (vec![0f32; 3 * k], vec![0f32; 3 * k]);
-        w.read_f32(5 * k + 32, &mut a);
-        p.read_f32(5 * k + 32, &mut b);
-        assert_eq!(bits(&a), bits(&b));
     }
 
     #[test]
-    fn only_q4_0_weights_of_whole_panels_repack() {
+    fn only_panel_formats_of_whole_panels_repack() {
         assert!(!eligible(DType::Q4_0, &[40, 64]));
-        assert!(!eligible(DType::Q8_0, &[32, 64]));
-        assert!(!eligible(DType::Q4_0, &[64]));
-        let want = crate::quant::QuantKernel::best().decode_fn(DType::Q4_0).is_some();
-        assert_eq!(eligible(DType::Q4_0, &[32, 64]), want);
+        assert!(!eligible(DType::Q4_K, &[32, 256]));
+        assert!(!eligible(DType::Q8_0, &[64]));
+        for dtype in FORMATS {
+            let want = crate::quant::QuantKernel::best().decode_fn(dtype).is_some();
+            assert_eq!(eligible(dtype, &[32, 64]), want, "{dtype:?}");
+        }
     }
 
-    /// Each output against the exact sum of llama.cpp's Q4_0 × Q8_0 products
-    /// (`Σ_b d·da·Σ (q − 8)·y`, in f64), within f32 rounding of the terms' magnitudes.
+    /// Each output against the exact (f64) sum of llama.cpp's products per block
+    /// (`d·da·Σ (q − 8)·y` for Q4_0, `d·da·Σ q·y` for Q8_0, `d·da·Σ q·y + m·s` for Q4_1),
+    /// within f32 rounding of the terms' magnitudes.
     #[test]
-    fn the_kernel_matches_the_exact_sum() {
-        let Some(fns) = kernels() else { return };
+    fn the_kernels_match_the_exact_sum() {
         let (pool, mut rng) = (pool(), Rng::new(2));
         let (m, k) = (32, 320);
         let nb = k / QK;
-        let w = weight(&pool, &mut rng, m, k);
-        let mut panels = vec![0u8; w.byte_len()];
-        repack(w.bytes(), m, k, &mut panels);
-        let wb = crate::quant::cast_blocks::<BlockQ4_0>(w.bytes()).unwrap();
-        for (n, f) in [8, 4, 2, 1].into_iter().zip(fns) {
-            let xs: Vec<Vec<BlockQ8_0>> = (0..n)
-                .map(|_| {
+        for dtype in FORMATS {
+            let Some(fns) = kernels(dtype) else { continue };
+            let (bb, heads, _) = layout(dtype).unwrap();
+            let w = weight(&pool, &mut rng, dtype, m, k);
+            let mut panels = vec![0u8; w.byte_len()];
+            repack(dtype, w.bytes(), m, k, &mut panels);
+            for (n, f) in [8, 4, 2, 1].into_iter().zip(fns) {
+                // Each activation row's blocks, and (scale, levels, s) per block.
+                let mut acts = vec![0u8; n * nb * ACT_BLOCK];
+                let mut xs: Vec<Vec<(f64, [i8; QK], f64)>> = Vec::new();
+                for dst in acts.chunks_exact_mut(nb * ACT_BLOCK) {
                     let x = rng.vec(k, 1.0);
-                    let mut b = crate::quant::zeroed_blocks::<BlockQ8_0>(nb);
-                    crate::quant::q8_0::quantize(&x, &mut b);
-                    b
-                })
-                .collect();
-            let mut acts = vec![0u8; n * nb * ACT_BLOCK];
-            for (x, dst) in xs.iter().zip(acts.chunks_exact_mut(nb * ACT_BLOCK)) {
-                pack_act(x, dst);
-            }
-            let mut out = vec![0f32; n * m];
-            for p in 0..m / ROWS {
-                // SAFETY: a whole panel, `n` packed rows, `n` rows of `m` outputs.
-                unsafe {
-                    f(
-                        panels[p * ROWS * nb * 18..].as_ptr(),
-                        nb,
-                        acts.as_ptr(),
-                        nb * ACT_BLOCK,
-                        out.as_mut_ptr().add(p * ROWS),
-                        m,
-                    )
-                };
-            }
-            for r in 0..n {
-                for o in 0..m {
-                    let (mut exact, mut mag) = (0f64, 0f64);
-                    for (wb, xb) in wb[o * nb..(o + 1) * nb].iter().zip(&xs[r]) {
-                        let i: i64 = (0..QK / 2)
-                            .map(|t| {
-                                let q = wb.qs[t];
-                                ((q & 15) as i64 - 8) * xb.qs[t] as i64 + ((q >> 4) as i64 - 8) * xb.qs[16 + t] as i64
-                            })
-                            .sum();
-                        let term = wb.d.to_f32() as f64 * xb.d.to_f32() as f64 * i as f64;
-                        (exact, mag) = (exact + term, mag + term.abs());
+                    if dtype == DType::Q4_1 {
+                        let mut b = zeroed_blocks::<BlockQ8_1>(nb);
+                        crate::quant::q8_1::quantize(&x, &mut b);
+                        pack_act(dtype, blocks_as_bytes(&b), dst);
+                        xs.push(b.iter().map(|b| (b.d.to_f32() as f64, b.qs, b.s.to_f32() as f64)).collect());
+                    } else {
+                        let mut b = zeroed_blocks::<BlockQ8_0>(nb);
+                        crate::quant::q8_0::quantize(&x, &mut b);
+                        pack_act(dtype, blocks_as_bytes(&b), dst);
+                        xs.push(b.iter().map(|b| (b.d.to_f32() as f64, b.qs, 0.0)).collect());
                     }
-                    let got = out[r * m + o] as f64;
-                    assert!((got - exact).abs() <= 1e-6 * mag, "{n} rows: row {r}, output {o}: {got} against {exact}");
+                }
+                let mut out = vec![0f32; n * m];
+                for p in 0..m / ROWS {
+                    // SAFETY: a whole panel, `n` packed rows, `n` rows of `m` outputs.
+                    unsafe {
+                        f(
+                            panels[p * ROWS * nb * bb..].as_ptr(),
+                            nb,
+                            acts.as_ptr(),
+                            nb * ACT_BLOCK,
+                            out.as_mut_ptr().add(p * ROWS),
+                            m,
+                        )
+                    };
+                }
+                let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32() as f64;
+                for (r, x) in xs.iter().enumerate() {
+                    for o in 0..m {
+                        let (mut exact, mut mag) = (0f64, 0f64);
+                        for (b, &(da, y, s)) in x.iter().enumerate() {
+                            let blk = &w.bytes()[(o * nb + b) * bb..][..bb];
+                            let q = &blk[2 * heads..];
+                            let level = |t: usize| match dtype {
+                                DType::Q8_0 => q[t] as i8 as i64,
+                                DType::Q4_0 => ((q[t % 16] >> (4 * (t / 16))) & 15) as i64 - 8,
+                                _ => ((q[t % 16] >> (4 * (t / 16))) & 15) as i64,
+                            };
+                            let i: i64 = (0..QK).map(|t| level(t) * y[t] as i64).sum();
+                            let mut term = f16(blk) * da * i as f64;
+                            if heads == 2 {
+                                term += f16(&blk[2..]) * s;
+                            }
+                            (exact, mag) = (exact + term, mag + term.abs());
+                        }
+                        let got = out[r * m + o] as f64;
+                        assert!(
+                            (got - exact).abs() <= 1e-6 * mag,
+                            "{dtype:?}, {n} rows: row {r}, output {o}: {got} against {exact}"
+                        );
+                    }
                 }
             }
         }
@@ -340,25 +460,27 @@ mod tests {
     fn panels_through_the_matmul() {
         let (pool, mut rng) = (pool(), Rng::new(3));
         let (m, k) = (96, 576);
-        let w = weight(&pool, &mut rng, m, k);
-        let Some(p) = w.to_panels() else { return };
-        let rows = 11;
-        let x = rng.vec(rows * k, 1.0);
-        let mut batch = vec![0f32; rows * m];
-        matmul_rows_alone(&pool, &x, rows, &p, &mut batch);
-        for r in 0..rows {
-            let mut one = vec![0f32; m];
-            matmul(&pool, &x[r * k..(r + 1) * k], 1, &p, &mut one);
-            assert_eq!(bits(&one), bits(&batch[r * m..(r + 1) * m]), "row {r} in a batch");
-            let mut stored = vec![0f32; m];
-            matmul(&pool, &x[r * k..(r + 1) * k], 1, &w, &mut stored);
-            for (a, b) in one.iter().zip(&stored) {
-                assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "row {r}: {a} against {b}");
+        for dtype in FORMATS {
+            let w = weight(&pool, &mut rng, dtype, m, k);
+            let Some(p) = w.to_panels() else { continue };
+            let rows = 11;
+            let x = rng.vec(rows * k, 1.0);
+            let mut batch = vec![0f32; rows * m];
+            matmul_rows_alone(&pool, &x, rows, &p, &mut batch);
+            for r in 0..rows {
+                let mut one = vec![0f32; m];
+                matmul(&pool, &x[r * k..(r + 1) * k], 1, &p, &mut one);
+                assert_eq!(bits(&one), bits(&batch[r * m..(r + 1) * m]), "{dtype:?}: row {r} in a batch");
+                let mut stored = vec![0f32; m];
+                matmul(&pool, &x[r * k..(r + 1) * k], 1, &w, &mut stored);
+                for (a, b) in one.iter().zip(&stored) {
+                    assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{dtype:?}: row {r}: {a} against {b}");
+                }
             }
+            let (mut gp, mut gw) = (vec![0f32; rows * m], vec![0f32; rows * m]);
+            matmul(&pool, &x, rows, &p, &mut gp);
+            matmul(&pool, &x, rows, &w, &mut gw);
+            assert_eq!(bits(&gp), bits(&gw), "{dtype:?}: the prompt GEMM");
         }
-        let (mut gp, mut gw) = (vec![0f32; rows * m], vec![0f32; rows * m]);
-        matmul(&pool, &x, rows, &p, &mut gp);
-        matmul(&pool, &x, rows, &w, &mut gw);
-        assert_eq!(bits(&gp), bits(&gw), "the prompt GEMM");
     }
 }
