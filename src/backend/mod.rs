@@ -252,6 +252,13 @@ pub trait Backend: Send + Sync + 'static {
     fn download(&self, buf: &Self::Buf, len: usize) -> BackendResult<Vec<f32>>;
     /// Makes a weight usable by the ops (on the CPU a zero-copy view, on a GPU an upload).
     fn weight(&self, t: &HostTensor) -> BackendResult<Self::Weight>;
+    /// The weight `w`, which [`weight`](Self::weight) made from `t`, for a second use of
+    /// the same tensor (a tied output head). By default made again from `t`; the CPU
+    /// shares it (its own copy of a repacked weight is not made twice).
+    fn weight_again(&self, w: &Self::Weight, t: &HostTensor) -> BackendResult<Self::Weight> {
+        let _ = w;
+        self.weight(t)
+    }
     /// The `k` most likely entries of each of `rows` rows of `vocab` logits
     /// (`k ≤ MAX_TOP_K`; `k = 1` is the greedy argmax).
     fn top_k(&self, logits: &Self::Buf, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>>;

@@ -687,7 +687,11 @@ impl<B: Backend> DecoderModel<B> {
         let norm = backend.weight(&norm_weight(global(norm_name)?, c.spec().hf_norm_offset))?;
         let head_name = if c.tie_word_embeddings { embed_name } else { head_name };
         let head = global(head_name)?;
-        let (lm_head, lm_head_bytes) = (backend.weight(head)?, head.byte_len());
+        let lm_head = match c.tie_word_embeddings {
+            true => backend.weight_again(&embed, head)?,
+            false => backend.weight(head)?,
+        };
+        let lm_head_bytes = head.byte_len();
 
         let mut layer_sources: Vec<LayerTensors> =
             (0..c.n_layers).map(|index| LayerTensors { index, ..Default::default() }).collect();

@@ -113,6 +113,10 @@ impl Backend for CpuBackend {
         Ok(t.to_panels().unwrap_or_else(|| t.clone()))
     }
 
+    fn weight_again(&self, w: &HostTensor, _t: &HostTensor) -> BackendResult<HostTensor> {
+        Ok(w.clone())
+    }
+
     fn top_k(&self, logits: &Vec<f32>, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {
         Ok(logits.chunks_exact(vocab).take(rows).map(|row| top_k_row_on(&self.pool, row, k)).collect())
     }
