@@ -548,6 +548,13 @@ impl HostTensor {
         HostTensor::lazy(Arc::new(lazy), self.dtype, self.shape.clone())
     }
 
+    /// A view of `src[offset..offset + len]` that holds `shape` as 16-row panels
+    /// ([`crate::quant::panels`]): what the streamer repacked in place. As [`Self::new`]
+    /// otherwise.
+    pub fn new_panels(src: Arc<dyn ByteSource>, offset: usize, len: usize, dtype: DType, shape: Vec<usize>) -> Self {
+        HostTensor { panels: true, origin: None, ..HostTensor::new(src, offset, len, dtype, shape) }
+    }
+
     /// Whether the bytes are 16-row panels ([`crate::quant::panels`]).
     pub fn is_panels(&self) -> bool {
         self.panels

@@ -416,3 +416,42 @@ fn arithmetic_from_cache() {
         }
     }
 }
+
+/// Decode from memory: one activation row through 24 weights of 2048 × 5632 (about 160
+/// MB in Q4_0, more than the caches hold), 2 threads, the weights as stored and as the
+/// CPU backend's 16-row panels, interleaved; GB/s of weights, median and best of 15
+/// passes. `STRATA_BENCH_TYPES` picks the formats (default q4_0,q8_0). Prints figures;
+/// asserts nothing about speed.
+#[test]
+#[ignore = "benchmark: cargo test --release --test quant_matmul decode_from_memory -- --ignored --nocapture"]
+fn decode_from_memory() {
+    const M: usize = 2048;
+    const K: usize = 5632;
+    let pool = pool(2);
+    let mut rng = Rng(5);
+    let x = rng.vec(K, 1.0);
+    let mut out = vec![0.0f32; M];
+    let kinds = std::env::var("STRATA_BENCH_TYPES").unwrap_or_else(|_| "q4_0,q8_0".into());
+    for dtype in FORMATS.into_iter().filter(|d| kinds.split(',').any(|n| n.eq_ignore_ascii_case(d.name()))) {
+        let stored: Vec<HostTensor> =
+            (0..24).map(|_| tensor(dtype, &random_weight_bytes(dtype, M, K, &mut rng), M, K, 0)).collect();
+        let Some(panels) = stored.iter().map(|w| w.to_panels()).collect::<Option<Vec<_>>>() else { continue };
+        let bytes = stored.iter().map(|w| w.byte_len()).sum::<usize>() as f64;
+        let mut times = [Vec::new(), Vec::new()];
+        for _ in 0..15 {
+            for (ws, ts) in [&stored, &panels].into_iter().zip(times.iter_mut()) {
+                let t = Instant::now();
+                ws.iter().for_each(|w| quant::matmul(&pool, &x, 1, w, &mut out));
+                ts.push(t.elapsed().as_secs_f64());
+            }
+        }
+        let [s, p] = times.map(|mut ts| {
+            ts.sort_by(f64::total_cmp);
+            (bytes / ts[ts.len() / 2] / 1e9, bytes / ts[0] / 1e9)
+        });
+        eprintln!(
+            "{dtype:?} from memory, 2 threads: as stored median {:.1} GB/s, best {:.1}; panels median {:.1}, best {:.1}",
+            s.0, s.1, p.0, p.1
+        );
+    }
+}

@@ -252,6 +252,12 @@ pub trait Backend: Send + Sync + 'static {
     fn download(&self, buf: &Self::Buf, len: usize) -> BackendResult<Vec<f32>>;
     /// Makes a weight usable by the ops (on the CPU a zero-copy view, on a GPU an upload).
     fn weight(&self, t: &HostTensor) -> BackendResult<Self::Weight>;
+    /// Whether [`weight`](Self::weight) repacks some stored weights into a form of its
+    /// own (the CPU's 16-row panels, `quant::panels`): then the layer streamer repacks
+    /// what it reads the same way, in place.
+    fn repacks_weights(&self) -> bool {
+        false
+    }
     /// The weight `w`, which [`weight`](Self::weight) made from `t`, for a second use of
     /// the same tensor (a tied output head). By default made again from `t`; the CPU
     /// shares it (its own copy of a repacked weight is not made twice).

@@ -382,6 +382,7 @@ pub fn memory_budget(
         sparse_ffn: opts.sparse_ffn,
         host_budget,
         stage: None,
+        repack: false,
     })
 }
 

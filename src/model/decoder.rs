@@ -747,6 +747,8 @@ impl<B: Backend> DecoderModel<B> {
 
         let (be, c) = (backend.clone(), config.clone());
         let build = move |lt: &LayerTensors| build_layer(&c, &*be, lt);
+        // Streamed weights come out of each read as the backend keeps resident ones.
+        let sched = &SchedOptions { repack: backend.repacks_weights(), ..sched.clone() };
         let mut layers = Scheduler::new(layer_sources, build, sched)?;
         // The cache gets what the budget leaves after the cores, unless told.
         let opts = ExpertOptions {
@@ -757,6 +759,7 @@ impl<B: Backend> DecoderModel<B> {
             policy: sched.expert_policy,
             buffered: sched.buffered,
             stage: sched.stage.clone(),
+            repack: sched.repack,
         };
         let (mut experts, mut neurons) = (None, None);
         if !units.is_empty() {

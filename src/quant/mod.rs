@@ -394,7 +394,12 @@ fn plan<'a>(
             if let Some(fns) = panel_fns {
                 // Each panel of the range against the rows 8, 4, 2 or 1 at a time.
                 let (stride, panel_bytes) = (act_row * 4, panels::ROWS * row_bytes);
-                for p in cols.start / panels::ROWS..cols.end / panels::ROWS {
+                // Decode walks `STREAMS` distant parts of the range in turn, a panel of
+                // each at a time (several sequential reads in flight, as for rows).
+                let (first, count) = (cols.start / panels::ROWS, cols.len() / panels::ROWS);
+                let per = count.div_ceil(STREAMS);
+                let order = (0..per).flat_map(|i| (first + i..first + count).step_by(per));
+                for p in order {
                     let mut r = 0;
                     while r < rows {
                         let (n, f) = match rows - r {

@@ -96,6 +96,17 @@ pub(crate) fn repack(dtype: DType, src: &[u8], m: usize, k: usize, dst: &mut [u8
     }
 }
 
+/// [`repack`] in place: `bytes`, `m` rows of `k` values of `dtype` as stored, become
+/// panels, one panel's rows copied aside at a time.
+pub(crate) fn repack_in_place(dtype: DType, bytes: &mut [u8], m: usize, k: usize) {
+    let panel_bytes = ROWS * dtype.bytes_for(k).expect("whole blocks");
+    let mut rows = vec![0u8; panel_bytes];
+    for panel in bytes[..m * panel_bytes / ROWS].chunks_exact_mut(panel_bytes) {
+        rows.copy_from_slice(panel);
+        repack(dtype, &rows, ROWS, k, panel);
+    }
+}
+
 /// Row `r` of a repacked `[m, k]` weight of `dtype`, as stored (its `k / 32` blocks),
 /// into `dst`.
 pub(crate) fn row(dtype: DType, panels: &[u8], k: usize, r: usize, dst: &mut [u8]) {
@@ -350,6 +361,9 @@ mod tests {
             let mut panels = vec![0u8; w.byte_len()];
             repack(dtype, w.bytes(), m, k, &mut panels);
             assert_ne!(panels, w.bytes(), "{dtype:?}: the layout moved");
+            let mut in_place = w.bytes().to_vec();
+            repack_in_place(dtype, &mut in_place, m, k);
+            assert_eq!(in_place, panels, "{dtype:?}: repacked in place");
             let row_bytes = w.byte_len() / m;
             let mut row_out = vec![0u8; row_bytes];
             for r in 0..m {

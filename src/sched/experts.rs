@@ -76,6 +76,9 @@ pub struct ExpertOptions {
     /// The upload into device memory, when the compute has memory of its own: misses
     /// are read into page-locked buffers and copied to device memory of their own.
     pub stage: Option<super::upload::StageFactory>,
+    /// Whether experts read are repacked into the CPU's 16-row panels (see
+    /// [`SchedOptions::repack`](super::SchedOptions::repack)).
+    pub repack: bool,
 }
 
 /// One expert's stored tensors.
@@ -227,7 +230,7 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
             return Ok(cache);
         };
         let sources: Vec<LayerTensors> = units.iter().map(|u| u.tensors.clone()).collect();
-        let reader = Reader::open(&sources, &cache.stats.expert_bytes_read, opts.buffered)
+        let reader = Reader::open(&sources, &cache.stats.expert_bytes_read, opts.buffered, opts.repack)
             .map_err(|e| SchedError::Io { layer: 0, msg: format!("opening the expert files: {e}") })?;
         if (0..reader.n_layers()).any(|i| reader.layout(i).is_none()) {
             tracing::warn!(budget, "some experts are not stored in a file: every expert stays resident");

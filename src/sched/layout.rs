@@ -189,12 +189,22 @@ struct Chunk<'a> {
 pub struct Reader {
     files: Vec<StorageFile>,
     layouts: Vec<Option<LayerLayout>>,
+    /// Whether [`fix`](Self::fix) repacks the weights that have them into the CPU's
+    /// 16-row panels, as the CPU backend's `weight` does with resident ones.
+    repack: bool,
 }
 
 impl Reader {
     /// Opens the files the layers are stored in (`O_DIRECT` where possible, unless
-    /// `buffered`) and plans each layer's reads. Bytes read are added to `counter`.
-    pub fn open(sources: &[LayerTensors], counter: &Arc<AtomicU64>, buffered: bool) -> io::Result<Reader> {
+    /// `buffered`) and plans each layer's reads. Bytes read are added to `counter`. With
+    /// `repack`, the layers' weights that have 16-row panels on this CPU come out as
+    /// panels.
+    pub fn open(
+        sources: &[LayerTensors],
+        counter: &Arc<AtomicU64>,
+        buffered: bool,
+        repack: bool,
+    ) -> io::Result<Reader> {
         let (paths, _) = plan_layers(sources, 1);
         let open = |p: &Arc<Path>| match buffered {
             true => StorageFile::open_buffered(p),
@@ -205,7 +215,7 @@ impl Reader {
         let align = files.iter().map(|f| f.alignment() as u64).fold(super::io::BUF_ALIGN as u64, u64::max);
         let (again, layouts) = plan_layers(sources, align);
         debug_assert_eq!(again, paths);
-        Ok(Reader { files, layouts })
+        Ok(Reader { files, layouts, repack })
     }
 
     pub fn n_layers(&self) -> usize {
@@ -297,7 +307,15 @@ impl Reader {
                 fixup.apply_in_place(&mut stored[s.at..s.at + s.len], s.shape.first().copied().unwrap_or(1));
             }
         }
+        for s in layout.slots.iter().filter(|s| self.panels(s)) {
+            crate::quant::panels::repack_in_place(s.dtype, &mut bytes[s.at..s.at + s.len], s.shape[0], s.shape[1]);
+        }
         Ok(())
+    }
+
+    /// Whether slot `s` comes out as panels.
+    fn panels(&self, s: &Slot) -> bool {
+        self.repack && crate::quant::panels::eligible(s.dtype, &s.shape)
     }
 
     /// The tensors of layer `i` as views of `src`, which holds what [`read`](Self::read) put
@@ -307,7 +325,13 @@ impl Reader {
         let tensors = layout
             .slots
             .iter()
-            .map(|s| (s.name.clone(), HostTensor::new(src.clone(), s.at, s.len, s.dtype, s.shape.clone())))
+            .map(|s| {
+                let view = match self.panels(s) {
+                    true => HostTensor::new_panels,
+                    false => HostTensor::new,
+                };
+                (s.name.clone(), view(src.clone(), s.at, s.len, s.dtype, s.shape.clone()))
+            })
             .collect();
         LayerTensors { index: i, tensors }
     }
@@ -355,7 +379,7 @@ mod tests {
         );
 
         let counter = Arc::new(AtomicU64::new(0));
-        let reader = Reader::open(std::slice::from_ref(&layer), &counter, false).unwrap();
+        let reader = Reader::open(std::slice::from_ref(&layer), &counter, false, false).unwrap();
         let mut buf = AlignedBuf::new();
         reader.read(0, &mut buf).unwrap();
         reader.fix(0, &mut buf).unwrap();

@@ -256,6 +256,9 @@ pub struct SchedOptions {
     pub host_budget: u64,
     /// The upload pipeline into device memory (`None`: the compute reads host memory).
     pub stage: Option<upload::StageFactory>,
+    /// Whether streamed weights are repacked after each read into the CPU's 16-row panels,
+    /// as the backend repacks resident ones (set from the backend, not by users).
+    pub repack: bool,
 }
 
 /// How a MoE layer's routed experts are loaded (`--experts`).
@@ -284,6 +287,7 @@ impl Default for SchedOptions {
             sparse_ffn: Default::default(),
             host_budget: 0,
             stage: None,
+            repack: false,
         }
     }
 }
@@ -366,7 +370,7 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
             return Ok(s);
         };
         let stats = Arc::new(SchedStats::default());
-        let reader = layout::Reader::open(&sources, &stats.bytes_read, opts.buffered)
+        let reader = layout::Reader::open(&sources, &stats.bytes_read, opts.buffered, opts.repack)
             .map_err(|e| SchedError::Io { layer: 0, msg: e.to_string() })?;
         if let Some(i) = (0..reader.n_layers()).find(|&i| reader.layout(i).is_none()) {
             tracing::warn!(

@@ -113,6 +113,10 @@ impl Backend for CpuBackend {
         Ok(t.to_panels().unwrap_or_else(|| t.clone()))
     }
 
+    fn repacks_weights(&self) -> bool {
+        true
+    }
+
     fn weight_again(&self, w: &HostTensor, _t: &HostTensor) -> BackendResult<HostTensor> {
         Ok(w.clone())
     }
