@@ -392,21 +392,38 @@ fn plan<'a>(
         };
         let task = |cols: std::ops::Range<usize>| {
             if let Some(fns) = panel_fns {
-                // Each panel of the range against the rows 8, 4, 2 or 1 at a time.
                 let (stride, panel_bytes) = (act_row * 4, panels::ROWS * row_bytes);
-                // Decode walks `STREAMS` distant parts of the range in turn, a panel of
-                // each at a time (several sequential reads in flight, as for rows).
                 let (first, count) = (cols.start / panels::ROWS, cols.len() / panels::ROWS);
-                let per = count.div_ceil(STREAMS);
-                let order = (0..per).flat_map(|i| (first + i..first + count).step_by(per));
+                let panel = |p: usize| bytes[p * panel_bytes..].as_ptr();
+                let mut done = 0;
+                if rows == 1 && reads == DecodeReads::SideBySide {
+                    // Decode reads `STREAMS` distant parts of the range side by side, as
+                    // it reads rows on machines whose memory serves that faster.
+                    let per = count / STREAMS;
+                    let a = acts.as_ptr().cast::<u8>();
+                    for p in first..first + per {
+                        // SAFETY: panels `p + s·per` (s < 4) are whole inside `bytes` and
+                        // belong to this task, as do their outputs; one packed row.
+                        unsafe {
+                            let out = dst.ptr().add(p * panels::ROWS);
+                            (fns.side_by_side)(panel(p), per * panel_bytes, nb, a, out, per * panels::ROWS)
+                        };
+                    }
+                    done = STREAMS * per;
+                }
+                // Each panel left against the rows 8, 4, 2 or 1 at a time, from
+                // `STREAMS` distant parts in turn.
+                let left = count - done;
+                let per = left.div_ceil(STREAMS);
+                let order = (0..per).flat_map(|i| (first + done + i..first + count).step_by(per.max(1)));
                 for p in order {
                     let mut r = 0;
                     while r < rows {
                         let (n, f) = match rows - r {
-                            8.. => (8, fns[0]),
-                            4.. => (4, fns[1]),
-                            2.. => (2, fns[2]),
-                            _ => (1, fns[3]),
+                            8.. => (8, fns.rows[0]),
+                            4.. => (4, fns.rows[1]),
+                            2.. => (2, fns.rows[2]),
+                            _ => (1, fns.rows[3]),
                         };
                         // SAFETY: panel `p` is whole inside `bytes` (`m` is a multiple of
                         // 16, checked above); activation rows `r..r + n` hold `nb` packed
@@ -414,14 +431,7 @@ fn plan<'a>(
                         // is inside `out`, and only this task writes panel `p`'s columns.
                         unsafe {
                             let a = acts[r * act_row..].as_ptr().cast::<u8>();
-                            f(
-                                bytes[p * panel_bytes..].as_ptr(),
-                                nb,
-                                a,
-                                stride,
-                                dst.ptr().add(r * m + p * panels::ROWS),
-                                m,
-                            )
+                            f(panel(p), nb, a, stride, dst.ptr().add(r * m + p * panels::ROWS), m)
                         };
                         r += n;
                     }

@@ -8,14 +8,18 @@
 //! word, and a block's conversion, scale multiply and FMA serve all 16 rows at once:
 //! about half the vector operations per multiply-add, and no horizontal sums.
 //!
-//! A panel of `nb` blocks per row holds, for block `b`, `L` lines of 64 bytes at
-//! `64·L·b` (line `s`, bytes `4i..4i + 4`: row `i`'s level bytes `qs[4s..4s + 4]`; a Q4
-//! block's 16 bytes make 4 lines, whose low nibbles are values `4s..` and high nibbles
-//! `16 + 4s..`; a Q8_0 block's 32 make 8), then after all blocks the scales: per block
-//! the 16 rows' f16 `d` (32 bytes), and for Q4_1 then their mins `m` (32 more). That is
-//! exactly what the 16 rows take as stored, and line `s` of block `b` is the 32-bit
+//! A panel holds the 16 rows' blocks block by block, each taking exactly what its 16
+//! blocks take as stored (`16·B` bytes for `B`-byte blocks): `L` lines of 64 bytes (line
+//! `s`, bytes `4i..4i + 4`: row `i`'s level bytes `qs[4s..4s + 4]`; a Q4 block's 16 bytes
+//! make 4 lines, whose low nibbles are values `4s..` and high nibbles `16 + 4s..`; a
+//! Q8_0 block's 32 make 8), then the 16 rows' f16 `d` (32 bytes) and for Q4_1 their
+//! mins `m` (32 more). So a weight is one sequential stream, scales beside their levels
+//! (scales kept apart at the end of each panel made two streams that restarted every
+//! panel, and read memory about a fifth slower). Line `s` of a block is the 32-bit
 //! gather the prompt GEMM makes from row-major rows, so the GEMM unpacks a panel with the
 //! same operations and results, minus the gathers.
+//!
+//! `STRATA_CPU_PANELS=off` keeps every weight as stored (the row-major kernels).
 //!
 //! Each row's sum is `Σ_b cvt(i_b)·(d_b·da_b)` (`+ m_b·s_b` for Q4_1) added block after
 //! block into one lane (FMA), whatever the number of activation rows run at once, so a
@@ -50,7 +54,8 @@ const fn layout(dtype: DType) -> Option<(usize, usize, usize)> {
 /// instruction set is not capped below them).
 pub(crate) fn eligible(dtype: DType, shape: &[usize]) -> bool {
     let &[m, k] = shape else { return false };
-    layout(dtype).is_some()
+    enabled()
+        && layout(dtype).is_some()
         && m > 0
         && m.is_multiple_of(ROWS)
         && k > 0
@@ -58,12 +63,19 @@ pub(crate) fn eligible(dtype: DType, shape: &[usize]) -> bool {
         && super::QuantKernel::best().decode_fn(dtype).is_some()
 }
 
+/// Whether panels are used at all: `STRATA_CPU_PANELS=off` (or `0`) keeps every weight
+/// as stored (read once).
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !matches!(std::env::var("STRATA_CPU_PANELS").as_deref(), Ok("off" | "0" | "false")))
+}
+
 /// Where block `b` of panel row `i` keeps its level bytes and its f16 values, as offsets
 /// into the panel: (level line starts, f16 starts).
-fn places(dtype: DType, nb: usize, b: usize, i: usize) -> (impl Iterator<Item = usize>, impl Iterator<Item = usize>) {
-    let (_, heads, lines) = layout(dtype).expect("a panel format");
-    let scales = 64 * lines * nb + 32 * heads * b;
-    ((0..lines).map(move |s| 64 * (lines * b + s) + 4 * i), (0..heads).map(move |j| scales + 32 * j + 2 * i))
+fn places(dtype: DType, b: usize, i: usize) -> (impl Iterator<Item = usize>, impl Iterator<Item = usize>) {
+    let (bb, heads, lines) = layout(dtype).expect("a panel format");
+    let (at, scales) = (ROWS * bb * b, ROWS * bb * b + 64 * lines);
+    ((0..lines).map(move |s| at + 64 * s + 4 * i), (0..heads).map(move |j| scales + 32 * j + 2 * i))
 }
 
 /// Moves one row's blocks between stored order (`row`) and its places in a panel
@@ -71,7 +83,7 @@ fn places(dtype: DType, nb: usize, b: usize, i: usize) -> (impl Iterator<Item = 
 fn each_piece(dtype: DType, nb: usize, i: usize, mut f: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>)) {
     let (bb, heads, _) = layout(dtype).expect("a panel format");
     for b in 0..nb {
-        let (lines, f16s) = places(dtype, nb, b, i);
+        let (lines, f16s) = places(dtype, b, i);
         for (j, at) in f16s.enumerate() {
             f(b * bb + 2 * j..b * bb + 2 * j + 2, at..at + 2);
         }
@@ -145,18 +157,39 @@ pub(crate) fn pack_act(dtype: DType, act: &[u8], out: &mut [u8]) {
 /// `nb` blocks: `out[r·os + i]` = row `r` · weight row `i`, for `i < 16`.
 pub(crate) type PanelFn = unsafe fn(panel: *const u8, nb: usize, a: *const u8, stride: usize, out: *mut f32, os: usize);
 
-/// The panel kernels of `dtype` for 8, 4, 2 and 1 activation rows at once, where this
-/// CPU runs them.
-pub(crate) fn kernels(dtype: DType) -> Option<[PanelFn; 4]> {
+/// Four panels `w_stride` bytes apart against one packed row, read side by side (four
+/// memory streams, as decode reads rows where memory serves that faster): panel `j`'s
+/// 16 outputs at `out + j·o_stride`, each with [`PanelFn`]'s bits.
+pub(crate) type SideFn =
+    unsafe fn(panel: *const u8, w_stride: usize, nb: usize, a: *const u8, out: *mut f32, o_stride: usize);
+
+/// A format's panel kernels: for 8, 4, 2 and 1 activation rows at once, and four panels
+/// side by side.
+#[derive(Clone, Copy)]
+pub(crate) struct Kernels {
+    pub rows: [PanelFn; 4],
+    pub side_by_side: SideFn,
+}
+
+/// The panel kernels of `dtype`, where this CPU runs them.
+pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
     #[cfg(target_arch = "x86_64")]
     {
         use imp::*;
         // Where the VBMI decode kernels run (the instruction set not capped below them).
         super::QuantKernel::best().decode_fn(dtype)?;
+        macro_rules! of {
+            ($f:expr) => {
+                Kernels {
+                    rows: [rows::<{ $f }, 8>, rows::<{ $f }, 4>, rows::<{ $f }, 2>, rows::<{ $f }, 1>],
+                    side_by_side: side_by_side::<{ $f }>,
+                }
+            };
+        }
         match dtype {
-            DType::Q4_0 => Some([rows::<Q4_0, 8>, rows::<Q4_0, 4>, rows::<Q4_0, 2>, rows::<Q4_0, 1>]),
-            DType::Q4_1 => Some([rows::<Q4_1, 8>, rows::<Q4_1, 4>, rows::<Q4_1, 2>, rows::<Q4_1, 1>]),
-            DType::Q8_0 => Some([rows::<Q8_0, 8>, rows::<Q8_0, 4>, rows::<Q8_0, 2>, rows::<Q8_0, 1>]),
+            DType::Q4_0 => Some(of!(Q4_0)),
+            DType::Q4_1 => Some(of!(Q4_1)),
+            DType::Q8_0 => Some(of!(Q8_0)),
             _ => None,
         }
     }
@@ -247,37 +280,81 @@ mod imp {
         out: *mut f32,
         os: usize,
     ) {
+        // SAFETY: forwarded contract, for one panel.
+        unsafe { tile::<F, 1, R>(panel, 0, nb, a, stride, out, 0, os) }
+    }
+
+    /// Four panels `w_stride` bytes apart against one packed row, read side by side
+    /// block by block (four memory streams); panel `j`'s outputs at `out + j·o_stride`.
+    ///
+    /// # Safety
+    /// As for [`rows`] with `R = 1`, for each of the four panels and their outputs.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub unsafe fn side_by_side<const F: u8>(
+        panel: *const u8,
+        w_stride: usize,
+        nb: usize,
+        a: *const u8,
+        out: *mut f32,
+        o_stride: usize,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { tile::<F, 4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
+    }
+
+    /// `W` panels (`w_stride` bytes apart) × `R` packed rows: each (panel, row) pair takes
+    /// exactly the operations it takes alone, so every path gives a row the same bits.
+    ///
+    /// # Safety
+    /// As for [`rows`], for each panel `j` and its outputs `out + j·o_stride + r·os`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
+    #[inline]
+    unsafe fn tile<const F: u8, const W: usize, const R: usize>(
+        panel: *const u8,
+        w_stride: usize,
+        nb: usize,
+        a: *const u8,
+        stride: usize,
+        out: *mut f32,
+        o_stride: usize,
+        os: usize,
+    ) {
         let lines = if F == Q8_0 { 8 } else { 4 };
         let min = F == Q4_1;
-        let mut acc = [_mm512_setzero_ps(); R];
-        // SAFETY: loads stay inside the panel's `nb` blocks and the activation rows;
+        let block = 64 * lines + if min { 64 } else { 32 };
+        let mut acc = [[_mm512_setzero_ps(); R]; W];
+        // SAFETY: loads stay inside the panels' `nb` blocks and the activation rows;
         // prefetches never fault; stores go to the caller's outputs.
         unsafe {
-            let scales = panel.add(64 * lines * nb);
             for b in 0..nb {
-                let wp = panel.add(64 * lines * b);
-                for line in 0..lines {
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * line).cast());
-                }
-                let u = levels::<F>(wp);
-                let sp = scales.add(if min { 64 * b } else { 32 * b });
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sp.cast()));
-                let mw = if min { _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(32).cast())) } else { dw };
-                for r in 0..R {
-                    let ap = a.add(r * stride + ACT_BLOCK * b);
-                    let mut i = if min { _mm512_setzero_si512() } else { word(ap.add(32)) };
-                    for s in 0..8 {
-                        i = _mm512_dpbusd_epi32(i, u[s], word(ap.add(4 * s)));
+                for j in 0..W {
+                    let wp = panel.add(j * w_stride + block * b);
+                    for line in 0..lines {
+                        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * line).cast());
                     }
-                    let sc = _mm512_mul_ps(dw, _mm512_set1_ps(ap.add(36).cast::<f32>().read_unaligned()));
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sc, acc[r]);
-                    if min {
-                        acc[r] = _mm512_fmadd_ps(mw, _mm512_castsi512_ps(word(ap.add(32))), acc[r]);
+                    let u = levels::<F>(wp);
+                    let sp = wp.add(64 * lines);
+                    let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sp.cast()));
+                    let mw = if min { _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(32).cast())) } else { dw };
+                    for r in 0..R {
+                        let ap = a.add(r * stride + ACT_BLOCK * b);
+                        let mut i = if min { _mm512_setzero_si512() } else { word(ap.add(32)) };
+                        for s in 0..8 {
+                            i = _mm512_dpbusd_epi32(i, u[s], word(ap.add(4 * s)));
+                        }
+                        let sc = _mm512_mul_ps(dw, _mm512_set1_ps(ap.add(36).cast::<f32>().read_unaligned()));
+                        acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sc, acc[j][r]);
+                        if min {
+                            acc[j][r] = _mm512_fmadd_ps(mw, _mm512_castsi512_ps(word(ap.add(32))), acc[j][r]);
+                        }
                     }
                 }
             }
-            for r in 0..R {
-                _mm512_storeu_ps(out.add(r * os), acc[r]);
+            for j in 0..W {
+                for r in 0..R {
+                    _mm512_storeu_ps(out.add(j * o_stride + r * os), acc[j][r]);
+                }
             }
         }
     }
@@ -299,16 +376,16 @@ mod imp {
         let lines = if F == Q8_0 { 8 } else { 4 };
         let min = F == Q4_1;
         // SAFETY: reads inside the panel, writes group `b` of the caller's buffers.
+        let block = 64 * lines + if min { 64 } else { 32 };
         unsafe {
-            let scales = w.add(64 * lines * nb);
             for b in 0..nb {
-                let sp = scales.add(if min { 64 * b } else { 32 * b });
+                let sp = w.add(block * b + 64 * lines);
                 _mm512_store_ps(dw.add(16 * b), _mm512_cvtph_ps(_mm256_loadu_si256(sp.cast())));
                 if min {
                     let m = _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(32).cast()));
                     _mm512_store_ps(mw.add(16 * b), _mm512_sub_ps(_mm512_setzero_ps(), m));
                 }
-                for (t, v) in super::imp::levels::<F>(w.add(64 * lines * b)).into_iter().enumerate() {
+                for (t, v) in super::imp::levels::<F>(w.add(block * b)).into_iter().enumerate() {
                     _mm512_store_si512(levels.add(64 * (8 * b + t)).cast(), v);
                 }
             }
@@ -400,7 +477,7 @@ mod tests {
         let (m, k) = (32, 320);
         let nb = k / QK;
         for dtype in FORMATS {
-            let Some(fns) = kernels(dtype) else { continue };
+            let Some(fns) = kernels(dtype).map(|k| k.rows) else { continue };
             let (bb, heads, _) = layout(dtype).unwrap();
             let w = weight(&pool, &mut rng, dtype, m, k);
             let mut panels = vec![0u8; w.byte_len()];
@@ -479,6 +556,28 @@ mod tests {
             let Some(p) = w.to_panels() else { continue };
             let rows = 11;
             let x = rng.vec(rows * k, 1.0);
+            // One row read side by side or in turn, and the matmul's pick for this machine.
+            let one_row = |reads| {
+                let mut out = vec![0f32; m];
+                let kernel = crate::quant::QuantKernel::best();
+                crate::quant::matmul_reading(
+                    kernel,
+                    &pool,
+                    &x[..k],
+                    1,
+                    &p,
+                    &mut out,
+                    crate::quant::Rows::ByCount,
+                    reads,
+                );
+                bits(&out)
+            };
+            use crate::backend::cpu::bandwidth::DecodeReads;
+            assert_eq!(
+                one_row(DecodeReads::SideBySide),
+                one_row(DecodeReads::InTurn),
+                "{dtype:?}: panels side by side"
+            );
             let mut batch = vec![0f32; rows * m];
             matmul_rows_alone(&pool, &x, rows, &p, &mut batch);
             for r in 0..rows {
