@@ -334,21 +334,7 @@ fn plan<'a>(
     let panel_fns = w.is_panels().then(|| panels::kernels(w.dtype)).flatten();
     assert!(panel_fns.is_some() || !w.is_panels(), "panels exist only where their kernels run");
     if w.is_panels() {
-        let act_row = acts.len() / rows;
-        let mut packed = vec![0u32; rows * nb * panels::ACT_BLOCK / 4];
-        let used = act.bytes_for(k).expect("activation rows are whole blocks");
-        for (r, dst) in packed.chunks_exact_mut(nb * panels::ACT_BLOCK / 4).enumerate() {
-            let row = &acts[r * act_row..(r + 1) * act_row];
-            // SAFETY: a row of whole activation blocks, and its packed form, as bytes.
-            let (src, dst) = unsafe {
-                (
-                    std::slice::from_raw_parts(row.as_ptr().cast::<u8>(), row.len() * 4),
-                    std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), dst.len() * 4),
-                )
-            };
-            panels::pack_act(w.dtype, &src[..used], dst);
-        }
-        acts = packed;
+        acts = panels::pack_rows(w.dtype, &acts, rows, nb);
     }
     let mut dot = dot;
     // The four-row form of whichever one-row kernel runs (`streams_fn` follows
@@ -392,50 +378,14 @@ fn plan<'a>(
         };
         let task = |cols: std::ops::Range<usize>| {
             if let Some(fns) = panel_fns {
-                let (stride, panel_bytes) = (act_row * 4, panels::ROWS * row_bytes);
-                let (first, count) = (cols.start / panels::ROWS, cols.len() / panels::ROWS);
-                let panel = |p: usize| bytes[p * panel_bytes..].as_ptr();
-                let mut done = 0;
-                if rows == 1 && reads == DecodeReads::SideBySide {
-                    // Decode reads `STREAMS` distant parts of the range side by side, as
-                    // it reads rows on machines whose memory serves that faster.
-                    let per = count / STREAMS;
-                    let a = acts.as_ptr().cast::<u8>();
-                    for p in first..first + per {
-                        // SAFETY: panels `p + s·per` (s < 4) are whole inside `bytes` and
-                        // belong to this task, as do their outputs; one packed row.
-                        unsafe {
-                            let out = dst.ptr().add(p * panels::ROWS);
-                            (fns.side_by_side)(panel(p), per * panel_bytes, nb, a, out, per * panels::ROWS)
-                        };
-                    }
-                    done = STREAMS * per;
-                }
-                // Each panel left against the rows 8, 4, 2 or 1 at a time, from
-                // `STREAMS` distant parts in turn.
-                let left = count - done;
-                let per = left.div_ceil(STREAMS);
-                let order = (0..per).flat_map(|i| (first + done + i..first + count).step_by(per.max(1)));
-                for p in order {
-                    let mut r = 0;
-                    while r < rows {
-                        let (n, f) = match rows - r {
-                            8.. => (8, fns.rows[0]),
-                            4.. => (4, fns.rows[1]),
-                            2.. => (2, fns.rows[2]),
-                            _ => (1, fns.rows[3]),
-                        };
-                        // SAFETY: panel `p` is whole inside `bytes` (`m` is a multiple of
-                        // 16, checked above); activation rows `r..r + n` hold `nb` packed
-                        // blocks each; `out[(r + j)·m + 16p + i]` for `j < n`, `i < 16`
-                        // is inside `out`, and only this task writes panel `p`'s columns.
-                        unsafe {
-                            let a = acts[r * act_row..].as_ptr().cast::<u8>();
-                            f(panel(p), nb, a, stride, dst.ptr().add(r * m + p * panels::ROWS), m)
-                        };
-                        r += n;
-                    }
-                }
+                let side_by_side = rows == 1 && reads == DecodeReads::SideBySide;
+                // SAFETY: `bytes` holds `m` rows as panels (a panel tensor's `m` is a
+                // multiple of 16, so `cols` is whole panels); `acts` holds `rows` packed
+                // rows of `nb` blocks, `act_row` words apart; only this task writes the
+                // columns `cols` of each of the `rows` rows of `out` (`m` apart).
+                unsafe {
+                    panels::run(&fns, bytes, row_bytes, nb, cols, &acts, act_row * 4, rows, dst.ptr(), m, side_by_side)
+                };
                 return;
             }
             if let Some(f) = streams {

@@ -200,6 +200,86 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
     }
 }
 
+/// Every activation row of `acts` (`rows` rows of `nb` quantized activation blocks,
+/// Q8_0 or for Q4_1 Q8_1, each row starting on a 32-bit word) packed for the panel
+/// kernels of `dtype`.
+pub(crate) fn pack_rows(dtype: DType, acts: &[u32], rows: usize, nb: usize) -> Vec<u32> {
+    let row_words = acts.len() / rows.max(1);
+    let used = nb * if dtype == DType::Q4_1 { size_of::<BlockQ8_1>() } else { size_of::<BlockQ8_0>() };
+    let mut packed = vec![0u32; rows * nb * ACT_BLOCK / 4];
+    for (r, dst) in packed.chunks_exact_mut(nb * ACT_BLOCK / 4).enumerate() {
+        let row = &acts[r * row_words..(r + 1) * row_words];
+        // SAFETY: a row of whole activation blocks, and its packed form, as bytes.
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(row.as_ptr().cast::<u8>(), row.len() * 4),
+                std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), dst.len() * 4),
+            )
+        };
+        pack_act(dtype, &src[..used], dst);
+    }
+    packed
+}
+
+/// The panels in output columns `cols` (whole panels) of a `[m, ·]` panel weight
+/// (`bytes`, rows of `row_bytes`, `nb` blocks) against `rows` packed activation rows
+/// (`acts`, `stride` bytes apart): `out[r·m + o]` for `o` in `cols`. One row with
+/// `side_by_side` reads four distant parts of the range at once (as decode reads rows
+/// where memory serves several streams faster); the panels left, or several rows, go
+/// through the 8, 4, 2 or 1-row kernels, walking `STREAMS` distant parts in turn. Every
+/// path gives each output the same bits.
+///
+/// # Safety
+/// `kernels` came from [`kernels`] for the weight's format; `bytes` holds the panels of
+/// `cols`; `acts` holds `rows` packed rows of `nb` blocks; `out[r·m + o]` is writable for
+/// `r < rows`, `o` in `cols`, and no one else writes it meanwhile.
+#[allow(clippy::too_many_arguments, reason = "the matmul's part spelled out")]
+pub(crate) unsafe fn run(
+    kernels: &Kernels,
+    bytes: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    cols: std::ops::Range<usize>,
+    acts: &[u32],
+    stride: usize,
+    rows: usize,
+    out: *mut f32,
+    m: usize,
+    side_by_side: bool,
+) {
+    use super::STREAMS;
+    let panel_bytes = ROWS * row_bytes;
+    let (first, count) = (cols.start / ROWS, cols.len() / ROWS);
+    let panel = |p: usize| bytes[p * panel_bytes..].as_ptr();
+    let a = acts.as_ptr().cast::<u8>();
+    let mut done = 0;
+    if side_by_side && rows == 1 {
+        let per = count / STREAMS;
+        for p in first..first + per {
+            // SAFETY: panels `p + s·per` (s < 4) lie in `cols`, inside `bytes`, and so do
+            // their outputs (the caller's contract).
+            unsafe { (kernels.side_by_side)(panel(p), per * panel_bytes, nb, a, out.add(p * ROWS), per * ROWS) };
+        }
+        done = STREAMS * per;
+    }
+    let per = (count - done).div_ceil(STREAMS);
+    for p in (0..per).flat_map(|i| (first + done + i..first + count).step_by(per)) {
+        let mut r = 0;
+        while r < rows {
+            let (n, f) = match rows - r {
+                8.. => (8, kernels.rows[0]),
+                4.. => (4, kernels.rows[1]),
+                2.. => (2, kernels.rows[2]),
+                _ => (1, kernels.rows[3]),
+            };
+            // SAFETY: panel `p` and activation rows `r..r + n` as the caller vouches;
+            // outputs `(r + j)·m + 16p + i` (j < n, i < 16) are the caller's.
+            unsafe { f(panel(p), nb, a.add(r * stride), stride, out.add(r * m + p * ROWS), m) };
+            r += n;
+        }
+    }
+}
+
 /// The prompt GEMM's unpacker (see [`UnpackFn`](super::gemm::UnpackFn)) for a panel of
 /// `dtype`: the lines and scales its row-major unpacker makes, read without gathers.
 #[cfg(target_arch = "x86_64")]
