@@ -339,8 +339,10 @@ fn plan<'a>(
     let mut dot = dot;
     // The four-row form of whichever one-row kernel runs (`streams_fn` follows
     // `decode_fn`, as `dot` does below).
-    let streams = kernel.streams_fn(w.dtype).filter(|_| rows == 1 && reads == DecodeReads::SideBySide);
-    let decode = (rows == 1 || alone).then(|| kernel.decode_fn(w.dtype)).flatten().filter(|_| !w.is_panels());
+    // (Panels have kernels of their own, below.)
+    let rows_layout = panel_fns.is_none();
+    let streams = kernel.streams_fn(w.dtype).filter(|_| rows_layout && rows == 1 && reads == DecodeReads::SideBySide);
+    let decode = (rows_layout && (rows == 1 || alone)).then(|| kernel.decode_fn(w.dtype)).flatten();
     // Several rows, each as one alone: the several-row form of the same kernel.
     let several = match alone && rows > 1 {
         true => kernel.rows_fn(w.dtype).filter(|&(_, packed)| packed == decode.is_some()).map(|(f, _)| f),
