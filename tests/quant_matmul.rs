@@ -421,7 +421,7 @@ fn arithmetic_from_cache() {
 /// them (more than the caches hold: some L3s hold 300 MiB), 2 threads, the weights as
 /// stored and as the
 /// CPU backend's 16-row panels, interleaved; GB/s of weights, median and best of 9
-/// passes. `STRATA_BENCH_TYPES` picks the formats (default q4_0,q8_0). Prints figures;
+/// passes. `STRATA_BENCH_TYPES` picks the formats (default q4_0,q8_0,q4_k). Prints figures;
 /// asserts nothing about speed.
 #[test]
 #[ignore = "benchmark: cargo test --release --test quant_matmul decode_from_memory -- --ignored --nocapture"]
@@ -432,7 +432,7 @@ fn decode_from_memory() {
     let mut rng = Rng(5);
     let x = rng.vec(K, 1.0);
     let mut out = vec![0.0f32; M];
-    let kinds = std::env::var("STRATA_BENCH_TYPES").unwrap_or_else(|_| "q4_0,q8_0".into());
+    let kinds = std::env::var("STRATA_BENCH_TYPES").unwrap_or_else(|_| "q4_0,q8_0,q4_k".into());
     for dtype in FORMATS.into_iter().filter(|d| kinds.split(',').any(|n| n.eq_ignore_ascii_case(d.name()))) {
         let count = (768usize << 20).div_ceil(dtype.bytes_for(M * K).unwrap());
         let stored: Vec<HostTensor> =

@@ -1,5 +1,5 @@
-//! Q4_0, Q4_1 and Q8_0 weights repacked for the CPU as panels of 16 rows, so that one
-//! vector lane is one weight row.
+//! Q4_0, Q4_1, Q8_0 and Q4_K weights repacked for the CPU as panels of 16 rows, so that
+//! one vector lane is one weight row.
 //!
 //! The row-major decode tile ([`simd::dec512`](super::simd)) spends, per 4 blocks and
 //! activation row, `vpermt2b` gathers, an int→float conversion, a scale multiply and an
@@ -19,6 +19,12 @@
 //! gather the prompt GEMM makes from row-major rows, so the GEMM unpacks a panel with the
 //! same operations and results, minus the gathers.
 //!
+//! A Q4_K panel block is simpler: its 144-byte blocks are whole 4-byte words, so line `t`
+//! holds the 16 rows' word `t` (line 0 their `d` and `dmin`, lines 1..4 their packed
+//! 6-bit scales and mins, lines 4..36 their levels): again the GEMM's gathers, as loads.
+//! Its kernel sums each sub-block's scaled dot and the mins' term exactly in i32 before
+//! two FMAs a block, as llama.cpp's Q4_K × Q8_K dot does per row.
+//!
 //! `STRATA_CPU_PANELS=off` keeps every weight as stored (the row-major kernels).
 //!
 //! Each row's sum is `Σ_b cvt(i_b)·(d_b·da_b)` (`+ m_b·s_b` for Q4_1) added block after
@@ -27,7 +33,8 @@
 
 use crate::quant::q8_0::BlockQ8_0;
 use crate::quant::q8_1::BlockQ8_1;
-use crate::quant::{QK, cast_blocks};
+use crate::quant::q8_k::BlockQ8K;
+use crate::quant::{QK, QK_K, cast_blocks};
 use crate::tensor::DType;
 
 /// Weight rows per panel.
@@ -38,20 +45,40 @@ pub(crate) const ROWS: usize = 16;
 /// scale (f32).
 pub(crate) const ACT_BLOCK: usize = 40;
 
-/// How a format's blocks sit in a panel: bytes per stored block, f16 values at its head
-/// (1: `d`; 2: `d`, `m`), 64-byte level lines per block.
-const fn layout(dtype: DType) -> Option<(usize, usize, usize)> {
+/// Bytes of one packed Q8_K activation block for Q4_K panels: its scale (f32), its 256
+/// levels, and its eight 32-value sums as four pairs of i16 (see [`pack_act`]).
+pub(crate) const ACT_K: usize = 4 + QK_K + 16;
+
+/// Packed activation bytes per block of `dtype`.
+const fn act_bytes(dtype: DType) -> usize {
+    if matches!(dtype, DType::Q4_K) { ACT_K } else { ACT_BLOCK }
+}
+
+/// How a format's blocks sit in a panel.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// 32-value blocks of `bytes` bytes: `heads` f16 values at the block's head (1: `d`;
+    /// 2: `d`, `m`) moved after `lines` 64-byte level lines.
+    Block32 { bytes: usize, heads: usize, lines: usize },
+    /// Blocks of `bytes` bytes, a multiple of 4 (Q4_K): line `t` of a panel block is the
+    /// 16 rows' 4-byte word `t`, in stored order. A row's byte `x` (4-aligned) of block `b`
+    /// is at `16·(b·bytes + x) + 4i` in panel row `i`.
+    Words { bytes: usize },
+}
+
+const fn layout(dtype: DType) -> Option<Layout> {
     match dtype {
-        DType::Q4_0 => Some((18, 1, 4)),
-        DType::Q4_1 => Some((20, 2, 4)),
-        DType::Q8_0 => Some((34, 1, 8)),
+        DType::Q4_0 => Some(Layout::Block32 { bytes: 18, heads: 1, lines: 4 }),
+        DType::Q4_1 => Some(Layout::Block32 { bytes: 20, heads: 2, lines: 4 }),
+        DType::Q8_0 => Some(Layout::Block32 { bytes: 34, heads: 1, lines: 8 }),
+        DType::Q4_K => Some(Layout::Words { bytes: 144 }),
         _ => None,
     }
 }
 
-/// Whether a weight of `dtype` and `shape` is kept as panels on this CPU: Q4_0, Q4_1 or
-/// Q8_0 `[m, k]` with `m` a multiple of 16, where the AVX-512 VBMI kernels run (and the
-/// instruction set is not capped below them).
+/// Whether a weight of `dtype` and `shape` is kept as panels on this CPU: Q4_0, Q4_1,
+/// Q8_0 or Q4_K `[m, k]` with `m` a multiple of 16, where the AVX-512 VBMI kernels run
+/// (and the instruction set is not capped below them).
 pub(crate) fn eligible(dtype: DType, shape: &[usize]) -> bool {
     let &[m, k] = shape else { return false };
     enabled()
@@ -59,8 +86,8 @@ pub(crate) fn eligible(dtype: DType, shape: &[usize]) -> bool {
         && m > 0
         && m.is_multiple_of(ROWS)
         && k > 0
-        && k.is_multiple_of(QK)
-        && super::QuantKernel::best().decode_fn(dtype).is_some()
+        && k.is_multiple_of(dtype.block_size())
+        && kernels(dtype).is_some()
 }
 
 /// Whether panels are used at all: `STRATA_CPU_PANELS=off` (or `0`) keeps every weight
@@ -70,26 +97,28 @@ fn enabled() -> bool {
     *ON.get_or_init(|| !matches!(std::env::var("STRATA_CPU_PANELS").as_deref(), Ok("off" | "0" | "false")))
 }
 
-/// Where block `b` of panel row `i` keeps its level bytes and its f16 values, as offsets
-/// into the panel: (level line starts, f16 starts).
-fn places(dtype: DType, b: usize, i: usize) -> (impl Iterator<Item = usize>, impl Iterator<Item = usize>) {
-    let (bb, heads, lines) = layout(dtype).expect("a panel format");
-    let (at, scales) = (ROWS * bb * b, ROWS * bb * b + 64 * lines);
-    ((0..lines).map(move |s| at + 64 * s + 4 * i), (0..heads).map(move |j| scales + 32 * j + 2 * i))
-}
-
 /// Moves one row's blocks between stored order (`row`) and its places in a panel
-/// (`panel`), either way.
+/// (`panel`), either way: `f(row range, panel range)` for each piece of row `i` of a
+/// panel of `nb` blocks.
 fn each_piece(dtype: DType, nb: usize, i: usize, mut f: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>)) {
-    let (bb, heads, _) = layout(dtype).expect("a panel format");
-    for b in 0..nb {
-        let (lines, f16s) = places(dtype, b, i);
-        for (j, at) in f16s.enumerate() {
-            f(b * bb + 2 * j..b * bb + 2 * j + 2, at..at + 2);
+    match layout(dtype).expect("a panel format") {
+        Layout::Block32 { bytes: bb, heads, lines } => {
+            for b in 0..nb {
+                let (at, scales) = (ROWS * bb * b, ROWS * bb * b + 64 * lines);
+                for j in 0..heads {
+                    let (from, to) = (b * bb + 2 * j, scales + 32 * j + 2 * i);
+                    f(from..from + 2, to..to + 2);
+                }
+                for s in 0..lines {
+                    let (from, to) = (b * bb + 2 * heads + 4 * s, at + 64 * s + 4 * i);
+                    f(from..from + 4, to..to + 4);
+                }
+            }
         }
-        for (s, at) in lines.enumerate() {
-            let from = b * bb + 2 * heads + 4 * s;
-            f(from..from + 4, at..at + 4);
+        Layout::Words { bytes: bb } => {
+            for x in (0..nb * bb).step_by(4) {
+                f(x..x + 4, ROWS * x + 4 * i..ROWS * x + 4 * i + 4);
+            }
         }
     }
 }
@@ -97,7 +126,7 @@ fn each_piece(dtype: DType, nb: usize, i: usize, mut f: impl FnMut(std::ops::Ran
 /// Repacks `src`, `m` rows of `k` values of `dtype` as stored, into panels in `dst` (the
 /// same length). `m` is a multiple of 16.
 pub(crate) fn repack(dtype: DType, src: &[u8], m: usize, k: usize, dst: &mut [u8]) {
-    let nb = k / QK;
+    let nb = k / dtype.block_size();
     let row_bytes = dtype.bytes_for(k).expect("whole blocks");
     assert!(m.is_multiple_of(ROWS) && src.len() >= m * row_bytes && dst.len() >= m * row_bytes);
     for (p, out) in dst[..m * row_bytes].chunks_exact_mut(ROWS * row_bytes).enumerate() {
@@ -119,19 +148,36 @@ pub(crate) fn repack_in_place(dtype: DType, bytes: &mut [u8], m: usize, k: usize
     }
 }
 
-/// Row `r` of a repacked `[m, k]` weight of `dtype`, as stored (its `k / 32` blocks),
-/// into `dst`.
+/// Row `r` of a repacked `[m, k]` weight of `dtype`, as stored (its blocks), into `dst`.
 pub(crate) fn row(dtype: DType, panels: &[u8], k: usize, r: usize, dst: &mut [u8]) {
-    let nb = k / QK;
+    let nb = k / dtype.block_size();
     let panel_bytes = ROWS * dtype.bytes_for(k).expect("whole blocks");
     let panel = &panels[r / ROWS * panel_bytes..][..panel_bytes];
     each_piece(dtype, nb, r % ROWS, |from, to| dst[from].copy_from_slice(&panel[to]));
 }
 
-/// One activation row (`act`: its Q8_0 blocks, Q8_1 for Q4_1 weights) packed for the
-/// `dtype` kernels into `out`: per block its levels, first word and scale
-/// ([`ACT_BLOCK`] bytes).
+/// One activation row (`act`: its Q8_0 blocks, Q8_1 for Q4_1 weights, Q8_K for Q4_K)
+/// packed for the `dtype` kernels into `out`: per block its levels, first word and scale
+/// ([`ACT_BLOCK`] bytes); for Q4_K, [`ACT_K`] bytes a block.
 pub(crate) fn pack_act(dtype: DType, act: &[u8], out: &mut [u8]) {
+    if dtype == DType::Q4_K {
+        let blocks = cast_blocks::<BlockQ8K>(act).expect("Q8_K activation blocks");
+        for (x, dst) in blocks.iter().zip(out.chunks_exact_mut(ACT_K)) {
+            dst[..4].copy_from_slice(&x.d.to_le_bytes());
+            for (d, &q) in dst[4..4 + QK_K].iter_mut().zip(&x.qs) {
+                *d = q as u8;
+            }
+            // Sub-block j's sum S_j, paired as the mins are: (S0, S2), (S1, S3), (S4, S6),
+            // (S5, S7).
+            let sum = |j: usize| x.bsums[2 * j] + x.bsums[2 * j + 1];
+            for (w, (lo, hi)) in [(0, 2), (1, 3), (4, 6), (5, 7)].into_iter().enumerate() {
+                let at = 4 + QK_K + 4 * w;
+                dst[at..at + 2].copy_from_slice(&sum(lo).to_le_bytes());
+                dst[at + 2..at + 4].copy_from_slice(&sum(hi).to_le_bytes());
+            }
+        }
+        return;
+    }
     let mut put = |b: usize, qs: &[i8; QK], first: [u8; 4], d: f32| {
         let dst = &mut out[b * ACT_BLOCK..(b + 1) * ACT_BLOCK];
         for (d, &q) in dst[..QK].iter_mut().zip(qs) {
@@ -177,7 +223,7 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
     {
         use imp::*;
         // Where the VBMI decode kernels run (the instruction set not capped below them).
-        super::QuantKernel::best().decode_fn(dtype)?;
+        super::QuantKernel::best().decode_fn(DType::Q4_0)?;
         macro_rules! of {
             ($f:expr) => {
                 Kernels {
@@ -190,6 +236,10 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
             DType::Q4_0 => Some(of!(Q4_0)),
             DType::Q4_1 => Some(of!(Q4_1)),
             DType::Q8_0 => Some(of!(Q8_0)),
+            DType::Q4_K => Some(Kernels {
+                rows: [rows_k::<8>, rows_k::<4>, rows_k::<2>, rows_k::<1>],
+                side_by_side: side_by_side_k,
+            }),
             _ => None,
         }
     }
@@ -201,13 +251,19 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
 }
 
 /// Every activation row of `acts` (`rows` rows of `nb` quantized activation blocks,
-/// Q8_0 or for Q4_1 Q8_1, each row starting on a 32-bit word) packed for the panel
+/// Q8_0, for Q4_1 Q8_1, for Q4_K Q8_K, each row starting on a 32-bit word) packed for the panel
 /// kernels of `dtype`.
 pub(crate) fn pack_rows(dtype: DType, acts: &[u32], rows: usize, nb: usize) -> Vec<u32> {
     let row_words = acts.len() / rows.max(1);
-    let used = nb * if dtype == DType::Q4_1 { size_of::<BlockQ8_1>() } else { size_of::<BlockQ8_0>() };
-    let mut packed = vec![0u32; rows * nb * ACT_BLOCK / 4];
-    for (r, dst) in packed.chunks_exact_mut(nb * ACT_BLOCK / 4).enumerate() {
+    let used = nb
+        * match dtype {
+            DType::Q4_1 => size_of::<BlockQ8_1>(),
+            DType::Q4_K => size_of::<BlockQ8K>(),
+            _ => size_of::<BlockQ8_0>(),
+        };
+    let row_out = nb * act_bytes(dtype) / 4;
+    let mut packed = vec![0u32; rows * row_out];
+    for (r, dst) in packed.chunks_exact_mut(row_out).enumerate() {
         let row = &acts[r * row_words..(r + 1) * row_words];
         // SAFETY: a row of whole activation blocks, and its packed form, as bytes.
         let (src, dst) = unsafe {
@@ -288,6 +344,7 @@ pub(crate) fn gemm_unpack(dtype: DType) -> Option<super::gemm::UnpackFn> {
         DType::Q4_0 => Some(imp::unpack::<{ imp::Q4_0 }>),
         DType::Q4_1 => Some(imp::unpack::<{ imp::Q4_1 }>),
         DType::Q8_0 => Some(imp::unpack::<{ imp::Q8_0 }>),
+        DType::Q4_K => Some(super::simd::gemm512::unpack_q4k_panel),
         _ => None,
     }
 }
@@ -439,6 +496,179 @@ mod imp {
         }
     }
 
+    /// Bytes of a Q4_K panel block: 16 stored blocks of 144 bytes, as 36 lines.
+    const BLOCK_K: usize = 16 * 144;
+
+    /// Line `t` (64 bytes) at `p`.
+    ///
+    /// # Safety
+    /// 64 readable bytes at `p + 64·t`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn line(p: *const u8, t: usize) -> __m512i {
+        // SAFETY: the caller's bytes.
+        unsafe { _mm512_loadu_si512(p.add(64 * t).cast()) }
+    }
+
+    /// [`rows`] for Q4_K panels against [`ACT_K`](super::ACT_K)-byte packed rows; eight
+    /// rows run as two fours.
+    ///
+    /// # Safety
+    /// As for [`rows`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub unsafe fn rows_k<const R: usize>(
+        panel: *const u8,
+        nb: usize,
+        a: *const u8,
+        stride: usize,
+        out: *mut f32,
+        os: usize,
+    ) {
+        // SAFETY: forwarded contract, for one panel and rows `g..g + 4` (or all `R`).
+        unsafe {
+            if R == 8 {
+                for g in [0, 4] {
+                    tile_k::<1, 4>(panel, 0, nb, a.add(g * stride), stride, out.add(g * os), 0, os);
+                }
+            } else {
+                tile_k::<1, R>(panel, 0, nb, a, stride, out, 0, os);
+            }
+        }
+    }
+
+    /// [`side_by_side`] for Q4_K panels.
+    ///
+    /// # Safety
+    /// As for [`side_by_side`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub unsafe fn side_by_side_k(
+        panel: *const u8,
+        w_stride: usize,
+        nb: usize,
+        a: *const u8,
+        out: *mut f32,
+        o_stride: usize,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { tile_k::<4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
+    }
+
+    /// `W` Q4_K panels × `R` (≤ 4) packed rows. Per block, panel and row: each
+    /// sub-block's 8 `vpdpbusd` dot (levels 0..15 against the row's levels) times its
+    /// 6-bit scale, summed exactly in i32 (`Σ sc_j·dot_j`), and the mins against the
+    /// sub-block sums likewise (`Σ m_j·S_j`, in `vpdpwssd` pairs); then
+    /// `acc += d·da·Σ − dmin·da·Σ'` as two roundings. The integer sums do not depend on
+    /// the order of anything, so every (panel, row) pair gets the same bits whatever
+    /// else runs beside it.
+    ///
+    /// Side by side, each block is read a quarter (two sub-blocks, 8 lines) of each
+    /// panel in turn: a whole 2304-byte block of one stream, then of the next, read
+    /// memory a fifth slower than rows do, where quarters read it faster.
+    ///
+    /// # Safety
+    /// As for [`rows`], for each panel `j` and its outputs `out + j·o_stride + r·os`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
+    #[inline]
+    unsafe fn tile_k<const W: usize, const R: usize>(
+        panel: *const u8,
+        w_stride: usize,
+        nb: usize,
+        a: *const u8,
+        stride: usize,
+        out: *mut f32,
+        o_stride: usize,
+        os: usize,
+    ) {
+        const AB: usize = super::ACT_K;
+        let nib = _mm512_set1_epi8(0x0F);
+        let (k1, k2, k3) =
+            (_mm512_set1_epi32(0x3f3f_3f3f), _mm512_set1_epi32(0x0f0f_0f0f), _mm512_set1_epi32(0x0303_0303));
+        let (byte, pair) = (_mm512_set1_epi32(0xFF), _mm512_set1_epi32(0x00FF_00FF));
+        let mut acc = [[_mm512_setzero_ps(); R]; W];
+        // SAFETY: loads stay inside the panels' `nb` blocks and the activation rows;
+        // prefetches never fault; stores go to the caller's outputs.
+        unsafe {
+            for b in 0..nb {
+                let mut sumi = [[_mm512_setzero_si512(); R]; W];
+                for n in 0..4 {
+                    for j in 0..W {
+                        let wp = panel.add(j * w_stride + BLOCK_K * b);
+                        for l in 9 * n..9 * n + 9 {
+                            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * l).cast());
+                        }
+                        // Lines 1..4: each row's 12 scale bytes, unpacked as ggml's
+                        // `get_scale_min_k4` does (scales 0..4 in the bytes of `u0 & k1`,
+                        // 4..8 in the bytes made from `u2` and `u0`'s top bits).
+                        let u0 = line(wp, 1);
+                        let scales = if n < 2 {
+                            _mm512_and_si512(u0, k1)
+                        } else {
+                            _mm512_or_si512(
+                                _mm512_and_si512(line(wp, 3), k2),
+                                _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u0), k3)),
+                            )
+                        };
+                        // Sub-blocks 2n (low nibbles of lines 4 + 8n..) and 2n + 1 (high).
+                        let (mut lo, mut hi) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+                        for s in 0..8 {
+                            let v = line(wp, 4 + 8 * n + s);
+                            let (vl, vh) = (_mm512_and_si512(v, nib), _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib));
+                            for r in 0..R {
+                                let ap = a.add(r * stride + AB * b + 4 + 64 * n + 4 * s);
+                                lo[r] = _mm512_dpbusd_epi32(lo[r], vl, word(ap));
+                                hi[r] = _mm512_dpbusd_epi32(hi[r], vh, word(ap.add(32)));
+                            }
+                        }
+                        let sh = 16 * (n % 2) as i32;
+                        let s_lo = _mm512_and_si512(_mm512_srlv_epi32(scales, _mm512_set1_epi32(sh)), byte);
+                        let s_hi = _mm512_and_si512(_mm512_srlv_epi32(scales, _mm512_set1_epi32(sh + 8)), byte);
+                        for r in 0..R {
+                            let t = _mm512_add_epi32(_mm512_mullo_epi32(lo[r], s_lo), _mm512_mullo_epi32(hi[r], s_hi));
+                            sumi[j][r] = _mm512_add_epi32(sumi[j][r], t);
+                        }
+                    }
+                }
+                for j in 0..W {
+                    let wp = panel.add(j * w_stride + BLOCK_K * b);
+                    // Line 0: each row's (d, dmin). The mins (lines 2 and 3, with line 1's
+                    // top bits) as i16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7), as the
+                    // packed sums are.
+                    let dm = line(wp, 0);
+                    let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+                    let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm)));
+                    let (u1, u2) = (line(wp, 2), line(wp, 3));
+                    let m_lo = _mm512_and_si512(u1, k1);
+                    let m_hi = _mm512_or_si512(
+                        _mm512_and_si512(_mm512_srli_epi32::<4>(u2), k2),
+                        _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u1), k3)),
+                    );
+                    let mins = [
+                        _mm512_and_si512(m_lo, pair),
+                        _mm512_and_si512(_mm512_srli_epi32::<8>(m_lo), pair),
+                        _mm512_and_si512(m_hi, pair),
+                        _mm512_and_si512(_mm512_srli_epi32::<8>(m_hi), pair),
+                    ];
+                    for r in 0..R {
+                        let ap = a.add(r * stride + AB * b);
+                        let mut summ = _mm512_setzero_si512();
+                        for (w, m) in mins.into_iter().enumerate() {
+                            summ = _mm512_dpwssd_epi32(summ, m, word(ap.add(4 + super::QK_K + 4 * w)));
+                        }
+                        let da = _mm512_set1_ps(ap.cast::<f32>().read_unaligned());
+                        acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[j][r]), _mm512_mul_ps(d, da), acc[j][r]);
+                        acc[j][r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(summ), _mm512_mul_ps(dmin, da), acc[j][r]);
+                    }
+                }
+            }
+            for j in 0..W {
+                for r in 0..R {
+                    _mm512_storeu_ps(out.add(j * o_stride + r * os), acc[j][r]);
+                }
+            }
+        }
+    }
+
     /// See [`gemm_unpack`](super::gemm_unpack): `w` is a panel of format `F` (`lanes` is 16).
     ///
     /// # Safety
@@ -482,7 +712,12 @@ mod tests {
     use crate::quant::{blocks_as_bytes, matmul, matmul_rows_alone, quantize_matrix, zeroed_blocks};
     use crate::tensor::{AlignedBytes, ByteSource, HostTensor};
 
-    const FORMATS: [DType; 3] = [DType::Q4_0, DType::Q4_1, DType::Q8_0];
+    const FORMATS: [DType; 4] = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K];
+
+    /// A row length of about `k` values in whole blocks of `dtype`.
+    fn whole(dtype: DType, k: usize) -> usize {
+        k.next_multiple_of(dtype.block_size())
+    }
 
     fn pool() -> rayon::ThreadPool {
         rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap()
@@ -512,8 +747,9 @@ mod tests {
     #[test]
     fn rows_come_back_as_stored() {
         let (pool, mut rng) = (pool(), Rng::new(1));
-        let (m, k) = (48, 96);
+        let m = 48;
         for dtype in FORMATS {
+            let k = whole(dtype, 96);
             let w = weight(&pool, &mut rng, dtype, m, k);
             let mut panels = vec![0u8; w.byte_len()];
             repack(dtype, w.bytes(), m, k, &mut panels);
@@ -531,8 +767,9 @@ mod tests {
             let Some(p) = w.to_panels() else { continue };
             assert!(p.is_panels() && p.rows(0, 16).is_none());
             let (mut a, mut b) = (vec![0f32; 3 * k], vec![0f32; 3 * k]);
-            w.read_f32(5 * k + 32, &mut a);
-            p.read_f32(5 * k + 32, &mut b);
+            let at = 5 * k + dtype.block_size();
+            w.read_f32(at, &mut a);
+            p.read_f32(at, &mut b);
             assert_eq!(bits(&a), bits(&b), "{dtype:?}");
         }
     }
@@ -540,11 +777,12 @@ mod tests {
     #[test]
     fn only_panel_formats_of_whole_panels_repack() {
         assert!(!eligible(DType::Q4_0, &[40, 64]));
-        assert!(!eligible(DType::Q4_K, &[32, 256]));
+        assert!(!eligible(DType::Q6_K, &[32, 256]));
+        assert!(!eligible(DType::Q4_K, &[32, 128]));
         assert!(!eligible(DType::Q8_0, &[64]));
         for dtype in FORMATS {
-            let want = crate::quant::QuantKernel::best().decode_fn(dtype).is_some();
-            assert_eq!(eligible(dtype, &[32, 64]), want, "{dtype:?}");
+            let want = crate::quant::QuantKernel::best().decode_fn(DType::Q4_0).is_some();
+            assert_eq!(eligible(dtype, &[32, whole(dtype, 64)]), want, "{dtype:?}");
         }
     }
 
@@ -556,9 +794,10 @@ mod tests {
         let (pool, mut rng) = (pool(), Rng::new(2));
         let (m, k) = (32, 320);
         let nb = k / QK;
-        for dtype in FORMATS {
+        for dtype in &FORMATS[..3] {
+            let dtype = *dtype;
             let Some(fns) = kernels(dtype).map(|k| k.rows) else { continue };
-            let (bb, heads, _) = layout(dtype).unwrap();
+            let Some(Layout::Block32 { bytes: bb, heads, .. }) = layout(dtype) else { unreachable!() };
             let w = weight(&pool, &mut rng, dtype, m, k);
             let mut panels = vec![0u8; w.byte_len()];
             repack(dtype, w.bytes(), m, k, &mut panels);
@@ -624,14 +863,93 @@ mod tests {
         }
     }
 
+    /// Q4_K: each output against the exact (f64) sum of llama.cpp's products per block,
+    /// `d·da·Σ_j sc_j·Σ q·y − dmin·da·Σ_j m_j·Σ y`, within f32 rounding of the terms'
+    /// magnitudes, for 8, 4, 2 and 1 rows and four panels side by side.
+    #[test]
+    fn the_q4_k_kernels_match_the_exact_sum() {
+        use crate::quant::q4_k::{BlockQ4K, get_scale_min_k4};
+        use crate::quant::q8_k::{BlockQ8K, quantize};
+        let Some(fns) = kernels(DType::Q4_K) else { return };
+        let (pool, mut rng) = (pool(), Rng::new(4));
+        let (m, k) = (64, 768);
+        let nb = k / QK_K;
+        let w = weight(&pool, &mut rng, DType::Q4_K, m, k);
+        let mut panels = vec![0u8; w.byte_len()];
+        repack(DType::Q4_K, w.bytes(), m, k, &mut panels);
+        let blocks = cast_blocks::<BlockQ4K>(w.bytes()).unwrap();
+        let exact = |o: usize, x: &[BlockQ8K]| {
+            let (mut sum, mut mag) = (0f64, 0f64);
+            for (b, y) in x.iter().enumerate() {
+                let blk = &blocks[o * nb + b];
+                let (d, dmin, da) = (blk.d.to_f32() as f64, blk.dmin.to_f32() as f64, y.d as f64);
+                for j in 0..8 {
+                    let (sc, mn) = get_scale_min_k4(j, &blk.scales);
+                    let (mut qy, mut sy) = (0i64, 0i64);
+                    for t in 0..32 {
+                        let v = 32 * j + t;
+                        let q = (blk.qs[32 * (v / 64) + v % 32] >> (4 * (v % 64 / 32))) & 15;
+                        (qy, sy) = (qy + q as i64 * y.qs[v] as i64, sy + y.qs[v] as i64);
+                    }
+                    let (a, b) = (d * da * (sc as i64 * qy) as f64, dmin * da * (mn as i64 * sy) as f64);
+                    (sum, mag) = (sum + a - b, mag + a.abs() + b.abs());
+                }
+            }
+            (sum, mag)
+        };
+        let check = |what: &str, out: &[f32], xs: &[Vec<BlockQ8K>]| {
+            for (r, x) in xs.iter().enumerate() {
+                for o in 0..m {
+                    let ((want, mag), got) = (exact(o, x), out[r * m + o] as f64);
+                    assert!((got - want).abs() <= 1e-6 * mag, "{what}: row {r}, output {o}: {got} against {want}");
+                }
+            }
+        };
+        let pack = |rng: &mut Rng, n: usize| {
+            let (mut acts, mut xs) = (vec![0u8; n * nb * ACT_K], Vec::new());
+            for dst in acts.chunks_exact_mut(nb * ACT_K) {
+                let mut b = zeroed_blocks::<BlockQ8K>(nb);
+                quantize(&rng.vec(k, 1.0), &mut b);
+                pack_act(DType::Q4_K, blocks_as_bytes(&b), dst);
+                xs.push(b);
+            }
+            (acts, xs)
+        };
+        let panel_bytes = ROWS * nb * 144;
+        for (n, f) in [8, 4, 2, 1].into_iter().zip(fns.rows) {
+            let (acts, xs) = pack(&mut rng, n);
+            let mut out = vec![0f32; n * m];
+            for p in 0..m / ROWS {
+                // SAFETY: a whole panel, `n` packed rows, `n` rows of `m` outputs.
+                unsafe {
+                    f(
+                        panels[p * panel_bytes..].as_ptr(),
+                        nb,
+                        acts.as_ptr(),
+                        nb * ACT_K,
+                        out.as_mut_ptr().add(p * ROWS),
+                        m,
+                    )
+                };
+            }
+            check(&format!("{n} rows"), &out, &xs);
+        }
+        let (acts, xs) = pack(&mut rng, 1);
+        let mut out = vec![0f32; m];
+        // SAFETY: four whole panels one panel apart, one packed row, their 64 outputs.
+        unsafe { (fns.side_by_side)(panels.as_ptr(), panel_bytes, nb, acts.as_ptr(), out.as_mut_ptr(), ROWS) };
+        check("side by side", &out, &xs);
+    }
+
     /// Through the quantized matmul: a batch's rows each get the bits they get alone; the
     /// prompt GEMM gives a panel tensor's rows the bits it gives the stored rows; decode
     /// stays within rounding of the row-major kernels.
     #[test]
     fn panels_through_the_matmul() {
         let (pool, mut rng) = (pool(), Rng::new(3));
-        let (m, k) = (96, 576);
+        let m = 96;
         for dtype in FORMATS {
+            let k = whole(dtype, 576);
             let w = weight(&pool, &mut rng, dtype, m, k);
             let Some(p) = w.to_panels() else { continue };
             let rows = 11;

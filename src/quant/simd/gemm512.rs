@@ -59,6 +59,10 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
     }
 }
 
+/// The Q4_K unpacker for a panel weight (see `unpack_q4k_panel`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) use imp::unpack_q4k_panel;
+
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, reason = "the row index drives several arrays and pointers")]
 mod imp {
@@ -162,6 +166,16 @@ mod imp {
         }
     }
 
+    /// The 4 bytes at offset `off` of each lane's row: gathered from rows `rows` apart
+    /// (`P = false`), or from a panel of 16 rows in the word layout of
+    /// [`panels`](crate::quant::panels) (`P = true`), where they are the line at `16·off`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn fetch<const P: bool>(w: *const u8, rows: __m512i, k: __mmask16, off: usize) -> __m512i {
+        // SAFETY: the caller vouches for the rows' (or the panel's) bytes at `off`.
+        unsafe { if P { _mm512_loadu_si512(w.add(16 * off).cast()) } else { gather(w, rows, k, off) } }
+    }
+
     /// Q4_K (`Q5 = false`) and Q5_K: eight groups of 32 per block, `dw = d · sc_j`,
     /// `mw = dmin · m_j`.
     ///
@@ -169,6 +183,44 @@ mod imp {
     /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn unpack_q4k<const Q5: bool>(
+        w: *const u8,
+        row_bytes: usize,
+        lanes: usize,
+        nb: usize,
+        levels: *mut u8,
+        dw: *mut f32,
+        mw: *mut f32,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { unpack_q4k_from::<Q5, false>(w, row_bytes, lanes, nb, levels, dw, mw) }
+    }
+
+    /// [`unpack_q4k`] of a Q4_K panel (16 rows in the word layout of
+    /// [`panels`](crate::quant::panels)): the same levels and scales, read with loads.
+    ///
+    /// # Safety
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn), with `w` a whole panel.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn unpack_q4k_panel(
+        w: *const u8,
+        row_bytes: usize,
+        lanes: usize,
+        nb: usize,
+        levels: *mut u8,
+        dw: *mut f32,
+        mw: *mut f32,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { unpack_q4k_from::<false, true>(w, row_bytes, lanes, nb, levels, dw, mw) }
+    }
+
+    /// [`unpack_q4k`] from rows (`P = false`) or a panel (`P = true`; see [`fetch`]).
+    ///
+    /// # Safety
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn unpack_q4k_from<const Q5: bool, const P: bool>(
         w: *const u8,
         row_bytes: usize,
         lanes: usize,
@@ -189,13 +241,13 @@ mod imp {
         unsafe {
             for b in 0..nb {
                 let base = b * bb;
-                let dm = gather(w, rows, k, base);
+                let dm = fetch::<P>(w, rows, k, base);
                 let (d, dmin) = (f16_lanes::<false>(dm), f16_lanes::<true>(dm));
                 // The 6-bit scales and mins, as `scales_mins_k4` unpacks them, 16 lanes
                 // at a time.
-                let u0 = gather(w, rows, k, base + 4);
-                let u1 = gather(w, rows, k, base + 8);
-                let u2 = gather(w, rows, k, base + 12);
+                let u0 = fetch::<P>(w, rows, k, base + 4);
+                let u1 = fetch::<P>(w, rows, k, base + 8);
+                let u2 = fetch::<P>(w, rows, k, base + 12);
                 let sc_lo = _mm512_and_si512(u0, k1);
                 let sc_hi = _mm512_or_si512(
                     _mm512_and_si512(u2, k2),
@@ -215,9 +267,9 @@ mod imp {
                     _mm512_store_ps(mw.add(16 * (8 * b + j)), _mm512_mul_ps(dmin, m));
                 }
                 for s in 0..8 {
-                    let h = if Q5 { gather(w, rows, k, base + 16 + 4 * s) } else { _mm512_setzero_si512() };
+                    let h = if Q5 { fetch::<P>(w, rows, k, base + 16 + 4 * s) } else { _mm512_setzero_si512() };
                     for n in 0..4 {
-                        let v = gather(w, rows, k, base + qs + 32 * n + 4 * s);
+                        let v = fetch::<P>(w, rows, k, base + qs + 32 * n + 4 * s);
                         let mut lo = _mm512_and_si512(v, nib);
                         let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
                         if Q5 {
