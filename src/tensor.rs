@@ -138,6 +138,13 @@ pub trait ByteSource: Send + Sync {
     /// it leave this process's memory (reading them again faults them back in from the
     /// file). Nothing happens for other sources.
     fn release(&self, _range: std::ops::Range<usize>) {}
+
+    /// For bytes computed on first use and not computed yet: a fresh computation of all
+    /// of them, which this source does not keep (so that a caller who needs them once,
+    /// to repack them, does not leave a second copy behind). `None` otherwise.
+    fn compute_unkept(&self) -> Option<AlignedBytes> {
+        None
+    }
 }
 
 /// A tensor stored as encoded pieces of a file (NDSQ shards) that `decode` turns into its
@@ -310,12 +317,15 @@ pub struct LazyBytes {
     done: OnceLock<AlignedBytes>,
     origin: Option<TensorOrigin>,
     encoded: Option<Arc<Encoded>>,
+    /// The stored tensor `make` reads, where it reads one (a fixup's): released with
+    /// these bytes.
+    under: Option<Box<HostTensor>>,
 }
 
 impl LazyBytes {
     /// `make` must return exactly `len` bytes.
     pub fn new(len: usize, make: impl Fn() -> AlignedBytes + Send + Sync + 'static) -> Self {
-        LazyBytes { len, make: Box::new(make), done: OnceLock::new(), origin: None, encoded: None }
+        LazyBytes { len, make: Box::new(make), done: OnceLock::new(), origin: None, encoded: None, under: None }
     }
 
     /// Bytes decoded from pieces of a file, the same way on first use as the streamer
@@ -333,7 +343,7 @@ impl LazyBytes {
             }
             out
         };
-        LazyBytes { len, make: Box::new(make), done: OnceLock::new(), origin: None, encoded: Some(e) }
+        LazyBytes { len, make: Box::new(make), done: OnceLock::new(), origin: None, encoded: Some(e), under: None }
     }
 
     /// Records where the bytes `make` computes can be read from (and how to fix them up).
@@ -357,6 +367,18 @@ impl ByteSource for LazyBytes {
 
     fn encoded(&self) -> Option<&Arc<Encoded>> {
         self.encoded.as_ref()
+    }
+
+    /// Releases what the stored tensor under these bytes maps (the computed bytes, if
+    /// kept, stay: others may hold views of them).
+    fn release(&self, _range: std::ops::Range<usize>) {
+        if let Some(t) = &self.under {
+            t.src.release(t.offset..t.offset + t.len);
+        }
+    }
+
+    fn compute_unkept(&self) -> Option<AlignedBytes> {
+        (!self.is_computed()).then(|| (self.make)())
     }
 }
 
@@ -539,12 +561,13 @@ impl HostTensor {
         let (len, rows) = (self.len, self.shape.first().copied().unwrap_or(1));
         let origin = self.origin.as_ref().map(|o| TensorOrigin { fixup: Some(fixup), ..o.clone() });
         let stored = self.clone();
-        let lazy = LazyBytes::new(len, move || {
+        let mut lazy = LazyBytes::new(len, move || {
             let mut buf = AlignedBytes::zeroed(len);
             fixup.apply(stored.bytes(), buf.bytes_mut(), rows);
             buf
         })
         .with_origin(origin);
+        lazy.under = Some(Box::new(self.clone()));
         HostTensor::lazy(Arc::new(lazy), self.dtype, self.shape.clone())
     }
 
@@ -569,7 +592,11 @@ impl HostTensor {
             return None;
         }
         let mut buf = AlignedBytes::zeroed(self.len);
-        crate::quant::panels::repack(self.dtype, self.bytes(), self.shape[0], self.shape[1], buf.bytes_mut());
+        // Bytes computed on first use (llama's un-permuted Q/K rows) are computed once
+        // for the repack and not kept beside the panels.
+        let fresh = (self.offset == 0).then(|| self.src.compute_unkept()).flatten().filter(|b| b.len == self.len);
+        let stored = fresh.as_ref().map_or_else(|| self.bytes(), |b| b.bytes());
+        crate::quant::panels::repack(self.dtype, stored, self.shape[0], self.shape[1], buf.bytes_mut());
         // The stored bytes are not read again for the matmul: a mapped file's pages go.
         self.src.release(self.offset..self.offset + self.len);
         let (len, dtype, shape) = (self.len, self.dtype, self.shape.clone());
@@ -604,5 +631,22 @@ mod tests {
         let t = HostTensor::new(src, 1, 8, DType::F32, vec![2]);
         assert_eq!(t.bytes(), &raw[1..9]);
         assert_eq!(t.as_f32()[0], f32::from_le_bytes([1, 2, 3, 4]));
+    }
+
+    /// A weight computed on first use (llama's un-permuted Q/K rows) is computed for its
+    /// panels without being kept, and the panels hold the computed rows.
+    #[test]
+    fn panels_of_a_lazy_weight_keep_no_copy() {
+        let (m, k) = (32, 64);
+        let raw: Vec<u8> = (0..m * k / 32 * 18).map(|i| (i * 7 % 251) as u8).collect();
+        let stored = HostTensor::new(Arc::new(AlignedBytes::from_slice(&raw)), 0, raw.len(), DType::Q4_0, vec![m, k]);
+        let lazy = stored.with_fixup(Fixup::UnpermuteRows { n_heads: 2 });
+        let Some(p) = lazy.to_panels() else { return }; // no panels on this CPU
+        assert!(lazy.src.compute_unkept().is_some(), "the lazy bytes were kept");
+        let (mut a, mut b) = (vec![0f32; m * k], vec![0f32; m * k]);
+        p.read_f32(0, &mut a);
+        lazy.read_f32(0, &mut b);
+        assert_eq!(a, b);
+        assert_ne!(b, stored.to_f32_vec(), "the fixup moved rows");
     }
 }
