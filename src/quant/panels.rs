@@ -49,10 +49,19 @@ pub(crate) const ACT_BLOCK: usize = 40;
 /// levels, and its eight 32-value sums as four pairs of i16 (see [`pack_act`]).
 pub(crate) const ACT_K: usize = 4 + QK_K + 16;
 
-/// Packed activation bytes per block of `dtype`.
+/// Packed activation bytes per block of `dtype` (Q6_K's pairs are eight: see
+/// [`pack_act`]).
 const fn act_bytes(dtype: DType) -> usize {
-    if matches!(dtype, DType::Q4_K) { ACT_K } else { ACT_BLOCK }
+    match dtype {
+        DType::Q4_K => ACT_K,
+        DType::Q6_K => ACT_K6,
+        _ => ACT_BLOCK,
+    }
 }
+
+/// Bytes of one packed Q8_K activation block for Q6_K panels: its scale, its 256 levels
+/// and its sixteen 16-value sums as eight pairs of i16.
+pub(crate) const ACT_K6: usize = 4 + QK_K + 32;
 
 /// How a format's blocks sit in a panel.
 #[derive(Clone, Copy)]
@@ -60,9 +69,10 @@ enum Layout {
     /// 32-value blocks of `bytes` bytes: `heads` f16 values at the block's head (1: `d`;
     /// 2: `d`, `m`) moved after `lines` 64-byte level lines.
     Block32 { bytes: usize, heads: usize, lines: usize },
-    /// Blocks of `bytes` bytes, a multiple of 4 (Q4_K): line `t` of a panel block is the
-    /// 16 rows' 4-byte word `t`, in stored order. A row's byte `x` (4-aligned) of block `b`
-    /// is at `16·(b·bytes + x) + 4i` in panel row `i`.
+    /// Blocks of `bytes` bytes (Q4_K, Q6_K): line `t` of a panel block is the 16 rows'
+    /// 4-byte word `t`, in stored order, so a row's byte `x` (4-aligned) of block `b` is
+    /// at `16·(b·bytes + x) + 4i` in panel row `i`; a block's last 2 bytes when `bytes`
+    /// is not a multiple of 4 (Q6_K's `d`) follow the lines as 16 f16.
     Words { bytes: usize },
 }
 
@@ -72,6 +82,7 @@ const fn layout(dtype: DType) -> Option<Layout> {
         DType::Q4_1 => Some(Layout::Block32 { bytes: 20, heads: 2, lines: 4 }),
         DType::Q8_0 => Some(Layout::Block32 { bytes: 34, heads: 1, lines: 8 }),
         DType::Q4_K => Some(Layout::Words { bytes: 144 }),
+        DType::Q6_K => Some(Layout::Words { bytes: 210 }),
         _ => None,
     }
 }
@@ -116,8 +127,15 @@ fn each_piece(dtype: DType, nb: usize, i: usize, mut f: impl FnMut(std::ops::Ran
             }
         }
         Layout::Words { bytes: bb } => {
-            for x in (0..nb * bb).step_by(4) {
-                f(x..x + 4, ROWS * x + 4 * i..ROWS * x + 4 * i + 4);
+            let words = bb / 4;
+            for b in 0..nb {
+                for x in (b * bb..b * bb + 4 * words).step_by(4) {
+                    f(x..x + 4, ROWS * x + 4 * i..ROWS * x + 4 * i + 4);
+                }
+                if bb % 4 == 2 {
+                    let (from, to) = (b * bb + 4 * words, ROWS * (b * bb + 4 * words) + 2 * i);
+                    f(from..from + 2, to..to + 2);
+                }
             }
         }
     }
@@ -160,6 +178,25 @@ pub(crate) fn row(dtype: DType, panels: &[u8], k: usize, r: usize, dst: &mut [u8
 /// packed for the `dtype` kernels into `out`: per block its levels, first word and scale
 /// ([`ACT_BLOCK`] bytes); for Q4_K, [`ACT_K`] bytes a block.
 pub(crate) fn pack_act(dtype: DType, act: &[u8], out: &mut [u8]) {
+    if dtype == DType::Q6_K {
+        let blocks = cast_blocks::<BlockQ8K>(act).expect("Q8_K activation blocks");
+        for (x, dst) in blocks.iter().zip(out.chunks_exact_mut(ACT_K6)) {
+            dst[..4].copy_from_slice(&x.d.to_le_bytes());
+            for (d, &q) in dst[4..4 + QK_K].iter_mut().zip(&x.qs) {
+                *d = q as u8;
+            }
+            // The 16-value sums paired as a scale word's bytes pair up: (S[4q], S[4q + 2]),
+            // (S[4q + 1], S[4q + 3]) for q < 4.
+            for q in 0..4 {
+                for (w, (lo, hi)) in [(4 * q, 4 * q + 2), (4 * q + 1, 4 * q + 3)].into_iter().enumerate() {
+                    let at = 4 + QK_K + 8 * q + 4 * w;
+                    dst[at..at + 2].copy_from_slice(&x.bsums[lo].to_le_bytes());
+                    dst[at + 2..at + 4].copy_from_slice(&x.bsums[hi].to_le_bytes());
+                }
+            }
+        }
+        return;
+    }
     if dtype == DType::Q4_K {
         let blocks = cast_blocks::<BlockQ8K>(act).expect("Q8_K activation blocks");
         for (x, dst) in blocks.iter().zip(out.chunks_exact_mut(ACT_K)) {
@@ -240,6 +277,10 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
                 rows: [rows_k::<8>, rows_k::<4>, rows_k::<2>, rows_k::<1>],
                 side_by_side: side_by_side_k,
             }),
+            DType::Q6_K => Some(Kernels {
+                rows: [rows_k6::<8>, rows_k6::<4>, rows_k6::<2>, rows_k6::<1>],
+                side_by_side: side_by_side_k6,
+            }),
             _ => None,
         }
     }
@@ -258,7 +299,7 @@ pub(crate) fn pack_rows(dtype: DType, acts: &[u32], rows: usize, nb: usize) -> V
     let used = nb
         * match dtype {
             DType::Q4_1 => size_of::<BlockQ8_1>(),
-            DType::Q4_K => size_of::<BlockQ8K>(),
+            DType::Q4_K | DType::Q6_K => size_of::<BlockQ8K>(),
             _ => size_of::<BlockQ8_0>(),
         };
     let row_out = nb * act_bytes(dtype) / 4;
@@ -345,6 +386,7 @@ pub(crate) fn gemm_unpack(dtype: DType) -> Option<super::gemm::UnpackFn> {
         DType::Q4_1 => Some(imp::unpack::<{ imp::Q4_1 }>),
         DType::Q8_0 => Some(imp::unpack::<{ imp::Q8_0 }>),
         DType::Q4_K => Some(super::simd::gemm512::unpack_q4k_panel),
+        DType::Q6_K => Some(super::simd::gemm512::unpack_q6k_panel),
         _ => None,
     }
 }
@@ -669,6 +711,189 @@ mod imp {
         }
     }
 
+    /// Bytes of a Q6_K panel block: 16 stored blocks of 210 bytes, as 52 lines and the
+    /// rows' 16 `d`.
+    const BLOCK_K6: usize = 16 * 210;
+
+    /// `vpshufb` indices that copy byte `b` of each 32-bit lane into all four of its
+    /// bytes (then `>> 8` per i16 makes the i16 pair `(sc, sc)`, sign-extended).
+    static BYTE_IDX: [[u8; 64]; 4] = {
+        let mut t = [[0u8; 64]; 4];
+        let mut b = 0;
+        while b < 4 {
+            let mut i = 0;
+            while i < 64 {
+                t[b][i] = ((i % 16) / 4 * 4 + b) as u8;
+                i += 1;
+            }
+            b += 1;
+        }
+        t
+    };
+
+    /// The byte of each 32-bit lane of `w` that `i` (a row of [`BYTE_IDX`]) picks, as an
+    /// i16 pair `(sc, sc)` sign-extended (a helper: closures lose target features).
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn byte_pair(w: __m512i, i: __m512i) -> __m512i {
+        _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(w, i))
+    }
+
+    /// [`rows`] for Q6_K panels against [`ACT_K6`](super::ACT_K6)-byte packed rows;
+    /// eight rows run as two fours.
+    ///
+    /// # Safety
+    /// As for [`rows`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub unsafe fn rows_k6<const R: usize>(
+        panel: *const u8,
+        nb: usize,
+        a: *const u8,
+        stride: usize,
+        out: *mut f32,
+        os: usize,
+    ) {
+        // SAFETY: forwarded contract, for one panel and rows `g..g + 4` (or all `R`).
+        unsafe {
+            if R == 8 {
+                for g in [0, 4] {
+                    tile_k6::<1, 4>(panel, 0, nb, a.add(g * stride), stride, out.add(g * os), 0, os);
+                }
+            } else {
+                tile_k6::<1, R>(panel, 0, nb, a, stride, out, 0, os);
+            }
+        }
+    }
+
+    /// [`side_by_side`] for Q6_K panels.
+    ///
+    /// # Safety
+    /// As for [`side_by_side`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub unsafe fn side_by_side_k6(
+        panel: *const u8,
+        w_stride: usize,
+        nb: usize,
+        a: *const u8,
+        out: *mut f32,
+        o_stride: usize,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { tile_k6::<4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
+    }
+
+    /// `W` Q6_K panels × `R` (≤ 4) packed rows. Per block, panel and row: each 4-value
+    /// word's levels (0..63) against the row's levels in `vpmaddubsw` pairs, times the
+    /// 16-value sub-block's i8 scale in `vpdpwssd` (`Σ sc_g·Σ q·y`, exact in i32), less
+    /// `32·Σ sc_g·S_g` against the sub-blocks' sums (the levels' −32), then one FMA with
+    /// `d·da`, as llama.cpp's Q6_K × Q8_K dot does per row. Integer sums, so each (panel,
+    /// row) pair gets the same bits in any company. Side by side, a quarter block (four
+    /// sub-blocks' 12 lines) of each panel in turn, as [`tile_k`] reads.
+    ///
+    /// # Safety
+    /// As for [`rows`], for each panel `j` and its outputs `out + j·o_stride + r·os`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
+    #[inline]
+    unsafe fn tile_k6<const W: usize, const R: usize>(
+        panel: *const u8,
+        w_stride: usize,
+        nb: usize,
+        a: *const u8,
+        stride: usize,
+        out: *mut f32,
+        o_stride: usize,
+        os: usize,
+    ) {
+        const AB: usize = super::ACT_K6;
+        let (nib, high) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+        let mut acc = [[_mm512_setzero_ps(); R]; W];
+        // SAFETY: loads stay inside the panels' `nb` blocks and the activation rows;
+        // prefetches never fault; stores go to the caller's outputs.
+        unsafe {
+            let idx = BYTE_IDX.map(|t| _mm512_loadu_si512(t.as_ptr().cast()));
+            for b in 0..nb {
+                let mut sumi = [[_mm512_setzero_si512(); R]; W];
+                // Quarter (n, h): values 128n + 32t + 4s.. for t < 4 and s in 4h..4h + 4,
+                // that is sub-blocks 8n + 2t + h.
+                for n in 0..2 {
+                    for h in 0..2 {
+                        for j in 0..W {
+                            let wp = panel.add(j * w_stride + BLOCK_K6 * b);
+                            let c = 2 * n + h;
+                            for l in 14 * c..14 * c + 14 {
+                                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * l).cast());
+                            }
+                            // Sub-block 8n + 2t + h's scale is byte 2(t % 2) + h of word
+                            // 48 + 2n + t / 2: as i16 pairs (sc, sc).
+                            let (wa, wb) = (line(wp, 48 + 2 * n), line(wp, 49 + 2 * n));
+                            let sc = [
+                                byte_pair(wa, idx[h]),
+                                byte_pair(wa, idx[2 + h]),
+                                byte_pair(wb, idx[h]),
+                                byte_pair(wb, idx[2 + h]),
+                            ];
+                            for s in 4 * h..4 * h + 4 {
+                                let (ql0, ql1) = (line(wp, 16 * n + s), line(wp, 16 * n + 8 + s));
+                                let qh = line(wp, 32 + 8 * n + s);
+                                let v = [
+                                    _mm512_or_si512(
+                                        _mm512_and_si512(ql0, nib),
+                                        _mm512_and_si512(_mm512_slli_epi16::<4>(qh), high),
+                                    ),
+                                    _mm512_or_si512(
+                                        _mm512_and_si512(ql1, nib),
+                                        _mm512_and_si512(_mm512_slli_epi16::<2>(qh), high),
+                                    ),
+                                    _mm512_or_si512(
+                                        _mm512_and_si512(_mm512_srli_epi16::<4>(ql0), nib),
+                                        _mm512_and_si512(qh, high),
+                                    ),
+                                    _mm512_or_si512(
+                                        _mm512_and_si512(_mm512_srli_epi16::<4>(ql1), nib),
+                                        _mm512_and_si512(_mm512_srli_epi16::<2>(qh), high),
+                                    ),
+                                ];
+                                for r in 0..R {
+                                    let ap = a.add(r * stride + AB * b + 4 + 128 * n + 4 * s);
+                                    for t in 0..4 {
+                                        let p = _mm512_maddubs_epi16(v[t], word(ap.add(32 * t)));
+                                        sumi[j][r] = _mm512_dpwssd_epi32(sumi[j][r], p, sc[t]);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                for j in 0..W {
+                    let wp = panel.add(j * w_stride + BLOCK_K6 * b);
+                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(wp.add(64 * 52).cast()));
+                    for r in 0..R {
+                        let ap = a.add(r * stride + AB * b);
+                        // Σ sc_g·S_g: scale word q's bytes as i16 pairs (sc[4q], sc[4q + 2])
+                        // and (sc[4q + 1], sc[4q + 3]), against the packed sums.
+                        let mut summ = _mm512_setzero_si512();
+                        for q in 0..4 {
+                            let w = line(wp, 48 + q);
+                            let (even, odd) =
+                                (_mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(w)), _mm512_srai_epi16::<8>(w));
+                            summ = _mm512_dpwssd_epi32(summ, even, word(ap.add(4 + super::QK_K + 8 * q)));
+                            summ = _mm512_dpwssd_epi32(summ, odd, word(ap.add(8 + super::QK_K + 8 * q)));
+                        }
+                        let total = _mm512_sub_epi32(sumi[j][r], _mm512_slli_epi32::<5>(summ));
+                        let da = _mm512_set1_ps(ap.cast::<f32>().read_unaligned());
+                        acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, da), acc[j][r]);
+                    }
+                }
+            }
+            for j in 0..W {
+                for r in 0..R {
+                    _mm512_storeu_ps(out.add(j * o_stride + r * os), acc[j][r]);
+                }
+            }
+        }
+    }
+
     /// See [`gemm_unpack`](super::gemm_unpack): `w` is a panel of format `F` (`lanes` is 16).
     ///
     /// # Safety
@@ -712,7 +937,7 @@ mod tests {
     use crate::quant::{blocks_as_bytes, matmul, matmul_rows_alone, quantize_matrix, zeroed_blocks};
     use crate::tensor::{AlignedBytes, ByteSource, HostTensor};
 
-    const FORMATS: [DType; 4] = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K];
+    const FORMATS: [DType; 5] = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K];
 
     /// A row length of about `k` values in whole blocks of `dtype`.
     fn whole(dtype: DType, k: usize) -> usize {
@@ -777,7 +1002,7 @@ mod tests {
     #[test]
     fn only_panel_formats_of_whole_panels_repack() {
         assert!(!eligible(DType::Q4_0, &[40, 64]));
-        assert!(!eligible(DType::Q6_K, &[32, 256]));
+        assert!(!eligible(DType::Q5_K, &[32, 256]));
         assert!(!eligible(DType::Q4_K, &[32, 128]));
         assert!(!eligible(DType::Q8_0, &[64]));
         for dtype in FORMATS {
@@ -927,6 +1152,78 @@ mod tests {
                         nb,
                         acts.as_ptr(),
                         nb * ACT_K,
+                        out.as_mut_ptr().add(p * ROWS),
+                        m,
+                    )
+                };
+            }
+            check(&format!("{n} rows"), &out, &xs);
+        }
+        let (acts, xs) = pack(&mut rng, 1);
+        let mut out = vec![0f32; m];
+        // SAFETY: four whole panels one panel apart, one packed row, their 64 outputs.
+        unsafe { (fns.side_by_side)(panels.as_ptr(), panel_bytes, nb, acts.as_ptr(), out.as_mut_ptr(), ROWS) };
+        check("side by side", &out, &xs);
+    }
+
+    /// Q6_K: each output against the exact (f64) sum of llama.cpp's products per block,
+    /// `d·da·Σ_g sc_g·Σ (q − 32)·y`, within f32 rounding of the terms' magnitudes, for 8,
+    /// 4, 2 and 1 rows and four panels side by side.
+    #[test]
+    fn the_q6_k_kernels_match_the_exact_sum() {
+        use crate::quant::q6_k::{BlockQ6K, unpack};
+        use crate::quant::q8_k::{BlockQ8K, quantize};
+        let Some(fns) = kernels(DType::Q6_K) else { return };
+        let (pool, mut rng) = (pool(), Rng::new(5));
+        let (m, k) = (64, 768);
+        let nb = k / QK_K;
+        let w = weight(&pool, &mut rng, DType::Q6_K, m, k);
+        let mut panels = vec![0u8; w.byte_len()];
+        repack(DType::Q6_K, w.bytes(), m, k, &mut panels);
+        let blocks = cast_blocks::<BlockQ6K>(w.bytes()).unwrap();
+        let exact = |o: usize, x: &[BlockQ8K]| {
+            let (mut sum, mut mag) = (0f64, 0f64);
+            for (b, y) in x.iter().enumerate() {
+                let blk = &blocks[o * nb + b];
+                let q = unpack(blk);
+                for g in 0..16 {
+                    let qy: i64 = (16 * g..16 * g + 16).map(|v| q[v] as i64 * y.qs[v] as i64).sum();
+                    let term = blk.d.to_f32() as f64 * y.d as f64 * (blk.scales[g] as i64 * qy) as f64;
+                    (sum, mag) = (sum + term, mag + term.abs());
+                }
+            }
+            (sum, mag)
+        };
+        let check = |what: &str, out: &[f32], xs: &[Vec<BlockQ8K>]| {
+            for (r, x) in xs.iter().enumerate() {
+                for o in 0..m {
+                    let ((want, mag), got) = (exact(o, x), out[r * m + o] as f64);
+                    assert!((got - want).abs() <= 1e-6 * mag, "{what}: row {r}, output {o}: {got} against {want}");
+                }
+            }
+        };
+        let pack = |rng: &mut Rng, n: usize| {
+            let (mut acts, mut xs) = (vec![0u8; n * nb * ACT_K6], Vec::new());
+            for dst in acts.chunks_exact_mut(nb * ACT_K6) {
+                let mut b = zeroed_blocks::<BlockQ8K>(nb);
+                quantize(&rng.vec(k, 1.0), &mut b);
+                pack_act(DType::Q6_K, blocks_as_bytes(&b), dst);
+                xs.push(b);
+            }
+            (acts, xs)
+        };
+        let panel_bytes = ROWS * nb * 210;
+        for (n, f) in [8, 4, 2, 1].into_iter().zip(fns.rows) {
+            let (acts, xs) = pack(&mut rng, n);
+            let mut out = vec![0f32; n * m];
+            for p in 0..m / ROWS {
+                // SAFETY: a whole panel, `n` packed rows, `n` rows of `m` outputs.
+                unsafe {
+                    f(
+                        panels[p * panel_bytes..].as_ptr(),
+                        nb,
+                        acts.as_ptr(),
+                        nb * ACT_K6,
                         out.as_mut_ptr().add(p * ROWS),
                         m,
                     )

@@ -25,7 +25,7 @@ unsafe impl Block for BlockQ6K {
 }
 
 /// The signed levels −32..32 of one block in value order.
-fn unpack(b: &BlockQ6K) -> [i8; QK_K] {
+pub(crate) fn unpack(b: &BlockQ6K) -> [i8; QK_K] {
     let mut a = [0i8; QK_K];
     for n in 0..2 {
         let (ql, qh) = (&b.ql[64 * n..], &b.qh[32 * n..]);

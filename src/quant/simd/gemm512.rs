@@ -59,9 +59,9 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
     }
 }
 
-/// The Q4_K unpacker for a panel weight (see `unpack_q4k_panel`).
+/// The Q4_K and Q6_K unpackers for panel weights (see `unpack_q4k_panel`).
 #[cfg(target_arch = "x86_64")]
-pub(crate) use imp::unpack_q4k_panel;
+pub(crate) use imp::{unpack_q4k_panel, unpack_q6k_panel};
 
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, reason = "the row index drives several arrays and pointers")]
@@ -301,6 +301,44 @@ mod imp {
         nb: usize,
         levels: *mut u8,
         dw: *mut f32,
+        mw: *mut f32,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { unpack_q6k_from::<false>(w, row_bytes, lanes, nb, levels, dw, mw) }
+    }
+
+    /// [`unpack_q6k`] of a Q6_K panel (16 rows in the word layout of
+    /// [`panels`](crate::quant::panels), each block's 16 `d` after its lines).
+    ///
+    /// # Safety
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn), with `w` a whole panel.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn unpack_q6k_panel(
+        w: *const u8,
+        row_bytes: usize,
+        lanes: usize,
+        nb: usize,
+        levels: *mut u8,
+        dw: *mut f32,
+        mw: *mut f32,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { unpack_q6k_from::<true>(w, row_bytes, lanes, nb, levels, dw, mw) }
+    }
+
+    /// [`unpack_q6k`] from rows (`P = false`) or a panel (`P = true`; see [`fetch`]).
+    ///
+    /// # Safety
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn unpack_q6k_from<const P: bool>(
+        w: *const u8,
+        row_bytes: usize,
+        lanes: usize,
+        nb: usize,
+        levels: *mut u8,
+        dw: *mut f32,
         _mw: *mut f32,
     ) {
         const BB: usize = 210;
@@ -312,9 +350,13 @@ mod imp {
         unsafe {
             for b in 0..nb {
                 let base = b * BB;
-                let d = f16_lanes::<true>(gather(w, rows, k, base + 206));
+                let d = if P {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(w.add(16 * (base + 208)).cast()))
+                } else {
+                    f16_lanes::<true>(gather(w, rows, k, base + 206))
+                };
                 for q in 0..4 {
-                    let sw = gather(w, rows, k, base + 192 + 4 * q);
+                    let sw = fetch::<P>(w, rows, k, base + 192 + 4 * q);
                     for i in 0..4 {
                         let sc = _mm512_srai_epi32::<24>(_mm512_sllv_epi32(sw, _mm512_set1_epi32(24 - 8 * i as i32)));
                         _mm512_store_ps(dw.add(16 * (16 * b + 4 * q + i)), _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
@@ -324,9 +366,9 @@ mod imp {
                     for half in 0..2 {
                         for s in 0..4 {
                             let off = base + 16 * half + 4 * s;
-                            let ql0 = gather(w, rows, k, off + 64 * n);
-                            let ql1 = gather(w, rows, k, off + 64 * n + 32);
-                            let qh = gather(w, rows, k, off + 128 + 32 * n);
+                            let ql0 = fetch::<P>(w, rows, k, off + 64 * n);
+                            let ql1 = fetch::<P>(w, rows, k, off + 64 * n + 32);
+                            let qh = fetch::<P>(w, rows, k, off + 128 + 32 * n);
                             for t in 0..4 {
                                 let ql = if t % 2 == 0 { ql0 } else { ql1 };
                                 let ql = if t < 2 { ql } else { _mm512_srli_epi16::<4>(ql) };
