@@ -269,18 +269,20 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
                 }
             };
         }
+        macro_rules! of_k {
+            ($f:expr) => {
+                Kernels {
+                    rows: [rows_k::<{ $f }, 8>, rows_k::<{ $f }, 4>, rows_k::<{ $f }, 2>, rows_k::<{ $f }, 1>],
+                    side_by_side: side_by_side_k::<{ $f }>,
+                }
+            };
+        }
         match dtype {
             DType::Q4_0 => Some(of!(Q4_0)),
             DType::Q4_1 => Some(of!(Q4_1)),
             DType::Q8_0 => Some(of!(Q8_0)),
-            DType::Q4_K => Some(Kernels {
-                rows: [rows_k::<8>, rows_k::<4>, rows_k::<2>, rows_k::<1>],
-                side_by_side: side_by_side_k,
-            }),
-            DType::Q6_K => Some(Kernels {
-                rows: [rows_k6::<8>, rows_k6::<4>, rows_k6::<2>, rows_k6::<1>],
-                side_by_side: side_by_side_k6,
-            }),
+            DType::Q4_K => Some(of_k!(Q4_K)),
+            DType::Q6_K => Some(of_k!(Q6_K)),
             _ => None,
         }
     }
@@ -552,13 +554,45 @@ mod imp {
         unsafe { _mm512_loadu_si512(p.add(64 * t).cast()) }
     }
 
-    /// [`rows`] for Q4_K panels against [`ACT_K`](super::ACT_K)-byte packed rows; eight
-    /// rows run as two fours.
+    /// The K-quant formats of [`rows_k`] and [`side_by_side_k`].
+    pub const Q4_K: u8 = 3;
+    pub const Q6_K: u8 = 4;
+
+    /// `W` panels × `R` (≤ 4) rows of K-quant format `F` ([`tile_k`] or [`tile_k6`]).
+    ///
+    /// # Safety
+    /// As for those.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
+    #[inline]
+    unsafe fn tile_kq<const F: u8, const W: usize, const R: usize>(
+        panel: *const u8,
+        w_stride: usize,
+        nb: usize,
+        a: *const u8,
+        stride: usize,
+        out: *mut f32,
+        o_stride: usize,
+        os: usize,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            if F == Q4_K {
+                tile_k::<W, R>(panel, w_stride, nb, a, stride, out, o_stride, os)
+            } else {
+                tile_k6::<W, R>(panel, w_stride, nb, a, stride, out, o_stride, os)
+            }
+        }
+    }
+
+    /// [`rows`] for Q4_K or Q6_K panels (`F`) against rows packed for them
+    /// ([`ACT_K`](super::ACT_K) or [`ACT_K6`](super::ACT_K6) bytes a block); eight rows
+    /// run as two fours.
     ///
     /// # Safety
     /// As for [`rows`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn rows_k<const R: usize>(
+    pub unsafe fn rows_k<const F: u8, const R: usize>(
         panel: *const u8,
         nb: usize,
         a: *const u8,
@@ -570,20 +604,20 @@ mod imp {
         unsafe {
             if R == 8 {
                 for g in [0, 4] {
-                    tile_k::<1, 4>(panel, 0, nb, a.add(g * stride), stride, out.add(g * os), 0, os);
+                    tile_kq::<F, 1, 4>(panel, 0, nb, a.add(g * stride), stride, out.add(g * os), 0, os);
                 }
             } else {
-                tile_k::<1, R>(panel, 0, nb, a, stride, out, 0, os);
+                tile_kq::<F, 1, R>(panel, 0, nb, a, stride, out, 0, os);
             }
         }
     }
 
-    /// [`side_by_side`] for Q4_K panels.
+    /// [`side_by_side`] for Q4_K or Q6_K panels (`F`).
     ///
     /// # Safety
     /// As for [`side_by_side`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn side_by_side_k(
+    pub unsafe fn side_by_side_k<const F: u8>(
         panel: *const u8,
         w_stride: usize,
         nb: usize,
@@ -592,7 +626,7 @@ mod imp {
         o_stride: usize,
     ) {
         // SAFETY: forwarded contract.
-        unsafe { tile_k::<4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
+        unsafe { tile_kq::<F, 4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
     }
 
     /// `W` Q4_K panels × `R` (≤ 4) packed rows. Per block, panel and row: each
@@ -737,49 +771,6 @@ mod imp {
     #[inline]
     fn byte_pair(w: __m512i, i: __m512i) -> __m512i {
         _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(w, i))
-    }
-
-    /// [`rows`] for Q6_K panels against [`ACT_K6`](super::ACT_K6)-byte packed rows;
-    /// eight rows run as two fours.
-    ///
-    /// # Safety
-    /// As for [`rows`].
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn rows_k6<const R: usize>(
-        panel: *const u8,
-        nb: usize,
-        a: *const u8,
-        stride: usize,
-        out: *mut f32,
-        os: usize,
-    ) {
-        // SAFETY: forwarded contract, for one panel and rows `g..g + 4` (or all `R`).
-        unsafe {
-            if R == 8 {
-                for g in [0, 4] {
-                    tile_k6::<1, 4>(panel, 0, nb, a.add(g * stride), stride, out.add(g * os), 0, os);
-                }
-            } else {
-                tile_k6::<1, R>(panel, 0, nb, a, stride, out, 0, os);
-            }
-        }
-    }
-
-    /// [`side_by_side`] for Q6_K panels.
-    ///
-    /// # Safety
-    /// As for [`side_by_side`].
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn side_by_side_k6(
-        panel: *const u8,
-        w_stride: usize,
-        nb: usize,
-        a: *const u8,
-        out: *mut f32,
-        o_stride: usize,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe { tile_k6::<4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
     }
 
     /// `W` Q6_K panels × `R` (≤ 4) packed rows. Per block, panel and row: each 4-value
