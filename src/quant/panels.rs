@@ -1,5 +1,5 @@
-//! Q4_0, Q4_1, Q8_0 and Q4_K weights repacked for the CPU as panels of 16 rows, so that
-//! one vector lane is one weight row.
+//! Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights repacked for the CPU as panels of 16 rows, so
+//! that one vector lane is one weight row.
 //!
 //! The row-major decode tile ([`simd::dec512`](super::simd)) spends, per 4 blocks and
 //! activation row, `vpermt2b` gathers, an int→float conversion, a scale multiply and an
@@ -23,7 +23,9 @@
 //! holds the 16 rows' word `t` (line 0 their `d` and `dmin`, lines 1..4 their packed
 //! 6-bit scales and mins, lines 4..36 their levels): again the GEMM's gathers, as loads.
 //! Its kernel sums each sub-block's scaled dot and the mins' term exactly in i32 before
-//! two FMAs a block, as llama.cpp's Q4_K × Q8_K dot does per row.
+//! two FMAs a block, as llama.cpp's Q4_K × Q8_K dot does per row. Q6_K's 210-byte blocks
+//! are 52 words (lines 0..32 `ql`, 32..48 `qh`, 48..52 the i8 scales) and then `d`, kept
+//! after the lines as the 16 rows' f16.
 //!
 //! `STRATA_CPU_PANELS=off` keeps every weight as stored (the row-major kernels).
 //!
@@ -88,7 +90,7 @@ const fn layout(dtype: DType) -> Option<Layout> {
 }
 
 /// Whether a weight of `dtype` and `shape` is kept as panels on this CPU: Q4_0, Q4_1,
-/// Q8_0 or Q4_K `[m, k]` with `m` a multiple of 16, where the AVX-512 VBMI kernels run
+/// Q8_0, Q4_K or Q6_K `[m, k]` with `m` a multiple of 16, where the AVX-512 VBMI kernels run
 /// (and the instruction set is not capped below them).
 pub(crate) fn eligible(dtype: DType, shape: &[usize]) -> bool {
     let &[m, k] = shape else { return false };
