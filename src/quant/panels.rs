@@ -389,8 +389,8 @@ pub(crate) fn gemm_unpack(dtype: DType) -> Option<super::gemm::UnpackFn> {
         DType::Q4_0 => Some(imp::unpack::<{ imp::Q4_0 }>),
         DType::Q4_1 => Some(imp::unpack::<{ imp::Q4_1 }>),
         DType::Q8_0 => Some(imp::unpack::<{ imp::Q8_0 }>),
-        DType::Q4_K => Some(super::simd::gemm512::unpack_q4k_panel),
-        DType::Q6_K => Some(super::simd::gemm512::unpack_q6k_panel),
+        DType::Q4_K => Some(super::simd::gemm512::unpack_q4k::<false, true>),
+        DType::Q6_K => Some(super::simd::gemm512::unpack_q6k::<true>),
         _ => None,
     }
 }

@@ -39,9 +39,9 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
             DType::Q8_0 => unpack32::<Q8_0>,
             DType::Q4_1 => unpack32::<Q4_1>,
             DType::Q5_1 => unpack32::<Q5_1>,
-            DType::Q4_K => unpack_q4k::<false>,
-            DType::Q5_K => unpack_q4k::<true>,
-            DType::Q6_K => unpack_q6k,
+            DType::Q4_K => unpack_q4k::<false, false>,
+            DType::Q5_K => unpack_q4k::<true, false>,
+            DType::Q6_K => unpack_q6k::<false>,
             _ => return None,
         };
         let micro = match (fmt.group, fmt.has_min) {
@@ -59,9 +59,9 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
     }
 }
 
-/// The Q4_K and Q6_K unpackers for panel weights (see `unpack_q4k_panel`).
+/// The Q4_K and Q6_K unpackers, for panel weights too (their `P`).
 #[cfg(target_arch = "x86_64")]
-pub(crate) use imp::{unpack_q4k_panel, unpack_q6k_panel};
+pub(crate) use imp::{unpack_q4k, unpack_q6k};
 
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, reason = "the row index drives several arrays and pointers")]
@@ -177,50 +177,15 @@ mod imp {
     }
 
     /// Q4_K (`Q5 = false`) and Q5_K: eight groups of 32 per block, `dw = d · sc_j`,
-    /// `mw = dmin · m_j`.
+    /// `mw = dmin · m_j`; from rows (`P = false`) or, for Q4_K, from a panel in the word
+    /// layout of [`panels`](crate::quant::panels) (`P = true`; see [`fetch`]): the same
+    /// levels and scales, read with loads.
     ///
     /// # Safety
-    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn) (with `w` a whole panel when
+    /// `P`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn unpack_q4k<const Q5: bool>(
-        w: *const u8,
-        row_bytes: usize,
-        lanes: usize,
-        nb: usize,
-        levels: *mut u8,
-        dw: *mut f32,
-        mw: *mut f32,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe { unpack_q4k_from::<Q5, false>(w, row_bytes, lanes, nb, levels, dw, mw) }
-    }
-
-    /// [`unpack_q4k`] of a Q4_K panel (16 rows in the word layout of
-    /// [`panels`](crate::quant::panels)): the same levels and scales, read with loads.
-    ///
-    /// # Safety
-    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn), with `w` a whole panel.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn unpack_q4k_panel(
-        w: *const u8,
-        row_bytes: usize,
-        lanes: usize,
-        nb: usize,
-        levels: *mut u8,
-        dw: *mut f32,
-        mw: *mut f32,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe { unpack_q4k_from::<false, true>(w, row_bytes, lanes, nb, levels, dw, mw) }
-    }
-
-    /// [`unpack_q4k`] from rows (`P = false`) or a panel (`P = true`; see [`fetch`]).
-    ///
-    /// # Safety
-    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    #[inline]
-    unsafe fn unpack_q4k_from<const Q5: bool, const P: bool>(
+    pub unsafe fn unpack_q4k<const Q5: bool, const P: bool>(
         w: *const u8,
         row_bytes: usize,
         lanes: usize,
@@ -289,50 +254,15 @@ mod imp {
         }
     }
 
-    /// Q6_K: sixteen groups of 16 per block, `dw = d · sc_j`, offset 32.
+    /// Q6_K: sixteen groups of 16 per block, `dw = d · sc_j`, offset 32; from rows
+    /// (`P = false`) or a panel in the word layout of [`panels`](crate::quant::panels),
+    /// each block's 16 `d` after its lines (`P = true`).
     ///
     /// # Safety
-    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn) (with `w` a whole panel when
+    /// `P`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn unpack_q6k(
-        w: *const u8,
-        row_bytes: usize,
-        lanes: usize,
-        nb: usize,
-        levels: *mut u8,
-        dw: *mut f32,
-        mw: *mut f32,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe { unpack_q6k_from::<false>(w, row_bytes, lanes, nb, levels, dw, mw) }
-    }
-
-    /// [`unpack_q6k`] of a Q6_K panel (16 rows in the word layout of
-    /// [`panels`](crate::quant::panels), each block's 16 `d` after its lines).
-    ///
-    /// # Safety
-    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn), with `w` a whole panel.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn unpack_q6k_panel(
-        w: *const u8,
-        row_bytes: usize,
-        lanes: usize,
-        nb: usize,
-        levels: *mut u8,
-        dw: *mut f32,
-        mw: *mut f32,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe { unpack_q6k_from::<true>(w, row_bytes, lanes, nb, levels, dw, mw) }
-    }
-
-    /// [`unpack_q6k`] from rows (`P = false`) or a panel (`P = true`; see [`fetch`]).
-    ///
-    /// # Safety
-    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    #[inline]
-    unsafe fn unpack_q6k_from<const P: bool>(
+    pub unsafe fn unpack_q6k<const P: bool>(
         w: *const u8,
         row_bytes: usize,
         lanes: usize,
