@@ -1,5 +1,5 @@
-//! Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights repacked for the CPU as panels of 16 rows, so
-//! that one vector lane is one weight row.
+//! Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights repacked for the CPU as panels of 16
+//! rows, so that one vector lane is one weight row.
 //!
 //! The row-major decode tile ([`simd::dec512`](super::simd)) spends, per 4 blocks and
 //! activation row, `vpermt2b` gathers, an int→float conversion, a scale multiply and an
@@ -23,7 +23,8 @@
 //! holds the 16 rows' word `t` (line 0 their `d` and `dmin`, lines 1..4 their packed
 //! 6-bit scales and mins, lines 4..36 their levels): again the GEMM's gathers, as loads.
 //! Its kernel sums each sub-block's scaled dot and the mins' term exactly in i32 before
-//! two FMAs a block, as llama.cpp's Q4_K × Q8_K dot does per row. Q6_K's 210-byte blocks
+//! two FMAs a block, as llama.cpp's Q4_K × Q8_K dot does per row. Q5_K's 176-byte blocks
+//! are the same with the levels' high bits in lines 4..12 (`qh`). Q6_K's 210-byte blocks
 //! are 52 words (lines 0..32 `ql`, 32..48 `qh`, 48..52 the i8 scales) and then `d`, kept
 //! after the lines as the 16 rows' f16.
 //!
@@ -55,7 +56,7 @@ pub(crate) const ACT_K: usize = 4 + QK_K + 16;
 /// [`pack_act`]).
 const fn act_bytes(dtype: DType) -> usize {
     match dtype {
-        DType::Q4_K => ACT_K,
+        DType::Q4_K | DType::Q5_K => ACT_K,
         DType::Q6_K => ACT_K6,
         _ => ACT_BLOCK,
     }
@@ -71,7 +72,7 @@ enum Layout {
     /// 32-value blocks of `bytes` bytes: `heads` f16 values at the block's head (1: `d`;
     /// 2: `d`, `m`) moved after `lines` 64-byte level lines.
     Block32 { bytes: usize, heads: usize, lines: usize },
-    /// Blocks of `bytes` bytes (Q4_K, Q6_K): line `t` of a panel block is the 16 rows'
+    /// Blocks of `bytes` bytes (Q4_K, Q5_K, Q6_K): line `t` of a panel block is the 16 rows'
     /// 4-byte word `t`, in stored order, so a row's byte `x` (4-aligned) of block `b` is
     /// at `16·(b·bytes + x) + 4i` in panel row `i`; a block's last 2 bytes when `bytes`
     /// is not a multiple of 4 (Q6_K's `d`) follow the lines as 16 f16.
@@ -84,13 +85,14 @@ const fn layout(dtype: DType) -> Option<Layout> {
         DType::Q4_1 => Some(Layout::Block32 { bytes: 20, heads: 2, lines: 4 }),
         DType::Q8_0 => Some(Layout::Block32 { bytes: 34, heads: 1, lines: 8 }),
         DType::Q4_K => Some(Layout::Words { bytes: 144 }),
+        DType::Q5_K => Some(Layout::Words { bytes: 176 }),
         DType::Q6_K => Some(Layout::Words { bytes: 210 }),
         _ => None,
     }
 }
 
 /// Whether a weight of `dtype` and `shape` is kept as panels on this CPU: Q4_0, Q4_1,
-/// Q8_0, Q4_K or Q6_K `[m, k]` with `m` a multiple of 16, where the AVX-512 VBMI kernels run
+/// Q8_0, Q4_K, Q5_K or Q6_K `[m, k]` with `m` a multiple of 16, where the AVX-512 VBMI kernels run
 /// (and the instruction set is not capped below them).
 pub(crate) fn eligible(dtype: DType, shape: &[usize]) -> bool {
     let &[m, k] = shape else { return false };
@@ -199,7 +201,7 @@ pub(crate) fn pack_act(dtype: DType, act: &[u8], out: &mut [u8]) {
         }
         return;
     }
-    if dtype == DType::Q4_K {
+    if matches!(dtype, DType::Q4_K | DType::Q5_K) {
         let blocks = cast_blocks::<BlockQ8K>(act).expect("Q8_K activation blocks");
         for (x, dst) in blocks.iter().zip(out.chunks_exact_mut(ACT_K)) {
             dst[..4].copy_from_slice(&x.d.to_le_bytes());
@@ -284,6 +286,7 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
             DType::Q4_1 => Some(of!(Q4_1)),
             DType::Q8_0 => Some(of!(Q8_0)),
             DType::Q4_K => Some(of_k!(Q4_K)),
+            DType::Q5_K => Some(of_k!(Q5_K)),
             DType::Q6_K => Some(of_k!(Q6_K)),
             _ => None,
         }
@@ -303,7 +306,7 @@ pub(crate) fn pack_rows(dtype: DType, acts: &[u32], rows: usize, nb: usize) -> V
     let used = nb
         * match dtype {
             DType::Q4_1 => size_of::<BlockQ8_1>(),
-            DType::Q4_K | DType::Q6_K => size_of::<BlockQ8K>(),
+            DType::Q4_K | DType::Q5_K | DType::Q6_K => size_of::<BlockQ8K>(),
             _ => size_of::<BlockQ8_0>(),
         };
     let row_out = nb * act_bytes(dtype) / 4;
@@ -390,6 +393,7 @@ pub(crate) fn gemm_unpack(dtype: DType) -> Option<super::gemm::UnpackFn> {
         DType::Q4_1 => Some(imp::unpack::<{ imp::Q4_1 }>),
         DType::Q8_0 => Some(imp::unpack::<{ imp::Q8_0 }>),
         DType::Q4_K => Some(super::simd::gemm512::unpack_q4k::<false, true>),
+        DType::Q5_K => Some(super::simd::gemm512::unpack_q4k::<true, true>),
         DType::Q6_K => Some(super::simd::gemm512::unpack_q6k::<true>),
         _ => None,
     }
@@ -556,9 +560,18 @@ mod imp {
         unsafe { _mm512_loadu_si512(p.add(64 * t).cast()) }
     }
 
+    /// Bit `j` of each byte of `h` as bit 4 (a Q5_K level's high bit; a helper: closures
+    /// lose target features).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn high_bit(h: __m512i, j: usize, one: __m512i) -> __m512i {
+        _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srlv_epi32(h, _mm512_set1_epi32(j as i32)), one))
+    }
+
     /// The K-quant formats of [`rows_k`] and [`side_by_side_k`].
     pub const Q4_K: u8 = 3;
     pub const Q6_K: u8 = 4;
+    pub const Q5_K: u8 = 5;
 
     /// `W` panels × `R` (≤ 4) rows of K-quant format `F` ([`tile_k`] or [`tile_k6`]).
     ///
@@ -580,14 +593,16 @@ mod imp {
         // SAFETY: forwarded contract.
         unsafe {
             if F == Q4_K {
-                tile_k::<W, R>(panel, w_stride, nb, a, stride, out, o_stride, os)
+                tile_k::<false, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os)
+            } else if F == Q5_K {
+                tile_k::<true, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os)
             } else {
                 tile_k6::<W, R>(panel, w_stride, nb, a, stride, out, o_stride, os)
             }
         }
     }
 
-    /// [`rows`] for Q4_K or Q6_K panels (`F`) against rows packed for them
+    /// [`rows`] for Q4_K, Q5_K or Q6_K panels (`F`) against rows packed for them
     /// ([`ACT_K`](super::ACT_K) or [`ACT_K6`](super::ACT_K6) bytes a block); eight rows
     /// run as two fours.
     ///
@@ -614,7 +629,7 @@ mod imp {
         }
     }
 
-    /// [`side_by_side`] for Q4_K or Q6_K panels (`F`).
+    /// [`side_by_side`] for Q4_K, Q5_K or Q6_K panels (`F`).
     ///
     /// # Safety
     /// As for [`side_by_side`].
@@ -631,8 +646,9 @@ mod imp {
         unsafe { tile_kq::<F, 4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
     }
 
-    /// `W` Q4_K panels × `R` (≤ 4) packed rows. Per block, panel and row: each
-    /// sub-block's 8 `vpdpbusd` dot (levels 0..15 against the row's levels) times its
+    /// `W` Q4_K panels (`Q5`: Q5_K) × `R` (≤ 4) packed rows. Per block, panel and row:
+    /// each sub-block's 8 `vpdpbusd` dot (levels 0..15, or Q5_K's 0..31, against the
+    /// row's levels) times its
     /// 6-bit scale, summed exactly in i32 (`Σ sc_j·dot_j`), and the mins against the
     /// sub-block sums likewise (`Σ m_j·S_j`, in `vpdpwssd` pairs); then
     /// `acc += d·da·Σ − dmin·da·Σ'` as two roundings. The integer sums do not depend on
@@ -648,7 +664,7 @@ mod imp {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
     #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
     #[inline]
-    unsafe fn tile_k<const W: usize, const R: usize>(
+    unsafe fn tile_k<const Q5: bool, const W: usize, const R: usize>(
         panel: *const u8,
         w_stride: usize,
         nb: usize,
@@ -659,7 +675,9 @@ mod imp {
         os: usize,
     ) {
         const AB: usize = super::ACT_K;
-        let nib = _mm512_set1_epi8(0x0F);
+        // Q5_K: the levels' high bits in lines 4..12 (`qh`), the low nibbles from line 12.
+        let (block, qs) = if Q5 { (16 * 176, 12) } else { (BLOCK_K, 4) };
+        let (nib, one) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(1));
         let (k1, k2, k3) =
             (_mm512_set1_epi32(0x3f3f_3f3f), _mm512_set1_epi32(0x0f0f_0f0f), _mm512_set1_epi32(0x0303_0303));
         let (byte, pair) = (_mm512_set1_epi32(0xFF), _mm512_set1_epi32(0x00FF_00FF));
@@ -671,8 +689,9 @@ mod imp {
                 let mut sumi = [[_mm512_setzero_si512(); R]; W];
                 for n in 0..4 {
                     for j in 0..W {
-                        let wp = panel.add(j * w_stride + BLOCK_K * b);
-                        for l in 9 * n..9 * n + 9 {
+                        let wp = panel.add(j * w_stride + block * b);
+                        let per = if Q5 { 11 } else { 9 };
+                        for l in per * n..per * (n + 1) {
                             _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * l).cast());
                         }
                         // Lines 1..4: each row's 12 scale bytes, unpacked as ggml's
@@ -690,8 +709,15 @@ mod imp {
                         // Sub-blocks 2n (low nibbles of lines 4 + 8n..) and 2n + 1 (high).
                         let (mut lo, mut hi) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
                         for s in 0..8 {
-                            let v = line(wp, 4 + 8 * n + s);
-                            let (vl, vh) = (_mm512_and_si512(v, nib), _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib));
+                            let v = line(wp, qs + 8 * n + s);
+                            let (mut vl, mut vh) =
+                                (_mm512_and_si512(v, nib), _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib));
+                            if Q5 {
+                                // Bit j of `qh` byte l is the high bit of value 32j + l.
+                                let h = line(wp, 4 + s);
+                                vl = _mm512_or_si512(vl, high_bit(h, 2 * n, one));
+                                vh = _mm512_or_si512(vh, high_bit(h, 2 * n + 1, one));
+                            }
                             for r in 0..R {
                                 let ap = a.add(r * stride + AB * b + 4 + 64 * n + 4 * s);
                                 lo[r] = _mm512_dpbusd_epi32(lo[r], vl, word(ap));
@@ -708,7 +734,7 @@ mod imp {
                     }
                 }
                 for j in 0..W {
-                    let wp = panel.add(j * w_stride + BLOCK_K * b);
+                    let wp = panel.add(j * w_stride + block * b);
                     // Line 0: each row's (d, dmin). The mins (lines 2 and 3, with line 1's
                     // top bits) as i16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7), as the
                     // packed sums are.
@@ -930,7 +956,7 @@ mod tests {
     use crate::quant::{blocks_as_bytes, matmul, matmul_rows_alone, quantize_matrix, zeroed_blocks};
     use crate::tensor::{AlignedBytes, ByteSource, HostTensor};
 
-    const FORMATS: [DType; 5] = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K];
+    const FORMATS: [DType; 6] = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
 
     /// A row length of about `k` values in whole blocks of `dtype`.
     fn whole(dtype: DType, k: usize) -> usize {
@@ -944,6 +970,16 @@ mod tests {
     /// A random `[m, k]` weight of `dtype` (as stored).
     fn weight(pool: &rayon::ThreadPool, rng: &mut Rng, dtype: DType, m: usize, k: usize) -> HostTensor {
         let b = match dtype {
+            // No Q5_K quantizer here: random levels and packed scales, small positive
+            // `d` and `dmin`.
+            DType::Q5_K => {
+                let mut b = rng.bytes(m * k / QK_K * 176);
+                for blk in b.chunks_exact_mut(176) {
+                    blk[..2].copy_from_slice(&half::f16::from_f32(rng.uniform() * 0.002).to_le_bytes());
+                    blk[2..4].copy_from_slice(&half::f16::from_f32(rng.uniform() * 0.002).to_le_bytes());
+                }
+                b
+            }
             // No Q4_1 quantizer here: random levels, small random scales and mins.
             DType::Q4_1 => {
                 let mut b = rng.bytes(m * k / QK * 20);
@@ -995,7 +1031,7 @@ mod tests {
     #[test]
     fn only_panel_formats_of_whole_panels_repack() {
         assert!(!eligible(DType::Q4_0, &[40, 64]));
-        assert!(!eligible(DType::Q5_K, &[32, 256]));
+        assert!(!eligible(DType::Q5_0, &[32, 256]));
         assert!(!eligible(DType::Q4_K, &[32, 128]));
         assert!(!eligible(DType::Q8_0, &[64]));
         for dtype in FORMATS {
@@ -1081,82 +1117,90 @@ mod tests {
         }
     }
 
-    /// Q4_K: each output against the exact (f64) sum of llama.cpp's products per block,
-    /// `d·da·Σ_j sc_j·Σ q·y − dmin·da·Σ_j m_j·Σ y`, within f32 rounding of the terms'
-    /// magnitudes, for 8, 4, 2 and 1 rows and four panels side by side.
+    /// Q4_K and Q5_K: each output against the exact (f64) sum of llama.cpp's products
+    /// per block, `d·da·Σ_j sc_j·Σ q·y − dmin·da·Σ_j m_j·Σ y` (Q5_K's q with its high bit
+    /// from `qh`), within f32 rounding of the terms' magnitudes, for 8, 4, 2 and 1 rows and
+    /// four panels side by side.
     #[test]
-    fn the_q4_k_kernels_match_the_exact_sum() {
-        use crate::quant::q4_k::{BlockQ4K, get_scale_min_k4};
+    fn the_q4_k_and_q5_k_kernels_match_the_exact_sum() {
+        use crate::quant::q4_k::get_scale_min_k4;
         use crate::quant::q8_k::{BlockQ8K, quantize};
-        let Some(fns) = kernels(DType::Q4_K) else { return };
-        let (pool, mut rng) = (pool(), Rng::new(4));
-        let (m, k) = (64, 768);
-        let nb = k / QK_K;
-        let w = weight(&pool, &mut rng, DType::Q4_K, m, k);
-        let mut panels = vec![0u8; w.byte_len()];
-        repack(DType::Q4_K, w.bytes(), m, k, &mut panels);
-        let blocks = cast_blocks::<BlockQ4K>(w.bytes()).unwrap();
-        let exact = |o: usize, x: &[BlockQ8K]| {
-            let (mut sum, mut mag) = (0f64, 0f64);
-            for (b, y) in x.iter().enumerate() {
-                let blk = &blocks[o * nb + b];
-                let (d, dmin, da) = (blk.d.to_f32() as f64, blk.dmin.to_f32() as f64, y.d as f64);
-                for j in 0..8 {
-                    let (sc, mn) = get_scale_min_k4(j, &blk.scales);
-                    let (mut qy, mut sy) = (0i64, 0i64);
-                    for t in 0..32 {
-                        let v = 32 * j + t;
-                        let q = (blk.qs[32 * (v / 64) + v % 32] >> (4 * (v % 64 / 32))) & 15;
-                        (qy, sy) = (qy + q as i64 * y.qs[v] as i64, sy + y.qs[v] as i64);
+        for dtype in [DType::Q4_K, DType::Q5_K] {
+            let Some(fns) = kernels(dtype) else { return };
+            let (pool, mut rng) = (pool(), Rng::new(4));
+            let (m, k) = (64, 768);
+            let nb = k / QK_K;
+            let (bb, qs) = if dtype == DType::Q5_K { (176, 48) } else { (144, 16) };
+            let w = weight(&pool, &mut rng, dtype, m, k);
+            let mut panels = vec![0u8; w.byte_len()];
+            repack(dtype, w.bytes(), m, k, &mut panels);
+            let exact = |o: usize, x: &[BlockQ8K]| {
+                let (mut sum, mut mag) = (0f64, 0f64);
+                for (b, y) in x.iter().enumerate() {
+                    let blk = &w.bytes()[(o * nb + b) * bb..][..bb];
+                    let f16 = |at: usize| half::f16::from_le_bytes([blk[at], blk[at + 1]]).to_f32() as f64;
+                    let (d, dmin, da) = (f16(0), f16(2), y.d as f64);
+                    let scales: &[u8; 12] = blk[4..16].try_into().unwrap();
+                    for j in 0..8 {
+                        let (sc, mn) = get_scale_min_k4(j, scales);
+                        let (mut qy, mut sy) = (0i64, 0i64);
+                        for t in 0..32 {
+                            let v = 32 * j + t;
+                            let mut q = (blk[qs + 32 * (v / 64) + v % 32] >> (4 * (v % 64 / 32))) & 15;
+                            if dtype == DType::Q5_K {
+                                q |= ((blk[16 + v % 32] >> (v / 32)) & 1) << 4;
+                            }
+                            (qy, sy) = (qy + q as i64 * y.qs[v] as i64, sy + y.qs[v] as i64);
+                        }
+                        let (a, b) = (d * da * (sc as i64 * qy) as f64, dmin * da * (mn as i64 * sy) as f64);
+                        (sum, mag) = (sum + a - b, mag + a.abs() + b.abs());
                     }
-                    let (a, b) = (d * da * (sc as i64 * qy) as f64, dmin * da * (mn as i64 * sy) as f64);
-                    (sum, mag) = (sum + a - b, mag + a.abs() + b.abs());
                 }
-            }
-            (sum, mag)
-        };
-        let check = |what: &str, out: &[f32], xs: &[Vec<BlockQ8K>]| {
-            for (r, x) in xs.iter().enumerate() {
-                for o in 0..m {
-                    let ((want, mag), got) = (exact(o, x), out[r * m + o] as f64);
-                    assert!((got - want).abs() <= 1e-6 * mag, "{what}: row {r}, output {o}: {got} against {want}");
+                (sum, mag)
+            };
+            let check = |what: &str, out: &[f32], xs: &[Vec<BlockQ8K>]| {
+                for (r, x) in xs.iter().enumerate() {
+                    for o in 0..m {
+                        let ((want, mag), got) = (exact(o, x), out[r * m + o] as f64);
+                        assert!((got - want).abs() <= 1e-6 * mag, "{what}: row {r}, output {o}: {got} against {want}");
+                    }
                 }
+            };
+            let pack = |rng: &mut Rng, n: usize| {
+                let (mut acts, mut xs) = (vec![0u8; n * nb * ACT_K], Vec::new());
+                for dst in acts.chunks_exact_mut(nb * ACT_K) {
+                    let mut b = zeroed_blocks::<BlockQ8K>(nb);
+                    quantize(&rng.vec(k, 1.0), &mut b);
+                    pack_act(dtype, blocks_as_bytes(&b), dst);
+                    xs.push(b);
+                }
+                (acts, xs)
+            };
+            let panel_bytes = ROWS * nb * bb;
+            for (n, f) in [8, 4, 2, 1].into_iter().zip(fns.rows) {
+                let (acts, xs) = pack(&mut rng, n);
+                let mut out = vec![0f32; n * m];
+                for p in 0..m / ROWS {
+                    // SAFETY: a whole panel, `n` packed rows, `n` rows of `m` outputs.
+                    unsafe {
+                        f(
+                            panels[p * panel_bytes..].as_ptr(),
+                            nb,
+                            acts.as_ptr(),
+                            nb * ACT_K,
+                            out.as_mut_ptr().add(p * ROWS),
+                            m,
+                        )
+                    };
+                }
+                check(&format!("{dtype:?}, {n} rows"), &out, &xs);
             }
-        };
-        let pack = |rng: &mut Rng, n: usize| {
-            let (mut acts, mut xs) = (vec![0u8; n * nb * ACT_K], Vec::new());
-            for dst in acts.chunks_exact_mut(nb * ACT_K) {
-                let mut b = zeroed_blocks::<BlockQ8K>(nb);
-                quantize(&rng.vec(k, 1.0), &mut b);
-                pack_act(DType::Q4_K, blocks_as_bytes(&b), dst);
-                xs.push(b);
-            }
-            (acts, xs)
-        };
-        let panel_bytes = ROWS * nb * 144;
-        for (n, f) in [8, 4, 2, 1].into_iter().zip(fns.rows) {
-            let (acts, xs) = pack(&mut rng, n);
-            let mut out = vec![0f32; n * m];
-            for p in 0..m / ROWS {
-                // SAFETY: a whole panel, `n` packed rows, `n` rows of `m` outputs.
-                unsafe {
-                    f(
-                        panels[p * panel_bytes..].as_ptr(),
-                        nb,
-                        acts.as_ptr(),
-                        nb * ACT_K,
-                        out.as_mut_ptr().add(p * ROWS),
-                        m,
-                    )
-                };
-            }
-            check(&format!("{n} rows"), &out, &xs);
+            let (acts, xs) = pack(&mut rng, 1);
+            let mut out = vec![0f32; m];
+            // SAFETY: four whole panels one panel apart, one packed row, their 64 outputs.
+            unsafe { (fns.side_by_side)(panels.as_ptr(), panel_bytes, nb, acts.as_ptr(), out.as_mut_ptr(), ROWS) };
+            check(&format!("{dtype:?} side by side"), &out, &xs);
         }
-        let (acts, xs) = pack(&mut rng, 1);
-        let mut out = vec![0f32; m];
-        // SAFETY: four whole panels one panel apart, one packed row, their 64 outputs.
-        unsafe { (fns.side_by_side)(panels.as_ptr(), panel_bytes, nb, acts.as_ptr(), out.as_mut_ptr(), ROWS) };
-        check("side by side", &out, &xs);
     }
 
     /// Q6_K: each output against the exact (f64) sum of llama.cpp's products per block,
