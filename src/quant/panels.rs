@@ -273,21 +273,13 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
                 }
             };
         }
-        macro_rules! of_k {
-            ($f:expr) => {
-                Kernels {
-                    rows: [rows_k::<{ $f }, 8>, rows_k::<{ $f }, 4>, rows_k::<{ $f }, 2>, rows_k::<{ $f }, 1>],
-                    side_by_side: side_by_side_k::<{ $f }>,
-                }
-            };
-        }
         match dtype {
             DType::Q4_0 => Some(of!(Q4_0)),
             DType::Q4_1 => Some(of!(Q4_1)),
             DType::Q8_0 => Some(of!(Q8_0)),
-            DType::Q4_K => Some(of_k!(Q4_K)),
-            DType::Q5_K => Some(of_k!(Q5_K)),
-            DType::Q6_K => Some(of_k!(Q6_K)),
+            DType::Q4_K => Some(of!(Q4_K)),
+            DType::Q5_K => Some(of!(Q5_K)),
+            DType::Q6_K => Some(of!(Q6_K)),
             _ => None,
         }
     }
@@ -454,6 +446,9 @@ mod imp {
         }
     }
 
+    /// `R` (1, 2, 4 or 8) packed rows against one panel of format `F`. The K-quant
+    /// tiles take at most four rows: eight run as two fours.
+    ///
     /// # Safety
     /// `panel` holds a whole panel of `nb` blocks of format `F`; `a + r·stride` holds
     /// `nb` packed activation blocks for `r < R`; `out[r·os + i]` is writable for
@@ -467,8 +462,16 @@ mod imp {
         out: *mut f32,
         os: usize,
     ) {
-        // SAFETY: forwarded contract, for one panel.
-        unsafe { tile::<F, 1, R>(panel, 0, nb, a, stride, out, 0, os) }
+        // SAFETY: forwarded contract, for one panel and rows `g..g + 4` (or all `R`).
+        unsafe {
+            if R == 8 && F >= Q4_K {
+                for g in [0, 4] {
+                    tile_of::<F, 1, 4>(panel, 0, nb, a.add(g * stride), stride, out.add(g * os), 0, os);
+                }
+            } else {
+                tile_of::<F, 1, R>(panel, 0, nb, a, stride, out, 0, os);
+            }
+        }
     }
 
     /// Four panels `w_stride` bytes apart against one packed row, read side by side
@@ -486,7 +489,7 @@ mod imp {
         o_stride: usize,
     ) {
         // SAFETY: forwarded contract.
-        unsafe { tile::<F, 4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
+        unsafe { tile_of::<F, 4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
     }
 
     /// `W` panels (`w_stride` bytes apart) × `R` packed rows: each (panel, row) pair takes
@@ -546,9 +549,6 @@ mod imp {
         }
     }
 
-    /// Bytes of a Q4_K panel block: 16 stored blocks of 144 bytes, as 36 lines.
-    const BLOCK_K: usize = 16 * 144;
-
     /// Line `t` (64 bytes) at `p`.
     ///
     /// # Safety
@@ -568,19 +568,20 @@ mod imp {
         _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srlv_epi32(h, _mm512_set1_epi32(j as i32)), one))
     }
 
-    /// The K-quant formats of [`rows_k`] and [`side_by_side_k`].
+    /// The K-quant formats of [`rows`] and [`side_by_side`] (after the 32-value ones).
     pub const Q4_K: u8 = 3;
     pub const Q6_K: u8 = 4;
     pub const Q5_K: u8 = 5;
 
-    /// `W` panels × `R` (≤ 4) rows of K-quant format `F` ([`tile_k`] or [`tile_k6`]).
+    /// `W` panels × `R` rows of format `F`: [`tile`], [`tile_k`] or [`tile_k6`] (these
+    /// two for `R` ≤ 4).
     ///
     /// # Safety
     /// As for those.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
     #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
     #[inline]
-    unsafe fn tile_kq<const F: u8, const W: usize, const R: usize>(
+    unsafe fn tile_of<const F: u8, const W: usize, const R: usize>(
         panel: *const u8,
         w_stride: usize,
         nb: usize,
@@ -592,65 +593,19 @@ mod imp {
     ) {
         // SAFETY: forwarded contract.
         unsafe {
-            if F == Q4_K {
-                tile_k::<false, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os)
-            } else if F == Q5_K {
-                tile_k::<true, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os)
-            } else {
-                tile_k6::<W, R>(panel, w_stride, nb, a, stride, out, o_stride, os)
+            match F {
+                Q4_K => tile_k::<false, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
+                Q5_K => tile_k::<true, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
+                Q6_K => tile_k6::<W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
+                _ => tile::<F, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
             }
         }
-    }
-
-    /// [`rows`] for Q4_K, Q5_K or Q6_K panels (`F`) against rows packed for them
-    /// ([`ACT_K`](super::ACT_K) or [`ACT_K6`](super::ACT_K6) bytes a block); eight rows
-    /// run as two fours.
-    ///
-    /// # Safety
-    /// As for [`rows`].
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn rows_k<const F: u8, const R: usize>(
-        panel: *const u8,
-        nb: usize,
-        a: *const u8,
-        stride: usize,
-        out: *mut f32,
-        os: usize,
-    ) {
-        // SAFETY: forwarded contract, for one panel and rows `g..g + 4` (or all `R`).
-        unsafe {
-            if R == 8 {
-                for g in [0, 4] {
-                    tile_kq::<F, 1, 4>(panel, 0, nb, a.add(g * stride), stride, out.add(g * os), 0, os);
-                }
-            } else {
-                tile_kq::<F, 1, R>(panel, 0, nb, a, stride, out, 0, os);
-            }
-        }
-    }
-
-    /// [`side_by_side`] for Q4_K, Q5_K or Q6_K panels (`F`).
-    ///
-    /// # Safety
-    /// As for [`side_by_side`].
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn side_by_side_k<const F: u8>(
-        panel: *const u8,
-        w_stride: usize,
-        nb: usize,
-        a: *const u8,
-        out: *mut f32,
-        o_stride: usize,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe { tile_kq::<F, 4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
     }
 
     /// `W` Q4_K panels (`Q5`: Q5_K) × `R` (≤ 4) packed rows. Per block, panel and row:
     /// each sub-block's 8 `vpdpbusd` dot (levels 0..15, or Q5_K's 0..31, against the
-    /// row's levels) times its
-    /// 6-bit scale, summed exactly in i32 (`Σ sc_j·dot_j`), and the mins against the
-    /// sub-block sums likewise (`Σ m_j·S_j`, in `vpdpwssd` pairs); then
+    /// row's levels) times its 6-bit scale, summed exactly in i32 (`Σ sc_j·dot_j`), and
+    /// the mins against the sub-block sums likewise (`Σ m_j·S_j`, in `vpdpwssd` pairs); then
     /// `acc += d·da·Σ − dmin·da·Σ'` as two roundings. The integer sums do not depend on
     /// the order of anything, so every (panel, row) pair gets the same bits whatever
     /// else runs beside it.
@@ -676,7 +631,7 @@ mod imp {
     ) {
         const AB: usize = super::ACT_K;
         // Q5_K: the levels' high bits in lines 4..12 (`qh`), the low nibbles from line 12.
-        let (block, qs) = if Q5 { (16 * 176, 12) } else { (BLOCK_K, 4) };
+        let (block, qs) = if Q5 { (16 * 176, 12) } else { (16 * 144, 4) };
         let (nib, one) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(1));
         let (k1, k2, k3) =
             (_mm512_set1_epi32(0x3f3f_3f3f), _mm512_set1_epi32(0x0f0f_0f0f), _mm512_set1_epi32(0x0303_0303));
