@@ -400,19 +400,25 @@ mod worker {
             other => panic!("expected a 400 naming the sizes, got {other:?}"),
         }
         // Two requests of 60 positions each: the second waits for the first.
+        // `waited` runs from b's submission, which a busy machine may delay while a is
+        // already decoding: the time between the two submissions is counted as waited.
+        let submitting = Instant::now();
         let (mut a, mut b) =
             (state.queue.submit(job(10, Some(50))).unwrap(), state.queue.submit(job(12, Some(48))).unwrap());
+        let between = submitting.elapsed();
         let (a, b) = (finish(&mut a).unwrap(), finish(&mut b).unwrap());
         assert_eq!((a.completion_tokens, b.completion_tokens), (50, 48));
-        let waited = b.total - b.prefill - b.decode;
+        let waited = b.total - b.prefill - b.decode + between;
         assert!(waited >= a.decode, "the second waited {waited:?}; the first decoded for {:?}", a.decode);
         // Its prompt counts too, known only once it is tokenized: 50 positions running, and
         // 40 + 20 more would not fit beside them.
+        let submitting = Instant::now();
         let (mut a, mut b) =
             (state.queue.submit(job(10, Some(40))).unwrap(), state.queue.submit(job(40, Some(20))).unwrap());
+        let between = submitting.elapsed();
         let (a, b) = (finish(&mut a).unwrap(), finish(&mut b).unwrap());
         assert_eq!((a.completion_tokens, b.completion_tokens), (40, 20));
-        let waited = b.total - b.prefill - b.decode;
+        let waited = b.total - b.prefill - b.decode + between;
         assert!(waited >= a.decode, "the long prompt waited {waited:?}; the first decoded for {:?}", a.decode);
         let loaded = state.status.loaded.lock().unwrap().clone();
         assert_eq!((loaded[0].batching.running, loaded[0].batching.waiting), (0, 0));
