@@ -240,6 +240,11 @@ fn bench_reports_the_plan_and_storage_counters() {
     ] {
         assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {r}");
     }
+    // The memory probe reads a buffer the size of a decode step's weights (whole MiB per
+    // thread, at least one each), not a fixed 1 GiB.
+    let (buffer, weights) =
+        (r["mem_bandwidth_buffer_bytes"].as_u64().unwrap(), r["weight_bytes_per_token"].as_u64().unwrap());
+    assert!(buffer % (2 << 20) == 0 && buffer <= weights.max(2 << 20), "{buffer} for {weights}");
     let streamable = r["streamable_bytes"].as_f64().unwrap();
     let per_token = r["bytes_read_per_token"].as_f64().unwrap();
     assert!((per_token - streamable).abs() <= 0.1 * streamable, "{per_token} of {streamable}");

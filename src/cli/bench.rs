@@ -7,6 +7,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::RunOpts;
+use crate::backend::cpu::bandwidth;
 use crate::engine::batch::{self, Sequence};
 use crate::engine::sampler::SamplingParams;
 use crate::engine::session::{Engine, GenerateRequest, PREFILL_CHUNK};
@@ -80,6 +81,10 @@ pub struct BenchReport {
     pub mem_bandwidth_bytes_s: f64,
     /// How the CPU probe read at its best (`None` on a GPU, which copies device to device).
     pub mem_bandwidth_pattern: Option<String>,
+    /// The buffer the CPU probe read again and again: the size of a decode step's weight
+    /// reads (whole MiB per thread, at most 1 GiB), so a model that stays in the
+    /// cache meets a probe that does too.
+    pub mem_bandwidth_buffer_bytes: Option<usize>,
     /// How one-row quantized matmuls read their weight rows on this machine (CPU only):
     /// `in-turn` or `side-by-side` (`backend::cpu::bandwidth::decode_reads`).
     pub decode_reads: Option<String>,
@@ -230,10 +235,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Read bandwidth of this machine: `threads` threads reading 1 GiB, far larger than the
-/// caches, in every pattern `backend::cpu::bandwidth` tries; the best, and its pattern.
-pub fn measure_read_bandwidth(threads: usize) -> crate::backend::cpu::bandwidth::Bandwidth {
-    crate::backend::cpu::bandwidth::measure(threads)
+/// Restarts the kernel's peak-RSS count at the present RSS (Linux; elsewhere nothing).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 fn peak_rss_bytes() -> u64 {
@@ -374,6 +378,15 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     // An untimed warm-up run first (as llama-bench does): the first pass over a
     // memory-mapped model pays its page faults, and a streaming one fills its ring.
     run(1)?;
+    // The CPU's memory probe takes half its passes now and half after the runs, each
+    // pattern's better half counting, as this VM's memory speed drifts too. Its buffer is
+    // freed before the runs, and the peak RSS reported is the larger of the peak so far
+    // and the runs' own.
+    let cpu_probe = model.memory_bandwidth().is_none();
+    let dense_bytes = sched.streamable_bytes() + model.lm_head_bytes();
+    let peak_before = peak_rss_bytes();
+    let memory_before = cpu_probe.then(|| bandwidth::measure(threads, dense_bytes, bandwidth::PASSES / 2));
+    reset_peak_rss();
     let mut probes = vec![probe_streaming(0)?];
     let mut results = Vec::new();
     for i in 0..runs {
@@ -401,7 +414,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let launch_latency_s = model.launch_stats().map(|l| l.latency_s);
     let launch_overhead_fraction =
         launches_per_token.zip(launch_latency_s).map(|(n, lat)| n * lat / (decode_secs / tokens).max(1e-12));
-    let peak_rss = peak_rss_bytes(); // before the bandwidth probe allocates its 1 GiB
+    let peak_rss = peak_rss_bytes().max(peak_before); // before the second memory probe
     let summary = sched.summary(); // now, with the runs' hits and misses
     let moe = summary.experts.as_ref().filter(|e| e.unit == "expert").map(|_| {
         let (read, routed) = (window.expert_bytes_read as f64 / tokens, window.expert_routed_bytes as f64 / tokens);
@@ -443,15 +456,20 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     };
     // On a GPU the roofline is device memory: a device-to-device copy, bytes read plus
     // bytes written, measured now.
-    let (bandwidth, bandwidth_pattern, decode_reads) = match model.memory_bandwidth() {
-        Some(b) => (b, None, None),
-        None => {
-            let m = measure_read_bandwidth(threads);
-            let reads = match crate::backend::cpu::bandwidth::decode_reads(threads) {
-                crate::backend::cpu::bandwidth::DecodeReads::InTurn => "in-turn",
-                crate::backend::cpu::bandwidth::DecodeReads::SideBySide => "side-by-side",
+    let (bandwidth, bandwidth_pattern, bandwidth_buffer, decode_reads) = match (model.memory_bandwidth(), memory_before)
+    {
+        (Some(b), _) => (b, None, None, None),
+        (None, before) => {
+            let m = bandwidth::measure(threads, weight_bytes_per_token, bandwidth::PASSES - bandwidth::PASSES / 2);
+            let m = match before {
+                Some(before) => m.or_better(before),
+                None => m,
             };
-            (m.bytes_per_sec, Some(m.pattern), Some(reads.to_string()))
+            let reads = match bandwidth::decode_reads(threads) {
+                bandwidth::DecodeReads::InTurn => "in-turn",
+                bandwidth::DecodeReads::SideBySide => "side-by-side",
+            };
+            (m.bytes_per_sec, Some(m.pattern), Some(m.buffer_bytes), Some(reads.to_string()))
         }
     };
     let roofline = bandwidth / weight_bytes_per_token as f64;
@@ -527,6 +545,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         weight_bytes_per_token,
         mem_bandwidth_bytes_s: bandwidth,
         mem_bandwidth_pattern: bandwidth_pattern,
+        mem_bandwidth_buffer_bytes: bandwidth_buffer,
         decode_reads,
         decode_roofline_tok_s: roofline,
         decode_fraction_of_roofline: decode_tok_s / n_seq as f64 / roofline,
@@ -551,11 +570,12 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         );
         println!("prefill {:.1} tok/s ({} prompt tokens)", report.prefill_tok_s, report.prompt_tokens);
         println!(
-            "decode  {:.2} tok/s ({} tokens); roofline {:.2} tok/s at {:.1} GB/s measured read bandwidth ({:.0}% of it)",
+            "decode  {:.2} tok/s ({} tokens); roofline {:.2} tok/s at {:.1} GB/s measured read bandwidth{} ({:.0}% of it)",
             report.decode_tok_s,
             report.gen_tokens,
             report.decode_roofline_tok_s,
             report.mem_bandwidth_bytes_s / 1e9,
+            report.mem_bandwidth_buffer_bytes.map_or(String::new(), |b| format!(" over {} MiB", b >> 20)),
             100.0 * report.decode_fraction_of_roofline
         );
         for e in &report.probe_errors {
