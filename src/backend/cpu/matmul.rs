@@ -223,6 +223,15 @@ pub fn softmax(x: &mut [f32]) {
     unsafe { (best_ops().softmax)(x) }
 }
 
+/// The largest of `x`'s values that are not NaN, and `Σ exp(x[i] − max)` over them in
+/// f64 (0 when that max is not finite): a row of logits' `logsumexp` is `max + ln sum`.
+/// The AVX-512 kernel takes each `exp` in f32 with [`softmax`]'s vector `exp` (within 2
+/// ulp; the sum's relative error stays near 1e-7), the others in f64.
+pub fn max_exp_sum(x: &[f32]) -> (f32, f64) {
+    // SAFETY: a table exists only if its CPU features were detected.
+    unsafe { (best_ops().max_exp_sum)(x) }
+}
+
 /// `g[i] = silu(g[i]) · u[i]` (SwiGLU's gate times its up projection), with the `exp`
 /// [`softmax`] uses; panics if the lengths differ.
 pub fn silu_mul(g: &mut [f32], u: &[f32]) {
@@ -385,6 +394,9 @@ struct Ops {
     softmax: unsafe fn(x: &mut [f32]),
     /// `g[i] = g[i] / (1 + exp(−g[i])) · u[i]` over equal-length slices (SwiGLU).
     silu_mul: unsafe fn(g: &mut [f32], u: &[f32]),
+    /// The max of the values that are not NaN, and `Σ exp(x − max)` over them (0 when
+    /// the max is not finite): see [`max_exp_sum`].
+    max_exp_sum: unsafe fn(x: &[f32]) -> (f32, f64),
 }
 
 /// An [`Ops`] table of the kernels named as the fields are, in the invoking module (its
@@ -404,6 +416,7 @@ macro_rules! ops_table {
             weighted_sum_f16: weighted_sum::<F16>,
             softmax,
             silu_mul,
+            max_exp_sum,
         }
     };
 }
@@ -849,6 +862,37 @@ mod tests {
                     let total: f32 = got.iter().sum();
                     assert!((total - 1.0).abs() < 1e-5, "{kernel:?} n={n}: sums to {total}");
                 }
+            }
+        }
+    }
+
+    /// Every kernel's max and `Σ exp(x − max)` agree with the scalar ones in f64: the max
+    /// exactly, the sum within 1e-6 relative; NaN lanes are left out and a row with no
+    /// finite max sums to 0, whatever the tail.
+    #[test]
+    fn max_exp_sum_matches_the_scalar_one() {
+        let mut rng = Rng(7);
+        for kernel in available() {
+            let ops = kernel.ops_or_panic();
+            for n in [1, 15, 16, 17, 1000, 8192] {
+                for spread in [1.0f32, 30.0, 200.0] {
+                    let mut x: Vec<f32> = rng.vec(n).iter().map(|v| v * spread).collect();
+                    if n > 3 {
+                        (x[1], x[n - 2]) = (f32::NAN, f32::NEG_INFINITY);
+                    }
+                    // SAFETY: the kernel's features were detected.
+                    let (max, sum) = unsafe { (ops.max_exp_sum)(&x) };
+                    let (want_max, want_sum) = scalar::max_exp_sum_ref(&x);
+                    assert_eq!(max, want_max, "{kernel:?} n={n} spread={spread}");
+                    assert!((sum - want_sum).abs() <= 1e-6 * want_sum, "{kernel:?} n={n}: {sum} vs {want_sum}");
+                }
+            }
+            for x in [vec![f32::NAN; 20], vec![f32::NEG_INFINITY; 17], vec![1.0, f32::INFINITY, 2.0]] {
+                // SAFETY: as above.
+                let got = unsafe { (ops.max_exp_sum)(&x) };
+                let want = scalar::max_exp_sum_ref(&x);
+                assert!(got.0 == want.0 || (got.0.is_nan() && want.0.is_nan()), "{kernel:?} {x:?}: {got:?}");
+                assert_eq!((got.1, want.1), (0.0, 0.0), "{kernel:?} {x:?}");
             }
         }
     }

@@ -495,24 +495,28 @@ struct TopKPart {
 
 /// Scans `part`, the logits from id `first` on.
 fn top_k_part(part: &[f32], first: usize, k: usize) -> TopKPart {
-    // (logit, id) kept sorted descending; a part is scanned once.
+    // (logit, id) kept sorted descending; a part is scanned once. Once `k` are kept, a
+    // run of 16 logits none of which beats the k-th is passed over in one test.
     let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
-    for (i, &l) in part.iter().enumerate() {
-        if l.is_nan() || k == 0 {
-            continue;
-        }
-        if best.len() == k && l <= best[k - 1].0 {
-            continue;
+    let consider = |best: &mut Vec<(f32, u32)>, i: usize, l: f32| {
+        if l.is_nan() || (best.len() == k && l <= best[k - 1].0) {
+            return;
         }
         let at = best.partition_point(|&(b, _)| b >= l);
         best.insert(at, (l, (first + i) as u32));
         best.truncate(k);
-    }
-    let max = part.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
-    let sum = match max.is_finite() {
-        true => part.iter().filter(|l| !l.is_nan()).map(|&l| (l as f64 - max as f64).exp()).sum(),
-        false => 0.0,
     };
+    let mut i = 0;
+    while k > 0 && i < part.len() {
+        let run = &part[i..(i + 16).min(part.len())];
+        if best.len() < k || run.iter().fold(false, |any, &l| any | (l > best[k - 1].0)) {
+            for (j, &l) in run.iter().enumerate() {
+                consider(&mut best, i + j, l);
+            }
+        }
+        i += run.len();
+    }
+    let (max, sum) = matmul::max_exp_sum(part);
     TopKPart { best, max, sum }
 }
 
@@ -586,6 +590,15 @@ mod tests {
                     (&one.ids, &one.logits, one.lse.to_bits())
                 );
             }
+        }
+        // Many ties (whole numbers): each run of 16 that holds one equal to the k-th best
+        // is scanned, and an equal logit never displaces the lower id.
+        let tied: Vec<f32> = row.iter().map(|l| l.round()).collect();
+        let mut want: Vec<(f32, u32)> =
+            tied.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (l, i as u32)).collect();
+        want.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
+        for k in [1, 3, 17, 100] {
+            assert_eq!(top_k_row(&tied, k).ids, want[..k].iter().map(|w| w.1).collect::<Vec<_>>(), "tied, k = {k}");
         }
         let mut inf = row.clone();
         inf[n - 1] = f32::INFINITY;

@@ -456,6 +456,12 @@ mod imp {
         super::super::scalar::silu_mul_ref(g, u)
     }
 
+    /// # Safety
+    /// None (the scalar sum).
+    unsafe fn max_exp_sum(x: &[f32]) -> (f32, f64) {
+        super::super::scalar::max_exp_sum_ref(x)
+    }
+
     /// One head's scores.
     ///
     /// # Safety

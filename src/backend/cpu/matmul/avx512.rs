@@ -775,6 +775,45 @@ mod imp {
         }
     }
 
+    /// The table's `max_exp_sum`: the max in lanes (NaN lanes read as −∞), then each
+    /// lane's `exp(x − max)` in f32, widened and summed in f64 lanes.
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn max_exp_sum(x: &[f32]) -> (f32, f64) {
+        let (n, p) = (x.len(), x.as_ptr());
+        // SAFETY: every access is below `n`.
+        unsafe {
+            let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+            let mut i = 0;
+            while i < n {
+                let v = lanes_from(p, i, n, f32::NEG_INFINITY);
+                // `max(m, NaN)` gives NaN's partner, `m`, so NaN never wins.
+                m = _mm512_max_ps(v, m);
+                i += L;
+            }
+            let max = _mm512_reduce_max_ps(m);
+            if !max.is_finite() {
+                return (max, 0.0);
+            }
+            let (m, mut lo, mut hi) = (_mm512_set1_ps(max), _mm512_setzero_pd(), _mm512_setzero_pd());
+            i = 0;
+            while i < n {
+                let v = lanes_from(p, i, n, f32::NEG_INFINITY);
+                let keep = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v);
+                let e = _mm512_maskz_mov_ps(keep, exp(_mm512_sub_ps(v, m)));
+                lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+                hi = _mm512_add_pd(
+                    hi,
+                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e)))),
+                );
+                i += L;
+            }
+            (max, _mm512_reduce_add_pd(_mm512_add_pd(lo, hi)))
+        }
+    }
+
     /// The table's `silu_mul`: `g / (1 + exp(−g)) · u`, 16 lanes at a time.
     ///
     /// # Safety

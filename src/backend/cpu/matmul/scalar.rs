@@ -160,6 +160,22 @@ pub(super) fn softmax_ref(x: &mut [f32]) {
 
 /// # Safety
 /// None.
+unsafe fn max_exp_sum(x: &[f32]) -> (f32, f64) {
+    max_exp_sum_ref(x)
+}
+
+/// The max of `x` without its NaNs, and `Σ exp(x − max)` with `f64::exp`, in order.
+pub(crate) fn max_exp_sum_ref(x: &[f32]) -> (f32, f64) {
+    let max = x.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    let sum = match max.is_finite() {
+        true => x.iter().filter(|l| !l.is_nan()).map(|&l| (l as f64 - max as f64).exp()).sum(),
+        false => 0.0,
+    };
+    (max, sum)
+}
+
+/// # Safety
+/// None.
 unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
     silu_mul_ref(g, u)
 }
