@@ -22,7 +22,6 @@
 use rayon::ThreadPool;
 use rayon::prelude::*;
 
-use super::simd::act512;
 use super::{OutPtr, QK, QK_K, TASKS_PER_THREAD, q8_0, q8_1, q8_k, zeroed_blocks};
 use crate::tensor::DType;
 
@@ -151,9 +150,8 @@ impl PackedActs {
         let g = fmt.group;
         let groups = k / g;
         let per = if act == DType::Q8_K { QK_K / g } else { 1 };
-        // The AVX-512 quantizers where the CPU has them, else the scalar references
-        // (bit for bit the same).
-        let simd = act512::available();
+        // The AVX-512 or AVX2 quantizers where the CPU has them, else the scalar
+        // references (bit for bit the same).
         // Every element is written below; the resizes only allocate when growing.
         let p = self;
         (p.groups, p.per) = (groups, per);
@@ -166,11 +164,7 @@ impl PackedActs {
             match act {
                 DType::Q8_0 => {
                     let mut b = zeroed_blocks::<q8_0::BlockQ8_0>(k / QK);
-                    if simd {
-                        act512::q8_0(xr, &mut b)
-                    } else {
-                        q8_0::quantize(xr, &mut b)
-                    }
+                    super::simd::act_q8_0(xr, &mut b);
                     for (j, blk) in b.iter().enumerate() {
                         qs[j * QK..(j + 1) * QK].copy_from_slice(&blk.qs);
                         let sum: i32 = blk.qs.iter().map(|&q| q as i32).sum();
@@ -180,11 +174,7 @@ impl PackedActs {
                 }
                 DType::Q8_1 => {
                     let mut b = zeroed_blocks::<q8_1::BlockQ8_1>(k / QK);
-                    if simd {
-                        act512::q8_1(xr, &mut b)
-                    } else {
-                        q8_1::quantize(xr, &mut b)
-                    }
+                    super::simd::act_q8_1(xr, &mut b);
                     for (j, blk) in b.iter().enumerate() {
                         qs[j * QK..(j + 1) * QK].copy_from_slice(&blk.qs);
                         da[j] = blk.d.to_f32();
@@ -195,11 +185,7 @@ impl PackedActs {
                 }
                 DType::Q8_K => {
                     let mut b = zeroed_blocks::<q8_k::BlockQ8K>(k / QK_K);
-                    if simd {
-                        act512::q8_k(xr, &mut b)
-                    } else {
-                        q8_k::quantize(xr, &mut b)
-                    }
+                    super::simd::act_q8_k(xr, &mut b);
                     let per = QK_K / g;
                     for (j, blk) in b.iter().enumerate() {
                         qs[j * QK_K..(j + 1) * QK_K].copy_from_slice(&blk.qs);

@@ -18,35 +18,7 @@ pub(crate) fn available() -> bool {
     false
 }
 
-/// `x` (a whole number of 32-value blocks) as Q8_0 blocks.
-pub(crate) fn q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
-    assert!(available() && x.len() == out.len() * 32);
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: features checked above; lengths match.
-    unsafe {
-        imp::q8_0(x, out)
-    }
-}
-
-/// `x` as Q8_1 blocks (Q8_0 levels plus `s = d · Σq`).
-pub(crate) fn q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
-    assert!(available() && x.len() == out.len() * 32);
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: features checked above; lengths match.
-    unsafe {
-        imp::q8_1(x, out)
-    }
-}
-
-/// `x` (a whole number of 256-value blocks) as Q8_K blocks.
-pub(crate) fn q8_k(x: &[f32], out: &mut [BlockQ8K]) {
-    assert!(available() && x.len() == out.len() * 256);
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: features checked above; lengths match.
-    unsafe {
-        imp::q8_k(x, out)
-    }
-}
+super::activation_quantizers!();
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
@@ -89,28 +61,7 @@ mod imp {
         }
     }
 
-    /// # Safety
-    /// AVX-512 F/BW/VL; `x.len() == 32 · out.len()`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
-        for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
-            // SAFETY: a whole block of input and of output.
-            let (d, _) = unsafe { block32(xb.as_ptr(), b.qs.as_mut_ptr()) };
-            b.d = f16::from_f32(d);
-        }
-    }
-
-    /// # Safety
-    /// AVX-512 F/BW/VL; `x.len() == 32 · out.len()`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
-        for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
-            // SAFETY: a whole block of input and of output.
-            let (d, sum) = unsafe { block32(xb.as_ptr(), b.qs.as_mut_ptr()) };
-            b.d = f16::from_f32(d);
-            b.s = f16::from_f32(sum as f32 * d);
-        }
-    }
+    super::super::block_quantizers!("avx512f,avx512bw,avx512vl");
 
     /// # Safety
     /// AVX-512 F/BW/VL; `x.len() == 256 · out.len()`.
@@ -153,6 +104,7 @@ mod imp {
 
 #[cfg(test)]
 mod tests {
+    use crate::quant::simd::act256;
     use crate::quant::testutil::Rng;
     use crate::quant::{q8_0, q8_1, q8_k, zeroed_blocks};
 
@@ -179,25 +131,32 @@ mod tests {
         x
     }
 
+    /// The AVX-512 quantizers here and the AVX2 ones of `act256`, each where the CPU has
+    /// it.
     #[test]
     fn simd_activation_quantizers_match_the_references_bit_for_bit() {
-        if !super::available() {
-            return;
-        }
-        for seed in 0..20 {
-            let x = inputs(1024, seed);
-            let (mut a, mut b) = (zeroed_blocks::<q8_0::BlockQ8_0>(32), zeroed_blocks::<q8_0::BlockQ8_0>(32));
-            q8_0::quantize(&x, &mut a);
-            super::q8_0(&x, &mut b);
-            assert_eq!(a, b, "q8_0, seed {seed}");
-            let (mut a, mut b) = (zeroed_blocks::<q8_1::BlockQ8_1>(32), zeroed_blocks::<q8_1::BlockQ8_1>(32));
-            q8_1::quantize(&x, &mut a);
-            super::q8_1(&x, &mut b);
-            assert_eq!(a, b, "q8_1, seed {seed}");
-            let (mut a, mut b) = (zeroed_blocks::<q8_k::BlockQ8K>(4), zeroed_blocks::<q8_k::BlockQ8K>(4));
-            q8_k::quantize(&x, &mut a);
-            super::q8_k(&x, &mut b);
-            assert_eq!(a, b, "q8_k, seed {seed}");
+        type Set =
+            (fn(&[f32], &mut [q8_0::BlockQ8_0]), fn(&[f32], &mut [q8_1::BlockQ8_1]), fn(&[f32], &mut [q8_k::BlockQ8K]));
+        let sets: [(&str, bool, Set); 2] = [
+            ("AVX-512", super::available(), (super::q8_0, super::q8_1, super::q8_k)),
+            ("AVX2", act256::available(), (act256::q8_0, act256::q8_1, act256::q8_k)),
+        ];
+        for (name, _, (q80, q81, q8k)) in sets.into_iter().filter(|s| s.1) {
+            for seed in 0..20 {
+                let x = inputs(1024, seed);
+                let (mut a, mut b) = (zeroed_blocks::<q8_0::BlockQ8_0>(32), zeroed_blocks::<q8_0::BlockQ8_0>(32));
+                q8_0::quantize(&x, &mut a);
+                q80(&x, &mut b);
+                assert_eq!(a, b, "{name} q8_0, seed {seed}");
+                let (mut a, mut b) = (zeroed_blocks::<q8_1::BlockQ8_1>(32), zeroed_blocks::<q8_1::BlockQ8_1>(32));
+                q8_1::quantize(&x, &mut a);
+                q81(&x, &mut b);
+                assert_eq!(a, b, "{name} q8_1, seed {seed}");
+                let (mut a, mut b) = (zeroed_blocks::<q8_k::BlockQ8K>(4), zeroed_blocks::<q8_k::BlockQ8K>(4));
+                q8_k::quantize(&x, &mut a);
+                q8k(&x, &mut b);
+                assert_eq!(a, b, "{name} q8_k, seed {seed}");
+            }
         }
     }
 }

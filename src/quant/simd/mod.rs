@@ -8,6 +8,75 @@
 //! differ from the scalar reference only by float summation order. Formats without a
 //! SIMD kernel fall back to the scalar reference inside a SIMD table.
 
+/// The safe entry points of an activation-quantizer module (`act512`, `act256`): each
+/// checks the module's `available()` and the lengths, then calls its `imp`.
+macro_rules! activation_quantizers {
+    () => {
+        /// `x` (a whole number of 32-value blocks) as Q8_0 blocks.
+        pub(crate) fn q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
+            assert!(available() && x.len() == out.len() * 32);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: features checked above; lengths match.
+            unsafe {
+                imp::q8_0(x, out)
+            }
+        }
+
+        /// `x` as Q8_1 blocks (Q8_0 levels plus `s = d · Σq`).
+        pub(crate) fn q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
+            assert!(available() && x.len() == out.len() * 32);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: features checked above; lengths match.
+            unsafe {
+                imp::q8_1(x, out)
+            }
+        }
+
+        /// `x` (a whole number of 256-value blocks) as Q8_K blocks.
+        pub(crate) fn q8_k(x: &[f32], out: &mut [BlockQ8K]) {
+            assert!(available() && x.len() == out.len() * 256);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: features checked above; lengths match.
+            unsafe {
+                imp::q8_k(x, out)
+            }
+        }
+    };
+}
+use activation_quantizers;
+
+/// An activation-quantizer module's `imp::q8_0` and `imp::q8_1` for the target features
+/// named: each block through the module's `block32` (its levels, unrounded `d` and
+/// `Σ q`).
+macro_rules! block_quantizers {
+    ($features:literal) => {
+        /// # Safety
+        /// The features named; `x.len() == 32 · out.len()`.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
+            for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
+                // SAFETY: a whole block of input and of output.
+                let (d, _) = unsafe { block32(xb.as_ptr(), b.qs.as_mut_ptr()) };
+                b.d = f16::from_f32(d);
+            }
+        }
+
+        /// # Safety
+        /// The features named; `x.len() == 32 · out.len()`.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
+            for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
+                // SAFETY: a whole block of input and of output.
+                let (d, sum) = unsafe { block32(xb.as_ptr(), b.qs.as_mut_ptr()) };
+                b.d = f16::from_f32(d);
+                b.s = f16::from_f32(sum as f32 * d);
+            }
+        }
+    };
+}
+use block_quantizers;
+
+pub(crate) mod act256;
 pub(crate) mod act512;
 mod avx2;
 mod avx512;
@@ -297,24 +366,42 @@ fn scalar_dot_fn(dtype: DType) -> Option<DotFn> {
 }
 
 /// Quantizes activation rows `x` to `act` (Q8_0, Q8_1 or Q8_K) blocks in `out`, with
-/// AVX-512 where the CPU has it; the results equal the scalar references bit for bit.
+/// AVX-512 or AVX2 where the CPU has it; the results equal the scalar references bit for
+/// bit.
 pub(crate) fn quantize_activations(act: DType, x: &[f32], out: &mut [u8]) {
     let n = x.len() / act.block_size();
-    let simd = act512::available();
     match act {
-        DType::Q8_0 => {
-            let b = super::cast_blocks_mut::<q8_0::BlockQ8_0>(out, n);
-            if simd { act512::q8_0(x, b) } else { q8_0::quantize(x, b) }
-        }
-        DType::Q8_1 => {
-            let b = super::cast_blocks_mut::<q8_1::BlockQ8_1>(out, n);
-            if simd { act512::q8_1(x, b) } else { q8_1::quantize(x, b) }
-        }
-        DType::Q8_K => {
-            let b = super::cast_blocks_mut::<q8_k::BlockQ8K>(out, n);
-            if simd { act512::q8_k(x, b) } else { q8_k::quantize(x, b) }
-        }
+        DType::Q8_0 => act_q8_0(x, super::cast_blocks_mut::<q8_0::BlockQ8_0>(out, n)),
+        DType::Q8_1 => act_q8_1(x, super::cast_blocks_mut::<q8_1::BlockQ8_1>(out, n)),
+        DType::Q8_K => act_q8_k(x, super::cast_blocks_mut::<q8_k::BlockQ8K>(out, n)),
         other => unreachable!("{other:?} is not an activation format"),
+    }
+}
+
+/// `q8_0::quantize` with the widest quantizer this CPU runs (the same bits).
+pub(crate) fn act_q8_0(x: &[f32], b: &mut [q8_0::BlockQ8_0]) {
+    match (act512::available(), act256::available()) {
+        (true, _) => act512::q8_0(x, b),
+        (_, true) => act256::q8_0(x, b),
+        _ => q8_0::quantize(x, b),
+    }
+}
+
+/// `q8_1::quantize` with the widest quantizer this CPU runs (the same bits).
+pub(crate) fn act_q8_1(x: &[f32], b: &mut [q8_1::BlockQ8_1]) {
+    match (act512::available(), act256::available()) {
+        (true, _) => act512::q8_1(x, b),
+        (_, true) => act256::q8_1(x, b),
+        _ => q8_1::quantize(x, b),
+    }
+}
+
+/// `q8_k::quantize` with the widest quantizer this CPU runs (the same bits).
+pub(crate) fn act_q8_k(x: &[f32], b: &mut [q8_k::BlockQ8K]) {
+    match (act512::available(), act256::available()) {
+        (true, _) => act512::q8_k(x, b),
+        (_, true) => act256::q8_k(x, b),
+        _ => q8_k::quantize(x, b),
     }
 }
 
