@@ -444,22 +444,174 @@ mod imp {
         }
     }
 
+    /// `exp(x)` in each lane, as the AVX-512 kernel's `exp` computes it: `x = n·ln 2 + r`
+    /// with `|r| ≤ ln 2 / 2`, a degree-7 Taylor polynomial for `e^r`, scaled by `2^n` in
+    /// two exact steps of `2^(n/2)` (AVX2 has no `scalef`), so that results overflow to
+    /// ∞ and fall through the subnormals to 0 as `expf`'s do. Lanes are clamped to ±104
+    /// first (beyond which every `f32` result is 0 or ∞).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn exp(x: __m256) -> __m256 {
+        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0)), _mm256_set1_ps(104.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+            x,
+            _mm256_set1_ps(std::f32::consts::LOG2_E),
+        ));
+        // ln 2 in two parts: n·0.693145751953125 is exact for the n that occur.
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+        let mut p = _mm256_set1_ps(1.0 / 5040.0);
+        for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        // |n| ≤ 150: each half within the normal exponents.
+        let n = _mm256_cvtps_epi32(n);
+        let half = _mm256_srai_epi32::<1>(n);
+        let pow2 =
+            |e: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(e, _mm256_set1_epi32(127))));
+        _mm256_mul_ps(_mm256_mul_ps(p, pow2(half)), pow2(_mm256_sub_epi32(n, half)))
+    }
+
+    /// The low `n < 8` lanes set.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn tail_mask(n: usize) -> __m256i {
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+    }
+
+    /// The lanes of `x` from `i`: all 8, or the `n − i < 8` left with `fill` beyond them.
+    ///
     /// # Safety
-    /// None (the scalar softmax).
+    /// AVX2; `x[i..n]` readable.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn lanes_from(x: *const f32, i: usize, n: usize, fill: f32) -> __m256 {
+        // SAFETY: the caller's bound; masked lanes are not read.
+        unsafe {
+            match i + L <= n {
+                true => _mm256_loadu_ps(x.add(i)),
+                false => {
+                    let m = tail_mask(n - i);
+                    _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(x.add(i), m), _mm256_castsi256_ps(m))
+                }
+            }
+        }
+    }
+
+    /// Stores the lanes of `v` that [`lanes_from`] read at `i`.
+    ///
+    /// # Safety
+    /// AVX2; `x[i..n]` writable.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn store_lanes(x: *mut f32, i: usize, n: usize, v: __m256) {
+        // SAFETY: the caller's bound; masked lanes are not written.
+        unsafe {
+            match i + L <= n {
+                true => _mm256_storeu_ps(x.add(i), v),
+                false => _mm256_maskstore_ps(x.add(i), tail_mask(n - i), v),
+            }
+        }
+    }
+
+    /// The largest lane.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn hmax(v: __m256) -> f32 {
+        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+    }
+
+    /// The table's `softmax`, 8 lanes at a time (the sum in lanes, then [`hsum`]).
+    ///
+    /// # Safety
+    /// AVX2, FMA.
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn softmax(x: &mut [f32]) {
-        super::super::scalar::softmax_ref(x)
+        let (n, p) = (x.len(), x.as_mut_ptr());
+        // SAFETY: every access is below `n`.
+        unsafe {
+            let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+            let mut i = 0;
+            while i < n {
+                m = _mm256_max_ps(m, lanes_from(p, i, n, f32::NEG_INFINITY));
+                i += L;
+            }
+            let m = _mm256_set1_ps(hmax(m));
+            let mut sum = _mm256_setzero_ps();
+            i = 0;
+            while i < n {
+                // The lanes past `n` read −∞ and give 0.
+                let e = exp(_mm256_sub_ps(lanes_from(p, i, n, f32::NEG_INFINITY), m));
+                let e = if i + L <= n { e } else { _mm256_and_ps(e, _mm256_castsi256_ps(tail_mask(n - i))) };
+                sum = _mm256_add_ps(sum, e);
+                store_lanes(p, i, n, e);
+                i += L;
+            }
+            let sum = _mm256_set1_ps(hsum(sum));
+            i = 0;
+            while i < n {
+                store_lanes(p, i, n, _mm256_div_ps(lanes_from(p, i, n, 0.0), sum));
+                i += L;
+            }
+        }
     }
 
+    /// The table's `silu_mul`: `g / (1 + exp(−g)) · u`, 8 lanes at a time.
+    ///
     /// # Safety
-    /// None (the scalar product).
+    /// AVX2, FMA; `g.len() == u.len()`.
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
-        super::super::scalar::silu_mul_ref(g, u)
+        let (n, pg, pu) = (g.len().min(u.len()), g.as_mut_ptr(), u.as_ptr());
+        // SAFETY: every access is below `n`.
+        unsafe {
+            let mut i = 0;
+            while i < n {
+                let x = lanes_from(pg, i, n, 0.0);
+                let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), x));
+                let y = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+                store_lanes(pg, i, n, _mm256_mul_ps(y, lanes_from(pu, i, n, 0.0)));
+                i += L;
+            }
+        }
     }
 
+    /// The table's `max_exp_sum`: the max in lanes (NaN lanes lose), then each lane's
+    /// `exp(x − max)` in f32, widened and summed in f64 lanes.
+    ///
     /// # Safety
-    /// None (the scalar sum).
+    /// AVX2, FMA.
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn max_exp_sum(x: &[f32]) -> (f32, f64) {
-        super::super::scalar::max_exp_sum_ref(x)
+        let (n, p) = (x.len(), x.as_ptr());
+        // SAFETY: every access is below `n`.
+        unsafe {
+            let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+            let mut i = 0;
+            while i < n {
+                // `max(NaN, m)` gives `m`, so NaN never wins.
+                m = _mm256_max_ps(lanes_from(p, i, n, f32::NEG_INFINITY), m);
+                i += L;
+            }
+            let max = hmax(m);
+            if !max.is_finite() {
+                return (max, 0.0);
+            }
+            let (m, mut lo, mut hi) = (_mm256_set1_ps(max), _mm256_setzero_pd(), _mm256_setzero_pd());
+            i = 0;
+            while i < n {
+                let v = lanes_from(p, i, n, f32::NEG_INFINITY);
+                let e = _mm256_and_ps(exp(_mm256_sub_ps(v, m)), _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
+                lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+                hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
+                i += L;
+            }
+            let s = _mm256_add_pd(lo, hi);
+            let s = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd::<1>(s));
+            (max, _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s))))
+        }
     }
 
     /// One head's scores.
