@@ -83,7 +83,8 @@ pub struct BenchReport {
     pub mem_bandwidth_pattern: Option<String>,
     /// The buffer the CPU probe read again and again: the size of a decode step's weight
     /// reads (whole MiB per thread, at most 1 GiB), so a model that stays in the
-    /// cache meets a probe that does too.
+    /// cache meets a probe that does too. (A MoE model's probe before the runs reads its
+    /// dense size, the one after its routed bytes per token: the smaller is given.)
     pub mem_bandwidth_buffer_bytes: Option<usize>,
     /// How one-row quantized matmuls read their weight rows on this machine (CPU only):
     /// `in-turn` or `side-by-side` (`backend::cpu::bandwidth::decode_reads`).
@@ -379,7 +380,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     // memory-mapped model pays its page faults, and a streaming one fills its ring.
     run(1)?;
     // The CPU's memory probe takes half its passes now and half after the runs, each
-    // pattern's better half counting, as this VM's memory speed drifts too. Its buffer is
+    // pattern's better half counting, as a shared VM's memory speed drifts too. Its buffer is
     // freed before the runs, and the peak RSS reported is the larger of the peak so far
     // and the runs' own.
     let cpu_probe = model.memory_bandwidth().is_none();
