@@ -263,6 +263,16 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
     #[cfg(target_arch = "x86_64")]
     {
         use imp::*;
+        // Machines with AVX2 and no AVX-512 (or with it capped off) get the 32-value
+        // formats' kernels in 256-bit halves.
+        if super::QuantKernel::best() == super::QuantKernel::Avx2 {
+            return match dtype {
+                DType::Q4_0 => Some(avx2::kernels::<Q4_0>()),
+                DType::Q4_1 => Some(avx2::kernels::<Q4_1>()),
+                DType::Q8_0 => Some(avx2::kernels::<Q8_0>()),
+                _ => None,
+            };
+        }
         // Where the VBMI decode kernels run (the instruction set not capped below them).
         super::QuantKernel::best().decode_fn(DType::Q4_0)?;
         macro_rules! of {
@@ -376,10 +386,71 @@ pub(crate) unsafe fn run(
     }
 }
 
+/// A kernel module's [`PanelFn`] and [`SideFn`] entry points (`rows`, `side_by_side`)
+/// for the target features named, over its `tile_of::<F, W, R>`.
+macro_rules! panel_entry_points {
+    ($features:literal) => {
+        /// `R` (1, 2, 4 or 8) packed rows against one panel of format `F`. The K-quant
+        /// tiles take at most four rows: eight run as two fours.
+        ///
+        /// # Safety
+        /// `panel` holds a whole panel of `nb` blocks of format `F`; `a + r·stride` holds
+        /// `nb` packed activation blocks for `r < R`; `out[r·os + i]` is writable for
+        /// `r < R`, `i < 16`; a CPU with the features enabled here.
+        #[target_feature(enable = $features)]
+        pub unsafe fn rows<const F: u8, const R: usize>(
+            panel: *const u8,
+            nb: usize,
+            a: *const u8,
+            stride: usize,
+            out: *mut f32,
+            os: usize,
+        ) {
+            // SAFETY: forwarded contract, for one panel and rows `g..g + 4` (or all `R`).
+            unsafe {
+                if R == 8 && F >= Q4_K {
+                    for g in [0, 4] {
+                        tile_of::<F, 1, 4>(panel, 0, nb, a.add(g * stride), stride, out.add(g * os), 0, os);
+                    }
+                } else {
+                    tile_of::<F, 1, R>(panel, 0, nb, a, stride, out, 0, os);
+                }
+            }
+        }
+
+        /// Four panels `w_stride` bytes apart against one packed row, read side by side
+        /// block by block (four memory streams); panel `j`'s outputs at `out + j·o_stride`.
+        ///
+        /// # Safety
+        /// As for [`rows`] with `R = 1`, for each of the four panels and their outputs.
+        #[target_feature(enable = $features)]
+        pub unsafe fn side_by_side<const F: u8>(
+            panel: *const u8,
+            w_stride: usize,
+            nb: usize,
+            a: *const u8,
+            out: *mut f32,
+            o_stride: usize,
+        ) {
+            // SAFETY: forwarded contract.
+            unsafe { tile_of::<F, 4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
+        }
+    };
+}
+use panel_entry_points;
+
 /// The prompt GEMM's unpacker (see [`UnpackFn`](super::gemm::UnpackFn)) for a panel of
 /// `dtype`: the lines and scales its row-major unpacker makes, read without gathers.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn gemm_unpack(dtype: DType) -> Option<super::gemm::UnpackFn> {
+    if super::QuantKernel::best() == super::QuantKernel::Avx2 {
+        return match dtype {
+            DType::Q4_0 => Some(avx2::unpack::<{ imp::Q4_0 }>),
+            DType::Q4_1 => Some(avx2::unpack::<{ imp::Q4_1 }>),
+            DType::Q8_0 => Some(avx2::unpack::<{ imp::Q8_0 }>),
+            _ => None,
+        };
+    }
     match dtype {
         DType::Q4_0 => Some(imp::unpack::<{ imp::Q4_0 }>),
         DType::Q4_1 => Some(imp::unpack::<{ imp::Q4_1 }>),
@@ -446,51 +517,7 @@ mod imp {
         }
     }
 
-    /// `R` (1, 2, 4 or 8) packed rows against one panel of format `F`. The K-quant
-    /// tiles take at most four rows: eight run as two fours.
-    ///
-    /// # Safety
-    /// `panel` holds a whole panel of `nb` blocks of format `F`; `a + r·stride` holds
-    /// `nb` packed activation blocks for `r < R`; `out[r·os + i]` is writable for
-    /// `r < R`, `i < 16`; a CPU with the features enabled here.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn rows<const F: u8, const R: usize>(
-        panel: *const u8,
-        nb: usize,
-        a: *const u8,
-        stride: usize,
-        out: *mut f32,
-        os: usize,
-    ) {
-        // SAFETY: forwarded contract, for one panel and rows `g..g + 4` (or all `R`).
-        unsafe {
-            if R == 8 && F >= Q4_K {
-                for g in [0, 4] {
-                    tile_of::<F, 1, 4>(panel, 0, nb, a.add(g * stride), stride, out.add(g * os), 0, os);
-                }
-            } else {
-                tile_of::<F, 1, R>(panel, 0, nb, a, stride, out, 0, os);
-            }
-        }
-    }
-
-    /// Four panels `w_stride` bytes apart against one packed row, read side by side
-    /// block by block (four memory streams); panel `j`'s outputs at `out + j·o_stride`.
-    ///
-    /// # Safety
-    /// As for [`rows`] with `R = 1`, for each of the four panels and their outputs.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn side_by_side<const F: u8>(
-        panel: *const u8,
-        w_stride: usize,
-        nb: usize,
-        a: *const u8,
-        out: *mut f32,
-        o_stride: usize,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe { tile_of::<F, 4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
-    }
+    super::panel_entry_points!("avx512f,avx512bw,avx512vl,avx512vnni,f16c");
 
     /// `W` panels (`w_stride` bytes apart) × `R` packed rows: each (panel, row) pair takes
     /// exactly the operations it takes alone, so every path gives a row the same bits.
@@ -902,6 +929,194 @@ mod imp {
     }
 }
 
+/// The 32-value formats' panel kernels for AVX2 (with FMA and F16C): each 64-byte line
+/// as two 256-bit halves of 8 rows. `vpdpbusd` becomes `vpmaddubsw` into 16-bit pairs:
+/// a Q4 block's eight level words are summed in 16 bits (8 · 2 · 15 · 127 < 2¹⁵) and
+/// widened once with `vpmaddwd`; Q8_0's signed levels take `vpsignb` (|w| against `a`
+/// with `w`'s sign: activations never hold −128) and are widened each word. The block's
+/// integer sum is the AVX-512 tile's exactly, and its conversion, scale product and FMAs
+/// are the same, so a row gets the same bits as from the AVX-512 panels, and from every
+/// path here alike.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop, reason = "the row index drives several arrays and pointers")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::imp::{Q4_1, Q4_K, Q8_0};
+    use super::{ACT_BLOCK, Kernels};
+
+    /// Bytes ahead of the current block to prefetch.
+    const PREFETCH: usize = 2048;
+
+    pub fn kernels<const F: u8>() -> Kernels {
+        Kernels { rows: [rows::<F, 8>, rows::<F, 4>, rows::<F, 2>, rows::<F, 1>], side_by_side: side_by_side::<F> }
+    }
+
+    /// The 4 bytes at `p` in every 32-bit lane.
+    ///
+    /// # Safety
+    /// 4 readable bytes at `p`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn word(p: *const u8) -> __m256i {
+        // SAFETY: the caller's 4 bytes.
+        unsafe { _mm256_set1_epi32(p.cast::<i32>().read_unaligned()) }
+    }
+
+    /// Half `h` (rows `8h..8h + 8`) of a block's 8 level registers, in the order of the
+    /// activation words they meet: Q4 nibbles (unsigned), Q8_0 levels (signed).
+    ///
+    /// # Safety
+    /// The block's lines readable at `wp`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn levels<const F: u8>(wp: *const u8, h: usize) -> [__m256i; 8] {
+        let mut u = [_mm256_setzero_si256(); 8];
+        // SAFETY: the caller's lines.
+        unsafe {
+            if F == Q8_0 {
+                for s in 0..8 {
+                    u[s] = _mm256_loadu_si256(wp.add(64 * s + 32 * h).cast());
+                }
+                return u;
+            }
+            let nib = _mm256_set1_epi8(0x0F);
+            for s in 0..4 {
+                let v = _mm256_loadu_si256(wp.add(64 * s + 32 * h).cast());
+                u[s] = _mm256_and_si256(v, nib);
+                u[s + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+            }
+            u
+        }
+    }
+
+    /// A block's integer sum `Σ w·a` for 8 rows (Q4_0: with the activation's `−8·Σa`;
+    /// Q4_1: without its min).
+    ///
+    /// # Safety
+    /// AVX2; a packed activation block at `ap`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn block_sum<const F: u8>(u: &[__m256i; 8], ap: *const u8) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        // SAFETY: the caller's activation block.
+        unsafe {
+            if F == Q8_0 {
+                let mut i = _mm256_setzero_si256();
+                for s in 0..8 {
+                    let p =
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(u[s], u[s]), _mm256_sign_epi8(word(ap.add(4 * s)), u[s]));
+                    i = _mm256_add_epi32(i, _mm256_madd_epi16(p, ones));
+                }
+                return i;
+            }
+            let mut p = _mm256_setzero_si256();
+            for s in 0..8 {
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[s], word(ap.add(4 * s))));
+            }
+            let i = _mm256_madd_epi16(p, ones);
+            if F == Q4_1 { i } else { _mm256_add_epi32(i, word(ap.add(32))) }
+        }
+    }
+
+    super::panel_entry_points!("avx2,fma,f16c");
+
+    /// `W` panels × `R` packed rows, as `imp::tile`, in two halves of 8 rows.
+    ///
+    /// # Safety
+    /// As for [`rows`], for each panel `j` and its outputs `out + j·o_stride + r·os`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
+    #[inline]
+    unsafe fn tile_of<const F: u8, const W: usize, const R: usize>(
+        panel: *const u8,
+        w_stride: usize,
+        nb: usize,
+        a: *const u8,
+        stride: usize,
+        out: *mut f32,
+        o_stride: usize,
+        os: usize,
+    ) {
+        let lines = if F == Q8_0 { 8 } else { 4 };
+        let min = F == Q4_1;
+        let block = 64 * lines + if min { 64 } else { 32 };
+        let mut acc = [[[_mm256_setzero_ps(); 2]; R]; W];
+        // SAFETY: loads stay inside the panels' `nb` blocks and the activation rows;
+        // prefetches never fault; stores go to the caller's outputs.
+        unsafe {
+            for b in 0..nb {
+                for j in 0..W {
+                    let wp = panel.add(j * w_stride + block * b);
+                    for line in 0..lines {
+                        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * line).cast());
+                    }
+                    let sp = wp.add(64 * lines);
+                    for h in 0..2 {
+                        let u = levels::<F>(wp, h);
+                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(16 * h).cast()));
+                        let mw = if min { _mm256_cvtph_ps(_mm_loadu_si128(sp.add(32 + 16 * h).cast())) } else { dw };
+                        for r in 0..R {
+                            let ap = a.add(r * stride + ACT_BLOCK * b);
+                            let i = block_sum::<F>(&u, ap);
+                            let sc = _mm256_mul_ps(dw, _mm256_set1_ps(ap.add(36).cast::<f32>().read_unaligned()));
+                            let acc = &mut acc[j][r][h];
+                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), sc, *acc);
+                            if min {
+                                *acc = _mm256_fmadd_ps(mw, _mm256_castsi256_ps(word(ap.add(32))), *acc);
+                            }
+                        }
+                    }
+                }
+            }
+            for j in 0..W {
+                for r in 0..R {
+                    for h in 0..2 {
+                        _mm256_storeu_ps(out.add(j * o_stride + r * os + 8 * h), acc[j][r][h]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX2 prompt GEMM's unpacker for a panel of format `F` (`lanes` is 16): the
+    /// lines, scales and negated mins `gemm256`'s row unpacker makes (Q8_0's levels
+    /// signed), read without gathers.
+    ///
+    /// # Safety
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn), with `w` a whole panel.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn unpack<const F: u8>(
+        w: *const u8,
+        _row_bytes: usize,
+        _lanes: usize,
+        nb: usize,
+        levels: *mut u8,
+        dw: *mut f32,
+        mw: *mut f32,
+    ) {
+        let lines = if F == Q8_0 { 8 } else { 4 };
+        let min = F == Q4_1;
+        let block = 64 * lines + if min { 64 } else { 32 };
+        // SAFETY: reads inside the panel, writes group `b` of the caller's buffers.
+        unsafe {
+            for b in 0..nb {
+                let sp = w.add(block * b + 64 * lines);
+                for h in 0..2 {
+                    _mm256_store_ps(dw.add(16 * b + 8 * h), _mm256_cvtph_ps(_mm_loadu_si128(sp.add(16 * h).cast())));
+                    if min {
+                        let m = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(32 + 16 * h).cast()));
+                        _mm256_store_ps(mw.add(16 * b + 8 * h), _mm256_sub_ps(_mm256_setzero_ps(), m));
+                    }
+                    for (t, v) in self::levels::<F>(w.add(block * b), h).into_iter().enumerate() {
+                        _mm256_store_si256(levels.add(64 * (8 * b + t) + 32 * h).cast(), v);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -989,8 +1204,11 @@ mod tests {
         assert!(!eligible(DType::Q5_0, &[32, 256]));
         assert!(!eligible(DType::Q4_K, &[32, 128]));
         assert!(!eligible(DType::Q8_0, &[64]));
+        // Every format where the VBMI kernels run; the 32-value ones on AVX2 machines.
+        let best = crate::quant::QuantKernel::best();
         for dtype in FORMATS {
-            let want = crate::quant::QuantKernel::best().decode_fn(DType::Q4_0).is_some();
+            let want = best.decode_fn(DType::Q4_0).is_some()
+                || (best == crate::quant::QuantKernel::Avx2 && FORMATS[..3].contains(&dtype));
             assert_eq!(eligible(dtype, &[32, whole(dtype, 64)]), want, "{dtype:?}");
         }
     }
