@@ -28,6 +28,9 @@
 //! are 52 words (lines 0..32 `ql`, 32..48 `qh`, 48..52 the i8 scales) and then `d`, kept
 //! after the lines as the 16 rows' f16.
 //!
+//! On AVX2 machines (no AVX-512, or `STRATA_CPU_ISA=avx2`) the 32-value formats are
+//! panels too, with kernels that take each line in two 256-bit halves (module `avx2`).
+//!
 //! `STRATA_CPU_PANELS=off` keeps every weight as stored (the row-major kernels).
 //!
 //! Each row's sum is `Σ_b cvt(i_b)·(d_b·da_b)` (`+ m_b·s_b` for Q4_1) added block after
@@ -92,8 +95,9 @@ const fn layout(dtype: DType) -> Option<Layout> {
 }
 
 /// Whether a weight of `dtype` and `shape` is kept as panels on this CPU: Q4_0, Q4_1,
-/// Q8_0, Q4_K, Q5_K or Q6_K `[m, k]` with `m` a multiple of 16, where the AVX-512 VBMI kernels run
-/// (and the instruction set is not capped below them).
+/// Q8_0, Q4_K, Q5_K or Q6_K `[m, k]` with `m` a multiple of 16, where the AVX-512 VBMI
+/// kernels run (and the instruction set is not capped below them); Q4_0, Q4_1 and Q8_0
+/// where AVX2 is the best the CPU runs.
 pub(crate) fn eligible(dtype: DType, shape: &[usize]) -> bool {
     let &[m, k] = shape else { return false };
     enabled()
