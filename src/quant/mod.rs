@@ -30,7 +30,7 @@ pub mod q6_k;
 pub mod q8_0;
 pub mod q8_1;
 pub mod q8_k;
-mod simd;
+pub(crate) mod simd;
 
 pub use simd::QuantKernel;
 

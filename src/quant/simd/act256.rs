@@ -21,7 +21,7 @@ pub(crate) fn available() -> bool {
 super::activation_quantizers!();
 
 #[cfg(target_arch = "x86_64")]
-mod imp {
+pub(crate) mod imp {
     use std::arch::x86_64::*;
 
     use half::f16;
@@ -35,10 +35,10 @@ mod imp {
         _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX)))
     }
 
-    /// The largest lane.
+    /// The largest lane (of lanes that are not NaN; also the CPU backend's AVX2 kernels').
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn hmax(v: __m256) -> f32 {
+    pub(crate) fn hmax(v: __m256) -> f32 {
         let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)))

@@ -23,6 +23,7 @@ mod imp {
     use std::ops::Range;
 
     use super::super::{Bf16, F16, Ops, OutPtr, Prefetch, PrefetchCursor, WData, WElem, Weights, XRows};
+    use crate::quant::simd::act256::imp::hmax;
 
     /// f32 lanes per register.
     const L: usize = 8;
@@ -512,15 +513,6 @@ mod imp {
                 false => _mm256_maskstore_ps(x.add(i), tail_mask(n - i), v),
             }
         }
-    }
-
-    /// The largest lane.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn hmax(v: __m256) -> f32 {
-        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
     }
 
     /// The table's `softmax`, 8 lanes at a time (the sum in lanes, then [`hsum`]).
