@@ -28,8 +28,9 @@
 //! are 52 words (lines 0..32 `ql`, 32..48 `qh`, 48..52 the i8 scales) and then `d`, kept
 //! after the lines as the 16 rows' f16.
 //!
-//! On AVX2 machines (no AVX-512, or `STRATA_CPU_ISA=avx2`) the 32-value formats are
-//! panels too, with kernels that take each line in two 256-bit halves (module `avx2`).
+//! On AVX2 machines (no AVX-512, or `STRATA_CPU_ISA=avx2`) every one of these formats is
+//! panels too, with kernels that take each line in two 256-bit halves (module `avx2`)
+//! and give a row the AVX-512 kernels' bits.
 //!
 //! `STRATA_CPU_PANELS=off` keeps every weight as stored (the row-major kernels).
 //!
@@ -96,8 +97,8 @@ const fn layout(dtype: DType) -> Option<Layout> {
 
 /// Whether a weight of `dtype` and `shape` is kept as panels on this CPU: Q4_0, Q4_1,
 /// Q8_0, Q4_K, Q5_K or Q6_K `[m, k]` with `m` a multiple of 16, where the AVX-512 VBMI
-/// kernels run (and the instruction set is not capped below them); Q4_0, Q4_1 and Q8_0
-/// where AVX2 is the best the CPU runs.
+/// kernels run (and the instruction set is not capped below them), or where AVX2 is the
+/// best the CPU runs.
 pub(crate) fn eligible(dtype: DType, shape: &[usize]) -> bool {
     let &[m, k] = shape else { return false };
     enabled()
@@ -274,6 +275,9 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
                 DType::Q4_0 => Some(avx2::kernels::<Q4_0>()),
                 DType::Q4_1 => Some(avx2::kernels::<Q4_1>()),
                 DType::Q8_0 => Some(avx2::kernels::<Q8_0>()),
+                DType::Q4_K => Some(avx2::kernels::<Q4_K>()),
+                DType::Q5_K => Some(avx2::kernels::<Q5_K>()),
+                DType::Q6_K => Some(avx2::kernels::<Q6_K>()),
                 _ => None,
             };
         }
@@ -391,7 +395,7 @@ pub(crate) unsafe fn run(
 }
 
 /// A kernel module's [`PanelFn`] and [`SideFn`] entry points (`rows`, `side_by_side`)
-/// for the target features named, over its `tile_of::<F, W, R>`.
+/// for the target features named, over its `tile`, `tile_k` and `tile_k6`.
 macro_rules! panel_entry_points {
     ($features:literal) => {
         /// `R` (1, 2, 4 or 8) packed rows against one panel of format `F`. The K-quant
@@ -439,6 +443,35 @@ macro_rules! panel_entry_points {
             // SAFETY: forwarded contract.
             unsafe { tile_of::<F, 4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
         }
+
+        /// `W` panels × `R` rows of format `F`: `tile`, `tile_k` or `tile_k6` (these two
+        /// for `R` ≤ 4).
+        ///
+        /// # Safety
+        /// As for those.
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
+        #[inline]
+        unsafe fn tile_of<const F: u8, const W: usize, const R: usize>(
+            panel: *const u8,
+            w_stride: usize,
+            nb: usize,
+            a: *const u8,
+            stride: usize,
+            out: *mut f32,
+            o_stride: usize,
+            os: usize,
+        ) {
+            // SAFETY: forwarded contract.
+            unsafe {
+                match F {
+                    Q4_K => tile_k::<false, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
+                    Q5_K => tile_k::<true, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
+                    Q6_K => tile_k6::<W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
+                    _ => tile::<F, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
+                }
+            }
+        }
     };
 }
 use panel_entry_points;
@@ -452,6 +485,9 @@ pub(crate) fn gemm_unpack(dtype: DType) -> Option<super::gemm::UnpackFn> {
             DType::Q4_0 => Some(avx2::unpack::<{ imp::Q4_0 }>),
             DType::Q4_1 => Some(avx2::unpack::<{ imp::Q4_1 }>),
             DType::Q8_0 => Some(avx2::unpack::<{ imp::Q8_0 }>),
+            DType::Q4_K => Some(super::simd::gemm256::unpack_q4k::<false, true>),
+            DType::Q5_K => Some(super::simd::gemm256::unpack_q4k::<true, true>),
+            DType::Q6_K => Some(super::simd::gemm256::unpack_q6k::<true>),
             _ => None,
         };
     }
@@ -604,35 +640,6 @@ mod imp {
     pub const Q6_K: u8 = 4;
     pub const Q5_K: u8 = 5;
 
-    /// `W` panels × `R` rows of format `F`: [`tile`], [`tile_k`] or [`tile_k6`] (these
-    /// two for `R` ≤ 4).
-    ///
-    /// # Safety
-    /// As for those.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
-    #[inline]
-    unsafe fn tile_of<const F: u8, const W: usize, const R: usize>(
-        panel: *const u8,
-        w_stride: usize,
-        nb: usize,
-        a: *const u8,
-        stride: usize,
-        out: *mut f32,
-        o_stride: usize,
-        os: usize,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe {
-            match F {
-                Q4_K => tile_k::<false, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
-                Q5_K => tile_k::<true, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
-                Q6_K => tile_k6::<W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
-                _ => tile::<F, W, R>(panel, w_stride, nb, a, stride, out, o_stride, os),
-            }
-        }
-    }
-
     /// `W` Q4_K panels (`Q5`: Q5_K) × `R` (≤ 4) packed rows. Per block, panel and row:
     /// each sub-block's 8 `vpdpbusd` dot (levels 0..15, or Q5_K's 0..31, against the
     /// row's levels) times its 6-bit scale, summed exactly in i32 (`Σ sc_j·dot_j`), and
@@ -765,7 +772,7 @@ mod imp {
 
     /// `vpshufb` indices that copy byte `b` of each 32-bit lane into all four of its
     /// bytes (then `>> 8` per i16 makes the i16 pair `(sc, sc)`, sign-extended).
-    static BYTE_IDX: [[u8; 64]; 4] = {
+    pub static BYTE_IDX: [[u8; 64]; 4] = {
         let mut t = [[0u8; 64]; 4];
         let mut b = 0;
         while b < 4 {
@@ -946,7 +953,7 @@ mod imp {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::imp::{Q4_1, Q4_K, Q8_0};
+    use super::imp::{BYTE_IDX, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0};
     use super::{ACT_BLOCK, Kernels};
 
     /// Bytes ahead of the current block to prefetch.
@@ -1025,6 +1032,303 @@ mod avx2 {
 
     super::panel_entry_points!("avx2,fma,f16c");
 
+    /// Half `h` (rows `8h..8h + 8`) of line `t` of the block at `p`.
+    ///
+    /// # Safety
+    /// 64 readable bytes at `p + 64·t`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn half(p: *const u8, t: usize, h: usize) -> __m256i {
+        // SAFETY: the caller's bytes.
+        unsafe { _mm256_loadu_si256(p.add(64 * t + 32 * h).cast()) }
+    }
+
+    /// Each 32-bit lane's low byte as the i16 pair `(v, v)` (a `vpmaddwd` factor).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn pair(x: __m256i) -> __m256i {
+        _mm256_or_si256(x, _mm256_slli_epi32::<16>(x))
+    }
+
+    /// Bit `j` of each byte of `h` as bit 4 (a Q5_K level's high bit).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn high_bit(h: __m256i, j: usize, one: __m256i) -> __m256i {
+        _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srlv_epi32(h, _mm256_set1_epi32(j as i32)), one))
+    }
+
+    /// A Q4_K line 0 half (8 rows' `d | dmin << 16`) as the rows' `d` and `dmin`.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    fn d_dmin(dm: __m256i) -> (__m256, __m256) {
+        // Per 128-bit lane: the four `d` halves, then the four `dmin`; then the lanes'
+        // `d` quarters together and their `dmin` quarters.
+        let idx = _mm256_setr_epi8(
+            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+        );
+        let t = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(dm, idx));
+        (_mm256_cvtph_ps(_mm256_castsi256_si128(t)), _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(t)))
+    }
+
+    /// `W` Q4_K panels (`Q5`: Q5_K) × `R` (≤ 4) packed rows, as `imp::tile_k`, a block
+    /// in two halves of 8 rows: each sub-block's level words meet the row's in
+    /// `vpmaddubsw` pairs summed in i16 (8 words for 4-bit levels, 2 · 8 · 15 · 128 <
+    /// 2¹⁵; 4 for Q5_K's 5-bit ones), then `vpmaddwd` against the 6-bit scale as an i16
+    /// pair widens and scales them at once. The integer sums are `imp::tile_k`'s exactly,
+    /// and its conversions and FMAs follow, so a row gets the AVX-512 panels' bits.
+    ///
+    /// # Safety
+    /// As for [`rows`], for each panel `j` and its outputs `out + j·o_stride + r·os`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
+    #[inline]
+    unsafe fn tile_k<const Q5: bool, const W: usize, const R: usize>(
+        panel: *const u8,
+        w_stride: usize,
+        nb: usize,
+        a: *const u8,
+        stride: usize,
+        out: *mut f32,
+        o_stride: usize,
+        os: usize,
+    ) {
+        const AB: usize = super::ACT_K;
+        let (block, qs, fold) = if Q5 { (16 * 176, 12, 4) } else { (16 * 144, 4, 8) };
+        let (nib, one) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(1));
+        let (k1, k2, k3) =
+            (_mm256_set1_epi32(0x3f3f_3f3f), _mm256_set1_epi32(0x0f0f_0f0f), _mm256_set1_epi32(0x0303_0303));
+        let (byte, pairs) = (_mm256_set1_epi32(0xFF), _mm256_set1_epi32(0x00FF_00FF));
+        let zero = _mm256_setzero_si256();
+        let mut acc = [[[_mm256_setzero_ps(); 2]; R]; W];
+        // SAFETY: loads stay inside the panels' `nb` blocks and the activation rows;
+        // prefetches never fault; stores go to the caller's outputs.
+        unsafe {
+            for b in 0..nb {
+                for h in 0..2 {
+                    let mut sumi = [[zero; R]; W];
+                    for n in 0..4 {
+                        for j in 0..W {
+                            let wp = panel.add(j * w_stride + block * b);
+                            if h == 0 {
+                                let per = if Q5 { 11 } else { 9 };
+                                for l in per * n..per * (n + 1) {
+                                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * l).cast());
+                                }
+                            }
+                            // Sub-blocks 2n and 2n + 1's scales, as in `imp::tile_k`.
+                            let u0 = half(wp, 1, h);
+                            let scales = if n < 2 {
+                                _mm256_and_si256(u0, k1)
+                            } else {
+                                _mm256_or_si256(
+                                    _mm256_and_si256(half(wp, 3, h), k2),
+                                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u0), k3)),
+                                )
+                            };
+                            let sh = _mm_cvtsi32_si128(16 * (n % 2) as i32);
+                            let s_lo = pair(_mm256_and_si256(_mm256_srl_epi32(scales, sh), byte));
+                            let s_hi =
+                                pair(_mm256_and_si256(_mm256_srli_epi32::<8>(_mm256_srl_epi32(scales, sh)), byte));
+                            let (mut lo, mut hi) = ([zero; R], [zero; R]);
+                            for s in 0..8 {
+                                let v = half(wp, qs + 8 * n + s, h);
+                                let (mut vl, mut vh) =
+                                    (_mm256_and_si256(v, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+                                if Q5 {
+                                    let hb = half(wp, 4 + s, h);
+                                    vl = _mm256_or_si256(vl, high_bit(hb, 2 * n, one));
+                                    vh = _mm256_or_si256(vh, high_bit(hb, 2 * n + 1, one));
+                                }
+                                for r in 0..R {
+                                    let ap = a.add(r * stride + AB * b + 4 + 64 * n + 4 * s);
+                                    lo[r] = _mm256_add_epi16(lo[r], _mm256_maddubs_epi16(vl, word(ap)));
+                                    hi[r] = _mm256_add_epi16(hi[r], _mm256_maddubs_epi16(vh, word(ap.add(32))));
+                                }
+                                if (s + 1) % fold == 0 {
+                                    for r in 0..R {
+                                        let t = _mm256_add_epi32(
+                                            _mm256_madd_epi16(lo[r], s_lo),
+                                            _mm256_madd_epi16(hi[r], s_hi),
+                                        );
+                                        sumi[j][r] = _mm256_add_epi32(sumi[j][r], t);
+                                        (lo[r], hi[r]) = (zero, zero);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    for j in 0..W {
+                        let wp = panel.add(j * w_stride + block * b);
+                        let (d, dmin) = d_dmin(half(wp, 0, h));
+                        let (u1, u2) = (half(wp, 2, h), half(wp, 3, h));
+                        let m_lo = _mm256_and_si256(u1, k1);
+                        let m_hi = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi32::<4>(u2), k2),
+                            _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), k3)),
+                        );
+                        let mins = [
+                            _mm256_and_si256(m_lo, pairs),
+                            _mm256_and_si256(_mm256_srli_epi32::<8>(m_lo), pairs),
+                            _mm256_and_si256(m_hi, pairs),
+                            _mm256_and_si256(_mm256_srli_epi32::<8>(m_hi), pairs),
+                        ];
+                        for r in 0..R {
+                            let ap = a.add(r * stride + AB * b);
+                            let mut summ = zero;
+                            for (w, m) in mins.into_iter().enumerate() {
+                                let t = _mm256_madd_epi16(m, word(ap.add(4 + super::QK_K + 4 * w)));
+                                summ = _mm256_add_epi32(summ, t);
+                            }
+                            let da = _mm256_set1_ps(ap.cast::<f32>().read_unaligned());
+                            let acc = &mut acc[j][r][h];
+                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j][r]), _mm256_mul_ps(d, da), *acc);
+                            *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmin, da), *acc);
+                        }
+                    }
+                }
+            }
+            store(acc, out, o_stride, os);
+        }
+    }
+
+    /// The byte of each 32-bit lane of `w` that `i` (a row of `BYTE_IDX`) picks, as an
+    /// i16 pair `(sc, sc)` sign-extended.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn byte_pair(w: __m256i, i: __m256i) -> __m256i {
+        _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w, i))
+    }
+
+    /// `W` Q6_K panels × `R` (≤ 4) packed rows, as `imp::tile_k6`, a block in two halves
+    /// of 8 rows (`vpdpwssd` as `vpmaddwd` and an add: the same exact i32 sums), so a row
+    /// gets the AVX-512 panels' bits.
+    ///
+    /// # Safety
+    /// As for [`rows`], for each panel `j` and its outputs `out + j·o_stride + r·os`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
+    #[inline]
+    unsafe fn tile_k6<const W: usize, const R: usize>(
+        panel: *const u8,
+        w_stride: usize,
+        nb: usize,
+        a: *const u8,
+        stride: usize,
+        out: *mut f32,
+        o_stride: usize,
+        os: usize,
+    ) {
+        const AB: usize = super::ACT_K6;
+        const BLOCK_K6: usize = 16 * 210;
+        let (nib, high) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let zero = _mm256_setzero_si256();
+        let mut acc = [[[_mm256_setzero_ps(); 2]; R]; W];
+        // SAFETY: loads stay inside the panels' `nb` blocks and the activation rows;
+        // prefetches never fault; stores go to the caller's outputs.
+        unsafe {
+            let idx = BYTE_IDX.map(|t| _mm256_loadu_si256(t.as_ptr().cast()));
+            for b in 0..nb {
+                for h in 0..2 {
+                    let mut sumi = [[zero; R]; W];
+                    for n in 0..2 {
+                        for hh in 0..2 {
+                            for j in 0..W {
+                                let wp = panel.add(j * w_stride + BLOCK_K6 * b);
+                                if h == 0 {
+                                    let c = 2 * n + hh;
+                                    for l in 14 * c..14 * c + 14 {
+                                        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * l).cast());
+                                    }
+                                }
+                                let (wa, wb) = (half(wp, 48 + 2 * n, h), half(wp, 49 + 2 * n, h));
+                                let sc = [
+                                    byte_pair(wa, idx[hh]),
+                                    byte_pair(wa, idx[2 + hh]),
+                                    byte_pair(wb, idx[hh]),
+                                    byte_pair(wb, idx[2 + hh]),
+                                ];
+                                for s in 4 * hh..4 * hh + 4 {
+                                    let (ql0, ql1) = (half(wp, 16 * n + s, h), half(wp, 16 * n + 8 + s, h));
+                                    let qh = half(wp, 32 + 8 * n + s, h);
+                                    let v = [
+                                        _mm256_or_si256(
+                                            _mm256_and_si256(ql0, nib),
+                                            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), high),
+                                        ),
+                                        _mm256_or_si256(
+                                            _mm256_and_si256(ql1, nib),
+                                            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), high),
+                                        ),
+                                        _mm256_or_si256(
+                                            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), nib),
+                                            _mm256_and_si256(qh, high),
+                                        ),
+                                        _mm256_or_si256(
+                                            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), nib),
+                                            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), high),
+                                        ),
+                                    ];
+                                    for r in 0..R {
+                                        let ap = a.add(r * stride + AB * b + 4 + 128 * n + 4 * s);
+                                        for t in 0..4 {
+                                            let p = _mm256_maddubs_epi16(v[t], word(ap.add(32 * t)));
+                                            sumi[j][r] = _mm256_add_epi32(sumi[j][r], _mm256_madd_epi16(p, sc[t]));
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    for j in 0..W {
+                        let wp = panel.add(j * w_stride + BLOCK_K6 * b);
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(64 * 52 + 16 * h).cast()));
+                        for r in 0..R {
+                            let ap = a.add(r * stride + AB * b);
+                            let mut summ = zero;
+                            for q in 0..4 {
+                                let w = half(wp, 48 + q, h);
+                                let (even, odd) =
+                                    (_mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(w)), _mm256_srai_epi16::<8>(w));
+                                let e = _mm256_madd_epi16(even, word(ap.add(4 + super::QK_K + 8 * q)));
+                                let o = _mm256_madd_epi16(odd, word(ap.add(8 + super::QK_K + 8 * q)));
+                                summ = _mm256_add_epi32(summ, _mm256_add_epi32(e, o));
+                            }
+                            let total = _mm256_sub_epi32(sumi[j][r], _mm256_slli_epi32::<5>(summ));
+                            let da = _mm256_set1_ps(ap.cast::<f32>().read_unaligned());
+                            let acc = &mut acc[j][r][h];
+                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, da), *acc);
+                        }
+                    }
+                }
+            }
+            store(acc, out, o_stride, os);
+        }
+    }
+
+    /// Each (panel `j`, row `r`) pair's two halves to `out + j·o_stride + r·os`.
+    ///
+    /// # Safety
+    /// Those 16 floats writable for each pair.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn store<const W: usize, const R: usize>(
+        acc: [[[__m256; 2]; R]; W],
+        out: *mut f32,
+        o_stride: usize,
+        os: usize,
+    ) {
+        // SAFETY: the caller's outputs.
+        unsafe {
+            for j in 0..W {
+                for r in 0..R {
+                    for h in 0..2 {
+                        _mm256_storeu_ps(out.add(j * o_stride + r * os + 8 * h), acc[j][r][h]);
+                    }
+                }
+            }
+        }
+    }
+
     /// `W` panels × `R` packed rows, as `imp::tile`, in two halves of 8 rows.
     ///
     /// # Safety
@@ -1032,7 +1336,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
     #[inline]
-    unsafe fn tile_of<const F: u8, const W: usize, const R: usize>(
+    unsafe fn tile<const F: u8, const W: usize, const R: usize>(
         panel: *const u8,
         w_stride: usize,
         nb: usize,
@@ -1073,13 +1377,7 @@ mod avx2 {
                     }
                 }
             }
-            for j in 0..W {
-                for r in 0..R {
-                    for h in 0..2 {
-                        _mm256_storeu_ps(out.add(j * o_stride + r * os + 8 * h), acc[j][r][h]);
-                    }
-                }
-            }
+            store(acc, out, o_stride, os);
         }
     }
 
@@ -1208,11 +1506,10 @@ mod tests {
         assert!(!eligible(DType::Q5_0, &[32, 256]));
         assert!(!eligible(DType::Q4_K, &[32, 128]));
         assert!(!eligible(DType::Q8_0, &[64]));
-        // Every format where the VBMI kernels run; the 32-value ones on AVX2 machines.
+        // Every format where the VBMI kernels run, or where AVX2 is the best there is.
         let best = crate::quant::QuantKernel::best();
         for dtype in FORMATS {
-            let want = best.decode_fn(DType::Q4_0).is_some()
-                || (best == crate::quant::QuantKernel::Avx2 && FORMATS[..3].contains(&dtype));
+            let want = best.decode_fn(DType::Q4_0).is_some() || best == crate::quant::QuantKernel::Avx2;
             assert_eq!(eligible(dtype, &[32, whole(dtype, 64)]), want, "{dtype:?}");
         }
     }
@@ -1302,13 +1599,14 @@ mod tests {
     fn the_q4_k_and_q5_k_kernels_match_the_exact_sum() {
         use crate::quant::q4_k::get_scale_min_k4;
         use crate::quant::q8_k::{BlockQ8K, quantize};
-        for dtype in [DType::Q4_K, DType::Q5_K] {
+        for (dtype, saturated) in [DType::Q4_K, DType::Q5_K].into_iter().flat_map(|d| [(d, false), (d, true)]) {
             let Some(fns) = kernels(dtype) else { return };
             let (pool, mut rng) = (pool(), Rng::new(4));
             let (m, k) = (64, 768);
             let nb = k / QK_K;
             let (bb, qs) = if dtype == DType::Q5_K { (176, 48) } else { (144, 16) };
             let w = weight(&pool, &mut rng, dtype, m, k);
+            let w = if saturated { saturate(&w, bb, 4..bb) } else { w };
             let mut panels = vec![0u8; w.byte_len()];
             repack(dtype, w.bytes(), m, k, &mut panels);
             let exact = |o: usize, x: &[BlockQ8K]| {
@@ -1347,36 +1645,20 @@ mod tests {
                 let (mut acts, mut xs) = (vec![0u8; n * nb * ACT_K], Vec::new());
                 for dst in acts.chunks_exact_mut(nb * ACT_K) {
                     let mut b = zeroed_blocks::<BlockQ8K>(nb);
-                    quantize(&rng.vec(k, 1.0), &mut b);
+                    quantize(&if saturated { vec![1.0; k] } else { rng.vec(k, 1.0) }, &mut b);
                     pack_act(dtype, blocks_as_bytes(&b), dst);
                     xs.push(b);
                 }
                 (acts, xs)
             };
-            let panel_bytes = ROWS * nb * bb;
             for (n, f) in [8, 4, 2, 1].into_iter().zip(fns.rows) {
                 let (acts, xs) = pack(&mut rng, n);
-                let mut out = vec![0f32; n * m];
-                for p in 0..m / ROWS {
-                    // SAFETY: a whole panel, `n` packed rows, `n` rows of `m` outputs.
-                    unsafe {
-                        f(
-                            panels[p * panel_bytes..].as_ptr(),
-                            nb,
-                            acts.as_ptr(),
-                            nb * ACT_K,
-                            out.as_mut_ptr().add(p * ROWS),
-                            m,
-                        )
-                    };
-                }
-                check(&format!("{dtype:?}, {n} rows"), &out, &xs);
+                let out = apply(f, &panels, nb, &acts, nb * ACT_K, n, m);
+                check(&format!("{dtype:?} (saturated: {saturated}), {n} rows"), &out, &xs);
             }
             let (acts, xs) = pack(&mut rng, 1);
-            let mut out = vec![0f32; m];
-            // SAFETY: four whole panels one panel apart, one packed row, their 64 outputs.
-            unsafe { (fns.side_by_side)(panels.as_ptr(), panel_bytes, nb, acts.as_ptr(), out.as_mut_ptr(), ROWS) };
-            check(&format!("{dtype:?} side by side"), &out, &xs);
+            let out = apply_side(fns.side_by_side, &panels, nb, &acts, m);
+            check(&format!("{dtype:?} (saturated: {saturated}) side by side"), &out, &xs);
         }
     }
 
@@ -1388,68 +1670,164 @@ mod tests {
         use crate::quant::q6_k::{BlockQ6K, unpack};
         use crate::quant::q8_k::{BlockQ8K, quantize};
         let Some(fns) = kernels(DType::Q6_K) else { return };
-        let (pool, mut rng) = (pool(), Rng::new(5));
-        let (m, k) = (64, 768);
-        let nb = k / QK_K;
-        let w = weight(&pool, &mut rng, DType::Q6_K, m, k);
-        let mut panels = vec![0u8; w.byte_len()];
-        repack(DType::Q6_K, w.bytes(), m, k, &mut panels);
-        let blocks = cast_blocks::<BlockQ6K>(w.bytes()).unwrap();
-        let exact = |o: usize, x: &[BlockQ8K]| {
-            let (mut sum, mut mag) = (0f64, 0f64);
-            for (b, y) in x.iter().enumerate() {
-                let blk = &blocks[o * nb + b];
-                let q = unpack(blk);
-                for g in 0..16 {
-                    let qy: i64 = (16 * g..16 * g + 16).map(|v| q[v] as i64 * y.qs[v] as i64).sum();
-                    let term = blk.d.to_f32() as f64 * y.d as f64 * (blk.scales[g] as i64 * qy) as f64;
-                    (sum, mag) = (sum + term, mag + term.abs());
+        for saturated in [false, true] {
+            let (pool, mut rng) = (pool(), Rng::new(5));
+            let (m, k) = (64, 768);
+            let nb = k / QK_K;
+            let w = weight(&pool, &mut rng, DType::Q6_K, m, k);
+            let w = if saturated { saturate(&w, 210, 0..208) } else { w };
+            let mut panels = vec![0u8; w.byte_len()];
+            repack(DType::Q6_K, w.bytes(), m, k, &mut panels);
+            let blocks = cast_blocks::<BlockQ6K>(w.bytes()).unwrap();
+            let exact = |o: usize, x: &[BlockQ8K]| {
+                let (mut sum, mut mag) = (0f64, 0f64);
+                for (b, y) in x.iter().enumerate() {
+                    let blk = &blocks[o * nb + b];
+                    let q = unpack(blk);
+                    for g in 0..16 {
+                        let qy: i64 = (16 * g..16 * g + 16).map(|v| q[v] as i64 * y.qs[v] as i64).sum();
+                        let term = blk.d.to_f32() as f64 * y.d as f64 * (blk.scales[g] as i64 * qy) as f64;
+                        (sum, mag) = (sum + term, mag + term.abs());
+                    }
                 }
-            }
-            (sum, mag)
-        };
-        let check = |what: &str, out: &[f32], xs: &[Vec<BlockQ8K>]| {
-            for (r, x) in xs.iter().enumerate() {
-                for o in 0..m {
-                    let ((want, mag), got) = (exact(o, x), out[r * m + o] as f64);
-                    assert!((got - want).abs() <= 1e-6 * mag, "{what}: row {r}, output {o}: {got} against {want}");
+                (sum, mag)
+            };
+            let check = |what: &str, out: &[f32], xs: &[Vec<BlockQ8K>]| {
+                for (r, x) in xs.iter().enumerate() {
+                    for o in 0..m {
+                        let ((want, mag), got) = (exact(o, x), out[r * m + o] as f64);
+                        assert!((got - want).abs() <= 1e-6 * mag, "{what}: row {r}, output {o}: {got} against {want}");
+                    }
                 }
+            };
+            let pack = |rng: &mut Rng, n: usize| {
+                let (mut acts, mut xs) = (vec![0u8; n * nb * ACT_K6], Vec::new());
+                for dst in acts.chunks_exact_mut(nb * ACT_K6) {
+                    let mut b = zeroed_blocks::<BlockQ8K>(nb);
+                    quantize(&if saturated { vec![1.0; k] } else { rng.vec(k, 1.0) }, &mut b);
+                    pack_act(DType::Q6_K, blocks_as_bytes(&b), dst);
+                    xs.push(b);
+                }
+                (acts, xs)
+            };
+            for (n, f) in [8, 4, 2, 1].into_iter().zip(fns.rows) {
+                let (acts, xs) = pack(&mut rng, n);
+                let out = apply(f, &panels, nb, &acts, nb * ACT_K6, n, m);
+                check(&format!("(saturated: {saturated}) {n} rows"), &out, &xs);
             }
-        };
-        let pack = |rng: &mut Rng, n: usize| {
-            let (mut acts, mut xs) = (vec![0u8; n * nb * ACT_K6], Vec::new());
-            for dst in acts.chunks_exact_mut(nb * ACT_K6) {
-                let mut b = zeroed_blocks::<BlockQ8K>(nb);
-                quantize(&rng.vec(k, 1.0), &mut b);
-                pack_act(DType::Q6_K, blocks_as_bytes(&b), dst);
-                xs.push(b);
-            }
-            (acts, xs)
-        };
-        let panel_bytes = ROWS * nb * 210;
-        for (n, f) in [8, 4, 2, 1].into_iter().zip(fns.rows) {
-            let (acts, xs) = pack(&mut rng, n);
-            let mut out = vec![0f32; n * m];
-            for p in 0..m / ROWS {
-                // SAFETY: a whole panel, `n` packed rows, `n` rows of `m` outputs.
-                unsafe {
-                    f(
-                        panels[p * panel_bytes..].as_ptr(),
-                        nb,
-                        acts.as_ptr(),
-                        nb * ACT_K6,
-                        out.as_mut_ptr().add(p * ROWS),
-                        m,
-                    )
-                };
-            }
-            check(&format!("{n} rows"), &out, &xs);
+            let (acts, xs) = pack(&mut rng, 1);
+            let out = apply_side(fns.side_by_side, &panels, nb, &acts, m);
+            check(&format!("(saturated: {saturated}) side by side"), &out, &xs);
         }
-        let (acts, xs) = pack(&mut rng, 1);
-        let mut out = vec![0f32; m];
+    }
+
+    /// Where the AVX-512 panel kernels run, the AVX2 ones give every format's rows their
+    /// bits exactly: 8, 4, 2 and 1 rows, and four panels side by side, on random and on
+    /// saturated weights (the largest integer sums the narrow AVX2 sums must hold).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_kernels_give_the_avx512_bits() {
+        use crate::quant::{q8_0, q8_1, q8_k};
+        if crate::quant::QuantKernel::best().decode_fn(DType::Q4_0).is_none() {
+            return; // no AVX-512 kernels to compare with here
+        }
+        let (pool, mut rng) = (pool(), Rng::new(6));
+        let m = 64;
+        for dtype in FORMATS {
+            let (wide, narrow) = (
+                kernels(dtype).unwrap(),
+                match dtype {
+                    DType::Q4_0 => avx2::kernels::<{ imp::Q4_0 }>(),
+                    DType::Q4_1 => avx2::kernels::<{ imp::Q4_1 }>(),
+                    DType::Q8_0 => avx2::kernels::<{ imp::Q8_0 }>(),
+                    DType::Q4_K => avx2::kernels::<{ imp::Q4_K }>(),
+                    DType::Q5_K => avx2::kernels::<{ imp::Q5_K }>(),
+                    _ => avx2::kernels::<{ imp::Q6_K }>(),
+                },
+            );
+            let k = whole(dtype, 768);
+            let (nb, row_bytes) = (k / dtype.block_size(), dtype.bytes_for(k).unwrap());
+            let ab = act_bytes(dtype);
+            for saturated in [false, true] {
+                let w = weight(&pool, &mut rng, dtype, m, k);
+                let bb = row_bytes / nb;
+                let w = match (saturated, dtype) {
+                    (false, _) => w,
+                    (true, DType::Q4_K | DType::Q5_K) => saturate(&w, bb, 4..bb),
+                    (true, DType::Q6_K) => saturate(&w, bb, 0..208),
+                    (true, DType::Q4_1) => saturate(&w, bb, 4..bb),
+                    (true, _) => saturate(&w, bb, 2..bb),
+                };
+                let mut panels = vec![0u8; w.byte_len()];
+                repack(dtype, w.bytes(), m, k, &mut panels);
+                let mut acts = vec![0u8; 8 * nb * ab];
+                for dst in acts.chunks_exact_mut(nb * ab) {
+                    let x = if saturated { vec![1.0; k] } else { rng.vec(k, 1.0) };
+                    match dtype {
+                        DType::Q4_1 => {
+                            let mut b = zeroed_blocks::<q8_1::BlockQ8_1>(nb);
+                            q8_1::quantize(&x, &mut b);
+                            pack_act(dtype, blocks_as_bytes(&b), dst);
+                        }
+                        DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+                            let mut b = zeroed_blocks::<q8_k::BlockQ8K>(nb);
+                            q8_k::quantize(&x, &mut b);
+                            pack_act(dtype, blocks_as_bytes(&b), dst);
+                        }
+                        _ => {
+                            let mut b = zeroed_blocks::<q8_0::BlockQ8_0>(nb);
+                            q8_0::quantize(&x, &mut b);
+                            pack_act(dtype, blocks_as_bytes(&b), dst);
+                        }
+                    }
+                }
+                let run = |k: &Kernels| {
+                    let rows = [8, 4, 2, 1].into_iter().zip(k.rows);
+                    let mut outs: Vec<_> =
+                        rows.map(|(n, f)| bits(&apply(f, &panels, nb, &acts, nb * ab, n, m))).collect();
+                    outs.push(bits(&apply_side(k.side_by_side, &panels, nb, &acts, m)));
+                    outs
+                };
+                assert_eq!(run(&narrow), run(&wide), "{dtype:?}, saturated: {saturated}");
+            }
+        }
+    }
+
+    /// Kernel `f` over every panel of `panels` (`m` rows of `nb` blocks) against the
+    /// first `n` packed rows of `acts`, `stride` bytes apart: `n` rows of `m` outputs.
+    fn apply(f: PanelFn, panels: &[u8], nb: usize, acts: &[u8], stride: usize, n: usize, m: usize) -> Vec<f32> {
+        let panel_bytes = panels.len() / (m / ROWS);
+        assert!(acts.len() >= n * stride);
+        let mut out = vec![0f32; n * m];
+        for p in 0..m / ROWS {
+            // SAFETY: a whole panel, `n` packed rows, `n` rows of `m` outputs.
+            unsafe {
+                f(panels[p * panel_bytes..].as_ptr(), nb, acts.as_ptr(), stride, out.as_mut_ptr().add(p * ROWS), m)
+            };
+        }
+        out
+    }
+
+    /// The side-by-side kernel over the first four panels of `panels` (`m` rows) against
+    /// the first packed row of `acts`: their 64 outputs.
+    fn apply_side(f: SideFn, panels: &[u8], nb: usize, acts: &[u8], m: usize) -> Vec<f32> {
+        let panel_bytes = panels.len() / (m / ROWS);
+        assert!(m >= 4 * ROWS);
+        let mut out = vec![0f32; 4 * ROWS];
         // SAFETY: four whole panels one panel apart, one packed row, their 64 outputs.
-        unsafe { (fns.side_by_side)(panels.as_ptr(), panel_bytes, nb, acts.as_ptr(), out.as_mut_ptr(), ROWS) };
-        check("side by side", &out, &xs);
+        unsafe { f(panels.as_ptr(), panel_bytes, nb, acts.as_ptr(), out.as_mut_ptr(), ROWS) };
+        out
+    }
+
+    /// `w` with every byte in `levels` of each `bb`-byte block set (the largest levels,
+    /// scales and mins the format holds; Q6_K's scales all −1), so that the kernels'
+    /// narrow integer sums meet their largest magnitudes.
+    fn saturate(w: &HostTensor, bb: usize, levels: std::ops::Range<usize>) -> HostTensor {
+        let mut b = w.bytes().to_vec();
+        for blk in b.chunks_exact_mut(bb) {
+            blk[levels.clone()].fill(0xFF);
+        }
+        HostTensor::new(Arc::new(AlignedBytes::from_slice(&b)), 0, b.len(), w.dtype, w.shape.clone())
     }
 
     /// Through the quantized matmul: a batch's rows each get the bits they get alone; the

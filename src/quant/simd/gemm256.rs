@@ -36,9 +36,9 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
             DType::Q8_0 => unpack32::<Q8_0>,
             DType::Q4_1 => unpack32::<Q4_1>,
             DType::Q5_1 => unpack32::<Q5_1>,
-            DType::Q4_K => unpack_q4k::<false>,
-            DType::Q5_K => unpack_q4k::<true>,
-            DType::Q6_K => unpack_q6k,
+            DType::Q4_K => unpack_q4k::<false, false>,
+            DType::Q5_K => unpack_q4k::<true, false>,
+            DType::Q6_K => unpack_q6k::<false>,
             _ => return None,
         };
         // Steps folded in i16 (see `micro`): 4-bit levels (≤ 15) all 8 of a group, 5-bit
@@ -64,6 +64,10 @@ pub(crate) fn kernel(dtype: DType) -> Option<GemmKernel> {
         None
     }
 }
+
+/// The K-quant unpackers, for panels (see [`crate::quant::panels::gemm_unpack`]).
+#[cfg(target_arch = "x86_64")]
+pub(crate) use imp::{unpack_q4k, unpack_q6k};
 
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, reason = "the row index drives several arrays and pointers")]
@@ -92,6 +96,20 @@ mod imp {
     unsafe fn f16_at(p: *const u8) -> f32 {
         // SAFETY: the caller's contract.
         half::f16::from_bits(u16::from_le_bytes(unsafe { p.cast::<[u8; 2]>().read_unaligned() })).to_f32()
+    }
+
+    /// Byte `x` of block `b` of weight row `i`: in rows `row_bytes` apart (`P = false`),
+    /// or in a panel in the word layout of [`panels`](crate::quant::panels) (`P = true`:
+    /// word `t` of the 16 rows' blocks side by side, a block's last 2 bytes when `bb` is
+    /// not a multiple of 4 after its words as 16 halves).
+    #[inline]
+    fn at<const P: bool>(w: *const u8, row_bytes: usize, bb: usize, i: usize, b: usize, x: usize) -> *const u8 {
+        let words = bb / 4 * 4;
+        w.wrapping_add(match (P, x < words) {
+            (false, _) => i * row_bytes + b * bb + x,
+            (true, true) => 16 * (b * bb + x / 4 * 4) + 4 * i + x % 4,
+            (true, false) => 16 * (b * bb + words) + 2 * i + (x - words),
+        })
     }
 
     /// Bit b of the low 4 bits of `n` moved to bit 4 of byte b (the fifth bit of 4 levels).
@@ -170,11 +188,12 @@ mod imp {
     }
 
     /// Q4_K (`Q5 = false`) and Q5_K: eight groups of 32 per block, `dw = d · sc_j`,
-    /// `mw = dmin · m_j`.
+    /// `mw = dmin · m_j`; from rows (`P = false`) or a panel (`P = true`, see [`at`]).
     ///
     /// # Safety
-    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
-    pub unsafe fn unpack_q4k<const Q5: bool>(
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn) (with `w` a whole panel when
+    /// `P`).
+    pub unsafe fn unpack_q4k<const Q5: bool, const P: bool>(
         w: *const u8,
         row_bytes: usize,
         lanes: usize,
@@ -184,21 +203,25 @@ mod imp {
         mw: *mut f32,
     ) {
         let (bb, qs) = if Q5 { (176, 48) } else { (144, 16) };
-        // SAFETY: as in `unpack32`.
+        // SAFETY: as in `unpack32`; `at` finds each byte of row `i`'s block `b`.
         unsafe {
             for i in 0..lanes {
                 for b in 0..nb {
-                    let blk = w.add(i * row_bytes + b * bb);
-                    let (d, dmin) = (f16_at(blk), f16_at(blk.add(2)));
-                    let (sc, m) = scales_mins_k4(&blk.add(4).cast::<[u8; 12]>().read_unaligned());
+                    let blk = |x: usize| at::<P>(w, row_bytes, bb, i, b, x);
+                    let (d, dmin) = (f16_at(blk(0)), f16_at(blk(2)));
+                    let mut packed = [0u8; 12];
+                    for (t, q) in packed.chunks_exact_mut(4).enumerate() {
+                        q.copy_from_slice(&word(blk(4 + 4 * t)).to_le_bytes());
+                    }
+                    let (sc, m) = scales_mins_k4(&packed);
                     for j in 0..8 {
                         dw.add(16 * (8 * b + j) + i).write(d * sc[j] as f32);
                         mw.add(16 * (8 * b + j) + i).write(dmin * m[j] as f32);
                     }
                     for s in 0..8 {
-                        let h = if Q5 { word(blk.add(16 + 4 * s)) } else { 0 };
+                        let h = if Q5 { word(blk(16 + 4 * s)) } else { 0 };
                         for n in 0..4 {
-                            let v = word(blk.add(qs + 32 * n + 4 * s));
+                            let v = word(blk(qs + 32 * n + 4 * s));
                             let (mut lo, mut hi) = (v & NIB, (v >> 4) & NIB);
                             if Q5 {
                                 lo |= ((h >> (2 * n)) & 0x0101_0101) << 4;
@@ -215,11 +238,13 @@ mod imp {
         }
     }
 
-    /// Q6_K: sixteen groups of 16 per block, `dw = d · sc_j`, offset 32.
+    /// Q6_K: sixteen groups of 16 per block, `dw = d · sc_j`, offset 32; from rows
+    /// (`P = false`) or a panel (`P = true`, see [`at`]).
     ///
     /// # Safety
-    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn).
-    pub unsafe fn unpack_q6k(
+    /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn) (with `w` a whole panel when
+    /// `P`).
+    pub unsafe fn unpack_q6k<const P: bool>(
         w: *const u8,
         row_bytes: usize,
         lanes: usize,
@@ -229,22 +254,22 @@ mod imp {
         mw: *mut f32,
     ) {
         const BB: usize = 210;
-        // SAFETY: as in `unpack32`.
+        // SAFETY: as in `unpack32`; `at` finds each byte of row `i`'s block `b`.
         unsafe {
             for i in 0..lanes {
                 for b in 0..nb {
-                    let blk = w.add(i * row_bytes + b * BB);
-                    let d = f16_at(blk.add(208));
+                    let blk = |x: usize| at::<P>(w, row_bytes, BB, i, b, x);
+                    let d = f16_at(blk(208));
                     for j in 0..16 {
-                        dw.add(16 * (16 * b + j) + i).write(d * (*blk.add(192 + j) as i8) as f32);
+                        dw.add(16 * (16 * b + j) + i).write(d * (*blk(192 + j) as i8) as f32);
                     }
                     for n in 0..2 {
                         for half in 0..2 {
                             for s in 0..4 {
                                 let off = 16 * half + 4 * s;
-                                let ql0 = word(blk.add(off + 64 * n));
-                                let ql1 = word(blk.add(off + 64 * n + 32));
-                                let qh = word(blk.add(128 + 32 * n + off));
+                                let ql0 = word(blk(off + 64 * n));
+                                let ql1 = word(blk(off + 64 * n + 32));
+                                let qh = word(blk(128 + 32 * n + off));
                                 for t in 0..4 {
                                     let ql = if t % 2 == 0 { ql0 } else { ql1 };
                                     let ql = if t < 2 { ql } else { ql >> 4 };
