@@ -342,56 +342,35 @@ impl Backend for CpuBackend {
             _ => (KvRows::F32(k), KvRows::F32(v), kv_width),
         };
         let group = p.n_heads / p.n_kv_heads;
+        // Query heads a task takes, all reading their KV head's keys and values once: the
+        // most of a group (a divisor of it) that still gives every thread a task. How the
+        // heads are grouped changes no result: each head gets the bits it gets alone.
+        let threads = self.pool.current_num_threads();
+        let per = (1..=group).rev().find(|&s| group.is_multiple_of(s) && rows * p.n_heads / s >= threads).unwrap_or(1);
         let q = &q[row0 * q_width..(row0 + rows) * q_width];
         let out = &mut out[row0 * q_width..(row0 + rows) * q_width];
-        // The positions row `r` sees: `n` from `first`, in `blocks(r)` blocks of
-        // `POS_BLOCK` from `first` (both depend on the row's position alone).
-        let span = |r: usize| {
+        // One task per (query row, `per` heads of one KV head): `per · head_dim` contiguous
+        // output values.
+        let task = |scores: &mut Vec<f32>, i: usize, o: &mut [f32]| {
+            let (r, h) = (i * per / p.n_heads, i * per % p.n_heads);
             let pos = p.start_pos + r;
             let first = match p.sliding_window {
                 Some(w) if w > 0 => (pos + 1).saturating_sub(w),
                 _ => 0,
             };
-            (first, pos + 1 - first)
-        };
-        let blocks = |r: usize| span(r).1.div_ceil(POS_BLOCK).max(1);
-        let total_blocks: usize = (0..rows).map(blocks).sum();
-        // Query heads a task takes, all reading their KV head's keys and values once: the
-        // most of a group (a divisor of it) that still gives every thread a task. How the
-        // heads are grouped changes no result: each head gets the bits it gets alone.
-        let threads = self.pool.current_num_threads();
-        let per = (1..=group)
-            .rev()
-            .find(|&s| group.is_multiple_of(s) && total_blocks * p.n_heads / s >= threads)
-            .unwrap_or(1);
-        // `per` heads of row `r` (from head `h`) over `len` of its positions from `start`:
-        // their scores, each head's softmax over them, and the weighted sum of the values
-        // into `o` (`per · head_dim`); with `stats`, each head's score max and `Σ exp(s −
-        // max)` (as `max_exp_sum` gives them) go to `stats[j]` and `stats[per + j]` first.
-        let heads = |scores: &mut Vec<f32>,
-                     r: usize,
-                     h: usize,
-                     start: usize,
-                     len: usize,
-                     o: &mut [f32],
-                     stats: Option<&mut [f32]>| {
             let qh = &q[r * q_width + h * hd..][..per * hd];
             let kv_off = (h / group) * hd;
+            let n = pos + 1 - first;
             scores.clear();
-            scores.resize(per * len, 0.0);
-            let at = start * stride + kv_off;
+            scores.resize(per * n, 0.0);
+            let at = first * stride + kv_off;
             match k {
                 KvRows::F32(k) => matmul::scores(qh, hd, &k[at..], stride, p.scale, scores),
                 KvRows::F16(k) => matmul::scores_f16(qh, hd, &k[at..], stride, p.scale, scores),
             }
-            let mut stats = stats;
-            for (j, scores) in scores.chunks_exact_mut(len).enumerate() {
+            for scores in scores.chunks_exact_mut(n) {
                 if let Some(cap) = p.softcap {
                     scores.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
-                }
-                if let Some(st) = stats.as_deref_mut() {
-                    let (max, sum) = matmul::max_exp_sum(scores);
-                    (st[j], st[per + j]) = (max, sum as f32);
                 }
                 matmul::softmax(scores);
             }
@@ -401,76 +380,20 @@ impl Backend for CpuBackend {
                 KvRows::F16(v) => matmul::weighted_sum_f16(scores, &v[at..], stride, o, hd),
             }
         };
-        // Each thread keeps one scores buffer across tasks, heads and layers.
-        thread_local! {
-            static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        let with_scores = |f: &mut dyn FnMut(&mut Vec<f32>)| {
-            SCORES.with(|cell| match cell.try_borrow_mut() {
-                Ok(mut scores) => f(&mut scores),
-                Err(_) => f(&mut Vec::new()),
-            })
-        };
-        if total_blocks == rows {
-            // Every row sees at most one block: one task per (query row, `per` heads of one
-            // KV head), `per · head_dim` contiguous output values.
-            let task = |scores: &mut Vec<f32>, i: usize, o: &mut [f32]| {
-                let (r, h) = (i * per / p.n_heads, i * per % p.n_heads);
-                let (first, n) = span(r);
-                heads(scores, r, h, first, n, o, None)
-            };
-            if rows * p.n_heads > per {
-                team::for_each_chunk_mut(&self.pool, out, per * hd, |i, o| with_scores(&mut |s| task(s, i, o)));
-            } else {
-                let mut scores = Vec::new();
-                out.chunks_exact_mut(per * hd).enumerate().for_each(|(i, o)| task(&mut scores, i, o));
+        if rows * p.n_heads > per {
+            // Each thread keeps one scores buffer across tasks, heads and layers.
+            thread_local! {
+                static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
             }
-            return Ok(());
-        }
-        // Longer rows: one task per (query row, `per` heads, block of positions), each
-        // with its block's softmax, weighted sum and per-head stats; then each head's
-        // blocks merged, weighted by `Σ exp(s − max)·exp(max − M)` (`M` the row's max).
-        // A row's blocks depend on its position alone, and so does its result, whatever
-        // else shares the call and however its prompt was cut.
-        let groups = p.n_heads / per;
-        let mut base = vec![0usize; rows + 1];
-        for r in 0..rows {
-            base[r + 1] = base[r] + groups * blocks(r);
-        }
-        let part_len = per * hd + 2 * per;
-        let mut parts = vec![0.0f32; base[rows] * part_len];
-        let block_task = |scores: &mut Vec<f32>, t: usize, part: &mut [f32]| {
-            let r = base.partition_point(|&b| b <= t) - 1;
-            let nb = blocks(r);
-            let (g, b) = ((t - base[r]) / nb, (t - base[r]) % nb);
-            let (first, n) = span(r);
-            let (o, stats) = part.split_at_mut(per * hd);
-            heads(scores, r, g * per, first + b * POS_BLOCK, POS_BLOCK.min(n - b * POS_BLOCK), o, Some(stats));
-        };
-        team::for_each_chunk_mut(&self.pool, &mut parts, part_len, |t, part| {
-            with_scores(&mut |s| block_task(s, t, part))
-        });
-        let merge = |i: usize, o: &mut [f32]| {
-            let (r, h) = (i / p.n_heads, i % p.n_heads);
-            let nb = blocks(r);
-            let (t0, j) = (base[r] + h / per * nb, h % per);
-            let part = |b: usize| &parts[(t0 + b) * part_len..][..part_len];
-            if nb == 1 {
-                o.copy_from_slice(&part(0)[j * hd..][..hd]);
-                return;
-            }
-            let top = (0..nb).map(|b| part(b)[per * hd + j]).fold(f32::NEG_INFINITY, f32::max);
-            let weight = |b: usize| part(b)[per * hd + per + j] as f64 * ((part(b)[per * hd + j] - top) as f64).exp();
-            let total: f64 = (0..nb).map(weight).sum();
-            o.fill(0.0);
-            for b in 0..nb {
-                matmul::axpy((weight(b) / total) as f32, &part(b)[j * hd..][..hd], o);
-            }
-        };
-        if rows * q_width >= 1 << 14 {
-            team::for_each_chunk_mut(&self.pool, out, hd, merge);
+            team::for_each_chunk_mut(&self.pool, out, per * hd, |i, o| {
+                SCORES.with(|cell| match cell.try_borrow_mut() {
+                    Ok(mut scores) => task(&mut scores, i, o),
+                    Err(_) => task(&mut Vec::new(), i, o),
+                })
+            });
         } else {
-            out.chunks_exact_mut(hd).enumerate().for_each(|(i, o)| merge(i, o));
+            let mut scores = Vec::new();
+            out.chunks_exact_mut(per * hd).enumerate().for_each(|(i, o)| task(&mut scores, i, o));
         }
         Ok(())
     }
@@ -557,11 +480,6 @@ fn top_k_row_on(pool: &rayon::ThreadPool, row: &[f32], k: usize) -> TopK {
     });
     top_k_merge(parts.into_iter().flatten(), k)
 }
-
-/// Positions a row's attention takes as a unit: a row that sees more is attended block by
-/// block (blocks beside each other on a team), and the blocks merged. The blocks start at
-/// the row's first visible position, so where they fall depends on the row alone.
-const POS_BLOCK: usize = 256;
 
 /// Logits per part of a row that [`top_k_row`] scans as a unit, and may scan beside the
 /// others; the parts are fixed, so the result does not depend on how they are spread.
@@ -700,88 +618,6 @@ mod tests {
         // NEOX pairs (0, 2) at frequency 1; interleaved pairs (0, 1) at frequency 1.
         assert!((neox[0] - (1.0 * c - 3.0 * s)).abs() < 1e-6 && (neox[2] - (3.0 * c + 1.0 * s)).abs() < 1e-6);
         assert!((inter[0] - (1.0 * c - 2.0 * s)).abs() < 1e-6 && (inter[1] - (2.0 * c + 1.0 * s)).abs() < 1e-6);
-    }
-
-    /// Rows that see more than [`POS_BLOCK`] positions (attended block by block, the blocks
-    /// merged) against attention in f64; and each row's bits the same alone as beside
-    /// others, on one thread or two, with a window, a softcap and an f16 cache too.
-    #[test]
-    fn long_rows_attend_block_by_block_as_one_softmax() {
-        let (n_heads, n_kv, hd) = (6, 2, 32);
-        let (kvw, qw) = (n_kv * hd, n_heads * hd);
-        let (len, rows) = (2 * POS_BLOCK + 77, 5);
-        let start = len - rows;
-        let mut rng = crate::quant::testutil::Rng::new(9);
-        let (q, k, v) = (rng.vec(rows * qw, 1.0), rng.vec(len * kvw, 2.0), rng.vec(len * kvw, 1.0));
-        let f16 = |x: &[f32]| -> Vec<f32> {
-            let mut c = vec![0.0f32; len * KvType::F16.row_len(kvw)];
-            CpuBackend::new(1).kv_store(&x.to_vec(), Rows::first(len), kvw, &mut c, 0, KvType::F16).unwrap();
-            c
-        };
-        let (kh, vh) = (f16(&k), f16(&v));
-        let widened = |c: &[f32]| -> Vec<f32> {
-            let rl = KvType::F16.row_len(kvw);
-            let mut out = vec![0.0f32; len * kvw];
-            for j in 0..len {
-                kv::decode(KvType::F16, &c[j * rl..][..rl], 0, &mut out[j * kvw..][..kvw]);
-            }
-            out
-        };
-        let (kw, vw) = (widened(&kh), widened(&vh));
-        let (one, two) = (CpuBackend::new(1), CpuBackend::new(2));
-        for (window, softcap, kv) in [
-            (None, None, KvType::F32),
-            (Some(POS_BLOCK + 10), None, KvType::F32),
-            (None, Some(4.0), KvType::F32),
-            (None, None, KvType::F16),
-        ] {
-            let p = AttnParams {
-                n_heads,
-                n_kv_heads: n_kv,
-                head_dim: hd,
-                start_pos: start,
-                scale: 0.3,
-                sliding_window: window,
-                softcap,
-                kv,
-            };
-            let (kc, vc, kr, vr) = match kv {
-                KvType::F16 => (&kh, &vh, &kw, &vw),
-                _ => (&k, &v, &k, &v),
-            };
-            let mut all = vec![0.0f32; rows * qw];
-            two.attention(&q, 0, rows, kc, vc, &p, &mut all).unwrap();
-            for r in 0..rows {
-                let pos = start + r;
-                for be in [&one, &two] {
-                    let mut alone = vec![0.0f32; rows * qw];
-                    be.attention(&q, r, 1, kc, vc, &AttnParams { start_pos: pos, ..p }, &mut alone).unwrap();
-                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&alone[r * qw..][..qw]), bits(&all[r * qw..][..qw]), "{p:?}: row {r}");
-                }
-                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                for h in 0..n_heads {
-                    let kv_off = h / (n_heads / n_kv) * hd;
-                    let qh = &q[r * qw + h * hd..][..hd];
-                    let scores: Vec<f64> = (first..=pos)
-                        .map(|j| {
-                            let d: f64 = (0..hd).map(|x| qh[x] as f64 * kr[j * kvw + kv_off + x] as f64).sum();
-                            let s = d * 0.3f32 as f64;
-                            softcap.map_or(s, |c| c as f64 * (s / c as f64).tanh())
-                        })
-                        .collect();
-                    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                    let sum: f64 = e.iter().sum();
-                    for x in 0..hd {
-                        let want: f64 =
-                            e.iter().zip(first..=pos).map(|(w, j)| w / sum * vr[j * kvw + kv_off + x] as f64).sum();
-                        let got = all[r * qw + h * hd + x] as f64;
-                        assert!((got - want).abs() < 2e-5, "{p:?}: row {r}, head {h}, {x}: {got} against {want}");
-                    }
-                }
-            }
-        }
     }
 
     /// Attention over an f16 or Q8_0 cache equals attention over that cache's values
