@@ -32,7 +32,8 @@ if (($# == 0)); then
   # references, llama.cpp's log-probs and the batching identities.
   STRATA_CPU_ISA=avx2 cargo test --release --locked --no-fail-fast --test quant_matmul \
     --test llamacpp_parity --test quant_golden --test batching || failed+=("cargo test with STRATA_CPU_ISA=avx2")
-  STRATA_CPU_ISA=avx2 cargo test --release --locked --lib quant::panels || failed+=("AVX2 panels (STRATA_CPU_ISA=avx2)")
+  STRATA_CPU_ISA=avx2 cargo test --release --locked --lib -- quant::panels backend::cpu::bandwidth \
+    || failed+=("AVX2 panels and probe (STRATA_CPU_ISA=avx2)")
 fi
 
 if [[ ${STRATA_SKIP_CUDA_TOOLCHAIN:-0} != 1 ]]; then

@@ -2,11 +2,11 @@
 //! memory. A roofline is an upper bound or it is nothing, so the probe tries several ways
 //! of reading (one task per thread over a contiguous half or many small tasks; one to
 //! eight streams per task, as the decode kernels read several weight rows at once; the
-//! widest vector loads the CPU has, with software prefetch ahead of each stream) and keeps
-//! the best. It reads a buffer the size of what a decode step reads, over and over as the
-//! decode does: a model whose weights fit in the last-level cache is read from that cache,
-//! and so is the probe. A decode that still reads faster than this points at the probe,
-//! not at the decode (`strata bench` says so).
+//! widest vector loads the CPU has (within `STRATA_CPU_ISA`), with software prefetch
+//! ahead of each stream) and keeps the best. It reads a buffer the size of what a decode
+//! step reads, over and over as the decode does: a model whose weights fit in the
+//! last-level cache is read from that cache, and so is the probe. A decode that still
+//! reads faster than this points at the probe, not at the decode (`strata bench` says so).
 
 use std::time::Instant;
 
@@ -207,13 +207,15 @@ enum Simd {
 }
 
 impl Simd {
+    /// The widest loads the CPU has, within `STRATA_CPU_ISA`'s cap (a capped run measures
+    /// what the machine it stands for could read).
     fn best() -> Simd {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            if super::isa::avx512() && std::arch::is_x86_feature_detected!("avx512f") {
                 return Simd::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2") {
+            if super::isa::avx2() && std::arch::is_x86_feature_detected!("avx2") {
                 return Simd::Avx2;
             }
         }
@@ -370,6 +372,19 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The probe reads with no wider loads than `STRATA_CPU_ISA` allows (`tests/run.sh`
+    /// runs this under `avx2` too).
+    #[test]
+    fn the_probe_reads_within_the_isa_cap() {
+        use super::super::isa::{Isa, cap};
+        match (cap(), Simd::best()) {
+            (Isa::Scalar, Simd::Avx2 | Simd::Avx512) | (Isa::Avx2, Simd::Avx512) => {
+                panic!("STRATA_CPU_ISA caps at {:?}, the probe reads with {:?}", cap(), Simd::best())
+            }
+            _ => {}
+        }
+    }
 
     #[test]
     fn every_pattern_sums_what_it_reads() {
