@@ -940,8 +940,9 @@ mod imp {
     }
 }
 
-/// The 32-value formats' panel kernels for AVX2 (with FMA and F16C): each 64-byte line
-/// as two 256-bit halves of 8 rows. `vpdpbusd` becomes `vpmaddubsw` into 16-bit pairs:
+/// The panel kernels for AVX2 (with FMA and F16C), the K-quants' in `tile_k` and
+/// `tile_k6`: each 64-byte line as two 256-bit halves of 8 rows. For the 32-value
+/// formats `vpdpbusd` becomes `vpmaddubsw` into 16-bit pairs:
 /// a Q4 block's eight level words are summed in 16 bits (8 · 2 · 15 · 127 < 2¹⁵) and
 /// widened once with `vpmaddwd`; Q8_0's signed levels take `vpsignb` (|w| against `a`
 /// with `w`'s sign: activations never hold −128) and are widened each word. The block's
