@@ -1126,10 +1126,9 @@ mod avx2 {
                                     _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u0), k3)),
                                 )
                             };
-                            let sh = _mm_cvtsi32_si128(16 * (n % 2) as i32);
-                            let s_lo = pair(_mm256_and_si256(_mm256_srl_epi32(scales, sh), byte));
-                            let s_hi =
-                                pair(_mm256_and_si256(_mm256_srli_epi32::<8>(_mm256_srl_epi32(scales, sh)), byte));
+                            let pick = _mm256_srl_epi32(scales, _mm_cvtsi32_si128(16 * (n % 2) as i32));
+                            let s_lo = pair(_mm256_and_si256(pick, byte));
+                            let s_hi = pair(_mm256_and_si256(_mm256_srli_epi32::<8>(pick), byte));
                             let (mut lo, mut hi) = ([zero; R], [zero; R]);
                             for s in 0..8 {
                                 let v = half(wp, qs + 8 * n + s, h);
@@ -1752,13 +1751,13 @@ mod tests {
             for saturated in [false, true] {
                 let w = weight(&pool, &mut rng, dtype, m, k);
                 let bb = row_bytes / nb;
-                let w = match (saturated, dtype) {
-                    (false, _) => w,
-                    (true, DType::Q4_K | DType::Q5_K) => saturate(&w, bb, 4..bb),
-                    (true, DType::Q6_K) => saturate(&w, bb, 0..208),
-                    (true, DType::Q4_1) => saturate(&w, bb, 4..bb),
-                    (true, _) => saturate(&w, bb, 2..bb),
+                // Every byte but the scales `d` (and Q4_1's `m`, the K-quants' `dmin`).
+                let levels = match dtype {
+                    DType::Q6_K => 0..208,
+                    DType::Q4_1 | DType::Q4_K | DType::Q5_K => 4..bb,
+                    _ => 2..bb,
                 };
+                let w = if saturated { saturate(&w, bb, levels) } else { w };
                 let mut panels = vec![0u8; w.byte_len()];
                 repack(dtype, w.bytes(), m, k, &mut panels);
                 let mut acts = vec![0u8; 8 * nb * ab];
