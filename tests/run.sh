@@ -17,7 +17,8 @@
 # llama.cpp's test vocabularies from the llama-cpp-python sdist (downloaded from PyPI into
 # target/, never committed); STRATA_SKIP_LLAMACPP_VOCAB=1 skips it.
 # Without ARGS, the kernel and parity tests run a second time with STRATA_CPU_ISA=avx2,
-# the paths of a machine without AVX-512.
+# the paths of a machine without AVX-512, and tools/gpu_items.py runs its GPU checks' commands
+# on the CPU.
 # Fixtures under tests/fixtures/ are committed; tools/make_fixtures.py regenerates them
 # (needs the reference stack in tools/requirements-ref.txt, never needed here).
 set -euo pipefail
@@ -34,6 +35,8 @@ if (($# == 0)); then
     --test llamacpp_parity --test quant_golden --test batching || failed+=("cargo test with STRATA_CPU_ISA=avx2")
   STRATA_CPU_ISA=avx2 cargo test --release --locked --lib -- quant::panels backend::cpu::bandwidth \
     || failed+=("AVX2 panels and probe (STRATA_CPU_ISA=avx2)")
+  # The GPU machine's item checks, on the CPU: the commands and their judges stay runnable.
+  python3 tools/gpu_items.py target/release/strata "$(mktemp -d)" cpu || failed+=("tools/gpu_items.py on the CPU")
 fi
 
 if [[ ${STRATA_SKIP_CUDA_TOOLCHAIN:-0} != 1 ]]; then

@@ -21,8 +21,9 @@
 # resident GPU run; streaming into VRAM through the three tiers (tools/gpu_tiers.py);
 # greedy generations equal on F32 fixtures; `strata serve --device cuda:0` answering the
 # OpenAI and Ollama APIs; continuous batching and constrained decoding (tests/batching.rs,
-# tests/grammar.rs) with engines on cuda:0; and llama.cpp parity on cuda:0 (reported, not
-# judged). Timings are not judged here: `strata bench` gives them (docs/benchmarks.md).
+# tests/grammar.rs) with engines on cuda:0; llama.cpp parity on cuda:0 (reported, not
+# judged); then tools/gpu_items.py, the items of the "not yet run" list that one command
+# checks. Timings are not judged here: `strata bench` gives them (docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -191,6 +192,10 @@ EOF
   timeout 120 "$dir/bin/grammar" --nocapture --test-threads 1 >"$out/grammar.txt" 2>&1 || failed+=(grammar)
   grep -E "test result|panicked" "$out/grammar.txt" | tail -5 || true
   echo "   ($((SECONDS - t0)) s)"
+  echo "== docs/gpu.md items 13, 15, 14, 12, 5 and 10 (tools/gpu_items.py: NDSQ, sparse FFN, the status page's tiers,"
+  echo "   hybrid prefill in chunks, the 503 for a model refused at load, KV-cache types; the last two make the 1.1B)"
+  timeout 480 python3 tools/gpu_items.py "$bin" "$out/items" || failed+=("docs/gpu.md items (tools/gpu_items.py)")
+  echo "   ($((SECONDS - t0)) s)"
 
   if ((${#failed[@]})); then
     printf 'FAILED: %s\n' "${failed[@]}"
@@ -202,5 +207,5 @@ EOF
 case ${1:-} in
   pack) pack ;;
   run) shift && run "$@" ;;
-  *) sed -n '2,19p' "$0" && exit 2 ;;
+  *) sed -n '2,26p' "$0" && exit 2 ;;
 esac

@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""The items of docs/gpu.md's "not yet run" list that one command can check, run by
+`tools/gpu_check.sh run` after its own checks.
+
+Usage: gpu_items.py STRATA_BIN OUT_DIR [DEVICE [ITEM ...]]. DEVICE defaults to cuda:0;
+`cpu` runs the same commands where there is no GPU (`tests/run.sh` does, so that this
+script cannot rot between the sessions that have a GPU), and then the items that only mean
+something on a GPU say so and pass. ITEMs default to all of them, in this order:
+
+  ndsq     (item 13) an NDSQ `.cawsf` of the llama3 fixture: log-probs on DEVICE within
+           1e-3 of the CPU's, and streamed (`--memory-budget 0`) equal to resident
+  sparse   (item 15) a `--sparse-ffn` flat conversion of the llama3 fixture: `topk=0.6` on
+           DEVICE within 1e-3 of the CPU with the same kept fraction, streamed neuron
+           groups equal to resident, and `topk=1` identical to `off`
+  status   (item 14) a MoE fixture served across the tiers: `/api/strata/status` puts the
+           layers `/api/ps` calls resident in `vram` (the CPU: `ram`), its host tier's in
+           `pinned`, the rest in `storage`; something was copied to the GPU; `strata top
+           --once` shows the same tier counts
+  hybrid   (item 12) Qwen3.5-MoE token by token against 500-token chunks: reported
+  refused  (item 5) a server whose first model cannot fit the GPU at its context: that
+           model's request gets a 503 naming the sizes, another model's a 200 (GPU only)
+  kvtypes  (item 10) `strata bench` of the 1.1B Q4_0 with f32, f16 and q8_0 KV caches at a
+           1024-token prompt: reported (GPU only)
+
+`refused` and `kvtypes` need the 1.1B bench model: made under $BENCH_DIR (default /tmp)
+as b11 and b11.q4_0 with tools/make_bench_model.py (numpy) when not there (about 15 s on
+the GPU machine). Exits 1 when a judged check fails. Needs no third-party Python package.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+STRATA = OUT = DEVICE = ""
+GPU = False
+IDS = ""
+
+
+def sh(args, out_path, timeout=120):
+    """Runs `args` with stdout to `out_path` and stderr beside it; the exit status."""
+    with open(out_path, "w") as out, open(out_path + ".err", "w") as err:
+        try:
+            return subprocess.run(args, stdout=out, stderr=err, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            print(f"     timed out after {timeout} s: {' '.join(args)}")
+            return 124
+
+
+def ppl(model, name, *args, ids=None):
+    """`strata perplexity --json` of `model` on the check's tokens; the JSON, or None."""
+    path = os.path.join(OUT, f"items-{name}.json")
+    cmd = [STRATA, "perplexity", model, "--tokens-file", ids or IDS, "--json", "--kv-type", "f32", *args]
+    if sh(cmd, path):
+        print(f"     failed: {' '.join(cmd)} (see {path}.err)")
+        return None
+    return json.load(open(path))
+
+
+def diff(a, b):
+    return max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"]))
+
+
+def verdict(ok, what):
+    print(f"{'ok  ' if ok else 'FAIL'} {what}")
+    return ok
+
+
+def convert(src, name, *args):
+    dest = os.path.join(OUT, name)
+    if sh([STRATA, "convert", src, dest, *args], dest + ".log"):
+        print(f"     failed: strata convert {src} {dest} {' '.join(args)} (see {dest}.log.err)")
+        return None
+    return dest
+
+
+def ndsq():
+    model = convert("tests/fixtures/hf/llama3", "items-llama3-ndsq.cawsf", "--format", "cawsf", "--ndsq", "--pq-k", "16")
+    if not model:
+        return False
+    cpu = ppl(model, "ndsq-cpu", "--device", "cpu")
+    dev = ppl(model, "ndsq-dev", "--device", DEVICE)
+    streamed = ppl(model, "ndsq-streamed", "--device", DEVICE, "--memory-budget", "0")
+    if not (cpu and dev and streamed):
+        return False
+    ok = verdict(diff(dev, cpu) <= 1e-3, f"NDSQ on {DEVICE} against the CPU: max |dlogprob| {diff(dev, cpu):.2e}")
+    return verdict(streamed["logprobs"] == dev["logprobs"],
+                   f"NDSQ streamed (budget 0) against resident on {DEVICE}: max |dlogprob| {diff(streamed, dev):.2e}") and ok
+
+
+def sparse():
+    model = convert("tests/fixtures/hf/llama3", "items-llama3-sparse.flat", "--sparse-ffn", "--sparse-group", "32")
+    if not model:
+        return False
+    k = ("--sparse-ffn", "topk=0.6")
+    cpu = ppl(model, "sparse-cpu", "--device", "cpu", *k)
+    dev = ppl(model, "sparse-dev", "--device", DEVICE, *k)
+    streamed = ppl(model, "sparse-streamed", "--device", DEVICE, "--memory-budget", "0", "--expert-cache", "0", *k)
+    every = ppl(model, "sparse-topk1", "--device", DEVICE, "--sparse-ffn", "topk=1")
+    off = ppl(model, "sparse-off", "--device", DEVICE, "--sparse-ffn", "off")
+    if not (cpu and dev and streamed and every and off):
+        return False
+    kept = (cpu["sparse_ffn"]["kept_fraction"], dev["sparse_ffn"]["kept_fraction"])
+    ok = verdict(diff(dev, cpu) <= 1e-3 and kept[0] == kept[1],
+                 f"sparse FFN topk=0.6 on {DEVICE} against the CPU: max |dlogprob| {diff(dev, cpu):.2e}, "
+                 f"kept fraction {kept[1]} (CPU {kept[0]})")
+    ok = verdict(streamed["logprobs"] == dev["logprobs"],
+                 f"sparse FFN with streamed neuron groups against resident on {DEVICE}: "
+                 f"max |dlogprob| {diff(streamed, dev):.2e}") and ok
+    return verdict(every["logprobs"] == off["logprobs"],
+                   f"sparse FFN topk=1 against off on {DEVICE}: max |dlogprob| {diff(every, off):.2e}") and ok
+
+
+def ranges(text):
+    """`"0-2,5"` → {0, 1, 2, 5}."""
+    out = set()
+    for part in filter(None, (text or "").split(",")):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def get(port, path, body=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body and json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+class Server:
+    """`strata serve` on `port` with its own $STRATA_HOME, stopped on exit."""
+
+    def __init__(self, name, port, *args):
+        self.port, self.log = port, os.path.join(OUT, f"items-{name}-serve.log")
+        env = dict(os.environ, STRATA_HOME=os.path.join(OUT, f"items-{name}-home"))
+        self.proc = subprocess.Popen([STRATA, "serve", "--port", str(port), *args], env=env,
+                                     stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+
+    def __enter__(self):
+        for _ in range(240):
+            try:
+                if get(self.port, "/health")[0] == 200:
+                    return self
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        raise RuntimeError(f"the server did not come up: see {self.log}")
+
+    def __exit__(self, *exc):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def status():
+    model, port = "tests/fixtures/hf/qwen3_moe_mixed", 8011
+    try:
+        with Server("status", port, "-m", model, "--device", DEVICE, "--memory-budget", "150K",
+                    "--host-budget", "100K"):
+            code, body = get(port, "/api/generate", {"model": "qwen3_moe_mixed", "prompt": "hi", "stream": False,
+                                                     "options": {"num_predict": 8}})
+            if code != 200:
+                return verdict(False, f"status: generate answered {code}: {body[:300]}")
+            st = json.loads(get(port, "/api/strata/status")[1])
+            ps = json.loads(get(port, "/api/ps")[1])
+            env = dict(os.environ, STRATA_HOME=os.path.join(OUT, "items-status-home"))
+            top = subprocess.run([STRATA, "top", "--once", "--port", str(port)], env=env, capture_output=True,
+                                 text=True, timeout=30).stdout
+    except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as e:
+        return verdict(False, f"status: {e}")
+    open(os.path.join(OUT, "items-status.json"), "w").write(json.dumps({"status": st, "ps": ps, "top": top}, indent=1))
+    m, r = st["models"][0], ps["models"][0]["residency"]
+    resident, host = ranges(r["resident_layers"]), ranges((r.get("host_tier") or {}).get("layers"))
+    home = "vram" if GPU else "ram"
+    want = {l: home if l in resident else "pinned" if l in host else "storage" for l in range(r["layers"])}
+    got = {u["layer"]: u["tier"] for u in m["units"] if u["kind"] == "layer"}
+    tiers = {t["tier"]: t["units"] for t in m["tiers"]}
+    shown = dict(re.findall(r"(vram|pinned|ram|storage) (\d+) \(", top))
+    ok = verdict(got == want, f"status: layer tiers {got} (from /api/ps: {want})")
+    h2d = m["counters"]["h2d_bytes"]
+    ok = verdict(h2d > 0 or not GPU, f"status: {h2d} bytes copied to the GPU") and ok
+    ok = verdict(host or not GPU, f"status: host tier layers {sorted(host)}") and ok
+    return verdict(shown == {k: str(v) for k, v in tiers.items()},
+                   f"status: strata top shows tiers {shown} (the page: {tiers})") and ok
+
+
+def hybrid():
+    ids = os.path.join(OUT, "items-ids-500.json")
+    json.dump([(i * 7919 + 13) % 250 + 3 for i in range(500)], open(ids, "w"))
+    model = "tests/fixtures/hf/qwen3_5_moe"
+    one = ppl(model, "hybrid-chunk1", "--device", DEVICE, "--chunk", "1", ids=ids)
+    whole = ppl(model, "hybrid-chunk512", "--device", DEVICE, "--chunk", "512", ids=ids)
+    if not (one and whole):
+        return False
+    print(f"     Qwen3.5-MoE on {DEVICE}, 500 tokens: token by token against one chunk, max |dlogprob| "
+          f"{diff(one, whole):.2e} (reported; the CPU gives 0)")
+    return True
+
+
+def bench_model():
+    """The 1.1B Q4_0 flat model (made when missing), or None."""
+    base = os.environ.get("BENCH_DIR", "/tmp")
+    hf, q4 = os.path.join(base, "b11"), os.path.join(base, "b11.q4_0")
+    if not os.path.exists(q4):
+        t = time.time()
+        if not os.path.exists(os.path.join(hf, "config.json")) and sh(
+                [sys.executable, "tools/make_bench_model.py", hf], os.path.join(OUT, "items-make-b11.log"), 300):
+            print(f"     failed: tools/make_bench_model.py {hf} (see {OUT}/items-make-b11.log.err)")
+            return None
+        if sh([STRATA, "convert", hf, q4, "--format", "flat", "--quant", "q4_0"], os.path.join(OUT, "items-b11.log"), 300):
+            print(f"     failed: strata convert {hf} {q4} (see {OUT}/items-b11.log.err)")
+            return None
+        print(f"     made {q4} in {time.time() - t:.0f} s")
+    return q4
+
+
+def refused():
+    if not GPU:
+        print("     skipped on the CPU: it refuses no model at load for its context")
+        return True
+    model = bench_model()
+    if not model:
+        return False
+    # 10M tokens of the 1.1B's KV cache are about a TiB; strata-demo's fit.
+    try:
+        with Server("refused", 8012, "--device", DEVICE, "--model", f"big={model}", "--model", "strata-demo",
+                    "--ctx-size", "10000000"):
+            big = get(8012, "/api/generate", {"model": "big", "prompt": "hi", "stream": False,
+                                              "options": {"num_predict": 4}})
+            demo = get(8012, "/api/generate", {"model": "strata-demo", "prompt": "hi", "stream": False,
+                                               "options": {"num_predict": 4}})
+    except (RuntimeError, OSError) as e:
+        return verdict(False, f"refused: {e}")
+    ok = verdict(big[0] == 503 and "GiB" in big[1], f"refused: the model that cannot fit got {big[0]}: {big[1][:300]}")
+    return verdict(demo[0] == 200, f"refused: strata-demo afterwards got {demo[0]}") and ok
+
+
+def kvtypes():
+    if not GPU:
+        print("     skipped on the CPU: docs/benchmarks.md has the CPU's KV-cache figures")
+        return True
+    model = bench_model()
+    if not model:
+        return False
+    ok = True
+    for kv in ("f32", "f16", "q8_0"):
+        path = os.path.join(OUT, f"items-kv-{kv}.json")
+        if sh([STRATA, "bench", model, "--device", DEVICE, "--json", "--prompt-tokens", "1024", "--gen-tokens", "64",
+               "--runs", "3", "--kv-type", kv], path, 300):
+            ok = verdict(False, f"kvtypes: bench with --kv-type {kv} (see {path}.err)")
+            continue
+        r = json.load(open(path))
+        print(f"     1.1B Q4_0 on {DEVICE}, KV {kv}: prefill {r['prefill_tok_s']:.0f} tok/s, "
+              f"decode {r['decode_tok_s']:.1f} tok/s at a 1024-token prompt (reported)")
+    return ok
+
+
+ITEMS = {"ndsq": ndsq, "sparse": sparse, "status": status, "hybrid": hybrid, "refused": refused, "kvtypes": kvtypes}
+
+
+def main():
+    global STRATA, OUT, DEVICE, GPU, IDS
+    if len(sys.argv) < 3 or any(a not in ITEMS for a in sys.argv[4:]):
+        sys.exit(__doc__)
+    STRATA, OUT = sys.argv[1], sys.argv[2]
+    DEVICE = sys.argv[3] if len(sys.argv) > 3 else "cuda:0"
+    GPU = DEVICE != "cpu"
+    os.makedirs(OUT, exist_ok=True)
+    IDS = os.path.join(OUT, "items-ids.json")
+    json.dump([(i * 7919 + 13) % 250 + 3 for i in range(96)], open(IDS, "w"))
+    failed = []
+    for name in sys.argv[4:] or ITEMS:
+        t = time.time()
+        print(f"-- {name}")
+        if not ITEMS[name]():
+            failed.append(name)
+        print(f"   ({time.time() - t:.0f} s)")
+    if failed:
+        print("FAILED:", ", ".join(failed))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
