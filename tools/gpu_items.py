@@ -21,8 +21,13 @@ something on a GPU say so and pass. ITEMs default to all of them, in this order:
            model's request gets a 503 naming the sizes, another model's a 200 (GPU only)
   kvtypes  (item 10) `strata bench` of the 1.1B Q4_0 with f32, f16 and q8_0 KV caches at a
            1024-token prompt: reported (GPU only)
+  matvec   (item 6) the block-per-row decode kernel (`STRATA_CUDA_MATVEC=wide`) against
+           the warp-per-row one: log-probs within 1e-3 on five fixtures in chunks of 8 (the
+           matrix-vector path), tests/cuda_ops.rs and tests/batching.rs with it (where their
+           binaries are beside STRATA_BIN), and decode of the 1.1B Q4_0 with each,
+           interleaved: reported
 
-`refused` and `kvtypes` need the 1.1B bench model: made under $BENCH_DIR (default /tmp)
+`refused`, `kvtypes` and `matvec` need the 1.1B bench model: made under $BENCH_DIR (default /tmp)
 as b11 and b11.q4_0 with tools/make_bench_model.py (numpy) when not there (about 15 s on
 the GPU machine). Exits 1 when a judged check fails. Needs no third-party Python package.
 """
@@ -42,21 +47,23 @@ GPU = False
 IDS = ""
 
 
-def sh(args, out_path, timeout=120):
-    """Runs `args` with stdout to `out_path` and stderr beside it; the exit status."""
+def sh(args, out_path, timeout=120, env=None):
+    """Runs `args` with stdout to `out_path` and stderr beside it, `env` added to the
+    environment; the exit status."""
     with open(out_path, "w") as out, open(out_path + ".err", "w") as err:
         try:
-            return subprocess.run(args, stdout=out, stderr=err, timeout=timeout).returncode
+            return subprocess.run(args, stdout=out, stderr=err, timeout=timeout,
+                                  env=dict(os.environ, **(env or {}))).returncode
         except subprocess.TimeoutExpired:
             print(f"     timed out after {timeout} s: {' '.join(args)}")
             return 124
 
 
-def ppl(model, name, *args, ids=None):
+def ppl(model, name, *args, ids=None, env=None):
     """`strata perplexity --json` of `model` on the check's tokens; the JSON, or None."""
     path = os.path.join(OUT, f"items-{name}.json")
     cmd = [STRATA, "perplexity", model, "--tokens-file", ids or IDS, "--json", "--kv-type", "f32", *args]
-    if sh(cmd, path):
+    if sh(cmd, path, env=env):
         print(f"     failed: {' '.join(cmd)} (see {path}.err)")
         return None
     return json.load(open(path))
@@ -267,7 +274,47 @@ def kvtypes():
     return ok
 
 
-ITEMS = {"ndsq": ndsq, "sparse": sparse, "status": status, "hybrid": hybrid, "refused": refused, "kvtypes": kvtypes}
+def matvec():
+    wide, warp = {"STRATA_CUDA_MATVEC": "wide"}, {"STRATA_CUDA_MATVEC": "warp"}
+    ok = True
+    for name in ("llama3.gguf", "llama3.f16.gguf", "llama3.q4_0.gguf", "llama3.q8_0.gguf", "llama256.q4_k_m.gguf"):
+        model = os.path.join("tests/fixtures/gguf", name)
+        a = ppl(model, f"matvec-warp-{name}", "--device", DEVICE, "--chunk", "8", env=warp)
+        b = ppl(model, f"matvec-wide-{name}", "--device", DEVICE, "--chunk", "8", env=wide)
+        if not (a and b):
+            ok = False
+            continue
+        ok = verdict(diff(a, b) <= 1e-3, f"matvec wide against warp on {DEVICE}, {name}: max |dlogprob| "
+                                         f"{diff(a, b):.2e}") and ok
+    for test in ("cuda_ops", "batching"):
+        binary = os.path.join(os.path.dirname(STRATA), test)
+        if GPU and os.path.exists(binary):
+            path = os.path.join(OUT, f"items-matvec-{test}.txt")
+            code = sh([binary, "--nocapture", "--test-threads", "1"], path, 300, env=dict(wide, STRATA_REQUIRE_GPU="1"))
+            ok = verdict(code == 0, f"tests/{test}.rs with STRATA_CUDA_MATVEC=wide (see {path})") and ok
+    if not GPU:
+        print("     speed skipped on the CPU: STRATA_CUDA_MATVEC picks a CUDA kernel")
+        return ok
+    model = bench_model()
+    if not model:
+        return False
+    decode = {"warp": [], "wide": []}
+    for r in range(3):
+        for kind in decode:
+            path = os.path.join(OUT, f"items-matvec-{kind}-{r}.json")
+            if sh([STRATA, "bench", model, "--device", DEVICE, "--json", "--prompt-tokens", "128", "--gen-tokens", "128",
+                   "--runs", "3"], path, 300, env={"STRATA_CUDA_MATVEC": kind}):
+                ok = verdict(False, f"matvec: bench with STRATA_CUDA_MATVEC={kind} (see {path}.err)")
+                continue
+            decode[kind].append(json.load(open(path))["decode_tok_s"])
+    med = {k: sorted(v)[len(v) // 2] for k, v in decode.items() if v}
+    print(f"     1.1B Q4_0 on {DEVICE}, decode tok/s over 3 interleaved rounds: warp {decode['warp']}, "
+          f"wide {decode['wide']}; medians {med} (reported)")
+    return ok
+
+
+ITEMS = {"ndsq": ndsq, "sparse": sparse, "status": status, "hybrid": hybrid, "refused": refused, "kvtypes": kvtypes,
+         "matvec": matvec}
 
 
 def main():

@@ -115,9 +115,9 @@ SIGS: dict[str, list[tuple[str, str]]] = {
         for f in FMTS
     ],
     "matvec.cu": [
-        (f"matvec_{f}", "const unsigned char* w, const float* x, float* y, unsigned rows, "
-                        "unsigned out, unsigned in")
-        for f in FMTS
+        (f"matvec_{kind}{f}", "const unsigned char* w, const float* x, float* y, unsigned rows, "
+                              "unsigned out, unsigned in")
+        for kind in ("", "wide_") for f in FMTS
     ],
     "attention.cu": [
         ("attn_partial_f32", "const float* q, const float* k, const float* v, float* part, "
@@ -882,12 +882,16 @@ def cases_matvec():
     import numpy as np
     cs = []
 
-    def mv(fmt, rows, out, inn):
+    def mv(fmt, rows, out, inn, wide=None):
         def run(c, rng):
             raw, wref = make_weights(fmt, out, inn, rng)
             x = rng.standard_normal((rows, inn)).astype(np.float32)
             bw, bx, by = c.buf(raw), c.buf(x), c.out((rows, out), np.float32)
-            c.launch(f"matvec_{fmt}", (cdiv(out, 8),), (256,), bw, bx, by, rows, out, inn)
+            if wide:
+                # A block of `wide` threads per output row.
+                c.launch(f"matvec_wide_{fmt}", (out,), (wide,), bw, bx, by, rows, out, inn)
+            else:
+                c.launch(f"matvec_{fmt}", (cdiv(out, 8),), (256,), bw, bx, by, rows, out, inn)
             ref = x.astype(np.float64) @ wref.astype(np.float64).T
             return compare_nmse("y", by.read(), ref, 5e-4)
         return run
@@ -897,6 +901,12 @@ def cases_matvec():
         for rows, out, inn in ((1, 67, 512), (3, 67, 512), (8, 16, 512), (5, 9, odd), (2, 1, 1024),
                                (8, 67, odd), (1, 9, 4096)):
             cs.append(Case(f"matvec_{fmt} rows={rows} out={out} in={inn}", f"matvec_{fmt}", mv(fmt, rows, out, inn)))
+        # The wide kernel at its launch (128 threads), the most warps it takes (256) and
+        # one warp; rows shorter than a block, and longer ones with a ragged last pass.
+        for rows, out, inn, wide in ((1, 67, 512, 128), (8, 5, odd, 128), (3, 9, 4096, 256), (2, 3, 1024, 32),
+                                     (5, 4, 2 * odd, 128)):
+            cs.append(Case(f"matvec_wide_{fmt} rows={rows} out={out} in={inn} block={wide}", f"matvec_wide_{fmt}",
+                           mv(fmt, rows, out, inn, wide)))
     return cs
 
 

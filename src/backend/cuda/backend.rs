@@ -119,6 +119,8 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     blas: Option<cudarc::cublas::CudaBlas>,
     funcs: HashMap<String, CudaFunction>,
+    /// The decode products' kernel (`STRATA_CUDA_MATVEC`).
+    matvec: launch::Matvec,
     sm_count: usize,
     scratch: Mutex<Scratch>,
     used: Arc<AtomicU64>,
@@ -199,6 +201,8 @@ impl CudaBackend {
 
     pub fn new(ordinal: usize) -> Result<Self, CudaInitError> {
         Self::check(ordinal)?;
+        let matvec = launch::Matvec::from_env(std::env::var("STRATA_CUDA_MATVEC").ok().as_deref())
+            .map_err(|msg| CudaInitError::Device { ordinal, msg })?;
         let dev_err = |e: DriverError| CudaInitError::Device { ordinal, msg: format!("{e:?}") };
         let ctx = CudaContext::new(ordinal).map_err(dev_err)?;
         // SAFETY: Strata uses one stream per context, so the per-slice events that order
@@ -225,13 +229,14 @@ impl CudaBackend {
                 None
             }
         };
-        tracing::info!(device = ordinal, gpu = %gpu_name, sm = format!("{major}.{minor}"), sm_count, "CUDA ready");
+        tracing::info!(device = ordinal, gpu = %gpu_name, sm = format!("{major}.{minor}"), sm_count, ?matvec, "CUDA ready");
         Ok(CudaBackend {
             ordinal,
             gpu_name,
             stream,
             blas,
             funcs,
+            matvec,
             sm_count,
             scratch: Mutex::new(Scratch {
                 ids: None,
@@ -368,7 +373,7 @@ impl CudaBackend {
         let (out, inn) = (w.shape[0], w.shape[1]);
         let fmt = launch::format_name(w.dtype)
             .ok_or_else(|| BackendError::Compile(format!("no kernel reads {} weights", w.dtype.name())))?;
-        let f = self.func(&format!("matvec_{fmt}"))?;
+        let f = self.func(&self.matvec.kernel(&fmt))?;
         let wp = w.ptr(&self.stream, 0);
         for r0 in (at..at + rows).step_by(launch::MATVEC_MAX_ROWS) {
             let n = (at + rows - r0).min(launch::MATVEC_MAX_ROWS);
@@ -379,8 +384,8 @@ impl CudaBackend {
             // SAFETY: matvec_FMT(w, x, y, rows, out, in) per kernels/README.md: `w` holds
             // `out × in` values of its format, `x` at least `(r0 + n) × in` floats and `y`
             // `(r0 + n) × out` (the workspace is sized for `rows`); the grid has a warp
-            // per output row.
-            unsafe { self.launch(&mut b, launch::matvec(out), "matvec") }?;
+            // (`matvec_wide_FMT`: a block) per output row.
+            unsafe { self.launch(&mut b, self.matvec.shape(out), "matvec") }?;
         }
         Ok(())
     }

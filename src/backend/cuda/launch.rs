@@ -79,6 +79,52 @@ pub fn matvec(out: usize) -> Shape {
     Shape::new((blocks(out as u64, MATVEC_ROWS_PER_BLOCK), 1, 1), 32 * MATVEC_ROWS_PER_BLOCK)
 }
 
+/// Threads per block of `matvec_wide_FMT` (a block per output row).
+pub const MATVEC_WIDE_BLOCK: u32 = 128;
+
+/// `matvec_wide_FMT`: a block of [`MATVEC_WIDE_BLOCK`] threads per output row.
+pub fn matvec_wide(out: usize) -> Shape {
+    Shape::new(((out as u64).clamp(1, MAX_GRID_X) as u32, 1, 1), MATVEC_WIDE_BLOCK)
+}
+
+/// Which kernel runs the decode products (`matvec_FMT` or `matvec_wide_FMT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Matvec {
+    /// A warp per output row (`matvec_FMT`).
+    Warp,
+    /// A block of four warps per output row (`matvec_wide_FMT`): more loads in flight per
+    /// row, and a block for every SM even when a matrix has few rows.
+    Wide,
+}
+
+impl Matvec {
+    /// From `STRATA_CUDA_MATVEC` (`warp` or `wide`); unset: `warp`, the kernel whose
+    /// speed has been measured (docs/gpu.md, item 6). Anything else is an error naming it.
+    pub fn from_env(value: Option<&str>) -> Result<Matvec, String> {
+        match value.map(str::trim) {
+            None | Some("" | "warp") => Ok(Matvec::Warp),
+            Some("wide") => Ok(Matvec::Wide),
+            Some(v) => Err(format!("STRATA_CUDA_MATVEC is `{v}`; it takes `warp` or `wide`")),
+        }
+    }
+
+    /// The kernel's name for weights of format `fmt` (`launch::format_name`).
+    pub fn kernel(self, fmt: &str) -> String {
+        match self {
+            Matvec::Warp => format!("matvec_{fmt}"),
+            Matvec::Wide => format!("matvec_wide_{fmt}"),
+        }
+    }
+
+    /// Its launch shape for `out` output rows.
+    pub fn shape(self, out: usize) -> Shape {
+        match self {
+            Matvec::Warp => matvec(out),
+            Matvec::Wide => matvec_wide(out),
+        }
+    }
+}
+
 /// `dequant_FMT_f16` over `n` values: a grid-stride loop, one thread per value (per
 /// block of values for the block formats), capped.
 pub fn dequant(dtype: DType, n: u64) -> Shape {
@@ -233,6 +279,7 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         let f = format_name(d).unwrap_or_default();
         names.push(("embedding", format!("embed_{f}")));
         names.push(("matvec", format!("matvec_{f}")));
+        names.push(("matvec", format!("matvec_wide_{f}")));
         names.push(("dequant", format!("dequant_{f}_f16")));
     }
     names
@@ -269,6 +316,26 @@ mod tests {
         assert_eq!(s.block, (256, 1, 1));
         assert_eq!(s.grid.0, 513);
         assert!(s.grid.0 * MATVEC_ROWS_PER_BLOCK >= 4097);
+    }
+
+    #[test]
+    fn the_wide_matvec_has_a_block_per_output_row() {
+        let s = matvec_wide(4097);
+        assert_eq!((s.grid, s.block), ((4097, 1, 1), (128, 1, 1)));
+        assert_eq!(matvec_wide(0).grid.0, 1);
+        assert_eq!(Matvec::Wide.shape(10), matvec_wide(10));
+        assert_eq!(Matvec::Warp.shape(10), matvec(10));
+        assert_eq!(Matvec::Wide.kernel("q4_k"), "matvec_wide_q4_k");
+        assert_eq!(Matvec::Warp.kernel("q4_k"), "matvec_q4_k");
+    }
+
+    #[test]
+    fn strata_cuda_matvec_takes_warp_or_wide() {
+        assert_eq!(Matvec::from_env(None), Ok(Matvec::Warp));
+        assert_eq!(Matvec::from_env(Some("warp")), Ok(Matvec::Warp));
+        assert_eq!(Matvec::from_env(Some(" wide ")), Ok(Matvec::Wide));
+        let e = Matvec::from_env(Some("fast")).unwrap_err();
+        assert!(e.contains("`fast`") && e.contains("`wide`"), "{e}");
     }
 
     #[test]
@@ -328,7 +395,9 @@ mod tests {
         let names = kernel_names();
         for d in WEIGHT_FORMATS {
             let f = format_name(d).unwrap();
-            for k in [format!("matvec_{f}"), format!("embed_{f}"), format!("dequant_{f}_f16")] {
+            for k in
+                [format!("matvec_{f}"), format!("matvec_wide_{f}"), format!("embed_{f}"), format!("dequant_{f}_f16")]
+            {
                 assert!(names.iter().any(|(_, n)| *n == k), "{k}");
             }
         }
@@ -349,8 +418,8 @@ mod tests {
         for entry in &listed {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
-        // 3 kernels per weight format, 22 others.
-        assert_eq!(listed.len(), 3 * WEIGHT_FORMATS.len() + 22);
+        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 22 others.
+        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 22);
         assert_eq!(declared.len(), listed.len());
     }
 }
