@@ -585,7 +585,8 @@ impl HostTensor {
 
     /// This weight repacked as the CPU's 16-row panels ([`crate::quant::panels`]), where
     /// this CPU runs their kernels and the dtype and shape have them; `None` otherwise.
-    /// The copy is made now; it keeps no file origin (the streamer reads the stored
+    /// The copy is made now, on the threads of the rayon pool this runs in; it keeps no
+    /// file origin (the streamer reads the stored
     /// tensor, and the backend repacks what it read).
     pub fn to_panels(&self) -> Option<HostTensor> {
         if self.panels || !crate::quant::panels::eligible(self.dtype, &self.shape) {
@@ -596,7 +597,7 @@ impl HostTensor {
         // for the repack and not kept beside the panels.
         let fresh = (self.offset == 0).then(|| self.src.compute_unkept()).flatten().filter(|b| b.len == self.len);
         let stored = fresh.as_ref().map_or_else(|| self.bytes(), |b| b.bytes());
-        crate::quant::panels::repack(self.dtype, stored, self.shape[0], self.shape[1], buf.bytes_mut());
+        crate::quant::panels::repack_par(self.dtype, stored, self.shape[0], self.shape[1], buf.bytes_mut());
         // The stored bytes are not read again for the matmul: a mapped file's pages go.
         self.src.release(self.offset..self.offset + self.len);
         let (len, dtype, shape) = (self.len, self.dtype, self.shape.clone());

@@ -153,15 +153,72 @@ fn each_piece(dtype: DType, nb: usize, i: usize, mut f: impl FnMut(std::ops::Ran
 /// Repacks `src`, `m` rows of `k` values of `dtype` as stored, into panels in `dst` (the
 /// same length). `m` is a multiple of 16.
 pub(crate) fn repack(dtype: DType, src: &[u8], m: usize, k: usize, dst: &mut [u8]) {
-    let nb = k / dtype.block_size();
     let row_bytes = dtype.bytes_for(k).expect("whole blocks");
     assert!(m.is_multiple_of(ROWS) && src.len() >= m * row_bytes && dst.len() >= m * row_bytes);
+    let layout = layout(dtype).expect("a panel format");
     for (p, out) in dst[..m * row_bytes].chunks_exact_mut(ROWS * row_bytes).enumerate() {
-        for i in 0..ROWS {
-            let row = &src[(p * ROWS + i) * row_bytes..][..row_bytes];
-            each_piece(dtype, nb, i, |from, to| out[to].copy_from_slice(&row[from]));
+        let rows: [&[u8]; ROWS] = std::array::from_fn(|i| &src[(p * ROWS + i) * row_bytes..][..row_bytes]);
+        pack_panel(layout, &rows, out);
+    }
+}
+
+/// One panel from its 16 stored rows, written line by line: the places [`each_piece`]
+/// gives each row's pieces, gathered across the rows (a line's 16 words, or 16 halves).
+fn pack_panel(layout: Layout, rows: &[&[u8]; ROWS], out: &mut [u8]) {
+    // Each row's 4 bytes at `from`, side by side; each row's 2 bytes at `from`.
+    let words = |from: usize| -> [u8; 4 * ROWS] {
+        let mut v = [0u8; 4 * ROWS];
+        for (d, r) in v.chunks_exact_mut(4).zip(rows) {
+            d.copy_from_slice(&r[from..from + 4]);
+        }
+        v
+    };
+    let halves = |from: usize| -> [u8; 2 * ROWS] {
+        let mut v = [0u8; 2 * ROWS];
+        for (d, r) in v.chunks_exact_mut(2).zip(rows) {
+            d.copy_from_slice(&r[from..from + 2]);
+        }
+        v
+    };
+    match layout {
+        Layout::Block32 { bytes: bb, heads, lines } => {
+            for (b, block) in out.chunks_exact_mut(ROWS * bb).enumerate() {
+                let (lev, scales) = block.split_at_mut(64 * lines);
+                for (s, line) in lev.chunks_exact_mut(64).enumerate() {
+                    line.copy_from_slice(&words(b * bb + 2 * heads + 4 * s));
+                }
+                for (j, head) in scales.chunks_exact_mut(2 * ROWS).enumerate() {
+                    head.copy_from_slice(&halves(b * bb + 2 * j));
+                }
+            }
+        }
+        Layout::Words { bytes: bb } => {
+            for (b, block) in out.chunks_exact_mut(ROWS * bb).enumerate() {
+                let (lines, tail) = block.split_at_mut(64 * (bb / 4));
+                for (t, line) in lines.chunks_exact_mut(64).enumerate() {
+                    line.copy_from_slice(&words(b * bb + 4 * t));
+                }
+                if bb % 4 == 2 {
+                    tail.copy_from_slice(&halves(b * bb + 4 * (bb / 4)));
+                }
+            }
         }
     }
+}
+
+/// [`repack`] with the panels spread over the current rayon pool's threads: a model's
+/// resident weights are repacked when it loads, hundreds of megabytes to tens of
+/// gigabytes of them.
+pub(crate) fn repack_par(dtype: DType, src: &[u8], m: usize, k: usize, dst: &mut [u8]) {
+    use rayon::prelude::*;
+    let panel_bytes = ROWS * dtype.bytes_for(k).expect("whole blocks");
+    let bytes = m / ROWS * panel_bytes;
+    assert!(m.is_multiple_of(ROWS) && src.len() >= bytes && dst.len() >= bytes);
+    // Tasks of 256 KiB at least: a panel of a narrow weight is a few KiB.
+    let min = (256 << 10) / panel_bytes.max(1);
+    dst[..bytes].par_chunks_mut(panel_bytes).with_min_len(min.max(1)).enumerate().for_each(|(p, out)| {
+        repack(dtype, &src[p * panel_bytes..][..panel_bytes], ROWS, k, out);
+    });
 }
 
 /// [`repack`] in place: `bytes`, `m` rows of `k` values of `dtype` as stored, become
@@ -1497,6 +1554,24 @@ mod tests {
             w.read_f32(at, &mut a);
             p.read_f32(at, &mut b);
             assert_eq!(bits(&a), bits(&b), "{dtype:?}");
+        }
+    }
+
+    /// Spread over threads, in tasks of many panels, the repack moves every byte as the
+    /// serial one does (the bytes need not be valid blocks: a repack only moves them).
+    #[test]
+    fn repacking_on_threads_gives_the_same_bytes() {
+        let pool = pool();
+        for dtype in FORMATS {
+            let k = whole(dtype, 512);
+            let row_bytes = dtype.bytes_for(k).unwrap();
+            // More panels than one task takes, and a last task shorter than the others.
+            let m = ROWS * ((3 << 20) / (ROWS * row_bytes) + 7);
+            let src: Vec<u8> = (0..m * row_bytes).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+            let (mut serial, mut threaded) = (vec![0u8; src.len()], vec![0u8; src.len()]);
+            repack(dtype, &src, m, k, &mut serial);
+            pool.install(|| repack_par(dtype, &src, m, k, &mut threaded));
+            assert!(serial == threaded, "{dtype:?}: {m} rows");
         }
     }
 

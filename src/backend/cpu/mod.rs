@@ -108,9 +108,10 @@ impl Backend for CpuBackend {
     }
 
     /// A view of `t`, or for the weights that have them on this CPU a copy as 16-row
-    /// panels (`quant::panels`), which decode reads at about twice the rate.
+    /// panels (`quant::panels`), which decode reads at about twice the rate, repacked on
+    /// the backend's threads.
     fn weight(&self, t: &HostTensor) -> BackendResult<HostTensor> {
-        Ok(t.to_panels().unwrap_or_else(|| t.clone()))
+        Ok(self.pool.install(|| t.to_panels()).unwrap_or_else(|| t.clone()))
     }
 
     fn repacks_weights(&self) -> bool {
