@@ -38,6 +38,7 @@
 //! block into one lane (FMA), whatever the number of activation rows run at once, so a
 //! batch of decoding sequences gets each sequence's bits as alone.
 
+use crate::backend::cpu::team;
 use crate::quant::q8_0::BlockQ8_0;
 use crate::quant::q8_1::BlockQ8_1;
 use crate::quant::q8_k::BlockQ8K;
@@ -206,30 +207,38 @@ fn pack_panel(layout: Layout, rows: &[&[u8]; ROWS], out: &mut [u8]) {
     }
 }
 
-/// [`repack`] with the panels spread over the current rayon pool's threads: a model's
-/// resident weights are repacked when it loads, hundreds of megabytes to tens of
-/// gigabytes of them.
+/// [`repack`] with the panels spread over threads (the team this thread leads, or the
+/// rayon pool it is in): a model's resident weights are repacked when it loads, hundreds
+/// of megabytes to tens of gigabytes of them.
 pub(crate) fn repack_par(dtype: DType, src: &[u8], m: usize, k: usize, dst: &mut [u8]) {
-    use rayon::prelude::*;
-    let panel_bytes = ROWS * dtype.bytes_for(k).expect("whole blocks");
+    let (panel_bytes, task) = panel_tasks(dtype, k);
     let bytes = m / ROWS * panel_bytes;
     assert!(m.is_multiple_of(ROWS) && src.len() >= bytes && dst.len() >= bytes);
-    // Tasks of 256 KiB at least: a panel of a narrow weight is a few KiB.
-    let min = (256 << 10) / panel_bytes.max(1);
-    dst[..bytes].par_chunks_mut(panel_bytes).with_min_len(min.max(1)).enumerate().for_each(|(p, out)| {
-        repack(dtype, &src[p * panel_bytes..][..panel_bytes], ROWS, k, out);
+    team::for_each_chunk_mut_here(&mut dst[..bytes], task, |t, out| {
+        repack(dtype, &src[t * task..][..out.len()], out.len() / panel_bytes * ROWS, k, out);
     });
 }
 
-/// [`repack`] in place: `bytes`, `m` rows of `k` values of `dtype` as stored, become
-/// panels, one panel's rows copied aside at a time.
-pub(crate) fn repack_in_place(dtype: DType, bytes: &mut [u8], m: usize, k: usize) {
+/// A panel's bytes, and the bytes of a repack task: whole panels, 256 KiB or more (a
+/// panel of a narrow weight is a few KiB).
+fn panel_tasks(dtype: DType, k: usize) -> (usize, usize) {
     let panel_bytes = ROWS * dtype.bytes_for(k).expect("whole blocks");
-    let mut rows = vec![0u8; panel_bytes];
-    for panel in bytes[..m * panel_bytes / ROWS].chunks_exact_mut(panel_bytes) {
-        rows.copy_from_slice(panel);
-        repack(dtype, &rows, ROWS, k, panel);
-    }
+    (panel_bytes, (256usize << 10).div_ceil(panel_bytes) * panel_bytes)
+}
+
+/// [`repack`] in place: `bytes`, `m` rows of `k` values of `dtype` as stored, become
+/// panels, one panel's rows copied aside at a time, the panels spread over threads as in
+/// [`repack_par`] (a streamed layer is repacked after every read of it, by the forward
+/// pass that is about to use it: on its team).
+pub(crate) fn repack_in_place(dtype: DType, bytes: &mut [u8], m: usize, k: usize) {
+    let (panel_bytes, task) = panel_tasks(dtype, k);
+    team::for_each_chunk_mut_here(&mut bytes[..m / ROWS * panel_bytes], task, |_, panels| {
+        let mut rows = vec![0u8; panel_bytes];
+        for panel in panels.chunks_exact_mut(panel_bytes) {
+            rows.copy_from_slice(panel);
+            repack(dtype, &rows, ROWS, k, panel);
+        }
+    });
 }
 
 /// Row `r` of a repacked `[m, k]` weight of `dtype`, as stored (its blocks), into `dst`.
@@ -1558,7 +1567,8 @@ mod tests {
     }
 
     /// Spread over threads, in tasks of many panels, the repack moves every byte as the
-    /// serial one does (the bytes need not be valid blocks: a repack only moves them).
+    /// serial one does, in place too (the bytes need not be valid blocks: a repack only
+    /// moves them).
     #[test]
     fn repacking_on_threads_gives_the_same_bytes() {
         let pool = pool();
@@ -1572,6 +1582,10 @@ mod tests {
             repack(dtype, &src, m, k, &mut serial);
             pool.install(|| repack_par(dtype, &src, m, k, &mut threaded));
             assert!(serial == threaded, "{dtype:?}: {m} rows");
+            // In place, on the team of a forward pass (as the streamer repacks a layer).
+            let mut in_place = src.clone();
+            team::lead(&pool, || repack_in_place(dtype, &mut in_place, m, k));
+            assert!(serial == in_place, "{dtype:?}: {m} rows in place");
         }
     }
 

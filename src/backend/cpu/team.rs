@@ -191,12 +191,22 @@ pub fn lead<R: Send>(pool: &ThreadPool, pass: impl FnOnce() -> R + Send) -> R {
 /// Runs `f(i)` for every `i < tasks`, in parallel: on the team this thread leads, or
 /// else on `pool`. Tasks may run in any order and on any thread.
 pub fn for_each(pool: &ThreadPool, tasks: usize, f: impl Fn(usize) + Sync) {
+    for_each_on(Some(pool), tasks, f)
+}
+
+/// [`for_each`] on `pool`, or with `None` on the rayon pool this thread is in (the
+/// global one outside any), where no team is led.
+fn for_each_on(pool: Option<&ThreadPool>, tasks: usize, f: impl Fn(usize) + Sync) {
     if tasks <= 1 {
         return (0..tasks).for_each(f);
     }
     let team = LEADING.get();
     if team.is_null() {
-        return pool.install(|| (0..tasks).into_par_iter().for_each(&f));
+        let all = || (0..tasks).into_par_iter().for_each(&f);
+        return match pool {
+            Some(pool) => pool.install(all),
+            None => all(),
+        };
     }
     // Tasks that start parallel work of their own run it in place: the team is busy.
     LEADING.set(std::ptr::null());
@@ -214,6 +224,16 @@ pub fn for_each_chunk_mut<T: Send>(
     chunk: usize,
     f: impl Fn(usize, &mut [T]) + Sync,
 ) {
+    chunks_on(Some(pool), data, chunk, f)
+}
+
+/// [`for_each_chunk_mut`] for code that holds no pool (the streamer's repack of a layer
+/// it read): on the team this thread leads, or else on the rayon pool it is in.
+pub fn for_each_chunk_mut_here<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    chunks_on(None, data, chunk, f)
+}
+
+fn chunks_on<T: Send>(pool: Option<&ThreadPool>, data: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync) {
     /// The start of `data`, shared by tasks that take disjoint pieces of it.
     struct Start<T>(*mut T);
     // SAFETY: each task takes its own piece (below), so sharing the pointer shares no
@@ -226,7 +246,7 @@ pub fn for_each_chunk_mut<T: Send>(
     }
     let (len, chunk) = (data.len(), chunk.max(1));
     let start = Start(data.as_mut_ptr());
-    for_each(pool, len.div_ceil(chunk), |i| {
+    for_each_on(pool, len.div_ceil(chunk), |i| {
         let at = i * chunk;
         // SAFETY: piece `i` is `data[at..at + n]`, inside `data`, which stays borrowed
         // mutably for this call; `for_each` runs each index once, so pieces never overlap.
