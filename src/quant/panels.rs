@@ -1589,6 +1589,33 @@ mod tests {
         }
     }
 
+    /// How fast a layer-sized weight (2048 × 5632) is repacked in place on one thread, in
+    /// GB/s, against a plain copy of it (docs/benchmarks.md):
+    /// `cargo test --release --lib repack_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn repack_speed() {
+        for dtype in FORMATS {
+            let (m, k) = (2048, whole(dtype, 5632));
+            let mut bytes: Vec<u8> = (0..m * dtype.bytes_for(k).unwrap()).map(|i| (i * 31 >> 7) as u8).collect();
+            let mut copy = vec![0u8; bytes.len()];
+            let best = |f: &mut dyn FnMut()| {
+                (0..7)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        f();
+                        t.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::INFINITY, f64::min)
+            };
+            let n = bytes.len() as f64;
+            let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+            let repack = best(&mut || one.install(|| repack_in_place(dtype, &mut bytes, m, k)));
+            let plain = best(&mut || copy.copy_from_slice(&bytes));
+            eprintln!("{dtype:?}: repack in place {:.1} GB/s, a copy {:.1} GB/s", n / repack / 1e9, n / plain / 1e9);
+        }
+    }
+
     #[test]
     fn only_panel_formats_of_whole_panels_repack() {
         assert!(!eligible(DType::Q4_0, &[40, 64]));
