@@ -1597,7 +1597,7 @@ mod tests {
     fn repack_speed() {
         for dtype in FORMATS {
             let (m, k) = (2048, whole(dtype, 5632));
-            let mut bytes: Vec<u8> = (0..m * dtype.bytes_for(k).unwrap()).map(|i| (i * 31 >> 7) as u8).collect();
+            let mut bytes: Vec<u8> = (0..m * dtype.bytes_for(k).unwrap()).map(|i| ((i * 31) >> 7) as u8).collect();
             let mut copy = vec![0u8; bytes.len()];
             let best = |f: &mut dyn FnMut()| {
                 (0..7)
