@@ -21,13 +21,18 @@ something on a GPU say so and pass. ITEMs default to all of them, in this order:
            model's request gets a 503 naming the sizes, another model's a 200 (GPU only)
   kvtypes  (item 10) `strata bench` of the 1.1B Q4_0 with f32, f16 and q8_0 KV caches at a
            1024-token prompt: reported (GPU only)
+  oom      (items 5 and 7) another process (torch, where Python has it) takes nearly all
+           the free GPU memory: with it, `--memory-budget 1TiB` on the 1.1B warns with both
+           sizes and runs, or is refused at load with the sizes (never a crash); a server
+           whose model loaded answers a long prompt with a 503 or a 200 (never a 500), and
+           a 200 once the memory is back (GPU only)
   matvec   (item 6) the block-per-row decode kernel (`STRATA_CUDA_MATVEC=wide`) against
            the warp-per-row one: log-probs within 1e-3 on five fixtures in chunks of 8 (the
            matrix-vector path), tests/cuda_ops.rs and tests/batching.rs with it (where their
            binaries are beside STRATA_BIN), and decode of the 1.1B Q4_0 with each,
            interleaved: reported
 
-`refused`, `kvtypes` and `matvec` need the 1.1B bench model: made under $BENCH_DIR (default /tmp)
+`refused`, `kvtypes`, `oom` and `matvec` need the 1.1B bench model: made under $BENCH_DIR (default /tmp)
 as b11 and b11.q4_0 with tools/make_bench_model.py (numpy) when not there (about 15 s on
 the GPU machine). Exits 1 when a judged check fails. Needs no third-party Python package.
 """
@@ -274,6 +279,84 @@ def kvtypes():
     return ok
 
 
+HOG = """
+import sys, time, torch
+free, _ = torch.cuda.mem_get_info()
+held = torch.empty(max(free - int(sys.argv[1]), 0), dtype=torch.uint8, device="cuda")
+print("holding", held.numel(), "of", free, flush=True)
+time.sleep(900)
+"""
+
+
+class Hog:
+    """A process that holds all but `leave` bytes of the GPU's free memory."""
+
+    def __init__(self, leave):
+        self.proc = subprocess.Popen([sys.executable, "-c", HOG, str(leave)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+
+    def __enter__(self):
+        line = self.proc.stdout.readline()
+        if not line.startswith("holding"):
+            self.proc.kill()
+            raise RuntimeError(f"the memory hog did not start: {line.strip()}")
+        print(f"     another process is {line.strip()} bytes")
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def oom():
+    if not GPU:
+        print("     skipped on the CPU: it needs a GPU whose memory another process can take")
+        return True
+    if subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                      capture_output=True).returncode:
+        print("     skipped: this Python has no torch with CUDA to take the GPU's memory")
+        return True
+    model = bench_model()
+    if not model:
+        return False
+    ok = True
+    # A budget above what is free, on a model larger than what is free (a CUDA context
+    # takes a few hundred MiB of the GiB left).
+    path = os.path.join(OUT, "items-oom-budget.json")
+    try:
+        with Hog(1 << 30):
+            code = sh([STRATA, "bench", model, "--device", DEVICE, "--json", "--prompt-tokens", "8", "--gen-tokens", "8",
+                       "--runs", "1", "--memory-budget", "1TiB"], path, 300)
+    except RuntimeError as e:
+        return verdict(False, f"oom: {e}")
+    err = open(path + ".err").read()
+    warned = "--memory-budget" in err and "free on" in err
+    refused = "cannot run on" in err and "free" in err
+    ok = verdict((code == 0 and warned) or (code == 1 and refused),
+                 f"oom: --memory-budget 1TiB with 1 GiB free: exit {code}, "
+                 f"{'warned' if warned else 'refused at load' if refused else 'neither warned nor refused'}: "
+                 f"{err.strip().splitlines()[-1][:300] if err.strip() else ''}") and ok
+    long_prompt = " ".join(["word"] * 3000)
+    try:
+        with Server("oom", 8014, "--device", DEVICE, "--model", f"big={model}", "--ctx-size", "4096"):
+            warm = get(8014, "/api/generate", {"model": "big", "prompt": "hi", "stream": False,
+                                               "options": {"num_predict": 4}})
+            with Hog(48 << 20):
+                squeezed = get(8014, "/api/generate", {"model": "big", "prompt": long_prompt, "stream": False,
+                                                       "options": {"num_predict": 4}})
+            after = get(8014, "/api/generate", {"model": "big", "prompt": long_prompt, "stream": False,
+                                                "options": {"num_predict": 4}})
+            health = get(8014, "/health")
+    except (RuntimeError, OSError) as e:
+        return verdict(False, f"oom: {e}")
+    ok = verdict(warm[0] == 200, f"oom: the model loaded and answered ({warm[0]})") and ok
+    ok = verdict(squeezed[0] in (200, 503), f"oom: a 3000-word prompt with 48 MiB of the GPU free got {squeezed[0]} "
+                                             f"({'a real out-of-memory' if squeezed[0] == 503 else 'it fit'}): "
+                                             f"{squeezed[1][:300]}") and ok
+    return verdict(after[0] == 200 and health[0] == 200,
+                   f"oom: with the memory back, the same prompt got {after[0]}, /health {health[0]}") and ok
+
+
 def matvec():
     wide, warp = {"STRATA_CUDA_MATVEC": "wide"}, {"STRATA_CUDA_MATVEC": "warp"}
     ok = True
@@ -314,7 +397,7 @@ def matvec():
 
 
 ITEMS = {"ndsq": ndsq, "sparse": sparse, "status": status, "hybrid": hybrid, "refused": refused, "kvtypes": kvtypes,
-         "matvec": matvec}
+         "oom": oom, "matvec": matvec}
 
 
 def main():
