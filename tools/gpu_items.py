@@ -41,6 +41,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -147,10 +148,18 @@ def get(port, path, body=None):
         return e.code, e.read().decode()
 
 
-class Server:
-    """`strata serve` on `port` with its own $STRATA_HOME, stopped on exit."""
+def free_port():
+    """A TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def __init__(self, name, port, *args):
+
+class Server:
+    """`strata serve` on a free port with its own $STRATA_HOME, stopped on exit."""
+
+    def __init__(self, name, *args):
+        port = free_port()
         self.port, self.log = port, os.path.join(OUT, f"items-{name}-serve.log")
         env = dict(os.environ, STRATA_HOME=os.path.join(OUT, f"items-{name}-home"))
         self.proc = subprocess.Popen([STRATA, "serve", "--port", str(port), *args], env=env,
@@ -177,10 +186,11 @@ class Server:
 
 
 def status():
-    model, port = "tests/fixtures/hf/qwen3_moe_mixed", 8011
+    model = "tests/fixtures/hf/qwen3_moe_mixed"
     try:
-        with Server("status", port, "-m", model, "--device", DEVICE, "--memory-budget", "150K",
-                    "--host-budget", "100K"):
+        with Server("status", "-m", model, "--device", DEVICE, "--memory-budget", "150K",
+                    "--host-budget", "100K") as server:
+            port = server.port
             code, body = get(port, "/api/generate", {"model": "qwen3_moe_mixed", "prompt": "hi", "stream": False,
                                                      "options": {"num_predict": 8}})
             if code != 200:
@@ -247,11 +257,11 @@ def refused():
         return False
     # 10M tokens of the 1.1B's KV cache are about a TiB; strata-demo's fit.
     try:
-        with Server("refused", 8012, "--device", DEVICE, "--model", f"big={model}", "--model", "strata-demo",
-                    "--ctx-size", "10000000"):
-            big = get(8012, "/api/generate", {"model": "big", "prompt": "hi", "stream": False,
+        with Server("refused", "--device", DEVICE, "--model", f"big={model}", "--model", "strata-demo",
+                    "--ctx-size", "10000000") as server:
+            big = get(server.port, "/api/generate", {"model": "big", "prompt": "hi", "stream": False,
                                               "options": {"num_predict": 4}})
-            demo = get(8012, "/api/generate", {"model": "strata-demo", "prompt": "hi", "stream": False,
+            demo = get(server.port, "/api/generate", {"model": "strata-demo", "prompt": "hi", "stream": False,
                                                "options": {"num_predict": 4}})
     except (RuntimeError, OSError) as e:
         return verdict(False, f"refused: {e}")
@@ -338,15 +348,15 @@ def oom():
                  f"{err.strip().splitlines()[-1][:300] if err.strip() else ''}") and ok
     long_prompt = " ".join(["word"] * 3000)
     try:
-        with Server("oom", 8014, "--device", DEVICE, "--model", f"big={model}", "--ctx-size", "4096"):
-            warm = get(8014, "/api/generate", {"model": "big", "prompt": "hi", "stream": False,
+        with Server("oom", "--device", DEVICE, "--model", f"big={model}", "--ctx-size", "4096") as server:
+            warm = get(server.port, "/api/generate", {"model": "big", "prompt": "hi", "stream": False,
                                                "options": {"num_predict": 4}})
             with Hog(48 << 20):
-                squeezed = get(8014, "/api/generate", {"model": "big", "prompt": long_prompt, "stream": False,
+                squeezed = get(server.port, "/api/generate", {"model": "big", "prompt": long_prompt, "stream": False,
                                                        "options": {"num_predict": 4}})
-            after = get(8014, "/api/generate", {"model": "big", "prompt": long_prompt, "stream": False,
+            after = get(server.port, "/api/generate", {"model": "big", "prompt": long_prompt, "stream": False,
                                                 "options": {"num_predict": 4}})
-            health = get(8014, "/health")
+            health = get(server.port, "/health")
     except (RuntimeError, OSError) as e:
         return verdict(False, f"oom: {e}")
     ok = verdict(warm[0] == 200, f"oom: the model loaded and answered ({warm[0]})") and ok
