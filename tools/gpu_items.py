@@ -32,9 +32,11 @@ something on a GPU say so and pass. ITEMs default to all of them, in this order:
            binaries are beside STRATA_BIN), and decode of the 1.1B Q4_0 with each,
            interleaved: reported
 
-`refused`, `kvtypes`, `oom` and `matvec` need the 1.1B bench model: made under $BENCH_DIR (default /tmp)
-as b11 and b11.q4_0 with tools/make_bench_model.py (numpy) when not there (about 15 s on
-the GPU machine). Exits 1 when a judged check fails. Needs no third-party Python package.
+`refused`, `kvtypes`, `oom` and `matvec` need the 1.1B bench model: made under $BENCH_DIR
+(default /tmp) as b11 and b11.q4_0 with tools/make_bench_model.py (numpy) when not there
+(about 15 s on the GPU machine). Exits 1 when a judged check fails. Needs no third-party
+Python package. Not yet timed on a GPU: estimated at 4 to 6 minutes for all items, after
+`tools/gpu_check.sh run`'s own 100 s; a session short of time runs single items.
 """
 
 import json
@@ -280,7 +282,7 @@ def kvtypes():
     for kv in ("f32", "f16", "q8_0"):
         path = os.path.join(OUT, f"items-kv-{kv}.json")
         if sh([STRATA, "bench", model, "--device", DEVICE, "--json", "--prompt-tokens", "1024", "--gen-tokens", "64",
-               "--runs", "3", "--kv-type", kv], path, 300):
+               "--runs", "2", "--kv-type", kv], path, 300):
             ok = verdict(False, f"kvtypes: bench with --kv-type {kv} (see {path}.err)")
             continue
         r = json.load(open(path))
@@ -396,7 +398,7 @@ def matvec():
         for kind in decode:
             path = os.path.join(OUT, f"items-matvec-{kind}-{r}.json")
             if sh([STRATA, "bench", model, "--device", DEVICE, "--json", "--prompt-tokens", "128", "--gen-tokens", "128",
-                   "--runs", "3"], path, 300, env={"STRATA_CUDA_MATVEC": kind}):
+                   "--runs", "2"], path, 300, env={"STRATA_CUDA_MATVEC": kind}):
                 ok = verdict(False, f"matvec: bench with STRATA_CUDA_MATVEC={kind} (see {path}.err)")
                 continue
             decode[kind].append(json.load(open(path))["decode_tok_s"])
