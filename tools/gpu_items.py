@@ -157,6 +157,12 @@ def free_port():
         return s.getsockname()[1]
 
 
+def generate(port, model, prompt, tokens):
+    """A non-streaming `/api/generate` of `tokens` tokens: (status, body)."""
+    return get(port, "/api/generate", {"model": model, "prompt": prompt, "stream": False,
+                                       "options": {"num_predict": tokens}})
+
+
 class Server:
     """`strata serve` on a free port with its own $STRATA_HOME, stopped on exit."""
 
@@ -193,8 +199,7 @@ def status():
         with Server("status", "-m", model, "--device", DEVICE, "--memory-budget", "150K",
                     "--host-budget", "100K") as server:
             port = server.port
-            code, body = get(port, "/api/generate", {"model": "qwen3_moe_mixed", "prompt": "hi", "stream": False,
-                                                     "options": {"num_predict": 8}})
+            code, body = generate(port, "qwen3_moe_mixed", "hi", 8)
             if code != 200:
                 return verdict(False, f"status: generate answered {code}: {body[:300]}")
             st = json.loads(get(port, "/api/strata/status")[1])
@@ -261,10 +266,8 @@ def refused():
     try:
         with Server("refused", "--device", DEVICE, "--model", f"big={model}", "--model", "strata-demo",
                     "--ctx-size", "10000000") as server:
-            big = get(server.port, "/api/generate", {"model": "big", "prompt": "hi", "stream": False,
-                                              "options": {"num_predict": 4}})
-            demo = get(server.port, "/api/generate", {"model": "strata-demo", "prompt": "hi", "stream": False,
-                                               "options": {"num_predict": 4}})
+            big = generate(server.port, "big", "hi", 4)
+            demo = generate(server.port, "strata-demo", "hi", 4)
     except (RuntimeError, OSError) as e:
         return verdict(False, f"refused: {e}")
     ok = verdict(big[0] == 503 and "GiB" in big[1], f"refused: the model that cannot fit got {big[0]}: {big[1][:300]}")
@@ -351,13 +354,10 @@ def oom():
     long_prompt = " ".join(["word"] * 3000)
     try:
         with Server("oom", "--device", DEVICE, "--model", f"big={model}", "--ctx-size", "4096") as server:
-            warm = get(server.port, "/api/generate", {"model": "big", "prompt": "hi", "stream": False,
-                                               "options": {"num_predict": 4}})
+            warm = generate(server.port, "big", "hi", 4)
             with Hog(48 << 20):
-                squeezed = get(server.port, "/api/generate", {"model": "big", "prompt": long_prompt, "stream": False,
-                                                       "options": {"num_predict": 4}})
-            after = get(server.port, "/api/generate", {"model": "big", "prompt": long_prompt, "stream": False,
-                                                "options": {"num_predict": 4}})
+                squeezed = generate(server.port, "big", long_prompt, 4)
+            after = generate(server.port, "big", long_prompt, 4)
             health = get(server.port, "/health")
     except (RuntimeError, OSError) as e:
         return verdict(False, f"oom: {e}")
