@@ -749,7 +749,9 @@ impl<B: Backend> DecoderModel<B> {
         let build = move |lt: &LayerTensors| build_layer(&c, &*be, lt);
         // Streamed weights come out of each read as the backend keeps resident ones.
         let sched = &SchedOptions { repack: backend.repacks_weights(), ..sched.clone() };
-        let mut layers = Scheduler::new(layer_sources, build, sched)?;
+        // On the backend's threads: a streamer repacks the layers its plan pins as it
+        // starts, and that work belongs on `--threads`, not on rayon's global pool.
+        let mut layers = backend.on_workers(|| Scheduler::new(layer_sources, build, sched))?;
         // The cache gets what the budget leaves after the cores, unless told.
         let opts = ExpertOptions {
             budget: match sched.expert_cache {
