@@ -76,6 +76,17 @@ pub enum StoreError {
 
 type Result<T> = std::result::Result<T, StoreError>;
 
+/// [`inspect::check_loadable`] as a store error: a model this build cannot load is
+/// not imported.
+fn loadable(path: &Path, format: Format) -> Result<()> {
+    inspect::check_loadable(path, format).map_err(|e| {
+        let e = format!("{e:#}");
+        // Most errors name the file already.
+        let e = e.strip_prefix(&format!("{}: ", path.display())).unwrap_or(&e);
+        StoreError::Unsupported { path: path.to_owned(), msg: format!("not a model this build can load: {e}") }
+    })
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
     move |err| StoreError::Io { path: path.to_owned(), err }
 }
@@ -89,6 +100,19 @@ pub struct ModelName {
 }
 
 impl ModelName {
+    /// [`parse`](Self::parse) for a name a new model (or alias) may take: not the
+    /// built-in demo model's.
+    pub fn parse_new(name: &str) -> Result<Self> {
+        let parsed = ModelName::parse(name)?;
+        if parsed.model == crate::model::demo::DEMO_NAME && parsed.namespace == DEFAULT_NAMESPACE {
+            return Err(StoreError::InvalidName {
+                name: name.into(),
+                reason: "it is the built-in demo model's name".into(),
+            });
+        }
+        Ok(parsed)
+    }
+
     /// Parses `[namespace/]model[:tag]`; upper case is folded to lower case.
     pub fn parse(name: &str) -> Result<Self> {
         let bad =
@@ -356,6 +380,7 @@ impl Store {
         let name = self.new_name(name)?;
         let format = Format::detect(src)?;
         let source = fs::canonicalize(src).map_err(io(src))?;
+        loadable(&source, format)?;
         let origin = Origin { source: source.display().to_string(), digest: None, details: None, modelfile: None };
         self.install(&name, format, origin, replace, |payload| match format {
             Format::Gguf | Format::Cawsf => link_or_copy(&source, payload),
@@ -380,6 +405,7 @@ impl Store {
         if Format::detect(&blob.path)? != Format::Gguf {
             return Err(StoreError::Unsupported { path: blob.path, msg: "the model layer is not a GGUF file".into() });
         }
+        loadable(&blob.path, Format::Gguf)?;
         let origin =
             Origin { source: format!("ollama:{wanted}"), digest: Some(blob.digest), details: None, modelfile: None };
         self.install(&name, Format::Gguf, origin, replace, |payload| link_or_copy(&blob.path, payload))
@@ -505,6 +531,7 @@ impl Store {
         if Format::detect(&blob)? != Format::Gguf {
             return Err(StoreError::Unsupported { path: blob, msg: "the blob is not a GGUF file".into() });
         }
+        loadable(&blob, Format::Gguf)?;
         let origin = Origin {
             source: format!("blob:sha256:{hex}"),
             digest: Some(format!("sha256:{hex}")),
@@ -540,14 +567,7 @@ impl Store {
 
     /// A name a new model may take.
     fn new_name(&self, name: &str) -> Result<ModelName> {
-        let parsed = ModelName::parse(name)?;
-        if parsed.model == crate::model::demo::DEMO_NAME && parsed.namespace == DEFAULT_NAMESPACE {
-            return Err(StoreError::InvalidName {
-                name: name.into(),
-                reason: "it is the built-in demo model's name".into(),
-            });
-        }
-        Ok(parsed)
+        ModelName::parse_new(name)
     }
 
     /// Builds the model in a staging directory (`fill` writes its payload), writes its

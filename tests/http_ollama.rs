@@ -497,6 +497,11 @@ async fn errors_have_the_right_status_and_shape() {
     .await;
     expect_error(&app, "/api/generate", json!({"prompt": "Hi"}), bad, "model").await;
     expect_error(&app, "/api/copy", json!({"source": "llama3", "destination": ""}), bad, "destination").await;
+    // An alias of a started-with model is named as a store model is.
+    for dst in ["a\u{0}b", "a\nb", "../../evil", "/tmp/evil", "x:y:z", &"a".repeat(200)] {
+        expect_error(&app, "/api/copy", json!({"source": "llama3", "destination": dst}), bad, "invalid model name")
+            .await;
+    }
 
     // A prompt longer than the context is a 400 even on the (default) streaming path.
     let long = "hello world ".repeat(400);

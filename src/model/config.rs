@@ -361,6 +361,40 @@ impl ModelConfig {
 
     /// Checks what every source (config.json or GGUF metadata) must satisfy.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // Only dense layers have that width: a model whose every layer routes has none.
+        let dense = self.layers.iter().any(|l| l.ffn == Ffn::Dense);
+        for (name, n) in [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", if dense { self.intermediate_size } else { 1 }),
+            ("num_hidden_layers", self.n_layers),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings (the context length)", self.max_position_embeddings),
+        ] {
+            if n == 0 {
+                return Err(ConfigError::Unsupported(format!("{name} 0 (must be at least 1)")));
+            }
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(ConfigError::Unsupported(format!(
+                "normalization epsilon {} (must be finite and not negative)",
+                self.rms_norm_eps
+            )));
+        }
+        for (name, theta) in [("rope_theta", self.rope_theta), ("local rope_theta", self.rope_local_theta)] {
+            if !(theta.is_finite() && theta > 0.0) {
+                return Err(ConfigError::Unsupported(format!("{name} {theta} (must be finite and above 0)")));
+            }
+        }
+        let scaling = match self.rope_scaling {
+            RopeScaling::None => vec![],
+            RopeScaling::Linear { factor } => vec![factor],
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, .. } => {
+                vec![factor, low_freq_factor, high_freq_factor]
+            }
+        };
+        if let Some(x) = scaling.into_iter().find(|x| !(x.is_finite() && *x > 0.0)) {
+            return Err(ConfigError::Unsupported(format!("rope_scaling factor {x} (must be finite and above 0)")));
+        }
         let (h, kv) = (self.n_heads, self.n_kv_heads);
         if h == 0 || kv == 0 || h % kv != 0 {
             return Err(ConfigError::Unsupported(format!(
@@ -799,6 +833,19 @@ mod tests {
                 .contains("yarn")
         );
         assert!(err(r#"{"model_type":"llama","hidden_size":64}"#.into()).contains("num_attention_heads"));
+        // Values no model can run with (crafted metadata), refused when read.
+        for (extra, named) in [
+            (r#""max_position_embeddings":0"#, "max_position_embeddings"),
+            (r#""rope_theta":0.0"#, "rope_theta"),
+            (r#""rope_theta":-1.0"#, "rope_theta"),
+            (r#""rms_norm_eps":-1e-5"#, "epsilon"),
+            (r#""rope_scaling":{"rope_type":"linear","factor":0.0}"#, "rope_scaling"),
+        ] {
+            let e = err(format!(r#"{{"model_type":"llama",{BASE},{extra}}}"#));
+            assert!(e.contains(named), "{extra}: {e}");
+        }
+        let e = err(format!(r#"{{"model_type":"llama",{}}}"#, BASE.replace("\"hidden_size\":64", "\"hidden_size\":0")));
+        assert!(e.contains("hidden_size"), "{e}");
     }
 
     #[test]

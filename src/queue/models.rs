@@ -374,6 +374,8 @@ impl Registry {
             return Err(invalid(format!("'{dst}' is the name of a model given to `strata serve`")));
         }
         if let Some((_, info)) = self.in_memory(src) {
+            // An alias is named as a store model is: it is listed beside them.
+            ModelName::parse_new(dst).map_err(|e| invalid(e.to_string()))?;
             if let Some(store) = &self.store
                 && store.get(dst).is_ok()
             {
@@ -475,6 +477,14 @@ mod tests {
         assert!(matches!(r.remove("strata-demo"), Err(RegistryError::Invalid { .. })), "started-with models stay");
         assert!(matches!(r.copy("missing", "x"), Err(RegistryError::NotFound(_))));
         assert!(matches!(r.copy("other", "strata-demo"), Err(RegistryError::Invalid { .. })));
+        // Aliases are named as store models are, and never as the demo model.
+        let served = Registry::default();
+        served.insert(ModelInfo::read("mine", "strata-demo").unwrap());
+        for bad in ["strata-demo", "../x", "a b", "x:y:z", ""] {
+            assert!(matches!(served.copy("mine", bad), Err(RegistryError::Invalid { .. })), "{bad:?}");
+        }
+        served.copy("mine", "other/name:v2").unwrap();
+        assert!(served.get("other/name:v2").is_some());
     }
 
     #[test]

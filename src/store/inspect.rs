@@ -32,6 +32,22 @@ pub fn inspect(path: &Path, format: Format) -> anyhow::Result<Details> {
     })
 }
 
+/// Opens the model at `path` as loading it does, short of reading its weights: the
+/// file's structure, its config against what this build runs, every tensor's presence
+/// and shape, and its tokenizer. Imports check this, so that the store never holds a
+/// model that fails at its first request.
+pub fn check_loadable(path: &Path, format: Format) -> anyhow::Result<()> {
+    let source = match format {
+        Format::Gguf => crate::model::gguf_source::source_from_gguf(path)?,
+        Format::Safetensors => ModelSource::from_hf_dir(path)?,
+        Format::Flat => crate::format::flat::open(path)?,
+        Format::Cawsf => crate::format::cawsf::open(path)?,
+    };
+    crate::model::spec::check_tensors(&source.config, &source.tensors)?;
+    source.tokenizer()?;
+    Ok(())
+}
+
 fn gguf_details(path: &Path) -> anyhow::Result<Details> {
     let f = GgufFile::open(path)?;
     let arch = f.get_str("general.architecture").context("no `general.architecture`")?.to_string();
