@@ -3,6 +3,7 @@
 //! requests; bad uploads and requests are 4xx naming the field.
 
 mod common;
+mod support;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -130,4 +131,74 @@ async fn blobs_become_models_with_their_modelfile() {
     }
     let (status, _, _) = send(&app, create(json!({"model": "x", "from": "nope"}))).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// A blob the loader would refuse is refused at create (400 naming `files`), before a
+/// model is stored; so is a Modelfile whose template fails to render or whose parameters
+/// are out of range. Nothing is stored by a refused create.
+#[tokio::test]
+async fn models_that_cannot_run_are_refused_at_create() {
+    use strata::format::gguf::GgufValue;
+    let home = TempHome(std::env::temp_dir().join(format!("strata-http-create-bad-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&home.0);
+    let (app, _) = app_with(ServerConfig { store: Some(home.0.clone()), ..ServerConfig::default() }, 64);
+    let upload = async |bytes: Vec<u8>| {
+        let hex: String = sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+        let digest = format!("sha256:{hex}");
+        assert_eq!(send(&app, blob("POST", &digest, bytes)).await.0, StatusCode::CREATED);
+        digest
+    };
+    let fixture = "tests/fixtures/gguf/llama3.q4_0.gguf";
+    let good = std::fs::read(format!("{}/{fixture}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let edited = |key: &str, value: GgufValue| {
+        let mut parts = support::gguf::GgufParts::read(fixture);
+        parts.set_meta(key.to_string(), value);
+        parts.write()
+    };
+    let broken = [
+        ("a file cut short", good[..good.len() - 1000].to_vec()),
+        ("a context of 0 tokens", edited("llama.context_length", GgufValue::U32(0))),
+        ("no attention heads", edited("llama.attention.head_count", GgufValue::U32(0))),
+        ("a RoPE base of 0", edited("llama.rope.freq_base", GgufValue::F32(0.0))),
+        ("a NaN epsilon", edited("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(f32::NAN))),
+        ("a width its tensors do not have", edited("llama.embedding_length", GgufValue::U32(40))),
+    ];
+    for (what, bytes) in broken {
+        let digest = upload(bytes).await;
+        let body = json!({"model": "broken", "files": {"m.gguf": digest}, "stream": false});
+        let (status, _, out) = send(&app, post_json("/api/create", body)).await;
+        let v = json(&out);
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {v}");
+        assert!(v["error"].as_str().unwrap().contains("files"), "{what}: {v}");
+        let (status, _, _) = send(&app, post_json("/api/show", json!({"model": "broken"}))).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{what}: nothing stored");
+    }
+
+    let digest = upload(good).await;
+    let base = json!({"model": "m", "files": {"m.gguf": digest}, "stream": false});
+    assert_eq!(send(&app, post_json("/api/create", base)).await.0, StatusCode::OK);
+    let bad = [
+        (json!({"template": "{{ foo.bar.baz }}"}), "template"),
+        (json!({"template": "{{ messages + 5 }}"}), "template"),
+        (json!({"template": "{% for i in range(100000000) %}{% endfor %}"}), "template"),
+        (json!({"parameters": {"top_p": 5}}), "parameters.top_p"),
+        (json!({"parameters": {"num_ctx": 0}}), "parameters.num_ctx"),
+        (json!({"parameters": {"num_predict": -7}}), "parameters.num_predict"),
+        (json!({"parameters": {"sparse_ffn": "topk=2"}}), "parameters.sparse_ffn"),
+    ];
+    for (extra, field) in bad {
+        let mut body = json!({"model": "x", "from": "m", "stream": false});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, _, out) = send(&app, post_json("/api/create", body.clone())).await;
+        let v = json(&out);
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(field), "{body}: {v}");
+    }
+    let (status, _, _) = send(&app, post_json("/api/show", json!({"model": "x"}))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing stored");
+    // A template that raises for this conversation only is still a template.
+    let raising = "{% if messages[0].role == 'system' %}{{ raise_exception('no system') }}{% endif %}\
+        {% for m in messages %}{{ m.content }}{% endfor %}";
+    let body = json!({"model": "x", "from": "m", "stream": false, "template": raising});
+    assert_eq!(send(&app, post_json("/api/create", body)).await.0, StatusCode::OK);
 }

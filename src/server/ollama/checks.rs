@@ -135,17 +135,7 @@ impl Resolved {
 
 /// Ollama's default sampling, overridden by the model's `generation_config.json`.
 pub(super) fn model_defaults(info: &ModelInfo) -> SamplingParams {
-    let mut p = SamplingParams {
-        temperature: 0.8,
-        top_k: 40,
-        top_p: 0.9,
-        min_p: 0.0,
-        repeat_penalty: 1.1,
-        repeat_last_n: 64,
-        presence_penalty: 0.0,
-        frequency_penalty: 0.0,
-        seed: None,
-    };
+    let mut p = ollama_defaults();
     for (key, value) in generation_parameters(info) {
         let v = value as f32;
         match key {
@@ -158,6 +148,21 @@ pub(super) fn model_defaults(info: &ModelInfo) -> SamplingParams {
         }
     }
     p
+}
+
+/// Ollama's default sampling.
+fn ollama_defaults() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.9,
+        min_p: 0.0,
+        repeat_penalty: 1.1,
+        repeat_last_n: 64,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        seed: None,
+    }
 }
 
 /// The sampling settings `generation_config.json` gives, under Ollama's names.
@@ -181,11 +186,28 @@ pub(super) fn resolve_options(options: Option<Options>, info: &ModelInfo) -> std
         .and_then(|m| serde_json::from_value::<Options>(Value::Object(m.parameters.clone())).ok())
         .unwrap_or_default();
     let o = options.unwrap_or_default().or(modelfile);
+    resolve(o, model_defaults(info), info.context_length, "options")
+}
+
+/// A Modelfile's `parameters` (`POST /api/create`), checked as a request's `options` are,
+/// so that a bad value is refused where it is given rather than blamed on every request.
+pub(super) fn check_parameters(parameters: Options) -> std::result::Result<(), ApiError> {
+    resolve(parameters, ollama_defaults(), usize::MAX, "parameters").map(|_| ())
+}
+
+/// `o` over the defaults `d`, for a model with `context_length` tokens; errors name
+/// `{prefix}.{field}`.
+fn resolve(
+    o: Options,
+    d: SamplingParams,
+    context_length: usize,
+    prefix: &str,
+) -> std::result::Result<Resolved, ApiError> {
     let bad =
-        |field: &str, msg: &str| ApiError::invalid(&format!("options.{field}"), format!("`options.{field}` {msg}"));
+        |field: &str, msg: &str| ApiError::invalid(&format!("{prefix}.{field}"), format!("`{prefix}.{field}` {msg}"));
     let num_ctx = match o.num_ctx {
         None => None,
-        Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX).min(info.context_length.max(1))),
+        Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX).min(context_length.max(1))),
         Some(_) => return Err(bad("num_ctx", "must be at least 1")),
     };
     let max_tokens = match o.num_predict {
@@ -193,10 +215,9 @@ pub(super) fn resolve_options(options: Option<Options>, info: &ModelInfo) -> std
         Some(n) if n > 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         Some(_) => return Err(bad("num_predict", "must be positive, or -1 (until the context is full)")),
     };
-    let d = model_defaults(info);
     let repeat_last_n = match o.repeat_last_n {
         None => d.repeat_last_n,
-        Some(-1) => num_ctx.unwrap_or(info.context_length),
+        Some(-1) => num_ctx.unwrap_or(context_length),
         Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
         Some(_) => return Err(bad("repeat_last_n", "must be -1 (the whole context), 0 (off) or positive")),
     };
@@ -213,7 +234,7 @@ pub(super) fn resolve_options(options: Option<Options>, info: &ModelInfo) -> std
     };
     sampling.validate().map_err(|e| match e {
         TextError::InvalidSampling { field, msg } => bad(field, &msg),
-        other => ApiError::invalid("options", other.to_string()),
+        other => ApiError::invalid(prefix, other.to_string()),
     })?;
     let stop = o.stop.unwrap_or_default().into_iter().filter(|s| !s.is_empty()).collect();
     let sparse_ffn = match o.sparse_ffn.as_deref().map(SparseFfn::parse) {

@@ -16,7 +16,8 @@ use sha2::Digest;
 use utoipa::ToSchema;
 
 use super::{Options, Result, outcome};
-use crate::engine::template::ChatTemplate;
+use crate::engine::template::{ChatMessage, ChatTemplate};
+use crate::engine::tokenizer::TextError;
 use crate::queue::Work;
 use crate::queue::models::{CreateFrom, canonical};
 use crate::server::error::{ApiError, ErrorKind, OllamaErrorBody};
@@ -162,13 +163,21 @@ fn modelfile(req: &CreateRequest) -> std::result::Result<Modelfile, ApiError> {
                  tokenizer_config.json), so give the model's Jinja template",
             ));
         }
-        ChatTemplate::new(t, None, None).map_err(|e| ApiError::invalid("template", format!("`template`: {e}")))?;
+        let template =
+            ChatTemplate::new(t, None, None).map_err(|e| ApiError::invalid("template", format!("`template`: {e}")))?;
+        // It must render a plain conversation (it may refuse one with `raise_exception`):
+        // what fails here would fail every request to the model.
+        let hello = [ChatMessage::new("user", "Hello")];
+        if let Err(e @ TextError::TemplateRender(_)) = template.render(&hello, true) {
+            return Err(ApiError::invalid("template", format!("`template` does not render a one-message chat: {e}")));
+        }
         m.template = Some(t.to_string());
     }
     m.system = req.system.clone().filter(|s| !s.is_empty());
     if let Some(p) = &req.parameters {
-        serde_json::from_value::<Options>(Value::Object(p.clone()))
+        let parameters = serde_json::from_value::<Options>(Value::Object(p.clone()))
             .map_err(|e| ApiError::invalid("parameters", format!("`parameters`: {e}")))?;
+        super::checks::check_parameters(parameters)?;
         m.parameters = p.clone();
     }
     for (i, msg) in req.messages.iter().flatten().enumerate() {
