@@ -243,3 +243,84 @@ async fn completions_take_grammars_too() {
     assert_eq!(v["error"]["param"], "grammar", "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("no_such_token"), "{v}");
 }
+
+/// A 400 naming `param`, as both APIs write errors (OpenAI's `{"error": {..., "param"}}`;
+/// Ollama's `{"error": "..."}`, whose text names the field).
+fn assert_refused(status: StatusCode, v: &Value, param: &str, what: &str) {
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {v}");
+    match &v["error"] {
+        Value::String(msg) => assert!(msg.contains(param), "{what}: {v}"),
+        e => assert_eq!(e["param"], param, "{what}: {v}"),
+    }
+}
+
+#[tokio::test]
+async fn schemas_and_grammars_no_text_completes_are_refused_up_front() {
+    let (app, _) = app_with_context(1024);
+    let empty = [
+        json!({"$ref": "#"}),
+        json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
+        json!({"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}),
+        json!({"type": "integer", "minimum": 1e300, "maximum": 1e301}),
+    ];
+    for schema in &empty {
+        let rf = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}});
+        let body = chat("llama3", json!({"response_format": rf, "max_tokens": 8}));
+        let (status, _, out) = send(&app, post_json("/v1/chat/completions", body)).await;
+        assert_refused(status, &json(&out), "response_format.json_schema.schema", &schema.to_string());
+        let body = json!({"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "format": schema,
+            "stream": false, "options": {"num_predict": 8}});
+        let (status, _, out) = send(&app, post_json("/api/chat", body)).await;
+        assert_refused(status, &json(&out), "format", &schema.to_string());
+    }
+    for lark in ["start: start \"a\"\n", "start: a\na: a\n"] {
+        let body = chat("llama3", json!({"grammar": lark, "max_tokens": 8}));
+        let (status, _, out) = send(&app, post_json("/v1/chat/completions", body)).await;
+        assert_refused(status, &json(&out), "grammar", lark);
+    }
+    // Recursion with a base case still runs, and ends in JSON.
+    let tree = json!({"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+        "required": ["kids"], "additionalProperties": false});
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "tree", "schema": tree}});
+    let (status, _, out) =
+        send(&app, post_json("/v1/chat/completions", chat("llama3", json!({"response_format": rf})))).await;
+    let v = json(&out);
+    assert_eq!(status, StatusCode::OK, "{v}");
+    if v["choices"][0]["finish_reason"] == "stop" {
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(serde_json::from_str::<Value>(text).is_ok(), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn a_dead_end_while_generating_is_an_error_naming_the_grammar() {
+    let (app, _) = app_with_context(1024);
+    // The check lets this through (the first alternative completes), but once the model
+    // writes `b`, no token can follow: that is a 400 naming `grammar`, never a "stop".
+    let lark = "start: \"a\" | \"b\" c\nc: c \"c\"\n";
+    let (mut stops, mut dead) = (0, 0);
+    for seed in 1..=16 {
+        let extra = json!({"grammar": lark, "temperature": 1.0, "seed": seed, "max_tokens": 8});
+        let (status, _, out) = send(&app, post_json("/v1/chat/completions", chat("llama3", extra.clone()))).await;
+        let v = json(&out);
+        if status == StatusCode::OK {
+            assert_eq!(v["choices"][0]["message"]["content"], "a", "seed {seed}: {v}");
+            stops += 1;
+            continue;
+        }
+        assert_refused(status, &v, "grammar", &format!("seed {seed}"));
+        assert!(v["error"]["message"].as_str().unwrap().contains("dead end"), "{v}");
+        dead += 1;
+        // Streamed, the same seed ends in an error event, not a finish_reason (the stream
+        // has begun: the model's `b` came first).
+        let mut streamed = chat("llama3", extra);
+        streamed["stream"] = json!(true);
+        let (status, _, out) = send(&app, post_json("/v1/chat/completions", streamed)).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+        let events = sse_payloads(&out);
+        let last = events.last().unwrap();
+        assert_eq!(last["error"]["param"], "grammar", "{events:?}");
+        assert!(events.iter().all(|e| e["choices"][0]["finish_reason"].is_null()), "{events:?}");
+    }
+    assert!(stops > 0 && dead > 0, "both alternatives were taken: {stops} stops, {dead} dead ends");
+}

@@ -22,7 +22,8 @@
 
 use std::sync::Arc;
 
-use llguidance::api::{GrammarInit, ParserLimits, TopLevelGrammar};
+use llguidance::api::{GrammarInit, ParserLimits, StopReason, TopLevelGrammar};
+use llguidance::earley::{CGrammar, CSymIdx};
 use llguidance::{JsonCompileOptions, Logger, ParserFactory};
 use serde_json::{Value, json};
 use toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
@@ -59,22 +60,49 @@ pub enum GrammarSpec {
 impl GrammarSpec {
     /// Compiles the grammar without a tokenizer: an error names the problem (a bad
     /// `$ref`, an unsupported keyword, a Lark syntax error) in llguidance's words, as
-    /// compiling it for a model would.
+    /// compiling it for a model would. A grammar that compiles is then refused when no
+    /// text can complete it ([`dead_rules`]), and a JSON schema when it asks for
+    /// integers llguidance cannot write ([`integer_bounds`]).
     pub fn check(&self) -> Result<(), String> {
+        if let GrammarSpec::JsonSchema(schema) = self {
+            integer_bounds(schema, 0)?;
+        }
+        self.compile_check(false)
+    }
+
+    /// The check for a JSON schema that is only shown to the model, never enforced (a
+    /// tool's `parameters` when the call is not forced): what llguidance cannot enforce
+    /// passes (an unsupported keyword or format, a 64-bit integer bound), and what is
+    /// wrong in any JSON Schema reader is refused (an unknown `type`, a bad `$ref`, a
+    /// subschema no value matches).
+    pub fn check_shown(&self) -> Result<(), String> {
+        self.compile_check(true)
+    }
+
+    fn compile_check(&self, lenient: bool) -> Result<(), String> {
         let mut logger = Logger::new(0, 0);
-        let init = GrammarInit::Serialized(self.top_level());
-        llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let init = GrammarInit::Serialized(self.top_level_with(lenient));
+        let grammar = llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| {
             init.to_cgrammar(None, &mut logger, limits(), Vec::new())
         }))
-        .map(drop)
-        .map_err(message)
+        .map_err(message)?;
+        dead_rules(&grammar, !matches!(self, GrammarSpec::Lark(_)))
     }
 
     /// The grammar as llguidance takes it, with Strata's JSON options.
     fn top_level(&self) -> TopLevelGrammar {
+        self.top_level_with(false)
+    }
+
+    /// `lenient`: unsupported keywords are warnings, not errors (llguidance's option).
+    fn top_level_with(&self, lenient: bool) -> TopLevelGrammar {
         match self {
-            GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(with_json_options(json!({"type": "object"}))),
-            GrammarSpec::JsonSchema(schema) => TopLevelGrammar::from_json_schema(with_json_options(schema.clone())),
+            GrammarSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(with_json_options(json!({"type": "object"}), false))
+            }
+            GrammarSpec::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(with_json_options(schema.clone(), lenient))
+            }
             GrammarSpec::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
         }
     }
@@ -84,8 +112,8 @@ impl GrammarSpec {
 /// `x-guidance` entries win): whitespace bounded by [`JSON_WHITESPACE`], and `oneOf`
 /// treated as `anyOf` (as llama.cpp does; exclusive alternatives cannot be checked while
 /// generating). Keywords llguidance cannot enforce (`uniqueItems`, `not`, ...) stay errors,
-/// so that a schema is never silently loosened.
-fn with_json_options(schema: Value) -> Value {
+/// so that a schema is never silently loosened, unless `lenient` (for a check only).
+fn with_json_options(schema: Value, lenient: bool) -> Value {
     let options = JsonCompileOptions {
         whitespace_pattern: Some(JSON_WHITESPACE.to_string()),
         coerce_one_of: true,
@@ -102,10 +130,134 @@ fn with_json_options(schema: Value) -> Value {
     if let Some(own) = schema.get("x-guidance") {
         llguidance::json_merge(&mut x_guidance, own);
     }
+    if lenient {
+        x_guidance["lenient"] = json!(true);
+    }
     if let Value::Object(map) = &mut schema {
         map.insert("x-guidance".to_string(), x_guidance);
     }
     schema
+}
+
+/// Refuses a compiled grammar that no finite text completes: its start symbol, or with
+/// `every_rule` any symbol reachable from it, is not *productive*. A symbol is
+/// productive when it is a lexeme, derives the empty text, or has a rule whose symbols
+/// are all productive (the textbook fixpoint, linear in the grammar's size). Without
+/// this, such a grammar starts a text it cannot finish: the model is stopped at the
+/// first token no rule allows, and the reply would be cut short.
+///
+/// Sound: every rule counts whatever its condition (parametric grammars), and every
+/// lexeme is taken to match some text, so that only more symbols can be found
+/// productive than truly are; a grammar refused here has no complete text. A JSON
+/// schema is checked with `every_rule`: a subschema that has no finite instance (a
+/// `$ref` that leads back to itself without consuming anything) is a schema mistake
+/// even where it is optional, and llguidance would let the model start its value. A
+/// Lark grammar may keep an unproductive alternative the parser never enters.
+fn dead_rules(grammar: &CGrammar, every_rule: bool) -> Result<(), String> {
+    // The reachable symbols (by index into `syms`) and their rules' right-hand sides.
+    let mut syms = vec![grammar.start()];
+    let mut index = std::collections::HashMap::from([(grammar.start(), 0)]);
+    let mut rules: Vec<(usize, Vec<usize>)> = Vec::new();
+    let mut n = 0;
+    while n < syms.len() {
+        for &rule in grammar.rules_of(syms[n]) {
+            let rhs = grammar
+                .rule_rhs(rule)
+                .0
+                .iter()
+                .map(|&s| {
+                    *index.entry(s).or_insert_with(|| {
+                        syms.push(s);
+                        syms.len() - 1
+                    })
+                })
+                .collect();
+            rules.push((n, rhs));
+        }
+        n += 1;
+    }
+    let leaf = |s: CSymIdx| {
+        let d = grammar.sym_data(s);
+        d.is_terminal || d.lexeme.is_some() || d.gen_grammar.is_some() || d.is_nullable
+    };
+    let mut productive: Vec<bool> = syms.iter().map(|&s| leaf(s)).collect();
+    // Per rule, how many of its symbols are not yet known to be productive.
+    let mut missing: Vec<usize> = rules.iter().map(|(_, rhs)| rhs.len()).collect();
+    let mut uses: Vec<Vec<usize>> = vec![Vec::new(); syms.len()];
+    for (r, (_, rhs)) in rules.iter().enumerate() {
+        for &s in rhs {
+            uses[s].push(r);
+        }
+    }
+    let mut found: Vec<usize> = (0..syms.len()).filter(|&s| productive[s]).collect();
+    while let Some(s) = found.pop() {
+        for &r in &uses[s] {
+            missing[r] -= 1;
+            let lhs = rules[r].0;
+            if missing[r] == 0 && !productive[lhs] {
+                productive[lhs] = true;
+                found.push(lhs);
+            }
+        }
+    }
+    if productive[0] && (!every_rule || productive.iter().all(|&p| p)) {
+        return Ok(());
+    }
+    let dead: Vec<String> = (0..syms.len())
+        .filter(|&s| !productive[s])
+        .take(4)
+        .map(|s| format!("`{}`", grammar.sym_name(syms[s])))
+        .collect();
+    let what = if productive[0] { "part of it" } else { "it" };
+    Err(format!(
+        "no finite text can complete {what}: every way through {} leads back into itself (a rule or `$ref` \
+         without a base case)",
+        dead.join(", ")
+    ))
+}
+
+/// The largest integer bound llguidance keeps: it writes integer ranges with 64-bit
+/// bounds, and a bound past them is clamped, which would loosen a `minimum` above
+/// `i64::MAX` (or a `maximum` below `i64::MIN`) into a range of one wrong number.
+const INTEGER_LIMIT: f64 = 9_223_372_036_854_775_808.0; // 2^63
+
+/// Refuses an integer subschema whose range lies beyond the 64-bit integers: a
+/// `minimum` (or `exclusiveMinimum`) of at least 2^63, or a `maximum` (or
+/// `exclusiveMaximum`) below -2^63. Walks every subschema (values under `const`, `enum`,
+/// `default` and `examples` are data, not schemas); `depth` bounds the walk as
+/// serde_json bounds parsing.
+fn integer_bounds(schema: &Value, depth: usize) -> Result<(), String> {
+    if depth > 128 {
+        return Ok(());
+    }
+    match schema {
+        Value::Array(items) => items.iter().try_for_each(|v| integer_bounds(v, depth + 1)),
+        Value::Object(map) => {
+            let integer = match map.get("type") {
+                Some(Value::String(t)) => t == "integer",
+                Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+                _ => false,
+            };
+            if integer {
+                let bound = |key: &'static str| map.get(key).and_then(Value::as_f64).map(|v| (key, v));
+                let low =
+                    ["minimum", "exclusiveMinimum"].into_iter().filter_map(bound).find(|&(_, v)| v >= INTEGER_LIMIT);
+                let high =
+                    ["maximum", "exclusiveMaximum"].into_iter().filter_map(bound).find(|&(_, v)| v < -INTEGER_LIMIT);
+                if let Some((key, v)) = low.or(high) {
+                    return Err(format!(
+                        "`{key}` {v} is beyond the integers structured output can write ({} to {})",
+                        i64::MIN,
+                        i64::MAX
+                    ));
+                }
+            }
+            map.iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "const" | "enum" | "default" | "examples" | "x-guidance"))
+                .try_for_each(|(_, v)| integer_bounds(v, depth + 1))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// llguidance's limits, with short errors (no parser state or grammar dump: the
@@ -234,11 +386,22 @@ impl Constraint {
     /// Once the grammar is complete, only the end-of-sequence ids.
     pub fn allowed(&mut self) -> Result<&TokenSet, String> {
         if let State::Stale = self.state {
-            self.state = match self.inner.compute_mask() {
-                Ok(step) if step.is_stop() => State::Done,
-                Ok(step) if step.sample_mask.is_some() => State::Ready,
-                Ok(_) => State::Failed("the grammar asked to insert tokens, which Strata does not allow".into()),
-                Err(e) => State::Failed(message(e)),
+            // (stopped, has a mask)
+            let step = self.inner.compute_mask().map(|s| (s.is_stop(), s.sample_mask.is_some())).map_err(message);
+            self.state = match step {
+                // No token at all, while the text is not complete: a dead end (a rule
+                // that cannot be finished, or text the vocabulary cannot spell).
+                Ok((true, _)) if self.dead_end() => State::Failed(
+                    "structured output reached a dead end: the grammar allows no token after the text so far, and does \
+                     not accept it as it is (a rule that cannot be completed, or text the vocabulary cannot write)"
+                        .into(),
+                ),
+                Ok((true, _)) => State::Done,
+                Ok((false, true)) => State::Ready,
+                Ok((false, false)) => {
+                    State::Failed("the grammar asked to insert tokens, which Strata does not allow".into())
+                }
+                Err(e) => State::Failed(e),
             };
         }
         match &self.state {
@@ -250,6 +413,13 @@ impl Constraint {
             State::Failed(e) => Err(e.clone()),
             State::Stale => unreachable!("the mask was computed above"),
         }
+    }
+
+    /// Whether llguidance stopped because no token may follow, and the text is not one
+    /// the grammar accepts (an accepting grammar allows the end-of-sequence ids).
+    fn dead_end(&mut self) -> bool {
+        let parser = &mut self.inner.parser;
+        parser.stop_reason() == StopReason::NoExtensionBias && !parser.is_accepting()
     }
 
     /// Advances the grammar by `token`, which must be one [`allowed`](Self::allowed)
@@ -372,6 +542,76 @@ mod tests {
         assert!(!e.is_empty() && !e.contains("backtrace"), "{e}");
         let e = GrammarSpec::Lark("start: missing_rule\n".into()).check().unwrap_err();
         assert!(e.contains("missing_rule"), "{e}");
+    }
+
+    #[test]
+    fn check_refuses_grammars_no_text_completes() {
+        let empty = [
+            GrammarSpec::JsonSchema(json!({"$ref": "#"})),
+            GrammarSpec::JsonSchema(
+                json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
+            ),
+            GrammarSpec::JsonSchema(json!({
+                "type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]
+            })),
+            // Optional, but the model could start its value and never finish it.
+            GrammarSpec::JsonSchema(json!({"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}})),
+            GrammarSpec::Lark("start: start \"a\"\n".into()),
+            GrammarSpec::Lark("start: a\na: a\n".into()),
+            GrammarSpec::Lark("start: \"x\" a\na: \"(\" a \")\"\n".into()),
+        ];
+        for spec in empty {
+            let e = spec.check().expect_err(&format!("{spec:?}"));
+            assert!(e.contains("no finite text"), "{spec:?}: {e}");
+        }
+        // Recursion with a way out is fine, and so is an alternative no text takes.
+        let fine = [
+            GrammarSpec::JsonSchema(json!({
+                "type": "object", "properties": {"next": {"$ref": "#"}, "v": {"type": "integer"}}, "required": ["v"]
+            })),
+            GrammarSpec::JsonSchema(json!({"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#"}}]})),
+            GrammarSpec::JsonSchema(json!({"type": "object", "properties": {"a": false}})),
+            GrammarSpec::JsonSchema(json!({"type": "array", "items": false})),
+            GrammarSpec::Lark("start: \"(\" start \")\" | \"x\"\n".into()),
+            GrammarSpec::Lark("start: \"a\" | b\nb: b\n".into()),
+        ];
+        for spec in fine {
+            spec.check().unwrap_or_else(|e| panic!("{spec:?}: {e}"));
+        }
+    }
+
+    #[test]
+    fn check_refuses_integer_ranges_past_64_bits() {
+        for schema in [
+            json!({"type": "integer", "minimum": 1e300, "maximum": 1e301}),
+            json!({"type": "integer", "exclusiveMinimum": 1e19, "maximum": 1e20}),
+            json!({"type": ["integer", "null"], "maximum": -1e300, "minimum": -1e301}),
+            json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 18446744073709551615u64}}}),
+            json!({"type": "integer", "minimum": 1e20}),
+        ] {
+            let e = GrammarSpec::JsonSchema(schema.clone()).check().expect_err(&schema.to_string());
+            assert!(e.contains("imum"), "{schema}: {e}");
+        }
+        for schema in [
+            json!({"type": "integer", "minimum": 9007199254740993u64}),
+            json!({"enum": [{"type": "integer", "minimum": 1e300}]}),
+        ] {
+            GrammarSpec::JsonSchema(schema.clone()).check().unwrap_or_else(|e| panic!("{schema}: {e}"));
+        }
+    }
+
+    #[test]
+    fn a_dead_end_is_an_error_not_a_stop() {
+        let (tok, env) = env();
+        // The check lets an unproductive Lark alternative through; taking it is an error
+        // at the next token, not a finished text.
+        let spec = GrammarSpec::Lark("start: \"a\" | \"b\" c\nc: c \"c\"\n".into());
+        spec.check().unwrap();
+        let mut c = Constraint::new(&spec, &env).unwrap();
+        feed(&mut c, &tok, "b").unwrap_or_else(|e| panic!("{e}"));
+        let e = c.allowed().map(|m| m.to_list()).unwrap_err();
+        assert!(e.contains("allows no token"), "{e}");
+        assert!(!c.is_done());
     }
 
     #[test]

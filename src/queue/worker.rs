@@ -104,6 +104,9 @@ struct Running {
     events: tokio::sync::mpsc::UnboundedSender<Event>,
     /// The request field its prompt came from (for a 400's `param`).
     param: &'static str,
+    /// The request field its grammar came from: a dead end the grammar reaches while
+    /// generating is that field's 400.
+    grammar_param: &'static str,
     admitted: Instant,
     load: Duration,
     /// KV bytes set aside for it: every position its request may reach.
@@ -770,6 +773,7 @@ impl Worker {
             seq,
             events: events.clone(),
             param,
+            grammar_param,
             admitted,
             load,
             kv_claim: claim,
@@ -855,8 +859,14 @@ impl Worker {
                 }
                 let mut r = slot.running.remove(n);
                 self.admission.lock().expect("admission lock").finish();
-                let error =
-                    r.seq.take_error().map(|e| generate_error(&slot.name, r.param, e)).or_else(|| failure.clone());
+                let error = r
+                    .seq
+                    .take_error()
+                    .map(|e| match e {
+                        GenerateError::Grammar(_) => invalid(Some(r.grammar_param), e),
+                        e => generate_error(&slot.name, r.param, e),
+                    })
+                    .or_else(|| failure.clone());
                 let summary = r.seq.summary().expect("a finished sequence has a summary");
                 let mut context = r.seq.request().prompt.clone();
                 let (cache, tokens) = r.seq.into_cache();
