@@ -324,3 +324,20 @@ async fn a_dead_end_while_generating_is_an_error_naming_the_grammar() {
     }
     assert!(stops > 0 && dead > 0, "both alternatives were taken: {stops} stops, {dead} dead ends");
 }
+
+#[tokio::test]
+async fn a_json_schema_format_that_is_not_an_object_is_refused() {
+    let (app, _) = app_with_context(1024);
+    for js in [json!("x"), json!(5), json!([1])] {
+        let rf = json!({"type": "json_schema", "json_schema": js});
+        let body = chat("llama3", json!({"response_format": rf, "max_tokens": 4}));
+        let (status, _, out) = send(&app, post_json("/v1/chat/completions", body)).await;
+        assert_refused(status, &json(&out), "response_format.json_schema", &js.to_string());
+    }
+    // Without `schema`, any JSON (as OpenAI reads it).
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "any"}});
+    let (status, _, out) =
+        send(&app, post_json("/v1/chat/completions", chat("llama3", json!({"response_format": rf, "max_tokens": 4}))))
+            .await;
+    assert_eq!(status, StatusCode::OK, "{}", json(&out));
+}

@@ -148,12 +148,19 @@ pub fn response_format(kind: &str, json_schema: Option<&Value>) -> Result<Option
         "text" => Ok(None),
         "json_object" => Ok(Some(GrammarSpec::JsonObject)),
         "json_schema" => {
-            let Some(js) = json_schema else {
+            let Some(js) = json_schema.filter(|js| !js.is_null()) else {
                 return Err(ApiError::invalid(
                     "response_format.json_schema",
                     "`response_format.json_schema` is required with type `json_schema`",
                 ));
             };
+            // `{"name": ..., "schema": ...}`; without `schema`, any JSON (as OpenAI reads it).
+            if !js.is_object() {
+                return Err(ApiError::invalid(
+                    "response_format.json_schema",
+                    "`response_format.json_schema` must be an object: {\"name\": ..., \"schema\": {...}}",
+                ));
+            }
             let schema = match js.get("schema") {
                 Some(s @ Value::Object(_)) => s.clone(),
                 Some(Value::Bool(true)) | None => json!({}),
