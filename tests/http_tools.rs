@@ -341,3 +341,31 @@ async fn a_json_schema_format_that_is_not_an_object_is_refused() {
             .await;
     assert_eq!(status, StatusCode::OK, "{}", json(&out));
 }
+
+#[tokio::test]
+async fn a_tool_with_a_bad_schema_is_refused_whatever_the_choice() {
+    let (app, _) = app_with_context(1024);
+    let bad = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}});
+    for choice in
+        [Value::Null, json!("auto"), json!("required"), json!({"type": "function", "function": {"name": "f"}})]
+    {
+        let mut extra = json!({"tools": [weather(), bad], "max_tokens": 4});
+        if !choice.is_null() {
+            extra["tool_choice"] = choice.clone();
+        }
+        let (status, _, out) = send(&app, post_json("/v1/chat/completions", chat("qwen3", extra))).await;
+        let v = json(&out);
+        assert_refused(status, &v, "tools[1].function.parameters", &choice.to_string());
+        assert!(v["error"]["message"].as_str().unwrap().contains("nonsense"), "{v}");
+    }
+    let body = json!({"model": "qwen3", "messages": [{"role": "user", "content": "hi"}], "tools": [bad],
+        "stream": false, "options": {"num_predict": 4}});
+    let (status, _, out) = send(&app, post_json("/api/chat", body)).await;
+    assert_refused(status, &json(&out), "tools[0].function.parameters", "ollama");
+    // A keyword llguidance cannot enforce is fine in a tool that is only offered.
+    let unique = json!({"type": "function", "function": {"name": "g", "parameters": {"type": "object",
+        "properties": {"xs": {"type": "array", "uniqueItems": true}}}}});
+    let (status, _, out) =
+        send(&app, post_json("/v1/chat/completions", chat("qwen3", json!({"tools": [unique], "max_tokens": 4})))).await;
+    assert_eq!(status, StatusCode::OK, "{}", json(&out));
+}

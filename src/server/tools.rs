@@ -40,7 +40,16 @@ pub fn tool_definitions(field: &str, list: &[Value]) -> Result<Vec<Value>, ApiEr
             return Err(ApiError::invalid(&format!("{fat}.name"), format!("`{fat}.name`: `{name}` is defined twice")));
         }
         match function.get("parameters") {
-            None | Some(Value::Null) | Some(Value::Object(_)) => {}
+            None | Some(Value::Null) => {}
+            // Shown to the model, and enforced only when the call is forced (where what
+            // llguidance cannot enforce is refused when the job starts, naming
+            // `tool_choice`); a schema no JSON Schema reader accepts is refused here.
+            Some(schema @ Value::Object(_)) => {
+                let pat = format!("{fat}.parameters");
+                GrammarSpec::JsonSchema(schema.clone())
+                    .check_shown()
+                    .map_err(|e| ApiError::invalid(&pat, format!("`{pat}` cannot be used: {e}")))?;
+            }
             Some(_) => {
                 return Err(ApiError::invalid(
                     &format!("{fat}.parameters"),
