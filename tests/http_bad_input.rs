@@ -412,3 +412,65 @@ async fn a_shallow_queue_sheds_a_burst_with_retry_after() {
     let (status, _, body) = send(&router, chat_request()).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
 }
+
+/// A request a browser sends from a page of another site is refused (403) before it
+/// runs, whatever its content type; allowed origins, the server's own page named by its
+/// address, and clients that send no `Origin` are served; preflights stay CORS's.
+#[tokio::test]
+async fn pages_of_other_sites_cannot_use_the_api() {
+    let home = std::env::temp_dir().join(format!("strata-http-origin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    let config = ServerConfig {
+        store: Some(home.clone()),
+        allowed_origins: vec!["https://chat.example".into()],
+        ..ServerConfig::default()
+    };
+    let (app, _) = app_with(config, 64);
+    let create = r#"{"model": "evil", "from": "llama3", "stream": false}"#;
+    let request = |origin: Option<&str>, host: &str, uri: &str, body: &str| {
+        let mut r =
+            Request::builder().method("POST").uri(uri).header("content-type", "text/plain").header("host", host);
+        if let Some(o) = origin {
+            r = r.header("origin", o);
+        }
+        r.body(Body::from(body.to_string())).unwrap()
+    };
+    // DNS rebinding: the page's own name, pointed at this machine, is still another site.
+    for (origin, host) in [
+        ("http://evil.example", "127.0.0.1:11434"),
+        ("http://evil.example:11434", "evil.example:11434"),
+        ("null", "127.0.0.1:11434"),
+    ] {
+        let (status, _, out) = send(&app, request(Some(origin), host, "/api/create", create)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{origin}");
+        assert!(json(&out)["error"].as_str().unwrap().contains("--allow-origin"), "{origin}");
+        let chat = r#"{"model": "llama3", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}"#;
+        let (status, _, out) = send(&app, request(Some(origin), host, "/v1/chat/completions", chat)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{origin}");
+        assert_eq!(json(&out)["error"]["code"], "origin_not_allowed");
+    }
+    let (status, _, out) = send(&app, post_json("/api/show", json!({"model": "evil"}))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing was created: {}", String::from_utf8_lossy(&out));
+
+    let served = [
+        (None, "127.0.0.1:11434"),
+        (Some("http://localhost:3000"), "127.0.0.1:11434"),
+        (Some("https://chat.example"), "strata.example"),
+        (Some("http://192.168.1.5:11434"), "192.168.1.5:11434"),
+    ];
+    for (origin, host) in served {
+        let (status, _, out) = send(&app, request(origin, host, "/api/create", create)).await;
+        assert_eq!(status, StatusCode::OK, "{origin:?}: {}", String::from_utf8_lossy(&out));
+    }
+    let preflight = Request::builder()
+        .method("OPTIONS")
+        .uri("/api/create")
+        .header("origin", "http://evil.example")
+        .header("access-control-request-method", "POST")
+        .body(Body::empty())
+        .unwrap();
+    let (status, headers, _) = send(&app, preflight).await;
+    assert!(status.is_success(), "{status}");
+    assert!(headers.get("access-control-allow-origin").is_none());
+    let _ = std::fs::remove_dir_all(&home);
+}

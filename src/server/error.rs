@@ -14,6 +14,8 @@ pub enum ErrorKind {
     InvalidRequest,
     /// 401: missing or wrong API key.
     Authentication,
+    /// 403: a browser page of another site (its `Origin` is not allowed).
+    Forbidden,
     /// 404: no such model.
     ModelNotFound,
     /// 404: no such route or resource.
@@ -62,6 +64,7 @@ impl ApiError {
         match self.kind {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ErrorKind::ModelNotFound | ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -78,6 +81,7 @@ impl ApiError {
             ErrorKind::MethodNotAllowed => "invalid_request_error",
             ErrorKind::PayloadTooLarge => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
+            ErrorKind::Forbidden => "permission_error",
             ErrorKind::QueueFull => "rate_limit_error",
             ErrorKind::Unavailable | ErrorKind::Internal => "server_error",
         }
@@ -88,6 +92,7 @@ impl ApiError {
         match self.kind {
             ErrorKind::ModelNotFound => Some("model_not_found"),
             ErrorKind::Authentication => Some("invalid_api_key"),
+            ErrorKind::Forbidden => Some("origin_not_allowed"),
             ErrorKind::QueueFull => Some("rate_limit_exceeded"),
             ErrorKind::PayloadTooLarge => Some("request_too_large"),
             ErrorKind::MethodNotAllowed => Some("method_not_allowed"),

@@ -202,6 +202,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), shape_errors))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(state.clone(), refuse_other_sites))
         .layer(middleware::from_fn_with_state(state.clone(), metrics::record))
         .layer(cors(state.access.clone()))
         .layer(
@@ -315,6 +316,58 @@ async fn authenticate(State(state): State<AppState>, req: Request, next: Next) -
     resp
 }
 
+/// Refuses what a browser sends from a page of another site. CORS only keeps such a page
+/// from reading the answer: the request itself still runs, and a POST with a plain-text
+/// body needs no preflight, so any web page could create, pull or delete models, or keep
+/// the model busy. A request with an `Origin` is let through when [`origin_allowed`]
+/// allows it, or when it is this server's own page ([`own_page`]); preflights are the
+/// CORS layer's. Clients that are not browsers send no `Origin`.
+async fn refuse_other_sites(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(origin) = req.headers().get(header::ORIGIN).filter(|_| req.method() != Method::OPTIONS) else {
+        return next.run(req).await;
+    };
+    let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok());
+    let allowed = origin
+        .to_str()
+        .is_ok_and(|o| origin_allowed(o, &state.access().allowed_origins) || host.is_some_and(|h| own_page(o, h)));
+    if allowed {
+        return next.run(req).await;
+    }
+    let origin = String::from_utf8_lossy(origin.as_bytes()).into_owned();
+    ApiError::new(
+        ErrorKind::Forbidden,
+        format!(
+            "requests from web pages at {origin} are not allowed (start the server with `--allow-origin {origin}` to \
+             allow them)"
+        ),
+    )
+    .into_response_for(family_of(req.uri().path()))
+}
+
+/// Whether `origin` is a page this server served: the address the request was sent to
+/// (`host`, its `Host` header), when that names the machine by an IP address, as
+/// `localhost` or by its host name. Never another DNS name, which a page of another
+/// site could point at this machine (DNS rebinding) to pass as same-origin.
+fn own_page(origin: &str, host: &str) -> bool {
+    let Some(authority) = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) else {
+        return false;
+    };
+    if !authority.eq_ignore_ascii_case(host) {
+        return false;
+    }
+    let name = match host.strip_prefix('[') {
+        Some(v6) => return v6.split_once(']').is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name).to_ascii_lowercase(),
+    };
+    static MACHINE: std::sync::LazyLock<Option<String>> = std::sync::LazyLock::new(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_ascii_lowercase())
+    });
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name == "localhost"
+        || name.ends_with(".localhost")
+        || MACHINE.as_deref().is_some_and(|m| !m.is_empty() && (name == m || name == format!("{m}.local")))
+}
+
 /// Origins that may call the API from a browser by default: local pages and desktop
 /// app shells.
 pub fn origin_allowed(origin: &str, extra: &[String]) -> bool {
@@ -403,6 +456,17 @@ mod tests {
         assert!(!ok("null"));
         assert!(origin_allowed("https://chat.example", &["https://chat.example".into()]));
         assert!(origin_allowed("https://any.example", &["*".into()]));
+    }
+
+    #[test]
+    fn a_page_of_this_server_is_its_own_origin_when_named_by_address() {
+        assert!(own_page("http://192.168.1.5:11434", "192.168.1.5:11434"));
+        assert!(own_page("http://[fe80::1]:8000", "[fe80::1]:8000"));
+        assert!(own_page("https://box.localhost", "box.localhost"));
+        // A DNS name may be anyone's (rebinding), another port is another origin.
+        assert!(!own_page("http://evil.example:11434", "evil.example:11434"));
+        assert!(!own_page("http://192.168.1.5:8080", "192.168.1.5:11434"));
+        assert!(!own_page("null", "127.0.0.1:11434"));
     }
 
     #[test]
