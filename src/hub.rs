@@ -128,6 +128,11 @@ pub fn parse_spec(spec: &str) -> Result<RepoRef, HubError> {
     if revision.is_empty() || revision.len() > 255 || revision.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(bad("the revision after `@` must be a non-empty name without spaces"));
     }
+    // Git's rules for ref names, as far as a path is concerned: the revision names a
+    // download directory.
+    if revision.split('/').any(|part| part.is_empty() || part.starts_with('.')) || revision.contains("..") {
+        return Err(bad("the revision after `@` must be a branch, tag or commit name (no empty, `.` or `..` parts)"));
+    }
     Ok(RepoRef { repo: repo.to_string(), revision: revision.to_string() })
 }
 

@@ -28,6 +28,11 @@ fn bad_specs_are_rejected_with_the_reason() {
         ("hf:org/a..b", "may only use"),
         ("hf:org/model@", "revision"),
         ("hf:org/model@a b", "revision"),
+        ("hf:org/model@..", "revision"),
+        ("hf:org/model@.", "revision"),
+        ("hf:org/model@refs/../x", "revision"),
+        ("hf:org/model@a//b", "revision"),
+        ("hf:org/model@v1..2", "revision"),
     ] {
         let err = parse_spec(spec).unwrap_err();
         assert_eq!(err.error_type(), "invalid_spec");

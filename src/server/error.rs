@@ -28,6 +28,8 @@ pub enum ErrorKind {
     QueueFull,
     /// 503: loading or shutting down.
     Unavailable,
+    /// 502: a server Strata asked (the model hub) failed or answered wrongly.
+    BadGateway,
     /// 500: a real server fault.
     Internal,
 }
@@ -70,6 +72,7 @@ impl ApiError {
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::QueueFull if family == Family::OpenAi => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::QueueFull | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::BadGateway => StatusCode::BAD_GATEWAY,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -83,7 +86,7 @@ impl ApiError {
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::Forbidden => "permission_error",
             ErrorKind::QueueFull => "rate_limit_error",
-            ErrorKind::Unavailable | ErrorKind::Internal => "server_error",
+            ErrorKind::Unavailable | ErrorKind::BadGateway | ErrorKind::Internal => "server_error",
         }
     }
 
@@ -120,8 +123,10 @@ impl ApiError {
 
     pub fn into_response_for(self, family: Family) -> Response {
         let status = self.status(family);
-        if status.is_server_error() && self.kind == ErrorKind::Internal {
-            tracing::error!(message = %self.message, "request failed");
+        match self.kind {
+            ErrorKind::Internal => tracing::error!(message = %self.message, "request failed"),
+            ErrorKind::BadGateway => tracing::warn!(message = %self.message, "request failed upstream"),
+            _ => {}
         }
         let mut resp = match family {
             Family::OpenAi => (status, axum::Json(self.openai_body())).into_response(),

@@ -172,14 +172,43 @@ fn async_stream_lines(
     })
 }
 
-/// The HTTP status of a failed pull: the hub's "not found" is a 404, a refused token or
-/// a bad name a 400, the rest (network, disk) a server-side failure.
+/// The HTTP status of a failed pull: the hub's "not found" is a 404; a refused token, a
+/// bad name or a model this build cannot load a 400; the hub unreachable or answering
+/// wrongly a 502; another pull of the same files a 503; the rest (the disk) a 500.
 fn classify(e: &anyhow::Error) -> ApiError {
     let msg = format!("{e:#}");
+    if let Some(crate::store::StoreError::Unsupported { .. }) = e.downcast_ref::<crate::store::StoreError>() {
+        return ApiError::new(ErrorKind::InvalidRequest, msg);
+    }
     let kind = match e.downcast_ref::<crate::hub::HubError>().map(|h| h.error_type()) {
         Some("not_found") => ErrorKind::ModelNotFound,
         Some("unauthorized" | "invalid_spec" | "missing_files") => ErrorKind::InvalidRequest,
+        Some("network" | "http" | "bad_response" | "integrity") => ErrorKind::BadGateway,
+        Some("busy") => ErrorKind::Unavailable,
         _ => ErrorKind::Internal,
     };
     ApiError::new(kind, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hub::HubError;
+    use crate::server::error::Family;
+
+    #[test]
+    fn failed_pulls_get_the_status_of_whoever_failed() {
+        let status = |e: anyhow::Error| classify(&e).status(Family::Ollama).as_u16();
+        let url = || "https://hub.example/api/models/org/m".to_string();
+        assert_eq!(status(HubError::NotFound { what: "org/m".into(), url: url() }.into()), 404);
+        assert_eq!(status(HubError::InvalidSpec { spec: "hf:x".into(), msg: "bad".into() }.into()), 400);
+        assert_eq!(status(HubError::Network { url: url(), msg: "no route to host".into() }.into()), 502);
+        assert_eq!(status(HubError::Http { url: url(), status: 500, msg: String::new() }.into()), 502);
+        assert_eq!(status(HubError::BadResponse { url: url(), msg: "not JSON".into() }.into()), 502);
+        assert_eq!(status(HubError::Busy { dir: "/tmp/d".into() }.into()), 503);
+        let unloadable = crate::store::StoreError::Unsupported { path: "/tmp/m".into(), msg: "no".into() };
+        assert_eq!(status(anyhow::Error::from(unloadable).context("importing")), 400);
+        let disk = HubError::Io { path: "/tmp/d".into(), source: std::io::Error::other("disk full") };
+        assert_eq!(status(disk.into()), 500);
+    }
 }
