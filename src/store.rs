@@ -377,7 +377,7 @@ impl Store {
 
     /// Imports a model file or directory as `name`; `replace` allows overwriting.
     pub fn import(&self, src: &Path, name: &str, replace: bool) -> Result<StoredModel> {
-        let name = self.new_name(name)?;
+        let name = ModelName::parse_new(name)?;
         let format = Format::detect(src)?;
         let source = fs::canonicalize(src).map_err(io(src))?;
         loadable(&source, format)?;
@@ -400,7 +400,7 @@ impl Store {
         replace: bool,
     ) -> Result<StoredModel> {
         let wanted = OllamaName::parse(ollama_name)?;
-        let name = self.new_name(name.unwrap_or(&wanted.store_name()))?;
+        let name = ModelName::parse_new(name.unwrap_or(&wanted.store_name()))?;
         let blob = ollama::model_blob(ollama_root, &wanted)?;
         if Format::detect(&blob.path)? != Format::Gguf {
             return Err(StoreError::Unsupported { path: blob.path, msg: "the model layer is not a GGUF file".into() });
@@ -480,7 +480,7 @@ impl Store {
     /// Copies `src` to `dst` (hard links: no space taken); `replace` allows overwriting.
     pub fn copy(&self, src: &str, dst: &str, replace: bool) -> Result<StoredModel> {
         let from = self.get(src)?;
-        let name = self.new_name(dst)?;
+        let name = ModelName::parse_new(dst)?;
         if name == from.name {
             return Ok(from);
         }
@@ -538,13 +538,13 @@ impl Store {
             details: None,
             modelfile: Some(modelfile),
         };
-        self.install(&self.new_name(name)?, Format::Gguf, origin, true, |payload| link_or_copy(&blob, payload))
+        self.install(&ModelName::parse_new(name)?, Format::Gguf, origin, true, |payload| link_or_copy(&blob, payload))
     }
 
     /// Creates `name` from a model file or directory (as [`import`](Self::import) does,
     /// replacing) with `modelfile`.
     pub fn create_from_path(&self, name: &str, src: &Path, modelfile: Modelfile) -> Result<StoredModel> {
-        let name = self.new_name(name)?;
+        let name = ModelName::parse_new(name)?;
         let format = Format::detect(src)?;
         let source = fs::canonicalize(src).map_err(io(src))?;
         let origin =
@@ -560,14 +560,9 @@ impl Store {
     /// and its Modelfile with `modelfile` put over it.
     pub fn create_from_model(&self, name: &str, from: &str, modelfile: &Modelfile) -> Result<StoredModel> {
         let src = self.get(from)?;
-        let name = self.new_name(name)?;
+        let name = ModelName::parse_new(name)?;
         let merged = src.entry.modelfile.clone().unwrap_or_default().overlaid(modelfile);
         self.install_copy(&src, &name, Some(merged), true)
-    }
-
-    /// A name a new model may take.
-    fn new_name(&self, name: &str) -> Result<ModelName> {
-        ModelName::parse_new(name)
     }
 
     /// Builds the model in a staging directory (`fill` writes its payload), writes its
