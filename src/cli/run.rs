@@ -70,6 +70,7 @@ impl RunArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             seed: self.seed,
+            logit_bias: Vec::new(),
         }
     }
 }

@@ -1,10 +1,11 @@
-//! Token sampling: repetition penalties, top-k, top-p, min-p, temperature and a seeded draw.
+//! Token sampling: logit bias, repetition penalties, top-k, top-p, min-p, temperature and a
+//! seeded draw.
 //!
-//! The chain runs in llama.cpp's order: penalties over the last `repeat_last_n` tokens of
-//! the history, then `top_k`, `top_p`, `min_p`, `temperature`, and finally a draw from the
-//! softmax of what is left. Each stage is a plain function on a candidate list so it can be
-//! tested alone. Greedy decoding (`temperature <= 0`) skips the filters and the draw but
-//! still applies the penalties.
+//! The chain runs in llama.cpp's order: the request's logit bias, penalties over the last
+//! `repeat_last_n` tokens of the history, then `top_k`, `top_p`, `min_p`, `temperature`,
+//! and finally a draw from the softmax of what is left. Each stage is a plain function on a
+//! candidate list so it can be tested alone. Greedy decoding (`temperature <= 0`) skips the
+//! filters and the draw but still applies the bias and the penalties.
 //!
 //! The random source is a small xoshiro256** generator seeded through splitmix64, so the
 //! same seed, logits and history always give the same token.
@@ -35,6 +36,10 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// Seed of the random draw; `None` seeds from the clock.
     pub seed: Option<u64>,
+    /// Added to these tokens' logits before anything else, in ascending id order, each id
+    /// once; `-inf` bans a token. Checked at the request's boundary (ids in the
+    /// vocabulary, finite values or `-inf`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -49,6 +54,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -59,23 +65,33 @@ impl SamplingParams {
         Self { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Self::default() }
     }
 
-    /// Whether this picks the argmax instead of drawing.
     /// How many of the most likely tokens picking (and reporting `top_logprobs`
     /// alternatives) needs, when that is a small cut of the vocabulary: the forward
     /// pass then selects them on the device and copies back only those. `None` when
-    /// every logit matters (penalties, or sampling without a top-k cut).
+    /// every logit matters (penalties, a positive logit bias, or sampling without a
+    /// top-k cut).
+    ///
+    /// A bias that only lowers tokens widens the cut by one per biased token: lowering
+    /// `n` tokens moves each other token up at most `n` places, so the `k` best after
+    /// the bias are among the `k + n` best before it. A raised token may come from
+    /// anywhere in the vocabulary, so that needs every logit.
     pub fn candidates_needed(&self, top_logprobs: usize) -> Option<usize> {
         let penalties = self.repeat_last_n > 0
             && (self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0);
+        if self.logit_bias.iter().any(|&(_, b)| b > 0.0) {
+            return None;
+        }
         let k = match (penalties, self.is_greedy(), self.top_k) {
             (true, _, _) => return None,
             (false, true, _) => 1,
             (false, false, 0) => return None,
             (false, false, k) => k,
         };
+        let k = k.checked_add(self.logit_bias.len())?;
         Some(k.max(top_logprobs)).filter(|&k| k <= crate::backend::MAX_TOP_K)
     }
 
+    /// Whether this picks the argmax instead of drawing.
     pub fn is_greedy(&self) -> bool {
         // NaN counts as greedy too: there is no meaningful distribution to draw from.
         self.temperature.is_nan() || self.temperature <= 0.0
@@ -135,6 +151,49 @@ fn sort_desc(cands: &mut [Candidate]) {
     }
 }
 
+/// Where each id sits in a candidate list. Lists fresh from the logits are in id order,
+/// so index == id; the allowed tokens of a grammar are in id order with gaps, found by
+/// binary search; other orders (the device's top entries) get a map from id to position.
+enum Positions {
+    Identity,
+    Ascending,
+    Map(HashMap<u32, usize>),
+}
+
+impl Positions {
+    fn of(cands: &[Candidate]) -> Self {
+        if cands.iter().enumerate().all(|(i, c)| c.id as usize == i) {
+            Positions::Identity
+        } else if cands.is_sorted_by_key(|c| c.id) {
+            Positions::Ascending
+        } else {
+            Positions::Map(cands.iter().enumerate().map(|(i, c)| (c.id, i)).collect())
+        }
+    }
+
+    fn find(&self, cands: &[Candidate], id: u32) -> Option<usize> {
+        match self {
+            Positions::Identity => Some(id as usize).filter(|&i| i < cands.len()),
+            Positions::Ascending => cands.binary_search_by_key(&id, |c| c.id).ok(),
+            Positions::Map(m) => m.get(&id).copied(),
+        }
+    }
+}
+
+/// Adds each `(id, bias)` to that candidate's logit (`-inf` bans it). Ids not in the
+/// candidate list are ignored.
+pub fn apply_bias(cands: &mut [Candidate], bias: &[(u32, f32)]) {
+    if bias.is_empty() {
+        return;
+    }
+    let positions = Positions::of(cands);
+    for &(id, b) in bias {
+        if let Some(i) = positions.find(cands, id) {
+            cands[i].logit += b;
+        }
+    }
+}
+
 /// Repetition, presence and frequency penalties for the tokens in `window` (the last
 /// `repeat_last_n` tokens of the history). Ids not in the candidate list are ignored.
 pub fn apply_penalties(
@@ -151,24 +210,9 @@ pub fn apply_penalties(
     for &id in window {
         *counts.entry(id).or_insert(0) += 1;
     }
-    // Candidate lists fresh from the logits are in id order, so index == id; the allowed
-    // tokens of a grammar are in id order with gaps, found by binary search; otherwise
-    // fall back to a map from id to position.
-    let identity = cands.iter().enumerate().all(|(i, c)| c.id as usize == i);
-    let ascending = !identity && cands.is_sorted_by_key(|c| c.id);
-    let position: HashMap<u32, usize> = match identity || ascending {
-        true => HashMap::new(),
-        false => cands.iter().enumerate().map(|(i, c)| (c.id, i)).collect(),
-    };
+    let positions = Positions::of(cands);
     for (&id, &count) in &counts {
-        let idx = if identity {
-            Some(id as usize).filter(|&i| i < cands.len())
-        } else if ascending {
-            cands.binary_search_by_key(&id, |c| c.id).ok()
-        } else {
-            position.get(&id).copied()
-        };
-        let Some(idx) = idx else { continue };
+        let Some(idx) = positions.find(cands, id) else { continue };
         let c = &mut cands[idx];
         if c.logit > 0.0 {
             c.logit /= repeat_penalty;
@@ -318,6 +362,7 @@ impl Sampler {
         let p = &self.params;
         let mut cands = std::mem::take(&mut self.scratch);
         candidates_from_logits(logits, &mut cands);
+        apply_bias(&mut cands, &p.logit_bias);
         let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
         apply_penalties(&mut cands, window, p.repeat_penalty, p.presence_penalty, p.frequency_penalty);
         self.pick(cands)
@@ -348,6 +393,7 @@ impl Sampler {
                 .map_while(|id| logits.get(id as usize).map(|&l| (id, l)))
                 .map(|(id, l)| Candidate { id, logit: if l.is_nan() { f32::NEG_INFINITY } else { l } }),
         );
+        apply_bias(&mut cands, &p.logit_bias);
         let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
         apply_penalties(&mut cands, window, p.repeat_penalty, p.presence_penalty, p.frequency_penalty);
         if cands.is_empty() {
@@ -358,8 +404,9 @@ impl Sampler {
     }
 
     /// Picks the next token from the most likely candidates only (`top`, most likely
-    /// first, as the device selects them). Gives what [`sample`](Self::sample) gives
-    /// from every logit whenever [`SamplingParams::candidates_needed`] allowed the cut.
+    /// first, as the device selects them; the logit bias applies to those among them).
+    /// Gives what [`sample`](Self::sample) gives from every logit whenever
+    /// [`SamplingParams::candidates_needed`] allowed the cut.
     pub fn sample_top(&mut self, top: &crate::backend::TopK) -> u32 {
         let mut cands = std::mem::take(&mut self.scratch);
         cands.clear();
@@ -369,6 +416,7 @@ impl Sampler {
                 .zip(&top.logits)
                 .map(|(&id, &l)| Candidate { id, logit: if l.is_nan() { f32::NEG_INFINITY } else { l } }),
         );
+        apply_bias(&mut cands, &self.params.logit_bias);
         self.pick(cands)
     }
 
@@ -872,9 +920,49 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_comes_first_and_minus_infinity_bans() {
+        let logits = [1.0, 3.0, 2.0, 0.0];
+        let greedy = |bias: Vec<(u32, f32)>, history: &[u32]| {
+            let params = SamplingParams { logit_bias: bias, presence_penalty: 1.5, ..SamplingParams::greedy() };
+            Sampler::new(params).sample(&logits, history)
+        };
+        assert_eq!(greedy(vec![], &[]), 1);
+        assert_eq!(greedy(vec![(1, f32::NEG_INFINITY)], &[]), 2);
+        assert_eq!(greedy(vec![(3, 100.0)], &[]), 3);
+        assert_eq!(greedy(vec![(0, 2.0)], &[]), 0, "ties go to the smaller id");
+        assert_eq!(greedy(vec![(1, -0.5), (9, 100.0)], &[]), 1, "ids past the logits are ignored");
+        // The penalty applies to the biased logit: 3 - 0.5 - 1.5 < 2.
+        assert_eq!(greedy(vec![(1, -0.5)], &[1]), 2);
+        // A banned token is never drawn, an allowed one is picked among the grammar's.
+        let params = SamplingParams {
+            temperature: 5.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: Some(9),
+            logit_bias: vec![(0, f32::NEG_INFINITY), (2, f32::NEG_INFINITY)],
+            ..Default::default()
+        };
+        let mut s = Sampler::new(params.clone());
+        for _ in 0..500 {
+            assert!(matches!(s.sample(&logits, &[]), 1 | 3));
+            assert_eq!(s.sample_masked(&logits, &[], |id| id != 1), Some(3));
+        }
+        let params = SamplingParams { logit_bias: vec![(1, f32::NEG_INFINITY)], ..SamplingParams::greedy() };
+        assert_eq!(Sampler::new(params).sample_masked(&logits, &[], |id| id != 2), Some(0));
+        // In the device's order (most likely first), the bias finds its token too.
+        let top = crate::backend::cpu::top_k_row(&logits, 3);
+        let params = SamplingParams { logit_bias: vec![(1, -2.5)], ..SamplingParams::greedy() };
+        assert_eq!(Sampler::new(params).sample_top(&top), 2);
+    }
+
+    #[test]
     fn sampling_from_the_device_top_k_matches_sampling_from_every_logit() {
         let mut rng = Rng::new(7);
         let logits: Vec<f32> = (0..5000).map(|_| (rng.next_f64() * 12.0 - 6.0) as f32).collect();
+        // The four most likely tokens, banned or lowered (one only a little), in id order.
+        let top4 = crate::backend::cpu::top_k_row(&logits, 4).ids;
+        let mut best: Vec<(u32, f32)> = top4.into_iter().zip([f32::NEG_INFINITY, -20.0, -0.01, -30.0]).collect();
+        best.sort_by_key(|&(id, _)| id);
         let cases = [
             SamplingParams { seed: Some(3), ..SamplingParams::default() },
             SamplingParams {
@@ -886,6 +974,16 @@ mod tests {
                 ..SamplingParams::default()
             },
             SamplingParams::greedy(),
+            // Bans and lowered tokens among the best: the cut widens to find the next ones.
+            SamplingParams { logit_bias: best[..4].to_vec(), ..SamplingParams::greedy() },
+            SamplingParams {
+                seed: Some(5),
+                top_k: 3,
+                top_p: 1.0,
+                temperature: 2.0,
+                logit_bias: best[..3].to_vec(),
+                ..SamplingParams::default()
+            },
         ];
         for p in cases {
             let k = p.candidates_needed(0).expect("no penalties: a cut is enough");
@@ -897,6 +995,13 @@ mod tests {
         }
         // Penalties or no top-k cut need every logit; top_logprobs widens the cut.
         assert_eq!(SamplingParams { repeat_penalty: 1.1, ..SamplingParams::greedy() }.candidates_needed(0), None);
+        // A raised token may be anywhere: every logit. Lowered ones widen the cut.
+        let raised = SamplingParams { logit_bias: vec![(1, -5.0), (7, 0.5)], ..SamplingParams::greedy() };
+        assert_eq!(raised.candidates_needed(0), None);
+        let lowered =
+            SamplingParams { logit_bias: vec![(1, -5.0), (7, f32::NEG_INFINITY)], ..SamplingParams::greedy() };
+        assert_eq!(lowered.candidates_needed(0), Some(3));
+        assert_eq!(lowered.candidates_needed(5), Some(5));
         assert_eq!(SamplingParams { top_k: 0, ..SamplingParams::default() }.candidates_needed(0), None);
         assert_eq!(SamplingParams::greedy().candidates_needed(5), Some(5));
         assert_eq!(SamplingParams { top_k: 40, ..SamplingParams::default() }.candidates_needed(300), None);

@@ -162,6 +162,7 @@ fn ollama_defaults() -> SamplingParams {
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         seed: None,
+        logit_bias: Vec::new(),
     }
 }
 
@@ -231,6 +232,7 @@ fn resolve(
         presence_penalty: o.presence_penalty.unwrap_or(d.presence_penalty),
         frequency_penalty: o.frequency_penalty.unwrap_or(d.frequency_penalty),
         seed: o.seed.and_then(|s| u64::try_from(s).ok()),
+        logit_bias: Vec::new(),
     };
     sampling.validate().map_err(|e| match e {
         TextError::InvalidSampling { field, msg } => bad(field, &msg),
