@@ -442,6 +442,125 @@ async fn invalid_requests_name_the_field() {
     assert_eq!(status, StatusCode::OK);
 }
 
+/// A one-token greedy completion of "Hello" with `extra` fields: (text, the sampled
+/// token's logprob, its alternatives `{token: logprob}`).
+async fn hello(app: &axum::Router, extra: Value) -> (String, f64, serde_json::Map<String, Value>) {
+    let mut body = json!({"model": "llama3", "prompt": "Hello", "max_tokens": 1, "temperature": 0, "logprobs": 5});
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    let (status, _, out) = send(app, post_json("/v1/completions", body)).await;
+    let v = json(&out);
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    (text, lp["token_logprobs"][0].as_f64().unwrap(), lp["top_logprobs"][0].as_object().unwrap().clone())
+}
+
+/// `logit_bias` (OpenAI's): -100 bans a token, +100 forces it, even one far outside the
+/// few most likely tokens a greedy request otherwise computes; the reported
+/// log-probabilities stay the model's, before the bias.
+#[tokio::test]
+async fn logit_bias_bans_and_forces_tokens() {
+    let (app, _) = app();
+    // The fixture's greedy token after "Hello" is id 332, `12`.
+    let (plain, plain_lp, plain_top) = hello(&app, json!({})).await;
+    assert_eq!(plain, "12");
+    // Banned, greedy picks another token; a small bias on it changes nothing.
+    let (banned, _, banned_top) = hello(&app, json!({"logit_bias": {"332": -100}})).await;
+    assert_ne!(banned, plain);
+    assert!(!banned.is_empty());
+    let (nudged, ..) = hello(&app, json!({"logit_bias": {"332": -0.0001, "300": 0.0001}})).await;
+    assert_eq!(nudged, plain);
+    // The alternatives reported are the model's own: the banned token is still the most
+    // likely, with the log-probability it had without the bias.
+    assert_eq!(banned_top.len(), plain_top.len());
+    let banned_lp = banned_top["12"].as_f64().unwrap();
+    assert!((banned_lp - plain_lp).abs() < 1e-4, "{banned_lp} vs {plain_lp}");
+
+    // +100 on id 300 (` d`), which the model does not rank in its top 5 here: every
+    // token is that one.
+    assert!(!plain_top.contains_key(" d"), "{plain_top:?}");
+    let body = json!({"model": "llama3", "prompt": "Hello", "max_tokens": 3, "temperature": 0, "logprobs": 1,
+        "logit_bias": {"300": 100}});
+    let (status, _, out) = send(&app, post_json("/v1/completions", body)).await;
+    let v = json(&out);
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["choices"][0]["text"], " d d d");
+    // Its logprob is the model's (far below 0), not the biased distribution's (about 0).
+    let lp = v["choices"][0]["logprobs"]["token_logprobs"][0].as_f64().unwrap();
+    assert!(lp < -1.0, "{lp}");
+    // Sampling too: +100 leaves nothing else to draw, whatever the seed.
+    for seed in 0..4 {
+        let (forced, ..) = hello(&app, json!({"temperature": 1.0, "seed": seed, "logit_bias": {"300": 100}})).await;
+        assert_eq!(forced, " d");
+    }
+
+    // Chat too.
+    let first_token = |out: &[u8]| json(out)["choices"][0]["logprobs"]["content"][0]["token"].clone();
+    let body = chat(json!({"max_tokens": 1, "logprobs": true}));
+    let (_, _, plain) = send(&app, post_json("/v1/chat/completions", body)).await;
+    assert_ne!(first_token(&plain), " d");
+    let body = chat(json!({"max_tokens": 1, "logprobs": true, "logit_bias": {"300": 100}}));
+    let (status, _, forced) = send(&app, post_json("/v1/chat/completions", body)).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&forced));
+    assert_eq!(first_token(&forced), " d");
+}
+
+/// Each request in a batch keeps its own bias: run side by side, a biased and an
+/// unbiased request give what each gives alone.
+#[tokio::test]
+async fn logit_bias_is_per_request_in_a_batch() {
+    let (app, _) = app();
+    let body = |bias: Value| json!({"model": "llama3", "prompt": "Hello", "max_tokens": 6, "temperature": 0, "logit_bias": bias});
+    let text = |out: &[u8]| json(out)["choices"][0]["text"].as_str().unwrap().to_string();
+    let (_, _, alone_plain) = send(&app, post_json("/v1/completions", body(json!({})))).await;
+    let (_, _, alone_biased) = send(&app, post_json("/v1/completions", body(json!({"332": -100, "300": 1})))).await;
+    assert_ne!(text(&alone_plain), text(&alone_biased));
+    for _ in 0..3 {
+        let ((_, _, plain), (_, _, biased)) = tokio::join!(
+            send(&app, post_json("/v1/completions", body(json!({})))),
+            send(&app, post_json("/v1/completions", body(json!({"332": -100, "300": 1})))),
+        );
+        assert_eq!(text(&plain), text(&alone_plain));
+        assert_eq!(text(&biased), text(&alone_biased));
+    }
+}
+
+#[tokio::test]
+async fn bad_logit_bias_is_a_400_naming_it() {
+    let (app, _) = app();
+    let bad = [
+        json!({"x": 1}),
+        json!({"-1": 1}),
+        json!({"1.5": 1}),
+        json!({"": 1}),
+        json!({"4294967296": 1}),
+        json!({"496": 1}),
+        json!({"29": 100.5}),
+        json!({"29": -101}),
+        json!({"29": "5"}),
+        json!({"29": null}),
+        json!({"29": false}),
+        json!([[29, 1]]),
+        json!("29"),
+    ];
+    for bias in bad {
+        for (uri, body) in [
+            ("/v1/completions", json!({"model": "llama3", "prompt": "Hello", "max_tokens": 1, "logit_bias": bias})),
+            ("/v1/chat/completions", chat(json!({"logit_bias": bias}))),
+        ] {
+            let v = expect_error(&app, post_json(uri, body), StatusCode::BAD_REQUEST).await;
+            assert_eq!(v["error"]["param"], "logit_bias", "{uri} {bias}: {v}");
+            assert!(v["error"]["message"].as_str().unwrap().contains("logit_bias"), "{v}");
+        }
+    }
+    // The ends of the range, the vocabulary's last id, an empty map and null are fine.
+    for bias in [json!({"495": -50, "0": -100, "300": 100}), json!({}), Value::Null] {
+        let body = json!({"model": "llama3", "prompt": "Hello", "max_tokens": 1, "logit_bias": bias});
+        let (status, _, out) = send(&app, post_json("/v1/completions", body)).await;
+        assert_eq!(status, StatusCode::OK, "{bias}: {}", String::from_utf8_lossy(&out));
+    }
+}
+
 #[tokio::test]
 async fn unknown_model_is_404_model_not_found() {
     let (app, _) = app();

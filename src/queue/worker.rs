@@ -688,6 +688,13 @@ impl Worker {
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(invalid(Some("prompt"), format!("token id {bad} is outside the vocabulary ({vocab} tokens)")));
         }
+        // In id order: the last is the largest.
+        if let Some(&(id, _)) = job.sampling.logit_bias.last().filter(|&&(id, _)| id as usize >= vocab) {
+            return Err(invalid(
+                Some("logit_bias"),
+                format!("`logit_bias` names token {id}, outside the vocabulary ({vocab} tokens)"),
+            ));
+        }
         let ctx = job.num_ctx.unwrap_or(engine.context_len).max(1);
         let param = match job.prompt {
             PromptInput::Chat(_) => "messages",

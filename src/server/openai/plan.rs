@@ -49,6 +49,7 @@ struct Knobs {
     frequency_penalty: Option<f64>,
     n: Option<i64>,
     stop: Option<StopSpec>,
+    logit_bias: Option<serde_json::Map<String, Value>>,
 }
 
 fn required<T>(value: Option<T>, field: &str) -> Result<T, ApiError> {
@@ -81,6 +82,30 @@ fn only_one(field: &str, value: Option<i64>) -> Result<(), ApiError> {
     }
 }
 
+/// OpenAI's `logit_bias`, in id order: token ids (decimal strings) to a bias in
+/// [-100, 100]. -100 becomes -inf, a ban whatever the logits, as OpenAI documents it ("a
+/// ban"); other values are added as they are. Whether the ids are in the vocabulary is
+/// checked once the model is known.
+fn logit_bias(map: Option<serde_json::Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |msg: String| ApiError::invalid("logit_bias", msg);
+    let mut bias = Vec::with_capacity(map.as_ref().map_or(0, serde_json::Map::len));
+    for (key, value) in map.into_iter().flatten() {
+        let id = Some(&key)
+            .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|k| k.parse::<u32>().ok())
+            .ok_or_else(|| bad(format!("`logit_bias` keys must be token ids (decimal integers), not `{key:.24}`")))?;
+        let b = value.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| {
+            bad(format!("`logit_bias` values must be numbers in [-100, 100]; token {id} has {:.24}", value.to_string()))
+        })?;
+        bias.push((id, if b == -100.0 { f32::NEG_INFINITY } else { b as f32 }));
+    }
+    bias.sort_by_key(|&(id, _)| id);
+    if let Some(w) = bias.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(bad(format!("`logit_bias` names token {} twice", w[0].0)));
+    }
+    Ok(bias)
+}
+
 impl Knobs {
     /// OpenAI's defaults: temperature 1, top_p 1, no top_k, no repeat penalty.
     fn resolve(self) -> Result<(SamplingParams, Vec<String>), ApiError> {
@@ -106,6 +131,7 @@ impl Knobs {
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0) as f32,
             // OpenAI's seed is any integer; its bits are the seed.
             seed: self.seed.map(|s| s as u64),
+            logit_bias: logit_bias(self.logit_bias)?,
             ..SamplingParams::default()
         };
         if let Err(e) = sampling.validate() {
@@ -319,6 +345,7 @@ impl ChatCompletionRequest {
             frequency_penalty: self.frequency_penalty,
             n: self.n,
             stop: self.stop,
+            logit_bias: self.logit_bias,
         };
         let mut job = job(model, PromptInput::Chat(messages), max_tokens, knobs, top_logprobs)?;
         job.tools = tools;
@@ -384,6 +411,7 @@ impl CompletionRequest {
             frequency_penalty: self.frequency_penalty,
             n: self.n,
             stop: self.stop,
+            logit_bias: self.logit_bias,
         };
         let max_tokens = positive("max_tokens", self.max_tokens)?;
         let grammar = output_grammar(self.response_format.as_ref(), self.grammar)?;
@@ -626,6 +654,36 @@ mod tests {
         assert_eq!(param(missing), "messages");
         let missing = serde_json::from_value::<ChatCompletionRequest>(json!({"messages": []})).unwrap().into_plan();
         assert_eq!(param(missing), "model");
+    }
+
+    #[test]
+    fn logit_bias_is_checked_and_sorted() {
+        let bias = |b: Value| chat(json!({"logit_bias": b})).map(|p| p.job.sampling.logit_bias);
+        assert_eq!(
+            bias(json!({"30": 2.5, "7": -100, "12": 100, "0": 0})).unwrap(),
+            [(0, 0.0), (7, f32::NEG_INFINITY), (12, 100.0), (30, 2.5)]
+        );
+        assert_eq!(bias(json!({"29": -99.5})).unwrap(), [(29, -99.5)], "only -100 is a ban");
+        assert!(bias(Value::Null).unwrap().is_empty());
+        let plan = completion(json!({"logit_bias": {"5": 1}})).unwrap();
+        assert_eq!(plan.job.sampling.logit_bias, [(5, 1.0)]);
+        for bad in [
+            json!({"a": 1}),
+            json!({"-1": 1}),
+            json!({"+1": 1}),
+            json!({" 1": 1}),
+            json!({"": 1}),
+            json!({"4294967296": 1}),
+            json!({"1": 100.01}),
+            json!({"1": "1"}),
+            json!({"1": null}),
+            json!({"1": [1]}),
+            json!({"01": 1, "1": 2}),
+        ] {
+            let e = bias(bad.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("logit_bias"), "{bad}");
+            assert!(e.message.contains("`logit_bias`"), "{bad}: {}", e.message);
+        }
     }
 
     #[test]

@@ -52,6 +52,11 @@ pub struct ChatCompletionRequest {
     /// In [-2, 2].
     #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f64>,
+    /// Token ids (decimal strings) to a bias in [-100, 100] added to their logits before
+    /// sampling: -100 bans a token, 100 all but forces it. Log-probabilities are reported
+    /// before the bias.
+    #[schema(value_type = Option<std::collections::HashMap<String, f64>>, example = json!({"29": -100}))]
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
     /// Report the log-probability of every generated token.
     pub logprobs: Option<bool>,
     /// Alternatives reported per token, 0..=20; needs `logprobs: true`.
@@ -184,6 +189,11 @@ pub struct CompletionRequest {
     pub presence_penalty: Option<f64>,
     #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f64>,
+    /// Token ids (decimal strings) to a bias in [-100, 100] added to their logits before
+    /// sampling: -100 bans a token, 100 all but forces it. Log-probabilities are reported
+    /// before the bias.
+    #[schema(value_type = Option<std::collections::HashMap<String, f64>>, example = json!({"29": -100}))]
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
     /// Alternatives reported per token (0..=20); absent: no log-probabilities.
     #[schema(minimum = 0, maximum = 20)]
     pub logprobs: Option<i64>,
