@@ -380,6 +380,50 @@ async fn embed_and_legacy_embeddings() {
     let (status, _, body) = send(&app, post_json("/api/embed", json!({"model": "llama3", "input": []}))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(json(&body)["embeddings"], json!([]));
+
+    // `options.num_ctx` is the context an input must fit: longer is a 400 without
+    // `truncate`, and cut to its first num_ctx tokens with it (the default).
+    let long = "one two three four five six seven eight";
+    let embed = |input: &str, extra: Value| {
+        let mut body = json!({"model": "llama3", "input": input});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        post_json("/api/embed", body)
+    };
+    let (status, _, body) = send(&app, embed(long, json!({"truncate": false, "options": {"num_ctx": 2}}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&body));
+    assert!(json(&body)["error"].as_str().unwrap().contains("context holds 2"), "{}", json(&body));
+    let (status, _, body) = send(&app, embed(long, json!({"options": {"num_ctx": 2}}))).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let cut = json(&body);
+    assert_eq!(cut["prompt_eval_count"], 2);
+    // The same two tokens as a shorter input that starts alike, cut alike.
+    let (_, _, body) = send(&app, embed("one two", json!({"options": {"num_ctx": 2}}))).await;
+    assert_eq!(json(&body)["embeddings"], cut["embeddings"]);
+    let (_, _, body) = send(&app, embed(long, json!({"truncate": false, "options": {"num_ctx": 64}}))).await;
+    let whole = json(&body);
+    assert!(whole["prompt_eval_count"].as_u64().unwrap() > 2, "{whole}");
+    assert_ne!(whole["embeddings"], cut["embeddings"]);
+    // The legacy route takes `options` too (it always truncates).
+    let (status, _, body) =
+        send(&app, post_json("/api/embeddings", json!({"model": "llama3", "prompt": long, "options": {"num_ctx": 2}})))
+            .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(json(&body)["embedding"], cut["embeddings"][0]);
+    // `options` are checked as the generate routes check them.
+    for (options, field) in [
+        (json!({"num_ctx": 0}), "options.num_ctx"),
+        (json!({"num_ctx": -4}), "options.num_ctx"),
+        (json!({"top_p": 0}), "options.top_p"),
+    ] {
+        for req in [
+            embed(long, json!({"options": options})),
+            post_json("/api/embeddings", json!({"model": "llama3", "prompt": long, "options": options})),
+        ] {
+            let (status, _, body) = send(&app, req).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{options}");
+            assert!(json(&body)["error"].as_str().unwrap().contains(field), "{options}: {}", json(&body));
+        }
+    }
 }
 
 #[tokio::test]

@@ -166,6 +166,9 @@ pub struct EmbedJob {
     pub inputs: Vec<EmbedInput>,
     /// Cut inputs longer than the context instead of failing.
     pub truncate: bool,
+    /// The context an input must fit (Ollama's `num_ctx`), at most the server's; `None`:
+    /// the server's.
+    pub num_ctx: Option<usize>,
     pub keep_alive: Option<KeepAlive>,
 }
 

@@ -929,7 +929,9 @@ impl Worker {
         let load = load_start.elapsed();
         self.touch(i, job.keep_alive);
         let engine = &self.slots[i].engine;
-        let (vocab, ctx) = (engine.model.config().vocab_size, engine.context_len);
+        let vocab = engine.model.config().vocab_size;
+        // No KV budget covers an embedding: `num_ctx` may only shorten the context.
+        let ctx = job.num_ctx.map_or(engine.context_len, |n| n.clamp(1, engine.context_len.max(1)));
         let mut vectors = Vec::with_capacity(job.inputs.len());
         let mut prompt_tokens = 0;
         for (n, input) in job.inputs.iter().enumerate() {

@@ -106,6 +106,11 @@ pub(super) struct Resolved {
 }
 
 impl Resolved {
+    /// The context the request asks for (`num_ctx`, capped at the model's).
+    pub(super) fn num_ctx(&self) -> Option<usize> {
+        self.num_ctx
+    }
+
     pub(super) fn job(
         self,
         model: &str,

@@ -6,7 +6,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 
-use super::checks::{keep_alive, require_model};
+use super::checks::{keep_alive, require_model, resolve_options};
 use super::{
     EmbedRequest, EmbedResponse, EmbeddingsRequest, EmbeddingsResponse, OneOrMany, Result, nanos, outcome, unexpected,
 };
@@ -24,8 +24,10 @@ use crate::server::{AppState, parse_json};
         (status = 503, description = "The queue is full (with `Retry-After`)", body = OllamaErrorBody)))]
 pub(crate) async fn embed(State(state): State<AppState>, body: Bytes) -> Result<Json<EmbedResponse>> {
     let req: EmbedRequest = parse_json(&body)?;
-    require_model(&state, &req.model)?;
+    let info = require_model(&state, &req.model)?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
+    // Checked as the generate routes check them; only `num_ctx` changes an embedding.
+    let num_ctx = resolve_options(req.options, &info)?.num_ctx();
     let dimensions = match req.dimensions {
         None => None,
         Some(d) if d >= 1 => Some(usize::try_from(d).unwrap_or(usize::MAX)),
@@ -51,6 +53,7 @@ pub(crate) async fn embed(State(state): State<AppState>, body: Bytes) -> Result<
         model: model.clone(),
         inputs: inputs.into_iter().map(EmbedInput::Text).collect(),
         truncate: req.truncate.unwrap_or(true),
+        num_ctx,
         keep_alive,
     };
     let (mut vectors, prompt_tokens, load, total) = run_embed(&state, job).await?;
@@ -77,14 +80,16 @@ pub(crate) async fn embed(State(state): State<AppState>, body: Bytes) -> Result<
         (status = 503, description = "The queue is full (with `Retry-After`)", body = OllamaErrorBody)))]
 pub(crate) async fn embeddings(State(state): State<AppState>, body: Bytes) -> Result<Json<EmbeddingsResponse>> {
     let req: EmbeddingsRequest = parse_json(&body)?;
-    require_model(&state, &req.model)?;
+    let info = require_model(&state, &req.model)?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
+    let num_ctx = resolve_options(req.options, &info)?.num_ctx();
     let prompt = req.prompt.unwrap_or_default();
     if prompt.is_empty() {
         load_only(&state, &req.model, keep_alive).await?;
         return Ok(Json(EmbeddingsResponse { embedding: Vec::new() }));
     }
-    let job = EmbedJob { model: req.model, inputs: vec![EmbedInput::Text(prompt)], truncate: true, keep_alive };
+    let job =
+        EmbedJob { model: req.model, inputs: vec![EmbedInput::Text(prompt)], truncate: true, num_ctx, keep_alive };
     let (vectors, ..) = run_embed(&state, job).await?;
     Ok(Json(EmbeddingsResponse { embedding: vectors.into_iter().next().unwrap_or_default() }))
 }

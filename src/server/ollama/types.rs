@@ -320,7 +320,8 @@ pub struct EmbedRequest {
     pub dimensions: Option<i64>,
     #[schema(value_type = Option<KeepAliveValue>)]
     pub keep_alive: Option<Value>,
-    /// Accepted and checked; no option changes an embedding.
+    /// Checked as the generate routes check them; only `num_ctx` (the most tokens an
+    /// input may have, at most the server's context) changes an embedding.
     pub options: Option<Options>,
 }
 
@@ -344,6 +345,7 @@ pub struct EmbeddingsRequest {
     pub prompt: Option<String>,
     #[schema(value_type = Option<KeepAliveValue>)]
     pub keep_alive: Option<Value>,
+    /// As in `/api/embed`: checked, and `num_ctx` cuts the prompt.
     pub options: Option<Options>,
 }
 

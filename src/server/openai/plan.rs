@@ -466,7 +466,11 @@ impl EmbeddingRequest {
             }
         };
         let dimensions = positive("dimensions", self.dimensions)?;
-        Ok(EmbedPlan { job: EmbedJob { model, inputs, truncate: false, keep_alive: None }, base64, dimensions })
+        Ok(EmbedPlan {
+            job: EmbedJob { model, inputs, truncate: false, num_ctx: None, keep_alive: None },
+            base64,
+            dimensions,
+        })
     }
 }
 
