@@ -31,7 +31,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// Requests that may wait for the worker; more get 429 (OpenAI) / 503 (Ollama).
-    #[arg(long = "queue-depth", default_value_t = 64)]
+    #[arg(long = "queue-depth", default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub queue_depth: usize,
     /// Accepted bearer key (repeatable, or comma-separated). None: no authentication.
     #[arg(long = "api-key")]
@@ -40,13 +40,13 @@ pub struct ServeArgs {
     #[arg(long = "allow-origin")]
     pub allow_origins: Vec<String>,
     /// Largest request body (bytes, or with K/M/G/KiB/MiB/GiB).
-    #[arg(long = "body-limit", default_value = "16MiB", value_parser = parse_size)]
+    #[arg(long = "body-limit", default_value = "16MiB", value_parser = parse_body_limit)]
     pub body_limit: u64,
     /// How long an idle model stays loaded (`5m`, `1h`, `-1` forever, `0` unload at once).
     #[arg(long = "keep-alive", default_value = "5m")]
     pub keep_alive: String,
     /// Models kept loaded at once.
-    #[arg(long = "max-loaded-models", default_value_t = 1)]
+    #[arg(long = "max-loaded-models", default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_loaded: usize,
     /// Sequences each model generates at once (their decode steps share one forward pass
     /// and one read of the weights); more requests wait in the queue. 0: what KV memory
@@ -60,7 +60,7 @@ pub struct ServeArgs {
     /// KV cache memory each model's running requests may claim at once (bytes, or with
     /// K/M/G/KiB/MiB/GiB); a request claims its prompt plus max tokens (or its whole
     /// context). Unset: 90% of what is free once the model has loaded.
-    #[arg(long = "kv-memory", value_parser = parse_size)]
+    #[arg(long = "kv-memory", value_parser = parse_kv_memory)]
     pub kv_memory: Option<u64>,
     /// On SIGTERM/SIGINT, how long running requests may finish before they are cancelled.
     #[arg(long = "grace-period", default_value = "10s")]
@@ -74,12 +74,64 @@ pub struct ServeArgs {
 
 pub use crate::sched::plan::parse_size;
 
+/// `--body-limit`: at least 1 KiB (a smaller limit refuses every request).
+fn parse_body_limit(s: &str) -> Result<u64, String> {
+    let n = parse_size(s)?;
+    if n < 1024 {
+        return Err(format!("{n} bytes is too small for any request; give at least 1KiB"));
+    }
+    Ok(n)
+}
+
+/// `--kv-memory`: above 0.
+fn parse_kv_memory(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err("0 bytes leaves no request any KV cache; leave it unset for 90% of what is free".into()),
+        n => Ok(n),
+    }
+}
+
 pub use crate::store::strata_home;
 
 #[derive(Serialize, Deserialize, Debug)]
 pub(crate) struct PidFile {
     pid: u32,
     pub(crate) addr: String,
+    /// When the process started (`/proc/PID/stat`'s start time, in clock ticks since
+    /// boot): a PID the system has since given to another process is not the server's.
+    /// Absent in files that older versions wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    started: Option<u64>,
+}
+
+impl PidFile {
+    /// This process, serving on `addr`.
+    fn mine(addr: String) -> Self {
+        let pid = std::process::id();
+        PidFile { pid, addr, started: process_started(pid) }
+    }
+
+    /// Whether the process that wrote this file still runs: its PID is alive and is still
+    /// that process (its start time matches; for a file without one, its command line is
+    /// a `serve`). After a crash or a reboot the PID may be another program's, which
+    /// `strata stop` must not signal.
+    fn alive(&self) -> bool {
+        if !process_alive(self.pid) {
+            return false;
+        }
+        match self.started {
+            Some(t) => process_started(self.pid) == Some(t),
+            None => std::fs::read(format!("/proc/{}/cmdline", self.pid))
+                .is_ok_and(|c| c.split(|&b| b == 0).any(|arg| arg == b"serve")),
+        }
+    }
+}
+
+/// When process `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`).
+fn process_started(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the parenthesised command name, from the state (field 3) on.
+    stat.rsplit_once(") ")?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Where servers write their PID files.
@@ -107,7 +159,7 @@ fn take_pid_file(path: &Path, pid: &PidFile) -> anyhow::Result<()> {
                 Ok(()) => return Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     if let Ok(old) = read_pid_file(path)
-                        && process_alive(old.pid)
+                        && old.alive()
                     {
                         anyhow::bail!(
                             "another strata serve (pid {}) is running on {}; `strata stop --port {}` stops it",
@@ -160,7 +212,7 @@ fn pid_files() -> Vec<(PathBuf, PidFile)> {
 
 /// The live servers, optionally only the one on `port`; an error says what was looked for.
 pub(crate) fn running(port: Option<u16>) -> anyhow::Result<Vec<(PathBuf, PidFile)>> {
-    let (live, stale): (Vec<_>, Vec<_>) = pid_files().into_iter().partition(|(_, f)| process_alive(f.pid));
+    let (live, stale): (Vec<_>, Vec<_>) = pid_files().into_iter().partition(|(_, f)| f.alive());
     for (path, _) in &stale {
         let _ = std::fs::remove_file(path);
     }
@@ -215,6 +267,9 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("--keep-alive: {e}"))?;
     let grace = crate::queue::parse_duration(&args.grace_period).map_err(|e| anyhow::anyhow!("--grace-period: {e}"))?;
     let api_keys = clean_list(&args.api_keys);
+    if api_keys.is_empty() && !args.api_keys.is_empty() {
+        tracing::warn!("the API keys given are empty: they are ignored, and requests need no key");
+    }
     let models = match args.models.is_empty() {
         true => vec![(DEMO_NAME.to_string(), DEMO_NAME.to_string())],
         false => args.models.iter().map(|m| model_entry(m)).collect(),
@@ -251,6 +306,13 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
             (args.host.as_str(), args.port).to_socket_addrs()?.next().ok_or_else(|| std::io::Error::other("no address"))
         })
         .with_context(|| format!("--host {}: not an address", args.host))?;
+    if opts.server.api_keys.is_empty() && !addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "listening beyond this machine without API keys: whoever reaches it can use it and change its \
+             store (--api-key or STRATA_API_KEY sets keys)"
+        );
+    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().worker_threads(2).build()?;
     runtime.block_on(async move {
@@ -259,7 +321,7 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
         let run_dir = pid_dir();
         std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
         let pid_file = pid_path(&local);
-        take_pid_file(&pid_file, &PidFile { pid: std::process::id(), addr: local.to_string() })?;
+        take_pid_file(&pid_file, &PidFile::mine(local.to_string()))?;
         let (router, state, _worker) = match crate::server::start(opts) {
             Ok(started) => started,
             Err(e) => {
@@ -434,7 +496,7 @@ pub fn stop(args: StopArgs) -> anyhow::Result<()> {
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(args.timeout);
     for (path, pid) in &servers {
-        while process_alive(pid.pid) {
+        while pid.alive() {
             if std::time::Instant::now() > deadline {
                 anyhow::bail!("the server (pid {}) did not exit within {} s", pid.pid, args.timeout);
             }
@@ -463,7 +525,7 @@ mod tests {
                     let (path, barrier) = (&path, &barrier);
                     s.spawn(move || {
                         barrier.wait();
-                        take_pid_file(path, &PidFile { pid: me, addr: format!("127.0.0.1:{i}") }).is_ok()
+                        take_pid_file(path, &PidFile::mine(format!("127.0.0.1:{i}"))).is_ok()
                     })
                 })
                 .collect();
@@ -472,17 +534,33 @@ mod tests {
         assert_eq!(wins, 1, "exactly one of eight racing servers takes the PID file");
         let held = read_pid_file(&path).unwrap();
         assert_eq!(held.pid, me);
-        let err = take_pid_file(&path, &PidFile { pid: me, addr: "127.0.0.1:9".into() }).unwrap_err().to_string();
+        let err = take_pid_file(&path, &PidFile::mine("127.0.0.1:9".into())).unwrap_err().to_string();
         assert!(err.contains(&format!("pid {me}")) && err.contains(&held.addr), "{err}");
         // A PID file whose process is gone, or that is not a PID file, is taken over.
         for stale in [r#"{"pid": 4000000000, "addr": "127.0.0.1:1"}"#, "garbage"] {
             std::fs::write(&path, stale).unwrap();
-            take_pid_file(&path, &PidFile { pid: me, addr: "127.0.0.1:2".into() }).unwrap();
+            take_pid_file(&path, &PidFile::mine("127.0.0.1:2".into())).unwrap();
             assert_eq!(read_pid_file(&path).unwrap().addr, "127.0.0.1:2");
             std::fs::remove_file(&path).unwrap();
         }
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no temporary file is left behind");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_pid_file_names_its_process_not_whoever_has_the_pid_now() {
+        assert!(PidFile::mine("127.0.0.1:1".into()).alive(), "this process, as it wrote itself");
+        let me = std::process::id();
+        let started = process_started(me).expect("a start time");
+        // The PID given since to another process (another start time) is not the server.
+        assert!(!PidFile { pid: me, addr: "127.0.0.1:1".into(), started: Some(started + 1) }.alive());
+        // An old file without a start time: the PID must be a `serve` (a test binary is not).
+        let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        assert!(!PidFile { pid: other.id(), addr: "127.0.0.1:1".into(), started: None }.alive());
+        other.kill().unwrap();
+        other.wait().unwrap();
+        let old: PidFile = serde_json::from_str(r#"{"pid": 1, "addr": "127.0.0.1:1"}"#).unwrap();
+        assert_eq!(old.started, None);
     }
 
     #[test]
