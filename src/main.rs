@@ -5,6 +5,14 @@ fn main() -> std::process::ExitCode {
         Ok(parsed) => parsed,
         Err(e) => e.exit(),
     };
+    // A one-shot command whose output is closed (`strata list | head -1`) ends quietly,
+    // as Unix tools do, instead of failing on the write. The server keeps Rust's ignored
+    // SIGPIPE: a client that hangs up must not end it.
+    if !matches!(cli.command, Command::Serve(_)) {
+        // SAFETY: signal(2) with a valid signal number and SIG_DFL, before any thread
+        // that could be writing has started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     // The server logs its requests; one-shot commands only warnings.
     let default_level = if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" };
     let level = cli.log_level.clone().unwrap_or_else(|| default_level.to_string());

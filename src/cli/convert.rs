@@ -42,7 +42,7 @@ pub struct ConvertArgs {
     #[arg(long, value_enum, default_value = "none")]
     pub compress: Compress,
     /// Worker threads for quantizing (default: one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = super::parse_threads)]
     pub threads: usize,
     /// Print the report as JSON.
     #[arg(long)]

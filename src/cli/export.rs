@@ -22,7 +22,7 @@ pub struct ExportArgs {
     #[arg(long)]
     pub quant: Option<String>,
     /// Worker threads for quantizing (default: one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = super::parse_threads)]
     pub threads: usize,
     /// Print the report as JSON.
     #[arg(long)]

@@ -104,7 +104,7 @@ pub struct RunOpts {
     #[arg(long, default_value = "auto", value_parser = parse_device_arg)]
     pub device: crate::backend::device::DeviceSpec,
     /// Worker threads (default: one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = parse_threads)]
     pub threads: usize,
     /// Context length in tokens (default: the model's, at most 4096).
     #[arg(long = "ctx-size", default_value_t = 0)]
@@ -165,6 +165,19 @@ pub struct RunOpts {
 
 fn parse_device_arg(s: &str) -> Result<crate::backend::device::DeviceSpec, String> {
     s.parse()
+}
+
+/// The most worker threads `--threads` takes: far more than any machine has cores, but
+/// not what a slip of the keyboard asks for (each is a thread with its own stack).
+pub const MAX_THREADS: usize = 1024;
+
+/// `--threads`: 0 (one per core) up to [`MAX_THREADS`].
+pub fn parse_threads(s: &str) -> Result<usize, String> {
+    let n: usize = s.trim().parse().map_err(|_| format!("`{s}` is not a thread count"))?;
+    match n <= MAX_THREADS {
+        true => Ok(n),
+        false => Err(format!("{n} threads is more than the {MAX_THREADS} allowed (0 means one per core)")),
+    }
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
