@@ -215,6 +215,10 @@ impl Format {
             }
             return Err(unsupported("a directory with neither config.json (Hugging Face) nor manifest.json (flat)"));
         }
+        // Opening a FIFO would wait for a writer; a device is no model either.
+        if !meta.is_file() {
+            return Err(unsupported("not a regular file or a directory (a model is a file or a model directory)"));
+        }
         let mut magic = [0u8; 4];
         let read = fs::File::open(path).and_then(|mut f| std::io::Read::read(&mut f, &mut magic)).map_err(io(path))?;
         if read == 4 && &magic == b"GGUF" {

@@ -217,6 +217,13 @@ fn failed_and_killed_imports_leave_nothing_that_looks_valid() {
     std::fs::write(&fake, b"not gguf").unwrap();
     assert!(store.import(&fake, "fake", false).unwrap_err().to_string().contains("GGUF magic"));
     assert!(matches!(store.import(&home.0.join("missing.gguf"), "m", false), Err(StoreError::Io { .. })));
+    // A FIFO is refused at once, not opened (which would wait for a writer forever).
+    let fifo = home.0.join("fifo.gguf");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = store.import(&fifo, "fifo", false).unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
     assert!(store.list().unwrap().is_empty());
 
     // What a killed import leaves: a staging directory of a process that is gone, and a
