@@ -290,3 +290,47 @@ fn route_ranks_shards_within_a_budget_and_run_uses_it() {
     assert!(String::from_utf8_lossy(&plain.stderr).contains("no ROUTING section"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A text longer than the context is scored in windows of the context, each from an
+/// empty cache (the last row of one window predicting the next's first token); one token
+/// leaves nothing to score.
+#[test]
+fn perplexity_past_the_context_scores_windows() {
+    let ids: Vec<u32> = (0..40).map(|i| 1 + (i * 37) % 200).collect();
+    let write = |name: &str, ids: &[u32]| {
+        let path = std::env::temp_dir().join(format!("strata-ppl-{name}-{}.json", std::process::id()));
+        std::fs::write(&path, serde_json::to_string(ids).unwrap()).unwrap();
+        path
+    };
+    let logprobs = |ids: &[u32], ctx: &str| -> Vec<f64> {
+        let path = write(&format!("{}-{ctx}", ids.len()), ids);
+        let out = strata(&[
+            "perplexity",
+            &fixture("llama3"),
+            "--tokens-file",
+            path.to_str().unwrap(),
+            "--json",
+            "--ctx-size",
+            ctx,
+        ]);
+        std::fs::remove_file(&path).ok();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["logprobs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+    };
+    let windowed = logprobs(&ids, "16");
+    assert_eq!(windowed.len(), 39, "every token after the first is scored");
+    let first = logprobs(&ids[..17], "64");
+    let second = logprobs(&ids[16..33], "64");
+    let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5);
+    // Positions 1..=16 are the first window's (the 16th predicted from its last row).
+    assert!(close(&windowed[..16], &first[..16]), "{:?} vs {:?}", &windowed[..16], &first[..16]);
+    assert!(close(&windowed[16..31], &second[..15]), "{:?} vs {:?}", &windowed[16..31], &second[..15]);
+    assert!(!close(&windowed[16..31], &logprobs(&ids, "64")[16..31]), "one long pass differs");
+
+    let one = write("one", &ids[..1]);
+    let out = strata(&["perplexity", &fixture("llama3"), "--tokens-file", one.to_str().unwrap()]);
+    std::fs::remove_file(&one).ok();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no tokens to score"));
+}

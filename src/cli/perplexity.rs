@@ -104,8 +104,8 @@ pub fn score_against(
     tokens: &[u32],
     chunk: usize,
 ) -> anyhow::Result<Perplexity> {
-    if tokens.is_empty() {
-        anyhow::bail!("no tokens to score");
+    if tokens.len() < 2 {
+        anyhow::bail!("no tokens to score: {} token(s), and scoring starts at the second", tokens.len());
     }
     let vocab = engine.model.config().vocab_size;
     if let Some((name, r)) = reference
@@ -113,15 +113,26 @@ pub fn score_against(
     {
         anyhow::bail!("--reference {name}: a vocabulary of {} against {vocab}", r.model.config().vocab_size);
     }
-    let capacity = tokens.len().max(engine.context_len);
-    let mut cache = engine.model.new_cache(capacity)?;
-    let mut ref_cache = reference.map(|(_, r)| r.model.new_cache(capacity)).transpose()?;
+    // A text longer than the context is scored in windows of the context's length, each
+    // from an empty cache (positions past the context are ones the model never saw); the
+    // last row of a window still predicts the next window's first token.
+    let window = engine.context_len.max(1);
     let (mut logprobs, mut argmax) = (Vec::new(), Vec::new());
     let (mut ref_logprobs, mut kl, mut agree) = (Vec::new(), 0f64, 0usize);
     let before = engine.model.scheduler().stats().snapshot();
     let size = chunk.max(1);
     let argmax_of = |row: &[f32]| row.iter().enumerate().fold(0, |b, (j, &v)| if v > row[b] { j } else { b });
-    for (c, chunk) in tokens.chunks(size).enumerate() {
+    let chunks = tokens.chunks(window).enumerate().flat_map(|(w, part)| {
+        part.chunks(size).enumerate().map(move |(c, chunk)| (w * window + c * size, c == 0, chunk))
+    });
+    let capacity = tokens.len().min(window);
+    let mut cache = engine.model.new_cache(capacity)?;
+    let mut ref_cache = reference.map(|(_, r)| r.model.new_cache(capacity)).transpose()?;
+    for (start, fresh, chunk) in chunks {
+        if fresh && start > 0 {
+            cache = engine.model.new_cache(capacity)?;
+            ref_cache = reference.map(|(_, r)| r.model.new_cache(capacity)).transpose()?;
+        }
         let mut step = [SeqStep { tokens: chunk, cache: &mut cache, all_logits: true }];
         let logits = engine.model.forward(&mut step)?.pop().unwrap_or_default();
         let ref_logits = match (reference, ref_cache.as_mut()) {
@@ -132,7 +143,7 @@ pub fn score_against(
             _ => None,
         };
         for (r, row) in logits.chunks_exact(vocab).enumerate() {
-            let i = c * size + r;
+            let i = start + r;
             let best = argmax_of(row);
             argmax.push(best as u32);
             let lp = log_softmax(row);
@@ -163,11 +174,11 @@ pub fn score_against(
         mean_abs_dlogprob: logprobs.iter().zip(&ref_logprobs).map(|(a, b)| (a - b).abs()).sum::<f64>()
             / logprobs.len().max(1) as f64,
     });
-    let window = engine.model.scheduler().stats().snapshot() - before;
+    let ran = engine.model.scheduler().stats().snapshot() - before;
     let summary = engine.model.scheduler().summary();
-    let sparse_ffn = (window.neuron_groups_total > 0).then(|| SparseRun {
+    let sparse_ffn = (ran.neuron_groups_total > 0).then(|| SparseRun {
         setting: engine.sparse_ffn.to_string(),
-        kept_fraction: window.neuron_groups_kept as f64 / window.neuron_groups_total as f64,
+        kept_fraction: ran.neuron_groups_kept as f64 / ran.neuron_groups_total as f64,
     });
     let experts = summary.experts;
     Ok(Perplexity {
