@@ -24,8 +24,9 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            // A setting the model cannot take is a usage error, as clap's are.
-            match strata::model::sparse::Refused::in_chain(&e) {
+            // A setting out of range, or one the model cannot take, is a usage error, as
+            // clap's are.
+            match strata::cli::Usage::in_chain(&e) {
                 true => std::process::ExitCode::from(2),
                 false => std::process::ExitCode::FAILURE,
             }

@@ -44,9 +44,18 @@ fn bad_input_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/model"));
 
-    let out = strata(&["run", "strata-demo", "-p", "hi", "--top-p", "1.5"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("top_p"));
+    // Settings out of range are usage errors (exit 2, as clap's own), also where only the
+    // command can judge them.
+    for (args, named) in [
+        (&["--top-p", "1.5"][..], "top_p"),
+        (&["--temperature", "NaN"], "temperature"),
+        (&["--prefetch-depth", "0"], "--prefetch-depth"),
+        (&["--threads", "100000"], "--threads"),
+    ] {
+        let out = strata(&[&["run", "strata-demo", "-p", "hi", "-n", "1"][..], args].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(named), "{args:?}");
+    }
 
     let tmp = std::env::temp_dir().join(format!("strata-bad-tokens-{}.json", std::process::id()));
     std::fs::write(&tmp, "[1, 2, 999999]").unwrap();
