@@ -233,3 +233,43 @@ fn flat_and_cawsf_models_import_into_the_store_and_load_by_name() {
         assert!(store.resolve(name).is_err());
     }
 }
+
+/// A PID no process has: a child's, once it has exited and been reaped.
+fn gone_pid() -> u32 {
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// Temporaries that a killed `convert` left beside OUT (`.OUT.tmp-PID-N`; a flat
+/// directory or a `.cawsf` file) are removed by the next convert to that OUT when their
+/// process is gone, and kept while it runs; other outputs' are not touched.
+#[test]
+fn leftover_temporaries_of_gone_processes_are_removed() {
+    let s = TempDir::new("stale");
+    let gguf = fixture("gguf/llama3.q4_0.gguf");
+    let mut live = Command::new("sleep").arg("60").spawn().unwrap();
+    let dead = gone_pid();
+    for (format, out) in [("flat", s.0.join("m")), ("cawsf", s.0.join("m.cawsf"))] {
+        let name = out.file_name().unwrap().to_str().unwrap().to_owned();
+        let stale_dir = s.0.join(format!(".{name}.tmp-{dead}-0"));
+        std::fs::create_dir(&stale_dir).unwrap();
+        std::fs::write(stale_dir.join("layer_000.bin"), [1u8; 100]).unwrap();
+        let stale_file = s.0.join(format!(".{name}.tmp-{dead}"));
+        std::fs::write(&stale_file, [1u8; 100]).unwrap();
+        let running = s.0.join(format!(".{name}.tmp-{}-0", live.id()));
+        let other = s.0.join(format!(".other.tmp-{dead}-0"));
+        for keep in [&running, &other] {
+            std::fs::write(keep, [1u8; 100]).unwrap();
+        }
+        let o = strata(&["convert", &gguf, out.to_str().unwrap(), "--format", format]);
+        assert!(o.status.success(), "{format}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(out.exists(), "{format}");
+        assert!(!stale_dir.exists() && !stale_file.exists(), "{format}: a dead process's temporary is still there");
+        assert!(running.exists(), "{format}: removed the temporary of a running process");
+        assert!(other.exists(), "{format}: removed another output's temporary");
+    }
+    live.kill().unwrap();
+    live.wait().unwrap();
+}

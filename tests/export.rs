@@ -194,3 +194,21 @@ fn what_gguf_cannot_hold_is_refused_and_nothing_is_left() {
     assert!(err.contains("norm_topk_prob") && err.contains("does not read back"), "{err}");
     assert!(!out.exists() && std::fs::read_dir(&dir.0).unwrap().count() == 1, "nothing else left behind");
 }
+
+/// An export removes the temporaries a killed export of the same OUT left beside it
+/// (`.OUT.tmp-PID-N`, process gone) and leaves only OUT.
+#[test]
+fn exports_remove_the_temporaries_of_killed_runs() {
+    let dir = TempDir::new("export-stale");
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let stale = [dir.path(&format!(".e.gguf.tmp-{dead}-0")), dir.path(&format!(".e.gguf.tmp-{dead}-3"))];
+    for p in &stale {
+        std::fs::write(p, [7u8; 64]).unwrap();
+    }
+    let src = ModelSource::from_spec(root().join("tests/fixtures/hf/llama3").to_str().unwrap()).unwrap();
+    export(&src, &dir.path("e.gguf"), None, 1).unwrap();
+    let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["e.gguf"], "a dead export's temporary is still there");
+}

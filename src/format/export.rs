@@ -94,7 +94,7 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
     let (entries, sources) = plan(src, spec, quant)?;
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("building a thread pool")?;
     let mut converted = 0;
-    let bytes = gguf_write::write(out, &meta, &entries, |i| {
+    let data = |i: usize| -> anyhow::Result<Vec<u8>> {
         let e = &entries[i];
         let data = match &sources[i] {
             Source::Values(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -132,16 +132,14 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
             }
         };
         Ok(data)
-    })?;
+    };
     // Read it back as Strata reads any GGUF: the same model, or no file.
-    if let Err(e) = check(src, out) {
-        let _ = std::fs::remove_file(out);
-        return Err(e.context(format!(
-            "{}: the export does not read back as `{}`; nothing written",
-            out.display(),
-            src.name
-        )));
-    }
+    let read_back = |tmp: &Path| {
+        check(src, tmp).with_context(|| {
+            format!("{}: the export does not read back as `{}`; nothing written", out.display(), src.name)
+        })
+    };
+    let bytes = gguf_write::write(out, &meta, &entries, data, read_back)?;
     let window = c.layers.iter().find_map(|l| l.sliding_window).filter(|_| c.arch == Arch::Mistral);
     let window = window.map(|w| {
         format!("llama.cpp runs Mistral as `llama`, without its sliding window: past {w} tokens its outputs differ")

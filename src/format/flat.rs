@@ -12,7 +12,6 @@ use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
@@ -166,9 +165,6 @@ pub struct VerifyReport {
 // ---------------------------------------------------------------------------------------
 // Writing
 
-/// Distinguishes temporary directories of writers in one process.
-static WRITERS: AtomicUsize = AtomicUsize::new(0);
-
 /// Writes a flat layer directory, one group at a time (see [`ModelWriter`]): the text
 /// files at [`create`], each group's `.bin` files as the group arrives, `manifest.json`
 /// and the rename into place at `finish`. Dropped unfinished, it removes its temporary
@@ -191,11 +187,7 @@ pub fn create(out: &Path, meta: &ModelMeta, layers: usize) -> anyhow::Result<Fla
     if out.exists() {
         bail!("{shown}: already exists; refusing to overwrite it");
     }
-    let file_name = out.file_name().with_context(|| format!("{shown}: not a directory name"))?;
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
+    out.file_name().with_context(|| format!("{shown}: not a directory name"))?;
     let config: Value = serde_json::from_str(&meta.config_json)
         .with_context(|| format!("{shown}: the model's config.json is not valid JSON"))?;
     let architecture = config
@@ -207,8 +199,8 @@ pub fn create(out: &Path, meta: &ModelMeta, layers: usize) -> anyhow::Result<Fla
         .iter()
         .filter_map(|&k| config.get(k).filter(|v| !v.is_null()).map(|v| (k.to_string(), v.clone())))
         .collect();
-    let n = WRITERS.fetch_add(1, Ordering::Relaxed);
-    let tmp = parent.join(format!(".{}.tmp-{}-{n}", file_name.to_string_lossy(), std::process::id()));
+    super::temp::remove_stale(out)?;
+    let tmp = super::temp::sibling(out)?;
     std::fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let mut w = FlatWriter {
         out: out.to_owned(),

@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, bail};
 
@@ -120,12 +120,15 @@ pub fn encode_metadata(metadata: &[(String, GgufValue)]) -> anyhow::Result<Vec<u
 
 /// Writes `path`: `metadata` in order, then the `tensors` table, then each tensor's
 /// bytes as `data(i)` gives them (exactly [`TensorEntry::bytes`] of them), in table
-/// order. Returns the file's size.
+/// order, under a temporary name ([`temp::sibling`](super::temp::sibling)) that `check`
+/// reads before it becomes `path`: `path` appears only written in full and checked, and
+/// is never overwritten. Returns the file's size.
 pub fn write(
     path: &Path,
     metadata: &[(String, GgufValue)],
     tensors: &[TensorEntry],
     mut data: impl FnMut(usize) -> anyhow::Result<Vec<u8>>,
+    check: impl FnOnce(&Path) -> anyhow::Result<()>,
 ) -> anyhow::Result<u64> {
     let mut head = b"GGUF".to_vec();
     head.extend_from_slice(&3u32.to_le_bytes());
@@ -153,7 +156,8 @@ pub fn write(
     }
     head.resize((head.len() as u64).next_multiple_of(ALIGNMENT) as usize, 0);
 
-    let tmp = temp_path(path);
+    super::temp::remove_stale(path)?;
+    let tmp = super::temp::sibling(path)?;
     let result = (|| -> anyhow::Result<u64> {
         let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut out = BufWriter::with_capacity(8 << 20, file);
@@ -174,7 +178,14 @@ pub fn write(
         file.sync_all()?;
         Ok(end)
     })()
-    .with_context(|| format!("writing {}", tmp.display()));
+    .with_context(|| format!("writing {}", tmp.display()))
+    .and_then(|size| {
+        check(&tmp)?;
+        if path.symlink_metadata().is_ok() {
+            bail!("{}: appeared while writing; not overwriting it", path.display());
+        }
+        Ok(size)
+    });
     match result {
         Ok(size) => {
             std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
@@ -185,12 +196,6 @@ pub fn write(
             Err(e)
         }
     }
-}
-
-/// `OUT.gguf` is written as `.OUT.gguf.tmp` beside it.
-fn temp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map_or_else(|| "out.gguf".into(), |n| n.to_string_lossy().into_owned());
-    path.with_file_name(format!(".{name}.tmp"))
 }
 
 #[cfg(test)]
@@ -220,7 +225,8 @@ mod tests {
         ];
         let w: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
         let q = vec![0x11u8; 34];
-        let size = write(&path, &meta, &tensors, |i| Ok(if i == 0 { w.clone() } else { q.clone() })).unwrap();
+        let size =
+            write(&path, &meta, &tensors, |i| Ok(if i == 0 { w.clone() } else { q.clone() }), |_| Ok(())).unwrap();
         assert_eq!(size, std::fs::metadata(&path).unwrap().len());
         let f = GgufFile::open(&path).unwrap();
         assert_eq!(f.get_str("general.architecture"), Some("llama"));
@@ -235,7 +241,7 @@ mod tests {
         assert_eq!((t.shape.clone(), t.dtype, t.bytes()), (vec![1, 32], DType::Q8_0, &q[..]));
         // Wrong data length: nothing is left behind.
         let bad = dir.join("bad.gguf");
-        let err = write(&bad, &meta, &tensors, |_| Ok(vec![0u8; 3])).unwrap_err();
+        let err = write(&bad, &meta, &tensors, |_| Ok(vec![0u8; 3]), |_| Ok(())).unwrap_err();
         assert!(format!("{err:#}").contains("3 bytes of data"), "{err:#}");
         assert!(!bad.exists() && std::fs::read_dir(&dir).unwrap().count() == 1);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -62,8 +62,8 @@ impl CawsfWriter {
         if layers > MAX_LAYERS {
             bail!("{}: {layers} layers; a .cawsf file holds at most {MAX_LAYERS}", out.display());
         }
-        let name = out.file_name().with_context(|| format!("{}: not a file name", out.display()))?;
-        let tmp = out.with_file_name(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+        crate::format::temp::remove_stale(out)?;
+        let tmp = crate::format::temp::sibling(out)?;
         let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut w = CawsfWriter {
             out: out.to_owned(),
