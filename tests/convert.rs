@@ -273,3 +273,54 @@ fn leftover_temporaries_of_gone_processes_are_removed() {
     live.kill().unwrap();
     live.wait().unwrap();
 }
+
+/// Where a `.cawsf` file (uncompressed) keeps the data of one of layer 0's tensors.
+fn layer0_tensor_offset(path: &Path) -> u64 {
+    let o = strata(&["inspect", path.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let t = v["tensors"].as_array().unwrap().iter().find(|t| t["layer"] == 0 && t["bytes"].as_u64() > Some(64));
+    let t = t.expect("a layer-0 tensor");
+    t["offset"].as_u64().unwrap() + t["bytes"].as_u64().unwrap() / 2
+}
+
+/// A byte flipped in a flat directory's or `.cawsf` file's tensor data (which `open`
+/// does not hash) fails `convert` and `export` from it, naming the file and the tensor,
+/// and leaves no output behind.
+#[test]
+fn corrupt_sources_fail_conversion_naming_the_file() {
+    let s = TempDir::new("corrupt");
+    let gguf = fixture("gguf/llama3.q4_0.gguf");
+    for (target, src) in [(Target::Flat, s.0.join("src")), (Target::Cawsf(Compression::None), s.0.join("src.cawsf"))] {
+        let opts = ConvertOptions { target, quant: None, threads: 1, ndsq: None, sparse_ffn: None };
+        convert(ModelSource::from_spec(&gguf).unwrap(), &src, &opts, &mut |_| {}).unwrap();
+        let victim = match target {
+            Target::Flat => {
+                let bin = src.join("layer_000.bin");
+                flip_last_nonzero(&bin);
+                bin
+            }
+            Target::Cawsf(_) => {
+                let mut bytes = std::fs::read(&src).unwrap();
+                bytes[layer0_tensor_offset(&src) as usize] ^= 0x40;
+                std::fs::write(&src, bytes).unwrap();
+                src.clone()
+            }
+        };
+        let victim = victim.file_name().unwrap().to_str().unwrap().to_owned();
+        let src_s = src.to_str().unwrap();
+        for args in [
+            vec!["convert", src_s, s.0.join("cv.cawsf").to_str().unwrap(), "--format", "cawsf"],
+            vec!["convert", src_s, s.0.join("cv").to_str().unwrap(), "--quant", "q8_0"],
+            vec!["export", src_s, s.0.join("e.gguf").to_str().unwrap()],
+        ] {
+            let o = strata(&args);
+            let err = String::from_utf8_lossy(&o.stderr).to_string();
+            assert!(!o.status.success(), "{args:?}: passed a corrupted source");
+            assert!(err.contains(&victim) && err.contains("checksum mismatch in tensor `"), "{args:?}: {err}");
+            assert!(!Path::new(args[2]).exists(), "{args:?}: wrote its output");
+        }
+        let left: Vec<_> = std::fs::read_dir(&s.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.iter().all(|n| !n.to_string_lossy().contains(".tmp")), "temporaries left: {left:?}");
+        std::fs::remove_dir_all(&src).or_else(|_| std::fs::remove_file(&src)).unwrap();
+    }
+}

@@ -261,6 +261,8 @@ pub fn convert(
         let mut tensors = Vec::with_capacity(names.len());
         for name in names {
             let t = src.tensors.remove(&name).expect("grouped from the source's own names");
+            // A flat or `.cawsf` source's bytes against the checksums it records.
+            src.sums.check(&name)?;
             report.bytes_in += t.bytes().len() as u64;
             let t = match target_dtype(&name, &t, opts.quant) {
                 None => t,

@@ -99,6 +99,7 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
         let data = match &sources[i] {
             Source::Values(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Source::One { hf, fix } => {
+                src.sums.check(hf)?;
                 let t = &src.tensors[hf];
                 converted += usize::from(t.dtype != e.dtype);
                 let t = match fix {
@@ -116,6 +117,7 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
                 }
             }
             Source::Mapped { hf, rows, cols, neg_exp } => {
+                src.sums.check(hf)?;
                 let t = &src.tensors[hf];
                 converted += usize::from(t.dtype != e.dtype);
                 let mapped = map_f32(t, rows.as_deref(), cols.as_deref(), *neg_exp, &e.shape);
@@ -124,6 +126,7 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
             Source::Stacked(names) => {
                 let mut all = Vec::with_capacity(e.bytes()?);
                 for hf in names {
+                    src.sums.check(hf)?;
                     let t = &src.tensors[hf];
                     converted += usize::from(t.dtype != e.dtype);
                     all.extend(in_dtype(&pool, hf, t, e.dtype)?);

@@ -17,7 +17,7 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::checksum::{self, Hasher};
+use super::checksum::{self, Hasher, Piece, StoredSums, SummedFile};
 use super::convert::layer_units;
 use super::{FormatError, Group, ModelMeta, ModelWriter};
 use crate::model::ModelSource;
@@ -579,17 +579,22 @@ fn check(dir: &Path, mpath: &Path, m: &Manifest) -> Result<Vec<DType>, FormatErr
 
 /// Opens a flat layer directory: checks the manifest against the files' sizes,
 /// memory-maps the `.bin` files and reads the text files. Checksums are not read
-/// (see [`verify`]), so opening costs the same for any model size.
+/// (see [`verify`]), so opening costs the same for any model size; each tensor's is
+/// kept in the source's `sums` for whoever reads it in full.
 pub fn open(dir: &Path) -> anyhow::Result<ModelSource> {
     let c = read_manifest(dir)?;
     let m = &c.manifest;
-    let mut maps: HashMap<&str, Arc<dyn ByteSource>> = HashMap::new();
+    let mut maps: HashMap<&str, (Arc<dyn ByteSource>, usize)> = HashMap::new();
+    let mut sums = StoredSums::default();
     for f in m.files.iter().filter(|f| f.kind.is_bin()) {
-        maps.insert(&f.name, map_file(&c.path(&f.name), f.size)?);
+        let (path, bytes) = (c.path(&f.name), map_file(&c.path(&f.name), f.size)?);
+        let at = sums.add_file(SummedFile { path, bytes: bytes.clone(), index: MANIFEST });
+        maps.insert(&f.name, (bytes, at));
     }
     let mut tensors = HashMap::with_capacity(m.tensors.len());
     for (t, &dtype) in m.tensors.iter().zip(&c.dtypes) {
-        let src = maps[t.file.as_str()].clone();
+        let (src, at) = maps[t.file.as_str()].clone();
+        sums.add(&t.name, at, Piece { offset: t.offset, len: t.size, xxh3: t.xxh3.clone() });
         // The checks in `read_manifest` bound offset + size by the (mapped) file length.
         let shape = t.shape.iter().map(|&d| d as usize).collect();
         tensors.insert(t.name.clone(), HostTensor::new(src, t.offset as usize, t.size as usize, dtype, shape));
@@ -617,6 +622,7 @@ pub fn open(dir: &Path) -> anyhow::Result<ModelSource> {
         chat_template: text(FileKind::ChatTemplate)?,
         tensors,
         routing: None,
+        sums,
     })
 }
 

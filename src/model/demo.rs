@@ -168,6 +168,7 @@ pub fn demo_source() -> Result<ModelSource> {
         chat_template: None,
         tensors: demo_tensors(vocab_size),
         routing: None,
+        sums: Default::default(),
     })
 }
 

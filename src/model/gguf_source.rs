@@ -45,6 +45,7 @@ pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
         chat_template: None,
         tensors,
         routing: None,
+        sums: Default::default(),
     })
 }
 

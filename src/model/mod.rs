@@ -89,6 +89,10 @@ pub struct ModelSource {
     /// An NDSQ `.cawsf` file's ROUTING section and what rebuilding its tensors with
     /// components left out needs (`format::route`, `--route-budget`).
     pub routing: Option<std::sync::Arc<crate::format::cawsf::Routing>>,
+    /// The checksums a flat directory or `.cawsf` file records for each tensor, which
+    /// readers of whole tensors (`convert`, `export`) check as they read; empty for
+    /// formats without them.
+    pub sums: crate::format::checksum::StoredSums,
 }
 
 use std::path::Path;
@@ -162,6 +166,7 @@ impl ModelSource {
             chat_template: optional("chat_template.jinja")?,
             tensors,
             routing: None,
+            sums: Default::default(),
         })
     }
 

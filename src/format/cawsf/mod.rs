@@ -32,6 +32,7 @@ pub use layout::{Compression, GLOBAL_SCOPE};
 pub use write::CawsfWriter;
 
 use crate::format::FormatError;
+use crate::format::checksum::{Piece, StoredSums, SummedFile};
 use crate::format::ndsq::payload::Codebook;
 use crate::format::route::RoutingTable;
 use crate::model::ModelSource;
@@ -70,6 +71,7 @@ fn parse(path: &Path) -> Result<Parsed, FormatError> {
 pub fn open(path: &Path) -> anyhow::Result<ModelSource> {
     let p = parse(path)?;
     let tensors = read::build_tensors(&p.file, &p.bank, &p.codebooks, &HashSet::new())?;
+    let sums = stored_sums(&p, path);
     let m = p.meta.model;
     let routing = p.routing.map(|table| Arc::new(Routing::new(p.file, p.bank, p.codebooks, table)));
     let name = path.file_stem().map_or_else(|| m.name.clone(), |s| s.to_string_lossy().into_owned());
@@ -86,7 +88,24 @@ pub fn open(path: &Path) -> anyhow::Result<ModelSource> {
         chat_template: m.chat_template,
         tensors,
         routing,
+        sums,
     })
+}
+
+/// Each tensor's shards (its descriptor and data) with the checksums META records for
+/// them (`parse` has checked that they list the bank's shards).
+fn stored_sums(p: &Parsed, path: &Path) -> StoredSums {
+    let mut sums = StoredSums::default();
+    let file = sums.add_file(SummedFile { path: path.to_owned(), bytes: p.file.map.clone(), index: "META" });
+    let by_offset: HashMap<u64, &ShardSum> = p.meta.checksum_index.shards.iter().map(|s| (s.offset, s)).collect();
+    for t in &p.meta.tensors {
+        for at in std::iter::once(t.desc).chain(t.chunks.iter().map(|c| c.offset)) {
+            if let Some(s) = by_offset.get(&at) {
+                sums.add(&t.name, file, Piece { offset: s.offset, len: s.len, xxh3: s.xxh3.clone() });
+            }
+        }
+    }
+    sums
 }
 
 /// One ROUTING entry, described.
