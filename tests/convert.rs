@@ -324,3 +324,16 @@ fn corrupt_sources_fail_conversion_naming_the_file() {
         std::fs::remove_dir_all(&src).or_else(|_| std::fs::remove_file(&src)).unwrap();
     }
 }
+
+/// `--format cawsf` to a name without `.cawsf` (which no reader would recognize) is a
+/// usage error: exit status 2, nothing written.
+#[test]
+fn cawsf_outputs_must_end_in_cawsf() {
+    let s = TempDir::new("cawsf-name");
+    let out = s.0.join("out2");
+    let o = strata(&["convert", &fixture("gguf/llama3.q4_0.gguf"), out.to_str().unwrap(), "--format", "cawsf"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("must end in `.cawsf`"), "{err}");
+    assert_eq!(std::fs::read_dir(&s.0).unwrap().count(), 0, "wrote something");
+}

@@ -28,7 +28,8 @@ pub struct ConvertArgs {
     /// The model to convert: a Hugging Face directory, a `.gguf` or `.cawsf` file, or a
     /// flat layer directory.
     pub src: String,
-    /// Where to write it (must not exist). It appears only when the conversion is done.
+    /// Where to write it (must not exist; a `.cawsf` name for `--format cawsf`). It
+    /// appears only when the conversion is done.
     pub out: PathBuf,
     /// Output format.
     #[arg(long, value_enum, default_value = "flat")]

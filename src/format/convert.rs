@@ -218,6 +218,13 @@ pub fn convert(
     if out.exists() {
         anyhow::bail!("{}: already exists; choose another output or remove it first", out.display());
     }
+    // Every reader (`run`, `inspect`, `import`, `verify`) knows a `.cawsf` file by its name.
+    let cawsf_named = out.extension().is_some_and(|e| e.eq_ignore_ascii_case("cawsf"));
+    if matches!(opts.target, Target::Cawsf(_)) && !cawsf_named {
+        let why =
+            format!("{}: a --format cawsf output must end in `.cawsf` (readers know it by the name)", out.display());
+        return Err(sparse::Refused(why).into());
+    }
     crate::model::spec::check_tensors(&src.config, &src.tensors).with_context(|| format!("model `{}`", src.name))?;
     let mut groups: BTreeMap<Group, Vec<String>> = Default::default();
     for name in src.tensors.keys() {

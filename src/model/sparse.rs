@@ -128,8 +128,9 @@ impl fmt::Display for SparseFfn {
     }
 }
 
-/// A `--sparse-ffn` asked of a model that cannot have it (the CLI exits with 2, as for a
-/// bad argument).
+/// A `--sparse-ffn` asked of a model that cannot have it, or another setting a command
+/// refuses before it starts (a `.cawsf` output not named `.cawsf`): the CLI exits with
+/// 2, as for a bad argument.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Refused(pub String);
