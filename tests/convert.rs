@@ -337,3 +337,37 @@ fn cawsf_outputs_must_end_in_cawsf() {
     assert!(err.contains("must end in `.cawsf`"), "{err}");
     assert_eq!(std::fs::read_dir(&s.0).unwrap().count(), 0, "wrote something");
 }
+
+/// `--quant q4_k` / `q6_k` on matrices whose rows are not whole 256-value blocks (every
+/// matrix of `hf/llama3`: rows of 64 and 160) stores them in llama.cpp's 32-value
+/// fallback (Q4_0, Q8_0) and says so on stderr and in the report.
+#[test]
+fn k_quants_fall_back_to_32_value_blocks_and_say_so() {
+    let s = TempDir::new("kfallback");
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let source = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let matrices = source.tensors.values().filter(|t| t.shape.len() == 2).count();
+    for (quant, fallback) in [("q4_k", DType::Q4_0), ("q6_k", DType::Q8_0)] {
+        let out = s.0.join(quant);
+        let o = strata(&["convert", &fixture("hf/llama3"), out.to_str().unwrap(), "--quant", quant, "--json"]);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{err}");
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(report["shortfall"]["fallback"][fallback.name()], matrices as u64, "{report}");
+        assert_eq!(report["converted"], matrices as u64, "{report}");
+        let want = format!("warning: --quant {}: {matrices} weight matrices", quant.to_uppercase());
+        assert!(err.contains(&want) && err.contains(&format!("{matrices} as {}", fallback.name())), "{err}");
+        assert!(err.contains("256-value blocks"), "{err}");
+        let copy = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+        for (name, t) in &source.tensors {
+            let c = &copy.tensors[name];
+            if t.shape.len() == 2 {
+                let (x, cols) = (t.to_f32_vec(), t.shape[1]);
+                let want = strata::quant::quantize_matrix(&pool, fallback, &x, x.len() / cols, cols).unwrap();
+                assert_eq!((c.dtype, c.bytes()), (fallback, strata::tensor::ByteSource::bytes(&want)), "{name}");
+            } else {
+                assert_eq!(c.dtype, t.dtype, "{name}");
+            }
+        }
+    }
+}

@@ -212,3 +212,20 @@ fn exports_remove_the_temporaries_of_killed_runs() {
     let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, ["e.gguf"], "a dead export's temporary is still there");
 }
+
+/// `--quant q4_k` on rows that are not whole 256-value blocks (all of `hf/llama3`'s: 64
+/// and 160) stores llama.cpp's 32-value fallback, Q4_0, and reports it.
+#[test]
+fn k_quant_exports_fall_back_to_q4_0_and_report_it() {
+    let dir = TempDir::new("export-kfallback");
+    let src = ModelSource::from_spec(root().join("tests/fixtures/hf/llama3").to_str().unwrap()).unwrap();
+    let out = dir.path("e.gguf");
+    let report = export(&src, &out, Some(DType::Q4_K), 1).unwrap();
+    let matrices = src.tensors.values().filter(|t| t.shape.len() == 2).count();
+    assert_eq!(report.shortfall.fallback.get("Q4_0"), Some(&matrices), "{:?}", report.shortfall);
+    assert!(report.shortfall.kept.is_empty(), "{:?}", report.shortfall);
+    let back = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+    for (name, t) in back.tensors.iter().filter(|(_, t)| t.shape.len() == 2) {
+        assert_eq!(t.dtype, DType::Q4_0, "{name}");
+    }
+}

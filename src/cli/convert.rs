@@ -36,7 +36,8 @@ pub struct ConvertArgs {
     pub format: Format,
     /// Requantize weight matrices: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, affine_q4 or
     /// int8; f32, f16 and bf16 also dequantize quantized tensors (default: keep every
-    /// tensor as it is stored).
+    /// tensor as it is stored). q4_k and q6_k store matrices whose rows are not whole
+    /// 256-value blocks as q4_0 and q8_0 (a warning says how many).
     #[arg(long)]
     pub quant: Option<String>,
     /// Compress `.cawsf` shards (the file is then decompressed into memory on load).
@@ -120,6 +121,9 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
     let report = convert(src, &args.out, &opts, &mut bar)?;
     if tty {
         eprintln!();
+    }
+    if let Some(w) = quant.and_then(|q| report.shortfall.warning(q)) {
+        eprintln!("warning: {w}");
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -18,7 +18,8 @@ pub struct ExportArgs {
     pub out: PathBuf,
     /// Weight matrices in f32, f16, bf16, q8_0, q4_0, q4_k or q6_k (default: as stored;
     /// formats llama.cpp does not read become f32). Norms and biases stay f32, and MoE
-    /// routers as stored.
+    /// routers as stored. q4_k and q6_k store matrices whose rows are not whole 256-value
+    /// blocks as q4_0 and q8_0 (a warning says how many).
     #[arg(long)]
     pub quant: Option<String>,
     /// Worker threads for quantizing (default: one per core).
@@ -41,6 +42,9 @@ pub fn main(args: ExportArgs) -> anyhow::Result<()> {
     }
     let src = ModelSource::from_spec(&args.src)?;
     let report = export(&src, &args.out, quant, args.threads)?;
+    if let Some(w) = quant.and_then(|q| report.shortfall.warning(q)) {
+        eprintln!("warning: {w}");
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

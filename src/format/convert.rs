@@ -124,6 +124,8 @@ pub struct ConvertReport {
     pub tensors: usize,
     /// Tensors whose dtype changed.
     pub converted: usize,
+    /// Weight matrices not stored in the `quant` asked for, and what they were stored as.
+    pub shortfall: QuantShortfall,
     pub bytes_in: u64,
     pub bytes_out: u64,
 }
@@ -151,7 +153,9 @@ pub(crate) const ROUTING_TENSORS: [&str; 3] =
 /// targets convert every tensor (quantized ones are dequantized: `--quant f32` turns a
 /// Q8_0 model into the exact F32 model its blocks stand for); block targets convert
 /// weight matrices whose rows are whole blocks (norms, biases and odd shapes keep their
-/// dtype). Routing tensors ([`ROUTING_TENSORS`]) are never converted.
+/// dtype), a K-quant's matrices whose rows are not whole 256-value blocks go to its
+/// [`block_fallback`] when their rows are whole blocks of that. Routing tensors
+/// ([`ROUTING_TENSORS`]) are never converted.
 pub(crate) fn target_dtype(name: &str, t: &HostTensor, quant: Option<DType>) -> Option<DType> {
     let q = quant?;
     if t.dtype == q || layer_tensor(name).is_some_and(|(_, local)| ROUTING_TENSORS.contains(&local)) {
@@ -161,7 +165,70 @@ pub(crate) fn target_dtype(name: &str, t: &HostTensor, quant: Option<DType>) -> 
         return Some(q);
     }
     let cols = *t.shape.last()?;
-    (t.shape.len() == 2 && cols.is_multiple_of(q.block_size())).then_some(q)
+    if t.shape.len() != 2 {
+        return None;
+    }
+    std::iter::once(q).chain(block_fallback(q)).find(|d| cols.is_multiple_of(d.block_size())).filter(|&d| d != t.dtype)
+}
+
+/// The 32-value block format a K-quant falls back to for a matrix whose rows are not
+/// whole 256-value blocks, as llama.cpp's quantizer does (`llama-quant.cpp`,
+/// `convert_incompatible_tensor`): Q6_K to Q8_0, as there; Q4_K to Q4_0, where llama.cpp
+/// takes Q5_0, which Strata does not write (Q4_0 costs the 4.5 bits a weight Q4_K does).
+pub(crate) fn block_fallback(q: DType) -> Option<DType> {
+    match q {
+        DType::Q4_K => Some(DType::Q4_0),
+        DType::Q6_K => Some(DType::Q8_0),
+        _ => None,
+    }
+}
+
+/// Where `--quant` could not store weight matrices (2-D tensors other than the routing
+/// tensors) in the dtype asked for, because their rows are not whole blocks of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct QuantShortfall {
+    /// Matrices stored in the K-quant's [`block_fallback`] instead, by its name.
+    pub fallback: BTreeMap<String, usize>,
+    /// Matrices whose rows are whole blocks of neither, left in their stored dtype, by
+    /// its name.
+    pub kept: BTreeMap<String, usize>,
+}
+
+impl QuantShortfall {
+    /// The shortfall of converting `tensors` under `quant`.
+    pub fn of<'a>(tensors: impl IntoIterator<Item = (&'a String, &'a HostTensor)>, quant: Option<DType>) -> Self {
+        let mut s = QuantShortfall::default();
+        let Some(q) = quant.filter(|q| !q.is_float()) else { return s };
+        for (name, t) in tensors {
+            let routing = layer_tensor(name).is_some_and(|(_, local)| ROUTING_TENSORS.contains(&local));
+            if t.shape.len() != 2 || routing || t.dtype == q {
+                continue;
+            }
+            match target_dtype(name, t, quant) {
+                Some(d) if d == q => {}
+                Some(d) => *s.fallback.entry(d.name().to_owned()).or_default() += 1,
+                None => *s.kept.entry(t.dtype.name().to_owned()).or_default() += 1,
+            }
+        }
+        s
+    }
+
+    /// A warning for stderr, or `None` when every matrix is stored as asked.
+    pub fn warning(&self, quant: DType) -> Option<String> {
+        let list =
+            |m: &BTreeMap<String, usize>| m.iter().map(|(d, n)| format!("{n} as {d}")).collect::<Vec<_>>().join(", ");
+        let block = quant.block_size();
+        let mut parts = Vec::new();
+        if !self.fallback.is_empty() {
+            parts.push(format!("{} (their rows are not whole {block}-value blocks)", list(&self.fallback)));
+        }
+        if !self.kept.is_empty() {
+            parts.push(format!("{} kept as stored (rows not whole blocks of any fallback)", list(&self.kept)));
+        }
+        let n: usize = self.fallback.values().chain(self.kept.values()).sum();
+        (!parts.is_empty())
+            .then(|| format!("--quant {}: {n} weight matrices not in {0}: {}", quant.name(), parts.join("; ")))
+    }
 }
 
 /// One read unit of a decoder layer as the writers lay it out: the layer core
@@ -261,7 +328,8 @@ pub fn convert(
             }
         }
     };
-    let mut report = ConvertReport { layers, ..Default::default() };
+    let shortfall = QuantShortfall::of(&src.tensors, opts.quant);
+    let mut report = ConvertReport { layers, shortfall, ..Default::default() };
     let total = groups.len();
     for (done, (grp, mut names)) in groups.into_iter().enumerate() {
         names.sort_unstable();
@@ -469,6 +537,19 @@ pub(super) mod tests {
             None
         );
         assert_eq!(target_dtype("model.layers.0.mlp.gate.weight", &t(vec![8, 256]), None), None);
+        // A K-quant falls back to 32-value blocks (llama.cpp's Q6_K -> Q8_0; Q4_K -> Q4_0)
+        // for rows that are not whole 256-value blocks, and keeps rows that fit neither.
+        let up = "model.layers.0.mlp.up_proj.weight";
+        assert_eq!(target_dtype(up, &t(vec![8, 576]), Some(DType::Q4_K)), Some(DType::Q4_0));
+        assert_eq!(target_dtype(up, &t(vec![8, 576]), Some(DType::Q6_K)), Some(DType::Q8_0));
+        assert_eq!(target_dtype(up, &t(vec![8, 40]), Some(DType::Q6_K)), None);
+        let shortfall = QuantShortfall::of([(&up.to_string(), &t(vec![8, 576]))], Some(DType::Q4_K));
+        assert_eq!(shortfall.fallback.get("Q4_0"), Some(&1));
+        assert!(shortfall.warning(DType::Q4_K).is_some_and(|w| w.contains("1 as Q4_0")));
+        assert_eq!(
+            QuantShortfall::of([(&up.to_string(), &t(vec![8, 256]))], Some(DType::Q4_K)).warning(DType::Q4_K),
+            None
+        );
     }
 
     /// A float target dequantizes quantized tensors (a Q8_0 model to the F32 model its

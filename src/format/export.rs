@@ -33,6 +33,8 @@ pub struct ExportReport {
     pub tensors: usize,
     /// Tensors whose dtype changed.
     pub converted: usize,
+    /// Weight matrices not stored in the `quant` asked for, and what they were stored as.
+    pub shortfall: super::convert::QuantShortfall,
     pub bytes: u64,
     /// `tokenizer.ggml.model` and `tokenizer.ggml.pre`.
     pub tokenizer: String,
@@ -153,6 +155,7 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
         architecture: gguf_arch(c).into(),
         tensors: entries.len(),
         converted,
+        shortfall: super::convert::QuantShortfall::of(&src.tensors, quant),
         bytes,
         tokenizer: tok_name,
         note,
