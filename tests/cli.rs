@@ -56,6 +56,9 @@ fn bad_input_is_a_clear_error() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(String::from_utf8_lossy(&out.stderr).contains(named), "{args:?}");
     }
+    let out = strata(&["bench", "strata-demo", "--ctx-size", "3", "--prompt-tokens", "4", "--gen-tokens", "2"]);
+    assert_eq!(out.status.code(), Some(2), "a bench past the context");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("context of 3"));
 
     let tmp = std::env::temp_dir().join(format!("strata-bad-tokens-{}.json", std::process::id()));
     std::fs::write(&tmp, "[1, 2, 999999]").unwrap();

@@ -258,6 +258,14 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let threads = if args.run.threads > 0 { args.run.threads } else { threads };
     let (n_seq, runs) = (args.concurrency.max(1), args.runs.max(1));
     let needed = args.prompt_tokens + args.gen_tokens + 1;
+    if needed > engine.context_len {
+        return Err(super::Usage(format!(
+            "--prompt-tokens {} and --gen-tokens {} need {needed} positions, more than the context of {} \
+             (--ctx-size)",
+            args.prompt_tokens, args.gen_tokens, engine.context_len
+        ))
+        .into());
+    }
     // Deterministic pseudo-random prompt ids.
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next_id = move || {

@@ -477,6 +477,15 @@ impl Engine {
             0 => config.max_position_embeddings.min(DEFAULT_CONTEXT),
             n => n,
         };
+        if context_len > config.max_position_embeddings {
+            tracing::warn!(
+                model = %source.name,
+                context = context_len,
+                trained = config.max_position_embeddings,
+                "the context asked for is longer than the model was trained on: what it writes past its trained \
+                 length may be garbage"
+            );
+        }
         let (model, device) = build_model(&source, config, context_len, opts)?;
         let sparse_ffn = opts.sparse_ffn;
         Ok(Engine { name: source.name, model, tokenizer, context_len, device, sparse_ffn, token_env: OnceLock::new() })
