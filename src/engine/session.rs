@@ -334,7 +334,15 @@ pub fn memory_budget(
         (Some(asked), _) => Some(asked),
         (None, free) => free.map(|free| {
             let budget = default_budget(free, &runtime, always_resident + ring, BUDGET_HEADROOM);
-            if budget < streamable {
+            if runtime.total() > free {
+                // The context alone takes what the layers could have had: every one streams.
+                tracing::warn!(
+                    "a {context}-token context needs {} of KV cache and activations, more than the {} free: every \
+                     layer streams from storage; a smaller --ctx-size leaves memory for them",
+                    human_size(runtime.total()),
+                    human_size(free)
+                );
+            } else if budget < streamable {
                 tracing::info!(
                     budget,
                     streamable,
