@@ -259,7 +259,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let (n_seq, runs) = (args.concurrency.max(1), args.runs.max(1));
     let needed = args.prompt_tokens + args.gen_tokens + 1;
     if needed > engine.context_len {
-        return Err(super::Usage(format!(
+        return Err(crate::model::sparse::Refused(format!(
             "--prompt-tokens {} and --gen-tokens {} need {needed} positions, more than the context of {} \
              (--ctx-size)",
             args.prompt_tokens, args.gen_tokens, engine.context_len

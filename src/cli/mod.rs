@@ -167,24 +167,6 @@ fn parse_device_arg(s: &str) -> Result<crate::backend::device::DeviceSpec, Strin
     s.parse()
 }
 
-/// A command-line setting refused after parsing (a value out of range that only the
-/// command can judge): exit status 2, as for clap's own usage errors.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Usage(pub String);
-
-impl Usage {
-    /// Whether `e`, or what caused it, is a usage error: a [`Usage`], a refused
-    /// `--sparse-ffn`, or sampling settings out of range.
-    pub fn in_chain(e: &anyhow::Error) -> bool {
-        use crate::engine::tokenizer::TextError;
-        crate::model::sparse::Refused::in_chain(e)
-            || e.chain().any(|c| {
-                c.is::<Usage>() || matches!(c.downcast_ref::<TextError>(), Some(TextError::InvalidSampling { .. }))
-            })
-    }
-}
-
 /// The most worker threads `--threads` takes: far more than any machine has cores, but
 /// not what a slip of the keyboard asks for (each is a thread with its own stack).
 pub const MAX_THREADS: usize = 1024;
@@ -205,7 +187,7 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 impl RunOpts {
     pub fn to_options(&self) -> anyhow::Result<RunOptions> {
         if self.prefetch_depth == 0 && self.stream_policy == crate::sched::Policy::Pinned {
-            return Err(Usage(
+            return Err(crate::model::sparse::Refused(
                 "--prefetch-depth must be at least 1 (use --stream-policy reload for no prefetch)".into(),
             )
             .into());

@@ -264,9 +264,9 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
         return Ok(());
     }
     let keep_alive = KeepAlive::parse(&serde_json::Value::String(args.keep_alive.clone()))
-        .map_err(|e| super::Usage(format!("--keep-alive: {e}")))?;
-    let grace =
-        crate::queue::parse_duration(&args.grace_period).map_err(|e| super::Usage(format!("--grace-period: {e}")))?;
+        .map_err(|e| crate::model::sparse::Refused(format!("--keep-alive: {e}")))?;
+    let grace = crate::queue::parse_duration(&args.grace_period)
+        .map_err(|e| crate::model::sparse::Refused(format!("--grace-period: {e}")))?;
     let api_keys = clean_list(&args.api_keys);
     if api_keys.is_empty() && !args.api_keys.is_empty() {
         tracing::warn!("the API keys given are empty: they are ignored, and requests need no key");

@@ -129,18 +129,21 @@ impl fmt::Display for SparseFfn {
 }
 
 /// A `--sparse-ffn` asked of a model that cannot have it, or another setting a command
-/// refuses before it starts (a `.cawsf` output not named `.cawsf`): the CLI exits with
-/// 2, as for a bad argument.
+/// refuses before it starts (a `.cawsf` output not named `.cawsf`, `--prefetch-depth 0`,
+/// a `--keep-alive` that is not a duration): the CLI exits with 2, as for a bad argument.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Refused(pub String);
 
 impl Refused {
-    /// Whether `e`, or what caused it, is a refused `--sparse-ffn`.
+    /// Whether `e`, or what caused it, is a refused setting: a [`Refused`], a sparse
+    /// setting the model refused, or sampling settings out of range.
     pub fn in_chain(e: &anyhow::Error) -> bool {
+        use crate::engine::tokenizer::TextError;
         e.chain().any(|c| {
-            c.downcast_ref::<Refused>().is_some()
+            c.is::<Refused>()
                 || matches!(c.downcast_ref::<ModelError>(), Some(ModelError::Sparse { .. }))
+                || matches!(c.downcast_ref::<TextError>(), Some(TextError::InvalidSampling { .. }))
         })
     }
 }
