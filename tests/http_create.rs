@@ -201,4 +201,22 @@ async fn models_that_cannot_run_are_refused_at_create() {
         {% for m in messages %}{{ m.content }}{% endfor %}";
     let body = json!({"model": "x", "from": "m", "stream": false, "template": raising});
     assert_eq!(send(&app, post_json("/api/create", body)).await.0, StatusCode::OK);
+
+    // One that renders a plain chat but fails on a message the request sends: that
+    // request is a 400 naming the conversation, the plain chat still answers.
+    let picky = "{% for m in messages %}{% if m.role == 'tool' %}{{ m.content.nope.deeper }}{% endif %}\
+        {{ m.content }}{% endfor %}";
+    let body = json!({"model": "picky", "from": "m", "stream": false, "template": picky});
+    assert_eq!(send(&app, post_json("/api/create", body)).await.0, StatusCode::OK);
+    let opts = json!({"num_predict": 1});
+    chat_counts(&app, "picky", opts.clone()).await;
+    let messages = json!([{"role": "user", "content": "Hi"}, {"role": "tool", "content": "42"}]);
+    let chat = json!({"model": "picky", "stream": false, "options": opts.clone(), "messages": messages});
+    let (status, _, out) = send(&app, post_json("/api/chat", chat)).await;
+    let v = json(&out);
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("cannot render this conversation"), "{v}");
+    let openai = json!({"model": "picky", "max_tokens": 1, "messages": messages});
+    let (status, _, out) = send(&app, post_json("/v1/chat/completions", openai)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&out));
 }

@@ -380,6 +380,17 @@ async fn embed_and_legacy_embeddings() {
     let (status, _, body) = send(&app, post_json("/api/embed", json!({"model": "llama3", "input": []}))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(json(&body)["embeddings"], json!([]));
+    // `""` alone loads the model, as Ollama takes it; in a list it is an input like
+    // any other (this model's BOS token alone), embedded as in `["Hello", ""]`.
+    let (status, _, body) = send(&app, post_json("/api/embed", json!({"model": "llama3", "input": ""}))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(json(&body)["embeddings"], json!([]));
+    let (status, _, body) = send(&app, post_json("/api/embed", json!({"model": "llama3", "input": [""]}))).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let alone = json(&body);
+    let (_, _, body) = send(&app, post_json("/api/embed", json!({"model": "llama3", "input": ["Hello", ""]}))).await;
+    assert_eq!(alone["embeddings"].as_array().unwrap().len(), 1);
+    assert_eq!(alone["embeddings"][0], json(&body)["embeddings"][1]);
 
     // `options.num_ctx` is the context an input must fit: longer is a 400 without
     // `truncate`, and cut to its first num_ctx tokens with it (the default).

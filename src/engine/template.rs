@@ -195,6 +195,29 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, TextError> {
+        self.render_as_given(messages, add_generation_prompt, extra).map_err(|e| match e {
+            // A template that renders a plain chat but not this one fails on what the
+            // request sent (a tool call's arguments as a string where it iterates them, a
+            // role it does not know): the request's fault, not the model's.
+            TextError::TemplateRender(msg) if self.renders_plain_chat() => TextError::TemplateConversation(msg),
+            e => e,
+        })
+    }
+
+    /// Whether the template renders one user message, as `/api/create` requires of a
+    /// template before it stores one.
+    pub fn renders_plain_chat(&self) -> bool {
+        let hello = [ChatMessage::new("user", "Hello").to_json()];
+        self.render_as_given(&hello, true, &serde_json::Map::new()).is_ok()
+    }
+
+    /// [`render_json`](Self::render_json), with every engine error a `TemplateRender`.
+    fn render_as_given(
+        &self,
+        messages: &[serde_json::Value],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TextError> {
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         for (k, v) in &self.special_tokens {
             ctx.insert(k.clone(), Value::from(v.as_str()));

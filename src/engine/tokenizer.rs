@@ -53,6 +53,9 @@ pub enum TextError {
     /// The template itself rejected the conversation via `raise_exception(msg)`.
     #[error("{0}")]
     TemplateRaised(String),
+    /// The template renders a plain chat but failed on this conversation.
+    #[error("the model's chat template cannot render this conversation: {0}")]
+    TemplateConversation(String),
     #[error("this model has no chat template")]
     NoChatTemplate,
     #[error("`{field}` {msg}")]
@@ -70,6 +73,7 @@ impl TextError {
             TextError::TemplateSyntax(_) => "template_syntax",
             TextError::TemplateRender(_) => "template_render",
             TextError::TemplateRaised(_) => "template_exception",
+            TextError::TemplateConversation(_) => "template_conversation",
             TextError::NoChatTemplate => "no_chat_template",
             TextError::InvalidSampling { .. } => "invalid_sampling",
         }
@@ -77,7 +81,13 @@ impl TextError {
 
     /// Whether the request (not the model files or the server) is at fault.
     pub fn is_client_error(&self) -> bool {
-        matches!(self, TextError::TemplateRaised(_) | TextError::NoChatTemplate | TextError::InvalidSampling { .. })
+        matches!(
+            self,
+            TextError::TemplateRaised(_)
+                | TextError::TemplateConversation(_)
+                | TextError::NoChatTemplate
+                | TextError::InvalidSampling { .. }
+        )
     }
 }
 

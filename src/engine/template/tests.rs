@@ -340,6 +340,33 @@ fn syntax_and_render_errors_are_reported() {
     let t = ChatTemplate::new("{{ messages[0].content.nope.deeper }}", None, None).unwrap();
     let err = t.render(&msgs(&[("user", "x")]), false).unwrap_err();
     assert!(matches!(err, TextError::TemplateRender(_)), "{err:?}");
+    assert!(!err.is_client_error());
+}
+
+/// A template that renders a plain chat but fails on what a request sent is the
+/// request's fault (a 400); one that fails on every chat is the model's (a 500).
+#[test]
+fn a_render_error_only_this_conversation_meets_is_the_requests_fault() {
+    let t = ChatTemplate::new(
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ m.content.nope.deeper }}{% endif %}{{ m.content }}{% endfor %}",
+        None,
+        None,
+    )
+    .unwrap();
+    assert!(t.renders_plain_chat());
+    assert_eq!(t.render(&msgs(&[("user", "x")]), false).unwrap(), "x");
+    let err = t.render(&msgs(&[("user", "x"), ("tool", "y")]), false).unwrap_err();
+    assert!(matches!(err, TextError::TemplateConversation(_)), "{err:?}");
+    assert!(err.is_client_error());
+    assert!(err.to_string().contains("cannot render this conversation"), "{err}");
+    // Alone, the same message still fails on the request.
+    let err = t.render(&msgs(&[("tool", "y")]), false).unwrap_err();
+    assert!(matches!(err, TextError::TemplateConversation(_)), "{err:?}");
+
+    let broken = ChatTemplate::new("{{ messages[0].content.nope.deeper }}", None, None).unwrap();
+    assert!(!broken.renders_plain_chat());
+    let err = broken.render(&msgs(&[("user", "x"), ("assistant", "y")]), false).unwrap_err();
+    assert!(matches!(err, TextError::TemplateRender(_)), "{err:?}");
 }
 
 #[test]

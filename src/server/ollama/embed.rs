@@ -33,9 +33,11 @@ pub(crate) async fn embed(State(state): State<AppState>, body: Bytes) -> Result<
         Some(d) if d >= 1 => Some(usize::try_from(d).unwrap_or(usize::MAX)),
         Some(_) => return Err(ApiError::invalid("dimensions", "`dimensions` must be at least 1").into()),
     };
-    let inputs: Vec<String> = match req.input.map(OneOrMany::into_vec) {
-        Some(v) if v.len() == 1 && v[0].is_empty() => Vec::new(),
-        other => other.unwrap_or_default(),
+    // An empty string alone (as Ollama takes it) only loads the model; an empty string
+    // in a list is an input like the others, refused below as `["a", ""]`'s is.
+    let inputs: Vec<String> = match req.input {
+        Some(OneOrMany::One(s)) if s.is_empty() => Vec::new(),
+        other => other.map(OneOrMany::into_vec).unwrap_or_default(),
     };
     let model = req.model;
     if inputs.is_empty() {
