@@ -474,3 +474,32 @@ async fn pages_of_other_sites_cannot_use_the_api() {
     assert!(headers.get("access-control-allow-origin").is_none());
     let _ = std::fs::remove_dir_all(&home);
 }
+
+/// Two models started under one name (`a` and `a:latest` are one) are refused: the second
+/// would replace the first, which stayed the default loaded at start.
+#[test]
+fn two_models_under_one_name_are_refused_at_start() {
+    use strata::queue::KeepAlive;
+    use strata::queue::worker::WorkerConfig;
+    let opts = |second: &str| strata::server::ServeOptions {
+        models: vec![("m".into(), common::fixture("llama3")), (second.into(), common::fixture("qwen3"))],
+        worker: WorkerConfig {
+            run: strata::engine::session::RunOptions { threads: 1, ..Default::default() },
+            keep_alive: KeepAlive::For(std::time::Duration::from_secs(300)),
+            max_loaded: 1,
+            parallel: None,
+            prefill_chunk: strata::engine::session::PREFILL_CHUNK,
+            kv_memory: None,
+        },
+        server: ServerConfig::default(),
+        queue_depth: 4,
+        preload: false,
+    };
+    for second in ["m", "m:latest"] {
+        let err = strata::server::start(opts(second)).err().expect("refused");
+        let msg = format!("{err:#}");
+        assert!(msg.contains("two models are named") && msg.contains("qwen3"), "{msg}");
+        assert!(strata::model::sparse::Refused::in_chain(&err), "a usage error: {msg}");
+    }
+    assert!(strata::server::start(opts("n")).is_ok());
+}

@@ -133,6 +133,17 @@ pub fn start(opts: ServeOptions) -> anyhow::Result<(Router, AppState, std::threa
         Some(home) => Registry::with_store(crate::store::Store::open(home)),
         None => Registry::default(),
     };
+    // One name, one model: a second would replace the first in the registry while the
+    // first stayed the default that loads at start.
+    let mut named = std::collections::HashMap::new();
+    for (name, spec) in &opts.models {
+        if let Some(first) = named.insert(crate::queue::models::canonical(name), spec) {
+            return Err(crate::model::sparse::Refused(format!(
+                "two models are named `{name}` ({first} and {spec}); name one with --model NAME=PATH"
+            ))
+            .into());
+        }
+    }
     for (name, spec) in &opts.models {
         let info = ModelInfo::read(name, spec).with_context(|| format!("model `{name}` ({spec})"))?;
         registry.insert(info);
