@@ -227,17 +227,28 @@ const INTEGER_LIMIT: f64 = 9_223_372_036_854_775_808.0; // 2^63
 /// `default` and `examples` are data, not schemas); `depth` bounds the walk as
 /// serde_json bounds parsing.
 fn integer_bounds(schema: &Value, depth: usize) -> Result<(), String> {
+    bounds_within(schema, false, depth)
+}
+
+/// [`integer_bounds`] of `schema`, which an enclosing schema makes an integer
+/// (`integer`) unless it names a type of its own: `allOf` parts are merged into one
+/// schema, so `{"type": "integer", "allOf": [{"minimum": 1e19}]}` and
+/// `{"allOf": [{"type": "integer"}, {"minimum": 1e19}]}` bound an integer too.
+fn bounds_within(schema: &Value, integer: bool, depth: usize) -> Result<(), String> {
     if depth > 128 {
         return Ok(());
     }
     match schema {
-        Value::Array(items) => items.iter().try_for_each(|v| integer_bounds(v, depth + 1)),
+        Value::Array(items) => items.iter().try_for_each(|v| bounds_within(v, false, depth + 1)),
         Value::Object(map) => {
-            let integer = match map.get("type") {
-                Some(Value::String(t)) => t == "integer",
-                Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
-                _ => false,
+            let names_integer = |s: &Value| match s.get("type") {
+                Some(Value::String(t)) => Some(t == "integer"),
+                Some(Value::Array(ts)) => Some(ts.iter().any(|t| t == "integer")),
+                _ => None,
             };
+            let all_of = map.get("allOf").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+            let integer =
+                names_integer(schema).unwrap_or(integer) || all_of.iter().any(|part| names_integer(part) == Some(true));
             if integer {
                 let bound = |key: &'static str| map.get(key).and_then(Value::as_f64).map(|v| (key, v));
                 let low =
@@ -252,9 +263,12 @@ fn integer_bounds(schema: &Value, depth: usize) -> Result<(), String> {
                     ));
                 }
             }
+            all_of.iter().try_for_each(|part| bounds_within(part, integer, depth + 1))?;
             map.iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "const" | "enum" | "default" | "examples" | "x-guidance"))
-                .try_for_each(|(_, v)| integer_bounds(v, depth + 1))
+                .filter(|(k, _)| {
+                    !matches!(k.as_str(), "allOf" | "const" | "enum" | "default" | "examples" | "x-guidance")
+                })
+                .try_for_each(|(_, v)| bounds_within(v, false, depth + 1))
         }
         _ => Ok(()),
     }
@@ -588,6 +602,10 @@ mod tests {
             json!({"type": ["integer", "null"], "maximum": -1e300, "minimum": -1e301}),
             json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 18446744073709551615u64}}}),
             json!({"type": "integer", "minimum": 1e20}),
+            // Bounds merged in from `allOf`, either way round.
+            json!({"type": "integer", "allOf": [{"minimum": 1e19}]}),
+            json!({"allOf": [{"type": "integer"}, {"maximum": -1e19}]}),
+            json!({"allOf": [{"type": "integer"}, {"allOf": [{"exclusiveMinimum": 1e30}]}]}),
         ] {
             let e = GrammarSpec::JsonSchema(schema.clone()).check().expect_err(&schema.to_string());
             assert!(e.contains("imum"), "{schema}: {e}");
@@ -595,6 +613,7 @@ mod tests {
         for schema in [
             json!({"type": "integer", "minimum": 9007199254740993u64}),
             json!({"enum": [{"type": "integer", "minimum": 1e300}]}),
+            json!({"allOf": [{"type": "integer"}, {"minimum": 5, "maximum": 9223372036854775807u64}]}),
         ] {
             GrammarSpec::JsonSchema(schema.clone()).check().unwrap_or_else(|e| panic!("{schema}: {e}"));
         }
