@@ -479,21 +479,8 @@ async fn pages_of_other_sites_cannot_use_the_api() {
 /// would replace the first, which stayed the default loaded at start.
 #[test]
 fn two_models_under_one_name_are_refused_at_start() {
-    use strata::queue::KeepAlive;
-    use strata::queue::worker::WorkerConfig;
-    let opts = |second: &str| strata::server::ServeOptions {
-        models: vec![("m".into(), common::fixture("llama3")), (second.into(), common::fixture("qwen3"))],
-        worker: WorkerConfig {
-            run: strata::engine::session::RunOptions { threads: 1, ..Default::default() },
-            keep_alive: KeepAlive::For(std::time::Duration::from_secs(300)),
-            max_loaded: 1,
-            parallel: None,
-            prefill_chunk: strata::engine::session::PREFILL_CHUNK,
-            kv_memory: None,
-        },
-        server: ServerConfig::default(),
-        queue_depth: 4,
-        preload: false,
+    let opts = |second: &str| {
+        common::serve_options(&[("m", common::fixture("llama3")), (second, common::fixture("qwen3"))], 256)
     };
     for second in ["m", "m:latest"] {
         let err = strata::server::start(opts(second)).err().expect("refused");

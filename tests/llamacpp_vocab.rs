@@ -184,6 +184,38 @@ fn own_texts_tokenize_as_llama_cpp_does_for_every_vocabulary_and_variant() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Generation ends where llama.cpp's ends (`llama_vocab_is_eog`), and the
+/// fill-in-the-middle tokens are llama.cpp's (tests/fixtures/vocab/llamacpp_eog.json,
+/// written by tools/make_eog_fixture.py).
+#[test]
+fn end_of_generation_and_fim_tokens_are_llama_cpps() {
+    let Some(dir) = vocab_dir() else { return };
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/vocab/llamacpp_eog.json");
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut failures = Vec::new();
+    for name in SUPPORTED {
+        let expect = &want["vocabs"][name];
+        assert!(expect.is_object(), "{name} is in the fixture");
+        let tok = tokenizer(&GgufFile::open(&gguf_path(&dir, name)).unwrap()).unwrap();
+        let mut eog = tok.eos_ids().to_vec();
+        eog.sort_unstable();
+        let eog_want: Vec<u32> = serde_json::from_value(expect["eog"].clone()).unwrap();
+        if eog != eog_want {
+            failures.push(format!("{name}: ends generation at {eog:?}, llama.cpp at {eog_want:?}"));
+        }
+        let fim = tok.fim();
+        let got = [fim.pre, fim.suf, fim.mid, fim.pad, fim.rep, fim.sep];
+        let fim_want: Vec<Option<u32>> = ["pre", "suf", "mid", "pad", "rep", "sep"]
+            .iter()
+            .map(|r| expect["fim"][r].as_u64().map(|v| v as u32))
+            .collect();
+        if got[..] != fim_want[..] {
+            failures.push(format!("{name}: FIM tokens {got:?}, llama.cpp's {fim_want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn decoding_gives_the_text_back() {
     let Some(dir) = vocab_dir() else { return };

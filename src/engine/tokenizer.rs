@@ -31,7 +31,7 @@ use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, PreTokenizerWrapper, 
 
 use self::llama::LlamaTokenizer;
 use super::template::{ChatMessage, ChatTemplate};
-use crate::model::gguf_vocab::{LLAMA_VOCAB_KEY, LlamaVocab};
+use crate::model::gguf_vocab::{FimIds, LLAMA_VOCAB_KEY, LlamaVocab};
 
 pub mod llama;
 
@@ -58,6 +58,9 @@ pub enum TextError {
     TemplateConversation(String),
     #[error("this model has no chat template")]
     NoChatTemplate,
+    /// The vocabulary lacks the fill-in-the-middle tokens named.
+    #[error("this model cannot fill in the middle: its vocabulary has no FIM {0} token")]
+    NoInfill(String),
     #[error("`{field}` {msg}")]
     InvalidSampling { field: &'static str, msg: String },
 }
@@ -75,6 +78,7 @@ impl TextError {
             TextError::TemplateRaised(_) => "template_exception",
             TextError::TemplateConversation(_) => "template_conversation",
             TextError::NoChatTemplate => "no_chat_template",
+            TextError::NoInfill(_) => "no_infill",
             TextError::InvalidSampling { .. } => "invalid_sampling",
         }
     }
@@ -86,6 +90,7 @@ impl TextError {
             TextError::TemplateRaised(_)
                 | TextError::TemplateConversation(_)
                 | TextError::NoChatTemplate
+                | TextError::NoInfill(_)
                 | TextError::InvalidSampling { .. }
         )
     }
@@ -184,6 +189,50 @@ pub struct TextTokenizer {
     clean_up_spaces: bool,
     chat_template: Option<ChatTemplate>,
     named_templates: BTreeMap<String, ChatTemplate>,
+    fim: FimIds,
+}
+
+/// A fill-in-the-middle request: the text before and after the cursor (Ollama's and
+/// OpenAI's `suffix`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Infill {
+    pub prefix: String,
+    pub suffix: String,
+}
+
+/// Whether a model's tokenizer files hold the fill-in-the-middle tokens (prefix, suffix
+/// and middle) that [`TextTokenizer::encode_infill`] needs, read without building the
+/// tokenizer: a GGUF's from the vocabulary it was converted with, a Hugging Face
+/// tokenizer's among its special added tokens.
+pub fn fills_in_middle(tokenizer_json: &str, tokenizer_config_json: Option<&str>) -> bool {
+    // (Named as `LLAMA_VOCAB_KEY`.)
+    #[derive(serde::Deserialize)]
+    struct Config {
+        #[serde(rename = "llama_cpp_vocab")]
+        vocab: Option<VocabFim>,
+    }
+    #[derive(serde::Deserialize)]
+    struct VocabFim {
+        #[serde(default)]
+        fim: FimIds,
+    }
+    #[derive(serde::Deserialize)]
+    struct Added {
+        content: String,
+        #[serde(default)]
+        special: bool,
+    }
+    #[derive(serde::Deserialize)]
+    struct Tok {
+        #[serde(default)]
+        added_tokens: Vec<Added>,
+    }
+    let whole = |f: FimIds| f.pre.is_some() && f.suf.is_some() && f.mid.is_some();
+    if let Some(Config { vocab: Some(v) }) = tokenizer_config_json.and_then(|t| serde_json::from_str(t).ok()) {
+        return whole(v.fim);
+    }
+    let Ok(tok) = serde_json::from_str::<Tok>(tokenizer_json) else { return false };
+    whole(FimIds::by_text(|t| tok.added_tokens.iter().find(|a| a.special && a.content == t).map(|_| 0)))
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -303,6 +352,7 @@ impl TextTokenizer {
             Some(t) => parse_json("tokenizer_config.json", t)?,
             None => Json::Object(Default::default()),
         };
+        let mut fim = FimIds::default();
         let llama = match config.as_object_mut().and_then(|m| m.remove(LLAMA_VOCAB_KEY)) {
             None => None,
             Some(v) => {
@@ -312,6 +362,7 @@ impl TextTokenizer {
                     msg,
                 };
                 let spec: LlamaVocab = serde_json::from_value(v).map_err(|e| err(e.to_string()))?;
+                fim = spec.fim;
                 Some(LlamaTokenizer::new(spec).map_err(err)?)
             }
         };
@@ -448,7 +499,13 @@ impl TextTokenizer {
             }
         };
 
+        if llama.is_none() {
+            // A Hugging Face tokenizer's FIM tokens are special added tokens.
+            let added = inner.get_added_tokens_decoder();
+            fim = FimIds::by_text(|t| inner.token_to_id(t).filter(|id| added.get(id).is_some_and(|a| a.special)));
+        }
         let mut tok = Self {
+            fim,
             inner,
             llama,
             bos_token,
@@ -603,6 +660,39 @@ impl TextTokenizer {
 
     /// Renders the chat and tokenizes it without adding special tokens (the template
     /// writes them), as `apply_chat_template(..., tokenize=True)` does.
+    /// The vocabulary's fill-in-the-middle tokens.
+    pub fn fim(&self) -> FimIds {
+        self.fim
+    }
+
+    /// A fill-in-the-middle prompt, `PRE prefix SUF suffix MID` after BOS where the model
+    /// adds one, as llama-server's `/infill` lays out a file without other files (it
+    /// frames those with the repository and file-separator tokens). The prefix and
+    /// suffix are text: special tokens written in them are not parsed (a GGUF
+    /// vocabulary; a Hugging Face tokenizer parses its added tokens, as transformers does).
+    pub fn encode_infill(&self, infill: &Infill) -> Result<Vec<u32>, TextError> {
+        let FimIds { pre: Some(pre), suf: Some(suf), mid: Some(mid), .. } = self.fim else {
+            let missing: Vec<&str> = [("prefix", self.fim.pre), ("suffix", self.fim.suf), ("middle", self.fim.mid)]
+                .into_iter()
+                .filter_map(|(what, id)| id.is_none().then_some(what))
+                .collect();
+            return Err(TextError::NoInfill(missing.join(", ")));
+        };
+        let text = |t: &str| -> Result<Vec<u32>, TextError> {
+            match &self.llama {
+                Some(llama) => llama.encode(t, false, false).map_err(TextError::Encode),
+                None => self.encode(t, false),
+            }
+        };
+        let mut out: Vec<u32> = self.bos_id.filter(|_| self.add_bos).into_iter().collect();
+        out.push(pre);
+        out.extend(text(&infill.prefix)?);
+        out.push(suf);
+        out.extend(text(&infill.suffix)?);
+        out.push(mid);
+        Ok(out)
+    }
+
     pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>, TextError> {
         let text = self.apply_chat_template(messages, add_generation_prompt)?;
         self.encode(&text, false)

@@ -87,6 +87,8 @@ pub enum PromptInput {
     Chat(Vec<ChatMessage>),
     /// Token ids as they are.
     Tokens(Vec<u32>),
+    /// Fill in the middle between a prefix and a suffix, with the model's FIM tokens.
+    Infill(crate::engine::tokenizer::Infill),
 }
 
 /// Which tool calls a chat asks for (`tool_choice`).

@@ -54,6 +54,8 @@ pub struct ModelInfo {
     pub neuron_group: Option<usize>,
     /// The FFN width.
     pub intermediate_size: usize,
+    /// Whether the vocabulary has the fill-in-the-middle tokens (Ollama's `insert`).
+    pub fills_in_middle: bool,
 }
 
 impl ModelInfo {
@@ -109,6 +111,10 @@ impl ModelInfo {
             modelfile: None,
             neuron_group: config.neuron_group,
             intermediate_size: config.intermediate_size,
+            fills_in_middle: crate::engine::tokenizer::fills_in_middle(
+                &source.tokenizer_json,
+                source.tokenizer_config_json.as_deref(),
+            ),
         })
     }
 

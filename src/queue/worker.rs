@@ -681,6 +681,7 @@ impl Worker {
                 tok.encode(&text, false).map_err(|e| text_error("messages", e))?
             }
             PromptInput::Tokens(ids) => ids.clone(),
+            PromptInput::Infill(infill) => tok.encode_infill(infill).map_err(|e| text_error("suffix", e))?,
         };
         // A continuation of an earlier exchange already starts with BOS.
         let skip_bos = !prompt.is_empty() && new_ids.first().is_some_and(|&t| Some(t) == tok.bos_id());

@@ -179,7 +179,6 @@ enum Action {
 
 fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<Call, ApiError> {
     let info = require_model(state, &req.model)?;
-    refuse_non_empty("suffix", req.suffix.as_deref(), "fill-in-the-middle (`suffix`) is not supported yet")?;
     refuse_non_empty("template", req.template.as_deref(), "custom templates (`template`) are not supported")?;
     if req.images.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(ApiError::invalid("images", "images are not supported by this server"));
@@ -190,7 +189,29 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
     let stream = req.stream.unwrap_or(true);
     let prompt = req.prompt.unwrap_or_default();
     let context = req.context.unwrap_or_default();
-    let action = if prompt.is_empty() {
+    let suffix = req.suffix.unwrap_or_default();
+    let action = if !suffix.is_empty() {
+        // Fill in the middle: the prompt is the text before the cursor (maybe none).
+        let refused = [
+            ("raw", req.raw == Some(true)),
+            ("system", req.system.as_ref().is_some_and(|s| !s.is_empty())),
+            ("context", !context.is_empty()),
+        ];
+        if let Some((field, _)) = refused.into_iter().find(|(_, given)| *given) {
+            return Err(ApiError::invalid(field, format!("`{field}` cannot be given with `suffix`")));
+        }
+        if !info.fills_in_middle {
+            return Err(ApiError::invalid(
+                "suffix",
+                format!(
+                    "\"{}\" does not support insert (`suffix`): its vocabulary has no fill-in-the-middle tokens",
+                    req.model
+                ),
+            ));
+        }
+        let input = PromptInput::Infill(crate::engine::tokenizer::Infill { prefix: prompt, suffix });
+        Action::Generate(Box::new(asks.apply(opts.job(&req.model, input, context, keep_alive))))
+    } else if prompt.is_empty() {
         load_or_unload(keep_alive)
     } else {
         let system = req.system.unwrap_or_default();

@@ -33,12 +33,18 @@ pub fn app_with_context(context: usize) -> (Router, AppState) {
 }
 
 fn app_full(server: ServerConfig, queue_depth: usize, context: usize) -> (Router, AppState) {
-    let opts = ServeOptions {
-        models: vec![
-            ("llama3".into(), fixture("llama3")),
-            ("qwen3".into(), fixture("qwen3")),
-            ("strata-demo".into(), "strata-demo".into()),
-        ],
+    let models = [("llama3", fixture("llama3")), ("qwen3", fixture("qwen3")), ("strata-demo", "strata-demo".into())];
+    let opts = ServeOptions { server, queue_depth, ..serve_options(&models, context) };
+    let (router, state, _worker) = strata::server::start(opts).expect("starting the server");
+    (router, state)
+}
+
+/// A server's options for `models` (name, spec) on one thread with a `context`-token
+/// context: two models loaded at once, a queue of 64, the default server settings.
+#[allow(dead_code)] // Not every test binary starts its own.
+pub fn serve_options(models: &[(&str, String)], context: usize) -> ServeOptions {
+    ServeOptions {
+        models: models.iter().map(|(n, s)| (n.to_string(), s.clone())).collect(),
         worker: WorkerConfig {
             run: strata::engine::session::RunOptions { threads: 1, context, ..Default::default() },
             keep_alive: KeepAlive::For(Duration::from_secs(300)),
@@ -47,12 +53,10 @@ fn app_full(server: ServerConfig, queue_depth: usize, context: usize) -> (Router
             prefill_chunk: strata::engine::session::PREFILL_CHUNK,
             kv_memory: None,
         },
-        server,
-        queue_depth,
+        server: ServerConfig::default(),
+        queue_depth: 64,
         preload: false,
-    };
-    let (router, state, _worker) = strata::server::start(opts).expect("starting the server");
-    (router, state)
+    }
 }
 
 /// Sends one request; returns status, headers and the whole body.

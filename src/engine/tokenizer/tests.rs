@@ -326,3 +326,36 @@ fn error_types_are_stable() {
     assert!(TextError::TemplateRaised("x".into()).is_client_error());
     assert!(!TextError::Encode("x".into()).is_client_error());
 }
+
+/// A Hugging Face tokenizer's FIM tokens are its special added tokens of llama.cpp's
+/// texts; the prompt is `[BOS] PRE prefix SUF suffix MID`; without them, a clear error.
+#[test]
+fn fill_in_the_middle_from_added_tokens() {
+    let mut json: serde_json::Value = serde_json::from_str(&byte_level_tokenizer_json()).unwrap();
+    let added = json["added_tokens"].as_array_mut().unwrap();
+    for (id, content, special) in
+        [(266, "<fim_prefix>", true), (267, "<fim_suffix>", true), (268, "<fim_middle>", true), (269, "<PAD>", false)]
+    {
+        added.push(serde_json::json!({"id": id, "content": content, "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": special}));
+    }
+    let json = json.to_string();
+    assert!(fills_in_middle(&json, None));
+    let t =
+        TextTokenizer::from_sources(&json, Some(r#"{"bos_token": "<s>", "add_bos_token": true}"#), None, None).unwrap();
+    assert_eq!(t.fim(), FimIds { pre: Some(266), suf: Some(267), mid: Some(268), ..FimIds::default() });
+    let infill = Infill { prefix: "hello".into(), suffix: " wow".into() };
+    let ids = t.encode_infill(&infill).unwrap();
+    let mut want = vec![BOS, 266];
+    want.extend(t.encode("hello", false).unwrap());
+    want.push(267);
+    want.extend(t.encode(" wow", false).unwrap());
+    want.push(268);
+    assert_eq!(ids, want);
+
+    let plain = tok(None, None);
+    assert!(!fills_in_middle(&byte_level_tokenizer_json(), None));
+    let err = plain.encode_infill(&infill).unwrap_err();
+    assert!(matches!(err, TextError::NoInfill(_)) && err.is_client_error(), "{err}");
+    assert!(err.to_string().contains("no FIM prefix, suffix, middle token"), "{err}");
+}

@@ -143,6 +143,44 @@ pub struct LlamaVocab {
     /// Unigram: `tokenizer.ggml.precompiled_charsmap`, base64.
     #[serde(default)]
     pub precompiled_charsmap: Option<String>,
+    /// The fill-in-the-middle tokens, as llama.cpp finds them.
+    #[serde(default)]
+    pub fim: FimIds,
+    /// The tokens that end generation in llama.cpp (its end-of-generation set).
+    #[serde(default)]
+    pub eog: Vec<u32>,
+}
+
+/// The fill-in-the-middle tokens of a vocabulary: prefix, suffix and middle mark the
+/// parts of a file; pad, repository and file separator frame repository-level prompts
+/// (and end generation in llama.cpp).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FimIds {
+    pub pre: Option<u32>,
+    pub suf: Option<u32>,
+    pub mid: Option<u32>,
+    pub pad: Option<u32>,
+    pub rep: Option<u32>,
+    pub sep: Option<u32>,
+}
+
+impl FimIds {
+    /// Found by token text, as llama.cpp looks them up when no GGUF key names them
+    /// (`lookup` gives a text's id, if it is a special token).
+    pub fn by_text(lookup: impl Fn(&str) -> Option<u32>) -> Self {
+        let find = |key: &str| {
+            let (_, texts) = ROLE_TEXTS.iter().find(|(k, _)| *k == key).expect("a FIM role");
+            texts.iter().find_map(|t| lookup(t))
+        };
+        FimIds {
+            pre: find("tokenizer.ggml.fim_pre_token_id"),
+            suf: find("tokenizer.ggml.fim_suf_token_id"),
+            mid: find("tokenizer.ggml.fim_mid_token_id"),
+            pad: find("tokenizer.ggml.fim_pad_token_id"),
+            rep: find("tokenizer.ggml.fim_rep_token_id"),
+            sep: find("tokenizer.ggml.fim_sep_token_id"),
+        }
+    }
 }
 
 impl LlamaVocab {
@@ -240,8 +278,15 @@ pub fn tokenizer(f: &GgufFile) -> anyhow::Result<TokenizerFiles> {
         tok_cfg["chat_template"] = json!(t);
     }
     tok_cfg[LLAMA_VOCAB_KEY] = serde_json::to_value(&vocab)?;
+    // End of sequence and of turn first, then the rest of llama.cpp's end-of-generation
+    // set (`</s>` and `<|im_end|>` by text, FIM pad, repository and file separator, ...).
     let mut stop: Vec<u64> = [eos, eot].iter().flatten().map(|&(id, _)| id).collect();
     stop.dedup();
+    for id in vocab.eog.iter().map(|&id| u64::from(id)) {
+        if !stop.contains(&id) {
+            stop.push(id);
+        }
+    }
     let mut gen_cfg = json!({"eos_token_id": stop});
     if let Some((id, _)) = bos {
         gen_cfg["bos_token_id"] = json!(id);
@@ -538,6 +583,8 @@ pub fn llama_vocab(f: &GgufFile) -> anyhow::Result<LlamaVocab> {
         unk: None,
         sep: None,
         precompiled_charsmap: None,
+        fim: Default::default(),
+        eog: Vec::new(),
     };
     let mut no_bos = false;
     match kind {
@@ -645,7 +692,12 @@ pub fn llama_vocab(f: &GgufFile) -> anyhow::Result<LlamaVocab> {
     }
 
     let roles: Vec<Option<u32>> = ROLE_TEXTS.iter().map(|(key, _)| key_id(key)).collect();
-    mark_by_text(&tokens, &by_text, &mut attrs, eot_key, &roles, vocab.eos);
+    let (found, eog) = mark_by_text(&tokens, &by_text, &mut attrs, eot_key, &roles, vocab.eos);
+    vocab.eog = eog;
+    // `found` is end of turn, then each role of `ROLE_TEXTS`: end of message, then FIM.
+    if let [_, _, pre, suf, mid, pad, rep, sep] = found[..] {
+        vocab.fim = FimIds { pre, suf, mid, pad, rep, sep };
+    }
 
     set_strip_flags(f, gguf_pre.unwrap_or(""), &ids, &mut attrs);
     vocab.tokens = tokens;
@@ -698,6 +750,8 @@ fn token_attrs(f: &GgufFile, n: usize) -> anyhow::Result<Vec<u32>> {
 /// end-of-generation text, become control tokens; control tokens named "unused" are
 /// unused; and a few model-specific exceptions. `by_text` is every (id, text) llama.cpp
 /// looks up by text, lowest id first; `roles` the ids the [`ROLE_TEXTS`] keys name.
+/// Returns the id found for end of turn and for each role, by key or by text, and the
+/// end-of-generation ids (in the order found, without repeats).
 fn mark_by_text(
     tokens: &[String],
     by_text: &[(u32, &str)],
@@ -705,9 +759,10 @@ fn mark_by_text(
     eot: Option<u32>,
     roles: &[Option<u32>],
     eos: Option<u32>,
-) {
+) -> (Vec<Option<u32>>, Vec<u32>) {
     let lists = std::iter::once((eot, EOT_TEXTS)).chain(roles.iter().zip(ROLE_TEXTS).map(|(&id, (_, t))| (id, *t)));
     let mut eog: Vec<u32> = Vec::new();
+    let mut all = Vec::new();
     for (i, (named, texts)) in lists.enumerate() {
         let found = named.or_else(|| {
             let &(id, _) = by_text.iter().find(|(_, t)| texts.contains(t))?;
@@ -717,6 +772,7 @@ fn mark_by_text(
         // End of turn, end of message, and FIM pad, repo and file separator end generation.
         let ends_generation = !matches!(i, 2..=4);
         eog.extend(found.filter(|_| ends_generation));
+        all.push(found);
     }
     for &(id, t) in by_text {
         let a = &mut attrs[id as usize];
@@ -735,6 +791,8 @@ fn mark_by_text(
         }
     }
     eog.extend(eos);
+    // Tokens that look like ends but are not, in some vocabularies: out of the set again.
+    let mut ordinary = Vec::new();
     let find = |text: &str| eog.iter().copied().find(|&id| tokens[id as usize] == text);
     let has_call = find("<|call|>").is_some() || find("<|calls|>").is_some();
     if let Some(end) = find("<|end|>")
@@ -743,13 +801,22 @@ fn mark_by_text(
     {
         // o200k_harmony and solar-open: `<|end|>` is an ordinary user-defined token.
         attrs[end as usize] = attr::USER_DEFINED;
+        ordinary.push(end);
     }
     if (find("<|tool_response>").is_some() || find("<|plamo:eos|>").is_some())
         && let Some(s) = find("</s>")
     {
         // Gemma 4 and PLaMo: `</s>` is an ordinary token.
         attrs[s as usize] = attr::NORMAL;
+        ordinary.push(s);
     }
+    let mut unique = Vec::with_capacity(eog.len());
+    for id in eog {
+        if !unique.contains(&id) && !ordinary.contains(&id) {
+            unique.push(id);
+        }
+    }
+    (all, unique)
 }
 
 /// The strip flags llama.cpp sets by model name, architecture or pre-tokenizer: the

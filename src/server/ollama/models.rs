@@ -188,9 +188,13 @@ fn details(m: &Listing) -> ModelDetails {
 
 /// What a model can do, as Ollama names it: every model completes and embeds; a chat
 /// model takes tools (through its template's own format, or Strata's generic one);
-/// `thinking` when its template thinks. No `insert`: fill-in-the-middle is not served.
+/// `thinking` when its template thinks; `insert` (a `suffix`) when its vocabulary has
+/// the fill-in-the-middle tokens.
 fn capabilities(info: &ModelInfo) -> Vec<String> {
     let mut caps = vec!["completion".to_string()];
+    if info.fills_in_middle {
+        caps.push("insert".into());
+    }
     if info.chat_template.is_some() {
         caps.push("tools".into());
     }

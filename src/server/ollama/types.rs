@@ -126,7 +126,9 @@ pub struct GenerateRequest {
     pub model: String,
     /// The text to continue. Empty: load the model (unload it with `keep_alive: 0`).
     pub prompt: Option<String>,
-    /// Fill-in-the-middle text after the answer: not supported yet (must be empty).
+    /// Fill in the middle: the text after the cursor (the prompt is the text before it),
+    /// for models whose vocabulary has FIM tokens (`insert` in `/api/show`'s
+    /// capabilities). Not with `raw`, `system` or `context`.
     pub suffix: Option<String>,
     /// A system message, rendered with the model's chat template before the prompt.
     pub system: Option<String>,

@@ -372,7 +372,7 @@ impl CompletionRequest {
         let many =
             || ApiError::invalid("prompt", "`prompt` may hold only one prompt; several choices are not supported");
         let empty = || ApiError::invalid("prompt", "`prompt` is empty");
-        let prompt = match required(self.prompt, "prompt")? {
+        let mut prompt = match required(self.prompt, "prompt")? {
             PromptSpec::Text(text) => PromptInput::Text { text, special: true },
             PromptSpec::Texts(mut list) => match list.len() {
                 0 => return Err(empty()),
@@ -391,8 +391,12 @@ impl CompletionRequest {
         if self.echo == Some(true) {
             return Err(ApiError::invalid("echo", "`echo` is not supported yet"));
         }
-        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::invalid("suffix", "`suffix` is not supported yet"));
+        if let Some(suffix) = self.suffix.filter(|s| !s.is_empty()) {
+            // Fill in the middle: the prompt is the text before the cursor.
+            let PromptInput::Text { text: prefix, .. } = prompt else {
+                return Err(ApiError::invalid("suffix", "`suffix` needs a text `prompt`, not token ids"));
+            };
+            prompt = PromptInput::Infill(crate::engine::tokenizer::Infill { prefix, suffix });
         }
         let top_logprobs = match self.logprobs {
             None => None,
@@ -715,7 +719,7 @@ mod tests {
         for (extra, field) in [
             (json!({"logprobs": 21}), "logprobs"),
             (json!({"echo": true}), "echo"),
-            (json!({"suffix": "end"}), "suffix"),
+            (json!({"suffix": "end", "prompt": [1, 2]}), "suffix"),
             (json!({"best_of": 2}), "best_of"),
             (json!({"n": 3}), "n"),
             (json!({"max_tokens": 0}), "max_tokens"),
@@ -723,6 +727,9 @@ mod tests {
             assert_eq!(param(completion(extra.clone())), field, "{extra}");
         }
         assert!(completion(json!({"echo": false, "suffix": "", "best_of": 1})).is_ok());
+        let plan = completion(json!({"prompt": "def f(", "suffix": "return x"})).unwrap();
+        let want = crate::engine::tokenizer::Infill { prefix: "def f(".into(), suffix: "return x".into() };
+        assert!(matches!(plan.job.prompt, PromptInput::Infill(ref i) if *i == want), "{:?}", plan.job.prompt);
     }
 
     #[test]

@@ -199,8 +199,8 @@ pub struct CompletionRequest {
     pub logprobs: Option<i64>,
     /// Not supported yet: must be absent or false.
     pub echo: Option<bool>,
-    /// Not supported yet: must be absent or empty.
-    #[schema(max_length = 0)]
+    /// Fill in the middle: the text after the cursor (the `prompt`, as text, is the text
+    /// before it), for models whose vocabulary has FIM tokens.
     pub suffix: Option<String>,
     /// Only 1 is supported.
     #[schema(minimum = 1, maximum = 1)]

@@ -314,6 +314,8 @@ mod tests {
             unk: Some(0),
             sep: None,
             precompiled_charsmap: None,
+            fim: Default::default(),
+            eog: Vec::new(),
         }
     }
 

@@ -104,6 +104,8 @@ mod tests {
             unk: Some(0),
             sep: None,
             precompiled_charsmap: None,
+            fim: Default::default(),
+            eog: Vec::new(),
         };
         let rwkv = Rwkv::new(&spec);
         let mut out = Vec::new();
