@@ -377,6 +377,9 @@ fn cli_import_list_show_cp_rm() {
     assert!(!ok && err.contains("already exists"), "{err}");
     let (ok, _, err) = strata(h, &["cp", "missing", "x"]);
     assert!(!ok && err.contains("`missing:latest`") && err.contains("strata list"), "{err}");
+    // A model copied onto its own name, however it is written, is refused.
+    let (ok, out, err) = strata(h, &["cp", "llama3", "LLAMA3:latest"]);
+    assert!(!ok && !out.contains("copied") && err.contains("the same model, `llama3:latest`"), "{out}{err}");
 
     // A store name is a model SPEC for every command that runs one.
     let (ok, out, err) = strata(h, &["run", "tiny:copy", "-p", "Hello", "-n", "3", "--threads", "1"]);

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::queue::models::parameter_size;
 pub use crate::sched::plan::human_size;
-use crate::store::{Store, StoreError, StoredModel};
+use crate::store::{ModelName, Store, StoreError, StoredModel};
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
@@ -134,6 +134,10 @@ pub fn rm(args: RmArgs) -> anyhow::Result<()> {
 pub fn cp(args: CpArgs) -> anyhow::Result<()> {
     let store = Store::default();
     let from = store.get(&args.source).map_err(|e| explain(&store, e, false))?;
+    // `a` and `a:latest` are one model; copying it onto itself would copy nothing.
+    if ModelName::parse(&args.destination).is_ok_and(|to| to == from.name) {
+        anyhow::bail!("`{}` and `{}` are the same model, `{}`", args.source, args.destination, from.name);
+    }
     let copied = store.copy(&args.source, &args.destination, args.force).map_err(|e| explain(&store, e, args.force))?;
     println!("copied '{}' to '{}'", from.name, copied.name);
     Ok(())
