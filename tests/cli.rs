@@ -51,6 +51,7 @@ fn bad_input_is_a_clear_error() {
         (&["--temperature", "NaN"], "temperature"),
         (&["--prefetch-depth", "0"], "--prefetch-depth"),
         (&["--threads", "100000"], "--threads"),
+        (&["--raw", "--system", "Be brief."], "--system has no effect with --raw"),
     ] {
         let out = strata(&[&["run", "strata-demo", "-p", "hi", "-n", "1"][..], args].concat());
         assert_eq!(out.status.code(), Some(2), "{args:?}");

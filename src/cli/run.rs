@@ -19,7 +19,7 @@ pub struct RunArgs {
     /// A system message for the chat.
     #[arg(long)]
     pub system: Option<String>,
-    /// Send the prompt as it is, without the chat template.
+    /// Send the prompt as it is, without the chat template (and so without `--system`).
     #[arg(long)]
     pub raw: bool,
     /// Most tokens per answer.
@@ -122,6 +122,14 @@ fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[Ch
 
 pub fn main(args: RunArgs) -> anyhow::Result<()> {
     args.sampling().validate()?;
+    // A raw prompt is the last message's text alone (see `prompt_ids`): a system message
+    // would be dropped without a word.
+    if args.raw && args.system.is_some() {
+        return Err(crate::model::sparse::Refused(
+            "--system has no effect with --raw (a raw prompt is sent as it is, without the chat template)".into(),
+        )
+        .into());
+    }
     let opts = args.run.to_options()?;
     let engine = match (args.route_budget, &args.prompt) {
         (None, _) => Engine::load(&args.model, &opts)?,
