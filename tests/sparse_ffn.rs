@@ -167,11 +167,18 @@ fn the_cli_exits_with_2_on_bad_settings() {
     std::fs::write(&text, "The quick brown fox jumps over the lazy dog.").unwrap();
     let llama = fixture("hf/llama3");
     let text = text.to_str().unwrap();
+    let zero = dir.path("zero.flat");
+    let zero = zero.to_str().unwrap();
     for (args, want) in [
         (vec!["perplexity", &llama, "--file", text, "--sparse-ffn", "topk=1.5"], "(0, 1]"),
         (vec!["perplexity", &llama, "--file", text, "--sparse-ffn", "threshold=-1"], "at least 0"),
         (vec!["perplexity", &llama, "--file", text, "--sparse-ffn", "topk=0.5"], "without neuron-group bundles"),
         (vec!["run", &llama, "-p", "hi", "-n", "2", "--sparse-ffn", "topk=0.5"], "without neuron-group bundles"),
+        // 0 is refused, not taken for the default size.
+        (
+            vec!["convert", &llama, zero, "--sparse-ffn", "--sparse-group", "0"],
+            "'--sparse-group <NEURONS>': a group holds from 1 neuron up to the FFN width",
+        ),
     ] {
         let out = strata(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -75,8 +75,18 @@ pub struct ConvertArgs {
     pub sparse_ffn: bool,
     /// Neurons per bundle (default: the size nearest 128 KiB a bundle; a multiple of
     /// down's block that divides the FFN width).
-    #[arg(long = "sparse-group", value_name = "NEURONS", requires = "sparse_ffn")]
+    #[arg(long = "sparse-group", value_name = "NEURONS", requires = "sparse_ffn", value_parser = parse_sparse_group)]
     pub sparse_group: Option<usize>,
+}
+
+/// `--sparse-group`: at least one neuron. `0` is not a spelling of the default (which
+/// leaving the flag out gives); the model's FFN width bounds it above when it converts.
+fn parse_sparse_group(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("a group holds from 1 neuron up to the FFN width (leave the flag out for the default)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a number of neurons")),
+    }
 }
 
 pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
