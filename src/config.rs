@@ -1,7 +1,8 @@
 //! Settings: built-in defaults < config file (TOML) < environment `STRATA_*` < flags.
 //!
 //! A setting is a long option of `strata serve` or a global option. In the config file
-//! its key is the flag's name (`memory-budget = "8GiB"`, `api-key = ["k1"]`); in the
+//! its key is the flag's name (`memory-budget = "8GiB"`, `api-key = ["k1"]`) and its value
+//! has the flag's type, uncoerced (`threads = 4`, `expert-guess = true`); in the
 //! environment it is `STRATA_` and the name in capitals (`STRATA_MEMORY_BUDGET`; lists are
 //! comma-separated). The one exception is the log level, `STRATA_LOG`. Other commands take
 //! the settings they share with `serve` (`threads`, `memory-budget`, ...) from the same
@@ -154,13 +155,13 @@ pub fn read_file(cmd: &Command, path: &Path) -> Result<FileValues, String> {
             let known: Vec<&str> = args.iter().filter_map(|a| a.get_long()).collect();
             return Err(at(format!("not a setting (settings: {})", known.join(", "))));
         };
+        let kind = Kind::of(arg);
         let values = match (value, is_list(arg)) {
             (toml::Value::Array(items), true) => {
-                items.into_iter().map(scalar).collect::<Result<Vec<_>, _>>().map_err(at)?
+                items.into_iter().map(|v| kind.value(v)).collect::<Result<Vec<_>, _>>().map_err(at)?
             }
             (toml::Value::Array(_), false) => return Err(at("expected one value, not a list".into())),
-            (v, true) => vec![scalar(v).map_err(at)?],
-            (v, false) => vec![scalar(v).map_err(at)?],
+            (v, _) => vec![kind.value(v).map_err(at)?],
         };
         for v in &values {
             check_value(arg, v).map_err(at)?;
@@ -183,13 +184,66 @@ fn check_value(arg: &clap::Arg, value: &str) -> Result<(), String> {
     }
 }
 
-fn scalar(v: toml::Value) -> Result<String, String> {
-    match v {
-        toml::Value::String(s) => Ok(s),
-        toml::Value::Integer(i) => Ok(i.to_string()),
-        toml::Value::Float(f) => Ok(f.to_string()),
-        toml::Value::Boolean(b) => Ok(b.to_string()),
-        other => Err(format!("expected a string, number or boolean, found {}", other.type_str())),
+/// The TOML type a setting takes in the file, from what its flag parses to: a count is
+/// an integer (not `"4"`, nor `1e3`), a switch `true` or `false`, a name a string (not
+/// `true`). Nothing is coerced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Boolean,
+    Integer,
+    /// A flag whose value is a `SIZE`: bytes as an integer, or a string with a unit.
+    Size,
+    Text,
+}
+
+impl Kind {
+    fn of(arg: &clap::Arg) -> Kind {
+        use std::any::TypeId;
+        let parses_to = arg.get_value_parser().type_id();
+        let integers = [TypeId::of::<u16>(), TypeId::of::<u32>(), TypeId::of::<u64>(), TypeId::of::<usize>()];
+        if arg.get_value_names().is_some_and(|names| names == ["SIZE"]) {
+            Kind::Size
+        } else if parses_to == TypeId::of::<bool>() {
+            Kind::Boolean
+        } else if integers.iter().any(|t| parses_to == *t) {
+            Kind::Integer
+        } else {
+            Kind::Text
+        }
+    }
+
+    /// `v` as the string its flag parses, if it has this kind's type.
+    fn value(self, v: toml::Value) -> Result<String, String> {
+        use toml::Value as V;
+        match (self, v) {
+            (Kind::Boolean, V::Boolean(b)) => Ok(b.to_string()),
+            (Kind::Integer | Kind::Size, V::Integer(i)) => Ok(i.to_string()),
+            (Kind::Size | Kind::Text, V::String(s)) => Ok(s),
+            (kind, other) => {
+                let expected = match kind {
+                    Kind::Boolean => "`true` or `false`",
+                    Kind::Integer => "an integer",
+                    Kind::Size => "a size (bytes as an integer, or a string such as \"8GiB\")",
+                    Kind::Text => "a string",
+                };
+                let found = match &other {
+                    V::Array(_) => "an array".to_string(),
+                    V::Table(_) => "a table".to_string(),
+                    scalar => format!("the {} {scalar}", scalar.type_str()),
+                };
+                Err(format!("expected {expected}, found {found}"))
+            }
+        }
+    }
+
+    /// A value as the file would hold it, so that `--print-config` is a file that reads
+    /// back.
+    fn toml(self, v: &str) -> String {
+        match (self, v.trim().parse::<i64>(), v.parse::<bool>()) {
+            (Kind::Integer | Kind::Size, Ok(n), _) => n.to_string(),
+            (Kind::Boolean, _, Ok(b)) => b.to_string(),
+            _ => toml::Value::String(v.to_string()).to_string(),
+        }
     }
 }
 
@@ -278,8 +332,10 @@ impl Settings {
         let cmd = Cli::command();
         let args = setting_args(&cmd);
         for (key, (values, source)) in &self.values {
-            let list = args.iter().find(|a| a.get_long() == Some(key.as_str())).is_some_and(is_list);
-            let quoted: Vec<String> = values.iter().map(|v| toml_value(v)).collect();
+            let arg = args.iter().find(|a| a.get_long() == Some(key.as_str()));
+            let list = arg.is_some_and(is_list);
+            let kind = arg.map_or(Kind::Text, Kind::of);
+            let quoted: Vec<String> = values.iter().map(|v| kind.toml(v)).collect();
             let line = match (list, quoted.as_slice()) {
                 (true, q) => format!("{key} = [{}]", q.join(", ")),
                 (false, [one]) => format!("{key} = {one}"),
@@ -336,13 +392,6 @@ impl Settings {
     }
 }
 
-fn toml_value(v: &str) -> String {
-    if v.parse::<i64>().is_ok() {
-        return v.to_string();
-    }
-    toml::Value::String(v.to_string()).to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,6 +426,25 @@ mod tests {
         assert!(err.contains("strata.toml"), "{err}");
         let err = check("stream-policy = \"fifo\"\n").unwrap_err();
         assert!(err.contains("`stream-policy`"), "{err}");
+        // Each key takes its flag's type, and nothing else.
+        let ok = check("expert-guess = true\nmemory-budget = 0\nbody-limit = \"1MiB\"\nkeep-alive = \"-1\"\n").unwrap();
+        assert_eq!(ok["expert-guess"], ["true"]);
+        assert_eq!(ok["memory-budget"], ["0"]);
+        assert_eq!(ok["keep-alive"], ["-1"]);
+        for (text, want) in [
+            ("host = true\n", "`host`: expected a string, found the boolean true"),
+            ("threads = 1e3\n", "`threads`: expected an integer, found the float 1000.0"),
+            ("threads = 4.0\n", "`threads`: expected an integer, found the float 4.0"),
+            ("threads = \"4\"\n", "`threads`: expected an integer, found the string \"4\""),
+            ("keep-alive = -1\n", "`keep-alive`: expected a string, found the integer -1"),
+            ("expert-guess = 1\n", "`expert-guess`: expected `true` or `false`, found the integer 1"),
+            ("memory-budget = 1.5\n", "`memory-budget`: expected a size"),
+            ("api-key = [\"a\", 2]\n", "`api-key`: expected a string, found the integer 2"),
+            ("model = [{ a = 1 }]\n", "`model`: expected a string, found a table"),
+        ] {
+            let err = check(text).unwrap_err();
+            assert!(err.contains("strata.toml") && err.contains(want), "{text}: {err}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

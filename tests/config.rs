@@ -121,7 +121,12 @@ fn a_bad_config_file_is_an_error_naming_the_file_and_key() {
     let file = home.join("bad.toml");
     let file_s = file.to_str().unwrap();
     for (text, expect) in [
-        ("port = \"eighty\"\n", "`port`: invalid value 'eighty'"),
+        ("port = 99999\n", "`port`: invalid value '99999'"),
+        // No value is coerced to its key's type.
+        ("port = \"8080\"\n", "`port`: expected an integer, found the string \"8080\""),
+        ("threads = 1e3\n", "`threads`: expected an integer, found the float 1000.0"),
+        ("host = true\n", "`host`: expected a string, found the boolean true"),
+        ("expert-guess = \"yes\"\n", "`expert-guess`: expected `true` or `false`, found the string"),
         ("colour = \"blue\"\n", "`colour`: not a setting"),
         ("threads = [1, 2]\n", "`threads`: expected one value"),
         ("stream-policy = \"fifo\"\n", "`stream-policy`: invalid value 'fifo'"),

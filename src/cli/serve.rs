@@ -40,7 +40,7 @@ pub struct ServeArgs {
     #[arg(long = "allow-origin")]
     pub allow_origins: Vec<String>,
     /// Largest request body (bytes, or with K/M/G/KiB/MiB/GiB).
-    #[arg(long = "body-limit", default_value = "16MiB", value_parser = parse_body_limit)]
+    #[arg(long = "body-limit", value_name = "SIZE", default_value = "16MiB", value_parser = parse_body_limit)]
     pub body_limit: u64,
     /// How long an idle model stays loaded (`5m`, `1h`, `-1` forever, `0` unload at once).
     #[arg(long = "keep-alive", default_value = "5m")]
@@ -60,7 +60,7 @@ pub struct ServeArgs {
     /// KV cache memory each model's running requests may claim at once (bytes, or with
     /// K/M/G/KiB/MiB/GiB); a request claims its prompt plus max tokens (or its whole
     /// context). Unset: 90% of what is free once the model has loaded.
-    #[arg(long = "kv-memory", value_parser = parse_kv_memory)]
+    #[arg(long = "kv-memory", value_name = "SIZE", value_parser = parse_kv_memory)]
     pub kv_memory: Option<u64>,
     /// On SIGTERM/SIGINT, how long running requests may finish before they are cancelled.
     #[arg(long = "grace-period", default_value = "10s")]
