@@ -118,9 +118,7 @@ fn locate(args: &[OsString]) -> Result<(Option<PathBuf>, bool), String> {
     }
     let named = named.or_else(|| std::env::var_os("STRATA_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
     if let Some(path) = named {
-        if !path.is_file() {
-            return Err(format!("config file {}: not found", path.display()));
-        }
+        // What it is, if not a file, is `read_file`'s to say.
         return Ok((Some(path), true));
     }
     let found = [PathBuf::from(SYSTEM_CONFIG), crate::store::strata_home().join("strata.toml")]
@@ -145,8 +143,10 @@ fn is_list(arg: &clap::Arg) -> bool {
 
 /// Reads and checks a config file: every key a setting, every value one its flag takes.
 pub fn read_file(cmd: &Command, path: &Path) -> Result<FileValues, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("config file {}: {e}", path.display()))?;
-    let table: toml::Table = toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
+    let failed = |why: String| format!("config file {}: {why}", path.display());
+    regular_file(path).map_err(failed)?;
+    let text = std::fs::read_to_string(path).map_err(|e| failed(e.to_string()))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| failed(e.to_string()))?;
     let args = setting_args(cmd);
     let mut out = FileValues::new();
     for (key, value) in table {
@@ -169,6 +169,18 @@ pub fn read_file(cmd: &Command, path: &Path) -> Result<FileValues, String> {
         out.insert(key, values);
     }
     Ok(out)
+}
+
+/// Whether `path` is a file to read, from its metadata: opening a FIFO would wait for a
+/// writer, and reading a directory fails with an error that does not say so.
+fn regular_file(path: &Path) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(m) if m.is_dir() => Err("is a directory".into()),
+        Ok(_) => Err("not a regular file".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err("not found".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Parses `value` as the option's flag would, so the file gets the flag's checks.

@@ -139,9 +139,39 @@ fn a_bad_config_file_is_an_error_naming_the_file_and_key() {
         assert_eq!(out.status.code(), Some(2), "{text}: {err}");
         assert!(err.contains(file_s) && err.contains(expect), "{text}: {err}");
     }
-    let out = Command::new(BIN).args(["serve", "--config", "/nonexistent/strata.toml"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/strata.toml: not found"));
+    // A path that is not a file says what it is; a FIFO is not opened (which would wait for
+    // a writer).
+    let fifo = home.join("fifo.toml");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let dir = home.join("strata.d");
+    std::fs::create_dir(&dir).unwrap();
+    for (path, expect) in [
+        (Path::new("/nonexistent/strata.toml"), "/nonexistent/strata.toml: not found"),
+        (&dir, "strata.d: is a directory"),
+        (&fifo, "fifo.toml: not a regular file"),
+        (Path::new("/dev/null"), "/dev/null: not a regular file"),
+    ] {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--config", path.to_str().unwrap()])
+            .env("STRATA_HOME", &home)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                child.kill().ok();
+                panic!("serve --config {} hung", path.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}: {err}", path.display());
+        assert!(err.contains(&format!("config file {}", path.display())) && err.contains(expect), "{err}");
+    }
     std::fs::remove_dir_all(&home).ok();
 }
 
