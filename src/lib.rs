@@ -4,6 +4,7 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod errors;
 pub mod format;
 pub mod hub;
 pub mod model;

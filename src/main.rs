@@ -23,7 +23,7 @@ fn main() -> std::process::ExitCode {
     match strata::cli::dispatch(cli, settings) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", strata::errors::chain(&e));
             // A setting out of range, or one the model cannot take, is a usage error, as
             // clap's are.
             match strata::model::sparse::Refused::in_chain(&e) {

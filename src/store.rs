@@ -86,7 +86,7 @@ type Result<T> = std::result::Result<T, StoreError>;
 /// not imported.
 fn loadable(path: &Path, format: Format) -> Result<()> {
     inspect::check_loadable(path, format).map_err(|e| {
-        let e = format!("{e:#}");
+        let e = crate::errors::chain(&e);
         // Most errors name the file already.
         let e = e.strip_prefix(&format!("{}: ", path.display())).unwrap_or(&e);
         StoreError::Unsupported { path: path.to_owned(), msg: format!("not a model this build can load: {e}") }

@@ -80,6 +80,24 @@ fn perplexity_of_a_text_file() {
     assert!(text.starts_with("tokens ") && text.contains("ppl"), "{text}");
 }
 
+/// An error whose cause is part of its own message (a file error: `PATH: CAUSE`) says the
+/// cause once, not again after it.
+#[test]
+fn an_error_says_its_cause_once() {
+    let dir = support::TempDir::new("cli-cause-once");
+    let flat = dir.path("m.flat");
+    let out = strata(&["convert", &fixture("llama3"), flat.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_file(flat.join("layer_001.bin")).unwrap();
+    let cause = std::io::Error::from_raw_os_error(libc::ENOENT).to_string();
+    for args in [&["verify"][..], &["inspect"], &["run", "-p", "hi", "-n", "1"]] {
+        let out = strata(&[&args[..1], &[flat.to_str().unwrap()], &args[1..]].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("layer_001.bin"), "{args:?}: {err}");
+        assert_eq!(err.matches(&cause).count(), 1, "{args:?}: {err}");
+    }
+}
+
 /// `strata serve` writes its PID file under STRATA_HOME; `strata ps` asks that server what
 /// it has loaded and `strata stop` stops it (exit 0, PID file removed).
 #[test]

@@ -120,7 +120,7 @@ pub fn rm(args: RmArgs) -> anyhow::Result<()> {
         match store.remove(name) {
             Ok(removed) => println!("deleted '{removed}'"),
             Err(e) => {
-                eprintln!("error: {:#}", explain(&store, e, false));
+                eprintln!("error: {}", crate::errors::chain(&explain(&store, e, false)));
                 failed += 1;
             }
         }
