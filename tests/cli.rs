@@ -98,6 +98,33 @@ fn an_error_says_its_cause_once() {
     }
 }
 
+/// Output that cannot be written (stdout on a full disk) is an error, exit 1, not a panic.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_full_stdout_is_an_error_not_a_panic() {
+    let home = support::TempDir::new("cli-dev-full");
+    let llama = fixture("llama3");
+    for args in [
+        &["list"][..],
+        &["serve", "--print-config"],
+        &["tokenize", "strata-demo", "hello"],
+        &["inspect", &llama],
+        &["run", "strata-demo", "-p", "hi", "-n", "2"],
+    ] {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .env("STRATA_HOME", &home.0)
+            .env_remove("STRATA_CONFIG")
+            .stdout(full)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("writing to stdout") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
 /// `strata serve` writes its PID file under STRATA_HOME; `strata ps` asks that server what
 /// it has loaded and `strata stop` stops it (exit 0, PID file removed).
 #[test]

@@ -7,6 +7,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::RunOpts;
+use super::outln;
 use crate::backend::cpu::bandwidth;
 use crate::engine::batch::{self, Sequence};
 use crate::engine::sampler::SamplingParams;
@@ -571,14 +572,18 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         sparse_ffn,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!(
+        outln!(
             "model {}  device {} ({})  threads {}  concurrency {}",
-            report.model, report.device, report.device_name, report.threads, report.concurrency
-        );
-        println!("prefill {:.1} tok/s ({} prompt tokens)", report.prefill_tok_s, report.prompt_tokens);
-        println!(
+            report.model,
+            report.device,
+            report.device_name,
+            report.threads,
+            report.concurrency
+        )?;
+        outln!("prefill {:.1} tok/s ({} prompt tokens)", report.prefill_tok_s, report.prompt_tokens)?;
+        outln!(
             "decode  {:.2} tok/s ({} tokens); roofline {:.2} tok/s at {:.1} GB/s measured read bandwidth{} ({:.0}% of it)",
             report.decode_tok_s,
             report.gen_tokens,
@@ -586,29 +591,29 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             report.mem_bandwidth_bytes_s / 1e9,
             report.mem_bandwidth_buffer_bytes.map_or(String::new(), |b| format!(" over {} MiB", b >> 20)),
             100.0 * report.decode_fraction_of_roofline
-        );
+        )?;
         for e in &report.probe_errors {
-            println!("PROBE ERROR: {e}");
+            outln!("PROBE ERROR: {e}")?;
         }
         if let Some(reads) = &report.decode_reads {
-            println!("decode reads its weight rows {}", reads.replace('-', " "));
+            outln!("decode reads its weight rows {}", reads.replace('-', " "))?;
         }
-        println!(
+        outln!(
             "weights {:.1} MiB; peak RSS {:.1} MiB",
             report.weights_bytes as f64 / 1048576.0,
             report.peak_rss_bytes as f64 / 1048576.0
-        );
+        )?;
         if let (Some(n), Some(lat), Some(frac)) =
             (report.launches_per_token, report.launch_latency_s, report.launch_overhead_fraction)
         {
-            println!(
+            outln!(
                 "launches {n:.0} per token at {:.1} µs each: at most {:.0}% of a decode step",
                 lat * 1e6,
                 100.0 * frac
-            );
+            )?;
         }
         let p = &report.plan;
-        println!(
+        outln!(
             "layers {} ({}): {} of {} resident [{}], {:.1} of {:.1} MiB, budget {:.1} MiB",
             p.mode,
             serde_json::to_value(p.policy)?.as_str().unwrap_or_default(),
@@ -618,9 +623,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             p.plan.resident_bytes as f64 / 1048576.0,
             p.plan.streamable_bytes as f64 / 1048576.0,
             p.plan.budget_bytes as f64 / 1048576.0,
-        );
+        )?;
         if let (Some(m), Some(e)) = (&report.moe, &p.experts) {
-            println!(
+            outln!(
                 "experts {} ({}): cache {:.1} of {:.1} MiB budget, {} cached; {:.1} experts/token, hit rate {:.2}; per token {:.1} MiB cores + {:.1} MiB experts read, routed-only limit {:.1} MiB ({:.0}% of it read)",
                 e.mode,
                 serde_json::to_value(e.policy)?.as_str().unwrap_or_default(),
@@ -633,10 +638,10 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 m.expert_bytes_per_token / 1048576.0,
                 m.routed_limit_bytes_per_token / 1048576.0,
                 100.0 * m.fraction_of_routed_limit
-            );
+            )?;
         }
         if let Some(s) = &report.sparse_ffn {
-            println!(
+            outln!(
                 "sparse FFN {}: kept {:.2} of the neuron groups; per token {:.1} MiB cores + {:.1} MiB groups read ({:.1} MiB kept), {:.0} reads, neuron-cache hit rate {:.2}",
                 s.setting,
                 s.kept_fraction,
@@ -645,10 +650,10 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 s.kept_group_bytes_per_token / 1048576.0,
                 s.reads_per_token,
                 s.neuron_cache_hit_rate
-            );
+            )?;
         }
         if let (Some(bw), Some(roof)) = (report.storage_bandwidth_bytes_s, report.storage_roofline_tok_s) {
-            println!(
+            outln!(
                 "streaming: {:.1} MiB read per token, hit rate {:.2}, stall {:.0}%, I/O busy {:.0}%; storage roofline {:.2} tok/s at {:.2} GB/s{} ({:.0}% of it; {:.2} GB/s into a small buffer)",
                 report.bytes_read_per_token / 1048576.0,
                 report.cache_hit_rate,
@@ -659,14 +664,14 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 if report.storage_direct_io == Some(true) { " O_DIRECT" } else { " buffered" },
                 100.0 * report.decode_fraction_of_storage_roofline.unwrap_or(report.decode_tok_s / roof),
                 report.storage_bandwidth_small_buffer_bytes_s.unwrap_or(0.0) / 1e9
-            );
+            )?;
         }
         if let Some(u) = &report.upload {
             let bound = match (u.roofline_tok_s, u.decode_fraction_of_roofline) {
                 (Some(r), Some(f)) => format!("; bound min(storage, H2D) {r:.2} tok/s ({:.0}% of it)", 100.0 * f),
                 _ => String::new(),
             };
-            println!(
+            outln!(
                 "upload: storage reads {}, {:.1} MiB to the GPU per token at {:.1} GB/s H2D, copy engine busy {:.0}%, compute waiting on copies {:.0}%, host-tier hit rate {:.2}{}{bound}",
                 match u.gds.as_deref() {
                     Some("direct") => "straight into GPU memory (GPUDirect Storage)",
@@ -679,7 +684,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 100.0 * u.copy_stall_fraction,
                 u.host_hit_rate,
                 if u.pageable_copies > 0 { format!(", {} pageable copies", u.pageable_copies) } else { String::new() },
-            );
+            )?;
         }
     }
     Ok(())

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
+use super::outln;
 use crate::format::cawsf::Compression;
 use crate::format::convert::{ConvertOptions, Progress, Target, convert};
 use crate::model::ModelSource;
@@ -136,9 +137,9 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
         eprintln!("warning: {w}");
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!(
+        outln!(
             "{}: {} layers, {} tensors ({} converted), {:.1} MB read, {:.1} MB written",
             args.out.display(),
             report.layers,
@@ -146,7 +147,7 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
             report.converted,
             report.bytes_in as f64 / 1e6,
             report.bytes_out as f64 / 1e6
-        );
+        )?;
     }
     Ok(())
 }

@@ -45,6 +45,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use clap::Args;
 use serde::Serialize;
 
+use super::{out, outln};
 use crate::backend::cuda::gds::{self, GdsMode, GdsReport};
 use crate::backend::cuda::kernels::{self, KernelFile};
 use crate::backend::cuda::libs::{self, CudaLibs, GpuInfo};
@@ -186,9 +187,9 @@ pub fn main(args: DoctorArgs) -> anyhow::Result<()> {
         ok,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        print!("{}", render_text(&report));
+        out!("{}", render_text(&report))?;
     }
     if let Some(k) = &report.kernels {
         if let Some(e) = &k.error {

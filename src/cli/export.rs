@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::outln;
 use crate::format::export::export;
 use crate::model::ModelSource;
 use crate::quant::convert_target;
@@ -46,9 +47,9 @@ pub fn main(args: ExportArgs) -> anyhow::Result<()> {
         eprintln!("warning: {w}");
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!(
+        outln!(
             "{}: {} ({} tensors, {} converted), tokenizer {}, {:.1} MB",
             args.out.display(),
             report.architecture,
@@ -56,9 +57,9 @@ pub fn main(args: ExportArgs) -> anyhow::Result<()> {
             report.converted,
             report.tokenizer,
             report.bytes as f64 / 1e6
-        );
+        )?;
         if let Some(note) = &report.note {
-            println!("note: {note}");
+            outln!("note: {note}")?;
         }
     }
     Ok(())

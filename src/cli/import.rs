@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use clap::Args;
 
+use super::outln;
 use super::store_cmds::{explain, human_size};
 use crate::store::{ModelName, Store, ollama_models_dir};
 
@@ -44,7 +45,7 @@ pub fn main(args: ImportArgs) -> anyhow::Result<()> {
     };
     let e = &imported.entry;
     let what = e.details.as_ref().map_or(String::new(), |d| format!(", {} {}", d.architecture, d.quantization));
-    println!("imported {} ({}{what}, {}) from {}", imported.name, e.format.name(), human_size(e.size), e.source);
+    outln!("imported {} ({}{what}, {}) from {}", imported.name, e.format.name(), human_size(e.size), e.source)?;
     Ok(())
 }
 

@@ -1,12 +1,12 @@
 //! `strata inspect`: what a model file or directory holds, for every format Strata reads.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde_json::{Value, json};
 
+use super::out;
 use crate::format::Group;
 use crate::format::gguf::{GgufFile, GgufValue};
 use crate::tensor::HostTensor;
@@ -23,11 +23,7 @@ pub struct InspectArgs {
 pub fn main(args: InspectArgs) -> anyhow::Result<()> {
     let report = inspect(&args.path)?;
     let text = if args.json { serde_json::to_string_pretty(&report)? + "\n" } else { render_text(&report) };
-    // A reader that stops early (`| head`) is not an error.
-    match std::io::stdout().write_all(text.as_bytes()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other?),
-    }
+    out!("{text}")
 }
 
 /// The report for any supported path, as JSON with at least `format`, `tensors` (name,

@@ -1,4 +1,8 @@
 //! Command-line subcommands, one file each.
+//!
+//! A command writes its output with [`outln!`] and [`out!`], not `println!`: a write that
+//! fails (stdout on a full disk, or a closed pipe under `serve`, which ignores SIGPIPE)
+//! is then an error the command returns (exit 1), not a panic.
 
 pub mod bench;
 pub mod convert;
@@ -19,6 +23,22 @@ pub mod verify;
 use clap::{Args, Parser, Subcommand};
 
 use crate::engine::session::RunOptions;
+
+/// `println!` to stdout that returns `anyhow::Result<()>` instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` to stdout that returns `anyhow::Result<()>` instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!($($arg)*))
+    };
+}
+
+pub(crate) use {out, outln};
 
 #[derive(Parser, Debug)]
 #[command(name = "strata", version, about = "An inference server for large language models")]
@@ -161,6 +181,14 @@ pub struct RunOpts {
     #[arg(long = "sparse-ffn", value_name = "SETTING", default_value = "off",
           value_parser = crate::model::sparse::SparseFfn::parse)]
     pub sparse_ffn: crate::model::sparse::SparseFfn,
+}
+
+/// Writes to stdout and flushes, so that a full disk is seen here, not lost at exit.
+pub fn write_stdout(text: std::fmt::Arguments) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_fmt(text).and_then(|()| stdout.flush()).context("writing to stdout")
 }
 
 fn parse_device_arg(s: &str) -> Result<crate::backend::device::DeviceSpec, String> {

@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::RunOpts;
+use super::outln;
 use crate::engine::sampler::log_softmax;
 use crate::engine::session::{Engine, PREFILL_CHUNK};
 use crate::model::decoder::SeqStep;
@@ -234,17 +235,21 @@ pub fn main(args: PerplexityArgs) -> anyhow::Result<()> {
     let reference = args.reference.as_deref().zip(reference.as_ref());
     let result = Perplexity { route, ..score_against(&engine, reference, &tokens, chunk)? };
     if args.json {
-        println!("{}", serde_json::to_string(&result)?);
+        outln!("{}", serde_json::to_string(&result)?)?;
     } else {
-        println!("tokens {}  nll_mean {:.6}  ppl {:.4}", result.tokens, result.nll_mean, result.ppl);
+        outln!("tokens {}  nll_mean {:.6}  ppl {:.4}", result.tokens, result.nll_mean, result.ppl)?;
         if let Some(s) = &result.sparse_ffn {
-            println!("sparse-ffn {}  kept {:.3} of the neuron groups", s.setting, s.kept_fraction);
+            outln!("sparse-ffn {}  kept {:.3} of the neuron groups", s.setting, s.kept_fraction)?;
         }
         if let Some(a) = &result.against {
-            println!(
+            outln!(
                 "against {}: ppl {:.4}  KL {:.5}  top-1 agreement {:.4}  mean |Δ log-prob| {:.5}",
-                a.reference, a.reference_ppl, a.kl_mean, a.top1_agreement, a.mean_abs_dlogprob
-            );
+                a.reference,
+                a.reference_ppl,
+                a.kl_mean,
+                a.top1_agreement,
+                a.mean_abs_dlogprob
+            )?;
         }
     }
     Ok(())

@@ -5,6 +5,7 @@ use std::ops::ControlFlow;
 
 use clap::Args;
 
+use super::outln;
 use crate::hub::{HubClient, Phase};
 use crate::quant::convert_target;
 use crate::store::Store;
@@ -69,6 +70,6 @@ pub fn main(args: PullArgs) -> anyhow::Result<()> {
         ControlFlow::Continue(())
     };
     let model = pull_hf(&store, &client, &args.spec, quant, args.name.as_deref(), args.force, &mut on)?;
-    println!("{}", model.name);
+    outln!("{}", model.name)?;
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 use clap::Args;
 
+use super::outln;
 use crate::format::route::{Budget, routing_key, select};
 use crate::model::ModelSource;
 
@@ -37,23 +38,29 @@ pub fn main(args: RouteArgs) -> anyhow::Result<()> {
     let components: Vec<&str> = args.components.iter().map(String::as_str).collect();
     let sel = select(&routing, &key, &components, args.budget);
     if args.json {
-        println!("{}", serde_json::to_string(&sel)?);
+        outln!("{}", serde_json::to_string(&sel)?)?;
         return Ok(());
     }
-    println!("{:>5} {:>6} {:>4} {:>5} {:>10} {:>8}  tensor", "rank", "shard", "part", "layer", "bytes", "score");
+    outln!("{:>5} {:>6} {:>4} {:>5} {:>10} {:>8}  tensor", "rank", "shard", "part", "layer", "bytes", "score")?;
     let shown = match args.top {
         0 => sel.shards.len(),
         n => n.min(sel.shards.len()),
     };
     for r in &sel.shards[..shown] {
         let mark = if r.kept { "" } else { "  (over budget)" };
-        println!(
+        outln!(
             "{:>5} {:>6} {:>4} {:>5} {:>10} {:>8.5}  {}{mark}",
-            r.rank, r.entry.shard, r.entry.component, r.entry.layer, r.entry.cost, r.score, r.entry.tensor
-        );
+            r.rank,
+            r.entry.shard,
+            r.entry.component,
+            r.entry.layer,
+            r.entry.cost,
+            r.score,
+            r.entry.tensor
+        )?;
     }
     let s = &sel.summary;
     let budget = s.budget_bytes.map_or_else(|| "no budget".to_string(), |b| format!("budget {b} bytes"));
-    println!("kept {} of {} shards, {} of {} bytes ({budget})", s.kept, s.candidates, s.kept_bytes, s.candidate_bytes);
+    outln!("kept {} of {} shards, {} of {} bytes ({budget})", s.kept, s.candidates, s.kept_bytes, s.candidate_bytes)?;
     Ok(())
 }

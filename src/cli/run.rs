@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
+use anyhow::Context;
 use clap::Args;
 
 use super::RunOpts;
@@ -109,7 +110,7 @@ fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[Ch
         }
         true
     })?;
-    writeln!(out)?;
+    writeln!(out).context("writing to stdout")?;
     tracing::info!(
         prompt_tokens = summary.prompt_tokens,
         completion_tokens = summary.completion_tokens,

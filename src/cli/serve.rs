@@ -13,6 +13,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use super::RunOpts;
+use super::{out, outln};
 use crate::config::Settings;
 use crate::model::demo::DEMO_NAME;
 use crate::queue::KeepAlive;
@@ -260,7 +261,7 @@ fn model_entry(arg: &str) -> (String, String) {
 
 pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
     if args.print_config {
-        print!("{}", settings.render());
+        out!("{}", settings.render())?;
         return Ok(());
     }
     let keep_alive = KeepAlive::parse(&serde_json::Value::String(args.keep_alive.clone()))
@@ -456,19 +457,19 @@ pub struct PsArgs {
 /// `strata ps`: each running server, and the models it has loaded.
 pub fn ps(args: PsArgs) -> anyhow::Result<()> {
     for (_, pid) in running(args.port)? {
-        println!("server pid {} on {}", pid.pid, pid.addr);
+        outln!("server pid {} on {}", pid.pid, pid.addr)?;
         let body = http_get(&pid.addr, "/api/ps")?;
         let v: serde_json::Value = serde_json::from_str(&body).context("the server's /api/ps answer is not JSON")?;
-        println!("  {:<32} {:>12} {:>8}  UNTIL", "NAME", "SIZE", "CONTEXT");
+        outln!("  {:<32} {:>12} {:>8}  UNTIL", "NAME", "SIZE", "CONTEXT")?;
         for m in v["models"].as_array().into_iter().flatten() {
             let size = m["size"].as_u64().unwrap_or(0) as f64 / 1048576.0;
-            println!(
+            outln!(
                 "  {:<32} {:>9.1} MiB {:>8}  {}",
                 m["name"].as_str().unwrap_or("?"),
                 size,
                 m["context_length"].as_u64().unwrap_or(0),
                 m["expires_at"].as_str().unwrap_or("forever")
-            );
+            )?;
         }
     }
     Ok(())

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use clap::Args;
 use serde_json::{Value, json};
 
+use super::outln;
 use crate::queue::models::parameter_size;
 pub use crate::sched::plan::human_size;
 use crate::store::{ModelName, Store, StoreError, StoredModel};
@@ -63,21 +64,21 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
     let models = store.list()?;
     if args.json {
         let all: Vec<Value> = models.iter().map(to_json).collect();
-        println!("{}", serde_json::to_string_pretty(&all)?);
+        outln!("{}", serde_json::to_string_pretty(&all)?)?;
         return Ok(());
     }
-    println!("{:<40} {:<12} {:<11} {:>10}  MODIFIED", "NAME", "ID", "FORMAT", "SIZE");
+    outln!("{:<40} {:<12} {:<11} {:>10}  MODIFIED", "NAME", "ID", "FORMAT", "SIZE")?;
     let now = SystemTime::now();
     for m in &models {
         let id = m.entry.digest_hex();
-        println!(
+        outln!(
             "{:<40} {:<12} {:<11} {:>10}  {}",
             m.name.to_string(),
             &id[..12.min(id.len())],
             m.entry.format.name(),
             human_size(m.entry.size),
             ago(now, m.entry.modified())
-        );
+        )?;
     }
     if models.is_empty() {
         eprintln!("no models in {}; `strata import PATH --name NAME` adds one", store.models_dir().display());
@@ -89,7 +90,7 @@ pub fn show(args: ShowArgs) -> anyhow::Result<()> {
     let store = Store::default();
     let m = store.show(&args.name).map_err(|e| explain(&store, e, false))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&m))?);
+        outln!("{}", serde_json::to_string_pretty(&to_json(&m))?)?;
         return Ok(());
     }
     let e = &m.entry;
@@ -108,7 +109,7 @@ pub fn show(args: ShowArgs) -> anyhow::Result<()> {
     rows.push(("digest", e.digest.clone().unwrap_or_else(|| e.digest_hex())));
     rows.push(("path", m.path().display().to_string()));
     for (k, v) in rows {
-        println!("  {k:<16}{v}");
+        outln!("  {k:<16}{v}")?;
     }
     Ok(())
 }
@@ -118,7 +119,7 @@ pub fn rm(args: RmArgs) -> anyhow::Result<()> {
     let mut failed = 0;
     for name in &args.names {
         match store.remove(name) {
-            Ok(removed) => println!("deleted '{removed}'"),
+            Ok(removed) => outln!("deleted '{removed}'")?,
             Err(e) => {
                 eprintln!("error: {}", crate::errors::chain(&explain(&store, e, false)));
                 failed += 1;
@@ -139,7 +140,7 @@ pub fn cp(args: CpArgs) -> anyhow::Result<()> {
         anyhow::bail!("`{}` and `{}` are the same model, `{}`", args.source, args.destination, from.name);
     }
     let copied = store.copy(&args.source, &args.destination, args.force).map_err(|e| explain(&store, e, args.force))?;
-    println!("copied '{}' to '{}'", from.name, copied.name);
+    outln!("copied '{}' to '{}'", from.name, copied.name)?;
     Ok(())
 }
 

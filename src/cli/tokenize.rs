@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 
+use super::outln;
 use crate::engine::tokenizer::{TextTokenizer, TokenizerSources};
 use crate::model::ModelSource;
 
@@ -53,10 +54,10 @@ pub fn main(args: TokenizeArgs) -> anyhow::Result<()> {
     let pieces: Vec<String> =
         ids.iter().map(|&id| String::from_utf8_lossy(&tok.token_bytes(id)).into_owned()).collect();
     if args.json {
-        println!("{}", json!({"ids": ids, "pieces": pieces}));
+        outln!("{}", json!({"ids": ids, "pieces": pieces}))?;
     } else {
         for (id, piece) in ids.iter().zip(&pieces) {
-            println!("{id}\t{}", piece.escape_debug());
+            outln!("{id}\t{}", piece.escape_debug())?;
         }
     }
     Ok(())

@@ -3,12 +3,12 @@
 //! interval (tokens, storage reads, hit rates, I/O stall, host-to-device copies), the
 //! batch and the KV memory. It reads `/api/strata/status`, as the status page does.
 
-use std::io::Write;
 use std::time::Duration;
 
 use clap::Args;
 use serde_json::Value;
 
+use super::out;
 use super::serve::{http_get, running};
 
 #[derive(Args, Debug)]
@@ -39,18 +39,16 @@ pub fn main(args: TopArgs) -> anyhow::Result<()> {
     let fetch = || -> anyhow::Result<Value> { Ok(serde_json::from_str(&http_get(&addr, "/api/strata/status")?)?) };
     let width = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()).unwrap_or(100usize).max(40);
     let mut prev = fetch()?;
-    let mut out = std::io::stdout();
     loop {
         std::thread::sleep(Duration::from_secs_f64(args.interval));
         let now = fetch()?;
         let screen = render(&addr, Some(&prev), &now, width);
         if args.once {
-            print!("{screen}");
+            out!("{screen}")?;
             return Ok(());
         }
         // Home, clear, draw: one write, so the terminal never shows half a screen.
-        write!(out, "\x1b[H\x1b[2J{screen}")?;
-        out.flush()?;
+        out!("\x1b[H\x1b[2J{screen}")?;
         prev = now;
     }
 }

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::outln;
 use clap::Args;
 
 #[derive(Args, Debug)]
@@ -26,6 +27,6 @@ pub fn main(args: VerifyArgs) -> anyhow::Result<()> {
     } else {
         anyhow::bail!("{}: no such file or directory", p.display());
     };
-    println!("{}: ok ({report})", p.display());
+    outln!("{}: ok ({report})", p.display())?;
     Ok(())
 }
