@@ -597,7 +597,7 @@ impl Store {
         let details = match origin.details {
             Some(d) => Some(d),
             None => inspect(&payload, format)
-                .inspect_err(|e| tracing::warn!(model = %name, error = %format!("{e:#}"), "no model details"))
+                .inspect_err(|e| tracing::warn!(model = %name, error = %crate::errors::chain(e), "no model details"))
                 .ok(),
         };
         let entry = Entry {

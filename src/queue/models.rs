@@ -295,7 +295,7 @@ impl Registry {
             return Ok(info.clone());
         }
         let path = store.resolve(name).map_err(|e| RegistryError::store(name, e))?;
-        let failed = |e: anyhow::Error| RegistryError::Failed { name: key.clone(), message: format!("{e:#}") };
+        let failed = |e: anyhow::Error| RegistryError::Failed { name: key.clone(), message: crate::errors::chain(&e) };
         let mut info = ModelInfo::read(&key, path.to_str().ok_or_else(|| failed(anyhow::anyhow!("non-UTF-8 path")))?)
             .map_err(failed)?;
         // The same identity `/api/tags` shows.

@@ -544,7 +544,7 @@ impl Worker {
         }
         let started = Instant::now();
         let mut engine = Engine::load(&info.spec, &opts).map_err(|e| {
-            let msg = format!("loading `{name}`: {e:#}");
+            let msg = format!("loading `{name}`: {}", crate::errors::chain(&e));
             match is_device_error(&e) {
                 true => JobError::Device(msg),
                 false => JobError::Internal(msg),

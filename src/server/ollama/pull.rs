@@ -176,7 +176,7 @@ fn async_stream_lines(
 /// bad name or a model this build cannot load a 400; the hub unreachable or answering
 /// wrongly a 502; another pull of the same files a 503; the rest (the disk) a 500.
 fn classify(e: &anyhow::Error) -> ApiError {
-    let msg = format!("{e:#}");
+    let msg = crate::errors::chain(e);
     if let Some(crate::store::StoreError::Unsupported { .. }) = e.downcast_ref::<crate::store::StoreError>() {
         return ApiError::new(ErrorKind::InvalidRequest, msg);
     }
