@@ -80,12 +80,25 @@ impl RunArgs {
 /// is off, else the last message's text with the tokenizer's special tokens.
 fn prompt_ids(engine: &Engine, messages: &[ChatMessage], raw: bool) -> anyhow::Result<Vec<u32>> {
     let tok = &engine.tokenizer;
-    if raw || tok.chat_template().is_none() {
+    if raw {
         let text = messages.last().map(|m| m.content.as_str()).unwrap_or("");
         return Ok(tok.encode(text, true)?);
     }
+    if tok.chat_template().is_none() {
+        return Ok(tok.encode(&untemplated(messages), true)?);
+    }
     let text = tok.apply_chat_template(messages, true)?;
     Ok(tok.encode(&text, false)?)
+}
+
+/// The text sent to a model without a chat template, as the server sends it: the last
+/// message, after the system message and a blank line when there is one.
+fn untemplated(messages: &[ChatMessage]) -> String {
+    let last = messages.last().map(|m| m.content.as_str()).unwrap_or("");
+    match messages.first().filter(|m| m.role == "system" && messages.len() > 1) {
+        Some(system) if !system.content.is_empty() => format!("{}\n\n{last}", system.content),
+        _ => last.to_string(),
+    }
 }
 
 /// Streams one answer to stdout and returns its text.
@@ -184,4 +197,21 @@ pub fn main(args: RunArgs) -> anyhow::Result<()> {
         messages.push(ChatMessage::new("assistant", reply));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_model_without_a_template_gets_the_system_message_before_the_prompt() {
+        let m = |role: &str, text: &str| ChatMessage::new(role, text);
+        assert_eq!(untemplated(&[m("system", "Be brief."), m("user", "Hi")]), "Be brief.\n\nHi");
+        assert_eq!(untemplated(&[m("user", "Hi")]), "Hi");
+        assert_eq!(untemplated(&[m("system", ""), m("user", "Hi")]), "Hi");
+        // Later turns: the system message, then the newest turn.
+        let turns = [m("system", "S"), m("user", "a"), m("assistant", "b"), m("user", "c")];
+        assert_eq!(untemplated(&turns), "S\n\nc");
+        assert_eq!(untemplated(&[]), "");
+    }
 }
