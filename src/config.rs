@@ -197,8 +197,9 @@ fn check_value(arg: &clap::Arg, value: &str) -> Result<(), String> {
 }
 
 /// The TOML type a setting takes in the file, from what its flag parses to: a count is
-/// an integer (not `"4"`, nor `1e3`), a switch `true` or `false`, a name a string (not
-/// `true`). Nothing is coerced.
+/// an integer (not `"4"`, nor `1e3`), a switch `true` or `false`, the rest a string (not
+/// `true`) or a number, as their flags take numbers too (`keep-alive = 300`, seconds).
+/// Nothing else is coerced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Boolean,
@@ -231,12 +232,15 @@ impl Kind {
             (Kind::Boolean, V::Boolean(b)) => Ok(b.to_string()),
             (Kind::Integer | Kind::Size, V::Integer(i)) => Ok(i.to_string()),
             (Kind::Size | Kind::Text, V::String(s)) => Ok(s),
+            // Then the flag's own parser judges the number (`keep-alive = -1`, `300`).
+            (Kind::Text, V::Integer(i)) => Ok(i.to_string()),
+            (Kind::Text, V::Float(f)) => Ok(f.to_string()),
             (kind, other) => {
                 let expected = match kind {
                     Kind::Boolean => "`true` or `false`",
                     Kind::Integer => "an integer",
                     Kind::Size => "a size (bytes as an integer, or a string such as \"8GiB\")",
-                    Kind::Text => "a string",
+                    Kind::Text => "a string or a number",
                 };
                 let found = match &other {
                     V::Array(_) => "an array".to_string(),
@@ -443,16 +447,18 @@ mod tests {
         assert_eq!(ok["expert-guess"], ["true"]);
         assert_eq!(ok["memory-budget"], ["0"]);
         assert_eq!(ok["keep-alive"], ["-1"]);
+        assert_eq!(check("keep-alive = -1\n").unwrap()["keep-alive"], ["-1"]);
+        assert_eq!(check("keep-alive = 300\n").unwrap()["keep-alive"], ["300"]);
         for (text, want) in [
-            ("host = true\n", "`host`: expected a string, found the boolean true"),
+            ("host = true\n", "`host`: expected a string or a number, found the boolean true"),
             ("threads = 1e3\n", "`threads`: expected an integer, found the float 1000.0"),
             ("threads = 4.0\n", "`threads`: expected an integer, found the float 4.0"),
             ("threads = \"4\"\n", "`threads`: expected an integer, found the string \"4\""),
-            ("keep-alive = -1\n", "`keep-alive`: expected a string, found the integer -1"),
+            ("keep-alive = true\n", "`keep-alive`: expected a string or a number, found the boolean true"),
             ("expert-guess = 1\n", "`expert-guess`: expected `true` or `false`, found the integer 1"),
             ("memory-budget = 1.5\n", "`memory-budget`: expected a size"),
-            ("api-key = [\"a\", 2]\n", "`api-key`: expected a string, found the integer 2"),
-            ("model = [{ a = 1 }]\n", "`model`: expected a string, found a table"),
+            ("api-key = [\"a\", true]\n", "`api-key`: expected a string or a number, found the boolean true"),
+            ("model = [{ a = 1 }]\n", "`model`: expected a string or a number, found a table"),
         ] {
             let err = check(text).unwrap_err();
             assert!(err.contains("strata.toml") && err.contains(want), "{text}: {err}");

@@ -125,7 +125,7 @@ fn a_bad_config_file_is_an_error_naming_the_file_and_key() {
         // No value is coerced to its key's type.
         ("port = \"8080\"\n", "`port`: expected an integer, found the string \"8080\""),
         ("threads = 1e3\n", "`threads`: expected an integer, found the float 1000.0"),
-        ("host = true\n", "`host`: expected a string, found the boolean true"),
+        ("host = true\n", "`host`: expected a string or a number, found the boolean true"),
         ("expert-guess = \"yes\"\n", "`expert-guess`: expected `true` or `false`, found the string"),
         ("colour = \"blue\"\n", "`colour`: not a setting"),
         ("threads = [1, 2]\n", "`threads`: expected one value"),
