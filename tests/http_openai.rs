@@ -179,6 +179,73 @@ async fn chat_stream_sends_role_content_finish_usage_and_done() {
     assert_eq!(whole["choices"][0]["finish_reason"].as_str().unwrap(), reason);
 }
 
+/// `n` choices are each a generation of their own: choice `j` is what the request alone
+/// gives with the seed plus `j`; the prompt is counted once in the usage.
+#[tokio::test]
+async fn several_choices_are_each_the_request_alone_with_its_seed() {
+    let (app, _) = app();
+    let sampled = json!({"temperature": 1, "seed": 11, "max_tokens": 6});
+    let with = |extra: Value| {
+        let mut body = chat(sampled.clone());
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        post_json("/v1/chat/completions", body)
+    };
+    let (status, _, body) = send(&app, with(json!({"n": 3}))).await;
+    let three = json(&body);
+    assert_eq!(status, StatusCode::OK, "{three}");
+    let choices = three["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let mut completion_tokens = 0;
+    for (j, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], j);
+        let (_, _, alone) = send(&app, with(json!({"seed": 11 + j}))).await;
+        let alone = json(&alone);
+        assert_eq!(choice["message"], alone["choices"][0]["message"], "choice {j}");
+        assert_eq!(three["usage"]["prompt_tokens"], alone["usage"]["prompt_tokens"]);
+        completion_tokens += alone["usage"]["completion_tokens"].as_u64().unwrap();
+    }
+    assert_eq!(three["usage"]["completion_tokens"], completion_tokens);
+    let texts: Vec<&Value> = choices.iter().map(|c| &c["message"]["content"]).collect();
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "three seeds, three samples: {texts:?}");
+
+    // Streamed: every choice's chunks under its index, one finish each, then one usage
+    // chunk for all and one [DONE].
+    let (status, _, body) =
+        send(&app, with(json!({"n": 3, "stream": true, "stream_options": {"include_usage": true}}))).await;
+    assert_eq!(status, StatusCode::OK);
+    let data = sse_data(&body);
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| json(d.as_bytes())).collect();
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"], three["usage"]);
+    let mut streamed = vec![String::new(); 3];
+    let mut finishes = [0; 3];
+    for c in &chunks[..chunks.len() - 1] {
+        let choice = &c["choices"][0];
+        let j = choice["index"].as_u64().unwrap() as usize;
+        streamed[j].push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+        finishes[j] += choice["finish_reason"].is_string() as usize;
+    }
+    assert_eq!(finishes, [1, 1, 1]);
+    for (j, text) in streamed.iter().enumerate() {
+        assert_eq!(Some(text.as_str()), choices[j]["message"]["content"].as_str(), "choice {j}");
+    }
+
+    // Completions: each prompt's choices in turn.
+    let body = json!({"model": "llama3", "prompt": ["Hello", "Once upon"], "n": 2, "seed": 3,
+        "temperature": 1, "max_tokens": 4});
+    let (status, _, out) = send(&app, post_json("/v1/completions", body)).await;
+    let both = json(&out);
+    assert_eq!(status, StatusCode::OK, "{both}");
+    assert_eq!(both["choices"].as_array().unwrap().len(), 4);
+    let body = json!({"model": "llama3", "prompt": "Once upon", "seed": 4, "temperature": 1, "max_tokens": 4});
+    let alone = json(&send(&app, post_json("/v1/completions", body)).await.2);
+    assert_eq!(both["choices"][3]["text"], alone["choices"][0]["text"]);
+    assert_eq!(both["choices"][3]["index"], 3);
+}
+
 #[tokio::test]
 async fn stream_without_include_usage_has_no_usage() {
     let (app, _) = app();
@@ -304,7 +371,7 @@ async fn completions_take_text_and_token_prompts() {
         }
     }
 
-    let body = json!({"model": "llama3", "prompt": ["one", "two"]});
+    let body = json!({"model": "llama3", "prompt": [[1, 2], []]});
     let v = expect_error(&app, post_json("/v1/completions", body), StatusCode::BAD_REQUEST).await;
     assert_eq!(v["error"]["param"], "prompt");
 }
@@ -396,7 +463,8 @@ async fn embeddings_as_floats_and_base64() {
 async fn invalid_requests_name_the_field() {
     let (app, _) = app();
     let cases = [
-        (chat(json!({"n": 2})), "n"),
+        (chat(json!({"n": 0})), "n"),
+        (chat(json!({"n": 17})), "n"),
         (chat(json!({"tools": [{"type": "function", "function": {"name": ""}}]})), "tools[0].function.name"),
         (chat(json!({"tool_choice": "required"})), "tool_choice"),
         (chat(json!({"response_format": {"type": "json_schema"}})), "response_format.json_schema"),

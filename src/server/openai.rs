@@ -217,24 +217,36 @@ fn f32_le_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// Queues a generation and answers it whole or as a stream.
+/// Queues a request's generations, one per choice, and answers them whole or as a
+/// stream.
 async fn generate(state: &AppState, plan: Plan) -> Result<Response, ApiError> {
     state.model(&plan.job.model)?;
     let head = Head { id: new_id(plan.api), created: unix_seconds(SystemTime::now()), model: plan.job.model.clone() };
-    let mut rx = state.queue.submit(Work::Generate(plan.job))?;
-    if !plan.stream {
-        let generation = collect(&mut rx, &state.metrics).await?;
-        return whole_response(&head, plan.api, plan.logprobs, generation);
+    // Every choice is queued before any is awaited; a receiver dropped (an error, the
+    // client gone) cancels its generation.
+    let mut rxs = Vec::new();
+    for job in plan.jobs() {
+        rxs.push(state.queue.submit(Work::Generate(job))?);
     }
-    // Commit to a 200 stream only once the job has started: a prompt that does not fit
-    // (or any other early failure) is still a plain JSON error with its status.
-    let first = match rx.recv().await {
+    if !plan.stream {
+        let gens = futures_util::future::try_join_all(rxs.iter_mut().map(|rx| collect(rx, &state.metrics))).await?;
+        return whole_response(&head, plan.api, plan.logprobs, gens, plan.n);
+    }
+    // Commit to a 200 stream only once the first choice has started: a prompt that does
+    // not fit (or any other early failure) is still a plain JSON error with its status.
+    let first = match rxs[0].recv().await {
         Some(Event::Error(e)) => return Err(e.into()),
         Some(ev) => ev,
         None => return Err(worker_gone()),
     };
-    let writer = ChunkWriter::new(plan.api, head, plan.include_usage, plan.logprobs);
-    Ok(sse_response(state, rx, first, writer))
+    let writers = match rxs.len() {
+        1 => vec![ChunkWriter::new(plan.api, head, plan.include_usage, plan.logprobs)],
+        n => (0..n as u32)
+            .map(|i| ChunkWriter::for_choice(plan.api, head.clone(), plan.include_usage, plan.logprobs, i))
+            .collect(),
+    };
+    let streams = Streams { writers: writers.into_iter().map(|w| (w, None)).collect(), n: plan.n, ended: false };
+    Ok(sse_response(state, rxs, first, streams))
 }
 
 async fn collect(rx: &mut UnboundedReceiver<Event>, metrics: &Metrics) -> Result<Generation, ApiError> {
@@ -259,30 +271,76 @@ fn record(metrics: &Metrics, done: &JobDone) {
     metrics.record_generation(done.prompt_tokens, done.completion_tokens, done.prefill, done.decode);
 }
 
-/// The SSE response. The body owns `rx`: when the client goes away the body is dropped,
-/// the receiver with it, and the worker stops the job.
-fn sse_response(state: &AppState, rx: UnboundedReceiver<Event>, first: Event, mut writer: ChunkWriter) -> Response {
-    let metrics = state.metrics.clone();
-    if let Event::Done(done) = &first {
-        record(&metrics, done);
-    }
-    let mut opening = writer.start();
-    opening.extend(writer.push(first));
-    let rest = futures_util::stream::unfold((rx, writer, metrics), |(mut rx, mut writer, metrics)| async move {
-        if writer.is_finished() {
-            return None;
-        }
-        let frames = match rx.recv().await {
-            Some(ev) => {
-                if let Event::Done(done) = &ev {
-                    record(&metrics, done);
-                }
-                writer.push(ev)
-            }
-            None => writer.closed(),
+/// A stream's choices: each one's writer and how it finished, `n` to a prompt.
+struct Streams {
+    writers: Vec<(ChunkWriter, Option<JobDone>)>,
+    n: usize,
+    /// The last payload went out.
+    ended: bool,
+}
+
+impl Streams {
+    /// The payloads for choice `i`'s event (`None`: its channel closed). An error ends
+    /// the stream; so does the last choice's end, with the usage of all (a single
+    /// choice's writer ends the stream itself).
+    fn take(&mut self, i: usize, ev: Option<Event>, metrics: &Metrics) -> Vec<String> {
+        let solo = self.writers.len() == 1;
+        let (writer, done) = &mut self.writers[i];
+        let Some(ev) = ev else {
+            let frames = writer.closed();
+            self.ended |= writer.failed();
+            return frames;
         };
-        Some((frames, (rx, writer, metrics)))
+        if let Event::Done(d) = &ev {
+            record(metrics, d);
+            *done = Some(d.clone());
+        }
+        let mut frames = writer.push(ev);
+        if writer.failed() || solo {
+            self.ended = writer.is_finished();
+            return frames;
+        }
+        if self.writers.iter().all(|(w, _)| w.is_finished()) {
+            let usage = Usage::of_choices(self.writers.iter().filter_map(|(_, d)| d.as_ref()), self.n);
+            frames.extend(self.writers[0].0.end(usage));
+            self.ended = true;
+        }
+        frames
+    }
+}
+
+/// The SSE response. The body owns the receivers: when the client goes away the body is
+/// dropped, the receivers with it, and the worker stops the jobs.
+fn sse_response(state: &AppState, rxs: Vec<UnboundedReceiver<Event>>, first: Event, mut streams: Streams) -> Response {
+    let metrics = state.metrics.clone();
+    let mut opening: Vec<String> = streams.writers.iter_mut().flat_map(|(w, _)| w.start()).collect();
+    opening.extend(streams.take(0, Some(first), &metrics));
+    // Each choice's events, tagged with its index; `None` once its channel closed.
+    let each = rxs.into_iter().enumerate().map(|(i, rx)| {
+        futures_util::stream::unfold(Some(rx), move |rx| async move {
+            let mut rx = rx?;
+            match rx.recv().await {
+                Some(ev) => Some(((i, Some(ev)), Some(rx))),
+                None => Some(((i, None), None)),
+            }
+        })
+        .boxed()
     });
+    let merged = futures_util::stream::select_all(each);
+    let rest =
+        futures_util::stream::unfold((merged, streams, metrics), |(mut merged, mut streams, metrics)| async move {
+            if streams.ended {
+                return None;
+            }
+            let frames = match merged.next().await {
+                Some((i, ev)) => streams.take(i, ev, &metrics),
+                None => {
+                    streams.ended = true;
+                    Vec::new()
+                }
+            };
+            Some((frames, (merged, streams, metrics)))
+        });
     let events = futures_util::stream::iter([opening])
         .chain(rest)
         .flat_map(futures_util::stream::iter)

@@ -31,11 +31,52 @@ pub enum Api {
 #[derive(Debug)]
 pub struct Plan {
     pub api: Api,
+    /// The first choice's job; the others differ in their prompt and seed ([`Plan::jobs`]).
     pub job: GenerateJob,
+    /// Choices per prompt (`n`).
+    pub n: usize,
+    /// `/v1/completions`' prompts after the first.
+    pub more_prompts: Vec<PromptInput>,
     pub stream: bool,
     pub include_usage: bool,
     /// Report log-probabilities.
     pub logprobs: bool,
+}
+
+/// The most choices one request may ask for: `n` times its prompts. Each is a generation
+/// of its own in the queue.
+pub const MAX_CHOICES: usize = 16;
+
+impl Plan {
+    /// One job per choice, in choice order: each prompt's `n` choices in turn. A
+    /// prompt's choice `j` samples with the request's seed plus `j`, so that the choices
+    /// differ and each can be had again alone (with that seed and `n` 1).
+    pub fn jobs(&self) -> Vec<GenerateJob> {
+        let prompts = std::iter::once(&self.job.prompt).chain(&self.more_prompts);
+        prompts
+            .flat_map(|prompt| {
+                (0..self.n).map(move |j| {
+                    let mut job = self.job.clone();
+                    job.prompt = prompt.clone();
+                    job.sampling.seed = job.sampling.seed.map(|s| s.wrapping_add(j as u64));
+                    job
+                })
+            })
+            .collect()
+    }
+}
+
+/// `n`, checked: 1 to [`MAX_CHOICES`] over `prompts` prompts.
+fn choices(n: Option<i64>, prompts: usize) -> Result<usize, ApiError> {
+    let n = n.unwrap_or(1);
+    if n < 1 || (n as u64).saturating_mul(prompts as u64) > MAX_CHOICES as u64 {
+        let over = if prompts > 1 { format!(" over {prompts} prompts") } else { String::new() };
+        return Err(ApiError::invalid(
+            "n",
+            format!("`n` must be at least 1, and at most {MAX_CHOICES} choices in all{over}"),
+        ));
+    }
+    Ok(n as usize)
 }
 
 /// The generation settings chat and completions share, as the client sent them.
@@ -47,7 +88,6 @@ struct Knobs {
     seed: Option<i64>,
     presence_penalty: Option<f64>,
     frequency_penalty: Option<f64>,
-    n: Option<i64>,
     stop: Option<StopSpec>,
     logit_bias: Option<serde_json::Map<String, Value>>,
 }
@@ -109,7 +149,6 @@ fn logit_bias(map: Option<serde_json::Map<String, Value>>) -> Result<Vec<(u32, f
 impl Knobs {
     /// OpenAI's defaults: temperature 1, top_p 1, no top_k, no repeat penalty.
     fn resolve(self) -> Result<(SamplingParams, Vec<String>), ApiError> {
-        only_one("n", self.n)?;
         in_range("temperature", self.temperature, 0.0, 2.0, false)?;
         in_range("top_p", self.top_p, 0.0, 1.0, true)?;
         in_range("min_p", self.min_p, 0.0, 1.0, false)?;
@@ -343,10 +382,10 @@ impl ChatCompletionRequest {
             seed: self.seed,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
-            n: self.n,
             stop: self.stop,
             logit_bias: self.logit_bias,
         };
+        let n = choices(self.n, 1)?;
         let mut job = job(model, PromptInput::Chat(messages), max_tokens, knobs, top_logprobs)?;
         job.tools = tools;
         job.grammar_param = grammar_param(self.response_format.is_some());
@@ -359,6 +398,8 @@ impl ChatCompletionRequest {
         Ok(Plan {
             api: Api::Chat,
             job,
+            n,
+            more_prompts: Vec::new(),
             stream: self.stream.unwrap_or(false),
             include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             logprobs,
@@ -369,35 +410,35 @@ impl ChatCompletionRequest {
 impl CompletionRequest {
     pub fn into_plan(self) -> Result<Plan, ApiError> {
         let model = required(self.model, "model")?;
-        let many =
-            || ApiError::invalid("prompt", "`prompt` may hold only one prompt; several choices are not supported");
         let empty = || ApiError::invalid("prompt", "`prompt` is empty");
-        let mut prompt = match required(self.prompt, "prompt")? {
-            PromptSpec::Text(text) => PromptInput::Text { text, special: true },
-            PromptSpec::Texts(mut list) => match list.len() {
-                0 => return Err(empty()),
-                1 => PromptInput::Text { text: list.remove(0), special: true },
-                _ => return Err(many()),
-            },
-            PromptSpec::Tokens(ids) if ids.is_empty() => return Err(empty()),
-            PromptSpec::Tokens(ids) => PromptInput::Tokens(ids),
-            PromptSpec::TokenLists(mut lists) => match lists.len() {
-                1 if !lists[0].is_empty() => PromptInput::Tokens(lists.remove(0)),
-                0 | 1 => return Err(empty()),
-                _ => return Err(many()),
-            },
+        let text = |text| PromptInput::Text { text, special: true };
+        let mut prompts: Vec<PromptInput> = match required(self.prompt, "prompt")? {
+            PromptSpec::Text(t) => vec![text(t)],
+            PromptSpec::Texts(list) => list.into_iter().map(text).collect(),
+            PromptSpec::Tokens(ids) => vec![PromptInput::Tokens(ids)],
+            PromptSpec::TokenLists(lists) => lists.into_iter().map(PromptInput::Tokens).collect(),
         };
+        if prompts.is_empty() || prompts.iter().any(|p| matches!(p, PromptInput::Tokens(ids) if ids.is_empty())) {
+            return Err(empty());
+        }
+        let n = choices(self.n, prompts.len())?;
         only_one("best_of", self.best_of)?;
         if self.echo == Some(true) {
             return Err(ApiError::invalid("echo", "`echo` is not supported yet"));
         }
         if let Some(suffix) = self.suffix.filter(|s| !s.is_empty()) {
-            // Fill in the middle: the prompt is the text before the cursor.
-            let PromptInput::Text { text: prefix, .. } = prompt else {
-                return Err(ApiError::invalid("suffix", "`suffix` needs a text `prompt`, not token ids"));
-            };
-            prompt = PromptInput::Infill(crate::engine::tokenizer::Infill { prefix, suffix });
+            // Fill in the middle: each prompt is the text before the cursor.
+            for prompt in &mut prompts {
+                let PromptInput::Text { text: prefix, .. } = std::mem::replace(prompt, PromptInput::Tokens(Vec::new()))
+                else {
+                    return Err(ApiError::invalid("suffix", "`suffix` needs a text `prompt`, not token ids"));
+                };
+                let suffix = suffix.clone();
+                *prompt = PromptInput::Infill(crate::engine::tokenizer::Infill { prefix, suffix });
+            }
         }
+        let more_prompts = prompts.split_off(1);
+        let prompt = prompts.pop().expect("one prompt at least");
         let top_logprobs = match self.logprobs {
             None => None,
             Some(n) if (0..=MAX_TOP_LOGPROBS).contains(&n) => Some(n as usize),
@@ -413,7 +454,6 @@ impl CompletionRequest {
             seed: self.seed,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
-            n: self.n,
             stop: self.stop,
             logit_bias: self.logit_bias,
         };
@@ -426,6 +466,8 @@ impl CompletionRequest {
         Ok(Plan {
             api: Api::Completion,
             job,
+            n,
+            more_prompts,
             stream: self.stream.unwrap_or(false),
             include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             logprobs: top_logprobs.is_some(),
@@ -592,7 +634,8 @@ mod tests {
     #[test]
     fn chat_errors_name_the_field() {
         let cases = [
-            (json!({"n": 2}), "n"),
+            (json!({"n": 0}), "n"),
+            (json!({"n": 17}), "n"),
             (json!({"tools": [{"type": "function"}]}), "tools[0].function"),
             (json!({"tools": [{"type": "function", "function": {"name": ""}}]}), "tools[0].function.name"),
             (json!({"tools": [{"type": "code_interpreter"}]}), "tools[0].type"),
@@ -702,8 +745,24 @@ mod tests {
         assert!(matches!(prompt(json!(["hi"])).unwrap(), p if format!("{p:?}") == format!("{:?}", text("hi"))));
         assert!(matches!(prompt(json!([1, 2, 3])).unwrap(), PromptInput::Tokens(ids) if ids == [1, 2, 3]));
         assert!(matches!(prompt(json!([[4, 5]])).unwrap(), PromptInput::Tokens(ids) if ids == [4, 5]));
-        for bad in [json!(["a", "b"]), json!([[1], [2]]), json!([]), json!([[]])] {
+        for bad in [json!([]), json!([[]]), json!([[1], []])] {
             assert_eq!(param(prompt(bad.clone()).map(|_| unreachable!())), "prompt", "{bad}");
+        }
+        // Several prompts and several choices: each prompt's `n` choices in turn, choice
+        // `j` with the seed plus `j`.
+        let plan = completion(json!({"prompt": ["a", "b"], "n": 2, "seed": 7})).unwrap();
+        let jobs: Vec<_> = plan.jobs().into_iter().map(|j| (format!("{:?}", j.prompt), j.sampling.seed)).collect();
+        let (a, b) = (format!("{:?}", text("a")), format!("{:?}", text("b")));
+        assert_eq!(jobs, [(a.clone(), Some(7)), (a, Some(8)), (b.clone(), Some(7)), (b, Some(8))]);
+        let plan = completion(json!({"prompt": [[1], [2, 3]]})).unwrap();
+        assert_eq!(plan.jobs().len(), 2);
+        assert_eq!(plan.jobs()[0].sampling.seed, None);
+        let plan = completion(json!({"prompt": ["a", "b"], "suffix": "z"})).unwrap();
+        assert!(plan.jobs().iter().all(|j| matches!(&j.prompt, PromptInput::Infill(i) if i.suffix == "z")));
+        // At most `MAX_CHOICES` in all.
+        assert!(completion(json!({"n": MAX_CHOICES})).is_ok());
+        for bad in [json!({"n": 0}), json!({"n": MAX_CHOICES + 1}), json!({"prompt": ["a", "b"], "n": 9})] {
+            assert_eq!(param(completion(bad.clone())), "n", "{bad}");
         }
     }
 
@@ -721,7 +780,7 @@ mod tests {
             (json!({"echo": true}), "echo"),
             (json!({"suffix": "end", "prompt": [1, 2]}), "suffix"),
             (json!({"best_of": 2}), "best_of"),
-            (json!({"n": 3}), "n"),
+            (json!({"n": -1}), "n"),
             (json!({"max_tokens": 0}), "max_tokens"),
         ] {
             assert_eq!(param(completion(extra.clone())), field, "{extra}");

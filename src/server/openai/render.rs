@@ -38,11 +38,44 @@ pub(super) struct ChunkWriter {
     /// Characters of completion text sent so far (legacy `text_offset`).
     text_offset: usize,
     finished: bool,
+    failed: bool,
+    /// The choice's index.
+    index: u32,
+    /// Whether this writer's choice is the response's only one, and so ends the stream
+    /// (the usage chunk and `[DONE]`) when it ends; else [`ChunkWriter::end`] does.
+    solo: bool,
 }
 
 impl ChunkWriter {
     pub fn new(api: Api, head: Head, include_usage: bool, logprobs: bool) -> Self {
-        ChunkWriter { api, head, include_usage, logprobs, pending: Vec::new(), text_offset: 0, finished: false }
+        ChunkWriter {
+            api,
+            head,
+            include_usage,
+            logprobs,
+            pending: Vec::new(),
+            text_offset: 0,
+            finished: false,
+            failed: false,
+            index: 0,
+            solo: true,
+        }
+    }
+
+    /// The writer of choice `index` of several: its chunks carry the index, and the
+    /// stream ends with [`ChunkWriter::end`] once every choice has finished.
+    pub fn for_choice(api: Api, head: Head, include_usage: bool, logprobs: bool, index: u32) -> Self {
+        ChunkWriter { index, solo: false, ..ChunkWriter::new(api, head, include_usage, logprobs) }
+    }
+
+    /// The stream's last payloads: the usage chunk (with `include_usage`), then `[DONE]`.
+    pub fn end(&self, usage: Usage) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.include_usage {
+            out.push(self.usage_chunk(usage));
+        }
+        out.push("[DONE]".to_string());
+        out
     }
 
     /// What goes out before any event: the assistant role, for chat.
@@ -99,10 +132,9 @@ impl ChunkWriter {
                 Ok(finish) => {
                     self.finished = true;
                     let mut out = vec![self.chunk(Delta::default(), Some(finish))];
-                    if self.include_usage {
-                        out.push(self.usage_chunk(Usage::of(&done)));
+                    if self.solo {
+                        out.extend(self.end(Usage::of(&done)));
                     }
-                    out.push("[DONE]".to_string());
                     out
                 }
                 Err(e) => self.error(e),
@@ -126,8 +158,14 @@ impl ChunkWriter {
         }
     }
 
+    /// Whether the choice ended in an error payload (which ends the whole stream).
+    pub fn failed(&self) -> bool {
+        self.failed
+    }
+
     fn error(&mut self, e: ApiError) -> Vec<String> {
         self.finished = true;
+        self.failed = true;
         vec![serde_json::to_string(&e.openai_body()).unwrap_or_default()]
     }
 
@@ -142,12 +180,12 @@ impl ChunkWriter {
         match self.api {
             Api::Chat => {
                 let logprobs = has_logprobs.then(|| chat_logprobs(&steps));
-                self.chat_chunk(vec![ChunkChoice { index: 0, delta, logprobs, finish_reason: finish }], usage)
+                self.chat_chunk(vec![ChunkChoice { index: self.index, delta, logprobs, finish_reason: finish }], usage)
             }
             Api::Completion => {
                 let logprobs = has_logprobs.then(|| completion_logprobs(&steps, &mut self.text_offset));
                 let text = delta.content.unwrap_or_default();
-                let choice = CompletionChoice { index: 0, text, logprobs, finish_reason: finish };
+                let choice = CompletionChoice { index: self.index, text, logprobs, finish_reason: finish };
                 self.completion_chunk(vec![choice], usage)
             }
         }
@@ -221,9 +259,18 @@ fn finish_reason(done: &JobDone) -> Result<FinishReason, ApiError> {
     }
 }
 
-pub(super) fn whole_response(head: &Head, api: Api, logprobs: bool, g: Generation) -> Result<Response, ApiError> {
-    let finish = finish_reason(&g.done)?;
-    let usage = Usage::of(&g.done);
+/// The whole response to a request whose choices generated `gens`, in choice order, `n`
+/// to a prompt.
+pub(super) fn whole_response(
+    head: &Head,
+    api: Api,
+    logprobs: bool,
+    gens: Vec<Generation>,
+    n: usize,
+) -> Result<Response, ApiError> {
+    let usage = Usage::of_choices(gens.iter().map(|g| &g.done), n);
+    let finishes = gens.iter().map(|g| finish_reason(&g.done)).collect::<Result<Vec<_>, _>>()?;
+    let indexed = gens.into_iter().zip(finishes).zip(0u32..);
     let resp = match api {
         Api::Chat => Json(ChatCompletionResponse {
             id: head.id.clone(),
@@ -231,12 +278,14 @@ pub(super) fn whole_response(head: &Head, api: Api, logprobs: bool, g: Generatio
             created: head.created,
             model: head.model.clone(),
             system_fingerprint: SYSTEM_FINGERPRINT.into(),
-            choices: vec![ChatChoice {
-                index: 0,
-                message: assistant_message(g.text, g.reasoning, &g.done),
-                logprobs: logprobs.then(|| chat_logprobs(&g.steps)),
-                finish_reason: finish,
-            }],
+            choices: indexed
+                .map(|((g, finish), index)| ChatChoice {
+                    index,
+                    logprobs: logprobs.then(|| chat_logprobs(&g.steps)),
+                    message: assistant_message(g.text, g.reasoning, &g.done),
+                    finish_reason: finish,
+                })
+                .collect(),
             usage,
         })
         .into_response(),
@@ -246,12 +295,14 @@ pub(super) fn whole_response(head: &Head, api: Api, logprobs: bool, g: Generatio
             created: head.created,
             model: head.model.clone(),
             system_fingerprint: SYSTEM_FINGERPRINT.into(),
-            choices: vec![CompletionChoice {
-                index: 0,
-                text: g.text,
-                logprobs: logprobs.then(|| completion_logprobs(&g.steps, &mut 0)),
-                finish_reason: Some(finish),
-            }],
+            choices: indexed
+                .map(|((g, finish), index)| CompletionChoice {
+                    index,
+                    logprobs: logprobs.then(|| completion_logprobs(&g.steps, &mut 0)),
+                    text: g.text,
+                    finish_reason: Some(finish),
+                })
+                .collect(),
             usage: Some(Some(usage)),
         })
         .into_response(),

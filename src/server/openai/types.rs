@@ -62,8 +62,9 @@ pub struct ChatCompletionRequest {
     /// Alternatives reported per token, 0..=20; needs `logprobs: true`.
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<i64>,
-    /// Only 1 is supported.
-    #[schema(minimum = 1, maximum = 1)]
+    /// Choices to generate (for each prompt), each a generation of its own; at most 16
+    /// in all. Choice `j` samples with `seed` + `j`.
+    #[schema(minimum = 1, maximum = 16)]
     pub n: Option<i64>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
@@ -202,8 +203,9 @@ pub struct CompletionRequest {
     /// Fill in the middle: the text after the cursor (the `prompt`, as text, is the text
     /// before it), for models whose vocabulary has FIM tokens.
     pub suffix: Option<String>,
-    /// Only 1 is supported.
-    #[schema(minimum = 1, maximum = 1)]
+    /// Choices to generate (for each prompt), each a generation of its own; at most 16
+    /// in all. Choice `j` samples with `seed` + `j`.
+    #[schema(minimum = 1, maximum = 16)]
     pub n: Option<i64>,
     /// Only 1 is supported.
     #[schema(minimum = 1, maximum = 1)]
@@ -287,6 +289,19 @@ impl Usage {
             completion_tokens: done.completion_tokens,
             total_tokens: done.prompt_tokens + done.completion_tokens,
         }
+    }
+
+    /// Of a request's choices, in choice order, `n` to a prompt: each prompt counted once
+    /// (as OpenAI counts it), every choice's completion.
+    pub(super) fn of_choices<'a>(dones: impl IntoIterator<Item = &'a JobDone>, n: usize) -> Self {
+        let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+        for (i, done) in dones.into_iter().enumerate() {
+            if i % n.max(1) == 0 {
+                prompt_tokens += done.prompt_tokens;
+            }
+            completion_tokens += done.completion_tokens;
+        }
+        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
     }
 }
 
