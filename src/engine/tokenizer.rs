@@ -205,7 +205,7 @@ pub struct Infill {
 /// tokenizer: a GGUF's from the vocabulary it was converted with, a Hugging Face
 /// tokenizer's among its special added tokens.
 pub fn fills_in_middle(tokenizer_json: &str, tokenizer_config_json: Option<&str>) -> bool {
-    // (Named as `LLAMA_VOCAB_KEY`.)
+    // The key is `LLAMA_VOCAB_KEY` (serde's `rename` takes a literal only).
     #[derive(serde::Deserialize)]
     struct Config {
         #[serde(rename = "llama_cpp_vocab")]
@@ -666,8 +666,9 @@ impl TextTokenizer {
     }
 
     /// A fill-in-the-middle prompt, `PRE prefix SUF suffix MID` after BOS where the model
-    /// adds one, as llama-server's `/infill` lays out a file without other files (it
-    /// frames those with the repository and file-separator tokens). The prefix and
+    /// adds one: llama-server's `/infill` layout for a vocabulary without repository and
+    /// file-separator tokens (with them, llama-server also puts a placeholder project and
+    /// file name first; Strata does not, as Ollama's templates do not). The prefix and
     /// suffix are text: special tokens written in them are not parsed (a GGUF
     /// vocabulary; a Hugging Face tokenizer parses its added tokens, as transformers does).
     pub fn encode_infill(&self, infill: &Infill) -> Result<Vec<u32>, TextError> {
