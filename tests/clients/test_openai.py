@@ -187,7 +187,34 @@ def test_unknown_model_is_not_found(openai_client):
         openai_client.embeddings.create(model="no-such-model", input="x")
 
 
-@pytest.mark.parametrize("kwargs,param", [({"n": 2}, "n"), ({"top_p": 5}, "top_p"), ({"temperature": -1}, "temperature")])
+def test_several_choices(openai_client):
+    """`n` choices, each what the request alone gives with the seed plus its index."""
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=1)
+    r = openai_client.chat.completions.create(n=2, seed=21, **kw)
+    assert [c.index for c in r.choices] == [0, 1]
+    for j, c in enumerate(r.choices):
+        alone = openai_client.chat.completions.create(seed=21 + j, **kw)
+        assert c.message.content == alone.choices[0].message.content
+    texts = ["", ""]
+    finishes = [None, None]
+    stream = openai_client.chat.completions.create(
+        n=2, seed=21, stream=True, stream_options={"include_usage": True}, **kw
+    )
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            finishes[c.index] = c.finish_reason or finishes[c.index]
+    assert texts == [c.message.content for c in r.choices]
+    assert finishes == [c.finish_reason for c in r.choices]
+    assert usage.completion_tokens == r.usage.completion_tokens
+    batch = openai_client.completions.create(model=MODEL, prompt=["Hello", "Once upon"], max_tokens=3, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1]
+
+
+@pytest.mark.parametrize("kwargs,param", [({"n": 17}, "n"), ({"top_p": 5}, "top_p"), ({"temperature": -1}, "temperature")])
 def test_bad_values_are_bad_requests(openai_client, kwargs, param):
     with pytest.raises(openai.BadRequestError) as e:
         openai_client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, **kwargs)
