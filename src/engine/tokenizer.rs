@@ -218,6 +218,8 @@ pub fn fills_in_middle(tokenizer_json: &str, tokenizer_config_json: Option<&str>
     }
     #[derive(serde::Deserialize)]
     struct Added {
+        #[serde(default)]
+        id: u32,
         content: String,
         #[serde(default)]
         special: bool,
@@ -232,7 +234,7 @@ pub fn fills_in_middle(tokenizer_json: &str, tokenizer_config_json: Option<&str>
         return whole(v.fim);
     }
     let Ok(tok) = serde_json::from_str::<Tok>(tokenizer_json) else { return false };
-    whole(FimIds::by_text(|t| tok.added_tokens.iter().find(|a| a.special && a.content == t).map(|_| 0)))
+    whole(FimIds::by_text(|t| tok.added_tokens.iter().find(|a| a.special && a.content == t).map(|a| a.id)))
 }
 
 impl std::fmt::Debug for TextTokenizer {

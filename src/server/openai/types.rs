@@ -284,11 +284,7 @@ pub struct Usage {
 
 impl Usage {
     pub(super) fn of(done: &JobDone) -> Self {
-        Usage {
-            prompt_tokens: done.prompt_tokens,
-            completion_tokens: done.completion_tokens,
-            total_tokens: done.prompt_tokens + done.completion_tokens,
-        }
+        Usage::of_choices([done], 1)
     }
 
     /// Of a request's choices, in choice order, `n` to a prompt: each prompt counted once
