@@ -345,6 +345,7 @@ mod worker {
             tools: None,
             grammar: None,
             grammar_param: "grammar",
+            messages_param: "messages",
             template_vars: Default::default(),
             split_reasoning: false,
             sparse_ffn: None,

@@ -727,6 +727,7 @@ async fn openapi_covers_every_openai_route() {
     for (path, method) in [
         ("/v1/chat/completions", "post"),
         ("/v1/completions", "post"),
+        ("/v1/responses", "post"),
         ("/v1/models", "get"),
         ("/v1/models/{id}", "get"),
         ("/v1/embeddings", "post"),
@@ -734,7 +735,16 @@ async fn openapi_covers_every_openai_route() {
         assert!(doc["paths"][path][method].is_object(), "{path} {method} is missing");
         assert_eq!(doc["paths"][path][method]["tags"][0], "openai");
     }
-    for schema in ["ChatCompletionRequest", "ChatCompletionResponse", "ChatCompletionChunk", "OpenAiErrorBody"] {
+    for schema in [
+        "ChatCompletionRequest",
+        "ChatCompletionResponse",
+        "ChatCompletionChunk",
+        "ResponseRequest",
+        "ResponseObject",
+        "OutputItem",
+        "ResponseStreamEvent",
+        "OpenAiErrorBody",
+    ] {
         assert!(doc["components"]["schemas"][schema].is_object(), "{schema} is missing");
     }
 }

@@ -34,6 +34,8 @@ pub struct Sequence {
     detok: DetokState,
     stop: StopMatcher,
     generated: Vec<u32>,
+    /// Prompt tokens the cache held when it started.
+    cached: usize,
     /// The token sampled last, which the next step runs.
     pending: Option<u32>,
     finish: Option<FinishReason>,
@@ -123,6 +125,7 @@ impl Sequence {
             detok,
             stop: StopMatcher::new(req.stop.clone()),
             generated: Vec::new(),
+            cached: fed,
             pending: None,
             finish: None,
             started: Instant::now(),
@@ -148,6 +151,11 @@ impl Sequence {
     /// Bytes its KV cache holds now.
     pub fn cache_bytes(&self) -> u64 {
         self.cache.allocated_bytes()
+    }
+
+    /// Tokens generated so far.
+    pub fn generated_len(&self) -> usize {
+        self.generated.len()
     }
 
     /// Prompt tokens still to run.
@@ -180,6 +188,7 @@ impl Sequence {
             finish,
             prompt_tokens: self.req.prompt.len(),
             completion_tokens: self.generated.len(),
+            cached_tokens: self.cached,
             prefill: self.prefill.unwrap_or_else(|| self.started.elapsed()),
             decode: self.decode,
             tokens: self.generated.clone(),

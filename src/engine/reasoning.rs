@@ -63,6 +63,11 @@ impl ReasoningSplitter {
         Self { markers, thinking: inside, at_start: !inside, held: String::new(), answered: false }
     }
 
+    /// Whether the text so far leaves it inside the reasoning.
+    pub fn thinking(&self) -> bool {
+        self.thinking
+    }
+
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         self.held.push_str(text);
         let mut out = Vec::new();

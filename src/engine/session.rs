@@ -88,6 +88,8 @@ pub struct GenerationSummary {
     pub finish: FinishReason,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose keys and values a cache already held (a previous exchange's).
+    pub cached_tokens: usize,
     pub prefill: Duration,
     pub decode: Duration,
     /// Every generated token id (including an end-of-sequence token if one ended it).

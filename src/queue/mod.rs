@@ -146,6 +146,9 @@ pub struct GenerateJob {
     /// The request field `grammar` came from, for a 400 when it does not compile for the
     /// model.
     pub grammar_param: &'static str,
+    /// The request field a chat's messages came from (`messages`; `input` in the
+    /// Responses API), for a 400 about them.
+    pub messages_param: &'static str,
     /// More chat template variables (`enable_thinking`, ...).
     pub template_vars: serde_json::Map<String, serde_json::Value>,
     /// Split a chat reply's reasoning (between the template's think markers) from its
@@ -207,6 +210,11 @@ pub struct JobDone {
     pub finish: FinishReason,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens a cache already held (a previous exchange's keys and values).
+    pub cached_tokens: usize,
+    /// Generated tokens from the one that opened the reasoning to the one that closed
+    /// it (0 without [`GenerateJob::split_reasoning`]).
+    pub reasoning_tokens: usize,
     /// Prompt ids followed by the generated ids (Ollama's `context`).
     pub context: Vec<u32>,
     pub load: Duration,

@@ -115,6 +115,9 @@ struct Running {
     tools: Option<ToolCallParser>,
     /// Splits reasoning from the answer, when asked and the template has think markers.
     reasoning: Option<ReasoningSplitter>,
+    /// Generated tokens counted so far, and how many of them were reasoning.
+    counted: usize,
+    reasoning_tokens: usize,
 }
 
 struct Slot {
@@ -666,7 +669,7 @@ impl Worker {
             PromptInput::Chat(messages) => {
                 let traits = &slot.chat;
                 let messages = with_modelfile(messages, traits.modelfile.as_ref());
-                let text = chat_text(tok, traits, &messages, &job).map_err(|e| text_error("messages", e))?;
+                let text = chat_text(tok, traits, &messages, &job).map_err(|e| text_error(job.messages_param, e))?;
                 if let Some(offer) = &job.tools {
                     if offer.choice != ToolChoice::Auto {
                         let forced = tool_grammar(traits.tool_format, offer, traits.mistral);
@@ -678,7 +681,7 @@ impl Worker {
                 if let (true, Some(m)) = (job.split_reasoning, traits.think) {
                     reasoning = Some(ReasoningSplitter::new(m, m.open_at_end(&text)));
                 }
-                tok.encode(&text, false).map_err(|e| text_error("messages", e))?
+                tok.encode(&text, false).map_err(|e| text_error(job.messages_param, e))?
             }
             PromptInput::Tokens(ids) => ids.clone(),
             PromptInput::Infill(infill) => tok.encode_infill(infill).map_err(|e| text_error("suffix", e))?,
@@ -698,7 +701,7 @@ impl Worker {
         }
         let ctx = job.num_ctx.unwrap_or(engine.context_len).max(1);
         let param = match job.prompt {
-            PromptInput::Chat(_) => "messages",
+            PromptInput::Chat(_) => job.messages_param,
             _ => "prompt",
         };
         if prompt.is_empty() {
@@ -787,6 +790,8 @@ impl Worker {
             kv_claim: claim,
             tools,
             reasoning,
+            counted: 0,
+            reasoning_tokens: 0,
         });
         Ok(Began::Running)
     }
@@ -839,6 +844,7 @@ impl Worker {
                 let mut sent = true;
                 let mut out = Vec::new();
                 let events: Vec<TokenEvent> = r.seq.drain_events().collect();
+                let thinking_before = r.reasoning.as_ref().is_some_and(ReasoningSplitter::thinking);
                 for ev in events {
                     match ev {
                         TokenEvent::Text(t) => r.text(t, &mut out),
@@ -851,6 +857,13 @@ impl Worker {
                 if r.seq.is_finished() {
                     r.finish_text(&mut out);
                 }
+                // A step generates one token at most: it was reasoning when the
+                // reasoning was open before or after its text.
+                let generated = r.seq.generated_len();
+                if thinking_before || r.reasoning.as_ref().is_some_and(ReasoningSplitter::thinking) {
+                    r.reasoning_tokens += generated - r.counted;
+                }
+                r.counted = generated;
                 for ev in out {
                     sent &= r.events.send(ev).is_ok();
                 }
@@ -886,6 +899,8 @@ impl Worker {
                             finish: summary.finish,
                             prompt_tokens: summary.prompt_tokens,
                             completion_tokens: summary.completion_tokens,
+                            cached_tokens: summary.cached_tokens,
+                            reasoning_tokens: r.reasoning_tokens,
                             context,
                             load: r.load,
                             prefill: summary.prefill,

@@ -680,6 +680,8 @@ mod tests {
             finish: FinishReason::Length,
             prompt_tokens: 3,
             completion_tokens: 2,
+            cached_tokens: 0,
+            reasoning_tokens: 0,
             context: vec![1, 2, 3, 4, 5],
             load: Duration::from_millis(1),
             prefill: Duration::from_millis(2),

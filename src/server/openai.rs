@@ -1,6 +1,6 @@
-//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
-//! `/v1/models/{id}` and `/v1/embeddings`, in the shapes the OpenAI SDKs (and LangChain,
-//! Continue, Open WebUI) read.
+//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`, `/v1/responses`,
+//! `/v1/models`, `/v1/models/{id}` and `/v1/embeddings`, in the shapes the OpenAI SDKs
+//! (and LangChain, Continue, Open WebUI) read.
 //!
 //! Each request body is turned into a [`Plan`] (a validated [`crate::queue::GenerateJob`]
 //! plus how to answer) in one place, [`plan`]; errors name the field. Streams are
@@ -10,6 +10,7 @@
 
 mod plan;
 mod render;
+mod responses;
 mod types;
 
 use std::convert::Infallible;
@@ -29,6 +30,11 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use utoipa::OpenApi;
 
 pub use plan::{Api, EmbedPlan, Plan};
+pub use responses::{
+    IncompleteDetails, InputTokensDetails, OutputItem, OutputText, OutputTokensDetails, ReasoningConfig, ReasoningText,
+    ResponseError, ResponseEvent, ResponseInput, ResponseObject, ResponsePlan, ResponseRequest, ResponseStreamEvent,
+    ResponseUsage, TextConfig,
+};
 pub use types::*;
 
 use super::error::{ApiError, OpenAiError, OpenAiErrorBody, OpenAiErrorDetail};
@@ -39,7 +45,7 @@ use render::{ChunkWriter, Generation, Head, TokenStep, whole_response, worker_go
 
 #[derive(OpenApi)]
 #[openapi(
-    paths(chat_completions, completions, list_models, get_model, embeddings),
+    paths(chat_completions, completions, responses, list_models, get_model, embeddings),
     components(schemas(
         ChatCompletionRequest,
         ChatMessageIn,
@@ -70,6 +76,21 @@ use render::{ChunkWriter, Generation, Head, TokenStep, whole_response, worker_go
         CompletionResponse,
         CompletionChoice,
         CompletionLogprobs,
+        ResponseRequest,
+        ResponseInput,
+        TextConfig,
+        ReasoningConfig,
+        ResponseObject,
+        ResponseError,
+        IncompleteDetails,
+        ResponseUsage,
+        InputTokensDetails,
+        OutputTokensDetails,
+        OutputItem,
+        OutputText,
+        ReasoningText,
+        ResponseStreamEvent,
+        ResponseEvent,
         FinishReason,
         Usage,
         EmbeddingResponse,
@@ -89,6 +110,7 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses))
         .route("/v1/models", get(list_models))
         // A catch-all, so names with a slash (`org/model`) work too.
         .route("/v1/models/{*id}", get(get_model))
@@ -128,6 +150,70 @@ pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Res
 pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, OpenAiError> {
     let plan = parse_json::<CompletionRequest>(&body)?.into_plan()?;
     Ok(generate(&state, plan).await?)
+}
+
+/// Generates a response (the Responses API). Stateless: `input` carries the whole
+/// conversation, nothing is stored, and `previous_response_id` is refused.
+#[utoipa::path(post, path = "/v1/responses", tag = "openai",
+    request_body = ResponseRequest,
+    responses(
+        (status = 200, description = "The response, or with `stream: true` its events (`event:` names each; the last is `response.completed`, `response.incomplete` or `response.failed`)",
+            content((ResponseObject = "application/json"), (ResponseEvent = "text/event-stream"))),
+        (status = 400, description = "Invalid request (names the field)", body = OpenAiErrorBody),
+        (status = 404, description = "Unknown model (`model_not_found`)", body = OpenAiErrorBody),
+        (status = 429, description = "The queue is full; retry after `Retry-After` seconds", body = OpenAiErrorBody),
+        (status = 503, description = "Shutting down", body = OpenAiErrorBody),
+    ))]
+pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Response, OpenAiError> {
+    let plan = parse_json::<ResponseRequest>(&body)?.into_plan()?;
+    state.model(&plan.job.model)?;
+    let head = Head { id: new_id("resp"), created: unix_seconds(SystemTime::now()), model: plan.job.model.clone() };
+    let mut rx = state.queue.submit(Work::Generate(plan.job)).map_err(ApiError::from)?;
+    let mut writer = responses::Writer::new(head, plan.echo, plan.logprobs, plan.stream);
+    if !plan.stream {
+        while let Some(ev) = rx.recv().await {
+            if let Event::Done(done) = &ev {
+                record(&state.metrics, done);
+            }
+            writer.push(ev);
+            if writer.is_finished() {
+                break;
+            }
+        }
+        return Ok(Json(writer.into_response()?).into_response());
+    }
+    // As for chat: a 200 stream only once the job has started.
+    let first = match rx.recv().await {
+        Some(Event::Error(e)) => return Err(ApiError::from(e).into()),
+        Some(ev) => ev,
+        None => return Err(worker_gone().into()),
+    };
+    let metrics = state.metrics.clone();
+    let mut opening = writer.start();
+    if let Event::Done(done) = &first {
+        record(&metrics, done);
+    }
+    opening.extend(writer.push(first));
+    let rest = futures_util::stream::unfold((rx, writer, metrics), |(mut rx, mut writer, metrics)| async move {
+        if writer.is_finished() {
+            return None;
+        }
+        let frames = match rx.recv().await {
+            Some(ev) => {
+                if let Event::Done(done) = &ev {
+                    record(&metrics, done);
+                }
+                writer.push(ev)
+            }
+            None => writer.closed(),
+        };
+        Some((frames, (rx, writer, metrics)))
+    });
+    let events = futures_util::stream::iter([opening])
+        .chain(rest)
+        .flat_map(futures_util::stream::iter)
+        .map(|(name, data)| SseEvent::default().event(name).data(data));
+    Ok(sse(&state, events))
 }
 
 /// The models this server offers.
@@ -221,7 +307,11 @@ fn f32_le_bytes(v: &[f32]) -> Vec<u8> {
 /// stream.
 async fn generate(state: &AppState, plan: Plan) -> Result<Response, ApiError> {
     state.model(&plan.job.model)?;
-    let head = Head { id: new_id(plan.api), created: unix_seconds(SystemTime::now()), model: plan.job.model.clone() };
+    let prefix = match plan.api {
+        Api::Chat => "chatcmpl",
+        Api::Completion => "cmpl",
+    };
+    let head = Head { id: new_id(prefix), created: unix_seconds(SystemTime::now()), model: plan.job.model.clone() };
     // Every choice is queued before any is awaited; a receiver dropped (an error, the
     // client gone) cancels its generation.
     let mut rxs = Vec::new();
@@ -344,21 +434,25 @@ fn sse_response(state: &AppState, rxs: Vec<UnboundedReceiver<Event>>, first: Eve
     let events = futures_util::stream::iter([opening])
         .chain(rest)
         .flat_map(futures_util::stream::iter)
-        .map(|data| Ok::<_, Infallible>(SseEvent::default().data(data)));
+        .map(|data| SseEvent::default().data(data));
+    sse(state, events)
+}
+
+/// Server-Sent Events, with keep-alive comments and proxy buffering off.
+fn sse(state: &AppState, events: impl futures_util::Stream<Item = SseEvent> + Send + 'static) -> Response {
+    let events = events.map(Ok::<_, Infallible>);
     let mut resp =
         Sse::new(events).keep_alive(SseKeepAlive::new().interval(state.config.keep_alive_interval)).into_response();
     resp.headers_mut().insert("x-accel-buffering", HeaderValue::from_static("no"));
     resp
 }
 
-/// `chatcmpl-…` / `cmpl-…`: microseconds since the epoch and a process-wide counter, in hex.
-fn new_id(api: Api) -> String {
+/// `chatcmpl-…`, `cmpl-…`, `resp_…`: microseconds since the epoch and a process-wide
+/// counter, in hex.
+fn new_id(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
     let micros = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
-    let prefix = match api {
-        Api::Chat => "chatcmpl",
-        Api::Completion => "cmpl",
-    };
-    format!("{prefix}-{micros:x}{n:06x}")
+    let sep = if prefix == "resp" { '_' } else { '-' };
+    format!("{prefix}{sep}{micros:x}{n:06x}")
 }

@@ -28,10 +28,12 @@ pub fn tool_definitions(field: &str, list: &[Value]) -> Result<Vec<Value>, ApiEr
                 ));
             }
             (_, Some(f)) => f,
-            (None, None) if obj.contains_key("name") => t,
+            // Bare, or flat as the Responses API sends it (`{"type": "function", "name", ...}`).
+            (None | Some("function"), None) if obj.contains_key("name") => t,
             _ => return Err(ApiError::invalid(&format!("{at}.function"), format!("`{at}.function` is required"))),
         };
-        let fat = if std::ptr::eq(function, t) { at.clone() } else { format!("{at}.function") };
+        let flat = std::ptr::eq(function, t);
+        let fat = if flat { at.clone() } else { format!("{at}.function") };
         let name = function.get("name").and_then(Value::as_str).unwrap_or_default();
         if name.is_empty() {
             return Err(ApiError::invalid(&format!("{fat}.name"), format!("`{fat}.name` must be a non-empty string")));
@@ -56,6 +58,10 @@ pub fn tool_definitions(field: &str, list: &[Value]) -> Result<Vec<Value>, ApiEr
                     format!("`{fat}.parameters` must be a JSON schema object"),
                 ));
             }
+        }
+        let mut function = function.clone();
+        if let (true, Some(f)) = (flat, function.as_object_mut()) {
+            f.shift_remove("type");
         }
         out.push(json!({"type": "function", "function": function}));
     }

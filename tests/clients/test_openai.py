@@ -214,6 +214,27 @@ def test_several_choices(openai_client):
     assert [c.index for c in batch.choices] == [0, 1]
 
 
+def test_responses(openai_client):
+    """The Responses API: the chat's reply as an output item, its stream of events, and
+    the 400 for what needs stored responses."""
+    kw = dict(model=MODEL, max_output_tokens=8, temperature=0)
+    r = openai_client.responses.create(input="Say hello.", **kw)
+    chat = openai_client.chat.completions.create(messages=MESSAGES, max_tokens=8, temperature=0, model=MODEL)
+    assert r.object == "response" and r.id.startswith("resp_")
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.output_tokens == chat.usage.completion_tokens
+    assert (r.status, r.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+    events = list(openai_client.responses.create(input="Say hello.", stream=True, **kw))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == r.output_text == events[-1].response.output_text
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client.responses.create(input="x", previous_response_id=r.id, **kw)
+    assert e.value.param == "previous_response_id"
+
+
 @pytest.mark.parametrize("kwargs,param", [({"n": 17}, "n"), ({"top_p": 5}, "top_p"), ({"temperature": -1}, "temperature")])
 def test_bad_values_are_bad_requests(openai_client, kwargs, param):
     with pytest.raises(openai.BadRequestError) as e:

@@ -120,6 +120,40 @@ def test_openai_tool_call_streams_in_openai_shape(oa, model):
     assert isinstance(json.loads(args[0])["city"], str)
 
 
+FLAT_WEATHER = {"type": "function", **WEATHER["function"]}
+
+
+@pytest.mark.parametrize("model", [SMOL, MODEL])
+def test_responses_tool_round_trip(oa, model):
+    """The Responses API: a forced call as a `function_call` item, streamed through the
+    SDK's own accumulator, then the call and its output sent back as items."""
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    kw = dict(model=model, tools=[FLAT_WEATHER], parallel_tool_calls=False, temperature=0, max_output_tokens=200)
+    r = oa.responses.create(input=[question], tool_choice="required", **kw)
+    assert r.status == "completed", r
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather", r.output
+    assert isinstance(json.loads(calls[0].arguments)["city"], str)
+    with oa.responses.stream(input=[question], tool_choice={"type": "function", "name": "get_weather"}, **kw) as s:
+        deltas = "".join(ev.delta for ev in s if ev.type == "response.function_call_arguments.delta")
+        final = s.get_final_response()
+    assert [o.type for o in final.output] == ["function_call"]
+    assert final.output[0].arguments == deltas == calls[0].arguments, "greedy: the same call"
+    history = [question, *[o.model_dump(exclude_none=True) for o in r.output],
+               {"type": "function_call_output", "call_id": calls[0].call_id, "output": '{"temperature": 18}'}]
+    r2 = oa.responses.create(input=history, **{**kw, "max_output_tokens": 16})
+    assert r2.status in ("completed", "incomplete")
+    assert r2.usage.input_tokens > r.usage.input_tokens
+
+
+@pytest.mark.parametrize("model", [SMOL, MODEL])
+def test_responses_parse_with_pydantic(oa, model):
+    r = oa.responses.parse(model=model, input="Invent a person.", text_format=Person, temperature=0,
+                           max_output_tokens=120)
+    assert r.status == "completed", r
+    assert isinstance(r.output_parsed, Person) and 0 <= r.output_parsed.age <= 120
+
+
 class Person(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 

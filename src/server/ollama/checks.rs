@@ -131,6 +131,7 @@ impl Resolved {
             tools: None,
             grammar: None,
             grammar_param: "grammar",
+            messages_param: "messages",
             template_vars: serde_json::Map::new(),
             split_reasoning: false,
             sparse_ffn: self.sparse_ffn,

@@ -16,7 +16,7 @@ use crate::server::tools::{checked, history_calls, response_format, tool_choice,
 /// Most `stop` strings a request may give (OpenAI's limit).
 const MAX_STOP: usize = 4;
 /// Most alternatives per token (OpenAI's limit for chat).
-const MAX_TOP_LOGPROBS: i64 = 20;
+pub(super) const MAX_TOP_LOGPROBS: i64 = 20;
 /// Most inputs in one embeddings request (OpenAI's limit).
 const MAX_EMBED_INPUTS: usize = 2048;
 
@@ -79,20 +79,38 @@ fn choices(n: Option<i64>, prompts: usize) -> Result<usize, ApiError> {
     Ok(n as usize)
 }
 
-/// The generation settings chat and completions share, as the client sent them.
-struct Knobs {
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    top_k: Option<i64>,
-    min_p: Option<f64>,
-    seed: Option<i64>,
-    presence_penalty: Option<f64>,
-    frequency_penalty: Option<f64>,
-    stop: Option<StopSpec>,
-    logit_bias: Option<serde_json::Map<String, Value>>,
+/// A request's [`Knobs`]: the fields every generation request names alike.
+macro_rules! knobs {
+    ($request:expr) => {
+        Knobs {
+            temperature: $request.temperature,
+            top_p: $request.top_p,
+            top_k: $request.top_k,
+            min_p: $request.min_p,
+            seed: $request.seed,
+            presence_penalty: $request.presence_penalty,
+            frequency_penalty: $request.frequency_penalty,
+            stop: $request.stop,
+            logit_bias: $request.logit_bias,
+        }
+    };
+}
+pub(super) use knobs;
+
+/// The generation settings chat, completions and responses share, as the client sent them.
+pub(super) struct Knobs {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub stop: Option<StopSpec>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
 }
 
-fn required<T>(value: Option<T>, field: &str) -> Result<T, ApiError> {
+pub(super) fn required<T>(value: Option<T>, field: &str) -> Result<T, ApiError> {
     value.ok_or_else(|| ApiError::invalid(field, format!("`{field}` is required")))
 }
 
@@ -107,7 +125,7 @@ fn in_range(field: &str, value: Option<f64>, lo: f64, hi: f64, lo_open: bool) ->
 }
 
 /// At least 1 when given.
-fn positive(field: &str, value: Option<i64>) -> Result<Option<usize>, ApiError> {
+pub(super) fn positive(field: &str, value: Option<i64>) -> Result<Option<usize>, ApiError> {
     match value {
         None => Ok(None),
         Some(v) if v >= 1 => Ok(Some(usize::try_from(v).unwrap_or(usize::MAX))),
@@ -192,7 +210,7 @@ impl Knobs {
     }
 }
 
-fn job(
+pub(super) fn job(
     model: String,
     prompt: PromptInput,
     max_tokens: Option<usize>,
@@ -213,6 +231,7 @@ fn job(
         tools: None,
         grammar: None,
         grammar_param: "grammar",
+        messages_param: "messages",
         template_vars: serde_json::Map::new(),
         split_reasoning: false,
         sparse_ffn: None,
@@ -220,7 +239,7 @@ fn job(
 }
 
 /// A request's `sparse_ffn`, checked.
-fn sparse_ffn(value: Option<&str>) -> Result<Option<(SparseFfn, &'static str)>, ApiError> {
+pub(super) fn sparse_ffn(value: Option<&str>) -> Result<Option<(SparseFfn, &'static str)>, ApiError> {
     match value.map(SparseFfn::parse) {
         None => Ok(None),
         Some(Ok(s)) => Ok(Some((s, "sparse_ffn"))),
@@ -374,17 +393,7 @@ impl ChatCompletionRequest {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let knobs = Knobs {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            seed: self.seed,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            stop: self.stop,
-            logit_bias: self.logit_bias,
-        };
+        let knobs = knobs!(self);
         let n = choices(self.n, 1)?;
         let mut job = job(model, PromptInput::Chat(messages), max_tokens, knobs, top_logprobs)?;
         job.tools = tools;
@@ -446,17 +455,7 @@ impl CompletionRequest {
                 return Err(ApiError::invalid("logprobs", format!("`logprobs` must be in [0, {MAX_TOP_LOGPROBS}]")));
             }
         };
-        let knobs = Knobs {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            seed: self.seed,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            stop: self.stop,
-            logit_bias: self.logit_bias,
-        };
+        let knobs = knobs!(self);
         let max_tokens = positive("max_tokens", self.max_tokens)?;
         let grammar = output_grammar(self.response_format.as_ref(), self.grammar)?;
         let mut job = job(model, prompt, max_tokens, knobs, top_logprobs.unwrap_or(0))?;

@@ -333,7 +333,7 @@ fn finite(lp: f32) -> f32 {
     if lp.is_finite() { lp } else { IMPOSSIBLE_LOGPROB }
 }
 
-fn chat_logprobs(steps: &[TokenStep]) -> ChatLogprobs {
+pub(super) fn chat_logprobs(steps: &[TokenStep]) -> ChatLogprobs {
     let content = steps
         .iter()
         .map(|s| ChatTokenLogprob {
@@ -392,6 +392,8 @@ mod tests {
             finish,
             prompt_tokens: 4,
             completion_tokens: 3,
+            cached_tokens: 0,
+            reasoning_tokens: 0,
             context: Vec::new(),
             load: Duration::ZERO,
             prefill: Duration::ZERO,

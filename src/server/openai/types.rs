@@ -416,7 +416,7 @@ pub struct ChatLogprobs {
     pub content: Vec<ChatTokenLogprob>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct ChatTokenLogprob {
     pub token: String,
     pub logprob: f32,
@@ -426,7 +426,7 @@ pub struct ChatTokenLogprob {
     pub top_logprobs: Vec<TopLogprob>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct TopLogprob {
     pub token: String,
     pub logprob: f32,
