@@ -11,44 +11,19 @@ use serde_json::{Value, json};
 
 /// A response request to `model`, with `extra` fields.
 fn request(model: &str, input: Value, extra: Value) -> Value {
-    let mut body = json!({"model": model, "input": input, "temperature": 0, "max_output_tokens": 8});
-    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-    body
+    common::merged(json!({"model": model, "input": input, "temperature": 0, "max_output_tokens": 8}), extra)
 }
 
 fn chat(model: &str, messages: Value, extra: Value) -> Value {
-    let mut body = json!({"model": model, "messages": messages, "temperature": 0, "max_tokens": 8});
-    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-    body
-}
-
-/// A streamed body's events: (name, payload), in order.
-fn events(body: &[u8]) -> Vec<(String, Value)> {
-    std::str::from_utf8(body)
-        .unwrap()
-        .split("\n\n")
-        .filter(|e| !e.trim().is_empty() && !e.starts_with(':'))
-        .map(|e| {
-            let name = e.lines().find_map(|l| l.strip_prefix("event: ")).expect("an event name").to_string();
-            let data: String = e.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
-            (name, serde_json::from_str(&data).unwrap())
-        })
-        .collect()
+    common::greedy_chat(model, messages, extra)
 }
 
 async fn ok(app: &axum::Router, uri: &str, body: Value) -> Value {
-    let (status, _, out) = send(app, post_json(uri, body)).await;
-    let v = json(&out);
-    assert_eq!(status, StatusCode::OK, "{v}");
-    v
+    common::ok_json(app, uri, body).await
 }
 
-async fn streamed(app: &axum::Router, mut body: Value) -> Vec<(String, Value)> {
-    body["stream"] = json!(true);
-    let (status, headers, out) = send(app, post_json("/v1/responses", body)).await;
-    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
-    assert!(headers["content-type"].to_str().unwrap().starts_with("text/event-stream"));
-    events(&out)
+async fn streamed(app: &axum::Router, body: Value) -> Vec<(String, Value)> {
+    common::ok_events(app, "/v1/responses", body).await
 }
 
 fn output_text(response: &Value) -> String {

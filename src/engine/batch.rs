@@ -153,6 +153,11 @@ impl Sequence {
         self.cache.allocated_bytes()
     }
 
+    /// Prompt tokens the cache held when it started.
+    pub fn cached_len(&self) -> usize {
+        self.cached
+    }
+
     /// Tokens generated so far.
     pub fn generated_len(&self) -> usize {
         self.generated.len()
@@ -189,6 +194,7 @@ impl Sequence {
             prompt_tokens: self.req.prompt.len(),
             completion_tokens: self.generated.len(),
             cached_tokens: self.cached,
+            stop_sequence: self.stop.matched_stop().map(str::to_string),
             prefill: self.prefill.unwrap_or_else(|| self.started.elapsed()),
             decode: self.decode,
             tokens: self.generated.clone(),

@@ -90,6 +90,8 @@ pub struct GenerationSummary {
     pub completion_tokens: usize,
     /// Prompt tokens whose keys and values a cache already held (a previous exchange's).
     pub cached_tokens: usize,
+    /// The stop string that ended it, if one did.
+    pub stop_sequence: Option<String>,
     pub prefill: Duration,
     pub decode: Duration,
     /// Every generated token id (including an end-of-sequence token if one ended it).

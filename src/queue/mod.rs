@@ -215,6 +215,8 @@ pub struct JobDone {
     /// Generated tokens from the one that opened the reasoning to the one that closed
     /// it (0 without [`GenerateJob::split_reasoning`]).
     pub reasoning_tokens: usize,
+    /// The stop string that ended it, if one did.
+    pub stop_sequence: Option<String>,
     /// Prompt ids followed by the generated ids (Ollama's `context`).
     pub context: Vec<u32>,
     pub load: Duration,
@@ -226,10 +228,16 @@ pub struct JobDone {
     pub tool_calls: Vec<ToolCall>,
 }
 
-/// What a job reports, in order: `Text`/`Token` events, then exactly one of `Done`,
-/// `Embeddings`, `Loaded`, `Unloaded` or `Error`.
+/// What a job reports, in order: for a generation `Started` (once admitted), then
+/// `Text`/`Token` events; then exactly one of `Done`, `Embeddings`, `Loaded`, `Unloaded`
+/// or `Error`.
 #[derive(Clone, Debug)]
 pub enum Event {
+    /// A generation was admitted: its prompt's size, and how much of it a cache held.
+    Started {
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
     Text(String),
     Token {
         sampled: TokenLogprob,

@@ -780,6 +780,8 @@ impl Worker {
             e => generate_error(&job.model, param, e),
         })?;
         tracing::debug!(model = %slot.name, prompt = seq.request().prompt.len(), to_run = seq.prompt_left(), "admitted");
+        let _ =
+            events.send(Event::Started { prompt_tokens: seq.request().prompt.len(), cached_tokens: seq.cached_len() });
         slot.running.push(Running {
             seq,
             events: events.clone(),
@@ -901,6 +903,7 @@ impl Worker {
                             completion_tokens: summary.completion_tokens,
                             cached_tokens: summary.cached_tokens,
                             reasoning_tokens: r.reasoning_tokens,
+                            stop_sequence: summary.stop_sequence.clone(),
                             context,
                             load: r.load,
                             prefill: summary.prefill,

@@ -1,5 +1,5 @@
-//! API errors: one type, rendered in the OpenAI or the Ollama shape depending on the
-//! route family, mapped to HTTP status in exactly one place.
+//! API errors: one type, rendered in the OpenAI, Ollama or Anthropic shape depending on
+//! the route family, mapped to HTTP status in exactly one place.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -70,7 +70,7 @@ impl ApiError {
             ErrorKind::ModelNotFound | ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorKind::QueueFull if family == Family::OpenAi => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::QueueFull if family != Family::Ollama => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::QueueFull | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::BadGateway => StatusCode::BAD_GATEWAY,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -116,6 +116,28 @@ impl ApiError {
         }
     }
 
+    /// Anthropic's `error.type`.
+    pub fn anthropic_type(&self) -> &'static str {
+        match self.kind {
+            ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed => "invalid_request_error",
+            ErrorKind::ModelNotFound | ErrorKind::NotFound => "not_found_error",
+            ErrorKind::PayloadTooLarge => "request_too_large",
+            ErrorKind::Authentication => "authentication_error",
+            ErrorKind::Forbidden => "permission_error",
+            ErrorKind::QueueFull => "rate_limit_error",
+            ErrorKind::Unavailable => "overloaded_error",
+            ErrorKind::BadGateway | ErrorKind::Internal => "api_error",
+        }
+    }
+
+    /// The Anthropic body `{"type":"error","error":{"type","message"}}`.
+    pub fn anthropic_body(&self) -> AnthropicErrorBody {
+        AnthropicErrorBody {
+            kind: "error".into(),
+            error: AnthropicErrorDetail { kind: self.anthropic_type().into(), message: self.message.clone() },
+        }
+    }
+
     /// The Ollama body `{"error":"..."}`.
     pub fn ollama_body(&self) -> OllamaErrorBody {
         OllamaErrorBody { error: self.message.clone() }
@@ -131,6 +153,7 @@ impl ApiError {
         let mut resp = match family {
             Family::OpenAi => (status, axum::Json(self.openai_body())).into_response(),
             Family::Ollama => (status, axum::Json(self.ollama_body())).into_response(),
+            Family::Anthropic => (status, axum::Json(self.anthropic_body())).into_response(),
         };
         if self.kind == ErrorKind::QueueFull || self.kind == ErrorKind::Unavailable {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -144,6 +167,8 @@ impl ApiError {
 pub enum Family {
     OpenAi,
     Ollama,
+    /// Anthropic's Messages API (`/v1/messages`).
+    Anthropic,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -161,6 +186,24 @@ pub struct OpenAiErrorDetail {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+pub struct AnthropicErrorBody {
+    /// Always `error`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub error: AnthropicErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AnthropicErrorDetail {
+    /// `invalid_request_error`, `authentication_error`, `permission_error`,
+    /// `not_found_error`, `request_too_large`, `rate_limit_error`, `api_error` or
+    /// `overloaded_error`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 pub struct OllamaErrorBody {
     pub error: String,
 }
@@ -169,6 +212,20 @@ pub struct OllamaErrorBody {
 pub struct OpenAiError(pub ApiError);
 /// An [`ApiError`] answered in the Ollama shape.
 pub struct OllamaError(pub ApiError);
+/// An [`ApiError`] answered in the Anthropic shape.
+pub struct AnthropicError(pub ApiError);
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        self.0.into_response_for(Family::Anthropic)
+    }
+}
+
+impl From<ApiError> for AnthropicError {
+    fn from(e: ApiError) -> Self {
+        AnthropicError(e)
+    }
+}
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {

@@ -4,12 +4,14 @@
 //! ([`openai`], [`ollama`]); nothing past a handler sees JSON. Errors are shaped per route
 //! family in [`error`]; auth, CORS, body limits and metrics are layers here.
 
+pub mod anthropic;
 pub mod error;
 pub mod logging;
 pub mod metrics;
 pub mod ollama;
 pub mod openai;
 pub mod openapi;
+pub mod sse;
 pub mod status;
 pub mod systemd;
 pub mod tools;
@@ -194,9 +196,16 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     Ok(value)
 }
 
-/// The family of a path: `/v1/...` answers in the OpenAI shape, the rest in Ollama's.
+/// The family of a path: `/v1/messages...` answers in the Anthropic shape, the rest of
+/// `/v1/...` in the OpenAI shape, everything else in Ollama's.
 pub fn family_of(path: &str) -> Family {
-    if path.starts_with("/v1") { Family::OpenAi } else { Family::Ollama }
+    if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        Family::Anthropic
+    } else if path.starts_with("/v1") {
+        Family::OpenAi
+    } else {
+        Family::Ollama
+    }
 }
 
 pub fn router(state: AppState) -> Router {
@@ -206,6 +215,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics::render))
         .merge(openai::routes())
+        .merge(anthropic::routes())
         .merge(ollama::routes())
         .merge(status::routes())
         .merge(openapi::routes())
@@ -305,6 +315,8 @@ async fn authenticate(State(state): State<AppState>, req: Request, next: Next) -
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        // Anthropic's SDK sends its key as `x-api-key`.
+        .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     let allowed = {
         let keys = &state.access().api_keys;
@@ -321,8 +333,11 @@ async fn authenticate(State(state): State<AppState>, req: Request, next: Next) -
         return next.run(req).await;
     }
     let family = family_of(path);
-    let mut resp = ApiError::new(ErrorKind::Authentication, "a valid API key is required (Authorization: Bearer KEY)")
-        .into_response_for(family);
+    let mut resp = ApiError::new(
+        ErrorKind::Authentication,
+        "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)",
+    )
+    .into_response_for(family);
     resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     resp
 }
@@ -425,6 +440,10 @@ fn cors(access: Arc<RwLock<Access>>) -> CorsLayer {
         "x-stainless-read-timeout",
         "openai-organization",
         "openai-project",
+        "x-api-key",
+        "anthropic-version",
+        "anthropic-beta",
+        "anthropic-dangerous-direct-browser-access",
         "user-agent",
     ] {
         headers.push(header::HeaderName::from_static(h));

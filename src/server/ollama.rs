@@ -523,7 +523,7 @@ impl Lines {
                     let extra = Extra { thinking: Some(t), logprobs: self.take_steps(), ..Extra::default() };
                     break self.api.line_with(&self.model, extra, None);
                 }
-                Some(Event::Tool(_)) => continue,
+                Some(Event::Tool(_) | Event::Started { .. }) => continue,
                 Some(Event::Done(job)) => {
                     self.finished = true;
                     break self.done(&job);
@@ -558,7 +558,7 @@ impl Lines {
                         self.steps.push(logprob(sampled, top));
                     }
                 }
-                Some(Event::Tool(_)) => {}
+                Some(Event::Tool(_) | Event::Started { .. }) => {}
                 Some(Event::Done(job)) => {
                     self.state.metrics.record_generation(
                         job.prompt_tokens,
@@ -648,7 +648,9 @@ async fn outcome(state: &AppState, work: Work) -> std::result::Result<Event, Api
     let mut rx = state.queue.submit(work)?;
     loop {
         match rx.recv().await {
-            Some(Event::Text(_) | Event::Token { .. } | Event::Tool(_) | Event::Reasoning(_)) => {}
+            Some(
+                Event::Started { .. } | Event::Text(_) | Event::Token { .. } | Event::Tool(_) | Event::Reasoning(_),
+            ) => {}
             Some(Event::Error(e)) => return Err(e.into()),
             Some(ev) => return Ok(ev),
             None => return Err(ApiError::new(ErrorKind::Internal, "the job ended without a result")),
@@ -682,6 +684,7 @@ mod tests {
             completion_tokens: 2,
             cached_tokens: 0,
             reasoning_tokens: 0,
+            stop_sequence: None,
             context: vec![1, 2, 3, 4, 5],
             load: Duration::from_millis(1),
             prefill: Duration::from_millis(2),

@@ -8,20 +8,18 @@
 //! machine over the job's [`Event`]s; the SSE body owns the job's receiver, so a client
 //! that goes away cancels the job.
 
-mod plan;
+pub(super) mod plan;
 mod render;
 mod responses;
 mod types;
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::HeaderValue;
-use axum::response::sse::{Event as SseEvent, KeepAlive as SseKeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
@@ -39,6 +37,7 @@ pub use types::*;
 
 use super::error::{ApiError, OpenAiError, OpenAiErrorBody, OpenAiErrorDetail};
 use super::metrics::Metrics;
+use super::sse::{self, sse};
 use super::{AppState, parse_json};
 use crate::queue::{Event, JobDone, Work};
 use render::{ChunkWriter, Generation, Head, TokenStep, whole_response, worker_gone};
@@ -168,52 +167,13 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
     let plan = parse_json::<ResponseRequest>(&body)?.into_plan()?;
     state.model(&plan.job.model)?;
     let head = Head { id: new_id("resp"), created: unix_seconds(SystemTime::now()), model: plan.job.model.clone() };
-    let mut rx = state.queue.submit(Work::Generate(plan.job)).map_err(ApiError::from)?;
+    let rx = state.queue.submit(Work::Generate(plan.job)).map_err(ApiError::from)?;
     let mut writer = responses::Writer::new(head, plan.echo, plan.logprobs, plan.stream);
-    if !plan.stream {
-        while let Some(ev) = rx.recv().await {
-            if let Event::Done(done) = &ev {
-                record(&state.metrics, done);
-            }
-            writer.push(ev);
-            if writer.is_finished() {
-                break;
-            }
-        }
-        return Ok(Json(writer.into_response()?).into_response());
+    if plan.stream {
+        return Ok(sse::streamed(&state, rx, writer).await?);
     }
-    // As for chat: a 200 stream only once the job has started.
-    let first = match rx.recv().await {
-        Some(Event::Error(e)) => return Err(ApiError::from(e).into()),
-        Some(ev) => ev,
-        None => return Err(worker_gone().into()),
-    };
-    let metrics = state.metrics.clone();
-    let mut opening = writer.start();
-    if let Event::Done(done) = &first {
-        record(&metrics, done);
-    }
-    opening.extend(writer.push(first));
-    let rest = futures_util::stream::unfold((rx, writer, metrics), |(mut rx, mut writer, metrics)| async move {
-        if writer.is_finished() {
-            return None;
-        }
-        let frames = match rx.recv().await {
-            Some(ev) => {
-                if let Event::Done(done) = &ev {
-                    record(&metrics, done);
-                }
-                writer.push(ev)
-            }
-            None => writer.closed(),
-        };
-        Some((frames, (rx, writer, metrics)))
-    });
-    let events = futures_util::stream::iter([opening])
-        .chain(rest)
-        .flat_map(futures_util::stream::iter)
-        .map(|(name, data)| SseEvent::default().event(name).data(data));
-    Ok(sse(&state, events))
+    sse::whole(&state, rx, &mut writer).await;
+    Ok(Json(writer.into_response()?).into_response())
 }
 
 /// The models this server offers.
@@ -436,15 +396,6 @@ fn sse_response(state: &AppState, rxs: Vec<UnboundedReceiver<Event>>, first: Eve
         .flat_map(futures_util::stream::iter)
         .map(|data| SseEvent::default().data(data));
     sse(state, events)
-}
-
-/// Server-Sent Events, with keep-alive comments and proxy buffering off.
-fn sse(state: &AppState, events: impl futures_util::Stream<Item = SseEvent> + Send + 'static) -> Response {
-    let events = events.map(Ok::<_, Infallible>);
-    let mut resp =
-        Sse::new(events).keep_alive(SseKeepAlive::new().interval(state.config.keep_alive_interval)).into_response();
-    resp.headers_mut().insert("x-accel-buffering", HeaderValue::from_static("no"));
-    resp
 }
 
 /// `chatcmpl-…`, `cmpl-…`, `resp_…`: microseconds since the epoch and a process-wide

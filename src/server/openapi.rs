@@ -23,6 +23,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
     let mut doc = Base::openapi();
     doc.merge(super::openai::Doc::openapi());
     doc.merge(super::ollama::Doc::openapi());
+    doc.merge(super::anthropic::Doc::openapi());
     doc.merge(super::status::Doc::openapi());
     doc.info.version = env!("CARGO_PKG_VERSION").to_string();
     doc

@@ -16,6 +16,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import anthropic
 import jsonschema
 import ollama
 import openai
@@ -152,6 +153,31 @@ def test_responses_parse_with_pydantic(oa, model):
                            max_output_tokens=120)
     assert r.status == "completed", r
     assert isinstance(r.output_parsed, Person) and 0 <= r.output_parsed.age <= 120
+
+
+@pytest.mark.parametrize("model", [SMOL, MODEL])
+def test_anthropic_tool_round_trip(tools_server, model):
+    """Anthropic's Messages API: a forced call as a `tool_use` block, streamed through the
+    SDK's accumulator, then sent back with its `tool_result`."""
+    claude = anthropic.Anthropic(base_url=tools_server.url, api_key="unused", max_retries=0, timeout=300)
+    tool = {"name": "get_weather", "description": WEATHER["function"]["description"],
+            "input_schema": WEATHER["function"]["parameters"]}
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    kw = dict(model=model, tools=[tool], max_tokens=200, extra_body={"temperature": 0},
+              tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    m = claude.messages.create(messages=[question], **kw)
+    assert m.stop_reason == "tool_use", m
+    assert [b.type for b in m.content] == ["tool_use"] and m.content[0].name == "get_weather"
+    assert isinstance(m.content[0].input["city"], str)
+    with claude.messages.stream(messages=[question], **kw) as s:
+        final = s.get_final_message()
+    assert final.content[0].input == m.content[0].input, "greedy: the same call"
+    history = [question, {"role": "assistant", "content": m.content},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": m.content[0].id,
+                                             "content": '{"temperature": 18}'}]}]
+    m2 = claude.messages.create(messages=history, **{**kw, "tool_choice": {"type": "auto"}, "max_tokens": 16})
+    assert m2.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert m2.usage.input_tokens + m2.usage.cache_read_input_tokens > m.usage.input_tokens
 
 
 class Person(pydantic.BaseModel):

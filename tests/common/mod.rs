@@ -84,3 +84,46 @@ pub fn json(body: &[u8]) -> serde_json::Value {
 pub fn metric(metrics: &str, line: &str) -> u64 {
     metrics.lines().find_map(|l| l.strip_prefix(line)).unwrap_or_else(|| panic!("{line}\n{metrics}")).parse().unwrap()
 }
+
+/// A streamed body's named events (`event:` and `data:` lines): (name, payload), in order.
+pub fn named_events(body: &[u8]) -> Vec<(String, serde_json::Value)> {
+    std::str::from_utf8(body)
+        .unwrap()
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty() && !e.starts_with(':'))
+        .map(|e| {
+            let name = e.lines().find_map(|l| l.strip_prefix("event: ")).expect("an event name").to_string();
+            let data: String = e.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+            (name, serde_json::from_str(&data).unwrap())
+        })
+        .collect()
+}
+
+/// POSTs `body` to `uri`, asserts a 200, and returns the JSON answer.
+pub async fn ok_json(app: &Router, uri: &str, body: serde_json::Value) -> serde_json::Value {
+    let (status, _, out) = send(app, post_json(uri, body)).await;
+    let v = json(&out);
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v
+}
+
+/// POSTs `body` with `"stream": true` to `uri`, asserts a 200 event stream, and returns
+/// its named events.
+pub async fn ok_events(app: &Router, uri: &str, mut body: serde_json::Value) -> Vec<(String, serde_json::Value)> {
+    body["stream"] = serde_json::json!(true);
+    let (status, headers, out) = send(app, post_json(uri, body)).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    assert!(headers["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    named_events(&out)
+}
+
+/// `base` with `extra`'s fields added (or replaced).
+pub fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    base.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    base
+}
+
+/// A greedy `/v1/chat/completions` body of at most 8 tokens, with `extra` fields.
+pub fn greedy_chat(model: &str, messages: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    merged(serde_json::json!({"model": model, "messages": messages, "temperature": 0, "max_tokens": 8}), extra)
+}

@@ -16,7 +16,7 @@ use crate::server::tools::{checked, history_calls, response_format, tool_choice,
 /// Most `stop` strings a request may give (OpenAI's limit).
 const MAX_STOP: usize = 4;
 /// Most alternatives per token (OpenAI's limit for chat).
-pub(super) const MAX_TOP_LOGPROBS: i64 = 20;
+pub(in crate::server) const MAX_TOP_LOGPROBS: i64 = 20;
 /// Most inputs in one embeddings request (OpenAI's limit).
 const MAX_EMBED_INPUTS: usize = 2048;
 
@@ -95,10 +95,10 @@ macro_rules! knobs {
         }
     };
 }
-pub(super) use knobs;
+pub(in crate::server) use knobs;
 
 /// The generation settings chat, completions and responses share, as the client sent them.
-pub(super) struct Knobs {
+pub(in crate::server) struct Knobs {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub top_k: Option<i64>,
@@ -110,7 +110,7 @@ pub(super) struct Knobs {
     pub logit_bias: Option<serde_json::Map<String, Value>>,
 }
 
-pub(super) fn required<T>(value: Option<T>, field: &str) -> Result<T, ApiError> {
+pub(in crate::server) fn required<T>(value: Option<T>, field: &str) -> Result<T, ApiError> {
     value.ok_or_else(|| ApiError::invalid(field, format!("`{field}` is required")))
 }
 
@@ -125,7 +125,7 @@ fn in_range(field: &str, value: Option<f64>, lo: f64, hi: f64, lo_open: bool) ->
 }
 
 /// At least 1 when given.
-pub(super) fn positive(field: &str, value: Option<i64>) -> Result<Option<usize>, ApiError> {
+pub(in crate::server) fn positive(field: &str, value: Option<i64>) -> Result<Option<usize>, ApiError> {
     match value {
         None => Ok(None),
         Some(v) if v >= 1 => Ok(Some(usize::try_from(v).unwrap_or(usize::MAX))),
@@ -210,7 +210,7 @@ impl Knobs {
     }
 }
 
-pub(super) fn job(
+pub(in crate::server) fn job(
     model: String,
     prompt: PromptInput,
     max_tokens: Option<usize>,
@@ -239,7 +239,7 @@ pub(super) fn job(
 }
 
 /// A request's `sparse_ffn`, checked.
-pub(super) fn sparse_ffn(value: Option<&str>) -> Result<Option<(SparseFfn, &'static str)>, ApiError> {
+pub(in crate::server) fn sparse_ffn(value: Option<&str>) -> Result<Option<(SparseFfn, &'static str)>, ApiError> {
     match value.map(SparseFfn::parse) {
         None => Ok(None),
         Some(Ok(s)) => Ok(Some((s, "sparse_ffn"))),

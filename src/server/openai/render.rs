@@ -141,7 +141,7 @@ impl ChunkWriter {
             },
             Event::Error(e) => self.error(e.into()),
             // Not events of a generation.
-            Event::Embeddings { .. } | Event::Loaded { .. } | Event::Unloaded => Vec::new(),
+            Event::Started { .. } | Event::Embeddings { .. } | Event::Loaded { .. } | Event::Unloaded => Vec::new(),
         }
     }
 
@@ -394,6 +394,7 @@ mod tests {
             completion_tokens: 3,
             cached_tokens: 0,
             reasoning_tokens: 0,
+            stop_sequence: None,
             context: Vec::new(),
             load: Duration::ZERO,
             prefill: Duration::ZERO,

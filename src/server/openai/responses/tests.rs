@@ -7,6 +7,7 @@ use crate::engine::session::FinishReason as EngineFinish;
 use crate::engine::toolcall::{ToolCall, ToolEvent};
 use crate::queue::{Event, JobDone, JobError};
 use crate::server::openai::render::Head;
+use crate::server::sse::EventWriter;
 
 fn plan(body: Value) -> Result<ResponsePlan, ApiError> {
     serde_json::from_value::<ResponseRequest>(body).unwrap().into_plan()
@@ -120,6 +121,7 @@ fn done(finish: EngineFinish, calls: Vec<ToolCall>) -> Event {
         completion_tokens: 3,
         cached_tokens: 2,
         reasoning_tokens: 1,
+        stop_sequence: None,
         context: Vec::new(),
         load: Duration::ZERO,
         prefill: Duration::ZERO,

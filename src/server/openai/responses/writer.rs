@@ -15,8 +15,7 @@ use crate::server::error::{ApiError, ErrorKind};
 use crate::server::openai::render::{Head, TokenStep, chat_logprobs, worker_gone};
 use crate::server::openai::types::unix_seconds;
 
-/// One Server-Sent Event: its name and JSON payload.
-pub type Frame = (&'static str, String);
+use crate::server::sse::{EventWriter, Frame};
 
 /// Builds a response's output items from its job's events: reasoning, message text and
 /// function calls, each an item of its own in the order they come. Streaming, each
@@ -69,20 +68,6 @@ impl Writer {
         }
     }
 
-    /// The stream's first events: the response created and in progress.
-    pub fn start(&mut self) -> Vec<Frame> {
-        let mut out = Vec::new();
-        for name in ["response.created", "response.in_progress"] {
-            let response = self.snapshot("in_progress");
-            self.event(&mut out, name, json!({ "response": response }));
-        }
-        out
-    }
-
-    pub fn is_finished(&self) -> bool {
-        self.end.is_some()
-    }
-
     /// The whole response, once the job has ended.
     pub fn into_response(self) -> Result<ResponseObject, ApiError> {
         match &self.end {
@@ -92,15 +77,7 @@ impl Writer {
         }
     }
 
-    /// The channel closed before a final event.
-    pub fn closed(&mut self) -> Vec<Frame> {
-        match self.end {
-            Some(_) => Vec::new(),
-            None => self.fail(worker_gone()),
-        }
-    }
-
-    pub fn push(&mut self, ev: Event) -> Vec<Frame> {
+    fn event_frames(&mut self, ev: Event) -> Vec<Frame> {
         let mut out = Vec::new();
         if self.end.is_some() {
             return out;
@@ -175,7 +152,7 @@ impl Writer {
                 self.event(&mut out, name, json!({ "response": response }));
             }
             Event::Error(e) => return self.fail(e.into()),
-            Event::Embeddings { .. } | Event::Loaded { .. } | Event::Unloaded => {}
+            Event::Started { .. } | Event::Embeddings { .. } | Event::Loaded { .. } | Event::Unloaded => {}
         }
         out
     }
@@ -397,5 +374,32 @@ impl Writer {
             user: echo.user,
             metadata: echo.metadata,
         }
+    }
+}
+
+impl EventWriter for Writer {
+    /// The response created and in progress.
+    fn start(&mut self) -> Vec<Frame> {
+        let mut out = Vec::new();
+        for name in ["response.created", "response.in_progress"] {
+            let response = self.snapshot("in_progress");
+            self.event(&mut out, name, json!({ "response": response }));
+        }
+        out
+    }
+
+    fn push(&mut self, ev: Event) -> Vec<Frame> {
+        self.event_frames(ev)
+    }
+
+    fn closed(&mut self) -> Vec<Frame> {
+        match self.end {
+            Some(_) => Vec::new(),
+            None => self.fail(worker_gone()),
+        }
+    }
+
+    fn is_finished(&self) -> bool {
+        self.end.is_some()
     }
 }
