@@ -52,6 +52,11 @@ impl ApiError {
         ApiError { kind: ErrorKind::InvalidRequest, message: message.into(), param: Some(param.to_string()) }
     }
 
+    /// 500: the worker dropped a job's channel before its final event.
+    pub fn worker_gone() -> Self {
+        ApiError::new(ErrorKind::Internal, "the worker ended the job without a result")
+    }
+
     pub fn model_not_found(model: &str) -> Self {
         ApiError::new(ErrorKind::ModelNotFound, format!("model '{model}' not found")).with_param("model")
     }

@@ -40,7 +40,7 @@ use super::metrics::Metrics;
 use super::sse::{self, sse};
 use super::{AppState, parse_json};
 use crate::queue::{Event, JobDone, Work};
-use render::{ChunkWriter, Generation, Head, TokenStep, whole_response, worker_gone};
+use render::{ChunkWriter, Generation, Head, TokenStep, whole_response};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -236,7 +236,7 @@ pub async fn embeddings(State(state): State<AppState>, body: Bytes) -> Result<Js
             Some(Event::Embeddings { vectors, prompt_tokens, .. }) => break (vectors, prompt_tokens),
             Some(Event::Error(e)) => return Err(ApiError::from(e).into()),
             Some(_) => continue,
-            None => return Err(worker_gone().into()),
+            None => return Err(ApiError::worker_gone().into()),
         }
     };
     let data = vectors
@@ -287,7 +287,7 @@ async fn generate(state: &AppState, plan: Plan) -> Result<Response, ApiError> {
     let first = match rxs[0].recv().await {
         Some(Event::Error(e)) => return Err(e.into()),
         Some(ev) => ev,
-        None => return Err(worker_gone()),
+        None => return Err(ApiError::worker_gone()),
     };
     let writers = match rxs.len() {
         1 => vec![ChunkWriter::new(plan.api, head, plan.include_usage, plan.logprobs)],
@@ -314,7 +314,7 @@ async fn collect(rx: &mut UnboundedReceiver<Event>, metrics: &Metrics) -> Result
             _ => {}
         }
     }
-    Err(worker_gone())
+    Err(ApiError::worker_gone())
 }
 
 fn record(metrics: &Metrics, done: &JobDone) {

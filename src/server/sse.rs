@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::AppState;
-use super::error::{ApiError, ErrorKind};
+use super::error::ApiError;
 use crate::queue::Event;
 
 /// One named event: its name and JSON payload.
@@ -65,7 +65,7 @@ pub async fn streamed<W: EventWriter>(
     let first = match rx.recv().await {
         Some(Event::Error(e)) => return Err(e.into()),
         Some(ev) => ev,
-        None => return Err(ApiError::new(ErrorKind::Internal, "the worker ended the job without a result")),
+        None => return Err(ApiError::worker_gone()),
     };
     record(state, &first);
     let mut opening = writer.start();

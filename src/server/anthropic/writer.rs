@@ -56,7 +56,7 @@ impl Writer {
         match self.end {
             Some(Ok(())) => Ok(self.message),
             Some(Err(e)) => Err(e),
-            None => Err(gone()),
+            None => Err(ApiError::worker_gone()),
         }
     }
 
@@ -71,9 +71,8 @@ impl Writer {
             self.start(&mut out);
             return out;
         }
-        if matches!(ev, Event::Error(_)) {
-            // Nothing to start: the error is the stream's only event.
-        } else {
+        // An error before anything else is the stream's only event.
+        if !matches!(ev, Event::Error(_)) {
             self.start(&mut out);
         }
         match ev {
@@ -237,10 +236,6 @@ impl Writer {
     }
 }
 
-fn gone() -> ApiError {
-    ApiError::new(ErrorKind::Internal, "the worker ended the job without a result")
-}
-
 impl EventWriter for Writer {
     fn push(&mut self, ev: Event) -> Vec<Frame> {
         self.event_frames(ev)
@@ -249,7 +244,7 @@ impl EventWriter for Writer {
     fn closed(&mut self) -> Vec<Frame> {
         match self.end {
             Some(_) => Vec::new(),
-            None => self.fail(gone()),
+            None => self.fail(ApiError::worker_gone()),
         }
     }
 

@@ -154,7 +154,7 @@ impl ChunkWriter {
     pub fn closed(&mut self) -> Vec<String> {
         match self.finished {
             true => Vec::new(),
-            false => self.error(worker_gone()),
+            false => self.error(ApiError::worker_gone()),
         }
     }
 
@@ -241,10 +241,6 @@ pub(super) struct Generation {
 pub(super) struct TokenStep {
     pub sampled: TokenLogprob,
     pub top: Vec<TokenLogprob>,
-}
-
-pub(super) fn worker_gone() -> ApiError {
-    ApiError::new(ErrorKind::Internal, "the worker ended the job without a result")
 }
 
 /// The finish reason: `tool_calls` when the reply called tools.

@@ -12,7 +12,7 @@ use crate::engine::session::FinishReason as EngineFinish;
 use crate::engine::toolcall::ToolEvent;
 use crate::queue::{Event, JobDone};
 use crate::server::error::{ApiError, ErrorKind};
-use crate::server::openai::render::{Head, TokenStep, chat_logprobs, worker_gone};
+use crate::server::openai::render::{Head, TokenStep, chat_logprobs};
 use crate::server::openai::types::unix_seconds;
 
 use crate::server::sse::{EventWriter, Frame};
@@ -73,7 +73,7 @@ impl Writer {
         match &self.end {
             Some(End::Done(done)) => Ok(self.snapshot(status_word(done))),
             Some(End::Failed(e)) => Err(e.clone()),
-            None => Err(worker_gone()),
+            None => Err(ApiError::worker_gone()),
         }
     }
 
@@ -395,7 +395,7 @@ impl EventWriter for Writer {
     fn closed(&mut self) -> Vec<Frame> {
         match self.end {
             Some(_) => Vec::new(),
-            None => self.fail(worker_gone()),
+            None => self.fail(ApiError::worker_gone()),
         }
     }
 
