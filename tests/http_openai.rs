@@ -95,9 +95,16 @@ async fn chat_completion_has_the_openai_shape() {
         Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap())
     );
 
-    // A second request gets another id, and the generation was counted.
+    assert_eq!(u["prompt_tokens_details"], json!({"cached_tokens": 0}), "a fresh server: {v}");
+    assert_eq!(u["completion_tokens_details"], json!({"reasoning_tokens": 0}));
+
+    // A second request gets another id, its prompt's keys and values came from the
+    // first's cache, and the generation was counted.
     let (_, _, body) = send(&app, post_json("/v1/chat/completions", chat(json!({})))).await;
-    assert_ne!(json(&body)["id"], v["id"]);
+    let again = json(&body);
+    assert_ne!(again["id"], v["id"]);
+    let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 0 && cached <= u["prompt_tokens"].as_u64().unwrap(), "{again}");
     let (_, _, metrics) = send(&app, get("/metrics")).await;
     let metrics = String::from_utf8(metrics).unwrap();
     let prompt_line = metrics.lines().find(|l| l.starts_with("strata_prompt_tokens_total ")).unwrap();
@@ -219,7 +226,10 @@ async fn several_choices_are_each_the_request_alone_with_its_seed() {
     let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| json(d.as_bytes())).collect();
     let usage = chunks.last().unwrap();
     assert_eq!(usage["choices"], json!([]));
-    assert_eq!(usage["usage"], three["usage"]);
+    // The same counts; the stream's prompt came from the whole request's cache.
+    for key in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(usage["usage"][key], three["usage"][key]);
+    }
     let mut streamed = vec![String::new(); 3];
     let mut finishes = [0; 3];
     for c in &chunks[..chunks.len() - 1] {
@@ -350,6 +360,7 @@ async fn completions_take_text_and_token_prompts() {
         assert_eq!(v["choices"][0]["index"], 0);
         assert!(v["choices"][0]["logprobs"].is_null());
         assert_eq!(v["usage"]["completion_tokens"], 5);
+        assert!(v["usage"].get("prompt_tokens_details").is_none(), "chat's details only: {v}");
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         texts.push(v["choices"][0]["text"].as_str().unwrap().to_string());
     }

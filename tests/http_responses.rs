@@ -242,6 +242,7 @@ async fn reasoning_is_an_item_of_its_own() {
         v["usage"]["output_tokens"].as_u64().unwrap(),
     );
     assert!(reasoning_tokens >= 3 && reasoning_tokens < output_tokens, "{v}");
+    assert_eq!(reasoning_tokens, c["usage"]["completion_tokens_details"]["reasoning_tokens"], "as chat counts them");
 
     let evs = streamed(&app, body).await;
     let deltas = |name: &str| -> String {

@@ -75,6 +75,8 @@ use render::{ChunkWriter, Generation, Head, TokenStep, whole_response};
         CompletionResponse,
         CompletionChoice,
         CompletionLogprobs,
+        PromptTokensDetails,
+        CompletionTokensDetails,
         ResponseRequest,
         ResponseInput,
         TextConfig,

@@ -70,6 +70,10 @@ impl ChunkWriter {
 
     /// The stream's last payloads: the usage chunk (with `include_usage`), then `[DONE]`.
     pub fn end(&self, usage: Usage) -> Vec<String> {
+        let usage = match self.api {
+            Api::Chat => usage,
+            Api::Completion => usage.plain(),
+        };
         let mut out = Vec::new();
         if self.include_usage {
             out.push(self.usage_chunk(usage));
@@ -299,7 +303,7 @@ pub(super) fn whole_response(
                     finish_reason: Some(finish),
                 })
                 .collect(),
-            usage: Some(Some(usage)),
+            usage: Some(Some(usage.plain())),
         })
         .into_response(),
     };
@@ -428,7 +432,11 @@ mod tests {
         assert_eq!(out[2]["choices"][0]["delta"], json!({"content": "lo"}));
         assert_eq!(out[3]["choices"][0], json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "stop"}));
         assert_eq!(out[4]["choices"], json!([]));
-        assert_eq!(out[4]["usage"], json!({"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}));
+        assert_eq!(
+            out[4]["usage"],
+            json!({"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
+                "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}})
+        );
         assert_eq!(out[5], "[DONE]");
         for c in &out[..5] {
             assert_eq!((c["id"].as_str(), c["created"].as_u64()), (Some("chatcmpl-1"), Some(7)));

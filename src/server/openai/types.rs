@@ -280,6 +280,24 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// Chat only: how many prompt tokens a cache held (a previous exchange's keys and
+    /// values).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+    /// Chat only: how many generated tokens were reasoning (from the token that opened it
+    /// to the one that closed it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct CompletionTokensDetails {
+    pub reasoning_tokens: usize,
 }
 
 impl Usage {
@@ -288,16 +306,29 @@ impl Usage {
     }
 
     /// Of a request's choices, in choice order, `n` to a prompt: each prompt counted once
-    /// (as OpenAI counts it), every choice's completion.
+    /// (as OpenAI counts it, its cached tokens with it), every choice's completion.
     pub(super) fn of_choices<'a>(dones: impl IntoIterator<Item = &'a JobDone>, n: usize) -> Self {
-        let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+        let (mut prompt_tokens, mut completion_tokens, mut cached_tokens, mut reasoning_tokens) = (0, 0, 0, 0);
         for (i, done) in dones.into_iter().enumerate() {
             if i % n.max(1) == 0 {
                 prompt_tokens += done.prompt_tokens;
+                cached_tokens += done.cached_tokens;
             }
             completion_tokens += done.completion_tokens;
+            reasoning_tokens += done.reasoning_tokens;
         }
-        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: Some(PromptTokensDetails { cached_tokens }),
+            completion_tokens_details: Some(CompletionTokensDetails { reasoning_tokens }),
+        }
+    }
+
+    /// Without the chat's details (the legacy completions API has none).
+    pub(super) fn plain(self) -> Self {
+        Usage { prompt_tokens_details: None, completion_tokens_details: None, ..self }
     }
 }
 
