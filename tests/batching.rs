@@ -346,6 +346,7 @@ mod worker {
             grammar: None,
             grammar_param: "grammar",
             messages_param: "messages",
+            count_only: false,
             template_vars: Default::default(),
             split_reasoning: false,
             sparse_ffn: None,

@@ -358,7 +358,36 @@ async fn openapi_covers_the_messages_route() {
     assert_eq!(status, StatusCode::OK);
     let doc = json(&body);
     assert_eq!(doc["paths"]["/v1/messages"]["post"]["tags"][0], "anthropic");
+    assert_eq!(doc["paths"]["/v1/messages/count_tokens"]["post"]["tags"][0], "anthropic");
     for schema in ["MessagesRequest", "MessageResponse", "ContentBlock", "AnthropicErrorBody"] {
         assert!(doc["components"]["schemas"][schema].is_object(), "{schema} is missing");
     }
+}
+
+#[tokio::test]
+async fn count_tokens_is_the_prompt_s_size() {
+    let (app, _) = app_with_context(1024);
+    for (model, extra) in [("llama3", json!({})), ("qwen3", json!({"tools": [weather()], "system": "Be brief."}))] {
+        let v = ok(&app, "/v1/messages", request(model, user("Weather in Paris?"), extra.clone())).await;
+        let mut body = common::merged(json!({"model": model, "messages": user("Weather in Paris?")}), extra);
+        let n = ok(&app, "/v1/messages/count_tokens", body.clone()).await;
+        let u = &v["usage"];
+        let input = u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap();
+        assert_eq!(n, json!({"input_tokens": input}), "{model}");
+        // `max_tokens` may be given too.
+        body["max_tokens"] = json!(8);
+        assert_eq!(ok(&app, "/v1/messages/count_tokens", body).await, n);
+    }
+    // A prompt longer than the context is still counted.
+    let long = "word ".repeat(2000);
+    let n = ok(&app, "/v1/messages/count_tokens", json!({"model": "llama3", "messages": user(&long)})).await;
+    assert!(n["input_tokens"].as_u64().unwrap() > 1024, "{n}");
+    let (status, _, out) = send(&app, post_json("/v1/messages/count_tokens", json!({"model": "llama3"}))).await;
+    assert_eq!(
+        (status, json(&out)["error"]["type"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_request_error"))
+    );
+    let (status, _, out) =
+        send(&app, post_json("/v1/messages/count_tokens", json!({"model": "nope", "messages": user("x")}))).await;
+    assert_eq!((status, json(&out)["error"]["type"].as_str()), (StatusCode::NOT_FOUND, Some("not_found_error")));
 }

@@ -146,6 +146,9 @@ pub struct GenerateJob {
     /// The request field `grammar` came from, for a 400 when it does not compile for the
     /// model.
     pub grammar_param: &'static str,
+    /// Only count the prompt's tokens: the job answers [`Event::Started`] and ends
+    /// (Anthropic's `count_tokens`).
+    pub count_only: bool,
     /// The request field a chat's messages came from (`messages`; `input` in the
     /// Responses API), for a 400 about them.
     pub messages_param: &'static str,

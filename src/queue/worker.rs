@@ -477,6 +477,10 @@ impl Worker {
             };
         };
         let Work::Generate(g) = &job.work else { return Admit::Done };
+        // Counting a prompt's tokens runs nothing.
+        if g.count_only {
+            return Admit::Done;
+        }
         if slot.running.len() >= slot.parallel {
             return Admit::Later;
         }
@@ -698,6 +702,10 @@ impl Worker {
                 Some("logit_bias"),
                 format!("`logit_bias` names token {id}, outside the vocabulary ({vocab} tokens)"),
             ));
+        }
+        if job.count_only {
+            let _ = events.send(Event::Started { prompt_tokens: prompt.len(), cached_tokens: 0 });
+            return Ok(Began::Done);
         }
         let ctx = job.num_ctx.unwrap_or(engine.context_len).max(1);
         let param = match job.prompt {

@@ -30,19 +30,19 @@ use super::tools::{checked, tool_choice, tool_definitions};
 use super::{AppState, parse_json};
 use crate::engine::grammar::GrammarSpec;
 use crate::engine::template::ChatMessage;
-use crate::queue::{GenerateJob, PromptInput, ToolChoice, Work};
+use crate::queue::{Event, GenerateJob, PromptInput, ToolChoice, Work};
 use writer::Writer;
 
 #[derive(OpenApi)]
 #[openapi(
-    paths(messages),
-    components(schemas(MessagesRequest, MessageResponse, ContentBlock, AnthropicUsage, AnthropicErrorBody, AnthropicErrorDetail)),
+    paths(messages, count_tokens),
+    components(schemas(MessagesRequest, MessageResponse, TokenCount, ContentBlock, AnthropicUsage, AnthropicErrorBody, AnthropicErrorDetail)),
     tags((name = "anthropic", description = "Anthropic-compatible Messages API"))
 )]
 pub struct Doc;
 
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/v1/messages", post(messages))
+    Router::new().route("/v1/messages", post(messages)).route("/v1/messages/count_tokens", post(count_tokens))
 }
 
 /// Most stop sequences a request may give.
@@ -515,6 +515,40 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     }
     sse::whole(&state, rx, &mut writer).await;
     Ok(Json(writer.into_message()?).into_response())
+}
+
+/// `POST /v1/messages/count_tokens`'s answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenCount {
+    /// The prompt's tokens: the system prompt, the messages and the tools, as the model's
+    /// chat template renders them.
+    pub input_tokens: usize,
+}
+
+/// Counts the tokens a Messages request's prompt would take (`max_tokens` may be left
+/// out). The model is loaded to render and tokenize it; nothing is generated.
+#[utoipa::path(post, path = "/v1/messages/count_tokens", tag = "anthropic",
+    request_body = MessagesRequest,
+    responses(
+        (status = 200, description = "The prompt's size", body = TokenCount),
+        (status = 400, description = "Invalid request (the message names the field)", body = AnthropicErrorBody),
+        (status = 404, description = "Unknown model", body = AnthropicErrorBody),
+    ))]
+pub async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Result<Json<TokenCount>, AnthropicError> {
+    let mut request = parse_json::<MessagesRequest>(&body)?;
+    request.max_tokens.get_or_insert(1);
+    let mut plan = request.into_plan()?;
+    state.model(&plan.job.model)?;
+    plan.job.count_only = true;
+    let mut rx = state.queue.submit(Work::Generate(plan.job)).map_err(ApiError::from)?;
+    loop {
+        match rx.recv().await {
+            Some(Event::Started { prompt_tokens, .. }) => return Ok(Json(TokenCount { input_tokens: prompt_tokens })),
+            Some(Event::Error(e)) => return Err(ApiError::from(e).into()),
+            Some(_) => {}
+            None => return Err(ApiError::worker_gone().into()),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -42,6 +42,13 @@ def test_stream_accumulates_to_the_whole_message(claude):
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
 
 
+def test_count_tokens_is_the_prompt_s_size(claude):
+    messages = [{"role": "user", "content": "Say hello."}]
+    m = claude.messages.create(model=MODEL, max_tokens=2, system="Be brief.", messages=messages)
+    n = claude.messages.count_tokens(model=MODEL, system="Be brief.", messages=messages)
+    assert n.input_tokens == m.usage.input_tokens + m.usage.cache_read_input_tokens
+
+
 def test_errors_have_anthropic_s_shape(claude):
     with pytest.raises(anthropic.NotFoundError) as e:
         claude.messages.create(model="no-such-model", max_tokens=4, messages=[{"role": "user", "content": "x"}])

@@ -132,6 +132,7 @@ impl Resolved {
             grammar: None,
             grammar_param: "grammar",
             messages_param: "messages",
+            count_only: false,
             template_vars: serde_json::Map::new(),
             split_reasoning: false,
             sparse_ffn: self.sparse_ffn,

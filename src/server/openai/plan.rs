@@ -232,6 +232,7 @@ pub(in crate::server) fn job(
         grammar: None,
         grammar_param: "grammar",
         messages_param: "messages",
+        count_only: false,
         template_vars: serde_json::Map::new(),
         split_reasoning: false,
         sparse_ffn: None,
