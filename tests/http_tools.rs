@@ -369,3 +369,23 @@ async fn a_tool_with_a_bad_schema_is_refused_whatever_the_choice() {
         send(&app, post_json("/v1/chat/completions", chat("qwen3", json!({"tools": [unique], "max_tokens": 4})))).await;
     assert_eq!(status, StatusCode::OK, "{}", json(&out));
 }
+
+#[tokio::test]
+async fn reasoning_effort_reaches_the_template() {
+    let (app, _) = app_with_context(1024);
+    let prompt_tokens = |v: Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let mut sizes = Vec::new();
+    for extra in [
+        json!({}),
+        json!({"reasoning_effort": "none"}),
+        json!({"chat_template_kwargs": {"enable_thinking": false}}),
+    ] {
+        let body = chat("qwen3", common::merged(json!({"max_tokens": 1}), extra));
+        let (status, _, out) = send(&app, post_json("/v1/chat/completions", body)).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+        sizes.push(prompt_tokens(json(&out)));
+    }
+    // Qwen3's template closes an empty reasoning block in the prompt when thinking is off.
+    assert_eq!(sizes[1], sizes[2], "{sizes:?}");
+    assert!(sizes[1] > sizes[0], "{sizes:?}");
+}

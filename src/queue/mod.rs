@@ -233,7 +233,8 @@ pub struct JobDone {
 
 /// What a job reports, in order: for a generation `Started` (once admitted), then
 /// `Text`/`Token` events; then exactly one of `Done`, `Embeddings`, `Loaded`, `Unloaded`
-/// or `Error`.
+/// or `Error`. A count-only generation ([`GenerateJob::count_only`]) reports `Started`
+/// (or `Error`) and nothing more.
 #[derive(Clone, Debug)]
 pub enum Event {
     /// A generation was admitted: its prompt's size, and how much of it a cache held.

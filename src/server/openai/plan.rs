@@ -239,6 +239,33 @@ pub(in crate::server) fn job(
     })
 }
 
+/// A reasoning effort (`reasoning_effort` on chat, `reasoning.effort` on responses) as
+/// chat template variables: `none` sets `enable_thinking` false; a level sets it true and
+/// `reasoning_effort` to the level (gpt-oss's and Granite's templates read it).
+pub(in crate::server) fn effort_vars(
+    field: &str,
+    effort: Option<&str>,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let mut vars = serde_json::Map::new();
+    match effort {
+        None => {}
+        Some("none") => {
+            vars.insert("enable_thinking".into(), Value::Bool(false));
+        }
+        Some(level @ ("minimal" | "low" | "medium" | "high" | "xhigh")) => {
+            vars.insert("enable_thinking".into(), Value::Bool(true));
+            vars.insert("reasoning_effort".into(), Value::String(level.into()));
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                field,
+                format!("unknown `{field}` `{other}`; expected none, minimal, low, medium, high or xhigh"),
+            ));
+        }
+    }
+    Ok(vars)
+}
+
 /// A request's `sparse_ffn`, checked.
 pub(in crate::server) fn sparse_ffn(value: Option<&str>) -> Result<Option<(SparseFfn, &'static str)>, ApiError> {
     match value.map(SparseFfn::parse) {
@@ -401,7 +428,9 @@ impl ChatCompletionRequest {
         job.grammar_param = grammar_param(self.response_format.is_some());
         job.grammar = grammar;
         job.sparse_ffn = sparse_ffn(self.sparse_ffn.as_deref())?;
-        job.template_vars = self.chat_template_kwargs.unwrap_or_default();
+        // `chat_template_kwargs` win over what `reasoning_effort` sets.
+        job.template_vars = effort_vars("reasoning_effort", self.reasoning_effort.as_deref())?;
+        job.template_vars.extend(self.chat_template_kwargs.unwrap_or_default());
         // A thinking model's reasoning comes back in `reasoning_content`, as llama.cpp's
         // server and vLLM's reasoning parsers return it.
         job.split_reasoning = true;
@@ -553,6 +582,22 @@ mod tests {
         assert_eq!(plan.job.max_tokens, None, "until the context is full");
         assert!(plan.job.stop.is_empty());
         assert_eq!(plan.job.top_logprobs, 0);
+    }
+
+    #[test]
+    fn reasoning_effort_becomes_template_variables() {
+        let vars = |extra: Value| Value::Object(chat(extra).unwrap().job.template_vars);
+        assert_eq!(vars(json!({})), json!({}));
+        assert_eq!(
+            vars(json!({"reasoning_effort": "low"})),
+            json!({"enable_thinking": true, "reasoning_effort": "low"})
+        );
+        assert_eq!(vars(json!({"reasoning_effort": "none"})), json!({"enable_thinking": false}));
+        assert_eq!(
+            vars(json!({"reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": false}})),
+            json!({"enable_thinking": false, "reasoning_effort": "high"})
+        );
+        assert_eq!(param(chat(json!({"reasoning_effort": "max"}))), "reasoning_effort");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use utoipa::openapi::{Ref, RefOr};
 
 pub(super) use writer::Writer;
 
-use super::plan::{Knobs, MAX_TOP_LOGPROBS, job, knobs, positive, required, sparse_ffn};
+use super::plan::{Knobs, MAX_TOP_LOGPROBS, effort_vars, job, knobs, positive, required, sparse_ffn};
 use super::types::{ChatTokenLogprob, StopSpec};
 use crate::engine::grammar::GrammarSpec;
 use crate::engine::template::ChatMessage;
@@ -332,23 +332,7 @@ impl ResponseRequest {
         if grammar.is_some() && tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) {
             return Err(ApiError::invalid("tool_choice", "a forced tool call cannot be combined with `text.format`"));
         }
-        let mut vars = Map::new();
-        match self.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
-            None => {}
-            Some("none") => {
-                vars.insert("enable_thinking".into(), Value::Bool(false));
-            }
-            Some(level @ ("minimal" | "low" | "medium" | "high" | "xhigh")) => {
-                vars.insert("enable_thinking".into(), Value::Bool(true));
-                vars.insert("reasoning_effort".into(), Value::String(level.into()));
-            }
-            Some(other) => {
-                return Err(ApiError::invalid(
-                    "reasoning.effort",
-                    format!("unknown `reasoning.effort` `{other}`; expected none, minimal, low, medium, high or xhigh"),
-                ));
-            }
-        }
+        let mut vars = effort_vars("reasoning.effort", self.reasoning.as_ref().and_then(|r| r.effort.as_deref()))?;
         vars.extend(self.chat_template_kwargs.unwrap_or_default());
 
         let knobs = knobs!(self);

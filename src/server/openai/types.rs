@@ -92,9 +92,13 @@ pub struct ChatCompletionRequest {
     #[schema(value_type = Option<Object>)]
     pub function_call: Option<Value>,
     /// Nonstandard: more chat template variables (as vLLM's `chat_template_kwargs`),
-    /// e.g. `{"enable_thinking": false}`.
+    /// e.g. `{"enable_thinking": false}`; they win over what `reasoning_effort` sets.
     #[schema(value_type = Option<Object>)]
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// `none` sets the chat template's `enable_thinking` false; `minimal`, `low`,
+    /// `medium`, `high` or `xhigh` set it true and `reasoning_effort` to the level.
+    #[schema(pattern = "^(none|minimal|low|medium|high|xhigh)$")]
+    pub reasoning_effort: Option<String>,
     /// Accepted and ignored.
     pub user: Option<String>,
 }
