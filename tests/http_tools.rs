@@ -375,11 +375,9 @@ async fn reasoning_effort_reaches_the_template() {
     let (app, _) = app_with_context(1024);
     let prompt_tokens = |v: Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
     let mut sizes = Vec::new();
-    for extra in [
-        json!({}),
-        json!({"reasoning_effort": "none"}),
-        json!({"chat_template_kwargs": {"enable_thinking": false}}),
-    ] {
+    for extra in
+        [json!({}), json!({"reasoning_effort": "none"}), json!({"chat_template_kwargs": {"enable_thinking": false}})]
+    {
         let body = chat("qwen3", common::merged(json!({"max_tokens": 1}), extra));
         let (status, _, out) = send(&app, post_json("/v1/chat/completions", body)).await;
         assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
