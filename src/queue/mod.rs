@@ -231,6 +231,27 @@ pub struct JobDone {
     pub tool_calls: Vec<ToolCall>,
 }
 
+#[cfg(test)]
+impl JobDone {
+    /// A generation that ended with `finish` after these counts; no time, context or calls.
+    pub fn ended(finish: FinishReason, prompt_tokens: usize, completion_tokens: usize) -> Self {
+        JobDone {
+            finish,
+            prompt_tokens,
+            completion_tokens,
+            cached_tokens: 0,
+            reasoning_tokens: 0,
+            stop_sequence: None,
+            context: Vec::new(),
+            load: Duration::ZERO,
+            prefill: Duration::ZERO,
+            decode: Duration::ZERO,
+            total: Duration::ZERO,
+            tool_calls: Vec::new(),
+        }
+    }
+}
+
 /// What a job reports, in order: for a generation `Started` (once admitted), then
 /// `Text`/`Token` events; then exactly one of `Done`, `Embeddings`, `Loaded`, `Unloaded`
 /// or `Error`. A count-only generation ([`GenerateJob::count_only`]) reports `Started`

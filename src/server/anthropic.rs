@@ -10,8 +10,6 @@
 mod writer;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -27,7 +25,7 @@ use super::openai::StopSpec;
 use super::openai::plan::{Knobs, job, positive, required};
 use super::sse;
 use super::tools::{checked, tool_choice, tool_definitions};
-use super::{AppState, parse_json};
+use super::{AppState, new_id, parse_json};
 use crate::engine::grammar::GrammarSpec;
 use crate::engine::template::ChatMessage;
 use crate::queue::{Event, GenerateJob, PromptInput, ToolChoice, Work};
@@ -379,14 +377,18 @@ fn conversation(system: Option<Value>, messages: Vec<Value>) -> Result<Vec<ChatM
         let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
         let content = m.get("content").unwrap_or(&Value::Null);
         let cat = format!("{at}.content");
-        let blocks: Vec<Value> = match content {
-            Value::String(s) => vec![json!({"type": "text", "text": s})],
-            Value::Array(blocks) => blocks.clone(),
+        let text;
+        let blocks: &[Value] = match content {
+            Value::String(s) => {
+                text = [json!({"type": "text", "text": s})];
+                &text
+            }
+            Value::Array(blocks) => blocks,
             _ => return Err(invalid(&cat, format!("`{cat}` must be a string or an array of blocks"))),
         };
         match role {
-            "user" => user_turn(&blocks, &cat, &names, &mut out)?,
-            "assistant" => out.push(assistant_turn(&blocks, &cat, &mut names)?),
+            "user" => user_turn(blocks, &cat, &names, &mut out)?,
+            "assistant" => out.push(assistant_turn(blocks, &cat, &mut names)?),
             other => {
                 let field = format!("{at}.role");
                 return Err(invalid(&field, format!("`{field}`: unknown role `{other}`; expected user or assistant")));
@@ -485,14 +487,6 @@ fn assistant_turn(blocks: &[Value], at: &str, names: &mut HashMap<String, String
     Ok(msg)
 }
 
-/// `msg_…`: microseconds since the epoch and a process-wide counter, in hex.
-fn new_id() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-    let micros = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
-    format!("msg_{micros:x}{n:06x}")
-}
-
 /// Generates the assistant's reply (Anthropic's Messages API).
 #[utoipa::path(post, path = "/v1/messages", tag = "anthropic",
     request_body = MessagesRequest,
@@ -509,7 +503,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     state.model(&plan.job.model)?;
     let model = plan.job.model.clone();
     let rx = state.queue.submit(Work::Generate(plan.job)).map_err(ApiError::from)?;
-    let mut writer = Writer::new(new_id(), model, plan.stream);
+    let mut writer = Writer::new(new_id("msg_"), model, plan.stream);
     if plan.stream {
         return Ok(sse::streamed(&state, rx, writer).await?);
     }

@@ -196,6 +196,15 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     Ok(value)
 }
 
+/// A response id, `PREFIX…` (`chatcmpl-`, `cmpl-`, `resp_`, `msg_`): microseconds since
+/// the epoch and a process-wide counter, in hex.
+pub(crate) fn new_id(prefix: &str) -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+    let micros = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+    format!("{prefix}{micros:x}{n:06x}")
+}
+
 /// The family of a path: `/v1/messages...` answers in the Anthropic shape, the rest of
 /// `/v1/...` in the OpenAI shape, everything else in Ollama's.
 pub fn family_of(path: &str) -> Family {

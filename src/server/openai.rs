@@ -13,8 +13,7 @@ mod render;
 mod responses;
 mod types;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -38,7 +37,7 @@ pub use types::*;
 use super::error::{ApiError, OpenAiError, OpenAiErrorBody, OpenAiErrorDetail};
 use super::metrics::Metrics;
 use super::sse::{self, sse};
-use super::{AppState, parse_json};
+use super::{AppState, new_id, parse_json};
 use crate::queue::{Event, JobDone, Work};
 use render::{ChunkWriter, Generation, Head, TokenStep, whole_response};
 
@@ -168,7 +167,7 @@ pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<R
 pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Response, OpenAiError> {
     let plan = parse_json::<ResponseRequest>(&body)?.into_plan()?;
     state.model(&plan.job.model)?;
-    let head = Head { id: new_id("resp"), created: unix_seconds(SystemTime::now()), model: plan.job.model.clone() };
+    let head = Head { id: new_id("resp_"), created: unix_seconds(SystemTime::now()), model: plan.job.model.clone() };
     let rx = state.queue.submit(Work::Generate(plan.job)).map_err(ApiError::from)?;
     let mut writer = responses::Writer::new(head, plan.echo, plan.logprobs, plan.stream);
     if plan.stream {
@@ -270,8 +269,8 @@ fn f32_le_bytes(v: &[f32]) -> Vec<u8> {
 async fn generate(state: &AppState, plan: Plan) -> Result<Response, ApiError> {
     state.model(&plan.job.model)?;
     let prefix = match plan.api {
-        Api::Chat => "chatcmpl",
-        Api::Completion => "cmpl",
+        Api::Chat => "chatcmpl-",
+        Api::Completion => "cmpl-",
     };
     let head = Head { id: new_id(prefix), created: unix_seconds(SystemTime::now()), model: plan.job.model.clone() };
     // Every choice is queued before any is awaited; a receiver dropped (an error, the
@@ -398,14 +397,4 @@ fn sse_response(state: &AppState, rxs: Vec<UnboundedReceiver<Event>>, first: Eve
         .flat_map(futures_util::stream::iter)
         .map(|data| SseEvent::default().data(data));
     sse(state, events)
-}
-
-/// `chatcmpl-…`, `cmpl-…`, `resp_…`: microseconds since the epoch and a process-wide
-/// counter, in hex.
-fn new_id(prefix: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-    let micros = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
-    let sep = if prefix == "resp" { '_' } else { '-' };
-    format!("{prefix}{sep}{micros:x}{n:06x}")
 }

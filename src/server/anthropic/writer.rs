@@ -60,62 +60,6 @@ impl Writer {
         }
     }
 
-    fn event_frames(&mut self, ev: Event) -> Vec<Frame> {
-        let mut out = Vec::new();
-        if self.end.is_some() {
-            return out;
-        }
-        if let Event::Started { prompt_tokens, cached_tokens } = ev {
-            self.message.usage.input_tokens = prompt_tokens.saturating_sub(cached_tokens);
-            self.message.usage.cache_read_input_tokens = cached_tokens;
-            self.start(&mut out);
-            return out;
-        }
-        // An error before anything else is the stream's only event.
-        if !matches!(ev, Event::Error(_)) {
-            self.start(&mut out);
-        }
-        match ev {
-            Event::Text(text) => self.text(text, &mut out),
-            Event::Reasoning(text) => self.thinking(text, &mut out),
-            Event::Tool(ToolEvent::Begin { index, id, name }) => {
-                self.close(&mut out);
-                self.held.clear();
-                let at = self.message.content.len();
-                self.calls.push((index, at, String::new()));
-                self.open_block(ContentBlock::ToolUse { id, name, input: json!({}) }, &mut out);
-            }
-            Event::Tool(ToolEvent::Args { index, fragment }) => {
-                if let Some((_, at, args)) = self.calls.iter_mut().find(|(i, _, _)| *i == index) {
-                    args.push_str(&fragment);
-                    let at = *at;
-                    self.event(
-                        &mut out,
-                        "content_block_delta",
-                        json!({"index": at, "delta": {"type": "input_json_delta", "partial_json": fragment}}),
-                    );
-                }
-            }
-            Event::Tool(ToolEvent::End { index, call }) => {
-                if let Some((_, at, args)) = self.calls.iter_mut().find(|(i, _, _)| *i == index) {
-                    *args = call.arguments;
-                    if self.open == Some(*at) {
-                        self.close(&mut out);
-                    }
-                }
-            }
-            Event::Tool(ToolEvent::Text(text)) => self.text(text, &mut out),
-            Event::Done(done) => return self.done(&done, out),
-            Event::Error(e) => return self.fail(e.into()),
-            Event::Token { .. }
-            | Event::Started { .. }
-            | Event::Embeddings { .. }
-            | Event::Loaded { .. }
-            | Event::Unloaded => {}
-        }
-        out
-    }
-
     fn start(&mut self, out: &mut Vec<Frame>) {
         if self.started {
             return;
@@ -238,7 +182,59 @@ impl Writer {
 
 impl EventWriter for Writer {
     fn push(&mut self, ev: Event) -> Vec<Frame> {
-        self.event_frames(ev)
+        let mut out = Vec::new();
+        if self.end.is_some() {
+            return out;
+        }
+        if let Event::Started { prompt_tokens, cached_tokens } = ev {
+            self.message.usage.input_tokens = prompt_tokens.saturating_sub(cached_tokens);
+            self.message.usage.cache_read_input_tokens = cached_tokens;
+            self.start(&mut out);
+            return out;
+        }
+        // An error before anything else is the stream's only event.
+        if !matches!(ev, Event::Error(_)) {
+            self.start(&mut out);
+        }
+        match ev {
+            Event::Text(text) => self.text(text, &mut out),
+            Event::Reasoning(text) => self.thinking(text, &mut out),
+            Event::Tool(ToolEvent::Begin { index, id, name }) => {
+                self.close(&mut out);
+                self.held.clear();
+                let at = self.message.content.len();
+                self.calls.push((index, at, String::new()));
+                self.open_block(ContentBlock::ToolUse { id, name, input: json!({}) }, &mut out);
+            }
+            Event::Tool(ToolEvent::Args { index, fragment }) => {
+                if let Some((_, at, args)) = self.calls.iter_mut().find(|(i, _, _)| *i == index) {
+                    args.push_str(&fragment);
+                    let at = *at;
+                    self.event(
+                        &mut out,
+                        "content_block_delta",
+                        json!({"index": at, "delta": {"type": "input_json_delta", "partial_json": fragment}}),
+                    );
+                }
+            }
+            Event::Tool(ToolEvent::End { index, call }) => {
+                if let Some((_, at, args)) = self.calls.iter_mut().find(|(i, _, _)| *i == index) {
+                    *args = call.arguments;
+                    if self.open == Some(*at) {
+                        self.close(&mut out);
+                    }
+                }
+            }
+            Event::Tool(ToolEvent::Text(text)) => self.text(text, &mut out),
+            Event::Done(done) => return self.done(&done, out),
+            Event::Error(e) => return self.fail(e.into()),
+            Event::Token { .. }
+            | Event::Started { .. }
+            | Event::Embeddings { .. }
+            | Event::Loaded { .. }
+            | Event::Unloaded => {}
+        }
+        out
     }
 
     fn closed(&mut self) -> Vec<Frame> {

@@ -370,7 +370,6 @@ fn completion_logprobs(steps: &[TokenStep], offset: &mut usize) -> CompletionLog
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
 
     use serde_json::json;
 
@@ -388,20 +387,7 @@ mod tests {
     }
 
     fn done(finish: EngineFinish) -> Event {
-        Event::Done(JobDone {
-            finish,
-            prompt_tokens: 4,
-            completion_tokens: 3,
-            cached_tokens: 0,
-            reasoning_tokens: 0,
-            stop_sequence: None,
-            context: Vec::new(),
-            load: Duration::ZERO,
-            prefill: Duration::ZERO,
-            decode: Duration::ZERO,
-            total: Duration::ZERO,
-            tool_calls: Vec::new(),
-        })
+        Event::Done(JobDone::ended(finish, 4, 3))
     }
 
     /// Runs a writer over `events`: every payload, JSON-decoded (`[DONE]` as a string).

@@ -1,5 +1,3 @@
-use std::time::Duration;
-
 use serde_json::json;
 
 use super::*;
@@ -115,20 +113,7 @@ fn writer(streaming: bool) -> Writer {
 }
 
 fn done(finish: EngineFinish, calls: Vec<ToolCall>) -> Event {
-    Event::Done(JobDone {
-        finish,
-        prompt_tokens: 5,
-        completion_tokens: 3,
-        cached_tokens: 2,
-        reasoning_tokens: 1,
-        stop_sequence: None,
-        context: Vec::new(),
-        load: Duration::ZERO,
-        prefill: Duration::ZERO,
-        decode: Duration::ZERO,
-        total: Duration::ZERO,
-        tool_calls: calls,
-    })
+    Event::Done(JobDone { cached_tokens: 2, reasoning_tokens: 1, tool_calls: calls, ..JobDone::ended(finish, 5, 3) })
 }
 
 /// The events' names and the whole response.

@@ -77,86 +77,6 @@ impl Writer {
         }
     }
 
-    fn event_frames(&mut self, ev: Event) -> Vec<Frame> {
-        let mut out = Vec::new();
-        if self.end.is_some() {
-            return out;
-        }
-        match ev {
-            Event::Token { sampled, top } => {
-                if self.logprobs {
-                    self.pending.push(TokenStep { sampled, top });
-                }
-            }
-            Event::Text(text) => self.text(text, &mut out),
-            Event::Reasoning(text) => self.reasoning(text, &mut out),
-            Event::Tool(ToolEvent::Begin { index, id, name }) => {
-                self.close(&mut out, "completed");
-                self.held.clear();
-                self.pending.clear();
-                let at = self.items.len();
-                let item = OutputItem::FunctionCall {
-                    id: self.item_id("fc", at),
-                    call_id: id,
-                    name,
-                    arguments: String::new(),
-                    status: "in_progress".into(),
-                };
-                self.calls.push((index, at));
-                self.open_item(item, &mut out);
-            }
-            Event::Tool(ToolEvent::Args { index, fragment }) => {
-                let Some(at) = self.call_at(index) else { return out };
-                if let OutputItem::FunctionCall { id, arguments, .. } = &mut self.items[at] {
-                    arguments.push_str(&fragment);
-                    let id = id.clone();
-                    self.event(
-                        &mut out,
-                        "response.function_call_arguments.delta",
-                        json!({"item_id": id, "output_index": at, "delta": fragment}),
-                    );
-                }
-            }
-            Event::Tool(ToolEvent::End { index, call }) => {
-                let Some(at) = self.call_at(index) else { return out };
-                if let OutputItem::FunctionCall { arguments, .. } = &mut self.items[at] {
-                    *arguments = call.arguments;
-                }
-                if self.open == Some(at) {
-                    self.close(&mut out, "completed");
-                }
-            }
-            Event::Tool(ToolEvent::Text(text)) => self.text(text, &mut out),
-            Event::Done(done) => {
-                if done.finish == EngineFinish::Cancelled {
-                    let e = ApiError::new(
-                        ErrorKind::Unavailable,
-                        "the generation was cancelled: the server is shutting down",
-                    );
-                    return self.fail(e);
-                }
-                let status = status_word(&done);
-                if let Some(OutputItem::Message { content, .. }) = self.open.map(|at| &mut self.items[at]) {
-                    let steps = std::mem::take(&mut self.pending);
-                    content[0].logprobs.extend(chat_logprobs(&steps).content);
-                }
-                self.close(&mut out, status);
-                if self.items.is_empty() {
-                    // Nothing was generated but the end: an empty message.
-                    self.open_message(&mut out);
-                    self.close(&mut out, status);
-                }
-                let name = if status == "completed" { "response.completed" } else { "response.incomplete" };
-                self.end = Some(End::Done(Box::new(done)));
-                let response = self.snapshot(status);
-                self.event(&mut out, name, json!({ "response": response }));
-            }
-            Event::Error(e) => return self.fail(e.into()),
-            Event::Started { .. } | Event::Embeddings { .. } | Event::Loaded { .. } | Event::Unloaded => {}
-        }
-        out
-    }
-
     fn text(&mut self, text: String, out: &mut Vec<Frame>) {
         if text.is_empty() {
             return;
@@ -389,7 +309,83 @@ impl EventWriter for Writer {
     }
 
     fn push(&mut self, ev: Event) -> Vec<Frame> {
-        self.event_frames(ev)
+        let mut out = Vec::new();
+        if self.end.is_some() {
+            return out;
+        }
+        match ev {
+            Event::Token { sampled, top } => {
+                if self.logprobs {
+                    self.pending.push(TokenStep { sampled, top });
+                }
+            }
+            Event::Text(text) => self.text(text, &mut out),
+            Event::Reasoning(text) => self.reasoning(text, &mut out),
+            Event::Tool(ToolEvent::Begin { index, id, name }) => {
+                self.close(&mut out, "completed");
+                self.held.clear();
+                self.pending.clear();
+                let at = self.items.len();
+                let item = OutputItem::FunctionCall {
+                    id: self.item_id("fc", at),
+                    call_id: id,
+                    name,
+                    arguments: String::new(),
+                    status: "in_progress".into(),
+                };
+                self.calls.push((index, at));
+                self.open_item(item, &mut out);
+            }
+            Event::Tool(ToolEvent::Args { index, fragment }) => {
+                let Some(at) = self.call_at(index) else { return out };
+                if let OutputItem::FunctionCall { id, arguments, .. } = &mut self.items[at] {
+                    arguments.push_str(&fragment);
+                    let id = id.clone();
+                    self.event(
+                        &mut out,
+                        "response.function_call_arguments.delta",
+                        json!({"item_id": id, "output_index": at, "delta": fragment}),
+                    );
+                }
+            }
+            Event::Tool(ToolEvent::End { index, call }) => {
+                let Some(at) = self.call_at(index) else { return out };
+                if let OutputItem::FunctionCall { arguments, .. } = &mut self.items[at] {
+                    *arguments = call.arguments;
+                }
+                if self.open == Some(at) {
+                    self.close(&mut out, "completed");
+                }
+            }
+            Event::Tool(ToolEvent::Text(text)) => self.text(text, &mut out),
+            Event::Done(done) => {
+                if done.finish == EngineFinish::Cancelled {
+                    let e = ApiError::new(
+                        ErrorKind::Unavailable,
+                        "the generation was cancelled: the server is shutting down",
+                    );
+                    return self.fail(e);
+                }
+                let status = status_word(&done);
+                if let Some(OutputItem::Message { content, .. }) = self.open.map(|at| &mut self.items[at]) {
+                    let steps = std::mem::take(&mut self.pending);
+                    content[0].logprobs.extend(chat_logprobs(&steps).content);
+                }
+                self.close(&mut out, status);
+                if self.items.is_empty() {
+                    // Nothing was generated but the end: an empty message.
+                    self.open_message(&mut out);
+                    self.close(&mut out, status);
+                }
+                let name = if status == "completed" { "response.completed" } else { "response.incomplete" };
+                self.end = Some(End::Done(Box::new(done)));
+                let response = self.snapshot(status);
+                self.event(&mut out, name, json!({ "response": response }));
+            }
+            Event::Error(e) => return self.fail(e.into()),
+            Event::Started { .. } | Event::Embeddings { .. } | Event::Loaded { .. } | Event::Unloaded => {}
+        }
+        out
     }
 
     fn closed(&mut self) -> Vec<Frame> {
