@@ -425,14 +425,15 @@ pub fn step(
     if ran.is_empty() {
         return Ok(0);
     }
-    // Sampling after this pass: every logit if any sequence needs them all, else the
-    // most likely entries (as many as the widest request needs).
+    // Sampling after this pass: the most likely entries (as many as the widest request
+    // needs) when every sequence samples from those; every logit if any sequence needs
+    // them all, and then the top entries beside them for the others, as the backend
+    // selects them (what they get alone).
     let sampling = |i: usize| matches!(feeds[i], Some(Feed::Decode | Feed::Prompt { last: true, .. }));
     let cuts: Vec<Option<usize>> = ran.iter().filter(|&&i| sampling(i)).map(|&i| seqs[i].cut).collect();
-    let top = match cuts.iter().all(Option::is_some) {
-        true => cuts.iter().flatten().copied().max(),
-        false => None,
-    };
+    let widest = cuts.iter().flatten().copied().max();
+    let all_cut = cuts.iter().all(Option::is_some);
+    let ran_cut: Vec<bool> = ran.iter().map(|&i| seqs[i].cut.is_some()).collect();
     let inputs: Vec<Vec<u32>> = ran
         .iter()
         .map(|&i| match feeds[i] {
@@ -465,12 +466,21 @@ pub fn step(
                     }
                 });
             }
-            match top {
-                Some(k) => engine
+            match (widest, all_cut) {
+                (Some(k), true) => engine
                     .model
                     .forward_top_k(&mut batch, k, cancelled)
                     .map(|v| v.into_iter().map(LastOutput::Top).collect()),
-                None => engine
+                (Some(k), false) => engine.model.forward_logits_and_top_k(&mut batch, k, cancelled).map(|v| {
+                    v.into_iter()
+                        .zip(&ran_cut)
+                        .map(|((logits, top), &cut)| match cut {
+                            true => LastOutput::Top(top),
+                            false => LastOutput::Logits(logits),
+                        })
+                        .collect()
+                }),
+                (None, _) => engine
                     .model
                     .forward_until(&mut batch, cancelled)
                     .map(|v| v.into_iter().map(LastOutput::Logits).collect()),

@@ -410,6 +410,8 @@ enum Readback {
     Full,
     /// The `k` most likely entries and the `logsumexp` (copied back instead of the row).
     Top(usize),
+    /// Both: every logit, and the `k` most likely entries as the backend selects them.
+    Both(usize),
 }
 
 pub struct DecoderModel<B: Backend> {
@@ -947,6 +949,35 @@ impl<B: Backend> DecoderModel<B> {
             .collect())
     }
 
+    /// Runs `batch` like [`forward_top_k`](Self::forward_top_k) and returns, per
+    /// sequence, both the logits of its last new token and its `k` most likely next
+    /// tokens as the backend selects them: for a batch where some sequences sample from
+    /// every logit and the others from their top entries, which then get exactly what
+    /// [`forward_top_k`](Self::forward_top_k) gives them alone (on a GPU the device's
+    /// `logsumexp`, which a host scan of the downloaded row may round otherwise).
+    pub fn forward_logits_and_top_k(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        k: usize,
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<(Vec<f32>, TopK)>, ModelError> {
+        batch.iter_mut().for_each(|s| s.all_logits = false);
+        let vocab = self.config.vocab_size;
+        let (logits, counts, top) =
+            self.run(batch, cancelled, Readback::Both(k.clamp(1, crate::backend::MAX_TOP_K)))?;
+        let (mut top, mut at) = (top.into_iter(), 0);
+        Ok(counts
+            .iter()
+            .map(|&n| match n {
+                0 => (Vec::new(), TopK::empty()),
+                _ => {
+                    at += 1;
+                    (logits[(at - 1) * vocab..at * vocab].to_vec(), top.next().unwrap_or_else(TopK::empty))
+                }
+            })
+            .collect())
+    }
+
     /// The layers, then the final norm and head over each sequence's selected rows.
     /// Returns the logits (`Readback::Full`) or the top entries (`Readback::Top`) of
     /// those rows, and how many rows each sequence got.
@@ -1026,6 +1057,10 @@ impl<B: Backend> DecoderModel<B> {
             Readback::Top(k) => {
                 let top = be.top_k(&ws.logits, out_rows, c.vocab_size, k)?;
                 (Vec::new(), counts, top)
+            }
+            Readback::Both(k) => {
+                let top = be.top_k(&ws.logits, out_rows, c.vocab_size, k)?;
+                (be.download(&ws.logits, out_rows * c.vocab_size)?, counts, top)
             }
         };
         // Only a pass that completed advances the caches.
@@ -1355,6 +1390,15 @@ impl<B: Backend> super::LanguageModel for DecoderModel<B> {
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<TopK>, ModelError> {
         DecoderModel::forward_top_k(self, batch, k, cancelled)
+    }
+
+    fn forward_logits_and_top_k(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        k: usize,
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<(Vec<f32>, TopK)>, ModelError> {
+        DecoderModel::forward_logits_and_top_k(self, batch, k, cancelled)
     }
 
     fn embed(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError> {

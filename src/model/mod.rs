@@ -43,6 +43,14 @@ pub trait LanguageModel: Send + Sync {
         k: usize,
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<TopK>, ModelError>;
+    /// Like `forward_top_k`, but also returns the logits of each sequence's last new
+    /// token, beside its top entries.
+    fn forward_logits_and_top_k(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        k: usize,
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<(Vec<f32>, TopK)>, ModelError>;
     fn forward(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         self.forward_until(batch, &|| false)
     }

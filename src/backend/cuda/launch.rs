@@ -98,12 +98,13 @@ pub enum Matvec {
 }
 
 impl Matvec {
-    /// From `STRATA_CUDA_MATVEC` (`warp` or `wide`); unset: `warp`, the kernel whose
-    /// speed has been measured (docs/gpu.md, item 6). Anything else is an error naming it.
+    /// From `STRATA_CUDA_MATVEC` (`warp` or `wide`); unset: `wide`, which decoded the
+    /// 1.1B Q4_0 7% faster than `warp` on an H200 (docs/gpu.md, item 6). Anything else
+    /// is an error naming it.
     pub fn from_env(value: Option<&str>) -> Result<Matvec, String> {
         match value.map(str::trim) {
-            None | Some("" | "warp") => Ok(Matvec::Warp),
-            Some("wide") => Ok(Matvec::Wide),
+            None | Some("" | "wide") => Ok(Matvec::Wide),
+            Some("warp") => Ok(Matvec::Warp),
             Some(v) => Err(format!("STRATA_CUDA_MATVEC is `{v}`; it takes `warp` or `wide`")),
         }
     }
@@ -331,7 +332,7 @@ mod tests {
 
     #[test]
     fn strata_cuda_matvec_takes_warp_or_wide() {
-        assert_eq!(Matvec::from_env(None), Ok(Matvec::Warp));
+        assert_eq!(Matvec::from_env(None), Ok(Matvec::Wide));
         assert_eq!(Matvec::from_env(Some("warp")), Ok(Matvec::Warp));
         assert_eq!(Matvec::from_env(Some(" wide ")), Ok(Matvec::Wide));
         let e = Matvec::from_env(Some("fast")).unwrap_err();
