@@ -1,8 +1,9 @@
 //! The backend seam (DESIGN.md §4) as a forward pass uses it, checked on the CPU with a
 //! recording wrapper around the CPU backend: decode steps allocate no buffers (the
 //! workspace is reused), weights are made once per resident layer, a failing op is an
-//! error the caller sees (never a panic) and the model keeps working afterwards, and the
-//! device top-k path picks what the full-logits path picks.
+//! error the caller sees (never a panic) and the model keeps working afterwards, the
+//! device top-k path picks what the full-logits path picks, and a pass that hands back
+//! both gives the backend's own top entries.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -21,6 +22,9 @@ struct Recording {
     allocs: AtomicUsize,
     weights: AtomicUsize,
     fail_matmul: AtomicBool,
+    /// `top_k` reports its `logsumexp` one step up (as a device whose sum rounds
+    /// otherwise than the host's scan of the same row might).
+    skew_lse: AtomicBool,
 }
 
 impl Backend for Recording {
@@ -58,7 +62,11 @@ impl Backend for Recording {
         self.cpu.weight(t)
     }
     fn top_k(&self, logits: &Vec<f32>, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {
-        self.cpu.top_k(logits, rows, vocab, k)
+        let mut top = self.cpu.top_k(logits, rows, vocab, k)?;
+        if self.skew_lse.load(Ordering::SeqCst) {
+            top.iter_mut().for_each(|t| t.lse = f32::from_bits(t.lse.to_bits() + 1));
+        }
+        Ok(top)
     }
     fn embedding(&self, table: &HostTensor, ids: &[u32], out: &mut Vec<f32>) -> BackendResult<()> {
         self.cpu.embedding(table, ids, out)
@@ -134,6 +142,7 @@ fn model() -> (DecoderModel<Recording>, Arc<Recording>) {
         allocs: AtomicUsize::new(0),
         weights: AtomicUsize::new(0),
         fail_matmul: AtomicBool::new(false),
+        skew_lse: AtomicBool::new(false),
     });
     (DecoderModel::new(config, &source, be.clone()).unwrap(), be)
 }
@@ -195,4 +204,37 @@ fn device_top_k_matches_the_full_logits() {
     assert_eq!(top.logits, want.iter().map(|&i| row[i as usize]).collect::<Vec<_>>());
     let lse = strata::engine::sampler::log_softmax(row)[want[0] as usize];
     assert!((top.logits[0] - top.lse - lse).abs() < 1e-5, "log-probability from lse");
+}
+
+/// A batch where one sequence samples from every logit and another from its top entries
+/// (`forward_logits_and_top_k`) gives each the logits `forward` gives and the top entries
+/// `forward_top_k` gives, the backend's own (here with a `logsumexp` the host's scan of
+/// the row would not give), so that the second gets in the batch what it gets alone.
+#[test]
+fn logits_and_top_k_together_give_what_each_pass_gives_alone() {
+    let (m, be) = model();
+    be.skew_lse.store(true, Ordering::SeqCst);
+    let fresh = || m.new_cache(64).unwrap();
+    let prompts: [&[u32]; 2] = [&PROMPT, &PROMPT[2..7]];
+    let (mut a, mut b) = (fresh(), fresh());
+    let both = m
+        .forward_logits_and_top_k(
+            &mut [
+                SeqStep { tokens: prompts[0], cache: &mut a, all_logits: false },
+                SeqStep { tokens: prompts[1], cache: &mut b, all_logits: false },
+            ],
+            5,
+            &|| false,
+        )
+        .unwrap();
+    assert_eq!((a.len(), b.len()), (prompts[0].len(), prompts[1].len()));
+    for (prompt, (logits, top)) in prompts.iter().zip(&both) {
+        let full = m.forward(&mut [SeqStep { tokens: prompt, cache: &mut fresh(), all_logits: false }]).unwrap();
+        let alone =
+            m.forward_top_k(&mut [SeqStep { tokens: prompt, cache: &mut fresh(), all_logits: false }], 5, &|| false);
+        let alone = &alone.unwrap()[0];
+        assert_eq!(logits, &full[0]);
+        assert_eq!((&top.ids, &top.logits, top.lse.to_bits()), (&alone.ids, &alone.logits, alone.lse.to_bits()));
+        assert_ne!(top.lse, strata::backend::cpu::top_k_row(logits, 5).lse, "the backend's logsumexp, not the host's");
+    }
 }

@@ -475,7 +475,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 Some(before) => m.or_better(before),
                 None => m,
             };
-            let reads = match bandwidth::decode_reads(threads) {
+            let reads = match bandwidth::decode_reads() {
                 bandwidth::DecodeReads::InTurn => "in-turn",
                 bandwidth::DecodeReads::SideBySide => "side-by-side",
             };

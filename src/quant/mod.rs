@@ -209,7 +209,7 @@ pub fn matmul_rows_alone(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTens
 /// out as its own call gives it.
 pub fn matmul_many_rows_alone(pool: &ThreadPool, x: &[f32], rows: usize, each: &mut [(&HostTensor, &mut [f32])]) {
     let kernel = QuantKernel::best();
-    let reads = decode_reads(pool.current_num_threads());
+    let reads = decode_reads();
     let mut starts = vec![0];
     let mut tasks = Vec::with_capacity(each.len());
     for (w, out) in each.iter_mut() {
@@ -258,7 +258,7 @@ fn matmul_on(
     out: &mut [f32],
     how: Rows,
 ) {
-    let reads = decode_reads(pool.current_num_threads());
+    let reads = decode_reads();
     matmul_reading(kernel, pool, x, rows, w, out, how, reads)
 }
 

@@ -580,8 +580,28 @@ mod imp {
     pub const Q4_1: u8 = 1;
     pub const Q8_0: u8 = 2;
 
-    /// Bytes ahead of the current block to prefetch.
-    const PREFETCH: usize = 2048;
+    /// Bytes ahead of the current block the tiles prefetch, or `None` for no software
+    /// prefetch, decided once per process: `STRATA_PANEL_PREFETCH=on|off`, else off on
+    /// AMD CPUs and 2048 bytes ahead elsewhere. On an AMD EPYC VM (2 threads, side by
+    /// side, 2026-11-28) decode without the prefetches was faster at every format: the
+    /// 1.1B Q4_0 46.3 → 48.5 tok/s, Q8_0 29.0 → 29.6, Q4_K_M 40.0 → 43.7, SmolLM2 Q4_1
+    /// 250.5 → 291.0 (docs/benchmarks.md); on the Intel Xeon VMs, where the panels were
+    /// measured, the prefetch distance changed little, and they keep it.
+    pub fn prefetch_ahead() -> Option<usize> {
+        static AHEAD: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        *AHEAD.get_or_init(|| match std::env::var("STRATA_PANEL_PREFETCH").as_deref() {
+            Ok("off") => None,
+            Ok("on") => Some(2048),
+            _ if amd() => None,
+            _ => Some(2048),
+        })
+    }
+
+    /// Whether the CPU says it is AMD's (`cpuid` leaf 0 vendor "AuthenticAMD").
+    fn amd() -> bool {
+        let id = __cpuid(0);
+        [id.ebx, id.edx, id.ecx] == [0x6874_7541, 0x6974_6e65, 0x444d_4163]
+    }
 
     /// The 4 bytes at `p` in every 32-bit lane (a helper, not a closure: closures do not
     /// share their function's target features).
@@ -647,14 +667,17 @@ mod imp {
         let min = F == Q4_1;
         let block = 64 * lines + if min { 64 } else { 32 };
         let mut acc = [[_mm512_setzero_ps(); R]; W];
+        let ahead = prefetch_ahead();
         // SAFETY: loads stay inside the panels' `nb` blocks and the activation rows;
         // prefetches never fault; stores go to the caller's outputs.
         unsafe {
             for b in 0..nb {
                 for j in 0..W {
                     let wp = panel.add(j * w_stride + block * b);
-                    for line in 0..lines {
-                        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * line).cast());
+                    if let Some(pf) = ahead {
+                        for line in 0..lines {
+                            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * line).cast());
+                        }
                     }
                     let u = levels::<F>(wp);
                     let sp = wp.add(64 * lines);
@@ -741,6 +764,7 @@ mod imp {
             (_mm512_set1_epi32(0x3f3f_3f3f), _mm512_set1_epi32(0x0f0f_0f0f), _mm512_set1_epi32(0x0303_0303));
         let (byte, pair) = (_mm512_set1_epi32(0xFF), _mm512_set1_epi32(0x00FF_00FF));
         let mut acc = [[_mm512_setzero_ps(); R]; W];
+        let ahead = prefetch_ahead();
         // SAFETY: loads stay inside the panels' `nb` blocks and the activation rows;
         // prefetches never fault; stores go to the caller's outputs.
         unsafe {
@@ -750,8 +774,10 @@ mod imp {
                     for j in 0..W {
                         let wp = panel.add(j * w_stride + block * b);
                         let per = if Q5 { 11 } else { 9 };
-                        for l in per * n..per * (n + 1) {
-                            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * l).cast());
+                        if let Some(pf) = ahead {
+                            for l in per * n..per * (n + 1) {
+                                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * l).cast());
+                            }
                         }
                         // Lines 1..4: each row's 12 scale bytes, unpacked as ggml's
                         // `get_scale_min_k4` does (scales 0..4 in the bytes of `u0 & k1`,
@@ -886,6 +912,7 @@ mod imp {
         const AB: usize = super::ACT_K6;
         let (nib, high) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
         let mut acc = [[_mm512_setzero_ps(); R]; W];
+        let ahead = prefetch_ahead();
         // SAFETY: loads stay inside the panels' `nb` blocks and the activation rows;
         // prefetches never fault; stores go to the caller's outputs.
         unsafe {
@@ -899,8 +926,10 @@ mod imp {
                         for j in 0..W {
                             let wp = panel.add(j * w_stride + BLOCK_K6 * b);
                             let c = 2 * n + h;
-                            for l in 14 * c..14 * c + 14 {
-                                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * l).cast());
+                            if let Some(pf) = ahead {
+                                for l in 14 * c..14 * c + 14 {
+                                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * l).cast());
+                                }
                             }
                             // Sub-block 8n + 2t + h's scale is byte 2(t % 2) + h of word
                             // 48 + 2n + t / 2: as i16 pairs (sc, sc).

@@ -131,46 +131,20 @@ pub enum DecodeReads {
     SideBySide,
 }
 
-/// Bytes each way of the [`decode_reads`] comparison reads per pass: far beyond the
-/// caches, and one allocation well under the 64 MiB that tests/cawsf_format.rs allows
-/// any allocation in a process that opens damaged files.
-const CHOICE_BYTES: usize = 48 << 20;
-/// Passes of each way, alternated; the best of each counts.
-const CHOICE_PASSES: usize = 6;
-
-/// Which [`DecodeReads`] reads memory faster here, decided once per process: the kernels
-/// give the same bits either way, but CPUs differ in what their prefetchers keep up with
-/// (an Intel Xeon VM read 27 GB/s with four streams per thread and 19 with one; an AMD
-/// EPYC VM 38 and 54). `STRATA_DECODE_READS=in-turn|side-by-side` fixes it; otherwise
-/// `threads` threads each read a contiguous part of 48 MiB as one stream and as four,
-/// alternated, the best of six passes each (about 0.1 s), and four streams win only by
-/// at least 5%.
-pub fn decode_reads(threads: usize) -> DecodeReads {
+/// How decode reads weight rows here, decided once per process:
+/// `STRATA_DECODE_READS=in-turn|side-by-side`, or side by side. The kernels give the same
+/// bits either way. Four streams read faster in the kernels on every machine measured:
+/// an Intel Xeon VM (1.1B decode +4% to +6%, SmolLM2 +34%; docs/benchmarks.md) and an
+/// AMD EPYC VM (+10% to +74% at every format, panels or rows as stored, 2026-11-28).
+/// Until that session a plain 48 MiB read of one stream against four decided at start;
+/// on the AMD VM it read 14.6 to 33.3 GB/s from one process to the next and picked one
+/// stream in most of them, the slower way for every kernel there.
+pub fn decode_reads() -> DecodeReads {
     static CHOICE: std::sync::OnceLock<DecodeReads> = std::sync::OnceLock::new();
     *CHOICE.get_or_init(|| match std::env::var("STRATA_DECODE_READS").as_deref() {
         Ok("in-turn") => DecodeReads::InTurn,
-        Ok("side-by-side") => DecodeReads::SideBySide,
-        _ => {
-            let (one, four) = compare_streams(threads.max(1));
-            if four >= one * 1.05 { DecodeReads::SideBySide } else { DecodeReads::InTurn }
-        }
+        _ => DecodeReads::SideBySide,
     })
-}
-
-/// The best read rate (bytes/s) of one and of four streams per thread, alternated.
-fn compare_streams(threads: usize) -> (f64, f64) {
-    let words: Vec<u64> = (0..(CHOICE_BYTES / 8) as u64).collect();
-    let simd = Simd::best();
-    let mut best = [0.0f64; 2];
-    for _ in 0..CHOICE_PASSES {
-        for (b, streams) in best.iter_mut().zip([1, 4]) {
-            let t = Instant::now();
-            let r = Reads { streams, near: None, prefetch: true };
-            std::hint::black_box(per_thread(&words, threads, r, simd));
-            *b = b.max(CHOICE_BYTES as f64 / t.elapsed().as_secs_f64());
-        }
-    }
-    (best[0], best[1])
 }
 
 /// Sums `words` on `pool` in 1 MiB-word tasks (a probe pattern): each task sums `streams`

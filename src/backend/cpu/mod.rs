@@ -35,8 +35,6 @@ impl CpuBackend {
             .thread_name(|i| format!("strata-cpu-{i}"))
             .build()
             .expect("building a thread pool");
-        // Decided here, before any forward pass, so the comparison has the cores to itself.
-        bandwidth::decode_reads(threads);
         CpuBackend { pool, threads, row_invariant: false }
     }
 
