@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use strata::backend::cpu::CpuBackend;
 use strata::backend::{Activation, AttnParams, Backend, BackendError, BackendResult, RopeFreqs, Rows, TopK, Unary};
 use strata::model::config::ModelConfig;
-use strata::model::decoder::{DecoderModel, ModelError, SeqStep};
+use strata::model::decoder::{DecoderModel, KvCache, ModelError, SeqStep};
 use strata::model::demo::demo_source;
 use strata::tensor::HostTensor;
 
@@ -206,35 +206,35 @@ fn device_top_k_matches_the_full_logits() {
     assert!((top.logits[0] - top.lse - lse).abs() < 1e-5, "log-probability from lse");
 }
 
-/// A batch where one sequence samples from every logit and another from its top entries
-/// (`forward_logits_and_top_k`) gives each the logits `forward` gives and the top entries
-/// `forward_top_k` gives, the backend's own (here with a `logsumexp` the host's scan of
-/// the row would not give), so that the second gets in the batch what it gets alone.
+/// A pass that hands back both the logits and the top entries
+/// (`forward_logits_and_top_k`, for a batch where one sequence samples from every logit
+/// and another from its top entries) gives the logits `forward` gives and the top entries
+/// `forward_top_k` gives over the same batch: the backend's own (here with a `logsumexp`
+/// the host's scan of the row would not give), so that a sequence gets what it gets from
+/// a pass of top entries alone.
 #[test]
-fn logits_and_top_k_together_give_what_each_pass_gives_alone() {
+fn logits_and_top_k_together_give_what_each_pass_gives() {
     let (m, be) = model();
     be.skew_lse.store(true, Ordering::SeqCst);
-    let fresh = || m.new_cache(64).unwrap();
     let prompts: [&[u32]; 2] = [&PROMPT, &PROMPT[2..7]];
-    let (mut a, mut b) = (fresh(), fresh());
-    let both = m
-        .forward_logits_and_top_k(
-            &mut [
-                SeqStep { tokens: prompts[0], cache: &mut a, all_logits: false },
-                SeqStep { tokens: prompts[1], cache: &mut b, all_logits: false },
-            ],
-            5,
-            &|| false,
-        )
-        .unwrap();
-    assert_eq!((a.len(), b.len()), (prompts[0].len(), prompts[1].len()));
-    for (prompt, (logits, top)) in prompts.iter().zip(&both) {
-        let full = m.forward(&mut [SeqStep { tokens: prompt, cache: &mut fresh(), all_logits: false }]).unwrap();
-        let alone =
-            m.forward_top_k(&mut [SeqStep { tokens: prompt, cache: &mut fresh(), all_logits: false }], 5, &|| false);
-        let alone = &alone.unwrap()[0];
-        assert_eq!(logits, &full[0]);
-        assert_eq!((&top.ids, &top.logits, top.lse.to_bits()), (&alone.ids, &alone.logits, alone.lse.to_bits()));
-        assert_ne!(top.lse, strata::backend::cpu::top_k_row(logits, 5).lse, "the backend's logsumexp, not the host's");
+    let fresh = || [m.new_cache(64).unwrap(), m.new_cache(64).unwrap()];
+    let (mut c1, mut c2, mut c3) = (fresh(), fresh(), fresh());
+    let both = m.forward_logits_and_top_k(&mut steps(prompts, &mut c1), 5, &|| false).unwrap();
+    let full = m.forward(&mut steps(prompts, &mut c2)).unwrap();
+    let top = m.forward_top_k(&mut steps(prompts, &mut c3), 5, &|| false).unwrap();
+    assert_eq!((c1[0].len(), c1[1].len()), (prompts[0].len(), prompts[1].len()));
+    for ((logits, t), (full, top)) in both.iter().zip(full.iter().zip(&top)) {
+        assert_eq!(logits, full);
+        assert_eq!((&t.ids, &t.logits, t.lse.to_bits()), (&top.ids, &top.logits, top.lse.to_bits()));
+        assert_ne!(t.lse, strata::backend::cpu::top_k_row(logits, 5).lse, "the backend's logsumexp, not the host's");
     }
+}
+
+/// One step of each prompt, on its own cache.
+fn steps<'a>(prompts: [&'a [u32]; 2], caches: &'a mut [KvCache; 2]) -> [SeqStep<'a>; 2] {
+    let [a, b] = caches;
+    [
+        SeqStep { tokens: prompts[0], cache: a, all_logits: false },
+        SeqStep { tokens: prompts[1], cache: b, all_logits: false },
+    ]
 }
