@@ -134,7 +134,7 @@ pub enum DecodeReads {
 /// How decode reads weight rows here, decided once per process:
 /// `STRATA_DECODE_READS=in-turn|side-by-side`, or side by side. The kernels give the same
 /// bits either way. Four streams read faster in the kernels on every machine measured:
-/// an Intel Xeon VM (1.1B decode +4% to +6%, SmolLM2 +34%; docs/benchmarks.md) and an
+/// an Intel Xeon VM (1.1B decode +5% to +8%, SmolLM2 +34%; docs/benchmarks.md) and an
 /// AMD EPYC VM (+10% to +74% at every format, panels or rows as stored, 2026-11-28).
 /// Until that session a plain 48 MiB read of one stream against four decided at start;
 /// on the AMD VM it read 14.6 to 33.3 GB/s from one process to the next and picked one
