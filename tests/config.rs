@@ -205,7 +205,14 @@ fn signal(pid: u32, sig: libc::c_int) {
 /// The next notification from the server, as systemd would receive it.
 fn next_notification(sock: &UnixDatagram) -> String {
     let mut buf = [0u8; 512];
-    let n = sock.recv(&mut buf).expect("no notification from the server within 60 s");
+    // A signal that reaches the test process (its children's, say) interrupts the wait
+    // (EINTR, seen once in CI): wait again.
+    let n = loop {
+        match sock.recv(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => break r.expect("no notification from the server within 60 s"),
+        }
+    };
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
