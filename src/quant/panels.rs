@@ -597,6 +597,18 @@ mod imp {
         })
     }
 
+    /// Prefetches the 64-byte `lines` of the block at `wp`, `ahead` bytes further on (none
+    /// when `ahead` is `None`, see [`prefetch_ahead`]). Prefetches never fault.
+    #[target_feature(enable = "sse")]
+    #[inline]
+    fn prefetch_lines(wp: *const u8, ahead: Option<usize>, lines: std::ops::Range<usize>) {
+        if let Some(pf) = ahead {
+            for l in lines {
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * l).cast());
+            }
+        }
+    }
+
     /// Whether the CPU says it is AMD's (`cpuid` leaf 0 vendor "AuthenticAMD").
     fn amd() -> bool {
         let id = __cpuid(0);
@@ -674,11 +686,7 @@ mod imp {
             for b in 0..nb {
                 for j in 0..W {
                     let wp = panel.add(j * w_stride + block * b);
-                    if let Some(pf) = ahead {
-                        for line in 0..lines {
-                            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * line).cast());
-                        }
-                    }
+                    prefetch_lines(wp, ahead, 0..lines);
                     let u = levels::<F>(wp);
                     let sp = wp.add(64 * lines);
                     let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sp.cast()));
@@ -774,11 +782,7 @@ mod imp {
                     for j in 0..W {
                         let wp = panel.add(j * w_stride + block * b);
                         let per = if Q5 { 11 } else { 9 };
-                        if let Some(pf) = ahead {
-                            for l in per * n..per * (n + 1) {
-                                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * l).cast());
-                            }
-                        }
+                        prefetch_lines(wp, ahead, per * n..per * (n + 1));
                         // Lines 1..4: each row's 12 scale bytes, unpacked as ggml's
                         // `get_scale_min_k4` does (scales 0..4 in the bytes of `u0 & k1`,
                         // 4..8 in the bytes made from `u2` and `u0`'s top bits).
@@ -926,11 +930,7 @@ mod imp {
                         for j in 0..W {
                             let wp = panel.add(j * w_stride + BLOCK_K6 * b);
                             let c = 2 * n + h;
-                            if let Some(pf) = ahead {
-                                for l in 14 * c..14 * c + 14 {
-                                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * l).cast());
-                                }
-                            }
+                            prefetch_lines(wp, ahead, 14 * c..14 * c + 14);
                             // Sub-block 8n + 2t + h's scale is byte 2(t % 2) + h of word
                             // 48 + 2n + t / 2: as i16 pairs (sc, sc).
                             let (wa, wb) = (line(wp, 48 + 2 * n), line(wp, 49 + 2 * n));
