@@ -380,7 +380,7 @@ fn plan<'a>(
         };
         let task = |cols: std::ops::Range<usize>| {
             if let Some(fns) = panel_fns {
-                let side_by_side = rows == 1 && reads == DecodeReads::SideBySide;
+                let side_by_side = reads == DecodeReads::SideBySide;
                 // SAFETY: `bytes` holds `m` rows as panels (a panel tensor's `m` is a
                 // multiple of 16, so `cols` is whole panels); `acts` holds `rows` packed
                 // rows of `nb` blocks, `act_row` words apart; only this task writes the

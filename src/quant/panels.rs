@@ -315,18 +315,28 @@ pub(crate) fn pack_act(dtype: DType, act: &[u8], out: &mut [u8]) {
 /// `nb` blocks: `out[r·os + i]` = row `r` · weight row `i`, for `i < 16`.
 pub(crate) type PanelFn = unsafe fn(panel: *const u8, nb: usize, a: *const u8, stride: usize, out: *mut f32, os: usize);
 
-/// Four panels `w_stride` bytes apart against one packed row, read side by side (four
-/// memory streams, as decode reads rows where memory serves that faster): panel `j`'s
-/// 16 outputs at `out + j·o_stride`, each with [`PanelFn`]'s bits.
-pub(crate) type SideFn =
-    unsafe fn(panel: *const u8, w_stride: usize, nb: usize, a: *const u8, out: *mut f32, o_stride: usize);
+/// Four panels `w_stride` bytes apart against `R` (1 or 2) packed rows `stride` bytes
+/// apart, read side by side (four memory streams, as decode reads rows where memory
+/// serves that faster): panel `j`'s 16 outputs for row `r` at `out + j·o_stride + r·os`,
+/// each with [`PanelFn`]'s bits.
+#[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
+pub(crate) type SideFn = unsafe fn(
+    panel: *const u8,
+    w_stride: usize,
+    nb: usize,
+    a: *const u8,
+    stride: usize,
+    out: *mut f32,
+    o_stride: usize,
+    os: usize,
+);
 
 /// A format's panel kernels: for 8, 4, 2 and 1 activation rows at once, and four panels
-/// side by side.
+/// side by side for 2 rows and 1.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernels {
     pub rows: [PanelFn; 4],
-    pub side_by_side: SideFn,
+    pub side_by_side: [SideFn; 2],
 }
 
 /// The panel kernels of `dtype`, where this CPU runs them.
@@ -353,7 +363,7 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
             ($f:expr) => {
                 Kernels {
                     rows: [rows::<{ $f }, 8>, rows::<{ $f }, 4>, rows::<{ $f }, 2>, rows::<{ $f }, 1>],
-                    side_by_side: side_by_side::<{ $f }>,
+                    side_by_side: [side_by_side::<{ $f }, 2>, side_by_side::<{ $f }, 1>],
                 }
             };
         }
@@ -403,11 +413,11 @@ pub(crate) fn pack_rows(dtype: DType, acts: &[u32], rows: usize, nb: usize) -> V
 
 /// The panels in output columns `cols` (whole panels) of a `[m, ·]` panel weight
 /// (`bytes`, rows of `row_bytes`, `nb` blocks) against `rows` packed activation rows
-/// (`acts`, `stride` bytes apart): `out[r·m + o]` for `o` in `cols`. One row with
-/// `side_by_side` reads four distant parts of the range at once (as decode reads rows
-/// where memory serves several streams faster); the panels left, or several rows, go
-/// through the 8, 4, 2 or 1-row kernels, walking `STREAMS` distant parts in turn. Every
-/// path gives each output the same bits.
+/// (`acts`, `stride` bytes apart): `out[r·m + o]` for `o` in `cols`. With
+/// `side_by_side` the rows, two at a time, read four distant parts of the range at
+/// once (as decode reads rows where memory serves several streams faster); the panels
+/// left, or every panel without it, go through the 8, 4, 2 or 1-row kernels, walking
+/// `STREAMS` distant parts in turn. Every path gives each output the same bits.
 ///
 /// # Safety
 /// `kernels` came from [`kernels`] for the weight's format; `bytes` holds the panels of
@@ -433,12 +443,31 @@ pub(crate) unsafe fn run(
     let panel = |p: usize| bytes[p * panel_bytes..].as_ptr();
     let a = acts.as_ptr().cast::<u8>();
     let mut done = 0;
-    if side_by_side && rows == 1 {
+    if side_by_side {
         let per = count / STREAMS;
         for p in first..first + per {
-            // SAFETY: panels `p + s·per` (s < 4) lie in `cols`, inside `bytes`, and so do
-            // their outputs (the caller's contract).
-            unsafe { (kernels.side_by_side)(panel(p), per * panel_bytes, nb, a, out.add(p * ROWS), per * ROWS) };
+            let mut r = 0;
+            while r < rows {
+                let (n, f) = match rows - r {
+                    2.. => (2, kernels.side_by_side[0]),
+                    _ => (1, kernels.side_by_side[1]),
+                };
+                // SAFETY: panels `p + s·per` (s < 4) lie in `cols`, inside `bytes`, and so
+                // do their outputs for rows `r..r + n` (the caller's contract).
+                unsafe {
+                    f(
+                        panel(p),
+                        per * panel_bytes,
+                        nb,
+                        a.add(r * stride),
+                        stride,
+                        out.add(r * m + p * ROWS),
+                        per * ROWS,
+                        m,
+                    )
+                };
+                r += n;
+            }
         }
         done = STREAMS * per;
     }
@@ -492,22 +521,26 @@ macro_rules! panel_entry_points {
             }
         }
 
-        /// Four panels `w_stride` bytes apart against one packed row, read side by side
-        /// block by block (four memory streams); panel `j`'s outputs at `out + j·o_stride`.
+        /// Four panels `w_stride` bytes apart against `R` (1 or 2) packed rows, read
+        /// side by side block by block (four memory streams); panel `j`'s outputs for
+        /// row `r` at `out + j·o_stride + r·os`.
         ///
         /// # Safety
-        /// As for [`rows`] with `R = 1`, for each of the four panels and their outputs.
+        /// As for [`rows`], for each of the four panels and their outputs.
         #[target_feature(enable = $features)]
-        pub unsafe fn side_by_side<const F: u8>(
+        #[allow(clippy::too_many_arguments, reason = "the tile spelled out")]
+        pub unsafe fn side_by_side<const F: u8, const R: usize>(
             panel: *const u8,
             w_stride: usize,
             nb: usize,
             a: *const u8,
+            stride: usize,
             out: *mut f32,
             o_stride: usize,
+            os: usize,
         ) {
             // SAFETY: forwarded contract.
-            unsafe { tile_of::<F, 4, 1>(panel, w_stride, nb, a, 0, out, o_stride, 0) }
+            unsafe { tile_of::<F, 4, R>(panel, w_stride, nb, a, stride, out, o_stride, os) }
         }
 
         /// `W` panels × `R` rows of format `F`: `tile`, `tile_k` or `tile_k6` (these two
@@ -1056,7 +1089,10 @@ mod avx2 {
     const PREFETCH: usize = 2048;
 
     pub fn kernels<const F: u8>() -> Kernels {
-        Kernels { rows: [rows::<F, 8>, rows::<F, 4>, rows::<F, 2>, rows::<F, 1>], side_by_side: side_by_side::<F> }
+        Kernels {
+            rows: [rows::<F, 8>, rows::<F, 4>, rows::<F, 2>, rows::<F, 1>],
+            side_by_side: [side_by_side::<F, 2>, side_by_side::<F, 1>],
+        }
     }
 
     /// The 4 bytes at `p` in every 32-bit lane.
@@ -1661,15 +1697,17 @@ mod tests {
 
     /// Each output against the exact (f64) sum of llama.cpp's products per block
     /// (`d·da·Σ (q − 8)·y` for Q4_0, `d·da·Σ q·y` for Q8_0, `d·da·Σ q·y + m·s` for Q4_1),
-    /// within f32 rounding of the terms' magnitudes.
+    /// within f32 rounding of the terms' magnitudes; four panels side by side give 2
+    /// rows and 1 the same bits.
     #[test]
     fn the_kernels_match_the_exact_sum() {
         let (pool, mut rng) = (pool(), Rng::new(2));
-        let (m, k) = (32, 320);
+        let (m, k) = (64, 320);
         let nb = k / QK;
         for dtype in &FORMATS[..3] {
             let dtype = *dtype;
-            let Some(fns) = kernels(dtype).map(|k| k.rows) else { continue };
+            let Some(all) = kernels(dtype) else { continue };
+            let fns = all.rows;
             let Some(Layout::Block32 { bytes: bb, heads, .. }) = layout(dtype) else { unreachable!() };
             let w = weight(&pool, &mut rng, dtype, m, k);
             let mut panels = vec![0u8; w.byte_len()];
@@ -1706,6 +1744,10 @@ mod tests {
                         )
                     };
                 }
+                if let Some(i) = [2, 1].iter().position(|&s| s == n) {
+                    let side = apply_side(all.side_by_side[i], &panels, nb, &acts, nb * ACT_BLOCK, n, m);
+                    assert_eq!(bits(&side), bits(&out), "{dtype:?}: {n} rows side by side");
+                }
                 let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32() as f64;
                 for (r, x) in xs.iter().enumerate() {
                     for o in 0..m {
@@ -1739,7 +1781,7 @@ mod tests {
     /// Q4_K and Q5_K: each output against the exact (f64) sum of llama.cpp's products
     /// per block, `d·da·Σ_j sc_j·Σ q·y − dmin·da·Σ_j m_j·Σ y` (Q5_K's q with its high bit
     /// from `qh`), within f32 rounding of the terms' magnitudes, for 8, 4, 2 and 1 rows and
-    /// four panels side by side.
+    /// four panels side by side for 2 rows and 1.
     #[test]
     fn the_q4_k_and_q5_k_kernels_match_the_exact_sum() {
         use crate::quant::q4_k::get_scale_min_k4;
@@ -1801,15 +1843,17 @@ mod tests {
                 let out = apply(f, &panels, nb, &acts, nb * ACT_K, n, m);
                 check(&format!("{dtype:?} (saturated: {saturated}), {n} rows"), &out, &xs);
             }
-            let (acts, xs) = pack(&mut rng, 1);
-            let out = apply_side(fns.side_by_side, &panels, nb, &acts, m);
-            check(&format!("{dtype:?} (saturated: {saturated}) side by side"), &out, &xs);
+            for (n, f) in [2, 1].into_iter().zip(fns.side_by_side) {
+                let (acts, xs) = pack(&mut rng, n);
+                let out = apply_side(f, &panels, nb, &acts, nb * ACT_K, n, m);
+                check(&format!("{dtype:?} (saturated: {saturated}) side by side, {n} rows"), &out, &xs);
+            }
         }
     }
 
     /// Q6_K: each output against the exact (f64) sum of llama.cpp's products per block,
     /// `d·da·Σ_g sc_g·Σ (q − 32)·y`, within f32 rounding of the terms' magnitudes, for 8,
-    /// 4, 2 and 1 rows and four panels side by side.
+    /// 4, 2 and 1 rows and four panels side by side for 2 rows and 1.
     #[test]
     fn the_q6_k_kernels_match_the_exact_sum() {
         use crate::quant::q6_k::{BlockQ6K, unpack};
@@ -1860,14 +1904,16 @@ mod tests {
                 let out = apply(f, &panels, nb, &acts, nb * ACT_K6, n, m);
                 check(&format!("(saturated: {saturated}) {n} rows"), &out, &xs);
             }
-            let (acts, xs) = pack(&mut rng, 1);
-            let out = apply_side(fns.side_by_side, &panels, nb, &acts, m);
-            check(&format!("(saturated: {saturated}) side by side"), &out, &xs);
+            for (n, f) in [2, 1].into_iter().zip(fns.side_by_side) {
+                let (acts, xs) = pack(&mut rng, n);
+                let out = apply_side(f, &panels, nb, &acts, nb * ACT_K6, n, m);
+                check(&format!("(saturated: {saturated}) side by side, {n} rows"), &out, &xs);
+            }
         }
     }
 
     /// Where the AVX-512 panel kernels run, the AVX2 ones give every format's rows their
-    /// bits exactly: 8, 4, 2 and 1 rows, and four panels side by side, on random and on
+    /// bits exactly: 8, 4, 2 and 1 rows, and four panels side by side for 2 rows and 1, on random and on
     /// saturated weights (the largest integer sums the narrow AVX2 sums must hold).
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -1930,7 +1976,8 @@ mod tests {
                     let rows = [8, 4, 2, 1].into_iter().zip(k.rows);
                     let mut outs: Vec<_> =
                         rows.map(|(n, f)| bits(&apply(f, &panels, nb, &acts, nb * ab, n, m))).collect();
-                    outs.push(bits(&apply_side(k.side_by_side, &panels, nb, &acts, m)));
+                    let side = [2, 1].into_iter().zip(k.side_by_side);
+                    outs.extend(side.map(|(n, f)| bits(&apply_side(f, &panels, nb, &acts, nb * ab, n, m))));
                     outs
                 };
                 assert_eq!(run(&narrow), run(&wide), "{dtype:?}, saturated: {saturated}");
@@ -1953,14 +2000,16 @@ mod tests {
         out
     }
 
-    /// The side-by-side kernel over the first four panels of `panels` (`m` rows) against
-    /// the first packed row of `acts`: their 64 outputs.
-    fn apply_side(f: SideFn, panels: &[u8], nb: usize, acts: &[u8], m: usize) -> Vec<f32> {
+    /// Side-by-side kernel `f` over the first four panels of `panels` (`m` rows) against
+    /// the first `n` packed rows of `acts`, `stride` bytes apart: each row's 64 outputs,
+    /// `m` apart.
+    fn apply_side(f: SideFn, panels: &[u8], nb: usize, acts: &[u8], stride: usize, n: usize, m: usize) -> Vec<f32> {
         let panel_bytes = panels.len() / (m / ROWS);
-        assert!(m >= 4 * ROWS);
-        let mut out = vec![0f32; 4 * ROWS];
-        // SAFETY: four whole panels one panel apart, one packed row, their 64 outputs.
-        unsafe { f(panels.as_ptr(), panel_bytes, nb, acts.as_ptr(), out.as_mut_ptr(), ROWS) };
+        assert!(m >= 4 * ROWS && acts.len() >= n * stride);
+        let mut out = vec![0f32; n * m];
+        // SAFETY: four whole panels one panel apart, `n` packed rows, their 64 outputs a
+        // row `m` apart.
+        unsafe { f(panels.as_ptr(), panel_bytes, nb, acts.as_ptr(), stride, out.as_mut_ptr(), ROWS, m) };
         out
     }
 
@@ -1988,28 +2037,27 @@ mod tests {
             let Some(p) = w.to_panels() else { continue };
             let rows = 11;
             let x = rng.vec(rows * k, 1.0);
-            // One row read side by side or in turn, and the matmul's pick for this machine.
-            let one_row = |reads| {
-                let mut out = vec![0f32; m];
+            // One row read side by side or in turn, and the matmul's pick for this
+            // machine; a batch each way (two rows at a time, on one thread so that a task
+            // holds four panels and more).
+            use crate::backend::cpu::bandwidth::DecodeReads;
+            use crate::quant::Rows;
+            let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+            let reading = |pool: &rayon::ThreadPool, n: usize, how: Rows, reads: DecodeReads| {
+                let mut out = vec![0f32; n * m];
                 let kernel = crate::quant::QuantKernel::best();
-                crate::quant::matmul_reading(
-                    kernel,
-                    &pool,
-                    &x[..k],
-                    1,
-                    &p,
-                    &mut out,
-                    crate::quant::Rows::ByCount,
-                    reads,
-                );
+                crate::quant::matmul_reading(kernel, pool, &x[..n * k], n, &p, &mut out, how, reads);
                 bits(&out)
             };
-            use crate::backend::cpu::bandwidth::DecodeReads;
-            assert_eq!(
-                one_row(DecodeReads::SideBySide),
-                one_row(DecodeReads::InTurn),
-                "{dtype:?}: panels side by side"
-            );
+            for (pool, n, how, what) in
+                [(&pool, 1, Rows::ByCount, "one row"), (&one_thread, rows, Rows::Alone, "a batch")]
+            {
+                assert_eq!(
+                    reading(pool, n, how, DecodeReads::SideBySide),
+                    reading(pool, n, how, DecodeReads::InTurn),
+                    "{dtype:?}: {what} side by side"
+                );
+            }
             let mut batch = vec![0f32; rows * m];
             matmul_rows_alone(&pool, &x, rows, &p, &mut batch);
             for r in 0..rows {
@@ -2026,6 +2074,64 @@ mod tests {
             matmul(&pool, &x, rows, &p, &mut gp);
             matmul(&pool, &x, rows, &w, &mut gw);
             assert_eq!(bits(&gp), bits(&gw), "{dtype:?}: the prompt GEMM");
+        }
+    }
+
+    /// How fast batched decode reads panels in turn and side by side (docs/benchmarks.md):
+    /// `PF=q4_0|q4_1|q8_0|q4_k|q6_k cargo test --release --lib batched_panel_speed --
+    /// --ignored --nocapture`. Eight FFN-sized weights (52 MB as Q4_0, beyond the L3), 1
+    /// to 8 rows, each way 41 times interleaved on two threads: the medians.
+    #[test]
+    #[ignore]
+    fn batched_panel_speed() {
+        use crate::backend::cpu::bandwidth::DecodeReads;
+        let pool = pool();
+        let dtype: DType = match std::env::var("PF").as_deref() {
+            Ok("q8_0") => DType::Q8_0,
+            Ok("q4_k") => DType::Q4_K,
+            Ok("q6_k") => DType::Q6_K,
+            Ok("q4_1") => DType::Q4_1,
+            _ => DType::Q4_0,
+        };
+        let (m, k) = (5632, 2048);
+        let mut rng = Rng::new(5);
+        let ws: Vec<HostTensor> = (0..8).map(|_| weight(&pool, &mut rng, dtype, m, k).to_panels().unwrap()).collect();
+        let bytes: usize = ws.iter().map(|w| w.bytes().len()).sum();
+        let reps = 41;
+        for rows in [1usize, 2, 3, 4, 5, 6, 8] {
+            let x = rng.vec(rows * k, 1.0);
+            let mut out = vec![0f32; rows * m];
+            let mut times = [vec![], vec![]];
+            for i in 0..2 * reps {
+                let reads = [DecodeReads::InTurn, DecodeReads::SideBySide][i % 2];
+                let t = std::time::Instant::now();
+                for w in &ws {
+                    crate::quant::matmul_reading(
+                        crate::quant::QuantKernel::best(),
+                        &pool,
+                        &x,
+                        rows,
+                        w,
+                        &mut out,
+                        crate::quant::Rows::Alone,
+                        reads,
+                    );
+                }
+                times[i % 2].push(t.elapsed().as_secs_f64());
+            }
+            let med = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let (a, b) = (med(&mut times[0]), med(&mut times[1]));
+            eprintln!(
+                "{dtype:?} rows {rows}: in turn {:.2} ms ({:.1} GB/s), side by side {:.2} ms ({:.1} GB/s), {:.2}x",
+                a * 1e3,
+                bytes as f64 / a / 1e9,
+                b * 1e3,
+                bytes as f64 / b / 1e9,
+                a / b
+            );
         }
     }
 }
