@@ -332,11 +332,13 @@ pub(crate) type SideFn = unsafe fn(
 );
 
 /// A format's panel kernels: for 8, 4, 2 and 1 activation rows at once, and four panels
-/// side by side for 2 rows and 1.
+/// side by side for 2 rows and 1, which batches of at most `side_rows` rows take where
+/// decode reads side by side.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernels {
     pub rows: [PanelFn; 4],
     pub side_by_side: [SideFn; 2],
+    pub side_rows: usize,
 }
 
 /// The panel kernels of `dtype`, where this CPU runs them.
@@ -364,6 +366,7 @@ pub(crate) fn kernels(dtype: DType) -> Option<Kernels> {
                 Kernels {
                     rows: [rows::<{ $f }, 8>, rows::<{ $f }, 4>, rows::<{ $f }, 2>, rows::<{ $f }, 1>],
                     side_by_side: [side_by_side::<{ $f }, 2>, side_by_side::<{ $f }, 1>],
+                    side_rows: usize::MAX,
                 }
             };
         }
@@ -414,10 +417,10 @@ pub(crate) fn pack_rows(dtype: DType, acts: &[u32], rows: usize, nb: usize) -> V
 /// The panels in output columns `cols` (whole panels) of a `[m, ·]` panel weight
 /// (`bytes`, rows of `row_bytes`, `nb` blocks) against `rows` packed activation rows
 /// (`acts`, `stride` bytes apart): `out[r·m + o]` for `o` in `cols`. With
-/// `side_by_side` the rows, two at a time, read four distant parts of the range at
-/// once (as decode reads rows where memory serves several streams faster); the panels
-/// left, or every panel without it, go through the 8, 4, 2 or 1-row kernels, walking
-/// `STREAMS` distant parts in turn. Every path gives each output the same bits.
+/// `side_by_side` (and at most the kernels' `side_rows` rows) the rows, two at a time,
+/// read four distant parts of the range at once (as decode reads rows where memory serves
+/// several streams faster); the panels left, or every panel otherwise, go through the 8,
+/// 4, 2 or 1-row kernels, walking `STREAMS` distant parts in turn. Every path gives each output the same bits.
 ///
 /// # Safety
 /// `kernels` came from [`kernels`] for the weight's format; `bytes` holds the panels of
@@ -443,7 +446,7 @@ pub(crate) unsafe fn run(
     let panel = |p: usize| bytes[p * panel_bytes..].as_ptr();
     let a = acts.as_ptr().cast::<u8>();
     let mut done = 0;
-    if side_by_side {
+    if side_by_side && rows <= kernels.side_rows {
         let per = count / STREAMS;
         for p in first..first + per {
             let mut r = 0;
@@ -1088,10 +1091,15 @@ mod avx2 {
     /// Bytes ahead of the current block to prefetch.
     const PREFETCH: usize = 2048;
 
+    /// The kernels of format `F`. Batches read side by side up to 7 rows (the 32-value
+    /// formats) or 3 (the K-quants), in turn beyond: with 16 registers, the 8-row tile in
+    /// turn beat pairs side by side at 8 rows, and the K-quants' pairs lost from 4 (AMD
+    /// EPYC VM capped to AVX2, docs/benchmarks.md).
     pub fn kernels<const F: u8>() -> Kernels {
         Kernels {
             rows: [rows::<F, 8>, rows::<F, 4>, rows::<F, 2>, rows::<F, 1>],
             side_by_side: [side_by_side::<F, 2>, side_by_side::<F, 1>],
+            side_rows: if F >= Q4_K { 3 } else { 7 },
         }
     }
 
