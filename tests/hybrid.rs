@@ -84,14 +84,16 @@ fn long_prompt(name: &str) {
         // (`CpuBackend::row_invariant`): so every chunking, token by token included,
         // gives the one pass's logits exactly. (Transformers' own chunk-of-16 and
         // token-by-token runs of qwen3_next differ from its one pass by 1.3e-4 and 1.6e-4,
-        // docs/parity.md.) The CUDA backend's decode kernel rounds otherwise.
+        // docs/parity.md.) The CUDA backend does the same for these models
+        // (`CudaBackend::row_invariant`: no GEMM, attention split at fixed keys); it is
+        // held to the 1e-5 until a GPU has shown it exact (docs/gpu.md item 12).
         let (a, b) = (log_softmax_all(&got, r.vocab_size), log_softmax_all(&whole, r.vocab_size));
         let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
         eprintln!("{name}, chunks of {chunk}: max |Δ log-prob| against one pass {d:.2e}");
         if e.model.backend_name().starts_with("cpu") {
             assert_eq!(got, whole, "{name}, chunks of {chunk}: logits differ from the one pass ({d:.2e})");
         } else {
-            assert!(d <= 5e-4, "{name}, chunks of {chunk}: |Δ log-prob| {d} against one pass");
+            assert!(d <= 1e-5, "{name}, chunks of {chunk}: |Δ log-prob| {d} against one pass");
         }
     }
 }

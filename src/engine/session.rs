@@ -447,6 +447,11 @@ fn build_model(
         Ok((Box::new(model), device))
     }
     let cuda = |b: CudaBackend| {
+        // A recurrent state accumulates the GEMM's other rounding, as on the CPU below.
+        let b = match config.linear_attn {
+            Some(_) => b.row_invariant(),
+            None => b,
+        };
         let device = DeviceInfo { device: format!("cuda:{}", b.ordinal()), name: b.gpu_name().to_string() };
         let be = Arc::new(b);
         let up = be.clone();

@@ -121,6 +121,8 @@ pub struct CudaBackend {
     funcs: HashMap<String, CudaFunction>,
     /// The decode products' kernel (`STRATA_CUDA_MATVEC`).
     matvec: launch::Matvec,
+    /// Every row computed as a one-row call computes it ([`CudaBackend::row_invariant`]).
+    row_invariant: bool,
     sm_count: usize,
     scratch: Mutex<Scratch>,
     used: Arc<AtomicU64>,
@@ -199,6 +201,19 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Computes every row as a one-row call computes it, whatever the call's row count:
+    /// every product through the matrix-vector kernel (never the GEMM), and attention
+    /// split at fixed key positions ([`launch::attn_split_fixed`]). A decode step then
+    /// gets what the same token gets inside a prompt, and any prompt chunking gives the
+    /// same numbers. For models with a recurrent state (the gated delta rule), where the
+    /// GEMM's other rounding would otherwise accumulate, as
+    /// [`CpuBackend::row_invariant`](crate::backend::cpu::CpuBackend::row_invariant) does
+    /// on the CPU. Costs prefill speed: no tensor-core GEMM.
+    pub fn row_invariant(mut self) -> Self {
+        self.row_invariant = true;
+        self
+    }
+
     pub fn new(ordinal: usize) -> Result<Self, CudaInitError> {
         Self::check(ordinal)?;
         let matvec = launch::Matvec::from_env(std::env::var("STRATA_CUDA_MATVEC").ok().as_deref())
@@ -237,6 +252,7 @@ impl CudaBackend {
             blas,
             funcs,
             matvec,
+            row_invariant: false,
             sm_count,
             scratch: Mutex::new(Scratch {
                 ids: None,
@@ -446,7 +462,7 @@ impl CudaBackend {
             return Ok(());
         }
         match &self.blas {
-            Some(blas) if rows > launch::MATVEC_MAX_ROWS => self.gemm(blas, x, at, rows, w, out),
+            Some(blas) if rows > launch::MATVEC_MAX_ROWS && !self.row_invariant => self.gemm(blas, x, at, rows, w, out),
             _ => self.matvec(x, at, rows, w, out),
         }
     }
@@ -686,7 +702,7 @@ impl Backend for CudaBackend {
     }
 
     fn chunking_changes_rows(&self) -> bool {
-        self.blas.is_some()
+        self.blas.is_some() && !self.row_invariant
     }
 
     fn add_bias(&self, x: &mut CudaBuf, rows: usize, bias: &CudaWeight) -> BackendResult<()> {
@@ -864,7 +880,22 @@ impl Backend for CudaBackend {
         }
         let q_width = p.n_heads * p.head_dim;
         let kv_len = p.start_pos + rows;
-        let split = launch::attn_split(rows, p.n_heads, kv_len, self.sm_count);
+        let split = match self.row_invariant {
+            true => launch::attn_split_fixed(kv_len),
+            false => launch::attn_split(rows, p.n_heads, kv_len, self.sm_count),
+        };
+        let per_row = launch::attn_partial_len(1, p.n_heads, p.head_dim, split);
+        let group = (launch::ATTN_FIXED_SCRATCH / per_row.max(1)).max(1);
+        if self.row_invariant && rows > group {
+            // A long prompt over fixed splits: its rows in launches of `group` (each row's
+            // result does not depend on the others).
+            for g0 in (0..rows).step_by(group) {
+                let n = (rows - g0).min(group);
+                let at = AttnParams { start_pos: p.start_pos + g0, ..*p };
+                self.attention(q, row0 + g0, n, k, v, &at, out)?;
+            }
+            return Ok(());
+        }
         let mut s = self.scratch();
         let part = self.grow(
             &mut s.partial,

@@ -156,6 +156,25 @@ pub fn attn_split(rows: usize, n_heads: usize, kv_len: usize, sm_count: usize) -
     AttnSplit { splits: kv_len.div_ceil(split_len), split_len }
 }
 
+/// Keys per split of [`attn_split_fixed`].
+pub const ATTN_FIXED_SPLIT: usize = 512;
+
+/// Splits at fixed key positions (every [`ATTN_FIXED_SPLIT`] keys), whatever the row
+/// count: a query row's splits then hold the same keys in a prompt launch and in its own
+/// decode step (the splits past its position are empty, which the combine adds exactly
+/// as nothing), so it gets the same bits either way.
+pub fn attn_split_fixed(kv_len: usize) -> AttnSplit {
+    let kv_len = kv_len.max(1);
+    match kv_len <= ATTN_FIXED_SPLIT {
+        true => AttnSplit { splits: 1, split_len: kv_len },
+        false => AttnSplit { splits: kv_len.div_ceil(ATTN_FIXED_SPLIT), split_len: ATTN_FIXED_SPLIT },
+    }
+}
+
+/// Floats of attention scratch one launch may use with [`attn_split_fixed`] (32 MiB):
+/// the rows of a longer prompt go in several launches.
+pub const ATTN_FIXED_SCRATCH: usize = 8 << 20;
+
 /// f16 values of weight the prefill GEMM dequantises at once (64 MiB of scratch).
 pub const GEMM_TILE_VALUES: usize = 32 << 20;
 
@@ -370,6 +389,12 @@ mod tests {
                 assert_eq!(s.split_len % 64, 0);
                 assert!(s.split_len >= 256);
             }
+        }
+        // Fixed splits: the same boundaries whatever the length.
+        for kv in [1, 100, 512, 513, 4096, 70_000] {
+            let s = attn_split_fixed(kv);
+            assert!(s.splits * s.split_len >= kv && (s.splits - 1) * s.split_len < kv, "{s:?} covers {kv}");
+            assert!(s.splits == 1 || s.split_len == ATTN_FIXED_SPLIT, "{s:?}");
         }
         // Decode over a long context splits; prefill with many rows does not.
         assert!(attn_split(1, 32, 8192, 132).splits > 1);
