@@ -44,6 +44,16 @@ for l in sys.stdin:
   strip gpu-run/bin/*
   tar -C gpu-run -cf - bin | xz -T0 -6 >gpu-run/bin.tar.xz
   rm -r gpu-run/bin
+  # gguf-py, where a Python here has it (GGUF_PYTHON, default python3), for
+  # tools/make_moe_bench_model.py there (tools/gpu_items.py's `disk` item).
+  local gguf_dir
+  gguf_dir=$("${GGUF_PYTHON:-python3}" -c 'import gguf, os; print(os.path.dirname(gguf.__file__))' 2>/dev/null || true)
+  rm -rf gpu-run/gguf-py
+  if [[ -n $gguf_dir ]]; then
+    mkdir -p gpu-run/gguf-py && cp -r "$gguf_dir" gpu-run/gguf-py/gguf && rm -rf gpu-run/gguf-py/gguf/__pycache__
+  else
+    echo "no gguf-py here (GGUF_PYTHON=${GGUF_PYTHON:-python3}): the \`disk\` item will skip its MoE part"
+  fi
   echo "gpu-run/: $(du -sh gpu-run | cut -f1); carry it (tests/fixtures travel with the tree)"
 }
 

@@ -32,7 +32,17 @@ something on a GPU say so and pass. ITEMs default to all of them, in this order:
            binaries are beside STRATA_BIN), and decode of the 1.1B Q4_0 with each,
            interleaved: reported
 
-`refused`, `kvtypes`, `oom` and `matvec` need the 1.1B bench model: made under $BENCH_DIR
+and, only when named (not part of the default list; several minutes):
+
+  disk     (items 4 and 15) the CPU streaming from this machine's disk, which held still
+           on the GPU machines where the development VMs' disks drift: issue 17's sparse
+           FFN speed (the 1.1B converted with `--sparse-ffn`, `tools/bench_sparse_pairs.py`
+           at budget 0, a thread per core) and, where gguf-py imports (`tools/gpu_check.sh
+           pack` carries it as gpu-run/gguf-py), issue 15's MoE roofline
+           (`tools/make_moe_bench_model.py`, then `tools/bench_moe.py --device cpu`):
+           reported
+
+`refused`, `kvtypes`, `oom`, `matvec` and `disk` need the 1.1B bench model: made under $BENCH_DIR
 (default /tmp) as b11 and b11.q4_0 with tools/make_bench_model.py (numpy) when not there
 (about 15 s on the GPU machine). Exits 1 when a judged check fails. Needs no third-party
 Python package. On an H200 all items took 70 to 80 s (2026-11-28), after `tools/gpu_check.sh
@@ -408,8 +418,50 @@ def matvec():
     return ok
 
 
+def disk():
+    base = os.environ.get("BENCH_DIR", "/tmp")
+    if not bench_model():
+        return False
+    hf, sparse_model = os.path.join(base, "b11"), os.path.join(base, "b11.sparse")
+    ok = True
+    if not os.path.exists(sparse_model) and sh(
+            [STRATA, "convert", hf, sparse_model, "--format", "flat", "--quant", "q4_0", "--sparse-ffn"],
+            os.path.join(OUT, "items-b11-sparse.log"), 300):
+        return verdict(False, f"disk: strata convert --sparse-ffn (see {OUT}/items-b11-sparse.log.err)")
+    path = os.path.join(OUT, "items-sparse-pairs.json")
+    threads = str(os.cpu_count() or 1)
+    if sh([sys.executable, "tools/bench_sparse_pairs.py", sparse_model, "--gen", "16", "--pairs", "6", "--threads",
+           threads], path, 600, env={"STRATA_BIN": STRATA}):
+        ok = verdict(False, f"disk: tools/bench_sparse_pairs.py (see {path}.err)")
+    else:
+        d = json.load(open(path))
+        print(f"     sparse FFN, 1.1B Q4_0 at budget 0 on the CPU ({threads} threads): topk=0.5 against off, pair ratios "
+              f"{[round(r, 3) for r in d['ratios']]}, median {d['median_ratio']:.3f} (off {d['median_off']:.2f}, "
+              f"topk=0.5 {d['median_sparse']:.2f} tok/s; {d['bytes_per_token_off'] / 2**20:.1f} against "
+              f"{d['bytes_per_token_sparse'] / 2**20:.1f} MiB a token) (reported)")
+    gguf_py = os.path.abspath(os.path.join(os.path.dirname(STRATA), "..", "gguf-py"))
+    env = {"PYTHONPATH": os.pathsep.join(p for p in [gguf_py, os.environ.get("PYTHONPATH", "")] if p)}
+    if subprocess.run([sys.executable, "-c", "import gguf, numpy"], env=dict(os.environ, **env),
+                      capture_output=True).returncode:
+        print(f"     MoE: skipped, gguf-py and numpy do not import (looked in {gguf_py})")
+        return ok
+    moe = os.path.join(base, "moe_bench", "qwen3moe-a3b-shape-4l.gguf")
+    if not os.path.exists(moe) and sh([sys.executable, "tools/make_moe_bench_model.py", "--no-validate", "--out", moe],
+                                      os.path.join(OUT, "items-moe-make.log"), 600, env=env):
+        return verdict(False, f"disk: tools/make_moe_bench_model.py (see {OUT}/items-moe-make.log.err)")
+    path = os.path.join(OUT, "items-moe-cpu.txt")
+    if sh([sys.executable, "tools/bench_moe.py", moe, "--device", "cpu", "--threads", threads, "--rounds", "3"], path,
+          900, env={"STRATA_BIN": STRATA}):
+        return verdict(False, f"disk: tools/bench_moe.py --device cpu (see {path}.err)")
+    print(f"     MoE on the CPU ({threads} threads) from this disk (reported):")
+    print("".join("       " + line for line in open(path)))
+    return ok
+
+
 ITEMS = {"ndsq": ndsq, "sparse": sparse, "status": status, "hybrid": hybrid, "refused": refused, "kvtypes": kvtypes,
-         "oom": oom, "matvec": matvec}
+         "oom": oom, "matvec": matvec, "disk": disk}
+# Run only when named.
+OPT_IN = {"disk"}
 
 
 def main():
@@ -423,7 +475,7 @@ def main():
     IDS = os.path.join(OUT, "items-ids.json")
     json.dump([(i * 7919 + 13) % 250 + 3 for i in range(96)], open(IDS, "w"))
     failed = []
-    for name in sys.argv[4:] or ITEMS:
+    for name in sys.argv[4:] or [i for i in ITEMS if i not in OPT_IN]:
         t = time.time()
         print(f"-- {name}")
         if not ITEMS[name]():
