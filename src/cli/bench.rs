@@ -255,8 +255,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let engine = Engine::load(&args.model, &args.run.to_options()?)?;
     let model = &engine.model;
     let vocab = model.config().vocab_size as u32;
-    let threads = rayon::current_num_threads().max(1);
-    let threads = if args.run.threads > 0 { args.run.threads } else { threads };
+    let threads = crate::backend::cpu::threads_for(args.run.threads);
     let (n_seq, runs) = (args.concurrency.max(1), args.runs.max(1));
     let needed = args.prompt_tokens + args.gen_tokens + 1;
     if needed > engine.context_len {

@@ -123,7 +123,8 @@ pub struct RunOpts {
     /// `cuda` or `cuda:N`.
     #[arg(long, default_value = "auto", value_parser = parse_device_arg)]
     pub device: crate::backend::device::DeviceSpec,
-    /// Worker threads (default: one per core).
+    /// Worker threads (default: one per core; more than one per core is taken as one
+    /// per core, with a warning).
     #[arg(long, default_value_t = 0, value_parser = parse_threads)]
     pub threads: usize,
     /// Context length in tokens (default: the model's, at most 4096).
