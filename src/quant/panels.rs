@@ -420,7 +420,8 @@ pub(crate) fn pack_rows(dtype: DType, acts: &[u32], rows: usize, nb: usize) -> V
 /// `side_by_side` (and at most the kernels' `side_rows` rows) the rows, two at a time,
 /// read four distant parts of the range at once (as decode reads rows where memory serves
 /// several streams faster); the panels left, or every panel otherwise, go through the 8,
-/// 4, 2 or 1-row kernels, walking `STREAMS` distant parts in turn. Every path gives each output the same bits.
+/// 4, 2 or 1-row kernels, walking `STREAMS` distant parts in turn. Every path gives each
+/// output the same bits.
 ///
 /// # Safety
 /// `kernels` came from [`kernels`] for the weight's format; `bytes` holds the panels of
