@@ -15,7 +15,7 @@
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use rayon::ThreadPool;
 use rayon::prelude::*;
@@ -32,10 +32,13 @@ struct Line<T>(T);
 struct Team {
     /// Bumped once for every op handed out.
     epoch: Line<AtomicUsize>,
-    /// The next task index to take.
-    next: Line<AtomicUsize>,
-    /// Helpers done with the current op.
-    finished: Line<AtomicUsize>,
+    /// The current op's claims: its epoch's low 32 bits above the next task index to take
+    /// ([`CLOSED`] while the leader sets up an op, or after its task panicked). A task is
+    /// taken by moving this word on from its index under the op's epoch, so a thread
+    /// still looking at an op that is over can take nothing of the next.
+    claim: Line<AtomicU64>,
+    /// Tasks of the current op that have run (or panicked).
+    done: Line<AtomicUsize>,
     /// The current op: a pointer to a [`Job`] on the leader's stack, and its task count.
     job: AtomicPtr<()>,
     tasks: AtomicUsize,
@@ -43,7 +46,6 @@ struct Team {
     stop: AtomicBool,
     /// A helper's task panicked; the leader panics once the op is over.
     panicked: AtomicBool,
-    helpers: usize,
     /// Helpers parked until the next op (or the end of the pass), and every helper's
     /// thread, to unpark them.
     sleepers: AtomicUsize,
@@ -61,21 +63,42 @@ thread_local! {
 /// a `pause` takes 10 to 150 cycles, depending on the CPU.)
 const SPIN_FOR: std::time::Duration = std::time::Duration::from_micros(500);
 
+/// The task index of [`Team::claim`] while no task may be taken.
+const CLOSED: u64 = u32::MAX as u64;
+
+/// The claim word of epoch `epoch` at task index `i`.
+fn tagged(epoch: usize, i: u64) -> u64 {
+    ((epoch as u64) << 32) | i
+}
+
 impl Team {
     /// Hands `f`'s `tasks` tasks to every thread of the team, takes its share and returns
-    /// once every task has run and every helper has left the op.
+    /// once every task has run. It waits for the tasks, not for the helpers: a helper the
+    /// OS has not given a core (another process on it) takes no task and holds up nothing.
     fn run(&self, tasks: usize, f: Job<'_>) {
-        self.job.store((&raw const f).cast_mut().cast(), Ordering::Relaxed);
-        self.tasks.store(tasks, Ordering::Relaxed);
-        self.next.0.store(0, Ordering::Relaxed);
-        self.finished.0.store(0, Ordering::Relaxed);
-        // Publishes the four stores above to the helpers that see the new epoch; SeqCst
-        // against `nap`'s, so that a parking helper either sees it or is woken.
-        self.epoch.0.fetch_add(1, Ordering::SeqCst);
+        assert!((tasks as u64) < CLOSED, "{tasks} tasks in one op");
+        // Only the leader writes the epoch.
+        let epoch = self.epoch.0.load(Ordering::Relaxed).wrapping_add(1);
+        // Closed under the new epoch before the job and count change: a helper that reads
+        // either new value then sees the claims closed (the stores below release this one)
+        // and cannot take a task of the last op with them.
+        self.claim.0.store(tagged(epoch, CLOSED), Ordering::SeqCst);
+        self.job.store((&raw const f).cast_mut().cast(), Ordering::Release);
+        self.tasks.store(tasks, Ordering::Release);
+        self.done.0.store(0, Ordering::Relaxed);
+        // Opens the claims, publishing the stores above to a helper that takes a task.
+        self.claim.0.store(tagged(epoch, 0), Ordering::Release);
+        // SeqCst against `nap`'s, so that a parking helper either sees it or is woken.
+        self.epoch.0.store(epoch, Ordering::SeqCst);
         self.wake();
         // Caught, so that `f` outlives the helpers still running it.
-        let mine = catch_unwind(AssertUnwindSafe(|| self.take(tasks, f)));
-        while self.finished.0.load(Ordering::Acquire) < self.helpers {
+        let mine = catch_unwind(AssertUnwindSafe(|| while self.take_one(epoch, tasks, f) {}));
+        let wait_for = match mine {
+            Ok(()) => tasks,
+            // Closes the claims: the tasks taken so far are the ones to wait for.
+            Err(_) => (self.claim.0.swap(tagged(epoch, CLOSED), Ordering::AcqRel) as u32 as usize).min(tasks),
+        };
+        while self.done.0.load(Ordering::Acquire) < wait_for {
             std::hint::spin_loop();
         }
         if let Err(e) = mine {
@@ -86,13 +109,50 @@ impl Team {
         }
     }
 
-    fn take(&self, tasks: usize, f: Job<'_>) {
+    /// Takes and runs one task of the op of `epoch` (`tasks` tasks of `f`), if one is
+    /// left: whether it did. A task that panics still counts as done, after the panic has
+    /// been recorded; the leader's own panic goes on up to [`Team::run`].
+    fn take_one(&self, epoch: usize, tasks: usize, f: Job<'_>) -> bool {
+        let Some(i) = self.claim_one(epoch, tasks) else { return false };
+        let ran = catch_unwind(AssertUnwindSafe(|| f(i)));
+        self.done.0.fetch_add(1, Ordering::Release);
+        if let Err(e) = ran {
+            std::panic::resume_unwind(e);
+        }
+        true
+    }
+
+    /// Claims the next task of the op of `epoch`, of `tasks` tasks, while that op is
+    /// still handing them out.
+    fn claim_one(&self, epoch: usize, tasks: usize) -> Option<usize> {
+        let mut c = self.claim.0.load(Ordering::Acquire);
         loop {
-            let i = self.next.0.fetch_add(1, Ordering::Relaxed);
-            if i >= tasks {
-                return;
+            let i = c & CLOSED;
+            if c != tagged(epoch, i) || i >= tasks as u64 {
+                return None;
             }
-            f(i);
+            match self.claim.0.compare_exchange_weak(c, c + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(i as usize),
+                Err(now) => c = now,
+            }
+        }
+    }
+
+    /// A helper's share of the op of `epoch`: its tasks until none is left. The task
+    /// count is read before each claim (under the op's epoch, a claim that succeeds was
+    /// made before the next op's count was written), and the job only once a task is
+    /// claimed, when the leader must still be waiting for it.
+    fn help_with(&self, epoch: usize) {
+        loop {
+            let tasks = self.tasks.load(Ordering::Acquire);
+            let Some(i) = self.claim_one(epoch, tasks) else { return };
+            // SAFETY: task `i` of this epoch is claimed and not done, so the leader is
+            // still in `run` for it, keeping the `Job` this points at alive.
+            let f = unsafe { *self.job.load(Ordering::Acquire).cast::<Job<'_>>() };
+            if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
+                self.panicked.store(true, Ordering::Relaxed);
+            }
+            self.done.0.fetch_add(1, Ordering::Release);
         }
     }
 
@@ -125,14 +185,7 @@ impl Team {
             let epoch = self.epoch.0.load(Ordering::Acquire);
             if epoch != seen {
                 seen = epoch;
-                let tasks = self.tasks.load(Ordering::Relaxed);
-                // SAFETY: `run` stored a pointer to its `Job` before this epoch and keeps
-                // both alive until every helper has counted itself finished below.
-                let f = unsafe { *self.job.load(Ordering::Relaxed).cast::<Job<'_>>() };
-                if catch_unwind(AssertUnwindSafe(|| self.take(tasks, f))).is_err() {
-                    self.panicked.store(true, Ordering::Relaxed);
-                }
-                self.finished.0.fetch_add(1, Ordering::Release);
+                self.help_with(epoch);
                 idle = 0;
                 since = std::time::Instant::now();
                 continue;
@@ -164,7 +217,7 @@ pub fn lead<R: Send>(pool: &ThreadPool, pass: impl FnOnce() -> R + Send) -> R {
     if helpers == 0 || !LEADING.get().is_null() {
         return pool.install(pass);
     }
-    let team = Team { helpers, ..Team::default() };
+    let team = Team::default();
     let pass = Mutex::new(Some(pass));
     let out = Mutex::new(None);
     /// Ends the pass for the helpers even when it panics.
@@ -321,6 +374,38 @@ mod tests {
                 });
                 assert_eq!(ids.lock().unwrap().len(), 2);
             }
+        });
+    }
+
+    /// An op waits for its tasks, not for the helpers: a helper held elsewhere (here by a
+    /// long rayon job it took while idle; in life, by the OS giving its core to another
+    /// process) does not hold up the ops the leader can run alone.
+    #[test]
+    fn ops_do_not_wait_for_a_helper_held_elsewhere() {
+        let pool = pool(2);
+        lead(&pool, || {
+            let taken = AtomicBool::new(false);
+            rayon::scope(|s| {
+                s.spawn(|_| {
+                    taken.store(true, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(1500));
+                });
+                // Until the helper has the job (it takes rayon work between ops).
+                let t = std::time::Instant::now();
+                while !taken.load(Ordering::SeqCst) && t.elapsed() < std::time::Duration::from_secs(5) {
+                    std::hint::spin_loop();
+                }
+                let t = std::time::Instant::now();
+                let sum = AtomicUsize::new(0);
+                for _ in 0..100 {
+                    for_each(&pool, 8, |i| {
+                        sum.fetch_add(i, Ordering::Relaxed);
+                    });
+                }
+                assert_eq!(sum.load(Ordering::Relaxed), 100 * 28);
+                let took = t.elapsed();
+                assert!(took < std::time::Duration::from_millis(750), "100 ops took {took:?}");
+            });
         });
     }
 
