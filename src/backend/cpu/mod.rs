@@ -37,20 +37,19 @@ pub fn threads_for(threads: usize) -> usize {
 impl CpuBackend {
     /// A backend with [`threads_for`]`(threads)` worker threads; asking for more than
     /// there are cores says so once, in a warning.
-    pub fn new(threads: usize) -> Self {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        if threads > cores {
+    pub fn new(asked: usize) -> Self {
+        let threads = threads_for(asked);
+        if asked > threads {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
                 tracing::warn!(
-                    threads,
-                    cores,
+                    threads = asked,
+                    cores = threads,
                     "more threads asked for than this process has cores: using one per core (a thread without a \
                      core stalls the others at every op)"
                 )
             });
         }
-        let threads = threads_for(threads);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("strata-cpu-{i}"))

@@ -884,17 +884,19 @@ impl Backend for CudaBackend {
             true => launch::attn_split_fixed(kv_len),
             false => launch::attn_split(rows, p.n_heads, kv_len, self.sm_count),
         };
-        let per_row = launch::attn_partial_len(1, p.n_heads, p.head_dim, split);
-        let group = (launch::ATTN_FIXED_SCRATCH / per_row.max(1)).max(1);
-        if self.row_invariant && rows > group {
-            // A long prompt over fixed splits: its rows in launches of `group` (each row's
-            // result does not depend on the others).
-            for g0 in (0..rows).step_by(group) {
-                let n = (rows - g0).min(group);
-                let at = AttnParams { start_pos: p.start_pos + g0, ..*p };
-                self.attention(q, row0 + g0, n, k, v, &at, out)?;
+        if self.row_invariant {
+            let per_row = launch::attn_partial_len(1, p.n_heads, p.head_dim, split);
+            let group = (launch::ATTN_FIXED_SCRATCH / per_row.max(1)).max(1);
+            if rows > group {
+                // A long prompt over fixed splits: its rows in launches of `group` (each
+                // row's result does not depend on the others).
+                for g0 in (0..rows).step_by(group) {
+                    let n = (rows - g0).min(group);
+                    let at = AttnParams { start_pos: p.start_pos + g0, ..*p };
+                    self.attention(q, row0 + g0, n, k, v, &at, out)?;
+                }
+                return Ok(());
             }
-            return Ok(());
         }
         let mut s = self.scratch();
         let part = self.grow(
