@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use strata::sched::io::{
     AlignedBuf, StorageFile, measure_sequential_read, measure_sequential_read_into, proc_self_read_bytes,
+    replay_reads, start_read_trace, storage_busy_ns, take_read_trace,
 };
 use strata::tensor::{ByteSource, DType, HostTensor};
 
@@ -268,4 +269,43 @@ fn roofline_large_file() {
             bw.direct
         );
     }
+}
+
+/// A trace records each read (file, offset, length, mode) as made; its replay reads the
+/// same bytes; the busy clock runs while reads are in flight and never beyond the time
+/// that passed. (Other tests read concurrently, so only this test's files count.)
+#[test]
+fn reads_are_traced_replayed_and_timed() {
+    let len = (20 << 20) + 1000;
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let (a, b) = (Scratch::new(dir, "trace-a", &pattern(len, 11)), Scratch::new(dir, "trace-b", &pattern(len, 12)));
+    let fa = StorageFile::open(&a.0).unwrap();
+    let fb = StorageFile::open_buffered(&b.0).unwrap();
+    let reads: [(&StorageFile, u64, usize); 4] =
+        [(&fa, 0, 10 << 20), (&fb, 4096, 5000), (&fa, 12 << 20, len - (12 << 20)), (&fb, 0, len)];
+    let (busy0, t0) = (storage_busy_ns(), std::time::Instant::now());
+    start_read_trace();
+    let mut buf = AlignedBuf::new();
+    let mut want: u64 = 0;
+    for (f, offset, n) in reads {
+        f.read_range(offset, n, &mut buf).unwrap();
+        want += expected_read(f, offset, n);
+    }
+    let trace: Vec<_> =
+        take_read_trace().into_iter().filter(|r| *r.path == *a.0 || *r.path == *b.0).collect();
+    let (busy, elapsed) = (storage_busy_ns() - busy0, t0.elapsed().as_nanos() as u64);
+    assert!(busy > 0 && busy <= elapsed, "busy {busy} ns over {elapsed} ns");
+    // Reads are split at 8 MiB: 10 MiB is two, the buffered whole file three.
+    assert_eq!(trace.iter().map(|r| r.len as u64).sum::<u64>(), want);
+    assert_eq!(trace.len(), 2 + 1 + 2 + 3, "{trace:?}");
+    assert!(trace.iter().all(|r| r.direct == (*r.path == *a.0 && fa.is_direct())));
+    assert_eq!((trace[0].offset, trace[1].offset, trace[2].offset), (0, 8 << 20, 4096));
+    for streams in [1, 3] {
+        let bw = replay_reads(&trace, streams).unwrap();
+        assert_eq!(bw.bytes, want, "{streams} in flight");
+        assert!(bw.seconds > 0.0);
+    }
+    // Tracing stopped: later reads are not recorded.
+    fa.read_range(0, 4096, &mut buf).unwrap();
+    assert!(take_read_trace().iter().all(|r| *r.path != *a.0));
 }

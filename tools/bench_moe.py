@@ -75,8 +75,9 @@ def main():
           f"{args.rounds} interleaved rounds of {args.gen_tokens} decode tokens after a "
           f"{args.prompt_tokens}-token prompt; policy {args.policy}\n")
     print("| experts | decode tok/s | read MiB/token (cores + experts) | routed-only limit MiB/token | read / limit "
-          "| expert hit rate | stall | storage GB/s (depth) | storage roofline tok/s | of roofline |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| expert hit rate | stall | storage busy | storage GB/s (depth) | storage roofline tok/s | of roofline "
+          "| own reads replayed GB/s | of replay |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in configs:
         rs = runs[c]
         tok = med([d["decode_tok_s"] for d in rs])
@@ -86,6 +87,9 @@ def main():
         roof = med([d["storage_roofline_tok_s"] for d in rs])
         frac = med([d["decode_fraction_of_storage_roofline"] for d in rs])
         stall = med([d["io_stall_fraction"] for d in rs])
+        busy = med([d["storage_busy_fraction"] for d in rs])
+        replay = med([d["storage_replay_bytes_s"] for d in rs])
+        of_replay = med([d["decode_fraction_of_replay"] for d in rs])
         if c == "all":
             label, split, limit, ratio, hit = "all, with their layer", f"{read:.1f}", "-", "-", "-"
         else:
@@ -96,8 +100,9 @@ def main():
             ratio = f"{med([x['fraction_of_routed_limit'] for x in m]):.3f}"
             hit = f"{med([x['expert_hit_rate'] for x in m]):.3f}"
             label, split = f"routed, cache {c}%", f"{read:.1f} ({core:.1f} + {exp:.1f})"
-        print(f"| {label} | {tok:.2f} | {split} | {limit} | {ratio} | {hit} | {100 * stall:.0f}% "
-              f"| {bw / 1e9:.2f} ({'/'.join(map(str, depth))}) | {roof:.2f} | {100 * frac:.0f}% |")
+        print(f"| {label} | {tok:.2f} | {split} | {limit} | {ratio} | {hit} | {100 * stall:.0f}% | {100 * busy:.0f}% "
+              f"| {bw / 1e9:.2f} ({'/'.join(map(str, depth))}) | {roof:.2f} | {100 * frac:.0f}% "
+              f"| {replay / 1e9:.2f} | {100 * of_replay:.0f}% |")
 
 
 if __name__ == "__main__":

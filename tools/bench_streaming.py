@@ -83,8 +83,8 @@ def main():
                 print(f"round {r + 1} {Path(m).name} {policy} {pct}%: {rep['decode_tok_s']:.2f} tok/s", file=sys.stderr)
 
     mib = 1 << 20
-    print("| model | policy | budget | resident layers | decode tok/s | MiB read/token (strata, /proc) | hit rate | stall | storage GB/s (small buffer) | storage roofline tok/s | of roofline |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | policy | budget | resident layers | decode tok/s | MiB read/token (strata, /proc) | hit rate | stall | storage GB/s (small buffer) | storage roofline tok/s | of roofline | storage busy | of own reads replayed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (m, policy, pct), rows in results.items():
         plan = rows[-1]["plan"]
         bw = med(rows, "storage_bandwidth_bytes_s")
@@ -92,6 +92,7 @@ def main():
         roof = med(rows, "storage_roofline_tok_s")
         frac = med(rows, "decode_fraction_of_storage_roofline")
         proc = med(rows, "proc_read_bytes_per_token")
+        of_replay = med(rows, "decode_fraction_of_replay")
         direct = rows[-1].get("storage_direct_io")
         print(
             f"| {Path(m).name} | {policy} | {pct}% | {plan['resident_layers'] or '-'} "
@@ -99,7 +100,8 @@ def main():
             f"| {med(rows, 'bytes_read_per_token') / mib:.1f}, {proc / mib if proc is not None else float('nan'):.1f} "
             f"| {med(rows, 'cache_hit_rate'):.2f} | {med(rows, 'io_stall_fraction'):.2f} "
             f"| {f'{bw / 1e9:.2f} ({small / 1e9:.2f})' + (' direct' if direct else ' buffered') if bw else '-'} "
-            f"| {f'{roof:.2f}' if roof else '-'} | {f'{frac:.2f}' if frac else '-'} |"
+            f"| {f'{roof:.2f}' if roof else '-'} | {f'{frac:.2f}' if frac else '-'} "
+            f"| {med(rows, 'storage_busy_fraction'):.2f} | {f'{of_replay:.2f}' if of_replay else '-'} |"
         )
 
 

@@ -69,6 +69,13 @@ pub struct BenchReport {
     pub io_stall_fraction: f64,
     /// Of decode time, the part the I/O thread was reading.
     pub io_busy_fraction: f64,
+    /// Of decode time, the part during which any storage read was in flight (the layer
+    /// streamer's and the expert readers' together): below 1, storage sat idle while
+    /// the decode waited on compute, which no faster disk would fix.
+    pub storage_busy_fraction: f64,
+    /// Bytes read per second of that busy time: what storage delivered while it had
+    /// work (compare with the roofline probe).
+    pub storage_busy_bytes_s: Option<f64>,
     pub peak_rss_bytes: u64,
     /// GPU only: kernel launches per decode step, the measured cost of one empty launch,
     /// and their product as a fraction of the decode step's time (the share launch
@@ -109,6 +116,17 @@ pub struct BenchReport {
     /// The median over runs of each run's decode against the better of the storage probes
     /// just before and after it (the storage bandwidth above is that run's).
     pub decode_fraction_of_storage_roofline: Option<f64>,
+    /// The decode's own storage reads (the same files, offsets and lengths, in order)
+    /// replayed right after each run with nothing else to do, at the better of one and
+    /// [`STORAGE_PROBE_DEPTH`] in flight: the bound for exactly those reads on this
+    /// storage, which a sequential probe over other bytes only approximates where a
+    /// cache below the machine favours bytes read recently. Of the run with the median
+    /// fraction.
+    pub storage_replay_bytes_s: Option<f64>,
+    pub storage_replay_depth: Option<usize>,
+    /// The decode's storage rate (bytes its reads moved over its decode time) over that
+    /// replay's: the share of the storage bound the decode reached, the median over runs.
+    pub decode_fraction_of_replay: Option<f64>,
     /// Rooflines the decode beat: a probe that is not an upper bound, not a result.
     pub probe_errors: Vec<String>,
     /// GPU streaming: the upload pipeline's traffic during decode and its bound.
@@ -210,6 +228,8 @@ struct RunResult {
     proc_read_bytes: Option<u64>,
     /// Kernel launches during the decode steps (GPU only).
     launches: Option<u64>,
+    /// The storage reads the decode steps made (streaming only), to replay.
+    reads: Vec<crate::sched::io::TracedRead>,
 }
 
 /// A roofline is an upper bound: a decode above one says the probe is wrong, and is
@@ -319,6 +339,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
 
         let (stats0, proc0) = (sched.stats().snapshot(), proc_self_read_bytes());
         let launches0 = model.launch_stats().map(|l| l.launches);
+        if sched.is_streaming() {
+            crate::sched::io::start_read_trace();
+        }
         let t = Instant::now();
         for _ in 0..steps {
             if !args.feed_random {
@@ -334,6 +357,10 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             last = model.forward_top_k(&mut batch, 1, &|| false)?;
         }
         let decode_secs = t.elapsed().as_secs_f64();
+        let reads = match sched.is_streaming() {
+            true => crate::sched::io::take_read_trace(),
+            false => Vec::new(),
+        };
         let launches = model.launch_stats().map(|l| l.launches).zip(launches0).map(|(a, b)| a - b);
         Ok(RunResult {
             launches,
@@ -343,6 +370,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             decode_tokens: (n_seq * steps) as u64,
             stats: sched.stats().snapshot() - stats0,
             proc_read_bytes: proc_self_read_bytes().zip(proc0).map(|(a, b)| a.saturating_sub(b)),
+            reads,
         })
     };
     // The storage roofline: the model's streamed files read sequentially with O_DIRECT
@@ -396,12 +424,37 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let peak_before = peak_rss_bytes();
     let memory_before = cpu_probe.then(|| bandwidth::measure(threads, dense_bytes, bandwidth::PASSES / 2));
     reset_peak_rss();
+    // The second bound: each run's own reads replayed with nothing else to do, at one
+    // and at several in flight, right after it (its decode-time storage rate over the
+    // better replay is the fraction).
+    let replay = |reads: &[crate::sched::io::TracedRead]| -> anyhow::Result<Option<(f64, usize)>> {
+        if reads.is_empty() {
+            return Ok(None);
+        }
+        let one = crate::sched::io::replay_reads(reads, 1)?;
+        let deep = crate::sched::io::replay_reads(reads, STORAGE_PROBE_DEPTH)?;
+        Ok(Some(match deep.bytes_per_sec > one.bytes_per_sec {
+            true => (deep.bytes_per_sec, STORAGE_PROBE_DEPTH),
+            false => (one.bytes_per_sec, 1),
+        }))
+    };
     let mut probes = vec![probe_streaming(0)?];
     let mut results = Vec::new();
+    let mut replays = Vec::new();
     for i in 0..runs {
-        results.push(run(args.gen_tokens)?);
+        let mut r = run(args.gen_tokens)?;
+        let reads = std::mem::take(&mut r.reads);
+        let traced: u64 = reads.iter().map(|t| t.len as u64).sum();
+        replays.push(replay(&reads)?.map(|(bw, depth)| (traced as f64 / r.decode_secs / bw, bw, depth)));
+        results.push(r);
         probes.push(probe_streaming(i as u64 + 1)?);
     }
+    // The run with the median fraction of its replay.
+    let replay = {
+        let mut v: Vec<(f64, f64, usize)> = replays.iter().flatten().copied().collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v.get(v.len() / 2).copied()
+    };
     // Per run, the better of the probes on either side of it.
     let storage_per_run: Vec<Option<(crate::sched::io::ReadBandwidth, usize)>> = probes
         .windows(2)
@@ -527,7 +580,13 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             decode_fraction_of_roofline: roofline.map(|r| decode_tok_s / r),
         }
     });
-    let probe_errors = probe_errors(decode_tok_s / n_seq as f64 / roofline, storage_fraction);
+    let mut probe_errors = probe_errors(decode_tok_s / n_seq as f64 / roofline, storage_fraction);
+    if let Some((f, _, _)) = replay.filter(|r| r.0 > 1.0) {
+        probe_errors.push(format!(
+            "decode read storage at {:.0}% of the rate its own reads replayed at: the replay is not an upper bound here",
+            100.0 * f
+        ));
+    }
     let report = BenchReport {
         model: engine.name.clone(),
         device: engine.device.device.clone(),
@@ -547,6 +606,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         cache_hit_rate: window.layer_hits as f64 / window.layer_requests.max(1) as f64,
         io_stall_fraction: window.stall_ns as f64 / 1e9 / decode_secs.max(1e-9),
         io_busy_fraction: window.io_ns as f64 / 1e9 / decode_secs.max(1e-9),
+        storage_busy_fraction: window.storage_busy_ns as f64 / 1e9 / decode_secs.max(1e-9),
+        storage_busy_bytes_s: (window.storage_busy_ns > 0)
+            .then(|| window.bytes_read as f64 / (window.storage_busy_ns as f64 / 1e9)),
         peak_rss_bytes: peak_rss,
         launches_per_token,
         launch_latency_s,
@@ -564,6 +626,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         storage_queue_depth: storage_depth,
         storage_roofline_tok_s: storage_roofline,
         decode_fraction_of_storage_roofline: storage_fraction,
+        storage_replay_bytes_s: replay.map(|r| r.1),
+        storage_replay_depth: replay.map(|r| r.2),
+        decode_fraction_of_replay: replay.map(|r| r.0),
         probe_errors,
         upload,
         plan: summary,
@@ -653,16 +718,26 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         }
         if let (Some(bw), Some(roof)) = (report.storage_bandwidth_bytes_s, report.storage_roofline_tok_s) {
             outln!(
-                "streaming: {:.1} MiB read per token, hit rate {:.2}, stall {:.0}%, I/O busy {:.0}%; storage roofline {:.2} tok/s at {:.2} GB/s{} ({:.0}% of it; {:.2} GB/s into a small buffer)",
+                "streaming: {:.1} MiB read per token, hit rate {:.2}, stall {:.0}%, I/O busy {:.0}%, storage busy {:.0}% at {:.2} GB/s; storage roofline {:.2} tok/s at {:.2} GB/s{} ({:.0}% of it; {:.2} GB/s into a small buffer)",
                 report.bytes_read_per_token / 1048576.0,
                 report.cache_hit_rate,
                 100.0 * report.io_stall_fraction,
                 100.0 * report.io_busy_fraction,
+                100.0 * report.storage_busy_fraction,
+                report.storage_busy_bytes_s.unwrap_or(0.0) / 1e9,
                 roof,
                 bw / 1e9,
                 if report.storage_direct_io == Some(true) { " O_DIRECT" } else { " buffered" },
                 100.0 * report.decode_fraction_of_storage_roofline.unwrap_or(report.decode_tok_s / roof),
                 report.storage_bandwidth_small_buffer_bytes_s.unwrap_or(0.0) / 1e9
+            )?;
+        }
+        if let (Some(bw), Some(f)) = (report.storage_replay_bytes_s, report.decode_fraction_of_replay) {
+            outln!(
+                "storage bound for these reads: {:.2} GB/s replaying them ({} in flight, nothing else to do); decode read at {:.0}% of it",
+                bw / 1e9,
+                report.storage_replay_depth.unwrap_or(1),
+                100.0 * f
             )?;
         }
         if let Some(u) = &report.upload {

@@ -30,6 +30,53 @@ pub const DEFAULT_DIRECT_ALIGN: usize = 4096;
 /// 2.9), and 8 MiB is long enough that the per-call cost vanishes.
 const MAX_READ: usize = 8 << 20;
 
+/// Time, process-wide, during which at least one [`StorageFile`] read was in flight,
+/// whichever thread issued it (the layer streamer's, the expert readers', a probe's):
+/// the share of a decode that kept storage busy, which no per-thread clock shows when
+/// reads overlap.
+pub fn storage_busy_ns() -> u64 {
+    let busy = lock_busy();
+    busy.total_ns + busy.since.map_or(0, |t| t.elapsed().as_nanos() as u64)
+}
+
+struct Busy {
+    in_flight: usize,
+    since: Option<Instant>,
+    total_ns: u64,
+}
+
+static BUSY: std::sync::Mutex<Busy> = std::sync::Mutex::new(Busy { in_flight: 0, since: None, total_ns: 0 });
+
+fn lock_busy() -> std::sync::MutexGuard<'static, Busy> {
+    BUSY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Counts a read in flight from its creation to its drop.
+struct InFlight;
+
+impl InFlight {
+    fn start() -> InFlight {
+        let mut busy = lock_busy();
+        if busy.in_flight == 0 {
+            busy.since = Some(Instant::now());
+        }
+        busy.in_flight += 1;
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut busy = lock_busy();
+        busy.in_flight -= 1;
+        if busy.in_flight == 0
+            && let Some(t) = busy.since.take()
+        {
+            busy.total_ns += t.elapsed().as_nanos() as u64;
+        }
+    }
+}
+
 /// Chunk size of [`measure_sequential_read`].
 const MEASURE_CHUNK: usize = 8 << 20;
 
@@ -312,6 +359,7 @@ impl StorageFile {
     /// Fills `dst` from `offset` with large reads until it is full or the file ends;
     /// returns the bytes read.
     fn read_into(&self, offset: u64, dst: &mut [u8]) -> io::Result<usize> {
+        let _busy = InFlight::start();
         let mut pos = 0;
         while pos < dst.len() {
             let n = (dst.len() - pos).min(MAX_READ);
@@ -321,6 +369,10 @@ impl StorageFile {
                 Ok(r) => {
                     pos += r;
                     self.bytes_read.fetch_add(r as u64, Ordering::Relaxed);
+                    if TRACING.load(Ordering::Relaxed) {
+                        let path: Arc<Path> = Arc::from(self.path.as_path());
+                        lock_trace().push(TracedRead { path, direct: self.direct, offset: at, len: r });
+                    }
                     // A short direct read leaves `pos` unaligned only at the end of the
                     // file; the next (unaligned) read would fail rather than return 0.
                     if self.direct && !pos.is_multiple_of(self.align) {
@@ -405,7 +457,6 @@ pub fn measure_parallel_read_into(
     dest_len: usize,
     streams: usize,
 ) -> io::Result<ReadBandwidth> {
-    let dest_len = dest_len.max(MEASURE_CHUNK).next_multiple_of(MEASURE_CHUNK);
     let mut files = Vec::new();
     let mut all: Vec<(usize, u64, usize)> = Vec::new();
     for path in paths {
@@ -433,6 +484,19 @@ pub fn measure_parallel_read_into(
         chunks.push((f, offset, n));
         planned += n as u64;
     }
+    time_reads(&files, &chunks, dest_len, streams)
+}
+
+/// Reads `chunks` (`(index into files, offset, length)`, each at most 8 MiB and aligned
+/// as its file needs) in order, `streams` at a time, each thread's reads landing in turn
+/// across its own destination of `dest_len` bytes, and times them.
+fn time_reads(
+    files: &[StorageFile],
+    chunks: &[(usize, u64, usize)],
+    dest_len: usize,
+    streams: usize,
+) -> io::Result<ReadBandwidth> {
+    let dest_len = dest_len.max(MEASURE_CHUNK).next_multiple_of(MEASURE_CHUNK);
     let next = std::sync::atomic::AtomicUsize::new(0);
     let work = |dest: &mut AlignedBuf| -> io::Result<()> {
         let mut pos = 0usize;
@@ -464,6 +528,63 @@ pub fn measure_parallel_read_into(
     let direct = files.iter().all(StorageFile::is_direct);
     let bytes_per_sec = if seconds > 0.0 { bytes as f64 / seconds } else { 0.0 };
     Ok(ReadBandwidth { bytes, seconds, bytes_per_sec, direct })
+}
+
+/// One `pread` a [`StorageFile`] made while reads were traced ([`start_read_trace`]).
+#[derive(Clone, Debug)]
+pub struct TracedRead {
+    pub path: Arc<Path>,
+    pub direct: bool,
+    pub offset: u64,
+    pub len: usize,
+}
+
+static TRACING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static TRACE: std::sync::Mutex<Vec<TracedRead>> = std::sync::Mutex::new(Vec::new());
+
+fn lock_trace() -> std::sync::MutexGuard<'static, Vec<TracedRead>> {
+    TRACE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts recording every storage read of this process (any thread), forgetting what
+/// an earlier trace left.
+pub fn start_read_trace() {
+    lock_trace().clear();
+    TRACING.store(true, Ordering::SeqCst);
+}
+
+/// Stops recording and returns the reads since [`start_read_trace`], in the order they
+/// completed.
+pub fn take_read_trace() -> Vec<TracedRead> {
+    TRACING.store(false, Ordering::SeqCst);
+    std::mem::take(&mut *lock_trace())
+}
+
+/// Reads exactly what `trace` read (the same files, offsets and lengths, in that order
+/// and opened the same way), `streams` at a time and with nothing else to do, and times
+/// it: what storage delivers for one workload's reads, the bound that workload's
+/// reading could reach. (Right after the workload, a cache below this machine may still
+/// hold some of those bytes, which only raises the bound.)
+pub fn replay_reads(trace: &[TracedRead], streams: usize) -> io::Result<ReadBandwidth> {
+    let mut files: Vec<StorageFile> = Vec::new();
+    let mut index: std::collections::HashMap<(Arc<Path>, bool), usize> = std::collections::HashMap::new();
+    let mut chunks = Vec::with_capacity(trace.len());
+    for r in trace {
+        let f = match index.get(&(r.path.clone(), r.direct)) {
+            Some(&f) => f,
+            None => {
+                let file = match r.direct {
+                    true => StorageFile::open(&r.path)?,
+                    false => StorageFile::open_buffered(&r.path)?,
+                };
+                files.push(file);
+                index.insert((r.path.clone(), r.direct), files.len() - 1);
+                files.len() - 1
+            }
+        };
+        chunks.push((f, r.offset, r.len));
+    }
+    time_reads(&files, &chunks, MEASURE_CHUNK, streams)
 }
 
 #[cfg(target_os = "linux")]

@@ -117,6 +117,7 @@ impl SchedStats {
             bytes_read: get(&self.bytes_read) + expert_bytes_read,
             stall_ns: get(&self.stall_ns),
             io_ns: get(&self.io_ns),
+            storage_busy_ns: io::storage_busy_ns(),
             seeks: get(&self.seeks),
             expert_requests: get(&self.expert_requests),
             expert_hits: get(&self.expert_hits),
@@ -141,6 +142,9 @@ pub struct StatsSnapshot {
     pub bytes_read: u64,
     pub stall_ns: u64,
     pub io_ns: u64,
+    /// Time any storage read of this process was in flight ([`io::storage_busy_ns`]; a
+    /// clock of the process, not of this model: meaningful as a window's difference).
+    pub storage_busy_ns: u64,
     pub seeks: u64,
     pub expert_requests: u64,
     pub expert_hits: u64,
@@ -169,6 +173,7 @@ impl std::ops::Add for StatsSnapshot {
             bytes_read: self.bytes_read + o.bytes_read,
             stall_ns: self.stall_ns + o.stall_ns,
             io_ns: self.io_ns + o.io_ns,
+            storage_busy_ns: self.storage_busy_ns + o.storage_busy_ns,
             seeks: self.seeks + o.seeks,
             expert_requests: self.expert_requests + o.expert_requests,
             expert_hits: self.expert_hits + o.expert_hits,
@@ -193,6 +198,7 @@ impl std::ops::Sub for StatsSnapshot {
             bytes_read: self.bytes_read.saturating_sub(o.bytes_read),
             stall_ns: self.stall_ns.saturating_sub(o.stall_ns),
             io_ns: self.io_ns.saturating_sub(o.io_ns),
+            storage_busy_ns: self.storage_busy_ns.saturating_sub(o.storage_busy_ns),
             seeks: self.seeks.saturating_sub(o.seeks),
             expert_requests: self.expert_requests.saturating_sub(o.expert_requests),
             expert_hits: self.expert_hits.saturating_sub(o.expert_hits),
