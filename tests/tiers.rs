@@ -70,6 +70,9 @@ struct Loopback {
     direct: AtomicBool,
     fail_direct: AtomicBool,
     direct_reads: AtomicU64,
+    /// Copies enqueued, and compute waits for one.
+    copies: AtomicU64,
+    waits: AtomicU64,
 }
 
 impl Loopback {
@@ -88,6 +91,8 @@ impl Loopback {
             direct: AtomicBool::new(false),
             fail_direct: AtomicBool::new(false),
             direct_reads: AtomicU64::new(0),
+            copies: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
         })
     }
 }
@@ -121,10 +126,12 @@ impl CopyEngine for Loopback {
             d.cv.notify_all();
         });
         self.tx.lock().unwrap().send(job).unwrap();
+        self.copies.fetch_add(1, Ordering::Relaxed);
         Ok(Event { done, check: Some((dst.clone(), src.len(), checksum(src))) })
     }
 
     fn compute_wait(&self, event: &Event) -> Result<(), BackendError> {
+        self.waits.fetch_add(1, Ordering::Relaxed);
         event.done.wait();
         if let Some((slot, len, want)) = &event.check
             && checksum(&slot.lock().unwrap()[..*len]) != *want
@@ -248,6 +255,35 @@ fn every_tier_split_gives_the_resident_logits_and_moves_the_planned_bytes() {
         let ring = (strata::sched::DEFAULT_PREFETCH_DEPTH as u64 + 2) * per_layer;
         assert!(w.transfer.slot_bytes <= ring, "{case}: {} bytes of slots, ring {ring}", w.transfer.slot_bytes);
         assert_eq!(engine.mismatches.load(Ordering::Relaxed), 0, "{case}: a slot held other bytes than staged");
+    }
+}
+
+/// Host-tier layers are uploaded `--prefetch-depth` layers ahead of their use (the last
+/// layers of a pass upload the next pass's first), and the compute waits for each copy
+/// only when it uses the layer, so the copy engine never waits for the host thread.
+#[test]
+fn host_tier_layers_are_uploaded_ahead_and_waited_for_at_use() {
+    let dir = TempDir::new("tiers-ahead");
+    let (source, config, per_layer) = demo_flat_per_layer(&dir);
+    let backend = Arc::new(CpuBackend::new(2));
+    let want = run(&DecoderModel::new(config.clone(), &source, backend.clone()).unwrap());
+    let n = config.n_layers as u64;
+    for depth in [1usize, 2, 3] {
+        let engine = Loopback::new();
+        let opts = SchedOptions { prefetch_depth: depth, ..tiered(&engine, per_layer, 0, n) };
+        let model = DecoderModel::with_options(config.clone(), &source, backend.clone(), &opts).unwrap();
+        let mut cache = model.new_cache(16).unwrap();
+        model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap();
+        let ahead = depth.min(n as usize - 1) as u64;
+        let (copies, waits) = (engine.copies.load(Ordering::Relaxed), engine.waits.load(Ordering::Relaxed));
+        assert_eq!((copies, waits), (n + ahead, n), "depth {depth}: one pass's copies and the compute's waits");
+        let w = decode_window(&model, 6);
+        assert_eq!(w.transfer.copies, 6 * n, "depth {depth}: a copy per layer and pass, in the steady state");
+        let ring = (depth as u64 + 2) * per_layer;
+        assert!(w.transfer.slot_bytes <= ring, "depth {depth}: {} bytes of slots, ring {ring}", w.transfer.slot_bytes);
+        assert_eq!(engine.mismatches.load(Ordering::Relaxed), 0, "depth {depth}: a slot held other bytes");
+        let fresh = DecoderModel::with_options(config.clone(), &source, backend.clone(), &opts).unwrap();
+        assert!(run(&fresh) == want, "depth {depth}: logits differ from the resident run");
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::Instant;
 use super::io::{AlignedBuf, HostPin};
 use super::layout::{LayerLayout, Reader};
 use super::plan::{HostTierSummary, ResidencyPlan, format_ranges, host_tier};
-use super::upload::{DeviceRead, Stage};
+use super::upload::{DeviceRead, Early, Stage};
 use super::{Build, Policy, SchedError, SchedStats, SchedSummary};
 use crate::tensor::ByteSource;
 
@@ -211,6 +211,11 @@ pub(super) struct Core<L> {
     /// The host tier: layers kept in (page-locked) host memory, uploaded on every use.
     host: Vec<Option<Arc<AlignedBuf>>>,
     host_budget: u64,
+    /// Host-tier layers whose upload is already enqueued, ahead of their use: the copy
+    /// engine works through the next `depth` layers while the compute (and the host
+    /// thread driving it) is still on this one, so that a host thread that falls behind
+    /// or waits on the device never leaves the copy engine idle.
+    ahead: Mutex<VecDeque<(usize, Early)>>,
 }
 
 impl<L: Send + Sync + 'static> Core<L> {
@@ -289,6 +294,7 @@ impl<L: Send + Sync + 'static> Core<L> {
             stage,
             host,
             host_budget,
+            ahead: Mutex::new(VecDeque::new()),
         });
         if policy == Policy::Pinned && depth > 0 {
             let (reader, shared, stats) = (core.reader.clone(), core.shared.clone(), core.stats.clone());
@@ -317,6 +323,37 @@ impl<L: Send + Sync + 'static> Core<L> {
     }
 
     fn pinned_layer(&self, i: usize) -> Result<Arc<L>, SchedError> {
+        let layer = self.pinned_layer_now(i)?;
+        self.upload_ahead(i)?;
+        Ok(layer)
+    }
+
+    /// Enqueues the uploads of the host-tier layers among the `depth` that follow layer
+    /// `i` (cyclically: the last layer's are the next pass's first), unless already
+    /// enqueued; forgets those no longer among them (their slots go back to the ring).
+    fn upload_ahead(&self, i: usize) -> Result<(), SchedError> {
+        let Some(stage) = self.stage.as_ref().filter(|_| self.host.iter().any(Option::is_some)) else {
+            return Ok(());
+        };
+        let n = self.host.len();
+        let next: Vec<usize> =
+            (1..=self.depth.min(n - 1)).map(|d| (i + d) % n).filter(|&j| self.host[j].is_some()).collect();
+        let mut ahead = lock(&self.ahead);
+        ahead.retain(|(j, _)| next.contains(j));
+        for j in next {
+            if ahead.iter().all(|(k, _)| *k != j)
+                && let Some(held) = &self.host[j]
+            {
+                let early = stage
+                    .stage_early(held.clone(), held.is_pinned())
+                    .map_err(|source| SchedError::Backend { layer: j, source })?;
+                ahead.push_back((j, early));
+            }
+        }
+        Ok(())
+    }
+
+    fn pinned_layer_now(&self, i: usize) -> Result<Arc<L>, SchedError> {
         {
             let mut cache = lock(&self.cache);
             cache.plan.touch(i);
@@ -328,7 +365,14 @@ impl<L: Send + Sync + 'static> Core<L> {
         if let Some(held) = &self.host[i] {
             self.stats.layer_hits.fetch_add(1, Ordering::Relaxed);
             self.stats.host_hits.fetch_add(1, Ordering::Relaxed);
-            let src = self.staged(i, held.clone(), held.is_pinned())?;
+            let early = {
+                let mut ahead = lock(&self.ahead);
+                ahead.iter().position(|(j, _)| *j == i).and_then(|p| ahead.remove(p)).map(|(_, src)| src)
+            };
+            let src = match early {
+                Some(early) => early.ready().map_err(|source| SchedError::Backend { layer: i, source })?,
+                None => self.staged(i, held.clone(), held.is_pinned())?,
+            };
             return Ok(Arc::new((self.build)(&self.reader.tensors(i, src))?));
         }
         let (src, buf) = match self.take(i)? {

@@ -198,6 +198,10 @@ pub trait Stage: Send + Sync {
     /// the same bytes whose device copy the backend's `weight` views (see
     /// [`ByteSource::device_copy`]). `pinned`: whether `host` is page-locked.
     fn stage(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, BackendError>;
+    /// As [`Stage::stage`], ahead of the unit's use: the copy is enqueued now, and the
+    /// compute is ordered after it only by [`Early::ready`], when the unit is about to be
+    /// used (ordering it now would hold up the compute enqueued in between).
+    fn stage_early(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Early, BackendError>;
     /// As [`Stage::stage`], into device memory of the unit's own rather than a slot of
     /// the ring: for units a cache keeps (routed experts).
     fn stage_owned(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, BackendError>;
@@ -252,7 +256,7 @@ struct Inner<E: CopyEngine> {
 impl<E: CopyEngine> Inner<E> {
     /// Keeps `keep` until `event` completes: hands both to the reaper, or waits here when
     /// there is none.
-    fn reap(&self, event: E::Event, keep: Keep<E>) {
+    fn reap(&self, event: Arc<E::Event>, keep: Keep<E>) {
         let reap = Reap { event, _keep: keep };
         let unsent = match lock(&self.reaper).as_ref() {
             Some(tx) => tx.send(reap).err().map(|mpsc::SendError(r)| r),
@@ -282,7 +286,7 @@ enum Keep<E: CopyEngine> {
 
 /// An event the reaper waits for, and what it keeps alive until then.
 struct Reap<E: CopyEngine> {
-    event: E::Event,
+    event: Arc<E::Event>,
     _keep: Keep<E>,
 }
 
@@ -386,6 +390,24 @@ impl<E: CopyEngine> Uploader<E> {
 
     /// See [`Stage::stage`]; the typed result gives the slot to the engine's backend.
     pub fn upload(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<Staged<E>>, BackendError> {
+        Ok(self.upload_unordered(host, pinned, true)?.0)
+    }
+
+    /// See [`Stage::stage_early`].
+    pub fn upload_early(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Early, BackendError> {
+        let (staged, event) = self.upload_unordered(host, pinned, false)?;
+        let inner = self.inner.clone();
+        Ok(Early { src: staged, wait: Box::new(move || inner.engine.compute_wait(&event)) })
+    }
+
+    /// Enqueues the copy into a slot of the ring, and with `order` the compute's wait
+    /// for it.
+    fn upload_unordered(
+        &self,
+        host: Arc<dyn ByteSource>,
+        pinned: bool,
+        order: bool,
+    ) -> Result<(Arc<Staged<E>>, Arc<E::Event>), BackendError> {
         let inner = &*self.inner;
         let len = host.bytes().len();
         if len > inner.slot_len {
@@ -406,7 +428,7 @@ impl<E: CopyEngine> Uploader<E> {
         };
         drop(after);
         let hold = Arc::new(SlotHold { slot: Some(slot), home: Arc::downgrade(&self.inner), owned: false });
-        self.finish(host, hold, event, pinned)
+        self.finish(host, hold, event, pinned, order)
     }
 
     /// Uploads `host` into device memory of its own (not a slot of the ring), for a unit
@@ -419,7 +441,7 @@ impl<E: CopyEngine> Uploader<E> {
         // SAFETY: as in `upload`.
         let event = unsafe { inner.engine.copy(host.bytes(), &slot, None) }?;
         let hold = Arc::new(SlotHold { slot: Some(slot), home: Arc::downgrade(&self.inner), owned: true });
-        self.finish(host, hold, event, pinned)
+        Ok(self.finish(host, hold, event, pinned, true)?.0)
     }
 
     /// See [`Stage::read_direct`]. A storage read is ordered on no stream, so this waits
@@ -454,25 +476,27 @@ impl<E: CopyEngine> Uploader<E> {
         }
     }
 
-    /// Orders the compute after the copy, counts it, and has the reaper keep `host`
-    /// until the copy completes.
+    /// With `order`, orders the compute after the copy (else the caller does, before the
+    /// unit is used); counts the copy, and has the reaper keep `host` until it completes.
     fn finish(
         &self,
         host: Arc<dyn ByteSource>,
         hold: Arc<SlotHold<E>>,
         event: E::Event,
         pinned: bool,
-    ) -> Result<Arc<Staged<E>>, BackendError> {
+        order: bool,
+    ) -> Result<(Arc<Staged<E>>, Arc<E::Event>), BackendError> {
         let inner = &*self.inner;
-        let waited = inner.engine.compute_wait(&event);
+        let waited = if order { inner.engine.compute_wait(&event) } else { Ok(()) };
         inner.stats.h2d_bytes.fetch_add(host.bytes().len() as u64, Ordering::Relaxed);
         inner.stats.copies.fetch_add(1, Ordering::Relaxed);
         if !pinned {
             inner.stats.pageable_copies.fetch_add(1, Ordering::Relaxed);
         }
-        inner.reap(event, Keep::Host(host.clone()));
+        let event = Arc::new(event);
+        inner.reap(event.clone(), Keep::Host(host.clone()));
         waited?;
-        Ok(Arc::new(Staged { host, hold }))
+        Ok((Arc::new(Staged { host, hold }), event))
     }
 }
 
@@ -488,6 +512,10 @@ impl<E: CopyEngine> Drop for Uploader<E> {
 impl<E: CopyEngine> Stage for Uploader<E> {
     fn stage(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, BackendError> {
         Ok(self.upload(host, pinned)?)
+    }
+
+    fn stage_early(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Early, BackendError> {
+        self.upload_early(host, pinned)
     }
 
     fn stage_owned(&self, host: Arc<dyn ByteSource>, pinned: bool) -> Result<Arc<dyn ByteSource>, BackendError> {
@@ -519,6 +547,21 @@ impl<E: CopyEngine> Stage for Uploader<E> {
     }
 }
 
+/// A unit staged ahead of its use ([`Stage::stage_early`]).
+pub struct Early {
+    src: Arc<dyn ByteSource>,
+    wait: Box<dyn FnOnce() -> Result<(), BackendError> + Send + Sync>,
+}
+
+impl Early {
+    /// Orders the compute enqueued from now on after the unit's copy, and gives its
+    /// bytes. (Dropped unused instead, the unit's slot goes back to the ring.)
+    pub fn ready(self) -> Result<Arc<dyn ByteSource>, BackendError> {
+        (self.wait)()?;
+        Ok(self.src)
+    }
+}
+
 /// A device slot held by the weights that view it. Dropping the last view records an
 /// event on the compute stream and returns the slot to the pool with it (or, for a slot
 /// of the unit's own, frees it once that event completes).
@@ -538,7 +581,7 @@ impl<E: CopyEngine> Drop for SlotHold<E> {
     fn drop(&mut self) {
         let (Some(slot), Some(inner)) = (self.slot.take(), self.home.upgrade()) else { return };
         match inner.engine.compute_mark() {
-            Ok(mark) if self.owned => inner.reap(mark, Keep::Slot(slot)),
+            Ok(mark) if self.owned => inner.reap(Arc::new(mark), Keep::Slot(slot)),
             Ok(mark) => {
                 lock(&inner.pool).free.push_back((slot, Some(mark)));
             }
