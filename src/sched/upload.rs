@@ -407,7 +407,7 @@ impl<E: CopyEngine> Uploader<E> {
         host: Arc<dyn ByteSource>,
         pinned: bool,
         order: bool,
-    ) -> Result<(Arc<Staged<E>>, Arc<E::Event>), BackendError> {
+    ) -> Result<Uploaded<E>, BackendError> {
         let inner = &*self.inner;
         let len = host.bytes().len();
         if len > inner.slot_len {
@@ -485,7 +485,7 @@ impl<E: CopyEngine> Uploader<E> {
         event: E::Event,
         pinned: bool,
         order: bool,
-    ) -> Result<(Arc<Staged<E>>, Arc<E::Event>), BackendError> {
+    ) -> Result<Uploaded<E>, BackendError> {
         let inner = &*self.inner;
         let waited = if order { inner.engine.compute_wait(&event) } else { Ok(()) };
         inner.stats.h2d_bytes.fetch_add(host.bytes().len() as u64, Ordering::Relaxed);
@@ -546,6 +546,9 @@ impl<E: CopyEngine> Stage for Uploader<E> {
         }
     }
 }
+
+/// A staged unit, and the event its copy completes with.
+type Uploaded<E> = (Arc<Staged<E>>, Arc<<E as CopyEngine>::Event>);
 
 /// A unit staged ahead of its use ([`Stage::stage_early`]).
 pub struct Early {
