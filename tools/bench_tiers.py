@@ -52,6 +52,11 @@ def main():
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--json")
     args = ap.parse_args()
+    def med_of(rs, group, key):
+        vals = [(r.get(group) or {}) if group else r for r in rs]
+        vals = [v.get(key) for v in vals if v.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
     out = []
     for model in args.models:
         streamable = bench(args.strata, model, args.device, 4, ["--memory-budget", "0", "--host-budget", "0"])[
@@ -80,12 +85,24 @@ def main():
                        "gds": (last.get("upload") or {}).get("gds"),
                        "h2d_bandwidth_bytes_s": (last.get("upload") or {}).get("h2d_bandwidth_bytes_s"),
                        "storage_bandwidth_bytes_s": last.get("storage_bandwidth_bytes_s"),
+                       # Where a step's time goes: the copy engine busy, the compute
+                       # waiting on copies, the host thread inside small copies, storage
+                       # busy; and the decode against its own reads replayed.
+                       "copy_busy_fraction": med_of(rs, "upload", "copy_busy_fraction"),
+                       "copy_stall_fraction": med_of(rs, "upload", "copy_stall_fraction"),
+                       "host_copy_fraction": med_of(rs, None, "host_copy_fraction"),
+                       "launch_overhead_fraction": med_of(rs, None, "launch_overhead_fraction"),
+                       "storage_busy_fraction": med_of(rs, None, "storage_busy_fraction"),
+                       "decode_fraction_of_replay": med_of(rs, None, "decode_fraction_of_replay"),
                        "device_name": last.get("device_name")}
                 out.append(row)
                 frs = f"{fr:.2f}" if fr is not None else "-"
                 bnd = f"{row['bound_tok_s']:.2f}" if row["bound_tok_s"] else "-"
+                pct_of = lambda k: f"{100 * row[k]:.0f}%" if row[k] is not None else "-"
                 print(f"{row['model']:>24} VRAM {pct:>2}% {name:<10} {tok:8.2f} tok/s  bound {bnd:>8}  "
-                      f"fraction {frs:>5}  x{row['vs_reload']:.2f} reload  gds {row['gds']}")
+                      f"fraction {frs:>5}  x{row['vs_reload']:.2f} reload  gds {row['gds']}  "
+                      f"copy busy {pct_of('copy_busy_fraction')} stall {pct_of('copy_stall_fraction')} "
+                      f"host in copies {pct_of('host_copy_fraction')}")
                 sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as f:

@@ -188,6 +188,12 @@ pub struct LaunchStats {
     pub launches: u64,
     /// Seconds one empty launch takes from enqueue to completion (measured once).
     pub latency_s: f64,
+    /// Small host→device copies the compute stream ordered (positions, row lists, token
+    /// ids, norms converted on the host), and the seconds the calling thread spent in
+    /// them: from pageable memory the driver may wait for the stream first, which
+    /// would keep the host from running ahead of the device.
+    pub host_copies: u64,
+    pub host_copy_s: f64,
 }
 
 impl TopK {

@@ -83,6 +83,11 @@ pub struct BenchReport {
     pub launches_per_token: Option<f64>,
     pub launch_latency_s: Option<f64>,
     pub launch_overhead_fraction: Option<f64>,
+    /// GPU only: small host→device copies per decode step (positions, row lists, norms
+    /// converted on the host), and the share of the decode's time the host thread spent
+    /// inside them: large when the driver waits for the stream before each.
+    pub host_copies_per_token: Option<f64>,
+    pub host_copy_fraction: Option<f64>,
     /// Weight bytes one decode step touches (layers + output head).
     pub weight_bytes_per_token: usize,
     /// Memory read bandwidth measured in this run.
@@ -228,6 +233,9 @@ struct RunResult {
     proc_read_bytes: Option<u64>,
     /// Kernel launches during the decode steps (GPU only).
     launches: Option<u64>,
+    /// Small host→device copies during the decode steps, and the host's seconds in them
+    /// (GPU only).
+    host_copies: Option<(u64, f64)>,
     /// The storage reads the decode steps made (streaming only), to replay.
     reads: Vec<crate::sched::io::TracedRead>,
 }
@@ -338,7 +346,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         let prefill = (n_seq * args.prompt_tokens) as f64 / t.elapsed().as_secs_f64();
 
         let (stats0, proc0) = (sched.stats().snapshot(), proc_self_read_bytes());
-        let launches0 = model.launch_stats().map(|l| l.launches);
+        let launch0 = model.launch_stats();
         if sched.is_streaming() {
             crate::sched::io::start_read_trace();
         }
@@ -361,9 +369,12 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             true => crate::sched::io::take_read_trace(),
             false => Vec::new(),
         };
-        let launches = model.launch_stats().map(|l| l.launches).zip(launches0).map(|(a, b)| a - b);
+        let launch1 = model.launch_stats();
+        let launches = launch1.as_ref().zip(launch0.as_ref()).map(|(a, b)| a.launches - b.launches);
+        let host_copies = launch1.zip(launch0).map(|(a, b)| (a.host_copies - b.host_copies, a.host_copy_s - b.host_copy_s));
         Ok(RunResult {
             launches,
+            host_copies,
             prefill_tok_s: prefill,
             decode_tok_s: (n_seq * steps) as f64 / decode_secs,
             decode_secs,
@@ -476,6 +487,10 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let launch_latency_s = model.launch_stats().map(|l| l.latency_s);
     let launch_overhead_fraction =
         launches_per_token.zip(launch_latency_s).map(|(n, lat)| n * lat / (decode_secs / tokens).max(1e-12));
+    let host_copies: Option<(u64, f64)> = results
+        .iter()
+        .map(|r| r.host_copies)
+        .try_fold((0, 0.0), |(n, t), c| c.map(|(cn, ct)| (n + cn, t + ct)));
     let peak_rss = peak_rss_bytes().max(peak_before); // before the second memory probe
     let summary = sched.summary(); // now, with the runs' hits and misses
     let moe = summary.experts.as_ref().filter(|e| e.unit == "expert").map(|_| {
@@ -613,6 +628,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         launches_per_token,
         launch_latency_s,
         launch_overhead_fraction,
+        host_copies_per_token: host_copies.map(|(n, _)| n as f64 / tokens),
+        host_copy_fraction: host_copies.map(|(_, t)| t / decode_secs.max(1e-9)),
         weight_bytes_per_token,
         mem_bandwidth_bytes_s: bandwidth,
         mem_bandwidth_pattern: bandwidth_pattern,
@@ -675,6 +692,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                 lat * 1e6,
                 100.0 * frac
             )?;
+        }
+        if let (Some(n), Some(frac)) = (report.host_copies_per_token, report.host_copy_fraction) {
+            outln!("small host-to-device copies {n:.0} per token, the host in them {:.0}% of a decode step", 100.0 * frac)?;
         }
         let p = &report.plan;
         outln!(

@@ -128,6 +128,9 @@ pub struct CudaBackend {
     used: Arc<AtomicU64>,
     /// Kernel launches so far.
     launches: AtomicU64,
+    /// Small host→device copies so far ([`CudaBackend::put`]), and the host's time in them.
+    puts: AtomicU64,
+    put_ns: AtomicU64,
     /// Seconds one empty launch takes, measured on first request.
     launch_latency: std::sync::OnceLock<Option<f64>>,
     /// Host→device bandwidth, measured on first request.
@@ -270,6 +273,8 @@ impl CudaBackend {
             }),
             used: Arc::default(),
             launches: AtomicU64::new(0),
+            puts: AtomicU64::new(0),
+            put_ns: AtomicU64::new(0),
             launch_latency: std::sync::OnceLock::new(),
             h2d: std::sync::OnceLock::new(),
             gds: std::sync::OnceLock::new(),
@@ -378,7 +383,11 @@ impl CudaBackend {
     /// Copies host values into the front of a device slot (which holds at least as many).
     fn put<T: cudarc::driver::DeviceRepr>(&self, src: &[T], dst: &mut CudaSlice<T>, what: &str) -> BackendResult<()> {
         let mut view = dst.slice_mut(..src.len());
-        self.stream.memcpy_htod(src, &mut view).map_err(dev_err(what, 0))
+        let t = std::time::Instant::now();
+        let done = self.stream.memcpy_htod(src, &mut view).map_err(dev_err(what, 0));
+        self.put_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.puts.fetch_add(1, Ordering::Relaxed);
+        done
     }
 
     /// `y[rows, out] = x[rows, in] · w[out, in]ᵀ` with the fused-dequantising
@@ -578,7 +587,12 @@ impl Backend for CudaBackend {
             self.stream.synchronize().ok()?;
             Some(t.elapsed().as_secs_f64() / 500.0)
         });
-        Some(crate::backend::LaunchStats { launches, latency_s: latency? })
+        Some(crate::backend::LaunchStats {
+            launches,
+            latency_s: latency?,
+            host_copies: self.puts.load(Ordering::Relaxed),
+            host_copy_s: self.put_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        })
     }
 
     fn alloc(&self, len: usize) -> BackendResult<CudaBuf> {
