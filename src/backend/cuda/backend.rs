@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, LaunchConfig};
 use cudarc::driver::{LaunchArgs, PushKernelArg, sys};
 
 use super::copy::{CudaCopy, CudaPin};
@@ -128,6 +128,8 @@ pub struct CudaBackend {
     used: Arc<AtomicU64>,
     /// Kernel launches so far.
     launches: AtomicU64,
+    /// Page-locked memory the small copies are staged in (`None`: `STRATA_CUDA_STAGING=off`).
+    staging: Option<Mutex<super::staging::Staging>>,
     /// Small host→device copies so far ([`CudaBackend::put`]), and the host's time in them.
     puts: AtomicU64,
     put_ns: AtomicU64,
@@ -247,7 +249,16 @@ impl CudaBackend {
                 None
             }
         };
-        tracing::info!(device = ordinal, gpu = %gpu_name, sm = format!("{major}.{minor}"), sm_count, ?matvec, "CUDA ready");
+        let staging = super::staging::Staging::from_env(&stream).map_err(dev_err)?.map(Mutex::new);
+        tracing::info!(
+            device = ordinal,
+            gpu = %gpu_name,
+            sm = format!("{major}.{minor}"),
+            sm_count,
+            ?matvec,
+            staging = staging.is_some(),
+            "CUDA ready"
+        );
         Ok(CudaBackend {
             ordinal,
             gpu_name,
@@ -273,6 +284,7 @@ impl CudaBackend {
             }),
             used: Arc::default(),
             launches: AtomicU64::new(0),
+            staging,
             puts: AtomicU64::new(0),
             put_ns: AtomicU64::new(0),
             launch_latency: std::sync::OnceLock::new(),
@@ -381,10 +393,23 @@ impl CudaBackend {
     }
 
     /// Copies host values into the front of a device slot (which holds at least as many).
+    /// Small ones (up to [`super::staging::HALF`]) go through the page-locked staging.
     fn put<T: cudarc::driver::DeviceRepr>(&self, src: &[T], dst: &mut CudaSlice<T>, what: &str) -> BackendResult<()> {
         let mut view = dst.slice_mut(..src.len());
         let t = std::time::Instant::now();
-        let done = self.stream.memcpy_htod(src, &mut view).map_err(dev_err(what, 0));
+        let staged = self.staging.as_ref().and_then(|staging| {
+            // SAFETY: `DeviceRepr` values are plain bytes, `size_of_val(src)` of them.
+            let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
+            let (dp, _sync) = view.device_ptr_mut(&self.stream);
+            let mut staging = staging.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: `view` holds `src.len()` values, and `dst` stays allocated until
+            // the copy has run: it is freed on this stream, after it.
+            unsafe { staging.copy(bytes, dp) }
+        });
+        let done = match staged {
+            Some(r) => r.map_err(dev_err(what, 0)),
+            None => self.stream.memcpy_htod(src, &mut view).map_err(dev_err(what, 0)),
+        };
         self.put_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.puts.fetch_add(1, Ordering::Relaxed);
         done

@@ -10,5 +10,6 @@ pub mod kernels;
 pub mod launch;
 pub mod libs;
 pub mod nvrtc;
+mod staging;
 
 pub use backend::{CudaBackend, CudaInitError};
