@@ -31,6 +31,12 @@ something on a GPU say so and pass. ITEMs default to all of them, in this order:
            matrix-vector path), tests/cuda_ops.rs and tests/batching.rs with it (where their
            binaries are beside STRATA_BIN), and decode of the 1.1B Q4_0 with each,
            interleaved: reported
+  staging  (items 6 and 8) the small host-to-device copies staged in page-locked memory
+           against `STRATA_CUDA_STAGING=off` (pageable, as before the twentieth session):
+           identical log-probs on two fixtures, and decode of the 1.1B Q4_0 resident and
+           from the host tier (`--memory-budget 0`) each way, two interleaved rounds, with
+           the host's share of time in those copies, the launch overhead and the copy
+           engine's busy and stall fractions: reported (GPU only)
 
 and, only when named (not part of the default list; several minutes):
 
@@ -418,6 +424,45 @@ def matvec():
     return ok
 
 
+def staging():
+    on, off = {"STRATA_CUDA_STAGING": "on"}, {"STRATA_CUDA_STAGING": "off"}
+    ok = True
+    for name in ("llama3.gguf", "llama3.q4_0.gguf"):
+        model = os.path.join("tests/fixtures/gguf", name)
+        a = ppl(model, f"staging-on-{name}", "--device", DEVICE, env=on)
+        b = ppl(model, f"staging-off-{name}", "--device", DEVICE, env=off)
+        if not (a and b):
+            ok = False
+            continue
+        ok = verdict(diff(a, b) == 0, f"staged small copies against pageable ones on {DEVICE}, {name}: max "
+                                      f"|dlogprob| {diff(a, b):.2e} (identical expected)") and ok
+    if not GPU:
+        print("     speed skipped on the CPU: STRATA_CUDA_STAGING is for CUDA copies")
+        return ok
+    model = bench_model()
+    if not model:
+        return False
+    rows = {}
+    for r in range(2):
+        for where, extra in (("resident", []), ("host tier", ["--memory-budget", "0"])):
+            for kind, env in (("staged", on), ("pageable", off)):
+                path = os.path.join(OUT, f"items-staging-{kind}-{where.replace(' ', '-')}-{r}.json")
+                if sh([STRATA, "bench", model, "--device", DEVICE, "--json", "--prompt-tokens", "16", "--gen-tokens",
+                       "64", "--runs", "2", *extra], path, 300, env=env):
+                    ok = verdict(False, f"staging: bench {where} {kind} (see {path}.err)")
+                    continue
+                d = json.load(open(path))
+                up = d.get("upload") or {}
+                rows.setdefault((where, kind), []).append(
+                    (d["decode_tok_s"], d.get("host_copy_fraction"), d.get("launch_overhead_fraction"),
+                     up.get("copy_busy_fraction"), up.get("copy_stall_fraction"), up.get("decode_fraction_of_roofline")))
+    for (where, kind), rs in rows.items():
+        print(f"     1.1B Q4_0 {where}, {kind}: (decode tok/s, host in small copies, launch overhead, copy busy, "
+              f"copy stall, of the H2D bound) per round {[tuple(round(x, 3) if x is not None else None for x in r) for r in rs]} "
+              f"(reported)")
+    return ok
+
+
 def disk():
     base = os.environ.get("BENCH_DIR", "/tmp")
     if not bench_model():
@@ -459,7 +504,7 @@ def disk():
 
 
 ITEMS = {"ndsq": ndsq, "sparse": sparse, "status": status, "hybrid": hybrid, "refused": refused, "kvtypes": kvtypes,
-         "oom": oom, "matvec": matvec, "disk": disk}
+         "oom": oom, "matvec": matvec, "staging": staging, "disk": disk}
 # Run only when named.
 OPT_IN = {"disk"}
 
