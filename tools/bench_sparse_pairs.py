@@ -9,7 +9,8 @@ the ratio of two runs side by side says more than medians of separate runs.
 MODEL is a model converted with `strata convert … --sparse-ffn`. Each pair runs
 `strata bench MODEL --memory-budget BUDGET --sparse-ffn off|SETTING --runs 1
 --gen-tokens GEN --prompt-tokens 16 --json`, alternating which runs first; prints each
-pair on stderr and a JSON summary (every ratio, their median) on stdout.
+pair on stderr and a JSON summary (every ratio, their median, each run's decode against
+its own storage reads replayed and its storage-busy share) on stdout.
 """
 import argparse
 import json
@@ -40,8 +41,12 @@ def main():
                               setting, "--runs", "1", "--gen-tokens", str(args.gen), "--prompt-tokens", "16",
                               "--json", *extra], capture_output=True, text=True, check=True)
         d = json.loads(out.stdout)
+        of_replay[setting].append(d.get("decode_fraction_of_replay"))
+        busy[setting].append(d.get("storage_busy_fraction"))
         return d["decode_tok_s"], d["bytes_read_per_token"]
 
+    of_replay = {"off": [], args.setting: []}
+    busy = {"off": [], args.setting: []}
     dense, sparse, ratios, bytes_ = [], [], [], {}
     for i in range(args.pairs):
         order = ["off", args.setting] if i % 2 == 0 else [args.setting, "off"]
@@ -55,7 +60,10 @@ def main():
     print(json.dumps({"model": args.model, "budget": args.budget, "setting": args.setting, "off": dense,
                       "sparse": sparse, "ratios": ratios, "median_ratio": statistics.median(ratios),
                       "median_off": statistics.median(dense), "median_sparse": statistics.median(sparse),
-                      "bytes_per_token_off": bytes_["off"], "bytes_per_token_sparse": bytes_[args.setting]}))
+                      "bytes_per_token_off": bytes_["off"], "bytes_per_token_sparse": bytes_[args.setting],
+                      # Each run against its own reads replayed, and storage's busy share.
+                      "of_replay_off": of_replay["off"], "of_replay_sparse": of_replay[args.setting],
+                      "storage_busy_off": busy["off"], "storage_busy_sparse": busy[args.setting]}))
 
 
 if __name__ == "__main__":

@@ -483,7 +483,8 @@ def disk():
         print(f"     sparse FFN, 1.1B Q4_0 at budget 0 on the CPU ({threads} threads): topk=0.5 against off, pair ratios "
               f"{[round(r, 3) for r in d['ratios']]}, median {d['median_ratio']:.3f} (off {d['median_off']:.2f}, "
               f"topk=0.5 {d['median_sparse']:.2f} tok/s; {d['bytes_per_token_off'] / 2**20:.1f} against "
-              f"{d['bytes_per_token_sparse'] / 2**20:.1f} MiB a token) (reported)")
+              f"{d['bytes_per_token_sparse'] / 2**20:.1f} MiB a token); each run against its own reads replayed: "
+              f"off {d.get('of_replay_off')}, topk=0.5 {d.get('of_replay_sparse')} (reported)")
     gguf_py = os.path.abspath(os.path.join(os.path.dirname(STRATA), "..", "gguf-py"))
     env = {"PYTHONPATH": os.pathsep.join(p for p in [gguf_py, os.environ.get("PYTHONPATH", "")] if p)}
     if subprocess.run([sys.executable, "-c", "import gguf, numpy"], env=dict(os.environ, **env),
