@@ -2,7 +2,9 @@
 //! its own memory (a GPU). The I/O thread reads storage into page-locked staging buffers
 //! (or a layer of the host tier is already in one); [`Uploader::upload`] enqueues an
 //! asynchronous copy of it into a device slot of a ring on a copy stream and makes the
-//! compute stream wait for it; the layer's weights view the slot. Routed experts, which
+//! compute stream wait for it; the layer's weights view the slot. A host-tier layer's copy
+//! is enqueued `--prefetch-depth` layers early ([`Uploader::upload_early`]), and the
+//! compute waits for it only where it uses the layer. Routed experts, which
 //! a cache keeps, get device memory of their own instead ([`Uploader::upload_owned`]).
 //! Where the engine reads storage straight into device memory (GPUDirect Storage),
 //! [`Uploader::read_direct`] fills a slot without passing the host.
