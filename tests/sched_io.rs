@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata::sched::io::{
-    AlignedBuf, StorageFile, measure_sequential_read, measure_sequential_read_into, proc_self_read_bytes,
-    replay_reads, start_read_trace, storage_busy_ns, take_read_trace,
+    AlignedBuf, StorageFile, measure_sequential_read, measure_sequential_read_into, proc_self_read_bytes, replay_reads,
+    start_read_trace, storage_busy_ns, take_read_trace,
 };
 use strata::tensor::{ByteSource, DType, HostTensor};
 
@@ -291,8 +291,7 @@ fn reads_are_traced_replayed_and_timed() {
         f.read_range(offset, n, &mut buf).unwrap();
         want += expected_read(f, offset, n);
     }
-    let trace: Vec<_> =
-        take_read_trace().into_iter().filter(|r| *r.path == *a.0 || *r.path == *b.0).collect();
+    let trace: Vec<_> = take_read_trace().into_iter().filter(|r| *r.path == *a.0 || *r.path == *b.0).collect();
     let (busy, elapsed) = (storage_busy_ns() - busy0, t0.elapsed().as_nanos() as u64);
     assert!(busy > 0 && busy <= elapsed, "busy {busy} ns over {elapsed} ns");
     // Reads are split at 8 MiB: 10 MiB is two, the buffered whole file three.

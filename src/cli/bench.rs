@@ -371,7 +371,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         };
         let launch1 = model.launch_stats();
         let launches = launch1.as_ref().zip(launch0.as_ref()).map(|(a, b)| a.launches - b.launches);
-        let host_copies = launch1.zip(launch0).map(|(a, b)| (a.host_copies - b.host_copies, a.host_copy_s - b.host_copy_s));
+        let host_copies =
+            launch1.zip(launch0).map(|(a, b)| (a.host_copies - b.host_copies, a.host_copy_s - b.host_copy_s));
         Ok(RunResult {
             launches,
             host_copies,
@@ -487,10 +488,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let launch_latency_s = model.launch_stats().map(|l| l.latency_s);
     let launch_overhead_fraction =
         launches_per_token.zip(launch_latency_s).map(|(n, lat)| n * lat / (decode_secs / tokens).max(1e-12));
-    let host_copies: Option<(u64, f64)> = results
-        .iter()
-        .map(|r| r.host_copies)
-        .try_fold((0, 0.0), |(n, t), c| c.map(|(cn, ct)| (n + cn, t + ct)));
+    let host_copies: Option<(u64, f64)> =
+        results.iter().map(|r| r.host_copies).try_fold((0, 0.0), |(n, t), c| c.map(|(cn, ct)| (n + cn, t + ct)));
     let peak_rss = peak_rss_bytes().max(peak_before); // before the second memory probe
     let summary = sched.summary(); // now, with the runs' hits and misses
     let moe = summary.experts.as_ref().filter(|e| e.unit == "expert").map(|_| {
@@ -694,7 +693,10 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             )?;
         }
         if let (Some(n), Some(frac)) = (report.host_copies_per_token, report.host_copy_fraction) {
-            outln!("small host-to-device copies {n:.0} per token, the host in them {:.0}% of a decode step", 100.0 * frac)?;
+            outln!(
+                "small host-to-device copies {n:.0} per token, the host in them {:.0}% of a decode step",
+                100.0 * frac
+            )?;
         }
         let p = &report.plan;
         outln!(
