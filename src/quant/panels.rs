@@ -25,8 +25,9 @@
 //! Its kernel sums each sub-block's scaled dot and the mins' term exactly in i32 before
 //! two FMAs a block, as llama.cpp's Q4_K × Q8_K dot does per row. Q5_K's 176-byte blocks
 //! are the same with the levels' high bits in lines 4..12 (`qh`). Q6_K's 210-byte blocks
-//! are 52 words (lines 0..32 `ql`, 32..48 `qh`, 48..52 the i8 scales) and then `d`, kept
-//! after the lines as the 16 rows' f16.
+//! are 52 words (`ql` 0..32, `qh` 32..48, the i8 scales 48..52), their lines placed in
+//! the order the kernels read them ([`K6_LINE`]), and then `d`, kept after the lines as
+//! the 16 rows' f16.
 //!
 //! On AVX2 machines (no AVX-512, or `STRATA_CPU_ISA=avx2`) every one of these formats is
 //! panels too, with kernels that take each line in two 256-bit halves (module `avx2`)
@@ -84,6 +85,45 @@ enum Layout {
     Words { bytes: usize },
 }
 
+/// Where a Q6_K panel block keeps each of its 52 lines (stored word `t` of the 16 rows:
+/// `ql` 0..32, `qh` 32..48, the scales 48..52): in the order the kernels read them, so
+/// that a block is one forward stream. Per half `n` of the block: scale words `48 + 2n`
+/// and `49 + 2n`, then for `s` in 0..8 the lines `16n + s`, `16n + 8 + s` and
+/// `32 + 8n + s`. (In stored order the kernels' reads jumped between four regions of
+/// each 3,360-byte block, and an AMD EPYC read Q6_K panels from memory at 0.55–0.65 of
+/// its rows' rate.) `d` stays after the 52 lines.
+pub(crate) const K6_LINE: [usize; 52] = {
+    let mut place = [0usize; 52];
+    let mut p = 0;
+    let mut n = 0;
+    while n < 2 {
+        place[48 + 2 * n] = p;
+        place[49 + 2 * n] = p + 1;
+        p += 2;
+        let mut s = 0;
+        while s < 8 {
+            place[16 * n + s] = p;
+            place[16 * n + 8 + s] = p + 1;
+            place[32 + 8 * n + s] = p + 2;
+            p += 3;
+            s += 1;
+        }
+        n += 1;
+    }
+    place
+};
+
+/// Byte `x` of a stored Q6_K block at its place in the block's line order ([`K6_LINE`]),
+/// per row: bytes of word `t` move with it; `d` (208, 209) stays.
+pub(crate) const fn k6_at(x: usize) -> usize {
+    if x >= 208 { x } else { 4 * K6_LINE[x / 4] + x % 4 }
+}
+
+/// The line a panel block of `bb`-byte blocks keeps stored word `t` in.
+const fn word_line(bb: usize, t: usize) -> usize {
+    if bb == 210 { K6_LINE[t] } else { t }
+}
+
 const fn layout(dtype: DType) -> Option<Layout> {
     match dtype {
         DType::Q4_0 => Some(Layout::Block32 { bytes: 18, heads: 1, lines: 4 }),
@@ -139,8 +179,9 @@ fn each_piece(dtype: DType, nb: usize, i: usize, mut f: impl FnMut(std::ops::Ran
         Layout::Words { bytes: bb } => {
             let words = bb / 4;
             for b in 0..nb {
-                for x in (b * bb..b * bb + 4 * words).step_by(4) {
-                    f(x..x + 4, ROWS * x + 4 * i..ROWS * x + 4 * i + 4);
+                for t in 0..words {
+                    let (x, y) = (b * bb + 4 * t, b * bb + 4 * word_line(bb, t));
+                    f(x..x + 4, ROWS * y + 4 * i..ROWS * y + 4 * i + 4);
                 }
                 if bb % 4 == 2 {
                     let (from, to) = (b * bb + 4 * words, ROWS * (b * bb + 4 * words) + 2 * i);
@@ -196,8 +237,9 @@ fn pack_panel(layout: Layout, rows: &[&[u8]; ROWS], out: &mut [u8]) {
         Layout::Words { bytes: bb } => {
             for (b, block) in out.chunks_exact_mut(ROWS * bb).enumerate() {
                 let (lines, tail) = block.split_at_mut(64 * (bb / 4));
-                for (t, line) in lines.chunks_exact_mut(64).enumerate() {
-                    line.copy_from_slice(&words(b * bb + 4 * t));
+                for t in 0..bb / 4 {
+                    let l = word_line(bb, t);
+                    lines[64 * l..64 * (l + 1)].copy_from_slice(&words(b * bb + 4 * t));
                 }
                 if bb % 4 == 2 {
                     tail.copy_from_slice(&halves(b * bb + 4 * (bb / 4)));
@@ -610,7 +652,7 @@ pub(crate) fn gemm_unpack(dtype: DType) -> Option<super::gemm::UnpackFn> {
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::ACT_BLOCK;
+    use super::{ACT_BLOCK, K6_LINE};
 
     /// The formats of [`rows`] and [`unpack`].
     pub const Q4_0: u8 = 0;
@@ -967,10 +1009,10 @@ mod imp {
                         for j in 0..W {
                             let wp = panel.add(j * w_stride + BLOCK_K6 * b);
                             let c = 2 * n + h;
-                            prefetch_lines(wp, ahead, 14 * c..14 * c + 14);
+                            prefetch_lines(wp, ahead, 13 * c..13 * c + 13);
                             // Sub-block 8n + 2t + h's scale is byte 2(t % 2) + h of word
                             // 48 + 2n + t / 2: as i16 pairs (sc, sc).
-                            let (wa, wb) = (line(wp, 48 + 2 * n), line(wp, 49 + 2 * n));
+                            let (wa, wb) = (line(wp, K6_LINE[48 + 2 * n]), line(wp, K6_LINE[49 + 2 * n]));
                             let sc = [
                                 byte_pair(wa, idx[h]),
                                 byte_pair(wa, idx[2 + h]),
@@ -978,8 +1020,8 @@ mod imp {
                                 byte_pair(wb, idx[2 + h]),
                             ];
                             for s in 4 * h..4 * h + 4 {
-                                let (ql0, ql1) = (line(wp, 16 * n + s), line(wp, 16 * n + 8 + s));
-                                let qh = line(wp, 32 + 8 * n + s);
+                                let (ql0, ql1) = (line(wp, K6_LINE[16 * n + s]), line(wp, K6_LINE[16 * n + 8 + s]));
+                                let qh = line(wp, K6_LINE[32 + 8 * n + s]);
                                 let v = [
                                     _mm512_or_si512(
                                         _mm512_and_si512(ql0, nib),
@@ -1018,7 +1060,7 @@ mod imp {
                         // and (sc[4q + 1], sc[4q + 3]), against the packed sums.
                         let mut summ = _mm512_setzero_si512();
                         for q in 0..4 {
-                            let w = line(wp, 48 + q);
+                            let w = line(wp, K6_LINE[48 + q]);
                             let (even, odd) =
                                 (_mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(w)), _mm512_srai_epi16::<8>(w));
                             summ = _mm512_dpwssd_epi32(summ, even, word(ap.add(4 + super::QK_K + 8 * q)));
@@ -1087,7 +1129,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::imp::{BYTE_IDX, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0};
-    use super::{ACT_BLOCK, Kernels};
+    use super::{ACT_BLOCK, K6_LINE, Kernels};
 
     /// Bytes ahead of the current block to prefetch.
     const PREFETCH: usize = 2048;
@@ -1376,11 +1418,11 @@ mod avx2 {
                                 let wp = panel.add(j * w_stride + BLOCK_K6 * b);
                                 if h == 0 {
                                     let c = 2 * n + hh;
-                                    for l in 14 * c..14 * c + 14 {
+                                    for l in 13 * c..13 * c + 13 {
                                         _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64 * l).cast());
                                     }
                                 }
-                                let (wa, wb) = (half(wp, 48 + 2 * n, h), half(wp, 49 + 2 * n, h));
+                                let (wa, wb) = (half(wp, K6_LINE[48 + 2 * n], h), half(wp, K6_LINE[49 + 2 * n], h));
                                 let sc = [
                                     byte_pair(wa, idx[hh]),
                                     byte_pair(wa, idx[2 + hh]),
@@ -1388,8 +1430,9 @@ mod avx2 {
                                     byte_pair(wb, idx[2 + hh]),
                                 ];
                                 for s in 4 * hh..4 * hh + 4 {
-                                    let (ql0, ql1) = (half(wp, 16 * n + s, h), half(wp, 16 * n + 8 + s, h));
-                                    let qh = half(wp, 32 + 8 * n + s, h);
+                                    let (ql0, ql1) =
+                                        (half(wp, K6_LINE[16 * n + s], h), half(wp, K6_LINE[16 * n + 8 + s], h));
+                                    let qh = half(wp, K6_LINE[32 + 8 * n + s], h);
                                     let v = [
                                         _mm256_or_si256(
                                             _mm256_and_si256(ql0, nib),
@@ -1426,7 +1469,7 @@ mod avx2 {
                             let ap = a.add(r * stride + AB * b);
                             let mut summ = zero;
                             for q in 0..4 {
-                                let w = half(wp, 48 + q, h);
+                                let w = half(wp, K6_LINE[48 + q], h);
                                 let (even, odd) =
                                     (_mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(w)), _mm256_srai_epi16::<8>(w));
                                 let e = _mm256_madd_epi16(even, word(ap.add(4 + super::QK_K + 8 * q)));
@@ -1688,6 +1731,30 @@ mod tests {
             let plain = best(&mut || copy.copy_from_slice(&bytes));
             eprintln!("{dtype:?}: repack in place {:.1} GB/s, a copy {:.1} GB/s", n / repack / 1e9, n / plain / 1e9);
         }
+    }
+
+    /// Q6_K's line order is a permutation, and the AVX-512 tile's reads of a block (per
+    /// half: its two scale lines, then each 4-value step's two `ql` lines and its `qh`
+    /// line) run forward through it.
+    #[test]
+    fn q6_k_lines_sit_in_reading_order() {
+        let mut seen = [false; 52];
+        K6_LINE.iter().for_each(|&l| seen[l] = true);
+        assert!(seen.iter().all(|&s| s), "{K6_LINE:?}");
+        let mut reads = Vec::new();
+        for n in 0..2 {
+            for h in 0..2 {
+                if h == 0 {
+                    reads.extend([48 + 2 * n, 49 + 2 * n]);
+                }
+                for s in 4 * h..4 * h + 4 {
+                    reads.extend([16 * n + s, 16 * n + 8 + s, 32 + 8 * n + s]);
+                }
+            }
+        }
+        let lines: Vec<usize> = reads.iter().map(|&t| K6_LINE[t]).collect();
+        assert_eq!(lines, (0..52).collect::<Vec<_>>());
+        assert_eq!((k6_at(192), k6_at(193), k6_at(208), k6_at(209)), (0, 1, 208, 209));
     }
 
     #[test]

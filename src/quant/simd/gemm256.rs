@@ -258,7 +258,9 @@ mod imp {
         unsafe {
             for i in 0..lanes {
                 for b in 0..nb {
-                    let blk = |x: usize| at::<P>(w, row_bytes, BB, i, b, x);
+                    // A panel keeps the block's words in the kernels' order.
+                    let blk =
+                        |x: usize| at::<P>(w, row_bytes, BB, i, b, if P { crate::quant::panels::k6_at(x) } else { x });
                     let d = f16_at(blk(208));
                     for j in 0..16 {
                         dw.add(16 * (16 * b + j) + i).write(d * (*blk(192 + j) as i8) as f32);

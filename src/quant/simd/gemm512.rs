@@ -256,7 +256,8 @@ mod imp {
 
     /// Q6_K: sixteen groups of 16 per block, `dw = d · sc_j`, offset 32; from rows
     /// (`P = false`) or a panel in the word layout of [`panels`](crate::quant::panels),
-    /// each block's 16 `d` after its lines (`P = true`).
+    /// its lines in the kernels' order ([`K6_LINE`](crate::quant::panels::K6_LINE)) and
+    /// each block's 16 `d` after them (`P = true`).
     ///
     /// # Safety
     /// As for [`UnpackFn`](crate::quant::gemm::UnpackFn) (with `w` a whole panel when
@@ -280,13 +281,15 @@ mod imp {
         unsafe {
             for b in 0..nb {
                 let base = b * BB;
+                // Byte `x` of the block: a panel keeps its words in the kernels' order.
+                let at = |x: usize| base + if P { crate::quant::panels::k6_at(x) } else { x };
                 let d = if P {
                     _mm512_cvtph_ps(_mm256_loadu_si256(w.add(16 * (base + 208)).cast()))
                 } else {
                     f16_lanes::<true>(gather(w, rows, k, base + 206))
                 };
                 for q in 0..4 {
-                    let sw = fetch::<P>(w, rows, k, base + 192 + 4 * q);
+                    let sw = fetch::<P>(w, rows, k, at(192 + 4 * q));
                     for i in 0..4 {
                         let sc = _mm512_srai_epi32::<24>(_mm512_sllv_epi32(sw, _mm512_set1_epi32(24 - 8 * i as i32)));
                         _mm512_store_ps(dw.add(16 * (16 * b + 4 * q + i)), _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
@@ -295,10 +298,10 @@ mod imp {
                 for n in 0..2 {
                     for half in 0..2 {
                         for s in 0..4 {
-                            let off = base + 16 * half + 4 * s;
-                            let ql0 = fetch::<P>(w, rows, k, off + 64 * n);
-                            let ql1 = fetch::<P>(w, rows, k, off + 64 * n + 32);
-                            let qh = fetch::<P>(w, rows, k, off + 128 + 32 * n);
+                            let off = 16 * half + 4 * s;
+                            let ql0 = fetch::<P>(w, rows, k, at(off + 64 * n));
+                            let ql1 = fetch::<P>(w, rows, k, at(off + 64 * n + 32));
+                            let qh = fetch::<P>(w, rows, k, at(off + 128 + 32 * n));
                             for t in 0..4 {
                                 let ql = if t % 2 == 0 { ql0 } else { ql1 };
                                 let ql = if t < 2 { ql } else { _mm512_srli_epi16::<4>(ql) };
