@@ -389,7 +389,7 @@ fn arithmetic_from_cache() {
     let mut rng = Rng(9);
     let x = rng.vec(16 * k, 1.0);
     let mut out = vec![0.0f32; 16 * M];
-    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K] {
+    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K] {
         let bytes = random_weight_bytes(dtype, M, k, &mut rng);
         let stored = tensor(dtype, &bytes, M, k, 0);
         // As stored, and as the CPU backend keeps the weights that have 16-row panels.

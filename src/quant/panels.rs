@@ -804,11 +804,16 @@ mod imp {
     }
 
     /// Bit `j` of each byte of `h` as bit 4 (a Q5_K level's high bit; a helper: closures
-    /// lose target features).
+    /// lose target features): one shift of the whole lane and a mask, since no other
+    /// bit of the lane lands on a byte's bit 4. `bit4` holds 0x10 in every byte.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    fn high_bit(h: __m512i, j: usize, one: __m512i) -> __m512i {
-        _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srlv_epi32(h, _mm512_set1_epi32(j as i32)), one))
+    fn high_bit(h: __m512i, j: usize, bit4: __m512i) -> __m512i {
+        let moved = match j {
+            ..4 => _mm512_sllv_epi32(h, _mm512_set1_epi32(4 - j as i32)),
+            _ => _mm512_srlv_epi32(h, _mm512_set1_epi32(j as i32 - 4)),
+        };
+        _mm512_and_si512(moved, bit4)
     }
 
     /// The K-quant formats of [`rows`] and [`side_by_side`] (after the 32-value ones).
@@ -846,7 +851,7 @@ mod imp {
         const AB: usize = super::ACT_K;
         // Q5_K: the levels' high bits in lines 4..12 (`qh`), the low nibbles from line 12.
         let (block, qs) = if Q5 { (16 * 176, 12) } else { (16 * 144, 4) };
-        let (nib, one) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(1));
+        let (nib, bit4) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
         let (k1, k2, k3) =
             (_mm512_set1_epi32(0x3f3f_3f3f), _mm512_set1_epi32(0x0f0f_0f0f), _mm512_set1_epi32(0x0303_0303));
         let (byte, pair) = (_mm512_set1_epi32(0xFF), _mm512_set1_epi32(0x00FF_00FF));
@@ -883,8 +888,8 @@ mod imp {
                             if Q5 {
                                 // Bit j of `qh` byte l is the high bit of value 32j + l.
                                 let h = line(wp, 4 + s);
-                                vl = _mm512_or_si512(vl, high_bit(h, 2 * n, one));
-                                vh = _mm512_or_si512(vh, high_bit(h, 2 * n + 1, one));
+                                vl = _mm512_or_si512(vl, high_bit(h, 2 * n, bit4));
+                                vh = _mm512_or_si512(vh, high_bit(h, 2 * n + 1, bit4));
                             }
                             for r in 0..R {
                                 let ap = a.add(r * stride + AB * b + 4 + 64 * n + 4 * s);
@@ -1233,11 +1238,16 @@ mod avx2 {
         _mm256_or_si256(x, _mm256_slli_epi32::<16>(x))
     }
 
-    /// Bit `j` of each byte of `h` as bit 4 (a Q5_K level's high bit).
+    /// Bit `j` of each byte of `h` as bit 4 (a Q5_K level's high bit), as `imp`'s: one
+    /// shift and a mask. `bit4` holds 0x10 in every byte.
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn high_bit(h: __m256i, j: usize, one: __m256i) -> __m256i {
-        _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srlv_epi32(h, _mm256_set1_epi32(j as i32)), one))
+    fn high_bit(h: __m256i, j: usize, bit4: __m256i) -> __m256i {
+        let moved = match j {
+            ..4 => _mm256_sllv_epi32(h, _mm256_set1_epi32(4 - j as i32)),
+            _ => _mm256_srlv_epi32(h, _mm256_set1_epi32(j as i32 - 4)),
+        };
+        _mm256_and_si256(moved, bit4)
     }
 
     /// A Q4_K line 0 half (8 rows' `d | dmin << 16`) as the rows' `d` and `dmin`.
@@ -1277,7 +1287,7 @@ mod avx2 {
     ) {
         const AB: usize = super::ACT_K;
         let (block, qs, fold) = if Q5 { (16 * 176, 12, 4) } else { (16 * 144, 4, 8) };
-        let (nib, one) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(1));
+        let (nib, bit4) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
         let (k1, k2, k3) =
             (_mm256_set1_epi32(0x3f3f_3f3f), _mm256_set1_epi32(0x0f0f_0f0f), _mm256_set1_epi32(0x0303_0303));
         let (byte, pairs) = (_mm256_set1_epi32(0xFF), _mm256_set1_epi32(0x00FF_00FF));
@@ -1318,8 +1328,8 @@ mod avx2 {
                                     (_mm256_and_si256(v, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
                                 if Q5 {
                                     let hb = half(wp, 4 + s, h);
-                                    vl = _mm256_or_si256(vl, high_bit(hb, 2 * n, one));
-                                    vh = _mm256_or_si256(vh, high_bit(hb, 2 * n + 1, one));
+                                    vl = _mm256_or_si256(vl, high_bit(hb, 2 * n, bit4));
+                                    vh = _mm256_or_si256(vh, high_bit(hb, 2 * n + 1, bit4));
                                 }
                                 for r in 0..R {
                                     let ap = a.add(r * stride + AB * b + 4 + 64 * n + 4 * s);
