@@ -121,10 +121,8 @@ def make_tensor(name, ne, kind, seed):
 def write_model(out, layers, seed, tokenizer_path):
     tok_kvs, vocab = moe.read_tokenizer(tokenizer_path)
     specs = tensor_specs(layers, vocab)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = f"{out}.tmp-{os.getpid()}"
-    w = gguf.GGUFWriter(tmp, "llama")
-    try:
+
+    def metadata(w):
         w.add_type(gguf.GGUFType.MODEL)
         w.add_name(f"Strata dense bench: Llama-3-8B shape, {layers} layers, random Q4_K_M")
         w.add_block_count(layers)
@@ -140,29 +138,9 @@ def write_model(out, layers, seed, tokenizer_path):
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for key, val, vtype, sub in tok_kvs:
             w.add_key_value(key, val, vtype, sub_type=sub)
-        for name, ne, kind in specs:
-            shape, dtype, raw = info(ne, kind)
-            w.add_tensor_info(name, shape, np.dtype(dtype), nbytes(ne, kind), raw_dtype=raw)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        t0 = time.time()
-        for name, ne, kind in specs:
-            arr = make_tensor(name, ne, kind, seed)
-            assert arr.nbytes == nbytes(ne, kind), name
-            w.write_tensor_data(arr)
-            if name.endswith("ffn_down.weight"):
-                print(f"  wrote {name.split('.ffn')[0]} ({time.time() - t0:.1f} s)", file=sys.stderr)
-        for f in w.fout:
-            f.flush()
-            os.fsync(f.fileno())
-        w.close()
-        os.replace(tmp, out)
-    except BaseException:
-        w.close()
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+
+    moe.write_gguf(out, "llama", metadata, specs, info, lambda name, ne, kind: make_tensor(name, ne, kind, seed),
+                   "ffn_down.weight")
     return specs, vocab
 
 

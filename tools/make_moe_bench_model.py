@@ -237,14 +237,50 @@ def read_tokenizer(path):
     return out, n_vocab
 
 
+def write_gguf(out, arch, metadata, specs, info, make, progress_suffix):
+    """Writes a GGUF of `arch` to `out` as OUT.tmp-PID, fsynced, then renamed (a partial
+    file never has the final name): `metadata(writer)` adds the key-values; each
+    `(name, ne, kind)` of `specs` gets `info(ne, kind)` (numpy shape, dtype, raw type)
+    and the array `make(name, ne, kind)`, whose size `info`'s bytes must match. Tensors
+    are made and written one at a time; each one named ending in `progress_suffix` is
+    reported on stderr."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = f"{out}.tmp-{os.getpid()}"
+    w = gguf.GGUFWriter(tmp, arch)
+    try:
+        metadata(w)
+        sizes = {}
+        for name, ne, kind in specs:
+            np_shape, dtype, raw = info(ne, kind)
+            sizes[name] = int(np.prod(np_shape)) * np.dtype(dtype).itemsize
+            w.add_tensor_info(name, np_shape, np.dtype(dtype), sizes[name], raw_dtype=raw)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        t0 = time.time()
+        for name, ne, kind in specs:
+            arr = make(name, ne, kind)
+            assert arr.nbytes == sizes[name], name
+            w.write_tensor_data(arr)
+            if name.endswith(progress_suffix):
+                print(f"  wrote {name.rsplit('.', 2)[0]} ({time.time() - t0:.1f} s)", file=sys.stderr)
+        for f in w.fout:
+            f.flush()
+            os.fsync(f.fileno())
+        w.close()
+        os.replace(tmp, out)
+    except BaseException:
+        w.close()
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def write_model(out, layers, seed, tokenizer_path):
     tok_kvs, vocab = read_tokenizer(tokenizer_path)
     specs = tensor_specs(layers, vocab)
 
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = f"{out}.tmp-{os.getpid()}"
-    w = gguf.GGUFWriter(tmp, ARCH)
-    try:
+    def metadata(w):
         w.add_type(gguf.GGUFType.MODEL)
         w.add_name(f"Strata MoE bench: Qwen3-30B-A3B shape, {layers} layers, random Q4_K")
         w.add_block_count(layers)
@@ -265,30 +301,8 @@ def write_model(out, layers, seed, tokenizer_path):
         for key, val, vtype, sub in tok_kvs:
             w.add_key_value(key, val, vtype, sub_type=sub)
 
-        for name, ne, kind in specs:
-            np_shape, dtype, raw = spec_info(ne, kind)
-            w.add_tensor_info(name, np_shape, np.dtype(dtype), spec_nbytes(ne, kind), raw_dtype=raw)
-
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        t0 = time.time()
-        for name, ne, kind in specs:
-            arr = make_tensor(name, ne, kind, seed)
-            assert arr.nbytes == spec_nbytes(ne, kind), name
-            w.write_tensor_data(arr)
-            if name.endswith("ffn_down_exps.weight"):
-                print(f"  wrote {name.split('.ffn')[0]} ({time.time() - t0:.1f} s)", file=sys.stderr)
-        for f in w.fout:
-            f.flush()
-            os.fsync(f.fileno())
-        w.close()
-        os.replace(tmp, out)
-    except BaseException:
-        w.close()
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    write_gguf(out, ARCH, metadata, specs, spec_info, lambda name, ne, kind: make_tensor(name, ne, kind, seed),
+               "ffn_down_exps.weight")
     return specs, vocab
 
 
