@@ -53,6 +53,9 @@ impl Staging {
         if n > HALF {
             return None;
         }
+        if n == 0 {
+            return Some(Ok(()));
+        }
         // SAFETY: as the caller promises.
         Some(unsafe { self.stage(src, dst) })
     }
