@@ -260,6 +260,14 @@ fn probe_errors(mem_fraction: f64, storage_fraction: Option<f64>) -> Vec<String>
     errors
 }
 
+/// The faster of reads at one in flight and at [`STORAGE_PROBE_DEPTH`], with its depth.
+fn better_depth(
+    one: crate::sched::io::ReadBandwidth,
+    deep: crate::sched::io::ReadBandwidth,
+) -> (crate::sched::io::ReadBandwidth, usize) {
+    if deep.bytes_per_sec > one.bytes_per_sec { (deep, STORAGE_PROBE_DEPTH) } else { (one, 1) }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -422,7 +430,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             return Ok(None);
         }
         let (one, deep) = (probe(layer_len, 1, 2 * side)?, probe(layer_len, STORAGE_PROBE_DEPTH, 2 * side + 1)?);
-        Ok(Some(if deep.bytes_per_sec > one.bytes_per_sec { (deep, STORAGE_PROBE_DEPTH) } else { (one, 1) }))
+        Ok(Some(better_depth(one, deep)))
     };
     // An untimed warm-up run first (as llama-bench does): the first pass over a
     // memory-mapped model pays its page faults, and a streaming one fills its ring.
@@ -439,16 +447,14 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     // The second bound: each run's own reads replayed with nothing else to do, at one
     // and at several in flight, right after it (its decode-time storage rate over the
     // better replay is the fraction).
-    let replay = |reads: &[crate::sched::io::TracedRead]| -> anyhow::Result<Option<(f64, usize)>> {
+    let replay_run = |reads: &[crate::sched::io::TracedRead]| -> anyhow::Result<Option<(f64, usize)>> {
         if reads.is_empty() {
             return Ok(None);
         }
         let one = crate::sched::io::replay_reads(reads, 1)?;
         let deep = crate::sched::io::replay_reads(reads, STORAGE_PROBE_DEPTH)?;
-        Ok(Some(match deep.bytes_per_sec > one.bytes_per_sec {
-            true => (deep.bytes_per_sec, STORAGE_PROBE_DEPTH),
-            false => (one.bytes_per_sec, 1),
-        }))
+        let (best, depth) = better_depth(one, deep);
+        Ok(Some((best.bytes_per_sec, depth)))
     };
     let mut probes = vec![probe_streaming(0)?];
     let mut results = Vec::new();
@@ -457,7 +463,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         let mut r = run(args.gen_tokens)?;
         let reads = std::mem::take(&mut r.reads);
         let traced: u64 = reads.iter().map(|t| t.len as u64).sum();
-        replays.push(replay(&reads)?.map(|(bw, depth)| (traced as f64 / r.decode_secs / bw, bw, depth)));
+        replays.push(replay_run(&reads)?.map(|(bw, depth)| (traced as f64 / r.decode_secs / bw, bw, depth)));
         results.push(r);
         probes.push(probe_streaming(i as u64 + 1)?);
     }

@@ -332,12 +332,10 @@ impl<L: Send + Sync + 'static> Core<L> {
     /// `i` (cyclically: the last layer's are the next pass's first), unless already
     /// enqueued; forgets those no longer among them (their slots go back to the ring).
     fn upload_ahead(&self, i: usize) -> Result<(), SchedError> {
-        let Some(stage) = self.stage.as_ref().filter(|_| self.host.iter().any(Option::is_some)) else {
-            return Ok(());
-        };
+        let Some(stage) = &self.stage else { return Ok(()) };
         let n = self.host.len();
         let next: Vec<usize> =
-            (1..=self.depth.min(n - 1)).map(|d| (i + d) % n).filter(|&j| self.host[j].is_some()).collect();
+            (1..=self.depth.min(n.saturating_sub(1))).map(|d| (i + d) % n).filter(|&j| self.host[j].is_some()).collect();
         let mut ahead = lock(&self.ahead);
         ahead.retain(|(j, _)| next.contains(j));
         for j in next {
