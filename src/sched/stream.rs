@@ -334,8 +334,10 @@ impl<L: Send + Sync + 'static> Core<L> {
     fn upload_ahead(&self, i: usize) -> Result<(), SchedError> {
         let Some(stage) = &self.stage else { return Ok(()) };
         let n = self.host.len();
-        let next: Vec<usize> =
-            (1..=self.depth.min(n.saturating_sub(1))).map(|d| (i + d) % n).filter(|&j| self.host[j].is_some()).collect();
+        let next: Vec<usize> = (1..=self.depth.min(n.saturating_sub(1)))
+            .map(|d| (i + d) % n)
+            .filter(|&j| self.host[j].is_some())
+            .collect();
         let mut ahead = lock(&self.ahead);
         ahead.retain(|(j, _)| next.contains(j));
         for j in next {
