@@ -10,7 +10,9 @@ MODEL is a model converted with `strata convert … --sparse-ffn`. Each pair run
 `strata bench MODEL --memory-budget BUDGET --sparse-ffn off|SETTING --runs 1
 --gen-tokens GEN --prompt-tokens 16 --json`, alternating which runs first; prints each
 pair on stderr and a JSON summary (every ratio, their median, each run's decode against
-its own storage reads replayed and its storage-busy share) on stdout.
+its own storage reads replayed, the replays' rates, its storage-busy share, reads per
+token and the kept share of groups) on stdout. On a drifting disk, run it under
+`tools/steady_disk.sh` (docs/benchmarks.md, "Sparse FFN: the feature's own figures").
 """
 import argparse
 import json
@@ -42,11 +44,18 @@ def main():
                               "--json", *extra], capture_output=True, text=True, check=True)
         d = json.loads(out.stdout)
         of_replay[setting].append(d.get("decode_fraction_of_replay"))
+        replay[setting].append(d.get("storage_replay_bytes_s"))
         busy[setting].append(d.get("storage_busy_fraction"))
+        sp = d.get("sparse_ffn") or {}
+        reads[setting].append(sp.get("reads_per_token"))
+        kept[setting].append(sp.get("kept_fraction"))
         return d["decode_tok_s"], d["bytes_read_per_token"]
 
     of_replay = {"off": [], args.setting: []}
+    replay = {"off": [], args.setting: []}
     busy = {"off": [], args.setting: []}
+    reads = {"off": [], args.setting: []}
+    kept = {"off": [], args.setting: []}
     dense, sparse, ratios, bytes_ = [], [], [], {}
     for i in range(args.pairs):
         order = ["off", args.setting] if i % 2 == 0 else [args.setting, "off"]
@@ -63,7 +72,16 @@ def main():
                       "bytes_per_token_off": bytes_["off"], "bytes_per_token_sparse": bytes_[args.setting],
                       # Each run against its own reads replayed, and storage's busy share.
                       "of_replay_off": of_replay["off"], "of_replay_sparse": of_replay[args.setting],
-                      "storage_busy_off": busy["off"], "storage_busy_sparse": busy[args.setting]}))
+                      "storage_busy_off": busy["off"], "storage_busy_sparse": busy[args.setting],
+                      # The replays' rates (bytes/s): on a steady disk they agree.
+                      "replay_bytes_s_off": replay["off"], "replay_bytes_s_sparse": replay[args.setting],
+                      "reads_per_token_off": med(reads["off"]), "reads_per_token_sparse": med(reads[args.setting]),
+                      "kept_fraction_sparse": med(kept[args.setting])}))
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 if __name__ == "__main__":
