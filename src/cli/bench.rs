@@ -222,6 +222,12 @@ const PROBE_BYTES: u64 = 64 << 20;
 /// Reads in flight in the deep storage probe.
 pub const STORAGE_PROBE_DEPTH: usize = 8;
 
+/// How far a decode may read above its own reads replayed before that is a probe error.
+/// Both are timed apart, over seconds; on a disk that holds still (or one held to a rate
+/// by the kernel's block-I/O throttle) a decode that keeps storage busy reads at its
+/// replay's rate, and the two timings differ by up to 1%.
+const REPLAY_SLACK: f64 = 1.02;
+
 /// One timed run.
 struct RunResult {
     prefill_tok_s: f64,
@@ -601,7 +607,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         }
     });
     let mut probe_errors = probe_errors(decode_tok_s / n_seq as f64 / roofline, storage_fraction);
-    if let Some((f, _, _)) = replay.filter(|r| r.0 > 1.0) {
+    if let Some((f, _, _)) = replay.filter(|r| r.0 > REPLAY_SLACK) {
         probe_errors.push(format!(
             "decode read storage at {:.0}% of the rate its own reads replayed at: the replay is not an upper bound here",
             100.0 * f
