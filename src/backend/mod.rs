@@ -393,6 +393,25 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Buf,
     ) -> BackendResult<()>;
     fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize, act: Activation) -> BackendResult<()>;
+    /// One row of a sparse FFN over the neuron groups it keeps, as one op: for each
+    /// `(g, up, down)` in order, `out[..h] += down · (act(gate[g·group..][..group]) ⊙ (up
+    /// · x))`, where `gate` holds the row's gate pre-activations and `up` is `(group, k)`,
+    /// `down` `(h, group)`. Each product comes out as a one-row
+    /// [`matmul_seqs`](Self::matmul_seqs) gives it, and they are added in order, so the
+    /// result is the group-by-group one bit for bit. `None` when this backend does not
+    /// fuse it (or these weights): the caller then goes group by group.
+    fn sparse_groups_row(
+        &self,
+        x: &Self::Buf,
+        gate: &Self::Buf,
+        groups: &[(usize, &Self::Weight, &Self::Weight)],
+        group: usize,
+        act: Activation,
+        out: &mut Self::Buf,
+    ) -> Option<BackendResult<()>> {
+        let _ = (x, gate, groups, group, act, out);
+        None
+    }
     /// `x = op(x)`, elementwise over `len` values.
     fn unary(&self, x: &mut Self::Buf, len: usize, op: Unary) -> BackendResult<()>;
     /// Adds row `i` of `y` (each `row_len` values), times `weights[i]` when given, to the

@@ -382,7 +382,18 @@ pub fn sparse_forward<B: Backend>(
     let row_lists: Vec<&Vec<u32>> = by_group.values().collect();
     let seq_of: Vec<usize> = seq_rows.iter().enumerate().flat_map(|(s, &k)| std::iter::repeat_n(s, k)).collect();
     let act = c.spec().activation;
+    let kept_total: u64 = kept.iter().map(|k| k.len() as u64).sum();
     be.unary(out, rows * h, crate::backend::Unary::Scale(0.0))?;
+    // A decode row over groups already in memory: all of them in one op where the
+    // backend fuses it (the same bits as group by group).
+    if let (Some(all), 1) = (&w.groups, rows) {
+        let items: Vec<(usize, &B::Weight, &B::Weight)> =
+            wanted.iter().map(|&g| (g, &all[g].up, &all[g].down)).collect();
+        if let Some(done) = be.sparse_groups_row(input, bufs.gate, &items, group, act, out) {
+            done?;
+            return Ok((kept_total, (rows * n) as u64));
+        }
+    }
     let mut run = |i: usize, b: &Bundle<B>| -> Result<(), ModelError> {
         let rows_of = row_lists[i];
         let g = wanted[i];
@@ -409,7 +420,6 @@ pub fn sparse_forward<B: Backend>(
         Some(all) => wanted.iter().enumerate().try_for_each(|(i, &g)| run(i, &all[g]))?,
         None => source.units(layer, &wanted, &mut run)?,
     }
-    let kept_total: u64 = kept.iter().map(|k| k.len() as u64).sum();
     Ok((kept_total, (rows * n) as u64))
 }
 
@@ -609,6 +619,64 @@ mod tests {
                     let scale = y.iter().map(|v| v.abs()).fold(0f32, f32::max);
                     assert!(err <= 1e-5 * scale.max(1.0), "{dtype:?} {setting}: row {r} off by {err} (of {scale})");
                 }
+            }
+        }
+    }
+
+    /// A decode row over groups in memory (one fused op on the CPU) gives the bits the
+    /// same groups give one by one from a unit source, kept or all.
+    #[test]
+    fn a_row_over_groups_in_memory_gives_the_group_by_group_bits() {
+        use crate::backend::cpu::CpuBackend;
+        use crate::tensor::DType;
+        let (h, width, group) = (128, 512, 64);
+        let json = format!(
+            r#"{{"model_type":"llama","hidden_size":{h},"intermediate_size":{width},"num_hidden_layers":1,
+               "num_attention_heads":2,"vocab_size":8}}"#
+        );
+        let mut c = ModelConfig::from_json(&json).unwrap();
+        c.neuron_group = Some(group);
+        let be = CpuBackend::new(2);
+        for dtype in [DType::Q8_0, DType::Q4_0, DType::F32] {
+            let (gate, up, down) = (random(width, h, dtype, 5), random(width, h, dtype, 6), random(h, width, dtype, 7));
+            let bundles = bundle(&up, &down, group).unwrap();
+            let scale = bundles[0].1.to_f32_vec();
+            let groups: Vec<_> =
+                bundles[1..].chunks(2).map(|b| Arc::new(Bundle { up: b[0].1.clone(), down: b[1].1.clone() })).collect();
+            let x: Vec<f32> = random(1, h, DType::F32, 8).to_f32_vec();
+            // The CPU fuses quantized groups (so the in-memory runs below take that op).
+            let items: Vec<_> = groups.iter().enumerate().map(|(g, b)| (g, &b.up, &b.down)).collect();
+            let fused =
+                be.sparse_groups_row(&x, &vec![0f32; width], &items, group, Activation::Silu, &mut vec![0f32; h]);
+            assert_eq!(fused.is_some(), dtype != DType::F32, "{dtype:?}");
+            for setting in ["off", "topk=0.5", "topk=0.25"] {
+                let settings = [SparseFfn::parse(setting).unwrap()];
+                let run = |in_memory: bool| {
+                    let w = NeuronWeights {
+                        gate: gate.clone(),
+                        scale: scale.clone(),
+                        group,
+                        groups: in_memory.then(|| groups.clone()),
+                    };
+                    let (mut g_buf, mut u_buf, mut out) = (vec![0f32; width], vec![0f32; width], vec![f32::NAN; h]);
+                    let mut nb = MoeBufs::new(&be, &c, 1).unwrap().unwrap();
+                    let source = Groups(groups.clone());
+                    let block = SparseBlock {
+                        layer: 0,
+                        weights: &w,
+                        source: &source,
+                        input: &x,
+                        seq_rows: &[1],
+                        settings: &settings,
+                    };
+                    let mut bufs = MlpBufs { gate: &mut g_buf, up: &mut u_buf };
+                    let kept = sparse_forward(&be, &c, block, &mut bufs, &mut nb, &mut out).unwrap();
+                    (kept, out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>())
+                };
+                let (fused, apart) = (run(true), run(false));
+                assert_eq!(fused.0, apart.0, "{dtype:?} {setting}: groups kept");
+                assert!(fused.1.iter().any(|&b| b != 0), "{dtype:?} {setting}: an output of zeros");
+                assert_eq!(fused.1, apart.1, "{dtype:?} {setting}");
             }
         }
     }

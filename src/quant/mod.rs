@@ -208,11 +208,20 @@ pub fn matmul_rows_alone(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTens
 /// weight too small to split runs beside the others instead of alone. Each output comes
 /// out as its own call gives it.
 pub fn matmul_many_rows_alone(pool: &ThreadPool, x: &[f32], rows: usize, each: &mut [(&HostTensor, &mut [f32])]) {
+    let mut each: Vec<(&[f32], &HostTensor, &mut [f32])> =
+        each.iter_mut().map(|(w, out)| (x, *w, &mut **out)).collect();
+    matmul_many_inputs_rows_alone(pool, rows, &mut each);
+}
+
+/// [`matmul_many_rows_alone`] with an input of its own for each weight (a sparse FFN's
+/// kept groups: each group's `down` columns meet that group's activations), as one
+/// parallel op. Each output comes out as its own [`matmul_rows_alone`] call gives it.
+pub fn matmul_many_inputs_rows_alone(pool: &ThreadPool, rows: usize, each: &mut [(&[f32], &HostTensor, &mut [f32])]) {
     let kernel = QuantKernel::best();
     let reads = decode_reads();
     let mut starts = vec![0];
     let mut tasks = Vec::with_capacity(each.len());
-    for (w, out) in each.iter_mut() {
+    for (x, w, out) in each.iter_mut() {
         if let Some((n, task)) = plan(kernel, pool, x, rows, w, out, Rows::Alone, reads) {
             starts.push(starts.last().copied().unwrap_or(0) + n);
             tasks.push(task);
