@@ -539,6 +539,27 @@ mod tests {
         }
     }
 
+    /// A one-layer llama config of `h` and `width` with neuron groups of `group`.
+    fn grouped_config(h: usize, width: usize, group: usize) -> ModelConfig {
+        let json = format!(
+            r#"{{"model_type":"llama","hidden_size":{h},"intermediate_size":{width},"num_hidden_layers":1,
+               "num_attention_heads":2,"vocab_size":8}}"#
+        );
+        let mut c = ModelConfig::from_json(&json).unwrap();
+        c.neuron_group = Some(group);
+        c
+    }
+
+    /// `up` and `down` as bundles of `group`: each neuron's scale, and the groups.
+    type CpuGroups = Vec<Arc<Bundle<crate::backend::cpu::CpuBackend>>>;
+    fn grouped(up: &HostTensor, down: &HostTensor, group: usize) -> (Vec<f32>, CpuGroups) {
+        let bundles = bundle(up, down, group).unwrap();
+        let scale = bundles[0].1.to_f32_vec();
+        let groups =
+            bundles[1..].chunks(2).map(|b| Arc::new(Bundle { up: b[0].1.clone(), down: b[1].1.clone() })).collect();
+        (scale, groups)
+    }
+
     /// The sparse FFN over the groups each row keeps equals the dense MLP whose gate, up
     /// and down are cut down to those groups' neurons (each row alone), and with every
     /// group it equals the dense MLP.
@@ -547,19 +568,11 @@ mod tests {
         use crate::backend::cpu::CpuBackend;
         use crate::tensor::DType;
         let (h, width, group, rows) = (64, 256, 64, 3);
-        let json = format!(
-            r#"{{"model_type":"llama","hidden_size":{h},"intermediate_size":{width},"num_hidden_layers":1,
-               "num_attention_heads":2,"vocab_size":8}}"#
-        );
-        let mut c = ModelConfig::from_json(&json).unwrap();
-        c.neuron_group = Some(group);
+        let c = grouped_config(h, width, group);
         let be = CpuBackend::new(2);
         for dtype in [DType::Q8_0, DType::Q4_0, DType::F32] {
             let (gate, up, down) = (random(width, h, dtype, 1), random(width, h, dtype, 2), random(h, width, dtype, 3));
-            let bundles = bundle(&up, &down, group).unwrap();
-            let scale = bundles[0].1.to_f32_vec();
-            let groups: Vec<_> =
-                bundles[1..].chunks(2).map(|b| Arc::new(Bundle { up: b[0].1.clone(), down: b[1].1.clone() })).collect();
+            let (scale, groups) = grouped(&up, &down, group);
             let x: Vec<f32> = random(rows, h, DType::F32, 4).to_f32_vec();
             let w = NeuronWeights { gate: gate.clone(), scale, group, groups: None };
             for setting in ["topk=0.5", "topk=0.25,per=sequence", "off"] {
@@ -630,19 +643,11 @@ mod tests {
         use crate::backend::cpu::CpuBackend;
         use crate::tensor::DType;
         let (h, width, group) = (128, 512, 64);
-        let json = format!(
-            r#"{{"model_type":"llama","hidden_size":{h},"intermediate_size":{width},"num_hidden_layers":1,
-               "num_attention_heads":2,"vocab_size":8}}"#
-        );
-        let mut c = ModelConfig::from_json(&json).unwrap();
-        c.neuron_group = Some(group);
+        let c = grouped_config(h, width, group);
         let be = CpuBackend::new(2);
         for dtype in [DType::Q8_0, DType::Q4_0, DType::F32] {
             let (gate, up, down) = (random(width, h, dtype, 5), random(width, h, dtype, 6), random(h, width, dtype, 7));
-            let bundles = bundle(&up, &down, group).unwrap();
-            let scale = bundles[0].1.to_f32_vec();
-            let groups: Vec<_> =
-                bundles[1..].chunks(2).map(|b| Arc::new(Bundle { up: b[0].1.clone(), down: b[1].1.clone() })).collect();
+            let (scale, groups) = grouped(&up, &down, group);
             let x: Vec<f32> = random(1, h, DType::F32, 8).to_f32_vec();
             // The CPU fuses quantized groups (so the in-memory runs below take that op).
             let items: Vec<_> = groups.iter().enumerate().map(|(g, b)| (g, &b.up, &b.down)).collect();
