@@ -135,11 +135,8 @@ def write_model(out, layers, seed, tokenizer_path):
         w.add_layer_norm_rms_eps(RMS_EPS)
         w.add_rope_freq_base(ROPE_THETA)
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        for key, val, vtype, sub in tok_kvs:
-            w.add_key_value(key, val, vtype, sub_type=sub)
 
-    moe.write_gguf(out, "llama", metadata, specs, info, lambda name, ne, kind: make_tensor(name, ne, kind, seed),
+    moe.write_gguf(out, "llama", metadata, tok_kvs, specs, info, lambda name, ne, kind: make_tensor(name, ne, kind, seed),
                    "ffn_down.weight")
     return specs, vocab
 

@@ -237,9 +237,10 @@ def read_tokenizer(path):
     return out, n_vocab
 
 
-def write_gguf(out, arch, metadata, specs, info, make, progress_suffix):
+def write_gguf(out, arch, metadata, tok_kvs, specs, info, make, progress_suffix):
     """Writes a GGUF of `arch` to `out` as OUT.tmp-PID, fsynced, then renamed (a partial
-    file never has the final name): `metadata(writer)` adds the key-values; each
+    file never has the final name): `metadata(writer)` adds the model's key-values, then
+    the quantization version and the tokenizer's `tok_kvs` (from `read_tokenizer`); each
     `(name, ne, kind)` of `specs` gets `info(ne, kind)` (numpy shape, dtype, raw type)
     and the array `make(name, ne, kind)`, whose size `info`'s bytes must match. Tensors
     are made and written one at a time; each one named ending in `progress_suffix` is
@@ -249,6 +250,9 @@ def write_gguf(out, arch, metadata, specs, info, make, progress_suffix):
     w = gguf.GGUFWriter(tmp, arch)
     try:
         metadata(w)
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        for key, val, vtype, sub in tok_kvs:
+            w.add_key_value(key, val, vtype, sub_type=sub)
         sizes = {}
         for name, ne, kind in specs:
             np_shape, dtype, raw = info(ne, kind)
@@ -297,11 +301,8 @@ def write_model(out, layers, seed, tokenizer_path):
         w.add_layer_norm_rms_eps(RMS_EPS)
         w.add_rope_freq_base(ROPE_THETA)
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_S)
-        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        for key, val, vtype, sub in tok_kvs:
-            w.add_key_value(key, val, vtype, sub_type=sub)
 
-    write_gguf(out, ARCH, metadata, specs, spec_info, lambda name, ne, kind: make_tensor(name, ne, kind, seed),
+    write_gguf(out, ARCH, metadata, tok_kvs, specs, spec_info, lambda name, ne, kind: make_tensor(name, ne, kind, seed),
                "ffn_down_exps.weight")
     return specs, vocab
 
