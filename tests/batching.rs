@@ -350,6 +350,7 @@ mod worker {
             template_vars: Default::default(),
             split_reasoning: false,
             sparse_ffn: None,
+            truncate: None,
         })
     }
 

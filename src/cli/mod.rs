@@ -127,7 +127,8 @@ pub struct RunOpts {
     /// per core, with a warning).
     #[arg(long, default_value_t = 0, value_parser = parse_threads)]
     pub threads: usize,
-    /// Context length in tokens (default: the model's, at most 4096).
+    /// Context length in tokens (default: the length the model was trained for, shortened
+    /// only where memory cannot hold the KV caches of `--parallel` sequences at it).
     #[arg(long = "ctx-size", default_value_t = 0)]
     pub ctx_size: usize,
     /// Memory for layer weights (bytes, or with K/M/G/KiB/MiB/GiB); layers beyond it
@@ -224,6 +225,7 @@ impl RunOpts {
         Ok(RunOptions {
             threads: self.threads,
             context: self.ctx_size,
+            sequences: 1,
             device: self.device,
             memory_budget: self.memory_budget,
             host_budget: self.host_budget,

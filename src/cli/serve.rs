@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::RunOpts;
 use super::{out, outln};
 use crate::config::Settings;
+use crate::engine::session::RunOptions;
 use crate::model::demo::DEMO_NAME;
 use crate::queue::KeepAlive;
 use crate::queue::worker::{WorkerConfig, WorkerStatus};
@@ -63,6 +64,12 @@ pub struct ServeArgs {
     /// context). Unset: 90% of what is free once the model has loaded.
     #[arg(long = "kv-memory", value_name = "SIZE", value_parser = parse_kv_memory)]
     pub kv_memory: Option<u64>,
+    /// Cut prompts longer than the context on `/v1` too, as `/api/chat` and
+    /// `/api/generate` always do (the oldest messages other than system ones first, then
+    /// the middle); off, `/v1` refuses them with OpenAI's `context_length_exceeded`.
+    #[arg(long = "truncate-prompts", value_name = "BOOL", num_args = 0..=1, default_value_t = false,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub truncate_prompts: bool,
     /// On SIGTERM/SIGINT, how long running requests may finish before they are cancelled.
     #[arg(long = "grace-period", default_value = "10s")]
     pub grace_period: String,
@@ -283,7 +290,7 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
     let opts = ServeOptions {
         models,
         worker: WorkerConfig {
-            run: args.run.to_options()?,
+            run: RunOptions { sequences: args.parallel.max(1), ..args.run.to_options()? },
             keep_alive,
             max_loaded: args.max_loaded,
             parallel: (args.parallel > 0).then_some(args.parallel),
@@ -296,6 +303,7 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
             body_limit: args.body_limit as usize,
             store: Some(strata_home()),
             sparse_ffn: args.run.sparse_ffn,
+            truncate_prompts: args.truncate_prompts,
             ..ServerConfig::default()
         },
         queue_depth: args.queue_depth,

@@ -2,6 +2,7 @@
 //! detokenization, grammar-constrained sampling and the generation loop.
 
 pub mod batch;
+pub mod context;
 pub mod detok;
 pub mod grammar;
 pub mod reasoning;

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 
+use super::context::{ContextChoice, ContextInputs, choose_context};
 use super::tokenizer::TextTokenizer;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::device::{DeviceInfo, DeviceSpec};
@@ -177,8 +178,12 @@ impl Session {
 pub struct RunOptions {
     /// Worker threads (0: one per core).
     pub threads: usize,
-    /// Context length in tokens (0: the model's maximum, capped at [`DEFAULT_CONTEXT`]).
+    /// Context length in tokens (0: the model's trained length, shortened only where
+    /// memory cannot hold it: see [`choose_context`]).
     pub context: usize,
+    /// Sequences whose full-context KV caches the default context leaves room for
+    /// (serve's `--parallel`; 1 otherwise).
+    pub sequences: usize,
     /// Where the model runs (`auto`: the first GPU that initialises, else the CPU).
     pub device: DeviceSpec,
     /// Bytes of layer weights kept resident (`None`: what fits in free memory, see
@@ -215,6 +220,7 @@ impl Default for RunOptions {
         RunOptions {
             threads: 0,
             context: 0,
+            sequences: 1,
             device: DeviceSpec::Auto,
             memory_budget: None,
             host_budget: None,
@@ -264,43 +270,8 @@ pub fn memory_budget(
     opts: &RunOptions,
     mem: &Memory,
 ) -> anyhow::Result<SchedOptions> {
-    let shape = RuntimeShape {
-        hidden: config.hidden_size as u64,
-        intermediate: config.intermediate_size as u64,
-        n_layers: config.n_layers as u64,
-        n_heads: config.n_heads as u64,
-        n_kv_heads: config.n_kv_heads as u64,
-        head_dim: config.head_dim as u64,
-        vocab: config.vocab_size as u64,
-        context: context as u64,
-        sequences: 1,
-        rows: PREFILL_CHUNK.min(context.max(1)) as u64,
-        // Bytes per value, rounded up (q8_0 takes 1.125).
-        kv_dtype_bytes: match opts.kv_type.unwrap_or(DEFAULT_KV_TYPE) {
-            KvType::F32 => 4,
-            KvType::F16 | KvType::Q8_0 => 2,
-        },
-    };
-    let runtime = estimate_runtime_bytes(&shape);
-    // Per layer: all its weights, and what the prefetch ring holds of it (a MoE layer's
-    // core only, when its routed experts are read on their own).
-    let (mut layers, mut ring_layers) = (vec![0u64; config.n_layers], vec![0u64; config.n_layers]);
-    let mut always_resident = 0u64;
-    for (name, t) in &source.tensors {
-        let bytes = t.byte_len() as u64;
-        match crate::format::layer_tensor(name).filter(|&(i, _)| i < config.n_layers) {
-            Some((i, local)) => {
-                layers[i] += bytes;
-                let routed = opts.expert_loading == ExpertLoading::Routed;
-                if !(routed && crate::format::unit_tensor(local).is_some()) {
-                    ring_layers[i] += bytes;
-                }
-            }
-            None => always_resident += bytes,
-        }
-    }
-    let ring = (opts.prefetch_depth as u64 + 2) * ring_layers.iter().copied().max().unwrap_or(0);
-    let streamable: u64 = layers.iter().sum();
+    let runtime = estimate_runtime_bytes(&runtime_shape(config, context, 1, opts));
+    let WeightSizes { always_resident, streamable, ring } = weight_sizes(source, config, opts);
     let gpu = mem.host_free.is_some();
     if gpu && let Some(free) = mem.free {
         // The slots are needed only by what streams: never more than the layers.
@@ -398,8 +369,75 @@ pub fn memory_budget(
     })
 }
 
-/// Context length when neither the user nor a small model limit asks for another.
-pub const DEFAULT_CONTEXT: usize = 4096;
+/// The shape of `sequences` full-`context` KV caches and a prefill chunk's activations.
+fn runtime_shape(config: &ModelConfig, context: usize, sequences: usize, opts: &RunOptions) -> RuntimeShape {
+    RuntimeShape {
+        hidden: config.hidden_size as u64,
+        intermediate: config.intermediate_size as u64,
+        n_layers: config.n_layers as u64,
+        n_heads: config.n_heads as u64,
+        n_kv_heads: config.n_kv_heads as u64,
+        head_dim: config.head_dim as u64,
+        vocab: config.vocab_size as u64,
+        context: context as u64,
+        sequences: sequences as u64,
+        rows: PREFILL_CHUNK.min(context.max(1)) as u64,
+        // Bytes per value, rounded up (q8_0 takes 1.125).
+        kv_dtype_bytes: match opts.kv_type.unwrap_or(DEFAULT_KV_TYPE) {
+            KvType::F32 => 4,
+            KvType::F16 | KvType::Q8_0 => 2,
+        },
+    }
+}
+
+/// A model's weights as the memory plan sees them.
+struct WeightSizes {
+    /// Embeddings, output head, norms: never streamed.
+    always_resident: u64,
+    /// The layers' weights.
+    streamable: u64,
+    /// The prefetch ring's slots: `prefetch_depth + 2` of the largest layer (a MoE
+    /// layer's core only, when its routed experts are read on their own).
+    ring: u64,
+}
+
+fn weight_sizes(source: &ModelSource, config: &ModelConfig, opts: &RunOptions) -> WeightSizes {
+    let (mut layers, mut ring_layers) = (vec![0u64; config.n_layers], vec![0u64; config.n_layers]);
+    let mut always_resident = 0u64;
+    for (name, t) in &source.tensors {
+        let bytes = t.byte_len() as u64;
+        match crate::format::layer_tensor(name).filter(|&(i, _)| i < config.n_layers) {
+            Some((i, local)) => {
+                layers[i] += bytes;
+                let routed = opts.expert_loading == ExpertLoading::Routed;
+                if !(routed && crate::format::unit_tensor(local).is_some()) {
+                    ring_layers[i] += bytes;
+                }
+            }
+            None => always_resident += bytes,
+        }
+    }
+    let ring = (opts.prefetch_depth as u64 + 2) * ring_layers.iter().copied().max().unwrap_or(0);
+    WeightSizes { always_resident, streamable: layers.iter().sum(), ring }
+}
+
+/// The context a model runs with under `opts` on memory `mem` (see [`choose_context`]).
+pub fn model_context(source: &ModelSource, config: &ModelConfig, opts: &RunOptions, mem: &Memory) -> ContextChoice {
+    let WeightSizes { always_resident, streamable, ring } = weight_sizes(source, config, opts);
+    let sequences = opts.sequences.max(1);
+    let inputs = ContextInputs {
+        asked: opts.context,
+        trained: config.max_position_embeddings,
+        sequences,
+        free: mem.free,
+        headroom: BUDGET_HEADROOM,
+        always_resident,
+        layers: streamable,
+        ring: ring.min(streamable),
+        memory_budget: opts.memory_budget,
+    };
+    choose_context(&inputs, |tokens| estimate_runtime_bytes(&runtime_shape(config, tokens, sequences, opts)))
+}
 
 /// A loaded model with its tokenizer, ready to run.
 pub struct Engine {
@@ -416,35 +454,38 @@ pub struct Engine {
     token_env: OnceLock<Result<TokenEnv, String>>,
 }
 
+/// A model built on its backend, and the context it runs with.
+struct Built {
+    model: Box<dyn LanguageModel>,
+    device: DeviceInfo,
+    context: ContextChoice,
+}
+
 /// The model on the backend `--device` chooses: `auto` tries the first GPU and falls
 /// back to the CPU.
-fn build_model(
-    source: &ModelSource,
-    config: ModelConfig,
-    context_len: usize,
-    opts: &RunOptions,
-) -> anyhow::Result<(Box<dyn LanguageModel>, DeviceInfo)> {
+fn build_model(source: &ModelSource, config: ModelConfig, opts: &RunOptions) -> anyhow::Result<Built> {
     use crate::backend::cuda::CudaBackend;
     /// On a GPU, `stage` is its upload pipeline and there is host RAM behind it.
     fn on<B: Backend>(
         be: Arc<B>,
         device: DeviceInfo,
         stage: Option<StageFactory>,
-        (source, config, context_len, opts): (&ModelSource, ModelConfig, usize, &RunOptions),
-    ) -> anyhow::Result<(Box<dyn LanguageModel>, DeviceInfo)> {
+        (source, config, opts): (&ModelSource, ModelConfig, &RunOptions),
+    ) -> anyhow::Result<Built> {
         let host_free = stage.as_ref().map(|_| crate::backend::device::available_memory().unwrap_or(0));
         let mem = Memory { free: be.free_memory(), host_free, device: device.device.clone() };
         let kv_type = opts.kv_type.unwrap_or(match be.kv_types().contains(&DEFAULT_KV_TYPE) {
             true => DEFAULT_KV_TYPE,
             false => KvType::F32,
         });
-        let mut sched =
-            memory_budget(source, &config, context_len, &RunOptions { kv_type: Some(kv_type), ..opts.clone() }, &mem)?;
+        let opts = RunOptions { kv_type: Some(kv_type), ..opts.clone() };
+        let context = model_context(source, &config, &opts, &mem);
+        let mut sched = memory_budget(source, &config, context.tokens, &opts, &mem)?;
         sched.stage = stage;
         let model = DecoderModel::with_options(config, source, be, &sched)
             .and_then(|m| m.with_kv_type(kv_type))
             .with_context(|| format!("model `{}` on {}", source.name, device.device))?;
-        Ok((Box::new(model), device))
+        Ok(Built { model: Box::new(model), device, context })
     }
     let cuda = |b: CudaBackend| {
         // A recurrent state accumulates the GEMM's other rounding, as on the CPU below.
@@ -456,7 +497,7 @@ fn build_model(
         let be = Arc::new(b);
         let up = be.clone();
         let stage = StageFactory(Arc::new(move |slot_len, ring, stats| up.stage(slot_len, ring, stats)));
-        on(be, device, Some(stage), (source, config.clone(), context_len, opts))
+        on(be, device, Some(stage), (source, config.clone(), opts))
     };
     let cpu = || {
         let be = match config.linear_attn {
@@ -465,7 +506,7 @@ fn build_model(
             None => CpuBackend::new(opts.threads),
         };
         let be = Arc::new(be);
-        on(be, DeviceInfo::cpu(), None, (source, config.clone(), context_len, opts))
+        on(be, DeviceInfo::cpu(), None, (source, config.clone(), opts))
     };
     match opts.device {
         DeviceSpec::Cpu => cpu(),
@@ -490,20 +531,19 @@ impl Engine {
     pub fn from_source(source: ModelSource, opts: &RunOptions) -> anyhow::Result<Self> {
         let config = source.config.clone();
         let tokenizer = source.tokenizer()?;
-        let context_len = match opts.context {
-            0 => config.max_position_embeddings.min(DEFAULT_CONTEXT),
-            n => n,
-        };
-        if context_len > config.max_position_embeddings {
+        let trained = config.max_position_embeddings;
+        let Built { model, device, context } = build_model(&source, config, opts)?;
+        let context_len = context.tokens;
+        tracing::info!(model = %source.name, context = context_len, trained, "context: {context}");
+        if context_len > trained {
             tracing::warn!(
                 model = %source.name,
                 context = context_len,
-                trained = config.max_position_embeddings,
+                trained,
                 "the context asked for is longer than the model was trained on: what it writes past its trained \
                  length may be garbage"
             );
         }
-        let (model, device) = build_model(&source, config, context_len, opts)?;
         let sparse_ffn = opts.sparse_ffn;
         Ok(Engine { name: source.name, model, tokenizer, context_len, device, sparse_ffn, token_env: OnceLock::new() })
     }

@@ -4,7 +4,10 @@
 //! client went away), the worker retires that generation at the next step.
 
 pub mod models;
+pub mod truncate;
 pub mod worker;
+
+pub use truncate::Truncation;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -160,6 +163,9 @@ pub struct GenerateJob {
     /// This request's `--sparse-ffn` setting and the field it came from (`None`: the
     /// model's).
     pub sparse_ffn: Option<(crate::model::sparse::SparseFfn, &'static str)>,
+    /// How a prompt longer than the context is cut (`None`: it is refused with
+    /// [`JobError::ContextLength`]).
+    pub truncate: Option<Truncation>,
 }
 
 #[derive(Clone, Debug)]
@@ -295,6 +301,10 @@ pub enum JobError {
     /// error, token id out of range, ...): 400.
     #[error("{message}")]
     Invalid { param: Option<&'static str>, message: String },
+    /// The prompt does not fit the context, and the request may not cut it: 400, with
+    /// OpenAI's `context_length_exceeded`.
+    #[error("{message}")]
+    ContextLength { param: &'static str, message: String },
     #[error("{0}")]
     Internal(String),
     /// The device could not run the job (GPU memory exhausted, a failed launch): 503,

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::models::{Registry, canonical};
+use super::truncate;
 use super::{
     Admission, ChatTools, EmbedInput, EmbedJob, Event, GenerateJob, Job, JobDone, JobError, KeepAlive, PromptInput,
     QueueHandle, TokenLogprob, ToolChoice, Work,
@@ -668,12 +669,14 @@ impl Worker {
         let mut reasoning = None;
         let mut grammar = job.grammar.clone();
         let mut grammar_param = job.grammar_param;
+        // A chat's messages as rendered, for a cut that drops the oldest.
+        let mut chat_messages = None;
         let new_ids = match &job.prompt {
             PromptInput::Text { text, special } => tok.encode(text, *special).map_err(|e| text_error("prompt", e))?,
             PromptInput::Chat(messages) => {
                 let traits = &slot.chat;
-                let messages = with_modelfile(messages, traits.modelfile.as_ref());
-                let text = chat_text(tok, traits, &messages, &job).map_err(|e| text_error(job.messages_param, e))?;
+                let messages = chat_messages.insert(with_modelfile(messages, traits.modelfile.as_ref()));
+                let text = chat_text(tok, traits, messages, &job).map_err(|e| text_error(job.messages_param, e))?;
                 if let Some(offer) = &job.tools {
                     if offer.choice != ToolChoice::Auto {
                         let forced = tool_grammar(traits.tool_format, offer, traits.mistral);
@@ -716,13 +719,53 @@ impl Worker {
             return Err(invalid(Some(param), "the prompt is empty"));
         }
         if prompt.len() >= ctx {
-            return Err(invalid(
-                Some(param),
-                format!(
-                    "the prompt is {} tokens long; the context holds {ctx} (prompt plus at least one generated token)",
+            let what = if chat_messages.is_some() { "messages" } else { "prompt" };
+            let too_long = || JobError::ContextLength {
+                param,
+                message: format!(
+                    "This model's maximum context length is {ctx} tokens. However, your {what} resulted in {} tokens \
+                     (a prompt must leave room for at least one generated token). Please reduce the length of the \
+                     {what}.",
                     prompt.len()
                 ),
-            ));
+            };
+            let truncation = match (&job.prompt, job.truncate) {
+                (PromptInput::Infill(_), _) | (_, None) => return Err(too_long()),
+                (_, Some(t)) => t,
+            };
+            let limit = truncate::prompt_limit(ctx, job.max_tokens);
+            let render = |messages: &[ChatMessage]| {
+                let text = chat_text(tok, &slot.chat, messages, &job)?;
+                tok.encode(&text, false)
+            };
+            let chat = chat_messages.as_deref().map(|messages| truncate::Chat { messages, render: &render });
+            let continues = |id: u32| truncate::continues_character(&tok.token_bytes(id));
+            let cut = match truncate::cut_prompt(&prompt, chat, truncation, limit, continues) {
+                Ok(cut) => cut,
+                Err(truncate::CutError::Text(e)) => return Err(text_error(job.messages_param, e)),
+                Err(truncate::CutError::HeadTooLong(h)) => {
+                    return Err(JobError::ContextLength {
+                        param,
+                        message: format!(
+                            "the prompt is {} tokens long and the context holds {ctx}: cut to fit, it would keep \
+                             {} tokens of system messages, tools and `num_keep`, leaving none of the {limit} a cut \
+                             prompt may have for the conversation",
+                            prompt.len(),
+                            h.head
+                        ),
+                    });
+                }
+            };
+            tracing::warn!(
+                model = %slot.name,
+                prompt = prompt.len(),
+                limit = ctx,
+                new = cut.tokens.len(),
+                keep = truncation.num_keep,
+                dropped_messages = cut.dropped_messages,
+                "truncating input prompt"
+            );
+            prompt = cut.tokens;
         }
         if let Some((s, field)) = job.sparse_ffn
             && !s.is_off()

@@ -499,8 +499,9 @@ fn assistant_turn(blocks: &[Value], at: &str, names: &mut HashMap<String, String
         (status = 503, description = "Shutting down", body = AnthropicErrorBody),
     ))]
 pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Response, AnthropicError> {
-    let plan = parse_json::<MessagesRequest>(&body)?.into_plan()?;
+    let mut plan = parse_json::<MessagesRequest>(&body)?.into_plan()?;
     state.model(&plan.job.model)?;
+    plan.job.truncate = state.config.v1_truncation();
     let model = plan.job.model.clone();
     let rx = state.queue.submit(Work::Generate(plan.job)).map_err(ApiError::from)?;
     let mut writer = Writer::new(new_id("msg_"), model, plan.stream);

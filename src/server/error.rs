@@ -12,6 +12,8 @@ use crate::queue::{JobError, SubmitError};
 pub enum ErrorKind {
     /// 400: the request is malformed or a value is out of range.
     InvalidRequest,
+    /// 400: the prompt is longer than the model's context.
+    ContextLength,
     /// 401: missing or wrong API key.
     Authentication,
     /// 403: a browser page of another site (its `Origin` is not allowed).
@@ -69,7 +71,7 @@ impl ApiError {
     /// OpenAI's 429 for a full queue; Ollama answers 503 for the same.
     pub fn status(&self, family: Family) -> StatusCode {
         match self.kind {
-            ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::InvalidRequest | ErrorKind::ContextLength => StatusCode::BAD_REQUEST,
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
             ErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ErrorKind::ModelNotFound | ErrorKind::NotFound => StatusCode::NOT_FOUND,
@@ -85,7 +87,8 @@ impl ApiError {
     /// OpenAI's `error.type`.
     pub fn openai_type(&self) -> &'static str {
         match self.kind {
-            ErrorKind::InvalidRequest | ErrorKind::ModelNotFound | ErrorKind::NotFound => "invalid_request_error",
+            ErrorKind::InvalidRequest | ErrorKind::ContextLength => "invalid_request_error",
+            ErrorKind::ModelNotFound | ErrorKind::NotFound => "invalid_request_error",
             ErrorKind::MethodNotAllowed => "invalid_request_error",
             ErrorKind::PayloadTooLarge => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
@@ -99,6 +102,7 @@ impl ApiError {
     pub fn openai_code(&self) -> Option<&'static str> {
         match self.kind {
             ErrorKind::ModelNotFound => Some("model_not_found"),
+            ErrorKind::ContextLength => Some("context_length_exceeded"),
             ErrorKind::Authentication => Some("invalid_api_key"),
             ErrorKind::Forbidden => Some("origin_not_allowed"),
             ErrorKind::QueueFull => Some("rate_limit_exceeded"),
@@ -124,7 +128,9 @@ impl ApiError {
     /// Anthropic's `error.type`.
     pub fn anthropic_type(&self) -> &'static str {
         match self.kind {
-            ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed => "invalid_request_error",
+            ErrorKind::InvalidRequest | ErrorKind::ContextLength | ErrorKind::MethodNotAllowed => {
+                "invalid_request_error"
+            }
             ErrorKind::ModelNotFound | ErrorKind::NotFound => "not_found_error",
             ErrorKind::PayloadTooLarge => "request_too_large",
             ErrorKind::Authentication => "authentication_error",
@@ -150,16 +156,14 @@ impl ApiError {
 
     pub fn into_response_for(self, family: Family) -> Response {
         let status = self.status(family);
-        match self.kind {
-            ErrorKind::Internal => tracing::error!(message = %self.message, "request failed"),
-            ErrorKind::BadGateway => tracing::warn!(message = %self.message, "request failed upstream"),
-            _ => {}
-        }
+        // The request log (`request_log`) writes the line, with the method and path.
+        let note = super::request_log::ErrorNote(self.message.clone());
         let mut resp = match family {
             Family::OpenAi => (status, axum::Json(self.openai_body())).into_response(),
             Family::Ollama => (status, axum::Json(self.ollama_body())).into_response(),
             Family::Anthropic => (status, axum::Json(self.anthropic_body())).into_response(),
         };
+        resp.extensions_mut().insert(note);
         if self.kind == ErrorKind::QueueFull || self.kind == ErrorKind::Unavailable {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
@@ -271,6 +275,9 @@ impl From<JobError> for ApiError {
             JobError::ModelNotFound(m) => ApiError::model_not_found(&m),
             JobError::Invalid { param, message } => {
                 ApiError { kind: ErrorKind::InvalidRequest, message, param: param.map(str::to_string) }
+            }
+            JobError::ContextLength { param, message } => {
+                ApiError { kind: ErrorKind::ContextLength, message, param: Some(param.to_string()) }
             }
             JobError::Internal(m) => ApiError::new(ErrorKind::Internal, m),
             JobError::Device(m) => ApiError::new(ErrorKind::Unavailable, m),

@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod ollama;
 pub mod openai;
 pub mod openapi;
+pub mod request_log;
 pub mod sse;
 pub mod status;
 pub mod systemd;
@@ -55,6 +56,16 @@ pub struct ServerConfig {
     /// What `--sparse-ffn` runs models stored with neuron-group bundles with, unless a
     /// request says otherwise (`/api/show` reports it).
     pub sparse_ffn: crate::model::sparse::SparseFfn,
+    /// Cut prompts longer than the context on `/v1` (`--truncate-prompts`); the Ollama
+    /// routes always do, unless a request says `truncate: false`.
+    pub truncate_prompts: bool,
+}
+
+impl ServerConfig {
+    /// How `/v1` requests treat a prompt longer than the context.
+    pub fn v1_truncation(&self) -> Option<crate::queue::Truncation> {
+        self.truncate_prompts.then(Default::default)
+    }
 }
 
 impl Default for ServerConfig {
@@ -66,6 +77,7 @@ impl Default for ServerConfig {
             keep_alive_interval: Duration::from_secs(15),
             store: None,
             sparse_ffn: Default::default(),
+            truncate_prompts: false,
         }
     }
 }
@@ -235,9 +247,9 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), refuse_other_sites))
         .layer(middleware::from_fn_with_state(state.clone(), metrics::record))
         .layer(cors(state.access.clone()))
+        .layer(middleware::from_fn(request_log::log_failures))
         .layer(
-            // Expected 503s (loading, a full Ollama queue) are not faults: real server
-            // errors are logged where they happen, so failures here are only debug lines.
+            // Failed requests have their line from `request_log`; tower's own are debug.
             tower_http::trace::TraceLayer::new_for_http()
                 .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG)),
         );

@@ -230,7 +230,9 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
             };
             PromptInput::Text { text, special: context.is_empty() }
         };
-        Action::Generate(Box::new(asks.apply(opts.job(&req.model, input, context, keep_alive))))
+        let mut job = asks.apply(opts.job(&req.model, input, context, keep_alive));
+        job.truncate = job.truncate.filter(|_| req.truncate != Some(false));
+        Action::Generate(Box::new(job))
     };
     Ok(Call { api: Api::Generate, model: req.model, stream, action, logprobs: asks.logprobs })
 }
@@ -257,6 +259,7 @@ fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, Ap
             messages.into_iter().enumerate().map(|(i, m)| chat_message(i, m)).collect::<std::result::Result<_, _>>()?;
         let mut job = asks.apply(opts.job(&req.model, PromptInput::Chat(messages), Vec::new(), keep_alive));
         job.tools = tools;
+        job.truncate = job.truncate.filter(|_| req.truncate != Some(false));
         Action::Generate(Box::new(job))
     };
     Ok(Call { api: Api::Chat, model: req.model, stream, action, logprobs: asks.logprobs })
@@ -421,6 +424,7 @@ impl Api {
             total_duration: Some(nanos(j.total)),
             load_duration: Some(nanos(j.load)),
             prompt_eval_count: Some(j.prompt_tokens),
+            prompt_eval_cached_count: Some(j.cached_tokens).filter(|&n| n > 0),
             prompt_eval_duration: Some(nanos(j.prefill)),
             eval_count: Some(j.completion_tokens),
             eval_duration: Some(nanos(j.decode)),

@@ -165,8 +165,9 @@ pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<R
         (status = 503, description = "Shutting down", body = OpenAiErrorBody),
     ))]
 pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Response, OpenAiError> {
-    let plan = parse_json::<ResponseRequest>(&body)?.into_plan()?;
+    let mut plan = parse_json::<ResponseRequest>(&body)?.into_plan()?;
     state.model(&plan.job.model)?;
+    plan.job.truncate = state.config.v1_truncation();
     let head = Head { id: new_id("resp_"), created: unix_seconds(SystemTime::now()), model: plan.job.model.clone() };
     let rx = state.queue.submit(Work::Generate(plan.job)).map_err(ApiError::from)?;
     let mut writer = responses::Writer::new(head, plan.echo, plan.logprobs, plan.stream);
@@ -266,8 +267,9 @@ fn f32_le_bytes(v: &[f32]) -> Vec<u8> {
 
 /// Queues a request's generations, one per choice, and answers them whole or as a
 /// stream.
-async fn generate(state: &AppState, plan: Plan) -> Result<Response, ApiError> {
+async fn generate(state: &AppState, mut plan: Plan) -> Result<Response, ApiError> {
     state.model(&plan.job.model)?;
+    plan.job.truncate = state.config.v1_truncation();
     let prefix = match plan.api {
         Api::Chat => "chatcmpl-",
         Api::Completion => "cmpl-",

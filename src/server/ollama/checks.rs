@@ -12,7 +12,7 @@ use crate::engine::sampler::SamplingParams;
 use crate::engine::tokenizer::TextError;
 use crate::model::sparse::SparseFfn;
 use crate::queue::models::ModelInfo;
-use crate::queue::{GenerateJob, KeepAlive, PromptInput};
+use crate::queue::{GenerateJob, KeepAlive, PromptInput, Truncation};
 use crate::server::AppState;
 use crate::server::error::ApiError;
 use crate::server::tools::checked;
@@ -102,6 +102,7 @@ pub(super) struct Resolved {
     max_tokens: Option<usize>,
     stop: Vec<String>,
     num_ctx: Option<usize>,
+    truncate: Option<Truncation>,
     sparse_ffn: Option<(SparseFfn, &'static str)>,
 }
 
@@ -136,6 +137,7 @@ impl Resolved {
             template_vars: serde_json::Map::new(),
             split_reasoning: false,
             sparse_ffn: self.sparse_ffn,
+            truncate: self.truncate,
         }
     }
 }
@@ -251,7 +253,13 @@ fn resolve(
         Some(Ok(s)) => Some((s, "options.sparse_ffn")),
         Some(Err(e)) => return Err(bad("sparse_ffn", &e)),
     };
-    Ok(Resolved { sampling, max_tokens, stop, num_ctx, sparse_ffn })
+    let truncate = match o.num_keep {
+        None => Some(Truncation::default()),
+        Some(-1) => None,
+        Some(n) if n >= 0 => Some(Truncation { num_keep: usize::try_from(n).unwrap_or(usize::MAX) }),
+        Some(_) => return Err(bad("num_keep", "must be -1 (keep the whole prompt) or at least 0")),
+    };
+    Ok(Resolved { sampling, max_tokens, stop, num_ctx, truncate, sparse_ffn })
 }
 
 #[cfg(test)]

@@ -55,9 +55,13 @@ pub(crate) async fn show(State(state): State<AppState>, body: Bytes) -> Result<J
     let req: ModelRef = parse_json(&body)?;
     let name = named(&req)?.to_string();
     let sparse_ffn = state.config.sparse_ffn;
+    let loaded = state.status.loaded.clone();
     // A store model is read from its files the first time.
     let info = tokio::task::spawn_blocking(move || require_model(&state, &name)).await.map_err(internal)??;
-    Ok(Json(describe(&info, sparse_ffn)))
+    // Loaded, its context is known: what its requests get unless they say `num_ctx`.
+    let key = canonical(&info.name);
+    let context = loaded.lock().expect("status lock").iter().find(|m| m.name == key).map(|m| m.context_length);
+    Ok(Json(describe(&info, sparse_ffn, context)))
 }
 
 /// Lists the models in memory.
@@ -205,7 +209,9 @@ fn capabilities(info: &ModelInfo) -> Vec<String> {
     caps
 }
 
-fn describe(info: &ModelInfo, sparse_ffn: crate::model::sparse::SparseFfn) -> ShowResponse {
+/// `context`: the context it runs with, when loaded (a `num_ctx` parameter line unless
+/// its Modelfile sets one).
+fn describe(info: &ModelInfo, sparse_ffn: crate::model::sparse::SparseFfn, context: Option<usize>) -> ShowResponse {
     let mut parameters: String = generation_parameters(info).iter().map(|(k, v)| format!("{k:<30} {v}\n")).collect();
     let modelfile = info.modelfile.clone().unwrap_or_default();
     for (k, v) in &modelfile.parameters {
@@ -216,6 +222,9 @@ fn describe(info: &ModelInfo, sparse_ffn: crate::model::sparse::SparseFfn) -> Sh
         for v in values {
             parameters.push_str(&format!("{k:<30} {v}\n"));
         }
+    }
+    if let Some(n) = context.filter(|_| !modelfile.parameters.contains_key("num_ctx")) {
+        parameters.push_str(&format!("{:<30} {n}\n", "num_ctx"));
     }
     let template = info.chat_template.clone().unwrap_or_default();
     let mut text = format!(

@@ -19,6 +19,11 @@ pub struct Options {
     /// Context length for this request (capped at the model's).
     #[serde(default, deserialize_with = "int")]
     pub num_ctx: Option<i64>,
+    /// Tokens at the prompt's start kept when a prompt longer than the context is cut
+    /// (default 4; the system messages and tools are kept whatever it says); -1: keep the
+    /// whole prompt, so that one too long is refused.
+    #[serde(default, deserialize_with = "int")]
+    pub num_keep: Option<i64>,
     /// Default 0.8; 0 is greedy.
     pub temperature: Option<f32>,
     /// Default 40; 0 or less: off.
@@ -56,6 +61,7 @@ impl Options {
         Options {
             num_predict: self.num_predict.or(defaults.num_predict),
             num_ctx: self.num_ctx.or(defaults.num_ctx),
+            num_keep: self.num_keep.or(defaults.num_keep),
             sparse_ffn: self.sparse_ffn.or(defaults.sparse_ffn),
             temperature: self.temperature.or(defaults.temperature),
             top_k: self.top_k.or(defaults.top_k),
@@ -160,6 +166,9 @@ pub struct GenerateRequest {
     /// Alternatives reported per token, 0..=20 (with `logprobs`).
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<i64>,
+    /// Cut a prompt longer than the context (the default): the oldest messages other
+    /// than system ones go first, then the middle of what is left; `false`: refuse it.
+    pub truncate: Option<bool>,
 }
 
 /// A message of `POST /api/chat`.
@@ -207,6 +216,9 @@ pub struct ChatRequest {
     /// Alternatives reported per token, 0..=20 (with `logprobs`).
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<i64>,
+    /// Cut a prompt longer than the context (the default): the oldest messages other
+    /// than system ones go first, then the middle of what is left; `false`: refuse it.
+    pub truncate: Option<bool>,
 }
 
 /// The counters of a finished generation, on the final line only (durations in
@@ -219,8 +231,12 @@ pub struct Timings {
     pub total_duration: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load_duration: Option<u64>,
+    /// Every prompt token, those a cache held included (as Ollama counts them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_eval_count: Option<usize>,
+    /// Of those, the tokens a kept cache already held (absent when none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_eval_cached_count: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_eval_duration: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -236,6 +236,7 @@ pub(in crate::server) fn job(
         template_vars: serde_json::Map::new(),
         split_reasoning: false,
         sparse_ffn: None,
+        truncate: None,
     })
 }
 

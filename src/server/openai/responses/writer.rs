@@ -221,6 +221,7 @@ impl Writer {
         let mut out = Vec::new();
         let code = match e.kind {
             ErrorKind::InvalidRequest => "invalid_prompt",
+            ErrorKind::ContextLength => "context_length_exceeded",
             _ => "server_error",
         };
         self.event(&mut out, "error", json!({"code": code, "message": e.message, "param": e.param}));
