@@ -53,6 +53,8 @@ fi
 
 if [[ ${STRATA_SKIP_CLIENTS:-0} != 1 ]]; then
   ensure_venv target/client-venv tests/clients/requirements.txt
+  # litellm pins its own openai: a venv of its own, driven from tests/clients/test_context.py.
+  ensure_venv target/litellm-venv tests/clients/requirements-litellm.txt || failed+=("the litellm venv")
   target/client-venv/bin/python -m pytest tests/clients -q || failed+=("client tests (tests/clients)")
 fi
 
