@@ -558,17 +558,21 @@ async fn errors_have_the_right_status_and_shape() {
             .await;
     }
 
-    // A prompt longer than the context is a 400 even on the (default) streaming path.
+    // A prompt longer than the context, with `truncate: false`, is a 400 even on the
+    // (default) streaming path; without it, it is cut and answered (Ollama's way).
     let long = "hello world ".repeat(400);
-    expect_error(&app, "/api/generate", json!({"model": "llama3", "prompt": long, "raw": true}), bad, "context").await;
-    expect_error(
-        &app,
-        "/api/chat",
-        json!({"model": "llama3", "messages": [{"role": "user", "content": long}]}),
-        bad,
-        "context",
-    )
-    .await;
+    let body = json!({"model": "llama3", "prompt": long, "raw": true, "truncate": false});
+    expect_error(&app, "/api/generate", body, bad, "maximum context length").await;
+    let chat = json!({"model": "llama3", "messages": [{"role": "user", "content": long}], "truncate": false});
+    expect_error(&app, "/api/chat", chat, bad, "maximum context length").await;
+    let keep_all = json!({"model": "llama3", "prompt": long, "raw": true, "options": {"num_keep": -1}});
+    expect_error(&app, "/api/generate", keep_all, bad, "maximum context length").await;
+    let body = json!({"model": "llama3", "prompt": long, "raw": true, "stream": false, "options": {"num_predict": 2}});
+    let (status, _, bytes) = send(&app, post_json("/api/generate", body)).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+    let v = json(&bytes);
+    let ctx = v["prompt_eval_count"].as_u64().unwrap();
+    assert!(ctx > 4 && ctx < 256, "cut below the context: {v}");
 
     // The body is JSON whatever the Content-Type says.
     let req = Request::post("/api/generate")
