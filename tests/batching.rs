@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use strata::backend::KvType;
 use strata::backend::device::DeviceSpec;
+use strata::engine::batch::plan::WAITING_STEP_TOKENS;
 use strata::engine::batch::{self, Sequence};
 use strata::engine::sampler::SamplingParams;
 use strata::engine::session::{Engine, GenerateRequest, RunOptions, TokenEvent};
@@ -273,7 +274,8 @@ fn reused_prefix(fixture: &str) {
 }
 
 /// A short request admitted while a long prompt prefills gets its first token at the
-/// step it joins: prompts go shortest first, and the long one's next chunk waits a step.
+/// step it joins, and a token every step after: while it decodes, the long prompt
+/// advances in slices that fit the waiting budget beside it, then in whole chunks again.
 #[test]
 fn a_short_request_is_not_kept_behind_a_long_prompt() {
     let path = root().join("tests/fixtures/hf/llama3");
@@ -284,20 +286,28 @@ fn a_short_request_is_not_kept_behind_a_long_prompt() {
     long.prompt = long.prompt.iter().copied().cycle().take(2048).collect();
     let chunk = 512;
     let mut seqs = vec![Sequence::new(&e, e.model.new_cache(e.context_len).unwrap(), Vec::new(), long).unwrap()];
-    batch::step(&e, &mut seqs.iter_mut().collect::<Vec<_>>(), chunk, &|| false).unwrap();
-    assert_eq!(seqs[0].prompt_left(), 2048 - chunk);
+    let mut step = |seqs: &mut Vec<Sequence>| {
+        let before = seqs[0].prompt_left();
+        batch::step(&e, &mut seqs.iter_mut().collect::<Vec<_>>(), chunk, &|| false).unwrap();
+        before - seqs[0].prompt_left()
+    };
+    assert_eq!(step(&mut seqs), chunk, "alone, a whole chunk");
     // The short one joins: it prefills and samples in this very step.
     seqs.push(Sequence::new(&e, e.model.new_cache(e.context_len).unwrap(), Vec::new(), reqs[1].clone()).unwrap());
-    batch::step(&e, &mut seqs.iter_mut().collect::<Vec<_>>(), chunk, &|| false).unwrap();
+    let ran = step(&mut seqs);
     assert_eq!(seqs[1].prompt_left(), 0);
     assert!(seqs[1].drain_events().any(|ev| matches!(ev, TokenEvent::Token { .. })), "a first token at once");
-    assert_eq!(seqs[0].prompt_left(), 2048 - chunk, "the long prompt gave way for one step");
-    // Then both go on: the short one decodes beside each of the long one's chunks.
-    for left in [1024, 512, 0] {
-        batch::step(&e, &mut seqs.iter_mut().collect::<Vec<_>>(), chunk, &|| false).unwrap();
-        assert_eq!(seqs[0].prompt_left(), left);
+    assert!(ran + reqs[1].prompt.len() <= WAITING_STEP_TOKENS, "beside the short prompt, {ran} rows of the long one");
+    // While it decodes, a token every step, each beside a slice of the long prompt.
+    while !seqs[1].is_finished() {
+        let ran = step(&mut seqs);
+        assert!((2..WAITING_STEP_TOKENS).contains(&ran), "{ran} rows of the long prompt beside a decode");
         assert!(seqs[1].drain_events().any(|ev| matches!(ev, TokenEvent::Token { .. })), "a token every step");
     }
+    seqs.pop();
+    let left = seqs[0].prompt_left();
+    assert!(left > chunk, "the long prompt is still there: {left} tokens");
+    assert_eq!(step(&mut seqs), chunk, "alone again, whole chunks");
 }
 
 mod worker {

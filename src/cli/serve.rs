@@ -55,8 +55,9 @@ pub struct ServeArgs {
     /// allows, at most 8.
     #[arg(long, default_value_t = 0)]
     pub parallel: usize,
-    /// Prompt tokens one step runs, shared by the requests prefilling; running requests
-    /// keep decoding between the chunks of a long prompt.
+    /// Prompt tokens one step runs when no request is decoding, shared by the requests
+    /// prefilling; while one decodes, a long prompt runs in smaller slices (about 64
+    /// rows a step in all) between its tokens.
     #[arg(long = "prefill-chunk", default_value_t = crate::engine::session::PREFILL_CHUNK, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub prefill_chunk: usize,
     /// KV cache memory each model's running requests may claim at once (bytes, or with

@@ -18,6 +18,9 @@ use super::stop::StopMatcher;
 use crate::backend::cpu::top_k_row;
 use crate::model::decoder::{KvCache, LastOutput, ModelError, SeqStep};
 
+pub mod plan;
+use plan::{Feed, Need, StepBudget};
+
 /// One generation in progress.
 pub struct Sequence {
     cache: KvCache,
@@ -53,14 +56,6 @@ pub struct Sequence {
     /// Its first token's output, already there: the request repeats exactly a prompt
     /// whose cache (and last output) it took over; the next step samples from it.
     ready: Option<LastOutput>,
-}
-
-/// What one step feeds a sequence: a prompt chunk (`true` when it ends the prompt) or
-/// its last sampled token.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Feed {
-    Prompt { n: usize, last: bool },
-    Decode,
 }
 
 impl Sequence {
@@ -223,12 +218,13 @@ impl Sequence {
         }
     }
 
-    /// What this step runs for it when it is decoding (its prompt chunks are planned
-    /// by [`step`]).
-    fn decode_feed(&self) -> Option<Feed> {
-        match (self.finish, self.prompt_left()) {
-            (None, 0) => self.pending.map(|_| Feed::Decode),
-            _ => None,
+    /// What it asks of the next step ([`plan::plan`]).
+    fn need(&self) -> Need {
+        match (self.finish, self.prompt_left(), self.pending) {
+            (Some(_), ..) => Need::Nothing,
+            (None, 0, Some(_)) => Need::Decode { at: self.cache.len() },
+            (None, 0, None) => Need::Nothing,
+            (None, left, _) => Need::Prompt { at: self.fed, left },
         }
     }
 
@@ -358,16 +354,22 @@ fn out_for(out: &LastOutput, cut: Option<usize>, vocab: usize) -> Option<LastOut
 }
 
 /// Advances every unfinished sequence in `seqs` by one forward pass: each decoding one
-/// runs its last sampled token, and the prefilling ones run their next prompt chunk
-/// (`prefill_chunk` tokens, or what is left), shortest remaining prompt first, while the
-/// chunks fit in `prefill_chunk` tokens (one always runs). Returns the number of
-/// sequences that ran. A sequence that starts from a kept prompt output (see
+/// runs its last sampled token, and the prefilling ones a slice of their prompt, as
+/// [`plan::plan`] shares the step's rows out ([`StepBudget::new`]: whole chunks of
+/// `prefill_chunk` tokens for prompts alone, about [`plan::WAITING_STEP_TOKENS`] rows
+/// while a sequence decodes or a short prompt is about to answer). Returns the number
+/// of sequences that ran. A sequence that starts from a kept prompt output (see
 /// [`Sequence::new`]) samples its first token from it instead, and the step ends there:
 /// it returns how many did.
 ///
-/// A sequence computes exactly what it would alone: its prompt is cut into the same
-/// chunks whatever else runs, sampling sees only its own cut of the logits, and the
-/// backend keeps sequences apart in its row-count-dependent kernels
+/// A sequence computes exactly what it would alone. Where its rows depend on how a
+/// prompt is cut (a backend's kernels chosen by row count, a mixture of experts: see
+/// [`StepBudget::new`]), its prompt is cut into the same chunks whatever else runs;
+/// elsewhere (a dense model on the CPU: a prompt's rows take the GEMM, whatever their
+/// count) its slices follow the budget, but never a slice of one row, which would take
+/// the decode kernel.
+/// Sampling sees only its own cut of the logits, and the backend keeps sequences apart
+/// in its row-count-dependent kernels
 /// ([`Backend::matmul_seqs`](crate::backend::Backend::matmul_seqs)), which is why the
 /// one-row sequences come first in the pass.
 ///
@@ -396,25 +398,9 @@ pub fn step(
     if readied > 0 {
         return Ok(readied);
     }
-    let mut feeds: Vec<Option<Feed>> = seqs.iter().map(|s| s.decode_feed()).collect();
-    let mut by_prompt: Vec<usize> =
-        (0..seqs.len()).filter(|&i| !seqs[i].is_finished() && seqs[i].prompt_left() > 0).collect();
-    by_prompt.sort_by_key(|&i| seqs[i].prompt_left());
-    let mut budget = chunk;
-    for i in by_prompt {
-        let left = seqs[i].prompt_left();
-        // Never leave a last chunk of one token: it would take the decode kernel.
-        let n = match left.min(chunk) {
-            n if left - n == 1 && n > 2 => n - 1,
-            n if left - n == 1 => left,
-            n => n,
-        };
-        if n > budget && budget < chunk {
-            continue;
-        }
-        feeds[i] = Some(Feed::Prompt { n, last: n == seqs[i].prompt_left() });
-        budget = budget.saturating_sub(n);
-    }
+    let needs: Vec<Need> = seqs.iter().map(|s| s.need()).collect();
+    let budget = StepBudget::new(engine.model.config(), chunk, engine.model.chunking_changes_rows());
+    let feeds = plan::plan(&needs, &budget);
     let rows = |f: &Feed| match *f {
         Feed::Prompt { n, .. } => n,
         Feed::Decode => 1,

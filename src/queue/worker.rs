@@ -47,7 +47,8 @@ pub struct WorkerConfig {
     /// Running sequences per model (`None`: what KV memory allows, at most
     /// [`DEFAULT_PARALLEL`]).
     pub parallel: Option<usize>,
-    /// Prompt tokens one step runs, over every sequence prefilling.
+    /// Prompt tokens one step runs when no sequence decodes, over every sequence
+    /// prefilling ([`batch::plan`](crate::engine::batch::plan)).
     pub prefill_chunk: usize,
     /// Bytes of KV cache each model's running requests may claim at once (`None`:
     /// [`KV_MEMORY_SHARE`] of the memory free once the model has loaded, and at least one
