@@ -247,12 +247,13 @@ pub(super) struct TokenStep {
     pub top: Vec<TokenLogprob>,
 }
 
-/// The finish reason: `tool_calls` when the reply called tools.
+/// The finish reason: `length` when the token limit cut the text or a call
+/// ([`JobDone::cut_short`]), else `tool_calls` when the reply called tools.
 fn finish_reason(done: &JobDone) -> Result<FinishReason, ApiError> {
     match done.finish {
+        EngineFinish::Stop | EngineFinish::Length if done.cut_short() => Ok(FinishReason::Length),
         EngineFinish::Stop | EngineFinish::Length if !done.tool_calls.is_empty() => Ok(FinishReason::ToolCalls),
-        EngineFinish::Stop => Ok(FinishReason::Stop),
-        EngineFinish::Length => Ok(FinishReason::Length),
+        EngineFinish::Stop | EngineFinish::Length => Ok(FinishReason::Stop),
         EngineFinish::Cancelled => {
             Err(ApiError::new(ErrorKind::Unavailable, "the generation was cancelled: the server is shutting down"))
         }
