@@ -375,6 +375,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::engine::toolcall::ToolCall;
     use crate::queue::JobError;
 
     fn head() -> Head {
@@ -399,6 +400,21 @@ mod tests {
         }
         out.extend(w.closed());
         out.iter().map(|s| serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone()))).collect()
+    }
+
+    #[test]
+    fn a_limit_that_cut_a_call_is_length_and_one_after_the_calls_is_tool_calls() {
+        let call = ToolCall { id: "call_1".into(), name: "f".into(), arguments: "{}".into() };
+        let reason = |finish, calls: Vec<ToolCall>, cut| {
+            let done = JobDone { tool_calls: calls, tool_cut: cut, ..JobDone::ended(finish, 4, 3) };
+            finish_reason(&done).unwrap()
+        };
+        assert_eq!(reason(EngineFinish::Length, vec![call.clone()], true), FinishReason::Length);
+        assert_eq!(reason(EngineFinish::Length, vec![call.clone()], false), FinishReason::ToolCalls);
+        assert_eq!(reason(EngineFinish::Length, Vec::new(), true), FinishReason::Length);
+        assert_eq!(reason(EngineFinish::Length, Vec::new(), false), FinishReason::Length);
+        assert_eq!(reason(EngineFinish::Stop, vec![call], false), FinishReason::ToolCalls);
+        assert_eq!(reason(EngineFinish::Stop, Vec::new(), false), FinishReason::Stop);
     }
 
     #[test]
