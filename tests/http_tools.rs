@@ -387,3 +387,36 @@ async fn reasoning_effort_reaches_the_template() {
     assert_eq!(sizes[1], sizes[2], "{sizes:?}");
     assert!(sizes[1] > sizes[0], "{sizes:?}");
 }
+
+#[tokio::test]
+async fn a_forced_call_cut_by_max_tokens_keeps_its_complete_calls() {
+    let (app, _) = app_with_context(1024);
+    let mut seen = Vec::new();
+    for model in ["qwen3", "llama3"] {
+        for max_tokens in [24, 48, 96] {
+            for seed in 0..4 {
+                let body = chat(
+                    model,
+                    json!({"tools": [weather()], "tool_choice": "required", "temperature": 1,
+                    "seed": seed, "max_tokens": max_tokens}),
+                );
+                let (status, _, out) = send(&app, post_json("/v1/chat/completions", body)).await;
+                let v = json(&out);
+                assert_eq!(status, StatusCode::OK, "{v}");
+                let choice = &v["choices"][0];
+                let content = choice["message"]["content"].as_str().unwrap_or_default();
+                assert!(content.trim().is_empty(), "{model} {max_tokens} {seed}: call text as content: {v}");
+                let calls = choice["message"]["tool_calls"].as_array().cloned().unwrap_or_default();
+                for c in &calls {
+                    let args: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+                    assert!(args["city"].is_string(), "{v}");
+                }
+                let finish = choice["finish_reason"].as_str().unwrap().to_string();
+                assert!(finish == "length" || (finish == "tool_calls" && !calls.is_empty()), "{v}");
+                seen.push((finish, calls.len()));
+            }
+        }
+    }
+    // Some replies the limit cut inside a later call still carry the calls before it.
+    assert!(seen.iter().any(|(f, n)| f == "length" && *n > 0), "{seen:?}");
+}

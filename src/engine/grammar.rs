@@ -30,6 +30,9 @@ use toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 
 use super::tokenizer::TextTokenizer;
 
+mod closed;
+pub use closed::close_objects;
+
 /// The tokens a grammar allows next: one bit per vocabulary id.
 pub use toktrie::SimpleVob as TokenSet;
 
@@ -108,7 +111,8 @@ impl GrammarSpec {
     }
 }
 
-/// `schema` with Strata's JSON compile options in `x-guidance` (the schema's own
+/// `schema` with its objects closed ([`close_objects`]) and Strata's JSON compile
+/// options in `x-guidance` (the schema's own
 /// `x-guidance` entries win): whitespace bounded by [`JSON_WHITESPACE`], and `oneOf`
 /// treated as `anyOf` (as llama.cpp does; exclusive alternatives cannot be checked while
 /// generating). Keywords llguidance cannot enforce (`uniqueItems`, `not`, ...) stay errors,
@@ -122,7 +126,7 @@ fn with_json_options(schema: Value, lenient: bool) -> Value {
     let mut schema = match schema {
         // `true` is the schema that accepts anything.
         Value::Bool(true) => json!({}),
-        Value::Object(map) => Value::Object(map),
+        Value::Object(map) => close_objects(Value::Object(map)),
         // Anything else is no schema: llguidance says so.
         other => return other,
     };
@@ -709,6 +713,26 @@ mod tests {
             assert!((1..=3).contains(&tags.len()) && tags.iter().all(Value::is_boolean), "{text}");
             assert!((0..=99).contains(&obj["age"].as_i64().unwrap()), "{text}");
         }
+    }
+
+    #[test]
+    fn an_object_without_additional_properties_admits_no_other_key() {
+        let (tok, env) = env();
+        let props = json!({"answer": {"enum": ["yes", "no"]}, "confidence": {"type": "number"}});
+        let closed = GrammarSpec::JsonSchema(json!({"type": "object", "properties": props}));
+        let mut c = Constraint::new(&closed, &env).unwrap();
+        feed(&mut c, &tok, "{\"answer\": \"yes\", \"confidence\": 0.5").unwrap();
+        let e = feed(&mut c, &tok, ", \"why\": 1}").unwrap_err();
+        assert!(e.contains("not allowed"), "{e}");
+        // The closing brace is what may come.
+        let mut c = Constraint::new(&closed, &env).unwrap();
+        feed(&mut c, &tok, "{\"answer\": \"yes\", \"confidence\": 0.5}").unwrap();
+        assert!(c.is_done() || c.allowed().unwrap().is_allowed(481));
+        // The schema's own `additionalProperties: true` keeps other keys.
+        let open =
+            GrammarSpec::JsonSchema(json!({"type": "object", "properties": props, "additionalProperties": true}));
+        let mut c = Constraint::new(&open, &env).unwrap();
+        feed(&mut c, &tok, "{\"answer\": \"yes\", \"confidence\": 0.5, \"why\": 1}").unwrap();
     }
 
     #[test]

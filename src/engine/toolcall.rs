@@ -22,7 +22,10 @@
 
 use serde_json::Value;
 
-use super::grammar::GrammarSpec;
+use super::grammar::{GrammarSpec, close_objects};
+
+mod scan;
+use scan::{Scan, scan};
 
 /// How a model writes tool calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,19 +149,11 @@ pub struct ToolCallParser {
     args_sent: usize,
     /// Whether the current call's `Begin` went out.
     begun: bool,
+    /// Calls of the current list (a reply's, or after Mistral's trigger) already ended.
+    block_done: usize,
+    /// Whether the text ended inside a call ([`ToolCallParser::cut`]).
+    cut: bool,
     id_prefix: String,
-}
-
-/// The scan of one call's text so far.
-#[derive(Debug, PartialEq)]
-enum Scan {
-    /// The call is not complete. `name` once known; `args` the arguments text so far
-    /// that may be streamed (it only grows).
-    Partial { name: Option<String>, args: String },
-    /// Complete: name, arguments JSON text, and how many bytes of the text it used.
-    Done { calls: Vec<(String, String)>, used: usize },
-    /// Not a call.
-    Invalid,
 }
 
 impl ToolCallParser {
@@ -182,12 +177,20 @@ impl ToolCallParser {
             calls: Vec::new(),
             args_sent: 0,
             begun: false,
+            block_done: 0,
+            cut: false,
             id_prefix,
         }
     }
 
     pub fn format(&self) -> ToolFormat {
         self.format
+    }
+
+    /// Whether the text ended inside a call ([`ToolCallParser::finish`] settles it): the
+    /// token limit cut one. The calls completed before it stand.
+    pub fn cut(&self) -> bool {
+        self.cut
     }
 
     /// The calls completed so far.
@@ -212,8 +215,10 @@ impl ToolCallParser {
         out
     }
 
-    /// The generation ended: whatever is held back is settled. A call cut off before
-    /// its end is kept when its JSON is complete, and becomes text otherwise.
+    /// The generation ended: whatever is held back is settled. A call cut off before its
+    /// end is kept when its JSON is complete (a list's or the wrapper's closing brackets
+    /// may be missing) and dropped otherwise ([`ToolCallParser::cut`]); text that never
+    /// became a call is content.
     pub fn finish(&mut self) -> Vec<ToolEvent> {
         let mut out = Vec::new();
         self.advance(true, &mut out);
@@ -274,71 +279,88 @@ impl ToolCallParser {
                     }
                     return;
                 }
-                Mode::Call => {
-                    let scan = self.scan(eof);
-                    match scan {
-                        Scan::Partial { name, args } => {
-                            if let Some(name) = name {
-                                self.begin(name, out);
-                                if args.len() > self.args_sent && args.is_char_boundary(self.args_sent) {
-                                    let index = self.calls.len() - 1;
-                                    out.push(ToolEvent::Args { index, fragment: args[self.args_sent..].to_string() });
-                                    self.calls[index].arguments.push_str(&args[self.args_sent..]);
-                                    self.args_sent = args.len();
-                                }
+                Mode::Call => match scan(self.format, &self.buf, &self.tools, eof) {
+                    Scan::Partial(p) => {
+                        let call = p.call || !p.done.is_empty() || self.begun || self.block_done > 0;
+                        for (name, args) in p.done.into_iter().skip(self.block_done) {
+                            self.end_call(name, args, out);
+                            self.block_done += 1;
+                        }
+                        if let Some(name) = p.name {
+                            self.begin(name, out);
+                            let args = p.args;
+                            if args.len() > self.args_sent && args.is_char_boundary(self.args_sent) {
+                                let index = self.calls.len() - 1;
+                                out.push(ToolEvent::Args { index, fragment: args[self.args_sent..].to_string() });
+                                self.calls[index].arguments.push_str(&args[self.args_sent..]);
+                                self.args_sent = args.len();
                             }
-                            if eof {
-                                // Cut off inside a call: what was not handed on is text.
-                                self.begun = false;
-                                if self.args_sent == 0 && self.calls.last().is_some_and(|c| c.arguments.is_empty()) {
-                                    self.calls.pop();
-                                }
-                                self.mode = Mode::TextOnly;
-                                continue;
-                            }
+                        }
+                        if !eof {
                             return;
                         }
-                        Scan::Done { calls, used } => {
-                            for (name, args) in calls {
-                                self.begin(name, out);
-                                let index = self.calls.len() - 1;
-                                let sent = &self.calls[index].arguments;
-                                let fragment = match args.strip_prefix(sent.as_str()) {
-                                    Some(rest) => rest.to_string(),
-                                    // What was streamed is not a prefix of the final text
-                                    // (never for well-formed JSON): send the rest anyway.
-                                    None => args[sent.len().min(args.len())..].to_string(),
-                                };
-                                if !fragment.is_empty() {
-                                    out.push(ToolEvent::Args { index, fragment });
-                                }
-                                self.calls[index].arguments = args;
-                                out.push(ToolEvent::End { index, call: self.calls[index].clone() });
-                                self.begun = false;
-                                self.args_sent = 0;
-                            }
-                            self.buf.drain(..used.min(self.buf.len()));
-                            self.mode = match self.format {
-                                ToolFormat::Llama3 | ToolFormat::Generic => Mode::TextOnly,
-                                _ => Mode::Text,
-                            };
-                        }
-                        Scan::Invalid => {
-                            // Not a call after all: it is content, and so is the rest.
-                            let text = match self.format.trigger() {
-                                Some(t) if !self.begun => format!("{t}{}", self.buf),
-                                _ => std::mem::take(&mut self.buf),
-                            };
+                        self.mode = Mode::TextOnly;
+                        if call {
+                            // Cut off inside calls: those complete stand, the one in
+                            // progress (streamed as far as it got) is dropped.
+                            self.cut = p.pending;
+                            self.drop_begun();
                             self.buf.clear();
-                            if self.begun {
-                                self.begun = false;
-                            }
-                            out.push(ToolEvent::Text(text));
-                            self.mode = Mode::TextOnly;
                         }
                     }
-                }
+                    Scan::Done { calls, used } => {
+                        for (name, args) in calls.into_iter().skip(self.block_done) {
+                            self.end_call(name, args, out);
+                        }
+                        self.block_done = 0;
+                        self.buf.drain(..used.min(self.buf.len()));
+                        self.mode = match self.format {
+                            ToolFormat::Llama3 | ToolFormat::Generic => Mode::TextOnly,
+                            _ => Mode::Text,
+                        };
+                    }
+                    Scan::Invalid => {
+                        // Not a call after all: it is content, and so is the rest.
+                        let text = match self.format.trigger() {
+                            Some(t) if !self.begun => format!("{t}{}", self.buf),
+                            _ => std::mem::take(&mut self.buf),
+                        };
+                        self.buf.clear();
+                        self.drop_begun();
+                        out.push(ToolEvent::Text(text));
+                        self.mode = Mode::TextOnly;
+                    }
+                },
             }
+        }
+    }
+
+    /// Ends the call in progress (or begins and ends one) with its whole arguments.
+    fn end_call(&mut self, name: String, args: String, out: &mut Vec<ToolEvent>) {
+        self.begin(name, out);
+        let index = self.calls.len() - 1;
+        let sent = &self.calls[index].arguments;
+        let fragment = match args.strip_prefix(sent.as_str()) {
+            Some(rest) => rest.to_string(),
+            // What was streamed is not a prefix of the final text (never for
+            // well-formed JSON): send the rest anyway.
+            None => args[sent.len().min(args.len())..].to_string(),
+        };
+        if !fragment.is_empty() {
+            out.push(ToolEvent::Args { index, fragment });
+        }
+        self.calls[index].arguments = args;
+        out.push(ToolEvent::End { index, call: self.calls[index].clone() });
+        self.begun = false;
+        self.args_sent = 0;
+    }
+
+    /// Forgets the call in progress: it never ended.
+    fn drop_begun(&mut self) {
+        if self.begun {
+            self.calls.pop();
+            self.begun = false;
+            self.args_sent = 0;
         }
     }
 
@@ -352,16 +374,6 @@ impl ToolCallParser {
         self.calls.push(ToolCall { id, name, arguments: String::new() });
         self.begun = true;
         self.args_sent = 0;
-    }
-
-    /// Scans the current call's text (`buf`, after the trigger).
-    fn scan(&self, eof: bool) -> Scan {
-        match self.format {
-            ToolFormat::Hermes => scan_tagged_json(&self.buf, "</tool_call>", eof),
-            ToolFormat::QwenXml => scan_qwen_xml(&self.buf, &self.tools, eof),
-            ToolFormat::Llama3 | ToolFormat::Generic => scan_reply_json(&self.buf, eof),
-            ToolFormat::Mistral => scan_mistral(&self.buf, eof),
-        }
     }
 }
 
@@ -382,383 +394,6 @@ pub(crate) fn partial_suffix(text: &str, pat: &str) -> usize {
         .rev()
         .find(|&n| text.is_char_boundary(text.len() - n) && pat.starts_with(&text[text.len() - n..]))
         .unwrap_or(0)
-}
-
-/// Where the JSON value starting at `text[0]` ends: `Some(len)` when complete, `None`
-/// when the text ends inside it, `Err` when it is not JSON there.
-fn json_value_len(text: &str) -> Result<Option<usize>, ()> {
-    let bytes = text.as_bytes();
-    let Some(&first) = bytes.first() else { return Ok(None) };
-    match first {
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut in_str = false;
-            let mut escaped = false;
-            for (i, &b) in bytes.iter().enumerate() {
-                if in_str {
-                    match (escaped, b) {
-                        (true, _) => escaped = false,
-                        (false, b'\\') => escaped = true,
-                        (false, b'"') => in_str = false,
-                        _ => {}
-                    }
-                    continue;
-                }
-                match b {
-                    b'"' => in_str = true,
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Ok(Some(i + 1));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            Ok(None)
-        }
-        b'"' => {
-            let mut escaped = false;
-            for (i, &b) in bytes.iter().enumerate().skip(1) {
-                match (escaped, b) {
-                    (true, _) => escaped = false,
-                    (false, b'\\') => escaped = true,
-                    (false, b'"') => return Ok(Some(i + 1)),
-                    _ => {}
-                }
-            }
-            Ok(None)
-        }
-        b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => {
-            let end = bytes.iter().position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t'));
-            Ok(end)
-        }
-        _ => Err(()),
-    }
-}
-
-/// A call object's name and arguments (`arguments` or `parameters`, given as an object
-/// or as a string holding one) as JSON text.
-fn call_from_value(v: &Value) -> Option<(String, String)> {
-    let obj = v.as_object()?;
-    let obj = match obj.get("function").and_then(Value::as_object) {
-        Some(f) => f,
-        None => obj,
-    };
-    let name = obj.get("name")?.as_str()?.to_string();
-    let args = match obj.get("arguments").or_else(|| obj.get("parameters")) {
-        None | Some(Value::Null) => "{}".to_string(),
-        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
-            Ok(v @ Value::Object(_)) => serde_json::to_string(&v).ok()?,
-            _ => return None,
-        },
-        Some(v @ Value::Object(_)) => serde_json::to_string(v).ok()?,
-        Some(_) => return None,
-    };
-    Some((name, args))
-}
-
-/// A call object's name and arguments, keeping the arguments' text as the model wrote it
-/// when the object starts with `name` (so the streamed fragments are a prefix of it).
-fn call_from_text(text: &str, value: &Value) -> Option<(String, String)> {
-    if let Ok(Some((name, at))) = call_prefix(text)
-        && text[at..].starts_with('{')
-        && let Ok(Some(n)) = json_value_len(&text[at..])
-    {
-        return Some((name, text[at..at + n].to_string()));
-    }
-    call_from_value(value)
-}
-
-/// The streamable start of a call object: `{"name": "NAME", "arguments": ` (or
-/// `parameters`), after which the arguments' own text follows. Returns the name and where
-/// the arguments start; `Ok(None)` when the text is too short to tell.
-fn call_prefix(text: &str) -> Result<Option<(String, usize)>, ()> {
-    let mut i = 0;
-    let b = text.as_bytes();
-    let ws = |i: &mut usize| {
-        while *i < b.len() && b[*i].is_ascii_whitespace() {
-            *i += 1;
-        }
-    };
-    // Each step: Ok(false) when the text ran out, Err when it does not match.
-    let lit = |i: &mut usize, s: &str| -> Result<bool, ()> {
-        let have = &text[*i..];
-        if have.len() < s.len() {
-            return if s.starts_with(have) { Ok(false) } else { Err(()) };
-        }
-        if have.starts_with(s) {
-            *i += s.len();
-            Ok(true)
-        } else {
-            Err(())
-        }
-    };
-    ws(&mut i);
-    if !lit(&mut i, "{")? {
-        return Ok(None);
-    }
-    ws(&mut i);
-    if !lit(&mut i, "\"name\"")? {
-        return Ok(None);
-    }
-    ws(&mut i);
-    if !lit(&mut i, ":")? {
-        return Ok(None);
-    }
-    ws(&mut i);
-    let Some(len) = json_value_len(&text[i..])? else { return Ok(None) };
-    let name: String = serde_json::from_str(&text[i..i + len]).map_err(|_| ())?;
-    i += len;
-    ws(&mut i);
-    if !lit(&mut i, ",")? {
-        return Ok(None);
-    }
-    ws(&mut i);
-    let key_start = i;
-    if lit(&mut i, "\"arguments\"").is_err() {
-        i = key_start;
-        if !lit(&mut i, "\"parameters\"")? {
-            return Ok(None);
-        }
-    } else if i == key_start {
-        // `"arguments"` ran out; `"parameters"` may still match.
-        let have = &text[key_start..];
-        return if "\"parameters\"".starts_with(have) || "\"arguments\"".starts_with(have) {
-            Ok(None)
-        } else {
-            Err(())
-        };
-    }
-    ws(&mut i);
-    if !lit(&mut i, ":")? {
-        return Ok(None);
-    }
-    ws(&mut i);
-    if i >= text.len() {
-        return Ok(None);
-    }
-    Ok(Some((name, i)))
-}
-
-/// A partial scan of a JSON call object: the name once its prefix is complete, and its
-/// arguments so far when they are an object (a string is only known whole).
-fn partial_object(text: &str) -> Scan {
-    match call_prefix(text) {
-        Err(()) => Scan::Partial { name: None, args: String::new() },
-        Ok(None) => Scan::Partial { name: None, args: String::new() },
-        Ok(Some((name, at))) => {
-            let rest = &text[at..];
-            let args = match (rest.starts_with('{'), json_value_len(rest)) {
-                (true, Ok(Some(n))) => rest[..n].to_string(),
-                (true, _) => rest.to_string(),
-                _ => String::new(),
-            };
-            Scan::Partial { name: Some(name), args }
-        }
-    }
-}
-
-/// Hermes: one JSON call object, then `end`.
-fn scan_tagged_json(buf: &str, end: &str, eof: bool) -> Scan {
-    let body = buf.trim_start();
-    let lead = buf.len() - body.len();
-    if body.is_empty() {
-        return if eof { Scan::Invalid } else { Scan::Partial { name: None, args: String::new() } };
-    }
-    match json_value_len(body) {
-        Err(()) => Scan::Invalid,
-        Ok(None) if eof => Scan::Invalid,
-        Ok(None) => partial_object(body),
-        Ok(Some(n)) => {
-            let Some(call) =
-                serde_json::from_str::<Value>(&body[..n]).ok().and_then(|v| call_from_text(&body[..n], &v))
-            else {
-                return Scan::Invalid;
-            };
-            let after = &body[n..];
-            let trimmed = after.trim_start();
-            let used = if trimmed.starts_with(end) {
-                lead + n + (after.len() - trimmed.len()) + end.len()
-            } else if !eof && (trimmed.is_empty() || end.starts_with(trimmed)) {
-                // The end tag may still come: wait for it, streaming what is known.
-                return partial_object(body);
-            } else {
-                lead + n
-            };
-            Scan::Done { calls: vec![call], used }
-        }
-    }
-}
-
-/// Llama 3 and the generic format: the reply is one JSON value: a call object, a list
-/// of them, or `{"tool_calls": [...]}`.
-fn scan_reply_json(buf: &str, eof: bool) -> Scan {
-    match json_value_len(buf) {
-        Err(()) => Scan::Invalid,
-        Ok(None) if eof => Scan::Invalid,
-        Ok(None) => match call_prefix(buf) {
-            Err(()) if buf.starts_with('{') && !buf.trim_start_matches('{').trim_start().starts_with("\"name\"") => {
-                // `{"tool_calls": [...]}` and lists are only known whole.
-                let head = buf.trim_start_matches(['{', '[', ' ', '\n']);
-                if head.is_empty() || "\"tool_calls\"".starts_with(head) || head.starts_with("\"tool_calls\"") {
-                    Scan::Partial { name: None, args: String::new() }
-                } else {
-                    Scan::Invalid
-                }
-            }
-            _ if buf.starts_with('[') => Scan::Partial { name: None, args: String::new() },
-            Err(()) => Scan::Invalid,
-            _ => partial_object(buf),
-        },
-        Ok(Some(n)) => {
-            let Ok(v) = serde_json::from_str::<Value>(&buf[..n]) else { return Scan::Invalid };
-            let calls: Option<Vec<_>> = match &v {
-                Value::Array(a) => a.iter().map(call_from_value).collect(),
-                Value::Object(o) => match o.get("tool_calls") {
-                    Some(Value::Array(a)) => a.iter().map(call_from_value).collect(),
-                    Some(_) => return Scan::Invalid,
-                    None => call_from_text(&buf[..n], &v).map(|c| vec![c]),
-                },
-                _ => return Scan::Invalid,
-            };
-            match calls {
-                Some(c) if !c.is_empty() && buf[n..].trim().is_empty() => Scan::Done { calls: c, used: buf.len() },
-                Some(_) if !eof && buf[n..].trim().is_empty() => Scan::Partial { name: None, args: String::new() },
-                _ => Scan::Invalid,
-            }
-        }
-    }
-}
-
-/// Mistral, after `[TOOL_CALLS]`: a JSON list of calls, or `NAME[ARGS]{...}` (with an
-/// optional `[CALL_ID]ID` before `[ARGS]`).
-fn scan_mistral(buf: &str, eof: bool) -> Scan {
-    let body = buf.trim_start();
-    let lead = buf.len() - body.len();
-    if body.starts_with('[') {
-        return match json_value_len(body) {
-            Err(()) => Scan::Invalid,
-            Ok(None) if eof => Scan::Invalid,
-            Ok(None) => Scan::Partial { name: None, args: String::new() },
-            Ok(Some(n)) => {
-                let Ok(Value::Array(items)) = serde_json::from_str::<Value>(&body[..n]) else { return Scan::Invalid };
-                match items.iter().map(call_from_value).collect::<Option<Vec<_>>>() {
-                    Some(calls) if !calls.is_empty() => Scan::Done { calls, used: lead + n },
-                    _ => Scan::Invalid,
-                }
-            }
-        };
-    }
-    let Some(args_at) = body.find("[ARGS]") else {
-        let name_ok = body.chars().all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '[' | ']'));
-        return if eof || !name_ok { Scan::Invalid } else { Scan::Partial { name: None, args: String::new() } };
-    };
-    let name = match body[..args_at].find("[CALL_ID]") {
-        Some(c) => &body[..c],
-        None => &body[..args_at],
-    };
-    if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.')) {
-        return Scan::Invalid;
-    }
-    let rest = &body[args_at + "[ARGS]".len()..];
-    match json_value_len(rest) {
-        Err(()) => Scan::Invalid,
-        Ok(None) if eof => Scan::Invalid,
-        Ok(None) => Scan::Partial { name: Some(name.to_string()), args: rest.to_string() },
-        Ok(Some(n)) => match serde_json::from_str::<Value>(&rest[..n]) {
-            Ok(Value::Object(_)) => Scan::Done {
-                calls: vec![(name.to_string(), rest[..n].to_string())],
-                used: lead + args_at + "[ARGS]".len() + n,
-            },
-            _ => Scan::Invalid,
-        },
-    }
-}
-
-/// Qwen3-Coder's XML: `<function=NAME>` then `<parameter=KEY>\nVALUE\n</parameter>`s,
-/// `</function>`, `</tool_call>`. Values become JSON by the tool's parameter schema:
-/// strings stay strings, other types are parsed as JSON (and kept as strings if they
-/// are not JSON).
-fn scan_qwen_xml(buf: &str, tools: &[Value], eof: bool) -> Scan {
-    let body = buf.trim_start();
-    let lead = buf.len() - body.len();
-    const OPEN: &str = "<function=";
-    if body.len() < OPEN.len() {
-        return if OPEN.starts_with(body) && !eof {
-            Scan::Partial { name: None, args: String::new() }
-        } else {
-            Scan::Invalid
-        };
-    }
-    if !body.starts_with(OPEN) {
-        return Scan::Invalid;
-    }
-    let Some(name_end) = body.find('>') else {
-        return if eof { Scan::Invalid } else { Scan::Partial { name: None, args: String::new() } };
-    };
-    let name = body[OPEN.len()..name_end].trim().to_string();
-    if name.is_empty() || name.contains(['<', '\n']) {
-        return Scan::Invalid;
-    }
-    let schema = tools
-        .iter()
-        .filter_map(|t| t.get("function").or(Some(t)))
-        .find(|f| f.get("name").and_then(Value::as_str) == Some(name.as_str()))
-        .and_then(|f| f.get("parameters"))
-        .and_then(|p| p.get("properties"));
-    let mut args = String::from("{");
-    let mut rest = &body[name_end + 1..];
-    let mut n = 0;
-    loop {
-        let trimmed = rest.trim_start();
-        if let Some(after) = trimmed.strip_prefix("</function>") {
-            args.push('}');
-            let tail = after.trim_start();
-            let used_tail = if let Some(t) = tail.strip_prefix("</tool_call>") {
-                after.len() - t.len()
-            } else if !eof && "</tool_call>".starts_with(tail) {
-                return Scan::Partial { name: Some(name), args: args[..args.len() - 1].to_string() };
-            } else {
-                0
-            };
-            let used = lead + (body.len() - after.len()) + used_tail;
-            return Scan::Done { calls: vec![(name, args)], used };
-        }
-        let Some(p) = trimmed.strip_prefix("<parameter=") else {
-            if !eof && ("<parameter=".starts_with(trimmed) || "</function>".starts_with(trimmed)) {
-                return Scan::Partial { name: Some(name), args };
-            }
-            return Scan::Invalid;
-        };
-        let (Some(key_end), Some(val_end)) = (p.find('>'), p.find("</parameter>")) else {
-            return if eof { Scan::Invalid } else { Scan::Partial { name: Some(name), args } };
-        };
-        if key_end > val_end {
-            return Scan::Invalid;
-        }
-        let key = p[..key_end].trim();
-        let raw = &p[key_end + 1..val_end];
-        let raw = raw.strip_prefix('\n').unwrap_or(raw);
-        let raw = raw.strip_suffix('\n').unwrap_or(raw);
-        let ty = schema.and_then(|s| s.get(key)).and_then(|s| s.get("type")).and_then(Value::as_str);
-        let value = match ty {
-            Some("string") | None => match serde_json::from_str::<Value>(raw) {
-                Ok(v) if ty.is_none() && !v.is_string() => v,
-                _ => Value::String(raw.to_string()),
-            },
-            _ => serde_json::from_str::<Value>(raw).unwrap_or_else(|_| Value::String(raw.to_string())),
-        };
-        if n > 0 {
-            args.push_str(", ");
-        }
-        args.push_str(&serde_json::to_string(key).unwrap_or_default());
-        args.push_str(": ");
-        args.push_str(&serde_json::to_string(&value).unwrap_or_default());
-        n += 1;
-        rest = &p[val_end + "</parameter>".len()..];
-    }
 }
 
 /// llguidance's JSON options for tool calls: `{"name": "f", "arguments": {"k": 1}}`,
@@ -800,17 +435,10 @@ pub fn call_grammar(
     if functions.is_empty() {
         return Err("`tool_choice` asks for a tool call, but `tools` holds no functions".into());
     }
-    // Arguments hold only the declared parameters unless the schema says otherwise (as
-    // OpenAI's strict mode and llama.cpp's grammars do): a small model otherwise runs on
-    // inventing keys.
+    // Arguments hold only the declared parameters unless the schema says otherwise
+    // ([`close_objects`]); the schemas inside Lark grammars are closed here.
     let params = |f: &Value| {
-        let mut p = f.get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}));
-        if let Some(o) = p.as_object_mut()
-            && o.contains_key("properties")
-        {
-            o.entry("additionalProperties").or_insert(Value::Bool(false));
-        }
-        p
+        close_objects(f.get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})))
     };
     let name = |f: &Value| f.get("name").and_then(|n| n.as_str()).unwrap_or_default().to_string();
     let call_schema = |args_key: &str| -> Value {

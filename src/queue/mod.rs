@@ -233,8 +233,20 @@ pub struct JobDone {
     pub decode: Duration,
     /// From admission to the end.
     pub total: Duration,
-    /// The tool calls of the reply, in order.
+    /// The tool calls of the reply, in order: those it completed.
     pub tool_calls: Vec<ToolCall>,
+    /// Whether the reply ended inside a tool call (the token limit cut it; the calls it
+    /// completed before are in `tool_calls`).
+    pub tool_cut: bool,
+}
+
+impl JobDone {
+    /// Whether the token limit cut the reply short: its text, or a call. A limit that
+    /// falls after the last complete call, where only a list's closing brackets were to
+    /// come, cut nothing: the calls stand as the answer.
+    pub fn cut_short(&self) -> bool {
+        self.finish == FinishReason::Length && (self.tool_calls.is_empty() || self.tool_cut)
+    }
 }
 
 #[cfg(test)]
@@ -254,6 +266,7 @@ impl JobDone {
             decode: Duration::ZERO,
             total: Duration::ZERO,
             tool_calls: Vec::new(),
+            tool_cut: false,
         }
     }
 }

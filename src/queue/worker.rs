@@ -382,7 +382,8 @@ fn chat_text(
 }
 
 /// The grammar that makes a reply call a tool (`tool_choice` `required`, or a named
-/// function), in the model's format.
+/// function), in the model's format. A named function is called once (as vLLM's named
+/// choice does); `required` makes one call or, with `parallel_tool_calls`, several.
 fn tool_grammar(format: ToolFormat, offer: &ChatTools, mistral: MistralTokens) -> Result<GrammarSpec, String> {
     let functions: Vec<&serde_json::Value> = match &offer.choice {
         ToolChoice::Function(name) => {
@@ -394,7 +395,8 @@ fn tool_grammar(format: ToolFormat, offer: &ChatTools, mistral: MistralTokens) -
         }
         _ => offer.tools.iter().filter_map(|t| t.get("function")).collect(),
     };
-    call_grammar(format, &functions, offer.parallel, mistral)
+    let parallel = offer.parallel && !matches!(offer.choice, ToolChoice::Function(_));
+    call_grammar(format, &functions, parallel, mistral)
 }
 
 /// The message of a panic caught at a job or a step.
@@ -962,6 +964,7 @@ impl Worker {
                             decode: summary.decode,
                             total: r.admitted.elapsed(),
                             tool_calls: r.tools.as_ref().map(|p| p.calls().to_vec()).unwrap_or_default(),
+                            tool_cut: r.tools.as_ref().is_some_and(|p| p.cut()),
                         });
                         replies.push((r.events, done));
                     }

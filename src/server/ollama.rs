@@ -395,8 +395,8 @@ impl End<'_> {
 impl<'a> End<'a> {
     fn done(job: &'a JobDone) -> Self {
         let reason = match job.finish {
-            FinishReason::Length => "length",
-            FinishReason::Stop | FinishReason::Cancelled => "stop",
+            FinishReason::Length if job.cut_short() => "length",
+            FinishReason::Stop | FinishReason::Cancelled | FinishReason::Length => "stop",
         };
         End { reason, job: Some(job) }
     }
@@ -695,6 +695,7 @@ mod tests {
             decode: Duration::from_millis(3),
             total: Duration::from_millis(7),
             tool_calls: Vec::new(),
+            tool_cut: false,
         };
         let v: Value = serde_json::from_slice(&Api::Generate.line("m", "hi".into(), None)).unwrap();
         assert_eq!(

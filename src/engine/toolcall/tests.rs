@@ -170,8 +170,103 @@ fn generic_json_forms() {
         "",
         &[("get_weather", json!({"city": "Oslo"}))],
     );
-    // An unfinished object is content, never a half call.
-    check(ToolFormat::Generic, "{\"tool_calls\": [{\"name\": \"get_", "{\"tool_calls\": [{\"name\": \"get_", &[]);
+    // Cut inside its first call, the wrapper is neither a call nor content.
+    check(ToolFormat::Generic, "{\"tool_calls\": [{\"name\": \"get_", "", &[]);
+    // An unfinished object that never looked like a call is content.
+    check(ToolFormat::Generic, "{\"answer\": 4", "{\"answer\": 4", &[]);
+    check(ToolFormat::Generic, "{\"name\": 4", "{\"name\": 4", &[]);
+}
+
+/// Feeds all of `text` and finishes: the events, the calls and whether a call was cut.
+fn cut_at(format: ToolFormat, text: &str) -> (String, Vec<(String, Value)>, bool) {
+    let mut p = ToolCallParser::new(format, &tools(), 3);
+    let mut events = p.push(text);
+    events.extend(p.finish());
+    let (content, _) = settle_begun(&events);
+    let calls = p.calls().iter().map(|c| (c.name.clone(), serde_json::from_str(&c.arguments).unwrap())).collect();
+    (content, calls, p.cut())
+}
+
+/// Content text and the number of calls begun (a cut call begins and never ends).
+fn settle_begun(events: &[ToolEvent]) -> (String, usize) {
+    let text = events.iter().filter_map(|e| if let ToolEvent::Text(t) = e { Some(t.as_str()) } else { None }).collect();
+    (text, events.iter().filter(|e| matches!(e, ToolEvent::Begin { .. })).count())
+}
+
+#[test]
+fn a_cut_keeps_the_complete_calls_in_every_format() {
+    let paris = || ("get_weather".to_string(), json!({"city": "Paris"}));
+    // A call whose end tag the limit cut stands.
+    let (text, calls, cut) = cut_at(
+        ToolFormat::Hermes,
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_",
+    );
+    assert_eq!((text.as_str(), calls, cut), ("", vec![paris()], false));
+    let cases: &[(ToolFormat, &str, &str)] = &[
+        // (format, one complete call, the start of a second one)
+        (
+            ToolFormat::Generic,
+            "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
+            ", {\"name\": \"get_weather\", \"arguments\": {\"ci",
+        ),
+        (
+            ToolFormat::Llama3,
+            "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+            ", {\"name\": \"get_we",
+        ),
+        (
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+            "\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Ro",
+        ),
+        (
+            ToolFormat::QwenXml,
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+            "\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRo",
+        ),
+        (
+            ToolFormat::Mistral,
+            "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
+            ", {\"name\": \"get_weather\", \"argu",
+        ),
+        (
+            ToolFormat::Mistral,
+            "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}",
+            "[TOOL_CALLS]get_weather[ARGS]{\"ci",
+        ),
+    ];
+    for &(format, first, second) in cases {
+        // Cut after the complete call (only closing brackets missing): it stands, and
+        // no call was cut.
+        let (text, calls, cut) = cut_at(format, first);
+        assert_eq!((text.trim(), calls.clone(), cut), ("", vec![paris()], false), "{format:?}: {first}");
+        // Cut inside the second: the first stands, the second is dropped, nothing is
+        // content.
+        let whole = format!("{first}{second}");
+        let (text, calls, cut) = cut_at(format, &whole);
+        assert_eq!((text.trim(), calls, cut), ("", vec![paris()], true), "{format:?}: {whole}");
+        // Cut inside the first: no calls, still no content.
+        let short = &first[..first.find("Paris").unwrap() + 2];
+        let (text, calls, cut) = cut_at(format, short);
+        assert_eq!((text.trim(), calls.len(), cut), ("", 0, true), "{format:?}: {short}");
+    }
+}
+
+#[test]
+fn generic_wrapper_calls_stream_as_they_generate() {
+    let mut p = ToolCallParser::new(ToolFormat::Generic, &tools(), 1);
+    let ev = p.push("{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa");
+    assert!(matches!(&ev[0], ToolEvent::Begin { index: 0, name, .. } if name == "get_weather"), "{ev:?}");
+    assert_eq!(ev[1], ToolEvent::Args { index: 0, fragment: "{\"city\": \"Pa".into() });
+    let ev = p.push("ris\"}}, {\"name\": \"get_weather\", \"arguments\": {");
+    assert_eq!(ev[0], ToolEvent::Args { index: 0, fragment: "ris\"}".into() });
+    assert!(matches!(&ev[1], ToolEvent::End { index: 0, call } if call.arguments == "{\"city\": \"Paris\"}"));
+    assert!(matches!(&ev[2], ToolEvent::Begin { index: 1, .. }), "{ev:?}");
+    assert_eq!(p.calls().len(), 1, "the second call is not complete");
+    let ev = p.push("\"city\": \"Rome\"}}]}");
+    assert!(matches!(ev.last(), Some(ToolEvent::End { index: 1, .. })), "{ev:?}");
+    assert!(p.finish().is_empty());
+    assert_eq!((p.calls().len(), p.cut()), (2, false));
 }
 
 #[test]

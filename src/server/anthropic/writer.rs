@@ -78,8 +78,8 @@ impl Writer {
         }
         self.close(&mut out);
         let reason = match (done.finish, &done.stop_sequence) {
+            _ if done.cut_short() => "max_tokens",
             _ if !done.tool_calls.is_empty() => "tool_use",
-            (EngineFinish::Length, _) => "max_tokens",
             (_, Some(_)) => "stop_sequence",
             _ => "end_turn",
         };

@@ -247,12 +247,13 @@ pub(super) struct TokenStep {
     pub top: Vec<TokenLogprob>,
 }
 
-/// The finish reason: `tool_calls` when the reply called tools.
+/// The finish reason: `length` when the token limit cut the text or a call
+/// ([`JobDone::cut_short`]), else `tool_calls` when the reply called tools.
 fn finish_reason(done: &JobDone) -> Result<FinishReason, ApiError> {
     match done.finish {
+        EngineFinish::Stop | EngineFinish::Length if done.cut_short() => Ok(FinishReason::Length),
         EngineFinish::Stop | EngineFinish::Length if !done.tool_calls.is_empty() => Ok(FinishReason::ToolCalls),
-        EngineFinish::Stop => Ok(FinishReason::Stop),
-        EngineFinish::Length => Ok(FinishReason::Length),
+        EngineFinish::Stop | EngineFinish::Length => Ok(FinishReason::Stop),
         EngineFinish::Cancelled => {
             Err(ApiError::new(ErrorKind::Unavailable, "the generation was cancelled: the server is shutting down"))
         }
@@ -374,6 +375,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::engine::toolcall::ToolCall;
     use crate::queue::JobError;
 
     fn head() -> Head {
@@ -398,6 +400,21 @@ mod tests {
         }
         out.extend(w.closed());
         out.iter().map(|s| serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone()))).collect()
+    }
+
+    #[test]
+    fn a_limit_that_cut_a_call_is_length_and_one_after_the_calls_is_tool_calls() {
+        let call = ToolCall { id: "call_1".into(), name: "f".into(), arguments: "{}".into() };
+        let reason = |finish, calls: Vec<ToolCall>, cut| {
+            let done = JobDone { tool_calls: calls, tool_cut: cut, ..JobDone::ended(finish, 4, 3) };
+            finish_reason(&done).unwrap()
+        };
+        assert_eq!(reason(EngineFinish::Length, vec![call.clone()], true), FinishReason::Length);
+        assert_eq!(reason(EngineFinish::Length, vec![call.clone()], false), FinishReason::ToolCalls);
+        assert_eq!(reason(EngineFinish::Length, Vec::new(), true), FinishReason::Length);
+        assert_eq!(reason(EngineFinish::Length, Vec::new(), false), FinishReason::Length);
+        assert_eq!(reason(EngineFinish::Stop, vec![call], false), FinishReason::ToolCalls);
+        assert_eq!(reason(EngineFinish::Stop, Vec::new(), false), FinishReason::Stop);
     }
 
     #[test]

@@ -203,3 +203,34 @@ fn a_whole_response_builds_no_events() {
     let r = json!(w.into_response().unwrap());
     assert_eq!((r["status"].as_str(), r["output"][0]["content"][0]["text"].as_str()), (Some("incomplete"), Some("Hi")));
 }
+
+#[test]
+fn a_call_the_limit_cut_is_left_out_of_the_whole_response() {
+    let call = ToolCall { id: "call_1".into(), name: "f".into(), arguments: "{}".into() };
+    let events = |cut: bool| {
+        let mut evs = vec![
+            Event::Tool(ToolEvent::Begin { index: 0, id: "call_1".into(), name: "f".into() }),
+            Event::Tool(ToolEvent::Args { index: 0, fragment: "{}".into() }),
+            Event::Tool(ToolEvent::End { index: 0, call: call.clone() }),
+        ];
+        if cut {
+            evs.push(Event::Tool(ToolEvent::Begin { index: 1, id: "call_2".into(), name: "f".into() }));
+            evs.push(Event::Tool(ToolEvent::Args { index: 1, fragment: "{\"a".into() }));
+        }
+        let done =
+            JobDone { tool_calls: vec![call.clone()], tool_cut: cut, ..JobDone::ended(EngineFinish::Length, 5, 3) };
+        evs.push(Event::Done(done));
+        evs
+    };
+    // Cut inside the second call: incomplete, the first call alone.
+    let (names, r) = run(events(true));
+    assert_eq!(names.last(), Some(&"response.incomplete"));
+    let r = json!(r.unwrap());
+    assert_eq!(r["status"], "incomplete");
+    assert_eq!(r["output"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["output"][0]["call_id"], "call_1");
+    // Cut after the call, where only the wrapper's brackets were to come: completed.
+    let (names, r) = run(events(false));
+    assert_eq!(names.last(), Some(&"response.completed"));
+    assert_eq!(json!(r.unwrap())["status"], "completed");
+}

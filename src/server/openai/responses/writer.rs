@@ -44,10 +44,11 @@ enum End {
     Failed(ApiError),
 }
 
+/// `incomplete` when the token limit cut the text or a call ([`JobDone::cut_short`]).
 fn status_word(done: &JobDone) -> &'static str {
-    match done.finish {
-        EngineFinish::Length => "incomplete",
-        _ => "completed",
+    match done.cut_short() {
+        true => "incomplete",
+        false => "completed",
     }
 }
 
@@ -68,8 +69,11 @@ impl Writer {
         }
     }
 
-    /// The whole response, once the job has ended.
-    pub fn into_response(self) -> Result<ResponseObject, ApiError> {
+    /// The whole response, once the job has ended. A call the token limit cut (its
+    /// item never completed) is left out: only complete calls are answers.
+    pub fn into_response(mut self) -> Result<ResponseObject, ApiError> {
+        let cut = |item: &OutputItem| matches!(item, OutputItem::FunctionCall { status, .. } if status != "completed");
+        self.items.retain(|item| !cut(item));
         match &self.end {
             Some(End::Done(done)) => Ok(self.snapshot(status_word(done))),
             Some(End::Failed(e)) => Err(e.clone()),
