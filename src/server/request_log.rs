@@ -2,6 +2,7 @@
 //! a request id, at `warn` for client errors and `error` for server errors, so that an
 //! operator whose frontend shows an error finds it at the default level. Every response
 //! carries its id in `x-request-id` (the client's own, when it sends a usable one).
+//! `/health`'s 503 while a model loads is its answer, not a failure: probes poll it.
 
 use axum::extract::Request;
 use axum::http::HeaderValue;
@@ -29,7 +30,7 @@ pub async fn log_failures(req: Request, next: Next) -> Response {
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let mut resp = next.run(req).await;
     let status = resp.status();
-    if status.is_client_error() || status.is_server_error() {
+    if (status.is_client_error() || status.is_server_error()) && path != "/health" {
         let message = resp.extensions().get::<ErrorNote>().map_or("", |n| n.0.as_str());
         let status = status.as_u16();
         match status >= 500 {
