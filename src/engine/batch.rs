@@ -171,6 +171,15 @@ impl Sequence {
         }
     }
 
+    /// Ends the sequence now as a stop string would: its reply is complete (a reply's one
+    /// tool call has ended). It keeps what it has cached.
+    pub fn stop(&mut self) {
+        if self.finish.is_none() {
+            self.finish = Some(FinishReason::Stop);
+            self.stop_clock();
+        }
+    }
+
     /// What it reported since the last call, in order.
     pub fn drain_events(&mut self) -> std::vec::Drain<'_, TokenEvent> {
         self.outbox.drain(..)

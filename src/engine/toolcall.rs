@@ -133,6 +133,8 @@ enum Mode {
     Call,
     /// After text that is not a call, for formats where calls only open the reply.
     TextOnly,
+    /// The one call a reply may make has ended: the rest is dropped.
+    Closed,
 }
 
 /// Splits generated text into content and tool calls as it streams ([`ToolEvent`]).
@@ -153,6 +155,8 @@ pub struct ToolCallParser {
     block_done: usize,
     /// Whether the text ended inside a call ([`ToolCallParser::cut`]).
     cut: bool,
+    /// At most one call ([`ToolCallParser::single`]).
+    single: bool,
     id_prefix: String,
 }
 
@@ -179,8 +183,22 @@ impl ToolCallParser {
             begun: false,
             block_done: 0,
             cut: false,
+            single: false,
             id_prefix,
         }
+    }
+
+    /// A parser for a reply that may make one call (`parallel_tool_calls: false`): once
+    /// it ends, whatever follows is dropped, calls and text alike ([`ToolCallParser::closed`]).
+    pub fn single(mut self) -> Self {
+        self.single = true;
+        self
+    }
+
+    /// Whether the reply's one call has ended, so that nothing it generates from here on
+    /// can reach the client: its generation may stop.
+    pub fn closed(&self) -> bool {
+        matches!(self.mode, Mode::Closed)
     }
 
     pub fn format(&self) -> ToolFormat {
@@ -232,6 +250,10 @@ impl ToolCallParser {
     fn advance(&mut self, eof: bool, out: &mut Vec<ToolEvent>) {
         loop {
             match self.mode {
+                Mode::Closed => {
+                    self.buf.clear();
+                    return;
+                }
                 Mode::TextOnly => {
                     if !self.buf.is_empty() {
                         out.push(ToolEvent::Text(std::mem::take(&mut self.buf)));
@@ -286,6 +308,9 @@ impl ToolCallParser {
                             self.end_call(name, args, out);
                             self.block_done += 1;
                         }
+                        if self.closed() {
+                            continue;
+                        }
                         if let Some(name) = p.name {
                             self.begin(name, out);
                             let args = p.args;
@@ -315,6 +340,7 @@ impl ToolCallParser {
                         self.block_done = 0;
                         self.buf.drain(..used.min(self.buf.len()));
                         self.mode = match self.format {
+                            _ if self.closed() => Mode::Closed,
                             ToolFormat::Llama3 | ToolFormat::Generic => Mode::TextOnly,
                             _ => Mode::Text,
                         };
@@ -335,8 +361,12 @@ impl ToolCallParser {
         }
     }
 
-    /// Ends the call in progress (or begins and ends one) with its whole arguments.
+    /// Ends the call in progress (or begins and ends one) with its whole arguments. A
+    /// single-call parser closes at its first.
     fn end_call(&mut self, name: String, args: String, out: &mut Vec<ToolEvent>) {
+        if self.closed() {
+            return;
+        }
         self.begin(name, out);
         let index = self.calls.len() - 1;
         let sent = &self.calls[index].arguments;
@@ -353,6 +383,9 @@ impl ToolCallParser {
         out.push(ToolEvent::End { index, call: self.calls[index].clone() });
         self.begun = false;
         self.args_sent = 0;
+        if self.single {
+            self.mode = Mode::Closed;
+        }
     }
 
     /// Forgets the call in progress: it never ended.

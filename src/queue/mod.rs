@@ -117,6 +117,12 @@ pub struct ChatTools {
 }
 
 impl ChatTools {
+    /// Whether a reply makes one call at most: `parallel_tool_calls: false`, or a named
+    /// function. Any choice holds to it, `auto` too (the reply ends with its first call).
+    pub fn one_call(&self) -> bool {
+        !self.parallel || matches!(self.choice, ToolChoice::Function(_))
+    }
+
     /// The definition of the function `name`, if offered.
     pub fn function(&self, name: &str) -> Option<&serde_json::Value> {
         self.tools

@@ -383,7 +383,7 @@ fn chat_text(
 
 /// The grammar that makes a reply call a tool (`tool_choice` `required`, or a named
 /// function), in the model's format. A named function is called once (as vLLM's named
-/// choice does); `required` makes one call or, with `parallel_tool_calls`, several.
+/// choice does); `required` makes several calls unless `parallel_tool_calls` is false.
 fn tool_grammar(format: ToolFormat, offer: &ChatTools, mistral: MistralTokens) -> Result<GrammarSpec, String> {
     let functions: Vec<&serde_json::Value> = match &offer.choice {
         ToolChoice::Function(name) => {
@@ -395,8 +395,7 @@ fn tool_grammar(format: ToolFormat, offer: &ChatTools, mistral: MistralTokens) -
         }
         _ => offer.tools.iter().filter_map(|t| t.get("function")).collect(),
     };
-    let parallel = offer.parallel && !matches!(offer.choice, ToolChoice::Function(_));
-    call_grammar(format, &functions, parallel, mistral)
+    call_grammar(format, &functions, !offer.one_call(), mistral)
 }
 
 /// The message of a panic caught at a job or a step.
@@ -686,7 +685,8 @@ impl Worker {
                         grammar = Some(forced.map_err(|m| invalid(Some("tool_choice"), m))?);
                         grammar_param = "tool_choice";
                     }
-                    tools = Some(ToolCallParser::new(traits.tool_format, &offer.tools, call_id_seed()));
+                    let parser = ToolCallParser::new(traits.tool_format, &offer.tools, call_id_seed());
+                    tools = Some(if offer.one_call() { parser.single() } else { parser });
                 }
                 if let (true, Some(m)) = (job.split_reasoning, traits.think) {
                     reasoning = Some(ReasoningSplitter::new(m, m.open_at_end(&text)));
@@ -909,6 +909,9 @@ impl Worker {
                             top: top.into_iter().map(|(id, logprob)| TokenLogprob { logprob, ..piece(id) }).collect(),
                         }),
                     }
+                }
+                if r.tools.as_ref().is_some_and(ToolCallParser::closed) {
+                    r.seq.stop();
                 }
                 if r.seq.is_finished() {
                     r.finish_text(&mut out);

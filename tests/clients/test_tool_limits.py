@@ -6,7 +6,8 @@ SmolLM2-135M-Instruct (whose template has no tool markup: Strata asks it for the
   openai-node (`create` and `runTools`, tests/clients/node/) and the Responses API:
   the calls that completed come back as calls, never the wrapper text as content, with
   finish reason `length` only when the limit cut a call;
-- `parallel_tool_calls: false` makes exactly one call;
+- `parallel_tool_calls: false` makes exactly one call, `tool_choice` `auto` too (the reply
+  ends as its first call does, whole and streamed);
 - an object schema without `additionalProperties` admits no other keys, through
   `response_format`, Ollama's `format` and tool arguments.
 """
@@ -112,6 +113,38 @@ def test_parallel_tool_calls_false_is_one_call(oa):
         c = r.choices[0]
         assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, (seed, c)
         check_calls(c.message.tool_calls)
+
+
+def two_calls_format():
+    """A `response_format` whose every reply is the wrapper with two calls: under
+    `tool_choice` `auto` the model makes them because the schema says so."""
+    call = {"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": {"const": "get_weather"},
+        "arguments": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string", "maxLength": 12}}}}}
+    schema = {"type": "object", "required": ["tool_calls"],
+              "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 2, "maxItems": 2}}}
+    return {"type": "json_schema", "json_schema": {"name": "two_calls", "schema": schema}}
+
+
+def test_parallel_tool_calls_false_caps_auto_at_one_call(oa):
+    ask = dict(model=SMOL, messages=[{"role": "user", "content": "What is the weather in Paris and in Rome?"}],
+               tools=[WEATHER], tool_choice="auto", response_format=two_calls_format(), max_tokens=200)
+    for seed in range(3):
+        both = oa.chat.completions.create(**ask, seed=seed).choices[0]
+        assert both.finish_reason == "tool_calls" and len(both.message.tool_calls) == 2, (seed, both)
+        r = oa.chat.completions.create(**ask, seed=seed, parallel_tool_calls=False)
+        one = r.choices[0]
+        assert one.finish_reason == "tool_calls" and not one.message.content, (seed, one)
+        assert [c.function.arguments for c in one.message.tool_calls] == [both.message.tool_calls[0].function.arguments]
+        check_calls(one.message.tool_calls)
+        # The generation stopped with the first call: the second was never generated.
+        assert r.usage.completion_tokens < 0.8 * oa.chat.completions.create(**ask, seed=seed).usage.completion_tokens
+        chunks = list(oa.chat.completions.create(**ask, seed=seed, parallel_tool_calls=False, stream=True))
+        deltas = [t for ch in chunks for t in (ch.choices[0].delta.tool_calls or [])]
+        assert {t.index for t in deltas} == {0}, deltas
+        args = "".join(t.function.arguments or "" for t in deltas)
+        assert args == one.message.tool_calls[0].function.arguments, args
+        assert chunks[-1].choices[0].finish_reason == "tool_calls", chunks[-1]
 
 
 def test_openai_node_forced_calls_and_run_tools(server):

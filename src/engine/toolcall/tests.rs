@@ -8,7 +8,10 @@ fn tools() -> Vec<Value> {
 
 /// Feeds `text` in pieces of `step` bytes (on char boundaries) and collects the events.
 fn run(format: ToolFormat, text: &str, step: usize) -> Vec<ToolEvent> {
-    let mut p = ToolCallParser::new(format, &tools(), 7);
+    feed(ToolCallParser::new(format, &tools(), 7), text, step)
+}
+
+fn feed(mut p: ToolCallParser, text: &str, step: usize) -> Vec<ToolEvent> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < text.len() {
@@ -281,4 +284,67 @@ fn ids_are_unique_within_a_reply() {
         .collect();
     assert_eq!(ids.len(), 2);
     assert_ne!(ids[0], ids[1]);
+}
+
+#[test]
+fn a_single_call_parser_ends_the_reply_at_its_first_call() {
+    let paris = ("get_weather", json!({"city": "Paris"}));
+    let replies = [
+        (
+            ToolFormat::Hermes,
+            "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call> and text",
+            "Sure.",
+        ),
+        (
+            ToolFormat::QwenXml,
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>",
+            "",
+        ),
+        (
+            ToolFormat::Mistral,
+            "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]",
+            "",
+        ),
+        (
+            ToolFormat::Mistral,
+            "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}",
+            "",
+        ),
+        (
+            ToolFormat::Generic,
+            "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]}",
+            "",
+        ),
+        (
+            ToolFormat::Llama3,
+            "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}, {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}]",
+            "",
+        ),
+    ];
+    for (format, reply, want_text) in replies {
+        // Both calls without the limit: the reply makes two.
+        assert_eq!(settle(&run(format, reply, 1000)).1.len(), 2, "{format:?}: {reply}");
+        for step in [1, 3, 7, 1000] {
+            let (text, calls) = settle(&feed(ToolCallParser::new(format, &tools(), 7).single(), reply, step));
+            assert_eq!(
+                (text.as_str(), calls),
+                (want_text, vec![(paris.0.to_string(), paris.1.clone())]),
+                "{format:?} step {step}"
+            );
+        }
+        // It closes as the first call ends, before the second has begun.
+        let mut p = ToolCallParser::new(format, &tools(), 7).single();
+        let mut closed_at = None;
+        for (i, c) in reply.char_indices() {
+            p.push(&c.to_string());
+            if p.closed() {
+                closed_at = Some(i);
+                break;
+            }
+        }
+        let at = closed_at.unwrap_or_else(|| panic!("{format:?}: never closed"));
+        assert!(!reply[..=at].contains("Rome"), "{format:?}: closed at {at}, after the second call began");
+        assert!(p.finish().is_empty());
+        assert_eq!((p.calls().len(), p.cut()), (1, false), "{format:?}");
+    }
 }
