@@ -286,7 +286,7 @@ fn a_short_request_is_not_kept_behind_a_long_prompt() {
     long.prompt = long.prompt.iter().copied().cycle().take(2048).collect();
     let chunk = 512;
     let mut seqs = vec![Sequence::new(&e, e.model.new_cache(e.context_len).unwrap(), Vec::new(), long).unwrap()];
-    let mut step = |seqs: &mut Vec<Sequence>| {
+    let step = |seqs: &mut Vec<Sequence>| {
         let before = seqs[0].prompt_left();
         batch::step(&e, &mut seqs.iter_mut().collect::<Vec<_>>(), chunk, &|| false).unwrap();
         before - seqs[0].prompt_left()

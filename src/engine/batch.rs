@@ -61,27 +61,26 @@ pub struct Sequence {
 impl Sequence {
     /// Starts `req` on `cache`, which already holds the keys and values of `cached`
     /// (a previous exchange's tokens; the prefix it shares with the prompt is reused).
-    pub fn new(
-        engine: &Engine,
-        mut cache: KvCache,
-        mut cached: Vec<u32>,
-        req: GenerateRequest,
-    ) -> Result<Self, GenerateError> {
-        let capacity = cache.capacity();
-        if req.prompt.is_empty() {
-            return Err(GenerateError::EmptyPrompt);
-        }
-        if req.prompt.len() >= capacity {
-            return Err(GenerateError::PromptTooLong { tokens: req.prompt.len(), context: capacity });
-        }
-        let vocab = engine.model.config().vocab_size;
-        if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::BadToken { id, vocab }.into());
-        }
+    pub fn new(engine: &Engine, cache: KvCache, cached: Vec<u32>, req: GenerateRequest) -> Result<Self, GenerateError> {
+        check_prompt(engine, &cache, &req)?;
         let constraint = match &req.grammar {
             Some(spec) => Some(Constraint::new(spec, engine.token_env()?).map_err(GenerateError::Grammar)?),
             None => None,
         };
+        Self::with_constraint(engine, cache, cached, req, constraint)
+    }
+
+    /// [`Sequence::new`] with `req.grammar` already compiled (on the thread that
+    /// prepared the request): `constraint` is its state, `None` without a grammar.
+    pub fn with_constraint(
+        engine: &Engine,
+        mut cache: KvCache,
+        mut cached: Vec<u32>,
+        req: GenerateRequest,
+        constraint: Option<Constraint>,
+    ) -> Result<Self, GenerateError> {
+        check_prompt(engine, &cache, &req)?;
+        let vocab = engine.model.config().vocab_size;
         // A grammar may allow only tokens far down the list: it needs every logit.
         let cut = match constraint {
             Some(_) => None,
@@ -290,7 +289,7 @@ impl Sequence {
             self.finish = Some(FinishReason::Stop);
             return self.finish_text(engine);
         }
-        let text = self.detok.push(&engine.tokenizer, id)?;
+        let text = self.detok.push(&*engine.tokenizer, id)?;
         if self.emit(text) {
             self.finish = Some(FinishReason::Stop);
             self.stop_clock();
@@ -324,7 +323,7 @@ impl Sequence {
     /// The text held back (an unfinished character, a possible stop string's start).
     fn finish_text(&mut self, engine: &Engine) -> Result<(), GenerateError> {
         self.stop_clock();
-        let tail = self.detok.flush(&engine.tokenizer)?;
+        let tail = self.detok.flush(&*engine.tokenizer)?;
         if self.emit(tail) {
             self.finish = Some(FinishReason::Stop);
         } else {
@@ -334,6 +333,23 @@ impl Sequence {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether `req`'s prompt can start on `cache`: not empty, shorter than the context, every
+/// id in the vocabulary.
+fn check_prompt(engine: &Engine, cache: &KvCache, req: &GenerateRequest) -> Result<(), GenerateError> {
+    let capacity = cache.capacity();
+    if req.prompt.is_empty() {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    if req.prompt.len() >= capacity {
+        return Err(GenerateError::PromptTooLong { tokens: req.prompt.len(), context: capacity });
+    }
+    let vocab = engine.model.config().vocab_size;
+    match req.prompt.iter().find(|&&t| t as usize >= vocab) {
+        Some(&id) => Err(ModelError::BadToken { id, vocab }.into()),
+        None => Ok(()),
     }
 }
 

@@ -307,6 +307,22 @@ impl std::fmt::Debug for TokenEnv {
     }
 }
 
+/// A model's [`TokenEnv`], built on first use and shared: the engine and the threads that
+/// prepare its requests (and compile their grammars) hold the same one.
+#[derive(Clone, Default)]
+pub struct TokenEnvCell(Arc<std::sync::OnceLock<Result<TokenEnv, String>>>);
+
+impl TokenEnvCell {
+    /// The token trie of `tokenizer` for `vocab` logits, built by the first caller.
+    pub fn get(&self, tokenizer: &TextTokenizer, vocab: usize) -> Result<&TokenEnv, String> {
+        let env = self.0.get_or_init(|| {
+            TokenEnv::new(tokenizer, vocab)
+                .map_err(|e| format!("structured output is not available for this model's vocabulary: {e}"))
+        });
+        env.as_ref().map_err(Clone::clone)
+    }
+}
+
 impl TokenEnv {
     /// The token trie of `tokenizer` for a model whose logits have `vocab` entries (ids
     /// the tokenizer does not know are never allowed). Takes a fraction of a second for

@@ -1,7 +1,7 @@
 //! The generation loop: prefill, decode, sampling, stop strings and UTF-8-safe
 //! detokenization, reported as a stream of [`TokenEvent`]s.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use anyhow::Context;
 
@@ -21,7 +21,7 @@ use crate::sched::{DEFAULT_PREFETCH_DEPTH, ExpertLoading, Policy, SchedOptions};
 use std::time::Duration;
 
 use super::batch::{self, Sequence};
-use super::grammar::{GrammarSpec, TokenEnv};
+use super::grammar::{GrammarSpec, TokenEnv, TokenEnvCell};
 use super::sampler::SamplingParams;
 use super::tokenizer::TextError;
 use crate::model::decoder::{KvCache, ModelError};
@@ -443,7 +443,8 @@ pub fn model_context(source: &ModelSource, config: &ModelConfig, opts: &RunOptio
 pub struct Engine {
     pub name: String,
     pub model: Box<dyn LanguageModel>,
-    pub tokenizer: TextTokenizer,
+    /// Shared with the threads that turn requests into tokens.
+    pub tokenizer: Arc<TextTokenizer>,
     pub context_len: usize,
     /// Where the model runs.
     pub device: DeviceInfo,
@@ -451,7 +452,7 @@ pub struct Engine {
     pub sparse_ffn: crate::model::sparse::SparseFfn,
     /// The vocabulary as grammars see it, built on the first constrained request
     /// (see [`Engine::token_env`]).
-    token_env: OnceLock<Result<TokenEnv, String>>,
+    token_env: TokenEnvCell,
 }
 
 /// A model built on its backend, and the context it runs with.
@@ -530,7 +531,7 @@ impl Engine {
 
     pub fn from_source(source: ModelSource, opts: &RunOptions) -> anyhow::Result<Self> {
         let config = source.config.clone();
-        let tokenizer = source.tokenizer()?;
+        let tokenizer = Arc::new(source.tokenizer()?);
         let trained = config.max_position_embeddings;
         let Built { model, device, context } = build_model(&source, config, opts)?;
         let context_len = context.tokens;
@@ -545,16 +546,18 @@ impl Engine {
             );
         }
         let sparse_ffn = opts.sparse_ffn;
-        Ok(Engine { name: source.name, model, tokenizer, context_len, device, sparse_ffn, token_env: OnceLock::new() })
+        let token_env = TokenEnvCell::default();
+        Ok(Engine { name: source.name, model, tokenizer, context_len, device, sparse_ffn, token_env })
     }
 
     /// The vocabulary as llguidance's token trie, for compiling grammars. Built once, on
     /// first use (a fraction of a second for a 50k vocabulary); later calls share it.
     pub fn token_env(&self) -> Result<&TokenEnv, GenerateError> {
-        let env = self.token_env.get_or_init(|| {
-            TokenEnv::new(&self.tokenizer, self.model.config().vocab_size)
-                .map_err(|e| format!("structured output is not available for this model's vocabulary: {e}"))
-        });
-        env.as_ref().map_err(|e| GenerateError::Grammar(e.clone()))
+        self.token_env.get(&self.tokenizer, self.model.config().vocab_size).map_err(GenerateError::Grammar)
+    }
+
+    /// The cell [`Engine::token_env`] reads, for compiling grammars on another thread.
+    pub fn token_env_cell(&self) -> TokenEnvCell {
+        self.token_env.clone()
     }
 }

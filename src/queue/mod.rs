@@ -4,6 +4,7 @@
 //! client went away), the worker retires that generation at the next step.
 
 pub mod models;
+mod prepare;
 pub mod truncate;
 pub mod worker;
 

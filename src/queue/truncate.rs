@@ -133,10 +133,13 @@ pub enum CutError {
     HeadTooLong(HeadTooLong),
 }
 
+/// How a chat's messages become tokens.
+pub type Render<'a> = dyn Fn(&[ChatMessage]) -> Result<Vec<u32>, TextError> + 'a;
+
 /// A chat, and how its messages become tokens.
 pub struct Chat<'a> {
     pub messages: &'a [ChatMessage],
-    pub render: &'a dyn Fn(&[ChatMessage]) -> Result<Vec<u32>, TextError>,
+    pub render: &'a Render<'a>,
 }
 
 /// `prompt` cut to `limit` tokens: a chat first drops whole messages ([`fit_chat`]);

@@ -12,26 +12,23 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::models::{Registry, canonical};
-use super::truncate;
+use super::prepare::{ChatTraits, Kit, Prepared, Preparers, Ready, invalid, text_error};
 use super::{
-    Admission, ChatTools, EmbedInput, EmbedJob, Event, GenerateJob, Job, JobDone, JobError, KeepAlive, PromptInput,
-    QueueHandle, TokenLogprob, ToolChoice, Work,
+    Admission, EmbedInput, EmbedJob, Event, GenerateJob, Job, JobDone, JobError, KeepAlive, QueueHandle, TokenLogprob,
+    Work,
 };
 use crate::engine::batch::{self, Sequence};
-use crate::engine::grammar::GrammarSpec;
-use crate::engine::reasoning::{Piece, ReasoningSplitter, ThinkMarkers};
+use crate::engine::reasoning::{Piece, ReasoningSplitter};
 use crate::engine::session::{Engine, GenerateError, GenerateRequest, RunOptions, TokenEvent};
-use crate::engine::template::ChatMessage;
-use crate::engine::tokenizer::{TextError, TextTokenizer};
-use crate::engine::toolcall::{
-    MistralTokens, ToolCallParser, ToolEvent, ToolFormat, call_grammar, generic_system_prompt,
-};
+use crate::engine::toolcall::{ToolCallParser, ToolEvent};
 use crate::model::decoder::{KvCache, ModelError};
 use crate::sched::plan::human_size;
-use crate::store::Modelfile;
 
 /// Running sequences per model when memory allows more and `--parallel` is not given.
 pub const DEFAULT_PARALLEL: usize = 8;
+
+/// How often an otherwise idle worker looks for requests that finished being prepared.
+const PREPARED_POLL: Duration = Duration::from_millis(2);
 
 /// Of the device memory free once a model has loaded, the part its KV caches may use.
 const KV_MEMORY_SHARE: f64 = 0.9;
@@ -137,39 +134,18 @@ struct Slot {
     /// KV bytes its sequences may claim at once.
     kv_limit: u64,
     parallel: usize,
-    /// What its chat template and Modelfile mean for chats, read once at load.
-    chat: ChatTraits,
-}
-
-/// What a model's chat template and Modelfile (`POST /api/create`) mean for its chats.
-struct ChatTraits {
-    modelfile: Option<Modelfile>,
-    /// How its template writes tool calls.
-    tool_format: ToolFormat,
-    /// Whether the template shows `tools` itself (else the generic format's system
-    /// message does).
-    renders_tools: bool,
-    /// Its reasoning markers, if it thinks.
-    think: Option<ThinkMarkers>,
-    /// Mistral's marker tokens, for forced calls.
-    mistral: MistralTokens,
-}
-
-impl ChatTraits {
-    fn of(tok: &TextTokenizer, modelfile: Option<Modelfile>) -> Self {
-        let source = tok.chat_template().map(|t| t.source()).unwrap_or_default();
-        let tool_format = ToolFormat::detect(source);
-        ChatTraits {
-            modelfile,
-            tool_format,
-            renders_tools: tool_format != ToolFormat::Generic || source.contains("tools"),
-            think: ThinkMarkers::detect(source),
-            mistral: MistralTokens::of(source, |m| tok.token_to_id(m)),
-        }
-    }
+    /// What preparing its requests needs, read once at load.
+    kit: Arc<Kit>,
+    /// Its requests being prepared: they count against `parallel`, and keep it loaded.
+    preparing: usize,
 }
 
 impl Slot {
+    /// Whether it is generating or preparing to: it may not be unloaded.
+    fn in_use(&self) -> bool {
+        !self.running.is_empty() || self.preparing > 0
+    }
+
     fn claimed(&self) -> u64 {
         self.running.iter().map(|r| r.kv_claim).sum::<u64>()
             + self.idle.iter().map(|(c, _)| c.allocated_bytes()).sum::<u64>()
@@ -182,18 +158,23 @@ struct Worker {
     status: WorkerStatus,
     slots: Vec<Slot>, // least recently used first
     waiting: VecDeque<Job>,
+    /// Generations prepared, first in line: they left `waiting` from its front.
+    ready: VecDeque<Ready>,
+    preparers: Preparers,
     admission: Arc<Mutex<Admission>>,
 }
 
 /// What starting a job came to.
 enum Began {
+    /// A generation went to be prepared ([`Preparers`]).
+    Preparing,
     /// A generation joined the running ones.
     Running,
     /// The job finished (answered, or failed and was answered).
     Done,
     /// A generation whose claim on KV memory, known once its prompt is tokenized, does
     /// not fit beside the running ones: it waits.
-    Wait(Box<GenerateJob>),
+    Wait(Box<Ready>),
 }
 
 /// Whether a waiting job could start.
@@ -218,7 +199,16 @@ pub fn spawn(
     let thread = std::thread::Builder::new()
         .name("strata-worker".into())
         .spawn(move || {
-            let mut w = Worker { registry, config, status, slots: Vec::new(), waiting: VecDeque::new(), admission };
+            let mut w = Worker {
+                registry,
+                config,
+                status,
+                slots: Vec::new(),
+                waiting: VecDeque::new(),
+                ready: VecDeque::new(),
+                preparers: Preparers::new(),
+                admission,
+            };
             if let Some(name) = preload
                 && let Err(e) = w.slot(&name)
             {
@@ -226,8 +216,15 @@ pub fn spawn(
             }
             w.status.ready.store(true, Ordering::SeqCst);
             let mut open = true;
-            while open || !w.waiting.is_empty() || w.busy() {
-                if !w.busy() && w.waiting.is_empty() {
+            while open || !w.waiting.is_empty() || w.busy() || w.preparers.in_flight > 0 || !w.ready.is_empty() {
+                let mut arrived = false;
+                if !w.busy() && w.preparers.in_flight > 0 {
+                    // Only requests being prepared: their results, or new jobs, are looked
+                    // for every few milliseconds.
+                    if let Some(r) = w.preparers.next(PREPARED_POLL) {
+                        arrived |= w.prepared(r);
+                    }
+                } else if !w.busy() && w.waiting.is_empty() && w.ready.is_empty() {
                     let next_expiry = w.slots.iter().filter_map(|s| s.expires).min();
                     let wait =
                         next_expiry.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
@@ -248,24 +245,16 @@ pub fn spawn(
                         }
                     }
                 }
-                w.admit(w.waiting.len() != before);
+                while let Some(r) = w.preparers.next(Duration::ZERO) {
+                    arrived |= w.prepared(r);
+                }
+                w.admit(arrived || w.waiting.len() != before);
                 w.step();
                 w.unload_expired();
             }
         })
         .expect("spawning the worker thread");
     (handle, thread)
-}
-
-fn invalid(param: Option<&'static str>, message: impl ToString) -> JobError {
-    JobError::Invalid { param, message: message.to_string() }
-}
-
-fn text_error(param: &'static str, e: TextError) -> JobError {
-    match e.is_client_error() {
-        true => invalid(Some(param), e),
-        false => JobError::Internal(e.to_string()),
-    }
 }
 
 fn generate_error(model: &str, param: &'static str, e: GenerateError) -> JobError {
@@ -318,88 +307,8 @@ fn tool_event(ev: ToolEvent) -> Event {
     }
 }
 
-/// A seed for a request's tool-call ids: unique per request within a run, and unlikely
-/// to repeat across runs.
-fn call_id_seed() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    (now ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 1
-}
-
-/// A conversation with what a model's Modelfile puts first: its messages, and its
-/// system message when the conversation brings none.
-fn with_modelfile(messages: &[ChatMessage], modelfile: Option<&Modelfile>) -> Vec<ChatMessage> {
-    let Some(m) = modelfile else { return messages.to_vec() };
-    let text = |v: &serde_json::Value, key: &str| v.get(key).and_then(|x| x.as_str()).unwrap_or_default().to_string();
-    let has_system = messages.first().is_some_and(|m| m.role == "system");
-    let mut out = Vec::with_capacity(messages.len() + m.messages.len() + 1);
-    let (system, rest) = match has_system {
-        true => (Some(messages[0].clone()), &messages[1..]),
-        false => (m.system.as_ref().map(|s| ChatMessage::new("system", s.clone())), messages),
-    };
-    out.extend(system);
-    out.extend(m.messages.iter().map(|v| ChatMessage::new(text(v, "role"), text(v, "content"))));
-    out.extend(rest.iter().cloned());
-    out
-}
-
-/// Renders a chat with its tools and template variables. Tools go to the template as
-/// transformers passes them; a template that never mentions them gets them in a system
-/// message instead ([`ToolFormat::Generic`]).
-fn chat_text(
-    tok: &TextTokenizer,
-    traits: &ChatTraits,
-    messages: &[ChatMessage],
-    job: &GenerateJob,
-) -> Result<String, TextError> {
-    let template = tok.chat_template().ok_or(TextError::NoChatTemplate)?;
-    let mut extra = job.template_vars.clone();
-    let Some(offer) = &job.tools else {
-        return template.render_with(messages, true, &extra);
-    };
-    if traits.renders_tools {
-        extra.insert("tools".into(), serde_json::Value::Array(offer.tools.clone()));
-        return template.render_with(messages, true, &extra);
-    }
-    let prompt = generic_system_prompt(&offer.tools);
-    let mut with_system = messages.to_vec();
-    match with_system.first_mut() {
-        Some(m) if m.role == "system" => m.content = format!("{}\n\n{prompt}", m.content),
-        _ => with_system.insert(0, ChatMessage::new("system", prompt.clone())),
-    }
-    match template.render_with(&with_system, true, &extra) {
-        // A template without a system role: the first user message carries it.
-        Err(TextError::TemplateRaised(_)) if messages.first().is_none_or(|m| m.role != "system") => {
-            let mut with_user = messages.to_vec();
-            if let Some(m) = with_user.iter_mut().find(|m| m.role == "user") {
-                m.content = format!("{prompt}\n\n{}", m.content);
-            }
-            template.render_with(&with_user, true, &extra)
-        }
-        other => other,
-    }
-}
-
-/// The grammar that makes a reply call a tool (`tool_choice` `required`, or a named
-/// function), in the model's format. A named function is called once (as vLLM's named
-/// choice does); `required` makes several calls unless `parallel_tool_calls` is false.
-fn tool_grammar(format: ToolFormat, offer: &ChatTools, mistral: MistralTokens) -> Result<GrammarSpec, String> {
-    let functions: Vec<&serde_json::Value> = match &offer.choice {
-        ToolChoice::Function(name) => {
-            vec![
-                offer
-                    .function(name)
-                    .ok_or_else(|| format!("`tool_choice` names `{name}`, which is not among `tools`"))?,
-            ]
-        }
-        _ => offer.tools.iter().filter_map(|t| t.get("function")).collect(),
-    };
-    call_grammar(format, &functions, !offer.one_call(), mistral)
-}
-
 /// The message of a panic caught at a job or a step.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     let msg = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
     tracing::error!(panic = ?msg, "the worker caught a panic");
     format!("internal error: {}", msg.unwrap_or_default())
@@ -411,10 +320,12 @@ impl Worker {
         self.slots.iter().any(|s| !s.running.is_empty())
     }
 
-    /// Takes waiting jobs, first come first served, until one has to wait.
+    /// Takes the prepared generations, then waiting jobs, first come first served, until
+    /// one has to wait.
     fn admit(&mut self, arrived: bool) {
-        let mut changed = arrived;
-        while let Some(job) = self.waiting.front() {
+        let (mut changed, blocked) = self.admit_ready();
+        changed |= arrived;
+        while let Some(job) = self.waiting.front().filter(|_| !blocked) {
             let gone = job.events.is_closed();
             let shutting_down = self.status.shutting_down.load(Ordering::SeqCst);
             if !gone && !shutting_down && matches!(self.ready_to_run(job), Admit::Later) {
@@ -431,19 +342,13 @@ impl Worker {
             } else {
                 let Job { work, events, admitted } = job;
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match work {
-                    Work::Generate(g) => self.start_generation(g, &events, admitted),
+                    Work::Generate(g) => self.start_preparing(g, &events, admitted),
                     other => self.dispatch(other, &events, admitted).map(|()| Began::Done),
                 }));
                 began = result.unwrap_or_else(|p| Err(JobError::Internal(panic_message(&*p)))).unwrap_or_else(|e| {
                     let _ = events.send(Event::Error(e));
                     Began::Done
                 });
-                if let Began::Wait(g) = began {
-                    // Its prompt needs more KV memory than is free now: first in line again.
-                    self.waiting.push_front(Job { work: Work::Generate(*g), events, admitted });
-                    self.admission.lock().expect("admission lock").wait_again();
-                    break;
-                }
             }
             if matches!(began, Began::Done) {
                 self.admission.lock().expect("admission lock").finish();
@@ -452,6 +357,48 @@ impl Worker {
         if changed {
             self.publish();
         }
+    }
+
+    /// Starts the prepared generations in order; one whose KV claim does not fit yet
+    /// stays first in line (`blocked`), and so does everything behind it.
+    fn admit_ready(&mut self) -> (bool, bool) {
+        let mut changed = false;
+        while let Some(r) = self.ready.pop_front() {
+            changed = true;
+            let began = match (r.events.is_closed(), self.status.shutting_down.load(Ordering::SeqCst)) {
+                // The client left while it was prepared.
+                (true, _) => Ok(Began::Done),
+                (_, true) => Err((r.events.clone(), JobError::ShuttingDown)),
+                _ => {
+                    let events = r.events.clone();
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_generation(r)));
+                    result.unwrap_or_else(|p| Err(JobError::Internal(panic_message(&*p)))).map_err(|e| (events, e))
+                }
+            };
+            match began {
+                Ok(Began::Wait(r)) => {
+                    self.ready.push_front(*r);
+                    return (changed, true);
+                }
+                Ok(Began::Running | Began::Preparing) => {}
+                Ok(Began::Done) => self.admission.lock().expect("admission lock").finish(),
+                Err((events, e)) => {
+                    let _ = events.send(Event::Error(e));
+                    self.admission.lock().expect("admission lock").finish();
+                }
+            }
+        }
+        (changed, false)
+    }
+
+    /// A generation back from being prepared: its model's place is free again, and it is
+    /// next in line.
+    fn prepared(&mut self, r: Ready) -> bool {
+        if let Some(slot) = self.slots.iter_mut().find(|s| Arc::ptr_eq(&s.kit, &r.kit)) {
+            slot.preparing -= 1;
+        }
+        self.ready.push_back(r);
+        true
     }
 
     /// Whether `job` can start now: a generation needs a place among its model's
@@ -465,7 +412,7 @@ impl Worker {
             Work::Load { model, .. } => model,
             Work::Unload { model } => {
                 let key = canonical(model);
-                return match self.slots.iter().any(|s| s.name == key && !s.running.is_empty()) {
+                return match self.slots.iter().any(|s| s.name == key && s.in_use()) {
                     true => Admit::Later,
                     false => Admit::Done,
                 };
@@ -474,7 +421,7 @@ impl Worker {
         let key = canonical(model);
         let Some(slot) = self.slots.iter().find(|s| s.name == key) else {
             let full = self.slots.len() >= self.config.max_loaded.max(1);
-            return match full && self.slots.iter().all(|s| !s.running.is_empty()) {
+            return match full && self.slots.iter().all(Slot::in_use) {
                 true => Admit::Later,
                 false => Admit::Done,
             };
@@ -484,7 +431,8 @@ impl Worker {
         if g.count_only {
             return Admit::Done;
         }
-        if slot.running.len() >= slot.parallel {
+        let ready = self.ready.iter().filter(|r| Arc::ptr_eq(&r.kit, &slot.kit)).count();
+        if slot.running.len() + slot.preparing + ready >= slot.parallel {
             return Admit::Later;
         }
         // A request that can never fit is answered (400) when it starts; one that fits
@@ -541,7 +489,7 @@ impl Worker {
             return Ok(self.slots.len() - 1);
         }
         while self.slots.len() >= self.config.max_loaded.max(1) {
-            match self.slots.iter().position(|s| s.running.is_empty()) {
+            match self.slots.iter().position(|s| !s.in_use()) {
                 Some(i) => drop(self.slots.remove(i)),
                 None => return Err(JobError::Internal("every loaded model is busy".into())),
             }
@@ -562,9 +510,16 @@ impl Worker {
         })?;
         // A template `POST /api/create` gave (checked when it was created).
         if let Some(template) = info.modelfile.as_ref().and_then(|m| m.template.as_deref()) {
-            engine.tokenizer.set_chat_template(template).map_err(|e| text_error("template", e))?;
+            let tok = Arc::get_mut(&mut engine.tokenizer).expect("a model just loaded shares its tokenizer with none");
+            tok.set_chat_template(template).map_err(|e| text_error("template", e))?;
         }
-        let chat = ChatTraits::of(&engine.tokenizer, info.modelfile.clone());
+        let kit = Arc::new(Kit {
+            tokenizer: engine.tokenizer.clone(),
+            chat: ChatTraits::of(&engine.tokenizer, info.modelfile.clone()),
+            token_env: engine.token_env_cell(),
+            vocab: engine.model.config().vocab_size,
+            context_len: engine.context_len,
+        });
         *self.status.device.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine.device.clone());
         let position_bytes = engine.model.new_cache(1).map_err(|e| model_error(name, e))?.position_bytes();
         let full = position_bytes * engine.context_len as u64;
@@ -594,7 +549,8 @@ impl Worker {
             position_bytes,
             kv_limit,
             parallel: parallel.max(1),
-            chat,
+            kit,
+            preparing: 0,
         });
         self.publish();
         Ok(self.slots.len() - 1)
@@ -613,7 +569,7 @@ impl Worker {
     fn unload_expired(&mut self) {
         let now = Instant::now();
         let before = self.slots.len();
-        self.slots.retain(|s| !s.running.is_empty() || s.expires.is_none_or(|t| t > now));
+        self.slots.retain(|s| s.in_use() || s.expires.is_none_or(|t| t > now));
         if self.slots.len() != before {
             tracing::info!(unloaded = before - self.slots.len(), "idle models unloaded");
             self.publish();
@@ -650,9 +606,9 @@ impl Worker {
         *self.status.loaded.lock().expect("status lock") = list;
     }
 
-    /// Validates a generation and adds it to its model's running sequences, or hands it
-    /// back when its KV claim does not fit beside theirs yet.
-    fn start_generation(
+    /// Loads a generation's model and hands the request to a thread that prepares it
+    /// ([`prepare`]); it comes back to [`Worker::start_generation`].
+    fn start_preparing(
         &mut self,
         job: GenerateJob,
         events: &tokio::sync::mpsc::UnboundedSender<Event>,
@@ -663,113 +619,28 @@ impl Worker {
         let load = load_start.elapsed();
         self.touch(i, job.keep_alive);
         let slot = &mut self.slots[i];
-        let engine = &slot.engine;
-        let tok = &engine.tokenizer;
-        let vocab = engine.model.config().vocab_size;
-        let mut prompt = job.context.clone();
-        let mut tools = None;
-        let mut reasoning = None;
-        let mut grammar = job.grammar.clone();
-        let mut grammar_param = job.grammar_param;
-        // A chat's messages as rendered, for a cut that drops the oldest.
-        let mut chat_messages = None;
-        let new_ids = match &job.prompt {
-            PromptInput::Text { text, special } => tok.encode(text, *special).map_err(|e| text_error("prompt", e))?,
-            PromptInput::Chat(messages) => {
-                let traits = &slot.chat;
-                let messages = chat_messages.insert(with_modelfile(messages, traits.modelfile.as_ref()));
-                let text = chat_text(tok, traits, messages, &job).map_err(|e| text_error(job.messages_param, e))?;
-                if let Some(offer) = &job.tools {
-                    if offer.choice != ToolChoice::Auto {
-                        let forced = tool_grammar(traits.tool_format, offer, traits.mistral);
-                        grammar = Some(forced.map_err(|m| invalid(Some("tool_choice"), m))?);
-                        grammar_param = "tool_choice";
-                    }
-                    let parser = ToolCallParser::new(traits.tool_format, &offer.tools, call_id_seed());
-                    tools = Some(if offer.one_call() { parser.single() } else { parser });
-                }
-                if let (true, Some(m)) = (job.split_reasoning, traits.think) {
-                    reasoning = Some(ReasoningSplitter::new(m, m.open_at_end(&text)));
-                }
-                tok.encode(&text, false).map_err(|e| text_error(job.messages_param, e))?
-            }
-            PromptInput::Tokens(ids) => ids.clone(),
-            PromptInput::Infill(infill) => tok.encode_infill(infill).map_err(|e| text_error("suffix", e))?,
+        self.preparers.start(slot.kit.clone(), job, events.clone(), admitted, load)?;
+        slot.preparing += 1;
+        Ok(Began::Preparing)
+    }
+
+    /// Adds a prepared generation to its model's running sequences, or hands it back
+    /// when its KV claim does not fit beside theirs yet.
+    fn start_generation(&mut self, r: Ready) -> Result<Began, JobError> {
+        let Some(i) = self.slots.iter().position(|s| Arc::ptr_eq(&s.kit, &r.kit)) else {
+            // Its model was unloaded meanwhile (it is kept while its requests are being
+            // prepared, so only by an error): prepare it again.
+            let job = r.prepared?.job;
+            return self.start_preparing(job, &r.events, r.admitted);
         };
-        // A continuation of an earlier exchange already starts with BOS.
-        let skip_bos = !prompt.is_empty() && new_ids.first().is_some_and(|&t| Some(t) == tok.bos_id());
-        prompt.extend(&new_ids[skip_bos as usize..]);
-        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(invalid(Some("prompt"), format!("token id {bad} is outside the vocabulary ({vocab} tokens)")));
-        }
-        // In id order: the last is the largest.
-        if let Some(&(id, _)) = job.sampling.logit_bias.last().filter(|&&(id, _)| id as usize >= vocab) {
-            return Err(invalid(
-                Some("logit_bias"),
-                format!("`logit_bias` names token {id}, outside the vocabulary ({vocab} tokens)"),
-            ));
-        }
+        let Prepared { job, prompt, param, ctx, grammar, grammar_param, tools, reasoning } = r.prepared?;
+        let (events, admitted, load) = (&r.events, r.admitted, r.load);
         if job.count_only {
             let _ = events.send(Event::Started { prompt_tokens: prompt.len(), cached_tokens: 0 });
             return Ok(Began::Done);
         }
-        let ctx = job.num_ctx.unwrap_or(engine.context_len).max(1);
-        let param = match job.prompt {
-            PromptInput::Chat(_) => job.messages_param,
-            _ => "prompt",
-        };
-        if prompt.is_empty() {
-            return Err(invalid(Some(param), "the prompt is empty"));
-        }
-        if prompt.len() >= ctx {
-            let what = if chat_messages.is_some() { "messages" } else { "prompt" };
-            let too_long = || JobError::ContextLength {
-                param,
-                message: format!(
-                    "This model's maximum context length is {ctx} tokens. However, your {what} resulted in {} tokens \
-                     (a prompt must leave room for at least one generated token). Please reduce the length of the \
-                     {what}.",
-                    prompt.len()
-                ),
-            };
-            let truncation = match (&job.prompt, job.truncate) {
-                (PromptInput::Infill(_), _) | (_, None) => return Err(too_long()),
-                (_, Some(t)) => t,
-            };
-            let limit = truncate::prompt_limit(ctx, job.max_tokens);
-            let render = |messages: &[ChatMessage]| {
-                let text = chat_text(tok, &slot.chat, messages, &job)?;
-                tok.encode(&text, false)
-            };
-            let chat = chat_messages.as_deref().map(|messages| truncate::Chat { messages, render: &render });
-            let continues = |id: u32| truncate::continues_character(&tok.token_bytes(id));
-            let cut = match truncate::cut_prompt(&prompt, chat, truncation, limit, continues) {
-                Ok(cut) => cut,
-                Err(truncate::CutError::Text(e)) => return Err(text_error(job.messages_param, e)),
-                Err(truncate::CutError::HeadTooLong(h)) => {
-                    return Err(JobError::ContextLength {
-                        param,
-                        message: format!(
-                            "the prompt is {} tokens long and the context holds {ctx}: cut to fit, it would keep \
-                             {} tokens of system messages, tools and `num_keep`, leaving none of the {limit} a cut \
-                             prompt may have for the conversation",
-                            prompt.len(),
-                            h.head
-                        ),
-                    });
-                }
-            };
-            tracing::warn!(
-                model = %slot.name,
-                prompt = prompt.len(),
-                limit = ctx,
-                new = cut.tokens.len(),
-                keep = truncation.num_keep,
-                dropped_messages = cut.dropped_messages,
-                "truncating input prompt"
-            );
-            prompt = cut.tokens;
-        }
+        let slot = &mut self.slots[i];
+        let engine = &slot.engine;
         if let Some((s, field)) = job.sparse_ffn
             && !s.is_off()
             && engine.model.config().neuron_group.is_none()
@@ -794,7 +665,8 @@ impl Worker {
         // `ready_to_run` could count only its token limit: with the prompt, it may have to
         // wait for running sequences to finish.
         if slot.running.iter().map(|r| r.kv_claim).sum::<u64>() + claim > slot.kv_limit {
-            return Ok(Began::Wait(Box::new(job)));
+            let prepared = Prepared { job, prompt, param, ctx, grammar, grammar_param, tools, reasoning };
+            return Ok(Began::Wait(Box::new(Ready { prepared: Ok(prepared), ..r })));
         }
         // Room for it: caches kept for reuse give way, least recently used first.
         while slot.claimed() + claim > slot.kv_limit && !slot.idle.is_empty() {
@@ -817,6 +689,7 @@ impl Worker {
             None => (engine.model.new_cache(ctx).map_err(|e| model_error(&job.model, e))?, Vec::new()),
         };
         cache.sparse_ffn = job.sparse_ffn.map(|(s, _)| s);
+        let (grammar, constraint) = grammar.unzip();
         let req = GenerateRequest {
             max_tokens: job.max_tokens.unwrap_or(usize::MAX),
             prompt,
@@ -828,11 +701,8 @@ impl Worker {
             // Markers may be special tokens (Mistral's `[TOOL_CALLS]`, `[THINK]`).
             keep_special_tokens: tools.is_some() || reasoning.is_some(),
         };
-        let seq = Sequence::new(engine, cache, cached, req).map_err(|e| match e {
-            // The grammar does not compile for this model (a special token it lacks).
-            GenerateError::Grammar(_) => invalid(Some(grammar_param), e),
-            e => generate_error(&job.model, param, e),
-        })?;
+        let seq = Sequence::with_constraint(engine, cache, cached, req, constraint)
+            .map_err(|e| generate_error(&job.model, param, e))?;
         tracing::debug!(model = %slot.name, prompt = seq.request().prompt.len(), to_run = seq.prompt_left(), "admitted");
         let _ =
             events.send(Event::Started { prompt_tokens: seq.request().prompt.len(), cached_tokens: seq.cached_len() });
@@ -981,12 +851,12 @@ impl Worker {
         if !replies.is_empty() {
             // Keep-alive counts from the end of use; `keep_alive: 0` unloads right away.
             let now = Instant::now();
-            for slot in self.slots.iter_mut().filter(|s| s.running.is_empty()) {
+            for slot in self.slots.iter_mut().filter(|s| !s.in_use()) {
                 if let KeepAlive::For(d) = slot.keep_alive {
                     slot.expires = Some(now + d);
                 }
             }
-            self.slots.retain(|s| !s.running.is_empty() || s.keep_alive != KeepAlive::For(Duration::ZERO));
+            self.slots.retain(|s| s.in_use() || s.keep_alive != KeepAlive::For(Duration::ZERO));
             self.publish();
         }
         for (events, reply) in replies {
@@ -1092,31 +962,6 @@ mod tests {
     use super::*;
     use crate::backend::BackendError;
     use crate::server::error::{ApiError, Family};
-
-    /// Every format's forced-call grammar compiles, for one function or several, named or
-    /// not; Mistral's needs its marker tokens.
-    #[test]
-    fn tool_grammars_compile_in_every_format() {
-        let f = |name: &str| {
-            serde_json::json!({"type": "function", "function": {"name": name, "parameters": {"type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}})
-        };
-        let tools = vec![f("get_weather"), f("search")];
-        for format in [ToolFormat::Hermes, ToolFormat::QwenXml, ToolFormat::Llama3, ToolFormat::Generic] {
-            for choice in [ToolChoice::Required, ToolChoice::Function("search".into())] {
-                for parallel in [true, false] {
-                    let offer = ChatTools { tools: tools.clone(), choice: choice.clone(), parallel };
-                    let spec = tool_grammar(format, &offer, MistralTokens::default()).unwrap();
-                    spec.check().unwrap_or_else(|e| panic!("{format:?} {choice:?}: {e}\n{spec:?}"));
-                }
-            }
-        }
-        let offer = ChatTools { tools, choice: ToolChoice::Required, parallel: true };
-        let none = MistralTokens::default();
-        assert!(tool_grammar(ToolFormat::Mistral, &offer, none).unwrap_err().contains("[TOOL_CALLS]"));
-        let offer = ChatTools { choice: ToolChoice::Function("nope".into()), ..offer };
-        assert!(tool_grammar(ToolFormat::Hermes, &offer, none).unwrap_err().contains("nope"));
-    }
 
     #[test]
     fn device_errors_are_503_naming_gpu_memory_and_others_500() {

@@ -10,11 +10,14 @@ server's defaults (its trained context, 8192) and on the committed fixture model
   as BadRequestError, litellm as ContextWindowExceededError, the anthropic client as
   BadRequestError; `--truncate-prompts` cuts it instead;
 - every failed request has a log line with its id; a cached prefix is counted in
-  `prompt_eval_count` and `prompt_eval_cached_count`.
+  `prompt_eval_count` and `prompt_eval_cached_count`;
+- a 10 MB prompt is refused (or cut) without being tokenized whole, and another model
+  answers meanwhile.
 """
 
 import json
 import subprocess
+import threading
 from pathlib import Path
 
 import anthropic
@@ -175,3 +178,43 @@ def test_a_reused_prefix_counts_in_prompt_eval_count(smol):
     assert again["prompt_eval_count"] == first["prompt_eval_count"]
     assert "prompt_eval_cached_count" not in first
     assert 0 < again["prompt_eval_cached_count"] <= again["prompt_eval_count"]
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_huge_prompt_is_not_tokenized_whole_and_holds_up_no_one():
+    huge = "All work and no play makes Jack a dull boy. " * 230_000  # 10 MB, under the body limit
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": False,
+           "options": {"num_predict": 2, "temperature": 0}}
+    models = ["--model", f"{SMOL}={smollm2_gguf()}", "--model", f"{MODEL}=tests/fixtures/hf/llama3"]
+    with strata_serve(models=models, name="huge") as s:
+        assert post(s.url + "/api/chat", ask)[0] == 200
+        assert post(s.url + "/api/chat", {**ask, "model": SMOL})[0] == 200
+        before = peak_rss(s.process.pid)
+        big = {}
+        chat = {"model": SMOL, "messages": [{"role": "user", "content": huge}], "max_tokens": 1}
+        t = threading.Thread(target=lambda: big.update(r=post(s.url + "/v1/chat/completions", chat)))
+        t.start()
+        # The other model answers while the huge prompt is being looked at.
+        status, _, raw = post(s.url + "/api/chat", ask)
+        assert status == 200 and json.loads(raw)["done"], raw
+        t.join()
+        status, _, raw = big["r"]
+        error = json.loads(raw)["error"]
+        assert status == 400 and error["code"] == "context_length_exceeded", raw
+        assert "resulted in more than" in error["message"], error
+        # Tokenized whole, its 2.5 million tokens took 300 MB more at the peak.
+        grew = peak_rss(s.process.pid) - before
+        assert grew < 200 << 20, f"the peak resident set grew by {grew >> 20} MiB"
+        # Ollama's way cuts it to its head and tail, and answers.
+        cut = {**ask, "model": SMOL, "messages": chat["messages"], "options": {"num_predict": 2, "num_ctx": 512}}
+        status, _, raw = post(s.url + "/api/chat", cut)
+        reply = json.loads(raw)
+        assert status == 200 and 0 < reply["prompt_eval_count"] < 512, raw
+        assert "truncating input prompt" in s.log_text()
