@@ -238,10 +238,10 @@ fn cut_to_fit(
 /// A text's tokens: all of them, or only its two ends when it holds far more than a
 /// context (see [`bounded_encode`]).
 #[derive(Debug, PartialEq)]
-struct Bounded {
+pub(super) struct Bounded {
     /// Every token (`whole`), or the first ones followed by the last ones.
-    tokens: Vec<u32>,
-    whole: bool,
+    pub tokens: Vec<u32>,
+    pub whole: bool,
 }
 
 /// Tokens beyond a context's that each end of a long text is tokenized to: the tokens
@@ -252,7 +252,7 @@ const END_MARGIN: usize = 64;
 /// `ctx` tokens, its head and tail only, each more than `ctx` tokens long, so that any
 /// cut to at most `ctx` tokens ([`truncate::keep_head_and_tail`]) takes the same tokens
 /// from it as from the whole text, and a refusal can say it holds more than that.
-fn bounded_encode(tok: &TextTokenizer, text: &str, special: bool, ctx: usize) -> Result<Bounded, TextError> {
+pub(super) fn bounded_encode(tok: &TextTokenizer, text: &str, special: bool, ctx: usize) -> Result<Bounded, TextError> {
     ends_or_whole(text, ctx, |piece, at_start| tok.encode(piece, special && at_start))
 }
 

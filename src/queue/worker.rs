@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::models::{Registry, canonical};
-use super::prepare::{ChatTraits, Kit, Prepared, Preparers, Ready, invalid, text_error};
+use super::prepare::{ChatTraits, Kit, Prepared, Preparers, Ready, bounded_encode, invalid, text_error};
 use super::{
     Admission, EmbedInput, EmbedJob, Event, GenerateJob, Job, JobDone, JobError, KeepAlive, QueueHandle, TokenLogprob,
     Work,
@@ -882,9 +882,14 @@ impl Worker {
         let mut vectors = Vec::with_capacity(job.inputs.len());
         let mut prompt_tokens = 0;
         for (n, input) in job.inputs.iter().enumerate() {
-            let mut ids = match input {
-                EmbedInput::Text(t) => engine.tokenizer.encode(t, true).map_err(|e| text_error("input", e))?,
-                EmbedInput::Tokens(ids) => ids.clone(),
+            // A text far past the context is tokenized at its ends only: a cut keeps its
+            // first `ctx` tokens.
+            let (mut ids, whole) = match input {
+                EmbedInput::Text(t) => {
+                    let b = bounded_encode(&engine.tokenizer, t, true, ctx).map_err(|e| text_error("input", e))?;
+                    (b.tokens, b.whole)
+                }
+                EmbedInput::Tokens(ids) => (ids.clone(), true),
             };
             if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
                 return Err(invalid(
@@ -899,7 +904,11 @@ impl Worker {
                 if !job.truncate {
                     return Err(invalid(
                         Some("input"),
-                        format!("input {n} is {} tokens long; the context holds {ctx}", ids.len()),
+                        format!(
+                            "input {n} is {}{} tokens long; the context holds {ctx}",
+                            if whole { "" } else { "more than " },
+                            ids.len()
+                        ),
                     ));
                 }
                 ids.truncate(ctx);

@@ -209,6 +209,9 @@ def test_a_huge_prompt_is_not_tokenized_whole_and_holds_up_no_one():
         error = json.loads(raw)["error"]
         assert status == 400 and error["code"] == "context_length_exceeded", raw
         assert "resulted in more than" in error["message"], error
+        # An embedding of it keeps its first tokens (Ollama's `truncate`, on by default).
+        status, _, raw = post(s.url + "/api/embed", {"model": MODEL, "input": huge})
+        assert status == 200 and json.loads(raw)["prompt_eval_count"] > 0, raw[:300]
         # Tokenized whole, its 2.5 million tokens took 300 MB more at the peak.
         grew = peak_rss(s.process.pid) - before
         assert grew < 200 << 20, f"the peak resident set grew by {grew >> 20} MiB"
