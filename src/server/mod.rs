@@ -6,6 +6,7 @@
 
 pub mod anthropic;
 pub mod error;
+pub mod listen;
 pub mod logging;
 pub mod metrics;
 pub mod ollama;
