@@ -423,13 +423,14 @@ async fn notify_when_ready(status: WorkerStatus, local: SocketAddr) {
 
 /// SIGHUP: rereads the config file. API keys, allowed origins and the log level change
 /// at once; the other settings are read at start only, so a change to them is logged
-/// as needing a restart.
+/// as needing a restart. A file that is refused (see [`Settings::reload`]) changes
+/// nothing and is logged as an error.
 async fn reload_on_hangup(state: crate::server::AppState, mut settings: Settings) {
     let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
     while hangup.recv().await.is_some() {
         crate::server::systemd::notify("RELOADING=1");
         match settings.reload() {
-            Err(e) => tracing::error!("config not reloaded: {e}"),
+            Err(e) => tracing::error!("config not reloaded, the settings in force stay: {e}"),
             Ok((new, changed)) => {
                 for warning in &new.warnings {
                     tracing::warn!("{warning}");
@@ -457,6 +458,9 @@ async fn reload_on_hangup(state: crate::server::AppState, mut settings: Settings
                 tracing::info!(config = %file, applied = ?applied, "config reloaded");
                 if !restart.is_empty() {
                     tracing::warn!(settings = ?restart, "changed settings take effect at the next restart");
+                }
+                if new.open_access() && !settings.open_access() {
+                    tracing::warn!(config = %file, "`api-key = []`: authentication is off, every route is open");
                 }
                 settings = new;
             }
