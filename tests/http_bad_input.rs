@@ -476,6 +476,33 @@ async fn pages_of_other_sites_cannot_use_the_api() {
     let _ = std::fs::remove_dir_all(&home);
 }
 
+/// With keys set, the bearer scheme may come in any case (RFC 7235); `/`, `/health` and
+/// the status page `/ui` need no key, and `/metrics`, `/docs` and `/openapi.json` do.
+#[tokio::test]
+async fn the_key_is_checked_on_every_route_but_the_exempt_ones_whatever_the_scheme_case() {
+    let (app, _) = app_with(ServerConfig { api_keys: vec!["sk-1".into()], ..ServerConfig::default() }, 8);
+    let get = |uri: &str, auth: Option<&str>| {
+        let mut r = Request::builder().uri(uri);
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    for auth in ["Bearer sk-1", "bearer sk-1", "BEARER sk-1", "bEaReR   sk-1"] {
+        assert_eq!(send(&app, get("/v1/models", Some(auth))).await.0, StatusCode::OK, "{auth}");
+    }
+    for auth in [None, Some("Bearer sk-2"), Some("Basic sk-1"), Some("sk-1")] {
+        assert_eq!(send(&app, get("/v1/models", auth)).await.0, StatusCode::UNAUTHORIZED, "{auth:?}");
+    }
+    for exempt in ["/", "/health", "/ui"] {
+        assert_ne!(send(&app, get(exempt, None)).await.0, StatusCode::UNAUTHORIZED, "{exempt}");
+    }
+    for guarded in ["/metrics", "/docs/", "/openapi.json", "/api/tags", "/api/strata/status"] {
+        assert_eq!(send(&app, get(guarded, None)).await.0, StatusCode::UNAUTHORIZED, "{guarded}");
+        assert_ne!(send(&app, get(guarded, Some("BEARER sk-1"))).await.0, StatusCode::UNAUTHORIZED, "{guarded}");
+    }
+}
+
 /// Two models started under one name (`a` and `a:latest` are one) are refused: the second
 /// would replace the first, which stayed the default loaded at start.
 #[test]
