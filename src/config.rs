@@ -336,6 +336,11 @@ fn settings_of(
     Settings { file, named, values, warnings: Vec::new() }
 }
 
+/// Whether `values` hold an API key (an empty string is none).
+fn has_keys(values: &BTreeMap<String, (Vec<String>, Source)>) -> bool {
+    values.get("api-key").is_some_and(|(keys, _)| keys.iter().any(|k| !k.trim().is_empty()))
+}
+
 impl Settings {
     /// The settings as a config file, each line commented with where it came from.
     pub fn render(&self) -> String {
@@ -364,7 +369,9 @@ impl Settings {
 
     /// Rereads the config file (SIGHUP): the settings that come from it or from the
     /// defaults take the file's new values; flags and the environment still win. Returns
-    /// the new settings and the keys whose value changed.
+    /// the new settings and the keys whose value changed. A file that fails to read or
+    /// parse is an error, and so is one that would take the API keys from some to none
+    /// without saying `api-key = []` (an emptied or truncated file must not open the API).
     pub fn reload(&self) -> Result<(Settings, Vec<String>), String> {
         let cmd = Cli::command();
         let (file, named) = match self.named {
@@ -398,8 +405,23 @@ impl Settings {
             *vals = new_vals;
             *source = new_source;
         }
+        if has_keys(&self.values) && !has_keys(&values) && file_values.get("api-key").is_none_or(|k| !k.is_empty()) {
+            let file = match &file {
+                Some(path) => format!("config file {}", path.display()),
+                None => "no config file is found, and so it".to_string(),
+            };
+            return Err(format!(
+                "{file} names no API key, which would turn authentication off; the keys in force stay (a file \
+                 that means it says `api-key = []`)"
+            ));
+        }
         let warnings = file.as_deref().and_then(|p| readable_keys(p, &file_values)).into_iter().collect();
         Ok((Settings { file, named, values, warnings }, changed))
+    }
+
+    /// Whether these settings leave the API open: no key.
+    pub fn open_access(&self) -> bool {
+        !has_keys(&self.values)
     }
 
     /// A setting's values.

@@ -218,7 +218,8 @@ fn next_notification(sock: &UnixDatagram) -> String {
 
 /// The daemon as systemd runs it: settings from a config file and STRATA_PORT, READY=1
 /// once the model is loaded, SIGHUP rereads the file (new API keys apply at once; other
-/// changes are logged; a broken file is refused and the old settings stay), SIGTERM
+/// changes are logged; a broken file, or one that drops the keys without `api-key = []`,
+/// is refused and the old settings stay), SIGTERM
 /// stops it with exit status 0, and log lines carry journal priorities.
 #[test]
 fn serve_from_a_config_file_under_systemd() {
@@ -268,6 +269,22 @@ fn serve_from_a_config_file_under_systemd() {
     assert_eq!(get(port, "/v1/models", None), 401);
     assert_eq!(get(port, "/v1/models", Some("k1")), 200);
 
+    // An emptied file, or one truncated before its keys (a tool rewriting it in place),
+    // does not turn authentication off; only `api-key = []` does.
+    for text in ["", "port = 1\nthreads = 1\n", "port = 1\napi-key = [\"\"]\n"] {
+        std::fs::write(&config, text).unwrap();
+        signal(pid, libc::SIGHUP);
+        assert_eq!(next_notification(&sock), "RELOADING=1");
+        assert_eq!(next_notification(&sock), "READY=1");
+        assert_eq!(get(port, "/v1/models", None), 401, "after reloading {text:?}");
+        assert_eq!(get(port, "/v1/models", Some("k1")), 200, "after reloading {text:?}");
+    }
+    std::fs::write(&config, "port = 1\nthreads = 1\napi-key = []\n").unwrap();
+    signal(pid, libc::SIGHUP);
+    assert_eq!(next_notification(&sock), "RELOADING=1");
+    assert_eq!(next_notification(&sock), "READY=1");
+    assert_eq!(get(port, "/v1/models", None), 200);
+
     signal(pid, libc::SIGTERM);
     assert_eq!(next_notification(&sock), "STOPPING=1");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -293,6 +310,9 @@ fn serve_from_a_config_file_under_systemd() {
         lines.iter().any(|l| l.starts_with("<3>") && l.contains("config not reloaded") && l.contains("`port`")),
         "{log}"
     );
+    let refused = lines.iter().filter(|l| l.starts_with("<3>") && l.contains("would turn authentication off")).count();
+    assert_eq!(refused, 3, "{log}");
+    assert!(lines.iter().any(|l| l.starts_with("<4>") && l.contains("authentication is off")), "{log}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -476,6 +476,33 @@ async fn pages_of_other_sites_cannot_use_the_api() {
     let _ = std::fs::remove_dir_all(&home);
 }
 
+/// With keys set, the bearer scheme may come in any case (RFC 7235); `/`, `/health` and
+/// the status page `/ui` need no key, and `/metrics`, `/docs` and `/openapi.json` do.
+#[tokio::test]
+async fn the_key_is_checked_on_every_route_but_the_exempt_ones_whatever_the_scheme_case() {
+    let (app, _) = app_with(ServerConfig { api_keys: vec!["sk-1".into()], ..ServerConfig::default() }, 8);
+    let get = |uri: &str, auth: Option<&str>| {
+        let mut r = Request::builder().uri(uri);
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    for auth in ["Bearer sk-1", "bearer sk-1", "BEARER sk-1", "bEaReR   sk-1"] {
+        assert_eq!(send(&app, get("/v1/models", Some(auth))).await.0, StatusCode::OK, "{auth}");
+    }
+    for auth in [None, Some("Bearer sk-2"), Some("Basic sk-1"), Some("sk-1")] {
+        assert_eq!(send(&app, get("/v1/models", auth)).await.0, StatusCode::UNAUTHORIZED, "{auth:?}");
+    }
+    for exempt in ["/", "/health", "/ui"] {
+        assert_ne!(send(&app, get(exempt, None)).await.0, StatusCode::UNAUTHORIZED, "{exempt}");
+    }
+    for guarded in ["/metrics", "/docs/", "/openapi.json", "/api/tags", "/api/strata/status"] {
+        assert_eq!(send(&app, get(guarded, None)).await.0, StatusCode::UNAUTHORIZED, "{guarded}");
+        assert_ne!(send(&app, get(guarded, Some("BEARER sk-1"))).await.0, StatusCode::UNAUTHORIZED, "{guarded}");
+    }
+}
+
 /// Two models started under one name (`a` and `a:latest` are one) are refused: the second
 /// would replace the first, which stayed the default loaded at start.
 #[test]
@@ -490,4 +517,147 @@ fn two_models_under_one_name_are_refused_at_start() {
         assert!(strata::model::sparse::Refused::in_chain(&err), "a usage error: {msg}");
     }
     assert!(strata::server::start(opts("n")).is_ok());
+}
+
+/// A raw HTTP/1.1 response on `s`: its status code, once its head and `Content-Length`
+/// body have arrived; 0 if the connection closed (or stayed silent for 10 s) first.
+fn read_response(s: &mut std::net::TcpStream) -> u16 {
+    use std::io::Read;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if got.len() >= end + 4 + len {
+                return head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return 0,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Whether the server has closed `s` (EOF or a reset), without waiting.
+fn closed(s: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    s.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 256];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(_) => continue,
+            Err(e) => break e.kind() != std::io::ErrorKind::WouldBlock,
+        }
+    };
+    s.set_nonblocking(false).unwrap();
+    closed
+}
+
+/// Whether the server closes `s` within `within`.
+fn closed_within(s: &mut std::net::TcpStream, within: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if closed(s) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    closed(s)
+}
+
+/// `router` served on a local port within `limits`; the sender stops it.
+async fn listen(
+    router: axum::Router,
+    limits: strata::server::listen::ConnLimits,
+) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<std::io::Result<()>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    (addr, stop, tokio::spawn(strata::server::listen::serve(listener, router, limits, shutdown)))
+}
+
+/// Idle connections beyond `--max-connections` make room for new ones (the one waiting
+/// longest goes), so 200 idle sockets against a cap of 64 leave `/health` answering;
+/// a shutdown with idle connections open returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_over_the_cap_cannot_keep_health_out() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::time::Duration;
+    let (app, _) = common::app();
+    let hour = Some(Duration::from_secs(3600));
+    let limits = strata::server::listen::ConnLimits { header_timeout: hour, idle_timeout: hour, max_connections: 64 };
+    let (addr, stop, server) = listen(app, limits).await;
+    let (code, closed_count) = tokio::task::spawn_blocking(move || {
+        let mut idle: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let mut health = TcpStream::connect(addr).unwrap();
+        health.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let code = read_response(&mut health);
+        std::thread::sleep(Duration::from_millis(300));
+        (code, idle.iter_mut().map(closed).filter(|c| *c).count())
+    })
+    .await
+    .unwrap();
+    assert!(matches!(code, 200 | 503), "/health: {code}");
+    // 137 made room for the 64 that followed them and for /health's connection.
+    assert_eq!(closed_count, 137, "of 200 idle connections over a cap of 64");
+    let _ = stop.send(());
+    let stopped = tokio::time::timeout(Duration::from_secs(5), server).await;
+    assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
+}
+
+/// A connection that sends no request, or its head too slowly, is closed after the header
+/// timeout; a kept-alive connection after the idle timeout; a request being answered
+/// (here, one whose body comes late) is never cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_connections_time_out_but_requests_in_progress_do_not() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::time::Duration;
+    let (app, _) = common::app();
+    let short = Some(Duration::from_millis(400));
+    let limits = strata::server::listen::ConnLimits { header_timeout: short, idle_timeout: short, max_connections: 64 };
+    let (addr, stop, _server) = listen(app, limits).await;
+    tokio::task::spawn_blocking(move || {
+        let long = Duration::from_secs(5);
+        let mut silent = TcpStream::connect(addr).unwrap();
+        assert!(closed_within(&mut silent, long), "a connection that sends nothing stays open");
+
+        let mut slow = TcpStream::connect(addr).unwrap();
+        slow.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+        for i in 0..40 {
+            std::thread::sleep(Duration::from_millis(100));
+            if closed(&mut slow) || slow.write_all(format!("X-Slow-{i}: 1\r\n").as_bytes()).is_err() {
+                break;
+            }
+        }
+        assert!(closed(&mut slow), "a head sent a line at a time stays open");
+
+        let mut kept = TcpStream::connect(addr).unwrap();
+        kept.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        assert!(matches!(read_response(&mut kept), 200 | 503));
+        assert!(closed_within(&mut kept, long), "an idle kept-alive connection stays open");
+
+        let body = r#"{"model": "llama3", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}"#;
+        let mut late = TcpStream::connect(addr).unwrap();
+        let head = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", body.len());
+        late.write_all(head.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        late.write_all(body.as_bytes()).unwrap();
+        assert_eq!(read_response(&mut late), 200, "a request whose body took longer than both timeouts");
+    })
+    .await
+    .unwrap();
+    let _ = stop.send(());
 }

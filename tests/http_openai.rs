@@ -69,6 +69,32 @@ async fn models_are_listed_and_found() {
     assert_eq!(v["error"]["code"], "model_not_found");
 }
 
+/// A model name matches whatever its case and surrounding spaces, on the OpenAI, Anthropic
+/// and Ollama routes alike (as store names do), and every spelling runs the one loaded
+/// copy.
+#[tokio::test]
+async fn model_names_match_whatever_their_case_on_every_route() {
+    let (app, _) = app();
+    let messages = json!([{"role": "user", "content": "Hi"}]);
+    for (uri, body) in [
+        ("/v1/chat/completions", json!({"model": "LLaMA3", "messages": messages, "max_tokens": 1})),
+        ("/v1/messages", json!({"model": " Llama3 ", "messages": messages, "max_tokens": 1})),
+        (
+            "/api/chat",
+            json!({"model": "LLAMA3:Latest", "messages": messages, "stream": false, "options": {"num_predict": 1}}),
+        ),
+        ("/v1/chat/completions", json!({"model": "llama3", "messages": messages, "max_tokens": 1})),
+    ] {
+        let (status, _, out) = send(&app, post_json(uri, body.clone())).await;
+        assert_eq!(status, StatusCode::OK, "{uri} {body}: {}", String::from_utf8_lossy(&out));
+    }
+    assert_eq!(send(&app, get("/v1/models/LLAMA3")).await.0, StatusCode::OK);
+    let (_, _, ps) = send(&app, get("/api/ps")).await;
+    let loaded: Vec<String> =
+        json(&ps)["models"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(loaded, ["llama3:latest"], "one copy, whatever the spelling");
+}
+
 #[tokio::test]
 async fn chat_completion_has_the_openai_shape() {
     let (app, _) = app();

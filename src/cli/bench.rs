@@ -18,7 +18,9 @@ use crate::sched::{SchedSummary, StatsSnapshot};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Model: a Hugging Face directory or `strata-demo`.
+    /// Model SPEC: a `.gguf` or `.cawsf` file, a directory (Hugging Face safetensors with
+    /// config.json, or a flat layer directory with manifest.json), a name in the store
+    /// (`strata list`), or `strata-demo` (the built-in demo model).
     pub model: String,
     #[arg(long = "prompt-tokens", default_value_t = 128)]
     pub prompt_tokens: usize,

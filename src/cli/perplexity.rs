@@ -14,7 +14,9 @@ use crate::model::decoder::SeqStep;
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["file", "tokens_file"])))]
 pub struct PerplexityArgs {
-    /// Model: a Hugging Face directory or `strata-demo`.
+    /// Model SPEC: a `.gguf` or `.cawsf` file, a directory (Hugging Face safetensors with
+    /// config.json, or a flat layer directory with manifest.json), a name in the store
+    /// (`strata list`), or `strata-demo` (the built-in demo model).
     pub model: String,
     /// A UTF-8 text file, tokenized with the model's tokenizer (special tokens added).
     #[arg(long)]

@@ -12,7 +12,9 @@ use crate::engine::template::ChatMessage;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Model: a Hugging Face directory or `strata-demo`.
+    /// Model SPEC: a `.gguf` or `.cawsf` file, a directory (Hugging Face safetensors with
+    /// config.json, or a flat layer directory with manifest.json), a name in the store
+    /// (`strata list`), or `strata-demo` (the built-in demo model).
     pub model: String,
     /// Answer this prompt and exit (otherwise: an interactive chat).
     #[arg(short, long)]

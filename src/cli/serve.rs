@@ -19,6 +19,7 @@ use crate::engine::session::RunOptions;
 use crate::model::demo::DEMO_NAME;
 use crate::queue::KeepAlive;
 use crate::queue::worker::{WorkerConfig, WorkerStatus};
+use crate::server::listen::ConnLimits;
 use crate::server::{Access, ServeOptions, ServerConfig};
 
 #[derive(Args, Debug)]
@@ -74,6 +75,21 @@ pub struct ServeArgs {
     /// On SIGTERM/SIGINT, how long running requests may finish before they are cancelled.
     #[arg(long = "grace-period", default_value = "10s")]
     pub grace_period: String,
+    /// How long a client may take to send a request's head (request line and headers),
+    /// counted from connecting, or on a kept-alive connection from the request's first
+    /// byte; then the connection is closed. `0`: no limit.
+    #[arg(long = "header-timeout", value_name = "DURATION", default_value = "60s", value_parser = parse_timeout)]
+    pub header_timeout: Duration,
+    /// How long a kept-alive connection may wait for its next request; then it is
+    /// closed. A request being answered (a long prefill, a long stream) is never cut.
+    /// `0`: no limit.
+    #[arg(long = "idle-timeout", value_name = "DURATION", default_value = "75s", value_parser = parse_timeout)]
+    pub idle_timeout: Duration,
+    /// Connections open at once. Over it, a new connection closes the one that has waited
+    /// longest without a request in progress (or, when every one is answering a request,
+    /// is closed itself). At most the open-file limit less 256.
+    #[arg(long = "max-connections", default_value_t = 4096, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_connections: usize,
     #[command(flatten)]
     pub run: RunOpts,
     /// Print the settings in force, and where each came from, then exit.
@@ -98,6 +114,13 @@ fn parse_kv_memory(s: &str) -> Result<u64, String> {
         0 => Err("0 bytes leaves no request any KV cache; leave it unset for 90% of what is free".into()),
         n => Ok(n),
     }
+}
+
+/// `--header-timeout`, `--idle-timeout`: a duration (`60s`, `2m`, seconds as a number);
+/// `0` is no limit.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let secs = crate::queue::parse_duration(s)?;
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is not a duration of 0 or more"))
 }
 
 pub use crate::store::strata_home;
@@ -325,6 +348,20 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
         );
     }
 
+    let open_files = crate::server::listen::raise_open_files_limit();
+    let limits = ConnLimits {
+        header_timeout: (!args.header_timeout.is_zero()).then_some(args.header_timeout),
+        idle_timeout: (!args.idle_timeout.is_zero()).then_some(args.idle_timeout),
+        max_connections: crate::server::listen::connection_cap(args.max_connections, open_files),
+    };
+    if limits.max_connections < args.max_connections {
+        tracing::warn!(
+            open_files = open_files.unwrap_or(0),
+            max_connections = limits.max_connections,
+            "--max-connections lowered to fit the open-file limit (RLIMIT_NOFILE); raise it (LimitNOFILE= under systemd) for more"
+        );
+    }
+
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().worker_threads(2).build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
@@ -362,7 +399,7 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
                 std::process::exit(0);
             });
         };
-        axum::serve(listener, router).with_graceful_shutdown(shutdown).await?;
+        crate::server::listen::serve(listener, router, limits, shutdown).await?;
         state.status.shutting_down.store(true, Ordering::SeqCst);
         let _ = std::fs::remove_file(&pid_file);
         tracing::info!("stopped");
@@ -386,13 +423,14 @@ async fn notify_when_ready(status: WorkerStatus, local: SocketAddr) {
 
 /// SIGHUP: rereads the config file. API keys, allowed origins and the log level change
 /// at once; the other settings are read at start only, so a change to them is logged
-/// as needing a restart.
+/// as needing a restart. A file that is refused (see [`Settings::reload`]) changes
+/// nothing and is logged as an error.
 async fn reload_on_hangup(state: crate::server::AppState, mut settings: Settings) {
     let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
     while hangup.recv().await.is_some() {
         crate::server::systemd::notify("RELOADING=1");
         match settings.reload() {
-            Err(e) => tracing::error!("config not reloaded: {e}"),
+            Err(e) => tracing::error!("config not reloaded, the settings in force stay: {e}"),
             Ok((new, changed)) => {
                 for warning in &new.warnings {
                     tracing::warn!("{warning}");
@@ -420,6 +458,9 @@ async fn reload_on_hangup(state: crate::server::AppState, mut settings: Settings
                 tracing::info!(config = %file, applied = ?applied, "config reloaded");
                 if !restart.is_empty() {
                     tracing::warn!(settings = ?restart, "changed settings take effect at the next restart");
+                }
+                if new.open_access() && !settings.open_access() {
+                    tracing::warn!(config = %file, "`api-key = []`: authentication is off, every route is open");
                 }
                 settings = new;
             }

@@ -523,7 +523,7 @@ fn build_model(source: &ModelSource, config: ModelConfig, opts: &RunOptions) -> 
 }
 
 impl Engine {
-    /// Loads a model SPEC (a Hugging Face directory or `strata-demo`).
+    /// Loads a model SPEC (see [`ModelSource::from_spec`]).
     pub fn load(spec: &str, opts: &RunOptions) -> anyhow::Result<Self> {
         let source = ModelSource::from_spec(spec)?;
         Self::from_source(source, opts)

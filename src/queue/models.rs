@@ -239,9 +239,11 @@ pub struct Registry {
     read: Arc<Mutex<ReadCache>>,
 }
 
-/// Ollama-style names: `name` and `name:latest` are the same model.
+/// A model's identity, what every route and the worker match names by: Ollama-style
+/// (`name` and `name:latest` are the same model) and, as in the store, without regard to
+/// case or surrounding spaces.
 pub fn canonical(name: &str) -> String {
-    let name = name.trim();
+    let name = name.trim().to_ascii_lowercase();
     match name.rsplit_once(':') {
         Some((base, tag)) if !base.is_empty() && !tag.contains('/') => format!("{base}:{tag}"),
         _ => format!("{name}:latest"),
@@ -279,6 +281,7 @@ impl Registry {
     /// The model `name`: a started-with model or alias, else a store model (read from its
     /// files the first time it is asked for, and again after it is re-imported).
     pub fn find(&self, name: &str) -> Result<Arc<ModelInfo>, RegistryError> {
+        let name = name.trim();
         if let Some((_, info)) = self.in_memory(name) {
             return Ok(info);
         }
@@ -468,6 +471,7 @@ mod tests {
         assert_eq!(canonical("demo:latest"), "demo:latest");
         assert_eq!(canonical("demo:q4"), "demo:q4");
         assert_eq!(canonical("http://x/y"), "http://x/y:latest");
+        assert_eq!(canonical(" Demo:Q4 "), "demo:q4");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod anthropic;
 pub mod error;
+pub mod listen;
 pub mod logging;
 pub mod metrics;
 pub mod ollama;
@@ -335,7 +336,7 @@ async fn authenticate(State(state): State<AppState>, req: Request, next: Next) -
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(bearer_token)
         // Anthropic's SDK sends its key as `x-api-key`.
         .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
@@ -361,6 +362,13 @@ async fn authenticate(State(state): State<AppState>, req: Request, next: Next) -
     .into_response_for(family);
     resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     resp
+}
+
+/// The credentials of an `Authorization: Bearer KEY` header; the scheme's case does not
+/// matter (RFC 7235), and spaces or tabs may separate it from the key.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once([' ', '\t'])?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 /// Refuses what a browser sends from a page of another site. CORS only keeps such a page
@@ -518,6 +526,16 @@ mod tests {
         assert!(!own_page("http://evil.example:11434", "evil.example:11434"));
         assert!(!own_page("http://192.168.1.5:8080", "192.168.1.5:11434"));
         assert!(!own_page("null", "127.0.0.1:11434"));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for header in ["Bearer k1", "bearer k1", "BEARER k1", "BeArEr  k1", "Bearer\tk1"] {
+            assert_eq!(bearer_token(header).map(str::trim), Some("k1"), "{header:?}");
+        }
+        for header in ["Basic k1", "Bearerk1", "Bearer", "k1", "Bear k1"] {
+            assert_eq!(bearer_token(header), None, "{header:?}");
+        }
     }
 
     #[test]
