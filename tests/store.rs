@@ -368,6 +368,13 @@ fn cli_import_list_show_cp_rm() {
     let (ok, out, _) = strata(h, &["show", "TINY:q4", "--json"]);
     assert!(ok);
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["details"]["context_length"], 512);
+    // `inspect` and `verify` take store names too.
+    let (ok, out, err) = strata(h, &["inspect", "tiny:q4", "--json"]);
+    assert!(ok && out.contains("\"gguf\""), "{out}{err}");
+    let (ok, _, err) = strata(h, &["verify", "tiny:q4"]);
+    assert!(!ok && err.contains("model.gguf: not a format with checksums"), "{err}");
+    let (ok, _, err) = strata(h, &["verify", "ghost:v9"]);
+    assert!(!ok && err.contains("ghost:v9") && err.contains("strata list"), "{err}");
     let (ok, _, err) = strata(h, &["show", "nope"]);
     assert!(!ok && err.contains("`nope:latest`") && err.contains("strata list"), "{err}");
 
