@@ -24,21 +24,26 @@
 //! source where the filesystem allows (an import then takes no space; a file later
 //! changed *in place* at its source changes in the store too), and copied otherwise.
 
+mod blobs;
 mod inspect;
+mod install;
 mod ollama;
 pub mod pull;
+mod staging;
 
 use std::ffi::OsString;
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+pub use blobs::{BlobPartial, Tidied};
 pub use inspect::inspect;
+use install::{copy_hf_dir, copy_tree, link_or_copy};
 pub use ollama::{OllamaName, ollama_models_dir};
+use staging::Held;
 
 /// The file that makes a directory under `models/` a model.
 pub const ENTRY_FILE: &str = "entry.json";
@@ -475,16 +480,33 @@ impl Store {
         }
     }
 
-    /// Removes `name`; returns its full name.
+    /// Removes `name`, also when its `entry.json` does not read; returns its full name.
     pub fn remove(&self, name: &str) -> Result<ModelName> {
-        let model = self.get(name)?;
+        let name = self.removable(name)?;
+        let dir = self.models_dir().join(name.rel_dir());
         self.sweep();
-        // Out of the namespace first (one rename), so a half-deleted model is never listed.
+        // Held, so that no sweep takes it while it is removed; out of the namespace first
+        // (one rename), so a half-deleted model is never listed.
+        let held = Held::lock_existing(&dir)?;
         let trash = self.staging("rm")?;
-        fs::rename(&model.dir, &trash).map_err(io(&model.dir))?;
+        fs::rename(&dir, &trash).map_err(io(&dir))?;
+        if let Some(parent) = dir.parent() {
+            let _ = crate::format::temp::sync_dir(parent);
+        }
         fs::remove_dir_all(&trash).map_err(io(&trash))?;
-        prune_empty_parents(&model.dir, &self.models_dir());
-        Ok(model.name)
+        drop(held);
+        prune_empty_parents(&dir, &self.models_dir());
+        Ok(name)
+    }
+
+    /// The full name of `name` when [`remove`](Self::remove) would remove it: its
+    /// directory holds an `entry.json`, readable or not.
+    pub fn removable(&self, name: &str) -> Result<ModelName> {
+        let parsed = ModelName::parse(name)?;
+        match staging::has_entry(&self.models_dir().join(parsed.rel_dir())) {
+            true => Ok(parsed),
+            false => Err(StoreError::NotFound(parsed.to_string())),
+        }
     }
 
     /// Copies `src` to `dst` (hard links: no space taken); `replace` allows overwriting.
@@ -516,20 +538,6 @@ impl Store {
                 false => link_or_copy(&path, payload),
             }
         })
-    }
-
-    /// Where the blob `sha256:<hex>` is kept (`POST /api/blobs`).
-    pub fn blob_path(&self, hex: &str) -> PathBuf {
-        self.home.join("blobs").join(format!("sha256-{hex}"))
-    }
-
-    /// A fresh path to write a blob to, beside the blobs (renamed into place once
-    /// its digest is checked).
-    pub fn blob_staging(&self) -> Result<PathBuf> {
-        let dir = self.home.join("blobs");
-        fs::create_dir_all(&dir).map_err(io(&dir))?;
-        let tmp = self.staging("blob")?;
-        Ok(dir.join(tmp.file_name().unwrap_or_default()).with_extension("partial"))
     }
 
     /// Creates `name` from the GGUF blob `sha256:<hex>` (hard-linked) with `modelfile`.
@@ -573,97 +581,6 @@ impl Store {
         let name = ModelName::parse_new(name)?;
         let merged = src.entry.modelfile.clone().unwrap_or_default().overlaid(modelfile);
         self.install_copy(&src, &name, Some(merged), true)
-    }
-
-    /// Builds the model in a staging directory (`fill` writes its payload), writes its
-    /// entry, then renames it into place.
-    fn install(
-        &self,
-        name: &ModelName,
-        format: Format,
-        origin: Origin,
-        replace: bool,
-        fill: impl FnOnce(&Path) -> Result<()>,
-    ) -> Result<StoredModel> {
-        let dir = self.models_dir().join(name.rel_dir());
-        if !replace && read_entry(&dir)?.is_some() {
-            return Err(StoreError::Exists(name.to_string()));
-        }
-        self.sweep();
-        let staging = Staging(self.staging("import")?);
-        fs::create_dir(&staging.0).map_err(io(&staging.0))?;
-        let payload = staging.0.join(format.payload());
-        fill(&payload)?;
-        let details = match origin.details {
-            Some(d) => Some(d),
-            None => inspect(&payload, format)
-                .inspect_err(|e| tracing::warn!(model = %name, error = %crate::errors::chain(e), "no model details"))
-                .ok(),
-        };
-        let entry = Entry {
-            format,
-            source: origin.source,
-            size: tree_size(&payload)?,
-            imported_at: format!("{:.9}", jiff::Timestamp::now()),
-            digest: origin.digest,
-            details,
-            modelfile: origin.modelfile.filter(|m| !m.is_empty()),
-        };
-        let entry_path = staging.0.join(ENTRY_FILE);
-        let text = serde_json::to_string_pretty(&entry).expect("an entry serializes");
-        fs::write(&entry_path, text + "\n").map_err(io(&entry_path))?;
-        let parent = dir.parent().expect("a model directory has a parent");
-        fs::create_dir_all(parent).map_err(io(parent))?;
-        if dir.exists() {
-            if !replace && read_entry(&dir)?.is_some() {
-                return Err(StoreError::Exists(name.to_string()));
-            }
-            // What is there is replaced, or is the leftover of something incomplete.
-            let old = self.staging("old")?;
-            fs::rename(&dir, &old).map_err(io(&dir))?;
-            let _ = fs::remove_dir_all(&old);
-        }
-        fs::rename(&staging.0, &dir).map_err(|e| match e.kind() {
-            std::io::ErrorKind::DirectoryNotEmpty | std::io::ErrorKind::AlreadyExists => {
-                StoreError::Exists(name.to_string())
-            }
-            _ => io(&dir)(e),
-        })?;
-        Ok(StoredModel { name: name.clone(), dir, entry })
-    }
-
-    /// A fresh path under `.tmp/` named after this process (the directory's parent is
-    /// created; the path itself is not).
-    fn staging(&self, what: &str) -> Result<PathBuf> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let tmp = self.tmp_dir();
-        fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-        Ok(tmp.join(format!("{what}-{}-{n}-{nanos}", std::process::id())))
-    }
-
-    /// Removes what killed processes left in `.tmp/` (best effort).
-    fn sweep(&self) {
-        let Ok(entries) = fs::read_dir(self.tmp_dir()) else { return };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let pid = name.split('-').nth(1).and_then(|p| p.parse::<u32>().ok());
-            let gone =
-                pid.is_some_and(|pid| Path::new("/proc/self").exists() && !Path::new(&format!("/proc/{pid}")).exists());
-            if gone {
-                let _ = fs::remove_dir_all(entry.path()).or_else(|_| fs::remove_file(entry.path()));
-            }
-        }
-    }
-}
-
-/// A staging directory, removed when dropped (a no-op once it has been renamed into place).
-struct Staging(PathBuf);
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
     }
 }
 
@@ -709,76 +626,6 @@ fn prune_empty_parents(dir: &Path, root: &Path) {
         }
         cur = p.parent();
     }
-}
-
-/// Hard-links the file `src` (symbolic links followed) to `dst`, or copies it when the
-/// link cannot be made (another filesystem, no permission).
-fn link_or_copy(src: &Path, dst: &Path) -> Result<()> {
-    let real = fs::canonicalize(src).map_err(io(src))?;
-    if !fs::metadata(&real).map_err(io(&real))?.is_file() {
-        return Err(StoreError::Unsupported { path: src.to_owned(), msg: "not a regular file".into() });
-    }
-    if fs::hard_link(&real, dst).is_ok() {
-        return Ok(());
-    }
-    fs::copy(&real, dst).map_err(io(dst))?;
-    Ok(())
-}
-
-/// Copies the directory `src` into the new directory `dst` file by file
-/// ([`link_or_copy`]), skipping hidden entries; into subdirectories when `recurse`.
-fn copy_tree(src: &Path, dst: &Path, recurse: bool) -> Result<()> {
-    copy_dir_filtered(src, dst, recurse, &|_| true)
-}
-
-/// A Hugging Face directory's top-level files. Weights in other formats that sit next to
-/// safetensors (`*.bin`, `*.pth`, ...) and subdirectories (`original/`) are left out.
-fn copy_hf_dir(src: &Path, dst: &Path) -> Result<()> {
-    const OTHER_WEIGHTS: [&str; 8] = ["bin", "pt", "pth", "h5", "msgpack", "onnx", "ot", "gguf"];
-    let names = fs::read_dir(src).map_err(io(src))?;
-    let has_safetensors =
-        names.flatten().any(|e| Path::new(&e.file_name()).extension().is_some_and(|x| x == "safetensors"));
-    let keep = |p: &Path| {
-        let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
-        !(has_safetensors && OTHER_WEIGHTS.contains(&ext))
-    };
-    copy_dir_filtered(src, dst, false, &keep)
-}
-
-fn copy_dir_filtered(src: &Path, dst: &Path, recurse: bool, keep: &dyn Fn(&Path) -> bool) -> Result<()> {
-    fs::create_dir(dst).map_err(io(dst))?;
-    let mut entries: Vec<_> = fs::read_dir(src).map_err(io(src))?.flatten().collect();
-    entries.sort_by_key(|e| e.file_name());
-    for entry in entries {
-        let name = entry.file_name();
-        if name.to_string_lossy().starts_with('.') {
-            continue;
-        }
-        let path = entry.path();
-        // Follows symbolic links: a Hugging Face cache snapshot is links into its blobs.
-        let meta = fs::metadata(&path).map_err(io(&path))?;
-        if meta.is_dir() {
-            if recurse {
-                copy_dir_filtered(&path, &dst.join(&name), recurse, keep)?;
-            }
-        } else if meta.is_file() && keep(&path) {
-            link_or_copy(&path, &dst.join(&name))?;
-        }
-    }
-    Ok(())
-}
-
-/// Bytes of the files under `path` (or of the file `path`).
-fn tree_size(path: &Path) -> Result<u64> {
-    let meta = fs::metadata(path).map_err(io(path))?;
-    if !meta.is_dir() {
-        return Ok(meta.len());
-    }
-    let mut total = 0;
-    for entry in fs::read_dir(path).map_err(io(path))?.flatten() {
-        total += tree_size(&entry.path())?;
-    }
-    Ok(total)
 }
 
 #[cfg(test)]

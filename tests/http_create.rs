@@ -220,3 +220,66 @@ async fn models_that_cannot_run_are_refused_at_create() {
     let (status, _, out) = send(&app, post_json("/v1/chat/completions", openai)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&out));
 }
+
+/// A model whose `entry.json` does not read is deleted like any other (not a 500); a
+/// server that starts removes what killed uploads left.
+#[tokio::test]
+async fn a_broken_model_is_deleted_and_a_starting_server_tidies_the_store() {
+    let home = TempHome(std::env::temp_dir().join(format!("strata-http-broken-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&home.0);
+    let dir = home.0.join("models/library/broken/latest");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("entry.json"), b"{\"format\": ").unwrap();
+    let partial = home.0.join("blobs/blob-999999999-0-0.partial");
+    std::fs::create_dir_all(partial.parent().unwrap()).unwrap();
+    std::fs::write(&partial, b"half an upload").unwrap();
+    let (app, _) = app_with(ServerConfig { store: Some(home.0.clone()), ..ServerConfig::default() }, 64);
+    assert!(!partial.exists(), "a starting server removes killed uploads");
+    let delete = || {
+        let body = Body::from(json!({"model": "broken"}).to_string());
+        Request::builder().method("DELETE").uri("/api/delete").body(body).unwrap()
+    };
+    let (status, _, out) = send(&app, delete()).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    assert!(!dir.exists());
+    assert_eq!(send(&app, delete()).await.0, StatusCode::NOT_FOUND);
+}
+
+/// Unmounts a test's tmpfs when dropped.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// An upload to a full disk is a 507 naming the file; nothing is left behind. Needs a
+/// 1 MiB tmpfs (root, and a container that allows `mount`); skipped where there is none
+/// (a unit test in `server::ollama::create` covers the mapping without one).
+#[tokio::test]
+async fn an_upload_to_a_full_disk_is_507_naming_the_file() {
+    let home = TempHome(std::env::temp_dir().join(format!("strata-http-full-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&home.0);
+    let blobs = home.0.join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1M", "tmpfs"])
+        .arg(&blobs)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a tmpfs here (not root, or the container forbids mount)");
+        return;
+    }
+    let _unmount = Mounted(blobs.clone());
+    let (app, _) = app_with(ServerConfig { store: Some(home.0.clone()), ..ServerConfig::default() }, 64);
+    let body = vec![7u8; 2 << 20];
+    let hex: String = sha2::Sha256::digest(&body).iter().map(|b| format!("{b:02x}")).collect();
+    let (status, _, out) = send(&app, blob("POST", &format!("sha256:{hex}"), body)).await;
+    let error = json(&out)["error"].as_str().unwrap_or_default().to_string();
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{error}");
+    assert!(error.contains(blobs.to_str().unwrap()) && error.contains(".partial"), "{error}");
+    assert_eq!(std::fs::read_dir(&blobs).unwrap().count(), 0, "nothing half-written is left");
+}

@@ -368,6 +368,13 @@ fn cli_import_list_show_cp_rm() {
     let (ok, out, _) = strata(h, &["show", "TINY:q4", "--json"]);
     assert!(ok);
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["details"]["context_length"], 512);
+    // `inspect` and `verify` take store names too.
+    let (ok, out, err) = strata(h, &["inspect", "tiny:q4", "--json"]);
+    assert!(ok && out.contains("\"gguf\""), "{out}{err}");
+    let (ok, _, err) = strata(h, &["verify", "tiny:q4"]);
+    assert!(!ok && err.contains("model.gguf: not a format with checksums"), "{err}");
+    let (ok, _, err) = strata(h, &["verify", "ghost:v9"]);
+    assert!(!ok && err.contains("ghost:v9") && err.contains("strata list"), "{err}");
     let (ok, _, err) = strata(h, &["show", "nope"]);
     assert!(!ok && err.contains("`nope:latest`") && err.contains("strata list"), "{err}");
 
@@ -417,4 +424,141 @@ fn cli_imports_from_ollama_models() {
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["digest"], format!("sha256:{hex}"));
     let (ok, out, err) = strata(&home.0, &["import", "ollama:tiny", "--name", "other:v1"]);
     assert!(ok && out.contains("imported other:v1"), "{out}{err}");
+}
+
+/// An exclusive `flock` on `path` through an open file of its own, as a writer in another
+/// process (another PID namespace, say) holds its staging directory.
+fn hold(path: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: flock(2) on a descriptor `f` owns.
+    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    f
+}
+
+#[test]
+fn the_sweep_keeps_what_a_live_writer_holds_whatever_its_pid() {
+    let home = TempDir::new("held");
+    let store = Store::open(&home.0);
+    // PIDs that this process cannot see: a writer in another PID namespace.
+    let tmp = home.0.join("models/.tmp");
+    let (held, loose) = (tmp.join("import-999999999-0-0"), tmp.join("import-999999998-0-0"));
+    for dir in [&held, &loose] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("model.gguf"), b"in progress").unwrap();
+    }
+    let lock = hold(&held);
+    store.import(&gguf_fixture(), "a", false).unwrap();
+    assert!(held.join("model.gguf").exists(), "a held staging directory survives the sweep");
+    assert!(!loose.exists(), "one no writer holds is swept");
+    drop(lock);
+    store.copy("a", "b", false).unwrap();
+    assert_eq!(tree(&tmp), Vec::<String>::new(), "swept once its writer is gone");
+}
+
+#[test]
+fn a_model_whose_entry_does_not_read_can_be_removed() {
+    let home = TempDir::new("broken");
+    let store = Store::open(&home.0);
+    for name in ["broken", "huge"] {
+        let m = store.import(&gguf_fixture(), name, false).unwrap();
+        std::fs::write(m.dir.join("entry.json"), b"{\"format\": ").unwrap();
+    }
+    let huge = home.0.join("models/library/huge/latest/entry.json");
+    std::fs::write(&huge, vec![b' '; 2 << 20]).unwrap();
+    assert!(matches!(store.get("broken"), Err(StoreError::Corrupt { .. })));
+    assert_eq!(store.remove("broken").unwrap().to_string(), "broken:latest");
+    assert!(!home.0.join("models/library/broken").exists());
+    let (ok, out, err) = strata(&home.0, &["rm", "huge"]);
+    assert!(ok && out.contains("deleted 'huge:latest'"), "{out}{err}");
+    assert!(matches!(store.remove("huge"), Err(StoreError::NotFound(_))));
+    assert_eq!(tree(&home.0.join("models")), [".tmp"]);
+}
+
+#[test]
+fn tidying_removes_killed_uploads_and_old_blobs_no_model_uses() {
+    let home = TempDir::new("tidy");
+    let store = Store::open(&home.0);
+    let blobs = home.0.join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let blob = |c: char| blobs.join(format!("sha256-{}", c.to_string().repeat(64)));
+    for c in ['a', 'b', 'c'] {
+        std::fs::copy(gguf_fixture(), blob(c)).unwrap();
+    }
+    store.create_from_blob("used", &"a".repeat(64), Default::default()).unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 3600);
+    for c in ['a', 'b'] {
+        std::fs::File::options().write(true).open(blob(c)).unwrap().set_modified(hour_ago).unwrap();
+    }
+    let (killed, uploading) = (blobs.join("blob-999999999-0-0.partial"), blobs.join("blob-999999998-0-0.partial"));
+    std::fs::write(&killed, b"half").unwrap();
+    std::fs::write(&uploading, b"half").unwrap();
+    let lock = hold(&uploading);
+    let t = store.tidy(std::time::SystemTime::now()).unwrap();
+    assert_eq!(t.partials, std::slice::from_ref(&killed));
+    assert_eq!(t.blobs, [blob('b')], "used, and recent, blobs are kept");
+    assert_eq!(t.blob_bytes, std::fs::metadata(gguf_fixture()).unwrap().len());
+    assert!(blob('a').exists() && blob('c').exists() && uploading.exists() && !killed.exists());
+    drop(lock);
+    // Once the model is gone, so is its blob; a new upload sweeps what the last one left.
+    store.remove("used").unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(2 * 3600);
+    assert_eq!(store.tidy(later).unwrap().blobs.len(), 2);
+    let partial = store.blob_partial().unwrap();
+    assert!(!uploading.exists());
+    let name = partial.path().to_owned();
+    drop(partial);
+    assert!(!name.exists(), "an upload that is not kept is removed");
+    assert_eq!(tree(&blobs), Vec::<String>::new());
+}
+
+/// Waits until a staging directory under `tmp` holds a complete model (`entry.json`): the
+/// moment a replacing import publishes. `false`: the import ended first.
+fn wait_for_staged_model(tmp: &Path, child: &mut std::process::Child) -> bool {
+    loop {
+        let entries = std::fs::read_dir(tmp).into_iter().flatten().flatten();
+        if entries.into_iter().any(|e| e.path().join("entry.json").exists()) {
+            return true;
+        }
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_forced_import_killed_mid_way_leaves_the_model_whole() {
+    let home = TempDir::new("kill");
+    let h = &home.0;
+    // The old model is a directory of many files, so removing it takes a while.
+    let old = h.join("src/old-hf");
+    std::fs::create_dir_all(&old).unwrap();
+    for f in std::fs::read_dir(hf_fixture()).unwrap().flatten() {
+        std::fs::hard_link(f.path(), old.join(f.file_name())).unwrap();
+    }
+    for i in 0..2000 {
+        std::fs::write(old.join(format!("extra-{i:04}.json")), b"{}").unwrap();
+    }
+    let (ok, _, err) = strata(h, &["import", old.to_str().unwrap(), "--name", "v"]);
+    assert!(ok, "{err}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["import", gguf_fixture().to_str().unwrap(), "--name", "v", "--force"])
+        .env("STRATA_HOME", h)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let killed = wait_for_staged_model(&h.join("models/.tmp"), &mut child);
+    let _ = child.kill();
+    child.wait().unwrap();
+    // The next store write sweeps what the killed import left.
+    let (ok, _, err) = strata(h, &["cp", "v", "w"]);
+    assert!(ok, "killed: {killed}: {err}");
+    let (ok, out, err) = strata(h, &["list", "--json"]);
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = listed.as_array().unwrap().iter().filter_map(|m| m["name"].as_str()).collect();
+    assert!(ok && names == ["v:latest", "w:latest"], "killed: {killed}: {out}{err}");
+    let store = Store::open(h);
+    ModelSource::from_spec(store.resolve("v").unwrap().to_str().unwrap()).expect("whole, old or new");
+    assert_eq!(tree(&h.join("models/.tmp")), Vec::<String>::new());
 }

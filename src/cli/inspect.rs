@@ -13,7 +13,8 @@ use crate::tensor::HostTensor;
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// A `.gguf` or `.cawsf` file, a flat layer directory or a Hugging Face directory.
+    /// A `.gguf` or `.cawsf` file, a flat layer directory or a Hugging Face directory, or
+    /// a name in the store.
     pub path: PathBuf,
     /// Print everything as JSON.
     #[arg(long)]
@@ -21,7 +22,8 @@ pub struct InspectArgs {
 }
 
 pub fn main(args: InspectArgs) -> anyhow::Result<()> {
-    let report = inspect(&args.path)?;
+    let (path, _) = crate::model::spec_path(&args.path)?;
+    let report = inspect(&path)?;
     let text = if args.json { serde_json::to_string_pretty(&report)? + "\n" } else { render_text(&report) };
     out!("{text}")
 }

@@ -1,4 +1,5 @@
-//! `strata verify`: every checksum of a flat directory or `.cawsf` file.
+//! `strata verify`: every checksum of a flat directory or `.cawsf` file, given by path
+//! or by its name in the store.
 
 use std::path::{Path, PathBuf};
 
@@ -7,12 +8,13 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
-    /// A flat layer directory or a `.cawsf` file.
+    /// A flat layer directory or a `.cawsf` file, or a name in the store.
     pub path: PathBuf,
 }
 
 pub fn main(args: VerifyArgs) -> anyhow::Result<()> {
-    let p: &Path = &args.path;
+    let (path, _) = crate::model::spec_path(&args.path)?;
+    let p: &Path = &path;
     let report = if p.is_dir() && p.join("manifest.json").is_file() {
         let r = crate::format::flat::verify(p)?;
         format!("{} files, {} tensors, {} bytes checked", r.files, r.tensors, r.bytes)

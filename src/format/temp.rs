@@ -71,6 +71,50 @@ pub fn remove_stale(out: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(removed)
 }
 
+/// An I/O error and the path it happened on.
+pub type PathError = (PathBuf, std::io::Error);
+
+/// Flushes every file and directory under `path` (or the file `path`) to the disk, each
+/// directory after what it holds, so that renaming `path` into place publishes complete
+/// contents even across a power cut. Symbolic links are not followed.
+pub fn sync_tree(path: &Path) -> Result<(), PathError> {
+    visit_tree(path, &mut |p, file| sync_one(p, &file))
+}
+
+/// Flushes the directory `dir`, making a rename into or out of it durable. A filesystem
+/// that cannot sync directories (some answer `EINVAL`) is not an error.
+pub fn sync_dir(dir: &Path) -> Result<(), PathError> {
+    let file = std::fs::File::open(dir).map_err(|e| (dir.to_owned(), e))?;
+    sync_one(dir, &file)
+}
+
+fn sync_one(path: &Path, file: &std::fs::File) -> Result<(), PathError> {
+    match file.sync_all() {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) && path.is_dir() => Ok(()),
+        other => other.map_err(|e| (path.to_owned(), e)),
+    }
+}
+
+/// Calls `visit` with every file and directory under `path` opened for reading, each
+/// directory after its entries.
+fn visit_tree(
+    path: &Path,
+    visit: &mut dyn FnMut(&Path, std::fs::File) -> Result<(), PathError>,
+) -> Result<(), PathError> {
+    let at = |e| (path.to_owned(), e);
+    let meta = std::fs::symlink_metadata(path).map_err(at)?;
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path).map_err(at)? {
+            visit_tree(&entry.map_err(at)?.path(), visit)?;
+        }
+    }
+    let file = std::fs::File::open(path).map_err(at)?;
+    visit(path, file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +165,34 @@ mod tests {
             assert_eq!(removed, [stale_file, stale_dir]);
         }
         assert!(kept.iter().all(|k| k.exists()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_tree_is_synced_file_by_file_and_each_directory_after_its_entries() {
+        let dir = std::env::temp_dir().join(format!("strata-temp-sync-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("model/sub")).unwrap();
+        for f in ["entry.json", "model/a.bin", "model/sub/b.bin"] {
+            std::fs::write(dir.join(f), b"x").unwrap();
+        }
+        std::os::unix::fs::symlink("/nonexistent", dir.join("model/link")).unwrap();
+        let mut seen = Vec::new();
+        visit_tree(&dir, &mut |p, _| {
+            seen.push(p.strip_prefix(&dir).unwrap().display().to_string());
+            Ok(())
+        })
+        .unwrap();
+        let at = |p: &str| seen.iter().position(|s| s == p).unwrap_or_else(|| panic!("{p} not synced: {seen:?}"));
+        for f in ["entry.json", "model/a.bin", "model/sub/b.bin"] {
+            at(f);
+        }
+        assert!(at("model/sub/b.bin") < at("model/sub") && at("model/sub") < at("model") && at("model") < at(""));
+        assert!(!seen.iter().any(|s| s.contains("link")), "links are not followed: {seen:?}");
+        sync_tree(&dir).unwrap();
+        sync_dir(&dir).unwrap();
+        let (path, e) = sync_tree(&dir.join("missing")).unwrap_err();
+        assert_eq!((path, e.kind()), (dir.join("missing"), std::io::ErrorKind::NotFound));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

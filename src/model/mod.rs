@@ -103,7 +103,7 @@ pub struct ModelSource {
     pub sums: crate::format::checksum::StoredSums,
 }
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
@@ -127,6 +127,26 @@ fn text_tensors(config_json: &str, tensors: HashMap<String, HostTensor>) -> Hash
             None => (name, t),
         })
         .collect()
+}
+
+/// Where a model SPEC's files are: the path itself when it exists, else the files of the
+/// store model it names, with that model's full name.
+pub fn spec_path(spec: &Path) -> anyhow::Result<(PathBuf, Option<String>)> {
+    let name = match spec.to_str() {
+        Some(name) if !spec.exists() && crate::store::ModelName::parse(name).is_ok() => name,
+        _ => return Ok((spec.to_owned(), None)),
+    };
+    let store = crate::store::Store::default();
+    match store.get(name) {
+        Ok(model) => Ok((store.resolve(name)?, Some(model.name.to_string()))),
+        Err(crate::store::StoreError::NotFound(_)) => anyhow::bail!(
+            "model `{name}` not found: it is neither a file or directory nor a model in the store at {} \
+             (`strata list` shows them; `{}` is the built-in demo model)",
+            store.models_dir().display(),
+            demo::DEMO_NAME
+        ),
+        Err(e) => Err(e.into()),
+    }
 }
 
 impl ModelSource {
@@ -184,24 +204,7 @@ impl ModelSource {
         if spec == demo::DEMO_NAME {
             return demo::demo_source();
         }
-        let mut path = std::path::PathBuf::from(spec);
-        let mut store_name = None;
-        if !path.exists() && crate::store::ModelName::parse(spec).is_ok() {
-            let store = crate::store::Store::default();
-            match store.get(spec) {
-                Ok(model) => {
-                    path = store.resolve(spec)?;
-                    store_name = Some(model.name.to_string());
-                }
-                Err(crate::store::StoreError::NotFound(_)) => anyhow::bail!(
-                    "model `{spec}` not found: it is neither a file or directory nor a model in the store at {} \
-                     (`strata list` shows them; `{}` is the built-in demo model)",
-                    store.models_dir().display(),
-                    demo::DEMO_NAME
-                ),
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let (path, store_name) = spec_path(Path::new(spec))?;
         let path = path.as_path();
         let mut source = if path.is_dir() {
             if path.join("manifest.json").is_file() {

@@ -354,7 +354,8 @@ impl Registry {
                 ),
             }),
             None => match (&self.store, ModelName::parse(name)) {
-                (Some(store), Ok(_)) => store.get(name).map(|_| ()).map_err(|e| RegistryError::store(name, e)),
+                // A model whose entry.json does not read can still be removed.
+                (Some(store), Ok(_)) => store.removable(name).map(|_| ()).map_err(|e| RegistryError::store(name, e)),
                 _ => Err(RegistryError::NotFound(name.to_string())),
             },
         }

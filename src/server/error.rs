@@ -32,6 +32,8 @@ pub enum ErrorKind {
     Unavailable,
     /// 502: a server Strata asked (the model hub) failed or answered wrongly.
     BadGateway,
+    /// 507: the disk (or the quota) is full.
+    InsufficientStorage,
     /// 500: a real server fault.
     Internal,
 }
@@ -80,6 +82,7 @@ impl ApiError {
             ErrorKind::QueueFull if family != Family::Ollama => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::QueueFull | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::BadGateway => StatusCode::BAD_GATEWAY,
+            ErrorKind::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -94,7 +97,8 @@ impl ApiError {
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::Forbidden => "permission_error",
             ErrorKind::QueueFull => "rate_limit_error",
-            ErrorKind::Unavailable | ErrorKind::BadGateway | ErrorKind::Internal => "server_error",
+            ErrorKind::Unavailable | ErrorKind::BadGateway => "server_error",
+            ErrorKind::InsufficientStorage | ErrorKind::Internal => "server_error",
         }
     }
 
@@ -109,6 +113,7 @@ impl ApiError {
             ErrorKind::PayloadTooLarge => Some("request_too_large"),
             ErrorKind::MethodNotAllowed => Some("method_not_allowed"),
             ErrorKind::NotFound => Some("not_found"),
+            ErrorKind::InsufficientStorage => Some("insufficient_storage"),
             _ => None,
         }
     }
@@ -137,7 +142,7 @@ impl ApiError {
             ErrorKind::Forbidden => "permission_error",
             ErrorKind::QueueFull => "rate_limit_error",
             ErrorKind::Unavailable => "overloaded_error",
-            ErrorKind::BadGateway | ErrorKind::Internal => "api_error",
+            ErrorKind::BadGateway | ErrorKind::InsufficientStorage | ErrorKind::Internal => "api_error",
         }
     }
 

@@ -145,7 +145,11 @@ pub struct ServeOptions {
 /// Reads the models' metadata, starts the worker and builds the router.
 pub fn start(opts: ServeOptions) -> anyhow::Result<(Router, AppState, std::thread::JoinHandle<()>)> {
     let registry = match &opts.server.store {
-        Some(home) => Registry::with_store(crate::store::Store::open(home)),
+        Some(home) => {
+            let store = crate::store::Store::open(home);
+            tidy_store(&store);
+            Registry::with_store(store)
+        }
         None => Registry::default(),
     };
     // One name, one model: a second would replace the first in the registry while the
@@ -178,6 +182,21 @@ pub fn start(opts: ServeOptions) -> anyhow::Result<(Router, AppState, std::threa
         access: Arc::new(RwLock::new(access)),
     };
     Ok((router(state.clone()), state, worker))
+}
+
+/// Removes what killed writers left in the store and the blobs no model uses (see
+/// [`Store::tidy`](crate::store::Store::tidy)); a failure is logged, not fatal.
+fn tidy_store(store: &crate::store::Store) {
+    match store.tidy(std::time::SystemTime::now()) {
+        Ok(t) if t.partials.is_empty() && t.blobs.is_empty() => {}
+        Ok(t) => tracing::info!(
+            partial_uploads = t.partials.len(),
+            unused_blobs = t.blobs.len(),
+            blob_bytes = t.blob_bytes,
+            "removed from the store: uploads killed mid-way, blobs no model uses"
+        ),
+        Err(e) => tracing::warn!(error = %e, "tidying the model store failed"),
+    }
 }
 
 /// Parses a JSON body whatever its Content-Type; errors are 400s naming the field.

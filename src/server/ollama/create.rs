@@ -94,7 +94,8 @@ pub(crate) async fn blob_head(State(state): State<AppState>, Path(digest): Path<
     params(("digest" = String, Path, description = "`sha256:<hex>` of the body")),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 201, description = "Stored"),
-        (status = 400, description = "Not a digest, or the body's SHA-256 differs", body = OllamaErrorBody)))]
+        (status = 400, description = "Not a digest, or the body's SHA-256 differs", body = OllamaErrorBody),
+        (status = 507, description = "The disk (or the quota) is full; names the file", body = OllamaErrorBody)))]
 pub(crate) async fn blob_post(
     State(state): State<AppState>,
     Path(digest): Path<String>,
@@ -102,30 +103,16 @@ pub(crate) async fn blob_post(
 ) -> Result<StatusCode> {
     let hex = blob_hex(&digest)?;
     let store = state.registry.store().cloned().ok_or_else(no_store)?;
-    let internal = |e: std::io::Error| ApiError::new(ErrorKind::Internal, format!("writing the blob: {e}"));
-    let staging = store.blob_staging().map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
-    // The file goes away unless it is renamed into place.
-    struct Partial(std::path::PathBuf);
-    impl Drop for Partial {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let partial = Partial(staging);
+    let partial = store.blob_partial().map_err(|e| match e {
+        crate::store::StoreError::Io { path, err } => write_error(&path, &err),
+        other => ApiError::new(ErrorKind::Internal, other.to_string()),
+    })?;
     // A writer thread takes the chunks (bounded: the upload waits for the disk), hashing
-    // as it writes.
+    // as it writes; the partial file goes away unless it is renamed into place.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-    let path = partial.0.clone();
-    let writer = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-        use std::io::Write;
-        let mut file = std::fs::File::create(&path)?;
-        let mut hasher = sha2::Sha256::new();
-        while let Some(chunk) = rx.blocking_recv() {
-            hasher.update(&chunk);
-            file.write_all(&chunk)?;
-        }
-        file.sync_all()?;
-        Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    let writer = tokio::task::spawn_blocking(move || {
+        let got = write_chunks(&mut || rx.blocking_recv(), &mut partial.file());
+        (partial, got)
     });
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
@@ -135,15 +122,44 @@ pub(crate) async fn blob_post(
         }
     }
     drop(tx);
-    let got = writer
-        .await
-        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("internal error: {e}")))?
-        .map_err(internal)?;
+    let (partial, got) =
+        writer.await.map_err(|e| ApiError::new(ErrorKind::Internal, format!("internal error: {e}")))?;
+    let got = got.map_err(|e| write_error(partial.path(), &e))?;
     if got != hex {
         return Err(ApiError::invalid("digest", format!("the body's digest is sha256:{got}, not sha256:{hex}")).into());
     }
-    std::fs::rename(&partial.0, store.blob_path(&hex)).map_err(internal)?;
+    let to = store.blob_path(&hex);
+    tokio::task::spawn_blocking(move || {
+        let from = partial.path().to_owned();
+        partial.persist(&to).map_err(|e| write_error(&from, &e))
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("internal error: {e}")))??;
     Ok(StatusCode::CREATED)
+}
+
+/// Writes every chunk `next` gives to `out`; returns their SHA-256 in hex. It stops at
+/// the first failed write (the upload's remaining chunks are then dropped unread).
+fn write_chunks(next: &mut dyn FnMut() -> Option<Bytes>, out: &mut dyn std::io::Write) -> std::io::Result<String> {
+    let mut hasher = sha2::Sha256::new();
+    while let Some(chunk) = next() {
+        hasher.update(&chunk);
+        out.write_all(&chunk)?;
+    }
+    out.flush()?;
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A failed write of the blob file `path`: 507 naming the file when the disk or the
+/// quota is full, else 500.
+fn write_error(path: &std::path::Path, e: &std::io::Error) -> ApiError {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => ApiError::new(
+            ErrorKind::InsufficientStorage,
+            format!("writing the blob {}: {e}; free space there and upload it again", path.display()),
+        ),
+        _ => ApiError::new(ErrorKind::Internal, format!("writing the blob {}: {e}", path.display())),
+    }
 }
 
 /// A Go template (Ollama's `{{ .Prompt }}` syntax) rather than Jinja.
@@ -273,4 +289,53 @@ pub(crate) async fn create(State(state): State<AppState>, body: Bytes) -> Result
         .map(|s| format!("{}\n", serde_json::json!({"status": s})))
         .collect();
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], lines).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::error::Family;
+
+    /// A disk that takes `room` bytes, then is full.
+    struct Disk {
+        room: usize,
+        taken: Vec<u8>,
+    }
+
+    impl std::io::Write for Disk {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.room - self.taken.len());
+            if n == 0 && !buf.is_empty() {
+                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            self.taken.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_full_disk_is_507_naming_the_file() {
+        let mut chunks = vec![Bytes::from_static(b"abcd"), Bytes::from_static(b"efgh")].into_iter();
+        let mut disk = Disk { room: 6, taken: Vec::new() };
+        let e = write_chunks(&mut || chunks.next(), &mut disk).unwrap_err();
+        let path = std::path::Path::new("/store/blobs/blob-1-0-0.partial");
+        let api = write_error(path, &e);
+        assert_eq!(api.status(Family::Ollama), StatusCode::INSUFFICIENT_STORAGE);
+        assert!(api.message.contains("blob-1-0-0.partial") && api.message.contains("No space left"), "{}", api.message);
+        let quota = write_error(path, &std::io::Error::from_raw_os_error(libc::EDQUOT));
+        assert_eq!(quota.status(Family::Ollama), StatusCode::INSUFFICIENT_STORAGE);
+        let other = write_error(path, &std::io::Error::from_raw_os_error(libc::EIO));
+        assert_eq!(other.status(Family::Ollama), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(other.message.contains("blob-1-0-0.partial"), "{}", other.message);
+
+        let mut chunks = vec![Bytes::from_static(b"abc")].into_iter();
+        let mut disk = Disk { room: 3, taken: Vec::new() };
+        let hex = write_chunks(&mut || chunks.next(), &mut disk).unwrap();
+        assert_eq!(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(disk.taken, b"abc");
+    }
 }
