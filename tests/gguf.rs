@@ -275,3 +275,93 @@ fn gguf_sources_equal_the_hf_fixtures() {
         assert_eq!(format!("{ours:?}"), format!("{theirs:?}"), "{name}: config");
     }
 }
+
+/// An HTTP/1.1 request to a spawned server; returns the status code and the body.
+fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+    let len = body.len();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}").unwrap();
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    let code = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// `strata serve --model` on a GGUF truncated while a request runs on it, then rewritten
+/// in place: the server stays up (the pages past the new end read as zeros, see
+/// `strata::mapped`), that request fails naming the file and its size now, the other model
+/// keeps answering, a request while the file is broken gets the load's error naming it,
+/// and once the file is whole again the model loads from it.
+#[test]
+fn a_served_gguf_changed_on_disk_fails_its_requests_not_the_server() {
+    use std::io::{Read, Write};
+    let dir = std::env::temp_dir().join(format!("strata-gguf-changed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("home")).unwrap();
+    let a = dir.join("a.gguf");
+    let original = std::fs::read(gguf_path("llama3")).unwrap();
+    std::fs::write(&a, &original).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["serve", "--port", &port.to_string(), "--threads", "1", "--max-loaded-models", "2"])
+        .args(["--model", &format!("a={}", a.display()), "--model", &format!("b={}", gguf_path("qwen2").display())])
+        .env("STRATA_HOME", dir.join("home"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("log")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() || request(port, "GET", "/health", "").0 != 200 {
+        assert!(std::time::Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let complete = |model: &str| {
+        request(port, "POST", "/v1/completions", &json!({"model": model, "prompt": "hi", "max_tokens": 2}).to_string())
+    };
+    assert_eq!(complete("a").0, 200);
+    assert_eq!(complete("b").0, 200);
+
+    // A long reply (its grammar allows no end for a thousand letters) under way.
+    let body = json!({"model": "a", "prompt": "hi", "max_tokens": 3000, "stream": true,
+        "grammar": "start: /[a-z]{1000}/"})
+    .to_string();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\"text\"") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    std::fs::File::options().write(true).open(&a).unwrap().set_len(4096).unwrap();
+    let mut rest = String::new();
+    let _ = s.read_to_string(&mut rest);
+    assert!(server.try_wait().unwrap().is_none(), "the server died; the stream's rest: {rest}");
+    assert!(
+        rest.contains("changed on disk while being served (now 4096 bytes") && rest.contains("a.gguf"),
+        "the stream's rest: {rest}"
+    );
+    assert_eq!(request(port, "GET", "/health", "").0, 200);
+    assert_eq!(complete("b").0, 200, "the other model keeps answering");
+
+    // Still truncated: the model loads again from the file as it is, which fails.
+    let (code, text) = complete("a");
+    assert!(code == 500 && text.contains("loading `a`: ") && text.contains("a.gguf: at byte"), "{code} {text}");
+    // Rewritten in place (`open(path, "wb")`): it loads and answers.
+    std::fs::write(&a, &original).unwrap();
+    assert_eq!(complete("a").0, 200);
+    // Rewritten in place again while loaded, same size: no fault, but the next request
+    // sees the change (modification time) and loads the file again.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&a, &original).unwrap();
+    assert_eq!(complete("a").0, 200);
+    let log = std::fs::read_to_string(dir.join("log")).unwrap();
+    assert_eq!(log.matches("unloading the model").count(), 2, "{log}");
+    let _ = server.kill();
+    let _ = server.wait();
+    std::fs::remove_dir_all(&dir).ok();
+}
