@@ -7,6 +7,9 @@
 //! `llama`, Llama 3 rope scaling as `rope_freqs.weight`). References are
 //! `tests/fixtures/ref/<name>.json` + `.logits.bin` from `tools/make_fixtures.py`.
 
+mod common;
+mod support;
+
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -364,4 +367,55 @@ fn a_served_gguf_changed_on_disk_fails_its_requests_not_the_server() {
     let _ = server.kill();
     let _ = server.wait();
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// GGUF files whose parts disagree are refused when they load, naming what disagrees;
+/// one whose weights hold NaN loads, and its requests fail naming the model (a 500, not a
+/// client's 400).
+#[tokio::test]
+async fn inconsistent_gguf_models_are_refused_or_fail_naming_the_model() {
+    use support::gguf::GgufParts;
+    let dir = support::TempDir::new("gguf-inconsistent");
+    let fixture = "tests/fixtures/gguf/llama3.gguf";
+    let write = |name: &str, parts: &GgufParts| {
+        let p = dir.path(name);
+        std::fs::write(&p, parts.write()).unwrap();
+        p
+    };
+    let err =
+        |p: &std::path::Path| format!("{:#}", source_from_gguf(p).and_then(|s| s.tokenizer()).err().expect("loads"));
+
+    // An embedding one row short of the vocabulary.
+    let mut short = GgufParts::read(fixture);
+    let embd = short.infos.iter_mut().find(|t| t.name == "token_embd.weight").unwrap();
+    embd.ne[1] -= 1;
+    let rows = embd.ne[1];
+    let e = err(&write("short.gguf", &short));
+    assert!(e.contains(&format!("`token_embd.weight` has {rows} rows")) && e.contains("tokenizer.ggml.tokens"), "{e}");
+
+    // A chat template that cannot render.
+    let mut tmpl = GgufParts::read(fixture);
+    tmpl.set_meta("tokenizer.chat_template".into(), GgufValue::String("{{ raise_exception('broken') }}".into()));
+    let e = err(&write("template.gguf", &tmpl));
+    assert!(e.contains("chat template cannot render a one-message chat") && e.contains("broken"), "{e}");
+
+    // A setting the model cannot have is named by its GGUF key.
+    let mut heads = GgufParts::read(fixture);
+    heads.set_meta("llama.attention.head_count_kv".into(), GgufValue::U32(3));
+    let e = err(&write("heads.gguf", &heads));
+    assert!(e.contains("is not a multiple of `llama.attention.head_count_kv` 3") && !e.contains("config.json"), "{e}");
+
+    // NaN weights: the final norm's.
+    let mut nan = GgufParts::read(fixture);
+    let norm = nan.infos.iter().find(|t| t.name == "output_norm.weight").unwrap();
+    let (at, n) = (norm.offset as usize, norm.ne[0] as usize);
+    nan.data[at..at + 4 * n].copy_from_slice(&f32::NAN.to_le_bytes().repeat(n));
+    let path = write("nan.gguf", &nan);
+    let opts = common::serve_options(&[("nan", path.display().to_string())], 64);
+    let (app, _state, _worker) = strata::server::start(opts).expect("starting the server");
+    let body = json!({"model": "nan", "prompt": "hi", "max_tokens": 3});
+    let (status, _, reply) = common::send(&app, common::post_json("/v1/completions", body)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert_eq!(status.as_u16(), 500, "{reply}");
+    assert!(reply.contains("model `nan:latest`: the model produced non-finite logits"), "{reply}");
 }
