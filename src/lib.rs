@@ -7,6 +7,7 @@ pub mod engine;
 pub mod errors;
 pub mod format;
 pub mod hub;
+pub mod mapped;
 pub mod model;
 pub mod quant;
 pub mod queue;

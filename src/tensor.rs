@@ -171,39 +171,7 @@ impl ByteSource for memmap2::Mmap {
     }
 }
 
-/// A whole file mapped read-only, remembering its path so that tensors viewing it can be
-/// streamed from storage instead (see [`HostTensor::origin`]).
-pub struct MappedFile {
-    map: memmap2::Mmap,
-    path: Arc<Path>,
-}
-
-impl MappedFile {
-    pub fn new(map: memmap2::Mmap, path: &Path) -> Self {
-        MappedFile { map, path: Arc::from(path) }
-    }
-}
-
-impl ByteSource for MappedFile {
-    fn release(&self, range: std::ops::Range<usize>) {
-        const PAGE: usize = 4096;
-        let (start, end) = (range.start.next_multiple_of(PAGE), range.end.min(self.map.len()) / PAGE * PAGE);
-        if end > start {
-            // SAFETY: the map is read-only and the file is not written while mapped, so
-            // dropping the pages only makes the next read fault the same bytes back in;
-            // no borrow sees other contents. Failure (another page size) leaves them.
-            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.map
-    }
-
-    fn file(&self) -> Option<(&Arc<Path>, u64)> {
-        Some((&self.path, 0))
-    }
-}
+pub use crate::mapped::MappedFile;
 
 /// Where a tensor's bytes are stored: `len` bytes (the tensor's) at `offset` in `path`,
 /// to be transformed by `fixup` after reading.

@@ -7,6 +7,9 @@
 //! `llama`, Llama 3 rope scaling as `rope_freqs.weight`). References are
 //! `tests/fixtures/ref/<name>.json` + `.logits.bin` from `tools/make_fixtures.py`.
 
+mod common;
+mod support;
+
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -274,4 +277,145 @@ fn gguf_sources_equal_the_hf_fixtures() {
         let theirs = ModelConfig::from_json(&std::fs::read_to_string(hf_dir.join("config.json")).unwrap()).unwrap();
         assert_eq!(format!("{ours:?}"), format!("{theirs:?}"), "{name}: config");
     }
+}
+
+/// An HTTP/1.1 request to a spawned server; returns the status code and the body.
+fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+    let len = body.len();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}").unwrap();
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    let code = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// `strata serve --model` on a GGUF truncated while a request runs on it, then rewritten
+/// in place: the server stays up (the pages past the new end read as zeros, see
+/// `strata::mapped`), that request fails naming the file and its size now, the other model
+/// keeps answering, a request while the file is broken gets the load's error naming it,
+/// and once the file is whole again the model loads from it.
+#[test]
+fn a_served_gguf_changed_on_disk_fails_its_requests_not_the_server() {
+    use std::io::{Read, Write};
+    let dir = std::env::temp_dir().join(format!("strata-gguf-changed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("home")).unwrap();
+    let a = dir.join("a.gguf");
+    let original = std::fs::read(gguf_path("llama3")).unwrap();
+    std::fs::write(&a, &original).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["serve", "--port", &port.to_string(), "--threads", "1", "--max-loaded-models", "2"])
+        .args(["--model", &format!("a={}", a.display()), "--model", &format!("b={}", gguf_path("qwen2").display())])
+        .env("STRATA_HOME", dir.join("home"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("log")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() || request(port, "GET", "/health", "").0 != 200 {
+        assert!(std::time::Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let complete = |model: &str| {
+        request(port, "POST", "/v1/completions", &json!({"model": model, "prompt": "hi", "max_tokens": 2}).to_string())
+    };
+    assert_eq!(complete("a").0, 200);
+    assert_eq!(complete("b").0, 200);
+
+    // A long reply (its grammar allows no end for a thousand letters) under way.
+    let body = json!({"model": "a", "prompt": "hi", "max_tokens": 3000, "stream": true,
+        "grammar": "start: /[a-z]{1000}/"})
+    .to_string();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\"text\"") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    std::fs::File::options().write(true).open(&a).unwrap().set_len(4096).unwrap();
+    let mut rest = String::new();
+    let _ = s.read_to_string(&mut rest);
+    assert!(server.try_wait().unwrap().is_none(), "the server died; the stream's rest: {rest}");
+    assert!(
+        rest.contains("changed on disk while being served (now 4096 bytes") && rest.contains("a.gguf"),
+        "the stream's rest: {rest}"
+    );
+    assert_eq!(request(port, "GET", "/health", "").0, 200);
+    assert_eq!(complete("b").0, 200, "the other model keeps answering");
+
+    // Still truncated: the model loads again from the file as it is, which fails.
+    let (code, text) = complete("a");
+    assert!(code == 500 && text.contains("loading `a`: ") && text.contains("a.gguf: at byte"), "{code} {text}");
+    // Rewritten in place (`open(path, "wb")`): it loads and answers.
+    std::fs::write(&a, &original).unwrap();
+    assert_eq!(complete("a").0, 200);
+    // Rewritten in place again while loaded, same size: no fault, but the next request
+    // sees the change (modification time) and loads the file again.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&a, &original).unwrap();
+    assert_eq!(complete("a").0, 200);
+    let log = std::fs::read_to_string(dir.join("log")).unwrap();
+    assert_eq!(log.matches("unloading the model").count(), 2, "{log}");
+    let _ = server.kill();
+    let _ = server.wait();
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// GGUF files whose parts disagree are refused when they load, naming what disagrees;
+/// one whose weights hold NaN loads, and its requests fail naming the model (a 500, not a
+/// client's 400).
+#[tokio::test]
+async fn inconsistent_gguf_models_are_refused_or_fail_naming_the_model() {
+    use support::gguf::GgufParts;
+    let dir = support::TempDir::new("gguf-inconsistent");
+    let fixture = "tests/fixtures/gguf/llama3.gguf";
+    let write = |name: &str, parts: &GgufParts| {
+        let p = dir.path(name);
+        std::fs::write(&p, parts.write()).unwrap();
+        p
+    };
+    let err =
+        |p: &std::path::Path| format!("{:#}", source_from_gguf(p).and_then(|s| s.tokenizer()).err().expect("loads"));
+
+    // An embedding one row short of the vocabulary.
+    let mut short = GgufParts::read(fixture);
+    let embd = short.infos.iter_mut().find(|t| t.name == "token_embd.weight").unwrap();
+    embd.ne[1] -= 1;
+    let rows = embd.ne[1];
+    let e = err(&write("short.gguf", &short));
+    assert!(e.contains(&format!("`token_embd.weight` has {rows} rows")) && e.contains("tokenizer.ggml.tokens"), "{e}");
+
+    // A chat template that cannot render.
+    let mut tmpl = GgufParts::read(fixture);
+    tmpl.set_meta("tokenizer.chat_template".into(), GgufValue::String("{{ raise_exception('broken') }}".into()));
+    let e = err(&write("template.gguf", &tmpl));
+    assert!(e.contains("chat template cannot render a one-message chat") && e.contains("broken"), "{e}");
+
+    // A setting the model cannot have is named by its GGUF key.
+    let mut heads = GgufParts::read(fixture);
+    heads.set_meta("llama.attention.head_count_kv".into(), GgufValue::U32(3));
+    let e = err(&write("heads.gguf", &heads));
+    assert!(e.contains("is not a multiple of `llama.attention.head_count_kv` 3") && !e.contains("config.json"), "{e}");
+
+    // NaN weights: the final norm's.
+    let mut nan = GgufParts::read(fixture);
+    let norm = nan.infos.iter().find(|t| t.name == "output_norm.weight").unwrap();
+    let (at, n) = (norm.offset as usize, norm.ne[0] as usize);
+    nan.data[at..at + 4 * n].copy_from_slice(&f32::NAN.to_le_bytes().repeat(n));
+    let path = write("nan.gguf", &nan);
+    let opts = common::serve_options(&[("nan", path.display().to_string())], 64);
+    let (app, _state, _worker) = strata::server::start(opts).expect("starting the server");
+    let body = json!({"model": "nan", "prompt": "hi", "max_tokens": 3});
+    let (status, _, reply) = common::send(&app, common::post_json("/v1/completions", body)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert_eq!(status.as_u16(), 500, "{reply}");
+    assert!(reply.contains("model `nan:latest`: the model produced non-finite logits"), "{reply}");
 }

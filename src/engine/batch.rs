@@ -251,6 +251,9 @@ impl Sequence {
             self.finish = Some(FinishReason::Length);
             return self.finish_text(engine);
         }
+        if !finite(&next) {
+            return Err(GenerateError::Model(ModelError::NonFiniteLogits));
+        }
         let (id, logprob, top) = match &next {
             LastOutput::Logits(logits) => {
                 let id = match &mut self.constraint {
@@ -350,6 +353,25 @@ fn check_prompt(engine: &Engine, cache: &KvCache, req: &GenerateRequest) -> Resu
     match req.prompt.iter().find(|&&t| t as usize >= vocab) {
         Some(&id) => Err(ModelError::BadToken { id, vocab }.into()),
         None => Ok(()),
+    }
+}
+
+/// Whether a pass's output can be sampled from: no NaN and no +infinity among the logits,
+/// and at least one finite one (a masked logit may be -infinity). One pass over the row.
+fn finite(out: &LastOutput) -> bool {
+    match out {
+        LastOutput::Logits(row) => {
+            let mut any = false;
+            for &x in row {
+                if x.is_nan() || x == f32::INFINITY {
+                    return false;
+                }
+                any |= x.is_finite();
+            }
+            any
+        }
+        // The top entries skip NaN; a row of NaN has a -infinity log-sum-exp.
+        LastOutput::Top(t) => t.lse.is_finite() && t.logits.iter().all(|x| x.is_finite()),
     }
 }
 

@@ -633,14 +633,12 @@ fn map_file(path: &Path, size: u64) -> Result<Arc<dyn ByteSource>, FormatError> 
         return Ok(Arc::new(AlignedBytes::zeroed(0)));
     }
     let file = File::open(path).map_err(io)?;
-    // SAFETY: the map is read-only; a model file changed underneath a running server is
-    // outside what we can defend against (as with every mmap-based loader).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    if map.len() as u64 != size {
-        let msg = format!("file is {} bytes, {MANIFEST} says {size} (changed while opening?)", map.len());
+    let map = crate::tensor::MappedFile::map(&file, path).map_err(io)?;
+    if map.bytes().len() as u64 != size {
+        let msg = format!("file is {} bytes, {MANIFEST} says {size} (changed while opening?)", map.bytes().len());
         return Err(FormatError::Corrupt { path: path.to_owned(), offset: 0, msg });
     }
-    Ok(Arc::new(crate::tensor::MappedFile::new(map, path)))
+    Ok(Arc::new(map))
 }
 
 /// Reads every file of the directory and checks its XXH3-64 against the manifest. A

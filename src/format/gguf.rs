@@ -13,7 +13,8 @@
 //! `ne = [cols, rows]` becomes a row-major [`HostTensor`] of shape `[rows, cols]`.
 //!
 //! Every count, length, dimension and offset is checked against a cap and against the
-//! bytes that remain before anything is allocated; errors name the byte offset.
+//! bytes that remain before anything is allocated, and every table against what a file
+//! of this size may allocate ([`TableBudget`]); errors name the byte offset.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -21,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::FormatError;
+use super::table_budget::{MAP_ENTRY_OVERHEAD, TableBudget};
 use crate::tensor::{ByteSource, DType, HostTensor};
 
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -37,7 +39,7 @@ const MAX_DIMS: u32 = 4;
 const MAX_ARRAY_DEPTH: usize = 8;
 /// Metadata values (array elements included) in one file; a 256k-token vocabulary with
 /// merges and token types is about 800k.
-const MAX_METADATA_VALUES: u64 = 1 << 25;
+const MAX_METADATA_VALUES: u64 = 1 << 22;
 const MAX_ALIGNMENT: u64 = 1 << 20;
 
 /// One metadata value.
@@ -228,15 +230,14 @@ impl GgufFile {
     pub fn open(path: &Path) -> Result<Self, FormatError> {
         let io = |source| FormatError::Io { path: path.to_owned(), source };
         let file = File::open(path).map_err(io)?;
-        // SAFETY: the map is read-only; a model file changed underneath a running server is
-        // outside what we can defend against (as with every mmap-based loader).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::parse(Arc::new(crate::tensor::MappedFile::new(map, path)), path)
+        let map = crate::tensor::MappedFile::map(&file, path).map_err(io)?;
+        Self::parse(Arc::new(map), path)
     }
 
     /// Parses GGUF bytes held by `src`; `path` is only used in error messages.
     pub fn parse(src: Arc<dyn ByteSource>, path: &Path) -> Result<Self, FormatError> {
-        let mut r = Reader { bytes: src.bytes(), pos: 0, path, values_left: MAX_METADATA_VALUES };
+        let budget = TableBudget::for_file(src.bytes().len() as u64);
+        let mut r = Reader { bytes: src.bytes(), pos: 0, path, values_left: MAX_METADATA_VALUES, budget };
         let magic = r.take(4, "the magic")?;
         if magic != MAGIC {
             return Err(r.corrupt_at(0, format!("magic is {magic:02x?}, not \"GGUF\"")));
@@ -255,7 +256,9 @@ impl GgufFile {
             v => return Err(r.corrupt_at(4, format!("unsupported GGUF version {v} (supported: 2, 3)"))),
         }
         let n_tensors = r.count("tensor count", MAX_TENSORS, 32)?;
+        r.charge(8, "the tensor table", n_tensors, TENSOR_BYTES)?;
         let n_kv = r.count("metadata count", MAX_KV, 13)?;
+        r.charge(16, "the metadata table", n_kv, KV_BYTES)?;
 
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
@@ -380,17 +383,33 @@ impl FormatError {
     }
 }
 
+/// What one tensor takes parsed, before its name and dimensions: its info, its offset in
+/// the file while parsing, and its view in the map by name.
+const TENSOR_BYTES: u64 = (size_of::<TensorInfo>() + size_of::<u64>() + size_of::<String>() + size_of::<HostTensor>())
+    as u64
+    + MAP_ENTRY_OVERHEAD;
+/// What one metadata entry takes parsed, before its key's bytes and its value's contents.
+const KV_BYTES: u64 = (size_of::<String>() + size_of::<GgufValue>()) as u64 + MAP_ENTRY_OVERHEAD;
+
 struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
     path: &'a Path,
     /// Metadata values still allowed (guards against many huge arrays in a huge file).
     values_left: u64,
+    /// What the tables may still allocate.
+    budget: TableBudget,
 }
 
 impl<'a> Reader<'a> {
     fn corrupt_at(&self, offset: u64, msg: String) -> FormatError {
         FormatError::Corrupt { path: self.path.to_owned(), offset, msg }
+    }
+
+    /// Charges `n` entries of `each` bytes of `table` to the budget; an error names the
+    /// offset `at`.
+    fn charge(&mut self, at: u64, table: &str, n: u64, each: u64) -> Result<(), FormatError> {
+        self.budget.take(table, n, each).map_err(|msg| self.corrupt_at(at, msg))
     }
 
     fn remaining(&self) -> u64 {
@@ -444,6 +463,7 @@ impl<'a> Reader<'a> {
                 format!("{what} has length {len}, more than the cap {cap} or the {} bytes left", self.remaining()),
             ));
         }
+        self.charge(at, what, 1, len)?;
         let raw = self.take(len, what)?;
         match std::str::from_utf8(raw) {
             Ok(s) => Ok(s.to_owned()),
@@ -506,6 +526,7 @@ impl<'a> Reader<'a> {
                         ),
                     ));
                 }
+                self.charge(len_at, "an array", len, size_of::<GgufValue>() as u64)?;
                 let mut items = Vec::with_capacity(len as usize);
                 for _ in 0..len {
                     items.push(self.value(elem, elem_at, depth + 1)?);
@@ -528,6 +549,8 @@ impl<'a> Reader<'a> {
                 self.corrupt_at(dims_at, format!("tensor `{name}` has {n_dims} dimensions (1 to {MAX_DIMS} allowed)"))
             );
         }
+        // The name twice (the info's and the map's key), the dimensions twice (`ne`, `shape`).
+        self.charge(dims_at, "the tensor table", 1, name.len() as u64 + 16 * n_dims as u64)?;
         let mut ne = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
             ne.push(self.u64("a dimension")?);
@@ -813,6 +836,28 @@ mod tests {
         assert!(e.contains("overflows") || e.contains("past the end"), "{e}");
         let dup = Builder::new().tensor("t", &[2], 0, &[0; 8]).tensor("t", &[2], 0, &[0; 8]).build();
         assert!(err_of(&dup).contains("twice"));
+    }
+
+    /// Counts that claim more table entries than a file of that size may allocate parsed
+    /// are refused at the count, naming the table and its offset (the files are small:
+    /// the bound is a multiple of their size).
+    #[test]
+    fn tables_may_not_take_many_times_the_file() {
+        // 2000 tensor infos claimed, and the bytes they need present (zeros).
+        let mut b = Builder::new().build();
+        b[8..16].copy_from_slice(&2000u64.to_le_bytes());
+        b.resize(b.len() + 2000 * 33, 0);
+        let e = err_of(&b);
+        assert!(e.contains("at byte 8: the tensor table: 2000 entries would take"), "{e}");
+        assert!(e.contains(&format!("this {}-byte file may allocate", b.len())), "{e}");
+        // An array of 20000 u8 values: 20 kB in the file, 32 bytes each parsed.
+        let mut arr = 0u32.to_le_bytes().to_vec();
+        arr.extend_from_slice(&20000u64.to_le_bytes());
+        arr.resize(arr.len() + 20000, 1);
+        let e = err_of(&Builder::new().kv("tokenizer.ggml.token_type", 9, &arr).build());
+        assert!(e.contains("at byte 65: metadata `tokenizer.ggml.token_type`: an array: 20000 entries"), "{e}");
+        // A real vocabulary beside its weights stays far below the bound.
+        assert!(parse_bytes(&valid().build()).is_ok());
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod gguf_write;
 pub mod ndsq;
 pub mod route;
 pub mod safetensors;
+pub mod table_budget;
 pub mod temp;
 
 use std::path::PathBuf;

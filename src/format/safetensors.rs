@@ -26,10 +26,8 @@ struct Entry {
 pub fn load_file(path: &Path) -> Result<HashMap<String, HostTensor>, FormatError> {
     let io = |source| FormatError::Io { path: path.to_owned(), source };
     let file = File::open(path).map_err(io)?;
-    // SAFETY: the map is read-only; a model file changed underneath a running server is
-    // outside what we can defend against (as with every mmap-based loader).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    parse(Arc::new(crate::tensor::MappedFile::new(map, path)), path)
+    let map = crate::tensor::MappedFile::map(&file, path).map_err(io)?;
+    parse(Arc::new(map), path)
 }
 
 /// Parses safetensors bytes held by `src`; `path` is only used in error messages.

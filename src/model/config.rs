@@ -202,14 +202,63 @@ pub const MAX_EXPERTS: usize = 1 << 12;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("config.json is not valid JSON: {0}")]
+    /// serde's message says where (line and column).
+    #[error("config.json does not parse as JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("config.json holds {0}, not a JSON object")]
+    NotAnObject(&'static str),
+    #[error("config.json names no architecture: it has neither `model_type` nor `architectures`")]
+    NoArchitecture,
     #[error("config.json: missing or invalid `{0}`")]
     Missing(&'static str),
     #[error("unsupported architecture `{0}` (supported: {supported})", supported = Arch::supported_hf_types())]
     Architecture(String),
     #[error("config.json: unsupported setting {0}")]
     Unsupported(String),
+    /// A GGUF file's setting, named by its key.
+    #[error("unsupported setting {0}")]
+    GgufSetting(String),
+}
+
+/// How a source names a config's settings in errors: `config.json`'s keys, or a GGUF
+/// file's (`llama.embedding_length`).
+#[derive(Clone, Copy, Debug)]
+pub enum Names<'a> {
+    ConfigJson,
+    /// A GGUF file whose keys start with this architecture name.
+    Gguf(&'a str),
+}
+
+impl Names<'_> {
+    /// The name of the setting `config.json` calls `field`.
+    fn of(self, field: &'static str) -> String {
+        let Names::Gguf(arch) = self else { return field.to_string() };
+        let key = match field {
+            "hidden_size" => "embedding_length",
+            "intermediate_size" => "feed_forward_length",
+            "num_hidden_layers" => "block_count",
+            "vocab_size" => return "the rows of `token_embd.weight` (the vocabulary)".into(),
+            "max_position_embeddings" => "context_length",
+            "rms_norm_eps" => "attention.layer_norm_rms_epsilon",
+            "rope_theta" => "rope.freq_base",
+            "local rope_theta" => "rope.freq_base_swa",
+            "rope_scaling" => "rope.scaling.factor",
+            "num_attention_heads" => "attention.head_count",
+            "num_key_value_heads" => "attention.head_count_kv",
+            "head_dim" => "attention.key_length",
+            "rotary dimensions" => "rope.dimension_count",
+            "num_experts" => "expert_count",
+            "num_experts_per_tok" => "expert_used_count",
+            "moe_intermediate_size" => "expert_feed_forward_length",
+            "embedding multiplier" => "embedding_scale",
+            "residual multiplier" => "residual_scale",
+            "attention scale" => "attention.scale",
+            "logits scaling" => "logit_scale",
+            "linear attention" => "ssm.*",
+            other => return other.to_string(),
+        };
+        format!("`{arch}.{key}`")
+    }
 }
 
 fn usize_field(v: &Value, key: &'static str) -> Result<usize, ConfigError> {
@@ -234,6 +283,17 @@ impl ModelConfig {
 
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
         let mut v: Value = serde_json::from_str(text)?;
+        let kind = match &v {
+            Value::Object(_) => None,
+            Value::Null => Some("null"),
+            Value::Bool(_) => Some("a boolean"),
+            Value::Number(_) => Some("a number"),
+            Value::String(_) => Some("a string"),
+            Value::Array(_) => Some("an array"),
+        };
+        if let Some(kind) = kind {
+            return Err(ConfigError::NotAnObject(kind));
+        }
         // A multimodal Gemma 3 or Qwen3.5 checkpoint: the language model's config is nested.
         let text_type = match v.get("model_type").and_then(Value::as_str) {
             Some("gemma3") => Some("gemma3_text"),
@@ -252,8 +312,8 @@ impl ModelConfig {
         let arch = match Arch::from_hf_type(model_type) {
             Some(a) => a,
             None if model_type.is_empty() => {
-                let first = v.pointer("/architectures/0").and_then(Value::as_str).unwrap_or("(none)");
-                return Err(ConfigError::Architecture(first.to_string()));
+                let first = v.pointer("/architectures/0").and_then(Value::as_str);
+                return Err(first.map_or(ConfigError::NoArchitecture, |a| ConfigError::Architecture(a.to_string())));
             }
             None => return Err(ConfigError::Architecture(model_type.to_string())),
         };
@@ -359,30 +419,42 @@ impl ModelConfig {
         self.arch.spec()
     }
 
-    /// Checks what every source (config.json or GGUF metadata) must satisfy.
+    /// Checks what every source must satisfy, naming settings as `config.json` does.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_as(Names::ConfigJson)
+    }
+
+    /// Checks what every source (config.json or GGUF metadata) must satisfy; an error
+    /// names each setting as the source does.
+    pub fn validate_as(&self, names: Names<'_>) -> Result<(), ConfigError> {
+        let n = |field: &'static str| names.of(field);
+        let bad = |msg: String| match names {
+            Names::ConfigJson => ConfigError::Unsupported(msg),
+            Names::Gguf(_) => ConfigError::GgufSetting(msg),
+        };
         // Only dense layers have that width: a model whose every layer routes has none.
         let dense = self.layers.iter().any(|l| l.ffn == Ffn::Dense);
-        for (name, n) in [
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", if dense { self.intermediate_size } else { 1 }),
-            ("num_hidden_layers", self.n_layers),
-            ("vocab_size", self.vocab_size),
-            ("max_position_embeddings (the context length)", self.max_position_embeddings),
+        for (name, v) in [
+            (n("hidden_size"), self.hidden_size),
+            (n("intermediate_size"), if dense { self.intermediate_size } else { 1 }),
+            (n("num_hidden_layers"), self.n_layers),
+            (n("vocab_size"), self.vocab_size),
+            (n("max_position_embeddings"), self.max_position_embeddings),
         ] {
-            if n == 0 {
-                return Err(ConfigError::Unsupported(format!("{name} 0 (must be at least 1)")));
+            if v == 0 {
+                return Err(bad(format!("{name} 0 (must be at least 1)")));
             }
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
-            return Err(ConfigError::Unsupported(format!(
-                "normalization epsilon {} (must be finite and not negative)",
+            return Err(bad(format!(
+                "normalization epsilon {} {} (must be finite and not negative)",
+                n("rms_norm_eps"),
                 self.rms_norm_eps
             )));
         }
-        for (name, theta) in [("rope_theta", self.rope_theta), ("local rope_theta", self.rope_local_theta)] {
+        for (name, theta) in [(n("rope_theta"), self.rope_theta), (n("local rope_theta"), self.rope_local_theta)] {
             if !(theta.is_finite() && theta > 0.0) {
-                return Err(ConfigError::Unsupported(format!("{name} {theta} (must be finite and above 0)")));
+                return Err(bad(format!("{name} {theta} (must be finite and above 0)")));
             }
         }
         let scaling = match self.rope_scaling {
@@ -393,48 +465,55 @@ impl ModelConfig {
             }
         };
         if let Some(x) = scaling.into_iter().find(|x| !(x.is_finite() && *x > 0.0)) {
-            return Err(ConfigError::Unsupported(format!("rope_scaling factor {x} (must be finite and above 0)")));
+            return Err(bad(format!("{} factor {x} (must be finite and above 0)", n("rope_scaling"))));
         }
         let (h, kv) = (self.n_heads, self.n_kv_heads);
         if h == 0 || kv == 0 || h % kv != 0 {
-            return Err(ConfigError::Unsupported(format!(
-                "num_attention_heads {h} is not a multiple of num_key_value_heads {kv}"
+            return Err(bad(format!(
+                "{} {h} is not a multiple of {} {kv}",
+                n("num_attention_heads"),
+                n("num_key_value_heads")
             )));
         }
         if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
-            return Err(ConfigError::Unsupported(format!("head_dim {} (must be even)", self.head_dim)));
+            return Err(bad(format!("{} {} (must be even)", n("head_dim"), self.head_dim)));
         }
         if self.rotary_dim == 0 || self.rotary_dim > self.head_dim || !self.rotary_dim.is_multiple_of(2) {
-            return Err(ConfigError::Unsupported(format!(
-                "{} rotary dimensions of head_dim {} (must be even, non-zero and at most head_dim)",
-                self.rotary_dim, self.head_dim
+            return Err(bad(format!(
+                "{} {} of {} {} (must be even, non-zero and at most the head width)",
+                n("rotary dimensions"),
+                self.rotary_dim,
+                n("head_dim"),
+                self.head_dim
             )));
         }
         if self.layers.len() != self.n_layers {
-            return Err(ConfigError::Unsupported(format!(
-                "{} per-layer entries for {} layers",
-                self.layers.len(),
-                self.n_layers
-            )));
+            return Err(bad(format!("{} per-layer entries for {} layers", self.layers.len(), self.n_layers)));
         }
         if let Some(m) = &self.moe {
             if m.n_experts == 0 || m.top_k == 0 || m.top_k > m.n_experts {
-                return Err(ConfigError::Unsupported(format!(
-                    "{} experts per token of {} experts (must be between 1 and the expert count)",
-                    m.top_k, m.n_experts
+                return Err(bad(format!(
+                    "{} {} of {} {} (must be between 1 and the expert count)",
+                    n("num_experts_per_tok"),
+                    m.top_k,
+                    n("num_experts"),
+                    m.n_experts
                 )));
             }
             if m.n_experts > MAX_EXPERTS || m.expert_size == 0 {
-                return Err(ConfigError::Unsupported(format!(
-                    "{} experts of width {} (at most {MAX_EXPERTS}, width above 0)",
-                    m.n_experts, m.expert_size
+                return Err(bad(format!(
+                    "{} {} of {} {} (at most {MAX_EXPERTS}, width above 0)",
+                    n("num_experts"),
+                    m.n_experts,
+                    n("moe_intermediate_size"),
+                    m.expert_size
                 )));
             }
         }
         let linear_layers = self.layers.iter().any(|l| l.mixer == Mixer::Linear);
         match (&self.linear_attn, linear_layers) {
             (None, true) => {
-                return Err(ConfigError::Unsupported("a linear-attention layer in a model without its shape".into()));
+                return Err(bad("a linear-attention layer in a model without its shape".into()));
             }
             (Some(la), _) => {
                 let dims = [la.n_k_heads, la.n_v_heads, la.k_head_dim, la.v_head_dim];
@@ -442,26 +521,31 @@ impl ModelConfig {
                     || !la.n_v_heads.is_multiple_of(la.n_k_heads)
                     || !(2..=16).contains(&la.conv_kernel)
                 {
-                    return Err(ConfigError::Unsupported(format!(
-                        "linear attention with {} key heads of {}, {} value heads of {} and a convolution of {} \
+                    return Err(bad(format!(
+                        "linear attention ({}) with {} key heads of {}, {} value heads of {} and a convolution of {} \
                          (value heads a multiple of key heads, widths above 0, 2 to 16 taps)",
-                        la.n_k_heads, la.k_head_dim, la.n_v_heads, la.v_head_dim, la.conv_kernel
+                        n("linear attention"),
+                        la.n_k_heads,
+                        la.k_head_dim,
+                        la.n_v_heads,
+                        la.v_head_dim,
+                        la.conv_kernel
                     )));
                 }
             }
             (None, false) => {}
         }
         if self.moe.is_none() && self.layers.iter().any(|l| l.ffn == Ffn::Moe) {
-            return Err(ConfigError::Unsupported("a mixture-of-experts layer in a model without experts".into()));
+            return Err(bad("a mixture-of-experts layer in a model without experts".into()));
         }
         for (name, x) in [
-            ("embedding multiplier", self.embed_scale),
-            ("residual multiplier", self.residual_scale),
-            ("attention scale", self.attn_scale),
-            ("logits scaling", self.logits_divisor),
+            (n("embedding multiplier"), self.embed_scale),
+            (n("residual multiplier"), self.residual_scale),
+            (n("attention scale"), self.attn_scale),
+            (n("logits scaling"), self.logits_divisor),
         ] {
             if !x.is_finite() || x == 0.0 {
-                return Err(ConfigError::Unsupported(format!("{name} {x}")));
+                return Err(bad(format!("{name} {x}")));
             }
         }
         Ok(())
@@ -800,6 +884,17 @@ mod tests {
 
     const BASE: &str = r#""hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
         "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":100"#;
+
+    /// A damaged `config.json` says what is wrong with it, and where.
+    #[test]
+    fn a_damaged_config_says_why() {
+        let err = |text: &str| ModelConfig::from_json(text).unwrap_err().to_string();
+        let e = err("{\"model_type\": \"llama\",\n x");
+        assert!(e.starts_with("config.json does not parse as JSON: key must be a string at line 2 column 2"), "{e}");
+        assert_eq!(err("[1]"), "config.json holds an array, not a JSON object");
+        assert_eq!(err("{}"), "config.json names no architecture: it has neither `model_type` nor `architectures`");
+        assert!(err(r#"{"architectures": ["NopeForCausalLM"]}"#).contains("`NopeForCausalLM`"));
+    }
 
     #[test]
     fn both_rope_styles_agree() {

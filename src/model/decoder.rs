@@ -332,6 +332,10 @@ pub enum ModelError {
     /// `--sparse-ffn` on a model that cannot run it.
     #[error("--sparse-ffn {setting}: {why}")]
     Sparse { setting: String, why: String },
+    /// A pass gave NaN or infinite logits (NaN or infinite weights, or an overflow):
+    /// nothing can be sampled from them.
+    #[error("the model produced non-finite logits (NaN or infinity); its weights may hold NaN or infinite values")]
+    NonFiniteLogits,
 }
 
 /// Activation buffers reused across forward passes (no allocation per token): sized

@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 
 use super::ModelSource;
 use super::config::{
-    Ffn, LayerConfig, LayerRope, LinearAttnConfig, MAX_EXPERTS, Mixer, ModelConfig, MoeConfig, RopeScaling,
+    Ffn, LayerConfig, LayerRope, LinearAttnConfig, MAX_EXPERTS, Mixer, ModelConfig, MoeConfig, Names, RopeScaling,
 };
 use super::gguf_vocab;
 use super::spec::{Arch, ArchSpec, Role};
@@ -33,6 +33,13 @@ pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
     }
     let config = config_from_gguf(&f, arch).with_context(|| format!("{shown}: model config"))?;
     let tensors = hf_tensors(&f, &config).with_context(|| format!("{shown}: mapping tensors"))?;
+    let tokens = f.get_array("tokenizer.ggml.tokens").map_or(0, <[GgufValue]>::len);
+    if tokens > config.vocab_size {
+        bail!(
+            "{shown}: `tokenizer.ggml.tokens` has {tokens} tokens but `token_embd.weight` has {} rows, one per token",
+            config.vocab_size
+        );
+    }
     let tok = gguf_vocab::tokenizer(&f).with_context(|| format!("{shown}: building the tokenizer"))?;
     let name = path.file_stem().map_or_else(|| shown.to_string(), |s| s.to_string_lossy().into_owned());
     Ok(ModelSource {
@@ -236,7 +243,7 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
         config.attn_output_gate = true;
     }
     config.rope_scaling = rope_scaling(f, spec, &config)?;
-    config.validate()?;
+    config.validate_as(Names::Gguf(spec.gguf_arch))?;
     Ok(config)
 }
 

@@ -150,16 +150,36 @@ pub fn spec_path(spec: &Path) -> anyhow::Result<(PathBuf, Option<String>)> {
 }
 
 impl ModelSource {
-    /// The model's tokenizer and chat template.
+    /// The model's tokenizer and chat template, checked against the model: every token
+    /// has a row in the embedding, and the template renders a one-message chat. Loads and
+    /// imports go through here, so a model that would fail each request is refused once.
     pub fn tokenizer(&self) -> anyhow::Result<crate::engine::tokenizer::TextTokenizer> {
-        crate::engine::tokenizer::TextTokenizer::from_parts(crate::engine::tokenizer::TokenizerSources {
+        let tok = crate::engine::tokenizer::TextTokenizer::from_parts(crate::engine::tokenizer::TokenizerSources {
             tokenizer_json: &self.tokenizer_json,
             tokenizer_config_json: self.tokenizer_config_json.as_deref(),
             generation_config_json: self.generation_config_json.as_deref(),
             chat_template: self.chat_template.as_deref(),
             model_config_json: Some(&self.config_json),
         })
-        .with_context(|| format!("model `{}`: loading the tokenizer", self.name))
+        .with_context(|| format!("model `{}`: loading the tokenizer", self.name))?;
+        let (tokens, rows) = (tok.vocab_size(), self.config.vocab_size);
+        if tokens > rows {
+            let embed = ["model.embed_tokens.weight", "model.embed_tokens"]
+                .into_iter()
+                .find(|n| self.tensors.contains_key(*n))
+                .unwrap_or("the token embedding");
+            anyhow::bail!(
+                "model `{}`: the tokenizer has {tokens} tokens but `{embed}` has {rows} rows (vocab_size), one per token",
+                self.name
+            );
+        }
+        if let Some(t) = tok.chat_template() {
+            let hello = [crate::engine::template::ChatMessage::new("user", "Hello")];
+            t.render(&hello, true).with_context(|| {
+                format!("model `{}`: its chat template cannot render a one-message chat", self.name)
+            })?;
+        }
+        Ok(tok)
     }
 
     /// Reads a Hugging Face model directory: config, tokenizer files and the

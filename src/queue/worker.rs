@@ -21,6 +21,7 @@ use crate::engine::batch::{self, Sequence};
 use crate::engine::reasoning::{Piece, ReasoningSplitter};
 use crate::engine::session::{Engine, GenerateError, GenerateRequest, RunOptions, TokenEvent};
 use crate::engine::toolcall::{ToolCallParser, ToolEvent};
+use crate::mapped::{FileChange, FileSet};
 use crate::model::decoder::{KvCache, ModelError};
 use crate::sched::plan::human_size;
 
@@ -138,6 +139,8 @@ struct Slot {
     kit: Arc<Kit>,
     /// Its requests being prepared: they count against `parallel`, and keep it loaded.
     preparing: usize,
+    /// The files its load mapped, watched for changes on disk.
+    files: FileSet,
 }
 
 impl Slot {
@@ -484,9 +487,14 @@ impl Worker {
         let info = self.registry.get(name).ok_or_else(|| JobError::ModelNotFound(name.to_string()))?;
         let key = canonical(name);
         if let Some(i) = self.slots.iter().position(|s| s.name == key) {
-            let slot = self.slots.remove(i);
-            self.slots.push(slot);
-            return Ok(self.slots.len() - 1);
+            match self.slots[i].files.changed() {
+                Some(change) => self.unload_changed(i, change),
+                None => {
+                    let slot = self.slots.remove(i);
+                    self.slots.push(slot);
+                    return Ok(self.slots.len() - 1);
+                }
+            }
         }
         while self.slots.len() >= self.config.max_loaded.max(1) {
             match self.slots.iter().position(|s| !s.in_use()) {
@@ -501,7 +509,8 @@ impl Worker {
             opts.sparse_ffn = Default::default();
         }
         let started = Instant::now();
-        let mut engine = Engine::load(&info.spec, &opts).map_err(|e| {
+        let (loaded, files) = crate::mapped::watch(|| Engine::load(&info.spec, &opts));
+        let mut engine = loaded.map_err(|e| {
             let msg = format!("loading `{name}`: {}", crate::errors::chain(&e));
             match is_device_error(&e) {
                 true => JobError::Device(msg),
@@ -551,6 +560,7 @@ impl Worker {
             parallel: parallel.max(1),
             kit,
             preparing: 0,
+            files,
         });
         self.publish();
         Ok(self.slots.len() - 1)
@@ -564,6 +574,20 @@ impl Worker {
             KeepAlive::Forever => None,
             KeepAlive::For(d) => Some(Instant::now() + d),
         };
+    }
+
+    /// Unloads slot `i`, one of whose files changed on disk since it loaded: its running
+    /// requests fail naming the file (their passes may have read the new bytes, or zeros
+    /// past a new end of file), and the next request loads the file as it is now.
+    fn unload_changed(&mut self, i: usize, change: FileChange) {
+        let slot = self.slots.remove(i);
+        tracing::error!(model = %slot.name, running = slot.running.len(), "{change}: unloading the model");
+        let error = JobError::Internal(format!("model `{}`: {change}", slot.name));
+        for r in slot.running {
+            self.admission.lock().expect("admission lock").finish();
+            let _ = r.events.send(Event::Error(error.clone()));
+        }
+        self.publish();
     }
 
     fn unload_expired(&mut self) {
@@ -759,6 +783,7 @@ impl Worker {
                     Some(JobError::Internal(panic_message(&*panic)))
                 }
             };
+            let failure = file_fault(slot).or(failure);
             let tok = &slot.engine.tokenizer;
             let piece = |id: u32| TokenLogprob {
                 id,
@@ -927,6 +952,21 @@ impl Worker {
         let _ = events.send(Event::Embeddings { vectors, prompt_tokens, load, total: admitted.elapsed() });
         Ok(())
     }
+}
+
+/// A model file of `slot` that shrank while a pass read it (the pass read zeros there,
+/// see [`crate::mapped`]): its sequences end without that pass's output, with an error
+/// naming the file, and it unloads once they retire (this step), so that the next
+/// request loads the file as it is now.
+fn file_fault(slot: &mut Slot) -> Option<JobError> {
+    let change = slot.files.faulted()?;
+    tracing::error!(model = %slot.name, running = slot.running.len(), "{change}: unloading the model");
+    for r in &mut slot.running {
+        r.seq.cancel();
+        r.seq.drain_events().for_each(drop);
+    }
+    slot.keep_alive = KeepAlive::For(Duration::ZERO);
+    Some(JobError::Internal(format!("model `{}`: {change}", slot.name)))
 }
 
 /// The model a job is for.

@@ -386,13 +386,19 @@ impl StorageFile {
         Ok(pos)
     }
 
+    /// Names the file and its size now: a file truncated since it was opened says so.
     fn eof_error(&self, offset: u64, len: usize) -> io::Error {
+        let size = match self.file.metadata().map(|m| m.len()) {
+            Ok(now) if now != self.size => {
+                format!("now {now} bytes; it was {} when opened, so it changed on disk", self.size)
+            }
+            _ => format!("{} bytes", self.size),
+        };
         io::Error::new(
             io::ErrorKind::UnexpectedEof,
             format!(
-                "{}: range at offset {offset} of {len} bytes ends past the end of the file ({} bytes)",
-                self.path.display(),
-                self.size
+                "{}: range at offset {offset} of {len} bytes ends past the end of the file ({size})",
+                self.path.display()
             ),
         )
     }
@@ -710,5 +716,19 @@ mod tests {
         assert!(b.spare_mut().iter().all(|&x| x == 0));
         b.reserve_discarding(100);
         assert_eq!(b.capacity(), 8192);
+    }
+
+    /// A read past the end of a file truncated since it was opened gives its size now.
+    #[test]
+    fn a_short_read_names_the_size_now() {
+        let dir = std::env::temp_dir().join(format!("strata-io-short-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.bin");
+        std::fs::write(&path, vec![1u8; 8192]).unwrap();
+        let f = StorageFile::open_buffered(&path).unwrap();
+        File::options().write(true).open(&path).unwrap().set_len(100).unwrap();
+        let e = f.read_range(4096, 4096, &mut AlignedBuf::new()).unwrap_err().to_string();
+        assert!(e.contains("w.bin") && e.contains("(now 100 bytes; it was 8192 when opened"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -353,8 +353,7 @@ mod tests {
         let path = dir.join("w.bin");
         let size = 2 * MERGE_GAP as usize + 3 * 4096;
         std::fs::write(&path, (0..size).map(|i| (i % 251) as u8).collect::<Vec<_>>()).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
-        let map = Arc::new(MappedFile::new(unsafe { memmap2::Mmap::map(&file) }.unwrap(), &path));
+        let map = Arc::new(MappedFile::map(&std::fs::File::open(&path).unwrap(), &path).unwrap());
         let far = size - 400;
         let tensors = [
             ("a".to_string(), tensor_at(&map, 100, 40)),

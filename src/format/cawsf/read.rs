@@ -34,10 +34,8 @@ impl Mapped {
                 format!("header: the file is {len} bytes, shorter than the {HEADER_BLOCK}-byte header block"),
             ));
         }
-        // SAFETY: the map is read-only; a model file changed underneath a running server is
-        // outside what we can defend against (as with every mmap-based loader).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Ok(Mapped { map: Arc::new(MappedFile::new(map, path)), path: path.to_owned() })
+        let map = MappedFile::map(&file, path).map_err(io)?;
+        Ok(Mapped { map: Arc::new(map), path: path.to_owned() })
     }
 
     pub fn bytes(&self) -> &[u8] {
