@@ -18,9 +18,10 @@
 //! model's directory lies inside another's.
 //!
 //! A directory is a model only once it holds a complete `entry.json`. Every change is
-//! built under `.tmp/` (on the same filesystem) and renamed into place, so a killed
-//! import leaves nothing that looks valid; what it leaves in `.tmp/` is swept by the next
-//! write once the process that made it is gone. Model files are hard-linked from their
+//! built under `.tmp/` (on the same filesystem), flushed to the disk and renamed into
+//! place (a replacement in one exchange, see [`staging`]), so a killed write leaves the
+//! old model or the new one, never a gap; what it leaves in `.tmp/` is swept by the next
+//! write once no process holds its lock. Model files are hard-linked from their
 //! source where the filesystem allows (an import then takes no space; a file later
 //! changed *in place* at its source changes in the store too), and copied otherwise.
 
