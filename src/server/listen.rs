@@ -185,7 +185,7 @@ pub fn raise_open_files_limit() -> Option<u64> {
             lim.rlim_cur = lim.rlim_max;
         }
     }
-    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur as u64)
+    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(u64::from(lim.rlim_cur))
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
