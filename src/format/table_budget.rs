@@ -10,7 +10,7 @@
 //! below it: their tables are a small part of a file that is mostly weights.
 
 /// Table bytes a parse may allocate per byte of the file.
-pub const BYTES_PER_FILE_BYTE: u64 = 4;
+pub const BYTES_PER_FILE_BYTE: u64 = 8;
 /// Table bytes any file may take, however small (a file of headers alone).
 pub const FLOOR: u64 = 64 << 10;
 /// What a B-tree map adds per entry beyond the key and value (nodes of up to 11 entries,
@@ -63,7 +63,7 @@ mod tests {
         assert_eq!(b.used(), 1000);
         let e = b.take("the tensor table", u64::MAX, 2).unwrap_err();
         assert!(e.starts_with("the tensor table: 18446744073709551615 entries") && e.contains("1000-byte file"), "{e}");
-        assert!(b.take("rest", 1, 4000 + FLOOR - 1000).is_ok());
+        assert!(b.take("rest", 1, BYTES_PER_FILE_BYTE * 1000 + FLOOR - 1000).is_ok());
         assert!(b.take("one more", 1, 1).is_err());
     }
 }

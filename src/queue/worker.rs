@@ -137,8 +137,9 @@ struct Slot {
     parallel: usize,
     /// What preparing its requests needs, read once at load.
     kit: Arc<Kit>,
-    /// Its requests being prepared: they count against `parallel`, and keep it loaded.
-    preparing: usize,
+    /// When each of its requests being prepared was admitted: they count against
+    /// `parallel`, keep it loaded, and start in that order.
+    preparing: Vec<Instant>,
     /// The files its load mapped, watched for changes on disk.
     files: FileSet,
 }
@@ -146,7 +147,7 @@ struct Slot {
 impl Slot {
     /// Whether it is generating or preparing to: it may not be unloaded.
     fn in_use(&self) -> bool {
-        !self.running.is_empty() || self.preparing > 0
+        !self.running.is_empty() || !self.preparing.is_empty()
     }
 
     fn claimed(&self) -> u64 {
@@ -367,6 +368,13 @@ impl Worker {
     fn admit_ready(&mut self) -> (bool, bool) {
         let mut changed = false;
         while let Some(r) = self.ready.pop_front() {
+            // A request admitted before it, for the same model, is still being prepared:
+            // first come, first served.
+            let slot = self.slots.iter().find(|s| Arc::ptr_eq(&s.kit, &r.kit));
+            if slot.is_some_and(|s| s.preparing.iter().any(|&t| t < r.admitted)) {
+                self.ready.push_front(r);
+                return (changed, true);
+            }
             changed = true;
             let began = match (r.events.is_closed(), self.status.shutting_down.load(Ordering::SeqCst)) {
                 // The client left while it was prepared.
@@ -397,10 +405,14 @@ impl Worker {
     /// A generation back from being prepared: its model's place is free again, and it is
     /// next in line.
     fn prepared(&mut self, r: Ready) -> bool {
-        if let Some(slot) = self.slots.iter_mut().find(|s| Arc::ptr_eq(&s.kit, &r.kit)) {
-            slot.preparing -= 1;
+        if let Some(slot) = self.slots.iter_mut().find(|s| Arc::ptr_eq(&s.kit, &r.kit))
+            && let Some(n) = slot.preparing.iter().position(|&t| t == r.admitted)
+        {
+            slot.preparing.remove(n);
         }
-        self.ready.push_back(r);
+        // In the order they were admitted.
+        let at = self.ready.iter().position(|q| q.admitted > r.admitted).unwrap_or(self.ready.len());
+        self.ready.insert(at, r);
         true
     }
 
@@ -435,7 +447,7 @@ impl Worker {
             return Admit::Done;
         }
         let ready = self.ready.iter().filter(|r| Arc::ptr_eq(&r.kit, &slot.kit)).count();
-        if slot.running.len() + slot.preparing + ready >= slot.parallel {
+        if slot.running.len() + slot.preparing.len() + ready >= slot.parallel {
             return Admit::Later;
         }
         // A request that can never fit is answered (400) when it starts; one that fits
@@ -559,7 +571,7 @@ impl Worker {
             kv_limit,
             parallel: parallel.max(1),
             kit,
-            preparing: 0,
+            preparing: Vec::new(),
             files,
         });
         self.publish();
@@ -644,7 +656,7 @@ impl Worker {
         self.touch(i, job.keep_alive);
         let slot = &mut self.slots[i];
         self.preparers.start(slot.kit.clone(), job, events.clone(), admitted, load)?;
-        slot.preparing += 1;
+        slot.preparing.push(admitted);
         Ok(Began::Preparing)
     }
 
