@@ -155,8 +155,7 @@ pub(super) fn prepare(kit: &Kit, job: GenerateJob) -> Result<Prepared, JobError>
         return Err(invalid(Some(param), "the prompt is empty"));
     }
     if prompt.len() >= ctx {
-        let cut = cut_to_fit(kit, &job, ctx, &prompt, new.whole, chat_messages.as_deref())?;
-        prompt = cut;
+        prompt = cut_to_fit(kit, &job, (ctx, param), &prompt, new.whole, chat_messages.as_deref())?;
     }
     let grammar = match grammar {
         Some(spec) => {
@@ -175,16 +174,12 @@ pub(super) fn prepare(kit: &Kit, job: GenerateJob) -> Result<Prepared, JobError>
 fn cut_to_fit(
     kit: &Kit,
     job: &GenerateJob,
-    ctx: usize,
+    (ctx, param): (usize, &'static str),
     prompt: &[u32],
     whole: bool,
     chat_messages: Option<&[ChatMessage]>,
 ) -> Result<Vec<u32>, JobError> {
     let tok = &*kit.tokenizer;
-    let param = match job.prompt {
-        PromptInput::Chat(_) => job.messages_param,
-        _ => "prompt",
-    };
     let what = if chat_messages.is_some() { "messages" } else { "prompt" };
     let count = match whole {
         true => format!("{} tokens", prompt.len()),
@@ -258,31 +253,35 @@ pub(super) fn bounded_encode(tok: &TextTokenizer, text: &str, special: bool, ctx
 
 /// [`bounded_encode`] over any tokenizer: `encode(piece, at_start)` tokenizes a piece of
 /// the text, `at_start` when the piece begins it (the tokenizer may add BOS there).
-fn ends_or_whole<E>(text: &str, ctx: usize, encode: impl Fn(&str, bool) -> Result<Vec<u32>, E>) -> Result<Bounded, E> {
+fn ends_or_whole<'t, E>(
+    text: &'t str,
+    ctx: usize,
+    encode: impl Fn(&str, bool) -> Result<Vec<u32>, E>,
+) -> Result<Bounded, E> {
     let need = ctx + END_MARGIN;
     // At 8 bytes a token a text of this size holds more tokens than the context: past
-    // it, look at its ends first. Most prompts are shorter and are tokenized once.
-    let mut window = need.saturating_mul(8);
-    let head = loop {
-        if window >= text.len() {
-            return Ok(Bounded { tokens: encode(text, true)?, whole: true });
+    // it, look at its ends first, in windows that double until one holds more than
+    // `need`. Most prompts are shorter and are tokenized once. `None`: the window
+    // reached the whole text.
+    let end = |piece: &dyn Fn(usize) -> (&'t str, bool)| -> Result<Option<Vec<u32>>, E> {
+        let mut window = need.saturating_mul(8);
+        while window < text.len() {
+            let (part, at_start) = piece(window);
+            let tokens = encode(part, at_start)?;
+            if tokens.len() > need {
+                return Ok(Some(tokens));
+            }
+            window = window.saturating_mul(2);
         }
-        let head = encode(&text[..floor_char_boundary(text, window)], true)?;
-        if head.len() > need {
-            break head;
-        }
-        window = window.saturating_mul(2);
+        Ok(None)
     };
-    let mut window = need.saturating_mul(8);
-    let tail = loop {
-        if window >= text.len() {
-            return Ok(Bounded { tokens: encode(text, true)?, whole: true });
-        }
-        let tail = encode(&text[ceil_char_boundary(text, text.len() - window)..], false)?;
-        if tail.len() > need {
-            break tail;
-        }
-        window = window.saturating_mul(2);
+    let head = end(&|w| (&text[..floor_char_boundary(text, w)], true))?;
+    let tail = match head {
+        Some(_) => end(&|w| (&text[ceil_char_boundary(text, text.len() - w)..], false))?,
+        None => None,
+    };
+    let (Some(head), Some(tail)) = (head, tail) else {
+        return Ok(Bounded { tokens: encode(text, true)?, whole: true });
     };
     let mut tokens = head;
     tokens.extend(tail);
