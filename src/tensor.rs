@@ -5,8 +5,6 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use half::{bf16, f16};
-
 /// Element types Strata reads from weight files: plain floats, and GGML's block-quantized
 /// formats (a block of `block_size()` values packed into `block_bytes()` bytes).
 #[allow(non_camel_case_types)]
@@ -111,7 +109,7 @@ impl DType {
 }
 
 /// Anything that owns bytes and can be shared between threads: `memmap2::Mmap`,
-/// [`MappedFile`], [`AlignedBytes`], ...
+/// [`MappedFile`](crate::mapped::MappedFile), [`AlignedBytes`], ...
 pub trait ByteSource: Send + Sync {
     fn bytes(&self) -> &[u8];
 
@@ -170,8 +168,6 @@ impl ByteSource for memmap2::Mmap {
         self
     }
 }
-
-pub use crate::mapped::MappedFile;
 
 /// Where a tensor's bytes are stored: `len` bytes (the tensor's) at `offset` in `path`,
 /// to be transformed by `fixup` after reading.
@@ -360,7 +356,7 @@ pub struct HostTensor {
     pub dtype: DType,
     pub shape: Vec<usize>,
     origin: Option<TensorOrigin>,
-    /// Whether the bytes are the CPU's 16-row panels ([`crate::quant::panels`]) rather
+    /// Whether the bytes are the CPU's 16-row panels (`strata::quant::panels`) rather
     /// than rows as stored.
     panels: bool,
 }
@@ -453,53 +449,6 @@ impl HostTensor {
         cast_slice(self.bytes())
     }
 
-    /// Element `i` converted to f32.
-    pub fn get_f32(&self, i: usize) -> f32 {
-        let bs = self.dtype.block_size();
-        let mut block = vec![0.0; bs];
-        self.read_f32(i / bs * bs, &mut block);
-        block[i % bs]
-    }
-
-    /// Elements `start..start + out.len()` converted to f32 into `out`. For block formats
-    /// `start` and `out.len()` are whole blocks.
-    pub fn read_f32(&self, start: usize, out: &mut [f32]) {
-        match self.dtype {
-            DType::F32 => out.copy_from_slice(&self.as_f32()[start..start + out.len()]),
-            DType::F16 => {
-                for (o, &b) in out.iter_mut().zip(&self.as_u16()[start..]) {
-                    *o = f16::from_bits(b).to_f32();
-                }
-            }
-            DType::BF16 => {
-                for (o, &b) in out.iter_mut().zip(&self.as_u16()[start..]) {
-                    *o = bf16::from_bits(b).to_f32();
-                }
-            }
-            block if self.panels => {
-                // Row by row, each put back as stored first.
-                let k = self.shape[1];
-                let mut row = vec![0u8; block.bytes_for(k).expect("a panel row is whole blocks")];
-                let (mut at, mut done) = (start, 0);
-                while done < out.len() {
-                    let (r, c) = (at / k, at % k);
-                    let n = (k - c).min(out.len() - done);
-                    crate::quant::panels::row(block, self.bytes(), k, r, &mut row);
-                    let mut vals = vec![0.0; k];
-                    crate::quant::dequantize(block, &row, &mut vals);
-                    out[done..done + n].copy_from_slice(&vals[c..c + n]);
-                    (at, done) = (at + n, done + n);
-                }
-            }
-            block => {
-                let bs = block.block_size();
-                assert!(start.is_multiple_of(bs), "{block:?}: reads start on a block boundary");
-                let from = start / bs * block.block_bytes();
-                crate::quant::dequantize(block, &self.bytes()[from..], out);
-            }
-        }
-    }
-
     /// Rows `start..start + n` of a 2-D tensor, sharing its bytes (whole rows, so any
     /// block type): how a fused projection (Phi-3's QKV) is split. `None` when the rows
     /// are out of range or the stored bytes need a fixup that moves rows.
@@ -540,43 +489,32 @@ impl HostTensor {
     }
 
     /// A view of `src[offset..offset + len]` that holds `shape` as 16-row panels
-    /// ([`crate::quant::panels`]): what the streamer repacked in place. As [`Self::new`]
+    /// (`strata::quant::panels`): what the streamer repacked in place. As [`Self::new`]
     /// otherwise.
     pub fn new_panels(src: Arc<dyn ByteSource>, offset: usize, len: usize, dtype: DType, shape: Vec<usize>) -> Self {
         HostTensor { panels: true, origin: None, ..HostTensor::new(src, offset, len, dtype, shape) }
     }
 
-    /// Whether the bytes are 16-row panels ([`crate::quant::panels`]).
+    /// Whether the bytes are 16-row panels (`strata::quant::panels`).
     pub fn is_panels(&self) -> bool {
         self.panels
     }
 
-    /// This weight repacked as the CPU's 16-row panels ([`crate::quant::panels`]), where
-    /// this CPU runs their kernels and the dtype and shape have them; `None` otherwise.
-    /// The copy is made now, on the threads of the rayon pool this runs in; it keeps no
-    /// file origin (the streamer reads the stored
-    /// tensor, and the backend repacks what it read).
-    pub fn to_panels(&self) -> Option<HostTensor> {
-        if self.panels || !crate::quant::panels::eligible(self.dtype, &self.shape) {
-            return None;
-        }
+    /// This weight with its bytes rearranged by `repack(stored, out)` into a buffer of
+    /// the same length, marked as 16-row panels (what `strata::quant::panels::to_panels`
+    /// builds). The copy keeps no file origin (the streamer reads the stored tensor, and
+    /// the backend repacks what it read).
+    pub fn repacked(&self, repack: impl FnOnce(&[u8], &mut [u8])) -> HostTensor {
         let mut buf = AlignedBytes::zeroed(self.len);
         // Bytes computed on first use (llama's un-permuted Q/K rows) are computed once
         // for the repack and not kept beside the panels.
         let fresh = (self.offset == 0).then(|| self.src.compute_unkept()).flatten().filter(|b| b.len == self.len);
         let stored = fresh.as_ref().map_or_else(|| self.bytes(), |b| b.bytes());
-        crate::quant::panels::repack_par(self.dtype, stored, self.shape[0], self.shape[1], buf.bytes_mut());
+        repack(stored, buf.bytes_mut());
         // The stored bytes are not read again for the matmul: a mapped file's pages go.
         self.src.release(self.offset..self.offset + self.len);
         let (len, dtype, shape) = (self.len, self.dtype, self.shape.clone());
-        Some(HostTensor { src: Arc::new(buf), offset: 0, len, dtype, shape, origin: None, panels: true })
-    }
-
-    /// The whole tensor as f32 (copies; for small tensors such as norms and biases).
-    pub fn to_f32_vec(&self) -> Vec<f32> {
-        let mut out = vec![0.0; self.numel()];
-        self.read_f32(0, &mut out);
-        out
+        HostTensor { src: Arc::new(buf), offset: 0, len, dtype, shape, origin: None, panels: true }
     }
 }
 
@@ -603,19 +541,17 @@ mod tests {
     }
 
     /// A weight computed on first use (llama's un-permuted Q/K rows) is computed for its
-    /// panels without being kept, and the panels hold the computed rows.
+    /// repack without being kept, and the repacked bytes come from the computed rows.
     #[test]
-    fn panels_of_a_lazy_weight_keep_no_copy() {
+    fn repacking_a_lazy_weight_keeps_no_copy() {
         let (m, k) = (32, 64);
         let raw: Vec<u8> = (0..m * k / 32 * 18).map(|i| (i * 7 % 251) as u8).collect();
         let stored = HostTensor::new(Arc::new(AlignedBytes::from_slice(&raw)), 0, raw.len(), DType::Q4_0, vec![m, k]);
         let lazy = stored.with_fixup(Fixup::UnpermuteRows { n_heads: 2 });
-        let Some(p) = lazy.to_panels() else { return }; // no panels on this CPU
-        assert!(lazy.src.compute_unkept().is_some(), "the lazy bytes were kept");
-        let (mut a, mut b) = (vec![0f32; m * k], vec![0f32; m * k]);
-        p.read_f32(0, &mut a);
-        lazy.read_f32(0, &mut b);
-        assert_eq!(a, b);
-        assert_ne!(b, stored.to_f32_vec(), "the fixup moved rows");
+        let p = lazy.repacked(|from, to| to.copy_from_slice(from));
+        assert!(p.is_panels());
+        let computed = lazy.src.compute_unkept().expect("the lazy bytes were not kept");
+        assert_eq!(p.bytes(), computed.bytes());
+        assert_ne!(p.bytes(), stored.bytes(), "the fixup moved rows");
     }
 }

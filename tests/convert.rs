@@ -16,6 +16,7 @@ use strata::format::cawsf::Compression;
 use strata::format::convert::{ConvertOptions, Target, convert};
 use strata::model::ModelSource;
 use strata::model::decoder::SeqStep;
+use strata::quant::ReadF32;
 use strata::tensor::DType;
 
 fn fixture(rel: &str) -> String {

@@ -11,6 +11,7 @@ use strata::backend::cpu::CpuBackend;
 use strata::backend::cuda::CudaBackend;
 use strata::backend::cuda::launch::WEIGHT_FORMATS;
 use strata::backend::{Activation, AttnParams, Backend, RopeFreqs, Rows, Unary};
+use strata::quant::ReadF32;
 use strata::tensor::{AlignedBytes, DType, HostTensor};
 
 fn gpu() -> Option<CudaBackend> {

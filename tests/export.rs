@@ -10,6 +10,7 @@ use strata::engine::session::{Engine, RunOptions};
 use strata::format::export::export;
 use strata::model::ModelSource;
 use strata::model::decoder::SeqStep;
+use strata::quant::ReadF32;
 use strata::tensor::DType;
 use support::TempDir;
 

@@ -26,6 +26,7 @@ use serde_json::Value;
 use strata::format::gguf::{GgufFile, GgufValue};
 use strata::format::{cawsf, checksum, flat, safetensors};
 use strata::model::gguf_source::source_from_gguf;
+use strata::quant::ReadF32;
 use strata::tensor::{AlignedBytes, ByteSource, HostTensor};
 use support::gguf::GgufParts;
 

@@ -19,6 +19,7 @@ use strata::engine::template::ChatMessage;
 use strata::format::gguf::{GgufFile, GgufValue};
 use strata::model::decoder::SeqStep;
 use strata::model::gguf_source::source_from_gguf;
+use strata::quant::ReadF32;
 
 const MODELS: [&str; 2] = ["llama3", "qwen2"];
 /// Same bound as `tests/model_parity.rs`: f32 on identical weights, only summation order differs.

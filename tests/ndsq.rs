@@ -10,6 +10,7 @@ use strata::format::convert::{ConvertOptions, Target, convert};
 use strata::format::ndsq::{Ndsq, NdsqParams};
 use strata::model::ModelSource;
 use strata::model::decoder::SeqStep;
+use strata::quant::ReadF32;
 use support::TempDir;
 
 fn fixture(rel: &str) -> String {

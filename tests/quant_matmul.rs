@@ -1,4 +1,4 @@
-//! The quantized matmul (`strata::quant::matmul_with`): every SIMD kernel against the
+//! The quantized matmul (`strata::backend::cpu::matmul::quant::matmul_with`): every SIMD kernel against the
 //! scalar `vec_dot_*` reference on random valid blocks, odd shapes, 1- and 2-thread pools
 //! and weights that are not 64-byte aligned; the scalar path against a dequantized f32
 //! matmul; and an ignored benchmark (`cargo test --release --test quant_matmul --
@@ -9,6 +9,8 @@ use std::time::Instant;
 
 use half::f16;
 use rayon::{ThreadPool, ThreadPoolBuilder};
+use strata::backend::cpu::matmul::{self as cpu_matmul, quant as qmatmul};
+use strata::quant::panels::to_panels;
 use strata::quant::{self, QuantKernel};
 use strata::tensor::{AlignedBytes, DType, HostTensor};
 
@@ -110,10 +112,10 @@ fn check(dtype: DType, rows: usize, m: usize, k: usize, shift: usize, pool: &Thr
     let x = rng.vec(rows * k, 2.0);
     let absw = abs_weights(dtype, &bytes, k);
     let mut want = vec![f32::NAN; rows * m];
-    quant::matmul_with(QuantKernel::Scalar, pool, &x, rows, &w, &mut want);
+    qmatmul::matmul_with(QuantKernel::Scalar, pool, &x, rows, &w, &mut want);
     for kernel in available() {
         let mut got = vec![f32::NAN; rows * m + 3];
-        quant::matmul_with(kernel, pool, &x, rows, &w, &mut got);
+        qmatmul::matmul_with(kernel, pool, &x, rows, &w, &mut got);
         assert!(got[rows * m..].iter().all(|v| v.is_nan()), "{kernel:?} {dtype:?}: wrote past rows × m");
         for r in 0..rows {
             let xr = &x[r * k..(r + 1) * k];
@@ -172,10 +174,10 @@ fn rows_alone_equal_one_row_calls_bit_for_bit() {
             for rows in [2, 3, 4, 7, 8, 13] {
                 let x = rng.vec(rows * k, 2.0);
                 let mut got = vec![f32::NAN; rows * m];
-                quant::matmul_rows_alone(&two, &x, rows, &w, &mut got);
+                cpu_matmul::matmul_rows_alone(&two, &x, rows, &w, &mut got);
                 for r in 0..rows {
                     let mut want = vec![f32::NAN; m];
-                    quant::matmul(&one, &x[r * k..(r + 1) * k], 1, &w, &mut want);
+                    cpu_matmul::matmul(&one, &x[r * k..(r + 1) * k], 1, &w, &mut want);
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got[r * m..(r + 1) * m]), bits(&want), "{dtype:?} {m}×{k}, row {r} of {rows}");
                 }
@@ -199,13 +201,13 @@ fn gemm_rows_do_not_depend_on_the_rest_of_the_call() {
             let rows = 15;
             let x = rng.vec(rows * k, 2.0);
             let mut all = vec![f32::NAN; rows * m];
-            quant::matmul_with(kernel, &p, &x, rows, &w, &mut all);
+            qmatmul::matmul_with(kernel, &p, &x, rows, &w, &mut all);
             for r in 0..rows {
                 // The row second of two, beside the last row.
                 let mut two = x[(rows - 1) * k..].to_vec();
                 two.extend_from_slice(&x[r * k..(r + 1) * k]);
                 let mut got = vec![f32::NAN; 2 * m];
-                quant::matmul_with(kernel, &p, &two, 2, &w, &mut got);
+                qmatmul::matmul_with(kernel, &p, &two, 2, &w, &mut got);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got[m..]), bits(&all[r * m..(r + 1) * m]), "{kernel:?} {dtype:?} row {r}");
             }
@@ -229,7 +231,7 @@ fn integer_path_matches_dequantized_f32_matmul() {
         let x = rng.vec(rows * k, 1.0);
         for kernel in available() {
             let mut got = vec![0.0; rows * m];
-            quant::matmul_with(kernel, &p, &x, rows, &w, &mut got);
+            qmatmul::matmul_with(kernel, &p, &x, rows, &w, &mut got);
             for r in 0..rows {
                 for o in 0..m {
                     let (xr, wr) = (&x[r * k..(r + 1) * k], &deq[o * k..(o + 1) * k]);
@@ -253,13 +255,13 @@ fn zero_rows_and_best_kernel_entry_point() {
     let bytes = random_weight_bytes(DType::Q4_0, 8, 64, &mut rng);
     let w = tensor(DType::Q4_0, &bytes, 8, 64, 0);
     let mut out = vec![7.0f32; 8];
-    quant::matmul(&p, &[], 0, &w, &mut out);
+    cpu_matmul::matmul(&p, &[], 0, &w, &mut out);
     assert!(out.iter().all(|v| *v == 7.0));
     let x = rng.vec(64, 1.0);
     let mut a = vec![0.0; 8];
     let mut b = vec![0.0; 8];
-    quant::matmul(&p, &x, 1, &w, &mut a);
-    quant::matmul_with(QuantKernel::best(), &p, &x, 1, &w, &mut b);
+    cpu_matmul::matmul(&p, &x, 1, &w, &mut a);
+    qmatmul::matmul_with(QuantKernel::best(), &p, &x, 1, &w, &mut b);
     assert_eq!(a, b);
     assert!(a.iter().any(|v| *v != 0.0));
 }
@@ -309,12 +311,12 @@ fn throughput() {
         for kernel in available() {
             let mut stream_s = f64::INFINITY;
             for _ in 0..4 {
-                let t = time(&mut || ws.iter().for_each(|w| quant::matmul_with(kernel, &pool, &x, 1, w, &mut out)));
+                let t = time(&mut || ws.iter().for_each(|w| qmatmul::matmul_with(kernel, &pool, &x, 1, w, &mut out)));
                 stream_s = stream_s.min(t / COPIES as f64);
             }
             let mut prefill_s = f64::INFINITY;
             for _ in 0..if kernel == QuantKernel::Scalar { 1 } else { 3 } {
-                prefill_s = prefill_s.min(time(&mut || quant::matmul_with(kernel, &pool, &x, 128, &ws[0], &mut out)));
+                prefill_s = prefill_s.min(time(&mut || qmatmul::matmul_with(kernel, &pool, &x, 128, &ws[0], &mut out)));
             }
             let gbs = weight_bytes / stream_s / 1e9;
             eprintln!(
@@ -355,8 +357,8 @@ fn prefill_throughput() {
             for (i, ts) in times.iter_mut().enumerate() {
                 let t = Instant::now();
                 match i {
-                    0 => quant::matmul(&pool, &x, rows, &w, &mut out),
-                    _ => quant::matmul_rows_alone(&pool, &x, rows, &w, &mut out),
+                    0 => cpu_matmul::matmul(&pool, &x, rows, &w, &mut out),
+                    _ => cpu_matmul::matmul_rows_alone(&pool, &x, rows, &w, &mut out),
                 }
                 ts.push(t.elapsed().as_secs_f64());
             }
@@ -393,7 +395,7 @@ fn arithmetic_from_cache() {
         let bytes = random_weight_bytes(dtype, M, k, &mut rng);
         let stored = tensor(dtype, &bytes, M, k, 0);
         // As stored, and as the CPU backend keeps the weights that have 16-row panels.
-        for w in [Some(stored.clone()), stored.to_panels()].into_iter().flatten() {
+        for w in [Some(stored.clone()), to_panels(&stored)].into_iter().flatten() {
             let best = |f: &mut dyn FnMut()| {
                 (0..20)
                     .map(|_| {
@@ -403,8 +405,8 @@ fn arithmetic_from_cache() {
                     })
                     .fold(f64::INFINITY, f64::min)
             };
-            let one = best(&mut || quant::matmul(&pool, &x, 1, &w, &mut out));
-            let rows = best(&mut || quant::matmul_rows_alone(&pool, &x, 16, &w, &mut out));
+            let one = best(&mut || cpu_matmul::matmul(&pool, &x, 1, &w, &mut out));
+            let rows = best(&mut || cpu_matmul::matmul_rows_alone(&pool, &x, 16, &w, &mut out));
             eprintln!(
                 "{dtype:?}{}: one row {:.1} GB/s ({:.1} us); 16 rows {:.1} G multiply-adds/s ({:.1} us)",
                 if w.is_panels() { " panels" } else { "" },
@@ -437,13 +439,13 @@ fn decode_from_memory() {
         let count = (768usize << 20).div_ceil(dtype.bytes_for(M * K).unwrap());
         let stored: Vec<HostTensor> =
             (0..count).map(|_| tensor(dtype, &random_weight_bytes(dtype, M, K, &mut rng), M, K, 0)).collect();
-        let Some(panels) = stored.iter().map(|w| w.to_panels()).collect::<Option<Vec<_>>>() else { continue };
+        let Some(panels) = stored.iter().map(|w| to_panels(&w)).collect::<Option<Vec<_>>>() else { continue };
         let bytes = stored.iter().map(|w| w.byte_len()).sum::<usize>() as f64;
         let mut times = [Vec::new(), Vec::new()];
         for _ in 0..9 {
             for (ws, ts) in [&stored, &panels].into_iter().zip(times.iter_mut()) {
                 let t = Instant::now();
-                ws.iter().for_each(|w| quant::matmul(&pool, &x, 1, w, &mut out));
+                ws.iter().for_each(|w| cpu_matmul::matmul(&pool, &x, 1, w, &mut out));
                 ts.push(t.elapsed().as_secs_f64());
             }
         }

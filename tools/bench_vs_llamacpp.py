@@ -6,8 +6,7 @@ runs interleaved, medians reported next to the memory bandwidth measured in the 
     /work/refvenv/bin/python tools/bench_vs_llamacpp.py /tmp/bench1b /tmp/benchgguf \
         [--types q4_0,q8_0,q4_k_m] [--rounds 3] [--threads 2] [--gguf MODEL.gguf ...]
 
-`--decode-reads in-turn,side-by-side` runs Strata both ways each round (default: what it
-picks here, named in the table). `--gguf` adds GGUF files as they are (SmolLM2-135M-Instruct Q4_1, say) to the table;
+`--gguf` adds GGUF files as they are (SmolLM2-135M-Instruct Q4_1, say) to the table;
 with `--types ''` only those run (HF_DIR and OUT are then not used).
 
 Needs the reference stack (tools/requirements-ref.txt) plus `gguf` and `llama-cpp-python`.
@@ -84,11 +83,9 @@ def llamacpp_run(path, prompt, gen, threads):
     return prefill, decode
 
 
-def strata_run(path, prompt_tokens, gen, threads, reads="auto"):
+def strata_run(path, prompt_tokens, gen, threads):
     exe = ROOT / "target/release/strata"
     env = dict(os.environ)
-    if reads != "auto":
-        env["STRATA_DECODE_READS"] = reads
     out = subprocess.run([str(exe), "bench", str(path), "--threads", str(threads), "--prompt-tokens",
                           str(prompt_tokens), "--gen-tokens", str(gen), "--runs", "1", "--json"],
                          check=True, capture_output=True, text=True, env=env).stdout
@@ -105,10 +102,6 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen-tokens", type=int, default=32)
-    ap.add_argument("--decode-reads", default="auto",
-                    help="how Strata's decode reads weight rows: auto (what it picks on this machine), or a "
-                         "comma list of in-turn and side-by-side, each run every round (interleaved) and "
-                         "reported as its own row")
     ap.add_argument("--llamacpp-extra-bufts", action="store_true",
                     help="(the default now; kept so older commands still run)")
     ap.add_argument("--no-llamacpp-extra-bufts", action="store_true",
@@ -135,31 +128,24 @@ def main():
     # Ids every vocabulary here has (SmolLM2's is 49152).
     prompt = [int(t) for t in rng.integers(300, 30000, args.prompt_tokens)]
     rows = []
-    reads = [r for r in args.decode_reads.split(",") if r]
     m = statistics.median
     for name, path in models:
         lp, ld = [], []
-        st = {r: {"sp": [], "sd": [], "bw": [], "roof": [], "picked": set()} for r in reads}
+        x = {"sp": [], "sd": [], "bw": [], "roof": []}
         for _ in range(args.rounds):
             p, d = llamacpp_run(path, prompt, args.gen_tokens, args.threads)
             lp.append(p), ld.append(d)
-            for r in reads:
-                s = strata_run(path, args.prompt_tokens, args.gen_tokens, args.threads, r)
-                x = st[r]
-                x["sp"].append(s["prefill_tok_s"]), x["sd"].append(s["decode_tok_s"])
-                x["bw"].append(s["mem_bandwidth_bytes_s"]), x["roof"].append(s["decode_roofline_tok_s"])
-                x["picked"].add(s.get("decode_reads") or "-")
-        for r, x in st.items():
-            picked = "/".join(sorted(x["picked"]))
-            rows.append((name, picked, m(x["sp"]), m(lp), m(x["sd"]), m(ld), m(x["bw"]) / 1e9, m(x["roof"]),
-                         path.stat().st_size))
-            print(json.dumps({"type": name, "decode_reads": picked, "strata_prefill": x["sp"], "llamacpp_prefill": lp,
-                              "strata_decode": x["sd"], "llamacpp_decode": ld, "bandwidth": x["bw"]}), file=sys.stderr)
-    print("| type | file | Strata decode reads | prefill Strata | prefill llama.cpp | ratio | decode Strata "
+            s = strata_run(path, args.prompt_tokens, args.gen_tokens, args.threads)
+            x["sp"].append(s["prefill_tok_s"]), x["sd"].append(s["decode_tok_s"])
+            x["bw"].append(s["mem_bandwidth_bytes_s"]), x["roof"].append(s["decode_roofline_tok_s"])
+        rows.append((name, m(x["sp"]), m(lp), m(x["sd"]), m(ld), m(x["bw"]) / 1e9, m(x["roof"]), path.stat().st_size))
+        print(json.dumps({"type": name, "strata_prefill": x["sp"], "llamacpp_prefill": lp,
+                          "strata_decode": x["sd"], "llamacpp_decode": ld, "bandwidth": x["bw"]}), file=sys.stderr)
+    print("| type | file | prefill Strata | prefill llama.cpp | ratio | decode Strata "
           "| decode llama.cpp | ratio | bandwidth | decode roofline | Strata / roofline | llama.cpp / roofline |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, picked, sp, lp, sd, ld, bw, roof, size in rows:
-        print(f"| {name} | {size / 1e9:.2f} GB | {picked} | {sp:.1f} | {lp:.1f} | {sp / lp:.2f} | {sd:.2f} | {ld:.2f} | "
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, sp, lp, sd, ld, bw, roof, size in rows:
+        print(f"| {name} | {size / 1e9:.2f} GB | {sp:.1f} | {lp:.1f} | {sp / lp:.2f} | {sd:.2f} | {ld:.2f} | "
               f"{sd / ld:.2f} | {bw:.1f} GB/s | {roof:.1f} | {sd / roof:.2f} | {ld / roof:.2f} |")
 
 if __name__ == "__main__":

@@ -101,9 +101,6 @@ pub struct BenchReport {
     /// cache meets a probe that does too. (A MoE model's probe before the runs reads its
     /// dense size, the one after its routed bytes per token: the smaller is given.)
     pub mem_bandwidth_buffer_bytes: Option<usize>,
-    /// How one-row quantized matmuls read their weight rows on this machine (CPU only):
-    /// `in-turn` or `side-by-side` (`backend::cpu::bandwidth::decode_reads`).
-    pub decode_reads: Option<String>,
     /// Decode tok/s if every step only had to read its weights once at that bandwidth.
     pub decode_roofline_tok_s: f64,
     pub decode_fraction_of_roofline: f64,
@@ -546,20 +543,15 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     };
     // On a GPU the roofline is device memory: a device-to-device copy, bytes read plus
     // bytes written, measured now.
-    let (bandwidth, bandwidth_pattern, bandwidth_buffer, decode_reads) = match (model.memory_bandwidth(), memory_before)
-    {
-        (Some(b), _) => (b, None, None, None),
+    let (bandwidth, bandwidth_pattern, bandwidth_buffer) = match (model.memory_bandwidth(), memory_before) {
+        (Some(b), _) => (b, None, None),
         (None, before) => {
             let m = bandwidth::measure(threads, weight_bytes_per_token, bandwidth::PASSES - bandwidth::PASSES / 2);
             let m = match before {
                 Some(before) => m.or_better(before),
                 None => m,
             };
-            let reads = match bandwidth::decode_reads() {
-                bandwidth::DecodeReads::InTurn => "in-turn",
-                bandwidth::DecodeReads::SideBySide => "side-by-side",
-            };
-            (m.bytes_per_sec, Some(m.pattern), Some(m.buffer_bytes), Some(reads.to_string()))
+            (m.bytes_per_sec, Some(m.pattern), Some(m.buffer_bytes))
         }
     };
     let roofline = bandwidth / weight_bytes_per_token as f64;
@@ -647,7 +639,6 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         mem_bandwidth_bytes_s: bandwidth,
         mem_bandwidth_pattern: bandwidth_pattern,
         mem_bandwidth_buffer_bytes: bandwidth_buffer,
-        decode_reads,
         decode_roofline_tok_s: roofline,
         decode_fraction_of_roofline: decode_tok_s / n_seq as f64 / roofline,
         storage_bandwidth_bytes_s: storage.map(|s| s.bytes_per_sec),
@@ -688,9 +679,6 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         )?;
         for e in &report.probe_errors {
             outln!("PROBE ERROR: {e}")?;
-        }
-        if let Some(reads) = &report.decode_reads {
-            outln!("decode reads its weight rows {}", reads.replace('-', " "))?;
         }
         outln!(
             "weights {:.1} MiB; peak RSS {:.1} MiB",

@@ -12,6 +12,7 @@ use anyhow::Context;
 
 use super::{Group, ModelMeta, ModelWriter, cawsf, flat, layer_tensor, unit_tensor};
 use crate::model::{ModelSource, sparse};
+use crate::quant::ReadF32;
 use crate::tensor::{AlignedBytes, DType, HostTensor};
 
 /// The output format.

@@ -24,6 +24,7 @@ use crate::model::ModelSource;
 use crate::model::config::{Ffn, LayerRope, Mixer, ModelConfig, RopeScaling};
 use crate::model::gguf_vocab::{self, LLAMA_VOCAB_KEY, LlamaVocab};
 use crate::model::spec::{self, Arch, ArchSpec, Role};
+use crate::quant::ReadF32;
 use crate::tensor::{AlignedBytes, DType, HostTensor};
 
 /// What an export did.

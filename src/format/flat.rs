@@ -633,7 +633,7 @@ fn map_file(path: &Path, size: u64) -> Result<Arc<dyn ByteSource>, FormatError> 
         return Ok(Arc::new(AlignedBytes::zeroed(0)));
     }
     let file = File::open(path).map_err(io)?;
-    let map = crate::tensor::MappedFile::map(&file, path).map_err(io)?;
+    let map = crate::mapped::MappedFile::map(&file, path).map_err(io)?;
     if map.bytes().len() as u64 != size {
         let msg = format!("file is {} bytes, {MANIFEST} says {size} (changed while opening?)", map.bytes().len());
         return Err(FormatError::Corrupt { path: path.to_owned(), offset: 0, msg });

@@ -230,7 +230,7 @@ impl GgufFile {
     pub fn open(path: &Path) -> Result<Self, FormatError> {
         let io = |source| FormatError::Io { path: path.to_owned(), source };
         let file = File::open(path).map_err(io)?;
-        let map = crate::tensor::MappedFile::map(&file, path).map_err(io)?;
+        let map = crate::mapped::MappedFile::map(&file, path).map_err(io)?;
         Self::parse(Arc::new(map), path)
     }
 
@@ -592,6 +592,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::ReadF32;
     use crate::tensor::AlignedBytes;
 
     /// Builds GGUF bytes for tests.

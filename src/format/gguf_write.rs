@@ -202,6 +202,7 @@ pub fn write(
 mod tests {
     use super::*;
     use crate::format::gguf::GgufFile;
+    use crate::quant::ReadF32;
 
     /// What `write` writes, `GgufFile` reads back: every value type, arrays, shapes in
     /// GGUF's order, block tensors, offsets on the alignment.

@@ -25,6 +25,7 @@ use std::collections::HashSet;
 
 use crate::format::cawsf::{RouteEntry, Routing};
 use crate::model::ModelSource;
+use crate::quant::ReadF32;
 
 /// The ROUTING section: `dim:u16, n:u32`, `n` shard numbers (u32, the shard's position
 /// in the bank), `n` costs (f32, bytes) and `n × dim` key values (f32, unit length).

@@ -26,7 +26,7 @@ struct Entry {
 pub fn load_file(path: &Path) -> Result<HashMap<String, HostTensor>, FormatError> {
     let io = |source| FormatError::Io { path: path.to_owned(), source };
     let file = File::open(path).map_err(io)?;
-    let map = crate::tensor::MappedFile::map(&file, path).map_err(io)?;
+    let map = crate::mapped::MappedFile::map(&file, path).map_err(io)?;
     parse(Arc::new(map), path)
 }
 

@@ -18,6 +18,7 @@ use crate::backend::delta::{DeltaRule, DeltaShape, DeltaWeights};
 use crate::backend::{
     Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, RopeFreqs, Rows, TopK, Unary,
 };
+use crate::quant::ReadF32;
 use crate::sched::expert_policy::ExpertId;
 use crate::sched::experts::{ExpertCache, ExpertOptions, ExpertUnit};
 use crate::sched::{ExpertLoading, LayerTensors, Reservation, SchedError, SchedInfo, SchedOptions, Scheduler};

@@ -17,6 +17,7 @@ use super::config::{
 use super::gguf_vocab;
 use super::spec::{Arch, ArchSpec, Role};
 use crate::format::gguf::{GgufFile, GgufValue};
+use crate::quant::ReadF32;
 use crate::tensor::{Fixup, HostTensor};
 
 /// Reads a `.gguf` file into a model source.

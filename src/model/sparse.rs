@@ -17,6 +17,7 @@ use super::config::{Ffn, ModelConfig};
 use super::decoder::ModelError;
 use super::moe::{MlpBufs, MoeBufs, UnitSource};
 use crate::backend::{Activation, Backend, Rows};
+use crate::quant::ReadF32;
 use crate::sched::SchedError;
 use crate::tensor::HostTensor;
 

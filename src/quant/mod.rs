@@ -12,14 +12,13 @@
 use rayon::ThreadPool;
 use rayon::prelude::*;
 
-use crate::backend::cpu::bandwidth::{DecodeReads, decode_reads};
-use crate::backend::cpu::team;
 use crate::tensor::{DType, HostTensor};
 
 pub mod affine_q4;
-mod gemm;
+pub(crate) mod gemm;
 pub mod int8;
-pub(crate) mod panels;
+pub mod isa;
+pub mod panels;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q4_k;
@@ -153,19 +152,74 @@ pub fn dequantize(dtype: DType, blocks: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Activation rows from which the packed GEMM ([`gemm`]) takes over from the
-/// single-row dot products.
-const GEMM_MIN_ROWS: usize = 2;
-/// Calls with fewer weight-block dot products than this run on the calling thread.
-const PAR_MIN_DOTS: usize = 1 << 12;
-/// Tasks per pool thread, so work stealing can even out a thread that falls behind.
-const TASKS_PER_THREAD: usize = 4;
-/// Weight rows per tile: each x row passes over a tile's rows while they sit in L1/L2
-/// (a tile of 2048-value Q8_0 rows is ~17 KiB), and task boundaries fall on tiles.
-const TILE: usize = 8;
-/// Parts of a task's weight rows decode reads in turn or side by side
-/// ([`DecodeReads`]).
-const STREAMS: usize = 4;
+/// A tensor of any format read as f32: float formats widen, block formats dequantize
+/// (16-row panels put back as stored first). A trait here, beside the formats, because
+/// the tensor type sits below them.
+pub trait ReadF32 {
+    /// Element `i` converted to f32.
+    fn get_f32(&self, i: usize) -> f32;
+    /// Elements `start..start + out.len()` converted to f32 into `out`. For block formats
+    /// `start` and `out.len()` are whole blocks.
+    fn read_f32(&self, start: usize, out: &mut [f32]);
+    /// The whole tensor as f32 (copies; for small tensors such as norms and biases).
+    fn to_f32_vec(&self) -> Vec<f32>;
+}
+
+impl ReadF32 for HostTensor {
+    fn get_f32(&self, i: usize) -> f32 {
+        let bs = self.dtype.block_size();
+        let mut block = vec![0.0; bs];
+        self.read_f32(i / bs * bs, &mut block);
+        block[i % bs]
+    }
+
+    fn read_f32(&self, start: usize, out: &mut [f32]) {
+        match self.dtype {
+            DType::F32 => out.copy_from_slice(&self.as_f32()[start..start + out.len()]),
+            DType::F16 => {
+                for (o, &b) in out.iter_mut().zip(&self.as_u16()[start..]) {
+                    *o = half::f16::from_bits(b).to_f32();
+                }
+            }
+            DType::BF16 => {
+                for (o, &b) in out.iter_mut().zip(&self.as_u16()[start..]) {
+                    *o = half::bf16::from_bits(b).to_f32();
+                }
+            }
+            block if self.is_panels() => {
+                // Row by row, each put back as stored first.
+                let k = self.shape[1];
+                let mut row = vec![0u8; block.bytes_for(k).expect("a panel row is whole blocks")];
+                let (mut at, mut done) = (start, 0);
+                while done < out.len() {
+                    let (r, c) = (at / k, at % k);
+                    let n = (k - c).min(out.len() - done);
+                    panels::row(block, self.bytes(), k, r, &mut row);
+                    let mut vals = vec![0.0; k];
+                    dequantize(block, &row, &mut vals);
+                    out[done..done + n].copy_from_slice(&vals[c..c + n]);
+                    (at, done) = (at + n, done + n);
+                }
+            }
+            block => {
+                let bs = block.block_size();
+                assert!(start.is_multiple_of(bs), "{block:?}: reads start on a block boundary");
+                let from = start / bs * block.block_bytes();
+                dequantize(block, &self.bytes()[from..], out);
+            }
+        }
+    }
+
+    fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.numel()];
+        self.read_f32(0, &mut out);
+        out
+    }
+}
+
+/// Parts of a weight row range the one-row kernels read side by side: their four-row
+/// forms ([`simd::StreamsFn`]) and the panels' decode walk.
+pub(crate) const STREAMS: usize = 4;
 
 /// The format activations are quantized to for the integer dot products with `dtype`
 /// weights (llama.cpp's `vec_dot_type`), or `None` for formats without one here.
@@ -178,400 +232,6 @@ pub fn activation_dtype(dtype: DType) -> Option<DType> {
     }
 }
 
-/// `out[r·m + o] = Σ_k x[r·k + k'] · w[o, k']` for a block-quantized `w` (`[m, k]`), as
-/// llama.cpp does it: every x row is quantized once per call (Q8_0, Q8_1 or Q8_K, see
-/// [`activation_dtype`]) and each weight block meets it in an integer dot product, so the
-/// weights are never dequantized. Runs on `pool` split by output feature (each weight
-/// row is read from memory once per call), with the best [`QuantKernel`] this CPU has:
-/// one activation row (decode) takes the single-row dot products, several (prefill)
-/// the packed GEMM of [`gemm`] where the kernel has one. Formats without an integer dot (Q8_1, Q8_K, AffineQ4, I8) take the dequantizing
-/// reference path.
-pub fn matmul(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
-    matmul_with(QuantKernel::best(), pool, x, rows, w, out)
-}
-
-/// [`matmul`] with a chosen kernel variant; panics if the CPU does not support it.
-pub fn matmul_with(kernel: QuantKernel, pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
-    matmul_on(kernel, pool, x, rows, w, out, Rows::ByCount)
-}
-
-/// [`matmul`] computing every row exactly as a one-row call computes it (the decode
-/// kernel, not the GEMM), while reading the weights once for all of them: the rows of
-/// a batch of decoding sequences, each of which must get what it would get alone.
-pub fn matmul_rows_alone(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
-    matmul_on(QuantKernel::best(), pool, x, rows, w, out, Rows::Alone)
-}
-
-/// [`matmul_rows_alone`] of one `x` through several weights, each into its own output
-/// (a layer's q, k and v; its gate and up), as one parallel op: every weight's tasks go
-/// to the pool at once, so the threads meet once rather than once per weight, and a
-/// weight too small to split runs beside the others instead of alone. Each output comes
-/// out as its own call gives it.
-pub fn matmul_many_rows_alone(pool: &ThreadPool, x: &[f32], rows: usize, each: &mut [(&HostTensor, &mut [f32])]) {
-    let mut each: Vec<(&[f32], &HostTensor, &mut [f32])> =
-        each.iter_mut().map(|(w, out)| (x, *w, &mut **out)).collect();
-    matmul_many_inputs_rows_alone(pool, rows, &mut each);
-}
-
-/// [`matmul_many_rows_alone`] with an input of its own for each weight (a sparse FFN's
-/// kept groups: each group's `down` columns meet that group's activations), as one
-/// parallel op. Each output comes out as its own [`matmul_rows_alone`] call gives it.
-pub fn matmul_many_inputs_rows_alone(pool: &ThreadPool, rows: usize, each: &mut [(&[f32], &HostTensor, &mut [f32])]) {
-    let kernel = QuantKernel::best();
-    let reads = decode_reads();
-    let mut starts = vec![0];
-    let mut tasks = Vec::with_capacity(each.len());
-    for (x, w, out) in each.iter_mut() {
-        if let Some((n, task)) = plan(kernel, pool, x, rows, w, out, Rows::Alone, reads) {
-            starts.push(starts.last().copied().unwrap_or(0) + n);
-            tasks.push(task);
-        }
-    }
-    let total = starts.pop().unwrap_or(0);
-    team::for_each(pool, total, |t| {
-        let i = starts.partition_point(|&s| s <= t) - 1;
-        tasks[i](t - starts[i]);
-    });
-}
-
-/// [`matmul`] computing every row as the prefill path does whatever the row count: the
-/// packed GEMM for formats that have one (a single row included), else each row as a
-/// one-row call computes it ([`matmul_rows_alone`]).
-pub fn matmul_packed(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
-    let kernel = QuantKernel::best();
-    let gemm =
-        activation_dtype(w.dtype).is_some() && kernel.dot_fn(w.dtype).is_some() && kernel.gemm(w.dtype).is_some();
-    match gemm {
-        true => matmul_on(kernel, pool, x, rows, w, out, Rows::Gemm),
-        false => matmul_on(kernel, pool, x, rows, w, out, Rows::Alone),
-    }
-}
-
-/// How [`matmul_on`] computes its rows.
-#[derive(Clone, Copy, PartialEq)]
-enum Rows {
-    /// The GEMM from `GEMM_MIN_ROWS` rows, the decode kernel for one.
-    ByCount,
-    /// Each as a one-row call would.
-    Alone,
-    /// The GEMM whatever the count.
-    Gemm,
-}
-
-fn matmul_on(
-    kernel: QuantKernel,
-    pool: &ThreadPool,
-    x: &[f32],
-    rows: usize,
-    w: &HostTensor,
-    out: &mut [f32],
-    how: Rows,
-) {
-    let reads = decode_reads();
-    matmul_reading(kernel, pool, x, rows, w, out, how, reads)
-}
-
-/// [`matmul_on`] with the way one-row calls read their weight rows chosen.
-#[allow(clippy::too_many_arguments, reason = "the call spelled out")]
-fn matmul_reading(
-    kernel: QuantKernel,
-    pool: &ThreadPool,
-    x: &[f32],
-    rows: usize,
-    w: &HostTensor,
-    out: &mut [f32],
-    how: Rows,
-    reads: DecodeReads,
-) {
-    if let Some((tasks, task)) = plan(kernel, pool, x, rows, w, out, how, reads) {
-        team::for_each(pool, tasks, task);
-    }
-}
-
-/// Prepares [`matmul_reading`]'s split by output feature: its task count and the task
-/// (by index) that computes each part. Runs the calls that take another path (the GEMM,
-/// the dequantizing reference) at once and returns `None`.
-#[allow(clippy::too_many_arguments, reason = "the call spelled out")]
-fn plan<'a>(
-    kernel: QuantKernel,
-    pool: &ThreadPool,
-    x: &[f32],
-    rows: usize,
-    w: &'a HostTensor,
-    out: &'a mut [f32],
-    how: Rows,
-    reads: DecodeReads,
-) -> Option<(usize, impl Fn(usize) + Sync + 'a)> {
-    let alone = how == Rows::Alone;
-    // Panels exist only where the best kernel runs them, whatever kernel was asked for.
-    let kernel = if w.is_panels() { QuantKernel::best() } else { kernel };
-    let (m, k) = (w.shape[0], w.shape[1]);
-    assert!(x.len() >= rows * k, "quant matmul: x holds {} values, need {rows} rows of {k}", x.len());
-    assert!(out.len() >= rows * m, "quant matmul: out holds {} values, need {rows} rows of {m}", out.len());
-    let (Some(act), Some(dot)) = (activation_dtype(w.dtype), kernel.dot_fn(w.dtype)) else {
-        matmul_dequantized(pool, x, rows, w, out);
-        return None;
-    };
-    if rows == 0 || m == 0 {
-        return None;
-    }
-    let row_bytes = w.dtype.bytes_for(k).expect("a weight row is whole blocks");
-    let nb = k / w.dtype.block_size();
-    let bytes = w.bytes();
-    assert!(
-        bytes.len() >= m * row_bytes,
-        "quant matmul: {:?} weight holds {} bytes, need {}",
-        w.dtype,
-        bytes.len(),
-        m * row_bytes
-    );
-    if (rows >= GEMM_MIN_ROWS || how == Rows::Gemm)
-        && !alone
-        && let Some(mut g) = kernel.gemm(w.dtype)
-    {
-        #[cfg(target_arch = "x86_64")]
-        if w.is_panels() {
-            g.unpack = panels::gemm_unpack(w.dtype).expect("panel formats have a GEMM unpacker");
-        }
-        gemm::matmul(pool, &g, w.dtype, bytes, m, k, x, rows, out);
-        return None;
-    }
-    let threads = pool.current_num_threads();
-    let par = threads > 1 && rows * m * nb >= PAR_MIN_DOTS;
-    let mut acts = quantize_rows(pool, act, &x[..rows * k], rows, k, par);
-    // Panels: each activation row packed for them, every row through their kernels.
-    let panel_fns = w.is_panels().then(|| panels::kernels(w.dtype)).flatten();
-    assert!(panel_fns.is_some() || !w.is_panels(), "panels exist only where their kernels run");
-    if w.is_panels() {
-        acts = panels::pack_rows(w.dtype, &acts, rows, nb);
-    }
-    let mut dot = dot;
-    // The four-row form of whichever one-row kernel runs (`streams_fn` follows
-    // `decode_fn`, as `dot` does below).
-    // (Panels have kernels of their own, below.)
-    let rows_layout = panel_fns.is_none();
-    let streams = kernel.streams_fn(w.dtype).filter(|_| rows_layout && rows == 1 && reads == DecodeReads::SideBySide);
-    let decode = (rows_layout && (rows == 1 || alone)).then(|| kernel.decode_fn(w.dtype)).flatten();
-    // Several rows, each as one alone: the several-row form of the same kernel.
-    let several = match alone && rows > 1 {
-        true => kernel.rows_fn(w.dtype).filter(|&(_, packed)| packed == decode.is_some()).map(|(f, _)| f),
-        false => None,
-    };
-    if let Some(dec) = decode {
-        let act_row = acts.len() / rows;
-        let mut packed = Vec::new();
-        let used = act.bytes_for(k).expect("activation rows are whole blocks");
-        for r in 0..rows {
-            let row = &acts[r * act_row..(r + 1) * act_row];
-            // SAFETY: a row of whole activation blocks, viewed as bytes.
-            let bytes = unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<u8>(), row.len() * 4) };
-            packed.extend(simd::dec512::pack(w.dtype, &bytes[..used]).expect("decode kernels have a packing"));
-        }
-        acts = packed;
-        dot = dec;
-    }
-    let act_row = acts.len() / rows;
-
-    let unit = if panel_fns.is_some() { panels::ROWS } else { TILE };
-    let chunk = if par { m.div_ceil(threads * TASKS_PER_THREAD).next_multiple_of(unit).min(m) } else { m };
-    let dst = OutPtr(out.as_mut_ptr());
-    let tasks = m.div_ceil(chunk);
-    let run = move |t: usize| {
-        let dot_at = |r: usize, o: usize| {
-            let a = acts[r * act_row..(r + 1) * act_row].as_ptr();
-            let wrow = bytes[o * row_bytes..(o + 1) * row_bytes].as_ptr();
-            // SAFETY: `dot` came from `kernel.dot_fn`, which checked the CPU features; `wrow`
-            // holds `nb` weight blocks and `a` the row's `nb` activation blocks of the
-            // matching format, aligned (see `quantize_rows`). `r·m + o` is inside `out`
-            // (checked above), and only the task owning column `o` writes it while `out`
-            // stays mutably borrowed for this call.
-            unsafe { dst.ptr().add(r * m + o).write(dot(wrow, a.cast(), nb)) };
-        };
-        let task = |cols: std::ops::Range<usize>| {
-            if let Some(fns) = panel_fns {
-                let side_by_side = reads == DecodeReads::SideBySide;
-                // SAFETY: `bytes` holds `m` rows as panels (a panel tensor's `m` is a
-                // multiple of 16, so `cols` is whole panels); `acts` holds `rows` packed
-                // rows of `nb` blocks, `act_row` words apart; only this task writes the
-                // columns `cols` of each of the `rows` rows of `out` (`m` apart).
-                unsafe {
-                    panels::run(&fns, bytes, row_bytes, nb, cols, &acts, act_row * 4, rows, dst.ptr(), m, side_by_side)
-                };
-                return;
-            }
-            if let Some(f) = streams {
-                // Decode reads `STREAMS` distant parts of the range side by side: rows
-                // `o + s·per` for `s < STREAMS` at once, block by block.
-                let per = cols.len() / STREAMS;
-                let a = acts.as_ptr().cast::<u8>();
-                for o in cols.start..cols.start + per {
-                    // SAFETY: as in `dot_at`, for the weight rows `o + s·per` (inside `cols`)
-                    // and the one activation row; `f` is the four-row form of `dot`.
-                    let got = unsafe { f(bytes[o * row_bytes..].as_ptr(), per * row_bytes, a, nb) };
-                    for (s, v) in got.into_iter().enumerate() {
-                        // SAFETY: as in `dot_at`: column `o + s·per` belongs to this task.
-                        unsafe { dst.ptr().add(o + s * per).write(v) };
-                    }
-                }
-                (cols.start + STREAMS * per..cols.end).for_each(|o| dot_at(0, o));
-                return;
-            }
-            if rows == 1 {
-                // Decode streams the weights once: walk `STREAMS` distant parts of the range
-                // in turn, so several sequential reads are in flight at once (one stream per
-                // core reaches only about 60% of the memory bandwidth on some machines).
-                let per = cols.len().div_ceil(STREAMS);
-                for i in 0..per {
-                    for o in (cols.start + i..cols.end).step_by(per) {
-                        dot_at(0, o);
-                    }
-                }
-                return;
-            }
-            if let Some(f) = several {
-                // Each weight row meets the activation rows 8, 4 or 2 at a time; where the
-                // format has it, two weight rows meet them at once.
-                let stride = act_row * 4;
-                let put = |r: usize, o: usize, v: f32| {
-                    // SAFETY: as in `dot_at`.
-                    unsafe { dst.ptr().add(r * m + o).write(v) }
-                };
-                let mut o = cols.start;
-                while o < cols.end {
-                    let wrow = bytes[o * row_bytes..].as_ptr();
-                    let mut r = 0;
-                    if let Some(pairs) = f.pairs.filter(|_| o + 1 < cols.end) {
-                        while rows - r >= 2 {
-                            let a = acts[r * act_row..].as_ptr().cast::<u8>();
-                            let take = |got: &[&[f32]; 2]| {
-                                for (j, vals) in got.iter().enumerate() {
-                                    vals.iter().enumerate().for_each(|(i, &v)| put(r + i, o + j, v));
-                                }
-                                got[0].len()
-                            };
-                            // SAFETY: as in `dot_at`, for weight rows `o`, `o + 1` (inside
-                            // `cols`) and the activation rows from `r` (as many as remain).
-                            r += unsafe {
-                                match rows - r {
-                                    8.. => {
-                                        let [x, y] = (pairs.p8)(wrow, row_bytes, a, stride, nb);
-                                        take(&[&x, &y])
-                                    }
-                                    4.. => {
-                                        let [x, y] = (pairs.p4)(wrow, row_bytes, a, stride, nb);
-                                        take(&[&x, &y])
-                                    }
-                                    _ => {
-                                        let [x, y] = (pairs.p2)(wrow, row_bytes, a, stride, nb);
-                                        take(&[&x, &y])
-                                    }
-                                }
-                            };
-                        }
-                        // A last odd row: each weight row on its own.
-                        if r < rows {
-                            let a = acts[r * act_row..].as_ptr().cast::<u8>();
-                            for oo in [o, o + 1] {
-                                // SAFETY: as in `dot_at`.
-                                put(r, oo, unsafe { dot(bytes[oo * row_bytes..].as_ptr(), a, nb) });
-                            }
-                        }
-                        o += 2;
-                        continue;
-                    }
-                    while r < rows {
-                        let (left, at) = (rows - r, &acts[r * act_row..]);
-                        // SAFETY: as in `dot_at`, for weight row `o` and the rows left.
-                        r += unsafe { several_at(&f, dot, wrow, at, stride, left, nb, |i, v| put(r + i, o, v)) };
-                    }
-                    o += 1;
-                }
-                return;
-            }
-            for tile in cols.clone().step_by(TILE) {
-                let tile = tile..(tile + TILE).min(cols.end);
-                for r in 0..rows {
-                    for o in tile.clone() {
-                        dot_at(r, o);
-                    }
-                }
-            }
-        };
-        task(t * chunk..((t + 1) * chunk).min(m));
-    };
-    Some((tasks, run))
-}
-
-/// One weight row against the next 8, 4, 2 or 1 of `left` activation rows (`stride`
-/// bytes apart from `acts`), through `f`'s several-row forms or `dot`; hands each result
-/// to `put` with its row offset and returns how many rows it did.
-///
-/// # Safety
-/// `f` and `dot` are kernels of `wrow`'s format this CPU runs; `wrow` holds `nb` weight
-/// blocks, and `acts` at least `left` activation rows of `nb` blocks `stride` bytes apart,
-/// in the kernels' activation format.
-#[allow(clippy::too_many_arguments, reason = "the kernel call spelled out")]
-unsafe fn several_at(
-    f: &simd::RowsFn,
-    dot: simd::DotFn,
-    wrow: *const u8,
-    acts: &[u32],
-    stride: usize,
-    left: usize,
-    nb: usize,
-    mut put: impl FnMut(usize, f32),
-) -> usize {
-    let a = acts.as_ptr().cast::<u8>();
-    // SAFETY: the caller's contract.
-    let got: &[f32] = unsafe {
-        match left {
-            8.. => &(f.r8)(wrow, a, stride, nb),
-            4.. => &(f.r4)(wrow, a, stride, nb),
-            2.. => &(f.r2)(wrow, a, stride, nb),
-            _ => &[dot(wrow, a, nb)],
-        }
-    };
-    got.iter().enumerate().for_each(|(i, &v)| put(i, v));
-    got.len()
-}
-
-/// The output pointer shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-
-impl OutPtr {
-    /// Through a method, so closures capture the whole (`Sync`) wrapper, not its field.
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
-}
-// SAFETY: tasks write disjoint elements (see `matmul_with`), so sharing the pointer is
-// no more than sharing disjoint `&mut f32`s.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-/// Activation blocks, aligned for any activation block type (`u32` words suffice: Q8_K
-/// needs 4, Q8_0/Q8_1 need 2) with every row starting on a block boundary.
-fn quantize_rows(pool: &ThreadPool, act: DType, x: &[f32], rows: usize, k: usize, par: bool) -> Vec<u32> {
-    let row_bytes = act.bytes_for(k).expect("a weight row is whole activation blocks");
-    // Round each row up to whole u32 words: Q8_0/Q8_1 rows of odd block counts are not.
-    let row_words = row_bytes.div_ceil(4);
-    let mut buf = vec![0u32; rows * row_words];
-    let one = |(xr, words): (&[f32], &mut [u32])| {
-        // SAFETY: `words` is `row_words ≥ row_bytes / 4` initialised u32s; viewing them as
-        // bytes needs no alignment.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), row_bytes) };
-        simd::quantize_activations(act, xr, bytes);
-    };
-    if par && rows > 1 {
-        team::for_each_chunk_mut(pool, &mut buf, row_words, |r, words| one((&x[r * k..][..k], words)));
-    } else {
-        x.chunks(k).zip(buf.chunks_mut(row_words)).for_each(one);
-    }
-    buf
-}
-
 /// Views `n` blocks at the start of `bytes` mutably; panics when misaligned or short.
 fn cast_blocks_mut<B: Block>(bytes: &mut [u8], n: usize) -> &mut [B] {
     let need = n * size_of::<B>();
@@ -579,31 +239,6 @@ fn cast_blocks_mut<B: Block>(bytes: &mut [u8], n: usize) -> &mut [B] {
     // SAFETY: length and alignment checked; every bit pattern is a valid `B` (`Block`),
     // and the exclusive borrow carries over.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<B>(), n) }
-}
-
-/// The reference path for formats without an integer dot: one dequantized weight row at
-/// a time per task, dotted with the f32 x rows.
-fn matmul_dequantized(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
-    let (m, k) = (w.shape[0], w.shape[1]);
-    let row_bytes = w.dtype.bytes_for(k).expect("a weight row is whole blocks");
-    let bytes = w.bytes();
-    let cols: Vec<Vec<f32>> = pool.install(|| {
-        (0..m)
-            .into_par_iter()
-            .map_init(
-                || vec![0.0f32; k],
-                |row, o| {
-                    dequantize(w.dtype, &bytes[o * row_bytes..(o + 1) * row_bytes], row);
-                    (0..rows).map(|r| crate::backend::cpu::matmul::dot(&x[r * k..(r + 1) * k], row)).collect()
-                },
-            )
-            .collect()
-    });
-    for (o, col) in cols.iter().enumerate() {
-        for (r, v) in col.iter().enumerate() {
-            out[r * m + o] = *v;
-        }
-    }
 }
 
 /// Formats `strata convert --quant` can produce, by the names it accepts.
@@ -706,34 +341,7 @@ pub(crate) mod testutil {
         (b, y)
     }
 
-    /// A small deterministic generator (xorshift64*), so tests need no extra crates.
-    pub struct Rng(u64);
-
-    impl Rng {
-        pub fn new(seed: u64) -> Self {
-            Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-        }
-        pub fn next_u64(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        /// Uniform in [-1, 1).
-        pub fn uniform(&mut self) -> f32 {
-            (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        }
-        /// Roughly normal (sum of four uniforms), scaled.
-        pub fn normal(&mut self, scale: f32) -> f32 {
-            (self.uniform() + self.uniform() + self.uniform() + self.uniform()) * 0.866 * scale
-        }
-        pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-            (0..n).map(|_| self.normal(scale)).collect()
-        }
-        pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next_u64() as u8).collect()
-        }
-    }
+    pub use crate::rng::Rng;
 
     pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         a.iter().zip(b).map(|(x, y)| (*x as f64) * (*y as f64)).sum::<f64>() as f32
@@ -748,106 +356,6 @@ pub(crate) mod testutil {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Decode reads weight rows in turn or four side by side, as the machine reads faster;
-    /// every output is the same bits either way, and the same as that weight row alone.
-    #[test]
-    fn decode_reads_rows_in_turn_or_side_by_side_with_the_same_bits() {
-        use crate::backend::cpu::bandwidth::DecodeReads;
-        use crate::tensor::{AlignedBytes, ByteSource};
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-        let mut rng = testutil::Rng::new(5);
-        let formats =
-            [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
-        let kernels = QuantKernel::ALL.into_iter().filter(|k| k.is_available());
-        for (kernel, dtype) in kernels.flat_map(|k| formats.map(|d| (k, d))) {
-            // 544 wide: a last group of fewer blocks (32-value formats only).
-            for (m, k) in [(6, 512), (37, 768), (300, 512), (41, 544)] {
-                if k % dtype.block_size() != 0 {
-                    continue;
-                }
-                let bytes = match dtype {
-                    DType::Q6_K => quantize_matrix(&pool, dtype, &rng.vec(m * k, 1.0), m, k).unwrap().bytes().to_vec(),
-                    _ => {
-                        let mut b = rng.bytes(dtype.bytes_for(m * k).unwrap());
-                        // Sane scales (and mins) where every format keeps them: bytes 0..4.
-                        for blk in b.chunks_exact_mut(dtype.block_bytes()) {
-                            blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-                            blk[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
-                        }
-                        b
-                    }
-                };
-                let tensor = |b: &[u8], rows: usize| {
-                    HostTensor::new(std::sync::Arc::new(AlignedBytes::from_slice(b)), 0, b.len(), dtype, vec![rows, k])
-                };
-                let w = tensor(&bytes, m);
-                let x = rng.vec(k, 1.0);
-                let run = |w: &HostTensor, rows: usize, reads| {
-                    let mut out = vec![0f32; rows];
-                    matmul_reading(kernel, &pool, &x, 1, w, &mut out, Rows::ByCount, reads);
-                    out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                };
-                let in_turn = run(&w, m, DecodeReads::InTurn);
-                assert_eq!(run(&w, m, DecodeReads::SideBySide), in_turn, "{kernel:?} {dtype:?} {m}x{k}");
-                let row_bytes = bytes.len() / m;
-                let alone: Vec<u32> = (0..m)
-                    .flat_map(|o| {
-                        run(&tensor(&bytes[o * row_bytes..(o + 1) * row_bytes], 1), 1, DecodeReads::SideBySide)
-                    })
-                    .collect();
-                assert_eq!(alone, in_turn, "{kernel:?} {dtype:?} {m}x{k}: a row alone");
-            }
-        }
-    }
-
-    /// Several weights through one parallel op (`matmul_many_rows_alone`) give each the
-    /// bits of its own call, on a team and off it, for one row and several.
-    #[test]
-    fn several_weights_in_one_op_give_each_call_s_bits() {
-        use crate::tensor::{AlignedBytes, ByteSource};
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-        let mut rng = testutil::Rng::new(11);
-        let k = 512;
-        let weight = |rng: &mut testutil::Rng, dtype: DType, m: usize| {
-            let t = quantize_matrix(&pool, dtype, &rng.vec(m * k, 1.0), m, k).unwrap();
-            let b = t.bytes().to_vec();
-            HostTensor::new(std::sync::Arc::new(AlignedBytes::from_slice(&b)), 0, b.len(), dtype, vec![m, k])
-        };
-        // Sizes from one task to many; formats with and without a decode kernel, and one
-        // (AffineQ4) without an integer dot.
-        let ws = [
-            weight(&mut rng, DType::Q4_0, 300),
-            weight(&mut rng, DType::Q6_K, 7),
-            weight(&mut rng, DType::Q4_K, 64),
-            weight(&mut rng, DType::Q8_0, 129),
-            weight(&mut rng, DType::AffineQ4, 40),
-        ];
-        for rows in [1, 3] {
-            let x = rng.vec(rows * k, 1.0);
-            let alone: Vec<Vec<f32>> = ws
-                .iter()
-                .map(|w| {
-                    let mut out = vec![0f32; rows * w.shape[0]];
-                    matmul_rows_alone(&pool, &x, rows, w, &mut out);
-                    out
-                })
-                .collect();
-            for on_team in [false, true] {
-                let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; rows * w.shape[0]]).collect();
-                let mut each: Vec<(&HostTensor, &mut [f32])> =
-                    ws.iter().zip(outs.iter_mut()).map(|(w, o)| (w, &mut o[..])).collect();
-                match on_team {
-                    true => team::lead(&pool, || matmul_many_rows_alone(&pool, &x, rows, &mut each)),
-                    false => matmul_many_rows_alone(&pool, &x, rows, &mut each),
-                }
-                let bits = |v: &[Vec<f32>]| {
-                    v.iter().map(|o| o.iter().map(|f| f.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>()
-                };
-                assert_eq!(bits(&outs), bits(&alone), "{rows} rows, on a team: {on_team}");
-            }
-        }
-    }
 
     #[test]
     fn nearest_int_rounds_ties_to_even() {

@@ -39,12 +39,12 @@
 //! block into one lane (FMA), whatever the number of activation rows run at once, so a
 //! batch of decoding sequences gets each sequence's bits as alone.
 
-use crate::backend::cpu::team;
 use crate::quant::q8_0::BlockQ8_0;
 use crate::quant::q8_1::BlockQ8_1;
 use crate::quant::q8_k::BlockQ8K;
 use crate::quant::{QK, QK_K, cast_blocks};
-use crate::tensor::DType;
+use crate::team;
+use crate::tensor::{DType, HostTensor};
 
 /// Weight rows per panel.
 pub(crate) const ROWS: usize = 16;
@@ -247,6 +247,18 @@ fn pack_panel(layout: Layout, rows: &[&[u8]; ROWS], out: &mut [u8]) {
             }
         }
     }
+}
+
+/// `t` repacked as the CPU's 16-row panels, where this CPU runs their kernels and the
+/// dtype and shape have them; `None` otherwise. The copy is made now, on the threads of
+/// the rayon pool (or team) this runs in; it keeps no file origin (the streamer reads the
+/// stored tensor, and the backend repacks what it read).
+pub fn to_panels(t: &HostTensor) -> Option<HostTensor> {
+    if t.is_panels() || !eligible(t.dtype, &t.shape) {
+        return None;
+    }
+    let (dtype, m, k) = (t.dtype, t.shape[0], t.shape[1]);
+    Some(t.repacked(|stored, out| repack_par(dtype, stored, m, k, out)))
 }
 
 /// [`repack`] with the panels spread over threads (the team this thread leads, or the
@@ -1618,7 +1630,7 @@ mod tests {
 
     use super::*;
     use crate::quant::testutil::Rng;
-    use crate::quant::{blocks_as_bytes, matmul, matmul_rows_alone, quantize_matrix, zeroed_blocks};
+    use crate::quant::{ReadF32, blocks_as_bytes, quantize_matrix, zeroed_blocks};
     use crate::tensor::{AlignedBytes, ByteSource, HostTensor};
 
     const FORMATS: [DType; 6] = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
@@ -1683,7 +1695,7 @@ mod tests {
                 assert_eq!(row_out, &w.bytes()[r * row_bytes..(r + 1) * row_bytes], "{dtype:?}: row {r}");
             }
             // A panel tensor reads its values as the stored one does, across rows too.
-            let Some(p) = w.to_panels() else { continue };
+            let Some(p) = to_panels(&w) else { continue };
             assert!(p.is_panels() && p.rows(0, 16).is_none());
             let (mut a, mut b) = (vec![0f32; 3 * k], vec![0f32; 3 * k]);
             let at = 5 * k + dtype.block_size();
@@ -2108,116 +2120,5 @@ mod tests {
             blk[levels.clone()].fill(0xFF);
         }
         HostTensor::new(Arc::new(AlignedBytes::from_slice(&b)), 0, b.len(), w.dtype, w.shape.clone())
-    }
-
-    /// Through the quantized matmul: a batch's rows each get the bits they get alone; the
-    /// prompt GEMM gives a panel tensor's rows the bits it gives the stored rows; decode
-    /// stays within rounding of the row-major kernels.
-    #[test]
-    fn panels_through_the_matmul() {
-        let (pool, mut rng) = (pool(), Rng::new(3));
-        let m = 96;
-        for dtype in FORMATS {
-            let k = whole(dtype, 576);
-            let w = weight(&pool, &mut rng, dtype, m, k);
-            let Some(p) = w.to_panels() else { continue };
-            let rows = 11;
-            let x = rng.vec(rows * k, 1.0);
-            // One row read side by side or in turn, and the matmul's pick for this
-            // machine; a batch each way (two rows at a time, on one thread so that a task
-            // holds four panels and more).
-            use crate::backend::cpu::bandwidth::DecodeReads;
-            use crate::quant::Rows;
-            let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-            let reading = |pool: &rayon::ThreadPool, n: usize, how: Rows, reads: DecodeReads| {
-                let mut out = vec![0f32; n * m];
-                let kernel = crate::quant::QuantKernel::best();
-                crate::quant::matmul_reading(kernel, pool, &x[..n * k], n, &p, &mut out, how, reads);
-                bits(&out)
-            };
-            for (pool, n, how, what) in
-                [(&pool, 1, Rows::ByCount, "one row"), (&one_thread, rows, Rows::Alone, "a batch")]
-            {
-                assert_eq!(
-                    reading(pool, n, how, DecodeReads::SideBySide),
-                    reading(pool, n, how, DecodeReads::InTurn),
-                    "{dtype:?}: {what} side by side"
-                );
-            }
-            let mut batch = vec![0f32; rows * m];
-            matmul_rows_alone(&pool, &x, rows, &p, &mut batch);
-            for r in 0..rows {
-                let mut one = vec![0f32; m];
-                matmul(&pool, &x[r * k..(r + 1) * k], 1, &p, &mut one);
-                assert_eq!(bits(&one), bits(&batch[r * m..(r + 1) * m]), "{dtype:?}: row {r} in a batch");
-                let mut stored = vec![0f32; m];
-                matmul(&pool, &x[r * k..(r + 1) * k], 1, &w, &mut stored);
-                for (a, b) in one.iter().zip(&stored) {
-                    assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{dtype:?}: row {r}: {a} against {b}");
-                }
-            }
-            let (mut gp, mut gw) = (vec![0f32; rows * m], vec![0f32; rows * m]);
-            matmul(&pool, &x, rows, &p, &mut gp);
-            matmul(&pool, &x, rows, &w, &mut gw);
-            assert_eq!(bits(&gp), bits(&gw), "{dtype:?}: the prompt GEMM");
-        }
-    }
-
-    /// How fast batched decode reads panels in turn and side by side (docs/benchmarks.md):
-    /// `PF=q4_0|q4_1|q8_0|q4_k|q6_k cargo test --release --lib batched_panel_speed --
-    /// --ignored --nocapture`. Eight FFN-sized weights (52 MB as Q4_0, beyond the L3), 1
-    /// to 8 rows, each way 41 times interleaved on two threads: the medians.
-    #[test]
-    #[ignore]
-    fn batched_panel_speed() {
-        use crate::backend::cpu::bandwidth::DecodeReads;
-        let pool = pool();
-        let dtype: DType = match std::env::var("PF").as_deref() {
-            Ok("q8_0") => DType::Q8_0,
-            Ok("q4_k") => DType::Q4_K,
-            Ok("q6_k") => DType::Q6_K,
-            Ok("q4_1") => DType::Q4_1,
-            _ => DType::Q4_0,
-        };
-        let (m, k) = (5632, 2048);
-        let mut rng = Rng::new(5);
-        let ws: Vec<HostTensor> = (0..8).map(|_| weight(&pool, &mut rng, dtype, m, k).to_panels().unwrap()).collect();
-        let bytes: usize = ws.iter().map(|w| w.bytes().len()).sum();
-        let reps = 41;
-        for rows in [1usize, 2, 3, 4, 5, 6, 8] {
-            let x = rng.vec(rows * k, 1.0);
-            let mut out = vec![0f32; rows * m];
-            let mut times = [vec![], vec![]];
-            for i in 0..2 * reps {
-                let reads = [DecodeReads::InTurn, DecodeReads::SideBySide][i % 2];
-                let t = std::time::Instant::now();
-                for w in &ws {
-                    crate::quant::matmul_reading(
-                        crate::quant::QuantKernel::best(),
-                        &pool,
-                        &x,
-                        rows,
-                        w,
-                        &mut out,
-                        crate::quant::Rows::Alone,
-                        reads,
-                    );
-                }
-                times[i % 2].push(t.elapsed().as_secs_f64());
-            }
-            let med = |v: &mut Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
-            };
-            let (a, b) = (med(&mut times[0]), med(&mut times[1]));
-            eprintln!(
-                "{dtype:?} rows {rows}: in turn {:.2} ms ({:.1} GB/s), side by side {:.2} ms ({:.1} GB/s), {:.2}x",
-                a * 1e3,
-                bytes as f64 / a / 1e9,
-                b * 1e3,
-                bytes as f64 / b / 1e9,
-                a / b
-            );
-        }
     }
 }

@@ -340,7 +340,8 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{MappedFile, TensorOrigin};
+    use crate::mapped::MappedFile;
+    use crate::tensor::TensorOrigin;
 
     fn tensor_at(map: &Arc<MappedFile>, offset: usize, len: usize) -> HostTensor {
         HostTensor::new(map.clone(), offset, len, DType::F32, vec![len / 4])

@@ -122,31 +122,6 @@ fn huge_page_words(len: usize) -> Vec<u64> {
     words
 }
 
-/// How a one-row (decode) quantized matmul reads its weight rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecodeReads {
-    /// One row at a time, a task's four parts in turn (one memory stream at a time).
-    InTurn,
-    /// Four rows from four parts of a task side by side, block by block (four streams).
-    SideBySide,
-}
-
-/// How decode reads weight rows here, decided once per process:
-/// `STRATA_DECODE_READS=in-turn|side-by-side`, or side by side. The kernels give the same
-/// bits either way. Four streams read faster in the kernels on every machine measured:
-/// an Intel Xeon VM (1.1B decode +5% to +8%, SmolLM2 +34%; docs/benchmarks.md) and an
-/// AMD EPYC VM (+10% to +74% at every format, panels or rows as stored, 2026-11-28).
-/// Until that session a plain 48 MiB read of one stream against four decided at start;
-/// on the AMD VM it read 14.6 to 33.3 GB/s from one process to the next and picked one
-/// stream in most of them, the slower way for every kernel there.
-pub fn decode_reads() -> DecodeReads {
-    static CHOICE: std::sync::OnceLock<DecodeReads> = std::sync::OnceLock::new();
-    *CHOICE.get_or_init(|| match std::env::var("STRATA_DECODE_READS").as_deref() {
-        Ok("in-turn") => DecodeReads::InTurn,
-        _ => DecodeReads::SideBySide,
-    })
-}
-
 /// Sums `words` on `pool` in 1 MiB-word tasks (a probe pattern): each task sums `streams`
 /// far-apart pieces of its chunk at once, as the decode kernel reads several weight rows
 /// at once, with eight independent sums so the adds keep up with memory.
@@ -186,10 +161,10 @@ impl Simd {
     fn best() -> Simd {
         #[cfg(target_arch = "x86_64")]
         {
-            if super::isa::avx512() && std::arch::is_x86_feature_detected!("avx512f") {
+            if crate::quant::isa::avx512() && std::arch::is_x86_feature_detected!("avx512f") {
                 return Simd::Avx512;
             }
-            if super::isa::avx2() && std::arch::is_x86_feature_detected!("avx2") {
+            if crate::quant::isa::avx2() && std::arch::is_x86_feature_detected!("avx2") {
                 return Simd::Avx2;
             }
         }
@@ -351,7 +326,7 @@ mod tests {
     /// runs this under `avx2` too).
     #[test]
     fn the_probe_reads_within_the_isa_cap() {
-        use super::super::isa::{Isa, cap};
+        use crate::quant::isa::{Isa, cap};
         match (cap(), Simd::best()) {
             (Isa::Scalar, Simd::Avx2 | Simd::Avx512) | (Isa::Avx2, Simd::Avx512) => {
                 panic!("STRATA_CPU_ISA caps at {:?}, the probe reads with {:?}", cap(), Simd::best())

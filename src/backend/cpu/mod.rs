@@ -1,13 +1,13 @@
 //! The CPU backend: multithreaded, SIMD where it matters (detected at run time).
 
 pub mod bandwidth;
-pub mod isa;
 mod kv;
 pub mod matmul;
-pub mod team;
 
 use super::delta::{self, DeltaRule, DeltaWeights};
 use super::{Activation, AttnParams, Backend, BackendError, BackendResult, KvType, RopeFreqs, Rows, TopK, Unary};
+use crate::quant::ReadF32;
+use crate::team;
 use crate::tensor::HostTensor;
 
 pub struct CpuBackend {
@@ -139,7 +139,7 @@ impl Backend for CpuBackend {
     /// panels (`quant::panels`), which decode reads at about twice the rate, repacked on
     /// the backend's threads.
     fn weight(&self, t: &HostTensor) -> BackendResult<HostTensor> {
-        Ok(self.pool.install(|| t.to_panels()).unwrap_or_else(|| t.clone()))
+        Ok(self.pool.install(|| crate::quant::panels::to_panels(t)).unwrap_or_else(|| t.clone()))
     }
 
     fn repacks_weights(&self) -> bool {
@@ -167,11 +167,8 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, x: &Vec<f32>, rows: usize, w: &HostTensor, out: &mut Vec<f32>) -> BackendResult<()> {
-        match (self.row_invariant, w.dtype.is_float()) {
-            (false, _) => matmul::matmul(&self.pool, x, rows, w, out),
-            (true, true) => matmul::matmul_packed(&self.pool, x, rows, w, out),
-            (true, false) => crate::quant::matmul_packed(&self.pool, x, rows, w, out),
-        }
+        let how = if self.row_invariant { matmul::Rows::Gemm } else { matmul::Rows::ByCount };
+        matmul::matmul_as(how, &self.pool, x, rows, w, out);
         Ok(())
     }
 
@@ -195,17 +192,14 @@ impl Backend for CpuBackend {
         for run in seq_rows.chunk_by(|a, b| (*a == 1) == (*b == 1)) {
             let n: usize = run.iter().sum();
             let (x, out) = (&x[at * k..(at + n) * k], &mut out[at * m..(at + n) * m]);
-            match (run[0] == 1, w.dtype.is_float()) {
-                (true, false) => crate::quant::matmul_rows_alone(&self.pool, x, n, w, out),
-                // Up to `SMALL_ROWS` rows, each comes out as it does alone.
-                (true, true) => {
-                    for (x, out) in x.chunks(matmul::SMALL_ROWS * k).zip(out.chunks_mut(matmul::SMALL_ROWS * m)) {
-                        matmul::matmul(&self.pool, x, out.len() / m, w, out);
-                    }
-                }
-                (false, false) => crate::quant::matmul(&self.pool, x, n, w, out),
-                (false, true) => matmul::matmul_packed(&self.pool, x, n, w, out),
-            }
+            let how = match (run[0] == 1, w.dtype.is_float()) {
+                (true, _) => matmul::Rows::Alone,
+                // A quantized prompt chunk takes the GEMM from two rows (`ByCount`); a
+                // float one the packed path whatever its length.
+                (false, false) => matmul::Rows::ByCount,
+                (false, true) => matmul::Rows::Gemm,
+            };
+            matmul::matmul_as(how, &self.pool, x, n, w, out);
             at += n;
         }
         Ok(())
@@ -230,7 +224,7 @@ impl Backend for CpuBackend {
             "matmul_seqs_each: weights of other widths, or x shorter than {rows} rows"
         );
         let mut each: Vec<(&HostTensor, &mut [f32])> = each.iter_mut().map(|(w, out)| (*w, &mut out[..])).collect();
-        crate::quant::matmul_many_rows_alone(&self.pool, &x[..rows * k], rows, &mut each);
+        matmul::matmul_many_rows_alone(&self.pool, &x[..rows * k], rows, &mut each);
         Ok(())
     }
 
@@ -476,7 +470,7 @@ impl Backend for CpuBackend {
         let (mut ups, mut acts, mut ys) = (vec![0f32; n * group], vec![0f32; n * group], vec![0f32; n * h]);
         let mut each: Vec<(&[f32], &HostTensor, &mut [f32])> =
             groups.iter().zip(ups.chunks_exact_mut(group)).map(|(&(_, up, _), o)| (&x[..k], up, o)).collect();
-        crate::quant::matmul_many_inputs_rows_alone(&self.pool, 1, &mut each);
+        matmul::matmul_many_inputs_rows_alone(&self.pool, 1, &mut each);
         for (a, &(g, _, _)) in acts.chunks_exact_mut(group).zip(groups) {
             a.copy_from_slice(&gate[g * group..][..group]);
         }
@@ -487,7 +481,7 @@ impl Backend for CpuBackend {
             .zip(ys.chunks_exact_mut(h))
             .map(|((&(_, _, down), a), o)| (a, down, o))
             .collect();
-        crate::quant::matmul_many_inputs_rows_alone(&self.pool, 1, &mut each);
+        matmul::matmul_many_inputs_rows_alone(&self.pool, 1, &mut each);
         let add = |(a, b): (&mut [f32], &[f32])| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
         for y in ys.chunks_exact(h) {
             self.elementwise(&mut out[..h], y, add);
@@ -642,7 +636,7 @@ mod tests {
     #[test]
     fn a_long_row_scanned_in_parts_gives_one_scan_s_top_k() {
         let n = 3 * TOP_K_PART + 1234;
-        let mut rng = crate::quant::testutil::Rng::new(3);
+        let mut rng = crate::rng::Rng::new(3);
         let mut row: Vec<f32> = rng.vec(n, 4.0);
         // Ties across parts, and a part that is all NaN and -inf.
         row[5] = 9.0;

@@ -24,6 +24,7 @@ use crate::backend::{
     Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, MAX_TOP_K, RopeFreqs, Rows, TopK,
     Unary,
 };
+use crate::quant::ReadF32;
 use crate::sched::upload::{SlotHold, Stage, TransferStats, Uploader};
 use crate::tensor::{DType, HostTensor};
 

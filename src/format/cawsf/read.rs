@@ -14,7 +14,8 @@ use crate::format::FormatError;
 use crate::format::ndsq::Ndsq;
 use crate::format::ndsq::payload::{self, Codebook};
 use crate::format::route::RoutingTable;
-use crate::tensor::{AlignedBytes, ByteSource, DType, Encoded, HostTensor, LazyBytes, MappedFile};
+use crate::mapped::MappedFile;
+use crate::tensor::{AlignedBytes, ByteSource, DType, Encoded, HostTensor, LazyBytes};
 
 /// A memory-mapped `.cawsf` file.
 pub(super) struct Mapped {

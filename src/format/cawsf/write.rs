@@ -18,6 +18,7 @@ use crate::format::convert::layer_units;
 use crate::format::ndsq::{Ndsq, NdsqParams, payload};
 use crate::format::route::RoutingTable;
 use crate::format::{Group, ModelMeta, ModelWriter, layer_tensor};
+use crate::quant::ReadF32;
 use crate::tensor::{DType, HostTensor};
 
 /// PAD payloads are at most `ALIGN + 11 - 12` bytes.

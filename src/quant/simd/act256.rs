@@ -12,7 +12,7 @@ use crate::quant::q8_k::BlockQ8K;
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        crate::backend::cpu::isa::avx2() && std::arch::is_x86_feature_detected!("avx2")
+        crate::quant::isa::avx2() && std::arch::is_x86_feature_detected!("avx2")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false

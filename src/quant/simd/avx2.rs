@@ -10,7 +10,7 @@ pub(super) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        crate::backend::cpu::isa::avx2() && has!("avx2") && has!("fma") && has!("f16c")
+        crate::quant::isa::avx2() && has!("avx2") && has!("fma") && has!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false

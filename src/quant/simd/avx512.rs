@@ -13,7 +13,7 @@ pub(super) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        crate::backend::cpu::isa::avx512()
+        crate::quant::isa::avx512()
             && has!("avx512f")
             && has!("avx512bw")
             && has!("avx512vl")

@@ -475,7 +475,7 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            let cap = crate::backend::cpu::isa::avx2();
+            let cap = crate::quant::isa::avx2();
             assert_eq!(QuantKernel::Avx2.is_available(), cap && has!("avx2") && has!("fma") && has!("f16c"));
         }
     }

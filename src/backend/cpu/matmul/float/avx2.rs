@@ -6,7 +6,7 @@ use super::Ops;
 /// The kernel table, if this CPU has AVX2, FMA and F16C.
 pub(super) fn ops() -> Option<&'static Ops> {
     #[cfg(target_arch = "x86_64")]
-    if super::super::isa::avx2()
+    if crate::quant::isa::avx2()
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")

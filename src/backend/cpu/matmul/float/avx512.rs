@@ -6,7 +6,7 @@ use super::Ops;
 /// The kernel table, if this CPU has AVX-512F.
 pub(super) fn ops() -> Option<&'static Ops> {
     #[cfg(target_arch = "x86_64")]
-    if super::super::isa::avx512() && std::arch::is_x86_feature_detected!("avx512f") {
+    if crate::quant::isa::avx512() && std::arch::is_x86_feature_detected!("avx512f") {
         return Some(&imp::OPS);
     }
     None

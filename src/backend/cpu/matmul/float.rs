@@ -31,20 +31,19 @@ use std::sync::OnceLock;
 
 use rayon::ThreadPool;
 
+use super::OutPtr;
 use crate::tensor::{DType, HostTensor};
 
 /// Calls with at most this many x rows stream the weights (decode, small decode batches);
 /// more rows use the packed, register-tiled path (prefill). Measured crossover on a
 /// 2048 × 5632 BF16 weight: between 8 and 12 rows.
-pub(crate) const SMALL_ROWS: usize = 8;
+pub const SMALL_ROWS: usize = 8;
 /// Task boundaries in the few-rows path fall on multiples of this many weight rows (the
 /// kernels' row group).
 const SMALL_UNIT: usize = 4;
 /// Columns of k per packed weight panel: `KC × nr` f32 values (64 KiB for AVX-512) stay
 /// in L2 while every x row passes over them.
 const KC: usize = 512;
-/// Tasks per pool thread, so work stealing can even out a thread that falls behind.
-const TASKS_PER_THREAD: usize = 4;
 /// Calls with fewer multiply-adds than this run on the calling thread (waking the pool
 /// costs more than the work).
 const PAR_MIN_WORK: usize = 1 << 16;
@@ -95,17 +94,7 @@ fn best_ops() -> &'static Ops {
     BEST.get_or_init(|| Kernel::best().ops_or_panic())
 }
 
-/// `out[r·m + o] = Σ_k x[r·k_dim + k] · w[o, k]` for `r < rows`, `o < m`, where `w` is
-/// `[m, k_dim]`. `x` and `out` may be longer than `rows` rows; the rest is left alone.
-/// Runs on `pool`, split by output feature.
-pub fn matmul(pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
-    if !w.dtype.is_float() {
-        return crate::quant::matmul(pool, x, rows, w, out);
-    }
-    matmul_with(Kernel::best(), pool, x, rows, w, out);
-}
-
-/// [`matmul`] with a chosen kernel variant; panics if the CPU does not support it.
+/// [`super::matmul`] of float weights with a chosen kernel variant; panics if the CPU does not support it.
 pub fn matmul_with(kernel: Kernel, pool: &ThreadPool, x: &[f32], rows: usize, w: &HostTensor, out: &mut [f32]) {
     matmul_on(kernel, pool, x, rows, w, out, rows <= SMALL_ROWS)
 }
@@ -131,9 +120,10 @@ fn matmul_on(kernel: Kernel, pool: &ThreadPool, x: &[f32], rows: usize, w: &Host
         return;
     }
     let x = XRows { data: &x[..rows * k], ld: k, rows };
-    let dst = OutPtr { ptr: out.as_mut_ptr(), ld: m };
+    let dst = OutPtr::new(out, m);
     let unit = if small { SMALL_UNIT } else { ops.nr };
-    let chunk = chunk_len(m, unit, rows * m * k, pool.current_num_threads());
+    let par = rows * m * k >= PAR_MIN_WORK;
+    let chunk = super::chunk_len(m, unit, par, pool.current_num_threads());
     let task = |cols: Range<usize>| {
         // SAFETY: `ops` exists only if its CPU features were detected. `x` holds `rows × k`
         // values and `w` holds `m × k` (checked above and in `Weights::new`); `dst` points
@@ -152,7 +142,7 @@ fn matmul_on(kernel: Kernel, pool: &ThreadPool, x: &[f32], rows: usize, w: &Host
     if tasks == 1 {
         task(0..m);
     } else {
-        super::team::for_each(pool, tasks, |t| task(t * chunk..((t + 1) * chunk).min(m)));
+        crate::team::for_each(pool, tasks, |t| task(t * chunk..((t + 1) * chunk).min(m)));
     }
 }
 
@@ -260,16 +250,6 @@ fn axpy_on(ops: &Ops, alpha: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len(), "axpy: length mismatch");
     // SAFETY: a table exists only if its CPU features were detected; lengths are equal.
     unsafe { (ops.axpy)(alpha, x, y) }
-}
-
-/// Output features per task: a multiple of `unit` (so only the last task has a partial
-/// panel or row group), about `TASKS_PER_THREAD` tasks per thread, and all of `m` in one
-/// task when the call is too small to be worth waking the pool.
-fn chunk_len(m: usize, unit: usize, work: usize, threads: usize) -> usize {
-    if threads <= 1 || work < PAR_MIN_WORK {
-        return m;
-    }
-    m.div_ceil(threads * TASKS_PER_THREAD).next_multiple_of(unit).min(m)
 }
 
 /// The prefill path for output features `cols`: for each `KC`-wide slice of k, convert
@@ -430,31 +410,6 @@ struct XRows<'a> {
     rows: usize,
 }
 
-/// A row-major output the kernels write through: element `(r, c)` is at `ptr + r·ld + c`.
-/// A raw pointer because the pool's tasks write disjoint columns of the same rows.
-#[derive(Clone, Copy)]
-struct OutPtr {
-    ptr: *mut f32,
-    ld: usize,
-}
-
-// SAFETY: an `OutPtr` is only created from a `&mut [f32]` borrowed for the whole parallel
-// section, and each task writes a disjoint set of its elements (see `matmul_with`).
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The same matrix starting at element `(r, c)`.
-    ///
-    /// # Safety
-    /// `(r, c)` must lie inside the matrix.
-    unsafe fn at(self, r: usize, c: usize) -> OutPtr {
-        // SAFETY: in bounds by the caller's contract.
-        OutPtr { ptr: unsafe { self.ptr.add(r * self.ld + c) }, ..self }
-    }
-}
-
 /// Weight bytes a kernel should pull toward the cache while it computes (the next panel
 /// to pack): `runs` runs of `len` bytes, `stride` apart, from `ptr`. Only an address hint;
 /// nothing is read through it.
@@ -537,7 +492,7 @@ impl<'a> Weights<'a> {
             DType::F32 => WData::F32(t.as_f32()),
             DType::F16 => WData::F16(F16::cast(t.as_u16())),
             DType::BF16 => WData::Bf16(Bf16::cast(t.as_u16())),
-            other => panic!("matmul_with: {other:?} weights go through crate::quant::matmul"),
+            other => panic!("matmul_with: {other:?} weights go through the quantized matmul"),
         };
         let len = match data {
             WData::F32(d) => d.len(),
@@ -630,6 +585,7 @@ mod tests {
     use half::{bf16, f16};
 
     use super::*;
+    use crate::quant::ReadF32;
     use crate::tensor::AlignedBytes;
 
     /// SplitMix64: a tiny seeded generator, so failures reproduce.
@@ -760,7 +716,7 @@ mod tests {
         assert!(Kernel::Scalar.is_available());
         #[cfg(target_arch = "x86_64")]
         {
-            use crate::backend::cpu::isa;
+            use crate::quant::isa;
             use std::arch::is_x86_feature_detected as has;
             assert_eq!(Kernel::Avx512.is_available(), isa::avx512() && has!("avx512f"));
             assert_eq!(Kernel::Avx2.is_available(), isa::avx2() && has!("avx2") && has!("fma") && has!("f16c"));
@@ -964,7 +920,7 @@ mod tests {
             (2048, 4, 100, 2),
             (1000, 8, 1 << 24, 1),
         ] {
-            let chunk = chunk_len(m, unit, work, threads);
+            let chunk = super::super::chunk_len(m, unit, work >= PAR_MIN_WORK, threads);
             assert!(chunk > 0 && (chunk.is_multiple_of(unit) || chunk == m), "m={m} unit={unit}: chunk {chunk}");
             if work >= PAR_MIN_WORK && threads > 1 && m >= 2 * threads * unit {
                 assert!(m.div_ceil(chunk) >= threads, "m={m}: {chunk} leaves a thread idle");
@@ -1014,7 +970,7 @@ mod tests {
         // Plain read bandwidth: `threads` threads summing a 1 GiB u64 array (eight
         // independent sums per thread so the adds keep up with memory).
         let words: Vec<u64> = (0..1u64 << 27).collect();
-        let sum_words = |streams: usize| super::super::bandwidth::sum_words(&pool, &words, streams);
+        let sum_words = |streams: usize| crate::backend::cpu::bandwidth::sum_words(&pool, &words, streams);
 
         let kernels = available();
         let mut read_s = [f64::INFINITY; 2];
