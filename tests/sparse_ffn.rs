@@ -129,7 +129,7 @@ fn models_that_cannot_be_sparse_are_refused_naming_why() {
         let out = dir.path(&format!("{}.flat", rel.replace('/', "-")));
         let opts = ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: None, sparse_ffn: Some(0) };
         let err = convert(ModelSource::from_spec(&fixture(rel)).unwrap(), &out, &opts, &mut |_| {}).unwrap_err();
-        assert!(strata::model::sparse::Refused::in_chain(&err), "{rel}: {err:#}");
+        assert!(strata::cli::refused_in_chain(&err), "{rel}: {err:#}");
         assert!(format!("{err:#}").contains(want), "{rel}: {err:#}");
         assert!(!out.exists(), "{rel}: nothing is written");
     }
@@ -152,7 +152,7 @@ fn models_that_cannot_be_sparse_are_refused_naming_why() {
     // A model without bundles: sparse settings are refused when it loads; `off` runs.
     let opts = RunOptions { sparse_ffn: SparseFfn::parse("topk=0.5").unwrap(), ..Default::default() };
     let err = Engine::load(&fixture("hf/llama3"), &opts).err().expect("refused");
-    assert!(strata::model::sparse::Refused::in_chain(&err), "{err:#}");
+    assert!(strata::cli::refused_in_chain(&err), "{err:#}");
     assert!(format!("{err:#}").contains("without neuron-group bundles"), "{err:#}");
 }
 

@@ -253,7 +253,7 @@ impl Budget {
             }
             return Ok(Budget::Percent(p));
         }
-        crate::sched::plan::parse_size(s).map(Budget::Bytes)
+        crate::sizes::parse_size(s).map(Budget::Bytes)
     }
 
     /// Bytes out of `total`.
