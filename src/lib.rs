@@ -11,6 +11,7 @@ pub mod mapped;
 pub mod model;
 pub mod quant;
 pub mod queue;
+pub mod resolve;
 pub mod sched;
 pub mod server;
 pub mod sizes;
