@@ -26,7 +26,7 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {}", strata::errors::chain(&e));
             // A setting out of range, or one the model cannot take, is a usage error, as
             // clap's are.
-            match strata::model::sparse::Refused::in_chain(&e) {
+            match strata::cli::refused_in_chain(&e) {
                 true => std::process::ExitCode::from(2),
                 false => std::process::ExitCode::FAILURE,
             }

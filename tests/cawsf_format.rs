@@ -20,9 +20,9 @@ use support::{TempDir, groups};
 use serde_json::Value;
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::cawsf::{self, CawsfWriter, Compression};
-use strata::format::convert::meta_of;
 use strata::format::{Group, ModelWriter};
 use strata::model::ModelSource;
+use strata::model::convert::meta_of;
 use strata::model::decoder::SeqStep;
 use strata::tensor::HostTensor;
 
@@ -85,7 +85,7 @@ fn logits(src: ModelSource) -> Vec<f32> {
 
 /// A model written from `rel` into a fresh temp dir, named as the source.
 fn written(rel: &str, c: Compression) -> (TempDir, PathBuf) {
-    let src = ModelSource::from_spec(&fixture(rel)).unwrap();
+    let src = ModelSource::from_path(&fixture(rel)).unwrap();
     let dir = TempDir::new(c.name());
     let out = dir.path(&format!("{}.cawsf", src.name));
     write(&src, &out, c);
@@ -95,13 +95,13 @@ fn written(rel: &str, c: Compression) -> (TempDir, PathBuf) {
 #[test]
 fn round_trips_every_fixture_with_identical_tensors_and_logits() {
     for rel in SOURCES {
-        let want = logits(ModelSource::from_spec(&fixture(rel)).unwrap());
+        let want = logits(ModelSource::from_path(&fixture(rel)).unwrap());
         for c in COMPRESSIONS {
-            let src = ModelSource::from_spec(&fixture(rel)).unwrap();
+            let src = ModelSource::from_path(&fixture(rel)).unwrap();
             let dir = TempDir::new("roundtrip");
             let out = dir.path(&format!("{}.cawsf", src.name));
             write(&src, &out, c);
-            let back = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+            let back = ModelSource::from_path(out.to_str().unwrap()).unwrap();
             let what = format!("{rel} {c:?}");
             assert_eq!(meta_of(&back), meta_of(&src), "{what}: meta");
             let mut names: Vec<&String> = src.tensors.keys().collect();
@@ -139,7 +139,7 @@ fn round_trips_every_fixture_with_identical_tensors_and_logits() {
 
 #[test]
 fn compressible_tensors_are_stored_compressed() {
-    let mut src = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let mut src = ModelSource::from_path(&fixture("hf/llama3")).unwrap();
     let zeros = HostTensor::from_f32(&vec![0.0; 64 * 64], vec![64, 64]);
     src.tensors.insert("model.layers.0.self_attn.q_proj.weight".into(), zeros.clone());
     for c in [Compression::Zstd, Compression::Lz4] {
@@ -159,7 +159,7 @@ fn compressible_tensors_are_stored_compressed() {
 
 #[test]
 fn output_appears_only_at_finish_and_is_never_overwritten() {
-    let src = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let src = ModelSource::from_path(&fixture("hf/llama3")).unwrap();
     let dir = TempDir::new("atomic");
     let out = dir.path("m.cawsf");
     let g = groups(&src);
@@ -183,7 +183,7 @@ fn output_appears_only_at_finish_and_is_never_overwritten() {
 
 #[test]
 fn layers_are_contiguous_aligned_ranges_and_raw_payloads_are_aligned() {
-    let src = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let src = ModelSource::from_path(&fixture("hf/llama3")).unwrap();
     for c in COMPRESSIONS {
         let (_dir, out) = written("hf/llama3", c);
         let file = std::fs::read(&out).unwrap();
@@ -513,7 +513,7 @@ fn hostile_files_fail_cleanly() {
     open_err(&dir, &with_meta(&|m| *m = Value::Null), "not valid META JSON");
 
     // A compressed file claiming a huge uncompressed size.
-    let mut src = ModelSource::from_spec(&fixture("gguf/llama3.q4_0.gguf")).unwrap();
+    let mut src = ModelSource::from_path(&fixture("gguf/llama3.q4_0.gguf")).unwrap();
     src.tensors.insert("model.layers.0.zeros".into(), HostTensor::from_f32(&[0.0; 4096], vec![4096]));
     let zout = dir.path("z.cawsf");
     write(&src, &zout, Compression::Zstd);
@@ -622,8 +622,8 @@ fn unknown_sections_are_skipped_with_a_warning() {
     assert!(log.contains("WARN") && log.contains("unknown type") && log.contains("section_type=24301"), "{log}");
     assert!(log.contains(&format!("offset={unknown_at}")), "{log}");
     assert!(!log.contains(&format!("offset={routing_at}")), "ROUTING is a known section: {log}");
-    let src = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let src = ModelSource::from_path(&fixture("hf/llama3")).unwrap();
     assert_eq!(back.tensors.len(), src.tensors.len());
-    assert!(logits(back) == logits(src));
+    assert!(logits(ModelSource::from_checkpoint(back).unwrap()) == logits(src));
     assert_eq!(cawsf::verify(&p).unwrap().sections, 4);
 }

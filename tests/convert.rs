@@ -13,8 +13,8 @@ use support::TempDir;
 
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::cawsf::Compression;
-use strata::format::convert::{ConvertOptions, Target, convert};
 use strata::model::ModelSource;
+use strata::model::convert::{ConvertOptions, Target, convert};
 use strata::model::decoder::SeqStep;
 use strata::quant::ReadF32;
 use strata::tensor::DType;
@@ -62,10 +62,10 @@ fn unquantized_conversions_are_identical_models() {
         for target in TARGETS {
             let s = TempDir::new("same");
             let out = out_path(&s, target);
-            let source = ModelSource::from_spec(&fixture(src)).unwrap();
+            let source = ModelSource::from_path(&fixture(src)).unwrap();
             let mut groups = 0;
             let report = convert(
-                ModelSource::from_spec(&fixture(src)).unwrap(),
+                ModelSource::from_path(&fixture(src)).unwrap(),
                 &out,
                 &ConvertOptions { target, quant: None, threads: 2, ndsq: None, sparse_ffn: None },
                 &mut |_| groups += 1,
@@ -73,7 +73,7 @@ fn unquantized_conversions_are_identical_models() {
             .unwrap();
             assert_eq!(report.converted, 0);
             assert_eq!(groups, report.layers + 1, "{src} {target:?}: one progress call per group");
-            let copy = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+            let copy = ModelSource::from_path(out.to_str().unwrap()).unwrap();
             assert_eq!(copy.config, source.config, "{src} {target:?}");
             assert_eq!(copy.tensors.len(), source.tensors.len());
             for (name, t) in &source.tensors {
@@ -81,7 +81,7 @@ fn unquantized_conversions_are_identical_models() {
                 assert_eq!((c.dtype, &c.shape), (t.dtype, &t.shape), "{src} {target:?} {name}");
                 assert_eq!(c.bytes(), t.bytes(), "{src} {target:?} {name}");
             }
-            assert!(logits(copy) == logits(ModelSource::from_spec(&fixture(src)).unwrap()), "{src} {target:?}");
+            assert!(logits(copy) == logits(ModelSource::from_path(&fixture(src)).unwrap()), "{src} {target:?}");
         }
     }
 }
@@ -96,16 +96,16 @@ fn quantized_conversions_use_strata_quantizers_and_stay_close() {
         for target in [Target::Flat, Target::Cawsf(Compression::Zstd)] {
             let s = TempDir::new("quant");
             let out = out_path(&s, target);
-            let source = ModelSource::from_spec(&fixture("hf/llama_bf16_256")).unwrap();
+            let source = ModelSource::from_path(&fixture("hf/llama_bf16_256")).unwrap();
             let report = convert(
-                ModelSource::from_spec(&fixture("hf/llama_bf16_256")).unwrap(),
+                ModelSource::from_path(&fixture("hf/llama_bf16_256")).unwrap(),
                 &out,
                 &ConvertOptions { target, quant: Some(quant), threads: 2, ndsq: None, sparse_ffn: None },
                 &mut |_| {},
             )
             .unwrap();
             assert!(report.converted > 0);
-            let copy = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+            let copy = ModelSource::from_path(out.to_str().unwrap()).unwrap();
             for (name, t) in &source.tensors {
                 let c = &copy.tensors[name];
                 let matrix = t.shape.len() == 2;
@@ -120,7 +120,7 @@ fn quantized_conversions_use_strata_quantizers_and_stay_close() {
                 }
             }
             // The requantized model runs and its log-probs stay near the source's.
-            let (a, b) = (logits(copy), logits(ModelSource::from_spec(&fixture("hf/llama_bf16_256")).unwrap()));
+            let (a, b) = (logits(copy), logits(ModelSource::from_path(&fixture("hf/llama_bf16_256")).unwrap()));
             for (ra, rb) in a.iter().zip(&b) {
                 let (la, lb) = (log_softmax(ra), log_softmax(rb));
                 let worst = la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
@@ -142,7 +142,7 @@ fn existing_outputs_are_refused() {
     let s = TempDir::new("exists");
     let out = s.0.join("model");
     std::fs::create_dir(&out).unwrap();
-    let source = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let source = ModelSource::from_path(&fixture("hf/llama3")).unwrap();
     let err = convert(
         source,
         &out,
@@ -214,7 +214,7 @@ fn flat_and_cawsf_models_import_into_the_store_and_load_by_name() {
     let store = strata::store::Store::open(s.0.join("home"));
     for (target, name) in [(Target::Flat, "conv/flat:q8"), (Target::Cawsf(Compression::Lz4), "conv/cawsf:q8")] {
         let out = out_path(&s, target);
-        let src = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+        let src = ModelSource::from_path(&fixture("hf/llama3")).unwrap();
         convert(
             src,
             &out,
@@ -227,8 +227,8 @@ fn flat_and_cawsf_models_import_into_the_store_and_load_by_name() {
         let listed = store.list().unwrap();
         assert!(listed.iter().any(|m| m.name.to_string() == name), "{name} not listed");
         let path = store.resolve(name).unwrap();
-        let by_name = ModelSource::from_spec(path.to_str().unwrap()).unwrap();
-        let original = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+        let by_name = ModelSource::from_path(path.to_str().unwrap()).unwrap();
+        let original = ModelSource::from_path(out.to_str().unwrap()).unwrap();
         assert!(logits(by_name) == logits(original), "{name}: the stored model differs from the converted one");
         store.remove(name).unwrap();
         assert!(store.resolve(name).is_err());
@@ -293,7 +293,7 @@ fn corrupt_sources_fail_conversion_naming_the_file() {
     let gguf = fixture("gguf/llama3.q4_0.gguf");
     for (target, src) in [(Target::Flat, s.0.join("src")), (Target::Cawsf(Compression::None), s.0.join("src.cawsf"))] {
         let opts = ConvertOptions { target, quant: None, threads: 1, ndsq: None, sparse_ffn: None };
-        convert(ModelSource::from_spec(&gguf).unwrap(), &src, &opts, &mut |_| {}).unwrap();
+        convert(ModelSource::from_path(&gguf).unwrap(), &src, &opts, &mut |_| {}).unwrap();
         let victim = match target {
             Target::Flat => {
                 let bin = src.join("layer_000.bin");
@@ -346,7 +346,7 @@ fn cawsf_outputs_must_end_in_cawsf() {
 fn k_quants_fall_back_to_32_value_blocks_and_say_so() {
     let s = TempDir::new("kfallback");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    let source = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let source = ModelSource::from_path(&fixture("hf/llama3")).unwrap();
     let matrices = source.tensors.values().filter(|t| t.shape.len() == 2).count();
     for (quant, fallback) in [("q4_k", DType::Q4_0), ("q6_k", DType::Q8_0)] {
         let out = s.0.join(quant);
@@ -359,7 +359,7 @@ fn k_quants_fall_back_to_32_value_blocks_and_say_so() {
         let want = format!("warning: --quant {}: {matrices} weight matrices", quant.to_uppercase());
         assert!(err.contains(&want) && err.contains(&format!("{matrices} as {}", fallback.name())), "{err}");
         assert!(err.contains("256-value blocks"), "{err}");
-        let copy = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+        let copy = ModelSource::from_path(out.to_str().unwrap()).unwrap();
         for (name, t) in &source.tensors {
             let c = &copy.tensors[name];
             if t.shape.len() == 2 {

@@ -6,8 +6,9 @@
 
 mod support;
 
+use strata::engine::export::export;
 use strata::engine::session::{Engine, RunOptions};
-use strata::format::export::export;
+use strata::engine::tokenizer::TextTokenizer;
 use strata::model::ModelSource;
 use strata::model::decoder::SeqStep;
 use strata::quant::ReadF32;
@@ -31,10 +32,10 @@ fn logits(path: &str, ids: &[u32]) -> Vec<f32> {
 fn round_trip(rel: &str, quant: Option<DType>, tol: f32) {
     let dir = TempDir::new("export");
     let src_path = root().join("tests/fixtures").join(rel);
-    let src = ModelSource::from_spec(src_path.to_str().unwrap()).unwrap();
+    let src = ModelSource::from_path(src_path.to_str().unwrap()).unwrap();
     let out = dir.path("out.gguf");
     let report = export(&src, &out, quant, 2).unwrap_or_else(|e| panic!("{rel}: {e:#}"));
-    let back = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+    let back = ModelSource::from_path(out.to_str().unwrap()).unwrap();
     // A hybrid's linear-attention tensors come back in llama.cpp's layout, under its names.
     if quant.is_none() && src.config.linear_attn.is_none() {
         for (name, t) in &src.tensors {
@@ -86,14 +87,14 @@ fn hugging_face_fixtures_export_to_gguf_that_reads_back_the_same() {
 #[test]
 fn a_sentencepiece_tokenizer_json_exports_as_a_llama_vocabulary() {
     let dir = TempDir::new("export-spm");
-    let src = ModelSource::from_spec(root().join("tests/fixtures/hf/llama_spm").to_str().unwrap()).unwrap();
+    let src = ModelSource::from_path(root().join("tests/fixtures/hf/llama_spm").to_str().unwrap()).unwrap();
     let out = dir.path("spm.gguf");
     let report = export(&src, &out, None, 2).unwrap();
     assert_eq!(report.tokenizer, "llama");
     assert!(report.note.as_deref().is_some_and(|n| n.contains("special token")), "{report:?}");
     // Read back, the vocabulary splits plain text as the source's tokenizer does.
-    let back = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
-    let (a, b) = (src.tokenizer().unwrap(), back.tokenizer().unwrap());
+    let back = ModelSource::from_path(out.to_str().unwrap()).unwrap();
+    let (a, b) = (TextTokenizer::for_model(&src).unwrap(), TextTokenizer::for_model(&back).unwrap());
     assert!(report.note.as_deref().is_some_and(|n| n.contains("starts with spaces")), "{report:?}");
     for text in ["Hello world, it's 2026!", "two  spaces\n\ttab", "naïve café 日本語 🙂"] {
         assert_eq!(a.encode(text, true).unwrap(), b.encode(text, true).unwrap(), "{text:?}");
@@ -112,10 +113,10 @@ fn hybrid_fixtures_export_in_llama_cpp_layout_and_compute_the_same() {
         // another order (float rounding, not a different computation: 0 for Qwen3-Next).
         round_trip(rel, None, 1e-4);
         let dir = TempDir::new("export-hybrid");
-        let src = ModelSource::from_spec(root().join("tests/fixtures").join(rel).to_str().unwrap()).unwrap();
+        let src = ModelSource::from_path(root().join("tests/fixtures").join(rel).to_str().unwrap()).unwrap();
         let out = dir.path("q.gguf");
         export(&src, &out, Some(DType::F16), 2).unwrap();
-        let back = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+        let back = ModelSource::from_path(out.to_str().unwrap()).unwrap();
         let la = back.config.linear_attn.expect("a hybrid");
         assert!(la.gguf_layout);
         assert_eq!(la.v_tiled, rel != "hf/qwen3_next", "{rel}");
@@ -146,18 +147,18 @@ fn quantized_exports_compute_what_the_converted_model_does() {
         ("hf/gemma2", DType::Q4_0),
     ] {
         let src_path = root().join("tests/fixtures").join(rel);
-        let src = ModelSource::from_spec(src_path.to_str().unwrap()).unwrap();
+        let src = ModelSource::from_path(src_path.to_str().unwrap()).unwrap();
         let tag = rel.trim_start_matches("hf/");
         let flat = dir.path(&format!("{tag}.{}.flat", q.name()));
-        let opts = strata::format::convert::ConvertOptions {
-            target: strata::format::convert::Target::Flat,
+        let opts = strata::model::convert::ConvertOptions {
+            target: strata::model::convert::Target::Flat,
             quant: Some(q),
             threads: 2,
             ndsq: None,
             sparse_ffn: None,
         };
-        strata::format::convert::convert(src, &flat, &opts, &mut |_| {}).unwrap();
-        let src = ModelSource::from_spec(src_path.to_str().unwrap()).unwrap();
+        strata::model::convert::convert(src, &flat, &opts, &mut |_| {}).unwrap();
+        let src = ModelSource::from_path(src_path.to_str().unwrap()).unwrap();
         let out = dir.path(&format!("{tag}.{}.gguf", q.name()));
         export(&src, &out, Some(q), 2).unwrap();
         let ids: Vec<u32> = (0..24u32).map(|i| (i * 31 + 5) % src.config.vocab_size as u32).collect();
@@ -173,20 +174,20 @@ fn what_gguf_cannot_hold_is_refused_and_nothing_is_left() {
     let dir = TempDir::new("export-refused");
     let out = dir.path("h.gguf");
     // Mistral runs in llama.cpp as `llama`, without its sliding window: exported, and said.
-    let mistral = ModelSource::from_spec(root().join("tests/fixtures/hf/mistral").to_str().unwrap()).unwrap();
+    let mistral = ModelSource::from_path(root().join("tests/fixtures/hf/mistral").to_str().unwrap()).unwrap();
     let report = export(&mistral, &dir.path("mistral.gguf"), None, 2).unwrap();
     assert_eq!(report.architecture, "llama");
     assert!(report.note.as_deref().is_some_and(|n| n.contains("sliding window")), "{report:?}");
     std::fs::remove_file(dir.path("mistral.gguf")).unwrap();
     // An existing output is never overwritten.
-    let src = ModelSource::from_spec(root().join("tests/fixtures/hf/llama3").to_str().unwrap()).unwrap();
+    let src = ModelSource::from_path(root().join("tests/fixtures/hf/llama3").to_str().unwrap()).unwrap();
     std::fs::write(&out, b"keep").unwrap();
     let err = format!("{:#}", export(&src, &out, None, 2).unwrap_err());
     assert!(err.contains("already exists"), "{err}");
     assert_eq!(std::fs::read(&out).unwrap(), b"keep");
     // A model whose config GGUF cannot carry for its family (Qwen2-MoE's top-k weights are
     // never renormalised in llama.cpp): refused after reading back, the file removed.
-    let mut moe = ModelSource::from_spec(root().join("tests/fixtures/hf/qwen2_moe").to_str().unwrap()).unwrap();
+    let mut moe = ModelSource::from_path(root().join("tests/fixtures/hf/qwen2_moe").to_str().unwrap()).unwrap();
     if let Some(m) = moe.config.moe.as_mut() {
         m.norm_topk_prob = !m.norm_topk_prob;
     }
@@ -208,7 +209,7 @@ fn exports_remove_the_temporaries_of_killed_runs() {
     for p in &stale {
         std::fs::write(p, [7u8; 64]).unwrap();
     }
-    let src = ModelSource::from_spec(root().join("tests/fixtures/hf/llama3").to_str().unwrap()).unwrap();
+    let src = ModelSource::from_path(root().join("tests/fixtures/hf/llama3").to_str().unwrap()).unwrap();
     export(&src, &dir.path("e.gguf"), None, 1).unwrap();
     let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, ["e.gguf"], "a dead export's temporary is still there");
@@ -219,13 +220,13 @@ fn exports_remove_the_temporaries_of_killed_runs() {
 #[test]
 fn k_quant_exports_fall_back_to_q4_0_and_report_it() {
     let dir = TempDir::new("export-kfallback");
-    let src = ModelSource::from_spec(root().join("tests/fixtures/hf/llama3").to_str().unwrap()).unwrap();
+    let src = ModelSource::from_path(root().join("tests/fixtures/hf/llama3").to_str().unwrap()).unwrap();
     let out = dir.path("e.gguf");
     let report = export(&src, &out, Some(DType::Q4_K), 1).unwrap();
     let matrices = src.tensors.values().filter(|t| t.shape.len() == 2).count();
     assert_eq!(report.shortfall.fallback.get("Q4_0"), Some(&matrices), "{:?}", report.shortfall);
     assert!(report.shortfall.kept.is_empty(), "{:?}", report.shortfall);
-    let back = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+    let back = ModelSource::from_path(out.to_str().unwrap()).unwrap();
     for (name, t) in back.tensors.iter().filter(|(_, t)| t.shape.len() == 2) {
         assert_eq!(t.dtype, DType::Q4_0, "{name}");
     }

@@ -13,10 +13,10 @@ use support::{TempDir, groups};
 
 use serde_json::{Value, json};
 use strata::engine::session::{Engine, RunOptions};
-use strata::format::convert::meta_of;
 use strata::format::flat::{self, ALIGN};
 use strata::format::{Group, ModelWriter};
 use strata::model::ModelSource;
+use strata::model::convert::meta_of;
 use strata::model::decoder::SeqStep;
 
 const HF_MODELS: [&str; 6] = ["llama3", "qwen2", "llama_bf16_256", "llama_f16", "mistral", "qwen3"];
@@ -62,9 +62,9 @@ fn logits(source: ModelSource) -> Vec<f32> {
 fn round_trip(spec: &str, tag: &str) {
     let tmp = TempDir::new(tag);
     let out = tmp.0.join("model");
-    let src = ModelSource::from_spec(spec).unwrap();
+    let src = ModelSource::from_path(spec).unwrap();
     write_flat(&src, &out);
-    let back = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+    let back = ModelSource::from_path(out.to_str().unwrap()).unwrap();
     assert_eq!(meta_of(&back), meta_of(&src), "{tag}: meta");
     let mut names: Vec<&String> = back.tensors.keys().collect();
     let mut want: Vec<&String> = src.tensors.keys().collect();
@@ -101,7 +101,7 @@ fn gguf_fixtures_round_trip_with_identical_logits() {
 fn output_appears_only_at_finish() {
     let tmp = TempDir::new("finish");
     let out = tmp.0.join("model");
-    let src = ModelSource::from_spec(&hf("llama3")).unwrap();
+    let src = ModelSource::from_path(&hf("llama3")).unwrap();
     let g = groups(&src);
     let meta = meta_of(&src);
 
@@ -140,7 +140,7 @@ fn output_appears_only_at_finish() {
 fn tensors_and_files_are_4k_aligned() {
     let tmp = TempDir::new("align");
     let out = tmp.0.join("model");
-    write_flat(&ModelSource::from_spec(&gguf("llama256.q4_k_m")).unwrap(), &out);
+    write_flat(&ModelSource::from_path(&gguf("llama256.q4_k_m")).unwrap(), &out);
     let m: Value = serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
     assert_eq!((m["format"].as_str(), m["version"].as_u64()), (Some("strata-flat"), Some(1)));
     for f in m["files"].as_array().unwrap() {
@@ -208,7 +208,7 @@ fn with_flipped<T>(path: &Path, offset: u64, f: impl FnOnce() -> T) -> T {
 fn verify_localizes_flipped_bytes() {
     let tmp = TempDir::new("verify");
     let out = tmp.0.join("model");
-    write_flat(&ModelSource::from_spec(&hf("qwen2")).unwrap(), &out);
+    write_flat(&ModelSource::from_path(&hf("qwen2")).unwrap(), &out);
     let m: Value = serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
     let report = flat::verify(&out).unwrap();
     let files = m["files"].as_array().unwrap();
@@ -263,7 +263,7 @@ fn tensor_index(m: &Value, name: &str) -> usize {
 fn broken_directories_are_named_errors() {
     let tmp = TempDir::new("broken");
     let out = tmp.0.join("model");
-    write_flat(&ModelSource::from_spec(&hf("llama3")).unwrap(), &out);
+    write_flat(&ModelSource::from_path(&hf("llama3")).unwrap(), &out);
     const Q: &str = "model.layers.1.self_attn.q_proj.weight";
 
     type Edit = Box<dyn FnOnce(&mut Value)>;
@@ -381,7 +381,7 @@ fn broken_directories_are_named_errors() {
 fn random_manifest_mutations_never_panic() {
     let tmp = TempDir::new("fuzz");
     let out = tmp.0.join("model");
-    write_flat(&ModelSource::from_spec(&gguf("llama3.q4_0")).unwrap(), &out);
+    write_flat(&ModelSource::from_path(&gguf("llama3.q4_0")).unwrap(), &out);
     let path = out.join("manifest.json");
     let original = std::fs::read(&path).unwrap();
     let mut state = 0x9e37_79b9_7f4a_7c15u64;

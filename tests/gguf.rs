@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use strata::engine::session::{Engine, RunOptions};
 use strata::engine::template::ChatMessage;
+use strata::engine::tokenizer::TextTokenizer;
 use strata::format::gguf::{GgufFile, GgufValue};
 use strata::model::decoder::SeqStep;
 use strata::model::gguf_source::source_from_gguf;
@@ -383,7 +384,7 @@ async fn inconsistent_gguf_models_are_refused_or_fail_naming_the_model() {
         std::fs::write(&p, parts.write()).unwrap();
         p
     };
-    let err = |p: &std::path::Path| match source_from_gguf(p).and_then(|s| s.tokenizer()) {
+    let err = |p: &std::path::Path| match source_from_gguf(p).and_then(|s| TextTokenizer::for_model(&s)) {
         Ok(_) => panic!("{} loads", p.display()),
         Err(e) => format!("{e:#}"),
     };

@@ -514,7 +514,7 @@ fn two_models_under_one_name_are_refused_at_start() {
         let err = strata::server::start(opts(second)).err().expect("refused");
         let msg = format!("{err:#}");
         assert!(msg.contains("two models are named") && msg.contains("qwen3"), "{msg}");
-        assert!(strata::model::sparse::Refused::in_chain(&err), "a usage error: {msg}");
+        assert!(strata::cli::refused_in_chain(&err), "a usage error: {msg}");
     }
     assert!(strata::server::start(opts("n")).is_ok());
 }

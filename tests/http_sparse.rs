@@ -11,8 +11,8 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use common::{fixture, get, json, post_json, send};
 use serde_json::json;
-use strata::format::convert::{ConvertOptions, Target, convert};
 use strata::model::ModelSource;
+use strata::model::convert::{ConvertOptions, Target, convert};
 use strata::model::sparse::SparseFfn;
 use strata::queue::KeepAlive;
 use strata::queue::worker::WorkerConfig;
@@ -24,7 +24,7 @@ async fn a_sparse_model_is_served_and_bad_settings_are_400s() {
     let dir = TempDir::new("http-sparse");
     let spec = dir.path("llama3-sparse.flat");
     let opts = ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: None, sparse_ffn: Some(32) };
-    convert(ModelSource::from_spec(&fixture("llama3")).unwrap(), &spec, &opts, &mut |_| {}).unwrap();
+    convert(ModelSource::from_path(&fixture("llama3")).unwrap(), &spec, &opts, &mut |_| {}).unwrap();
     let setting = SparseFfn::parse("topk=0.6").unwrap();
     let run = strata::engine::session::RunOptions {
         threads: 1,

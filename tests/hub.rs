@@ -474,7 +474,7 @@ fn full_download_matches_the_fixture_loads_and_reruns_without_downloading() {
         assert!(events.iter().any(|e| e.0 == name && e.1 == Phase::Done), "{name}: no Done report");
     }
 
-    let model = strata::model::ModelSource::from_spec(dest.to_str().unwrap()).unwrap();
+    let model = strata::model::ModelSource::from_path(dest.to_str().unwrap()).unwrap();
     assert!(!model.tensors.is_empty());
 
     // A second run reuses everything.
@@ -798,7 +798,7 @@ fn pulls_land_in_the_store_as_is_or_quantized() {
     assert!(quant.name.to_string().ends_with(":q8_0"), "{}", quant.name);
     assert_eq!(saw, (true, true, true));
     // Both load by name; the quantized one holds Q8_0 matrices; the downloads are gone.
-    let from_store = |name: &str| strata::model::ModelSource::from_spec(store.resolve(name).unwrap().to_str().unwrap());
+    let from_store = |name: &str| strata::model::ModelSource::from_path(store.resolve(name).unwrap().to_str().unwrap());
     let m = from_store(&plain.name.to_string()).unwrap();
     assert_eq!(m.tensors["model.layers.0.mlp.up_proj.weight"].dtype, strata::tensor::DType::F32);
     let q = from_store(&quant.name.to_string()).unwrap();

@@ -262,8 +262,8 @@ fn gguf_metadata_gives_the_checkpoint_config() {
     use strata::model::ModelSource;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     for name in ["gemma", "gemma2", "gemma3", "phi3", "phi3_partial", "olmo2", "granite", "smollm3"] {
-        let gguf = ModelSource::from_spec(root.join(format!("gguf/{name}.f32.gguf")).to_str().unwrap()).unwrap();
-        let hf = ModelSource::from_spec(root.join(format!("hf/{name}")).to_str().unwrap()).unwrap();
+        let gguf = ModelSource::from_path(root.join(format!("gguf/{name}.f32.gguf")).to_str().unwrap()).unwrap();
+        let hf = ModelSource::from_path(root.join(format!("hf/{name}")).to_str().unwrap()).unwrap();
         let (mut a, b) = (gguf.config.clone(), hf.config.clone());
         // Not in the GGUF, and not used by these models' layers: the local RoPE base of
         // families without local layers.

@@ -12,9 +12,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::cawsf::Compression;
-use strata::format::convert::{ConvertOptions, Target, convert};
 use strata::model::LanguageModel;
 use strata::model::ModelSource;
+use strata::model::convert::{ConvertOptions, Target, convert};
 use strata::model::decoder::SeqStep;
 use strata::sched::ExpertLoading;
 use strata::sched::expert_policy::CachePolicy;
@@ -36,7 +36,7 @@ fn run(model: &dyn LanguageModel) -> Vec<u32> {
 /// `rel` (a fixture) converted to `target` as `dir/name`.
 fn converted(dir: &TempDir, rel: &str, target: Target, name: &str) -> std::path::PathBuf {
     let out = dir.path(name);
-    let source = ModelSource::from_spec(&fixture(rel)).unwrap();
+    let source = ModelSource::from_path(&fixture(rel)).unwrap();
     convert(
         source,
         &out,

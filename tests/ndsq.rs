@@ -6,9 +6,9 @@ mod support;
 
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::cawsf::{self, Compression};
-use strata::format::convert::{ConvertOptions, Target, convert};
 use strata::format::ndsq::{Ndsq, NdsqParams};
 use strata::model::ModelSource;
+use strata::model::convert::{ConvertOptions, Target, convert};
 use strata::model::decoder::SeqStep;
 use strata::quant::ReadF32;
 use support::TempDir;
@@ -22,7 +22,7 @@ const PARAMS: NdsqParams = NdsqParams { rank: 4, outlier_q: 0.01, pq_d: 8, pq_m:
 fn convert_ndsq(src: &str, out: &std::path::Path, comp: Compression) {
     let opts =
         ConvertOptions { target: Target::Cawsf(comp), quant: None, threads: 2, ndsq: Some(PARAMS), sparse_ffn: None };
-    convert(ModelSource::from_spec(src).unwrap(), out, &opts, &mut |_| {}).unwrap();
+    convert(ModelSource::from_path(src).unwrap(), out, &opts, &mut |_| {}).unwrap();
 }
 
 #[test]
@@ -31,8 +31,8 @@ fn layer_matrices_read_back_as_the_sum_of_their_components() {
     for comp in [Compression::None, Compression::Zstd] {
         let out = dir.path(&format!("m-{}.cawsf", comp.name()));
         convert_ndsq(&fixture("hf/qwen2_moe"), &out, comp);
-        let src = ModelSource::from_spec(&fixture("hf/qwen2_moe")).unwrap();
-        let back = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+        let src = ModelSource::from_path(&fixture("hf/qwen2_moe")).unwrap();
+        let back = ModelSource::from_path(out.to_str().unwrap()).unwrap();
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
         let mut decomposed = 0;
         for (name, t) in &src.tensors {
@@ -84,7 +84,7 @@ fn more_bits_bring_the_model_nearer_the_original() {
             ndsq: Some(params),
             sparse_ffn: None,
         };
-        convert(ModelSource::from_spec(&fixture("hf/llama3")).unwrap(), &out, &opts, &mut |_| {}).unwrap();
+        convert(ModelSource::from_path(&fixture("hf/llama3")).unwrap(), &out, &opts, &mut |_| {}).unwrap();
         let got = logits(out.to_str().unwrap());
         assert!(got.iter().all(|x| x.is_finite()));
         let e: f32 = got.iter().zip(&want).map(|(x, y)| (x - y).powi(2)).sum();
@@ -127,7 +127,7 @@ fn a_flipped_byte_in_any_ndsq_shard_is_named() {
 #[test]
 fn ndsq_needs_a_cawsf_output_and_sane_settings() {
     let dir = TempDir::new("ndsq-bad");
-    let src = || ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let src = || ModelSource::from_path(&fixture("hf/llama3")).unwrap();
     let flat = ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: Some(PARAMS), sparse_ffn: None };
     let err = format!("{:#}", convert(src(), &dir.path("f"), &flat, &mut |_| {}).unwrap_err());
     assert!(err.contains(".cawsf"), "{err}");
@@ -152,8 +152,8 @@ fn an_ndsq_model_exports_to_gguf_reconstructed() {
     let cawsf_path = dir.path("m.cawsf");
     convert_ndsq(&fixture("hf/llama3"), &cawsf_path, Compression::None);
     let gguf = dir.path("m.gguf");
-    let src = ModelSource::from_spec(cawsf_path.to_str().unwrap()).unwrap();
-    strata::format::export::export(&src, &gguf, None, 2).unwrap();
+    let src = ModelSource::from_path(cawsf_path.to_str().unwrap()).unwrap();
+    strata::engine::export::export(&src, &gguf, None, 2).unwrap();
     let ids: Vec<u32> = (0..16).map(|i| (i * 53 + 7) % 400).collect();
     let logits = |p: &std::path::Path| {
         let e = Engine::load(p.to_str().unwrap(), &RunOptions { threads: 2, ..Default::default() }).unwrap();
@@ -180,7 +180,7 @@ fn a_flipped_byte_in_codebooks_or_routing_is_named() {
         std::fs::write(&out, &bad).unwrap();
         let err = cawsf::verify(&out).unwrap_err().to_string();
         assert!(err.contains(&format!("section {name}: checksum mismatch")), "{err}");
-        let err = format!("{:#}", ModelSource::from_spec(out.to_str().unwrap()).err().unwrap());
+        let err = format!("{:#}", ModelSource::from_path(out.to_str().unwrap()).err().unwrap());
         assert!(err.contains(&format!("section {name}")), "{err}");
     }
 }
@@ -195,17 +195,19 @@ fn routing_ranks_every_shard_and_a_budget_leaves_out_exactly_what_it_skips() {
     let out = dir.path("m.cawsf");
     convert_ndsq(&fixture("hf/llama3"), &out, Compression::None);
     let spec = out.to_str().unwrap();
-    let source = ModelSource::from_spec(spec).unwrap();
+    let source = ModelSource::from_path(spec).unwrap();
     let routing = source.routing.clone().expect("an NDSQ file has a ROUTING section");
     let decomposed = cawsf::inspect(&out).unwrap()["ndsq"]["tensors"].as_u64().unwrap() as usize;
     assert_eq!(routing.entries.len(), 5 * decomposed, "five shards per matrix, each with a key");
-    let key = routing_key(&source, &routing, "The quick brown fox").unwrap();
+    let tok = strata::engine::tokenizer::TextTokenizer::for_model(&source).unwrap();
+    let ids = |prompt: &str| tok.encode(prompt, false).unwrap();
+    let key = routing_key(&source, &routing, &ids("The quick brown fox")).unwrap();
     let a = select(&routing, &key, &[], None);
-    let b = select(&routing, &routing_key(&source, &routing, "The quick brown fox").unwrap(), &[], None);
+    let b = select(&routing, &routing_key(&source, &routing, &ids("The quick brown fox")).unwrap(), &[], None);
     let order = |s: &strata::format::route::Selection| s.shards.iter().map(|r| r.entry.shard).collect::<Vec<_>>();
     assert_eq!(order(&a), order(&b));
     assert!(a.shards.windows(2).all(|w| w[0].score >= w[1].score));
-    let other = select(&routing, &routing_key(&source, &routing, "1 2 3 4 5 6 7 8 9").unwrap(), &[], None);
+    let other = select(&routing, &routing_key(&source, &routing, &ids("1 2 3 4 5 6 7 8 9")).unwrap(), &[], None);
     assert_ne!(order(&a), order(&other), "another prompt ranks otherwise");
     for pct in [0.0, 10.0, 50.0, 100.0] {
         let s = select(&routing, &key, &OPTIONAL, Some(Budget::Percent(pct)));
@@ -222,13 +224,13 @@ fn routing_ranks_every_shard_and_a_budget_leaves_out_exactly_what_it_skips() {
         }
     }
     // Half the R bytes: a matrix whose R shard was skipped reads back as L + S + D.
-    let mut routed = ModelSource::from_spec(spec).unwrap();
-    let summary = apply_budget(&mut routed, "The quick brown fox", Budget::Percent(50.0)).unwrap();
+    let mut routed = ModelSource::from_path(spec).unwrap();
+    let summary = apply_budget(&mut routed, &ids("The quick brown fox"), Budget::Percent(50.0)).unwrap();
     assert!(summary.kept > 0 && summary.kept < summary.candidates, "{summary:?}");
     let sel = select(&routing, &key, &OPTIONAL, Some(Budget::Percent(50.0)));
     let skipped: std::collections::HashMap<(String, &str), bool> =
         sel.shards.iter().map(|r| ((r.entry.tensor.clone(), r.entry.component), !r.kept)).collect();
-    let src = ModelSource::from_spec(&fixture("hf/llama3")).unwrap();
+    let src = ModelSource::from_path(&fixture("hf/llama3")).unwrap();
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
     let mut checked = 0;
     for (name, t) in &src.tensors {
@@ -269,7 +271,7 @@ fn an_ndsq_model_streams_its_compressed_shards() {
     assert_eq!(mode, "streaming");
     assert_eq!(streamed, resident);
     let f32_bytes: u64 = {
-        let src = ModelSource::from_spec(spec).unwrap();
+        let src = ModelSource::from_path(spec).unwrap();
         src.tensors
             .iter()
             .filter(|(n, t)| n.starts_with("model.layers.") && t.encoded().is_some())

@@ -11,8 +11,8 @@ use std::process::Command;
 
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::cawsf::Compression;
-use strata::format::convert::{ConvertOptions, Target, convert};
 use strata::model::ModelSource;
+use strata::model::convert::{ConvertOptions, Target, convert};
 use strata::model::sparse::SparseFfn;
 use strata::sched::experts::CacheSize;
 use support::TempDir;
@@ -30,7 +30,7 @@ fn bundled(dir: &TempDir, target: Target, group: usize) -> String {
     };
     let out = dir.path(&name);
     let opts = ConvertOptions { target, quant: None, threads: 2, ndsq: None, sparse_ffn: Some(group) };
-    convert(ModelSource::from_spec(&fixture("hf/llama3")).unwrap(), &out, &opts, &mut |_| {}).unwrap();
+    convert(ModelSource::from_path(&fixture("hf/llama3")).unwrap(), &out, &opts, &mut |_| {}).unwrap();
     out.to_str().unwrap().to_string()
 }
 
@@ -55,7 +55,7 @@ fn a_bundled_model_runs_dense_as_the_original_and_topk_one_is_identical() {
     let original = floats(&logit_bits(&*load(&fixture("hf/llama3"), "off", None).model));
     for target in [Target::Flat, Target::Cawsf(Compression::None)] {
         let spec = bundled(&dir, target, 32);
-        let source = ModelSource::from_spec(&spec).unwrap();
+        let source = ModelSource::from_path(&spec).unwrap();
         assert_eq!(source.config.neuron_group, Some(32), "{spec}");
         assert!(source.tensors.contains_key("model.layers.1.mlp.neurons.4.down_proj.weight"));
         assert!(!source.tensors.contains_key("model.layers.1.mlp.up_proj.weight"));
@@ -128,31 +128,31 @@ fn models_that_cannot_be_sparse_are_refused_naming_why() {
     for (rel, want) in [("hf/gemma", "gemma"), ("hf/qwen3_moe", "mixture-of-experts"), ("hf/phi3", "fused")] {
         let out = dir.path(&format!("{}.flat", rel.replace('/', "-")));
         let opts = ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: None, sparse_ffn: Some(0) };
-        let err = convert(ModelSource::from_spec(&fixture(rel)).unwrap(), &out, &opts, &mut |_| {}).unwrap_err();
-        assert!(strata::model::sparse::Refused::in_chain(&err), "{rel}: {err:#}");
+        let err = convert(ModelSource::from_path(&fixture(rel)).unwrap(), &out, &opts, &mut |_| {}).unwrap_err();
+        assert!(strata::cli::refused_in_chain(&err), "{rel}: {err:#}");
         assert!(format!("{err:#}").contains(want), "{rel}: {err:#}");
         assert!(!out.exists(), "{rel}: nothing is written");
     }
     // A group that does not divide the width.
     let out = dir.path("bad-group.flat");
     let opts = ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: None, sparse_ffn: Some(48) };
-    let err = convert(ModelSource::from_spec(&fixture("hf/llama3")).unwrap(), &out, &opts, &mut |_| {}).unwrap_err();
+    let err = convert(ModelSource::from_path(&fixture("hf/llama3")).unwrap(), &out, &opts, &mut |_| {}).unwrap_err();
     assert!(format!("{err:#}").contains("divide the FFN width 160"), "{err:#}");
     // A bundled model has no GGUF layout: export refuses it and writes nothing.
     let spec = bundled(&dir, Target::Flat, 32);
     let gguf = dir.path("bundled.gguf");
-    let err = strata::format::export::export(&ModelSource::from_spec(&spec).unwrap(), &gguf, None, 1).unwrap_err();
+    let err = strata::engine::export::export(&ModelSource::from_path(&spec).unwrap(), &gguf, None, 1).unwrap_err();
     assert!(format!("{err:#}").contains("neuron-group bundles") && !gguf.exists(), "{err:#}");
     // Converted again without --sparse-ffn, the bundles stay (and run as before).
     let again = dir.path("again.flat");
     let opts = ConvertOptions { target: Target::Flat, quant: None, threads: 1, ndsq: None, sparse_ffn: None };
-    convert(ModelSource::from_spec(&spec).unwrap(), &again, &opts, &mut |_| {}).unwrap();
+    convert(ModelSource::from_path(&spec).unwrap(), &again, &opts, &mut |_| {}).unwrap();
     let again = again.to_str().unwrap();
     assert!(logit_bits(&*load(again, "off", None).model) == logit_bits(&*load(&spec, "off", None).model));
     // A model without bundles: sparse settings are refused when it loads; `off` runs.
     let opts = RunOptions { sparse_ffn: SparseFfn::parse("topk=0.5").unwrap(), ..Default::default() };
     let err = Engine::load(&fixture("hf/llama3"), &opts).err().expect("refused");
-    assert!(strata::model::sparse::Refused::in_chain(&err), "{err:#}");
+    assert!(strata::cli::refused_in_chain(&err), "{err:#}");
     assert!(format!("{err:#}").contains("without neuron-group bundles"), "{err:#}");
 }
 

@@ -70,7 +70,7 @@ fn a_gguf_file_is_imported_listed_shown_and_loaded() {
     assert_eq!(store.show("TINY:q4").unwrap().entry, m.entry);
     assert!(matches!(store.get("tiny"), Err(StoreError::NotFound(n)) if n == "tiny:latest"));
 
-    let source = ModelSource::from_spec(path.to_str().unwrap()).unwrap();
+    let source = ModelSource::from_path(path.to_str().unwrap()).unwrap();
     assert!(source.config_json.contains("\"llama\""));
     assert!(!source.tensors.is_empty());
 }
@@ -102,7 +102,7 @@ fn a_hugging_face_directory_is_imported_without_other_weights_or_hidden_files() 
     assert!(!std::fs::symlink_metadata(m.path().join("config.json")).unwrap().is_symlink(), "links are followed");
     let want: u64 = std::fs::read_dir(hf_fixture()).unwrap().flatten().map(|f| f.metadata().unwrap().len()).sum();
     assert_eq!(m.entry.size, want);
-    let source = ModelSource::from_spec(store.resolve("llama3-hf").unwrap().to_str().unwrap()).unwrap();
+    let source = ModelSource::from_path(store.resolve("llama3-hf").unwrap().to_str().unwrap()).unwrap();
     assert!(source.tokenizer_json.len() > 100);
 }
 
@@ -146,7 +146,7 @@ fn copy_and_remove() {
     assert!(matches!(store.remove("orig:v1"), Err(StoreError::NotFound(_))));
     assert!(!home.0.join("models/library").exists(), "empty parents are pruned");
     // The copy still has its files.
-    ModelSource::from_spec(store.resolve("team/copy:v2").unwrap().to_str().unwrap()).unwrap();
+    ModelSource::from_path(store.resolve("team/copy:v2").unwrap().to_str().unwrap()).unwrap();
     store.remove("team/copy:v2").unwrap();
     assert!(store.list().unwrap().is_empty());
 }
@@ -282,7 +282,7 @@ fn a_model_is_imported_from_an_ollama_store() {
     assert_eq!(m.entry.details.as_ref().unwrap().quantization, "Q4_0");
     let blob = std::fs::metadata(ollama.join(format!("blobs/sha256-{hex}"))).unwrap();
     assert_eq!(std::fs::metadata(m.path()).unwrap().ino(), blob.ino(), "the blob is hard-linked");
-    ModelSource::from_spec(store.resolve("tiny:q4").unwrap().to_str().unwrap()).unwrap();
+    ModelSource::from_path(store.resolve("tiny:q4").unwrap().to_str().unwrap()).unwrap();
 
     assert_eq!(
         store.import_ollama(&ollama, "someone/tiny", None, false).unwrap().name.to_string(),
@@ -559,6 +559,6 @@ fn a_forced_import_killed_mid_way_leaves_the_model_whole() {
     let names: Vec<&str> = listed.as_array().unwrap().iter().filter_map(|m| m["name"].as_str()).collect();
     assert!(ok && names == ["v:latest", "w:latest"], "killed: {killed}: {out}{err}");
     let store = Store::open(h);
-    ModelSource::from_spec(store.resolve("v").unwrap().to_str().unwrap()).expect("whole, old or new");
+    ModelSource::from_path(store.resolve("v").unwrap().to_str().unwrap()).expect("whole, old or new");
     assert_eq!(tree(&h.join("models/.tmp")), Vec::<String>::new());
 }

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use strata::backend::cpu::CpuBackend;
 use strata::engine::session::{Engine, RunOptions};
 use strata::format::cawsf::Compression;
-use strata::format::convert::{ConvertOptions, Target, convert};
 use strata::model::ModelSource;
 use strata::model::config::ModelConfig;
+use strata::model::convert::{ConvertOptions, Target, convert};
 use strata::model::decoder::{DecoderModel, SeqStep};
 use strata::model::demo::demo_source;
 use strata::sched::{Policy, SchedOptions};
@@ -152,7 +152,7 @@ fn buffered_reads_match_direct_ones() {
     let dir = TempDir::new("stream-buffered");
     let out = dir.path("demo-flat");
     demo_as(&out, Target::Flat);
-    let source = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+    let source = ModelSource::from_path(out.to_str().unwrap()).unwrap();
     let config = ModelConfig::from_json(&source.config_json).unwrap();
     let backend = Arc::new(CpuBackend::new(2));
     let resident = DecoderModel::new(config.clone(), &source, backend.clone()).unwrap();
@@ -167,7 +167,7 @@ fn kv_cache_pressure_evicts_pinned_layers_and_memory_back_readmits_them() {
     let dir = TempDir::new("stream-pressure");
     let out = dir.path("demo-flat");
     demo_as(&out, Target::Flat);
-    let source = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+    let source = ModelSource::from_path(out.to_str().unwrap()).unwrap();
     let config = ModelConfig::from_json(&source.config_json).unwrap();
     let backend = Arc::new(CpuBackend::new(2));
     let want = run(&DecoderModel::new(config.clone(), &source, backend.clone()).unwrap());

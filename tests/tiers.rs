@@ -19,9 +19,9 @@ use std::time::Duration;
 use strata::backend::BackendError;
 use strata::backend::cpu::CpuBackend;
 use strata::engine::session::{Memory, RunOptions, memory_budget};
-use strata::format::convert::{ConvertOptions, Target, convert};
 use strata::model::ModelSource;
 use strata::model::config::ModelConfig;
+use strata::model::convert::{ConvertOptions, Target, convert};
 use strata::model::decoder::{DecoderModel, SeqStep};
 use strata::model::demo::demo_source;
 use strata::sched::experts::CacheSize;
@@ -198,7 +198,7 @@ fn demo_flat(dir: &TempDir) -> (ModelSource, ModelConfig) {
     let out = dir.path("demo-flat");
     let opts = ConvertOptions { target: Target::Flat, quant: None, threads: 2, ndsq: None, sparse_ffn: None };
     convert(demo_source().unwrap(), &out, &opts, &mut |_| {}).unwrap();
-    let source = ModelSource::from_spec(out.to_str().unwrap()).unwrap();
+    let source = ModelSource::from_path(out.to_str().unwrap()).unwrap();
     let config = ModelConfig::from_json(&source.config_json).unwrap();
     (source, config)
 }
@@ -374,7 +374,7 @@ fn budgets_beyond_free_memory_are_clamped_and_a_model_that_cannot_fit_is_refused
 #[test]
 fn routed_experts_upload_into_memory_of_their_own_and_give_the_resident_logits() {
     let spec = format!("{}/tests/fixtures/gguf/qwen3_moe.f32.gguf", env!("CARGO_MANIFEST_DIR"));
-    let source = ModelSource::from_spec(&spec).unwrap();
+    let source = ModelSource::from_path(&spec).unwrap();
     let config = ModelConfig::from_json(&source.config_json).unwrap();
     let backend = Arc::new(CpuBackend::new(2));
     let want = run(&DecoderModel::new(config.clone(), &source, backend.clone()).unwrap());

@@ -11,7 +11,7 @@ use super::outln;
 use crate::backend::cpu::bandwidth;
 use crate::engine::batch::{self, Sequence};
 use crate::engine::sampler::SamplingParams;
-use crate::engine::session::{Engine, GenerateRequest, PREFILL_CHUNK};
+use crate::engine::session::{GenerateRequest, PREFILL_CHUNK};
 use crate::model::decoder::SeqStep;
 use crate::sched::io::proc_self_read_bytes;
 use crate::sched::{SchedSummary, StatsSnapshot};
@@ -293,7 +293,7 @@ fn peak_rss_bytes() -> u64 {
 }
 
 pub fn main(args: BenchArgs) -> anyhow::Result<()> {
-    let engine = Engine::load(&args.model, &args.run.to_options()?)?;
+    let engine = crate::resolve::load(&args.model, &args.run.to_options()?)?;
     let model = &engine.model;
     let vocab = model.config().vocab_size as u32;
     let threads = crate::backend::cpu::threads_for(args.run.threads);

@@ -7,8 +7,7 @@ use clap::{Args, ValueEnum};
 
 use super::outln;
 use crate::format::cawsf::Compression;
-use crate::format::convert::{ConvertOptions, Progress, Target, convert};
-use crate::model::ModelSource;
+use crate::model::convert::{ConvertOptions, Progress, Target, convert};
 use crate::quant::convert_target;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -103,7 +102,7 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<()> {
             Compress::Lz4 => Compression::Lz4,
         }),
     };
-    let src = ModelSource::from_spec(&args.src)?;
+    let src = crate::resolve::open(&args.src)?;
     let tty = std::io::stderr().is_terminal();
     let mut bar = |p: Progress| {
         if tty {

@@ -5,8 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::outln;
-use crate::format::export::export;
-use crate::model::ModelSource;
+use crate::engine::export::export;
 use crate::quant::convert_target;
 
 #[derive(Args, Debug)]
@@ -41,7 +40,7 @@ pub fn main(args: ExportArgs) -> anyhow::Result<()> {
             q.name()
         );
     }
-    let src = ModelSource::from_spec(&args.src)?;
+    let src = crate::resolve::open(&args.src)?;
     let report = export(&src, &args.out, quant, args.threads)?;
     if let Some(w) = quant.and_then(|q| report.shortfall.warning(q)) {
         eprintln!("warning: {w}");

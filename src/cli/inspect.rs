@@ -22,7 +22,7 @@ pub struct InspectArgs {
 }
 
 pub fn main(args: InspectArgs) -> anyhow::Result<()> {
-    let (path, _) = crate::model::spec_path(&args.path)?;
+    let (path, _) = crate::resolve::spec_path(&args.path)?;
     let report = inspect(&path)?;
     let text = if args.json { serde_json::to_string_pretty(&report)? + "\n" } else { render_text(&report) };
     out!("{text}")

@@ -241,6 +241,20 @@ impl RunOpts {
     }
 }
 
+/// Whether `e`, or what caused it, is a refused setting: a
+/// [`Refused`](crate::model::sparse::Refused), a sparse setting the model refused, or
+/// sampling settings out of range. `main` exits with 2 for these, as for a bad argument.
+pub fn refused_in_chain(e: &anyhow::Error) -> bool {
+    use crate::engine::tokenizer::TextError;
+    use crate::model::decoder::ModelError;
+    use crate::model::sparse::Refused;
+    e.chain().any(|c| {
+        c.is::<Refused>()
+            || matches!(c.downcast_ref::<ModelError>(), Some(ModelError::Sparse { .. }))
+            || matches!(c.downcast_ref::<TextError>(), Some(TextError::InvalidSampling { .. }))
+    })
+}
+
 /// Runs the command; `settings` are what `serve` runs with (see [`crate::config`]).
 pub fn dispatch(cli: Cli, settings: crate::config::Settings) -> anyhow::Result<()> {
     match cli.command {

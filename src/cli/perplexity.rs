@@ -200,9 +200,9 @@ pub fn score_against(
 pub fn main(args: PerplexityArgs) -> anyhow::Result<()> {
     let opts = args.run.to_options()?;
     let (engine, route) = match args.route_budget {
-        None => (Engine::load(&args.model, &opts)?, None),
+        None => (crate::resolve::load(&args.model, &opts)?, None),
         Some(budget) => {
-            let mut source = crate::model::ModelSource::from_spec(&args.model)?;
+            let mut source = crate::resolve::open(&args.model)?;
             let prompt = match (&args.route_prompt, &args.file) {
                 (Some(p), _) => p.clone(),
                 (None, Some(path)) => {
@@ -210,7 +210,8 @@ pub fn main(args: PerplexityArgs) -> anyhow::Result<()> {
                 }
                 (None, None) => anyhow::bail!("--route-budget routes by the text: give --file or --route-prompt"),
             };
-            let summary = crate::format::route::apply_budget(&mut source, &prompt, budget)?;
+            let ids = super::route::prompt_ids(&source, &prompt)?;
+            let summary = crate::format::route::apply_budget(&mut source, &ids, budget)?;
             (Engine::from_source(source, &opts)?, Some(summary))
         }
     };
@@ -230,7 +231,7 @@ pub fn main(args: PerplexityArgs) -> anyhow::Result<()> {
     let reference = match &args.reference {
         Some(spec) => {
             let opts = crate::engine::session::RunOptions { sparse_ffn: Default::default(), ..opts.clone() };
-            Some(Engine::load(spec, &opts).with_context(|| format!("--reference {spec}"))?)
+            Some(crate::resolve::load(spec, &opts).with_context(|| format!("--reference {spec}"))?)
         }
         None => None,
     };

@@ -4,6 +4,7 @@
 use clap::Args;
 
 use super::outln;
+use crate::engine::tokenizer::TextTokenizer;
 use crate::format::route::{Budget, routing_key, select};
 use crate::model::ModelSource;
 
@@ -29,12 +30,18 @@ pub struct RouteArgs {
     pub json: bool,
 }
 
+/// `prompt`'s tokens as `source`'s tokenizer encodes it without special tokens: what
+/// [`routing_key`] and `--route-budget` route by.
+pub fn prompt_ids(source: &ModelSource, prompt: &str) -> anyhow::Result<Vec<u32>> {
+    Ok(TextTokenizer::for_model(source)?.encode(prompt, false)?)
+}
+
 pub fn main(args: RouteArgs) -> anyhow::Result<()> {
-    let source = ModelSource::from_spec(&args.model)?;
+    let source = crate::resolve::open(&args.model)?;
     let Some(routing) = source.routing.clone() else {
         anyhow::bail!("{}: no ROUTING section (NDSQ .cawsf files have one: strata convert --ndsq)", args.model);
     };
-    let key = routing_key(&source, &routing, &args.prompt)?;
+    let key = routing_key(&source, &routing, &prompt_ids(&source, &args.prompt)?)?;
     let components: Vec<&str> = args.components.iter().map(String::as_str).collect();
     let sel = select(&routing, &key, &components, args.budget);
     if args.json {

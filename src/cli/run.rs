@@ -148,11 +148,12 @@ pub fn main(args: RunArgs) -> anyhow::Result<()> {
     }
     let opts = args.run.to_options()?;
     let engine = match (args.route_budget, &args.prompt) {
-        (None, _) => Engine::load(&args.model, &opts)?,
+        (None, _) => crate::resolve::load(&args.model, &opts)?,
         (Some(_), None) => anyhow::bail!("--route-budget routes by the prompt: give one with --prompt"),
         (Some(budget), Some(prompt)) => {
-            let mut source = crate::model::ModelSource::from_spec(&args.model)?;
-            crate::format::route::apply_budget(&mut source, prompt, budget)?;
+            let mut source = crate::resolve::open(&args.model)?;
+            let ids = super::route::prompt_ids(&source, prompt)?;
+            crate::format::route::apply_budget(&mut source, &ids, budget)?;
             Engine::from_source(source, &opts)?
         }
     };

@@ -10,7 +10,6 @@ use serde_json::json;
 
 use super::outln;
 use crate::engine::tokenizer::{TextTokenizer, TokenizerSources};
-use crate::model::ModelSource;
 
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {
@@ -41,7 +40,7 @@ pub fn load_tokenizer(spec: &str) -> anyhow::Result<TextTokenizer> {
         })
         .with_context(|| format!("{spec}: loading the tokenizer"));
     }
-    ModelSource::from_spec(spec)?.tokenizer()
+    TextTokenizer::for_model(&crate::resolve::open(spec)?)
 }
 
 pub fn main(args: TokenizeArgs) -> anyhow::Result<()> {

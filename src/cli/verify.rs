@@ -13,7 +13,7 @@ pub struct VerifyArgs {
 }
 
 pub fn main(args: VerifyArgs) -> anyhow::Result<()> {
-    let (path, _) = crate::model::spec_path(&args.path)?;
+    let (path, _) = crate::resolve::spec_path(&args.path)?;
     let p: &Path = &path;
     let report = if p.is_dir() && p.join("manifest.json").is_file() {
         let r = crate::format::flat::verify(p)?;

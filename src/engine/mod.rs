@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod context;
 pub mod detok;
+pub mod export;
 pub mod grammar;
 pub mod reasoning;
 pub mod sampler;

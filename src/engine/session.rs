@@ -523,15 +523,16 @@ fn build_model(source: &ModelSource, config: ModelConfig, opts: &RunOptions) -> 
 }
 
 impl Engine {
-    /// Loads a model SPEC (see [`ModelSource::from_spec`]).
+    /// Loads a model SPEC that is a path or the demo (see [`ModelSource::from_path`];
+    /// `resolve::load` takes store names too).
     pub fn load(spec: &str, opts: &RunOptions) -> anyhow::Result<Self> {
-        let source = ModelSource::from_spec(spec)?;
+        let source = ModelSource::from_path(spec)?;
         Self::from_source(source, opts)
     }
 
     pub fn from_source(source: ModelSource, opts: &RunOptions) -> anyhow::Result<Self> {
         let config = source.config.clone();
-        let tokenizer = Arc::new(source.tokenizer()?);
+        let tokenizer = Arc::new(TextTokenizer::for_model(&source)?);
         let trained = config.max_position_embeddings;
         let Built { model, device, context } = build_model(&source, config, opts)?;
         let context_len = context.tokens;
@@ -547,7 +548,7 @@ impl Engine {
         }
         let sparse_ffn = opts.sparse_ffn;
         let token_env = TokenEnvCell::default();
-        Ok(Engine { name: source.name, model, tokenizer, context_len, device, sparse_ffn, token_env })
+        Ok(Engine { name: source.checkpoint.name, model, tokenizer, context_len, device, sparse_ffn, token_env })
     }
 
     /// The vocabulary as llguidance's token trie, for compiling grammars. Built once, on

@@ -814,5 +814,40 @@ pub fn clean_up_tokenization(text: &str) -> String {
     s
 }
 
+impl TextTokenizer {
+    /// `source`'s tokenizer and chat template, checked against the model: every token
+    /// has a row in the embedding, and the template renders a one-message chat. Loads and
+    /// imports go through here, so a model that would fail each request is refused once.
+    pub fn for_model(source: &crate::model::ModelSource) -> anyhow::Result<TextTokenizer> {
+        use anyhow::Context;
+        let tok = TextTokenizer::from_parts(TokenizerSources {
+            tokenizer_json: &source.tokenizer_json,
+            tokenizer_config_json: source.tokenizer_config_json.as_deref(),
+            generation_config_json: source.generation_config_json.as_deref(),
+            chat_template: source.chat_template.as_deref(),
+            model_config_json: Some(&source.config_json),
+        })
+        .with_context(|| format!("model `{}`: loading the tokenizer", source.name))?;
+        let (tokens, rows) = (tok.vocab_size(), source.config.vocab_size);
+        if tokens > rows {
+            let embed = ["model.embed_tokens.weight", "model.embed_tokens"]
+                .into_iter()
+                .find(|n| source.tensors.contains_key(*n))
+                .unwrap_or("the token embedding");
+            anyhow::bail!(
+                "model `{}`: the tokenizer has {tokens} tokens but `{embed}` has {rows} rows (vocab_size), one per token",
+                source.name
+            );
+        }
+        if let Some(t) = tok.chat_template() {
+            let hello = [ChatMessage::new("user", "Hello")];
+            t.render(&hello, true).with_context(|| {
+                format!("model `{}`: its chat template cannot render a one-message chat", source.name)
+            })?;
+        }
+        Ok(tok)
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests;

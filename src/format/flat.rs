@@ -18,10 +18,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::checksum::{self, Hasher, Piece, StoredSums, SummedFile};
-use super::convert::layer_units;
-use super::{FormatError, Group, ModelMeta, ModelWriter};
-use crate::model::ModelSource;
-use crate::model::config::ModelConfig;
+use super::units::layer_units;
+use super::{Checkpoint, ConfigOrigin, FormatError, Group, ModelMeta, ModelWriter};
 use crate::tensor::{AlignedBytes, ByteSource, DType, HostTensor};
 
 /// The manifest's `format` value.
@@ -581,7 +579,7 @@ fn check(dir: &Path, mpath: &Path, m: &Manifest) -> Result<Vec<DType>, FormatErr
 /// memory-maps the `.bin` files and reads the text files. Checksums are not read
 /// (see [`verify`]), so opening costs the same for any model size; each tensor's is
 /// kept in the source's `sums` for whoever reads it in full.
-pub fn open(dir: &Path) -> anyhow::Result<ModelSource> {
+pub fn open(dir: &Path) -> anyhow::Result<Checkpoint> {
     let c = read_manifest(dir)?;
     let m = &c.manifest;
     let mut maps: HashMap<&str, (Arc<dyn ByteSource>, usize)> = HashMap::new();
@@ -608,14 +606,10 @@ pub fn open(dir: &Path) -> anyhow::Result<ModelSource> {
     let required = |kind: FileKind| -> Result<String, FormatError> {
         text(kind)?.ok_or_else(|| invalid(&dir.join(MANIFEST), format!("no file of kind {kind:?}")))
     };
-    let config_json = required(FileKind::Config)?;
-    let mut config =
-        ModelConfig::from_json(&config_json).map_err(|e| invalid(&dir.join("config.json"), e.to_string()))?;
-    config.detect_neuron_groups(&tensors);
-    Ok(ModelSource {
+    Ok(Checkpoint {
         name: m.name.clone(),
-        config,
-        config_json,
+        config_json: required(FileKind::Config)?,
+        config_origin: ConfigOrigin::File(dir.join("config.json")),
         tokenizer_json: required(FileKind::Tokenizer)?,
         tokenizer_config_json: text(FileKind::TokenizerConfig)?,
         generation_config_json: text(FileKind::GenerationConfig)?,
@@ -802,7 +796,7 @@ mod tests {
 
     #[test]
     fn each_expert_is_one_aligned_range_after_the_core() {
-        use crate::format::convert::tests::{EXPERTS, assert_unit_layout, moe_layer, tiny_meta};
+        use crate::format::units::tests::{EXPERTS, assert_unit_layout, moe_layer, tiny_meta};
         for mixtral in [false, true] {
             let dir = std::env::temp_dir().join(format!("strata-flat-unit-{}-moe-{mixtral}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);

@@ -1,26 +1,30 @@
 //! On-disk layouts.
 //!
-//! Readers turn a file or directory into a [`ModelSource`](crate::model::ModelSource);
+//! Readers turn a file or directory into a [`Checkpoint`];
 //! Strata's own formats (flat layer directory, `.cawsf`) are written through
 //! [`ModelWriter`], one group of tensors at a time, so a conversion holds one layer in
 //! memory, never the model.
 
 pub mod cawsf;
+pub mod checkpoint;
 pub mod checksum;
-pub mod convert;
-pub mod export;
 pub mod flat;
 pub mod gguf;
 pub mod gguf_write;
+pub mod hf_dir;
 pub mod ndsq;
+pub mod requant;
 pub mod route;
 pub mod safetensors;
 pub mod table_budget;
 pub mod temp;
+pub mod units;
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+pub use checkpoint::{Checkpoint, ConfigOrigin};
 
 use crate::tensor::HostTensor;
 
@@ -40,11 +44,9 @@ pub enum FormatError {
     Invalid { path: PathBuf, msg: String },
 }
 
-/// Everything a model holds besides its weights: the [`ModelSource`] text fields
+/// Everything a model holds besides its weights: the [`Checkpoint`] text fields
 /// (`config.json` in Hugging Face form, the tokenizer, the chat template), stored
 /// verbatim by the writers and handed back verbatim by the readers.
-///
-/// [`ModelSource`]: crate::model::ModelSource
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelMeta {
     pub name: String,

@@ -23,8 +23,8 @@ use serde::Serialize;
 
 use std::collections::HashSet;
 
+use crate::format::Checkpoint;
 use crate::format::cawsf::{RouteEntry, Routing};
-use crate::model::ModelSource;
 use crate::quant::ReadF32;
 
 /// The ROUTING section: `dim:u16, n:u32`, `n` shard numbers (u32, the shard's position
@@ -121,10 +121,9 @@ pub fn within_budget(ranked: &[(usize, f32)], costs: &[f32], budget: u64) -> Vec
     out
 }
 
-/// The prompt's key: the mean of its tokens' input embeddings, unit length.
-pub fn prompt_key(source: &ModelSource, prompt: &str) -> anyhow::Result<Vec<f32>> {
-    let tok = source.tokenizer()?;
-    let ids = tok.encode(prompt, false)?;
+/// The prompt's key: the mean of its tokens' input embeddings, unit length. `ids` are
+/// the prompt's tokens, as the model's tokenizer encodes it (without special tokens).
+pub fn prompt_key(source: &Checkpoint, ids: &[u32]) -> anyhow::Result<Vec<f32>> {
     if ids.is_empty() {
         bail!("the prompt has no tokens to route by");
     }
@@ -132,7 +131,7 @@ pub fn prompt_key(source: &ModelSource, prompt: &str) -> anyhow::Result<Vec<f32>
     let [vocab, hidden] = emb.shape[..] else { bail!("the input embedding is not a matrix: {:?}", emb.shape) };
     let mut key = vec![0.0f32; hidden];
     let mut row = vec![0.0f32; hidden];
-    for &id in &ids {
+    for &id in ids {
         let id = id as usize;
         if id >= vocab {
             bail!("token {id} is outside the embedding's {vocab} rows");
@@ -205,25 +204,26 @@ pub fn select(routing: &Routing, key: &[f32], components: &[&str], budget: Optio
     Selection { summary, shards }
 }
 
-/// The prompt's key, checked against the ROUTING section's key space.
-pub fn routing_key(source: &ModelSource, routing: &Routing, prompt: &str) -> anyhow::Result<Vec<f32>> {
-    let key = prompt_key(source, prompt)?;
+/// The prompt's key ([`prompt_key`] of its token `ids`), checked against the ROUTING
+/// section's key space.
+pub fn routing_key(source: &Checkpoint, routing: &Routing, ids: &[u32]) -> anyhow::Result<Vec<f32>> {
+    let key = prompt_key(source, ids)?;
     if key.len() != routing.table.dim {
         bail!("the ROUTING keys have {} values, the model's embedding {}", routing.table.dim, key.len());
     }
     Ok(key)
 }
 
-/// `--route-budget`: ranks `source`'s optional NDSQ shards ([`OPTIONAL`]) against
-/// `prompt` and rebuilds its tensors without those beyond `budget`.
-pub fn apply_budget(source: &mut ModelSource, prompt: &str, budget: Budget) -> anyhow::Result<RouteSummary> {
+/// `--route-budget`: ranks `source`'s optional NDSQ shards ([`OPTIONAL`]) against the
+/// prompt (its token `ids`) and rebuilds its tensors without those beyond `budget`.
+pub fn apply_budget(source: &mut Checkpoint, ids: &[u32], budget: Budget) -> anyhow::Result<RouteSummary> {
     let routing = source.routing.clone().with_context(|| {
         format!(
             "model `{}` has no ROUTING section: --route-budget needs an NDSQ .cawsf model (strata convert --ndsq)",
             source.name
         )
     })?;
-    let key = routing_key(source, &routing, prompt)?;
+    let key = routing_key(source, &routing, ids)?;
     let sel = select(&routing, &key, &OPTIONAL, Some(budget));
     let drop: HashSet<u32> = sel.shards.iter().filter(|r| !r.kept).map(|r| r.entry.shard).collect();
     routing.drop_shards(source, &drop)?;
@@ -254,7 +254,7 @@ impl Budget {
             }
             return Ok(Budget::Percent(p));
         }
-        crate::sched::plan::parse_size(s).map(Budget::Bytes)
+        crate::sizes::parse_size(s).map(Budget::Bytes)
     }
 
     /// Bytes out of `total`.

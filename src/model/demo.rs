@@ -17,6 +17,7 @@ use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, NormalizerWrapper, TokenizerBuilder, TokenizerImpl};
 
+use crate::format::{Checkpoint, ConfigOrigin};
 use crate::model::ModelSource;
 use crate::model::config::ModelConfig;
 use crate::tensor::HostTensor;
@@ -158,10 +159,11 @@ pub fn demo_source() -> Result<ModelSource> {
         "eos_token_id": [tok.eos, tok.eot],
     });
     let config_json = serde_json::to_string_pretty(&config)?;
-    Ok(ModelSource {
+    let config = ModelConfig::from_json(&config_json)?;
+    let checkpoint = Checkpoint {
         name: DEMO_NAME.to_string(),
-        config: ModelConfig::from_json(&config_json)?,
         config_json,
+        config_origin: ConfigOrigin::Context(DEMO_NAME.to_string()),
         tokenizer_json: tok.json,
         tokenizer_config_json: Some(serde_json::to_string_pretty(&tokenizer_config)?),
         generation_config_json: Some(serde_json::to_string_pretty(&generation_config)?),
@@ -169,7 +171,8 @@ pub fn demo_source() -> Result<ModelSource> {
         tensors: demo_tensors(vocab_size),
         routing: None,
         sums: Default::default(),
-    })
+    };
+    Ok(ModelSource { checkpoint, config })
 }
 
 /// The demo tokenizer, serialized, with the ids the configs refer to.

@@ -17,6 +17,7 @@ use super::config::{
 use super::gguf_vocab;
 use super::spec::{Arch, ArchSpec, Role};
 use crate::format::gguf::{GgufFile, GgufValue};
+use crate::format::{Checkpoint, ConfigOrigin};
 use crate::quant::ReadF32;
 use crate::tensor::{Fixup, HostTensor};
 
@@ -43,10 +44,10 @@ pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
     }
     let tok = gguf_vocab::tokenizer(&f).with_context(|| format!("{shown}: building the tokenizer"))?;
     let name = path.file_stem().map_or_else(|| shown.to_string(), |s| s.to_string_lossy().into_owned());
-    Ok(ModelSource {
+    let checkpoint = Checkpoint {
         name,
         config_json: config.to_json().to_string(),
-        config,
+        config_origin: ConfigOrigin::Context(format!("{shown}: model config")),
         tokenizer_json: tok.tokenizer_json,
         tokenizer_config_json: Some(tok.tokenizer_config_json),
         generation_config_json: Some(tok.generation_config_json),
@@ -54,7 +55,8 @@ pub fn source_from_gguf(path: &Path) -> anyhow::Result<ModelSource> {
         tensors,
         routing: None,
         sums: Default::default(),
-    })
+    };
+    Ok(ModelSource { checkpoint, config })
 }
 
 /// The model config from the GGUF hyperparameters, read as llama.cpp reads each family's.

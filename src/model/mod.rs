@@ -1,6 +1,7 @@
 //! Models: configuration, weights and forward passes per architecture.
 
 pub mod config;
+pub mod convert;
 pub mod decoder;
 pub mod deltanet;
 pub mod demo;
@@ -10,11 +11,11 @@ pub mod moe;
 pub mod sparse;
 pub mod spec;
 
-use std::collections::HashMap;
+use std::path::Path;
 
 use crate::backend::TopK;
+use crate::format::Checkpoint;
 use crate::sched::SchedInfo;
-use crate::tensor::HostTensor;
 use config::ModelConfig;
 use decoder::{KvCache, ModelError, SeqStep};
 
@@ -74,161 +75,63 @@ pub trait LanguageModel: Send + Sync {
     fn lm_head_bytes(&self) -> usize;
 }
 
-/// Everything needed to build a model, independent of where it came from (a Hugging
-/// Face directory on disk, or the in-memory demo model).
+/// Everything needed to build a model: a [`Checkpoint`] (names, text files, tensors) and
+/// its parsed config.
+///
+/// It dereferences to its checkpoint, so `source.tensors`, `source.name` and the other
+/// fields read as they did when they were its own.
 pub struct ModelSource {
-    /// Display name (a directory or file stem, or `strata-demo`).
-    pub name: String,
+    /// What the reader returned.
+    pub checkpoint: Checkpoint,
     /// The model's hyperparameters, read once where the source was opened.
     pub config: ModelConfig,
-    /// `config.json` as stored (what conversions write and `/api/show` reports).
-    pub config_json: String,
-    /// Contents of `tokenizer.json`.
-    pub tokenizer_json: String,
-    /// Contents of `tokenizer_config.json`, if present.
-    pub tokenizer_config_json: Option<String>,
-    /// Contents of `generation_config.json`, if present.
-    pub generation_config_json: Option<String>,
-    /// Contents of `chat_template.jinja`, if present (newer transformers save the
-    /// template there instead of in `tokenizer_config.json`).
-    pub chat_template: Option<String>,
-    /// Every weight tensor by its Hugging Face name.
-    pub tensors: HashMap<String, HostTensor>,
-    /// An NDSQ `.cawsf` file's ROUTING section and what rebuilding its tensors with
-    /// components left out needs (`format::route`, `--route-budget`).
-    pub routing: Option<std::sync::Arc<crate::format::cawsf::Routing>>,
-    /// The checksums a flat directory or `.cawsf` file records for each tensor, which
-    /// readers of whole tensors (`convert`, `export`) check as they read; empty for
-    /// formats without them.
-    pub sums: crate::format::checksum::StoredSums,
 }
 
-use std::path::{Path, PathBuf};
-
-use anyhow::Context;
-
-/// The language model's tensors of a multimodal Qwen3.5 checkpoint (`model_type`
-/// `qwen3_5` or `qwen3_5_moe`, its text model's config nested, see `config.rs`), named as
-/// the text model's: `model.language_model.*` becomes `model.*`; the vision tower
-/// (`model.visual.*`) and the multi-token-prediction head (`mtp.*`) are left out. Other
-/// checkpoints' tensors are returned as they are.
-fn text_tensors(config_json: &str, tensors: HashMap<String, HostTensor>) -> HashMap<String, HostTensor> {
-    let model_type = serde_json::from_str::<serde_json::Value>(config_json)
-        .ok()
-        .and_then(|v| v.get("model_type").and_then(|t| t.as_str()).map(str::to_owned));
-    if !matches!(model_type.as_deref(), Some("qwen3_5" | "qwen3_5_moe")) {
-        return tensors;
+impl std::ops::Deref for ModelSource {
+    type Target = Checkpoint;
+    fn deref(&self) -> &Checkpoint {
+        &self.checkpoint
     }
-    tensors
-        .into_iter()
-        .filter(|(name, _)| !name.starts_with("model.visual.") && !name.starts_with("mtp."))
-        .map(|(name, t)| match name.strip_prefix("model.language_model.") {
-            Some(rest) => (format!("model.{rest}"), t),
-            None => (name, t),
-        })
-        .collect()
 }
 
-/// Where a model SPEC's files are: the path itself when it exists, else the files of the
-/// store model it names, with that model's full name.
-pub fn spec_path(spec: &Path) -> anyhow::Result<(PathBuf, Option<String>)> {
-    let name = match spec.to_str() {
-        Some(name) if !spec.exists() && crate::store::ModelName::parse(name).is_ok() => name,
-        _ => return Ok((spec.to_owned(), None)),
-    };
-    let store = crate::store::Store::default();
-    match store.get(name) {
-        Ok(model) => Ok((store.resolve(name)?, Some(model.name.to_string()))),
-        Err(crate::store::StoreError::NotFound(_)) => anyhow::bail!(
-            "model `{name}` not found: it is neither a file or directory nor a model in the store at {} \
-             (`strata list` shows them; `{}` is the built-in demo model)",
-            store.models_dir().display(),
-            demo::DEMO_NAME
-        ),
-        Err(e) => Err(e.into()),
+impl std::ops::DerefMut for ModelSource {
+    fn deref_mut(&mut self) -> &mut Checkpoint {
+        &mut self.checkpoint
     }
 }
 
 impl ModelSource {
-    /// The model's tokenizer and chat template, checked against the model: every token
-    /// has a row in the embedding, and the template renders a one-message chat. Loads and
-    /// imports go through here, so a model that would fail each request is refused once.
-    pub fn tokenizer(&self) -> anyhow::Result<crate::engine::tokenizer::TextTokenizer> {
-        let tok = crate::engine::tokenizer::TextTokenizer::from_parts(crate::engine::tokenizer::TokenizerSources {
-            tokenizer_json: &self.tokenizer_json,
-            tokenizer_config_json: self.tokenizer_config_json.as_deref(),
-            generation_config_json: self.generation_config_json.as_deref(),
-            chat_template: self.chat_template.as_deref(),
-            model_config_json: Some(&self.config_json),
-        })
-        .with_context(|| format!("model `{}`: loading the tokenizer", self.name))?;
-        let (tokens, rows) = (tok.vocab_size(), self.config.vocab_size);
-        if tokens > rows {
-            let embed = ["model.embed_tokens.weight", "model.embed_tokens"]
-                .into_iter()
-                .find(|n| self.tensors.contains_key(*n))
-                .unwrap_or("the token embedding");
-            anyhow::bail!(
-                "model `{}`: the tokenizer has {tokens} tokens but `{embed}` has {rows} rows (vocab_size), one per token",
-                self.name
-            );
-        }
-        if let Some(t) = tok.chat_template() {
-            let hello = [crate::engine::template::ChatMessage::new("user", "Hello")];
-            t.render(&hello, true).with_context(|| {
-                format!("model `{}`: its chat template cannot render a one-message chat", self.name)
-            })?;
-        }
-        Ok(tok)
+    /// Parses `checkpoint`'s `config.json` (an error names it as its reader does, see
+    /// [`ConfigOrigin`](crate::format::ConfigOrigin)) and notes whether its layers are
+    /// stored as neuron-group bundles.
+    pub fn from_checkpoint(checkpoint: Checkpoint) -> anyhow::Result<Self> {
+        let mut config =
+            ModelConfig::from_json(&checkpoint.config_json).map_err(|e| checkpoint.config_origin.error(e))?;
+        config.detect_neuron_groups(&checkpoint.tensors);
+        Ok(ModelSource { checkpoint, config })
     }
 
     /// Reads a Hugging Face model directory: config, tokenizer files and the
     /// memory-mapped safetensors weights.
     pub fn from_hf_dir(dir: &Path) -> anyhow::Result<Self> {
-        let read = |name: &str| -> anyhow::Result<String> {
-            let path = dir.join(name);
-            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
-        };
-        let optional = |name: &str| -> anyhow::Result<Option<String>> {
-            match dir.join(name).is_file() {
-                true => read(name).map(Some),
-                false => Ok(None),
-            }
-        };
-        let name = dir
-            .canonicalize()
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| dir.display().to_string());
-        let config_json = read("config.json")?;
-        let config =
-            ModelConfig::from_json(&config_json).with_context(|| format!("{}", dir.join("config.json").display()))?;
-        let tensors = text_tensors(&config_json, crate::format::safetensors::load_dir(dir)?);
-        Ok(ModelSource {
-            name,
-            config,
-            config_json,
-            tokenizer_json: read("tokenizer.json")?,
-            tokenizer_config_json: optional("tokenizer_config.json")?,
-            generation_config_json: optional("generation_config.json")?,
-            chat_template: optional("chat_template.jinja")?,
-            tensors,
-            routing: None,
-            sums: Default::default(),
-        })
+        Self::from_checkpoint(crate::format::hf_dir::open(dir)?)
     }
 
-    /// A model SPEC: `strata-demo`, a `.gguf` or `.cawsf` file, a flat or Hugging Face
-    /// directory, or else a name in the model store (`name[:tag]`, see [`crate::store`]).
-    pub fn from_spec(spec: &str) -> anyhow::Result<Self> {
+    /// A model SPEC that is `strata-demo` or a path: a `.gguf` or `.cawsf` file, a flat or
+    /// Hugging Face directory. Names in the model store are `resolve::open`'s.
+    pub fn from_path(spec: &str) -> anyhow::Result<Self> {
         if spec == demo::DEMO_NAME {
             return demo::demo_source();
         }
-        let (path, store_name) = spec_path(Path::new(spec))?;
-        let path = path.as_path();
-        let mut source = if path.is_dir() {
+        Self::open_at(Path::new(spec), spec)
+    }
+
+    /// The model file or directory at `path`, called `spec` in errors (the SPEC it was
+    /// found by).
+    pub fn open_at(path: &Path, spec: &str) -> anyhow::Result<Self> {
+        let source = if path.is_dir() {
             if path.join("manifest.json").is_file() {
-                crate::format::flat::open(path)?
+                Self::from_checkpoint(crate::format::flat::open(path)?)?
             } else if path.join("config.json").is_file() {
                 Self::from_hf_dir(path)?
             } else {
@@ -237,7 +140,7 @@ impl ModelSource {
         } else if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
             gguf_source::source_from_gguf(path)?
         } else if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("cawsf")) {
-            crate::format::cawsf::open(path)?
+            Self::from_checkpoint(crate::format::cawsf::open(path)?)?
         } else if path.exists() {
             anyhow::bail!(
                 "{spec}: unsupported model file (this build loads .gguf and .cawsf files and model directories)"
@@ -248,36 +151,6 @@ impl ModelSource {
                 demo::DEMO_NAME
             )
         };
-        if let Some(name) = store_name {
-            source.name = name; // not the store's `model.gguf` / `model`
-        }
         Ok(source)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_multimodal_qwen3_5_checkpoint_gives_its_text_model_tensors() {
-        let t = || HostTensor::from_f32(&[0.0], vec![1]);
-        let names = [
-            "model.language_model.layers.0.linear_attn.in_proj_qkv.weight",
-            "model.language_model.embed_tokens.weight",
-            "model.visual.blocks.0.attn.qkv.weight",
-            "mtp.fc.weight",
-            "lm_head.weight",
-        ];
-        let tensors: HashMap<String, HostTensor> = names.iter().map(|n| (n.to_string(), t())).collect();
-        let mut got: Vec<String> =
-            text_tensors(r#"{"model_type":"qwen3_5_moe"}"#, tensors.clone()).into_keys().collect();
-        got.sort();
-        assert_eq!(
-            got,
-            ["lm_head.weight", "model.embed_tokens.weight", "model.layers.0.linear_attn.in_proj_qkv.weight"]
-        );
-        // Any other checkpoint keeps its names.
-        assert_eq!(text_tensors(r#"{"model_type":"qwen3_next"}"#, tensors.clone()).len(), names.len());
     }
 }

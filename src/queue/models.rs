@@ -14,7 +14,6 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
-use crate::model::ModelSource;
 use crate::store::{ModelName, Modelfile, Store, StoreError, StoredModel};
 use crate::tensor::DType;
 
@@ -60,7 +59,7 @@ pub struct ModelInfo {
 
 impl ModelInfo {
     pub fn read(name: &str, spec: &str) -> anyhow::Result<Self> {
-        let source = ModelSource::from_spec(spec)?;
+        let source = crate::resolve::open(spec)?;
         let config = source.config.clone();
         let parameters: u64 = source.tensors.values().map(|t| t.numel() as u64).sum();
         let size_bytes: u64 = source.tensors.values().map(|t| t.byte_len() as u64).sum();

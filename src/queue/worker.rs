@@ -521,7 +521,7 @@ impl Worker {
             opts.sparse_ffn = Default::default();
         }
         let started = Instant::now();
-        let (loaded, files) = crate::mapped::watch(|| Engine::load(&info.spec, &opts));
+        let (loaded, files) = crate::mapped::watch(|| crate::resolve::load(&info.spec, &opts));
         let mut engine = loaded.map_err(|e| {
             let msg = format!("loading `{name}`: {}", crate::errors::chain(&e));
             match is_device_error(&e) {

@@ -13,6 +13,7 @@ pub mod experts;
 pub mod io;
 pub mod layout;
 pub mod plan;
+pub mod sparse;
 mod stream;
 pub mod upload;
 
@@ -256,7 +257,7 @@ pub struct SchedOptions {
     /// guesses the experts taken after attention (what a speculative prefetch would read).
     pub expert_guess: bool,
     /// How a model stored with neuron-group bundles chooses them (`--sparse-ffn`).
-    pub sparse_ffn: crate::model::sparse::SparseFfn,
+    pub sparse_ffn: sparse::SparseFfn,
     /// Bytes of streamed layers kept in page-locked host memory behind the device
     /// (`--host-budget`; only where the compute has memory of its own, a GPU).
     pub host_budget: u64,

@@ -16,8 +16,8 @@ pub fn inspect(path: &Path, format: Format) -> anyhow::Result<Details> {
     let source = match format {
         Format::Gguf => return gguf_details(path),
         Format::Safetensors => ModelSource::from_hf_dir(path)?,
-        Format::Flat => crate::format::flat::open(path)?,
-        Format::Cawsf => crate::format::cawsf::open(path)?,
+        Format::Flat => ModelSource::from_checkpoint(crate::format::flat::open(path)?)?,
+        Format::Cawsf => ModelSource::from_checkpoint(crate::format::cawsf::open(path)?)?,
     };
     let config: Value = serde_json::from_str(&source.config_json).context("config.json")?;
     let mut by_dtype: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -40,11 +40,11 @@ pub fn check_loadable(path: &Path, format: Format) -> anyhow::Result<()> {
     let source = match format {
         Format::Gguf => crate::model::gguf_source::source_from_gguf(path)?,
         Format::Safetensors => ModelSource::from_hf_dir(path)?,
-        Format::Flat => crate::format::flat::open(path)?,
-        Format::Cawsf => crate::format::cawsf::open(path)?,
+        Format::Flat => ModelSource::from_checkpoint(crate::format::flat::open(path)?)?,
+        Format::Cawsf => ModelSource::from_checkpoint(crate::format::cawsf::open(path)?)?,
     };
     crate::model::spec::check_tensors(&source.config, &source.tensors)?;
-    source.tokenizer()?;
+    crate::engine::tokenizer::TextTokenizer::for_model(&source)?;
     Ok(())
 }
 

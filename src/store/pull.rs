@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use super::{Store, StoredModel};
-use crate::format::convert::{self, ConvertOptions, Target};
 use crate::hub::{self, HubClient, RepoRef};
 use crate::model::ModelSource;
+use crate::model::convert::{self, ConvertOptions, Target};
 use crate::tensor::DType;
 
 /// What a pull is doing, for progress bars and Ollama-style status lines.

@@ -24,7 +24,6 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::Context;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -35,8 +34,7 @@ use crate::format::FormatError;
 use crate::format::checksum::{Piece, StoredSums, SummedFile};
 use crate::format::ndsq::payload::Codebook;
 use crate::format::route::RoutingTable;
-use crate::model::ModelSource;
-use crate::model::config::ModelConfig;
+use crate::format::{Checkpoint, ConfigOrigin};
 use layout::*;
 use read::{Bank, Mapped};
 
@@ -68,20 +66,17 @@ fn parse(path: &Path) -> Result<Parsed, FormatError> {
 
 /// Opens a `.cawsf` model: raw tensors are zero-copy views of the memory map,
 /// compressed ones are decompressed into aligned buffers.
-pub fn open(path: &Path) -> anyhow::Result<ModelSource> {
+pub fn open(path: &Path) -> anyhow::Result<Checkpoint> {
     let p = parse(path)?;
     let tensors = read::build_tensors(&p.file, &p.bank, &p.codebooks, &HashSet::new())?;
     let sums = stored_sums(&p, path);
     let m = p.meta.model;
     let routing = p.routing.map(|table| Arc::new(Routing::new(p.file, p.bank, p.codebooks, table)));
     let name = path.file_stem().map_or_else(|| m.name.clone(), |s| s.to_string_lossy().into_owned());
-    let mut config =
-        ModelConfig::from_json(&m.config_json).with_context(|| format!("{}: META config", path.display()))?;
-    config.detect_neuron_groups(&tensors);
-    Ok(ModelSource {
+    Ok(Checkpoint {
         name,
-        config,
         config_json: m.config_json,
+        config_origin: ConfigOrigin::Context(format!("{}: META config", path.display())),
         tokenizer_json: m.tokenizer_json,
         tokenizer_config_json: m.tokenizer_config_json,
         generation_config_json: m.generation_config_json,
@@ -151,7 +146,7 @@ impl Routing {
 
     /// Replaces `source`'s NDSQ tensors that own a shard in `drop` (bank numbers) by
     /// ones that leave those components out.
-    pub fn drop_shards(&self, source: &mut ModelSource, drop: &HashSet<u32>) -> anyhow::Result<()> {
+    pub fn drop_shards(&self, source: &mut Checkpoint, drop: &HashSet<u32>) -> anyhow::Result<()> {
         for t in self.bank.tensors.iter().filter(|t| t.ndsq && t.chunks.iter().any(|&c| drop.contains(&(c as u32)))) {
             let shape = t.desc.shape.iter().map(|&x| x as usize).collect();
             let rebuilt = read::ndsq_tensor(&self.file, &self.bank, t, shape, &self.codebooks, drop)?;
@@ -397,7 +392,7 @@ mod tests {
 
     #[test]
     fn each_expert_is_one_aligned_range_after_the_core() {
-        use crate::format::convert::tests::{EXPERTS, assert_unit_layout, moe_layer, tiny_meta};
+        use crate::format::units::tests::{EXPERTS, assert_unit_layout, moe_layer, tiny_meta};
         for comp in [Compression::None, Compression::Zstd] {
             for mixtral in [false, true] {
                 let out = temp(&format!("moe-{}-{mixtral}", comp.name()));

@@ -14,9 +14,9 @@ use xxhash_rust::xxh3::Xxh3;
 use super::layout::*;
 use std::sync::Arc;
 
-use crate::format::convert::layer_units;
 use crate::format::ndsq::{Ndsq, NdsqParams, payload};
 use crate::format::route::RoutingTable;
+use crate::format::units::layer_units;
 use crate::format::{Group, ModelMeta, ModelWriter, layer_tensor};
 use crate::quant::ReadF32;
 use crate::tensor::{DType, HostTensor};
@@ -93,14 +93,18 @@ impl CawsfWriter {
     }
 
     /// Writes each decoder layer's weight matrices (2-D, whole PQ vectors per row; not
-    /// the MoE routers) as NDSQ shards (`format::ndsq`) instead of their bytes.
-    pub fn with_ndsq(mut self, params: NdsqParams, pool: Arc<rayon::ThreadPool>) -> anyhow::Result<Self> {
-        let config = crate::model::config::ModelConfig::from_json(&self.model.config_json)
-            .with_context(|| format!("{}: the model's config", self.out.display()))?;
-        if config.hidden_size == 0 || config.hidden_size > usize::from(u16::MAX) {
-            bail!("{}: hidden size {} does not fit a ROUTING key", self.out.display(), config.hidden_size);
+    /// the MoE routers) as NDSQ shards (`format::ndsq`) instead of their bytes, with
+    /// ROUTING keys of `hidden_size` values (the model's, from its parsed config).
+    pub fn with_ndsq(
+        mut self,
+        params: NdsqParams,
+        pool: Arc<rayon::ThreadPool>,
+        hidden_size: usize,
+    ) -> anyhow::Result<Self> {
+        if hidden_size == 0 || hidden_size > usize::from(u16::MAX) {
+            bail!("{}: hidden size {hidden_size} does not fit a ROUTING key", self.out.display());
         }
-        self.routing.dim = config.hidden_size;
+        self.routing.dim = hidden_size;
         self.ndsq = Some((params, pool));
         Ok(self)
     }
@@ -289,7 +293,7 @@ impl CawsfWriter {
 /// Whether NDSQ decomposes this tensor of a layer: a weight matrix of whole PQ vectors
 /// per row, not a MoE router (a small error there changes which experts run).
 fn ndsq_eligible(name: &str, t: &HostTensor, p: &NdsqParams) -> bool {
-    let routing = layer_tensor(name).is_some_and(|(_, local)| crate::format::convert::ROUTING_TENSORS.contains(&local));
+    let routing = layer_tensor(name).is_some_and(|(_, local)| crate::format::requant::ROUTING_TENSORS.contains(&local));
     t.shape.len() == 2 && t.shape[0] >= 2 && t.shape[1].is_multiple_of(p.pq_d) && !routing
 }
 

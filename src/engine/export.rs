@@ -17,9 +17,10 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use super::gguf::{GgufFile, GgufValue};
-use super::gguf_write::{self, TensorEntry};
-use crate::engine::tokenizer::TextTokenizer;
+use super::tokenizer::TextTokenizer;
+use crate::format::gguf::{GgufFile, GgufValue};
+use crate::format::gguf_write::{self, TensorEntry};
+use crate::format::requant::{self, QuantShortfall};
 use crate::model::ModelSource;
 use crate::model::config::{Ffn, LayerRope, Mixer, ModelConfig, RopeScaling};
 use crate::model::gguf_vocab::{self, LLAMA_VOCAB_KEY, LlamaVocab};
@@ -35,7 +36,7 @@ pub struct ExportReport {
     /// Tensors whose dtype changed.
     pub converted: usize,
     /// Weight matrices not stored in the `quant` asked for, and what they were stored as.
-    pub shortfall: super::convert::QuantShortfall,
+    pub shortfall: QuantShortfall,
     pub bytes: u64,
     /// `tokenizer.ggml.model` and `tokenizer.ggml.pre`.
     pub tokenizer: String,
@@ -156,7 +157,7 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
         architecture: gguf_arch(c).into(),
         tensors: entries.len(),
         converted,
-        shortfall: super::convert::QuantShortfall::of(&src.tensors, quant),
+        shortfall: QuantShortfall::of(&src.tensors, quant),
         bytes,
         tokenizer: tok_name,
         note,
@@ -299,7 +300,7 @@ fn expected_config(c: &ModelConfig) -> ModelConfig {
 /// the tokens llama.cpp then looks up (it fails to load).
 #[allow(clippy::type_complexity)]
 fn tokenizer_keys(src: &ModelSource) -> anyhow::Result<(String, Metadata, String, Option<String>)> {
-    let source_tok = src.tokenizer()?;
+    let source_tok = TextTokenizer::for_model(src)?;
     let stored = src
         .tokenizer_config_json
         .as_deref()
@@ -616,7 +617,7 @@ fn plan(src: &ModelSource, spec: &ArchSpec, quant: Option<DType>) -> anyhow::Res
         if t.shape.len() == 1 {
             return DType::F32;
         }
-        match super::convert::target_dtype(hf, t, quant) {
+        match requant::target_dtype(hf, t, quant) {
             Some(d) => d,
             None if gguf_write::ggml_type(t.dtype).is_some() => t.dtype,
             None => DType::F32,
@@ -822,7 +823,7 @@ fn map_f32(
 fn in_dtype(pool: &rayon::ThreadPool, name: &str, t: &HostTensor, dtype: DType) -> anyhow::Result<Vec<u8>> {
     match t.dtype == dtype {
         true => Ok(t.bytes().to_vec()),
-        false => Ok(super::convert::requantize(pool, name, t, dtype)?.bytes().to_vec()),
+        false => Ok(requant::requantize(pool, name, t, dtype)?.bytes().to_vec()),
     }
 }
 
