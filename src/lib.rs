@@ -13,5 +13,6 @@ pub mod quant;
 pub mod queue;
 pub mod sched;
 pub mod server;
+pub mod settings;
 pub mod store;
 pub mod tensor;
