@@ -19,6 +19,7 @@ use cudarc::driver::{LaunchArgs, PushKernelArg, sys};
 
 use super::copy::{CudaCopy, CudaPin};
 use super::launch::{self, Shape};
+use super::memory::{Tracked, dev_err};
 use crate::backend::delta::DeltaRule;
 use crate::backend::{
     Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, MAX_TOP_K, RopeFreqs, Rows, TopK,
@@ -26,25 +27,6 @@ use crate::backend::{
 };
 use crate::sched::upload::{SlotHold, Stage, TransferStats, Uploader};
 use crate::tensor::{DType, HostTensor};
-
-/// Device memory held by one allocation, counted in the backend's total while it lives.
-pub(super) struct Tracked {
-    bytes: u64,
-    total: Arc<AtomicU64>,
-}
-
-impl Tracked {
-    pub(super) fn new(bytes: u64, total: &Arc<AtomicU64>) -> Self {
-        total.fetch_add(bytes, Ordering::Relaxed);
-        Tracked { bytes, total: total.clone() }
-    }
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        self.total.fetch_sub(self.bytes, Ordering::Relaxed);
-    }
-}
 
 /// An f32 activation buffer in device memory.
 pub struct CudaBuf {
@@ -141,17 +123,6 @@ pub struct CudaBackend {
     h2d: std::sync::OnceLock<Option<f64>>,
     /// The cuFile driver, opened on first request.
     gds: std::sync::OnceLock<Option<Arc<super::gds::Gds>>>,
-}
-
-/// Maps a driver error to a backend error, naming GPU memory when that ran out.
-pub(super) fn dev_err(op: &str, bytes: u64) -> impl Fn(DriverError) -> BackendError + '_ {
-    move |e: DriverError| {
-        if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            BackendError::OutOfMemory { what: op.to_string(), bytes, msg: format!("{e:?}") }
-        } else {
-            BackendError::Device { op: op.to_string(), msg: format!("{e:?}") }
-        }
-    }
 }
 
 fn cfg(s: Shape) -> LaunchConfig {

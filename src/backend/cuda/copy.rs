@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DriverError, sys};
 
-use super::backend::{Tracked, dev_err as err};
 use super::gds::{Gds, GdsBuffer, GdsFile};
+use super::memory::{Tracked, dev_err as err};
 use crate::backend::BackendError;
 use crate::sched::io::HostPin;
 use crate::sched::upload::{CopyEngine, DeviceRead};
