@@ -1,5 +1,6 @@
 //! Strata: an inference server for large language models that streams what does not fit.
 
+pub mod aligned;
 pub mod backend;
 pub mod cli;
 pub mod config;

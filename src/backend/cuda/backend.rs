@@ -20,6 +20,7 @@ use cudarc::driver::{LaunchArgs, PushKernelArg, sys};
 use super::copy::{CudaCopy, CudaPin};
 use super::launch::{self, Shape};
 use super::memory::{Tracked, dev_err};
+use crate::aligned::HostPin;
 use crate::backend::delta::DeltaRule;
 use crate::backend::{
     Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, MAX_TOP_K, RopeFreqs, Rows, TopK,
@@ -283,7 +284,7 @@ impl CudaBackend {
         stats: Arc<TransferStats>,
     ) -> Result<Arc<dyn Stage>, BackendError> {
         let engine = Arc::new(CudaCopy::new(self.stream.clone(), self.used.clone(), self.gds())?);
-        let pin: Arc<dyn crate::sched::io::HostPin> = Arc::new(CudaPin::new(self.stream.context().clone()));
+        let pin: Arc<dyn HostPin> = Arc::new(CudaPin::new(self.stream.context().clone()));
         let bandwidth = self.h2d_bandwidth();
         if let Some(bw) = bandwidth {
             tracing::info!(gb_s = format!("{:.1}", bw / 1e9), "host-to-device bandwidth (page-locked, copy engine)");

@@ -14,8 +14,8 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, D
 
 use super::gds::{Gds, GdsBuffer, GdsFile};
 use super::memory::{Tracked, dev_err as err};
+use crate::aligned::{AlignedBuf, HostPin};
 use crate::backend::BackendError;
-use crate::sched::io::HostPin;
 use crate::sched::upload::{CopyEngine, DeviceRead};
 
 /// Host→device copies on their own stream, and storage reads straight into device
@@ -280,7 +280,7 @@ impl HostPin for CudaPin {
 pub fn measure_h2d(compute: &Arc<CudaStream>) -> Option<f64> {
     const LEN: usize = 64 << 20;
     let pin = Arc::new(CudaPin::new(compute.context().clone()));
-    let mut host = crate::sched::io::AlignedBuf::with_capacity(LEN);
+    let mut host = AlignedBuf::with_capacity(LEN);
     host.resize_discarding(LEN);
     if !host.pin_with(pin) {
         return None;
