@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod delta;
 pub mod device;
+pub mod stage;
 
 use crate::tensor::HostTensor;
 

@@ -22,11 +22,11 @@ use super::launch::{self, Shape};
 use super::memory::{Tracked, dev_err};
 use crate::aligned::HostPin;
 use crate::backend::delta::DeltaRule;
+use crate::backend::stage::{SlotHold, Stage, TransferStats, Uploader};
 use crate::backend::{
     Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, MAX_TOP_K, RopeFreqs, Rows, TopK,
     Unary,
 };
-use crate::sched::upload::{SlotHold, Stage, TransferStats, Uploader};
 use crate::tensor::{DType, HostTensor};
 
 /// An f32 activation buffer in device memory.

@@ -1,4 +1,4 @@
-//! CUDA's copy engine for the upload pipeline ([`crate::sched::upload`]): a stream of its
+//! CUDA's copy engine for the upload pipeline ([`crate::backend::stage`]): a stream of its
 //! own for host→device copies, events that order it against the compute stream, device
 //! slots, and page-locking of the streamer's staging buffers (`cuMemHostRegister`).
 //!
@@ -16,7 +16,7 @@ use super::gds::{Gds, GdsBuffer, GdsFile};
 use super::memory::{Tracked, dev_err as err};
 use crate::aligned::{AlignedBuf, HostPin};
 use crate::backend::BackendError;
-use crate::sched::upload::{CopyEngine, DeviceRead};
+use crate::backend::stage::{CopyEngine, DeviceRead};
 
 /// Host→device copies on their own stream, and storage reads straight into device
 /// memory where GPUDirect Storage works.
