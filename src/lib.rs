@@ -7,6 +7,7 @@ pub mod config;
 pub mod engine;
 pub mod errors;
 pub mod format;
+pub mod home;
 pub mod hub;
 pub mod mapped;
 pub mod model;
