@@ -510,6 +510,7 @@ fn token_path(var: &impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
     Some(home.join("token"))
 }
 
+mod hash;
 mod http;
 mod select;
 mod transfer;

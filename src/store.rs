@@ -32,7 +32,6 @@ mod ollama;
 pub mod pull;
 mod staging;
 
-use std::ffi::OsString;
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -46,6 +45,8 @@ use install::{copy_hf_dir, copy_tree, link_or_copy};
 pub use ollama::{OllamaName, ollama_models_dir};
 use staging::Held;
 
+pub use crate::home::strata_home;
+
 /// The file that makes a directory under `models/` a model.
 pub const ENTRY_FILE: &str = "entry.json";
 pub const DEFAULT_NAMESPACE: &str = "library";
@@ -53,20 +54,6 @@ pub const DEFAULT_TAG: &str = "latest";
 const MAX_PART: usize = 80;
 /// `entry.json` is a few hundred bytes; anything much larger is not ours.
 const MAX_ENTRY_BYTES: u64 = 1 << 20;
-
-/// `$STRATA_HOME`, or `~/.strata` where it is unset or empty.
-pub fn strata_home() -> PathBuf {
-    home_from(std::env::var_os("STRATA_HOME"), std::env::var_os("HOME"))
-}
-
-/// [`strata_home`] from the values of `STRATA_HOME` and `HOME`. An empty `STRATA_HOME=`
-/// counts as unset, as an empty `XDG_DATA_HOME` does: not as the current directory.
-fn home_from(strata_home: Option<OsString>, home: Option<OsString>) -> PathBuf {
-    match strata_home.filter(|h| !h.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => home.map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")).join(".strata"),
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -632,14 +619,6 @@ fn prune_empty_parents(dir: &Path, root: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_empty_strata_home_is_the_default_home() {
-        let os = |s: &str| Some(OsString::from(s));
-        assert_eq!(home_from(os("/srv/strata"), os("/home/u")), Path::new("/srv/strata"));
-        assert_eq!(home_from(None, os("/home/u")), Path::new("/home/u/.strata"));
-        assert_eq!(home_from(os(""), os("/home/u")), Path::new("/home/u/.strata"));
-    }
 
     #[test]
     fn names_fold_case_and_take_defaults() {

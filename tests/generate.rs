@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 
 use serde::Deserialize;
+use strata::engine::batch::Session;
 use strata::engine::sampler::SamplingParams;
-use strata::engine::session::{Engine, FinishReason, GenerateRequest, RunOptions, Session, TokenEvent};
+use strata::engine::session::{Engine, FinishReason, GenerateRequest, RunOptions, TokenEvent};
 use strata::engine::template::ChatMessage;
 
 #[derive(Deserialize)]

@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use strata::engine::batch::{self, Sequence};
+use strata::engine::batch::{self, Sequence, Session};
 use strata::engine::grammar::{Constraint, GrammarSpec};
 use strata::engine::sampler::SamplingParams;
 use strata::engine::session::{
-    Engine, FinishReason, GenerateError, GenerateRequest, GenerationSummary, RunOptions, Session, TokenEvent,
+    Engine, FinishReason, GenerateError, GenerateRequest, GenerationSummary, RunOptions, TokenEvent,
 };
 use strata::engine::template::ChatMessage;
 

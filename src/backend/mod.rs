@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod delta;
 pub mod device;
+pub mod stage;
 
 use crate::tensor::HostTensor;
 
@@ -309,7 +310,7 @@ pub trait Backend: Send + Sync + 'static {
     /// count (the CUDA backend's prompt chunks take the GEMM, shorter ones the
     /// matrix-vector kernel): then a prompt cut into other chunks computes other values,
     /// and a reused prefix must end where a fresh prompt's chunks would
-    /// ([`KvCache::grid_rows`](crate::model::decoder::KvCache::grid_rows)).
+    /// (the decoder's `KvCache::grid_rows`).
     fn chunking_changes_rows(&self) -> bool {
         false
     }

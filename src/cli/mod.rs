@@ -256,7 +256,7 @@ pub fn refused_in_chain(e: &anyhow::Error) -> bool {
 }
 
 /// Runs the command; `settings` are what `serve` runs with (see [`crate::config`]).
-pub fn dispatch(cli: Cli, settings: crate::config::Settings) -> anyhow::Result<()> {
+pub fn dispatch(cli: Cli, settings: crate::settings::Settings) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(a) => serve::main(a, settings),
         Command::Ps(a) => serve::ps(a),

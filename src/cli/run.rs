@@ -6,8 +6,9 @@ use anyhow::Context;
 use clap::Args;
 
 use super::RunOpts;
+use crate::engine::batch::Session;
 use crate::engine::sampler::SamplingParams;
-use crate::engine::session::{Engine, GenerateRequest, Session, TokenEvent};
+use crate::engine::session::{Engine, GenerateRequest, TokenEvent};
 use crate::engine::template::ChatMessage;
 
 #[derive(Args, Debug)]

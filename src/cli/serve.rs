@@ -14,13 +14,13 @@ use serde::{Deserialize, Serialize};
 
 use super::RunOpts;
 use super::{out, outln};
-use crate::config::Settings;
 use crate::engine::session::RunOptions;
 use crate::model::demo::DEMO_NAME;
 use crate::queue::KeepAlive;
 use crate::queue::worker::{WorkerConfig, WorkerStatus};
 use crate::server::listen::ConnLimits;
 use crate::server::{Access, ServeOptions, ServerConfig};
+use crate::settings::Settings;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {

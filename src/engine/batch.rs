@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use super::detok::DetokState;
 use super::grammar::Constraint;
 use super::sampler::{Sampler, log_softmax_at, top_logprobs};
-use super::session::{Engine, FinishReason, GenerateError, GenerateRequest, GenerationSummary, TokenEvent};
+use super::session::{
+    Engine, FinishReason, GenerateError, GenerateRequest, GenerationSummary, PREFILL_CHUNK, TokenEvent,
+};
 use super::stop::StopMatcher;
 use crate::backend::cpu::top_k_row;
 use crate::model::decoder::{KvCache, LastOutput, ModelError, SeqStep};
@@ -558,4 +560,62 @@ pub fn step(
         }
     }
     Ok(ran.len())
+}
+
+/// A conversation's state: its tokens and their KV cache. A new prompt that extends
+/// the previous one reuses the cached prefix. It runs the step loop of
+/// [`super::batch`] with one sequence.
+pub struct Session {
+    /// The cache and the tokens it holds (`None` after a failed request: the next one
+    /// starts afresh).
+    held: Option<(KvCache, Vec<u32>)>,
+    capacity: usize,
+}
+
+impl Session {
+    pub fn new(engine: &Engine) -> Result<Self, ModelError> {
+        Self::with_capacity(engine, engine.context_len)
+    }
+
+    /// A session whose context holds `capacity` tokens.
+    pub fn with_capacity(engine: &Engine, capacity: usize) -> Result<Self, ModelError> {
+        Ok(Session { held: Some((engine.model.new_cache(capacity)?, Vec::new())), capacity })
+    }
+
+    pub fn context_len(&self) -> usize {
+        self.capacity
+    }
+
+    /// Generates a continuation of `req.prompt`. `on_event` returns false to stop early;
+    /// `cancelled` is also checked before every layer, so a consumer that went away stops
+    /// the work within one layer step.
+    pub fn generate(
+        &mut self,
+        engine: &Engine,
+        req: &GenerateRequest,
+        cancelled: &(dyn Fn() -> bool + Sync),
+        mut on_event: impl FnMut(TokenEvent) -> bool,
+    ) -> Result<GenerationSummary, GenerateError> {
+        let (cache, tokens) = match self.held.take() {
+            Some(held) => held,
+            None => (engine.model.new_cache(self.capacity)?, Vec::new()),
+        };
+        let mut seq = Sequence::new(engine, cache, tokens, req.clone())?;
+        while !seq.is_finished() {
+            match step(engine, &mut [&mut seq], PREFILL_CHUNK, cancelled) {
+                Ok(_) | Err(ModelError::Cancelled) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let gone = seq.drain_events().any(|ev| !on_event(ev));
+            if gone {
+                seq.cancel();
+            }
+            if let Some(e) = seq.take_error() {
+                return Err(e);
+            }
+        }
+        let summary = seq.summary().expect("a finished sequence has a summary");
+        self.held = Some(seq.into_cache());
+        Ok(summary)
+    }
 }

@@ -11,5 +11,6 @@ pub mod sampler;
 pub mod session;
 pub mod stop;
 pub mod template;
+pub mod text_error;
 pub mod tokenizer;
 pub mod toolcall;

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::tokenizer::TextError;
+use super::text_error::TextError;
 
 /// How to pick the next token. Resolved once per request; see [`SamplingParams::validate`].
 #[derive(Clone, Debug, PartialEq)]

@@ -19,7 +19,7 @@ use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 use serde::{Deserialize, Serialize};
 
-use super::tokenizer::TextError;
+use super::text_error::TextError;
 
 /// One chat message as the template sees it: `{"role": ..., "content": ..., ...}`.
 ///

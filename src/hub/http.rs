@@ -2,7 +2,7 @@
 
 use ureq::http::Response;
 
-use super::transfer::Hasher;
+use super::hash::Hasher;
 use super::{HubClient, HubError, MAX_JSON_BYTES, RemoteFile};
 
 /// Why one attempt failed: worth retrying, or not.

@@ -92,6 +92,13 @@ pub(super) fn text_error(param: &'static str, e: TextError) -> JobError {
     }
 }
 
+/// The message of a panic caught at a job or a step.
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let msg = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+    tracing::error!(panic = ?msg, "the worker caught a panic");
+    format!("internal error: {}", msg.unwrap_or_default())
+}
+
 /// Prepares `job` for the model `kit` describes (see the module docs).
 pub(super) fn prepare(kit: &Kit, job: GenerateJob) -> Result<Prepared, JobError> {
     let tok = &*kit.tokenizer;
@@ -424,7 +431,7 @@ impl Preparers {
             .name("strata-prepare".into())
             .spawn(move || {
                 let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepare(&kit, job)))
-                    .unwrap_or_else(|p| Err(JobError::Internal(super::worker::panic_message(&*p))));
+                    .unwrap_or_else(|p| Err(JobError::Internal(panic_message(&*p))));
                 let _ = tx.send(Ready { prepared, kit, events, admitted, load });
             })
             .map_err(|e| JobError::Internal(format!("starting a thread to prepare the request: {e}")))?;

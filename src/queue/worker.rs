@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::models::{Registry, canonical};
-use super::prepare::{ChatTraits, Kit, Prepared, Preparers, Ready, bounded_encode, invalid, text_error};
+use super::prepare::{ChatTraits, Kit, Prepared, Preparers, Ready, bounded_encode, invalid, panic_message, text_error};
 use super::{
     Admission, EmbedInput, EmbedJob, Event, GenerateJob, Job, JobDone, JobError, KeepAlive, QueueHandle, TokenLogprob,
     Work,
@@ -309,13 +309,6 @@ fn tool_event(ev: ToolEvent) -> Event {
         ToolEvent::Text(t) => Event::Text(t),
         other => Event::Tool(other),
     }
-}
-
-/// The message of a panic caught at a job or a step.
-pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    let msg = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
-    tracing::error!(panic = ?msg, "the worker caught a panic");
-    format!("internal error: {}", msg.unwrap_or_default())
 }
 
 impl Worker {
@@ -1022,21 +1015,23 @@ fn model_error(model: &str, e: ModelError) -> JobError {
 mod tests {
     use super::*;
     use crate::backend::BackendError;
-    use crate::server::error::{ApiError, Family};
 
+    /// Device errors are [`JobError::Device`] (a 503, see the server's error tests), naming
+    /// GPU memory; others are [`JobError::Internal`] (a 500).
     #[test]
     fn device_errors_are_503_naming_gpu_memory_and_others_500() {
         let oom = BackendError::OutOfMemory { what: "a weight".into(), bytes: 1 << 30, msg: "OOM".into() };
         let e = model_error("m", ModelError::Backend(oom));
-        assert!(matches!(e, JobError::Device(_)));
-        let api = ApiError::from(e);
-        assert_eq!(api.status(Family::OpenAi), axum::http::StatusCode::SERVICE_UNAVAILABLE);
-        assert!(api.message.contains("GPU memory"), "{}", api.message);
+        let message = match e {
+            JobError::Device(m) => m,
+            other => panic!("not a device error: {other:?}"),
+        };
+        assert!(message.contains("GPU memory"), "{message}");
         let launch = BackendError::Device { op: "matvec".into(), msg: "CUDA_ERROR_LAUNCH_FAILED".into() };
         let in_layer = ModelError::Sched(crate::sched::SchedError::Backend { layer: 3, source: launch });
         assert!(matches!(model_error("m", in_layer), JobError::Device(_)));
         let other = model_error("m", ModelError::Tensors(crate::model::spec::TensorError::Missing("x".into())));
-        assert_eq!(ApiError::from(other).status(Family::Ollama), axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(matches!(other, JobError::Internal(_)));
         // A model that fails to load for want of GPU memory is a 503 as well.
         let load = anyhow::Error::new(ModelError::Backend(BackendError::OutOfMemory {
             what: "w".into(),

@@ -290,3 +290,19 @@ impl From<JobError> for ApiError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Device trouble (GPU memory, a failed launch; see the queue worker's `model_error`)
+    /// is a 503 whose message is the job's; other internal errors are 500s.
+    #[test]
+    fn job_device_errors_are_503_and_internal_500() {
+        let api = ApiError::from(JobError::Device("model `m`: GPU memory exhausted".into()));
+        assert_eq!(api.status(Family::OpenAi), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(api.message, "model `m`: GPU memory exhausted");
+        let api = ApiError::from(JobError::Internal("model `m`: no tensor x".into()));
+        assert_eq!(api.status(Family::Ollama), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}

@@ -19,33 +19,16 @@ use cudarc::driver::{LaunchArgs, PushKernelArg, sys};
 
 use super::copy::{CudaCopy, CudaPin};
 use super::launch::{self, Shape};
+use super::memory::{Tracked, dev_err};
+use crate::aligned::HostPin;
 use crate::backend::delta::DeltaRule;
+use crate::backend::stage::{SlotHold, Stage, TransferStats, Uploader};
 use crate::backend::{
     Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, MAX_TOP_K, RopeFreqs, Rows, TopK,
     Unary,
 };
 use crate::quant::ReadF32;
-use crate::sched::upload::{SlotHold, Stage, TransferStats, Uploader};
 use crate::tensor::{DType, HostTensor};
-
-/// Device memory held by one allocation, counted in the backend's total while it lives.
-pub(super) struct Tracked {
-    bytes: u64,
-    total: Arc<AtomicU64>,
-}
-
-impl Tracked {
-    pub(super) fn new(bytes: u64, total: &Arc<AtomicU64>) -> Self {
-        total.fetch_add(bytes, Ordering::Relaxed);
-        Tracked { bytes, total: total.clone() }
-    }
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        self.total.fetch_sub(self.bytes, Ordering::Relaxed);
-    }
-}
 
 /// An f32 activation buffer in device memory.
 pub struct CudaBuf {
@@ -142,17 +125,6 @@ pub struct CudaBackend {
     h2d: std::sync::OnceLock<Option<f64>>,
     /// The cuFile driver, opened on first request.
     gds: std::sync::OnceLock<Option<Arc<super::gds::Gds>>>,
-}
-
-/// Maps a driver error to a backend error, naming GPU memory when that ran out.
-pub(super) fn dev_err(op: &str, bytes: u64) -> impl Fn(DriverError) -> BackendError + '_ {
-    move |e: DriverError| {
-        if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            BackendError::OutOfMemory { what: op.to_string(), bytes, msg: format!("{e:?}") }
-        } else {
-            BackendError::Device { op: op.to_string(), msg: format!("{e:?}") }
-        }
-    }
 }
 
 fn cfg(s: Shape) -> LaunchConfig {
@@ -313,7 +285,7 @@ impl CudaBackend {
         stats: Arc<TransferStats>,
     ) -> Result<Arc<dyn Stage>, BackendError> {
         let engine = Arc::new(CudaCopy::new(self.stream.clone(), self.used.clone(), self.gds())?);
-        let pin: Arc<dyn crate::sched::io::HostPin> = Arc::new(CudaPin::new(self.stream.context().clone()));
+        let pin: Arc<dyn HostPin> = Arc::new(CudaPin::new(self.stream.context().clone()));
         let bandwidth = self.h2d_bandwidth();
         if let Some(bw) = bandwidth {
             tracing::info!(gb_s = format!("{:.1}", bw / 1e9), "host-to-device bandwidth (page-locked, copy engine)");

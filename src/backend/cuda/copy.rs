@@ -1,4 +1,4 @@
-//! CUDA's copy engine for the upload pipeline ([`crate::sched::upload`]): a stream of its
+//! CUDA's copy engine for the upload pipeline ([`crate::backend::stage`]): a stream of its
 //! own for host→device copies, events that order it against the compute stream, device
 //! slots, and page-locking of the streamer's staging buffers (`cuMemHostRegister`).
 //!
@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DriverError, sys};
 
-use super::backend::{Tracked, dev_err as err};
 use super::gds::{Gds, GdsBuffer, GdsFile};
+use super::memory::{Tracked, dev_err as err};
+use crate::aligned::{AlignedBuf, HostPin};
 use crate::backend::BackendError;
-use crate::sched::io::HostPin;
-use crate::sched::upload::{CopyEngine, DeviceRead};
+use crate::backend::stage::{CopyEngine, DeviceRead};
 
 /// Host→device copies on their own stream, and storage reads straight into device
 /// memory where GPUDirect Storage works.
@@ -280,7 +280,7 @@ impl HostPin for CudaPin {
 pub fn measure_h2d(compute: &Arc<CudaStream>) -> Option<f64> {
     const LEN: usize = 64 << 20;
     let pin = Arc::new(CudaPin::new(compute.context().clone()));
-    let mut host = crate::sched::io::AlignedBuf::with_capacity(LEN);
+    let mut host = AlignedBuf::with_capacity(LEN);
     host.resize_discarding(LEN);
     if !host.pin_with(pin) {
         return None;

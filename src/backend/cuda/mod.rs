@@ -9,6 +9,7 @@ pub mod gds;
 pub mod kernels;
 pub mod launch;
 pub mod libs;
+mod memory;
 pub mod nvrtc;
 mod staging;
 

@@ -200,7 +200,7 @@ pub fn nvrtc_info() -> Result<&'static NvrtcInfo, CompileError> {
 
 /// `$STRATA_HOME/cache/kernels`.
 pub fn default_cache_dir() -> PathBuf {
-    crate::store::strata_home().join("cache").join("kernels")
+    crate::home::strata_home().join("cache").join("kernels")
 }
 
 /// Compiles kernel files into a cache directory. Cheap to make; `Sync`, so one compiler can

@@ -9,6 +9,7 @@
 //! text between them goes to the family's algorithm.
 
 mod bpe;
+mod category;
 mod plamo2;
 mod rwkv;
 mod split;

@@ -2,20 +2,8 @@
 //! classes (Unicode 15.1, like llama.cpp's table), its whitespace set, simple lowercase,
 //! and the first codepoint of the canonical decomposition.
 
+pub(super) use super::category::Category;
 use super::unicode_table::CATEGORY_RANGES;
-
-/// A general category collapsed to its first letter (`Cn`, unassigned, apart).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Category {
-    Undefined,
-    Number,
-    Letter,
-    Separator,
-    Mark,
-    Punctuation,
-    Symbol,
-    Control,
-}
 
 /// What llama.cpp knows of a codepoint of the text, or of a position outside it
 /// ([`Flags::OUTSIDE`], llama.cpp's all-zero flags).
