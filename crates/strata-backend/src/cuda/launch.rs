@@ -1,0 +1,451 @@
+//! Launch shapes of every kernel in `kernels/` (grid, block, shared memory), as pure
+//! functions of the problem size so they can be tested without a device. The shapes
+//! are the ones `kernels/README.md` documents for each kernel.
+
+use crate::{KvType, Q8_BLOCK};
+use strata_tensor::tensor::DType;
+
+/// Grid and block dimensions of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+}
+
+impl Shape {
+    fn new(grid: (u32, u32, u32), block: u32) -> Self {
+        Shape { grid, block: (block, 1, 1) }
+    }
+}
+
+/// Threads per block of the 1-D elementwise kernels.
+pub const ELEMENTWISE_BLOCK: u32 = 256;
+/// Output rows per matvec block (one warp each).
+pub const MATVEC_ROWS_PER_BLOCK: u32 = 8;
+/// Activation rows one matvec launch handles.
+pub const MATVEC_MAX_ROWS: usize = 8;
+/// Threads per attention block (four warps).
+pub const ATTN_BLOCK: u32 = 128;
+/// Threads per sampling block.
+pub const SAMPLE_BLOCK: u32 = 1024;
+/// The widest head the attention kernels take.
+pub const MAX_HEAD_DIM: usize = 256;
+/// Blocks of the grid-stride dequantisation kernels, at most.
+const DEQUANT_MAX_BLOCKS: u64 = 65_535;
+
+/// The largest grid x dimension a launch may use.
+const MAX_GRID_X: u64 = (1 << 31) - 1;
+
+fn blocks(n: u64, per: u32) -> u32 {
+    n.div_ceil(per as u64).clamp(1, MAX_GRID_X) as u32
+}
+
+/// `add_f32`, `silu_mul_f32`, `gelu_mul_f32`, `sigmoid_mul_f32`, `scale_f32`, `softcap_f32`, `add_bias_f32`
+/// over `n` values, `f32_to_f16` over `n`.
+pub fn elementwise(n: usize) -> Shape {
+    Shape::new((blocks(n as u64, ELEMENTWISE_BLOCK), 1, 1), ELEMENTWISE_BLOCK)
+}
+
+/// Threads per block of the row kernels (`gather_rows_f32`, `add_rows_f32`).
+pub const ROWS_BLOCK: u32 = 256;
+/// The largest grid y (and z) dimension a launch may use.
+const MAX_GRID_Y: u64 = 65_535;
+
+/// `gather_rows_f32` and `add_rows_f32`: a block per (row, `ROWS_BLOCK` values of it),
+/// rows on x. Both kernels loop over both dimensions, so the caps keep them correct.
+pub fn rows(n_rows: usize, row_len: usize) -> Shape {
+    let chunks = (row_len as u64).div_ceil(ROWS_BLOCK as u64).clamp(1, MAX_GRID_Y) as u32;
+    Shape::new(((n_rows as u64).clamp(1, MAX_GRID_X) as u32, chunks, 1), ROWS_BLOCK)
+}
+
+/// `rms_norm_f32`: one block per row.
+pub fn rms_norm(rows: usize) -> Shape {
+    Shape::new((rows.max(1) as u32, 1, 1), 256)
+}
+
+/// `rope_f32`: one block per (row, head), a thread per rotated pair (`pairs` of them:
+/// `head_dim / 2`, or fewer for partial RoPE).
+pub fn rope(rows: usize, n_heads: usize, pairs: usize) -> Shape {
+    Shape::new((rows.max(1) as u32, n_heads.max(1) as u32, 1), pairs.clamp(1, 1024) as u32)
+}
+
+/// `embed_FMT`: one block per looked-up row.
+pub fn embedding(rows: usize) -> Shape {
+    Shape::new((rows.max(1) as u32, 1, 1), 256)
+}
+
+/// `matvec_FMT`: one warp per output row, eight per block.
+pub fn matvec(out: usize) -> Shape {
+    Shape::new((blocks(out as u64, MATVEC_ROWS_PER_BLOCK), 1, 1), 32 * MATVEC_ROWS_PER_BLOCK)
+}
+
+/// Threads per block of `matvec_wide_FMT` (a block per output row).
+pub const MATVEC_WIDE_BLOCK: u32 = 128;
+
+/// `matvec_wide_FMT`: a block of [`MATVEC_WIDE_BLOCK`] threads per output row.
+pub fn matvec_wide(out: usize) -> Shape {
+    Shape::new(((out as u64).clamp(1, MAX_GRID_X) as u32, 1, 1), MATVEC_WIDE_BLOCK)
+}
+
+/// Which kernel runs the decode products (`matvec_FMT` or `matvec_wide_FMT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Matvec {
+    /// A warp per output row (`matvec_FMT`).
+    Warp,
+    /// A block of four warps per output row (`matvec_wide_FMT`): more loads in flight per
+    /// row, and a block for every SM even when a matrix has few rows.
+    Wide,
+}
+
+impl Matvec {
+    /// From `STRATA_CUDA_MATVEC` (`warp` or `wide`); unset: `wide`, which decoded the
+    /// 1.1B Q4_0 7% faster than `warp` on an H200 (docs/gpu.md, item 6). Anything else
+    /// is an error naming it.
+    pub fn from_env(value: Option<&str>) -> Result<Matvec, String> {
+        match value.map(str::trim) {
+            None | Some("" | "wide") => Ok(Matvec::Wide),
+            Some("warp") => Ok(Matvec::Warp),
+            Some(v) => Err(format!("STRATA_CUDA_MATVEC is `{v}`; it takes `warp` or `wide`")),
+        }
+    }
+
+    /// The kernel's name for weights of format `fmt` (`launch::format_name`).
+    pub fn kernel(self, fmt: &str) -> String {
+        match self {
+            Matvec::Warp => format!("matvec_{fmt}"),
+            Matvec::Wide => format!("matvec_wide_{fmt}"),
+        }
+    }
+
+    /// Its launch shape for `out` output rows.
+    pub fn shape(self, out: usize) -> Shape {
+        match self {
+            Matvec::Warp => matvec(out),
+            Matvec::Wide => matvec_wide(out),
+        }
+    }
+}
+
+/// `dequant_FMT_f16` over `n` values: a grid-stride loop, one thread per value (per
+/// block of values for the block formats), capped.
+pub fn dequant(dtype: DType, n: u64) -> Shape {
+    let units = n / dtype.block_size() as u64;
+    Shape::new((units.div_ceil(256).clamp(1, DEQUANT_MAX_BLOCKS) as u32, 1, 1), 256)
+}
+
+/// How the keys of one attention launch are split across blocks (flash-decoding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnSplit {
+    pub splits: usize,
+    /// Key positions per split (a multiple of 64, except when one split takes all).
+    pub split_len: usize,
+}
+
+/// Splits the keys so that decode (few query rows) still fills the GPU: aim for about
+/// two blocks per SM, never a split shorter than 256 keys, at most 64 splits.
+pub fn attn_split(rows: usize, n_heads: usize, kv_len: usize, sm_count: usize) -> AttnSplit {
+    let kv_len = kv_len.max(1);
+    let blocks = (rows * n_heads).max(1);
+    let want = (2 * sm_count.max(1)).div_ceil(blocks);
+    let by_len = kv_len.div_ceil(256);
+    let splits = want.min(by_len).clamp(1, 64);
+    if splits == 1 {
+        return AttnSplit { splits: 1, split_len: kv_len };
+    }
+    let split_len = kv_len.div_ceil(splits).div_ceil(64) * 64;
+    AttnSplit { splits: kv_len.div_ceil(split_len), split_len }
+}
+
+/// Keys per split of [`attn_split_fixed`].
+pub const ATTN_FIXED_SPLIT: usize = 512;
+
+/// Splits at fixed key positions (every [`ATTN_FIXED_SPLIT`] keys), whatever the row
+/// count: a query row's splits then hold the same keys in a prompt launch and in its own
+/// decode step (the splits past its position are empty, which the combine adds exactly
+/// as nothing), so it gets the same bits either way.
+pub fn attn_split_fixed(kv_len: usize) -> AttnSplit {
+    let kv_len = kv_len.max(1);
+    match kv_len <= ATTN_FIXED_SPLIT {
+        true => AttnSplit { splits: 1, split_len: kv_len },
+        false => AttnSplit { splits: kv_len.div_ceil(ATTN_FIXED_SPLIT), split_len: ATTN_FIXED_SPLIT },
+    }
+}
+
+/// Floats of attention scratch one launch may use with [`attn_split_fixed`] (32 MiB):
+/// the rows of a longer prompt go in several launches.
+pub const ATTN_FIXED_SCRATCH: usize = 8 << 20;
+
+/// f16 values of weight the prefill GEMM dequantises at once (64 MiB of scratch).
+pub const GEMM_TILE_VALUES: usize = 32 << 20;
+
+/// Output rows of a `[out, in]` weight per dequantise-and-GEMM tile: as many as fit in
+/// [`GEMM_TILE_VALUES`], a multiple of 128 when the tile does not take them all.
+pub fn gemm_tile_rows(out: usize, inn: usize) -> usize {
+    let fit = (GEMM_TILE_VALUES / inn.max(1)).max(1);
+    if fit >= out { out.max(1) } else { (fit / 128 * 128).max(fit.min(128)) }
+}
+
+/// `attn_partial_f32`: a block per (query row · head, split).
+pub fn attn_partial(rows: usize, n_heads: usize, split: AttnSplit) -> Shape {
+    Shape::new(((rows * n_heads).max(1) as u32, split.splits as u32, 1), ATTN_BLOCK)
+}
+
+/// `kv_store_f16` (a thread per value) and `kv_store_q8_0` (a warp per 32-value block, 8
+/// blocks per launch block): a block row per cache row, `None` when a dimension would not
+/// fit the grid.
+pub fn kv_store(ty: KvType, n_rows: usize, width: usize) -> Option<Shape> {
+    let per = match ty {
+        KvType::F32 => return None,
+        KvType::F16 => ROWS_BLOCK as u64,
+        KvType::Q8_0 => (ROWS_BLOCK / 32 * Q8_BLOCK as u32) as u64,
+    };
+    let chunks = (width as u64).div_ceil(per).max(1);
+    (n_rows as u64 <= MAX_GRID_X && chunks <= MAX_GRID_Y)
+        .then(|| Shape::new((n_rows.max(1) as u32, chunks as u32, 1), ROWS_BLOCK))
+}
+
+/// The `attn_partial_*` kernel for caches stored as `ty`.
+pub fn attn_partial_kernel(ty: KvType) -> &'static str {
+    match ty {
+        KvType::F32 => "attn_partial_f32",
+        KvType::F16 => "attn_partial_f16",
+        KvType::Q8_0 => "attn_partial_q8_0",
+    }
+}
+
+/// `attn_combine_f32`: a block per query row · head, a thread per head dimension.
+pub fn attn_combine(rows: usize, n_heads: usize, head_dim: usize) -> Shape {
+    Shape::new(((rows * n_heads).max(1) as u32, 1, 1), head_dim as u32)
+}
+
+/// Floats of the partial results of one attention launch.
+pub fn attn_partial_len(rows: usize, n_heads: usize, head_dim: usize, split: AttnSplit) -> usize {
+    rows * n_heads * split.splits * (head_dim + 2)
+}
+
+/// `argmax_f32` and `topk_f32`: a block per row.
+pub fn sample(rows: usize) -> Shape {
+    Shape::new((rows.max(1) as u32, 1, 1), SAMPLE_BLOCK)
+}
+
+/// `delta_conv_f32`: a thread per convolution channel.
+pub fn delta_conv(conv_dim: usize) -> Shape {
+    elementwise(conv_dim)
+}
+
+/// `delta_rule_f32`: a block per value head, a thread per column of its state (the
+/// value head's width rounded up to whole warps).
+pub fn delta_rule(n_v_heads: usize, v_head_dim: usize) -> Shape {
+    Shape::new((n_v_heads.max(1) as u32, 1, 1), (v_head_dim.div_ceil(32) * 32).clamp(32, 1024) as u32)
+}
+
+/// Whether the delta-rule kernels take a layer of this shape: a key head of at most 256
+/// values, a value head of at most 1024, a convolution of 2 to 8 taps.
+pub fn delta_fits(s: &crate::delta::DeltaShape) -> bool {
+    s.k_head_dim <= 256 && s.v_head_dim <= 1024 && (2..=8).contains(&s.conv_kernel) && s.n_k_heads > 0
+}
+
+/// The kernel-name suffix of a weight format (its name in lower case: `q4_k`,
+/// `affine_q4`), or `None` for a format no kernel reads (the activation formats Q8_1
+/// and Q8_K).
+pub fn format_name(dtype: DType) -> Option<String> {
+    WEIGHT_FORMATS.contains(&dtype).then(|| dtype.name().to_ascii_lowercase())
+}
+
+/// Every weight format the kernels read.
+pub const WEIGHT_FORMATS: [DType; 13] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+    DType::AffineQ4,
+    DType::I8,
+];
+
+/// Every kernel name the backend launches, by file (`kernels/FILE.cu`).
+pub fn kernel_names() -> Vec<(&'static str, String)> {
+    let mut names: Vec<(&'static str, String)> = vec![
+        ("elementwise", "add_f32".into()),
+        ("elementwise", "add_bias_f32".into()),
+        ("elementwise", "silu_mul_f32".into()),
+        ("elementwise", "gelu_mul_f32".into()),
+        ("elementwise", "sigmoid_mul_f32".into()),
+        ("elementwise", "scale_f32".into()),
+        ("elementwise", "softcap_f32".into()),
+        ("elementwise", "f32_to_f16".into()),
+        ("rows", "gather_rows_f32".into()),
+        ("rows", "add_rows_f32".into()),
+        ("norm", "rms_norm_f32".into()),
+        ("rope", "rope_f32".into()),
+        ("attention", "attn_partial_f32".into()),
+        ("attention", "attn_combine_f32".into()),
+        ("attention", "attn_partial_f16".into()),
+        ("attention", "attn_partial_q8_0".into()),
+        ("attention", "kv_store_f16".into()),
+        ("attention", "kv_store_q8_0".into()),
+        ("sample", "argmax_f32".into()),
+        ("sample", "topk_f32".into()),
+        ("deltanet", "delta_conv_f32".into()),
+        ("deltanet", "delta_rule_f32".into()),
+    ];
+    for d in WEIGHT_FORMATS {
+        let f = format_name(d).unwrap_or_default();
+        names.push(("embedding", format!("embed_{f}")));
+        names.push(("matvec", format!("matvec_{f}")));
+        names.push(("matvec", format!("matvec_wide_{f}")));
+        names.push(("dequant", format!("dequant_{f}_f16")));
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_dimensional_grids_cover_every_element() {
+        for n in [1usize, 255, 256, 257, 4096 * 11008] {
+            let s = elementwise(n);
+            assert!(s.grid.0 as usize * s.block.0 as usize >= n);
+            assert!((s.grid.0 as usize - 1) * (s.block.0 as usize) < n);
+        }
+        // An empty launch still has a valid (non-zero) grid.
+        assert_eq!(elementwise(0).grid.0, 1);
+    }
+
+    #[test]
+    fn row_grids_have_a_row_per_x_and_cover_each_row() {
+        assert_eq!(rows(3, 4097), Shape { grid: (3, 17, 1), block: (256, 1, 1) });
+        assert_eq!(rows(1, 1).grid, (1, 1, 1));
+        assert_eq!(rows(100_000, 256).grid, (100_000, 1, 1));
+        // Empty launches still have a valid grid; huge rows cap y (the kernels loop).
+        assert_eq!(rows(0, 0).grid, (1, 1, 1));
+        assert_eq!(rows(2, 1 << 26).grid.1 as u64, MAX_GRID_Y);
+    }
+
+    #[test]
+    fn matvec_has_a_warp_per_output_row() {
+        let s = matvec(4097);
+        assert_eq!(s.block, (256, 1, 1));
+        assert_eq!(s.grid.0, 513);
+        assert!(s.grid.0 * MATVEC_ROWS_PER_BLOCK >= 4097);
+    }
+
+    #[test]
+    fn the_wide_matvec_has_a_block_per_output_row() {
+        let s = matvec_wide(4097);
+        assert_eq!((s.grid, s.block), ((4097, 1, 1), (128, 1, 1)));
+        assert_eq!(matvec_wide(0).grid.0, 1);
+        assert_eq!(Matvec::Wide.shape(10), matvec_wide(10));
+        assert_eq!(Matvec::Warp.shape(10), matvec(10));
+        assert_eq!(Matvec::Wide.kernel("q4_k"), "matvec_wide_q4_k");
+        assert_eq!(Matvec::Warp.kernel("q4_k"), "matvec_q4_k");
+    }
+
+    #[test]
+    fn strata_cuda_matvec_takes_warp_or_wide() {
+        assert_eq!(Matvec::from_env(None), Ok(Matvec::Wide));
+        assert_eq!(Matvec::from_env(Some("warp")), Ok(Matvec::Warp));
+        assert_eq!(Matvec::from_env(Some(" wide ")), Ok(Matvec::Wide));
+        let e = Matvec::from_env(Some("fast")).unwrap_err();
+        assert!(e.contains("`fast`") && e.contains("`wide`"), "{e}");
+    }
+
+    #[test]
+    fn per_row_kernels_have_a_block_per_row() {
+        assert_eq!(rms_norm(7).grid, (7, 1, 1));
+        assert_eq!(rope(5, 32, 64), Shape { grid: (5, 32, 1), block: (64, 1, 1) });
+        // Partial RoPE: a thread per rotated pair only.
+        assert_eq!(rope(5, 32, 16).block, (16, 1, 1));
+        assert_eq!(embedding(3).grid.0, 3);
+        assert_eq!(sample(2), Shape { grid: (2, 1, 1), block: (1024, 1, 1) });
+        assert_eq!(attn_combine(3, 8, 64), Shape { grid: (24, 1, 1), block: (64, 1, 1) });
+    }
+
+    #[test]
+    fn dequant_grid_is_capped_and_covers_small_tensors() {
+        let small = dequant(DType::Q4_0, 32 * 100);
+        assert_eq!(small.grid.0, 1);
+        let huge = dequant(DType::F16, 8192 * 28672);
+        assert_eq!(huge.grid.0 as u64, DEQUANT_MAX_BLOCKS);
+    }
+
+    #[test]
+    fn attention_splits_cover_the_keys_exactly_once() {
+        for (rows, heads, kv, sms) in [(1, 32, 4096, 132), (1, 8, 100, 132), (1, 32, 70_000, 132), (512, 32, 512, 132)]
+        {
+            let s = attn_split(rows, heads, kv, sms);
+            assert!(s.splits >= 1 && s.splits <= 64, "{s:?}");
+            assert!(s.splits * s.split_len >= kv, "{s:?} covers {kv}");
+            assert!((s.splits - 1) * s.split_len < kv, "{s:?}: the last split is empty");
+            if s.splits > 1 {
+                assert_eq!(s.split_len % 64, 0);
+                assert!(s.split_len >= 256);
+            }
+        }
+        // Fixed splits: the same boundaries whatever the length.
+        for kv in [1, 100, 512, 513, 4096, 70_000] {
+            let s = attn_split_fixed(kv);
+            assert!(s.splits * s.split_len >= kv && (s.splits - 1) * s.split_len < kv, "{s:?} covers {kv}");
+            assert!(s.splits == 1 || s.split_len == ATTN_FIXED_SPLIT, "{s:?}");
+        }
+        // Decode over a long context splits; prefill with many rows does not.
+        assert!(attn_split(1, 32, 8192, 132).splits > 1);
+        assert_eq!(attn_split(512, 32, 8192, 132).splits, 1);
+        let s = attn_split(1, 32, 8192, 132);
+        assert_eq!(attn_partial(1, 32, s).grid, (32, s.splits as u32, 1));
+        assert_eq!(attn_partial_len(1, 32, 128, s), 32 * s.splits * 130);
+    }
+
+    #[test]
+    fn gemm_tiles_bound_the_scratch_and_cover_every_row() {
+        // An 8B model's FFN fits in one tile; a 128k vocabulary head does not.
+        assert_eq!(gemm_tile_rows(14336, 4096), 8192);
+        assert_eq!(gemm_tile_rows(4096, 4096), 4096);
+        let t = gemm_tile_rows(128_256, 4096);
+        assert!(t * 4096 <= GEMM_TILE_VALUES && t.is_multiple_of(128) && t > 0, "{t}");
+        assert!(128_256usize.div_ceil(t) * t >= 128_256);
+        assert_eq!(gemm_tile_rows(0, 4096), 1);
+        assert!(gemm_tile_rows(10, 1 << 26) >= 1);
+    }
+
+    #[test]
+    fn every_weight_format_has_kernels() {
+        let names = kernel_names();
+        for d in WEIGHT_FORMATS {
+            let f = format_name(d).unwrap();
+            for k in
+                [format!("matvec_{f}"), format!("matvec_wide_{f}"), format!("embed_{f}"), format!("dequant_{f}_f16")]
+            {
+                assert!(names.iter().any(|(_, n)| *n == k), "{k}");
+            }
+        }
+        assert_eq!(format_name(DType::Q8_K), None);
+    }
+
+    #[test]
+    fn kernel_names_are_exactly_what_the_files_declare() {
+        use super::super::kernels;
+        let listed = kernel_names();
+        let mut declared = Vec::new();
+        for f in kernels::FILES {
+            for name in kernels::functions(f) {
+                assert!(listed.contains(&(f.name, name.clone())), "kernels/{}.cu: `{name}` is not listed", f.name);
+                declared.push((f.name, name));
+            }
+        }
+        for entry in &listed {
+            assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
+        }
+        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 22 others.
+        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 22);
+        assert_eq!(declared.len(), listed.len());
+    }
+}

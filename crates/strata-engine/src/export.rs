@@ -1,0 +1,866 @@
+//! `strata export`: any model Strata reads (Hugging Face directory, GGUF, flat, `.cawsf`)
+//! as a GGUF file that llama.cpp loads: its architecture's metadata, llama.cpp's tensor
+//! names and layouts, the tokenizer and the chat template.
+//!
+//! Everything is the inverse of what Strata does when it reads a GGUF
+//! (`model::gguf_source`, `model::gguf_vocab`), and the export checks itself against that
+//! reading before it keeps the file: the GGUF read back must give the source's model
+//! config, and its tokenizer must tokenize a test text as the source's does. A model with
+//! something GGUF cannot say for its family (a setting llama.cpp fixes otherwise, a
+//! tokenizer no llama.cpp pre-tokenizer reproduces) is refused, naming it, rather than
+//! written wrong. Tensors are converted one at a time, so memory stays O(one tensor).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use super::tokenizer::TextTokenizer;
+use strata_format::gguf::{GgufFile, GgufValue};
+use strata_format::gguf_write::{self, TensorEntry};
+use strata_format::requant::{self, QuantShortfall};
+use strata_model::ModelSource;
+use strata_model::config::{Ffn, LayerRope, Mixer, ModelConfig, RopeScaling};
+use strata_model::gguf_vocab::{self, LLAMA_VOCAB_KEY, LlamaVocab};
+use strata_model::spec::{self, Arch, ArchSpec, Role};
+use strata_quant::ReadF32;
+use strata_tensor::tensor::{AlignedBytes, DType, HostTensor};
+
+/// What an export did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ExportReport {
+    pub architecture: String,
+    pub tensors: usize,
+    /// Tensors whose dtype changed.
+    pub converted: usize,
+    /// Weight matrices not stored in the `quant` asked for, and what they were stored as.
+    pub shortfall: QuantShortfall,
+    pub bytes: u64,
+    /// `tokenizer.ggml.model` and `tokenizer.ggml.pre`.
+    pub tokenizer: String,
+    /// What llama.cpp will do differently from Strata with this model, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// GGUF metadata: keys and values, in the order written.
+type Metadata = Vec<(String, GgufValue)>;
+
+/// Where one GGUF tensor's data comes from.
+enum Source {
+    /// A tensor of the source, under its Hugging Face name, with the changes it needs.
+    One { hf: String, fix: Fix },
+    /// Routed experts' tensors stacked `[experts, rows, cols]`, expert 0 first.
+    Stacked(Vec<String>),
+    /// Values computed here (`rope_freqs.weight`).
+    Values(Vec<f32>),
+    /// A tensor of the source, through f32: the rows (first dimension) `rows` picks, in
+    /// that order, then the columns `cols` picks, then `-exp` where `neg_exp` (how
+    /// llama.cpp's converter lays out the gated-delta-rule layers; see [`hybrid`]).
+    Mapped { hf: String, rows: Option<Vec<usize>>, cols: Option<Vec<usize>>, neg_exp: bool },
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Fix {
+    None,
+    /// llama.cpp's Q/K row order (`convert_hf_to_gguf.py`'s permutation) over this many
+    /// heads.
+    Permute(usize),
+    /// Gemma's norms: GGUF holds `1 + w`.
+    PlusOne,
+}
+
+/// Writes `src` to `out` (which must not exist) as GGUF, with weight matrices in `quant`
+/// where given (else as stored, or F32 where llama.cpp does not read the stored type).
+pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usize) -> anyhow::Result<ExportReport> {
+    if out.exists() {
+        bail!("{}: already exists; choose another output or remove it first", out.display());
+    }
+    let c = &src.config;
+    let spec = c.spec();
+    if c.neuron_group.is_some() {
+        bail!(
+            "model `{}` stores its FFNs as neuron-group bundles (`convert --sparse-ffn`), which GGUF has no \
+             layout for; export the model it was converted from",
+            src.name
+        );
+    }
+    spec::check_tensors(c, &src.tensors).with_context(|| format!("model `{}`", src.name))?;
+    let (name, tok_keys, tok_name, tok_note) = tokenizer_keys(src)?;
+    let mut meta = metadata(src, &name)?;
+    meta.extend(tok_keys);
+    if let Some(t) = chat_template(src) {
+        meta.push(("tokenizer.chat_template".into(), GgufValue::String(t)));
+    }
+
+    let (entries, sources) = plan(src, spec, quant)?;
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("building a thread pool")?;
+    let mut converted = 0;
+    let data = |i: usize| -> anyhow::Result<Vec<u8>> {
+        let e = &entries[i];
+        let data = match &sources[i] {
+            Source::Values(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Source::One { hf, fix } => {
+                src.sums.check(hf)?;
+                let t = &src.tensors[hf];
+                converted += usize::from(t.dtype != e.dtype);
+                let t = match fix {
+                    Fix::PlusOne => HostTensor::from_f32(
+                        &t.to_f32_vec().iter().map(|w| w + 1.0).collect::<Vec<_>>(),
+                        t.shape.clone(),
+                    ),
+                    _ => t.clone(),
+                };
+                let bytes = in_dtype(&pool, hf, &t, e.dtype)?;
+                match fix {
+                    Fix::Permute(heads) => permute_rows(&bytes, t.shape[0], *heads)
+                        .with_context(|| format!("tensor `{hf}`: {heads} heads"))?,
+                    _ => bytes,
+                }
+            }
+            Source::Mapped { hf, rows, cols, neg_exp } => {
+                src.sums.check(hf)?;
+                let t = &src.tensors[hf];
+                converted += usize::from(t.dtype != e.dtype);
+                let mapped = map_f32(t, rows.as_deref(), cols.as_deref(), *neg_exp, &e.shape);
+                in_dtype(&pool, hf, &mapped, e.dtype)?
+            }
+            Source::Stacked(names) => {
+                let mut all = Vec::with_capacity(e.bytes()?);
+                for hf in names {
+                    src.sums.check(hf)?;
+                    let t = &src.tensors[hf];
+                    converted += usize::from(t.dtype != e.dtype);
+                    all.extend(in_dtype(&pool, hf, t, e.dtype)?);
+                }
+                all
+            }
+        };
+        Ok(data)
+    };
+    // Read it back as Strata reads any GGUF: the same model, or no file.
+    let read_back = |tmp: &Path| {
+        check(src, tmp).with_context(|| {
+            format!("{}: the export does not read back as `{}`; nothing written", out.display(), src.name)
+        })
+    };
+    let bytes = gguf_write::write(out, &meta, &entries, data, read_back)?;
+    let window = c.layers.iter().find_map(|l| l.sliding_window).filter(|_| c.arch == Arch::Mistral);
+    let window = window.map(|w| {
+        format!("llama.cpp runs Mistral as `llama`, without its sliding window: past {w} tokens its outputs differ")
+    });
+    let notes: Vec<String> = window.into_iter().chain(tok_note).collect();
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
+    Ok(ExportReport {
+        architecture: gguf_arch(c).into(),
+        tensors: entries.len(),
+        converted,
+        shortfall: QuantShortfall::of(&src.tensors, quant),
+        bytes,
+        tokenizer: tok_name,
+        note,
+    })
+}
+
+/// The GGUF's `general.*` and architecture keys: the inverse of
+/// `gguf_source::config_from_gguf`, family by family.
+fn metadata(src: &ModelSource, name: &str) -> anyhow::Result<Metadata> {
+    let c = &src.config;
+    let a = gguf_arch(c);
+    let mut m: Metadata = Vec::new();
+    let mut put = |k: &str, v: GgufValue| m.push((k.to_string(), v));
+    let u = |x: usize| GgufValue::U32(x as u32);
+    put("general.architecture", GgufValue::String(a.into()));
+    put("general.name", GgufValue::String(name.into()));
+    put(&format!("{a}.context_length"), u(c.max_position_embeddings));
+    put(&format!("{a}.embedding_length"), u(c.hidden_size));
+    put(&format!("{a}.block_count"), u(c.n_layers));
+    put(&format!("{a}.feed_forward_length"), u(c.intermediate_size));
+    put(&format!("{a}.attention.head_count"), u(c.n_heads));
+    put(&format!("{a}.attention.head_count_kv"), u(c.n_kv_heads));
+    put(&format!("{a}.attention.key_length"), u(c.head_dim));
+    put(&format!("{a}.attention.value_length"), u(c.head_dim));
+    put(&format!("{a}.rope.dimension_count"), u(c.rotary_dim));
+    put(&format!("{a}.attention.layer_norm_rms_epsilon"), GgufValue::F32(c.rms_norm_eps));
+    put(&format!("{a}.rope.freq_base"), GgufValue::F32(c.rope_theta));
+    if let Some(w) = c.layers.iter().find_map(|l| l.sliding_window).filter(|_| c.arch != Arch::Mistral) {
+        put(&format!("{a}.attention.sliding_window"), u(w));
+        let pattern = c.layers.iter().map(|l| GgufValue::Bool(l.sliding_window.is_some())).collect();
+        put(&format!("{a}.attention.sliding_window_pattern"), GgufValue::Array(pattern));
+    }
+    if c.arch == Arch::Gemma3 {
+        put(&format!("{a}.rope.freq_base_swa"), GgufValue::F32(c.rope_local_theta));
+    }
+    if let Some(cap) = c.attn_softcap {
+        put(&format!("{a}.attn_logit_softcapping"), GgufValue::F32(cap));
+    }
+    if let Some(cap) = c.final_softcap {
+        put(&format!("{a}.final_logit_softcapping"), GgufValue::F32(cap));
+    }
+    if c.arch == Arch::Granite {
+        put(&format!("{a}.attention.scale"), GgufValue::F32(c.attn_scale));
+        put(&format!("{a}.embedding_scale"), GgufValue::F32(c.embed_scale));
+        put(&format!("{a}.residual_scale"), GgufValue::F32(c.residual_scale));
+        put(&format!("{a}.logit_scale"), GgufValue::F32(c.logits_divisor));
+        if c.layers.iter().all(|l| l.rope == LayerRope::None) {
+            put(&format!("{a}.rope.scaling.finetuned"), GgufValue::Bool(false));
+        }
+    }
+    if let Some(moe) = c.moe {
+        put(&format!("{a}.expert_count"), u(moe.n_experts));
+        put(&format!("{a}.expert_used_count"), u(moe.top_k));
+        if c.arch != Arch::Mixtral {
+            put(&format!("{a}.expert_feed_forward_length"), u(moe.expert_size));
+        }
+        if let Some(s) = moe.shared_expert_size {
+            put(&format!("{a}.expert_shared_feed_forward_length"), u(s));
+        }
+    }
+    if let Some(la) = c.linear_attn {
+        put(&format!("{a}.ssm.conv_kernel"), u(la.conv_kernel));
+        put(&format!("{a}.ssm.state_size"), u(la.k_head_dim));
+        put(&format!("{a}.ssm.group_count"), u(la.n_k_heads));
+        put(&format!("{a}.ssm.time_step_rank"), u(la.n_v_heads));
+        put(&format!("{a}.ssm.inner_size"), u(la.n_v_heads * la.v_head_dim));
+        let recurrent = c.layers.iter().map(|l| GgufValue::Bool(l.mixer == Mixer::Linear)).collect();
+        put(&format!("{a}.attention.recurrent_layers"), GgufValue::Array(recurrent));
+        if c.arch != Arch::Qwen3Next {
+            // Qwen3.5's interleaved multimodal RoPE, which llama.cpp requires: on text
+            // (one position for every section) it is plain RoPE over the same dims.
+            let sections = mrope_sections(src, c.rotary_dim / 2);
+            put(&format!("{a}.rope.dimension_sections"), GgufValue::Array(sections.map(GgufValue::I32).to_vec()));
+        }
+    }
+    match c.rope_scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => {
+            put(&format!("{a}.rope.scaling.type"), GgufValue::String("linear".into()));
+            put(&format!("{a}.rope.scaling.factor"), GgufValue::F32(factor));
+        }
+        // The per-frequency divisors go in `rope_freqs.weight` (see `plan`).
+        RopeScaling::Llama3 { original_max_position, .. } => {
+            put(&format!("{a}.rope.scaling.original_context_length"), u(original_max_position as usize));
+        }
+    }
+    Ok(m)
+}
+
+/// Qwen3.5's `mrope_section` from its config (padded with a zero), or the three
+/// sections Hugging Face's default split gives `half` rotary pairs ([11, 11, 10] of 32).
+fn mrope_sections(src: &ModelSource, half: usize) -> [i32; 4] {
+    let j: Value = serde_json::from_str(&src.config_json).unwrap_or(Value::Null);
+    let text = j.get("text_config").unwrap_or(&j);
+    let given = ["rope_parameters", "rope_scaling"]
+        .iter()
+        .find_map(|k| text.get(*k)?.get("mrope_section")?.as_array().cloned())
+        .map(|a| a.iter().filter_map(Value::as_i64).map(|x| x as i32).collect::<Vec<_>>())
+        .filter(|v| v.len() == 3 && v.iter().sum::<i32>() as usize == half);
+    match given {
+        Some(v) => [v[0], v[1], v[2], 0],
+        None => {
+            let (s, rem) = ((half / 3) as i32, (half % 3) as i32);
+            [s + i32::from(rem > 0), s + i32::from(rem > 1), s, 0]
+        }
+    }
+}
+
+/// The `general.architecture` llama.cpp runs the model as: its family's, except Mistral,
+/// which llama.cpp (like its converter) runs as `llama`, without a sliding window.
+fn gguf_arch(c: &ModelConfig) -> &'static str {
+    match c.arch {
+        Arch::Mistral => "llama",
+        _ => c.spec().gguf_arch,
+    }
+}
+
+/// What reading the export back must give: the source's config, Mistral's as llama.cpp
+/// runs it ([`gguf_arch`]).
+fn expected_config(c: &ModelConfig) -> ModelConfig {
+    let mut c = c.clone();
+    if let Some(la) = &mut c.linear_attn {
+        // Laid out as llama.cpp's converter leaves it (see `hybrid`).
+        la.gguf_layout = true;
+        la.v_tiled = c.arch != Arch::Qwen3Next;
+    }
+    if c.arch == Arch::Mistral {
+        c.arch = Arch::Llama;
+        c.layers.iter_mut().for_each(|l| l.sliding_window = None);
+    }
+    c
+}
+
+/// `general.name`, the tokenizer's `tokenizer.ggml.*` keys, and `model/pre` for the
+/// report: a GGUF source's vocabulary as llama.cpp read it, or a Hugging Face byte-level
+/// BPE `tokenizer.json` with the llama.cpp pre-tokenizer that splits text as it does.
+/// llama.cpp also sets token flags by `general.name` (Phi-3: special tokens strip the
+/// spaces after them), so the name is chosen with the tokenizer: the model's own, marked
+/// `phi3` for a Phi-3 whose tokenizer strips so, never `phi3` for a vocabulary without
+/// the tokens llama.cpp then looks up (it fails to load).
+#[allow(clippy::type_complexity)]
+fn tokenizer_keys(src: &ModelSource) -> anyhow::Result<(String, Metadata, String, Option<String>)> {
+    let source_tok = TextTokenizer::for_model(src)?;
+    let stored = src
+        .tokenizer_config_json
+        .as_deref()
+        .and_then(|t| serde_json::from_str::<Value>(t).ok())
+        .and_then(|v| v.get(LLAMA_VOCAB_KEY).cloned());
+    // A SentencePiece tokenizer.json may treat text after a special token otherwise than
+    // llama.cpp does (see `tokenizes_alike`): said in the report, not refused.
+    let sentencepiece = stored.is_none() && is_sentencepiece_bpe(&src.tokenizer_json);
+    let candidates: Vec<Metadata> = match stored {
+        Some(v) => {
+            let vocab: LlamaVocab = serde_json::from_value(v).context("the stored llama.cpp vocabulary")?;
+            vec![gguf_vocab::gguf_keys(&vocab, None)?]
+        }
+        None if sentencepiece => vec![sentencepiece_bpe(src, &source_tok)?],
+        None => byte_level_bpe(src, &source_tok)?,
+    };
+    let mut last = None;
+    for keys in candidates {
+        for name in names(src, &keys) {
+            match tokenizes_alike(&name, &keys, &source_tok, !sentencepiece) {
+                Ok(note) => {
+                    let get = |k: &str| keys.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.as_str()).unwrap_or("");
+                    let tok = format!("{}/{}", get("tokenizer.ggml.model"), get("tokenizer.ggml.pre"));
+                    return Ok((name, keys, tok.trim_end_matches('/').to_string(), note));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no tokenizer")))
+        .context("no llama.cpp tokenizer reproduces this model's: the GGUF would tokenize differently")
+}
+
+/// The `general.name`s to try, in order (see [`tokenizer_keys`]).
+fn names(src: &ModelSource, keys: &[(String, GgufValue)]) -> Vec<String> {
+    let phi3 = |n: &str| n.to_lowercase().contains("phi3") || n.to_lowercase().contains("phi-3");
+    let tokens: Vec<&str> = keys
+        .iter()
+        .find(|(k, _)| k == "tokenizer.ggml.tokens")
+        .and_then(|(_, v)| v.as_array())
+        .map(|a| a.iter().filter_map(GgufValue::as_str).collect())
+        .unwrap_or_default();
+    let loads_as_phi3 = ["</s>", "<unk>", "<s>", "<|endoftext|>"].iter().all(|t| tokens.contains(t));
+    let plain =
+        src.name.replace("phi3", "phi_3").replace("Phi3", "Phi_3").replace("phi-3", "phi_3").replace("Phi-3", "Phi_3");
+    let mut out = Vec::new();
+    if !phi3(&src.name) || loads_as_phi3 {
+        out.push(src.name.clone());
+    }
+    if src.config.arch == Arch::Phi3 && loads_as_phi3 && !phi3(&src.name) {
+        out.push(format!("phi3-{}", src.name));
+    }
+    if !phi3(&plain) && !out.contains(&plain) {
+        out.push(plain);
+    }
+    out
+}
+
+/// A byte-level BPE `tokenizer.json` as `gpt2` vocabulary keys, once per llama.cpp
+/// pre-tokenizer ([`gguf_vocab::PRE_NAMES`]): the caller keeps the first that tokenizes
+/// as the source.
+fn byte_level_bpe(src: &ModelSource, tok: &TextTokenizer) -> anyhow::Result<Vec<Metadata>> {
+    let j: Value = serde_json::from_str(&src.tokenizer_json).context("tokenizer.json")?;
+    let model = j.get("model").context("tokenizer.json has no `model`")?;
+    let byte_level = src.tokenizer_json.contains("\"ByteLevel\"");
+    if model.get("type").and_then(Value::as_str) != Some("BPE") || !byte_level {
+        bail!(
+            "exporting this tokenizer (`{}`, not byte-level BPE) from a Hugging Face directory is not supported yet",
+            model.get("type").and_then(Value::as_str).unwrap_or("?")
+        );
+    }
+    let vocab = model.get("vocab").and_then(Value::as_object).context("tokenizer.json has no BPE vocab")?;
+    let mut by_id: BTreeMap<usize, (String, i32)> = BTreeMap::new();
+    for (t, id) in vocab {
+        let id = id.as_u64().context("a vocab id is not a number")? as usize;
+        by_id.insert(id, (t.clone(), 1));
+    }
+    for a in j.get("added_tokens").and_then(Value::as_array).into_iter().flatten() {
+        let (Some(id), Some(t)) = (a.get("id").and_then(Value::as_u64), a.get("content").and_then(Value::as_str))
+        else {
+            continue;
+        };
+        let special = a.get("special").and_then(Value::as_bool).unwrap_or(false);
+        by_id.insert(id as usize, (t.to_string(), if special { 3 } else { 4 }));
+    }
+    let n = src.config.vocab_size.max(by_id.keys().next_back().map_or(0, |&i| i + 1));
+    let mut tokens = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    for i in 0..n {
+        let (t, ty) = by_id.remove(&i).unwrap_or_else(|| (format!("[PAD{i}]"), 5));
+        tokens.push(GgufValue::String(t));
+        types.push(GgufValue::I32(ty));
+    }
+    let merges = merge_pairs(model)?.into_iter().map(|(a, b)| GgufValue::String(format!("{a} {b}"))).collect();
+    let mut common = vec![
+        ("tokenizer.ggml.model".to_string(), GgufValue::String("gpt2".into())),
+        ("tokenizer.ggml.tokens".into(), GgufValue::Array(tokens)),
+        ("tokenizer.ggml.token_type".into(), GgufValue::Array(types)),
+        ("tokenizer.ggml.merges".into(), GgufValue::Array(merges)),
+    ];
+    common.extend(special_keys(tok, None));
+    Ok(gguf_vocab::PRE_NAMES
+        .iter()
+        .map(|pre| {
+            let mut keys = common.clone();
+            keys.insert(1, ("tokenizer.ggml.pre".into(), GgufValue::String(pre.to_string())));
+            keys
+        })
+        .collect())
+}
+
+/// Whether `tokenizer.json` is a SentencePiece model as Hugging Face converts one (Llama
+/// 2, Mistral 7B): BPE over `▁`-escaped text with byte fallback.
+fn is_sentencepiece_bpe(json: &str) -> bool {
+    let Ok(j) = serde_json::from_str::<Value>(json) else { return false };
+    let m = &j["model"];
+    m["type"] == "BPE" && m["byte_fallback"] == true && !json.contains("\"ByteLevel\"")
+}
+
+/// A SentencePiece-style `tokenizer.json` as llama.cpp's `llama` (SPM) vocabulary: the
+/// tokens by id, byte tokens (`<0xXX>`) as bytes, added tokens as control (special) or
+/// user-defined ones, and scores from the merges. llama.cpp's SPM tokenizer merges the
+/// adjacent pair whose joined text is the token of highest score; Hugging Face's BPE
+/// merges the pair of lowest rank, and its SentencePiece conversion lists every pair
+/// that joins into a token, ordered by that token's score: so a token's score here is
+/// minus the rank of the first merge that makes it (tokens no merge makes score below
+/// every merge). The read-back check then confirms both split the test text alike.
+fn sentencepiece_bpe(src: &ModelSource, tok: &TextTokenizer) -> anyhow::Result<Metadata> {
+    let j: Value = serde_json::from_str(&src.tokenizer_json).context("tokenizer.json")?;
+    let model = &j["model"];
+    let vocab = model["vocab"].as_object().context("tokenizer.json has no BPE vocab")?;
+    let merges: Vec<String> = merge_pairs(model)?.into_iter().map(|(a, b)| a + &b).collect();
+    let mut first_merge: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (rank, joined) in merges.iter().enumerate() {
+        first_merge.entry(joined.as_str()).or_insert(rank);
+    }
+    let unk = model["unk_token"].as_str();
+    // (text, score, type): llama.cpp's token types 1 normal, 2 unknown, 3 control,
+    // 4 user-defined, 5 unused, 6 byte.
+    let mut by_id: BTreeMap<usize, (String, f32, i32)> = BTreeMap::new();
+    let below = -(merges.len() as f32) - 1.0;
+    for (t, id) in vocab {
+        let id = id.as_u64().context("a vocab id is not a number")? as usize;
+        let is_byte = t.len() == 6 && t.starts_with("<0x") && t.ends_with('>');
+        let ty = match () {
+            _ if Some(t.as_str()) == unk => 2,
+            _ if is_byte => 6,
+            _ => 1,
+        };
+        let score = first_merge.get(t.as_str()).map_or(below, |&r| -(r as f32));
+        by_id.insert(id, (t.clone(), score, ty));
+    }
+    for a in j["added_tokens"].as_array().into_iter().flatten() {
+        let (Some(id), Some(t)) = (a["id"].as_u64(), a["content"].as_str()) else { continue };
+        let ty = match () {
+            _ if Some(t) == unk => 2,
+            _ if a["special"] == true => 3,
+            _ => 4,
+        };
+        by_id.insert(id as usize, (t.to_string(), below, ty));
+    }
+    let n = src.config.vocab_size.max(by_id.keys().next_back().map_or(0, |&i| i + 1));
+    let (mut tokens, mut scores, mut types) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        let (t, score, ty) = by_id.remove(&i).unwrap_or_else(|| (format!("[PAD{i}]"), below, 5));
+        tokens.push(GgufValue::String(t));
+        scores.push(GgufValue::F32(score));
+        types.push(GgufValue::I32(ty));
+    }
+    // A leading `▁` on the first word: Metaspace's `prepend_scheme` (or the older
+    // `Prepend("▁")` normalizer).
+    let prepend = j["pre_tokenizer"]["prepend_scheme"].as_str().is_some_and(|p| p != "never")
+        || j["pre_tokenizer"]["add_prefix_space"] == true
+        || src.tokenizer_json.contains("\"Prepend\"");
+    let mut keys = vec![
+        ("tokenizer.ggml.model".to_string(), GgufValue::String("llama".into())),
+        ("tokenizer.ggml.tokens".into(), GgufValue::Array(tokens)),
+        ("tokenizer.ggml.scores".into(), GgufValue::Array(scores)),
+        ("tokenizer.ggml.token_type".into(), GgufValue::Array(types)),
+        ("tokenizer.ggml.add_space_prefix".into(), GgufValue::Bool(prepend)),
+    ];
+    keys.extend(special_keys(tok, unk));
+    Ok(keys)
+}
+
+/// A BPE model's merges as pairs (`"a b"` strings or `["a", "b"]` arrays), best first.
+fn merge_pairs(model: &Value) -> anyhow::Result<Vec<(String, String)>> {
+    let merges = model.get("merges").and_then(Value::as_array).context("tokenizer.json has no merges")?;
+    merges
+        .iter()
+        .map(|m| match m {
+            Value::String(s) => match s.split_once(' ') {
+                Some((a, b)) => Ok((a.to_string(), b.to_string())),
+                None => bail!("a merge is {s:?}, not `a b`"),
+            },
+            Value::Array(p) if p.len() == 2 => {
+                Ok((p[0].as_str().unwrap_or("").to_string(), p[1].as_str().unwrap_or("").to_string()))
+            }
+            other => bail!("a merge is {other}, not `a b` or [a, b]"),
+        })
+        .collect()
+}
+
+/// `add_bos_token`, `add_eos_token` (never: chat templates add what they need) and the
+/// special tokens' ids the source's tokenizer names.
+fn special_keys(tok: &TextTokenizer, unk: Option<&str>) -> Metadata {
+    let mut keys = vec![
+        ("tokenizer.ggml.add_bos_token".to_string(), GgufValue::Bool(tok.add_bos_token())),
+        ("tokenizer.ggml.add_eos_token".into(), GgufValue::Bool(false)),
+    ];
+    let id_of = |t: Option<&str>| t.and_then(|t| tok.token_to_id(t));
+    for (key, id) in
+        [("bos_token_id", tok.bos_id()), ("eos_token_id", id_of(tok.eos_token())), ("unknown_token_id", id_of(unk))]
+    {
+        if let Some(id) = id {
+            keys.push((format!("tokenizer.ggml.{key}"), GgufValue::U32(id)));
+        }
+    }
+    keys
+}
+
+/// Text every export's tokenizer must split as the source's does: words, numbers of
+/// every length, contractions, whitespace runs, newlines, code, accents, CJK, emoji.
+const CHECK_TEXT: &str = "Hello world! It's 2026-11-26; we've 3 cats, they'll run 12345678 m in 1.5 s.\n\n\
+    \tIndented   code: fn main() { println!(\"héllo wörld\"); } // über café naïve\r\n\
+    日本語のテキスト、中文字符。 Ünïcödé — “quotes” ‘single’ 🙂🚀 x²+y² ≤ 10³\n    trailing   \n";
+
+/// Whether the GGUF tokenizer `keys` describe tokenizes [`CHECK_TEXT`] (with and without
+/// special tokens) and a few of the source's own special tokens as `source` does, read
+/// back as Strata reads a GGUF's vocabulary.
+/// Whether `keys`, read as llama.cpp reads them, tokenize the check texts as `source`
+/// does. Text after special tokens, and text that starts with spaces, must match too
+/// when `strict_specials`; otherwise differences there are returned as a note
+/// (llama.cpp's SPM tokenizer puts `▁` before every text that follows a special token,
+/// and before text that already starts with a space, which a `tokenizer.json` whose
+/// Metaspace prepends to the first word only, and only when it has none, does not).
+fn tokenizes_alike(
+    name: &str,
+    keys: &[(String, GgufValue)],
+    source: &TextTokenizer,
+    strict_specials: bool,
+) -> anyhow::Result<Option<String>> {
+    let mut meta = vec![
+        ("general.architecture".to_string(), GgufValue::String("llama".into())),
+        ("general.name".to_string(), GgufValue::String(name.into())),
+    ];
+    meta.extend(keys.iter().cloned());
+    let bytes = gguf_write::encode_metadata(&meta)?;
+    let f = GgufFile::parse(Arc::new(AlignedBytes::from_slice(&bytes)), Path::new("export.gguf"))?;
+    let files = gguf_vocab::tokenizer(&f)?;
+    let back = TextTokenizer::from_sources(
+        &files.tokenizer_json,
+        Some(&files.tokenizer_config_json),
+        Some(&files.generation_config_json),
+        None,
+    )?;
+    let specials: String = [source.bos_token(), source.eos_token()].into_iter().flatten().collect();
+    let texts = [CHECK_TEXT.to_string(), format!("{specials} a{specials}b"), "  two leading spaces".to_string()];
+    let mut notes: Vec<String> = Vec::new();
+    for (i, text) in texts.into_iter().enumerate() {
+        for special in [false, true] {
+            let (want, got) = (source.encode(&text, special)?, back.encode(&text, special)?);
+            if want != got && i > 0 && !strict_specials {
+                let what = ["", "text that follows a special token", "text that starts with spaces"][i];
+                notes.push(format!("{what} ({text:?}: {got:?} against {want:?})"));
+                break;
+            }
+            if want != got {
+                let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(want.len().min(got.len()));
+                bail!(
+                    "tokenizer {:?}: token {at} of {:?} is {:?}, the source's {:?}",
+                    keys.iter().find(|(k, _)| k == "tokenizer.ggml.pre").map(|(_, v)| v),
+                    text.chars().take(40).collect::<String>(),
+                    got.get(at),
+                    want.get(at)
+                );
+            }
+        }
+    }
+    Ok((!notes.is_empty()).then(|| {
+        format!(
+            "llama.cpp's SentencePiece tokenizer adds a space this tokenizer does not, before {}: prompts like \
+             these tokenize differently",
+            notes.join(" and before ")
+        )
+    }))
+}
+
+/// The chat template, as transformers would pick it: `chat_template.jinja`, else
+/// `tokenizer_config.json`'s (a string, or the one named `default`).
+fn chat_template(src: &ModelSource) -> Option<String> {
+    if let Some(t) = &src.chat_template {
+        return Some(t.clone());
+    }
+    let cfg: Value = serde_json::from_str(src.tokenizer_config_json.as_deref()?).ok()?;
+    match cfg.get("chat_template")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(items) => items
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+        _ => None,
+    }
+}
+
+/// The GGUF tensor table, in llama.cpp's order (token embedding, output norm, output,
+/// then the layers), and where each one's data comes from.
+fn plan(src: &ModelSource, spec: &ArchSpec, quant: Option<DType>) -> anyhow::Result<(Vec<TensorEntry>, Vec<Source>)> {
+    let c = &src.config;
+    let mut entries = Vec::new();
+    let mut sources = Vec::new();
+    let dtype_for = |hf: &str, t: &HostTensor| -> DType {
+        // llama.cpp reads 1-D tensors (norms, biases) as F32, as its converter writes them.
+        if t.shape.len() == 1 {
+            return DType::F32;
+        }
+        match requant::target_dtype(hf, t, quant) {
+            Some(d) => d,
+            None if gguf_write::ggml_type(t.dtype).is_some() => t.dtype,
+            None => DType::F32,
+        }
+    };
+    for (hf, gguf) in [spec::EMBED, spec::OUTPUT_NORM, spec::OUTPUT] {
+        if let Some(t) = src.tensors.get(hf) {
+            let fix = if spec.hf_norm_offset && hf == spec::OUTPUT_NORM.0 { Fix::PlusOne } else { Fix::None };
+            entries.push(TensorEntry { name: gguf.into(), shape: t.shape.clone(), dtype: dtype_for(hf, t) });
+            sources.push(Source::One { hf: hf.into(), fix });
+        }
+    }
+    if let RopeScaling::Llama3 { .. } = c.rope_scaling {
+        // llama.cpp divides each frequency by its factor from `rope_freqs.weight`.
+        let scaled = c.rope_freqs().inv_freq;
+        let plain = ModelConfig { rope_scaling: RopeScaling::None, ..c.clone() }.rope_freqs().inv_freq;
+        let divisors: Vec<f32> = plain.iter().zip(&scaled).map(|(p, s)| p / s).collect();
+        entries.push(TensorEntry { name: "rope_freqs.weight".into(), shape: vec![divisors.len()], dtype: DType::F32 });
+        sources.push(Source::Values(divisors));
+    }
+    for l in 0..c.n_layers {
+        let prefix = format!("model.layers.{l}.");
+        let mut names: Vec<&String> = src.tensors.keys().filter(|n| n.starts_with(&prefix)).collect();
+        names.sort();
+        let mut stacks: BTreeMap<&'static str, Vec<(usize, String)>> = BTreeMap::new();
+        for hf in names {
+            let local = &hf[prefix.len()..];
+            let t = &src.tensors[hf];
+            let found = spec.tensors.iter().find_map(|n| match n.hf.split_once('*') {
+                None => (n.hf == local).then_some((n, None)),
+                Some((pre, post)) => {
+                    let e = local.strip_prefix(pre)?.strip_suffix(post)?.parse::<usize>().ok()?;
+                    Some((n, Some(e)))
+                }
+            });
+            let Some((name, expert)) = found else {
+                bail!("tensor `{hf}` has no llama.cpp name in a `{}` model", spec.gguf_arch);
+            };
+            if let Some(e) = expert {
+                stacks.entry(name.gguf).or_default().push((e, hf.clone()));
+                continue;
+            }
+            if let Some(mapped) = hybrid(c, name.role, hf, t)? {
+                for (gguf, shape, source) in mapped {
+                    let dtype = if shape.len() == 1 || f32_only(&gguf) { DType::F32 } else { dtype_for(hf, t) };
+                    entries.push(TensorEntry { name: format!("blk.{l}.{gguf}"), shape, dtype });
+                    sources.push(source);
+                }
+                continue;
+            }
+            let gguf = format!("blk.{l}.{}", name.gguf);
+            let stem = name.gguf.rsplit_once('.').map_or(name.gguf, |(s, _)| s);
+            let fix = match (spec.gguf_qk_permuted, stem) {
+                (true, "attn_q") => Fix::Permute(c.n_heads),
+                (true, "attn_k") => Fix::Permute(c.n_kv_heads),
+                _ if spec.hf_norm_offset && name.role.is_norm() => Fix::PlusOne,
+                _ => Fix::None,
+            };
+            // llama.cpp holds the shared expert's gate as a vector.
+            let shape = match (name.role, &t.shape[..]) {
+                (Role::SharedExpertGate, &[1, h]) => vec![h],
+                _ => t.shape.clone(),
+            };
+            let dtype = if shape.len() == 1 || f32_only(&gguf) { DType::F32 } else { dtype_for(hf, t) };
+            entries.push(TensorEntry { name: gguf, shape, dtype });
+            sources.push(Source::One { hf: hf.clone(), fix });
+        }
+        for (gguf, mut experts) in stacks {
+            experts.sort();
+            let n = c.moe.map_or(0, |m| m.n_experts);
+            if experts.len() != n || experts.iter().enumerate().any(|(i, (e, _))| *e != i) {
+                bail!("layer {l}: `{gguf}` has {} of the {n} experts", experts.len());
+            }
+            let first = &src.tensors[&experts[0].1];
+            let dtype = dtype_for(&experts[0].1, first);
+            let mut shape = vec![n];
+            shape.extend(&first.shape);
+            entries.push(TensorEntry { name: format!("blk.{l}.{gguf}"), shape, dtype });
+            sources.push(Source::Stacked(experts.into_iter().map(|(_, hf)| hf).collect()));
+        }
+        if c.layers[l].ffn == Ffn::Moe && c.moe.is_none() {
+            bail!("layer {l} routes, but the model has no experts");
+        }
+    }
+    Ok((entries, sources))
+}
+
+/// A gated-delta-rule tensor of a Hugging Face checkpoint as llama.cpp's converter
+/// writes it (`convert_hf_to_gguf.py`, Qwen3-Next and Qwen3.5), or `None` for a tensor
+/// exported as it is (every tensor of a source already in that layout, a GGUF):
+/// - Qwen3-Next's `in_proj_qkvz`, grouped by key head (`[q, k, v, z]` per head), becomes
+///   `attn_qkv` (every q, every k, every v) and `attn_gate` (every z);
+/// - `A_log` becomes `ssm_a = -exp(A_log)`, the convolution `[channels, 1, taps]`
+///   becomes `[channels, taps]`;
+/// - Qwen3.5's value heads, grouped by key head (head `g · r + j`, `r` value heads per
+///   key head), are put in tiled order (head `j · n_k + g`) wherever they appear: the
+///   value rows of `in_proj_qkv` and of the convolution, `in_proj_z`, `in_proj_b`,
+///   `in_proj_a`, `A_log`, `dt_bias`, and the columns of `out_proj`.
+///
+/// Each result: the llama.cpp name after `blk.N.`, the shape, and where the data comes from.
+#[allow(clippy::type_complexity)]
+fn hybrid(
+    c: &ModelConfig,
+    role: Role,
+    hf: &str,
+    t: &HostTensor,
+) -> anyhow::Result<Option<Vec<(String, Vec<usize>, Source)>>> {
+    let Some(la) = c.linear_attn.filter(|la| !la.gguf_layout) else { return Ok(None) };
+    let (nk, nv, dk, dv) = (la.n_k_heads, la.n_v_heads, la.k_head_dim, la.v_head_dim);
+    let r = nv / nk.max(1);
+    let tile = c.arch != Arch::Qwen3Next && !la.v_tiled;
+    // `base..` plus heads of `hd` rows put in tiled order (or left as they are).
+    let heads = |base: usize, hd: usize| -> Vec<usize> {
+        let order: Vec<usize> = match tile {
+            true => (0..r).flat_map(|j| (0..nk).map(move |g| g * r + j)).collect(),
+            false => (0..nv).collect(),
+        };
+        order.into_iter().flat_map(|h| base + h * hd..base + (h + 1) * hd).collect()
+    };
+    let qk = 2 * nk * dk;
+    let with_qk = |hd: usize| -> Vec<usize> { (0..qk).chain(heads(qk, hd)).collect() };
+    let mapped = |rows: Option<Vec<usize>>, cols: Option<Vec<usize>>, neg_exp: bool| Source::Mapped {
+        hf: hf.to_string(),
+        rows,
+        cols,
+        neg_exp,
+    };
+    let shape = t.shape.clone();
+    let out = match role {
+        Role::LinQkvz => {
+            let blk = 2 * dk + 2 * r * dv;
+            let part = |from: usize, len: usize| -> Vec<usize> {
+                (0..nk).flat_map(|g| g * blk + from..g * blk + from + len).collect()
+            };
+            let qkv: Vec<usize> = [part(0, dk), part(dk, dk), part(2 * dk, r * dv)].concat();
+            let z = part(2 * dk + r * dv, r * dv);
+            let cols = shape[1];
+            vec![
+                ("attn_qkv.weight".into(), vec![qkv.len(), cols], mapped(Some(qkv), None, false)),
+                ("attn_gate.weight".into(), vec![z.len(), cols], mapped(Some(z), None, false)),
+            ]
+        }
+        Role::LinALog => vec![("ssm_a".into(), shape, mapped(Some(heads(0, 1)), None, true))],
+        Role::LinConv => {
+            let (channels, taps) = (shape[0], shape.iter().skip(1).product::<usize>());
+            vec![("ssm_conv1d.weight".into(), vec![channels, taps], mapped(Some(with_qk(dv)), None, false))]
+        }
+        Role::LinQkv if tile => vec![("attn_qkv.weight".into(), shape, mapped(Some(with_qk(dv)), None, false))],
+        Role::LinZ if tile => vec![("attn_gate.weight".into(), shape, mapped(Some(heads(0, dv)), None, false))],
+        Role::LinB if tile => vec![("ssm_beta.weight".into(), shape, mapped(Some(heads(0, 1)), None, false))],
+        Role::LinA if tile => vec![("ssm_alpha.weight".into(), shape, mapped(Some(heads(0, 1)), None, false))],
+        Role::LinDtBias if tile => vec![("ssm_dt.bias".into(), shape, mapped(Some(heads(0, 1)), None, false))],
+        Role::LinOut if tile => vec![("ssm_out.weight".into(), shape, mapped(None, Some(heads(0, dv)), false))],
+        _ => return Ok(None),
+    };
+    for (gguf, shape, source) in &out {
+        if let Source::Mapped { rows, cols, .. } = source {
+            let (n_rows, n_cols) = (t.shape[0], t.numel() / t.shape[0].max(1));
+            let bad = rows.as_ref().is_some_and(|r| r.len() != shape[0] || r.iter().any(|&i| i >= n_rows))
+                || cols.as_ref().is_some_and(|c| c.len() != n_cols || c.iter().any(|&i| i >= n_cols));
+            if bad {
+                bail!(
+                    "tensor `{hf}` {:?} does not hold the heads `{gguf}` needs ({nk} key, {nv} value heads)",
+                    t.shape
+                );
+            }
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Tensors llama.cpp computes with in F32 only, whatever `--quant` says (its
+/// convolution kernel asserts F32 weights).
+fn f32_only(gguf: &str) -> bool {
+    gguf.ends_with("ssm_conv1d.weight")
+}
+
+/// `t` through f32 with [`Source::Mapped`]'s changes, as a tensor of `shape`.
+fn map_f32(
+    t: &HostTensor,
+    rows: Option<&[usize]>,
+    cols: Option<&[usize]>,
+    neg_exp: bool,
+    shape: &[usize],
+) -> HostTensor {
+    let v = t.to_f32_vec();
+    let n_rows = t.shape[0].max(1);
+    let width = v.len() / n_rows;
+    let mut out: Vec<f32> = match rows {
+        Some(rows) => rows.iter().flat_map(|&i| v[i * width..(i + 1) * width].iter().copied()).collect(),
+        None => v,
+    };
+    if let Some(cols) = cols {
+        out = out.chunks_exact(width).flat_map(|row| cols.iter().map(|&j| row[j])).collect();
+    }
+    if neg_exp {
+        out.iter_mut().for_each(|x| *x = -x.exp());
+    }
+    HostTensor::from_f32(&out, shape.to_vec())
+}
+
+/// `t`'s bytes in `dtype` (through f32 when it changes, as `strata convert` does).
+fn in_dtype(pool: &rayon::ThreadPool, name: &str, t: &HostTensor, dtype: DType) -> anyhow::Result<Vec<u8>> {
+    match t.dtype == dtype {
+        true => Ok(t.bytes().to_vec()),
+        false => Ok(requant::requantize(pool, name, t, dtype)?.bytes().to_vec()),
+    }
+}
+
+/// `convert_hf_to_gguf.py`'s Q/K row permutation, which
+/// [`unpermute_rows`](strata_model::gguf_source::unpermute_rows) undoes: within each
+/// head, stored row `2i + j` is Hugging Face row `j * head_dim / 2 + i`. Whole rows of
+/// `bytes` (`rows` of them) move, so any block type works.
+fn permute_rows(bytes: &[u8], rows: usize, n_heads: usize) -> anyhow::Result<Vec<u8>> {
+    if rows == 0 || n_heads == 0 || !rows.is_multiple_of(2 * n_heads) || !bytes.len().is_multiple_of(rows) {
+        bail!("{rows} rows do not split into {n_heads} heads of even size");
+    }
+    let (hd, row) = (rows / n_heads, bytes.len() / rows);
+    let mut out = vec![0u8; bytes.len()];
+    for h in 0..n_heads {
+        for i in 0..hd / 2 {
+            for j in 0..2 {
+                let (s, o) = (h * hd + 2 * i + j, h * hd + j * hd / 2 + i);
+                out[s * row..(s + 1) * row].copy_from_slice(&bytes[o * row..(o + 1) * row]);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The exported file read back as Strata reads a GGUF gives the source's config.
+fn check(src: &ModelSource, out: &Path) -> anyhow::Result<()> {
+    let back = strata_model::gguf_source::source_from_gguf(out)?;
+    let (a, b) = (&expected_config(&src.config), &back.config);
+    if a != b {
+        let (a, b) = (format!("{a:#?}"), format!("{b:#?}"));
+        let diff: Vec<String> = a
+            .lines()
+            .zip(b.lines())
+            .filter(|(x, y)| x != y)
+            .map(|(x, y)| format!("{} (GGUF: {})", x.trim(), y.trim()))
+            .collect();
+        bail!("its model config differs: {}", diff.join("; "));
+    }
+    Ok(())
+}

@@ -1,0 +1,1444 @@
+//! The decoder: grouped-query attention with rotary embeddings (or, in the hybrid
+//! families, the gated delta rule of [`super::deltanet`] on most layers) and a gated MLP
+//! or routed experts, written against the backend ops, for every family its spec
+//! ([`super::spec`]) describes (Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3, OLMo 2,
+//! Granite, SmolLM3, the MoE and the hybrid families). Layer weights come from the
+//! scheduler, one layer at a time.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+
+use super::ModelSource;
+use super::config::{Ffn, Mixer, ModelConfig};
+use super::deltanet::LinearWeights;
+use super::moe::{self, EachUnit, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights, UnitSource};
+use super::sparse::{self, Bundle, NeuronWeights, SparseBlock, SparseFfn};
+use super::spec::{self, QkNorm, Role};
+use strata_backend::delta::{DeltaRule, DeltaShape, DeltaWeights};
+use strata_backend::{
+    Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, RopeFreqs, Rows, TopK, Unary,
+};
+use strata_quant::ReadF32;
+use strata_sched::expert_policy::ExpertId;
+use strata_sched::experts::{ExpertCache, ExpertOptions, ExpertUnit};
+use strata_sched::{ExpertLoading, LayerTensors, Reservation, SchedError, SchedInfo, SchedOptions, Scheduler};
+use strata_tensor::tensor::{AlignedBytes, HostTensor};
+
+/// One decoder block's weights, in the backend's form. The norms a family does not
+/// have are `None` (see [`spec::NormPlacement`]).
+pub struct LayerWeights<B: Backend> {
+    pub attn_norm: Option<B::Weight>, // (hidden)
+    pub mixer: MixerWeights<B>,
+    pub attn_post_norm: Option<B::Weight>, // (hidden)
+    pub ffn_norm: Option<B::Weight>,       // (hidden)
+    pub ffn: FfnWeights<B>,
+    pub ffn_post_norm: Option<B::Weight>, // (hidden)
+}
+
+/// How a layer mixes tokens ([`Mixer`]).
+pub enum MixerWeights<B: Backend> {
+    Attention(AttnWeights<B>),
+    /// The gated delta rule (Qwen3-Next's and Qwen3.5's linear layers).
+    Linear(LinearWeights<B>),
+}
+
+/// Grouped-query attention.
+pub struct AttnWeights<B: Backend> {
+    pub wq: B::Weight,                    // (n_heads * head_dim, hidden)
+    pub wk: B::Weight,                    // (n_kv_heads * head_dim, hidden)
+    pub wv: B::Weight,                    // (n_kv_heads * head_dim, hidden)
+    pub bias_qkv: Option<[B::Weight; 3]>, // (n_heads * head_dim), (n_kv * head_dim) x2
+    pub qk_norm: Option<[B::Weight; 2]>,  // (head_dim) each, or (q width), (kv width) when whole
+    /// The output gate's rows of `q_proj` (`attn_output_gate`), (n_heads * head_dim, hidden).
+    pub gate: Option<B::Weight>,
+    pub wo: B::Weight, // (hidden, n_heads * head_dim)
+}
+
+/// A layer's feed-forward block.
+pub enum FfnWeights<B: Backend> {
+    /// The gated MLP, `(intermediate, hidden)` gate and up, `(hidden, intermediate)` down.
+    Dense(Mlp<B>),
+    /// The router and shared expert; the routed experts come from the expert cache.
+    Moe(MoeWeights<B>),
+    /// The gate in full; `up` and `down` as neuron groups (a sparse FFN).
+    Neurons(NeuronWeights<B>),
+}
+
+/// Keys and values of one sequence, per layer: `[capacity, n_kv_heads * head_dim]`, in
+/// the buffers of the backend of the model that made it.
+struct KvBufs<B: Backend> {
+    k: Vec<B::Buf>,
+    v: Vec<B::Buf>,
+}
+
+/// Positions a KV cache's buffers grow by, at least.
+pub const KV_BLOCK: usize = 256;
+
+/// One sequence's KV cache. It belongs to the model that made it: passing it to
+/// another model's forward pass is an error. Its buffers are allocated by need, in
+/// [`KV_BLOCK`]s growing by half again, up to `capacity` positions.
+pub struct KvCache {
+    bufs: Box<dyn Any + Send>, // KvBufs<B> of the model's backend
+    /// Per layer, a linear-attention layer's state (`LinearAttnConfig::state_len`
+    /// floats, in a buffer of the model's backend; `None` for attention layers): fixed
+    /// in size, charged to the memory budget when the cache is made.
+    states: Vec<Option<Box<dyn LinState>>>,
+    /// The states went further than the cache's length (a pass that failed part way, a
+    /// shorter length asked for): they are zeroed before the next pass uses them.
+    states_stale: bool,
+    len: usize,
+    capacity: usize,
+    /// Positions the buffers hold now.
+    allocated: usize,
+    /// Bytes one position takes, over every layer.
+    position_bytes: u64,
+    /// Its allocated bytes, held against the scheduler's memory budget.
+    memory: Reservation,
+    /// The bytes of `states`, likewise.
+    state_memory: Reservation,
+    /// The first `rows` positions ran as whole prompt chunks of `chunk` tokens from
+    /// position 0, as any fresh prompt that starts with them runs them.
+    grid: Grid,
+    /// This sequence's `--sparse-ffn` setting (a request's `sparse_ffn`); `None`: the
+    /// model's.
+    pub sparse_ffn: Option<SparseFfn>,
+    /// What the model gave for a position's last row (see [`KvCache::keep_output`]).
+    kept_output: Option<KeptOutput>,
+}
+
+/// A forward pass's output for a sequence's last new position: every logit, or the
+/// most likely entries.
+#[derive(Clone, Debug)]
+pub enum LastOutput {
+    Logits(Vec<f32>),
+    Top(TopK),
+}
+
+/// The output for the last of a cache's first `len` positions, under `sparse_ffn`.
+#[derive(Debug)]
+struct KeptOutput {
+    len: usize,
+    sparse_ffn: Option<SparseFfn>,
+    out: LastOutput,
+}
+
+/// A linear-attention state in a buffer of the model's backend, saved and put back
+/// through the host without the backend at hand.
+trait LinState: Send {
+    fn len(&self) -> usize;
+    fn to_host(&self) -> BackendResult<Vec<f32>>;
+    fn write_host(&mut self, data: &[f32]) -> BackendResult<()>;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A buffer and its length (a backend may allocate more).
+struct StateBuf<T> {
+    buf: T,
+    len: usize,
+}
+
+impl<T: HostCopy + Send + 'static> LinState for StateBuf<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn to_host(&self) -> BackendResult<Vec<f32>> {
+        let mut v = self.buf.to_host()?;
+        v.truncate(self.len);
+        Ok(v)
+    }
+
+    fn write_host(&mut self, data: &[f32]) -> BackendResult<()> {
+        self.buf.write_host(data)
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        &mut self.buf
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Grid {
+    chunk: usize,
+    rows: usize,
+}
+
+impl KvCache {
+    /// Positions already cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes its buffers hold now (keys and values, and linear-attention state).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.memory.bytes() + self.state_memory.bytes()
+    }
+
+    /// Bytes one position takes, over every layer: a full cache is `capacity` times this.
+    pub fn position_bytes(&self) -> u64 {
+        self.position_bytes
+    }
+
+    /// The most of its first `limit` positions that ran as whole prompt chunks from
+    /// position 0 (a multiple of the chunk size). Where the backend's rows depend on the
+    /// chunking ([`Backend::chunking_changes_rows`](strata_backend::Backend::chunking_changes_rows)),
+    /// only these are reused: a fresh prompt that starts with them cuts them into the
+    /// same chunks, and its later chunks start at the same place.
+    pub fn grid_rows(&self, limit: usize) -> usize {
+        let rows = self.grid.rows.min(self.len).min(limit);
+        rows - rows % self.grid.chunk.max(1)
+    }
+
+    /// Records a prompt chunk of `n` tokens from position `start`, in a pass that cuts
+    /// prompts into chunks of `chunk`.
+    pub fn note_prompt_chunk(&mut self, start: usize, n: usize, chunk: usize) {
+        if self.grid.chunk != chunk {
+            self.grid = Grid { chunk, rows: 0 };
+        }
+        if start == self.grid.rows && n == chunk {
+            self.grid.rows += n;
+        }
+    }
+
+    /// Sets its length to `len`, no more than it holds.
+    fn cut_to(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.grid.rows = self.grid.rows.min(self.len);
+        // Positions past `len` may be written again with other tokens.
+        if self.kept_output.as_ref().is_some_and(|k| k.len > self.len) {
+            self.kept_output = None;
+        }
+    }
+
+    /// Keeps `out`, what the model gave for the last position the cache holds now (a
+    /// prompt's last row), so that a request repeating exactly that prompt can start
+    /// from it ([`kept_output`](Self::kept_output)) instead of running its last rows
+    /// again.
+    pub fn keep_output(&mut self, out: LastOutput) {
+        self.kept_output = Some(KeptOutput { len: self.len, sparse_ffn: self.sparse_ffn, out });
+    }
+
+    /// The output [`keep_output`](Self::keep_output) kept, while the cache holds
+    /// exactly the positions it was kept at (going back further, or running other
+    /// tokens there, drops it) and runs under the same `sparse_ffn` setting.
+    pub fn kept_output(&self) -> Option<&LastOutput> {
+        let k = self.kept_output.as_ref()?;
+        (k.len == self.len && k.sparse_ffn == self.sparse_ffn && !self.states_stale).then_some(&k.out)
+    }
+
+    /// A copy of its linear-attention state (`None` for a cache of attention layers
+    /// only), to [`restore_states`](Self::restore_states) later.
+    /// On a GPU this copies the states to the host; a copy that fails gives `None`.
+    pub fn states_snapshot(&self) -> Option<Vec<Vec<f32>>> {
+        if self.states_stale || self.states.iter().all(Option::is_none) {
+            return None;
+        }
+        self.states.iter().map(|s| s.as_ref().map_or(Ok(Vec::new()), |s| s.to_host())).collect::<Result<_, _>>().ok()
+    }
+
+    /// Layer `l`'s state buffer (of backend `B`), `len` floats long; `None` for an
+    /// attention layer, or a cache of another backend.
+    fn state_mut<B: Backend>(&mut self, l: usize, len: usize) -> Option<&mut B::Buf> {
+        let s = self.states.get_mut(l)?.as_mut().filter(|s| s.len() == len)?;
+        s.as_any_mut().downcast_mut::<B::Buf>()
+    }
+
+    /// Zeroes the states of a cache that went back (see `states_stale`).
+    fn fresh_states(&mut self) -> BackendResult<()> {
+        if std::mem::take(&mut self.states_stale) {
+            for s in self.states.iter_mut().flatten() {
+                s.write_host(&vec![0.0; s.len()])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Goes back to `len` positions with the linear-attention state a
+    /// [`states_snapshot`](Self::states_snapshot) took there (the keys and values
+    /// before `len` are still the cache's own). A snapshot of another shape, or a `len`
+    /// past the cache's, empties it instead.
+    pub fn restore_states(&mut self, len: usize, states: Vec<Vec<f32>>) {
+        let fits = states.len() == self.states.len()
+            && states.iter().zip(&self.states).all(|(a, b)| a.len() == b.as_ref().map_or(0, |b| b.len()));
+        let put = fits
+            && len <= self.len
+            && self.states.iter_mut().zip(&states).all(|(b, a)| b.as_mut().is_none_or(|b| b.write_host(a).is_ok()));
+        match put {
+            true => {
+                self.states_stale = false;
+                self.cut_to(len);
+            }
+            false => {
+                self.states_stale = true;
+                self.cut_to(0);
+            }
+        }
+    }
+
+    /// Empties a cache whose linear-attention state went further than its length (a
+    /// pass that failed part way); a cache of attention layers only is left as it is.
+    fn forget_states(&mut self) {
+        if self.states.iter().any(Option::is_some) {
+            self.states_stale = true;
+            self.cut_to(0);
+        }
+    }
+
+    /// Forgets everything after the first `len` positions (for reusing a shared prefix).
+    /// A cache with linear-attention state cannot go back: a shorter `len` empties it
+    /// (check [`len`](Self::len) afterwards).
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.len {
+            self.forget_states();
+        }
+        self.cut_to(len);
+    }
+}
+
+/// One sequence's part of a batched forward pass.
+pub struct SeqStep<'a> {
+    /// New tokens, appended after what the cache holds.
+    pub tokens: &'a [u32],
+    pub cache: &'a mut KvCache,
+    /// Logits for every new token (true) or only the last (false).
+    pub all_logits: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Sched(#[from] SchedError),
+    #[error(transparent)]
+    Tensors(#[from] spec::TensorError),
+    #[error("context full: {needed} positions needed, the cache holds {capacity}")]
+    ContextFull { needed: usize, capacity: usize },
+    #[error("cancelled")]
+    Cancelled,
+    #[error("token id {id} is outside the vocabulary ({vocab})")]
+    BadToken { id: u32, vocab: usize },
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("a KV cache was passed to a model other than the one that made it")]
+    ForeignCache,
+    #[error("{0} KV caches are not supported on this device (--kv-type f32 is)")]
+    UnsupportedKv(&'static str),
+    /// `--sparse-ffn` on a model that cannot run it.
+    #[error("--sparse-ffn {setting}: {why}")]
+    Sparse { setting: String, why: String },
+    /// A pass gave NaN or infinite logits (NaN or infinite weights, or an overflow):
+    /// nothing can be sampled from them.
+    #[error("the model produced non-finite logits (NaN or infinity); its weights may hold NaN or infinite values")]
+    NonFiniteLogits,
+}
+
+/// Activation buffers reused across forward passes (no allocation per token): sized
+/// for `rows` token rows and `out_rows` rows of logits, grown when a pass needs more.
+struct Workspace<B: Backend> {
+    rows: usize,
+    out_rows: usize,
+    x: B::Buf,      // residual stream (rows, hidden)
+    normed: B::Buf, // (rows, hidden)
+    q: B::Buf,      // (rows, n_heads * head_dim)
+    k: B::Buf,      // (rows, n_kv_heads * head_dim)
+    v: B::Buf,      // (rows, n_kv_heads * head_dim)
+    attn: B::Buf,   // (rows, n_heads * head_dim)
+    proj: B::Buf,   // (rows, hidden)
+    gate: B::Buf,   // (rows, widest MLP: intermediate, expert or shared expert)
+    up: B::Buf,     // (rows, widest MLP)
+    moe: Option<MoeBufs<B>>,
+    scratch: B::Buf, // (rows, max(q_dim, kv_dim))
+    /// The attention output gate (rows, q_dim) when the model has one.
+    attn_gate: Option<B::Buf>,
+    /// A linear-attention layer's projections: (rows, 2 key_dim + 2 value_dim) and
+    /// (rows, 2 n_v_heads), when the model has such layers.
+    lin: Option<(B::Buf, B::Buf, B::Buf)>,
+    picked: B::Buf,  // (out_rows, hidden): the rows whose logits are wanted
+    head_in: B::Buf, // (out_rows, hidden): those rows after the final norm
+    logits: B::Buf,  // (out_rows, vocab)
+}
+
+impl<B: Backend> Workspace<B> {
+    fn new(be: &B, c: &ModelConfig, rows: usize, out_rows: usize) -> Result<Self, BackendError> {
+        let (h, q_dim, kv_dim) = (c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let (rows, out_rows) = (rows.max(1), out_rows.max(1));
+        Ok(Workspace {
+            rows,
+            out_rows,
+            x: be.alloc(rows * h)?,
+            normed: be.alloc(rows * h)?,
+            q: be.alloc(rows * q_dim)?,
+            k: be.alloc(rows * kv_dim)?,
+            v: be.alloc(rows * kv_dim)?,
+            attn: be.alloc(rows * q_dim)?,
+            proj: be.alloc(rows * h)?,
+            gate: be.alloc(rows * ffn_width(c))?,
+            up: be.alloc(rows * ffn_width(c))?,
+            moe: MoeBufs::new(be, c, rows)?,
+            scratch: be.alloc(rows * q_dim.max(kv_dim))?,
+            attn_gate: if c.attn_output_gate { Some(be.alloc(rows * q_dim)?) } else { None },
+            lin: match &c.linear_attn {
+                Some(la) => Some((
+                    be.alloc(rows * (2 * la.key_dim() + 2 * la.value_dim()))?,
+                    be.alloc(rows * 2 * la.n_v_heads)?,
+                    be.alloc(rows * la.value_dim())?,
+                )),
+                None => None,
+            },
+            picked: be.alloc(out_rows * h)?,
+            head_in: be.alloc(out_rows * h)?,
+            logits: be.alloc(out_rows * c.vocab_size)?,
+        })
+    }
+}
+
+/// The widest MLP any layer runs (dense, routed expert or shared expert).
+fn ffn_width(c: &ModelConfig) -> usize {
+    let m = c.moe.map_or(0, |m| m.expert_size.max(m.shared_expert_size.unwrap_or(0)));
+    c.intermediate_size.max(m)
+}
+
+/// A pass's logits (`Readback::Full`) or top entries (`Readback::Top`) of the selected
+/// rows, and how many rows each sequence got.
+type PassOutput = (Vec<f32>, Vec<usize>, Vec<TopK>);
+
+/// What a forward pass hands back for each sequence's selected rows.
+enum Readback {
+    /// Every logit.
+    Full,
+    /// The `k` most likely entries and the `logsumexp` (copied back instead of the row).
+    Top(usize),
+    /// Both: every logit, and the `k` most likely entries as the backend selects them.
+    Both(usize),
+}
+
+pub struct DecoderModel<B: Backend> {
+    pub config: ModelConfig,
+    backend: Arc<B>,
+    embed: B::Weight,   // (vocab, hidden)
+    norm: B::Weight,    // (hidden)
+    lm_head: B::Weight, // (vocab, hidden), the embedding when tied
+    layers: Scheduler<LayerWeights<B>>,
+    /// The routed experts of a MoE model (`None` when dense, or when each layer is
+    /// loaded with all of its experts).
+    experts: Option<Arc<ExpertCache<Mlp<B>>>>,
+    /// Score a speculative guess of each MoE layer's experts (`--expert-guess`).
+    guess_experts: bool,
+    /// The neuron groups of a sparse FFN model held apart from the layer cores
+    /// (`None` when dense, or when each layer is loaded with all of its groups).
+    neurons: Option<Arc<ExpertCache<Bundle<B>>>>,
+    /// How a model stored with neuron-group bundles chooses its groups.
+    sparse: SparseFfn,
+    /// Each layer's RoPE (`None`: the layer has none).
+    rope: Vec<Option<RopeFreqs>>,
+    /// Bytes of all weights (layers, embeddings, head, norms).
+    pub weights_bytes: usize,
+    lm_head_bytes: usize,
+    workspace: Mutex<Option<Workspace<B>>>,
+    /// How its KV caches store keys and values.
+    kv_type: KvType,
+}
+
+/// A norm weight as the forward pass uses it (Gemma's checkpoints store `w - 1`).
+fn norm_weight(t: &HostTensor, stored_minus_one: bool) -> HostTensor {
+    match stored_minus_one {
+        false => t.clone(),
+        true => HostTensor::from_f32(&t.to_f32_vec().iter().map(|w| w + 1.0).collect::<Vec<_>>(), t.shape.clone()),
+    }
+}
+
+/// One layer's weights from its host tensors, as the spec names and shapes them; fused
+/// projections are split by rows.
+fn build_layer<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors) -> Result<LayerWeights<B>, SchedError> {
+    let spec = c.spec();
+    let build_err = |msg: String| SchedError::Build { layer: lt.index, msg };
+    let host = |role: Role| -> Result<Option<HostTensor>, SchedError> {
+        if !spec.layer_roles(c, lt.index).any(|r| r == role) {
+            return Ok(None);
+        }
+        let name = spec.tensor(role).map_or("", |t| t.hf);
+        let t = lt.get(name)?;
+        let want = role.shape(c);
+        if t.shape != want {
+            return Err(build_err(format!("tensor `{name}`: expected shape {want:?}, found {:?}", t.shape)));
+        }
+        Ok(Some(if role.is_norm() { norm_weight(t, spec.hf_norm_offset) } else { t.clone() }))
+    };
+    let upload = |t: &HostTensor| be.weight(t).map_err(|source| SchedError::Backend { layer: lt.index, source });
+    let opt = |role: Role| -> Result<Option<B::Weight>, SchedError> { host(role)?.as_ref().map(upload).transpose() };
+    let req = |role: Role, t: Option<HostTensor>| -> Result<HostTensor, SchedError> {
+        t.ok_or_else(|| build_err(format!("the spec of `{}` has no {role:?} tensor", spec.hf_type)))
+    };
+    let (q_dim, kv_dim, i) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.intermediate_size);
+    let split = |t: &HostTensor, at: &[(usize, usize)]| -> Result<Vec<HostTensor>, SchedError> {
+        at.iter()
+            .map(|&(start, n)| t.rows(start, n).ok_or_else(|| build_err(format!("cannot split rows of {t:?}"))))
+            .collect()
+    };
+    let linear = c.layers.get(lt.index).is_some_and(|l| l.mixer == Mixer::Linear);
+    let mixer = match linear {
+        true => {
+            let need = |role: Role| req(role, host(role)?);
+            // Qwen3-Next's projections come grouped by key head; Qwen3.5's (and a GGUF
+            // Qwen3-Next's queries, keys and values) apart, stacked here into the same two
+            // products (queries, keys, values, z; then b, a).
+            let stack = |x: Role, y: Role| {
+                let (x, y) = (need(x)?, need(y)?);
+                let parts = [(&x, 0, x.shape[0]), (&y, 0, y.shape[0])];
+                concat_rows(&parts).ok_or_else(|| build_err(format!("cannot stack {x:?} and {y:?}")))
+            };
+            let (qkvz, qkvz_grouped) = match host(Role::LinQkvz)? {
+                Some(t) => (t, true),
+                None => (stack(Role::LinQkv, Role::LinZ)?, false),
+            };
+            let (ba, ba_grouped) = match host(Role::LinBa)? {
+                Some(t) => (t, true),
+                None => (stack(Role::LinB, Role::LinA)?, false),
+            };
+            let neg_a = match host(Role::LinNegA)? {
+                Some(t) => t.to_f32_vec(),
+                None => need(Role::LinALog)?.to_f32_vec().iter().map(|a| -a.exp()).collect(),
+            };
+            let la = c.linear_attn.as_ref().ok_or_else(|| build_err("linear attention without its sizes".into()))?;
+            let small = |v: &[f32]| be.upload(v).map_err(|source| SchedError::Backend { layer: lt.index, source });
+            let small = DeltaWeights {
+                conv: small(&need(Role::LinConv)?.to_f32_vec())?,
+                neg_a: small(&neg_a)?,
+                dt_bias: small(&need(Role::LinDtBias)?.to_f32_vec())?,
+                norm: small(&need(Role::LinNorm)?.to_f32_vec())?,
+            };
+            let shape = DeltaShape { qkvz_grouped, ba_grouped, eps: c.rms_norm_eps, ..la.delta_shape() };
+            MixerWeights::Linear(LinearWeights {
+                qkvz: upload(&qkvz)?,
+                ba: upload(&ba)?,
+                out: upload(&need(Role::LinOut)?)?,
+                small,
+                shape,
+            })
+        }
+        false => {
+            let [wq, wk, wv] = match host(Role::Qkv)? {
+                Some(qkv) => {
+                    let parts = split(&qkv, &[(0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim)])?;
+                    <[HostTensor; 3]>::try_from(parts).map_err(|_| build_err("QKV split".into()))?
+                }
+                None => [req(Role::Q, host(Role::Q)?)?, req(Role::K, host(Role::K)?)?, req(Role::V, host(Role::V)?)?],
+            };
+            // A gated `q_proj` holds each head's queries, then its gate rows.
+            let (wq, gate) = match c.attn_output_gate {
+                true => {
+                    let hd = c.head_dim;
+                    // Head h's query rows, then its gate rows (offset 0 or hd).
+                    let half = |offset: usize| {
+                        let parts: Vec<_> = (0..c.n_heads).map(|h| (&wq, 2 * h * hd + offset, hd)).collect();
+                        concat_rows(&parts).ok_or_else(|| build_err(format!("cannot split the gate of {wq:?}")))
+                    };
+                    let (q, g) = (half(0)?, half(hd)?);
+                    (q, Some(upload(&g)?))
+                }
+                false => (wq, None),
+            };
+            let both = |a: Option<B::Weight>, b: Option<B::Weight>| a.zip(b).map(|(a, b)| [a, b]);
+            MixerWeights::Attention(AttnWeights {
+                wq: upload(&wq)?,
+                wk: upload(&wk)?,
+                wv: upload(&wv)?,
+                bias_qkv: match (opt(Role::QBias)?, opt(Role::KBias)?, opt(Role::VBias)?) {
+                    (Some(q), Some(k), Some(v)) => Some([q, k, v]),
+                    _ => None,
+                },
+                qk_norm: both(opt(Role::QNorm)?, opt(Role::KNorm)?),
+                gate,
+                wo: upload(&req(Role::O, host(Role::O)?)?)?,
+            })
+        }
+    };
+    let moe = c.layers.get(lt.index).is_some_and(|l| l.ffn == Ffn::Moe);
+    let ffn = match moe {
+        false if c.neuron_group.is_some() => {
+            let group = c.neuron_group.unwrap_or(i);
+            let gate = upload(&req(Role::Gate, host(Role::Gate)?)?)?;
+            let scale = lt.get(sparse::SCALE)?.to_f32_vec();
+            if scale.len() != i {
+                return Err(build_err(format!("`{}` holds {} values for {i} neurons", sparse::SCALE, scale.len())));
+            }
+            // The layer carries its groups only when it is loaded whole.
+            let groups = match lt.tensors.contains_key(&neuron_names(0)[0]) {
+                false => None,
+                true => Some(
+                    (0..i / group.max(1))
+                        .map(|g| build_bundle(c, be, lt, g).map(Arc::new))
+                        .collect::<Result<Vec<_>, _>>()?,
+                ),
+            };
+            FfnWeights::Neurons(NeuronWeights { gate, scale, group, groups })
+        }
+        false => {
+            let [w_gate, w_up] = match host(Role::GateUp)? {
+                Some(gu) => <[HostTensor; 2]>::try_from(split(&gu, &[(0, i), (i, i)])?)
+                    .map_err(|_| build_err("gate/up split".into()))?,
+                None => [req(Role::Gate, host(Role::Gate)?)?, req(Role::Up, host(Role::Up)?)?],
+            };
+            let down = req(Role::Down, host(Role::Down)?)?;
+            FfnWeights::Dense(Mlp { width: i, gate: upload(&w_gate)?, up: upload(&w_up)?, down: upload(&down)? })
+        }
+        true => {
+            let router = upload(&req(Role::Router, host(Role::Router)?)?)?;
+            let shared = match (host(Role::SharedGate)?, host(Role::SharedUp)?, host(Role::SharedDown)?) {
+                (Some(g), Some(u), Some(d)) => {
+                    let gate = upload(&req(Role::SharedExpertGate, host(Role::SharedExpertGate)?)?)?;
+                    let width = g.shape.first().copied().unwrap_or(0);
+                    Some((Mlp { width, gate: upload(&g)?, up: upload(&u)?, down: upload(&d)? }, gate))
+                }
+                _ => None,
+            };
+            // The layer carries its experts only when it is loaded whole.
+            let m = c.moe.ok_or_else(|| build_err("a MoE layer in a model without experts".into()))?;
+            let experts = match lt.tensors.contains_key(&moe::expert_names(c, 0)[0]) {
+                false => None,
+                true => Some(
+                    (0..m.n_experts)
+                        .map(|e| build_expert(c, be, lt, e).map(Arc::new))
+                        .collect::<Result<Vec<_>, _>>()?,
+                ),
+            };
+            FfnWeights::Moe(MoeWeights { router, shared, experts })
+        }
+    };
+    Ok(LayerWeights {
+        attn_norm: opt(Role::AttnNorm)?,
+        mixer,
+        attn_post_norm: opt(Role::AttnPostNorm)?,
+        ffn_norm: opt(Role::FfnNorm)?,
+        ffn,
+        ffn_post_norm: opt(Role::FfnPostNorm)?,
+    })
+}
+
+/// Row ranges `(tensor, start, n)` of 2-D tensors of one dtype and width, one after
+/// another in a tensor of their own (whole rows, so any block type); `None` when the
+/// tensors do not fit together or a range is out of bounds.
+fn concat_rows(parts: &[(&HostTensor, usize, usize)]) -> Option<HostTensor> {
+    let (first, ..) = parts.first()?;
+    let (dtype, cols) = (first.dtype, *first.shape.get(1)?);
+    let mut ranges = Vec::with_capacity(parts.len());
+    for &(t, start, n) in parts {
+        let &[rows, c] = &t.shape[..] else { return None };
+        if c != cols || t.dtype != dtype || start + n > rows {
+            return None;
+        }
+        let row_bytes = t.byte_len() / rows.max(1);
+        ranges.push((&t.bytes()[start * row_bytes..(start + n) * row_bytes], n));
+    }
+    let len = ranges.iter().map(|r| r.0.len()).sum();
+    let mut bytes = AlignedBytes::zeroed(len);
+    let mut at = 0;
+    for (src, _) in &ranges {
+        bytes.bytes_mut()[at..at + src.len()].copy_from_slice(src);
+        at += src.len();
+    }
+    let rows = ranges.iter().map(|r| r.1).sum();
+    Some(HostTensor::new(Arc::new(bytes), 0, len, dtype, vec![rows, cols]))
+}
+
+/// The layer-local names of neuron group `g`'s up rows and down columns.
+fn neuron_names(g: usize) -> [String; 2] {
+    let p = strata_format::NEURON_PREFIX;
+    [format!("{p}{g}.up_proj.weight"), format!("{p}{g}.down_proj.weight")]
+}
+
+/// Neuron group `g` of layer `lt.index`, each tensor checked against its shape.
+fn build_bundle<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors, g: usize) -> Result<Bundle<B>, SchedError> {
+    let (group, h) = (c.neuron_group.unwrap_or(c.intermediate_size), c.hidden_size);
+    let [u, d] = neuron_names(g);
+    let [up, down] =
+        moe::checked_weights(be, lt.index, [(&u, lt.get(&u)?, [group, h]), (&d, lt.get(&d)?, [h, group])])?;
+    Ok(Bundle { up, down })
+}
+
+/// Routed expert `e` of layer `lt.index` from tensors named as in the checkpoint.
+fn build_expert<B: Backend>(c: &ModelConfig, be: &B, lt: &LayerTensors, e: usize) -> Result<Mlp<B>, SchedError> {
+    let [g, u, d] = moe::expert_names(c, e);
+    let width = c.moe.map_or(0, |m| m.expert_size);
+    moe::build_mlp(be, lt.index, [(&g, lt.get(&g)?), (&u, lt.get(&u)?), (&d, lt.get(&d)?)], width, c.hidden_size)
+}
+
+impl<B: Backend> DecoderModel<B> {
+    /// Builds the model with every layer resident.
+    pub fn new(config: ModelConfig, source: &ModelSource, backend: Arc<B>) -> Result<Self, ModelError> {
+        Self::with_options(config, source, backend, &SchedOptions::default())
+    }
+
+    /// Builds the model with its layers held as `sched` says (a memory budget, streaming).
+    pub fn with_options(
+        config: ModelConfig,
+        source: &ModelSource,
+        backend: Arc<B>,
+        sched: &SchedOptions,
+    ) -> Result<Self, ModelError> {
+        let c = &config;
+        spec::check_tensors(c, &source.tensors)?;
+        // Present and shaped as the spec says (checked above).
+        let global = |name: &str| -> Result<&HostTensor, ModelError> {
+            source.tensors.get(name).ok_or_else(|| spec::TensorError::Missing(name.to_string()).into())
+        };
+        let (embed_name, norm_name, head_name) = (spec::EMBED.0, spec::OUTPUT_NORM.0, spec::OUTPUT.0);
+        let embed = backend.weight(global(embed_name)?)?;
+        let norm = backend.weight(&norm_weight(global(norm_name)?, c.spec().hf_norm_offset))?;
+        let head_name = if c.tie_word_embeddings { embed_name } else { head_name };
+        let head = global(head_name)?;
+        let lm_head = match c.tie_word_embeddings {
+            true => backend.weight_again(&embed, head)?,
+            false => backend.weight(head)?,
+        };
+        let lm_head_bytes = head.byte_len();
+
+        let mut layer_sources: Vec<LayerTensors> =
+            (0..c.n_layers).map(|index| LayerTensors { index, ..Default::default() }).collect();
+        // A MoE layer's routed experts (a sparse FFN's neuron groups) are units of their
+        // own, unless loaded whole. A sparse FFN that keeps every group reads them with
+        // their layer, through the prefetch ring, as a dense layer is read (a request
+        // that asks for fewer then saves compute, not reads).
+        let sparse = sched.sparse_ffn;
+        let whole_groups = c.neuron_group.is_some() && sparse.keeps_all();
+        let split_experts = sched.expert_loading == ExpertLoading::Routed && !whole_groups;
+        let n_experts = c.moe.map_or(0, |m| m.n_experts);
+        let n_groups = c.neuron_group.map_or(0, |g| c.intermediate_size / g.max(1));
+        if !sparse.is_off() && c.neuron_group.is_none() {
+            let why = sparse::without_bundles(c, &source.name);
+            return Err(ModelError::Sparse { setting: sparse.to_string(), why });
+        }
+        let mut expert_tensors: Vec<Vec<LayerTensors>> = Vec::new();
+        for (l, layer) in c.layers.iter().enumerate() {
+            let n = match layer.ffn {
+                Ffn::Moe => n_experts,
+                Ffn::Dense => n_groups,
+            };
+            let units = match split_experts {
+                true => (0..n).map(|_| LayerTensors { index: l, ..Default::default() }).collect(),
+                false => Vec::new(),
+            };
+            expert_tensors.push(units);
+        }
+        for (name, t) in &source.tensors {
+            if let Some((i, local)) = strata_format::layer_tensor(name)
+                && let Some(layer) = layer_sources.get_mut(i)
+            {
+                let unit = strata_format::unit_tensor(local).and_then(|(e, _)| expert_tensors[i].get_mut(e));
+                match unit {
+                    Some(unit) => unit.tensors.insert(local.to_string(), t.clone()),
+                    None => layer.tensors.insert(local.to_string(), t.clone()),
+                };
+            }
+        }
+        let weights_bytes = source.tensors.values().map(HostTensor::byte_len).sum();
+        let units: Vec<ExpertUnit> = expert_tensors
+            .into_iter()
+            .enumerate()
+            .flat_map(|(l, units)| {
+                units
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(e, tensors)| ExpertUnit { id: ExpertId { layer: l as u32, expert: e as u32 }, tensors })
+            })
+            .collect();
+        let expert_bytes: u64 = units.iter().map(|u| u.tensors.bytes() as u64).sum();
+        let core_bytes: u64 = layer_sources.iter().map(|l| l.bytes() as u64).sum();
+
+        let (be, c) = (backend.clone(), config.clone());
+        let build = move |lt: &LayerTensors| build_layer(&c, &*be, lt);
+        // Streamed weights come out of each read as the backend keeps resident ones.
+        let sched = &SchedOptions { repack: backend.repacks_weights(), ..sched.clone() };
+        // On the backend's threads: a streamer repacks the layers its plan pins as it
+        // starts, and that work belongs on `--threads`, not on rayon's global pool.
+        let mut layers = backend.on_workers(|| Scheduler::new(layer_sources, build, sched))?;
+        // The cache gets what the budget leaves after the cores, unless told.
+        let opts = ExpertOptions {
+            budget: match sched.expert_cache {
+                Some(size) => Some(size.bytes(expert_bytes)),
+                None => sched.budget.map(|b| b.saturating_sub(core_bytes)),
+            },
+            policy: sched.expert_policy,
+            buffered: sched.buffered,
+            stage: sched.stage.clone(),
+            repack: sched.repack,
+        };
+        let (mut experts, mut neurons) = (None, None);
+        if !units.is_empty() {
+            let (be, cfg, stats) = (backend.clone(), config.clone(), layers.stats_arc());
+            match config.neuron_group {
+                Some(_) => {
+                    let build = Box::new(move |g: usize, lt: &LayerTensors| build_bundle(&cfg, &*be, lt, g));
+                    let cache = ExpertCache::new(config.n_layers, n_groups, units, build, &opts, stats)?;
+                    let cache = Arc::new(cache.for_neuron_groups());
+                    layers.attach_experts(cache.clone());
+                    tracing::debug!(group_bytes = expert_bytes, core_bytes, "neuron groups held apart from the cores");
+                    neurons = Some(cache);
+                }
+                None => {
+                    let build = Box::new(move |e: usize, lt: &LayerTensors| build_expert(&cfg, &*be, lt, e));
+                    let cache = Arc::new(ExpertCache::new(config.n_layers, n_experts, units, build, &opts, stats)?);
+                    layers.attach_experts(cache.clone());
+                    tracing::debug!(expert_bytes, core_bytes, "experts held apart from the layer cores");
+                    experts = Some(cache);
+                }
+            }
+        }
+        let rope = config.layers.iter().map(|l| config.rope_for(l.rope)).collect();
+        Ok(DecoderModel {
+            config,
+            backend,
+            embed,
+            norm,
+            lm_head,
+            layers,
+            experts,
+            guess_experts: sched.expert_guess,
+            neurons,
+            sparse,
+            rope,
+            weights_bytes,
+            lm_head_bytes,
+            workspace: Mutex::new(None),
+            kv_type: KvType::F32,
+        })
+    }
+
+    /// Stores its KV caches as `ty`, when the backend can.
+    pub fn with_kv_type(mut self, ty: KvType) -> Result<Self, ModelError> {
+        if !self.backend.kv_types().contains(&ty) {
+            return Err(ModelError::UnsupportedKv(ty.name()));
+        }
+        self.kv_type = ty;
+        Ok(self)
+    }
+
+    /// Bytes of the output head (read in full every decode step).
+    pub fn lm_head_bytes(&self) -> usize {
+        self.lm_head_bytes
+    }
+
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+
+    pub fn scheduler(&self) -> &Scheduler<LayerWeights<B>> {
+        &self.layers
+    }
+
+    /// An empty KV cache for up to `capacity` positions; nothing is allocated until a
+    /// forward pass (or [`reserve_cache`](Self::reserve_cache)) needs it.
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
+        let c = &self.config;
+        let width = self.kv_type.row_len(c.n_kv_heads * c.head_dim);
+        let attn_layers = c.layers.iter().filter(|l| l.mixer == Mixer::Attention).count();
+        let position_bytes = (2 * attn_layers * width * std::mem::size_of::<f32>()) as u64;
+        let bufs = KvBufs::<B> { k: Vec::new(), v: Vec::new() };
+        // Linear-attention state: fixed, allocated (and charged) now.
+        let mut states: Vec<Option<Box<dyn LinState>>> = Vec::with_capacity(c.layers.len());
+        for l in &c.layers {
+            states.push(match (l.mixer, &c.linear_attn) {
+                (Mixer::Linear, Some(la)) => {
+                    let buf = self.backend.alloc(la.state_len()).map_err(ModelError::Backend)?;
+                    Some(Box::new(StateBuf { buf, len: la.state_len() }))
+                }
+                _ => None,
+            });
+        }
+        let state_bytes = states.iter().flatten().map(|s| (s.len() * std::mem::size_of::<f32>()) as u64).sum();
+        let memory = self.layers.reserve(0);
+        let state_memory = self.layers.reserve(state_bytes);
+        Ok(KvCache {
+            bufs: Box::new(bufs),
+            states,
+            states_stale: false,
+            memory,
+            state_memory,
+            len: 0,
+            capacity,
+            allocated: 0,
+            position_bytes,
+            grid: Grid::default(),
+            sparse_ffn: None,
+            kept_output: None,
+        })
+    }
+
+    /// Grows `cache` to hold at least `positions` (at most its capacity), keeping what
+    /// it holds: by a [`KV_BLOCK`] or half its size again, whichever is more, so that a
+    /// growing sequence copies its cache a bounded number of times.
+    pub fn reserve_cache(&self, cache: &mut KvCache, positions: usize) -> Result<(), ModelError> {
+        let positions = positions.min(cache.capacity);
+        if positions <= cache.allocated {
+            return Ok(());
+        }
+        let grown = (cache.allocated + cache.allocated / 2).max(positions).next_multiple_of(KV_BLOCK);
+        let target = grown.min(cache.capacity);
+        let width = self.kv_type.row_len(self.config.n_kv_heads * self.config.head_dim);
+        let be = &*self.backend;
+        let bufs = cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
+        // Charged before the buffers exist, so that a streaming budget makes room first.
+        let memory = self.layers.reserve(target as u64 * cache.position_bytes);
+        // A linear-attention layer keeps no keys or values: one placeholder float.
+        let fresh = |old: Option<&B::Buf>, attn: bool| -> Result<B::Buf, ModelError> {
+            if !attn {
+                return Ok(be.alloc(1)?);
+            }
+            let mut buf = be.alloc(target * width)?;
+            if let Some(old) = old.filter(|_| cache.len > 0) {
+                be.copy_rows(old, Rows::first(cache.len), width, &mut buf, 0)?;
+            }
+            Ok(buf)
+        };
+        let n = self.config.n_layers;
+        let mut next = KvBufs::<B> { k: Vec::with_capacity(n), v: Vec::with_capacity(n) };
+        for (l, layer) in self.config.layers.iter().enumerate() {
+            let attn = layer.mixer == Mixer::Attention;
+            next.k.push(fresh(bufs.k.get(l), attn)?);
+            next.v.push(fresh(bufs.v.get(l), attn)?);
+        }
+        *bufs = next;
+        cache.memory = memory;
+        cache.allocated = target;
+        Ok(())
+    }
+
+    /// Runs the new tokens of every sequence in `batch` through the model, appending to
+    /// their caches. Returns, per sequence, the logits (`[n, vocab]` row-major) of every
+    /// new token or of the last one.
+    pub fn forward(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.forward_until(batch, &|| false)
+    }
+
+    /// [`forward`](Self::forward) that checks `cancelled` before every layer and gives
+    /// up with [`ModelError::Cancelled`] (the caches are left as they were).
+    pub fn forward_until(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let vocab = self.config.vocab_size;
+        let (logits, counts, _) = self.run(batch, cancelled, Readback::Full)?;
+        let mut out = Vec::with_capacity(counts.len());
+        let mut at = 0;
+        for take in counts {
+            out.push(logits[at * vocab..(at + take) * vocab].to_vec());
+            at += take;
+        }
+        Ok(out)
+    }
+
+    /// Runs `batch` like [`forward_until`](Self::forward_until) (every sequence's
+    /// `all_logits` is ignored) and returns, per sequence, the `k` most likely next
+    /// tokens after its last new token; only those cross from the device.
+    pub fn forward_top_k(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        k: usize,
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<TopK>, ModelError> {
+        batch.iter_mut().for_each(|s| s.all_logits = false);
+        let (_, counts, top) = self.run(batch, cancelled, Readback::Top(k.clamp(1, strata_backend::MAX_TOP_K)))?;
+        let mut top = top.into_iter();
+        // A sequence with no new tokens has no row: it gets an empty answer.
+        Ok(counts
+            .iter()
+            .map(|&n| if n == 0 { TopK::empty() } else { top.next().unwrap_or_else(TopK::empty) })
+            .collect())
+    }
+
+    /// Runs `batch` like [`forward_top_k`](Self::forward_top_k) and returns, per
+    /// sequence, both the logits of its last new token and its `k` most likely next
+    /// tokens as the backend selects them: for a batch where some sequences sample from
+    /// every logit and the others from their top entries, which then get exactly what
+    /// [`forward_top_k`](Self::forward_top_k) gives them alone (on a GPU the device's
+    /// `logsumexp`, which a host scan of the downloaded row may round otherwise).
+    pub fn forward_logits_and_top_k(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        k: usize,
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<(Vec<f32>, TopK)>, ModelError> {
+        batch.iter_mut().for_each(|s| s.all_logits = false);
+        let vocab = self.config.vocab_size;
+        let (logits, counts, top) =
+            self.run(batch, cancelled, Readback::Both(k.clamp(1, strata_backend::MAX_TOP_K)))?;
+        let (mut top, mut at) = (top.into_iter(), 0);
+        Ok(counts
+            .iter()
+            .map(|&n| match n {
+                0 => (Vec::new(), TopK::empty()),
+                _ => {
+                    at += 1;
+                    (logits[(at - 1) * vocab..at * vocab].to_vec(), top.next().unwrap_or_else(TopK::empty))
+                }
+            })
+            .collect())
+    }
+
+    /// The layers, then the final norm and head over each sequence's selected rows.
+    /// Returns the logits (`Readback::Full`) or the top entries (`Readback::Top`) of
+    /// those rows, and how many rows each sequence got.
+    fn run(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &(dyn Fn() -> bool + Sync),
+        readback: Readback,
+    ) -> Result<PassOutput, ModelError> {
+        self.backend.on_workers(|| self.run_here(batch, cancelled, readback))
+    }
+
+    /// [`run`](Self::run), on whichever thread calls it.
+    fn run_here(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &(dyn Fn() -> bool + Sync),
+        readback: Readback,
+    ) -> Result<PassOutput, ModelError> {
+        let rows: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let out_rows: usize =
+            batch.iter().map(|s| if s.all_logits { s.tokens.len() } else { s.tokens.len().min(1) }).sum();
+        let mut guard = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let ws = self.workspace_for(&mut guard, rows, out_rows)?;
+        for s in batch.iter_mut() {
+            s.cache.fresh_states().map_err(ModelError::Backend)?;
+        }
+        let result = self.run_pass(batch, cancelled, readback, ws);
+        if result.is_err() {
+            // A linear-attention state moved on in the layers that ran: start it over.
+            batch.iter_mut().for_each(|s| s.cache.forget_states());
+        }
+        result
+    }
+
+    /// The layers and the head over the workspace (see [`run`](Self::run)).
+    fn run_pass(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &(dyn Fn() -> bool + Sync),
+        readback: Readback,
+        ws: &mut Workspace<B>,
+    ) -> Result<PassOutput, ModelError> {
+        let c = &self.config;
+        let be = &*self.backend;
+        let h = c.hidden_size;
+        let out_rows: usize =
+            batch.iter().map(|s| if s.all_logits { s.tokens.len() } else { s.tokens.len().min(1) }).sum();
+        self.run_layers(batch, cancelled, ws)?;
+
+        // Gather the rows whose logits are wanted, then the final norm and the head.
+        let mut counts = Vec::with_capacity(batch.len());
+        let (mut row0, mut at) = (0, 0);
+        for s in batch.iter_mut() {
+            let n = s.tokens.len();
+            let (src, take) = match (s.all_logits, n) {
+                (_, 0) => (row0, 0),
+                (true, _) => (row0, n),
+                (false, _) => (row0 + n - 1, 1),
+            };
+            be.copy_rows(&ws.x, Rows::Range { start: src, n: take }, h, &mut ws.picked, at)?;
+            counts.push(take);
+            at += take;
+            row0 += n;
+        }
+        be.rms_norm(&ws.picked, out_rows, &self.norm, c.rms_norm_eps, &mut ws.head_in)?;
+        let head_rows: Vec<usize> = counts.iter().copied().filter(|&n| n > 0).collect();
+        be.matmul_seqs(&ws.head_in, &head_rows, &self.lm_head, &mut ws.logits)?;
+        if c.logits_divisor != 1.0 {
+            be.unary(&mut ws.logits, out_rows * c.vocab_size, Unary::Scale(1.0 / c.logits_divisor))?;
+        }
+        if let Some(cap) = c.final_softcap {
+            be.unary(&mut ws.logits, out_rows * c.vocab_size, Unary::Softcap(cap))?;
+        }
+        let result = match readback {
+            Readback::Full => (be.download(&ws.logits, out_rows * c.vocab_size)?, counts, Vec::new()),
+            Readback::Top(k) => {
+                let top = be.top_k(&ws.logits, out_rows, c.vocab_size, k)?;
+                (Vec::new(), counts, top)
+            }
+            Readback::Both(k) => {
+                let top = be.top_k(&ws.logits, out_rows, c.vocab_size, k)?;
+                (be.download(&ws.logits, out_rows * c.vocab_size)?, counts, top)
+            }
+        };
+        // Only a pass that completed advances the caches.
+        for s in batch.iter_mut() {
+            s.cache.len += s.tokens.len();
+        }
+        Ok(result)
+    }
+
+    /// The workspace, grown (reallocated) when this pass needs more rows than it has.
+    fn workspace_for<'w>(
+        &self,
+        slot: &'w mut Option<Workspace<B>>,
+        rows: usize,
+        out_rows: usize,
+    ) -> Result<&'w mut Workspace<B>, ModelError> {
+        let ws = match slot.take() {
+            Some(w) if w.rows >= rows && w.out_rows >= out_rows => w,
+            // The old buffers are freed (dropped by `map_or`) before the new ones exist.
+            old => {
+                let (old_rows, old_out) = old.map_or((0, 0), |w| (w.rows, w.out_rows));
+                Workspace::new(&*self.backend, &self.config, rows.max(old_rows), out_rows.max(old_out))?
+            }
+        };
+        Ok(slot.insert(ws))
+    }
+
+    /// A sentence embedding: the mean over positions of the final-norm hidden states,
+    /// L2-normalized (`hidden` values).
+    pub fn embed(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError> {
+        self.backend.on_workers(|| self.embed_here(tokens, cancelled))
+    }
+
+    /// [`embed`](Self::embed), on whichever thread calls it.
+    fn embed_here(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let be = &*self.backend;
+        let h = c.hidden_size;
+        let mut cache = self.new_cache(tokens.len())?;
+        let mut guard = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let ws = self.workspace_for(&mut guard, tokens.len(), 1)?;
+        self.run_layers(&mut [SeqStep { tokens, cache: &mut cache, all_logits: true }], cancelled, ws)?;
+        be.rms_norm(&ws.x, tokens.len(), &self.norm, c.rms_norm_eps, &mut ws.normed)?;
+        let hidden = be.download(&ws.normed, tokens.len() * h)?;
+        let mut mean = vec![0.0f64; h];
+        for row in hidden.chunks_exact(h) {
+            mean.iter_mut().zip(row).for_each(|(m, &v)| *m += v as f64);
+        }
+        let norm = mean.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-12);
+        Ok(mean.iter().map(|v| (v / norm) as f32).collect())
+    }
+
+    /// Embeds the new tokens of every sequence and runs every layer over them, writing
+    /// keys and values into the caches (without advancing them). Leaves the residual
+    /// stream `(rows, hidden)` in `ws.x`.
+    fn run_layers(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &(dyn Fn() -> bool + Sync),
+        ws: &mut Workspace<B>,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let be = &*self.backend;
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
+
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        for s in batch.iter_mut() {
+            let needed = s.cache.len + s.tokens.len();
+            if needed > s.cache.capacity {
+                return Err(ModelError::ContextFull { needed, capacity: s.cache.capacity });
+            }
+            if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(ModelError::BadToken { id, vocab: c.vocab_size });
+            }
+            self.reserve_cache(s.cache, needed)?;
+            ids.extend_from_slice(s.tokens);
+            positions.extend((s.cache.len..needed).map(|p| p as u32));
+        }
+        let rows = ids.len();
+        // Rows per sequence: a sequence's results do not depend on what shares the batch.
+        let seq_rows: Vec<usize> = batch.iter().map(|s| s.tokens.len()).filter(|&n| n > 0).collect();
+        // Each sequence's sparse FFN setting, likewise.
+        let sparse: Vec<SparseFfn> =
+            batch.iter().filter(|s| !s.tokens.is_empty()).map(|s| s.cache.sparse_ffn.unwrap_or(self.sparse)).collect();
+        // Recency in the expert cache is counted in forward passes.
+        if let Some(experts) = &self.experts {
+            experts.step();
+        }
+        if let Some(neurons) = &self.neurons {
+            neurons.step();
+        }
+        let Workspace { x, normed, q, k, v, attn, proj, gate, up, scratch, moe: moe_bufs, attn_gate, lin, .. } = ws;
+
+        be.embedding(&self.embed, &ids, x)?;
+        if c.embed_scale != 1.0 {
+            be.unary(x, rows * h, Unary::Scale(c.embed_scale))?;
+        }
+        let eps = c.rms_norm_eps;
+        // Q/K norms run over each head's row, or over a token's whole Q (K) row.
+        let (q_norm_rows, k_norm_rows) = match c.spec().qk_norm {
+            QkNorm::Whole => (rows, rows),
+            _ => (rows * c.n_heads, rows * c.n_kv_heads),
+        };
+        for l in 0..c.n_layers {
+            if cancelled() {
+                return Err(ModelError::Cancelled);
+            }
+            let w = self.layers.layer(l)?;
+            // What a speculative expert prefetch would guess, scored below (measured only).
+            let guess = match (&w.ffn, &w.ffn_norm, moe_bufs.as_mut()) {
+                (FfnWeights::Moe(mw), Some(n), Some(mb)) if self.guess_experts => {
+                    Some(moe::guess(be, c, mw, n, x, rows, normed, mb)?)
+                }
+                _ => None,
+            };
+
+            // Attention over the normed stream (or the stream itself when the family
+            // normalizes only after).
+            let input: &B::Buf = match &w.attn_norm {
+                Some(n) => {
+                    be.rms_norm(x, rows, n, eps, normed)?;
+                    normed
+                }
+                None => x,
+            };
+            match &w.mixer {
+                MixerWeights::Attention(aw) => {
+                    be.matmul_seqs_each(input, &seq_rows, &mut [(&aw.wq, q), (&aw.wk, k), (&aw.wv, v)])?;
+                    if let Some([bq, bk, bv]) = &aw.bias_qkv {
+                        be.add_bias(q, rows, bq)?;
+                        be.add_bias(k, rows, bk)?;
+                        be.add_bias(v, rows, bv)?;
+                    }
+                    if let Some([qn, kn]) = &aw.qk_norm {
+                        be.rms_norm(q, q_norm_rows, qn, eps, scratch)?;
+                        be.copy_rows(scratch, Rows::first(rows), q_dim, q, 0)?;
+                        be.rms_norm(k, k_norm_rows, kn, eps, scratch)?;
+                        be.copy_rows(scratch, Rows::first(rows), kv_dim, k, 0)?;
+                    }
+                    if let Some(rope) = &self.rope[l] {
+                        be.rope(q, c.n_heads, hd, &positions, rope)?;
+                        be.rope(k, c.n_kv_heads, hd, &positions, rope)?;
+                    }
+
+                    let mut row0 = 0;
+                    for s in batch.iter_mut() {
+                        let n = s.tokens.len();
+                        let start_pos = s.cache.len;
+                        let cache = s.cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
+                        let ty = self.kv_type;
+                        be.kv_store(k, Rows::Range { start: row0, n }, kv_dim, &mut cache.k[l], start_pos, ty)?;
+                        be.kv_store(v, Rows::Range { start: row0, n }, kv_dim, &mut cache.v[l], start_pos, ty)?;
+                        let p = AttnParams {
+                            n_heads: c.n_heads,
+                            n_kv_heads: c.n_kv_heads,
+                            head_dim: hd,
+                            start_pos,
+                            scale: c.attn_scale,
+                            sliding_window: c.layers[l].sliding_window,
+                            softcap: c.attn_softcap,
+                            kv: self.kv_type,
+                        };
+                        be.attention(q, row0, n, &cache.k[l], &cache.v[l], &p, attn)?;
+                        row0 += n;
+                    }
+                    // Qwen3-Next gates each head's output by the sigmoid of its gate rows.
+                    let o_in: &B::Buf = match (&aw.gate, attn_gate.as_mut()) {
+                        (Some(wg), Some(g)) => {
+                            be.matmul_seqs(input, &seq_rows, wg, g)?;
+                            be.glu(g, attn, rows * q_dim, Activation::Sigmoid)?;
+                            g
+                        }
+                        _ => attn,
+                    };
+                    be.matmul_seqs(o_in, &seq_rows, &aw.wo, proj)?;
+                }
+                MixerWeights::Linear(lw) => {
+                    let no_bufs =
+                        || ModelError::Sched(SchedError::Build { layer: l, msg: "no linear-attention state".into() });
+                    let la = c.linear_attn.as_ref().ok_or_else(no_bufs)?;
+                    let (qkvz_buf, ba_buf, mixed) = lin.as_mut().ok_or_else(no_bufs)?;
+                    be.matmul_seqs(input, &seq_rows, &lw.qkvz, qkvz_buf)?;
+                    be.matmul_seqs(input, &seq_rows, &lw.ba, ba_buf)?;
+                    // Each sequence's tokens in order through its own state.
+                    let mut row0 = 0;
+                    for s in batch.iter_mut() {
+                        let n = s.tokens.len();
+                        let state = s.cache.state_mut::<B>(l, la.state_len()).ok_or_else(no_bufs)?;
+                        let d = DeltaRule { shape: lw.shape, weights: &lw.small, qkvz: qkvz_buf, ba: ba_buf, row0, n };
+                        be.delta_rule(&d, state, mixed)?;
+                        row0 += n;
+                    }
+                    be.matmul_seqs(mixed, &seq_rows, &lw.out, proj)?;
+                }
+            }
+            residual(be, c, x, proj, w.attn_post_norm.as_ref(), normed, rows)?;
+
+            // The gated MLP, likewise.
+            let input: &B::Buf = match &w.ffn_norm {
+                Some(n) => {
+                    be.rms_norm(x, rows, n, eps, normed)?;
+                    normed
+                }
+                None => x,
+            };
+            let mut bufs = MlpBufs { gate: &mut *gate, up: &mut *up };
+            match &w.ffn {
+                FfnWeights::Dense(mlp) => moe::mlp_forward(be, c, mlp, input, &seq_rows, &mut bufs, proj)?,
+                FfnWeights::Moe(mw) => {
+                    let bufs_moe = moe_bufs
+                        .as_mut()
+                        .ok_or(ModelError::Sched(SchedError::Build { layer: l, msg: "no MoE buffers".into() }))?;
+                    let block = MoeBlock { layer: l, weights: mw, source: self, input, rows, seq_rows: &seq_rows };
+                    let taken = moe::moe_forward(be, c, block, &mut bufs, bufs_moe, proj)?;
+                    if let Some(g) = &guess {
+                        let (right, total) = moe::score_guess(g, &taken);
+                        let stats = self.layers.stats();
+                        stats.expert_guess_right.fetch_add(right, std::sync::atomic::Ordering::Relaxed);
+                        stats.expert_guess_total.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                FfnWeights::Neurons(nw) => {
+                    let nb = moe_bufs.as_mut().ok_or(ModelError::Sched(SchedError::Build {
+                        layer: l,
+                        msg: "no sparse FFN buffers".into(),
+                    }))?;
+                    let block = SparseBlock {
+                        layer: l,
+                        weights: nw,
+                        source: self,
+                        input,
+                        seq_rows: &seq_rows,
+                        settings: &sparse,
+                    };
+                    let (kept, total) = sparse::sparse_forward(be, c, block, &mut bufs, nb, proj)?;
+                    let stats = self.layers.stats();
+                    stats.neuron_groups_kept.fetch_add(kept, std::sync::atomic::Ordering::Relaxed);
+                    stats.neuron_groups_total.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            residual(be, c, x, proj, w.ffn_post_norm.as_ref(), normed, rows)?;
+        }
+        Ok(())
+    }
+}
+
+/// Units `ids` of layer `layer` from `cache` (`what` names it when there is none).
+fn from_cache<U: Send + Sync + 'static>(
+    cache: Option<&Arc<ExpertCache<U>>>,
+    what: &str,
+    layer: usize,
+    ids: &[usize],
+    each: &mut EachUnit<'_, U>,
+) -> Result<(), ModelError> {
+    let cache = cache.ok_or_else(|| SchedError::Build { layer, msg: format!("no {what} cache") })?;
+    cache.get_each(layer, ids, |i, u| each(i, &u))
+}
+
+impl<B: Backend> UnitSource<Bundle<B>> for DecoderModel<B> {
+    fn units(&self, layer: usize, ids: &[usize], each: &mut EachUnit<'_, Bundle<B>>) -> Result<(), ModelError> {
+        from_cache(self.neurons.as_ref(), "neuron-group", layer, ids, each)
+    }
+}
+
+impl<B: Backend> UnitSource<Mlp<B>> for DecoderModel<B> {
+    fn units(&self, layer: usize, ids: &[usize], each: &mut EachUnit<'_, Mlp<B>>) -> Result<(), ModelError> {
+        from_cache(self.experts.as_ref(), "expert", layer, ids, each)
+    }
+}
+
+/// `x += residual_scale * post_norm(branch)` for `rows` rows: the end of each half of a
+/// block, whichever the norm placement (`post_norm` is `None` for pre-norm families).
+fn residual<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    x: &mut B::Buf,
+    branch: &mut B::Buf,
+    post_norm: Option<&B::Weight>,
+    normed: &mut B::Buf,
+    rows: usize,
+) -> Result<(), ModelError> {
+    let len = rows * c.hidden_size;
+    let out = match post_norm {
+        Some(n) => {
+            be.rms_norm(branch, rows, n, c.rms_norm_eps, normed)?;
+            normed
+        }
+        None => branch,
+    };
+    if c.residual_scale != 1.0 {
+        be.unary(out, len, Unary::Scale(c.residual_scale))?;
+    }
+    Ok(be.add_rows(x, out, c.hidden_size, Rows::first(rows), None)?)
+}
+
+impl<B: Backend> super::LanguageModel for DecoderModel<B> {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
+        DecoderModel::new_cache(self, capacity)
+    }
+
+    fn reserve_cache(&self, cache: &mut KvCache, positions: usize) -> Result<(), ModelError> {
+        DecoderModel::reserve_cache(self, cache, positions)
+    }
+
+    fn free_memory(&self) -> Option<u64> {
+        self.backend.free_memory()
+    }
+
+    fn forward_until(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        DecoderModel::forward_until(self, batch, cancelled)
+    }
+
+    fn forward_top_k(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        k: usize,
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<TopK>, ModelError> {
+        DecoderModel::forward_top_k(self, batch, k, cancelled)
+    }
+
+    fn forward_logits_and_top_k(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        k: usize,
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<(Vec<f32>, TopK)>, ModelError> {
+        DecoderModel::forward_logits_and_top_k(self, batch, k, cancelled)
+    }
+
+    fn embed(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError> {
+        DecoderModel::embed(self, tokens, cancelled)
+    }
+
+    fn scheduler(&self) -> &dyn SchedInfo {
+        &self.layers
+    }
+
+    fn backend_name(&self) -> String {
+        self.backend.name()
+    }
+
+    fn chunking_changes_rows(&self) -> bool {
+        self.backend.chunking_changes_rows()
+    }
+
+    fn device_bytes(&self) -> u64 {
+        self.backend.device_bytes()
+    }
+
+    fn memory_bandwidth(&self) -> Option<f64> {
+        self.backend.memory_bandwidth()
+    }
+
+    fn launch_stats(&self) -> Option<strata_backend::LaunchStats> {
+        self.backend.launch_stats()
+    }
+
+    fn weights_bytes(&self) -> usize {
+        self.weights_bytes
+    }
+
+    fn lm_head_bytes(&self) -> usize {
+        self.lm_head_bytes
+    }
+}

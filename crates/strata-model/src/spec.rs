@@ -1,0 +1,658 @@
+//! The declarative description of each architecture: which tensors a decoder layer
+//! holds (their role, Hugging Face name and llama.cpp name), where the block normalizes,
+//! its activation and the small differences between families. The loader, the shape
+//! checks, GGUF import and the forward pass read this one table; adding a dense family
+//! that fits these axes is an entry here plus its config keys in `config.rs`.
+//!
+//! Mixture-of-experts and hybrid layers extend the same idea: a router and stacked
+//! experts are more [`Role`]s (with an expert axis), and a layer of another kind is a
+//! different `LayerKind` in the per-layer list of `ModelConfig`, not a new model type.
+
+use std::collections::HashMap;
+
+use super::config::{Ffn, LinearAttnConfig, Mixer, ModelConfig, MoeConfig};
+use strata_backend::Activation;
+use strata_tensor::tensor::HostTensor;
+
+/// A dense family. `SPECS` holds one entry per variant, in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+    Gemma2,
+    Gemma3,
+    Phi3,
+    Olmo2,
+    Granite,
+    SmolLM3,
+    Gemma,
+    Mixtral,
+    Qwen2Moe,
+    Qwen3Moe,
+    Qwen3Next,
+    Qwen35,
+    Qwen35Moe,
+}
+
+/// What a tensor of a decoder layer is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Norm before attention (hidden).
+    AttnNorm,
+    Q,
+    K,
+    V,
+    /// Q, K and V stacked by rows (Phi-3).
+    Qkv,
+    QBias,
+    KBias,
+    VBias,
+    O,
+    QNorm,
+    KNorm,
+    /// Norm of the attention output before the residual add (sandwich or post-norm).
+    AttnPostNorm,
+    /// Norm before the MLP (hidden).
+    FfnNorm,
+    Gate,
+    Up,
+    /// Gate and up stacked by rows, gate first (Phi-3).
+    GateUp,
+    Down,
+    /// Norm of the MLP output before the residual add.
+    FfnPostNorm,
+    /// The MoE router: one row of scores per expert.
+    Router,
+    /// A routed expert's gate, up and down projections (one tensor per expert, named
+    /// with the expert's index in place of `*`).
+    ExpertGate,
+    ExpertUp,
+    ExpertDown,
+    /// The shared expert every token of a MoE layer goes through (Qwen2-MoE).
+    SharedGate,
+    SharedUp,
+    SharedDown,
+    /// One row scoring how much of the shared expert's output a token takes.
+    SharedExpertGate,
+    /// A linear-attention (gated delta rule) layer's input projection to queries, keys,
+    /// values and the output gate `z`, grouped by key head (Qwen3-Next's `in_proj_qkvz`).
+    LinQkvz,
+    /// Its projection to each value head's `beta` and decay input `a`, grouped likewise.
+    LinBa,
+    /// Its causal depthwise convolution over queries, keys and values
+    /// (`[channels, 1, taps]`).
+    LinConv,
+    /// Each value head's log decay rate (`A_log`).
+    LinALog,
+    /// `-exp(A_log)`, as llama.cpp stores it (`ssm_a`).
+    LinNegA,
+    /// Each value head's decay bias (`dt_bias`).
+    LinDtBias,
+    /// The gated RMS norm of each value head's output (a plain weight, never offset).
+    LinNorm,
+    /// Its output projection.
+    LinOut,
+    /// Qwen3.5's separate projections: queries, keys and values (all query heads, then
+    /// all key heads, then all value heads), the output gate `z`, `beta` and `a`.
+    LinQkv,
+    LinZ,
+    LinB,
+    LinA,
+}
+
+/// Where a block's norms sit around attention and the MLP (`f`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// `x += f(norm(x))` (Llama).
+    Pre,
+    /// `x += norm(f(x))` (OLMo 2).
+    Post,
+    /// `x += norm_after(f(norm_before(x)))` (Gemma 2 and 3).
+    Sandwich,
+}
+
+/// RMS norms of the queries and keys before RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Over each head (`head_dim` weights; Qwen3, Gemma 3).
+    PerHead,
+    /// Over all heads at once (`n_heads * head_dim` weights; OLMo 2).
+    Whole,
+}
+
+/// One layer tensor: its role and its names after `model.layers.N.` (Hugging Face) and
+/// after `blk.N.` (llama.cpp).
+pub struct TensorName {
+    pub role: Role,
+    pub hf: &'static str,
+    pub gguf: &'static str,
+}
+
+impl TensorName {
+    /// The Hugging Face layer-local name of expert `e`'s tensor (an expert role's name
+    /// has `*` where the index goes; other names are returned as they are).
+    pub fn hf_for(&self, e: usize) -> String {
+        self.hf.replacen('*', &e.to_string(), 1)
+    }
+}
+
+const fn t(role: Role, hf: &'static str, gguf: &'static str) -> TensorName {
+    TensorName { role, hf, gguf }
+}
+
+macro_rules! attention_and_mlp {
+    ($($extra:expr),* $(,)?) => {
+        [
+            $($extra,)*
+            t(Role::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+            t(Role::K, "self_attn.k_proj.weight", "attn_k.weight"),
+            t(Role::V, "self_attn.v_proj.weight", "attn_v.weight"),
+            t(Role::O, "self_attn.o_proj.weight", "attn_output.weight"),
+            t(Role::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
+            t(Role::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
+            t(Role::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
+            t(Role::Up, "mlp.up_proj.weight", "ffn_up.weight"),
+            t(Role::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+        ]
+    };
+}
+
+/// Llama and the families that name their layers as Llama does.
+static LLAMA: [TensorName; 14] = attention_and_mlp!(
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+);
+
+/// Gemma 2 and 3: sandwich norms (`post_attention_layernorm` is the norm *after* attention).
+static GEMMA: [TensorName; 13] = attention_and_mlp!(
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::AttnPostNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+    t(Role::FfnNorm, "pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+    t(Role::FfnPostNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+);
+
+/// OLMo 2: norms after attention and after the MLP only.
+static OLMO2: [TensorName; 11] = attention_and_mlp!(
+    t(Role::AttnPostNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+    t(Role::FfnPostNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+);
+
+/// Phi-3: fused QKV and gate-up (llama.cpp keeps them fused too).
+static PHI3: [TensorName; 6] = [
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::Qkv, "self_attn.qkv_proj.weight", "attn_qkv.weight"),
+    t(Role::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Role::GateUp, "mlp.gate_up_proj.weight", "ffn_up.weight"),
+    t(Role::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+];
+
+/// Mixtral: Llama's attention and routed experts (`w1` gate, `w3` up, `w2` down); its
+/// layers all route, so the dense MLP's names never apply. llama.cpp stores each layer's
+/// experts stacked (`ffn_*_exps`, expert-major).
+static MIXTRAL: [TensorName; 18] = attention_and_mlp!(
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    t(Role::Router, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
+    t(Role::ExpertGate, "block_sparse_moe.experts.*.w1.weight", "ffn_gate_exps.weight"),
+    t(Role::ExpertUp, "block_sparse_moe.experts.*.w3.weight", "ffn_up_exps.weight"),
+    t(Role::ExpertDown, "block_sparse_moe.experts.*.w2.weight", "ffn_down_exps.weight"),
+);
+
+/// Llama's attention and MLP names with Qwen-MoE's router, routed experts under
+/// `mlp.experts.*` and shared expert, and `$extra` entries.
+macro_rules! qwen_moe {
+    ($($extra:expr),* $(,)?) => {
+        attention_and_mlp!(
+            t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
+            t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
+            t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
+            t(Role::ExpertDown, "mlp.experts.*.down_proj.weight", "ffn_down_exps.weight"),
+            t(Role::SharedGate, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+            t(Role::SharedUp, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+            t(Role::SharedDown, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+            t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+            $($extra,)*
+        )
+    };
+}
+
+/// Qwen2-MoE and Qwen3-MoE: Llama's names, routed experts under `mlp.experts.*`, a
+/// shared expert (Qwen2-MoE), and dense MLPs in the layers that do not route.
+static QWEN_MOE: [TensorName; 22] = qwen_moe!(
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+);
+
+/// The hybrid families' names: `$base`'s (attention and MLP, with or without Qwen-MoE's
+/// experts), their norms, the gated-delta-rule layers' (`linear_attn.*`) as Qwen3.5's
+/// checkpoints and every GGUF name them, and `$extra` entries. llama.cpp's converter
+/// splits Qwen3-Next's `in_proj_qkvz` into `attn_qkv` and `attn_gate` and stores
+/// `-exp(A_log)` as `ssm_a`: a GGUF model keeps those
+/// ([`LinearAttnConfig::gguf_layout`], [`LinearAttnConfig::v_tiled`]), under names of
+/// Strata's making (`A_log` has no llama.cpp name).
+macro_rules! hybrid {
+    ($base:ident; $($extra:expr),* $(,)?) => {
+        $base!(
+            t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+            t(Role::FfnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+            t(Role::LinQkv, "linear_attn.in_proj_qkv.weight", "attn_qkv.weight"),
+            t(Role::LinZ, "linear_attn.in_proj_z.weight", "attn_gate.weight"),
+            t(Role::LinConv, "linear_attn.conv1d.weight", "ssm_conv1d.weight"),
+            t(Role::LinALog, "linear_attn.A_log", ""),
+            t(Role::LinNegA, "linear_attn.ssm_a", "ssm_a"),
+            t(Role::LinDtBias, "linear_attn.dt_bias", "ssm_dt.bias"),
+            t(Role::LinNorm, "linear_attn.norm.weight", "ssm_norm.weight"),
+            t(Role::LinOut, "linear_attn.out_proj.weight", "ssm_out.weight"),
+            $($extra,)*
+        )
+    };
+}
+
+/// Qwen3-Next: its checkpoints group the linear-attention projections by key head
+/// (`in_proj_qkvz`, `in_proj_ba`); every layer routes.
+static QWEN3_NEXT: [TensorName; 32] = hybrid!(qwen_moe;
+    t(Role::LinQkvz, "linear_attn.in_proj_qkvz.weight", "ssm_in.weight"),
+    t(Role::LinBa, "linear_attn.in_proj_ba.weight", "ssm_ba.weight"),
+    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+);
+
+/// Qwen3.5 (dense and MoE): the linear-attention projections apart (`in_proj_qkv`,
+/// `in_proj_z`, `in_proj_b`, `in_proj_a`).
+static QWEN35: [TensorName; 21] = hybrid!(attention_and_mlp;
+    t(Role::LinB, "linear_attn.in_proj_b.weight", "ssm_beta.weight"),
+    t(Role::LinA, "linear_attn.in_proj_a.weight", "ssm_alpha.weight"),
+);
+
+static QWEN35_MOE: [TensorName; 29] = hybrid!(qwen_moe;
+    t(Role::LinB, "linear_attn.in_proj_b.weight", "ssm_beta.weight"),
+    t(Role::LinA, "linear_attn.in_proj_a.weight", "ssm_alpha.weight"),
+);
+
+/// The tensors outside the layers: (Hugging Face name, llama.cpp name).
+pub const EMBED: (&str, &str) = ("model.embed_tokens.weight", "token_embd.weight");
+pub const OUTPUT_NORM: (&str, &str) = ("model.norm.weight", "output_norm.weight");
+pub const OUTPUT: (&str, &str) = ("lm_head.weight", "output.weight");
+
+/// Everything that distinguishes one dense family from another.
+pub struct ArchSpec {
+    pub arch: Arch,
+    /// `model_type` in `config.json`.
+    pub hf_type: &'static str,
+    /// `general.architecture` in GGUF.
+    pub gguf_arch: &'static str,
+    pub tensors: &'static [TensorName],
+    pub norms: NormPlacement,
+    pub activation: Activation,
+    pub qk_norm: QkNorm,
+    /// Hugging Face stores RMS norm weights as `w - 1` (Gemma): the loader adds 1.
+    /// (`convert_hf_to_gguf.py` already did for GGUF.)
+    pub hf_norm_offset: bool,
+    /// GGUF stores Q/K rows permuted for GGML's interleaved RoPE (`llama`, `mistral`);
+    /// the loader undoes it.
+    pub gguf_qk_permuted: bool,
+    /// Embeddings are multiplied by `sqrt(hidden)` (Gemma).
+    pub embed_scale_sqrt_hidden: bool,
+}
+
+const fn spec(arch: Arch, hf_type: &'static str, gguf_arch: &'static str, tensors: &'static [TensorName]) -> ArchSpec {
+    ArchSpec {
+        arch,
+        hf_type,
+        gguf_arch,
+        tensors,
+        norms: NormPlacement::Pre,
+        activation: Activation::Silu,
+        qk_norm: QkNorm::None,
+        hf_norm_offset: false,
+        gguf_qk_permuted: false,
+        embed_scale_sqrt_hidden: false,
+    }
+}
+
+const GEMMA2: ArchSpec = ArchSpec {
+    norms: NormPlacement::Sandwich,
+    activation: Activation::GeluTanh,
+    hf_norm_offset: true,
+    embed_scale_sqrt_hidden: true,
+    ..spec(Arch::Gemma2, "gemma2", "gemma2", &GEMMA)
+};
+
+pub static SPECS: [ArchSpec; 17] = [
+    ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Llama, "llama", "llama", &LLAMA) },
+    ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mistral, "mistral", "mistral", &LLAMA) },
+    spec(Arch::Qwen2, "qwen2", "qwen2", &LLAMA),
+    ArchSpec { qk_norm: QkNorm::PerHead, ..spec(Arch::Qwen3, "qwen3", "qwen3", &LLAMA) },
+    GEMMA2,
+    ArchSpec { qk_norm: QkNorm::PerHead, arch: Arch::Gemma3, hf_type: "gemma3_text", gguf_arch: "gemma3", ..GEMMA2 },
+    spec(Arch::Phi3, "phi3", "phi3", &PHI3),
+    ArchSpec { norms: NormPlacement::Post, qk_norm: QkNorm::Whole, ..spec(Arch::Olmo2, "olmo2", "olmo2", &OLMO2) },
+    // llama.cpp's `granite` permutes Q/K as `llama` does.
+    ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Granite, "granite", "granite", &LLAMA) },
+    ArchSpec { gguf_qk_permuted: true, ..spec(Arch::SmolLM3, "smollm3", "smollm3", &LLAMA) },
+    // Gemma 1: Gemma 2 without the sandwich norms, soft-capping or local layers.
+    ArchSpec {
+        norms: NormPlacement::Pre,
+        arch: Arch::Gemma,
+        hf_type: "gemma",
+        gguf_arch: "gemma",
+        tensors: &LLAMA,
+        ..GEMMA2
+    },
+    // llama.cpp converts Mixtral to its `llama` architecture with stacked experts; the
+    // loader tells them apart by `llama.expert_count`.
+    ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mixtral, "mixtral", "llama", &MIXTRAL) },
+    spec(Arch::Qwen2Moe, "qwen2_moe", "qwen2moe", &QWEN_MOE),
+    ArchSpec { qk_norm: QkNorm::PerHead, ..spec(Arch::Qwen3Moe, "qwen3_moe", "qwen3moe", &QWEN_MOE) },
+    // Its RMS norms scale by `1 + w` (the gated norm of the linear layers excepted).
+    ArchSpec {
+        qk_norm: QkNorm::PerHead,
+        hf_norm_offset: true,
+        ..spec(Arch::Qwen3Next, "qwen3_next", "qwen3next", &QWEN3_NEXT)
+    },
+    // The text models of Qwen3.5 (a multimodal checkpoint's `text_config`, config.rs).
+    ArchSpec {
+        qk_norm: QkNorm::PerHead,
+        hf_norm_offset: true,
+        ..spec(Arch::Qwen35, "qwen3_5_text", "qwen35", &QWEN35)
+    },
+    ArchSpec {
+        qk_norm: QkNorm::PerHead,
+        hf_norm_offset: true,
+        ..spec(Arch::Qwen35Moe, "qwen3_5_moe_text", "qwen35moe", &QWEN35_MOE)
+    },
+];
+
+impl Arch {
+    pub fn spec(self) -> &'static ArchSpec {
+        // `SPECS` lists the families in `Arch`'s order (checked by a test).
+        &SPECS[self as usize]
+    }
+
+    pub fn name(self) -> &'static str {
+        self.spec().hf_type
+    }
+
+    pub fn from_hf_type(model_type: &str) -> Option<Arch> {
+        SPECS.iter().find(|s| s.hf_type == model_type).map(|s| s.arch)
+    }
+
+    pub fn from_gguf_arch(arch: &str) -> Option<Arch> {
+        SPECS.iter().find(|s| s.gguf_arch == arch).map(|s| s.arch)
+    }
+
+    /// The supported names, for error messages.
+    pub fn supported_hf_types() -> String {
+        SPECS.iter().map(|s| s.hf_type).collect::<Vec<_>>().join(", ")
+    }
+
+    pub fn supported_gguf_archs() -> String {
+        let mut archs: Vec<&str> = SPECS.iter().map(|s| s.gguf_arch).collect();
+        archs.dedup();
+        archs.join(", ")
+    }
+}
+
+impl ArchSpec {
+    pub fn tensor(&self, role: Role) -> Option<&'static TensorName> {
+        self.tensors.iter().find(|t| t.role == role)
+    }
+
+    /// The Hugging Face layer-local name for a llama.cpp layer-local name.
+    pub fn hf_from_gguf(&self, gguf: &str) -> Option<&'static str> {
+        self.tensors.iter().find(|t| t.gguf == gguf).map(|t| t.hf)
+    }
+
+    /// The Hugging Face name of a tensor outside the layers, by its llama.cpp name.
+    pub fn global_hf_from_gguf(gguf: &str) -> Option<&'static str> {
+        [EMBED, OUTPUT_NORM, OUTPUT].iter().find(|(_, g)| *g == gguf).map(|(hf, _)| *hf)
+    }
+
+    /// The roles layer `l` of this model holds: the family's tensors, less the biases
+    /// and Q/K norms this config does not use, and the dense MLP or the experts (and the
+    /// shared expert) by the layer's kind. An expert role stands for one tensor per expert.
+    pub fn layer_roles(&self, c: &ModelConfig, l: usize) -> impl Iterator<Item = Role> + '_ {
+        let bias = c.attention_bias;
+        let qk_norm = self.qk_norm != QkNorm::None;
+        let moe = c.layers.get(l).is_some_and(|l| l.ffn == Ffn::Moe);
+        let shared = moe && c.moe.is_some_and(|m| m.shared_expert_size.is_some());
+        let linear = c.layers.get(l).is_some_and(|l| l.mixer == Mixer::Linear);
+        let gguf = c.linear_attn.is_some_and(|la| la.gguf_layout);
+        // Qwen3.5 always holds its projections apart; Qwen3-Next only from a GGUF.
+        let apart = gguf || self.tensor(Role::LinQkvz).is_none();
+        self.tensors.iter().map(|t| t.role).filter(move |r| match r {
+            Role::Q | Role::K | Role::V | Role::O | Role::Qkv => !linear,
+            Role::QBias | Role::KBias | Role::VBias => bias && !linear,
+            Role::QNorm | Role::KNorm => qk_norm && !linear,
+            Role::LinQkvz | Role::LinALog => linear && !gguf,
+            Role::LinNegA => linear && gguf,
+            Role::LinQkv | Role::LinZ => linear && apart,
+            Role::LinBa | Role::LinConv | Role::LinDtBias | Role::LinNorm | Role::LinOut | Role::LinB | Role::LinA => {
+                linear
+            }
+            Role::Gate | Role::Up | Role::GateUp | Role::Down => !moe,
+            Role::Router | Role::ExpertGate | Role::ExpertUp | Role::ExpertDown => moe,
+            Role::SharedGate | Role::SharedUp | Role::SharedDown | Role::SharedExpertGate => shared,
+            _ => true,
+        })
+    }
+
+    /// The Hugging Face layer-local names of layer `l`'s tensors, with their roles
+    /// (one name per expert for an expert role).
+    pub fn layer_tensor_names(&self, c: &ModelConfig, l: usize) -> Vec<(Role, String)> {
+        let n_experts = c.moe.map_or(0, |m| m.n_experts);
+        let mut out = Vec::new();
+        let groups = c.neuron_group.map_or(0, |g| c.intermediate_size / g.max(1));
+        for role in self.layer_roles(c, l) {
+            let Some(t) = self.tensor(role) else { continue };
+            match role {
+                _ if role.is_expert() => out.extend((0..n_experts).map(|e| (role, t.hf_for(e)))),
+                // A sparse FFN's up rows and down columns, one bundle per neuron group.
+                Role::Up | Role::Down if c.neuron_group.is_some() => {
+                    let rest = if role == Role::Up { "up_proj.weight" } else { "down_proj.weight" };
+                    out.extend((0..groups).map(|g| (role, format!("{}{g}.{rest}", strata_format::NEURON_PREFIX))));
+                }
+                _ => out.push((role, t.hf.to_string())),
+            }
+        }
+        out
+    }
+}
+
+/// A source's tensors against what its config says the model holds.
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    #[error("missing tensor `{0}`")]
+    Missing(String),
+    #[error("tensor `{name}`: expected shape {want:?}, found {got:?}")]
+    Shape { name: String, want: Vec<usize>, got: Vec<usize> },
+    #[error("tensor `{name}` has no place in a `{arch}` model with this config")]
+    Unexpected { name: String, arch: &'static str },
+}
+
+/// Checks that `tensors` hold exactly what a model with config `c` is made of, each
+/// shaped as the spec says (the loader and conversion both call this, so a file that
+/// does not fit is refused up front, naming the tensor).
+pub fn check_tensors(c: &ModelConfig, tensors: &HashMap<String, HostTensor>) -> Result<(), TensorError> {
+    let spec = c.spec();
+    let (h, vocab) = (c.hidden_size, c.vocab_size);
+    let mut want: HashMap<String, Vec<usize>> = HashMap::new();
+    want.insert(EMBED.0.into(), vec![vocab, h]);
+    want.insert(OUTPUT_NORM.0.into(), vec![h]);
+    if !c.tie_word_embeddings {
+        want.insert(OUTPUT.0.into(), vec![vocab, h]);
+    }
+    for l in 0..c.n_layers {
+        for (role, hf) in spec.layer_tensor_names(c, l) {
+            want.insert(format!("model.layers.{l}.{hf}"), role.shape(c));
+        }
+        // A sparse FFN's per-neuron scale, beside its bundles.
+        if c.neuron_group.is_some() {
+            want.insert(format!("model.layers.{l}.{}", crate::sparse::SCALE), vec![c.intermediate_size]);
+        }
+    }
+    for (name, shape) in &want {
+        let t = tensors.get(name).ok_or_else(|| TensorError::Missing(name.clone()))?;
+        if t.shape != *shape {
+            return Err(TensorError::Shape { name: name.clone(), want: shape.clone(), got: t.shape.clone() });
+        }
+    }
+    // Tolerated extras: a head saved beside tied embeddings, and the RoPE tables old
+    // checkpoints carry (recomputed from the config).
+    let tolerated = |name: &str| (name == OUTPUT.0 && c.tie_word_embeddings) || name.ends_with("rotary_emb.inv_freq");
+    match tensors.keys().find(|n| !want.contains_key(*n) && !tolerated(n)) {
+        Some(name) => Err(TensorError::Unexpected { name: name.clone(), arch: spec.hf_type }),
+        None => Ok(()),
+    }
+}
+
+impl Role {
+    /// The tensor's shape in a model with config `c`.
+    pub fn shape(self, c: &ModelConfig) -> Vec<usize> {
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let (q, kv) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let whole = c.spec().qk_norm == QkNorm::Whole;
+        let moe = c.moe.unwrap_or(MoeConfig {
+            n_experts: 0,
+            top_k: 0,
+            expert_size: 0,
+            shared_expert_size: None,
+            norm_topk_prob: false,
+        });
+        let shared = moe.shared_expert_size.unwrap_or(0);
+        let la = c.linear_attn.unwrap_or(LinearAttnConfig {
+            n_k_heads: 0,
+            n_v_heads: 0,
+            k_head_dim: 0,
+            v_head_dim: 0,
+            conv_kernel: 0,
+            gguf_layout: false,
+            v_tiled: false,
+        });
+        // Queries and a gate per head, interleaved head by head.
+        let q_rows = if c.attn_output_gate { 2 * q } else { q };
+        match self {
+            Role::AttnNorm | Role::AttnPostNorm | Role::FfnNorm | Role::FfnPostNorm => vec![h],
+            Role::Q => vec![q_rows, h],
+            Role::K | Role::V => vec![kv, h],
+            Role::Qkv => vec![q + 2 * kv, h],
+            Role::QBias => vec![q],
+            Role::KBias | Role::VBias => vec![kv],
+            Role::O => vec![h, q],
+            Role::QNorm => vec![if whole { q } else { c.head_dim }],
+            Role::KNorm => vec![if whole { kv } else { c.head_dim }],
+            Role::Gate => vec![i, h],
+            // A neuron group's rows of `up` and columns of `down` (sparse FFN bundles).
+            Role::Up => vec![c.neuron_group.unwrap_or(i), h],
+            Role::GateUp => vec![2 * i, h],
+            Role::Down => vec![h, c.neuron_group.unwrap_or(i)],
+            Role::Router => vec![moe.n_experts, h],
+            Role::ExpertGate | Role::ExpertUp => vec![moe.expert_size, h],
+            Role::ExpertDown => vec![h, moe.expert_size],
+            Role::SharedGate | Role::SharedUp => vec![shared, h],
+            Role::SharedDown => vec![h, shared],
+            Role::SharedExpertGate => vec![1, h],
+            Role::LinQkvz => vec![2 * la.key_dim() + 2 * la.value_dim(), h],
+            Role::LinBa => vec![2 * la.n_v_heads, h],
+            Role::LinConv => vec![la.conv_dim(), 1, la.conv_kernel],
+            Role::LinALog | Role::LinNegA | Role::LinDtBias => vec![la.n_v_heads],
+            Role::LinNorm => vec![la.v_head_dim],
+            Role::LinOut => vec![h, la.value_dim()],
+            Role::LinQkv => vec![la.conv_dim(), h],
+            Role::LinZ => vec![la.value_dim(), h],
+            Role::LinB | Role::LinA => vec![la.n_v_heads, h],
+        }
+    }
+
+    /// One tensor per routed expert.
+    pub fn is_expert(self) -> bool {
+        matches!(self, Role::ExpertGate | Role::ExpertUp | Role::ExpertDown)
+    }
+
+    /// An RMS norm weight (which Gemma's checkpoints store as `w - 1`).
+    pub fn is_norm(self) -> bool {
+        matches!(
+            self,
+            Role::AttnNorm | Role::AttnPostNorm | Role::FfnNorm | Role::FfnPostNorm | Role::QNorm | Role::KNorm
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_within_each_family() {
+        for (i, s) in SPECS.iter().enumerate() {
+            assert_eq!(s.arch as usize, i, "SPECS is in Arch's order");
+            for (i, a) in s.tensors.iter().enumerate() {
+                for b in &s.tensors[i + 1..] {
+                    assert!(a.role != b.role && a.hf != b.hf && a.gguf != b.gguf, "{}: {}", s.hf_type, a.hf);
+                }
+            }
+            assert_eq!(Arch::from_hf_type(s.hf_type), Some(s.arch));
+            // llama.cpp's `llama` is also Mixtral's (told apart by its expert count).
+            // (Qwen3-Next's names are unique but only stand for reshaped tensors.)
+            let gguf = if s.arch == Arch::Mixtral { Arch::Llama } else { s.arch };
+            assert_eq!(Arch::from_gguf_arch(s.gguf_arch), Some(gguf));
+        }
+    }
+
+    #[test]
+    fn the_same_hugging_face_name_means_different_roles_in_different_families() {
+        let role = |a: Arch, hf: &str| a.spec().tensors.iter().find(|t| t.hf == hf).map(|t| t.role);
+        assert_eq!(role(Arch::Llama, "post_attention_layernorm.weight"), Some(Role::FfnNorm));
+        assert_eq!(role(Arch::Gemma2, "post_attention_layernorm.weight"), Some(Role::AttnPostNorm));
+        assert_eq!(Arch::Phi3.spec().hf_from_gguf("ffn_up.weight"), Some("mlp.gate_up_proj.weight"));
+        assert_eq!(ArchSpec::global_hf_from_gguf("output.weight"), Some("lm_head.weight"));
+    }
+
+    #[test]
+    fn tensors_are_checked_against_the_spec() {
+        let c = ModelConfig::from_json(
+            r#"{"model_type":"phi3","hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,
+            "num_attention_heads":2,"num_key_value_heads":1,"vocab_size":5,"tie_word_embeddings":true}"#,
+        )
+        .unwrap();
+        let t = |shape: Vec<usize>| HostTensor::from_f32(&vec![0.0; shape.iter().product()], shape);
+        let mut tensors: HashMap<String, HostTensor> = [
+            ("model.embed_tokens.weight", vec![5, 8]),
+            ("model.norm.weight", vec![8]),
+            ("model.layers.0.input_layernorm.weight", vec![8]),
+            ("model.layers.0.self_attn.qkv_proj.weight", vec![16, 8]),
+            ("model.layers.0.self_attn.o_proj.weight", vec![8, 8]),
+            ("model.layers.0.post_attention_layernorm.weight", vec![8]),
+            ("model.layers.0.mlp.gate_up_proj.weight", vec![32, 8]),
+            ("model.layers.0.mlp.down_proj.weight", vec![8, 16]),
+        ]
+        .into_iter()
+        .map(|(n, s)| (n.to_string(), t(s)))
+        .collect();
+        check_tensors(&c, &tensors).unwrap();
+        tensors.insert("model.layers.0.self_attn.qkv_proj.weight".into(), t(vec![24, 8]));
+        let e = check_tensors(&c, &tensors).unwrap_err().to_string();
+        assert!(e.contains("qkv_proj") && e.contains("[16, 8]"), "{e}");
+        tensors.remove("model.layers.0.self_attn.qkv_proj.weight");
+        let e = check_tensors(&c, &tensors).unwrap_err().to_string();
+        assert!(e.contains("missing tensor `model.layers.0.self_attn.qkv_proj.weight`"), "{e}");
+        tensors.insert("model.layers.0.self_attn.qkv_proj.weight".into(), t(vec![16, 8]));
+        tensors.insert("model.layers.0.self_attn.q_proj.weight".into(), t(vec![8, 8]));
+        let e = check_tensors(&c, &tensors).unwrap_err().to_string();
+        assert!(e.contains("q_proj") && e.contains("`phi3`"), "{e}");
+    }
+}

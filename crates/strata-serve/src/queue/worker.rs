@@ -1,0 +1,1048 @@
+//! The worker thread: owns the loaded engines and runs the step loop of DESIGN.md §5b.
+//! Waiting generations are admitted while their model's `--parallel` and KV memory
+//! allow; every step runs one forward pass over each model's running sequences (their
+//! prompt chunks and decode tokens together) and retires those that finished or whose
+//! client went away. Other work (embeddings, loads, unloads) runs between steps. Idle
+//! models are unloaded when their keep-alive runs out.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::models::{Registry, canonical};
+use super::prepare::{ChatTraits, Kit, Prepared, Preparers, Ready, bounded_encode, invalid, panic_message, text_error};
+use super::{
+    Admission, EmbedInput, EmbedJob, Event, GenerateJob, Job, JobDone, JobError, KeepAlive, QueueHandle, TokenLogprob,
+    Work,
+};
+use strata_engine::batch::{self, Sequence};
+use strata_engine::reasoning::{Piece, ReasoningSplitter};
+use strata_engine::session::{Engine, GenerateError, GenerateRequest, RunOptions, TokenEvent};
+use strata_engine::toolcall::{ToolCallParser, ToolEvent};
+use strata_model::decoder::{KvCache, ModelError};
+use strata_sched::plan::human_size;
+use strata_tensor::mapped::{FileChange, FileSet};
+
+/// Running sequences per model when memory allows more and `--parallel` is not given.
+pub const DEFAULT_PARALLEL: usize = 8;
+
+/// How often an otherwise idle worker looks for requests that finished being prepared.
+const PREPARED_POLL: Duration = Duration::from_millis(2);
+
+/// Of the device memory free once a model has loaded, the part its KV caches may use.
+const KV_MEMORY_SHARE: f64 = 0.9;
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// How models load: threads, context length of a session unless a request asks for
+    /// another (0: the model's, capped), memory budget.
+    pub run: RunOptions,
+    pub keep_alive: KeepAlive,
+    /// Models kept loaded at once; loading another unloads the least recently used.
+    pub max_loaded: usize,
+    /// Running sequences per model (`None`: what KV memory allows, at most
+    /// [`DEFAULT_PARALLEL`]).
+    pub parallel: Option<usize>,
+    /// Prompt tokens one step runs when no sequence decodes, over every sequence
+    /// prefilling ([`batch::plan`](strata_engine::batch::plan)).
+    pub prefill_chunk: usize,
+    /// Bytes of KV cache each model's running requests may claim at once (`None`:
+    /// [`KV_MEMORY_SHARE`] of the memory free once the model has loaded, and at least one
+    /// full-context cache).
+    pub kv_memory: Option<u64>,
+}
+
+/// A loaded model as `/api/ps` shows it.
+#[derive(Clone, Debug)]
+pub struct LoadedModel {
+    pub name: String,
+    pub size_bytes: u64,
+    pub context_length: usize,
+    /// `None`: kept forever.
+    pub expires_at: Option<SystemTime>,
+    /// Its layers' residency and storage counters.
+    pub sched: strata_sched::SchedMonitor,
+    /// Where it runs.
+    pub device: strata_backend::device::DeviceInfo,
+    /// Bytes of GPU memory it holds (weights, KV cache, activations); 0 on the CPU.
+    pub size_vram: u64,
+    pub batching: Batching,
+}
+
+/// A loaded model's continuous batching, as `/api/ps` and `/metrics` show it.
+#[derive(Clone, Debug, Default, serde::Serialize, utoipa::ToSchema)]
+pub struct Batching {
+    /// Sequences generating now.
+    pub running: usize,
+    /// Requests for it waiting for a place (or for KV memory).
+    pub waiting: usize,
+    /// The most sequences it runs at once (`--parallel`).
+    pub parallel: usize,
+    /// Bytes its KV caches hold now (running, and kept for a follow-up request).
+    pub kv_cache_bytes: u64,
+    /// Bytes of KV cache its running requests may claim at once.
+    pub kv_cache_limit_bytes: u64,
+}
+
+/// State the worker shares with the HTTP side.
+#[derive(Clone, Default)]
+pub struct WorkerStatus {
+    pub loaded: Arc<Mutex<Vec<LoadedModel>>>,
+    /// False while the startup model loads.
+    pub ready: Arc<AtomicBool>,
+    /// Set on shutdown: running work stops, queued work is refused.
+    pub shutting_down: Arc<AtomicBool>,
+    /// The device the most recently loaded model runs on (`None` before the first).
+    pub device: Arc<Mutex<Option<strata_backend::device::DeviceInfo>>>,
+}
+
+/// A generation in the step loop, with what its reply needs.
+struct Running {
+    seq: Sequence,
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
+    /// The request field its prompt came from (for a 400's `param`).
+    param: &'static str,
+    /// The request field its grammar came from: a dead end the grammar reaches while
+    /// generating is that field's 400.
+    grammar_param: &'static str,
+    admitted: Instant,
+    load: Duration,
+    /// KV bytes set aside for it: every position its request may reach.
+    kv_claim: u64,
+    /// Splits tool calls from the text, when the chat offered tools.
+    tools: Option<ToolCallParser>,
+    /// Splits reasoning from the answer, when asked and the template has think markers.
+    reasoning: Option<ReasoningSplitter>,
+    /// Generated tokens counted so far, and how many of them were reasoning.
+    counted: usize,
+    reasoning_tokens: usize,
+}
+
+struct Slot {
+    name: String,
+    engine: Engine,
+    running: Vec<Running>,
+    /// Caches of finished sequences and the tokens they hold, for a follow-up request
+    /// to continue from (least recently used first).
+    idle: Vec<(KvCache, Vec<u32>)>,
+    keep_alive: KeepAlive,
+    expires: Option<Instant>,
+    size_bytes: u64,
+    /// KV bytes one position takes.
+    position_bytes: u64,
+    /// KV bytes its sequences may claim at once.
+    kv_limit: u64,
+    parallel: usize,
+    /// What preparing its requests needs, read once at load.
+    kit: Arc<Kit>,
+    /// When each of its requests being prepared was admitted: they count against
+    /// `parallel`, keep it loaded, and start in that order.
+    preparing: Vec<Instant>,
+    /// The files its load mapped, watched for changes on disk.
+    files: FileSet,
+}
+
+impl Slot {
+    /// Whether it is generating or preparing to: it may not be unloaded.
+    fn in_use(&self) -> bool {
+        !self.running.is_empty() || !self.preparing.is_empty()
+    }
+
+    fn claimed(&self) -> u64 {
+        self.running.iter().map(|r| r.kv_claim).sum::<u64>()
+            + self.idle.iter().map(|(c, _)| c.allocated_bytes()).sum::<u64>()
+    }
+}
+
+struct Worker {
+    registry: Registry,
+    config: WorkerConfig,
+    status: WorkerStatus,
+    slots: Vec<Slot>, // least recently used first
+    waiting: VecDeque<Job>,
+    /// Generations prepared, first in line: they left `waiting` from its front.
+    ready: VecDeque<Ready>,
+    preparers: Preparers,
+    admission: Arc<Mutex<Admission>>,
+}
+
+/// What starting a job came to.
+enum Began {
+    /// A generation went to be prepared ([`Preparers`]).
+    Preparing,
+    /// A generation joined the running ones.
+    Running,
+    /// The job finished (answered, or failed and was answered).
+    Done,
+    /// A generation whose claim on KV memory, known once its prompt is tokenized, does
+    /// not fit beside the running ones: it waits.
+    Wait(Box<Ready>),
+}
+
+/// Whether a waiting job could start.
+enum Admit {
+    /// It started (or finished, or failed and was answered).
+    Done,
+    /// It waits for a running sequence to finish (a place, KV memory, or a model).
+    Later,
+}
+
+/// Starts the worker thread. `preload` names a model to load before `ready` is set.
+pub fn spawn(
+    registry: Registry,
+    config: WorkerConfig,
+    status: WorkerStatus,
+    queue_depth: usize,
+    preload: Option<String>,
+) -> (QueueHandle, std::thread::JoinHandle<()>) {
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    let admission = Arc::new(Mutex::new(Admission::new(queue_depth)));
+    let handle = QueueHandle { tx, admission: admission.clone() };
+    let thread = std::thread::Builder::new()
+        .name("strata-worker".into())
+        .spawn(move || {
+            let mut w = Worker {
+                registry,
+                config,
+                status,
+                slots: Vec::new(),
+                waiting: VecDeque::new(),
+                ready: VecDeque::new(),
+                preparers: Preparers::new(),
+                admission,
+            };
+            if let Some(name) = preload
+                && let Err(e) = w.slot(&name)
+            {
+                tracing::error!(model = %name, error = %e, "loading the model failed");
+            }
+            w.status.ready.store(true, Ordering::SeqCst);
+            let mut open = true;
+            while open || !w.waiting.is_empty() || w.busy() || w.preparers.in_flight > 0 || !w.ready.is_empty() {
+                let mut arrived = false;
+                if !w.busy() && w.preparers.in_flight > 0 {
+                    // Only requests being prepared: their results, or new jobs, are looked
+                    // for every few milliseconds.
+                    if let Some(r) = w.preparers.next(PREPARED_POLL) {
+                        arrived |= w.prepared(r);
+                    }
+                } else if !w.busy() && w.waiting.is_empty() && w.ready.is_empty() {
+                    let next_expiry = w.slots.iter().filter_map(|s| s.expires).min();
+                    let wait =
+                        next_expiry.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
+                    match rx.recv_timeout(wait) {
+                        Ok(job) => w.waiting.push_back(job),
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => open = false,
+                    }
+                }
+                let before = w.waiting.len();
+                loop {
+                    match rx.try_recv() {
+                        Ok(job) => w.waiting.push_back(job),
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => {
+                            open = false;
+                            break;
+                        }
+                    }
+                }
+                while let Some(r) = w.preparers.next(Duration::ZERO) {
+                    arrived |= w.prepared(r);
+                }
+                w.admit(arrived || w.waiting.len() != before);
+                w.step();
+                w.unload_expired();
+            }
+        })
+        .expect("spawning the worker thread");
+    (handle, thread)
+}
+
+fn generate_error(model: &str, param: &'static str, e: GenerateError) -> JobError {
+    match e {
+        GenerateError::EmptyPrompt | GenerateError::PromptTooLong { .. } => invalid(Some(param), e),
+        GenerateError::Model(ModelError::BadToken { .. }) => invalid(Some(param), e),
+        GenerateError::Text(t) => text_error(param, t),
+        GenerateError::Model(e) => model_error(model, e),
+        GenerateError::Grammar(_) => invalid(Some(param), e),
+    }
+}
+
+impl Running {
+    /// Generated text on its way out: reasoning apart, then tool calls apart.
+    fn text(&mut self, text: String, out: &mut Vec<Event>) {
+        let pieces = match &mut self.reasoning {
+            Some(split) => split.push(&text),
+            None => vec![Piece::Answer(text)],
+        };
+        self.pieces(pieces, out);
+    }
+
+    /// The generation ended: what the splitters held back goes out.
+    fn finish_text(&mut self, out: &mut Vec<Event>) {
+        if let Some(split) = &mut self.reasoning {
+            let pieces = split.finish();
+            self.pieces(pieces, out);
+        }
+        if let Some(parser) = &mut self.tools {
+            out.extend(parser.finish().into_iter().map(tool_event));
+        }
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>, out: &mut Vec<Event>) {
+        for piece in pieces {
+            match (piece, &mut self.tools) {
+                (Piece::Reasoning(t), _) => out.push(Event::Reasoning(t)),
+                (Piece::Answer(t), Some(parser)) => out.extend(parser.push(&t).into_iter().map(tool_event)),
+                (Piece::Answer(t), None) => out.push(Event::Text(t)),
+            }
+        }
+    }
+}
+
+/// A parser's event as a job event.
+fn tool_event(ev: ToolEvent) -> Event {
+    match ev {
+        ToolEvent::Text(t) => Event::Text(t),
+        other => Event::Tool(other),
+    }
+}
+
+impl Worker {
+    /// Whether any sequence is running.
+    fn busy(&self) -> bool {
+        self.slots.iter().any(|s| !s.running.is_empty())
+    }
+
+    /// Takes the prepared generations, then waiting jobs, first come first served, until
+    /// one has to wait.
+    fn admit(&mut self, arrived: bool) {
+        let (mut changed, blocked) = self.admit_ready();
+        changed |= arrived;
+        while let Some(job) = self.waiting.front().filter(|_| !blocked) {
+            let gone = job.events.is_closed();
+            let shutting_down = self.status.shutting_down.load(Ordering::SeqCst);
+            if !gone && !shutting_down && matches!(self.ready_to_run(job), Admit::Later) {
+                break;
+            }
+            let job = self.waiting.pop_front().expect("a waiting job");
+            self.admission.lock().expect("admission lock").start();
+            changed = true;
+            let mut began = Began::Done;
+            if gone {
+                // The client left while the job waited.
+            } else if shutting_down {
+                let _ = job.events.send(Event::Error(JobError::ShuttingDown));
+            } else {
+                let Job { work, events, admitted } = job;
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match work {
+                    Work::Generate(g) => self.start_preparing(g, &events, admitted),
+                    other => self.dispatch(other, &events, admitted).map(|()| Began::Done),
+                }));
+                began = result.unwrap_or_else(|p| Err(JobError::Internal(panic_message(&*p)))).unwrap_or_else(|e| {
+                    let _ = events.send(Event::Error(e));
+                    Began::Done
+                });
+            }
+            if matches!(began, Began::Done) {
+                self.admission.lock().expect("admission lock").finish();
+            }
+        }
+        if changed {
+            self.publish();
+        }
+    }
+
+    /// Starts the prepared generations in order; one whose KV claim does not fit yet
+    /// stays first in line (`blocked`), and so does everything behind it.
+    fn admit_ready(&mut self) -> (bool, bool) {
+        let mut changed = false;
+        while let Some(r) = self.ready.pop_front() {
+            // A request admitted before it, for the same model, is still being prepared:
+            // first come, first served.
+            let slot = self.slots.iter().find(|s| Arc::ptr_eq(&s.kit, &r.kit));
+            if slot.is_some_and(|s| s.preparing.iter().any(|&t| t < r.admitted)) {
+                self.ready.push_front(r);
+                return (changed, true);
+            }
+            changed = true;
+            let began = match (r.events.is_closed(), self.status.shutting_down.load(Ordering::SeqCst)) {
+                // The client left while it was prepared.
+                (true, _) => Ok(Began::Done),
+                (_, true) => Err((r.events.clone(), JobError::ShuttingDown)),
+                _ => {
+                    let events = r.events.clone();
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_generation(r)));
+                    result.unwrap_or_else(|p| Err(JobError::Internal(panic_message(&*p)))).map_err(|e| (events, e))
+                }
+            };
+            match began {
+                Ok(Began::Wait(r)) => {
+                    self.ready.push_front(*r);
+                    return (changed, true);
+                }
+                Ok(Began::Running | Began::Preparing) => {}
+                Ok(Began::Done) => self.admission.lock().expect("admission lock").finish(),
+                Err((events, e)) => {
+                    let _ = events.send(Event::Error(e));
+                    self.admission.lock().expect("admission lock").finish();
+                }
+            }
+        }
+        (changed, false)
+    }
+
+    /// A generation back from being prepared: its model's place is free again, and it is
+    /// next in line.
+    fn prepared(&mut self, r: Ready) -> bool {
+        if let Some(slot) = self.slots.iter_mut().find(|s| Arc::ptr_eq(&s.kit, &r.kit))
+            && let Some(n) = slot.preparing.iter().position(|&t| t == r.admitted)
+        {
+            slot.preparing.remove(n);
+        }
+        // In the order they were admitted.
+        let at = self.ready.iter().position(|q| q.admitted > r.admitted).unwrap_or(self.ready.len());
+        self.ready.insert(at, r);
+        true
+    }
+
+    /// Whether `job` can start now: a generation needs a place among its model's
+    /// running sequences and the KV memory its request may reach; an unload waits for
+    /// the model's sequences to finish; loading a model that would unload another waits
+    /// for that one's sequences.
+    fn ready_to_run(&self, job: &Job) -> Admit {
+        let model = match &job.work {
+            Work::Generate(g) => &g.model,
+            Work::Embed(e) => &e.model,
+            Work::Load { model, .. } => model,
+            Work::Unload { model } => {
+                let key = canonical(model);
+                return match self.slots.iter().any(|s| s.name == key && s.in_use()) {
+                    true => Admit::Later,
+                    false => Admit::Done,
+                };
+            }
+        };
+        let key = canonical(model);
+        let Some(slot) = self.slots.iter().find(|s| s.name == key) else {
+            let full = self.slots.len() >= self.config.max_loaded.max(1);
+            return match full && self.slots.iter().all(Slot::in_use) {
+                true => Admit::Later,
+                false => Admit::Done,
+            };
+        };
+        let Work::Generate(g) = &job.work else { return Admit::Done };
+        // Counting a prompt's tokens runs nothing.
+        if g.count_only {
+            return Admit::Done;
+        }
+        let ready = self.ready.iter().filter(|r| Arc::ptr_eq(&r.kit, &slot.kit)).count();
+        if slot.running.len() + slot.preparing.len() + ready >= slot.parallel {
+            return Admit::Later;
+        }
+        // A request that can never fit is answered (400) when it starts; one that fits
+        // once others finish waits. Caches kept for reuse give way.
+        let ctx = g.num_ctx.unwrap_or(slot.engine.context_len).max(1);
+        let claim = kv_claim(slot, ctx, g.max_tokens, 0);
+        let running: u64 = slot.running.iter().map(|r| r.kv_claim).sum();
+        match claim <= slot.kv_limit && running + claim > slot.kv_limit {
+            true => Admit::Later,
+            false => Admit::Done,
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        work: Work,
+        events: &tokio::sync::mpsc::UnboundedSender<Event>,
+        admitted: Instant,
+    ) -> Result<(), JobError> {
+        let shutting_down = self.status.shutting_down.clone();
+        let cancelled = || events.is_closed() || shutting_down.load(Ordering::Relaxed);
+        match work {
+            Work::Generate(_) => unreachable!("generations start in the step loop"),
+            Work::Embed(job) => self.embed(job, events, &cancelled, admitted),
+            Work::Load { model, keep_alive } => {
+                let start = Instant::now();
+                let i = self.slot(&model)?;
+                self.touch(i, keep_alive);
+                self.publish(); // before the reply, so that /api/ps right after it is current
+                let _ = events.send(Event::Loaded { load: start.elapsed() });
+                Ok(())
+            }
+            Work::Unload { model } => {
+                if self.registry.get(&model).is_none() {
+                    return Err(JobError::ModelNotFound(model));
+                }
+                let key = canonical(&model);
+                self.slots.retain(|s| s.name != key);
+                self.publish();
+                let _ = events.send(Event::Unloaded);
+                Ok(())
+            }
+        }
+    }
+
+    /// The index of the loaded model `name`, loading it (and unloading the least recently
+    /// used idle model beyond `max_loaded`) when needed.
+    fn slot(&mut self, name: &str) -> Result<usize, JobError> {
+        let info = self.registry.get(name).ok_or_else(|| JobError::ModelNotFound(name.to_string()))?;
+        let key = canonical(name);
+        if let Some(i) = self.slots.iter().position(|s| s.name == key) {
+            match self.slots[i].files.changed() {
+                Some(change) => self.unload_changed(i, change),
+                None => {
+                    let slot = self.slots.remove(i);
+                    self.slots.push(slot);
+                    return Ok(self.slots.len() - 1);
+                }
+            }
+        }
+        while self.slots.len() >= self.config.max_loaded.max(1) {
+            match self.slots.iter().position(|s| !s.in_use()) {
+                Some(i) => drop(self.slots.remove(i)),
+                None => return Err(JobError::Internal("every loaded model is busy".into())),
+            }
+        }
+        let mut opts = self.config.run.clone();
+        // The server's `--sparse-ffn` applies to the models stored with neuron-group
+        // bundles; the others run dense (a request that asks them for it gets a 400).
+        if info.neuron_group.is_none() {
+            opts.sparse_ffn = Default::default();
+        }
+        let started = Instant::now();
+        let (loaded, files) = strata_tensor::mapped::watch(|| crate::resolve::load(&info.spec, &opts));
+        let mut engine = loaded.map_err(|e| {
+            let msg = format!("loading `{name}`: {}", crate::errors::chain(&e));
+            match is_device_error(&e) {
+                true => JobError::Device(msg),
+                false => JobError::Internal(msg),
+            }
+        })?;
+        // A template `POST /api/create` gave (checked when it was created).
+        if let Some(template) = info.modelfile.as_ref().and_then(|m| m.template.as_deref()) {
+            let tok = Arc::get_mut(&mut engine.tokenizer).expect("a model just loaded shares its tokenizer with none");
+            tok.set_chat_template(template).map_err(|e| text_error("template", e))?;
+        }
+        let kit = Arc::new(Kit {
+            tokenizer: engine.tokenizer.clone(),
+            chat: ChatTraits::of(&engine.tokenizer, info.modelfile.clone()),
+            token_env: engine.token_env_cell(),
+            vocab: engine.model.config().vocab_size,
+            context_len: engine.context_len,
+        });
+        *self.status.device.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine.device.clone());
+        let position_bytes = engine.model.new_cache(1).map_err(|e| model_error(name, e))?.position_bytes();
+        let full = position_bytes * engine.context_len as u64;
+        let free = engine.model.free_memory().map(|f| (f as f64 * KV_MEMORY_SHARE) as u64);
+        let kv_limit = match self.config.kv_memory {
+            Some(bytes) => bytes,
+            None => free.unwrap_or(full * DEFAULT_PARALLEL as u64).max(full),
+        };
+        let parallel =
+            self.config.parallel.unwrap_or((kv_limit / full.max(1)).clamp(1, DEFAULT_PARALLEL as u64) as usize);
+        tracing::info!(
+            model = %key,
+            device = %engine.device.device,
+            seconds = started.elapsed().as_secs_f64(),
+            parallel,
+            kv_memory = %human_size(kv_limit),
+            "model loaded"
+        );
+        self.slots.push(Slot {
+            name: key,
+            engine,
+            running: Vec::new(),
+            idle: Vec::new(),
+            keep_alive: self.config.keep_alive,
+            expires: None,
+            size_bytes: info.size_bytes,
+            position_bytes,
+            kv_limit,
+            parallel: parallel.max(1),
+            kit,
+            preparing: Vec::new(),
+            files,
+        });
+        self.publish();
+        Ok(self.slots.len() - 1)
+    }
+
+    /// Marks slot `i` used now, with its keep-alive (the request's, else the default).
+    fn touch(&mut self, i: usize, keep_alive: Option<KeepAlive>) {
+        let slot = &mut self.slots[i];
+        slot.keep_alive = keep_alive.unwrap_or(self.config.keep_alive);
+        slot.expires = match slot.keep_alive {
+            KeepAlive::Forever => None,
+            KeepAlive::For(d) => Some(Instant::now() + d),
+        };
+    }
+
+    /// Unloads slot `i`, one of whose files changed on disk since it loaded: its running
+    /// requests fail naming the file (their passes may have read the new bytes, or zeros
+    /// past a new end of file), and the next request loads the file as it is now.
+    fn unload_changed(&mut self, i: usize, change: FileChange) {
+        let slot = self.slots.remove(i);
+        tracing::error!(model = %slot.name, running = slot.running.len(), "{change}: unloading the model");
+        let error = JobError::Internal(format!("model `{}`: {change}", slot.name));
+        for r in slot.running {
+            self.admission.lock().expect("admission lock").finish();
+            let _ = r.events.send(Event::Error(error.clone()));
+        }
+        self.publish();
+    }
+
+    fn unload_expired(&mut self) {
+        let now = Instant::now();
+        let before = self.slots.len();
+        self.slots.retain(|s| s.in_use() || s.expires.is_none_or(|t| t > now));
+        if self.slots.len() != before {
+            tracing::info!(unloaded = before - self.slots.len(), "idle models unloaded");
+            self.publish();
+        }
+    }
+
+    fn publish(&self) {
+        let now = (Instant::now(), SystemTime::now());
+        let list = self
+            .slots
+            .iter()
+            .map(|s| LoadedModel {
+                name: s.name.clone(),
+                size_bytes: s.size_bytes,
+                context_length: s.engine.context_len,
+                expires_at: s.expires.map(|t| now.1 + t.saturating_duration_since(now.0)),
+                sched: s.engine.model.scheduler().monitor(),
+                device: s.engine.device.clone(),
+                size_vram: s.engine.model.device_bytes(),
+                batching: Batching {
+                    running: s.running.len(),
+                    waiting: self
+                        .waiting
+                        .iter()
+                        .filter(|j| job_model(&j.work).is_some_and(|m| canonical(m) == s.name))
+                        .count(),
+                    parallel: s.parallel,
+                    kv_cache_bytes: s.running.iter().map(|r| r.seq.cache_bytes()).sum::<u64>()
+                        + s.idle.iter().map(|(c, _)| c.allocated_bytes()).sum::<u64>(),
+                    kv_cache_limit_bytes: s.kv_limit,
+                },
+            })
+            .collect();
+        *self.status.loaded.lock().expect("status lock") = list;
+    }
+
+    /// Loads a generation's model and hands the request to a thread that prepares it
+    /// ([`prepare`]); it comes back to [`Worker::start_generation`].
+    fn start_preparing(
+        &mut self,
+        job: GenerateJob,
+        events: &tokio::sync::mpsc::UnboundedSender<Event>,
+        admitted: Instant,
+    ) -> Result<Began, JobError> {
+        let load_start = Instant::now();
+        let i = self.slot(&job.model)?;
+        let load = load_start.elapsed();
+        self.touch(i, job.keep_alive);
+        let slot = &mut self.slots[i];
+        self.preparers.start(slot.kit.clone(), job, events.clone(), admitted, load)?;
+        slot.preparing.push(admitted);
+        Ok(Began::Preparing)
+    }
+
+    /// Adds a prepared generation to its model's running sequences, or hands it back
+    /// when its KV claim does not fit beside theirs yet.
+    fn start_generation(&mut self, r: Ready) -> Result<Began, JobError> {
+        let Some(i) = self.slots.iter().position(|s| Arc::ptr_eq(&s.kit, &r.kit)) else {
+            // Its model was unloaded meanwhile (it is kept while its requests are being
+            // prepared, so only by an error): prepare it again.
+            let job = r.prepared?.job;
+            return self.start_preparing(job, &r.events, r.admitted);
+        };
+        let Prepared { job, prompt, param, ctx, grammar, grammar_param, tools, reasoning } = r.prepared?;
+        let (events, admitted, load) = (&r.events, r.admitted, r.load);
+        if job.count_only {
+            let _ = events.send(Event::Started { prompt_tokens: prompt.len(), cached_tokens: 0 });
+            return Ok(Began::Done);
+        }
+        let slot = &mut self.slots[i];
+        let engine = &slot.engine;
+        if let Some((s, field)) = job.sparse_ffn
+            && !s.is_off()
+            && engine.model.config().neuron_group.is_none()
+        {
+            let why = strata_model::sparse::without_bundles(engine.model.config(), &job.model);
+            return Err(invalid(Some(field), format!("`{field}` {s}: {why}")));
+        }
+        let claim = kv_claim(slot, ctx, job.max_tokens, prompt.len());
+        if claim > slot.kv_limit {
+            let positions = claim / slot.position_bytes.max(1);
+            return Err(invalid(
+                Some(if job.max_tokens.is_some() { "max_tokens" } else { param }),
+                format!(
+                    "this request may reach {positions} positions, whose KV cache needs {}; the model's KV memory \
+                     (--kv-memory) holds {} ({} positions); ask for fewer tokens or a smaller context",
+                    human_size(claim),
+                    human_size(slot.kv_limit),
+                    slot.kv_limit / slot.position_bytes.max(1)
+                ),
+            ));
+        }
+        // `ready_to_run` could count only its token limit: with the prompt, it may have to
+        // wait for running sequences to finish.
+        if slot.running.iter().map(|r| r.kv_claim).sum::<u64>() + claim > slot.kv_limit {
+            let prepared = Prepared { job, prompt, param, ctx, grammar, grammar_param, tools, reasoning };
+            return Ok(Began::Wait(Box::new(Ready { prepared: Ok(prepared), ..r })));
+        }
+        // Room for it: caches kept for reuse give way, least recently used first.
+        while slot.claimed() + claim > slot.kv_limit && !slot.idle.is_empty() {
+            slot.idle.remove(0);
+        }
+        // The kept cache that shares the longest prefix with this prompt, when that is
+        // most of what it holds; otherwise a new one, so that a conversation's cache is
+        // not spent on a request that shares only a chat template's first tokens with it
+        // (the oldest kept caches give way when there are too many, see `step`).
+        let best = slot
+            .idle
+            .iter()
+            .enumerate()
+            .filter(|(_, (c, _))| c.capacity() == ctx)
+            .map(|(n, (_, t))| (n, t.iter().zip(&prompt).take_while(|(a, b)| a == b).count(), t.len()))
+            .max_by_key(|&(n, common, _)| (common, n))
+            .filter(|&(_, common, held)| 2 * common >= held);
+        let (mut cache, cached) = match best {
+            Some((n, _, _)) => slot.idle.remove(n),
+            None => (engine.model.new_cache(ctx).map_err(|e| model_error(&job.model, e))?, Vec::new()),
+        };
+        cache.sparse_ffn = job.sparse_ffn.map(|(s, _)| s);
+        let (grammar, constraint) = grammar.unzip();
+        let req = GenerateRequest {
+            max_tokens: job.max_tokens.unwrap_or(usize::MAX),
+            prompt,
+            sampling: job.sampling.clone(),
+            stop: job.stop.clone(),
+            stop_at_eos: true,
+            top_logprobs: job.top_logprobs,
+            grammar,
+            // Markers may be special tokens (Mistral's `[TOOL_CALLS]`, `[THINK]`).
+            keep_special_tokens: tools.is_some() || reasoning.is_some(),
+        };
+        let seq = Sequence::with_constraint(engine, cache, cached, req, constraint)
+            .map_err(|e| generate_error(&job.model, param, e))?;
+        tracing::debug!(model = %slot.name, prompt = seq.request().prompt.len(), to_run = seq.prompt_left(), "admitted");
+        let _ =
+            events.send(Event::Started { prompt_tokens: seq.request().prompt.len(), cached_tokens: seq.cached_len() });
+        slot.running.push(Running {
+            seq,
+            events: events.clone(),
+            param,
+            grammar_param,
+            admitted,
+            load,
+            kv_claim: claim,
+            tools,
+            reasoning,
+            counted: 0,
+            reasoning_tokens: 0,
+        });
+        Ok(Began::Running)
+    }
+
+    /// One forward pass over each model's running sequences; then their events go out
+    /// and the finished ones retire.
+    fn step(&mut self) {
+        let shutting_down = self.status.shutting_down.clone();
+        let chunk = self.config.prefill_chunk.max(1);
+        // Replies go out once /api/ps is current (a `keep_alive: 0` model unloaded).
+        let mut replies = Vec::new();
+        for i in 0..self.slots.len() {
+            let slot = &mut self.slots[i];
+            if slot.running.is_empty() {
+                continue;
+            }
+            for r in slot.running.iter_mut().filter(|r| r.events.is_closed()) {
+                r.seq.cancel();
+            }
+            // The pass stops within a layer when every client has gone, or on shutdown.
+            let senders: Vec<_> = slot.running.iter().map(|r| r.events.clone()).collect();
+            let cancelled = || shutting_down.load(Ordering::Relaxed) || senders.iter().all(|e| e.is_closed());
+            let engine = &slot.engine;
+            let mut seqs: Vec<&mut Sequence> = slot.running.iter_mut().map(|r| &mut r.seq).collect();
+            let started = Instant::now();
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                batch::step(engine, &mut seqs, chunk, &cancelled)
+            }));
+            drop(seqs);
+            if let Ok(Ok(ran)) = &result {
+                let ms = started.elapsed().as_secs_f64() * 1e3;
+                tracing::debug!(model = %slot.name, sequences = ran, ms, "step");
+            }
+            let failure = match result {
+                Ok(Ok(_)) | Ok(Err(ModelError::Cancelled)) => None,
+                Ok(Err(e)) => Some(model_error(&slot.name, e)),
+                Err(panic) => {
+                    slot.running.iter_mut().for_each(|r| r.seq.cancel());
+                    Some(JobError::Internal(panic_message(&*panic)))
+                }
+            };
+            let failure = file_fault(slot).or(failure);
+            let tok = &slot.engine.tokenizer;
+            let piece = |id: u32| TokenLogprob {
+                id,
+                text: tok.decode(&[id], false).unwrap_or_default(),
+                bytes: tok.token_bytes(id),
+                logprob: 0.0,
+            };
+            for r in slot.running.iter_mut() {
+                let mut sent = true;
+                let mut out = Vec::new();
+                let events: Vec<TokenEvent> = r.seq.drain_events().collect();
+                let thinking_before = r.reasoning.as_ref().is_some_and(ReasoningSplitter::thinking);
+                for ev in events {
+                    match ev {
+                        TokenEvent::Text(t) => r.text(t, &mut out),
+                        TokenEvent::Token { id, logprob, top } => out.push(Event::Token {
+                            sampled: TokenLogprob { logprob, ..piece(id) },
+                            top: top.into_iter().map(|(id, logprob)| TokenLogprob { logprob, ..piece(id) }).collect(),
+                        }),
+                    }
+                }
+                if r.tools.as_ref().is_some_and(ToolCallParser::closed) {
+                    r.seq.stop();
+                }
+                if r.seq.is_finished() {
+                    r.finish_text(&mut out);
+                }
+                // A step generates one token at most: it was reasoning when the
+                // reasoning was open before or after its text.
+                let generated = r.seq.generated_len();
+                if thinking_before || r.reasoning.as_ref().is_some_and(ReasoningSplitter::thinking) {
+                    r.reasoning_tokens += generated - r.counted;
+                }
+                r.counted = generated;
+                for ev in out {
+                    sent &= r.events.send(ev).is_ok();
+                }
+                if !sent {
+                    r.seq.cancel();
+                }
+            }
+            // Retire the finished: their caches stay for a follow-up request.
+            let mut n = 0;
+            while n < slot.running.len() {
+                if !slot.running[n].seq.is_finished() {
+                    n += 1;
+                    continue;
+                }
+                let mut r = slot.running.remove(n);
+                self.admission.lock().expect("admission lock").finish();
+                let error = r
+                    .seq
+                    .take_error()
+                    .map(|e| match e {
+                        GenerateError::Grammar(_) => invalid(Some(r.grammar_param), e),
+                        e => generate_error(&slot.name, r.param, e),
+                    })
+                    .or_else(|| failure.clone());
+                let summary = r.seq.summary().expect("a finished sequence has a summary");
+                let mut context = r.seq.request().prompt.clone();
+                let (cache, tokens) = r.seq.into_cache();
+                match error {
+                    Some(e) => replies.push((r.events, Event::Error(e))),
+                    None => {
+                        context.extend(&summary.tokens);
+                        let done = Event::Done(JobDone {
+                            finish: summary.finish,
+                            prompt_tokens: summary.prompt_tokens,
+                            completion_tokens: summary.completion_tokens,
+                            cached_tokens: summary.cached_tokens,
+                            reasoning_tokens: r.reasoning_tokens,
+                            stop_sequence: summary.stop_sequence.clone(),
+                            context,
+                            load: r.load,
+                            prefill: summary.prefill,
+                            decode: summary.decode,
+                            total: r.admitted.elapsed(),
+                            tool_calls: r.tools.as_ref().map(|p| p.calls().to_vec()).unwrap_or_default(),
+                            tool_cut: r.tools.as_ref().is_some_and(|p| p.cut()),
+                        });
+                        replies.push((r.events, done));
+                    }
+                }
+                slot.idle.push((cache, tokens));
+                if slot.idle.len() > slot.parallel {
+                    slot.idle.remove(0);
+                }
+            }
+        }
+        if !replies.is_empty() {
+            // Keep-alive counts from the end of use; `keep_alive: 0` unloads right away.
+            let now = Instant::now();
+            for slot in self.slots.iter_mut().filter(|s| !s.in_use()) {
+                if let KeepAlive::For(d) = slot.keep_alive {
+                    slot.expires = Some(now + d);
+                }
+            }
+            self.slots.retain(|s| s.in_use() || s.keep_alive != KeepAlive::For(Duration::ZERO));
+            self.publish();
+        }
+        for (events, reply) in replies {
+            let _ = events.send(reply);
+        }
+    }
+
+    fn embed(
+        &mut self,
+        job: EmbedJob,
+        events: &tokio::sync::mpsc::UnboundedSender<Event>,
+        cancelled: &(dyn Fn() -> bool + Sync),
+        admitted: Instant,
+    ) -> Result<(), JobError> {
+        let load_start = Instant::now();
+        let i = self.slot(&job.model)?;
+        let load = load_start.elapsed();
+        self.touch(i, job.keep_alive);
+        let engine = &self.slots[i].engine;
+        let vocab = engine.model.config().vocab_size;
+        // No KV budget covers an embedding: `num_ctx` may only shorten the context.
+        let ctx = job.num_ctx.map_or(engine.context_len, |n| n.clamp(1, engine.context_len.max(1)));
+        let mut vectors = Vec::with_capacity(job.inputs.len());
+        let mut prompt_tokens = 0;
+        for (n, input) in job.inputs.iter().enumerate() {
+            // A text far past the context is tokenized at its ends only: a cut keeps its
+            // first `ctx` tokens.
+            let (mut ids, whole) = match input {
+                EmbedInput::Text(t) => {
+                    let b = bounded_encode(&engine.tokenizer, t, true, ctx).map_err(|e| text_error("input", e))?;
+                    (b.tokens, b.whole)
+                }
+                EmbedInput::Tokens(ids) => (ids.clone(), true),
+            };
+            if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(invalid(
+                    Some("input"),
+                    format!("token id {bad} is outside the vocabulary ({vocab} tokens)"),
+                ));
+            }
+            if ids.is_empty() {
+                return Err(invalid(Some("input"), format!("input {n} is empty")));
+            }
+            if ids.len() > ctx {
+                if !job.truncate {
+                    return Err(invalid(
+                        Some("input"),
+                        format!(
+                            "input {n} is {}{} tokens long; the context holds {ctx}",
+                            if whole { "" } else { "more than " },
+                            ids.len()
+                        ),
+                    ));
+                }
+                ids.truncate(ctx);
+            }
+            prompt_tokens += ids.len();
+            match engine.model.embed(&ids, cancelled) {
+                Ok(v) => vectors.push(v),
+                Err(ModelError::Cancelled) => return Ok(()),
+                Err(e) => return Err(model_error(&job.model, e)),
+            }
+        }
+        if self.slots[i].keep_alive == KeepAlive::For(Duration::ZERO) {
+            self.slots.remove(i);
+        }
+        self.publish();
+        let _ = events.send(Event::Embeddings { vectors, prompt_tokens, load, total: admitted.elapsed() });
+        Ok(())
+    }
+}
+
+/// A model file of `slot` that shrank while a pass read it (the pass read zeros there,
+/// see [`strata_tensor::mapped`]): its sequences end without that pass's output, with an error
+/// naming the file, and it unloads once they retire (this step), so that the next
+/// request loads the file as it is now.
+fn file_fault(slot: &mut Slot) -> Option<JobError> {
+    let change = slot.files.faulted()?;
+    tracing::error!(model = %slot.name, running = slot.running.len(), "{change}: unloading the model");
+    for r in &mut slot.running {
+        r.seq.cancel();
+        r.seq.drain_events().for_each(drop);
+    }
+    slot.keep_alive = KeepAlive::For(Duration::ZERO);
+    Some(JobError::Internal(format!("model `{}`: {change}", slot.name)))
+}
+
+/// The model a job is for.
+fn job_model(work: &Work) -> Option<&str> {
+    match work {
+        Work::Generate(g) => Some(&g.model),
+        Work::Embed(e) => Some(&e.model),
+        Work::Load { model, .. } | Work::Unload { model } => Some(model),
+    }
+}
+
+/// KV bytes a request may reach: its prompt and `max_tokens` (or the whole context).
+fn kv_claim(slot: &Slot, ctx: usize, max_tokens: Option<usize>, prompt: usize) -> u64 {
+    let positions = max_tokens.map_or(ctx, |m| prompt.saturating_add(m).min(ctx));
+    positions as u64 * slot.position_bytes
+}
+
+/// Whether loading failed for want of a device or its memory (a 503, not a 500).
+fn is_device_error(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.is::<strata_backend::BackendError>()
+            || c.is::<strata_backend::cuda::CudaInitError>()
+            || c.is::<strata_engine::session::DeviceTooSmall>()
+            || c.downcast_ref::<ModelError>().is_some_and(|m| {
+                matches!(m, ModelError::Backend(_) | ModelError::Sched(strata_sched::SchedError::Backend { .. }))
+            })
+    })
+}
+
+/// A model error as the client sees it: device trouble (GPU memory, a failed launch) is
+/// 503 and names the device; anything else is an internal error.
+fn model_error(model: &str, e: ModelError) -> JobError {
+    let device = matches!(e, ModelError::Backend(_) | ModelError::Sched(strata_sched::SchedError::Backend { .. }));
+    match device {
+        true => JobError::Device(format!("model `{model}`: {e}")),
+        false => JobError::Internal(format!("model `{model}`: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_backend::BackendError;
+
+    /// Device errors are [`JobError::Device`] (a 503, see the server's error tests), naming
+    /// GPU memory; others are [`JobError::Internal`] (a 500).
+    #[test]
+    fn device_errors_are_503_naming_gpu_memory_and_others_500() {
+        let oom = BackendError::OutOfMemory { what: "a weight".into(), bytes: 1 << 30, msg: "OOM".into() };
+        let e = model_error("m", ModelError::Backend(oom));
+        let message = match e {
+            JobError::Device(m) => m,
+            other => panic!("not a device error: {other:?}"),
+        };
+        assert!(message.contains("GPU memory"), "{message}");
+        let launch = BackendError::Device { op: "matvec".into(), msg: "CUDA_ERROR_LAUNCH_FAILED".into() };
+        let in_layer = ModelError::Sched(strata_sched::SchedError::Backend { layer: 3, source: launch });
+        assert!(matches!(model_error("m", in_layer), JobError::Device(_)));
+        let other = model_error("m", ModelError::Tensors(strata_model::spec::TensorError::Missing("x".into())));
+        assert!(matches!(other, JobError::Internal(_)));
+        // A model that fails to load for want of GPU memory is a 503 as well.
+        let load = anyhow::Error::new(ModelError::Backend(BackendError::OutOfMemory {
+            what: "w".into(),
+            bytes: 1,
+            msg: "OOM".into(),
+        }))
+        .context("model `m` on cuda:0");
+        assert!(is_device_error(&load));
+        // So is one whose context, with its weights, can never fit the GPU's free memory.
+        let refused = anyhow::Error::new(strata_engine::session::DeviceTooSmall("needs 309 GiB".into()));
+        assert!(is_device_error(&refused.context("model `m`")));
+        assert!(!is_device_error(&anyhow::anyhow!("no such file")));
+    }
+}
