@@ -27,13 +27,13 @@ source tests/clients/venv.sh
 failed=()
 
 cargo build --release --locked
-cargo test --release --locked --no-fail-fast "$@" || failed+=("cargo test")
+cargo test --release --locked --workspace --no-fail-fast "$@" || failed+=("cargo test")
 if (($# == 0)); then
   # The kernels an AVX2-only machine runs (AVX-512 capped off): against the scalar
   # references, llama.cpp's log-probs and the batching identities.
-  STRATA_CPU_ISA=avx2 cargo test --release --locked --no-fail-fast --test quant_matmul \
-    --test llamacpp_parity --test quant_golden --test batching || failed+=("cargo test with STRATA_CPU_ISA=avx2")
-  STRATA_CPU_ISA=avx2 cargo test --release --locked --lib -- quant::panels backend::cpu::bandwidth \
+  STRATA_CPU_ISA=avx2 cargo test --release --locked --no-fail-fast --test it -- quant_matmul:: \
+    llamacpp_parity:: quant_golden:: batching:: || failed+=("cargo test with STRATA_CPU_ISA=avx2")
+  STRATA_CPU_ISA=avx2 cargo test --release --locked -p strata-quant -p strata-backend --lib -- panels:: cpu::bandwidth:: \
     || failed+=("AVX2 panels and probe (STRATA_CPU_ISA=avx2)")
   # The GPU machine's item checks, on the CPU: the commands and their judges stay runnable.
   python3 tools/gpu_items.py target/release/strata "$(mktemp -d)" cpu || failed+=("tools/gpu_items.py on the CPU")

@@ -88,4 +88,4 @@ xargs -P "$(nproc)" -L 1 sh -c '"$0" -arch=sm_$1 "$2" -o /dev/null || { echo "pt
 echo "ptxas $("$ptxas" --version | tail -1 | sed 's/^Build //'): $(wc -l <"$work/ptx.list") PTX files assemble"
 
 echo "== tests/doctor.rs with NVRTC"
-STRATA_TEST_NVRTC_LIBS=$libdir cargo test --release --locked --test doctor -- --test-threads 1
+STRATA_TEST_NVRTC_LIBS=$libdir cargo test --release --locked --test it -- doctor:: --test-threads 1

@@ -32,15 +32,14 @@ pack() {
   # Only what pack makes: gpu-run/ may hold other things to carry.
   rm -rf gpu-run/bin gpu-run/bin.tar.xz && mkdir -p gpu-run/bin
   cp target/release/strata gpu-run/bin/strata
-  local name test_bin
-  for name in cuda_ops batching grammar llamacpp_parity; do
-    test_bin=$(cargo test --release --locked --test "$name" --no-run --message-format=json 2>/dev/null |
-      NAME=$name python3 -c 'import json,os,sys
+  # Every integration test is one binary (tests/it); the run below picks areas by filter.
+  local test_bin
+  test_bin=$(cargo test --release --locked --test it --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("executable") and m.get("target", {}).get("name") == os.environ["NAME"]: print(m["executable"])' | tail -1)
-    cp "$test_bin" "gpu-run/bin/$name"
-  done
+    if m.get("executable") and m.get("target", {}).get("name") == "it": print(m["executable"])' | tail -1)
+  cp "$test_bin" gpu-run/bin/it
   strip gpu-run/bin/*
   tar -C gpu-run -cf - bin | xz -T0 -6 >gpu-run/bin.tar.xz
   rm -r gpu-run/bin
@@ -79,7 +78,7 @@ run() {
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d)[:1500])' "$out/doctor-compile.json" || true
   echo "   ($((SECONDS - t0)) s)"
   echo "== CUDA ops against the CPU ops"
-  STRATA_REQUIRE_GPU=1 timeout 180 "$dir/bin/cuda_ops" --nocapture --test-threads 1 >"$out/cuda_ops.txt" 2>&1 || failed+=(cuda_ops)
+  STRATA_REQUIRE_GPU=1 timeout 180 "$dir/bin/it" cuda_ops:: --nocapture --test-threads 1 >"$out/cuda_ops.txt" 2>&1 || failed+=(cuda_ops)
   grep -E "test result|panicked|FAILED|failed" "$out/cuda_ops.txt" | tail -12 || true
   echo "   ($((SECONDS - t0)) s)"
   echo "== perplexity, cuda:0 against cpu"
@@ -187,7 +186,7 @@ EOF
   kill "$pid" && wait "$pid" || true
 
   echo "== batching: each sequence as alone, engines on cuda:0 (docs/gpu.md item 10)"
-  timeout 120 "$dir/bin/batching" --nocapture --test-threads 1 >"$out/batching.txt" 2>&1 || failed+=(batching)
+  timeout 120 "$dir/bin/it" batching:: --nocapture --test-threads 1 >"$out/batching.txt" 2>&1 || failed+=(batching)
   grep -E "test result|panicked|differs" "$out/batching.txt" | tail -8 || true
   echo "   ($((SECONDS - t0)) s)"
   # Reported, not judged: llama.cpp's CPU quantises activations (Q8_K for K-quants), so on
@@ -195,11 +194,11 @@ EOF
   # above prints the CPU's distance, which mirrors llama.cpp's), and the bounds meant for
   # the CPU engine can fail for the GPU being closer to exact.
   echo "== llama.cpp parity, engines on cuda:0 (tests/llamacpp_parity.rs: llama.cpp's CPU log-probs; reported)"
-  timeout 180 "$dir/bin/llamacpp_parity" --nocapture --test-threads 1 >"$out/llamacpp_parity.txt" 2>&1 || true
+  timeout 180 "$dir/bin/it" llamacpp_parity:: --nocapture --test-threads 1 >"$out/llamacpp_parity.txt" 2>&1 || true
   grep -E "test result|panicked|max \|" "$out/llamacpp_parity.txt" | tail -40 || true
   echo "   ($((SECONDS - t0)) s)"
   echo "== structured output: constrained generation, engines on cuda:0 (docs/gpu.md item 11)"
-  timeout 120 "$dir/bin/grammar" --nocapture --test-threads 1 >"$out/grammar.txt" 2>&1 || failed+=(grammar)
+  timeout 120 "$dir/bin/it" grammar:: --nocapture --test-threads 1 >"$out/grammar.txt" 2>&1 || failed+=(grammar)
   grep -E "test result|panicked" "$out/grammar.txt" | tail -5 || true
   echo "   ($((SECONDS - t0)) s)"
   echo "== docs/gpu.md items 13, 15, 14, 12, 5, 10, 7 and 6 (tools/gpu_items.py: NDSQ, sparse FFN, the status"

@@ -397,11 +397,12 @@ def matvec():
             continue
         ok = verdict(diff(a, b) <= 1e-3, f"matvec wide against warp on {DEVICE}, {name}: max |dlogprob| "
                                          f"{diff(a, b):.2e}") and ok
+    binary = os.path.join(os.path.dirname(STRATA), "it")  # every integration test (tests/it)
     for test in ("cuda_ops", "batching"):
-        binary = os.path.join(os.path.dirname(STRATA), test)
         if GPU and os.path.exists(binary):
             path = os.path.join(OUT, f"items-matvec-{test}.txt")
-            code = sh([binary, "--nocapture", "--test-threads", "1"], path, 300, env=dict(wide, STRATA_REQUIRE_GPU="1"))
+            code = sh([binary, f"{test}::", "--nocapture", "--test-threads", "1"], path, 300,
+                      env=dict(wide, STRATA_REQUIRE_GPU="1"))
             ok = verdict(code == 0, f"tests/{test}.rs with STRATA_CUDA_MATVEC=wide (see {path})") and ok
     if not GPU:
         print("     speed skipped on the CPU: STRATA_CUDA_MATVEC picks a CUDA kernel")

@@ -26,4 +26,4 @@ if [[ ! -f $models/ggml-vocab-gpt-2.gguf.out || ! -f $models/templates/Qwen3-Cod
     "llama_cpp_python-$version/vendor/llama.cpp/models/templates/*"
 fi
 STRATA_LLAMACPP_VOCAB_DIR=$PWD/$models STRATA_LLAMACPP_TEMPLATES_DIR=$PWD/$models/templates \
-  cargo test --release --locked --test llamacpp_vocab --test chat_templates -- --nocapture
+  cargo test --release --locked --test it -- llamacpp_vocab:: chat_templates:: --nocapture
