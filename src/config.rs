@@ -83,7 +83,7 @@ fn locate(args: &[OsString]) -> Result<(Option<PathBuf>, bool), String> {
             named = Some(PathBuf::from(v));
         }
     }
-    let named = named.or_else(|| std::env::var_os("STRATA_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
+    let named = named.or_else(|| crate::env::CONFIG.get_os().map(PathBuf::from));
     if let Some(path) = named {
         // What it is, if not a file, is `read_file`'s to say.
         return Ok((Some(path), true));

@@ -54,7 +54,7 @@ pub struct Cli {
     pub log_level: Option<String>,
     /// The config file (default: /etc/strata/strata.toml, else $STRATA_HOME/strata.toml,
     /// where present). Settings: defaults < this file < STRATA_* variables < flags.
-    #[arg(long, global = true, value_name = "FILE", env = "STRATA_CONFIG")]
+    #[arg(long, global = true, value_name = "FILE", env = crate::env::CONFIG.name)]
     pub config: Option<std::path::PathBuf>,
 }
 

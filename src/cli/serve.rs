@@ -482,7 +482,7 @@ async fn wait_for_signal() {
 pub(crate) fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to the server at {addr}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let auth = std::env::var("STRATA_API_KEY")
+    let auth = std::env::var(crate::config::env_name("api-key"))
         .ok()
         .and_then(|k| k.split(',').next().map(|k| format!("Authorization: Bearer {}\r\n", k.trim())))
         .unwrap_or_default();

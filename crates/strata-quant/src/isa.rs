@@ -28,9 +28,9 @@ impl Isa {
 /// The cap from `STRATA_CPU_ISA`, read once; an unknown value is ignored with one warning.
 pub fn cap() -> Isa {
     static CAP: OnceLock<Isa> = OnceLock::new();
-    *CAP.get_or_init(|| match std::env::var("STRATA_CPU_ISA") {
-        Err(_) => Isa::Avx512,
-        Ok(v) => Isa::parse(&v).unwrap_or_else(|| {
+    *CAP.get_or_init(|| match strata_tensor::env::CPU_ISA.get() {
+        None => Isa::Avx512,
+        Some(v) => Isa::parse(v).unwrap_or_else(|| {
             tracing::warn!("STRATA_CPU_ISA={v:?} is not one of native, avx512, avx2, scalar; ignored");
             Isa::Avx512
         }),

@@ -155,7 +155,7 @@ pub fn eligible(dtype: DType, shape: &[usize]) -> bool {
 /// as stored (read once).
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !matches!(std::env::var("STRATA_CPU_PANELS").as_deref(), Ok("off" | "0" | "false")))
+    *ON.get_or_init(|| strata_tensor::env::CPU_PANELS.switch() != Some(false))
 }
 
 /// Moves one row's blocks between stored order (`row`) and its places in a panel
@@ -680,11 +680,11 @@ mod imp {
     /// measured, the prefetch distance changed little, and they keep it.
     pub fn prefetch_ahead() -> Option<usize> {
         static AHEAD: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-        *AHEAD.get_or_init(|| match std::env::var("STRATA_PANEL_PREFETCH").as_deref() {
-            Ok("off") => None,
-            Ok("on") => Some(2048),
-            _ if amd() => None,
-            _ => Some(2048),
+        *AHEAD.get_or_init(|| match strata_tensor::env::PANEL_PREFETCH.switch() {
+            Some(false) => None,
+            Some(true) => Some(2048),
+            None if amd() => None,
+            None => Some(2048),
         })
     }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 /// `$STRATA_HOME`, or `~/.strata` where it is unset or empty.
 pub fn strata_home() -> PathBuf {
-    home_from(std::env::var_os("STRATA_HOME"), std::env::var_os("HOME"))
+    home_from(crate::env::HOME.get_os().map(OsString::from), std::env::var_os("HOME"))
 }
 
 /// [`strata_home`] from the values of `STRATA_HOME` and `HOME`. An empty `STRATA_HOME=`

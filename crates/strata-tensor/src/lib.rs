@@ -3,6 +3,7 @@
 //! the home directory).
 
 pub mod aligned;
+pub mod env;
 pub mod home;
 pub mod mapped;
 pub mod rng;

@@ -196,7 +196,7 @@ impl CudaBackend {
 
     pub fn new(ordinal: usize) -> Result<Self, CudaInitError> {
         Self::check(ordinal)?;
-        let matvec = launch::Matvec::from_env(std::env::var("STRATA_CUDA_MATVEC").ok().as_deref())
+        let matvec = launch::Matvec::from_env(strata_tensor::env::CUDA_MATVEC.get())
             .map_err(|msg| CudaInitError::Device { ordinal, msg })?;
         let dev_err = |e: DriverError| CudaInitError::Device { ordinal, msg: format!("{e:?}") };
         let ctx = CudaContext::new(ordinal).map_err(dev_err)?;
@@ -307,7 +307,7 @@ impl CudaBackend {
     pub fn gds(&self) -> Option<Arc<super::gds::Gds>> {
         self.gds
             .get_or_init(|| {
-                if matches!(std::env::var("STRATA_GDS").as_deref(), Ok("0" | "off" | "false" | "no")) {
+                if strata_tensor::env::GDS.switch() == Some(false) {
                     tracing::info!("GPUDirect Storage off (STRATA_GDS): streamed layers go through host memory");
                     return None;
                 }

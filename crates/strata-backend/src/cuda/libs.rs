@@ -31,7 +31,7 @@ use serde::Serialize;
 
 /// The environment variable naming extra library directories (colon-separated), searched
 /// first.
-pub const LIBS_ENV: &str = "STRATA_CUDA_LIBS";
+pub const LIBS_ENV: &str = strata_tensor::env::CUDA_LIBS.name;
 
 /// One CUDA library as [`report`] finds it.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
@@ -185,7 +185,8 @@ fn load(extra_dirs: &[PathBuf]) -> Preloaded {
 
 /// The places of the module doc, in order, existing directories only.
 fn search_places() -> Vec<Place> {
-    let env_dirs = std::env::var_os(LIBS_ENV)
+    let env_dirs = strata_tensor::env::CUDA_LIBS
+        .get_os()
         .map(|v| std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect::<Vec<_>>())
         .unwrap_or_default();
     let home = std::env::var_os("HOME").map(PathBuf::from);

@@ -34,7 +34,7 @@ unsafe impl Send for Staging {}
 impl Staging {
     /// Staging for copies on `stream`, unless `STRATA_CUDA_STAGING` is `off`.
     pub fn from_env(stream: &Arc<CudaStream>) -> Result<Option<Staging>, DriverError> {
-        if std::env::var("STRATA_CUDA_STAGING").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
+        if strata_tensor::env::CUDA_STAGING.switch() == Some(false) {
             return Ok(None);
         }
         stream.context().bind_to_thread()?;
