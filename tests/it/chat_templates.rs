@@ -10,7 +10,7 @@
 use serde_json::Value;
 use strata::engine::template::ChatTemplate;
 
-const FIXTURE: &str = include_str!("fixtures/templates/renders.json");
+const FIXTURE: &str = include_str!("../fixtures/templates/renders.json");
 
 /// Where jinja2 fails and minijinja renders, and that is kept: iterating over `None`
 /// (minijinja iterates it as empty), and `tojson` of a `map(...)` result (a generator in

@@ -528,7 +528,7 @@ fn from_env_reads_hf_endpoint_and_hf_token() {
     }
     let hub = Hub::start(Behaviour { require_token: Some("hf_from_env".into()), ..Behaviour::default() });
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["from_env_reads_hf_endpoint_and_hf_token", "--exact", "--test-threads=1"])
+        .args(["hub::from_env_reads_hf_endpoint_and_hf_token", "--exact", "--test-threads=1"])
         .env("STRATA_HUB_TEST_CHILD", MAIN)
         .env("HF_ENDPOINT", format!("{}/", hub.url()))
         .env("HF_TOKEN", "hf_from_env")

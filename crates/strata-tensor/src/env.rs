@@ -25,7 +25,7 @@ pub struct Var {
     pub debug: bool,
 }
 
-pub const HOME: Var = Var {
+pub static HOME: Var = Var {
     name: "STRATA_HOME",
     takes: "a directory",
     default: "~/.strata",
@@ -33,7 +33,7 @@ pub const HOME: Var = Var {
     debug: false,
 };
 
-pub const CONFIG: Var = Var {
+pub static CONFIG: Var = Var {
     name: "STRATA_CONFIG",
     takes: "a file",
     default: "$STRATA_HOME/config.toml when it exists",
@@ -41,7 +41,7 @@ pub const CONFIG: Var = Var {
     debug: false,
 };
 
-pub const GDS: Var = Var {
+pub static GDS: Var = Var {
     name: "STRATA_GDS",
     takes: "on|off",
     default: "on where cuFile is present",
@@ -49,7 +49,7 @@ pub const GDS: Var = Var {
     debug: false,
 };
 
-pub const CUDA_LIBS: Var = Var {
+pub static CUDA_LIBS: Var = Var {
     name: "STRATA_CUDA_LIBS",
     takes: "directories, separated by `:`",
     default: "the loader's path, /usr/local/cuda*, pip's nvidia-* wheels",
@@ -57,7 +57,7 @@ pub const CUDA_LIBS: Var = Var {
     debug: false,
 };
 
-pub const CPU_ISA: Var = Var {
+pub static CPU_ISA: Var = Var {
     name: "STRATA_CPU_ISA",
     takes: "native|avx512|avx2|scalar",
     default: "native",
@@ -66,7 +66,7 @@ pub const CPU_ISA: Var = Var {
     debug: true,
 };
 
-pub const CPU_PANELS: Var = Var {
+pub static CPU_PANELS: Var = Var {
     name: "STRATA_CPU_PANELS",
     takes: "on|off",
     default: "on",
@@ -75,7 +75,7 @@ pub const CPU_PANELS: Var = Var {
     debug: true,
 };
 
-pub const PANEL_PREFETCH: Var = Var {
+pub static PANEL_PREFETCH: Var = Var {
     name: "STRATA_PANEL_PREFETCH",
     takes: "on|off",
     default: "off on AMD CPUs, on elsewhere",
@@ -83,7 +83,7 @@ pub const PANEL_PREFETCH: Var = Var {
     debug: true,
 };
 
-pub const CUDA_MATVEC: Var = Var {
+pub static CUDA_MATVEC: Var = Var {
     name: "STRATA_CUDA_MATVEC",
     takes: "wide|warp",
     default: "wide",
@@ -91,7 +91,7 @@ pub const CUDA_MATVEC: Var = Var {
     debug: true,
 };
 
-pub const CUDA_STAGING: Var = Var {
+pub static CUDA_STAGING: Var = Var {
     name: "STRATA_CUDA_STAGING",
     takes: "on|off",
     default: "on",
@@ -101,7 +101,7 @@ pub const CUDA_STAGING: Var = Var {
 };
 
 /// The table, in the order the docs list it.
-pub const ALL: [&Var; 9] =
+pub static ALL: [&Var; 9] =
     [&HOME, &CONFIG, &GDS, &CUDA_LIBS, &CPU_ISA, &CPU_PANELS, &PANEL_PREFETCH, &CUDA_MATVEC, &CUDA_STAGING];
 
 /// The values of [`ALL`] as the process started with them (read at the first lookup).
@@ -113,7 +113,7 @@ fn values() -> &'static [Option<OsString>] {
 impl Var {
     /// The value this variable is set to; `None` when unset or empty.
     pub fn get_os(&'static self) -> Option<&'static OsStr> {
-        let i = ALL.iter().position(|v| std::ptr::eq(*v, self)).expect("every variable is in the table");
+        let i = ALL.iter().position(|v| v.name == self.name).expect("every variable is in the table");
         values()[i].as_deref()
     }
 
