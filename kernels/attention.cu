@@ -26,7 +26,7 @@
 // reductions overlap): per key the warp computes q·k (each lane holds head_dim/32
 // dimensions, warp-reduced) and updates its running (m, l, acc) with online-softmax
 // rescaling; the 4 warps then merge (m, l, acc) through shared memory.
-// KV cache row layouts (the CPU backend's, src/backend/cpu/kv.rs), each in a float buffer:
+// KV cache row layouts (the CPU backend's, crates/strata-backend/src/cpu/kv.rs), each in a float buffer:
 //   KV_F32  row_len = width floats;
 //   KV_F16  two f16 bit patterns per float, row_len = ceil(width / 2);
 //   KV_Q8_0 per 32 values a float scale d then 32 signed bytes (9 floats), value = d · q,

@@ -1,5 +1,5 @@
 // deltanet.cu: the gated delta rule, the linear attention of Qwen3-Next and Qwen3.5
-// (common.cuh is prepended). src/backend/delta.rs describes the rule and holds the host
+// (common.cuh is prepended). crates/strata-backend/src/delta.rs describes the rule and holds the host
 // form these kernels follow step for step. Both take one sequence's n tokens, in order;
 // the state carries between calls, so a prompt in one call, in chunks or token by
 // token gives the same numbers.

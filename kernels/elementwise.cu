@@ -35,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(256) silu_mul_f32(float* __restrict
 
 // g[i] = gelu_tanh(g[i]) * u[i], with PyTorch's gelu(approximate="tanh")
 //   gelu_tanh(a) = 0.5·a·(1 + tanh(√(2/π)·(a + 0.044715·a³)))
-// in the CPU's evaluation order (src/backend/cpu/mod.rs `gelu_tanh`), i < n.
+// in the CPU's evaluation order (crates/strata-backend/src/cpu/mod.rs `gelu_tanh`), i < n.
 // Grid ceil(n / 256), block 256.
 extern "C" __global__ void __launch_bounds__(256) gelu_mul_f32(float* __restrict__ g, const float* __restrict__ u,
                                                                unsigned int n) {

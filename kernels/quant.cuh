@@ -10,7 +10,7 @@
 // blocks contiguously.
 //
 // Each decoder evaluates exactly the expression of the matching `dequantize` in
-// src/quant/*.rs (ggml's dequantize_row_* for the GGML formats), in the same order.
+// crates/strata-quant/src/*.rs (ggml's dequantize_row_* for the GGML formats), in the same order.
 //
 // Blocks are only 2-byte aligned (4 for i8): fields are read with u8/u16 loads (u32 for
 // i8), never through a struct.

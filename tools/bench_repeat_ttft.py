@@ -3,7 +3,7 @@
 binary given) on MODEL, sends one streamed /api/generate request, then the same request
 `--repeats` times, and prints the first request's and the repeats' times to the first
 streamed token (a repeated prompt starts from the output its cache kept, see
-`Sequence::new` in src/engine/batch.rs).
+`Sequence::new` in crates/strata-engine/src/batch.rs).
 
     python3 tools/bench_repeat_ttft.py MODEL [--strata BIN ...] [--repeats 5] [--chars 1500]
 

@@ -7,7 +7,7 @@
 #      wheel's lib directory compiles every kernels/*.cu for sm_80, sm_86, sm_89 and
 #      sm_90 (a cubin each, plus PTX for compute_XY) with no error.
 #   3. The wheel's ptxas assembles every PTX file in the kernel cache for its sm_XY.
-#   4. tests/doctor.rs runs again with STRATA_TEST_NVRTC_LIBS set: one kernel compiled
+#   4. tests/it/doctor.rs runs again with STRATA_TEST_NVRTC_LIBS set: one kernel compiled
 #      twice (the second from the cache) and a corrupted cache entry recompiled.
 # Needs python3 >= 3.11 and PyPI on first use; STRATA_BIN (default target/release/strata,
 # built if missing). tests/run.sh runs this unless STRATA_SKIP_CUDA_TOOLCHAIN=1.
@@ -87,5 +87,5 @@ xargs -P "$(nproc)" -L 1 sh -c '"$0" -arch=sm_$1 "$2" -o /dev/null || { echo "pt
   <"$work/ptx.list"
 echo "ptxas $("$ptxas" --version | tail -1 | sed 's/^Build //'): $(wc -l <"$work/ptx.list") PTX files assemble"
 
-echo "== tests/doctor.rs with NVRTC"
+echo "== tests/it/doctor.rs with NVRTC"
 STRATA_TEST_NVRTC_LIBS=$libdir cargo test --release --locked --test it -- doctor:: --test-threads 1

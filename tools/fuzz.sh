@@ -22,7 +22,7 @@
 #
 # cawsf and flat_manifest are skipped, with a message, when the built binary has no
 # `convert` command. Every crash, leak, timeout or out-of-memory input libFuzzer writes
-# is moved to tests/fixtures/fuzz/<target>/, where tests/fuzz_regressions.rs replays it
+# is moved to tests/fixtures/fuzz/<target>/, where tests/it/fuzz_regressions.rs replays it
 # on stable. Minimize one (the result lands in fuzz/artifacts/<target>/minimized-from-*)
 # and replace the original with it:
 #   cargo +nightly fuzz tmin --fuzz-dir fuzz <target> tests/fixtures/fuzz/<target>/<file>
@@ -209,7 +209,7 @@ def remeta(key, value):
     return edit
 
 # Expert metadata and stacked shapes that disagree, each one step from a file that loads
-# (tests/moe_bad_files.rs checks the errors these give).
+# (tests/it/moe_bad_files.rs checks the errors these give).
 MOE_VARIANTS = {
     "experts": None,
     "experts.count_over": remeta("expert_count", MOE_EXPERTS + 1),

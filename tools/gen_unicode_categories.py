@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes src/engine/tokenizer/llama/unicode_table.rs: the general category of every
+"""Writes crates/strata-engine/src/tokenizer/llama/unicode_table.rs: the general category of every
 codepoint, collapsed to the eight classes llama.cpp's tokenizers test (letter, number,
 mark, punctuation, symbol, separator, control, undefined), as sorted range starts.
 
@@ -7,14 +7,14 @@ llama.cpp (the llama-cpp-python 0.3.36 sdist that tools/llamacpp_vocab.sh pins) 
 its table from Unicode 15.1, so this reads Unicode 15.1 too:
 
     pip install unicodedata2==15.1.0
-    python tools/gen_unicode_categories.py > src/engine/tokenizer/llama/unicode_table.rs
+    python tools/gen_unicode_categories.py > crates/strata-engine/src/tokenizer/llama/unicode_table.rs
 """
 
 import unicodedata2 as ud
 
 assert ud.unidata_version == "15.1.0", ud.unidata_version
 
-# The class names of `Category` in src/engine/tokenizer/llama/category.rs, by the first
+# The class names of `Category` in crates/strata-engine/src/tokenizer/llama/category.rs, by the first
 # letter of the general category (Cn, unassigned, is its own class).
 # Written as one letter each (`U` for Cn, unassigned) to keep the table small.
 CLASS = {"L": "Letter", "N": "Number", "M": "Mark", "P": "Punctuation", "S": "Symbol", "Z": "Separator", "C": "Control"}

@@ -14,14 +14,14 @@
 #
 # `run` checks, in order: `strata doctor` and `--compile-kernels` (the driver, NVRTC,
 # cuBLAS and cuFile; STRATA_CUDA_LIBS adds directories); every CUDA op against the CPU op
-# and the exact product (tests/cuda_ops.rs, with STRATA_REQUIRE_GPU=1); `strata
+# and the exact product (tests/it/cuda_ops.rs, with STRATA_REQUIRE_GPU=1); `strata
 # perplexity` on every committed fixture on cuda:0 (F32 models against the CPU within 1e-3
 # per log-prob; other weights against the exact F32 model, in chunks of 8 within 1e-3 and
 # through the prefill GEMM within 2e-2); MoE fixtures with streamed experts against the
 # resident GPU run; streaming into VRAM through the three tiers (tools/gpu_tiers.py);
 # greedy generations equal on F32 fixtures; `strata serve --device cuda:0` answering the
-# OpenAI and Ollama APIs; continuous batching and constrained decoding (tests/batching.rs,
-# tests/grammar.rs) with engines on cuda:0; llama.cpp parity on cuda:0 (reported, not
+# OpenAI and Ollama APIs; continuous batching and constrained decoding (tests/it/batching.rs,
+# tests/it/grammar.rs) with engines on cuda:0; llama.cpp parity on cuda:0 (reported, not
 # judged); then tools/gpu_items.py, the items of the "not yet run" list that one command
 # checks. Timings are not judged here: `strata bench` gives them (docs/benchmarks.md).
 set -euo pipefail
@@ -120,7 +120,7 @@ if not any(q in name for q in ("q4", "q5", "q6", "q8", "f16", "bf16")):
     sys.exit(0 if ok else 1)
 # Other weights against the exact F32 model: the matrix-vector path (chunks of 8) in f32
 # arithmetic within 1e-3; the prefill GEMM, which rounds activations and dequantised
-# weights to f16 as llama.cpp's CUDA backend does, within 2e-2 (tests/llamacpp_parity.rs's
+# weights to f16 as llama.cpp's CUDA backend does, within 2e-2 (tests/it/llamacpp_parity.rs's
 # F16 bound) with argmax agreement >= 0.95 (its bound for quantized weights: these random
 # models have near ties that any rounding tips; one flip in 96 is 0.990).
 exact, c8 = load("exact"), load("c8")
@@ -193,7 +193,7 @@ EOF
   # quantized fixtures it is farther from the exact model than the GPU is (the parity step
   # above prints the CPU's distance, which mirrors llama.cpp's), and the bounds meant for
   # the CPU engine can fail for the GPU being closer to exact.
-  echo "== llama.cpp parity, engines on cuda:0 (tests/llamacpp_parity.rs: llama.cpp's CPU log-probs; reported)"
+  echo "== llama.cpp parity, engines on cuda:0 (tests/it/llamacpp_parity.rs: llama.cpp's CPU log-probs; reported)"
   timeout 180 "$dir/bin/it" llamacpp_parity:: --nocapture --test-threads 1 >"$out/llamacpp_parity.txt" 2>&1 || true
   grep -E "test result|panicked|max \|" "$out/llamacpp_parity.txt" | tail -40 || true
   echo "   ($((SECONDS - t0)) s)"

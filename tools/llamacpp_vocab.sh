@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Tokenizer parity with llama.cpp on its own test vocabularies, and chat-template parity
-# with transformers on llama.cpp's real templates (tests/chat_templates.rs): downloads the
+# with transformers on llama.cpp's real templates (tests/it/chat_templates.rs): downloads the
 # llama-cpp-python sdist (pinned; PyPI, ~77 MB, kept in target/llamacpp-sdist), takes
 # vendor/llama.cpp/models/ggml-vocab-*.gguf with their .inp/.out expectations, and runs
-# tests/llamacpp_vocab.rs on them, which also checks our own texts against
+# tests/it/llamacpp_vocab.rs on them, which also checks our own texts against
 # tests/fixtures/vocab/llamacpp_strings.json (tools/make_vocab_fixtures.py, same version).
 # The templates (models/templates/*.jinja) are compared with transformers' renders in
 # tests/fixtures/templates/renders.json (tools/make_template_fixtures.py).

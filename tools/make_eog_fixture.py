@@ -2,7 +2,7 @@
 """Writes tests/fixtures/vocab/llamacpp_eog.json: for every vocabulary in llama.cpp's
 models/ directory, the ids llama.cpp ends generation at (`llama_vocab_is_eog`) and its
 fill-in-the-middle tokens (`llama_vocab_fim_pre` ... `llama_vocab_fim_sep`).
-tests/llamacpp_vocab.rs checks Strata's against it.
+tests/it/llamacpp_vocab.rs checks Strata's against it.
 
     pip install llama-cpp-python==0.3.36
     python tools/make_eog_fixture.py path/to/llama_cpp_python-0.3.36/vendor/llama.cpp/models

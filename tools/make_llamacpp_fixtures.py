@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""llama.cpp references for tests/llamacpp_parity.rs: tiny GGUF models of each
+"""llama.cpp references for tests/it/llamacpp_parity.rs: tiny GGUF models of each
 architecture, quantized by llama.cpp's own quantizer, with llama.cpp's per-token
 log-probs, argmax and tokenization recorded next to each file.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden vectors for Strata's block-quantized formats (tests/quant_golden.rs).
+"""Golden vectors for Strata's block-quantized formats (tests/it/quant_golden.rs).
 
 Run with the reference venv (needs numpy, gguf-py and llama-cpp-python from PyPI):
 
@@ -20,7 +20,7 @@ Expected values come from gguf.quants.dequantize (an independent numpy
 implementation) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K. gguf-py has no
 Q8_1, Q8_K or Strata's own AffineQ4/I8, so those are dequantized by the small numpy
 functions below, written from ggml-common.h and the layouts documented in
-src/quant/affine_q4.rs and src/quant/int8.rs.
+crates/strata-quant/src/affine_q4.rs and crates/strata-quant/src/int8.rs.
 
 gguf-py cannot quantize K-quants, so the K-quant dequantizer fixtures are random VALID
 blocks: random bytes with the f16 scales overwritten by small finite values.

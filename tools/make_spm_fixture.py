@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""SentencePiece (`tokenizer.ggml.model = "llama"`) fixture for tests/spm_tokenizer.rs.
+"""SentencePiece (`tokenizer.ggml.model = "llama"`) fixture for tests/it/spm_tokenizer.rs.
 
 How to run (from the repository root; needs sentencepiece, gguf, numpy, llama-cpp-python):
 

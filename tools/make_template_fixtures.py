@@ -2,7 +2,7 @@
 """Renders every chat template that llama.cpp ships (vendor/llama.cpp/models/templates in
 the llama-cpp-python sdist) with transformers, over a few conversations: plain chats,
 `tools`, an assistant tool call with its result, reasoning content and an extra variable.
-Writes tests/fixtures/templates/renders.json, which tests/chat_templates.rs compares
+Writes tests/fixtures/templates/renders.json, which tests/it/chat_templates.rs compares
 Strata's renderer against (the templates themselves are read from the sdist at test time,
 never committed).
 

@@ -4,7 +4,7 @@ texts (code, several scripts, emoji with ZWJ sequences, whitespace runs, long di
 special-token texts), for every vocabulary in llama.cpp's models/ directory and for
 variants of them with other tokenizer metadata (each pre-tokenizer type llama.cpp knows
 that no file there uses, other normalizer settings, and `hybriddna` vocabularies made by
-adding DNA tokens to llama-bpe). tests/llamacpp_vocab.rs checks
+adding DNA tokens to llama-bpe). tests/it/llamacpp_vocab.rs checks
 Strata against it, applying the same metadata changes to the same files.
 
 The reference is llama-cpp-python 0.3.36 (its vendored llama.cpp and the ggml-vocab-*.gguf

@@ -5,8 +5,8 @@
 # document declares for its status (response_schema_conformance). Stops the server with
 # SIGTERM at the end and fails if it does not exit 0. /api/pull is left out: a valid
 # request downloads from the Hugging Face hub, which this run cannot reach; its
-# answers are checked against a local hub in tests/hub.rs. /api/strata/status/events is
-# left out too: an event stream never ends, so no answer completes (tests/status.rs
+# answers are checked against a local hub in tests/it/hub.rs. /api/strata/status/events is
+# left out too: an event stream never ends, so no answer completes (tests/it/status.rs
 # reads it).
 #
 #   tools/schemathesis.sh [EXTRA SCHEMATHESIS ARGS...]

@@ -1,7 +1,7 @@
 //! `strata convert` (library and CLI): every source format into flat and `.cawsf`, kept
 //! as stored (identical tensors and logits) or requantized (the tensors equal Strata's
 //! quantizers applied to the source, whose bytes are checked against gguf-py and
-//! llama.cpp in `tests/quant_golden.rs`; the model still runs and stays close to its
+//! llama.cpp in `tests/it/quant_golden.rs`; the model still runs and stays close to its
 //! source), and `inspect` / `verify` on the results.
 
 use std::path::{Path, PathBuf};

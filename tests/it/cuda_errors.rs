@@ -1,7 +1,7 @@
 //! `--device` on machines where CUDA cannot run: the error says what is missing and the
 //! process exits non-zero without panicking; `auto` falls back to the CPU.
 //!
-//! A real driver is not needed: tests/support/fake_libcuda.c, built here with the C
+//! A real driver is not needed: tests/it/support/fake_libcuda.c, built here with the C
 //! compiler, stands in for `libcuda.so.1` (found through `LD_LIBRARY_PATH`) and reports
 //! no devices, a failing `cuInit`, or one device. Without a C compiler only the
 //! no-driver case runs.

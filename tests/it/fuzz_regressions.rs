@@ -566,7 +566,7 @@ fn mutate_experts(rng: &mut Rng, p: &mut GgufParts) {
 
 /// The expert metadata and stacked expert tensors of the MoE fixtures, mutated: a file
 /// whose experts disagree is refused with an error, never a panic or a read past a
-/// tensor (`tests/moe_bad_files.rs` checks what those errors say).
+/// tensor (`tests/it/moe_bad_files.rs` checks what those errors say).
 #[test]
 fn mutants_gguf_source_experts() {
     let seeds = MOE_GGUF.map(|n| GgufParts::read(&format!("tests/fixtures/gguf/{n}.gguf")));

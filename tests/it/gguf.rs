@@ -23,7 +23,7 @@ use strata::model::gguf_source::source_from_gguf;
 use strata::quant::ReadF32;
 
 const MODELS: [&str; 2] = ["llama3", "qwen2"];
-/// Same bound as `tests/model_parity.rs`: f32 on identical weights, only summation order differs.
+/// Same bound as `tests/it/model_parity.rs`: f32 on identical weights, only summation order differs.
 const LOGIT_TOL: f32 = 1e-4;
 
 fn root() -> PathBuf {
@@ -226,7 +226,7 @@ fn gguf_tokenizers_match_transformers() {
         for t in &r.tokenization {
             // transformers' Qwen2 tokenizer composes combining marks (NFC); llama.cpp, the
             // reference for GGUF files, does not, and neither does Strata's GGUF tokenizer
-            // (tests/llamacpp_parity.rs checks those strings against llama.cpp).
+            // (tests/it/llamacpp_parity.rs checks those strings against llama.cpp).
             let decomposed = t.text.chars().any(|c| ('\u{300}'..='\u{36f}').contains(&c));
             if name == "qwen2" && decomposed {
                 continue;

@@ -79,7 +79,7 @@ fn long_prompt(name: &str) {
         eprintln!("{name}, chunks of {chunk}: max |Δ log-prob| against transformers {worst:.2e}");
         assert!(worst <= 1e-3, "{name}, chunks of {chunk}: |Δ log-prob| {worst} against transformers");
         // Against the one pass. The linear layers run token by token whatever the chunks
-        // (bit for bit: src/backend/delta.rs's test), and on the CPU a hybrid model's
+        // (bit for bit: crates/strata-backend/src/delta.rs's test), and on the CPU a hybrid model's
         // matmuls compute every row as the prefill GEMM does whatever the row count
         // (`CpuBackend::row_invariant`): so every chunking, token by token included,
         // gives the one pass's logits exactly. (Transformers' own chunk-of-16 and

@@ -15,6 +15,7 @@ mod convert;
 mod cuda_errors;
 mod cuda_ops;
 mod doctor;
+mod env_vars;
 mod export;
 mod fill_in_middle;
 mod flat_format;

@@ -188,7 +188,7 @@ fn rows_alone_equal_one_row_calls_bit_for_bit() {
 
 /// A prompt row gets the same bits from every kernel's GEMM whatever else is in the
 /// call (how many rows, and where it sits among them): what lets a batch's prompt chunks
-/// give what the prompt gets alone (tests/batching.rs) on AVX-512 and on AVX2 machines.
+/// give what the prompt gets alone (tests/it/batching.rs) on AVX-512 and on AVX2 machines.
 #[test]
 fn gemm_rows_do_not_depend_on_the_rest_of_the_call() {
     let p = pool(2);

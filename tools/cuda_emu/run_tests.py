@@ -38,7 +38,7 @@ compared with an independent numpy reference (float64) by NMSE = Σ(a−b)²/Σb
 exact for row gathers, for pure decodes (f32 f16 bf16 q4_0 q5_0 q8_0 i8 embedding rows, f32->f16), for
 argmax/top-k indices and values. Weight formats use gguf-py's `gguf.quants` (quantize
 where it can, otherwise random blocks with sane f16 scales; `gguf.quants.dequantize` is
-the reference decode); affine_q4 and i8 are decoded from src/quant/{affine_q4,int8}.rs.
+the reference decode); affine_q4 and i8 are decoded from crates/strata-quant/src/{affine_q4,int8}.rs.
 One line per case is printed; failing cases are also written to
 tools/cuda_emu/FAILURES.md (entries of cases that pass again are removed).
 
@@ -467,7 +467,7 @@ BLOCK = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q4_0": (32, 18), "q4_1":
 
 
 def decode_affine_q4(raw):
-    """src/quant/affine_q4.rs: 68-byte blocks {f16 scale, f16 bias, u8 qs[64]}; value j is
+    """crates/strata-quant/src/affine_q4.rs: 68-byte blocks {f16 scale, f16 bias, u8 qs[64]}; value j is
     the low nibble of qs[j] (j < 64) or the high nibble of qs[j-64]; v = nibble*scale + bias."""
     import numpy as np
     b = np.asarray(raw, dtype=np.uint8).reshape(-1, 68)
@@ -479,7 +479,7 @@ def decode_affine_q4(raw):
 
 
 def decode_i8(raw):
-    """src/quant/int8.rs: 36-byte blocks {f32 scale, i8 qs[32]}; v = q * scale."""
+    """crates/strata-quant/src/int8.rs: 36-byte blocks {f32 scale, i8 qs[32]}; v = q * scale."""
     import numpy as np
     b = np.asarray(raw, dtype=np.uint8).reshape(-1, 36)
     scale = b[:, 0:4].copy().view(np.float32)
@@ -951,7 +951,7 @@ def attn_ref_combine(part, hd):
 
 
 def kv_encode(kv, x):
-    """Rows of x (float32, [rows, width]) as the CPU stores them (src/backend/cpu/kv.rs), in a
+    """Rows of x (float32, [rows, width]) as the CPU stores them (crates/strata-backend/src/cpu/kv.rs), in a
     float32 buffer [rows, row_len]: f16 two per float; q8_0 per 32 values the scale
     max|x|/127 then 32 signed bytes round(x/d) (halves away from zero) clamped to ±127."""
     import numpy as np
@@ -1223,7 +1223,7 @@ def cases_sample():
 
 
 def delta_ref(qkvz, ba, conv_w, neg_a, dt_bias, norm_w, state, nk, nv, dk, dv, taps, qg, bg, vt, eps):
-    """src/backend/delta.rs's `mix` in float64: (out, new state)."""
+    """crates/strata-backend/src/delta.rs's `mix` in float64: (out, new state)."""
     import numpy as np
     r, key_dim, value_dim = nv // nk, nk * dk, nv * dv
     conv_dim, group = 2 * key_dim + value_dim, 2 * dk + 2 * r * dv

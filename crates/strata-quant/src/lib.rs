@@ -4,7 +4,7 @@
 //! where one is needed, and the integer dot product llama.cpp uses for matmul (weights
 //! against Q8_0/Q8_1/Q8_K-quantized activations). SIMD/CUDA paths are tested against
 //! these references; the references are tested against gguf-py in
-//! `tests/quant_golden.rs` (fixtures from `tools/make_quant_fixtures.py`).
+//! `tests/it/quant_golden.rs` (fixtures from `tools/make_quant_fixtures.py`).
 //!
 //! Blocks are read straight out of little-endian files, so this module only builds on
 //! little-endian targets.

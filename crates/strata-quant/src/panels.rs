@@ -1730,7 +1730,7 @@ mod tests {
 
     /// How fast a layer-sized weight (2048 × 5632) is repacked in place on one thread, in
     /// GB/s, against a plain copy of it (docs/benchmarks.md):
-    /// `cargo test --release --lib repack_speed -- --ignored --nocapture`.
+    /// `cargo test --release -p strata-quant --lib repack_speed -- --ignored --nocapture`.
     #[test]
     #[ignore]
     fn repack_speed() {

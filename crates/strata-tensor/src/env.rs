@@ -29,14 +29,14 @@ pub static HOME: Var = Var {
     name: "STRATA_HOME",
     takes: "a directory",
     default: "~/.strata",
-    doc: "Where the model store, staging area, kernel cache and logs live.",
+    doc: "Where the model store, its staging area, downloads and the kernel cache live.",
     debug: false,
 };
 
 pub static CONFIG: Var = Var {
     name: "STRATA_CONFIG",
     takes: "a file",
-    default: "$STRATA_HOME/config.toml when it exists",
+    default: "/etc/strata/strata.toml, else $STRATA_HOME/strata.toml, where one exists",
     doc: "The configuration file (as `--config`).",
     debug: false,
 };

@@ -363,7 +363,7 @@ mod tests {
     }
 
     /// Prints what each pattern reads on this machine (docs/benchmarks.md):
-    /// `cargo test --release --lib bandwidth::tests::patterns -- --ignored --nocapture`.
+    /// `cargo test --release -p strata-backend --lib bandwidth::tests::patterns -- --ignored --nocapture`.
     #[test]
     #[ignore]
     fn patterns() {

@@ -931,7 +931,7 @@ mod tests {
     /// Decode and prefill throughput against the machine's read bandwidth, per kernel.
     /// Not a pass/fail test; numbers vary with whatever else the machine is doing, so each
     /// figure is the best of several interleaved rounds.
-    /// `cargo test --release --lib backend::cpu::matmul::tests::throughput -- --ignored --nocapture`
+    /// `cargo test --release -p strata-backend --lib cpu::matmul::float::tests::throughput -- --ignored --nocapture`
     ///
     /// On 2 vCPUs of a Sapphire Rapids Xeon (KVM, shared host; best of three quiet runs):
     /// summing 1 GiB of u64 reads 14–18 GB/s (24–28 GB/s with four streams per thread);

@@ -584,7 +584,7 @@ mod tests {
     }
 
     /// How fast batched decode reads panels in turn and side by side (docs/benchmarks.md):
-    /// `PF=q4_0|q4_1|q8_0|q4_k|q6_k cargo test --release --lib batched_panel_speed --
+    /// `PF=q4_0|q4_1|q8_0|q4_k|q6_k cargo test --release -p strata-backend --lib batched_panel_speed --
     /// --ignored --nocapture`. Eight FFN-sized weights (52 MB as Q4_0, beyond the L3), 1
     /// to 8 rows, each way 41 times interleaved on two threads: the medians.
     #[test]
