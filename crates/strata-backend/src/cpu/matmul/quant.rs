@@ -6,6 +6,8 @@
 //! ([`super::gemm`]) where the kernel has one. Formats without an integer dot (Q8_1, Q8_K,
 //! AffineQ4, I8) take the dequantizing reference path.
 
+use std::ops::Range;
+
 use rayon::ThreadPool;
 use rayon::prelude::*;
 
@@ -150,168 +152,261 @@ fn plan<'a>(
     }
     let threads = pool.current_num_threads();
     let par = threads > 1 && rows * m * nb >= PAR_MIN_DOTS;
-    let mut acts = quantize_rows(pool, act, &x[..rows * k], rows, k, par);
-    // Panels: each activation row packed for them, every row through their kernels.
-    let panel_fns = w.is_panels().then(|| panels::kernels(w.dtype)).flatten();
-    assert!(panel_fns.is_some() || !w.is_panels(), "panels exist only where their kernels run");
+    let (path, decode) = choose_path(kernel, w, rows, alone, reads);
+    let acts = activations(pool, act, w, &x[..rows * k], rows, par, decode.is_some());
+    let unit = if matches!(path, Path::Panels { .. }) { panels::ROWS } else { TILE };
+    let chunk = super::chunk_len(m, unit, par, threads);
+    let act_row = acts.len() / rows;
+    let dot = decode.unwrap_or(dot);
+    let pass = Pass { bytes, row_bytes, nb, m, rows, acts, act_row, dst: OutPtr::new(out, m), dot, path };
+    Some((m.div_ceil(chunk), move |t: usize| pass.task(t * chunk..((t + 1) * chunk).min(m))))
+}
+
+/// How a task computes its outputs, in the order [`choose_path`] tries them.
+#[derive(Clone, Copy)]
+enum Path {
+    /// 16-row panels through their own kernels.
+    Panels { fns: panels::Kernels, side_by_side: bool },
+    /// One activation row against four distant weight rows at once, block by block.
+    SideBySide(simd::StreamsFn),
+    /// One activation row, distant parts of the task's range in turn.
+    InTurn,
+    /// Several activation rows, each as it would come out alone: the several-row forms of
+    /// the one-row kernel.
+    Several(simd::RowsFn),
+    /// Several activation rows in tiles of weight rows (the rows need not come out as
+    /// they would alone).
+    Tiles,
+}
+
+/// The path of a call with `rows` activation rows (each as alone where `alone`), and the
+/// decode kernel that replaces the plain dot product where one runs: the one-row kernels
+/// of `kernel`'s rows layout, unless the weight is panels.
+fn choose_path(
+    kernel: QuantKernel,
+    w: &HostTensor,
+    rows: usize,
+    alone: bool,
+    reads: DecodeReads,
+) -> (Path, Option<simd::DotFn>) {
+    let side_by_side = reads == DecodeReads::SideBySide;
     if w.is_panels() {
-        acts = panels::pack_rows(w.dtype, &acts, rows, nb);
+        let fns = panels::kernels(w.dtype).expect("panels exist only where their kernels run");
+        return (Path::Panels { fns, side_by_side }, None);
     }
-    let mut dot = dot;
+    let decode = (rows == 1 || alone).then(|| kernel.decode_fn(w.dtype)).flatten();
     // The four-row form of whichever one-row kernel runs (`streams_fn` follows
-    // `decode_fn`, as `dot` does below).
-    // (Panels have kernels of their own, below.)
-    let rows_layout = panel_fns.is_none();
-    let streams = kernel.streams_fn(w.dtype).filter(|_| rows_layout && rows == 1 && reads == DecodeReads::SideBySide);
-    let decode = (rows_layout && (rows == 1 || alone)).then(|| kernel.decode_fn(w.dtype)).flatten();
-    // Several rows, each as one alone: the several-row form of the same kernel.
-    let several = match alone && rows > 1 {
-        true => kernel.rows_fn(w.dtype).filter(|&(_, packed)| packed == decode.is_some()).map(|(f, _)| f),
-        false => None,
+    // `decode_fn`, as the dot product does).
+    let path = match kernel.streams_fn(w.dtype).filter(|_| rows == 1 && side_by_side) {
+        Some(f) => Path::SideBySide(f),
+        None if rows == 1 => Path::InTurn,
+        // Several rows, each as one alone: the several-row form of the same kernel.
+        None => match alone.then(|| kernel.rows_fn(w.dtype)).flatten() {
+            Some((f, packed)) if packed == decode.is_some() => Path::Several(f),
+            _ => Path::Tiles,
+        },
     };
-    if let Some(dec) = decode {
-        let act_row = acts.len() / rows;
-        let mut packed = Vec::new();
-        let used = act.bytes_for(k).expect("activation rows are whole blocks");
-        for r in 0..rows {
-            let row = &acts[r * act_row..(r + 1) * act_row];
-            // SAFETY: a row of whole activation blocks, viewed as bytes.
-            let bytes = unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<u8>(), row.len() * 4) };
-            packed.extend(simd::dec512::pack(w.dtype, &bytes[..used]).expect("decode kernels have a packing"));
-        }
-        acts = packed;
-        dot = dec;
+    (path, decode)
+}
+
+/// The `rows` rows of `x` quantized to `act` blocks for `w`'s kernels: packed for its
+/// panels, or for the decode kernels where `decode`.
+fn activations(
+    pool: &ThreadPool,
+    act: DType,
+    w: &HostTensor,
+    x: &[f32],
+    rows: usize,
+    par: bool,
+    decode: bool,
+) -> Vec<u32> {
+    let k = w.shape[1];
+    let nb = k / w.dtype.block_size();
+    let acts = quantize_rows(pool, act, x, rows, k, par);
+    if w.is_panels() {
+        return panels::pack_rows(w.dtype, &acts, rows, nb);
+    }
+    if !decode {
+        return acts;
     }
     let act_row = acts.len() / rows;
+    let used = act.bytes_for(k).expect("activation rows are whole blocks");
+    let mut packed = Vec::new();
+    for r in 0..rows {
+        let row = &acts[r * act_row..(r + 1) * act_row];
+        // SAFETY: a row of whole activation blocks, viewed as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<u8>(), row.len() * 4) };
+        packed.extend(simd::dec512::pack(w.dtype, &bytes[..used]).expect("decode kernels have a packing"));
+    }
+    packed
+}
 
-    let unit = if panel_fns.is_some() { panels::ROWS } else { TILE };
-    let chunk = super::chunk_len(m, unit, par, threads);
-    let dst = OutPtr::new(out, m);
-    let tasks = m.div_ceil(chunk);
-    let run = move |t: usize| {
-        let dot_at = |r: usize, o: usize| {
-            let a = acts[r * act_row..(r + 1) * act_row].as_ptr();
-            let wrow = bytes[o * row_bytes..(o + 1) * row_bytes].as_ptr();
-            // SAFETY: `dot` came from `kernel.dot_fn`, which checked the CPU features; `wrow`
-            // holds `nb` weight blocks and `a` the row's `nb` activation blocks of the
-            // matching format, aligned (see `quantize_rows`). `r·m + o` is inside `out`
-            // (checked above), and only the task owning column `o` writes it while `out`
-            // stays mutably borrowed for this call.
-            unsafe { dst.ptr().add(r * m + o).write(dot(wrow, a.cast(), nb)) };
-        };
-        let task = |cols: std::ops::Range<usize>| {
-            if let Some(fns) = panel_fns {
-                let side_by_side = reads == DecodeReads::SideBySide;
+/// One quantized matmul's work once its activations are quantized and its path chosen:
+/// what every task reads and writes.
+struct Pass<'a> {
+    /// The weight: `m` rows of `row_bytes`, `nb` blocks each (or panels of them).
+    bytes: &'a [u8],
+    row_bytes: usize,
+    nb: usize,
+    m: usize,
+    /// The activations: `rows` rows, `act_row` words apart, in the kernels' format.
+    rows: usize,
+    acts: Vec<u32>,
+    act_row: usize,
+    /// `rows × m` outputs, `m` apart.
+    dst: OutPtr,
+    /// The one-row dot product of the path (the decode kernel where one runs).
+    dot: simd::DotFn,
+    path: Path,
+}
+
+impl Pass<'_> {
+    /// Computes output columns `cols` of every row: one task's part.
+    fn task(&self, cols: Range<usize>) {
+        match self.path {
+            Path::Panels { fns, side_by_side } => {
+                let (bytes, nb, rows, m) = (self.bytes, self.nb, self.rows, self.m);
                 // SAFETY: `bytes` holds `m` rows as panels (a panel tensor's `m` is a
                 // multiple of 16, so `cols` is whole panels); `acts` holds `rows` packed
                 // rows of `nb` blocks, `act_row` words apart; only this task writes the
                 // columns `cols` of each of the `rows` rows of `out` (`m` apart).
                 unsafe {
-                    panels::run(&fns, bytes, row_bytes, nb, cols, &acts, act_row * 4, rows, dst.ptr(), m, side_by_side)
+                    let stride = self.act_row * 4;
+                    let out = self.dst.ptr();
+                    panels::run(&fns, bytes, self.row_bytes, nb, cols, &self.acts, stride, rows, out, m, side_by_side)
                 };
-                return;
             }
-            if let Some(f) = streams {
-                // Decode reads `STREAMS` distant parts of the range side by side: rows
-                // `o + s·per` for `s < STREAMS` at once, block by block.
-                let per = cols.len() / STREAMS;
-                let a = acts.as_ptr().cast::<u8>();
-                for o in cols.start..cols.start + per {
-                    // SAFETY: as in `dot_at`, for the weight rows `o + s·per` (inside `cols`)
-                    // and the one activation row; `f` is the four-row form of `dot`.
-                    let got = unsafe { f(bytes[o * row_bytes..].as_ptr(), per * row_bytes, a, nb) };
-                    for (s, v) in got.into_iter().enumerate() {
-                        // SAFETY: as in `dot_at`: column `o + s·per` belongs to this task.
-                        unsafe { dst.ptr().add(o + s * per).write(v) };
+            Path::SideBySide(f) => self.side_by_side(f, cols),
+            Path::InTurn => self.in_turn(cols),
+            Path::Several(f) => self.several(&f, cols),
+            Path::Tiles => self.tiles(cols),
+        }
+    }
+
+    /// Output `(r, o)`: weight row `o` against activation row `r`.
+    fn dot_at(&self, r: usize, o: usize) {
+        let a = self.acts[r * self.act_row..(r + 1) * self.act_row].as_ptr();
+        let wrow = self.bytes[o * self.row_bytes..(o + 1) * self.row_bytes].as_ptr();
+        // SAFETY: `dot` came from the kernel's `dot_fn` or `decode_fn`, which checked the
+        // CPU features; `wrow` holds `nb` weight blocks and `a` the row's `nb` activation
+        // blocks of the matching format, aligned (see `quantize_rows`). `r·m + o` is inside
+        // `out` (checked in `plan`), and only the task owning column `o` writes it while
+        // `out` stays mutably borrowed for the call.
+        unsafe { self.put(r, o, (self.dot)(wrow, a.cast(), self.nb)) };
+    }
+
+    /// Writes output `(r, o)`.
+    ///
+    /// # Safety
+    /// `(r, o)` is inside the output, and column `o` belongs to the calling task.
+    unsafe fn put(&self, r: usize, o: usize, v: f32) {
+        // SAFETY: the caller's contract.
+        unsafe { self.dst.ptr().add(r * self.m + o).write(v) }
+    }
+
+    /// Decode reads `STREAMS` distant parts of the range side by side: rows `o + s·per`
+    /// for `s < STREAMS` at once, block by block.
+    fn side_by_side(&self, f: simd::StreamsFn, cols: Range<usize>) {
+        let per = cols.len() / STREAMS;
+        let a = self.acts.as_ptr().cast::<u8>();
+        for o in cols.start..cols.start + per {
+            // SAFETY: as in `dot_at`, for the weight rows `o + s·per` (inside `cols`) and
+            // the one activation row; `f` is the four-row form of `dot`.
+            let got = unsafe { f(self.bytes[o * self.row_bytes..].as_ptr(), per * self.row_bytes, a, self.nb) };
+            for (s, v) in got.into_iter().enumerate() {
+                // SAFETY: as in `dot_at`: column `o + s·per` belongs to this task.
+                unsafe { self.put(0, o + s * per, v) };
+            }
+        }
+        (cols.start + STREAMS * per..cols.end).for_each(|o| self.dot_at(0, o));
+    }
+
+    /// Decode streams the weights once: walk `STREAMS` distant parts of the range in turn,
+    /// so several sequential reads are in flight at once (one stream per core reaches only
+    /// about 60% of the memory bandwidth on some machines).
+    fn in_turn(&self, cols: Range<usize>) {
+        let per = cols.len().div_ceil(STREAMS);
+        for i in 0..per {
+            for o in (cols.start + i..cols.end).step_by(per) {
+                self.dot_at(0, o);
+            }
+        }
+    }
+
+    /// Each weight row meets the activation rows 8, 4 or 2 at a time; where the format has
+    /// it, two weight rows meet them at once.
+    fn several(&self, f: &simd::RowsFn, cols: Range<usize>) {
+        let (rows, row_bytes, nb, stride) = (self.rows, self.row_bytes, self.nb, self.act_row * 4);
+        let mut o = cols.start;
+        while o < cols.end {
+            let wrow = self.bytes[o * row_bytes..].as_ptr();
+            if let Some(pairs) = f.pairs.filter(|_| o + 1 < cols.end) {
+                self.pair(&pairs, o, stride);
+                o += 2;
+                continue;
+            }
+            let mut r = 0;
+            while r < rows {
+                let (left, at) = (rows - r, &self.acts[r * self.act_row..]);
+                // SAFETY: as in `dot_at`, for weight row `o` and the rows left.
+                r += unsafe { several_at(f, self.dot, wrow, at, stride, left, nb, |i, v| self.put(r + i, o, v)) };
+            }
+            o += 1;
+        }
+    }
+
+    /// Weight rows `o` and `o + 1` against every activation row, two rows at once and a
+    /// last odd one alone.
+    fn pair(&self, pairs: &simd::PairFns, o: usize, stride: usize) {
+        let (rows, row_bytes, nb) = (self.rows, self.row_bytes, self.nb);
+        let wrow = self.bytes[o * row_bytes..].as_ptr();
+        let mut r = 0;
+        while rows - r >= 2 {
+            let a = self.acts[r * self.act_row..].as_ptr().cast::<u8>();
+            let take = |got: &[&[f32]; 2]| {
+                for (j, vals) in got.iter().enumerate() {
+                    // SAFETY: as in `dot_at`; columns `o`, `o + 1` belong to this task.
+                    vals.iter().enumerate().for_each(|(i, &v)| unsafe { self.put(r + i, o + j, v) });
+                }
+                got[0].len()
+            };
+            // SAFETY: as in `dot_at`, for weight rows `o`, `o + 1` (inside the task's
+            // columns) and the activation rows from `r` (as many as remain).
+            r += unsafe {
+                match rows - r {
+                    8.. => {
+                        let [x, y] = (pairs.p8)(wrow, row_bytes, a, stride, nb);
+                        take(&[&x, &y])
+                    }
+                    4.. => {
+                        let [x, y] = (pairs.p4)(wrow, row_bytes, a, stride, nb);
+                        take(&[&x, &y])
+                    }
+                    _ => {
+                        let [x, y] = (pairs.p2)(wrow, row_bytes, a, stride, nb);
+                        take(&[&x, &y])
                     }
                 }
-                (cols.start + STREAMS * per..cols.end).for_each(|o| dot_at(0, o));
-                return;
-            }
-            if rows == 1 {
-                // Decode streams the weights once: walk `STREAMS` distant parts of the range
-                // in turn, so several sequential reads are in flight at once (one stream per
-                // core reaches only about 60% of the memory bandwidth on some machines).
-                let per = cols.len().div_ceil(STREAMS);
-                for i in 0..per {
-                    for o in (cols.start + i..cols.end).step_by(per) {
-                        dot_at(0, o);
-                    }
-                }
-                return;
-            }
-            if let Some(f) = several {
-                // Each weight row meets the activation rows 8, 4 or 2 at a time; where the
-                // format has it, two weight rows meet them at once.
-                let stride = act_row * 4;
-                let put = |r: usize, o: usize, v: f32| {
-                    // SAFETY: as in `dot_at`.
-                    unsafe { dst.ptr().add(r * m + o).write(v) }
-                };
-                let mut o = cols.start;
-                while o < cols.end {
-                    let wrow = bytes[o * row_bytes..].as_ptr();
-                    let mut r = 0;
-                    if let Some(pairs) = f.pairs.filter(|_| o + 1 < cols.end) {
-                        while rows - r >= 2 {
-                            let a = acts[r * act_row..].as_ptr().cast::<u8>();
-                            let take = |got: &[&[f32]; 2]| {
-                                for (j, vals) in got.iter().enumerate() {
-                                    vals.iter().enumerate().for_each(|(i, &v)| put(r + i, o + j, v));
-                                }
-                                got[0].len()
-                            };
-                            // SAFETY: as in `dot_at`, for weight rows `o`, `o + 1` (inside
-                            // `cols`) and the activation rows from `r` (as many as remain).
-                            r += unsafe {
-                                match rows - r {
-                                    8.. => {
-                                        let [x, y] = (pairs.p8)(wrow, row_bytes, a, stride, nb);
-                                        take(&[&x, &y])
-                                    }
-                                    4.. => {
-                                        let [x, y] = (pairs.p4)(wrow, row_bytes, a, stride, nb);
-                                        take(&[&x, &y])
-                                    }
-                                    _ => {
-                                        let [x, y] = (pairs.p2)(wrow, row_bytes, a, stride, nb);
-                                        take(&[&x, &y])
-                                    }
-                                }
-                            };
-                        }
-                        // A last odd row: each weight row on its own.
-                        if r < rows {
-                            let a = acts[r * act_row..].as_ptr().cast::<u8>();
-                            for oo in [o, o + 1] {
-                                // SAFETY: as in `dot_at`.
-                                put(r, oo, unsafe { dot(bytes[oo * row_bytes..].as_ptr(), a, nb) });
-                            }
-                        }
-                        o += 2;
-                        continue;
-                    }
-                    while r < rows {
-                        let (left, at) = (rows - r, &acts[r * act_row..]);
-                        // SAFETY: as in `dot_at`, for weight row `o` and the rows left.
-                        r += unsafe { several_at(&f, dot, wrow, at, stride, left, nb, |i, v| put(r + i, o, v)) };
-                    }
-                    o += 1;
-                }
-                return;
-            }
-            for tile in cols.clone().step_by(TILE) {
-                let tile = tile..(tile + TILE).min(cols.end);
-                for r in 0..rows {
-                    for o in tile.clone() {
-                        dot_at(r, o);
-                    }
+            };
+        }
+        // A last odd row: each weight row on its own.
+        if r < rows {
+            self.dot_at(r, o);
+            self.dot_at(r, o + 1);
+        }
+    }
+
+    /// Each x row passes over a tile of weight rows while they sit in L1/L2.
+    fn tiles(&self, cols: Range<usize>) {
+        for tile in cols.clone().step_by(TILE) {
+            let tile = tile..(tile + TILE).min(cols.end);
+            for r in 0..self.rows {
+                for o in tile.clone() {
+                    self.dot_at(r, o);
                 }
             }
-        };
-        task(t * chunk..((t + 1) * chunk).min(m));
-    };
-    Some((tasks, run))
+        }
+    }
 }
 
 /// One weight row against the next 8, 4, 2 or 1 of `left` activation rows (`stride`
