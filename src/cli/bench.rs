@@ -11,7 +11,7 @@ use super::outln;
 use crate::backend::cpu::bandwidth;
 use crate::engine::batch::{self, Sequence};
 use crate::engine::sampler::SamplingParams;
-use crate::engine::session::{GenerateRequest, PREFILL_CHUNK};
+use crate::engine::session::{Engine, GenerateRequest, PREFILL_CHUNK};
 use crate::model::decoder::SeqStep;
 use crate::sched::io::proc_self_read_bytes;
 use crate::sched::{SchedSummary, StatsSnapshot};
@@ -307,97 +307,18 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    // Deterministic pseudo-random prompt ids.
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next_id = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((state >> 33) % vocab as u64) as u32
-    };
-    let prompts: Vec<Vec<u32>> =
-        (0..n_seq).map(|_| (0..args.prompt_tokens.max(1)).map(|_| next_id()).collect()).collect();
+    let prompts = prompts(vocab, n_seq, args.prompt_tokens.max(1));
 
-    let mut feed_state = 0x2545_f491_4f6c_dd1du64;
-    let next_feed = move || {
-        feed_state = feed_state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((feed_state >> 33) % vocab as u64) as u32
-    };
-    let next_feed = std::cell::RefCell::new(next_feed);
-    let next_feed = || (next_feed.borrow_mut())();
-    // One run of the prompt then `steps` greedy decode steps.
     let sched = model.scheduler();
-    // Prefill then `steps` greedy decode steps, through the serving step loop (the
-    // argmax taken on the device as serving does); `--feed-random` drives the batched
-    // forward pass itself, feeding pseudo-random tokens.
-    let run = |steps: usize| -> anyhow::Result<RunResult> {
-        let mut caches = (0..n_seq).map(|_| model.new_cache(needed + 1)).collect::<Result<Vec<_>, _>>()?;
-        let mut seqs = Vec::new();
-        let mut last = Vec::new();
-        let t = Instant::now();
-        if args.feed_random {
-            for (p, cache) in prompts.iter().zip(caches.iter_mut()) {
-                let mut step = [SeqStep { tokens: p, cache, all_logits: false }];
-                last.extend(model.forward_top_k(&mut step, 1, &|| false)?);
-            }
-        } else {
-            for (p, cache) in prompts.iter().zip(caches.drain(..)) {
-                let req = GenerateRequest {
-                    prompt: p.clone(),
-                    max_tokens: steps + 1,
-                    sampling: SamplingParams::greedy(),
-                    stop: Vec::new(),
-                    stop_at_eos: false,
-                    top_logprobs: 0,
-                    grammar: None,
-                    keep_special_tokens: false,
-                };
-                seqs.push(Sequence::new(&engine, cache, Vec::new(), req)?);
-            }
-            while seqs.iter().any(|s| s.prompt_left() > 0) {
-                batch::step(&engine, &mut seqs.iter_mut().collect::<Vec<_>>(), PREFILL_CHUNK, &|| false)?;
-            }
-        }
-        let prefill = (n_seq * args.prompt_tokens) as f64 / t.elapsed().as_secs_f64();
-
-        let (stats0, proc0) = (sched.stats().snapshot(), proc_self_read_bytes());
-        let launch0 = model.launch_stats();
-        if sched.is_streaming() {
-            crate::sched::io::start_read_trace();
-        }
-        let t = Instant::now();
-        for _ in 0..steps {
-            if !args.feed_random {
-                batch::step(&engine, &mut seqs.iter_mut().collect::<Vec<_>>(), PREFILL_CHUNK, &|| false)?;
-                continue;
-            }
-            let ids: Vec<u32> = last.iter().map(|_| next_feed()).collect();
-            let mut batch: Vec<SeqStep<'_>> = ids
-                .iter()
-                .zip(caches.iter_mut())
-                .map(|(id, cache)| SeqStep { tokens: std::slice::from_ref(id), cache, all_logits: false })
-                .collect();
-            last = model.forward_top_k(&mut batch, 1, &|| false)?;
-        }
-        let decode_secs = t.elapsed().as_secs_f64();
-        let reads = match sched.is_streaming() {
-            true => crate::sched::io::take_read_trace(),
-            false => Vec::new(),
-        };
-        let launch1 = model.launch_stats();
-        let launches = launch1.as_ref().zip(launch0.as_ref()).map(|(a, b)| a.launches - b.launches);
-        let host_copies =
-            launch1.zip(launch0).map(|(a, b)| (a.host_copies - b.host_copies, a.host_copy_s - b.host_copy_s));
-        Ok(RunResult {
-            launches,
-            host_copies,
-            prefill_tok_s: prefill,
-            decode_tok_s: (n_seq * steps) as f64 / decode_secs,
-            decode_secs,
-            decode_tokens: (n_seq * steps) as u64,
-            stats: sched.stats().snapshot() - stats0,
-            proc_read_bytes: proc_self_read_bytes().zip(proc0).map(|(a, b)| a.saturating_sub(b)),
-            reads,
-        })
+    let runner = Runner {
+        engine: &engine,
+        prompts: &prompts,
+        prompt_tokens: args.prompt_tokens,
+        positions: needed + 1,
+        feed_random: args.feed_random,
+        feed: std::cell::Cell::new(0x2545_f491_4f6c_dd1d),
     };
+    let run = |steps: usize| runner.run(steps);
     // The storage roofline: the model's streamed files read sequentially with O_DIRECT
     // where the filesystem allows it (otherwise buffered after dropping their cached
     // pages), in 8 MiB reads landing across buffers of one layer's (or one expert's)
@@ -503,35 +424,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         results.iter().map(|r| r.host_copies).try_fold((0, 0.0), |(n, t), c| c.map(|(cn, ct)| (n + cn, t + ct)));
     let peak_rss = peak_rss_bytes().max(peak_before); // before the second memory probe
     let summary = sched.summary(); // now, with the runs' hits and misses
-    let moe = summary.experts.as_ref().filter(|e| e.unit == "expert").map(|_| {
-        let (read, routed) = (window.expert_bytes_read as f64 / tokens, window.expert_routed_bytes as f64 / tokens);
-        let core = (window.bytes_read - window.expert_bytes_read) as f64 / tokens;
-        MoeReport {
-            core_bytes_per_token: core,
-            expert_bytes_per_token: read,
-            routed_expert_bytes_per_token: routed,
-            routed_limit_bytes_per_token: core + routed,
-            fraction_of_routed_limit: bytes_read_per_token / (core + routed).max(1.0),
-            experts_per_token: window.expert_requests as f64 / tokens,
-            expert_hit_rate: window.expert_hits as f64 / window.expert_requests.max(1) as f64,
-            guess_accuracy: (window.expert_guess_total > 0)
-                .then(|| window.expert_guess_right as f64 / window.expert_guess_total as f64),
-        }
-    });
-    let sparse_ffn = (window.neuron_groups_total > 0).then(|| {
-        let read = window.expert_bytes_read as f64 / tokens;
-        SparseReport {
-            setting: engine.sparse_ffn.to_string(),
-            kept_fraction: window.neuron_groups_kept as f64 / window.neuron_groups_total.max(1) as f64,
-            core_bytes_per_token: (window.bytes_read - window.expert_bytes_read) as f64 / tokens,
-            group_bytes_per_token: read,
-            kept_group_bytes_per_token: window.expert_routed_bytes as f64 / tokens,
-            reads_per_token: ((window.layer_requests - window.layer_hits)
-                + (window.expert_requests - window.expert_hits)) as f64
-                / tokens,
-            neuron_cache_hit_rate: window.expert_hits as f64 / window.expert_requests.max(1) as f64,
-        }
-    });
+    let moe = summary.experts.as_ref().filter(|e| e.unit == "expert").map(|_| moe_report(&window, tokens));
+    let sparse_ffn = (window.neuron_groups_total > 0).then(|| sparse_report(&window, tokens, &engine.sparse_ffn));
     // A MoE step touches its cores and its routed experts, not every expert (a sparse
     // FFN, its cores and the groups kept).
     let weight_bytes_per_token = match &summary.experts {
@@ -656,134 +550,282 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         moe,
         sparse_ffn,
     };
-    if args.json {
-        outln!("{}", serde_json::to_string_pretty(&report)?)?;
-    } else {
+    match args.json {
+        true => outln!("{}", serde_json::to_string_pretty(&report)?)?,
+        false => {
+            print_summary(&report)?;
+            print_plan(&report)?;
+            print_streaming(&report)?;
+        }
+    }
+    Ok(())
+}
+
+/// The runs of a benchmark: every prompt's prefill, then greedy decode steps.
+struct Runner<'a> {
+    engine: &'a Engine,
+    prompts: &'a [Vec<u32>],
+    /// Tokens a prompt counts for the prefill speed.
+    prompt_tokens: usize,
+    /// Each sequence's cache capacity.
+    positions: usize,
+    /// Whether decode feeds pseudo-random tokens through the batched forward pass itself
+    /// (`--feed-random`), rather than stepping the serving loop.
+    feed_random: bool,
+    feed: std::cell::Cell<u64>,
+}
+
+impl Runner<'_> {
+    /// The next pseudo-random token fed to decode.
+    fn next_feed(&self) -> u32 {
+        let state = self.feed.get().wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.feed.set(state);
+        ((state >> 33) % self.engine.model.config().vocab_size as u64) as u32
+    }
+
+    /// Prefill then `steps` greedy decode steps, through the serving step loop (the argmax
+    /// taken on the device as serving does), or, with `feed_random`, the batched forward
+    /// pass fed pseudo-random tokens.
+    fn run(&self, steps: usize) -> anyhow::Result<RunResult> {
+        let n_seq = self.prompts.len();
+        let mut caches =
+            (0..n_seq).map(|_| self.engine.model.new_cache(self.positions)).collect::<Result<Vec<_>, _>>()?;
+        let mut seqs = Vec::new();
+        let mut last = Vec::new();
+        let t = Instant::now();
+        if self.feed_random {
+            for (p, cache) in self.prompts.iter().zip(caches.iter_mut()) {
+                let mut step = [SeqStep { tokens: p, cache, all_logits: false }];
+                last.extend(self.engine.model.forward_top_k(&mut step, 1, &|| false)?);
+            }
+        } else {
+            for (p, cache) in self.prompts.iter().zip(caches.drain(..)) {
+                let req = GenerateRequest {
+                    prompt: p.clone(),
+                    max_tokens: steps + 1,
+                    sampling: SamplingParams::greedy(),
+                    stop: Vec::new(),
+                    stop_at_eos: false,
+                    top_logprobs: 0,
+                    grammar: None,
+                    keep_special_tokens: false,
+                };
+                seqs.push(Sequence::new(self.engine, cache, Vec::new(), req)?);
+            }
+            while seqs.iter().any(|s| s.prompt_left() > 0) {
+                batch::step(self.engine, &mut seqs.iter_mut().collect::<Vec<_>>(), PREFILL_CHUNK, &|| false)?;
+            }
+        }
+        let prefill = (n_seq * self.prompt_tokens) as f64 / t.elapsed().as_secs_f64();
+
+        let (stats0, proc0) = (self.engine.model.scheduler().stats().snapshot(), proc_self_read_bytes());
+        let launch0 = self.engine.model.launch_stats();
+        if self.engine.model.scheduler().is_streaming() {
+            crate::sched::io::start_read_trace();
+        }
+        let t = Instant::now();
+        for _ in 0..steps {
+            if !self.feed_random {
+                batch::step(self.engine, &mut seqs.iter_mut().collect::<Vec<_>>(), PREFILL_CHUNK, &|| false)?;
+                continue;
+            }
+            let ids: Vec<u32> = last.iter().map(|_| self.next_feed()).collect();
+            let mut batch: Vec<SeqStep<'_>> = ids
+                .iter()
+                .zip(caches.iter_mut())
+                .map(|(id, cache)| SeqStep { tokens: std::slice::from_ref(id), cache, all_logits: false })
+                .collect();
+            last = self.engine.model.forward_top_k(&mut batch, 1, &|| false)?;
+        }
+        let decode_secs = t.elapsed().as_secs_f64();
+        let reads = match self.engine.model.scheduler().is_streaming() {
+            true => crate::sched::io::take_read_trace(),
+            false => Vec::new(),
+        };
+        let launch1 = self.engine.model.launch_stats();
+        let launches = launch1.as_ref().zip(launch0.as_ref()).map(|(a, b)| a.launches - b.launches);
+        let host_copies =
+            launch1.zip(launch0).map(|(a, b)| (a.host_copies - b.host_copies, a.host_copy_s - b.host_copy_s));
+        Ok(RunResult {
+            launches,
+            host_copies,
+            prefill_tok_s: prefill,
+            decode_tok_s: (n_seq * steps) as f64 / decode_secs,
+            decode_secs,
+            decode_tokens: (n_seq * steps) as u64,
+            stats: self.engine.model.scheduler().stats().snapshot() - stats0,
+            proc_read_bytes: proc_self_read_bytes().zip(proc0).map(|(a, b)| a.saturating_sub(b)),
+            reads,
+        })
+    }
+}
+
+/// What a MoE model's decode read per token, over the decode windows `w` of `tokens`.
+fn moe_report(w: &StatsSnapshot, tokens: f64) -> MoeReport {
+    let (read, routed) = (w.expert_bytes_read as f64 / tokens, w.expert_routed_bytes as f64 / tokens);
+    let core = (w.bytes_read - w.expert_bytes_read) as f64 / tokens;
+    MoeReport {
+        core_bytes_per_token: core,
+        expert_bytes_per_token: read,
+        routed_expert_bytes_per_token: routed,
+        routed_limit_bytes_per_token: core + routed,
+        fraction_of_routed_limit: (w.bytes_read as f64 / tokens) / (core + routed).max(1.0),
+        experts_per_token: w.expert_requests as f64 / tokens,
+        expert_hit_rate: w.expert_hits as f64 / w.expert_requests.max(1) as f64,
+        guess_accuracy: (w.expert_guess_total > 0).then(|| w.expert_guess_right as f64 / w.expert_guess_total as f64),
+    }
+}
+
+/// What a sparse FFN kept and read per token, over the decode windows `w` of `tokens`.
+fn sparse_report(w: &StatsSnapshot, tokens: f64, setting: &impl std::fmt::Display) -> SparseReport {
+    SparseReport {
+        setting: setting.to_string(),
+        kept_fraction: w.neuron_groups_kept as f64 / w.neuron_groups_total.max(1) as f64,
+        core_bytes_per_token: (w.bytes_read - w.expert_bytes_read) as f64 / tokens,
+        group_bytes_per_token: w.expert_bytes_read as f64 / tokens,
+        kept_group_bytes_per_token: w.expert_routed_bytes as f64 / tokens,
+        reads_per_token: ((w.layer_requests - w.layer_hits) + (w.expert_requests - w.expert_hits)) as f64 / tokens,
+        neuron_cache_hit_rate: w.expert_hits as f64 / w.expert_requests.max(1) as f64,
+    }
+}
+
+/// `n` pseudo-random prompts of `len` ids below `vocab`, the same on every run.
+fn prompts(vocab: u32, n: usize, len: usize) -> Vec<Vec<u32>> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next_id = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) % vocab as u64) as u32
+    };
+    (0..n).map(|_| (0..len).map(|_| next_id()).collect()).collect()
+}
+
+/// The text report's first lines: speeds against the roofline, memory, launches.
+fn print_summary(r: &BenchReport) -> anyhow::Result<()> {
+    outln!(
+        "model {}  device {} ({})  threads {}  concurrency {}",
+        r.model,
+        r.device,
+        r.device_name,
+        r.threads,
+        r.concurrency
+    )?;
+    outln!("prefill {:.1} tok/s ({} prompt tokens)", r.prefill_tok_s, r.prompt_tokens)?;
+    outln!(
+        "decode  {:.2} tok/s ({} tokens); roofline {:.2} tok/s at {:.1} GB/s measured read bandwidth{} ({:.0}% of it)",
+        r.decode_tok_s,
+        r.gen_tokens,
+        r.decode_roofline_tok_s,
+        r.mem_bandwidth_bytes_s / 1e9,
+        r.mem_bandwidth_buffer_bytes.map_or(String::new(), |b| format!(" over {} MiB", b >> 20)),
+        100.0 * r.decode_fraction_of_roofline
+    )?;
+    for e in &r.probe_errors {
+        outln!("PROBE ERROR: {e}")?;
+    }
+    outln!(
+        "weights {:.1} MiB; peak RSS {:.1} MiB",
+        r.weights_bytes as f64 / 1048576.0,
+        r.peak_rss_bytes as f64 / 1048576.0
+    )?;
+    if let (Some(n), Some(lat), Some(frac)) = (r.launches_per_token, r.launch_latency_s, r.launch_overhead_fraction) {
+        outln!("launches {n:.0} per token at {:.1} µs each: at most {:.0}% of a decode step", lat * 1e6, 100.0 * frac)?;
+    }
+    if let (Some(n), Some(frac)) = (r.host_copies_per_token, r.host_copy_fraction) {
+        outln!("small host-to-device copies {n:.0} per token, the host in them {:.0}% of a decode step", 100.0 * frac)?;
+    }
+    Ok(())
+}
+
+/// The text report's residency lines: layers, experts, sparse FFN groups.
+fn print_plan(r: &BenchReport) -> anyhow::Result<()> {
+    let p = &r.plan;
+    outln!(
+        "layers {} ({}): {} of {} resident [{}], {:.1} of {:.1} MiB, budget {:.1} MiB",
+        p.mode,
+        serde_json::to_value(p.policy)?.as_str().unwrap_or_default(),
+        p.plan.resident_count,
+        p.plan.layers,
+        p.plan.resident_layers,
+        p.plan.resident_bytes as f64 / 1048576.0,
+        p.plan.streamable_bytes as f64 / 1048576.0,
+        p.plan.budget_bytes as f64 / 1048576.0,
+    )?;
+    if let (Some(m), Some(e)) = (&r.moe, &p.experts) {
         outln!(
-            "model {}  device {} ({})  threads {}  concurrency {}",
-            report.model,
-            report.device,
-            report.device_name,
-            report.threads,
-            report.concurrency
+            "experts {} ({}): cache {:.1} of {:.1} MiB budget, {} cached; {:.1} experts/token, hit rate {:.2}; per token {:.1} MiB cores + {:.1} MiB experts read, routed-only limit {:.1} MiB ({:.0}% of it read)",
+            e.mode,
+            serde_json::to_value(e.policy)?.as_str().unwrap_or_default(),
+            e.cached_bytes as f64 / 1048576.0,
+            e.cache_budget_bytes as f64 / 1048576.0,
+            e.cached_experts,
+            m.experts_per_token,
+            m.expert_hit_rate,
+            m.core_bytes_per_token / 1048576.0,
+            m.expert_bytes_per_token / 1048576.0,
+            m.routed_limit_bytes_per_token / 1048576.0,
+            100.0 * m.fraction_of_routed_limit
         )?;
-        outln!("prefill {:.1} tok/s ({} prompt tokens)", report.prefill_tok_s, report.prompt_tokens)?;
+    }
+    if let Some(s) = &r.sparse_ffn {
         outln!(
-            "decode  {:.2} tok/s ({} tokens); roofline {:.2} tok/s at {:.1} GB/s measured read bandwidth{} ({:.0}% of it)",
-            report.decode_tok_s,
-            report.gen_tokens,
-            report.decode_roofline_tok_s,
-            report.mem_bandwidth_bytes_s / 1e9,
-            report.mem_bandwidth_buffer_bytes.map_or(String::new(), |b| format!(" over {} MiB", b >> 20)),
-            100.0 * report.decode_fraction_of_roofline
+            "sparse FFN {}: kept {:.2} of the neuron groups; per token {:.1} MiB cores + {:.1} MiB groups read ({:.1} MiB kept), {:.0} reads, neuron-cache hit rate {:.2}",
+            s.setting,
+            s.kept_fraction,
+            s.core_bytes_per_token / 1048576.0,
+            s.group_bytes_per_token / 1048576.0,
+            s.kept_group_bytes_per_token / 1048576.0,
+            s.reads_per_token,
+            s.neuron_cache_hit_rate
         )?;
-        for e in &report.probe_errors {
-            outln!("PROBE ERROR: {e}")?;
-        }
+    }
+    Ok(())
+}
+
+/// The text report's storage and upload lines.
+fn print_streaming(r: &BenchReport) -> anyhow::Result<()> {
+    if let (Some(bw), Some(roof)) = (r.storage_bandwidth_bytes_s, r.storage_roofline_tok_s) {
         outln!(
-            "weights {:.1} MiB; peak RSS {:.1} MiB",
-            report.weights_bytes as f64 / 1048576.0,
-            report.peak_rss_bytes as f64 / 1048576.0
+            "streaming: {:.1} MiB read per token, hit rate {:.2}, stall {:.0}%, I/O busy {:.0}%, storage busy {:.0}% at {:.2} GB/s; storage roofline {:.2} tok/s at {:.2} GB/s{} ({:.0}% of it; {:.2} GB/s into a small buffer)",
+            r.bytes_read_per_token / 1048576.0,
+            r.cache_hit_rate,
+            100.0 * r.io_stall_fraction,
+            100.0 * r.io_busy_fraction,
+            100.0 * r.storage_busy_fraction,
+            r.storage_busy_bytes_s.unwrap_or(0.0) / 1e9,
+            roof,
+            bw / 1e9,
+            if r.storage_direct_io == Some(true) { " O_DIRECT" } else { " buffered" },
+            100.0 * r.decode_fraction_of_storage_roofline.unwrap_or(r.decode_tok_s / roof),
+            r.storage_bandwidth_small_buffer_bytes_s.unwrap_or(0.0) / 1e9
         )?;
-        if let (Some(n), Some(lat), Some(frac)) =
-            (report.launches_per_token, report.launch_latency_s, report.launch_overhead_fraction)
-        {
-            outln!(
-                "launches {n:.0} per token at {:.1} µs each: at most {:.0}% of a decode step",
-                lat * 1e6,
-                100.0 * frac
-            )?;
-        }
-        if let (Some(n), Some(frac)) = (report.host_copies_per_token, report.host_copy_fraction) {
-            outln!(
-                "small host-to-device copies {n:.0} per token, the host in them {:.0}% of a decode step",
-                100.0 * frac
-            )?;
-        }
-        let p = &report.plan;
+    }
+    if let (Some(bw), Some(f)) = (r.storage_replay_bytes_s, r.decode_fraction_of_replay) {
         outln!(
-            "layers {} ({}): {} of {} resident [{}], {:.1} of {:.1} MiB, budget {:.1} MiB",
-            p.mode,
-            serde_json::to_value(p.policy)?.as_str().unwrap_or_default(),
-            p.plan.resident_count,
-            p.plan.layers,
-            p.plan.resident_layers,
-            p.plan.resident_bytes as f64 / 1048576.0,
-            p.plan.streamable_bytes as f64 / 1048576.0,
-            p.plan.budget_bytes as f64 / 1048576.0,
+            "storage bound for these reads: {:.2} GB/s replaying them ({} in flight, nothing else to do); decode read at {:.0}% of it",
+            bw / 1e9,
+            r.storage_replay_depth.unwrap_or(1),
+            100.0 * f
         )?;
-        if let (Some(m), Some(e)) = (&report.moe, &p.experts) {
-            outln!(
-                "experts {} ({}): cache {:.1} of {:.1} MiB budget, {} cached; {:.1} experts/token, hit rate {:.2}; per token {:.1} MiB cores + {:.1} MiB experts read, routed-only limit {:.1} MiB ({:.0}% of it read)",
-                e.mode,
-                serde_json::to_value(e.policy)?.as_str().unwrap_or_default(),
-                e.cached_bytes as f64 / 1048576.0,
-                e.cache_budget_bytes as f64 / 1048576.0,
-                e.cached_experts,
-                m.experts_per_token,
-                m.expert_hit_rate,
-                m.core_bytes_per_token / 1048576.0,
-                m.expert_bytes_per_token / 1048576.0,
-                m.routed_limit_bytes_per_token / 1048576.0,
-                100.0 * m.fraction_of_routed_limit
-            )?;
-        }
-        if let Some(s) = &report.sparse_ffn {
-            outln!(
-                "sparse FFN {}: kept {:.2} of the neuron groups; per token {:.1} MiB cores + {:.1} MiB groups read ({:.1} MiB kept), {:.0} reads, neuron-cache hit rate {:.2}",
-                s.setting,
-                s.kept_fraction,
-                s.core_bytes_per_token / 1048576.0,
-                s.group_bytes_per_token / 1048576.0,
-                s.kept_group_bytes_per_token / 1048576.0,
-                s.reads_per_token,
-                s.neuron_cache_hit_rate
-            )?;
-        }
-        if let (Some(bw), Some(roof)) = (report.storage_bandwidth_bytes_s, report.storage_roofline_tok_s) {
-            outln!(
-                "streaming: {:.1} MiB read per token, hit rate {:.2}, stall {:.0}%, I/O busy {:.0}%, storage busy {:.0}% at {:.2} GB/s; storage roofline {:.2} tok/s at {:.2} GB/s{} ({:.0}% of it; {:.2} GB/s into a small buffer)",
-                report.bytes_read_per_token / 1048576.0,
-                report.cache_hit_rate,
-                100.0 * report.io_stall_fraction,
-                100.0 * report.io_busy_fraction,
-                100.0 * report.storage_busy_fraction,
-                report.storage_busy_bytes_s.unwrap_or(0.0) / 1e9,
-                roof,
-                bw / 1e9,
-                if report.storage_direct_io == Some(true) { " O_DIRECT" } else { " buffered" },
-                100.0 * report.decode_fraction_of_storage_roofline.unwrap_or(report.decode_tok_s / roof),
-                report.storage_bandwidth_small_buffer_bytes_s.unwrap_or(0.0) / 1e9
-            )?;
-        }
-        if let (Some(bw), Some(f)) = (report.storage_replay_bytes_s, report.decode_fraction_of_replay) {
-            outln!(
-                "storage bound for these reads: {:.2} GB/s replaying them ({} in flight, nothing else to do); decode read at {:.0}% of it",
-                bw / 1e9,
-                report.storage_replay_depth.unwrap_or(1),
-                100.0 * f
-            )?;
-        }
-        if let Some(u) = &report.upload {
-            let bound = match (u.roofline_tok_s, u.decode_fraction_of_roofline) {
-                (Some(r), Some(f)) => format!("; bound min(storage, H2D) {r:.2} tok/s ({:.0}% of it)", 100.0 * f),
-                _ => String::new(),
-            };
-            outln!(
-                "upload: storage reads {}, {:.1} MiB to the GPU per token at {:.1} GB/s H2D, copy engine busy {:.0}%, compute waiting on copies {:.0}%, host-tier hit rate {:.2}{}{bound}",
-                match u.gds.as_deref() {
-                    Some("direct") => "straight into GPU memory (GPUDirect Storage)",
-                    Some(_) => "through cuFile's compatibility mode (host bounce buffers, no P2P)",
-                    None => "through page-locked host memory",
-                },
-                u.h2d_bytes_per_token / 1048576.0,
-                u.h2d_bandwidth_bytes_s.unwrap_or(0.0) / 1e9,
-                100.0 * u.copy_busy_fraction,
-                100.0 * u.copy_stall_fraction,
-                u.host_hit_rate,
-                if u.pageable_copies > 0 { format!(", {} pageable copies", u.pageable_copies) } else { String::new() },
-            )?;
-        }
+    }
+    if let Some(u) = &r.upload {
+        let bound = match (u.roofline_tok_s, u.decode_fraction_of_roofline) {
+            (Some(r), Some(f)) => format!("; bound min(storage, H2D) {r:.2} tok/s ({:.0}% of it)", 100.0 * f),
+            _ => String::new(),
+        };
+        outln!(
+            "upload: storage reads {}, {:.1} MiB to the GPU per token at {:.1} GB/s H2D, copy engine busy {:.0}%, compute waiting on copies {:.0}%, host-tier hit rate {:.2}{}{bound}",
+            match u.gds.as_deref() {
+                Some("direct") => "straight into GPU memory (GPUDirect Storage)",
+                Some(_) => "through cuFile's compatibility mode (host bounce buffers, no P2P)",
+                None => "through page-locked host memory",
+            },
+            u.h2d_bytes_per_token / 1048576.0,
+            u.h2d_bandwidth_bytes_s.unwrap_or(0.0) / 1e9,
+            100.0 * u.copy_busy_fraction,
+            100.0 * u.copy_stall_fraction,
+            u.host_hit_rate,
+            if u.pageable_copies > 0 { format!(", {} pageable copies", u.pageable_copies) } else { String::new() },
+        )?;
     }
     Ok(())
 }
