@@ -319,45 +319,12 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         feed: std::cell::Cell::new(0x2545_f491_4f6c_dd1d),
     };
     let run = |steps: usize| runner.run(steps);
-    // The storage roofline: the model's streamed files read sequentially with O_DIRECT
-    // where the filesystem allows it (otherwise buffered after dropping their cached
-    // pages), in 8 MiB reads landing across buffers of one layer's (or one expert's)
-    // size, as streamed reads do: the median of five passes of up to 64 MiB. Every pass
-    // of every probe reads its own part of the files (`slot`): re-reading the same bytes
-    // would time a VM host's page cache, not the disk. Storage whose speed drifts is
-    // probed between the runs, and each run is judged against the better of the probes
-    // just before and just after it.
-    let files_len: u64 = sched.files().iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
     // Two slots per probe point (one read in flight, and several), one per run and one
     // more, and one for the small-buffer probe.
     let slots = 2 * (runs as u64 + 1) + 1;
-    let region = files_len / (slots * PROBE_PASSES);
-    let probe = |dest_len: usize, streams: usize, slot: u64| -> anyhow::Result<crate::sched::io::ReadBandwidth> {
-        let files = sched.files();
-        let mut passes = (0..PROBE_PASSES)
-            .map(|i| {
-                let (skip, bytes) = ((slot * PROBE_PASSES + i) * region, region.clamp(8 << 20, PROBE_BYTES));
-                crate::sched::io::measure_parallel_read_into(&files, skip, bytes, dest_len, streams)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        passes.sort_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec));
-        Ok(passes[passes.len() / 2])
-    };
-    // Probe at the size of the reads that dominate: a layer, or a routed expert. (A
-    // sparse FFN reads both its cores and its smaller groups; the layer size bounds it.)
-    let layer_len = match &sched.summary().experts {
-        Some(e) if e.unit == "expert" => (e.expert_bytes / (e.experts_per_layer * e.moe_layers).max(1) as u64) as usize,
-        _ => sched.streamable_bytes().div_ceil(sched.n_layers().max(1)),
-    };
-    // The device's limit is its best at one read in flight or at several (NVMe and
-    // virtio serve requests in parallel; the streamers keep 2 to 4 in flight).
-    let probe_streaming = |side: u64| -> anyhow::Result<Option<(crate::sched::io::ReadBandwidth, usize)>> {
-        if !sched.is_streaming() {
-            return Ok(None);
-        }
-        let (one, deep) = (probe(layer_len, 1, 2 * side)?, probe(layer_len, STORAGE_PROBE_DEPTH, 2 * side + 1)?);
-        Ok(Some(better_depth(one, deep)))
-    };
+    let storage_probe = StorageProbe::new(sched, slots);
+    let probe = |dest_len: usize, streams: usize, slot: u64| storage_probe.probe(dest_len, streams, slot);
+    let probe_streaming = |side: u64| storage_probe.streaming(side);
     // An untimed warm-up run first (as llama-bench does): the first pass over a
     // memory-mapped model pays its page faults, and a streaming one fills its ring.
     run(1)?;
@@ -474,25 +441,16 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     };
     let storage_roofline = storage.map(|s| s.bytes_per_sec / bytes_read_per_token.max(1.0));
     let upload = summary.upload.as_ref().map(|u| {
-        let h2d_per_token = window.transfer.h2d_bytes as f64 / tokens;
-        // Seconds per token each leg needs at its measured bandwidth; they overlap, so
-        // the slower one bounds the step.
-        let storage_s = storage.map_or(0.0, |s| bytes_read_per_token / s.bytes_per_sec);
-        let h2d_s = u.h2d_bandwidth_bytes_s.map(|b| h2d_per_token / b);
-        let roofline = h2d_s.map(|h| 1.0 / h.max(storage_s).max(1e-12));
-        UploadReport {
-            h2d_bytes_per_token: h2d_per_token,
-            h2d_bandwidth_bytes_s: u.h2d_bandwidth_bytes_s,
-            gds: u.gds.clone(),
-            copy_busy_fraction: window.transfer.copy_ns as f64 / 1e9 / decode_secs.max(1e-9),
-            copy_stall_fraction: window.transfer.copy_stall_ns as f64 / 1e9 / decode_secs.max(1e-9),
-            host_hit_rate: window.host_hits as f64 / window.layer_requests.max(1) as f64,
-            pageable_copies: window.transfer.pageable_copies,
-            slot_bytes_in_use: sched.stats().snapshot().transfer.slot_bytes,
-            ring_bytes: u.ring_slots as u64 * u.slot_bytes,
-            roofline_tok_s: roofline,
-            decode_fraction_of_roofline: roofline.map(|r| decode_tok_s / r),
-        }
+        upload_report(
+            u,
+            &window,
+            tokens,
+            decode_secs,
+            decode_tok_s,
+            storage.map(|s| s.bytes_per_sec),
+            bytes_read_per_token,
+            sched,
+        )
     });
     let mut probe_errors = probe_errors(decode_tok_s / n_seq as f64 / roofline, storage_fraction);
     if let Some((f, _, _)) = replay.filter(|r| r.0 > REPLAY_SLACK) {
@@ -559,6 +517,64 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The storage roofline: the model's streamed files read sequentially with O_DIRECT
+/// where the filesystem allows it (otherwise buffered after dropping their cached
+/// pages), in 8 MiB reads landing across buffers of one layer's (or one expert's)
+/// size, as streamed reads do: the median of five passes of up to 64 MiB. Every pass
+/// of every probe reads its own part of the files (`slot`): re-reading the same bytes
+/// would time a VM host's page cache, not the disk. Storage whose speed drifts is
+/// probed between the runs, and each run is judged against the better of the probes
+/// just before and just after it.
+struct StorageProbe<'a> {
+    sched: &'a dyn crate::sched::SchedInfo,
+    /// Bytes of the files each pass of each slot has to itself.
+    region: u64,
+    /// The size of the reads that dominate: a layer, or a routed expert. (A sparse FFN
+    /// reads both its cores and its smaller groups; the layer size bounds it.)
+    layer_len: usize,
+}
+
+impl<'a> StorageProbe<'a> {
+    /// Probes of `sched`'s streamed files, cut into `slots` parts.
+    fn new(sched: &'a dyn crate::sched::SchedInfo, slots: u64) -> Self {
+        let files_len: u64 = sched.files().iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+        let layer_len = match &sched.summary().experts {
+            Some(e) if e.unit == "expert" => {
+                (e.expert_bytes / (e.experts_per_layer * e.moe_layers).max(1) as u64) as usize
+            }
+            _ => sched.streamable_bytes().div_ceil(sched.n_layers().max(1)),
+        };
+        StorageProbe { sched, region: files_len / (slots * PROBE_PASSES), layer_len }
+    }
+
+    /// The median of the passes of slot `slot`, into buffers of `dest_len` bytes with
+    /// `streams` reads in flight.
+    fn probe(&self, dest_len: usize, streams: usize, slot: u64) -> anyhow::Result<crate::sched::io::ReadBandwidth> {
+        let files = self.sched.files();
+        let region = self.region;
+        let mut passes = (0..PROBE_PASSES)
+            .map(|i| {
+                let (skip, bytes) = ((slot * PROBE_PASSES + i) * region, region.clamp(8 << 20, PROBE_BYTES));
+                crate::sched::io::measure_parallel_read_into(&files, skip, bytes, dest_len, streams)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        passes.sort_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec));
+        Ok(passes[passes.len() / 2])
+    }
+
+    /// The device's limit at probe point `side`: its best at one read in flight or at
+    /// several (NVMe and virtio serve requests in parallel; the streamers keep 2 to 4 in
+    /// flight). `None` when nothing streams.
+    fn streaming(&self, side: u64) -> anyhow::Result<Option<(crate::sched::io::ReadBandwidth, usize)>> {
+        if !self.sched.is_streaming() {
+            return Ok(None);
+        }
+        let one = self.probe(self.layer_len, 1, 2 * side)?;
+        let deep = self.probe(self.layer_len, STORAGE_PROBE_DEPTH, 2 * side + 1)?;
+        Ok(Some(better_depth(one, deep)))
+    }
 }
 
 /// The runs of a benchmark: every prompt's prefill, then greedy decode steps.
@@ -657,6 +673,41 @@ impl Runner<'_> {
             proc_read_bytes: proc_self_read_bytes().zip(proc0).map(|(a, b)| a.saturating_sub(b)),
             reads,
         })
+    }
+}
+
+/// The upload pipeline's report (a GPU with streamed layers): what went to the device per
+/// token over the decode windows `w` of `tokens` tokens in `decode_secs`, and the bound
+/// the slower of storage (`storage_bytes_s`) and the host-to-device copies puts on decode.
+#[allow(clippy::too_many_arguments, reason = "the measurements spelled out")]
+fn upload_report(
+    u: &crate::sched::upload::UploadSummary,
+    window: &StatsSnapshot,
+    tokens: f64,
+    decode_secs: f64,
+    decode_tok_s: f64,
+    storage_bytes_s: Option<f64>,
+    bytes_read_per_token: f64,
+    sched: &dyn crate::sched::SchedInfo,
+) -> UploadReport {
+    let h2d_per_token = window.transfer.h2d_bytes as f64 / tokens;
+    // Seconds per token each leg needs at its measured bandwidth; they overlap, so
+    // the slower one bounds the step.
+    let storage_s = storage_bytes_s.map_or(0.0, |s| bytes_read_per_token / s);
+    let h2d_s = u.h2d_bandwidth_bytes_s.map(|b| h2d_per_token / b);
+    let roofline = h2d_s.map(|h| 1.0 / h.max(storage_s).max(1e-12));
+    UploadReport {
+        h2d_bytes_per_token: h2d_per_token,
+        h2d_bandwidth_bytes_s: u.h2d_bandwidth_bytes_s,
+        gds: u.gds.clone(),
+        copy_busy_fraction: window.transfer.copy_ns as f64 / 1e9 / decode_secs.max(1e-9),
+        copy_stall_fraction: window.transfer.copy_stall_ns as f64 / 1e9 / decode_secs.max(1e-9),
+        host_hit_rate: window.host_hits as f64 / window.layer_requests.max(1) as f64,
+        pageable_copies: window.transfer.pageable_copies,
+        slot_bytes_in_use: sched.stats().snapshot().transfer.slot_bytes,
+        ring_bytes: u.ring_slots as u64 * u.slot_bytes,
+        roofline_tok_s: roofline,
+        decode_fraction_of_roofline: roofline.map(|r| decode_tok_s / r),
     }
 }
 
