@@ -7,9 +7,9 @@
 //! signed and meet the activations through `vpsignb` (|w| times q with w's sign), with no
 //! integer offset. Unavailable off x86-64.
 
-use crate::gemm::GemmKernel;
+use crate::gemm::kernel::GemmKernel;
 #[cfg(target_arch = "x86_64")]
-use crate::gemm::{GemmFormat, MicroFn, UnpackFn};
+use crate::gemm::kernel::{GemmFormat, MicroFn, UnpackFn};
 use strata_tensor::tensor::DType;
 
 pub fn kernel(dtype: DType) -> Option<GemmKernel> {
@@ -74,8 +74,8 @@ pub use imp::{unpack_q4k, unpack_q6k};
 mod imp {
     use std::arch::x86_64::*;
 
-    use crate::gemm::MicroTile;
-    pub use crate::gemm::block32::*;
+    use crate::gemm::kernel::MicroTile;
+    pub use crate::gemm::kernel::block32::*;
     use crate::simd::scales_mins_k4;
 
     const NIB: u32 = 0x0F0F_0F0F;
@@ -142,7 +142,7 @@ mod imp {
     /// Q4_0, Q5_0, Q8_0 (signed levels), Q4_1 and Q5_1 (one group per block).
     ///
     /// # Safety
-    /// As for [`UnpackFn`](crate::gemm::UnpackFn).
+    /// As for [`UnpackFn`](crate::gemm::kernel::UnpackFn).
     pub unsafe fn unpack32<const F: u8>(
         w: *const u8,
         row_bytes: usize,
@@ -191,7 +191,7 @@ mod imp {
     /// `mw = dmin · m_j`; from rows (`P = false`) or a panel (`P = true`, see [`at`]).
     ///
     /// # Safety
-    /// As for [`UnpackFn`](crate::gemm::UnpackFn) (with `w` a whole panel when
+    /// As for [`UnpackFn`](crate::gemm::kernel::UnpackFn) (with `w` a whole panel when
     /// `P`).
     pub unsafe fn unpack_q4k<const Q5: bool, const P: bool>(
         w: *const u8,
@@ -242,7 +242,7 @@ mod imp {
     /// (`P = false`) or a panel (`P = true`, see [`at`]).
     ///
     /// # Safety
-    /// As for [`UnpackFn`](crate::gemm::UnpackFn) (with `w` a whole panel when
+    /// As for [`UnpackFn`](crate::gemm::kernel::UnpackFn) (with `w` a whole panel when
     /// `P`).
     pub unsafe fn unpack_q6k<const P: bool>(
         w: *const u8,
@@ -259,7 +259,8 @@ mod imp {
             for i in 0..lanes {
                 for b in 0..nb {
                     // A panel keeps the block's words in the kernels' order.
-                    let blk = |x: usize| at::<P>(w, row_bytes, BB, i, b, if P { crate::panels::k6_at(x) } else { x });
+                    let blk =
+                        |x: usize| at::<P>(w, row_bytes, BB, i, b, if P { crate::panels::k6::k6_at(x) } else { x });
                     let d = f16_at(blk(208));
                     for j in 0..16 {
                         dw.add(16 * (16 * b + j) + i).write(d * (*blk(192 + j) as i8) as f32);
@@ -296,7 +297,7 @@ mod imp {
     /// their absolute value. A row's arithmetic is the same whatever `AR` is.
     ///
     /// # Safety
-    /// As for [`MicroFn`](crate::gemm::MicroFn).
+    /// As for [`MicroFn`](crate::gemm::kernel::MicroFn).
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn micro<const STEPS: usize, const FOLD: usize, const MIN: bool, const SIGNED: bool, const AR: usize>(
         t: &MicroTile,

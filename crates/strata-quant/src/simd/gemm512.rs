@@ -4,7 +4,7 @@
 //! rows), and the `vpdpbusd` micro-kernel that runs up to 12 activation rows over an
 //! unpacked panel. Unavailable off x86-64.
 
-use crate::gemm::{GemmFormat, GemmKernel, MicroFn, UnpackFn};
+use crate::gemm::kernel::{GemmFormat, GemmKernel, MicroFn, UnpackFn};
 use strata_tensor::tensor::DType;
 
 pub fn kernel(dtype: DType) -> Option<GemmKernel> {
@@ -68,8 +68,8 @@ pub use imp::{unpack_q4k, unpack_q6k};
 mod imp {
     use std::arch::x86_64::*;
 
-    use crate::gemm::MicroTile;
-    pub use crate::gemm::block32::*;
+    use crate::gemm::kernel::MicroTile;
+    pub use crate::gemm::kernel::block32::*;
 
     /// The 4 bytes at `w + off + lane_offset` for the lanes in `k` (zero elsewhere).
     #[target_feature(enable = "avx512f")]
@@ -114,7 +114,7 @@ mod imp {
     /// Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 (one group per block).
     ///
     /// # Safety
-    /// As for [`UnpackFn`](crate::gemm::UnpackFn).
+    /// As for [`UnpackFn`](crate::gemm::kernel::UnpackFn).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn unpack32<const F: u8>(
         w: *const u8,
@@ -182,7 +182,7 @@ mod imp {
     /// levels and scales, read with loads.
     ///
     /// # Safety
-    /// As for [`UnpackFn`](crate::gemm::UnpackFn) (with `w` a whole panel when
+    /// As for [`UnpackFn`](crate::gemm::kernel::UnpackFn) (with `w` a whole panel when
     /// `P`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn unpack_q4k<const Q5: bool, const P: bool>(
@@ -256,11 +256,11 @@ mod imp {
 
     /// Q6_K: sixteen groups of 16 per block, `dw = d · sc_j`, offset 32; from rows
     /// (`P = false`) or a panel in the word layout of [`panels`](crate::panels),
-    /// its lines in the kernels' order ([`K6_LINE`](crate::panels::K6_LINE)) and
+    /// its lines in the kernels' order ([`K6_LINE`](crate::panels::k6::K6_LINE)) and
     /// each block's 16 `d` after them (`P = true`).
     ///
     /// # Safety
-    /// As for [`UnpackFn`](crate::gemm::UnpackFn) (with `w` a whole panel when
+    /// As for [`UnpackFn`](crate::gemm::kernel::UnpackFn) (with `w` a whole panel when
     /// `P`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn unpack_q6k<const P: bool>(
@@ -282,7 +282,7 @@ mod imp {
             for b in 0..nb {
                 let base = b * BB;
                 // Byte `x` of the block: a panel keeps its words in the kernels' order.
-                let at = |x: usize| base + if P { crate::panels::k6_at(x) } else { x };
+                let at = |x: usize| base + if P { crate::panels::k6::k6_at(x) } else { x };
                 let d = if P {
                     _mm512_cvtph_ps(_mm256_loadu_si256(w.add(16 * (base + 208)).cast()))
                 } else {
@@ -324,7 +324,7 @@ mod imp {
     /// are summed before `da` multiplies them.
     ///
     /// # Safety
-    /// As for [`MicroFn`](crate::gemm::MicroFn).
+    /// As for [`MicroFn`](crate::gemm::kernel::MicroFn).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn micro<const STEPS: usize, const MIN: bool, const AR: usize>(t: &MicroTile) {
         let glen = 4 * STEPS;

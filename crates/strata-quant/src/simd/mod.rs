@@ -86,7 +86,7 @@ pub mod gemm512;
 
 use std::sync::OnceLock;
 
-use super::gemm::GemmKernel;
+use super::gemm::kernel::GemmKernel;
 use super::{QK_K, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k, with_blocks};
 use strata_tensor::tensor::DType;
 
