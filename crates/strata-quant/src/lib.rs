@@ -30,6 +30,8 @@ pub mod q8_0;
 pub mod q8_1;
 pub mod q8_k;
 pub mod simd;
+#[doc(hidden)]
+pub mod testing;
 
 pub use simd::QuantKernel;
 

@@ -2,8 +2,8 @@ use std::sync::Arc;
 
 use super::*;
 use crate::testutil::Rng;
-use crate::{ReadF32, blocks_as_bytes, quantize_matrix, zeroed_blocks};
-use strata_tensor::tensor::{AlignedBytes, ByteSource, HostTensor};
+use crate::{ReadF32, blocks_as_bytes, zeroed_blocks};
+use strata_tensor::tensor::{AlignedBytes, HostTensor};
 
 const FORMATS: [DType; 6] = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
 
@@ -16,31 +16,8 @@ fn pool() -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap()
 }
 
-/// A random `[m, k]` weight of `dtype` (as stored).
 fn weight(pool: &rayon::ThreadPool, rng: &mut Rng, dtype: DType, m: usize, k: usize) -> HostTensor {
-    let b = match dtype {
-        // No Q5_K quantizer here: random levels and packed scales, small positive
-        // `d` and `dmin`.
-        DType::Q5_K => {
-            let mut b = rng.bytes(m * k / QK_K * 176);
-            for blk in b.chunks_exact_mut(176) {
-                blk[..2].copy_from_slice(&half::f16::from_f32(rng.uniform() * 0.002).to_le_bytes());
-                blk[2..4].copy_from_slice(&half::f16::from_f32(rng.uniform() * 0.002).to_le_bytes());
-            }
-            b
-        }
-        // No Q4_1 quantizer here: random levels, small random scales and mins.
-        DType::Q4_1 => {
-            let mut b = rng.bytes(m * k / QK * 20);
-            for blk in b.chunks_exact_mut(20) {
-                blk[..2].copy_from_slice(&half::f16::from_f32(rng.uniform() * 0.02).to_le_bytes());
-                blk[2..4].copy_from_slice(&half::f16::from_f32(rng.uniform() * 0.1 - 0.05).to_le_bytes());
-            }
-            b
-        }
-        _ => quantize_matrix(pool, dtype, &rng.vec(m * k, 1.0), m, k).unwrap().bytes().to_vec(),
-    };
-    HostTensor::new(Arc::new(AlignedBytes::from_slice(&b)), 0, b.len(), dtype, vec![m, k])
+    crate::testing::random_weight(pool, rng, dtype, m, k)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

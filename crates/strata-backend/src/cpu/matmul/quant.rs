@@ -604,23 +604,8 @@ mod tests {
         rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap()
     }
 
-    /// A random `[m, k]` weight of `dtype` (as stored): quantized where this crate has a
-    /// quantizer, else random levels with small scales (and mins).
     fn weight(pool: &rayon::ThreadPool, rng: &mut Rng, dtype: DType, m: usize, k: usize) -> HostTensor {
-        let b = match dtype {
-            DType::Q5_K | DType::Q4_1 => {
-                let mut b = rng.bytes(dtype.bytes_for(m * k).unwrap());
-                let (d, dmin) = if dtype == DType::Q5_K { (0.002, 0.002) } else { (0.02, 0.1) };
-                for blk in b.chunks_exact_mut(dtype.block_bytes()) {
-                    blk[..2].copy_from_slice(&half::f16::from_f32(rng.uniform() * d).to_le_bytes());
-                    let min = if dtype == DType::Q5_K { rng.uniform() * dmin } else { rng.uniform() * dmin - 0.05 };
-                    blk[2..4].copy_from_slice(&half::f16::from_f32(min).to_le_bytes());
-                }
-                b
-            }
-            _ => quantize_matrix(pool, dtype, &rng.vec(m * k, 1.0), m, k).unwrap().bytes().to_vec(),
-        };
-        HostTensor::new(std::sync::Arc::new(AlignedBytes::from_slice(&b)), 0, b.len(), dtype, vec![m, k])
+        strata_quant::testing::random_weight(pool, rng, dtype, m, k)
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
