@@ -8,6 +8,7 @@
 //! ring of read buffers, filled `prefetch_depth` layers ahead by an I/O thread
 //! ([`stream`]), from the files the source maps ([`layout`]).
 
+mod baseline;
 pub mod expert_policy;
 pub mod experts;
 pub mod io;
@@ -25,7 +26,7 @@ use serde::Serialize;
 
 use plan::PlanSummary;
 use strata_tensor::tensor::HostTensor;
-use stream::{Core, CoreHandle};
+use stream::Core;
 
 /// The host tensors of one layer, by their name inside the layer (for Hugging Face
 /// checkpoints, the part after `model.layers.N.`).
@@ -307,7 +308,26 @@ pub type Build<L> = Box<dyn Fn(&LayerTensors) -> Result<L, SchedError> + Send + 
 
 enum Mode<L> {
     Resident(Vec<Arc<L>>),
-    Streaming(Arc<Core<L>>),
+    /// The production core ([`stream::Core`]) or a baseline ([`baseline::Baseline`]).
+    Streaming(Arc<dyn Streamer<L>>),
+}
+
+/// A streaming core of any layer type, for [`Reservation`] and [`SchedMonitor`].
+trait CoreHandle: Send + Sync {
+    /// Runtime memory (a KV cache) was allocated (`delta > 0`) or freed.
+    fn adjust_runtime(&self, delta: i64);
+    fn summary(&self) -> SchedSummary;
+}
+
+/// How a streaming scheduler holds layers beyond its budget: the production policy, or
+/// a benchmark baseline beside it.
+trait Streamer<L>: CoreHandle {
+    /// The weights of layer `i` (in range), ready for compute.
+    fn layer(&self, i: usize) -> Result<Arc<L>, SchedError>;
+    fn resident_bytes(&self) -> u64;
+    fn paths(&self) -> Vec<std::path::PathBuf>;
+    /// Stops any thread of its own.
+    fn stop(&self);
 }
 
 /// Hands out each layer's weights (`L`, built by the model from [`LayerTensors`]).
@@ -396,33 +416,42 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
         let layer_bytes: Vec<u64> =
             (0..reader.n_layers()).map(|i| reader.layout(i).map_or(0, |l| l.buf_len as u64)).collect();
         drop(sources); // the memory maps stay open in the model source, untouched
-        let prefetch_depth = match opts.policy {
-            Policy::Pinned => opts.prefetch_depth.max(1),
-            Policy::Lru | Policy::Reload => 0,
-        };
-        // Where the compute reads its own memory, streamed layers are uploaded into a
-        // ring of device slots (the baselines copy each tensor as they build it).
-        let stage = match (&opts.stage, opts.policy) {
-            (Some(factory), Policy::Pinned) => {
-                let slot_len = layer_bytes.iter().copied().max().unwrap_or(0) as usize;
-                let ring = prefetch_depth + stream::EXTRA_BUFFERS;
-                Some(
-                    (factory.0)(slot_len, ring, stats.transfer.clone())
-                        .map_err(|source| SchedError::Backend { layer: 0, source })?,
-                )
+        let core: Arc<dyn Streamer<L>> = match opts.policy {
+            Policy::Pinned => {
+                let depth = opts.prefetch_depth.max(1);
+                // Where the compute reads its own memory, streamed layers are uploaded
+                // into a ring of device slots.
+                let stage = match &opts.stage {
+                    Some(factory) => {
+                        let slot_len = layer_bytes.iter().copied().max().unwrap_or(0) as usize;
+                        let ring = depth + stream::EXTRA_BUFFERS;
+                        Some(
+                            (factory.0)(slot_len, ring, stats.transfer.clone())
+                                .map_err(|source| SchedError::Backend { layer: 0, source })?,
+                        )
+                    }
+                    None => None,
+                };
+                let start = stream::Start {
+                    layer_bytes: layer_bytes.clone(),
+                    budget,
+                    runtime_allowance: opts.runtime_allowance,
+                    depth,
+                    host_budget: opts.host_budget,
+                    stage,
+                };
+                Core::start(reader, Box::new(build), start, stats.clone())?
             }
-            _ => None,
+            // The baselines copy each tensor to the device as they build it.
+            Policy::Lru | Policy::Reload => Arc::new(baseline::Baseline::new(
+                reader,
+                Box::new(build),
+                opts.policy,
+                layer_bytes.clone(),
+                plan::RuntimeBudget::new(budget, opts.runtime_allowance),
+                stats.clone(),
+            )),
         };
-        let start = stream::Start {
-            layer_bytes: layer_bytes.clone(),
-            budget,
-            runtime_allowance: opts.runtime_allowance,
-            policy: opts.policy,
-            depth: prefetch_depth,
-            host_budget: opts.host_budget,
-            stage,
-        };
-        let core = Core::start(reader, Box::new(build), start, stats.clone())?;
         Ok(Scheduler {
             mode: Mode::Streaming(core),
             layer_bytes,
@@ -446,6 +475,7 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
                 self.stats.layer_hits.fetch_add(1, Ordering::Relaxed);
                 Ok(layer.clone())
             }
+            Mode::Streaming(_) if i >= self.layer_bytes.len() => Err(SchedError::NoSuchLayer(i)),
             Mode::Streaming(core) => core.layer(i),
         }
     }
@@ -511,7 +541,7 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
             Mode::Resident(_) => {
                 let bytes = self.layer_bytes.clone();
                 let budget = self.budget.unwrap_or_else(|| bytes.iter().sum());
-                let mut plan = plan::ResidencyPlan::new(bytes, u64::MAX).summary();
+                let mut plan = plan::ResidencyPlan::<()>::new(bytes, u64::MAX).summary();
                 plan.budget_bytes = budget;
                 SchedSummary {
                     mode: "resident",
@@ -533,7 +563,10 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
     pub fn monitor(&self) -> SchedMonitor {
         let live = match &self.mode {
             Mode::Resident(_) => None,
-            Mode::Streaming(core) => Some(Arc::downgrade(core) as Weak<dyn CoreHandle>),
+            Mode::Streaming(core) => {
+                let core: Arc<dyn CoreHandle> = core.clone();
+                Some(Arc::downgrade(&core))
+            }
         };
         let experts = self.experts.as_ref().map(Arc::downgrade);
         SchedMonitor { stats: self.stats.clone(), fixed: self.summary(), live, experts }
@@ -547,8 +580,8 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
             Mode::Resident(_) => Reservation { bytes, sink: None },
             Mode::Streaming(core) => {
                 core.adjust_runtime(bytes as i64);
-                let sink: Weak<dyn CoreHandle> = Arc::downgrade(core) as Weak<dyn CoreHandle>;
-                Reservation { bytes, sink: Some(sink) }
+                let core: Arc<dyn CoreHandle> = core.clone();
+                Reservation { bytes, sink: Some(Arc::downgrade(&core)) }
             }
         }
     }

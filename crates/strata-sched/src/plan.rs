@@ -135,28 +135,50 @@ pub fn pin_order(n: usize) -> Vec<usize> {
     }
 }
 
-/// Which layers are resident under a budget. See the module docs.
+/// Which layers are resident under a budget, and what each resident layer holds once it
+/// is loaded (`T`: the scheduler's built layer; `()` where only the decision matters).
+/// This one map is where residency lives: the scheduler keeps no other record of it.
+/// See the module docs.
 #[derive(Clone, Debug)]
-pub struct ResidencyPlan {
+pub struct ResidencyPlan<T = ()> {
     layer_bytes: Vec<u64>,
     budget: u64,
     order: Vec<usize>,
     /// `rank[layer]` = position of `layer` in `order`.
     rank: Vec<usize>,
-    resident: Vec<bool>,
+    slots: Vec<Slot<T>>,
     resident_bytes: u64,
     /// Logical time of each layer's last [`touch`](Self::touch); 0 = never.
     last_used: Vec<u64>,
     clock: u64,
 }
 
+/// One layer in a [`ResidencyPlan`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Slot<T> {
+    /// Read from storage every time it is used.
+    Streamed,
+    /// Resident by the plan, not loaded yet: it becomes [`Slot::Held`] as it next streams by.
+    Admitted,
+    /// Resident, and loaded.
+    Held(T),
+}
+
+impl<T> Slot<T> {
+    fn is_resident(&self) -> bool {
+        !matches!(self, Slot::Streamed)
+    }
+}
+
 /// What a budget change did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BudgetChange {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetChange<T = ()> {
     /// Layers evicted, in eviction order.
     pub evicted: Vec<usize>,
     /// Layers admitted, in admission (pin) order.
     pub admitted: Vec<usize>,
+    /// What the evicted layers held, for the caller to drop (outside its lock).
+    pub released: Vec<T>,
 }
 
 /// What `strata bench`, `/api/ps` and `/metrics` show of a plan.
@@ -199,7 +221,7 @@ fn layer_sizes(layer_bytes: &[u64]) -> Vec<LayerSize> {
     sizes.into_iter().map(|(bytes, layers)| LayerSize { bytes, layers: format_ranges(&layers) }).collect()
 }
 
-impl ResidencyPlan {
+impl<T> ResidencyPlan<T> {
     /// Pins layers in [`pin_order`] while they fit `budget`. A layer that does not fit is
     /// skipped and later (smaller) ones still get their chance, so one large layer does
     /// not waste the rest of the budget; with uniform layers this is a prefix of the order.
@@ -215,7 +237,7 @@ impl ResidencyPlan {
             budget,
             order,
             rank,
-            resident: vec![false; n],
+            slots: (0..n).map(|_| Slot::Streamed).collect(),
             resident_bytes: 0,
             last_used: vec![0; n],
             clock: 0,
@@ -243,7 +265,32 @@ impl ResidencyPlan {
 
     /// Whether layer `i` is resident; `false` for a layer that does not exist.
     pub fn is_resident(&self, i: usize) -> bool {
-        self.resident.get(i).copied().unwrap_or(false)
+        self.slots.get(i).is_some_and(Slot::is_resident)
+    }
+
+    /// Layer `i`'s slot; `None` for a layer that does not exist.
+    pub fn slot(&self, i: usize) -> Option<&Slot<T>> {
+        self.slots.get(i)
+    }
+
+    /// What resident layer `i` holds, once loaded.
+    pub fn held(&self, i: usize) -> Option<&T> {
+        match self.slots.get(i) {
+            Some(Slot::Held(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Loads admitted layer `i` with `value`; gives `value` back if the plan does not
+    /// admit `i` or it is loaded already.
+    pub fn hold(&mut self, i: usize, value: T) -> Result<(), T> {
+        match self.slots.get_mut(i) {
+            Some(slot @ Slot::Admitted) => {
+                *slot = Slot::Held(value);
+                Ok(())
+            }
+            _ => Err(value),
+        }
     }
 
     pub fn resident_bytes(&self) -> u64 {
@@ -252,12 +299,12 @@ impl ResidencyPlan {
 
     /// Resident layers in pin order.
     pub fn pinned(&self) -> Vec<usize> {
-        self.order.iter().copied().filter(|&l| self.resident[l]).collect()
+        self.order.iter().copied().filter(|&l| self.slots[l].is_resident()).collect()
     }
 
     /// Layers that stream through the prefetch ring, ascending.
     pub fn streamed_layers(&self) -> Vec<usize> {
-        (0..self.n_layers()).filter(|&l| !self.resident[l]).collect()
+        (0..self.n_layers()).filter(|&l| !self.slots[l].is_resident()).collect()
     }
 
     /// Records that layer `i` was just used (ignored for a layer that does not exist).
@@ -277,15 +324,22 @@ impl ResidencyPlan {
     /// order values most, see [`pin_order`]). Ties (e.g. never touched) go to the layer
     /// pinned latest, so shrinking an untouched plan undoes [`grow`](Self::grow) exactly.
     pub fn shrink(&mut self, new_budget: u64) -> Vec<usize> {
+        self.evict_to(new_budget).0
+    }
+
+    /// [`shrink`](Self::shrink), with what the evicted layers held.
+    fn evict_to(&mut self, new_budget: u64) -> (Vec<usize>, Vec<T>) {
         self.budget = new_budget;
-        let mut evicted = Vec::new();
+        let (mut evicted, mut released) = (Vec::new(), Vec::new());
         while self.resident_bytes > self.budget {
             let Some(victim) = self.eviction_candidate() else { break };
-            self.resident[victim] = false;
+            if let Slot::Held(t) = std::mem::replace(&mut self.slots[victim], Slot::Streamed) {
+                released.push(t);
+            }
             self.resident_bytes -= self.layer_bytes[victim];
             evicted.push(victim);
         }
-        evicted
+        (evicted, released)
     }
 
     /// Sets the budget to `new_budget` and re-admits layers in pin order while they fit
@@ -297,14 +351,14 @@ impl ResidencyPlan {
     }
 
     /// [`shrink`](Self::shrink) then admit what fits, reporting both.
-    pub fn set_budget(&mut self, new_budget: u64) -> BudgetChange {
-        let evicted = self.shrink(new_budget);
+    pub fn set_budget(&mut self, new_budget: u64) -> BudgetChange<T> {
+        let (evicted, released) = self.evict_to(new_budget);
         let admitted = self.admit_fitting();
-        BudgetChange { evicted, admitted }
+        BudgetChange { evicted, admitted, released }
     }
 
     pub fn summary(&self) -> PlanSummary {
-        let resident: Vec<usize> = (0..self.n_layers()).filter(|&l| self.resident[l]).collect();
+        let resident: Vec<usize> = (0..self.n_layers()).filter(|&l| self.slots[l].is_resident()).collect();
         PlanSummary {
             budget_bytes: self.budget,
             resident_bytes: self.resident_bytes,
@@ -323,7 +377,7 @@ impl ResidencyPlan {
 
     fn eviction_candidate(&self) -> Option<usize> {
         (0..self.n_layers())
-            .filter(|&l| self.resident[l])
+            .filter(|&l| self.slots[l].is_resident())
             .min_by_key(|&l| (self.is_edge(l), self.last_used[l], std::cmp::Reverse(self.rank[l])))
     }
 
@@ -332,13 +386,41 @@ impl ResidencyPlan {
         for r in 0..self.order.len() {
             let layer = self.order[r];
             let bytes = self.layer_bytes[layer];
-            if !self.resident[layer] && bytes <= self.budget - self.resident_bytes {
-                self.resident[layer] = true;
+            if !self.slots[layer].is_resident() && bytes <= self.budget - self.resident_bytes {
+                self.slots[layer] = Slot::Admitted;
                 self.resident_bytes += bytes;
                 admitted.push(layer);
             }
         }
         admitted
+    }
+}
+
+/// A streaming scheduler's budget under runtime memory: the configured budget, less the
+/// runtime memory (KV caches) in use beyond what the budget already leaves for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuntimeBudget {
+    base: u64,
+    in_use: u64,
+    allowance: u64,
+}
+
+impl RuntimeBudget {
+    pub fn new(base: u64, allowance: u64) -> Self {
+        RuntimeBudget { base, in_use: 0, allowance }
+    }
+
+    /// Runtime memory allocated (`delta > 0`) or freed.
+    pub fn adjust(&mut self, delta: i64) {
+        self.in_use = match delta >= 0 {
+            true => self.in_use.saturating_add(delta as u64),
+            false => self.in_use.saturating_sub(delta.unsigned_abs()),
+        };
+    }
+
+    /// The bytes left for layer weights.
+    pub fn effective(&self) -> u64 {
+        self.base.saturating_sub(self.in_use.saturating_sub(self.allowance))
     }
 }
 
@@ -410,6 +492,7 @@ pub fn parse_ranges(s: &str) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    type ResidencyPlan = super::ResidencyPlan<()>;
 
     #[test]
     fn the_host_tier_takes_what_the_device_does_not_hold_in_pin_order() {
@@ -611,6 +694,40 @@ mod tests {
         assert_eq!(plan.grow(35), vec![0, 3, 2]);
         assert_eq!(plan.grow(100), vec![1]);
         check(&plan);
+    }
+
+    #[test]
+    fn the_plan_holds_what_it_admits_and_releases_what_it_evicts() {
+        let mut plan = super::ResidencyPlan::<String>::new(vec![10; 4], 20);
+        assert_eq!(plan.slot(0), Some(&Slot::Admitted));
+        assert_eq!(plan.slot(1), Some(&Slot::Streamed));
+        assert_eq!(plan.hold(0, "zero".into()), Ok(()));
+        // Only an admitted slot that is not loaded takes a value.
+        assert_eq!(plan.hold(0, "again".into()), Err("again".into()));
+        assert_eq!(plan.hold(1, "one".into()), Err("one".into()));
+        assert_eq!(plan.held(0).map(String::as_str), Some("zero"));
+        assert_eq!(plan.held(3), None);
+        // Evicting a held layer hands its value back; an admitted one has none.
+        let change = plan.set_budget(0);
+        assert_eq!(change.evicted, vec![3, 0]);
+        assert_eq!(change.released, vec!["zero".to_string()]);
+        assert!(plan.held(0).is_none() && !plan.is_resident(0));
+        // Re-admitted layers wait to be loaded again.
+        assert_eq!(plan.set_budget(10).admitted, vec![0]);
+        assert_eq!(plan.slot(0), Some(&Slot::Admitted));
+    }
+
+    #[test]
+    fn runtime_memory_beyond_the_allowance_comes_out_of_the_budget() {
+        let mut b = RuntimeBudget::new(100, 30);
+        b.adjust(20);
+        assert_eq!(b.effective(), 100);
+        b.adjust(30);
+        assert_eq!(b.effective(), 80);
+        b.adjust(500);
+        assert_eq!(b.effective(), 0);
+        b.adjust(-1000);
+        assert_eq!(b.effective(), 100);
     }
 
     #[test]
