@@ -24,6 +24,7 @@ use strata_format::requant::{self, QuantShortfall};
 use strata_model::ModelSource;
 use strata_model::config::{Ffn, LayerRope, Mixer, ModelConfig, RopeScaling};
 use strata_model::gguf_vocab::{self, LLAMA_VOCAB_KEY, LlamaVocab};
+use strata_model::shapes;
 use strata_model::spec::{self, Arch, ArchSpec, Role};
 use strata_quant::ReadF32;
 use strata_tensor::tensor::{AlignedBytes, DType, HostTensor};
@@ -87,7 +88,7 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
             src.name
         );
     }
-    spec::check_tensors(c, &src.tensors).with_context(|| format!("model `{}`", src.name))?;
+    shapes::check_tensors(c, &src.tensors).with_context(|| format!("model `{}`", src.name))?;
     let (name, tok_keys, tok_name, tok_note) = tokenizer_keys(src)?;
     let mut meta = metadata(src, &name)?;
     meta.extend(tok_keys);

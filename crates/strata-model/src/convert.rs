@@ -164,7 +164,7 @@ pub fn convert(
             format!("{}: a --format cawsf output must end in `.cawsf` (readers know it by the name)", out.display());
         return Err(sparse::Refused(why).into());
     }
-    crate::spec::check_tensors(&src.config, &src.tensors).with_context(|| format!("model `{}`", src.name))?;
+    crate::shapes::check_tensors(&src.config, &src.tensors).with_context(|| format!("model `{}`", src.name))?;
     let mut groups: BTreeMap<Group, Vec<String>> = Default::default();
     for name in src.tensors.keys() {
         groups.entry(Group::of(name)).or_default().push(name.clone());

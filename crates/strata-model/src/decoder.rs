@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use super::ModelSource;
 use super::config::{Ffn, Mixer, ModelConfig};
 use super::deltanet::LinearWeights;
+pub use super::error::ModelError;
 use super::moe::{self, EachUnit, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights, UnitSource};
+use super::shapes;
 use super::sparse::{self, Bundle, NeuronWeights, SparseBlock, SparseFfn};
 use super::spec::{self, QkNorm, Role};
 use strata_backend::delta::{DeltaRule, DeltaShape, DeltaWeights};
@@ -310,33 +312,6 @@ pub struct SeqStep<'a> {
     pub cache: &'a mut KvCache,
     /// Logits for every new token (true) or only the last (false).
     pub all_logits: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error(transparent)]
-    Sched(#[from] SchedError),
-    #[error(transparent)]
-    Tensors(#[from] spec::TensorError),
-    #[error("context full: {needed} positions needed, the cache holds {capacity}")]
-    ContextFull { needed: usize, capacity: usize },
-    #[error("cancelled")]
-    Cancelled,
-    #[error("token id {id} is outside the vocabulary ({vocab})")]
-    BadToken { id: u32, vocab: usize },
-    #[error(transparent)]
-    Backend(#[from] BackendError),
-    #[error("a KV cache was passed to a model other than the one that made it")]
-    ForeignCache,
-    #[error("{0} KV caches are not supported on this device (--kv-type f32 is)")]
-    UnsupportedKv(&'static str),
-    /// `--sparse-ffn` on a model that cannot run it.
-    #[error("--sparse-ffn {setting}: {why}")]
-    Sparse { setting: String, why: String },
-    /// A pass gave NaN or infinite logits (NaN or infinite weights, or an overflow):
-    /// nothing can be sampled from them.
-    #[error("the model produced non-finite logits (NaN or infinity); its weights may hold NaN or infinite values")]
-    NonFiniteLogits,
 }
 
 /// Activation buffers reused across forward passes (no allocation per token): sized
@@ -684,10 +659,10 @@ impl<B: Backend> DecoderModel<B> {
         sched: &SchedOptions,
     ) -> Result<Self, ModelError> {
         let c = &config;
-        spec::check_tensors(c, &source.tensors)?;
+        shapes::check_tensors(c, &source.tensors)?;
         // Present and shaped as the spec says (checked above).
         let global = |name: &str| -> Result<&HostTensor, ModelError> {
-            source.tensors.get(name).ok_or_else(|| spec::TensorError::Missing(name.to_string()).into())
+            source.tensors.get(name).ok_or_else(|| shapes::TensorError::Missing(name.to_string()).into())
         };
         let (embed_name, norm_name, head_name) = (spec::EMBED.0, spec::OUTPUT_NORM.0, spec::OUTPUT.0);
         let embed = backend.weight(global(embed_name)?)?;
@@ -1176,13 +1151,7 @@ impl<B: Backend> DecoderModel<B> {
                 return Err(ModelError::Cancelled);
             }
             let w = self.layers.layer(l)?;
-            // What a speculative expert prefetch would guess, scored below (measured only).
-            let guess = match (&w.ffn, &w.ffn_norm, moe_bufs.as_mut()) {
-                (FfnWeights::Moe(mw), Some(n), Some(mb)) if self.guess_experts => {
-                    Some(moe::guess(be, c, mw, n, x, rows, normed, mb)?)
-                }
-                _ => None,
-            };
+            let guess = self.guess_experts(&w, x, rows, normed, moe_bufs.as_mut())?;
 
             // Attention over the normed stream (or the stream itself when the family
             // normalizes only after).
@@ -1282,12 +1251,7 @@ impl<B: Backend> DecoderModel<B> {
                         .ok_or(ModelError::Sched(SchedError::Build { layer: l, msg: "no MoE buffers".into() }))?;
                     let block = MoeBlock { layer: l, weights: mw, source: self, input, rows, seq_rows: &seq_rows };
                     let taken = moe::moe_forward(be, c, block, &mut bufs, bufs_moe, proj)?;
-                    if let Some(g) = &guess {
-                        let (right, total) = moe::score_guess(g, &taken);
-                        let stats = self.layers.stats();
-                        stats.expert_guess_right.fetch_add(right, std::sync::atomic::Ordering::Relaxed);
-                        stats.expert_guess_total.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
-                    }
+                    self.score_expert_guess(guess, &taken);
                 }
                 FfnWeights::Neurons(nw) => {
                     let nb = moe_bufs.as_mut().ok_or(ModelError::Sched(SchedError::Build {
@@ -1311,6 +1275,37 @@ impl<B: Backend> DecoderModel<B> {
             residual(be, c, x, proj, w.ffn_post_norm.as_ref(), normed, rows)?;
         }
         Ok(())
+    }
+}
+
+/// `--expert-guess`, which only measures: nothing it computes reaches the output.
+impl<B: Backend> DecoderModel<B> {
+    /// With `--expert-guess`, what a speculative expert prefetch would read for this MoE
+    /// layer, from the stream entering it ([`moe::guess`]); `None` otherwise.
+    fn guess_experts(
+        &self,
+        w: &LayerWeights<B>,
+        x: &B::Buf,
+        rows: usize,
+        normed: &mut B::Buf,
+        moe_bufs: Option<&mut MoeBufs<B>>,
+    ) -> Result<Option<Vec<Vec<u32>>>, ModelError> {
+        match (&w.ffn, &w.ffn_norm, moe_bufs) {
+            (FfnWeights::Moe(mw), Some(n), Some(mb)) if self.guess_experts => {
+                Ok(Some(moe::guess(&*self.backend, &self.config, mw, n, x, rows, normed, mb)?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Counts how many of the experts `taken` the guess named.
+    fn score_expert_guess(&self, guess: Option<Vec<Vec<u32>>>, taken: &[Vec<u32>]) {
+        if let Some(g) = guess {
+            let (right, total) = moe::score_guess(&g, taken);
+            let stats = self.layers.stats();
+            stats.expert_guess_right.fetch_add(right, std::sync::atomic::Ordering::Relaxed);
+            stats.expert_guess_total.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 

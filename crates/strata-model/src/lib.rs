@@ -5,9 +5,11 @@ pub mod convert;
 pub mod decoder;
 pub mod deltanet;
 pub mod demo;
+pub mod error;
 pub mod gguf_source;
 pub mod gguf_vocab;
 pub mod moe;
+pub mod shapes;
 pub mod sparse;
 pub mod spec;
 

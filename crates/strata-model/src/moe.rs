@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::config::{ModelConfig, MoeConfig};
-use super::decoder::ModelError;
+use super::error::ModelError;
 use strata_backend::{Backend, Rows};
 use strata_sched::SchedError;
 use strata_tensor::tensor::HostTensor;

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::config::{Ffn, ModelConfig};
-use super::decoder::ModelError;
+use super::error::ModelError;
 use super::moe::{MlpBufs, MoeBufs, UnitSource};
 use strata_backend::{Activation, Backend, Rows};
 use strata_quant::ReadF32;
@@ -114,7 +114,7 @@ pub fn bundle(up: &HostTensor, down: &HostTensor, group: usize) -> Result<Vec<(S
 
 /// The layer-local name of a sparse FFN's per-neuron scale ([`neuron_scale`]), F32
 /// `[width]`, in the layer core.
-pub const SCALE: &str = "mlp.neuron_scale";
+pub use super::spec::NEURON_SCALE as SCALE;
 
 /// Per neuron `i`, `‖up_i‖ · ‖down[:, i]‖` (the values the stored blocks stand for): how
 /// much the neuron's output can weigh per unit of `act(gate_i · x)`, since `|up_i · x| ≤

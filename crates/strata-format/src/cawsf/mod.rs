@@ -18,6 +18,7 @@
 
 mod layout;
 mod read;
+mod routing_table;
 mod write;
 
 use std::collections::{HashMap, HashSet};
@@ -28,12 +29,12 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 pub use layout::{Compression, GLOBAL_SCOPE};
+pub use routing_table::{RoutingTable, normalise};
 pub use write::CawsfWriter;
 
 use crate::FormatError;
 use crate::checksum::{Piece, StoredSums, SummedFile};
 use crate::ndsq::payload::Codebook;
-use crate::route::RoutingTable;
 use crate::{Checkpoint, ConfigOrigin};
 use layout::*;
 use read::{Bank, Mapped};

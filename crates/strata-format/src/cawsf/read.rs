@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::RoutingTable;
 use super::layout::*;
 use crate::FormatError;
 use crate::ndsq::Ndsq;
 use crate::ndsq::payload::{self, Codebook};
-use crate::route::RoutingTable;
 use strata_tensor::mapped::MappedFile;
 use strata_tensor::tensor::{AlignedBytes, ByteSource, DType, Encoded, HostTensor, LazyBytes};
 

@@ -14,8 +14,8 @@ use xxhash_rust::xxh3::Xxh3;
 use super::layout::*;
 use std::sync::Arc;
 
+use super::RoutingTable;
 use crate::ndsq::{Ndsq, NdsqParams, payload};
-use crate::route::RoutingTable;
 use crate::units::layer_units;
 use crate::{Group, ModelMeta, ModelWriter, layer_tensor};
 use strata_quant::ReadF32;

@@ -1030,7 +1030,7 @@ mod tests {
         let launch = BackendError::Device { op: "matvec".into(), msg: "CUDA_ERROR_LAUNCH_FAILED".into() };
         let in_layer = ModelError::Sched(strata_sched::SchedError::Backend { layer: 3, source: launch });
         assert!(matches!(model_error("m", in_layer), JobError::Device(_)));
-        let other = model_error("m", ModelError::Tensors(strata_model::spec::TensorError::Missing("x".into())));
+        let other = model_error("m", ModelError::Tensors(strata_model::shapes::TensorError::Missing("x".into())));
         assert!(matches!(other, JobError::Internal(_)));
         // A model that fails to load for want of GPU memory is a 503 as well.
         let load = anyhow::Error::new(ModelError::Backend(BackendError::OutOfMemory {

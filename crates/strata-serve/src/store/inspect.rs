@@ -43,7 +43,7 @@ pub fn check_loadable(path: &Path, format: Format) -> anyhow::Result<()> {
         Format::Flat => ModelSource::from_checkpoint(strata_format::flat::open(path)?)?,
         Format::Cawsf => ModelSource::from_checkpoint(strata_format::cawsf::open(path)?)?,
     };
-    strata_model::spec::check_tensors(&source.config, &source.tensors)?;
+    strata_model::shapes::check_tensors(&source.config, &source.tensors)?;
     strata_engine::tokenizer::TextTokenizer::for_model(&source)?;
     Ok(())
 }
