@@ -56,8 +56,12 @@ pub struct BenchReport {
     pub gen_tokens: usize,
     pub concurrency: usize,
     pub runs: usize,
+    /// Medians over the runs.
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
+    /// Each run's, in order: their spread is the run-to-run noise.
+    pub prefill_tok_s_runs: Vec<f64>,
+    pub decode_tok_s_runs: Vec<f64>,
     pub weights_bytes: usize,
     pub streamable_bytes: usize,
     pub resident_bytes: usize,
@@ -469,6 +473,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         concurrency: n_seq,
         runs,
         prefill_tok_s: median(results.iter().map(|r| r.prefill_tok_s).collect()),
+        prefill_tok_s_runs: results.iter().map(|r| r.prefill_tok_s).collect(),
+        decode_tok_s_runs: results.iter().map(|r| r.decode_tok_s).collect(),
         decode_tok_s,
         weights_bytes: model.weights_bytes(),
         streamable_bytes: sched.streamable_bytes(),
