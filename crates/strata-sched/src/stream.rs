@@ -364,11 +364,10 @@ impl<L: Send + Sync + 'static> Core<L> {
     /// on the device (not a slot of the ring), from the buffer or read again when the
     /// layer went to the device without passing the host.
     fn admit(&self, i: usize, layer: &Arc<L>, buf: Option<Arc<RingBuf>>) -> Result<(), SchedError> {
-        let admitted = |state: &State<L>| matches!(state.plan.slot(i), Some(Slot::Admitted));
         let own = match (&self.stage, buf) {
             (None, Some(buf)) => {
                 let mut state = lock(&self.shared.state);
-                if admitted(&state) {
+                if matches!(state.plan.slot(i), Some(Slot::Admitted)) {
                     buf.keep(&mut state.ring);
                     let _ = state.plan.hold(i, layer.clone());
                 }
@@ -376,7 +375,7 @@ impl<L: Send + Sync + 'static> Core<L> {
                 self.shared.io_wake.notify_all();
                 return Ok(());
             }
-            _ if !admitted(&lock(&self.shared.state)) => return Ok(()),
+            _ if !self.is_admitted(i) => return Ok(()),
             (_, Some(buf)) => Arc::new((self.build)(&self.reader.tensors(i, buf))?),
             (_, None) => {
                 let mut own = AlignedBuf::new();
@@ -390,6 +389,12 @@ impl<L: Send + Sync + 'static> Core<L> {
         drop(refused);
         self.shared.io_wake.notify_all();
         Ok(())
+    }
+
+    /// Whether the plan admitted layer `i` and it is not loaded yet (takes the lock and
+    /// lets it go).
+    fn is_admitted(&self, i: usize) -> bool {
+        matches!(lock(&self.shared.state).plan.slot(i), Some(Slot::Admitted))
     }
 
     /// The bytes a layer is built from: `host` itself, or its upload into a device slot.

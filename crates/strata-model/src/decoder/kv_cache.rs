@@ -1,0 +1,243 @@
+//! One sequence's KV cache (and linear-attention state), in the buffers of the backend
+//! of the model that made it.
+
+use super::*;
+
+/// Keys and values of one sequence, per layer: `[capacity, n_kv_heads * head_dim]`, in
+/// the buffers of the backend of the model that made it.
+pub(super) struct KvBufs<B: Backend> {
+    pub(super) k: Vec<B::Buf>,
+    pub(super) v: Vec<B::Buf>,
+}
+
+/// Positions a KV cache's buffers grow by, at least.
+pub const KV_BLOCK: usize = 256;
+
+/// One sequence's KV cache. It belongs to the model that made it: passing it to
+/// another model's forward pass is an error. Its buffers are allocated by need, in
+/// [`KV_BLOCK`]s growing by half again, up to `capacity` positions.
+pub struct KvCache {
+    pub(super) bufs: Box<dyn Any + Send>, // KvBufs<B> of the model's backend
+    /// Per layer, a linear-attention layer's state (`LinearAttnConfig::state_len`
+    /// floats, in a buffer of the model's backend; `None` for attention layers): fixed
+    /// in size, charged to the memory budget when the cache is made.
+    pub(super) states: Vec<Option<Box<dyn LinState>>>,
+    /// The states went further than the cache's length (a pass that failed part way, a
+    /// shorter length asked for): they are zeroed before the next pass uses them.
+    pub(super) states_stale: bool,
+    pub(super) len: usize,
+    pub(super) capacity: usize,
+    /// Positions the buffers hold now.
+    pub(super) allocated: usize,
+    /// Bytes one position takes, over every layer.
+    pub(super) position_bytes: u64,
+    /// Its allocated bytes, held against the scheduler's memory budget.
+    pub(super) memory: Reservation,
+    /// The bytes of `states`, likewise.
+    pub(super) state_memory: Reservation,
+    /// The first `rows` positions ran as whole prompt chunks of `chunk` tokens from
+    /// position 0, as any fresh prompt that starts with them runs them.
+    pub(super) grid: Grid,
+    /// This sequence's `--sparse-ffn` setting (a request's `sparse_ffn`); `None`: the
+    /// model's.
+    pub sparse_ffn: Option<SparseFfn>,
+    /// What the model gave for a position's last row (see [`KvCache::keep_output`]).
+    pub(super) kept_output: Option<KeptOutput>,
+}
+
+/// A forward pass's output for a sequence's last new position: every logit, or the
+/// most likely entries.
+#[derive(Clone, Debug)]
+pub enum LastOutput {
+    Logits(Vec<f32>),
+    Top(TopK),
+}
+
+/// The output for the last of a cache's first `len` positions, under `sparse_ffn`.
+#[derive(Debug)]
+pub(super) struct KeptOutput {
+    pub(super) len: usize,
+    pub(super) sparse_ffn: Option<SparseFfn>,
+    pub(super) out: LastOutput,
+}
+
+/// A linear-attention state in a buffer of the model's backend, saved and put back
+/// through the host without the backend at hand.
+pub(super) trait LinState: Send {
+    fn len(&self) -> usize;
+    fn to_host(&self) -> BackendResult<Vec<f32>>;
+    fn write_host(&mut self, data: &[f32]) -> BackendResult<()>;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A buffer and its length (a backend may allocate more).
+pub(super) struct StateBuf<T> {
+    pub(super) buf: T,
+    pub(super) len: usize,
+}
+
+impl<T: HostCopy + Send + 'static> LinState for StateBuf<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn to_host(&self) -> BackendResult<Vec<f32>> {
+        let mut v = self.buf.to_host()?;
+        v.truncate(self.len);
+        Ok(v)
+    }
+
+    fn write_host(&mut self, data: &[f32]) -> BackendResult<()> {
+        self.buf.write_host(data)
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        &mut self.buf
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Grid {
+    pub(super) chunk: usize,
+    pub(super) rows: usize,
+}
+
+impl KvCache {
+    /// Positions already cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes its buffers hold now (keys and values, and linear-attention state).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.memory.bytes() + self.state_memory.bytes()
+    }
+
+    /// Bytes one position takes, over every layer: a full cache is `capacity` times this.
+    pub fn position_bytes(&self) -> u64 {
+        self.position_bytes
+    }
+
+    /// The most of its first `limit` positions that ran as whole prompt chunks from
+    /// position 0 (a multiple of the chunk size). Where the backend's rows depend on the
+    /// chunking ([`Backend::chunking_changes_rows`](strata_backend::Backend::chunking_changes_rows)),
+    /// only these are reused: a fresh prompt that starts with them cuts them into the
+    /// same chunks, and its later chunks start at the same place.
+    pub fn grid_rows(&self, limit: usize) -> usize {
+        let rows = self.grid.rows.min(self.len).min(limit);
+        rows - rows % self.grid.chunk.max(1)
+    }
+
+    /// Records a prompt chunk of `n` tokens from position `start`, in a pass that cuts
+    /// prompts into chunks of `chunk`.
+    pub fn note_prompt_chunk(&mut self, start: usize, n: usize, chunk: usize) {
+        if self.grid.chunk != chunk {
+            self.grid = Grid { chunk, rows: 0 };
+        }
+        if start == self.grid.rows && n == chunk {
+            self.grid.rows += n;
+        }
+    }
+
+    /// Sets its length to `len`, no more than it holds.
+    fn cut_to(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.grid.rows = self.grid.rows.min(self.len);
+        // Positions past `len` may be written again with other tokens.
+        if self.kept_output.as_ref().is_some_and(|k| k.len > self.len) {
+            self.kept_output = None;
+        }
+    }
+
+    /// Keeps `out`, what the model gave for the last position the cache holds now (a
+    /// prompt's last row), so that a request repeating exactly that prompt can start
+    /// from it ([`kept_output`](Self::kept_output)) instead of running its last rows
+    /// again.
+    pub fn keep_output(&mut self, out: LastOutput) {
+        self.kept_output = Some(KeptOutput { len: self.len, sparse_ffn: self.sparse_ffn, out });
+    }
+
+    /// The output [`keep_output`](Self::keep_output) kept, while the cache holds
+    /// exactly the positions it was kept at (going back further, or running other
+    /// tokens there, drops it) and runs under the same `sparse_ffn` setting.
+    pub fn kept_output(&self) -> Option<&LastOutput> {
+        let k = self.kept_output.as_ref()?;
+        (k.len == self.len && k.sparse_ffn == self.sparse_ffn && !self.states_stale).then_some(&k.out)
+    }
+
+    /// A copy of its linear-attention state (`None` for a cache of attention layers
+    /// only), to [`restore_states`](Self::restore_states) later.
+    /// On a GPU this copies the states to the host; a copy that fails gives `None`.
+    pub fn states_snapshot(&self) -> Option<Vec<Vec<f32>>> {
+        if self.states_stale || self.states.iter().all(Option::is_none) {
+            return None;
+        }
+        self.states.iter().map(|s| s.as_ref().map_or(Ok(Vec::new()), |s| s.to_host())).collect::<Result<_, _>>().ok()
+    }
+
+    /// Layer `l`'s state buffer (of backend `B`), `len` floats long; `None` for an
+    /// attention layer, or a cache of another backend.
+    pub(super) fn state_mut<B: Backend>(&mut self, l: usize, len: usize) -> Option<&mut B::Buf> {
+        let s = self.states.get_mut(l)?.as_mut().filter(|s| s.len() == len)?;
+        s.as_any_mut().downcast_mut::<B::Buf>()
+    }
+
+    /// Zeroes the states of a cache that went back (see `states_stale`).
+    pub(super) fn fresh_states(&mut self) -> BackendResult<()> {
+        if std::mem::take(&mut self.states_stale) {
+            for s in self.states.iter_mut().flatten() {
+                s.write_host(&vec![0.0; s.len()])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Goes back to `len` positions with the linear-attention state a
+    /// [`states_snapshot`](Self::states_snapshot) took there (the keys and values
+    /// before `len` are still the cache's own). A snapshot of another shape, or a `len`
+    /// past the cache's, empties it instead.
+    pub fn restore_states(&mut self, len: usize, states: Vec<Vec<f32>>) {
+        let fits = states.len() == self.states.len()
+            && states.iter().zip(&self.states).all(|(a, b)| a.len() == b.as_ref().map_or(0, |b| b.len()));
+        let put = fits
+            && len <= self.len
+            && self.states.iter_mut().zip(&states).all(|(b, a)| b.as_mut().is_none_or(|b| b.write_host(a).is_ok()));
+        match put {
+            true => {
+                self.states_stale = false;
+                self.cut_to(len);
+            }
+            false => {
+                self.states_stale = true;
+                self.cut_to(0);
+            }
+        }
+    }
+
+    /// Empties a cache whose linear-attention state went further than its length (a
+    /// pass that failed part way); a cache of attention layers only is left as it is.
+    pub(super) fn forget_states(&mut self) {
+        if self.states.iter().any(Option::is_some) {
+            self.states_stale = true;
+            self.cut_to(0);
+        }
+    }
+
+    /// Forgets everything after the first `len` positions (for reusing a shared prefix).
+    /// A cache with linear-attention state cannot go back: a shorter `len` empties it
+    /// (check [`len`](Self::len) afterwards).
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.len {
+            self.forget_states();
+        }
+        self.cut_to(len);
+    }
+}
