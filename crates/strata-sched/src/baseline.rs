@@ -1,8 +1,9 @@
 //! The baselines a streaming benchmark compares the production core with
-//! (`--stream-policy lru` and `--stream-policy reload`): no prefetch, a synchronous read on every miss
-//! (all of it stall), and for LRU a cache of the layers read, least recently used first,
-//! under the budget. Reload is the same with nothing cached: its budget is 0. They share
-//! nothing with [`super::stream::Core`] but the reader and the layer type.
+//! (`--stream-policy lru` and `--stream-policy reload`): no prefetch, a synchronous read
+//! on every miss (all of it stall), and for LRU a cache of the layers read, least
+//! recently used first, under the budget. Reload is the same with nothing cached: its
+//! budget is 0. They share nothing with [`super::stream::Core`] but the reader and the
+//! layer type.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
