@@ -15,6 +15,7 @@ use std::sync::Arc;
 use super::config::{Ffn, ModelConfig};
 use super::error::ModelError;
 use super::moe::{MlpBufs, MoeBufs, UnitSource};
+use super::spec::NEURON_SCALE;
 use strata_backend::{Activation, Backend, Rows};
 use strata_quant::ReadF32;
 use strata_sched::SchedError;
@@ -95,7 +96,7 @@ pub fn bundle(up: &HostTensor, down: &HostTensor, group: usize) -> Result<Vec<(S
     let down_row = down.byte_len() / hidden;
     let slice = down_row / (width / group); // one group's share of a down row
     let mut out = Vec::with_capacity(2 * width / group + 1);
-    out.push((SCALE.to_string(), HostTensor::from_f32(&neuron_scale(up, down), vec![width])));
+    out.push((NEURON_SCALE.to_string(), HostTensor::from_f32(&neuron_scale(up, down), vec![width])));
     for g in 0..width / group {
         let up_g = up.rows(g * group, group).ok_or_else(|| format!("cannot take rows of {up:?}"))?;
         let mut bytes = strata_tensor::tensor::AlignedBytes::zeroed(hidden * slice);
@@ -111,10 +112,6 @@ pub fn bundle(up: &HostTensor, down: &HostTensor, group: usize) -> Result<Vec<(S
     }
     Ok(out)
 }
-
-/// The layer-local name of a sparse FFN's per-neuron scale ([`neuron_scale`]), F32
-/// `[width]`, in the layer core.
-pub use super::spec::NEURON_SCALE as SCALE;
 
 /// Per neuron `i`, `‖up_i‖ · ‖down[:, i]‖` (the values the stored blocks stand for): how
 /// much the neuron's output can weigh per unit of `act(gate_i · x)`, since `|up_i · x| ≤
@@ -345,7 +342,7 @@ mod tests {
         let b = bundle(&up_t, &down_t, 32).unwrap();
         assert_eq!(b.len(), 5);
         // The scale first: ‖up_i‖ · ‖down[:, i]‖ of the values the blocks stand for.
-        assert_eq!(b[0].0, SCALE);
+        assert_eq!(b[0].0, NEURON_SCALE);
         let (scale, upf, downf) = (b[0].1.to_f32_vec(), up_t.to_f32_vec(), down_t.to_f32_vec());
         let norm = |v: Vec<f32>| v.iter().map(|x| (x * x) as f64).sum::<f64>().sqrt();
         let want =

@@ -283,7 +283,8 @@ static QWEN35_MOE: [TensorName; 29] = hybrid!(qwen_moe;
 pub const EMBED: (&str, &str) = ("model.embed_tokens.weight", "token_embd.weight");
 pub const OUTPUT_NORM: (&str, &str) = ("model.norm.weight", "output_norm.weight");
 pub const OUTPUT: (&str, &str) = ("lm_head.weight", "output.weight");
-/// A sparse FFN's per-neuron scale (layer-local), beside its neuron-group bundles.
+/// The layer-local name of a sparse FFN's per-neuron scale (`sparse::neuron_scale`), F32
+/// `[width]`, in the layer core beside its neuron-group bundles.
 pub const NEURON_SCALE: &str = "mlp.neuron_scale";
 
 /// Everything that distinguishes one dense family from another.

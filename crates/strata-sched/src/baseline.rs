@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::io::AlignedBuf;
 use super::layout::Reader;
 use super::plan::{ResidencyPlan, RuntimeBudget};
-use super::stream::{BufHome, RingBuf, lock};
+use super::stream::{BufHome, LentBuf, lock};
 use super::{Build, CoreHandle, Policy, SchedError, SchedStats, SchedSummary, Streamer};
 
 /// Read buffers that came back from layers dropped, so that a baseline pays no
@@ -94,7 +94,7 @@ impl<L: Send + Sync + 'static> Streamer<L> for Baseline<L> {
         let read = self.reader.read(i, &mut buf).and_then(|()| self.reader.fix(i, &mut buf));
         self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let home: Weak<Pool> = Arc::downgrade(&self.pool);
-        let buf = RingBuf::lend(buf, home);
+        let buf = LentBuf::lend(buf, home);
         read?;
         let layer = Arc::new((self.build)(&self.reader.tensors(i, buf))?);
         let bytes = self.layer_bytes[i];

@@ -121,22 +121,22 @@ pub(super) trait BufHome: Send + Sync {
 
 /// A read buffer lent to the compute: the tensors of a streamed layer view it, and it
 /// goes back to its home when the last of them drops (unless it was kept as a resident
-/// layer, see [`RingBuf::keep`]).
-pub(super) struct RingBuf {
+/// layer, see [`LentBuf::keep`]).
+pub(super) struct LentBuf {
     buf: AlignedBuf,
     home: Weak<dyn BufHome>,
     kept: AtomicBool,
 }
 
-impl ByteSource for RingBuf {
+impl ByteSource for LentBuf {
     fn bytes(&self) -> &[u8] {
         self.buf.as_slice()
     }
 }
 
-impl RingBuf {
-    pub(super) fn lend(buf: AlignedBuf, home: Weak<dyn BufHome>) -> Arc<RingBuf> {
-        Arc::new(RingBuf { buf, home, kept: AtomicBool::new(false) })
+impl LentBuf {
+    pub(super) fn lend(buf: AlignedBuf, home: Weak<dyn BufHome>) -> Arc<LentBuf> {
+        Arc::new(LentBuf { buf, home, kept: AtomicBool::new(false) })
     }
 
     /// Takes the buffer out of `ring` (its home, whose lock the caller holds) for good: a
@@ -148,7 +148,7 @@ impl RingBuf {
     }
 }
 
-impl Drop for RingBuf {
+impl Drop for LentBuf {
     fn drop(&mut self) {
         if self.kept.load(Ordering::Relaxed) {
             return;
@@ -200,7 +200,7 @@ impl Alloc {
     }
 }
 
-/// The production streaming core (`--policy pinned`): the plan's layers resident, the rest
+/// The production streaming core (`--stream-policy pinned`): the plan's layers resident, the rest
 /// read ahead by the I/O thread.
 pub(super) struct Core<L> {
     reader: Arc<Reader>,
@@ -363,7 +363,7 @@ impl<L: Send + Sync + 'static> Core<L> {
     /// by: the buffer itself where the compute reads host memory, else a copy of its own
     /// on the device (not a slot of the ring), from the buffer or read again when the
     /// layer went to the device without passing the host.
-    fn admit(&self, i: usize, layer: &Arc<L>, buf: Option<Arc<RingBuf>>) -> Result<(), SchedError> {
+    fn admit(&self, i: usize, layer: &Arc<L>, buf: Option<Arc<LentBuf>>) -> Result<(), SchedError> {
         let own = match (&self.stage, buf) {
             (None, Some(buf)) => {
                 let mut state = lock(&self.shared.state);
@@ -407,9 +407,9 @@ impl<L: Send + Sync + 'static> Core<L> {
 
     /// Wraps a buffer read for the compute so that it comes back to the ring when the
     /// layer's tensors drop.
-    fn lend(&self, buf: AlignedBuf) -> Arc<RingBuf> {
+    fn lend(&self, buf: AlignedBuf) -> Arc<LentBuf> {
         let home: Weak<Shared<L>> = Arc::downgrade(&self.shared);
-        RingBuf::lend(buf, home)
+        LentBuf::lend(buf, home)
     }
 
     /// Waits for the I/O thread to deliver layer `i`, redirecting it first if `i` is not

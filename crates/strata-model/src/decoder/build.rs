@@ -125,9 +125,13 @@ pub(super) fn build_layer<B: Backend>(
         false if c.neuron_group.is_some() => {
             let group = c.neuron_group.unwrap_or(i);
             let gate = upload(&req(Role::Gate, host(Role::Gate)?)?)?;
-            let scale = lt.get(sparse::SCALE)?.to_f32_vec();
+            let scale = lt.get(spec::NEURON_SCALE)?.to_f32_vec();
             if scale.len() != i {
-                return Err(build_err(format!("`{}` holds {} values for {i} neurons", sparse::SCALE, scale.len())));
+                return Err(build_err(format!(
+                    "`{}` holds {} values for {i} neurons",
+                    spec::NEURON_SCALE,
+                    scale.len()
+                )));
             }
             // The layer carries its groups only when it is loaded whole.
             let groups = match lt.tensors.contains_key(&neuron_names(0)[0]) {
