@@ -18,7 +18,8 @@ fn temp_dir(tag: &str) -> PathBuf {
 
 /// Builds the fake driver into `dir/libcuda.so.1`; `None` without a C compiler.
 fn fake_driver(dir: &Path) -> Option<PathBuf> {
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/fake_libcuda.c");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/support/fake_libcuda.c");
+    assert!(Path::new(src).is_file(), "{src} is missing");
     let out = dir.join("libcuda.so.1");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let built = Command::new(cc).args(["-shared", "-fPIC", "-o"]).arg(&out).arg(src).status();
