@@ -46,3 +46,16 @@ extern "C" __global__ void __launch_bounds__(1024) add_rows_f32(float* __restric
         }
     }
 }
+
+// dst[r * dst_stride + j] = src[r * src_stride + j] for r < n_rows, j < width: a block of
+// columns copied between row-major buffers (one head's part of a row of heads). The
+// pointers are already offset to each block's first column.
+extern "C" __global__ void __launch_bounds__(1024) copy_cols_f32(const float* __restrict__ src, unsigned int src_stride,
+                                                                 float* __restrict__ dst, unsigned int dst_stride,
+                                                                 unsigned int width, unsigned int n_rows) {
+    ROW_LOOP(r, n_rows) {
+        const float* s = src + (unsigned long long)r * src_stride;
+        float* d = dst + (unsigned long long)r * dst_stride;
+        COL_LOOP(j, (unsigned long long)width) { d[j] = s[j]; }
+    }
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use strata::backend::cpu::CpuBackend;
-use strata::backend::{Activation, AttnParams, Backend, BackendError, BackendResult, RopeFreqs, Rows, TopK, Unary};
+use strata::backend::{Activation, AttnParams, Backend, BackendError, Cols, BackendResult, RopeFreqs, Rows, TopK, Unary};
 use strata::model::config::ModelConfig;
 use strata::model::decoder::{DecoderModel, KvCache, ModelError, SeqStep};
 use strata::model::demo::demo_source;
@@ -95,6 +95,17 @@ impl Backend for Recording {
         dst_row: usize,
     ) -> BackendResult<()> {
         self.cpu.copy_rows(src, rows, row_len, dst, dst_row)
+    }
+    fn copy_cols(
+        &self,
+        src: &Vec<f32>,
+        from: Cols,
+        dst: &mut Vec<f32>,
+        to: Cols,
+        rows: usize,
+        width: usize,
+    ) -> BackendResult<()> {
+        self.cpu.copy_cols(src, from, dst, to, rows, width)
     }
     fn attention(
         &self,

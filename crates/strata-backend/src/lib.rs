@@ -120,6 +120,28 @@ impl Rows<'_> {
     }
 }
 
+/// Where a block of columns sits in a row-major buffer: rows `stride` values apart, the
+/// block starting at value `col` of each ([`Backend::copy_cols`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cols {
+    pub stride: usize,
+    pub col: usize,
+}
+
+impl Cols {
+    pub fn new(stride: usize, col: usize) -> Self {
+        Cols { stride, col }
+    }
+
+    /// The values a block of `rows` rows of `width` reaches: its end in the buffer.
+    pub fn end(self, rows: usize, width: usize) -> usize {
+        match rows {
+            0 => 0,
+            _ => (rows - 1) * self.stride + self.col + width,
+        }
+    }
+}
+
 /// The activation of a gated MLP (`act(gate) * up`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -368,6 +390,18 @@ pub trait Backend: Send + Sync + 'static {
         row_len: usize,
         dst: &mut Self::Buf,
         dst_row: usize,
+    ) -> BackendResult<()>;
+    /// Copies `width` values of each of `rows` rows: row `r`'s values from
+    /// `src[r * from.stride + from.col..]` to `dst[r * to.stride + to.col..]` (one
+    /// head's part of a row of heads, gathered into a buffer of its own or put back).
+    fn copy_cols(
+        &self,
+        src: &Self::Buf,
+        from: Cols,
+        dst: &mut Self::Buf,
+        to: Cols,
+        rows: usize,
+        width: usize,
     ) -> BackendResult<()>;
     /// Causal attention of query rows `row0..row0 + rows` of `q` (`n_heads * head_dim`
     /// wide) over cached keys and values (`n_kv_heads * head_dim` wide, already holding

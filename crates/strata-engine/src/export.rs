@@ -170,6 +170,9 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
 fn metadata(src: &ModelSource, name: &str) -> anyhow::Result<Metadata> {
     let c = &src.config;
     let a = gguf_arch(c);
+    if c.mla.is_some() {
+        anyhow::bail!("exporting a latent-attention model ({}) to GGUF is not supported", c.arch.name());
+    }
     let mut m: Metadata = Vec::new();
     let mut put = |k: &str, v: GgufValue| m.push((k.to_string(), v));
     let u = |x: usize| GgufValue::U32(x as u32);
@@ -243,6 +246,14 @@ fn metadata(src: &ModelSource, name: &str) -> anyhow::Result<Metadata> {
         // The per-frequency divisors go in `rope_freqs.weight` (see `plan`).
         RopeScaling::Llama3 { original_max_position, .. } => {
             put(&format!("{a}.rope.scaling.original_context_length"), u(original_max_position as usize));
+        }
+        RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, attention_factor, .. } => {
+            put(&format!("{a}.rope.scaling.type"), GgufValue::String("yarn".into()));
+            put(&format!("{a}.rope.scaling.factor"), GgufValue::F32(factor));
+            put(&format!("{a}.rope.scaling.original_context_length"), u(original_max_position as usize));
+            put(&format!("{a}.rope.scaling.yarn_beta_fast"), GgufValue::F32(beta_fast));
+            put(&format!("{a}.rope.scaling.yarn_beta_slow"), GgufValue::F32(beta_slow));
+            put(&format!("{a}.rope.scaling.yarn_attn_factor"), GgufValue::F32(attention_factor));
         }
     }
     Ok(m)

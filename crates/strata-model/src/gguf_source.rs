@@ -141,7 +141,7 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
             };
             // llama.cpp's graphs fix this per family (its `build_moe_ffn(..., norm_w)`).
             let norm_topk_prob = arch != Arch::Qwen2Moe;
-            Some(MoeConfig { n_experts, top_k, expert_size, shared_expert_size, norm_topk_prob })
+            Some(MoeConfig { shared_expert_size, norm_topk_prob, ..MoeConfig::softmax(n_experts, top_k, expert_size) })
         }
         _ => None,
     };
@@ -218,6 +218,8 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
         linear_attn: None,
         attn_output_gate: false,
         neuron_group: None,
+        mla: None,
+        nextn_layers: 0,
     };
     if matches!(arch, Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe) {
         // The gated delta rule: `ssm.group_count` key heads of `ssm.state_size`,

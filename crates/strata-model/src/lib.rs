@@ -8,6 +8,7 @@ pub mod demo;
 pub mod error;
 pub mod gguf_source;
 pub mod gguf_vocab;
+pub mod mla;
 pub mod moe;
 pub mod shapes;
 pub mod sparse;

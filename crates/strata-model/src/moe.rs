@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::config::{ModelConfig, MoeConfig};
+use super::config::{ModelConfig, MoeConfig, Scoring};
 use super::error::ModelError;
 use strata_backend::{Backend, Rows};
 use strata_sched::SchedError;
@@ -23,8 +23,10 @@ pub struct Mlp<B: Backend> {
 /// What a MoE layer's core holds for its feed-forward block.
 pub struct MoeWeights<B: Backend> {
     pub router: B::Weight, // (n_experts, hidden)
-    /// The shared expert and its gate (`(1, hidden)`), Qwen2-MoE.
-    pub shared: Option<(Mlp<B>, B::Weight)>,
+    /// The bias each expert's score gets to choose (`e_score_correction_bias`).
+    pub choice_bias: Option<Vec<f32>>,
+    /// The shared expert and its gate (`(1, hidden)`, Qwen2-MoE; none: added as it is).
+    pub shared: Option<(Mlp<B>, Option<B::Weight>)>,
     /// Every routed expert, when the layer is loaded whole (the baseline that reads
     /// every expert); `None` when they come from the expert cache.
     pub experts: Option<Vec<Arc<Mlp<B>>>>,
@@ -82,31 +84,68 @@ pub trait UnitSource<U> {
     fn units(&self, layer: usize, ids: &[usize], each: &mut EachUnit<'_, U>) -> Result<(), ModelError>;
 }
 
-/// Each row's experts and their weights, as transformers routes: softmax over every
-/// expert's score, the `top_k` most probable (the lower index first on ties), and those
-/// probabilities rescaled to sum to 1 when `norm_topk_prob`.
-pub fn route(logits: &[f32], m: &MoeConfig) -> Vec<(Vec<u32>, Vec<f32>)> {
+/// Each row's experts and their weights, as transformers routes: the scores (softmax
+/// over every expert's logit, or each one's sigmoid); the `top_k` best (the lower index
+/// first on ties) of the scores plus `bias` when given, among the experts of the
+/// `groups_used` groups whose two best biased scores sum highest when the experts are
+/// grouped (the others count as 0, as transformers masks them); weighted by their
+/// scores, rescaled to sum to 1 when `norm_topk_prob`, times `routed_scale`.
+pub fn route(logits: &[f32], m: &MoeConfig, bias: Option<&[f32]>) -> Vec<(Vec<u32>, Vec<f32>)> {
+    let n = m.n_experts;
     logits
-        .chunks_exact(m.n_experts)
+        .chunks_exact(n)
         .map(|row| {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let exp: Vec<f32> = row.iter().map(|&z| (z - max).exp()).collect();
-            let sum: f32 = exp.iter().sum();
-            let mut order: Vec<u32> = (0..m.n_experts as u32).collect();
-            // NaN scores sort last, so a broken router never picks them first.
-            order.sort_by(|&a, &b| {
-                let (pa, pb) = (exp[a as usize], exp[b as usize]);
-                pb.partial_cmp(&pa).unwrap_or_else(|| pa.is_nan().cmp(&pb.is_nan())).then(a.cmp(&b))
-            });
-            order.truncate(m.top_k);
-            let mut w: Vec<f32> = order.iter().map(|&e| exp[e as usize] / sum).collect();
+            let scores: Vec<f32> = match m.scoring {
+                Scoring::Softmax => {
+                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let exp: Vec<f32> = row.iter().map(|&z| (z - max).exp()).collect();
+                    let sum: f32 = exp.iter().sum();
+                    exp.iter().map(|&e| e / sum).collect()
+                }
+                Scoring::Sigmoid => row.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect(),
+            };
+            let mut choice: Vec<f32> = match bias {
+                Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+                None => scores.clone(),
+            };
+            if m.groups > 1 {
+                let per = n / m.groups;
+                let group_score = |g: usize| {
+                    let best = most(&choice[g * per..(g + 1) * per], 2);
+                    best.iter().map(|&i| choice[g * per + i as usize]).sum::<f32>()
+                };
+                let sums: Vec<f32> = (0..m.groups).map(group_score).collect();
+                let kept = most(&sums, m.groups_used);
+                for g in (0..m.groups).filter(|g| !kept.contains(&(*g as u32))) {
+                    choice[g * per..(g + 1) * per].fill(0.0);
+                }
+            }
+            let order = most(&choice, m.top_k);
+            let mut w: Vec<f32> = order.iter().map(|&e| scores[e as usize]).collect();
             if m.norm_topk_prob {
-                let total: f32 = w.iter().sum();
+                // transformers adds 1e-20 to the sum of sigmoid scores (softmax ones are
+                // never all zero).
+                let total: f32 = w.iter().sum::<f32>() + if m.scoring == Scoring::Sigmoid { 1e-20 } else { 0.0 };
                 w.iter_mut().for_each(|x| *x /= total);
+            }
+            if m.routed_scale != 1.0 {
+                w.iter_mut().for_each(|x| *x *= m.routed_scale);
             }
             (order, w)
         })
         .collect()
+}
+
+/// The indices of the `k` largest values, largest first (the lower index first on
+/// ties); NaN sorts last, so a broken router never picks it first.
+fn most(values: &[f32], k: usize) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..values.len() as u32).collect();
+    order.sort_by(|&a, &b| {
+        let (pa, pb) = (values[a as usize], values[b as usize]);
+        pb.partial_cmp(&pa).unwrap_or_else(|| pa.is_nan().cmp(&pb.is_nan())).then(a.cmp(&b))
+    });
+    order.truncate(k);
+    order
 }
 
 /// The experts each row would be routed to if layer `l`'s router were applied to the
@@ -126,7 +165,8 @@ pub fn guess<B: Backend>(
     let Some(m) = c.moe else { return Ok(Vec::new()) };
     be.rms_norm(x, rows, ffn_norm, c.rms_norm_eps, normed)?;
     be.matmul(normed, rows, &w.router, &mut moe.logits)?;
-    Ok(route(&be.download(&moe.logits, rows * m.n_experts)?, &m).into_iter().map(|(ids, _)| ids).collect())
+    let routing = route(&be.download(&moe.logits, rows * m.n_experts)?, &m, w.choice_bias.as_deref());
+    Ok(routing.into_iter().map(|(ids, _)| ids).collect())
 }
 
 /// Of the experts `taken`, how many `guessed` named (row by row), and how many there were.
@@ -228,7 +268,7 @@ pub fn moe_forward<B: Backend>(
     let seq_of: Vec<usize> = seq_rows.iter().enumerate().flat_map(|(s, &n)| std::iter::repeat_n(s, n)).collect();
     // Phase 1: the router, on the host (its choice drives what is read).
     be.matmul_seqs(input, seq_rows, &w.router, &mut moe.logits)?;
-    let routing = route(&be.download(&moe.logits, rows * m.n_experts)?, &m);
+    let routing = route(&be.download(&moe.logits, rows * m.n_experts)?, &m, w.choice_bias.as_deref());
     let mut by_expert: BTreeMap<usize, (Vec<u32>, Vec<f32>)> = BTreeMap::new();
     for (row, (ids, weights)) in routing.iter().enumerate() {
         for (&e, &wt) in ids.iter().zip(weights) {
@@ -242,10 +282,15 @@ pub fn moe_forward<B: Backend>(
 
     be.unary(out, rows * h, strata_backend::Unary::Scale(0.0))?;
     if let Some((shared, gate)) = &w.shared {
-        be.matmul_seqs(input, seq_rows, gate, &mut moe.logits)?;
-        let scale: Vec<f32> = be.download(&moe.logits, rows)?.iter().map(|&g| 1.0 / (1.0 + (-g).exp())).collect();
+        let scale = match gate {
+            Some(gate) => {
+                be.matmul_seqs(input, seq_rows, gate, &mut moe.logits)?;
+                Some(be.download(&moe.logits, rows)?.iter().map(|&g| 1.0 / (1.0 + (-g).exp())).collect::<Vec<f32>>())
+            }
+            None => None,
+        };
         mlp_forward(be, c, shared, input, seq_rows, bufs, &mut moe.ye)?;
-        be.add_rows(out, &moe.ye, h, Rows::first(rows), Some(&scale))?;
+        be.add_rows(out, &moe.ye, h, Rows::first(rows), scale.as_deref())?;
     }
     // Phase 2: exactly the routed experts (all reads issued together), each computed
     // over its rows as it arrives, in expert order (so the sum is the same whatever the
@@ -269,19 +314,19 @@ mod tests {
     use super::*;
 
     fn cfg(top_k: usize, norm: bool) -> MoeConfig {
-        MoeConfig { n_experts: 4, top_k, expert_size: 8, shared_expert_size: None, norm_topk_prob: norm }
+        MoeConfig { norm_topk_prob: norm, ..MoeConfig::softmax(4, top_k, 8) }
     }
 
     #[test]
     fn routing_takes_the_most_probable_experts() {
         let logits = [0.0, 2.0, 1.0, 2.0, /* row 2 */ 5.0, 0.0, 0.0, 0.0];
-        let r = route(&logits, &cfg(2, false));
+        let r = route(&logits, &cfg(2, false), None);
         // Ties go to the lower index.
         assert_eq!(r[0].0, vec![1, 3]);
         let p = (2.0f32).exp() / (1.0 + 2.0 * (2.0f32).exp() + 1.0f32.exp());
         assert!((r[0].1[0] - p).abs() < 1e-6 && (r[0].1[1] - p).abs() < 1e-6);
         assert_eq!(r[1].0[0], 0);
-        let n = route(&logits, &cfg(2, true));
+        let n = route(&logits, &cfg(2, true), None);
         assert!((n[0].1.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!((n[0].1[0] - 0.5).abs() < 1e-6);
     }
@@ -295,7 +340,35 @@ mod tests {
 
     #[test]
     fn a_nan_score_is_never_chosen_first() {
-        let r = route(&[f32::NAN, 1.0, 0.0, -1.0], &cfg(1, true));
+        let r = route(&[f32::NAN, 1.0, 0.0, -1.0], &cfg(1, true), None);
         assert_eq!(r[0].0, vec![1]);
+    }
+
+    /// DeepSeek-V3's routing: the bias moves the choice, not the weights; only experts
+    /// of the best groups are chosen; the weights are renormalized, then scaled.
+    #[test]
+    fn grouped_sigmoid_routing_chooses_by_bias_and_group() {
+        let m = MoeConfig {
+            scoring: Scoring::Sigmoid,
+            choice_bias: true,
+            groups: 2,
+            groups_used: 1,
+            norm_topk_prob: true,
+            routed_scale: 2.0,
+            ..MoeConfig::softmax(4, 2, 8)
+        };
+        // Group 0 = experts 0, 1; group 1 = experts 2, 3.
+        let logits = [2.0, -1.0, 1.0, 0.5];
+        let sig = |z: f32| 1.0 / (1.0 + (-z).exp());
+        // Unbiased, group 1 scores higher (0.73 + 0.62 against 0.88 + 0.27).
+        let (ids, w) = route(&logits, &m, Some(&[0.0; 4])).remove(0);
+        assert_eq!(ids, vec![2, 3]);
+        let total = sig(1.0) + sig(0.5);
+        assert!((w[0] - 2.0 * sig(1.0) / total).abs() < 1e-6 && (w[1] - 2.0 * sig(0.5) / total).abs() < 1e-6);
+        // A bias on expert 1 brings group 0 ahead; the weights are still the plain scores.
+        let (ids, w) = route(&logits, &m, Some(&[0.0, 0.5, 0.0, 0.0])).remove(0);
+        assert_eq!(ids, vec![0, 1]);
+        let total = sig(2.0) + sig(-1.0);
+        assert!((w[0] - 2.0 * sig(2.0) / total).abs() < 1e-6 && (w[1] - 2.0 * sig(-1.0) / total).abs() < 1e-6);
     }
 }

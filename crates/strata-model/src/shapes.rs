@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::config::{Ffn, LinearAttnConfig, Mixer, ModelConfig, MoeConfig};
+use super::config::{Ffn, LinearAttnConfig, Mixer, MlaConfig, ModelConfig, MoeConfig};
 use super::spec::{ArchSpec, EMBED, OUTPUT, OUTPUT_NORM, QkNorm, Role};
 use strata_tensor::tensor::HostTensor;
 
@@ -16,14 +16,26 @@ impl ArchSpec {
         let qk_norm = self.qk_norm != QkNorm::None;
         let moe = c.layers.get(l).is_some_and(|l| l.ffn == Ffn::Moe);
         let shared = moe && c.moe.is_some_and(|m| m.shared_expert_size.is_some());
+        let shared_gated = shared && c.moe.is_some_and(|m| m.shared_gated);
+        let choice_bias = moe && c.moe.is_some_and(|m| m.choice_bias);
+        let latent = c.layers.get(l).is_some_and(|l| l.mixer == Mixer::Latent);
+        let q_lora = latent && c.mla.is_some_and(|a| a.q_lora_rank.is_some());
+        let split_kv_b = c.mla.is_some_and(|a| a.split_kv_b);
         let linear = c.layers.get(l).is_some_and(|l| l.mixer == Mixer::Linear);
         let gguf = c.linear_attn.is_some_and(|la| la.gguf_layout);
         // Qwen3.5 always holds its projections apart; Qwen3-Next only from a GGUF.
         let apart = gguf || self.tensor(Role::LinQkvz).is_none();
         self.tensors.iter().map(|t| t.role).filter(move |r| match r {
-            Role::Q | Role::K | Role::V | Role::O | Role::Qkv => !linear,
-            Role::QBias | Role::KBias | Role::VBias => bias && !linear,
-            Role::QNorm | Role::KNorm => qk_norm && !linear,
+            Role::Q => !linear && !q_lora,
+            Role::O => !linear,
+            Role::K | Role::V | Role::Qkv => !linear && !latent,
+            Role::QBias | Role::KBias | Role::VBias => bias && !linear && !latent,
+            Role::QNorm | Role::KNorm => qk_norm && !linear && !latent,
+            Role::MlaQA | Role::MlaQANorm | Role::MlaQB => q_lora,
+            Role::MlaKvA | Role::MlaKvANorm => latent,
+            Role::MlaKvB => latent && !split_kv_b,
+            Role::MlaKB | Role::MlaVB => latent && split_kv_b,
+            Role::RouterBias => choice_bias,
             Role::LinQkvz | Role::LinALog => linear && !gguf,
             Role::LinNegA => linear && gguf,
             Role::LinQkv | Role::LinZ => linear && apart,
@@ -32,7 +44,8 @@ impl ArchSpec {
             }
             Role::Gate | Role::Up | Role::GateUp | Role::Down => !moe,
             Role::Router | Role::ExpertGate | Role::ExpertUp | Role::ExpertDown => moe,
-            Role::SharedGate | Role::SharedUp | Role::SharedDown | Role::SharedExpertGate => shared,
+            Role::SharedGate | Role::SharedUp | Role::SharedDown => shared,
+            Role::SharedExpertGate => shared_gated,
             _ => true,
         })
     }
@@ -99,7 +112,14 @@ pub fn check_tensors(c: &ModelConfig, tensors: &HashMap<String, HostTensor>) -> 
     }
     // Tolerated extras: a head saved beside tied embeddings, and the RoPE tables old
     // checkpoints carry (recomputed from the config).
-    let tolerated = |name: &str| (name == OUTPUT.0 && c.tie_word_embeddings) || name.ends_with("rotary_emb.inv_freq");
+    // And the multi-token-prediction layers stored after the last decoder layer.
+    let nextn = |name: &str| {
+        let layer = name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+        layer.is_some_and(|l| l >= c.n_layers && l < c.n_layers + c.nextn_layers)
+    };
+    let tolerated = |name: &str| {
+        (name == OUTPUT.0 && c.tie_word_embeddings) || name.ends_with("rotary_emb.inv_freq") || nextn(name)
+    };
     match tensors.keys().find(|n| !want.contains_key(*n) && !tolerated(n)) {
         Some(name) => Err(TensorError::Unexpected { name: name.clone(), arch: spec.hf_type }),
         None => Ok(()),
@@ -112,13 +132,18 @@ impl Role {
         let (h, i) = (c.hidden_size, c.intermediate_size);
         let (q, kv) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
         let whole = c.spec().qk_norm == QkNorm::Whole;
-        let moe = c.moe.unwrap_or(MoeConfig {
-            n_experts: 0,
-            top_k: 0,
-            expert_size: 0,
-            shared_expert_size: None,
-            norm_topk_prob: false,
+        let moe = c.moe.unwrap_or(MoeConfig::softmax(0, 0, 0));
+        let mla = c.mla.unwrap_or(MlaConfig {
+            q_lora_rank: None,
+            kv_lora_rank: 0,
+            qk_nope_head_dim: 0,
+            qk_rope_head_dim: 0,
+            v_head_dim: 0,
+            rope_interleave: false,
+            split_kv_b: false,
         });
+        let mla_q = c.n_heads * mla.qk_head_dim();
+        let q_rank = mla.q_lora_rank.unwrap_or(0);
         let shared = moe.shared_expert_size.unwrap_or(0);
         let la = c.linear_attn.unwrap_or(LinearAttnConfig {
             n_k_heads: 0,
@@ -133,12 +158,23 @@ impl Role {
         let q_rows = if c.attn_output_gate { 2 * q } else { q };
         match self {
             Role::AttnNorm | Role::AttnPostNorm | Role::FfnNorm | Role::FfnPostNorm => vec![h],
+            Role::Q if c.mla.is_some() => vec![mla_q, h],
             Role::Q => vec![q_rows, h],
             Role::K | Role::V => vec![kv, h],
             Role::Qkv => vec![q + 2 * kv, h],
             Role::QBias => vec![q],
             Role::KBias | Role::VBias => vec![kv],
+            Role::O if c.mla.is_some() => vec![h, c.n_heads * mla.v_head_dim],
             Role::O => vec![h, q],
+            Role::MlaQA => vec![q_rank, h],
+            Role::MlaQANorm => vec![q_rank],
+            Role::MlaQB => vec![mla_q, q_rank],
+            Role::MlaKvA => vec![mla.cache_width(), h],
+            Role::MlaKvANorm => vec![mla.kv_lora_rank],
+            Role::MlaKvB => vec![c.n_heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank],
+            Role::MlaKB => vec![c.n_heads, mla.kv_lora_rank, mla.qk_nope_head_dim],
+            Role::MlaVB => vec![c.n_heads, mla.v_head_dim, mla.kv_lora_rank],
+            Role::RouterBias => vec![moe.n_experts],
             Role::QNorm => vec![if whole { q } else { c.head_dim }],
             Role::KNorm => vec![if whole { kv } else { c.head_dim }],
             Role::Gate => vec![i, h],

@@ -30,6 +30,7 @@ pub enum Arch {
     Qwen3Next,
     Qwen35,
     Qwen35Moe,
+    DeepseekV3,
 }
 
 /// What a tensor of a decoder layer is for.
@@ -96,6 +97,25 @@ pub enum Role {
     LinZ,
     LinB,
     LinA,
+    /// Multi-head latent attention (DeepSeek-V3): the query's down-projection to its
+    /// rank, that rank's norm and the up-projection to every head's query (`Q` when the
+    /// query has no bottleneck).
+    MlaQA,
+    MlaQANorm,
+    MlaQB,
+    /// The projection to the shared latent and the shared RoPE key, and the latent's norm.
+    MlaKvA,
+    MlaKvANorm,
+    /// The latent's up-projection to each head's key (no RoPE part) and value, head by
+    /// head (`(n_heads * (qk_nope + v), kv_lora)`).
+    MlaKvB,
+    /// The same as llama.cpp's converter splits it: each head's key part transposed
+    /// (`(n_heads, kv_lora, qk_nope)`) and its value part (`(n_heads, v, kv_lora)`).
+    MlaKB,
+    MlaVB,
+    /// A bias per routed expert added to its score to choose, not to weight
+    /// (`e_score_correction_bias`).
+    RouterBias,
 }
 
 /// Where a block's norms sit around attention and the MLP (`f`).
@@ -279,6 +299,38 @@ static QWEN35_MOE: [TensorName; 29] = hybrid!(qwen_moe;
     t(Role::LinA, "linear_attn.in_proj_a.weight", "ssm_alpha.weight"),
 );
 
+/// DeepSeek-V3 (and Kimi-K2, which shares its architecture): latent attention, dense
+/// MLPs in the first `first_k_dense_replace` layers, then routed experts beside shared
+/// ones, chosen with a bias.
+static DEEPSEEK: [TensorName; 24] = [
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    t(Role::MlaQA, "self_attn.q_a_proj.weight", "attn_q_a.weight"),
+    t(Role::MlaQANorm, "self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"),
+    t(Role::MlaQB, "self_attn.q_b_proj.weight", "attn_q_b.weight"),
+    t(Role::MlaKvA, "self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"),
+    t(Role::MlaKvANorm, "self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"),
+    t(Role::MlaKvB, "self_attn.kv_b_proj.weight", "attn_kv_b.weight"),
+    t(Role::MlaKB, "self_attn.k_b_proj.weight", "attn_k_b.weight"),
+    t(Role::MlaVB, "self_attn.v_b_proj.weight", "attn_v_b.weight"),
+    t(Role::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Role::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
+    t(Role::Up, "mlp.up_proj.weight", "ffn_up.weight"),
+    t(Role::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+    t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
+    t(Role::RouterBias, "mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),
+    t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
+    t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
+    t(Role::ExpertDown, "mlp.experts.*.down_proj.weight", "ffn_down_exps.weight"),
+    t(Role::SharedGate, "mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"),
+    t(Role::SharedUp, "mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"),
+    t(Role::SharedDown, "mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"),
+    // Never in a checkpoint of this family: here so that the shared expert's roles are
+    // complete (a layer holds it only when the config gates the shared expert).
+    t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+];
+
 /// The tensors outside the layers: (Hugging Face name, llama.cpp name).
 pub const EMBED: (&str, &str) = ("model.embed_tokens.weight", "token_embd.weight");
 pub const OUTPUT_NORM: (&str, &str) = ("model.norm.weight", "output_norm.weight");
@@ -331,7 +383,7 @@ const GEMMA2: ArchSpec = ArchSpec {
     ..spec(Arch::Gemma2, "gemma2", "gemma2", &GEMMA)
 };
 
-pub static SPECS: [ArchSpec; 17] = [
+pub static SPECS: [ArchSpec; 18] = [
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Llama, "llama", "llama", &LLAMA) },
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mistral, "mistral", "mistral", &LLAMA) },
     spec(Arch::Qwen2, "qwen2", "qwen2", &LLAMA),
@@ -374,6 +426,9 @@ pub static SPECS: [ArchSpec; 17] = [
         hf_norm_offset: true,
         ..spec(Arch::Qwen35Moe, "qwen3_5_moe_text", "qwen35moe", &QWEN35_MOE)
     },
+    // The keys' and queries' RoPE parts come interleaved (`rope_interleave`, GGML's
+    // "normal" RoPE in llama.cpp's `deepseek2`).
+    spec(Arch::DeepseekV3, "deepseek_v3", "deepseek2", &DEEPSEEK),
 ];
 
 impl Arch {
@@ -432,7 +487,14 @@ impl Role {
     pub fn is_norm(self) -> bool {
         matches!(
             self,
-            Role::AttnNorm | Role::AttnPostNorm | Role::FfnNorm | Role::FfnPostNorm | Role::QNorm | Role::KNorm
+            Role::AttnNorm
+                | Role::AttnPostNorm
+                | Role::FfnNorm
+                | Role::FfnPostNorm
+                | Role::QNorm
+                | Role::KNorm
+                | Role::MlaQANorm
+                | Role::MlaKvANorm
         )
     }
 }

@@ -5,7 +5,7 @@ mod kv;
 pub mod matmul;
 
 use super::delta::{self, DeltaRule, DeltaWeights};
-use super::{Activation, AttnParams, Backend, BackendError, BackendResult, KvType, RopeFreqs, Rows, TopK, Unary};
+use super::{Activation, AttnParams, Backend, Cols, BackendError, BackendResult, KvType, RopeFreqs, Rows, TopK, Unary};
 use strata_quant::ReadF32;
 use strata_tensor::team;
 use strata_tensor::tensor::HostTensor;
@@ -304,6 +304,32 @@ impl Backend for CpuBackend {
                     o.copy_from_slice(&src[r as usize * row_len..][..row_len]);
                 }
             }
+        }
+        Ok(())
+    }
+
+    fn copy_cols(
+        &self,
+        src: &Vec<f32>,
+        from: Cols,
+        dst: &mut Vec<f32>,
+        to: Cols,
+        rows: usize,
+        width: usize,
+    ) -> BackendResult<()> {
+        if from.end(rows, width) > src.len() || to.end(rows, width) > dst.len() {
+            return Err(BackendError::Device {
+                op: "copy_cols".into(),
+                msg: format!(
+                    "{rows} rows of {width} at {from:?} -> {to:?} reach past buffers of {} and {} values",
+                    src.len(),
+                    dst.len()
+                ),
+            });
+        }
+        for r in 0..rows {
+            let s = &src[r * from.stride + from.col..][..width];
+            dst[r * to.stride + to.col..][..width].copy_from_slice(s);
         }
         Ok(())
     }

@@ -23,7 +23,7 @@ use super::memory::{Tracked, dev_err};
 use crate::delta::DeltaRule;
 use crate::stage::{SlotHold, Stage, TransferStats, Uploader};
 use crate::{
-    Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, MAX_TOP_K, RopeFreqs, Rows, TopK,
+    Activation, AttnParams, Backend, BackendError, Cols, BackendResult, HostCopy, KvType, MAX_TOP_K, RopeFreqs, Rows, TopK,
     Unary,
 };
 use strata_quant::ReadF32;
@@ -777,6 +777,32 @@ impl Backend for CudaBackend {
         // interleaved): `x` holds `positions.len() × n_heads × head_dim` floats, `pos` one
         // position per row, `inv_freq` at least `n_pairs` values (`n_pairs ≤ head_dim / 2`).
         unsafe { self.launch(&mut b, launch::rope(positions.len(), n_heads, pairs), "rope") }
+    }
+
+    fn copy_cols(
+        &self,
+        src: &CudaBuf,
+        from: Cols,
+        dst: &mut CudaBuf,
+        to: Cols,
+        rows: usize,
+        width: usize,
+    ) -> BackendResult<()> {
+        if rows == 0 || width == 0 {
+            return Ok(());
+        }
+        check_len(&[src.data.len()], from.end(rows, width), "copy_cols")?;
+        check_len(&[dst.data.len()], to.end(rows, width), "copy_cols")?;
+        let u = |x: usize| to_u32(x, "copy_cols");
+        let (s_stride, d_stride, w32, n32) = (u(from.stride)?, u(to.stride)?, u(width)?, u(rows)?);
+        let (sp, dp) = (ptr(&src.data, &self.stream, from.col), ptr(&dst.data, &self.stream, to.col));
+        let mut b = self.stream.launch_builder(self.func("copy_cols_f32")?);
+        b.arg(&sp).arg(&s_stride).arg(&dp).arg(&d_stride).arg(&w32).arg(&n32);
+        // SAFETY: copy_cols_f32(src, src_stride, dst, dst_stride, width, n_rows) reads
+        // `src[r * src_stride + j]` and writes `dst[r * dst_stride + j]` for r < n_rows,
+        // j < width, from pointers already offset by each block's first column: both
+        // ends were checked against the buffers above (`Cols::end`).
+        unsafe { self.launch(&mut b, launch::rows(rows, width), "copy_cols") }
     }
 
     fn copy_rows(

@@ -282,6 +282,7 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         ("elementwise", "f32_to_f16".into()),
         ("rows", "gather_rows_f32".into()),
         ("rows", "add_rows_f32".into()),
+        ("rows", "copy_cols_f32".into()),
         ("norm", "rms_norm_f32".into()),
         ("rope", "rope_f32".into()),
         ("attention", "attn_partial_f32".into()),

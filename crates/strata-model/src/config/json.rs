@@ -54,8 +54,20 @@ impl ModelConfig {
         let spec = arch.spec();
         let hidden_size = usize_field(&v, "hidden_size")?;
         let n_heads = usize_field(&v, "num_attention_heads")?;
-        let n_kv_heads = opt_usize(&v, "num_key_value_heads").unwrap_or(n_heads);
-        let head_dim = opt_usize(&v, "head_dim").unwrap_or(hidden_size / n_heads.max(1));
+        let mla = match arch {
+            Arch::DeepseekV3 => Some(mla_config(&v)?),
+            _ => None,
+        };
+        // Latent attention caches one latent and RoPE key per token: one KV head as
+        // wide as both.
+        let n_kv_heads = match mla {
+            Some(_) => 1,
+            None => opt_usize(&v, "num_key_value_heads").unwrap_or(n_heads),
+        };
+        let head_dim = match mla {
+            Some(a) => a.cache_width(),
+            None => opt_usize(&v, "head_dim").unwrap_or(hidden_size / n_heads.max(1)),
+        };
         let n_layers = usize_field(&v, "num_hidden_layers")?;
         let flag = |key: &str| v.get(key).and_then(Value::as_bool).unwrap_or(false);
         if flag("mlp_bias") {
@@ -75,7 +87,10 @@ impl ModelConfig {
         let partial = f32_of(&v, "partial_rotary_factor")
             .or_else(|| v.get("rope_parameters").and_then(|p| f32_of(p, "partial_rotary_factor")))
             .unwrap_or(1.0);
-        let rotary_dim = (head_dim as f64 * partial as f64).round() as usize;
+        let rotary_dim = match mla {
+            Some(a) => a.qk_rope_head_dim,
+            None => (head_dim as f64 * partial as f64).round() as usize,
+        };
         let moe = moe_config(&v, arch)?;
         let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe);
         let linear_attn = match hybrid {
@@ -91,6 +106,12 @@ impl ModelConfig {
             false => None,
         };
         let mut layers = layer_configs(&v, arch, n_layers)?;
+        if mla.is_some() {
+            layers.iter_mut().for_each(|l| l.mixer = Mixer::Latent);
+            if flag("attention_bias") {
+                return Err(ConfigError::Unsupported("`attention_bias: true` for latent attention".into()));
+            }
+        }
         if moe.is_some() {
             let sparse = sparse_layers(&v, arch, n_layers)?;
             layers.iter_mut().zip(sparse).for_each(|(l, s)| l.ffn = if s { Ffn::Moe } else { Ffn::Dense });
@@ -131,9 +152,10 @@ impl ModelConfig {
                 _ => 1.0,
             },
             residual_scale: if granite { f32_of(&v, "residual_multiplier").unwrap_or(1.0) } else { 1.0 },
-            attn_scale: match (gemma, granite) {
-                (true, _) => query_pre_attn_scalar.powf(-0.5),
-                (_, true) => f32_of(&v, "attention_multiplier").unwrap_or(1.0),
+            attn_scale: match (gemma, granite, mla) {
+                (true, ..) => query_pre_attn_scalar.powf(-0.5),
+                (_, true, _) => f32_of(&v, "attention_multiplier").unwrap_or(1.0),
+                (.., Some(a)) => f32_of(&v, "strata_attention_scale").unwrap_or_else(|| mla_scale(&v, a)),
                 _ => (head_dim as f32).powf(-0.5),
             },
             logits_divisor: if granite { f32_of(&v, "logits_scaling").unwrap_or(1.0) } else { 1.0 },
@@ -143,6 +165,8 @@ impl ModelConfig {
             linear_attn,
             attn_output_gate: hybrid,
             neuron_group: None,
+            mla,
+            nextn_layers: opt_usize(&v, "num_nextn_predict_layers").unwrap_or(0).min(64),
         };
         config.validate()?;
         Ok(config)
@@ -173,6 +197,28 @@ impl ModelConfig {
                 c["rope_scaling"] = json!({"rope_type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
                     "high_freq_factor": high_freq_factor, "original_max_position_embeddings": original_max_position})
             }
+            RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, attention_factor, truncate } => {
+                c["rope_scaling"] = json!({"rope_type": "yarn", "factor": factor,
+                    "original_max_position_embeddings": original_max_position, "beta_fast": beta_fast,
+                    "beta_slow": beta_slow, "attention_factor": attention_factor, "truncate": truncate})
+            }
+        }
+        if let Some(a) = &self.mla {
+            c["q_lora_rank"] = json!(a.q_lora_rank);
+            c["kv_lora_rank"] = json!(a.kv_lora_rank);
+            c["qk_nope_head_dim"] = json!(a.qk_nope_head_dim);
+            c["qk_rope_head_dim"] = json!(a.qk_rope_head_dim);
+            c["v_head_dim"] = json!(a.v_head_dim);
+            c["rope_interleave"] = json!(a.rope_interleave);
+            if a.split_kv_b {
+                c["strata_mla_split_kv_b"] = json!(true);
+            }
+            // The scale as it is (YaRN's `mscale_all_dim` already in it).
+            c["strata_attention_scale"] = json!(self.attn_scale);
+            c.as_object_mut().map(|o| o.remove("head_dim"));
+        }
+        if self.nextn_layers > 0 {
+            c["num_nextn_predict_layers"] = json!(self.nextn_layers);
         }
         if let Some(la) = &self.linear_attn {
             c["linear_num_key_heads"] = json!(la.n_k_heads);
@@ -219,6 +265,18 @@ impl ModelConfig {
                     c["num_local_experts"] = json!(m.n_experts);
                     c["intermediate_size"] = json!(m.expert_size);
                 }
+                Arch::DeepseekV3 => {
+                    c["n_routed_experts"] = json!(m.n_experts);
+                    c["moe_intermediate_size"] = json!(m.expert_size);
+                    c["norm_topk_prob"] = json!(m.norm_topk_prob);
+                    c["n_shared_experts"] = json!(m.shared_expert_size.unwrap_or(0) / m.expert_size.max(1));
+                    c["scoring_func"] = json!(if m.scoring == Scoring::Sigmoid { "sigmoid" } else { "softmax" });
+                    c["topk_method"] = json!(if m.choice_bias { "noaux_tc" } else { "greedy" });
+                    c["n_group"] = json!(m.groups);
+                    c["topk_group"] = json!(m.groups_used);
+                    c["routed_scaling_factor"] = json!(m.routed_scale);
+                    c["first_k_dense_replace"] = json!(dense.len());
+                }
                 _ => {
                     c["num_experts"] = json!(m.n_experts);
                     c["moe_intermediate_size"] = json!(m.expert_size);
@@ -253,6 +311,32 @@ impl ModelConfig {
         }
         c
     }
+}
+
+/// Latent attention's softmax scale: `qk_head_dim^-0.5`, times `mscale²` of YaRN's
+/// `mscale_all_dim` when the context is extended (DeepSeek-V3).
+fn mla_scale(v: &Value, a: MlaConfig) -> f32 {
+    let base = (a.qk_head_dim() as f32).powf(-0.5);
+    let Some(s) = rope_scaling_params(v) else { return base };
+    let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
+    match (kind, f32_of(s, "factor"), f32_of(s, "mscale_all_dim").filter(|&m| m != 0.0)) {
+        ("default", ..) | (_, None, _) | (.., None) => base,
+        (_, Some(factor), Some(all)) => {
+            let m = yarn_mscale(factor, all);
+            base * m * m
+        }
+    }
+}
+
+/// The object holding a config's RoPE scaling: `rope_parameters` (its full-attention
+/// entry when nested per layer type) or `rope_scaling`.
+fn rope_scaling_params(v: &Value) -> Option<&Value> {
+    let params = v.get("rope_parameters").filter(|p| p.is_object());
+    let params = match params.and_then(|p| p.get("full_attention")).filter(|f| f.is_object()) {
+        Some(full) => Some(full),
+        None => params,
+    };
+    params.or_else(|| v.get("rope_scaling").filter(|s| s.is_object()))
 }
 
 /// RoPE settings from either `rope_theta` + `rope_scaling` (Hub checkpoints) or
@@ -293,6 +377,25 @@ fn parse_rope(v: &Value) -> Result<(f32, RopeScaling, Option<f32>), ConfigError>
             original_max_position: f32_of(s, "original_max_position_embeddings")
                 .ok_or(ConfigError::Missing("rope_scaling.original_max_position_embeddings"))?,
         },
+        "yarn" => {
+            let factor = factor()?;
+            let original = f32_of(s, "original_max_position_embeddings")
+                .ok_or(ConfigError::Missing("rope_scaling.original_max_position_embeddings (yarn)"))?;
+            let attention_factor = match (f32_of(s, "attention_factor"), f32_of(s, "mscale"), f32_of(s, "mscale_all_dim"))
+            {
+                (Some(a), ..) => a,
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => yarn_mscale(factor, m) / yarn_mscale(factor, all),
+                _ => yarn_mscale(factor, 1.0),
+            };
+            RopeScaling::Yarn {
+                factor,
+                original_max_position: original,
+                beta_fast: f32_of(s, "beta_fast").filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: f32_of(s, "beta_slow").filter(|&b| b != 0.0).unwrap_or(1.0),
+                attention_factor,
+                truncate: s.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            }
+        }
         other => return Err(ConfigError::Unsupported(format!("rope scaling type `{other}`"))),
     };
     Ok((theta, scaling, local))
@@ -399,6 +502,7 @@ fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
             let norm = arch == Arch::Qwen35Moe || v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false);
             (key, n, usize_field(v, "moe_intermediate_size")?, shared, norm)
         }
+        Arch::DeepseekV3 => return deepseek_moe(v),
         _ => return Ok(None),
     };
     let top_k = usize_field(v, "num_experts_per_tok")?;
@@ -410,7 +514,54 @@ fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
             "`num_experts_per_tok` {top_k} with `{experts_key}` {n_experts} (must be between 1 and the expert count)"
         )));
     }
-    Ok(Some(MoeConfig { n_experts, top_k, expert_size, shared_expert_size, norm_topk_prob }))
+    Ok(Some(MoeConfig { shared_expert_size, norm_topk_prob, ..MoeConfig::softmax(n_experts, top_k, expert_size) }))
+}
+
+/// DeepSeek-V3's routing: sigmoid scores, `e_score_correction_bias` to choose,
+/// `n_group` groups of which `topk_group` are chosen from, `routed_scaling_factor`, and
+/// `n_shared_experts` shared experts (one MLP of that many times the expert width).
+fn deepseek_moe(v: &Value) -> Result<Option<MoeConfig>, ConfigError> {
+    let Some(n_experts) = opt_usize(v, "n_routed_experts").filter(|&n| n > 0) else { return Ok(None) };
+    let scoring = match v.get("scoring_func").and_then(Value::as_str).unwrap_or("sigmoid") {
+        "sigmoid" => Scoring::Sigmoid,
+        "softmax" => Scoring::Softmax,
+        other => return Err(ConfigError::Unsupported(format!("`scoring_func` `{other}`"))),
+    };
+    let choice_bias = match v.get("topk_method").and_then(Value::as_str).unwrap_or("noaux_tc") {
+        "noaux_tc" => true,
+        "greedy" => false,
+        other => return Err(ConfigError::Unsupported(format!("`topk_method` `{other}`"))),
+    };
+    let expert_size = usize_field(v, "moe_intermediate_size")?;
+    let shared = opt_usize(v, "n_shared_experts").unwrap_or(0);
+    let top_k = usize_field(v, "num_experts_per_tok")?;
+    if n_experts > MAX_EXPERTS {
+        return Err(ConfigError::Unsupported(format!("`n_routed_experts` {n_experts} (at most {MAX_EXPERTS})")));
+    }
+    Ok(Some(MoeConfig {
+        shared_expert_size: Some(shared * expert_size).filter(|&s| s > 0),
+        norm_topk_prob: v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(true),
+        scoring,
+        choice_bias,
+        groups: opt_usize(v, "n_group").unwrap_or(1),
+        groups_used: opt_usize(v, "topk_group").unwrap_or(1),
+        routed_scale: f32_of(v, "routed_scaling_factor").unwrap_or(1.0),
+        shared_gated: false,
+        ..MoeConfig::softmax(n_experts, top_k, expert_size)
+    }))
+}
+
+/// DeepSeek-V3's latent attention from its `config.json`.
+fn mla_config(v: &Value) -> Result<MlaConfig, ConfigError> {
+    Ok(MlaConfig {
+        q_lora_rank: opt_usize(v, "q_lora_rank"),
+        kv_lora_rank: usize_field(v, "kv_lora_rank")?,
+        qk_nope_head_dim: usize_field(v, "qk_nope_head_dim")?,
+        qk_rope_head_dim: usize_field(v, "qk_rope_head_dim")?,
+        v_head_dim: usize_field(v, "v_head_dim")?,
+        rope_interleave: v.get("rope_interleave").and_then(Value::as_bool).unwrap_or(true),
+        split_kv_b: v.get("strata_mla_split_kv_b").and_then(Value::as_bool).unwrap_or(false),
+    })
 }
 
 /// Which layers of a MoE model route to experts: every layer of Mixtral; for the Qwen
@@ -419,6 +570,14 @@ fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
 fn sparse_layers(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<bool>, ConfigError> {
     if arch == Arch::Mixtral {
         return Ok(vec![true; n_layers]);
+    }
+    if arch == Arch::DeepseekV3 {
+        // The first `first_k_dense_replace` layers are dense (`moe_layer_freq` 1).
+        if opt_usize(v, "moe_layer_freq").is_some_and(|f| f != 1) {
+            return Err(ConfigError::Unsupported("`moe_layer_freq` other than 1".into()));
+        }
+        let dense = opt_usize(v, "first_k_dense_replace").unwrap_or(0);
+        return Ok((0..n_layers).map(|i| i >= dense).collect());
     }
     let step = opt_usize(v, "decoder_sparse_step").unwrap_or(1);
     if step == 0 {

@@ -26,6 +26,21 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_max_position: f32,
     },
+    /// YaRN (DeepSeek-V3, and others): each frequency between its original and its
+    /// interpolated (divided by `factor`) value by where its wavelength falls between
+    /// `beta_fast` and `beta_slow` rotations over `original_max_position`, and cos and
+    /// sin scaled by `attention_factor`.
+    Yarn {
+        factor: f32,
+        original_max_position: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+        /// Multiplier on cos and sin (from the config, or derived from `mscale`s).
+        attention_factor: f32,
+        /// The correction range rounded outwards to whole dimensions (transformers'
+        /// `truncate`, on unless a config says otherwise).
+        truncate: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -77,6 +92,49 @@ pub struct ModelConfig {
     /// `intermediate_size / group` units of `group` neurons each. Set from the tensors
     /// when a model is opened ([`ModelConfig::detect_neuron_groups`]).
     pub neuron_group: Option<usize>,
+    /// The shape of multi-head latent attention ([`Mixer::Latent`] layers: DeepSeek-V3,
+    /// Kimi-K2); `None` when the model has none.
+    pub mla: Option<MlaConfig>,
+    /// Multi-token-prediction layers stored after the last decoder layer
+    /// (`num_nextn_predict_layers`): their tensors are skipped, not run.
+    pub nextn_layers: usize,
+}
+
+/// Multi-head latent attention: queries from the hidden state (directly, or through a
+/// rank-`q_lora_rank` bottleneck with its norm); keys and values from one shared latent
+/// of `kv_lora_rank` values per token (normed), and one RoPE key of `qk_rope_head_dim`
+/// shared by every head. Each head's key is `qk_nope_head_dim` values up-projected from
+/// the latent and the shared RoPE key; its value `v_head_dim` values up-projected from
+/// the latent. The cache keeps the latent and the RoPE key only: `kv_lora_rank +
+/// qk_rope_head_dim` values a token and layer, which is [`ModelConfig::head_dim`] (with
+/// one KV head) for these models.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaConfig {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// RoPE rotates pairs `(2i, 2i + 1)` of the RoPE parts (`rope_interleave`, the
+    /// default), not the halves.
+    pub rope_interleave: bool,
+    /// The up-projection is stored as llama.cpp's converter leaves it: `k_b_proj` (each
+    /// head's key part transposed, `(n_heads, kv_lora_rank, qk_nope_head_dim)`) and
+    /// `v_b_proj` (`(n_heads, v_head_dim, kv_lora_rank)`) in place of `kv_b_proj`.
+    /// Written to `config.json` as `strata_mla_split_kv_b`.
+    pub split_kv_b: bool,
+}
+
+impl MlaConfig {
+    /// Width of a head's query and key before absorption (`qk_nope + qk_rope`).
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Values the cache keeps per token and layer: the latent and the RoPE key.
+    pub fn cache_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
 }
 
 /// A gated-delta-rule (linear attention) layer: `n_k_heads` query/key heads of
@@ -143,8 +201,9 @@ impl LinearAttnConfig {
 }
 
 /// How a mixture-of-experts layer routes: each token goes to the `top_k` experts the
-/// router scores highest (softmax over all `n_experts`), weighted by those probabilities.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// router scores highest (softmax over all `n_experts`, or each score's sigmoid), weighted
+/// by those scores.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeConfig {
     pub n_experts: usize,
     pub top_k: usize,
@@ -156,6 +215,50 @@ pub struct MoeConfig {
     /// The `top_k` probabilities are rescaled to sum to 1 (Mixtral always; Qwen by
     /// `norm_topk_prob`).
     pub norm_topk_prob: bool,
+    /// How the router's logits become scores.
+    pub scoring: Scoring,
+    /// A learned bias per expert (`e_score_correction_bias`) is added to the scores to
+    /// choose the experts, but not to weight them (DeepSeek-V3's `noaux_tc`).
+    pub choice_bias: bool,
+    /// The experts come in `groups` groups of consecutive indices; a token chooses its
+    /// experts from the `groups_used` groups whose two best scores sum highest (1 and 1:
+    /// no grouping).
+    pub groups: usize,
+    pub groups_used: usize,
+    /// The routed experts' weights are multiplied by this (`routed_scaling_factor`).
+    pub routed_scale: f32,
+    /// The shared expert's output is scaled by `sigmoid(shared_expert_gate · x)`
+    /// (Qwen2-MoE); DeepSeek's and GLM's shared experts are added as they are.
+    pub shared_gated: bool,
+}
+
+/// How a router's logits become expert scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scoring {
+    /// Softmax over all experts (Mixtral, Qwen).
+    Softmax,
+    /// Each logit's sigmoid (DeepSeek-V3, GLM-4.5).
+    Sigmoid,
+}
+
+impl MoeConfig {
+    /// Plain softmax routing with no groups, bias or scaling: what the Mixtral and Qwen
+    /// families do.
+    pub fn softmax(n_experts: usize, top_k: usize, expert_size: usize) -> Self {
+        MoeConfig {
+            n_experts,
+            top_k,
+            expert_size,
+            shared_expert_size: None,
+            norm_topk_prob: false,
+            scoring: Scoring::Softmax,
+            choice_bias: false,
+            groups: 1,
+            groups_used: 1,
+            routed_scale: 1.0,
+            shared_gated: true,
+        }
+    }
 }
 
 /// What differs from one layer to the next.
@@ -176,6 +279,22 @@ pub enum Mixer {
     /// The gated delta rule ([`ModelConfig::linear_attn`]): a fixed-size state per
     /// sequence instead of a KV cache.
     Linear,
+    /// Multi-head latent attention ([`ModelConfig::mla`]): a cache of one latent and one
+    /// RoPE key per token.
+    Latent,
+}
+
+impl Mixer {
+    /// Rows of [`ModelConfig::n_kv_heads`] ` * ` [`ModelConfig::head_dim`] values the
+    /// KV cache keeps per token: keys and values (2), the latent and RoPE key read as
+    /// both (1), or none (a fixed-size state instead).
+    pub fn cached_rows(self) -> usize {
+        match self {
+            Mixer::Attention => 2,
+            Mixer::Latent => 1,
+            Mixer::Linear => 0,
+        }
+    }
 }
 
 /// A layer's feed-forward block.
@@ -323,6 +442,9 @@ impl ModelConfig {
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, .. } => {
                 vec![factor, low_freq_factor, high_freq_factor]
             }
+            RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, attention_factor, .. } => {
+                vec![factor, original_max_position, beta_fast, beta_slow, attention_factor]
+            }
         };
         if let Some(x) = scaling.into_iter().find(|x| !(x.is_finite() && *x > 0.0)) {
             return Err(bad(format!("{} factor {x} (must be finite and above 0)", n("rope_scaling"))));
@@ -360,6 +482,23 @@ impl ModelConfig {
                     m.n_experts
                 )));
             }
+            let per_group = m.n_experts / m.groups.max(1);
+            if m.groups == 0
+                || !m.n_experts.is_multiple_of(m.groups)
+                || m.groups_used == 0
+                || m.groups_used > m.groups
+                || m.top_k > m.groups_used * per_group
+                || (m.groups > 1 && per_group < 2)
+            {
+                return Err(bad(format!(
+                    "{} expert groups, {} of them used, for {} experts and top-{} (groups must divide the \
+                     experts, at least two in each, and the groups used hold at least top-k)",
+                    m.groups, m.groups_used, m.n_experts, m.top_k
+                )));
+            }
+            if !(m.routed_scale.is_finite() && m.routed_scale > 0.0) {
+                return Err(bad(format!("routed expert scaling factor {} (must be finite and above 0)", m.routed_scale)));
+            }
             if m.n_experts > MAX_EXPERTS || m.expert_size == 0 {
                 return Err(bad(format!(
                     "{} {} of {} {} (at most {MAX_EXPERTS}, width above 0)",
@@ -395,6 +534,26 @@ impl ModelConfig {
             }
             (None, false) => {}
         }
+        let latent_layers = self.layers.iter().any(|l| l.mixer == Mixer::Latent);
+        match (&self.mla, latent_layers) {
+            (None, true) => return Err(bad("a latent-attention layer in a model without its shape".into())),
+            (Some(a), _) => {
+                let dims = [a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim];
+                if dims.contains(&0)
+                    || a.q_lora_rank == Some(0)
+                    || !a.qk_rope_head_dim.is_multiple_of(2)
+                    || self.n_kv_heads != 1
+                    || self.head_dim != a.cache_width()
+                {
+                    return Err(bad(format!(
+                        "latent attention with latent rank {}, query rank {:?}, head widths {}+{} (keys) and {} \
+                         (values) (widths above 0, the RoPE part even)",
+                        a.kv_lora_rank, a.q_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
+                    )));
+                }
+            }
+            (None, false) => {}
+        }
         if self.moe.is_none() && self.layers.iter().any(|l| l.ffn == Ffn::Moe) {
             return Err(bad("a mixture-of-experts layer in a model without experts".into()));
         }
@@ -413,11 +572,14 @@ impl ModelConfig {
 
     /// The RoPE frequencies of layers that use `rope`, or `None` for NoPE layers.
     pub fn rope_for(&self, rope: LayerRope) -> Option<RopeFreqs> {
-        match rope {
-            LayerRope::Global => Some(self.rope_freqs()),
-            LayerRope::Local => Some(inv_freqs(self.rope_local_theta, self.rotary_dim)),
-            LayerRope::None => None,
-        }
+        let freqs = match rope {
+            LayerRope::Global => self.rope_freqs(),
+            LayerRope::Local => inv_freqs(self.rope_local_theta, self.rotary_dim),
+            LayerRope::None => return None,
+        };
+        // Latent attention's RoPE parts rotate interleaved pairs unless told otherwise.
+        let interleaved = self.mla.is_some_and(|a| a.rope_interleave);
+        Some(RopeFreqs { interleaved, ..freqs })
     }
 
     /// RoPE frequencies for this model, computed in f32 as transformers does.
@@ -440,9 +602,39 @@ impl ModelConfig {
                     }
                 }
             }
+            RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, attention_factor, truncate } => {
+                let dim = self.rotary_dim as f64;
+                let base = self.rope_theta as f64;
+                // The dimension at which a wavelength makes `rotations` turns over the
+                // original context.
+                let at = |rotations: f64| {
+                    dim * (original_max_position as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                        / (2.0 * base.ln())
+                };
+                let (mut low, mut high) = (at(beta_fast as f64), at(beta_slow as f64));
+                if truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, high) = (low.max(0.0) as f32, high.min(dim - 1.0) as f32);
+                let high = if low == high { high + 0.001 } else { high };
+                // In f32 and in transformers' order, so that the frequencies are its bits.
+                for (i, f) in inv_freq.iter_mut().enumerate() {
+                    let pos = self.rope_theta.powf((2 * i) as f32 / self.rotary_dim as f32);
+                    let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                    let extrapolate = 1.0 - ramp;
+                    *f = (1.0 / (factor * pos)) * (1.0 - extrapolate) + (1.0 / pos) * extrapolate;
+                }
+                return RopeFreqs { inv_freq, attention_factor, interleaved: false };
+            }
         }
         RopeFreqs { inv_freq, attention_factor: 1.0, interleaved: false }
     }
+}
+
+/// YaRN's attention scale for a context `scale` times the original (DeepSeek's
+/// `yarn_get_mscale`): `0.1 · mscale · ln(scale) + 1`, or 1 when not extended.
+pub fn yarn_mscale(scale: f32, mscale: f32) -> f32 {
+    if scale <= 1.0 { 1.0 } else { 0.1 * mscale * scale.ln() + 1.0 }
 }
 
 /// Plain RoPE frequencies over `dim` rotated dimensions, computed in f32 as

@@ -42,9 +42,10 @@ pub(super) fn build_layer<B: Backend>(
             .map(|&(start, n)| t.rows(start, n).ok_or_else(|| build_err(format!("cannot split rows of {t:?}"))))
             .collect()
     };
-    let linear = c.layers.get(lt.index).is_some_and(|l| l.mixer == Mixer::Linear);
-    let mixer = match linear {
-        true => {
+    let kind = c.layers.get(lt.index).map(|l| l.mixer);
+    let mixer = match kind {
+        Some(Mixer::Latent) => MixerWeights::Latent(crate::mla::build(c, be, lt.index, &host)?),
+        Some(Mixer::Linear) => {
             let need = |role: Role| req(role, host(role)?);
             // Qwen3-Next's projections come grouped by key head; Qwen3.5's (and a GGUF
             // Qwen3-Next's queries, keys and values) apart, stacked here into the same two
@@ -83,7 +84,7 @@ pub(super) fn build_layer<B: Backend>(
                 shape,
             })
         }
-        false => {
+        _ => {
             let [wq, wk, wv] = match host(Role::Qkv)? {
                 Some(qkv) => {
                     let parts = split(&qkv, &[(0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim)])?;
@@ -157,12 +158,13 @@ pub(super) fn build_layer<B: Backend>(
             let router = upload(&req(Role::Router, host(Role::Router)?)?)?;
             let shared = match (host(Role::SharedGate)?, host(Role::SharedUp)?, host(Role::SharedDown)?) {
                 (Some(g), Some(u), Some(d)) => {
-                    let gate = upload(&req(Role::SharedExpertGate, host(Role::SharedExpertGate)?)?)?;
+                    let gate = opt(Role::SharedExpertGate)?;
                     let width = g.shape.first().copied().unwrap_or(0);
                     Some((Mlp { width, gate: upload(&g)?, up: upload(&u)?, down: upload(&d)? }, gate))
                 }
                 _ => None,
             };
+            let choice_bias = host(Role::RouterBias)?.map(|t| t.to_f32_vec());
             // The layer carries its experts only when it is loaded whole.
             let m = c.moe.ok_or_else(|| build_err("a MoE layer in a model without experts".into()))?;
             let experts = match lt.tensors.contains_key(&moe::expert_names(c, 0)[0]) {
@@ -173,7 +175,7 @@ pub(super) fn build_layer<B: Backend>(
                         .collect::<Result<Vec<_>, _>>()?,
                 ),
             };
-            FfnWeights::Moe(MoeWeights { router, shared, experts })
+            FfnWeights::Moe(MoeWeights { router, choice_bias, shared, experts })
         }
     };
     Ok(LayerWeights {
@@ -189,7 +191,7 @@ pub(super) fn build_layer<B: Backend>(
 /// Row ranges `(tensor, start, n)` of 2-D tensors of one dtype and width, one after
 /// another in a tensor of their own (whole rows, so any block type); `None` when the
 /// tensors do not fit together or a range is out of bounds.
-pub(super) fn concat_rows(parts: &[(&HostTensor, usize, usize)]) -> Option<HostTensor> {
+pub(crate) fn concat_rows(parts: &[(&HostTensor, usize, usize)]) -> Option<HostTensor> {
     let (first, ..) = parts.first()?;
     let (dtype, cols) = (first.dtype, *first.shape.get(1)?);
     let mut ranges = Vec::with_capacity(parts.len());

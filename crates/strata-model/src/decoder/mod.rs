@@ -8,7 +8,7 @@
 use std::any::Any;
 use std::sync::{Arc, Mutex};
 
-mod build;
+pub(crate) mod build;
 mod kv_cache;
 
 use build::*;
@@ -18,6 +18,7 @@ pub use kv_cache::{KV_BLOCK, KvCache, LastOutput};
 use super::ModelSource;
 use super::config::{Ffn, Mixer, ModelConfig};
 use super::deltanet::LinearWeights;
+use super::mla::{self, MlaBufs, MlaOut, MlaStep, MlaWeights};
 pub use super::error::ModelError;
 use super::moe::{self, EachUnit, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights, UnitSource};
 use super::shapes;
@@ -49,6 +50,8 @@ pub enum MixerWeights<B: Backend> {
     Attention(AttnWeights<B>),
     /// The gated delta rule (Qwen3-Next's and Qwen3.5's linear layers).
     Linear(LinearWeights<B>),
+    /// Multi-head latent attention (DeepSeek-V3).
+    Latent(MlaWeights<B>),
 }
 
 /// Grouped-query attention.
@@ -103,6 +106,8 @@ struct Workspace<B: Backend> {
     /// A linear-attention layer's projections: (rows, 2 key_dim + 2 value_dim) and
     /// (rows, 2 n_v_heads), when the model has such layers.
     lin: Option<(B::Buf, B::Buf, B::Buf)>,
+    /// A latent-attention layer's own buffers, when the model has such layers.
+    mla: Option<MlaBufs<B>>,
     picked: B::Buf,  // (out_rows, hidden): the rows whose logits are wanted
     head_in: B::Buf, // (out_rows, hidden): those rows after the final norm
     logits: B::Buf,  // (out_rows, vocab)
@@ -135,6 +140,7 @@ impl<B: Backend> Workspace<B> {
                 )),
                 None => None,
             },
+            mla: MlaBufs::new(be, c, rows)?,
             picked: be.alloc(out_rows * h)?,
             head_in: be.alloc(out_rows * h)?,
             logits: be.alloc(out_rows * c.vocab_size)?,
@@ -357,8 +363,10 @@ impl<B: Backend> DecoderModel<B> {
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
         let c = &self.config;
         let width = self.kv_type.row_len(c.n_kv_heads * c.head_dim);
-        let attn_layers = c.layers.iter().filter(|l| l.mixer == Mixer::Attention).count();
-        let position_bytes = (2 * attn_layers * width * std::mem::size_of::<f32>()) as u64;
+        // A latent layer caches one row (read as keys and as values), an attention
+        // layer two.
+        let rows_cached: usize = c.layers.iter().map(|l| l.mixer.cached_rows()).sum();
+        let position_bytes = (rows_cached * width * std::mem::size_of::<f32>()) as u64;
         let bufs = KvBufs::<B> { k: Vec::new(), v: Vec::new() };
         // Linear-attention state: fixed, allocated (and charged) now.
         let mut states: Vec<Option<Box<dyn LinState>>> = Vec::with_capacity(c.layers.len());
@@ -405,7 +413,8 @@ impl<B: Backend> DecoderModel<B> {
         let bufs = cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
         // Charged before the buffers exist, so that a streaming budget makes room first.
         let memory = self.layers.reserve(target as u64 * cache.position_bytes);
-        // A linear-attention layer keeps no keys or values: one placeholder float.
+        // A linear-attention layer keeps no keys or values, nor a latent one values:
+        // one placeholder float.
         let fresh = |old: Option<&B::Buf>, attn: bool| -> Result<B::Buf, ModelError> {
             if !attn {
                 return Ok(be.alloc(1)?);
@@ -419,9 +428,8 @@ impl<B: Backend> DecoderModel<B> {
         let n = self.config.n_layers;
         let mut next = KvBufs::<B> { k: Vec::with_capacity(n), v: Vec::with_capacity(n) };
         for (l, layer) in self.config.layers.iter().enumerate() {
-            let attn = layer.mixer == Mixer::Attention;
-            next.k.push(fresh(bufs.k.get(l), attn)?);
-            next.v.push(fresh(bufs.v.get(l), attn)?);
+            next.k.push(fresh(bufs.k.get(l), layer.mixer.cached_rows() > 0)?);
+            next.v.push(fresh(bufs.v.get(l), layer.mixer.cached_rows() > 1)?);
         }
         *bufs = next;
         cache.memory = memory;
@@ -678,7 +686,8 @@ impl<B: Backend> DecoderModel<B> {
         if let Some(neurons) = &self.neurons {
             neurons.step();
         }
-        let Workspace { x, normed, q, k, v, attn, proj, gate, up, scratch, moe: moe_bufs, attn_gate, lin, .. } = ws;
+        let Workspace { x, normed, q, k, v, attn, proj, gate, up, scratch, moe: moe_bufs, attn_gate, lin, mla, .. } =
+            ws;
 
         be.embedding(&self.embed, &ids, x)?;
         if c.embed_scale != 1.0 {
@@ -756,6 +765,20 @@ impl<B: Backend> DecoderModel<B> {
                         _ => attn,
                     };
                     be.matmul_seqs(o_in, &seq_rows, &aw.wo, proj)?;
+                }
+                MixerWeights::Latent(mw) => {
+                    let no_bufs = || ModelError::Sched(SchedError::Build { layer: l, msg: "no latent-attention buffers".into() });
+                    let bufs = mla.as_mut().ok_or_else(no_bufs)?;
+                    let rope = self.rope[l].as_ref().ok_or_else(no_bufs)?;
+                    let mut caches = Vec::with_capacity(batch.len());
+                    for s in batch.iter_mut().filter(|s| !s.tokens.is_empty()) {
+                        let start_pos = s.cache.len;
+                        let cache = s.cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
+                        caches.push((&mut cache.k[l], start_pos));
+                    }
+                    let step = MlaStep { input, positions: &positions, seq_rows: &seq_rows, rope, kv: self.kv_type };
+                    let out = MlaOut { q: &mut *q, kv: &mut *k, attn: &mut *attn, proj: &mut *proj };
+                    mla::forward(be, c, mw, step, bufs, out, &mut caches)?;
                 }
                 MixerWeights::Linear(lw) => {
                     let no_bufs =
