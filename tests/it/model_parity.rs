@@ -9,7 +9,7 @@ use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::model::decoder::SeqStep;
 
-const MODELS: [&str; 22] = [
+const MODELS: [&str; 25] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -37,6 +37,12 @@ const MODELS: [&str; 22] = [
     "qwen3_next",
     "qwen3_5",
     "qwen3_5_moe",
+    // tools/make_mla_fixtures.py: latent attention, grouped sigmoid routing with a bias
+    "deepseek_v3",
+    // without the query's bottleneck, one expert group, no YaRN
+    "deepseek_v3_noq",
+    // GLM-4.5's attention (biases, Q/K norms, half RoPE) and DeepSeek's routing
+    "glm4_moe",
 ];
 
 /// Largest |Δ logit| accepted against transformers, for every stored dtype: the

@@ -88,25 +88,30 @@ pub trait UnitSource<U> {
 /// over every expert's logit, or each one's sigmoid); the `top_k` best (the lower index
 /// first on ties) of the scores plus `bias` when given, among the experts of the
 /// `groups_used` groups whose two best biased scores sum highest when the experts are
-/// grouped (the others count as 0, as transformers masks them); weighted by their
+/// grouped (the others count as 0 or as minus infinity, [`MoeConfig::group_mask_zero`]); weighted by their
 /// scores, rescaled to sum to 1 when `norm_topk_prob`, times `routed_scale`.
 pub fn route(logits: &[f32], m: &MoeConfig, bias: Option<&[f32]>) -> Vec<(Vec<u32>, Vec<f32>)> {
     let n = m.n_experts;
     logits
         .chunks_exact(n)
         .map(|row| {
-            let scores: Vec<f32> = match m.scoring {
+            // Softmax experts are ranked by their unnormalized scores (the same order),
+            // so that one NaN logit spoils only its own expert's rank.
+            let (scores, rank): (Vec<f32>, Vec<f32>) = match m.scoring {
                 Scoring::Softmax => {
                     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let exp: Vec<f32> = row.iter().map(|&z| (z - max).exp()).collect();
                     let sum: f32 = exp.iter().sum();
-                    exp.iter().map(|&e| e / sum).collect()
+                    (exp.iter().map(|&e| e / sum).collect(), exp)
                 }
-                Scoring::Sigmoid => row.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect(),
+                Scoring::Sigmoid => {
+                    let s: Vec<f32> = row.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect();
+                    (s.clone(), s)
+                }
             };
             let mut choice: Vec<f32> = match bias {
-                Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
-                None => scores.clone(),
+                Some(b) => rank.iter().zip(b).map(|(s, b)| s + b).collect(),
+                None => rank,
             };
             if m.groups > 1 {
                 let per = n / m.groups;
@@ -116,8 +121,9 @@ pub fn route(logits: &[f32], m: &MoeConfig, bias: Option<&[f32]>) -> Vec<(Vec<u3
                 };
                 let sums: Vec<f32> = (0..m.groups).map(group_score).collect();
                 let kept = most(&sums, m.groups_used);
+                let masked = if m.group_mask_zero { 0.0 } else { f32::NEG_INFINITY };
                 for g in (0..m.groups).filter(|g| !kept.contains(&(*g as u32))) {
-                    choice[g * per..(g + 1) * per].fill(0.0);
+                    choice[g * per..(g + 1) * per].fill(masked);
                 }
             }
             let order = most(&choice, m.top_k);

@@ -13,7 +13,7 @@ impl ArchSpec {
     /// shared expert) by the layer's kind. An expert role stands for one tensor per expert.
     pub fn layer_roles(&self, c: &ModelConfig, l: usize) -> impl Iterator<Item = Role> + '_ {
         let bias = c.attention_bias;
-        let qk_norm = self.qk_norm != QkNorm::None;
+        let qk_norm = self.qk_norm != QkNorm::None && c.qk_norm;
         let moe = c.layers.get(l).is_some_and(|l| l.ffn == Ffn::Moe);
         let shared = moe && c.moe.is_some_and(|m| m.shared_expert_size.is_some());
         let shared_gated = shared && c.moe.is_some_and(|m| m.shared_gated);

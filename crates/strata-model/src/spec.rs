@@ -31,6 +31,7 @@ pub enum Arch {
     Qwen35,
     Qwen35Moe,
     DeepseekV3,
+    Glm4Moe,
 }
 
 /// What a tensor of a decoder layer is for.
@@ -331,6 +332,26 @@ static DEEPSEEK: [TensorName; 24] = [
     t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
 ];
 
+/// GLM-4.5 and 4.6: Llama's attention with biases and optional Q/K norms, DeepSeek's
+/// routing (a choice bias, groups, shared experts) after `first_k_dense_replace` dense
+/// layers; llama.cpp names its pre-MLP norm `post_attention_norm`.
+static GLM4_MOE: [TensorName; 23] = attention_and_mlp!(
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    t(Role::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
+    t(Role::RouterBias, "mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),
+    t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
+    t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
+    t(Role::ExpertDown, "mlp.experts.*.down_proj.weight", "ffn_down_exps.weight"),
+    t(Role::SharedGate, "mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"),
+    t(Role::SharedUp, "mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"),
+    t(Role::SharedDown, "mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"),
+    t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+);
+
 /// The tensors outside the layers: (Hugging Face name, llama.cpp name).
 pub const EMBED: (&str, &str) = ("model.embed_tokens.weight", "token_embd.weight");
 pub const OUTPUT_NORM: (&str, &str) = ("model.norm.weight", "output_norm.weight");
@@ -383,7 +404,7 @@ const GEMMA2: ArchSpec = ArchSpec {
     ..spec(Arch::Gemma2, "gemma2", "gemma2", &GEMMA)
 };
 
-pub static SPECS: [ArchSpec; 18] = [
+pub static SPECS: [ArchSpec; 19] = [
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Llama, "llama", "llama", &LLAMA) },
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mistral, "mistral", "mistral", &LLAMA) },
     spec(Arch::Qwen2, "qwen2", "qwen2", &LLAMA),
@@ -429,6 +450,7 @@ pub static SPECS: [ArchSpec; 18] = [
     // The keys' and queries' RoPE parts come interleaved (`rope_interleave`, GGML's
     // "normal" RoPE in llama.cpp's `deepseek2`).
     spec(Arch::DeepseekV3, "deepseek_v3", "deepseek2", &DEEPSEEK),
+    ArchSpec { qk_norm: QkNorm::PerHead, ..spec(Arch::Glm4Moe, "glm4_moe", "glm4moe", &GLM4_MOE) },
 ];
 
 impl Arch {

@@ -136,6 +136,7 @@ impl ModelConfig {
             rms_norm_eps: f32_of(&v, "rms_norm_eps").unwrap_or(1e-6),
             max_position_embeddings: opt_usize(&v, "max_position_embeddings").unwrap_or(4096),
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(gemma),
+            qk_norm: arch != Arch::Glm4Moe || flag("use_qk_norm"),
             attention_bias: match arch {
                 Arch::Qwen2 => true,
                 Arch::Qwen2Moe => v.get("qkv_bias").and_then(Value::as_bool).unwrap_or(true),
@@ -217,6 +218,9 @@ impl ModelConfig {
             c["strata_attention_scale"] = json!(self.attn_scale);
             c.as_object_mut().map(|o| o.remove("head_dim"));
         }
+        if self.arch == Arch::Glm4Moe {
+            c["use_qk_norm"] = json!(self.qk_norm);
+        }
         if self.nextn_layers > 0 {
             c["num_nextn_predict_layers"] = json!(self.nextn_layers);
         }
@@ -265,7 +269,8 @@ impl ModelConfig {
                     c["num_local_experts"] = json!(m.n_experts);
                     c["intermediate_size"] = json!(m.expert_size);
                 }
-                Arch::DeepseekV3 => {
+                Arch::DeepseekV3 | Arch::Glm4Moe => {
+                    c["strata_group_mask_zero"] = json!(m.group_mask_zero);
                     c["n_routed_experts"] = json!(m.n_experts);
                     c["moe_intermediate_size"] = json!(m.expert_size);
                     c["norm_topk_prob"] = json!(m.norm_topk_prob);
@@ -502,7 +507,7 @@ fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
             let norm = arch == Arch::Qwen35Moe || v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false);
             (key, n, usize_field(v, "moe_intermediate_size")?, shared, norm)
         }
-        Arch::DeepseekV3 => return deepseek_moe(v),
+        Arch::DeepseekV3 | Arch::Glm4Moe => return deepseek_moe(v, arch),
         _ => return Ok(None),
     };
     let top_k = usize_field(v, "num_experts_per_tok")?;
@@ -520,7 +525,7 @@ fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
 /// DeepSeek-V3's routing: sigmoid scores, `e_score_correction_bias` to choose,
 /// `n_group` groups of which `topk_group` are chosen from, `routed_scaling_factor`, and
 /// `n_shared_experts` shared experts (one MLP of that many times the expert width).
-fn deepseek_moe(v: &Value) -> Result<Option<MoeConfig>, ConfigError> {
+fn deepseek_moe(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
     let Some(n_experts) = opt_usize(v, "n_routed_experts").filter(|&n| n > 0) else { return Ok(None) };
     let scoring = match v.get("scoring_func").and_then(Value::as_str).unwrap_or("sigmoid") {
         "sigmoid" => Scoring::Sigmoid,
@@ -545,6 +550,12 @@ fn deepseek_moe(v: &Value) -> Result<Option<MoeConfig>, ConfigError> {
         choice_bias,
         groups: opt_usize(v, "n_group").unwrap_or(1),
         groups_used: opt_usize(v, "topk_group").unwrap_or(1),
+        // transformers' DeepSeek-V3 masks the groups not chosen with 0, its GLM-4.5 with
+        // minus infinity.
+        group_mask_zero: v
+            .get("strata_group_mask_zero")
+            .and_then(Value::as_bool)
+            .unwrap_or(arch == Arch::DeepseekV3),
         routed_scale: f32_of(v, "routed_scaling_factor").unwrap_or(1.0),
         shared_gated: false,
         ..MoeConfig::softmax(n_experts, top_k, expert_size)
@@ -571,7 +582,7 @@ fn sparse_layers(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<bool>, Co
     if arch == Arch::Mixtral {
         return Ok(vec![true; n_layers]);
     }
-    if arch == Arch::DeepseekV3 {
+    if matches!(arch, Arch::DeepseekV3 | Arch::Glm4Moe) {
         // The first `first_k_dense_replace` layers are dense (`moe_layer_freq` 1).
         if opt_usize(v, "moe_layer_freq").is_some_and(|f| f != 1) {
             return Err(ConfigError::Unsupported("`moe_layer_freq` other than 1".into()));

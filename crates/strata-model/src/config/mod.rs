@@ -58,6 +58,8 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// q/k/v projections carry biases (qwen2, or llama with `attention_bias`).
     pub attention_bias: bool,
+    /// The family's Q/K norms are there (GLM-4.5 makes them optional: `use_qk_norm`).
+    pub qk_norm: bool,
     /// Per layer: its attention window and which RoPE it uses (`n_layers` entries).
     pub layers: Vec<LayerConfig>,
     pub rope_theta: f32,
@@ -225,6 +227,11 @@ pub struct MoeConfig {
     /// no grouping).
     pub groups: usize,
     pub groups_used: usize,
+    /// The experts of the groups not chosen score 0 for the choice (transformers'
+    /// DeepSeek-V3), not minus infinity (its GLM-4.5, llama.cpp): the two differ only
+    /// when a biased score is negative. Written to `config.json` as
+    /// `strata_group_mask_zero`.
+    pub group_mask_zero: bool,
     /// The routed experts' weights are multiplied by this (`routed_scaling_factor`).
     pub routed_scale: f32,
     /// The shared expert's output is scaled by `sigmoid(shared_expert_gate · x)`
@@ -255,6 +262,7 @@ impl MoeConfig {
             choice_bias: false,
             groups: 1,
             groups_used: 1,
+            group_mask_zero: false,
             routed_scale: 1.0,
             shared_gated: true,
         }
