@@ -12,7 +12,8 @@ use anyhow::{Context, bail};
 
 use super::ModelSource;
 use super::config::{
-    Ffn, LayerConfig, LayerRope, LinearAttnConfig, MAX_EXPERTS, Mixer, ModelConfig, MoeConfig, Names, RopeScaling,
+    Ffn, LayerConfig, LayerRope, LinearAttnConfig, MAX_EXPERTS, Mixer, MlaConfig, ModelConfig, MoeConfig, Names,
+    RopeScaling, Scoring, yarn_mscale,
 };
 use super::gguf_vocab;
 use super::spec::{Arch, ArchSpec, Role};
@@ -87,13 +88,18 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
     let required = |k: &str| -> anyhow::Result<usize> { size(k)?.with_context(|| format!("missing `{}`", key(k))) };
     let hidden = required("embedding_length")?;
     let n_heads = required("attention.head_count")?;
-    let n_layers = required("block_count")?;
-    if n_layers > 1 << 16 {
-        bail!("`{}` {n_layers} is too large", key("block_count"));
+    let blocks = required("block_count")?;
+    if blocks > 1 << 16 {
+        bail!("`{}` {blocks} is too large", key("block_count"));
     }
+    // GLM's block count includes its multi-token-prediction layers (skipped).
+    let nextn_layers = size("nextn_predict_layers")?.unwrap_or(0).min(blocks);
+    let n_layers = blocks - nextn_layers;
     let n_kv_heads = size("attention.head_count_kv")?.unwrap_or(n_heads);
     let head_dim = size("attention.key_length")?.unwrap_or(hidden.checked_div(n_heads).unwrap_or(0));
-    if let Some(v) = u64_of("attention.value_length")?.filter(|&v| v != head_dim as u64) {
+    // Latent attention's cache rows: keys of the latent and the RoPE key, values the
+    // latent alone.
+    if let Some(v) = u64_of("attention.value_length")?.filter(|&v| v != head_dim as u64 && arch != Arch::DeepseekV3) {
         bail!("`{}` {v} differs from the key length {head_dim}", key("attention.value_length"));
     }
     let rotary_dim = size("rope.dimension_count")?.unwrap_or(head_dim);
@@ -143,6 +149,7 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
             let norm_topk_prob = arch != Arch::Qwen2Moe;
             Some(MoeConfig { shared_expert_size, norm_topk_prob, ..MoeConfig::softmax(n_experts, top_k, expert_size) })
         }
+        Arch::DeepseekV3 | Arch::Glm4Moe => deepseek_moe(f, &key, n_layers)?,
         _ => None,
     };
     let rope_off_everywhere = arch == Arch::Granite
@@ -162,7 +169,8 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
                 true => Ffn::Moe,
                 false => Ffn::Dense,
             };
-            LayerConfig { sliding_window, rope, ffn, mixer: Mixer::Attention }
+            let mixer = if arch == Arch::DeepseekV3 { Mixer::Latent } else { Mixer::Attention };
+            LayerConfig { sliding_window, rope, ffn, mixer }
         })
         .collect();
 
@@ -219,8 +227,32 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
         attn_output_gate: false,
         neuron_group: None,
         mla: None,
-        nextn_layers: 0,
+        nextn_layers,
+        qk_norm: f.tensor("blk.0.attn_q_norm.weight").is_some() || arch != Arch::Glm4Moe,
     };
+    if arch == Arch::DeepseekV3 {
+        // llama.cpp stores latent attention as one KV head of the latent and the RoPE
+        // key, with the heads' own widths under `*_mla`.
+        let qk = required("attention.key_length_mla")?;
+        let kv_lora_rank = required("attention.kv_lora_rank")?;
+        let mla = MlaConfig {
+            q_lora_rank: size("attention.q_lora_rank")?.filter(|&r| r > 0),
+            kv_lora_rank,
+            qk_nope_head_dim: qk.checked_sub(rotary_dim).with_context(|| {
+                format!("`{}` {qk} is below the RoPE width {rotary_dim}", key("attention.key_length_mla"))
+            })?,
+            qk_rope_head_dim: rotary_dim,
+            v_head_dim: required("attention.value_length_mla")?,
+            rope_interleave: true,
+            split_kv_b: f.tensor("blk.0.attn_k_b.weight").is_some(),
+        };
+        // The softmax scale, with YaRN's `mscale_all_dim` (stored times 0.1).
+        let factor = f32_of("rope.scaling.factor")?.unwrap_or(1.0);
+        let log_mul = f32_of("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0) / 0.1;
+        let m = if log_mul != 0.0 { yarn_mscale(factor, log_mul) } else { 1.0 };
+        config.attn_scale = (qk as f32).powf(-0.5) * m * m;
+        config.mla = Some(mla);
+    }
     if matches!(arch, Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe) {
         // The gated delta rule: `ssm.group_count` key heads of `ssm.state_size`,
         // `ssm.time_step_rank` value heads sharing `ssm.inner_size`; which layers are
@@ -250,6 +282,54 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
     config.rope_scaling = rope_scaling(f, spec, &config)?;
     config.validate_as(Names::Gguf(spec.gguf_arch))?;
     Ok(config)
+}
+
+/// DeepSeek-V3's and GLM-4.5's routing from `{arch}.expert_*` (llama.cpp's names):
+/// the gating function, groups, weight scale and normalization, shared experts, and a
+/// choice bias when the layers carry `exp_probs_b`.
+fn deepseek_moe(f: &GgufFile, key: &dyn Fn(&str) -> String, n_layers: usize) -> anyhow::Result<Option<MoeConfig>> {
+    let num = |k: &str| -> anyhow::Result<Option<u64>> {
+        match f.get(&key(k)) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).with_context(|| format!("`{}` is not an unsigned integer", key(k))),
+        }
+    };
+    let small = |k: &str| -> anyhow::Result<Option<usize>> {
+        let Some(v) = num(k)? else { return Ok(None) };
+        usize::try_from(v).ok().filter(|&v| v <= MAX_EXPERTS).map(Some).with_context(|| format!("`{}` {v} is too large", key(k)))
+    };
+    let Some(n_experts) = small("expert_count")?.filter(|&n| n > 0) else { return Ok(None) };
+    let top_k = small("expert_used_count")?.with_context(|| format!("missing `{}`", key("expert_used_count")))?;
+    if top_k == 0 || top_k > n_experts {
+        bail!("`{}` {top_k} is not between 1 and `{}` {n_experts}", key("expert_used_count"), key("expert_count"));
+    }
+    let expert_size = num("expert_feed_forward_length")?
+        .and_then(|v| usize::try_from(v).ok().filter(|&v| v <= 1 << 30))
+        .with_context(|| format!("missing or invalid `{}`", key("expert_feed_forward_length")))?;
+    let shared = small("expert_shared_count")?.unwrap_or(0);
+    let scoring = match num("expert_gating_func")? {
+        None | Some(1) => Scoring::Softmax,
+        Some(2) => Scoring::Sigmoid,
+        Some(other) => bail!("`{}` {other} is not supported (1 softmax, 2 sigmoid)", key("expert_gating_func")),
+    };
+    let scale = match f.get(&key("expert_weights_scale")) {
+        None => 1.0,
+        Some(_) => f.get_f32(&key("expert_weights_scale")).context("`expert_weights_scale` is not a number")?,
+    };
+    let norm = matches!(f.get(&key("expert_weights_norm")), Some(GgufValue::Bool(true)));
+    let choice_bias = (0..n_layers).any(|l| f.tensor(&format!("blk.{l}.exp_probs_b.bias")).is_some());
+    Ok(Some(MoeConfig {
+        shared_expert_size: Some(shared * expert_size).filter(|&s| s > 0),
+        norm_topk_prob: norm,
+        scoring,
+        choice_bias,
+        groups: small("expert_group_count")?.unwrap_or(1).max(1),
+        groups_used: small("expert_group_used_count")?.unwrap_or(1).max(1),
+        group_mask_zero: false,
+        routed_scale: if scale == 0.0 { 1.0 } else { scale },
+        shared_gated: false,
+        ..MoeConfig::softmax(n_experts, top_k, expert_size)
+    }))
 }
 
 /// Which layers use sliding-window attention: `{arch}.attention.sliding_window_pattern`
@@ -286,6 +366,27 @@ fn rope_scaling(f: &GgufFile, spec: &ArchSpec, c: &ModelConfig) -> anyhow::Resul
         ("linear", None) => {
             let factor = factor.context("rope scaling `linear` without `rope.scaling.factor`")?;
             Ok(RopeScaling::Linear { factor })
+        }
+        ("yarn", None) => {
+            let factor = factor.context("rope scaling `yarn` without `rope.scaling.factor`")?;
+            let orig_key = format!("{arch}.rope.scaling.original_context_length");
+            let original = f.get_u64(&orig_key).with_context(|| format!("rope scaling `yarn` without `{orig_key}`"))?;
+            let get = |k: &str| f.get_f32(&format!("{arch}.rope.scaling.{k}")).filter(|&x| x != 0.0);
+            // llama.cpp's DeepSeek takes `mscale` equal to `mscale_all_dim`: cos and sin
+            // unscaled.
+            let attention_factor = match (get("yarn_attn_factor"), c.mla.is_some()) {
+                (Some(a), _) => a,
+                (None, true) => 1.0,
+                (None, false) => yarn_mscale(factor, 1.0),
+            };
+            Ok(RopeScaling::Yarn {
+                factor,
+                original_max_position: original as f32,
+                beta_fast: get("yarn_beta_fast").unwrap_or(32.0),
+                beta_slow: get("yarn_beta_slow").unwrap_or(1.0),
+                attention_factor,
+                truncate: true,
+            })
         }
         ("none" | "llama3", Some(t)) => {
             let orig_key = format!("{arch}.rope.scaling.original_context_length");
@@ -351,6 +452,11 @@ fn hf_tensors(f: &GgufFile, cfg: &ModelConfig) -> anyhow::Result<HashMap<String,
     for (name, t) in &f.tensors {
         if name == "rope_freqs.weight" {
             continue; // folded into `rope_scaling`
+        }
+        // Multi-token-prediction layers after the last decoder layer are not run.
+        let layer = name.strip_prefix("blk.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+        if layer.is_some_and(|l| l >= cfg.n_layers && l < cfg.n_layers + cfg.nextn_layers) {
+            continue;
         }
         let hf = hf_name(spec, name)
             .with_context(|| format!("tensor `{name}` has no place in a `{}` model", spec.gguf_arch))?;
