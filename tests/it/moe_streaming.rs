@@ -101,6 +101,9 @@ fn gguf_moe_models_stream_bit_identically() {
         "gguf/qwen3_moe.f32.gguf",
         "gguf/qwen3_next.f32.gguf",
         "gguf/qwen3_5_moe.f32.gguf",
+        // latent attention from llama.cpp's split up-projections; GLM's MTP block skipped
+        "gguf/deepseek_v3.f32.gguf",
+        "gguf/glm4_moe.f32.gguf",
     ] {
         check_bit_identical(&fixture(f));
     }
@@ -110,7 +113,17 @@ fn gguf_moe_models_stream_bit_identically() {
 fn safetensors_moe_models_stream_bit_identically() {
     // qwen3_moe_mixed: dense layers (decoder_sparse_step, mlp_only_layers) beside a MoE one;
     // qwen3_next: linear-attention layers (their state in the cache) beside attention.
-    for f in ["hf/qwen2_moe", "hf/qwen3_moe_mixed", "hf/qwen3_next", "hf/qwen3_5_moe"] {
+    // deepseek_v3, glm4_moe: grouped sigmoid routing with a bias, shared experts, a dense
+    // first layer, and a multi-token-prediction layer in the checkpoint.
+    for f in [
+        "hf/qwen2_moe",
+        "hf/qwen3_moe_mixed",
+        "hf/qwen3_next",
+        "hf/qwen3_5_moe",
+        "hf/deepseek_v3",
+        "hf/deepseek_v3_noq",
+        "hf/glm4_moe",
+    ] {
         check_bit_identical(&fixture(f));
     }
 }
@@ -124,6 +137,9 @@ fn converted_moe_models_stream_bit_identically() {
         ("hf/qwen3_next", Target::Flat, "qwen3_next-flat"),
         // llama.cpp's layout of the linear-attention tensors, kept through the conversion.
         ("gguf/qwen3_next.f32.gguf", Target::Cawsf(Compression::None), "qwen3_next-gguf.cawsf"),
+        ("hf/deepseek_v3", Target::Flat, "deepseek_v3-flat"),
+        ("gguf/deepseek_v3.f32.gguf", Target::Cawsf(Compression::None), "deepseek_v3-gguf.cawsf"),
+        ("hf/glm4_moe", Target::Cawsf(Compression::None), "glm4_moe.cawsf"),
     ] {
         let out = converted(&dir, src, target, name);
         check_bit_identical(out.to_str().unwrap());
@@ -146,7 +162,7 @@ struct RefPrompt {
 #[test]
 fn bytes_read_per_token_are_the_cores_and_the_routed_experts() {
     // qwen3_next: its linear-attention layers are cores like any other.
-    for name in ["qwen3_moe", "qwen3_next", "qwen3_5_moe"] {
+    for name in ["qwen3_moe", "qwen3_next", "qwen3_5_moe", "deepseek_v3", "glm4_moe"] {
         bytes_read_per_token(name);
     }
 }
