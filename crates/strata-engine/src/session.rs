@@ -315,7 +315,7 @@ fn runtime_shape(config: &ModelConfig, context: usize, sequences: usize, opts: &
     RuntimeShape {
         hidden: config.hidden_size as u64,
         intermediate: config.intermediate_size as u64,
-        n_layers: config.n_layers as u64,
+        kv_rows: config.layers.iter().map(|l| l.mixer.cached_rows() as u64).sum(),
         n_heads: config.n_heads as u64,
         n_kv_heads: config.n_kv_heads as u64,
         head_dim: config.head_dim as u64,

@@ -9,7 +9,10 @@ pub struct RuntimeShape {
     pub hidden: u64,
     /// FFN width (`intermediate_size`).
     pub intermediate: u64,
-    pub n_layers: u64,
+    /// Rows of `n_kv_heads · head_dim` values the KV cache keeps per token over every
+    /// layer: 2 (keys and values) per attention layer, 1 per latent-attention layer (the
+    /// latent and RoPE key, read as both), none for a linear-attention layer.
+    pub kv_rows: u64,
     pub n_heads: u64,
     pub n_kv_heads: u64,
     pub head_dim: u64,
@@ -51,7 +54,7 @@ const ACT_BYTES: u64 = 4;
 /// holds at once:
 ///
 /// ```text
-/// kv_cache    = 2 (K and V) · n_layers · sequences · n_kv_heads · context · head_dim · kv_dtype_bytes
+/// kv_cache    = kv_rows · sequences · n_kv_heads · context · head_dim · kv_dtype_bytes
 /// activations = 4 (f32) · rows · ( 2 · hidden                   residual and normed input
 ///                                + 2 · n_heads · head_dim        q and attention output
 ///                                + 2 · n_kv_heads · head_dim     new k and v
@@ -66,8 +69,7 @@ const ACT_BYTES: u64 = 4;
 pub fn estimate_runtime_bytes(shape: &RuntimeShape) -> RuntimeBytes {
     let mul = |xs: &[u64]| xs.iter().fold(1u64, |acc, &x| acc.saturating_mul(x));
     let kv_cache = mul(&[
-        2,
-        shape.n_layers,
+        shape.kv_rows,
         shape.sequences,
         shape.n_kv_heads,
         shape.context,
@@ -109,7 +111,7 @@ mod tests {
         RuntimeShape {
             hidden: 2048,
             intermediate: 5632,
-            n_layers: 22,
+            kv_rows: 2 * 22,
             n_heads: 32,
             n_kv_heads: 4,
             head_dim: 64,
