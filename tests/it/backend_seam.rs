@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use strata::backend::cpu::CpuBackend;
-use strata::backend::{Activation, AttnParams, Backend, BackendError, Cols, BackendResult, RopeFreqs, Rows, TopK, Unary};
+use strata::backend::{
+    Activation, AttnParams, Backend, BackendError, BackendResult, Cols, RopeFreqs, Rows, TopK, Unary,
+};
 use strata::model::config::ModelConfig;
 use strata::model::decoder::{DecoderModel, KvCache, ModelError, SeqStep};
 use strata::model::demo::demo_source;

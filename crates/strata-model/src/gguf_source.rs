@@ -296,7 +296,11 @@ fn deepseek_moe(f: &GgufFile, key: &dyn Fn(&str) -> String, n_layers: usize) -> 
     };
     let small = |k: &str| -> anyhow::Result<Option<usize>> {
         let Some(v) = num(k)? else { return Ok(None) };
-        usize::try_from(v).ok().filter(|&v| v <= MAX_EXPERTS).map(Some).with_context(|| format!("`{}` {v} is too large", key(k)))
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v <= MAX_EXPERTS)
+            .map(Some)
+            .with_context(|| format!("`{}` {v} is too large", key(k)))
     };
     let Some(n_experts) = small("expert_count")?.filter(|&n| n > 0) else { return Ok(None) };
     let top_k = small("expert_used_count")?.with_context(|| format!("missing `{}`", key("expert_used_count")))?;

@@ -138,7 +138,9 @@ fn up_projections(
         let heads = |t: HostTensor, per: usize| -> Result<Vec<HostTensor>, SchedError> {
             let mut flat = t.clone();
             flat.shape = vec![nh * per, t.shape.get(2).copied().unwrap_or(0)];
-            (0..nh).map(|h| flat.rows(h * per, per).ok_or_else(|| err(format!("cannot split the heads of {t:?}")))).collect()
+            (0..nh)
+                .map(|h| flat.rows(h * per, per).ok_or_else(|| err(format!("cannot split the heads of {t:?}"))))
+                .collect()
         };
         return Ok((heads(need(Role::MlaKB)?, r)?, heads(need(Role::MlaVB)?, v)?));
     }
@@ -197,7 +199,8 @@ pub fn forward<B: Backend>(
     let MlaStep { input, positions, seq_rows, rope, kv } = step;
     let MlaOut { q, kv: kv_rows, attn, proj } = out;
     let rows: usize = seq_rows.iter().sum();
-    let (nh, nope, rope_dim, lat, vd) = (c.n_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank, a.v_head_dim);
+    let (nh, nope, rope_dim, lat, vd) =
+        (c.n_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank, a.v_head_dim);
     let width = a.cache_width();
     let eps = c.rms_norm_eps;
 

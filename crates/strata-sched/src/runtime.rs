@@ -68,14 +68,8 @@ const ACT_BYTES: u64 = 4;
 /// Saturates rather than overflowing on absurd shapes.
 pub fn estimate_runtime_bytes(shape: &RuntimeShape) -> RuntimeBytes {
     let mul = |xs: &[u64]| xs.iter().fold(1u64, |acc, &x| acc.saturating_mul(x));
-    let kv_cache = mul(&[
-        shape.kv_rows,
-        shape.sequences,
-        shape.n_kv_heads,
-        shape.context,
-        shape.head_dim,
-        shape.kv_dtype_bytes,
-    ]);
+    let kv_cache =
+        mul(&[shape.kv_rows, shape.sequences, shape.n_kv_heads, shape.context, shape.head_dim, shape.kv_dtype_bytes]);
     let per_row = [
         mul(&[2, shape.hidden]),
         mul(&[2, shape.n_heads, shape.head_dim]),

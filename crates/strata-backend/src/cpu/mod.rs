@@ -5,7 +5,7 @@ mod kv;
 pub mod matmul;
 
 use super::delta::{self, DeltaRule, DeltaWeights};
-use super::{Activation, AttnParams, Backend, Cols, BackendError, BackendResult, KvType, RopeFreqs, Rows, TopK, Unary};
+use super::{Activation, AttnParams, Backend, BackendError, BackendResult, Cols, KvType, RopeFreqs, Rows, TopK, Unary};
 use strata_quant::ReadF32;
 use strata_tensor::team;
 use strata_tensor::tensor::HostTensor;

@@ -23,8 +23,8 @@ use super::memory::{Tracked, dev_err};
 use crate::delta::DeltaRule;
 use crate::stage::{SlotHold, Stage, TransferStats, Uploader};
 use crate::{
-    Activation, AttnParams, Backend, BackendError, Cols, BackendResult, HostCopy, KvType, MAX_TOP_K, RopeFreqs, Rows, TopK,
-    Unary,
+    Activation, AttnParams, Backend, BackendError, BackendResult, Cols, HostCopy, KvType, MAX_TOP_K, RopeFreqs, Rows,
+    TopK, Unary,
 };
 use strata_quant::ReadF32;
 use strata_tensor::aligned::HostPin;

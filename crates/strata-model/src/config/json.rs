@@ -386,12 +386,14 @@ fn parse_rope(v: &Value) -> Result<(f32, RopeScaling, Option<f32>), ConfigError>
             let factor = factor()?;
             let original = f32_of(s, "original_max_position_embeddings")
                 .ok_or(ConfigError::Missing("rope_scaling.original_max_position_embeddings (yarn)"))?;
-            let attention_factor = match (f32_of(s, "attention_factor"), f32_of(s, "mscale"), f32_of(s, "mscale_all_dim"))
-            {
-                (Some(a), ..) => a,
-                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => yarn_mscale(factor, m) / yarn_mscale(factor, all),
-                _ => yarn_mscale(factor, 1.0),
-            };
+            let attention_factor =
+                match (f32_of(s, "attention_factor"), f32_of(s, "mscale"), f32_of(s, "mscale_all_dim")) {
+                    (Some(a), ..) => a,
+                    (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                        yarn_mscale(factor, m) / yarn_mscale(factor, all)
+                    }
+                    _ => yarn_mscale(factor, 1.0),
+                };
             RopeScaling::Yarn {
                 factor,
                 original_max_position: original,
@@ -552,10 +554,7 @@ fn deepseek_moe(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError>
         groups_used: opt_usize(v, "topk_group").unwrap_or(1),
         // transformers' DeepSeek-V3 masks the groups not chosen with 0, its GLM-4.5 with
         // minus infinity.
-        group_mask_zero: v
-            .get("strata_group_mask_zero")
-            .and_then(Value::as_bool)
-            .unwrap_or(arch == Arch::DeepseekV3),
+        group_mask_zero: v.get("strata_group_mask_zero").and_then(Value::as_bool).unwrap_or(arch == Arch::DeepseekV3),
         routed_scale: f32_of(v, "routed_scaling_factor").unwrap_or(1.0),
         shared_gated: false,
         ..MoeConfig::softmax(n_experts, top_k, expert_size)

@@ -505,7 +505,10 @@ impl ModelConfig {
                 )));
             }
             if !(m.routed_scale.is_finite() && m.routed_scale > 0.0) {
-                return Err(bad(format!("routed expert scaling factor {} (must be finite and above 0)", m.routed_scale)));
+                return Err(bad(format!(
+                    "routed expert scaling factor {} (must be finite and above 0)",
+                    m.routed_scale
+                )));
             }
             if m.n_experts > MAX_EXPERTS || m.expert_size == 0 {
                 return Err(bad(format!(

@@ -18,8 +18,8 @@ pub use kv_cache::{KV_BLOCK, KvCache, LastOutput};
 use super::ModelSource;
 use super::config::{Ffn, Mixer, ModelConfig};
 use super::deltanet::LinearWeights;
-use super::mla::{self, MlaBufs, MlaOut, MlaStep, MlaWeights};
 pub use super::error::ModelError;
+use super::mla::{self, MlaBufs, MlaOut, MlaStep, MlaWeights};
 use super::moe::{self, EachUnit, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights, UnitSource};
 use super::shapes;
 use super::sparse::{self, Bundle, NeuronWeights, SparseBlock, SparseFfn};
@@ -767,7 +767,8 @@ impl<B: Backend> DecoderModel<B> {
                     be.matmul_seqs(o_in, &seq_rows, &aw.wo, proj)?;
                 }
                 MixerWeights::Latent(mw) => {
-                    let no_bufs = || ModelError::Sched(SchedError::Build { layer: l, msg: "no latent-attention buffers".into() });
+                    let no_bufs =
+                        || ModelError::Sched(SchedError::Build { layer: l, msg: "no latent-attention buffers".into() });
                     let bufs = mla.as_mut().ok_or_else(no_bufs)?;
                     let rope = self.rope[l].as_ref().ok_or_else(no_bufs)?;
                     let mut caches = Vec::with_capacity(batch.len());
