@@ -11,6 +11,15 @@
 //!   `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`.
 //! - [`ToolFormat::Mistral`]: `[TOOL_CALLS]` followed by a JSON list of
 //!   `{"name", "arguments"}` (Nemo), or by `NAME[ARGS]{...}` per call (Small 3.2, Devstral).
+//! - [`ToolFormat::DeepSeek`] (DeepSeek-V3, V3.1, R1): `<｜tool▁calls▁begin｜>`, then per call
+//!   `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>` (R1:
+//!   `function<｜tool▁sep｜>NAME` and the arguments in a json code block), then
+//!   `<｜tool▁calls▁end｜>`.
+//! - [`ToolFormat::Kimi`] (Kimi-K2): `<|tool_calls_section_begin|>`, then per call
+//!   `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>{...}<|tool_call_end|>`,
+//!   then `<|tool_calls_section_end|>`.
+//! - [`ToolFormat::Glm`] (GLM-4.5, 4.6): `<tool_call>NAME` then
+//!   `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>` per argument, `</tool_call>`.
 //! - [`ToolFormat::Generic`]: templates that do not show tools to the model. Strata adds a
 //!   system message that lists them and asks for `{"tool_calls": [{"name", "arguments"}]}`
 //!   as the whole reply ([`generic_system_prompt`]).
@@ -25,6 +34,7 @@ use serde_json::Value;
 use super::grammar::{GrammarSpec, close_objects};
 
 mod scan;
+mod sections;
 use scan::{Scan, scan};
 
 /// How a model writes tool calls.
@@ -34,6 +44,9 @@ pub enum ToolFormat {
     QwenXml,
     Llama3,
     Mistral,
+    DeepSeek,
+    Kimi,
+    Glm,
     Generic,
 }
 
@@ -42,6 +55,12 @@ impl ToolFormat {
     pub fn detect(template: &str) -> Self {
         if template.contains("<function=") && template.contains("<parameter=") && template.contains("<tool_call>") {
             ToolFormat::QwenXml
+        } else if template.contains("tool▁calls▁begin") {
+            ToolFormat::DeepSeek
+        } else if template.contains("<|tool_calls_section_begin|>") {
+            ToolFormat::Kimi
+        } else if template.contains("<tool_call>") && template.contains("<arg_key>") {
+            ToolFormat::Glm
         } else if template.contains("<tool_call>") && template.contains("\"arguments\"") {
             ToolFormat::Hermes
         } else if template.contains("[TOOL_CALLS]") {
@@ -59,6 +78,9 @@ impl ToolFormat {
             ToolFormat::QwenXml => "qwen_xml",
             ToolFormat::Llama3 => "llama3_json",
             ToolFormat::Mistral => "mistral",
+            ToolFormat::DeepSeek => "deepseek",
+            ToolFormat::Kimi => "kimi_k2",
+            ToolFormat::Glm => "glm_xml",
             ToolFormat::Generic => "generic_json",
         }
     }
@@ -66,8 +88,10 @@ impl ToolFormat {
     /// The text a call starts with (`None`: the reply itself is the call).
     fn trigger(self) -> Option<&'static str> {
         match self {
-            ToolFormat::Hermes | ToolFormat::QwenXml => Some("<tool_call>"),
+            ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Glm => Some("<tool_call>"),
             ToolFormat::Mistral => Some("[TOOL_CALLS]"),
+            ToolFormat::DeepSeek => Some("<｜tool▁calls▁begin｜>"),
+            ToolFormat::Kimi => Some("<|tool_calls_section_begin|>"),
             ToolFormat::Llama3 | ToolFormat::Generic => None,
         }
     }
@@ -80,6 +104,23 @@ impl ToolFormat {
             ToolFormat::QwenXml => &["<tool_call>", "</tool_call>"],
             ToolFormat::Llama3 => &["<|python_tag|>"],
             ToolFormat::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
+            ToolFormat::DeepSeek => &[
+                "<｜tool▁calls▁begin｜>",
+                "<｜tool▁calls▁end｜>",
+                "<｜tool▁call▁begin｜>",
+                "<｜tool▁sep｜>",
+                "<｜tool▁call▁end｜>",
+            ],
+            ToolFormat::Kimi => &[
+                "<|tool_calls_section_begin|>",
+                "<|tool_calls_section_end|>",
+                "<|tool_call_begin|>",
+                "<|tool_call_argument_begin|>",
+                "<|tool_call_end|>",
+            ],
+            ToolFormat::Glm => {
+                &["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
+            }
             ToolFormat::Generic => &[],
         }
     }
@@ -508,6 +549,12 @@ pub fn call_grammar(
             })))
         }
         ToolFormat::Llama3 => Ok(GrammarSpec::JsonSchema(call_schema("parameters"))),
+        // Their markers are special tokens, which a grammar must name by id.
+        ToolFormat::DeepSeek | ToolFormat::Kimi | ToolFormat::Glm => Err(format!(
+            "`tool_choice` that forces a call is not supported for models that write {} tool calls; use \
+             `tool_choice: \"auto\"`",
+            format.as_str()
+        )),
         ToolFormat::Hermes => {
             let schema = serde_json::to_string(&call_schema("arguments")).map_err(|e| e.to_string())?;
             let repeat = if parallel { "(\"\\n\" call)*" } else { "" };

@@ -53,12 +53,15 @@ pub(super) fn scan(format: ToolFormat, buf: &str, tools: &[Value], eof: bool) ->
         ToolFormat::QwenXml => scan_qwen_xml(buf, tools, eof),
         ToolFormat::Llama3 | ToolFormat::Generic => scan_reply_json(buf),
         ToolFormat::Mistral => scan_mistral(buf),
+        ToolFormat::DeepSeek => super::sections::scan_sections(buf, &super::sections::DEEPSEEK),
+        ToolFormat::Kimi => super::sections::scan_sections(buf, &super::sections::KIMI),
+        ToolFormat::Glm => super::sections::scan_glm(buf, tools, eof),
     }
 }
 
 /// Where the JSON value starting at `text[0]` ends: `Some(len)` when complete, `None`
 /// when the text ends inside it, `Err` when it is not JSON there.
-fn json_value_len(text: &str) -> Result<Option<usize>, ()> {
+pub(super) fn json_value_len(text: &str) -> Result<Option<usize>, ()> {
     let bytes = text.as_bytes();
     let Some(&first) = bytes.first() else { return Ok(None) };
     match first {
