@@ -455,12 +455,7 @@ fn scan_qwen_xml(buf: &str, tools: &[Value], eof: bool) -> Scan {
     if name.is_empty() || name.contains(['<', '\n']) {
         return Scan::Invalid;
     }
-    let schema = tools
-        .iter()
-        .filter_map(|t| t.get("function").or(Some(t)))
-        .find(|f| f.get("name").and_then(Value::as_str) == Some(name.as_str()))
-        .and_then(|f| f.get("parameters"))
-        .and_then(|p| p.get("properties"));
+    let schema = param_schema(tools, &name);
     let mut args = String::from("{");
     let mut rest = &body[name_end + 1..];
     let mut n = 0;
@@ -507,12 +502,7 @@ fn scan_qwen_xml(buf: &str, tools: &[Value], eof: bool) -> Scan {
             },
             _ => serde_json::from_str::<Value>(raw).unwrap_or_else(|_| Value::String(raw.to_string())),
         };
-        if n > 0 {
-            args.push_str(", ");
-        }
-        args.push_str(&serde_json::to_string(key).unwrap_or_default());
-        args.push_str(": ");
-        args.push_str(&serde_json::to_string(&value).unwrap_or_default());
+        push_arg(&mut args, n, key, &value);
         n += 1;
         rest = &p[val_end + "</parameter>".len()..];
     }
@@ -521,4 +511,24 @@ fn scan_qwen_xml(buf: &str, tools: &[Value], eof: bool) -> Scan {
 /// A call after a trigger, its name and arguments so far known.
 fn in_progress(name: String, args: String) -> Scan {
     Scan::Partial(Progress { name: Some(name), args, pending: true, call: true, done: Vec::new() })
+}
+
+/// The `properties` of the parameters of the tool named `name`, when the request has it.
+pub(super) fn param_schema<'a>(tools: &'a [Value], name: &str) -> Option<&'a Value> {
+    tools
+        .iter()
+        .filter_map(|t| t.get("function").or(Some(t)))
+        .find(|f| f.get("name").and_then(Value::as_str) == Some(name))
+        .and_then(|f| f.get("parameters"))
+        .and_then(|p| p.get("properties"))
+}
+
+/// Appends `key: value` to an arguments object's text (`n` entries already in it).
+pub(super) fn push_arg(args: &mut String, n: usize, key: &str, value: &Value) {
+    if n > 0 {
+        args.push_str(", ");
+    }
+    args.push_str(&serde_json::to_string(key).unwrap_or_default());
+    args.push_str(": ");
+    args.push_str(&serde_json::to_string(value).unwrap_or_default());
 }

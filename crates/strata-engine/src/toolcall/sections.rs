@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::scan::{Progress, Scan, json_value_len};
+use super::scan::{Progress, Scan, json_value_len, param_schema, push_arg};
 
 /// The markers of a sectioned format, after the section's opening one (the trigger).
 pub(super) struct Markers {
@@ -147,12 +147,7 @@ pub(super) fn scan_glm(buf: &str, tools: &[Value], eof: bool) -> Scan {
     if name.is_empty() || name.contains(['<', '>', '{']) {
         return Scan::Invalid;
     }
-    let schema = tools
-        .iter()
-        .filter_map(|t| t.get("function").or(Some(t)))
-        .find(|f| f.get("name").and_then(Value::as_str) == Some(name.as_str()))
-        .and_then(|f| f.get("parameters"))
-        .and_then(|p| p.get("properties"));
+    let schema = param_schema(tools, &name);
     let in_progress = |args: String| {
         Scan::Partial(Progress { name: Some(name.clone()), args, pending: true, call: true, ..Progress::default() })
     };
@@ -187,12 +182,7 @@ pub(super) fn scan_glm(buf: &str, tools: &[Value], eof: bool) -> Scan {
             Some("string") => Value::String(raw.to_string()),
             _ => serde_json::from_str::<Value>(raw).unwrap_or_else(|_| Value::String(raw.to_string())),
         };
-        if n > 0 {
-            args.push_str(", ");
-        }
-        args.push_str(&serde_json::to_string(key).unwrap_or_default());
-        args.push_str(": ");
-        args.push_str(&serde_json::to_string(&value).unwrap_or_default());
+        push_arg(&mut args, n, key, &value);
         n += 1;
         rest = &v[val_end + "</arg_value>".len()..];
     }
