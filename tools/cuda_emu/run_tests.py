@@ -98,6 +98,8 @@ SIGS: dict[str, list[tuple[str, str]]] = {
                             "unsigned n_rows"),
         ("add_rows_f32", "float* x, const float* y, const unsigned* rows, const float* w, "
                          "unsigned row_len, unsigned n_rows"),
+        ("copy_cols_f32", "const float* src, unsigned src_stride, float* dst, unsigned dst_stride, "
+                          "unsigned width, unsigned n_rows"),
     ],
     "norm.cu": [
         ("rms_norm_f32", "const float* x, const float* w, float* out, unsigned dim, float eps"),
@@ -751,6 +753,29 @@ def cases_rows():
                                "add_rows_f32", add(x_rows, n_rows, row_len, listed, weighted)))
     cs.append(Case("add_rows_f32 rows=list w=set x_rows=20 n_rows=9 row_len=1000 capped grid (2, 3)",
                    "add_rows_f32", add(20, 9, 1000, True, True, (2, 3))))
+
+    def copy_cols(n_rows, src_stride, src_col, dst_stride, dst_col, width, grid=None):
+        # One head's columns of a row of heads into (or out of) a narrower buffer; the
+        # pointers the host passes are already offset to the first column, and both
+        # buffers end exactly at the last element the copy touches.
+        def run(c: Ctx, rng):
+            src = rng.standard_normal(src_col + (n_rows - 1) * src_stride + width).astype(np.float32)
+            dst0 = rng.standard_normal(dst_col + (n_rows - 1) * dst_stride + width).astype(np.float32)
+            bs, bd = c.buf(src[src_col:].copy()), c.buf(dst0[dst_col:].copy(), True)
+            c.launch("copy_cols_f32", grid or rows_grid(n_rows, width), (256,), bs, src_stride, bd, dst_stride,
+                     width, n_rows)
+            ref = dst0[dst_col:].copy()
+            for r in range(n_rows):
+                ref[r * dst_stride:r * dst_stride + width] = src[src_col + r * src_stride:][:width]
+            return compare_exact("dst", bd.read(), ref)
+        return run
+    for n_rows, ss, sc, ds, dc, w in ((1, 1, 0, 1, 0, 1), (3, 576, 512, 64, 0, 64), (4, 8, 0, 24, 16, 8),
+                                     (5, 4097, 0, 4097, 0, 4097), (7, 300, 3, 1000, 700, 297),
+                                     (40, 33, 1, 2, 0, 2)):
+        cs.append(Case(f"copy_cols_f32 n_rows={n_rows} src {ss}@{sc} dst {ds}@{dc} width={w}", "copy_cols_f32",
+                       copy_cols(n_rows, ss, sc, ds, dc, w)))
+    cs.append(Case("copy_cols_f32 n_rows=9 src 1200@100 dst 1000@0 width=1000 capped grid (2, 3)",
+                   "copy_cols_f32", copy_cols(9, 1200, 100, 1000, 0, 1000, (2, 3))))
     return cs
 
 
