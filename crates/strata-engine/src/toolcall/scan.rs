@@ -53,8 +53,8 @@ pub(super) fn scan(format: ToolFormat, buf: &str, tools: &[Value], eof: bool) ->
         ToolFormat::QwenXml => scan_qwen_xml(buf, tools, eof),
         ToolFormat::Llama3 | ToolFormat::Generic => scan_reply_json(buf),
         ToolFormat::Mistral => scan_mistral(buf),
-        ToolFormat::DeepSeek => super::sections::scan_sections(buf, &super::sections::DEEPSEEK),
-        ToolFormat::Kimi => super::sections::scan_sections(buf, &super::sections::KIMI),
+        ToolFormat::DeepSeek => super::sections::scan_sections(buf, &super::sections::DEEPSEEK, eof),
+        ToolFormat::Kimi => super::sections::scan_sections(buf, &super::sections::KIMI, eof),
         ToolFormat::Glm => super::sections::scan_glm(buf, tools, eof),
     }
 }

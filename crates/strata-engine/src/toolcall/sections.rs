@@ -45,8 +45,9 @@ fn may_become(text: &str, pat: &str) -> bool {
     text.len() < pat.len() && pat.starts_with(text)
 }
 
-/// The calls of one section, after its opening marker.
-pub(super) fn scan_sections(buf: &str, m: &Markers) -> Scan {
+/// The calls of one section, after its opening marker. At the end of the text (`eof`), a
+/// call whose arguments are complete stands without its closing markers.
+pub(super) fn scan_sections(buf: &str, m: &Markers, eof: bool) -> Scan {
     let mut done: Vec<(String, String)> = Vec::new();
     let mut rest = buf;
     let partial = |done: Vec<(String, String)>, name: Option<String>, args: String, pending: bool| {
@@ -58,6 +59,9 @@ pub(super) fn scan_sections(buf: &str, m: &Markers) -> Scan {
             return Scan::Done { calls: done, used: buf.len() - after.len() };
         }
         if may_become(t, m.end) || may_become(t, m.call_begin) {
+            if eof && !done.is_empty() {
+                return Scan::Done { calls: done, used: buf.len() };
+            }
             return partial(done, None, String::new(), t.is_empty() || may_become(t, m.call_begin));
         }
         let Some(after_begin) = t.strip_prefix(m.call_begin) else {
@@ -102,8 +106,13 @@ pub(super) fn scan_sections(buf: &str, m: &Markers) -> Scan {
             return Scan::Invalid;
         }
         let json = body.trim_start();
+        if !json.is_empty() && !json.starts_with('{') {
+            return Scan::Invalid;
+        }
         let n = match json_value_len(json) {
             Err(()) => return Scan::Invalid,
+            // The name goes out with the arguments' first byte, once they look like an object.
+            Ok(None) if json.is_empty() => return partial(done, None, String::new(), true),
             Ok(None) => return partial(done, Some(name), json.to_string(), true),
             Ok(Some(n)) => n,
         };
@@ -115,6 +124,10 @@ pub(super) fn scan_sections(buf: &str, m: &Markers) -> Scan {
         if fenced {
             match after.strip_prefix("```") {
                 Some(a) => after = a.trim_start(),
+                None if eof && may_become(after, "```") => {
+                    done.push((name, args.to_string()));
+                    return Scan::Done { calls: done, used: buf.len() };
+                }
                 None if may_become(after, "```") => return partial(done, Some(name), args.to_string(), true),
                 None => return Scan::Invalid,
             }
@@ -123,6 +136,10 @@ pub(super) fn scan_sections(buf: &str, m: &Markers) -> Scan {
             Some(a) => {
                 done.push((name, args.to_string()));
                 rest = a;
+            }
+            None if eof && may_become(after, m.call_end) => {
+                done.push((name, args.to_string()));
+                return Scan::Done { calls: done, used: buf.len() };
             }
             None if may_become(after, m.call_end) => return partial(done, Some(name), args.to_string(), true),
             None => return Scan::Invalid,
@@ -138,9 +155,11 @@ pub(super) fn scan_glm(buf: &str, tools: &[Value], eof: bool) -> Scan {
     let body = buf.trim_start();
     let name_end = [body.find('\n'), body.find("<arg_key>"), body.find(END)].into_iter().flatten().min();
     let Some(name_end) = name_end else {
-        return match body.contains('<') {
-            true => Scan::Invalid,
-            false => Scan::Partial(Progress { pending: true, call: true, ..Progress::default() }),
+        // The name so far, perhaps followed by the start of a marker.
+        let tail = body.find('<').map_or("", |lt| &body[lt..]);
+        return match tail.is_empty() || may_become(tail, "<arg_key>") || may_become(tail, END) {
+            true => Scan::Partial(Progress { pending: true, call: true, ..Progress::default() }),
+            false => Scan::Invalid,
         };
     };
     let name = body[..name_end].trim().to_string();

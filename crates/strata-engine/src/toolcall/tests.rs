@@ -82,6 +82,82 @@ fn detects_formats_from_real_template_fragments() {
         ToolFormat::Llama3
     );
     assert_eq!(ToolFormat::detect("{% for m in messages %}{{ m.content }}{% endfor %}"), ToolFormat::Generic);
+    // DeepSeek-V3.1 and R1, Kimi-K2, GLM-4.5/4.6 as their templates write a call.
+    assert_eq!(
+        ToolFormat::detect(
+            "{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['function']['name'] + '<｜tool▁sep｜>'"
+        ),
+        ToolFormat::DeepSeek
+    );
+    assert_eq!(
+        ToolFormat::detect("{{- '<|tool_calls_section_begin|>' -}}{%- for tool_call in message['tool_calls'] -%}"),
+        ToolFormat::Kimi
+    );
+    assert_eq!(
+        ToolFormat::detect(
+            "{{ '\n<tool_call>' + tc.name }}{% for k, v in _args.items() %}\n<arg_key>{{ k }}</arg_key>"
+        ),
+        ToolFormat::Glm
+    );
+}
+
+/// DeepSeek-V3.1's calls: `NAME<｜tool▁sep｜>{json}` inside a section of calls.
+const DEEPSEEK_TWO: &str = "Checking both.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 2}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Rome\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+
+#[test]
+fn deepseek_calls_in_both_shapes() {
+    let both = [("get_weather", json!({"city": "Paris", "days": 2})), ("get_weather", json!({"city": "Rome"}))];
+    check(ToolFormat::DeepSeek, DEEPSEEK_TWO, "Checking both.", &both);
+    // R1 (and V3): `function<｜tool▁sep｜>NAME`, the arguments in a json code block.
+    let r1 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\", \"days\": 2}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Rome\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    check(ToolFormat::DeepSeek, r1, "", &both);
+    // Arguments that are not an object, or a name with markup in it, are content.
+    let bad = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>[1, 2]<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    check(ToolFormat::DeepSeek, bad, bad, &[]);
+    // Text after the calls without the closing marker: the calls stand, the text is content.
+    let open = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Rome\"}<｜tool▁call▁end｜> done";
+    check(ToolFormat::DeepSeek, open, " done", &[("get_weather", json!({"city": "Rome"}))]);
+}
+
+#[test]
+fn kimi_calls_carry_their_index_in_the_id_and_parse_to_the_name() {
+    let out = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{\"city\": \"Rome\", \"unit\": \"celsius\"}<|tool_call_end|><|tool_calls_section_end|>";
+    check(
+        ToolFormat::Kimi,
+        out,
+        "",
+        &[("get_weather", json!({"city": "Paris"})), ("get_weather", json!({"city": "Rome", "unit": "celsius"}))],
+    );
+    // A call id on its own line before the argument marker is not Kimi's format.
+    let bad = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0\nhello<|tool_call_end|>";
+    check(ToolFormat::Kimi, bad, bad, &[]);
+}
+
+#[test]
+fn glm_arguments_follow_the_schema() {
+    let out = "<think>Two cities.</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>1984</arg_value>\n</tool_call>";
+    check(
+        ToolFormat::Glm,
+        out,
+        "<think>Two cities.</think>\n\n",
+        &[("get_weather", json!({"city": "Paris", "days": 3})), ("get_weather", json!({"city": "1984"}))],
+    );
+    // A call without arguments, and a value with a `<` in it.
+    check(ToolFormat::Glm, "<tool_call>get_weather\n</tool_call>", "", &[("get_weather", json!({}))]);
+    check(
+        ToolFormat::Glm,
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>a<b</arg_value></tool_call>",
+        "",
+        &[("get_weather", json!({"city": "a<b"}))],
+    );
+    // A tool the request did not declare: values are JSON where they parse.
+    check(
+        ToolFormat::Glm,
+        "<tool_call>other\n<arg_key>n</arg_key>\n<arg_value>[1, 2]</arg_value>\n<arg_key>s</arg_key>\n<arg_value>x y</arg_value>\n</tool_call>",
+        "",
+        &[("other", json!({"n": [1, 2], "s": "x y"}))],
+    );
+    check(ToolFormat::Glm, "<tool_call>\n{\"name\": 1}</tool_call>", "<tool_call>\n{\"name\": 1}</tool_call>", &[]);
 }
 
 #[test]
@@ -237,6 +313,21 @@ fn a_cut_keeps_the_complete_calls_in_every_format() {
             "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}",
             "[TOOL_CALLS]get_weather[ARGS]{\"ci",
         ),
+        (
+            ToolFormat::DeepSeek,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜>",
+            "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"ci",
+        ),
+        (
+            ToolFormat::Kimi,
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|>",
+            "<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{\"ci",
+        ),
+        (
+            ToolFormat::Glm,
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+            "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Ro",
+        ),
     ];
     for &(format, first, second) in cases {
         // Cut after the complete call (only closing brackets missing): it stands, and
@@ -318,6 +409,21 @@ fn a_single_call_parser_ends_the_reply_at_its_first_call() {
         (
             ToolFormat::Llama3,
             "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}, {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}]",
+            "",
+        ),
+        (
+            ToolFormat::DeepSeek,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Rome\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            "",
+        ),
+        (
+            ToolFormat::Kimi,
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{\"city\": \"Rome\"}<|tool_call_end|><|tool_calls_section_end|>",
+            "",
+        ),
+        (
+            ToolFormat::Glm,
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n</tool_call>",
             "",
         ),
     ];
