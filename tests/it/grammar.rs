@@ -292,7 +292,7 @@ fn a_real_model_answers_in_the_schema() {
 /// back; they refuse a call to a function not offered.
 #[test]
 fn forced_call_grammars_accept_canonical_calls() {
-    use strata::engine::toolcall::{MistralTokens, ToolCallParser, ToolEvent, ToolFormat, call_grammar};
+    use strata::engine::toolcall::{CallMarkers, ToolCallParser, ToolEvent, ToolFormat, call_grammar};
     let e = engine();
     let env = e.token_env().unwrap();
     let f = |name: &str| {
@@ -314,6 +314,22 @@ fn forced_call_grammars_accept_canonical_calls() {
             ToolFormat::Generic,
             "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}]}",
         ),
+        (
+            ToolFormat::DeepSeek,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+        (
+            ToolFormat::DeepSeek,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\", \"days\": 2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+        (
+            ToolFormat::Kimi,
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\", \"days\": 2}<|tool_call_end|><|tool_calls_section_end|>",
+        ),
+        (
+            ToolFormat::Glm,
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+        ),
     ];
     let accepts = |spec: &GrammarSpec, text: &str| -> Result<bool, String> {
         let mut c = Constraint::new(spec, env)?;
@@ -328,11 +344,19 @@ fn forced_call_grammars_accept_canonical_calls() {
             || e.tokenizer.eos_ids().iter().any(|&eos| strata::engine::grammar::allows(c.allowed().unwrap(), eos)))
     };
     for (format, text) in cases {
+        // The shape of the call as the template would show it (DeepSeek-R1's json code block).
+        let markers = CallMarkers::of(format, text, |_| None);
         for parallel in [false, true] {
-            let spec = call_grammar(format, &[&weather, &search], parallel, MistralTokens::default()).unwrap();
-            assert!(accepts(&spec, text).unwrap(), "{format:?} parallel {parallel}: {text}");
-            let only_search = call_grammar(format, &[&search], parallel, MistralTokens::default()).unwrap();
+            let spec = call_grammar(format, &[&weather, &search], parallel, &markers).unwrap();
+            assert!(accepts(&spec, text).unwrap(), "{format:?} parallel {parallel}: {text}\n{spec:?}");
+            let only_search = call_grammar(format, &[&search], parallel, &markers).unwrap();
             assert!(!accepts(&only_search, text).unwrap(), "{format:?}: a function not offered");
+        }
+        if format == ToolFormat::Glm {
+            // GLM's arguments are pairs, the required ones always there.
+            let spec = call_grammar(format, &[&weather], false, &markers).unwrap();
+            let no_city = "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>";
+            assert!(!accepts(&spec, no_city).unwrap(), "a call without its required argument");
         }
         let mut p = ToolCallParser::new(format, &[json!({"type": "function", "function": weather.clone()})], 3);
         let mut events = p.push(text);
@@ -347,58 +371,122 @@ fn forced_call_grammars_accept_canonical_calls() {
     }
 }
 
-/// Mistral's forced calls name its marker tokens by id: with a vocabulary that has them
-/// (the fixture's, with `[TOOL_CALLS]`, `[ARGS]` and `[CALL_ID]` added as special tokens),
-/// both of Mistral's shapes are accepted token by token, markers as the special tokens.
+/// Forced calls name a format's marker tokens by id: with a vocabulary that has them (the
+/// fixture's, with each format's markers added as special tokens), the calls of Mistral,
+/// DeepSeek, Kimi-K2 and GLM are accepted token by token, markers as the special tokens,
+/// and a marker spelled out as text is refused.
 #[test]
-fn mistral_forced_calls_use_the_marker_tokens() {
+fn forced_calls_use_the_marker_tokens() {
     use strata::engine::grammar::TokenEnv;
     use strata::engine::tokenizer::TextTokenizer;
-    use strata::engine::toolcall::{MistralTokens, ToolFormat, call_grammar};
+    use strata::engine::toolcall::{CallMarkers, ToolFormat, call_grammar};
     let dir = root().join("tests/fixtures/hf/llama3");
-    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap()).unwrap();
-    let added = json["added_tokens"].as_array_mut().unwrap();
-    let first = added.iter().map(|t| t["id"].as_u64().unwrap()).max().unwrap() as u32 + 1;
-    for (i, marker) in ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"].iter().enumerate() {
-        added.push(json!({"id": first + i as u32, "content": marker, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true}));
-    }
-    let tok = TextTokenizer::from_sources(&json.to_string(), None, None, None).unwrap();
-    let env = TokenEnv::new(&tok, first as usize + 3).unwrap();
+    let base: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap()).unwrap();
     let weather = json!({"name": "get_weather", "parameters": {"type": "object",
         "properties": {"city": {"type": "string"}}, "required": ["city"]}});
-    let ids = |pieces: &[&str]| -> Vec<u32> {
-        pieces
+    // (format, the template's text that shows its markers, a call as pieces, parallel)
+    let cases: &[(ToolFormat, &str, &[&str], bool)] = &[
+        (
+            ToolFormat::Mistral,
+            "[TOOL_CALLS] [ARGS] [CALL_ID]",
+            &["[TOOL_CALLS]", "get_weather", "[CALL_ID]", "abc123xyz", "[ARGS]", "{\"city\": \"Paris\"}"],
+            false,
+        ),
+        (
+            ToolFormat::Mistral,
+            "[TOOL_CALLS]",
+            &["[TOOL_CALLS]", "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"],
+            true,
+        ),
+        (
+            ToolFormat::DeepSeek,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜><｜tool▁sep｜><｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            &[
+                "<｜tool▁calls▁begin｜>",
+                "<｜tool▁call▁begin｜>",
+                "get_weather",
+                "<｜tool▁sep｜>",
+                "{\"city\": \"Paris\"}",
+                "<｜tool▁call▁end｜>",
+                "<｜tool▁call▁begin｜>",
+                "get_weather",
+                "<｜tool▁sep｜>",
+                "{\"city\": \"Rome\"}",
+                "<｜tool▁call▁end｜>",
+                "<｜tool▁calls▁end｜>",
+            ],
+            true,
+        ),
+        (
+            ToolFormat::Kimi,
+            "<|tool_calls_section_begin|><|tool_call_begin|><|tool_call_argument_begin|><|tool_call_end|><|tool_calls_section_end|>",
+            &[
+                "<|tool_calls_section_begin|>",
+                "<|tool_call_begin|>",
+                "functions.get_weather:0",
+                "<|tool_call_argument_begin|>",
+                "{\"city\": \"Paris\"}",
+                "<|tool_call_end|>",
+                "<|tool_calls_section_end|>",
+            ],
+            false,
+        ),
+        (
+            ToolFormat::Glm,
+            "<tool_call></tool_call><arg_key></arg_key><arg_value></arg_value>",
+            &[
+                "<tool_call>",
+                "get_weather\n",
+                "<arg_key>",
+                "city",
+                "</arg_key>",
+                "\n",
+                "<arg_value>",
+                "Paris",
+                "</arg_value>",
+                "\n",
+                "</tool_call>",
+            ],
+            false,
+        ),
+    ];
+    for &(format, template, pieces, parallel) in cases {
+        let mut json = base.clone();
+        let added = json["added_tokens"].as_array_mut().unwrap();
+        let first = added.iter().map(|t| t["id"].as_u64().unwrap()).max().unwrap() as u32 + 1;
+        for (i, marker) in format.markers().iter().enumerate() {
+            added.push(json!({"id": first + i as u32, "content": marker, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true}));
+        }
+        let tok = TextTokenizer::from_sources(&json.to_string(), None, None, None).unwrap();
+        let env = TokenEnv::new(&tok, first as usize + format.markers().len()).unwrap();
+        let is_marker = |id: u32| id >= first;
+        let ids: Vec<u32> = pieces
             .iter()
-            .flat_map(|p| match tok.token_to_id(p).filter(|&id| id >= first) {
+            .flat_map(|p| match tok.token_to_id(p).filter(|&id| is_marker(id)) {
                 Some(id) => vec![id],
                 None => tok.encode(p, false).unwrap(),
             })
-            .collect()
-    };
-    let accepts = |spec: &GrammarSpec, ids: &[u32]| -> bool {
-        let mut c = Constraint::new(spec, &env).unwrap();
-        for &id in ids {
-            if !strata::engine::grammar::allows(c.allowed().unwrap(), id) {
-                return false;
+            .collect();
+        let accepts = |spec: &GrammarSpec, ids: &[u32]| -> bool {
+            let mut c = Constraint::new(spec, &env).unwrap();
+            for &id in ids {
+                if !strata::engine::grammar::allows(c.allowed().unwrap(), id) {
+                    return false;
+                }
+                c.commit(id).unwrap();
             }
-            c.commit(id).unwrap();
-        }
-        c.is_done() || tok.eos_ids().iter().any(|&e| strata::engine::grammar::allows(c.allowed().unwrap(), e))
-    };
-    let template = "[TOOL_CALLS] [ARGS] [CALL_ID]";
-    let tokens = MistralTokens::of(template, |m| tok.token_to_id(m));
-    assert_eq!(tokens.tool_calls, Some(first));
-    let small = call_grammar(ToolFormat::Mistral, &[&weather], false, tokens).unwrap();
-    let call = ids(&["[TOOL_CALLS]", "get_weather", "[CALL_ID]", "abc123xyz", "[ARGS]", "{\"city\": \"Paris\"}"]);
-    assert!(accepts(&small, &call));
-    // The marker spelled as text is not the marker.
-    let spelled = [tok.encode("[TOOL", false).unwrap(), tok.encode("_CALLS]", false).unwrap()].concat();
-    assert!(!spelled.contains(&first));
-    assert!(!accepts(&small, &[spelled, call[1..].to_vec()].concat()));
-    let nemo =
-        call_grammar(ToolFormat::Mistral, &[&weather], true, MistralTokens::of("[TOOL_CALLS]", |m| tok.token_to_id(m)))
-            .unwrap();
-    let call = ids(&["[TOOL_CALLS]", "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"]);
-    assert!(accepts(&nemo, &call));
+            c.is_done() || tok.eos_ids().iter().any(|&e| strata::engine::grammar::allows(c.allowed().unwrap(), e))
+        };
+        let markers = CallMarkers::of(format, template, |m| tok.token_to_id(m));
+        let spec = call_grammar(format, &[&weather], parallel, &markers).unwrap();
+        assert!(accepts(&spec, &ids), "{format:?} {pieces:?}\n{spec:?}");
+        // The first marker spelled out as text is not the marker.
+        let marker = pieces[0];
+        let half = (1..marker.len()).find(|&i| i >= marker.len() / 2 && marker.is_char_boundary(i)).unwrap();
+        let spelled =
+            [tok.encode(&marker[..half], false).unwrap(), tok.encode(&marker[half..], false).unwrap()].concat();
+        assert!(spelled.len() > 1 && !spelled.iter().any(|&id| is_marker(id)), "{format:?}: {spelled:?}");
+        assert!(!accepts(&spec, &[spelled, ids[1..].to_vec()].concat()), "{format:?}: spelled out");
+    }
 }

@@ -476,35 +476,52 @@ fn compact_json() -> Value {
     serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "whitespace_pattern": null})
 }
 
-/// Mistral's markers are special tokens, which a grammar names by id (`<[5]>`): the ids
-/// of this vocabulary's, those the template uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MistralTokens {
-    /// `[TOOL_CALLS]`.
-    pub tool_calls: Option<u32>,
-    /// `[ARGS]`, when calls are `NAME[ARGS]{...}` (Small 3.2, Devstral); `None`: a JSON
-    /// list follows `[TOOL_CALLS]` (Nemo).
-    pub args: Option<u32>,
-    /// `[CALL_ID]`, when the call's id comes between its name and `[ARGS]`.
-    pub call_id: Option<u32>,
+/// What a forced call's grammar needs of the model beyond its format: which of the
+/// format's markers its vocabulary holds as single tokens (a grammar names those by id,
+/// `<[5]>`, since special tokens are not text), and the shape its template writes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallMarkers {
+    /// The markers the template uses that are tokens of the vocabulary, with their ids.
+    ids: Vec<(&'static str, u32)>,
+    /// DeepSeek: the template writes R1's `function<｜tool▁sep｜>NAME` and the arguments
+    /// in a json code block, not V3.1's `NAME<｜tool▁sep｜>{...}`.
+    fenced: bool,
 }
 
-impl MistralTokens {
-    /// The markers `template` writes, looked up with `id_of`.
-    pub fn of(template: &str, id_of: impl Fn(&str) -> Option<u32>) -> Self {
-        let used = |m: &str| if template.contains(m) { id_of(m) } else { None };
-        MistralTokens { tool_calls: used("[TOOL_CALLS]"), args: used("[ARGS]"), call_id: used("[CALL_ID]") }
+impl CallMarkers {
+    /// The markers of `format` that `template` writes, looked up with `id_of`.
+    pub fn of(format: ToolFormat, template: &str, id_of: impl Fn(&str) -> Option<u32>) -> Self {
+        let ids = format.markers().iter().filter(|m| template.contains(**m)).filter_map(|&m| Some((m, id_of(m)?)));
+        CallMarkers { ids: ids.collect(), fenced: format == ToolFormat::DeepSeek && template.contains("```json") }
     }
+
+    fn id(&self, marker: &str) -> Option<u32> {
+        self.ids.iter().find(|(m, _)| *m == marker).map(|&(_, id)| id)
+    }
+
+    /// `marker` in a Lark grammar: its token, or its text where the vocabulary has no
+    /// such token.
+    fn lark(&self, marker: &str) -> String {
+        match self.id(marker) {
+            Some(id) => format!("<[{id}]>"),
+            None => lark_str(marker),
+        }
+    }
+}
+
+/// `text` as a Lark string literal.
+fn lark_str(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_default()
 }
 
 /// The grammar that makes a reply call one of `functions` (function definitions:
 /// `{"name", "description", "parameters"}`) in `format`: one call, or with `parallel`
-/// one or more. Mistral's needs its marker tokens' ids (`mistral`).
+/// one or more, in the shape `markers` describes.
 pub fn call_grammar(
     format: ToolFormat,
     functions: &[&Value],
     parallel: bool,
-    mistral: MistralTokens,
+    markers: &CallMarkers,
 ) -> Result<GrammarSpec, String> {
     if functions.is_empty() {
         return Err("`tool_choice` asks for a tool call, but `tools` holds no functions".into());
@@ -549,12 +566,9 @@ pub fn call_grammar(
             })))
         }
         ToolFormat::Llama3 => Ok(GrammarSpec::JsonSchema(call_schema("parameters"))),
-        // Their markers are special tokens, which a grammar must name by id.
-        ToolFormat::DeepSeek | ToolFormat::Kimi | ToolFormat::Glm => Err(format!(
-            "`tool_choice` that forces a call is not supported for models that write {} tool calls; use \
-             `tool_choice: \"auto\"`",
-            format.as_str()
-        )),
+        ToolFormat::DeepSeek | ToolFormat::Kimi | ToolFormat::Glm => {
+            Ok(GrammarSpec::Lark(marked_grammar(format, functions, parallel, markers, params)))
+        }
         ToolFormat::Hermes => {
             let schema = serde_json::to_string(&call_schema("arguments")).map_err(|e| e.to_string())?;
             let repeat = if parallel { "(\"\\n\" call)*" } else { "" };
@@ -588,16 +602,16 @@ pub fn call_grammar(
             )))
         }
         ToolFormat::Mistral => {
-            let Some(tc) = mistral.tool_calls else {
+            let Some(tc) = markers.id("[TOOL_CALLS]") else {
                 return Err(
                     "`tool_choice` asks for a tool call, but this model's vocabulary has no [TOOL_CALLS] token".into(),
                 );
             };
             let calls = if parallel { "call+" } else { "call" };
-            match mistral.args {
+            match markers.id("[ARGS]") {
                 // `[TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}` per call.
                 Some(args) => {
-                    let id = match mistral.call_id {
+                    let id = match markers.id("[CALL_ID]") {
                         Some(cid) => format!(" <[{cid}]> /[a-zA-Z0-9]{{9}}/"),
                         None => String::new(),
                     };
@@ -630,6 +644,100 @@ pub fn call_grammar(
             }
         }
     }
+}
+
+/// The forced-call grammar of the formats whose calls sit between markers: DeepSeek's and
+/// Kimi-K2's sections of calls with JSON arguments, GLM's `<tool_call>` with one
+/// `<arg_key>`/`<arg_value>` pair per argument (the required ones always, all in the
+/// schema's order; a string as it is, anything else as JSON, as its template writes them).
+fn marked_grammar(
+    format: ToolFormat,
+    functions: &[&Value],
+    parallel: bool,
+    m: &CallMarkers,
+    params: impl Fn(&Value) -> Value,
+) -> String {
+    let name = |f: &Value| f.get("name").and_then(|n| n.as_str()).unwrap_or_default().to_string();
+    let json = |schema: &Value| {
+        let mut schema = schema.clone();
+        schema["x-guidance"] = compact_json();
+        format!("%json {}", serde_json::to_string(&schema).unwrap_or_default())
+    };
+    let mut rules = String::new();
+    let mut alts = Vec::new();
+    for (i, f) in functions.iter().enumerate() {
+        let (n, schema) = (name(f), params(f));
+        let head = match format {
+            ToolFormat::DeepSeek if m.fenced => {
+                format!(
+                    "\"function\" {} {} a{i} \"\\n```\"",
+                    m.lark("<｜tool▁sep｜>"),
+                    lark_str(&format!("{n}\n```json\n"))
+                )
+            }
+            ToolFormat::DeepSeek => format!("{} {} a{i}", lark_str(&n), m.lark("<｜tool▁sep｜>")),
+            ToolFormat::Kimi => format!(
+                "{} /[0-9]+/ {} a{i}",
+                lark_str(&format!("functions.{n}:")),
+                m.lark("<|tool_call_argument_begin|>")
+            ),
+            _ => {
+                let props = schema.get("properties").and_then(Value::as_object).cloned().unwrap_or_default();
+                let required = |k: &str| {
+                    schema.get("required").and_then(Value::as_array).is_some_and(|r| r.iter().any(|x| x == k))
+                };
+                let mut seq = vec![lark_str(&n)];
+                for (j, (k, prop)) in props.iter().enumerate() {
+                    let value = match prop.get("type").and_then(Value::as_str) {
+                        Some("string") => "/[^<]*/".to_string(),
+                        _ => json(prop),
+                    };
+                    rules.push_str(&format!(
+                        "v{i}_{j}: \"\\n\" {} {} {} \"\\n\" {} {value} {}\n",
+                        m.lark("<arg_key>"),
+                        lark_str(k),
+                        m.lark("</arg_key>"),
+                        m.lark("<arg_value>"),
+                        m.lark("</arg_value>"),
+                    ));
+                    seq.push(if required(k) { format!("v{i}_{j}") } else { format!("v{i}_{j}?") });
+                }
+                alts.push(format!("f{i}"));
+                rules.push_str(&format!("f{i}: {}\n", seq.join(" ")));
+                continue;
+            }
+        };
+        rules.push_str(&format!("f{i}: {head}\na{i}: {}\n", json(&schema)));
+        alts.push(format!("f{i}"));
+    }
+    let (open, call_open, call_close, close, between) = match format {
+        ToolFormat::DeepSeek => (
+            m.lark("<｜tool▁calls▁begin｜>"),
+            m.lark("<｜tool▁call▁begin｜>"),
+            m.lark("<｜tool▁call▁end｜>"),
+            m.lark("<｜tool▁calls▁end｜>"),
+            String::new(),
+        ),
+        ToolFormat::Kimi => (
+            m.lark("<|tool_calls_section_begin|>"),
+            m.lark("<|tool_call_begin|>"),
+            m.lark("<|tool_call_end|>"),
+            m.lark("<|tool_calls_section_end|>"),
+            String::new(),
+        ),
+        _ => (
+            String::new(),
+            m.lark("<tool_call>"),
+            format!("\"\\n\" {}", m.lark("</tool_call>")),
+            String::new(),
+            "\"\\n\"".into(),
+        ),
+    };
+    let repeat = if parallel { format!("({between} call)*") } else { String::new() };
+    format!(
+        "start: {open} call {repeat} {close}\ncall: {call_open} func {call_close}\nfunc: {}\n{rules}",
+        alts.join(" | ")
+    )
 }
 
 #[cfg(test)]

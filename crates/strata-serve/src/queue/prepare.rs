@@ -23,7 +23,7 @@ use strata_engine::grammar::{Constraint, GrammarSpec, TokenEnvCell};
 use strata_engine::reasoning::{ReasoningSplitter, ThinkMarkers};
 use strata_engine::template::ChatMessage;
 use strata_engine::tokenizer::{TextError, TextTokenizer};
-use strata_engine::toolcall::{MistralTokens, ToolCallParser, ToolFormat, call_grammar, generic_system_prompt};
+use strata_engine::toolcall::{CallMarkers, ToolCallParser, ToolFormat, call_grammar, generic_system_prompt};
 
 /// What its chat template and Modelfile (`POST /api/create`) mean for a model's chats.
 pub(super) struct ChatTraits {
@@ -35,8 +35,8 @@ pub(super) struct ChatTraits {
     renders_tools: bool,
     /// Its reasoning markers, if it thinks.
     think: Option<ThinkMarkers>,
-    /// Mistral's marker tokens, for forced calls.
-    mistral: MistralTokens,
+    /// Its tool-call markers' tokens and shape, for forced calls.
+    markers: CallMarkers,
 }
 
 impl ChatTraits {
@@ -48,7 +48,7 @@ impl ChatTraits {
             tool_format,
             renders_tools: tool_format != ToolFormat::Generic || source.contains("tools"),
             think: ThinkMarkers::detect(source),
-            mistral: MistralTokens::of(source, |m| tok.token_to_id(m)),
+            markers: CallMarkers::of(tool_format, source, |m| tok.token_to_id(m)),
         }
     }
 }
@@ -119,7 +119,7 @@ pub(super) fn prepare(kit: &Kit, job: GenerateJob) -> Result<Prepared, JobError>
             let text = chat_text(tok, traits, messages, &job).map_err(|e| text_error(job.messages_param, e))?;
             if let Some(offer) = &job.tools {
                 if offer.choice != ToolChoice::Auto {
-                    let forced = tool_grammar(traits.tool_format, offer, traits.mistral);
+                    let forced = tool_grammar(traits.tool_format, offer, &traits.markers);
                     grammar = Some(forced.map_err(|m| invalid(Some("tool_choice"), m))?);
                     grammar_param = "tool_choice";
                 }
@@ -375,7 +375,7 @@ fn chat_text(
 /// The grammar that makes a reply call a tool (`tool_choice` `required`, or a named
 /// function), in the model's format. A named function is called once (as vLLM's named
 /// choice does); `required` makes several calls unless `parallel_tool_calls` is false.
-fn tool_grammar(format: ToolFormat, offer: &ChatTools, mistral: MistralTokens) -> Result<GrammarSpec, String> {
+fn tool_grammar(format: ToolFormat, offer: &ChatTools, markers: &CallMarkers) -> Result<GrammarSpec, String> {
     let functions: Vec<&serde_json::Value> = match &offer.choice {
         ToolChoice::Function(name) => {
             vec![
@@ -386,7 +386,7 @@ fn tool_grammar(format: ToolFormat, offer: &ChatTools, mistral: MistralTokens) -
         }
         _ => offer.tools.iter().filter_map(|t| t.get("function")).collect(),
     };
-    call_grammar(format, &functions, !offer.one_call(), mistral)
+    call_grammar(format, &functions, !offer.one_call(), markers)
 }
 
 /// A generation back from the thread that prepared it.
@@ -463,20 +463,35 @@ mod tests {
                 "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}})
         };
         let tools = vec![f("get_weather"), f("search")];
-        for format in [ToolFormat::Hermes, ToolFormat::QwenXml, ToolFormat::Llama3, ToolFormat::Generic] {
-            for choice in [ToolChoice::Required, ToolChoice::Function("search".into())] {
-                for parallel in [true, false] {
-                    let offer = ChatTools { tools: tools.clone(), choice: choice.clone(), parallel };
-                    let spec = tool_grammar(format, &offer, MistralTokens::default()).unwrap();
-                    spec.check().unwrap_or_else(|e| panic!("{format:?} {choice:?}: {e}\n{spec:?}"));
+        let formats = [
+            ToolFormat::Hermes,
+            ToolFormat::QwenXml,
+            ToolFormat::Llama3,
+            ToolFormat::Generic,
+            ToolFormat::DeepSeek,
+            ToolFormat::Kimi,
+            ToolFormat::Glm,
+        ];
+        for format in formats {
+            // Markers as text, and as tokens (ids 1000 on) where a template writes them.
+            let as_tokens = CallMarkers::of(format, &format.markers().concat(), |m| {
+                format.markers().iter().position(|x| *x == m).map(|i| 1000 + i as u32)
+            });
+            for markers in [CallMarkers::default(), as_tokens] {
+                for choice in [ToolChoice::Required, ToolChoice::Function("search".into())] {
+                    for parallel in [true, false] {
+                        let offer = ChatTools { tools: tools.clone(), choice: choice.clone(), parallel };
+                        let spec = tool_grammar(format, &offer, &markers).unwrap();
+                        spec.check().unwrap_or_else(|e| panic!("{format:?} {choice:?}: {e}\n{spec:?}"));
+                    }
                 }
             }
         }
         let offer = ChatTools { tools, choice: ToolChoice::Required, parallel: true };
-        let none = MistralTokens::default();
-        assert!(tool_grammar(ToolFormat::Mistral, &offer, none).unwrap_err().contains("[TOOL_CALLS]"));
+        let none = CallMarkers::default();
+        assert!(tool_grammar(ToolFormat::Mistral, &offer, &none).unwrap_err().contains("[TOOL_CALLS]"));
         let offer = ChatTools { choice: ToolChoice::Function("nope".into()), ..offer };
-        assert!(tool_grammar(ToolFormat::Hermes, &offer, none).unwrap_err().contains("nope"));
+        assert!(tool_grammar(ToolFormat::Hermes, &offer, &none).unwrap_err().contains("nope"));
     }
 
     /// One token per byte, BOS (id 0) at the start of the text: the windows' tokens are
