@@ -420,3 +420,54 @@ async fn a_forced_call_cut_by_max_tokens_keeps_its_complete_calls() {
     // Some replies the limit cut inside a later call still carry the calls before it.
     assert!(seen.iter().any(|(f, n)| f == "length" && *n > 0), "{seen:?}");
 }
+
+/// DeepSeek-V3.1's template (its tool markers tokens of the fixture's vocabulary) and
+/// GLM-4.5's (its markers text there): forced calls come back in OpenAI's shape, whole
+/// and streamed; a reply that thinks and then calls a tool gives both apart.
+#[tokio::test]
+async fn deepseek_and_glm_calls_and_reasoning_reach_openai_shape() {
+    let models = [("deepseek", common::fixture("deepseek_v3")), ("glm", common::fixture("glm4_moe"))];
+    let (app, _, _worker) = strata::server::start(common::serve_options(&models, 1024)).expect("starting the server");
+    for model in ["deepseek", "glm"] {
+        let body = chat(model, json!({"tools": [weather()], "tool_choice": "required", "parallel_tool_calls": false}));
+        let (status, _, out) = send(&app, post_json("/v1/chat/completions", body.clone())).await;
+        let v = json(&out);
+        assert_eq!(status, StatusCode::OK, "{v}");
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{model}: {v}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!((calls.len(), calls[0]["function"]["name"].as_str()), (1, Some("get_weather")), "{v}");
+        let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(args["city"].is_string(), "{model}: {args}");
+        assert!(choice["message"]["content"].is_null(), "{model}: only a call: {v}");
+
+        let mut streamed = body;
+        streamed["stream"] = json!(true);
+        let chunks = sse_payloads(&send(&app, post_json("/v1/chat/completions", streamed)).await.2);
+        let deltas: Vec<&Value> = chunks
+            .iter()
+            .flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten())
+            .collect();
+        assert_eq!(deltas[0]["function"]["name"], "get_weather", "{deltas:?}");
+        let joined: String = deltas.iter().filter_map(|d| d["function"]["arguments"].as_str()).collect();
+        assert_eq!(joined, calls[0]["function"]["arguments"].as_str().unwrap(), "{model}: greedy, same arguments");
+    }
+
+    // DeepSeek-V3.1 thinking: its prompt ends inside `<think>`, so the reply starts there.
+    let grammar = r#"start: /[a-z]{3,8}/ "</think>" /[a-z]{2,6}/"#;
+    let body = chat("deepseek", json!({"grammar": grammar, "chat_template_kwargs": {"thinking": true}}));
+    let v = json(&send(&app, post_json("/v1/chat/completions", body)).await.2);
+    let msg = &v["choices"][0]["message"];
+    assert!(msg["reasoning_content"].as_str().is_some_and(|r| (3..=8).contains(&r.len())), "{v}");
+    assert!(msg["content"].as_str().is_some_and(|c| (2..=6).contains(&c.len())), "{v}");
+
+    // GLM thinks, then calls (its calls are text in this vocabulary, so a grammar writes one).
+    let grammar = r#"start: "<think>" /[a-z]{3,8}/ "</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>" /[A-Z][a-z]{2,8}/ "</arg_value>\n</tool_call>""#;
+    let body = chat("glm", json!({"grammar": grammar, "tools": [weather()]}));
+    let v = json(&send(&app, post_json("/v1/chat/completions", body)).await.2);
+    let msg = &v["choices"][0]["message"];
+    assert!(msg["reasoning_content"].as_str().is_some_and(|r| (3..=8).contains(&r.len())), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let args: Value = serde_json::from_str(msg["tool_calls"][0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].as_str().is_some_and(|c| c.starts_with(|x: char| x.is_ascii_uppercase())), "{v}");
+}

@@ -689,7 +689,7 @@ fn marked_grammar(
                 let mut seq = vec![lark_str(&n)];
                 for (j, (k, prop)) in props.iter().enumerate() {
                     let value = match prop.get("type").and_then(Value::as_str) {
-                        Some("string") => "/[^<]*/".to_string(),
+                        Some("string") => glm_string(prop),
                         _ => json(prop),
                     };
                     rules.push_str(&format!(
@@ -738,6 +738,28 @@ fn marked_grammar(
         "start: {open} call {repeat} {close}\ncall: {call_open} func {call_close}\nfunc: {}\n{rules}",
         alts.join(" | ")
     )
+}
+
+/// A GLM string argument, written as it is between `<arg_value>` and `</arg_value>`: one of
+/// its `enum` (or its `const`), else any text without a `<` of the length its schema allows
+/// (`pattern` and `format` are not enforced in this format).
+fn glm_string(schema: &Value) -> String {
+    let listed = match (schema.get("enum").and_then(Value::as_array), schema.get("const")) {
+        (_, Some(c)) => Some(vec![c.clone()]),
+        (Some(e), None) => Some(e.clone()),
+        (None, None) => None,
+    };
+    if let Some(values) = listed {
+        let alts: Vec<String> = values.iter().filter_map(Value::as_str).map(lark_str).collect();
+        if !alts.is_empty() {
+            return format!("({})", alts.join(" | "));
+        }
+    }
+    let bound = |k: &str| schema.get(k).and_then(Value::as_u64);
+    match (bound("minLength"), bound("maxLength")) {
+        (None, None) => "/[^<]*/".into(),
+        (min, max) => format!("/[^<]{{{},{}}}/", min.unwrap_or(0), max.map(|m| m.to_string()).unwrap_or_default()),
+    }
 }
 
 #[cfg(test)]
