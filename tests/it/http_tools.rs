@@ -32,40 +32,43 @@ fn chat(model: &str, extra: Value) -> Value {
     body
 }
 
+/// A forced call to `model` comes back in OpenAI's shape, whole and streamed.
+async fn forced_call_in_openai_shape(app: &axum::Router, model: &str) {
+    let body = chat(model, json!({"tools": [weather()], "tool_choice": "required", "parallel_tool_calls": false}));
+    let (status, _, out) = send(app, post_json("/v1/chat/completions", body.clone())).await;
+    let v = json(&out);
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{model}: {v}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["type"], "function");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_string(), "{model}: {args}");
+    assert!(choice["message"]["content"].is_null(), "{model}: only a call: {v}");
+
+    // Streamed: the same call, in pieces.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (status, _, out) = send(app, post_json("/v1/chat/completions", streamed)).await;
+    assert_eq!(status, StatusCode::OK);
+    let chunks = sse_payloads(&out);
+    let deltas: Vec<&Value> =
+        chunks.iter().flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten()).collect();
+    assert!(deltas[0]["id"].is_string() && deltas[0]["function"]["name"] == "get_weather", "{deltas:?}");
+    assert!(deltas[1..].iter().all(|d| d.get("id").is_none() && d["function"].get("name").is_none()));
+    let joined: String = deltas.iter().filter_map(|d| d["function"]["arguments"].as_str()).collect();
+    assert_eq!(joined, calls[0]["function"]["arguments"].as_str().unwrap(), "{model}: greedy, same arguments");
+    let last = chunks.iter().rev().find(|c| !c["choices"].as_array().unwrap().is_empty()).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+}
+
 #[tokio::test]
 async fn forced_calls_come_back_in_openai_shape_for_both_formats() {
     let (app, _) = app_with_context(1024);
     for model in ["qwen3", "llama3"] {
-        let body = chat(model, json!({"tools": [weather()], "tool_choice": "required", "parallel_tool_calls": false}));
-        let (status, _, out) = send(&app, post_json("/v1/chat/completions", body.clone())).await;
-        let v = json(&out);
-        assert_eq!(status, StatusCode::OK, "{v}");
-        let choice = &v["choices"][0];
-        assert_eq!(choice["finish_reason"], "tool_calls", "{model}: {v}");
-        let calls = choice["message"]["tool_calls"].as_array().unwrap();
-        assert_eq!(calls.len(), 1, "{v}");
-        assert_eq!(calls[0]["type"], "function");
-        assert_eq!(calls[0]["function"]["name"], "get_weather");
-        let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
-        assert!(args["city"].is_string(), "{model}: {args}");
-        assert!(choice["message"]["content"].is_null(), "{model}: only a call: {v}");
-
-        // Streamed: the same call, in pieces.
-        let mut streamed = body.clone();
-        streamed["stream"] = json!(true);
-        let (status, _, out) = send(&app, post_json("/v1/chat/completions", streamed)).await;
-        assert_eq!(status, StatusCode::OK);
-        let chunks = sse_payloads(&out);
-        let deltas: Vec<&Value> = chunks
-            .iter()
-            .flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten())
-            .collect();
-        assert!(deltas[0]["id"].is_string() && deltas[0]["function"]["name"] == "get_weather", "{deltas:?}");
-        assert!(deltas[1..].iter().all(|d| d.get("id").is_none() && d["function"].get("name").is_none()));
-        let joined: String = deltas.iter().filter_map(|d| d["function"]["arguments"].as_str()).collect();
-        assert_eq!(joined, calls[0]["function"]["arguments"].as_str().unwrap(), "{model}: greedy, same arguments");
-        let last = chunks.iter().rev().find(|c| !c["choices"].as_array().unwrap().is_empty()).unwrap();
-        assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+        forced_call_in_openai_shape(&app, model).await;
     }
 }
 
@@ -429,28 +432,7 @@ async fn deepseek_and_glm_calls_and_reasoning_reach_openai_shape() {
     let models = [("deepseek", common::fixture("deepseek_v3")), ("glm", common::fixture("glm4_moe"))];
     let (app, _, _worker) = strata::server::start(common::serve_options(&models, 1024)).expect("starting the server");
     for model in ["deepseek", "glm"] {
-        let body = chat(model, json!({"tools": [weather()], "tool_choice": "required", "parallel_tool_calls": false}));
-        let (status, _, out) = send(&app, post_json("/v1/chat/completions", body.clone())).await;
-        let v = json(&out);
-        assert_eq!(status, StatusCode::OK, "{v}");
-        let choice = &v["choices"][0];
-        assert_eq!(choice["finish_reason"], "tool_calls", "{model}: {v}");
-        let calls = choice["message"]["tool_calls"].as_array().unwrap();
-        assert_eq!((calls.len(), calls[0]["function"]["name"].as_str()), (1, Some("get_weather")), "{v}");
-        let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
-        assert!(args["city"].is_string(), "{model}: {args}");
-        assert!(choice["message"]["content"].is_null(), "{model}: only a call: {v}");
-
-        let mut streamed = body;
-        streamed["stream"] = json!(true);
-        let chunks = sse_payloads(&send(&app, post_json("/v1/chat/completions", streamed)).await.2);
-        let deltas: Vec<&Value> = chunks
-            .iter()
-            .flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten())
-            .collect();
-        assert_eq!(deltas[0]["function"]["name"], "get_weather", "{deltas:?}");
-        let joined: String = deltas.iter().filter_map(|d| d["function"]["arguments"].as_str()).collect();
-        assert_eq!(joined, calls[0]["function"]["arguments"].as_str().unwrap(), "{model}: greedy, same arguments");
+        forced_call_in_openai_shape(&app, model).await;
     }
 
     // DeepSeek-V3.1 thinking: its prompt ends inside `<think>`, so the reply starts there.
