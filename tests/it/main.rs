@@ -34,6 +34,7 @@ mod http_sparse;
 mod http_tools;
 mod hub;
 mod hybrid;
+mod latent_cache;
 mod llamacpp_parity;
 mod llamacpp_vocab;
 mod model_parity;
