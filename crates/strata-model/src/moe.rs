@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::config::{ModelConfig, MoeConfig, Scoring};
+use super::config::{GroupScore, ModelConfig, MoeConfig, Scoring};
 use super::error::ModelError;
 use strata_backend::{Backend, Rows};
 use strata_sched::SchedError;
@@ -87,8 +87,9 @@ pub trait UnitSource<U> {
 /// Each row's experts and their weights, as transformers routes: the scores (softmax
 /// over every expert's logit, or each one's sigmoid); the `top_k` best (the lower index
 /// first on ties) of the scores plus `bias` when given, among the experts of the
-/// `groups_used` groups whose two best biased scores sum highest when the experts are
-/// grouped (the others count as 0 or as minus infinity, [`MoeConfig::group_mask_zero`]); weighted by their
+/// `groups_used` groups that score highest when the experts are grouped (by their two
+/// best biased scores' sum or their best, [`MoeConfig::group_score`]; the others count
+/// as 0 or as minus infinity, [`MoeConfig::group_mask_zero`]); weighted by their
 /// scores, rescaled to sum to 1 when `norm_topk_prob`, times `routed_scale`.
 pub fn route(logits: &[f32], m: &MoeConfig, bias: Option<&[f32]>) -> Vec<(Vec<u32>, Vec<f32>)> {
     let n = m.n_experts;
@@ -116,8 +117,11 @@ pub fn route(logits: &[f32], m: &MoeConfig, bias: Option<&[f32]>) -> Vec<(Vec<u3
             if m.groups > 1 {
                 let per = n / m.groups;
                 let group_score = |g: usize| {
-                    let best = most(&choice[g * per..(g + 1) * per], 2);
-                    best.iter().map(|&i| choice[g * per + i as usize]).sum::<f32>()
+                    let group = &choice[g * per..(g + 1) * per];
+                    match m.group_score {
+                        GroupScore::TopTwoSum => most(group, 2).iter().map(|&i| group[i as usize]).sum::<f32>(),
+                        GroupScore::Max => group[most(group, 1)[0] as usize],
+                    }
                 };
                 let sums: Vec<f32> = (0..m.groups).map(group_score).collect();
                 let kept = most(&sums, m.groups_used);
@@ -376,5 +380,22 @@ mod tests {
         assert_eq!(ids, vec![0, 1]);
         let total = sig(2.0) + sig(-1.0);
         assert!((w[0] - 2.0 * sig(2.0) / total).abs() < 1e-6 && (w[1] - 2.0 * sig(-1.0) / total).abs() < 1e-6);
+    }
+
+    /// DeepSeek-V2's `group_limited_greedy`: a group counts by its best expert, not by
+    /// its two best; the weights are softmax probabilities times the scale, unnormalized.
+    #[test]
+    fn group_limited_greedy_scores_a_group_by_its_best_expert() {
+        let m = MoeConfig { groups: 2, groups_used: 1, routed_scale: 2.0, ..MoeConfig::softmax(4, 2, 8) };
+        // Group 0 = experts 0, 1 (probabilities ∝ 7.39, 6.69: best 7.39, sum 14.08); group 1 =
+        // experts 2, 3 (∝ 12.18, 1: best 12.18, sum 13.18).
+        let logits = [2.0, 1.9, 2.5, 0.0];
+        let (ids, _) = route(&logits, &m, None).remove(0);
+        assert_eq!(ids, vec![0, 1], "the sum of the two best keeps group 0");
+        let max = MoeConfig { group_score: GroupScore::Max, ..m };
+        let (ids, w) = route(&logits, &max, None).remove(0);
+        assert_eq!(ids, vec![2, 3], "the best keeps group 1");
+        let sum: f32 = logits.iter().map(|z| z.exp()).sum();
+        assert!((w[0] - 2.0 * 2.5f32.exp() / sum).abs() < 1e-6 && (w[1] - 2.0 / sum).abs() < 1e-6);
     }
 }

@@ -365,6 +365,9 @@ pub struct ArchSpec {
     pub arch: Arch,
     /// `model_type` in `config.json`.
     pub hf_type: &'static str,
+    /// Other `model_type`s read as this family (their differences are in the config,
+    /// which says them).
+    pub hf_aliases: &'static [&'static str],
     /// `general.architecture` in GGUF.
     pub gguf_arch: &'static str,
     pub tensors: &'static [TensorName],
@@ -385,6 +388,7 @@ const fn spec(arch: Arch, hf_type: &'static str, gguf_arch: &'static str, tensor
     ArchSpec {
         arch,
         hf_type,
+        hf_aliases: &[],
         gguf_arch,
         tensors,
         norms: NormPlacement::Pre,
@@ -448,8 +452,10 @@ pub static SPECS: [ArchSpec; 19] = [
         ..spec(Arch::Qwen35Moe, "qwen3_5_moe_text", "qwen35moe", &QWEN35_MOE)
     },
     // The keys' and queries' RoPE parts come interleaved (`rope_interleave`, GGML's
-    // "normal" RoPE in llama.cpp's `deepseek2`).
-    spec(Arch::DeepseekV3, "deepseek_v3", "deepseek2", &DEEPSEEK),
+    // "normal" RoPE in llama.cpp's `deepseek2`). DeepSeek-V2 and V2-Lite have the same
+    // layers and tensors; their routing (softmax, `greedy` or `group_limited_greedy`) is
+    // in their config.
+    ArchSpec { hf_aliases: &["deepseek_v2"], ..spec(Arch::DeepseekV3, "deepseek_v3", "deepseek2", &DEEPSEEK) },
     ArchSpec { qk_norm: QkNorm::PerHead, ..spec(Arch::Glm4Moe, "glm4_moe", "glm4moe", &GLM4_MOE) },
 ];
 
@@ -464,7 +470,7 @@ impl Arch {
     }
 
     pub fn from_hf_type(model_type: &str) -> Option<Arch> {
-        SPECS.iter().find(|s| s.hf_type == model_type).map(|s| s.arch)
+        SPECS.iter().find(|s| s.hf_type == model_type || s.hf_aliases.contains(&model_type)).map(|s| s.arch)
     }
 
     pub fn from_gguf_arch(arch: &str) -> Option<Arch> {
@@ -535,6 +541,9 @@ mod tests {
                 }
             }
             assert_eq!(Arch::from_hf_type(s.hf_type), Some(s.arch));
+            for alias in s.hf_aliases {
+                assert_eq!(Arch::from_hf_type(alias), Some(s.arch), "{alias}");
+            }
             // llama.cpp's `llama` is also Mixtral's (told apart by its expert count).
             // (Qwen3-Next's names are unique but only stand for reshaped tensors.)
             let gguf = if s.arch == Arch::Mixtral { Arch::Llama } else { s.arch };

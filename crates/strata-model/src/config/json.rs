@@ -276,7 +276,11 @@ impl ModelConfig {
                     c["norm_topk_prob"] = json!(m.norm_topk_prob);
                     c["n_shared_experts"] = json!(m.shared_expert_size.unwrap_or(0) / m.expert_size.max(1));
                     c["scoring_func"] = json!(if m.scoring == Scoring::Sigmoid { "sigmoid" } else { "softmax" });
-                    c["topk_method"] = json!(if m.choice_bias { "noaux_tc" } else { "greedy" });
+                    c["topk_method"] = json!(match (m.choice_bias, m.group_score) {
+                        (true, _) => "noaux_tc",
+                        (false, GroupScore::Max) => "group_limited_greedy",
+                        (false, GroupScore::TopTwoSum) => "greedy",
+                    });
                     c["n_group"] = json!(m.groups);
                     c["topk_group"] = json!(m.groups_used);
                     c["routed_scaling_factor"] = json!(m.routed_scale);
@@ -527,18 +531,34 @@ fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
 /// DeepSeek-V3's routing: sigmoid scores, `e_score_correction_bias` to choose,
 /// `n_group` groups of which `topk_group` are chosen from, `routed_scaling_factor`, and
 /// `n_shared_experts` shared experts (one MLP of that many times the expert width).
+/// DeepSeek-V2 (`model_type` `deepseek_v2`, read as DeepSeek-V3) routes by softmax with
+/// no bias and no normalization unless its config says otherwise: `greedy` (no groups,
+/// whatever `n_group` says, as transformers) or `group_limited_greedy` (groups scored
+/// by their best expert).
 fn deepseek_moe(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
     let Some(n_experts) = opt_usize(v, "n_routed_experts").filter(|&n| n > 0) else { return Ok(None) };
-    let scoring = match v.get("scoring_func").and_then(Value::as_str).unwrap_or("sigmoid") {
+    let v2 = v.get("model_type").and_then(Value::as_str) == Some("deepseek_v2");
+    let scoring = match v.get("scoring_func").and_then(Value::as_str).unwrap_or(if v2 { "softmax" } else { "sigmoid" })
+    {
         "sigmoid" => Scoring::Sigmoid,
         "softmax" => Scoring::Softmax,
         other => return Err(ConfigError::Unsupported(format!("`scoring_func` `{other}`"))),
     };
-    let choice_bias = match v.get("topk_method").and_then(Value::as_str).unwrap_or("noaux_tc") {
-        "noaux_tc" => true,
-        "greedy" => false,
-        other => return Err(ConfigError::Unsupported(format!("`topk_method` `{other}`"))),
-    };
+    let (choice_bias, group_score, grouped) =
+        match v.get("topk_method").and_then(Value::as_str).unwrap_or(if v2 { "greedy" } else { "noaux_tc" }) {
+            "noaux_tc" => (true, GroupScore::TopTwoSum, true),
+            "greedy" => (false, GroupScore::TopTwoSum, !v2),
+            "group_limited_greedy" => (false, GroupScore::Max, true),
+            other => return Err(ConfigError::Unsupported(format!("`topk_method` `{other}`"))),
+        };
+    let groups = if grouped { opt_usize(v, "n_group").unwrap_or(1).max(1) } else { 1 };
+    let groups_used = if grouped { opt_usize(v, "topk_group").unwrap_or(1).max(1) } else { 1 };
+    if n_experts % groups != 0 || groups_used > groups {
+        return Err(ConfigError::Unsupported(format!(
+            "`n_group` {groups} with `topk_group` {groups_used} and `n_routed_experts` {n_experts} (groups must \
+             divide the experts, and at most `n_group` be kept)"
+        )));
+    }
     let expert_size = usize_field(v, "moe_intermediate_size")?;
     let shared = opt_usize(v, "n_shared_experts").unwrap_or(0);
     let top_k = usize_field(v, "num_experts_per_tok")?;
@@ -547,11 +567,12 @@ fn deepseek_moe(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError>
     }
     Ok(Some(MoeConfig {
         shared_expert_size: Some(shared * expert_size).filter(|&s| s > 0),
-        norm_topk_prob: v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(true),
+        norm_topk_prob: v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(!v2),
         scoring,
         choice_bias,
-        groups: opt_usize(v, "n_group").unwrap_or(1),
-        groups_used: opt_usize(v, "topk_group").unwrap_or(1),
+        groups,
+        groups_used,
+        group_score,
         // transformers' DeepSeek-V3 masks the groups not chosen with 0, its GLM-4.5 with
         // minus infinity.
         group_mask_zero: v.get("strata_group_mask_zero").and_then(Value::as_bool).unwrap_or(arch == Arch::DeepseekV3),

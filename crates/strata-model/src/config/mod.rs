@@ -223,10 +223,12 @@ pub struct MoeConfig {
     /// choose the experts, but not to weight them (DeepSeek-V3's `noaux_tc`).
     pub choice_bias: bool,
     /// The experts come in `groups` groups of consecutive indices; a token chooses its
-    /// experts from the `groups_used` groups whose two best scores sum highest (1 and 1:
-    /// no grouping).
+    /// experts from the `groups_used` groups that score highest by [`Self::group_score`]
+    /// (1 and 1: no grouping).
     pub groups: usize,
     pub groups_used: usize,
+    /// How a group of experts is scored to choose the `groups_used` groups.
+    pub group_score: GroupScore,
     /// The experts of the groups not chosen score 0 for the choice (transformers'
     /// DeepSeek-V3), not minus infinity (its GLM-4.5, llama.cpp): the two differ only
     /// when a biased score is negative. Written to `config.json` as
@@ -237,6 +239,16 @@ pub struct MoeConfig {
     /// The shared expert's output is scaled by `sigmoid(shared_expert_gate · x)`
     /// (Qwen2-MoE); DeepSeek's and GLM's shared experts are added as they are.
     pub shared_gated: bool,
+}
+
+/// How a group of experts is scored when a router keeps only its best groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupScore {
+    /// The sum of the group's two best scores (DeepSeek-V3's `noaux_tc`, GLM-4.5,
+    /// every grouped router of llama.cpp).
+    TopTwoSum,
+    /// The group's best score (DeepSeek-V2's `group_limited_greedy`).
+    Max,
 }
 
 /// How a router's logits become expert scores.
@@ -262,6 +274,7 @@ impl MoeConfig {
             choice_bias: false,
             groups: 1,
             groups_used: 1,
+            group_score: GroupScore::TopTwoSum,
             group_mask_zero: false,
             routed_scale: 1.0,
             shared_gated: true,
@@ -754,5 +767,37 @@ mod tests {
         );
         let bad = format!(r#"{{"model_type":"gemma2",{six},"layer_types":["full_attention"]}}"#);
         assert!(ModelConfig::from_json(&bad).unwrap_err().to_string().contains("layer_types"));
+    }
+
+    /// DeepSeek-V2 is read as DeepSeek-V3 with its own routing defaults: softmax, no
+    /// bias, no normalization; `greedy` ignores `n_group`, `group_limited_greedy` scores a
+    /// group by its best expert. Both survive the JSON Strata writes.
+    #[test]
+    fn deepseek_v2_routes_as_its_config_says() {
+        let v2 = |extra: &str| {
+            let c = ModelConfig::from_json(&format!(
+                r#"{{"model_type":"deepseek_v2",{BASE},"kv_lora_rank":16,"qk_nope_head_dim":8,
+                "qk_rope_head_dim":8,"v_head_dim":8,"n_routed_experts":8,"num_experts_per_tok":2,
+                "moe_intermediate_size":16,"n_shared_experts":1,"first_k_dense_replace":1,
+                "routed_scaling_factor":16.0,"n_group":4,"topk_group":2{extra}}}"#
+            ))
+            .unwrap();
+            assert_eq!(ModelConfig::from_json(&c.to_json().to_string()).unwrap(), c);
+            (c.arch, c.moe.unwrap())
+        };
+        let (arch, m) = v2("");
+        assert_eq!(arch, Arch::DeepseekV3);
+        assert_eq!((m.scoring, m.choice_bias, m.norm_topk_prob), (Scoring::Softmax, false, false));
+        assert_eq!((m.groups, m.groups_used, m.routed_scale), (1, 1, 16.0), "greedy by default: no groups");
+        let (_, m) = v2(r#","topk_method":"group_limited_greedy","norm_topk_prob":true"#);
+        assert_eq!((m.groups, m.groups_used, m.group_score, m.norm_topk_prob), (4, 2, GroupScore::Max, true));
+        let e = ModelConfig::from_json(&format!(
+            r#"{{"model_type":"deepseek_v2",{BASE},"kv_lora_rank":16,"qk_nope_head_dim":8,"qk_rope_head_dim":8,
+            "v_head_dim":8,"n_routed_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":16,
+            "topk_method":"group_limited_greedy","n_group":3,"topk_group":2}}"#
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("n_group"), "{e}");
     }
 }
