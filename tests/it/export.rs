@@ -39,6 +39,17 @@ fn round_trip(rel: &str, quant: Option<DType>, tol: f32) {
     // A hybrid's linear-attention tensors come back in llama.cpp's layout, under its names.
     if quant.is_none() && src.config.linear_attn.is_none() {
         for (name, t) in &src.tensors {
+            // Multi-token-prediction layers are not exported.
+            let layer = name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+            if layer.is_some_and(|l| l >= src.config.n_layers) {
+                continue;
+            }
+            // Latent attention's up-projection comes back split and transposed as
+            // llama.cpp's converter leaves it; the logits below check it.
+            if name.ends_with("self_attn.kv_b_proj.weight") {
+                assert!(back.tensors.contains_key(&name.replace("kv_b_proj", "k_b_proj")), "{rel}: `{name}`");
+                continue;
+            }
             let b = back.tensors.get(name).unwrap_or_else(|| panic!("{rel}: `{name}` missing from the export"));
             assert_eq!(b.shape, t.shape, "{rel}: `{name}` shape");
             let (x, y) = (t.to_f32_vec(), b.to_f32_vec());
@@ -76,6 +87,9 @@ fn hugging_face_fixtures_export_to_gguf_that_reads_back_the_same() {
         "hf/qwen3_moe",
         "hf/llama_bf16_256",
         "hf/llama_spm",
+        "hf/deepseek_v3",
+        "hf/deepseek_v3_noq",
+        "hf/glm4_moe",
     ] {
         round_trip(rel, None, 1e-5);
     }

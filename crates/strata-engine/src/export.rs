@@ -22,7 +22,9 @@ use strata_format::gguf::{GgufFile, GgufValue};
 use strata_format::gguf_write::{self, TensorEntry};
 use strata_format::requant::{self, QuantShortfall};
 use strata_model::ModelSource;
-use strata_model::config::{Ffn, LayerRope, Mixer, ModelConfig, RopeScaling};
+use strata_model::config::{
+    Ffn, GroupScore, LayerRope, Mixer, MlaConfig, ModelConfig, MoeConfig, RopeScaling, Scoring,
+};
 use strata_model::gguf_vocab::{self, LLAMA_VOCAB_KEY, LlamaVocab};
 use strata_model::shapes;
 use strata_model::spec::{self, Arch, ArchSpec, Role};
@@ -61,6 +63,10 @@ enum Source {
     /// that order, then the columns `cols` picks, then `-exp` where `neg_exp` (how
     /// llama.cpp's converter lays out the gated-delta-rule layers; see [`hybrid`]).
     Mapped { hf: String, rows: Option<Vec<usize>>, cols: Option<Vec<usize>>, neg_exp: bool },
+    /// Latent attention's `kv_b_proj` split as llama.cpp's converter splits it (see
+    /// [`split_kv_b`]): each head's key rows transposed (`attn_k_b`), or its value rows
+    /// (`attn_v_b`).
+    KvB { hf: String, key: bool },
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -128,6 +134,14 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
                 let mapped = map_f32(t, rows.as_deref(), cols.as_deref(), *neg_exp, &e.shape);
                 in_dtype(&pool, hf, &mapped, e.dtype)?
             }
+            Source::KvB { hf, key } => {
+                src.sums.check(hf)?;
+                let t = &src.tensors[hf];
+                converted += usize::from(t.dtype != e.dtype);
+                let mla = c.mla.context("kv_b_proj outside latent attention")?;
+                let split = split_kv_b(&t.to_f32_vec(), c.n_heads, &mla, *key);
+                in_dtype(&pool, hf, &HostTensor::from_f32(&split, e.shape.clone()), e.dtype)?
+            }
             Source::Stacked(names) => {
                 let mut all = Vec::with_capacity(e.bytes()?);
                 for hf in names {
@@ -152,7 +166,7 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
     let window = window.map(|w| {
         format!("llama.cpp runs Mistral as `llama`, without its sliding window: past {w} tokens its outputs differ")
     });
-    let notes: Vec<String> = window.into_iter().chain(tok_note).collect();
+    let notes: Vec<String> = window.into_iter().chain(routing_note(src)).chain(tok_note).collect();
     let note = (!notes.is_empty()).then(|| notes.join("; "));
     Ok(ExportReport {
         architecture: gguf_arch(c).into(),
@@ -170,9 +184,6 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
 fn metadata(src: &ModelSource, name: &str) -> anyhow::Result<Metadata> {
     let c = &src.config;
     let a = gguf_arch(c);
-    if c.mla.is_some() {
-        anyhow::bail!("exporting a latent-attention model ({}) to GGUF is not supported", c.arch.name());
-    }
     let mut m: Metadata = Vec::new();
     let mut put = |k: &str, v: GgufValue| m.push((k.to_string(), v));
     let u = |x: usize| GgufValue::U32(x as u32);
@@ -183,9 +194,15 @@ fn metadata(src: &ModelSource, name: &str) -> anyhow::Result<Metadata> {
     put(&format!("{a}.block_count"), u(c.n_layers));
     put(&format!("{a}.feed_forward_length"), u(c.intermediate_size));
     put(&format!("{a}.attention.head_count"), u(c.n_heads));
-    put(&format!("{a}.attention.head_count_kv"), u(c.n_kv_heads));
-    put(&format!("{a}.attention.key_length"), u(c.head_dim));
-    put(&format!("{a}.attention.value_length"), u(c.head_dim));
+    // llama.cpp runs latent attention as one KV head of the latent and the RoPE key
+    // (values: the latent), the heads' own widths under `*_mla`.
+    let (kv_heads, key_len, value_len) = match c.mla {
+        Some(a) => (1, a.cache_width(), a.kv_lora_rank),
+        None => (c.n_kv_heads, c.head_dim, c.head_dim),
+    };
+    put(&format!("{a}.attention.head_count_kv"), u(kv_heads));
+    put(&format!("{a}.attention.key_length"), u(key_len));
+    put(&format!("{a}.attention.value_length"), u(value_len));
     put(&format!("{a}.rope.dimension_count"), u(c.rotary_dim));
     put(&format!("{a}.attention.layer_norm_rms_epsilon"), GgufValue::F32(c.rms_norm_eps));
     put(&format!("{a}.rope.freq_base"), GgufValue::F32(c.rope_theta));
@@ -218,8 +235,31 @@ fn metadata(src: &ModelSource, name: &str) -> anyhow::Result<Metadata> {
         if c.arch != Arch::Mixtral {
             put(&format!("{a}.expert_feed_forward_length"), u(moe.expert_size));
         }
-        if let Some(s) = moe.shared_expert_size {
-            put(&format!("{a}.expert_shared_feed_forward_length"), u(s));
+        match c.arch {
+            Arch::DeepseekV3 | Arch::Glm4Moe => {
+                for (k, v) in deepseek_routing(c, &moe)? {
+                    put(&format!("{a}.{k}"), v);
+                }
+            }
+            _ => {
+                if let Some(s) = moe.shared_expert_size {
+                    put(&format!("{a}.expert_shared_feed_forward_length"), u(s));
+                }
+            }
+        }
+    }
+    if let Some(mla) = c.mla {
+        if !mla.rope_interleave {
+            bail!("llama.cpp's `{a}` rotates interleaved pairs; this model rotates halves (`rope_interleave` false)");
+        }
+        // llama.cpp requires the key: 0 for queries without the bottleneck.
+        put(&format!("{a}.attention.q_lora_rank"), u(mla.q_lora_rank.unwrap_or(0)));
+        put(&format!("{a}.attention.kv_lora_rank"), u(mla.kv_lora_rank));
+        put(&format!("{a}.attention.key_length_mla"), u(mla.qk_head_dim()));
+        put(&format!("{a}.attention.value_length_mla"), u(mla.v_head_dim));
+        if let Some(log_mul) = mla_log_multiplier(c, &mla)? {
+            // Stored times 0.1, as llama.cpp's converter writes it.
+            put(&format!("{a}.rope.scaling.yarn_log_multiplier"), GgufValue::F32(0.1 * log_mul));
         }
     }
     if let Some(la) = c.linear_attn {
@@ -253,10 +293,67 @@ fn metadata(src: &ModelSource, name: &str) -> anyhow::Result<Metadata> {
             put(&format!("{a}.rope.scaling.original_context_length"), u(original_max_position as usize));
             put(&format!("{a}.rope.scaling.yarn_beta_fast"), GgufValue::F32(beta_fast));
             put(&format!("{a}.rope.scaling.yarn_beta_slow"), GgufValue::F32(beta_slow));
-            put(&format!("{a}.rope.scaling.yarn_attn_factor"), GgufValue::F32(attention_factor));
+            // llama.cpp's DeepSeek scales cos and sin by nothing unless told otherwise.
+            if c.mla.is_none() || attention_factor != 1.0 {
+                put(&format!("{a}.rope.scaling.yarn_attn_factor"), GgufValue::F32(attention_factor));
+            }
         }
     }
     Ok(m)
+}
+
+/// DeepSeek's and GLM-4.5's routing as llama.cpp's `deepseek2` and `glm4moe` keys: the
+/// leading dense layers, shared experts (a multiple of the expert width), the weights'
+/// scale and normalization, expert groups and the gating function.
+fn deepseek_routing(c: &ModelConfig, m: &MoeConfig) -> anyhow::Result<Metadata> {
+    let u = |x: usize| GgufValue::U32(x as u32);
+    let dense = c.layers.iter().take_while(|l| l.ffn == Ffn::Dense).count();
+    if c.layers[dense..].iter().any(|l| l.ffn != Ffn::Moe) {
+        bail!(
+            "only the first layers may be dense in a `{}` GGUF; this model has a dense layer after a MoE one",
+            gguf_arch(c)
+        );
+    }
+    let shared = m.shared_expert_size.unwrap_or(0);
+    if !shared.is_multiple_of(m.expert_size.max(1)) {
+        bail!("the shared expert's width {shared} is not a multiple of the expert width {}", m.expert_size);
+    }
+    let mut keys: Metadata = vec![
+        ("leading_dense_block_count".into(), u(dense)),
+        ("expert_shared_count".into(), u(shared / m.expert_size.max(1))),
+        ("expert_weights_scale".into(), GgufValue::F32(m.routed_scale)),
+    ];
+    if m.norm_topk_prob {
+        keys.push(("expert_weights_norm".into(), GgufValue::Bool(true)));
+    }
+    keys.push(("expert_group_count".into(), u(m.groups)));
+    keys.push(("expert_group_used_count".into(), u(m.groups_used)));
+    let gating = match m.scoring {
+        Scoring::Softmax => 1,
+        Scoring::Sigmoid => 2,
+    };
+    keys.push(("expert_gating_func".into(), u(gating)));
+    Ok(keys)
+}
+
+/// YaRN's `mscale_all_dim` of latent attention, recovered from the softmax scale
+/// (`qk_head_dim^-0.5 · mscale²`, `mscale = 0.1 · mscale_all_dim · ln factor + 1`), or
+/// `None` for the plain scale; a scale GGUF cannot say is refused.
+fn mla_log_multiplier(c: &ModelConfig, mla: &MlaConfig) -> anyhow::Result<Option<f32>> {
+    let plain = (mla.qk_head_dim() as f32).powf(-0.5);
+    if (c.attn_scale / plain - 1.0).abs() < 1e-6 {
+        return Ok(None);
+    }
+    let factor = match c.rope_scaling {
+        RopeScaling::Yarn { factor, .. } if factor > 1.0 => factor,
+        _ => bail!(
+            "the attention scale {} is not qk_head_dim^-0.5 = {plain} and there is no YaRN factor to explain it: \
+             GGUF cannot say it",
+            c.attn_scale
+        ),
+    };
+    let mscale = (c.attn_scale / plain).sqrt();
+    Ok(Some((mscale - 1.0) / (0.1 * factor.ln())))
 }
 
 /// Qwen3.5's `mrope_section` from its config (padded with a zero), or the three
@@ -300,7 +397,42 @@ fn expected_config(c: &ModelConfig) -> ModelConfig {
         c.arch = Arch::Llama;
         c.layers.iter_mut().for_each(|l| l.sliding_window = None);
     }
+    if let Some(mla) = &mut c.mla {
+        mla.split_kv_b = true;
+    }
+    if let Some(m) = c.moe.as_mut().filter(|_| matches!(c.arch, Arch::DeepseekV3 | Arch::Glm4Moe)) {
+        // As llama.cpp routes (see `routing_note`).
+        m.group_mask_zero = false;
+        m.group_score = GroupScore::TopTwoSum;
+    }
+    // Multi-token-prediction layers are not exported.
+    c.nextn_layers = 0;
     c
+}
+
+/// How llama.cpp's grouped routing differs from this model's, if it can: it scores a
+/// group by its two best experts (DeepSeek-V2's `group_limited_greedy` by its best), and
+/// leaves the groups not chosen at minus infinity (transformers' DeepSeek-V3 at 0, which
+/// differs only when a biased score is below 0, so only with a negative choice bias).
+fn routing_note(src: &ModelSource) -> Option<String> {
+    let m = src.config.moe.filter(|m| m.groups_used < m.groups)?;
+    if m.group_score == GroupScore::Max {
+        return Some(format!(
+            "llama.cpp ranks expert groups by the sum of their two best scores, this model by its best: \
+             where they differ, it keeps other groups of the {}",
+            m.groups
+        ));
+    }
+    let negative = src
+        .tensors
+        .iter()
+        .filter(|(n, _)| n.ends_with("mlp.gate.e_score_correction_bias"))
+        .any(|(_, t)| t.to_f32_vec().iter().any(|&b| b < 0.0));
+    (m.group_mask_zero && m.choice_bias && negative).then(|| {
+        "llama.cpp leaves the expert groups not chosen at minus infinity, where this model counts them as 0: with \
+         its negative choice biases, a token whose biased scores fall below 0 may take other experts"
+            .to_string()
+    })
 }
 
 /// `general.name`, the tokenizer's `tokenizer.ggml.*` keys, and `model/pre` for the
@@ -672,6 +804,28 @@ fn plan(src: &ModelSource, spec: &ArchSpec, quant: Option<DType>) -> anyhow::Res
                 stacks.entry(name.gguf).or_default().push((e, hf.clone()));
                 continue;
             }
+            if name.role == Role::MlaKvB {
+                let mla = c.mla.context("kv_b_proj outside latent attention")?;
+                let (h, r) = (c.n_heads, mla.kv_lora_rank);
+                let want = [h * (mla.qk_nope_head_dim + mla.v_head_dim), r];
+                if t.shape != want {
+                    bail!("tensor `{hf}` is {:?}, not the {want:?} of {h} heads", t.shape);
+                }
+                for (gguf, key, shape) in [
+                    ("attn_k_b.weight", true, [h, r, mla.qk_nope_head_dim]),
+                    ("attn_v_b.weight", false, [h, mla.v_head_dim, r]),
+                ] {
+                    let as_matrix = [shape[0] * shape[1], shape[2]];
+                    let dtype = match requant::target_dtype_for(hf, t.dtype, &as_matrix, quant) {
+                        Some(d) => d,
+                        None if gguf_write::ggml_type(t.dtype).is_some() => t.dtype,
+                        None => DType::F32,
+                    };
+                    entries.push(TensorEntry { name: format!("blk.{l}.{gguf}"), shape: shape.to_vec(), dtype });
+                    sources.push(Source::KvB { hf: hf.clone(), key });
+                }
+                continue;
+            }
             if let Some(mapped) = hybrid(c, name.role, hf, t)? {
                 for (gguf, shape, source) in mapped {
                     let dtype = if shape.len() == 1 || f32_only(&gguf) { DType::F32 } else { dtype_for(hf, t) };
@@ -715,6 +869,23 @@ fn plan(src: &ModelSource, spec: &ArchSpec, quant: Option<DType>) -> anyhow::Res
         }
     }
     Ok((entries, sources))
+}
+
+/// One half of `kv_b_proj` (`[heads · (qk_nope + v_head), kv_lora]`, each head's key
+/// rows then its value rows) as llama.cpp's converter writes it: the key rows of each
+/// head transposed, `[heads, kv_lora, qk_nope]`, or the value rows, `[heads, v_head,
+/// kv_lora]`.
+fn split_kv_b(kv_b: &[f32], heads: usize, mla: &MlaConfig, key: bool) -> Vec<f32> {
+    let (nope, v, r) = (mla.qk_nope_head_dim, mla.v_head_dim, mla.kv_lora_rank);
+    let row = |h: usize, i: usize| &kv_b[(h * (nope + v) + i) * r..(h * (nope + v) + i + 1) * r];
+    let mut out = Vec::with_capacity(kv_b.len());
+    for h in 0..heads {
+        match key {
+            true => (0..r).for_each(|j| out.extend((0..nope).map(|i| row(h, i)[j]))),
+            false => (0..v).for_each(|i| out.extend_from_slice(row(h, nope + i))),
+        }
+    }
+    out
 }
 
 /// A gated-delta-rule tensor of a Hugging Face checkpoint as llama.cpp's converter

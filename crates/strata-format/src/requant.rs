@@ -25,18 +25,24 @@ pub const ROUTING_TENSORS: [&str; 3] =
 /// [`block_fallback`] when their rows are whole blocks of that. Routing tensors
 /// ([`ROUTING_TENSORS`]) are never converted.
 pub fn target_dtype(name: &str, t: &HostTensor, quant: Option<DType>) -> Option<DType> {
+    target_dtype_for(name, t.dtype, &t.shape, quant)
+}
+
+/// [`target_dtype`] of a tensor stored as `stored` in `shape` (a matrix: two
+/// dimensions).
+pub fn target_dtype_for(name: &str, stored: DType, shape: &[usize], quant: Option<DType>) -> Option<DType> {
     let q = quant?;
-    if t.dtype == q || layer_tensor(name).is_some_and(|(_, local)| ROUTING_TENSORS.contains(&local)) {
+    if stored == q || layer_tensor(name).is_some_and(|(_, local)| ROUTING_TENSORS.contains(&local)) {
         return None;
     }
     if q.is_float() {
         return Some(q);
     }
-    let cols = *t.shape.last()?;
-    if t.shape.len() != 2 {
+    let cols = *shape.last()?;
+    if shape.len() != 2 {
         return None;
     }
-    std::iter::once(q).chain(block_fallback(q)).find(|d| cols.is_multiple_of(d.block_size())).filter(|&d| d != t.dtype)
+    std::iter::once(q).chain(block_fallback(q)).find(|d| cols.is_multiple_of(d.block_size())).filter(|&d| d != stored)
 }
 
 /// The 32-value block format a K-quant falls back to for a matrix whose rows are not
