@@ -96,13 +96,14 @@ pub fn build<B: Backend>(
         }
         None => (None, need(Role::Q)?),
     };
+    let q = splittable(q, &[nope, rope]);
     // Each head's rows of the query: its `nope` rows, then its `rope` rows.
     let part = |offset: usize, n: usize| {
         let parts: Vec<_> = (0..nh).map(|h| (&q, h * qk + offset, n)).collect();
         concat_rows(&parts).ok_or_else(|| err(format!("cannot split the heads of {q:?}")))
     };
     let (q_nope, q_rope) = (part(0, nope)?, part(nope, rope)?);
-    let kv_a = need(Role::MlaKvA)?;
+    let kv_a = splittable(need(Role::MlaKvA)?, &[a.kv_lora_rank, rope]);
     let rows = |t: &HostTensor, start: usize, n: usize| {
         t.rows(start, n).ok_or_else(|| err(format!("cannot split rows {start}..{} of {t:?}", start + n)))
     };
@@ -119,6 +120,16 @@ pub fn build<B: Backend>(
         v_up: v_up.iter().map(upload).collect::<Result<_, _>>()?,
         wo: upload(&need(Role::O)?)?,
     })
+}
+
+/// `t`, as stored where it is panels (what the streamer delivers) and some of the row
+/// counts it is split into (`parts`, repeated) would cut a panel: whole panels are split
+/// as views.
+fn splittable(t: HostTensor, parts: &[usize]) -> HostTensor {
+    match t.is_panels() && parts.iter().any(|p| !p.is_multiple_of(strata_tensor::tensor::PANEL_ROWS)) {
+        true => strata_quant::panels::row_major(&t),
+        false => t,
+    }
 }
 
 /// Each head's transposed key up-projection `(kv_lora, qk_nope)` and value
@@ -144,7 +155,7 @@ fn up_projections(
         };
         return Ok((heads(need(Role::MlaKB)?, r)?, heads(need(Role::MlaVB)?, v)?));
     }
-    let kv_b = need(Role::MlaKvB)?;
+    let kv_b = splittable(need(Role::MlaKvB)?, &[nope, v]);
     let all = kv_b.to_f32_vec();
     let mut k_up_t = Vec::with_capacity(nh);
     let mut v_up = Vec::with_capacity(nh);

@@ -47,7 +47,7 @@ use strata_tensor::team;
 use strata_tensor::tensor::{DType, HostTensor};
 
 /// Weight rows per panel.
-pub const ROWS: usize = 16;
+pub const ROWS: usize = strata_tensor::tensor::PANEL_ROWS;
 
 /// Bytes of one packed activation block: its 32 levels, a first word (the levels'
 /// offset `−8·Σ` or `−128·Σ` levels as i32; Q4_1's activation sum `s` as f32) and its
@@ -228,6 +228,22 @@ pub fn to_panels(t: &HostTensor) -> Option<HostTensor> {
     }
     let (dtype, m, k) = (t.dtype, t.shape[0], t.shape[1]);
     Some(t.repacked(|stored, out| repack_par(dtype, stored, m, k, out)))
+}
+
+/// `t` as stored (row-major blocks), from panels; `t` itself otherwise. For a split
+/// that cuts a panel.
+pub fn row_major(t: &HostTensor) -> HostTensor {
+    if !t.is_panels() {
+        return t.clone();
+    }
+    let (dtype, m, k) = (t.dtype, t.shape[0], t.shape[1]);
+    let row_bytes = dtype.bytes_for(k).expect("a panel row is whole blocks");
+    let mut out = strata_tensor::tensor::AlignedBytes::zeroed(m * row_bytes);
+    for (r, dst) in out.bytes_mut().chunks_exact_mut(row_bytes).enumerate() {
+        row(dtype, t.bytes(), k, r, dst);
+    }
+    let len = m * row_bytes;
+    HostTensor::new(std::sync::Arc::new(out), 0, len, dtype, t.shape.clone())
 }
 
 /// [`repack`] with the panels spread over threads (the team this thread leads, or the

@@ -346,6 +346,10 @@ impl ByteSource for LazyBytes {
     }
 }
 
+/// Weight rows per CPU panel (`strata::quant::panels`): a panel tensor's bytes are its
+/// panels one after another, each the same length as its rows stored.
+pub const PANEL_ROWS: usize = 16;
+
 /// A typed, row-major view of `shape` elements of `dtype` at `offset` in `src`.
 /// Always aligned for its dtype (constructors copy when the file is not).
 #[derive(Clone)]
@@ -450,24 +454,25 @@ impl HostTensor {
     }
 
     /// Rows `start..start + n` of a 2-D tensor, sharing its bytes (whole rows, so any
-    /// block type): how a fused projection (Phi-3's QKV) is split. `None` when the rows
-    /// are out of range or the stored bytes need a fixup that moves rows.
+    /// block type): how a fused projection (Phi-3's QKV) is split. Panels split at whole
+    /// panels ([`PANEL_ROWS`]: each panel holds its rows' bytes, no other's) and stay
+    /// panels. `None` when the rows are out of range, cut a panel, or the stored bytes
+    /// need a fixup that moves rows.
     pub fn rows(&self, start: usize, n: usize) -> Option<HostTensor> {
         let [total, cols] = self.shape[..] else { return None };
-        let moved = self.panels || self.origin.as_ref().is_some_and(|o| o.fixup.is_some());
+        let cuts_panel = self.panels && !(start.is_multiple_of(PANEL_ROWS) && n.is_multiple_of(PANEL_ROWS));
+        let moved = cuts_panel || self.origin.as_ref().is_some_and(|o| o.fixup.is_some());
         if start.checked_add(n)? > total || total == 0 || moved {
             return None;
         }
         let row_bytes = self.len / total;
-        let mut t = HostTensor::new(
-            self.src.clone(),
-            self.offset + start * row_bytes,
-            n * row_bytes,
-            self.dtype,
-            vec![n, cols],
-        );
-        t.origin =
-            self.origin.as_ref().map(|o| TensorOrigin { offset: o.offset + (start * row_bytes) as u64, ..o.clone() });
+        let view = if self.panels { HostTensor::new_panels } else { HostTensor::new };
+        let mut t = view(self.src.clone(), self.offset + start * row_bytes, n * row_bytes, self.dtype, vec![n, cols]);
+        t.origin = self
+            .origin
+            .as_ref()
+            .filter(|_| !self.panels)
+            .map(|o| TensorOrigin { offset: o.offset + (start * row_bytes) as u64, ..o.clone() });
         Some(t)
     }
 

@@ -193,11 +193,16 @@ pub(super) fn build_layer<B: Backend>(
 /// tensors do not fit together or a range is out of bounds.
 pub(crate) fn concat_rows(parts: &[(&HostTensor, usize, usize)]) -> Option<HostTensor> {
     let (first, ..) = parts.first()?;
-    let (dtype, cols) = (first.dtype, *first.shape.get(1)?);
+    let (dtype, cols, panels) = (first.dtype, *first.shape.get(1)?, first.is_panels());
     let mut ranges = Vec::with_capacity(parts.len());
     for &(t, start, n) in parts {
         let &[rows, c] = &t.shape[..] else { return None };
-        if c != cols || t.dtype != dtype || start + n > rows {
+        // Panels move as whole panels (see `HostTensor::rows`).
+        let whole = |x: usize| x.is_multiple_of(strata_tensor::tensor::PANEL_ROWS);
+        if c != cols || t.dtype != dtype || start + n > rows || t.is_panels() != panels {
+            return None;
+        }
+        if panels && !(whole(start) && whole(n)) {
             return None;
         }
         let row_bytes = t.byte_len() / rows.max(1);
@@ -211,7 +216,8 @@ pub(crate) fn concat_rows(parts: &[(&HostTensor, usize, usize)]) -> Option<HostT
         at += src.len();
     }
     let rows = ranges.iter().map(|r| r.1).sum();
-    Some(HostTensor::new(Arc::new(bytes), 0, len, dtype, vec![rows, cols]))
+    let view = if panels { HostTensor::new_panels } else { HostTensor::new };
+    Some(view(Arc::new(bytes), 0, len, dtype, vec![rows, cols]))
 }
 
 /// The layer-local names of neuron group `g`'s up rows and down columns.

@@ -45,7 +45,16 @@ fn rows_come_back_as_stored() {
         }
         // A panel tensor reads its values as the stored one does, across rows too.
         let Some(p) = to_panels(&w) else { continue };
-        assert!(p.is_panels() && p.rows(0, 16).is_none());
+        assert!(p.is_panels() && p.rows(8, 16).is_none() && p.rows(16, 8).is_none(), "{dtype:?}: a cut panel");
+        // Whole panels split as views that are the panels of those rows; the stored
+        // rows come back whole.
+        let tail = p.rows(16, 32).expect("whole panels split");
+        let want = to_panels(&w.rows(16, 32).unwrap()).unwrap();
+        assert!(tail.is_panels() && tail.shape == vec![32, k]);
+        assert_eq!(tail.bytes(), want.bytes(), "{dtype:?}: rows 16..48 of the panels");
+        let back = row_major(&p);
+        assert!(!back.is_panels());
+        assert_eq!(back.bytes(), w.bytes(), "{dtype:?}: row-major again");
         let (mut a, mut b) = (vec![0f32; 3 * k], vec![0f32; 3 * k]);
         let at = 5 * k + dtype.block_size();
         w.read_f32(at, &mut a);
