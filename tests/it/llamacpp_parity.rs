@@ -20,7 +20,7 @@ use support::{argmax, log_softmax};
 
 /// Every fixture variant: `<model>` is the F32 file, `<model>.<type>` a llama.cpp
 /// quantization of it (`f16` or a quantized type).
-const VARIANTS: [&str; 34] = [
+const VARIANTS: [&str; 38] = [
     "llama3",
     "llama3.f16",
     "llama3.q8_0",
@@ -60,6 +60,14 @@ const VARIANTS: [&str; 34] = [
     "deepseek_v3_noq.f32",
     "glm4_moe.f32",
     "glm4_moe.q8_0",
+    // DeepSeek-V2 routes by softmax; llama.cpp ranks its expert groups by their two best
+    // experts (transformers by the best), as Strata does reading a GGUF. (V2's Q8_0 file
+    // routes apart as the V3 ones do, top-1 0.90: not kept.)
+    "deepseek_v2_lite.f32",
+    "deepseek_v2_lite.q8_0",
+    "deepseek_v2.f32",
+    // DeepSeek-V3 at widths K-quants fit (rows of 256), by llama.cpp's Q4_K_M
+    "deepseek_v3_k256.q4_k_m",
 ];
 
 /// F32 weights: only summation order (and llama.cpp's own kernels) differ.

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::model::decoder::SeqStep;
 
-const MODELS: [&str; 25] = [
+const MODELS: [&str; 27] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -43,6 +43,10 @@ const MODELS: [&str; 25] = [
     "deepseek_v3_noq",
     // GLM-4.5's attention (biases, Q/K norms, half RoPE) and DeepSeek's routing
     "glm4_moe",
+    // DeepSeek-V2-Lite and V2 (`deepseek_v2`): softmax routing, greedy or by groups ranked
+    // by their best expert
+    "deepseek_v2_lite",
+    "deepseek_v2",
 ];
 
 /// Largest |Δ logit| accepted against transformers, for every stored dtype: the

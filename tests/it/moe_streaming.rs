@@ -106,6 +106,8 @@ fn gguf_moe_models_stream_bit_identically() {
         // latent attention from llama.cpp's split up-projections; GLM's MTP block skipped
         "gguf/deepseek_v3.f32.gguf",
         "gguf/glm4_moe.f32.gguf",
+        // K-quant blocks, each expert one aligned range
+        "gguf/deepseek_v3_k256.q4_k_m.gguf",
     ] {
         check_bit_identical(&fixture(f));
     }
@@ -116,7 +118,8 @@ fn safetensors_moe_models_stream_bit_identically() {
     // qwen3_moe_mixed: dense layers (decoder_sparse_step, mlp_only_layers) beside a MoE one;
     // qwen3_next: linear-attention layers (their state in the cache) beside attention.
     // deepseek_v3, glm4_moe: grouped sigmoid routing with a bias, shared experts, a dense
-    // first layer, and a multi-token-prediction layer in the checkpoint.
+    // first layer, and a multi-token-prediction layer in the checkpoint; deepseek_v2:
+    // DeepSeek-V2's softmax routing.
     for f in [
         "hf/qwen2_moe",
         "hf/qwen3_moe_mixed",
@@ -125,6 +128,8 @@ fn safetensors_moe_models_stream_bit_identically() {
         "hf/deepseek_v3",
         "hf/deepseek_v3_noq",
         "hf/glm4_moe",
+        // softmax routing over groups ranked by their best expert
+        "hf/deepseek_v2",
     ] {
         check_bit_identical(&fixture(f));
     }
