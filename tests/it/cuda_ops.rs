@@ -457,7 +457,7 @@ fn attn_params(
     kv: strata::backend::KvType,
 ) -> AttnParams {
     let scale = (head_dim as f32).powf(-0.5);
-    AttnParams { n_heads, n_kv_heads, head_dim, start_pos, scale, sliding_window, softcap, kv }
+    AttnParams { n_heads, n_kv_heads, head_dim, start_pos, scale, sliding_window, softcap, kv, sinks: None }
 }
 
 #[test]

@@ -14,7 +14,7 @@ use strata_tensor::tensor::HostTensor;
 
 /// Parameters of causal attention over a KV cache for one sequence.
 #[derive(Clone, Copy, Debug)]
-pub struct AttnParams {
+pub struct AttnParams<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -29,6 +29,9 @@ pub struct AttnParams {
     pub softcap: Option<f32>,
     /// How the cache stores its keys and values.
     pub kv: KvType,
+    /// A learned logit per query head that joins each softmax's denominator and takes
+    /// part of the weight from every key (gpt-oss's attention sinks).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// How a KV cache stores its keys and values (`--kv-type`).
@@ -143,10 +146,13 @@ impl Cols {
 }
 
 /// The activation of a gated MLP (`act(gate) * up`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
     /// `x * sigmoid(x)` (SwiGLU).
     Silu,
+    /// gpt-oss's clamped SwiGLU: `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`,
+    /// `g * sigmoid(alpha * g) * (u + 1)`.
+    SwigluOai { alpha: f32, limit: f32 },
     /// GELU with the tanh approximation (GeGLU, `gelu_pytorch_tanh`).
     GeluTanh,
     /// `sigmoid(x)`: `glu` then gates `up` by the sigmoid of `gate` (Qwen3-Next's

@@ -255,6 +255,7 @@ pub fn forward<B: Backend>(
             sliding_window: None,
             softcap: None,
             kv,
+            sinks: None,
         };
         be.attention(q, row0, n, cache, cache, &p, attn)?;
         row0 += n;

@@ -81,6 +81,10 @@ impl CpuBackend {
     fn glu_slices(&self, gate: &mut [f32], up: &[f32], act: Activation) {
         let f = |(g, u): (&mut [f32], &[f32])| match act {
             Activation::Silu => matmul::silu_mul(g, u),
+            Activation::SwigluOai { alpha, limit } => g.iter_mut().zip(u).for_each(|(g, &u)| {
+                let x = g.min(limit);
+                *g = x / (1.0 + (-alpha * x).exp()) * (u.clamp(-limit, limit) + 1.0)
+            }),
             Activation::GeluTanh => g.iter_mut().zip(u).for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
             Activation::Sigmoid => g.iter_mut().zip(u).for_each(|(g, &u)| *g = u / (1.0 + (-*g).exp())),
         };
@@ -98,6 +102,19 @@ impl CpuBackend {
             f((x, y));
         }
     }
+}
+
+/// `x`'s softmax with one more logit, `sink`, in the denominator and not in the result:
+/// the weights sum to less than 1 by the sink's share (gpt-oss's attention sinks).
+fn softmax_with_sink(x: &mut [f32], sink: f32) {
+    let m = x.iter().copied().fold(sink, f32::max);
+    let mut sum = (sink - m).exp();
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    x.iter_mut().for_each(|v| *v *= inv);
 }
 
 impl Backend for CpuBackend {
@@ -417,11 +434,14 @@ impl Backend for CpuBackend {
                 KvRows::F32(k) => matmul::scores(qh, hd, &k[at..], stride, p.scale, scores),
                 KvRows::F16(k) => matmul::scores_f16(qh, hd, &k[at..], stride, p.scale, scores),
             }
-            for scores in scores.chunks_exact_mut(n) {
+            for (j, scores) in scores.chunks_exact_mut(n).enumerate() {
                 if let Some(cap) = p.softcap {
                     scores.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
                 }
-                matmul::softmax(scores);
+                match p.sinks {
+                    Some(sinks) => softmax_with_sink(scores, sinks[h + j]),
+                    None => matmul::softmax(scores),
+                }
             }
             o.fill(0.0);
             match v {
@@ -758,6 +778,7 @@ mod tests {
                 sliding_window: None,
                 softcap: None,
                 kv: ty,
+                sinks: None,
             };
             let (mut got, mut want) = (vec![0.0f32; n_heads * hd], vec![0.0f32; n_heads * hd]);
             be.attention(&q, 0, 1, &kc, &vc, &p, &mut got).unwrap();
@@ -766,5 +787,70 @@ mod tests {
             let err = kd.iter().zip(&k).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
             assert!(err < 3.0 / 127.0, "{ty:?}: rounding {err}");
         }
+    }
+
+    /// Attention with sinks (gpt-oss) against the sum written out: each head's sink
+    /// joins the softmax's denominator only, under a sliding window too.
+    #[test]
+    fn attention_sinks_join_the_denominator() {
+        let be = CpuBackend::new(2);
+        let (n_heads, n_kv, hd, len) = (4, 2, 16, 9);
+        let kvw = n_kv * hd;
+        let val = |i: usize, salt: usize| (((i * 7919 + salt * 104729) % 1000) as f32 / 500.0 - 1.0) * 2.0;
+        let q: Vec<f32> = (0..len * n_heads * hd).map(|i| val(i, 1)).collect();
+        let k: Vec<f32> = (0..len * kvw).map(|i| val(i, 2)).collect();
+        let v: Vec<f32> = (0..len * kvw).map(|i| val(i, 3)).collect();
+        let sinks = [0.5f32, -1.0, 3.0, 40.0];
+        let scale = (hd as f32).powf(-0.5);
+        for window in [None, Some(4)] {
+            let p = AttnParams {
+                n_heads,
+                n_kv_heads: n_kv,
+                head_dim: hd,
+                start_pos: 0,
+                scale,
+                sliding_window: window,
+                softcap: None,
+                kv: KvType::F32,
+                sinks: Some(&sinks),
+            };
+            let mut got = vec![0.0f32; len * n_heads * hd];
+            be.attention(&q, 0, len, &k, &v, &p, &mut got).unwrap();
+            for (r, h) in (0..len).flat_map(|r| (0..n_heads).map(move |h| (r, h))) {
+                let first = window.map_or(0, |w| (r + 1).saturating_sub(w));
+                let kh = (h / (n_heads / n_kv)) * hd;
+                let qh = &q[(r * n_heads + h) * hd..][..hd];
+                let s: Vec<f64> = (first..=r)
+                    .map(|j| qh.iter().zip(&k[j * kvw + kh..][..hd]).map(|(a, b)| (a * b) as f64).sum::<f64>())
+                    .map(|d| d * scale as f64)
+                    .collect();
+                let m = s.iter().copied().fold(sinks[h] as f64, f64::max);
+                let denom = s.iter().map(|x| (x - m).exp()).sum::<f64>() + (sinks[h] as f64 - m).exp();
+                for d in 0..hd {
+                    let want: f64 =
+                        (first..=r).zip(&s).map(|(j, x)| (x - m).exp() / denom * v[j * kvw + kh + d] as f64).sum();
+                    let g = got[(r * n_heads + h) * hd + d] as f64;
+                    assert!((g - want).abs() < 1e-5, "row {r} head {h} dim {d} window {window:?}: {g} against {want}");
+                }
+            }
+        }
+    }
+
+    /// gpt-oss's clamped SwiGLU, on both sides of each clamp.
+    #[test]
+    fn clamped_swiglu_matches_its_formula() {
+        let be = CpuBackend::new(2);
+        let (alpha, limit) = (1.702f32, 7.0f32);
+        let gate: Vec<f32> = (0..64).map(|i| (i as f32 - 32.0) * 0.5).collect();
+        let up: Vec<f32> = (0..64).map(|i| (31.0 - i as f32) * 0.4).collect();
+        let mut got = gate.clone();
+        be.glu(&mut got, &up, 64, Activation::SwigluOai { alpha, limit }).unwrap();
+        for i in 0..64 {
+            let g = gate[i].min(limit) as f64;
+            let u = up[i].clamp(-limit, limit) as f64;
+            let want = g / (1.0 + (-(alpha as f64) * g).exp()) * (u + 1.0);
+            assert!((got[i] as f64 - want).abs() < 1e-5 * want.abs().max(1.0), "{i}: {} against {want}", got[i]);
+        }
+        assert!(gate.iter().any(|&g| g > limit) && up.iter().any(|&u| u.abs() > limit));
     }
 }

@@ -911,6 +911,11 @@ impl Backend for CudaBackend {
         if rows == 0 {
             return Ok(());
         }
+        if p.sinks.is_some() {
+            return Err(BackendError::Compile(
+                "attention sinks (gpt-oss) have no CUDA kernel yet: run the model with --device cpu".into(),
+            ));
+        }
         if p.head_dim > launch::MAX_HEAD_DIM {
             return Err(BackendError::Compile(format!(
                 "head_dim {} exceeds the kernels' {}",
@@ -1034,6 +1039,11 @@ impl Backend for CudaBackend {
             Activation::Silu => "silu_mul_f32",
             Activation::GeluTanh => "gelu_mul_f32",
             Activation::Sigmoid => "sigmoid_mul_f32",
+            Activation::SwigluOai { .. } => {
+                return Err(BackendError::Compile(
+                    "gpt-oss's clamped SwiGLU has no CUDA kernel yet: run the model with --device cpu".into(),
+                ));
+            }
         };
         self.elementwise(kernel, ptr(&gate.data, &self.stream, 0), ptr(&up.data, &self.stream, 0), len)
     }

@@ -78,6 +78,8 @@ impl ModelConfig {
                 Activation::Silu => act == "silu",
                 Activation::GeluTanh => matches!(act, "gelu_pytorch_tanh" | "gelu_tanh" | "gelu"),
                 Activation::Sigmoid => false,
+                // gpt-oss says `silu` for its clamped SwiGLU.
+                Activation::SwigluOai { .. } => act == "silu",
             };
             if !ok {
                 return Err(ConfigError::Unsupported(format!("activation `{act}` for {}", spec.hf_type)));

@@ -751,6 +751,7 @@ impl<B: Backend> DecoderModel<B> {
                             sliding_window: c.layers[l].sliding_window,
                             softcap: c.attn_softcap,
                             kv: self.kv_type,
+                            sinks: None,
                         };
                         be.attention(q, row0, n, &cache.k[l], &cache.v[l], &p, attn)?;
                         row0 += n;
