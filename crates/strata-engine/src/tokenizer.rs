@@ -35,6 +35,15 @@ use strata_model::gguf_vocab::{FimIds, LLAMA_VOCAB_KEY, LlamaVocab};
 
 pub mod llama;
 
+/// The markers that end a harmony reply (gpt-oss): after a tool call, and after the answer.
+const HARMONY_ENDS: [&str; 2] = ["<|call|>", "<|return|>"];
+
+/// Whether a chat template writes harmony messages (as `toolcall::harmony::is_harmony`
+/// reads it; not imported from there, which imports this module through the grammar).
+fn is_harmony(template: &str) -> bool {
+    ["<|start|>", "<|channel|>", "<|message|>"].iter().all(|m| template.contains(m))
+}
+
 pub use super::text_error::TextError;
 
 /// Everything a tokenizer is made from, as file contents.
@@ -442,6 +451,16 @@ impl TextTokenizer {
             }
         };
 
+        // gpt-oss's harmony template: `<|return|>` and `<|call|>` end generation, as
+        // llama.cpp counts them (its GGUF vocabularies list them already), even where a
+        // generation_config.json does not name them.
+        if chat_template.as_ref().is_some_and(|t| is_harmony(t.source())) {
+            for id in HARMONY_ENDS.iter().filter_map(|t| inner.token_to_id(t)) {
+                if !eos_ids.contains(&id) {
+                    eos_ids.push(id);
+                }
+            }
+        }
         if llama.is_none() {
             // A Hugging Face tokenizer's FIM tokens are special added tokens.
             let added = inner.get_added_tokens_decoder();

@@ -20,6 +20,10 @@
 //!   then `<|tool_calls_section_end|>`.
 //! - [`ToolFormat::Glm`] (GLM-4.5, 4.6): `<tool_call>NAME` then
 //!   `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>` per argument, `</tool_call>`.
+//! - [`ToolFormat::Harmony`] (gpt-oss): a call is a `commentary` message addressed to it,
+//!   `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`,
+//!   among the reply's reasoning (`analysis`) and answer (`final`) messages; its own parser
+//!   ([`HarmonyParser`]) splits all three.
 //! - [`ToolFormat::Generic`]: templates that do not show tools to the model. Strata adds a
 //!   system message that lists them and asks for `{"tool_calls": [{"name", "arguments"}]}`
 //!   as the whole reply ([`generic_system_prompt`]).
@@ -33,8 +37,10 @@ use serde_json::Value;
 
 use super::grammar::{GrammarSpec, close_objects};
 
+pub mod harmony;
 mod scan;
 mod sections;
+pub use harmony::HarmonyParser;
 use scan::{Scan, scan};
 
 /// How a model writes tool calls.
@@ -47,13 +53,19 @@ pub enum ToolFormat {
     DeepSeek,
     Kimi,
     Glm,
+    Harmony,
     Generic,
 }
 
 impl ToolFormat {
     /// The format a chat template's own tool-call rendering shows.
     pub fn detect(template: &str) -> Self {
-        if template.contains("<function=") && template.contains("<parameter=") && template.contains("<tool_call>") {
+        if harmony::is_harmony(template) {
+            ToolFormat::Harmony
+        } else if template.contains("<function=")
+            && template.contains("<parameter=")
+            && template.contains("<tool_call>")
+        {
             ToolFormat::QwenXml
         } else if template.contains("tool▁calls▁begin") {
             ToolFormat::DeepSeek
@@ -81,6 +93,7 @@ impl ToolFormat {
             ToolFormat::DeepSeek => "deepseek",
             ToolFormat::Kimi => "kimi_k2",
             ToolFormat::Glm => "glm_xml",
+            ToolFormat::Harmony => "harmony",
             ToolFormat::Generic => "generic_json",
         }
     }
@@ -92,7 +105,8 @@ impl ToolFormat {
             ToolFormat::Mistral => Some("[TOOL_CALLS]"),
             ToolFormat::DeepSeek => Some("<｜tool▁calls▁begin｜>"),
             ToolFormat::Kimi => Some("<|tool_calls_section_begin|>"),
-            ToolFormat::Llama3 | ToolFormat::Generic => None,
+            // Harmony's calls are read by [`HarmonyParser`], not by this parser.
+            ToolFormat::Llama3 | ToolFormat::Harmony | ToolFormat::Generic => None,
         }
     }
 
@@ -121,6 +135,7 @@ impl ToolFormat {
             ToolFormat::Glm => {
                 &["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
             }
+            ToolFormat::Harmony => &harmony::MARKERS,
             ToolFormat::Generic => &[],
         }
     }
@@ -452,7 +467,7 @@ impl ToolCallParser {
 }
 
 /// Lower-case base-36 digits of `n`, `len` of them.
-fn base36(mut n: u64, len: usize) -> String {
+pub(crate) fn base36(mut n: u64, len: usize) -> String {
     const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
     let mut s = Vec::with_capacity(len);
     for _ in 0..len {
@@ -569,6 +584,8 @@ pub fn call_grammar(
         ToolFormat::DeepSeek | ToolFormat::Kimi | ToolFormat::Glm => {
             Ok(GrammarSpec::Lark(marked_grammar(format, functions, parallel, markers, params)))
         }
+        // One call: `<|call|>` ends the generation.
+        ToolFormat::Harmony => Ok(GrammarSpec::Lark(harmony::call_grammar(functions, markers, params))),
         ToolFormat::Hermes => {
             let schema = serde_json::to_string(&call_schema("arguments")).map_err(|e| e.to_string())?;
             let repeat = if parallel { "(\"\\n\" call)*" } else { "" };

@@ -359,3 +359,20 @@ fn fill_in_the_middle_from_added_tokens() {
     assert!(matches!(err, TextError::NoInfill(_)) && err.is_client_error(), "{err}");
     assert!(err.to_string().contains("no FIM prefix, suffix, middle token"), "{err}");
 }
+
+#[test]
+fn a_harmony_template_ends_generation_at_call_and_return() {
+    // The markers are made tokens of the vocabulary by naming them (as no real config
+    // does); only a harmony template makes them ends, beside the config's eos.
+    let config = |template: &str| {
+        serde_json::json!({"eos_token": "<|endoftext|>", "pad_token": "<|call|>", "unk_token": "<|return|>",
+            "chat_template": template})
+        .to_string()
+    };
+    let harmony = "<|start|>{{ messages[0].role }}<|channel|>final<|message|>{{ messages[0].content }}<|end|>";
+    let t = tok(Some(&config(harmony)), None);
+    let id = |s: &str| t.token_to_id(s).unwrap();
+    assert_eq!(t.eos_ids(), &[id("<|endoftext|>"), id("<|call|>"), id("<|return|>")]);
+    let t = tok(Some(&config("{{ messages[0].content }}<|call|><|return|>")), None);
+    assert_eq!(t.eos_ids(), &[t.token_to_id("<|endoftext|>").unwrap()]);
+}

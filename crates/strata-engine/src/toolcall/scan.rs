@@ -56,6 +56,8 @@ pub(super) fn scan(format: ToolFormat, buf: &str, tools: &[Value], eof: bool) ->
         ToolFormat::DeepSeek => super::sections::scan_sections(buf, &super::sections::DEEPSEEK, eof),
         ToolFormat::Kimi => super::sections::scan_sections(buf, &super::sections::KIMI, eof),
         ToolFormat::Glm => super::sections::scan_glm(buf, tools, eof),
+        // Read by `HarmonyParser`; the generic parser never opens a call in it.
+        ToolFormat::Harmony => Scan::Invalid,
     }
 }
 

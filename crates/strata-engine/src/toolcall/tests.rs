@@ -99,6 +99,13 @@ fn detects_formats_from_real_template_fragments() {
         ),
         ToolFormat::Glm
     );
+    // gpt-oss: harmony messages, a call addressed in the header.
+    assert_eq!(
+        ToolFormat::detect(
+            "{{- \"<|start|>assistant to=\" }}{{- \"functions.\" + tool_call.name + \"<|channel|>commentary \" }}{{- \"<|message|>\" }}"
+        ),
+        ToolFormat::Harmony
+    );
 }
 
 /// DeepSeek-V3.1's calls: `NAME<｜tool▁sep｜>{json}` inside a section of calls.

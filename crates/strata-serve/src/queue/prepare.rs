@@ -23,7 +23,9 @@ use strata_engine::grammar::{Constraint, GrammarSpec, TokenEnvCell};
 use strata_engine::reasoning::{ReasoningSplitter, ThinkMarkers};
 use strata_engine::template::ChatMessage;
 use strata_engine::tokenizer::{TextError, TextTokenizer};
-use strata_engine::toolcall::{CallMarkers, ToolCallParser, ToolFormat, call_grammar, generic_system_prompt};
+use strata_engine::toolcall::{
+    CallMarkers, HarmonyParser, ToolCallParser, ToolFormat, call_grammar, generic_system_prompt, harmony,
+};
 
 /// What its chat template and Modelfile (`POST /api/create`) mean for a model's chats.
 pub(super) struct ChatTraits {
@@ -79,6 +81,8 @@ pub(super) struct Prepared {
     pub grammar_param: &'static str,
     pub tools: Option<ToolCallParser>,
     pub reasoning: Option<ReasoningSplitter>,
+    /// A harmony chat's parser, in place of the two above.
+    pub harmony: Option<HarmonyParser>,
 }
 
 pub(super) fn invalid(param: Option<&'static str>, message: impl ToString) -> JobError {
@@ -106,6 +110,7 @@ pub(super) fn prepare(kit: &Kit, job: GenerateJob) -> Result<Prepared, JobError>
     let mut prompt = job.context.clone();
     let mut tools = None;
     let mut reasoning = None;
+    let mut harmony = None;
     let mut grammar = job.grammar.clone();
     let mut grammar_param = job.grammar_param;
     // A chat's messages as rendered, for a cut that drops the oldest.
@@ -126,7 +131,14 @@ pub(super) fn prepare(kit: &Kit, job: GenerateJob) -> Result<Prepared, JobError>
                 let parser = ToolCallParser::new(traits.tool_format, &offer.tools, call_id_seed());
                 tools = Some(if offer.one_call() { parser.single() } else { parser });
             }
-            if let (true, Some(m)) = (job.split_reasoning, traits.think) {
+            if traits.tool_format == ToolFormat::Harmony {
+                // Its markers are no content whatever the request asks: reasoning, answer and
+                // calls come apart always.
+                let parser = HarmonyParser::new(job.tools.is_some(), call_id_seed());
+                harmony =
+                    Some(if job.tools.as_ref().is_some_and(ChatTools::one_call) { parser.single() } else { parser });
+                tools = None;
+            } else if let (true, Some(m)) = (job.split_reasoning, traits.think) {
                 reasoning = Some(ReasoningSplitter::new(m, m.open_at_end(&text)));
             }
             encode(&text, false).map_err(|e| text_error(job.messages_param, e))?
@@ -156,7 +168,7 @@ pub(super) fn prepare(kit: &Kit, job: GenerateJob) -> Result<Prepared, JobError>
         _ => "prompt",
     };
     if job.count_only {
-        return Ok(Prepared { job, prompt, param, ctx, grammar: None, grammar_param, tools, reasoning });
+        return Ok(Prepared { job, prompt, param, ctx, grammar: None, grammar_param, tools, reasoning, harmony });
     }
     if prompt.is_empty() {
         return Err(invalid(Some(param), "the prompt is empty"));
@@ -172,7 +184,7 @@ pub(super) fn prepare(kit: &Kit, job: GenerateJob) -> Result<Prepared, JobError>
         }
         None => None,
     };
-    Ok(Prepared { job, prompt, param, ctx, grammar, grammar_param, tools, reasoning })
+    Ok(Prepared { job, prompt, param, ctx, grammar, grammar_param, tools, reasoning, harmony })
 }
 
 /// A prompt longer than its context, cut to fit when the request allows it (Ollama's way,
@@ -346,6 +358,9 @@ fn chat_text(
 ) -> Result<String, TextError> {
     let template = tok.chat_template().ok_or(TextError::NoChatTemplate)?;
     let mut extra = job.template_vars.clone();
+    if traits.tool_format == ToolFormat::Harmony {
+        harmony::effort_vars(&mut extra);
+    }
     let Some(offer) = &job.tools else {
         return template.render_with(messages, true, &extra);
     };
@@ -471,6 +486,7 @@ mod tests {
             ToolFormat::DeepSeek,
             ToolFormat::Kimi,
             ToolFormat::Glm,
+            ToolFormat::Harmony,
         ];
         for format in formats {
             // Markers as text, and as tokens (ids 1000 on) where a template writes them.

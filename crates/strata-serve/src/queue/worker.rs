@@ -20,7 +20,8 @@ use super::{
 use strata_engine::batch::{self, Sequence};
 use strata_engine::reasoning::{Piece, ReasoningSplitter};
 use strata_engine::session::{Engine, GenerateError, GenerateRequest, RunOptions, TokenEvent};
-use strata_engine::toolcall::{ToolCallParser, ToolEvent};
+use strata_engine::toolcall::harmony::Part;
+use strata_engine::toolcall::{HarmonyParser, ToolCall, ToolCallParser, ToolEvent};
 use strata_model::decoder::{KvCache, ModelError};
 use strata_sched::plan::human_size;
 use strata_tensor::mapped::{FileChange, FileSet};
@@ -115,6 +116,9 @@ struct Running {
     tools: Option<ToolCallParser>,
     /// Splits reasoning from the answer, when asked and the template has think markers.
     reasoning: Option<ReasoningSplitter>,
+    /// Splits a harmony reply (gpt-oss) into reasoning, content and tool calls, in place
+    /// of the two above.
+    harmony: Option<HarmonyParser>,
     /// Generated tokens counted so far, and how many of them were reasoning.
     counted: usize,
     reasoning_tokens: usize,
@@ -274,6 +278,10 @@ fn generate_error(model: &str, param: &'static str, e: GenerateError) -> JobErro
 impl Running {
     /// Generated text on its way out: reasoning apart, then tool calls apart.
     fn text(&mut self, text: String, out: &mut Vec<Event>) {
+        if let Some(h) = &mut self.harmony {
+            out.extend(h.push(&text).into_iter().map(harmony_event));
+            return;
+        }
         let pieces = match &mut self.reasoning {
             Some(split) => split.push(&text),
             None => vec![Piece::Answer(text)],
@@ -290,6 +298,31 @@ impl Running {
         if let Some(parser) = &mut self.tools {
             out.extend(parser.finish().into_iter().map(tool_event));
         }
+        if let Some(h) = &mut self.harmony {
+            out.extend(h.finish().into_iter().map(harmony_event));
+        }
+    }
+
+    /// Whether the text so far leaves it inside reasoning.
+    fn thinking(&self) -> bool {
+        self.reasoning.as_ref().is_some_and(ReasoningSplitter::thinking)
+            || self.harmony.as_ref().is_some_and(HarmonyParser::thinking)
+    }
+
+    /// Whether nothing more it generates can reach the client (its one call, or a
+    /// harmony reply's end, came): it may stop.
+    fn closed(&self) -> bool {
+        self.tools.as_ref().is_some_and(ToolCallParser::closed)
+            || self.harmony.as_ref().is_some_and(HarmonyParser::closed)
+    }
+
+    /// The tool calls it completed, and whether the end cut one.
+    fn calls(&self) -> (Vec<ToolCall>, bool) {
+        match (&self.tools, &self.harmony) {
+            (Some(p), _) => (p.calls().to_vec(), p.cut()),
+            (None, Some(h)) => (h.calls().to_vec(), h.cut()),
+            (None, None) => (Vec::new(), false),
+        }
     }
 
     fn pieces(&mut self, pieces: Vec<Piece>, out: &mut Vec<Event>) {
@@ -300,6 +333,14 @@ impl Running {
                 (Piece::Answer(t), None) => out.push(Event::Text(t)),
             }
         }
+    }
+}
+
+/// A harmony parser's event as a job event.
+fn harmony_event(part: Part) -> Event {
+    match part {
+        Part::Reasoning(t) => Event::Reasoning(t),
+        Part::Tool(ev) => tool_event(ev),
     }
 }
 
@@ -662,7 +703,7 @@ impl Worker {
             let job = r.prepared?.job;
             return self.start_preparing(job, &r.events, r.admitted);
         };
-        let Prepared { job, prompt, param, ctx, grammar, grammar_param, tools, reasoning } = r.prepared?;
+        let Prepared { job, prompt, param, ctx, grammar, grammar_param, tools, reasoning, harmony } = r.prepared?;
         let (events, admitted, load) = (&r.events, r.admitted, r.load);
         if job.count_only {
             let _ = events.send(Event::Started { prompt_tokens: prompt.len(), cached_tokens: 0 });
@@ -694,7 +735,7 @@ impl Worker {
         // `ready_to_run` could count only its token limit: with the prompt, it may have to
         // wait for running sequences to finish.
         if slot.running.iter().map(|r| r.kv_claim).sum::<u64>() + claim > slot.kv_limit {
-            let prepared = Prepared { job, prompt, param, ctx, grammar, grammar_param, tools, reasoning };
+            let prepared = Prepared { job, prompt, param, ctx, grammar, grammar_param, tools, reasoning, harmony };
             return Ok(Began::Wait(Box::new(Ready { prepared: Ok(prepared), ..r })));
         }
         // Room for it: caches kept for reuse give way, least recently used first.
@@ -728,7 +769,7 @@ impl Worker {
             top_logprobs: job.top_logprobs,
             grammar,
             // Markers may be special tokens (Mistral's `[TOOL_CALLS]`, `[THINK]`).
-            keep_special_tokens: tools.is_some() || reasoning.is_some(),
+            keep_special_tokens: tools.is_some() || reasoning.is_some() || harmony.is_some(),
         };
         let seq = Sequence::with_constraint(engine, cache, cached, req, constraint)
             .map_err(|e| generate_error(&job.model, param, e))?;
@@ -745,6 +786,7 @@ impl Worker {
             kv_claim: claim,
             tools,
             reasoning,
+            harmony,
             counted: 0,
             reasoning_tokens: 0,
         });
@@ -800,7 +842,7 @@ impl Worker {
                 let mut sent = true;
                 let mut out = Vec::new();
                 let events: Vec<TokenEvent> = r.seq.drain_events().collect();
-                let thinking_before = r.reasoning.as_ref().is_some_and(ReasoningSplitter::thinking);
+                let thinking_before = r.thinking();
                 for ev in events {
                     match ev {
                         TokenEvent::Text(t) => r.text(t, &mut out),
@@ -810,7 +852,7 @@ impl Worker {
                         }),
                     }
                 }
-                if r.tools.as_ref().is_some_and(ToolCallParser::closed) {
+                if r.closed() {
                     r.seq.stop();
                 }
                 if r.seq.is_finished() {
@@ -819,7 +861,7 @@ impl Worker {
                 // A step generates one token at most: it was reasoning when the
                 // reasoning was open before or after its text.
                 let generated = r.seq.generated_len();
-                if thinking_before || r.reasoning.as_ref().is_some_and(ReasoningSplitter::thinking) {
+                if thinking_before || r.thinking() {
                     r.reasoning_tokens += generated - r.counted;
                 }
                 r.counted = generated;
@@ -849,6 +891,7 @@ impl Worker {
                     .or_else(|| failure.clone());
                 let summary = r.seq.summary().expect("a finished sequence has a summary");
                 let mut context = r.seq.request().prompt.clone();
+                let (tool_calls, tool_cut) = r.calls();
                 let (cache, tokens) = r.seq.into_cache();
                 match error {
                     Some(e) => replies.push((r.events, Event::Error(e))),
@@ -866,8 +909,8 @@ impl Worker {
                             prefill: summary.prefill,
                             decode: summary.decode,
                             total: r.admitted.elapsed(),
-                            tool_calls: r.tools.as_ref().map(|p| p.calls().to_vec()).unwrap_or_default(),
-                            tool_cut: r.tools.as_ref().is_some_and(|p| p.cut()),
+                            tool_calls,
+                            tool_cut,
                         });
                         replies.push((r.events, done));
                     }

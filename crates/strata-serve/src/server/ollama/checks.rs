@@ -15,6 +15,7 @@ use strata_engine::grammar::GrammarSpec;
 use strata_engine::reasoning::ThinkMarkers;
 use strata_engine::sampler::SamplingParams;
 use strata_engine::tokenizer::TextError;
+use strata_engine::toolcall::harmony;
 use strata_model::sparse::SparseFfn;
 
 pub(super) fn require_model(state: &AppState, name: &str) -> std::result::Result<Arc<ModelInfo>, ApiError> {
@@ -51,10 +52,13 @@ pub(super) struct Think {
     pub split: bool,
 }
 
-/// Whether a model thinks: its chat template writes think markers or takes
-/// `enable_thinking`.
+/// Whether a model thinks: its chat template writes think markers, takes
+/// `enable_thinking`, or writes harmony's `analysis` messages (gpt-oss: `think`'s levels
+/// become its `reasoning_effort`, and `false` its lowest, `low`).
 pub(super) fn thinks(info: &ModelInfo) -> bool {
-    info.chat_template.as_deref().is_some_and(|t| ThinkMarkers::detect(t).is_some() || t.contains("enable_thinking"))
+    info.chat_template
+        .as_deref()
+        .is_some_and(|t| ThinkMarkers::detect(t).is_some() || t.contains("enable_thinking") || harmony::is_harmony(t))
 }
 
 /// Ollama's `think`: `true`/`false`, or `"high"`/`"medium"`/`"low"`. A model that does
