@@ -455,7 +455,7 @@ fn attn_params(
     sliding_window: Option<usize>,
     softcap: Option<f32>,
     kv: strata::backend::KvType,
-) -> AttnParams {
+) -> AttnParams<'static> {
     let scale = (head_dim as f32).powf(-0.5);
     AttnParams { n_heads, n_kv_heads, head_dim, start_pos, scale, sliding_window, softcap, kv, sinks: None }
 }

@@ -20,7 +20,7 @@ use support::{argmax, log_softmax};
 
 /// Every fixture variant: `<model>` is the F32 file, `<model>.<type>` a llama.cpp
 /// quantization of it (`f16` or a quantized type).
-const VARIANTS: [&str; 38] = [
+const VARIANTS: [&str; 40] = [
     "llama3",
     "llama3.f16",
     "llama3.q8_0",
@@ -68,6 +68,9 @@ const VARIANTS: [&str; 38] = [
     "deepseek_v2.f32",
     // DeepSeek-V3 at widths K-quants fit (rows of 256), by llama.cpp's Q4_K_M
     "deepseek_v3_k256.q4_k_m",
+    // tools/make_gpt_oss_fixtures.py
+    "gpt_oss.f32",
+    "gpt_oss.q8_0",
 ];
 
 /// F32 weights: only summation order (and llama.cpp's own kernels) differ.

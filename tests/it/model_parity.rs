@@ -9,7 +9,7 @@ use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::model::decoder::SeqStep;
 
-const MODELS: [&str; 27] = [
+const MODELS: [&str; 28] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -47,6 +47,9 @@ const MODELS: [&str; 27] = [
     // by their best expert
     "deepseek_v2_lite",
     "deepseek_v2",
+    // tools/make_gpt_oss_fixtures.py: attention sinks, sliding and full layers, biases
+    // everywhere, the clamped SwiGLU, experts stacked in the checkpoint
+    "gpt_oss",
 ];
 
 /// Largest |Δ logit| accepted against transformers, for every stored dtype: the

@@ -115,11 +115,13 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
         Arch::Gemma2 => (window.or(Some(4096)), 2),
         Arch::Gemma3 => (window, 6),
         Arch::Olmo2 => (window, 4),
+        // llama.cpp's `gpt-oss`: the even layers slide.
+        Arch::GptOss => (window, 2),
         _ => (None, 1),
     };
     let sliding = swa_layers(f, &key("attention.sliding_window_pattern"), n_layers, default_pattern)?;
     let moe = match arch {
-        Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35Moe => {
+        Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35Moe | Arch::GptOss => {
             let n_experts = required("expert_count")?;
             if n_experts == 0 || n_experts > MAX_EXPERTS {
                 bail!("`{}` {n_experts} is not between 1 and {MAX_EXPERTS}", key("expert_count"));
@@ -134,6 +136,7 @@ pub fn config_from_gguf(f: &GgufFile, arch: Arch) -> anyhow::Result<ModelConfig>
             }
             let expert_size = match arch {
                 Arch::Mixtral => required("feed_forward_length")?,
+                Arch::GptOss => required("expert_feed_forward_length")?,
                 _ => required("expert_feed_forward_length")?,
             };
             let shared_expert_size = match arch {
@@ -509,6 +512,26 @@ fn hf_tensors(f: &GgufFile, cfg: &ModelConfig) -> anyhow::Result<HashMap<String,
 /// file. Its expert count and shape must be what the metadata says.
 fn split_experts(name: &str, t: &HostTensor, cfg: &ModelConfig) -> anyhow::Result<Vec<HostTensor>> {
     let Some(moe) = cfg.moe else { bail!("tensor `{name}`: experts in a model without `expert_count`") };
+    // The experts' biases (gpt-oss): `[experts, rows]`, a vector each.
+    if let (&[n, rows], true) = (&t.shape[..], name.ends_with(".bias")) {
+        let want = if name.contains("ffn_down_exps") { cfg.hidden_size } else { moe.expert_size };
+        if n != moe.n_experts || rows != want {
+            bail!(
+                "tensor `{name}` has shape {:?}; {} expert biases of {want} are [experts, {want}]",
+                t.shape,
+                moe.n_experts
+            );
+        }
+        let mut flat = t.clone();
+        flat.shape = vec![n, rows];
+        return (0..n)
+            .map(|e| {
+                let mut b = flat.rows(e, 1).with_context(|| format!("tensor `{name}`: expert {e}"))?;
+                b.shape = vec![rows];
+                Ok(b)
+            })
+            .collect();
+    }
     let &[n, rows, cols] = &t.shape[..] else {
         bail!("tensor `{name}` has shape {:?}; stacked experts are [experts, rows, columns]", t.shape)
     };

@@ -8,6 +8,7 @@ pub mod demo;
 pub mod error;
 pub mod gguf_source;
 pub mod gguf_vocab;
+pub mod gpt_oss;
 pub mod mla;
 pub mod moe;
 pub mod shapes;
@@ -111,6 +112,10 @@ impl ModelSource {
         let mut config =
             ModelConfig::from_json(&checkpoint.config_json).map_err(|e| checkpoint.config_origin.error(e))?;
         config.detect_neuron_groups(&checkpoint.tensors);
+        let mut checkpoint = checkpoint;
+        if config.arch == spec::Arch::GptOss {
+            gpt_oss::unstack_experts(&mut checkpoint.tensors, &config)?;
+        }
         Ok(ModelSource { checkpoint, config })
     }
 

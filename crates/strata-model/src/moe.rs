@@ -18,11 +18,15 @@ pub struct Mlp<B: Backend> {
     pub gate: B::Weight, // (width, hidden)
     pub up: B::Weight,   // (width, hidden)
     pub down: B::Weight, // (hidden, width)
+    /// The projections' biases (gpt-oss's experts): (width), (width), (hidden).
+    pub bias: Option<[B::Weight; 3]>,
 }
 
 /// What a MoE layer's core holds for its feed-forward block.
 pub struct MoeWeights<B: Backend> {
     pub router: B::Weight, // (n_experts, hidden)
+    /// The router's own bias, added to its logits (gpt-oss), (n_experts).
+    pub router_bias: Option<B::Weight>,
     /// The bias each expert's score gets to choose (`e_score_correction_bias`).
     pub choice_bias: Option<Vec<f32>>,
     /// The shared expert and its gate (`(1, hidden)`, Qwen2-MoE; none: added as it is).
@@ -69,7 +73,15 @@ pub fn build_mlp<B: Backend>(
     let [(g, gt), (u, ut), (d, dt)] = tensors;
     let [gate, up, down] =
         checked_weights(be, layer, [(g, gt, [width, hidden]), (u, ut, [width, hidden]), (d, dt, [hidden, width])])?;
-    Ok(Mlp { width, gate, up, down })
+    Ok(Mlp { width, gate, up, down, bias: None })
+}
+
+/// The layer-local names of expert `e`'s biases, where the family has them.
+pub fn expert_bias_names(c: &ModelConfig, e: usize) -> Option<[String; 3]> {
+    use super::spec::Role;
+    let spec = c.spec();
+    let name = |role: Role| spec.tensor(role).map(|t| t.hf_for(e));
+    Some([name(Role::ExpertGateBias)?, name(Role::ExpertUpBias)?, name(Role::ExpertDownBias)?])
 }
 
 /// What receives each unit read apart from its layer core (a routed expert's [`Mlp`], a
@@ -242,8 +254,15 @@ pub fn mlp_forward<B: Backend>(
 ) -> Result<(), ModelError> {
     let rows = seq_rows.iter().sum::<usize>();
     be.matmul_seqs_each(x, seq_rows, &mut [(&mlp.gate, bufs.gate), (&mlp.up, bufs.up)])?;
+    if let Some([bg, bu, _]) = &mlp.bias {
+        be.add_bias(bufs.gate, rows, bg)?;
+        be.add_bias(bufs.up, rows, bu)?;
+    }
     be.glu(bufs.gate, bufs.up, rows * mlp.width, c.spec().activation)?;
     be.matmul_seqs(bufs.gate, seq_rows, &mlp.down, out)?;
+    if let Some([_, _, bd]) = &mlp.bias {
+        be.add_bias(out, rows, bd)?;
+    }
     Ok(())
 }
 
@@ -278,6 +297,9 @@ pub fn moe_forward<B: Backend>(
     let seq_of: Vec<usize> = seq_rows.iter().enumerate().flat_map(|(s, &n)| std::iter::repeat_n(s, n)).collect();
     // Phase 1: the router, on the host (its choice drives what is read).
     be.matmul_seqs(input, seq_rows, &w.router, &mut moe.logits)?;
+    if let Some(b) = &w.router_bias {
+        be.add_bias(&mut moe.logits, rows, b)?;
+    }
     let routing = route(&be.download(&moe.logits, rows * m.n_experts)?, &m, w.choice_bias.as_deref());
     let mut by_expert: BTreeMap<usize, (Vec<u32>, Vec<f32>)> = BTreeMap::new();
     for (row, (ids, weights)) in routing.iter().enumerate() {

@@ -32,6 +32,7 @@ pub enum Arch {
     Qwen35Moe,
     DeepseekV3,
     Glm4Moe,
+    GptOss,
 }
 
 /// What a tensor of a decoder layer is for.
@@ -117,6 +118,18 @@ pub enum Role {
     /// A bias per routed expert added to its score to choose, not to weight
     /// (`e_score_correction_bias`).
     RouterBias,
+    /// The output projection's bias (gpt-oss).
+    OBias,
+    /// A learned logit per query head that joins its softmax's denominator (gpt-oss).
+    AttnSinks,
+    /// A bias per routed expert added to the router's logit, to choose and to weight
+    /// (gpt-oss).
+    RouterLogitBias,
+    /// A routed expert's projection biases (gpt-oss), one tensor per expert as the
+    /// expert roles.
+    ExpertGateBias,
+    ExpertUpBias,
+    ExpertDownBias,
 }
 
 /// Where a block's norms sit around attention and the MLP (`f`).
@@ -352,6 +365,32 @@ static GLM4_MOE: [TensorName; 23] = attention_and_mlp!(
     t(Role::SharedExpertGate, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
 );
 
+/// gpt-oss: Llama's attention with biases on all four projections and a sink per head;
+/// every layer routes, with a bias on the router and on each expert's projections
+/// (its checkpoints stack the experts: see `gpt_oss`). llama.cpp names its pre-MLP norm
+/// `post_attention_norm`.
+static GPT_OSS: [TensorName; 19] = [
+    t(Role::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Role::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    t(Role::K, "self_attn.k_proj.weight", "attn_k.weight"),
+    t(Role::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    t(Role::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Role::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Role::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Role::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    t(Role::OBias, "self_attn.o_proj.bias", "attn_output.bias"),
+    t(Role::AttnSinks, "self_attn.sinks", "attn_sinks.weight"),
+    t(Role::FfnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+    t(Role::Router, "mlp.router.weight", "ffn_gate_inp.weight"),
+    t(Role::RouterLogitBias, "mlp.router.bias", "ffn_gate_inp.bias"),
+    t(Role::ExpertGate, "mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight"),
+    t(Role::ExpertUp, "mlp.experts.*.up_proj.weight", "ffn_up_exps.weight"),
+    t(Role::ExpertDown, "mlp.experts.*.down_proj.weight", "ffn_down_exps.weight"),
+    t(Role::ExpertGateBias, "mlp.experts.*.gate_proj.bias", "ffn_gate_exps.bias"),
+    t(Role::ExpertUpBias, "mlp.experts.*.up_proj.bias", "ffn_up_exps.bias"),
+    t(Role::ExpertDownBias, "mlp.experts.*.down_proj.bias", "ffn_down_exps.bias"),
+];
+
 /// The tensors outside the layers: (Hugging Face name, llama.cpp name).
 pub const EMBED: (&str, &str) = ("model.embed_tokens.weight", "token_embd.weight");
 pub const OUTPUT_NORM: (&str, &str) = ("model.norm.weight", "output_norm.weight");
@@ -408,7 +447,7 @@ const GEMMA2: ArchSpec = ArchSpec {
     ..spec(Arch::Gemma2, "gemma2", "gemma2", &GEMMA)
 };
 
-pub static SPECS: [ArchSpec; 19] = [
+pub static SPECS: [ArchSpec; 20] = [
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Llama, "llama", "llama", &LLAMA) },
     ArchSpec { gguf_qk_permuted: true, ..spec(Arch::Mistral, "mistral", "mistral", &LLAMA) },
     spec(Arch::Qwen2, "qwen2", "qwen2", &LLAMA),
@@ -457,6 +496,11 @@ pub static SPECS: [ArchSpec; 19] = [
     // in their config.
     ArchSpec { hf_aliases: &["deepseek_v2"], ..spec(Arch::DeepseekV3, "deepseek_v3", "deepseek2", &DEEPSEEK) },
     ArchSpec { qk_norm: QkNorm::PerHead, ..spec(Arch::Glm4Moe, "glm4_moe", "glm4moe", &GLM4_MOE) },
+    // Its SwiGLU clamps at the published 7 (transformers' default; llama.cpp fixes it).
+    ArchSpec {
+        activation: Activation::SwigluOai { alpha: 1.702, limit: 7.0 },
+        ..spec(Arch::GptOss, "gpt_oss", "gpt-oss", &GPT_OSS)
+    },
 ];
 
 impl Arch {
@@ -508,7 +552,15 @@ impl ArchSpec {
 impl Role {
     /// One tensor per routed expert.
     pub fn is_expert(self) -> bool {
-        matches!(self, Role::ExpertGate | Role::ExpertUp | Role::ExpertDown)
+        matches!(
+            self,
+            Role::ExpertGate
+                | Role::ExpertUp
+                | Role::ExpertDown
+                | Role::ExpertGateBias
+                | Role::ExpertUpBias
+                | Role::ExpertDownBias
+        )
     }
 
     /// An RMS norm weight (which Gemma's checkpoints store as `w - 1`).

@@ -85,6 +85,14 @@ impl ModelConfig {
                 return Err(ConfigError::Unsupported(format!("activation `{act}` for {}", spec.hf_type)));
             }
         }
+        if arch == Arch::GptOss {
+            // The clamped SwiGLU's constants are the spec's (llama.cpp fixes them too).
+            for (key, fixed) in [("swiglu_limit", 7.0), ("swiglu_alpha", 1.702)] {
+                if let Some(x) = f32_of(&v, key).filter(|&x| x != fixed) {
+                    return Err(ConfigError::Unsupported(format!("`{key}` {x} (this build runs gpt-oss's {fixed})")));
+                }
+            }
+        }
         let (rope_theta, rope_scaling, local_theta) = parse_rope(&v)?;
         let partial = f32_of(&v, "partial_rotary_factor")
             .or_else(|| v.get("rope_parameters").and_then(|p| f32_of(p, "partial_rotary_factor")))
@@ -142,6 +150,7 @@ impl ModelConfig {
             attention_bias: match arch {
                 Arch::Qwen2 => true,
                 Arch::Qwen2Moe => v.get("qkv_bias").and_then(Value::as_bool).unwrap_or(true),
+                Arch::GptOss => v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true),
                 _ => flag("attention_bias"),
             },
             layers,
@@ -267,7 +276,7 @@ impl ModelConfig {
         if let Some(m) = &self.moe {
             let dense: Vec<usize> = (0..self.n_layers).filter(|&i| self.layers[i].ffn == Ffn::Dense).collect();
             match self.arch {
-                Arch::Mixtral => {
+                Arch::Mixtral | Arch::GptOss => {
                     c["num_local_experts"] = json!(m.n_experts);
                     c["intermediate_size"] = json!(m.expert_size);
                 }
@@ -492,7 +501,9 @@ fn layer_configs(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<LayerConf
 /// for a Qwen MoE config with `num_experts: 0`).
 fn moe_config(v: &Value, arch: Arch) -> Result<Option<MoeConfig>, ConfigError> {
     let (experts_key, n_experts, expert_size, shared_expert_size, norm_topk_prob) = match arch {
-        Arch::Mixtral => {
+        // gpt-oss: the softmax over the top-k logits, which is the top-k of the softmax
+        // renormalized.
+        Arch::Mixtral | Arch::GptOss => {
             let n = usize_field(v, "num_local_experts")?;
             ("num_local_experts", n, usize_field(v, "intermediate_size")?, None, true)
         }
@@ -601,7 +612,7 @@ fn mla_config(v: &Value) -> Result<MlaConfig, ConfigError> {
 /// families, as transformers decides, layer `i` unless it is in `mlp_only_layers` or
 /// `i + 1` is not a multiple of `decoder_sparse_step`.
 fn sparse_layers(v: &Value, arch: Arch, n_layers: usize) -> Result<Vec<bool>, ConfigError> {
-    if arch == Arch::Mixtral {
+    if matches!(arch, Arch::Mixtral | Arch::GptOss) {
         return Ok(vec![true; n_layers]);
     }
     if matches!(arch, Arch::DeepseekV3 | Arch::Glm4Moe) {

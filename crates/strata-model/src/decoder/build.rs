@@ -118,6 +118,8 @@ pub(super) fn build_layer<B: Backend>(
                 qk_norm: both(opt(Role::QNorm)?, opt(Role::KNorm)?),
                 gate,
                 wo: upload(&req(Role::O, host(Role::O)?)?)?,
+                bias_o: opt(Role::OBias)?,
+                sinks: host(Role::AttnSinks)?.map(|t| t.to_f32_vec()),
             })
         }
     };
@@ -152,7 +154,8 @@ pub(super) fn build_layer<B: Backend>(
                 None => [req(Role::Gate, host(Role::Gate)?)?, req(Role::Up, host(Role::Up)?)?],
             };
             let down = req(Role::Down, host(Role::Down)?)?;
-            FfnWeights::Dense(Mlp { width: i, gate: upload(&w_gate)?, up: upload(&w_up)?, down: upload(&down)? })
+            let (gate, up, down) = (upload(&w_gate)?, upload(&w_up)?, upload(&down)?);
+            FfnWeights::Dense(Mlp { width: i, gate, up, down, bias: None })
         }
         true => {
             let router = upload(&req(Role::Router, host(Role::Router)?)?)?;
@@ -160,7 +163,8 @@ pub(super) fn build_layer<B: Backend>(
                 (Some(g), Some(u), Some(d)) => {
                     let gate = opt(Role::SharedExpertGate)?;
                     let width = g.shape.first().copied().unwrap_or(0);
-                    Some((Mlp { width, gate: upload(&g)?, up: upload(&u)?, down: upload(&d)? }, gate))
+                    let mlp = Mlp { width, gate: upload(&g)?, up: upload(&u)?, down: upload(&d)?, bias: None };
+                    Some((mlp, gate))
                 }
                 _ => None,
             };
@@ -175,7 +179,8 @@ pub(super) fn build_layer<B: Backend>(
                         .collect::<Result<Vec<_>, _>>()?,
                 ),
             };
-            FfnWeights::Moe(MoeWeights { router, choice_bias, shared, experts })
+            let router_bias = opt(Role::RouterLogitBias)?;
+            FfnWeights::Moe(MoeWeights { router, router_bias, choice_bias, shared, experts })
         }
     };
     Ok(LayerWeights {
@@ -249,5 +254,19 @@ pub(super) fn build_expert<B: Backend>(
 ) -> Result<Mlp<B>, SchedError> {
     let [g, u, d] = moe::expert_names(c, e);
     let width = c.moe.map_or(0, |m| m.expert_size);
-    moe::build_mlp(be, lt.index, [(&g, lt.get(&g)?), (&u, lt.get(&u)?), (&d, lt.get(&d)?)], width, c.hidden_size)
+    let mut mlp =
+        moe::build_mlp(be, lt.index, [(&g, lt.get(&g)?), (&u, lt.get(&u)?), (&d, lt.get(&d)?)], width, c.hidden_size)?;
+    if let Some(names) = moe::expert_bias_names(c, e) {
+        let mut bias = Vec::with_capacity(3);
+        for (name, len) in names.iter().zip([width, width, c.hidden_size]) {
+            let t = lt.get(name)?;
+            if t.shape != [len] {
+                let msg = format!("tensor `{name}`: expected shape [{len}], found {:?}", t.shape);
+                return Err(SchedError::Build { layer: lt.index, msg });
+            }
+            bias.push(be.weight(t).map_err(|source| SchedError::Backend { layer: lt.index, source })?);
+        }
+        mlp.bias = <[B::Weight; 3]>::try_from(bias).ok();
+    }
+    Ok(mlp)
 }

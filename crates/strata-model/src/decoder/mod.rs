@@ -63,7 +63,10 @@ pub struct AttnWeights<B: Backend> {
     pub qk_norm: Option<[B::Weight; 2]>,  // (head_dim) each, or (q width), (kv width) when whole
     /// The output gate's rows of `q_proj` (`attn_output_gate`), (n_heads * head_dim, hidden).
     pub gate: Option<B::Weight>,
-    pub wo: B::Weight, // (hidden, n_heads * head_dim)
+    pub wo: B::Weight,             // (hidden, n_heads * head_dim)
+    pub bias_o: Option<B::Weight>, // (hidden)
+    /// Each query head's sink logit (gpt-oss).
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// A layer's feed-forward block.
@@ -751,7 +754,7 @@ impl<B: Backend> DecoderModel<B> {
                             sliding_window: c.layers[l].sliding_window,
                             softcap: c.attn_softcap,
                             kv: self.kv_type,
-                            sinks: None,
+                            sinks: aw.sinks.as_deref(),
                         };
                         be.attention(q, row0, n, &cache.k[l], &cache.v[l], &p, attn)?;
                         row0 += n;
@@ -766,6 +769,9 @@ impl<B: Backend> DecoderModel<B> {
                         _ => attn,
                     };
                     be.matmul_seqs(o_in, &seq_rows, &aw.wo, proj)?;
+                    if let Some(b) = &aw.bias_o {
+                        be.add_bias(proj, rows, b)?;
+                    }
                 }
                 MixerWeights::Latent(mw) => {
                     let no_bufs =

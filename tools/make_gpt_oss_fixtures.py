@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Parity fixtures for OpenAI's gpt-oss (GptOssForCausalLM; llama.cpp arch `gpt-oss`): attention sinks, sliding-window
+and full attention alternating by layer, biases on q/k/v/o, on the router and on every expert projection, the clamped
+SwiGLU (`gate` clamped above at swiglu_limit, `up` to ±limit, gate * sigmoid(alpha * gate) * (up + 1)), softmax over
+the top-k router logits, YaRN RoPE without truncation.
+
+Built on tools/make_arch_fixtures.py and tools/make_moe_fixtures.py (imported, not copied): the tiny byte-level BPE
+tokenizer (+ the harmony markers below), seed choice, weight redraw (every parameter, sinks and biases included:
+N(0, 0.2) projections, norms 1 + N(0, 0.1)), reference writer, converter runner, llama.cpp views and Q8_0. Files:
+
+  tests/fixtures/hf/gpt_oss/               tiny random-weight checkpoint as transformers saves one (F32, experts stacked:
+                                           mlp.experts.gate_up_proj [E, hidden, 2 * width] with gate and up
+                                           interleaved by column, down_proj [E, width, hidden], their biases), the
+                                           harmony chat template (llama.cpp models/templates/openai-gpt-oss-120b.jinja)
+  tests/fixtures/ref/gpt_oss.json          transformers reference (schema of tools/make_arch_fixtures.py) plus
+  tests/fixtures/ref/gpt_oss.logits.bin      "routing" ([prompt][layer][position] -> the top-k expert ids, best first)
+                                           and "routing_min_logit_gap" (k-th minus (k+1)-th router logit)
+  tests/fixtures/gguf/gpt_oss.f32.gguf     convert_hf_to_gguf.py --outtype f32 (its non-MXFP4 path: experts transposed,
+                                           gate and up split into ffn_gate_exps / ffn_up_exps)
+  tests/fixtures/gguf/gpt_oss.f32.llamacpp.json, gpt_oss.q8_0.gguf, gpt_oss.q8_0.llamacpp.json
+
+How to run (from the repository root; nothing is downloaded, everything is seeded and deterministic):
+
+    /work/venv/bin/python tools/make_gpt_oss_fixtures.py
+
+Environment: /work/venv (torch, transformers 5.23.0, tokenizers, safetensors, gguf); llama-cpp-python 0.3.36 built in
+/tmp/lcppvenv (LCPP_PYTHON); its sdist in /tmp/lcpp/llama_cpp_python-0.3.36 (LCPP_DIR), as for
+tools/make_moe_fixtures.py.
+
+Sizes: hidden 64, 2 layers (sliding window 8, then full attention), 4 query heads and 2 KV heads of 16, 16 experts of
+width 16, top-4; prompts of 23-26 tokens pass the window. swiglu_limit is the published 7.0 (llama.cpp fixes it), the
+experts' gate/up weights GATE_UP_SCALE times the others' so that the clamp acts; every knob must move the logits.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+import make_arch_fixtures as maf  # noqa: E402
+import make_fixtures as mf  # noqa: E402
+import make_moe_fixtures as mmf  # noqa: E402  (llama.cpp worker + Q8_0, fixture_files; it patches maf)
+
+import torch  # noqa: E402
+from transformers import AutoTokenizer, GptOssConfig, GptOssForCausalLM  # noqa: E402
+
+ROOT, HF_DIR, REF_DIR, GGUF_DIR = maf.ROOT, maf.HF_DIR, maf.REF_DIR, maf.GGUF_DIR
+MAX_LOGPROB_DIFF = maf.MAX_LOGPROB_DIFF  # 1e-3
+MAX_FIXTURE_BYTES = 2_500_000
+MIN_LOGIT_GAP = 2e-3  # k-th minus (k+1)-th router logit, every layer and position of the prompts and continuations
+
+maf.GENERATOR = "tools/make_gpt_oss_fixtures.py"
+maf.GGUF_NAMES.update(gpt_oss="Strata Tiny gpt-oss")
+
+# The harmony markers (all special in gpt-oss's tokenizer), appended after make_arch_fixtures' tokens.
+HARMONY_TOKENS = ["<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
+                  "<|message|>", "<|call|>"]
+maf.EXTRA_TOKENIZATION_STRINGS = maf.EXTRA_TOKENIZATION_STRINGS + [
+    "<|start|>assistant<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi."
+    "<|return|>",
+    "<|start|>assistant<|channel|>commentary to=functions.get <|constrain|>json<|message|>{\"a\": 1}<|call|>",
+]
+
+ARCH_KEYS = ["num_local_experts", "num_experts_per_tok", "intermediate_size", "head_dim", "sliding_window",
+             "layer_types", "swiglu_limit", "attention_bias", "rope_parameters", "tie_word_embeddings", "rms_norm_eps"]
+YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+
+
+def build_tokenizer():
+    base, ids = maf.build_tokenizer()
+    from tokenizers import AddedToken
+
+    for content in HARMONY_TOKENS:
+        if content in ids:
+            continue
+        n = base.add_special_tokens([AddedToken(content, special=True, normalized=False)])
+        assert n == 1, content
+        ids[content] = base.token_to_id(content)
+    assert len(set(ids.values())) == len(ids)
+    return base, ids
+
+
+def model_specs(V, ids):
+    return [
+        dict(
+            name="gpt_oss",
+            cls=GptOssForCausalLM,
+            cfg=GptOssConfig(
+                vocab_size=V,
+                hidden_size=64,
+                intermediate_size=16,
+                head_dim=16,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                num_hidden_layers=2,
+                layer_types=["sliding_attention", "full_attention"],
+                sliding_window=8,
+                num_local_experts=16,
+                num_experts_per_tok=4,
+                swiglu_limit=7.0,  # llama.cpp fixes 7.0 (the published value); see make_model
+                attention_bias=True,
+                max_position_embeddings=256,
+                rms_norm_eps=1e-5,
+                rope_parameters=dict(YARN),
+                tie_word_embeddings=False,
+                bos_token_id=ids["<|startoftext|>"],
+                eos_token_id=ids["<|return|>"],
+                pad_token_id=ids["<|endoftext|>"],
+            ),
+            tok=dict(add_bos=False, bos="<|startoftext|>", eos="<|return|>", pad="<|endoftext|>"),
+            template=maf.read_template("openai-gpt-oss-120b.jinja"),
+            template_source="llama.cpp models/templates/openai-gpt-oss-120b.jinja",
+            gen=dict(bos_token_id=ids["<|startoftext|>"],
+                     eos_token_id=[ids["<|return|>"], ids["<|endoftext|>"], ids["<|call|>"]],
+                     pad_token_id=ids["<|endoftext|>"]),
+            arch=ARCH_KEYS,
+            knobs={
+                "swiglu_limit": {"swiglu_limit": 100.0},  # the clamp acts
+                "sliding_window": {"sliding_window": 64},
+                "num_experts_per_tok": {"num_experts_per_tok": 2},
+                "yarn": {"rope_parameters": {"rope_type": "default", "rope_theta": 150000.0}},
+            },
+        ),
+    ]
+
+
+def routing_of(model, ids):
+    """ids[layer][position] -> the top-k expert ids (best first), and the smallest k-th minus (k+1)-th router
+    logit. The recorded choice is checked against transformers' router's own indices."""
+    records = {}
+
+    def hook_for(i):
+        def hook(mod, inp, out):
+            logits, _, idx = out
+            top = torch.topk(logits.float(), mod.top_k + 1, dim=-1)
+            assert torch.equal(top.indices[:, :-1], idx), i
+            records[i] = ([[int(e) for e in row] for row in idx], float((top.values[:, -2] - top.values[:, -1]).min()))
+
+        return hook
+
+    handles = [layer.mlp.router.register_forward_hook(hook_for(i)) for i, layer in enumerate(model.model.layers)]
+    try:
+        mf.logits_of(model, ids)
+    finally:
+        for hd in handles:
+            hd.remove()
+    return [records[i][0] for i in range(len(handles))], min(r[1] for r in records.values())
+
+
+GATE_UP_SCALE = 3.0  # expert gate/up weights N(0, 0.6): pre-activations ~N(0, 4.8), so |x| > 7 happens
+
+
+_make_model = maf.make_model
+
+
+def make_model(spec, seed):
+    """make_arch_fixtures' model, with the experts' gate/up weights GATE_UP_SCALE times larger (and their down
+    weights as much smaller) so that the clamp at swiglu_limit = 7 (which llama.cpp fixes) acts."""
+    model = _make_model(spec, seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.experts.gate_up_proj.mul_(GATE_UP_SCALE)
+            layer.mlp.experts.down_proj.div_(GATE_UP_SCALE)
+    return model
+
+
+maf.make_model = make_model
+
+_pick_seed = mmf._pick_seed  # make_arch_fixtures' own (make_moe_fixtures replaced maf.pick_seed with its router check)
+
+
+def pick_seed(spec, hf_tok, first_seed, notes):
+    """make_arch_fixtures' criteria, then no router near-tie (< MIN_LOGIT_GAP) on the prompts or their greedy
+    continuations, so that summation order cannot flip an expert choice."""
+    seed = first_seed
+    while True:
+        seed = _pick_seed(spec, hf_tok, seed, notes)
+        model = maf.make_model(spec, seed)
+        gap = float("inf")
+        for text in mf.PROMPTS:
+            ids = hf_tok(text)["input_ids"]
+            g = mf.greedy_with_cache(model, ids, mf.N_GREEDY, [])
+            gap = min(gap, routing_of(model, ids + g)[1])
+        if gap >= MIN_LOGIT_GAP:
+            notes.append(f"gpt_oss: seed {seed}: min router logit gap (prompts + greedy) {gap:.4f}")
+            return seed
+        notes.append(f"gpt_oss: seed {seed} skipped: router logit gap {gap:.2e}")
+        seed += 1
+
+
+maf.pick_seed = pick_seed
+
+
+def main():
+    for d in (HF_DIR, REF_DIR, GGUF_DIR):
+        d.mkdir(parents=True, exist_ok=True)
+    notes = maf.Notes()
+    base, ids = build_tokenizer()
+    V = base.get_vocab_size(with_added_tokens=True)
+    notes.append(f"tokenizer: {V} tokens; harmony ids: " + json.dumps({t: ids[t] for t in HARMONY_TOKENS}))
+    (spec,) = model_specs(V, ids)
+    spec["first_seed"] = 70000
+    name = spec["name"]
+    d, mem_tok, ref, seed = maf.build_model(spec, base, notes)
+    disk_tok = AutoTokenizer.from_pretrained(d)
+    spec["sensitivity"] = maf.sensitivity(spec, ref, disk_tok(mf.PROMPTS[0])["input_ids"], notes)
+    refj = maf.make_reference(spec, d, disk_tok, mem_tok, ref, seed, notes)
+    routing, gaps = [], []
+    for p in refj["prompts"]:
+        r, gap = routing_of(ref, p["ids"])
+        routing.append(r)
+        gaps.append(gap)
+    refj["routing"] = routing
+    refj["routing_min_logit_gap"] = gaps
+    refj["routing_rule"] = ("router logits = x W^T + b; the top-k by logit, best first; weights = softmax over those "
+                            "k logits")
+    (REF_DIR / f"{name}.json").write_text(json.dumps(refj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    f32 = GGUF_DIR / f"{name}.f32.gguf"
+    maf.convert(spec, d, f32)
+    view = mmf.llamacpp_reference(name, "f32", f32, refj)
+    q8 = GGUF_DIR / f"{name}.q8_0.gguf"
+    qview = mmf.llamacpp_reference(name, "q8_0", q8, refj, quant_src=f32)
+    vs, qvs = view["vs_transformers"], qview["vs_transformers"]
+    size = sum(f.stat().st_size for f in mmf.fixture_files(name))
+    notes.append(
+        f"{name}: F32 transformers vs llama.cpp: max |logprob diff| {vs['max_abs_logprob_diff']:.2e} (mean "
+        f"{vs['mean_abs_logprob_diff']:.2e}, {vs['n_logprobs']} tokens), argmax agreement {vs['argmax_agreement']:.3f}, "
+        f"tokenization mismatches {len(vs['tokenization_mismatches'])}; Q8_0: max |logprob diff| "
+        f"{qvs['max_abs_logprob_diff']:.2e}, top-1 agreement {qvs['argmax_agreement']:.3f}; fixture total {size} bytes")
+    assert vs["max_abs_logprob_diff"] <= MAX_LOGPROB_DIFF, (name, vs)
+    assert not vs["tokenization_mismatches"], vs
+    assert size < MAX_FIXTURE_BYTES, (name, size)
+    print("versions:", json.dumps(maf.VERSIONS))
+
+
+if __name__ == "__main__":
+    main()
