@@ -9,21 +9,25 @@ Run with the reference venv (needs numpy, gguf-py and llama-cpp-python from PyPI
 For each block type it writes, under tests/fixtures/quant/:
   <name>.blocks.bin   raw little-endian blocks
   <name>.f32.bin      the expected dequantized values (little-endian f32)
-and, for Q8_0 and Q4_0, <name>.quant_input.f32.bin / <name>.quant_blocks.bin: an f32
-input and the bytes gguf.quants.quantize makes of it. For Q4_K, Q6_K and Q8_K,
+and, for Q8_0, Q4_0 and MXFP4, <name>.quant_input.f32.bin / <name>.quant_blocks.bin: an
+f32 input and the bytes gguf.quants.quantize makes of it. For Q4_K, Q6_K and Q8_K,
 k_quant.quant_input.f32.bin (one input shared by the three) and <name>.quant_blocks.bin:
 the bytes llama.cpp's own reference quantizers (`quantize_row_q4_K_ref` etc., called
 through ctypes from the libggml-base.so that llama-cpp-python ships) make of it; see
 kquant_quantizer_fixtures. index.json lists them all.
 
 Expected values come from gguf.quants.dequantize (an independent numpy
-implementation) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K. gguf-py has no
+implementation) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and MXFP4. gguf-py has no
 Q8_1, Q8_K or Strata's own AffineQ4/I8, so those are dequantized by the small numpy
 functions below, written from ggml-common.h and the layouts documented in
 crates/strata-quant/src/affine_q4.rs and crates/strata-quant/src/int8.rs.
 
 gguf-py cannot quantize K-quants, so the K-quant dequantizer fixtures are random VALID
 blocks: random bytes with the f16 scales overwritten by small finite values.
+
+MXFP4 (see mxfp4_fixtures) needs only numpy and gguf-py (0.19.0 has it):
+`python tools/make_quant_fixtures.py --mxfp4` rewrites just its files and its
+index.json entry, for machines without llama-cpp-python.
 """
 
 import ctypes
@@ -31,6 +35,7 @@ import importlib.metadata
 import importlib.util
 import json
 import pathlib
+import sys
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -124,6 +129,62 @@ def kquant_quantizer_fixtures(index):
         )
 
 
+def mxfp4_quant_input():
+    """12 MXFP4 blocks of f32 with the hard cases, from a generator of their own (RNG's
+    stream, and every older fixture, stay as they were)."""
+    rng = np.random.default_rng(20250805)
+    x = rng.normal(0.0, 1.0, size=(12, 32)).astype(np.float32)
+    x[0] = 0.0  # all zeros: e = 0
+    x[1, 7] = 300.0  # one outlier: the rest round to 0 or ±1 step
+    x[2] *= 1e-3
+    x[3, :] = np.float32(0.5)  # constant
+    # max 12 (e = 128, d = 1): ties halfway between grid values go to the first index
+    # (0.5 → 0, 5 → 4, 10 → 8, -0.5 → 0), 14 clips to 12, -0.0 is 0
+    ties = [12.0, 0.5, 1.5, 2.5, 3.5, 5.0, 7.0, 10.0, -0.5, -1.5, -2.5, -3.5, -5.0, -7.0, -10.0, 14.0]
+    x[4] = np.array(ties + [-0.0, 0.25, 0.75, 1.25, 11.0, -11.0, 9.0, -9.0] + [0.0] * 8, dtype=np.float32)
+    x[5] *= np.float32(2.0**-118)  # amax near 2^-117: e around 8
+    x[6, :] = np.float32(2.0**-125)  # the smallest amax with e >= 0: e = 0, d = 2^-128
+    x[6, 3] = np.float32(-(2.0**-125))
+    x[7] *= np.float32(1e38)
+    x[7, 0] = np.float32(3e38)  # e = 252, beyond 12 steps: clips
+    x[8, 0] = np.float32(2.0**20 * (1 - 2.0**-24))  # just below a power of two: log2f rounds
+    x[9] = np.clip(x[9] * np.float32(0.25), -0.9, 0.9)
+    x[9, 0] = np.float32(1 - 2.0**-24)
+    x[10] = rng.integers(-12, 13, size=32).astype(np.float32) * np.float32(2.0**-3)  # near the grid
+    return x.reshape(-1)  # x[11] stays plain N(0, 1)
+
+
+def mxfp4_blocks(q):
+    """The MXFP4 dequantizer fixture: the gguf-py-quantized blocks `q`, then blocks of
+    every nibble at the edge exponents (0, 1, 2, 127, 128, 254, 255; 12 · 2^126 and more
+    overflow to inf in f32), then random bytes."""
+    rng = np.random.default_rng(20250806)
+    edge = []
+    for i, e in enumerate([0, 1, 2, 127, 128, 254, 255]):
+        qs = [(j + i) % 16 | ((15 - j) << 4) for j in range(16)]  # every nibble, both halves
+        edge.append([e] + qs)
+    rand = rng.integers(0, 256, size=(6, 17), dtype=np.uint8)
+    return np.concatenate([q, np.array(edge, dtype=np.uint8), rand])
+
+
+def mxfp4_fixtures(write):
+    """MXFP4's dequantizer and quantizer fixtures, both from gguf-py."""
+    x = mxfp4_quant_input()
+    with np.errstate(over="ignore"):  # the 3e38 block: far candidates' errors are inf
+        q = quantize(x.reshape(1, -1), T.MXFP4).reshape(-1, 17)
+    (OUT / "mxfp4.quant_input.f32.bin").write_bytes(x.astype("<f4").tobytes())
+    (OUT / "mxfp4.quant_blocks.bin").write_bytes(q.tobytes())
+    blocks = mxfp4_blocks(q)
+    with np.errstate(over="ignore"):
+        expected = dequantize(blocks.reshape(-1), T.MXFP4).reshape(-1)
+    extra = {
+        "quant_input": "mxfp4.quant_input.f32.bin",
+        "quant_blocks": "mxfp4.quant_blocks.bin",
+        "quant_reference": "gguf.quants.quantize",
+    }
+    write("mxfp4", "MXFP4", blocks, expected, "gguf.quants.dequantize", extra)
+
+
 def deq_q8_1(blocks):
     d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
     return (blocks[:, 4:].copy().view(np.int8).astype(np.float32) * d).reshape(-1)
@@ -149,7 +210,11 @@ def deq_i8(blocks):
 
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
+    only_mxfp4 = sys.argv[1:] == ["--mxfp4"]
     index = []
+    if only_mxfp4:
+        meta = json.loads((OUT / "index.json").read_text())
+        index = [e for e in meta["fixtures"] if e["dtype"] != "MXFP4"]
 
     def write(name, dtype, blocks, expected, reference, extra=None):
         blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
@@ -166,6 +231,14 @@ def main():
         }
         entry.update(extra or {})
         index.append(entry)
+
+    if only_mxfp4:
+        mxfp4_fixtures(write)
+        meta["fixtures"] = index
+        meta["gguf_py"] = importlib.metadata.version("gguf")
+        (OUT / "index.json").write_text(json.dumps(meta, indent=1) + "\n")
+        print(f"wrote the MXFP4 fixtures to {OUT}")
+        return
 
     # 32-value GGML formats gguf-py can quantize: quantized blocks + random valid blocks.
     simple = {
@@ -218,6 +291,8 @@ def main():
 
     # K-quant quantizers: llama.cpp's reference bytes (Q5_K too once Strata quantizes it).
     kquant_quantizer_fixtures(index)
+
+    mxfp4_fixtures(write)
 
     meta = {
         "generator": "tools/make_quant_fixtures.py",

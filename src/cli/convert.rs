@@ -34,8 +34,8 @@ pub struct ConvertArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "flat")]
     pub format: Format,
-    /// Requantize weight matrices: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, affine_q4 or
-    /// int8; f32, f16 and bf16 also dequantize quantized tensors (default: keep every
+    /// Requantize weight matrices: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, mxfp4,
+    /// affine_q4 or int8; f32, f16 and bf16 also dequantize quantized tensors (default: keep every
     /// tensor as it is stored). q4_k and q6_k store matrices whose rows are not whole
     /// 256-value blocks as q4_0 and q8_0 (a warning says how many).
     #[arg(long)]

@@ -16,7 +16,7 @@ pub struct ExportArgs {
     /// The GGUF file to write (must not exist). It appears only once the export is done
     /// and has read back as the source.
     pub out: PathBuf,
-    /// Weight matrices in f32, f16, bf16, q8_0, q4_0, q4_k or q6_k (default: as stored;
+    /// Weight matrices in f32, f16, bf16, q8_0, q4_0, q4_k, q6_k or mxfp4 (default: as stored;
     /// formats llama.cpp does not read become f32). Norms and biases stay f32, and MoE
     /// routers as stored. q4_k and q6_k store matrices whose rows are not whole 256-value
     /// blocks as q4_0 and q8_0 (a warning says how many).
@@ -36,7 +36,7 @@ pub fn main(args: ExportArgs) -> anyhow::Result<()> {
         && crate::format::gguf_write::ggml_type(q).is_none()
     {
         anyhow::bail!(
-            "--quant {}: llama.cpp does not read it (use f32, f16, bf16, q8_0, q4_0, q4_k or q6_k)",
+            "--quant {}: llama.cpp does not read it (use f32, f16, bf16, q8_0, q4_0, q4_k, q6_k or mxfp4)",
             q.name()
         );
     }

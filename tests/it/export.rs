@@ -159,6 +159,7 @@ fn quantized_exports_compute_what_the_converted_model_does() {
         ("hf/llama_bf16_256", DType::Q4_K),
         ("hf/qwen2_moe", DType::Q8_0),
         ("hf/gemma2", DType::Q4_0),
+        ("hf/qwen2_moe", DType::Mxfp4),
     ] {
         let src_path = root().join("tests/fixtures").join(rel);
         let src = ModelSource::from_path(src_path.to_str().unwrap()).unwrap();

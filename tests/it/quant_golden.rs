@@ -1,6 +1,6 @@
 //! Strata's scalar quant references against golden vectors from independent
 //! implementations: gguf-py's numpy `gguf.quants` (plus small numpy functions for the
-//! formats it lacks) for the dequantizers and the Q8_0/Q4_0 quantizers, and llama.cpp's
+//! formats it lacks) for the dequantizers and the Q8_0/Q4_0/MXFP4 quantizers, and llama.cpp's
 //! own `quantize_row_*_ref` for the Q4_K/Q6_K/Q8_K quantizers. Fixtures:
 //! tests/fixtures/quant/, produced by `tools/make_quant_fixtures.py` (re-run with
 //! /work/refvenv/bin/python after `pip install gguf llama-cpp-python`); see its
@@ -37,6 +37,7 @@ fn dtype_of(name: &str) -> DType {
         "Q5_K" => Q5_K,
         "Q6_K" => Q6_K,
         "Q8_K" => Q8_K,
+        "MXFP4" => Mxfp4,
         "AffineQ4" => AffineQ4,
         "I8" => I8,
         other => panic!("unknown dtype {other} in index.json"),
@@ -76,7 +77,7 @@ fn dequantize_is_bit_exact_for_every_block_type() {
         seen.push(dt);
     }
     use DType::*;
-    for dt in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q4_K, Q5_K, Q6_K, Q8_K, AffineQ4, I8] {
+    for dt in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q4_K, Q5_K, Q6_K, Q8_K, Mxfp4, AffineQ4, I8] {
         assert!(seen.contains(&dt), "no fixture for {dt:?}");
     }
 }
@@ -94,6 +95,7 @@ fn strata_quantize(dtype: &str, x: &[f32]) -> Vec<u8> {
         "Q4_K" => run(x, quant::q4_k::quantize),
         "Q6_K" => run(x, quant::q6_k::quantize),
         "Q8_K" => run(x, quant::q8_k::quantize),
+        "MXFP4" => run(x, quant::mxfp4::quantize),
         other => panic!("no quantizer test for {other}"),
     }
 }
@@ -138,6 +140,15 @@ fn q8_0_and_q4_0_quantizers_match_gguf_py_bytes() {
     for dtype in ["Q8_0", "Q4_0"] {
         assert_eq!(assert_quantizer_matches(dtype), "gguf.quants.quantize");
     }
+}
+
+/// MXFP4 against gguf-py's `MXFP4.quantize_blocks` on blocks that are all zero, have one
+/// outlier, sit on ties between grid values (first index wins), clip beyond 12 steps,
+/// have the exponents 0 and 252, and a max just below a power of two (where `log2f`
+/// rounds up to it).
+#[test]
+fn mxfp4_quantizer_matches_gguf_py_bytes() {
+    assert_eq!(assert_quantizer_matches("MXFP4"), "gguf.quants.quantize");
 }
 
 // The K-quant quantizers against llama.cpp's own `quantize_row_*_ref` (ggml-quants.c),

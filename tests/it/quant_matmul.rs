@@ -35,12 +35,23 @@ impl Rng {
 }
 
 /// The formats with an integer dot product.
-const FORMATS: [DType; 8] =
-    [DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::Q4_1, DType::Q5_0, DType::Q5_1];
+const FORMATS: [DType; 9] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_K,
+    DType::Q6_K,
+    DType::Q5_K,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Mxfp4,
+];
 
-/// Byte offsets of each format's f16 fields: (scale `d`, min `dmin`/`m` if any).
+/// Byte offsets of each format's f16 fields: (scale `d`, min `dmin`/`m` if any). MXFP4
+/// has none (its scale is an exponent byte, which [`random_weight_bytes`] sets).
 fn f16_fields(dtype: DType) -> (usize, Option<usize>) {
     match dtype {
+        DType::Mxfp4 => (0, None),
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => (0, None),
         DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => (0, Some(2)),
         DType::Q6_K => (208, None),
@@ -58,6 +69,11 @@ fn random_weight_bytes(dtype: DType, m: usize, k: usize, rng: &mut Rng) -> Vec<u
     let nblocks = m * k / dtype.block_size();
     let bb = dtype.block_bytes();
     let mut bytes: Vec<u8> = (0..nblocks * bb).map(|_| rng.next_u64() as u8).collect();
+    if dtype == DType::Mxfp4 {
+        // Scales 2^-8 ..= 2^-4 (exponent bytes 120..=124).
+        bytes.chunks_exact_mut(bb).for_each(|b| b[0] = 120 + (rng.next_u64() % 5) as u8);
+        return bytes;
+    }
     let (d, min) = f16_fields(dtype);
     for b in bytes.chunks_exact_mut(bb) {
         put_f16(b, d, (rng.f32().abs() + 0.01) * 0.05);

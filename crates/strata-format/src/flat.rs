@@ -61,9 +61,9 @@ const HYPERPARAMETERS: [&str; 18] = [
     "shared_expert_intermediate_size",
 ];
 
-const DTYPES: [DType; 15] = {
+const DTYPES: [DType; 16] = {
     use DType::*;
-    [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q4_K, Q5_K, Q6_K, Q8_K, AffineQ4, I8]
+    [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q4_K, Q5_K, Q6_K, Q8_K, Mxfp4, AffineQ4, I8]
 };
 
 /// The dtype with this [`DType::name`].

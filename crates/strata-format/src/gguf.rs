@@ -193,6 +193,7 @@ pub fn dtype_from_ggml(id: u32) -> Option<DType> {
         14 => DType::Q6_K,
         15 => DType::Q8_K,
         30 => DType::BF16,
+        39 => DType::Mxfp4,
         _ => return None,
     })
 }
@@ -220,7 +221,6 @@ fn ggml_type_name(id: u32) -> &'static str {
         29 => "IQ1_M",
         34 => "TQ1_0",
         35 => "TQ2_0",
-        39 => "MXFP4",
         _ => "unknown",
     }
 }

@@ -247,4 +247,39 @@ mod tests {
         assert!(!bad.exists() && std::fs::read_dir(&dir).unwrap().count() == 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// MXFP4 is GGML type 39 both ways: 17-byte blocks whose tensors end off the
+    /// alignment (51 bytes here), the next one placed after padding.
+    #[test]
+    fn mxfp4_tensors_write_as_type_39_and_read_back() {
+        assert_eq!(ggml_type(DType::Mxfp4), Some(39));
+        let dir = std::env::temp_dir().join(format!("strata-gguf-mxfp4-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.gguf");
+        let meta = vec![("general.architecture".to_string(), GgufValue::String("llama".into()))];
+        let tensors = vec![
+            TensorEntry { name: "e".into(), shape: vec![3, 32], dtype: DType::Mxfp4 },
+            TensorEntry { name: "w".into(), shape: vec![2], dtype: DType::F32 },
+        ];
+        // Block r: exponent 127 + r, nibble j = j in both halves of every byte.
+        let e: Vec<u8> = (0..3u8).flat_map(|r| std::iter::once(127 + r).chain((0..16).map(|j| j | (j << 4)))).collect();
+        let w: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        write(&path, &meta, &tensors, |i| Ok(if i == 0 { e.clone() } else { w.clone() }), |_| Ok(())).unwrap();
+        let raw = std::fs::read(&path).unwrap();
+        let f = GgufFile::open(&path).unwrap();
+        assert_eq!(f.infos[0].ggml_type, 39);
+        let t = f.tensor("e").unwrap();
+        assert_eq!((t.shape.clone(), t.dtype, t.bytes()), (vec![3, 32], DType::Mxfp4, &e[..]));
+        let vals = t.to_f32_vec();
+        let k = strata_quant::mxfp4::KVALUES;
+        for r in 0..3 {
+            for j in 0..32 {
+                assert_eq!(vals[r * 32 + j], k[j % 16] as f32 * 2f32.powi(r as i32 - 1), "block {r} value {j}");
+            }
+        }
+        assert_eq!(f.tensor("w").unwrap().to_f32_vec(), [1.5, -2.0]);
+        assert!(raw.len() as u64 >= f.data_start + 64 + 8);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -1,4 +1,4 @@
-//! Block-quantized weight formats: GGML's Q4_0 ... Q8_K (layouts exactly as
+//! Block-quantized weight formats: GGML's Q4_0 ... Q8_K and MXFP4 (layouts exactly as
 //! `ggml-common.h`) and Strata's own `AffineQ4` and `I8`. One file per format with its
 //! `#[repr(C)]` block, a size assertion, a scalar reference `dequantize`, a quantizer
 //! where one is needed, and the integer dot product llama.cpp uses for matmul (weights
@@ -18,6 +18,7 @@ pub mod affine_q4;
 pub mod gemm;
 pub mod int8;
 pub mod isa;
+pub mod mxfp4;
 pub mod panels;
 pub mod q4_0;
 pub mod q4_1;
@@ -149,6 +150,7 @@ pub fn dequantize(dtype: DType, blocks: &[u8], out: &mut [f32]) {
         DType::Q5_K => with_blocks(blocks, n, |b| q5_k::dequantize(b, out)),
         DType::Q6_K => with_blocks(blocks, n, |b| q6_k::dequantize(b, out)),
         DType::Q8_K => with_blocks(blocks, n, |b| q8_k::dequantize(b, out)),
+        DType::Mxfp4 => with_blocks(blocks, n, |b| mxfp4::dequantize(b, out)),
         DType::AffineQ4 => with_blocks(blocks, n, |b| affine_q4::dequantize(b, out)),
         DType::I8 => with_blocks(blocks, n, |b| int8::dequantize(b, out)),
     }
@@ -227,7 +229,7 @@ pub const STREAMS: usize = 4;
 /// weights (llama.cpp's `vec_dot_type`), or `None` for formats without one here.
 pub fn activation_dtype(dtype: DType) -> Option<DType> {
     match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some(DType::Q8_0),
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Mxfp4 => Some(DType::Q8_0),
         DType::Q4_1 | DType::Q5_1 => Some(DType::Q8_1),
         DType::Q4_K | DType::Q5_K | DType::Q6_K => Some(DType::Q8_K),
         _ => None,
@@ -244,7 +246,7 @@ fn cast_blocks_mut<B: Block>(bytes: &mut [u8], n: usize) -> &mut [B] {
 }
 
 /// Formats `strata convert --quant` can produce, by the names it accepts.
-pub const CONVERT_TARGETS: [(&str, DType); 9] = [
+pub const CONVERT_TARGETS: [(&str, DType); 10] = [
     ("f32", DType::F32),
     ("f16", DType::F16),
     ("bf16", DType::BF16),
@@ -252,6 +254,7 @@ pub const CONVERT_TARGETS: [(&str, DType); 9] = [
     ("q4_0", DType::Q4_0),
     ("q4_k", DType::Q4_K),
     ("q6_k", DType::Q6_K),
+    ("mxfp4", DType::Mxfp4),
     ("affine_q4", DType::AffineQ4),
     ("int8", DType::I8),
 ];
@@ -293,6 +296,7 @@ pub fn quantize_matrix(
             DType::Q4_0 => q4_0::quantize(xr, cast_blocks_mut(br, nb)),
             DType::Q4_K => q4_k::quantize(xr, cast_blocks_mut(br, nb)),
             DType::Q6_K => q6_k::quantize(xr, cast_blocks_mut(br, nb)),
+            DType::Mxfp4 => mxfp4::quantize(xr, cast_blocks_mut(br, nb)),
             DType::AffineQ4 => affine_q4::quantize(xr, cast_blocks_mut(br, nb))?,
             DType::I8 => int8::quantize_rows(xr, cols, cast_blocks_mut(br, nb))?,
             other => panic!("{other:?} is not a conversion target"),
@@ -402,7 +406,7 @@ mod tests {
     #[test]
     fn dispatch_covers_every_block_dtype() {
         use DType::*;
-        for dtype in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q4_K, Q5_K, Q6_K, Q8_K, AffineQ4, I8] {
+        for dtype in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q4_K, Q5_K, Q6_K, Q8_K, Mxfp4, AffineQ4, I8] {
             let buf = strata_tensor::tensor::AlignedBytes::zeroed(dtype.block_bytes() * 2);
             use strata_tensor::tensor::ByteSource;
             let mut out = vec![1.0f32; dtype.block_size() * 2];

@@ -23,6 +23,9 @@ pub enum DType {
     Q5_K,
     Q6_K,
     Q8_K,
+    /// OCP microscaling FP4 (GGML type 39, `quant::mxfp4`): 32 E2M1 values sharing one
+    /// E8M0 exponent byte; gpt-oss ships its MoE experts in it.
+    Mxfp4,
     /// Strata's affine 4-bit format (`quant::affine_q4`): 128 values per block.
     AffineQ4,
     /// Strata's per-channel int8 format (`quant::int8`): 32 values per block.
@@ -35,7 +38,7 @@ impl DType {
         use DType::*;
         match self {
             F32 | F16 | BF16 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Mxfp4 => 32,
             Q4_K | Q5_K | Q6_K | Q8_K => 256,
             AffineQ4 => 128,
             I8 => 32,
@@ -58,6 +61,7 @@ impl DType {
             Q5_K => 176,
             Q6_K => 210,
             Q8_K => 292,
+            Mxfp4 => 17,
             AffineQ4 => 68,
             I8 => 36,
         }
@@ -72,12 +76,13 @@ impl DType {
         (numel / self.block_size()).checked_mul(self.block_bytes())
     }
 
-    /// Alignment a view of this type needs (every block format starts with f16 or f32
-    /// fields; this is the smallest alignment they share).
+    /// Alignment a view of this type needs (every block format but MXFP4 starts with f16
+    /// or f32 fields; this is the smallest alignment they share; MXFP4 is all bytes).
     pub fn align(self) -> usize {
         match self {
             DType::F32 => 4,
             DType::Q8_K | DType::I8 => 4,
+            DType::Mxfp4 => 1,
             _ => 2,
         }
     }
@@ -102,6 +107,7 @@ impl DType {
             Q5_K => "Q5_K",
             Q6_K => "Q6_K",
             Q8_K => "Q8_K",
+            Mxfp4 => "MXFP4",
             AffineQ4 => "AFFINE_Q4",
             I8 => "I8",
         }

@@ -356,7 +356,7 @@ impl TensorDesc {
 }
 
 /// Every dtype, for code lookups.
-const DTYPES: [DType; 15] = [
+const DTYPES: [DType; 16] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -370,6 +370,7 @@ const DTYPES: [DType; 15] = [
     DType::Q5_K,
     DType::Q6_K,
     DType::Q8_K,
+    DType::Mxfp4,
     DType::AffineQ4,
     DType::I8,
 ];
@@ -391,6 +392,7 @@ pub fn dtype_code(d: DType) -> u16 {
         DType::Q6_K => 14,
         DType::Q8_K => 15,
         DType::BF16 => 30,
+        DType::Mxfp4 => 39,
         DType::AffineQ4 => 128,
         DType::I8 => 129,
     }

@@ -1,6 +1,7 @@
 //! AVX2 (+FMA, F16C) dot products, one 32-value block per register. Signed levels use
 //! llama.cpp's `vpsignb` trick (|x| times y with x's sign) so `vpmaddubsw` sees an
-//! unsigned first operand; K-quants apply sub-block scales with `vpmaddwd`. Integer sums
+//! unsigned first operand (MXFP4's levels are its signed doubled E2M1 values, looked up
+//! by nibble with `vpshufb`); K-quants apply sub-block scales with `vpmaddwd`. Integer sums
 //! are exact. Unavailable off x86-64.
 
 use super::DotFn;
@@ -28,6 +29,7 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
             DType::Q8_0 => dot32::<Q8_0>,
             DType::Q4_1 => dot32::<Q4_1>,
             DType::Q5_1 => dot32::<Q5_1>,
+            DType::Mxfp4 => dot32::<MXFP4>,
             DType::Q4_K => dot_q4k::<false>,
             DType::Q5_K => dot_q4k::<true>,
             DType::Q6_K => dot_q6k,
@@ -46,7 +48,7 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::{f16x4, k_min_sum, scales_mins_k4};
+    use super::super::{e8m0x4, f16x4, k_min_sum, scales_mins_k4};
     use crate::QK_K;
 
     const PREFETCH: usize = 1024;
@@ -56,11 +58,14 @@ mod imp {
     pub const Q8_0: u8 = 2;
     pub const Q4_1: u8 = 3;
     pub const Q5_1: u8 = 4;
+    pub const MXFP4: u8 = 5;
 
     /// (block bytes, `qs` offset, `qh` offset or 0, offset subtracted, has a min).
+    /// MXFP4's levels are signed already (its "offset" only marks them so).
     const fn layout(f: u8) -> (usize, usize, usize, i8, bool) {
         match f {
             Q4_0 => (18, 2, 0, 8, false),
+            MXFP4 => (17, 1, 0, 12, false),
             Q5_0 => (22, 6, 2, 16, false),
             Q8_0 => (34, 2, 0, 0, false),
             Q4_1 => (20, 4, 0, 0, true),
@@ -76,6 +81,28 @@ mod imp {
             let h = p.cast::<u16>().read_unaligned();
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
         }
+    }
+
+    /// The scale of the block at `p`: its f16 `d`, or for MXFP4 the power of two its
+    /// exponent byte stands for.
+    ///
+    /// # Safety
+    /// The block's first byte (two for f16) is readable; F16C is enabled in every caller.
+    #[inline]
+    unsafe fn scale1<const F: u8>(p: *const u8) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { if F == MXFP4 { crate::mxfp4::E8M0_HALF[*p as usize] } else { f16_at(p) } }
+    }
+
+    /// [`scale1`] of the blocks at `p`, `p + stride`, `p + 2·stride`, `p + 3·stride`.
+    ///
+    /// # Safety
+    /// As for [`scale1`], for each of the four blocks.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    unsafe fn scales4<const F: u8>(p: *const u8, stride: usize) -> __m128 {
+        // SAFETY: the caller's contract.
+        unsafe { if F == MXFP4 { e8m0x4(p, stride) } else { f16x4(p, stride) } }
     }
 
     /// 0xFF in byte i where bit i of `x` is set (llama.cpp's `bytes_from_bits_32`).
@@ -102,6 +129,11 @@ mod imp {
             } else {
                 let t = _mm_loadu_si128(wp.add(qs).cast());
                 let mut u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(t), t), _mm256_set1_epi8(0x0F));
+                if F == MXFP4 {
+                    let k = _mm_loadu_si128(crate::mxfp4::KVALUES.as_ptr().cast());
+                    let x = _mm256_shuffle_epi8(_mm256_set_m128i(k, k), u);
+                    return (_mm256_sign_epi8(x, x), x);
+                }
                 if qh != 0 {
                     let bits = bytes_from_bits(wp.add(qh).cast::<u32>().read_unaligned());
                     u = _mm256_or_si256(u, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
@@ -187,7 +219,7 @@ mod imp {
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH).cast());
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(2 * wb + PREFETCH).cast());
                     let lv: [_; 4] = std::array::from_fn(|k| levels::<F>(wp.add(k * wb)));
-                    let wd = f16x4(wp, wb);
+                    let wd = scales4::<F>(wp, wb);
                     let wm = if has_min { f16x4(wp.add(2), wb) } else { _mm_setzero_ps() };
                     for r in 0..R {
                         let ap = a[r].add(i * ab);
@@ -216,7 +248,7 @@ mod imp {
                     let lv = levels::<F>(wp);
                     for r in 0..R {
                         let ap = a[r].add(i * ab);
-                        let d = f16_at(wp) * f16_at(ap);
+                        let d = scale1::<F>(wp) * f16_at(ap);
                         let s = levels_dot::<F>(lv, _mm256_loadu_si256(ap.add(aqs).cast()));
                         let acc = &mut acc[j][r][i % 2];
                         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), *acc);

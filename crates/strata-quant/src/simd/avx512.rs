@@ -2,7 +2,8 @@
 //! register: weights become unsigned bytes `u` (nibbles, plus the fifth bit, or
 //! `q ^ 0x80` for Q8_0) so `vpdpbusd` can multiply them with the signed activations;
 //! the offset (8, 16 or 128) is taken off exactly with a second `vpdpbusd` against the
-//! activations. K-quants multiply pairs with `vpmaddubsw` and apply the sub-block scales
+//! activations. MXFP4's nibbles index its doubled E2M1 values plus 12 (`vpshufb`), and
+//! the 12 comes off the same way; its scale is a power of two looked up by exponent. K-quants multiply pairs with `vpmaddubsw` and apply the sub-block scales
 //! with `vpdpwssd`, all in i32; Q6_K's −32 comes off via the activations' `bsums`.
 //! Unavailable off x86-64.
 
@@ -37,6 +38,7 @@ pub(super) fn dot_fn(dtype: DType) -> Option<DotFn> {
             DType::Q8_0 => dot32::<Q8_0>,
             DType::Q4_1 => dot32::<Q4_1>,
             DType::Q5_1 => dot32::<Q5_1>,
+            DType::Mxfp4 => dot32::<MXFP4>,
             DType::Q4_K => dot_q4k::<false>,
             DType::Q5_K => dot_q4k::<true>,
             DType::Q6_K => dot_q6k,
@@ -59,7 +61,7 @@ mod imp {
     use std::arch::x86_64::*;
 
     use crate::QK_K;
-    use crate::simd::f16x4;
+    use crate::simd::{e8m0x4, f16x4};
 
     /// Bytes ahead of the current weight block to prefetch (the decode path streams).
     const PREFETCH: usize = 2048;
@@ -69,6 +71,7 @@ mod imp {
     pub const Q8_0: u8 = 2;
     pub const Q4_1: u8 = 3;
     pub const Q5_1: u8 = 4;
+    pub const MXFP4: u8 = 5;
 
     /// Per 32-value format: weight block bytes, offset of `qs`, offset of `qh` (0: none),
     /// the value subtracted from the unsigned level, whether it has a min (`m`, at byte 2,
@@ -76,6 +79,7 @@ mod imp {
     const fn layout(f: u8) -> (usize, usize, usize, i8, bool) {
         match f {
             Q4_0 => (18, 2, 0, 8, false),
+            MXFP4 => (17, 1, 0, 12, false),
             Q5_0 => (22, 6, 2, 16, false),
             Q8_0 => (34, 2, 0, -128, false),
             Q4_1 => (20, 4, 0, 0, true),
@@ -103,6 +107,45 @@ mod imp {
         }
     }
 
+    /// MXFP4's [`KVALUES`](crate::mxfp4::KVALUES) plus 12 (unsigned), in each 128-bit lane.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn mxfp4_levels() -> __m512i {
+        let k = crate::mxfp4::KVALUES.map(|v| (v + 12) as u8);
+        // SAFETY: 16 readable bytes.
+        _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(k.as_ptr().cast()) })
+    }
+
+    /// The scales of the four blocks at `p`, `p + stride`, ...: f16s, or for MXFP4 the
+    /// powers of two their exponent bytes stand for.
+    ///
+    /// # Safety
+    /// The four blocks' first bytes (two for f16) are readable.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    #[inline]
+    unsafe fn scales4<const F: u8>(p: *const u8, stride: usize) -> __m128 {
+        // SAFETY: the caller's contract.
+        unsafe { if F == MXFP4 { e8m0x4(p, stride) } else { f16x4(p, stride) } }
+    }
+
+    /// [`scales4`] of the block at `p` (and with `two`, the one at `p + stride`), the
+    /// other lanes 0.
+    ///
+    /// # Safety
+    /// As for [`f16x2`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    #[inline]
+    unsafe fn scales2<const F: u8>(p: *const u8, stride: usize, two: bool) -> __m128 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if F == MXFP4 {
+                let s = |k: usize| crate::mxfp4::E8M0_HALF[*p.add(k * stride) as usize];
+                return _mm_setr_ps(s(0), if two { s(1) } else { 0.0 }, 0.0, 0.0);
+            }
+            f16x2(p, stride, two)
+        }
+    }
+
     /// The unsigned levels of weight blocks `wp` and `wp + WB` as 64 bytes, in value order.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
     #[inline]
@@ -122,6 +165,9 @@ mod imp {
             let v = _mm512_shuffle_i64x2::<0x50>(v, v); // [t0, t0, t1, t1]
             let u =
                 _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16::<4>(v)), _mm512_set1_epi8(0x0F));
+            if F == MXFP4 {
+                return _mm512_shuffle_epi8(mxfp4_levels(), u);
+            }
             if qh == 0 {
                 return u;
             }
@@ -151,6 +197,9 @@ mod imp {
                 _mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16::<4>(v)),
                 _mm512_set1_epi8(0x0F),
             );
+            if F == MXFP4 {
+                return _mm512_maskz_shuffle_epi8(0xFFFF_FFFF, mxfp4_levels(), u);
+            }
             if qh == 0 {
                 return u;
             }
@@ -222,7 +271,7 @@ mod imp {
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH + 64).cast());
                     let u = [levels_pair::<F>(wp), levels_pair::<F>(wp.add(2 * wb))];
                     // The four blocks' scales (and mins), converted once for every row.
-                    let wd = f16x4(wp, wb);
+                    let wd = scales4::<F>(wp, wb);
                     let wm = if has_min { f16x4(wp.add(2), wb) } else { _mm_setzero_ps() };
                     for r in 0..R {
                         let ap = a[r].add(i * ab);
@@ -259,7 +308,7 @@ mod imp {
                     let wp = w[j].add(i * wb);
                     let u = if two { levels_pair::<F>(wp) } else { levels_one::<F>(wp) };
                     // The one or two blocks' scales (and mins), zero in the other lanes.
-                    let wd = f16x2(wp, wb, two);
+                    let wd = scales2::<F>(wp, wb, two);
                     let wm = if has_min { f16x2(wp.add(2), wb, two) } else { _mm_setzero_ps() };
                     for r in 0..R {
                         let ap = a[r].add(i * ab);

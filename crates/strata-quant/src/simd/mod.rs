@@ -87,7 +87,7 @@ pub mod gemm512;
 use std::sync::OnceLock;
 
 use super::gemm::kernel::GemmKernel;
-use super::{QK_K, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k, with_blocks};
+use super::{QK_K, mxfp4, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k, with_blocks};
 use strata_tensor::tensor::DType;
 
 /// `unsafe fn(w, a, nb) -> Σ w·a` over `nb` weight blocks.
@@ -162,6 +162,7 @@ macro_rules! tile_tables {
                     DType::Q8_0 => RowsFn { pairs: pair_fns!(dot32_tile, Q8_0), ..rows_fn!(dot32_rows, Q8_0) },
                     DType::Q4_1 => RowsFn { pairs: pair_fns!(dot32_tile, Q4_1), ..rows_fn!(dot32_rows, Q4_1) },
                     DType::Q5_1 => RowsFn { pairs: pair_fns!(dot32_tile, Q5_1), ..rows_fn!(dot32_rows, Q5_1) },
+                    DType::Mxfp4 => RowsFn { pairs: pair_fns!(dot32_tile, MXFP4), ..rows_fn!(dot32_rows, MXFP4) },
                     DType::Q4_K => RowsFn { pairs: pair_fns!(q4k_tile, false), ..rows_fn!(dot_q4k_rows, false) },
                     DType::Q5_K => RowsFn { pairs: pair_fns!(q4k_tile, true), ..rows_fn!(dot_q4k_rows, true) },
                     DType::Q6_K => RowsFn { pairs: pair_fns!(q6k_tile_rows), ..rows_fn!(q6k_rows) },
@@ -188,6 +189,7 @@ macro_rules! tile_tables {
                     DType::Q8_0 => |w, ws, a, nb| unsafe { dot32_tile::<Q8_0, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
                     DType::Q4_1 => |w, ws, a, nb| unsafe { dot32_tile::<Q4_1, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
                     DType::Q5_1 => |w, ws, a, nb| unsafe { dot32_tile::<Q5_1, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
+                    DType::Mxfp4 => |w, ws, a, nb| unsafe { dot32_tile::<MXFP4, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
                     DType::Q4_K => |w, ws, a, nb| unsafe { q4k_tile::<false, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
                     DType::Q5_K => |w, ws, a, nb| unsafe { q4k_tile::<true, 4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
                     DType::Q6_K => |w, ws, a, nb| unsafe { q6k_tile_rows::<4, 1>(w, ws, a, 0, nb) }.map(|r| r[0]),
@@ -357,6 +359,7 @@ fn scalar_dot_fn(dtype: DType) -> Option<DotFn> {
         DType::Q4_K => scalar!(q4_k::BlockQ4K, q8_k::BlockQ8K, q4_k::vec_dot_q4_k_q8_k),
         DType::Q5_K => scalar!(q5_k::BlockQ5K, q8_k::BlockQ8K, q5_k::vec_dot_q5_k_q8_k),
         DType::Q6_K => scalar!(q6_k::BlockQ6K, q8_k::BlockQ8K, q6_k::vec_dot_q6_k_q8_k),
+        DType::Mxfp4 => scalar!(mxfp4::BlockMxfp4, q8_0::BlockQ8_0, mxfp4::vec_dot_mxfp4_q8_0),
         _ => None,
     }
 }
@@ -416,6 +419,20 @@ pub unsafe fn f16x4(p: *const u8, stride: usize) -> std::arch::x86_64::__m128 {
         let h = |k: usize| p.add(k * stride).cast::<u16>().read_unaligned() as u64;
         _mm_cvtph_ps(_mm_cvtsi64_si128((h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48) as i64))
     }
+}
+
+/// The scales 2^(e − 128) of the MXFP4 blocks at `p`, `p + stride`, `p + 2·stride` and
+/// `p + 3·stride` (their exponent bytes `e`) as four f32 lanes.
+///
+/// # Safety
+/// The four bytes are readable.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub unsafe fn e8m0x4(p: *const u8, stride: usize) -> std::arch::x86_64::__m128 {
+    // SAFETY: the caller's contract.
+    let s = |k: usize| mxfp4::E8M0_HALF[unsafe { *p.add(k * stride) } as usize];
+    // SAFETY: SSE is part of x86-64.
+    unsafe { std::arch::x86_64::_mm_setr_ps(s(0), s(1), s(2), s(3)) }
 }
 
 /// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K block, unpacked with

@@ -502,8 +502,17 @@ mod tests {
     fn decode_reads_rows_in_turn_or_side_by_side_with_the_same_bits() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
         let mut rng = Rng::new(5);
-        let formats =
-            [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
+        let formats = [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+            DType::Mxfp4,
+        ];
         let kernels = QuantKernel::ALL.into_iter().filter(|k| k.is_available());
         for (kernel, dtype) in kernels.flat_map(|k| formats.map(|d| (k, d))) {
             // 544 wide: a last group of fewer blocks (32-value formats only).
@@ -515,7 +524,8 @@ mod tests {
                     DType::Q6_K => quantize_matrix(&pool, dtype, &rng.vec(m * k, 1.0), m, k).unwrap().bytes().to_vec(),
                     _ => {
                         let mut b = rng.bytes(dtype.bytes_for(m * k).unwrap());
-                        // Sane scales (and mins) where every format keeps them: bytes 0..4.
+                        // Sane scales (and mins) where every format keeps them: bytes 0..4
+                        // (MXFP4's exponent byte becomes 31: a scale of 2^-97).
                         for blk in b.chunks_exact_mut(dtype.block_bytes()) {
                             blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
                             blk[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
