@@ -107,13 +107,22 @@ mod imp {
         }
     }
 
-    /// MXFP4's [`KVALUES`](crate::mxfp4::KVALUES) plus 12 (unsigned), in each 128-bit lane.
+    /// MXFP4's [`KVALUES`](crate::mxfp4::KVALUES) plus 12, as unsigned levels.
+    static MXFP4_U: [u8; 16] = {
+        let (k, mut t, mut n) = (crate::mxfp4::KVALUES, [0u8; 16], 0);
+        while n < 16 {
+            t[n] = (k[n] + 12) as u8;
+            n += 1;
+        }
+        t
+    };
+
+    /// [`MXFP4_U`] in each 128-bit lane.
     #[target_feature(enable = "avx512f,avx512bw")]
     #[inline]
     fn mxfp4_levels() -> __m512i {
-        let k = crate::mxfp4::KVALUES.map(|v| (v + 12) as u8);
         // SAFETY: 16 readable bytes.
-        _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(k.as_ptr().cast()) })
+        _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(MXFP4_U.as_ptr().cast()) })
     }
 
     /// The scales of the four blocks at `p`, `p + stride`, ...: f16s, or for MXFP4 the
