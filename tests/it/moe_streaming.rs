@@ -16,6 +16,7 @@ use strata::model::LanguageModel;
 use strata::model::ModelSource;
 use strata::model::convert::{ConvertOptions, Target, convert};
 use strata::model::decoder::SeqStep;
+use strata::model::spec::Arch;
 use strata::sched::ExpertLoading;
 use strata::sched::expert_policy::CachePolicy;
 use strata::sched::experts::CacheSize;
@@ -108,6 +109,9 @@ fn gguf_moe_models_stream_bit_identically() {
         "gguf/glm4_moe.f32.gguf",
         // K-quant blocks, each expert one aligned range
         "gguf/deepseek_v3_k256.q4_k_m.gguf",
+        // gpt-oss: each expert's biases travel with it
+        "gguf/gpt_oss.f32.gguf",
+        "gguf/gpt_oss.q8_0.gguf",
     ] {
         check_bit_identical(&fixture(f));
     }
@@ -147,6 +151,10 @@ fn converted_moe_models_stream_bit_identically() {
         ("hf/deepseek_v3", Target::Flat, "deepseek_v3-flat"),
         ("gguf/deepseek_v3.f32.gguf", Target::Cawsf(Compression::None), "deepseek_v3-gguf.cawsf"),
         ("hf/glm4_moe", Target::Cawsf(Compression::None), "glm4_moe.cawsf"),
+        // gpt-oss's checkpoint stacks its experts (computed per expert as it is read):
+        // converted, each expert and its biases are one range.
+        ("hf/gpt_oss", Target::Flat, "gpt_oss-flat"),
+        ("hf/gpt_oss", Target::Cawsf(Compression::None), "gpt_oss.cawsf"),
     ] {
         let out = converted(&dir, src, target, name);
         check_bit_identical(out.to_str().unwrap());
@@ -169,20 +177,23 @@ struct RefPrompt {
 #[test]
 fn bytes_read_per_token_are_the_cores_and_the_routed_experts() {
     // qwen3_next: its linear-attention layers are cores like any other.
-    for name in ["qwen3_moe", "qwen3_next", "qwen3_5_moe", "deepseek_v3", "glm4_moe"] {
+    // gpt_oss: each expert's biases are part of its range.
+    for name in ["qwen3_moe", "qwen3_next", "qwen3_5_moe", "deepseek_v3", "glm4_moe", "gpt_oss"] {
         bytes_read_per_token(name);
     }
 }
 
 fn bytes_read_per_token(name: &str) {
     // A flat conversion: each expert is one aligned range of its three tensors
-    // (16 x 64 f32 = 4 KiB each, so no padding), read whole.
+    // (16 x 64 f32 = 4 KiB each, so no padding), read whole; gpt-oss's three biases
+    // follow, each padded to the 4 KiB every flat tensor starts at.
     let dir = TempDir::new("moe-bytes");
     let out = converted(&dir, &format!("hf/{name}"), Target::Flat, &format!("{name}-flat"));
     let e = load(out.to_str().unwrap(), Some(0), Some(CacheSize::Bytes(0)), CachePolicy::Lru, false);
     let c = e.model.config().clone();
     let m = c.moe.unwrap();
-    let expert_bytes = (3 * m.expert_size * c.hidden_size * 4) as u64;
+    let biases = if c.arch == Arch::GptOss { 3 * strata::format::flat::ALIGN as usize } else { 0 };
+    let expert_bytes = (3 * m.expert_size * c.hidden_size * 4 + biases) as u64;
     let s = e.model.scheduler();
     let core_bytes = s.summary().plan.streamable_bytes;
     let json = std::fs::read_to_string(fixture(&format!("ref/{name}.json"))).unwrap();
