@@ -139,6 +139,13 @@ pub struct BenchReport {
     pub probe_errors: Vec<String>,
     /// GPU streaming: the upload pipeline's traffic during decode and its bound.
     pub upload: Option<UploadReport>,
+    /// KV cache bytes one position takes in every layer together, at the run's
+    /// `--kv-type` (a latent-attention layer keeps one latent row, an attention layer a
+    /// key and a value row).
+    pub kv_bytes_per_token: u64,
+    /// Latent attention only: what a per-head cache (each head's key and value) of the
+    /// same model would take at the same bytes per value.
+    pub kv_bytes_per_token_per_head: Option<u64>,
     /// Which layers are resident (and the expert cache of a MoE model).
     pub plan: SchedSummary,
     /// A mixture-of-experts model's storage traffic during decode.
@@ -463,6 +470,12 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             100.0 * f
         ));
     }
+    let kv_bytes_per_token = model.new_cache(1)?.position_bytes();
+    let kv_bytes_per_token_per_head = model.config().mla.map(|a| {
+        let c = model.config();
+        let per_head = c.n_heads * (a.qk_head_dim() + a.v_head_dim);
+        kv_bytes_per_token * per_head as u64 / a.cache_width() as u64
+    });
     let report = BenchReport {
         model: engine.name.clone(),
         device: engine.device.device.clone(),
@@ -498,6 +511,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         mem_bandwidth_pattern: bandwidth_pattern,
         mem_bandwidth_buffer_bytes: bandwidth_buffer,
         decode_roofline_tok_s: roofline,
+        kv_bytes_per_token,
+        kv_bytes_per_token_per_head,
         decode_fraction_of_roofline: decode_tok_s / n_seq as f64 / roofline,
         storage_bandwidth_bytes_s: storage.map(|s| s.bytes_per_sec),
         storage_bandwidth_small_buffer_bytes_s: storage_small.map(|s| s.bytes_per_sec),
