@@ -105,6 +105,7 @@ fn templates_render_as_transformers_does() {
         ("Mistral-Small-3.2-24B-Instruct-2506.jinja", ToolFormat::Mistral),
         ("unsloth-mistral-Devstral-Small-2507.jinja", ToolFormat::Mistral),
         ("google-gemma-2-2b-it.jinja", ToolFormat::Generic),
+        ("openai-gpt-oss-120b.jinja", ToolFormat::Harmony),
     ] {
         let source = std::fs::read_to_string(dir.join(name)).unwrap();
         assert_eq!(ToolFormat::detect(&source), want, "{name}");
@@ -198,4 +199,73 @@ fn rendered_tool_calls_parse_back() {
         assert_eq!(calls.iter().collect::<Vec<_>>(), want, "{name}: calls parsed from {reply:?}");
         assert!(content.trim().is_empty(), "{name}: content {content:?}");
     }
+}
+
+/// gpt-oss's template, committed (tests/fixtures/templates/openai-gpt-oss-120b.jinja, the
+/// sdist's file, its sha256 the fixture's): every conversation renders as transformers
+/// rendered it, harmony's markers included; `reasoning_effort` reaches its system
+/// message; and the call it writes into the history parses back as that call.
+#[test]
+fn gpt_oss_renders_as_transformers_does_and_its_calls_parse_back() {
+    use strata::engine::toolcall::harmony::Part;
+    use strata::engine::toolcall::{HarmonyParser, ToolEvent, ToolFormat};
+    const NAME: &str = "openai-gpt-oss-120b.jinja";
+    let source = include_str!("../fixtures/templates/openai-gpt-oss-120b.jinja");
+    let fixture: Value = serde_json::from_str(FIXTURE).unwrap();
+    let entry = &fixture["templates"][NAME];
+    assert_eq!(sha256_hex(source.as_bytes()), entry["sha256"]);
+    assert_eq!(ToolFormat::detect(source), ToolFormat::Harmony);
+    let now = fixture["fixed_now_unix"].as_i64().unwrap();
+    let template = ChatTemplate::new(source, Some("<s>".into()), Some("</s>".into())).unwrap().with_fixed_now(now);
+    let render = |case: &Value, vars: &serde_json::Map<String, Value>| {
+        let mut extra = case.get("extra").and_then(Value::as_object).cloned().unwrap_or_default();
+        if let Some(tools) = case.get("tools") {
+            extra.insert("tools".into(), tools.clone());
+        }
+        extra.extend(vars.clone());
+        let add = case.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true);
+        template.render_json(case["messages"].as_array().unwrap(), add, &extra)
+    };
+    let mut rendered = 0;
+    for (case_name, case) in fixture["cases"].as_object().unwrap() {
+        let want = &entry["renders"][case_name];
+        match (want["text"].as_str(), render(case, &serde_json::Map::new())) {
+            (Some(w), Ok(g)) => {
+                assert_eq!(g, w, "{case_name}");
+                rendered += 1;
+            }
+            (None, got) => assert!(got.is_err(), "{case_name}: transformers failed, strata rendered"),
+            (Some(_), Err(e)) => panic!("{case_name}: {e}"),
+        }
+    }
+    assert!(rendered >= 6, "{rendered}");
+    let chat = &fixture["cases"]["chat"];
+    let want = entry["renders"]["chat"]["text"].as_str().unwrap();
+    for level in ["low", "high"] {
+        let vars = serde_json::json!({"reasoning_effort": level}).as_object().unwrap().clone();
+        assert_eq!(render(chat, &vars).unwrap(), want.replace("Reasoning: medium", &format!("Reasoning: {level}")));
+    }
+
+    let text = entry["renders"]["two_calls_empty_content"]["text"].as_str().unwrap();
+    let after = "Weather in Paris and Rome?<|end|><|start|>assistant";
+    let start = text.find(after).unwrap() + after.len();
+    let end = start + text[start..].find("<|start|>functions.").unwrap();
+    let mut parser = HarmonyParser::new(true, 1);
+    let mut parts = Vec::new();
+    for ch in text[start..end].chars() {
+        parts.extend(parser.push(&ch.to_string()));
+    }
+    parts.extend(parser.finish());
+    let calls: Vec<(String, Value)> = parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Tool(ToolEvent::End { call, .. }) => {
+                Some((call.name.clone(), serde_json::from_str(&call.arguments).unwrap()))
+            }
+            Part::Tool(ToolEvent::Text(t)) => panic!("content {t:?}"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls, [("get_weather".to_string(), serde_json::json!({"city": "Paris", "unit": "celsius"}))]);
+    assert!(parser.closed(), "<|call|> ends the reply");
 }

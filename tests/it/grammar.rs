@@ -369,6 +369,22 @@ fn forced_call_grammars_accept_canonical_calls() {
         assert_eq!(call.name, "get_weather");
         assert_eq!(serde_json::from_str::<Value>(&call.arguments).unwrap(), json!({"city": "Paris", "days": 2}));
     }
+    // Harmony (gpt-oss): the call is the reply's first message, read by its own parser.
+    let text = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"days\": 2}<|call|>";
+    let markers = CallMarkers::of(ToolFormat::Harmony, text, |_| None);
+    for parallel in [false, true] {
+        let spec = call_grammar(ToolFormat::Harmony, &[&weather, &search], parallel, &markers).unwrap();
+        assert!(accepts(&spec, text).unwrap(), "harmony parallel {parallel}: {text}\n{spec:?}");
+        let only_search = call_grammar(ToolFormat::Harmony, &[&search], parallel, &markers).unwrap();
+        assert!(!accepts(&only_search, text).unwrap(), "harmony: a function not offered");
+    }
+    let mut p = strata::engine::toolcall::HarmonyParser::new(true, 3);
+    let mut parts = p.push(text);
+    parts.extend(p.finish());
+    assert!(p.closed());
+    assert_eq!(p.calls().len(), 1, "{parts:?}");
+    assert_eq!(p.calls()[0].name, "get_weather");
+    assert_eq!(serde_json::from_str::<Value>(&p.calls()[0].arguments).unwrap(), json!({"city": "Paris", "days": 2}));
 }
 
 /// Forced calls name a format's marker tokens by id: with a vocabulary that has them (the

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use common::{app_with_context, json, post_json, send};
 use serde_json::{Value, json};
 
-fn sse_payloads(body: &[u8]) -> Vec<Value> {
+pub(crate) fn sse_payloads(body: &[u8]) -> Vec<Value> {
     std::str::from_utf8(body)
         .unwrap()
         .split("\n\n")
@@ -20,21 +20,22 @@ fn sse_payloads(body: &[u8]) -> Vec<Value> {
         .collect()
 }
 
-fn weather() -> Value {
+pub(crate) fn weather() -> Value {
     json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
         "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}})
 }
 
-fn chat(model: &str, extra: Value) -> Value {
+pub(crate) fn chat(model: &str, extra: Value) -> Value {
     let mut body = json!({"model": model, "messages": [{"role": "user", "content": "Weather in Paris?"}],
         "temperature": 0, "max_tokens": 120});
     body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     body
 }
 
-/// A forced call to `model` comes back in OpenAI's shape, whole and streamed.
-async fn forced_call_in_openai_shape(app: &axum::Router, model: &str) {
-    let body = chat(model, json!({"tools": [weather()], "tool_choice": "required", "parallel_tool_calls": false}));
+/// A forced call to `model` (of `tool`, a get_weather) comes back in OpenAI's shape, whole
+/// and streamed.
+pub(crate) async fn forced_call_in_openai_shape(app: &axum::Router, model: &str, tool: Value) {
+    let body = chat(model, json!({"tools": [tool], "tool_choice": "required", "parallel_tool_calls": false}));
     let (status, _, out) = send(app, post_json("/v1/chat/completions", body.clone())).await;
     let v = json(&out);
     assert_eq!(status, StatusCode::OK, "{v}");
@@ -68,7 +69,7 @@ async fn forced_call_in_openai_shape(app: &axum::Router, model: &str) {
 async fn forced_calls_come_back_in_openai_shape_for_both_formats() {
     let (app, _) = app_with_context(1024);
     for model in ["qwen3", "llama3"] {
-        forced_call_in_openai_shape(&app, model).await;
+        forced_call_in_openai_shape(&app, model, weather()).await;
     }
 }
 
@@ -432,7 +433,7 @@ async fn deepseek_and_glm_calls_and_reasoning_reach_openai_shape() {
     let models = [("deepseek", common::fixture("deepseek_v3")), ("glm", common::fixture("glm4_moe"))];
     let (app, _, _worker) = strata::server::start(common::serve_options(&models, 1024)).expect("starting the server");
     for model in ["deepseek", "glm"] {
-        forced_call_in_openai_shape(&app, model).await;
+        forced_call_in_openai_shape(&app, model, weather()).await;
     }
 
     // DeepSeek-V3.1 thinking: its prompt ends inside `<think>`, so the reply starts there.

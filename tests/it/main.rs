@@ -26,6 +26,7 @@ mod grammar;
 mod http_anthropic;
 mod http_bad_input;
 mod http_create;
+mod http_harmony;
 mod http_moe;
 mod http_ollama;
 mod http_openai;
