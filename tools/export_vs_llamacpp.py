@@ -34,7 +34,7 @@ no_extra_buffer_types()
 
 FIXTURES = ["llama3", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "granite",
             "smollm3", "mixtral", "qwen2_moe", "qwen3_moe", "llama_spm", "qwen3_next", "qwen3_5", "qwen3_5_moe",
-            "deepseek_v3", "deepseek_v3_noq", "glm4_moe"]
+            "deepseek_v3", "deepseek_v3_noq", "glm4_moe", "gpt_oss"]
 
 
 def log_softmax(x):

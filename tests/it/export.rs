@@ -90,6 +90,7 @@ fn hugging_face_fixtures_export_to_gguf_that_reads_back_the_same() {
         "hf/deepseek_v3",
         "hf/deepseek_v3_noq",
         "hf/glm4_moe",
+        "hf/gpt_oss",
     ] {
         round_trip(rel, None, 1e-5);
     }
@@ -143,7 +144,13 @@ fn hybrid_fixtures_export_in_llama_cpp_layout_and_compute_the_same() {
 
 #[test]
 fn gguf_fixtures_export_as_stored() {
-    for rel in ["gguf/llama3.q4_0.gguf", "gguf/spm.gguf", "gguf/mixtral.q8_0.gguf", "gguf/llama256.q4_k_m.gguf"] {
+    for rel in [
+        "gguf/llama3.q4_0.gguf",
+        "gguf/spm.gguf",
+        "gguf/mixtral.q8_0.gguf",
+        "gguf/llama256.q4_k_m.gguf",
+        "gguf/gpt_oss.f32.gguf",
+    ] {
         round_trip(rel, None, 0.0);
     }
 }
@@ -160,6 +167,7 @@ fn quantized_exports_compute_what_the_converted_model_does() {
         ("hf/qwen2_moe", DType::Q8_0),
         ("hf/gemma2", DType::Q4_0),
         ("hf/qwen2_moe", DType::Mxfp4),
+        ("hf/gpt_oss", DType::Q8_0),
     ] {
         let src_path = root().join("tests/fixtures").join(rel);
         let src = ModelSource::from_path(src_path.to_str().unwrap()).unwrap();
@@ -210,6 +218,53 @@ fn what_gguf_cannot_hold_is_refused_and_nothing_is_left() {
     let err = format!("{:#}", export(&moe, &out, None, 2).unwrap_err());
     assert!(err.contains("norm_topk_prob") && err.contains("does not read back"), "{err}");
     assert!(!out.exists() && std::fs::read_dir(&dir.0).unwrap().count() == 1, "nothing else left behind");
+}
+
+/// gpt-oss's experts go out stacked as llama.cpp's converter writes them, biases
+/// included (`[experts, width]`, F32, beside the `[experts, rows, cols]` matrices), and
+/// its sinks as `attn_sinks.weight`. Its YaRN without rounding (`truncate: false`), which
+/// GGUF cannot say (llama.cpp always rounds), is exported as llama.cpp runs it: with the
+/// fixture's widths rounding moves no frequency and nothing is said; with a longer
+/// original context it moves some and the report says so. (Fixture:
+/// tools/make_gpt_oss_fixtures.py.)
+#[test]
+fn gpt_oss_exports_its_stacked_experts_and_says_where_llama_cpp_rounds_yarn() {
+    let dir = TempDir::new("export-gpt-oss");
+    let path = root().join("tests/fixtures/hf/gpt_oss");
+    let src = ModelSource::from_path(path.to_str().unwrap()).unwrap();
+    assert!(matches!(src.config.rope_scaling, strata::model::config::RopeScaling::Yarn { truncate: false, .. }));
+    let out = dir.path("g.gguf");
+    let report = export(&src, &out, None, 2).unwrap();
+    assert_eq!(report.architecture, "gpt-oss");
+    assert!(report.note.is_none(), "{report:?}");
+    let f = strata::format::gguf::GgufFile::open(&out).unwrap();
+    let (n, w, h) = (16, 16, 64);
+    for (name, shape) in [
+        ("blk.1.ffn_gate_exps.weight", vec![n, w, h]),
+        ("blk.1.ffn_down_exps.weight", vec![n, h, w]),
+        ("blk.1.ffn_gate_exps.bias", vec![n, w]),
+        ("blk.1.ffn_up_exps.bias", vec![n, w]),
+        ("blk.1.ffn_down_exps.bias", vec![n, h]),
+        ("blk.1.attn_sinks.weight", vec![4]),
+        ("blk.1.ffn_gate_inp.bias", vec![n]),
+        ("blk.1.attn_output.bias", vec![h]),
+    ] {
+        let t = f.tensor(name).unwrap_or_else(|| panic!("no `{name}`"));
+        assert_eq!((t.shape.clone(), t.dtype), (shape, DType::F32), "{name}");
+    }
+    assert_eq!(f.get("gpt-oss.attention.sliding_window").and_then(|v| v.as_u64()), Some(8));
+    assert_eq!(f.get("gpt-oss.expert_feed_forward_length").and_then(|v| v.as_u64()), Some(16));
+    assert_eq!(f.get_str("gpt-oss.rope.scaling.type"), Some("yarn"));
+    // A longer original context: rounding moves frequencies, exported and said.
+    let mut long = ModelSource::from_path(path.to_str().unwrap()).unwrap();
+    if let strata::model::config::RopeScaling::Yarn { original_max_position, .. } = &mut long.config.rope_scaling {
+        *original_max_position = 4096.0;
+    }
+    let out = dir.path("long.gguf");
+    let report = export(&long, &out, None, 2).unwrap();
+    assert!(report.note.as_deref().is_some_and(|n| n.contains("truncate")), "{report:?}");
+    let back = ModelSource::from_path(out.to_str().unwrap()).unwrap();
+    assert!(matches!(back.config.rope_scaling, strata::model::config::RopeScaling::Yarn { truncate: true, .. }));
 }
 
 /// An export removes the temporaries a killed export of the same OUT left beside it

@@ -55,7 +55,8 @@ type Metadata = Vec<(String, GgufValue)>;
 enum Source {
     /// A tensor of the source, under its Hugging Face name, with the changes it needs.
     One { hf: String, fix: Fix },
-    /// Routed experts' tensors stacked `[experts, rows, cols]`, expert 0 first.
+    /// Routed experts' tensors stacked, expert 0 first: matrices `[experts, rows, cols]`,
+    /// biases (gpt-oss) `[experts, width]`.
     Stacked(Vec<String>),
     /// Values computed here (`rope_freqs.weight`).
     Values(Vec<f32>),
@@ -166,7 +167,7 @@ pub fn export(src: &ModelSource, out: &Path, quant: Option<DType>, threads: usiz
     let window = window.map(|w| {
         format!("llama.cpp runs Mistral as `llama`, without its sliding window: past {w} tokens its outputs differ")
     });
-    let notes: Vec<String> = window.into_iter().chain(routing_note(src)).chain(tok_note).collect();
+    let notes: Vec<String> = window.into_iter().chain(yarn_note(c)).chain(routing_note(src)).chain(tok_note).collect();
     let note = (!notes.is_empty()).then(|| notes.join("; "));
     Ok(ExportReport {
         architecture: gguf_arch(c).into(),
@@ -407,7 +408,31 @@ fn expected_config(c: &ModelConfig) -> ModelConfig {
     }
     // Multi-token-prediction layers are not exported.
     c.nextn_layers = 0;
+    // GGUF has no key for YaRN without rounding: llama.cpp always rounds the correction
+    // range to whole dimensions (see `yarn_note`).
+    if let RopeScaling::Yarn { truncate, .. } = &mut c.rope_scaling {
+        *truncate = true;
+    }
     c
+}
+
+/// What llama.cpp's YaRN does differently from this model's, if anything: it rounds the
+/// correction range to whole dimensions (transformers' `truncate`, on by default), which
+/// gpt-oss turns off (`truncate: false`). Said only when that moves a frequency.
+fn yarn_note(c: &ModelConfig) -> Option<String> {
+    let RopeScaling::Yarn { truncate: false, .. } = c.rope_scaling else { return None };
+    let own = c.rope_freqs().inv_freq;
+    let rounded = expected_config(c).rope_freqs().inv_freq;
+    let moved = own.iter().zip(&rounded).filter(|(a, b)| a != b).count();
+    let worst = own.iter().zip(&rounded).map(|(a, b)| (a / b - 1.0).abs()).fold(0.0f32, f32::max);
+    (moved > 0).then(|| {
+        format!(
+            "llama.cpp rounds YaRN's correction range to whole dimensions, which this model does not (`truncate` \
+             false): {moved} of its {} RoPE frequencies differ, by up to {:.1}%",
+            own.len(),
+            100.0 * worst
+        )
+    })
 }
 
 /// How llama.cpp's grouped routing differs from this model's, if it can: it scores a
@@ -858,6 +883,16 @@ fn plan(src: &ModelSource, spec: &ArchSpec, quant: Option<DType>) -> anyhow::Res
                 bail!("layer {l}: `{gguf}` has {} of the {n} experts", experts.len());
             }
             let first = &src.tensors[&experts[0].1];
+            // Every expert's bytes follow the first's (in its dtype), so each must be its shape.
+            if let Some((_, hf)) = experts.iter().find(|(_, hf)| src.tensors[hf].shape != first.shape) {
+                bail!(
+                    "layer {l}: `{hf}` is {:?}, expert 0's `{}` {:?}: `{gguf}` stacks them alike",
+                    src.tensors[hf].shape,
+                    experts[0].1,
+                    first.shape
+                );
+            }
+            // A vector per expert (gpt-oss's biases) stacks into `[experts, width]`, F32.
             let dtype = dtype_for(&experts[0].1, first);
             let mut shape = vec![n];
             shape.extend(&first.shape);
