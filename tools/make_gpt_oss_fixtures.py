@@ -42,7 +42,12 @@ import make_arch_fixtures as maf  # noqa: E402
 import make_fixtures as mf  # noqa: E402
 import make_moe_fixtures as mmf  # noqa: E402  (llama.cpp worker + Q8_0, fixture_files; it patches maf)
 
+import shutil  # noqa: E402
+
+import gguf  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import AutoTokenizer, GptOssConfig, GptOssForCausalLM  # noqa: E402
 
 ROOT, HF_DIR, REF_DIR, GGUF_DIR = maf.ROOT, maf.HF_DIR, maf.REF_DIR, maf.GGUF_DIR
@@ -51,7 +56,7 @@ MAX_FIXTURE_BYTES = 2_500_000
 MIN_LOGIT_GAP = 2e-3  # k-th minus (k+1)-th router logit, every layer and position of the prompts and continuations
 
 maf.GENERATOR = "tools/make_gpt_oss_fixtures.py"
-maf.GGUF_NAMES.update(gpt_oss="Strata Tiny gpt-oss")
+maf.GGUF_NAMES.update(gpt_oss="Strata Tiny gpt-oss", gpt_oss_mxfp4="Strata Tiny gpt-oss MXFP4")
 
 # The harmony markers (all special in gpt-oss's tokenizer), appended after make_arch_fixtures' tokens.
 HARMONY_TOKENS = ["<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
@@ -83,7 +88,17 @@ def build_tokenizer():
 
 
 def model_specs(V, ids):
+    common = gpt_oss_spec(V, ids)
     return [
+        common,
+        # As OpenAI publishes gpt-oss: the experts MXFP4 (their width a multiple of MXFP4's 32-value blocks).
+        dict(common, name="gpt_oss_mxfp4", cfg=GptOssConfig(**dict(common["cfg"].to_dict(), intermediate_size=32)),
+             mxfp4=True),
+    ]
+
+
+def gpt_oss_spec(V, ids):
+    return (
         dict(
             name="gpt_oss",
             cls=GptOssForCausalLM,
@@ -122,8 +137,63 @@ def model_specs(V, ids):
                 "num_experts_per_tok": {"num_experts_per_tok": 2},
                 "yarn": {"rope_parameters": {"rope_type": "default", "rope_theta": 150000.0}},
             },
-        ),
-    ]
+        )
+    )
+
+
+def to_openai_mxfp4(w):
+    """w [..., rows, cols] (cols a multiple of 32) quantized by gguf-py's MXFP4 (ggml's reference quantizer), laid
+    out as OpenAI's checkpoints store it: blocks [..., rows, cols / 32, 16] (byte i of a group: value 2i in the low
+    nibble, 2i + 1 in the high one) and scales [..., rows, cols / 32] (the E8M0 byte)."""
+    q = gguf.quants.quantize(w.float().contiguous().numpy(), gguf.GGMLQuantizationType.MXFP4)
+    q = q.reshape(*w.shape[:-1], w.shape[-1] // 32, 17)
+    scales, qs = q[..., 0], q[..., 1:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # GGML: value j low nibble of byte j, j + 16 high
+    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return torch.from_numpy(blocks.copy()), torch.from_numpy(scales.astype(np.uint8).copy())
+
+
+def write_mxfp4_checkpoint(f32_dir, out_dir, notes):
+    """The F32 checkpoint in f32_dir rewritten as OpenAI publishes gpt-oss: the experts' gate_up_proj and down_proj
+    as MXFP4 `_blocks` / `_scales` ([experts, out, in / 32, ...]: gate_up's rows interleaved gate, up), their biases
+    and everything else as saved, `quantization_config: {quant_method: mxfp4}` in config.json. Returns the names of
+    the tensors replaced."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in out_dir.iterdir():
+        f.unlink()
+    for f in f32_dir.iterdir():
+        if not f.name.endswith(".safetensors"):
+            shutil.copy(f, out_dir / f.name)
+    tensors = {}
+    for f in sorted(f32_dir.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    replaced = []
+    for name in sorted(tensors):
+        if name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj"):
+            w = tensors.pop(name).transpose(-1, -2)  # [experts, out, in]
+            tensors[name + "_blocks"], tensors[name + "_scales"] = to_openai_mxfp4(w)
+            replaced.append(name)
+    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((out_dir / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4",
+                                  "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                             "model.embed_tokens", "lm_head"]}
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    notes.append(f"gpt_oss_mxfp4: {len(replaced)} expert tensors as MXFP4 blocks and scales")
+    return replaced
+
+
+def mxfp4_reference(spec, d, notes):
+    """transformers' own reading of the MXFP4 checkpoint (on the CPU it dequantizes the blocks), in F32: logits of
+    the prompts, and the tokens, written as make_arch_fixtures' reference."""
+    model = GptOssForCausalLM.from_pretrained(d, dtype=torch.float32)
+    model.eval()
+    mem = maf.make_model(spec, spec["seed"])
+    for (n, a), (_, b) in zip(model.named_parameters(), mem.named_parameters()):
+        assert a.dtype == torch.float32 and torch.equal(a, b), (n, a.dtype)
+    notes.append("gpt_oss_mxfp4: transformers' dequantisation of the checkpoint equals the in-memory model, "
+                 "parameter for parameter")
+    return model
 
 
 def routing_of(model, ids):
@@ -163,7 +233,18 @@ def make_model(spec, seed):
         for layer in model.model.layers:
             layer.mlp.experts.gate_up_proj.mul_(GATE_UP_SCALE)
             layer.mlp.experts.down_proj.div_(GATE_UP_SCALE)
+            if spec.get("mxfp4"):
+                # On MXFP4's grid already, so that seeds are judged on the model as published (requantizing
+                # values on the grid gives them back exactly).
+                for p in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj):
+                    p.copy_(mxfp4_round_trip(p.transpose(-1, -2)).transpose(-1, -2))
     return model
+
+
+def mxfp4_round_trip(w):
+    """w [..., cols] through gguf-py's MXFP4 quantizer and back."""
+    q = gguf.quants.quantize(w.float().contiguous().numpy(), gguf.GGMLQuantizationType.MXFP4)
+    return torch.from_numpy(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.MXFP4).reshape(w.shape).copy())
 
 
 maf.make_model = make_model
@@ -193,20 +274,7 @@ def pick_seed(spec, hf_tok, first_seed, notes):
 maf.pick_seed = pick_seed
 
 
-def main():
-    for d in (HF_DIR, REF_DIR, GGUF_DIR):
-        d.mkdir(parents=True, exist_ok=True)
-    notes = maf.Notes()
-    base, ids = build_tokenizer()
-    V = base.get_vocab_size(with_added_tokens=True)
-    notes.append(f"tokenizer: {V} tokens; harmony ids: " + json.dumps({t: ids[t] for t in HARMONY_TOKENS}))
-    (spec,) = model_specs(V, ids)
-    spec["first_seed"] = 70000
-    name = spec["name"]
-    d, mem_tok, ref, seed = maf.build_model(spec, base, notes)
-    disk_tok = AutoTokenizer.from_pretrained(d)
-    spec["sensitivity"] = maf.sensitivity(spec, ref, disk_tok(mf.PROMPTS[0])["input_ids"], notes)
-    refj = maf.make_reference(spec, d, disk_tok, mem_tok, ref, seed, notes)
+def add_routing(ref, refj, name):
     routing, gaps = [], []
     for p in refj["prompts"]:
         r, gap = routing_of(ref, p["ids"])
@@ -218,21 +286,71 @@ def main():
                             "k logits")
     (REF_DIR / f"{name}.json").write_text(json.dumps(refj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
-    f32 = GGUF_DIR / f"{name}.f32.gguf"
-    maf.convert(spec, d, f32)
-    view = mmf.llamacpp_reference(name, "f32", f32, refj)
-    q8 = GGUF_DIR / f"{name}.q8_0.gguf"
-    qview = mmf.llamacpp_reference(name, "q8_0", q8, refj, quant_src=f32)
-    vs, qvs = view["vs_transformers"], qview["vs_transformers"]
-    size = sum(f.stat().st_size for f in mmf.fixture_files(name))
-    notes.append(
-        f"{name}: F32 transformers vs llama.cpp: max |logprob diff| {vs['max_abs_logprob_diff']:.2e} (mean "
-        f"{vs['mean_abs_logprob_diff']:.2e}, {vs['n_logprobs']} tokens), argmax agreement {vs['argmax_agreement']:.3f}, "
-        f"tokenization mismatches {len(vs['tokenization_mismatches'])}; Q8_0: max |logprob diff| "
-        f"{qvs['max_abs_logprob_diff']:.2e}, top-1 agreement {qvs['argmax_agreement']:.3f}; fixture total {size} bytes")
-    assert vs["max_abs_logprob_diff"] <= MAX_LOGPROB_DIFF, (name, vs)
-    assert not vs["tokenization_mismatches"], vs
-    assert size < MAX_FIXTURE_BYTES, (name, size)
+
+def fixture_files(name, quants):
+    files = sorted((HF_DIR / name).iterdir()) + [REF_DIR / f"{name}.json", REF_DIR / f"{name}.logits.bin"]
+    for v in quants:
+        files += [GGUF_DIR / f"{name}.{v}.gguf", GGUF_DIR / f"{name}.{v}.llamacpp.json"]
+    return files
+
+
+def main():
+    names = sys.argv[1:]
+    for d in (HF_DIR, REF_DIR, GGUF_DIR):
+        d.mkdir(parents=True, exist_ok=True)
+    notes = maf.Notes()
+    base, ids = build_tokenizer()
+    V = base.get_vocab_size(with_added_tokens=True)
+    notes.append(f"tokenizer: {V} tokens; harmony ids: " + json.dumps({t: ids[t] for t in HARMONY_TOKENS}))
+    for i, spec in enumerate(model_specs(V, ids)):
+        spec["first_seed"] = 70000 + 1000 * i
+        name = spec["name"]
+        if names and name not in names:
+            continue
+        mxfp4 = spec.get("mxfp4", False)
+        if mxfp4:
+            # Built in F32 under another name, rewritten as OpenAI's MXFP4 checkpoint; only that is kept.
+            f32_spec = dict(spec, name=name + "_f32")
+            maf.GGUF_NAMES[f32_spec["name"]] = maf.GGUF_NAMES[name]
+            d32, mem_tok, _, seed = maf.build_model(f32_spec, base, notes)
+            spec["seed"] = seed
+            d = HF_DIR / name
+            write_mxfp4_checkpoint(d32, d, notes)
+            shutil.rmtree(d32)
+            ref = mxfp4_reference(spec, d, notes)
+        else:
+            d, mem_tok, ref, seed = maf.build_model(spec, base, notes)
+        disk_tok = AutoTokenizer.from_pretrained(d)
+        spec["sensitivity"] = maf.sensitivity(spec, ref, disk_tok(mf.PROMPTS[0])["input_ids"], notes)
+        refj = maf.make_reference(spec, d, disk_tok, mem_tok, ref, seed, notes)
+        add_routing(ref, refj, name)
+
+        # llama.cpp's converter keeps an MXFP4 checkpoint's experts MXFP4 (the rest F32).
+        first = "mxfp4" if mxfp4 else "f32"
+        path = GGUF_DIR / f"{name}.{first}.gguf"
+        maf.convert(spec, d, path)
+        view = mmf.llamacpp_reference(name, first, path, refj)
+        quants = [first]
+        vs = view["vs_transformers"]
+        line = (f"{name}: {first} transformers vs llama.cpp: max |logprob diff| {vs['max_abs_logprob_diff']:.2e} (mean "
+                f"{vs['mean_abs_logprob_diff']:.2e}, {vs['n_logprobs']} tokens), argmax agreement "
+                f"{vs['argmax_agreement']:.3f}, tokenization mismatches {len(vs['tokenization_mismatches'])}; "
+                f"tensor types {sorted(set(view['tensor_types'].values()))}")
+        if not mxfp4:
+            q8 = GGUF_DIR / f"{name}.q8_0.gguf"
+            qvs = mmf.llamacpp_reference(name, "q8_0", q8, refj, quant_src=path)["vs_transformers"]
+            quants.append("q8_0")
+            line += (f"; Q8_0: max |logprob diff| {qvs['max_abs_logprob_diff']:.2e}, top-1 agreement "
+                     f"{qvs['argmax_agreement']:.3f}")
+        size = sum(f.stat().st_size for f in fixture_files(name, quants))
+        notes.append(line + f"; fixture total {size} bytes")
+        # llama.cpp rounds the activations to 8 bits for its MXFP4 products: held to the quantized fixtures' bounds.
+        if mxfp4:
+            assert vs["argmax_agreement"] >= 0.95 and vs["mean_abs_logprob_diff"] <= 0.1, (name, vs)
+        else:
+            assert vs["max_abs_logprob_diff"] <= MAX_LOGPROB_DIFF, (name, vs)
+        assert not vs["tokenization_mismatches"], vs
+        assert size < MAX_FIXTURE_BYTES, (name, size)
     print("versions:", json.dumps(maf.VERSIONS))
 
 

@@ -20,7 +20,7 @@ use support::{argmax, log_softmax};
 
 /// Every fixture variant: `<model>` is the F32 file, `<model>.<type>` a llama.cpp
 /// quantization of it (`f16` or a quantized type).
-const VARIANTS: [&str; 40] = [
+const VARIANTS: [&str; 41] = [
     "llama3",
     "llama3.f16",
     "llama3.q8_0",
@@ -71,6 +71,8 @@ const VARIANTS: [&str; 40] = [
     // tools/make_gpt_oss_fixtures.py
     "gpt_oss.f32",
     "gpt_oss.q8_0",
+    // llama.cpp's converter keeps the checkpoint's MXFP4 experts
+    "gpt_oss_mxfp4.mxfp4",
 ];
 
 /// F32 weights: only summation order (and llama.cpp's own kernels) differ.
@@ -248,6 +250,7 @@ fn fixtures_hold_the_types_they_claim() {
             "q4_0" => "Q4_0",
             "q4_k_s" | "q4_k_m" => "Q4_K",
             "q6_k" => "Q6_K",
+            "mxfp4" => "MXFP4",
             other => panic!("{variant}: unknown variant {other}"),
         };
         assert!(count(main) > 0, "{variant}: no {main} tensor in {:?}", v.tensor_types);
@@ -267,6 +270,7 @@ fn ggml_name(id: u32) -> &'static str {
         13 => "Q5_K",
         14 => "Q6_K",
         30 => "BF16",
+        39 => "MXFP4",
         _ => "other",
     }
 }

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::support::{self, argmax};
 use serde::Deserialize;
 use strata::engine::session::{Engine, RunOptions};
 use strata::model::decoder::SeqStep;
@@ -268,4 +269,51 @@ fn moe_text_logprobs_match_transformers_token_by_token() {
     let want = -z.sequence.logprobs.iter().sum::<f64>() / z.sequence.logprobs.len() as f64;
     eprintln!("mean NLL {nll:.6} (transformers {want:.6}), max |Δ log-prob| {worst:.2e}");
     assert!((nll - want).abs() <= 1e-3, "mean NLL {nll} against {want}");
+}
+
+/// gpt-oss as OpenAI publishes it, its experts MXFP4 (`*_blocks`, `*_scales`):
+/// dequantized (`convert --quant f32`, the F32 model the blocks stand for) the logits are
+/// transformers' own dequantisation's within the F32 bound; run as MXFP4 (its products
+/// against 8-bit activations, as llama.cpp's) within the quantized fixtures' bounds.
+#[test]
+fn gpt_oss_mxfp4_checkpoint_matches_transformers_dequantisation() {
+    use strata::model::ModelSource;
+    use strata::model::convert::{ConvertOptions, Target, convert};
+    use strata::tensor::DType;
+    let (r, all) = reference("gpt_oss_mxfp4");
+    let src = ModelSource::from_path(root().join(&r.dir).to_str().unwrap()).unwrap();
+    let experts = src.tensors.iter().filter(|(n, _)| n.contains(".mlp.experts.") && n.ends_with("proj.weight"));
+    assert!(experts.clone().count() > 0 && experts.into_iter().all(|(_, t)| t.dtype == DType::Mxfp4));
+    let dir = support::TempDir::new("gpt-oss-mxfp4");
+    let f32_dir = dir.path("f32");
+    let opts =
+        ConvertOptions { target: Target::Flat, quant: Some(DType::F32), threads: 2, ndsq: None, sparse_ffn: None };
+    convert(src, &f32_dir, &opts, &mut |_| {}).unwrap();
+    for (path, exact) in
+        [(f32_dir.to_str().unwrap().to_string(), true), (root().join(&r.dir).display().to_string(), false)]
+    {
+        let e = Engine::load(&path, &RunOptions { threads: 2, ..Default::default() }).unwrap();
+        let (mut worst, mut agree, mut total, mut sum) = (0.0f32, 0, 0, 0.0f64);
+        for p in &r.prompts {
+            let mut cache = e.model.new_cache(64).unwrap();
+            let got = e.model.forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: true }]).unwrap();
+            let want = &all[p.logits_offset..p.logits_offset + p.n_positions * r.vocab_size];
+            for (g, w) in got[0].chunks_exact(r.vocab_size).zip(want.chunks_exact(r.vocab_size)) {
+                let d = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                worst = worst.max(d);
+                sum += d as f64;
+                agree += usize::from(argmax(g) == argmax(w));
+                total += 1;
+            }
+        }
+        let (top1, mean) = (agree as f64 / total as f64, sum / total as f64);
+        eprintln!(
+            "gpt_oss_mxfp4 ({}): max |Δ logit| {worst:.2e}, mean {mean:.2e}, top-1 {top1:.3}",
+            if exact { "dequantized" } else { "MXFP4" }
+        );
+        match exact {
+            true => assert!(worst <= LOGIT_TOL, "dequantized: |Δ logit| {worst}"),
+            false => assert!(top1 >= 0.95 && mean <= 0.1, "MXFP4: top-1 {top1}, mean |Δ logit| {mean}"),
+        }
+    }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::FormatError;
-use strata_tensor::tensor::{ByteSource, DType, HostTensor};
+use strata_tensor::tensor::{ByteSource, DType, Encoded, HostTensor, LazyBytes};
 
 /// Headers larger than this are refused before anything is allocated.
 const MAX_HEADER_BYTES: u64 = 100 << 20;
@@ -46,6 +46,8 @@ pub fn parse(src: Arc<dyn ByteSource>, path: &Path) -> Result<HashMap<String, Ho
     let header: HashMap<String, serde_json::Value> = serde_json::from_slice(&bytes[8..data_start as usize])
         .map_err(|e| corrupt(8, format!("header is not valid JSON: {e}")))?;
     let mut out = HashMap::with_capacity(header.len());
+    // MXFP4 as OpenAI stores it: `X_blocks` and `X_scales`, U8, paired below.
+    let mut raw: HashMap<String, (u64, u64, Vec<usize>)> = HashMap::new();
     for (name, value) in header {
         if name == "__metadata__" {
             continue;
@@ -56,10 +58,23 @@ pub fn parse(src: Arc<dyn ByteSource>, path: &Path) -> Result<HashMap<String, Ho
             "F32" => DType::F32,
             "F16" => DType::F16,
             "BF16" => DType::BF16,
+            "U8" if name.ends_with("_blocks") || name.ends_with("_scales") => {
+                let [begin, end] = entry.data_offsets;
+                let numel: Option<u64> = entry.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+                let (abs_begin, abs_end) = (data_start.saturating_add(begin), data_start.saturating_add(end));
+                if begin > end || abs_end > file_len || numel != Some(end - begin) {
+                    return Err(corrupt(abs_begin, format!("tensor `{name}` (U8 {:?}) does not fit", entry.shape)));
+                }
+                raw.insert(name, (abs_begin, end - begin, entry.shape));
+                continue;
+            }
             other => {
                 return Err(FormatError::Invalid {
                     path: path.to_owned(),
-                    msg: format!("tensor `{name}` has dtype {other}; supported: F32, F16, BF16"),
+                    msg: format!(
+                        "tensor `{name}` has dtype {other}; supported: F32, F16, BF16 (and U8 MXFP4 `_blocks` and \
+                         `_scales`)"
+                    ),
                 });
             }
         };
@@ -79,6 +94,64 @@ pub fn parse(src: Arc<dyn ByteSource>, path: &Path) -> Result<HashMap<String, Ho
         }
         let t = HostTensor::new(src.clone(), abs_begin as usize, (end - begin) as usize, dtype, entry.shape);
         out.insert(name, t);
+    }
+    for (name, t) in mxfp4_pairs(&src, path, raw)? {
+        out.insert(name, t);
+    }
+    Ok(out)
+}
+
+/// OpenAI's MXFP4 tensors (`X_blocks` `[..., groups, 16]`, `X_scales` `[..., groups]`,
+/// both U8: 32 FP4 values a group, byte `i` holding values `2i` and `2i + 1`, and the
+/// group's E8M0 scale) as one GGML MXFP4 tensor `X` `[..., groups · 32]`, decoded from the
+/// two ranges of the file on first use (the file keeps them apart; GGML keeps each
+/// group's scale before its values).
+fn mxfp4_pairs(
+    src: &Arc<dyn ByteSource>,
+    path: &Path,
+    mut raw: HashMap<String, (u64, u64, Vec<usize>)>,
+) -> Result<Vec<(String, HostTensor)>, FormatError> {
+    let invalid = |msg: String| FormatError::Invalid { path: path.to_owned(), msg };
+    let mut names: Vec<String> = raw.keys().filter(|n| n.ends_with("_blocks")).cloned().collect();
+    names.sort();
+    let mut out = Vec::new();
+    for blocks_name in names {
+        let stem = blocks_name.trim_end_matches("_blocks").to_string();
+        let (b_at, b_len, b_shape) = raw.remove(&blocks_name).expect("listed");
+        let Some((s_at, s_len, s_shape)) = raw.remove(&format!("{stem}_scales")) else {
+            return Err(invalid(format!("tensor `{blocks_name}` has no `{stem}_scales` in the same file")));
+        };
+        let groups = b_len / 16;
+        if b_shape.last() != Some(&16) || s_shape[..] != b_shape[..b_shape.len() - 1] || s_len != groups as u64 {
+            return Err(invalid(format!(
+                "`{blocks_name}` {b_shape:?} and `{stem}_scales` {s_shape:?} are not MXFP4 blocks ([..., G, 16]) and \
+                 their scales ([..., G])"
+            )));
+        }
+        let mut shape = s_shape.clone();
+        let g = shape.pop().unwrap_or(0);
+        shape.push(g * 32);
+        let len = groups as usize * 17;
+        let decode = move |pieces: &[&[u8]], out: &mut [u8]| -> Result<(), String> {
+            let [blocks, scales] = pieces else { return Err("two pieces expected".into()) };
+            for ((o, b), &s) in out.chunks_exact_mut(17).zip(blocks.chunks_exact(16)).zip(scales.iter()) {
+                let block = strata_quant::mxfp4::from_openai(b.try_into().expect("16 bytes"), s);
+                o[0] = block.e;
+                o[1..].copy_from_slice(&block.qs);
+            }
+            Ok(())
+        };
+        let encoded = Encoded {
+            path: Arc::from(path),
+            pieces: vec![(b_at, b_len as usize), (s_at, s_len as usize)],
+            len,
+            decode: Box::new(decode),
+        };
+        let lazy = LazyBytes::encoded(encoded, src.clone(), 0);
+        out.push((stem, HostTensor::lazy(Arc::new(lazy), DType::Mxfp4, shape)));
+    }
+    if let Some(name) = raw.keys().next() {
+        return Err(invalid(format!("tensor `{name}` (U8) has no `_blocks` to go with")));
     }
     Ok(out)
 }

@@ -6,7 +6,8 @@
 //! up columns interleaved (gate `2i`, up `2i + 1`), `gate_up_proj_bias` `[experts, 2 ·
 //! width]` likewise, `down_proj` `[experts, width, hidden]` and `down_proj_bias`
 //! `[experts, hidden]`. Each expert's tensors here are computed from its slice of those
-//! on first use (f32), so nothing is converted before it is needed.
+//! on first use (f32), so nothing is converted before it is needed. OpenAI's own
+//! checkpoints keep the experts in MXFP4 (see [`mxfp4_experts`]): their blocks stay MXFP4.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,13 +26,11 @@ pub fn unstack_experts(tensors: &mut HashMap<String, HostTensor>, c: &ModelConfi
     let (n, w, h) = (m.n_experts, m.expert_size, c.hidden_size);
     for l in 0..c.n_layers {
         let p = format!("model.layers.{l}.mlp.experts.");
-        if tensors.contains_key(&format!("{p}gate_up_proj_blocks")) {
-            bail!(
-                "layer {l}: the experts are MXFP4 blocks (`gate_up_proj_blocks`); this build reads gpt-oss from its \
-                 GGUF conversion or a checkpoint saved in F32/BF16"
-            );
-        }
         let Some(gate_up) = tensors.remove(&format!("{p}gate_up_proj")) else { continue };
+        if gate_up.dtype == DType::Mxfp4 {
+            mxfp4_experts(tensors, &p, gate_up, c)?;
+            continue;
+        }
         let mut take = |name: &str, shape: &[usize]| -> anyhow::Result<HostTensor> {
             let t = tensors.remove(&format!("{p}{name}")).with_context(|| format!("layer {l}: no `{p}{name}`"))?;
             if t.shape != shape {
@@ -62,6 +61,52 @@ pub fn unstack_experts(tensors: &mut HashMap<String, HostTensor>, c: &ModelConfi
             tensors.insert(name("down_proj.weight"), computed(vec![h, w], move || transpose(&d)));
             tensors.insert(name("down_proj.bias"), computed(vec![h], move || db.to_f32_vec()));
         }
+    }
+    Ok(())
+}
+
+/// OpenAI's published form (the safetensors reader makes GGML MXFP4 of its `_blocks` and
+/// `_scales`): `gate_up_proj` `[experts, 2 · width, hidden]`, each expert's rows gate and
+/// up interleaved (gate `2i`, up `2i + 1`), `down_proj` `[experts, hidden, width]`, the
+/// biases as for the unquantized form. Rows move whole, so the blocks stay as stored.
+fn mxfp4_experts(
+    tensors: &mut HashMap<String, HostTensor>,
+    p: &str,
+    gate_up: HostTensor,
+    c: &ModelConfig,
+) -> anyhow::Result<()> {
+    let m = c.moe.context("gpt-oss without experts")?;
+    let (n, w, h) = (m.n_experts, m.expert_size, c.hidden_size);
+    let mut take = |name: &str, shape: &[usize]| -> anyhow::Result<HostTensor> {
+        let t = tensors.remove(&format!("{p}{name}")).with_context(|| format!("no `{p}{name}`"))?;
+        if t.shape != shape {
+            bail!("tensor `{p}{name}`: expected shape {shape:?}, found {:?}", t.shape);
+        }
+        Ok(t)
+    };
+    if gate_up.shape != [n, 2 * w, h] {
+        bail!("tensor `{p}gate_up_proj` (MXFP4): expected shape {:?}, found {:?}", [n, 2 * w, h], gate_up.shape);
+    }
+    let down = take("down_proj", &[n, h, w])?;
+    if down.dtype != DType::Mxfp4 {
+        bail!("tensor `{p}down_proj` is {}, its gate_up_proj MXFP4", down.dtype.name());
+    }
+    let gate_up_bias = take("gate_up_proj_bias", &[n, 2 * w])?;
+    let down_bias = take("down_proj_bias", &[n, h])?;
+    let row = DType::Mxfp4.bytes_for(h).with_context(|| format!("hidden size {h} is not whole MXFP4 blocks"))?;
+    for e in 0..n {
+        let name = |s: &str| format!("{p}{e}.{s}");
+        for (which, first) in [("gate_proj", 0), ("up_proj", 1)] {
+            let gu = expert_slice(&gate_up, e)?;
+            let make = move || gu.bytes().chunks_exact(row).skip(first).step_by(2).flatten().copied().collect();
+            tensors.insert(name(&format!("{which}.weight")), computed_bytes(vec![w, h], DType::Mxfp4, make));
+        }
+        tensors.insert(name("down_proj.weight"), expert_slice(&down, e)?);
+        let (b, gub) = (expert_slice(&gate_up_bias, e)?, expert_slice(&gate_up_bias, e)?);
+        tensors.insert(name("gate_proj.bias"), computed(vec![w], move || every_other(&b, 0)));
+        tensors.insert(name("up_proj.bias"), computed(vec![w], move || every_other(&gub, 1)));
+        let db = expert_slice(&down_bias, e)?;
+        tensors.insert(name("down_proj.bias"), computed(vec![h], move || db.to_f32_vec()));
     }
     Ok(())
 }
@@ -98,9 +143,12 @@ fn every_other(t: &HostTensor, first: usize) -> Vec<f32> {
 
 /// An f32 tensor of `shape` computed by `make` on first use.
 fn computed(shape: Vec<usize>, make: impl Fn() -> Vec<f32> + Send + Sync + 'static) -> HostTensor {
-    let len = shape.iter().product::<usize>() * 4;
-    let lazy = LazyBytes::new(len, move || {
-        AlignedBytes::from_slice(&make().iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
-    });
-    HostTensor::lazy(Arc::new(lazy), DType::F32, shape)
+    computed_bytes(shape, DType::F32, move || make().iter().flat_map(|x| x.to_le_bytes()).collect())
+}
+
+/// A tensor of `shape` and `dtype` whose bytes `make` computes on first use.
+fn computed_bytes(shape: Vec<usize>, dtype: DType, make: impl Fn() -> Vec<u8> + Send + Sync + 'static) -> HostTensor {
+    let len = dtype.bytes_for(shape.iter().product()).expect("whole blocks");
+    let lazy = LazyBytes::new(len, move || AlignedBytes::from_slice(&make()));
+    HostTensor::lazy(Arc::new(lazy), dtype, shape)
 }
