@@ -112,6 +112,8 @@ fn gguf_moe_models_stream_bit_identically() {
         // gpt-oss: each expert's biases travel with it
         "gguf/gpt_oss.f32.gguf",
         "gguf/gpt_oss.q8_0.gguf",
+        // MXFP4 experts, as llama.cpp converts OpenAI's checkpoints
+        "gguf/gpt_oss_mxfp4.mxfp4.gguf",
     ] {
         check_bit_identical(&fixture(f));
     }
