@@ -252,18 +252,24 @@ extern "C" __global__ void __launch_bounds__(256)
 // attn_combine_f32: merges the splits of one (query row · head) = blockIdx.x:
 //   M = max_s m_s, L = Σ_s l_s e^(m_s − M), out[d] = Σ_s acc_s[d] e^(m_s − M) / L
 // writing out[(r·n_heads + h)·head_dim + d] (0 where no key was visible at all).
+// attn_combine_sinks_f32 does the same with head h's sink logit sinks[h] (gpt-oss) in
+// the denominator once, and in no numerator:
+//   M = max(max_s m_s, sinks[h]), L = Σ_s l_s e^(m_s − M) + e^(sinks[h] − M).
 // Launch: grid (rows · n_heads), block head_dim (any block size works: threads loop
 // over the dimensions).
-extern "C" __global__ void __launch_bounds__(1024)
-    attn_combine_f32(const float* __restrict__ part, float* __restrict__ out, unsigned int splits,
-                     unsigned int head_dim) {
+template <bool SINK>
+__device__ __forceinline__ void attn_combine(const float* __restrict__ part, const float* __restrict__ sinks,
+                                             float* __restrict__ out, unsigned int splits, unsigned int n_heads,
+                                             unsigned int head_dim) {
     const unsigned int bh = blockIdx.x;
     const unsigned long long stride = (unsigned long long)head_dim + 2ull;
     const float* p = part + (unsigned long long)bh * splits * stride;
-    float M = strata_neg_inf();
+    const float sink = SINK ? sinks[bh % n_heads] : strata_neg_inf();
+    float M = sink;
     for (unsigned int s = 0; s < splits; ++s) M = fmaxf(M, p[s * stride + head_dim]);
+    const float l_sink = SINK ? strata_exp_diff(sink, M) : 0.0f;
     for (unsigned int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float L = 0.0f, a = 0.0f;
+        float L = l_sink, a = 0.0f;
         for (unsigned int s = 0; s < splits; ++s) {
             const float* ps = p + s * stride;
             const float f = strata_exp_diff(ps[head_dim], M);
@@ -272,4 +278,16 @@ extern "C" __global__ void __launch_bounds__(1024)
         }
         out[(unsigned long long)bh * head_dim + d] = L > 0.0f ? a / L : 0.0f;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    attn_combine_f32(const float* __restrict__ part, float* __restrict__ out, unsigned int splits,
+                     unsigned int head_dim) {
+    attn_combine<false>(part, nullptr, out, splits, 1u, head_dim);
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    attn_combine_sinks_f32(const float* __restrict__ part, const float* __restrict__ sinks, float* __restrict__ out,
+                           unsigned int splits, unsigned int n_heads, unsigned int head_dim) {
+    attn_combine<true>(part, sinks, out, splits, n_heads, head_dim);
 }

@@ -54,6 +54,21 @@ extern "C" __global__ void __launch_bounds__(256) sigmoid_mul_f32(float* __restr
     GRID_STRIDE_LOOP(i, (unsigned long long)n) { g[i] = u[i] / (1.0f + expf(-g[i])); }
 }
 
+// gpt-oss's clamped SwiGLU, i < n: x = min(g[i], limit), y = clamp(u[i], −limit, limit),
+// g[i] = x / (1 + e^(−alpha·x)) · (y + 1), in the CPU's evaluation order
+// (crates/strata-backend/src/cpu/mod.rs `glu_slices`, Activation::SwigluOai). fminf
+// gives `limit` for a NaN gate, as Rust's f32::min; a NaN up stays NaN, as f32::clamp.
+// Grid ceil(n / 256), block 256.
+extern "C" __global__ void __launch_bounds__(256) swiglu_oai_f32(float* __restrict__ g, const float* __restrict__ u,
+                                                                 unsigned int n, float alpha, float limit) {
+    GRID_STRIDE_LOOP(i, (unsigned long long)n) {
+        const float x = fminf(g[i], limit);
+        const float ui = u[i];
+        const float y = ui < -limit ? -limit : (ui > limit ? limit : ui);
+        g[i] = x / (1.0f + expf(-alpha * x)) * (y + 1.0f);
+    }
+}
+
 // x[i] *= factor, i < n. Grid ceil(n / 256), block 256.
 extern "C" __global__ void __launch_bounds__(256) scale_f32(float* __restrict__ x, unsigned int n, float factor) {
     GRID_STRIDE_LOOP(i, (unsigned long long)n) { x[i] *= factor; }

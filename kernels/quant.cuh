@@ -12,8 +12,8 @@
 // Each decoder evaluates exactly the expression of the matching `dequantize` in
 // crates/strata-quant/src/*.rs (ggml's dequantize_row_* for the GGML formats), in the same order.
 //
-// Blocks are only 2-byte aligned (4 for i8): fields are read with u8/u16 loads (u32 for
-// i8), never through a struct.
+// Blocks are only 2-byte aligned (4 for i8, 1 for mxfp4's 17-byte blocks): fields are
+// read with u8/u16 loads (u32 for i8; u8 only for mxfp4), never through a struct.
 //
 // Per format:  FMT_QK values per block, FMT_BYTES bytes per block, FMT_PARTS = QK / 8
 // parts per block, FMT_GAP the offset of the second run, and
@@ -136,6 +136,40 @@ __device__ __forceinline__ unsigned int dec8_q8_0(const unsigned char* __restric
         v[4u + i] = (float)(int)(signed char)(unsigned char)QBYTE(q1, i) * d;
     }
     return 8u * p;
+}
+
+// ---------------------------------------------------------------------------------
+// MXFP4 (GGML type 39): { u8 e; u8 qs[16]; } 17 bytes, so blocks sit at any byte address:
+// read with u8 loads only. Byte j: value j in the low nibble, value j + 16 in the high
+// one (layout as Q4_0). Value = KVALUES[nibble] · 2^(e − 128), KVALUES = the E2M1 values
+// doubled: magnitudes 0 1 2 3 4 6 8 12 for nibble & 7 (packed as the nibbles of
+// 0xC8643210), negative when nibble & 8 (nibble 8 is +0, as in the table).
+// 2^(e − 128) is ggml_e8m0_to_fp32_half: the float bits 0x00200000 << e for e < 2
+// (denormals), else (e − 1) << 23; every product is exact, or ±inf past f32's range
+// (e = 254 and |KVALUES| ≥ 4), as on the CPU.
+// ---------------------------------------------------------------------------------
+#define MXFP4_QK 32u
+#define MXFP4_BYTES 17u
+#define MXFP4_PARTS 4u
+#define MXFP4_GAP 16u
+__device__ __forceinline__ float mxfp4_e8m0_half(unsigned int e) {
+    return __uint_as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+}
+__device__ __forceinline__ float mxfp4_value(unsigned int nibble, float d) {
+    const int mag = (int)((0xC8643210u >> (4u * (nibble & 7u))) & 0xFu);
+    return (float)((nibble & 8u) ? -mag : mag) * d;
+}
+__device__ __forceinline__ unsigned int dec8_mxfp4(const unsigned char* __restrict__ b, unsigned int p,
+                                                   float* v) {
+    const float d = mxfp4_e8m0_half(b[0]);
+    const unsigned char* q = b + 1u + 4u * p;
+#pragma unroll
+    for (unsigned int i = 0; i < 4u; ++i) {
+        const unsigned int byte = q[i];
+        v[i] = mxfp4_value(byte & 0xFu, d);
+        v[4u + i] = mxfp4_value(byte >> 4, d);
+    }
+    return 4u * p;
 }
 
 // ---------------------------------------------------------------------------------
@@ -299,6 +333,7 @@ __device__ __forceinline__ unsigned int dec8_q6_k(const unsigned char* __restric
     X(q5_0, Q5_0_QK, Q5_0_BYTES, Q5_0_PARTS, Q5_0_GAP)                    \
     X(q5_1, Q5_1_QK, Q5_1_BYTES, Q5_1_PARTS, Q5_1_GAP)                    \
     X(q8_0, Q8_0_QK, Q8_0_BYTES, Q8_0_PARTS, Q8_0_GAP)                    \
+    X(mxfp4, MXFP4_QK, MXFP4_BYTES, MXFP4_PARTS, MXFP4_GAP)               \
     X(q4_k, Q4_K_QK, Q4_K_BYTES, Q4_K_PARTS, Q4_K_GAP)                    \
     X(q5_k, Q5_K_QK, Q5_K_BYTES, Q5_K_PARTS, Q5_K_GAP)                    \
     X(q6_k, Q6_K_QK, Q6_K_BYTES, Q6_K_PARTS, Q6_K_GAP)                    \

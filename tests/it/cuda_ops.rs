@@ -132,6 +132,16 @@ fn elementwise_norm_and_rope_match_the_cpu_on<G: Backend>(g: &G) {
     c.glu(&mut cs, &cy, rows * dim, Activation::Sigmoid).unwrap();
     g.glu(&mut gs, &gy, rows * dim, Activation::Sigmoid).unwrap();
     check("sigmoid_mul", &g.download(&gs, rows * dim).unwrap(), &c.download(&cs, rows * dim).unwrap(), 1e-7);
+    // gpt-oss's clamped SwiGLU (alpha 1.702, limit 7), over gates and ups past the limit
+    // on both sides.
+    let (gate, up) = (values(rows * dim, 7, 12.0), values(rows * dim, 8, 12.0));
+    assert!(gate.iter().any(|&g| g > 7.0) && up.iter().any(|&u| u > 7.0) && up.iter().any(|&u| u < -7.0));
+    let act = Activation::SwigluOai { alpha: 1.702, limit: 7.0 };
+    let (mut cs, mut gs) = (c.upload(&gate).unwrap(), g.upload(&gate).unwrap());
+    let (cu, gu) = (c.upload(&up).unwrap(), g.upload(&up).unwrap());
+    c.glu(&mut cs, &cu, rows * dim, act).unwrap();
+    g.glu(&mut gs, &gu, rows * dim, act).unwrap();
+    check("swiglu_oai", &g.download(&gs, rows * dim).unwrap(), &c.download(&cs, rows * dim).unwrap(), 1e-7);
     // Scale and softcap in place, over a prefix of the buffer (the rest must not change).
     let n = rows * dim - 5;
     for op in [Unary::Scale(0.125), Unary::Scale(-3.0), Unary::Softcap(30.0), Unary::Softcap(0.5)] {
@@ -345,6 +355,68 @@ fn embedding_and_matmul_match_the_cpu_for_every_weight_format_on<G: Backend>(g: 
     assert!(too_far.is_empty(), "against the exact product:\n{}", too_far.join("\n"));
 }
 
+/// MXFP4 blocks with the edge exponents (2^-128 and 2^-127 denormal scales, 2^-126, and
+/// 254, whose values of 4 and more are past f32's range: inf as on the CPU) and every
+/// nibble in both halves of a byte: the embedding rows bit for bit the CPU's, and
+/// products (matrix-vector and GEMM, where 254 is replaced by 140, the sums staying
+/// finite) against the exact product.
+#[test]
+fn mxfp4_edge_blocks_match_the_cpu() {
+    on_gpu(|g| mxfp4_edge_blocks_match_the_cpu_on(g, true), |c| mxfp4_edge_blocks_match_the_cpu_on(c, false));
+}
+
+fn mxfp4_edge_blocks_match_the_cpu_on<G: Backend>(g: &G, exact: bool) {
+    let c = CpuBackend::new(2);
+    let (out, inn) = (20, 256);
+    for exps in [[0u8, 1, 2, 254], [0, 1, 2, 140]] {
+        let w = weight(DType::Mxfp4, out, inn, 61);
+        let mut bytes = AlignedBytes::zeroed(w.bytes().len());
+        bytes.bytes_mut().copy_from_slice(w.bytes());
+        // The first blocks of rows 0 and 7, block i with exponent exps[i] and quants
+        // j | ((j + 5 + i) % 16) << 4 (every nibble low and high).
+        for row in [0, 7] {
+            for (i, &e) in exps.iter().enumerate() {
+                let b = &mut bytes.bytes_mut()[(row * inn / 32 + i) * 17..][..17];
+                b[0] = e;
+                for j in 0..16 {
+                    b[1 + j] = (j | ((j + 5 + i) % 16) << 4) as u8;
+                }
+            }
+        }
+        let w = HostTensor::new(std::sync::Arc::new(bytes), 0, w.bytes().len(), DType::Mxfp4, vec![out, inn]);
+        let (cw, gw) = (c.weight(&w).unwrap(), g.weight(&w).unwrap());
+        let ids = [7u32, 0, 19];
+        let (mut ce, mut ge) = (c.alloc(ids.len() * inn).unwrap(), g.alloc(ids.len() * inn).unwrap());
+        c.embedding(&cw, &ids, &mut ce).unwrap();
+        g.embedding(&gw, &ids, &mut ge).unwrap();
+        let (got, want) = (g.download(&ge, ids.len() * inn).unwrap(), c.download(&ce, ids.len() * inn).unwrap());
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "MXFP4 embedding rows with exponents {exps:?}");
+        if exps[3] == 254 {
+            assert!(want.iter().any(|v| v.is_infinite()) && want.iter().any(|&v| v != 0.0 && v.abs() < 1e-37));
+            continue;
+        }
+        let exact_w = c.weight(&HostTensor::from_f32(&w.to_f32_vec(), vec![out, inn])).unwrap();
+        for rows in [1, 11] {
+            let x = values(rows * inn, 62 + rows as u64, 1.0);
+            let (cx, gx) = (c.upload(&x).unwrap(), g.upload(&x).unwrap());
+            let (mut ey, mut gy) = (c.alloc(rows * out).unwrap(), g.alloc(rows * out).unwrap());
+            c.matmul(&cx, rows, &exact_w, &mut ey).unwrap();
+            g.matmul(&gx, rows, &gw, &mut gy).unwrap();
+            let what = format!("MXFP4 matmul with exponents {exps:?}, rows {rows}, against the exact product");
+            // The CPU stand-in's own product quantises the activations to Q8_0: a loose bound.
+            let bound = if !exact {
+                2e-3
+            } else if rows <= 8 {
+                1e-10
+            } else {
+                1e-6
+            };
+            check(&what, &g.download(&gy, rows * out).unwrap(), &c.download(&ey, rows * out).unwrap(), bound);
+        }
+    }
+}
+
 #[test]
 fn a_batch_gives_each_sequence_the_rows_it_gets_alone() {
     on_gpu(
@@ -503,6 +575,55 @@ fn attention_matches_the_cpu_for_prefill_and_split_decode_on<G: Backend>(g: &G) 
             "attention heads {n_heads}/{n_kv} hd {hd} start {start} rows {rows} window {window:?} softcap {softcap:?}"
         );
         check(&what, &got[qw..(rows + 1) * qw], &want[qw..(rows + 1) * qw], 5e-4);
+    }
+}
+
+#[test]
+fn attention_sinks_match_the_cpu() {
+    on_gpu(
+        |g| {
+            attention_sinks_match_the_cpu_on(g);
+            // The row-invariant backend's fixed splits (every 512 keys) as well.
+            attention_sinks_match_the_cpu_on(&CudaBackend::new(0).unwrap().row_invariant());
+        },
+        attention_sinks_match_the_cpu_on,
+    );
+}
+
+/// Attention with sinks (gpt-oss: one logit per query head in each softmax's
+/// denominator), in prefill, in decode over a long context (split partials on the
+/// GPU), with and without a sliding window, through the row-invariant backend's fixed
+/// splits too; the sinks change the result (checked against attention without them).
+fn attention_sinks_match_the_cpu_on<G: Backend>(g: &G) {
+    let c = CpuBackend::new(2);
+    // (n_heads, n_kv_heads, head_dim, start_pos, rows, window)
+    let cases = [
+        (8, 2, 64, 0, 9, None),
+        (8, 2, 64, 40, 5, Some(16)),
+        (8, 2, 64, 5000, 1, None),
+        (8, 2, 64, 5000, 1, Some(128)),
+        (64, 8, 64, 700, 3, Some(128)),
+    ];
+    for (n_heads, n_kv, hd, start, rows, window) in cases {
+        let cap = start + rows;
+        let (qw, kvw) = (n_heads * hd, n_kv * hd);
+        let q = values(rows * qw, 51, 1.0);
+        let (k, v) = (values(cap * kvw, 52, 1.0), values(cap * kvw, 53, 1.0));
+        let mut sinks = values(n_heads, 54, 3.0);
+        sinks[0] = 8.0; // most of head 0's weight
+        let plain = attn_params((n_heads, n_kv, hd, start), window, None, strata::backend::KvType::F32);
+        let p = AttnParams { sinks: Some(&sinks), ..plain };
+        let (cq, ck, cv) = (c.upload(&q).unwrap(), c.upload(&k).unwrap(), c.upload(&v).unwrap());
+        let (gq, gk, gv) = (g.upload(&q).unwrap(), g.upload(&k).unwrap(), g.upload(&v).unwrap());
+        let (mut co, mut go) = (c.alloc(rows * qw).unwrap(), g.alloc(rows * qw).unwrap());
+        c.attention(&cq, 0, rows, &ck, &cv, &p, &mut co).unwrap();
+        g.attention(&gq, 0, rows, &gk, &gv, &p, &mut go).unwrap();
+        let (got, want) = (g.download(&go, rows * qw).unwrap(), c.download(&co, rows * qw).unwrap());
+        c.attention(&cq, 0, rows, &ck, &cv, &plain, &mut co).unwrap();
+        assert!(nmse(&c.download(&co, rows * qw).unwrap(), &want) > 1e-3, "the sinks change nothing");
+        let what =
+            format!("attention with sinks heads {n_heads}/{n_kv} hd {hd} start {start} rows {rows} window {window:?}");
+        check(&what, &got, &want, 5e-4);
     }
 }
 

@@ -35,7 +35,7 @@ buffers (so ASan sees any out-of-bounds access), with outputs pre-filled with Na
 unwritten outputs fail) and inputs checked to be unchanged afterwards. Results are
 compared with an independent numpy reference (float64) by NMSE = Σ(a−b)²/Σb²:
 ≤ 1e-7 for elementwise/add_rows/norm/rope/embedding/dequant, ≤ 5e-4 for matvec/attention;
-exact for row gathers, for pure decodes (f32 f16 bf16 q4_0 q5_0 q8_0 i8 embedding rows, f32->f16), for
+exact for row gathers, for pure decodes (f32 f16 bf16 q4_0 q5_0 q8_0 mxfp4 i8 embedding rows, f32->f16), for
 argmax/top-k indices and values. Weight formats use gguf-py's `gguf.quants` (quantize
 where it can, otherwise random blocks with sane f16 scales; `gguf.quants.dequantize` is
 the reference decode); affine_q4 and i8 are decoded from crates/strata-quant/src/{affine_q4,int8}.rs.
@@ -76,7 +76,7 @@ KDIR = Path(os.environ.get("CUDA_EMU_KERNELS", ROOT / "kernels")).resolve()  # o
 BUILD = ROOT / "target" / "cuda_emu"
 FAILURES = HERE / "FAILURES.md"
 
-FMTS = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k",
+FMTS = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q4_k", "q5_k",
         "q6_k", "affine_q4", "i8"]
 
 # ---------------------------------------------------------------- the binding ABI
@@ -89,6 +89,7 @@ SIGS: dict[str, list[tuple[str, str]]] = {
         ("silu_mul_f32", "float* g, const float* u, unsigned n"),
         ("gelu_mul_f32", "float* g, const float* u, unsigned n"),
         ("sigmoid_mul_f32", "float* g, const float* u, unsigned n"),
+        ("swiglu_oai_f32", "float* g, const float* u, unsigned n, float alpha, float limit"),
         ("scale_f32", "float* x, unsigned n, float factor"),
         ("softcap_f32", "float* x, unsigned n, float cap"),
         ("f32_to_f16", "const float* x, unsigned short* y, unsigned long long n"),
@@ -127,6 +128,8 @@ SIGS: dict[str, list[tuple[str, str]]] = {
                              "unsigned head_dim, float scale, float softcap, unsigned window, "
                              "unsigned split_len"),
         ("attn_combine_f32", "const float* part, float* out, unsigned splits, unsigned head_dim"),
+        ("attn_combine_sinks_f32", "const float* part, const float* sinks, float* out, unsigned splits, "
+                                   "unsigned n_heads, unsigned head_dim"),
     ] + [
         (f"attn_partial_{t}", "const float* q, const float* k, const float* v, float* part, "
                               "unsigned start_pos, unsigned n_heads, unsigned n_kv_heads, "
@@ -464,7 +467,7 @@ def f16_to_f32(u16):
 
 
 BLOCK = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q4_0": (32, 18), "q4_1": (32, 20),
-         "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34), "q4_k": (256, 144),
+         "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34), "mxfp4": (32, 17), "q4_k": (256, 144),
          "q5_k": (256, 176), "q6_k": (256, 210), "affine_q4": (128, 68), "i8": (32, 36)}
 
 
@@ -493,7 +496,7 @@ def gguf_type(fmt):
     from gguf import GGMLQuantizationType as T
     return {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q4_0": T.Q4_0, "q4_1": T.Q4_1,
             "q5_0": T.Q5_0, "q5_1": T.Q5_1, "q8_0": T.Q8_0, "q4_k": T.Q4_K, "q5_k": T.Q5_K,
-            "q6_k": T.Q6_K}[fmt]
+            "q6_k": T.Q6_K, "mxfp4": T.MXFP4}[fmt]
 
 
 def decode(fmt, raw, n):
@@ -506,7 +509,8 @@ def decode(fmt, raw, n):
         v = decode_i8(raw)
     else:
         import gguf
-        v = np.asarray(gguf.quants.dequantize(raw, gguf_type(fmt)), dtype=np.float32).ravel()
+        with np.errstate(over="ignore"):  # mxfp4's e = 254 overflows f32 for |value| >= 4, as ggml does
+            v = np.asarray(gguf.quants.dequantize(raw, gguf_type(fmt)), dtype=np.float32).ravel()
     assert v.size == n, (fmt, v.size, n)
     return v
 
@@ -516,8 +520,23 @@ def f16_bits(rng, shape, lo, hi):
     return rng.uniform(lo, hi, size=shape).astype(np.float16).view(np.uint16)
 
 
-def make_weights(fmt, rows, cols, rng):
-    """A [rows, cols] tensor in format fmt: (raw bytes [rows, row_bytes], f32 reference)."""
+def mxfp4_edge_blocks(raw, exps):
+    """Overwrites the first len(exps) blocks of an MXFP4 tensor (raw [rows, row_bytes]) with
+    exponent byte exps[i] and quants holding every nibble in both the low and the high
+    half of a byte (bytes j | ((j + 5 + i) % 16) << 4), in place."""
+    import numpy as np
+    blocks = raw.reshape(-1, 17)
+    assert len(exps) <= blocks.shape[0], (len(exps), blocks.shape)
+    for i, e in enumerate(exps):
+        j = np.arange(16)
+        blocks[i, 0] = e
+        blocks[i, 1:] = (j | (((j + 5 + i) % 16) << 4)).astype(np.uint8)
+
+
+def make_weights(fmt, rows, cols, rng, mxfp4_exps=()):
+    """A [rows, cols] tensor in format fmt: (raw bytes [rows, row_bytes], f32 reference).
+    mxfp4: gguf-py's quantizer, then the first blocks get the exponents `mxfp4_exps` and
+    every nibble (mxfp4_edge_blocks)."""
     import numpy as np
     bs, ts = BLOCK[fmt]
     assert cols % bs == 0, (fmt, cols)
@@ -527,9 +546,12 @@ def make_weights(fmt, rows, cols, rng):
         raw = w.view(np.uint8)
     elif fmt == "f16":
         raw = w.astype(np.float16).view(np.uint8)
-    elif fmt in ("bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"):
+    elif fmt in ("bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4"):
         import gguf
         raw = np.asarray(gguf.quants.quantize(w, gguf_type(fmt))).view(np.uint8)
+        if fmt == "mxfp4" and mxfp4_exps:
+            raw = np.ascontiguousarray(raw).reshape(rows, nb * ts)
+            mxfp4_edge_blocks(raw, mxfp4_exps)
     elif fmt in ("q4_k", "q5_k"):
         raw = rng.integers(0, 256, size=(rows, nb, ts), dtype=np.uint8)
         raw[:, :, 0:2] = f16_bits(rng, (rows, nb), 0.002, 0.02).view(np.uint8).reshape(rows, nb, 2)
@@ -625,6 +647,31 @@ def cases_elementwise():
         return run
     for n in (1, 1000, 4097):
         cs.append(Case(f"sigmoid_mul_f32 n={n}", "sigmoid_mul_f32", sigmoid_gate(n)))
+
+    def swiglu_oai(n, alpha, limit, grid=None):
+        def run(c, rng):
+            a32, l32 = np.float32(alpha), np.float32(limit)
+            g = (rng.standard_normal(n) * 2 * limit).astype(np.float32)
+            u = (rng.standard_normal(n) * 2 * limit).astype(np.float32)
+            if n >= 16:  # both clamps, exactly at the limits, saturated gates, zero
+                g[:8] = np.array([limit + 1, limit, -100.0, 100.0, 0.0, -limit - 3, 1e30, -1e30], np.float32)
+                u[:8] = np.array([-limit - 1, limit + 2, -limit, limit, 0.0, 1e30, -1e30, -1.0], np.float32)
+                if not ((g > l32).any() and (u > l32).any() and (u < -l32).any()):
+                    raise CaseFail("inputs do not reach both clamps")
+            bg, bu = c.buf(g, True), c.buf(u)
+            c.launch("swiglu_oai_f32", (grid or cdiv(n, 256),), (256,), bg, bu, n, a32, l32)
+            x = np.minimum(g.astype(np.float64), float(l32))
+            y = np.clip(u.astype(np.float64), -float(l32), float(l32))
+            with np.errstate(over="ignore"):
+                want = x / (1 + np.exp(-float(a32) * x)) * (y + 1)
+            return compare_nmse("g", bg.read(), want, 1e-7)
+        return run
+    # gpt-oss's alpha 1.702 and limit 7; a tighter limit; a capped grid.
+    for n, alpha, limit in ((1, 1.702, 7.0), (1000, 1.702, 7.0), (4097, 1.702, 7.0), (300, 0.5, 1.5)):
+        cs.append(Case(f"swiglu_oai_f32 n={n} alpha={alpha} limit={limit}", "swiglu_oai_f32",
+                       swiglu_oai(n, alpha, limit)))
+    cs.append(Case("swiglu_oai_f32 n=4097 alpha=1.702 limit=7.0 capped grid 3", "swiglu_oai_f32",
+                   swiglu_oai(4097, 1.702, 7.0, 3)))
 
     def gelu(n, grid=None):
         def run(c, rng):
@@ -846,7 +893,12 @@ def cases_rope():
     return cs
 
 
-EXACT_DECODE = {"f32", "f16", "bf16", "q4_0", "q5_0", "q8_0", "i8"}
+EXACT_DECODE = {"f32", "f16", "bf16", "q4_0", "q5_0", "q8_0", "mxfp4", "i8"}
+# The MXFP4 exponents the decode cases put in their first blocks (denormal scales 2^-128
+# and 2^-127, the first normal one, the largest finite one: 12 · 2^126), and the ones the
+# matvec cases use (the largest would overflow the f32 sums: 2^12 stands in for it).
+MXFP4_DECODE_EXPS = (0, 1, 2, 254)
+MXFP4_MATVEC_EXPS = (0, 1, 2, 140)
 
 
 def cases_embedding():
@@ -855,7 +907,8 @@ def cases_embedding():
 
     def emb(fmt, vocab, dim, rows):
         def run(c, rng):
-            raw, ref = make_weights(fmt, vocab, dim, rng)
+            exps = MXFP4_DECODE_EXPS if fmt == "mxfp4" else ()
+            raw, ref = make_weights(fmt, vocab, dim, rng, exps)
             ids = rng.integers(0, vocab, size=rows).astype(np.uint32)
             ids[0] = vocab - 1
             if rows > 1:
@@ -882,7 +935,7 @@ def cases_dequant():
         def run(c, rng):
             bs, _ = BLOCK[fmt]
             n = nblocks * bs
-            raw, ref = make_weights(fmt, 1, n, rng)
+            raw, ref = make_weights(fmt, 1, n, rng, MXFP4_DECODE_EXPS[:nblocks] if fmt == "mxfp4" else ())
             bw, bo = c.buf(raw), c.out((n,), np.uint16)
             g = {"n/256": cdiv(n, 256), "blocks/256": cdiv(nblocks, 256), "1": 1}[grid]
             c.launch(f"dequant_{fmt}_f16", (g,), (256,), bw, bo, n)
@@ -909,7 +962,7 @@ def cases_matvec():
 
     def mv(fmt, rows, out, inn, wide=None):
         def run(c, rng):
-            raw, wref = make_weights(fmt, out, inn, rng)
+            raw, wref = make_weights(fmt, out, inn, rng, MXFP4_MATVEC_EXPS if fmt == "mxfp4" else ())
             x = rng.standard_normal((rows, inn)).astype(np.float32)
             bw, bx, by = c.buf(raw), c.buf(x), c.out((rows, out), np.float32)
             if wide:
@@ -935,10 +988,11 @@ def cases_matvec():
     return cs
 
 
-def attn_ref_partial(q, k, v, start_pos, nh, nkv, hd, scale, window, split_len, splits, softcap=0.0):
+def attn_ref_heads(q, k, v, start_pos, nh, nkv, hd, window):
+    """(row, head, pos, first visible key, the head's query, its KV head's keys and values
+    [cap, hd]) for every query row and head, in float64."""
     import numpy as np
     rows = q.shape[0]
-    part = np.zeros((rows, nh, splits, hd + 2))
     qd = q.astype(np.float64).reshape(rows, nh, hd)
     kd = k.astype(np.float64).reshape(-1, nkv, hd)
     vd = v.astype(np.float64).reshape(-1, nkv, hd)
@@ -947,32 +1001,60 @@ def attn_ref_partial(q, k, v, start_pos, nh, nkv, hd, scale, window, split_len, 
         pos = start_pos + r
         first = max(0, pos + 1 - window) if window > 0 else 0
         for h in range(nh):
-            kh = h // grp
-            for s in range(splits):
-                lo, hi = max(first, s * split_len), min(pos + 1, (s + 1) * split_len)
-                if lo >= hi:
-                    part[r, h, s, hd] = -np.inf
-                    continue
-                sc = np.float32(scale) * (kd[lo:hi, kh] @ qd[r, h])
-                if softcap != 0:
-                    cap = float(np.float32(softcap))
-                    sc = cap * np.tanh(sc / cap)
-                m = sc.max()
-                e = np.exp(sc - m)
-                part[r, h, s, :hd] = e @ vd[lo:hi, kh]
-                part[r, h, s, hd] = m
-                part[r, h, s, hd + 1] = e.sum()
+            yield r, h, pos, first, qd[r, h], kd[:, h // grp], vd[:, h // grp]
+
+
+def attn_ref_partial(q, k, v, start_pos, nh, nkv, hd, scale, window, split_len, splits, softcap=0.0):
+    import numpy as np
+    part = np.zeros((q.shape[0], nh, splits, hd + 2))
+    for r, h, pos, first, qh, kh, vh in attn_ref_heads(q, k, v, start_pos, nh, nkv, hd, window):
+        for s in range(splits):
+            lo, hi = max(first, s * split_len), min(pos + 1, (s + 1) * split_len)
+            if lo >= hi:
+                part[r, h, s, hd] = -np.inf
+                continue
+            sc = np.float32(scale) * (kh[lo:hi] @ qh)
+            if softcap != 0:
+                cap = float(np.float32(softcap))
+                sc = cap * np.tanh(sc / cap)
+            m = sc.max()
+            e = np.exp(sc - m)
+            part[r, h, s, :hd] = e @ vh[lo:hi]
+            part[r, h, s, hd] = m
+            part[r, h, s, hd + 1] = e.sum()
     return part
 
 
-def attn_ref_combine(part, hd):
+def attn_ref_combine(part, hd, sinks=None):
+    """The merged attention of partials [rows, heads, splits, hd + 2]; with `sinks` (one
+    logit per head) each head's sink joins the denominator: e^(sink - M), M the max of
+    the sink and the scores."""
     import numpy as np
     m = part[..., hd]
     M = m.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        sk = np.broadcast_to(np.asarray(sinks, np.float64)[None, :, None], M.shape)
+        M = np.maximum(M, sk)
     w = np.where(np.isfinite(m), np.exp(np.where(np.isfinite(m), m - M, 0)), 0.0)
     num = (w[..., None] * part[..., :hd]).sum(axis=-2)
     den = (w * part[..., hd + 1]).sum(axis=-1)
+    if sinks is not None:
+        den = den + np.where(np.isfinite(sk[..., 0]), np.exp(np.where(np.isfinite(sk[..., 0]), sk[..., 0] - M[..., 0], 0)), 0)
     return num / den[..., None]
+
+
+def attn_ref_sinks(q, k, v, start_pos, nh, nkv, hd, scale, window, sinks):
+    """Attention with sinks written out (no splits): softmax over [scores, sink], the
+    sink's weight dropped. An independent check of attn_ref_combine's sink term."""
+    import numpy as np
+    rows = q.shape[0]
+    out = np.zeros((rows, nh, hd))
+    for r, h, pos, first, qh, kh, vh in attn_ref_heads(q, k, v, start_pos, nh, nkv, hd, window):
+        sc = np.float32(scale) * (kh[first:pos + 1] @ qh)
+        allsc = np.append(sc, float(sinks[h]))
+        e = np.exp(allsc - allsc.max())
+        out[r, h] = (e[:-1] / e.sum()) @ vh[first:pos + 1]
+    return out.reshape(rows, nh * hd)
 
 
 def kv_encode(kv, x):
@@ -1147,6 +1229,57 @@ def cases_attention():
         for shp in kv_shapes:
             args, desc = described(shp)
             cs.append(Case(f"attn_partial_{kv} {desc}", f"attn_partial_{kv}", attn(*args, "partial", kv)))
+
+    def attn_sinks(rows, start, nh, nkv, hd, window, split_len, splits, mode):
+        """attn_combine_sinks_f32 over reference partials (`combine`) or after
+        attn_partial_f32 (`both`), against the written-out softmax with sinks."""
+        def run(c, rng):
+            cap = start + rows
+            q = rng.standard_normal((rows, nh * hd)).astype(np.float32)
+            k = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
+            v = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
+            # Sinks near the scores, one far above them (most of the weight: small outputs)
+            # and one at -inf (no sink).
+            sinks = (rng.standard_normal(nh) * 2).astype(np.float32)
+            sinks[0] = 6.0
+            if nh > 2:
+                sinks[-1] = -np.inf
+            scale = 1.0 / math.sqrt(hd)
+            ref = attn_ref_partial(q, k, v, start, nh, nkv, hd, scale, window, split_len, splits)
+            written = attn_ref_sinks(q, k, v, start, nh, nkv, hd, scale, window, sinks)
+            want = attn_ref_combine(ref, hd, sinks).reshape(rows, nh * hd)
+            if not np.allclose(want, written, rtol=1e-9, atol=1e-12):
+                raise CaseFail("harness: the split reference with sinks differs from the written-out one")
+            bs, bo = c.buf(sinks), c.out((rows, nh * hd), np.float32)
+            if mode == "combine":
+                bp = c.buf(ref.astype(np.float32))
+                want = attn_ref_combine(ref.astype(np.float32).astype(np.float64), hd, sinks).reshape(rows, nh * hd)
+            else:
+                bq, bk, bv = c.buf(q), c.buf(k), c.buf(v)
+                bp = c.out((rows, nh, splits, hd + 2), np.float32)
+                c.launch("attn_partial_f32", (rows * nh, splits), (128,), bq, bk, bv, bp, start, nh, nkv, hd,
+                         np.float32(scale), np.float32(0.0), window, split_len)
+            c.launch("attn_combine_sinks_f32", (rows * nh,), (hd,), bp, bs, bo, splits, nh, hd)
+            plain = attn_ref_combine(ref, hd).reshape(rows, nh * hd)
+            if np.allclose(want, plain, rtol=1e-3):
+                raise CaseFail("harness: the sinks do not change the reference")
+            return compare_nmse("out", bo.read(), want, 5e-4) + (" (partial+combine)" if mode == "both" else "")
+        return run
+    sink_shapes = [
+        # rows, start_pos, n_heads, n_kv_heads, head_dim, window, split_len, splits
+        (1, 37, 4, 2, 64, 0, 38, 1),      # decode, one split
+        (1, 37, 4, 2, 64, 0, 16, 3),      # decode, split partials (one empty slice per row)
+        (5, 0, 4, 2, 128, 0, 3, 2),       # prefill from 0: rows whose second split is empty
+        (7, 20, 4, 2, 64, 8, 7, 4),       # sliding window (gpt-oss's even layers), split
+        (1, 300, 8, 2, 64, 128, 64, 5),   # decode with a window and 5 splits, some empty
+        (2, 10, 2, 1, 256, 0, 6, 2),      # head_dim 256, two heads (no -inf sink)
+    ]
+    for shp in sink_shapes:
+        rows, start, nh, nkv, hd, window, sl, sp = shp
+        desc = (f"rows={rows} start_pos={start} n_heads={nh} n_kv={nkv} head_dim={hd} window={window} "
+                f"split_len={sl} splits={sp}")
+        cs.append(Case(f"attn_combine_sinks_f32 {desc}", "attn_combine_sinks_f32", attn_sinks(*shp, "combine")))
+        cs.append(Case(f"attn_partial+combine_sinks {desc}", "attn_combine_sinks_f32", attn_sinks(*shp, "both")))
     return cs + cases_kv_store()
 
 
@@ -1676,6 +1809,21 @@ def python_only_check() -> int:
         hand += [np.float32((int(qs[j] & 0xF) - 8)) * d for j in range(16)]
         hand += [np.float32((int(qs[j] >> 4) - 8)) * d for j in range(16)]
     say(np.array_equal(np.array(hand, np.float32), ref.ravel()), "gguf Q4_0 decode matches the GGML layout")
+    # gguf MXFP4 reference against a hand decode of crates/strata-quant/src/mxfp4.rs's layout,
+    # over the edge blocks (exponents 0, 1, 2, 254, every nibble)
+    kvalues = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+    hand = []
+    with np.errstate(over="ignore"):  # e = 254: |value| >= 4 is past f32's range, inf as in ggml
+        raw, ref = make_weights("mxfp4", 1, 256, rng, MXFP4_DECODE_EXPS)
+    for b in raw.reshape(-1, 17):
+        d = np.float32(2.0 ** (int(b[0]) - 128))
+        with np.errstate(over="ignore"):
+            hand += [np.float32(kvalues[b[1 + j] & 0xF]) * d for j in range(16)]
+            hand += [np.float32(kvalues[b[1 + j] >> 4]) * d for j in range(16)]
+    nibbles = {int(x) for b in raw.reshape(-1, 17)[:4] for x in np.concatenate([b[1:] & 0xF, b[1:] >> 4])}
+    good = np.array_equal(np.array(hand, np.float32).view(np.uint32), ref.ravel().view(np.uint32))
+    say(good and nibbles == set(range(16)) and list(raw.reshape(-1, 17)[:4, 0]) == list(MXFP4_DECODE_EXPS),
+        "gguf MXFP4 decode matches the GGML layout (exponents 0, 1, 2, 254, every nibble)")
     for fmt in FMTS:
         bs, ts = BLOCK[fmt]
         raw, ref = make_weights(fmt, 3, 512, rng)
@@ -1691,6 +1839,11 @@ def python_only_check() -> int:
     c1 = attn_ref_combine(attn_ref_partial(q, k, v, 4, 4, 2, 8, 0.3, 0, 100, 1, 0.7), 8)
     c3 = attn_ref_combine(attn_ref_partial(q, k, v, 4, 4, 2, 8, 0.3, 0, 2, 3, 0.7), 8)
     say(bool(np.allclose(c1, c3)) and not np.allclose(c1, p1), "attention reference: softcapped splits merge too")
+    sk = np.array([0.5, -1.0, 3.0, -np.inf], np.float32)
+    s3 = attn_ref_combine(attn_ref_partial(q, k, v, 4, 4, 2, 8, 0.3, 0, 2, 3), 8, sk)
+    sw = attn_ref_sinks(q, k, v, 4, 4, 2, 8, 0.3, 0, sk)
+    say(bool(np.allclose(s3.reshape(sw.shape), sw)) and not np.allclose(s3, p3)
+        and bool(np.allclose(s3[:, 3], p3[:, 3])), "attention reference: sinks merge over splits, -inf is none")
     total = sum(len(FILES[f][0]()) for f in FILES)
     say(total > 0, f"{total} cases generated")
     return 0 if ok else 1

@@ -80,6 +80,8 @@ struct Scratch {
     row_weights: Option<CudaSlice<f32>>,
     /// The convolved queries, keys and values of `delta_rule`.
     conv: Option<CudaSlice<f32>>,
+    /// One attention layer's sink logits (gpt-oss), one per query head.
+    sinks: Option<CudaSlice<f32>>,
 }
 
 impl HostCopy for CudaBuf {
@@ -256,6 +258,7 @@ impl CudaBackend {
                 row_ids: None,
                 row_weights: None,
                 conv: None,
+                sinks: None,
             }),
             used: Arc::default(),
             launches: AtomicU64::new(0),
@@ -911,10 +914,13 @@ impl Backend for CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        if p.sinks.is_some() {
-            return Err(BackendError::Compile(
-                "attention sinks (gpt-oss) have no CUDA kernel yet: run the model with --device cpu".into(),
-            ));
+        if let Some(sinks) = p.sinks
+            && sinks.len() < p.n_heads
+        {
+            return Err(BackendError::Device {
+                op: "attention".into(),
+                msg: format!("{} attention sinks for {} heads", sinks.len(), p.n_heads),
+            });
         }
         if p.head_dim > launch::MAX_HEAD_DIM {
             return Err(BackendError::Compile(format!(
@@ -979,11 +985,26 @@ impl Backend for CudaBackend {
         // `softcap` is a plain float (0: off).
         unsafe { self.launch(&mut b, launch::attn_partial(rows, p.n_heads, split), "attention") }?;
         let (op, splits) = (ptr(&out.data, &self.stream, row0 * q_width), split.splits as u32);
-        let mut b = self.stream.launch_builder(self.func("attn_combine_f32")?);
-        b.arg(&pp).arg(&op).arg(&splits).arg(&hd);
-        // SAFETY: attn_combine_f32(part, out, splits, head_dim): the partials written just
-        // above; `out` from row `row0` holds `rows × n_heads × head_dim` floats.
-        unsafe { self.launch(&mut b, launch::attn_combine(rows, p.n_heads, p.head_dim), "attention") }
+        let shape = launch::attn_combine(rows, p.n_heads, p.head_dim);
+        let Some(sinks) = p.sinks else {
+            let mut b = self.stream.launch_builder(self.func("attn_combine_f32")?);
+            b.arg(&pp).arg(&op).arg(&splits).arg(&hd);
+            // SAFETY: attn_combine_f32(part, out, splits, head_dim): the partials written just
+            // above; `out` from row `row0` holds `rows × n_heads × head_dim` floats.
+            return unsafe { self.launch(&mut b, shape, "attention") };
+        };
+        // The layer's sinks, one per query head, uploaded with the call (a few hundred bytes,
+        // as the rope positions are; each layer has its own).
+        let slot = self.grow(&mut s.sinks, p.n_heads, "attention sinks")?;
+        self.put(&sinks[..p.n_heads], slot, "attention sinks")?;
+        let skp = ptr(slot, &self.stream, 0);
+        let mut b = self.stream.launch_builder(self.func("attn_combine_sinks_f32")?);
+        b.arg(&pp).arg(&skp).arg(&op).arg(&splits).arg(&nh).arg(&hd);
+        // SAFETY: attn_combine_sinks_f32(part, sinks, out, splits, n_heads, head_dim): the
+        // partials written just above; `sinks` holds `n_heads` floats (checked and uploaded
+        // above), read at `h < n_heads`; `out` from row `row0` holds `rows × n_heads ×
+        // head_dim` floats.
+        unsafe { self.launch(&mut b, shape, "attention") }
     }
 
     fn delta_rule(&self, d: &DeltaRule<'_, CudaBuf>, state: &mut CudaBuf, out: &mut CudaBuf) -> BackendResult<()> {
@@ -1035,17 +1056,21 @@ impl Backend for CudaBackend {
 
     fn glu(&self, gate: &mut CudaBuf, up: &CudaBuf, len: usize, act: Activation) -> BackendResult<()> {
         check_len(&[gate.data.len(), up.data.len()], len, "glu")?;
+        let (gp, up) = (ptr(&gate.data, &self.stream, 0), ptr(&up.data, &self.stream, 0));
         let kernel = match act {
             Activation::Silu => "silu_mul_f32",
             Activation::GeluTanh => "gelu_mul_f32",
             Activation::Sigmoid => "sigmoid_mul_f32",
-            Activation::SwigluOai { .. } => {
-                return Err(BackendError::Compile(
-                    "gpt-oss's clamped SwiGLU has no CUDA kernel yet: run the model with --device cpu".into(),
-                ));
+            Activation::SwigluOai { alpha, limit } => {
+                let n32 = len as u32;
+                let mut l = self.stream.launch_builder(self.func("swiglu_oai_f32")?);
+                l.arg(&gp).arg(&up).arg(&n32).arg(&alpha).arg(&limit);
+                // SAFETY: swiglu_oai_f32(g, u, n, alpha, limit) per kernels/README.md: both
+                // buffers hold at least `len` floats (checked above); the rest are plain floats.
+                return unsafe { self.launch(&mut l, launch::elementwise(len), "glu") };
             }
         };
-        self.elementwise(kernel, ptr(&gate.data, &self.stream, 0), ptr(&up.data, &self.stream, 0), len)
+        self.elementwise(kernel, gp, up, len)
     }
 
     fn unary(&self, x: &mut CudaBuf, len: usize, op: Unary) -> BackendResult<()> {

@@ -40,8 +40,8 @@ fn blocks(n: u64, per: u32) -> u32 {
     n.div_ceil(per as u64).clamp(1, MAX_GRID_X) as u32
 }
 
-/// `add_f32`, `silu_mul_f32`, `gelu_mul_f32`, `sigmoid_mul_f32`, `scale_f32`, `softcap_f32`, `add_bias_f32`
-/// over `n` values, `f32_to_f16` over `n`.
+/// `add_f32`, `silu_mul_f32`, `gelu_mul_f32`, `sigmoid_mul_f32`, `swiglu_oai_f32`, `scale_f32`, `softcap_f32`,
+/// `add_bias_f32` over `n` values, `f32_to_f16` over `n`.
 pub fn elementwise(n: usize) -> Shape {
     Shape::new((blocks(n as u64, ELEMENTWISE_BLOCK), 1, 1), ELEMENTWISE_BLOCK)
 }
@@ -213,7 +213,8 @@ pub fn attn_partial_kernel(ty: KvType) -> &'static str {
     }
 }
 
-/// `attn_combine_f32`: a block per query row · head, a thread per head dimension.
+/// `attn_combine_f32` and `attn_combine_sinks_f32`: a block per query row · head, a thread
+/// per head dimension.
 pub fn attn_combine(rows: usize, n_heads: usize, head_dim: usize) -> Shape {
     Shape::new(((rows * n_heads).max(1) as u32, 1, 1), head_dim as u32)
 }
@@ -253,7 +254,7 @@ pub fn format_name(dtype: DType) -> Option<String> {
 }
 
 /// Every weight format the kernels read.
-pub const WEIGHT_FORMATS: [DType; 13] = [
+pub const WEIGHT_FORMATS: [DType; 14] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -262,6 +263,7 @@ pub const WEIGHT_FORMATS: [DType; 13] = [
     DType::Q5_0,
     DType::Q5_1,
     DType::Q8_0,
+    DType::Mxfp4,
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
@@ -277,6 +279,7 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         ("elementwise", "silu_mul_f32".into()),
         ("elementwise", "gelu_mul_f32".into()),
         ("elementwise", "sigmoid_mul_f32".into()),
+        ("elementwise", "swiglu_oai_f32".into()),
         ("elementwise", "scale_f32".into()),
         ("elementwise", "softcap_f32".into()),
         ("elementwise", "f32_to_f16".into()),
@@ -287,6 +290,7 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         ("rope", "rope_f32".into()),
         ("attention", "attn_partial_f32".into()),
         ("attention", "attn_combine_f32".into()),
+        ("attention", "attn_combine_sinks_f32".into()),
         ("attention", "attn_partial_f16".into()),
         ("attention", "attn_partial_q8_0".into()),
         ("attention", "kv_store_f16".into()),
@@ -445,8 +449,8 @@ mod tests {
         for entry in &listed {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
-        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 23 others.
-        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 23);
+        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 25 others.
+        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 25);
         assert_eq!(declared.len(), listed.len());
     }
 }
