@@ -78,6 +78,9 @@ enum Layout {
     /// 32-value blocks of `bytes` bytes: `heads` f16 values at the block's head (1: `d`;
     /// 2: `d`, `m`) moved after `lines` 64-byte level lines.
     Block32 { bytes: usize, heads: usize, lines: usize },
+    /// MXFP4's 17-byte blocks: the 16 level bytes as 4 lines (as Q4_0's), then the 16
+    /// rows' one-byte exponents `e`.
+    Mx,
     /// Blocks of `bytes` bytes (Q4_K, Q5_K, Q6_K): line `t` of a panel block is the 16 rows'
     /// 4-byte word `t`, in stored order, so a row's byte `x` (4-aligned) of block `b` is
     /// at `16·(b·bytes + x) + 4i` in panel row `i`; a block's last 2 bytes when `bytes`
@@ -98,6 +101,7 @@ const fn layout(dtype: DType) -> Option<Layout> {
         DType::Q4_0 => Some(Layout::Block32 { bytes: 18, heads: 1, lines: 4 }),
         DType::Q4_1 => Some(Layout::Block32 { bytes: 20, heads: 2, lines: 4 }),
         DType::Q8_0 => Some(Layout::Block32 { bytes: 34, heads: 1, lines: 8 }),
+        DType::Mxfp4 => Some(Layout::Mx),
         DType::Q4_K => Some(Layout::Words { bytes: 144 }),
         DType::Q5_K => Some(Layout::Words { bytes: 176 }),
         DType::Q6_K => Some(Layout::Words { bytes: 210 }),
@@ -141,6 +145,16 @@ fn each_piece(dtype: DType, nb: usize, i: usize, mut f: impl FnMut(std::ops::Ran
                 }
                 for s in 0..lines {
                     let (from, to) = (b * bb + 2 * heads + 4 * s, at + 64 * s + 4 * i);
+                    f(from..from + 4, to..to + 4);
+                }
+            }
+        }
+        Layout::Mx => {
+            for b in 0..nb {
+                let at = ROWS * 17 * b;
+                f(b * 17..b * 17 + 1, at + 256 + i..at + 256 + i + 1);
+                for s in 0..4 {
+                    let (from, to) = (b * 17 + 1 + 4 * s, at + 64 * s + 4 * i);
                     f(from..from + 4, to..to + 4);
                 }
             }
@@ -200,6 +214,17 @@ fn pack_panel(layout: Layout, rows: &[&[u8]; ROWS], out: &mut [u8]) {
                 }
                 for (j, head) in scales.chunks_exact_mut(2 * ROWS).enumerate() {
                     head.copy_from_slice(&halves(b * bb + 2 * j));
+                }
+            }
+        }
+        Layout::Mx => {
+            for (b, block) in out.chunks_exact_mut(ROWS * 17).enumerate() {
+                let (lev, e) = block.split_at_mut(256);
+                for (s, line) in lev.chunks_exact_mut(64).enumerate() {
+                    line.copy_from_slice(&words(b * 17 + 1 + 4 * s));
+                }
+                for (d, r) in e.iter_mut().zip(rows) {
+                    *d = r[b * 17];
                 }
             }
         }
@@ -342,7 +367,12 @@ pub fn pack_act(dtype: DType, act: &[u8], out: &mut [u8]) {
         blocks.iter().enumerate().for_each(|(b, x)| put(b, &x.qs, x.s.to_f32().to_le_bytes(), x.d.to_f32()));
         return;
     }
-    let offset = if dtype == DType::Q8_0 { 128 } else { 8 };
+    // The weights' levels are stored unsigned: Q8_0's plus 128, MXFP4's values plus 12.
+    let offset = match dtype {
+        DType::Q8_0 => 128,
+        DType::Mxfp4 => 12,
+        _ => 8,
+    };
     let blocks = cast_blocks::<BlockQ8_0>(act).expect("Q8_0 activation blocks");
     for (b, x) in blocks.iter().enumerate() {
         let sum: i32 = x.qs.iter().map(|&q| q as i32).sum();
@@ -413,6 +443,7 @@ pub fn kernels(dtype: DType) -> Option<Kernels> {
             DType::Q4_0 => Some(of!(Q4_0)),
             DType::Q4_1 => Some(of!(Q4_1)),
             DType::Q8_0 => Some(of!(Q8_0)),
+            DType::Mxfp4 => Some(of!(MXFP4)),
             DType::Q4_K => Some(of!(Q4_K)),
             DType::Q5_K => Some(of!(Q5_K)),
             DType::Q6_K => Some(of!(Q6_K)),

@@ -8,6 +8,12 @@ use super::{ACT_BLOCK, K6_LINE};
 pub const Q4_0: u8 = 0;
 pub const Q4_1: u8 = 1;
 pub const Q8_0: u8 = 2;
+/// MXFP4 (after the K-quants' 3, 4, 5): Q4_0's lines, its nibbles looked up as the
+/// doubled E2M1 values plus 12, and one-byte exponents for scales.
+pub const MXFP4: u8 = 6;
+
+/// MXFP4's values ([`KVALUES`](crate::mxfp4::KVALUES)) plus 12, as unsigned levels.
+const MXFP4_U: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
 
 /// Bytes ahead of the current block the tiles prefetch, or `None` for no software
 /// prefetch, decided once per process: `STRATA_PANEL_PREFETCH=on|off`, else off on
@@ -80,6 +86,12 @@ unsafe fn levels<const F: u8>(wp: *const u8) -> [__m512i; 8] {
             u[s] = _mm512_and_si512(v, nib);
             u[s + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
         }
+        if F == MXFP4 {
+            let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(MXFP4_U.as_ptr().cast()));
+            for x in &mut u {
+                *x = _mm512_shuffle_epi8(lut, *x);
+            }
+        }
         u
     }
 }
@@ -106,7 +118,12 @@ unsafe fn tile<const F: u8, const W: usize, const R: usize>(
 ) {
     let lines = if F == Q8_0 { 8 } else { 4 };
     let min = F == Q4_1;
-    let block = 64 * lines + if min { 64 } else { 32 };
+    let block = 64 * lines
+        + match (min, F == MXFP4) {
+            (true, _) => 64,
+            (_, true) => 16,
+            _ => 32,
+        };
     let mut acc = [[_mm512_setzero_ps(); R]; W];
     let ahead = prefetch_ahead();
     // SAFETY: loads stay inside the panels' `nb` blocks and the activation rows;
@@ -118,7 +135,7 @@ unsafe fn tile<const F: u8, const W: usize, const R: usize>(
                 prefetch_lines(wp, ahead, 0..lines);
                 let u = levels::<F>(wp);
                 let sp = wp.add(64 * lines);
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sp.cast()));
+                let dw = if F == MXFP4 { e8m0_half16(sp) } else { _mm512_cvtph_ps(_mm256_loadu_si256(sp.cast())) };
                 let mw = if min { _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(32).cast())) } else { dw };
                 for r in 0..R {
                     let ap = a.add(r * stride + ACT_BLOCK * b);
@@ -140,6 +157,22 @@ unsafe fn tile<const F: u8, const W: usize, const R: usize>(
             }
         }
     }
+}
+
+/// The 16 one-byte exponents at `p` as MXFP4's scales, `2^(e − 128)` (ggml's
+/// `e8m0_to_fp32_half`: `e < 2` are denormals `2^-128`, `2^-127`).
+///
+/// # Safety
+/// 16 readable bytes at `p`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn e8m0_half16(p: *const u8) -> __m512 {
+    // SAFETY: the caller's 16 bytes.
+    let e = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p.cast()) });
+    let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1)));
+    let denormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+    let small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, denormal))
 }
 
 /// Line `t` (64 bytes) at `p`.

@@ -28,7 +28,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn rows_come_back_as_stored() {
     let (pool, mut rng) = (pool(), Rng::new(1));
     let m = 48;
-    for dtype in FORMATS {
+    // MXFP4's panels (AVX-512 only) repack and read back as the others do.
+    for dtype in FORMATS.into_iter().chain([DType::Mxfp4]) {
         let k = whole(dtype, 96);
         let w = weight(&pool, &mut rng, dtype, m, k);
         let mut panels = vec![0u8; w.byte_len()];
@@ -229,6 +230,77 @@ fn the_kernels_match_the_exact_sum() {
                         "{dtype:?}, {n} rows: row {r}, output {o}: {got} against {exact}"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// MXFP4 panels (AVX-512 only; elsewhere MXFP4 stays row-major): each output against
+/// the exact (f64) sum `Σ_b 2^(e−128)·da·Σ kvalue·y`, exponents 0 to 254 included, for 8,
+/// 4, 2 and 1 rows; four panels side by side give 2 rows and 1 the same bits.
+#[test]
+fn mxfp4_panels_match_the_exact_sum() {
+    let Some(all) = kernels(DType::Mxfp4) else { return };
+    let (mut rng, (m, k)) = (Rng::new(5), (64, 320));
+    let nb = k / QK;
+    // Random levels; exponents around 120, with the extremes in the first blocks.
+    let mut w = vec![0u8; m * nb * 17];
+    for (i, blk) in w.chunks_exact_mut(17).enumerate() {
+        blk[0] = match i % 40 {
+            0 => 0,
+            1 => 1,
+            2 => 2,
+            3 => 140,
+            _ => 116 + (rng.next_u64() % 8) as u8,
+        };
+        for q in &mut blk[1..] {
+            *q = (rng.next_u64() & 0xFF) as u8;
+        }
+    }
+    let mut panels = vec![0u8; w.len()];
+    repack(DType::Mxfp4, &w, m, k, &mut panels);
+    for (n, f) in [8, 4, 2, 1].into_iter().zip(all.rows) {
+        let mut acts = vec![0u8; n * nb * ACT_BLOCK];
+        let mut xs: Vec<Vec<(f64, [i8; QK])>> = Vec::new();
+        for dst in acts.chunks_exact_mut(nb * ACT_BLOCK) {
+            let mut b = zeroed_blocks::<BlockQ8_0>(nb);
+            crate::q8_0::quantize(&rng.vec(k, 1.0), &mut b);
+            pack_act(DType::Mxfp4, blocks_as_bytes(&b), dst);
+            xs.push(b.iter().map(|b| (b.d.to_f32() as f64, b.qs)).collect());
+        }
+        let mut out = vec![0f32; n * m];
+        for p in 0..m / ROWS {
+            // SAFETY: a whole panel, `n` packed rows, `n` rows of `m` outputs.
+            unsafe {
+                f(
+                    panels[p * ROWS * nb * 17..].as_ptr(),
+                    nb,
+                    acts.as_ptr(),
+                    nb * ACT_BLOCK,
+                    out.as_mut_ptr().add(p * ROWS),
+                    m,
+                )
+            };
+        }
+        if let Some(i) = [2, 1].iter().position(|&s| s == n) {
+            let side = apply_side(all.side_by_side[i], &panels, nb, &acts, nb * ACT_BLOCK, n, m);
+            assert_eq!(bits(&side), bits(&out), "MXFP4: {n} rows side by side");
+        }
+        for (r, x) in xs.iter().enumerate() {
+            for o in 0..m {
+                let (mut exact, mut mag) = (0f64, 0f64);
+                for (b, &(da, y)) in x.iter().enumerate() {
+                    let blk = &w[(o * nb + b) * 17..][..17];
+                    let level = |t: usize| crate::mxfp4::KVALUES[((blk[1 + t % 16] >> (4 * (t / 16))) & 15) as usize];
+                    let i: i64 = (0..QK).map(|t| level(t) as i64 * y[t] as i64).sum();
+                    let term = crate::mxfp4::e8m0_half(blk[0]) as f64 * da * i as f64;
+                    (exact, mag) = (exact + term, mag + term.abs());
+                }
+                let got = out[r * m + o] as f64;
+                assert!(
+                    (got - exact).abs() <= 1e-6 * mag,
+                    "MXFP4, {n} rows: row {r}, output {o}: {got} against {exact}"
+                );
             }
         }
     }
