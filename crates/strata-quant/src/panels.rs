@@ -422,6 +422,7 @@ pub fn kernels(dtype: DType) -> Option<Kernels> {
                 DType::Q4_0 => Some(avx2::kernels::<Q4_0>()),
                 DType::Q4_1 => Some(avx2::kernels::<Q4_1>()),
                 DType::Q8_0 => Some(avx2::kernels::<Q8_0>()),
+                DType::Mxfp4 => Some(avx2::kernels::<MXFP4>()),
                 DType::Q4_K => Some(avx2::kernels::<Q4_K>()),
                 DType::Q5_K => Some(avx2::kernels::<Q5_K>()),
                 DType::Q6_K => Some(avx2::kernels::<Q6_K>()),

@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use super::imp::{BYTE_IDX, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0};
+use super::imp::{BYTE_IDX, MXFP4, MXFP4_U, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0};
 use super::{ACT_BLOCK, K6_LINE, Kernels};
 
 /// Bytes ahead of the current block to prefetch.
@@ -54,6 +54,12 @@ unsafe fn levels<const F: u8>(wp: *const u8, h: usize) -> [__m256i; 8] {
             u[s] = _mm256_and_si256(v, nib);
             u[s + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
         }
+        if F == MXFP4 {
+            let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(MXFP4_U.as_ptr().cast()));
+            for x in &mut u {
+                *x = _mm256_shuffle_epi8(lut, *x);
+            }
+        }
         u
     }
 }
@@ -77,6 +83,14 @@ unsafe fn block_sum<const F: u8>(u: &[__m256i; 8], ap: *const u8) -> __m256i {
             }
             return i;
         }
+        if F == MXFP4 {
+            // Levels up to 24: eight words' pairs would pass i16, so each widens at once.
+            let mut i = word(ap.add(32));
+            for s in 0..8 {
+                i = _mm256_add_epi32(i, _mm256_madd_epi16(_mm256_maddubs_epi16(u[s], word(ap.add(4 * s))), ones));
+            }
+            return i;
+        }
         let mut p = _mm256_setzero_si256();
         for s in 0..8 {
             p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[s], word(ap.add(4 * s))));
@@ -87,6 +101,22 @@ unsafe fn block_sum<const F: u8>(u: &[__m256i; 8], ap: *const u8) -> __m256i {
 }
 
 super::panel_entry_points!("avx2,fma,f16c");
+
+/// The 8 one-byte exponents at `p` as MXFP4's scales, `2^(e − 128)` (as `imp`'s
+/// 16-lane form).
+///
+/// # Safety
+/// 8 readable bytes at `p`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn e8m0_half8(p: *const u8) -> __m256 {
+    // SAFETY: the caller's 8 bytes.
+    let e = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p.cast()) });
+    let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+    let denormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+    let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    _mm256_castsi256_ps(_mm256_blendv_epi8(normal, denormal, small))
+}
 
 /// Half `h` (rows `8h..8h + 8`) of line `t` of the block at `p`.
 ///
@@ -403,7 +433,12 @@ unsafe fn tile<const F: u8, const W: usize, const R: usize>(
 ) {
     let lines = if F == Q8_0 { 8 } else { 4 };
     let min = F == Q4_1;
-    let block = 64 * lines + if min { 64 } else { 32 };
+    let block = 64 * lines
+        + match (min, F == MXFP4) {
+            (true, _) => 64,
+            (_, true) => 16,
+            _ => 32,
+        };
     let mut acc = [[[_mm256_setzero_ps(); 2]; R]; W];
     // SAFETY: loads stay inside the panels' `nb` blocks and the activation rows;
     // prefetches never fault; stores go to the caller's outputs.
@@ -417,7 +452,10 @@ unsafe fn tile<const F: u8, const W: usize, const R: usize>(
                 let sp = wp.add(64 * lines);
                 for h in 0..2 {
                     let u = levels::<F>(wp, h);
-                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(16 * h).cast()));
+                    let dw = match F == MXFP4 {
+                        true => e8m0_half8(sp.add(8 * h)),
+                        false => _mm256_cvtph_ps(_mm_loadu_si128(sp.add(16 * h).cast())),
+                    };
                     let mw = if min { _mm256_cvtph_ps(_mm_loadu_si128(sp.add(32 + 16 * h).cast())) } else { dw };
                     for r in 0..R {
                         let ap = a.add(r * stride + ACT_BLOCK * b);

@@ -13,7 +13,7 @@ pub const Q8_0: u8 = 2;
 pub const MXFP4: u8 = 6;
 
 /// MXFP4's values ([`KVALUES`](crate::mxfp4::KVALUES)) plus 12, as unsigned levels.
-const MXFP4_U: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
+pub(super) const MXFP4_U: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
 
 /// Bytes ahead of the current block the tiles prefetch, or `None` for no software
 /// prefetch, decided once per process: `STRATA_PANEL_PREFETCH=on|off`, else off on

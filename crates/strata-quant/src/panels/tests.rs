@@ -321,7 +321,7 @@ fn the_q4_k_and_q5_k_kernels_match_the_exact_sum() {
         let nb = k / QK_K;
         let (bb, qs) = if dtype == DType::Q5_K { (176, 48) } else { (144, 16) };
         let w = weight(&pool, &mut rng, dtype, m, k);
-        let w = if saturated { saturate(&w, bb, 4..bb) } else { w };
+        let w = if saturated { saturate(&w, bb, 4..bb, 0xFF) } else { w };
         let mut panels = vec![0u8; w.byte_len()];
         repack(dtype, w.bytes(), m, k, &mut panels);
         let exact = |o: usize, x: &[BlockQ8K]| {
@@ -392,7 +392,7 @@ fn the_q6_k_kernels_match_the_exact_sum() {
         let (m, k) = (64, 768);
         let nb = k / QK_K;
         let w = weight(&pool, &mut rng, DType::Q6_K, m, k);
-        let w = if saturated { saturate(&w, 210, 0..208) } else { w };
+        let w = if saturated { saturate(&w, 210, 0..208, 0xFF) } else { w };
         let mut panels = vec![0u8; w.byte_len()];
         repack(DType::Q6_K, w.bytes(), m, k, &mut panels);
         let blocks = cast_blocks::<BlockQ6K>(w.bytes()).unwrap();
@@ -452,7 +452,7 @@ fn the_avx2_kernels_give_the_avx512_bits() {
     }
     let (pool, mut rng) = (pool(), Rng::new(6));
     let m = 64;
-    for dtype in FORMATS {
+    for dtype in FORMATS.into_iter().chain([DType::Mxfp4]) {
         let (wide, narrow) = (
             kernels(dtype).unwrap(),
             match dtype {
@@ -461,6 +461,7 @@ fn the_avx2_kernels_give_the_avx512_bits() {
                 DType::Q8_0 => avx2::kernels::<{ imp::Q8_0 }>(),
                 DType::Q4_K => avx2::kernels::<{ imp::Q4_K }>(),
                 DType::Q5_K => avx2::kernels::<{ imp::Q5_K }>(),
+                DType::Mxfp4 => avx2::kernels::<{ imp::MXFP4 }>(),
                 _ => avx2::kernels::<{ imp::Q6_K }>(),
             },
         );
@@ -474,9 +475,12 @@ fn the_avx2_kernels_give_the_avx512_bits() {
             let levels = match dtype {
                 DType::Q6_K => 0..208,
                 DType::Q4_1 | DType::Q4_K | DType::Q5_K => 4..bb,
+                DType::Mxfp4 => 1..bb,
                 _ => 2..bb,
             };
-            let w = if saturated { saturate(&w, bb, levels) } else { w };
+            // MXFP4's largest level is nibble 7 (12, stored as 24).
+            let fill = if dtype == DType::Mxfp4 { 0x77 } else { 0xFF };
+            let w = if saturated { saturate(&w, bb, levels, fill) } else { w };
             let mut panels = vec![0u8; w.byte_len()];
             repack(dtype, w.bytes(), m, k, &mut panels);
             let mut acts = vec![0u8; 8 * nb * ab];
@@ -541,10 +545,10 @@ fn apply_side(f: SideFn, panels: &[u8], nb: usize, acts: &[u8], stride: usize, n
 /// `w` with every byte in `levels` of each `bb`-byte block set (the largest levels,
 /// scales and mins the format holds; Q6_K's scales all −1), so that the kernels'
 /// narrow integer sums meet their largest magnitudes.
-fn saturate(w: &HostTensor, bb: usize, levels: std::ops::Range<usize>) -> HostTensor {
+fn saturate(w: &HostTensor, bb: usize, levels: std::ops::Range<usize>, fill: u8) -> HostTensor {
     let mut b = w.bytes().to_vec();
     for blk in b.chunks_exact_mut(bb) {
-        blk[levels.clone()].fill(0xFF);
+        blk[levels.clone()].fill(fill);
     }
     HostTensor::new(Arc::new(AlignedBytes::from_slice(&b)), 0, b.len(), w.dtype, w.shape.clone())
 }
