@@ -166,8 +166,8 @@ class Person(pydantic.BaseModel):
 
 
 def test_response_format_is_the_content(oa):
-    """A JSON schema constrains the reply from its first token, where no special token may
-    come: the JSON is the content, with no harmony header and no reasoning."""
+    """A JSON schema constrains the `final` message (after an optional analysis): the JSON is
+    the content, the harmony header parsed away; these random weights do not think first."""
     r = oa.chat.completions.parse(model=GPT_OSS, messages=[{"role": "user", "content": "Invent a person."}],
                                   response_format=Person, temperature=0, max_tokens=120)
     choice = r.choices[0]
@@ -248,8 +248,8 @@ def test_ollama_tools_and_thinking_in_history(ol):
 
 
 def test_ollama_format_is_the_content(ol):
-    """`format` with a JSON schema forces the content (JSON, no harmony header), with or
-    without `think`."""
+    """`format` with a JSON schema forces the `final` message's content (JSON; the harmony
+    header parsed away), with or without `think`."""
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
               "additionalProperties": False}
     for think in (None, "high"):

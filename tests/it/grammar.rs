@@ -506,3 +506,38 @@ fn forced_calls_use_the_marker_tokens() {
         assert!(!accepts(&spec, &[spelled, ids[1..].to_vec()].concat()), "{format:?}: spelled out");
     }
 }
+
+/// A structured reply in harmony (gpt-oss): the schema constrains the `final` message,
+/// which may follow an `analysis` message of free text, and `<|return|>` ends it; the
+/// markers are the gpt_oss fixture's special tokens.
+#[test]
+fn harmony_structured_replies_constrain_the_final_message() {
+    use strata::engine::toolcall::{CallMarkers, ToolFormat, harmony};
+    let path = root().join("tests/fixtures/hf/gpt_oss");
+    let e =
+        Engine::load(path.to_str().unwrap(), &RunOptions { threads: 2, context: 512, ..Default::default() }).unwrap();
+    let env = e.token_env().unwrap();
+    let template = std::fs::read_to_string(root().join("tests/fixtures/templates/openai-gpt-oss-120b.jinja")).unwrap();
+    let markers = CallMarkers::of(ToolFormat::Harmony, &template, |m| e.tokenizer.token_to_id(m));
+    let schema = GrammarSpec::JsonSchema(json!({"type": "object", "properties": {"a": {"type": "integer"}},
+        "required": ["a"], "additionalProperties": false}));
+    let spec = GrammarSpec::Lark(harmony::final_grammar(&schema.json_schema().unwrap(), &markers));
+    let accepts = |text: &str| -> bool {
+        let mut c = Constraint::new(&spec, env).unwrap();
+        for id in e.tokenizer.encode(text, false).unwrap() {
+            if !strata::engine::grammar::allows(c.allowed().unwrap(), id) {
+                return false;
+            }
+            c.commit(id).unwrap();
+        }
+        c.is_done()
+            || e.tokenizer.eos_ids().iter().any(|&eos| strata::engine::grammar::allows(c.allowed().unwrap(), eos))
+    };
+    assert!(accepts("<|channel|>final<|message|>{\"a\": 1}<|return|>"));
+    assert!(accepts(
+        "<|channel|>analysis<|message|>An integer, then. Say 12.<|end|><|start|>assistant<|channel|>final<|message|>{\"a\": 12}<|return|>"
+    ));
+    assert!(!accepts("<|channel|>final<|message|>{\"a\": \"one\"}<|return|>"), "the schema holds");
+    assert!(!accepts("{\"a\": 1}"), "the header comes first");
+    assert!(!accepts("<|channel|>commentary<|message|>{\"a\": 1}<|return|>"), "only analysis, then final");
+}

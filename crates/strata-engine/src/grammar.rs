@@ -61,6 +61,16 @@ pub enum GrammarSpec {
 }
 
 impl GrammarSpec {
+    /// A JSON request's schema as Strata compiles it (its options in `x-guidance`), to
+    /// embed in a larger grammar (Lark's `%json`); `None` for a Lark grammar.
+    pub fn json_schema(&self) -> Option<Value> {
+        match self {
+            GrammarSpec::JsonObject => Some(with_json_options(json!({"type": "object"}), false)),
+            GrammarSpec::JsonSchema(schema) => Some(with_json_options(schema.clone(), false)),
+            GrammarSpec::Lark(_) => None,
+        }
+    }
+
     /// Compiles the grammar without a tokenizer: an error names the problem (a bad
     /// `$ref`, an unsupported keyword, a Lark syntax error) in llguidance's words, as
     /// compiling it for a model would. A grammar that compiles is then refused when no

@@ -385,6 +385,24 @@ pub(super) fn call_grammar(functions: &[&Value], m: &CallMarkers, params: impl F
     format!("start: {} \"commentary to=functions.\" func\nfunc: {}\n{rules}", m.lark(CHANNEL), alts.join(" | "))
 }
 
+/// The grammar of a structured reply (`response_format`, Ollama's `format`) in harmony:
+/// the model may first think (an `analysis` message, any text without a marker), then
+/// its `final` message is the JSON `schema` allows (a [`GrammarSpec::json_schema`]), then
+/// `<|return|>`, so that the schema constrains the answer and not the reasoning.
+///
+/// [`GrammarSpec::json_schema`]: crate::grammar::GrammarSpec::json_schema
+pub fn final_grammar(schema: &Value, m: &CallMarkers) -> String {
+    let schema = serde_json::to_string(schema).unwrap_or_default();
+    format!(
+        "start: analysis? {ch} \"final\" {msg} body {ret}\nanalysis: {ch} \"analysis\" {msg} /([^<]|<[^|])*/ {end} {start} \"assistant\"\nbody: %json {schema}\n",
+        ch = m.lark(CHANNEL),
+        msg = m.lark(MESSAGE),
+        ret = m.lark(RETURN),
+        end = m.lark(END),
+        start = m.lark(START),
+    )
+}
+
 /// The recipient a header addresses (`to=functions.NAME`), if any.
 fn recipient(header: &str) -> Option<&str> {
     let at = header.find("to=")?;

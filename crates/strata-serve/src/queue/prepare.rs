@@ -138,6 +138,12 @@ pub(super) fn prepare(kit: &Kit, job: GenerateJob) -> Result<Prepared, JobError>
                 harmony =
                     Some(if job.tools.as_ref().is_some_and(ChatTools::one_call) { parser.single() } else { parser });
                 tools = None;
+                // A JSON schema (not a forced call) constrains the final message only.
+                if grammar_param != "tool_choice"
+                    && let Some(schema) = grammar.as_ref().and_then(GrammarSpec::json_schema)
+                {
+                    grammar = Some(GrammarSpec::Lark(harmony::final_grammar(&schema, &traits.markers)));
+                }
             } else if let (true, Some(m)) = (job.split_reasoning, traits.think) {
                 reasoning = Some(ReasoningSplitter::new(m, m.open_at_end(&text)));
             }
