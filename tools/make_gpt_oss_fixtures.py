@@ -18,6 +18,9 @@ N(0, 0.2) projections, norms 1 + N(0, 0.1)), reference writer, converter runner,
   tests/fixtures/gguf/gpt_oss.f32.gguf     convert_hf_to_gguf.py --outtype f32 (its non-MXFP4 path: experts transposed,
                                            gate and up split into ffn_gate_exps / ffn_up_exps)
   tests/fixtures/gguf/gpt_oss.f32.llamacpp.json, gpt_oss.q8_0.gguf, gpt_oss.q8_0.llamacpp.json
+  tests/fixtures/hf/gpt_oss_mxfp4/, ref/gpt_oss_mxfp4.*, gguf/gpt_oss_mxfp4.mxfp4.gguf (the converter keeps the
+                                           MXFP4 experts) and gpt_oss_mxfp4.mxfp4_moe.gguf (llama.cpp's MXFP4_MOE
+                                           quantization of it: the other matrices Q8_0), with their llama.cpp views
 
 How to run (from the repository root; nothing is downloaded, everything is seeded and deterministic):
 
@@ -43,6 +46,7 @@ import make_fixtures as mf  # noqa: E402
 import make_moe_fixtures as mmf  # noqa: E402  (llama.cpp worker + Q8_0, fixture_files; it patches maf)
 
 import shutil  # noqa: E402
+import subprocess  # noqa: E402
 
 import gguf  # noqa: E402
 import numpy as np  # noqa: E402
@@ -53,6 +57,10 @@ from transformers import AutoTokenizer, GptOssConfig, GptOssForCausalLM  # noqa:
 ROOT, HF_DIR, REF_DIR, GGUF_DIR = maf.ROOT, maf.HF_DIR, maf.REF_DIR, maf.GGUF_DIR
 MAX_LOGPROB_DIFF = maf.MAX_LOGPROB_DIFF  # 1e-3
 MAX_FIXTURE_BYTES = 2_500_000
+LLAMA_FTYPE_MOSTLY_MXFP4_MOE = 38  # llama.h: the experts MXFP4, the other matrices Q8_0
+# Runs under LCPP_PYTHON: make_llamacpp_fixtures.quantize(src, dst, ftype) (llama_model_quantize).
+QUANTIZE = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import make_llamacpp_fixtures as m; "
+            "m.quantize(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))")
 MIN_LOGIT_GAP = 2e-3  # k-th minus (k+1)-th router logit, every layer and position of the prompts and continuations
 
 maf.GENERATOR = "tools/make_gpt_oss_fixtures.py"
@@ -336,6 +344,17 @@ def main():
                 f"{vs['mean_abs_logprob_diff']:.2e}, {vs['n_logprobs']} tokens), argmax agreement "
                 f"{vs['argmax_agreement']:.3f}, tokenization mismatches {len(vs['tokenization_mismatches'])}; "
                 f"tensor types {sorted(set(view['tensor_types'].values()))}")
+        if mxfp4:
+            # llama.cpp's own MXFP4_MOE quantization of its conversion (`llama-quantize ... MXFP4_MOE`).
+            moe = GGUF_DIR / f"{name}.mxfp4_moe.gguf"
+            r = subprocess.run([maf.LCPP_PYTHON, "-c", QUANTIZE, str(TOOLS), str(path), str(moe),
+                                str(LLAMA_FTYPE_MOSTLY_MXFP4_MOE)], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr[-3000:]
+            mvs = mmf.llamacpp_reference(name, "mxfp4_moe", moe, refj)
+            quants.append("mxfp4_moe")
+            line += (f"; MXFP4_MOE ({sorted(set(mvs['tensor_types'].values()))}): max |logprob diff| "
+                     f"{mvs['vs_transformers']['max_abs_logprob_diff']:.2e}, top-1 agreement "
+                     f"{mvs['vs_transformers']['argmax_agreement']:.3f}")
         if not mxfp4:
             q8 = GGUF_DIR / f"{name}.q8_0.gguf"
             qvs = mmf.llamacpp_reference(name, "q8_0", q8, refj, quant_src=path)["vs_transformers"]

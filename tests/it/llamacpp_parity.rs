@@ -20,7 +20,7 @@ use support::{argmax, log_softmax};
 
 /// Every fixture variant: `<model>` is the F32 file, `<model>.<type>` a llama.cpp
 /// quantization of it (`f16` or a quantized type).
-const VARIANTS: [&str; 41] = [
+const VARIANTS: [&str; 42] = [
     "llama3",
     "llama3.f16",
     "llama3.q8_0",
@@ -73,6 +73,8 @@ const VARIANTS: [&str; 41] = [
     "gpt_oss.q8_0",
     // llama.cpp's converter keeps the checkpoint's MXFP4 experts
     "gpt_oss_mxfp4.mxfp4",
+    // llama.cpp's `llama-quantize … MXFP4_MOE` of that: experts MXFP4, the rest Q8_0
+    "gpt_oss_mxfp4.mxfp4_moe",
 ];
 
 /// F32 weights: only summation order (and llama.cpp's own kernels) differ.
@@ -250,7 +252,7 @@ fn fixtures_hold_the_types_they_claim() {
             "q4_0" => "Q4_0",
             "q4_k_s" | "q4_k_m" => "Q4_K",
             "q6_k" => "Q6_K",
-            "mxfp4" => "MXFP4",
+            "mxfp4" | "mxfp4_moe" => "MXFP4",
             other => panic!("{variant}: unknown variant {other}"),
         };
         assert!(count(main) > 0, "{variant}: no {main} tensor in {:?}", v.tensor_types);
