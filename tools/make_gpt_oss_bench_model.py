@@ -110,8 +110,7 @@ def make_tensor(name, ne, kind, seed):
 
 
 def fixture_kvs(experts, layers):
-    """Every key of the fixture but the writer's own, shape keys set to the real model's."""
-    reader = gguf.GGUFReader(FIXTURE)
+    """The gpt-oss fixture's key-values, shape keys set to the real model's (`base.fixture_kvs`)."""
     keys = {
         "context_length": 131072, "embedding_length": HIDDEN, "feed_forward_length": WIDTH,
         "block_count": layers, "attention.head_count": HEADS, "attention.head_count_kv": KV_HEADS,
@@ -120,25 +119,8 @@ def fixture_kvs(experts, layers):
         "expert_count": experts, "expert_used_count": TOP_K, "expert_feed_forward_length": WIDTH,
         "attention.sliding_window": 128,
     }
-    out, vocab = [], None
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.quantization_version"):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        val = field.contents()
-        short = key.removeprefix("gpt-oss.")
-        if short in keys:
-            val = keys.pop(short)
-        elif key == "general.name":
-            val = f"Strata MoE bench: gpt-oss shape, {experts} experts, {layers} layers, random MXFP4"
-        if key == "tokenizer.ggml.tokens":
-            vocab = len(val)
-        out.append((key, val, vtype, sub))
-    for short, val in keys.items():
-        vtype = gguf.GGUFValueType.FLOAT32 if isinstance(val, float) else gguf.GGUFValueType.UINT32
-        out.append((f"gpt-oss.{short}", val, vtype, None))
-    return out, vocab
+    name = f"Strata MoE bench: gpt-oss shape, {experts} experts, {layers} layers, random MXFP4"
+    return base.fixture_kvs(FIXTURE, "gpt-oss", keys, {"general.name": name})
 
 
 def main():

@@ -46,7 +46,6 @@ import make_fixtures as mf  # noqa: E402
 import make_moe_fixtures as mmf  # noqa: E402  (llama.cpp worker + Q8_0, fixture_files; it patches maf)
 
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
 
 import gguf  # noqa: E402
 import numpy as np  # noqa: E402
@@ -58,9 +57,6 @@ ROOT, HF_DIR, REF_DIR, GGUF_DIR = maf.ROOT, maf.HF_DIR, maf.REF_DIR, maf.GGUF_DI
 MAX_LOGPROB_DIFF = maf.MAX_LOGPROB_DIFF  # 1e-3
 MAX_FIXTURE_BYTES = 2_500_000
 LLAMA_FTYPE_MOSTLY_MXFP4_MOE = 38  # llama.h: the experts MXFP4, the other matrices Q8_0
-# Runs under LCPP_PYTHON: make_llamacpp_fixtures.quantize(src, dst, ftype) (llama_model_quantize).
-QUANTIZE = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import make_llamacpp_fixtures as m; "
-            "m.quantize(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))")
 MIN_LOGIT_GAP = 2e-3  # k-th minus (k+1)-th router logit, every layer and position of the prompts and continuations
 
 maf.GENERATOR = "tools/make_gpt_oss_fixtures.py"
@@ -347,9 +343,7 @@ def main():
         if mxfp4:
             # llama.cpp's own MXFP4_MOE quantization of its conversion (`llama-quantize ... MXFP4_MOE`).
             moe = GGUF_DIR / f"{name}.mxfp4_moe.gguf"
-            r = subprocess.run([maf.LCPP_PYTHON, "-c", QUANTIZE, str(TOOLS), str(path), str(moe),
-                                str(LLAMA_FTYPE_MOSTLY_MXFP4_MOE)], capture_output=True, text=True)
-            assert r.returncode == 0, r.stderr[-3000:]
+            mmf.quantize(path, moe, LLAMA_FTYPE_MOSTLY_MXFP4_MOE)
             mvs = mmf.llamacpp_reference(name, "mxfp4_moe", moe, refj)
             quants.append("mxfp4_moe")
             line += (f"; MXFP4_MOE ({sorted(set(mvs['tensor_types'].values()))}): max |logprob diff| "

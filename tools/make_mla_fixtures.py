@@ -149,7 +149,6 @@ import copy
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -734,17 +733,7 @@ def llamacpp_reference(name, variant, gguf_path, ref, quant_src=None):
     return view
 
 
-# Runs under LCPP_PYTHON: make_llamacpp_fixtures.quantize(src, dst, ftype).
-QUANTIZE = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import make_llamacpp_fixtures as m; "
-            "m.quantize(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))")
-
-
-def quantize(src, dst, ftype):
-    r = subprocess.run([maf.LCPP_PYTHON, "-c", QUANTIZE, str(TOOLS), str(src), str(dst), str(ftype)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        print(r.stdout[-5000:], r.stderr[-5000:])
-        raise RuntimeError(f"llama_model_quantize {src} -> {dst} (ftype {ftype}) failed")
+quantize = mmf.quantize
 
 
 def kquant_files(name):

@@ -187,30 +187,13 @@ def make_tensor(name, ne, kind, seed):
 
 
 def fixture_kvs(s, moe_layers):
-    """Every key of the family's fixture but the writer's own, shape keys set to `s`'s."""
-    reader = gguf.GGUFReader(os.path.join(FIXTURES, s["fixture"]))
+    """The family's fixture's key-values, shape keys set to `s`'s (`base.fixture_kvs`)."""
+    general = {
+        "general.name": f"Strata MoE bench: {s['label']} shape, 1 dense + {moe_layers} MoE layers, random Q4_K",
+        "general.file_type": int(gguf.LlamaFileType.MOSTLY_Q4_K_S),
+    }
     keys = dict(s["keys"], block_count=1 + moe_layers)
-    out, vocab = [], None
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.quantization_version"):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        val = field.contents()
-        short = key.removeprefix(s["arch"] + ".")
-        if short in keys:
-            val = keys.pop(short)
-        elif key == "general.name":
-            val = f"Strata MoE bench: {s['label']} shape, 1 dense + {moe_layers} MoE layers, random Q4_K"
-        elif key == "general.file_type":
-            val = int(gguf.LlamaFileType.MOSTLY_Q4_K_S)
-        if key == "tokenizer.ggml.tokens":
-            vocab = len(val)
-        out.append((key, val, vtype, sub))
-    for short, val in keys.items():   # keys the fixture lacks
-        vtype = gguf.GGUFValueType.FLOAT32 if isinstance(val, float) else gguf.GGUFValueType.UINT32
-        out.append((f"{s['arch']}.{short}", val, vtype, None))
-    return out, vocab
+    return base.fixture_kvs(os.path.join(FIXTURES, s["fixture"]), s["arch"], keys, general)
 
 
 def main():

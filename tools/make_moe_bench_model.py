@@ -237,6 +237,34 @@ def read_tokenizer(path):
     return out, n_vocab
 
 
+def fixture_kvs(fixture, arch, keys, general):
+    """Every key-value of the GGUF `fixture` but the writer's own, for a bench model of
+    `arch`: `{arch}.K` set to `keys[K]` (those the fixture lacks appended, F32 or U32),
+    the `general.*` keys the fixture has replaced by `general`'s. Returns the
+    `(key, value, type, sub_type)` list and the vocabulary's size."""
+    reader = gguf.GGUFReader(fixture)
+    keys = dict(keys)
+    out, vocab = [], None
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.quantization_version"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        val = field.contents()
+        short = key.removeprefix(arch + ".")
+        if short in keys:
+            val = keys.pop(short)
+        elif key in general:
+            val = general[key]
+        if key == "tokenizer.ggml.tokens":
+            vocab = len(val)
+        out.append((key, val, vtype, sub))
+    for short, val in keys.items():   # keys the fixture lacks
+        vtype = gguf.GGUFValueType.FLOAT32 if isinstance(val, float) else gguf.GGUFValueType.UINT32
+        out.append((f"{arch}.{short}", val, vtype, None))
+    return out, vocab
+
+
 def write_gguf(out, arch, metadata, tok_kvs, specs, info, make, progress_suffix):
     """Writes a GGUF of `arch` to `out` as OUT.tmp-PID, fsynced, then renamed (a partial
     file never has the final name): `metadata(writer)` adds the model's key-values, then

@@ -377,6 +377,20 @@ def llamacpp_reference(name, variant, gguf_path, ref, quant_src=None):
     return view
 
 
+# Runs under LCPP_PYTHON: make_llamacpp_fixtures.quantize(src, dst, ftype).
+QUANTIZE = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import make_llamacpp_fixtures as m; "
+            "m.quantize(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))")
+
+
+def quantize(src, dst, ftype):
+    tools = str(Path(__file__).resolve().parent)
+    r = subprocess.run([maf.LCPP_PYTHON, "-c", QUANTIZE, tools, str(src), str(dst), str(ftype)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stdout[-5000:], r.stderr[-5000:])
+        raise RuntimeError(f"llama_model_quantize {src} -> {dst} (ftype {ftype}) failed")
+
+
 def fixture_files(name, gguf=True):
     files = sorted((HF_DIR / name).iterdir())
     files += [REF_DIR / f"{name}.json", REF_DIR / f"{name}.logits.bin"]

@@ -7,7 +7,7 @@
 //! width]` likewise, `down_proj` `[experts, width, hidden]` and `down_proj_bias`
 //! `[experts, hidden]`. Each expert's tensors here are computed from its slice of those
 //! on first use (f32), so nothing is converted before it is needed. OpenAI's own
-//! checkpoints keep the experts in MXFP4 (see [`mxfp4_experts`]): their blocks stay MXFP4.
+//! checkpoints keep the experts in MXFP4 (see [`unstack_experts`]): their blocks stay MXFP4.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,94 +21,74 @@ use strata_tensor::tensor::{AlignedBytes, DType, HostTensor, LazyBytes};
 /// Replaces each layer's stacked expert tensors in `tensors` with per-expert ones
 /// (`mlp.experts.{e}.{gate,up,down}_proj.{weight,bias}`); a source that already holds
 /// those (a GGUF, a conversion) is left as it is.
+///
+/// OpenAI's published form (the safetensors reader makes GGML MXFP4 of its `_blocks` and
+/// `_scales`) has `gate_up_proj` `[experts, 2 · width, hidden]`, each expert's rows gate
+/// and up interleaved (gate `2i`, up `2i + 1`), and `down_proj` `[experts, hidden,
+/// width]`: rows move whole, so the blocks stay as stored. The biases are the same in
+/// both forms.
 pub fn unstack_experts(tensors: &mut HashMap<String, HostTensor>, c: &ModelConfig) -> anyhow::Result<()> {
     let Some(m) = c.moe else { return Ok(()) };
     let (n, w, h) = (m.n_experts, m.expert_size, c.hidden_size);
     for l in 0..c.n_layers {
         let p = format!("model.layers.{l}.mlp.experts.");
         let Some(gate_up) = tensors.remove(&format!("{p}gate_up_proj")) else { continue };
-        if gate_up.dtype == DType::Mxfp4 {
-            mxfp4_experts(tensors, &p, gate_up, c)?;
-            continue;
-        }
-        let mut take = |name: &str, shape: &[usize]| -> anyhow::Result<HostTensor> {
-            let t = tensors.remove(&format!("{p}{name}")).with_context(|| format!("layer {l}: no `{p}{name}`"))?;
-            if t.shape != shape {
-                bail!("tensor `{p}{name}`: expected shape {shape:?}, found {:?}", t.shape);
-            }
-            Ok(t)
+        let mxfp4 = gate_up.dtype == DType::Mxfp4;
+        let (gate_up_shape, down_shape) = match mxfp4 {
+            true => ([n, 2 * w, h], [n, h, w]),
+            false => ([n, h, 2 * w], [n, w, h]),
         };
-        if gate_up.shape != [n, h, 2 * w] {
-            bail!("tensor `{p}gate_up_proj`: expected shape {:?}, found {:?}", [n, h, 2 * w], gate_up.shape);
+        if gate_up.shape != gate_up_shape {
+            bail!("tensor `{p}gate_up_proj`: expected shape {gate_up_shape:?}, found {:?}", gate_up.shape);
         }
-        let gate_up_bias = take("gate_up_proj_bias", &[n, 2 * w])?;
-        let down = take("down_proj", &[n, w, h])?;
-        let down_bias = take("down_proj_bias", &[n, h])?;
+        let down = take(tensors, &p, "down_proj", &down_shape)?;
+        if mxfp4 && down.dtype != DType::Mxfp4 {
+            bail!("tensor `{p}down_proj` is {}, its gate_up_proj MXFP4", down.dtype.name());
+        }
+        let gate_up_bias = take(tensors, &p, "gate_up_proj_bias", &[n, 2 * w])?;
+        let down_bias = take(tensors, &p, "down_proj_bias", &[n, h])?;
+        let row = DType::Mxfp4.bytes_for(h).unwrap_or(0);
+        if mxfp4 && row == 0 {
+            bail!("hidden size {h} is not whole MXFP4 blocks");
+        }
         for e in 0..n {
-            let gu = expert_slice(&gate_up, e)?;
-            let gub = expert_slice(&gate_up_bias, e)?;
-            let d = expert_slice(&down, e)?;
-            let db = expert_slice(&down_bias, e)?;
             let name = |s: &str| format!("{p}{e}.{s}");
-            // Gate row i is column 2i of `[hidden, 2 · width]`, up row i column 2i + 1.
-            let g = gu.clone();
-            tensors.insert(name("gate_proj.weight"), computed(vec![w, h], move || interleaved_columns(&g, 0)));
-            tensors.insert(name("up_proj.weight"), computed(vec![w, h], move || interleaved_columns(&gu, 1)));
-            let b = gub.clone();
-            tensors.insert(name("gate_proj.bias"), computed(vec![w], move || every_other(&b, 0)));
-            tensors.insert(name("up_proj.bias"), computed(vec![w], move || every_other(&gub, 1)));
-            // `[width, hidden]` transposed to `[hidden, width]`.
-            tensors.insert(name("down_proj.weight"), computed(vec![h, w], move || transpose(&d)));
+            for (which, first) in [("gate_proj", 0), ("up_proj", 1)] {
+                let gu = expert_slice(&gate_up, e)?;
+                let t = match mxfp4 {
+                    true => {
+                        let rows =
+                            move || gu.bytes().chunks_exact(row).skip(first).step_by(2).flatten().copied().collect();
+                        computed_bytes(vec![w, h], DType::Mxfp4, rows)
+                    }
+                    // Row i is column 2i (2i + 1) of `[hidden, 2 · width]`.
+                    false => computed(vec![w, h], move || interleaved_columns(&gu, first)),
+                };
+                tensors.insert(name(&format!("{which}.weight")), t);
+                let b = expert_slice(&gate_up_bias, e)?;
+                tensors.insert(name(&format!("{which}.bias")), computed(vec![w], move || every_other(&b, first)));
+            }
+            let d = expert_slice(&down, e)?;
+            let d = match mxfp4 {
+                true => d,
+                // `[width, hidden]` transposed to `[hidden, width]`.
+                false => computed(vec![h, w], move || transpose(&d)),
+            };
+            tensors.insert(name("down_proj.weight"), d);
+            let db = expert_slice(&down_bias, e)?;
             tensors.insert(name("down_proj.bias"), computed(vec![h], move || db.to_f32_vec()));
         }
     }
     Ok(())
 }
 
-/// OpenAI's published form (the safetensors reader makes GGML MXFP4 of its `_blocks` and
-/// `_scales`): `gate_up_proj` `[experts, 2 · width, hidden]`, each expert's rows gate and
-/// up interleaved (gate `2i`, up `2i + 1`), `down_proj` `[experts, hidden, width]`, the
-/// biases as for the unquantized form. Rows move whole, so the blocks stay as stored.
-fn mxfp4_experts(
-    tensors: &mut HashMap<String, HostTensor>,
-    p: &str,
-    gate_up: HostTensor,
-    c: &ModelConfig,
-) -> anyhow::Result<()> {
-    let m = c.moe.context("gpt-oss without experts")?;
-    let (n, w, h) = (m.n_experts, m.expert_size, c.hidden_size);
-    let mut take = |name: &str, shape: &[usize]| -> anyhow::Result<HostTensor> {
-        let t = tensors.remove(&format!("{p}{name}")).with_context(|| format!("no `{p}{name}`"))?;
-        if t.shape != shape {
-            bail!("tensor `{p}{name}`: expected shape {shape:?}, found {:?}", t.shape);
-        }
-        Ok(t)
-    };
-    if gate_up.shape != [n, 2 * w, h] {
-        bail!("tensor `{p}gate_up_proj` (MXFP4): expected shape {:?}, found {:?}", [n, 2 * w, h], gate_up.shape);
+/// Removes `{p}{name}` from `tensors`, checked to be `shape`.
+fn take(tensors: &mut HashMap<String, HostTensor>, p: &str, name: &str, shape: &[usize]) -> anyhow::Result<HostTensor> {
+    let t = tensors.remove(&format!("{p}{name}")).with_context(|| format!("no `{p}{name}`"))?;
+    if t.shape != shape {
+        bail!("tensor `{p}{name}`: expected shape {shape:?}, found {:?}", t.shape);
     }
-    let down = take("down_proj", &[n, h, w])?;
-    if down.dtype != DType::Mxfp4 {
-        bail!("tensor `{p}down_proj` is {}, its gate_up_proj MXFP4", down.dtype.name());
-    }
-    let gate_up_bias = take("gate_up_proj_bias", &[n, 2 * w])?;
-    let down_bias = take("down_proj_bias", &[n, h])?;
-    let row = DType::Mxfp4.bytes_for(h).with_context(|| format!("hidden size {h} is not whole MXFP4 blocks"))?;
-    for e in 0..n {
-        let name = |s: &str| format!("{p}{e}.{s}");
-        for (which, first) in [("gate_proj", 0), ("up_proj", 1)] {
-            let gu = expert_slice(&gate_up, e)?;
-            let make = move || gu.bytes().chunks_exact(row).skip(first).step_by(2).flatten().copied().collect();
-            tensors.insert(name(&format!("{which}.weight")), computed_bytes(vec![w, h], DType::Mxfp4, make));
-        }
-        tensors.insert(name("down_proj.weight"), expert_slice(&down, e)?);
-        let (b, gub) = (expert_slice(&gate_up_bias, e)?, expert_slice(&gate_up_bias, e)?);
-        tensors.insert(name("gate_proj.bias"), computed(vec![w], move || every_other(&b, 0)));
-        tensors.insert(name("up_proj.bias"), computed(vec![w], move || every_other(&gub, 1)));
-        let db = expert_slice(&down_bias, e)?;
-        tensors.insert(name("down_proj.bias"), computed(vec![h], move || db.to_f32_vec()));
-    }
-    Ok(())
+    Ok(t)
 }
 
 /// Expert `e`'s slice of a stacked tensor `[experts, ...]`, as a view.
