@@ -632,7 +632,7 @@ impl Runner<'_> {
         let t = Instant::now();
         if self.feed_random {
             for (p, cache) in self.prompts.iter().zip(caches.iter_mut()) {
-                let mut step = [SeqStep { tokens: p, cache, all_logits: false }];
+                let mut step = [SeqStep { tokens: p, cache, all_logits: false, verify: false }];
                 last.extend(self.engine.model.forward_top_k(&mut step, 1, &|| false)?);
             }
         } else {
@@ -646,6 +646,7 @@ impl Runner<'_> {
                     top_logprobs: 0,
                     grammar: None,
                     keep_special_tokens: false,
+                    speculative: Default::default(),
                 };
                 seqs.push(Sequence::new(self.engine, cache, Vec::new(), req)?);
             }
@@ -670,7 +671,12 @@ impl Runner<'_> {
             let mut batch: Vec<SeqStep<'_>> = ids
                 .iter()
                 .zip(caches.iter_mut())
-                .map(|(id, cache)| SeqStep { tokens: std::slice::from_ref(id), cache, all_logits: false })
+                .map(|(id, cache)| SeqStep {
+                    tokens: std::slice::from_ref(id),
+                    cache,
+                    all_logits: false,
+                    verify: false,
+                })
                 .collect();
             last = self.engine.model.forward_top_k(&mut batch, 1, &|| false)?;
         }

@@ -136,11 +136,11 @@ pub fn score_against(
             cache = engine.model.new_cache(capacity)?;
             ref_cache = reference.map(|(_, r)| r.model.new_cache(capacity)).transpose()?;
         }
-        let mut step = [SeqStep { tokens: chunk, cache: &mut cache, all_logits: true }];
+        let mut step = [SeqStep { tokens: chunk, cache: &mut cache, all_logits: true, verify: false }];
         let logits = engine.model.forward(&mut step)?.pop().unwrap_or_default();
         let ref_logits = match (reference, ref_cache.as_mut()) {
             (Some((_, r)), Some(rc)) => {
-                let mut step = [SeqStep { tokens: chunk, cache: rc, all_logits: true }];
+                let mut step = [SeqStep { tokens: chunk, cache: rc, all_logits: true, verify: false }];
                 Some(r.model.forward(&mut step)?.pop().unwrap_or_default())
             }
             _ => None,

@@ -115,6 +115,7 @@ fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[Ch
         top_logprobs: 0,
         grammar: None,
         keep_special_tokens: false,
+        speculative: Default::default(),
     };
     let mut out = std::io::stdout().lock();
     let mut text = String::new();

@@ -173,12 +173,12 @@ fn decode_allocates_nothing_and_weights_are_made_once() {
     assert_eq!(made, c.n_layers * per_layer + 3, "weights made at load");
 
     let mut cache = m.new_cache(64).unwrap();
-    m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap();
+    m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false, verify: false }]).unwrap();
     let (allocs, weights) = (be.allocs.load(Ordering::SeqCst), be.weights.load(Ordering::SeqCst));
     for t in 0..20u32 {
-        let mut step = [SeqStep { tokens: &[t + 3], cache: &mut cache, all_logits: false }];
+        let mut step = [SeqStep { tokens: &[t + 3], cache: &mut cache, all_logits: false, verify: false }];
         m.forward_top_k(&mut step, 1, &|| false).unwrap();
-        m.forward(&mut [SeqStep { tokens: &[t + 4], cache: &mut cache, all_logits: false }]).unwrap();
+        m.forward(&mut [SeqStep { tokens: &[t + 4], cache: &mut cache, all_logits: false, verify: false }]).unwrap();
     }
     assert_eq!(be.allocs.load(Ordering::SeqCst), allocs, "decode steps allocated buffers");
     assert_eq!(be.weights.load(Ordering::SeqCst), weights, "decode steps re-made weights");
@@ -190,13 +190,15 @@ fn a_failing_op_is_an_error_and_the_model_recovers() {
     let (m, be) = model();
     let mut cache = m.new_cache(64).unwrap();
     be.fail_matmul.store(true, Ordering::SeqCst);
-    let err = m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap_err();
+    let err =
+        m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false, verify: false }]).unwrap_err();
     assert!(matches!(err, ModelError::Backend(BackendError::OutOfMemory { .. })), "{err:?}");
     assert!(err.to_string().contains("GPU memory"), "{err}");
     // The failed pass did not advance the cache; the next one runs normally.
     assert_eq!(cache.len(), 0);
     be.fail_matmul.store(false, Ordering::SeqCst);
-    let logits = m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap();
+    let logits =
+        m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false, verify: false }]).unwrap();
     assert_eq!(logits[0].len(), m.config.vocab_size);
     assert_eq!(cache.len(), PROMPT.len());
 }
@@ -206,8 +208,12 @@ fn device_top_k_matches_the_full_logits() {
     let (m, _) = model();
     let vocab = m.config.vocab_size;
     let (mut a, mut b) = (m.new_cache(64).unwrap(), m.new_cache(64).unwrap());
-    let full = m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut a, all_logits: false }]).unwrap();
-    let top = m.forward_top_k(&mut [SeqStep { tokens: &PROMPT, cache: &mut b, all_logits: false }], 8, &|| false);
+    let full = m.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut a, all_logits: false, verify: false }]).unwrap();
+    let top = m.forward_top_k(
+        &mut [SeqStep { tokens: &PROMPT, cache: &mut b, all_logits: false, verify: false }],
+        8,
+        &|| false,
+    );
     let (row, top) = (&full[0], &top.unwrap()[0]);
     assert_eq!(row.len(), vocab);
     let mut order: Vec<usize> = (0..vocab).collect();
@@ -247,7 +253,7 @@ fn logits_and_top_k_together_give_what_each_pass_gives() {
 fn steps<'a>(prompts: [&'a [u32]; 2], caches: &'a mut [KvCache; 2]) -> [SeqStep<'a>; 2] {
     let [a, b] = caches;
     [
-        SeqStep { tokens: prompts[0], cache: a, all_logits: false },
-        SeqStep { tokens: prompts[1], cache: b, all_logits: false },
+        SeqStep { tokens: prompts[0], cache: a, all_logits: false, verify: false },
+        SeqStep { tokens: prompts[1], cache: b, all_logits: false, verify: false },
     ]
 }

@@ -65,6 +65,7 @@ fn requests(vocab: u32) -> Vec<GenerateRequest> {
             top_logprobs,
             grammar: None,
             keep_special_tokens: false,
+            speculative: Default::default(),
         })
         .collect()
 }

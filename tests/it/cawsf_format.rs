@@ -80,7 +80,10 @@ fn logits(src: ModelSource) -> Vec<f32> {
     let e = Engine::from_source(src, &RunOptions { threads: 2, ..Default::default() }).unwrap();
     let tokens: Vec<u32> = [1u32, 7, 42, 300, 5, 99].iter().map(|t| t % e.model.config().vocab_size as u32).collect();
     let mut cache = e.model.new_cache(16).unwrap();
-    e.model.forward(&mut [SeqStep { tokens: &tokens, cache: &mut cache, all_logits: true }]).unwrap().remove(0)
+    e.model
+        .forward(&mut [SeqStep { tokens: &tokens, cache: &mut cache, all_logits: true, verify: false }])
+        .unwrap()
+        .remove(0)
 }
 
 /// A model written from `rel` into a fresh temp dir, named as the source.

@@ -54,6 +54,7 @@ fn greedy(prompt: &[u32], max_tokens: usize, stop: Vec<String>) -> GenerateReque
         top_logprobs: 0,
         grammar: None,
         keep_special_tokens: false,
+        speculative: Default::default(),
     }
 }
 
@@ -138,6 +139,7 @@ fn same_seed_same_tokens_and_another_seed_differs() {
             top_logprobs: 0,
             grammar: None,
             keep_special_tokens: false,
+            speculative: Default::default(),
         };
         run(&e, &mut Session::new(&e).unwrap(), &req).1
     };

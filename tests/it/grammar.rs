@@ -8,13 +8,15 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use strata::engine::batch::{self, Sequence, Session};
+use strata::engine::batch::Session;
 use strata::engine::grammar::{Constraint, GrammarSpec};
 use strata::engine::sampler::SamplingParams;
 use strata::engine::session::{
     Engine, FinishReason, GenerateError, GenerateRequest, GenerationSummary, RunOptions, TokenEvent,
 };
 use strata::engine::template::ChatMessage;
+
+use crate::support::steps::{self, Trace};
 
 const CHUNK: usize = 16;
 
@@ -42,6 +44,7 @@ fn request(e: &Engine, grammar: Option<GrammarSpec>, sampling: SamplingParams) -
         top_logprobs: 3,
         grammar,
         keep_special_tokens: false,
+        speculative: Default::default(),
     }
 }
 
@@ -160,42 +163,9 @@ fn a_grammar_that_does_not_compile_is_a_grammar_error() {
     }
 }
 
-/// What a sequence reported: its tokens with their log-probabilities and alternatives
-/// (as bits), and its text.
-type Trace = (Vec<(u32, u32, Vec<(u32, u32)>)>, String);
-
-fn record(seq: &mut Sequence, trace: &mut Trace) {
-    for ev in seq.drain_events() {
-        match ev {
-            TokenEvent::Token { id, logprob, top } => {
-                trace.0.push((id, logprob.to_bits(), top.into_iter().map(|(i, l)| (i, l.to_bits())).collect()))
-            }
-            TokenEvent::Text(t) => trace.1.push_str(&t),
-        }
-    }
-}
-
 /// All of `reqs` through one step loop from the start.
 fn together(e: &Engine, reqs: &[GenerateRequest]) -> Vec<Trace> {
-    let mut seqs: Vec<Sequence> = reqs
-        .iter()
-        .map(|r| Sequence::new(e, e.model.new_cache(e.context_len).unwrap(), Vec::new(), r.clone()).unwrap())
-        .collect();
-    let mut traces = vec![Trace::default(); reqs.len()];
-    loop {
-        let mut running: Vec<&mut Sequence> = seqs.iter_mut().filter(|s| !s.is_finished()).collect();
-        if running.is_empty() {
-            break;
-        }
-        batch::step(e, &mut running, CHUNK, &|| false).unwrap();
-        for (seq, trace) in seqs.iter_mut().zip(&mut traces) {
-            record(seq, trace);
-            if let Some(err) = seq.take_error() {
-                panic!("{err}");
-            }
-        }
-    }
-    traces
+    steps::together(e, reqs, CHUNK).into_iter().map(|(t, _)| t).collect()
 }
 
 #[test]
@@ -277,6 +247,7 @@ fn a_real_model_answers_in_the_schema() {
             top_logprobs: 0,
             grammar: Some(spec.clone()),
             keep_special_tokens: false,
+            speculative: Default::default(),
         };
         let (text, summary) = generate(&e, &req).unwrap();
         eprintln!("{sampling:?}: {text}");

@@ -47,7 +47,10 @@ fn logits_in_chunks(e: &Engine, ids: &[u32], chunk: usize) -> Vec<f32> {
     let mut cache = e.model.new_cache(256).unwrap();
     let mut out = Vec::new();
     for part in ids.chunks(chunk) {
-        let got = e.model.forward(&mut [SeqStep { tokens: part, cache: &mut cache, all_logits: true }]).unwrap();
+        let got = e
+            .model
+            .forward(&mut [SeqStep { tokens: part, cache: &mut cache, all_logits: true, verify: false }])
+            .unwrap();
         out.extend_from_slice(&got[0]);
     }
     out
@@ -115,24 +118,28 @@ fn batched(name: &str) {
     let (a, b) = (&ids[..40], &ids[40..71]);
     let alone = |t: &[u32]| {
         let mut cache = e.model.new_cache(128).unwrap();
-        let first = e.model.forward(&mut [SeqStep { tokens: t, cache: &mut cache, all_logits: true }]).unwrap();
-        let next = e.model.forward(&mut [SeqStep { tokens: &t[..1], cache: &mut cache, all_logits: true }]).unwrap();
+        let first =
+            e.model.forward(&mut [SeqStep { tokens: t, cache: &mut cache, all_logits: true, verify: false }]).unwrap();
+        let next = e
+            .model
+            .forward(&mut [SeqStep { tokens: &t[..1], cache: &mut cache, all_logits: true, verify: false }])
+            .unwrap();
         (first.into_iter().next().unwrap(), next.into_iter().next().unwrap())
     };
     let (ca, cb) = (&mut e.model.new_cache(128).unwrap(), &mut e.model.new_cache(128).unwrap());
     let both = e
         .model
         .forward(&mut [
-            SeqStep { tokens: a, cache: ca, all_logits: true },
-            SeqStep { tokens: b, cache: cb, all_logits: true },
+            SeqStep { tokens: a, cache: ca, all_logits: true, verify: false },
+            SeqStep { tokens: b, cache: cb, all_logits: true, verify: false },
         ])
         .unwrap();
     // Then a decode step of each together: the states carried per sequence.
     let next = e
         .model
         .forward(&mut [
-            SeqStep { tokens: &a[..1], cache: ca, all_logits: true },
-            SeqStep { tokens: &b[..1], cache: cb, all_logits: true },
+            SeqStep { tokens: &a[..1], cache: ca, all_logits: true, verify: false },
+            SeqStep { tokens: &b[..1], cache: cb, all_logits: true, verify: false },
         ])
         .unwrap();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -154,13 +161,14 @@ fn the_state_is_charged_and_starts_over_when_the_cache_goes_back() {
     assert_eq!(cache.allocated_bytes(), (linear * la.state_len() * 4) as u64, "the state is held from the start");
     let ids = &r.long_prompt.ids[..30];
     let fresh = logits_in_chunks(&e, ids, 30);
-    e.model.forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: false }]).unwrap();
+    e.model.forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: false, verify: false }]).unwrap();
     assert_eq!(cache.len(), 30);
     // Keeping a prefix would need the state as it was there: the cache empties instead.
     cache.truncate(20);
     assert_eq!(cache.len(), 0);
     cache.truncate(0);
-    let again = e.model.forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true }]).unwrap();
+    let again =
+        e.model.forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true, verify: false }]).unwrap();
     assert!(again[0] == fresh, "a cache that went back computes what a fresh one does");
     // Truncating to its own length keeps it.
     cache.truncate(30);
@@ -176,10 +184,13 @@ fn a_pass_cancelled_part_way_leaves_a_fresh_state() {
     // Cancelled before the third layer: the first two linear layers' states moved on.
     let checks = AtomicUsize::new(0);
     let cancel = || checks.fetch_add(1, Ordering::Relaxed) >= 2;
-    let err = e.model.forward_until(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true }], &cancel);
+    let err = e
+        .model
+        .forward_until(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true, verify: false }], &cancel);
     assert!(err.is_err(), "cancelled");
     assert_eq!(cache.len(), 0);
-    let got = e.model.forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true }]).unwrap();
+    let got =
+        e.model.forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true, verify: false }]).unwrap();
     assert!(got[0] == fresh, "the pass after a cancelled one computes what a fresh cache does");
 }
 

@@ -47,6 +47,7 @@ mod quant_golden;
 mod quant_matmul;
 mod sched_io;
 mod sparse_ffn;
+mod speculative;
 mod spm_tokenizer;
 mod status;
 mod store;

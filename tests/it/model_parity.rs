@@ -107,7 +107,10 @@ fn logits_match_transformers_at_every_position() {
         assert_eq!(e.model.config().vocab_size, r.vocab_size, "{name}");
         for (pi, p) in r.prompts.iter().enumerate() {
             let mut cache = e.model.new_cache(64).unwrap();
-            let got = e.model.forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: true }]).unwrap();
+            let got = e
+                .model
+                .forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: true, verify: false }])
+                .unwrap();
             let want = &all[p.logits_offset..p.logits_offset + p.n_positions * r.vocab_size];
             assert_eq!(got[0].len(), want.len(), "{name} prompt {pi}");
             let (worst, at) = got[0]
@@ -135,16 +138,20 @@ fn greedy_continuations_match_transformers() {
         let e = engine(&r);
         for p in &r.prompts {
             let mut cache = e.model.new_cache(128).unwrap();
-            let mut logits =
-                e.model.forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: false }]).unwrap();
+            let mut logits = e
+                .model
+                .forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: false, verify: false }])
+                .unwrap();
             let mut got = Vec::new();
             for _ in 0..p.greedy.len() {
                 let l = &logits[0];
                 let id = l.iter().enumerate().fold(0, |b, (j, &v)| if v > l[b] { j } else { b }) as u32;
                 got.push(id);
                 let step = [id];
-                logits =
-                    e.model.forward(&mut [SeqStep { tokens: &step, cache: &mut cache, all_logits: false }]).unwrap();
+                logits = e
+                    .model
+                    .forward(&mut [SeqStep { tokens: &step, cache: &mut cache, all_logits: false, verify: false }])
+                    .unwrap();
             }
             assert_eq!(got, p.greedy, "{name}");
         }
@@ -159,14 +166,17 @@ fn batched_forward_equals_single_sequences() {
     let (a, b) = (&r.prompts[0].ids, &r.prompts[1].ids);
     let single = |ids: &[u32]| {
         let mut cache = e.model.new_cache(64).unwrap();
-        e.model.forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true }]).unwrap().remove(0)
+        e.model
+            .forward(&mut [SeqStep { tokens: ids, cache: &mut cache, all_logits: true, verify: false }])
+            .unwrap()
+            .remove(0)
     };
     let (mut ca, mut cb) = (e.model.new_cache(64).unwrap(), e.model.new_cache(64).unwrap());
     let both = e
         .model
         .forward(&mut [
-            SeqStep { tokens: a, cache: &mut ca, all_logits: true },
-            SeqStep { tokens: b, cache: &mut cb, all_logits: true },
+            SeqStep { tokens: a, cache: &mut ca, all_logits: true, verify: false },
+            SeqStep { tokens: b, cache: &mut cb, all_logits: true, verify: false },
         ])
         .unwrap();
     for (got, want) in both.iter().zip([single(a), single(b)]) {
@@ -242,7 +252,12 @@ fn moe_text_logprobs_match_transformers_token_by_token() {
     for (i, t) in z.tokens.iter().enumerate().take(z.tokens.len() - 1) {
         let row = e
             .model
-            .forward(&mut [SeqStep { tokens: std::slice::from_ref(t), cache: &mut cache, all_logits: false }])
+            .forward(&mut [SeqStep {
+                tokens: std::slice::from_ref(t),
+                cache: &mut cache,
+                all_logits: false,
+                verify: false,
+            }])
             .unwrap()
             .pop()
             .unwrap();
@@ -296,7 +311,10 @@ fn gpt_oss_mxfp4_checkpoint_matches_transformers_dequantisation() {
         let (mut worst, mut agree, mut total, mut sum) = (0.0f32, 0, 0, 0.0f64);
         for p in &r.prompts {
             let mut cache = e.model.new_cache(64).unwrap();
-            let got = e.model.forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: true }]).unwrap();
+            let got = e
+                .model
+                .forward(&mut [SeqStep { tokens: &p.ids, cache: &mut cache, all_logits: true, verify: false }])
+                .unwrap();
             let want = &all[p.logits_offset..p.logits_offset + p.n_positions * r.vocab_size];
             for (g, w) in got[0].chunks_exact(r.vocab_size).zip(want.chunks_exact(r.vocab_size)) {
                 let d = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);

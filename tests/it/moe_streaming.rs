@@ -204,12 +204,19 @@ fn bytes_read_per_token(name: &str) {
     for (p, routing) in r.prompts.iter().zip(&r.routing) {
         let mut cache = e.model.new_cache(64).unwrap();
         // The first token alone, then each next one as a decode step (teacher forcing).
-        e.model.forward(&mut [SeqStep { tokens: &p.ids[..1], cache: &mut cache, all_logits: false }]).unwrap();
+        e.model
+            .forward(&mut [SeqStep { tokens: &p.ids[..1], cache: &mut cache, all_logits: false, verify: false }])
+            .unwrap();
         settle();
         let before = s.stats().snapshot();
         for t in &p.ids[1..] {
             e.model
-                .forward(&mut [SeqStep { tokens: std::slice::from_ref(t), cache: &mut cache, all_logits: false }])
+                .forward(&mut [SeqStep {
+                    tokens: std::slice::from_ref(t),
+                    cache: &mut cache,
+                    all_logits: false,
+                    verify: false,
+                }])
                 .unwrap();
         }
         settle();
@@ -248,7 +255,10 @@ fn an_expert_that_cannot_be_read_is_an_error_naming_its_file_and_layer() {
     let file = out.join("layer_001.bin");
     std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(first_expert).unwrap();
     let mut cache = e.model.new_cache(16).unwrap();
-    let err = e.model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap_err();
+    let err = e
+        .model
+        .forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false, verify: false }])
+        .unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("layer_001.bin") && msg.contains("layer 1") && msg.contains("experts"), "{msg}");
     // The model keeps answering what it can: layer 0's experts still read.
@@ -267,7 +277,12 @@ fn the_freq_policy_decays_with_each_forward_pass() {
         let mut cache = e.model.new_cache(1024).unwrap();
         for t in &tokens[..1024] {
             e.model
-                .forward(&mut [SeqStep { tokens: std::slice::from_ref(t), cache: &mut cache, all_logits: false }])
+                .forward(&mut [SeqStep {
+                    tokens: std::slice::from_ref(t),
+                    cache: &mut cache,
+                    all_logits: false,
+                    verify: false,
+                }])
                 .unwrap();
         }
         e.model.scheduler().summary().experts.unwrap().layers.iter().map(|l| l.hits).sum()

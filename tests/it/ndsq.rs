@@ -72,7 +72,10 @@ fn more_bits_bring_the_model_nearer_the_original() {
     let logits = |p: &str| {
         let e = Engine::load(p, &RunOptions { threads: 2, ..Default::default() }).unwrap();
         let mut cache = e.model.new_cache(32).unwrap();
-        e.model.forward(&mut [SeqStep { tokens: &ids, cache: &mut cache, all_logits: true }]).unwrap().remove(0)
+        e.model
+            .forward(&mut [SeqStep { tokens: &ids, cache: &mut cache, all_logits: true, verify: false }])
+            .unwrap()
+            .remove(0)
     };
     let want = logits(&fixture("hf/llama3"));
     let err = |params: NdsqParams, tag: &str| {
@@ -158,7 +161,10 @@ fn an_ndsq_model_exports_to_gguf_reconstructed() {
     let logits = |p: &std::path::Path| {
         let e = Engine::load(p.to_str().unwrap(), &RunOptions { threads: 2, ..Default::default() }).unwrap();
         let mut cache = e.model.new_cache(32).unwrap();
-        e.model.forward(&mut [SeqStep { tokens: &ids, cache: &mut cache, all_logits: true }]).unwrap().remove(0)
+        e.model
+            .forward(&mut [SeqStep { tokens: &ids, cache: &mut cache, all_logits: true, verify: false }])
+            .unwrap()
+            .remove(0)
     };
     assert_eq!(logits(&cawsf_path), logits(&gguf));
 }
@@ -260,8 +266,11 @@ fn an_ndsq_model_streams_its_compressed_shards() {
         let opts = RunOptions { threads: 2, memory_budget: budget, ..Default::default() };
         let e = Engine::load(spec, &opts).unwrap();
         let mut cache = e.model.new_cache(32).unwrap();
-        let logits =
-            e.model.forward(&mut [SeqStep { tokens: &ids, cache: &mut cache, all_logits: true }]).unwrap().remove(0);
+        let logits = e
+            .model
+            .forward(&mut [SeqStep { tokens: &ids, cache: &mut cache, all_logits: true, verify: false }])
+            .unwrap()
+            .remove(0);
         let s = e.model.scheduler();
         (logits, s.summary().mode, s.stats().bytes_read.load(Ordering::Relaxed), s.summary().plan.streamable_bytes)
     };

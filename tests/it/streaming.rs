@@ -213,7 +213,10 @@ fn a_layer_file_that_goes_bad_is_an_error_naming_it() {
     let layer = out.join("layer_002.bin");
     std::fs::OpenOptions::new().write(true).open(&layer).unwrap().set_len(4096).unwrap();
     let mut cache = e.model.new_cache(16).unwrap();
-    let err = e.model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap_err();
+    let err = e
+        .model
+        .forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false, verify: false }])
+        .unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("layer_002.bin") && msg.contains("layer 2"), "{msg}");
 }

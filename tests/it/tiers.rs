@@ -273,7 +273,7 @@ fn host_tier_layers_are_uploaded_ahead_and_waited_for_at_use() {
         let opts = SchedOptions { prefetch_depth: depth, ..tiered(&engine, per_layer, 0, n) };
         let model = DecoderModel::with_options(config.clone(), &source, backend.clone(), &opts).unwrap();
         let mut cache = model.new_cache(16).unwrap();
-        model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap();
+        model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false, verify: false }]).unwrap();
         let ahead = depth.min(n as usize - 1) as u64;
         let (copies, waits) = (engine.copies.load(Ordering::Relaxed), engine.waits.load(Ordering::Relaxed));
         assert_eq!((copies, waits), (n + ahead, n), "depth {depth}: one pass's copies and the compute's waits");
@@ -326,7 +326,9 @@ fn a_device_that_cannot_give_a_slot_is_an_error_not_a_panic() {
     let opts = SchedOptions { budget: Some(0), stage: Some(stage(&engine)), ..Default::default() };
     let model = DecoderModel::with_options(config, &source, Arc::new(CpuBackend::new(2)), &opts).unwrap();
     let mut cache = model.new_cache(16).unwrap();
-    let err = model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap_err();
+    let err = model
+        .forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false, verify: false }])
+        .unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("streaming slot") && msg.contains("layer 0"), "{msg}");
 }

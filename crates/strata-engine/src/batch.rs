@@ -21,7 +21,10 @@ use strata_backend::cpu::top_k_row;
 use strata_model::decoder::{KvCache, LastOutput, ModelError, SeqStep};
 
 pub mod plan;
+mod spec;
 use plan::{Feed, Need, StepBudget};
+use spec::SeqSpec;
+use strata_model::{PassRows, Readback};
 
 /// One generation in progress.
 pub struct Sequence {
@@ -58,6 +61,8 @@ pub struct Sequence {
     /// Its first token's output, already there: the request repeats exactly a prompt
     /// whose cache (and last output) it took over; the next step samples from it.
     ready: Option<LastOutput>,
+    /// Its speculative decoding, when it speculates.
+    spec: Option<SeqSpec>,
 }
 
 impl Sequence {
@@ -82,6 +87,7 @@ impl Sequence {
         constraint: Option<Constraint>,
     ) -> Result<Self, GenerateError> {
         check_prompt(engine, &cache, &req)?;
+        let spec = engine.speculation.resolve(&req.speculative).map_err(GenerateError::Speculative)?;
         let vocab = engine.model.config().vocab_size;
         // A grammar may allow only tokens far down the list: it needs every logit.
         let cut = match constraint {
@@ -132,6 +138,7 @@ impl Sequence {
             error: None,
             prompt_state,
             ready,
+            spec: spec.map(|(kind, settings)| SeqSpec::new(kind, settings)),
             req,
         })
     }
@@ -203,6 +210,7 @@ impl Sequence {
             prefill: self.prefill.unwrap_or_else(|| self.started.elapsed()),
             decode: self.decode,
             tokens: self.generated.clone(),
+            speculative: self.spec.as_ref().map(|s| s.counts).unwrap_or_default(),
         })
     }
 
@@ -469,27 +477,37 @@ pub fn step(
     let widest = cuts.iter().flatten().copied().max();
     let all_cut = cuts.iter().all(Option::is_some);
     let ran_cut: Vec<bool> = ran.iter().map(|&i| seqs[i].cut.is_some()).collect();
+    // Speculating sequences draft the tokens after their pending one; a pass verifies
+    // them with it.
+    let decoding: Vec<usize> = ran.iter().copied().filter(|&i| matches!(feeds[i], Some(Feed::Decode))).collect();
+    let draft_ns = spec::draft(engine, seqs, &decoding, cancelled)?;
     let inputs: Vec<Vec<u32>> = ran
         .iter()
         .map(|&i| match feeds[i] {
             Some(Feed::Prompt { n, .. }) => seqs[i].req.prompt[seqs[i].fed..seqs[i].fed + n].to_vec(),
-            _ => seqs[i].pending.into_iter().collect(),
+            _ => seqs[i].pending.into_iter().chain(seqs[i].proposal().iter().copied()).collect(),
         })
         .collect();
-    let mut outs: Vec<LastOutput> = {
+    let verifying: Vec<bool> = ran.iter().map(|&i| !seqs[i].proposal().is_empty()).collect();
+    let mut outs: Vec<Vec<LastOutput>> = {
         let mut by_index: Vec<Option<&mut Sequence>> = seqs.iter_mut().map(|s| Some(&mut **s)).collect();
         let mut batch: Vec<SeqStep<'_>> = Vec::with_capacity(ran.len());
         // The grammars whose next mask this pass's sampling needs.
         let mut masks: Vec<&mut Constraint> = Vec::new();
-        for (&i, tokens) in ran.iter().zip(&inputs) {
+        for ((&i, tokens), &verify) in ran.iter().zip(&inputs).zip(&verifying) {
             let seq = by_index[i].take().expect("each sequence runs once");
             if sampling(i)
                 && let Some(c) = seq.constraint.as_mut()
             {
                 masks.push(c);
             }
-            batch.push(SeqStep { tokens, cache: &mut seq.cache, all_logits: false });
+            batch.push(SeqStep { tokens, cache: &mut seq.cache, all_logits: false, verify });
         }
+        let readback = match (widest, all_cut) {
+            (Some(k), true) => Readback::Top(k),
+            (Some(k), false) => Readback::Both(k),
+            (None, _) => Readback::Full,
+        };
         let result = std::thread::scope(|scope| {
             // The masks are computed while the pass runs; an error stays in its
             // constraint, for `advance` to report. Without a thread, `advance` computes
@@ -501,29 +519,11 @@ pub fn step(
                     }
                 });
             }
-            match (widest, all_cut) {
-                (Some(k), true) => engine
-                    .model
-                    .forward_top_k(&mut batch, k, cancelled)
-                    .map(|v| v.into_iter().map(LastOutput::Top).collect()),
-                (Some(k), false) => engine.model.forward_logits_and_top_k(&mut batch, k, cancelled).map(|v| {
-                    v.into_iter()
-                        .zip(&ran_cut)
-                        .map(|((logits, top), &cut)| match cut {
-                            true => LastOutput::Top(top),
-                            false => LastOutput::Logits(logits),
-                        })
-                        .collect()
-                }),
-                (None, _) => engine
-                    .model
-                    .forward_until(&mut batch, cancelled)
-                    .map(|v| v.into_iter().map(LastOutput::Logits).collect()),
-            }
+            engine.model.forward_rows(&mut batch, readback, cancelled)
         });
         drop(batch);
         match result {
-            Ok(outs) => outs,
+            Ok(rows) => split_rows(rows, readback, &ran_cut, engine.model.config().vocab_size),
             Err(e) => {
                 for &i in &ran {
                     seqs[i].cancel();
@@ -532,9 +532,22 @@ pub fn step(
             }
         }
     };
-    for (&i, tokens) in ran.iter().zip(&inputs).rev() {
-        let out = outs.pop().expect("one output per running sequence");
+    let mut counts = crate::speculative::SpecCounts::default();
+    for ((&i, tokens), &verify) in ran.iter().zip(&inputs).zip(&verifying).rev() {
+        let mut out = outs.pop().expect("outputs for each running sequence");
         let seq = &mut *seqs[i];
+        if verify {
+            let before = seq.spec.as_ref().map(|s| s.counts).unwrap_or_default();
+            spec::accept(engine, seq, tokens, out);
+            let after = seq.spec.as_ref().map(|s| s.counts).unwrap_or_default();
+            counts.add(crate::speculative::SpecCounts {
+                steps: after.steps - before.steps,
+                drafted: after.drafted - before.drafted,
+                accepted: after.accepted - before.accepted,
+            });
+            continue;
+        }
+        let out = out.pop().expect("one output per running sequence");
         seq.tokens.extend_from_slice(tokens);
         match feeds[i] {
             Some(Feed::Prompt { n, last }) => {
@@ -559,7 +572,45 @@ pub fn step(
             seq.error = Some(e);
         }
     }
+    if counts.steps > 0 || draft_ns > 0 {
+        engine.speculation.stats.add(counts, draft_ns);
+    }
     Ok(ran.len())
+}
+
+/// A pass's rows as each sequence's outputs, in the order of the pass: with
+/// [`Readback::Both`], the top entries for a sequence that samples from them (`cut`)
+/// and every logit for the others.
+fn split_rows(rows: PassRows, readback: Readback, cut: &[bool], vocab: usize) -> Vec<Vec<LastOutput>> {
+    let PassRows { logits, counts, top } = rows;
+    let mut top = top.into_iter();
+    let mut row = 0;
+    counts
+        .iter()
+        .zip(cut)
+        .map(|(&n, &cut)| {
+            (0..n)
+                .map(|_| {
+                    let logits = || logits[row * vocab..(row + 1) * vocab].to_vec();
+                    let out = match (readback, cut) {
+                        (Readback::Full, _) => LastOutput::Logits(logits()),
+                        (Readback::Top(_), _) => {
+                            LastOutput::Top(top.next().unwrap_or_else(strata_backend::TopK::empty))
+                        }
+                        (Readback::Both(_), true) => {
+                            LastOutput::Top(top.next().unwrap_or_else(strata_backend::TopK::empty))
+                        }
+                        (Readback::Both(_), false) => {
+                            let _ = top.next();
+                            LastOutput::Logits(logits())
+                        }
+                    };
+                    row += 1;
+                    out
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// A conversation's state: its tokens and their KV cache. A new prompt that extends

@@ -9,6 +9,7 @@ pub mod grammar;
 pub mod reasoning;
 pub mod sampler;
 pub mod session;
+pub mod speculative;
 pub mod stop;
 pub mod template;
 pub mod text_error;

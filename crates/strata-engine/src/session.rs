@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use super::grammar::{GrammarSpec, TokenEnv, TokenEnvCell};
 use super::sampler::SamplingParams;
+use super::speculative::{DraftModel, SpecCounts, SpecKind, SpecRequest, SpecSettings, Speculation, check_vocab};
 use super::text_error::TextError;
 use strata_model::decoder::ModelError;
 
@@ -51,6 +52,8 @@ pub struct GenerateRequest {
     /// Keep special tokens in the text (tool-call and reasoning markers such as Mistral's
     /// `[TOOL_CALLS]` are special tokens; the parsers need to see them).
     pub keep_special_tokens: bool,
+    /// Its own speculative decoding settings (each unset one the model's).
+    pub speculative: SpecRequest,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +99,8 @@ pub struct GenerationSummary {
     pub decode: Duration,
     /// Every generated token id (including an end-of-sequence token if one ended it).
     pub tokens: Vec<u32>,
+    /// What speculative decoding drafted and kept for it.
+    pub speculative: SpecCounts,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +117,10 @@ pub enum GenerateError {
     /// failed (the request's fault: a 400).
     #[error("{0}")]
     Grammar(String),
+    /// The request's speculative decoding settings are out of range, or ask for a draft
+    /// model the model was loaded without (a 400).
+    #[error("{0}")]
+    Speculative(String),
 }
 
 /// Where and how a model runs (the options serve, run, perplexity and bench share).
@@ -394,6 +403,8 @@ pub struct Engine {
     /// The vocabulary as grammars see it, built on the first constrained request
     /// (see [`Engine::token_env`]).
     token_env: TokenEnvCell,
+    /// Its speculative decoding: the draft model, the default settings, the totals.
+    pub speculation: Speculation,
 }
 
 /// A model built on its backend, and the context it runs with.
@@ -489,13 +500,44 @@ impl Engine {
         }
         let sparse_ffn = opts.sparse_ffn;
         let token_env = TokenEnvCell::default();
-        Ok(Engine { name: source.checkpoint.name, model, tokenizer, context_len, device, sparse_ffn, token_env })
+        let speculation = Speculation::default();
+        Ok(Engine {
+            name: source.checkpoint.name,
+            model,
+            tokenizer,
+            context_len,
+            device,
+            sparse_ffn,
+            token_env,
+            speculation,
+        })
     }
 
     /// The vocabulary as llguidance's token trie, for compiling grammars. Built once, on
     /// first use (a fraction of a second for a 50k vocabulary); later calls share it.
     pub fn token_env(&self) -> Result<&TokenEnv, GenerateError> {
         self.token_env.get(&self.tokenizer, self.model.config().vocab_size).map_err(GenerateError::Grammar)
+    }
+
+    /// Speculates with `draft` (another loaded model, kept as it was loaded) by default,
+    /// drafting as `settings` say. Refused, saying why, when the two vocabularies differ
+    /// (see [`check_vocab`]).
+    pub fn set_draft(&mut self, draft: Engine, settings: SpecSettings) -> Result<(), String> {
+        check_vocab(&self.tokenizer, &draft.tokenizer)
+            .map_err(|e| format!("draft model `{}` cannot draft for `{}`: {e}", draft.name, self.name))?;
+        settings.validate()?;
+        self.speculation.draft = Some(DraftModel { name: draft.name, model: draft.model });
+        self.speculation.kind = SpecKind::Draft;
+        self.speculation.settings = settings;
+        Ok(())
+    }
+
+    /// Speculates by n-gram lookup in the context by default ([`SpecKind::Ngram`]).
+    pub fn set_ngram(&mut self, settings: SpecSettings) -> Result<(), String> {
+        settings.validate()?;
+        self.speculation.kind = SpecKind::Ngram;
+        self.speculation.settings = settings;
+        Ok(())
     }
 
     /// The cell [`Engine::token_env`] reads, for compiling grammars on another thread.

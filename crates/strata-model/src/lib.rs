@@ -23,6 +23,28 @@ use strata_backend::TopK;
 use strata_format::Checkpoint;
 use strata_sched::SchedInfo;
 
+/// What a forward pass hands back for each sequence's selected rows.
+#[derive(Clone, Copy, Debug)]
+pub enum Readback {
+    /// Every logit.
+    Full,
+    /// The `k` most likely entries and the `logsumexp` (copied back instead of the row).
+    Top(usize),
+    /// Both: every logit, and the `k` most likely entries as the backend selects them.
+    Both(usize),
+}
+
+/// A pass's output rows, in order: `counts[i]` of them for sequence `i` (its last new
+/// token's, or every new token's with `all_logits` or `verify`); their logits
+/// (`[rows, vocab]`, with [`Readback::Full`] or [`Readback::Both`], else empty) and
+/// their top entries (one per row, with [`Readback::Top`] or [`Readback::Both`]).
+#[derive(Clone, Debug, Default)]
+pub struct PassRows {
+    pub logits: Vec<f32>,
+    pub counts: Vec<usize>,
+    pub top: Vec<TopK>,
+}
+
 /// A loaded model on whichever backend it runs: what the engine, the worker and the
 /// CLI use, so nothing past the loader branches on the device.
 pub trait LanguageModel: Send + Sync {
@@ -56,6 +78,14 @@ pub trait LanguageModel: Send + Sync {
         k: usize,
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<(Vec<f32>, TopK)>, ModelError>;
+    /// Runs `batch` and hands back what `readback` asks of every row each sequence
+    /// wants (see [`PassRows`]).
+    fn forward_rows(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        readback: Readback,
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<PassRows, ModelError>;
     fn forward(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         self.forward_until(batch, &|| false)
     }

@@ -175,12 +175,13 @@ fn up_projections(
 }
 
 /// The layer's inputs and where its cache is: `input` (`rows` rows, normed), the
-/// positions of those rows, and each sequence's rows with its cache row and its
-/// length before this pass.
+/// positions of those rows, and the pass's parts (rows that compute together):
+/// `seq_rows[i]` rows each, part `i` of sequence `at[i].0` from position `at[i].1`.
 pub struct MlaStep<'a, B: Backend> {
     pub input: &'a B::Buf,
     pub positions: &'a [u32],
     pub seq_rows: &'a [usize],
+    pub at: &'a [(usize, usize)],
     pub rope: &'a RopeFreqs,
     pub kv: KvType,
 }
@@ -196,7 +197,7 @@ pub struct MlaOut<'a, B: Backend> {
 }
 
 /// One latent-attention layer over every sequence of the pass: `caches[i]` is sequence
-/// `i`'s cache buffer for this layer and the positions it held before.
+/// `i`'s cache buffer for this layer.
 pub fn forward<B: Backend>(
     be: &B,
     c: &ModelConfig,
@@ -204,10 +205,10 @@ pub fn forward<B: Backend>(
     step: MlaStep<'_, B>,
     bufs: &mut MlaBufs<B>,
     out: MlaOut<'_, B>,
-    caches: &mut [(&mut B::Buf, usize)],
+    caches: &mut [&mut B::Buf],
 ) -> Result<(), ModelError> {
     let Some(a) = c.mla else { return Ok(()) };
-    let MlaStep { input, positions, seq_rows, rope, kv } = step;
+    let MlaStep { input, positions, seq_rows, at, rope, kv } = step;
     let MlaOut { q, kv: kv_rows, attn, proj } = out;
     let rows: usize = seq_rows.iter().sum();
     let (nh, nope, rope_dim, lat, vd) =
@@ -244,13 +245,14 @@ pub fn forward<B: Backend>(
     }
 
     let mut row0 = 0;
-    for (&n, (cache, start_pos)) in seq_rows.iter().zip(caches.iter_mut()) {
-        be.kv_store(kv_rows, Rows::Range { start: row0, n }, width, cache, *start_pos, kv)?;
+    for (&n, &(seq, start_pos)) in seq_rows.iter().zip(at) {
+        let cache = &mut *caches[seq];
+        be.kv_store(kv_rows, Rows::Range { start: row0, n }, width, cache, start_pos, kv)?;
         let p = AttnParams {
             n_heads: nh,
             n_kv_heads: 1,
             head_dim: width,
-            start_pos: *start_pos,
+            start_pos,
             scale: c.attn_scale,
             sliding_window: None,
             softcap: None,

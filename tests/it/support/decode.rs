@@ -21,12 +21,15 @@ pub fn logit_bits_for(model: &dyn LanguageModel, steps: usize) -> Vec<u32> {
     let mut cache = model.new_cache(64).unwrap();
     let vocab = model.config().vocab_size;
     let prompt: Vec<u32> = PROMPT.iter().map(|&t| t % vocab as u32).collect();
-    let mut out = model.forward(&mut [SeqStep { tokens: &prompt, cache: &mut cache, all_logits: true }]).unwrap();
+    let mut out =
+        model.forward(&mut [SeqStep { tokens: &prompt, cache: &mut cache, all_logits: true, verify: false }]).unwrap();
     let mut bits: Vec<u32> = out[0].iter().map(|v| v.to_bits()).collect();
     for _ in 0..steps {
         let last = &out[0][out[0].len() - vocab..];
         let next = (0..vocab).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
-        out = model.forward(&mut [SeqStep { tokens: &[next], cache: &mut cache, all_logits: false }]).unwrap();
+        out = model
+            .forward(&mut [SeqStep { tokens: &[next], cache: &mut cache, all_logits: false, verify: false }])
+            .unwrap();
         bits.extend(out[0].iter().map(|v| v.to_bits()));
     }
     bits
@@ -36,13 +39,13 @@ pub fn logit_bits_for(model: &dyn LanguageModel, steps: usize) -> Vec<u32> {
 /// the window holds whole tokens.
 pub fn decode_window(model: &dyn LanguageModel, steps: usize) -> StatsSnapshot {
     let mut cache = model.new_cache(PROMPT.len() + steps + 2).unwrap();
-    model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false }]).unwrap();
+    model.forward(&mut [SeqStep { tokens: &PROMPT, cache: &mut cache, all_logits: false, verify: false }]).unwrap();
     let settle = || std::thread::sleep(Duration::from_millis(100));
     settle();
     let before = model.scheduler().stats().snapshot();
     for i in 0..steps {
         let t = [(i % 200) as u32 + 1];
-        model.forward(&mut [SeqStep { tokens: &t, cache: &mut cache, all_logits: false }]).unwrap();
+        model.forward(&mut [SeqStep { tokens: &t, cache: &mut cache, all_logits: false, verify: false }]).unwrap();
     }
     settle();
     model.scheduler().stats().snapshot() - before

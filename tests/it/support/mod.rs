@@ -4,6 +4,7 @@
 
 pub mod decode;
 pub mod gguf;
+pub mod steps;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

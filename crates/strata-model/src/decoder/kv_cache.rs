@@ -43,6 +43,17 @@ pub struct KvCache {
     pub sparse_ffn: Option<SparseFfn>,
     /// What the model gave for a position's last row (see [`KvCache::keep_output`]).
     pub(super) kept_output: Option<KeptOutput>,
+    /// The linear-attention states a verifying pass saved after each of its rows
+    /// ([`SeqStep::verify`]), for [`KvCache::truncate`] to go back to.
+    pub(super) row_states: Option<RowStates>,
+}
+
+/// A verifying pass's linear-attention states, on the host: `rows[j][l]` is layer
+/// `l`'s state after the pass's row `j` (empty for an attention layer), the pass having
+/// started at position `from`.
+pub(super) struct RowStates {
+    from: usize,
+    rows: Vec<Vec<Vec<f32>>>,
 }
 
 /// A forward pass's output for a sequence's last new position: every logit, or the
@@ -231,13 +242,46 @@ impl KvCache {
         }
     }
 
-    /// Forgets everything after the first `len` positions (for reusing a shared prefix).
-    /// A cache with linear-attention state cannot go back: a shorter `len` empties it
-    /// (check [`len`](Self::len) afterwards).
+    /// Forgets everything after the first `len` positions (for reusing a shared prefix,
+    /// or dropping a verifying pass's rejected rows). A linear-attention state goes back
+    /// only to the end of one of the rows of the last pass, when that pass verified
+    /// ([`SeqStep::verify`]); a shorter `len` otherwise empties the cache (check
+    /// [`len`](Self::len) afterwards).
     pub fn truncate(&mut self, len: usize) {
-        if len < self.len {
+        if len < self.len && !self.rewind_states(len) {
             self.forget_states();
         }
         self.cut_to(len);
+    }
+
+    /// Puts back the state the last (verifying) pass saved after the row that ends at
+    /// `len`; false when it saved none there.
+    fn rewind_states(&mut self, len: usize) -> bool {
+        let Some(saved) = self.row_states.take() else { return false };
+        let ran = saved.from + saved.rows.len();
+        if self.states_stale || self.len != ran || len <= saved.from || len > ran {
+            return false;
+        }
+        let row = &saved.rows[len - saved.from - 1];
+        let fits = row.len() == self.states.len()
+            && row.iter().zip(&self.states).all(|(a, b)| a.len() == b.as_ref().map_or(0, |b| b.len()));
+        fits && self.states.iter_mut().zip(row).all(|(b, a)| b.as_mut().is_none_or(|b| b.write_host(a).is_ok()))
+    }
+
+    /// Starts a pass that runs `rows` rows of this cache's sequence alone (verifying:
+    /// their states are saved row by row), or none (0): earlier saved states go.
+    pub(super) fn begin_row_states(&mut self, rows: usize) {
+        let linear = self.states.iter().any(Option::is_some);
+        self.row_states = (rows > 0 && linear)
+            .then(|| RowStates { from: self.len, rows: vec![vec![Vec::new(); self.states.len()]; rows] });
+    }
+
+    /// Saves layer `l`'s state after the verifying pass's row at position `pos`.
+    pub(super) fn save_row_state(&mut self, l: usize, pos: usize) -> BackendResult<()> {
+        let (Some(saved), Some(Some(state))) = (self.row_states.as_mut(), self.states.get(l)) else { return Ok(()) };
+        if let Some(slot) = pos.checked_sub(saved.from).and_then(|j| saved.rows.get_mut(j)) {
+            slot[l] = state.to_host()?;
+        }
+        Ok(())
     }
 }

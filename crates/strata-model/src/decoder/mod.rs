@@ -15,7 +15,6 @@ use build::*;
 use kv_cache::*;
 pub use kv_cache::{KV_BLOCK, KvCache, LastOutput};
 
-use super::ModelSource;
 use super::config::{Ffn, Mixer, ModelConfig};
 use super::deltanet::LinearWeights;
 pub use super::error::ModelError;
@@ -24,6 +23,7 @@ use super::moe::{self, EachUnit, Mlp, MlpBufs, MoeBlock, MoeBufs, MoeWeights, Un
 use super::shapes;
 use super::sparse::{self, Bundle, NeuronWeights, SparseBlock, SparseFfn};
 use super::spec::{self, QkNorm, Role};
+use super::{ModelSource, PassRows, Readback};
 use strata_backend::delta::{DeltaRule, DeltaShape, DeltaWeights};
 use strata_backend::{
     Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, RopeFreqs, Rows, TopK, Unary,
@@ -86,6 +86,50 @@ pub struct SeqStep<'a> {
     pub cache: &'a mut KvCache,
     /// Logits for every new token (true) or only the last (false).
     pub all_logits: bool,
+    /// Speculative verification: every new token's row is computed exactly as a step
+    /// of that token alone would compute it (the one-row kernels, a recurrent state
+    /// advanced row by row and saved after each row, so that
+    /// [`KvCache::truncate`] can go back to any of them), and every row's output comes
+    /// back (as with `all_logits`). The rows still share one read of the weights.
+    pub verify: bool,
+}
+
+impl SeqStep<'_> {
+    /// Whether every new token's output comes back.
+    fn every_row(&self) -> bool {
+        self.all_logits || self.verify
+    }
+}
+
+/// Rows of a pass that compute together: a sequence's new tokens, or one row of a
+/// verifying sequence (each of its rows alone).
+#[derive(Clone, Copy, Debug)]
+struct Part {
+    /// The sequence's index in the batch.
+    seq: usize,
+    /// Its first row in the pass.
+    row0: usize,
+    n: usize,
+    /// The position of its first row.
+    start_pos: usize,
+}
+
+impl Part {
+    /// The parts of `batch`, in row order (sequences without new tokens have none).
+    fn of(batch: &[SeqStep<'_>]) -> Vec<Part> {
+        let mut parts = Vec::with_capacity(batch.len());
+        let mut row0 = 0;
+        for (seq, s) in batch.iter().enumerate() {
+            let (n, at) = (s.tokens.len(), s.cache.len);
+            match s.verify {
+                true => parts.extend((0..n).map(|j| Part { seq, row0: row0 + j, n: 1, start_pos: at + j })),
+                false if n > 0 => parts.push(Part { seq, row0, n, start_pos: at }),
+                false => {}
+            }
+            row0 += n;
+        }
+        parts
+    }
 }
 
 /// Activation buffers reused across forward passes (no allocation per token): sized
@@ -160,16 +204,6 @@ fn ffn_width(c: &ModelConfig) -> usize {
 /// A pass's logits (`Readback::Full`) or top entries (`Readback::Top`) of the selected
 /// rows, and how many rows each sequence got.
 type PassOutput = (Vec<f32>, Vec<usize>, Vec<TopK>);
-
-/// What a forward pass hands back for each sequence's selected rows.
-enum Readback {
-    /// Every logit.
-    Full,
-    /// The `k` most likely entries and the `logsumexp` (copied back instead of the row).
-    Top(usize),
-    /// Both: every logit, and the `k` most likely entries as the backend selects them.
-    Both(usize),
-}
 
 pub struct DecoderModel<B: Backend> {
     pub config: ModelConfig,
@@ -398,6 +432,7 @@ impl<B: Backend> DecoderModel<B> {
             grid: Grid::default(),
             sparse_ffn: None,
             kept_output: None,
+            row_states: None,
         })
     }
 
@@ -534,7 +569,7 @@ impl<B: Backend> DecoderModel<B> {
     ) -> Result<PassOutput, ModelError> {
         let rows: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let out_rows: usize =
-            batch.iter().map(|s| if s.all_logits { s.tokens.len() } else { s.tokens.len().min(1) }).sum();
+            batch.iter().map(|s| if s.every_row() { s.tokens.len() } else { s.tokens.len().min(1) }).sum();
         let mut guard = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
         let ws = self.workspace_for(&mut guard, rows, out_rows)?;
         for s in batch.iter_mut() {
@@ -560,15 +595,22 @@ impl<B: Backend> DecoderModel<B> {
         let be = &*self.backend;
         let h = c.hidden_size;
         let out_rows: usize =
-            batch.iter().map(|s| if s.all_logits { s.tokens.len() } else { s.tokens.len().min(1) }).sum();
+            batch.iter().map(|s| if s.every_row() { s.tokens.len() } else { s.tokens.len().min(1) }).sum();
         self.run_layers(batch, cancelled, ws)?;
 
         // Gather the rows whose logits are wanted, then the final norm and the head.
         let mut counts = Vec::with_capacity(batch.len());
+        // The head's rows by sequence: a verifying sequence's rows each alone.
+        let mut head_rows = Vec::with_capacity(batch.len());
         let (mut row0, mut at) = (0, 0);
         for s in batch.iter_mut() {
             let n = s.tokens.len();
-            let (src, take) = match (s.all_logits, n) {
+            match (s.verify, n) {
+                (_, 0) => {}
+                (true, _) => head_rows.extend(std::iter::repeat_n(1, n)),
+                (false, _) => head_rows.push(if s.all_logits { n } else { 1 }),
+            }
+            let (src, take) = match (s.every_row(), n) {
                 (_, 0) => (row0, 0),
                 (true, _) => (row0, n),
                 (false, _) => (row0 + n - 1, 1),
@@ -579,7 +621,6 @@ impl<B: Backend> DecoderModel<B> {
             row0 += n;
         }
         be.rms_norm(&ws.picked, out_rows, &self.norm, c.rms_norm_eps, &mut ws.head_in)?;
-        let head_rows: Vec<usize> = counts.iter().copied().filter(|&n| n > 0).collect();
         be.matmul_seqs(&ws.head_in, &head_rows, &self.lm_head, &mut ws.logits)?;
         if c.logits_divisor != 1.0 {
             be.unary(&mut ws.logits, out_rows * c.vocab_size, Unary::Scale(1.0 / c.logits_divisor))?;
@@ -637,7 +678,7 @@ impl<B: Backend> DecoderModel<B> {
         let mut cache = self.new_cache(tokens.len())?;
         let mut guard = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
         let ws = self.workspace_for(&mut guard, tokens.len(), 1)?;
-        self.run_layers(&mut [SeqStep { tokens, cache: &mut cache, all_logits: true }], cancelled, ws)?;
+        self.run_layers(&mut [SeqStep { tokens, cache: &mut cache, all_logits: true, verify: false }], cancelled, ws)?;
         be.rms_norm(&ws.x, tokens.len(), &self.norm, c.rms_norm_eps, &mut ws.normed)?;
         let hidden = be.download(&ws.normed, tokens.len() * h)?;
         let mut mean = vec![0.0f64; h];
@@ -677,11 +718,15 @@ impl<B: Backend> DecoderModel<B> {
             positions.extend((s.cache.len..needed).map(|p| p as u32));
         }
         let rows = ids.len();
-        // Rows per sequence: a sequence's results do not depend on what shares the batch.
-        let seq_rows: Vec<usize> = batch.iter().map(|s| s.tokens.len()).filter(|&n| n > 0).collect();
-        // Each sequence's sparse FFN setting, likewise.
+        let parts = Part::of(batch);
+        // Rows per part: a part's results do not depend on what shares the batch.
+        let seq_rows: Vec<usize> = parts.iter().map(|p| p.n).collect();
+        // Each part's sparse FFN setting, likewise.
         let sparse: Vec<SparseFfn> =
-            batch.iter().filter(|s| !s.tokens.is_empty()).map(|s| s.cache.sparse_ffn.unwrap_or(self.sparse)).collect();
+            parts.iter().map(|p| batch[p.seq].cache.sparse_ffn.unwrap_or(self.sparse)).collect();
+        for s in batch.iter_mut() {
+            s.cache.begin_row_states(if s.verify { s.tokens.len() } else { 0 });
+        }
         // Recency in the expert cache is counted in forward passes.
         if let Some(experts) = &self.experts {
             experts.step();
@@ -737,10 +782,8 @@ impl<B: Backend> DecoderModel<B> {
                         be.rope(k, c.n_kv_heads, hd, &positions, rope)?;
                     }
 
-                    let mut row0 = 0;
-                    for s in batch.iter_mut() {
-                        let n = s.tokens.len();
-                        let start_pos = s.cache.len;
+                    for &Part { seq, row0, n, start_pos } in &parts {
+                        let s = &mut batch[seq];
                         let cache = s.cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
                         let ty = self.kv_type;
                         be.kv_store(k, Rows::Range { start: row0, n }, kv_dim, &mut cache.k[l], start_pos, ty)?;
@@ -757,7 +800,6 @@ impl<B: Backend> DecoderModel<B> {
                             sinks: aw.sinks.as_deref(),
                         };
                         be.attention(q, row0, n, &cache.k[l], &cache.v[l], &p, attn)?;
-                        row0 += n;
                     }
                     // Qwen3-Next gates each head's output by the sigmoid of its gate rows.
                     let o_in: &B::Buf = match (&aw.gate, attn_gate.as_mut()) {
@@ -779,12 +821,13 @@ impl<B: Backend> DecoderModel<B> {
                     let bufs = mla.as_mut().ok_or_else(no_bufs)?;
                     let rope = self.rope[l].as_ref().ok_or_else(no_bufs)?;
                     let mut caches = Vec::with_capacity(batch.len());
-                    for s in batch.iter_mut().filter(|s| !s.tokens.is_empty()) {
-                        let start_pos = s.cache.len;
+                    for s in batch.iter_mut() {
                         let cache = s.cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
-                        caches.push((&mut cache.k[l], start_pos));
+                        caches.push(&mut cache.k[l]);
                     }
-                    let step = MlaStep { input, positions: &positions, seq_rows: &seq_rows, rope, kv: self.kv_type };
+                    let at: Vec<(usize, usize)> = parts.iter().map(|p| (p.seq, p.start_pos)).collect();
+                    let step =
+                        MlaStep { input, positions: &positions, seq_rows: &seq_rows, at: &at, rope, kv: self.kv_type };
                     let out = MlaOut { q: &mut *q, kv: &mut *k, attn: &mut *attn, proj: &mut *proj };
                     mla::forward(be, c, mw, step, bufs, out, &mut caches)?;
                 }
@@ -795,14 +838,16 @@ impl<B: Backend> DecoderModel<B> {
                     let (qkvz_buf, ba_buf, mixed) = lin.as_mut().ok_or_else(no_bufs)?;
                     be.matmul_seqs(input, &seq_rows, &lw.qkvz, qkvz_buf)?;
                     be.matmul_seqs(input, &seq_rows, &lw.ba, ba_buf)?;
-                    // Each sequence's tokens in order through its own state.
-                    let mut row0 = 0;
-                    for s in batch.iter_mut() {
-                        let n = s.tokens.len();
+                    // Each part's tokens in order through its sequence's state; a verifying
+                    // sequence's state is saved after each of its rows.
+                    for &Part { seq, row0, n, start_pos } in &parts {
+                        let s = &mut batch[seq];
                         let state = s.cache.state_mut::<B>(l, la.state_len()).ok_or_else(no_bufs)?;
                         let d = DeltaRule { shape: lw.shape, weights: &lw.small, qkvz: qkvz_buf, ba: ba_buf, row0, n };
                         be.delta_rule(&d, state, mixed)?;
-                        row0 += n;
+                        if s.verify {
+                            s.cache.save_row_state(l, start_pos).map_err(ModelError::Backend)?;
+                        }
                     }
                     be.matmul_seqs(mixed, &seq_rows, &lw.out, proj)?;
                 }
@@ -974,6 +1019,21 @@ impl<B: Backend> super::LanguageModel for DecoderModel<B> {
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<(Vec<f32>, TopK)>, ModelError> {
         DecoderModel::forward_logits_and_top_k(self, batch, k, cancelled)
+    }
+
+    fn forward_rows(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        readback: Readback,
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<PassRows, ModelError> {
+        let readback = match readback {
+            Readback::Top(k) => Readback::Top(k.clamp(1, strata_backend::MAX_TOP_K)),
+            Readback::Both(k) => Readback::Both(k.clamp(1, strata_backend::MAX_TOP_K)),
+            Readback::Full => Readback::Full,
+        };
+        let (logits, counts, top) = self.run(batch, cancelled, readback)?;
+        Ok(PassRows { logits, counts, top })
     }
 
     fn embed(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError> {

@@ -272,6 +272,7 @@ fn generate_error(model: &str, param: &'static str, e: GenerateError) -> JobErro
         GenerateError::Text(t) => text_error(param, t),
         GenerateError::Model(e) => model_error(model, e),
         GenerateError::Grammar(_) => invalid(Some(param), e),
+        GenerateError::Speculative(_) => invalid(Some("speculative"), e),
     }
 }
 
@@ -770,6 +771,7 @@ impl Worker {
             grammar,
             // Markers may be special tokens (Mistral's `[TOOL_CALLS]`, `[THINK]`).
             keep_special_tokens: tools.is_some() || reasoning.is_some() || harmony.is_some(),
+            speculative: Default::default(),
         };
         let seq = Sequence::with_constraint(engine, cache, cached, req, constraint)
             .map_err(|e| generate_error(&job.model, param, e))?;
