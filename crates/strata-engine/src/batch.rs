@@ -188,6 +188,25 @@ impl Sequence {
         }
     }
 
+    /// Ends the sequence as [`stop`](Self::stop) would have after its first `n`
+    /// generated tokens: for a consumer that found its reply complete there, within a
+    /// step that generated more (speculative decoding). The later tokens go, with their
+    /// keys and values, as if never generated.
+    pub fn stop_after(&mut self, n: usize) {
+        if n < self.generated.len() {
+            self.generated.truncate(n);
+            // The cache holds the generated tokens that ran: all but the last sampled.
+            self.tokens.truncate(self.fed + n.saturating_sub(1));
+            self.cache.truncate(self.tokens.len());
+            self.tokens.truncate(self.cache.len());
+            self.pending = None;
+            // How a later token ended it (a stop string, the length) is not how it ends.
+            self.finish = None;
+            self.stop = StopMatcher::new(Vec::new());
+        }
+        self.stop();
+    }
+
     /// What it reported since the last call, in order.
     pub fn drain_events(&mut self) -> std::vec::Drain<'_, TokenEvent> {
         self.outbox.drain(..)

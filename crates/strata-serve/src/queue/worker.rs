@@ -312,6 +312,15 @@ impl Running {
 
     /// Whether nothing more it generates can reach the client (its one call, or a
     /// harmony reply's end, came): it may stop.
+    /// Counts a generated token: reasoning when the reasoning was open before or after
+    /// its text.
+    fn count_token(&mut self, thinking_before: bool) {
+        if thinking_before || self.thinking() {
+            self.reasoning_tokens += 1;
+        }
+        self.counted += 1;
+    }
+
     fn closed(&self) -> bool {
         self.tools.as_ref().is_some_and(ToolCallParser::closed)
             || self.harmony.as_ref().is_some_and(HarmonyParser::closed)
@@ -844,15 +853,37 @@ impl Worker {
                 let mut sent = true;
                 let mut out = Vec::new();
                 let events: Vec<TokenEvent> = r.seq.drain_events().collect();
-                let thinking_before = r.thinking();
+                // A step may generate several tokens (speculative decoding): each token
+                // with the text after it, as a step of that token alone would report it.
+                let mut tokens = r.counted;
+                let mut thinking_before = r.thinking();
                 for ev in events {
                     match ev {
                         TokenEvent::Text(t) => r.text(t, &mut out),
-                        TokenEvent::Token { id, logprob, top } => out.push(Event::Token {
-                            sampled: TokenLogprob { logprob, ..piece(id) },
-                            top: top.into_iter().map(|(id, logprob)| TokenLogprob { logprob, ..piece(id) }).collect(),
-                        }),
+                        TokenEvent::Token { id, logprob, top } => {
+                            if tokens > r.counted {
+                                // The previous token's step ends here: a reply complete
+                                // there ends before this token, as it would have.
+                                if r.closed() {
+                                    r.seq.stop_after(tokens);
+                                    break;
+                                }
+                                r.count_token(thinking_before);
+                            }
+                            thinking_before = r.thinking();
+                            tokens += 1;
+                            out.push(Event::Token {
+                                sampled: TokenLogprob { logprob, ..piece(id) },
+                                top: top
+                                    .into_iter()
+                                    .map(|(id, logprob)| TokenLogprob { logprob, ..piece(id) })
+                                    .collect(),
+                            })
+                        }
                     }
+                }
+                if tokens > r.counted {
+                    r.count_token(thinking_before);
                 }
                 if r.closed() {
                     r.seq.stop();
@@ -860,13 +891,6 @@ impl Worker {
                 if r.seq.is_finished() {
                     r.finish_text(&mut out);
                 }
-                // A step generates one token at most: it was reasoning when the
-                // reasoning was open before or after its text.
-                let generated = r.seq.generated_len();
-                if thinking_before || r.thinking() {
-                    r.reasoning_tokens += generated - r.counted;
-                }
-                r.counted = generated;
                 for ev in out {
                     sent &= r.events.send(ev).is_ok();
                 }
