@@ -512,3 +512,28 @@ fn harmony_structured_replies_constrain_the_final_message() {
     assert!(!accepts("{\"a\": 1}"), "the header comes first");
     assert!(!accepts("<|channel|>commentary<|message|>{\"a\": 1}<|return|>"), "only analysis, then final");
 }
+
+/// Under a grammar, speculation (n-gram drafts, a draft model's) gives the tokens,
+/// log-probabilities and document that decoding one token a step gives: each drafted
+/// row is sampled among the tokens the grammar allows after the ones kept before it.
+#[test]
+fn speculation_keeps_what_a_grammar_gives() {
+    use strata::engine::speculative::{SpecKind, SpecRequest, SpecSettings};
+    let mut e = engine();
+    let draft = root().join("tests/fixtures/gguf/llama3.q4_0.gguf");
+    let opts = RunOptions { threads: 2, context: 512, ..Default::default() };
+    e.set_draft(Engine::load(draft.to_str().unwrap(), &opts).unwrap(), SpecSettings::default()).unwrap();
+    let off = SpecRequest { kind: Some(SpecKind::Off), ..SpecRequest::default() };
+    for sampling in [SamplingParams::greedy(), sampled(9)] {
+        let plain = request(&e, Some(GrammarSpec::JsonSchema(pet_schema())), sampling);
+        let want = together(&e, &[GenerateRequest { speculative: off, ..plain.clone() }]).remove(0);
+        check_pet(&want.1).unwrap();
+        for kind in [SpecKind::Ngram, SpecKind::Draft] {
+            let spec = SpecRequest { kind: Some(kind), p_min: Some(0.0), ..SpecRequest::default() };
+            let (got, summary) =
+                steps::together(&e, &[GenerateRequest { speculative: spec, ..plain.clone() }], CHUNK).remove(0);
+            assert!(got == want, "{kind:?} under a grammar:\n{got:?}\n{want:?}");
+            assert!(summary.speculative.drafted > 0, "{kind:?}: nothing drafted");
+        }
+    }
+}

@@ -164,3 +164,179 @@ fn every_family_generates_the_same_with_speculation() {
 fn streamed_models_generate_the_same_with_speculation() {
     families(Some(0));
 }
+
+/// The exact distribution of a top-4 draw at temperature 1 after `context` (the four
+/// most likely ids and their probabilities), from the model's own logits.
+fn top4(e: &Engine, context: &[u32]) -> Vec<(u32, f64)> {
+    let mut cache = e.model.new_cache(e.context_len).unwrap();
+    let step = strata::model::decoder::SeqStep { tokens: context, cache: &mut cache, all_logits: false, verify: false };
+    let logits = e.model.forward(&mut [step]).unwrap().remove(0);
+    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    ids.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    ids.truncate(4);
+    let max = logits[ids[0] as usize] as f64;
+    let w: Vec<f64> = ids.iter().map(|&i| (logits[i as usize] as f64 - max).exp()).collect();
+    let sum: f64 = w.iter().sum();
+    ids.into_iter().zip(w).map(|(i, w)| (i, w / sum)).collect()
+}
+
+/// Many seeded draws, each token from the four most likely at temperature 1, with a
+/// draft model of other weights (so that many drafts are rejected): the second and
+/// third tokens, which come from verified rows (the third from a drafted token's row
+/// where the second was kept), follow the model's exact distribution (a chi-square
+/// test over their 16 pairs), and each seed draws exactly what it draws without
+/// speculation.
+#[test]
+fn sampled_tokens_follow_the_models_distribution() {
+    let mut e = load("hf/llama3", None);
+    e.set_draft(load("gguf/llama3.q4_0.gguf", None), SpecSettings::default()).unwrap();
+    let p: Vec<u32> = prompt(e.model.config().vocab_size as u32)[..8].to_vec();
+    // P(t2, t3) = Σ over t1 of P(t1) P(t2 | t1) P(t3 | t1, t2).
+    let mut exact = std::collections::BTreeMap::<(u32, u32), f64>::new();
+    for (t1, p1) in top4(&e, &p) {
+        for (t2, p2) in top4(&e, &[&p[..], &[t1]].concat()) {
+            for (t3, p3) in top4(&e, &[&p[..], &[t1, t2]].concat()) {
+                *exact.entry((t2, t3)).or_default() += p1 * p2 * p3;
+            }
+        }
+    }
+    let draw = |seed: u64, spec: SpecRequest| {
+        let sampling = SamplingParams { temperature: 1.0, top_k: 4, seed: Some(seed), ..SamplingParams::greedy() };
+        GenerateRequest { max_tokens: 4, top_logprobs: 0, ..request(p.clone(), sampling, spec) }
+    };
+    const N: u64 = 3000;
+    let mut counts = std::collections::HashMap::<(u32, u32), u64>::new();
+    let mut spec_total = SpecCounts::default();
+    for block in 0..N / 100 {
+        let seeds: Vec<u64> = (block * 100..(block + 1) * 100).collect();
+        let spec = run(&e, &seeds.iter().map(|&s| draw(s, with(SpecKind::Draft, 4))).collect::<Vec<_>>());
+        let plain = run(&e, &seeds.iter().map(|&s| draw(s, off())).collect::<Vec<_>>());
+        for ((s, c), (w, _)) in spec.iter().zip(&plain) {
+            assert!(s.0 == w.0, "a seed drew other tokens with speculation");
+            *counts.entry((s.0[1].0, s.0[2].0)).or_default() += 1;
+            spec_total.add(*c);
+        }
+    }
+    // Pairs expected fewer than 5 times are pooled into one cell.
+    let (mut cells, mut pooled) = (Vec::new(), (0.0, 0.0));
+    for (pair, q) in &exact {
+        let (want, got) = (q * N as f64, counts.get(pair).copied().unwrap_or(0) as f64);
+        match want < 5.0 {
+            true => pooled = (pooled.0 + want, pooled.1 + got),
+            false => cells.push((want, got)),
+        }
+    }
+    if pooled.0 > 0.0 {
+        cells.push(pooled);
+    }
+    let chi2: f64 = cells.iter().map(|(want, got)| (got - want).powi(2) / want).sum();
+    // The 1e-4 tail of chi-square with `k` degrees of freedom (Wilson-Hilferty).
+    let k = (cells.len() - 1) as f64;
+    let limit = k * (1.0 - 2.0 / (9.0 * k) + 3.72 * (2.0 / (9.0 * k)).sqrt()).powi(3);
+    let outside: u64 = counts.iter().filter(|(k, _)| !exact.contains_key(k)).map(|(_, &n)| n).sum();
+    eprintln!(
+        "chi2 {chi2:.1} over {} cells (limit {limit:.1}); drafted {} kept {} ({:.0}%)",
+        cells.len(),
+        spec_total.drafted,
+        spec_total.accepted,
+        100.0 * spec_total.acceptance_rate()
+    );
+    assert_eq!(outside, 0, "pairs outside the four most likely");
+    assert!(chi2 < limit, "the draws do not follow the model's distribution: chi2 {chi2:.1} > {limit:.1}");
+    let rejected = spec_total.drafted - spec_total.accepted;
+    assert!(rejected > N / 10 && spec_total.accepted > N / 10, "drafts kept and rejected: {spec_total:?}");
+}
+
+/// A stop string met inside a verified run of drafts, an end-of-sequence token and the
+/// length limit end the sequence where they end it without speculation, with the same
+/// text and reason.
+#[test]
+fn stops_end_a_speculating_sequence_where_they_end_it_without() {
+    let mut e = load("hf/llama3", None);
+    e.set_draft(load("hf/llama3", None), SpecSettings::default()).unwrap();
+    let p = prompt(e.model.config().vocab_size as u32);
+    let full = run(&e, &[request(p.clone(), SamplingParams::greedy(), off())]).remove(0).0;
+    // A stop string from the middle of the reply, and one at its very end.
+    let text = &full.1;
+    let cut = text.char_indices().map(|(i, _)| i).nth(text.chars().count() / 2).unwrap();
+    let stops = [
+        text[cut..].chars().take(3).collect::<String>(),
+        text.chars().rev().take(2).collect::<Vec<_>>().iter().rev().collect(),
+    ];
+    for stop in stops {
+        for (eos, max_tokens) in [(false, 40), (true, 40), (false, 7)] {
+            let req = |spec| GenerateRequest {
+                stop: vec![stop.clone()],
+                stop_at_eos: eos,
+                max_tokens,
+                ..request(p.clone(), SamplingParams::greedy(), spec)
+            };
+            let want = steps::together(&e, &[req(off())], 16).remove(0);
+            let got = steps::together(&e, &[req(with(SpecKind::Draft, 8))], 16).remove(0);
+            assert!(got.0 == want.0, "stop {stop:?}: {:?} against {:?}", got.0.1, want.0.1);
+            assert_eq!(
+                (got.1.finish, got.1.stop_sequence.clone(), got.1.completion_tokens, got.1.tokens.clone()),
+                (want.1.finish, want.1.stop_sequence.clone(), want.1.completion_tokens, want.1.tokens.clone()),
+                "stop {stop:?}, max_tokens {max_tokens}"
+            );
+            assert!(got.1.speculative.accepted > 0, "stop {stop:?}: nothing was kept");
+        }
+    }
+}
+
+/// A consumer that finds the reply complete after a token within a step that generated
+/// more (a tool call's end) stops the sequence there: it reports and keeps what a
+/// sequence stopped after that token without speculation does (a hybrid model's
+/// recurrent state too, which must go back into the verified rows).
+#[test]
+fn a_reply_stopped_inside_a_step_keeps_what_it_would_have() {
+    use strata::engine::batch::{self, Sequence};
+    for fixture in ["hf/llama3", "hf/qwen3_5"] {
+        let mut e = load(fixture, None);
+        e.set_draft(load(fixture, None), SpecSettings::default()).unwrap();
+        let p = prompt(e.model.config().vocab_size as u32);
+        let start = |spec| {
+            let req = request(p.clone(), SamplingParams::greedy(), spec);
+            Sequence::new(&e, e.model.new_cache(e.context_len).unwrap(), Vec::new(), req).unwrap()
+        };
+        // With speculation: stop after the second of a step's several tokens.
+        let mut seq = start(with(SpecKind::Draft, 8));
+        let mut trace = Trace::default();
+        let n = loop {
+            let before = seq.generated_len();
+            batch::step(&e, &mut [&mut seq], 16, &|| false).unwrap();
+            if seq.generated_len() >= before + 3 {
+                break before + 2;
+            }
+            steps::record(&mut seq, &mut trace);
+        };
+        seq.stop_after(n);
+        let got = (seq.summary().unwrap().tokens, seq.into_cache());
+        // Without: stop once it has generated `n`.
+        let mut seq = start(off());
+        while seq.generated_len() < n {
+            batch::step(&e, &mut [&mut seq], 16, &|| false).unwrap();
+        }
+        seq.stop();
+        let want = (seq.summary().unwrap().tokens, seq.into_cache());
+        assert_eq!(got.0, want.0, "{fixture}: the tokens kept");
+        assert_eq!((got.1.1.clone(), got.1.0.len()), (want.1.1.clone(), want.1.0.len()), "{fixture}: the cache kept");
+        // What comes next from either cache is the same.
+        let mut next = request([&want.1.1[..], &p[..4]].concat(), SamplingParams::greedy(), off());
+        next.max_tokens = 8;
+        let a = run_from(&e, got.1, next.clone());
+        let b = run_from(&e, want.1, next);
+        assert!(a == b, "{fixture}: a follow-up differs");
+    }
+}
+
+fn run_from(e: &Engine, (cache, cached): (strata::model::decoder::KvCache, Vec<u32>), req: GenerateRequest) -> Trace {
+    use strata::engine::batch::{self, Sequence};
+    let mut seq = Sequence::new(e, cache, cached, req).unwrap();
+    let mut trace = Trace::default();
+    while !seq.is_finished() {
+        batch::step(e, &mut [&mut seq], 16, &|| false).unwrap();
+        steps::record(&mut seq, &mut trace);
+    }
+    trace
+}

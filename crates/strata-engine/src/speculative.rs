@@ -211,22 +211,13 @@ impl Speculation {
 }
 
 /// Whether `draft` can draft for `target`: the same tokens under the same ids (every id
-/// both have spells the same bytes, the end-of-sequence and beginning ids agree) and
-/// vocabularies within 128 ids of each other (llama.cpp's allowance for padding). The
-/// error says what differs.
+/// both have spells the same bytes) and vocabularies within 128 ids of each other
+/// (llama.cpp's allowance for padding). Which tokens end a generation may differ: the
+/// model's own decide. The error says what differs.
 pub fn check_vocab(target: &TextTokenizer, draft: &TextTokenizer) -> Result<(), String> {
     let (nt, nd) = (target.vocab_size(), draft.vocab_size());
     if nt.abs_diff(nd) > 128 {
         return Err(format!("the draft's vocabulary has {nd} tokens, the model's {nt}: they must be the same"));
-    }
-    if target.eos_ids() != draft.eos_ids() || target.bos_id() != draft.bos_id() {
-        return Err(format!(
-            "the draft's special tokens differ (end of sequence {:?} against {:?}, beginning {:?} against {:?})",
-            draft.eos_ids(),
-            target.eos_ids(),
-            draft.bos_id(),
-            target.bos_id()
-        ));
     }
     for id in 0..nt.min(nd) as u32 {
         let (a, b) = (target.token_bytes(id), draft.token_bytes(id));
