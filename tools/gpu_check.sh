@@ -189,6 +189,11 @@ EOF
   timeout 120 "$dir/bin/it" batching:: --nocapture --test-threads 1 >"$out/batching.txt" 2>&1 || failed+=(batching)
   grep -E "test result|panicked|differs" "$out/batching.txt" | tail -8 || true
   echo "   ($((SECONDS - t0)) s)"
+
+  echo "== speculative decoding: the same tokens with drafts, engines on cuda:0"
+  timeout 180 "$dir/bin/it" speculative:: --nocapture --test-threads 1 >"$out/speculative.txt" 2>&1 || failed+=(speculative)
+  grep -E "test result|panicked|differs" "$out/speculative.txt" | tail -8 || true
+  echo "   ($((SECONDS - t0)) s)"
   # Reported, not judged: llama.cpp's CPU quantises activations (Q8_K for K-quants), so on
   # quantized fixtures it is farther from the exact model than the GPU is (the parity step
   # above prints the CPU's distance, which mirrors llama.cpp's), and the bounds meant for
