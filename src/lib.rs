@@ -10,7 +10,7 @@ pub use strata_format as format;
 pub use strata_model as model;
 pub use strata_quant as quant;
 pub use strata_sched as sched;
-pub use strata_serve::{errors, hub, queue, resolve, server, store};
+pub use strata_serve::{draft, errors, hub, queue, resolve, server, store};
 pub use strata_tensor::{aligned, env, home, mapped, rng, sizes, team, tensor};
 
 pub mod cli;

@@ -2,6 +2,7 @@
 //! (OpenAI, Ollama, Anthropic routes), the model store and hub, and the resolver from a
 //! model SPEC (a path or a store name) to a checkpoint.
 
+pub mod draft;
 pub mod errors;
 pub mod hub;
 pub mod queue;
