@@ -6,12 +6,14 @@ use std::time::Instant;
 use clap::Args;
 use serde::Serialize;
 
-use super::RunOpts;
 use super::outln;
+use super::{DraftOpts, RunOpts};
 use crate::backend::cpu::bandwidth;
+use crate::draft::{SpeculationStatus, SpeculationView};
 use crate::engine::batch::{self, Sequence};
 use crate::engine::sampler::SamplingParams;
 use crate::engine::session::{Engine, GenerateRequest, PREFILL_CHUNK};
+use crate::engine::speculative::{SpecCounts, SpecKind};
 use crate::model::decoder::SeqStep;
 use crate::sched::io::proc_self_read_bytes;
 use crate::sched::{SchedSummary, StatsSnapshot};
@@ -42,6 +44,8 @@ pub struct BenchArgs {
     pub feed_random: bool,
     #[command(flatten)]
     pub run: RunOpts,
+    #[command(flatten)]
+    pub draft: DraftOpts,
 }
 
 #[derive(Debug, Serialize)]
@@ -153,6 +157,9 @@ pub struct BenchReport {
     /// A sparse FFN's choices and storage traffic during decode (a model converted with
     /// `--sparse-ffn`).
     pub sparse_ffn: Option<SparseReport>,
+    /// Speculative decoding (`--draft`): its setup, and what the measured decode drafted
+    /// and kept (kind `off` without a draft).
+    pub speculative: SpeculationStatus,
 }
 
 /// How a sparse FFN's decode steps chose and read their neuron groups.
@@ -243,7 +250,12 @@ struct RunResult {
     prefill_tok_s: f64,
     decode_tok_s: f64,
     decode_secs: f64,
+    /// Tokens the decode steps generated (several a step where drafts were kept).
     decode_tokens: u64,
+    /// Forward passes of the model during decode: steps, each reading the weights once.
+    decode_passes: u64,
+    /// What speculation drafted and kept during decode, and its seconds drafting.
+    spec: (SpecCounts, f64),
     /// Scheduler counters over the decode steps.
     stats: StatsSnapshot,
     proc_read_bytes: Option<u64>,
@@ -304,7 +316,19 @@ fn peak_rss_bytes() -> u64 {
 }
 
 pub fn main(args: BenchArgs) -> anyhow::Result<()> {
-    let engine = crate::resolve::load(&args.model, &args.run.to_options()?)?;
+    let opts = args.run.to_options()?;
+    let name = super::serve::model_entry(&args.model).0;
+    let drafts = args.draft.drafts(&name)?;
+    let mut engine = crate::resolve::load(&args.model, &opts)?;
+    drafts.attach(&name, &mut engine, &opts)?;
+    if args.feed_random && engine.speculation.kind != SpecKind::Off {
+        return Err(crate::model::sparse::Refused(
+            "--feed-random feeds its own tokens to the forward pass, which drafts nothing: it cannot run with --draft"
+                .into(),
+        )
+        .into());
+    }
+    let engine = engine;
     let model = &engine.model;
     let vocab = model.config().vocab_size as u32;
     let threads = crate::backend::cpu::threads_for(args.run.threads);
@@ -463,7 +487,10 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             sched,
         )
     });
-    let mut probe_errors = probe_errors(decode_tok_s / n_seq as f64 / roofline, storage_fraction);
+    // Each pass reads the weights once, whatever it generated (several tokens a pass
+    // where drafts were kept): the memory bound is on the passes.
+    let pass_rate = median(results.iter().map(|r| r.decode_passes as f64 / r.decode_secs.max(1e-9)).collect());
+    let mut probe_errors = probe_errors(pass_rate / roofline, storage_fraction);
     if let Some((f, _, _)) = replay.filter(|r| r.0 > REPLAY_SLACK) {
         probe_errors.push(format!(
             "decode read storage at {:.0}% of the rate its own reads replayed at: the replay is not an upper bound here",
@@ -528,6 +555,13 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         plan: summary,
         moe,
         sparse_ffn,
+        speculative: {
+            let (counts, drafting) = results.iter().fold((SpecCounts::default(), 0.0), |(mut c, d), r| {
+                c.add(r.spec.0);
+                (c, d + r.spec.1)
+            });
+            SpeculationStatus::new(&SpeculationView::of(&engine), counts, drafting)
+        },
     };
     match args.json {
         true => outln!("{}", serde_json::to_string_pretty(&report)?)?,
@@ -661,12 +695,22 @@ impl Runner<'_> {
         if self.engine.model.scheduler().is_streaming() {
             crate::sched::io::start_read_trace();
         }
+        let generated = |seqs: &[Sequence]| seqs.iter().map(|s| s.generated_len() as u64).sum::<u64>();
+        let spec_stats = &self.engine.speculation.stats;
+        let (spec0, drafting0, generated0) = (spec_stats.counts(), spec_stats.draft_seconds(), generated(&seqs));
+        let mut passes = 0;
         let t = Instant::now();
+        // Each sequence generates `steps` tokens after its first: one a step, or several
+        // where drafted tokens are kept.
+        while !self.feed_random && seqs.iter().any(|s| !s.is_finished()) {
+            batch::step(self.engine, &mut seqs.iter_mut().collect::<Vec<_>>(), PREFILL_CHUNK, &|| false)?;
+            passes += 1;
+        }
         for _ in 0..steps {
             if !self.feed_random {
-                batch::step(self.engine, &mut seqs.iter_mut().collect::<Vec<_>>(), PREFILL_CHUNK, &|| false)?;
-                continue;
+                break;
             }
+            passes += 1;
             let ids: Vec<u32> = last.iter().map(|_| self.next_feed()).collect();
             let mut batch: Vec<SeqStep<'_>> = ids
                 .iter()
@@ -681,6 +725,16 @@ impl Runner<'_> {
             last = self.engine.model.forward_top_k(&mut batch, 1, &|| false)?;
         }
         let decode_secs = t.elapsed().as_secs_f64();
+        let decode_tokens = match self.feed_random {
+            true => (n_seq * steps) as u64,
+            false => generated(&seqs) - generated0,
+        };
+        let spec1 = spec_stats.counts();
+        let spec = SpecCounts {
+            steps: spec1.steps - spec0.steps,
+            drafted: spec1.drafted - spec0.drafted,
+            accepted: spec1.accepted - spec0.accepted,
+        };
         let reads = match self.engine.model.scheduler().is_streaming() {
             true => crate::sched::io::take_read_trace(),
             false => Vec::new(),
@@ -693,9 +747,11 @@ impl Runner<'_> {
             launches,
             host_copies,
             prefill_tok_s: prefill,
-            decode_tok_s: (n_seq * steps) as f64 / decode_secs,
+            decode_tok_s: decode_tokens as f64 / decode_secs,
             decode_secs,
-            decode_tokens: (n_seq * steps) as u64,
+            decode_tokens,
+            decode_passes: passes,
+            spec: (spec, spec_stats.draft_seconds() - drafting0),
             stats: self.engine.model.scheduler().stats().snapshot() - stats0,
             proc_read_bytes: proc_self_read_bytes().zip(proc0).map(|(a, b)| a.saturating_sub(b)),
             reads,
@@ -797,6 +853,9 @@ fn print_summary(r: &BenchReport) -> anyhow::Result<()> {
         r.mem_bandwidth_buffer_bytes.map_or(String::new(), |b| format!(" over {} MiB", b >> 20)),
         100.0 * r.decode_fraction_of_roofline
     )?;
+    if r.speculative.kind != SpecKind::Off.as_str() {
+        outln!("{}", r.speculative.line())?;
+    }
     for e in &r.probe_errors {
         outln!("PROBE ERROR: {e}")?;
     }

@@ -185,6 +185,54 @@ pub struct RunOpts {
     pub sparse_ffn: crate::model::sparse::SparseFfn,
 }
 
+/// Speculative decoding, for every command that generates (llama-server's flags).
+#[derive(Args, Debug, Clone)]
+pub struct DraftOpts {
+    /// Speculative decoding: a draft model (a file, directory or store name, with the
+    /// model's vocabulary) proposes the next tokens and one pass of the model verifies
+    /// them all, or `ngram` drafts from the context itself (no second model). The text is
+    /// what the model writes without it. Repeatable: `NAME=SPEC` gives the model NAME its
+    /// draft (serve with several --model); a bare SPEC serves the first (or only) model. A
+    /// draft model runs on its model's device with its context, resident whatever
+    /// --memory-budget says, and loads and unloads with it.
+    #[arg(long = "draft", value_name = "SPEC")]
+    pub drafts: Vec<String>,
+    /// Tokens drafted at most per step (0 to 64).
+    #[arg(long = "draft-max", value_name = "N", default_value_t = crate::engine::speculative::DEFAULT_DRAFT_MAX,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=crate::engine::speculative::MAX_DRAFT as u64))]
+    pub draft_max: usize,
+    /// Fewer drafted tokens than this are not verified (the step decodes one token).
+    #[arg(long = "draft-min", value_name = "N", default_value_t = crate::engine::speculative::DEFAULT_DRAFT_MIN,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=crate::engine::speculative::MAX_DRAFT as u64))]
+    pub draft_min: usize,
+    /// A draft model stops proposing where its most likely token is less likely than P
+    /// (0 to 1).
+    #[arg(long = "draft-p-min", value_name = "P", default_value_t = crate::engine::speculative::DEFAULT_DRAFT_P_MIN,
+          value_parser = parse_p_min)]
+    pub draft_p_min: f32,
+}
+
+fn parse_p_min(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("`{s}` is not a probability in [0, 1]")),
+    }
+}
+
+impl DraftOpts {
+    /// Each model's draft, `default_model` taking a bare `--draft`; settings out of range
+    /// are refused (exit 2).
+    pub fn drafts(&self, default_model: &str) -> anyhow::Result<crate::draft::Drafts> {
+        let settings = crate::engine::speculative::SpecSettings {
+            max: self.draft_max,
+            min: self.draft_min,
+            p_min: self.draft_p_min,
+        };
+        crate::draft::Drafts::parse(&self.drafts, default_model, settings)
+            .map_err(|e| crate::model::sparse::Refused(e).into())
+    }
+}
+
 /// Writes to stdout and flushes, so that a full disk is seen here, not lost at exit.
 pub fn write_stdout(text: std::fmt::Arguments) -> anyhow::Result<()> {
     use anyhow::Context;

@@ -5,10 +5,12 @@ use std::io::{BufRead, IsTerminal, Write};
 use anyhow::Context;
 use clap::Args;
 
-use super::RunOpts;
+use super::{DraftOpts, RunOpts};
+use crate::draft::SpeculationStatus;
 use crate::engine::batch::Session;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::session::{Engine, GenerateRequest, TokenEvent};
+use crate::engine::speculative::SpecKind;
 use crate::engine::template::ChatMessage;
 
 #[derive(Args, Debug)]
@@ -60,6 +62,8 @@ pub struct RunArgs {
     pub route_budget: Option<crate::format::route::Budget>,
     #[command(flatten)]
     pub run: RunOpts,
+    #[command(flatten)]
+    pub draft: DraftOpts,
 }
 
 impl RunArgs {
@@ -119,6 +123,7 @@ fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[Ch
     };
     let mut out = std::io::stdout().lock();
     let mut text = String::new();
+    let draft_before = engine.speculation.stats.draft_seconds();
     let summary = session.generate(engine, &req, &|| false, |ev| {
         if let TokenEvent::Text(t) = ev {
             text.push_str(&t);
@@ -128,6 +133,12 @@ fn answer(engine: &Engine, session: &mut Session, args: &RunArgs, messages: &[Ch
         true
     })?;
     writeln!(out).context("writing to stdout")?;
+    // What speculation drafted and kept, beside the answer (not in it).
+    if engine.speculation.kind != SpecKind::Off {
+        let view = crate::draft::SpeculationView::of(engine);
+        let drafting = view.stats.draft_seconds() - draft_before;
+        eprintln!("{}", SpeculationStatus::new(&view, summary.speculative, drafting).line());
+    }
     tracing::info!(
         prompt_tokens = summary.prompt_tokens,
         completion_tokens = summary.completion_tokens,
@@ -149,7 +160,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<()> {
         .into());
     }
     let opts = args.run.to_options()?;
-    let engine = match (args.route_budget, &args.prompt) {
+    let name = super::serve::model_entry(&args.model).0;
+    let drafts = args.draft.drafts(&name)?;
+    let mut engine = match (args.route_budget, &args.prompt) {
         (None, _) => crate::resolve::load(&args.model, &opts)?,
         (Some(_), None) => anyhow::bail!("--route-budget routes by the prompt: give one with --prompt"),
         (Some(budget), Some(prompt)) => {
@@ -159,6 +172,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<()> {
             Engine::from_source(source, &opts)?
         }
     };
+    drafts.attach(&name, &mut engine, &opts)?;
     let mut session = Session::new(&engine)?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {

@@ -12,7 +12,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::RunOpts;
+use super::{DraftOpts, RunOpts};
 use super::{out, outln};
 use crate::engine::session::RunOptions;
 use crate::model::demo::DEMO_NAME;
@@ -92,6 +92,8 @@ pub struct ServeArgs {
     pub max_connections: usize,
     #[command(flatten)]
     pub run: RunOpts,
+    #[command(flatten)]
+    pub draft: DraftOpts,
     /// Print the settings in force, and where each came from, then exit.
     #[arg(long = "print-config")]
     pub print_config: bool,
@@ -267,7 +269,7 @@ fn process_alive(pid: u32) -> bool {
 }
 
 /// `NAME=SPEC` or `SPEC` (named after its file or directory stem).
-fn model_entry(arg: &str) -> (String, String) {
+pub(crate) fn model_entry(arg: &str) -> (String, String) {
     if let Some((name, spec)) = arg.split_once('=')
         && !name.is_empty()
         && !name.contains('/')
@@ -307,6 +309,8 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
         true => vec![(DEMO_NAME.to_string(), DEMO_NAME.to_string())],
         false => args.models.iter().map(|m| model_entry(m)).collect(),
     };
+    let drafts = args.draft.drafts(&models[0].0)?;
+    check_drafts(&drafts, &models)?;
     // A GPU asked for by name must be usable before the server listens.
     if let crate::backend::device::DeviceSpec::Cuda(n) = args.run.device {
         crate::backend::cuda::CudaBackend::check(n).with_context(|| format!("--device cuda:{n}"))?;
@@ -320,6 +324,7 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
             parallel: (args.parallel > 0).then_some(args.parallel),
             prefill_chunk: args.prefill_chunk,
             kv_memory: args.kv_memory,
+            drafts,
         },
         server: ServerConfig {
             api_keys,
@@ -405,6 +410,32 @@ pub fn main(args: ServeArgs, settings: Settings) -> anyhow::Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// Refuses, before the server listens, a `--draft NAME=SPEC` whose NAME is no model the
+/// server offers (a `--model` or a store model) and a draft SPEC that is neither a file
+/// or directory nor a store name. Whether its vocabulary fits is known when it loads.
+fn check_drafts(drafts: &crate::draft::Drafts, models: &[(String, String)]) -> anyhow::Result<()> {
+    use crate::queue::models::canonical;
+    let store = crate::store::Store::default();
+    for (name, source) in drafts.entries() {
+        let offered = models.iter().any(|(n, _)| canonical(n) == name) || store.get(name).is_ok();
+        if !offered {
+            return Err(crate::model::sparse::Refused(format!(
+                "--draft {name}=...: no model named `{name}` (a --model NAME, or a model in the store)"
+            ))
+            .into());
+        }
+        if let crate::draft::DraftSource::Model(spec) = source
+            && spec != DEMO_NAME
+        {
+            let (path, _) = crate::resolve::spec_path(Path::new(spec)).with_context(|| format!("--draft {spec}"))?;
+            if !path.exists() {
+                anyhow::bail!("--draft {spec}: no such file or directory");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Empty entries dropped (`STRATA_API_KEY=""` means no keys, not an empty key).

@@ -143,6 +143,20 @@ pub fn render(addr: &str, prev: Option<&Value>, now: &Value, width: usize) -> St
             pct(c("stall_ns") / 1e9, dt)
         ));
         line(format!("  to GPU   {} | copying {}", per_s(c("h2d_bytes")), pct(c("copy_ns") / 1e9, dt)));
+        let sp = &m["speculative"];
+        if sp["kind"].as_str().is_some_and(|k| k != "off") || f(sp, &["drafted"]) > 0.0 {
+            let draft = sp["draft"].as_str().map_or(String::new(), |d| format!(" {d}"));
+            line(format!(
+                "  spec     {}{draft} (n_max {}): kept {} of {} ({}), {:.2} tokens/pass | last interval kept {}",
+                sp["kind"].as_str().unwrap_or("?"),
+                f(sp, &["n_max"]),
+                f(sp, &["accepted"]),
+                f(sp, &["drafted"]),
+                pct(f(sp, &["accepted"]), f(sp, &["drafted"])),
+                f(sp, &["tokens_per_step"]),
+                pct(d(&["speculative", "accepted"]), d(&["speculative", "drafted"])),
+            ));
+        }
         let units = m["units"].as_array().cloned().unwrap_or_default();
         let layers: String =
             units.iter().filter(|u| u["kind"] == "layer").map(|u| glyph(u["tier"].as_str().unwrap_or(""))).collect();
@@ -195,7 +209,9 @@ mod tests {
                           {"kind": "layer", "layer": 1, "tier": "storage", "bytes": 1024},
                           {"kind": "expert", "layer": 1, "expert": 0, "tier": "storage", "bytes": 512},
                           {"kind": "expert", "layer": 1, "expert": 1, "tier": "storage", "bytes": 512}],
-                "counters": {"bytes_read": read, "layer_requests": 4, "layer_hits": 1, "stall_ns": 250_000_000u64}}]})
+                "counters": {"bytes_read": read, "layer_requests": 4, "layer_hits": 1, "stall_ns": 250_000_000u64},
+                "speculative": {"kind": "draft", "draft": "small", "n_max": 16, "accepted": generated / 2,
+                    "drafted": generated, "tokens_per_step": 2.5}}]})
     }
 
     #[test]
@@ -207,6 +223,8 @@ mod tests {
         assert!(screen.contains("read 2.0 MiB/s, 102.4 KiB/token"), "{screen}");
         assert!(screen.contains("running 1, waiting 2, of 4 | KV 2.0 KiB of 4.0 KiB"), "{screen}");
         assert!(screen.contains("layers   R.") && screen.contains("experts 1  .."), "{screen}");
+        let draft = "spec     draft small (n_max 16): kept 20 of 40 (50%), 2.50 tokens/pass | last interval kept 50%";
+        assert!(screen.contains(draft), "{screen}");
         // Without a previous sample there are no rates.
         assert!(render("x", None, &b, 80).contains("decode -"));
     }

@@ -334,6 +334,7 @@ mod worker {
                 parallel: Some(parallel),
                 prefill_chunk: 64,
                 kv_memory,
+                drafts: Default::default(),
             },
             server: ServerConfig::default(),
             queue_depth: 16,
@@ -362,6 +363,7 @@ mod worker {
             split_reasoning: false,
             sparse_ffn: None,
             truncate: None,
+            speculative: Default::default(),
         })
     }
 

@@ -33,6 +33,7 @@ async fn the_expert_cache_is_shown_in_ps_and_metrics() {
             parallel: None,
             prefill_chunk: strata::engine::session::PREFILL_CHUNK,
             kv_memory: None,
+            drafts: Default::default(),
         },
         server: ServerConfig::default(),
         queue_depth: 8,

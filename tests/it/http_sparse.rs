@@ -42,6 +42,7 @@ async fn a_sparse_model_is_served_and_bad_settings_are_400s() {
             parallel: None,
             prefill_chunk: strata::engine::session::PREFILL_CHUNK,
             kv_memory: None,
+            drafts: Default::default(),
         },
         server: ServerConfig { sparse_ffn: setting, ..ServerConfig::default() },
         queue_depth: 8,

@@ -52,6 +52,7 @@ pub fn serve_options(models: &[(&str, String)], context: usize) -> ServeOptions 
             parallel: None,
             prefill_chunk: strata::engine::session::PREFILL_CHUNK,
             kv_memory: None,
+            drafts: Default::default(),
         },
         server: ServerConfig::default(),
         queue_depth: 64,

@@ -18,6 +18,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use strata_engine::grammar::GrammarSpec;
 use strata_engine::sampler::SamplingParams;
 use strata_engine::session::FinishReason;
+use strata_engine::speculative::{SpecCounts, SpecRequest};
 use strata_engine::template::ChatMessage;
 use strata_engine::toolcall::{ToolCall, ToolEvent};
 
@@ -173,6 +174,8 @@ pub struct GenerateJob {
     /// How a prompt longer than the context is cut (`None`: it is refused with
     /// [`JobError::ContextLength`]).
     pub truncate: Option<Truncation>,
+    /// This request's speculative decoding settings (each unset one the model's).
+    pub speculative: SpecRequest,
 }
 
 #[derive(Clone, Debug)]
@@ -245,6 +248,8 @@ pub struct JobDone {
     /// Whether the reply ended inside a tool call (the token limit cut it; the calls it
     /// completed before are in `tool_calls`).
     pub tool_cut: bool,
+    /// What speculative decoding drafted for it, and kept.
+    pub speculative: SpecCounts,
 }
 
 impl JobDone {
@@ -274,6 +279,7 @@ impl JobDone {
             total: Duration::ZERO,
             tool_calls: Vec::new(),
             tool_cut: false,
+            speculative: SpecCounts::default(),
         }
     }
 }

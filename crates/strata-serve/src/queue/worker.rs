@@ -53,6 +53,8 @@ pub struct WorkerConfig {
     /// [`KV_MEMORY_SHARE`] of the memory free once the model has loaded, and at least one
     /// full-context cache).
     pub kv_memory: Option<u64>,
+    /// Each model's draft (`--draft`) and how much every model drafts.
+    pub drafts: crate::draft::Drafts,
 }
 
 /// A loaded model as `/api/ps` shows it.
@@ -70,6 +72,8 @@ pub struct LoadedModel {
     /// Bytes of GPU memory it holds (weights, KV cache, activations); 0 on the CPU.
     pub size_vram: u64,
     pub batching: Batching,
+    /// Its speculative decoding: the draft, the settings, the running totals.
+    pub speculation: crate::draft::SpeculationView,
 }
 
 /// A loaded model's continuous batching, as `/api/ps` and `/metrics` show it.
@@ -565,7 +569,13 @@ impl Worker {
             opts.sparse_ffn = Default::default();
         }
         let started = Instant::now();
-        let (loaded, files) = strata_tensor::mapped::watch(|| crate::resolve::load(&info.spec, &opts));
+        // The draft model loads with it (its files watched too) and goes with it.
+        let drafts = &self.config.drafts;
+        let (loaded, files) = strata_tensor::mapped::watch(|| {
+            let mut engine = crate::resolve::load(&info.spec, &opts)?;
+            drafts.attach(&key, &mut engine, &opts)?;
+            Ok(engine)
+        });
         let mut engine = loaded.map_err(|e| {
             let msg = format!("loading `{name}`: {}", crate::errors::chain(&e));
             match is_device_error(&e) {
@@ -586,7 +596,11 @@ impl Worker {
             context_len: engine.context_len,
         });
         *self.status.device.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine.device.clone());
-        let position_bytes = engine.model.new_cache(1).map_err(|e| model_error(name, e))?.position_bytes();
+        // A draft model keeps a cache of its own beside each sequence's.
+        let mut position_bytes = engine.model.new_cache(1).map_err(|e| model_error(name, e))?.position_bytes();
+        if let Some(d) = &engine.speculation.draft {
+            position_bytes += d.model.new_cache(1).map_err(|e| model_error(name, e))?.position_bytes();
+        }
         let full = position_bytes * engine.context_len as u64;
         let free = engine.model.free_memory().map(|f| (f as f64 * KV_MEMORY_SHARE) as u64);
         let kv_limit = match self.config.kv_memory {
@@ -681,6 +695,7 @@ impl Worker {
                         + s.idle.iter().map(|(c, _)| c.allocated_bytes()).sum::<u64>(),
                     kv_cache_limit_bytes: s.kv_limit,
                 },
+                speculation: crate::draft::SpeculationView::of(&s.engine),
             })
             .collect();
         *self.status.loaded.lock().expect("status lock") = list;
@@ -780,7 +795,7 @@ impl Worker {
             grammar,
             // Markers may be special tokens (Mistral's `[TOOL_CALLS]`, `[THINK]`).
             keep_special_tokens: tools.is_some() || reasoning.is_some() || harmony.is_some(),
-            speculative: Default::default(),
+            speculative: job.speculative,
         };
         let seq = Sequence::with_constraint(engine, cache, cached, req, constraint)
             .map_err(|e| generate_error(&job.model, param, e))?;
@@ -937,6 +952,7 @@ impl Worker {
                             total: r.admitted.elapsed(),
                             tool_calls,
                             tool_cut,
+                            speculative: summary.speculative,
                         });
                         replies.push((r.events, done));
                     }

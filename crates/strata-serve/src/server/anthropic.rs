@@ -23,6 +23,7 @@ use utoipa::{OpenApi, ToSchema};
 use super::error::{AnthropicError, AnthropicErrorBody, AnthropicErrorDetail, ApiError};
 use super::openai::StopSpec;
 use super::openai::plan::{Knobs, job, positive, required};
+use super::speculative::{FlatKeys, spec_request};
 use super::sse;
 use super::tools::{checked, tool_choice, tool_definitions};
 use super::{AppState, new_id, parse_json};
@@ -101,6 +102,8 @@ pub struct MessagesRequest {
     /// Nonstandard: a grammar in llguidance's Lark syntax the output must match (not
     /// with `output_config.format`).
     pub grammar: Option<String>,
+    /// Strata: this request's speculative decoding, as on `/v1/chat/completions`.
+    pub speculative: Option<crate::server::speculative::SpeculativeOptions>,
 }
 
 /// A reply.
@@ -250,6 +253,7 @@ impl MessagesRequest {
         job.grammar_param = grammar_param;
         job.template_vars = vars;
         job.split_reasoning = true;
+        job.speculative = spec_request(self.speculative, FlatKeys::default())?;
         Ok(MessagesPlan { job, stream: self.stream.unwrap_or(false) })
     }
 }

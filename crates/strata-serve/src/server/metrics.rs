@@ -103,6 +103,7 @@ pub async fn render(State(state): State<AppState>) -> Response {
     write_expert_metrics(&mut out, &loaded);
     write_sparse_metrics(&mut out, &loaded);
     write_upload_metrics(&mut out, &loaded);
+    write_speculative_metrics(&mut out, &loaded);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
 }
 
@@ -308,6 +309,47 @@ fn write_sparse_metrics(out: &mut String, loaded: &[crate::queue::worker::Loaded
     }
 }
 
+/// Per loaded model: its speculative decoding (kind and draft as labels of an info
+/// gauge), what it drafted and kept, the time spent drafting, and the acceptance rate.
+fn write_speculative_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedModel]) {
+    let rows: Vec<_> = loaded.iter().map(|m| (escape(&m.name), m.speculation.status())).collect();
+    write_speculative_rows(out, &rows);
+}
+
+/// The lines of [`write_speculative_metrics`] for `(model, status)` rows.
+fn write_speculative_rows(out: &mut String, rows: &[(String, crate::draft::SpeculationStatus)]) {
+    let _ = writeln!(
+        out,
+        "# HELP strata_speculative_info A model's speculative decoding: its default kind and draft model (always 1).\n\
+         # TYPE strata_speculative_info gauge"
+    );
+    for (model, s) in rows {
+        let draft = escape(s.draft.as_deref().unwrap_or(""));
+        let _ = writeln!(out, "strata_speculative_info{{model=\"{model}\",kind=\"{}\",draft=\"{draft}\"}} 1", s.kind);
+    }
+    type Metric = (&'static str, &'static str, &'static str, fn(&crate::draft::SpeculationStatus) -> f64);
+    let metrics: [Metric; 5] = [
+        ("strata_speculative_steps_total", "counter", "Verifying passes (steps that ran drafted tokens).", |s| {
+            s.steps as f64
+        }),
+        ("strata_speculative_drafted_tokens_total", "counter", "Tokens drafted and verified.", |s| s.drafted as f64),
+        ("strata_speculative_accepted_tokens_total", "counter", "Drafted tokens kept.", |s| s.accepted as f64),
+        ("strata_speculative_draft_seconds_total", "counter", "Time spent drafting.", |s| s.draft_seconds),
+        (
+            "strata_speculative_acceptance_rate",
+            "gauge",
+            "Drafted tokens kept, of those drafted, since the model loaded.",
+            |s| s.acceptance_rate,
+        ),
+    ];
+    for (name, kind, help, value) in metrics {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (model, s) in rows {
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(s));
+        }
+    }
+}
+
 /// A Prometheus label value: backslashes and quotes escaped.
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
@@ -369,6 +411,31 @@ mod tests {
             "strata_h2d_copy_seconds_total{model=\"m\"} 2",
             "strata_h2d_stall_seconds_total{model=\"m\"} 0.5",
             "# TYPE strata_h2d_bytes_total counter",
+        ] {
+            assert!(out.lines().any(|l| l == line), "missing `{line}` in:\n{out}");
+        }
+    }
+
+    #[test]
+    fn speculative_metrics_count_what_was_drafted_and_kept() {
+        use strata_engine::speculative::{SpecCounts, SpecKind, SpecSettings};
+        let view = crate::draft::SpeculationView {
+            kind: SpecKind::Draft,
+            draft: Some("small".into()),
+            settings: SpecSettings::default(),
+            stats: Default::default(),
+        };
+        view.stats.add(SpecCounts { steps: 3, drafted: 12, accepted: 9 }, 250_000_000);
+        let mut out = String::new();
+        write_speculative_rows(&mut out, &[("m".into(), view.status())]);
+        for line in [
+            "strata_speculative_info{model=\"m\",kind=\"draft\",draft=\"small\"} 1",
+            "strata_speculative_steps_total{model=\"m\"} 3",
+            "strata_speculative_drafted_tokens_total{model=\"m\"} 12",
+            "strata_speculative_accepted_tokens_total{model=\"m\"} 9",
+            "strata_speculative_draft_seconds_total{model=\"m\"} 0.25",
+            "strata_speculative_acceptance_rate{model=\"m\"} 0.75",
+            "# TYPE strata_speculative_acceptance_rate gauge",
         ] {
             assert!(out.lines().any(|l| l == line), "missing `{line}` in:\n{out}");
         }

@@ -13,6 +13,7 @@ pub mod ollama;
 pub mod openai;
 pub mod openapi;
 pub mod request_log;
+pub mod speculative;
 pub mod sse;
 pub mod status;
 pub mod systemd;

@@ -37,6 +37,7 @@ use super::error::{ApiError, ErrorKind, OllamaError, OllamaErrorBody};
 use super::{AppState, parse_json, streaming_body};
 use crate::queue::models::ModelInfo;
 use crate::queue::{Event, GenerateJob, JobDone, KeepAlive, PromptInput, TokenLogprob, Work};
+use crate::server::speculative::{FlatKeys, spec_request};
 use crate::server::tools::{history_calls, tool_choice, tool_definitions};
 use checks::{Think, format_grammar, keep_alive, refuse_non_empty, require_model, resolve_options, think};
 use create::{__path_blob_head, __path_blob_post, __path_create, CreateRequest, blob_head, blob_post, create};
@@ -49,6 +50,7 @@ use pull::{__path_pull, PullRequest, PullStatus, pull};
 use serde_json::Value;
 use strata_engine::grammar::GrammarSpec;
 use strata_engine::session::FinishReason;
+use strata_engine::speculative::SpecRequest;
 use strata_engine::template::ChatMessage;
 use strata_engine::toolcall::{ToolCall, ToolEvent};
 
@@ -183,7 +185,9 @@ fn generate_call(state: &AppState, req: GenerateRequest) -> std::result::Result<
     if req.images.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(ApiError::invalid("images", "images are not supported by this server"));
     }
-    let asks = Asks::read(req.format.as_ref(), req.think.as_ref(), req.logprobs, req.top_logprobs, &info, &req.model)?;
+    let mut asks =
+        Asks::read(req.format.as_ref(), req.think.as_ref(), req.logprobs, req.top_logprobs, &info, &req.model)?;
+    asks.speculative = spec_request(req.speculative, FlatKeys::default())?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
     let opts = resolve_options(req.options, &info)?;
     let stream = req.stream.unwrap_or(true);
@@ -241,7 +245,9 @@ fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, Ap
     let info = require_model(state, &req.model)?;
     let tools = tool_definitions("tools", req.tools.as_deref().unwrap_or_default())?;
     let tools = tool_choice("tools", tools, None, None)?;
-    let asks = Asks::read(req.format.as_ref(), req.think.as_ref(), req.logprobs, req.top_logprobs, &info, &req.model)?;
+    let mut asks =
+        Asks::read(req.format.as_ref(), req.think.as_ref(), req.logprobs, req.top_logprobs, &info, &req.model)?;
+    asks.speculative = spec_request(req.speculative, FlatKeys::default())?;
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
     let opts = resolve_options(req.options, &info)?;
     let stream = req.stream.unwrap_or(true);
@@ -266,12 +272,13 @@ fn chat_call(state: &AppState, req: ChatRequest) -> std::result::Result<Call, Ap
 }
 
 /// What generate and chat requests ask for beyond the prompt and `options`: `format`,
-/// `think`, `logprobs` and `top_logprobs`, checked.
+/// `think`, `logprobs`, `top_logprobs` and `speculative`, checked.
 struct Asks {
     grammar: Option<GrammarSpec>,
     think: Think,
     logprobs: bool,
     top_logprobs: usize,
+    speculative: SpecRequest,
 }
 
 impl Asks {
@@ -286,7 +293,7 @@ impl Asks {
         let grammar = format_grammar(format)?;
         let think = think(think_value, info, model)?;
         let (logprobs, top_logprobs) = logprob_request(logprobs, top_logprobs)?;
-        Ok(Asks { grammar, think, logprobs, top_logprobs })
+        Ok(Asks { grammar, think, logprobs, top_logprobs, speculative: SpecRequest::default() })
     }
 
     /// The job, with what was asked (`Asks::logprobs` is the response's business).
@@ -296,6 +303,7 @@ impl Asks {
         job.top_logprobs = self.top_logprobs;
         job.template_vars = self.think.vars.clone();
         job.split_reasoning = self.think.split;
+        job.speculative = self.speculative;
         job
     }
 }
@@ -428,6 +436,8 @@ impl Api {
             prompt_eval_duration: Some(nanos(j.prefill)),
             eval_count: Some(j.completion_tokens),
             eval_duration: Some(nanos(j.decode)),
+            draft_n: Some(j.speculative.drafted),
+            draft_n_accepted: Some(j.speculative.accepted),
         });
         let model = model.to_string();
         let out = match self {
@@ -696,6 +706,7 @@ mod tests {
             total: Duration::from_millis(7),
             tool_calls: Vec::new(),
             tool_cut: false,
+            speculative: strata_engine::speculative::SpecCounts { steps: 1, drafted: 4, accepted: 3 },
         };
         let v: Value = serde_json::from_slice(&Api::Generate.line("m", "hi".into(), None)).unwrap();
         assert_eq!(
@@ -707,6 +718,7 @@ mod tests {
         assert_eq!(v["context"], serde_json::json!([1, 2, 3, 4, 5]));
         assert_eq!(v["total_duration"], 7_000_000);
         assert_eq!(v["eval_count"], 2);
+        assert_eq!((v["draft_n"].as_u64(), v["draft_n_accepted"].as_u64()), (Some(4), Some(3)));
         let v: Value = serde_json::from_slice(&Api::Chat.line("m", String::new(), Some(End::reason("load")))).unwrap();
         assert_eq!(v["message"], serde_json::json!({"role": "assistant", "content": ""}));
         assert!(v.get("context").is_none() && v.get("total_duration").is_none());

@@ -93,6 +93,8 @@ use render::{ChunkWriter, Generation, Head, TokenStep, whole_response};
         ResponseEvent,
         FinishReason,
         Usage,
+        Timings,
+        SpeculativeOptions,
         EmbeddingResponse,
         EmbeddingData,
         EmbeddingVector,

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
+use crate::draft::SpeculationStatus;
 use crate::queue::worker::Batching;
 use strata_backend::device::DeviceInfo;
 use strata_sched::{SchedSummary, StatsSnapshot, Tier, UnitStatus};
@@ -61,6 +62,8 @@ pub struct ModelStatus {
     /// The residency plan, as `/api/ps` shows it.
     #[schema(value_type = Object)]
     pub residency: SchedSummary,
+    /// Its speculative decoding and what was drafted and kept, as `/api/ps` shows it.
+    pub speculative: SpeculationStatus,
 }
 
 /// How many units, of how many bytes, are in one tier.
@@ -96,6 +99,7 @@ pub fn status(state: &AppState) -> StatusResponse {
                 units,
                 counters: m.sched.stats.snapshot(),
                 residency,
+                speculative: m.speculation.status(),
             }
         })
         .collect();
@@ -162,7 +166,7 @@ pub(crate) async fn ui() -> Response {
 #[derive(utoipa::OpenApi)]
 #[openapi(
     paths(ui, get_status, events),
-    components(schemas(StatusResponse, TokenTotals, ModelStatus, TierTotal, UnitStatus, Tier))
+    components(schemas(StatusResponse, TokenTotals, ModelStatus, TierTotal, UnitStatus, Tier, SpeculationStatus))
 )]
 pub struct Doc;
 

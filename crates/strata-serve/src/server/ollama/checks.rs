@@ -142,6 +142,7 @@ impl Resolved {
             split_reasoning: false,
             sparse_ffn: self.sparse_ffn,
             truncate: self.truncate,
+            speculative: Default::default(),
         }
     }
 }

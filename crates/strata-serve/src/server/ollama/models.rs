@@ -87,6 +87,7 @@ pub(crate) async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
                 context_length: m.context_length,
                 residency: m.sched.summary(),
                 batching: m.batching,
+                speculative: m.speculation.status(),
             }
         })
         .collect();

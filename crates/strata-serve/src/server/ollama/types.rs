@@ -169,6 +169,9 @@ pub struct GenerateRequest {
     /// Cut a prompt longer than the context (the default): the oldest messages other
     /// than system ones go first, then the middle of what is left; `false`: refuse it.
     pub truncate: Option<bool>,
+    /// Strata: this request's speculative decoding, `{"type": "draft"|"ngram"|"off",
+    /// "n_max", "n_min", "p_min"}`; what it leaves out is the model's (`--draft`).
+    pub speculative: Option<crate::server::speculative::SpeculativeOptions>,
 }
 
 /// A message of `POST /api/chat`.
@@ -219,6 +222,9 @@ pub struct ChatRequest {
     /// Cut a prompt longer than the context (the default): the oldest messages other
     /// than system ones go first, then the middle of what is left; `false`: refuse it.
     pub truncate: Option<bool>,
+    /// Strata: this request's speculative decoding, `{"type": "draft"|"ngram"|"off",
+    /// "n_max", "n_min", "p_min"}`; what it leaves out is the model's (`--draft`).
+    pub speculative: Option<crate::server::speculative::SpeculativeOptions>,
 }
 
 /// The counters of a finished generation, on the final line only (durations in
@@ -243,6 +249,13 @@ pub struct Timings {
     pub eval_count: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_duration: Option<u64>,
+    /// Strata's addition (llama-server's names): tokens speculative decoding drafted and
+    /// verified (0 without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_n: Option<u64>,
+    /// Of those, the tokens kept: the model generated them too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_n_accepted: Option<u64>,
 }
 
 /// One line of the `/api/generate` stream, or the whole answer with `stream: false`.
@@ -467,6 +480,9 @@ pub struct PsModel {
     pub residency: strata_sched::SchedSummary,
     /// Strata's addition: its running and waiting requests and their KV caches.
     pub batching: crate::queue::worker::Batching,
+    /// Strata's addition: its speculative decoding (the draft, the settings) and what
+    /// was drafted and kept since it loaded.
+    pub speculative: crate::draft::SpeculationStatus,
 }
 
 /// `GET /api/ps`

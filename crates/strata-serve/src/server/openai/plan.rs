@@ -7,6 +7,7 @@ use strata_model::sparse::SparseFfn;
 use super::types::*;
 use crate::queue::{EmbedInput, EmbedJob, GenerateJob, PromptInput, ToolChoice};
 use crate::server::error::ApiError;
+use crate::server::speculative::{FlatKeys, spec_request};
 use crate::server::tools::{checked, history_calls, response_format, tool_choice, tool_definitions};
 use strata_engine::grammar::GrammarSpec;
 use strata_engine::sampler::SamplingParams;
@@ -77,6 +78,21 @@ fn choices(n: Option<i64>, prompts: usize) -> Result<usize, ApiError> {
         ));
     }
     Ok(n as usize)
+}
+
+/// A `/v1` request's speculative decoding: its `speculative` object and llama-server's
+/// flat keys.
+macro_rules! speculative {
+    ($request:expr) => {
+        spec_request(
+            $request.speculative,
+            FlatKeys {
+                n_max: $request.speculative_n_max,
+                n_min: $request.speculative_n_min,
+                p_min: $request.speculative_p_min,
+            },
+        )
+    };
 }
 
 /// A request's [`Knobs`]: the fields every generation request names alike.
@@ -237,6 +253,7 @@ pub(in crate::server) fn job(
         split_reasoning: false,
         sparse_ffn: None,
         truncate: None,
+        speculative: Default::default(),
     })
 }
 
@@ -429,6 +446,7 @@ impl ChatCompletionRequest {
         job.grammar_param = grammar_param(self.response_format.is_some());
         job.grammar = grammar;
         job.sparse_ffn = sparse_ffn(self.sparse_ffn.as_deref())?;
+        job.speculative = speculative!(self)?;
         // `chat_template_kwargs` win over what `reasoning_effort` sets.
         job.template_vars = effort_vars("reasoning_effort", self.reasoning_effort.as_deref())?;
         job.template_vars.extend(self.chat_template_kwargs.unwrap_or_default());
@@ -493,6 +511,7 @@ impl CompletionRequest {
         job.grammar_param = grammar_param(self.response_format.is_some());
         job.grammar = grammar;
         job.sparse_ffn = sparse_ffn(self.sparse_ffn.as_deref())?;
+        job.speculative = speculative!(self)?;
         Ok(Plan {
             api: Api::Completion,
             job,

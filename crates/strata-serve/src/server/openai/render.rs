@@ -135,7 +135,7 @@ impl ChunkWriter {
             Event::Done(done) => match finish_reason(&done) {
                 Ok(finish) => {
                     self.finished = true;
-                    let mut out = vec![self.chunk(Delta::default(), Some(finish))];
+                    let mut out = vec![self.chunk(Delta::default(), Some((finish, Timings::of(&done))))];
                     if self.solo {
                         out.extend(self.end(Usage::of(&done)));
                     }
@@ -174,8 +174,10 @@ impl ChunkWriter {
     }
 
     /// One chunk with a choice; it carries the log-probabilities of the tokens whose
-    /// text it (or, for the last chunk, nothing) completes.
-    fn chunk(&mut self, delta: Delta, finish: Option<FinishReason>) -> String {
+    /// text it (or, for the last chunk, nothing) completes, and the last chunk its
+    /// finish reason and the timings.
+    fn chunk(&mut self, delta: Delta, end: Option<(FinishReason, Timings)>) -> String {
+        let (finish, timings) = end.unzip();
         let steps = std::mem::take(&mut self.pending);
         let has_logprobs =
             self.logprobs && (!steps.is_empty() || delta.content.as_ref().is_some_and(|c| !c.is_empty()));
@@ -184,25 +186,26 @@ impl ChunkWriter {
         match self.api {
             Api::Chat => {
                 let logprobs = has_logprobs.then(|| chat_logprobs(&steps));
-                self.chat_chunk(vec![ChunkChoice { index: self.index, delta, logprobs, finish_reason: finish }], usage)
+                let choice = ChunkChoice { index: self.index, delta, logprobs, finish_reason: finish };
+                self.chat_chunk(vec![choice], usage, timings)
             }
             Api::Completion => {
                 let logprobs = has_logprobs.then(|| completion_logprobs(&steps, &mut self.text_offset));
                 let text = delta.content.unwrap_or_default();
                 let choice = CompletionChoice { index: self.index, text, logprobs, finish_reason: finish };
-                self.completion_chunk(vec![choice], usage)
+                self.completion_chunk(vec![choice], usage, timings)
             }
         }
     }
 
     fn usage_chunk(&self, usage: Usage) -> String {
         match self.api {
-            Api::Chat => self.chat_chunk(Vec::new(), Some(Some(usage))),
-            Api::Completion => self.completion_chunk(Vec::new(), Some(Some(usage))),
+            Api::Chat => self.chat_chunk(Vec::new(), Some(Some(usage)), None),
+            Api::Completion => self.completion_chunk(Vec::new(), Some(Some(usage)), None),
         }
     }
 
-    fn chat_chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Option<Usage>>) -> String {
+    fn chat_chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Option<Usage>>, timings: Option<Timings>) -> String {
         let h = &self.head;
         serde_json::to_string(&ChatCompletionChunk {
             id: h.id.clone(),
@@ -212,11 +215,17 @@ impl ChunkWriter {
             system_fingerprint: SYSTEM_FINGERPRINT.into(),
             choices,
             usage,
+            timings,
         })
         .unwrap_or_default()
     }
 
-    fn completion_chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Option<Usage>>) -> String {
+    fn completion_chunk(
+        &self,
+        choices: Vec<CompletionChoice>,
+        usage: Option<Option<Usage>>,
+        timings: Option<Timings>,
+    ) -> String {
         let h = &self.head;
         serde_json::to_string(&CompletionResponse {
             id: h.id.clone(),
@@ -226,6 +235,7 @@ impl ChunkWriter {
             system_fingerprint: SYSTEM_FINGERPRINT.into(),
             choices,
             usage,
+            timings,
         })
         .unwrap_or_default()
     }
@@ -270,6 +280,7 @@ pub(super) fn whole_response(
     n: usize,
 ) -> Result<Response, ApiError> {
     let usage = Usage::of_choices(gens.iter().map(|g| &g.done), n);
+    let timings = Timings::of_choices(gens.iter().map(|g| &g.done), n);
     let finishes = gens.iter().map(|g| finish_reason(&g.done)).collect::<Result<Vec<_>, _>>()?;
     let indexed = gens.into_iter().zip(finishes).zip(0u32..);
     let resp = match api {
@@ -288,6 +299,7 @@ pub(super) fn whole_response(
                 })
                 .collect(),
             usage,
+            timings,
         })
         .into_response(),
         Api::Completion => Json(CompletionResponse {
@@ -305,6 +317,7 @@ pub(super) fn whole_response(
                 })
                 .collect(),
             usage: Some(Some(usage.plain())),
+            timings: Some(timings),
         })
         .into_response(),
     };
@@ -441,6 +454,13 @@ mod tests {
                 "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}})
         );
         assert_eq!(out[5], "[DONE]");
+        // The finish chunk alone carries llama-server's timings.
+        let t = &out[3]["timings"];
+        assert_eq!(
+            (t["prompt_n"].as_u64(), t["predicted_n"].as_u64(), t["draft_n"].as_u64()),
+            (Some(4), Some(3), Some(0))
+        );
+        assert!(out.iter().enumerate().all(|(i, c)| i == 3 || c.get("timings").is_none()), "{out:?}");
         for c in &out[..5] {
             assert_eq!((c["id"].as_str(), c["created"].as_u64()), (Some("chatcmpl-1"), Some(7)));
             assert_eq!(c["object"], "chat.completion.chunk");

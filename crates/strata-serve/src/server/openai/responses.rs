@@ -25,6 +25,7 @@ use super::plan::{Knobs, MAX_TOP_LOGPROBS, effort_vars, job, knobs, positive, re
 use super::types::{ChatTokenLogprob, StopSpec};
 use crate::queue::{GenerateJob, PromptInput, ToolChoice};
 use crate::server::error::ApiError;
+use crate::server::speculative::{FlatKeys, spec_request};
 use crate::server::tools::{checked, tool_choice, tool_definitions};
 use strata_engine::grammar::GrammarSpec;
 use strata_engine::template::ChatMessage;
@@ -142,6 +143,8 @@ pub struct ResponseRequest {
     pub grammar: Option<String>,
     /// Strata: how a model converted with `--sparse-ffn` runs its FFNs for this request.
     pub sparse_ffn: Option<String>,
+    /// Strata: this request's speculative decoding, as on `/v1/chat/completions`.
+    pub speculative: Option<crate::server::speculative::SpeculativeOptions>,
     /// Nonstandard: more chat template variables (as vLLM's `chat_template_kwargs`);
     /// they win over what `reasoning.effort` sets.
     #[schema(value_type = Option<Object>)]
@@ -343,6 +346,7 @@ impl ResponseRequest {
         job.grammar_param = if from_format { "text.format" } else { "grammar" };
         job.grammar = grammar;
         job.sparse_ffn = sparse_ffn(self.sparse_ffn.as_deref())?;
+        job.speculative = spec_request(self.speculative, FlatKeys::default())?;
         job.template_vars = vars;
         job.split_reasoning = true;
         let echo = Echo {

@@ -11,6 +11,7 @@ use utoipa::openapi::{Ref, RefOr};
 
 use crate::queue::JobDone;
 use crate::queue::models::ModelInfo;
+pub use crate::server::speculative::SpeculativeOptions;
 
 // Requests
 
@@ -46,6 +47,21 @@ pub struct ChatCompletionRequest {
     /// (`off`, `auto`, `topk=F`, `threshold=T`, optionally `,per=sequence`); absent: the
     /// server's `--sparse-ffn`.
     pub sparse_ffn: Option<String>,
+    /// Strata: this request's speculative decoding, `{"type": "draft"|"ngram"|"off",
+    /// "n_max", "n_min", "p_min"}`; what it leaves out is the model's (`--draft`).
+    pub speculative: Option<SpeculativeOptions>,
+    /// llama-server's flat form of `speculative.n_max` (not with it).
+    #[serde(rename = "speculative.n_max")]
+    #[schema(minimum = 0, maximum = 64)]
+    pub speculative_n_max: Option<i64>,
+    /// llama-server's flat form of `speculative.n_min`.
+    #[serde(rename = "speculative.n_min")]
+    #[schema(minimum = 0, maximum = 64)]
+    pub speculative_n_min: Option<i64>,
+    /// llama-server's flat form of `speculative.p_min`.
+    #[serde(rename = "speculative.p_min")]
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    pub speculative_p_min: Option<f64>,
     /// In [-2, 2].
     #[schema(minimum = -2.0, maximum = 2.0)]
     pub presence_penalty: Option<f64>,
@@ -190,6 +206,21 @@ pub struct CompletionRequest {
     /// (`off`, `auto`, `topk=F`, `threshold=T`, optionally `,per=sequence`); absent: the
     /// server's `--sparse-ffn`.
     pub sparse_ffn: Option<String>,
+    /// Strata: this request's speculative decoding, `{"type": "draft"|"ngram"|"off",
+    /// "n_max", "n_min", "p_min"}`; what it leaves out is the model's (`--draft`).
+    pub speculative: Option<SpeculativeOptions>,
+    /// llama-server's flat form of `speculative.n_max` (not with it).
+    #[serde(rename = "speculative.n_max")]
+    #[schema(minimum = 0, maximum = 64)]
+    pub speculative_n_max: Option<i64>,
+    /// llama-server's flat form of `speculative.n_min`.
+    #[serde(rename = "speculative.n_min")]
+    #[schema(minimum = 0, maximum = 64)]
+    pub speculative_n_min: Option<i64>,
+    /// llama-server's flat form of `speculative.p_min`.
+    #[serde(rename = "speculative.p_min")]
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    pub speculative_p_min: Option<f64>,
     #[schema(minimum = -2.0, maximum = 2.0)]
     pub presence_penalty: Option<f64>,
     #[schema(minimum = -2.0, maximum = 2.0)]
@@ -336,6 +367,67 @@ impl Usage {
     }
 }
 
+/// llama-server's `timings`: the prompt tokens run and the tokens generated, with their
+/// times, and what speculative decoding drafted and kept.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, ToSchema)]
+pub struct Timings {
+    /// Prompt tokens a cache already held (not run again).
+    pub cache_n: usize,
+    /// Prompt tokens run.
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    pub prompt_per_token_ms: f64,
+    pub prompt_per_second: f64,
+    /// Tokens generated.
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    pub predicted_per_token_ms: f64,
+    pub predicted_per_second: f64,
+    /// Tokens speculative decoding drafted and verified (0 without it).
+    pub draft_n: u64,
+    /// Of those, the tokens kept: the model generated them too.
+    pub draft_n_accepted: u64,
+}
+
+impl Timings {
+    pub(super) fn of(done: &JobDone) -> Self {
+        Timings::of_choices([done], 1)
+    }
+
+    /// Of a request's choices, `n` to a prompt: each prompt counted once, as
+    /// [`Usage::of_choices`] counts it, every choice's generation.
+    pub(super) fn of_choices<'a>(dones: impl IntoIterator<Item = &'a JobDone>, n: usize) -> Self {
+        let (mut cache_n, mut prompt_n, mut prompt_s, mut predicted_n, mut predicted_s) = (0, 0, 0.0, 0, 0.0);
+        let (mut draft_n, mut draft_n_accepted) = (0, 0);
+        for (i, done) in dones.into_iter().enumerate() {
+            if i % n.max(1) == 0 {
+                cache_n += done.cached_tokens;
+                prompt_n += done.prompt_tokens.saturating_sub(done.cached_tokens);
+                prompt_s += done.prefill.as_secs_f64();
+            }
+            predicted_n += done.completion_tokens;
+            predicted_s += done.decode.as_secs_f64();
+            draft_n += done.speculative.drafted;
+            draft_n_accepted += done.speculative.accepted;
+        }
+        let per_token_ms = |s: f64, n: usize| if n > 0 { 1e3 * s / n as f64 } else { 0.0 };
+        let per_second = |s: f64, n: usize| if s > 0.0 { n as f64 / s } else { 0.0 };
+        Timings {
+            cache_n,
+            prompt_n,
+            prompt_ms: 1e3 * prompt_s,
+            prompt_per_token_ms: per_token_ms(prompt_s, prompt_n),
+            prompt_per_second: per_second(prompt_s, prompt_n),
+            predicted_n,
+            predicted_ms: 1e3 * predicted_s,
+            predicted_per_token_ms: per_token_ms(predicted_s, predicted_n),
+            predicted_per_second: per_second(predicted_s, predicted_n),
+            draft_n,
+            draft_n_accepted,
+        }
+    }
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ChatCompletionResponse {
     #[schema(example = "chatcmpl-18f2a3b4c5d000001")]
@@ -348,6 +440,8 @@ pub struct ChatCompletionResponse {
     pub system_fingerprint: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// llama-server's timings, with what speculative decoding drafted and kept.
+    pub timings: Timings,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -423,6 +517,9 @@ pub struct ChatCompletionChunk {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Usage>)]
     pub usage: Option<Option<Usage>>,
+    /// In the chunk with the finish reason only: llama-server's timings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -534,6 +631,10 @@ pub struct CompletionResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Usage>)]
     pub usage: Option<Option<Usage>>,
+    /// In a whole completion, and in a stream's chunk with the finish reason:
+    /// llama-server's timings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
