@@ -392,3 +392,75 @@ fn perplexity_past_the_context_scores_windows() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no tokens to score"));
 }
+
+/// `--draft`: `run` and `bench` speculate (from the context, or with a draft model) and
+/// say what was drafted and kept; the answer is the one the model gives without; a draft
+/// of another vocabulary is an error naming both models.
+#[test]
+fn run_and_bench_speculate_with_a_draft() {
+    let model = format!("{}/tests/fixtures/gguf/llama3.q4_0.gguf", env!("CARGO_MANIFEST_DIR"));
+    let prompt = "one two three four five six seven; one two three four five six seven; one two";
+    let run = |extra: &[&str], env: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
+        cmd.args(["run", &model, "-p", prompt, "-n", "24", "--temperature", "0", "--threads", "1"]);
+        cmd.args(extra).env_remove("STRATA_DRAFT");
+        if let Some(draft) = env {
+            cmd.env("STRATA_DRAFT", draft);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        (out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (plain, quiet) = run(&[], None);
+    assert!(!quiet.contains("speculative"), "{quiet}");
+    for (extra, env) in [(&["--draft", "ngram"][..], None), (&[], Some("ngram"))] {
+        let (text, said) = run(extra, env);
+        assert_eq!(text, plain, "{extra:?} {env:?}: the same answer");
+        let line = said.lines().find(|l| l.starts_with("speculative ngram (n_max 16, n_min 0, p_min 0.75): "));
+        assert!(line.is_some_and(|l| !l.contains(": 0 drafted")), "{said}");
+    }
+
+    let out = strata(&[
+        "bench",
+        &model,
+        "--draft",
+        &model,
+        "--draft-p-min",
+        "0",
+        "--draft-max",
+        "8",
+        "--prompt-tokens",
+        "16",
+        "--gen-tokens",
+        "16",
+        "--runs",
+        "1",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &v["speculative"];
+    assert_eq!((s["kind"].as_str(), s["draft"].as_str()), (Some("draft"), Some("llama3.q4_0")), "{s}");
+    assert_eq!((s["n_max"].as_u64(), s["n_min"].as_u64(), s["p_min"].as_f64()), (Some(8), Some(0), Some(0.0)));
+    let count = |k: &str| s[k].as_u64().unwrap();
+    let (drafted, accepted, steps) = (count("drafted"), count("accepted"), count("steps"));
+    // The model drafting for itself, greedy: every draft is kept, up to 9 tokens a pass.
+    assert!(drafted > 0 && accepted == drafted, "{s}");
+    assert!(steps < 16 && s["tokens_per_step"].as_f64().unwrap() > 1.0, "{s}");
+    assert!(s["acceptance_rate"].as_f64() == Some(1.0) && s["draft_seconds"].as_f64().unwrap() > 0.0, "{s}");
+    assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
+    // Without a draft the object says `off`.
+    let out = strata(&["bench", &model, "--prompt-tokens", "8", "--gen-tokens", "4", "--runs", "1", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["speculative"]["kind"].as_str(), v["speculative"]["drafted"].as_u64()), (Some("off"), Some(0)));
+
+    let out = strata(&["run", &model, "--draft", &fixture("gemma"), "-p", "hi", "-n", "2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("draft model `gemma` cannot draft for `llama3.q4_0`"), "{err}");
+    let out = strata(&["run", &model, "--draft-min", "5", "--draft-max", "4", "-p", "hi"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--draft-min 5 is more than --draft-max 4"));
+}

@@ -32,6 +32,7 @@ mod http_ollama;
 mod http_openai;
 mod http_responses;
 mod http_sparse;
+mod http_speculative;
 mod http_tools;
 mod hub;
 mod hybrid;

@@ -118,6 +118,8 @@ fn status_reports_every_unit_by_tier_and_counts_what_a_generation_reads() {
     let layer_tiers: Vec<&str> =
         units.iter().filter(|u| u["kind"] == "layer").map(|u| u["tier"].as_str().unwrap()).collect();
     assert_eq!(layer_tiers, ["ram", "storage", "storage", "ram"]);
+    // No --draft: no speculation, and nothing drafted.
+    assert_eq!((m["speculative"]["kind"].as_str(), m["speculative"]["drafted"].as_u64()), (Some("off"), Some(0)));
     assert_eq!(units.iter().filter(|u| u["kind"] == "expert").count(), 8);
     let counts = tier_counts(&before);
     let total: u64 = counts.iter().map(|(_, n)| n).sum();
@@ -308,11 +310,12 @@ impl Drop for Browser {
 
 /// The status page in headless Chromium: the residency map has as many cells in each
 /// tier as the JSON says, the charts take new points while a generation runs, and the
-/// chat box streams a reply with per-token timings. A screenshot goes to
+/// chat box streams a reply with per-token timings, and the model's speculative decoding
+/// (n-gram drafts) shows with what it kept. A screenshot goes to
 /// `target/status-page.png`. With an API key set, the page asks for it and shows no data.
 #[test]
 fn the_status_page_draws_the_status_in_a_real_browser() {
-    let s = Server::start("ui");
+    let s = Server::start_with("ui", &["--draft", "ngram"]);
     let b = Browser::start();
     b.open(&format!("http://{}/ui", s.addr));
     let json = s.status();
@@ -346,6 +349,12 @@ fn the_status_page_draws_the_status_in_a_real_browser() {
     let toks = b.eval("return [...document.querySelectorAll('#reply .tok sub')].map(e => e.textContent)");
     let toks = toks.as_array().unwrap();
     assert!(!toks.is_empty() && toks.iter().all(|t| t.as_str().unwrap().ends_with("ms")), "{toks:?}");
+    let spec = s.status()["models"][0]["speculative"].clone();
+    assert_eq!(spec["kind"], "ngram", "{spec}");
+    let want = format!("{} of {} drafted kept", spec["accepted"], spec["drafted"]);
+    b.wait("the speculative decoding", "return document.querySelector('[data-speculative=ngram]').textContent", |v| {
+        v.as_str().is_some_and(|t| t.starts_with("speculative ngram (n_max 16): ") && t.contains(&want))
+    });
     let shot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/status-page.png");
     b.screenshot(&shot);
     drop(s);
