@@ -193,8 +193,8 @@ pub struct DraftOpts {
     /// them all, or `ngram` drafts from the context itself (no second model). The text is
     /// what the model writes without it. Repeatable: `NAME=SPEC` gives the model NAME its
     /// draft (serve with several --model); a bare SPEC serves the first (or only) model. A
-    /// draft model runs on its model's device with its context, resident whatever
-    /// --memory-budget says, and loads and unloads with it.
+    /// draft model runs on its model's device with its context, resident (as free memory
+    /// allows) whatever --memory-budget says, and loads and unloads with it.
     #[arg(long = "draft", value_name = "SPEC")]
     pub drafts: Vec<String>,
     /// Tokens drafted at most per step (0 to 64).
