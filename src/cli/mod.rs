@@ -206,16 +206,25 @@ pub struct DraftOpts {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=crate::engine::speculative::MAX_DRAFT as u64))]
     pub draft_min: usize,
     /// A draft model stops proposing where its most likely token is less likely than P
-    /// (0 to 1).
-    #[arg(long = "draft-p-min", value_name = "P", default_value_t = crate::engine::speculative::DEFAULT_DRAFT_P_MIN,
-          value_parser = parse_p_min)]
-    pub draft_p_min: f32,
+    /// (0 to 1). `auto` (the default): where the chance that all it drafted so far is
+    /// kept is worth less of the model's time than another draft pass costs (both times
+    /// measured as it runs), so a model that streams its weights gets long drafts and a
+    /// resident one beside a draft of its own size short ones.
+    #[arg(long = "draft-p-min", value_name = "P", default_value = "auto", value_parser = parse_p_min)]
+    pub draft_p_min: PMin,
 }
 
-fn parse_p_min(s: &str) -> Result<f32, String> {
-    match s.trim().parse::<f32>() {
-        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
-        _ => Err(format!("`{s}` is not a probability in [0, 1]")),
+/// `--draft-p-min`: `auto` or a probability.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PMin(pub Option<f32>);
+
+fn parse_p_min(s: &str) -> Result<PMin, String> {
+    match s.trim() {
+        "auto" => Ok(PMin(None)),
+        t => match t.parse::<f32>() {
+            Ok(p) if (0.0..=1.0).contains(&p) => Ok(PMin(Some(p))),
+            _ => Err(format!("`{s}` is not `auto` or a probability in [0, 1]")),
+        },
     }
 }
 
@@ -226,7 +235,7 @@ impl DraftOpts {
         let settings = crate::engine::speculative::SpecSettings {
             max: self.draft_max,
             min: self.draft_min,
-            p_min: self.draft_p_min,
+            p_min: self.draft_p_min.0,
         };
         crate::draft::Drafts::parse(&self.drafts, default_model, settings)
             .map_err(|e| crate::model::sparse::Refused(e).into())

@@ -416,7 +416,7 @@ fn run_and_bench_speculate_with_a_draft() {
     for (extra, env) in [(&["--draft", "ngram"][..], None), (&[], Some("ngram"))] {
         let (text, said) = run(extra, env);
         assert_eq!(text, plain, "{extra:?} {env:?}: the same answer");
-        let line = said.lines().find(|l| l.starts_with("speculative ngram (n_max 16, n_min 0, p_min 0.75): "));
+        let line = said.lines().find(|l| l.starts_with("speculative ngram (n_max 16, n_min 0, p_min auto): "));
         assert!(line.is_some_and(|l| !l.contains(": 0 drafted")), "{said}");
     }
 

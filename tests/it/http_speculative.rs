@@ -31,7 +31,7 @@ fn app() -> Router {
         "ngram=ngram".to_string(),
         format!("mismatched={}", common::fixture("gemma")),
     ];
-    let settings = SpecSettings { p_min: 0.0, ..SpecSettings::default() };
+    let settings = SpecSettings { p_min: Some(0.0), ..SpecSettings::default() };
     opts.worker.drafts = Drafts::parse(&entries, "drafted", settings).unwrap();
     opts.worker.max_loaded = 4;
     strata::server::start(opts).expect("starting the server").0

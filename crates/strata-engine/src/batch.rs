@@ -538,7 +538,13 @@ pub fn step(
                     }
                 });
             }
-            engine.model.forward_rows(&mut batch, readback, cancelled)
+            let started = Instant::now();
+            let rows = engine.model.forward_rows(&mut batch, readback, cancelled);
+            // A decoding pass's time, for the cost rule of drafting.
+            if decoding.len() == ran.len() && engine.speculation.draft.is_some() {
+                engine.speculation.stats.note_pass(started.elapsed().as_nanos() as u64);
+            }
+            rows
         });
         drop(batch);
         match result {

@@ -25,9 +25,6 @@ use strata_model::LanguageModel;
 pub const DEFAULT_DRAFT_MAX: usize = 16;
 /// The fewest drafted tokens worth a verifying pass (llama-server's `--draft-min`).
 pub const DEFAULT_DRAFT_MIN: usize = 0;
-/// A draft model stops proposing where its most likely token is less likely than this
-/// (llama-server's `--draft-p-min`).
-pub const DEFAULT_DRAFT_P_MIN: f32 = 0.75;
 /// The most tokens a step may draft for one sequence (`--draft-max` above it is refused).
 pub const MAX_DRAFT: usize = 64;
 
@@ -63,13 +60,16 @@ pub struct SpecSettings {
     pub max: usize,
     /// Fewer drafted tokens than this are not verified (the step decodes one token).
     pub min: usize,
-    /// A draft model stops where its most likely token's probability is below this.
-    pub p_min: f32,
+    /// A draft model stops where its most likely token's probability is below this
+    /// (llama-server's `--draft-p-min`). `None` (the default, `auto`): where the chance
+    /// that every token drafted so far is kept is no longer worth another draft pass
+    /// ([`SpecStats::draft_threshold`]).
+    pub p_min: Option<f32>,
 }
 
 impl Default for SpecSettings {
     fn default() -> Self {
-        SpecSettings { max: DEFAULT_DRAFT_MAX, min: DEFAULT_DRAFT_MIN, p_min: DEFAULT_DRAFT_P_MIN }
+        SpecSettings { max: DEFAULT_DRAFT_MAX, min: DEFAULT_DRAFT_MIN, p_min: None }
     }
 }
 
@@ -82,7 +82,7 @@ impl SpecSettings {
         if self.min > self.max {
             return Err("`speculative.n_min` must not be more than `speculative.n_max`".into());
         }
-        if !(self.p_min.is_finite() && (0.0..=1.0).contains(&self.p_min)) {
+        if self.p_min.is_some_and(|p| !(p.is_finite() && (0.0..=1.0).contains(&p))) {
             return Err("`speculative.p_min` must be in [0, 1]".into());
         }
         Ok(())
@@ -140,7 +140,8 @@ impl SpecCounts {
     }
 }
 
-/// The server's running totals (for `/metrics` and `bench`).
+/// The server's running totals (for `/metrics` and `bench`), and the times the cost rule
+/// of drafting weighs.
 #[derive(Debug, Default)]
 pub struct SpecStats {
     steps: AtomicU64,
@@ -148,9 +149,48 @@ pub struct SpecStats {
     accepted: AtomicU64,
     /// Nanoseconds spent drafting (a draft model's passes, the n-gram lookups).
     draft_ns: AtomicU64,
+    /// Moving averages (f64 bits; 0: none yet) of a draft model's pass of one token per
+    /// sequence, and of the model's decoding pass (no prompt rows), in nanoseconds.
+    draft_pass_ns: AtomicU64,
+    pass_ns: AtomicU64,
+}
+
+/// The weight of each new time in [`SpecStats`]' moving averages.
+const TIME_WEIGHT: f64 = 0.2;
+
+fn note_time(avg: &AtomicU64, ns: f64) {
+    let old = f64::from_bits(avg.load(Ordering::Relaxed));
+    let new = if old > 0.0 { old + TIME_WEIGHT * (ns - old) } else { ns };
+    avg.store(new.to_bits(), Ordering::Relaxed);
 }
 
 impl SpecStats {
+    /// Records a draft model's pass of one token per drafting sequence.
+    pub fn note_draft_pass(&self, ns: u64) {
+        note_time(&self.draft_pass_ns, ns as f64);
+    }
+
+    /// Records a decoding (or verifying) pass of the model.
+    pub fn note_pass(&self, ns: u64) {
+        note_time(&self.pass_ns, ns as f64);
+    }
+
+    /// Where a draft model stops: once the chance that every token drafted so far is kept
+    /// (the product of their probabilities under the draft) falls below this, the next
+    /// one costs a draft pass for less than that pass's worth of the model's time
+    /// expected back (each kept token saves about one of the model's passes). The ratio
+    /// of the two passes' measured times: small for a model that streams its weights
+    /// (its pass is a read of them), larger for a resident one beside a draft of its own
+    /// size. 0 until both have been timed.
+    pub fn draft_threshold(&self) -> f64 {
+        let draft = f64::from_bits(self.draft_pass_ns.load(Ordering::Relaxed));
+        let pass = f64::from_bits(self.pass_ns.load(Ordering::Relaxed));
+        match draft > 0.0 && pass > 0.0 {
+            true => (draft / pass).min(1.0),
+            false => 0.0,
+        }
+    }
+
     pub fn add(&self, c: SpecCounts, draft_ns: u64) {
         self.steps.fetch_add(c.steps, Ordering::Relaxed);
         self.drafted.fetch_add(c.drafted, Ordering::Relaxed);
@@ -196,7 +236,7 @@ impl Speculation {
         let s = SpecSettings {
             max: req.max.unwrap_or(self.settings.max),
             min: req.min.unwrap_or(self.settings.min),
-            p_min: req.p_min.unwrap_or(self.settings.p_min),
+            p_min: req.p_min.or(self.settings.p_min),
         };
         s.validate()?;
         match kind {
@@ -279,7 +319,7 @@ mod tests {
         let got = spec.resolve(&SpecRequest::default()).unwrap();
         assert_eq!(got, Some((SpecKind::Ngram, SpecSettings::default())));
         let req = SpecRequest { max: Some(4), p_min: Some(0.5), ..SpecRequest::default() };
-        assert_eq!(spec.resolve(&req).unwrap().unwrap().1, SpecSettings { max: 4, min: 0, p_min: 0.5 });
+        assert_eq!(spec.resolve(&req).unwrap().unwrap().1, SpecSettings { max: 4, min: 0, p_min: Some(0.5) });
         assert_eq!(spec.resolve(&SpecRequest { kind: Some(SpecKind::Off), ..req }).unwrap(), None);
         assert_eq!(spec.resolve(&SpecRequest { max: Some(0), ..req }).unwrap(), None);
         let err = spec.resolve(&SpecRequest { kind: Some(SpecKind::Draft), ..req }).unwrap_err();
@@ -294,6 +334,14 @@ mod tests {
 
     #[test]
     fn counts_say_how_much_a_step_gave() {
+        let stats = SpecStats::default();
+        assert_eq!(stats.draft_threshold(), 0.0, "untimed: no threshold");
+        stats.note_draft_pass(2_000_000);
+        stats.note_pass(10_000_000);
+        assert!((stats.draft_threshold() - 0.2).abs() < 1e-12);
+        // A model that streams its weights: its passes take far longer than the draft's.
+        stats.note_pass(1_000_000_000);
+        assert!(stats.draft_threshold() < 0.02, "{}", stats.draft_threshold());
         let c = SpecCounts { steps: 4, drafted: 16, accepted: 12 };
         assert_eq!(c.acceptance_rate(), 0.75);
         assert_eq!(c.tokens_per_step(), 4.0);

@@ -163,8 +163,9 @@ pub struct SpeculationStatus {
     /// Fewer drafted tokens than this are not verified (`--draft-min`).
     pub n_min: usize,
     /// A draft model stops where its most likely token is less likely than this
-    /// (`--draft-p-min`).
-    pub p_min: f32,
+    /// (`--draft-p-min`); `null`: `auto`, where drafting more is no longer worth its
+    /// time.
+    pub p_min: Option<f32>,
     /// Verifying passes: steps that ran drafted tokens.
     pub steps: u64,
     /// Tokens drafted and verified.
@@ -206,7 +207,7 @@ impl SpeculationStatus {
             self.kind,
             self.n_max,
             self.n_min,
-            self.p_min,
+            self.p_min.map_or("auto".to_string(), |p| p.to_string()),
             self.drafted,
             self.accepted,
             100.0 * self.acceptance_rate,
@@ -242,7 +243,7 @@ mod tests {
         assert!(err.contains("`m` is given two drafts"), "{err}");
         let err = Drafts::parse(&entries(&["m="]), "m", SpecSettings::default()).unwrap_err();
         assert!(err.contains("--draft m="), "{err}");
-        let settings = SpecSettings { max: 4, min: 5, p_min: 0.5 };
+        let settings = SpecSettings { max: 4, min: 5, p_min: Some(0.5) };
         let err = Drafts::parse(&[], "m", settings).unwrap_err();
         assert!(err.contains("--draft-min 5 is more than --draft-max 4"), "{err}");
     }
@@ -261,7 +262,7 @@ mod tests {
         assert_eq!((s.tokens_per_step, s.draft_seconds), (4.0, 0.5));
         let line = s.line();
         assert!(
-            line.starts_with("speculative draft `small` (n_max 16, n_min 0, p_min 0.75): 8 drafted, 6 accepted (75%)")
+            line.starts_with("speculative draft `small` (n_max 16, n_min 0, p_min auto): 8 drafted, 6 accepted (75%)")
         );
     }
 }

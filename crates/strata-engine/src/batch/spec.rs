@@ -61,6 +61,9 @@ pub(super) fn draft(
     decoding: &[usize],
     cancelled: &(dyn Fn() -> bool + Sync),
 ) -> Result<u64, ModelError> {
+    if !decoding.iter().any(|&i| seqs[i].spec.is_some()) {
+        return Ok(0);
+    }
     let started = Instant::now();
     let mut by_model = Vec::new();
     for &i in decoding {
@@ -92,7 +95,9 @@ pub(super) fn draft(
 
 /// The draft model's part of [`draft`]: each sequence `(i, room)` of `todo` catches its
 /// draft cache up with its context (the prompt the first time, in chunks), then drafts
-/// its most likely tokens one pass at a time while they are likely enough (`p_min`),
+/// its most likely tokens one pass at a time while each is likely enough (`p_min`), or
+/// by default while all of them together are worth another draft pass
+/// ([`SpecStats::draft_threshold`](crate::speculative::SpecStats::draft_threshold)),
 /// until `room`, or an end-of-sequence token.
 fn draft_with_model(
     engine: &Engine,
@@ -129,17 +134,33 @@ fn draft_with_model(
         let chunks: Vec<Vec<u32>> = long.iter().map(|&j| feeds[j].drain(..PREFILL_CHUNK).collect()).collect();
         run_draft(model, seqs, todo, &long, &chunks, cancelled)?;
     }
+    let stats = &engine.speculation.stats;
+    let auto = stats.draft_threshold();
+    // Each one's chance that all it drafted so far is kept, as the draft sees it.
+    let mut kept = vec![1.0f64; todo.len()];
     let mut active: Vec<usize> = (0..todo.len()).collect();
+    let mut first = true;
     while !active.is_empty() {
         let inputs: Vec<Vec<u32>> = active.iter().map(|&j| std::mem::take(&mut feeds[j])).collect();
+        let started = Instant::now();
         let tops = run_draft(model, seqs, todo, &active, &inputs, cancelled)?;
+        // The first pass runs what the draft had not seen (at least the pending token).
+        if !first {
+            stats.note_draft_pass(started.elapsed().as_nanos() as u64);
+        }
+        first = false;
         let mut still = Vec::with_capacity(active.len());
         for (&j, top) in active.iter().zip(tops) {
             let (i, room) = todo[j];
             let spec = seqs[i].spec.as_mut().expect("a speculating sequence");
             let (Some(&id), Some(&logit)) = (top.ids.first(), top.logits.first()) else { continue };
             let p = ((logit as f64) - (top.lse as f64)).exp();
-            if (id as usize) >= vocab || p < spec.settings.p_min as f64 {
+            kept[j] *= p;
+            let enough = match spec.settings.p_min {
+                Some(p_min) => p >= p_min as f64,
+                None => kept[j] >= auto,
+            };
+            if (id as usize) >= vocab || !enough {
                 continue;
             }
             spec.proposal.push(id);
