@@ -558,18 +558,14 @@ pub fn step(
         }
     };
     let mut counts = crate::speculative::SpecCounts::default();
+    let mut rejections = 0;
     for ((&i, tokens), &verify) in ran.iter().zip(&inputs).zip(&verifying).rev() {
         let mut out = outs.pop().expect("outputs for each running sequence");
         let seq = &mut *seqs[i];
         if verify {
-            let before = seq.spec.as_ref().map(|s| s.counts).unwrap_or_default();
-            spec::accept(engine, seq, tokens, out);
-            let after = seq.spec.as_ref().map(|s| s.counts).unwrap_or_default();
-            counts.add(crate::speculative::SpecCounts {
-                steps: after.steps - before.steps,
-                drafted: after.drafted - before.drafted,
-                accepted: after.accepted - before.accepted,
-            });
+            let (got, rejected) = spec::accept(engine, seq, tokens, out);
+            counts.add(got);
+            rejections += rejected as u64;
             continue;
         }
         let out = out.pop().expect("one output per running sequence");
@@ -599,6 +595,7 @@ pub fn step(
     }
     if counts.steps > 0 || draft_ns > 0 {
         engine.speculation.stats.add(counts, draft_ns);
+        engine.speculation.stats.note_rejections(rejections);
     }
     Ok(ran.len())
 }

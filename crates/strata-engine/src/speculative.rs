@@ -153,6 +153,8 @@ pub struct SpecStats {
     /// sequence, and of the model's decoding pass (no prompt rows), in nanoseconds.
     draft_pass_ns: AtomicU64,
     pass_ns: AtomicU64,
+    /// Verifying passes that ended at a drafted token the model did not sample.
+    rejections: AtomicU64,
 }
 
 /// The weight of each new time in [`SpecStats`]' moving averages.
@@ -165,6 +167,19 @@ fn note_time(avg: &AtomicU64, ns: f64) {
 }
 
 impl SpecStats {
+    /// Records verifying passes that ended at a rejected draft.
+    pub fn note_rejections(&self, n: u64) {
+        self.rejections.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// How often a drafted token the model reached was kept, so far: each kept one
+    /// against each rejection (a verifying pass ends at the first), from even odds.
+    pub fn acceptance_estimate(&self) -> f64 {
+        let kept = self.accepted.load(Ordering::Relaxed) as f64;
+        let lost = self.rejections.load(Ordering::Relaxed) as f64;
+        (kept + 1.0) / (kept + lost + 2.0)
+    }
+
     /// Records a draft model's pass of one token per drafting sequence.
     pub fn note_draft_pass(&self, ns: u64) {
         note_time(&self.draft_pass_ns, ns as f64);
@@ -176,7 +191,7 @@ impl SpecStats {
     }
 
     /// Where a draft model stops: once the chance that every token drafted so far is kept
-    /// (the product of their probabilities under the draft) falls below this, the next
+    /// (at the rate drafted tokens have been kept) falls below this, the next
     /// one costs a draft pass for less than that pass's worth of the model's time
     /// expected back (each kept token saves about one of the model's passes). The ratio
     /// of the two passes' measured times: small for a model that streams its weights

@@ -18,11 +18,13 @@ pub(super) struct SeqSpec {
     /// The tokens drafted for the coming pass (after the sequence's pending token).
     pub(super) proposal: Vec<u32>,
     pub(super) counts: SpecCounts,
+    /// Verifying passes that ended at a drafted token the sequence did not sample.
+    rejections: u64,
 }
 
 impl SeqSpec {
     pub(super) fn new(kind: SpecKind, settings: SpecSettings) -> Self {
-        SeqSpec { kind, settings, draft: None, proposal: Vec::new(), counts: SpecCounts::default() }
+        SeqSpec { kind, settings, draft: None, proposal: Vec::new(), counts: SpecCounts::default(), rejections: 0 }
     }
 }
 
@@ -96,7 +98,8 @@ pub(super) fn draft(
 /// The draft model's part of [`draft`]: each sequence `(i, room)` of `todo` catches its
 /// draft cache up with its context (the prompt the first time, in chunks), then drafts
 /// its most likely tokens one pass at a time while each is likely enough (`p_min`), or
-/// by default while all of them together are worth another draft pass
+/// by default while all of them together are likely enough to be kept (at the rate its
+/// drafts have been) to be worth another draft pass
 /// ([`SpecStats::draft_threshold`](crate::speculative::SpecStats::draft_threshold)),
 /// until `room`, or an end-of-sequence token.
 fn draft_with_model(
@@ -136,7 +139,17 @@ fn draft_with_model(
     }
     let stats = &engine.speculation.stats;
     let auto = stats.draft_threshold();
-    // Each one's chance that all it drafted so far is kept, as the draft sees it.
+    // Each one's chance that all it drafted so far is kept, each token kept as often as
+    // its drafts were (the model's totals weighing as four of its own tokens at first).
+    let prior = stats.acceptance_estimate();
+    let rate: Vec<f64> = todo
+        .iter()
+        .map(|&(i, _)| {
+            let s = seqs[i].spec.as_ref().expect("a speculating sequence");
+            let (kept, lost) = (s.counts.accepted as f64, s.rejections as f64);
+            (kept + 4.0 * prior) / (kept + lost + 4.0)
+        })
+        .collect();
     let mut kept = vec![1.0f64; todo.len()];
     let mut active: Vec<usize> = (0..todo.len()).collect();
     let mut first = true;
@@ -155,7 +168,7 @@ fn draft_with_model(
             let spec = seqs[i].spec.as_mut().expect("a speculating sequence");
             let (Some(&id), Some(&logit)) = (top.ids.first(), top.logits.first()) else { continue };
             let p = ((logit as f64) - (top.lse as f64)).exp();
-            kept[j] *= p;
+            kept[j] *= rate[j];
             let enough = match spec.settings.p_min {
                 Some(p_min) => p >= p_min as f64,
                 None => kept[j] >= auto,
@@ -203,10 +216,11 @@ fn run_draft(
 /// After a verifying pass that ran `inputs` (the pending token, then the proposal) for
 /// `seq` and gave `outs` (one per row): samples row after row as decoding would, while
 /// the token sampled is the one drafted next; keeps those rows' keys and values (and
-/// recurrent state) and drops the rest. Counts what was drafted and kept.
-pub(super) fn accept(engine: &Engine, seq: &mut Sequence, inputs: &[u32], outs: Vec<LastOutput>) {
+/// recurrent state) and drops the rest. Returns what was drafted and kept, and whether
+/// a drafted token was rejected.
+pub(super) fn accept(engine: &Engine, seq: &mut Sequence, inputs: &[u32], outs: Vec<LastOutput>) -> (SpecCounts, bool) {
     let proposal = seq.spec.as_mut().map(|s| std::mem::take(&mut s.proposal)).unwrap_or_default();
-    let mut accepted = 0;
+    let (mut accepted, mut rejected) = (0, false);
     for (j, out) in outs.into_iter().enumerate() {
         seq.tokens.push(inputs[j]);
         seq.pending = None;
@@ -218,11 +232,18 @@ pub(super) fn accept(engine: &Engine, seq: &mut Sequence, inputs: &[u32], outs: 
         }
         match (seq.pending, proposal.get(j)) {
             (Some(t), Some(&d)) if t == d && !seq.is_finished() => accepted += 1,
+            (Some(_), Some(_)) if !seq.is_finished() => {
+                rejected = true;
+                break;
+            }
             _ => break,
         }
     }
     seq.cache.truncate(seq.tokens.len());
+    let counts = SpecCounts { steps: 1, drafted: proposal.len() as u64, accepted };
     if let Some(spec) = seq.spec.as_mut() {
-        spec.counts.add(SpecCounts { steps: 1, drafted: proposal.len() as u64, accepted });
+        spec.counts.add(counts);
+        spec.rejections += rejected as u64;
     }
+    (counts, rejected)
 }
