@@ -203,7 +203,7 @@ async fn bad_speculative_settings_are_refused_naming_the_field() {
         (json!({"speculative": {"n_max": 4}, "speculative.n_max": 4}), "speculative.n_max", "given twice"),
         (json!({"speculative": {"n_max": "lots"}}), "speculative.n_max", "speculative.n_max"),
         // The model's own n_max is 16: a request's n_min above it is refused where it runs.
-        (json!({"speculative": {"n_min": 20}}), "speculative", "`speculative.n_min` must not be more than"),
+        (json!({"speculative": {"n_min": 20}}), "speculative.n_min", "`speculative.n_min` must not be more than"),
     ];
     for (extra, param, says) in cases {
         refused(&app, "/v1/completions", completion("drafted", extra.clone()), param, says).await;
@@ -228,7 +228,7 @@ async fn a_draft_is_refused_where_the_model_has_none() {
     let app = app();
     let says = "loaded without a draft model";
     let body = completion("plain", json!({"speculative": {"type": "draft"}}));
-    refused(&app, "/v1/completions", body, "speculative", says).await;
+    refused(&app, "/v1/completions", body, "speculative.type", says).await;
     let body = json!({"model": "ngram", "prompt": "hi", "stream": false, "speculative": {"type": "draft"}});
     refused(&app, "/api/generate", body, "", says).await;
     // Any model drafts from its context when a request asks.

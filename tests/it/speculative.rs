@@ -331,12 +331,39 @@ fn a_reply_stopped_inside_a_step_keeps_what_it_would_have() {
 }
 
 fn run_from(e: &Engine, (cache, cached): (strata::model::decoder::KvCache, Vec<u32>), req: GenerateRequest) -> Trace {
-    use strata::engine::batch::{self, Sequence};
-    let mut seq = Sequence::new(e, cache, cached, req).unwrap();
+    use strata::engine::batch::Sequence;
+    run_from_seq(e, &mut Sequence::new(e, cache, cached, req).unwrap())
+}
+
+/// A finished sequence's cache carries its draft model's cache, counted in its bytes,
+/// so that a follow-up request drafts from there (its prompt is not run through the
+/// draft again); the follow-up still generates what it does without speculation.
+#[test]
+fn a_follow_up_request_drafts_from_the_draft_cache_it_inherits() {
+    use strata::engine::batch::Sequence;
+    let mut e = load("hf/llama3", None);
+    e.set_draft(load("gguf/llama3.q4_0.gguf", None), SpecSettings::default()).unwrap();
+    let p = prompt(e.model.config().vocab_size as u32);
+    let first = request(p.clone(), SamplingParams::greedy(), with(SpecKind::Draft, 4));
+    let mut seq = Sequence::new(&e, e.model.new_cache(e.context_len).unwrap(), Vec::new(), first).unwrap();
+    let answer = run_from_seq(&e, &mut seq);
+    let (cache, cached) = seq.into_cache();
+    let (draft, held) = &**cache.draft.as_ref().expect("the draft's cache comes back with the sequence's");
+    assert!(held.len() >= p.len() + 30 && draft.len() == held.len(), "{} of {}", draft.len(), held.len());
+    assert!(cache.allocated_bytes() > draft.allocated_bytes() && draft.allocated_bytes() > 0);
+    // The conversation goes on.
+    let next = [&p[..], &answer.0.iter().map(|t| t.0).collect::<Vec<_>>(), &p[..6]].concat();
+    let spec = request(next.clone(), SamplingParams::greedy(), with(SpecKind::Draft, 4));
+    let got = run_from(&e, (cache, cached), spec);
+    let want = run(&e, &[request(next, SamplingParams::greedy(), off())]).remove(0).0;
+    assert!(got == want, "the follow-up differs with the inherited draft cache");
+}
+
+fn run_from_seq(e: &Engine, seq: &mut strata::engine::batch::Sequence) -> Trace {
     let mut trace = Trace::default();
     while !seq.is_finished() {
-        batch::step(e, &mut [&mut seq], 16, &|| false).unwrap();
-        steps::record(&mut seq, &mut trace);
+        strata::engine::batch::step(e, &mut [&mut *seq], 16, &|| false).unwrap();
+        steps::record(seq, &mut trace);
     }
     trace
 }

@@ -117,6 +117,7 @@ impl Sequence {
         let detok = DetokState::new(!req.keep_special_tokens).with_prompt_context(&req.prompt);
         // A hybrid model's state at the prompt's end, for `into_cache` (no chunk runs).
         let prompt_state = ready.as_ref().and_then(|_| cache.states_snapshot()).map(|s| (fed, s));
+        let spec = spec.map(|(kind, settings)| SeqSpec::new(kind, settings, &mut cache));
         Ok(Sequence {
             cache,
             tokens: cached,
@@ -138,7 +139,7 @@ impl Sequence {
             error: None,
             prompt_state,
             ready,
-            spec: spec.map(|(kind, settings)| SeqSpec::new(kind, settings)),
+            spec,
             req,
         })
     }
@@ -151,9 +152,9 @@ impl Sequence {
         self.finish.is_some()
     }
 
-    /// Bytes its KV cache holds now.
+    /// Bytes its KV cache holds now (its draft model's too).
     pub fn cache_bytes(&self) -> u64 {
-        self.cache.allocated_bytes()
+        self.cache.allocated_bytes() + self.spec.as_ref().map_or(0, SeqSpec::cache_bytes)
     }
 
     /// Prompt tokens the cache held when it started.
@@ -240,6 +241,10 @@ impl Sequence {
     /// back to the prompt: the state the prompt left is put back instead, or the cache
     /// comes back empty when there is none.)
     pub fn into_cache(mut self) -> (KvCache, Vec<u32>) {
+        // The draft model's cache goes with it, as it is (it knows the tokens it holds).
+        if let Some(draft) = self.spec.as_mut().and_then(SeqSpec::take_draft) {
+            self.cache.draft = Some(draft);
+        }
         let prompt = self.fed.min(self.tokens.len());
         match self.prompt_state.take() {
             Some((len, states)) if len == prompt => self.cache.restore_states(len, states),

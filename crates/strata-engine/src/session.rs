@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use super::grammar::{GrammarSpec, TokenEnv, TokenEnvCell};
 use super::sampler::SamplingParams;
-use super::speculative::{DraftModel, SpecCounts, SpecKind, SpecRequest, SpecSettings, Speculation, check_vocab};
+use super::speculative::{
+    DraftModel, SpecCounts, SpecError, SpecKind, SpecRequest, SpecSettings, Speculation, check_vocab,
+};
 use super::text_error::TextError;
 use strata_model::decoder::ModelError;
 
@@ -119,8 +121,8 @@ pub enum GenerateError {
     Grammar(String),
     /// The request's speculative decoding settings are out of range, or ask for a draft
     /// model the model was loaded without (a 400).
-    #[error("{0}")]
-    Speculative(String),
+    #[error(transparent)]
+    Speculative(#[from] SpecError),
 }
 
 /// Where and how a model runs (the options serve, run, perplexity and bench share).
@@ -525,7 +527,7 @@ impl Engine {
     pub fn set_draft(&mut self, draft: Engine, settings: SpecSettings) -> Result<(), String> {
         check_vocab(&self.tokenizer, &draft.tokenizer)
             .map_err(|e| format!("draft model `{}` cannot draft for `{}`: {e}", draft.name, self.name))?;
-        settings.validate()?;
+        settings.validate().map_err(|e| e.to_string())?;
         self.speculation.draft = Some(DraftModel { name: draft.name, model: draft.model });
         self.speculation.kind = SpecKind::Draft;
         self.speculation.settings = settings;
@@ -534,7 +536,7 @@ impl Engine {
 
     /// Speculates by n-gram lookup in the context by default ([`SpecKind::Ngram`]).
     pub fn set_ngram(&mut self, settings: SpecSettings) -> Result<(), String> {
-        settings.validate()?;
+        settings.validate().map_err(|e| e.to_string())?;
         self.speculation.kind = SpecKind::Ngram;
         self.speculation.settings = settings;
         Ok(())

@@ -73,17 +73,38 @@ impl Default for SpecSettings {
     }
 }
 
+/// Speculation settings a request may not have: the field (as llama-server's request
+/// names it) and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{msg}")]
+pub struct SpecError {
+    pub field: &'static str,
+    pub msg: String,
+}
+
+impl SpecError {
+    fn new(field: &'static str, msg: impl Into<String>) -> Self {
+        SpecError { field, msg: msg.into() }
+    }
+}
+
 impl SpecSettings {
     /// Checks the ranges; the error names the field as llama-server's request does.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SpecError> {
         if self.max > MAX_DRAFT {
-            return Err(format!("`speculative.n_max` must be at most {MAX_DRAFT}"));
+            return Err(SpecError::new(
+                "speculative.n_max",
+                format!("`speculative.n_max` must be at most {MAX_DRAFT}"),
+            ));
         }
         if self.min > self.max {
-            return Err("`speculative.n_min` must not be more than `speculative.n_max`".into());
+            return Err(SpecError::new(
+                "speculative.n_min",
+                "`speculative.n_min` must not be more than `speculative.n_max`",
+            ));
         }
         if self.p_min.is_some_and(|p| !(p.is_finite() && (0.0..=1.0).contains(&p))) {
-            return Err("`speculative.p_min` must be in [0, 1]".into());
+            return Err(SpecError::new("speculative.p_min", "`speculative.p_min` must be in [0, 1]"));
         }
         Ok(())
     }
@@ -246,7 +267,7 @@ impl Default for Speculation {
 impl Speculation {
     /// What a request speculates with: its own settings over these; `None` when it does
     /// not. A request that asks for the draft model where there is none is refused.
-    pub fn resolve(&self, req: &SpecRequest) -> Result<Option<(SpecKind, SpecSettings)>, String> {
+    pub fn resolve(&self, req: &SpecRequest) -> Result<Option<(SpecKind, SpecSettings)>, SpecError> {
         let kind = req.kind.unwrap_or(self.kind);
         let s = SpecSettings {
             max: req.max.unwrap_or(self.settings.max),
@@ -255,9 +276,10 @@ impl Speculation {
         };
         s.validate()?;
         match kind {
-            SpecKind::Draft if self.draft.is_none() => {
-                Err("`speculative.type` is `draft`, but this model was loaded without a draft model (`--draft`)".into())
-            }
+            SpecKind::Draft if self.draft.is_none() => Err(SpecError::new(
+                "speculative.type",
+                "`speculative.type` is `draft`, but this model was loaded without a draft model (`--draft`)",
+            )),
             SpecKind::Off => Ok(None),
             _ if s.max == 0 => Ok(None),
             kind => Ok(Some((kind, s))),
@@ -338,13 +360,13 @@ mod tests {
         assert_eq!(spec.resolve(&SpecRequest { kind: Some(SpecKind::Off), ..req }).unwrap(), None);
         assert_eq!(spec.resolve(&SpecRequest { max: Some(0), ..req }).unwrap(), None);
         let err = spec.resolve(&SpecRequest { kind: Some(SpecKind::Draft), ..req }).unwrap_err();
-        assert!(err.contains("without a draft model"), "{err}");
+        assert!(err.field == "speculative.type" && err.msg.contains("without a draft model"), "{err}");
         let err = spec.resolve(&SpecRequest { max: Some(MAX_DRAFT + 1), ..req }).unwrap_err();
-        assert!(err.contains("speculative.n_max"), "{err}");
+        assert_eq!(err.field, "speculative.n_max", "{err}");
         let err = spec.resolve(&SpecRequest { min: Some(5), ..req }).unwrap_err();
-        assert!(err.contains("speculative.n_min"), "{err}");
+        assert!(err.field == "speculative.n_min" && err.msg.contains("speculative.n_max"), "{err}");
         let err = spec.resolve(&SpecRequest { p_min: Some(1.5), ..req }).unwrap_err();
-        assert!(err.contains("speculative.p_min"), "{err}");
+        assert_eq!(err.field, "speculative.p_min", "{err}");
     }
 
     #[test]

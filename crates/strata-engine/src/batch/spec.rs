@@ -23,8 +23,24 @@ pub(super) struct SeqSpec {
 }
 
 impl SeqSpec {
-    pub(super) fn new(kind: SpecKind, settings: SpecSettings) -> Self {
-        SeqSpec { kind, settings, draft: None, proposal: Vec::new(), counts: SpecCounts::default(), rejections: 0 }
+    /// Speculation by `kind`; a draft model's takes the draft cache `cache` carries (a
+    /// previous request's, see [`Sequence::into_cache`]).
+    pub(super) fn new(kind: SpecKind, settings: SpecSettings, cache: &mut KvCache) -> Self {
+        let draft = match kind {
+            SpecKind::Draft => cache.draft.take().map(|d| *d),
+            _ => None,
+        };
+        SeqSpec { kind, settings, draft, proposal: Vec::new(), counts: SpecCounts::default(), rejections: 0 }
+    }
+
+    /// Bytes its draft model's cache holds.
+    pub(super) fn cache_bytes(&self) -> u64 {
+        self.draft.as_ref().map_or(0, |(c, _)| c.allocated_bytes())
+    }
+
+    /// Its draft model's cache, to carry with the sequence's own.
+    pub(super) fn take_draft(&mut self) -> Option<Box<(KvCache, Vec<u32>)>> {
+        self.draft.take().map(Box::new)
     }
 }
 

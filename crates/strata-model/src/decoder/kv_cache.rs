@@ -46,6 +46,10 @@ pub struct KvCache {
     /// The linear-attention states a verifying pass saved after each of its rows
     /// ([`SeqStep::verify`]), for [`KvCache::truncate`] to go back to.
     pub(super) row_states: Option<RowStates>,
+    /// A draft model's cache for the same sequence and the tokens it holds (speculative
+    /// decoding), carried with this one so that a follow-up request's draft starts
+    /// from it. Its bytes count in [`allocated_bytes`](Self::allocated_bytes).
+    pub draft: Option<Box<(KvCache, Vec<u32>)>>,
 }
 
 /// A verifying pass's linear-attention states, on the host: `rows[j][l]` is layer
@@ -127,9 +131,10 @@ impl KvCache {
         self.capacity
     }
 
-    /// Bytes its buffers hold now (keys and values, and linear-attention state).
+    /// Bytes its buffers hold now (keys and values, and linear-attention state), a
+    /// draft's cache carried with it included.
     pub fn allocated_bytes(&self) -> u64 {
-        self.memory.bytes() + self.state_memory.bytes()
+        self.memory.bytes() + self.state_memory.bytes() + self.draft.as_ref().map_or(0, |d| d.0.allocated_bytes())
     }
 
     /// Bytes one position takes, over every layer: a full cache is `capacity` times this.

@@ -433,6 +433,7 @@ impl<B: Backend> DecoderModel<B> {
             sparse_ffn: None,
             kept_output: None,
             row_states: None,
+            draft: None,
         })
     }
 

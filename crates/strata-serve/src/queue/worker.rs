@@ -276,7 +276,7 @@ fn generate_error(model: &str, param: &'static str, e: GenerateError) -> JobErro
         GenerateError::Text(t) => text_error(param, t),
         GenerateError::Model(e) => model_error(model, e),
         GenerateError::Grammar(_) => invalid(Some(param), e),
-        GenerateError::Speculative(_) => invalid(Some("speculative"), e),
+        GenerateError::Speculative(s) => invalid(Some(s.field), s),
     }
 }
 
