@@ -21,8 +21,6 @@ table. Standard library only.
 import argparse
 import json
 import shlex
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,12 +29,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from bench_batching import free_port, stop  # noqa: E402
 
 
 def start(cmd, port, log):
@@ -58,15 +52,6 @@ def start(cmd, port, log):
         time.sleep(0.3)
     proc.kill()
     raise SystemExit(f"{argv[0]} not healthy in time")
-
-
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def model_id(port):
