@@ -359,7 +359,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         decode_roofline_tok_s: roofline,
         kv_bytes_per_token,
         kv_bytes_per_token_per_head,
-        decode_fraction_of_roofline: decode_tok_s / n_seq as f64 / roofline,
+        decode_fraction_of_roofline: pass_rate / n_seq as f64 / roofline,
         storage_bandwidth_bytes_s: storage.map(|s| s.bytes_per_sec),
         storage_bandwidth_small_buffer_bytes_s: storage_small.map(|s| s.bytes_per_sec),
         storage_direct_io: storage.map(|s| s.direct),

@@ -71,6 +71,8 @@ pub struct BenchReport {
     pub mem_bandwidth_buffer_bytes: Option<usize>,
     /// Decode tok/s if every step only had to read its weights once at that bandwidth.
     pub decode_roofline_tok_s: f64,
+    /// Decode passes a second over that roofline (a pass that keeps drafted tokens gives
+    /// several tokens for its one read of the weights: passes, not tokens, are bound).
     pub decode_fraction_of_roofline: f64,
     /// Sequential `O_DIRECT` read bandwidth of the model's streamed files into
     /// layer-sized (or expert-sized) buffers, measured in this run (streaming only), at
