@@ -290,3 +290,87 @@ impl KvCache {
         Ok(())
     }
 }
+
+/// The caches a model makes for its sequences.
+impl<B: Backend> DecoderModel<B> {
+    /// An empty KV cache for up to `capacity` positions; nothing is allocated until a
+    /// forward pass (or [`reserve_cache`](Self::reserve_cache)) needs it.
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
+        let c = &self.config;
+        let width = self.kv_type.row_len(c.n_kv_heads * c.head_dim);
+        // A latent layer caches one row (read as keys and as values), an attention
+        // layer two.
+        let rows_cached: usize = c.layers.iter().map(|l| l.mixer.cached_rows()).sum();
+        let position_bytes = (rows_cached * width * std::mem::size_of::<f32>()) as u64;
+        let bufs = KvBufs::<B> { k: Vec::new(), v: Vec::new() };
+        // Linear-attention state: fixed, allocated (and charged) now.
+        let mut states: Vec<Option<Box<dyn LinState>>> = Vec::with_capacity(c.layers.len());
+        for l in &c.layers {
+            states.push(match (l.mixer, &c.linear_attn) {
+                (Mixer::Linear, Some(la)) => {
+                    let buf = self.backend.alloc(la.state_len()).map_err(ModelError::Backend)?;
+                    Some(Box::new(StateBuf { buf, len: la.state_len() }))
+                }
+                _ => None,
+            });
+        }
+        let state_bytes = states.iter().flatten().map(|s| (s.len() * std::mem::size_of::<f32>()) as u64).sum();
+        let memory = self.layers.reserve(0);
+        let state_memory = self.layers.reserve(state_bytes);
+        Ok(KvCache {
+            bufs: Box::new(bufs),
+            states,
+            states_stale: false,
+            memory,
+            state_memory,
+            len: 0,
+            capacity,
+            allocated: 0,
+            position_bytes,
+            grid: Grid::default(),
+            sparse_ffn: None,
+            kept_output: None,
+            row_states: None,
+            draft: None,
+        })
+    }
+
+    /// Grows `cache` to hold at least `positions` (at most its capacity), keeping what
+    /// it holds: by a [`KV_BLOCK`] or half its size again, whichever is more, so that a
+    /// growing sequence copies its cache a bounded number of times.
+    pub fn reserve_cache(&self, cache: &mut KvCache, positions: usize) -> Result<(), ModelError> {
+        let positions = positions.min(cache.capacity);
+        if positions <= cache.allocated {
+            return Ok(());
+        }
+        let grown = (cache.allocated + cache.allocated / 2).max(positions).next_multiple_of(KV_BLOCK);
+        let target = grown.min(cache.capacity);
+        let width = self.kv_type.row_len(self.config.n_kv_heads * self.config.head_dim);
+        let be = &*self.backend;
+        let bufs = cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
+        // Charged before the buffers exist, so that a streaming budget makes room first.
+        let memory = self.layers.reserve(target as u64 * cache.position_bytes);
+        // A linear-attention layer keeps no keys or values, nor a latent one values:
+        // one placeholder float.
+        let fresh = |old: Option<&B::Buf>, attn: bool| -> Result<B::Buf, ModelError> {
+            if !attn {
+                return Ok(be.alloc(1)?);
+            }
+            let mut buf = be.alloc(target * width)?;
+            if let Some(old) = old.filter(|_| cache.len > 0) {
+                be.copy_rows(old, Rows::first(cache.len), width, &mut buf, 0)?;
+            }
+            Ok(buf)
+        };
+        let n = self.config.n_layers;
+        let mut next = KvBufs::<B> { k: Vec::with_capacity(n), v: Vec::with_capacity(n) };
+        for (l, layer) in self.config.layers.iter().enumerate() {
+            next.k.push(fresh(bufs.k.get(l), layer.mixer.cached_rows() > 0)?);
+            next.v.push(fresh(bufs.v.get(l), layer.mixer.cached_rows() > 1)?);
+        }
+        *bufs = next;
+        cache.memory = memory;
+        cache.allocated = target;
+        Ok(())
+    }
+}

@@ -10,10 +10,13 @@ use std::sync::{Arc, Mutex};
 
 pub(crate) mod build;
 mod kv_cache;
+mod language_model;
+mod workspace;
 
 use build::*;
 use kv_cache::*;
 pub use kv_cache::{KV_BLOCK, KvCache, LastOutput};
+use workspace::*;
 
 use super::config::{Ffn, Mixer, ModelConfig};
 use super::deltanet::LinearWeights;
@@ -99,106 +102,6 @@ impl SeqStep<'_> {
     fn every_row(&self) -> bool {
         self.all_logits || self.verify
     }
-}
-
-/// Rows of a pass that compute together: a sequence's new tokens, or one row of a
-/// verifying sequence (each of its rows alone).
-#[derive(Clone, Copy, Debug)]
-struct Part {
-    /// The sequence's index in the batch.
-    seq: usize,
-    /// Its first row in the pass.
-    row0: usize,
-    n: usize,
-    /// The position of its first row.
-    start_pos: usize,
-}
-
-impl Part {
-    /// The parts of `batch`, in row order (sequences without new tokens have none).
-    fn of(batch: &[SeqStep<'_>]) -> Vec<Part> {
-        let mut parts = Vec::with_capacity(batch.len());
-        let mut row0 = 0;
-        for (seq, s) in batch.iter().enumerate() {
-            let (n, at) = (s.tokens.len(), s.cache.len);
-            match s.verify {
-                true => parts.extend((0..n).map(|j| Part { seq, row0: row0 + j, n: 1, start_pos: at + j })),
-                false if n > 0 => parts.push(Part { seq, row0, n, start_pos: at }),
-                false => {}
-            }
-            row0 += n;
-        }
-        parts
-    }
-}
-
-/// Activation buffers reused across forward passes (no allocation per token): sized
-/// for `rows` token rows and `out_rows` rows of logits, grown when a pass needs more.
-struct Workspace<B: Backend> {
-    rows: usize,
-    out_rows: usize,
-    x: B::Buf,      // residual stream (rows, hidden)
-    normed: B::Buf, // (rows, hidden)
-    q: B::Buf,      // (rows, n_heads * head_dim)
-    k: B::Buf,      // (rows, n_kv_heads * head_dim)
-    v: B::Buf,      // (rows, n_kv_heads * head_dim)
-    attn: B::Buf,   // (rows, n_heads * head_dim)
-    proj: B::Buf,   // (rows, hidden)
-    gate: B::Buf,   // (rows, widest MLP: intermediate, expert or shared expert)
-    up: B::Buf,     // (rows, widest MLP)
-    moe: Option<MoeBufs<B>>,
-    scratch: B::Buf, // (rows, max(q_dim, kv_dim))
-    /// The attention output gate (rows, q_dim) when the model has one.
-    attn_gate: Option<B::Buf>,
-    /// A linear-attention layer's projections: (rows, 2 key_dim + 2 value_dim) and
-    /// (rows, 2 n_v_heads), when the model has such layers.
-    lin: Option<(B::Buf, B::Buf, B::Buf)>,
-    /// A latent-attention layer's own buffers, when the model has such layers.
-    mla: Option<MlaBufs<B>>,
-    picked: B::Buf,  // (out_rows, hidden): the rows whose logits are wanted
-    head_in: B::Buf, // (out_rows, hidden): those rows after the final norm
-    logits: B::Buf,  // (out_rows, vocab)
-}
-
-impl<B: Backend> Workspace<B> {
-    fn new(be: &B, c: &ModelConfig, rows: usize, out_rows: usize) -> Result<Self, BackendError> {
-        let (h, q_dim, kv_dim) = (c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-        let (rows, out_rows) = (rows.max(1), out_rows.max(1));
-        Ok(Workspace {
-            rows,
-            out_rows,
-            x: be.alloc(rows * h)?,
-            normed: be.alloc(rows * h)?,
-            q: be.alloc(rows * q_dim)?,
-            k: be.alloc(rows * kv_dim)?,
-            v: be.alloc(rows * kv_dim)?,
-            attn: be.alloc(rows * q_dim)?,
-            proj: be.alloc(rows * h)?,
-            gate: be.alloc(rows * ffn_width(c))?,
-            up: be.alloc(rows * ffn_width(c))?,
-            moe: MoeBufs::new(be, c, rows)?,
-            scratch: be.alloc(rows * q_dim.max(kv_dim))?,
-            attn_gate: if c.attn_output_gate { Some(be.alloc(rows * q_dim)?) } else { None },
-            lin: match &c.linear_attn {
-                Some(la) => Some((
-                    be.alloc(rows * (2 * la.key_dim() + 2 * la.value_dim()))?,
-                    be.alloc(rows * 2 * la.n_v_heads)?,
-                    be.alloc(rows * la.value_dim())?,
-                )),
-                None => None,
-            },
-            mla: MlaBufs::new(be, c, rows)?,
-            picked: be.alloc(out_rows * h)?,
-            head_in: be.alloc(out_rows * h)?,
-            logits: be.alloc(out_rows * c.vocab_size)?,
-        })
-    }
-}
-
-/// The widest MLP any layer runs (dense, routed expert or shared expert).
-fn ffn_width(c: &ModelConfig) -> usize {
-    let m = c.moe.map_or(0, |m| m.expert_size.max(m.shared_expert_size.unwrap_or(0)));
-    c.intermediate_size.max(m)
 }
 
 /// A pass's logits (`Readback::Full`) or top entries (`Readback::Top`) of the selected
@@ -393,87 +296,6 @@ impl<B: Backend> DecoderModel<B> {
 
     pub fn scheduler(&self) -> &Scheduler<LayerWeights<B>> {
         &self.layers
-    }
-
-    /// An empty KV cache for up to `capacity` positions; nothing is allocated until a
-    /// forward pass (or [`reserve_cache`](Self::reserve_cache)) needs it.
-    pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
-        let c = &self.config;
-        let width = self.kv_type.row_len(c.n_kv_heads * c.head_dim);
-        // A latent layer caches one row (read as keys and as values), an attention
-        // layer two.
-        let rows_cached: usize = c.layers.iter().map(|l| l.mixer.cached_rows()).sum();
-        let position_bytes = (rows_cached * width * std::mem::size_of::<f32>()) as u64;
-        let bufs = KvBufs::<B> { k: Vec::new(), v: Vec::new() };
-        // Linear-attention state: fixed, allocated (and charged) now.
-        let mut states: Vec<Option<Box<dyn LinState>>> = Vec::with_capacity(c.layers.len());
-        for l in &c.layers {
-            states.push(match (l.mixer, &c.linear_attn) {
-                (Mixer::Linear, Some(la)) => {
-                    let buf = self.backend.alloc(la.state_len()).map_err(ModelError::Backend)?;
-                    Some(Box::new(StateBuf { buf, len: la.state_len() }))
-                }
-                _ => None,
-            });
-        }
-        let state_bytes = states.iter().flatten().map(|s| (s.len() * std::mem::size_of::<f32>()) as u64).sum();
-        let memory = self.layers.reserve(0);
-        let state_memory = self.layers.reserve(state_bytes);
-        Ok(KvCache {
-            bufs: Box::new(bufs),
-            states,
-            states_stale: false,
-            memory,
-            state_memory,
-            len: 0,
-            capacity,
-            allocated: 0,
-            position_bytes,
-            grid: Grid::default(),
-            sparse_ffn: None,
-            kept_output: None,
-            row_states: None,
-            draft: None,
-        })
-    }
-
-    /// Grows `cache` to hold at least `positions` (at most its capacity), keeping what
-    /// it holds: by a [`KV_BLOCK`] or half its size again, whichever is more, so that a
-    /// growing sequence copies its cache a bounded number of times.
-    pub fn reserve_cache(&self, cache: &mut KvCache, positions: usize) -> Result<(), ModelError> {
-        let positions = positions.min(cache.capacity);
-        if positions <= cache.allocated {
-            return Ok(());
-        }
-        let grown = (cache.allocated + cache.allocated / 2).max(positions).next_multiple_of(KV_BLOCK);
-        let target = grown.min(cache.capacity);
-        let width = self.kv_type.row_len(self.config.n_kv_heads * self.config.head_dim);
-        let be = &*self.backend;
-        let bufs = cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
-        // Charged before the buffers exist, so that a streaming budget makes room first.
-        let memory = self.layers.reserve(target as u64 * cache.position_bytes);
-        // A linear-attention layer keeps no keys or values, nor a latent one values:
-        // one placeholder float.
-        let fresh = |old: Option<&B::Buf>, attn: bool| -> Result<B::Buf, ModelError> {
-            if !attn {
-                return Ok(be.alloc(1)?);
-            }
-            let mut buf = be.alloc(target * width)?;
-            if let Some(old) = old.filter(|_| cache.len > 0) {
-                be.copy_rows(old, Rows::first(cache.len), width, &mut buf, 0)?;
-            }
-            Ok(buf)
-        };
-        let n = self.config.n_layers;
-        let mut next = KvBufs::<B> { k: Vec::with_capacity(n), v: Vec::with_capacity(n) };
-        for (l, layer) in self.config.layers.iter().enumerate() {
-            next.k.push(fresh(bufs.k.get(l), layer.mixer.cached_rows() > 0)?);
-            next.v.push(fresh(bufs.v.get(l), layer.mixer.cached_rows() > 1)?);
-        }
-        *bufs = next;
-        cache.memory = memory;
-        cache.allocated = target;
-        Ok(())
     }
 
     /// Runs the new tokens of every sequence in `batch` through the model, appending to
@@ -977,99 +799,4 @@ fn residual<B: Backend>(
         be.unary(out, len, Unary::Scale(c.residual_scale))?;
     }
     Ok(be.add_rows(x, out, c.hidden_size, Rows::first(rows), None)?)
-}
-
-impl<B: Backend> super::LanguageModel for DecoderModel<B> {
-    fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-
-    fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
-        DecoderModel::new_cache(self, capacity)
-    }
-
-    fn reserve_cache(&self, cache: &mut KvCache, positions: usize) -> Result<(), ModelError> {
-        DecoderModel::reserve_cache(self, cache, positions)
-    }
-
-    fn free_memory(&self) -> Option<u64> {
-        self.backend.free_memory()
-    }
-
-    fn forward_until(
-        &self,
-        batch: &mut [SeqStep<'_>],
-        cancelled: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        DecoderModel::forward_until(self, batch, cancelled)
-    }
-
-    fn forward_top_k(
-        &self,
-        batch: &mut [SeqStep<'_>],
-        k: usize,
-        cancelled: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Vec<TopK>, ModelError> {
-        DecoderModel::forward_top_k(self, batch, k, cancelled)
-    }
-
-    fn forward_logits_and_top_k(
-        &self,
-        batch: &mut [SeqStep<'_>],
-        k: usize,
-        cancelled: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Vec<(Vec<f32>, TopK)>, ModelError> {
-        DecoderModel::forward_logits_and_top_k(self, batch, k, cancelled)
-    }
-
-    fn forward_rows(
-        &self,
-        batch: &mut [SeqStep<'_>],
-        readback: Readback,
-        cancelled: &(dyn Fn() -> bool + Sync),
-    ) -> Result<PassRows, ModelError> {
-        let readback = match readback {
-            Readback::Top(k) => Readback::Top(k.clamp(1, strata_backend::MAX_TOP_K)),
-            Readback::Both(k) => Readback::Both(k.clamp(1, strata_backend::MAX_TOP_K)),
-            Readback::Full => Readback::Full,
-        };
-        let (logits, counts, top) = self.run(batch, cancelled, readback)?;
-        Ok(PassRows { logits, counts, top })
-    }
-
-    fn embed(&self, tokens: &[u32], cancelled: &(dyn Fn() -> bool + Sync)) -> Result<Vec<f32>, ModelError> {
-        DecoderModel::embed(self, tokens, cancelled)
-    }
-
-    fn scheduler(&self) -> &dyn SchedInfo {
-        &self.layers
-    }
-
-    fn backend_name(&self) -> String {
-        self.backend.name()
-    }
-
-    fn chunking_changes_rows(&self) -> bool {
-        self.backend.chunking_changes_rows()
-    }
-
-    fn device_bytes(&self) -> u64 {
-        self.backend.device_bytes()
-    }
-
-    fn memory_bandwidth(&self) -> Option<f64> {
-        self.backend.memory_bandwidth()
-    }
-
-    fn launch_stats(&self) -> Option<strata_backend::LaunchStats> {
-        self.backend.launch_stats()
-    }
-
-    fn weights_bytes(&self) -> usize {
-        self.weights_bytes
-    }
-
-    fn lm_head_bytes(&self) -> usize {
-        self.lm_head_bytes
-    }
 }
