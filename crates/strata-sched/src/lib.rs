@@ -13,6 +13,7 @@ pub mod expert_policy;
 pub mod experts;
 pub mod io;
 pub mod layout;
+pub mod placement;
 pub mod plan;
 pub mod runtime;
 pub mod sparse;
