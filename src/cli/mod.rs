@@ -207,9 +207,9 @@ pub struct DraftOpts {
     pub draft_min: usize,
     /// A draft model stops proposing where its most likely token is less likely than P
     /// (0 to 1). `auto` (the default): where the chance that all it drafted so far is
-    /// kept is worth less of the model's time than another draft pass costs (both times
-    /// measured as it runs), so a model that streams its weights gets long drafts and a
-    /// resident one beside a draft of its own size short ones.
+    /// kept is worth less of the model's time than another draft pass and verifying row
+    /// cost (measured as it runs), so a model that streams its weights gets long drafts
+    /// and a resident one beside a draft of its own size short ones.
     #[arg(long = "draft-p-min", value_name = "P", default_value = "auto", value_parser = parse_p_min)]
     pub draft_p_min: PMin,
 }

@@ -527,6 +527,7 @@ pub fn step(
             }
             batch.push(SeqStep { tokens, cache: &mut seq.cache, all_logits: false, verify });
         }
+        let rows_run: usize = inputs.iter().map(Vec::len).sum();
         let readback = match (widest, all_cut) {
             (Some(k), true) => Readback::Top(k),
             (Some(k), false) => Readback::Both(k),
@@ -545,9 +546,9 @@ pub fn step(
             }
             let started = Instant::now();
             let rows = engine.model.forward_rows(&mut batch, readback, cancelled);
-            // A decoding pass's time, for the cost rule of drafting.
-            if decoding.len() == ran.len() && engine.speculation.draft.is_some() {
-                engine.speculation.stats.note_pass(started.elapsed().as_nanos() as u64);
+            // A decoding pass's time against its rows, for the cost rule of drafting.
+            if decoding.len() == ran.len() {
+                engine.speculation.stats.note_pass(rows_run, started.elapsed().as_nanos() as u64);
             }
             rows
         });

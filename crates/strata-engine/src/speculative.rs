@@ -170,16 +170,61 @@ pub struct SpecStats {
     accepted: AtomicU64,
     /// Nanoseconds spent drafting (a draft model's passes, the n-gram lookups).
     draft_ns: AtomicU64,
-    /// Moving averages (f64 bits; 0: none yet) of a draft model's pass of one token per
-    /// sequence, and of the model's decoding pass (no prompt rows), in nanoseconds.
+    /// The moving average (f64 bits; 0: none yet) of a draft model's pass of one token
+    /// per sequence, in nanoseconds.
     draft_pass_ns: AtomicU64,
-    pass_ns: AtomicU64,
+    /// The model's decoding (and verifying) passes: their time against their rows.
+    passes: std::sync::Mutex<PassFit>,
     /// Verifying passes that ended at a drafted token the model did not sample.
     rejections: AtomicU64,
 }
 
 /// The weight of each new time in [`SpecStats`]' moving averages.
 const TIME_WEIGHT: f64 = 0.2;
+
+/// The weight of each pass in [`PassFit`] (smaller: the fit needs passes of several
+/// row counts).
+const FIT_WEIGHT: f64 = 0.05;
+
+/// A moving least-squares line through the model's pass times (ns) against their rows:
+/// `a + b · rows`, the pass's own cost and each row's.
+#[derive(Clone, Copy, Debug, Default)]
+struct PassFit {
+    w: f64,
+    n: f64,
+    t: f64,
+    nn: f64,
+    nt: f64,
+}
+
+impl PassFit {
+    fn note(&mut self, rows: f64, ns: f64) {
+        let keep = 1.0 - FIT_WEIGHT;
+        let PassFit { w, n, t, nn, nt } = *self;
+        *self = PassFit {
+            w: w * keep + 1.0,
+            n: n * keep + rows,
+            t: t * keep + ns,
+            nn: nn * keep + rows * rows,
+            nt: nt * keep + rows * ns,
+        };
+    }
+
+    /// `(a, b)`, both at least 0; `None` before any pass. Passes of one row count alone
+    /// cannot tell a row's cost from the pass's: `b` is then 0.
+    fn line(&self) -> Option<(f64, f64)> {
+        if self.w <= 0.0 {
+            return None;
+        }
+        let (mn, mt) = (self.n / self.w, self.t / self.w);
+        let var = self.nn / self.w - mn * mn;
+        let b = match var > 1e-6 {
+            true => ((self.nt / self.w - mn * mt) / var).max(0.0),
+            false => 0.0,
+        };
+        Some(((mt - b * mn).max(0.0), b))
+    }
+}
 
 fn note_time(avg: &AtomicU64, ns: f64) {
     let old = f64::from_bits(avg.load(Ordering::Relaxed));
@@ -206,24 +251,29 @@ impl SpecStats {
         note_time(&self.draft_pass_ns, ns as f64);
     }
 
-    /// Records a decoding (or verifying) pass of the model.
-    pub fn note_pass(&self, ns: u64) {
-        note_time(&self.pass_ns, ns as f64);
+    /// Records a decoding (or verifying) pass of the model over `rows` rows.
+    pub fn note_pass(&self, rows: usize, ns: u64) {
+        self.passes.lock().unwrap_or_else(|e| e.into_inner()).note(rows as f64, ns as f64);
     }
 
-    /// Where a draft model stops: once the chance that every token drafted so far is kept
-    /// (at the rate drafted tokens have been kept) falls below this, the next
-    /// one costs a draft pass for less than that pass's worth of the model's time
-    /// expected back (each kept token saves about one of the model's passes). The ratio
-    /// of the two passes' measured times: small for a model that streams its weights
-    /// (its pass is a read of them), larger for a resident one beside a draft of its own
-    /// size. 0 until both have been timed.
-    pub fn draft_threshold(&self) -> f64 {
-        let draft = f64::from_bits(self.draft_pass_ns.load(Ordering::Relaxed));
-        let pass = f64::from_bits(self.pass_ns.load(Ordering::Relaxed));
-        match draft > 0.0 && pass > 0.0 {
-            true => (draft / pass).min(1.0),
+    /// Where drafting stops (`--draft-p-min auto`): once the chance that every token
+    /// drafted so far is kept (at the rate drafted tokens have been kept) falls below
+    /// this, the next one costs more than it is expected to give back. It costs a draft
+    /// model's pass (`with_model`) and a row of the model's verifying pass; kept, it
+    /// saves the model a pass: `(row + draft) / (pass + row)`, from the passes timed so
+    /// far (the model's fitted as `pass + row · rows`).
+    /// Small for a model that streams its weights (its pass is a read of them), larger
+    /// for a resident one beside a draft of its own size. 0 until the model's passes
+    /// have been timed.
+    pub fn draft_threshold(&self, with_model: bool) -> f64 {
+        let draft = match with_model {
+            true => f64::from_bits(self.draft_pass_ns.load(Ordering::Relaxed)),
             false => 0.0,
+        };
+        let fit = *self.passes.lock().unwrap_or_else(|e| e.into_inner());
+        match fit.line() {
+            Some((pass, row)) if pass + row > 0.0 => ((row + draft) / (pass + row)).min(1.0),
+            _ => 0.0,
         }
     }
 
@@ -372,13 +422,27 @@ mod tests {
     #[test]
     fn counts_say_how_much_a_step_gave() {
         let stats = SpecStats::default();
-        assert_eq!(stats.draft_threshold(), 0.0, "untimed: no threshold");
+        assert_eq!(stats.draft_threshold(true), 0.0, "untimed: no threshold");
+        // Passes of 10 ms and 1 ms a row, a draft pass of 2 ms.
         stats.note_draft_pass(2_000_000);
-        stats.note_pass(10_000_000);
-        assert!((stats.draft_threshold() - 0.2).abs() < 1e-12);
-        // A model that streams its weights: its passes take far longer than the draft's.
-        stats.note_pass(1_000_000_000);
-        assert!(stats.draft_threshold() < 0.02, "{}", stats.draft_threshold());
+        for rows in [1, 5, 1, 9, 3, 17] {
+            stats.note_pass(rows, 10_000_000 + rows as u64 * 1_000_000);
+        }
+        let want = |draft: f64| (1e6 + draft) / (10e6 + 1e6);
+        assert!((stats.draft_threshold(true) - want(2e6)).abs() < 1e-9, "{}", stats.draft_threshold(true));
+        assert!((stats.draft_threshold(false) - want(0.0)).abs() < 1e-9, "{}", stats.draft_threshold(false));
+        // A model that streams its weights: its passes take far longer than a row or a
+        // draft pass.
+        let streamed = SpecStats::default();
+        streamed.note_draft_pass(2_000_000);
+        for rows in [1, 17, 5, 12] {
+            streamed.note_pass(rows, 300_000_000 + rows as u64 * 1_000_000);
+        }
+        assert!(streamed.draft_threshold(true) < 0.02, "{}", streamed.draft_threshold(true));
+        // Passes of one row count alone: a row costs nothing that can be told apart.
+        let flat = SpecStats::default();
+        (0..4).for_each(|_| flat.note_pass(1, 5_000_000));
+        assert_eq!(flat.draft_threshold(false), 0.0);
         let c = SpecCounts { steps: 4, drafted: 16, accepted: 12 };
         assert_eq!(c.acceptance_rate(), 0.75);
         assert_eq!(c.tokens_per_step(), 4.0);

@@ -33,6 +33,13 @@ impl SeqSpec {
         SeqSpec { kind, settings, draft, proposal: Vec::new(), counts: SpecCounts::default(), rejections: 0 }
     }
 
+    /// How often its drafted tokens are kept: each kept one against each rejection, the
+    /// model's rate `prior` weighing as four tokens of its own at first.
+    fn keep_rate(&self, prior: f64) -> f64 {
+        let (kept, lost) = (self.counts.accepted as f64, self.rejections as f64);
+        (kept + 4.0 * prior) / (kept + lost + 4.0)
+    }
+
     /// Bytes its draft model's cache holds.
     pub(super) fn cache_bytes(&self) -> u64 {
         self.draft.as_ref().map_or(0, |(c, _)| c.allocated_bytes())
@@ -91,6 +98,7 @@ pub(super) fn draft(
         match spec.kind {
             SpecKind::Ngram if room > 0 => {
                 let ctx = seqs[i].context();
+                // The lookup costs nothing: it proposes all it found, up to `room`.
                 let proposal = ngram_draft(&ctx, room);
                 seqs[i].spec.as_mut().expect("a speculating sequence").proposal = proposal;
             }
@@ -154,18 +162,12 @@ fn draft_with_model(
         run_draft(model, seqs, todo, &long, &chunks, cancelled)?;
     }
     let stats = &engine.speculation.stats;
-    let auto = stats.draft_threshold();
+    let auto = stats.draft_threshold(true);
     // Each one's chance that all it drafted so far is kept, each token kept as often as
-    // its drafts were (the model's totals weighing as four of its own tokens at first).
+    // its drafts were.
     let prior = stats.acceptance_estimate();
-    let rate: Vec<f64> = todo
-        .iter()
-        .map(|&(i, _)| {
-            let s = seqs[i].spec.as_ref().expect("a speculating sequence");
-            let (kept, lost) = (s.counts.accepted as f64, s.rejections as f64);
-            (kept + 4.0 * prior) / (kept + lost + 4.0)
-        })
-        .collect();
+    let rate: Vec<f64> =
+        todo.iter().map(|&(i, _)| seqs[i].spec.as_ref().map_or(prior, |s| s.keep_rate(prior))).collect();
     let mut kept = vec![1.0f64; todo.len()];
     let mut active: Vec<usize> = (0..todo.len()).collect();
     let mut first = true;
