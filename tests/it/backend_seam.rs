@@ -15,6 +15,7 @@ use strata::backend::{
 use strata::model::config::ModelConfig;
 use strata::model::decoder::{DecoderModel, KvCache, ModelError, SeqStep};
 use strata::model::demo::demo_source;
+use strata::model::{LanguageModel, Readback};
 use strata::tensor::HostTensor;
 
 /// The CPU backend, counting allocations and weight uploads, and failing `matmul` on
@@ -226,7 +227,7 @@ fn device_top_k_matches_the_full_logits() {
 }
 
 /// A pass that hands back both the logits and the top entries
-/// (`forward_logits_and_top_k`, for a batch where one sequence samples from every logit
+/// (`Readback::Both`, for a batch where one sequence samples from every logit
 /// and another from its top entries) gives the logits `forward` gives and the top entries
 /// `forward_top_k` gives over the same batch: the backend's own (here with a `logsumexp`
 /// the host's scan of the row would not give), so that a sequence gets what it gets from
@@ -238,12 +239,15 @@ fn logits_and_top_k_together_give_what_each_pass_gives() {
     let prompts: [&[u32]; 2] = [&PROMPT, &PROMPT[2..7]];
     let fresh = || [m.new_cache(64).unwrap(), m.new_cache(64).unwrap()];
     let (mut c1, mut c2, mut c3) = (fresh(), fresh(), fresh());
-    let both = m.forward_logits_and_top_k(&mut steps(prompts, &mut c1), 5, &|| false).unwrap();
+    let rows = LanguageModel::forward_rows(&m, &mut steps(prompts, &mut c1), Readback::Both(5), &|| false).unwrap();
+    assert_eq!(rows.counts, [1, 1], "one row a sequence");
+    let vocab = m.config().vocab_size;
+    let both: Vec<(&[f32], &TopK)> = rows.logits.chunks(vocab).zip(&rows.top).collect();
     let full = m.forward(&mut steps(prompts, &mut c2)).unwrap();
     let top = m.forward_top_k(&mut steps(prompts, &mut c3), 5, &|| false).unwrap();
     assert_eq!((c1[0].len(), c1[1].len()), (prompts[0].len(), prompts[1].len()));
-    for ((logits, t), (full, top)) in both.iter().zip(full.iter().zip(&top)) {
-        assert_eq!(logits, full);
+    for (&(logits, t), (full, top)) in both.iter().zip(full.iter().zip(&top)) {
+        assert_eq!(logits, &full[..]);
         assert_eq!((&t.ids, &t.logits, t.lse.to_bits()), (&top.ids, &top.logits, top.lse.to_bits()));
         assert_ne!(t.lse, strata::backend::cpu::top_k_row(logits, 5).lse, "the backend's logsumexp, not the host's");
     }

@@ -513,6 +513,7 @@ pub fn step(
         })
         .collect();
     let verifying: Vec<bool> = ran.iter().map(|&i| !seqs[i].proposal().is_empty()).collect();
+    let speculates: Vec<bool> = seqs.iter().map(|s| s.spec.is_some()).collect();
     let mut outs: Vec<Vec<LastOutput>> = {
         let mut by_index: Vec<Option<&mut Sequence>> = seqs.iter_mut().map(|s| Some(&mut **s)).collect();
         let mut batch: Vec<SeqStep<'_>> = Vec::with_capacity(ran.len());
@@ -528,6 +529,7 @@ pub fn step(
             batch.push(SeqStep { tokens, cache: &mut seq.cache, all_logits: false, verify });
         }
         let rows_run: usize = inputs.iter().map(Vec::len).sum();
+        let speculating = decoding.iter().any(|&i| speculates[i]);
         let readback = match (widest, all_cut) {
             (Some(k), true) => Readback::Top(k),
             (Some(k), false) => Readback::Both(k),
@@ -546,8 +548,9 @@ pub fn step(
             }
             let started = Instant::now();
             let rows = engine.model.forward_rows(&mut batch, readback, cancelled);
-            // A decoding pass's time against its rows, for the cost rule of drafting.
-            if decoding.len() == ran.len() {
+            // A speculating decoding pass's time against its rows, for the cost rule of
+            // drafting.
+            if decoding.len() == ran.len() && speculating {
                 engine.speculation.stats.note_pass(rows_run, started.elapsed().as_nanos() as u64);
             }
             rows
@@ -622,10 +625,7 @@ fn split_rows(rows: PassRows, readback: Readback, cut: &[bool], vocab: usize) ->
                     let logits = || logits[row * vocab..(row + 1) * vocab].to_vec();
                     let out = match (readback, cut) {
                         (Readback::Full, _) => LastOutput::Logits(logits()),
-                        (Readback::Top(_), _) => {
-                            LastOutput::Top(top.next().unwrap_or_else(strata_backend::TopK::empty))
-                        }
-                        (Readback::Both(_), true) => {
+                        (Readback::Top(_), _) | (Readback::Both(_), true) => {
                             LastOutput::Top(top.next().unwrap_or_else(strata_backend::TopK::empty))
                         }
                         (Readback::Both(_), false) => {

@@ -30,7 +30,10 @@ pub enum Readback {
     Full,
     /// The `k` most likely entries and the `logsumexp` (copied back instead of the row).
     Top(usize),
-    /// Both: every logit, and the `k` most likely entries as the backend selects them.
+    /// Both: every logit, and the `k` most likely entries as the backend selects them,
+    /// for a batch where some sequences sample from every logit and the others from
+    /// their top entries, which then get exactly what `Top` gives them (on a GPU the
+    /// device's `logsumexp`, which a host scan of the downloaded row may round otherwise).
     Both(usize),
 }
 
@@ -70,14 +73,6 @@ pub trait LanguageModel: Send + Sync {
         k: usize,
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<TopK>, ModelError>;
-    /// Like `forward_top_k`, but also returns the logits of each sequence's last new
-    /// token, beside its top entries.
-    fn forward_logits_and_top_k(
-        &self,
-        batch: &mut [SeqStep<'_>],
-        k: usize,
-        cancelled: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Vec<(Vec<f32>, TopK)>, ModelError>;
     /// Runs `batch` and hands back what `readback` asks of every row each sequence
     /// wants (see [`PassRows`]).
     fn forward_rows(

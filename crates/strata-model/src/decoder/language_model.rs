@@ -36,26 +36,12 @@ impl<B: Backend> crate::LanguageModel for DecoderModel<B> {
         DecoderModel::forward_top_k(self, batch, k, cancelled)
     }
 
-    fn forward_logits_and_top_k(
-        &self,
-        batch: &mut [SeqStep<'_>],
-        k: usize,
-        cancelled: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Vec<(Vec<f32>, TopK)>, ModelError> {
-        DecoderModel::forward_logits_and_top_k(self, batch, k, cancelled)
-    }
-
     fn forward_rows(
         &self,
         batch: &mut [SeqStep<'_>],
         readback: Readback,
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<PassRows, ModelError> {
-        let readback = match readback {
-            Readback::Top(k) => Readback::Top(k.clamp(1, strata_backend::MAX_TOP_K)),
-            Readback::Both(k) => Readback::Both(k.clamp(1, strata_backend::MAX_TOP_K)),
-            Readback::Full => Readback::Full,
-        };
         let (logits, counts, top) = self.run(batch, cancelled, readback)?;
         Ok(PassRows { logits, counts, top })
     }

@@ -333,7 +333,7 @@ impl<B: Backend> DecoderModel<B> {
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<TopK>, ModelError> {
         batch.iter_mut().for_each(|s| s.all_logits = false);
-        let (_, counts, top) = self.run(batch, cancelled, Readback::Top(k.clamp(1, strata_backend::MAX_TOP_K)))?;
+        let (_, counts, top) = self.run(batch, cancelled, Readback::Top(k))?;
         let mut top = top.into_iter();
         // A sequence with no new tokens has no row: it gets an empty answer.
         Ok(counts
@@ -342,44 +342,21 @@ impl<B: Backend> DecoderModel<B> {
             .collect())
     }
 
-    /// Runs `batch` like [`forward_top_k`](Self::forward_top_k) and returns, per
-    /// sequence, both the logits of its last new token and its `k` most likely next
-    /// tokens as the backend selects them: for a batch where some sequences sample from
-    /// every logit and the others from their top entries, which then get exactly what
-    /// [`forward_top_k`](Self::forward_top_k) gives them alone (on a GPU the device's
-    /// `logsumexp`, which a host scan of the downloaded row may round otherwise).
-    pub fn forward_logits_and_top_k(
-        &self,
-        batch: &mut [SeqStep<'_>],
-        k: usize,
-        cancelled: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Vec<(Vec<f32>, TopK)>, ModelError> {
-        batch.iter_mut().for_each(|s| s.all_logits = false);
-        let vocab = self.config.vocab_size;
-        let (logits, counts, top) =
-            self.run(batch, cancelled, Readback::Both(k.clamp(1, strata_backend::MAX_TOP_K)))?;
-        let (mut top, mut at) = (top.into_iter(), 0);
-        Ok(counts
-            .iter()
-            .map(|&n| match n {
-                0 => (Vec::new(), TopK::empty()),
-                _ => {
-                    at += 1;
-                    (logits[(at - 1) * vocab..at * vocab].to_vec(), top.next().unwrap_or_else(TopK::empty))
-                }
-            })
-            .collect())
-    }
-
     /// The layers, then the final norm and head over each sequence's selected rows.
-    /// Returns the logits (`Readback::Full`) or the top entries (`Readback::Top`) of
-    /// those rows, and how many rows each sequence got.
-    fn run(
+    /// Returns the logits (`Readback::Full`) or the top entries (`Readback::Top`, `k`
+    /// clamped to 1..=`MAX_TOP_K`) of those rows, and how many rows each sequence got.
+    pub(super) fn run(
         &self,
         batch: &mut [SeqStep<'_>],
         cancelled: &(dyn Fn() -> bool + Sync),
         readback: Readback,
     ) -> Result<PassOutput, ModelError> {
+        let k = |k: usize| k.clamp(1, strata_backend::MAX_TOP_K);
+        let readback = match readback {
+            Readback::Top(n) => Readback::Top(k(n)),
+            Readback::Both(n) => Readback::Both(k(n)),
+            Readback::Full => Readback::Full,
+        };
         self.backend.on_workers(|| self.run_here(batch, cancelled, readback))
     }
 
