@@ -316,6 +316,7 @@ pub fn memory_budget(
         expert_guess: opts.expert_guess,
         sparse_ffn: opts.sparse_ffn,
         host_budget,
+        split: None,
         stage: None,
         repack: false,
     })

@@ -14,6 +14,7 @@ pub mod moe;
 pub mod shapes;
 pub mod sparse;
 pub mod spec;
+pub mod split;
 
 use std::path::Path;
 

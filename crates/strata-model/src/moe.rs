@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::config::{GroupScore, ModelConfig, MoeConfig, Scoring};
 use super::error::ModelError;
+pub use super::split::{CpuSide, LayerSides};
 use strata_backend::{Backend, Rows};
 use strata_sched::SchedError;
 use strata_tensor::tensor::HostTensor;
@@ -222,6 +223,8 @@ pub struct MoeBufs<B: Backend> {
     pub logits: B::Buf,
     pub xe: B::Buf, // (rows, hidden): the rows routed to one expert (or group)
     pub ye: B::Buf, // (rows, hidden): that expert's output
+    /// (rows, hidden): the CPU side's experts' sum, copied up (a MoE model's only).
+    pub from_cpu: B::Buf,
 }
 
 impl<B: Backend> MoeBufs<B> {
@@ -232,7 +235,13 @@ impl<B: Backend> MoeBufs<B> {
             (None, None) => return Ok(None),
         };
         let h = c.hidden_size;
-        Ok(Some(MoeBufs { logits: be.alloc(rows * width)?, xe: be.alloc(rows * h)?, ye: be.alloc(rows * h)? }))
+        let from_cpu = be.alloc(if c.moe.is_some() { rows * h } else { 0 })?;
+        Ok(Some(MoeBufs {
+            logits: be.alloc(rows * width)?,
+            xe: be.alloc(rows * h)?,
+            ye: be.alloc(rows * h)?,
+            from_cpu,
+        }))
     }
 }
 
@@ -275,6 +284,36 @@ pub struct MoeBlock<'a, B: Backend> {
     pub rows: usize,
     /// Rows per sequence of the batch, in order (see [`Backend::matmul_seqs`]).
     pub seq_rows: &'a [usize],
+    /// The routed experts the CPU computes beside the device, when it computes some
+    /// ([`CpuSide`]). An entry of `seq_rows` of more than one row is a prompt chunk
+    /// (a verifying sequence's rows come one by one), which the plan may run wholly on
+    /// the device.
+    pub cpu: Option<&'a CpuSide>,
+}
+
+/// The rows routed to each expert, with their routing weights, by expert (ascending).
+type ByExpert = BTreeMap<usize, (Vec<u32>, Vec<f32>)>;
+
+/// Expert `expert` over the rows routed to it (`rows_of` of `input`, with their
+/// `weights`), added into `out`; `xe` and `ye` are scratch. Each sequence's rows go
+/// through it as they would alone (`seq_of`: each row's sequence).
+#[allow(clippy::too_many_arguments)]
+pub fn run_expert<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    expert: &Mlp<B>,
+    input: &B::Buf,
+    (rows_of, weights): (&[u32], &[f32]),
+    seq_of: &[usize],
+    bufs: &mut MlpBufs<'_, B>,
+    (xe, ye): (&mut B::Buf, &mut B::Buf),
+    out: &mut B::Buf,
+) -> Result<(), ModelError> {
+    let h = c.hidden_size;
+    be.copy_rows(input, Rows::List(rows_of), h, xe, 0)?;
+    let per_seq = runs_by_sequence(rows_of, seq_of);
+    mlp_forward(be, c, expert, xe, &per_seq, bufs, ye)?;
+    Ok(be.add_rows(out, ye, h, Rows::List(rows_of), Some(weights))?)
 }
 
 /// A MoE layer's feed-forward output for `rows` rows of `input` into `out` (`(rows,
@@ -282,6 +321,10 @@ pub struct MoeBlock<'a, B: Backend> {
 /// over its rows, weighted. Returns the routing (each row's experts). Every product runs
 /// per sequence ([`Backend::matmul_seqs`]): a sequence's routing and its rows through
 /// each expert come out as they do when it runs alone, whatever shares the batch.
+///
+/// With a CPU side, the experts it computes for this layer get their rows on the host
+/// (one copy down of the layer's input), run there while the device runs the shared
+/// expert and its own experts, and come back summed (one copy up).
 pub fn moe_forward<B: Backend>(
     be: &B,
     c: &ModelConfig,
@@ -290,7 +333,7 @@ pub fn moe_forward<B: Backend>(
     moe: &mut MoeBufs<B>,
     out: &mut B::Buf,
 ) -> Result<Vec<Vec<u32>>, ModelError> {
-    let MoeBlock { layer, weights: w, source, input, rows, seq_rows } = block;
+    let MoeBlock { layer, weights: w, source, input, rows, seq_rows, cpu } = block;
     let Some(m) = c.moe else { return Ok(Vec::new()) };
     let h = c.hidden_size;
     // The sequence each row belongs to.
@@ -301,16 +344,27 @@ pub fn moe_forward<B: Backend>(
         be.add_bias(&mut moe.logits, rows, b)?;
     }
     let routing = route(&be.download(&moe.logits, rows * m.n_experts)?, &m, w.choice_bias.as_deref());
-    let mut by_expert: BTreeMap<usize, (Vec<u32>, Vec<f32>)> = BTreeMap::new();
+    // Each row's expert goes to the side that computes it.
+    let sides = cpu.and_then(|side| side.sides(layer, seq_rows));
+    let on_cpu = |s: usize, e: usize| sides.as_ref().is_some_and(|v| v.on_cpu(s, e));
+    let (mut on_device, mut on_host) = (ByExpert::new(), ByExpert::new());
     for (row, (ids, weights)) in routing.iter().enumerate() {
         for (&e, &wt) in ids.iter().zip(weights) {
-            let entry = by_expert.entry(e as usize).or_default();
+            let side = if on_cpu(seq_of[row], e as usize) { &mut on_host } else { &mut on_device };
+            let entry = side.entry(e as usize).or_default();
             entry.0.push(row as u32);
             entry.1.push(wt);
         }
     }
-    let wanted: Vec<usize> = by_expert.keys().copied().collect();
-    let groups: Vec<&(Vec<u32>, Vec<f32>)> = by_expert.values().collect();
+    if let Some(side) = cpu {
+        let uploaded = sides.as_ref().is_some_and(LayerSides::uploads);
+        side.record(layer, &routing, on_device.len(), on_host.len(), uploaded);
+    }
+    // The rows the CPU needs cross first, so that it runs while the device works.
+    let host_in = match on_host.is_empty() {
+        true => None,
+        false => Some(cpu.map(|side| side.rows_down(be, input, rows * h)).transpose()?.unwrap_or_default()),
+    };
 
     be.unary(out, rows * h, strata_backend::Unary::Scale(0.0))?;
     if let Some((shared, gate)) = &w.shared {
@@ -327,16 +381,21 @@ pub fn moe_forward<B: Backend>(
     // Phase 2: exactly the routed experts (all reads issued together), each computed
     // over its rows as it arrives, in expert order (so the sum is the same whatever the
     // order the reads complete in).
+    let wanted: Vec<usize> = on_device.keys().copied().collect();
+    let groups: Vec<&(Vec<u32>, Vec<f32>)> = on_device.values().collect();
     let mut run = |i: usize, expert: &Mlp<B>| -> Result<(), ModelError> {
         let (rows_of, weights) = groups[i];
-        be.copy_rows(input, Rows::List(rows_of), h, &mut moe.xe, 0)?;
-        let per_seq = runs_by_sequence(rows_of, &seq_of);
-        mlp_forward(be, c, expert, &moe.xe, &per_seq, bufs, &mut moe.ye)?;
-        Ok(be.add_rows(out, &moe.ye, h, Rows::List(rows_of), Some(weights))?)
+        let scratch = (&mut moe.xe, &mut moe.ye);
+        run_expert(be, c, expert, input, (rows_of, weights), &seq_of, bufs, scratch, out)
     };
     match &w.experts {
         Some(all) => wanted.iter().enumerate().try_for_each(|(i, &e)| run(i, &all[e]))?,
         None => source.units(layer, &wanted, &mut run)?,
+    }
+    // The CPU's experts, then their sum up and into the output.
+    if let (Some(side), Some(host_in)) = (cpu, host_in) {
+        let sum = side.run(c, layer, &host_in, &seq_of, &on_host)?;
+        side.rows_up(be, &sum, &mut moe.from_cpu, out, rows, h)?;
     }
     Ok(routing.into_iter().map(|(ids, _)| ids).collect())
 }

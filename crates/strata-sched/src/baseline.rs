@@ -147,6 +147,7 @@ impl<L: Send + Sync + 'static> CoreHandle for Baseline<L> {
             host_tier: None,
             upload: None,
             experts: None,
+            split: None,
         }
     }
 }

@@ -116,6 +116,9 @@ pub struct SchedOptions {
     pub expert_guess: bool,
     /// How a model stored with neuron-group bundles chooses them (`--sparse-ffn`).
     pub sparse_ffn: sparse::SparseFfn,
+    /// A MoE model's routed experts computed by the CPU beside the GPU, and how they are
+    /// planned (`None`: every expert computes where the layers do).
+    pub split: Option<placement::split::SplitOptions>,
     /// Bytes of streamed layers kept in page-locked host memory behind the device
     /// (`--host-budget`; only where the compute has memory of its own, a GPU).
     pub host_budget: u64,
@@ -151,6 +154,7 @@ impl Default for SchedOptions {
             expert_loading: ExpertLoading::Routed,
             expert_guess: false,
             sparse_ffn: Default::default(),
+            split: None,
             host_budget: 0,
             stage: None,
             repack: false,
@@ -196,6 +200,8 @@ pub struct Scheduler<L> {
     stats: Arc<SchedStats>,
     /// The routed experts of a MoE model, held apart from the layer cores.
     experts: Option<Arc<dyn experts::ExpertInfo>>,
+    /// Those computed beside the GPU by the CPU.
+    split: Option<Arc<dyn placement::split::SplitInfo>>,
 }
 
 /// What `strata bench`, `/api/ps` and `/metrics` show of the scheduler.
@@ -218,6 +224,9 @@ pub struct SchedSummary {
     pub upload: Option<upload::UploadSummary>,
     /// The expert cache of a MoE model (`None` for a dense one).
     pub experts: Option<experts::ExpertSummary>,
+    /// A MoE model's routed experts computed beside the GPU by the CPU (`--cpu-moe`,
+    /// `--n-cpu-moe`, auto): the plan and what each side did (`None` without one).
+    pub split: Option<placement::split::SplitSummary>,
 }
 
 impl<L: Send + Sync + 'static> Scheduler<L> {
@@ -235,6 +244,7 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
             policy: Policy::Pinned,
             stats: Arc::default(),
             experts: None,
+            split: None,
         })
     }
 
@@ -314,6 +324,7 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
             policy: opts.policy,
             stats,
             experts: None,
+            split: None,
         })
     }
 
@@ -385,9 +396,14 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
         self.experts = Some(experts);
     }
 
+    pub fn attach_split(&mut self, split: Arc<dyn placement::split::SplitInfo>) {
+        self.split = Some(split);
+    }
+
     pub fn summary(&self) -> SchedSummary {
         let mut s = self.layer_summary();
         s.experts = self.experts.as_ref().map(|e| e.summary());
+        s.split = self.split.as_ref().map(|e| e.summary());
         s
     }
 
@@ -407,6 +423,7 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
                     host_tier: None,
                     upload: None,
                     experts: None,
+                    split: None,
                 }
             }
             Mode::Streaming(core) => core.summary(),
@@ -424,7 +441,8 @@ impl<L: Send + Sync + 'static> Scheduler<L> {
             }
         };
         let experts = self.experts.as_ref().map(Arc::downgrade);
-        SchedMonitor { stats: self.stats.clone(), fixed: self.summary(), live, experts }
+        let split = self.split.as_ref().map(Arc::downgrade);
+        SchedMonitor { stats: self.stats.clone(), fixed: self.summary(), live, experts, split }
     }
 
     /// Records `bytes` of runtime memory (a KV cache) held until the reservation drops.
@@ -502,6 +520,7 @@ pub struct SchedMonitor {
     fixed: SchedSummary,
     live: Option<Weak<dyn CoreHandle>>,
     experts: Option<Weak<dyn experts::ExpertInfo>>,
+    split: Option<Weak<dyn placement::split::SplitInfo>>,
 }
 
 impl SchedMonitor {
@@ -511,6 +530,9 @@ impl SchedMonitor {
         let mut s = self.live.as_ref().and_then(Weak::upgrade).map_or_else(|| self.fixed.clone(), |c| c.summary());
         if let Some(e) = self.experts.as_ref().and_then(Weak::upgrade) {
             s.experts = Some(e.summary());
+        }
+        if let Some(e) = self.split.as_ref().and_then(Weak::upgrade) {
+            s.split = Some(e.summary());
         }
         s
     }
@@ -648,9 +670,15 @@ mod tests {
             host_tier: Some(host),
             upload: None,
             experts: None,
+            split: None,
         };
-        let monitor =
-            SchedMonitor { stats: Arc::new(SchedStats::default()), fixed: summary.clone(), live: None, experts: None };
+        let monitor = SchedMonitor {
+            stats: Arc::new(SchedStats::default()),
+            fixed: summary.clone(),
+            live: None,
+            experts: None,
+            split: None,
+        };
         let tiers = |on_gpu| monitor.units(&summary, on_gpu).iter().map(|u| u.tier).collect::<Vec<_>>();
         use Tier::*;
         assert_eq!(tiers(true), [Vram, Storage, Pinned, Pinned, Storage, Vram]);

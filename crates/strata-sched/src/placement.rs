@@ -1,8 +1,8 @@
 //! The placement plan of a mixture-of-experts model on a GPU box (DESIGN.md §5): for every
 //! routed expert, where its weights live (its *home*, a [`Tier`]) and which side computes it
 //! ([`Side`]). Pure logic, no I/O: the caller measures free memory and the rates and passes
-//! the router's statistics; the plan never touches memory. The scheduler does not call it
-//! yet.
+//! the router's statistics; the plan never touches memory. The model's CPU side (in
+//! `strata-model`) runs it and follows it ([`split`]).
 //!
 //! The layer cores (attention, norms, router, shared expert) always live in VRAM and run on
 //! the GPU. One use of a routed expert of `b` bytes at decode (one row) costs, on its side:
@@ -63,6 +63,7 @@ use super::expert_policy::ExpertId;
 
 mod cost;
 mod planner;
+pub mod split;
 #[cfg(test)]
 mod testkit;
 

@@ -521,6 +521,7 @@ impl<L: Send + Sync + 'static> CoreHandle for Core<L> {
             host_tier: self.stage.as_ref().map(|_| self.host_tier()),
             upload: self.stage.as_ref().map(|s| s.summary()),
             experts: None,
+            split: None,
         }
     }
 }

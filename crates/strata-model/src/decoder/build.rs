@@ -246,7 +246,7 @@ pub(super) fn build_bundle<B: Backend>(
 }
 
 /// Routed expert `e` of layer `lt.index` from tensors named as in the checkpoint.
-pub(super) fn build_expert<B: Backend>(
+pub(crate) fn build_expert<B: Backend>(
     c: &ModelConfig,
     be: &B,
     lt: &LayerTensors,

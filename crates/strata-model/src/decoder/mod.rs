@@ -118,6 +118,9 @@ pub struct DecoderModel<B: Backend> {
     /// The routed experts of a MoE model (`None` when dense, or when each layer is
     /// loaded with all of its experts).
     experts: Option<Arc<ExpertCache<Mlp<B>>>>,
+    /// The routed experts the CPU computes beside the device (`--cpu-moe`,
+    /// `--n-cpu-moe`, auto), when it computes some.
+    cpu_side: Option<Arc<super::split::CpuSide>>,
     /// Score a speculative guess of each MoE layer's experts (`--expert-guess`).
     guess_experts: bool,
     /// The neuron groups of a sparse FFN model held apart from the layer cores
@@ -215,7 +218,8 @@ impl<B: Backend> DecoderModel<B> {
             })
             .collect();
         let expert_bytes: u64 = units.iter().map(|u| u.tensors.bytes() as u64).sum();
-        let core_bytes: u64 = layer_sources.iter().map(|l| l.bytes() as u64).sum();
+        let cores: Vec<u64> = layer_sources.iter().map(|l| l.bytes() as u64).collect();
+        let core_bytes: u64 = cores.iter().sum();
 
         let (be, c) = (backend.clone(), config.clone());
         let build = move |lt: &LayerTensors| build_layer(&c, &*be, lt);
@@ -235,7 +239,26 @@ impl<B: Backend> DecoderModel<B> {
             stage: sched.stage.clone(),
             repack: sched.repack,
         };
-        let (mut experts, mut neurons) = (None, None);
+        let (mut experts, mut neurons, mut cpu_side) = (None, None, None);
+        // Some routed experts computed by the CPU beside the device, as planned: the
+        // device's cache then holds what the plan gives VRAM.
+        let mut opts = opts;
+        if let (Some(split), Some(_), false) = (&sched.split, config.moe, units.is_empty()) {
+            let side = super::split::CpuSide::new(super::split::SideBuild {
+                config: &config,
+                device: &*backend,
+                units: &units,
+                cores: &cores,
+                opts: split,
+                stats: layers.stats(),
+                policy: sched.expert_policy,
+                buffered: sched.buffered,
+            })?;
+            opts.budget = Some(side.device_expert_bytes());
+            let side = Arc::new(side);
+            layers.attach_split(side.clone());
+            cpu_side = Some(side);
+        }
         if !units.is_empty() {
             let (be, cfg, stats) = (backend.clone(), config.clone(), layers.stats_arc());
             match config.neuron_group {
@@ -265,6 +288,7 @@ impl<B: Backend> DecoderModel<B> {
             lm_head,
             layers,
             experts,
+            cpu_side,
             guess_experts: sched.expert_guess,
             neurons,
             sparse,
@@ -669,7 +693,8 @@ impl<B: Backend> DecoderModel<B> {
                     let bufs_moe = moe_bufs
                         .as_mut()
                         .ok_or(ModelError::Sched(SchedError::Build { layer: l, msg: "no MoE buffers".into() }))?;
-                    let block = MoeBlock { layer: l, weights: mw, source: self, input, rows, seq_rows: &seq_rows };
+                    let cpu = self.cpu_side.as_deref();
+                    let block = MoeBlock { layer: l, weights: mw, source: self, input, rows, seq_rows: &seq_rows, cpu };
                     let taken = moe::moe_forward(be, c, block, &mut bufs, bufs_moe, proj)?;
                     self.score_expert_guess(guess, &taken);
                 }
@@ -693,6 +718,9 @@ impl<B: Backend> DecoderModel<B> {
                 }
             }
             residual(be, c, x, proj, w.ffn_post_norm.as_ref(), normed, rows)?;
+        }
+        if let Some(side) = &self.cpu_side {
+            side.end_pass();
         }
         Ok(())
     }
