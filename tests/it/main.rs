@@ -49,6 +49,7 @@ mod quant_matmul;
 mod sched_io;
 mod sparse_ffn;
 mod speculative;
+mod split;
 mod spm_tokenizer;
 mod status;
 mod store;

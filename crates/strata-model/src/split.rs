@@ -133,7 +133,10 @@ impl CpuSide {
             l.top_k = m.top_k as u32;
         }
         let first = b.units.first().ok_or_else(|| build_err("no routed experts"))?;
-        let rates = measure::rates(b.device, &cpu, c, first, b.opts)?;
+        let rates = match b.opts.rates {
+            Some(rates) => rates,
+            None => measure::rates(b.device, &cpu, c, first, b.opts)?,
+        };
         let cores: u64 = b.cores.iter().sum();
         let budgets = Budgets {
             // The cores stream through the layer ring when they do not fit: the experts
@@ -309,6 +312,11 @@ impl CpuSide {
         SplitCounters::add(&self.counters.moved, moved as u64);
         tracing::debug!(moved, "the experts' placement planned again");
         moved
+    }
+
+    /// Where the plan in force puts expert `id`.
+    pub fn placement(&self, id: strata_sched::expert_policy::ExpertId) -> Option<strata_sched::placement::Placement> {
+        lock(&self.plan).placement(id)
     }
 
     /// Which side computes expert `e` of layer `layer` now.

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod decode;
+pub mod device;
 pub mod gguf;
 pub mod steps;
 

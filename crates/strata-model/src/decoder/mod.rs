@@ -322,6 +322,11 @@ impl<B: Backend> DecoderModel<B> {
         &self.layers
     }
 
+    /// The routed experts the CPU computes beside the device, when it computes some.
+    pub fn cpu_side(&self) -> Option<&super::split::CpuSide> {
+        self.cpu_side.as_deref()
+    }
+
     /// Runs the new tokens of every sequence in `batch` through the model, appending to
     /// their caches. Returns, per sequence, the logits (`[n, vocab]` row-major) of every
     /// new token or of the last one.

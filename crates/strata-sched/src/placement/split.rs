@@ -32,6 +32,9 @@ pub struct SplitOptions {
     pub replan_every: u64,
     /// The CPU's threads (`--threads`; 0: one per core).
     pub threads: usize,
+    /// Every rate, measured elsewhere (a benchmark's, a test's); `None`: the model
+    /// measures its own at load, with `h2d` and `storage` from here.
+    pub rates: Option<super::Rates>,
 }
 
 /// Which side computes each routed expert now: `cpu[layer][expert]`.
