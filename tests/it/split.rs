@@ -293,3 +293,44 @@ fn experts_ram_cannot_hold_are_read_from_storage() {
         assert!(model.scheduler().stats().snapshot().bytes_read > read, "{rel}: no expert was read from storage");
     }
 }
+
+/// A sequence's rows come out of a split pass as they do when it runs alone (batched
+/// with another, or as a verifying sequence's rows each computed as its own step), bit
+/// for bit: the sides of a row's experts depend on nothing else in the pass.
+#[test]
+fn batched_and_verifying_rows_compute_as_they_do_alone() {
+    use strata::model::decoder::SeqStep;
+    let source = fixture("hf/qwen3_moe");
+    let rates = Some(Rates { crossing_s: 0.0, ..pcie4(source.config.hidden_size) });
+    let (experts, cores) = expert_and_core_bytes(&source);
+    let (model, _) = on_device(&source, Some(split(Mode::Auto, cores + experts / 3, 64 * GB, rates)));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let (a, b) = ([5u32, 17, 99], [250u32, 42]);
+    let alone = |tokens: &[u32]| {
+        let mut cache = model.new_cache(16).unwrap();
+        let step = SeqStep { tokens, cache: &mut cache, all_logits: false, verify: false };
+        bits(&model.forward(&mut [step]).unwrap()[0])
+    };
+    let (want_a, want_b) = (alone(&a), alone(&b));
+    let (mut ca, mut cb) = (model.new_cache(16).unwrap(), model.new_cache(16).unwrap());
+    let out = model
+        .forward(&mut [
+            SeqStep { tokens: &a, cache: &mut ca, all_logits: false, verify: false },
+            SeqStep { tokens: &b, cache: &mut cb, all_logits: false, verify: false },
+        ])
+        .unwrap();
+    assert_eq!((bits(&out[0]), bits(&out[1])), (want_a, want_b), "batched");
+    // Three decode steps one by one, and the same three tokens verified in one pass.
+    let steps = [7u32, 64, 3];
+    let mut one = Vec::new();
+    for t in steps {
+        let step = SeqStep { tokens: &[t], cache: &mut ca, all_logits: false, verify: false };
+        one.extend(bits(&model.forward(&mut [step]).unwrap()[0]));
+    }
+    assert!(SplitInfo::summary(model.cpu_side().unwrap()).steps.cpu_experts > 0, "the CPU computed no expert");
+    let mut cv = model.new_cache(16).unwrap();
+    model.forward(&mut [SeqStep { tokens: &a, cache: &mut cv, all_logits: false, verify: false }]).unwrap();
+    let out =
+        model.forward(&mut [SeqStep { tokens: &steps, cache: &mut cv, all_logits: false, verify: true }]).unwrap();
+    assert_eq!(bits(&out[0]), one, "verified rows");
+}
