@@ -150,7 +150,9 @@ fn split_models_give_the_logits_of_the_cpu_and_of_the_device_alone() {
                 assert!(steps.cpu_experts > 0, "{rel} {mode:?}: the CPU computed no expert: {plan:?}");
             }
             if mode == Mode::CpuMoe {
-                assert_eq!(steps.gpu_experts, 0, "{rel}: the device computed routed experts with --cpu-moe");
+                // Only a prompt the plan uploaded for runs routed experts on the device.
+                let ok = steps.gpu_experts == 0 || steps.uploaded_layers > 0;
+                assert!(ok, "{rel}: the device computed routed experts with --cpu-moe: {steps:?}");
             }
         }
     }
