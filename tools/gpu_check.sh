@@ -154,6 +154,30 @@ sys.exit(0 if ok else 1)
 EOF
   done
 
+  echo "== MoE experts computed by the CPU beside cuda:0 (--cpu-moe, --n-cpu-moe 1, auto at budget 0), against cpu"
+  for model in tests/fixtures/hf/*moe*/ tests/fixtures/hf/mixtral/ tests/fixtures/hf/deepseek_v3/ \
+    tests/fixtures/hf/glm4_moe/ tests/fixtures/hf/gpt_oss/; do
+    local name
+    name=$(basename "$model")
+    for how in cpu-moe n-cpu-moe auto; do
+      local args=(--cpu-moe)
+      [[ $how == n-cpu-moe ]] && args=(--n-cpu-moe 1)
+      [[ $how == auto ]] && args=(--memory-budget 0)
+      timeout 60 "$bin" perplexity "$model" --tokens-file "$ids" --json --kv-type f32 --device cuda:0 "${args[@]}" \
+        >"$out/ppl-$name-split-$how.json" 2>"$out/ppl-$name-split-$how.err" || failed+=("split $how $name")
+      python3 - "$out/ppl-$name-cpu.json" "$out/ppl-$name-split-$how.json" "$name $how" <<'EOF' || failed+=("split parity $name $how")
+import json, sys
+cpu, split, name = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+# F32 fixtures: the CPU alone is the reference (docs/gpu.md, "MoE experts on the CPU").
+diff = max(abs(x - y) for x, y in zip(cpu["logprobs"], split["logprobs"]))
+ok = diff <= 1e-3
+print(f"{'ok  ' if ok else 'FAIL'} {name}: max |dlogprob| against the CPU alone {diff:.2e}")
+sys.exit(0 if ok else 1)
+EOF
+    done
+  done
+  grep -h "routed experts" "$out"/ppl-*-split-*.err | head -3 || true
+
   echo "== streaming into VRAM: VRAM budgets 100/50/25/0%, with and without a host tier, GGUF/flat/.cawsf"
   echo "   ($((SECONDS - t0)) s)"
   timeout 240 python3 tools/gpu_tiers.py "$bin" "$out/tiers" || failed+=("streaming into VRAM")
