@@ -336,3 +336,22 @@ fn batched_and_verifying_rows_compute_as_they_do_alone() {
         model.forward(&mut [SeqStep { tokens: &steps, cache: &mut cv, all_logits: false, verify: true }]).unwrap();
     assert_eq!(bits(&out[0]), one, "verified rows");
 }
+
+/// The layer cores streamed through the prefetch ring (`--memory-budget 0`) while the
+/// CPU computes the experts: the same logits as the CPU alone.
+#[test]
+fn streamed_cores_and_split_experts_give_the_cpus_logits() {
+    for rel in ["hf/qwen3_5_moe", "gguf/qwen3_moe.q8_0.gguf"] {
+        let source = fixture(rel);
+        let reference = logits(&DecoderModel::new(source.config.clone(), &source, Arc::new(cpu(&source))).unwrap(), 4);
+        let rates = Some(Rates { crossing_s: 0.0, ..pcie4(source.config.hidden_size) });
+        let sched =
+            SchedOptions { budget: Some(0), split: Some(split(Mode::Auto, 1, 64 * GB, rates)), ..Default::default() };
+        let device = Arc::new(Device::new(cpu(&source)));
+        let model = DecoderModel::with_options(source.config.clone(), &source, device, &sched).unwrap();
+        assert!(model.scheduler().is_streaming(), "{rel}: the cores do not stream");
+        let d = max_diff(&logits(&model, 4), &reference);
+        assert!(d < 1e-4, "{rel}: {d} from the CPU's");
+        assert!(SplitInfo::summary(model.cpu_side().unwrap()).steps.cpu_experts > 0, "{rel}: no expert on the CPU");
+    }
+}
