@@ -371,6 +371,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         decode_fraction_of_replay: replay.map(|r| r.0),
         probe_errors,
         upload,
+        split: summary.split.clone(),
         plan: summary,
         moe,
         sparse_ffn,

@@ -163,6 +163,23 @@ pub struct RunOpts {
     /// `all` (every expert with its layer: a baseline for benchmarks).
     #[arg(long = "experts", value_enum, default_value_t = crate::sched::ExpertLoading::Routed)]
     pub experts: crate::sched::ExpertLoading,
+    /// A mixture-of-experts model on a GPU computes every routed expert on the CPU, from
+    /// RAM, beside the GPU (llama.cpp's `--cpu-moe`): only hidden rows cross to the CPU
+    /// and back. Neither this nor `--n-cpu-moe` (auto, the default on a GPU): where the
+    /// routed experts and layer cores do not fit the memory budget, a plan made from
+    /// measured rates keeps the most used experts in VRAM and splits the rest between the
+    /// CPU and uploads. On the CPU device it changes nothing.
+    #[arg(long = "cpu-moe", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set,
+          conflicts_with = "n_cpu_moe")]
+    pub cpu_moe: bool,
+    /// A mixture-of-experts model on a GPU computes the routed experts of its first N MoE
+    /// layers on the CPU, from RAM, and the others' on the GPU. N counts MoE layers, not
+    /// all layers as llama.cpp's `--n-cpu-moe` does (a model's leading dense layers are
+    /// not counted); 0 computes them all on the GPU. Default: auto (see `--cpu-moe`). On
+    /// the CPU device it changes nothing.
+    #[arg(long = "n-cpu-moe", value_name = "N")]
+    pub n_cpu_moe: Option<u32>,
     /// Measure how often each MoE layer's router, applied to the previous layer's
     /// output, guesses the experts the layer takes (what a speculative prefetch would
     /// read); shown by `bench --json` as `moe.guess_accuracy`. Costs one router product
@@ -291,10 +308,28 @@ impl RunOpts {
             expert_cache: self.expert_cache,
             expert_policy: self.expert_policy,
             expert_loading: self.experts,
+            expert_split: self.expert_split()?,
             expert_guess: self.expert_guess,
             kv_type: self.kv_type,
             sparse_ffn: self.sparse_ffn,
         })
+    }
+
+    /// `--cpu-moe`, `--n-cpu-moe N` or neither. The two together are refused: clap
+    /// refuses them on one command line, this where a config file or the environment
+    /// sets one of them.
+    fn expert_split(&self) -> anyhow::Result<crate::sched::placement::Mode> {
+        use crate::sched::placement::Mode;
+        match (self.cpu_moe, self.n_cpu_moe) {
+            (true, Some(n)) => Err(crate::model::sparse::Refused(format!(
+                "--cpu-moe and --n-cpu-moe {n} cannot both be set (one of them may come from the config file or a \
+                 STRATA_* variable)"
+            ))
+            .into()),
+            (true, None) => Ok(Mode::CpuMoe),
+            (false, Some(n)) => Ok(Mode::NCpuMoe(n)),
+            (false, None) => Ok(Mode::Auto),
+        }
     }
 }
 

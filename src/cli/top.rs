@@ -157,6 +157,7 @@ pub fn render(addr: &str, prev: Option<&Value>, now: &Value, width: usize) -> St
                 pct(d(&["speculative", "accepted"]), d(&["speculative", "drafted"])),
             ));
         }
+        split_lines(&mut line, &m["residency"]["split"], width);
         let units = m["units"].as_array().cloned().unwrap_or_default();
         let layers: String =
             units.iter().filter(|u| u["kind"] == "layer").map(|u| glyph(u["tier"].as_str().unwrap_or(""))).collect();
@@ -178,6 +179,64 @@ pub fn render(addr: &str, prev: Option<&Value>, now: &Value, width: usize) -> St
         }
     }
     s
+}
+
+/// A model's routed experts split between the GPU and the CPU (`residency.split`,
+/// nothing when null): the mode and what the plan predicts, the two sides' counters since
+/// it loaded, and per MoE layer its experts in VRAM / on the CPU / streamed / on storage.
+fn split_lines(line: &mut impl FnMut(String), split: &Value, width: usize) {
+    if !split.is_object() {
+        return;
+    }
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    let mode = match &split["mode"] {
+        Value::String(m) => m.replace('_', "-"),
+        m => format!("n-cpu-moe {}", m["n_cpu_moe"]),
+    };
+    let t = &split["steps"];
+    line(format!(
+        "  split    {mode}, predicted {:.2} ms/token | experts GPU {}, CPU {} | rows {} down, {} up, {} crossings | \
+         CPU {:.1} s, GPU wait {:.1} s | replans {}",
+        1e3 * f(&split["plan"]["decode"], "total_s"),
+        f(t, "gpu_experts"),
+        f(t, "cpu_experts"),
+        size(f(t, "bytes_down")),
+        size(f(t, "bytes_up")),
+        f(t, "crossings"),
+        f(t, "cpu_s"),
+        f(t, "gpu_wait_s"),
+        f(t, "replans"),
+    ));
+    let cells: Vec<String> = split["plan"]["layers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            let n = |k| f(l, k);
+            format!("{}:{}/{}/{}/{}", n("layer"), n("in_vram"), n("on_cpu"), n("streamed"), n("from_storage"))
+        })
+        .collect();
+    let label = "  placed   ";
+    let mut row = String::new();
+    for cell in cells {
+        if !row.is_empty() && label.len() + row.len() + 1 + cell.len() > width {
+            line(format!("{label}{row}"));
+            row.clear();
+        }
+        if !row.is_empty() {
+            row.push(' ');
+        }
+        row.push_str(&cell);
+    }
+    let legend = "  (layer:vram/cpu/streamed/storage)";
+    match row.is_empty() {
+        true => {}
+        false if label.len() + row.len() + legend.len() <= width => line(format!("{label}{row}{legend}")),
+        false => {
+            line(format!("{label}{row}"));
+            line(format!("{label}{}", legend.trim_start()));
+        }
+    }
 }
 
 /// `cells` after `label`, cut to lines of `width`.
@@ -227,6 +286,30 @@ mod tests {
         assert!(screen.contains(draft), "{screen}");
         // Without a previous sample there are no rates.
         assert!(render("x", None, &b, 80).contains("decode -"));
+    }
+
+    #[test]
+    fn a_split_shows_its_mode_counters_and_layers() {
+        let mut m = sample(101.0, 40, 0);
+        m["models"][0]["residency"] = json!({"split": {"mode": {"n_cpu_moe": 1}, "replan_every": 128,
+            "plan": {"decode": {"total_s": 0.0025}, "layers": [
+                {"layer": 1, "experts": 8, "in_vram": 0, "on_cpu": 7, "streamed": 0, "from_storage": 1},
+                {"layer": 3, "experts": 8, "in_vram": 5, "on_cpu": 0, "streamed": 3, "from_storage": 0}]},
+            "steps": {"gpu_experts": 40, "cpu_experts": 24, "bytes_down": 4096, "bytes_up": 2048, "crossings": 12,
+                "cpu_s": 1.5, "gpu_wait_s": 0.3, "replans": 2}}});
+        let screen = render("x", None, &m, 100);
+        let want = "split    n-cpu-moe 1, predicted 2.50 ms/token | experts GPU 40, CPU 24 | rows 4.0 KiB down, \
+                    2.0 KiB up, 12 crossings | CPU 1.5 s, GPU wait 0.3 s | replans 2";
+        assert!(screen.contains(want), "{screen}");
+        assert!(screen.contains("placed   1:0/7/0/1 3:5/0/3/0  (layer:vram/cpu/streamed/storage)"), "{screen}");
+        // Without a split, no split lines.
+        assert!(!render("x", None, &sample(101.0, 40, 0), 100).contains("split "));
+        // Many layers wrap to the width.
+        let layers: Vec<Value> = (0..40).map(|l| json!({"layer": l, "in_vram": 8, "on_cpu": 0})).collect();
+        m["models"][0]["residency"]["split"]["plan"]["layers"] = json!(layers);
+        let screen = render("x", None, &m, 60);
+        let placed: Vec<&str> = screen.lines().filter(|l| l.starts_with("  placed")).collect();
+        assert!(placed.len() > 3 && placed.iter().all(|l| l.len() <= 60), "{screen}");
     }
 
     #[test]

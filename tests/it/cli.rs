@@ -52,6 +52,10 @@ fn bad_input_is_a_clear_error() {
         (&["--prefetch-depth", "0"], "--prefetch-depth"),
         (&["--threads", "100000"], "--threads"),
         (&["--raw", "--system", "Be brief."], "--system has no effect with --raw"),
+        (&["--cpu-moe", "--n-cpu-moe", "2"], "'--cpu-moe[=<BOOL>]' cannot be used with '--n-cpu-moe <N>'"),
+        (&["--n-cpu-moe", "abc"], "invalid value 'abc' for '--n-cpu-moe <N>'"),
+        (&["--n-cpu-moe=-1"], "invalid value '-1' for '--n-cpu-moe <N>'"),
+        (&["--cpu-moe=maybe"], "invalid value 'maybe' for '--cpu-moe[=<BOOL>]'"),
     ] {
         let out = strata(&[&["run", "strata-demo", "-p", "hi", "-n", "1"][..], args].concat());
         assert_eq!(out.status.code(), Some(2), "{args:?}");

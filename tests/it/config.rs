@@ -115,6 +115,41 @@ fn flags_beat_the_environment_which_beats_the_file_which_beats_the_defaults() {
     std::fs::remove_dir_all(&home).ok();
 }
 
+/// `cpu-moe` and `n-cpu-moe` reach the options a model loads with from the config file
+/// and flags (the environment as `--print-config` shows it); the two together are
+/// refused wherever they come from.
+#[test]
+fn the_expert_split_settings_reach_the_run_options() {
+    use strata::sched::placement::Mode;
+    let home = temp_dir("split");
+    let file = home.join("split.toml");
+    let split = |text: &str, args: &[&str]| -> Result<Mode, String> {
+        std::fs::write(&file, text).unwrap();
+        let argv = [&["strata", "--config", file.to_str().unwrap(), "bench", "strata-demo"][..], args].concat();
+        let (cli, _) = strata::config::parse(argv).map_err(|e| e.to_string())?;
+        let strata::cli::Command::Bench(bench) = cli.command else { panic!("not bench") };
+        bench.run.to_options().map(|o| o.expert_split).map_err(|e| e.to_string())
+    };
+    assert_eq!(split("", &[]), Ok(Mode::Auto));
+    assert_eq!(split("cpu-moe = true\n", &[]), Ok(Mode::CpuMoe));
+    assert_eq!(split("n-cpu-moe = 3\n", &[]), Ok(Mode::NCpuMoe(3)));
+    assert_eq!(split("", &["--cpu-moe"]), Ok(Mode::CpuMoe));
+    assert_eq!(split("n-cpu-moe = 3\n", &["--n-cpu-moe", "1"]), Ok(Mode::NCpuMoe(1)));
+    assert_eq!(split("cpu-moe = true\n", &["--cpu-moe=false"]), Ok(Mode::Auto));
+    let err = split("cpu-moe = true\n", &["--n-cpu-moe", "2"]).unwrap_err();
+    assert!(err.contains("--cpu-moe and --n-cpu-moe 2 cannot both be set"), "{err}");
+    let err = split("n-cpu-moe = \"two\"\n", &[]).unwrap_err();
+    assert!(err.contains("`n-cpu-moe`: expected an integer"), "{err}");
+    let (ok, out, err) = print_config(&home, &[], &[("STRATA_N_CPU_MOE", "4")]);
+    assert!(ok, "{err}");
+    assert_eq!(setting(&out, "n-cpu-moe"), ("4".into(), "STRATA_N_CPU_MOE".into()));
+    assert_eq!(setting(&out, "cpu-moe"), ("false".into(), "default".into()));
+    let (ok, out, err) = print_config(&home, &[], &[("STRATA_CPU_MOE", "true")]);
+    assert!(ok, "{err}");
+    assert_eq!(setting(&out, "cpu-moe"), ("true".into(), "STRATA_CPU_MOE".into()));
+    std::fs::remove_dir_all(&home).ok();
+}
+
 #[test]
 fn a_bad_config_file_is_an_error_naming_the_file_and_key() {
     let home = temp_dir("bad");

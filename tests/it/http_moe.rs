@@ -1,6 +1,7 @@
 //! A mixture-of-experts model served with its experts streamed: `/api/ps` shows the
 //! expert cache with hits and misses by layer, and `/metrics` counts expert requests,
-//! hits and bytes.
+//! hits and bytes; a model whose CPU computes routed experts beside the GPU shows its
+//! split in `/api/ps`, `/api/strata/status` and `/metrics`.
 
 use crate::common;
 
@@ -76,4 +77,120 @@ async fn the_expert_cache_is_shown_in_ps_and_metrics() {
         value("strata_storage_read_bytes_total{model=\"moe:latest\"} ")
             > value("strata_expert_read_bytes_total{model=\"moe:latest\"} ")
     );
+}
+
+/// A split as a MoE model on a GPU reports it: layer 1's experts on the CPU (one on
+/// storage), layer 3's in VRAM and uploaded.
+struct FixedSplit;
+
+impl strata::sched::placement::split::SplitInfo for FixedSplit {
+    fn summary(&self) -> strata::sched::placement::split::SplitSummary {
+        use strata::sched::placement::split::{RatesSummary, SplitSteps, SplitSummary};
+        use strata::sched::placement::{LayerSummary, Mode, PlacementSummary};
+        let layer = |layer, in_vram, on_cpu, streamed, from_storage| LayerSummary {
+            layer,
+            experts: 8,
+            in_vram,
+            on_cpu,
+            streamed,
+            from_storage,
+            seconds: 0.001,
+        };
+        SplitSummary {
+            mode: Mode::NCpuMoe(1),
+            replan_every: 128,
+            rates: RatesSummary { h2d_bytes_s: Some(2.5e10), ..Default::default() },
+            plan: PlacementSummary {
+                mode: Mode::NCpuMoe(1),
+                layers: vec![layer(1, 0, 7, 0, 1), layer(3, 5, 0, 3, 0)],
+                ..Default::default()
+            },
+            steps: SplitSteps {
+                gpu_experts: 40,
+                cpu_experts: 24,
+                bytes_down: 4096,
+                bytes_up: 2048,
+                crossings: 12,
+                cpu_s: 1.5,
+                gpu_wait_s: 0.25,
+                uploaded_layers: 1,
+                replans: 2,
+                moved: 5,
+            },
+        }
+    }
+}
+
+/// Only a GPU gets a split (see `session::split`), so the model here is a scheduler
+/// with one attached, published as the worker publishes a loaded model: `/api/ps`, the
+/// status JSON and `/metrics` show it as they show any model's.
+#[tokio::test]
+async fn an_expert_split_is_shown_in_ps_status_and_metrics() {
+    use strata::engine::speculative::{SpecKind, SpecSettings};
+    let (app, state, _worker) =
+        strata::server::start(common::serve_options(&[("strata-demo", "strata-demo".into())], 64)).unwrap();
+    let (_, _, body) = send(&app, get("/api/ps")).await;
+    assert_eq!(json(&body)["models"], json!([]), "nothing loaded yet");
+    let mut sched = strata::sched::Scheduler::<()>::resident(Vec::new(), |_| Ok(())).unwrap();
+    sched.attach_split(std::sync::Arc::new(FixedSplit));
+    let model = strata::queue::worker::LoadedModel {
+        name: "moe:latest".into(),
+        size_bytes: 1,
+        context_length: 64,
+        expires_at: None,
+        sched: sched.monitor(),
+        device: strata::backend::device::DeviceInfo { device: "cuda:0".into(), name: "a GPU".into() },
+        size_vram: 1,
+        batching: Default::default(),
+        speculation: strata::draft::SpeculationView {
+            kind: SpecKind::Off,
+            draft: None,
+            settings: SpecSettings::default(),
+            stats: Default::default(),
+        },
+    };
+    state.status.loaded.lock().unwrap().push(model);
+
+    let (status, _, body) = send(&app, get("/api/ps")).await;
+    assert_eq!(status, StatusCode::OK);
+    let split = json(&body)["models"][0]["residency"]["split"].clone();
+    assert_eq!(split["mode"], json!({"n_cpu_moe": 1}), "{split}");
+    assert_eq!(split["plan"]["layers"][0]["on_cpu"], 7, "{split}");
+    assert_eq!(split["plan"]["layers"][1]["streamed"], 3, "{split}");
+    assert_eq!(split["steps"]["cpu_experts"], 24, "{split}");
+    assert_eq!(split["rates"]["h2d_bytes_s"], 2.5e10, "{split}");
+    assert_eq!(split["rates"]["storage_bytes_s"], serde_json::Value::Null, "not measured: null");
+
+    let (_, _, body) = send(&app, get("/api/strata/status")).await;
+    let status = json(&body);
+    assert_eq!(status["models"][0]["residency"]["split"], split, "the status page's JSON has the same split");
+
+    let (_, _, metrics) = send(&app, get("/metrics")).await;
+    let metrics = String::from_utf8(metrics).unwrap();
+    for line in [
+        "strata_split_info{model=\"moe:latest\",mode=\"n_cpu_moe=1\"} 1",
+        "strata_split_experts_total{model=\"moe:latest\",side=\"gpu\"} 40",
+        "strata_split_experts_total{model=\"moe:latest\",side=\"cpu\"} 24",
+        "strata_split_bytes_total{model=\"moe:latest\",direction=\"down\"} 4096",
+        "strata_split_bytes_total{model=\"moe:latest\",direction=\"up\"} 2048",
+        "strata_split_crossings_total{model=\"moe:latest\"} 12",
+        "strata_split_cpu_seconds_total{model=\"moe:latest\"} 1.5",
+        "strata_split_gpu_wait_seconds_total{model=\"moe:latest\"} 0.25",
+        "strata_split_uploaded_layers_total{model=\"moe:latest\"} 1",
+        "strata_split_replans_total{model=\"moe:latest\"} 2",
+        "strata_split_moved_experts_total{model=\"moe:latest\"} 5",
+        "strata_split_layer_experts{model=\"moe:latest\",layer=\"1\",place=\"cpu\"} 7",
+        "strata_split_layer_experts{model=\"moe:latest\",layer=\"1\",place=\"storage\"} 1",
+        "strata_split_layer_experts{model=\"moe:latest\",layer=\"3\",place=\"vram\"} 5",
+        "strata_split_layer_experts{model=\"moe:latest\",layer=\"3\",place=\"streamed\"} 3",
+        "# TYPE strata_split_experts_total counter",
+        "# TYPE strata_split_layer_experts gauge",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "missing `{line}` in:\n{metrics}");
+    }
+    // Without a model that has a split, no split metrics.
+    state.status.loaded.lock().unwrap().clear();
+    let (_, _, metrics) = send(&app, get("/metrics")).await;
+    assert!(!String::from_utf8(metrics).unwrap().contains("strata_split_"), "no split, no split metrics");
+    drop(sched);
 }

@@ -355,6 +355,28 @@ fn the_status_page_draws_the_status_in_a_real_browser() {
     b.wait("the speculative decoding", "return document.querySelector('[data-speculative=ngram]').textContent", |v| {
         v.as_str().is_some_and(|t| t.starts_with("speculative ngram (n_max 16): ") && t.contains(&want))
     });
+    // A model with its routed experts split between the GPU and the CPU (only on a GPU,
+    // so given to the page's drawing here): its mode and counters, and a row per place
+    // with a column per MoE layer.
+    let split = b.eval(
+        "const sec = document.querySelector('section.model'); drawSplit(sec, {mode: {n_cpu_moe: 1}, \
+         plan: {decode: {total_s: 0.0025}, layers: [{layer: 1, in_vram: 0, on_cpu: 7, streamed: 0, from_storage: 1}, \
+         {layer: 3, in_vram: 5, on_cpu: 0, streamed: 3, from_storage: 0}]}, steps: {gpu_experts: 40, cpu_experts: 24, \
+         bytes_down: 4096, bytes_up: 2048, crossings: 12, cpu_s: 1.5, gpu_wait_s: 0.3, replans: 2}}); \
+         const box = sec.querySelector('.split'); \
+         return [box.querySelector('[data-split]').textContent, \
+                 [...box.querySelectorAll('tr')].map(tr => [...tr.children].map(c => c.textContent).join(' '))]",
+    );
+    let head = split[0].as_str().unwrap_or_default();
+    assert!(
+        head.starts_with("experts split n_cpu_moe 1: predicted 2.50 ms/token; computed 40 on the GPU, 24 on the CPU"),
+        "{head}"
+    );
+    assert!(head.contains("rows 4.0 KiB down, 2.0 KiB up in 12 crossings"), "{head}");
+    let rows = ["layer 1 3", "in VRAM 0 5", "on CPU 7 0", "streamed 0 3", "storage 1 0"];
+    assert_eq!(split[1], serde_json::json!(rows), "{split}");
+    // The next status has no split: the table goes.
+    b.wait("no split", "return document.querySelectorAll('.split').length", |v| v.as_u64() == Some(0));
     let shot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/status-page.png");
     b.screenshot(&shot);
     drop(s);

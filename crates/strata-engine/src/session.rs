@@ -28,6 +28,8 @@ use super::speculative::{
 use super::text_error::TextError;
 use strata_model::decoder::ModelError;
 
+mod split;
+
 /// Prompt tokens per forward pass during prefill (bounds activation memory).
 pub const PREFILL_CHUNK: usize = 512;
 
@@ -152,6 +154,10 @@ pub struct RunOptions {
     pub expert_cache: Option<strata_sched::experts::CacheSize>,
     pub expert_policy: CachePolicy,
     pub expert_loading: ExpertLoading,
+    /// Which MoE layers' routed experts the CPU computes beside a GPU (`--cpu-moe`,
+    /// `--n-cpu-moe N`; `Auto`: the plan chooses where the layers do not fit the
+    /// budget). Not used on the CPU device.
+    pub expert_split: strata_sched::placement::Mode,
     /// Score a speculative guess of each MoE layer's experts.
     pub expert_guess: bool,
     /// How a model stored with neuron-group bundles runs its FFNs.
@@ -181,6 +187,7 @@ impl Default for RunOptions {
             expert_cache: None,
             expert_policy: CachePolicy::default(),
             expert_loading: ExpertLoading::Routed,
+            expert_split: strata_sched::placement::Mode::Auto,
             expert_guess: false,
             kv_type: Some(KvType::F32),
             sparse_ffn: Default::default(),
@@ -223,7 +230,7 @@ pub fn memory_budget(
     mem: &Memory,
 ) -> anyhow::Result<SchedOptions> {
     let runtime = estimate_runtime_bytes(&runtime_shape(config, context, 1, opts));
-    let WeightSizes { always_resident, streamable, ring } = weight_sizes(source, config, opts);
+    let WeightSizes { always_resident, streamable, ring, .. } = weight_sizes(source, config, opts);
     let gpu = mem.host_free.is_some();
     if gpu && let Some(free) = mem.free {
         // The slots are needed only by what streams: never more than the layers.
@@ -349,6 +356,8 @@ struct WeightSizes {
     always_resident: u64,
     /// The layers' weights.
     streamable: u64,
+    /// Of them, the routed experts' (MoE layers).
+    routed: u64,
     /// The prefetch ring's slots: `prefetch_depth + 2` of the largest layer (a MoE
     /// layer's core only, when its routed experts are read on their own).
     ring: u64,
@@ -356,12 +365,15 @@ struct WeightSizes {
 
 fn weight_sizes(source: &ModelSource, config: &ModelConfig, opts: &RunOptions) -> WeightSizes {
     let (mut layers, mut ring_layers) = (vec![0u64; config.n_layers], vec![0u64; config.n_layers]);
-    let mut always_resident = 0u64;
+    let (mut always_resident, mut routed) = (0u64, 0u64);
     for (name, t) in &source.tensors {
         let bytes = t.byte_len() as u64;
         match strata_format::layer_tensor(name).filter(|&(i, _)| i < config.n_layers) {
             Some((i, local)) => {
                 layers[i] += bytes;
+                if strata_format::expert_tensor(local).is_some() {
+                    routed += bytes;
+                }
                 let routed = opts.expert_loading == ExpertLoading::Routed;
                 if !(routed && strata_format::unit_tensor(local).is_some()) {
                     ring_layers[i] += bytes;
@@ -371,12 +383,12 @@ fn weight_sizes(source: &ModelSource, config: &ModelConfig, opts: &RunOptions) -
         }
     }
     let ring = (opts.prefetch_depth as u64 + 2) * ring_layers.iter().copied().max().unwrap_or(0);
-    WeightSizes { always_resident, streamable: layers.iter().sum(), ring }
+    WeightSizes { always_resident, streamable: layers.iter().sum(), routed, ring }
 }
 
 /// The context a model runs with under `opts` on memory `mem` (see [`choose_context`]).
 pub fn model_context(source: &ModelSource, config: &ModelConfig, opts: &RunOptions, mem: &Memory) -> ContextChoice {
-    let WeightSizes { always_resident, streamable, ring } = weight_sizes(source, config, opts);
+    let WeightSizes { always_resident, streamable, ring, .. } = weight_sizes(source, config, opts);
     let sequences = opts.sequences.max(1);
     let inputs = ContextInputs {
         asked: opts.context,
@@ -421,14 +433,19 @@ struct Built {
 /// back to the CPU.
 fn build_model(source: &ModelSource, config: ModelConfig, opts: &RunOptions) -> anyhow::Result<Built> {
     use strata_backend::cuda::CudaBackend;
-    /// On a GPU, `stage` is its upload pipeline and there is host RAM behind it.
+    /// On a GPU, its upload pipeline and its host-to-device bandwidth; host RAM is
+    /// behind it.
+    struct Gpu<'a> {
+        stage: StageFactory,
+        h2d: &'a dyn Fn() -> Option<f64>,
+    }
     fn on<B: Backend>(
         be: Arc<B>,
         device: DeviceInfo,
-        stage: Option<StageFactory>,
+        gpu: Option<Gpu<'_>>,
         (source, config, opts): (&ModelSource, ModelConfig, &RunOptions),
     ) -> anyhow::Result<Built> {
-        let host_free = stage.as_ref().map(|_| strata_backend::device::available_memory().unwrap_or(0));
+        let host_free = gpu.as_ref().map(|_| strata_backend::device::available_memory().unwrap_or(0));
         let mem = Memory { free: be.free_memory(), host_free, device: device.device.clone() };
         let kv_type = opts.kv_type.unwrap_or(match be.kv_types().contains(&DEFAULT_KV_TYPE) {
             true => DEFAULT_KV_TYPE,
@@ -437,7 +454,19 @@ fn build_model(source: &ModelSource, config: ModelConfig, opts: &RunOptions) -> 
         let opts = RunOptions { kv_type: Some(kv_type), ..opts.clone() };
         let context = model_context(source, &config, &opts, &mem);
         let mut sched = memory_budget(source, &config, context.tokens, &opts, &mem)?;
-        sched.stage = stage;
+        match gpu {
+            Some(gpu) => {
+                let rates = split::GpuRates { vram_free: mem.free, h2d: gpu.h2d };
+                sched.split = split::resolve(source, &config, &opts, &sched, &rates);
+                sched.stage = Some(gpu.stage);
+            }
+            None if opts.expert_split != strata_sched::placement::Mode::Auto => {
+                tracing::info!(
+                    "--cpu-moe and --n-cpu-moe change nothing on the CPU device, which computes every expert"
+                )
+            }
+            None => {}
+        }
         let model = DecoderModel::with_options(config, source, be, &sched)
             .and_then(|m| m.with_kv_type(kv_type))
             .with_context(|| format!("model `{}` on {}", source.name, device.device))?;
@@ -453,7 +482,9 @@ fn build_model(source: &ModelSource, config: ModelConfig, opts: &RunOptions) -> 
         let be = Arc::new(b);
         let up = be.clone();
         let stage = StageFactory(Arc::new(move |slot_len, ring, stats| up.stage(slot_len, ring, stats)));
-        on(be, device, Some(stage), (source, config.clone(), opts))
+        let probe = be.clone();
+        let h2d = move || probe.h2d_bandwidth();
+        on(be, device, Some(Gpu { stage, h2d: &h2d }), (source, config.clone(), opts))
     };
     let cpu = || {
         let be = match config.linear_attn {

@@ -289,7 +289,7 @@ impl CpuSide {
     pub fn end_pass(&self) {
         self.experts.step();
         let passes = self.passes.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.replan_every > 0 && passes % self.replan_every == 0 {
+        if self.replan_every > 0 && passes.is_multiple_of(self.replan_every) {
             self.replan(self.uses.take());
         }
     }

@@ -108,7 +108,8 @@ impl Drafts {
 /// How a draft model loads beside `target` (loaded with `opts`): on the device the
 /// target runs on, with its context length, threads and KV type, but with a default
 /// memory budget, so that it stays resident (free memory allowing) while the target
-/// streams at `--memory-budget 0`; dense, whatever `--sparse-ffn` says.
+/// streams at `--memory-budget 0`; dense, whatever `--sparse-ffn` says; its experts (a
+/// MoE draft) placed as auto places them, whatever `--cpu-moe` or `--n-cpu-moe` say.
 pub fn draft_options(target: &Engine, opts: &RunOptions) -> RunOptions {
     RunOptions {
         context: target.context_len,
@@ -116,6 +117,7 @@ pub fn draft_options(target: &Engine, opts: &RunOptions) -> RunOptions {
         memory_budget: None,
         host_budget: None,
         expert_guess: false,
+        expert_split: strata_sched::placement::Mode::Auto,
         sparse_ffn: Default::default(),
         ..opts.clone()
     }

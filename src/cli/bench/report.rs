@@ -116,6 +116,12 @@ pub struct BenchReport {
     pub plan: SchedSummary,
     /// A mixture-of-experts model's storage traffic during decode.
     pub moe: Option<MoeReport>,
+    /// A MoE model on a GPU whose CPU computes routed experts beside it (`--cpu-moe`,
+    /// `--n-cpu-moe N`, auto): the mode, the measured rates, the plan in force (per MoE
+    /// layer, experts in VRAM, on the CPU, streamed, on storage; the predicted decode
+    /// time) and what each side did since the model loaded (the runs' warm-up and
+    /// prefill included). `null` without one.
+    pub split: Option<crate::sched::placement::split::SplitSummary>,
     /// A sparse FFN's choices and storage traffic during decode (a model converted with
     /// `--sparse-ffn`).
     pub sparse_ffn: Option<SparseReport>,
@@ -328,6 +334,9 @@ pub(super) fn print_plan(r: &BenchReport) -> anyhow::Result<()> {
             100.0 * m.fraction_of_routed_limit
         )?;
     }
+    if let Some(s) = &r.split {
+        outln!("{}", split_line(s))?;
+    }
     if let Some(s) = &r.sparse_ffn {
         outln!(
             "sparse FFN {}: kept {:.2} of the neuron groups; per token {:.1} MiB cores + {:.1} MiB groups read ({:.1} MiB kept), {:.0} reads, neuron-cache hit rate {:.2}",
@@ -390,4 +399,74 @@ pub(super) fn print_streaming(r: &BenchReport) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The text report's line for a split: where the experts are, what the plan predicts,
+/// what each side computed and the bytes the rows moved.
+pub(super) fn split_line(s: &crate::sched::placement::split::SplitSummary) -> String {
+    use crate::sched::placement::Mode;
+    let sum = |f: fn(&crate::sched::placement::LayerSummary) -> u32| s.plan.layers.iter().map(f).sum::<u32>();
+    let mode = match s.mode {
+        Mode::Auto => "auto".to_string(),
+        Mode::CpuMoe => "--cpu-moe".to_string(),
+        Mode::NCpuMoe(n) => format!("--n-cpu-moe {n}"),
+    };
+    let t = &s.steps;
+    format!(
+        "split {mode}: experts {} in VRAM, {} on the CPU, {} streamed, {} on storage; predicted {:.2} ms/token; \
+         computed {} on the GPU and {} on the CPU, {:.1} MiB down + {:.1} MiB up in {} crossings, {} replans",
+        sum(|l| l.in_vram),
+        sum(|l| l.on_cpu),
+        sum(|l| l.streamed),
+        sum(|l| l.from_storage),
+        s.plan.decode.total_s * 1e3,
+        t.gpu_experts,
+        t.cpu_experts,
+        t.bytes_down as f64 / 1048576.0,
+        t.bytes_up as f64 / 1048576.0,
+        t.crossings,
+        t.replans
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::sched::placement::split::{RatesSummary, SplitSteps, SplitSummary};
+    use crate::sched::placement::{DecodeTime, LayerSummary, Mode, PlacementSummary};
+
+    #[test]
+    fn the_split_line_sums_the_layers_and_says_what_each_side_did() {
+        let layer = |in_vram, on_cpu, streamed, from_storage| LayerSummary {
+            in_vram,
+            on_cpu,
+            streamed,
+            from_storage,
+            ..LayerSummary::default()
+        };
+        let s = SplitSummary {
+            mode: Mode::NCpuMoe(2),
+            replan_every: 128,
+            rates: RatesSummary::default(),
+            plan: PlacementSummary {
+                mode: Mode::NCpuMoe(2),
+                decode: DecodeTime { total_s: 0.0125, ..DecodeTime::default() },
+                layers: vec![layer(0, 7, 0, 1), layer(5, 0, 3, 0)],
+                ..PlacementSummary::default()
+            },
+            steps: SplitSteps {
+                gpu_experts: 40,
+                cpu_experts: 24,
+                bytes_down: 3 << 20,
+                bytes_up: 1 << 20,
+                crossings: 12,
+                replans: 1,
+                ..SplitSteps::default()
+            },
+        };
+        assert_eq!(
+            super::split_line(&s),
+            "split --n-cpu-moe 2: experts 5 in VRAM, 7 on the CPU, 3 streamed, 1 on storage; predicted 12.50 ms/token; \
+             computed 40 on the GPU and 24 on the CPU, 3.0 MiB down + 1.0 MiB up in 12 crossings, 1 replans"
+        );
+    }
 }

@@ -15,6 +15,8 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 use strata_sched::StatsSnapshot;
 use strata_sched::experts::ExpertSummary;
+use strata_sched::placement::Mode;
+use strata_sched::placement::split::SplitSummary;
 
 #[derive(Default)]
 pub struct Metrics {
@@ -103,6 +105,7 @@ pub async fn render(State(state): State<AppState>) -> Response {
     write_expert_metrics(&mut out, &loaded);
     write_sparse_metrics(&mut out, &loaded);
     write_upload_metrics(&mut out, &loaded);
+    write_split_metrics(&mut out, &loaded);
     write_speculative_metrics(&mut out, &loaded);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
 }
@@ -286,6 +289,112 @@ fn write_expert_metrics(out: &mut String, loaded: &[crate::queue::worker::Loaded
     }
 }
 
+/// Per loaded MoE model whose CPU computes routed experts beside the GPU: its mode (an
+/// info gauge), what each side computed and the rows' trips between them (counters), the
+/// plan's predicted expert time per token, and where each MoE layer's experts are.
+fn write_split_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedModel]) {
+    let rows: Vec<_> = loaded.iter().filter_map(|m| Some((escape(&m.name), m.sched.summary().split?))).collect();
+    write_split_rows(out, &rows);
+}
+
+/// The lines of [`write_split_metrics`] for `(model, split)` rows (none without rows).
+fn write_split_rows(out: &mut String, rows: &[(String, SplitSummary)]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "# HELP strata_split_info How a model places its routed experts: auto, cpu_moe or n_cpu_moe=N (always 1).\n\
+         # TYPE strata_split_info gauge"
+    );
+    for (model, s) in rows {
+        let mode = match s.mode {
+            Mode::Auto => "auto".to_string(),
+            Mode::CpuMoe => "cpu_moe".to_string(),
+            Mode::NCpuMoe(n) => format!("n_cpu_moe={n}"),
+        };
+        let _ = writeln!(out, "strata_split_info{{model=\"{model}\",mode=\"{mode}\"}} 1");
+    }
+    type Labelled = (&'static str, &'static str, &'static str, [(&'static str, fn(&SplitSummary) -> f64); 2]);
+    let labelled: [Labelled; 2] = [
+        (
+            "strata_split_experts_total",
+            "side",
+            "Routed experts computed on each side (one per expert and pass).",
+            [("gpu", |s| s.steps.gpu_experts as f64), ("cpu", |s| s.steps.cpu_experts as f64)],
+        ),
+        (
+            "strata_split_bytes_total",
+            "direction",
+            "Bytes of hidden rows copied to the CPU (down) and its sums back (up).",
+            [("down", |s| s.steps.bytes_down as f64), ("up", |s| s.steps.bytes_up as f64)],
+        ),
+    ];
+    for (name, label, help, values) in labelled {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (model, s) in rows {
+            for (v, value) in &values {
+                let _ = writeln!(out, "{name}{{model=\"{model}\",{label}=\"{v}\"}} {}", value(s));
+            }
+        }
+    }
+    type Metric = (&'static str, &'static str, &'static str, fn(&SplitSummary) -> f64);
+    let metrics: [Metric; 7] = [
+        ("strata_split_crossings_total", "counter", "Layers whose rows went to the CPU and back.", |s| {
+            s.steps.crossings as f64
+        }),
+        ("strata_split_cpu_seconds_total", "counter", "Time the CPU spent on its experts.", |s| s.steps.cpu_s),
+        (
+            "strata_split_gpu_wait_seconds_total",
+            "counter",
+            "Time the forward pass waited for the GPU after the CPU was done.",
+            |s| s.steps.gpu_wait_s,
+        ),
+        (
+            "strata_split_uploaded_layers_total",
+            "counter",
+            "Layers whose CPU experts a large batch uploaded to the GPU instead.",
+            |s| s.steps.uploaded_layers as f64,
+        ),
+        ("strata_split_replans_total", "counter", "Plans made from the router's choices after the first.", |s| {
+            s.steps.replans as f64
+        }),
+        ("strata_split_moved_experts_total", "counter", "Experts those plans moved from one side to the other.", |s| {
+            s.steps.moved as f64
+        }),
+        (
+            "strata_split_predicted_seconds_per_token",
+            "gauge",
+            "The plan's predicted routed-expert time per decoded token.",
+            |s| s.plan.decode.total_s,
+        ),
+    ];
+    for (name, kind, help, value) in metrics {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (model, s) in rows {
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(s));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP strata_split_layer_experts A MoE layer's routed experts by place: in VRAM, computed on the CPU, \
+         uploaded to the GPU on use (streamed), living on storage.\n# TYPE strata_split_layer_experts gauge"
+    );
+    for (model, s) in rows {
+        for l in &s.plan.layers {
+            let places =
+                [("vram", l.in_vram), ("cpu", l.on_cpu), ("streamed", l.streamed), ("storage", l.from_storage)];
+            for (place, n) in places {
+                let _ = writeln!(
+                    out,
+                    "strata_split_layer_experts{{model=\"{model}\",layer=\"{}\",place=\"{place}\"}} {n}",
+                    l.layer
+                );
+            }
+        }
+    }
+}
+
 /// Per loaded model that runs a sparse FFN: the neuron groups its rows kept, of those
 /// there were.
 fn write_sparse_metrics(out: &mut String, loaded: &[crate::queue::worker::LoadedModel]) {
@@ -384,6 +493,7 @@ mod tests {
                 gds: None,
             }),
             experts: None,
+            split: None,
         };
         let stats = StatsSnapshot {
             host_hits: 6,
