@@ -194,10 +194,11 @@ fn split_lines(line: &mut impl FnMut(String), split: &Value, width: usize) {
         m => format!("n-cpu-moe {}", m["n_cpu_moe"]),
     };
     let t = &split["steps"];
+    // `null`: a plan through a rate not measured.
+    let predicted = split["plan"]["decode"]["total_s"].as_f64().map_or("-".into(), |s| format!("{:.2}", 1e3 * s));
     line(format!(
-        "  split    {mode}, predicted {:.2} ms/token | experts GPU {}, CPU {} | rows {} down, {} up, {} crossings | \
-         CPU {:.1} s, GPU wait {:.1} s | replans {}",
-        1e3 * f(&split["plan"]["decode"], "total_s"),
+        "  split    {mode}, predicted {predicted} ms/token | experts GPU {}, CPU {} | rows {} down, {} up, {} \
+         crossings | CPU {:.1} s, GPU wait {:.1} s | replans {}",
         f(t, "gpu_experts"),
         f(t, "cpu_experts"),
         size(f(t, "bytes_down")),
@@ -302,6 +303,9 @@ mod tests {
                     2.0 KiB up, 12 crossings | CPU 1.5 s, GPU wait 0.3 s | replans 2";
         assert!(screen.contains(want), "{screen}");
         assert!(screen.contains("placed   1:0/7/0/1 3:5/0/3/0  (layer:vram/cpu/streamed/storage)"), "{screen}");
+        // A plan through a rate not measured predicts infinity, `null` in the JSON.
+        m["models"][0]["residency"]["split"]["plan"]["decode"]["total_s"] = Value::Null;
+        assert!(render("x", None, &m, 100).contains("split    n-cpu-moe 1, predicted - ms/token |"));
         // Without a split, no split lines.
         assert!(!render("x", None, &sample(101.0, 40, 0), 100).contains("split "));
         // Many layers wrap to the width.

@@ -86,7 +86,7 @@ struct FixedSplit;
 impl strata::sched::placement::split::SplitInfo for FixedSplit {
     fn summary(&self) -> strata::sched::placement::split::SplitSummary {
         use strata::sched::placement::split::{RatesSummary, SplitSteps, SplitSummary};
-        use strata::sched::placement::{LayerSummary, Mode, PlacementSummary};
+        use strata::sched::placement::{DecodeTime, LayerSummary, Mode, PlacementSummary};
         let layer = |layer, in_vram, on_cpu, streamed, from_storage| LayerSummary {
             layer,
             experts: 8,
@@ -102,6 +102,8 @@ impl strata::sched::placement::split::SplitInfo for FixedSplit {
             rates: RatesSummary { h2d_bytes_s: Some(2.5e10), ..Default::default() },
             plan: PlacementSummary {
                 mode: Mode::NCpuMoe(1),
+                // A plan through a rate not measured.
+                decode: DecodeTime { total_s: f64::INFINITY, ..Default::default() },
                 layers: vec![layer(1, 0, 7, 0, 1), layer(3, 5, 0, 3, 0)],
                 ..Default::default()
             },
@@ -160,6 +162,7 @@ async fn an_expert_split_is_shown_in_ps_status_and_metrics() {
     assert_eq!(split["steps"]["cpu_experts"], 24, "{split}");
     assert_eq!(split["rates"]["h2d_bytes_s"], 2.5e10, "{split}");
     assert_eq!(split["rates"]["storage_bytes_s"], serde_json::Value::Null, "not measured: null");
+    assert_eq!(split["plan"]["decode"]["total_s"], serde_json::Value::Null, "infinite: null");
 
     let (_, _, body) = send(&app, get("/api/strata/status")).await;
     let status = json(&body);
@@ -179,6 +182,7 @@ async fn an_expert_split_is_shown_in_ps_status_and_metrics() {
         "strata_split_uploaded_layers_total{model=\"moe:latest\"} 1",
         "strata_split_replans_total{model=\"moe:latest\"} 2",
         "strata_split_moved_experts_total{model=\"moe:latest\"} 5",
+        "strata_split_predicted_seconds_per_token{model=\"moe:latest\"} +Inf",
         "strata_split_layer_experts{model=\"moe:latest\",layer=\"1\",place=\"cpu\"} 7",
         "strata_split_layer_experts{model=\"moe:latest\",layer=\"1\",place=\"storage\"} 1",
         "strata_split_layer_experts{model=\"moe:latest\",layer=\"3\",place=\"vram\"} 5",

@@ -372,7 +372,12 @@ fn write_split_rows(out: &mut String, rows: &[(String, SplitSummary)]) {
     for (name, kind, help, value) in metrics {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (model, s) in rows {
-            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(s));
+            // A plan through a rate not measured predicts infinity.
+            let v = match value(s) {
+                v if v.is_infinite() => "+Inf".to_string(),
+                v => v.to_string(),
+            };
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {v}");
         }
     }
     let _ = writeln!(
