@@ -137,7 +137,7 @@ EOF
     tests/fixtures/hf/*moe*/ tests/fixtures/hf/mixtral/ tests/fixtures/hf/qwen3_next/; do
     local name
     name=$(basename "$model")
-    timeout 60 "$bin" perplexity "$model" --tokens-file "$ids" --json --kv-type f32 --device cuda:0 --memory-budget 0 --expert-cache 25% \
+    timeout 60 "$bin" perplexity "$model" --tokens-file "$ids" --json --kv-type f32 --device cuda:0 --memory-budget 0 --expert-cache 25% --n-cpu-moe 0 \
       >"$out/ppl-$name-cuda-streamed.json" 2>"$out/ppl-$name-cuda-streamed.err" || failed+=("streamed $name")
     python3 - "$out/ppl-$name-cuda:0.json" "$out/ppl-$name-cuda-streamed.json" "$name" <<'EOF' || failed+=("streamed parity $name")
 import json, sys

@@ -355,3 +355,19 @@ fn streamed_cores_and_split_experts_give_the_cpus_logits() {
         assert!(SplitInfo::summary(model.cpu_side().unwrap()).steps.cpu_experts > 0, "{rel}: no expert on the CPU");
     }
 }
+
+/// `--expert-cache` caps the VRAM the plan gives experts (here none: every expert
+/// outside VRAM, all computed on the CPU or uploaded).
+#[test]
+fn the_expert_cache_size_caps_the_experts_vram() {
+    let source = fixture("hf/qwen3_moe");
+    let rates = Some(pcie4(source.config.hidden_size));
+    let split = Some(split(Mode::Auto, 64 * GB, 64 * GB, rates));
+    let cache = Some(strata::sched::experts::CacheSize::Bytes(0));
+    let sched = SchedOptions { split, expert_cache: cache, ..Default::default() };
+    let device = Arc::new(Device::new(cpu(&source)));
+    let model = DecoderModel::with_options(source.config.clone(), &source, device, &sched).unwrap();
+    let plan = SplitInfo::summary(model.cpu_side().unwrap()).plan;
+    assert_eq!(plan.totals.vram_expert_bytes, 0, "{plan:?}");
+    assert!(plan.layers.iter().all(|l| l.in_vram == 0), "{plan:?}");
+}

@@ -244,12 +244,18 @@ impl<B: Backend> DecoderModel<B> {
         // device's cache then holds what the plan gives VRAM.
         let mut opts = opts;
         if let (Some(split), Some(_), false) = (&sched.split, config.moe, units.is_empty()) {
+            // `--expert-cache` caps the VRAM the plan gives experts.
+            let mut split = split.clone();
+            if let Some(size) = sched.expert_cache {
+                let cap = core_bytes.saturating_add(size.bytes(expert_bytes));
+                split.budgets.vram_free = split.budgets.vram_free.min(cap);
+            }
             let side = super::split::CpuSide::new(super::split::SideBuild {
                 config: &config,
                 device: &*backend,
                 units: &units,
                 cores: &cores,
-                opts: split,
+                opts: &split,
                 stats: layers.stats(),
                 policy: sched.expert_policy,
                 buffered: sched.buffered,
