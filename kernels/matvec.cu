@@ -166,3 +166,166 @@ STRATA_ELEM_FORMATS(MATVEC_WIDE_ELEM)
         }                                                                                         \
     }
 STRATA_BLOCK_FORMATS(MATVEC_WIDE_BLOCK)
+
+// matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for Q4_0 and Q8_0 weights
+// in the packed layout (quant.cuh: `q` the 16-byte aligned quants, `d` the f16 scales).
+// Launch: grid ceil(out / 8), block 128 (any multiple of 32 up to 256: a block computes
+// MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output rows, warp w rows 2w and 2w + 1 of
+// them). `in` is a whole number of 32-value blocks.
+//
+// The activations are staged in shared memory a tile at a time (MATVEC_PACKED_STAGE
+// blocks of 32 values over all activation rows: 256 blocks of one row, 32 of each of 8),
+// each 32-value block padded to 36 floats so that the float4 reads of a quarter-warp hit
+// distinct banks. Lane l takes blocks l, l + 32, ... of its warp's two rows and reads
+// each block's quants with 16-byte loads (one uint4 for Q4_0, two for Q8_0) and its scale
+// with one u16 load; every staged activation value feeds both rows. Tiles are multiples
+// of 32 blocks, so a lane meets the same blocks in the same order whatever the row count:
+// a row comes out the same in any launch. Accumulation per (output row, activation row)
+// in f32, value by value as the stored kernels do; warp-reduced at the end, lane 0 writes
+// y[r * out + o]. Rows past `out` (the last block) load row out - 1 and store nothing.
+
+#define MATVEC_PACKED_WARP_ROWS 2u
+#define MATVEC_PACKED_STAGE 256u
+#define MATVEC_PACKED_PAD 36u
+
+__device__ __forceinline__ unsigned int u4_word(uint4 v, unsigned int k) {
+    return k == 0u ? v.x : k == 1u ? v.y : k == 2u ? v.z : v.w;
+}
+
+// acc[j][r] += Σ_v w(block ib[j], v) · xs[r * stride + v] for one 32-value block of
+// each of the warp's rows. Q4_0: word k of the quants holds values 4k..4k+4 (low nibbles)
+// and 16+4k..16+4k+4 (high nibbles).
+__device__ __forceinline__ void mvp_block_q4_0(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
+                                               const unsigned long long* ib, const float* xs,
+                                               unsigned int stride, unsigned int rows,
+                                               float (*acc)[MATVEC_MAX_ROWS]) {
+    uint4 qv[MATVEC_PACKED_WARP_ROWS];
+    float dv[MATVEC_PACKED_WARP_ROWS];
+#pragma unroll
+    for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+        qv[j] = q[ib[j]];
+        dv[j] = f16_to_f32(d[ib[j]]);
+    }
+#pragma unroll
+    for (unsigned int k = 0; k < 4u; ++k) {
+        float lo[MATVEC_PACKED_WARP_ROWS][4], hi[MATVEC_PACKED_WARP_ROWS][4];
+#pragma unroll
+        for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+            const unsigned int wd = u4_word(qv[j], k);
+#pragma unroll
+            for (unsigned int i = 0; i < 4u; ++i) {
+                const unsigned int byte = QBYTE(wd, i);
+                lo[j][i] = (float)((int)(byte & 0xFu) - 8) * dv[j];
+                hi[j][i] = (float)((int)(byte >> 4) - 8) * dv[j];
+            }
+        }
+#pragma unroll
+        for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) {
+            if (r < rows) {
+                const float4 xa = *(const float4*)(xs + r * stride + 4u * k);
+                const float4 xb = *(const float4*)(xs + r * stride + 16u + 4u * k);
+#pragma unroll
+                for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+                    float s = acc[j][r];
+                    s += lo[j][0] * xa.x;
+                    s += hi[j][0] * xb.x;
+                    s += lo[j][1] * xa.y;
+                    s += hi[j][1] * xb.y;
+                    s += lo[j][2] * xa.z;
+                    s += hi[j][2] * xb.z;
+                    s += lo[j][3] * xa.w;
+                    s += hi[j][3] * xb.w;
+                    acc[j][r] = s;
+                }
+            }
+        }
+    }
+}
+
+// Q8_0: two uint4 of quants; word k (0..8) holds values 4k..4k+4.
+__device__ __forceinline__ void mvp_block_q8_0(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
+                                               const unsigned long long* ib, const float* xs,
+                                               unsigned int stride, unsigned int rows,
+                                               float (*acc)[MATVEC_MAX_ROWS]) {
+    uint4 qv[MATVEC_PACKED_WARP_ROWS][2];
+    float dv[MATVEC_PACKED_WARP_ROWS];
+#pragma unroll
+    for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+        qv[j][0] = q[2u * ib[j]];
+        qv[j][1] = q[2u * ib[j] + 1u];
+        dv[j] = f16_to_f32(d[ib[j]]);
+    }
+#pragma unroll
+    for (unsigned int k = 0; k < 8u; ++k) {
+        float v[MATVEC_PACKED_WARP_ROWS][4];
+#pragma unroll
+        for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+            const unsigned int wd = u4_word(qv[j][k / 4u], k % 4u);
+#pragma unroll
+            for (unsigned int i = 0; i < 4u; ++i)
+                v[j][i] = (float)(int)(signed char)(unsigned char)QBYTE(wd, i) * dv[j];
+        }
+#pragma unroll
+        for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) {
+            if (r < rows) {
+                const float4 xa = *(const float4*)(xs + r * stride + 4u * k);
+#pragma unroll
+                for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+                    float s = acc[j][r];
+                    s += v[j][0] * xa.x;
+                    s += v[j][1] * xa.y;
+                    s += v[j][2] * xa.z;
+                    s += v[j][3] * xa.w;
+                    acc[j][r] = s;
+                }
+            }
+        }
+    }
+}
+
+#define MATVEC_PACKED(NAME, QB)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256)                                             \
+        matvec_packed_##NAME(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, \
+                             const float* __restrict__ x, float* __restrict__ y, unsigned int rows, \
+                             unsigned int out, unsigned int in) {                                 \
+        __shared__ float4 stage[MATVEC_PACKED_STAGE * MATVEC_PACKED_PAD / 4u];                    \
+        float* xs = (float*)stage;                                                                \
+        if (out == 0u || rows == 0u) return; /* uniform: nothing to compute */                   \
+        rows = min(rows, MATVEC_MAX_ROWS);                                                        \
+        const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;                     \
+        const unsigned int nblk = in / 32u;                                                       \
+        /* blocks per activation row and tile: a multiple of 32 */                               \
+        const unsigned int tb = MATVEC_PACKED_STAGE / rows / 32u * 32u;                           \
+        const unsigned int stride = tb * MATVEC_PACKED_PAD;                                       \
+        const unsigned int o0 = (blockIdx.x * (blockDim.x >> 5) + warp) * MATVEC_PACKED_WARP_ROWS; \
+        unsigned long long rowblk[MATVEC_PACKED_WARP_ROWS];                                       \
+        _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)              \
+            rowblk[j] = (unsigned long long)min(o0 + j, out - 1u) * nblk;                         \
+        float acc[MATVEC_PACKED_WARP_ROWS][MATVEC_MAX_ROWS];                                      \
+        _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)              \
+            _Pragma("unroll") for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) acc[j][r] = 0.0f; \
+        for (unsigned int b0 = 0; b0 < nblk; b0 += tb) {                                          \
+            const unsigned int nb = min(tb, nblk - b0), nv = nb * 32u;                            \
+            __syncthreads(); /* the previous tile's reads are done */                            \
+            for (unsigned int t = threadIdx.x; t < rows * nv; t += blockDim.x) {                  \
+                const unsigned int r = t / nv, k = t % nv;                                        \
+                xs[r * stride + (k / 32u) * MATVEC_PACKED_PAD + k % 32u] = x[(unsigned long long)r * in + b0 * 32u + k]; \
+            }                                                                                     \
+            __syncthreads();                                                                      \
+            _Pragma("unroll 2") for (unsigned int bi = lane; bi < nb; bi += 32u) {                \
+                unsigned long long ib[MATVEC_PACKED_WARP_ROWS];                                   \
+                _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)      \
+                    ib[j] = rowblk[j] + b0 + bi;                                                  \
+                mvp_block_##NAME((const uint4*)q, d, ib, xs + bi * MATVEC_PACKED_PAD, stride, rows, acc); \
+            }                                                                                     \
+        }                                                                                         \
+        _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {            \
+            _Pragma("unroll") for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) {                \
+                if (r < rows) { /* uniform across the warp: every lane shuffles */                \
+                    const float s = warp_sum(acc[j][r]);                                          \
+                    if (lane == 0u && o0 + j < out) y[(unsigned long long)r * out + o0 + j] = s;  \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+    }
+STRATA_PACKED_FORMATS(MATVEC_PACKED)

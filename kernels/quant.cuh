@@ -352,4 +352,28 @@ __device__ __forceinline__ float load_elem_bf16(const unsigned char* p, unsigned
 }
 #define STRATA_ELEM_FORMATS(X) X(f32, 4u) X(f16, 2u) X(bf16, 2u)
 
+// ---------------------------------------------------------------------------------
+// The packed layout (kernels/README.md, "Packed weights"): Q4_0 and Q8_0 tensors the
+// CUDA backend repacked at upload. A [out, in] tensor of nblk = in / 32 blocks per row
+// is two arrays: the quants of block i = o * nblk + b at byte i * FMT_PACKED_QB of `q`
+// (16-byte aligned: FMT_PACKED_QB = 16 for Q4_0, 32 for Q8_0), then the f16 scales, `d`
+// at q + out * nblk * FMT_PACKED_QB, scale of block i at d[i]. The same bytes as the
+// stored tensor, in another order. packed_FMT(q, d, i, j) is value j (0..32) of block
+// i, by the stored decoder's expression (dec8_FMT).
+// ---------------------------------------------------------------------------------
+#define Q4_0_PACKED_QB 16u
+#define Q8_0_PACKED_QB 32u
+__device__ __forceinline__ float packed_q4_0(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                             unsigned long long i, unsigned int j) {
+    const unsigned int byte = q[i * Q4_0_PACKED_QB + (j & 15u)];
+    const unsigned int nib = j < 16u ? (byte & 0xFu) : (byte >> 4);
+    return (float)((int)nib - 8) * f16_to_f32(d[i]);
+}
+__device__ __forceinline__ float packed_q8_0(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                             unsigned long long i, unsigned int j) {
+    return (float)(int)(signed char)q[i * Q8_0_PACKED_QB + j] * f16_to_f32(d[i]);
+}
+// X(name, bytes of quants per block) for the formats with a packed layout.
+#define STRATA_PACKED_FORMATS(X) X(q4_0, Q4_0_PACKED_QB) X(q8_0, Q8_0_PACKED_QB)
+
 #endif  // STRATA_QUANT_CUH

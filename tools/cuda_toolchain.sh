@@ -7,7 +7,9 @@
 #      wheel's lib directory compiles every kernels/*.cu for sm_80, sm_86, sm_89 and
 #      sm_90 (a cubin each, plus PTX for compute_XY) with no error.
 #   3. The wheel's ptxas assembles every PTX file in the kernel cache for its sm_XY.
-#   4. tests/it/doctor.rs runs again with STRATA_TEST_NVRTC_LIBS set: one kernel compiled
+#   4. tools/check_packed_ptx.py: the sm_90 PTX of matvec_packed_* reads weights with
+#      16-byte vector loads and ptxas -v spills nothing for them.
+#   5. tests/it/doctor.rs runs again with STRATA_TEST_NVRTC_LIBS set: one kernel compiled
 #      twice (the second from the cache) and a corrupted cache entry recompiled.
 # Needs python3 >= 3.11 and PyPI on first use; STRATA_BIN (default target/release/strata,
 # built if missing). tests/run.sh runs this unless STRATA_SKIP_CUDA_TOOLCHAIN=1.
@@ -86,6 +88,9 @@ echo "== ptxas on every cached PTX"
 xargs -P "$(nproc)" -L 1 sh -c '"$0" -arch=sm_$1 "$2" -o /dev/null || { echo "ptxas -arch=sm_$1 $2 failed" >&2; exit 255; }' "$ptxas" \
   <"$work/ptx.list"
 echo "ptxas $("$ptxas" --version | tail -1 | sed 's/^Build //'): $(wc -l <"$work/ptx.list") PTX files assemble"
+
+echo "== packed matvecs: 16-byte weight loads, no spills (sm_90)"
+"$py" tools/check_packed_ptx.py "$ptxas" sm_90 "$(awk '$1 == 90 && $2 ~ /\/matvec-/ { print $2 }' "$work/ptx.list")"
 
 echo "== tests/it/doctor.rs with NVRTC"
 STRATA_TEST_NVRTC_LIBS=$libdir cargo test --release --locked --test it -- doctor:: --test-threads 1

@@ -76,6 +76,8 @@ KDIR = Path(os.environ.get("CUDA_EMU_KERNELS", ROOT / "kernels")).resolve()  # o
 BUILD = ROOT / "target" / "cuda_emu"
 FAILURES = HERE / "FAILURES.md"
 
+# The formats with a packed layout (kernels/README.md, "Packed weights").
+PACKED_FMTS = ["q4_0", "q8_0"]
 FMTS = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q4_k", "q5_k",
         "q6_k", "affine_q4", "i8"]
 
@@ -112,15 +114,27 @@ SIGS: dict[str, list[tuple[str, str]]] = {
     "embedding.cu": [
         (f"embed_{f}", "const unsigned char* table, const unsigned* ids, float* out, unsigned dim")
         for f in FMTS
+    ] + [
+        (f"embed_packed_{f}", "const unsigned char* q, const unsigned short* d, const unsigned* ids, float* out, "
+                              "unsigned dim")
+        for f in PACKED_FMTS
     ],
     "dequant.cu": [
         (f"dequant_{f}_f16", "const unsigned char* w, unsigned short* out, unsigned long long n")
         for f in FMTS
+    ] + [
+        (f"dequant_packed_{f}_f16", "const unsigned char* q, const unsigned short* d, unsigned short* out, "
+                                    "unsigned long long n")
+        for f in PACKED_FMTS
     ],
     "matvec.cu": [
         (f"matvec_{kind}{f}", "const unsigned char* w, const float* x, float* y, unsigned rows, "
                               "unsigned out, unsigned in")
         for kind in ("", "wide_") for f in FMTS
+    ] + [
+        (f"matvec_packed_{f}", "const unsigned char* q, const unsigned short* d, const float* x, float* y, "
+                               "unsigned rows, unsigned out, unsigned in")
+        for f in PACKED_FMTS
     ],
     "attention.cu": [
         ("attn_partial_f32", "const float* q, const float* k, const float* v, float* part, "
@@ -901,6 +915,17 @@ MXFP4_DECODE_EXPS = (0, 1, 2, 254)
 MXFP4_MATVEC_EXPS = (0, 1, 2, 140)
 
 
+def pack_weights(fmt, raw, rows, cols):
+    """The packed layout of kernels/README.md from stored blocks: (quants, scales) as two
+    byte arrays, block i = o · nblk + b of the [rows, cols] tensor at i · QB and 2i."""
+    import numpy as np
+    _, ts = BLOCK[fmt]
+    blocks = np.ascontiguousarray(raw).reshape(rows * (cols // 32), ts)
+    d, qs = blocks[:, :2], blocks[:, 2:]
+    assert qs.shape[1] == {"q4_0": 16, "q8_0": 32}[fmt]
+    return np.ascontiguousarray(qs).ravel(), np.ascontiguousarray(d).ravel()
+
+
 def cases_embedding():
     import numpy as np
     cs = []
@@ -924,6 +949,23 @@ def cases_embedding():
         small = {1: 100, 32: 96, 128: 384, 256: 768}[bs]
         for vocab, dim, rows in ((37, 512, 3), (11, small, 8), (5, 2048, 1)):
             cs.append(Case(f"embed_{fmt} vocab={vocab} dim={dim} rows={rows}", f"embed_{fmt}", emb(fmt, vocab, dim, rows)))
+
+    def emb_packed(fmt, vocab, dim, rows):
+        def run(c, rng):
+            raw, ref = make_weights(fmt, vocab, dim, rng)
+            q, d = pack_weights(fmt, raw, vocab, dim)
+            ids = rng.integers(0, vocab, size=rows).astype(np.uint32)
+            ids[0] = vocab - 1
+            if rows > 1:
+                ids[1] = 0
+            bq, bd, bi, bo = c.buf(q), c.buf(d), c.buf(ids), c.out((rows, dim), np.float32)
+            c.launch(f"embed_packed_{fmt}", (rows,), (256,), bq, bd, bi, bo, dim)
+            return compare_exact("out", bo.read(), ref[ids])
+        return run
+    for fmt in PACKED_FMTS:
+        for vocab, dim, rows in ((37, 512, 3), (11, 96, 8), (5, 2048, 1)):
+            cs.append(Case(f"embed_packed_{fmt} vocab={vocab} dim={dim} rows={rows}", f"embed_packed_{fmt}",
+                           emb_packed(fmt, vocab, dim, rows)))
     return cs
 
 
@@ -953,6 +995,23 @@ def cases_dequant():
         nb = 300 if bs > 1 else 3000
         cs.append(Case(f"dequant_{fmt}_f16 n={nb * bs} grid blocks/256", f"dequant_{fmt}_f16",
                        deq(fmt, nb, "blocks/256")))
+
+    def deq_packed(fmt, rows, cols, o0, grid):
+        # Rows o0.. of a packed [rows, cols] tensor, as the GEMM's tiles read them.
+        def run(c, rng):
+            raw, ref = make_weights(fmt, rows, cols, rng)
+            q, d = pack_weights(fmt, raw, rows, cols)
+            nblk, qb = cols // 32, q.size // (rows * cols // 32)
+            n = (rows - o0) * cols
+            bq, bd = c.buf(q[o0 * nblk * qb:]), c.buf(d[o0 * nblk * 2:])
+            bo = c.out((n,), np.uint16)
+            c.launch(f"dequant_packed_{fmt}_f16", (grid,), (256,), bq, bd, bo, n)
+            return compare_exact("out (f16)", bo.read().view(np.float16), ref[o0:].ravel().astype(np.float16))
+        return run
+    for fmt in PACKED_FMTS:
+        for rows, cols, o0, grid in ((3, 160, 0, 1), (7, 512, 2, 3), (5, 96, 4, 40)):
+            cs.append(Case(f"dequant_packed_{fmt}_f16 rows={rows} cols={cols} from row {o0} grid {grid}",
+                           f"dequant_packed_{fmt}_f16", deq_packed(fmt, rows, cols, o0, grid)))
     return cs
 
 
@@ -985,6 +1044,39 @@ def cases_matvec():
                                      (5, 4, 2 * odd, 128)):
             cs.append(Case(f"matvec_wide_{fmt} rows={rows} out={out} in={inn} block={wide}", f"matvec_wide_{fmt}",
                            mv(fmt, rows, out, inn, wide)))
+
+    def mv_packed(fmt, rows, out, inn, block, twice=False):
+        # `twice`: also each activation row alone, which must give the same bits (the
+        # order of the additions depends on the shape only).
+        def run(c, rng):
+            raw, wref = make_weights(fmt, out, inn, rng)
+            q, d = pack_weights(fmt, raw, out, inn)
+            x = rng.standard_normal((rows, inn)).astype(np.float32)
+            bq, bd, bx, by = c.buf(q), c.buf(d), c.buf(x), c.out((rows, out), np.float32)
+            per_block = 2 * block // 32
+            c.launch(f"matvec_packed_{fmt}", (cdiv(out, per_block),), (block,), bq, bd, bx, by, rows, out, inn)
+            got = by.read()
+            ref = x.astype(np.float64) @ wref.astype(np.float64).T
+            if twice:
+                for r in range(rows):
+                    b1x, b1y = c.buf(np.ascontiguousarray(x[r:r + 1])), c.out((1, out), np.float32)
+                    c.launch(f"matvec_packed_{fmt}", (cdiv(out, per_block),), (block,), bq, bd, b1x, b1y, 1, out,
+                             inn)
+                    if not np.array_equal(b1y.read()[0].view(np.uint32), got[r].view(np.uint32)):
+                        raise CaseFail(f"row {r} alone differs from row {r} of {rows} (bits)")
+            return compare_nmse("y", got, ref, 5e-4)
+        return run
+    # Odd `out` (a last warp with one row, a last block with idle warps), `in` of a few
+    # blocks, more than one tile (rows=1: 256 blocks = 8192 values; rows=8: 1024 values),
+    # a ragged last tile, 1 to 8 rows, blocks of 1, 4 and 8 warps.
+    for fmt in PACKED_FMTS:
+        for rows, out, inn, block, twice in ((1, 67, 512, 128, False), (3, 67, 512, 128, True),
+                                             (8, 16, 512, 128, False), (5, 9, 288, 128, False),
+                                             (2, 1, 1024, 128, False), (8, 67, 3104, 128, True),
+                                             (1, 9, 8192 + 1056, 128, False), (4, 21, 2080, 256, True),
+                                             (7, 5, 4128, 32, False), (6, 3, 32, 128, False)):
+            cs.append(Case(f"matvec_packed_{fmt} rows={rows} out={out} in={inn} block={block}",
+                           f"matvec_packed_{fmt}", mv_packed(fmt, rows, out, inn, block, twice)))
     return cs
 
 

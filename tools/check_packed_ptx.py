@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Checks the packed matrix-vector kernels' PTX (kernels/README.md, "Packed weights"):
+every `matvec_packed_*` entry of a matvec PTX file reads weights with 16-byte vector
+loads (`ld.global.nc.v4.u32` or `ld.global.v4.*`), and `ptxas -v` assembles it with 0
+spill bytes. Run by tools/cuda_toolchain.sh on the sm_90 PTX it compiled:
+
+    tools/check_packed_ptx.py PTXAS ARCH FILE.ptx
+"""
+import re
+import subprocess
+import sys
+
+V4_LOAD = re.compile(r"\bld\.global(\.nc)?\.v4\.(u32|b32|s32|f32)\b")
+
+
+def entries(ptx: str) -> dict[str, str]:
+    """Entry name -> its body (from `.entry NAME(` to the next `.entry` or the end)."""
+    marks = [(m.group(1), m.start()) for m in re.finditer(r"\.entry\s+(\w+)\s*\(", ptx)]
+    return {name: ptx[at:(marks[i + 1][1] if i + 1 < len(marks) else len(ptx))] for i, (name, at) in enumerate(marks)}
+
+
+def main() -> int:
+    ptxas, arch, path = sys.argv[1:4]
+    ptx = open(path).read()
+    packed = {n: b for n, b in entries(ptx).items() if n.startswith("matvec_packed_")}
+    problems = []
+    if sorted(packed) != ["matvec_packed_q4_0", "matvec_packed_q8_0"]:
+        problems.append(f"packed entries are {sorted(packed)}")
+    for name, body in sorted(packed.items()):
+        loads = sorted({m.group(0) for m in V4_LOAD.finditer(body)})
+        n = len(V4_LOAD.findall(body))
+        if not loads:
+            problems.append(f"{name}: no 16-byte global loads")
+        print(f"{name}: {n} x {', '.join(loads) or 'none'}")
+    out = subprocess.run([ptxas, f"-arch={arch}", "-v", path, "-o", "/dev/null"], capture_output=True, text=True)
+    if out.returncode != 0:
+        problems.append(f"ptxas failed: {out.stderr[-2000:]}")
+    # ptxas -v: "Compiling entry function 'NAME' for 'sm_90'", then "N bytes stack frame,
+    # N bytes spill stores, N bytes spill loads" and "Used N registers, ...".
+    current = None
+    seen = set()
+    for line in out.stderr.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            current = m.group(1)
+            continue
+        if current not in packed:
+            continue
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            seen.add(current)
+            if m.group(1) != "0" or m.group(2) != "0":
+                problems.append(f"{current}: {line.strip()}")
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            print(f"{current}: {line.strip()}")
+    for name in packed:
+        if name not in seen:
+            problems.append(f"{name}: ptxas -v reported no spill line")
+    if problems:
+        print("check_packed_ptx: " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    print(f"check_packed_ptx: {arch} packed matvecs use 16-byte weight loads, 0 spill bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
