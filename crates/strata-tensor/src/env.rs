@@ -85,9 +85,9 @@ pub static PANEL_PREFETCH: Var = Var {
 
 pub static CUDA_MATVEC: Var = Var {
     name: "STRATA_CUDA_MATVEC",
-    takes: "wide|warp",
+    takes: "wide|warp|packed",
     default: "wide",
-    doc: "Which CUDA matrix-vector kernels decode runs: several rows a block (`wide`) or a row a warp.",
+    doc: "Which CUDA matrix-vector kernels decode runs: a block a row (`wide`), a warp a row (`warp`), or Q4_0/Q8_0 weights repacked at upload for 16-byte loads (`packed`; other formats run `wide`).",
     debug: true,
 };
 

@@ -37,11 +37,14 @@ pub struct CudaBuf {
 }
 
 /// A weight in device memory, in its stored format (`[out, in]` rows of blocks), or in
-/// f32 for 1-D tensors (norm weights and biases, which the kernels read as f32).
+/// f32 for 1-D tensors (norm weights and biases, which the kernels read as f32). With
+/// `packed`, a Q4_0/Q8_0 tensor in the packed layout (`super::packed`), which only the
+/// `*_packed_*` kernels read.
 pub struct CudaWeight {
     mem: WeightMem,
     dtype: DType,
     shape: Vec<usize>,
+    packed: bool,
 }
 
 /// Where a weight's bytes are on the device.
@@ -60,6 +63,14 @@ impl CudaWeight {
             WeightMem::Owned { data, .. } => ptr(data, stream, offset),
             WeightMem::Slot { hold, offset: at } => hold.slot().ptr(stream, at + offset),
         }
+    }
+
+    /// A packed weight's device addresses of the quants and the scale of row `o0`'s
+    /// first block.
+    fn packed_ptrs(&self, stream: &Arc<CudaStream>, o0: usize) -> (u64, u64) {
+        let nblk = self.shape[1] / self.dtype.block_size();
+        let (q, d) = super::packed::row_offsets(self.dtype, self.shape[0], nblk, o0);
+        (self.ptr(stream, q), self.ptr(stream, d))
     }
 }
 
@@ -401,19 +412,25 @@ impl CudaBackend {
         let (out, inn) = (w.shape[0], w.shape[1]);
         let fmt = launch::format_name(w.dtype)
             .ok_or_else(|| BackendError::Compile(format!("no kernel reads {} weights", w.dtype.name())))?;
-        let f = self.func(&self.matvec.kernel(&fmt))?;
+        let f = self.func(&self.matvec.kernel(&fmt, w.packed))?;
         let wp = w.ptr(&self.stream, 0);
+        let (qp, dp) = if w.packed { w.packed_ptrs(&self.stream, 0) } else { (wp, 0) };
         for r0 in (at..at + rows).step_by(launch::MATVEC_MAX_ROWS) {
             let n = (at + rows - r0).min(launch::MATVEC_MAX_ROWS);
             let (xp, yp) = (ptr(&x.data, &self.stream, r0 * inn), ptr(&y.data, &self.stream, r0 * out));
             let (n, o, i) = (n as u32, out as u32, inn as u32);
             let mut b = self.stream.launch_builder(f);
-            b.arg(&wp).arg(&xp).arg(&yp).arg(&n).arg(&o).arg(&i);
+            match w.packed {
+                true => b.arg(&qp).arg(&dp),
+                false => b.arg(&wp),
+            };
+            b.arg(&xp).arg(&yp).arg(&n).arg(&o).arg(&i);
             // SAFETY: matvec_FMT(w, x, y, rows, out, in) per kernels/README.md: `w` holds
-            // `out × in` values of its format, `x` at least `(r0 + n) × in` floats and `y`
+            // `out × in` values of its format (matvec_packed_FMT(q, d, ...): `q` and `d`
+            // its packed quants and scales), `x` at least `(r0 + n) × in` floats and `y`
             // `(r0 + n) × out` (the workspace is sized for `rows`); the grid has a warp
-            // (`matvec_wide_FMT`: a block) per output row.
-            unsafe { self.launch(&mut b, self.matvec.shape(out), "matvec") }?;
+            // (`matvec_wide_FMT`: a block; `matvec_packed_FMT`: half a warp) per output row.
+            unsafe { self.launch(&mut b, self.matvec.shape(out, w.packed), "matvec") }?;
         }
         Ok(())
     }
@@ -456,10 +473,17 @@ impl CudaBackend {
             let n_out = (out - o0).min(tile);
             let n = (n_out * inn) as u64;
             let wp = w.ptr(&self.stream, o0 * row_bytes);
-            let mut b = self.stream.launch_builder(self.func(&format!("dequant_{fmt}_f16"))?);
-            b.arg(&wp).arg(&w16).arg(&n);
+            let (qp, dp) = if w.packed { w.packed_ptrs(&self.stream, o0) } else { (wp, 0) };
+            let name = if w.packed { format!("dequant_packed_{fmt}_f16") } else { format!("dequant_{fmt}_f16") };
+            let mut b = self.stream.launch_builder(self.func(&name)?);
+            match w.packed {
+                true => b.arg(&qp).arg(&dp),
+                false => b.arg(&wp),
+            };
+            b.arg(&w16).arg(&n);
             // SAFETY: dequant_FMT_f16(w, out, n): from output row `o0`, `w` holds
-            // `n_out × in` values of its format; the f16 scratch holds `tile × in`.
+            // `n_out × in` values of its format (dequant_packed_FMT_f16(q, d, out, n): `q`
+            // and `d` row `o0`'s packed quants and scales); the f16 scratch holds `tile × in`.
             unsafe { self.launch(&mut b, launch::dequant(w.dtype, n), "dequant") }?;
             // Output rows `o0..o0 + n_out` start at row `o0` of the column-major C.
             let tile_shape = GemmShape { out: n_out, ..shape };
@@ -623,7 +647,8 @@ impl Backend for CudaBackend {
         if let Some((copy, offset)) = t.device_copy().filter(|_| f32_ready)
             && let Ok(hold) = copy.downcast::<SlotHold<CudaCopy>>()
         {
-            return Ok(CudaWeight { mem: WeightMem::Slot { hold, offset }, dtype: t.dtype, shape: t.shape.clone() });
+            let shape = t.shape.clone();
+            return Ok(CudaWeight { mem: WeightMem::Slot { hold, offset }, dtype: t.dtype, shape, packed: false });
         }
         // 1-D tensors (norms, biases) are read by the kernels as f32.
         let (bytes, dtype): (std::borrow::Cow<'_, [u8]>, DType) = if t.shape.len() == 1 && t.dtype != DType::F32 {
@@ -632,11 +657,21 @@ impl Backend for CudaBackend {
         } else {
             (t.bytes().into(), t.dtype)
         };
+        // STRATA_CUDA_MATVEC=packed: 2-D Q4_0/Q8_0 weights in the packed layout.
+        let packed = if self.matvec.packs(dtype) && t.shape.len() == 2 && t.shape[1].is_multiple_of(dtype.block_size())
+        {
+            super::packed::pack(dtype, &bytes)
+        } else {
+            None
+        };
+        let is_packed = packed.is_some();
+        let bytes: std::borrow::Cow<'_, [u8]> = packed.map_or(bytes, Into::into);
         let what = format!("a {} weight of shape {:?}", t.dtype.name(), t.shape);
         let mut data = self.stream.alloc_zeros::<u8>(bytes.len().max(1)).map_err(dev_err(&what, bytes.len() as u64))?;
         self.put(&bytes, &mut data, &what)?;
         let tracked = Tracked::new(data.len() as u64, &self.used);
-        Ok(CudaWeight { mem: WeightMem::Owned { data, _tracked: tracked }, dtype, shape: t.shape.clone() })
+        let mem = WeightMem::Owned { data, _tracked: tracked };
+        Ok(CudaWeight { mem, dtype, shape: t.shape.clone(), packed: is_packed })
     }
 
     fn top_k(&self, logits: &CudaBuf, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {
@@ -685,10 +720,17 @@ impl Backend for CudaBackend {
         self.put(ids, slot, "token ids")?;
         let (tp, ip, op, d) =
             (table.ptr(&self.stream, 0), ptr(slot, &self.stream, 0), ptr(&out.data, &self.stream, 0), dim as u32);
-        let mut b = self.stream.launch_builder(self.func(&format!("embed_{fmt}"))?);
-        b.arg(&tp).arg(&ip).arg(&op).arg(&d);
+        let (qp, dp) = if table.packed { table.packed_ptrs(&self.stream, 0) } else { (tp, 0) };
+        let name = if table.packed { format!("embed_packed_{fmt}") } else { format!("embed_{fmt}") };
+        let mut b = self.stream.launch_builder(self.func(&name)?);
+        match table.packed {
+            true => b.arg(&qp).arg(&dp),
+            false => b.arg(&tp),
+        };
+        b.arg(&ip).arg(&op).arg(&d);
         // SAFETY: embed_FMT(table, ids, out, dim): ids (checked < vocab by the model) index
-        // rows of the `[vocab, dim]` table; `out` holds `ids.len() × dim` floats.
+        // rows of the `[vocab, dim]` table (embed_packed_FMT(q, d, ...): its packed quants
+        // and scales); `out` holds `ids.len() × dim` floats.
         unsafe { self.launch(&mut b, launch::embedding(ids.len()), "embedding") }
     }
 

@@ -87,7 +87,20 @@ pub fn matvec_wide(out: usize) -> Shape {
     Shape::new(((out as u64).clamp(1, MAX_GRID_X) as u32, 1, 1), MATVEC_WIDE_BLOCK)
 }
 
-/// Which kernel runs the decode products (`matvec_FMT` or `matvec_wide_FMT`).
+/// Output rows per `matvec_packed_FMT` block (two per warp).
+pub const MATVEC_PACKED_ROWS_PER_BLOCK: u32 = 8;
+
+/// `matvec_packed_FMT`: four warps of two output rows each per block.
+pub fn matvec_packed(out: usize) -> Shape {
+    Shape::new((blocks(out as u64, MATVEC_PACKED_ROWS_PER_BLOCK), 1, 1), 16 * MATVEC_PACKED_ROWS_PER_BLOCK)
+}
+
+/// The formats the backend repacks for `matvec_packed_FMT` (kernels/README.md, "Packed
+/// weights").
+pub const PACKED_FORMATS: [DType; 2] = [DType::Q4_0, DType::Q8_0];
+
+/// Which kernel runs the decode products (`matvec_FMT`, `matvec_wide_FMT` or
+/// `matvec_packed_FMT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Matvec {
     /// A warp per output row (`matvec_FMT`).
@@ -95,33 +108,46 @@ pub enum Matvec {
     /// A block of four warps per output row (`matvec_wide_FMT`): more loads in flight per
     /// row, and a block for every SM even when a matrix has few rows.
     Wide,
+    /// Q4_0 and Q8_0 weights repacked at upload (`matvec_packed_FMT`: 16-byte weight
+    /// loads, activations staged in shared memory, two rows a warp); other formats and
+    /// streamed units run [`Matvec::Wide`].
+    Packed,
 }
 
 impl Matvec {
-    /// From `STRATA_CUDA_MATVEC` (`warp` or `wide`); unset: `wide`, which decoded the
-    /// 1.1B Q4_0 7% faster than `warp` on an H200 (docs/gpu.md, item 6). Anything else
-    /// is an error naming it.
+    /// From `STRATA_CUDA_MATVEC` (`warp`, `wide` or `packed`); unset: `wide`, which
+    /// decoded the 1.1B Q4_0 7% faster than `warp` on an H200 (docs/gpu.md, item 6);
+    /// `packed` has not run on a GPU yet. Anything else is an error naming it.
     pub fn from_env(value: Option<&str>) -> Result<Matvec, String> {
         match value.map(str::trim) {
             None | Some("" | "wide") => Ok(Matvec::Wide),
             Some("warp") => Ok(Matvec::Warp),
-            Some(v) => Err(format!("STRATA_CUDA_MATVEC is `{v}`; it takes `warp` or `wide`")),
+            Some("packed") => Ok(Matvec::Packed),
+            Some(v) => Err(format!("STRATA_CUDA_MATVEC is `{v}`; it takes `warp`, `wide` or `packed`")),
         }
     }
 
-    /// The kernel's name for weights of format `fmt` (`launch::format_name`).
-    pub fn kernel(self, fmt: &str) -> String {
-        match self {
-            Matvec::Warp => format!("matvec_{fmt}"),
-            Matvec::Wide => format!("matvec_wide_{fmt}"),
+    /// Whether weights of `dtype` are repacked at upload for this choice.
+    pub fn packs(self, dtype: DType) -> bool {
+        self == Matvec::Packed && PACKED_FORMATS.contains(&dtype)
+    }
+
+    /// The kernel's name for weights of format `fmt` (`launch::format_name`) in the
+    /// stored layout (`Packed`: `wide`'s) or, with `packed`, the packed one.
+    pub fn kernel(self, fmt: &str, packed: bool) -> String {
+        match (self, packed) {
+            (_, true) => format!("matvec_packed_{fmt}"),
+            (Matvec::Warp, false) => format!("matvec_{fmt}"),
+            (Matvec::Wide | Matvec::Packed, false) => format!("matvec_wide_{fmt}"),
         }
     }
 
     /// Its launch shape for `out` output rows.
-    pub fn shape(self, out: usize) -> Shape {
-        match self {
-            Matvec::Warp => matvec(out),
-            Matvec::Wide => matvec_wide(out),
+    pub fn shape(self, out: usize, packed: bool) -> Shape {
+        match (self, packed) {
+            (_, true) => matvec_packed(out),
+            (Matvec::Warp, false) => matvec(out),
+            (Matvec::Wide | Matvec::Packed, false) => matvec_wide(out),
         }
     }
 }
@@ -307,6 +333,12 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         names.push(("matvec", format!("matvec_wide_{f}")));
         names.push(("dequant", format!("dequant_{f}_f16")));
     }
+    for d in PACKED_FORMATS {
+        let f = format_name(d).unwrap_or_default();
+        names.push(("embedding", format!("embed_packed_{f}")));
+        names.push(("matvec", format!("matvec_packed_{f}")));
+        names.push(("dequant", format!("dequant_packed_{f}_f16")));
+    }
     names
 }
 
@@ -348,10 +380,24 @@ mod tests {
         let s = matvec_wide(4097);
         assert_eq!((s.grid, s.block), ((4097, 1, 1), (128, 1, 1)));
         assert_eq!(matvec_wide(0).grid.0, 1);
-        assert_eq!(Matvec::Wide.shape(10), matvec_wide(10));
-        assert_eq!(Matvec::Warp.shape(10), matvec(10));
-        assert_eq!(Matvec::Wide.kernel("q4_k"), "matvec_wide_q4_k");
-        assert_eq!(Matvec::Warp.kernel("q4_k"), "matvec_q4_k");
+        assert_eq!(Matvec::Wide.shape(10, false), matvec_wide(10));
+        assert_eq!(Matvec::Warp.shape(10, false), matvec(10));
+        assert_eq!(Matvec::Wide.kernel("q4_k", false), "matvec_wide_q4_k");
+        assert_eq!(Matvec::Warp.kernel("q4_k", false), "matvec_q4_k");
+    }
+
+    #[test]
+    fn the_packed_matvec_has_two_rows_a_warp_and_falls_back_to_wide() {
+        let s = matvec_packed(67);
+        assert_eq!((s.grid, s.block), ((9, 1, 1), (128, 1, 1)));
+        assert!(s.grid.0 * 2 * (s.block.0 / 32) >= 67);
+        assert_eq!(Matvec::Packed.kernel("q4_0", true), "matvec_packed_q4_0");
+        assert_eq!(Matvec::Packed.shape(67, true), s);
+        // Formats without a packed layout, and streamed units, run the wide kernel.
+        assert_eq!(Matvec::Packed.kernel("q4_k", false), "matvec_wide_q4_k");
+        assert_eq!(Matvec::Packed.shape(67, false), matvec_wide(67));
+        assert!(Matvec::Packed.packs(DType::Q8_0) && !Matvec::Packed.packs(DType::Q4_K));
+        assert!(!Matvec::Wide.packs(DType::Q4_0));
     }
 
     #[test]
@@ -359,6 +405,7 @@ mod tests {
         assert_eq!(Matvec::from_env(None), Ok(Matvec::Wide));
         assert_eq!(Matvec::from_env(Some("warp")), Ok(Matvec::Warp));
         assert_eq!(Matvec::from_env(Some(" wide ")), Ok(Matvec::Wide));
+        assert_eq!(Matvec::from_env(Some("packed")), Ok(Matvec::Packed));
         let e = Matvec::from_env(Some("fast")).unwrap_err();
         assert!(e.contains("`fast`") && e.contains("`wide`"), "{e}");
     }
@@ -449,8 +496,9 @@ mod tests {
         for entry in &listed {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
-        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 25 others.
-        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 25);
+        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 3 per
+        // packed format, 25 others.
+        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 3 * PACKED_FORMATS.len() + 25);
         assert_eq!(declared.len(), listed.len());
     }
 }

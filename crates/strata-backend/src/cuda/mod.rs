@@ -11,6 +11,7 @@ pub mod launch;
 pub mod libs;
 mod memory;
 pub mod nvrtc;
+pub mod packed;
 mod staging;
 
 pub use backend::{CudaBackend, CudaInitError};
