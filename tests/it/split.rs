@@ -371,3 +371,39 @@ fn the_expert_cache_size_caps_the_experts_vram() {
     assert_eq!(plan.totals.vram_expert_bytes, 0, "{plan:?}");
     assert!(plan.layers.iter().all(|l| l.in_vram == 0), "{plan:?}");
 }
+
+/// Experts the plan uploads from host memory are read from storage once: evicted from
+/// the device's small cache, they come back from the host tier behind it.
+#[test]
+fn experts_uploaded_from_ram_are_read_once() {
+    use strata::model::decoder::SeqStep;
+    let source = fixture("hf/qwen3_moe");
+    let c = source.config.clone();
+    let (experts, cores) = expert_and_core_bytes(&source);
+    let one_expert = experts / (c.n_layers * c.moe.unwrap().n_experts) as u64;
+    // VRAM for one expert a layer; the CPU so slow that the device computes them all,
+    // uploading from RAM.
+    let slow_cpu = Rates { cpu: 1e3, cpu_gemm: 1e3, ..pcie4(c.hidden_size) };
+    let opts = split(Mode::Auto, cores + c.n_layers as u64 * one_expert, 64 * GB, Some(slow_cpu));
+    let (model, _) = on_device(&source, Some(opts));
+    let side = model.cpu_side().unwrap();
+    let plan = SplitInfo::summary(side).plan;
+    assert!(plan.layers.iter().all(|l| l.on_cpu == 0 && l.streamed > 0), "{plan:?}");
+    let mut cache = model.new_cache(64).unwrap();
+    let mut step = |t: u32| {
+        let s = SeqStep { tokens: &[t], cache: &mut cache, all_logits: false, verify: false };
+        model.forward(&mut [s]).unwrap();
+    };
+    for t in 0..8 {
+        step(t % 4 + 3); // every expert used at least once, most evicted from VRAM since
+    }
+    let read = model.scheduler().stats().snapshot().bytes_read;
+    let e = model.scheduler().summary().experts.unwrap();
+    assert!(e.host_tier_bytes > 0, "{e:?}");
+    for t in 0..8 {
+        step(t % 4 + 3);
+    }
+    let e = model.scheduler().summary().experts.unwrap();
+    assert_eq!(model.scheduler().stats().snapshot().bytes_read, read, "experts read again: {e:?}");
+    assert!(e.host_hits > 0, "{e:?}");
+}

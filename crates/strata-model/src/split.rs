@@ -159,6 +159,7 @@ impl CpuSide {
             buffered: b.buffered,
             stage: None,
             repack: cpu.repacks_weights(),
+            host_budget: 0,
         };
         let units: Vec<ExpertUnit> =
             b.units.iter().map(|u| ExpertUnit { id: u.id, tensors: u.tensors.clone() }).collect();
@@ -193,6 +194,22 @@ impl CpuSide {
     /// Bytes of routed experts the plan keeps in VRAM: the device's expert cache's size.
     pub fn device_expert_bytes(&self) -> u64 {
         lock(&self.plan).totals().vram_expert_bytes
+    }
+
+    /// Bytes of the experts the plan uploads from host memory (homes `pinned` and `ram`,
+    /// computed on the device), at most `--host-budget`: the host tier behind the
+    /// device's expert cache, so that they are copied from RAM rather than read.
+    pub fn device_host_bytes(&self) -> u64 {
+        let plan = lock(&self.plan);
+        let inputs = plan.inputs();
+        let mut bytes = 0u64;
+        for (l, shape) in inputs.layers.iter().enumerate() {
+            let host = |p: &&strata_sched::placement::Placement| {
+                p.compute == Side::Gpu && matches!(p.home, Tier::Pinned | Tier::Ram)
+            };
+            bytes += plan.layer(l).iter().filter(host).count() as u64 * shape.expert_bytes;
+        }
+        bytes.min(inputs.budgets.pinned_max)
     }
 
     /// Layer `layer`'s sides for a pass of `seq_rows` rows per sequence (more than one:

@@ -23,6 +23,9 @@ use super::upload::Stage;
 use super::{LayerTensors, SchedError, SchedStats};
 use strata_tensor::tensor::ByteSource;
 
+mod host;
+use host::{Held, HostTier};
+
 /// Expert reads in flight at once (a layer's misses are read together).
 const EXPERT_STREAMS: usize = 4;
 /// Read buffers kept for reuse (beyond this they are freed when their expert drops).
@@ -79,6 +82,9 @@ pub struct ExpertOptions {
     /// Whether experts read are repacked into the CPU's 16-row panels (see
     /// [`SchedOptions::repack`](super::SchedOptions::repack)).
     pub repack: bool,
+    /// Bytes of experts kept in host memory once uploaded, so that one evicted from the
+    /// device's memory comes back by a copy, not a read (0: none).
+    pub host_budget: u64,
 }
 
 /// One expert's stored tensors.
@@ -119,6 +125,11 @@ pub struct ExpertSummary {
     /// named, of those scored.
     pub guess_right: u64,
     pub guess_total: u64,
+    /// The host tier behind a device's cache: its budget, the bytes it holds, and the
+    /// misses it served (copied to the device instead of read from storage).
+    pub host_tier_budget_bytes: u64,
+    pub host_tier_bytes: u64,
+    pub host_hits: u64,
 }
 
 /// A read buffer lent to an expert's tensors; it goes back to the pool when they drop.
@@ -150,6 +161,8 @@ struct OnDemand<E> {
     state: Mutex<State<E>>,
     pool: Arc<Mutex<Vec<AlignedBuf>>>,
     stage: Option<Arc<dyn Stage>>,
+    /// The experts' bytes kept in host memory behind the device.
+    host: Mutex<HostTier>,
     /// Read buffers are allocated this large (every expert fits, so a page-locked one
     /// never reallocates).
     buf_cap: usize,
@@ -250,8 +263,9 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
             ),
             None => None,
         };
-        cache.mode =
-            Mode::OnDemand(Box::new(OnDemand { reader, build, state: Mutex::new(state), pool, stage, buf_cap }));
+        let host = Mutex::new(HostTier::new(opts.host_budget));
+        let on_demand = OnDemand { reader, build, state: Mutex::new(state), pool, stage, host, buf_cap };
+        cache.mode = Mode::OnDemand(Box::new(on_demand));
         Ok(cache)
     }
 
@@ -318,8 +332,15 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
             return Ok(());
         }
         let protect: Vec<ExpertId> = experts.iter().map(|&e| id(e)).collect();
+        // The misses the host tier holds come back by a copy; the rest are read.
+        let held: Vec<(usize, Held)> = {
+            let mut host = lock(&d.host);
+            missing.iter().filter_map(|&i| host.get(id(experts[i])).map(|h| (i, h))).collect()
+        };
+        self.stats.expert_host_hits.fetch_add(held.len() as u64, Ordering::Relaxed);
+        let to_read: Vec<usize> = missing.iter().copied().filter(|i| !held.iter().any(|(h, _)| h == i)).collect();
         let queue: Mutex<std::collections::VecDeque<(usize, AlignedBuf)>> =
-            { Mutex::new(missing.iter().map(|&i| (i, d.buf())).collect()) };
+            { Mutex::new(to_read.iter().map(|&i| (i, d.buf())).collect()) };
         let stop = std::sync::atomic::AtomicBool::new(false);
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<AlignedBuf, SchedError>)>();
         let read_err = |e: SchedError| match e {
@@ -328,7 +349,7 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
         };
         let mut evicted = Vec::new();
         let result = std::thread::scope(|s| -> Result<(), X> {
-            for _ in 0..EXPERT_STREAMS.min(missing.len()) {
+            for _ in 0..EXPERT_STREAMS.min(to_read.len()) {
                 let (tx, queue, stop) = (tx.clone(), &queue, &stop);
                 s.spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
@@ -342,15 +363,25 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
             }
             drop(tx);
             let outcome = (|| -> Result<(), X> {
+                let mut held = held.into_iter();
                 for _ in 0..missing.len() {
-                    let t = Instant::now();
-                    let Ok((i, read)) = rx.recv() else { break };
-                    self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    let mut buf = read.map_err(read_err)?;
-                    let unit = base + experts[i];
-                    d.reader.fix(unit, &mut buf)?;
-                    let pinned = buf.is_pinned();
-                    let src: Arc<dyn ByteSource> = Arc::new(PooledBuf { buf, home: Arc::downgrade(&d.pool) });
+                    let unit_of = |i: usize| base + experts[i];
+                    let (i, src, pinned) = match held.next() {
+                        Some((i, h)) => (i, h.src, h.pinned),
+                        None => {
+                            let t = Instant::now();
+                            let Ok((i, read)) = rx.recv() else { break };
+                            self.stats.stall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                            let mut buf = read.map_err(read_err)?;
+                            d.reader.fix(unit_of(i), &mut buf)?;
+                            let pinned = buf.is_pinned();
+                            let src: Arc<dyn ByteSource> = Arc::new(PooledBuf { buf, home: Arc::downgrade(&d.pool) });
+                            let bytes = self.unit_bytes[unit_of(i)];
+                            lock(&d.host).offer(id(experts[i]), Held { src: src.clone(), pinned, bytes });
+                            (i, src, pinned)
+                        }
+                    };
+                    let unit = unit_of(i);
                     let src = match &d.stage {
                         None => src,
                         Some(stage) => {
@@ -418,6 +449,13 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
                 ("on_demand", s.policy.budget(), s.policy.cached_bytes(), s.cached.len())
             }
         };
+        let (host_tier_budget_bytes, host_tier_bytes) = match &self.mode {
+            Mode::Resident(_) => (0, 0),
+            Mode::OnDemand(d) => {
+                let h = lock(&d.host);
+                (h.budget(), h.used())
+            }
+        };
         ExpertSummary {
             unit: self.unit,
             mode,
@@ -431,6 +469,9 @@ impl<E: Send + Sync + 'static> ExpertCache<E> {
             layers,
             guess_right: self.stats.expert_guess_right.load(Ordering::Relaxed),
             guess_total: self.stats.expert_guess_total.load(Ordering::Relaxed),
+            host_tier_budget_bytes,
+            host_tier_bytes,
+            host_hits: self.stats.expert_host_hits.load(Ordering::Relaxed),
         }
     }
 }

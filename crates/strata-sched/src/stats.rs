@@ -26,6 +26,8 @@ pub struct SchedStats {
     /// Routed experts asked for (MoE models), and of those, served from memory.
     pub expert_requests: AtomicU64,
     pub expert_hits: AtomicU64,
+    /// Of the misses, those the host tier behind the device held (copied, not read).
+    pub expert_host_hits: AtomicU64,
     /// Bytes of routed experts read from storage (included in `bytes_read`'s total by
     /// [`SchedStats::snapshot`], and shown apart).
     pub expert_bytes_read: Arc<AtomicU64>,

@@ -238,6 +238,7 @@ impl<B: Backend> DecoderModel<B> {
             buffered: sched.buffered,
             stage: sched.stage.clone(),
             repack: sched.repack,
+            host_budget: 0,
         };
         let (mut experts, mut neurons, mut cpu_side) = (None, None, None);
         // Some routed experts computed by the CPU beside the device, as planned: the
@@ -261,6 +262,7 @@ impl<B: Backend> DecoderModel<B> {
                 buffered: sched.buffered,
             })?;
             opts.budget = Some(side.device_expert_bytes());
+            opts.host_budget = side.device_host_bytes();
             let side = Arc::new(side);
             layers.attach_split(side.clone());
             cpu_side = Some(side);
