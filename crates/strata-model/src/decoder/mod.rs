@@ -251,6 +251,12 @@ impl<B: Backend> DecoderModel<B> {
                 let cap = core_bytes.saturating_add(size.bytes(expert_bytes));
                 split.budgets.vram_free = split.budgets.vram_free.min(cap);
             }
+            // The page-locked memory the layer cores' host tier takes is not the experts'.
+            if sched.stage.is_some() {
+                let streamed_cores = core_bytes.saturating_sub(sched.budget.unwrap_or(u64::MAX));
+                let left = sched.host_budget.saturating_sub(streamed_cores);
+                split.budgets.pinned_max = split.budgets.pinned_max.min(left);
+            }
             let side = super::split::CpuSide::new(super::split::SideBuild {
                 config: &config,
                 device: &*backend,
