@@ -81,6 +81,11 @@ run() {
   STRATA_REQUIRE_GPU=1 timeout 180 "$dir/bin/it" cuda_ops:: --nocapture --test-threads 1 >"$out/cuda_ops.txt" 2>&1 || failed+=(cuda_ops)
   grep -E "test result|panicked|FAILED|failed" "$out/cuda_ops.txt" | tail -12 || true
   echo "   ($((SECONDS - t0)) s)"
+  echo "== the same with packed weights (STRATA_CUDA_MATVEC=packed: 16-byte loads, kernels/README.md)"
+  STRATA_CUDA_MATVEC=packed STRATA_REQUIRE_GPU=1 timeout 180 "$dir/bin/it" cuda_ops:: --nocapture --test-threads 1 \
+    >"$out/cuda_ops-packed.txt" 2>&1 || failed+=("cuda_ops packed")
+  grep -E "test result|panicked|FAILED|failed" "$out/cuda_ops-packed.txt" | tail -12 || true
+  echo "   ($((SECONDS - t0)) s)"
   echo "== perplexity, cuda:0 against cpu"
   local ids="$out/ids.json"
   python3 -c 'import json; print(json.dumps([(i * 7919 + 13) % 250 + 3 for i in range(96)]))' >"$ids"
