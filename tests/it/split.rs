@@ -407,3 +407,17 @@ fn experts_uploaded_from_ram_are_read_once() {
     assert_eq!(model.scheduler().stats().snapshot().bytes_read, read, "experts read again: {e:?}");
     assert!(e.host_hits > 0, "{e:?}");
 }
+
+/// Prints the rates the plan would be made from for the model `STRATA_SPLIT_PROBE` names
+/// (the stand-in device computes as the CPU does, so its figures are the CPU's twice):
+/// `STRATA_SPLIT_PROBE=MODEL.gguf cargo test --release --test it split::rates_probe --
+/// --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, run by hand"]
+fn rates_probe() {
+    let path = std::env::var("STRATA_SPLIT_PROBE").expect("STRATA_SPLIT_PROBE=MODEL");
+    let source = ModelSource::from_path(&path).unwrap();
+    let (model, _) = on_device(&source, Some(split(Mode::CpuMoe, 64 * GB, 64 * GB, None)));
+    let s = SplitInfo::summary(model.cpu_side().unwrap());
+    println!("{}", serde_json::to_string_pretty(&s.rates).unwrap());
+}

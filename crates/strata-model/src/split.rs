@@ -132,10 +132,12 @@ impl CpuSide {
             l.expert_bytes = l.expert_bytes.max(u.tensors.bytes() as u64);
             l.top_k = m.top_k as u32;
         }
-        let first = b.units.first().ok_or_else(|| build_err("no routed experts"))?;
+        if b.units.is_empty() {
+            return Err(build_err("no routed experts"));
+        }
         let rates = match b.opts.rates {
             Some(rates) => rates,
-            None => measure::rates(b.device, &cpu, c, first, b.opts)?,
+            None => measure::rates(b.device, &cpu, c, b.units, b.opts)?,
         };
         let cores: u64 = b.cores.iter().sum();
         let budgets = Budgets {
