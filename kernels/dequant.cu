@@ -53,13 +53,13 @@ extern "C" __global__ void __launch_bounds__(1024) dequant_bf16_f16(const unsign
 STRATA_BLOCK_FORMATS(DEQUANT_BLOCK)
 
 // dequant_packed_FMT_f16(q, d, out, n): the same for the first n values (a whole number
-// of rows) of a Q4_0 / Q8_0 tensor in the packed layout (quant.cuh), `q` and `d` pointing
-// at the quants and the scale of its first block. One value per thread per step.
-#define DEQUANT_PACKED(NAME, QB)                                                                  \
+// of rows) of a tensor in the packed layout (quant.cuh), `q` and `d` pointing at its
+// first block's quants and scales. One value per thread per step.
+#define DEQUANT_PACKED(NAME, QK, QB)                                                                  \
     extern "C" __global__ void __launch_bounds__(1024)                                            \
         dequant_packed_##NAME##_f16(const unsigned char* __restrict__ q,                          \
                                     const unsigned short* __restrict__ d,                         \
                                     unsigned short* __restrict__ out, unsigned long long n) {     \
-        DQ_GRID_STRIDE_LOOP(i, n) { out[i] = f16_from_f32(packed_##NAME(q, d, i / 32u, (unsigned int)(i % 32u))); } \
+        DQ_GRID_STRIDE_LOOP(i, n) { out[i] = f16_from_f32(packed_##NAME(q, d, i / (QK), (unsigned int)(i % (QK)))); } \
     }
 STRATA_PACKED_FORMATS(DEQUANT_PACKED)

@@ -40,18 +40,18 @@ STRATA_ELEM_FORMATS(EMBED_ELEM)
     }
 STRATA_BLOCK_FORMATS(EMBED_BLOCK)
 
-// embed_packed_FMT(q, d, ids, out, dim): the same lookup in a Q4_0 / Q8_0 table in the
-// packed layout (quant.cuh): `q` its quants, `d` its scales. Launch as embed_FMT; thread
+// embed_packed_FMT(q, d, ids, out, dim): the same lookup in a table in the packed
+// layout (quant.cuh): `q` its quants, `d` its scales. Launch as embed_FMT; thread
 // j takes values j, j + blockDim.x, ...
-#define EMBED_PACKED(NAME, QB)                                                                    \
+#define EMBED_PACKED(NAME, QK, QB)                                                                    \
     extern "C" __global__ void __launch_bounds__(1024)                                            \
         embed_packed_##NAME(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, \
                             const unsigned int* __restrict__ ids, float* __restrict__ out,        \
                             unsigned int dim) {                                                   \
         const unsigned int r = blockIdx.x;                                                        \
-        const unsigned long long blk0 = (unsigned long long)ids[r] * (dim / 32u);                 \
+        const unsigned long long blk0 = (unsigned long long)ids[r] * (dim / (QK));                 \
         float* o = out + (unsigned long long)r * dim;                                             \
         for (unsigned int j = threadIdx.x; j < dim; j += blockDim.x)                              \
-            o[j] = packed_##NAME(q, d, blk0 + j / 32u, j % 32u);                                  \
+            o[j] = packed_##NAME(q, d, blk0 + j / (QK), j % (QK));                                  \
     }
 STRATA_PACKED_FORMATS(EMBED_PACKED)

@@ -167,22 +167,28 @@ STRATA_ELEM_FORMATS(MATVEC_WIDE_ELEM)
     }
 STRATA_BLOCK_FORMATS(MATVEC_WIDE_BLOCK)
 
-// matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for Q4_0 and Q8_0 weights
-// in the packed layout (quant.cuh: `q` the 16-byte aligned quants, `d` the f16 scales).
-// Launch: grid ceil(out / 8), block 128 (any multiple of 32 up to 256: a block computes
-// MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output rows, warp w rows 2w and 2w + 1 of
-// them). `in` is a whole number of 32-value blocks.
+// matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for Q4_0, Q8_0, Q4_K and
+// Q6_K weights in the packed layout (quant.cuh: `q` the 16-byte aligned quants, `d` the
+// scales). Launch: grid ceil(out / 8), block 128 (any multiple of 32 up to 256: a block
+// computes MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output rows, warp w rows 2w and
+// 2w + 1 of them). `in` is a whole number of blocks.
 //
-// The activations are staged in shared memory a tile at a time (MATVEC_PACKED_STAGE
-// blocks of 32 values over all activation rows: 256 blocks of one row, 32 of each of 8),
-// each 32-value block padded to 36 floats so that the float4 reads of a quarter-warp hit
-// distinct banks. Lane l takes blocks l, l + 32, ... of its warp's two rows and reads
-// each block's quants with 16-byte loads (one uint4 for Q4_0, two for Q8_0) and its scale
-// with one u16 load; every staged activation value feeds both rows. Tiles are multiples
-// of 32 blocks, so a lane meets the same blocks in the same order whatever the row count:
-// a row comes out the same in any launch. Accumulation per (output row, activation row)
-// in f32, value by value as the stored kernels do; warp-reduced at the end, lane 0 writes
-// y[r * out + o]. Rows past `out` (the last block) load row out - 1 and store nothing.
+// A "unit" is what one lane decodes from 16-byte loads: a Q4_0 block (one uint4 of
+// quants) or a Q8_0 block (two), 32 values of a Q4_K super-block (one uint4) or 64 of a
+// Q6_K one (three uint4: two of ql, one of qh). Unit g of the tensor is unit g % UPB
+// (units per block: 1, 1, 8, 4) of block g / UPB. The activations are staged in shared
+// memory a tile at a time (MATVEC_PACKED_STAGE · MATVEC_PACKED_PAD floats over all
+// activation rows), each unit's values contiguously in the order the unit decodes them
+// (mvp_slot_FMT maps value v of a block to its staged float), UV + 4 floats a unit so
+// that the float4 reads of a quarter-warp hit distinct banks. A tile is as many whole
+// blocks per activation row as the stage holds, whole multiples of 32 units when that is
+// at least 32 (Q4_0/Q8_0/Q4_K always; Q6_K up to 4 rows). Lane l takes the tile's units g
+// with g ≡ l (mod 32) of its warp's two rows, reading quants with 16-byte loads and
+// scales with u8/u16 loads; every staged activation value feeds both rows. So a lane
+// meets the same units in the same order whatever the row count and tile size: a row
+// comes out the same in any launch. Accumulation per (output row, activation row) in
+// f32, value by value; warp-reduced at the end, lane 0 writes y[r * out + o]. Rows past
+// `out` (the last block) load row out - 1 and store nothing.
 
 #define MATVEC_PACKED_WARP_ROWS 2u
 #define MATVEC_PACKED_STAGE 256u
@@ -192,10 +198,38 @@ __device__ __forceinline__ unsigned int u4_word(uint4 v, unsigned int k) {
     return k == 0u ? v.x : k == 1u ? v.y : k == 2u ? v.z : v.w;
 }
 
+// acc[j][r] += lo[j][i] · xs[r * stride + i] + hi[j][i] · xs[r * stride + 16 + i] for
+// i = 0..4, in that order: 4 low- and 4 high-nibble values of each of the warp's rows
+// (Q4_0 and Q4_K stage a unit's low values at 0..16 and its high values at 16..32).
+__device__ __forceinline__ void mvp_add_lohi(const float (*lo)[4], const float (*hi)[4], const float* xs,
+                                             unsigned int stride, unsigned int rows,
+                                             float (*acc)[MATVEC_MAX_ROWS]) {
+#pragma unroll
+    for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) {
+        if (r < rows) {
+            const float4 xa = *(const float4*)(xs + r * stride);
+            const float4 xb = *(const float4*)(xs + r * stride + 16u);
+#pragma unroll
+            for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+                float s = acc[j][r];
+                s += lo[j][0] * xa.x;
+                s += hi[j][0] * xb.x;
+                s += lo[j][1] * xa.y;
+                s += hi[j][1] * xb.y;
+                s += lo[j][2] * xa.z;
+                s += hi[j][2] * xb.z;
+                s += lo[j][3] * xa.w;
+                s += hi[j][3] * xb.w;
+                acc[j][r] = s;
+            }
+        }
+    }
+}
+
 // acc[j][r] += Σ_v w(block ib[j], v) · xs[r * stride + v] for one 32-value block of
 // each of the warp's rows. Q4_0: word k of the quants holds values 4k..4k+4 (low nibbles)
 // and 16+4k..16+4k+4 (high nibbles).
-__device__ __forceinline__ void mvp_block_q4_0(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
+__device__ __forceinline__ void mvp_unit_q4_0(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
                                                const unsigned long long* ib, const float* xs,
                                                unsigned int stride, unsigned int rows,
                                                float (*acc)[MATVEC_MAX_ROWS]) {
@@ -219,31 +253,12 @@ __device__ __forceinline__ void mvp_block_q4_0(const uint4* __restrict__ q, cons
                 hi[j][i] = (float)((int)(byte >> 4) - 8) * dv[j];
             }
         }
-#pragma unroll
-        for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) {
-            if (r < rows) {
-                const float4 xa = *(const float4*)(xs + r * stride + 4u * k);
-                const float4 xb = *(const float4*)(xs + r * stride + 16u + 4u * k);
-#pragma unroll
-                for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
-                    float s = acc[j][r];
-                    s += lo[j][0] * xa.x;
-                    s += hi[j][0] * xb.x;
-                    s += lo[j][1] * xa.y;
-                    s += hi[j][1] * xb.y;
-                    s += lo[j][2] * xa.z;
-                    s += hi[j][2] * xb.z;
-                    s += lo[j][3] * xa.w;
-                    s += hi[j][3] * xb.w;
-                    acc[j][r] = s;
-                }
-            }
-        }
+        mvp_add_lohi(lo, hi, xs + 4u * k, stride, rows, acc);
     }
 }
 
 // Q8_0: two uint4 of quants; word k (0..8) holds values 4k..4k+4.
-__device__ __forceinline__ void mvp_block_q8_0(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
+__device__ __forceinline__ void mvp_unit_q8_0(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
                                                const unsigned long long* ib, const float* xs,
                                                unsigned int stride, unsigned int rows,
                                                float (*acc)[MATVEC_MAX_ROWS]) {
@@ -283,7 +298,123 @@ __device__ __forceinline__ void mvp_block_q8_0(const uint4* __restrict__ q, cons
     }
 }
 
-#define MATVEC_PACKED(NAME, QB)                                                                   \
+#define Q4_0_UNIT_VALUES 32u
+#define Q8_0_UNIT_VALUES 32u
+__device__ __forceinline__ unsigned int mvp_slot_q4_0(unsigned int v) { return v; }
+__device__ __forceinline__ unsigned int mvp_slot_q8_0(unsigned int v) { return v; }
+
+// Q4_K unit u = 2c + h of a super-block: quant bytes 32c + 16h .. + 16; low nibbles are
+// values 64c + 16h + (0..16) (sub-block 2c), high nibbles 64c + 32 + 16h + (0..16)
+// (sub-block 2c + 1). Staged as the Q4_0 block: low values at 0..16, high at 16..32.
+#define Q4_K_UNIT_VALUES 32u
+__device__ __forceinline__ unsigned int mvp_slot_q4_k(unsigned int v) {
+    const unsigned int c = v >> 6, hi = (v >> 5) & 1u, h = (v >> 4) & 1u;
+    return (2u * c + h) * (Q4_K_UNIT_VALUES + 4u) + 16u * hi + (v & 15u);
+}
+__device__ __forceinline__ void mvp_unit_q4_k(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
+                                              const unsigned long long* g, const float* xs, unsigned int stride,
+                                              unsigned int rows, float (*acc)[MATVEC_MAX_ROWS]) {
+    uint4 qv[MATVEC_PACKED_WARP_ROWS];
+    float d1[MATVEC_PACKED_WARP_ROWS], m1[MATVEC_PACKED_WARP_ROWS];
+    float d2[MATVEC_PACKED_WARP_ROWS], m2[MATVEC_PACKED_WARP_ROWS];
+#pragma unroll
+    for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+        qv[j] = q[g[j]];
+        const unsigned char* m = (const unsigned char*)d + (g[j] >> 3) * Q4_K_PACKED_MB;
+        const unsigned int c = ((unsigned int)g[j] & 7u) >> 1;
+        const float dd = ld_f16(m), dmin = ld_f16(m + 2u);
+        unsigned int sc, mn;
+        scale_min_k4(2u * c, m + 4u, sc, mn);
+        d1[j] = dd * (float)sc;
+        m1[j] = dmin * (float)mn;
+        scale_min_k4(2u * c + 1u, m + 4u, sc, mn);
+        d2[j] = dd * (float)sc;
+        m2[j] = dmin * (float)mn;
+    }
+#pragma unroll
+    for (unsigned int k = 0; k < 4u; ++k) {
+        float lo[MATVEC_PACKED_WARP_ROWS][4], hi[MATVEC_PACKED_WARP_ROWS][4];
+#pragma unroll
+        for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+            const unsigned int wd = u4_word(qv[j], k);
+#pragma unroll
+            for (unsigned int i = 0; i < 4u; ++i) {
+                const unsigned int byte = QBYTE(wd, i);
+                lo[j][i] = d1[j] * (float)(byte & 0xFu) - m1[j];
+                hi[j][i] = d2[j] * (float)(byte >> 4) - m2[j];
+            }
+        }
+        mvp_add_lohi(lo, hi, xs + 4u * k, stride, rows, acc);
+    }
+}
+
+// Q6_K unit u = 2n + h of a super-block: ql bytes 64n + 16h .. + 16 (A) and
+// 64n + 32 + 16h .. + 16 (B), qh bytes 128 + 32n + 16h .. + 16 (H). Byte t (0..16) of
+// them gives the values 128n + 32a + 16h + t for a = 0..3: A low / B low / A high / B
+// high nibble, with bits 2a..2a+2 of H, minus 32, times d · scales[8n + 2a + h]. Staged
+// as a · 16 + t.
+#define Q6_K_UNIT_VALUES 64u
+__device__ __forceinline__ unsigned int mvp_slot_q6_k(unsigned int v) {
+    const unsigned int n = v >> 7, a = (v >> 5) & 3u, h = (v >> 4) & 1u;
+    return (2u * n + h) * (Q6_K_UNIT_VALUES + 4u) + 16u * a + (v & 15u);
+}
+__device__ __forceinline__ void mvp_unit_q6_k(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
+                                              const unsigned long long* g, const float* xs, unsigned int stride,
+                                              unsigned int rows, float (*acc)[MATVEC_MAX_ROWS]) {
+    uint4 qa[MATVEC_PACKED_WARP_ROWS], qb[MATVEC_PACKED_WARP_ROWS], qh[MATVEC_PACKED_WARP_ROWS];
+    float da[MATVEC_PACKED_WARP_ROWS][4];
+#pragma unroll
+    for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+        const unsigned long long s = g[j] >> 2;
+        const unsigned int n = ((unsigned int)g[j] >> 1) & 1u, h = (unsigned int)g[j] & 1u;
+        const uint4* b = q + s * (Q6_K_PACKED_QB / 16u);
+        qa[j] = b[4u * n + h];
+        qb[j] = b[4u * n + 2u + h];
+        qh[j] = b[8u + 2u * n + h];
+        const unsigned char* m = (const unsigned char*)d + s * Q6_K_PACKED_MB;
+        const float dd = ld_f16(m + 16u);
+#pragma unroll
+        for (unsigned int a = 0; a < 4u; ++a) da[j][a] = dd * (float)(int)(signed char)m[8u * n + 2u * a + h];
+    }
+#pragma unroll
+    for (unsigned int k = 0; k < 4u; ++k) {
+        float v[MATVEC_PACKED_WARP_ROWS][4][4];
+#pragma unroll
+        for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+            const unsigned int wa = u4_word(qa[j], k), wb = u4_word(qb[j], k), wh = u4_word(qh[j], k);
+#pragma unroll
+            for (unsigned int i = 0; i < 4u; ++i) {
+                const unsigned int la = QBYTE(wa, i), lb = QBYTE(wb, i), hb = QBYTE(wh, i);
+                v[j][0][i] = da[j][0] * (float)((int)((la & 0xFu) | ((hb & 3u) << 4)) - 32);
+                v[j][1][i] = da[j][1] * (float)((int)((lb & 0xFu) | (((hb >> 2) & 3u) << 4)) - 32);
+                v[j][2][i] = da[j][2] * (float)((int)((la >> 4) | (((hb >> 4) & 3u) << 4)) - 32);
+                v[j][3][i] = da[j][3] * (float)((int)((lb >> 4) | (((hb >> 6) & 3u) << 4)) - 32);
+            }
+        }
+#pragma unroll
+        for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) {
+            if (r < rows) {
+                float4 xv[4];
+#pragma unroll
+                for (unsigned int a = 0; a < 4u; ++a) xv[a] = *(const float4*)(xs + r * stride + 16u * a + 4u * k);
+#pragma unroll
+                for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+                    float s = acc[j][r];
+#pragma unroll
+                    for (unsigned int a = 0; a < 4u; ++a) {
+                        s += v[j][a][0] * xv[a].x;
+                        s += v[j][a][1] * xv[a].y;
+                        s += v[j][a][2] * xv[a].z;
+                        s += v[j][a][3] * xv[a].w;
+                    }
+                    acc[j][r] = s;
+                }
+            }
+        }
+    }
+}
+
+#define MATVEC_PACKED(NAME, QK, UV)                                                               \
     extern "C" __global__ void __launch_bounds__(256)                                             \
         matvec_packed_##NAME(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, \
                              const float* __restrict__ x, float* __restrict__ y, unsigned int rows, \
@@ -292,31 +423,34 @@ __device__ __forceinline__ void mvp_block_q8_0(const uint4* __restrict__ q, cons
         float* xs = (float*)stage;                                                                \
         if (out == 0u || rows == 0u) return; /* uniform: nothing to compute */                   \
         rows = min(rows, MATVEC_MAX_ROWS);                                                        \
+        const unsigned int uv = (UV), upad = uv + 4u, upb = (QK) / uv;             \
         const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;                     \
-        const unsigned int nblk = in / 32u;                                                       \
-        /* blocks per activation row and tile: a multiple of 32 */                               \
-        const unsigned int tb = MATVEC_PACKED_STAGE / rows / 32u * 32u;                           \
-        const unsigned int stride = tb * MATVEC_PACKED_PAD;                                       \
+        const unsigned int nunit = in / uv;                                                       \
+        /* units per activation row and tile: whole blocks, whole 32s when >= 32 */             \
+        unsigned int tb = MATVEC_PACKED_STAGE * MATVEC_PACKED_PAD / upad / rows;                  \
+        tb = tb >= 32u ? tb / 32u * 32u : tb / upb * upb;                                         \
+        const unsigned int stride = tb * upad;                                                    \
         const unsigned int o0 = (blockIdx.x * (blockDim.x >> 5) + warp) * MATVEC_PACKED_WARP_ROWS; \
-        unsigned long long rowblk[MATVEC_PACKED_WARP_ROWS];                                       \
+        unsigned long long rowu[MATVEC_PACKED_WARP_ROWS];                                         \
         _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)              \
-            rowblk[j] = (unsigned long long)min(o0 + j, out - 1u) * nblk;                         \
+            rowu[j] = (unsigned long long)min(o0 + j, out - 1u) * nunit;                          \
         float acc[MATVEC_PACKED_WARP_ROWS][MATVEC_MAX_ROWS];                                      \
         _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)              \
             _Pragma("unroll") for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) acc[j][r] = 0.0f; \
-        for (unsigned int b0 = 0; b0 < nblk; b0 += tb) {                                          \
-            const unsigned int nb = min(tb, nblk - b0), nv = nb * 32u;                            \
+        for (unsigned int b0 = 0; b0 < nunit; b0 += tb) {                                         \
+            const unsigned int nb = min(tb, nunit - b0), nv = nb * uv;                            \
             __syncthreads(); /* the previous tile's reads are done */                            \
             for (unsigned int t = threadIdx.x; t < rows * nv; t += blockDim.x) {                  \
                 const unsigned int r = t / nv, k = t % nv;                                        \
-                xs[r * stride + (k / 32u) * MATVEC_PACKED_PAD + k % 32u] = x[(unsigned long long)r * in + b0 * 32u + k]; \
+                xs[r * stride + (k / (QK)) * upb * upad + mvp_slot_##NAME(k % (QK))] =            \
+                    x[(unsigned long long)r * in + b0 * uv + k];                                  \
             }                                                                                     \
             __syncthreads();                                                                      \
-            _Pragma("unroll 2") for (unsigned int bi = lane; bi < nb; bi += 32u) {                \
-                unsigned long long ib[MATVEC_PACKED_WARP_ROWS];                                   \
+            _Pragma("unroll 2") for (unsigned int bi = (lane + 32u - b0 % 32u) % 32u; bi < nb; bi += 32u) { \
+                unsigned long long g[MATVEC_PACKED_WARP_ROWS];                                    \
                 _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)      \
-                    ib[j] = rowblk[j] + b0 + bi;                                                  \
-                mvp_block_##NAME((const uint4*)q, d, ib, xs + bi * MATVEC_PACKED_PAD, stride, rows, acc); \
+                    g[j] = rowu[j] + b0 + bi;                                                     \
+                mvp_unit_##NAME((const uint4*)q, d, g, xs + bi * upad, stride, rows, acc);        \
             }                                                                                     \
         }                                                                                         \
         _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {            \
@@ -328,4 +462,7 @@ __device__ __forceinline__ void mvp_block_q8_0(const uint4* __restrict__ q, cons
             }                                                                                     \
         }                                                                                         \
     }
-STRATA_PACKED_FORMATS(MATVEC_PACKED)
+MATVEC_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
+MATVEC_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
+MATVEC_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
+MATVEC_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)

@@ -353,13 +353,16 @@ __device__ __forceinline__ float load_elem_bf16(const unsigned char* p, unsigned
 #define STRATA_ELEM_FORMATS(X) X(f32, 4u) X(f16, 2u) X(bf16, 2u)
 
 // ---------------------------------------------------------------------------------
-// The packed layout (kernels/README.md, "Packed weights"): Q4_0 and Q8_0 tensors the
-// CUDA backend repacked at upload. A [out, in] tensor of nblk = in / 32 blocks per row
-// is two arrays: the quants of block i = o * nblk + b at byte i * FMT_PACKED_QB of `q`
-// (16-byte aligned: FMT_PACKED_QB = 16 for Q4_0, 32 for Q8_0), then the f16 scales, `d`
-// at q + out * nblk * FMT_PACKED_QB, scale of block i at d[i]. The same bytes as the
-// stored tensor, in another order. packed_FMT(q, d, i, j) is value j (0..32) of block
-// i, by the stored decoder's expression (dec8_FMT).
+// The packed layout (kernels/README.md, "Packed weights"): Q4_0, Q8_0, Q4_K and Q6_K
+// tensors the CUDA backend repacked at upload. A [out, in] tensor of nblk = in / QK
+// blocks per row is two arrays: the quant bytes of block i = o * nblk + b at byte
+// i * FMT_PACKED_QB of `q` (16-byte aligned: QB = 16, 32, 128, 192), exactly as stored,
+// then the block's other bytes (FMT_PACKED_MB of them, in stored order) at byte
+// i * FMT_PACKED_MB of `d`, which starts at q + out * nblk * QB: Q4_0/Q8_0 the f16 scale
+// (MB 2), Q4_K { f16 d; f16 dmin; u8 scales[12]; } (MB 16), Q6_K { i8 scales[16]; f16 d; }
+// (MB 18). The same bytes as the stored tensor, in another order.
+// packed_FMT(q, d, i, j) is value j (0..QK) of block i, by the stored decoder's
+// expression (dec8_FMT).
 // ---------------------------------------------------------------------------------
 #define Q4_0_PACKED_QB 16u
 #define Q8_0_PACKED_QB 32u
@@ -373,7 +376,37 @@ __device__ __forceinline__ float packed_q8_0(const unsigned char* __restrict__ q
                                              unsigned long long i, unsigned int j) {
     return (float)(int)(signed char)q[i * Q8_0_PACKED_QB + j] * f16_to_f32(d[i]);
 }
-// X(name, bytes of quants per block) for the formats with a packed layout.
-#define STRATA_PACKED_FORMATS(X) X(q4_0, Q4_0_PACKED_QB) X(q8_0, Q8_0_PACKED_QB)
+#define Q4_K_PACKED_QB 128u
+#define Q4_K_PACKED_MB 16u
+// Q4_K value j: chunk c = j / 64, sub-block 2c + (j % 64) / 32, quant byte 32c + j % 32.
+__device__ __forceinline__ float packed_q4_k(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                             unsigned long long i, unsigned int j) {
+    const unsigned char* m = (const unsigned char*)d + i * Q4_K_PACKED_MB;
+    const unsigned int c = j >> 6, hi = (j >> 5) & 1u;
+    unsigned int sc, mn;
+    scale_min_k4(2u * c + hi, m + 4u, sc, mn);
+    const float d1 = ld_f16(m) * (float)sc, mm1 = ld_f16(m + 2u) * (float)mn;
+    const unsigned int byte = q[i * Q4_K_PACKED_QB + 32u * c + (j & 31u)];
+    return d1 * (float)(hi ? byte >> 4 : byte & 0xFu) - mm1;
+}
+#define Q6_K_PACKED_QB 192u
+#define Q6_K_PACKED_MB 18u
+// Q6_K value j = 128n + 32a + l: ql byte 64n + 32(a & 1) + l (low nibble for a < 2),
+// qh byte 128 + 32n + l bits 2a..2a+2, scale j / 16 (quant.cuh's Q6_K comment).
+__device__ __forceinline__ float packed_q6_k(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                             unsigned long long i, unsigned int j) {
+    const unsigned char* m = (const unsigned char*)d + i * Q6_K_PACKED_MB;
+    const unsigned char* b = q + i * Q6_K_PACKED_QB;
+    const unsigned int n = j >> 7, a = (j >> 5) & 3u, l = j & 31u;
+    const unsigned int lo = b[64u * n + 32u * (a & 1u) + l], hb = b[128u + 32u * n + l];
+    const int qv = (int)(((a < 2u ? lo & 0xFu : lo >> 4)) | (((hb >> (2u * a)) & 3u) << 4)) - 32;
+    const float da = ld_f16(m + 16u) * (float)(int)(signed char)m[j >> 4];
+    return da * (float)qv;
+}
+// X(name, values per block, bytes of quants per block) for the formats with a packed
+// layout.
+#define STRATA_PACKED_FORMATS(X) \
+    X(q4_0, Q4_0_QK, Q4_0_PACKED_QB) X(q8_0, Q8_0_QK, Q8_0_PACKED_QB) X(q4_k, Q4_K_QK, Q4_K_PACKED_QB) \
+    X(q6_k, Q6_K_QK, Q6_K_PACKED_QB)
 
 #endif  // STRATA_QUANT_CUH

@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 
+# The formats with a packed layout (kernels/README.md, "Packed weights"), sorted.
+PACKED_FORMATS = ["q4_0", "q4_k", "q6_k", "q8_0"]
 V4_LOAD = re.compile(r"\bld\.global(\.nc)?\.v4\.(u32|b32|s32|f32)\b")
 
 
@@ -24,7 +26,7 @@ def main() -> int:
     ptx = open(path).read()
     packed = {n: b for n, b in entries(ptx).items() if n.startswith("matvec_packed_")}
     problems = []
-    if sorted(packed) != ["matvec_packed_q4_0", "matvec_packed_q8_0"]:
+    if sorted(packed) != [f"matvec_packed_{f}" for f in PACKED_FORMATS]:
         problems.append(f"packed entries are {sorted(packed)}")
     for name, body in sorted(packed.items()):
         loads = sorted({m.group(0) for m in V4_LOAD.finditer(body)})

@@ -77,7 +77,10 @@ BUILD = ROOT / "target" / "cuda_emu"
 FAILURES = HERE / "FAILURES.md"
 
 # The formats with a packed layout (kernels/README.md, "Packed weights").
-PACKED_FMTS = ["q4_0", "q8_0"]
+PACKED_FMTS = ["q4_0", "q8_0", "q4_k", "q6_k"]
+# Per packed format: the byte range of a stored block that holds its quants (the rest of
+# the block, in stored order, is the block's scales).
+PACKED_QUANTS = {"q4_0": (2, 18), "q8_0": (2, 34), "q4_k": (16, 144), "q6_k": (0, 192)}
 FMTS = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q4_k", "q5_k",
         "q6_k", "affine_q4", "i8"]
 
@@ -917,12 +920,15 @@ MXFP4_MATVEC_EXPS = (0, 1, 2, 140)
 
 def pack_weights(fmt, raw, rows, cols):
     """The packed layout of kernels/README.md from stored blocks: (quants, scales) as two
-    byte arrays, block i = o · nblk + b of the [rows, cols] tensor at i · QB and 2i."""
+    byte arrays, block i = o · nblk + b of the [rows, cols] tensor at i · QB and i · MB
+    (the scales: the block's bytes outside its quants, in stored order)."""
     import numpy as np
-    _, ts = BLOCK[fmt]
-    blocks = np.ascontiguousarray(raw).reshape(rows * (cols // 32), ts)
-    d, qs = blocks[:, :2], blocks[:, 2:]
-    assert qs.shape[1] == {"q4_0": 16, "q8_0": 32}[fmt]
+    bs, ts = BLOCK[fmt]
+    blocks = np.ascontiguousarray(raw).reshape(rows * (cols // bs), ts)
+    q0, q1 = PACKED_QUANTS[fmt]
+    qs = blocks[:, q0:q1]
+    d = np.concatenate([blocks[:, :q0], blocks[:, q1:]], axis=1)
+    assert qs.shape[1] % 16 == 0 and qs.shape[1] + d.shape[1] == ts
     return np.ascontiguousarray(qs).ravel(), np.ascontiguousarray(d).ravel()
 
 
@@ -963,7 +969,8 @@ def cases_embedding():
             return compare_exact("out", bo.read(), ref[ids])
         return run
     for fmt in PACKED_FMTS:
-        for vocab, dim, rows in ((37, 512, 3), (11, 96, 8), (5, 2048, 1)):
+        small = 96 if BLOCK[fmt][0] == 32 else 256
+        for vocab, dim, rows in ((37, 512, 3), (11, small, 8), (5, 2048, 1)):
             cs.append(Case(f"embed_packed_{fmt} vocab={vocab} dim={dim} rows={rows}", f"embed_packed_{fmt}",
                            emb_packed(fmt, vocab, dim, rows)))
     return cs
@@ -1001,15 +1008,19 @@ def cases_dequant():
         def run(c, rng):
             raw, ref = make_weights(fmt, rows, cols, rng)
             q, d = pack_weights(fmt, raw, rows, cols)
-            nblk, qb = cols // 32, q.size // (rows * cols // 32)
+            nblk = cols // BLOCK[fmt][0]
+            qb, mb = q.size // (rows * nblk), d.size // (rows * nblk)
             n = (rows - o0) * cols
-            bq, bd = c.buf(q[o0 * nblk * qb:]), c.buf(d[o0 * nblk * 2:])
+            bq, bd = c.buf(q[o0 * nblk * qb:]), c.buf(d[o0 * nblk * mb:])
             bo = c.out((n,), np.uint16)
             c.launch(f"dequant_packed_{fmt}_f16", (grid,), (256,), bq, bd, bo, n)
             return compare_exact("out (f16)", bo.read().view(np.float16), ref[o0:].ravel().astype(np.float16))
         return run
     for fmt in PACKED_FMTS:
-        for rows, cols, o0, grid in ((3, 160, 0, 1), (7, 512, 2, 3), (5, 96, 4, 40)):
+        shapes = ((3, 160, 0, 1), (7, 512, 2, 3), (5, 96, 4, 40))
+        if BLOCK[fmt][0] == 256:
+            shapes = ((3, 256, 0, 1), (7, 512, 2, 3), (5, 768, 4, 40))
+        for rows, cols, o0, grid in shapes:
             cs.append(Case(f"dequant_packed_{fmt}_f16 rows={rows} cols={cols} from row {o0} grid {grid}",
                            f"dequant_packed_{fmt}_f16", deq_packed(fmt, rows, cols, o0, grid)))
     return cs
@@ -1069,12 +1080,19 @@ def cases_matvec():
     # Odd `out` (a last warp with one row, a last block with idle warps), `in` of a few
     # blocks, more than one tile (rows=1: 256 blocks = 8192 values; rows=8: 1024 values),
     # a ragged last tile, 1 to 8 rows, blocks of 1, 4 and 8 warps.
+    # K-quants (units of 32 or 64 values, 8 or 4 a super-block): a tile at rows=1 is
+    # 8192 values, at rows=8 1024; Q6_K's tiles at 5 to 8 rows are fewer than 32 units
+    # (1536 and 1024 values), so lanes start mid-tile.
+    shapes_32 = ((1, 67, 512, 128, False), (3, 67, 512, 128, True), (8, 16, 512, 128, False),
+                 (5, 9, 288, 128, False), (2, 1, 1024, 128, False), (8, 67, 3104, 128, True),
+                 (1, 9, 8192 + 1056, 128, False), (4, 21, 2080, 256, True), (7, 5, 4128, 32, False),
+                 (6, 3, 32, 128, False))
+    shapes_256 = ((1, 67, 512, 128, False), (3, 67, 768, 128, True), (8, 16, 512, 128, False),
+                  (5, 9, 2560, 128, True), (2, 1, 1024, 128, False), (8, 67, 3328, 128, True),
+                  (1, 9, 8192 + 1280, 128, False), (4, 21, 2304, 256, True), (7, 5, 4352, 32, False),
+                  (6, 3, 256, 128, False))
     for fmt in PACKED_FMTS:
-        for rows, out, inn, block, twice in ((1, 67, 512, 128, False), (3, 67, 512, 128, True),
-                                             (8, 16, 512, 128, False), (5, 9, 288, 128, False),
-                                             (2, 1, 1024, 128, False), (8, 67, 3104, 128, True),
-                                             (1, 9, 8192 + 1056, 128, False), (4, 21, 2080, 256, True),
-                                             (7, 5, 4128, 32, False), (6, 3, 32, 128, False)):
+        for rows, out, inn, block, twice in (shapes_32 if BLOCK[fmt][0] == 32 else shapes_256):
             cs.append(Case(f"matvec_packed_{fmt} rows={rows} out={out} in={inn} block={block}",
                            f"matvec_packed_{fmt}", mv_packed(fmt, rows, out, inn, block, twice)))
     return cs
