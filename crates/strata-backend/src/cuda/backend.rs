@@ -38,7 +38,7 @@ pub struct CudaBuf {
 
 /// A weight in device memory, in its stored format (`[out, in]` rows of blocks), or in
 /// f32 for 1-D tensors (norm weights and biases, which the kernels read as f32). With
-/// `packed`, a Q4_0/Q8_0 tensor in the packed layout (`super::packed`), which only the
+/// `packed`, a Q4_0/Q8_0/Q4_K/Q6_K tensor in the packed layout (`super::packed`), which only the
 /// `*_packed_*` kernels read.
 pub struct CudaWeight {
     mem: WeightMem,
@@ -657,7 +657,7 @@ impl Backend for CudaBackend {
         } else {
             (t.bytes().into(), t.dtype)
         };
-        // STRATA_CUDA_MATVEC=packed: 2-D Q4_0/Q8_0 weights in the packed layout.
+        // STRATA_CUDA_MATVEC=packed: 2-D Q4_0/Q8_0/Q4_K/Q6_K weights in the packed layout.
         let packed = if self.matvec.packs(dtype) && t.shape.len() == 2 && t.shape[1].is_multiple_of(dtype.block_size())
         {
             super::packed::pack(dtype, &bytes)

@@ -97,7 +97,7 @@ pub fn matvec_packed(out: usize) -> Shape {
 
 /// The formats the backend repacks for `matvec_packed_FMT` (kernels/README.md, "Packed
 /// weights").
-pub const PACKED_FORMATS: [DType; 2] = [DType::Q4_0, DType::Q8_0];
+pub const PACKED_FORMATS: [DType; 4] = [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K];
 
 /// Which kernel runs the decode products (`matvec_FMT`, `matvec_wide_FMT` or
 /// `matvec_packed_FMT`).
@@ -108,9 +108,9 @@ pub enum Matvec {
     /// A block of four warps per output row (`matvec_wide_FMT`): more loads in flight per
     /// row, and a block for every SM even when a matrix has few rows.
     Wide,
-    /// Q4_0 and Q8_0 weights repacked at upload (`matvec_packed_FMT`: 16-byte weight
-    /// loads, activations staged in shared memory, two rows a warp); other formats and
-    /// streamed units run [`Matvec::Wide`].
+    /// Q4_0, Q8_0, Q4_K and Q6_K weights repacked at upload (`matvec_packed_FMT`:
+    /// 16-byte weight loads, activations staged in shared memory, two rows a warp); other
+    /// formats and streamed units run [`Matvec::Wide`].
     Packed,
 }
 
@@ -394,9 +394,11 @@ mod tests {
         assert_eq!(Matvec::Packed.kernel("q4_0", true), "matvec_packed_q4_0");
         assert_eq!(Matvec::Packed.shape(67, true), s);
         // Formats without a packed layout, and streamed units, run the wide kernel.
-        assert_eq!(Matvec::Packed.kernel("q4_k", false), "matvec_wide_q4_k");
+        assert_eq!(Matvec::Packed.kernel("q4_k", true), "matvec_packed_q4_k");
+        assert_eq!(Matvec::Packed.kernel("q5_k", false), "matvec_wide_q5_k");
         assert_eq!(Matvec::Packed.shape(67, false), matvec_wide(67));
-        assert!(Matvec::Packed.packs(DType::Q8_0) && !Matvec::Packed.packs(DType::Q4_K));
+        assert!(Matvec::Packed.packs(DType::Q8_0) && Matvec::Packed.packs(DType::Q4_K));
+        assert!(Matvec::Packed.packs(DType::Q6_K) && !Matvec::Packed.packs(DType::Q5_K));
         assert!(!Matvec::Wide.packs(DType::Q4_0));
     }
 

@@ -1,42 +1,67 @@
-//! The packed layout of Q4_0 and Q8_0 weights (kernels/README.md, "Packed weights"): a
-//! `[out, in]` tensor's blocks split into their quants (16-byte aligned, block `i` at
-//! `i · QB`) followed by their f16 scales (block `i` at `out · nblk · QB + 2i`). The
-//! same bytes as the stored tensor, so its size and accounting do not change.
+//! The packed layout of Q4_0, Q8_0, Q4_K and Q6_K weights (kernels/README.md, "Packed
+//! weights"): a `[out, in]` tensor's blocks split into their quant bytes (16-byte
+//! aligned, block `i` at `i · QB`) followed by their other bytes, the scales, in stored
+//! order (block `i` at `out · nblk · QB + MB · i`). The same bytes as the stored tensor,
+//! so its size and accounting do not change.
+
+use std::ops::Range;
 
 use strata_tensor::tensor::DType;
 
-/// Bytes of quants per block (`QB`) of a format with a packed layout.
-pub fn quant_bytes(dtype: DType) -> Option<usize> {
-    match dtype {
-        DType::Q4_0 => Some(16),
-        DType::Q8_0 => Some(32),
-        _ => None,
-    }
+/// Where a stored block of a format with a packed layout keeps its quants: the byte
+/// range of `quants` in a block of `block` bytes. The other `block - quants.len()` bytes
+/// are its scales.
+struct Split {
+    block: usize,
+    quants: Range<usize>,
 }
 
-/// `stored` (whole blocks of `dtype`, each a 2-byte f16 scale then `QB` bytes of quants)
-/// in the packed layout, or `None` when `dtype` has none or `stored` is not whole blocks.
+fn split(dtype: DType) -> Option<Split> {
+    let (block, quants) = match dtype {
+        DType::Q4_0 => (18, 2..18),
+        DType::Q8_0 => (34, 2..34),
+        DType::Q4_K => (144, 16..144),
+        DType::Q6_K => (210, 0..192),
+        _ => return None,
+    };
+    Some(Split { block, quants })
+}
+
+/// Bytes of quants per block (`QB`) of a format with a packed layout.
+pub fn quant_bytes(dtype: DType) -> Option<usize> {
+    split(dtype).map(|s| s.quants.len())
+}
+
+/// Bytes of scales per block (`MB`) of a format with a packed layout.
+pub fn scale_bytes(dtype: DType) -> Option<usize> {
+    split(dtype).map(|s| s.block - s.quants.len())
+}
+
+/// `stored` (whole blocks of `dtype`) in the packed layout, or `None` when `dtype` has
+/// none or `stored` is not whole blocks.
 pub fn pack(dtype: DType, stored: &[u8]) -> Option<Vec<u8>> {
-    let qb = quant_bytes(dtype)?;
-    let bb = qb + 2;
-    if !stored.len().is_multiple_of(bb) {
+    let Split { block, quants } = split(dtype)?;
+    if !stored.len().is_multiple_of(block) {
         return None;
     }
-    let n = stored.len() / bb;
+    let (qb, mb) = (quants.len(), block - quants.len());
+    let n = stored.len() / block;
     let mut out = vec![0u8; stored.len()];
     let (qs, ds) = out.split_at_mut(n * qb);
-    for (i, blk) in stored.chunks_exact(bb).enumerate() {
-        ds[2 * i..2 * i + 2].copy_from_slice(&blk[..2]);
-        qs[qb * i..qb * (i + 1)].copy_from_slice(&blk[2..]);
+    for ((blk, q), d) in stored.chunks_exact(block).zip(qs.chunks_exact_mut(qb)).zip(ds.chunks_exact_mut(mb)) {
+        q.copy_from_slice(&blk[quants.clone()]);
+        let (before, after) = d.split_at_mut(quants.start);
+        before.copy_from_slice(&blk[..quants.start]);
+        after.copy_from_slice(&blk[quants.end..]);
     }
     Some(out)
 }
 
-/// Byte offsets of the quants and the scale of row `o0`'s first block in a packed tensor
-/// of `out` rows of `nblk` blocks.
+/// Byte offsets of the quants and the scales of row `o0`'s first block in a packed
+/// tensor of `out` rows of `nblk` blocks.
 pub fn row_offsets(dtype: DType, out: usize, nblk: usize, o0: usize) -> (usize, usize) {
-    let qb = quant_bytes(dtype).unwrap_or(0);
-    (o0 * nblk * qb, out * nblk * qb + 2 * o0 * nblk)
+    let (qb, mb) = (quant_bytes(dtype).unwrap_or(0), scale_bytes(dtype).unwrap_or(0));
+    (o0 * nblk * qb, out * nblk * qb + mb * o0 * nblk)
 }
 
 #[cfg(test)]
@@ -59,7 +84,45 @@ mod tests {
         assert_eq!(row_offsets(DType::Q4_0, 2, 1, 1), (16, 34));
         assert_eq!(row_offsets(DType::Q8_0, 3, 2, 2), (128, 192 + 8));
         assert!(pack(DType::Q8_0, &[0; 35]).is_none());
-        assert!(pack(DType::Q4_K, &[0; 144]).is_none());
+        assert!(pack(DType::Q5_K, &[0; 176]).is_none());
         assert_eq!(pack(DType::Q8_0, &[0; 68]).map(|v| v.len()), Some(68));
+    }
+
+    /// Two stored blocks whose byte `j` of block `b` is `b * 0x80 + j % 0x80` (as u8, so
+    /// every byte says where it came from).
+    fn numbered(block: usize) -> Vec<u8> {
+        (0..2).flat_map(|b| (0..block).map(move |j| (b * 0x80 + j % 0x80) as u8)).collect()
+    }
+
+    #[test]
+    fn q4_k_keeps_its_128_quant_bytes_and_moves_d_dmin_and_scales_behind() {
+        let stored = numbered(144);
+        let p = pack(DType::Q4_K, &stored).unwrap();
+        assert_eq!(p.len(), 288);
+        assert_eq!(&p[..128], &stored[16..144]);
+        assert_eq!(&p[128..256], &stored[160..288]);
+        assert_eq!(&p[256..272], &stored[..16]);
+        assert_eq!(&p[272..], &stored[144..160]);
+        assert_eq!((quant_bytes(DType::Q4_K), scale_bytes(DType::Q4_K)), (Some(128), Some(16)));
+        // Row 1 of a 3-row tensor of 2 super-blocks a row.
+        assert_eq!(row_offsets(DType::Q4_K, 3, 2, 1), (256, 768 + 32));
+        assert!(pack(DType::Q4_K, &[0; 145]).is_none());
+    }
+
+    #[test]
+    fn q6_k_keeps_ql_and_qh_and_moves_scales_and_d_behind() {
+        let stored = numbered(210);
+        let p = pack(DType::Q6_K, &stored).unwrap();
+        assert_eq!(p.len(), 420);
+        assert_eq!(&p[..192], &stored[..192]);
+        assert_eq!(&p[192..384], &stored[210..402]);
+        assert_eq!(&p[384..402], &stored[192..210]);
+        assert_eq!(&p[402..], &stored[402..]);
+        assert_eq!((quant_bytes(DType::Q6_K), scale_bytes(DType::Q6_K)), (Some(192), Some(18)));
+        assert_eq!(row_offsets(DType::Q6_K, 2, 3, 1), (576, 1152 + 54));
+        // The scales start 16-byte aligned after the quants of every format.
+        for d in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K] {
+            assert_eq!(quant_bytes(d).unwrap() % 16, 0, "{d:?}");
+        }
     }
 }
