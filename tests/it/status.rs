@@ -294,6 +294,10 @@ impl Browser {
         use base64::Engine;
         let png = base64::engine::general_purpose::STANDARD.decode(v["value"].as_str().expect("a screenshot")).unwrap();
         assert!(png.starts_with(b"\x89PNG"));
+        // `target/` is not there when CARGO_TARGET_DIR puts the build elsewhere.
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
         std::fs::write(path, png).unwrap();
     }
 }
