@@ -214,20 +214,27 @@ pub struct Placement {
 
 /// The predicted decode time per token of the routed experts, expected over the router's
 /// statistics, and its parts. The parts are sums over the layers of each side's work; as
-/// the sides overlap, they add up to more than `total_s` where both sides work.
+/// the sides overlap, they add up to more than `total_s` where both sides work. Each is
+/// `null` when infinite (a rate it needs was not measured).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct DecodeTime {
     /// Σ over layers of `max(G, C + X)` (see the module docs).
+    #[cfg_attr(feature = "schema", schema(value_type = Option<f64>))]
     pub total_s: f64,
     /// The GPU computing experts (from VRAM or uploaded).
+    #[cfg_attr(feature = "schema", schema(value_type = Option<f64>))]
     pub gpu_s: f64,
+    #[cfg_attr(feature = "schema", schema(value_type = Option<f64>))]
     pub cpu_s: f64,
     /// Uploading experts not in VRAM.
+    #[cfg_attr(feature = "schema", schema(value_type = Option<f64>))]
     pub h2d_s: f64,
     /// Reading experts that live on storage.
+    #[cfg_attr(feature = "schema", schema(value_type = Option<f64>))]
     pub storage_s: f64,
     /// The rows' trips to the CPU and back.
+    #[cfg_attr(feature = "schema", schema(value_type = Option<f64>))]
     pub crossing_s: f64,
     /// Layers whose rows cross to the CPU and back every token.
     pub crossings: u32,
@@ -260,7 +267,8 @@ pub struct LayerSummary {
     pub streamed: u32,
     /// Living on storage (either side).
     pub from_storage: u32,
-    /// The layer's predicted expert seconds per token.
+    /// The layer's predicted expert seconds per token (`null` when infinite).
+    #[cfg_attr(feature = "schema", schema(value_type = Option<f64>))]
     pub seconds: f64,
 }
 
