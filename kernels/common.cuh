@@ -189,6 +189,49 @@ __device__ __forceinline__ float strata_softcap(float x, float cap) {
     return cap * tanhf(x / cap);
 }
 
+// The gated activations act(g) · u of elementwise.cu's GLU kernels and of
+// matvec.cu's fused gate/up products, in the CPU's evaluation order
+// (crates/strata-backend/src/cpu/mod.rs `glu_slices`): one expression for both, so the
+// fused product gives the unfused one's bits. STRATA_GLU_* are the `act` codes
+// (crates/strata-backend/src/cuda/launch.rs `glu_code`).
+#define STRATA_GLU_SILU 0u
+#define STRATA_GLU_GELU_TANH 1u
+#define STRATA_GLU_SIGMOID 2u
+#define STRATA_GLU_SWIGLU_OAI 3u
+
+// silu(g) · u = g / (1 + e^-g) · u.
+__device__ __forceinline__ float strata_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// gelu_tanh(g) · u with PyTorch's gelu(approximate="tanh"):
+// 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))) · u.
+__device__ __forceinline__ float strata_gelu_mul(float g, float u) {
+    const float SQRT_2_OVER_PI = 0.7978846f;
+    const float inner = SQRT_2_OVER_PI * (g + 0.044715f * g * g * g);
+    return 0.5f * g * (1.0f + tanhf(inner)) * u;
+}
+
+// sigmoid(g) · u = u / (1 + e^-g).
+__device__ __forceinline__ float strata_sigmoid_mul(float g, float u) { return u / (1.0f + expf(-g)); }
+
+// gpt-oss's clamped SwiGLU: x = min(g, limit), y = clamp(u, −limit, limit),
+// x / (1 + e^(−alpha·x)) · (y + 1). fminf gives `limit` for a NaN gate, as Rust's
+// f32::min; a NaN up stays NaN, as f32::clamp.
+__device__ __forceinline__ float strata_swiglu_oai_mul(float g, float u, float alpha, float limit) {
+    const float x = fminf(g, limit);
+    const float y = u < -limit ? -limit : (u > limit ? limit : u);
+    return x / (1.0f + expf(-alpha * x)) * (y + 1.0f);
+}
+
+// act(g) · u for an `act` code (STRATA_GLU_*; alpha and limit: SwigluOai's only).
+__device__ __forceinline__ float strata_glu(unsigned int act, float g, float u, float alpha, float limit) {
+    switch (act) {
+        case STRATA_GLU_GELU_TANH: return strata_gelu_mul(g, u);
+        case STRATA_GLU_SIGMOID: return strata_sigmoid_mul(g, u);
+        case STRATA_GLU_SWIGLU_OAI: return strata_swiglu_oai_mul(g, u, alpha, limit);
+        default: return strata_silu_mul(g, u);
+    }
+}
+
 // Orderable key of an f32: larger key <=> larger value in IEEE totalOrder (Rust's
 // f32::total_cmp): −NaN < −inf < … < −0 < +0 < … < +inf < +NaN.
 __device__ __forceinline__ unsigned int f32_order_key(float f) {

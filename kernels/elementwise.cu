@@ -27,10 +27,7 @@ extern "C" __global__ void __launch_bounds__(256) add_bias_f32(float* __restrict
 // Grid ceil(n / 256), block 256.
 extern "C" __global__ void __launch_bounds__(256) silu_mul_f32(float* __restrict__ g, const float* __restrict__ u,
                                                                unsigned int n) {
-    GRID_STRIDE_LOOP(i, (unsigned long long)n) {
-        const float a = g[i];
-        g[i] = a / (1.0f + expf(-a)) * u[i];
-    }
+    GRID_STRIDE_LOOP(i, (unsigned long long)n) { g[i] = strata_silu_mul(g[i], u[i]); }
 }
 
 // g[i] = gelu_tanh(g[i]) * u[i], with PyTorch's gelu(approximate="tanh")
@@ -39,19 +36,14 @@ extern "C" __global__ void __launch_bounds__(256) silu_mul_f32(float* __restrict
 // Grid ceil(n / 256), block 256.
 extern "C" __global__ void __launch_bounds__(256) gelu_mul_f32(float* __restrict__ g, const float* __restrict__ u,
                                                                unsigned int n) {
-    const float SQRT_2_OVER_PI = 0.7978846f;
-    GRID_STRIDE_LOOP(i, (unsigned long long)n) {
-        const float a = g[i];
-        const float inner = SQRT_2_OVER_PI * (a + 0.044715f * a * a * a);
-        g[i] = 0.5f * a * (1.0f + tanhf(inner)) * u[i];
-    }
+    GRID_STRIDE_LOOP(i, (unsigned long long)n) { g[i] = strata_gelu_mul(g[i], u[i]); }
 }
 
 // g[i] = sigmoid(g[i]) * u[i] = u / (1 + e^-g) (the CPU's evaluation order), i < n: a
 // gate on u (Qwen3-Next's attention output). Grid ceil(n / 256), block 256.
 extern "C" __global__ void __launch_bounds__(256) sigmoid_mul_f32(float* __restrict__ g, const float* __restrict__ u,
                                                                   unsigned int n) {
-    GRID_STRIDE_LOOP(i, (unsigned long long)n) { g[i] = u[i] / (1.0f + expf(-g[i])); }
+    GRID_STRIDE_LOOP(i, (unsigned long long)n) { g[i] = strata_sigmoid_mul(g[i], u[i]); }
 }
 
 // gpt-oss's clamped SwiGLU, i < n: x = min(g[i], limit), y = clamp(u[i], −limit, limit),
@@ -61,12 +53,7 @@ extern "C" __global__ void __launch_bounds__(256) sigmoid_mul_f32(float* __restr
 // Grid ceil(n / 256), block 256.
 extern "C" __global__ void __launch_bounds__(256) swiglu_oai_f32(float* __restrict__ g, const float* __restrict__ u,
                                                                  unsigned int n, float alpha, float limit) {
-    GRID_STRIDE_LOOP(i, (unsigned long long)n) {
-        const float x = fminf(g[i], limit);
-        const float ui = u[i];
-        const float y = ui < -limit ? -limit : (ui > limit ? limit : ui);
-        g[i] = x / (1.0f + expf(-alpha * x)) * (y + 1.0f);
-    }
+    GRID_STRIDE_LOOP(i, (unsigned long long)n) { g[i] = strata_swiglu_oai_mul(g[i], u[i], alpha, limit); }
 }
 
 // x[i] *= factor, i < n. Grid ceil(n / 256), block 256.

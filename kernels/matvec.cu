@@ -414,55 +414,105 @@ __device__ __forceinline__ void mvp_unit_q6_k(const uint4* __restrict__ q, const
     }
 }
 
+// The tiled walk both packed kernels share, inside a kernel with `x`, `rows`, `out`
+// and `in` in scope: declares `lane`, `o0` (the warp's first output row) and the
+// clamped `rows`, stages the activations a tile at a time and runs UNIT once per unit
+// of the warp's rows, with `g` (the units' indices, one per row) and `xu` (its staged
+// values) in scope; UNROLL is the unit loop's pragma ("unroll 1" keeps the fused
+// kernels' four weight rows a warp from spilling on sm_90). Returns early (uniformly)
+// when there is nothing to compute.
+#define MVP_WALK(NAME, QK, UV, UNROLL, UNIT)                                                       \
+    __shared__ float4 stage[MATVEC_PACKED_STAGE * MATVEC_PACKED_PAD / 4u];                        \
+    float* xs = (float*)stage;                                                                    \
+    if (out == 0u || rows == 0u) return; /* uniform: nothing to compute */                       \
+    rows = min(rows, MATVEC_MAX_ROWS);                                                            \
+    const unsigned int uv = (UV), upad = uv + 4u, upb = (QK) / uv;                                \
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;                         \
+    const unsigned int nunit = in / uv;                                                           \
+    /* units per activation row and tile: whole blocks, whole 32s when >= 32 */                 \
+    unsigned int tb = MATVEC_PACKED_STAGE * MATVEC_PACKED_PAD / upad / rows;                      \
+    tb = tb >= 32u ? tb / 32u * 32u : tb / upb * upb;                                             \
+    const unsigned int stride = tb * upad;                                                        \
+    const unsigned int o0 = (blockIdx.x * (blockDim.x >> 5) + warp) * MATVEC_PACKED_WARP_ROWS;    \
+    unsigned long long rowu[MATVEC_PACKED_WARP_ROWS];                                             \
+    _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)                  \
+        rowu[j] = (unsigned long long)min(o0 + j, out - 1u) * nunit;                              \
+    for (unsigned int b0 = 0; b0 < nunit; b0 += tb) {                                             \
+        const unsigned int nb = min(tb, nunit - b0), nv = nb * uv;                                \
+        __syncthreads(); /* the previous tile's reads are done */                                \
+        for (unsigned int t = threadIdx.x; t < rows * nv; t += blockDim.x) {                      \
+            const unsigned int r = t / nv, k = t % nv;                                            \
+            xs[r * stride + (k / (QK)) * upb * upad + mvp_slot_##NAME(k % (QK))] =                \
+                x[(unsigned long long)r * in + b0 * uv + k];                                      \
+        }                                                                                         \
+        __syncthreads();                                                                          \
+        _Pragma(UNROLL) for (unsigned int bi = (lane + 32u - b0 % 32u) % 32u; bi < nb; bi += 32u) { \
+            unsigned long long g[MATVEC_PACKED_WARP_ROWS];                                        \
+            _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)          \
+                g[j] = rowu[j] + b0 + bi;                                                         \
+            const float* xu = xs + bi * upad;                                                     \
+            UNIT;                                                                                 \
+        }                                                                                         \
+    }
+
+// Zeroed accumulators of a warp's rows.
+#define MVP_ACC(acc)                                                                              \
+    float acc[MATVEC_PACKED_WARP_ROWS][MATVEC_MAX_ROWS];                                          \
+    _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)                  \
+        _Pragma("unroll") for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) acc[j][r] = 0.0f;
+
+// For each of the warp's rows o0 + j < out and activation row r < rows: SUMS on every
+// lane (the warp sums: each lane must shuffle), then STORE on lane 0, with `j` and `r`
+// in scope.
+#define MVP_REDUCE(SUMS, STORE)                                                                   \
+    _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {                \
+        _Pragma("unroll") for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) {                    \
+            if (r < rows) { /* uniform across the warp: every lane shuffles */                    \
+                SUMS;                                                                             \
+                if (lane == 0u && o0 + j < out) STORE;                                            \
+            }                                                                                     \
+        }                                                                                         \
+    }
+
 #define MATVEC_PACKED(NAME, QK, UV)                                                               \
     extern "C" __global__ void __launch_bounds__(256)                                             \
         matvec_packed_##NAME(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, \
                              const float* __restrict__ x, float* __restrict__ y, unsigned int rows, \
                              unsigned int out, unsigned int in) {                                 \
-        __shared__ float4 stage[MATVEC_PACKED_STAGE * MATVEC_PACKED_PAD / 4u];                    \
-        float* xs = (float*)stage;                                                                \
-        if (out == 0u || rows == 0u) return; /* uniform: nothing to compute */                   \
-        rows = min(rows, MATVEC_MAX_ROWS);                                                        \
-        const unsigned int uv = (UV), upad = uv + 4u, upb = (QK) / uv;             \
-        const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;                     \
-        const unsigned int nunit = in / uv;                                                       \
-        /* units per activation row and tile: whole blocks, whole 32s when >= 32 */             \
-        unsigned int tb = MATVEC_PACKED_STAGE * MATVEC_PACKED_PAD / upad / rows;                  \
-        tb = tb >= 32u ? tb / 32u * 32u : tb / upb * upb;                                         \
-        const unsigned int stride = tb * upad;                                                    \
-        const unsigned int o0 = (blockIdx.x * (blockDim.x >> 5) + warp) * MATVEC_PACKED_WARP_ROWS; \
-        unsigned long long rowu[MATVEC_PACKED_WARP_ROWS];                                         \
-        _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)              \
-            rowu[j] = (unsigned long long)min(o0 + j, out - 1u) * nunit;                          \
-        float acc[MATVEC_PACKED_WARP_ROWS][MATVEC_MAX_ROWS];                                      \
-        _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)              \
-            _Pragma("unroll") for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) acc[j][r] = 0.0f; \
-        for (unsigned int b0 = 0; b0 < nunit; b0 += tb) {                                         \
-            const unsigned int nb = min(tb, nunit - b0), nv = nb * uv;                            \
-            __syncthreads(); /* the previous tile's reads are done */                            \
-            for (unsigned int t = threadIdx.x; t < rows * nv; t += blockDim.x) {                  \
-                const unsigned int r = t / nv, k = t % nv;                                        \
-                xs[r * stride + (k / (QK)) * upb * upad + mvp_slot_##NAME(k % (QK))] =            \
-                    x[(unsigned long long)r * in + b0 * uv + k];                                  \
-            }                                                                                     \
-            __syncthreads();                                                                      \
-            _Pragma("unroll 2") for (unsigned int bi = (lane + 32u - b0 % 32u) % 32u; bi < nb; bi += 32u) { \
-                unsigned long long g[MATVEC_PACKED_WARP_ROWS];                                    \
-                _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)      \
-                    g[j] = rowu[j] + b0 + bi;                                                     \
-                mvp_unit_##NAME((const uint4*)q, d, g, xs + bi * upad, stride, rows, acc);        \
-            }                                                                                     \
-        }                                                                                         \
-        _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {            \
-            _Pragma("unroll") for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) {                \
-                if (r < rows) { /* uniform across the warp: every lane shuffles */                \
-                    const float s = warp_sum(acc[j][r]);                                          \
-                    if (lane == 0u && o0 + j < out) y[(unsigned long long)r * out + o0 + j] = s;  \
-                }                                                                                 \
-            }                                                                                     \
-        }                                                                                         \
+        MVP_ACC(acc)                                                                              \
+        MVP_WALK(NAME, QK, UV, "unroll 2", mvp_unit_##NAME((const uint4*)q, d, g, xu, stride, rows, acc)) \
+        MVP_REDUCE(const float s = warp_sum(acc[j][r]), y[(unsigned long long)r * out + o0 + j] = s) \
     }
 MATVEC_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
 MATVEC_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
 MATVEC_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
 MATVEC_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
+
+// matvec_glu_packed_FMT(qg, dg, qu, du, x, y, rows, out, in, act, alpha, limit): a gated
+// MLP's gate and up products and its activation in one launch,
+//   y[r, o] = act(Σ_k x[r, k] · gate[o, k]) · (Σ_k x[r, k] · up[o, k])
+// for two packed `[out, in]` weights of the same format (`qg`/`dg` the gate's quants and
+// scales, `qu`/`du` the up's), `act` a STRATA_GLU_* code (common.cuh; `alpha` and
+// `limit` are SwigluOai's). Launch and walk as matvec_packed_FMT: every staged value
+// feeds the warp's two gate rows and its two up rows, and each product's sums meet the
+// same units in the same order as matvec_packed_FMT's, so y is bit for bit
+// matvec_packed_FMT of both weights followed by the GLU kernel of `act`.
+#define MATVEC_GLU_PACKED(NAME, QK, UV)                                                           \
+    extern "C" __global__ void __launch_bounds__(256) matvec_glu_packed_##NAME(                   \
+        const unsigned char* __restrict__ qg, const unsigned short* __restrict__ dg,              \
+        const unsigned char* __restrict__ qu, const unsigned short* __restrict__ du,              \
+        const float* __restrict__ x, float* __restrict__ y, unsigned int rows, unsigned int out,  \
+        unsigned int in, unsigned int act, float alpha, float limit) {                            \
+        MVP_ACC(accg)                                                                             \
+        MVP_ACC(accu)                                                                             \
+        MVP_WALK(NAME, QK, UV, "unroll 1", {                                                       \
+            mvp_unit_##NAME((const uint4*)qg, dg, g, xu, stride, rows, accg);                     \
+            mvp_unit_##NAME((const uint4*)qu, du, g, xu, stride, rows, accu);                     \
+        })                                                                                        \
+        MVP_REDUCE(const float s = warp_sum(accg[j][r]); const float s2 = warp_sum(accu[j][r]),    \
+                   y[(unsigned long long)r * out + o0 + j] = strata_glu(act, s, s2, alpha, limit))  \
+    }
+MATVEC_GLU_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
+MATVEC_GLU_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
+MATVEC_GLU_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
+MATVEC_GLU_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks the packed matrix-vector kernels' PTX (kernels/README.md, "Packed weights"):
-every `matvec_packed_*` entry of a matvec PTX file reads weights with 16-byte vector
+every `matvec_packed_*` and `matvec_glu_packed_*` entry of a matvec PTX file reads weights with 16-byte vector
 loads (`ld.global.nc.v4.u32` or `ld.global.v4.*`), and `ptxas -v` assembles it with 0
 spill bytes. Run by tools/cuda_toolchain.sh on the sm_90 PTX it compiled:
 
@@ -12,6 +12,8 @@ import sys
 
 # The formats with a packed layout (kernels/README.md, "Packed weights"), sorted.
 PACKED_FORMATS = ["q4_0", "q4_k", "q6_k", "q8_0"]
+# The kernels that read packed weights, by name prefix (then the format).
+KERNELS = ("matvec_packed_", "matvec_glu_packed_")
 V4_LOAD = re.compile(r"\bld\.global(\.nc)?\.v4\.(u32|b32|s32|f32)\b")
 
 
@@ -24,9 +26,9 @@ def entries(ptx: str) -> dict[str, str]:
 def main() -> int:
     ptxas, arch, path = sys.argv[1:4]
     ptx = open(path).read()
-    packed = {n: b for n, b in entries(ptx).items() if n.startswith("matvec_packed_")}
+    packed = {n: b for n, b in entries(ptx).items() if n.startswith(KERNELS)}
     problems = []
-    if sorted(packed) != [f"matvec_packed_{f}" for f in PACKED_FORMATS]:
+    if sorted(packed) != sorted(f"{k}{f}" for k in KERNELS for f in PACKED_FORMATS):
         problems.append(f"packed entries are {sorted(packed)}")
     for name, body in sorted(packed.items()):
         loads = sorted({m.group(0) for m in V4_LOAD.finditer(body)})
@@ -62,7 +64,7 @@ def main() -> int:
     if problems:
         print("check_packed_ptx: " + "\n  ".join(problems), file=sys.stderr)
         return 1
-    print(f"check_packed_ptx: {arch} packed matvecs use 16-byte weight loads, 0 spill bytes")
+    print(f"check_packed_ptx: {arch} packed matvecs (and fused GLU matvecs) use 16-byte weight loads, 0 spill bytes")
     return 0
 
 

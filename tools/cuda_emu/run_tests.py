@@ -64,6 +64,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -138,6 +139,11 @@ SIGS: dict[str, list[tuple[str, str]]] = {
         (f"matvec_packed_{f}", "const unsigned char* q, const unsigned short* d, const float* x, float* y, "
                                "unsigned rows, unsigned out, unsigned in")
         for f in PACKED_FMTS
+    ] + [
+        (f"matvec_glu_packed_{f}", "const unsigned char* qg, const unsigned short* dg, const unsigned char* qu, "
+                                   "const unsigned short* du, const float* x, float* y, unsigned rows, "
+                                   "unsigned out, unsigned in, unsigned act, float alpha, float limit")
+        for f in PACKED_FMTS
     ],
     "attention.cu": [
         ("attn_partial_f32", "const float* q, const float* k, const float* v, float* part, "
@@ -172,6 +178,13 @@ SIGS: dict[str, list[tuple[str, str]]] = {
     ],
 }
 QUANT_FILES = {"embedding.cu", "dequant.cu", "matvec.cu"}
+# The GLU activations of matvec_glu_packed_FMT: their `act` codes (common.cuh's
+# STRATA_GLU_*) and the unfused kernel of each (elementwise.cu).
+GLU_ACTS = {"silu": (0, "silu_mul_f32"), "gelu_tanh": (1, "gelu_mul_f32"), "sigmoid": (2, "sigmoid_mul_f32"),
+            "swiglu_oai": (3, "swiglu_oai_f32")}
+# Files whose kernels a file's cases launch too, from their own libraries in the same
+# process (the fused GLU matvec's cases run the unfused matvec and GLU kernels).
+COMPANIONS = {"matvec.cu": ["elementwise.cu"]}
 SELFTEST_SIGS = [
     ("st_block_sum", "const float* x, float* out, unsigned n"),
     ("st_shuffles", "const float* x, float* out"),
@@ -293,9 +306,10 @@ def build(file: str, sigs, mode: str) -> tuple[Path | None, str, list[str]]:
         so = BUILD / f"{stem}-{mode}-{key}.so"
         if so.exists():
             return so, "", dropped
-        cpp = BUILD / f"{stem}-{mode}-{key}.{os.getpid()}.cpp"
+        me = f"{os.getpid()}-{threading.get_ident()}"  # a file and its companion's build may run at once
+        cpp = BUILD / f"{stem}-{mode}-{key}.{me}.cpp"
         cpp.write_text(src)
-        tmp = f"{so}.{os.getpid()}.tmp"
+        tmp = f"{so}.{me}.tmp"
         r = subprocess.run(["g++", *flags, "-o", tmp, str(cpp)], capture_output=True, text=True)
         if r.returncode == 0:
             os.replace(tmp, so)
@@ -371,6 +385,7 @@ class CaseFail(Exception):
 @dataclass
 class Ctx:
     lib: Lib
+    others: list = field(default_factory=list)  # the companion files' libraries
     launch_desc: str = ""
     bufs: list = field(default_factory=list)
 
@@ -388,7 +403,7 @@ class Ctx:
         grid = tuple(grid) + (1,) * (3 - len(grid))
         block = tuple(block) + (1,) * (3 - len(block))
         self.launch_desc = f"`{name}` grid {grid} block {block}"
-        f = self.lib.sigs.get(name)
+        f = next((l.sigs[name] for l in [self.lib, *self.others] if name in l.sigs), None)
         if f is None:
             raise CaseFail(f"MISSING: no wrapper for `{name}` (its parameters differ from README.md?)")
         cargs = [a.ptr if isinstance(a, Buf) else a for a in args]
@@ -1095,6 +1110,66 @@ def cases_matvec():
         for rows, out, inn, block, twice in (shapes_32 if BLOCK[fmt][0] == 32 else shapes_256):
             cs.append(Case(f"matvec_packed_{fmt} rows={rows} out={out} in={inn} block={block}",
                            f"matvec_packed_{fmt}", mv_packed(fmt, rows, out, inn, block, twice)))
+
+    def mv_glu_packed(fmt, act, rows, out, inn, block):
+        # act(x · gateᵀ) ⊙ (x · upᵀ) against float64 numpy, and bit for bit against
+        # matvec_packed_FMT of each weight then the GLU kernel (elementwise.cu).
+        def run(c, rng):
+            code, unfused = GLU_ACTS[act]
+            graw, gw = make_weights(fmt, out, inn, rng)
+            uraw, uw = make_weights(fmt, out, inn, rng)
+            (gq, gd), (uq, ud) = pack_weights(fmt, graw, out, inn), pack_weights(fmt, uraw, out, inn)
+            x = rng.standard_normal((rows, inn))
+            g64 = x @ gw.astype(np.float64).T
+            x = (x * 2 / max(float(np.std(g64)), 1e-30)).astype(np.float32)  # gate values of std ~2
+            g64, u64 = x.astype(np.float64) @ gw.astype(np.float64).T, x.astype(np.float64) @ uw.astype(np.float64).T
+            # SwigluOai: a limit inside the values, so both clamps and the gate's cap are met.
+            alpha, limit = np.float32(1.702), np.float32(np.median(np.abs(u64)))
+            bgq, bgd, buq, bud, bx = c.buf(gq), c.buf(gd), c.buf(uq), c.buf(ud), c.buf(x)
+            by = c.out((rows, out), np.float32)
+            grid = (cdiv(out, 2 * block // 32),)
+            c.launch(f"matvec_glu_packed_{fmt}", grid, (block,), bgq, bgd, buq, bud, bx, by, rows, out, inn, code,
+                     alpha, limit)
+            got = by.read()
+            bg, bu = c.out((rows, out), np.float32), c.out((rows, out), np.float32)
+            c.launch(f"matvec_packed_{fmt}", grid, (block,), bgq, bgd, bx, bg, rows, out, inn)
+            c.launch(f"matvec_packed_{fmt}", grid, (block,), buq, bud, bx, bu, rows, out, inn)
+            n = rows * out
+            if act == "swiglu_oai":
+                c.launch(unfused, (cdiv(n, 256),), (256,), bg, bu, n, alpha, limit)
+            else:
+                c.launch(unfused, (cdiv(n, 256),), (256,), bg, bu, n)
+            want_bits = bg.read()
+            if not np.array_equal(got.view(np.uint32), want_bits.view(np.uint32)):
+                bad = np.flatnonzero(got.view(np.uint32) != want_bits.view(np.uint32))
+                raise CaseFail(f"{bad.size} of {n} outputs differ from matvec_packed x2 + {unfused} (bits); "
+                               f"first {fmt_idx(bad[0], got.shape)}: {got.flat[bad[0]]!r} vs {want_bits.flat[bad[0]]!r}")
+            if act == "swiglu_oai":
+                xg = np.minimum(g64, float(limit))
+                if not ((g64 > limit).any() and (u64 > limit).any() and (u64 < -limit).any()):
+                    raise CaseFail("inputs do not reach both clamps")
+                with np.errstate(over="ignore"):
+                    ref = xg / (1 + np.exp(-float(alpha) * xg)) * (np.clip(u64, -float(limit), float(limit)) + 1)
+            else:
+                with np.errstate(over="ignore"):
+                    ref = {"silu": lambda: g64 / (1 + np.exp(-g64)) * u64,
+                           "gelu_tanh": lambda: 0.5 * g64 * (1 + np.tanh(math.sqrt(2 / math.pi)
+                                                                         * (g64 + 0.044715 * g64 ** 3))) * u64,
+                           "sigmoid": lambda: u64 / (1 + np.exp(-g64))}[act]()
+            return compare_nmse("y", got, ref, 5e-4) + ", = unfused (bits)"
+        return run
+    # Every activation at one decode row, then 2 to 8 rows (each activation again), odd
+    # `out`, `in` of a few blocks and past one tile, blocks of 1, 4 and 8 warps.
+    glu_32 = ((1, 67, 512, 128), (2, 9, 288, 128), (3, 21, 2080, 256), (4, 5, 8192 + 1056, 128),
+              (5, 7, 4128, 32), (6, 3, 32, 128), (7, 11, 1056, 128), (8, 13, 3104, 128))
+    glu_256 = ((1, 67, 512, 128), (2, 9, 768, 128), (3, 21, 2304, 256), (4, 5, 8192 + 1280, 128),
+               (5, 7, 4352, 32), (6, 3, 256, 128), (7, 11, 1280, 128), (8, 13, 3328, 128))
+    for fmt in PACKED_FMTS:
+        shapes = glu_32 if BLOCK[fmt][0] == 32 else glu_256
+        runs = [(act, shapes[0]) for act in GLU_ACTS] + [(list(GLU_ACTS)[i % 4], sh) for i, sh in enumerate(shapes[1:])]
+        for act, (rows, out, inn, block) in runs:
+            cs.append(Case(f"matvec_glu_packed_{fmt} {act} rows={rows} out={out} in={inn} block={block}",
+                           f"matvec_glu_packed_{fmt}", mv_glu_packed(fmt, act, rows, out, inn, block)))
     return cs
 
 
@@ -1711,19 +1786,24 @@ def selected_cases(file, flt):
 
 
 # ---------------------------------------------------------------- worker (child process)
-def worker(file, so, flt, start):
-    import numpy as np
+def load_lib(file, so):
     lib = Lib(so)
-    sigs = FILES[file][1]
-    present = [s for s in sigs if hasattr(lib.lib, "emuw_" + s[0])]
-    lib.set_sigs(present)
+    lib.set_sigs([s for s in FILES[file][1] if hasattr(lib.lib, "emuw_" + s[0])])
+    return lib
+
+
+def worker(file, so, flt, start, also=()):
+    """`also`: FILE=SO of each companion library (COMPANIONS)."""
+    import numpy as np
+    lib = load_lib(file, so)
+    others = [load_lib(*a.split("=", 1)) for a in also]
     cases = selected_cases(file, flt)
     for i, case in enumerate(cases):
         if i < start:
             continue
         print(f"@@START {i}", flush=True)
         rng = np.random.default_rng(seed_of(case.id))
-        ctx = Ctx(lib)
+        ctx = Ctx(lib, others)
         t0 = time.time()
         try:
             detail = case.run(ctx, rng)
@@ -1784,15 +1864,17 @@ def crash_summary(stderr: str) -> str:
     return "\n".join(out[:30])
 
 
-def run_file(file, so, flt, mode, timeout=600):
-    """Runs every case of `file` in child processes; returns a list of result dicts."""
+def run_file(file, so, flt, mode, timeout=600, also=()):
+    """Runs every case of `file` in child processes (with the companion libraries
+    `also`, FILE=SO each); returns a list of result dicts."""
     cases = selected_cases(file, flt)
     results: dict[int, dict] = {}
     start = 0
     env = sanitizer_env(mode)
     while start < len(cases):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", file, "--so", str(so),
-               "--mode", mode, "--start", str(start)] + (["--quick"] if QUICK else []) + [flt or ""]
+               "--mode", mode, "--start", str(start)] + [f"--also={a}" for a in also] + \
+            (["--quick"] if QUICK else []) + [flt or ""]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
             out, err, rc = p.stdout, p.stderr, p.returncode
@@ -1972,6 +2054,7 @@ def main():
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--so", help=argparse.SUPPRESS)
     ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--also", action="append", default=[], help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
@@ -1979,7 +2062,7 @@ def main():
     QUICK = a.quick
     MODE = a.mode or ("tsan" if a.tsan else ("none" if a.no_sanitize else "asan"))
     if a.worker:
-        return worker(a.worker, a.so, a.filter, a.start)
+        return worker(a.worker, a.so, a.filter, a.start, a.also)
     if a.python_only_check:
         return python_only_check()
     t0 = time.time()
@@ -2012,7 +2095,16 @@ def main():
             errs = "\n".join(l for l in log.splitlines() if "error" in l)[:3000] or log[-3000:]
             return [{"id": c.id, "kernel": c.kernel, "file": f, "status": "FAIL", "launch": "", "secs": 0,
                      "detail": f"does not compile (g++ with emu.hpp):\n{errs}"} for c in selected_cases(f, a.filter)]
-        rs = run_file(f, so, a.filter, mode)
+        also = []
+        for cf_ in COMPANIONS.get(f, []):
+            cso, clog, _ = build(cf_, FILES[cf_][1], mode)
+            if cso is None:
+                errs = "\n".join(l for l in clog.splitlines() if "error" in l)[:3000] or clog[-3000:]
+                return [{"id": c.id, "kernel": c.kernel, "file": f, "status": "FAIL", "launch": "", "secs": 0,
+                         "detail": f"its companion {cf_} does not compile (g++ with emu.hpp):\n{errs}"}
+                        for c in selected_cases(f, a.filter)]
+            also.append(f"{cf_}={cso}")
+        rs = run_file(f, so, a.filter, mode, also=also)
         for r in rs:
             if r["kernel"] in dropped:
                 r["status"] = "FAIL"

@@ -2,7 +2,7 @@
 //! functions of the problem size so they can be tested without a device. The shapes
 //! are the ones `kernels/README.md` documents for each kernel.
 
-use crate::{KvType, Q8_BLOCK};
+use crate::{Activation, KvType, Q8_BLOCK};
 use strata_tensor::tensor::DType;
 
 /// Grid and block dimensions of one launch.
@@ -149,6 +149,41 @@ impl Matvec {
             (Matvec::Warp, false) => matvec(out),
             (Matvec::Wide | Matvec::Packed, false) => matvec_wide(out),
         }
+    }
+}
+
+/// A weight as the choice of a decode kernel sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightKind<'a> {
+    pub dtype: DType,
+    pub shape: &'a [usize],
+    /// In the packed layout (`STRATA_CUDA_MATVEC=packed`).
+    pub packed: bool,
+}
+
+/// Whether `matvec_glu_packed_FMT` computes a gated MLP's gate and up products and its
+/// activation for a batch of sequences of `seq_rows` rows: both weights packed, of one
+/// format and shape, and every sequence's rows on the matrix-vector kernel, as
+/// `matmul_seqs` runs them (`gemm`: whether a sequence of more than
+/// [`MATVEC_MAX_ROWS`] rows takes the GEMM). Its rows then come out as the matrix-vector
+/// kernel's, whatever the launch's row count.
+pub fn fuses_glu(gate: WeightKind<'_>, up: WeightKind<'_>, seq_rows: &[usize], gemm: bool) -> bool {
+    gate.packed
+        && up.packed
+        && gate.dtype == up.dtype
+        && gate.shape == up.shape
+        && gate.shape.len() == 2
+        && (!gemm || seq_rows.iter().all(|&n| n <= MATVEC_MAX_ROWS))
+}
+
+/// The `act` code of `matvec_glu_packed_FMT` (common.cuh's `STRATA_GLU_*`) with its
+/// `alpha` and `limit` (SwigluOai's; 0 otherwise).
+pub fn glu_code(act: Activation) -> (u32, f32, f32) {
+    match act {
+        Activation::Silu => (0, 0.0, 0.0),
+        Activation::GeluTanh => (1, 0.0, 0.0),
+        Activation::Sigmoid => (2, 0.0, 0.0),
+        Activation::SwigluOai { alpha, limit } => (3, alpha, limit),
     }
 }
 
@@ -337,6 +372,7 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         let f = format_name(d).unwrap_or_default();
         names.push(("embedding", format!("embed_packed_{f}")));
         names.push(("matvec", format!("matvec_packed_{f}")));
+        names.push(("matvec", format!("matvec_glu_packed_{f}")));
         names.push(("dequant", format!("dequant_packed_{f}_f16")));
     }
     names
@@ -345,6 +381,36 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn glu_fuses_packed_pairs_of_one_kind_on_the_matvec() {
+        let (shape, other) = ([96usize, 64], [64usize, 96]);
+        let q4 = WeightKind { dtype: DType::Q4_0, shape: &shape, packed: true };
+        let decode = [1usize, 1, 1];
+        assert!(fuses_glu(q4, q4, &decode, true));
+        // A verifying sequence's rows (up to MATVEC_MAX_ROWS) stay on the matvec too.
+        assert!(fuses_glu(q4, q4, &[1, MATVEC_MAX_ROWS, 1], true));
+        // A prompt chunk takes the GEMM, unless there is no GEMM (or rows must not vary).
+        assert!(!fuses_glu(q4, q4, &[1, MATVEC_MAX_ROWS + 1], true));
+        assert!(fuses_glu(q4, q4, &[1, MATVEC_MAX_ROWS + 1], false));
+        // Both packed, of one format and one shape.
+        assert!(!fuses_glu(q4, WeightKind { packed: false, ..q4 }, &decode, true));
+        assert!(!fuses_glu(WeightKind { packed: false, ..q4 }, q4, &decode, true));
+        assert!(!fuses_glu(q4, WeightKind { dtype: DType::Q8_0, ..q4 }, &decode, true));
+        assert!(!fuses_glu(q4, WeightKind { shape: &other, ..q4 }, &decode, true));
+    }
+
+    #[test]
+    fn glu_codes_are_common_cuh_s() {
+        assert_eq!(glu_code(Activation::Silu), (0, 0.0, 0.0));
+        assert_eq!(glu_code(Activation::GeluTanh).0, 1);
+        assert_eq!(glu_code(Activation::Sigmoid).0, 2);
+        assert_eq!(glu_code(Activation::SwigluOai { alpha: 1.702, limit: 7.0 }), (3, 1.702, 7.0));
+        let common = crate::cuda::kernels::COMMON;
+        for (name, code) in [("SILU", 0), ("GELU_TANH", 1), ("SIGMOID", 2), ("SWIGLU_OAI", 3)] {
+            assert!(common.contains(&format!("#define STRATA_GLU_{name} {code}u")), "STRATA_GLU_{name}");
+        }
+    }
 
     #[test]
     fn one_dimensional_grids_cover_every_element() {
@@ -498,9 +564,9 @@ mod tests {
         for entry in &listed {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
-        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 3 per
-        // packed format, 25 others.
-        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 3 * PACKED_FORMATS.len() + 25);
+        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 4 per
+        // packed format (the fused GLU matvec too), 25 others.
+        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 4 * PACKED_FORMATS.len() + 25);
         assert_eq!(declared.len(), listed.len());
     }
 }
