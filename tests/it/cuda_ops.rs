@@ -453,6 +453,57 @@ fn a_batch_gives_each_sequence_the_rows_it_gets_alone_on<G: Backend>(g: &G) {
 }
 
 #[test]
+fn a_fused_gate_up_and_activation_gives_the_unfused_bits() {
+    // STRATA_CUDA_MATVEC=packed: the packed weights' decode rows must take the fused op.
+    let packed = std::env::var("STRATA_CUDA_MATVEC").is_ok_and(|v| v.trim() == "packed");
+    on_gpu(
+        |g| a_fused_gate_up_and_activation_gives_the_unfused_bits_on(g, packed),
+        |c| a_fused_gate_up_and_activation_gives_the_unfused_bits_on(c, false),
+    );
+}
+
+/// `matmul_glu` against `matmul_seqs_each` of gate and up then `glu`, bit for bit, for
+/// every activation, decode batches, a verifying sequence's rows and a prompt chunk
+/// (which a GPU with a GEMM does not fuse); `expect_fused`: the decode batches of the
+/// packed formats must be fused.
+fn a_fused_gate_up_and_activation_gives_the_unfused_bits_on<G: Backend>(g: &G, expect_fused: bool) {
+    let (width, inn) = (300, 512);
+    let acts = [
+        Activation::Silu,
+        Activation::GeluTanh,
+        Activation::Sigmoid,
+        Activation::SwigluOai { alpha: 1.702, limit: 0.5 },
+    ];
+    let batches: [&[usize]; 4] = [&[1], &[1, 1, 1], &[1, 8, 1, 1], &[1, 16]];
+    let mut fused = 0;
+    for dtype in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16] {
+        let (gate, up) = (any_weight(dtype, width, inn, 21), any_weight(dtype, width, inn, 22));
+        let (gw, uw) = (g.weight(&gate).unwrap(), g.weight(&up).unwrap());
+        for (i, seqs) in batches.iter().enumerate() {
+            let rows: usize = seqs.iter().sum();
+            let gx = g.upload(&values(rows * inn, 30 + i as u64, 0.2)).unwrap();
+            for act in acts {
+                let mut out = g.alloc(rows * width).unwrap();
+                let Some(done) = g.matmul_glu(&gx, seqs, &gw, &uw, act, &mut out) else {
+                    let decode = seqs.iter().all(|&n| n <= 8) && dtype != DType::F16;
+                    assert!(!(expect_fused && decode), "{dtype:?} {seqs:?} {act:?}: not fused");
+                    continue;
+                };
+                done.unwrap();
+                let (mut gb, mut ub) = (g.alloc(rows * width).unwrap(), g.alloc(rows * width).unwrap());
+                g.matmul_seqs_each(&gx, seqs, &mut [(&gw, &mut gb), (&uw, &mut ub)]).unwrap();
+                g.glu(&mut gb, &ub, rows * width, act).unwrap();
+                let (got, want) = (g.download(&out, rows * width).unwrap(), g.download(&gb, rows * width).unwrap());
+                let diff = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(diff, 0, "{dtype:?} {seqs:?} {act:?}: {diff} values differ from the unfused ops");
+                fused += 1;
+            }
+        }
+    }
+    eprintln!("matmul_glu: {fused} fused runs, each bit for bit the unfused ops");
+}
+
+#[test]
 fn the_delta_rule_matches_the_cpu_in_one_pass_and_in_chunks() {
     on_gpu(
         the_delta_rule_matches_the_cpu_in_one_pass_and_in_chunks_on,

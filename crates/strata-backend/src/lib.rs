@@ -423,7 +423,6 @@ pub trait Backend: Send + Sync + 'static {
         p: &AttnParams,
         out: &mut Self::Buf,
     ) -> BackendResult<()>;
-    /// `gate = act(gate) * up`, elementwise over `len` values.
     /// The gated delta rule over one sequence's rows ([`delta`]): the gated, normalized
     /// mixer output of rows `d.row0..d.row0 + d.n` into the same rows of `out`
     /// (`value_dim` wide); `state` (`d.shape.state_len()` floats) carries over.
@@ -433,7 +432,27 @@ pub trait Backend: Send + Sync + 'static {
         state: &mut Self::Buf,
         out: &mut Self::Buf,
     ) -> BackendResult<()>;
+    /// `gate = act(gate) * up`, elementwise over `len` values.
     fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize, act: Activation) -> BackendResult<()>;
+    /// A gated MLP's gate and up products and its activation as one op: for every row
+    /// `r` of the batch (`seq_rows` as in [`matmul_seqs`](Self::matmul_seqs)),
+    /// `out_gate[r] = act(x[r] · gateᵀ) ⊙ (x[r] · upᵀ)`, `gate` and `up` both
+    /// `(width, k)`. It comes out bit for bit as [`matmul_seqs_each`](Self::matmul_seqs_each)
+    /// of both weights followed by [`glu`](Self::glu) give it on this backend, so
+    /// nothing downstream changes. `None` when this backend does not fuse it (or these
+    /// weights, or these rows): the caller then runs those ops.
+    fn matmul_glu(
+        &self,
+        x: &Self::Buf,
+        seq_rows: &[usize],
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        act: Activation,
+        out_gate: &mut Self::Buf,
+    ) -> Option<BackendResult<()>> {
+        let _ = (x, seq_rows, gate, up, act, out_gate);
+        None
+    }
     /// One row of a sparse FFN over the neuron groups it keeps, as one op: for each
     /// `(g, up, down)` in order, `out[..h] += down · (act(gate[g·group..][..group]) ⊙ (up
     /// · x))`, where `gate` holds the row's gate pre-activations and `up` is `(group, k)`,

@@ -262,12 +262,24 @@ pub fn mlp_forward<B: Backend>(
     out: &mut B::Buf,
 ) -> Result<(), ModelError> {
     let rows = seq_rows.iter().sum::<usize>();
-    be.matmul_seqs_each(x, seq_rows, &mut [(&mlp.gate, bufs.gate), (&mlp.up, bufs.up)])?;
-    if let Some([bg, bu, _]) = &mlp.bias {
-        be.add_bias(bufs.gate, rows, bg)?;
-        be.add_bias(bufs.up, rows, bu)?;
+    let act = c.spec().activation;
+    // Without biases the backend may fuse gate, up and the activation (one launch on
+    // CUDA's packed weights), with the same bits as the three ops below.
+    let fused = match &mlp.bias {
+        None => be.matmul_glu(x, seq_rows, &mlp.gate, &mlp.up, act, bufs.gate),
+        Some(_) => None,
+    };
+    match fused {
+        Some(done) => done?,
+        None => {
+            be.matmul_seqs_each(x, seq_rows, &mut [(&mlp.gate, bufs.gate), (&mlp.up, bufs.up)])?;
+            if let Some([bg, bu, _]) = &mlp.bias {
+                be.add_bias(bufs.gate, rows, bg)?;
+                be.add_bias(bufs.up, rows, bu)?;
+            }
+            be.glu(bufs.gate, bufs.up, rows * mlp.width, act)?;
+        }
     }
-    be.glu(bufs.gate, bufs.up, rows * mlp.width, c.spec().activation)?;
     be.matmul_seqs(bufs.gate, seq_rows, &mlp.down, out)?;
     if let Some([_, _, bd]) = &mlp.bias {
         be.add_bias(out, rows, bd)?;

@@ -65,6 +65,11 @@ impl CudaWeight {
         }
     }
 
+    /// Its format, shape and layout, as the choice of a kernel sees them.
+    fn kind(&self) -> launch::WeightKind<'_> {
+        launch::WeightKind { dtype: self.dtype, shape: &self.shape, packed: self.packed }
+    }
+
     /// A packed weight's device addresses of the quants and the scale of row `o0`'s
     /// first block.
     fn packed_ptrs(&self, stream: &Arc<CudaStream>, o0: usize) -> (u64, u64) {
@@ -431,6 +436,43 @@ impl CudaBackend {
             // `(r0 + n) × out` (the workspace is sized for `rows`); the grid has a warp
             // (`matvec_wide_FMT`: a block; `matvec_packed_FMT`: half a warp) per output row.
             unsafe { self.launch(&mut b, self.matvec.shape(out, w.packed), "matvec") }?;
+        }
+        Ok(())
+    }
+
+    /// `y[r] = act(x[r] · gateᵀ) ⊙ (x[r] · upᵀ)` for rows `0..rows` with
+    /// `matvec_glu_packed_FMT`, `MATVEC_MAX_ROWS` activation rows per launch; both
+    /// weights packed, of one format and shape ([`launch::fuses_glu`]).
+    fn matvec_glu(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        act: Activation,
+        y: &mut CudaBuf,
+    ) -> BackendResult<()> {
+        let (out, inn) = (gate.shape[0], gate.shape[1]);
+        check_len(&[x.data.len()], rows * inn, "matmul_glu")?;
+        check_len(&[y.data.len()], rows * out, "matmul_glu")?;
+        let fmt = launch::format_name(gate.dtype)
+            .ok_or_else(|| BackendError::Compile(format!("no kernel reads {} weights", gate.dtype.name())))?;
+        let f = self.func(&format!("matvec_glu_packed_{fmt}"))?;
+        let ((qg, dg), (qu, du)) = (gate.packed_ptrs(&self.stream, 0), up.packed_ptrs(&self.stream, 0));
+        let (code, alpha, limit) = launch::glu_code(act);
+        for r0 in (0..rows).step_by(launch::MATVEC_MAX_ROWS) {
+            let n = (rows - r0).min(launch::MATVEC_MAX_ROWS);
+            let (xp, yp) = (ptr(&x.data, &self.stream, r0 * inn), ptr(&y.data, &self.stream, r0 * out));
+            let (n, o, i) = (n as u32, out as u32, inn as u32);
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&qg).arg(&dg).arg(&qu).arg(&du).arg(&xp).arg(&yp).arg(&n).arg(&o).arg(&i);
+            b.arg(&code).arg(&alpha).arg(&limit);
+            // SAFETY: matvec_glu_packed_FMT(qg, dg, qu, du, x, y, rows, out, in, act, alpha,
+            // limit) per kernels/README.md: `qg`/`dg` and `qu`/`du` are the packed quants and
+            // scales of two `out × in` weights of format FMT (checked by the caller), `x`
+            // holds at least `(r0 + n) × in` floats and `y` `(r0 + n) × out` (checked
+            // above); the grid has half a warp per output row, as matvec_packed_FMT's.
+            unsafe { self.launch(&mut b, launch::matvec_packed(out), "matmul_glu") }?;
         }
         Ok(())
     }
@@ -1113,6 +1155,25 @@ impl Backend for CudaBackend {
             }
         };
         self.elementwise(kernel, gp, up, len)
+    }
+
+    /// `matvec_glu_packed_FMT` when both weights are packed, of one format and shape,
+    /// and every sequence's rows take the matrix-vector kernel (`launch::fuses_glu`):
+    /// one launch per `MATVEC_MAX_ROWS` rows instead of two matvecs and a GLU.
+    fn matmul_glu(
+        &self,
+        x: &CudaBuf,
+        seq_rows: &[usize],
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        act: Activation,
+        out_gate: &mut CudaBuf,
+    ) -> Option<BackendResult<()>> {
+        let gemm = self.blas.is_some() && !self.row_invariant;
+        if !launch::fuses_glu(gate.kind(), up.kind(), seq_rows, gemm) {
+            return None;
+        }
+        Some(self.matvec_glu(x, seq_rows.iter().sum(), gate, up, act, out_gate))
     }
 
     fn unary(&self, x: &mut CudaBuf, len: usize, op: Unary) -> BackendResult<()> {
