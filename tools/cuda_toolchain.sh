@@ -7,7 +7,7 @@
 #      wheel's lib directory compiles every kernels/*.cu for sm_80, sm_86, sm_89 and
 #      sm_90 (a cubin each, plus PTX for compute_XY) with no error.
 #   3. The wheel's ptxas assembles every PTX file in the kernel cache for its sm_XY.
-#   4. tools/check_packed_ptx.py: the sm_90 PTX of matvec_packed_* reads weights with
+#   4. tools/check_packed_ptx.py: the sm_90 PTX of matvec_packed_* and matvec_glu_packed_* reads weights with
 #      16-byte vector loads and ptxas -v spills nothing for them.
 #   5. tests/it/doctor.rs runs again with STRATA_TEST_NVRTC_LIBS set: one kernel compiled
 #      twice (the second from the cache) and a corrupted cache entry recompiled.
