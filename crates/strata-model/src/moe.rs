@@ -372,10 +372,14 @@ pub fn moe_forward<B: Backend>(
         let uploaded = sides.as_ref().is_some_and(LayerSides::uploads);
         side.record(layer, &routing, on_device.len(), on_host.len(), uploaded);
     }
-    // The rows the CPU needs cross first, so that it runs while the device works.
-    let host_in = match on_host.is_empty() {
-        true => None,
-        false => Some(cpu.map(|side| side.rows_down(be, input, rows * h)).transpose()?.unwrap_or_default()),
+    // The rows the CPU needs cross first, and its experts start on its own thread, so
+    // that it runs while the device's work is queued and runs.
+    let pending = match (cpu, on_host.is_empty()) {
+        (Some(side), false) => {
+            let host_in = side.rows_down(be, input, rows * h)?;
+            Some(side.start(layer, host_in, seq_of.clone(), std::mem::take(&mut on_host)))
+        }
+        _ => None,
     };
 
     be.unary(out, rows * h, strata_backend::Unary::Scale(0.0))?;
@@ -404,10 +408,9 @@ pub fn moe_forward<B: Backend>(
         Some(all) => wanted.iter().enumerate().try_for_each(|(i, &e)| run(i, &all[e]))?,
         None => source.units(layer, &wanted, &mut run)?,
     }
-    // The CPU's experts, then their sum up and into the output.
-    if let (Some(side), Some(host_in)) = (cpu, host_in) {
-        let sum = side.run(c, layer, &host_in, &seq_of, &on_host)?;
-        side.rows_up(be, &sum, &mut moe.from_cpu, out, rows, h)?;
+    // The CPU's experts' sum, up and into the output.
+    if let (Some(side), Some(pending)) = (cpu, pending) {
+        side.rows_up(be, &pending.wait()?, &mut moe.from_cpu, out, rows, h)?;
     }
     Ok(routing.into_iter().map(|(ids, _)| ids).collect())
 }

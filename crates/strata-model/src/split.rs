@@ -14,7 +14,7 @@
 //! the experts in use move to the device as use shifts.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, mpsc};
 use std::time::Instant;
 
 use super::config::ModelConfig;
@@ -96,19 +96,56 @@ impl LayerSides {
     }
 }
 
-/// The CPU beside the device: its backend, its own cache of the experts it computes, and
-/// the plan it follows.
-pub struct CpuSide {
+/// What the CPU side's own thread works with: its backend, the experts it computes and
+/// its scratch, and the counters both threads add to.
+struct Work {
     cpu: Arc<CpuBackend>,
     config: ModelConfig,
     experts: ExpertCache<Mlp<CpuBackend>>,
+    bufs: Mutex<HostBufs>,
+    counters: SplitCounters,
+}
+
+/// The routed experts `on_host` computes (by expert: the rows routed to it and their
+/// weights).
+type OnHost = std::collections::BTreeMap<usize, (Vec<u32>, Vec<f32>)>;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The CPU beside the device: its backend, its own cache of the experts it computes, the
+/// plan it follows, and a thread of its own that leads the CPU's work on a layer while
+/// the forward pass's thread queues the device's (so the two overlap even while the
+/// device's side is reading experts from storage).
+pub struct CpuSide {
+    work: Arc<Work>,
     plan: Mutex<PlacementPlan>,
     sides: RwLock<SideTable>,
     uses: UseCounts,
     replan_every: u64,
     passes: AtomicU64,
-    counters: SplitCounters,
-    bufs: Mutex<HostBufs>,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// A layer's CPU experts under way on the CPU side's thread.
+pub struct Pending {
+    rx: mpsc::Receiver<Result<Vec<f32>, ModelError>>,
+}
+
+impl Pending {
+    /// Their weighted sum, `(rows, hidden)`, once computed.
+    pub fn wait(self) -> Result<Vec<f32>, ModelError> {
+        self.rx.recv().unwrap_or_else(|_| Err(build_err("the CPU side's thread stopped")))
+    }
+}
+
+impl Drop for CpuSide {
+    fn drop(&mut self) {
+        drop(lock(&self.jobs).take());
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl CpuSide {
@@ -179,17 +216,27 @@ impl CpuSide {
             predicted_ms = summary.decode.total_s * 1e3,
             "routed experts placed"
         );
-        Ok(CpuSide {
+        let work = Arc::new(Work {
             cpu,
             config: c.clone(),
             experts,
+            bufs: Mutex::new(HostBufs::default()),
+            counters: SplitCounters::default(),
+        });
+        let (tx, rx) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("strata-cpu-experts".into())
+            .spawn(move || rx.iter().for_each(|job| job()))
+            .map_err(|e| build_err(&format!("starting its thread: {e}")))?;
+        Ok(CpuSide {
+            work,
             sides: RwLock::new(SideTable::of(&plan)),
             plan: Mutex::new(plan),
             uses: UseCounts::new(&b.cores.iter().enumerate().map(|(l, _)| experts_of(b.units, l)).collect::<Vec<_>>()),
             replan_every: b.opts.replan_every,
             passes: AtomicU64::new(0),
-            counters: SplitCounters::default(),
-            bufs: Mutex::new(HostBufs::default()),
+            jobs: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -221,7 +268,7 @@ impl CpuSide {
         if !table.any_cpu(layer) {
             return None;
         }
-        let n = self.config.moe.map_or(0, |m| m.n_experts);
+        let n = self.work.config.moe.map_or(0, |m| m.n_experts);
         let cpu = (0..n).map(|e| table.on_cpu(layer, e)).collect();
         drop(table);
         let plan = lock(&self.plan);
@@ -237,32 +284,107 @@ impl CpuSide {
     pub fn record(&self, layer: usize, routing: &[(Vec<u32>, Vec<f32>)], device: usize, host: usize, uploaded: bool) {
         let ids: Vec<Vec<u32>> = routing.iter().map(|(ids, _)| ids.clone()).collect();
         self.uses.record(layer, &ids);
-        SplitCounters::add(&self.counters.gpu_experts, device as u64);
-        SplitCounters::add(&self.counters.cpu_experts, host as u64);
+        SplitCounters::add(&self.work.counters.gpu_experts, device as u64);
+        SplitCounters::add(&self.work.counters.cpu_experts, host as u64);
         if uploaded {
-            SplitCounters::add(&self.counters.uploaded_layers, 1);
+            SplitCounters::add(&self.work.counters.uploaded_layers, 1);
         }
     }
 
     /// The layer's input rows on the host: the one copy down.
     pub fn rows_down<B: Backend>(&self, be: &B, input: &B::Buf, len: usize) -> Result<Vec<f32>, ModelError> {
         let rows = be.download(input, len)?;
-        SplitCounters::add(&self.counters.bytes_down, 4 * len as u64);
-        SplitCounters::add(&self.counters.crossings, 1);
+        SplitCounters::add(&self.work.counters.bytes_down, 4 * len as u64);
+        SplitCounters::add(&self.work.counters.crossings, 1);
         Ok(rows)
     }
 
-    /// The experts `on_host` of layer `layer` over their rows of `input` (on the host),
-    /// in expert order, on the CPU's threads: their weighted sum, `(rows, hidden)`.
-    pub fn run(
+    /// Starts the experts `on_host` of layer `layer` over their rows of `input` (on the
+    /// host) on the CPU side's thread; [`Pending::wait`] gives their weighted sum.
+    pub fn start(&self, layer: usize, input: Vec<f32>, seq_of: Vec<usize>, on_host: OnHost) -> Pending {
+        let (reply, rx) = mpsc::channel();
+        let work = self.work.clone();
+        let job: Job = Box::new(move || {
+            let _ = reply.send(work.run(layer, &input, &seq_of, &on_host));
+        });
+        let unsent = match lock(&self.jobs).as_ref() {
+            Some(tx) => tx.send(job).err().map(|mpsc::SendError(job)| job),
+            None => Some(job),
+        };
+        if let Some(job) = unsent {
+            job(); // its thread is gone: here, then
+        }
+        Pending { rx }
+    }
+
+    /// The CPU experts' `sum` up into `dev` (the one copy up) and added into `out`.
+    pub fn rows_up<B: Backend>(
         &self,
-        c: &ModelConfig,
-        layer: usize,
-        input: &Vec<f32>,
-        seq_of: &[usize],
-        on_host: &std::collections::BTreeMap<usize, (Vec<u32>, Vec<f32>)>,
-    ) -> Result<Vec<f32>, ModelError> {
+        be: &B,
+        sum: &[f32],
+        dev: &mut B::Buf,
+        out: &mut B::Buf,
+        rows: usize,
+        h: usize,
+    ) -> Result<(), ModelError> {
         let t = Instant::now();
+        dev.write_host(sum)?;
+        be.add_rows(out, dev, h, Rows::first(rows), None)?;
+        SplitCounters::add(&self.work.counters.bytes_up, 4 * sum.len() as u64);
+        SplitCounters::add(&self.work.counters.gpu_wait_ns, t.elapsed().as_nanos() as u64);
+        Ok(())
+    }
+
+    /// The end of a forward pass: recency in the CPU's cache, and every
+    /// `replan_every` passes a plan made from the router's choices.
+    pub fn end_pass(&self) {
+        self.work.experts.step();
+        let passes = self.passes.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.replan_every > 0 && passes.is_multiple_of(self.replan_every) {
+            self.replan(self.uses.take());
+        }
+    }
+
+    /// A plan from `stats`, followed from the next pass on; returns how many experts
+    /// changed sides (none when the statistics do not fit the model: the plan stays).
+    pub fn replan(&self, stats: RouterStats) -> usize {
+        let mut plan = lock(&self.plan);
+        let next = match plan.replan(stats) {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::warn!(error = %e, "the experts' placement was not planned again");
+                return 0;
+            }
+        };
+        let moved = plan.changes(&next).iter().filter(|ch| ch.from.compute != ch.to.compute).count();
+        *self.sides.write().unwrap_or_else(|e| e.into_inner()) = SideTable::of(&next);
+        *plan = next;
+        SplitCounters::add(&self.work.counters.replans, 1);
+        SplitCounters::add(&self.work.counters.moved, moved as u64);
+        tracing::debug!(moved, "the experts' placement planned again");
+        moved
+    }
+
+    /// Where the plan in force puts expert `id`.
+    pub fn placement(&self, id: strata_sched::expert_policy::ExpertId) -> Option<strata_sched::placement::Placement> {
+        lock(&self.plan).placement(id)
+    }
+
+    /// Which side computes expert `e` of layer `layer` now.
+    pub fn side(&self, layer: usize, e: usize) -> Side {
+        match self.sides.read().unwrap_or_else(|e| e.into_inner()).on_cpu(layer, e) {
+            true => Side::Cpu,
+            false => Side::Gpu,
+        }
+    }
+}
+
+impl Work {
+    /// The experts `on_host` of layer `layer` over their rows of `input`, in expert order,
+    /// on the CPU's threads: their weighted sum, `(rows, hidden)`.
+    fn run(&self, layer: usize, input: &Vec<f32>, seq_of: &[usize], on_host: &OnHost) -> Result<Vec<f32>, ModelError> {
+        let t = Instant::now();
+        let c = &self.config;
         let h = c.hidden_size;
         let width = c.moe.map_or(0, |m| m.expert_size);
         let most = on_host.values().map(|(rows, _)| rows.len()).max().unwrap_or(0);
@@ -284,67 +406,6 @@ impl CpuSide {
         SplitCounters::add(&self.counters.cpu_ns, t.elapsed().as_nanos() as u64);
         result.map(|()| sum)
     }
-
-    /// The CPU experts' `sum` up into `dev` (the one copy up) and added into `out`.
-    pub fn rows_up<B: Backend>(
-        &self,
-        be: &B,
-        sum: &[f32],
-        dev: &mut B::Buf,
-        out: &mut B::Buf,
-        rows: usize,
-        h: usize,
-    ) -> Result<(), ModelError> {
-        let t = Instant::now();
-        dev.write_host(sum)?;
-        be.add_rows(out, dev, h, Rows::first(rows), None)?;
-        SplitCounters::add(&self.counters.bytes_up, 4 * sum.len() as u64);
-        SplitCounters::add(&self.counters.gpu_wait_ns, t.elapsed().as_nanos() as u64);
-        Ok(())
-    }
-
-    /// The end of a forward pass: recency in the CPU's cache, and every
-    /// `replan_every` passes a plan made from the router's choices.
-    pub fn end_pass(&self) {
-        self.experts.step();
-        let passes = self.passes.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.replan_every > 0 && passes.is_multiple_of(self.replan_every) {
-            self.replan(self.uses.take());
-        }
-    }
-
-    /// A plan from `stats`, followed from the next pass on; returns how many experts
-    /// changed sides (none when the statistics do not fit the model: the plan stays).
-    pub fn replan(&self, stats: RouterStats) -> usize {
-        let mut plan = lock(&self.plan);
-        let next = match plan.replan(stats) {
-            Ok(next) => next,
-            Err(e) => {
-                tracing::warn!(error = %e, "the experts' placement was not planned again");
-                return 0;
-            }
-        };
-        let moved = plan.changes(&next).iter().filter(|ch| ch.from.compute != ch.to.compute).count();
-        *self.sides.write().unwrap_or_else(|e| e.into_inner()) = SideTable::of(&next);
-        *plan = next;
-        SplitCounters::add(&self.counters.replans, 1);
-        SplitCounters::add(&self.counters.moved, moved as u64);
-        tracing::debug!(moved, "the experts' placement planned again");
-        moved
-    }
-
-    /// Where the plan in force puts expert `id`.
-    pub fn placement(&self, id: strata_sched::expert_policy::ExpertId) -> Option<strata_sched::placement::Placement> {
-        lock(&self.plan).placement(id)
-    }
-
-    /// Which side computes expert `e` of layer `layer` now.
-    pub fn side(&self, layer: usize, e: usize) -> Side {
-        match self.sides.read().unwrap_or_else(|e| e.into_inner()).on_cpu(layer, e) {
-            true => Side::Cpu,
-            false => Side::Gpu,
-        }
-    }
 }
 
 impl SplitInfo for CpuSide {
@@ -355,7 +416,7 @@ impl SplitInfo for CpuSide {
             replan_every: self.replan_every,
             rates: RatesSummary::of(&plan.inputs().rates),
             plan: plan.summary(),
-            steps: self.counters.snapshot(),
+            steps: self.work.counters.snapshot(),
         }
     }
 }
