@@ -58,6 +58,85 @@ __device__ __forceinline__ float kv_at(const float* cache, unsigned long long ro
     return r[e];
 }
 
+// One step of attn_partial's online softmax over the ATTN_KPI keys j + t·nw (t < ATTN_KPI;
+// those at or past hi are masked): a lane's N dimensions of the query (qv), of the keys
+// (kk) and of the values (vv) update its running (m, l, acc).
+template <unsigned int N>
+__device__ __forceinline__ void attn_step(const float (&qv)[N], const float (&kk)[ATTN_KPI][N],
+                                          const float (&vv)[ATTN_KPI][N], float (&acc)[N], float& m, float& l,
+                                          unsigned long long j, unsigned long long hi, unsigned int nw, float scale,
+                                          float softcap) {
+    const float NEG_INF = strata_neg_inf();
+    float dot[ATTN_KPI];
+#pragma unroll
+    for (unsigned int t = 0; t < ATTN_KPI; ++t) {
+        float a = 0.0f;
+#pragma unroll
+        for (unsigned int i = 0; i < N; ++i) a += qv[i] * kk[t][i];
+        dot[t] = a;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (unsigned int t = 0; t < ATTN_KPI; ++t) dot[t] += __shfl_xor_sync(STRATA_FULL_MASK, dot[t], o);
+    }
+    float sc[ATTN_KPI];
+    float m_new = m;
+#pragma unroll
+    for (unsigned int t = 0; t < ATTN_KPI; ++t) {
+        float st = dot[t] * scale;
+        if (softcap != 0.0f) st = strata_softcap(st, softcap);  // uniform
+        sc[t] = (j + (unsigned long long)t * nw < hi) ? st : NEG_INF;
+        m_new = fmaxf(m_new, sc[t]);
+    }
+    const float corr = strata_exp_diff(m, m_new);  // 0 while m is −inf
+    float p[ATTN_KPI];
+    l *= corr;
+#pragma unroll
+    for (unsigned int t = 0; t < ATTN_KPI; ++t) {
+        p[t] = strata_exp_diff(sc[t], m_new);  // 0 for keys past the end
+        l += p[t];
+    }
+#pragma unroll
+    for (unsigned int i = 0; i < N; ++i) {
+        float a = acc[i] * corr;
+#pragma unroll
+        for (unsigned int t = 0; t < ATTN_KPI; ++t) a += p[t] * vv[t][i];
+        acc[i] = a;
+    }
+    m = m_new;
+}
+
+// attn_partial's merge of its nw warps' (m, l, acc) into one partial at `out` (hd values,
+// then M and L): warp w's m and l at sm_m[w·ml_stride], sm_l[w·ml_stride], its acc at
+// sm_acc[w·acc_stride ..]. The whole block takes part.
+__device__ __forceinline__ void attn_merge(const float* sm_m, const float* sm_l, const float* sm_acc,
+                                           unsigned int ml_stride, unsigned int acc_stride, unsigned int nw,
+                                           unsigned int hd, float* __restrict__ out) {
+    float M = strata_neg_inf();
+    for (unsigned int w = 0; w < nw; ++w) M = fmaxf(M, sm_m[w * ml_stride]);
+    float f[ATTN_WARPS];
+#pragma unroll
+    for (unsigned int w = 0; w < ATTN_WARPS; ++w) f[w] = w < nw ? strata_exp_diff(sm_m[w * ml_stride], M) : 0.0f;
+    for (unsigned int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+#pragma unroll
+        for (unsigned int w = 0; w < ATTN_WARPS; ++w) {
+            if (w < nw) a += sm_acc[w * acc_stride + d] * f[w];
+        }
+        out[d] = a;
+    }
+    if (threadIdx.x == 0u) {
+        float L = 0.0f;
+#pragma unroll
+        for (unsigned int w = 0; w < ATTN_WARPS; ++w) {
+            if (w < nw) L += sm_l[w * ml_stride] * f[w];
+        }
+        out[hd] = M;
+        out[hd + 1u] = L;
+    }
+}
+
 template <int KV>
 __device__ __forceinline__ void attn_partial(const float* __restrict__ q, const float* __restrict__ k,
                                              const float* __restrict__ v, float* __restrict__ part,
@@ -103,7 +182,7 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q, const 
     if (warp < nw) {  // warp-uniform
         // ATTN_KPI keys per iteration (j, j + nw, ...): their loads and reductions overlap.
         for (unsigned long long j = lo + warp; j < hi; j += ATTN_KPI * nw) {
-            float kk[ATTN_KPI][ATTN_DPL], vv[ATTN_KPI][ATTN_DPL], dot[ATTN_KPI];
+            float kk[ATTN_KPI][ATTN_DPL], vv[ATTN_KPI][ATTN_DPL];
 #pragma unroll
             for (unsigned int t = 0; t < ATTN_KPI; ++t) {
                 const unsigned long long jt = j + (unsigned long long)t * nw;
@@ -115,43 +194,7 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q, const 
                     vv[t][i] = (live && d < hd) ? kv_at<KV>(v, jt, row_len, kv_off + d) : 0.0f;
                 }
             }
-#pragma unroll
-            for (unsigned int t = 0; t < ATTN_KPI; ++t) {
-                float a = 0.0f;
-#pragma unroll
-                for (unsigned int i = 0; i < ATTN_DPL; ++i) a += qv[i] * kk[t][i];
-                dot[t] = a;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-#pragma unroll
-                for (unsigned int t = 0; t < ATTN_KPI; ++t) dot[t] += __shfl_xor_sync(STRATA_FULL_MASK, dot[t], o);
-            }
-            float sc[ATTN_KPI];
-            float m_new = m;
-#pragma unroll
-            for (unsigned int t = 0; t < ATTN_KPI; ++t) {
-                float st = dot[t] * scale;
-                if (softcap != 0.0f) st = strata_softcap(st, softcap);  // uniform
-                sc[t] = (j + (unsigned long long)t * nw < hi) ? st : NEG_INF;
-                m_new = fmaxf(m_new, sc[t]);
-            }
-            const float corr = strata_exp_diff(m, m_new);  // 0 while m is −inf
-            float p[ATTN_KPI];
-            l *= corr;
-#pragma unroll
-            for (unsigned int t = 0; t < ATTN_KPI; ++t) {
-                p[t] = strata_exp_diff(sc[t], m_new);  // 0 for keys past the end
-                l += p[t];
-            }
-#pragma unroll
-            for (unsigned int i = 0; i < ATTN_DPL; ++i) {
-                float a = acc[i] * corr;
-#pragma unroll
-                for (unsigned int t = 0; t < ATTN_KPI; ++t) a += p[t] * vv[t][i];
-                acc[i] = a;
-            }
-            m = m_new;
+            attn_step<ATTN_DPL>(qv, kk, vv, acc, m, l, j, hi, nw, scale, softcap);
         }
     }
 
@@ -168,45 +211,226 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q, const 
     }
     __syncthreads();
 
-    float M = NEG_INF;
-    for (unsigned int w = 0; w < nw; ++w) M = fmaxf(M, sm_m[w]);
-    float f[ATTN_WARPS];
-#pragma unroll
-    for (unsigned int w = 0; w < ATTN_WARPS; ++w) f[w] = w < nw ? strata_exp_diff(sm_m[w], M) : 0.0f;
-
-    float* out = part + ((unsigned long long)bh * splits + s) * (head_dim + 2u);
-    for (unsigned int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.0f;
-#pragma unroll
-        for (unsigned int w = 0; w < ATTN_WARPS; ++w) {
-            if (w < nw) a += sm_acc[w][d] * f[w];
-        }
-        out[d] = a;
-    }
-    if (threadIdx.x == 0u) {
-        float L = 0.0f;
-#pragma unroll
-        for (unsigned int w = 0; w < ATTN_WARPS; ++w) {
-            if (w < nw) L += sm_l[w] * f[w];
-        }
-        out[head_dim] = M;
-        out[head_dim + 1u] = L;
-    }
+    attn_merge(sm_m, sm_l, &sm_acc[0][0], 1u, ATTN_MAX_HEAD_DIM, nw, hd,
+               part + ((unsigned long long)bh * splits + s) * (head_dim + 2u));
 }
 
 // attn_partial_f32 over f32 caches, attn_partial_f16 and attn_partial_q8_0 over caches
-// stored as KV_F16 and KV_Q8_0 (same arguments; k and v are the caches' float buffers).
-#define STRATA_ATTN_PARTIAL(NAME, KV)                                                                     \
+// stored as KV_F16 and KV_Q8_0 (same arguments; k and v are the caches' float buffers);
+// attn_group_* below are the same kernels' entries for attn_group<KV>.
+#define STRATA_ATTN_KERNEL(NAME, FN, KV)                                                                  \
     extern "C" __global__ void __launch_bounds__(128)                                                     \
         NAME(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,      \
              float* __restrict__ part, unsigned int start_pos, unsigned int n_heads, unsigned int n_kv_heads, \
              unsigned int head_dim, float scale, float softcap, unsigned int window, unsigned int split_len) { \
-        attn_partial<KV>(q, k, v, part, start_pos, n_heads, n_kv_heads, head_dim, scale, softcap, window,   \
-                         split_len);                                                                      \
+        FN<KV>(q, k, v, part, start_pos, n_heads, n_kv_heads, head_dim, scale, softcap, window, split_len);  \
     }
-STRATA_ATTN_PARTIAL(attn_partial_f32, KV_F32)
-STRATA_ATTN_PARTIAL(attn_partial_f16, KV_F16)
-STRATA_ATTN_PARTIAL(attn_partial_q8_0, KV_Q8_0)
+STRATA_ATTN_KERNEL(attn_partial_f32, attn_partial, KV_F32)
+STRATA_ATTN_KERNEL(attn_partial_f16, attn_partial, KV_F16)
+STRATA_ATTN_KERNEL(attn_partial_q8_0, attn_partial, KV_Q8_0)
+
+// attn_group_f32, attn_group_f16, attn_group_q8_0: attn_partial_* (same arguments, same
+// partials, bit for bit) with a block per (query row · KV head, split): grid
+// (rows · n_kv_heads, splits), block 128. Block x = r·n_kv_heads + kvh computes the
+// partials of query heads kvh·group .. (kvh+1)·group − 1 (group = n_heads / n_kv_heads)
+// of row r, reading each K/V row of its slice once for up to ATTN_GROUP_HEADS heads (a
+// larger group takes the slice again per ATTN_GROUP_HEADS heads). Each warp takes the keys
+// attn_partial's warp of the same index takes, ATTN_KPI at a time: it first copies those
+// keys' K and V head slices into its own shared memory (16-byte loads where the slice is
+// 16-byte aligned, 4-byte words otherwise: whole q8_0 blocks, f16 pairs), then every head
+// of the group runs attn_partial's per-key arithmetic in attn_partial's order on the same
+// lane-to-dimension mapping, so each head's (m, l, acc) are its bits.
+#define ATTN_STAGE_WORDS 256u  // 32-bit words of one staged head slice, at most (f32, head_dim 256)
+#define ATTN_GROUP_HEADS 8u    // query heads held in registers at once (4 for head_dim > 128)
+
+// The 32-bit words of a cache row that hold values [e0, e0 + n): first word and count.
+template <int KV>
+__device__ __forceinline__ void kv_words(unsigned long long e0, unsigned int n, unsigned long long* w0,
+                                         unsigned int* nw) {
+    if (KV == KV_F16) {
+        *w0 = e0 / 2ull;
+        *nw = (unsigned int)((e0 + n + 1ull) / 2ull - e0 / 2ull);
+    } else if (KV == KV_Q8_0) {
+        const unsigned long long b0 = e0 / KV_Q8_BLOCK, b1 = (e0 + n - 1ull) / KV_Q8_BLOCK + 1ull;
+        *w0 = b0 * KV_Q8_SLOTS;
+        *nw = (unsigned int)((b1 - b0) * KV_Q8_SLOTS);
+    } else {
+        *w0 = e0;
+        *nw = n;
+    }
+}
+
+// Value e of a row whose words from w0 were staged at `st`, decoded exactly as kv_at.
+template <int KV>
+__device__ __forceinline__ float kv_staged(const float* st, unsigned long long w0, unsigned long long e) {
+    if (KV == KV_F16) return f16_to_f32(((const unsigned short*)st)[e - 2ull * w0]);
+    if (KV == KV_Q8_0) {
+        const float* b = st + (e / KV_Q8_BLOCK * KV_Q8_SLOTS - w0);
+        return b[0] * (float)((const signed char*)(b + 1))[e % KV_Q8_BLOCK];
+    }
+    return st[e - w0];
+}
+
+// A warp copies n words from src to dst (16-byte aligned): 16 bytes a lane where src is
+// 16-byte aligned (warp-uniform), 4 bytes for the rest.
+__device__ __forceinline__ void attn_stage(float* dst, const float* __restrict__ src, unsigned int n,
+                                           unsigned int lane) {
+    unsigned int done = 0u;
+    if ((((unsigned long long)src) & 15ull) == 0ull) {
+        const unsigned int n4 = n / 4u;
+        for (unsigned int i = lane; i < n4; i += 32u) ((float4*)dst)[i] = ((const float4*)src)[i];
+        done = n4 * 4u;
+    }
+    for (unsigned int i = done + lane; i < n; i += 32u) dst[i] = src[i];
+}
+
+// One pass of attn_group_*: heads h0 .. h0 + ng − 1 (ng <= HG) of row r over keys [lo, hi)
+// of split s, DPL dimensions per lane (head_dim <= 32·DPL). `stage` is the block's
+// [ATTN_WARPS][2·ATTN_KPI][ATTN_STAGE_WORDS] staging area, reused for the merge once every
+// warp is past its keys; sm_m and sm_l are [ATTN_WARPS][ATTN_GROUP_HEADS].
+template <int KV, unsigned int DPL, unsigned int HG>
+__device__ __forceinline__ void attn_group_pass(const float* __restrict__ q, const float* __restrict__ k,
+                                                const float* __restrict__ v, float* __restrict__ part,
+                                                float* stage, float* sm_m, float* sm_l, unsigned int r,
+                                                unsigned int h0, unsigned int ng, unsigned int kvh,
+                                                unsigned long long lo, unsigned long long hi, unsigned int n_heads,
+                                                unsigned int n_kv_heads, unsigned int hd, float scale, float softcap) {
+    const float NEG_INF = strata_neg_inf();
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned int bw = blockDim.x >> 5;
+    const unsigned int nw = bw < ATTN_WARPS ? bw : ATTN_WARPS;  // warps that take keys
+    const unsigned int s = blockIdx.y, splits = gridDim.y;
+    const unsigned long long row_len = kv_row_len<KV>((unsigned long long)n_kv_heads * hd);
+    const unsigned long long kv_off = (unsigned long long)kvh * hd;
+    unsigned long long w0;
+    unsigned int n_words;
+    kv_words<KV>(kv_off, hd, &w0, &n_words);
+
+    float qv[HG][DPL], acc[HG][DPL], m[HG], l[HG];
+#pragma unroll
+    for (unsigned int g = 0; g < HG; ++g) {
+        const float* qr = q + ((unsigned long long)r * n_heads + h0 + g) * hd;
+#pragma unroll
+        for (unsigned int i = 0; i < DPL; ++i) {
+            const unsigned int d = lane + 32u * i;
+            qv[g][i] = (g < ng && d < hd) ? qr[d] : 0.0f;
+            acc[g][i] = 0.0f;
+        }
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
+    }
+
+    if (warp < nw) {  // warp-uniform
+        float* ws = stage + warp * (2u * ATTN_KPI * ATTN_STAGE_WORDS);
+        for (unsigned long long j = lo + warp; j < hi; j += ATTN_KPI * nw) {
+            // This iteration's keys' K and V head slices, once for every head.
+#pragma unroll
+            for (unsigned int t = 0; t < ATTN_KPI; ++t) {
+                const unsigned long long jt = j + (unsigned long long)t * nw;
+                if (jt < hi) {  // warp-uniform
+                    attn_stage(ws + (2u * t) * ATTN_STAGE_WORDS, k + jt * row_len + w0, n_words, lane);
+                    attn_stage(ws + (2u * t + 1u) * ATTN_STAGE_WORDS, v + jt * row_len + w0, n_words, lane);
+                }
+            }
+            __syncwarp();
+            float kk[ATTN_KPI][DPL], vv[ATTN_KPI][DPL];
+#pragma unroll
+            for (unsigned int t = 0; t < ATTN_KPI; ++t) {
+                const bool live = j + (unsigned long long)t * nw < hi;  // warp-uniform
+#pragma unroll
+                for (unsigned int i = 0; i < DPL; ++i) {
+                    const unsigned int d = lane + 32u * i;
+                    const bool on = live && d < hd;
+                    kk[t][i] = on ? kv_staged<KV>(ws + (2u * t) * ATTN_STAGE_WORDS, w0, kv_off + d) : 0.0f;
+                    vv[t][i] = on ? kv_staged<KV>(ws + (2u * t + 1u) * ATTN_STAGE_WORDS, w0, kv_off + d) : 0.0f;
+                }
+            }
+            __syncwarp();  // the next iteration's copies overwrite these
+#pragma unroll
+            for (unsigned int g = 0; g < HG; ++g) {
+                if (g < ng) attn_step<DPL>(qv[g], kk, vv, acc[g], m[g], l[g], j, hi, nw, scale, softcap);  // uniform
+            }
+        }
+    }
+
+    // Merge the warps per head as attn_partial does, in the staging area (every warp is past
+    // its copies after the barrier): sm_acc[w][g·hd + d].
+    __syncthreads();
+    float* sm_acc = stage;
+    const unsigned int acc_stride = HG * 32u * DPL;
+    if (warp < nw) {
+#pragma unroll
+        for (unsigned int g = 0; g < HG; ++g) {
+            if (g >= ng) continue;
+            if (lane == 0u) {
+                sm_m[warp * ATTN_GROUP_HEADS + g] = m[g];
+                sm_l[warp * ATTN_GROUP_HEADS + g] = l[g];
+            }
+#pragma unroll
+            for (unsigned int i = 0; i < DPL; ++i) {
+                const unsigned int d = lane + 32u * i;
+                if (d < hd) sm_acc[warp * acc_stride + g * hd + d] = acc[g][i];
+            }
+        }
+    }
+    __syncthreads();
+
+    for (unsigned int g = 0; g < ng; ++g) {
+        const unsigned long long bh = (unsigned long long)r * n_heads + h0 + g;
+        attn_merge(sm_m + g, sm_l + g, sm_acc + g * hd, ATTN_GROUP_HEADS, acc_stride, nw, hd,
+                   part + (bh * splits + s) * (hd + 2u));
+    }
+    __syncthreads();  // the next pass copies keys over the merge area
+}
+
+template <int KV>
+__device__ __forceinline__ void attn_group(const float* __restrict__ q, const float* __restrict__ k,
+                                           const float* __restrict__ v, float* __restrict__ part,
+                                           unsigned int start_pos, unsigned int n_heads, unsigned int n_kv_heads,
+                                           unsigned int head_dim, float scale, float softcap, unsigned int window,
+                                           unsigned int split_len) {
+    __shared__ __align__(16) float stage[ATTN_WARPS * 2u * ATTN_KPI * ATTN_STAGE_WORDS];
+    __shared__ float sm_m[ATTN_WARPS * ATTN_GROUP_HEADS];
+    __shared__ float sm_l[ATTN_WARPS * ATTN_GROUP_HEADS];
+
+    if (n_kv_heads == 0u) return;  // uniform (no heads)
+    const unsigned int r = blockIdx.x / n_kv_heads, kvh = blockIdx.x % n_kv_heads;
+    const unsigned int s = blockIdx.y;
+    const unsigned int hd = head_dim < ATTN_MAX_HEAD_DIM ? head_dim : ATTN_MAX_HEAD_DIM;
+    const unsigned int group = n_heads / n_kv_heads;
+
+    // Visible key range of this split, as attn_partial's.
+    const unsigned long long pos = (unsigned long long)start_pos + r;
+    const unsigned long long first = (window > 0u && pos + 1ull > window) ? pos + 1ull - window : 0ull;
+    const unsigned long long s_lo = (unsigned long long)s * split_len;
+    const unsigned long long s_hi = s_lo + split_len;
+    const unsigned long long lo = first > s_lo ? first : s_lo;
+    const unsigned long long hi = (pos + 1ull) < s_hi ? (pos + 1ull) : s_hi;  // exclusive
+
+    for (unsigned int c = 0; c < group;) {
+        const unsigned int h0 = kvh * group + c, left = group - c;
+        if (hd <= 64u) {
+            const unsigned int ng = left < ATTN_GROUP_HEADS ? left : ATTN_GROUP_HEADS;
+            attn_group_pass<KV, 2u, ATTN_GROUP_HEADS>(q, k, v, part, stage, sm_m, sm_l, r, h0, ng, kvh, lo, hi,
+                                                      n_heads, n_kv_heads, hd, scale, softcap);
+            c += ng;
+        } else if (hd <= 128u) {
+            const unsigned int ng = left < ATTN_GROUP_HEADS ? left : ATTN_GROUP_HEADS;
+            attn_group_pass<KV, 4u, ATTN_GROUP_HEADS>(q, k, v, part, stage, sm_m, sm_l, r, h0, ng, kvh, lo, hi,
+                                                      n_heads, n_kv_heads, hd, scale, softcap);
+            c += ng;
+        } else {
+            const unsigned int ng = left < ATTN_GROUP_HEADS / 2u ? left : ATTN_GROUP_HEADS / 2u;
+            attn_group_pass<KV, 8u, ATTN_GROUP_HEADS / 2u>(q, k, v, part, stage, sm_m, sm_l, r, h0, ng, kvh, lo,
+                                                           hi, n_heads, n_kv_heads, hd, scale, softcap);
+            c += ng;
+        }
+    }
+}
+
+STRATA_ATTN_KERNEL(attn_group_f32, attn_group, KV_F32)
+STRATA_ATTN_KERNEL(attn_group_f16, attn_group, KV_F16)
+STRATA_ATTN_KERNEL(attn_group_q8_0, attn_group, KV_Q8_0)
 
 // kv_store_f16: stores row i < n_rows of src (`width` floats; source row rows[i], or i when
 // rows is null) as cache row i of dst in KV_F16: grid (n_rows, ceil(width / 256)),

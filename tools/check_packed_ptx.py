@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Checks the packed matrix-vector kernels' PTX (kernels/README.md, "Packed weights"):
-every `matvec_packed_*` and `matvec_glu_packed_*` entry of a matvec PTX file reads weights with 16-byte vector
-loads (`ld.global.nc.v4.u32` or `ld.global.v4.*`), and `ptxas -v` assembles it with 0
-spill bytes. Run by tools/cuda_toolchain.sh on the sm_90 PTX it compiled:
+"""Checks the PTX of the kernels that stage their reads in 16-byte loads: every
+`matvec_packed_*` and `matvec_glu_packed_*` entry of a matvec PTX file (kernels/README.md,
+"Packed weights"; set `matvec`, the default) or every `attn_group_*` entry of an attention
+PTX file (set `attention`: K/V head slices copied to shared memory) reads global memory
+with 16-byte vector loads (`ld.global.nc.v4.u32` or `ld.global.v4.*`), and `ptxas -v`
+assembles it with 0 spill bytes. Run by tools/cuda_toolchain.sh on the PTX it compiled:
 
-    tools/check_packed_ptx.py PTXAS ARCH FILE.ptx
+    tools/check_packed_ptx.py PTXAS ARCH FILE.ptx [matvec|attention]
 """
 import re
 import subprocess
@@ -14,6 +16,11 @@ import sys
 PACKED_FORMATS = ["q4_0", "q4_k", "q6_k", "q8_0"]
 # The kernels that read packed weights, by name prefix (then the format).
 KERNELS = ("matvec_packed_", "matvec_glu_packed_")
+# The entries each set checks, by name prefix, and the names it must find.
+SETS = {
+    "matvec": (KERNELS, sorted(f"{k}{f}" for k in KERNELS for f in PACKED_FORMATS)),
+    "attention": (("attn_group_",), ["attn_group_f16", "attn_group_f32", "attn_group_q8_0"]),
+}
 V4_LOAD = re.compile(r"\bld\.global(\.nc)?\.v4\.(u32|b32|s32|f32)\b")
 
 
@@ -25,11 +32,13 @@ def entries(ptx: str) -> dict[str, str]:
 
 def main() -> int:
     ptxas, arch, path = sys.argv[1:4]
+    which = sys.argv[4] if len(sys.argv) > 4 else "matvec"
+    prefixes, want = SETS[which]
     ptx = open(path).read()
-    packed = {n: b for n, b in entries(ptx).items() if n.startswith(KERNELS)}
+    packed = {n: b for n, b in entries(ptx).items() if n.startswith(prefixes)}
     problems = []
-    if sorted(packed) != sorted(f"{k}{f}" for k in KERNELS for f in PACKED_FORMATS):
-        problems.append(f"packed entries are {sorted(packed)}")
+    if sorted(packed) != want:
+        problems.append(f"{which} entries are {sorted(packed)}")
     for name, body in sorted(packed.items()):
         loads = sorted({m.group(0) for m in V4_LOAD.finditer(body)})
         n = len(V4_LOAD.findall(body))
@@ -64,7 +73,8 @@ def main() -> int:
     if problems:
         print("check_packed_ptx: " + "\n  ".join(problems), file=sys.stderr)
         return 1
-    print(f"check_packed_ptx: {arch} packed matvecs (and fused GLU matvecs) use 16-byte weight loads, 0 spill bytes")
+    what = {"matvec": "packed matvecs (and fused GLU matvecs)", "attention": "grouped attention kernels"}[which]
+    print(f"check_packed_ptx: {arch} {what} use 16-byte global loads, 0 spill bytes")
     return 0
 
 

@@ -8,7 +8,8 @@
 #      sm_90 (a cubin each, plus PTX for compute_XY) with no error.
 #   3. The wheel's ptxas assembles every PTX file in the kernel cache for its sm_XY.
 #   4. tools/check_packed_ptx.py: the sm_90 PTX of matvec_packed_* and matvec_glu_packed_* reads weights with
-#      16-byte vector loads and ptxas -v spills nothing for them.
+#      16-byte vector loads and ptxas -v spills nothing for them; so does attn_group_* for
+#      sm_80 to sm_90 (K/V head slices staged in shared memory).
 #   5. tests/it/doctor.rs runs again with STRATA_TEST_NVRTC_LIBS set: one kernel compiled
 #      twice (the second from the cache) and a corrupted cache entry recompiled.
 # Needs python3 >= 3.11 and PyPI on first use; STRATA_BIN (default target/release/strata,
@@ -91,6 +92,11 @@ echo "ptxas $("$ptxas" --version | tail -1 | sed 's/^Build //'): $(wc -l <"$work
 
 echo "== packed matvecs: 16-byte weight loads, no spills (sm_90)"
 "$py" tools/check_packed_ptx.py "$ptxas" sm_90 "$(awk '$1 == 90 && $2 ~ /\/matvec-/ { print $2 }' "$work/ptx.list")"
+
+echo "== grouped attention: 16-byte K/V loads, no spills (sm_80, sm_86, sm_89, sm_90)"
+for sm in 80 86 89 90; do
+  "$py" tools/check_packed_ptx.py "$ptxas" "sm_$sm" "$(awk -v sm=$sm '$1 == sm && $2 ~ /\/attention-/ { print $2 }' "$work/ptx.list")" attention
+done
 
 echo "== tests/it/doctor.rs with NVRTC"
 STRATA_TEST_NVRTC_LIBS=$libdir cargo test --release --locked --test it -- doctor:: --test-threads 1

@@ -160,6 +160,12 @@ SIGS: dict[str, list[tuple[str, str]]] = {
                               "unsigned split_len")
         for t in ("f16", "q8_0")
     ] + [
+        (f"attn_group_{t}", "const float* q, const float* k, const float* v, float* part, "
+                            "unsigned start_pos, unsigned n_heads, unsigned n_kv_heads, "
+                            "unsigned head_dim, float scale, float softcap, unsigned window, "
+                            "unsigned split_len")
+        for t in ("f32", "f16", "q8_0")
+    ] + [
         (f"kv_store_{t}", "const float* src, const unsigned* rows, float* dst, unsigned width, unsigned n_rows")
         for t in ("f16", "q8_0")
     ],
@@ -1465,6 +1471,68 @@ def cases_attention():
                 f"split_len={sl} splits={sp}")
         cs.append(Case(f"attn_combine_sinks_f32 {desc}", "attn_combine_sinks_f32", attn_sinks(*shp, "combine")))
         cs.append(Case(f"attn_partial+combine_sinks {desc}", "attn_combine_sinks_f32", attn_sinks(*shp, "both")))
+
+    def attn_group(rows, start, nh, nkv, hd, window, split_len, splits, softcap, kv, sinks):
+        """attn_group_KV against the reference partials (NMSE) and attn_partial_KV's bits;
+        with `sinks`, then attn_combine_sinks_f32 over its partials against the written-out
+        softmax with sinks."""
+        def run(c, rng):
+            cap = start + rows
+            q = rng.standard_normal((rows, nh * hd)).astype(np.float32)
+            k = kv_encode(kv, rng.standard_normal((cap, nkv * hd)).astype(np.float32))
+            v = kv_encode(kv, rng.standard_normal((cap, nkv * hd)).astype(np.float32))
+            kd, vd = kv_decode(kv, k, nkv * hd), kv_decode(kv, v, nkv * hd)
+            scale = 1.0 / math.sqrt(hd)
+            ref = attn_ref_partial(q, kd, vd, start, nh, nkv, hd, scale, window, split_len, splits, softcap)
+            bq, bk, bv = c.buf(q), c.buf(k), c.buf(v)
+            args = (start, nh, nkv, hd, np.float32(scale), np.float32(softcap), window, split_len)
+            bg = c.out((rows, nh, splits, hd + 2), np.float32)
+            c.launch(f"attn_group_{kv}", (rows * nkv, splits), (128,), bq, bk, bv, bg, *args)
+            bh = c.out((rows, nh, splits, hd + 2), np.float32)
+            c.launch(f"attn_partial_{kv}", (rows * nh, splits), (128,), bq, bk, bv, bh, *args)
+            got, old = bg.read(), bh.read()
+            s = compare_part(got.astype(np.float64), ref, hd)
+            same = (got == old) | (np.isnan(got) & np.isnan(old))
+            if not same.all():
+                i = tuple(np.argwhere(~same)[0])
+                raise CaseFail(f"part differs from attn_partial_{kv}'s at [row, head, split, slot] {i}: "
+                               f"{got[i]!r} vs {old[i]!r} ({int((~same).sum())} values)")
+            s += f"; bit for bit attn_partial_{kv}"
+            if not sinks:
+                return s
+            sk = (rng.standard_normal(nh) * 2).astype(np.float32)
+            sk[0] = 6.0
+            bs, bo = c.buf(sk), c.out((rows, nh * hd), np.float32)
+            c.launch("attn_combine_sinks_f32", (rows * nh,), (hd,), bg, bs, bo, splits, nh, hd)
+            want = attn_ref_combine(ref, hd, sk).reshape(rows, nh * hd)
+            return s + "; sinks " + compare_nmse("out", bo.read(), want, 5e-4)
+        return run
+    group_shapes = [
+        # rows, start_pos, n_heads, n_kv_heads, head_dim, window, split_len, splits, softcap, sinks
+        (1, 36, 8, 2, 64, 0, 37, 1, 0.0, False),      # decode, group 4, one split, 37 keys
+        (1, 300, 32, 8, 128, 0, 64, 5, 0.0, False),   # Llama-3-8B's heads, split decode
+        (1, 200, 16, 2, 128, 0, 64, 4, 0.0, False),   # group 8 (a whole pass)
+        (1, 77, 16, 1, 64, 0, 26, 3, 0.0, False),     # group 16: two passes over the keys
+        (1, 45, 4, 4, 128, 0, 16, 3, 0.0, False),     # MHA (group 1)
+        (1, 130, 8, 4, 256, 0, 64, 3, 0.0, False),    # head_dim 256, group 2
+        (1, 61, 8, 1, 256, 0, 32, 2, 50.0, False),    # head_dim 256, group 8 (two passes), softcap
+        (1, 140, 8, 2, 64, 64, 64, 3, 0.0, False),    # sliding window: an empty first split
+        (1, 99, 12, 3, 64, 16, 25, 4, 1.0, False),    # window and softcap, group 4
+        (1, 80, 8, 2, 64, 0, 64, 2, 0.0, True),       # gpt-oss-style sinks, group 4
+        (1, 150, 16, 2, 64, 128, 64, 3, 0.0, True),   # sinks with a window, group 8
+        (4, 21, 8, 2, 128, 0, 9, 3, 0.0, False),      # a verifying sequence's 4 rows
+        (5, 0, 8, 4, 64, 8, 3, 2, 0.0, False),        # prefill from 0, window: empty slices
+        (2, 40, 8, 2, 80, 0, 16, 3, 0.0, False),      # head_dim 80 (heads straddle q8_0 blocks)
+        (3, 9, 6, 3, 96, 8, 5, 2, 1.0, False),        # head_dim 96, window, softcap
+        (2, 30, 4, 1, 40, 0, 16, 2, 0.0, False),      # head_dim 40: a partial q8_0 block
+        (1, 12, 6, 3, 27, 0, 13, 1, 0.0, False),      # head_dim 27: odd f16 rows, unaligned slices
+    ]
+    for kv in ("f32", "f16", "q8_0"):
+        for rows, start, nh, nkv, hd, window, sl, sp, cap_, snk in group_shapes:
+            desc = (f"rows={rows} start_pos={start} n_heads={nh} n_kv={nkv} head_dim={hd} window={window} "
+                    f"split_len={sl} splits={sp}" + (f" softcap={cap_}" if cap_ else "") + (" sinks" if snk else ""))
+            cs.append(Case(f"attn_group_{kv} {desc}", f"attn_group_{kv}",
+                           attn_group(rows, start, nh, nkv, hd, window, sl, sp, cap_, kv, snk)))
     return cs + cases_kv_store()
 
 
