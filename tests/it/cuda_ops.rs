@@ -726,6 +726,56 @@ fn compact_kv_caches_match_the_cpu_on<G: Backend>(g: &G) {
     }
 }
 
+/// `attn_group_*` (the default for up to 8 rows of grouped heads) against
+/// `attn_partial_*` (`STRATA_CUDA_ATTN=head`) over the same fixed splits (row-invariant
+/// backends): the same bits for every cache type, with windows, softcaps and sinks.
+#[test]
+fn grouped_attention_gives_the_per_head_kernels_bits() {
+    use strata::backend::KvType;
+    use strata::backend::cuda::launch::Attn;
+    let Some(g) = (!std::env::var("STRATA_CUDA_OPS_ON_CPU").is_ok_and(|v| v == "1")).then(gpu).flatten() else {
+        return;
+    };
+    let g = g.row_invariant();
+    let h = CudaBackend::new(0).unwrap().row_invariant().attn_kernels(Attn::Head);
+    // (n_heads, n_kv_heads, head_dim, start_pos, rows, window, softcap, sinks)
+    let cases = [
+        (32, 8, 128, 3000, 1, None, None, false),
+        (16, 1, 64, 700, 4, Some(128), None, true),
+        (8, 4, 256, 1500, 1, None, Some(50.0), false),
+        (28, 4, 128, 40, 8, None, None, false),
+        (6, 3, 80, 9, 2, Some(8), Some(1.0), false),
+    ];
+    for (n_heads, n_kv, hd, start, rows, window, softcap, with_sinks) in cases {
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
+            let (qw, kvw, cap) = (n_heads * hd, n_kv * hd, start + rows);
+            let q = values(rows * qw, 61, 1.0);
+            let sinks = values(n_heads, 64, 3.0);
+            let mut caches = Vec::new();
+            for seed in [62, 63] {
+                let src = g.upload(&values(cap * kvw, seed, 1.0)).unwrap();
+                let mut cache = g.alloc(ty.row_len(kvw) * cap).unwrap();
+                g.kv_store(&src, Rows::Range { start: 0, n: cap }, kvw, &mut cache, 0, ty).unwrap();
+                caches.push(cache);
+            }
+            let p = AttnParams {
+                sinks: with_sinks.then_some(&sinks[..]),
+                ..attn_params((n_heads, n_kv, hd, start), window, softcap, ty)
+            };
+            let gq = g.upload(&q).unwrap();
+            let (mut go, mut ho) = (g.alloc(rows * qw).unwrap(), g.alloc(rows * qw).unwrap());
+            g.attention(&gq, 0, rows, &caches[0], &caches[1], &p, &mut go).unwrap();
+            h.attention(&gq, 0, rows, &caches[0], &caches[1], &p, &mut ho).unwrap();
+            let bits = |b| g.download(b, rows * qw).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&go),
+                bits(&ho),
+                "{ty:?} attention heads {n_heads}/{n_kv} hd {hd} start {start} rows {rows}"
+            );
+        }
+    }
+}
+
 #[test]
 fn top_k_on_the_device_matches_the_cpu() {
     on_gpu(top_k_on_the_device_matches_the_cpu_on, top_k_on_the_device_matches_the_cpu_on);

@@ -91,6 +91,14 @@ pub static CUDA_MATVEC: Var = Var {
     debug: true,
 };
 
+pub static CUDA_ATTN: Var = Var {
+    name: "STRATA_CUDA_ATTN",
+    takes: "group|head",
+    default: "group",
+    doc: "Which CUDA attention kernel decode and verification (up to 8 query rows) run when query heads share KV heads: a block per KV head reading its keys once for the whole group (`group`), or a block per query head (`head`, what longer prompts and MHA run). The partials are the same bits either way.",
+    debug: true,
+};
+
 pub static CUDA_STAGING: Var = Var {
     name: "STRATA_CUDA_STAGING",
     takes: "on|off",
@@ -101,8 +109,8 @@ pub static CUDA_STAGING: Var = Var {
 };
 
 /// The table, in the order the docs list it.
-pub static ALL: [&Var; 9] =
-    [&HOME, &CONFIG, &GDS, &CUDA_LIBS, &CPU_ISA, &CPU_PANELS, &PANEL_PREFETCH, &CUDA_MATVEC, &CUDA_STAGING];
+pub static ALL: [&Var; 10] =
+    [&HOME, &CONFIG, &GDS, &CUDA_LIBS, &CPU_ISA, &CPU_PANELS, &PANEL_PREFETCH, &CUDA_MATVEC, &CUDA_ATTN, &CUDA_STAGING];
 
 /// The values of [`ALL`] as the process started with them (read at the first lookup).
 fn values() -> &'static [Option<OsString>] {

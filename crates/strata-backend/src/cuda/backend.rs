@@ -125,6 +125,8 @@ pub struct CudaBackend {
     funcs: HashMap<String, CudaFunction>,
     /// The decode products' kernel (`STRATA_CUDA_MATVEC`).
     matvec: launch::Matvec,
+    /// The few-row attention launches' kernel (`STRATA_CUDA_ATTN`).
+    attn: launch::Attn,
     /// Every row computed as a one-row call computes it ([`CudaBackend::row_invariant`]).
     row_invariant: bool,
     sm_count: usize,
@@ -212,9 +214,18 @@ impl CudaBackend {
         self
     }
 
+    /// The few-row attention launches' kernel, whatever `STRATA_CUDA_ATTN` says (tests
+    /// compare the two kernels' bits in one process).
+    pub fn attn_kernels(mut self, attn: launch::Attn) -> Self {
+        self.attn = attn;
+        self
+    }
+
     pub fn new(ordinal: usize) -> Result<Self, CudaInitError> {
         Self::check(ordinal)?;
         let matvec = launch::Matvec::from_env(strata_tensor::env::CUDA_MATVEC.get())
+            .map_err(|msg| CudaInitError::Device { ordinal, msg })?;
+        let attn = launch::Attn::from_env(strata_tensor::env::CUDA_ATTN.get())
             .map_err(|msg| CudaInitError::Device { ordinal, msg })?;
         let dev_err = |e: DriverError| CudaInitError::Device { ordinal, msg: format!("{e:?}") };
         let ctx = CudaContext::new(ordinal).map_err(dev_err)?;
@@ -249,6 +260,7 @@ impl CudaBackend {
             sm = format!("{major}.{minor}"),
             sm_count,
             ?matvec,
+            ?attn,
             staging = staging.is_some(),
             "CUDA ready"
         );
@@ -259,6 +271,7 @@ impl CudaBackend {
             blas,
             funcs,
             matvec,
+            attn,
             row_invariant: false,
             sm_count,
             scratch: Mutex::new(Scratch {
@@ -1015,9 +1028,10 @@ impl Backend for CudaBackend {
         }
         let q_width = p.n_heads * p.head_dim;
         let kv_len = p.start_pos + rows;
+        let kernel = self.attn.kernel(p.kv, rows, p.n_heads, p.n_kv_heads);
         let split = match self.row_invariant {
             true => launch::attn_split_fixed(kv_len),
-            false => launch::attn_split(rows, p.n_heads, kv_len, self.sm_count),
+            false => launch::attn_split(rows, kernel.heads, kv_len, self.sm_count),
         };
         if self.row_invariant {
             let per_row = launch::attn_partial_len(1, p.n_heads, p.head_dim, split);
@@ -1048,7 +1062,7 @@ impl Backend for CudaBackend {
         let split_len = split.split_len as u32;
         let row_len = p.kv.row_len(p.n_kv_heads * p.head_dim);
         check_len(&[k.data.len(), v.data.len()], kv_len * row_len, "attention")?;
-        let mut b = self.stream.launch_builder(self.func(launch::attn_partial_kernel(p.kv))?);
+        let mut b = self.stream.launch_builder(self.func(kernel.name)?);
         b.arg(&qp)
             .arg(&kp)
             .arg(&vp)
@@ -1061,13 +1075,15 @@ impl Backend for CudaBackend {
             .arg(&softcap)
             .arg(&window)
             .arg(&split_len);
-        // SAFETY: attn_partial_{f32,f16,q8_0}(q, k, v, part, start_pos, n_heads, n_kv_heads,
-        // head_dim, scale, softcap, window, split_len) per kernels/README.md: `q` points at
+        // SAFETY: attn_partial_{f32,f16,q8_0} or attn_group_{f32,f16,q8_0}(q, k, v, part,
+        // start_pos, n_heads, n_kv_heads, head_dim, scale, softcap, window, split_len) per
+        // kernels/README.md, on the grid of `kernel.heads` (the group kernel only where
+        // `n_kv_heads` divides `n_heads`, `Attn::kernel`): `q` points at
         // query row `row0` of `rows` rows of `n_heads × head_dim`, the caches hold
         // `start_pos + rows` rows of `n_kv_heads × head_dim` values stored as `p.kv`
         // (checked above), the scratch `rows × n_heads × splits × (head_dim + 2)`;
         // `softcap` is a plain float (0: off).
-        unsafe { self.launch(&mut b, launch::attn_partial(rows, p.n_heads, split), "attention") }?;
+        unsafe { self.launch(&mut b, launch::attn_partial(rows, kernel.heads, split), "attention") }?;
         let (op, splits) = (ptr(&out.data, &self.stream, row0 * q_width), split.splits as u32);
         let shape = launch::attn_combine(rows, p.n_heads, p.head_dim);
         let Some(sinks) = p.sinks else {

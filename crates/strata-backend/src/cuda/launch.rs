@@ -246,9 +246,69 @@ pub fn gemm_tile_rows(out: usize, inn: usize) -> usize {
     if fit >= out { out.max(1) } else { (fit / 128 * 128).max(fit.min(128)) }
 }
 
-/// `attn_partial_f32`: a block per (query row · head, split).
-pub fn attn_partial(rows: usize, n_heads: usize, split: AttnSplit) -> Shape {
-    Shape::new(((rows * n_heads).max(1) as u32, split.splits as u32, 1), ATTN_BLOCK)
+/// `attn_partial_*` (`heads` = `n_heads`: a block per query row · head, split) and
+/// `attn_group_*` (`heads` = `n_kv_heads`: a block per query row · KV head, split).
+pub fn attn_partial(rows: usize, heads: usize, split: AttnSplit) -> Shape {
+    Shape::new(((rows * heads).max(1) as u32, split.splits as u32, 1), ATTN_BLOCK)
+}
+
+/// Which attention kernel computes the partials of the few-row (decode, verification)
+/// launches when query heads share KV heads (`STRATA_CUDA_ATTN`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attn {
+    /// `attn_group_*`: a block per KV head, each K/V row read once for its query heads.
+    Group,
+    /// `attn_partial_*` everywhere: a block per query head.
+    Head,
+}
+
+/// Query rows up to which an attention launch takes `attn_group_*` (a decode step, or a
+/// verifying sequence's rows: the matvec's row count).
+pub const ATTN_GROUP_MAX_ROWS: usize = MATVEC_MAX_ROWS;
+
+/// The partial-attention kernel of one launch and the blocks it takes per query row
+/// (before the splits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnKernel {
+    pub name: &'static str,
+    pub heads: usize,
+}
+
+impl Attn {
+    /// From `STRATA_CUDA_ATTN` (`group` or `head`); unset: `group`, the same partials bit
+    /// for bit (tools/cuda_emu, `attn_group_*` cases) with each K/V row read once per
+    /// group instead of once per query head. Anything else is an error naming it.
+    pub fn from_env(value: Option<&str>) -> Result<Attn, String> {
+        match value.map(str::trim) {
+            None | Some("" | "group") => Ok(Attn::Group),
+            Some("head") => Ok(Attn::Head),
+            Some(v) => Err(format!("STRATA_CUDA_ATTN is `{v}`; it takes `group` or `head`")),
+        }
+    }
+
+    /// The kernel for `rows` query rows of `n_heads` heads over `n_kv_heads` KV heads
+    /// stored as `kv`: `attn_group_*` with [`Attn::Group`] when heads share KV heads
+    /// (evenly) and there are at most [`ATTN_GROUP_MAX_ROWS`] rows, else `attn_partial_*`.
+    pub fn kernel(self, kv: KvType, rows: usize, n_heads: usize, n_kv_heads: usize) -> AttnKernel {
+        let grouped = self == Attn::Group
+            && rows <= ATTN_GROUP_MAX_ROWS
+            && n_kv_heads > 0
+            && n_heads > n_kv_heads
+            && n_heads.is_multiple_of(n_kv_heads);
+        match grouped {
+            true => AttnKernel { name: attn_group_kernel(kv), heads: n_kv_heads },
+            false => AttnKernel { name: attn_partial_kernel(kv), heads: n_heads },
+        }
+    }
+}
+
+/// The `attn_group_*` kernel for caches stored as `ty`.
+pub fn attn_group_kernel(ty: KvType) -> &'static str {
+    match ty {
+        KvType::F32 => "attn_group_f32",
+        KvType::F16 => "attn_group_f16",
+        KvType::Q8_0 => "attn_group_q8_0",
+    }
 }
 
 /// `kv_store_f16` (a thread per value) and `kv_store_q8_0` (a warp per 32-value block, 8
@@ -354,6 +414,9 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         ("attention", "attn_combine_sinks_f32".into()),
         ("attention", "attn_partial_f16".into()),
         ("attention", "attn_partial_q8_0".into()),
+        ("attention", "attn_group_f32".into()),
+        ("attention", "attn_group_f16".into()),
+        ("attention", "attn_group_q8_0".into()),
         ("attention", "kv_store_f16".into()),
         ("attention", "kv_store_q8_0".into()),
         ("sample", "argmax_f32".into()),
@@ -469,6 +532,34 @@ mod tests {
     }
 
     #[test]
+    fn strata_cuda_attn_takes_group_or_head() {
+        assert_eq!(Attn::from_env(None), Ok(Attn::Group));
+        assert_eq!(Attn::from_env(Some(" group ")), Ok(Attn::Group));
+        assert_eq!(Attn::from_env(Some("head")), Ok(Attn::Head));
+        let e = Attn::from_env(Some("kv")).unwrap_err();
+        assert!(e.contains("`kv`") && e.contains("`group`"), "{e}");
+    }
+
+    #[test]
+    fn grouped_attention_takes_few_rows_of_shared_kv_heads() {
+        let g = |kv, rows, nh, nkv| Attn::Group.kernel(kv, rows, nh, nkv);
+        // Llama-3-8B decode: a block per KV head.
+        assert_eq!(g(KvType::F16, 1, 32, 8), AttnKernel { name: "attn_group_f16", heads: 8 });
+        assert_eq!(g(KvType::F32, 1, 32, 8).name, "attn_group_f32");
+        assert_eq!(g(KvType::Q8_0, 1, 64, 1).name, "attn_group_q8_0");
+        // A verifying sequence's rows too, a prompt's not.
+        assert_eq!(g(KvType::F32, ATTN_GROUP_MAX_ROWS, 32, 8).heads, 8);
+        assert_eq!(g(KvType::F32, ATTN_GROUP_MAX_ROWS + 1, 32, 8), AttnKernel { name: "attn_partial_f32", heads: 32 });
+        // MHA, uneven groups and no KV heads keep a block per query head.
+        assert_eq!(g(KvType::F16, 1, 32, 32), AttnKernel { name: "attn_partial_f16", heads: 32 });
+        assert_eq!(g(KvType::F16, 1, 12, 8).name, "attn_partial_f16");
+        assert_eq!(g(KvType::F16, 1, 12, 0).name, "attn_partial_f16");
+        // `head` is attn_partial_* everywhere.
+        assert_eq!(Attn::Head.kernel(KvType::Q8_0, 1, 32, 8), AttnKernel { name: "attn_partial_q8_0", heads: 32 });
+        assert_eq!(attn_partial(1, 8, attn_split(1, 8, 8192, 132)).grid.0, 8);
+    }
+
+    #[test]
     fn strata_cuda_matvec_takes_warp_or_wide() {
         assert_eq!(Matvec::from_env(None), Ok(Matvec::Wide));
         assert_eq!(Matvec::from_env(Some("warp")), Ok(Matvec::Warp));
@@ -565,8 +656,8 @@ mod tests {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
         // 4 kernels per weight format (two matvecs, embedding, dequantisation), 4 per
-        // packed format (the fused GLU matvec too), 25 others.
-        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 4 * PACKED_FORMATS.len() + 25);
+        // packed format (the fused GLU matvec too), 28 others.
+        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 4 * PACKED_FORMATS.len() + 28);
         assert_eq!(declared.len(), listed.len());
     }
 }
