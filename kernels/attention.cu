@@ -137,6 +137,19 @@ __device__ __forceinline__ void attn_merge(const float* sm_m, const float* sm_l,
     }
 }
 
+// The keys [lo, hi) that query row r (position start_pos + r) sees in split s, in 64-bit
+// to rule out overflow.
+__device__ __forceinline__ void attn_keys(unsigned int start_pos, unsigned int r, unsigned int window,
+                                          unsigned int s, unsigned int split_len, unsigned long long* lo,
+                                          unsigned long long* hi) {
+    const unsigned long long pos = (unsigned long long)start_pos + r;
+    const unsigned long long first = (window > 0u && pos + 1ull > window) ? pos + 1ull - window : 0ull;
+    const unsigned long long s_lo = (unsigned long long)s * split_len;
+    const unsigned long long s_hi = s_lo + split_len;
+    *lo = first > s_lo ? first : s_lo;
+    *hi = (pos + 1ull) < s_hi ? (pos + 1ull) : s_hi;  // exclusive
+}
+
 template <int KV>
 __device__ __forceinline__ void attn_partial(const float* __restrict__ q, const float* __restrict__ k,
                                              const float* __restrict__ v, float* __restrict__ part,
@@ -156,13 +169,8 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q, const 
     const unsigned int s = blockIdx.y, splits = gridDim.y;
     const unsigned int hd = head_dim < ATTN_MAX_HEAD_DIM ? head_dim : ATTN_MAX_HEAD_DIM;
 
-    // Visible key range of this split, in 64-bit to rule out overflow.
-    const unsigned long long pos = (unsigned long long)start_pos + r;
-    const unsigned long long first = (window > 0u && pos + 1ull > window) ? pos + 1ull - window : 0ull;
-    const unsigned long long s_lo = (unsigned long long)s * split_len;
-    const unsigned long long s_hi = s_lo + split_len;
-    const unsigned long long lo = first > s_lo ? first : s_lo;
-    const unsigned long long hi = (pos + 1ull) < s_hi ? (pos + 1ull) : s_hi;  // exclusive
+    unsigned long long lo, hi;
+    attn_keys(start_pos, r, window, s, split_len, &lo, &hi);
 
     const unsigned int group = n_kv_heads > 0u ? n_heads / n_kv_heads : 1u;
     const unsigned int kvh = h / (group > 0u ? group : 1u);
@@ -399,13 +407,8 @@ __device__ __forceinline__ void attn_group(const float* __restrict__ q, const fl
     const unsigned int hd = head_dim < ATTN_MAX_HEAD_DIM ? head_dim : ATTN_MAX_HEAD_DIM;
     const unsigned int group = n_heads / n_kv_heads;
 
-    // Visible key range of this split, as attn_partial's.
-    const unsigned long long pos = (unsigned long long)start_pos + r;
-    const unsigned long long first = (window > 0u && pos + 1ull > window) ? pos + 1ull - window : 0ull;
-    const unsigned long long s_lo = (unsigned long long)s * split_len;
-    const unsigned long long s_hi = s_lo + split_len;
-    const unsigned long long lo = first > s_lo ? first : s_lo;
-    const unsigned long long hi = (pos + 1ull) < s_hi ? (pos + 1ull) : s_hi;  // exclusive
+    unsigned long long lo, hi;
+    attn_keys(start_pos, r, window, s, split_len, &lo, &hi);
 
     for (unsigned int c = 0; c < group;) {
         const unsigned int h0 = kvh * group + c, left = group - c;
