@@ -81,8 +81,9 @@ run() {
   STRATA_REQUIRE_GPU=1 timeout 180 "$dir/bin/it" cuda_ops:: --nocapture --test-threads 1 >"$out/cuda_ops.txt" 2>&1 || failed+=(cuda_ops)
   grep -E "test result|panicked|FAILED|failed" "$out/cuda_ops.txt" | tail -12 || true
   echo "   ($((SECONDS - t0)) s)"
-  echo "== the same with packed weights (STRATA_CUDA_MATVEC=packed: 16-byte loads, kernels/README.md)"
-  STRATA_CUDA_MATVEC=packed STRATA_REQUIRE_GPU=1 timeout 180 "$dir/bin/it" cuda_ops:: --nocapture --test-threads 1 \
+  echo "== the same with the kernels not yet default: packed weights and grouped attention"
+  echo "   (STRATA_CUDA_MATVEC=packed STRATA_CUDA_ATTN=group: kernels/README.md)"
+  STRATA_CUDA_MATVEC=packed STRATA_CUDA_ATTN=group STRATA_REQUIRE_GPU=1 timeout 180 "$dir/bin/it" cuda_ops:: --nocapture --test-threads 1 \
     >"$out/cuda_ops-packed.txt" 2>&1 || failed+=("cuda_ops packed")
   grep -E "test result|panicked|FAILED|failed" "$out/cuda_ops-packed.txt" | tail -12 || true
   echo "   ($((SECONDS - t0)) s)"

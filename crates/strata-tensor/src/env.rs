@@ -94,8 +94,8 @@ pub static CUDA_MATVEC: Var = Var {
 pub static CUDA_ATTN: Var = Var {
     name: "STRATA_CUDA_ATTN",
     takes: "group|head",
-    default: "group",
-    doc: "Which CUDA attention kernel decode and verification (up to 8 query rows) run when query heads share KV heads: a block per KV head reading its keys once for the whole group (`group`), or a block per query head (`head`, what longer prompts and MHA run). The partials are the same bits either way.",
+    default: "head",
+    doc: "Which CUDA attention kernel decode and verification (up to 8 query rows) run when query heads share KV heads: a block per KV head reading its keys once for the whole group (`group`), or a block per query head (`head`, what longer prompts and MHA run). The partials are the same bits either way on the CPU emulator; `group` has not yet run on a GPU.",
     debug: true,
 };
 

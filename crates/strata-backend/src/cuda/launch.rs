@@ -275,13 +275,15 @@ pub struct AttnKernel {
 }
 
 impl Attn {
-    /// From `STRATA_CUDA_ATTN` (`group` or `head`); unset: `group`, the same partials bit
-    /// for bit (tools/cuda_emu, `attn_group_*` cases) with each K/V row read once per
-    /// group instead of once per query head. Anything else is an error naming it.
+    /// From `STRATA_CUDA_ATTN` (`group` or `head`); unset: `head`, the kernel that has run
+    /// on a GPU. `group` gives the same partials bit for bit on the emulator
+    /// (tools/cuda_emu, `attn_group_*` cases) with each K/V row read once per group
+    /// instead of once per query head; it becomes the default once a GPU has measured it
+    /// (docs/gpu.md). Anything else is an error naming it.
     pub fn from_env(value: Option<&str>) -> Result<Attn, String> {
         match value.map(str::trim) {
-            None | Some("" | "group") => Ok(Attn::Group),
-            Some("head") => Ok(Attn::Head),
+            Some("group") => Ok(Attn::Group),
+            None | Some("" | "head") => Ok(Attn::Head),
             Some(v) => Err(format!("STRATA_CUDA_ATTN is `{v}`; it takes `group` or `head`")),
         }
     }
@@ -533,7 +535,7 @@ mod tests {
 
     #[test]
     fn strata_cuda_attn_takes_group_or_head() {
-        assert_eq!(Attn::from_env(None), Ok(Attn::Group));
+        assert_eq!(Attn::from_env(None), Ok(Attn::Head));
         assert_eq!(Attn::from_env(Some(" group ")), Ok(Attn::Group));
         assert_eq!(Attn::from_env(Some("head")), Ok(Attn::Head));
         let e = Attn::from_env(Some("kv")).unwrap_err();
