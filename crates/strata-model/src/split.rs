@@ -14,7 +14,7 @@
 //! the experts in use move to the device as use shifts.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, mpsc};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::Instant;
 
 use super::config::ModelConfig;
@@ -24,9 +24,7 @@ use super::moe::{self, Mlp, MlpBufs};
 use strata_backend::cpu::CpuBackend;
 use strata_backend::{Backend, HostCopy, Rows};
 use strata_sched::experts::{ExpertCache, ExpertOptions, ExpertUnit};
-use strata_sched::placement::split::{
-    RatesSummary, SideTable, SplitCounters, SplitInfo, SplitOptions, SplitSummary, UseCounts,
-};
+use strata_sched::placement::split::{RatesSummary, SplitCounters, SplitInfo, SplitOptions, SplitSummary, UseCounts};
 use strata_sched::placement::{Budgets, LayerShape, PlacementInputs, PlacementPlan, RouterStats, Side};
 use strata_sched::{SchedError, SchedStats, Tier};
 
@@ -119,7 +117,6 @@ type Job = Box<dyn FnOnce() + Send>;
 pub struct CpuSide {
     work: Arc<Work>,
     plan: Mutex<PlacementPlan>,
-    sides: RwLock<SideTable>,
     uses: UseCounts,
     replan_every: u64,
     passes: AtomicU64,
@@ -183,6 +180,7 @@ impl CpuSide {
             vram_free: b.opts.budgets.vram_free.max(cores.saturating_add(b.opts.budgets.vram_reserve)),
             ..b.opts.budgets
         };
+        let experts_per_layer: Vec<u32> = layers.iter().map(|l| l.experts).collect();
         let inputs = PlacementInputs { layers, budgets, rates, stats: RouterStats::uniform(), mode: b.opts.mode };
         let plan = PlacementPlan::new(inputs).map_err(|e| build_err(&format!("planning the experts: {e}")))?;
         let any_storage = plan.totals().storage_bytes > 0;
@@ -230,9 +228,8 @@ impl CpuSide {
             .map_err(|e| build_err(&format!("starting its thread: {e}")))?;
         Ok(CpuSide {
             work,
-            sides: RwLock::new(SideTable::of(&plan)),
             plan: Mutex::new(plan),
-            uses: UseCounts::new(&b.cores.iter().enumerate().map(|(l, _)| experts_of(b.units, l)).collect::<Vec<_>>()),
+            uses: UseCounts::new(&experts_per_layer),
             replan_every: b.opts.replan_every,
             passes: AtomicU64::new(0),
             jobs: Mutex::new(Some(tx)),
@@ -264,14 +261,11 @@ impl CpuSide {
     /// Layer `layer`'s sides for a pass of `seq_rows` rows per sequence (more than one:
     /// a prompt chunk); `None` when the CPU computes none of its experts.
     pub fn sides(&self, layer: usize, seq_rows: &[usize]) -> Option<LayerSides> {
-        let table = self.sides.read().unwrap_or_else(|e| e.into_inner());
-        if !table.any_cpu(layer) {
+        let plan = lock(&self.plan);
+        let cpu: Vec<bool> = plan.layer(layer).iter().map(|p| p.compute == Side::Cpu).collect();
+        if !cpu.contains(&true) {
             return None;
         }
-        let n = self.work.config.moe.map_or(0, |m| m.n_experts);
-        let cpu = (0..n).map(|e| table.on_cpu(layer, e)).collect();
-        drop(table);
-        let plan = lock(&self.plan);
         let upload = seq_rows
             .iter()
             .map(|&rows| rows > 1 && plan.prefill(layer, rows as u32).is_some_and(|p| p.upload))
@@ -282,8 +276,7 @@ impl CpuSide {
     /// Counts one layer's routing: the router's choices (for the next plan) and each
     /// side's experts.
     pub fn record(&self, layer: usize, routing: &[(Vec<u32>, Vec<f32>)], device: usize, host: usize, uploaded: bool) {
-        let ids: Vec<Vec<u32>> = routing.iter().map(|(ids, _)| ids.clone()).collect();
-        self.uses.record(layer, &ids);
+        self.uses.record(layer, routing.iter().map(|(ids, _)| ids.as_slice()));
         SplitCounters::add(&self.work.counters.gpu_experts, device as u64);
         SplitCounters::add(&self.work.counters.cpu_experts, host as u64);
         if uploaded {
@@ -357,7 +350,6 @@ impl CpuSide {
             }
         };
         let moved = plan.changes(&next).iter().filter(|ch| ch.from.compute != ch.to.compute).count();
-        *self.sides.write().unwrap_or_else(|e| e.into_inner()) = SideTable::of(&next);
         *plan = next;
         SplitCounters::add(&self.work.counters.replans, 1);
         SplitCounters::add(&self.work.counters.moved, moved as u64);
@@ -368,14 +360,6 @@ impl CpuSide {
     /// Where the plan in force puts expert `id`.
     pub fn placement(&self, id: strata_sched::expert_policy::ExpertId) -> Option<strata_sched::placement::Placement> {
         lock(&self.plan).placement(id)
-    }
-
-    /// Which side computes expert `e` of layer `layer` now.
-    pub fn side(&self, layer: usize, e: usize) -> Side {
-        match self.sides.read().unwrap_or_else(|e| e.into_inner()).on_cpu(layer, e) {
-            true => Side::Cpu,
-            false => Side::Gpu,
-        }
     }
 }
 
@@ -419,11 +403,6 @@ impl SplitInfo for CpuSide {
             steps: self.work.counters.snapshot(),
         }
     }
-}
-
-/// Routed experts of layer `l` among `units`.
-fn experts_of(units: &[ExpertUnit], l: usize) -> u32 {
-    units.iter().filter(|u| u.id.layer as usize == l).count() as u32
 }
 
 fn build_err(msg: &str) -> ModelError {

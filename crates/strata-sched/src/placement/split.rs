@@ -37,31 +37,6 @@ pub struct SplitOptions {
     pub rates: Option<super::Rates>,
 }
 
-/// Which side computes each routed expert now: `cpu[layer][expert]`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SideTable {
-    cpu: Vec<Vec<bool>>,
-}
-
-impl SideTable {
-    /// Every expert of `plan` on the side it says.
-    pub fn of(plan: &super::PlacementPlan) -> Self {
-        let cpu = (0..plan.inputs().layers.len())
-            .map(|l| plan.layer(l).iter().map(|p| p.compute == super::Side::Cpu).collect())
-            .collect();
-        SideTable { cpu }
-    }
-
-    pub fn on_cpu(&self, layer: usize, expert: usize) -> bool {
-        self.cpu.get(layer).and_then(|l| l.get(expert)).copied().unwrap_or(false)
-    }
-
-    /// Whether any expert of `layer` computes on the CPU.
-    pub fn any_cpu(&self, layer: usize) -> bool {
-        self.cpu.get(layer).is_some_and(|l| l.contains(&true))
-    }
-}
-
 /// The router's choices since the last plan, per layer and expert, decayed by half at
 /// every plan so that recent use weighs most.
 #[derive(Debug, Default)]
@@ -76,10 +51,10 @@ impl UseCounts {
     }
 
     /// The experts one pass routed its rows to at `layer` (each row's list).
-    pub fn record(&self, layer: usize, routing: &[Vec<u32>]) {
+    pub fn record<'a>(&self, layer: usize, routing: impl IntoIterator<Item = &'a [u32]>) {
         let mut uses = lock(&self.uses);
         if let Some(l) = uses.get_mut(layer) {
-            for &e in routing.iter().flatten() {
+            for &e in routing.into_iter().flatten() {
                 if let Some(u) = l.get_mut(e as usize) {
                     *u += 1.0;
                 }
@@ -207,11 +182,6 @@ pub trait SplitInfo: Send + Sync {
     fn summary(&self) -> SplitSummary;
 }
 
-/// Whether a mode computes any routed expert on the CPU at all.
-pub fn uses_cpu(mode: Mode) -> bool {
-    !matches!(mode, Mode::NCpuMoe(0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,11 +189,11 @@ mod tests {
     #[test]
     fn use_counts_decay_by_half_at_each_plan() {
         let u = UseCounts::new(&[0, 4]);
-        u.record(1, &[vec![0, 2], vec![2, 3]]);
-        u.record(7, &[vec![0]]); // no such layer: ignored
-        u.record(1, &[vec![9]]); // no such expert: ignored
+        u.record(1, [&[0, 2][..], &[2, 3]]);
+        u.record(7, [&[0][..]]); // no such layer: ignored
+        u.record(1, [&[9][..]]); // no such expert: ignored
         assert_eq!(u.take().weights, vec![vec![], vec![1.0, 0.0, 2.0, 1.0]]);
-        u.record(1, &[vec![1]]);
+        u.record(1, [&[1][..]]);
         assert_eq!(u.take().weights[1], vec![0.5, 1.0, 1.0, 0.5]);
     }
 }
