@@ -10,7 +10,7 @@
 use strata::backend::cpu::CpuBackend;
 use strata::backend::cuda::CudaBackend;
 use strata::backend::cuda::launch::WEIGHT_FORMATS;
-use strata::backend::{Activation, AttnParams, Backend, RopeFreqs, Rows, Unary};
+use strata::backend::{Activation, AttnParams, Backend, Fused, RopeFreqs, Rows, Unary};
 use strata::quant::ReadF32;
 use strata::tensor::{AlignedBytes, DType, HostTensor};
 
@@ -462,7 +462,7 @@ fn a_fused_gate_up_and_activation_gives_the_unfused_bits() {
     );
 }
 
-/// `matmul_glu` against `matmul_seqs_each` of gate and up then `glu`, bit for bit, for
+/// `Fused::Glu` against `matmul_seqs_each` of gate and up then `glu`, bit for bit, for
 /// every activation, decode batches, a verifying sequence's rows and a prompt chunk
 /// (which a GPU with a GEMM does not fuse); `expect_fused`: the decode batches of the
 /// packed formats must be fused.
@@ -484,7 +484,8 @@ fn a_fused_gate_up_and_activation_gives_the_unfused_bits_on<G: Backend>(g: &G, e
             let gx = g.upload(&values(rows * inn, 30 + i as u64, 0.2)).unwrap();
             for act in acts {
                 let mut out = g.alloc(rows * width).unwrap();
-                let Some(done) = g.matmul_glu(&gx, seqs, &gw, &uw, act, &mut out) else {
+                let mut op = Fused::Glu { x: &gx, seq_rows: seqs, gate: &gw, up: &uw, act, out: &mut out };
+                let Some(done) = g.fused(&mut op) else {
                     let decode = seqs.iter().all(|&n| n <= 8) && dtype != DType::F16;
                     assert!(!(expect_fused && decode), "{dtype:?} {seqs:?} {act:?}: not fused");
                     continue;
@@ -500,7 +501,7 @@ fn a_fused_gate_up_and_activation_gives_the_unfused_bits_on<G: Backend>(g: &G, e
             }
         }
     }
-    eprintln!("matmul_glu: {fused} fused runs, each bit for bit the unfused ops");
+    eprintln!("Fused::Glu: {fused} fused runs, each bit for bit the unfused ops");
 }
 
 #[test]

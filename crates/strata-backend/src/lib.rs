@@ -260,6 +260,68 @@ impl HostCopy for Vec<f32> {
     }
 }
 
+/// Work a backend may run as one op ([`Backend::fused`]). Each variant says the ops it
+/// stands for; a backend that fuses it gives their result bit for bit.
+pub enum Fused<'a, B: Backend> {
+    /// A gated MLP's gate and up products and its activation: for every row `r` of the
+    /// batch (`seq_rows` as in [`Backend::matmul_seqs`]), `out[r] = act(x[r] · gateᵀ) ⊙
+    /// (x[r] · upᵀ)`, `gate` and `up` both `(width, k)`: as
+    /// [`matmul_seqs_each`](Backend::matmul_seqs_each) of both weights followed by
+    /// [`glu`](Backend::glu).
+    Glu {
+        x: &'a B::Buf,
+        seq_rows: &'a [usize],
+        gate: &'a B::Weight,
+        up: &'a B::Weight,
+        act: Activation,
+        out: &'a mut B::Buf,
+    },
+    /// A product added into what `out` holds (a residual stream): `out[r] += x[r] · wᵀ`
+    /// for every row of the batch: as [`matmul_seqs`](Backend::matmul_seqs) into a
+    /// buffer of its own followed by [`add_rows`](Backend::add_rows) of it.
+    MatmulAdd { x: &'a B::Buf, seq_rows: &'a [usize], w: &'a B::Weight, out: &'a mut B::Buf },
+    /// One sequence's new rows `row0..row0 + n` rotated and stored: RoPE of `q`'s heads
+    /// in place and of `k`'s heads, at positions `at..at + n`, then `k`'s and `v`'s rows
+    /// stored into the caches `k_cache` and `v_cache` at rows `at..` as `ty`: as
+    /// [`rope`](Backend::rope) of `q` and of `k` followed by [`kv_store`](Backend::kv_store)
+    /// of `k` and of `v`. `k`'s own rows may be left rotated or not (the cache holds them).
+    RopeStore {
+        q: &'a mut B::Buf,
+        k: &'a mut B::Buf,
+        v: &'a B::Buf,
+        row0: usize,
+        n: usize,
+        at: usize,
+        heads: RopeHeads,
+        freqs: &'a RopeFreqs,
+        k_cache: &'a mut B::Buf,
+        v_cache: &'a mut B::Buf,
+        ty: KvType,
+    },
+    /// One row of a sparse FFN over the neuron groups it keeps: for each `(g, up, down)`
+    /// in order, `out[..h] += down · (act(gate[g·group..][..group]) ⊙ (up · x))`, where
+    /// `gate` holds the row's gate pre-activations and `up` is `(group, k)`, `down` `(h,
+    /// group)`: as the group-by-group one-row [`matmul_seqs`](Backend::matmul_seqs),
+    /// [`glu`](Backend::glu) and [`add_rows`](Backend::add_rows), added in order.
+    SparseGroupsRow {
+        x: &'a B::Buf,
+        gate: &'a B::Buf,
+        groups: &'a [(usize, &'a B::Weight, &'a B::Weight)],
+        group: usize,
+        act: Activation,
+        out: &'a mut B::Buf,
+    },
+}
+
+/// The heads [`Fused::RopeStore`] rotates: `n_heads` query heads and `n_kv_heads` key
+/// (and value) heads of `head_dim` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeHeads {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
 /// The operations a forward pass is written against.
 pub trait Backend: Send + Sync + 'static {
     /// A row-major f32 activation buffer.
@@ -434,42 +496,16 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BackendResult<()>;
     /// `gate = act(gate) * up`, elementwise over `len` values.
     fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize, act: Activation) -> BackendResult<()>;
-    /// A gated MLP's gate and up products and its activation as one op: for every row
-    /// `r` of the batch (`seq_rows` as in [`matmul_seqs`](Self::matmul_seqs)),
-    /// `out_gate[r] = act(x[r] · gateᵀ) ⊙ (x[r] · upᵀ)`, `gate` and `up` both
-    /// `(width, k)`. It comes out bit for bit as [`matmul_seqs_each`](Self::matmul_seqs_each)
-    /// of both weights followed by [`glu`](Self::glu) give it on this backend, so
-    /// nothing downstream changes. `None` when this backend does not fuse it (or these
-    /// weights, or these rows): the caller then runs those ops.
-    fn matmul_glu(
-        &self,
-        x: &Self::Buf,
-        seq_rows: &[usize],
-        gate: &Self::Weight,
-        up: &Self::Weight,
-        act: Activation,
-        out_gate: &mut Self::Buf,
-    ) -> Option<BackendResult<()>> {
-        let _ = (x, seq_rows, gate, up, act, out_gate);
-        None
-    }
-    /// One row of a sparse FFN over the neuron groups it keeps, as one op: for each
-    /// `(g, up, down)` in order, `out[..h] += down · (act(gate[g·group..][..group]) ⊙ (up
-    /// · x))`, where `gate` holds the row's gate pre-activations and `up` is `(group, k)`,
-    /// `down` `(h, group)`. Each product comes out as a one-row
-    /// [`matmul_seqs`](Self::matmul_seqs) gives it, and they are added in order, so the
-    /// result is the group-by-group one bit for bit. `None` when this backend does not
-    /// fuse it (or these weights): the caller then goes group by group.
-    fn sparse_groups_row(
-        &self,
-        x: &Self::Buf,
-        gate: &Self::Buf,
-        groups: &[(usize, &Self::Weight, &Self::Weight)],
-        group: usize,
-        act: Activation,
-        out: &mut Self::Buf,
-    ) -> Option<BackendResult<()>> {
-        let _ = (x, gate, groups, group, act, out);
+    /// Runs `op`, several ops' work, as one where this backend fuses it (fewer launches
+    /// and memory passes), with the same bits as the ops it replaces ([`Fused`] says
+    /// which, variant by variant), so nothing downstream changes. `None` when this
+    /// backend does not fuse it (or these weights, or these rows): `op` is then as it
+    /// was, and the caller runs the ops it stands for.
+    fn fused(&self, op: &mut Fused<'_, Self>) -> Option<BackendResult<()>>
+    where
+        Self: Sized,
+    {
+        let _ = op;
         None
     }
     /// `x = op(x)`, elementwise over `len` values.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::config::{GroupScore, ModelConfig, MoeConfig, Scoring};
 use super::error::ModelError;
 pub use super::split::{CpuSide, LayerSides};
-use strata_backend::{Backend, Rows};
+use strata_backend::{Backend, Fused, Rows};
 use strata_sched::SchedError;
 use strata_tensor::tensor::HostTensor;
 
@@ -266,7 +266,7 @@ pub fn mlp_forward<B: Backend>(
     // Without biases the backend may fuse gate, up and the activation (one launch on
     // CUDA's packed weights), with the same bits as the three ops below.
     let fused = match &mlp.bias {
-        None => be.matmul_glu(x, seq_rows, &mlp.gate, &mlp.up, act, bufs.gate),
+        None => be.fused(&mut Fused::Glu { x, seq_rows, gate: &mlp.gate, up: &mlp.up, act, out: &mut *bufs.gate }),
         Some(_) => None,
     };
     match fused {

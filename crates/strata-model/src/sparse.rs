@@ -16,7 +16,7 @@ use super::config::{Ffn, ModelConfig};
 use super::error::ModelError;
 use super::moe::{MlpBufs, MoeBufs, UnitSource};
 use super::spec::NEURON_SCALE;
-use strata_backend::{Activation, Backend, Rows};
+use strata_backend::{Activation, Backend, Fused, Rows};
 use strata_quant::ReadF32;
 use strata_sched::SchedError;
 use strata_tensor::tensor::HostTensor;
@@ -268,7 +268,8 @@ pub fn sparse_forward<B: Backend>(
     if let (Some(all), 1) = (&w.groups, rows) {
         let items: Vec<(usize, &B::Weight, &B::Weight)> =
             wanted.iter().map(|&g| (g, &all[g].up, &all[g].down)).collect();
-        if let Some(done) = be.sparse_groups_row(input, bufs.gate, &items, group, act, out) {
+        let mut op = Fused::SparseGroupsRow { x: input, gate: bufs.gate, groups: &items, group, act, out: &mut *out };
+        if let Some(done) = be.fused(&mut op) {
             done?;
             return Ok((kept_total, (rows * n) as u64));
         }
@@ -503,8 +504,16 @@ mod tests {
             let x: Vec<f32> = random(1, h, DType::F32, 8).to_f32_vec();
             // The CPU fuses quantized groups (so the in-memory runs below take that op).
             let items: Vec<_> = groups.iter().enumerate().map(|(g, b)| (g, &b.up, &b.down)).collect();
-            let fused =
-                be.sparse_groups_row(&x, &vec![0f32; width], &items, group, Activation::Silu, &mut vec![0f32; h]);
+            let (gate0, mut out0) = (vec![0f32; width], vec![0f32; h]);
+            let mut op = strata_backend::Fused::SparseGroupsRow {
+                x: &x,
+                gate: &gate0,
+                groups: &items,
+                group,
+                act: Activation::Silu,
+                out: &mut out0,
+            };
+            let fused = be.fused(&mut op);
             assert_eq!(fused.is_some(), dtype != DType::F32, "{dtype:?}");
             for setting in ["off", "topk=0.5", "topk=0.25"] {
                 let settings = [SparseFfn::parse(setting).unwrap()];

@@ -487,52 +487,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    /// Every kept group's `up` in one parallel op, then every group's `down` in another,
-    /// then the sums in group order: two meetings of the threads for the row instead of
-    /// two per group. Quantized weights only (their one-row products can share an op
-    /// bit for bit), and not when row-invariant.
-    fn sparse_groups_row(
-        &self,
-        x: &Vec<f32>,
-        gate: &Vec<f32>,
-        groups: &[(usize, &HostTensor, &HostTensor)],
-        group: usize,
-        act: Activation,
-        out: &mut Vec<f32>,
-    ) -> Option<BackendResult<()>> {
-        let &(_, first_up, first_down) = groups.first()?;
-        let (k, h) = (first_up.shape.get(1).copied()?, first_down.shape.first().copied()?);
-        let fits = |&(g, up, down): &(usize, &HostTensor, &HostTensor)| {
-            !up.dtype.is_float()
-                && !down.dtype.is_float()
-                && up.shape[..] == [group, k]
-                && down.shape[..] == [h, group]
-                && (g + 1) * group <= gate.len()
-        };
-        if self.row_invariant || group == 0 || x.len() < k || out.len() < h || !groups.iter().all(fits) {
-            return None;
+    fn fused(&self, op: &mut crate::Fused<'_, Self>) -> Option<BackendResult<()>> {
+        match op {
+            crate::Fused::SparseGroupsRow { x, gate, groups, group, act, out } => {
+                self.sparse_groups_row(x, gate, groups, *group, *act, out)
+            }
+            _ => None,
         }
-        let n = groups.len();
-        let (mut ups, mut acts, mut ys) = (vec![0f32; n * group], vec![0f32; n * group], vec![0f32; n * h]);
-        let mut each: Vec<(&[f32], &HostTensor, &mut [f32])> =
-            groups.iter().zip(ups.chunks_exact_mut(group)).map(|(&(_, up, _), o)| (&x[..k], up, o)).collect();
-        matmul::matmul_many_inputs_rows_alone(&self.pool, 1, &mut each);
-        for (a, &(g, _, _)) in acts.chunks_exact_mut(group).zip(groups) {
-            a.copy_from_slice(&gate[g * group..][..group]);
-        }
-        self.glu_slices(&mut acts, &ups, act);
-        let mut each: Vec<(&[f32], &HostTensor, &mut [f32])> = groups
-            .iter()
-            .zip(acts.chunks_exact(group))
-            .zip(ys.chunks_exact_mut(h))
-            .map(|((&(_, _, down), a), o)| (a, down, o))
-            .collect();
-        matmul::matmul_many_inputs_rows_alone(&self.pool, 1, &mut each);
-        let add = |(a, b): (&mut [f32], &[f32])| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-        for y in ys.chunks_exact(h) {
-            self.elementwise(&mut out[..h], y, add);
-        }
-        Some(Ok(()))
     }
 
     fn unary(&self, x: &mut Vec<f32>, len: usize, op: Unary) -> BackendResult<()> {
@@ -648,6 +609,56 @@ fn top_k_merge(parts: impl Iterator<Item = TopKPart>, k: usize) -> TopK {
     best.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
     best.truncate(k);
     TopK { ids: best.iter().map(|b| b.1).collect(), logits: best.iter().map(|b| b.0).collect(), lse }
+}
+
+impl CpuBackend {
+    /// Every kept group's `up` in one parallel op, then every group's `down` in another,
+    /// then the sums in group order: two meetings of the threads for the row instead of
+    /// two per group. Quantized weights only (their one-row products can share an op
+    /// bit for bit), and not when row-invariant.
+    fn sparse_groups_row(
+        &self,
+        x: &Vec<f32>,
+        gate: &Vec<f32>,
+        groups: &[(usize, &HostTensor, &HostTensor)],
+        group: usize,
+        act: Activation,
+        out: &mut Vec<f32>,
+    ) -> Option<BackendResult<()>> {
+        let &(_, first_up, first_down) = groups.first()?;
+        let (k, h) = (first_up.shape.get(1).copied()?, first_down.shape.first().copied()?);
+        let fits = |&(g, up, down): &(usize, &HostTensor, &HostTensor)| {
+            !up.dtype.is_float()
+                && !down.dtype.is_float()
+                && up.shape[..] == [group, k]
+                && down.shape[..] == [h, group]
+                && (g + 1) * group <= gate.len()
+        };
+        if self.row_invariant || group == 0 || x.len() < k || out.len() < h || !groups.iter().all(fits) {
+            return None;
+        }
+        let n = groups.len();
+        let (mut ups, mut acts, mut ys) = (vec![0f32; n * group], vec![0f32; n * group], vec![0f32; n * h]);
+        let mut each: Vec<(&[f32], &HostTensor, &mut [f32])> =
+            groups.iter().zip(ups.chunks_exact_mut(group)).map(|(&(_, up, _), o)| (&x[..k], up, o)).collect();
+        matmul::matmul_many_inputs_rows_alone(&self.pool, 1, &mut each);
+        for (a, &(g, _, _)) in acts.chunks_exact_mut(group).zip(groups) {
+            a.copy_from_slice(&gate[g * group..][..group]);
+        }
+        self.glu_slices(&mut acts, &ups, act);
+        let mut each: Vec<(&[f32], &HostTensor, &mut [f32])> = groups
+            .iter()
+            .zip(acts.chunks_exact(group))
+            .zip(ys.chunks_exact_mut(h))
+            .map(|((&(_, _, down), a), o)| (a, down, o))
+            .collect();
+        matmul::matmul_many_inputs_rows_alone(&self.pool, 1, &mut each);
+        let add = |(a, b): (&mut [f32], &[f32])| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        for y in ys.chunks_exact(h) {
+            self.elementwise(&mut out[..h], y, add);
+        }
+        Some(Ok(()))
+    }
 }
 
 #[cfg(test)]

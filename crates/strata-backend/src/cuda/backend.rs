@@ -589,23 +589,11 @@ impl Backend for CudaBackend {
         self.elementwise(kernel, gp, up, len)
     }
 
-    /// `matvec_glu_packed_FMT` when both weights are packed, of one format and shape,
-    /// and every sequence's rows take the matrix-vector kernel (`launch::fuses_glu`):
-    /// one launch per `MATVEC_MAX_ROWS` rows instead of two matvecs and a GLU.
-    fn matmul_glu(
-        &self,
-        x: &CudaBuf,
-        seq_rows: &[usize],
-        gate: &CudaWeight,
-        up: &CudaWeight,
-        act: Activation,
-        out_gate: &mut CudaBuf,
-    ) -> Option<BackendResult<()>> {
-        let gemm = self.blas.is_some() && !self.row_invariant;
-        if !launch::fuses_glu(gate.kind(), up.kind(), seq_rows, gemm) {
-            return None;
+    fn fused(&self, op: &mut crate::Fused<'_, Self>) -> Option<BackendResult<()>> {
+        match op {
+            crate::Fused::Glu { x, seq_rows, gate, up, act, out } => self.glu_fused(x, seq_rows, gate, up, *act, out),
+            _ => None,
         }
-        Some(self.matvec_glu(x, seq_rows.iter().sum(), gate, up, act, out_gate))
     }
 
     fn unary(&self, x: &mut CudaBuf, len: usize, op: Unary) -> BackendResult<()> {

@@ -4,6 +4,25 @@
 use super::*;
 
 impl CudaBackend {
+    /// `matvec_glu_packed_FMT` when both weights are packed, of one format and shape,
+    /// and every sequence's rows take the matrix-vector kernel (`launch::fuses_glu`):
+    /// one launch per `MATVEC_MAX_ROWS` rows instead of two matvecs and a GLU.
+    pub(super) fn glu_fused(
+        &self,
+        x: &CudaBuf,
+        seq_rows: &[usize],
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        act: Activation,
+        out: &mut CudaBuf,
+    ) -> Option<BackendResult<()>> {
+        let gemm = self.blas.is_some() && !self.row_invariant;
+        if !launch::fuses_glu(gate.kind(), up.kind(), seq_rows, gemm) {
+            return None;
+        }
+        Some(self.matvec_glu(x, seq_rows.iter().sum(), gate, up, act, out))
+    }
+
     /// `y[rows, out] = x[rows, in] · w[out, in]ᵀ` with the fused-dequantising
     /// matrix-vector kernel, `MATVEC_MAX_ROWS` activation rows per launch.
     /// Rows `at..at + rows` of `x` and `y`; each row comes out the same whatever the
