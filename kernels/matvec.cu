@@ -488,6 +488,24 @@ MATVEC_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
 MATVEC_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
 MATVEC_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
 
+// matvec_add_packed_FMT(q, d, x, y, rows, out, in): the product added into `y` (a
+// residual stream): y[r * out + o] += Σ_k x[r, k] · w[o, k]. Launch and walk as
+// matvec_packed_FMT; the sum is the same, added with one f32 add, so y is bit for bit
+// matvec_packed_FMT into a buffer followed by add_f32 of it.
+#define MATVEC_ADD_PACKED(NAME, QK, UV)                                                           \
+    extern "C" __global__ void __launch_bounds__(256) matvec_add_packed_##NAME(                   \
+        const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,                \
+        const float* __restrict__ x, float* __restrict__ y, unsigned int rows, unsigned int out,  \
+        unsigned int in) {                                                                        \
+        MVP_ACC(acc)                                                                              \
+        MVP_WALK(NAME, QK, UV, "unroll 2", mvp_unit_##NAME((const uint4*)q, d, g, xu, stride, rows, acc)) \
+        MVP_REDUCE(const float s = warp_sum(acc[j][r]), y[(unsigned long long)r * out + o0 + j] += s) \
+    }
+MATVEC_ADD_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
+MATVEC_ADD_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
+MATVEC_ADD_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
+MATVEC_ADD_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
+
 // matvec_glu_packed_FMT(qg, dg, qu, du, x, y, rows, out, in, act, alpha, limit): a gated
 // MLP's gate and up products and its activation in one launch,
 //   y[r, o] = act(Σ_k x[r, k] · gate[o, k]) · (Σ_k x[r, k] · up[o, k])

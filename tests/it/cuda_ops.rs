@@ -505,6 +505,50 @@ fn a_fused_gate_up_and_activation_gives_the_unfused_bits_on<G: Backend>(g: &G, e
 }
 
 #[test]
+fn a_fused_product_into_the_residual_gives_the_unfused_bits() {
+    // STRATA_CUDA_MATVEC=packed: the packed weights' decode rows must take the fused op.
+    let packed = std::env::var("STRATA_CUDA_MATVEC").is_ok_and(|v| v.trim() == "packed");
+    on_gpu(
+        |g| a_fused_product_into_the_residual_gives_the_unfused_bits_on(g, packed),
+        |c| a_fused_product_into_the_residual_gives_the_unfused_bits_on(c, false),
+    );
+}
+
+/// `Fused::MatmulAdd` against `matmul_seqs` into a buffer then `add_rows` of it, bit for
+/// bit, for decode batches, a verifying sequence's rows and a prompt chunk (which a GPU
+/// with a GEMM does not fuse); `expect_fused`: the decode batches of the packed formats
+/// must be fused.
+fn a_fused_product_into_the_residual_gives_the_unfused_bits_on<G: Backend>(g: &G, expect_fused: bool) {
+    let (out, inn) = (300, 512);
+    let batches: [&[usize]; 4] = [&[1], &[1, 1, 1], &[1, 8, 1, 1], &[1, 16]];
+    let mut fused = 0;
+    for dtype in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16] {
+        let w = g.weight(&any_weight(dtype, out, inn, 23)).unwrap();
+        for (i, seqs) in batches.iter().enumerate() {
+            let rows: usize = seqs.iter().sum();
+            let gx = g.upload(&values(rows * inn, 40 + i as u64, 0.2)).unwrap();
+            let residual = values(rows * out, 50 + i as u64, 2.0);
+            let mut got = g.upload(&residual).unwrap();
+            let mut op = Fused::MatmulAdd { x: &gx, seq_rows: seqs, w: &w, out: &mut got };
+            let Some(done) = g.fused(&mut op) else {
+                let decode = seqs.iter().all(|&n| n <= 8) && dtype != DType::F16;
+                assert!(!(expect_fused && decode), "{dtype:?} {seqs:?}: not fused");
+                continue;
+            };
+            done.unwrap();
+            let (mut want, mut y) = (g.upload(&residual).unwrap(), g.alloc(rows * out).unwrap());
+            g.matmul_seqs(&gx, seqs, &w, &mut y).unwrap();
+            g.add_rows(&mut want, &y, out, Rows::Range { start: 0, n: rows }, None).unwrap();
+            let (got, want) = (g.download(&got, rows * out).unwrap(), g.download(&want, rows * out).unwrap());
+            let diff = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(diff, 0, "{dtype:?} {seqs:?}: {diff} values differ from the unfused ops");
+            fused += 1;
+        }
+    }
+    eprintln!("Fused::MatmulAdd: {fused} fused runs, each bit for bit the unfused ops");
+}
+
+#[test]
 fn the_delta_rule_matches_the_cpu_in_one_pass_and_in_chunks() {
     on_gpu(
         the_delta_rule_matches_the_cpu_in_one_pass_and_in_chunks_on,

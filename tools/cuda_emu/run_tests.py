@@ -144,6 +144,10 @@ SIGS: dict[str, list[tuple[str, str]]] = {
                                    "const unsigned short* du, const float* x, float* y, unsigned rows, "
                                    "unsigned out, unsigned in, unsigned act, float alpha, float limit")
         for f in PACKED_FMTS
+    ] + [
+        (f"matvec_add_packed_{f}", "const unsigned char* q, const unsigned short* d, const float* x, float* y, "
+                                   "unsigned rows, unsigned out, unsigned in")
+        for f in PACKED_FMTS
     ],
     "attention.cu": [
         ("attn_partial_f32", "const float* q, const float* k, const float* v, float* part, "
@@ -1164,6 +1168,35 @@ def cases_matvec():
                            "sigmoid": lambda: u64 / (1 + np.exp(-g64))}[act]()
             return compare_nmse("y", got, ref, 5e-4) + ", = unfused (bits)"
         return run
+    def mv_add_packed(fmt, rows, out, inn, block):
+        # y += x · wᵀ against float64 numpy, and bit for bit against matvec_packed_FMT
+        # into a buffer then add_f32 of it (elementwise.cu).
+        def run(c, rng):
+            raw, wref = make_weights(fmt, out, inn, rng)
+            q, d = pack_weights(fmt, raw, out, inn)
+            x = rng.standard_normal((rows, inn)).astype(np.float32)
+            y0 = rng.standard_normal((rows, out)).astype(np.float32) * 4
+            bq, bd, bx = c.buf(q), c.buf(d), c.buf(x)
+            by, bs, bw = c.buf(y0, writable=True), c.out((rows, out), np.float32), c.buf(y0, writable=True)
+            grid = (cdiv(out, 2 * block // 32),)
+            c.launch(f"matvec_add_packed_{fmt}", grid, (block,), bq, bd, bx, by, rows, out, inn)
+            got = by.read()
+            c.launch(f"matvec_packed_{fmt}", grid, (block,), bq, bd, bx, bs, rows, out, inn)
+            c.launch("add_f32", (cdiv(rows * out, 256),), (256,), bw, bs, rows * out)
+            want = bw.read()
+            if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+                bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+                raise CaseFail(f"{bad.size} of {rows * out} outputs differ from matvec_packed + add_f32 (bits); "
+                               f"first {fmt_idx(bad[0], got.shape)}: {got.flat[bad[0]]!r} vs {want.flat[bad[0]]!r}")
+            ref = y0.astype(np.float64) + x.astype(np.float64) @ wref.astype(np.float64).T
+            return compare_nmse("y", got, ref, 5e-4) + ", = matvec_packed + add_f32 (bits)"
+        return run
+    for fmt in PACKED_FMTS:
+        shapes = shapes_32 if BLOCK[fmt][0] == 32 else shapes_256
+        for rows, out, inn, block, _ in shapes[:8]:
+            cs.append(Case(f"matvec_add_packed_{fmt} rows={rows} out={out} in={inn} block={block}",
+                           f"matvec_add_packed_{fmt}", mv_add_packed(fmt, rows, out, inn, block)))
+
     # Every activation at one decode row, then 2 to 8 rows (each activation again), odd
     # `out`, `in` of a few blocks and past one tile, blocks of 1, 4 and 8 warps.
     glu_32 = ((1, 67, 512, 128), (2, 9, 288, 128), (3, 21, 2080, 256), (4, 5, 8192 + 1056, 128),

@@ -173,7 +173,22 @@ pub fn fuses_glu(gate: WeightKind<'_>, up: WeightKind<'_>, seq_rows: &[usize], g
         && gate.dtype == up.dtype
         && gate.shape == up.shape
         && gate.shape.len() == 2
-        && (!gemm || seq_rows.iter().all(|&n| n <= MATVEC_MAX_ROWS))
+        && on_matvec(seq_rows, gemm)
+}
+
+/// Whether `matvec_add_packed_FMT` computes a product added into the residual stream for
+/// a batch of sequences of `seq_rows` rows: the weight packed and 2-D, and every
+/// sequence's rows on the matrix-vector kernel, as `matmul_seqs` runs them (`gemm` as in
+/// [`fuses_glu`]). Its rows then come out as the matrix-vector kernel's followed by the
+/// add, whatever the launch's row count.
+pub fn fuses_add(w: WeightKind<'_>, seq_rows: &[usize], gemm: bool) -> bool {
+    w.packed && w.shape.len() == 2 && on_matvec(seq_rows, gemm)
+}
+
+/// Whether `matmul_seqs` runs every sequence of `seq_rows` rows on the matrix-vector
+/// kernel: always without a GEMM, else when none has more than [`MATVEC_MAX_ROWS`].
+fn on_matvec(seq_rows: &[usize], gemm: bool) -> bool {
+    !gemm || seq_rows.iter().all(|&n| n <= MATVEC_MAX_ROWS)
 }
 
 /// The `act` code of `matvec_glu_packed_FMT` (common.cuh's `STRATA_GLU_*`) with its
@@ -438,6 +453,7 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         names.push(("embedding", format!("embed_packed_{f}")));
         names.push(("matvec", format!("matvec_packed_{f}")));
         names.push(("matvec", format!("matvec_glu_packed_{f}")));
+        names.push(("matvec", format!("matvec_add_packed_{f}")));
         names.push(("dequant", format!("dequant_packed_{f}_f16")));
     }
     names
@@ -463,6 +479,20 @@ mod tests {
         assert!(!fuses_glu(WeightKind { packed: false, ..q4 }, q4, &decode, true));
         assert!(!fuses_glu(q4, WeightKind { dtype: DType::Q8_0, ..q4 }, &decode, true));
         assert!(!fuses_glu(q4, WeightKind { shape: &other, ..q4 }, &decode, true));
+    }
+
+    #[test]
+    fn a_product_adds_into_the_residual_when_packed_and_on_the_matvec() {
+        let shape = [96usize, 64];
+        let q4 = WeightKind { dtype: DType::Q4_K, shape: &shape, packed: true };
+        assert!(fuses_add(q4, &[1, 1, 1], true));
+        assert!(fuses_add(q4, &[1, MATVEC_MAX_ROWS, 1], true));
+        // A prompt chunk takes the GEMM, unless there is none.
+        assert!(!fuses_add(q4, &[1, MATVEC_MAX_ROWS + 1], true));
+        assert!(fuses_add(q4, &[MATVEC_MAX_ROWS + 1], false));
+        // The stored layout runs the unfused ops; so does a 1-D weight.
+        assert!(!fuses_add(WeightKind { packed: false, ..q4 }, &[1], true));
+        assert!(!fuses_add(WeightKind { shape: &shape[..1], ..q4 }, &[1], true));
     }
 
     #[test]
@@ -657,9 +687,9 @@ mod tests {
         for entry in &listed {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
-        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 4 per
-        // packed format (the fused GLU matvec too), 28 others.
-        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 4 * PACKED_FORMATS.len() + 28);
+        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 5 per
+        // packed format (the fused GLU and add matvecs too), 28 others.
+        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 5 * PACKED_FORMATS.len() + 28);
         assert_eq!(declared.len(), listed.len());
     }
 }

@@ -23,6 +23,26 @@ impl CudaBackend {
         Some(self.matvec_glu(x, seq_rows.iter().sum(), gate, up, act, out))
     }
 
+    /// `matvec_add_packed_FMT` when `w` is packed and every sequence's rows take the
+    /// matrix-vector kernel (`launch::fuses_add`): `out[r] += x[r] · wᵀ` in one launch per
+    /// `MATVEC_MAX_ROWS` rows instead of a matvec into a buffer and `add_rows`.
+    pub(super) fn add_fused(
+        &self,
+        x: &CudaBuf,
+        seq_rows: &[usize],
+        w: &CudaWeight,
+        out: &mut CudaBuf,
+    ) -> Option<BackendResult<()>> {
+        let gemm = self.blas.is_some() && !self.row_invariant;
+        if !launch::fuses_add(w.kind(), seq_rows, gemm) {
+            return None;
+        }
+        let rows = seq_rows.iter().sum();
+        let fits = check_len(&[x.data.len()], rows * w.shape[1], "matmul_add")
+            .and_then(|()| check_len(&[out.data.len()], rows * w.shape[0], "matmul_add"));
+        Some(fits.and_then(|()| self.matvec_into(x, 0, rows, w, out, Store::Add)))
+    }
+
     /// `y[rows, out] = x[rows, in] · w[out, in]ᵀ` with the fused-dequantising
     /// matrix-vector kernel, `MATVEC_MAX_ROWS` activation rows per launch.
     /// Rows `at..at + rows` of `x` and `y`; each row comes out the same whatever the
@@ -35,10 +55,29 @@ impl CudaBackend {
         w: &CudaWeight,
         y: &mut CudaBuf,
     ) -> BackendResult<()> {
+        self.matvec_into(x, at, rows, w, y, Store::Set)
+    }
+
+    /// [`matvec`](Self::matvec), its sums stored into `y` or (`Store::Add`, packed
+    /// weights only: `matvec_add_packed_FMT`) added to what `y` holds.
+    fn matvec_into(
+        &self,
+        x: &CudaBuf,
+        at: usize,
+        rows: usize,
+        w: &CudaWeight,
+        y: &mut CudaBuf,
+        store: Store,
+    ) -> BackendResult<()> {
         let (out, inn) = (w.shape[0], w.shape[1]);
         let fmt = launch::format_name(w.dtype)
             .ok_or_else(|| BackendError::Compile(format!("no kernel reads {} weights", w.dtype.name())))?;
-        let f = self.func(&self.matvec.kernel(&fmt, w.packed))?;
+        let name = match (store, w.packed) {
+            (Store::Set, _) => self.matvec.kernel(&fmt, w.packed),
+            (Store::Add, true) => format!("matvec_add_packed_{fmt}"),
+            (Store::Add, false) => return Err(BackendError::Compile(format!("no kernel adds {fmt} products"))),
+        };
+        let f = self.func(&name)?;
         let wp = w.ptr(&self.stream, 0);
         let (qp, dp) = if w.packed { w.packed_ptrs(&self.stream, 0) } else { (wp, 0) };
         for r0 in (at..at + rows).step_by(launch::MATVEC_MAX_ROWS) {
@@ -52,10 +91,11 @@ impl CudaBackend {
             };
             b.arg(&xp).arg(&yp).arg(&n).arg(&o).arg(&i);
             // SAFETY: matvec_FMT(w, x, y, rows, out, in) per kernels/README.md: `w` holds
-            // `out × in` values of its format (matvec_packed_FMT(q, d, ...): `q` and `d`
-            // its packed quants and scales), `x` at least `(r0 + n) × in` floats and `y`
+            // `out × in` values of its format (matvec_packed_FMT and matvec_add_packed_FMT
+            // (q, d, ...): `q` and `d` its packed quants and scales; `Store::Add` is only
+            // asked for packed weights), `x` at least `(r0 + n) × in` floats and `y`
             // `(r0 + n) × out` (the workspace is sized for `rows`); the grid has a warp
-            // (`matvec_wide_FMT`: a block; `matvec_packed_FMT`: half a warp) per output row.
+            // (`matvec_wide_FMT`: a block; the packed kernels: half a warp) per output row.
             unsafe { self.launch(&mut b, self.matvec.shape(out, w.packed), "matvec") }?;
         }
         Ok(())
@@ -195,6 +235,15 @@ impl CudaBackend {
         // and scales); `out` holds `ids.len() × dim` floats.
         unsafe { self.launch(&mut b, launch::embedding(ids.len()), "embedding") }
     }
+}
+
+/// What a matrix-vector launch does with its sums.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Store {
+    /// `y = x · wᵀ`.
+    Set,
+    /// `y += x · wᵀ` (`matvec_add_packed_FMT`).
+    Add,
 }
 
 /// One cuBLAS product `y[rows, out] = x[rows, in] · w[out, in]ᵀ` on row-major data,
