@@ -450,6 +450,21 @@ extern "C" __global__ void __launch_bounds__(256)
     out[e] = f16_from_f32(src[sr * width + e]);
 }
 
+// Stores one KV_Q8_0 block of 32 values at `b` (its scale, then 32 bytes), lane `lane`
+// holding value x (`valid`: inside the row; a lane past it stores byte 0 and gives x = 0).
+// All 32 lanes must call it. d = max |x| / 127, each value round(x / d) (halves away from
+// zero) clamped to ±127, as the CPU encodes it.
+__device__ __forceinline__ void kv_q8_store_block(float x, bool valid, unsigned int lane, float* b) {
+    float amax = fabsf(x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(STRATA_FULL_MASK, amax, o));
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const float r = fminf(fmaxf(roundf(x * inv), -127.0f), 127.0f);
+    if (lane == 0u) b[0] = d;
+    ((signed char*)(b + 1))[lane] = valid ? (signed char)(int)r : (signed char)0;
+}
+
 // kv_store_q8_0: as kv_store_f16 into KV_Q8_0: a warp per block of 32 values, grid
 // (n_rows, ceil(ceil(width / 32) / 8)), block 256 (8 warps). d = max |x| / 127, each
 // value round(x / d) (halves away from zero) clamped to ±127, as the CPU encodes it;
@@ -465,16 +480,79 @@ extern "C" __global__ void __launch_bounds__(256)
     const unsigned long long sr = rows ? rows[i] : i;
     const unsigned long long e = blk * KV_Q8_BLOCK + lane;
     const float x = e < width ? src[sr * width + e] : 0.0f;
-    float amax = fabsf(x);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(STRATA_FULL_MASK, amax, o));
-    const float d = amax / 127.0f;
-    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    const float r = fminf(fmaxf(roundf(x * inv), -127.0f), 127.0f);
-    float* b = dst + (unsigned long long)i * kv_row_len<KV_Q8_0>(width) + blk * KV_Q8_SLOTS;
-    if (lane == 0u) b[0] = d;
-    ((signed char*)(b + 1))[lane] = e < width ? (signed char)(int)r : (signed char)0;
+    kv_q8_store_block(x, e < width, lane, dst + (unsigned long long)i * kv_row_len<KV_Q8_0>(width) + blk * KV_Q8_SLOTS);
 }
+
+// rope_store_{f32,f16,q8_0}(q, k, v, k_cache, v_cache, pos0, n_heads, n_kv_heads, head_dim,
+// n_pairs, inv_freq, attn_factor, interleaved): one sequence's new rows rotated and
+// stored, the work of rope_f32 on q and on k then kv_store_* of k and of v, bit for bit
+// (the rotation is strata_rope_pair, the Q8_0 encoding kv_q8_store_block). q, k and v
+// point at the sequence's first new row ([n_rows, n_heads · head_dim] and [n_rows,
+// n_kv_heads · head_dim]); row i sits at position pos0 + i and goes to cache row i of
+// k_cache and v_cache (pointing at cache row pos0; rows kv_row_len(n_kv_heads ·
+// head_dim) floats apart). Launch: grid (n_rows, n_heads + 2 · n_kv_heads), block 128
+// (any multiple of 32): head h < n_heads of a row is q's, rotated in place; the next
+// n_kv_heads are k's, rotated into shared memory and stored (k itself is left as it
+// was); the last n_kv_heads are v's, stored. head_dim <= ROPE_STORE_MAX_HEAD_DIM, even;
+// for Q8_0 a multiple of 32 (each head whole blocks).
+#define ROPE_STORE_MAX_HEAD_DIM 512u
+template <int KV>
+__device__ __forceinline__ void rope_store(float* __restrict__ q, const float* __restrict__ k,
+                                           const float* __restrict__ v, float* __restrict__ k_cache,
+                                           float* __restrict__ v_cache, unsigned int pos0, unsigned int n_heads,
+                                           unsigned int n_kv_heads, unsigned int head_dim, unsigned int n_pairs,
+                                           const float* __restrict__ inv_freq, float attn_factor, int interleaved) {
+    __shared__ float vals[ROPE_STORE_MAX_HEAD_DIM];
+    const unsigned int row = blockIdx.x, h = blockIdx.y;
+    const unsigned int half = head_dim / 2u;
+    const unsigned int np = n_pairs < half ? n_pairs : half;  // never past the head
+    const float p = (float)(pos0 + row);
+    if (h < n_heads) {  // block-uniform
+        float* head = q + ((unsigned long long)row * n_heads + h) * head_dim;
+        for (unsigned int i = threadIdx.x; i < np; i += blockDim.x)
+            strata_rope_pair(head, interleaved ? 2u * i : i, interleaved ? 2u * i + 1u : i + np, p, inv_freq[i],
+                             attn_factor);
+        return;
+    }
+    const bool is_k = h < n_heads + n_kv_heads;
+    const unsigned int kh = is_k ? h - n_heads : h - n_heads - n_kv_heads;
+    const unsigned long long width = (unsigned long long)n_kv_heads * head_dim;
+    const float* src = (is_k ? k : v) + row * width + (unsigned long long)kh * head_dim;
+    for (unsigned int e = threadIdx.x; e < head_dim; e += blockDim.x) vals[e] = src[e];
+    __syncthreads();
+    if (is_k) {
+        for (unsigned int i = threadIdx.x; i < np; i += blockDim.x)
+            strata_rope_pair(vals, interleaved ? 2u * i : i, interleaved ? 2u * i + 1u : i + np, p, inv_freq[i],
+                             attn_factor);
+        __syncthreads();
+    }
+    float* cache = (is_k ? k_cache : v_cache) + row * kv_row_len<KV>(width);
+    const unsigned long long e0 = (unsigned long long)kh * head_dim;
+    if (KV == KV_Q8_0) {
+        const unsigned int lane = threadIdx.x & 31u;
+        for (unsigned int b = threadIdx.x >> 5; b < head_dim / KV_Q8_BLOCK; b += blockDim.x >> 5)
+            kv_q8_store_block(vals[b * KV_Q8_BLOCK + lane], true, lane,
+                              cache + (e0 / KV_Q8_BLOCK + b) * KV_Q8_SLOTS);
+    } else {
+        for (unsigned int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+            if (KV == KV_F16) ((unsigned short*)cache)[e0 + e] = f16_from_f32(vals[e]);
+            else cache[e0 + e] = vals[e];
+        }
+    }
+}
+
+#define STRATA_ROPE_STORE_KERNEL(NAME, KV)                                                         \
+    extern "C" __global__ void __launch_bounds__(128)                                            \
+        NAME(float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,      \
+             float* __restrict__ k_cache, float* __restrict__ v_cache, unsigned int pos0,          \
+             unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, unsigned int n_pairs, \
+             const float* __restrict__ inv_freq, float attn_factor, int interleaved) {             \
+        rope_store<KV>(q, k, v, k_cache, v_cache, pos0, n_heads, n_kv_heads, head_dim, n_pairs, inv_freq, \
+                       attn_factor, interleaved);                                                  \
+    }
+STRATA_ROPE_STORE_KERNEL(rope_store_f32, KV_F32)
+STRATA_ROPE_STORE_KERNEL(rope_store_f16, KV_F16)
+STRATA_ROPE_STORE_KERNEL(rope_store_q8_0, KV_Q8_0)
 
 // attn_combine_f32: merges the splits of one (query row · head) = blockIdx.x:
 //   M = max_s m_s, L = Σ_s l_s e^(m_s − M), out[d] = Σ_s acc_s[d] e^(m_s − M) / L

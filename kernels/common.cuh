@@ -232,6 +232,21 @@ __device__ __forceinline__ float strata_glu(unsigned int act, float g, float u, 
     }
 }
 
+// RoPE of one pair of a head (rope.cu's rope_f32 and attention.cu's rope_store_*: one
+// expression for both, so the fused store gives the unfused rotation's bits): the pair
+// (head[i0], head[i1]) rotated by the angle p · inv_freq, cos and sin scaled by
+// attn_factor: x0' = x0·cos − x1·sin, x1' = x1·cos + x0·sin. sinf/cosf with full-range
+// argument reduction (never --use_fast_math: angles reach 1e5+ radians).
+__device__ __forceinline__ void strata_rope_pair(float* head, unsigned int i0, unsigned int i1, float p,
+                                                 float inv_freq, float attn_factor) {
+    const float angle = p * inv_freq;
+    const float c = cosf(angle) * attn_factor;
+    const float s = sinf(angle) * attn_factor;
+    const float x0 = head[i0], x1 = head[i1];
+    head[i0] = x0 * c - x1 * s;
+    head[i1] = x1 * c + x0 * s;
+}
+
 // Orderable key of an f32: larger key <=> larger value in IEEE totalOrder (Rust's
 // f32::total_cmp): −NaN < −inf < … < −0 < +0 < … < +inf < +NaN.
 __device__ __forceinline__ unsigned int f32_order_key(float f) {

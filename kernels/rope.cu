@@ -21,13 +21,8 @@ extern "C" __global__ void __launch_bounds__(1024) rope_f32(float* __restrict__ 
     float* head = x + ((unsigned long long)row * n_heads + h) * head_dim;
     const float p = (float)pos[row];
     for (unsigned int i = threadIdx.x; i < np; i += blockDim.x) {
-        const float angle = p * inv_freq[i];
-        const float c = cosf(angle) * attn_factor;
-        const float s = sinf(angle) * attn_factor;
         const unsigned int i0 = interleaved ? 2u * i : i;
         const unsigned int i1 = interleaved ? 2u * i + 1u : i + np;
-        const float x0 = head[i0], x1 = head[i1];
-        head[i0] = x0 * c - x1 * s;
-        head[i1] = x1 * c + x0 * s;
+        strata_rope_pair(head, i0, i1, p, inv_freq[i], attn_factor);
     }
 }

@@ -19,6 +19,7 @@ mod env_vars;
 mod export;
 mod fill_in_middle;
 mod flat_format;
+mod fused;
 mod fuzz_regressions;
 mod generate;
 mod gguf;

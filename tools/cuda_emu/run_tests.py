@@ -172,6 +172,11 @@ SIGS: dict[str, list[tuple[str, str]]] = {
     ] + [
         (f"kv_store_{t}", "const float* src, const unsigned* rows, float* dst, unsigned width, unsigned n_rows")
         for t in ("f16", "q8_0")
+    ] + [
+        (f"rope_store_{t}", "float* q, const float* k, const float* v, float* k_cache, float* v_cache, "
+                            "unsigned pos0, unsigned n_heads, unsigned n_kv_heads, unsigned head_dim, "
+                            "unsigned n_pairs, const float* inv_freq, float attn_factor, int interleaved")
+        for t in ("f32", "f16", "q8_0")
     ],
     "deltanet.cu": [
         ("delta_conv_f32", "const float* qkvz, const float* conv_w, float* state, float* mixed, unsigned n, "
@@ -193,8 +198,9 @@ QUANT_FILES = {"embedding.cu", "dequant.cu", "matvec.cu"}
 GLU_ACTS = {"silu": (0, "silu_mul_f32"), "gelu_tanh": (1, "gelu_mul_f32"), "sigmoid": (2, "sigmoid_mul_f32"),
             "swiglu_oai": (3, "swiglu_oai_f32")}
 # Files whose kernels a file's cases launch too, from their own libraries in the same
-# process (the fused GLU matvec's cases run the unfused matvec and GLU kernels).
-COMPANIONS = {"matvec.cu": ["elementwise.cu"]}
+# process (the fused GLU matvec's cases run the unfused matvec and GLU kernels, the fused
+# RoPE + KV store's cases rope_f32 and the stores).
+COMPANIONS = {"matvec.cu": ["elementwise.cu"], "attention.cu": ["rope.cu"]}
 SELFTEST_SIGS = [
     ("st_block_sum", "const float* x, float* out, unsigned n"),
     ("st_shuffles", "const float* x, float* out"),
@@ -1354,6 +1360,64 @@ def cases_kv_store():
     return cs
 
 
+def cases_rope_store():
+    """rope_store_KV against numpy's rotation (q) and, bit for bit, against the work it
+    fuses: rope_f32 of q and of k (rope.cu), then kv_store_KV of k and of v."""
+    import numpy as np
+    cs = []
+
+    def run_case(kv, rows, nh, nkv, hd, inter, factor, pos0, pairs=None):
+        def run(c: Ctx, rng):
+            n_arg = hd // 2 if pairs is None else pairs
+            npr = min(n_arg, hd // 2)
+            width = nkv * hd
+            q = rng.standard_normal((rows, nh * hd)).astype(np.float32)
+            k = (rng.standard_normal((rows, width)) * 3).astype(np.float32)
+            v = rng.standard_normal((rows, width)).astype(np.float32)
+            inv = (10000.0 ** (-np.arange(n_arg, dtype=np.float64) * 2 / (2 * npr))).astype(np.float32)
+            row_len = kv_encode(kv, np.zeros((1, width), np.float32)).shape[1]
+            bq, bk, bv, bi = c.buf(q, True), c.buf(k), c.buf(v), c.buf(inv)
+            bkc, bvc = c.out((rows, row_len), np.float32), c.out((rows, row_len), np.float32)
+            c.launch(f"rope_store_{kv}", (rows, nh + 2 * nkv), (128,), bq, bk, bv, bkc, bvc, pos0, nh, nkv, hd,
+                     n_arg, bi, np.float32(factor), inter)
+            # The unfused kernels on copies: rope_f32 of q and k, then the stores.
+            pos = (pos0 + np.arange(rows)).astype(np.uint32)
+            uq, uk, bp = c.buf(q.copy(), True), c.buf(k.copy(), True), c.buf(pos)
+            c.launch("rope_f32", (rows, nh), (n_arg,), uq, bp, bi, nh, hd, n_arg, np.float32(factor), inter)
+            c.launch("rope_f32", (rows, nkv), (n_arg,), uk, bp, bi, nkv, hd, n_arg, np.float32(factor), inter)
+            ukc, uvc = c.out((rows, row_len), np.float32), c.out((rows, row_len), np.float32)
+            if kv == "f32":
+                want_k, want_v = uk.read(), v
+            else:
+                blocks = (width + 31) // 32
+                grid = (rows, (width + 255) // 256) if kv == "f16" else (rows, (blocks + 7) // 8)
+                c.launch(f"kv_store_{kv}", grid, (256,), uk, None, ukc, width, rows)
+                c.launch(f"kv_store_{kv}", grid, (256,), bv, None, uvc, width, rows)
+                want_k, want_v = ukc.read(), uvc.read()
+            bits = lambda a: np.ascontiguousarray(a, np.float32).view(np.uint32)
+            compare_exact("q", bits(bq.read()), bits(uq.read()))
+            compare_exact("k_cache", bits(bkc.read()), bits(want_k))
+            compare_exact("v_cache", bits(bvc.read()), bits(want_v))
+            ang = (pos[:, None].astype(np.float32) * inv[None, :npr]).astype(np.float64)
+            cs_, sn = np.cos(ang) * factor, np.sin(ang) * factor
+            xr = q.astype(np.float64).reshape(rows, nh, hd)
+            ia, ib = (np.arange(npr) * 2, np.arange(npr) * 2 + 1) if inter else (np.arange(npr), np.arange(npr) + npr)
+            a, b = xr[..., ia], xr[..., ib]
+            ref = xr.copy()
+            ref[..., ia], ref[..., ib] = a * cs_[:, None, :] - b * sn[:, None, :], a * sn[:, None, :] + b * cs_[:, None, :]
+            return compare_nmse("q", bq.read(), ref.reshape(rows, nh * hd), 1e-7)
+        return run
+    for kv in ("f32", "f16", "q8_0"):
+        for rows, nh, nkv, hd, inter, factor, pos0, pairs in (
+                (1, 4, 2, 64, 0, 1.0, 37, None), (3, 8, 2, 128, 1, 1.0, 4000, None), (2, 3, 1, 96, 0, 0.8, 9000, None),
+                (2, 4, 4, 128, 0, 1.0, 100, 16), (1, 2, 1, 256, 1, 1.0, 5, None), (1, 1, 1, 512, 0, 1.0, 3, None)):
+            what = f" n_pairs={pairs}" if pairs else ""
+            cs.append(Case(f"rope_store_{kv} rows={rows} n_heads={nh} n_kv_heads={nkv} head_dim={hd}{what} "
+                           f"{'interleaved' if inter else 'neox'} attn_factor={factor} pos0={pos0}",
+                           f"rope_store_{kv}", run_case(kv, rows, nh, nkv, hd, inter, factor, pos0, pairs)))
+    return cs
+
+
 def cases_attention():
     import numpy as np
     cs = []
@@ -1566,7 +1630,7 @@ def cases_attention():
                     f"split_len={sl} splits={sp}" + (f" softcap={cap_}" if cap_ else "") + (" sinks" if snk else ""))
             cs.append(Case(f"attn_group_{kv} {desc}", f"attn_group_{kv}",
                            attn_group(rows, start, nh, nkv, hd, window, sl, sp, cap_, kv, snk)))
-    return cs + cases_kv_store()
+    return cs + cases_kv_store() + cases_rope_store()
 
 
 def distinct_logits(rng, rows, vocab):

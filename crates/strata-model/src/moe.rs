@@ -261,6 +261,53 @@ pub fn mlp_forward<B: Backend>(
     bufs: &mut MlpBufs<'_, B>,
     out: &mut B::Buf,
 ) -> Result<(), ModelError> {
+    mlp_hidden(be, c, mlp, x, seq_rows, bufs)?;
+    be.matmul_seqs(bufs.gate, seq_rows, &mlp.down, out)?;
+    if let Some([_, _, bd]) = &mlp.bias {
+        be.add_bias(out, seq_rows.iter().sum(), bd)?;
+    }
+    Ok(())
+}
+
+/// `residual += mlp(x)` over `rows` rows: the down product added straight into the
+/// residual stream where the backend fuses that ([`Fused::MatmulAdd`]) and the MLP has
+/// no biases; else computed into `scratch` and added, as [`mlp_forward`] then
+/// `add_rows` give it.
+#[allow(clippy::too_many_arguments)]
+pub fn mlp_forward_add<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    mlp: &Mlp<B>,
+    x: &B::Buf,
+    seq_rows: &[usize],
+    bufs: &mut MlpBufs<'_, B>,
+    residual: &mut B::Buf,
+    scratch: &mut B::Buf,
+) -> Result<(), ModelError> {
+    mlp_hidden(be, c, mlp, x, seq_rows, bufs)?;
+    let rows = seq_rows.iter().sum::<usize>();
+    if mlp.bias.is_none() {
+        let mut add = Fused::MatmulAdd { x: &*bufs.gate, seq_rows, w: &mlp.down, out: &mut *residual };
+        if let Some(done) = be.fused(&mut add) {
+            return Ok(done?);
+        }
+    }
+    be.matmul_seqs(bufs.gate, seq_rows, &mlp.down, scratch)?;
+    if let Some([_, _, bd]) = &mlp.bias {
+        be.add_bias(scratch, rows, bd)?;
+    }
+    Ok(be.add_rows(residual, scratch, c.hidden_size, Rows::first(rows), None)?)
+}
+
+/// `bufs.gate = act(x · gateᵀ) ⊙ (x · upᵀ)` (with the biases), an MLP's hidden rows.
+fn mlp_hidden<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    mlp: &Mlp<B>,
+    x: &B::Buf,
+    seq_rows: &[usize],
+    bufs: &mut MlpBufs<'_, B>,
+) -> Result<(), ModelError> {
     let rows = seq_rows.iter().sum::<usize>();
     let act = c.spec().activation;
     // Without biases the backend may fuse gate, up and the activation (one launch on
@@ -279,10 +326,6 @@ pub fn mlp_forward<B: Backend>(
             }
             be.glu(bufs.gate, bufs.up, rows * mlp.width, act)?;
         }
-    }
-    be.matmul_seqs(bufs.gate, seq_rows, &mlp.down, out)?;
-    if let Some([_, _, bd]) = &mlp.bias {
-        be.add_bias(out, rows, bd)?;
     }
     Ok(())
 }

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use strata::backend::cpu::CpuBackend;
 use strata::backend::delta::{DeltaRule, DeltaWeights};
 use strata::backend::{
-    Activation, AttnParams, Backend, BackendResult, Cols, HostCopy, KvType, LaunchStats, RopeFreqs, Rows, TopK, Unary,
+    Activation, AttnParams, Backend, BackendResult, Cols, Fused, HostCopy, KvType, LaunchStats, RopeFreqs, Rows, TopK,
+    Unary,
 };
 use strata::tensor::HostTensor;
 
@@ -21,6 +22,8 @@ pub struct Crossings {
     /// The length (values) of every copy down and up, in order.
     pub down: Mutex<Vec<usize>>,
     pub up: Mutex<Vec<usize>>,
+    /// Fused ops run ([`Device::fusing`]), by kind: `Glu`, `MatmulAdd`, `RopeStore`.
+    pub fused: Mutex<Vec<&'static str>>,
 }
 
 impl Crossings {
@@ -34,6 +37,11 @@ impl Crossings {
     pub fn clear(&self) {
         self.down.lock().unwrap().clear();
         self.up.lock().unwrap().clear();
+        self.fused.lock().unwrap().clear();
+    }
+    /// How many fused ops of `kind` ran since the last `clear`.
+    pub fn fused(&self, kind: &str) -> usize {
+        self.fused.lock().unwrap().iter().filter(|&&k| k == kind).count()
     }
     /// The copies down and up of exactly `len` values since the last `clear`.
     pub fn of_len(&self, len: usize) -> (usize, usize) {
@@ -65,12 +73,64 @@ pub struct DevWeight(HostTensor);
 pub struct Device {
     cpu: CpuBackend,
     pub log: Arc<Crossings>,
+    /// Runs the fusions a GPU backend runs ([`Device::fusing`]).
+    fuses: bool,
 }
 
 impl Device {
     /// Computing as `cpu` does.
     pub fn new(cpu: CpuBackend) -> Self {
-        Device { cpu, log: Arc::default() }
+        Device { cpu, log: Arc::default(), fuses: false }
+    }
+
+    /// A device that takes [`Fused::Glu`], [`Fused::MatmulAdd`] and [`Fused::RopeStore`]
+    /// as one op each, as CUDA's fused decode path does: each computed here by the ops
+    /// it stands for (so with their bits) and counted in `log.fused`.
+    pub fn fusing(mut self) -> Self {
+        self.fuses = true;
+        self
+    }
+
+    /// The ops `op` stands for, on the CPU.
+    fn run_fused(&self, op: &mut Fused<'_, Self>) -> Option<(&'static str, BackendResult<()>)> {
+        let cpu = &self.cpu;
+        Some(match op {
+            Fused::Glu { x, seq_rows, gate, up, act, out } => {
+                let rows: usize = seq_rows.iter().sum();
+                let width = gate.0.shape[0];
+                let mut u = vec![0f32; rows * width];
+                let r = cpu
+                    .matmul_seqs_each(&x.data, seq_rows, &mut [(&gate.0, &mut out.data), (&up.0, &mut u)])
+                    .and_then(|()| cpu.glu(&mut out.data, &u, rows * width, *act));
+                ("Glu", r)
+            }
+            Fused::MatmulAdd { x, seq_rows, w, out } => {
+                let rows: usize = seq_rows.iter().sum();
+                let width = w.0.shape[0];
+                let mut y = vec![0f32; rows * width];
+                let r = cpu
+                    .matmul_seqs(&x.data, seq_rows, &w.0, &mut y)
+                    .and_then(|()| cpu.add_rows(&mut out.data, &y, width, Rows::first(rows), None));
+                ("MatmulAdd", r)
+            }
+            Fused::RopeStore { q, k, v, row0, n, at, heads, freqs, k_cache, v_cache, ty } => {
+                let (q_width, width) = (heads.n_heads * heads.head_dim, heads.n_kv_heads * heads.head_dim);
+                let positions: Vec<u32> = (*at..*at + *n).map(|p| p as u32).collect();
+                let mut qs = q.data[*row0 * q_width..(*row0 + *n) * q_width].to_vec();
+                let mut ks = k.data[*row0 * width..(*row0 + *n) * width].to_vec();
+                let r = cpu
+                    .rope(&mut qs, heads.n_heads, heads.head_dim, &positions, freqs)
+                    .and_then(|()| cpu.rope(&mut ks, heads.n_kv_heads, heads.head_dim, &positions, freqs))
+                    .and_then(|()| cpu.kv_store(&ks, Rows::first(*n), width, &mut k_cache.data, *at, *ty))
+                    .and_then(|()| {
+                        let rows = Rows::Range { start: *row0, n: *n };
+                        cpu.kv_store(&v.data, rows, width, &mut v_cache.data, *at, *ty)
+                    });
+                q.data[*row0 * q_width..(*row0 + *n) * q_width].copy_from_slice(&qs);
+                ("RopeStore", r)
+            }
+            Fused::SparseGroupsRow { .. } => return None,
+        })
     }
 
     fn buf(&self, data: Vec<f32>) -> DevBuf {
@@ -217,6 +277,14 @@ impl Backend for Device {
         weights: Option<&[f32]>,
     ) -> BackendResult<()> {
         self.cpu.add_rows(&mut x.data, &y.data, row_len, rows, weights)
+    }
+    fn fused(&self, op: &mut Fused<'_, Self>) -> Option<BackendResult<()>> {
+        if !self.fuses {
+            return None;
+        }
+        let (kind, done) = self.run_fused(op)?;
+        self.log.fused.lock().unwrap().push(kind);
+        Some(done)
     }
     fn on_workers<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.cpu.on_workers(f)

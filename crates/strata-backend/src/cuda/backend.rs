@@ -592,6 +592,9 @@ impl Backend for CudaBackend {
     fn fused(&self, op: &mut crate::Fused<'_, Self>) -> Option<BackendResult<()>> {
         match op {
             crate::Fused::Glu { x, seq_rows, gate, up, act, out } => self.glu_fused(x, seq_rows, gate, up, *act, out),
+            crate::Fused::RopeStore { q, k, v, row0, n, at, heads, freqs, k_cache, v_cache, ty } => {
+                self.rope_store(q, k, v, (*row0, *n, *at), *heads, freqs, (k_cache, v_cache), *ty)
+            }
             crate::Fused::MatmulAdd { x, seq_rows, w, out } => self.add_fused(x, seq_rows, w, out),
             _ => None,
         }

@@ -69,6 +69,34 @@ pub fn rope(rows: usize, n_heads: usize, pairs: usize) -> Shape {
     Shape::new((rows.max(1) as u32, n_heads.max(1) as u32, 1), pairs.clamp(1, 1024) as u32)
 }
 
+/// The widest head `rope_store_*` takes (its shared memory holds one head).
+pub const ROPE_STORE_MAX_HEAD_DIM: usize = 512;
+
+/// `rope_store_{f32,f16,q8_0}` for `rows` new rows of one sequence: a block of 128
+/// threads per (row, head), over the query heads, then the key heads, then the value
+/// heads. `None` where the kernel cannot take the shape: an odd head, one wider than
+/// [`ROPE_STORE_MAX_HEAD_DIM`], a Q8_0 cache whose blocks of 32 would straddle two heads,
+/// or more heads than a grid's y dimension.
+pub fn rope_store(ty: KvType, rows: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Option<Shape> {
+    let heads = (n_heads + 2 * n_kv_heads) as u64;
+    let fits = head_dim > 0
+        && head_dim.is_multiple_of(2)
+        && head_dim <= ROPE_STORE_MAX_HEAD_DIM
+        && (ty != KvType::Q8_0 || head_dim.is_multiple_of(Q8_BLOCK))
+        && heads <= MAX_GRID_Y
+        && rows as u64 <= MAX_GRID_X;
+    fits.then(|| Shape::new((rows.max(1) as u32, heads as u32, 1), 128))
+}
+
+/// The `rope_store_*` kernel for a cache type.
+pub fn rope_store_kernel(ty: KvType) -> &'static str {
+    match ty {
+        KvType::F32 => "rope_store_f32",
+        KvType::F16 => "rope_store_f16",
+        KvType::Q8_0 => "rope_store_q8_0",
+    }
+}
+
 /// `embed_FMT`: one block per looked-up row.
 pub fn embedding(rows: usize) -> Shape {
     Shape::new((rows.max(1) as u32, 1, 1), 256)
@@ -436,6 +464,9 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         ("attention", "attn_group_q8_0".into()),
         ("attention", "kv_store_f16".into()),
         ("attention", "kv_store_q8_0".into()),
+        ("attention", "rope_store_f32".into()),
+        ("attention", "rope_store_f16".into()),
+        ("attention", "rope_store_q8_0".into()),
         ("sample", "argmax_f32".into()),
         ("sample", "topk_f32".into()),
         ("deltanet", "delta_conv_f32".into()),
@@ -671,6 +702,19 @@ mod tests {
             }
         }
         assert_eq!(format_name(DType::Q8_K), None);
+    }
+
+    #[test]
+    fn rope_store_takes_whole_even_heads_and_q8_0_blocks_inside_a_head() {
+        let s = rope_store(KvType::F16, 3, 32, 8, 128).unwrap();
+        assert_eq!((s.grid, s.block), ((3, 48, 1), (128, 1, 1)));
+        assert!(rope_store(KvType::F32, 1, 4, 4, 512).is_some());
+        assert!(rope_store(KvType::F32, 1, 4, 4, 514).is_none(), "wider than the shared memory");
+        assert!(rope_store(KvType::F32, 1, 4, 4, 63).is_none(), "odd");
+        assert!(rope_store(KvType::Q8_0, 1, 4, 4, 96).is_some());
+        assert!(rope_store(KvType::Q8_0, 1, 4, 4, 80).is_none(), "a block across two heads");
+        assert!(rope_store(KvType::F16, 1, 4, 4, 80).is_some());
+        assert_eq!(rope_store_kernel(KvType::Q8_0), "rope_store_q8_0");
     }
 
     #[test]

@@ -29,7 +29,8 @@ use super::spec::{self, QkNorm, Role};
 use super::{ModelSource, PassRows, Readback};
 use strata_backend::delta::{DeltaRule, DeltaShape, DeltaWeights};
 use strata_backend::{
-    Activation, AttnParams, Backend, BackendError, BackendResult, HostCopy, KvType, RopeFreqs, Rows, TopK, Unary,
+    Activation, AttnParams, Backend, BackendError, BackendResult, Fused, HostCopy, KvType, RopeFreqs, RopeHeads, Rows,
+    TopK, Unary,
 };
 use strata_quant::ReadF32;
 use strata_sched::expert_policy::ExpertId;
@@ -606,6 +607,8 @@ impl<B: Backend> DecoderModel<B> {
                 }
                 None => x,
             };
+            // Whether the mixer's output is already in `x` (a fused product added it).
+            let mut added = false;
             match &w.mixer {
                 MixerWeights::Attention(aw) => {
                     be.matmul_seqs_each(input, &seq_rows, &mut [(&aw.wq, q), (&aw.wk, k), (&aw.wv, v)])?;
@@ -620,7 +623,14 @@ impl<B: Backend> DecoderModel<B> {
                         be.rms_norm(k, k_norm_rows, kn, eps, scratch)?;
                         be.copy_rows(scratch, Rows::first(rows), kv_dim, k, 0)?;
                     }
-                    if let Some(rope) = &self.rope[l] {
+                    // RoPE and the stores as one op per sequence where the backend fuses
+                    // them (the same bits), else RoPE over the batch and the stores.
+                    let heads = RopeHeads { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd };
+                    let fused = match &self.rope[l] {
+                        Some(rope) => rope_store(be, batch, &parts, l, self.kv_type, (heads, rope), (q, k, v))?,
+                        None => false,
+                    };
+                    if let (Some(rope), false) = (&self.rope[l], fused) {
                         be.rope(q, c.n_heads, hd, &positions, rope)?;
                         be.rope(k, c.n_kv_heads, hd, &positions, rope)?;
                     }
@@ -629,8 +639,10 @@ impl<B: Backend> DecoderModel<B> {
                         let s = &mut batch[seq];
                         let cache = s.cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
                         let ty = self.kv_type;
-                        be.kv_store(k, Rows::Range { start: row0, n }, kv_dim, &mut cache.k[l], start_pos, ty)?;
-                        be.kv_store(v, Rows::Range { start: row0, n }, kv_dim, &mut cache.v[l], start_pos, ty)?;
+                        if !fused {
+                            be.kv_store(k, Rows::Range { start: row0, n }, kv_dim, &mut cache.k[l], start_pos, ty)?;
+                            be.kv_store(v, Rows::Range { start: row0, n }, kv_dim, &mut cache.v[l], start_pos, ty)?;
+                        }
                         let p = AttnParams {
                             n_heads: c.n_heads,
                             n_kv_heads: c.n_kv_heads,
@@ -653,9 +665,22 @@ impl<B: Backend> DecoderModel<B> {
                         }
                         _ => attn,
                     };
-                    be.matmul_seqs(o_in, &seq_rows, &aw.wo, proj)?;
-                    if let Some(b) = &aw.bias_o {
-                        be.add_bias(proj, rows, b)?;
+                    // The output product added straight into the residual stream where
+                    // nothing comes between (no bias, post-norm or scale) and the backend
+                    // fuses it.
+                    let plain = aw.bias_o.is_none() && w.attn_post_norm.is_none() && c.residual_scale == 1.0;
+                    let mut add = Fused::MatmulAdd { x: o_in, seq_rows: &seq_rows, w: &aw.wo, out: &mut *x };
+                    match plain.then(|| be.fused(&mut add)).flatten() {
+                        Some(done) => {
+                            done?;
+                            added = true;
+                        }
+                        None => {
+                            be.matmul_seqs(o_in, &seq_rows, &aw.wo, proj)?;
+                            if let Some(b) = &aw.bias_o {
+                                be.add_bias(proj, rows, b)?;
+                            }
+                        }
                     }
                 }
                 MixerWeights::Latent(mw) => {
@@ -695,7 +720,9 @@ impl<B: Backend> DecoderModel<B> {
                     be.matmul_seqs(mixed, &seq_rows, &lw.out, proj)?;
                 }
             }
-            residual(be, c, x, proj, w.attn_post_norm.as_ref(), normed, rows)?;
+            if !added {
+                residual(be, c, x, proj, w.attn_post_norm.as_ref(), normed, rows)?;
+            }
 
             // The gated MLP, likewise.
             let input: &B::Buf = match &w.ffn_norm {
@@ -706,7 +733,17 @@ impl<B: Backend> DecoderModel<B> {
                 None => x,
             };
             let mut bufs = MlpBufs { gate: &mut *gate, up: &mut *up };
+            // Whether the FFN's output is already in `x`.
+            let mut added_ffn = false;
             match &w.ffn {
+                // Added into `x` as it goes where nothing comes between (the MLP reads the
+                // normed stream, not `x` itself).
+                FfnWeights::Dense(mlp)
+                    if w.ffn_norm.is_some() && w.ffn_post_norm.is_none() && c.residual_scale == 1.0 =>
+                {
+                    moe::mlp_forward_add(be, c, mlp, normed, &seq_rows, &mut bufs, x, proj)?;
+                    added_ffn = true;
+                }
                 FfnWeights::Dense(mlp) => moe::mlp_forward(be, c, mlp, input, &seq_rows, &mut bufs, proj)?,
                 FfnWeights::Moe(mw) => {
                     let bufs_moe = moe_bufs
@@ -736,7 +773,9 @@ impl<B: Backend> DecoderModel<B> {
                     stats.neuron_groups_total.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
                 }
             }
-            residual(be, c, x, proj, w.ffn_post_norm.as_ref(), normed, rows)?;
+            if !added_ffn {
+                residual(be, c, x, proj, w.ffn_post_norm.as_ref(), normed, rows)?;
+            }
         }
         if let Some(side) = &self.cpu_side {
             side.end_pass();
@@ -798,6 +837,38 @@ impl<B: Backend> UnitSource<Mlp<B>> for DecoderModel<B> {
     fn units(&self, layer: usize, ids: &[usize], each: &mut EachUnit<'_, Mlp<B>>) -> Result<(), ModelError> {
         from_cache(self.experts.as_ref(), "expert", layer, ids, each)
     }
+}
+
+/// [`Fused::RopeStore`] for every sequence of the batch (its new rows rotated and
+/// stored into layer `l`'s caches) where the backend fuses it: `false` when it does not
+/// (nothing was done; the caller rotates and stores). A backend fuses all of a batch's
+/// sequences or none, as the choice depends only on the shapes and the cache type.
+fn rope_store<B: Backend>(
+    be: &B,
+    batch: &mut [SeqStep<'_>],
+    parts: &[Part],
+    l: usize,
+    ty: KvType,
+    (heads, freqs): (RopeHeads, &RopeFreqs),
+    (q, k, v): (&mut B::Buf, &mut B::Buf, &B::Buf),
+) -> Result<bool, ModelError> {
+    for (i, &Part { seq, row0, n, start_pos }) in parts.iter().enumerate() {
+        let cache = batch[seq].cache.bufs.downcast_mut::<KvBufs<B>>().ok_or(ModelError::ForeignCache)?;
+        let (k_cache, v_cache) = (&mut cache.k[l], &mut cache.v[l]);
+        let mut op =
+            Fused::RopeStore { q: &mut *q, k: &mut *k, v, row0, n, at: start_pos, heads, freqs, k_cache, v_cache, ty };
+        match (be.fused(&mut op), i) {
+            (Some(done), _) => done?,
+            (None, 0) => return Ok(false),
+            (None, _) => {
+                return Err(ModelError::Backend(strata_backend::BackendError::Device {
+                    op: "rope_store".into(),
+                    msg: "fused for one sequence of a batch and not for another".into(),
+                }));
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// `x += residual_scale * post_norm(branch)` for `rows` rows: the end of each half of a

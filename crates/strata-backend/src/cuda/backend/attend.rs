@@ -4,6 +4,72 @@
 use super::*;
 
 impl CudaBackend {
+    /// The device address of `freqs`' inverse frequencies: those already uploaded when
+    /// they are the same (every layer's, in most models), else uploaded now.
+    fn freqs_ptr(&self, s: &mut Scratch, freqs: &RopeFreqs) -> BackendResult<u64> {
+        if s.freqs.as_ref().is_none_or(|(host, _)| *host != freqs.inv_freq) {
+            s.freqs = None;
+            let mut dev = self.stream.alloc_zeros::<f32>(freqs.inv_freq.len().max(1)).map_err(dev_err("rope", 0))?;
+            self.put(&freqs.inv_freq, &mut dev, "rope frequencies")?;
+            s.freqs = Some((freqs.inv_freq.clone(), dev));
+        }
+        s.freqs.as_ref().map(|(_, d)| ptr(d, &self.stream, 0)).ok_or_else(no_scratch)
+    }
+
+    /// [`crate::Fused::RopeStore`] as one `rope_store_*` launch (grid: rows × every head
+    /// of q, k and v), on the fused decode path (`STRATA_CUDA_MATVEC=packed`) where the
+    /// kernel takes the heads ([`launch::rope_store`]); `None` otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rope_store(
+        &self,
+        q: &mut CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        (row0, n, at): (usize, usize, usize),
+        heads: crate::RopeHeads,
+        freqs: &RopeFreqs,
+        (k_cache, v_cache): (&mut CudaBuf, &mut CudaBuf),
+        ty: KvType,
+    ) -> Option<BackendResult<()>> {
+        let crate::RopeHeads { n_heads, n_kv_heads, head_dim } = heads;
+        let pairs = freqs.inv_freq.len().min(head_dim / 2);
+        if self.matvec != launch::Matvec::Packed || pairs == 0 {
+            return None;
+        }
+        let shape = launch::rope_store(ty, n, n_heads, n_kv_heads, head_dim)?;
+        if n == 0 {
+            return Some(Ok(()));
+        }
+        let run = || -> BackendResult<()> {
+            let (q_width, width) = (n_heads * head_dim, n_kv_heads * head_dim);
+            let row_len = ty.row_len(width);
+            check_len(&[q.data.len()], (row0 + n) * q_width, "rope_store")?;
+            check_len(&[k.data.len(), v.data.len()], (row0 + n) * width, "rope_store")?;
+            check_len(&[k_cache.data.len(), v_cache.data.len()], (at + n) * row_len, "rope_store")?;
+            let u = |x: usize| to_u32(x, "rope_store");
+            let (pos0, nh, nkv, hd, np) = (u(at)?, u(n_heads)?, u(n_kv_heads)?, u(head_dim)?, u(pairs)?);
+            let mut s = self.scratch();
+            let fp = self.freqs_ptr(&mut s, freqs)?;
+            let st = &self.stream;
+            let (qp, kp, vp) =
+                (ptr(&q.data, st, row0 * q_width), ptr(&k.data, st, row0 * width), ptr(&v.data, st, row0 * width));
+            let (kc, vc) = (ptr(&k_cache.data, st, at * row_len), ptr(&v_cache.data, st, at * row_len));
+            let (af, il) = (freqs.attention_factor, freqs.interleaved as i32);
+            let mut b = st.launch_builder(self.func(launch::rope_store_kernel(ty))?);
+            b.arg(&qp).arg(&kp).arg(&vp).arg(&kc).arg(&vc).arg(&pos0).arg(&nh).arg(&nkv).arg(&hd).arg(&np);
+            b.arg(&fp).arg(&af).arg(&il);
+            // SAFETY: rope_store_{f32,f16,q8_0}(q, k, v, k_cache, v_cache, pos0, n_heads,
+            // n_kv_heads, head_dim, n_pairs, inv_freq, attn_factor, interleaved) per
+            // kernels/README.md: `q`, `k` and `v` point at row `row0` of buffers holding
+            // `row0 + n` rows of their widths, the caches at row `at` of `at + n` rows of
+            // `ty.row_len(width)` floats (all checked above); `inv_freq` holds at least
+            // `n_pairs ≤ head_dim / 2` values; the shape is one the kernel takes
+            // (`launch::rope_store`: an even head of at most 512, whole Q8_0 blocks).
+            unsafe { self.launch(&mut b, shape, "rope_store") }
+        };
+        Some(run())
+    }
+
     pub(super) fn rotate(
         &self,
         x: &mut CudaBuf,
@@ -21,13 +87,7 @@ impl CudaBackend {
         let pos = self.grow(&mut s.positions, positions.len(), "positions")?;
         self.put(positions, pos, "positions")?;
         let pp = ptr(pos, &self.stream, 0);
-        if s.freqs.as_ref().is_none_or(|(host, _)| *host != freqs.inv_freq) {
-            s.freqs = None;
-            let mut dev = self.stream.alloc_zeros::<f32>(freqs.inv_freq.len().max(1)).map_err(dev_err("rope", 0))?;
-            self.put(&freqs.inv_freq, &mut dev, "rope frequencies")?;
-            s.freqs = Some((freqs.inv_freq.clone(), dev));
-        }
-        let fp = s.freqs.as_ref().map(|(_, d)| ptr(d, &self.stream, 0)).ok_or_else(no_scratch)?;
+        let fp = self.freqs_ptr(&mut s, freqs)?;
         let (xp, nh, hd, np, af, il) = (
             ptr(&x.data, &self.stream, 0),
             n_heads as u32,
