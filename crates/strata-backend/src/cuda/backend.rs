@@ -88,6 +88,8 @@ impl CudaWeight {
 struct Scratch {
     ids: Option<CudaSlice<u32>>,
     positions: Option<CudaSlice<u32>>,
+    /// What `positions` holds (empty: unknown).
+    positions_host: Vec<u32>,
     freqs: Option<(Vec<f32>, CudaSlice<f32>)>,
     partial: Option<CudaSlice<f32>>,
     w16: Option<CudaSlice<u16>>,

@@ -84,9 +84,16 @@ impl CudaBackend {
             return Ok(());
         }
         let mut s = self.scratch();
-        let pos = self.grow(&mut s.positions, positions.len(), "positions")?;
-        self.put(positions, pos, "positions")?;
-        let pp = ptr(pos, &self.stream, 0);
+        // The positions already on the device when they are the same (a pass's q and k, and
+        // every layer of it, rotate at the same positions): one upload a pass, not two a layer.
+        let stale = s.positions.as_ref().is_none_or(|d| d.len() < positions.len()) || s.positions_host != positions;
+        if stale {
+            s.positions_host.clear();
+            let pos = self.grow(&mut s.positions, positions.len(), "positions")?;
+            self.put(positions, pos, "positions")?;
+            s.positions_host.extend_from_slice(positions);
+        }
+        let pp = s.positions.as_ref().map(|d| ptr(d, &self.stream, 0)).ok_or_else(no_scratch)?;
         let fp = self.freqs_ptr(&mut s, freqs)?;
         let (xp, nh, hd, np, af, il) = (
             ptr(&x.data, &self.stream, 0),

@@ -102,6 +102,7 @@ impl CudaBackend {
             scratch: Mutex::new(Scratch {
                 ids: None,
                 positions: None,
+                positions_host: Vec::new(),
                 freqs: None,
                 partial: None,
                 w16: None,
