@@ -10,7 +10,7 @@
 use strata::backend::cpu::CpuBackend;
 use strata::backend::cuda::CudaBackend;
 use strata::backend::cuda::launch::WEIGHT_FORMATS;
-use strata::backend::{Activation, AttnParams, Backend, Fused, RopeFreqs, Rows, Unary};
+use strata::backend::{Activation, AttnParams, Backend, Fused, RopeFreqs, RopeHeads, Rows, Unary};
 use strata::quant::ReadF32;
 use strata::tensor::{AlignedBytes, DType, HostTensor};
 
@@ -841,4 +841,76 @@ fn top_k_on_the_device_matches_the_cpu_on<G: Backend>(g: &G) {
             assert_eq!(g.lse.to_bits(), w.lse.to_bits(), "lse {} vs {}", g.lse, w.lse);
         }
     }
+}
+
+#[test]
+fn rope_and_the_kv_store_fused_give_the_unfused_bits() {
+    // STRATA_CUDA_MATVEC=packed: the fused decode path must take every shape below.
+    let packed = std::env::var("STRATA_CUDA_MATVEC").is_ok_and(|v| v.trim() == "packed");
+    on_gpu(|g| rope_store_gives_the_unfused_bits_on(g, packed), |c| rope_store_gives_the_unfused_bits_on(c, false));
+}
+
+/// `Fused::RopeStore` against `rope` of q and k then `kv_store` of k and v, bit for bit,
+/// for every KV type, a sequence in the middle of a batch (`row0 > 0`) and of its cache
+/// (`at > 0`), partial RoPE and interleaved pairs; `expect_fused`: each must be fused.
+fn rope_store_gives_the_unfused_bits_on<G: Backend>(g: &G, expect_fused: bool) {
+    let (rows, row0, n, at) = (5, 2, 3, 17);
+    let mut fused = 0;
+    for &ty in g.kv_types() {
+        for (nh, nkv, hd, pairs, interleaved) in [(8, 2, 64, 32, false), (4, 4, 128, 16, true), (6, 2, 96, 48, false)] {
+            let (q_width, width) = (nh * hd, nkv * hd);
+            let (q, k, v) =
+                (values(rows * q_width, 41, 2.0), values(rows * width, 42, 2.0), values(rows * width, 43, 1.0));
+            let inv_freq = (0..pairs).map(|i| 10000f32.powf(-2.0 * i as f32 / hd as f32)).collect();
+            let freqs = RopeFreqs { inv_freq, attention_factor: 1.0, interleaved };
+            let cache_len = (at + n + 2) * ty.row_len(width);
+            let (mut gq, mut gk, gv) = (g.upload(&q).unwrap(), g.upload(&k).unwrap(), g.upload(&v).unwrap());
+            let (mut kc, mut vc) = (g.alloc(cache_len).unwrap(), g.alloc(cache_len).unwrap());
+            let heads = RopeHeads { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
+            let mut op = Fused::RopeStore {
+                q: &mut gq,
+                k: &mut gk,
+                v: &gv,
+                row0,
+                n,
+                at,
+                heads,
+                freqs: &freqs,
+                k_cache: &mut kc,
+                v_cache: &mut vc,
+                ty,
+            };
+            let Some(done) = g.fused(&mut op) else {
+                assert!(!expect_fused, "{ty:?} heads {nh}/{nkv} of {hd}: not fused");
+                continue;
+            };
+            done.unwrap();
+            // The unfused ops over the sequence's rows alone.
+            let positions: Vec<u32> = (at..at + n).map(|p| p as u32).collect();
+            let mut uq = g.upload(&q[row0 * q_width..(row0 + n) * q_width]).unwrap();
+            let mut uk = g.upload(&k[row0 * width..(row0 + n) * width]).unwrap();
+            g.rope(&mut uq, nh, hd, &positions, &freqs).unwrap();
+            g.rope(&mut uk, nkv, hd, &positions, &freqs).unwrap();
+            let (mut ukc, mut uvc) = (g.alloc(cache_len).unwrap(), g.alloc(cache_len).unwrap());
+            g.kv_store(&uk, Rows::first(n), width, &mut ukc, at, ty).unwrap();
+            g.kv_store(&gv, Rows::Range { start: row0, n }, width, &mut uvc, at, ty).unwrap();
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            let mut want_q = q.clone();
+            want_q[row0 * q_width..(row0 + n) * q_width].copy_from_slice(&g.download(&uq, n * q_width).unwrap());
+            let what = format!("{ty:?} heads {nh}/{nkv} of {hd}, {pairs} pairs");
+            assert_eq!(bits(g.download(&gq, rows * q_width).unwrap()), bits(want_q), "{what}: q");
+            assert_eq!(
+                bits(g.download(&kc, cache_len).unwrap()),
+                bits(g.download(&ukc, cache_len).unwrap()),
+                "{what}: k"
+            );
+            assert_eq!(
+                bits(g.download(&vc, cache_len).unwrap()),
+                bits(g.download(&uvc, cache_len).unwrap()),
+                "{what}: v"
+            );
+            fused += 1;
+        }
+    }
+    eprintln!("Fused::RopeStore: {fused} fused runs, each bit for bit the unfused ops");
 }
