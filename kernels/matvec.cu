@@ -414,14 +414,16 @@ __device__ __forceinline__ void mvp_unit_q6_k(const uint4* __restrict__ q, const
     }
 }
 
-// The tiled walk both packed kernels share, inside a kernel with `x`, `rows`, `out`
-// and `in` in scope: declares `lane`, `o0` (the warp's first output row) and the
+// The tiled walk the packed kernels share, inside a kernel with `x`, `rows`, `out`
+// and `in` in scope, for the block of index BLOCK among the weight's (MVP_WALK: the
+// launch's blockIdx.x): declares `lane`, `o0` (the warp's first output row) and the
 // clamped `rows`, stages the activations a tile at a time and runs UNIT once per unit
 // of the warp's rows, with `g` (the units' indices, one per row) and `xu` (its staged
 // values) in scope; UNROLL is the unit loop's pragma ("unroll 1" keeps the fused
 // kernels' four weight rows a warp from spilling on sm_90). Returns early (uniformly)
 // when there is nothing to compute.
-#define MVP_WALK(NAME, QK, UV, UNROLL, UNIT)                                                       \
+#define MVP_WALK(NAME, QK, UV, UNROLL, UNIT) MVP_WALK_AT(NAME, QK, UV, UNROLL, blockIdx.x, UNIT)
+#define MVP_WALK_AT(NAME, QK, UV, UNROLL, BLOCK, UNIT)                                            \
     __shared__ float4 stage[MATVEC_PACKED_STAGE * MATVEC_PACKED_PAD / 4u];                        \
     float* xs = (float*)stage;                                                                    \
     if (out == 0u || rows == 0u) return; /* uniform: nothing to compute */                       \
@@ -433,7 +435,7 @@ __device__ __forceinline__ void mvp_unit_q6_k(const uint4* __restrict__ q, const
     unsigned int tb = MATVEC_PACKED_STAGE * MATVEC_PACKED_PAD / upad / rows;                      \
     tb = tb >= 32u ? tb / 32u * 32u : tb / upb * upb;                                             \
     const unsigned int stride = tb * upad;                                                        \
-    const unsigned int o0 = (blockIdx.x * (blockDim.x >> 5) + warp) * MATVEC_PACKED_WARP_ROWS;    \
+    const unsigned int o0 = ((BLOCK) * (blockDim.x >> 5) + warp) * MATVEC_PACKED_WARP_ROWS;       \
     unsigned long long rowu[MATVEC_PACKED_WARP_ROWS];                                             \
     _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j)                  \
         rowu[j] = (unsigned long long)min(o0 + j, out - 1u) * nunit;                              \
@@ -474,37 +476,63 @@ __device__ __forceinline__ void mvp_unit_q6_k(const uint4* __restrict__ q, const
         }                                                                                         \
     }
 
-#define MATVEC_PACKED(NAME, QK, UV)                                                               \
+// matvec_add_packed_FMT(q, d, x, y, rows, out, in): the product added into `y` (a
+// residual stream): y[r * out + o] += Σ_k x[r, k] · w[o, k]. Launch and walk as
+// matvec_packed_FMT; the sum is the same, added with one f32 add, so y is bit for bit
+// matvec_packed_FMT into a buffer followed by add_f32 of it.
+//
+// Both kernels, KERNEL storing each sum with STORE (`=` or `+=`).
+#define MATVEC_PACKED_KERNEL(KERNEL, NAME, QK, UV, STORE)                                         \
     extern "C" __global__ void __launch_bounds__(256)                                             \
-        matvec_packed_##NAME(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, \
-                             const float* __restrict__ x, float* __restrict__ y, unsigned int rows, \
-                             unsigned int out, unsigned int in) {                                 \
+        KERNEL(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,         \
+               const float* __restrict__ x, float* __restrict__ y, unsigned int rows, unsigned int out, \
+               unsigned int in) {                                                                 \
         MVP_ACC(acc)                                                                              \
         MVP_WALK(NAME, QK, UV, "unroll 2", mvp_unit_##NAME((const uint4*)q, d, g, xu, stride, rows, acc)) \
-        MVP_REDUCE(const float s = warp_sum(acc[j][r]), y[(unsigned long long)r * out + o0 + j] = s) \
+        MVP_REDUCE(const float s = warp_sum(acc[j][r]), y[(unsigned long long)r * out + o0 + j] STORE s) \
     }
+#define MATVEC_PACKED(NAME, QK, UV)                                                               \
+    MATVEC_PACKED_KERNEL(matvec_packed_##NAME, NAME, QK, UV, =)                                   \
+    MATVEC_PACKED_KERNEL(matvec_add_packed_##NAME, NAME, QK, UV, +=)
 MATVEC_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
 MATVEC_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
 MATVEC_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
 MATVEC_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
 
-// matvec_add_packed_FMT(q, d, x, y, rows, out, in): the product added into `y` (a
-// residual stream): y[r * out + o] += Σ_k x[r, k] · w[o, k]. Launch and walk as
-// matvec_packed_FMT; the sum is the same, added with one f32 add, so y is bit for bit
-// matvec_packed_FMT into a buffer followed by add_f32 of it.
-#define MATVEC_ADD_PACKED(NAME, QK, UV)                                                           \
-    extern "C" __global__ void __launch_bounds__(256) matvec_add_packed_##NAME(                   \
-        const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,                \
-        const float* __restrict__ x, float* __restrict__ y, unsigned int rows, unsigned int out,  \
+// matvec_multi_packed_FMT(q0, d0, y0, out0, q1, d1, y1, out1, q2, d2, y2, out2, x, rows,
+// in): up to three products of one input in one launch (a layer's q, k and v),
+//   y_i[r * out_i + o] = Σ_k x[r, k] · w_i[o, k]
+// for packed `[out_i, in]` weights of one format (`q_i`/`d_i` their quants and scales,
+// `y_i` distinct outputs; `out_i` = 0 for an unused weight). Launch: grid Σ_i ceil(out_i /
+// R), R = 2 · blockDim.x / 32 rows a block (8 at block 128, any multiple of 32 up to
+// 256): the first ceil(out_0 / R) blocks compute weight 0, the next weight 1, the rest
+// weight 2 (the choice is block-uniform), each as block `b - first` of matvec_packed_FMT's
+// launch, so every output is bit for bit that kernel's.
+#define MATVEC_MULTI_PACKED(NAME, QK, UV)                                                         \
+    extern "C" __global__ void __launch_bounds__(256) matvec_multi_packed_##NAME(                 \
+        const unsigned char* __restrict__ q0, const unsigned short* __restrict__ d0,              \
+        float* __restrict__ y0, unsigned int out0, const unsigned char* __restrict__ q1,          \
+        const unsigned short* __restrict__ d1, float* __restrict__ y1, unsigned int out1,         \
+        const unsigned char* __restrict__ q2, const unsigned short* __restrict__ d2,              \
+        float* __restrict__ y2, unsigned int out2, const float* __restrict__ x, unsigned int rows, \
         unsigned int in) {                                                                        \
+        const unsigned int per = MATVEC_PACKED_WARP_ROWS * (blockDim.x >> 5);                     \
+        const unsigned int n0 = (out0 + per - 1u) / per, n01 = n0 + (out1 + per - 1u) / per;      \
+        const unsigned int wi = blockIdx.x < n0 ? 0u : blockIdx.x < n01 ? 1u : 2u;                \
+        const unsigned char* __restrict__ q = wi == 0u ? q0 : wi == 1u ? q1 : q2;                 \
+        const unsigned short* __restrict__ d = wi == 0u ? d0 : wi == 1u ? d1 : d2;                \
+        float* __restrict__ y = wi == 0u ? y0 : wi == 1u ? y1 : y2;                               \
+        const unsigned int out = wi == 0u ? out0 : wi == 1u ? out1 : out2;                        \
+        const unsigned int blk = blockIdx.x - (wi == 0u ? 0u : wi == 1u ? n0 : n01);              \
         MVP_ACC(acc)                                                                              \
-        MVP_WALK(NAME, QK, UV, "unroll 2", mvp_unit_##NAME((const uint4*)q, d, g, xu, stride, rows, acc)) \
-        MVP_REDUCE(const float s = warp_sum(acc[j][r]), y[(unsigned long long)r * out + o0 + j] += s) \
+        MVP_WALK_AT(NAME, QK, UV, "unroll 2", blk,                                                \
+                    mvp_unit_##NAME((const uint4*)q, d, g, xu, stride, rows, acc))                \
+        MVP_REDUCE(const float s = warp_sum(acc[j][r]), y[(unsigned long long)r * out + o0 + j] = s) \
     }
-MATVEC_ADD_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
-MATVEC_ADD_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
-MATVEC_ADD_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
-MATVEC_ADD_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
+MATVEC_MULTI_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
+MATVEC_MULTI_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
+MATVEC_MULTI_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
+MATVEC_MULTI_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
 
 // matvec_glu_packed_FMT(qg, dg, qu, du, x, y, rows, out, in, act, alpha, limit): a gated
 // MLP's gate and up products and its activation in one launch,

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks the PTX of the kernels that stage their reads in 16-byte loads: every
-`matvec_packed_*`, `matvec_glu_packed_*` and `matvec_add_packed_*` entry of a matvec PTX file (kernels/README.md,
+`matvec_packed_*`, `matvec_glu_packed_*`, `matvec_add_packed_*` and
+`matvec_multi_packed_*` entry of a matvec PTX file (kernels/README.md,
 "Packed weights"; set `matvec`, the default) or every `attn_group_*` entry of an attention
 PTX file (set `attention`: K/V head slices copied to shared memory) reads global memory
 with 16-byte vector loads (`ld.global.nc.v4.u32` or `ld.global.v4.*`), and `ptxas -v`
@@ -15,7 +16,7 @@ import sys
 # The formats with a packed layout (kernels/README.md, "Packed weights"), sorted.
 PACKED_FORMATS = ["q4_0", "q4_k", "q6_k", "q8_0"]
 # The kernels that read packed weights, by name prefix (then the format).
-KERNELS = ("matvec_packed_", "matvec_glu_packed_", "matvec_add_packed_")
+KERNELS = ("matvec_packed_", "matvec_glu_packed_", "matvec_add_packed_", "matvec_multi_packed_")
 # The entries each set checks, by name prefix, and the names it must find.
 SETS = {
     "matvec": (KERNELS, sorted(f"{k}{f}" for k in KERNELS for f in PACKED_FORMATS)),
@@ -73,7 +74,7 @@ def main() -> int:
     if problems:
         print("check_packed_ptx: " + "\n  ".join(problems), file=sys.stderr)
         return 1
-    what = {"matvec": "packed matvecs (and fused GLU and add matvecs)", "attention": "grouped attention kernels"}[which]
+    what = {"matvec": "packed matvecs (and fused GLU, add and multi matvecs)", "attention": "grouped attention kernels"}[which]
     print(f"check_packed_ptx: {arch} {what} use 16-byte global loads, 0 spill bytes")
     return 0
 

@@ -549,6 +549,65 @@ fn a_fused_product_into_the_residual_gives_the_unfused_bits_on<G: Backend>(g: &G
 }
 
 #[test]
+fn products_of_one_input_give_each_weight_s_own_bits() {
+    // STRATA_CUDA_MATVEC=packed: weights of one packed format and `in` share launches.
+    let packed = std::env::var("STRATA_CUDA_MATVEC").is_ok_and(|v| v.trim() == "packed");
+    on_gpu(
+        |g| products_of_one_input_give_each_weight_s_own_bits_on(g, packed),
+        |c| products_of_one_input_give_each_weight_s_own_bits_on(c, false),
+    );
+}
+
+/// `matmul_seqs_each` of a layer's q, k and v (one format, and Q4_K_M's mix with v in
+/// Q6_K) against `matmul_seqs` of each weight alone, bit for bit, for decode batches, a
+/// verifying sequence's rows and a prompt chunk; `shared`: the decode batches of packed
+/// weights of one format take one launch per 8 rows (launch counts).
+fn products_of_one_input_give_each_weight_s_own_bits_on<G: Backend>(g: &G, shared: bool) {
+    let (inn, outs) = (512, [300, 72, 72]);
+    let batches: [&[usize]; 4] = [&[1], &[1, 1, 1], &[1, 8, 1, 1], &[1, 16]];
+    let launches = || g.launch_stats().map_or(0, |s| s.launches);
+    for kinds in [
+        [DType::Q4_0; 3],
+        [DType::Q8_0; 3],
+        [DType::Q4_K; 3],
+        [DType::Q6_K; 3],
+        [DType::Q4_K, DType::Q4_K, DType::Q6_K],
+    ] {
+        let ws: Vec<_> = kinds
+            .iter()
+            .zip(outs)
+            .enumerate()
+            .map(|(i, (&d, o))| g.weight(&any_weight(d, o, inn, 60 + i as u64)).unwrap())
+            .collect();
+        for (b, seqs) in batches.iter().enumerate() {
+            let rows: usize = seqs.iter().sum();
+            let gx = g.upload(&values(rows * inn, 70 + b as u64, 1.0)).unwrap();
+            let mut ys: Vec<_> = outs.iter().map(|&o| g.alloc(rows * o).unwrap()).collect();
+            let before = launches();
+            let mut each: Vec<_> = ws.iter().zip(ys.iter_mut()).collect();
+            g.matmul_seqs_each(&gx, seqs, &mut each).unwrap();
+            let took = launches() - before;
+            let mut alone_launches = Vec::new();
+            for (i, (w, y)) in ws.iter().zip(&ys).enumerate() {
+                let mut alone = g.alloc(rows * outs[i]).unwrap();
+                let before = launches();
+                g.matmul_seqs(&gx, seqs, w, &mut alone).unwrap();
+                alone_launches.push(launches() - before);
+                let (got, want) = (g.download(y, rows * outs[i]).unwrap(), g.download(&alone, rows * outs[i]).unwrap());
+                let diff = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(diff, 0, "{kinds:?} {seqs:?}: weight {i}: {diff} values differ from matmul_seqs alone");
+            }
+            if shared && seqs.iter().all(|&n| n <= 8) {
+                // One launch per 8 rows for the weights of the first's format, v alone if not.
+                let v_alone = if kinds[2] == kinds[0] { 0 } else { alone_launches[2] };
+                assert_eq!(took, rows.div_ceil(8) as u64 + v_alone, "{kinds:?} {seqs:?}: {took} launches");
+            }
+        }
+        eprintln!("matmul_seqs_each {kinds:?}: every weight bit for bit alone");
+    }
+}
+
+#[test]
 fn the_delta_rule_matches_the_cpu_in_one_pass_and_in_chunks() {
     on_gpu(
         the_delta_rule_matches_the_cpu_in_one_pass_and_in_chunks_on,

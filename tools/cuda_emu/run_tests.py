@@ -148,6 +148,12 @@ SIGS: dict[str, list[tuple[str, str]]] = {
         (f"matvec_add_packed_{f}", "const unsigned char* q, const unsigned short* d, const float* x, float* y, "
                                    "unsigned rows, unsigned out, unsigned in")
         for f in PACKED_FMTS
+    ] + [
+        (f"matvec_multi_packed_{f}", "const unsigned char* q0, const unsigned short* d0, float* y0, unsigned out0, "
+                                     "const unsigned char* q1, const unsigned short* d1, float* y1, unsigned out1, "
+                                     "const unsigned char* q2, const unsigned short* d2, float* y2, unsigned out2, "
+                                     "const float* x, unsigned rows, unsigned in")
+        for f in PACKED_FMTS
     ],
     "attention.cu": [
         ("attn_partial_f32", "const float* q, const float* k, const float* v, float* part, "
@@ -1202,6 +1208,42 @@ def cases_matvec():
         for rows, out, inn, block, _ in shapes[:8]:
             cs.append(Case(f"matvec_add_packed_{fmt} rows={rows} out={out} in={inn} block={block}",
                            f"matvec_add_packed_{fmt}", mv_add_packed(fmt, rows, out, inn, block)))
+
+    def mv_multi_packed(fmt, rows, outs, inn, block):
+        # Up to 3 weights of one input against float64 numpy, and each output bit for bit
+        # against its own matvec_packed_FMT launch; unused weights: null and out 0.
+        def run(c, rng):
+            x = rng.standard_normal((rows, inn)).astype(np.float32)
+            bx, per = c.buf(x), 2 * block // 32
+            args, mine, summary = [], [], []
+            for out in outs:
+                raw, wref = make_weights(fmt, out, inn, rng)
+                q, d = pack_weights(fmt, raw, out, inn)
+                bq, bd, by = c.buf(q), c.buf(d), c.out((rows, out), np.float32)
+                args += [bq, bd, by, out]
+                mine.append((bq, bd, by, out, wref))
+            args += [None, None, None, 0] * (3 - len(outs))
+            grid = (sum(cdiv(o, per) for o in outs),)
+            c.launch(f"matvec_multi_packed_{fmt}", grid, (block,), *args, bx, rows, inn)
+            for i, (bq, bd, by, out, wref) in enumerate(mine):
+                got, alone = by.read(), c.out((rows, out), np.float32)
+                c.launch(f"matvec_packed_{fmt}", (cdiv(out, per),), (block,), bq, bd, bx, alone, rows, out, inn)
+                if not np.array_equal(got.view(np.uint32), alone.read().view(np.uint32)):
+                    raise CaseFail(f"weight {i}: outputs differ from its own matvec_packed launch (bits)")
+                ref = x.astype(np.float64) @ wref.astype(np.float64).T
+                summary.append(compare_nmse(f"y{i}", got, ref, 5e-4))
+            return ", ".join(summary) + ", = separate launches (bits)"
+        return run
+    # q, k and v of GQA shapes (odd, sharing blocks' edges), two weights, one; 1 to 8
+    # rows; blocks of 1, 4 and 8 warps; `in` past one tile.
+    multi = ((1, (67, 17, 17), 0, 128), (3, (16, 9, 9), 1, 128), (8, (21, 5, 40), 0, 256), (2, (9, 9), 2, 32),
+             (5, (33,), 0, 128), (4, (1, 8, 3), 3, 128))
+    for fmt in PACKED_FMTS:
+        ins = (512, 288, 2080, 8192 + 1056) if BLOCK[fmt][0] == 32 else (512, 768, 2304, 8192 + 1280)
+        for rows, outs, ii, block in multi:
+            inn = ins[ii]
+            cs.append(Case(f"matvec_multi_packed_{fmt} rows={rows} outs={outs} in={inn} block={block}",
+                           f"matvec_multi_packed_{fmt}", mv_multi_packed(fmt, rows, outs, inn, block)))
 
     # Every activation at one decode row, then 2 to 8 rows (each activation again), odd
     # `out`, `in` of a few blocks and past one tile, blocks of 1, 4 and 8 warps.

@@ -481,6 +481,15 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn matmul_seqs_each(
+        &self,
+        x: &CudaBuf,
+        seq_rows: &[usize],
+        each: &mut [(&CudaWeight, &mut CudaBuf)],
+    ) -> BackendResult<()> {
+        self.products_each(x, seq_rows, each)
+    }
+
     fn chunking_changes_rows(&self) -> bool {
         self.blas.is_some() && !self.row_invariant
     }

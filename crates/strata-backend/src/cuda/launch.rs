@@ -123,6 +123,16 @@ pub fn matvec_packed(out: usize) -> Shape {
     Shape::new((blocks(out as u64, MATVEC_PACKED_ROWS_PER_BLOCK), 1, 1), 16 * MATVEC_PACKED_ROWS_PER_BLOCK)
 }
 
+/// Weights one `matvec_multi_packed_FMT` launch computes at most.
+pub const MATVEC_MULTI_MAX: usize = 3;
+
+/// `matvec_multi_packed_FMT` over weights of `outs` output rows: the blocks of each
+/// weight's `matvec_packed_FMT` launch, one after the other.
+pub fn matvec_multi(outs: &[usize]) -> Shape {
+    let n: u64 = outs.iter().map(|&o| (o as u64).div_ceil(MATVEC_PACKED_ROWS_PER_BLOCK as u64)).sum();
+    Shape::new((n.clamp(1, MAX_GRID_X) as u32, 1, 1), 16 * MATVEC_PACKED_ROWS_PER_BLOCK)
+}
+
 /// The formats the backend repacks for `matvec_packed_FMT` (kernels/README.md, "Packed
 /// weights").
 pub const PACKED_FORMATS: [DType; 4] = [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K];
@@ -217,6 +227,32 @@ pub fn fuses_add(w: WeightKind<'_>, seq_rows: &[usize], gemm: bool) -> bool {
 /// kernel: always without a GEMM, else when none has more than [`MATVEC_MAX_ROWS`].
 fn on_matvec(seq_rows: &[usize], gemm: bool) -> bool {
     !gemm || seq_rows.iter().all(|&n| n <= MATVEC_MAX_ROWS)
+}
+
+/// The launches of `matmul_seqs_each` over `weights` for a batch of sequences of
+/// `seq_rows` rows, as groups of indices into `weights`, in order of their first: a
+/// group of 2 to [`MATVEC_MULTI_MAX`] packed 2-D weights of one format and `in` is one
+/// `matvec_multi_packed_FMT` launch (when every sequence's rows take the matrix-vector
+/// kernel, `gemm` as in [`fuses_glu`]); every other weight is a group of its own, run by
+/// `matmul_seqs` alone. Each weight's rows come out as its own launch's either way.
+pub fn multi_groups(weights: &[WeightKind<'_>], seq_rows: &[usize], gemm: bool) -> Vec<Vec<usize>> {
+    let shares = |w: &WeightKind<'_>| w.packed && w.shape.len() == 2 && on_matvec(seq_rows, gemm);
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, w) in weights.iter().enumerate() {
+        let joins = groups.iter_mut().find(|g| {
+            let first = &weights[g[0]];
+            shares(w)
+                && shares(first)
+                && g.len() < MATVEC_MULTI_MAX
+                && first.dtype == w.dtype
+                && first.shape[1] == w.shape[1]
+        });
+        match joins {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
 }
 
 /// The `act` code of `matvec_glu_packed_FMT` (common.cuh's `STRATA_GLU_*`) with its
@@ -485,6 +521,7 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         names.push(("matvec", format!("matvec_packed_{f}")));
         names.push(("matvec", format!("matvec_glu_packed_{f}")));
         names.push(("matvec", format!("matvec_add_packed_{f}")));
+        names.push(("matvec", format!("matvec_multi_packed_{f}")));
         names.push(("dequant", format!("dequant_packed_{f}_f16")));
     }
     names
@@ -524,6 +561,30 @@ mod tests {
         // The stored layout runs the unfused ops; so does a 1-D weight.
         assert!(!fuses_add(WeightKind { packed: false, ..q4 }, &[1], true));
         assert!(!fuses_add(WeightKind { shape: &shape[..1], ..q4 }, &[1], true));
+    }
+
+    #[test]
+    fn products_of_one_input_share_launches_by_format_and_width() {
+        let (q, kv, wide) = ([128usize, 64], [32usize, 64], [64usize, 128]);
+        let k = |dtype, shape, packed| WeightKind { dtype, shape, packed };
+        let decode = [1usize, 1, MATVEC_MAX_ROWS];
+        // A layer's q, k and v: one launch.
+        let qkv = [k(DType::Q4_K, &q, true), k(DType::Q4_K, &kv, true), k(DType::Q4_K, &kv, true)];
+        assert_eq!(multi_groups(&qkv, &decode, true), vec![vec![0, 1, 2]]);
+        // A prompt chunk on the GEMM: each alone (but not without a GEMM).
+        assert_eq!(multi_groups(&qkv, &[1, MATVEC_MAX_ROWS + 1], true), vec![vec![0], vec![1], vec![2]]);
+        assert_eq!(multi_groups(&qkv, &[MATVEC_MAX_ROWS + 1], false), vec![vec![0, 1, 2]]);
+        // Q4_K_M's v in Q6_K: q and k share, v runs alone; so does a stored or 1-D weight.
+        let mixed = [k(DType::Q4_K, &q, true), k(DType::Q4_K, &kv, true), k(DType::Q6_K, &kv, true)];
+        assert_eq!(multi_groups(&mixed, &decode, true), vec![vec![0, 1], vec![2]]);
+        let stored = [k(DType::Q4_K, &q, false), k(DType::Q4_K, &kv, true), k(DType::Q4_K, &kv[..1], true)];
+        assert_eq!(multi_groups(&stored, &decode, true), vec![vec![0], vec![1], vec![2]]);
+        // Another `in`, and a fourth weight of one kind, start groups of their own.
+        let four = [qkv[0], k(DType::Q4_K, &wide, true), qkv[1], qkv[2], qkv[2]];
+        assert_eq!(multi_groups(&four, &decode, true), vec![vec![0, 2, 3], vec![1], vec![4]]);
+        // The grid: each weight's packed blocks, one after the other.
+        assert_eq!(matvec_multi(&[128, 32, 33]).grid.0, 16 + 4 + 5);
+        assert_eq!(matvec_multi(&[67]), matvec_packed(67));
     }
 
     #[test]
@@ -731,9 +792,9 @@ mod tests {
         for entry in &listed {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
-        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 5 per
-        // packed format (the fused GLU and add matvecs too), 28 others.
-        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 5 * PACKED_FORMATS.len() + 28);
+        // 4 kernels per weight format (two matvecs, embedding, dequantisation), 6 per
+        // packed format (the fused GLU, add and multi matvecs too), 28 others.
+        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 6 * PACKED_FORMATS.len() + 28);
         assert_eq!(declared.len(), listed.len());
     }
 }

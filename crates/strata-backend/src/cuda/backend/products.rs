@@ -138,6 +138,78 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// [`Backend::matmul_seqs_each`]: the weights `launch::multi_groups` puts together
+    /// (packed, of one format and `in`, every sequence on the matrix-vector kernel) in
+    /// one `matvec_multi_packed_FMT` launch per `MATVEC_MAX_ROWS` rows, every other
+    /// weight through `matmul_seqs`.
+    pub(super) fn products_each(
+        &self,
+        x: &CudaBuf,
+        seq_rows: &[usize],
+        each: &mut [(&CudaWeight, &mut CudaBuf)],
+    ) -> BackendResult<()> {
+        let gemm = self.blas.is_some() && !self.row_invariant;
+        let kinds: Vec<_> = each.iter().map(|(w, _)| w.kind()).collect();
+        for group in launch::multi_groups(&kinds, seq_rows, gemm) {
+            match group[..] {
+                [i] => {
+                    let (w, out) = &mut each[i];
+                    self.matmul_seqs(x, seq_rows, w, out)?;
+                }
+                _ => self.matvec_multi(x, seq_rows.iter().sum(), each, &group)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// `y_i[r] = x[r] · w_iᵀ` for rows `0..rows` and the weights `each[i]` of `group`
+    /// (2 to `MATVEC_MULTI_MAX` of them, packed, of one format and `in`:
+    /// [`launch::multi_groups`]) with `matvec_multi_packed_FMT`, `MATVEC_MAX_ROWS`
+    /// activation rows per launch.
+    fn matvec_multi(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        each: &[(&CudaWeight, &mut CudaBuf)],
+        group: &[usize],
+    ) -> BackendResult<()> {
+        let first = each[group[0]].0;
+        let inn = first.shape[1];
+        check_len(&[x.data.len()], rows * inn, "matmul_seqs_each")?;
+        let fmt = launch::format_name(first.dtype)
+            .ok_or_else(|| BackendError::Compile(format!("no kernel reads {} weights", first.dtype.name())))?;
+        let f = self.func(&format!("matvec_multi_packed_{fmt}"))?;
+        // Unused weights: null pointers and 0 rows.
+        let (mut qd, mut outs) = ([(0u64, 0u64); launch::MATVEC_MULTI_MAX], [0usize; launch::MATVEC_MULTI_MAX]);
+        for (slot, &i) in group.iter().enumerate() {
+            let (w, y) = &each[i];
+            check_len(&[y.data.len()], rows * w.shape[0], "matmul_seqs_each")?;
+            (qd[slot], outs[slot]) = (w.packed_ptrs(&self.stream, 0), w.shape[0]);
+        }
+        let out32 = outs.map(|o| o as u32);
+        for r0 in (0..rows).step_by(launch::MATVEC_MAX_ROWS) {
+            let mut ys = [0u64; launch::MATVEC_MULTI_MAX];
+            for (slot, &i) in group.iter().enumerate() {
+                ys[slot] = ptr(&each[i].1.data, &self.stream, r0 * outs[slot]);
+            }
+            let xp = ptr(&x.data, &self.stream, r0 * inn);
+            let (n, i) = ((rows - r0).min(launch::MATVEC_MAX_ROWS) as u32, inn as u32);
+            let mut b = self.stream.launch_builder(f);
+            for s in 0..launch::MATVEC_MULTI_MAX {
+                b.arg(&qd[s].0).arg(&qd[s].1).arg(&ys[s]).arg(&out32[s]);
+            }
+            b.arg(&xp).arg(&n).arg(&i);
+            // SAFETY: matvec_multi_packed_FMT(q0, d0, y0, out0, ..., x, rows, in) per
+            // kernels/README.md: each used `q_i`/`d_i` are the packed quants and scales of
+            // an `out_i × in` weight of format FMT (one format and `in`: the caller's
+            // group), each `y_i` a distinct buffer (distinct `&mut`) of at least
+            // `rows × out_i` floats and `x` of `rows × in` (checked above); unused slots
+            // have `out_i = 0` and are never read; the grid is each weight's packed grid in turn.
+            unsafe { self.launch(&mut b, launch::matvec_multi(&outs), "matmul_seqs_each") }?;
+        }
+        Ok(())
+    }
+
     /// The prefill product through cuBLAS: f32 weights as they are; any other format
     /// dequantised to f16 a tile of output rows at a time (so the scratch stays small
     /// even for a vocabulary-sized head) against `x` converted to f16, accumulated in
