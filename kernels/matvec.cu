@@ -169,14 +169,17 @@ STRATA_BLOCK_FORMATS(MATVEC_WIDE_BLOCK)
 
 // matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for Q4_0, Q8_0, Q4_K and
 // Q6_K weights in the packed layout (quant.cuh: `q` the 16-byte aligned quants, `d` the
-// scales). Launch: grid ceil(out / 8), block 128 (any multiple of 32 up to 256: a block
-// computes MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output rows, warp w rows 2w and
-// 2w + 1 of them). `in` is a whole number of blocks.
+// scales), and for F32, F16 and BF16 weights in their stored layout with 16-byte aligned
+// rows (`q` the weight, `d` unused). Launch: grid ceil(out / 8), block 128 (any multiple
+// of 32 up to 256: a block computes MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output
+// rows, warp w rows 2w and 2w + 1 of them). `in` is a whole number of blocks (of units
+// for the element formats).
 //
 // A "unit" is what one lane decodes from 16-byte loads: a Q4_0 block (one uint4 of
 // quants) or a Q8_0 block (two), 32 values of a Q4_K super-block (one uint4) or 64 of a
-// Q6_K one (three uint4: two of ql, one of qh). Unit g of the tensor is unit g % UPB
-// (units per block: 1, 1, 8, 4) of block g / UPB. The activations are staged in shared
+// Q6_K one (three uint4: two of ql, one of qh), 8 values of an element format (one uint4
+// of f16/bf16, two of f32; a block of its own). Unit g of the tensor is unit g % UPB
+// (units per block: 1, 1, 8, 4, 1) of block g / UPB. The activations are staged in shared
 // memory a tile at a time (MATVEC_PACKED_STAGE · MATVEC_PACKED_PAD floats over all
 // activation rows), each unit's values contiguously in the order the unit decodes them
 // (mvp_slot_FMT maps value v of a block to its staged float), UV + 4 floats a unit so
@@ -198,9 +201,11 @@ __device__ __forceinline__ unsigned int u4_word(uint4 v, unsigned int k) {
     return k == 0u ? v.x : k == 1u ? v.y : k == 2u ? v.z : v.w;
 }
 
-// acc[j][r] += lo[j][i] · xs[r * stride + i] + hi[j][i] · xs[r * stride + 16 + i] for
+// acc[j][r] += lo[j][i] · xs[r * stride + i] + hi[j][i] · xs[r * stride + GAP + i] for
 // i = 0..4, in that order: 4 low- and 4 high-nibble values of each of the warp's rows
-// (Q4_0 and Q4_K stage a unit's low values at 0..16 and its high values at 16..32).
+// (Q4_0 and Q4_K stage a unit's low values at 0..16 and its high values at 16..32: GAP
+// 16), or values 0..4 and 4..8 of an element format's unit (GAP 4).
+template <unsigned int GAP>
 __device__ __forceinline__ void mvp_add_lohi(const float (*lo)[4], const float (*hi)[4], const float* xs,
                                              unsigned int stride, unsigned int rows,
                                              float (*acc)[MATVEC_MAX_ROWS]) {
@@ -208,7 +213,7 @@ __device__ __forceinline__ void mvp_add_lohi(const float (*lo)[4], const float (
     for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) {
         if (r < rows) {
             const float4 xa = *(const float4*)(xs + r * stride);
-            const float4 xb = *(const float4*)(xs + r * stride + 16u);
+            const float4 xb = *(const float4*)(xs + r * stride + GAP);
 #pragma unroll
             for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
                 float s = acc[j][r];
@@ -253,7 +258,7 @@ __device__ __forceinline__ void mvp_unit_q4_0(const uint4* __restrict__ q, const
                 hi[j][i] = (float)((int)(byte >> 4) - 8) * dv[j];
             }
         }
-        mvp_add_lohi(lo, hi, xs + 4u * k, stride, rows, acc);
+        mvp_add_lohi<16u>(lo, hi, xs + 4u * k, stride, rows, acc);
     }
 }
 
@@ -344,7 +349,7 @@ __device__ __forceinline__ void mvp_unit_q4_k(const uint4* __restrict__ q, const
                 hi[j][i] = d2[j] * (float)(byte >> 4) - m2[j];
             }
         }
-        mvp_add_lohi(lo, hi, xs + 4u * k, stride, rows, acc);
+        mvp_add_lohi<16u>(lo, hi, xs + 4u * k, stride, rows, acc);
     }
 }
 
@@ -413,6 +418,71 @@ __device__ __forceinline__ void mvp_unit_q6_k(const uint4* __restrict__ q, const
         }
     }
 }
+
+// Element formats (f32, f16, bf16), read in their stored layout when every row starts
+// 16-byte aligned (`in` a multiple of 8, the weight 16-byte aligned): a unit is 8 values,
+// unit g of the tensor at byte 16g (f16, bf16: one 16-byte load) or 32g (f32: two), a
+// "block" of one unit, staged in stored order. `d` is not read (null).
+#define F32_UNIT_VALUES 8u
+#define F16_UNIT_VALUES 8u
+#define BF16_UNIT_VALUES 8u
+__device__ __forceinline__ unsigned int mvp_slot_f32(unsigned int v) { return v; }
+__device__ __forceinline__ unsigned int mvp_slot_f16(unsigned int v) { return v; }
+__device__ __forceinline__ unsigned int mvp_slot_bf16(unsigned int v) { return v; }
+
+__device__ __forceinline__ void mvp_unit_f32(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
+                                             const unsigned long long* g, const float* xs, unsigned int stride,
+                                             unsigned int rows, float (*acc)[MATVEC_MAX_ROWS]) {
+    (void)d;
+    float lo[MATVEC_PACKED_WARP_ROWS][4], hi[MATVEC_PACKED_WARP_ROWS][4];
+#pragma unroll
+    for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+        const uint4 a = q[2u * g[j]], b = q[2u * g[j] + 1u];
+#pragma unroll
+        for (unsigned int k = 0; k < 4u; ++k) {
+            lo[j][k] = __uint_as_float(u4_word(a, k));
+            hi[j][k] = __uint_as_float(u4_word(b, k));
+        }
+    }
+    mvp_add_lohi<4u>(lo, hi, xs, stride, rows, acc);
+}
+
+// f16 and bf16: value 2k + h of a unit is half h (low first) of word k of its load.
+// Both element units add values i and 4 + i (i = 0..4) in turn (mvp_add_lohi<4>).
+#define MVP_UNIT_HALF(NAME, TO_F32)                                                               \
+    __device__ __forceinline__ void mvp_unit_##NAME(const uint4* __restrict__ q, const unsigned short* __restrict__ d, \
+                                                    const unsigned long long* g, const float* xs,  \
+                                                    unsigned int stride, unsigned int rows,       \
+                                                    float (*acc)[MATVEC_MAX_ROWS]) {               \
+        (void)d;                                                                                  \
+        float lo[MATVEC_PACKED_WARP_ROWS][4], hi[MATVEC_PACKED_WARP_ROWS][4];                     \
+        _Pragma("unroll") for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {            \
+            const uint4 w = q[g[j]];                                                              \
+            _Pragma("unroll") for (unsigned int k = 0; k < 2u; ++k) {                             \
+                const unsigned int a = u4_word(w, k), b = u4_word(w, k + 2u);                     \
+                lo[j][2u * k] = TO_F32((unsigned short)(a & 0xffffu));                            \
+                lo[j][2u * k + 1u] = TO_F32((unsigned short)(a >> 16));                           \
+                hi[j][2u * k] = TO_F32((unsigned short)(b & 0xffffu));                            \
+                hi[j][2u * k + 1u] = TO_F32((unsigned short)(b >> 16));                           \
+            }                                                                                     \
+        }                                                                                         \
+        mvp_add_lohi<4u>(lo, hi, xs, stride, rows, acc);                                          \
+    }
+MVP_UNIT_HALF(f16, f16_to_f32)
+MVP_UNIT_HALF(bf16, bf16_to_f32)
+
+// Every format the packed kernels read: (name, values a block, values a unit), the
+// packed layouts and the element formats.
+#define MVP_QUANT_FORMATS(X)                                                                      \
+    X(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)                                                            \
+    X(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)                                                            \
+    X(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)                                                            \
+    X(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
+#define MVP_ELEM_FORMATS(X)                                                                       \
+    X(f32, F32_UNIT_VALUES, F32_UNIT_VALUES)                                                      \
+    X(f16, F16_UNIT_VALUES, F16_UNIT_VALUES)                                                      \
+    X(bf16, BF16_UNIT_VALUES, BF16_UNIT_VALUES)
+#define MVP_FORMATS(X) MVP_QUANT_FORMATS(X) MVP_ELEM_FORMATS(X)
 
 // The tiled walk the packed kernels share, inside a kernel with `x`, `rows`, `out`
 // and `in` in scope, for the block of index BLOCK among the weight's (MVP_WALK: the
@@ -494,10 +564,7 @@ __device__ __forceinline__ void mvp_unit_q6_k(const uint4* __restrict__ q, const
 #define MATVEC_PACKED(NAME, QK, UV)                                                               \
     MATVEC_PACKED_KERNEL(matvec_packed_##NAME, NAME, QK, UV, =)                                   \
     MATVEC_PACKED_KERNEL(matvec_add_packed_##NAME, NAME, QK, UV, +=)
-MATVEC_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
-MATVEC_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
-MATVEC_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
-MATVEC_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
+MVP_FORMATS(MATVEC_PACKED)
 
 // matvec_multi_packed_FMT(q0, d0, y0, out0, q1, d1, y1, out1, q2, d2, y2, out2, x, rows,
 // in): up to three products of one input in one launch (a layer's q, k and v),
@@ -529,10 +596,7 @@ MATVEC_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
                     mvp_unit_##NAME((const uint4*)q, d, g, xu, stride, rows, acc))                \
         MVP_REDUCE(const float s = warp_sum(acc[j][r]), y[(unsigned long long)r * out + o0 + j] = s) \
     }
-MATVEC_MULTI_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
-MATVEC_MULTI_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
-MATVEC_MULTI_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
-MATVEC_MULTI_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
+MVP_FORMATS(MATVEC_MULTI_PACKED)
 
 // matvec_glu_packed_FMT(qg, dg, qu, du, x, y, rows, out, in, act, alpha, limit): a gated
 // MLP's gate and up products and its activation in one launch,
@@ -543,7 +607,10 @@ MATVEC_MULTI_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
 // feeds the warp's two gate rows and its two up rows, and each product's sums meet the
 // same units in the same order as matvec_packed_FMT's, so y is bit for bit
 // matvec_packed_FMT of both weights followed by the GLU kernel of `act`.
-#define MATVEC_GLU_PACKED(NAME, QK, UV)                                                           \
+// UNROLL: the unit loop's pragma ("unroll 1" keeps the packed layouts' four weight rows
+// a warp from spilling on sm_90; the element formats' lighter units spill there without
+// "unroll 2").
+#define MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, UNROLL)                                          \
     extern "C" __global__ void __launch_bounds__(256) matvec_glu_packed_##NAME(                   \
         const unsigned char* __restrict__ qg, const unsigned short* __restrict__ dg,              \
         const unsigned char* __restrict__ qu, const unsigned short* __restrict__ du,              \
@@ -551,14 +618,14 @@ MATVEC_MULTI_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
         unsigned int in, unsigned int act, float alpha, float limit) {                            \
         MVP_ACC(accg)                                                                             \
         MVP_ACC(accu)                                                                             \
-        MVP_WALK(NAME, QK, UV, "unroll 1", {                                                       \
+        MVP_WALK(NAME, QK, UV, UNROLL, {                                                          \
             mvp_unit_##NAME((const uint4*)qg, dg, g, xu, stride, rows, accg);                     \
             mvp_unit_##NAME((const uint4*)qu, du, g, xu, stride, rows, accu);                     \
         })                                                                                        \
         MVP_REDUCE(const float s = warp_sum(accg[j][r]); const float s2 = warp_sum(accu[j][r]),    \
                    y[(unsigned long long)r * out + o0 + j] = strata_glu(act, s, s2, alpha, limit))  \
     }
-MATVEC_GLU_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
-MATVEC_GLU_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
-MATVEC_GLU_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
-MATVEC_GLU_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
+#define MATVEC_GLU_PACKED(NAME, QK, UV) MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, "unroll 1")
+#define MATVEC_GLU_PACKED_ELEM(NAME, QK, UV) MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, "unroll 2")
+MVP_QUANT_FORMATS(MATVEC_GLU_PACKED)
+MVP_ELEM_FORMATS(MATVEC_GLU_PACKED_ELEM)

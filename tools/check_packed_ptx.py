@@ -2,24 +2,30 @@
 """Checks the PTX of the kernels that stage their reads in 16-byte loads: every
 `matvec_packed_*`, `matvec_glu_packed_*`, `matvec_add_packed_*` and
 `matvec_multi_packed_*` entry of a matvec PTX file (kernels/README.md,
-"Packed weights"; set `matvec`, the default) or every `attn_group_*` entry of an attention
+"Packed weights"; set `matvec`, the default; set `elements`: only those of the F32, F16
+and BF16 weights read in place) or every `attn_group_*` entry of an attention
 PTX file (set `attention`: K/V head slices copied to shared memory) reads global memory
 with 16-byte vector loads (`ld.global.nc.v4.u32` or `ld.global.v4.*`), and `ptxas -v`
 assembles it with 0 spill bytes. Run by tools/cuda_toolchain.sh on the PTX it compiled:
 
-    tools/check_packed_ptx.py PTXAS ARCH FILE.ptx [matvec|attention]
+    tools/check_packed_ptx.py PTXAS ARCH FILE.ptx [matvec|elements|attention]
 """
 import re
 import subprocess
 import sys
 
-# The formats with a packed layout (kernels/README.md, "Packed weights"), sorted.
+# The formats with a packed layout (kernels/README.md, "Packed weights"), and the element
+# formats the same kernels read in their stored layout.
 PACKED_FORMATS = ["q4_0", "q4_k", "q6_k", "q8_0"]
+ALIGNED_FORMATS = ["bf16", "f16", "f32"]
 # The kernels that read packed weights, by name prefix (then the format).
 KERNELS = ("matvec_packed_", "matvec_glu_packed_", "matvec_add_packed_", "matvec_multi_packed_")
-# The entries each set checks, by name prefix, and the names it must find.
+# The entries each set checks, by name prefix, and the names it must find among them.
+# `elements`: the element formats' packed matvecs alone (checked on every arch).
 SETS = {
-    "matvec": (KERNELS, sorted(f"{k}{f}" for k in KERNELS for f in PACKED_FORMATS)),
+    "matvec": (KERNELS, sorted(f"{k}{f}" for k in KERNELS for f in PACKED_FORMATS + ALIGNED_FORMATS)),
+    "elements": (tuple(f"{k}{f}" for k in KERNELS for f in ALIGNED_FORMATS),
+                 sorted(f"{k}{f}" for k in KERNELS for f in ALIGNED_FORMATS)),
     "attention": (("attn_group_",), ["attn_group_f16", "attn_group_f32", "attn_group_q8_0"]),
 }
 V4_LOAD = re.compile(r"\bld\.global(\.nc)?\.v4\.(u32|b32|s32|f32)\b")
@@ -36,7 +42,7 @@ def main() -> int:
     which = sys.argv[4] if len(sys.argv) > 4 else "matvec"
     prefixes, want = SETS[which]
     ptx = open(path).read()
-    packed = {n: b for n, b in entries(ptx).items() if n.startswith(prefixes)}
+    packed = {n: b for n, b in entries(ptx).items() if n.startswith(prefixes) and (which != "elements" or n in want)}
     problems = []
     if sorted(packed) != want:
         problems.append(f"{which} entries are {sorted(packed)}")
@@ -74,7 +80,8 @@ def main() -> int:
     if problems:
         print("check_packed_ptx: " + "\n  ".join(problems), file=sys.stderr)
         return 1
-    what = {"matvec": "packed matvecs (and fused GLU, add and multi matvecs)", "attention": "grouped attention kernels"}[which]
+    what = {"matvec": "packed matvecs (and fused GLU, add and multi matvecs)",
+            "elements": "element formats' packed matvecs", "attention": "grouped attention kernels"}[which]
     print(f"check_packed_ptx: {arch} {what} use 16-byte global loads, 0 spill bytes")
     return 0
 

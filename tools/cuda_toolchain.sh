@@ -7,9 +7,10 @@
 #      wheel's lib directory compiles every kernels/*.cu for sm_80, sm_86, sm_89 and
 #      sm_90 (a cubin each, plus PTX for compute_XY) with no error.
 #   3. The wheel's ptxas assembles every PTX file in the kernel cache for its sm_XY.
-#   4. tools/check_packed_ptx.py: the sm_90 PTX of matvec_packed_* and matvec_glu_packed_* reads weights with
-#      16-byte vector loads and ptxas -v spills nothing for them; so does attn_group_* for
-#      sm_80 to sm_90 (K/V head slices staged in shared memory).
+#   4. tools/check_packed_ptx.py: the sm_90 PTX of matvec_packed_*, matvec_glu_packed_*,
+#      matvec_add_packed_* and matvec_multi_packed_* reads weights with 16-byte vector
+#      loads and ptxas -v spills nothing for them; so do the F32/F16/BF16 ones and
+#      attn_group_* for sm_80 to sm_90 (K/V head slices staged in shared memory).
 #   5. tests/it/doctor.rs runs again with STRATA_TEST_NVRTC_LIBS set: one kernel compiled
 #      twice (the second from the cache) and a corrupted cache entry recompiled.
 # Needs python3 >= 3.11 and PyPI on first use; STRATA_BIN (default target/release/strata,
@@ -92,6 +93,11 @@ echo "ptxas $("$ptxas" --version | tail -1 | sed 's/^Build //'): $(wc -l <"$work
 
 echo "== packed matvecs: 16-byte weight loads, no spills (sm_90)"
 "$py" tools/check_packed_ptx.py "$ptxas" sm_90 "$(awk '$1 == 90 && $2 ~ /\/matvec-/ { print $2 }' "$work/ptx.list")"
+
+echo "== element formats' packed matvecs: 16-byte weight loads, no spills (sm_80, sm_86, sm_89, sm_90)"
+for sm in 80 86 89 90; do
+  "$py" tools/check_packed_ptx.py "$ptxas" "sm_$sm" "$(awk -v sm=$sm '$1 == sm && $2 ~ /\/matvec-/ { print $2 }' "$work/ptx.list")" elements
+done
 
 echo "== grouped attention: 16-byte K/V loads, no spills (sm_80, sm_86, sm_89, sm_90)"
 for sm in 80 86 89 90; do

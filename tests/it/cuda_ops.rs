@@ -465,7 +465,7 @@ fn a_fused_gate_up_and_activation_gives_the_unfused_bits() {
 /// `Fused::Glu` against `matmul_seqs_each` of gate and up then `glu`, bit for bit, for
 /// every activation, decode batches, a verifying sequence's rows and a prompt chunk
 /// (which a GPU with a GEMM does not fuse); `expect_fused`: the decode batches of the
-/// packed formats must be fused.
+/// packed formats, and of F16 (its rows 16-byte aligned, read in place), must be fused.
 fn a_fused_gate_up_and_activation_gives_the_unfused_bits_on<G: Backend>(g: &G, expect_fused: bool) {
     let (width, inn) = (300, 512);
     let acts = [
@@ -486,7 +486,7 @@ fn a_fused_gate_up_and_activation_gives_the_unfused_bits_on<G: Backend>(g: &G, e
                 let mut out = g.alloc(rows * width).unwrap();
                 let mut op = Fused::Glu { x: &gx, seq_rows: seqs, gate: &gw, up: &uw, act, out: &mut out };
                 let Some(done) = g.fused(&mut op) else {
-                    let decode = seqs.iter().all(|&n| n <= 8) && dtype != DType::F16;
+                    let decode = seqs.iter().all(|&n| n <= 8);
                     assert!(!(expect_fused && decode), "{dtype:?} {seqs:?} {act:?}: not fused");
                     continue;
                 };
@@ -516,8 +516,8 @@ fn a_fused_product_into_the_residual_gives_the_unfused_bits() {
 
 /// `Fused::MatmulAdd` against `matmul_seqs` into a buffer then `add_rows` of it, bit for
 /// bit, for decode batches, a verifying sequence's rows and a prompt chunk (which a GPU
-/// with a GEMM does not fuse); `expect_fused`: the decode batches of the packed formats
-/// must be fused.
+/// with a GEMM does not fuse); `expect_fused`: the decode batches of the packed formats,
+/// and of F16 (read in place), must be fused.
 fn a_fused_product_into_the_residual_gives_the_unfused_bits_on<G: Backend>(g: &G, expect_fused: bool) {
     let (out, inn) = (300, 512);
     let batches: [&[usize]; 4] = [&[1], &[1, 1, 1], &[1, 8, 1, 1], &[1, 16]];
@@ -531,7 +531,7 @@ fn a_fused_product_into_the_residual_gives_the_unfused_bits_on<G: Backend>(g: &G
             let mut got = g.upload(&residual).unwrap();
             let mut op = Fused::MatmulAdd { x: &gx, seq_rows: seqs, w: &w, out: &mut got };
             let Some(done) = g.fused(&mut op) else {
-                let decode = seqs.iter().all(|&n| n <= 8) && dtype != DType::F16;
+                let decode = seqs.iter().all(|&n| n <= 8);
                 assert!(!(expect_fused && decode), "{dtype:?} {seqs:?}: not fused");
                 continue;
             };
@@ -558,8 +558,8 @@ fn products_of_one_input_give_each_weight_s_own_bits() {
     );
 }
 
-/// `matmul_seqs_each` of a layer's q, k and v (one format, and Q4_K_M's mix with v in
-/// Q6_K) against `matmul_seqs` of each weight alone, bit for bit, for decode batches, a
+/// `matmul_seqs_each` of a layer's q, k and v (one format, Q4_K_M's mix with v in Q6_K,
+/// F16 and BF16 read in place, and a BF16 q and k with an F32 v) against `matmul_seqs` of each weight alone, bit for bit, for decode batches, a
 /// verifying sequence's rows and a prompt chunk; `shared`: the decode batches of packed
 /// weights of one format take one launch per 8 rows (launch counts).
 fn products_of_one_input_give_each_weight_s_own_bits_on<G: Backend>(g: &G, shared: bool) {
@@ -572,6 +572,8 @@ fn products_of_one_input_give_each_weight_s_own_bits_on<G: Backend>(g: &G, share
         [DType::Q4_K; 3],
         [DType::Q6_K; 3],
         [DType::Q4_K, DType::Q4_K, DType::Q6_K],
+        [DType::F16; 3],
+        [DType::BF16, DType::BF16, DType::F32],
     ] {
         let ws: Vec<_> = kinds
             .iter()

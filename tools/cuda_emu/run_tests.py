@@ -79,6 +79,8 @@ FAILURES = HERE / "FAILURES.md"
 
 # The formats with a packed layout (kernels/README.md, "Packed weights").
 PACKED_FMTS = ["q4_0", "q8_0", "q4_k", "q6_k"]
+# The formats the packed matvecs also read in their stored layout (rows 16-byte aligned).
+ALIGNED_FMTS = ["f32", "f16", "bf16"]
 # Per packed format: the byte range of a stored block that holds its quants (the rest of
 # the block, in stored order, is the block's scales).
 PACKED_QUANTS = {"q4_0": (2, 18), "q8_0": (2, 34), "q4_k": (16, 144), "q6_k": (0, 192)}
@@ -138,22 +140,22 @@ SIGS: dict[str, list[tuple[str, str]]] = {
     ] + [
         (f"matvec_packed_{f}", "const unsigned char* q, const unsigned short* d, const float* x, float* y, "
                                "unsigned rows, unsigned out, unsigned in")
-        for f in PACKED_FMTS
+        for f in PACKED_FMTS + ALIGNED_FMTS
     ] + [
         (f"matvec_glu_packed_{f}", "const unsigned char* qg, const unsigned short* dg, const unsigned char* qu, "
                                    "const unsigned short* du, const float* x, float* y, unsigned rows, "
                                    "unsigned out, unsigned in, unsigned act, float alpha, float limit")
-        for f in PACKED_FMTS
+        for f in PACKED_FMTS + ALIGNED_FMTS
     ] + [
         (f"matvec_add_packed_{f}", "const unsigned char* q, const unsigned short* d, const float* x, float* y, "
                                    "unsigned rows, unsigned out, unsigned in")
-        for f in PACKED_FMTS
+        for f in PACKED_FMTS + ALIGNED_FMTS
     ] + [
         (f"matvec_multi_packed_{f}", "const unsigned char* q0, const unsigned short* d0, float* y0, unsigned out0, "
                                      "const unsigned char* q1, const unsigned short* d1, float* y1, unsigned out1, "
                                      "const unsigned char* q2, const unsigned short* d2, float* y2, unsigned out2, "
                                      "const float* x, unsigned rows, unsigned in")
-        for f in PACKED_FMTS
+        for f in PACKED_FMTS + ALIGNED_FMTS
     ],
     "attention.cu": [
         ("attn_partial_f32", "const float* q, const float* k, const float* v, float* part, "
@@ -412,6 +414,8 @@ class Ctx:
     bufs: list = field(default_factory=list)
 
     def buf(self, arr, writable=False):
+        if arr is None:
+            return None  # a null pointer
         b = Buf(self.lib, arr, writable)
         self.bufs.append(b)
         return b
@@ -960,6 +964,8 @@ def pack_weights(fmt, raw, rows, cols):
     byte arrays, block i = o · nblk + b of the [rows, cols] tensor at i · QB and i · MB
     (the scales: the block's bytes outside its quants, in stored order)."""
     import numpy as np
+    if fmt in ALIGNED_FMTS:
+        return np.ascontiguousarray(raw).ravel(), None  # read as stored; no scales
     bs, ts = BLOCK[fmt]
     blocks = np.ascontiguousarray(raw).reshape(rows * (cols // bs), ts)
     q0, q1 = PACKED_QUANTS[fmt]
@@ -1128,8 +1134,8 @@ def cases_matvec():
                   (5, 9, 2560, 128, True), (2, 1, 1024, 128, False), (8, 67, 3328, 128, True),
                   (1, 9, 8192 + 1280, 128, False), (4, 21, 2304, 256, True), (7, 5, 4352, 32, False),
                   (6, 3, 256, 128, False))
-    for fmt in PACKED_FMTS:
-        for rows, out, inn, block, twice in (shapes_32 if BLOCK[fmt][0] == 32 else shapes_256):
+    for fmt in PACKED_FMTS + ALIGNED_FMTS:
+        for rows, out, inn, block, twice in (shapes_32 if BLOCK[fmt][0] <= 32 else shapes_256):
             cs.append(Case(f"matvec_packed_{fmt} rows={rows} out={out} in={inn} block={block}",
                            f"matvec_packed_{fmt}", mv_packed(fmt, rows, out, inn, block, twice)))
 
@@ -1203,8 +1209,8 @@ def cases_matvec():
             ref = y0.astype(np.float64) + x.astype(np.float64) @ wref.astype(np.float64).T
             return compare_nmse("y", got, ref, 5e-4) + ", = matvec_packed + add_f32 (bits)"
         return run
-    for fmt in PACKED_FMTS:
-        shapes = shapes_32 if BLOCK[fmt][0] == 32 else shapes_256
+    for fmt in PACKED_FMTS + ALIGNED_FMTS:
+        shapes = shapes_32 if BLOCK[fmt][0] <= 32 else shapes_256
         for rows, out, inn, block, _ in shapes[:8]:
             cs.append(Case(f"matvec_add_packed_{fmt} rows={rows} out={out} in={inn} block={block}",
                            f"matvec_add_packed_{fmt}", mv_add_packed(fmt, rows, out, inn, block)))
@@ -1238,8 +1244,8 @@ def cases_matvec():
     # rows; blocks of 1, 4 and 8 warps; `in` past one tile.
     multi = ((1, (67, 17, 17), 0, 128), (3, (16, 9, 9), 1, 128), (8, (21, 5, 40), 0, 256), (2, (9, 9), 2, 32),
              (5, (33,), 0, 128), (4, (1, 8, 3), 3, 128))
-    for fmt in PACKED_FMTS:
-        ins = (512, 288, 2080, 8192 + 1056) if BLOCK[fmt][0] == 32 else (512, 768, 2304, 8192 + 1280)
+    for fmt in PACKED_FMTS + ALIGNED_FMTS:
+        ins = (512, 288, 2080, 8192 + 1056) if BLOCK[fmt][0] <= 32 else (512, 768, 2304, 8192 + 1280)
         for rows, outs, ii, block in multi:
             inn = ins[ii]
             cs.append(Case(f"matvec_multi_packed_{fmt} rows={rows} outs={outs} in={inn} block={block}",
@@ -1251,8 +1257,8 @@ def cases_matvec():
               (5, 7, 4128, 32), (6, 3, 32, 128), (7, 11, 1056, 128), (8, 13, 3104, 128))
     glu_256 = ((1, 67, 512, 128), (2, 9, 768, 128), (3, 21, 2304, 256), (4, 5, 8192 + 1280, 128),
                (5, 7, 4352, 32), (6, 3, 256, 128), (7, 11, 1280, 128), (8, 13, 3328, 128))
-    for fmt in PACKED_FMTS:
-        shapes = glu_32 if BLOCK[fmt][0] == 32 else glu_256
+    for fmt in PACKED_FMTS + ALIGNED_FMTS:
+        shapes = glu_32 if BLOCK[fmt][0] <= 32 else glu_256
         runs = [(act, shapes[0]) for act in GLU_ACTS] + [(list(GLU_ACTS)[i % 4], sh) for i, sh in enumerate(shapes[1:])]
         for act, (rows, out, inn, block) in runs:
             cs.append(Case(f"matvec_glu_packed_{fmt} {act} rows={rows} out={out} in={inn} block={block}",

@@ -42,14 +42,30 @@ pub struct CudaBuf {
 }
 
 /// A weight in device memory, in its stored format (`[out, in]` rows of blocks), or in
-/// f32 for 1-D tensors (norm weights and biases, which the kernels read as f32). With
-/// `packed`, a Q4_0/Q8_0/Q4_K/Q6_K tensor in the packed layout (`super::packed`), which only the
-/// `*_packed_*` kernels read.
+/// f32 for 1-D tensors (norm weights and biases, which the kernels read as f32), or in
+/// the packed layout ([`Layout`] says which kernels read it).
 pub struct CudaWeight {
     mem: WeightMem,
     dtype: DType,
     shape: Vec<usize>,
-    packed: bool,
+    layout: Layout,
+}
+
+/// Which kernels read a weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// The stored layout, read by the stored-layout kernels (`matvec_FMT` or
+    /// `matvec_wide_FMT`, `dequant_FMT_f16`, `embed_FMT`).
+    Stored,
+    /// A Q4_0/Q8_0/Q4_K/Q6_K tensor repacked (`super::packed`): every reader a packed
+    /// kernel (`matvec_packed_FMT` and its fused kernels, `dequant_packed_FMT_f16`,
+    /// `embed_packed_FMT`) through [`CudaWeight::packed_ptrs`].
+    Repacked,
+    /// An F32/F16/BF16 tensor in the stored layout with 16-byte aligned rows
+    /// (`launch::Matvec::reads_in_place`): the decode products take `matvec_packed_FMT`
+    /// and its fused kernels, every other reader (the GEMM's dequantisation, embeddings)
+    /// its stored-layout kernel.
+    InPlace,
 }
 
 /// Where a weight's bytes are on the device.
@@ -72,7 +88,21 @@ impl CudaWeight {
 
     /// Its format, shape and layout, as the choice of a kernel sees them.
     fn kind(&self) -> launch::WeightKind<'_> {
-        launch::WeightKind { dtype: self.dtype, shape: &self.shape, packed: self.packed }
+        launch::WeightKind { dtype: self.dtype, shape: &self.shape, packed: self.layout != Layout::Stored }
+    }
+
+    /// Repacked: the GEMM's and embeddings' readers are the packed ones.
+    fn repacked(&self) -> bool {
+        self.layout == Layout::Repacked
+    }
+
+    /// The `(q, d)` arguments of the packed matvecs for a weight they read (`kind().packed`):
+    /// a repacked weight's quants and scales, an element weight's bytes and null.
+    fn matvec_ptrs(&self, stream: &Arc<CudaStream>) -> (u64, u64) {
+        match self.layout {
+            Layout::Repacked => self.packed_ptrs(stream, 0),
+            Layout::Stored | Layout::InPlace => (self.ptr(stream, 0), 0),
+        }
     }
 
     /// A packed weight's device addresses of the quants and the scale of row `o0`'s
@@ -179,6 +209,16 @@ impl CudaBackend {
     pub fn row_invariant(mut self) -> Self {
         self.row_invariant = true;
         self
+    }
+
+    /// [`Layout::InPlace`] for a stored weight the packed matvecs read where it is (an
+    /// element format with 16-byte aligned rows, `STRATA_CUDA_MATVEC=packed`), else
+    /// [`Layout::Stored`].
+    fn in_place(&self, w: &CudaWeight) -> Layout {
+        match self.matvec.reads_in_place(w.dtype, &w.shape, w.ptr(&self.stream, 0)) {
+            true => Layout::InPlace,
+            false => Layout::Stored,
+        }
     }
 
     /// The few-row attention launches' kernel, whatever `STRATA_CUDA_ATTN` says (tests
@@ -420,8 +460,10 @@ impl Backend for CudaBackend {
         if let Some((copy, offset)) = t.device_copy().filter(|_| f32_ready)
             && let Ok(hold) = copy.downcast::<SlotHold<CudaCopy>>()
         {
-            let shape = t.shape.clone();
-            return Ok(CudaWeight { mem: WeightMem::Slot { hold, offset }, dtype: t.dtype, shape, packed: false });
+            let (shape, mem) = (t.shape.clone(), WeightMem::Slot { hold, offset });
+            let mut w = CudaWeight { mem, dtype: t.dtype, shape, layout: Layout::Stored };
+            w.layout = self.in_place(&w);
+            return Ok(w);
         }
         // 1-D tensors (norms, biases) are read by the kernels as f32.
         let (bytes, dtype): (std::borrow::Cow<'_, [u8]>, DType) = if t.shape.len() == 1 && t.dtype != DType::F32 {
@@ -444,7 +486,9 @@ impl Backend for CudaBackend {
         self.put(&bytes, &mut data, &what)?;
         let tracked = Tracked::new(data.len() as u64, &self.used);
         let mem = WeightMem::Owned { data, _tracked: tracked };
-        Ok(CudaWeight { mem, dtype, shape: t.shape.clone(), packed: is_packed })
+        let mut w = CudaWeight { mem, dtype, shape: t.shape.clone(), layout: Layout::Stored };
+        w.layout = if is_packed { Layout::Repacked } else { self.in_place(&w) };
+        Ok(w)
     }
 
     fn top_k(&self, logits: &CudaBuf, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {

@@ -137,6 +137,14 @@ pub fn matvec_multi(outs: &[usize]) -> Shape {
 /// weights").
 pub const PACKED_FORMATS: [DType; 4] = [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K];
 
+/// The element formats the packed matvecs read in their stored layout
+/// ([`Matvec::reads_in_place`]).
+pub const ALIGNED_FORMATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// Values of an element format's unit in the packed matvecs (16 bytes of f16 or bf16,
+/// 32 of f32).
+const ALIGNED_UNIT: usize = 8;
+
 /// Which kernel runs the decode products (`matvec_FMT`, `matvec_wide_FMT` or
 /// `matvec_packed_FMT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,9 +154,11 @@ pub enum Matvec {
     /// A block of four warps per output row (`matvec_wide_FMT`): more loads in flight per
     /// row, and a block for every SM even when a matrix has few rows.
     Wide,
-    /// Q4_0, Q8_0, Q4_K and Q6_K weights repacked at upload (`matvec_packed_FMT`:
-    /// 16-byte weight loads, activations staged in shared memory, two rows a warp); other
-    /// formats and streamed units run [`Matvec::Wide`].
+    /// Q4_0, Q8_0, Q4_K and Q6_K weights repacked at upload, and F32, F16 and BF16
+    /// weights whose rows start 16-byte aligned as stored ([`Matvec::reads_in_place`]),
+    /// through `matvec_packed_FMT` (16-byte weight loads, activations staged in shared
+    /// memory, two rows a warp); other formats, streamed units of the repacked formats
+    /// and unaligned element weights run [`Matvec::Wide`].
     Packed,
 }
 
@@ -168,6 +178,19 @@ impl Matvec {
     /// Whether weights of `dtype` are repacked at upload for this choice.
     pub fn packs(self, dtype: DType) -> bool {
         self == Matvec::Packed && PACKED_FORMATS.contains(&dtype)
+    }
+
+    /// Whether the packed matvecs read a weight of `dtype` and `shape` at device address
+    /// `addr` in its stored layout for this choice: an element format
+    /// ([`ALIGNED_FORMATS`]), 2-D, every row 16-byte aligned (`in` a whole number of
+    /// 8-value units, the weight at a multiple of 16 bytes: streamed weights are views at
+    /// offsets into their slots).
+    pub fn reads_in_place(self, dtype: DType, shape: &[usize], addr: u64) -> bool {
+        self == Matvec::Packed
+            && ALIGNED_FORMATS.contains(&dtype)
+            && shape.len() == 2
+            && shape[1].is_multiple_of(ALIGNED_UNIT)
+            && addr.is_multiple_of(16)
     }
 
     /// The kernel's name for weights of format `fmt` (`launch::format_name`) in the
@@ -195,7 +218,8 @@ impl Matvec {
 pub struct WeightKind<'a> {
     pub dtype: DType,
     pub shape: &'a [usize],
-    /// In the packed layout (`STRATA_CUDA_MATVEC=packed`).
+    /// Read by the packed matvecs (`STRATA_CUDA_MATVEC=packed`): repacked, or an element
+    /// format read in place ([`Matvec::reads_in_place`]).
     pub packed: bool,
 }
 
@@ -524,6 +548,12 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         names.push(("matvec", format!("matvec_multi_packed_{f}")));
         names.push(("dequant", format!("dequant_packed_{f}_f16")));
     }
+    for d in ALIGNED_FORMATS {
+        let f = format_name(d).unwrap_or_default();
+        for k in ["packed", "glu_packed", "add_packed", "multi_packed"] {
+            names.push(("matvec", format!("matvec_{k}_{f}")));
+        }
+    }
     names
 }
 
@@ -653,6 +683,26 @@ mod tests {
         assert!(Matvec::Packed.packs(DType::Q8_0) && Matvec::Packed.packs(DType::Q4_K));
         assert!(Matvec::Packed.packs(DType::Q6_K) && !Matvec::Packed.packs(DType::Q5_K));
         assert!(!Matvec::Wide.packs(DType::Q4_0));
+    }
+
+    #[test]
+    fn element_weights_are_read_in_place_when_their_rows_are_16_byte_aligned() {
+        let p = Matvec::Packed;
+        for d in ALIGNED_FORMATS {
+            assert!(p.reads_in_place(d, &[300, 4096], 0x7f00_0000_0100), "{d:?}");
+            // A row of f16 whose `in` is not whole units starts unaligned; so does a view
+            // at an offset of 8 bytes into a slot.
+            assert!(!p.reads_in_place(d, &[300, 4100], 0x7f00_0000_0100), "{d:?}");
+            assert!(!p.reads_in_place(d, &[300, 4096], 0x7f00_0000_0108), "{d:?}");
+            assert!(!p.reads_in_place(d, &[4096], 0x7f00_0000_0100), "{d:?}");
+        }
+        // Only element formats (the others are repacked or not read by the packed walk),
+        // and only under `packed`.
+        assert!(!p.reads_in_place(DType::Q4_0, &[300, 4096], 256));
+        assert!(!p.reads_in_place(DType::Q5_K, &[300, 4096], 256));
+        assert!(!Matvec::Wide.reads_in_place(DType::F16, &[300, 4096], 256));
+        assert_eq!(p.kernel("f16", true), "matvec_packed_f16");
+        assert!(!p.packs(DType::F16), "element formats are not repacked");
     }
 
     #[test]
@@ -793,8 +843,9 @@ mod tests {
             assert!(declared.contains(entry), "{entry:?} is listed but no kernel file declares it");
         }
         // 4 kernels per weight format (two matvecs, embedding, dequantisation), 6 per
-        // packed format (the fused GLU, add and multi matvecs too), 31 others.
-        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 6 * PACKED_FORMATS.len() + 31);
+        // packed format (the fused GLU, add and multi matvecs too), 4 per element format
+        // read in place (the packed matvecs), 31 others.
+        assert_eq!(listed.len(), 4 * WEIGHT_FORMATS.len() + 6 * PACKED_FORMATS.len() + 4 * ALIGNED_FORMATS.len() + 31);
         assert_eq!(declared.len(), listed.len());
     }
 }

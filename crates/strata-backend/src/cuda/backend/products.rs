@@ -72,31 +72,33 @@ impl CudaBackend {
         let (out, inn) = (w.shape[0], w.shape[1]);
         let fmt = launch::format_name(w.dtype)
             .ok_or_else(|| BackendError::Compile(format!("no kernel reads {} weights", w.dtype.name())))?;
-        let name = match (store, w.packed) {
-            (Store::Set, _) => self.matvec.kernel(&fmt, w.packed),
+        let packed = w.kind().packed;
+        let name = match (store, packed) {
+            (Store::Set, _) => self.matvec.kernel(&fmt, packed),
             (Store::Add, true) => format!("matvec_add_packed_{fmt}"),
             (Store::Add, false) => return Err(BackendError::Compile(format!("no kernel adds {fmt} products"))),
         };
         let f = self.func(&name)?;
         let wp = w.ptr(&self.stream, 0);
-        let (qp, dp) = if w.packed { w.packed_ptrs(&self.stream, 0) } else { (wp, 0) };
+        let (qp, dp) = w.matvec_ptrs(&self.stream);
         for r0 in (at..at + rows).step_by(launch::MATVEC_MAX_ROWS) {
             let n = (at + rows - r0).min(launch::MATVEC_MAX_ROWS);
             let (xp, yp) = (ptr(&x.data, &self.stream, r0 * inn), ptr(&y.data, &self.stream, r0 * out));
             let (n, o, i) = (n as u32, out as u32, inn as u32);
             let mut b = self.stream.launch_builder(f);
-            match w.packed {
+            match packed {
                 true => b.arg(&qp).arg(&dp),
                 false => b.arg(&wp),
             };
             b.arg(&xp).arg(&yp).arg(&n).arg(&o).arg(&i);
             // SAFETY: matvec_FMT(w, x, y, rows, out, in) per kernels/README.md: `w` holds
             // `out × in` values of its format (matvec_packed_FMT and matvec_add_packed_FMT
-            // (q, d, ...): `q` and `d` its packed quants and scales; `Store::Add` is only
-            // asked for packed weights), `x` at least `(r0 + n) × in` floats and `y`
+            // (q, d, ...): `q` and `d` its packed quants and scales, or an element weight's
+            // bytes, every row 16-byte aligned (checked when it was made), and null;
+            // `Store::Add` is only asked for those), `x` at least `(r0 + n) × in` floats and `y`
             // `(r0 + n) × out` (the workspace is sized for `rows`); the grid has a warp
             // (`matvec_wide_FMT`: a block; the packed kernels: half a warp) per output row.
-            unsafe { self.launch(&mut b, self.matvec.shape(out, w.packed), "matvec") }?;
+            unsafe { self.launch(&mut b, self.matvec.shape(out, packed), "matvec") }?;
         }
         Ok(())
     }
@@ -119,7 +121,7 @@ impl CudaBackend {
         let fmt = launch::format_name(gate.dtype)
             .ok_or_else(|| BackendError::Compile(format!("no kernel reads {} weights", gate.dtype.name())))?;
         let f = self.func(&format!("matvec_glu_packed_{fmt}"))?;
-        let ((qg, dg), (qu, du)) = (gate.packed_ptrs(&self.stream, 0), up.packed_ptrs(&self.stream, 0));
+        let ((qg, dg), (qu, du)) = (gate.matvec_ptrs(&self.stream), up.matvec_ptrs(&self.stream));
         let (code, alpha, limit) = launch::glu_code(act);
         for r0 in (0..rows).step_by(launch::MATVEC_MAX_ROWS) {
             let n = (rows - r0).min(launch::MATVEC_MAX_ROWS);
@@ -130,7 +132,8 @@ impl CudaBackend {
             b.arg(&code).arg(&alpha).arg(&limit);
             // SAFETY: matvec_glu_packed_FMT(qg, dg, qu, du, x, y, rows, out, in, act, alpha,
             // limit) per kernels/README.md: `qg`/`dg` and `qu`/`du` are the packed quants and
-            // scales of two `out × in` weights of format FMT (checked by the caller), `x`
+            // scales (element formats: the aligned bytes and null) of two `out × in`
+            // weights of format FMT (checked by the caller), `x`
             // holds at least `(r0 + n) × in` floats and `y` `(r0 + n) × out` (checked
             // above); the grid has half a warp per output row, as matvec_packed_FMT's.
             unsafe { self.launch(&mut b, launch::matvec_packed(out), "matmul_glu") }?;
@@ -184,7 +187,7 @@ impl CudaBackend {
         for (slot, &i) in group.iter().enumerate() {
             let (w, y) = &each[i];
             check_len(&[y.data.len()], rows * w.shape[0], "matmul_seqs_each")?;
-            (qd[slot], outs[slot]) = (w.packed_ptrs(&self.stream, 0), w.shape[0]);
+            (qd[slot], outs[slot]) = (w.matvec_ptrs(&self.stream), w.shape[0]);
         }
         let out32 = outs.map(|o| o as u32);
         for r0 in (0..rows).step_by(launch::MATVEC_MAX_ROWS) {
@@ -200,8 +203,8 @@ impl CudaBackend {
             }
             b.arg(&xp).arg(&n).arg(&i);
             // SAFETY: matvec_multi_packed_FMT(q0, d0, y0, out0, ..., x, rows, in) per
-            // kernels/README.md: each used `q_i`/`d_i` are the packed quants and scales of
-            // an `out_i × in` weight of format FMT (one format and `in`: the caller's
+            // kernels/README.md: each used `q_i`/`d_i` are the packed quants and scales
+            // (element formats: the aligned bytes and null) of an `out_i × in` weight of format FMT (one format and `in`: the caller's
             // group), each `y_i` a distinct buffer (distinct `&mut`) of at least
             // `rows × out_i` floats and `x` of `rows × in` (checked above); unused slots
             // have `out_i = 0` and are never read; the grid is each weight's packed grid in turn.
@@ -248,10 +251,10 @@ impl CudaBackend {
             let n_out = (out - o0).min(tile);
             let n = (n_out * inn) as u64;
             let wp = w.ptr(&self.stream, o0 * row_bytes);
-            let (qp, dp) = if w.packed { w.packed_ptrs(&self.stream, o0) } else { (wp, 0) };
-            let name = if w.packed { format!("dequant_packed_{fmt}_f16") } else { format!("dequant_{fmt}_f16") };
+            let (qp, dp) = if w.repacked() { w.packed_ptrs(&self.stream, o0) } else { (wp, 0) };
+            let name = if w.repacked() { format!("dequant_packed_{fmt}_f16") } else { format!("dequant_{fmt}_f16") };
             let mut b = self.stream.launch_builder(self.func(&name)?);
-            match w.packed {
+            match w.repacked() {
                 true => b.arg(&qp).arg(&dp),
                 false => b.arg(&wp),
             };
@@ -294,10 +297,10 @@ impl CudaBackend {
         self.put(ids, slot, "token ids")?;
         let (tp, ip, op, d) =
             (table.ptr(&self.stream, 0), ptr(slot, &self.stream, 0), ptr(&out.data, &self.stream, 0), dim as u32);
-        let (qp, dp) = if table.packed { table.packed_ptrs(&self.stream, 0) } else { (tp, 0) };
-        let name = if table.packed { format!("embed_packed_{fmt}") } else { format!("embed_{fmt}") };
+        let (qp, dp) = if table.repacked() { table.packed_ptrs(&self.stream, 0) } else { (tp, 0) };
+        let name = if table.repacked() { format!("embed_packed_{fmt}") } else { format!("embed_{fmt}") };
         let mut b = self.stream.launch_builder(self.func(&name)?);
-        match table.packed {
+        match table.repacked() {
             true => b.arg(&qp).arg(&dp),
             false => b.arg(&tp),
         };
