@@ -124,9 +124,8 @@ struct Scratch {
     partial: Option<CudaSlice<f32>>,
     w16: Option<CudaSlice<u16>>,
     x16: Option<CudaSlice<u16>>,
-    top_idx: Option<CudaSlice<u32>>,
-    top_val: Option<CudaSlice<f32>>,
-    lse: Option<CudaSlice<f32>>,
+    /// The top-k ids, values and logsumexps, one buffer (`sample_top_k`).
+    top: Option<CudaSlice<u32>>,
     /// The row list of a `Rows::List` for `copy_rows` / `add_rows`.
     row_ids: Option<CudaSlice<u32>>,
     /// The routing weights of `add_rows`, one per listed row.

@@ -141,9 +141,12 @@ impl CudaBackend {
     ) -> BackendResult<Vec<TopK>> {
         let k = k.clamp(1, MAX_TOP_K);
         let mut s = self.scratch();
-        let idx = ptr(self.grow(&mut s.top_idx, rows * k, "top-k indices")?, &self.stream, 0);
-        let val = ptr(self.grow(&mut s.top_val, rows * k, "top-k values")?, &self.stream, 0);
-        let lse = ptr(self.grow(&mut s.lse, rows, "logsumexp")?, &self.stream, 0);
+        // The ids, values and logsumexps side by side in one buffer, so that one copy
+        // brings them back: `rows × k` ids, `rows × k` values, `rows` sums (f32 bits).
+        let words = rows * (2 * k + 1);
+        let top = self.grow(&mut s.top, words, "top-k results")?;
+        let (idx, val, lse) =
+            (ptr(top, &self.stream, 0), ptr(top, &self.stream, rows * k), ptr(top, &self.stream, 2 * rows * k));
         let lp = ptr(&logits.data, &self.stream, 0);
         let (v32, k32) = (vocab as u32, k as u32);
         let name = if k == 1 { "argmax_f32" } else { "topk_f32" };
@@ -155,22 +158,26 @@ impl CudaBackend {
         b.arg(&idx).arg(&val).arg(&lse);
         // SAFETY: argmax_f32(logits, vocab, idx, val, lse) / topk_f32(logits, vocab, k,
         // idx, val, lse): `logits` holds `rows × vocab` floats, the outputs `rows × k`,
-        // `rows × k` and `rows` (grown above); one block per row.
+        // `rows × k` and `rows` 4-byte words, disjoint parts of the scratch (grown to
+        // `rows × (2k + 1)` above); one block per row.
         unsafe { self.launch(&mut b, launch::sample(rows), name) }?;
-        let (mut ids, mut vals, mut lses) = (vec![0u32; rows * k], vec![0f32; rows * k], vec![0f32; rows]);
+        let mut back = vec![0u32; words];
         let st = &self.stream;
-        st.memcpy_dtoh(&s.top_idx.as_ref().map(|b| b.slice(..rows * k)).ok_or_else(no_scratch)?, &mut ids)
-            .map_err(dev_err("top-k readback", 0))?;
-        st.memcpy_dtoh(&s.top_val.as_ref().map(|b| b.slice(..rows * k)).ok_or_else(no_scratch)?, &mut vals)
-            .map_err(dev_err("top-k readback", 0))?;
-        st.memcpy_dtoh(&s.lse.as_ref().map(|b| b.slice(..rows)).ok_or_else(no_scratch)?, &mut lses)
+        st.memcpy_dtoh(&s.top.as_ref().map(|b| b.slice(..words)).ok_or_else(no_scratch)?, &mut back)
             .map_err(dev_err("top-k readback", 0))?;
         st.synchronize().map_err(dev_err("top-k readback", 0))?;
+        let (ids, rest) = back.split_at(rows * k);
+        let (vals, lses) = rest.split_at(rows * k);
+        let vals: Vec<f32> = vals.iter().map(|&b| f32::from_bits(b)).collect();
         // Slots past the row's non-NaN logits come back as id u32::MAX: drop them.
         Ok((0..rows)
             .map(|r| {
                 let n = ids[r * k..][..k].iter().take_while(|&&i| i != u32::MAX).count();
-                TopK { ids: ids[r * k..][..n].to_vec(), logits: vals[r * k..][..n].to_vec(), lse: lses[r] }
+                TopK {
+                    ids: ids[r * k..][..n].to_vec(),
+                    logits: vals[r * k..][..n].to_vec(),
+                    lse: f32::from_bits(lses[r]),
+                }
             })
             .collect())
     }
