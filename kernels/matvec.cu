@@ -167,8 +167,8 @@ STRATA_ELEM_FORMATS(MATVEC_WIDE_ELEM)
     }
 STRATA_BLOCK_FORMATS(MATVEC_WIDE_BLOCK)
 
-// matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for Q4_0, Q8_0, Q4_K and
-// Q6_K weights in the packed layout (quant.cuh: `q` the 16-byte aligned quants, `d` the
+// matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for Q4_0, Q8_0, Q4_K,
+// Q5_K and Q6_K weights in the packed layout (quant.cuh: `q` the 16-byte aligned quants, `d` the
 // scales), and for F32, F16 and BF16 weights in their stored layout with 16-byte aligned
 // rows (`q` the weight, `d` unused). Launch: grid ceil(out / 8), block 128 (any multiple
 // of 32 up to 256: a block computes MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output
@@ -176,10 +176,10 @@ STRATA_BLOCK_FORMATS(MATVEC_WIDE_BLOCK)
 // for the element formats).
 //
 // A "unit" is what one lane decodes from 16-byte loads: a Q4_0 block (one uint4 of
-// quants) or a Q8_0 block (two), 32 values of a Q4_K super-block (one uint4) or 64 of a
-// Q6_K one (three uint4: two of ql, one of qh), 8 values of an element format (one uint4
-// of f16/bf16, two of f32; a block of its own). Unit g of the tensor is unit g % UPB
-// (units per block: 1, 1, 8, 4, 1) of block g / UPB. The activations are staged in shared
+// quants) or a Q8_0 block (two), 32 values of a Q4_K super-block (one uint4) or of a
+// Q5_K one (two: qs and qh), 64 of a Q6_K one (three uint4: two of ql, one of qh), 8
+// values of an element format (one uint4 of f16/bf16, two of f32; a block of its own).
+// Unit g of the tensor is unit g % UPB (units per block: 1, 1, 8, 8, 4, 1) of block g / UPB. The activations are staged in shared
 // memory a tile at a time (MATVEC_PACKED_STAGE · MATVEC_PACKED_PAD floats over all
 // activation rows), each unit's values contiguously in the order the unit decodes them
 // (mvp_slot_FMT maps value v of a block to its staged float), UV + 4 floats a unit so
@@ -308,6 +308,20 @@ __device__ __forceinline__ void mvp_unit_q8_0(const uint4* __restrict__ q, const
 __device__ __forceinline__ unsigned int mvp_slot_q4_0(unsigned int v) { return v; }
 __device__ __forceinline__ unsigned int mvp_slot_q8_0(unsigned int v) { return v; }
 
+// The scales and mins of sub-blocks 2c and 2c + 1 of a Q4_K/Q5_K super-block whose
+// d, dmin and scales[12] are at `m`: d · sc and dmin · m of each.
+__device__ __forceinline__ void mvp_k4_scales(const unsigned char* m, unsigned int c, float& d1, float& m1,
+                                              float& d2, float& m2) {
+    const float dd = ld_f16(m), dmin = ld_f16(m + 2u);
+    unsigned int sc, mn;
+    scale_min_k4(2u * c, m + 4u, sc, mn);
+    d1 = dd * (float)sc;
+    m1 = dmin * (float)mn;
+    scale_min_k4(2u * c + 1u, m + 4u, sc, mn);
+    d2 = dd * (float)sc;
+    m2 = dmin * (float)mn;
+}
+
 // Q4_K unit u = 2c + h of a super-block: quant bytes 32c + 16h .. + 16; low nibbles are
 // values 64c + 16h + (0..16) (sub-block 2c), high nibbles 64c + 32 + 16h + (0..16)
 // (sub-block 2c + 1). Staged as the Q4_0 block: low values at 0..16, high at 16..32.
@@ -326,15 +340,7 @@ __device__ __forceinline__ void mvp_unit_q4_k(const uint4* __restrict__ q, const
     for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
         qv[j] = q[g[j]];
         const unsigned char* m = (const unsigned char*)d + (g[j] >> 3) * Q4_K_PACKED_MB;
-        const unsigned int c = ((unsigned int)g[j] & 7u) >> 1;
-        const float dd = ld_f16(m), dmin = ld_f16(m + 2u);
-        unsigned int sc, mn;
-        scale_min_k4(2u * c, m + 4u, sc, mn);
-        d1[j] = dd * (float)sc;
-        m1[j] = dmin * (float)mn;
-        scale_min_k4(2u * c + 1u, m + 4u, sc, mn);
-        d2[j] = dd * (float)sc;
-        m2[j] = dmin * (float)mn;
+        mvp_k4_scales(m, ((unsigned int)g[j] & 7u) >> 1, d1[j], m1[j], d2[j], m2[j]);
     }
 #pragma unroll
     for (unsigned int k = 0; k < 4u; ++k) {
@@ -347,6 +353,45 @@ __device__ __forceinline__ void mvp_unit_q4_k(const uint4* __restrict__ q, const
                 const unsigned int byte = QBYTE(wd, i);
                 lo[j][i] = d1[j] * (float)(byte & 0xFu) - m1[j];
                 hi[j][i] = d2[j] * (float)(byte >> 4) - m2[j];
+            }
+        }
+        mvp_add_lohi<16u>(lo, hi, xs + 4u * k, stride, rows, acc);
+    }
+}
+
+// Q5_K unit u = 2c + h of a super-block: Q4_K's unit from qs (quant bytes 32 + 32c + 16h
+// .. + 16) with the fifth bits from qh (quant bytes 16h .. + 16): bit 2c of qh byte t for
+// the low-nibble value 64c + 16h + t, bit 2c + 1 for the high one. Staged as Q4_K.
+#define Q5_K_UNIT_VALUES 32u
+__device__ __forceinline__ unsigned int mvp_slot_q5_k(unsigned int v) { return mvp_slot_q4_k(v); }
+__device__ __forceinline__ void mvp_unit_q5_k(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
+                                              const unsigned long long* g, const float* xs, unsigned int stride,
+                                              unsigned int rows, float (*acc)[MATVEC_MAX_ROWS]) {
+    uint4 qv[MATVEC_PACKED_WARP_ROWS], hv[MATVEC_PACKED_WARP_ROWS];
+    float d1[MATVEC_PACKED_WARP_ROWS], m1[MATVEC_PACKED_WARP_ROWS];
+    float d2[MATVEC_PACKED_WARP_ROWS], m2[MATVEC_PACKED_WARP_ROWS];
+    unsigned int c[MATVEC_PACKED_WARP_ROWS];
+#pragma unroll
+    for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+        const uint4* b = q + (g[j] >> 3) * (Q5_K_PACKED_QB / 16u);
+        const unsigned int u = (unsigned int)g[j] & 7u;
+        qv[j] = b[2u + u];
+        hv[j] = b[u & 1u];
+        const unsigned char* m = (const unsigned char*)d + (g[j] >> 3) * Q5_K_PACKED_MB;
+        c[j] = u >> 1;
+        mvp_k4_scales(m, c[j], d1[j], m1[j], d2[j], m2[j]);
+    }
+#pragma unroll
+    for (unsigned int k = 0; k < 4u; ++k) {
+        float lo[MATVEC_PACKED_WARP_ROWS][4], hi[MATVEC_PACKED_WARP_ROWS][4];
+#pragma unroll
+        for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
+            const unsigned int wd = u4_word(qv[j], k), wh = u4_word(hv[j], k) >> (2u * c[j]);
+#pragma unroll
+            for (unsigned int i = 0; i < 4u; ++i) {
+                const unsigned int byte = QBYTE(wd, i), hb = QBYTE(wh, i);
+                lo[j][i] = d1[j] * (float)((byte & 0xFu) + ((hb & 1u) << 4)) - m1[j];
+                hi[j][i] = d2[j] * (float)((byte >> 4) + (((hb >> 1) & 1u) << 4)) - m2[j];
             }
         }
         mvp_add_lohi<16u>(lo, hi, xs + 4u * k, stride, rows, acc);
@@ -477,6 +522,7 @@ MVP_UNIT_HALF(bf16, bf16_to_f32)
     X(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)                                                            \
     X(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)                                                            \
     X(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)                                                            \
+    X(q5_k, Q5_K_QK, Q5_K_UNIT_VALUES)                                                            \
     X(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
 #define MVP_ELEM_FORMATS(X)                                                                       \
     X(f32, F32_UNIT_VALUES, F32_UNIT_VALUES)                                                      \
@@ -489,9 +535,9 @@ MVP_UNIT_HALF(bf16, bf16_to_f32)
 // launch's blockIdx.x): declares `lane`, `o0` (the warp's first output row) and the
 // clamped `rows`, stages the activations a tile at a time and runs UNIT once per unit
 // of the warp's rows, with `g` (the units' indices, one per row) and `xu` (its staged
-// values) in scope; UNROLL is the unit loop's pragma ("unroll 1" keeps the fused
-// kernels' four weight rows a warp from spilling on sm_90). Returns early (uniformly)
-// when there is nothing to compute.
+// values) in scope; UNROLL is the unit loop's pragma (the fused GLU kernels choose
+// theirs per format so that their four weight rows a warp do not spill on sm_90).
+// Returns early (uniformly) when there is nothing to compute.
 #define MVP_WALK(NAME, QK, UV, UNROLL, UNIT) MVP_WALK_AT(NAME, QK, UV, UNROLL, blockIdx.x, UNIT)
 #define MVP_WALK_AT(NAME, QK, UV, UNROLL, BLOCK, UNIT)                                            \
     __shared__ float4 stage[MATVEC_PACKED_STAGE * MATVEC_PACKED_PAD / 4u];                        \
@@ -607,9 +653,9 @@ MVP_FORMATS(MATVEC_MULTI_PACKED)
 // feeds the warp's two gate rows and its two up rows, and each product's sums meet the
 // same units in the same order as matvec_packed_FMT's, so y is bit for bit
 // matvec_packed_FMT of both weights followed by the GLU kernel of `act`.
-// UNROLL: the unit loop's pragma ("unroll 1" keeps the packed layouts' four weight rows
-// a warp from spilling on sm_90; the element formats' lighter units spill there without
-// "unroll 2").
+// UNROLL: the unit loop's pragma, whichever keeps the four weight rows a warp from
+// spilling on sm_90 (check_packed_ptx.py): "unroll 1" for Q4_0, Q8_0, Q4_K and Q6_K,
+// "unroll 2" for Q5_K and the element formats.
 #define MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, UNROLL)                                          \
     extern "C" __global__ void __launch_bounds__(256) matvec_glu_packed_##NAME(                   \
         const unsigned char* __restrict__ qg, const unsigned short* __restrict__ dg,              \
@@ -626,6 +672,10 @@ MVP_FORMATS(MATVEC_MULTI_PACKED)
                    y[(unsigned long long)r * out + o0 + j] = strata_glu(act, s, s2, alpha, limit))  \
     }
 #define MATVEC_GLU_PACKED(NAME, QK, UV) MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, "unroll 1")
-#define MATVEC_GLU_PACKED_ELEM(NAME, QK, UV) MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, "unroll 2")
-MVP_QUANT_FORMATS(MATVEC_GLU_PACKED)
-MVP_ELEM_FORMATS(MATVEC_GLU_PACKED_ELEM)
+#define MATVEC_GLU_PACKED_UNROLL2(NAME, QK, UV) MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, "unroll 2")
+MATVEC_GLU_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
+MATVEC_GLU_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
+MATVEC_GLU_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
+MATVEC_GLU_PACKED_UNROLL2(q5_k, Q5_K_QK, Q5_K_UNIT_VALUES)
+MATVEC_GLU_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
+MVP_ELEM_FORMATS(MATVEC_GLU_PACKED_UNROLL2)

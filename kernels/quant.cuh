@@ -353,14 +353,14 @@ __device__ __forceinline__ float load_elem_bf16(const unsigned char* p, unsigned
 #define STRATA_ELEM_FORMATS(X) X(f32, 4u) X(f16, 2u) X(bf16, 2u)
 
 // ---------------------------------------------------------------------------------
-// The packed layout (kernels/README.md, "Packed weights"): Q4_0, Q8_0, Q4_K and Q6_K
-// tensors the CUDA backend repacked at upload. A [out, in] tensor of nblk = in / QK
+// The packed layout (kernels/README.md, "Packed weights"): Q4_0, Q8_0, Q4_K, Q5_K and
+// Q6_K tensors the CUDA backend repacked at upload. A [out, in] tensor of nblk = in / QK
 // blocks per row is two arrays: the quant bytes of block i = o * nblk + b at byte
-// i * FMT_PACKED_QB of `q` (16-byte aligned: QB = 16, 32, 128, 192), exactly as stored,
-// then the block's other bytes (FMT_PACKED_MB of them, in stored order) at byte
-// i * FMT_PACKED_MB of `d`, which starts at q + out * nblk * QB: Q4_0/Q8_0 the f16 scale
-// (MB 2), Q4_K { f16 d; f16 dmin; u8 scales[12]; } (MB 16), Q6_K { i8 scales[16]; f16 d; }
-// (MB 18). The same bytes as the stored tensor, in another order.
+// i * FMT_PACKED_QB of `q` (16-byte aligned: QB = 16, 32, 128, 160, 192), exactly as
+// stored (Q5_K: qh[32] then qs[128]), then the block's other bytes (FMT_PACKED_MB of them,
+// in stored order) at byte i * FMT_PACKED_MB of `d`, which starts at q + out * nblk * QB:
+// Q4_0/Q8_0 the f16 scale (MB 2), Q4_K and Q5_K { f16 d; f16 dmin; u8 scales[12]; }
+// (MB 16), Q6_K { i8 scales[16]; f16 d; } (MB 18). The same bytes as the stored tensor, in another order.
 // packed_FMT(q, d, i, j) is value j (0..QK) of block i, by the stored decoder's
 // expression (dec8_FMT).
 // ---------------------------------------------------------------------------------
@@ -389,6 +389,22 @@ __device__ __forceinline__ float packed_q4_k(const unsigned char* __restrict__ q
     const unsigned int byte = q[i * Q4_K_PACKED_QB + 32u * c + (j & 31u)];
     return d1 * (float)(hi ? byte >> 4 : byte & 0xFu) - mm1;
 }
+#define Q5_K_PACKED_QB 160u
+#define Q5_K_PACKED_MB 16u
+// Q5_K value j: as Q4_K's from quant bytes 32 + 32c + j % 32 (qs), plus bit 2c + hi of
+// quant byte j % 32 (qh) as its fifth.
+__device__ __forceinline__ float packed_q5_k(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                             unsigned long long i, unsigned int j) {
+    const unsigned char* m = (const unsigned char*)d + i * Q5_K_PACKED_MB;
+    const unsigned int c = j >> 6, hi = (j >> 5) & 1u, l = j & 31u;
+    unsigned int sc, mn;
+    scale_min_k4(2u * c + hi, m + 4u, sc, mn);
+    const float d1 = ld_f16(m) * (float)sc, mm1 = ld_f16(m + 2u) * (float)mn;
+    const unsigned char* b = q + i * Q5_K_PACKED_QB;
+    const unsigned int byte = b[32u + 32u * c + l], hb = b[l];
+    const unsigned int qv = (hi ? byte >> 4 : byte & 0xFu) + (((hb >> (2u * c + hi)) & 1u) << 4);
+    return d1 * (float)qv - mm1;
+}
 #define Q6_K_PACKED_QB 192u
 #define Q6_K_PACKED_MB 18u
 // Q6_K value j = 128n + 32a + l: ql byte 64n + 32(a & 1) + l (low nibble for a < 2),
@@ -407,6 +423,6 @@ __device__ __forceinline__ float packed_q6_k(const unsigned char* __restrict__ q
 // layout.
 #define STRATA_PACKED_FORMATS(X) \
     X(q4_0, Q4_0_QK, Q4_0_PACKED_QB) X(q8_0, Q8_0_QK, Q8_0_PACKED_QB) X(q4_k, Q4_K_QK, Q4_K_PACKED_QB) \
-    X(q6_k, Q6_K_QK, Q6_K_PACKED_QB)
+    X(q5_k, Q5_K_QK, Q5_K_PACKED_QB) X(q6_k, Q6_K_QK, Q6_K_PACKED_QB)
 
 #endif  // STRATA_QUANT_CUH

@@ -476,7 +476,7 @@ fn a_fused_gate_up_and_activation_gives_the_unfused_bits_on<G: Backend>(g: &G, e
     ];
     let batches: [&[usize]; 4] = [&[1], &[1, 1, 1], &[1, 8, 1, 1], &[1, 16]];
     let mut fused = 0;
-    for dtype in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16] {
+    for dtype in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16] {
         let (gate, up) = (any_weight(dtype, width, inn, 21), any_weight(dtype, width, inn, 22));
         let (gw, uw) = (g.weight(&gate).unwrap(), g.weight(&up).unwrap());
         for (i, seqs) in batches.iter().enumerate() {
@@ -522,7 +522,7 @@ fn a_fused_product_into_the_residual_gives_the_unfused_bits_on<G: Backend>(g: &G
     let (out, inn) = (300, 512);
     let batches: [&[usize]; 4] = [&[1], &[1, 1, 1], &[1, 8, 1, 1], &[1, 16]];
     let mut fused = 0;
-    for dtype in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16] {
+    for dtype in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16] {
         let w = g.weight(&any_weight(dtype, out, inn, 23)).unwrap();
         for (i, seqs) in batches.iter().enumerate() {
             let rows: usize = seqs.iter().sum();
@@ -570,6 +570,7 @@ fn products_of_one_input_give_each_weight_s_own_bits_on<G: Backend>(g: &G, share
         [DType::Q4_0; 3],
         [DType::Q8_0; 3],
         [DType::Q4_K; 3],
+        [DType::Q5_K; 3],
         [DType::Q6_K; 3],
         [DType::Q4_K, DType::Q4_K, DType::Q6_K],
         [DType::F16; 3],

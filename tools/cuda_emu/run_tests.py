@@ -78,12 +78,12 @@ BUILD = ROOT / "target" / "cuda_emu"
 FAILURES = HERE / "FAILURES.md"
 
 # The formats with a packed layout (kernels/README.md, "Packed weights").
-PACKED_FMTS = ["q4_0", "q8_0", "q4_k", "q6_k"]
+PACKED_FMTS = ["q4_0", "q8_0", "q4_k", "q5_k", "q6_k"]
 # The formats the packed matvecs also read in their stored layout (rows 16-byte aligned).
 ALIGNED_FMTS = ["f32", "f16", "bf16"]
 # Per packed format: the byte range of a stored block that holds its quants (the rest of
 # the block, in stored order, is the block's scales).
-PACKED_QUANTS = {"q4_0": (2, 18), "q8_0": (2, 34), "q4_k": (16, 144), "q6_k": (0, 192)}
+PACKED_QUANTS = {"q4_0": (2, 18), "q8_0": (2, 34), "q4_k": (16, 144), "q5_k": (16, 176), "q6_k": (0, 192)}
 FMTS = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q4_k", "q5_k",
         "q6_k", "affine_q4", "i8"]
 
@@ -1148,6 +1148,10 @@ def cases_matvec():
             uraw, uw = make_weights(fmt, out, inn, rng)
             (gq, gd), (uq, ud) = pack_weights(fmt, graw, out, inn), pack_weights(fmt, uraw, out, inn)
             x = rng.standard_normal((rows, inn))
+            if act == "swiglu_oai":
+                # Rows of zero mean: weights with an offset (K-quants' mins) then give sums
+                # of both signs, so both clamps are met.
+                x -= x.mean(axis=1, keepdims=True)
             g64 = x @ gw.astype(np.float64).T
             x = (x * 2 / max(float(np.std(g64)), 1e-30)).astype(np.float32)  # gate values of std ~2
             g64, u64 = x.astype(np.float64) @ gw.astype(np.float64).T, x.astype(np.float64) @ uw.astype(np.float64).T

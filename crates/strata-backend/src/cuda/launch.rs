@@ -135,7 +135,7 @@ pub fn matvec_multi(outs: &[usize]) -> Shape {
 
 /// The formats the backend repacks for `matvec_packed_FMT` (kernels/README.md, "Packed
 /// weights").
-pub const PACKED_FORMATS: [DType; 4] = [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K];
+pub const PACKED_FORMATS: [DType; 5] = [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
 
 /// The element formats the packed matvecs read in their stored layout
 /// ([`Matvec::reads_in_place`]).
@@ -154,7 +154,7 @@ pub enum Matvec {
     /// A block of four warps per output row (`matvec_wide_FMT`): more loads in flight per
     /// row, and a block for every SM even when a matrix has few rows.
     Wide,
-    /// Q4_0, Q8_0, Q4_K and Q6_K weights repacked at upload, and F32, F16 and BF16
+    /// Q4_0, Q8_0, Q4_K, Q5_K and Q6_K weights repacked at upload, and F32, F16 and BF16
     /// weights whose rows start 16-byte aligned as stored ([`Matvec::reads_in_place`]),
     /// through `matvec_packed_FMT` (16-byte weight loads, activations staged in shared
     /// memory, two rows a warp); other formats, streamed units of the repacked formats
@@ -678,10 +678,11 @@ mod tests {
         assert_eq!(Matvec::Packed.shape(67, true), s);
         // Formats without a packed layout, and streamed units, run the wide kernel.
         assert_eq!(Matvec::Packed.kernel("q4_k", true), "matvec_packed_q4_k");
-        assert_eq!(Matvec::Packed.kernel("q5_k", false), "matvec_wide_q5_k");
+        assert_eq!(Matvec::Packed.kernel("q5_1", false), "matvec_wide_q5_1");
         assert_eq!(Matvec::Packed.shape(67, false), matvec_wide(67));
         assert!(Matvec::Packed.packs(DType::Q8_0) && Matvec::Packed.packs(DType::Q4_K));
-        assert!(Matvec::Packed.packs(DType::Q6_K) && !Matvec::Packed.packs(DType::Q5_K));
+        assert!(Matvec::Packed.packs(DType::Q6_K) && Matvec::Packed.packs(DType::Q5_K));
+        assert!(!Matvec::Packed.packs(DType::Q5_1) && !Matvec::Packed.packs(DType::Mxfp4));
         assert!(!Matvec::Wide.packs(DType::Q4_0));
     }
 

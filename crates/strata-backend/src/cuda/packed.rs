@@ -1,4 +1,4 @@
-//! The packed layout of Q4_0, Q8_0, Q4_K and Q6_K weights (kernels/README.md, "Packed
+//! The packed layout of Q4_0, Q8_0, Q4_K, Q5_K and Q6_K weights (kernels/README.md, "Packed
 //! weights"): a `[out, in]` tensor's blocks split into their quant bytes (16-byte
 //! aligned, block `i` at `i · QB`) followed by their other bytes, the scales, in stored
 //! order (block `i` at `out · nblk · QB + MB · i`). The same bytes as the stored tensor,
@@ -21,6 +21,7 @@ fn split(dtype: DType) -> Option<Split> {
         DType::Q4_0 => (18, 2..18),
         DType::Q8_0 => (34, 2..34),
         DType::Q4_K => (144, 16..144),
+        DType::Q5_K => (176, 16..176),
         DType::Q6_K => (210, 0..192),
         _ => return None,
     };
@@ -84,7 +85,7 @@ mod tests {
         assert_eq!(row_offsets(DType::Q4_0, 2, 1, 1), (16, 34));
         assert_eq!(row_offsets(DType::Q8_0, 3, 2, 2), (128, 192 + 8));
         assert!(pack(DType::Q8_0, &[0; 35]).is_none());
-        assert!(pack(DType::Q5_K, &[0; 176]).is_none());
+        assert!(pack(DType::Q5_1, &[0; 24]).is_none());
         assert_eq!(pack(DType::Q8_0, &[0; 68]).map(|v| v.len()), Some(68));
     }
 
@@ -110,6 +111,19 @@ mod tests {
     }
 
     #[test]
+    fn q5_k_keeps_qh_and_qs_and_moves_d_dmin_and_scales_behind() {
+        let stored = numbered(176);
+        let p = pack(DType::Q5_K, &stored).unwrap();
+        assert_eq!(p.len(), 352);
+        assert_eq!(&p[..160], &stored[16..176]);
+        assert_eq!(&p[160..320], &stored[192..352]);
+        assert_eq!(&p[320..336], &stored[..16]);
+        assert_eq!(&p[336..], &stored[176..192]);
+        assert_eq!((quant_bytes(DType::Q5_K), scale_bytes(DType::Q5_K)), (Some(160), Some(16)));
+        assert_eq!(row_offsets(DType::Q5_K, 3, 2, 1), (320, 960 + 32));
+    }
+
+    #[test]
     fn q6_k_keeps_ql_and_qh_and_moves_scales_and_d_behind() {
         let stored = numbered(210);
         let p = pack(DType::Q6_K, &stored).unwrap();
@@ -121,7 +135,7 @@ mod tests {
         assert_eq!((quant_bytes(DType::Q6_K), scale_bytes(DType::Q6_K)), (Some(192), Some(18)));
         assert_eq!(row_offsets(DType::Q6_K, 2, 3, 1), (576, 1152 + 54));
         // The scales start 16-byte aligned after the quants of every format.
-        for d in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K] {
+        for d in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K] {
             assert_eq!(quant_bytes(d).unwrap() % 16, 0, "{d:?}");
         }
     }
