@@ -198,6 +198,16 @@ EOF
       echo "FAIL $model: cpu [$a] cuda [$b]"
       failed+=("greedy $model")
     fi
+    # Decode steps as CUDA graphs (not yet default), on the default kernels and on the
+    # fused decode path: the same text as the CPU's.
+    for matvec in wide packed; do
+      b=$(STRATA_CUDA_GRAPHS=on STRATA_CUDA_MATVEC=$matvec timeout 60 "$bin" run "$model" -p "The capital of" \
+        --max-tokens 24 --temperature 0 --device cuda:0 2>/dev/null || true)
+      if [[ -n $a && $a == "$b" ]]; then echo "ok   $model (graphs, $matvec)"; else
+        echo "FAIL $model (STRATA_CUDA_GRAPHS=on STRATA_CUDA_MATVEC=$matvec): cpu [$a] cuda [$b]"
+        failed+=("greedy graphs $matvec $model")
+      fi
+    done
   done
 
   echo "== serve --device cuda:0"
@@ -217,6 +227,10 @@ EOF
 
   echo "== batching: each sequence as alone, engines on cuda:0 (docs/gpu.md item 10)"
   timeout 120 "$dir/bin/it" batching:: --nocapture --test-threads 1 >"$out/batching.txt" 2>&1 || failed+=(batching)
+  echo "   and with decode steps as CUDA graphs on the fused decode path (STRATA_CUDA_GRAPHS=on STRATA_CUDA_MATVEC=packed)"
+  STRATA_CUDA_GRAPHS=on STRATA_CUDA_MATVEC=packed timeout 120 "$dir/bin/it" batching:: --nocapture --test-threads 1 \
+    >"$out/batching-graphs.txt" 2>&1 || failed+=("batching graphs")
+  grep -E "test result|panicked|FAILED" "$out/batching-graphs.txt" | tail -4 || true
   grep -E "test result|panicked|differs" "$out/batching.txt" | tail -8 || true
   echo "   ($((SECONDS - t0)) s)"
 

@@ -78,8 +78,9 @@ struct RunResult {
     /// Scheduler counters over the decode steps.
     stats: StatsSnapshot,
     proc_read_bytes: Option<u64>,
-    /// Kernel launches during the decode steps (GPU only).
+    /// Kernel launches during the decode steps (GPU only), and the graphs among them.
     launches: Option<u64>,
+    graphs: Option<u64>,
     /// Small host→device copies during the decode steps, and the host's seconds in them
     /// (GPU only).
     host_copies: Option<(u64, f64)>,
@@ -238,6 +239,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
 
     let launches: Option<u64> = results.iter().map(|r| r.launches).sum();
     let launches_per_token = launches.map(|l| l as f64 / tokens);
+    let graphs: Option<u64> = results.iter().map(|r| r.graphs).sum();
     let launch_latency_s = model.launch_stats().map(|l| l.latency_s);
     let launch_overhead_fraction =
         launches_per_token.zip(launch_latency_s).map(|(n, lat)| n * lat / (decode_secs / tokens).max(1e-12));
@@ -348,6 +350,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
             .then(|| window.bytes_read as f64 / (window.storage_busy_ns as f64 / 1e9)),
         peak_rss_bytes: peak_rss,
         launches_per_token,
+        graphs_per_token: graphs.map(|g| g as f64 / tokens),
         launch_latency_s,
         launch_overhead_fraction,
         host_copies_per_token: host_copies.map(|(n, _)| n as f64 / tokens),
@@ -561,10 +564,12 @@ impl Runner<'_> {
         };
         let launch1 = self.engine.model.launch_stats();
         let launches = launch1.as_ref().zip(launch0.as_ref()).map(|(a, b)| a.launches - b.launches);
+        let graphs = launch1.as_ref().zip(launch0.as_ref()).map(|(a, b)| a.graphs - b.graphs);
         let host_copies =
             launch1.zip(launch0).map(|(a, b)| (a.host_copies - b.host_copies, a.host_copy_s - b.host_copy_s));
         Ok(RunResult {
             launches,
+            graphs,
             host_copies,
             prefill_tok_s: prefill,
             decode_tok_s: decode_tokens as f64 / decode_secs,

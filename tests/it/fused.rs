@@ -6,7 +6,9 @@
 //! fused ops its layers allow: RoPE and the stores once per sequence and attention layer
 //! that rotates, the output and down products added into the residual stream where
 //! nothing (a bias, a post-norm, a residual scale) comes between, the gated MLP in one op
-//! where it has no biases.
+//! where it has no biases. A decode step of a dense model whose weights are resident goes
+//! to the backend as one piece (`Backend::graphed`, a CUDA graph), which may run it twice:
+//! the logits stay the CPU's; prompt passes and MoE models do not.
 
 use std::sync::Arc;
 
@@ -141,5 +143,21 @@ fn a_decode_step_takes_the_fused_ops_its_layers_allow() {
         let log = &device.log;
         let got = (log.fused("RopeStore"), log.fused("MatmulAdd"), log.fused("Glu"));
         assert_eq!(got, expected(&source, 2), "{rel}: (RopeStore, MatmulAdd, Glu) in one decode step of two sequences");
+    }
+}
+
+#[test]
+fn decode_steps_go_to_the_backend_as_one_piece_that_may_run_twice() {
+    for (rel, dense) in [("gguf/llama3.q8_0.gguf", true), ("hf/gemma2", true), ("hf/mixtral", false)] {
+        let source = fixture(rel);
+        let reference = DecoderModel::new(source.config.clone(), &source, Arc::new(cpu(&source))).unwrap();
+        let want = logits(&reference.with_kv_type(KvType::F16).unwrap(), 3);
+        let device = Arc::new(Device::new(cpu(&source)).fusing().graphing());
+        let model = DecoderModel::new(source.config.clone(), &source, device.clone()).unwrap();
+        let got = logits(&model.with_kv_type(KvType::F16).unwrap(), 3);
+        assert!(bits(&got) == bits(&want), "{rel}: a pass run twice changed the logits");
+        // Three one-sequence decode steps, then the batch (two sequences, one a prompt).
+        let graphed = device.log.graphed.lock().unwrap().clone();
+        assert_eq!(graphed, if dense { vec![1, 1, 1] } else { vec![] }, "{rel}: the passes handed over as one piece");
     }
 }

@@ -223,6 +223,9 @@ pub struct LaunchStats {
     /// would keep the host from running ahead of the device.
     pub host_copies: u64,
     pub host_copy_s: f64,
+    /// Passes launched as one CUDA graph (`STRATA_CUDA_GRAPHS=on`): their kernels are
+    /// counted in `launches` as captured, each graph one launch from the host.
+    pub graphs: u64,
 }
 
 impl TopK {
@@ -521,6 +524,21 @@ pub trait Backend: Send + Sync + 'static {
         rows: Rows<'_>,
         weights: Option<&[f32]>,
     ) -> BackendResult<()>;
+
+    /// Runs `work`, a forward pass's device work that waits for nothing on the host (no
+    /// [`download`](Self::download) or [`top_k`](Self::top_k), no streamed weights, no
+    /// routing read back), as one submission where this backend has such a thing: CUDA
+    /// with `STRATA_CUDA_GRAPHS=on` captures it into a graph and launches that, the passes
+    /// of one `shape` updating one executable graph. `work` may run twice (a capture the
+    /// driver refuses runs again as it is), so it must do the same each time. By default
+    /// it runs once, here.
+    fn graphed<E: From<BackendError>>(&self, shape: u64, work: &mut dyn FnMut() -> Result<(), E>) -> Result<(), E>
+    where
+        Self: Sized,
+    {
+        let _ = shape;
+        work()
+    }
 
     /// Runs `f`, a whole forward pass, where the backend's ops dispatch their work
     /// cheapest. The CPU runs it inside its thread pool, so that each op's parallel work

@@ -108,9 +108,31 @@ pub static CUDA_STAGING: Var = Var {
     debug: true,
 };
 
+pub static CUDA_GRAPHS: Var = Var {
+    name: "STRATA_CUDA_GRAPHS",
+    takes: "on|off",
+    default: "off",
+    doc: "Whether a CUDA decode step of a dense model whose weights are all resident runs as one CUDA graph: \
+          captured on a stream of its own, the executable graph of that batch size updated in place and \
+          launched once (steps that stream weights or route experts launch kernel by kernel). Not yet run on \
+          a GPU.",
+    debug: true,
+};
+
 /// The table, in the order the docs list it.
-pub static ALL: [&Var; 10] =
-    [&HOME, &CONFIG, &GDS, &CUDA_LIBS, &CPU_ISA, &CPU_PANELS, &PANEL_PREFETCH, &CUDA_MATVEC, &CUDA_ATTN, &CUDA_STAGING];
+pub static ALL: [&Var; 11] = [
+    &HOME,
+    &CONFIG,
+    &GDS,
+    &CUDA_LIBS,
+    &CPU_ISA,
+    &CPU_PANELS,
+    &PANEL_PREFETCH,
+    &CUDA_MATVEC,
+    &CUDA_ATTN,
+    &CUDA_STAGING,
+    &CUDA_GRAPHS,
+];
 
 /// The values of [`ALL`] as the process started with them (read at the first lookup).
 fn values() -> &'static [Option<OsString>] {

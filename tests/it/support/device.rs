@@ -24,6 +24,8 @@ pub struct Crossings {
     pub up: Mutex<Vec<usize>>,
     /// Fused ops run ([`Device::fusing`]), by kind: `Glu`, `MatmulAdd`, `RopeStore`.
     pub fused: Mutex<Vec<&'static str>>,
+    /// The shapes of the passes handed over as one piece ([`Device::graphing`]).
+    pub graphed: Mutex<Vec<u64>>,
 }
 
 impl Crossings {
@@ -38,6 +40,7 @@ impl Crossings {
         self.down.lock().unwrap().clear();
         self.up.lock().unwrap().clear();
         self.fused.lock().unwrap().clear();
+        self.graphed.lock().unwrap().clear();
     }
     /// How many fused ops of `kind` ran since the last `clear`.
     pub fn fused(&self, kind: &str) -> usize {
@@ -75,12 +78,14 @@ pub struct Device {
     pub log: Arc<Crossings>,
     /// Runs the fusions a GPU backend runs ([`Device::fusing`]).
     fuses: bool,
+    /// Takes passes as one piece, running each twice ([`Device::graphing`]).
+    graphs: bool,
 }
 
 impl Device {
     /// Computing as `cpu` does.
     pub fn new(cpu: CpuBackend) -> Self {
-        Device { cpu, log: Arc::default(), fuses: false }
+        Device { cpu, log: Arc::default(), fuses: false, graphs: false }
     }
 
     /// A device that takes [`Fused::Glu`], [`Fused::MatmulAdd`] and [`Fused::RopeStore`]
@@ -88,6 +93,14 @@ impl Device {
     /// it stands for (so with their bits) and counted in `log.fused`.
     pub fn fusing(mut self) -> Self {
         self.fuses = true;
+        self
+    }
+
+    /// A device that takes the passes `Backend::graphed` hands it as CUDA's graphs do,
+    /// and runs each twice (as a refused capture does): so a pass that is not the same
+    /// the second time shows. Their shapes are counted in `log.graphed`.
+    pub fn graphing(mut self) -> Self {
+        self.graphs = true;
         self
     }
 
@@ -285,6 +298,18 @@ impl Backend for Device {
         let (kind, done) = self.run_fused(op)?;
         self.log.fused.lock().unwrap().push(kind);
         Some(done)
+    }
+    fn graphed<E: From<strata::backend::BackendError>>(
+        &self,
+        shape: u64,
+        work: &mut dyn FnMut() -> Result<(), E>,
+    ) -> Result<(), E> {
+        if !self.graphs {
+            return work();
+        }
+        self.log.graphed.lock().unwrap().push(shape);
+        work()?;
+        work()
     }
     fn on_workers<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.cpu.on_workers(f)

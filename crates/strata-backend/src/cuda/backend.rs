@@ -31,6 +31,7 @@ use strata_tensor::aligned::HostPin;
 use strata_tensor::tensor::{DType, HostTensor};
 
 mod attend;
+mod graph;
 mod init;
 mod products;
 mod rows;
@@ -177,6 +178,11 @@ pub struct CudaBackend {
     /// Small host→device copies so far ([`CudaBackend::put`]), and the host's time in them.
     puts: AtomicU64,
     put_ns: AtomicU64,
+    /// The decode steps' CUDA graphs (`STRATA_CUDA_GRAPHS=on`), and whether one is being
+    /// captured now, and whether something refused the capture ([`graph`]).
+    graphs: Option<Mutex<graph::Graphs>>,
+    capturing: std::sync::atomic::AtomicBool,
+    refusal: std::sync::atomic::AtomicBool,
     /// Seconds one empty launch takes, measured on first request.
     launch_latency: std::sync::OnceLock<Option<f64>>,
     /// Host→device bandwidth, measured on first request.
@@ -319,6 +325,7 @@ impl CudaBackend {
         what: &str,
     ) -> BackendResult<&'s mut CudaSlice<T>> {
         if slot.as_ref().is_none_or(|s| s.len() < n) {
+            self.not_capturing(what)?;
             *slot = None;
             let bytes = (n.max(1) * std::mem::size_of::<T>()) as u64;
             *slot = Some(self.stream.alloc_zeros::<T>(n.max(1)).map_err(dev_err(what, bytes))?);
@@ -329,6 +336,12 @@ impl CudaBackend {
     /// Copies host values into the front of a device slot (which holds at least as many).
     /// Small ones (up to [`super::staging::HALF`]) go through the page-locked staging.
     fn put<T: cudarc::driver::DeviceRepr>(&self, src: &[T], dst: &mut CudaSlice<T>, what: &str) -> BackendResult<()> {
+        if self.capturing.load(Ordering::Relaxed) {
+            let staged = self.staging.as_ref().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
+            if !staged.is_some_and(|s| s.fits(std::mem::size_of_val(src))) {
+                self.not_capturing(what)?;
+            }
+        }
         let mut view = dst.slice_mut(..src.len());
         let t = std::time::Instant::now();
         let staged = self.staging.as_ref().and_then(|staging| {
@@ -431,10 +444,12 @@ impl Backend for CudaBackend {
             latency_s: latency?,
             host_copies: self.puts.load(Ordering::Relaxed),
             host_copy_s: self.put_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            graphs: self.graphs.as_ref().map_or(0, |g| g.lock().unwrap_or_else(|e| e.into_inner()).launched),
         })
     }
 
     fn alloc(&self, len: usize) -> BackendResult<CudaBuf> {
+        self.not_capturing("an activation buffer")?;
         let bytes = (len.max(1) * 4) as u64;
         let data = self.stream.alloc_zeros::<f32>(len.max(1)).map_err(dev_err("an activation buffer", bytes))?;
         Ok(CudaBuf { data, _tracked: Tracked::new(bytes, &self.used) })
@@ -447,6 +462,7 @@ impl Backend for CudaBackend {
     }
 
     fn download(&self, buf: &CudaBuf, len: usize) -> BackendResult<Vec<f32>> {
+        self.not_capturing("download")?;
         let mut out = vec![0.0f32; len];
         self.stream.memcpy_dtoh(&buf.data.slice(..len), &mut out).map_err(dev_err("download", 0))?;
         self.stream.synchronize().map_err(dev_err("download", 0))?;
@@ -454,6 +470,7 @@ impl Backend for CudaBackend {
     }
 
     fn weight(&self, t: &HostTensor) -> BackendResult<CudaWeight> {
+        self.not_capturing("a weight")?;
         // A streamed unit the upload pipeline already copied: view its slot.
         let f32_ready = t.shape.len() != 1 || t.dtype == DType::F32;
         if let Some((copy, offset)) = t.device_copy().filter(|_| f32_ready)
@@ -491,6 +508,7 @@ impl Backend for CudaBackend {
     }
 
     fn top_k(&self, logits: &CudaBuf, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {
+        self.not_capturing("top-k")?;
         self.sample_top_k(logits, rows, vocab, k)
     }
 
@@ -641,6 +659,13 @@ impl Backend for CudaBackend {
             }
         };
         self.elementwise(kernel, gp, up, len)
+    }
+
+    fn graphed<E: From<BackendError>>(&self, shape: u64, work: &mut dyn FnMut() -> Result<(), E>) -> Result<(), E> {
+        match &self.graphs {
+            Some(graphs) => self.run_graphed(graphs, shape, work),
+            None => work(),
+        }
     }
 
     fn fused(&self, op: &mut crate::Fused<'_, Self>) -> Option<BackendResult<()>> {

@@ -43,6 +43,20 @@ impl Staging {
         Ok(Some(Staging { base, cur: 0, head: 0, fence: [None, None], stream: stream.clone() }))
     }
 
+    /// Fills the staging memory from its start again. Only once every copy from it has
+    /// run (the stream idle).
+    pub fn restart(&mut self) {
+        self.cur = 0;
+        self.head = 0;
+        self.fence = [None, None];
+    }
+
+    /// Whether `n` bytes fit in the half being filled, so that staging them waits for
+    /// nothing (a CUDA graph capture must not).
+    pub fn fits(&self, n: usize) -> bool {
+        self.head.next_multiple_of(64) + n <= HALF
+    }
+
     /// Copies `src` into staging memory and enqueues its copy to device address `dst` on
     /// the stream. `None` when `src` is larger than a half: the caller copies it as it is.
     ///

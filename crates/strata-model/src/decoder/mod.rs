@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 pub(crate) mod build;
 mod kv_cache;
 mod language_model;
+mod pass;
 mod workspace;
 
 use build::*;
@@ -425,69 +426,6 @@ impl<B: Backend> DecoderModel<B> {
             batch.iter_mut().for_each(|s| s.cache.forget_states());
         }
         result
-    }
-
-    /// The layers and the head over the workspace (see [`run`](Self::run)).
-    fn run_pass(
-        &self,
-        batch: &mut [SeqStep<'_>],
-        cancelled: &(dyn Fn() -> bool + Sync),
-        readback: Readback,
-        ws: &mut Workspace<B>,
-    ) -> Result<PassOutput, ModelError> {
-        let c = &self.config;
-        let be = &*self.backend;
-        let h = c.hidden_size;
-        let out_rows: usize =
-            batch.iter().map(|s| if s.every_row() { s.tokens.len() } else { s.tokens.len().min(1) }).sum();
-        self.run_layers(batch, cancelled, ws)?;
-
-        // Gather the rows whose logits are wanted, then the final norm and the head.
-        let mut counts = Vec::with_capacity(batch.len());
-        // The head's rows by sequence: a verifying sequence's rows each alone.
-        let mut head_rows = Vec::with_capacity(batch.len());
-        let (mut row0, mut at) = (0, 0);
-        for s in batch.iter_mut() {
-            let n = s.tokens.len();
-            match (s.verify, n) {
-                (_, 0) => {}
-                (true, _) => head_rows.extend(std::iter::repeat_n(1, n)),
-                (false, _) => head_rows.push(if s.all_logits { n } else { 1 }),
-            }
-            let (src, take) = match (s.every_row(), n) {
-                (_, 0) => (row0, 0),
-                (true, _) => (row0, n),
-                (false, _) => (row0 + n - 1, 1),
-            };
-            be.copy_rows(&ws.x, Rows::Range { start: src, n: take }, h, &mut ws.picked, at)?;
-            counts.push(take);
-            at += take;
-            row0 += n;
-        }
-        be.rms_norm(&ws.picked, out_rows, &self.norm, c.rms_norm_eps, &mut ws.head_in)?;
-        be.matmul_seqs(&ws.head_in, &head_rows, &self.lm_head, &mut ws.logits)?;
-        if c.logits_divisor != 1.0 {
-            be.unary(&mut ws.logits, out_rows * c.vocab_size, Unary::Scale(1.0 / c.logits_divisor))?;
-        }
-        if let Some(cap) = c.final_softcap {
-            be.unary(&mut ws.logits, out_rows * c.vocab_size, Unary::Softcap(cap))?;
-        }
-        let result = match readback {
-            Readback::Full => (be.download(&ws.logits, out_rows * c.vocab_size)?, counts, Vec::new()),
-            Readback::Top(k) => {
-                let top = be.top_k(&ws.logits, out_rows, c.vocab_size, k)?;
-                (Vec::new(), counts, top)
-            }
-            Readback::Both(k) => {
-                let top = be.top_k(&ws.logits, out_rows, c.vocab_size, k)?;
-                (be.download(&ws.logits, out_rows * c.vocab_size)?, counts, top)
-            }
-        };
-        // Only a pass that completed advances the caches.
-        for s in batch.iter_mut() {
-            s.cache.len += s.tokens.len();
-        }
-        Ok(result)
     }
 
     /// The workspace, grown (reallocated) when this pass needs more rows than it has.

@@ -8,6 +8,7 @@ impl CudaBackend {
     /// they are the same (every layer's, in most models), else uploaded now.
     fn freqs_ptr(&self, s: &mut Scratch, freqs: &RopeFreqs) -> BackendResult<u64> {
         if s.freqs.as_ref().is_none_or(|(host, _)| *host != freqs.inv_freq) {
+            self.not_capturing("rope frequencies")?;
             s.freqs = None;
             let mut dev = self.stream.alloc_zeros::<f32>(freqs.inv_freq.len().max(1)).map_err(dev_err("rope", 0))?;
             self.put(&freqs.inv_freq, &mut dev, "rope frequencies")?;

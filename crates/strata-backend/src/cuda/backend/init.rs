@@ -61,7 +61,14 @@ impl CudaBackend {
         let (major, minor) = ctx.compute_capability().map_err(dev_err)?;
         let sm_count =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev_err)? as usize;
-        let stream = ctx.default_stream();
+        // Graphs are captured on a stream of the backend's own (the legacy default stream
+        // cannot be captured); they need the page-locked staging for their small copies.
+        let graphs = strata_tensor::env::CUDA_GRAPHS.switch() == Some(true)
+            && strata_tensor::env::CUDA_STAGING.switch() != Some(false);
+        let stream = match graphs {
+            true => ctx.new_stream().map_err(dev_err)?,
+            false => ctx.default_stream(),
+        };
         let funcs = load_kernels(&ctx, (major as u32, minor as u32))
             .map_err(|source| CudaInitError::Kernels { ordinal, source })?;
         // SAFETY: as above.
@@ -87,6 +94,7 @@ impl CudaBackend {
             ?matvec,
             ?attn,
             staging = staging.is_some(),
+            graphs,
             "CUDA ready"
         );
         Ok(CudaBackend {
@@ -118,6 +126,9 @@ impl CudaBackend {
             staging,
             puts: AtomicU64::new(0),
             put_ns: AtomicU64::new(0),
+            graphs: graphs.then(Mutex::default),
+            capturing: Default::default(),
+            refusal: Default::default(),
             launch_latency: std::sync::OnceLock::new(),
             h2d: std::sync::OnceLock::new(),
             gds: std::sync::OnceLock::new(),
