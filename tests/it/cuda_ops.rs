@@ -549,6 +549,36 @@ fn a_fused_product_into_the_residual_gives_the_unfused_bits_on<G: Backend>(g: &G
 }
 
 #[test]
+fn element_weights_with_unaligned_rows_take_the_stored_kernels() {
+    on_gpu(
+        element_weights_with_unaligned_rows_take_the_stored_kernels_on,
+        element_weights_with_unaligned_rows_take_the_stored_kernels_on,
+    );
+}
+
+/// F32, F16 and BF16 weights whose rows do not start 16-byte aligned (`in` = 516, not a
+/// whole number of 8-value units) are not fused (the packed matvecs do not read them)
+/// and their products still match the CPU's.
+fn element_weights_with_unaligned_rows_take_the_stored_kernels_on<G: Backend>(g: &G) {
+    let c = CpuBackend::new(2);
+    let (out, inn, rows) = (40, 516, 3);
+    let x = values(rows * inn, 80, 1.0);
+    let (cx, gx) = (c.upload(&x).unwrap(), g.upload(&x).unwrap());
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let w = any_weight(dtype, out, inn, 81);
+        let (cw, gw) = (c.weight(&w).unwrap(), g.weight(&w).unwrap());
+        let mut gy = g.alloc(rows * out).unwrap();
+        let mut op = Fused::MatmulAdd { x: &gx, seq_rows: &[1, 1, 1], w: &gw, out: &mut gy };
+        assert!(g.fused(&mut op).is_none(), "{dtype:?}: a row of {inn} values was fused");
+        let mut cy = c.alloc(rows * out).unwrap();
+        c.matmul_seqs(&cx, &[1, 1, 1], &cw, &mut cy).unwrap();
+        g.matmul_seqs(&gx, &[1, 1, 1], &gw, &mut gy).unwrap();
+        let n = rows * out;
+        check(&format!("unaligned {dtype:?}"), &g.download(&gy, n).unwrap(), &c.download(&cy, n).unwrap(), 5e-4);
+    }
+}
+
+#[test]
 fn products_of_one_input_give_each_weight_s_own_bits() {
     // STRATA_CUDA_MATVEC=packed: weights of one packed format and `in` share launches.
     let packed = std::env::var("STRATA_CUDA_MATVEC").is_ok_and(|v| v.trim() == "packed");
