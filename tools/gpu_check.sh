@@ -14,7 +14,7 @@
 #
 # `run` checks, in order: `strata doctor` and `--compile-kernels` (the driver, NVRTC,
 # cuBLAS and cuFile; STRATA_CUDA_LIBS adds directories); every CUDA op against the CPU op
-# and the exact product (tests/it/cuda_ops.rs, with STRATA_REQUIRE_GPU=1); `strata
+# and the exact product (tests/it/cuda_ops/, with STRATA_REQUIRE_GPU=1); `strata
 # perplexity` on every committed fixture on cuda:0 (F32 models against the CPU within 1e-3
 # per log-prob; other weights against the exact F32 model, in chunks of 8 within 1e-3 and
 # through the prefill GEMM within 2e-2); MoE fixtures with streamed experts against the

@@ -28,7 +28,7 @@ something on a GPU say so and pass. ITEMs default to all of them, in this order:
            a 200 once the memory is back (GPU only)
   matvec   (item 6) the block-per-row decode kernel (`STRATA_CUDA_MATVEC=wide`) against
            the warp-per-row one: log-probs within 1e-3 on five fixtures in chunks of 8 (the
-           matrix-vector path), tests/it/cuda_ops.rs and tests/it/batching.rs with it (where their
+           matrix-vector path), tests/it/cuda_ops/ and tests/it/batching.rs with it (where their
            binaries are beside STRATA_BIN), and decode of the 1.1B Q4_0 with each,
            interleaved: reported
   staging  (items 6 and 8) the small host-to-device copies staged in page-locked memory
