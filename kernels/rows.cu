@@ -59,3 +59,26 @@ extern "C" __global__ void __launch_bounds__(1024) copy_cols_f32(const float* __
         COL_LOOP(j, (unsigned long long)width) { d[j] = s[j]; }
     }
 }
+
+// pack_blocks_u8(src, dst, n_blocks, block, q0, q_len): a tensor of n_blocks blocks of
+// `block` bytes (src, the stored layout) in the packed layout (dst, as many bytes;
+// kernels/README.md "Packed weights"): block i's quant bytes src[i·block + q0 ..
+// + q_len] at dst[i·q_len], its other bytes (the scales: those before q0, then those after
+// q0 + q_len) at dst[n_blocks·q_len + i·(block − q_len)]. src and dst do not overlap.
+// Launch: grid ceil(n_blocks / 256) (at most 65535: a grid-stride loop), block 256, a
+// thread per block.
+extern "C" __global__ void __launch_bounds__(256) pack_blocks_u8(const unsigned char* __restrict__ src,
+                                                                 unsigned char* __restrict__ dst,
+                                                                 unsigned long long n_blocks, unsigned int block,
+                                                                 unsigned int q0, unsigned int q_len) {
+    const unsigned int m_len = block - q_len;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_blocks;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned char* s = src + i * block;
+        unsigned char* q = dst + i * q_len;
+        unsigned char* m = dst + n_blocks * q_len + i * m_len;
+        for (unsigned int b = 0; b < q_len; ++b) q[b] = s[q0 + b];
+        for (unsigned int b = 0; b < q0; ++b) m[b] = s[b];
+        for (unsigned int b = q0 + q_len; b < block; ++b) m[b - q_len] = s[b];
+    }
+}

@@ -57,6 +57,8 @@ SIGS: dict[str, list[tuple[str, str]]] = {
                          "unsigned row_len, unsigned n_rows"),
         ("copy_cols_f32", "const float* src, unsigned src_stride, float* dst, unsigned dst_stride, "
                           "unsigned width, unsigned n_rows"),
+        ("pack_blocks_u8", "const unsigned char* src, unsigned char* dst, unsigned long long n_blocks, "
+                           "unsigned block, unsigned q0, unsigned q_len"),
     ],
     "norm.cu": [
         ("rms_norm_f32", "const float* x, const float* w, float* out, unsigned dim, float eps"),

@@ -237,6 +237,26 @@ def cases_rows():
                        copy_cols(n_rows, ss, sc, ds, dc, w)))
     cs.append(Case("copy_cols_f32 n_rows=9 src 1200@100 dst 1000@0 width=1000 capped grid (2, 3)",
                    "copy_cols_f32", copy_cols(9, 1200, 100, 1000, 0, 1000, (2, 3))))
+
+    # pack_blocks_u8 (a streamed weight repacked in its slot) against the packed layout the
+    # packed matvecs' cases read (cases/quant.py pack_weights), for every packed format.
+    def pack(fmt, rows, cols, grid):
+        def run(c: Ctx, rng):
+            from harness import BLOCK, PACKED_QUANTS
+            from cases.quant import pack_weights
+            bs, ts = BLOCK[fmt]
+            nblk = rows * (cols // bs)
+            raw = rng.integers(0, 256, size=nblk * ts, dtype=np.uint8)
+            qs, d = pack_weights(fmt, raw, rows, cols)
+            q0, q1 = PACKED_QUANTS[fmt]
+            bsrc, bdst = c.buf(raw), c.out((nblk * ts,), np.uint8)
+            c.launch("pack_blocks_u8", (grid,), (256,), bsrc, bdst, nblk, ts, q0, q1 - q0)
+            return compare_exact("dst", bdst.read(), np.concatenate([qs, d]))
+        return run
+    for fmt, rows, cols, grid in (("q4_0", 3, 64, 1), ("q8_0", 300, 96, 2), ("q4_k", 5, 512, 1),
+                                  ("q5_k", 2, 256, 1), ("q6_k", 257, 256, 1)):
+        cs.append(Case(f"pack_blocks_u8 {fmt} rows={rows} cols={cols} grid={grid}", "pack_blocks_u8",
+                       pack(fmt, rows, cols, grid)))
     return cs
 
 

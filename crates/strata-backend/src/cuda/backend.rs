@@ -34,6 +34,7 @@ mod attend;
 mod graph;
 mod init;
 mod products;
+mod repack;
 mod rows;
 
 /// An f32 activation buffer in device memory.
@@ -127,6 +128,8 @@ struct Scratch {
     x16: Option<CudaSlice<u16>>,
     /// The top-k ids, values and logsumexps, one buffer (`sample_top_k`).
     top: Option<CudaSlice<u32>>,
+    /// A streamed weight's stored bytes while it is repacked in its slot (`repack`).
+    repack: Option<CudaSlice<u8>>,
     /// The row list of a `Rows::List` for `copy_rows` / `add_rows`.
     row_ids: Option<CudaSlice<u32>>,
     /// The routing weights of `add_rows`, one per listed row.
@@ -478,7 +481,10 @@ impl Backend for CudaBackend {
         {
             let (shape, mem) = (t.shape.clone(), WeightMem::Slot { hold, offset });
             let mut w = CudaWeight { mem, dtype: t.dtype, shape, layout: Layout::Stored };
-            w.layout = self.in_place(&w);
+            w.layout = match self.repack_in_slot(&w)? {
+                true => Layout::Repacked,
+                false => self.in_place(&w),
+            };
             return Ok(w);
         }
         // 1-D tensors (norms, biases) are read by the kernels as f32.
@@ -505,6 +511,15 @@ impl Backend for CudaBackend {
         let mut w = CudaWeight { mem, dtype, shape: t.shape.clone(), layout: Layout::Stored };
         w.layout = if is_packed { Layout::Repacked } else { self.in_place(&w) };
         Ok(w)
+    }
+
+    /// A slot view is shared (its bytes may have been repacked in place); a weight of
+    /// its own memory is made again.
+    fn weight_again(&self, w: &CudaWeight, t: &HostTensor) -> BackendResult<CudaWeight> {
+        match self.same_view(w) {
+            Some(view) => Ok(view),
+            None => self.weight(t),
+        }
     }
 
     fn top_k(&self, logits: &CudaBuf, rows: usize, vocab: usize, k: usize) -> BackendResult<Vec<TopK>> {

@@ -58,6 +58,12 @@ pub fn rows(n_rows: usize, row_len: usize) -> Shape {
     Shape::new(((n_rows as u64).clamp(1, MAX_GRID_X) as u32, chunks, 1), ROWS_BLOCK)
 }
 
+/// `pack_blocks_u8` over `n_blocks` blocks: a thread per block, grid-stride past the
+/// grid's 65,535 blocks.
+pub fn pack_blocks(n_blocks: usize) -> Shape {
+    Shape::new((blocks(n_blocks as u64, 256).min(65_535), 1, 1), 256)
+}
+
 /// `rms_norm_f32`: one block per row.
 pub fn rms_norm(rows: usize) -> Shape {
     Shape::new((rows.max(1) as u32, 1, 1), 256)
@@ -512,6 +518,7 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         ("rows", "gather_rows_f32".into()),
         ("rows", "add_rows_f32".into()),
         ("rows", "copy_cols_f32".into()),
+        ("rows", "pack_blocks_u8".into()),
         ("norm", "rms_norm_f32".into()),
         ("rope", "rope_f32".into()),
         ("attention", "attn_partial_f32".into()),

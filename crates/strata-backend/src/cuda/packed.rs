@@ -28,6 +28,12 @@ fn split(dtype: DType) -> Option<Split> {
     Some(Split { block, quants })
 }
 
+/// A format's stored block as the packed layout splits it: `(block bytes, where its
+/// quants start, how many bytes they are)`, as `pack_blocks_u8` takes them.
+pub fn block_split(dtype: DType) -> Option<(usize, usize, usize)> {
+    split(dtype).map(|s| (s.block, s.quants.start, s.quants.len()))
+}
+
 /// Bytes of quants per block (`QB`) of a format with a packed layout.
 pub fn quant_bytes(dtype: DType) -> Option<usize> {
     split(dtype).map(|s| s.quants.len())
@@ -68,6 +74,29 @@ pub fn row_offsets(dtype: DType, out: usize, nblk: usize, o0: usize) -> (usize, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `pack_blocks_u8`'s loop (kernels/rows.cu), from `block_split`'s numbers.
+    fn pack_as_the_kernel_does(stored: &[u8], (block, q0, q_len): (usize, usize, usize)) -> Vec<u8> {
+        let n = stored.len() / block;
+        let mut dst = vec![0u8; stored.len()];
+        for (i, s) in stored.chunks_exact(block).enumerate() {
+            dst[i * q_len..][..q_len].copy_from_slice(&s[q0..q0 + q_len]);
+            let m = n * q_len + i * (block - q_len);
+            dst[m..m + q0].copy_from_slice(&s[..q0]);
+            dst[m + q0..m + block - q_len].copy_from_slice(&s[q0 + q_len..]);
+        }
+        dst
+    }
+
+    #[test]
+    fn the_device_repack_gives_the_upload_repack_s_bytes() {
+        for dtype in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+            let split = block_split(dtype).unwrap();
+            let stored: Vec<u8> = (0..split.0 * 7).map(|i| (i * 31 % 251) as u8).collect();
+            assert_eq!(pack_as_the_kernel_does(&stored, split), pack(dtype, &stored).unwrap(), "{dtype:?}");
+        }
+        assert!(block_split(DType::F16).is_none());
+    }
 
     #[test]
     fn packing_moves_the_scales_behind_the_quants() {

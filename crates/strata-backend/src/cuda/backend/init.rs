@@ -116,6 +116,7 @@ impl CudaBackend {
                 w16: None,
                 x16: None,
                 top: None,
+                repack: None,
                 row_ids: None,
                 row_weights: None,
                 conv: None,
