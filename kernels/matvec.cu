@@ -167,20 +167,21 @@ STRATA_ELEM_FORMATS(MATVEC_WIDE_ELEM)
     }
 STRATA_BLOCK_FORMATS(MATVEC_WIDE_BLOCK)
 
-// matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for Q4_0, Q8_0, Q4_K,
-// Q5_K and Q6_K weights in the packed layout (quant.cuh: `q` the 16-byte aligned quants, `d` the
-// scales), and for F32, F16 and BF16 weights in their stored layout with 16-byte aligned
+// matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for Q4_0, Q4_1, Q5_0,
+// Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights in the packed layout (quant.cuh: `q` the
+// 16-byte aligned quants, `d` the scales), and for F32, F16 and BF16 weights in their stored layout with 16-byte aligned
 // rows (`q` the weight, `d` unused). Launch: grid ceil(out / 8), block 128 (any multiple
 // of 32 up to 256: a block computes MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output
 // rows, warp w rows 2w and 2w + 1 of them). `in` is a whole number of blocks (of units
 // for the element formats).
 //
-// A "unit" is what one lane decodes from 16-byte loads: a Q4_0 block (one uint4 of
-// quants) or a Q8_0 block (two), 32 values of a Q4_K super-block (one uint4) or of a
-// Q5_K one (two: qs and qh), 64 of a Q6_K one (three uint4: two of ql, one of qh), 8
-// values of an element format (one uint4 of f16/bf16, two of f32; a block of its own).
-// Unit g of the tensor is unit g % UPB (units per block: 1, 1, 8, 8, 4, 1) of block g / UPB. The activations are staged in shared
-// memory a tile at a time (MATVEC_PACKED_STAGE · MATVEC_PACKED_PAD floats over all
+// A "unit" is what one lane decodes from 16-byte loads: a Q4_0, Q4_1, Q5_0 or Q5_1
+// block (one uint4 of quants) or a Q8_0 block (two), 32 values of a Q4_K super-block
+// (one uint4) or of a Q5_K one (two: qs and qh), 64 of a Q6_K one (three uint4: two of
+// ql, one of qh), 8 values of an element format (one uint4 of f16/bf16, two of f32; a
+// block of its own). Unit g of the tensor is unit g % UPB (units per block: 1 for the
+// 32-value blocks, 8 for Q4_K and Q5_K, 4 for Q6_K, 1) of block g / UPB. The
+// activations are staged in shared memory a tile at a time (MATVEC_PACKED_STAGE · MATVEC_PACKED_PAD floats over all
 // activation rows), each unit's values contiguously in the order the unit decodes them
 // (mvp_slot_FMT maps value v of a block to its staged float), UV + 4 floats a unit so
 // that the float4 reads of a quarter-warp hit distinct banks. A tile is as many whole
@@ -232,18 +233,25 @@ __device__ __forceinline__ void mvp_add_lohi(const float (*lo)[4], const float (
 }
 
 // acc[j][r] += Σ_v w(block ib[j], v) · xs[r * stride + v] for one 32-value block of
-// each of the warp's rows. Q4_0: word k of the quants holds values 4k..4k+4 (low nibbles)
-// and 16+4k..16+4k+4 (high nibbles).
-__device__ __forceinline__ void mvp_unit_q4_0(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
-                                               const unsigned long long* ib, const float* xs,
-                                               unsigned int stride, unsigned int rows,
-                                               float (*acc)[MATVEC_MAX_ROWS]) {
+// each of the warp's rows, for Q4_0, Q4_1, Q5_0 and Q5_1: one uint4 of quants, word k
+// holding values 4k..4k+4 (low nibbles) and 16+4k..16+4k+4 (high nibbles), and at
+// `d` + MB · block the block's f16 d, then (MIN: Q4_1, Q5_1) its f16 m, then (HIGH: Q5_0,
+// Q5_1) its u32 qh, whose bit v is value v's fifth. Values as dec8_FMT: q · d + m with a
+// min, (q − 8) · d (Q4_0) or (q − 16) · d (Q5_0) without.
+template <unsigned int MB, bool MIN, bool HIGH>
+__device__ __forceinline__ void mvp_unit_q4q5(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
+                                              const unsigned long long* ib, const float* xs, unsigned int stride,
+                                              unsigned int rows, float (*acc)[MATVEC_MAX_ROWS]) {
     uint4 qv[MATVEC_PACKED_WARP_ROWS];
-    float dv[MATVEC_PACKED_WARP_ROWS];
+    float dv[MATVEC_PACKED_WARP_ROWS], mv[MATVEC_PACKED_WARP_ROWS];
+    unsigned int hv[MATVEC_PACKED_WARP_ROWS];
 #pragma unroll
     for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
         qv[j] = q[ib[j]];
-        dv[j] = f16_to_f32(d[ib[j]]);
+        const unsigned char* m = (const unsigned char*)d + ib[j] * MB;
+        dv[j] = ld_f16(m);
+        mv[j] = MIN ? ld_f16(m + 2u) : 0.0f;
+        hv[j] = HIGH ? ld_u32_a2(m + (MIN ? 4u : 2u)) : 0u;
     }
 #pragma unroll
     for (unsigned int k = 0; k < 4u; ++k) {
@@ -253,14 +261,38 @@ __device__ __forceinline__ void mvp_unit_q4_0(const uint4* __restrict__ q, const
             const unsigned int wd = u4_word(qv[j], k);
 #pragma unroll
             for (unsigned int i = 0; i < 4u; ++i) {
-                const unsigned int byte = QBYTE(wd, i);
-                lo[j][i] = (float)((int)(byte & 0xFu) - 8) * dv[j];
-                hi[j][i] = (float)((int)(byte >> 4) - 8) * dv[j];
+                const unsigned int byte = QBYTE(wd, i), v = 4u * k + i;
+                const unsigned int x0 = (byte & 0xFu) | (HIGH ? ((hv[j] >> v) & 1u) << 4 : 0u);
+                const unsigned int x1 = (byte >> 4) | (HIGH ? ((hv[j] >> (v + 16u)) & 1u) << 4 : 0u);
+                if (MIN) {
+                    lo[j][i] = (float)x0 * dv[j] + mv[j];
+                    hi[j][i] = (float)x1 * dv[j] + mv[j];
+                } else {
+                    lo[j][i] = (float)((int)x0 - (HIGH ? 16 : 8)) * dv[j];
+                    hi[j][i] = (float)((int)x1 - (HIGH ? 16 : 8)) * dv[j];
+                }
             }
         }
         mvp_add_lohi<16u>(lo, hi, xs + 4u * k, stride, rows, acc);
     }
 }
+#define MVP_UNIT_Q4Q5(NAME, MB, MIN, HIGH)                                                        \
+    __device__ __forceinline__ void mvp_unit_##NAME(const uint4* __restrict__ q,                  \
+                                                    const unsigned short* __restrict__ d,         \
+                                                    const unsigned long long* ib, const float* xs, \
+                                                    unsigned int stride, unsigned int rows,       \
+                                                    float (*acc)[MATVEC_MAX_ROWS]) {              \
+        mvp_unit_q4q5<MB, MIN, HIGH>(q, d, ib, xs, stride, rows, acc);                            \
+    }                                                                                             \
+    __device__ __forceinline__ unsigned int mvp_slot_##NAME(unsigned int v) { return v; }
+MVP_UNIT_Q4Q5(q4_0, Q4_0_PACKED_MB, false, false)
+MVP_UNIT_Q4Q5(q4_1, Q4_1_PACKED_MB, true, false)
+MVP_UNIT_Q4Q5(q5_0, Q5_0_PACKED_MB, false, true)
+MVP_UNIT_Q4Q5(q5_1, Q5_1_PACKED_MB, true, true)
+#define Q4_0_UNIT_VALUES 32u
+#define Q4_1_UNIT_VALUES 32u
+#define Q5_0_UNIT_VALUES 32u
+#define Q5_1_UNIT_VALUES 32u
 
 // Q8_0: two uint4 of quants; word k (0..8) holds values 4k..4k+4.
 __device__ __forceinline__ void mvp_unit_q8_0(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
@@ -303,9 +335,7 @@ __device__ __forceinline__ void mvp_unit_q8_0(const uint4* __restrict__ q, const
     }
 }
 
-#define Q4_0_UNIT_VALUES 32u
 #define Q8_0_UNIT_VALUES 32u
-__device__ __forceinline__ unsigned int mvp_slot_q4_0(unsigned int v) { return v; }
 __device__ __forceinline__ unsigned int mvp_slot_q8_0(unsigned int v) { return v; }
 
 // The scales and mins of sub-blocks 2c and 2c + 1 of a Q4_K/Q5_K super-block whose
@@ -520,6 +550,9 @@ MVP_UNIT_HALF(bf16, bf16_to_f32)
 // packed layouts and the element formats.
 #define MVP_QUANT_FORMATS(X)                                                                      \
     X(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)                                                            \
+    X(q4_1, Q4_1_QK, Q4_1_UNIT_VALUES)                                                            \
+    X(q5_0, Q5_0_QK, Q5_0_UNIT_VALUES)                                                            \
+    X(q5_1, Q5_1_QK, Q5_1_UNIT_VALUES)                                                            \
     X(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)                                                            \
     X(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)                                                            \
     X(q5_k, Q5_K_QK, Q5_K_UNIT_VALUES)                                                            \
@@ -654,8 +687,8 @@ MVP_FORMATS(MATVEC_MULTI_PACKED)
 // same units in the same order as matvec_packed_FMT's, so y is bit for bit
 // matvec_packed_FMT of both weights followed by the GLU kernel of `act`.
 // UNROLL: the unit loop's pragma, whichever keeps the four weight rows a warp from
-// spilling on sm_90 (check_packed_ptx.py): "unroll 1" for Q4_0, Q8_0, Q4_K and Q6_K,
-// "unroll 2" for Q5_K and the element formats.
+// spilling on sm_90 (check_packed_ptx.py): "unroll 1" for Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0, Q4_K and Q6_K, "unroll 2" for Q5_K and the element formats.
 #define MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, UNROLL)                                          \
     extern "C" __global__ void __launch_bounds__(256) matvec_glu_packed_##NAME(                   \
         const unsigned char* __restrict__ qg, const unsigned short* __restrict__ dg,              \
@@ -674,6 +707,9 @@ MVP_FORMATS(MATVEC_MULTI_PACKED)
 #define MATVEC_GLU_PACKED(NAME, QK, UV) MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, "unroll 1")
 #define MATVEC_GLU_PACKED_UNROLL2(NAME, QK, UV) MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, "unroll 2")
 MATVEC_GLU_PACKED(q4_0, Q4_0_QK, Q4_0_UNIT_VALUES)
+MATVEC_GLU_PACKED(q4_1, Q4_1_QK, Q4_1_UNIT_VALUES)
+MATVEC_GLU_PACKED(q5_0, Q5_0_QK, Q5_0_UNIT_VALUES)
+MATVEC_GLU_PACKED(q5_1, Q5_1_QK, Q5_1_UNIT_VALUES)
 MATVEC_GLU_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
 MATVEC_GLU_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
 MATVEC_GLU_PACKED_UNROLL2(q5_k, Q5_K_QK, Q5_K_UNIT_VALUES)

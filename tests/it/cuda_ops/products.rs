@@ -5,7 +5,7 @@
 
 use super::{any_weight, check, nmse, on_gpu, values, weight};
 use strata::backend::cpu::CpuBackend;
-use strata::backend::cuda::launch::WEIGHT_FORMATS;
+use strata::backend::cuda::launch::{PACKED_FORMATS, WEIGHT_FORMATS};
 use strata::backend::{Activation, Backend, Fused, Rows};
 use strata::quant::ReadF32;
 use strata::tensor::{AlignedBytes, DType, HostTensor};
@@ -186,7 +186,7 @@ fn a_fused_gate_up_and_activation_gives_the_unfused_bits_on<G: Backend>(g: &G, e
     ];
     let batches: [&[usize]; 4] = [&[1], &[1, 1, 1], &[1, 8, 1, 1], &[1, 16]];
     let mut fused = 0;
-    for dtype in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16] {
+    for dtype in PACKED_FORMATS.into_iter().chain([DType::F16]) {
         let (gate, up) = (any_weight(dtype, width, inn, 21), any_weight(dtype, width, inn, 22));
         let (gw, uw) = (g.weight(&gate).unwrap(), g.weight(&up).unwrap());
         for (i, seqs) in batches.iter().enumerate() {
@@ -232,7 +232,7 @@ fn a_fused_product_into_the_residual_gives_the_unfused_bits_on<G: Backend>(g: &G
     let (out, inn) = (300, 512);
     let batches: [&[usize]; 4] = [&[1], &[1, 1, 1], &[1, 8, 1, 1], &[1, 16]];
     let mut fused = 0;
-    for dtype in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16] {
+    for dtype in PACKED_FORMATS.into_iter().chain([DType::F16]) {
         let w = g.weight(&any_weight(dtype, out, inn, 23)).unwrap();
         for (i, seqs) in batches.iter().enumerate() {
             let rows: usize = seqs.iter().sum();
@@ -311,6 +311,9 @@ fn products_of_one_input_give_each_weight_s_own_bits_on<G: Backend>(g: &G, share
         [DType::Q8_0; 3],
         [DType::Q4_K; 3],
         [DType::Q5_K; 3],
+        [DType::Q4_1; 3],
+        [DType::Q5_0; 3],
+        [DType::Q5_1; 3],
         [DType::Q6_K; 3],
         [DType::Q4_K, DType::Q4_K, DType::Q6_K],
         [DType::F16; 3],

@@ -1,4 +1,4 @@
-//! The packed layout of Q4_0, Q8_0, Q4_K, Q5_K and Q6_K weights (kernels/README.md, "Packed
+//! The packed layout of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights (kernels/README.md, "Packed
 //! weights"): a `[out, in]` tensor's blocks split into their quant bytes (16-byte
 //! aligned, block `i` at `i · QB`) followed by their other bytes, the scales, in stored
 //! order (block `i` at `out · nblk · QB + MB · i`). The same bytes as the stored tensor,
@@ -19,6 +19,9 @@ struct Split {
 fn split(dtype: DType) -> Option<Split> {
     let (block, quants) = match dtype {
         DType::Q4_0 => (18, 2..18),
+        DType::Q4_1 => (20, 4..20),
+        DType::Q5_0 => (22, 6..22),
+        DType::Q5_1 => (24, 8..24),
         DType::Q8_0 => (34, 2..34),
         DType::Q4_K => (144, 16..144),
         DType::Q5_K => (176, 16..176),
@@ -90,7 +93,9 @@ mod tests {
 
     #[test]
     fn the_device_repack_gives_the_upload_repack_s_bytes() {
-        for dtype in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        for dtype in
+            [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K]
+        {
             let split = block_split(dtype).unwrap();
             let stored: Vec<u8> = (0..split.0 * 7).map(|i| (i * 31 % 251) as u8).collect();
             assert_eq!(pack_as_the_kernel_does(&stored, split), pack(dtype, &stored).unwrap(), "{dtype:?}");
@@ -114,7 +119,7 @@ mod tests {
         assert_eq!(row_offsets(DType::Q4_0, 2, 1, 1), (16, 34));
         assert_eq!(row_offsets(DType::Q8_0, 3, 2, 2), (128, 192 + 8));
         assert!(pack(DType::Q8_0, &[0; 35]).is_none());
-        assert!(pack(DType::Q5_1, &[0; 24]).is_none());
+        assert!(pack(DType::Mxfp4, &[0; 17]).is_none());
         assert_eq!(pack(DType::Q8_0, &[0; 68]).map(|v| v.len()), Some(68));
     }
 
@@ -153,6 +158,21 @@ mod tests {
     }
 
     #[test]
+    fn q4_1_q5_0_and_q5_1_keep_qs_and_move_d_m_and_qh_behind() {
+        for (dtype, block) in [(DType::Q4_1, 20), (DType::Q5_0, 22), (DType::Q5_1, 24)] {
+            let stored = numbered(block);
+            let p = pack(dtype, &stored).unwrap();
+            let mb = block - 16;
+            assert_eq!(&p[..16], &stored[mb..block], "{dtype:?}");
+            assert_eq!(&p[16..32], &stored[block + mb..], "{dtype:?}");
+            assert_eq!(&p[32..32 + mb], &stored[..mb], "{dtype:?}");
+            assert_eq!(&p[32 + mb..], &stored[block..block + mb], "{dtype:?}");
+            assert_eq!((quant_bytes(dtype), scale_bytes(dtype)), (Some(16), Some(mb)));
+        }
+        assert_eq!(row_offsets(DType::Q5_0, 3, 2, 1), (32, 96 + 12));
+    }
+
+    #[test]
     fn q6_k_keeps_ql_and_qh_and_moves_scales_and_d_behind() {
         let stored = numbered(210);
         let p = pack(DType::Q6_K, &stored).unwrap();
@@ -164,7 +184,9 @@ mod tests {
         assert_eq!((quant_bytes(DType::Q6_K), scale_bytes(DType::Q6_K)), (Some(192), Some(18)));
         assert_eq!(row_offsets(DType::Q6_K, 2, 3, 1), (576, 1152 + 54));
         // The scales start 16-byte aligned after the quants of every format.
-        for d in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        for d in
+            [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K]
+        {
             assert_eq!(quant_bytes(d).unwrap() % 16, 0, "{d:?}");
         }
     }
