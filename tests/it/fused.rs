@@ -17,7 +17,7 @@ use strata::backend::cpu::CpuBackend;
 use strata::model::decoder::{DecoderModel, SeqStep};
 use strata::model::{LanguageModel, ModelSource};
 
-use crate::support::decode::PROMPT;
+use crate::support::decode::{PROMPT, logit_bits_for};
 use crate::support::device::Device;
 
 fn fixture(rel: &str) -> ModelSource {
@@ -51,35 +51,23 @@ const FIXTURES: [&str; 12] = [
     "hf/qwen3_next",
 ];
 
-/// Logits of every prompt position, of greedy decode steps, and of a two-sequence batch
-/// step (the prompt's first tokens again beside the decoded sequence).
-fn logits(model: &dyn LanguageModel, steps: usize) -> Vec<f32> {
-    let vocab = model.config().vocab_size;
-    let prompt: Vec<u32> = PROMPT.iter().map(|&t| t % vocab as u32).collect();
+/// The bits of the logits of every prompt position and of greedy decode steps
+/// ([`logit_bits_for`]), then of a two-sequence batch step: one sequence's decode row
+/// beside another's prompt chunk.
+fn logits(model: &dyn LanguageModel, steps: usize) -> Vec<u32> {
+    let mut bits = logit_bits_for(model, steps);
+    let vocab = model.config().vocab_size as u32;
+    let prompt: Vec<u32> = PROMPT.iter().map(|&t| t % vocab).collect();
     let (mut cache, mut other) = (model.new_cache(64).unwrap(), model.new_cache(64).unwrap());
-    let mut out =
-        model.forward(&mut [SeqStep { tokens: &prompt, cache: &mut cache, all_logits: true, verify: false }]).unwrap();
-    let mut all = out[0].clone();
-    for _ in 0..steps {
-        let last = &out[0][out[0].len() - vocab..];
-        let next = (0..vocab).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
-        out = model
-            .forward(&mut [SeqStep { tokens: &[next], cache: &mut cache, all_logits: false, verify: false }])
-            .unwrap();
-        all.extend_from_slice(&out[0]);
-    }
+    model.forward(&mut [SeqStep { tokens: &prompt, cache: &mut cache, all_logits: false, verify: false }]).unwrap();
     let batch = model
         .forward(&mut [
             SeqStep { tokens: &[1], cache: &mut cache, all_logits: false, verify: false },
             SeqStep { tokens: &prompt[..3], cache: &mut other, all_logits: true, verify: false },
         ])
         .unwrap();
-    all.extend(batch.concat());
-    all
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
+    bits.extend(batch.concat().iter().map(|v| v.to_bits()));
+    bits
 }
 
 #[test]
@@ -92,7 +80,7 @@ fn fused_ops_give_every_family_the_cpus_logits_bit_for_bit() {
             let device = Arc::new(Device::new(cpu(&source)).fusing());
             let model = DecoderModel::new(source.config.clone(), &source, device.clone()).unwrap();
             let got = logits(&model.with_kv_type(ty).unwrap(), 3);
-            assert!(bits(&got) == bits(&want), "{rel} {ty:?}: the fused ops changed the logits");
+            assert!(got == want, "{rel} {ty:?}: the fused ops changed the logits");
             let ran = device.log.fused("RopeStore") + device.log.fused("MatmulAdd") + device.log.fused("Glu");
             assert!(ran > 0, "{rel}: no fused op ran");
         }
@@ -155,8 +143,8 @@ fn decode_steps_go_to_the_backend_as_one_piece_that_may_run_twice() {
         let device = Arc::new(Device::new(cpu(&source)).fusing().graphing());
         let model = DecoderModel::new(source.config.clone(), &source, device.clone()).unwrap();
         let got = logits(&model.with_kv_type(KvType::F16).unwrap(), 3);
-        assert!(bits(&got) == bits(&want), "{rel}: a pass run twice changed the logits");
-        // Three one-sequence decode steps, then the batch (two sequences, one a prompt).
+        assert!(got == want, "{rel}: a pass run twice changed the logits");
+        // Three one-sequence decode steps; the prompts and the batch beside a prompt are not.
         let graphed = device.log.graphed.lock().unwrap().clone();
         assert_eq!(graphed, if dense { vec![1, 1, 1] } else { vec![] }, "{rel}: the passes handed over as one piece");
     }
