@@ -37,6 +37,10 @@ something on a GPU say so and pass. ITEMs default to all of them, in this order:
            from the host tier (`--memory-budget 0`) each way, two interleaved rounds, with
            the host's share of time in those copies, the launch overhead and the copy
            engine's busy and stall fractions: reported (GPU only)
+  graphs   decode steps as CUDA graphs (`STRATA_CUDA_GRAPHS=on`, on the `wide` and the
+           `packed` kernels) against graphs off: `strata bench` of the 1.1B Q4_0, three
+           interleaved rounds; at least 0.9 of the decode steps replayed with graphs on
+           (judged); decode tok/s, launches, graphs and replays per token: reported (GPU only)
 
 and, only when named (not part of the default list; several minutes):
 
@@ -464,6 +468,36 @@ def staging():
     return ok
 
 
+def graphs():
+    if not GPU:
+        print("     skipped on the CPU: STRATA_CUDA_GRAPHS is for CUDA decode steps")
+        return True
+    model = bench_model()
+    if not model:
+        return False
+    ok, rows = True, {}
+    kinds = (("off", {"STRATA_CUDA_GRAPHS": "off"}), ("on", {"STRATA_CUDA_GRAPHS": "on"}),
+             ("on, packed", {"STRATA_CUDA_GRAPHS": "on", "STRATA_CUDA_MATVEC": "packed"}))
+    for r in range(3):
+        for kind, env in kinds:
+            path = os.path.join(OUT, f"items-graphs-{kind.replace(', ', '-')}-{r}.json")
+            if sh([STRATA, "bench", model, "--device", DEVICE, "--json", "--prompt-tokens", "128", "--gen-tokens", "128",
+                   "--runs", "2"], path, 300, env=env):
+                ok = verdict(False, f"graphs: bench with graphs {kind} (see {path}.err)")
+                continue
+            d = json.load(open(path))
+            rows.setdefault(kind, []).append(tuple(d.get(k) for k in (
+                "decode_tok_s", "launches_per_token", "graphs_per_token", "graph_replays_per_token")))
+    for kind, rs in rows.items():
+        print(f"     1.1B Q4_0, graphs {kind}: (decode tok/s, launches, graphs, replays per token) per round "
+              f"{[tuple(round(x, 3) if x is not None else None for x in r) for r in rs]} (reported)")
+        if kind != "off":
+            replayed = min(r[3] or 0.0 for r in rs)
+            ok = verdict(replayed >= 0.9, f"graphs {kind}: decode steps replayed, the lowest round {replayed:.2f} "
+                                          f"per token (0.9 at least)") and ok
+    return ok
+
+
 def disk():
     base = os.environ.get("BENCH_DIR", "/tmp")
     if not bench_model():
@@ -506,7 +540,7 @@ def disk():
 
 
 ITEMS = {"ndsq": ndsq, "sparse": sparse, "status": status, "hybrid": hybrid, "refused": refused, "kvtypes": kvtypes,
-         "oom": oom, "matvec": matvec, "staging": staging, "disk": disk}
+         "oom": oom, "matvec": matvec, "staging": staging, "graphs": graphs, "disk": disk}
 # Run only when named.
 OPT_IN = {"disk"}
 

@@ -81,6 +81,7 @@ struct RunResult {
     /// Kernel launches during the decode steps (GPU only), and the graphs among them.
     launches: Option<u64>,
     graphs: Option<u64>,
+    graph_replays: Option<u64>,
     /// Small host→device copies during the decode steps, and the host's seconds in them
     /// (GPU only).
     host_copies: Option<(u64, f64)>,
@@ -240,6 +241,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let launches: Option<u64> = results.iter().map(|r| r.launches).sum();
     let launches_per_token = launches.map(|l| l as f64 / tokens);
     let graphs: Option<u64> = results.iter().map(|r| r.graphs).sum();
+    let graph_replays: Option<u64> = results.iter().map(|r| r.graph_replays).sum();
     let launch_latency_s = model.launch_stats().map(|l| l.latency_s);
     let launch_overhead_fraction =
         launches_per_token.zip(launch_latency_s).map(|(n, lat)| n * lat / (decode_secs / tokens).max(1e-12));
@@ -351,6 +353,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         peak_rss_bytes: peak_rss,
         launches_per_token,
         graphs_per_token: graphs.map(|g| g as f64 / tokens),
+        graph_replays_per_token: graph_replays.map(|g| g as f64 / tokens),
         launch_latency_s,
         launch_overhead_fraction,
         host_copies_per_token: host_copies.map(|(n, _)| n as f64 / tokens),
@@ -565,11 +568,13 @@ impl Runner<'_> {
         let launch1 = self.engine.model.launch_stats();
         let launches = launch1.as_ref().zip(launch0.as_ref()).map(|(a, b)| a.launches - b.launches);
         let graphs = launch1.as_ref().zip(launch0.as_ref()).map(|(a, b)| a.graphs - b.graphs);
+        let graph_replays = launch1.as_ref().zip(launch0.as_ref()).map(|(a, b)| a.graph_replays - b.graph_replays);
         let host_copies =
             launch1.zip(launch0).map(|(a, b)| (a.host_copies - b.host_copies, a.host_copy_s - b.host_copy_s));
         Ok(RunResult {
             launches,
             graphs,
+            graph_replays,
             host_copies,
             prefill_tok_s: prefill,
             decode_tok_s: decode_tokens as f64 / decode_secs,

@@ -223,9 +223,12 @@ pub struct LaunchStats {
     /// would keep the host from running ahead of the device.
     pub host_copies: u64,
     pub host_copy_s: f64,
-    /// Passes launched as one CUDA graph (`STRATA_CUDA_GRAPHS=on`): their kernels are
-    /// counted in `launches` as captured, each graph one launch from the host.
+    /// Passes launched as one CUDA graph (`STRATA_CUDA_GRAPHS=on`), each one launch from
+    /// the host; of those, the ones replayed (the graph of an earlier pass launched again,
+    /// only the kernels whose arguments changed updated in it). A captured pass's kernels
+    /// count in `launches`, a replayed one's do not.
     pub graphs: u64,
+    pub graph_replays: u64,
 }
 
 impl TopK {

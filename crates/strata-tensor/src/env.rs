@@ -87,7 +87,7 @@ pub static CUDA_MATVEC: Var = Var {
     name: "STRATA_CUDA_MATVEC",
     takes: "wide|warp|packed",
     default: "wide",
-    doc: "Which CUDA matrix-vector kernels decode runs: a block a row (`wide`), a warp a row (`warp`), or 16-byte weight loads (`packed`: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights repacked at upload, F32/F16/BF16 ones read in place where their rows are 16-byte aligned; other formats run `wide`).",
+    doc: "Which CUDA matrix-vector kernels decode runs: a block a row (`wide`), a warp a row (`warp`), or 16-byte weight loads (`packed`: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/MXFP4/Q4_K/Q5_K/Q6_K weights repacked at upload, F32/F16/BF16 ones read in place where their rows are 16-byte aligned; other formats run `wide`).",
     debug: true,
 };
 
@@ -113,9 +113,9 @@ pub static CUDA_GRAPHS: Var = Var {
     takes: "on|off",
     default: "off",
     doc: "Whether a CUDA decode step of a dense model whose weights are all resident runs as one CUDA graph: \
-          captured on a stream of its own, the executable graph of that batch size updated in place and \
-          launched once (steps that stream weights or route experts launch kernel by kernel). Not yet run on \
-          a GPU.",
+          captured once per batch size on a stream of its own, then replayed each step with only the kernels \
+          whose arguments changed (positions, key counts) updated in it, no launch per kernel (steps that \
+          stream weights or route experts launch kernel by kernel). Not yet run on a GPU.",
     debug: true,
 };
 

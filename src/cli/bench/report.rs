@@ -51,9 +51,12 @@ pub struct BenchReport {
     /// and their product as a fraction of the decode step's time (the share launch
     /// overhead could take at most).
     pub launches_per_token: Option<f64>,
-    /// GPU only: decode steps launched as one CUDA graph, per token (`STRATA_CUDA_GRAPHS`;
-    /// their kernels count in `launches_per_token` as captured).
+    /// GPU only: decode steps launched as one CUDA graph, per token (`STRATA_CUDA_GRAPHS`),
+    /// and those of them replayed (an earlier step's graph launched again, the changed
+    /// kernels updated in it). A captured step's kernels count in `launches_per_token`, a
+    /// replayed one's do not.
     pub graphs_per_token: Option<f64>,
+    pub graph_replays_per_token: Option<f64>,
     pub launch_latency_s: Option<f64>,
     pub launch_overhead_fraction: Option<f64>,
     /// GPU only: small host→device copies per decode step (positions, row lists, norms
@@ -302,7 +305,10 @@ pub(super) fn print_summary(r: &BenchReport) -> anyhow::Result<()> {
         outln!("launches {n:.0} per token at {:.1} µs each: at most {:.0}% of a decode step", lat * 1e6, 100.0 * frac)?;
     }
     if let Some(g) = r.graphs_per_token.filter(|&g| g > 0.0) {
-        outln!("CUDA graphs {g:.2} per token (each a decode step's kernels in one launch)")?;
+        let replays = r.graph_replays_per_token.unwrap_or(0.0);
+        outln!(
+            "CUDA graphs {g:.2} per token (each a decode step's kernels in one launch), {replays:.2} of them replayed"
+        )?;
     }
     if let (Some(n), Some(frac)) = (r.host_copies_per_token, r.host_copy_fraction) {
         outln!("small host-to-device copies {n:.0} per token, the host in them {:.0}% of a decode step", 100.0 * frac)?;

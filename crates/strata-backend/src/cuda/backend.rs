@@ -12,10 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, LaunchConfig,
-};
-use cudarc::driver::{LaunchArgs, PushKernelArg, sys};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, sys};
 
 use super::copy::{CudaCopy, CudaPin};
 use super::launch::{self, Shape};
@@ -36,6 +33,9 @@ mod init;
 mod products;
 mod repack;
 mod rows;
+mod tape;
+
+use tape::{Kernel, Step};
 
 /// An f32 activation buffer in device memory.
 pub struct CudaBuf {
@@ -181,10 +181,12 @@ pub struct CudaBackend {
     /// Small host→device copies so far ([`CudaBackend::put`]), and the host's time in them.
     puts: AtomicU64,
     put_ns: AtomicU64,
-    /// The decode steps' CUDA graphs (`STRATA_CUDA_GRAPHS=on`), and whether one is being
-    /// captured now, and whether something refused the capture ([`graph`]).
+    /// The decode steps' CUDA graphs (`STRATA_CUDA_GRAPHS=on`); whether one is being
+    /// captured or replayed now, and the ops of that pass ([`tape`]); whether something
+    /// refused the capture or replay ([`graph`]).
     graphs: Option<Mutex<graph::Graphs>>,
     capturing: std::sync::atomic::AtomicBool,
+    tape: Mutex<tape::Tape>,
     refusal: std::sync::atomic::AtomicBool,
     /// Seconds one empty launch takes, measured on first request.
     launch_latency: std::sync::OnceLock<Option<f64>>,
@@ -192,10 +194,6 @@ pub struct CudaBackend {
     h2d: std::sync::OnceLock<Option<f64>>,
     /// The cuFile driver, opened on first request.
     gds: std::sync::OnceLock<Option<Arc<super::gds::Gds>>>,
-}
-
-fn cfg(s: Shape) -> LaunchConfig {
-    LaunchConfig { grid_dim: s.grid, block_dim: s.block, shared_mem_bytes: 0 }
 }
 
 /// The raw device address of element `offset` of a slice (the kernels take plain
@@ -301,15 +299,84 @@ impl CudaBackend {
             .clone()
     }
 
-    /// Launches what `b` holds with `shape`, and counts the launch.
+    /// Launches `k` with `shape`, and counts the launch. While a graph is captured the
+    /// launch is also kept on the tape; while one is replayed it is only compared with
+    /// the captured launch in its place (and refused when the graph holds other work).
     ///
     /// # Safety
-    /// The arguments pushed on `b` must match the kernel's parameters, and every buffer
+    /// The arguments pushed on `k` must match the kernel's parameters, and every buffer
     /// must hold what the kernel reads and writes with this launch shape.
-    unsafe fn launch(&self, b: &mut LaunchArgs<'_>, shape: Shape, op: &str) -> BackendResult<()> {
+    unsafe fn launch(&self, k: &Kernel<'_>, shape: Shape, op: &str) -> BackendResult<()> {
+        let args = k.args.get().ok_or_else(|| BackendError::Device {
+            op: op.into(),
+            msg: format!("more than {} kernel arguments", tape::MAX_ARGS),
+        })?;
+        if self.capturing.load(Ordering::Relaxed) {
+            let func = k.func.cu_function() as usize;
+            match self.tape().kernel(func, shape.grid, shape.block, args) {
+                Step::Enqueue => {}
+                Step::Held => return Ok(()),
+                Step::Differs => return self.not_capturing(op),
+            }
+        }
         self.launches.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the caller's contract.
-        unsafe { b.launch(cfg(shape)) }.map(|_| ()).map_err(dev_err(op, 0))
+        unsafe { self.enqueue(k.func, args, shape) }.map_err(dev_err(op, 0))
+    }
+
+    /// Enqueues `func` with the argument values `args` on the compute stream.
+    ///
+    /// # Safety
+    /// As [`CudaBackend::launch`].
+    unsafe fn enqueue(&self, func: &CudaFunction, args: &[u64], shape: Shape) -> Result<(), DriverError> {
+        self.stream.context().bind_to_thread()?;
+        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); tape::MAX_ARGS];
+        for (p, a) in params.iter_mut().zip(args) {
+            *p = (a as *const u64).cast_mut().cast();
+        }
+        let params = &mut params[..args.len()];
+        // SAFETY: each parameter points at its value's 8-byte slot, alive through the call
+        // (the driver copies the values); the rest is the caller's contract.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                func.cu_function(),
+                shape.grid,
+                shape.block,
+                0,
+                self.stream.cu_stream(),
+                params,
+            )
+        }
+    }
+
+    /// Copies `bytes` bytes from device address `src` to `dst` on the compute stream
+    /// (kept on, or compared with, the tape as [`CudaBackend::launch`] does).
+    ///
+    /// # Safety
+    /// Both ranges must be allocated device memory of `bytes` bytes, staying so until the
+    /// copy has run.
+    unsafe fn copy_device(&self, dst: u64, src: u64, bytes: usize, op: &str) -> BackendResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        if self.capturing.load(Ordering::Relaxed) {
+            match self.tape().copy(dst, src, bytes) {
+                Step::Enqueue => {}
+                Step::Held => return Ok(()),
+                Step::Differs => return self.not_capturing(op),
+            }
+        }
+        self.stream.context().bind_to_thread().map_err(dev_err(op, 0))?;
+        // SAFETY: the caller's contract.
+        let rc = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream.cu_stream()) };
+        match rc {
+            sys::CUresult::CUDA_SUCCESS => Ok(()),
+            rc => Err(dev_err(op, 0)(DriverError(rc))),
+        }
+    }
+
+    fn tape(&self) -> std::sync::MutexGuard<'_, tape::Tape> {
+        self.tape.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn func(&self, name: &str) -> BackendResult<&CudaFunction> {
@@ -339,26 +406,42 @@ impl CudaBackend {
     /// Copies host values into the front of a device slot (which holds at least as many).
     /// Small ones (up to [`super::staging::HALF`]) go through the page-locked staging.
     fn put<T: cudarc::driver::DeviceRepr>(&self, src: &[T], dst: &mut CudaSlice<T>, what: &str) -> BackendResult<()> {
-        if self.capturing.load(Ordering::Relaxed) {
-            let staged = self.staging.as_ref().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
-            if !staged.is_some_and(|s| s.fits(std::mem::size_of_val(src))) {
-                self.not_capturing(what)?;
-            }
+        if src.is_empty() {
+            return Ok(());
         }
         let mut view = dst.slice_mut(..src.len());
         let t = std::time::Instant::now();
-        let staged = self.staging.as_ref().and_then(|staging| {
-            // SAFETY: `DeviceRepr` values are plain bytes, `size_of_val(src)` of them.
-            let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
-            let (dp, _sync) = view.device_ptr_mut(&self.stream);
-            let mut staging = staging.lock().unwrap_or_else(|e| e.into_inner());
-            // SAFETY: `view` holds `src.len()` values, and `dst` stays allocated until
-            // the copy has run: it is freed on this stream, after it.
-            unsafe { staging.copy(bytes, dp) }
-        });
-        let done = match staged {
-            Some(r) => r.map_err(dev_err(what, 0)),
-            None => self.stream.memcpy_htod(src, &mut view).map_err(dev_err(what, 0)),
+        // SAFETY: `DeviceRepr` values are plain bytes, `size_of_val(src)` of them.
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
+        let dp = view.device_ptr_mut(&self.stream).0;
+        let done = match self.staging.as_ref() {
+            Some(staging) if self.capturing.load(Ordering::Relaxed) => {
+                // Captured or replayed: the bytes go to a place in staging the graph's copy
+                // reads when it runs (so staging must not wait for the device to get it).
+                let mut staging = staging.lock().unwrap_or_else(|e| e.into_inner());
+                if !staging.fits(bytes.len()) {
+                    return self.not_capturing(what);
+                }
+                // SAFETY: it fits in the half being filled: no copy still reads that place.
+                let at = unsafe { staging.place(bytes) }.map_err(dev_err(what, 0))?;
+                match self.tape().copy(dp, at as u64, bytes.len()) {
+                    // SAFETY: `view` holds `src.len()` values and stays allocated until the
+                    // copy has run (it is freed on this stream, after it).
+                    Step::Enqueue => unsafe { staging.enqueue(at, bytes.len(), dp) }.map_err(dev_err(what, 0)),
+                    Step::Held => Ok(()),
+                    Step::Differs => return self.not_capturing(what),
+                }
+            }
+            // SAFETY: as just above.
+            Some(staging) => match unsafe { staging.lock().unwrap_or_else(|e| e.into_inner()).copy(bytes, dp) } {
+                Some(r) => r.map_err(dev_err(what, 0)),
+                None => self.stream.memcpy_htod(src, &mut view).map_err(dev_err(what, 0)),
+            },
+            // From pageable memory, which a graph cannot copy from.
+            None => {
+                self.not_capturing(what)?;
+                self.stream.memcpy_htod(src, &mut view).map_err(dev_err(what, 0))
+            }
         };
         self.put_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.puts.fetch_add(1, Ordering::Relaxed);
@@ -368,22 +451,22 @@ impl CudaBackend {
     /// Launches a 1-D elementwise kernel `name(a, b, n)`.
     fn elementwise(&self, name: &str, a: u64, b: u64, n: usize) -> BackendResult<()> {
         let n32 = n as u32;
-        let mut l = self.stream.launch_builder(self.func(name)?);
+        let mut l = Kernel::new(self.func(name)?);
         l.arg(&a).arg(&b).arg(&n32);
         // SAFETY: add_f32 / silu_mul_f32 / gelu_mul_f32 / sigmoid_mul_f32 (x, y, n): both buffers hold at
         // least `n` floats (checked by the callers against their lengths).
-        unsafe { self.launch(&mut l, launch::elementwise(n), name) }?;
+        unsafe { self.launch(&l, launch::elementwise(n), name) }?;
         Ok(())
     }
 
     /// Launches a 1-D in-place kernel `name(x, n, param)`.
     fn elementwise_unary(&self, name: &str, x: u64, n: usize, param: f32) -> BackendResult<()> {
         let n32 = n as u32;
-        let mut l = self.stream.launch_builder(self.func(name)?);
+        let mut l = Kernel::new(self.func(name)?);
         l.arg(&x).arg(&n32).arg(&param);
         // SAFETY: scale_f32(x, n, factor) / softcap_f32(x, n, cap): `x` holds at least `n`
         // floats (checked by the caller against its length).
-        unsafe { self.launch(&mut l, launch::elementwise(n), name) }?;
+        unsafe { self.launch(&l, launch::elementwise(n), name) }?;
         Ok(())
     }
 }
@@ -432,12 +515,13 @@ impl Backend for CudaBackend {
             let (zero, n) = (0u64, 0u32);
             self.stream.synchronize().ok()?;
             let t = std::time::Instant::now();
+            let mut b = Kernel::new(f);
+            b.arg(&zero).arg(&zero).arg(&n);
+            let args = b.args.get()?;
             for _ in 0..500 {
-                let mut b = self.stream.launch_builder(f);
-                b.arg(&zero).arg(&zero).arg(&n);
                 // SAFETY: add_f32(x, y, n) with n = 0 reads and writes nothing, so null
                 // pointers are never dereferenced.
-                unsafe { b.launch(cfg(launch::elementwise(0))) }.ok()?;
+                unsafe { self.enqueue(f, args, launch::elementwise(0)) }.ok()?;
             }
             self.stream.synchronize().ok()?;
             Some(t.elapsed().as_secs_f64() / 500.0)
@@ -448,6 +532,7 @@ impl Backend for CudaBackend {
             host_copies: self.puts.load(Ordering::Relaxed),
             host_copy_s: self.put_ns.load(Ordering::Relaxed) as f64 / 1e9,
             graphs: self.graphs.as_ref().map_or(0, |g| g.lock().unwrap_or_else(|e| e.into_inner()).launched),
+            graph_replays: self.graphs.as_ref().map_or(0, |g| g.lock().unwrap_or_else(|e| e.into_inner()).replayed),
         })
     }
 
@@ -573,21 +658,21 @@ impl Backend for CudaBackend {
     fn add_bias(&self, x: &mut CudaBuf, rows: usize, bias: &CudaWeight) -> BackendResult<()> {
         let width = bias.shape.iter().product::<usize>();
         let (xp, bp, r, w) = (ptr(&x.data, &self.stream, 0), bias.ptr(&self.stream, 0), rows as u32, width as u32);
-        let mut b = self.stream.launch_builder(self.func("add_bias_f32")?);
+        let mut b = Kernel::new(self.func("add_bias_f32")?);
         b.arg(&xp).arg(&bp).arg(&r).arg(&w);
         // SAFETY: add_bias_f32(x, b, rows, width): `x` holds `rows × width` floats and the
         // bias (stored as f32) `width`.
-        unsafe { self.launch(&mut b, launch::elementwise(rows * width), "add_bias") }
+        unsafe { self.launch(&b, launch::elementwise(rows * width), "add_bias") }
     }
 
     fn rms_norm(&self, x: &CudaBuf, rows: usize, w: &CudaWeight, eps: f32, out: &mut CudaBuf) -> BackendResult<()> {
         let dim = w.shape.iter().product::<usize>() as u32;
         let (xp, wp, op) = (ptr(&x.data, &self.stream, 0), w.ptr(&self.stream, 0), ptr(&out.data, &self.stream, 0));
-        let mut b = self.stream.launch_builder(self.func("rms_norm_f32")?);
+        let mut b = Kernel::new(self.func("rms_norm_f32")?);
         b.arg(&xp).arg(&wp).arg(&op).arg(&dim).arg(&eps);
         // SAFETY: rms_norm_f32(x, w, out, dim, eps): `x` and `out` hold `rows × dim`
         // floats, `w` (stored as f32) `dim`; a block per row.
-        unsafe { self.launch(&mut b, launch::rms_norm(rows), "rms_norm") }
+        unsafe { self.launch(&b, launch::rms_norm(rows), "rms_norm") }
     }
 
     fn rope(
@@ -666,11 +751,11 @@ impl Backend for CudaBackend {
             Activation::Sigmoid => "sigmoid_mul_f32",
             Activation::SwigluOai { alpha, limit } => {
                 let n32 = len as u32;
-                let mut l = self.stream.launch_builder(self.func("swiglu_oai_f32")?);
+                let mut l = Kernel::new(self.func("swiglu_oai_f32")?);
                 l.arg(&gp).arg(&up).arg(&n32).arg(&alpha).arg(&limit);
                 // SAFETY: swiglu_oai_f32(g, u, n, alpha, limit) per kernels/README.md: both
                 // buffers hold at least `len` floats (checked above); the rest are plain floats.
-                return unsafe { self.launch(&mut l, launch::elementwise(len), "glu") };
+                return unsafe { self.launch(&l, launch::elementwise(len), "glu") };
             }
         };
         self.elementwise(kernel, gp, up, len)

@@ -77,6 +77,19 @@ impl Staging {
     /// # Safety
     /// As [`Staging::copy`], with `src.len() <= HALF`.
     unsafe fn stage(&mut self, src: &[u8], dst: sys::CUdeviceptr) -> Result<(), DriverError> {
+        // SAFETY: as the caller promises.
+        let p = unsafe { self.place(src) }?;
+        // SAFETY: `p` holds the `src.len()` bytes just placed; `dst` as the caller promises.
+        unsafe { self.enqueue(p, src.len(), dst) }
+    }
+
+    /// Copies `src` (at most [`HALF`] bytes) into staging memory, waiting first for the
+    /// copies from the other half when the one being filled has no room (never when
+    /// [`Staging::fits`] said it fits); where it went.
+    ///
+    /// # Safety
+    /// `src.len() <= HALF`.
+    pub unsafe fn place(&mut self, src: &[u8]) -> Result<*mut u8, DriverError> {
         let n = src.len();
         let mut at = self.head.next_multiple_of(64);
         if at + n > HALF {
@@ -90,13 +103,22 @@ impl Staging {
             at = 0;
         }
         self.head = at + n;
-        self.stream.context().bind_to_thread()?;
         // SAFETY: `at + n <= HALF`, inside half `cur` of the `2 * HALF` bytes allocated;
         // no copy still reads that range (the fence above).
         let p = unsafe { self.base.add(self.cur * HALF + at) };
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, n) };
-        // SAFETY: `p` holds `n` bytes that stay unchanged until the copy has run (the
-        // fence); `dst` holds `n` bytes (the caller).
+        Ok(p)
+    }
+
+    /// Enqueues the copy of `n` bytes at `p`, a place [`Staging::place`] gave, to device
+    /// address `dst` on the stream.
+    ///
+    /// # Safety
+    /// `p` must hold `n` placed bytes, unchanged until the copy has run (the fence keeps
+    /// them so); `dst` must hold at least `n` bytes until the copy has run.
+    pub unsafe fn enqueue(&self, p: *mut u8, n: usize, dst: sys::CUdeviceptr) -> Result<(), DriverError> {
+        self.stream.context().bind_to_thread()?;
+        // SAFETY: as the caller promises.
         let rc = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, p.cast(), n, self.stream.cu_stream()) };
         match rc {
             sys::CUresult::CUDA_SUCCESS => Ok(()),

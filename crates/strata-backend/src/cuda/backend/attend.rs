@@ -56,7 +56,7 @@ impl CudaBackend {
                 (ptr(&q.data, st, row0 * q_width), ptr(&k.data, st, row0 * width), ptr(&v.data, st, row0 * width));
             let (kc, vc) = (ptr(&k_cache.data, st, at * row_len), ptr(&v_cache.data, st, at * row_len));
             let (af, il) = (freqs.attention_factor, freqs.interleaved as i32);
-            let mut b = st.launch_builder(self.func(launch::rope_store_kernel(ty))?);
+            let mut b = Kernel::new(self.func(launch::rope_store_kernel(ty))?);
             b.arg(&qp).arg(&kp).arg(&vp).arg(&kc).arg(&vc).arg(&pos0).arg(&nh).arg(&nkv).arg(&hd).arg(&np);
             b.arg(&fp).arg(&af).arg(&il);
             // SAFETY: rope_store_{f32,f16,q8_0}(q, k, v, k_cache, v_cache, pos0, n_heads,
@@ -66,7 +66,7 @@ impl CudaBackend {
             // `ty.row_len(width)` floats (all checked above); `inv_freq` holds at least
             // `n_pairs ≤ head_dim / 2` values; the shape is one the kernel takes
             // (`launch::rope_store`: an even head of at most 512, whole Q8_0 blocks).
-            unsafe { self.launch(&mut b, shape, "rope_store") }
+            unsafe { self.launch(&b, shape, "rope_store") }
         };
         Some(run())
     }
@@ -104,12 +104,12 @@ impl CudaBackend {
             freqs.attention_factor,
             freqs.interleaved as i32,
         );
-        let mut b = self.stream.launch_builder(self.func("rope_f32")?);
+        let mut b = Kernel::new(self.func("rope_f32")?);
         b.arg(&xp).arg(&pp).arg(&fp).arg(&nh).arg(&hd).arg(&np).arg(&af).arg(&il);
         // SAFETY: rope_f32(x, pos, inv_freq, n_heads, head_dim, n_pairs, attn_factor,
         // interleaved): `x` holds `positions.len() × n_heads × head_dim` floats, `pos` one
         // position per row, `inv_freq` at least `n_pairs` values (`n_pairs ≤ head_dim / 2`).
-        unsafe { self.launch(&mut b, launch::rope(positions.len(), n_heads, pairs), "rope") }
+        unsafe { self.launch(&b, launch::rope(positions.len(), n_heads, pairs), "rope") }
     }
 
     pub(super) fn store_kv(
@@ -149,13 +149,13 @@ impl CudaBackend {
             KvType::F16 => "kv_store_f16",
             _ => "kv_store_q8_0",
         };
-        let mut b = self.stream.launch_builder(self.func(name)?);
+        let mut b = Kernel::new(self.func(name)?);
         b.arg(&sp).arg(&ip).arg(&dp).arg(&w32).arg(&n32);
         // SAFETY: kv_store_{f16,q8_0}(src, rows, dst, width, n_rows) per kernels/README.md:
         // `src` holds every source row (`check_rows`; a range starts at its first row and
         // passes no list, a list was just uploaded to the scratch), `dst` from row `at`
         // holds `n_rows` rows of `ty.row_len(width)` floats (`check_len`).
-        unsafe { self.launch(&mut b, shape, "kv_store") }
+        unsafe { self.launch(&b, shape, "kv_store") }
     }
 
     pub(super) fn attend(
@@ -222,7 +222,7 @@ impl CudaBackend {
         let split_len = split.split_len as u32;
         let row_len = p.kv.row_len(p.n_kv_heads * p.head_dim);
         check_len(&[k.data.len(), v.data.len()], kv_len * row_len, "attention")?;
-        let mut b = self.stream.launch_builder(self.func(kernel.name)?);
+        let mut b = Kernel::new(self.func(kernel.name)?);
         b.arg(&qp)
             .arg(&kp)
             .arg(&vp)
@@ -243,28 +243,28 @@ impl CudaBackend {
         // `start_pos + rows` rows of `n_kv_heads × head_dim` values stored as `p.kv`
         // (checked above), the scratch `rows × n_heads × splits × (head_dim + 2)`;
         // `softcap` is a plain float (0: off).
-        unsafe { self.launch(&mut b, launch::attn_partial(rows, kernel.heads, split), "attention") }?;
+        unsafe { self.launch(&b, launch::attn_partial(rows, kernel.heads, split), "attention") }?;
         let (op, splits) = (ptr(&out.data, &self.stream, row0 * q_width), split.splits as u32);
         let shape = launch::attn_combine(rows, p.n_heads, p.head_dim);
         let Some(sinks) = p.sinks else {
-            let mut b = self.stream.launch_builder(self.func("attn_combine_f32")?);
+            let mut b = Kernel::new(self.func("attn_combine_f32")?);
             b.arg(&pp).arg(&op).arg(&splits).arg(&hd);
             // SAFETY: attn_combine_f32(part, out, splits, head_dim): the partials written just
             // above; `out` from row `row0` holds `rows × n_heads × head_dim` floats.
-            return unsafe { self.launch(&mut b, shape, "attention") };
+            return unsafe { self.launch(&b, shape, "attention") };
         };
         // The layer's sinks, one per query head, uploaded with the call (a few hundred bytes,
         // as the rope positions are; each layer has its own).
         let slot = self.grow(&mut s.sinks, p.n_heads, "attention sinks")?;
         self.put(&sinks[..p.n_heads], slot, "attention sinks")?;
         let skp = ptr(slot, &self.stream, 0);
-        let mut b = self.stream.launch_builder(self.func("attn_combine_sinks_f32")?);
+        let mut b = Kernel::new(self.func("attn_combine_sinks_f32")?);
         b.arg(&pp).arg(&skp).arg(&op).arg(&splits).arg(&nh).arg(&hd);
         // SAFETY: attn_combine_sinks_f32(part, sinks, out, splits, n_heads, head_dim): the
         // partials written just above; `sinks` holds `n_heads` floats (checked and uploaded
         // above), read at `h < n_heads`; `out` from row `row0` holds `rows × n_heads ×
         // head_dim` floats.
-        unsafe { self.launch(&mut b, shape, "attention") }
+        unsafe { self.launch(&b, shape, "attention") }
     }
 
     pub(super) fn delta(
@@ -302,20 +302,20 @@ impl CudaBackend {
             (u(n), u(sh.n_k_heads), u(sh.n_v_heads), u(sh.k_head_dim), u(sh.v_head_dim), u(sh.conv_kernel));
         let (qg, bg, vt) = (i32::from(sh.qkvz_grouped), i32::from(sh.ba_grouped), i32::from(sh.v_tiled));
         let cw = ptr(&w.conv.data, st, 0);
-        let mut b = st.launch_builder(self.func("delta_conv_f32")?);
+        let mut b = Kernel::new(self.func("delta_conv_f32")?);
         b.arg(&qkvz).arg(&cw).arg(&conv_state).arg(&mixed).arg(&nn).arg(&nk).arg(&nv).arg(&dk).arg(&dv);
         b.arg(&taps).arg(&qg);
         // SAFETY: delta_conv_f32 per kernels/README.md: `qkvz` holds the n rows from `row0`
         // (checked above), `conv_w` conv_dim x taps floats, the state's first (taps - 1)
         // conv_dim floats the convolution's inputs, the scratch n x conv_dim floats.
-        unsafe { self.launch(&mut b, launch::delta_conv(conv_dim), "delta_conv") }?;
+        unsafe { self.launch(&b, launch::delta_conv(conv_dim), "delta_conv") }?;
         let (na, dt, nw) = (ptr(&w.neg_a.data, st, 0), ptr(&w.dt_bias.data, st, 0), ptr(&w.norm.data, st, 0));
-        let mut b = st.launch_builder(self.func("delta_rule_f32")?);
+        let mut b = Kernel::new(self.func("delta_rule_f32")?);
         b.arg(&mixed).arg(&qkvz).arg(&ba).arg(&na).arg(&dt).arg(&nw).arg(&s).arg(&o).arg(&nn).arg(&nk).arg(&nv);
         b.arg(&dk).arg(&dv).arg(&qg).arg(&bg).arg(&vt).arg(&sh.eps);
         // SAFETY: delta_rule_f32 per kernels/README.md: the scratch holds the n convolved
         // rows, `ba` n x 2 nv floats from `row0`, `s` nv x dk x dv floats after the conv
         // state, `out` n x value_dim floats from `row0`; dk <= 256 (`delta_fits`).
-        unsafe { self.launch(&mut b, launch::delta_rule(sh.n_v_heads, sh.v_head_dim), "delta_rule") }
+        unsafe { self.launch(&b, launch::delta_rule(sh.n_v_heads, sh.v_head_dim), "delta_rule") }
     }
 }

@@ -129,6 +129,7 @@ impl CudaBackend {
             put_ns: AtomicU64::new(0),
             graphs: graphs.then(Mutex::default),
             capturing: Default::default(),
+            tape: Mutex::default(),
             refusal: Default::default(),
             launch_latency: std::sync::OnceLock::new(),
             h2d: std::sync::OnceLock::new(),

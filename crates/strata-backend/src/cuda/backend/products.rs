@@ -85,7 +85,7 @@ impl CudaBackend {
             let n = (at + rows - r0).min(launch::MATVEC_MAX_ROWS);
             let (xp, yp) = (ptr(&x.data, &self.stream, r0 * inn), ptr(&y.data, &self.stream, r0 * out));
             let (n, o, i) = (n as u32, out as u32, inn as u32);
-            let mut b = self.stream.launch_builder(f);
+            let mut b = Kernel::new(f);
             match packed {
                 true => b.arg(&qp).arg(&dp),
                 false => b.arg(&wp),
@@ -98,7 +98,7 @@ impl CudaBackend {
             // `Store::Add` is only asked for those), `x` at least `(r0 + n) × in` floats and `y`
             // `(r0 + n) × out` (the workspace is sized for `rows`); the grid has a warp
             // (`matvec_wide_FMT`: a block; the packed kernels: half a warp) per output row.
-            unsafe { self.launch(&mut b, self.matvec.shape(out, packed), "matvec") }?;
+            unsafe { self.launch(&b, self.matvec.shape(out, packed), "matvec") }?;
         }
         Ok(())
     }
@@ -127,7 +127,7 @@ impl CudaBackend {
             let n = (rows - r0).min(launch::MATVEC_MAX_ROWS);
             let (xp, yp) = (ptr(&x.data, &self.stream, r0 * inn), ptr(&y.data, &self.stream, r0 * out));
             let (n, o, i) = (n as u32, out as u32, inn as u32);
-            let mut b = self.stream.launch_builder(f);
+            let mut b = Kernel::new(f);
             b.arg(&qg).arg(&dg).arg(&qu).arg(&du).arg(&xp).arg(&yp).arg(&n).arg(&o).arg(&i);
             b.arg(&code).arg(&alpha).arg(&limit);
             // SAFETY: matvec_glu_packed_FMT(qg, dg, qu, du, x, y, rows, out, in, act, alpha,
@@ -136,7 +136,7 @@ impl CudaBackend {
             // weights of format FMT (checked by the caller), `x`
             // holds at least `(r0 + n) × in` floats and `y` `(r0 + n) × out` (checked
             // above); the grid has half a warp per output row, as matvec_packed_FMT's.
-            unsafe { self.launch(&mut b, launch::matvec_packed(out), "matmul_glu") }?;
+            unsafe { self.launch(&b, launch::matvec_packed(out), "matmul_glu") }?;
         }
         Ok(())
     }
@@ -197,7 +197,7 @@ impl CudaBackend {
             }
             let xp = ptr(&x.data, &self.stream, r0 * inn);
             let (n, i) = ((rows - r0).min(launch::MATVEC_MAX_ROWS) as u32, inn as u32);
-            let mut b = self.stream.launch_builder(f);
+            let mut b = Kernel::new(f);
             for s in 0..launch::MATVEC_MULTI_MAX {
                 b.arg(&qd[s].0).arg(&qd[s].1).arg(&ys[s]).arg(&out32[s]);
             }
@@ -208,7 +208,7 @@ impl CudaBackend {
             // group), each `y_i` a distinct buffer (distinct `&mut`) of at least
             // `rows × out_i` floats and `x` of `rows × in` (checked above); unused slots
             // have `out_i = 0` and are never read; the grid is each weight's packed grid in turn.
-            unsafe { self.launch(&mut b, launch::matvec_multi(&outs), "matmul_seqs_each") }?;
+            unsafe { self.launch(&b, launch::matvec_multi(&outs), "matmul_seqs_each") }?;
         }
         Ok(())
     }
@@ -227,6 +227,9 @@ impl CudaBackend {
         y: &mut CudaBuf,
     ) -> BackendResult<()> {
         use cudarc::cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};
+        // cuBLAS enqueues past the tape: a replay cannot compare it (its capture is not
+        // replayed, `graph::chain`, so only a pass that changed shape gets here).
+        self.not_replaying("cuBLAS GEMM")?;
         let (out, inn) = (w.shape[0], w.shape[1]);
         // cuBLAS runs on whatever context is current on this thread (the worker's, not
         // the loader's): make it this device's.
@@ -242,10 +245,10 @@ impl CudaBackend {
         let x16 = ptr(self.grow(&mut s.x16, rows * inn, "converting activations for GEMM")?, &self.stream, 0);
         let w16 = ptr(self.grow(&mut s.w16, tile * inn, "dequantising a weight for GEMM")?, &self.stream, 0);
         let nx = (rows * inn) as u64;
-        let mut b = self.stream.launch_builder(self.func("f32_to_f16")?);
+        let mut b = Kernel::new(self.func("f32_to_f16")?);
         b.arg(&xp).arg(&x16).arg(&nx);
         // SAFETY: f32_to_f16(x, y, n): `x` holds `rows × in` floats, the scratch as many.
-        unsafe { self.launch(&mut b, launch::elementwise(rows * inn), "f32_to_f16") }?;
+        unsafe { self.launch(&b, launch::elementwise(rows * inn), "f32_to_f16") }?;
         let row_bytes = w.dtype.bytes_for(inn).unwrap_or(0);
         for o0 in (0..out).step_by(tile.max(1)) {
             let n_out = (out - o0).min(tile);
@@ -253,7 +256,7 @@ impl CudaBackend {
             let wp = w.ptr(&self.stream, o0 * row_bytes);
             let (qp, dp) = if w.repacked() { w.packed_ptrs(&self.stream, o0) } else { (wp, 0) };
             let name = if w.repacked() { format!("dequant_packed_{fmt}_f16") } else { format!("dequant_{fmt}_f16") };
-            let mut b = self.stream.launch_builder(self.func(&name)?);
+            let mut b = Kernel::new(self.func(&name)?);
             match w.repacked() {
                 true => b.arg(&qp).arg(&dp),
                 false => b.arg(&wp),
@@ -262,7 +265,7 @@ impl CudaBackend {
             // SAFETY: dequant_FMT_f16(w, out, n): from output row `o0`, `w` holds
             // `n_out × in` values of its format (dequant_packed_FMT_f16(q, d, out, n): `q`
             // and `d` row `o0`'s packed quants and scales); the f16 scratch holds `tile × in`.
-            unsafe { self.launch(&mut b, launch::dequant(w.dtype, n), "dequant") }?;
+            unsafe { self.launch(&b, launch::dequant(w.dtype, n), "dequant") }?;
             // Output rows `o0..o0 + n_out` start at row `o0` of the column-major C.
             let tile_shape = GemmShape { out: n_out, ..shape };
             gemm_ex(blas, tile_shape, (w16, CUDA_R_16F), (x16, CUDA_R_16F), yp + (o0 * 4) as u64)?;
@@ -299,7 +302,7 @@ impl CudaBackend {
             (table.ptr(&self.stream, 0), ptr(slot, &self.stream, 0), ptr(&out.data, &self.stream, 0), dim as u32);
         let (qp, dp) = if table.repacked() { table.packed_ptrs(&self.stream, 0) } else { (tp, 0) };
         let name = if table.repacked() { format!("embed_packed_{fmt}") } else { format!("embed_{fmt}") };
-        let mut b = self.stream.launch_builder(self.func(&name)?);
+        let mut b = Kernel::new(self.func(&name)?);
         match table.repacked() {
             true => b.arg(&qp).arg(&dp),
             false => b.arg(&tp),
@@ -308,7 +311,7 @@ impl CudaBackend {
         // SAFETY: embed_FMT(table, ids, out, dim): ids (checked < vocab by the model) index
         // rows of the `[vocab, dim]` table (embed_packed_FMT(q, d, ...): its packed quants
         // and scales); `out` holds `ids.len() × dim` floats.
-        unsafe { self.launch(&mut b, launch::embedding(ids.len()), "embedding") }
+        unsafe { self.launch(&b, launch::embedding(ids.len()), "embedding") }
     }
 }
 

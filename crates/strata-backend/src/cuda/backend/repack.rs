@@ -31,12 +31,12 @@ impl CudaBackend {
             return Err(dev_err("repacking a streamed weight", len as u64)(DriverError(rc)));
         }
         let (n, b, q0, ql) = (n_blocks as u64, block as u32, q0 as u32, q_len as u32);
-        let mut l = self.stream.launch_builder(self.func("pack_blocks_u8")?);
+        let mut l = Kernel::new(self.func("pack_blocks_u8")?);
         l.arg(&tmp).arg(&p).arg(&n).arg(&b).arg(&q0).arg(&ql);
         // SAFETY: pack_blocks_u8(src, dst, n_blocks, block, q0, q_len) per kernels/README.md:
         // `src` (the scratch copy) and `dst` (the slot view) each hold `n_blocks × block`
         // bytes and do not overlap; `q0 + q_len ≤ block` (`block_split`).
-        unsafe { self.launch(&mut l, launch::pack_blocks(n_blocks), "repacking a streamed weight") }?;
+        unsafe { self.launch(&l, launch::pack_blocks(n_blocks), "repacking a streamed weight") }?;
         Ok(true)
     }
 

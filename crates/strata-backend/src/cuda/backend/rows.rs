@@ -20,13 +20,13 @@ impl CudaBackend {
         let u = |x: usize| to_u32(x, "copy_cols");
         let (s_stride, d_stride, w32, n32) = (u(from.stride)?, u(to.stride)?, u(width)?, u(rows)?);
         let (sp, dp) = (ptr(&src.data, &self.stream, from.col), ptr(&dst.data, &self.stream, to.col));
-        let mut b = self.stream.launch_builder(self.func("copy_cols_f32")?);
+        let mut b = Kernel::new(self.func("copy_cols_f32")?);
         b.arg(&sp).arg(&s_stride).arg(&dp).arg(&d_stride).arg(&w32).arg(&n32);
         // SAFETY: copy_cols_f32(src, src_stride, dst, dst_stride, width, n_rows) reads
         // `src[r * src_stride + j]` and writes `dst[r * dst_stride + j]` for r < n_rows,
         // j < width, from pointers already offset by each block's first column: both
         // ends were checked against the buffers above (`Cols::end`).
-        unsafe { self.launch(&mut b, launch::rows(rows, width), "copy_cols") }
+        unsafe { self.launch(&b, launch::rows(rows, width), "copy_cols") }
     }
 
     pub(super) fn gather_rows(
@@ -47,10 +47,11 @@ impl CudaBackend {
         }
         let list = match rows {
             Rows::Range { start, n } => {
-                let from = src.data.slice(start * row_len..(start + n) * row_len);
-                let at = dst_row * row_len;
-                let mut to = dst.data.slice_mut(at..at + n * row_len);
-                return self.stream.memcpy_dtod(&from, &mut to).map_err(dev_err("copy_rows", 0));
+                let (from, to) =
+                    (ptr(&src.data, &self.stream, start * row_len), ptr(&dst.data, &self.stream, dst_row * row_len));
+                // SAFETY: both ranges of `n * row_len` floats lie inside their buffers
+                // (checked above), which the stream orders every use of.
+                return unsafe { self.copy_device(to, from, n * row_len * 4, "copy_rows") };
             }
             Rows::List(list) => list,
         };
@@ -63,13 +64,13 @@ impl CudaBackend {
             ptr(ids, &self.stream, 0),
             ptr(&dst.data, &self.stream, dst_row * row_len),
         );
-        let mut b = self.stream.launch_builder(self.func("gather_rows_f32")?);
+        let mut b = Kernel::new(self.func("gather_rows_f32")?);
         b.arg(&sp).arg(&ip).arg(&dp).arg(&len32).arg(&n32);
         // SAFETY: gather_rows_f32(src, rows, dst, row_len, n_rows): every listed row is
         // below `src`'s row count (`check_rows`), so each read `src[rows[i] × row_len ..
         // + row_len]` is in bounds; `dst` from row `dst_row` holds `n_rows × row_len`
         // floats (`check_len`); the scratch holds the `n_rows` row ids just uploaded.
-        unsafe { self.launch(&mut b, launch::rows(list.len(), row_len), "copy_rows") }
+        unsafe { self.launch(&b, launch::rows(list.len(), row_len), "copy_rows") }
     }
 
     pub(super) fn scatter_add(
@@ -120,7 +121,7 @@ impl CudaBackend {
             wp = ptr(slot, &self.stream, 0);
         }
         let (xp, yp) = (ptr(&x.data, &self.stream, x0), ptr(&y.data, &self.stream, 0));
-        let mut b = self.stream.launch_builder(self.func("add_rows_f32")?);
+        let mut b = Kernel::new(self.func("add_rows_f32")?);
         b.arg(&xp).arg(&yp).arg(&ip).arg(&wp).arg(&len32).arg(&n32);
         // SAFETY: add_rows_f32(x, y, rows, w, row_len, n_rows): every destination row (a
         // listed one, or `start + i` for a range, `x` then pointing at row `start`) is
@@ -129,7 +130,7 @@ impl CudaBackend {
         // `n_rows × row_len` floats (`check_len`); the row ids and weights (exactly
         // `n_rows`, checked above) were just uploaded to scratch, or are null (identity
         // rows, weight 1), which the kernel tests for.
-        unsafe { self.launch(&mut b, launch::rows(rows.len(), row_len), "add_rows") }
+        unsafe { self.launch(&b, launch::rows(rows.len(), row_len), "add_rows") }
     }
 
     pub(super) fn sample_top_k(
@@ -150,7 +151,7 @@ impl CudaBackend {
         let lp = ptr(&logits.data, &self.stream, 0);
         let (v32, k32) = (vocab as u32, k as u32);
         let name = if k == 1 { "argmax_f32" } else { "topk_f32" };
-        let mut b = self.stream.launch_builder(self.func(name)?);
+        let mut b = Kernel::new(self.func(name)?);
         b.arg(&lp).arg(&v32);
         if k > 1 {
             b.arg(&k32);
@@ -160,7 +161,7 @@ impl CudaBackend {
         // idx, val, lse): `logits` holds `rows × vocab` floats, the outputs `rows × k`,
         // `rows × k` and `rows` 4-byte words, disjoint parts of the scratch (grown to
         // `rows × (2k + 1)` above); one block per row.
-        unsafe { self.launch(&mut b, launch::sample(rows), name) }?;
+        unsafe { self.launch(&b, launch::sample(rows), name) }?;
         let mut back = vec![0u32; words];
         let st = &self.stream;
         st.memcpy_dtoh(&s.top.as_ref().map(|b| b.slice(..words)).ok_or_else(no_scratch)?, &mut back)
