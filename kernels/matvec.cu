@@ -168,31 +168,32 @@ STRATA_ELEM_FORMATS(MATVEC_WIDE_ELEM)
 STRATA_BLOCK_FORMATS(MATVEC_WIDE_BLOCK)
 
 // matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for Q4_0, Q4_1, Q5_0,
-// Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights in the packed layout (quant.cuh: `q` the
-// 16-byte aligned quants, `d` the scales), and for F32, F16 and BF16 weights in their stored layout with 16-byte aligned
-// rows (`q` the weight, `d` unused). Launch: grid ceil(out / 8), block 128 (any multiple
-// of 32 up to 256: a block computes MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output
-// rows, warp w rows 2w and 2w + 1 of them). `in` is a whole number of blocks (of units
-// for the element formats).
+// Q5_1, Q8_0, MXFP4, Q4_K, Q5_K and Q6_K weights in the packed layout (quant.cuh: `q` the
+// 16-byte aligned quants, `d` the scales), and for F32, F16 and BF16 weights in their
+// stored layout with 16-byte aligned rows (`q` the weight, `d` unused). Launch: grid
+// ceil(out / 8), block 128 (any multiple of 32 up to 256: a block computes
+// MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output rows, warp w rows 2w and 2w + 1 of
+// them). `in` is a whole number of blocks (of units for the element formats).
 //
-// A "unit" is what one lane decodes from 16-byte loads: a Q4_0, Q4_1, Q5_0 or Q5_1
-// block (one uint4 of quants) or a Q8_0 block (two), 32 values of a Q4_K super-block
-// (one uint4) or of a Q5_K one (two: qs and qh), 64 of a Q6_K one (three uint4: two of
-// ql, one of qh), 8 values of an element format (one uint4 of f16/bf16, two of f32; a
-// block of its own). Unit g of the tensor is unit g % UPB (units per block: 1 for the
-// 32-value blocks, 8 for Q4_K and Q5_K, 4 for Q6_K, 1) of block g / UPB. The
-// activations are staged in shared memory a tile at a time (MATVEC_PACKED_STAGE · MATVEC_PACKED_PAD floats over all
-// activation rows), each unit's values contiguously in the order the unit decodes them
-// (mvp_slot_FMT maps value v of a block to its staged float), UV + 4 floats a unit so
-// that the float4 reads of a quarter-warp hit distinct banks. A tile is as many whole
-// blocks per activation row as the stage holds, whole multiples of 32 units when that is
-// at least 32 (Q4_0/Q8_0/Q4_K always; Q6_K up to 4 rows). Lane l takes the tile's units g
-// with g ≡ l (mod 32) of its warp's two rows, reading quants with 16-byte loads and
-// scales with u8/u16 loads; every staged activation value feeds both rows. So a lane
-// meets the same units in the same order whatever the row count and tile size: a row
-// comes out the same in any launch. Accumulation per (output row, activation row) in
-// f32, value by value; warp-reduced at the end, lane 0 writes y[r * out + o]. Rows past
-// `out` (the last block) load row out - 1 and store nothing.
+// A "unit" is what one lane decodes from 16-byte loads: a Q4_0, Q4_1, Q5_0, Q5_1 or
+// MXFP4 block (one uint4 of quants) or a Q8_0 block (two), 32 values of a Q4_K
+// super-block (one uint4) or of a Q5_K one (two: qs and qh), 64 of a Q6_K one (three
+// uint4: two of ql, one of qh), 8 values of an element format (one uint4 of f16/bf16, two
+// of f32; a block of its own). Unit g of the tensor is unit g % UPB (units per block: 1
+// for the 32-value blocks, 8 for Q4_K and Q5_K, 4 for Q6_K, 1) of block g / UPB. The
+// activations are staged in shared memory a tile at a time (MATVEC_PACKED_STAGE ·
+// MATVEC_PACKED_PAD floats over all activation rows), each unit's values contiguously in
+// the order the unit decodes them (mvp_slot_FMT maps value v of a block to its staged
+// float), UV + 4 floats a unit so that the float4 reads of a quarter-warp hit distinct
+// banks. A tile is as many whole blocks per activation row as the stage holds, whole
+// multiples of 32 units when that is at least 32 (Q4_0/Q8_0/Q4_K always; Q6_K up to 4
+// rows). Lane l takes the tile's units g with g ≡ l (mod 32) of its warp's two rows,
+// reading quants with 16-byte loads and scales with u8/u16 loads; every staged activation
+// value feeds both rows. So a lane meets the same units in the same order whatever the
+// row count and tile size: a row comes out the same in any launch. Accumulation per
+// (output row, activation row) in f32, value by value; warp-reduced at the end, lane 0
+// writes y[r * out + o]. Rows past `out` (the last block) load row out - 1 and store
+// nothing.
 
 #define MATVEC_PACKED_WARP_ROWS 2u
 #define MATVEC_PACKED_STAGE 256u
@@ -232,26 +233,73 @@ __device__ __forceinline__ void mvp_add_lohi(const float (*lo)[4], const float (
     }
 }
 
-// acc[j][r] += Σ_v w(block ib[j], v) · xs[r * stride + v] for one 32-value block of
-// each of the warp's rows, for Q4_0, Q4_1, Q5_0 and Q5_1: one uint4 of quants, word k
-// holding values 4k..4k+4 (low nibbles) and 16+4k..16+4k+4 (high nibbles), and at
-// `d` + MB · block the block's f16 d, then (MIN: Q4_1, Q5_1) its f16 m, then (HIGH: Q5_0,
-// Q5_1) its u32 qh, whose bit v is value v's fifth. Values as dec8_FMT: q · d + m with a
-// min, (q − 8) · d (Q4_0) or (q − 16) · d (Q5_0) without.
-template <unsigned int MB, bool MIN, bool HIGH>
-__device__ __forceinline__ void mvp_unit_q4q5(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
-                                              const unsigned long long* ib, const float* xs, unsigned int stride,
-                                              unsigned int rows, float (*acc)[MATVEC_MAX_ROWS]) {
+// The 4- and 5-bit formats' values, as dec8_FMT, from a block's MB scale bytes at `m`:
+// MvpNibD (q − OFF) · d (Q4_0: 8, Q5_0: 16, its qh at m + 2), MvpNibDM q · d + m (Q4_1,
+// Q5_1 with its qh at m + 4, AffineQ4's scale and bias), MvpNibE8m0 KVALUES[q] ·
+// 2^(e − 128) (MXFP4). HIGH: a u32 qh whose bit v is value v's fifth.
+template <int OFF, bool H>
+struct MvpNibD {
+    static constexpr bool HIGH = H, WORDS = false;
+    static __device__ __forceinline__ void scales(const unsigned char* m, float& d, float& mn, unsigned int& qh) {
+        d = ld_f16(m);
+        mn = 0.0f;
+        qh = H ? ld_u32_a2(m + 2u) : 0u;
+    }
+    static __device__ __forceinline__ float value(unsigned int x, float d, float) { return (float)((int)x - OFF) * d; }
+};
+template <bool H>
+struct MvpNibDM {
+    static constexpr bool HIGH = H, WORDS = false;
+    static __device__ __forceinline__ void scales(const unsigned char* m, float& d, float& mn, unsigned int& qh) {
+        d = ld_f16(m);
+        mn = ld_f16(m + 2u);
+        qh = H ? ld_u32_a2(m + 4u) : 0u;
+    }
+    static __device__ __forceinline__ float value(unsigned int x, float d, float mn) { return (float)x * d + mn; }
+};
+struct MvpNibE8m0 {
+    static constexpr bool HIGH = false, WORDS = true;
+    static __device__ __forceinline__ void scales(const unsigned char* m, float& d, float& mn, unsigned int& qh) {
+        d = mxfp4_e8m0_half(m[0]);
+        mn = 0.0f;
+        qh = 0u;
+    }
+    // The 8 values of quant word `wd` at once: KVALUES as signed bytes (nibbles 0..7 in
+    // the first pair of words, 8..15 in the second), looked up by byte permutes four
+    // nibbles at a time; each is the integer mxfp4_value multiplies by d, so the values
+    // are its bits.
+    static __device__ __forceinline__ void word(unsigned int wd, float d, float* lo, float* hi) {
+#pragma unroll
+        for (unsigned int h = 0; h < 2u; ++h) {
+            const unsigned int n = wd >> (16u * h);
+            const unsigned int pos = __byte_perm(0x03020100u, 0x0C080604u, n & 0x7777u);
+            const unsigned int neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, n & 0x7777u);
+            const unsigned int b = __byte_perm(pos, neg, 0x3210u | ((n & 0x8888u) >> 1));
+            // Bytes of b: byte 2h's low and high nibble, byte 2h + 1's.
+            lo[2u * h] = (float)(int)(signed char)(unsigned char)QBYTE(b, 0u) * d;
+            hi[2u * h] = (float)(int)(signed char)(unsigned char)QBYTE(b, 1u) * d;
+            lo[2u * h + 1u] = (float)(int)(signed char)(unsigned char)QBYTE(b, 2u) * d;
+            hi[2u * h + 1u] = (float)(int)(signed char)(unsigned char)QBYTE(b, 3u) * d;
+        }
+    }
+};
+
+// acc[j][r] += Σ_v w(unit g[j], v) · xs[r * stride + v] for one 32-value unit of each of
+// the warp's rows from one uint4 of quants (unit g at q[g]), word k holding values
+// 4k..4k+4 (low nibbles) and 16+4k..16+4k+4 (high nibbles), with the scales F reads at
+// `d` + MB · (g / UPB): a unit is a block (Q4_0, Q4_1, Q5_0, Q5_1, MXFP4: UPB 1) or a
+// quarter of one (AffineQ4: UPB 4).
+template <unsigned int MB, unsigned int UPB, class F>
+__device__ __forceinline__ void mvp_unit_nib(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
+                                             const unsigned long long* g, const float* xs, unsigned int stride,
+                                             unsigned int rows, float (*acc)[MATVEC_MAX_ROWS]) {
     uint4 qv[MATVEC_PACKED_WARP_ROWS];
     float dv[MATVEC_PACKED_WARP_ROWS], mv[MATVEC_PACKED_WARP_ROWS];
     unsigned int hv[MATVEC_PACKED_WARP_ROWS];
 #pragma unroll
     for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
-        qv[j] = q[ib[j]];
-        const unsigned char* m = (const unsigned char*)d + ib[j] * MB;
-        dv[j] = ld_f16(m);
-        mv[j] = MIN ? ld_f16(m + 2u) : 0.0f;
-        hv[j] = HIGH ? ld_u32_a2(m + (MIN ? 4u : 2u)) : 0u;
+        qv[j] = q[g[j]];
+        F::scales((const unsigned char*)d + g[j] / UPB * MB, dv[j], mv[j], hv[j]);
     }
 #pragma unroll
     for (unsigned int k = 0; k < 4u; ++k) {
@@ -259,40 +307,43 @@ __device__ __forceinline__ void mvp_unit_q4q5(const uint4* __restrict__ q, const
 #pragma unroll
         for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
             const unsigned int wd = u4_word(qv[j], k);
+            if constexpr (F::WORDS) {
+                F::word(wd, dv[j], lo[j], hi[j]);
+            } else {
 #pragma unroll
-            for (unsigned int i = 0; i < 4u; ++i) {
-                const unsigned int byte = QBYTE(wd, i), v = 4u * k + i;
-                const unsigned int x0 = (byte & 0xFu) | (HIGH ? ((hv[j] >> v) & 1u) << 4 : 0u);
-                const unsigned int x1 = (byte >> 4) | (HIGH ? ((hv[j] >> (v + 16u)) & 1u) << 4 : 0u);
-                if (MIN) {
-                    lo[j][i] = (float)x0 * dv[j] + mv[j];
-                    hi[j][i] = (float)x1 * dv[j] + mv[j];
-                } else {
-                    lo[j][i] = (float)((int)x0 - (HIGH ? 16 : 8)) * dv[j];
-                    hi[j][i] = (float)((int)x1 - (HIGH ? 16 : 8)) * dv[j];
+                for (unsigned int i = 0; i < 4u; ++i) {
+                    const unsigned int byte = QBYTE(wd, i), v = 4u * k + i;
+                    const unsigned int x0 = (byte & 0xFu) | (F::HIGH ? ((hv[j] >> v) & 1u) << 4 : 0u);
+                    const unsigned int x1 = (byte >> 4) | (F::HIGH ? ((hv[j] >> (v + 16u)) & 1u) << 4 : 0u);
+                    lo[j][i] = F::value(x0, dv[j], mv[j]);
+                    hi[j][i] = F::value(x1, dv[j], mv[j]);
                 }
             }
         }
         mvp_add_lohi<16u>(lo, hi, xs + 4u * k, stride, rows, acc);
     }
 }
-#define MVP_UNIT_Q4Q5(NAME, MB, MIN, HIGH)                                                        \
+// mvp_unit_FMT for a format whose unit is a block, staged in value order: UNIT(q, d, g,
+// xs, stride, rows, acc).
+#define MVP_UNIT_BLOCK(NAME, ...)                                                                 \
     __device__ __forceinline__ void mvp_unit_##NAME(const uint4* __restrict__ q,                  \
                                                     const unsigned short* __restrict__ d,         \
-                                                    const unsigned long long* ib, const float* xs, \
+                                                    const unsigned long long* g, const float* xs, \
                                                     unsigned int stride, unsigned int rows,       \
                                                     float (*acc)[MATVEC_MAX_ROWS]) {              \
-        mvp_unit_q4q5<MB, MIN, HIGH>(q, d, ib, xs, stride, rows, acc);                            \
+        __VA_ARGS__(q, d, g, xs, stride, rows, acc);                                              \
     }                                                                                             \
     __device__ __forceinline__ unsigned int mvp_slot_##NAME(unsigned int v) { return v; }
-MVP_UNIT_Q4Q5(q4_0, Q4_0_PACKED_MB, false, false)
-MVP_UNIT_Q4Q5(q4_1, Q4_1_PACKED_MB, true, false)
-MVP_UNIT_Q4Q5(q5_0, Q5_0_PACKED_MB, false, true)
-MVP_UNIT_Q4Q5(q5_1, Q5_1_PACKED_MB, true, true)
+MVP_UNIT_BLOCK(q4_0, mvp_unit_nib<Q4_0_PACKED_MB, 1u, MvpNibD<8, false>>)
+MVP_UNIT_BLOCK(q4_1, mvp_unit_nib<Q4_1_PACKED_MB, 1u, MvpNibDM<false>>)
+MVP_UNIT_BLOCK(q5_0, mvp_unit_nib<Q5_0_PACKED_MB, 1u, MvpNibD<16, true>>)
+MVP_UNIT_BLOCK(q5_1, mvp_unit_nib<Q5_1_PACKED_MB, 1u, MvpNibDM<true>>)
+MVP_UNIT_BLOCK(mxfp4, mvp_unit_nib<MXFP4_PACKED_MB, 1u, MvpNibE8m0>)
 #define Q4_0_UNIT_VALUES 32u
 #define Q4_1_UNIT_VALUES 32u
 #define Q5_0_UNIT_VALUES 32u
 #define Q5_1_UNIT_VALUES 32u
+#define MXFP4_UNIT_VALUES 32u
 
 // Q8_0: two uint4 of quants; word k (0..8) holds values 4k..4k+4.
 __device__ __forceinline__ void mvp_unit_q8_0(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
@@ -554,6 +605,7 @@ MVP_UNIT_HALF(bf16, bf16_to_f32)
     X(q5_0, Q5_0_QK, Q5_0_UNIT_VALUES)                                                            \
     X(q5_1, Q5_1_QK, Q5_1_UNIT_VALUES)                                                            \
     X(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)                                                            \
+    X(mxfp4, MXFP4_QK, MXFP4_UNIT_VALUES)                                                         \
     X(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)                                                            \
     X(q5_k, Q5_K_QK, Q5_K_UNIT_VALUES)                                                            \
     X(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
@@ -688,7 +740,7 @@ MVP_FORMATS(MATVEC_MULTI_PACKED)
 // matvec_packed_FMT of both weights followed by the GLU kernel of `act`.
 // UNROLL: the unit loop's pragma, whichever keeps the four weight rows a warp from
 // spilling on sm_90 (check_packed_ptx.py): "unroll 1" for Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0, Q4_K and Q6_K, "unroll 2" for Q5_K and the element formats.
+// Q8_0, MXFP4, Q4_K and Q6_K, "unroll 2" for Q5_K and the element formats.
 #define MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, UNROLL)                                          \
     extern "C" __global__ void __launch_bounds__(256) matvec_glu_packed_##NAME(                   \
         const unsigned char* __restrict__ qg, const unsigned short* __restrict__ dg,              \
@@ -711,6 +763,7 @@ MATVEC_GLU_PACKED(q4_1, Q4_1_QK, Q4_1_UNIT_VALUES)
 MATVEC_GLU_PACKED(q5_0, Q5_0_QK, Q5_0_UNIT_VALUES)
 MATVEC_GLU_PACKED(q5_1, Q5_1_QK, Q5_1_UNIT_VALUES)
 MATVEC_GLU_PACKED(q8_0, Q8_0_QK, Q8_0_UNIT_VALUES)
+MATVEC_GLU_PACKED(mxfp4, MXFP4_QK, MXFP4_UNIT_VALUES)
 MATVEC_GLU_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
 MATVEC_GLU_PACKED_UNROLL2(q5_k, Q5_K_QK, Q5_K_UNIT_VALUES)
 MATVEC_GLU_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)

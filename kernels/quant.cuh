@@ -354,27 +354,33 @@ __device__ __forceinline__ float load_elem_bf16(const unsigned char* p, unsigned
 
 // ---------------------------------------------------------------------------------
 // The packed layout (kernels/README.md, "Packed weights"): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// Q4_K, Q5_K and Q6_K tensors the CUDA backend repacked at upload. A [out, in] tensor of
-// nblk = in / QK blocks per row is two arrays: the quant bytes of block i = o * nblk + b
-// at byte i * FMT_PACKED_QB of `q` (16-byte aligned: QB = 16 for Q4_0, Q4_1, Q5_0 and
-// Q5_1, 32 for Q8_0, 128, 160, 192 for the K-quants), exactly as stored (Q5_K: qh[32]
-// then qs[128]), then the block's other bytes (FMT_PACKED_MB of them,
+// MXFP4, Q4_K, Q5_K and Q6_K tensors the CUDA backend repacked at upload. A [out, in]
+// tensor of nblk = in / QK blocks per row is two arrays: the quant bytes of block
+// i = o * nblk + b at byte i * FMT_PACKED_QB of `q` (16-byte aligned: QB = 16 for Q4_0,
+// Q4_1, Q5_0, Q5_1 and MXFP4, 32 for Q8_0, 128, 160, 192 for the K-quants), exactly as
+// stored (Q5_K: qh[32] then qs[128]), then the block's other bytes (FMT_PACKED_MB of them,
 // in stored order) at byte i * FMT_PACKED_MB of `d`, which starts at q + out * nblk * QB:
 // Q4_0/Q8_0 the f16 scale (MB 2), Q4_1 { f16 d; f16 m; } (MB 4), Q5_0 { f16 d; u8 qh[4]; }
-// (MB 6), Q5_1 { f16 d; f16 m; u8 qh[4]; } (MB 8), Q4_K and Q5_K { f16 d; f16 dmin;
-// u8 scales[12]; } (MB 16), Q6_K { i8 scales[16]; f16 d; } (MB 18). The same bytes as the
-// stored tensor, in another order.
+// (MB 6), Q5_1 { f16 d; f16 m; u8 qh[4]; } (MB 8), MXFP4 the e8m0 byte (MB 1), Q4_K and
+// Q5_K { f16 d; f16 dmin; u8 scales[12]; } (MB 16), Q6_K { i8 scales[16]; f16 d; } (MB
+// 18). The same bytes as the stored tensor, in another order.
 // packed_FMT(q, d, i, j) is value j (0..QK) of block i, by the stored decoder's
 // expression (dec8_FMT).
 // ---------------------------------------------------------------------------------
+// The nibble of value j of block i of a 4-bit format with QB quant bytes a block: low
+// in byte j for j < QB, high in byte j − QB after (Q4_0's layout; AffineQ4's, QB 64).
+template <unsigned int QB>
+__device__ __forceinline__ unsigned int packed_nib(const unsigned char* __restrict__ q, unsigned long long i,
+                                                   unsigned int j) {
+    const unsigned int byte = q[i * QB + j % QB];
+    return j < QB ? (byte & 0xFu) : (byte >> 4);
+}
 #define Q4_0_PACKED_QB 16u
 #define Q4_0_PACKED_MB 2u
 #define Q8_0_PACKED_QB 32u
 __device__ __forceinline__ float packed_q4_0(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                              unsigned long long i, unsigned int j) {
-    const unsigned int byte = q[i * Q4_0_PACKED_QB + (j & 15u)];
-    const unsigned int nib = j < 16u ? (byte & 0xFu) : (byte >> 4);
-    return (float)((int)nib - 8) * f16_to_f32(d[i]);
+    return (float)((int)packed_nib<Q4_0_PACKED_QB>(q, i, j) - 8) * f16_to_f32(d[i]);
 }
 #define Q4_1_PACKED_QB 16u
 #define Q4_1_PACKED_MB 4u
@@ -382,28 +388,32 @@ __device__ __forceinline__ float packed_q4_0(const unsigned char* __restrict__ q
 #define Q5_0_PACKED_MB 6u
 #define Q5_1_PACKED_QB 16u
 #define Q5_1_PACKED_MB 8u
-// Q4_1, Q5_0 and Q5_1 value j: the nibble of quant byte j % 16 as Q4_0's, plus (Q5_0,
-// Q5_1) bit j of the u32 qh as its fifth.
+// Q4_1, Q5_0 and Q5_1 value j: the nibble as Q4_0's, plus (Q5_0, Q5_1) bit j of the u32
+// qh as its fifth.
 __device__ __forceinline__ float packed_q4_1(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                              unsigned long long i, unsigned int j) {
     const unsigned char* m = (const unsigned char*)d + i * Q4_1_PACKED_MB;
-    const unsigned int byte = q[i * Q4_1_PACKED_QB + (j & 15u)];
-    const unsigned int nib = j < 16u ? (byte & 0xFu) : (byte >> 4);
-    return (float)nib * ld_f16(m) + ld_f16(m + 2u);
+    return (float)packed_nib<Q4_1_PACKED_QB>(q, i, j) * ld_f16(m) + ld_f16(m + 2u);
 }
 __device__ __forceinline__ float packed_q5_0(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                              unsigned long long i, unsigned int j) {
     const unsigned char* m = (const unsigned char*)d + i * Q5_0_PACKED_MB;
-    const unsigned int byte = q[i * Q5_0_PACKED_QB + (j & 15u)];
-    const unsigned int x = (j < 16u ? (byte & 0xFu) : (byte >> 4)) | (((ld_u32_a2(m + 2u) >> j) & 1u) << 4);
+    const unsigned int x = packed_nib<Q5_0_PACKED_QB>(q, i, j) | (((ld_u32_a2(m + 2u) >> j) & 1u) << 4);
     return (float)((int)x - 16) * ld_f16(m);
 }
 __device__ __forceinline__ float packed_q5_1(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                              unsigned long long i, unsigned int j) {
     const unsigned char* m = (const unsigned char*)d + i * Q5_1_PACKED_MB;
-    const unsigned int byte = q[i * Q5_1_PACKED_QB + (j & 15u)];
-    const unsigned int x = (j < 16u ? (byte & 0xFu) : (byte >> 4)) | (((ld_u32_a2(m + 4u) >> j) & 1u) << 4);
+    const unsigned int x = packed_nib<Q5_1_PACKED_QB>(q, i, j) | (((ld_u32_a2(m + 4u) >> j) & 1u) << 4);
     return (float)x * ld_f16(m) + ld_f16(m + 2u);
+}
+#define MXFP4_PACKED_QB 16u
+#define MXFP4_PACKED_MB 1u
+// MXFP4 value j: the nibble as Q4_0's, scaled by the block's e8m0 byte.
+__device__ __forceinline__ float packed_mxfp4(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                              unsigned long long i, unsigned int j) {
+    const float e = mxfp4_e8m0_half(((const unsigned char*)d)[i * MXFP4_PACKED_MB]);
+    return mxfp4_value(packed_nib<MXFP4_PACKED_QB>(q, i, j), e);
 }
 __device__ __forceinline__ float packed_q8_0(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                              unsigned long long i, unsigned int j) {
@@ -456,7 +466,7 @@ __device__ __forceinline__ float packed_q6_k(const unsigned char* __restrict__ q
 // layout.
 #define STRATA_PACKED_FORMATS(X) \
     X(q4_0, Q4_0_QK, Q4_0_PACKED_QB) X(q4_1, Q4_1_QK, Q4_1_PACKED_QB) X(q5_0, Q5_0_QK, Q5_0_PACKED_QB) \
-    X(q5_1, Q5_1_QK, Q5_1_PACKED_QB) X(q8_0, Q8_0_QK, Q8_0_PACKED_QB) X(q4_k, Q4_K_QK, Q4_K_PACKED_QB) \
-    X(q5_k, Q5_K_QK, Q5_K_PACKED_QB) X(q6_k, Q6_K_QK, Q6_K_PACKED_QB)
+    X(q5_1, Q5_1_QK, Q5_1_PACKED_QB) X(q8_0, Q8_0_QK, Q8_0_PACKED_QB) X(mxfp4, MXFP4_QK, MXFP4_PACKED_QB) \
+    X(q4_k, Q4_K_QK, Q4_K_PACKED_QB) X(q5_k, Q5_K_QK, Q5_K_PACKED_QB) X(q6_k, Q6_K_QK, Q6_K_PACKED_QB)
 
 #endif  // STRATA_QUANT_CUH

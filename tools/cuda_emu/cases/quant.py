@@ -17,6 +17,12 @@ MXFP4_DECODE_EXPS = (0, 1, 2, 254)
 MXFP4_MATVEC_EXPS = (0, 1, 2, 140)
 
 
+def edge_exps(fmt, rows, cols, exps):
+    """The MXFP4 exponents `exps` for make_weights, as many as a [rows, cols] tensor has
+    blocks; none for the other formats."""
+    return exps[:rows * cols // 32] if fmt == "mxfp4" else ()
+
+
 def pack_weights(fmt, raw, rows, cols):
     """The packed layout of kernels/README.md from stored blocks: (quants, scales) as two
     byte arrays, block i = o · nblk + b of the [rows, cols] tensor at i · QB and i · MB
@@ -59,7 +65,7 @@ def cases_embedding():
 
     def emb_packed(fmt, vocab, dim, rows):
         def run(c, rng):
-            raw, ref = make_weights(fmt, vocab, dim, rng)
+            raw, ref = make_weights(fmt, vocab, dim, rng, edge_exps(fmt, vocab, dim, MXFP4_DECODE_EXPS))
             q, d = pack_weights(fmt, raw, vocab, dim)
             ids = rng.integers(0, vocab, size=rows).astype(np.uint32)
             ids[0] = vocab - 1
@@ -107,7 +113,7 @@ def cases_dequant():
     def deq_packed(fmt, rows, cols, o0, grid):
         # Rows o0.. of a packed [rows, cols] tensor, as the GEMM's tiles read them.
         def run(c, rng):
-            raw, ref = make_weights(fmt, rows, cols, rng)
+            raw, ref = make_weights(fmt, rows, cols, rng, edge_exps(fmt, rows, cols, MXFP4_DECODE_EXPS))
             q, d = pack_weights(fmt, raw, rows, cols)
             nblk = cols // BLOCK[fmt][0]
             qb, mb = q.size // (rows * nblk), d.size // (rows * nblk)
@@ -161,7 +167,7 @@ def cases_matvec():
         # `twice`: also each activation row alone, which must give the same bits (the
         # order of the additions depends on the shape only).
         def run(c, rng):
-            raw, wref = make_weights(fmt, out, inn, rng)
+            raw, wref = make_weights(fmt, out, inn, rng, edge_exps(fmt, out, inn, MXFP4_MATVEC_EXPS))
             q, d = pack_weights(fmt, raw, out, inn)
             x = rng.standard_normal((rows, inn)).astype(np.float32)
             bq, bd, bx, by = c.buf(q), c.buf(d), c.buf(x), c.out((rows, out), np.float32)
@@ -252,7 +258,7 @@ def cases_matvec():
         # y += x · wᵀ against float64 numpy, and bit for bit against matvec_packed_FMT
         # into a buffer then add_f32 of it (elementwise.cu).
         def run(c, rng):
-            raw, wref = make_weights(fmt, out, inn, rng)
+            raw, wref = make_weights(fmt, out, inn, rng, edge_exps(fmt, out, inn, MXFP4_MATVEC_EXPS))
             q, d = pack_weights(fmt, raw, out, inn)
             x = rng.standard_normal((rows, inn)).astype(np.float32)
             y0 = rng.standard_normal((rows, out)).astype(np.float32) * 4

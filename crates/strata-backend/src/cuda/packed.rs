@@ -1,8 +1,8 @@
-//! The packed layout of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights (kernels/README.md, "Packed
-//! weights"): a `[out, in]` tensor's blocks split into their quant bytes (16-byte
-//! aligned, block `i` at `i · QB`) followed by their other bytes, the scales, in stored
-//! order (block `i` at `out · nblk · QB + MB · i`). The same bytes as the stored tensor,
-//! so its size and accounting do not change.
+//! The packed layout of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K, Q5_K and Q6_K weights
+//! (kernels/README.md, "Packed weights"): a `[out, in]` tensor's blocks split into their
+//! quant bytes (16-byte aligned, block `i` at `i · QB`) followed by their other bytes, the
+//! scales, in stored order (block `i` at `out · nblk · QB + MB · i`). The same bytes as
+//! the stored tensor, so its size and accounting do not change.
 
 use std::ops::Range;
 
@@ -23,6 +23,7 @@ fn split(dtype: DType) -> Option<Split> {
         DType::Q5_0 => (22, 6..22),
         DType::Q5_1 => (24, 8..24),
         DType::Q8_0 => (34, 2..34),
+        DType::Mxfp4 => (17, 1..17),
         DType::Q4_K => (144, 16..144),
         DType::Q5_K => (176, 16..176),
         DType::Q6_K => (210, 0..192),
@@ -76,6 +77,7 @@ pub fn row_offsets(dtype: DType, out: usize, nblk: usize, o0: usize) -> (usize, 
 
 #[cfg(test)]
 mod tests {
+    use super::super::launch::PACKED_FORMATS;
     use super::*;
 
     /// `pack_blocks_u8`'s loop (kernels/rows.cu), from `block_split`'s numbers.
@@ -93,9 +95,7 @@ mod tests {
 
     #[test]
     fn the_device_repack_gives_the_upload_repack_s_bytes() {
-        for dtype in
-            [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K]
-        {
+        for dtype in PACKED_FORMATS {
             let split = block_split(dtype).unwrap();
             let stored: Vec<u8> = (0..split.0 * 7).map(|i| (i * 31 % 251) as u8).collect();
             assert_eq!(pack_as_the_kernel_does(&stored, split), pack(dtype, &stored).unwrap(), "{dtype:?}");
@@ -119,7 +119,7 @@ mod tests {
         assert_eq!(row_offsets(DType::Q4_0, 2, 1, 1), (16, 34));
         assert_eq!(row_offsets(DType::Q8_0, 3, 2, 2), (128, 192 + 8));
         assert!(pack(DType::Q8_0, &[0; 35]).is_none());
-        assert!(pack(DType::Mxfp4, &[0; 17]).is_none());
+        assert!(pack(DType::Q8_1, &[0; 36]).is_none());
         assert_eq!(pack(DType::Q8_0, &[0; 68]).map(|v| v.len()), Some(68));
     }
 
@@ -158,18 +158,24 @@ mod tests {
     }
 
     #[test]
-    fn q4_1_q5_0_and_q5_1_keep_qs_and_move_d_m_and_qh_behind() {
-        for (dtype, block) in [(DType::Q4_1, 20), (DType::Q5_0, 22), (DType::Q5_1, 24)] {
+    fn blocks_whose_quants_come_last_keep_them_and_move_their_scales_behind() {
+        // Q4_1 d, m; Q5_0 d, qh; Q5_1 d, m, qh; MXFP4 its exponent byte.
+        for (dtype, block, qb) in
+            [(DType::Q4_1, 20, 16), (DType::Q5_0, 22, 16), (DType::Q5_1, 24, 16), (DType::Mxfp4, 17, 16)]
+        {
             let stored = numbered(block);
             let p = pack(dtype, &stored).unwrap();
-            let mb = block - 16;
-            assert_eq!(&p[..16], &stored[mb..block], "{dtype:?}");
-            assert_eq!(&p[16..32], &stored[block + mb..], "{dtype:?}");
-            assert_eq!(&p[32..32 + mb], &stored[..mb], "{dtype:?}");
-            assert_eq!(&p[32 + mb..], &stored[block..block + mb], "{dtype:?}");
-            assert_eq!((quant_bytes(dtype), scale_bytes(dtype)), (Some(16), Some(mb)));
+            let mb = block - qb;
+            assert_eq!(&p[..qb], &stored[mb..block], "{dtype:?}");
+            assert_eq!(&p[qb..2 * qb], &stored[block + mb..], "{dtype:?}");
+            assert_eq!(&p[2 * qb..2 * qb + mb], &stored[..mb], "{dtype:?}");
+            assert_eq!(&p[2 * qb + mb..], &stored[block..block + mb], "{dtype:?}");
+            assert_eq!((quant_bytes(dtype), scale_bytes(dtype)), (Some(qb), Some(mb)));
+            assert!(pack(dtype, &stored[1..]).is_none(), "{dtype:?}");
         }
         assert_eq!(row_offsets(DType::Q5_0, 3, 2, 1), (32, 96 + 12));
+        // Row 2 of a 3-row MXFP4 tensor of 4 blocks a row.
+        assert_eq!(row_offsets(DType::Mxfp4, 3, 4, 2), (128, 192 + 8));
     }
 
     #[test]
@@ -184,10 +190,9 @@ mod tests {
         assert_eq!((quant_bytes(DType::Q6_K), scale_bytes(DType::Q6_K)), (Some(192), Some(18)));
         assert_eq!(row_offsets(DType::Q6_K, 2, 3, 1), (576, 1152 + 54));
         // The scales start 16-byte aligned after the quants of every format.
-        for d in
-            [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K]
-        {
+        for d in PACKED_FORMATS {
             assert_eq!(quant_bytes(d).unwrap() % 16, 0, "{d:?}");
+            assert_eq!(split(d).map(|s| s.block), Some(d.block_bytes()), "{d:?}");
         }
     }
 }

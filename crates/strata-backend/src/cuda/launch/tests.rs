@@ -120,13 +120,16 @@ fn the_packed_matvec_has_two_rows_a_warp_and_falls_back_to_wide() {
     // Formats without a packed layout, and streamed units, run the wide kernel.
     assert_eq!(Matvec::Packed.kernel("q4_k", true), "matvec_packed_q4_k");
     assert_eq!(Matvec::Packed.kernel("mxfp4", false), "matvec_wide_mxfp4");
+    assert_eq!(Matvec::Packed.kernel("mxfp4", true), "matvec_packed_mxfp4");
     assert_eq!(Matvec::Packed.shape(67, false), matvec_wide(67));
     assert!(Matvec::Packed.packs(DType::Q8_0) && Matvec::Packed.packs(DType::Q4_K));
     assert!(Matvec::Packed.packs(DType::Q6_K) && Matvec::Packed.packs(DType::Q5_K));
     assert!(
         Matvec::Packed.packs(DType::Q4_1) && Matvec::Packed.packs(DType::Q5_0) && Matvec::Packed.packs(DType::Q5_1)
     );
-    assert!(!Matvec::Packed.packs(DType::Mxfp4) && !Matvec::Packed.packs(DType::AffineQ4));
+    assert!(Matvec::Packed.packs(DType::Mxfp4));
+    assert!(!Matvec::Packed.packs(DType::AffineQ4) && !Matvec::Packed.packs(DType::I8));
+    assert!(!Matvec::Packed.packs(DType::Q8_1) && !Matvec::Packed.packs(DType::F16));
     assert!(!Matvec::Wide.packs(DType::Q4_0));
 }
 
