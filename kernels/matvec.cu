@@ -168,15 +168,15 @@ STRATA_ELEM_FORMATS(MATVEC_WIDE_ELEM)
 STRATA_BLOCK_FORMATS(MATVEC_WIDE_BLOCK)
 
 // matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for Q4_0, Q4_1, Q5_0,
-// Q5_1, Q8_0, MXFP4, Q4_K, Q5_K and Q6_K weights in the packed layout (quant.cuh: `q` the
-// 16-byte aligned quants, `d` the scales), and for F32, F16 and BF16 weights in their
-// stored layout with 16-byte aligned rows (`q` the weight, `d` unused). Launch: grid
+// Q5_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K and I8 weights in the packed layout (quant.cuh:
+// `q` the 16-byte aligned quants, `d` the scales), and for F32, F16 and BF16 weights in
+// their stored layout with 16-byte aligned rows (`q` the weight, `d` unused). Launch: grid
 // ceil(out / 8), block 128 (any multiple of 32 up to 256: a block computes
 // MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output rows, warp w rows 2w and 2w + 1 of
 // them). `in` is a whole number of blocks (of units for the element formats).
 //
 // A "unit" is what one lane decodes from 16-byte loads: a Q4_0, Q4_1, Q5_0, Q5_1 or
-// MXFP4 block (one uint4 of quants) or a Q8_0 block (two), 32 values of a Q4_K
+// MXFP4 block (one uint4 of quants) or a Q8_0 or I8 block (two), 32 values of a Q4_K
 // super-block (one uint4) or of a Q5_K one (two: qs and qh), 64 of a Q6_K one (three
 // uint4: two of ql, one of qh), 8 values of an element format (one uint4 of f16/bf16, two
 // of f32; a block of its own). Unit g of the tensor is unit g % UPB (units per block: 1
@@ -188,7 +188,7 @@ STRATA_BLOCK_FORMATS(MATVEC_WIDE_BLOCK)
 // banks. A tile is as many whole blocks per activation row as the stage holds, whole
 // multiples of 32 units when that is at least 32 (Q4_0/Q8_0/Q4_K always; Q6_K up to 4
 // rows). Lane l takes the tile's units g with g ≡ l (mod 32) of its warp's two rows,
-// reading quants with 16-byte loads and scales with u8/u16 loads; every staged activation
+// reading quants with 16-byte loads and scales with u8/u16/u32 loads; every staged activation
 // value feeds both rows. So a lane meets the same units in the same order whatever the
 // row count and tile size: a row comes out the same in any launch. Accumulation per
 // (output row, activation row) in f32, value by value; warp-reduced at the end, lane 0
@@ -345,18 +345,19 @@ MVP_UNIT_BLOCK(mxfp4, mvp_unit_nib<MXFP4_PACKED_MB, 1u, MvpNibE8m0>)
 #define Q5_1_UNIT_VALUES 32u
 #define MXFP4_UNIT_VALUES 32u
 
-// Q8_0: two uint4 of quants; word k (0..8) holds values 4k..4k+4.
-__device__ __forceinline__ void mvp_unit_q8_0(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
-                                               const unsigned long long* ib, const float* xs,
-                                               unsigned int stride, unsigned int rows,
-                                               float (*acc)[MATVEC_MAX_ROWS]) {
+// Q8_0 and I8: two uint4 of quants; word k (0..8) holds values 4k..4k+4, q · the
+// block's scale: Q8_0's f16 d, I8's f32 scale (F32S), as dec8_FMT.
+template <bool F32S>
+__device__ __forceinline__ void mvp_unit_q8(const uint4* __restrict__ q, const unsigned short* __restrict__ d,
+                                            const unsigned long long* ib, const float* xs, unsigned int stride,
+                                            unsigned int rows, float (*acc)[MATVEC_MAX_ROWS]) {
     uint4 qv[MATVEC_PACKED_WARP_ROWS][2];
     float dv[MATVEC_PACKED_WARP_ROWS];
 #pragma unroll
     for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
         qv[j][0] = q[2u * ib[j]];
         qv[j][1] = q[2u * ib[j] + 1u];
-        dv[j] = f16_to_f32(d[ib[j]]);
+        dv[j] = F32S ? ((const float*)d)[ib[j]] : f16_to_f32(d[ib[j]]);
     }
 #pragma unroll
     for (unsigned int k = 0; k < 8u; ++k) {
@@ -386,8 +387,10 @@ __device__ __forceinline__ void mvp_unit_q8_0(const uint4* __restrict__ q, const
     }
 }
 
+MVP_UNIT_BLOCK(q8_0, mvp_unit_q8<false>)
+MVP_UNIT_BLOCK(i8, mvp_unit_q8<true>)
 #define Q8_0_UNIT_VALUES 32u
-__device__ __forceinline__ unsigned int mvp_slot_q8_0(unsigned int v) { return v; }
+#define I8_UNIT_VALUES 32u
 
 // The scales and mins of sub-blocks 2c and 2c + 1 of a Q4_K/Q5_K super-block whose
 // d, dmin and scales[12] are at `m`: d · sc and dmin · m of each.
@@ -608,7 +611,8 @@ MVP_UNIT_HALF(bf16, bf16_to_f32)
     X(mxfp4, MXFP4_QK, MXFP4_UNIT_VALUES)                                                         \
     X(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)                                                            \
     X(q5_k, Q5_K_QK, Q5_K_UNIT_VALUES)                                                            \
-    X(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
+    X(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)                                                            \
+    X(i8, I8_QK, I8_UNIT_VALUES)
 #define MVP_ELEM_FORMATS(X)                                                                       \
     X(f32, F32_UNIT_VALUES, F32_UNIT_VALUES)                                                      \
     X(f16, F16_UNIT_VALUES, F16_UNIT_VALUES)                                                      \
@@ -740,7 +744,7 @@ MVP_FORMATS(MATVEC_MULTI_PACKED)
 // matvec_packed_FMT of both weights followed by the GLU kernel of `act`.
 // UNROLL: the unit loop's pragma, whichever keeps the four weight rows a warp from
 // spilling on sm_90 (check_packed_ptx.py): "unroll 1" for Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0, MXFP4, Q4_K and Q6_K, "unroll 2" for Q5_K and the element formats.
+// Q8_0, MXFP4, Q4_K, Q6_K and I8, "unroll 2" for Q5_K and the element formats.
 #define MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, UNROLL)                                          \
     extern "C" __global__ void __launch_bounds__(256) matvec_glu_packed_##NAME(                   \
         const unsigned char* __restrict__ qg, const unsigned short* __restrict__ dg,              \
@@ -767,4 +771,5 @@ MATVEC_GLU_PACKED(mxfp4, MXFP4_QK, MXFP4_UNIT_VALUES)
 MATVEC_GLU_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
 MATVEC_GLU_PACKED_UNROLL2(q5_k, Q5_K_QK, Q5_K_UNIT_VALUES)
 MATVEC_GLU_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
+MATVEC_GLU_PACKED(i8, I8_QK, I8_UNIT_VALUES)
 MVP_ELEM_FORMATS(MATVEC_GLU_PACKED_UNROLL2)

@@ -354,16 +354,17 @@ __device__ __forceinline__ float load_elem_bf16(const unsigned char* p, unsigned
 
 // ---------------------------------------------------------------------------------
 // The packed layout (kernels/README.md, "Packed weights"): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// MXFP4, Q4_K, Q5_K and Q6_K tensors the CUDA backend repacked at upload. A [out, in]
+// MXFP4, Q4_K, Q5_K, Q6_K and I8 tensors the CUDA backend repacked at upload. A [out, in]
 // tensor of nblk = in / QK blocks per row is two arrays: the quant bytes of block
 // i = o * nblk + b at byte i * FMT_PACKED_QB of `q` (16-byte aligned: QB = 16 for Q4_0,
-// Q4_1, Q5_0, Q5_1 and MXFP4, 32 for Q8_0, 128, 160, 192 for the K-quants), exactly as
-// stored (Q5_K: qh[32] then qs[128]), then the block's other bytes (FMT_PACKED_MB of them,
-// in stored order) at byte i * FMT_PACKED_MB of `d`, which starts at q + out * nblk * QB:
-// Q4_0/Q8_0 the f16 scale (MB 2), Q4_1 { f16 d; f16 m; } (MB 4), Q5_0 { f16 d; u8 qh[4]; }
-// (MB 6), Q5_1 { f16 d; f16 m; u8 qh[4]; } (MB 8), MXFP4 the e8m0 byte (MB 1), Q4_K and
-// Q5_K { f16 d; f16 dmin; u8 scales[12]; } (MB 16), Q6_K { i8 scales[16]; f16 d; } (MB
-// 18). The same bytes as the stored tensor, in another order.
+// Q4_1, Q5_0, Q5_1 and MXFP4, 32 for Q8_0 and I8, 128, 160, 192 for the K-quants),
+// exactly as stored (Q5_K: qh[32] then qs[128]), then the block's other bytes
+// (FMT_PACKED_MB of them, in stored order) at byte i * FMT_PACKED_MB of `d`, which starts
+// at q + out * nblk * QB: Q4_0/Q8_0 the f16 scale (MB 2), Q4_1 { f16 d; f16 m; } (MB 4),
+// Q5_0 { f16 d; u8 qh[4]; } (MB 6), Q5_1 { f16 d; f16 m; u8 qh[4]; } (MB 8), MXFP4 the
+// e8m0 byte (MB 1), Q4_K and Q5_K { f16 d; f16 dmin; u8 scales[12]; } (MB 16), Q6_K
+// { i8 scales[16]; f16 d; } (MB 18), I8 the f32 scale (MB 4, 4-byte aligned: `d` is
+// 16-byte aligned). The same bytes as the stored tensor, in another order.
 // packed_FMT(q, d, i, j) is value j (0..QK) of block i, by the stored decoder's
 // expression (dec8_FMT).
 // ---------------------------------------------------------------------------------
@@ -419,6 +420,12 @@ __device__ __forceinline__ float packed_q8_0(const unsigned char* __restrict__ q
                                              unsigned long long i, unsigned int j) {
     return (float)(int)(signed char)q[i * Q8_0_PACKED_QB + j] * f16_to_f32(d[i]);
 }
+#define I8_PACKED_QB 32u
+#define I8_PACKED_MB 4u
+__device__ __forceinline__ float packed_i8(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                           unsigned long long i, unsigned int j) {
+    return (float)(int)(signed char)q[i * I8_PACKED_QB + j] * ((const float*)d)[i];
+}
 #define Q4_K_PACKED_QB 128u
 #define Q4_K_PACKED_MB 16u
 // Q4_K value j: chunk c = j / 64, sub-block 2c + (j % 64) / 32, quant byte 32c + j % 32.
@@ -467,6 +474,7 @@ __device__ __forceinline__ float packed_q6_k(const unsigned char* __restrict__ q
 #define STRATA_PACKED_FORMATS(X) \
     X(q4_0, Q4_0_QK, Q4_0_PACKED_QB) X(q4_1, Q4_1_QK, Q4_1_PACKED_QB) X(q5_0, Q5_0_QK, Q5_0_PACKED_QB) \
     X(q5_1, Q5_1_QK, Q5_1_PACKED_QB) X(q8_0, Q8_0_QK, Q8_0_PACKED_QB) X(mxfp4, MXFP4_QK, MXFP4_PACKED_QB) \
-    X(q4_k, Q4_K_QK, Q4_K_PACKED_QB) X(q5_k, Q5_K_QK, Q5_K_PACKED_QB) X(q6_k, Q6_K_QK, Q6_K_PACKED_QB)
+    X(q4_k, Q4_K_QK, Q4_K_PACKED_QB) X(q5_k, Q5_K_QK, Q5_K_PACKED_QB) X(q6_k, Q6_K_QK, Q6_K_PACKED_QB) \
+    X(i8, I8_QK, I8_PACKED_QB)
 
 #endif  // STRATA_QUANT_CUH

@@ -1,5 +1,5 @@
-//! The packed layout of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K, Q5_K and Q6_K weights
-//! (kernels/README.md, "Packed weights"): a `[out, in]` tensor's blocks split into their
+//! The packed layout of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K and I8
+//! weights (kernels/README.md, "Packed weights"): a `[out, in]` tensor's blocks split into their
 //! quant bytes (16-byte aligned, block `i` at `i · QB`) followed by their other bytes, the
 //! scales, in stored order (block `i` at `out · nblk · QB + MB · i`). The same bytes as
 //! the stored tensor, so its size and accounting do not change.
@@ -27,6 +27,7 @@ fn split(dtype: DType) -> Option<Split> {
         DType::Q4_K => (144, 16..144),
         DType::Q5_K => (176, 16..176),
         DType::Q6_K => (210, 0..192),
+        DType::I8 => (36, 4..36),
         _ => return None,
     };
     Some(Split { block, quants })
@@ -159,10 +160,9 @@ mod tests {
 
     #[test]
     fn blocks_whose_quants_come_last_keep_them_and_move_their_scales_behind() {
-        // Q4_1 d, m; Q5_0 d, qh; Q5_1 d, m, qh; MXFP4 its exponent byte.
-        for (dtype, block, qb) in
-            [(DType::Q4_1, 20, 16), (DType::Q5_0, 22, 16), (DType::Q5_1, 24, 16), (DType::Mxfp4, 17, 16)]
-        {
+        // Q4_1 d, m; Q5_0 d, qh; Q5_1 d, m, qh; MXFP4 its exponent byte; I8 its f32 scale.
+        let formats = [(DType::Q4_1, 20, 16), (DType::Q5_0, 22, 16), (DType::Q5_1, 24, 16), (DType::Mxfp4, 17, 16)];
+        for (dtype, block, qb) in formats.into_iter().chain([(DType::I8, 36, 32)]) {
             let stored = numbered(block);
             let p = pack(dtype, &stored).unwrap();
             let mb = block - qb;
@@ -176,6 +176,7 @@ mod tests {
         assert_eq!(row_offsets(DType::Q5_0, 3, 2, 1), (32, 96 + 12));
         // Row 2 of a 3-row MXFP4 tensor of 4 blocks a row.
         assert_eq!(row_offsets(DType::Mxfp4, 3, 4, 2), (128, 192 + 8));
+        assert_eq!(row_offsets(DType::I8, 3, 4, 2), (256, 384 + 32));
     }
 
     #[test]
