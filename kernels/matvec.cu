@@ -167,33 +167,33 @@ STRATA_ELEM_FORMATS(MATVEC_WIDE_ELEM)
     }
 STRATA_BLOCK_FORMATS(MATVEC_WIDE_BLOCK)
 
-// matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for Q4_0, Q4_1, Q5_0,
-// Q5_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K and I8 weights in the packed layout (quant.cuh:
-// `q` the 16-byte aligned quants, `d` the scales), and for F32, F16 and BF16 weights in
-// their stored layout with 16-byte aligned rows (`q` the weight, `d` unused). Launch: grid
-// ceil(out / 8), block 128 (any multiple of 32 up to 256: a block computes
-// MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output rows, warp w rows 2w and 2w + 1 of
-// them). `in` is a whole number of blocks (of units for the element formats).
+// matvec_packed_FMT(q, d, x, y, rows, out, in): the same product for the block formats
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K, AffineQ4 and I8) in the packed
+// layout (quant.cuh: `q` the 16-byte aligned quants, `d` the scales), and for F32, F16
+// and BF16 weights in their stored layout with 16-byte aligned rows (`q` the weight, `d`
+// unused). Launch: grid ceil(out / 8), block 128 (any multiple of 32 up to 256: a block
+// computes MATVEC_PACKED_WARP_ROWS · blockDim.x / 32 output rows, warp w rows 2w and
+// 2w + 1 of them). `in` is a whole number of blocks (of units for the element formats).
 //
 // A "unit" is what one lane decodes from 16-byte loads: a Q4_0, Q4_1, Q5_0, Q5_1 or
 // MXFP4 block (one uint4 of quants) or a Q8_0 or I8 block (two), 32 values of a Q4_K
 // super-block (one uint4) or of a Q5_K one (two: qs and qh), 64 of a Q6_K one (three
-// uint4: two of ql, one of qh), 8 values of an element format (one uint4 of f16/bf16, two
-// of f32; a block of its own). Unit g of the tensor is unit g % UPB (units per block: 1
-// for the 32-value blocks, 8 for Q4_K and Q5_K, 4 for Q6_K, 1) of block g / UPB. The
-// activations are staged in shared memory a tile at a time (MATVEC_PACKED_STAGE ·
-// MATVEC_PACKED_PAD floats over all activation rows), each unit's values contiguously in
-// the order the unit decodes them (mvp_slot_FMT maps value v of a block to its staged
-// float), UV + 4 floats a unit so that the float4 reads of a quarter-warp hit distinct
-// banks. A tile is as many whole blocks per activation row as the stage holds, whole
-// multiples of 32 units when that is at least 32 (Q4_0/Q8_0/Q4_K always; Q6_K up to 4
-// rows). Lane l takes the tile's units g with g ≡ l (mod 32) of its warp's two rows,
-// reading quants with 16-byte loads and scales with u8/u16/u32 loads; every staged activation
-// value feeds both rows. So a lane meets the same units in the same order whatever the
-// row count and tile size: a row comes out the same in any launch. Accumulation per
-// (output row, activation row) in f32, value by value; warp-reduced at the end, lane 0
-// writes y[r * out + o]. Rows past `out` (the last block) load row out - 1 and store
-// nothing.
+// uint4: two of ql, one of qh), 32 of an AffineQ4 block (one uint4), 8 values of an
+// element format (one uint4 of f16/bf16, two of f32; a block of its own). Unit g of the
+// tensor is unit g % UPB (units per block: 1 for the 32-value blocks, 8 for Q4_K and
+// Q5_K, 4 for Q6_K and AffineQ4, 1) of block g / UPB. The activations are staged in
+// shared memory a tile at a time (MATVEC_PACKED_STAGE · MATVEC_PACKED_PAD floats over
+// all activation rows), each unit's values contiguously in the order the unit decodes
+// them (mvp_slot_FMT maps value v of a block to its staged float), UV + 4 floats a unit
+// so that the float4 reads of a quarter-warp hit distinct banks. A tile is as many
+// whole blocks per activation row as the stage holds, whole multiples of 32 units when
+// that is at least 32 (always but for Q6_K at 5 to 8 rows). Lane l takes the tile's
+// units g with g ≡ l (mod 32) of its warp's two rows, reading quants with 16-byte loads
+// and scales with u8/u16/u32 loads; every staged activation value feeds both rows. So a
+// lane meets the same units in the same order whatever the row count and tile size: a
+// row comes out the same in any launch. Accumulation per (output row, activation row)
+// in f32, value by value; warp-reduced at the end, lane 0 writes y[r * out + o]. Rows
+// past `out` (the last block) load row out - 1 and store nothing.
 
 #define MATVEC_PACKED_WARP_ROWS 2u
 #define MATVEC_PACKED_STAGE 256u
@@ -323,16 +323,18 @@ __device__ __forceinline__ void mvp_unit_nib(const uint4* __restrict__ q, const 
         mvp_add_lohi<16u>(lo, hi, xs + 4u * k, stride, rows, acc);
     }
 }
-// mvp_unit_FMT for a format whose unit is a block, staged in value order: UNIT(q, d, g,
-// xs, stride, rows, acc).
-#define MVP_UNIT_BLOCK(NAME, ...)                                                                 \
+// mvp_unit_FMT as UNIT(q, d, g, xs, stride, rows, acc); MVP_UNIT_BLOCK: for a format
+// whose unit is a block, staged in value order.
+#define MVP_UNIT_OF(NAME, ...)                                                                    \
     __device__ __forceinline__ void mvp_unit_##NAME(const uint4* __restrict__ q,                  \
                                                     const unsigned short* __restrict__ d,         \
                                                     const unsigned long long* g, const float* xs, \
                                                     unsigned int stride, unsigned int rows,       \
                                                     float (*acc)[MATVEC_MAX_ROWS]) {              \
         __VA_ARGS__(q, d, g, xs, stride, rows, acc);                                              \
-    }                                                                                             \
+    }
+#define MVP_UNIT_BLOCK(NAME, ...)                                                                 \
+    MVP_UNIT_OF(NAME, __VA_ARGS__)                                                                \
     __device__ __forceinline__ unsigned int mvp_slot_##NAME(unsigned int v) { return v; }
 MVP_UNIT_BLOCK(q4_0, mvp_unit_nib<Q4_0_PACKED_MB, 1u, MvpNibD<8, false>>)
 MVP_UNIT_BLOCK(q4_1, mvp_unit_nib<Q4_1_PACKED_MB, 1u, MvpNibDM<false>>)
@@ -344,6 +346,15 @@ MVP_UNIT_BLOCK(mxfp4, mvp_unit_nib<MXFP4_PACKED_MB, 1u, MvpNibE8m0>)
 #define Q5_0_UNIT_VALUES 32u
 #define Q5_1_UNIT_VALUES 32u
 #define MXFP4_UNIT_VALUES 32u
+
+// AffineQ4 unit u = 0..4 of a block: quant bytes 16u .. + 16, whose low nibbles are values
+// 16u + (0..16) and high nibbles 64 + 16u + (0..16), q · scale + bias as Q4_1's. Staged
+// as the Q4_0 block: low values at 0..16, high at 16..32.
+#define AFFINE_Q4_UNIT_VALUES 32u
+MVP_UNIT_OF(affine_q4, mvp_unit_nib<AFFINE_Q4_PACKED_MB, 4u, MvpNibDM<false>>)
+__device__ __forceinline__ unsigned int mvp_slot_affine_q4(unsigned int v) {
+    return ((v & 63u) >> 4) * (AFFINE_Q4_UNIT_VALUES + 4u) + 16u * (v >> 6) + (v & 15u);
+}
 
 // Q8_0 and I8: two uint4 of quants; word k (0..8) holds values 4k..4k+4, q · the
 // block's scale: Q8_0's f16 d, I8's f32 scale (F32S), as dec8_FMT.
@@ -612,6 +623,7 @@ MVP_UNIT_HALF(bf16, bf16_to_f32)
     X(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)                                                            \
     X(q5_k, Q5_K_QK, Q5_K_UNIT_VALUES)                                                            \
     X(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)                                                            \
+    X(affine_q4, AFFINE_Q4_QK, AFFINE_Q4_UNIT_VALUES)                                             \
     X(i8, I8_QK, I8_UNIT_VALUES)
 #define MVP_ELEM_FORMATS(X)                                                                       \
     X(f32, F32_UNIT_VALUES, F32_UNIT_VALUES)                                                      \
@@ -744,7 +756,8 @@ MVP_FORMATS(MATVEC_MULTI_PACKED)
 // matvec_packed_FMT of both weights followed by the GLU kernel of `act`.
 // UNROLL: the unit loop's pragma, whichever keeps the four weight rows a warp from
 // spilling on sm_90 (check_packed_ptx.py): "unroll 1" for Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0, MXFP4, Q4_K, Q6_K and I8, "unroll 2" for Q5_K and the element formats.
+// Q8_0, MXFP4, Q4_K, Q6_K, AffineQ4 and I8, "unroll 2" for Q5_K and the element
+// formats.
 #define MATVEC_GLU_PACKED_UNROLLED(NAME, QK, UV, UNROLL)                                          \
     extern "C" __global__ void __launch_bounds__(256) matvec_glu_packed_##NAME(                   \
         const unsigned char* __restrict__ qg, const unsigned short* __restrict__ dg,              \
@@ -771,5 +784,6 @@ MATVEC_GLU_PACKED(mxfp4, MXFP4_QK, MXFP4_UNIT_VALUES)
 MATVEC_GLU_PACKED(q4_k, Q4_K_QK, Q4_K_UNIT_VALUES)
 MATVEC_GLU_PACKED_UNROLL2(q5_k, Q5_K_QK, Q5_K_UNIT_VALUES)
 MATVEC_GLU_PACKED(q6_k, Q6_K_QK, Q6_K_UNIT_VALUES)
+MATVEC_GLU_PACKED(affine_q4, AFFINE_Q4_QK, AFFINE_Q4_UNIT_VALUES)
 MATVEC_GLU_PACKED(i8, I8_QK, I8_UNIT_VALUES)
 MVP_ELEM_FORMATS(MATVEC_GLU_PACKED_UNROLL2)

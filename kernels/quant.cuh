@@ -354,17 +354,19 @@ __device__ __forceinline__ float load_elem_bf16(const unsigned char* p, unsigned
 
 // ---------------------------------------------------------------------------------
 // The packed layout (kernels/README.md, "Packed weights"): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// MXFP4, Q4_K, Q5_K, Q6_K and I8 tensors the CUDA backend repacked at upload. A [out, in]
-// tensor of nblk = in / QK blocks per row is two arrays: the quant bytes of block
-// i = o * nblk + b at byte i * FMT_PACKED_QB of `q` (16-byte aligned: QB = 16 for Q4_0,
-// Q4_1, Q5_0, Q5_1 and MXFP4, 32 for Q8_0 and I8, 128, 160, 192 for the K-quants),
-// exactly as stored (Q5_K: qh[32] then qs[128]), then the block's other bytes
-// (FMT_PACKED_MB of them, in stored order) at byte i * FMT_PACKED_MB of `d`, which starts
-// at q + out * nblk * QB: Q4_0/Q8_0 the f16 scale (MB 2), Q4_1 { f16 d; f16 m; } (MB 4),
-// Q5_0 { f16 d; u8 qh[4]; } (MB 6), Q5_1 { f16 d; f16 m; u8 qh[4]; } (MB 8), MXFP4 the
-// e8m0 byte (MB 1), Q4_K and Q5_K { f16 d; f16 dmin; u8 scales[12]; } (MB 16), Q6_K
-// { i8 scales[16]; f16 d; } (MB 18), I8 the f32 scale (MB 4, 4-byte aligned: `d` is
-// 16-byte aligned). The same bytes as the stored tensor, in another order.
+// MXFP4, Q4_K, Q5_K, Q6_K, AffineQ4 and I8 tensors the CUDA backend repacked at upload. A
+// [out, in] tensor of nblk = in / QK blocks per row is two arrays: the quant bytes of
+// block i = o * nblk + b at byte i * FMT_PACKED_QB of `q` (16-byte aligned: QB = 16 for
+// Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4, 32 for Q8_0 and I8, 64 for AffineQ4, 128, 160, 192
+// for the K-quants), exactly as stored (Q5_K: qh[32] then qs[128]), then the block's
+// other bytes (FMT_PACKED_MB of them, in stored order) at byte i * FMT_PACKED_MB of `d`,
+// which starts at q + out * nblk * QB: Q4_0/Q8_0 the f16 scale (MB 2),
+// Q4_1 { f16 d; f16 m; } (MB 4), Q5_0 { f16 d; u8 qh[4]; } (MB 6),
+// Q5_1 { f16 d; f16 m; u8 qh[4]; } (MB 8), MXFP4 the e8m0 byte (MB 1),
+// Q4_K and Q5_K { f16 d; f16 dmin; u8 scales[12]; } (MB 16),
+// Q6_K { i8 scales[16]; f16 d; } (MB 18), AffineQ4 { f16 scale; f16 bias; } (MB 4), I8
+// the f32 scale (MB 4, 4-byte aligned: `d` is 16-byte aligned). The same bytes as the
+// stored tensor, in another order.
 // packed_FMT(q, d, i, j) is value j (0..QK) of block i, by the stored decoder's
 // expression (dec8_FMT).
 // ---------------------------------------------------------------------------------
@@ -419,6 +421,15 @@ __device__ __forceinline__ float packed_mxfp4(const unsigned char* __restrict__ 
 __device__ __forceinline__ float packed_q8_0(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                              unsigned long long i, unsigned int j) {
     return (float)(int)(signed char)q[i * Q8_0_PACKED_QB + j] * f16_to_f32(d[i]);
+}
+#define AFFINE_Q4_PACKED_QB 64u
+#define AFFINE_Q4_PACKED_MB 4u
+// AffineQ4 value j: the nibble of quant byte j % 64 (low for j < 64), · scale + bias.
+__device__ __forceinline__ float packed_affine_q4(const unsigned char* __restrict__ q,
+                                                  const unsigned short* __restrict__ d, unsigned long long i,
+                                                  unsigned int j) {
+    const unsigned char* m = (const unsigned char*)d + i * AFFINE_Q4_PACKED_MB;
+    return (float)packed_nib<AFFINE_Q4_PACKED_QB>(q, i, j) * ld_f16(m) + ld_f16(m + 2u);
 }
 #define I8_PACKED_QB 32u
 #define I8_PACKED_MB 4u
@@ -475,6 +486,6 @@ __device__ __forceinline__ float packed_q6_k(const unsigned char* __restrict__ q
     X(q4_0, Q4_0_QK, Q4_0_PACKED_QB) X(q4_1, Q4_1_QK, Q4_1_PACKED_QB) X(q5_0, Q5_0_QK, Q5_0_PACKED_QB) \
     X(q5_1, Q5_1_QK, Q5_1_PACKED_QB) X(q8_0, Q8_0_QK, Q8_0_PACKED_QB) X(mxfp4, MXFP4_QK, MXFP4_PACKED_QB) \
     X(q4_k, Q4_K_QK, Q4_K_PACKED_QB) X(q5_k, Q5_K_QK, Q5_K_PACKED_QB) X(q6_k, Q6_K_QK, Q6_K_PACKED_QB) \
-    X(i8, I8_QK, I8_PACKED_QB)
+    X(affine_q4, AFFINE_Q4_QK, AFFINE_Q4_PACKED_QB) X(i8, I8_QK, I8_PACKED_QB)
 
 #endif  // STRATA_QUANT_CUH

@@ -16,7 +16,7 @@ import sys
 
 # The formats with a packed layout (kernels/README.md, "Packed weights"), and the element
 # formats the same kernels read in their stored layout.
-PACKED_FORMATS = ["i8", "mxfp4", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k", "q8_0"]
+PACKED_FORMATS = ["affine_q4", "i8", "mxfp4", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k", "q8_0"]
 ALIGNED_FORMATS = ["bf16", "f16", "f32"]
 # The kernels that read packed weights, by name prefix (then the format).
 KERNELS = ("matvec_packed_", "matvec_glu_packed_", "matvec_add_packed_", "matvec_multi_packed_")

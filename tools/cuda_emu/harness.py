@@ -26,13 +26,14 @@ BUILD = ROOT / "target" / "cuda_emu"
 FAILURES = HERE / "FAILURES.md"
 
 # The formats with a packed layout (kernels/README.md, "Packed weights").
-PACKED_FMTS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q4_k", "q5_k", "q6_k", "i8"]
+PACKED_FMTS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q4_k", "q5_k", "q6_k", "affine_q4", "i8"]
 # The formats the packed matvecs also read in their stored layout (rows 16-byte aligned).
 ALIGNED_FMTS = ["f32", "f16", "bf16"]
 # Per packed format: the byte range of a stored block that holds its quants (the rest of
 # the block, in stored order, is the block's scales).
 PACKED_QUANTS = {"q4_0": (2, 18), "q4_1": (4, 20), "q5_0": (6, 22), "q5_1": (8, 24), "q8_0": (2, 34),
-                 "mxfp4": (1, 17), "q4_k": (16, 144), "q5_k": (16, 176), "q6_k": (0, 192), "i8": (4, 36)}
+                 "mxfp4": (1, 17), "q4_k": (16, 144), "q5_k": (16, 176), "q6_k": (0, 192), "affine_q4": (4, 68),
+                 "i8": (4, 36)}
 FMTS = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q4_k", "q5_k",
         "q6_k", "affine_q4", "i8"]
 

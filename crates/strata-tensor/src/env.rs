@@ -87,7 +87,7 @@ pub static CUDA_MATVEC: Var = Var {
     name: "STRATA_CUDA_MATVEC",
     takes: "wide|warp|packed",
     default: "wide",
-    doc: "Which CUDA matrix-vector kernels decode runs: a block a row (`wide`), a warp a row (`warp`), or 16-byte weight loads (`packed`: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/MXFP4/Q4_K/Q5_K/Q6_K/I8 weights repacked at upload, F32/F16/BF16 ones read in place where their rows are 16-byte aligned; other formats run `wide`).",
+    doc: "Which CUDA matrix-vector kernels decode runs: a block a row (`wide`), a warp a row (`warp`), or 16-byte weight loads (`packed`: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/MXFP4/Q4_K/Q5_K/Q6_K/AFFINE_Q4/I8 weights repacked at upload, F32/F16/BF16 ones read in place where their rows are 16-byte aligned; other formats run `wide`).",
     debug: true,
 };
 

@@ -316,6 +316,7 @@ fn products_of_one_input_give_each_weight_s_own_bits_on<G: Backend>(g: &G, share
         [DType::Q5_1; 3],
         [DType::Mxfp4; 3],
         [DType::I8; 3],
+        [DType::AffineQ4; 3],
         [DType::Q6_K; 3],
         [DType::Q4_K, DType::Q4_K, DType::Q6_K],
         [DType::F16; 3],

@@ -256,7 +256,7 @@ def cases_rows():
     for fmt, rows, cols, grid in (("q4_0", 3, 64, 1), ("q8_0", 300, 96, 2), ("q4_k", 5, 512, 1),
                                   ("q5_k", 2, 256, 1), ("q6_k", 257, 256, 1), ("q4_1", 7, 96, 1),
                                   ("q5_0", 300, 64, 2), ("q5_1", 3, 160, 1), ("mxfp4", 301, 96, 2),
-                                  ("i8", 5, 224, 1)):
+                                  ("i8", 5, 224, 1), ("affine_q4", 257, 384, 2)):
         cs.append(Case(f"pack_blocks_u8 {fmt} rows={rows} cols={cols} grid={grid}", "pack_blocks_u8",
                        pack(fmt, rows, cols, grid)))
     return cs

@@ -125,7 +125,7 @@ def cases_dequant():
         return run
     for fmt in PACKED_FMTS:
         shapes = ((3, 160, 0, 1), (7, 512, 2, 3), (5, 96, 4, 40))
-        if BLOCK[fmt][0] == 256:
+        if BLOCK[fmt][0] > 32:
             shapes = ((3, 256, 0, 1), (7, 512, 2, 3), (5, 768, 4, 40))
         for rows, cols, o0, grid in shapes:
             cs.append(Case(f"dequant_packed_{fmt}_f16 rows={rows} cols={cols} from row {o0} grid {grid}",

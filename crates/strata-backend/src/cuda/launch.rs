@@ -141,9 +141,9 @@ pub fn matvec_multi(outs: &[usize]) -> Shape {
 
 /// The formats the backend repacks for `matvec_packed_FMT` (kernels/README.md, "Packed
 /// weights").
-pub const PACKED_FORMATS: [DType; 10] = {
+pub const PACKED_FORMATS: [DType; 11] = {
     use DType::*;
-    [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Mxfp4, Q4_K, Q5_K, Q6_K, I8]
+    [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Mxfp4, Q4_K, Q5_K, Q6_K, AffineQ4, I8]
 };
 
 /// The element formats the packed matvecs read in their stored layout
@@ -163,8 +163,9 @@ pub enum Matvec {
     /// A block of four warps per output row (`matvec_wide_FMT`): more loads in flight per
     /// row, and a block for every SM even when a matrix has few rows.
     Wide,
-    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K and I8 weights repacked at
-    /// upload, and F32, F16 and BF16 weights whose rows start 16-byte aligned as stored ([`Matvec::reads_in_place`]),
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K, AffineQ4 and I8 weights (every
+    /// block format) repacked at upload, and F32, F16 and BF16 weights whose rows start
+    /// 16-byte aligned as stored ([`Matvec::reads_in_place`]),
     /// through `matvec_packed_FMT` (16-byte weight loads, activations staged in shared
     /// memory, two rows a warp); other formats, streamed units of the repacked formats
     /// and unaligned element weights run [`Matvec::Wide`].

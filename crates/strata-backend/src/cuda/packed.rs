@@ -1,8 +1,8 @@
-//! The packed layout of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K and I8
-//! weights (kernels/README.md, "Packed weights"): a `[out, in]` tensor's blocks split into their
-//! quant bytes (16-byte aligned, block `i` at `i · QB`) followed by their other bytes, the
-//! scales, in stored order (block `i` at `out · nblk · QB + MB · i`). The same bytes as
-//! the stored tensor, so its size and accounting do not change.
+//! The packed layout of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K, AffineQ4 and
+//! I8 weights (kernels/README.md, "Packed weights"): a `[out, in]` tensor's blocks split
+//! into their quant bytes (16-byte aligned, block `i` at `i · QB`) followed by their other
+//! bytes, the scales, in stored order (block `i` at `out · nblk · QB + MB · i`). The same
+//! bytes as the stored tensor, so its size and accounting do not change.
 
 use std::ops::Range;
 
@@ -27,6 +27,7 @@ fn split(dtype: DType) -> Option<Split> {
         DType::Q4_K => (144, 16..144),
         DType::Q5_K => (176, 16..176),
         DType::Q6_K => (210, 0..192),
+        DType::AffineQ4 => (68, 4..68),
         DType::I8 => (36, 4..36),
         _ => return None,
     };
@@ -160,9 +161,10 @@ mod tests {
 
     #[test]
     fn blocks_whose_quants_come_last_keep_them_and_move_their_scales_behind() {
-        // Q4_1 d, m; Q5_0 d, qh; Q5_1 d, m, qh; MXFP4 its exponent byte; I8 its f32 scale.
+        // Q4_1 d, m; Q5_0 d, qh; Q5_1 d, m, qh; MXFP4 its exponent byte; I8 its f32 scale;
+        // AffineQ4 its f16 scale and bias (64 quant bytes: four 16-byte loads a block).
         let formats = [(DType::Q4_1, 20, 16), (DType::Q5_0, 22, 16), (DType::Q5_1, 24, 16), (DType::Mxfp4, 17, 16)];
-        for (dtype, block, qb) in formats.into_iter().chain([(DType::I8, 36, 32)]) {
+        for (dtype, block, qb) in formats.into_iter().chain([(DType::I8, 36, 32), (DType::AffineQ4, 68, 64)]) {
             let stored = numbered(block);
             let p = pack(dtype, &stored).unwrap();
             let mb = block - qb;
@@ -177,6 +179,7 @@ mod tests {
         // Row 2 of a 3-row MXFP4 tensor of 4 blocks a row.
         assert_eq!(row_offsets(DType::Mxfp4, 3, 4, 2), (128, 192 + 8));
         assert_eq!(row_offsets(DType::I8, 3, 4, 2), (256, 384 + 32));
+        assert_eq!(row_offsets(DType::AffineQ4, 3, 2, 1), (128, 384 + 8));
     }
 
     #[test]

@@ -128,7 +128,7 @@ fn the_packed_matvec_has_two_rows_a_warp_and_falls_back_to_wide() {
         Matvec::Packed.packs(DType::Q4_1) && Matvec::Packed.packs(DType::Q5_0) && Matvec::Packed.packs(DType::Q5_1)
     );
     assert!(Matvec::Packed.packs(DType::Mxfp4) && Matvec::Packed.packs(DType::I8));
-    assert!(!Matvec::Packed.packs(DType::AffineQ4));
+    assert!(Matvec::Packed.packs(DType::AffineQ4));
     assert!(!Matvec::Packed.packs(DType::Q8_1) && !Matvec::Packed.packs(DType::F16));
     assert!(!Matvec::Wide.packs(DType::Q4_0));
 }
