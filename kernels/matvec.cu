@@ -192,7 +192,9 @@ STRATA_BLOCK_FORMATS(MATVEC_WIDE_BLOCK)
 // and scales with u8/u16/u32 loads; every staged activation value feeds both rows. So a
 // lane meets the same units in the same order whatever the row count and tile size: a
 // row comes out the same in any launch. Accumulation per (output row, activation row)
-// in f32, value by value; warp-reduced at the end, lane 0 writes y[r * out + o]. Rows
+// in f32, value by value, except that a scale shared by a unit's values (Q4_0's, Q5_0's,
+// Q8_0's, MXFP4's and I8's d, Q6_K's d · scale) multiplies the sum of each 4 or 8 of its
+// products instead of each value; warp-reduced at the end, lane 0 writes y[r * out + o]. Rows
 // past `out` (the last block) load row out - 1 and store nothing.
 
 #define MATVEC_PACKED_WARP_ROWS 2u
@@ -203,14 +205,30 @@ __device__ __forceinline__ unsigned int u4_word(uint4 v, unsigned int k) {
     return k == 0u ? v.x : k == 1u ? v.y : k == 2u ? v.z : v.w;
 }
 
+// Byte i of `w` (0..255) less `bias` as a float, without a conversion instruction: the
+// byte moved (PRMT) under the exponent of 2^23, whose last mantissa bits it then is, and
+// 2^23 + bias subtracted. Exact (both are integers below 2^24 and so is the difference),
+// so the same float as (float)((int)byte - bias): a permute and an add, where the
+// conversion takes a shift, a mask, an integer add and a convert.
+__device__ __forceinline__ float mvp_byte(unsigned int w, unsigned int i, float bias) {
+    return __uint_as_float(__byte_perm(0x4B000000u, w, 0x3104u + i)) - (8388608.0f + bias);
+}
+
+// Bits 0..4 of `t` moved to bit 4 of bytes 0..4 (the fifth bits of four 5-bit values):
+// bit i of t times 2^(7i + 4) lands on bit 8i + 4, and no two products overlap.
+__device__ __forceinline__ unsigned int mvp_spread4(unsigned int t) {
+    return ((t & 0xFu) * 0x02040810u) & 0x10101010u;
+}
+
 // acc[j][r] += lo[j][i] · xs[r * stride + i] + hi[j][i] · xs[r * stride + GAP + i] for
 // i = 0..4, in that order: 4 low- and 4 high-nibble values of each of the warp's rows
 // (Q4_0 and Q4_K stage a unit's low values at 0..16 and its high values at 16..32: GAP
-// 16), or values 0..4 and 4..8 of an element format's unit (GAP 4).
+// 16), or values 0..4 and 4..8 of an element format's unit (GAP 4). With `scale`, those
+// 8 products are summed first and the sum times scale[j] added (a block's d, once).
 template <unsigned int GAP>
 __device__ __forceinline__ void mvp_add_lohi(const float (*lo)[4], const float (*hi)[4], const float* xs,
                                              unsigned int stride, unsigned int rows,
-                                             float (*acc)[MATVEC_MAX_ROWS]) {
+                                             float (*acc)[MATVEC_MAX_ROWS], const float* scale = nullptr) {
 #pragma unroll
     for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) {
         if (r < rows) {
@@ -218,8 +236,7 @@ __device__ __forceinline__ void mvp_add_lohi(const float (*lo)[4], const float (
             const float4 xb = *(const float4*)(xs + r * stride + GAP);
 #pragma unroll
             for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
-                float s = acc[j][r];
-                s += lo[j][0] * xa.x;
+                float s = scale ? lo[j][0] * xa.x : acc[j][r] + lo[j][0] * xa.x;
                 s += hi[j][0] * xb.x;
                 s += lo[j][1] * xa.y;
                 s += hi[j][1] * xb.y;
@@ -227,7 +244,7 @@ __device__ __forceinline__ void mvp_add_lohi(const float (*lo)[4], const float (
                 s += hi[j][2] * xb.z;
                 s += lo[j][3] * xa.w;
                 s += hi[j][3] * xb.w;
-                acc[j][r] = s;
+                acc[j][r] = scale ? acc[j][r] + scale[j] * s : s;
             }
         }
     }
@@ -239,26 +256,30 @@ __device__ __forceinline__ void mvp_add_lohi(const float (*lo)[4], const float (
 // 2^(e − 128) (MXFP4). HIGH: a u32 qh whose bit v is value v's fifth.
 template <int OFF, bool H>
 struct MvpNibD {
-    static constexpr bool HIGH = H, WORDS = false;
+    // d multiplies each 8 values' products' sum (mvp_add_lohi's scale), not each value.
+    static constexpr bool HIGH = H, WORDS = false, SCALED = true;
+    static constexpr float BIAS = OFF;
     static __device__ __forceinline__ void scales(const unsigned char* m, float& d, float& mn, unsigned int& qh) {
         d = ld_f16(m);
         mn = 0.0f;
         qh = H ? ld_u32_a2(m + 2u) : 0u;
     }
-    static __device__ __forceinline__ float value(unsigned int x, float d, float) { return (float)((int)x - OFF) * d; }
+    static __device__ __forceinline__ float value(float x, float, float) { return x; }
 };
 template <bool H>
 struct MvpNibDM {
-    static constexpr bool HIGH = H, WORDS = false;
+    static constexpr bool HIGH = H, WORDS = false, SCALED = false;
+    static constexpr float BIAS = 0.0f;
     static __device__ __forceinline__ void scales(const unsigned char* m, float& d, float& mn, unsigned int& qh) {
         d = ld_f16(m);
         mn = ld_f16(m + 2u);
         qh = H ? ld_u32_a2(m + 4u) : 0u;
     }
-    static __device__ __forceinline__ float value(unsigned int x, float d, float mn) { return (float)x * d + mn; }
+    static __device__ __forceinline__ float value(float x, float d, float mn) { return x * d + mn; }
 };
 struct MvpNibE8m0 {
-    static constexpr bool HIGH = false, WORDS = true;
+    static constexpr bool HIGH = false, WORDS = true, SCALED = true;
+    static constexpr float BIAS = 0.0f;
     static __device__ __forceinline__ void scales(const unsigned char* m, float& d, float& mn, unsigned int& qh) {
         d = mxfp4_e8m0_half(m[0]);
         mn = 0.0f;
@@ -266,20 +287,20 @@ struct MvpNibE8m0 {
     }
     // The 8 values of quant word `wd` at once: KVALUES as signed bytes (nibbles 0..7 in
     // the first pair of words, 8..15 in the second), looked up by byte permutes four
-    // nibbles at a time; each is the integer mxfp4_value multiplies by d, so the values
-    // are its bits.
-    static __device__ __forceinline__ void word(unsigned int wd, float d, float* lo, float* hi) {
+    // nibbles at a time; each is the integer mxfp4_value multiplies by d (here d
+    // multiplies each 8 values' products' sum, as MvpNibD's).
+    static __device__ __forceinline__ void word(unsigned int wd, float, float* lo, float* hi) {
 #pragma unroll
         for (unsigned int h = 0; h < 2u; ++h) {
             const unsigned int n = wd >> (16u * h);
             const unsigned int pos = __byte_perm(0x03020100u, 0x0C080604u, n & 0x7777u);
             const unsigned int neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, n & 0x7777u);
-            const unsigned int b = __byte_perm(pos, neg, 0x3210u | ((n & 0x8888u) >> 1));
-            // Bytes of b: byte 2h's low and high nibble, byte 2h + 1's.
-            lo[2u * h] = (float)(int)(signed char)(unsigned char)QBYTE(b, 0u) * d;
-            hi[2u * h] = (float)(int)(signed char)(unsigned char)QBYTE(b, 1u) * d;
-            lo[2u * h + 1u] = (float)(int)(signed char)(unsigned char)QBYTE(b, 2u) * d;
-            hi[2u * h + 1u] = (float)(int)(signed char)(unsigned char)QBYTE(b, 3u) * d;
+            // Bytes of b (as b + 128): byte 2h's low and high nibble, byte 2h + 1's.
+            const unsigned int b = __byte_perm(pos, neg, 0x3210u | ((n & 0x8888u) >> 1)) ^ 0x80808080u;
+            lo[2u * h] = mvp_byte(b, 0u, 128.0f);
+            hi[2u * h] = mvp_byte(b, 1u, 128.0f);
+            lo[2u * h + 1u] = mvp_byte(b, 2u, 128.0f);
+            hi[2u * h + 1u] = mvp_byte(b, 3u, 128.0f);
         }
     }
 };
@@ -310,17 +331,18 @@ __device__ __forceinline__ void mvp_unit_nib(const uint4* __restrict__ q, const 
             if constexpr (F::WORDS) {
                 F::word(wd, dv[j], lo[j], hi[j]);
             } else {
+                // Byte i of w0 (w1): value 4k + i's (16 + 4k + i's) quant, fifth bit included.
+                const unsigned int w0 = (wd & 0x0F0F0F0Fu) | (F::HIGH ? mvp_spread4(hv[j] >> (4u * k)) : 0u);
+                const unsigned int w1 =
+                    ((wd >> 4) & 0x0F0F0F0Fu) | (F::HIGH ? mvp_spread4(hv[j] >> (16u + 4u * k)) : 0u);
 #pragma unroll
                 for (unsigned int i = 0; i < 4u; ++i) {
-                    const unsigned int byte = QBYTE(wd, i), v = 4u * k + i;
-                    const unsigned int x0 = (byte & 0xFu) | (F::HIGH ? ((hv[j] >> v) & 1u) << 4 : 0u);
-                    const unsigned int x1 = (byte >> 4) | (F::HIGH ? ((hv[j] >> (v + 16u)) & 1u) << 4 : 0u);
-                    lo[j][i] = F::value(x0, dv[j], mv[j]);
-                    hi[j][i] = F::value(x1, dv[j], mv[j]);
+                    lo[j][i] = F::value(mvp_byte(w0, i, F::BIAS), dv[j], mv[j]);
+                    hi[j][i] = F::value(mvp_byte(w1, i, F::BIAS), dv[j], mv[j]);
                 }
             }
         }
-        mvp_add_lohi<16u>(lo, hi, xs + 4u * k, stride, rows, acc);
+        mvp_add_lohi<16u>(lo, hi, xs + 4u * k, stride, rows, acc, F::SCALED ? dv : nullptr);
     }
 }
 // mvp_unit_FMT as UNIT(q, d, g, xs, stride, rows, acc); MVP_UNIT_BLOCK: for a format
@@ -375,10 +397,10 @@ __device__ __forceinline__ void mvp_unit_q8(const uint4* __restrict__ q, const u
         float v[MATVEC_PACKED_WARP_ROWS][4];
 #pragma unroll
         for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
-            const unsigned int wd = u4_word(qv[j][k / 4u], k % 4u);
+            // Each signed byte b as b + 128 (0..255), its bias 128.
+            const unsigned int wd = u4_word(qv[j][k / 4u], k % 4u) ^ 0x80808080u;
 #pragma unroll
-            for (unsigned int i = 0; i < 4u; ++i)
-                v[j][i] = (float)(int)(signed char)(unsigned char)QBYTE(wd, i) * dv[j];
+            for (unsigned int i = 0; i < 4u; ++i) v[j][i] = mvp_byte(wd, i, 128.0f);
         }
 #pragma unroll
         for (unsigned int r = 0; r < MATVEC_MAX_ROWS; ++r) {
@@ -386,12 +408,12 @@ __device__ __forceinline__ void mvp_unit_q8(const uint4* __restrict__ q, const u
                 const float4 xa = *(const float4*)(xs + r * stride + 4u * k);
 #pragma unroll
                 for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
-                    float s = acc[j][r];
-                    s += v[j][0] * xa.x;
+                    // The scale multiplies each 4 values' products' sum, once.
+                    float s = v[j][0] * xa.x;
                     s += v[j][1] * xa.y;
                     s += v[j][2] * xa.z;
                     s += v[j][3] * xa.w;
-                    acc[j][r] = s;
+                    acc[j][r] += dv[j] * s;
                 }
             }
         }
@@ -482,11 +504,12 @@ __device__ __forceinline__ void mvp_unit_q5_k(const uint4* __restrict__ q, const
 #pragma unroll
         for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
             const unsigned int wd = u4_word(qv[j], k), wh = u4_word(hv[j], k) >> (2u * c[j]);
+            const unsigned int w0 = (wd & 0x0F0F0F0Fu) | ((wh & 0x01010101u) << 4);
+            const unsigned int w1 = ((wd >> 4) & 0x0F0F0F0Fu) | ((wh & 0x02020202u) << 3);
 #pragma unroll
             for (unsigned int i = 0; i < 4u; ++i) {
-                const unsigned int byte = QBYTE(wd, i), hb = QBYTE(wh, i);
-                lo[j][i] = d1[j] * (float)((byte & 0xFu) + ((hb & 1u) << 4)) - m1[j];
-                hi[j][i] = d2[j] * (float)((byte >> 4) + (((hb >> 1) & 1u) << 4)) - m2[j];
+                lo[j][i] = d1[j] * mvp_byte(w0, i, 0.0f) - m1[j];
+                hi[j][i] = d2[j] * mvp_byte(w1, i, 0.0f) - m2[j];
             }
         }
         mvp_add_lohi<16u>(lo, hi, xs + 4u * k, stride, rows, acc);
@@ -527,13 +550,15 @@ __device__ __forceinline__ void mvp_unit_q6_k(const uint4* __restrict__ q, const
 #pragma unroll
         for (unsigned int j = 0; j < MATVEC_PACKED_WARP_ROWS; ++j) {
             const unsigned int wa = u4_word(qa[j], k), wb = u4_word(qb[j], k), wh = u4_word(qh[j], k);
+            // Byte i of x[a] is the 6-bit quant of the value at slot 16a + 4k + i.
+            const unsigned int x[4] = {(wa & 0x0F0F0F0Fu) | ((wh & 0x03030303u) << 4),
+                                       (wb & 0x0F0F0F0Fu) | ((wh & 0x0C0C0C0Cu) << 2),
+                                       ((wa >> 4) & 0x0F0F0F0Fu) | (wh & 0x30303030u),
+                                       ((wb >> 4) & 0x0F0F0F0Fu) | ((wh >> 2) & 0x30303030u)};
 #pragma unroll
             for (unsigned int i = 0; i < 4u; ++i) {
-                const unsigned int la = QBYTE(wa, i), lb = QBYTE(wb, i), hb = QBYTE(wh, i);
-                v[j][0][i] = da[j][0] * (float)((int)((la & 0xFu) | ((hb & 3u) << 4)) - 32);
-                v[j][1][i] = da[j][1] * (float)((int)((lb & 0xFu) | (((hb >> 2) & 3u) << 4)) - 32);
-                v[j][2][i] = da[j][2] * (float)((int)((la >> 4) | (((hb >> 4) & 3u) << 4)) - 32);
-                v[j][3][i] = da[j][3] * (float)((int)((lb >> 4) | (((hb >> 6) & 3u) << 4)) - 32);
+#pragma unroll
+                for (unsigned int a = 0; a < 4u; ++a) v[j][a][i] = mvp_byte(x[a], i, 32.0f);
             }
         }
 #pragma unroll
@@ -547,10 +572,12 @@ __device__ __forceinline__ void mvp_unit_q6_k(const uint4* __restrict__ q, const
                     float s = acc[j][r];
 #pragma unroll
                     for (unsigned int a = 0; a < 4u; ++a) {
-                        s += v[j][a][0] * xv[a].x;
-                        s += v[j][a][1] * xv[a].y;
-                        s += v[j][a][2] * xv[a].z;
-                        s += v[j][a][3] * xv[a].w;
+                        // The sub-block's d · scale multiplies the sum of its 4 products.
+                        float t = v[j][a][0] * xv[a].x;
+                        t += v[j][a][1] * xv[a].y;
+                        t += v[j][a][2] * xv[a].z;
+                        t += v[j][a][3] * xv[a].w;
+                        s += da[j][a] * t;
                     }
                     acc[j][r] = s;
                 }
