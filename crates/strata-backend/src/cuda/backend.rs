@@ -59,9 +59,10 @@ enum Layout {
     /// The stored layout, read by the stored-layout kernels (`matvec_FMT` or
     /// `matvec_wide_FMT`, `dequant_FMT_f16`, `embed_FMT`).
     Stored,
-    /// A Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K tensor repacked (`super::packed`): every reader a packed
-    /// kernel (`matvec_packed_FMT` and its fused kernels, `dequant_packed_FMT_f16`,
-    /// `embed_packed_FMT`) through [`CudaWeight::packed_ptrs`].
+    /// A tensor of a block format repacked (`super::packed`; the formats of
+    /// `launch::PACKED_FORMATS`): every reader a packed kernel (`matvec_packed_FMT` and
+    /// its fused kernels, `dequant_packed_FMT_f16`, `embed_packed_FMT`) through
+    /// [`CudaWeight::packed_ptrs`].
     Repacked,
     /// An F32/F16/BF16 tensor in the stored layout with 16-byte aligned rows
     /// (`launch::Matvec::reads_in_place`): the decode products take `matvec_packed_FMT`
@@ -579,7 +580,7 @@ impl Backend for CudaBackend {
         } else {
             (t.bytes().into(), t.dtype)
         };
-        // STRATA_CUDA_MATVEC=packed: 2-D Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights in the packed layout.
+        // STRATA_CUDA_MATVEC=packed: 2-D weights of the block formats in the packed layout.
         let packed = if self.matvec.packs(dtype) && t.shape.len() == 2 && t.shape[1].is_multiple_of(dtype.block_size())
         {
             super::packed::pack(dtype, &bytes)

@@ -1,4 +1,4 @@
-//! Streamed units repacked where they land: a Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weight the upload
+//! Streamed units repacked where they land: a weight of a block format the upload
 //! pipeline copied into a device slot (a streamed layer, a cached expert, a neuron group)
 //! comes in its stored layout; under `STRATA_CUDA_MATVEC=packed` it is rearranged into
 //! the packed layout in its slot, on the compute stream after the copy (a device-to-device
