@@ -37,13 +37,14 @@ something on a GPU say so and pass. ITEMs default to all of them, in this order:
            from the host tier (`--memory-budget 0`) each way, two interleaved rounds, with
            the host's share of time in those copies, the launch overhead and the copy
            engine's busy and stall fractions: reported (GPU only)
-  graphs   decode steps as CUDA graphs (`STRATA_CUDA_GRAPHS=on`, on the `wide` and the
-           `packed` kernels) against graphs off: `strata bench` of the 1.1B Q4_0, three
-           interleaved rounds; at least 0.9 of the decode steps replayed with graphs on
-           (judged); decode tok/s, launches, graphs and replays per token: reported (GPU only)
 
 and, only when named (not part of the default list; several minutes):
 
+  graphs   decode steps as CUDA graphs (`STRATA_CUDA_GRAPHS=on`, on the `wide` and the
+           `packed` kernels) against graphs off: `strata bench` of the 1.1B Q4_0, three
+           interleaved rounds; at least 0.9 of the decode steps replayed with graphs on
+           (judged); decode tok/s, launches, graphs and replays per token: reported (GPU
+           only)
   disk     (items 4 and 15) the CPU streaming from this machine's disk, which held still
            on the GPU machines where the development VMs' disks drift: issue 17's sparse
            FFN speed (the 1.1B converted with `--sparse-ffn`, `tools/bench_sparse_pairs.py`
@@ -52,7 +53,7 @@ and, only when named (not part of the default list; several minutes):
            (`tools/make_moe_bench_model.py`, then `tools/bench_moe.py --device cpu`):
            reported
 
-`refused`, `kvtypes`, `oom`, `matvec` and `disk` need the 1.1B bench model: made under $BENCH_DIR
+`refused`, `kvtypes`, `oom`, `matvec`, `graphs` and `disk` need the 1.1B bench model: made under $BENCH_DIR
 (default /tmp) as b11 and b11.q4_0 with tools/make_bench_model.py (numpy) when not there
 (about 15 s on the GPU machine). Exits 1 when a judged check fails. Needs no third-party
 Python package. On an H200 all items took 70 to 80 s (2026-11-28), after `tools/gpu_check.sh
@@ -542,7 +543,7 @@ def disk():
 ITEMS = {"ndsq": ndsq, "sparse": sparse, "status": status, "hybrid": hybrid, "refused": refused, "kvtypes": kvtypes,
          "oom": oom, "matvec": matvec, "staging": staging, "graphs": graphs, "disk": disk}
 # Run only when named.
-OPT_IN = {"disk"}
+OPT_IN = {"graphs", "disk"}
 
 
 def main():
