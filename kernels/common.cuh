@@ -190,7 +190,7 @@ __device__ __forceinline__ float strata_softcap(float x, float cap) {
 }
 
 // The gated activations act(g) · u of elementwise.cu's GLU kernels and of
-// matvec.cu's fused gate/up products, in the CPU's evaluation order
+// matvec_packed.cu's fused gate/up products, in the CPU's evaluation order
 // (crates/strata-backend/src/cpu/mod.rs `glu_slices`): one expression for both, so the
 // fused product gives the unfused one's bits. STRATA_GLU_* are the `act` codes
 // (crates/strata-backend/src/cuda/launch.rs `glu_code`).

@@ -1,5 +1,5 @@
 // quant.cuh: per-format block decoders, prepended (after common.cuh) to embedding.cu,
-// dequant.cu and matvec.cu.
+// dequant.cu, matvec.cu and matvec_packed.cu.
 //
 // Every block format is decoded in "parts" of 8 values: part `p` of a block is two runs
 // of 4 consecutive values, v[0..4] at value offsets off0..off0+4 of the block and
@@ -22,6 +22,9 @@
 
 #ifndef STRATA_QUANT_CUH
 #define STRATA_QUANT_CUH
+
+// The most activation rows a decode product takes (matvec.cu, matvec_packed.cu).
+#define MATVEC_MAX_ROWS 8u
 
 // Byte i (0..4) of a little-endian u32.
 #define QBYTE(w, i) (((w) >> (8u * (i))) & 0xffu)

@@ -55,7 +55,7 @@ d = json.load(open(sys.argv[1]))
 status = int(sys.argv[2])
 k = d["kernels"]
 assert k["error"] is None, k["error"]
-files = ["elementwise", "norm", "rope", "embedding", "dequant", "matvec", "attention", "sample", "rows"]
+files = ["elementwise", "norm", "rope", "embedding", "dequant", "matvec", "matvec_packed", "attention", "sample", "rows"]
 archs = ["sm_80", "sm_86", "sm_89", "sm_90"]
 got = {(r["file"], r["arch"]): r for r in k["results"]}
 problems = []
@@ -92,11 +92,11 @@ xargs -P "$(nproc)" -L 1 sh -c '"$0" -arch=sm_$1 "$2" -o /dev/null || { echo "pt
 echo "ptxas $("$ptxas" --version | tail -1 | sed 's/^Build //'): $(wc -l <"$work/ptx.list") PTX files assemble"
 
 echo "== packed matvecs: 16-byte weight loads, no spills (sm_90)"
-"$py" tools/check_packed_ptx.py "$ptxas" sm_90 "$(awk '$1 == 90 && $2 ~ /\/matvec-/ { print $2 }' "$work/ptx.list")"
+"$py" tools/check_packed_ptx.py "$ptxas" sm_90 "$(awk '$1 == 90 && $2 ~ /\/matvec_packed-/ { print $2 }' "$work/ptx.list")"
 
 echo "== element formats' packed matvecs: 16-byte weight loads, no spills (sm_80, sm_86, sm_89, sm_90)"
 for sm in 80 86 89 90; do
-  "$py" tools/check_packed_ptx.py "$ptxas" "sm_$sm" "$(awk -v sm=$sm '$1 == sm && $2 ~ /\/matvec-/ { print $2 }' "$work/ptx.list")" elements
+  "$py" tools/check_packed_ptx.py "$ptxas" "sm_$sm" "$(awk -v sm=$sm '$1 == sm && $2 ~ /\/matvec_packed-/ { print $2 }' "$work/ptx.list")" elements
 done
 
 echo "== grouped attention: 16-byte K/V loads, no spills (sm_80, sm_86, sm_89, sm_90)"

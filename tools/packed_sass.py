@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How many instructions the packed matvecs spend per weight value on sm_90, from their
-machine code: each `matvec_packed_FMT` kernel of kernels/matvec.cu compiled for one
+machine code: each `matvec_packed_FMT` kernel of kernels/matvec_packed.cu compiled for one
 activation row (MATVEC_MAX_ROWS set to 1 in a copy, so the loop holds that path alone),
 assembled by ptxas and disassembled by cuobjdump (both from pip wheels, no GPU), then its
 innermost loop with 16-byte weight loads counted: instructions, and weight values per
@@ -55,15 +55,15 @@ def venv_tools():
 
 
 def ptx(nvrtc: str) -> bytes:
-    """kernels/matvec.cu (with common.cuh and quant.cuh) for compute_90, one activation row."""
+    """kernels/matvec_packed.cu (with common.cuh and quant.cuh) for compute_90, one activation row."""
     parts = []
-    for name in ("common.cuh", "quant.cuh", "matvec.cu"):
+    for name in ("common.cuh", "quant.cuh", "matvec_packed.cu"):
         text = open(os.path.join(ROOT, "kernels", name)).read()
         text, n = re.subn(r"#define MATVEC_MAX_ROWS 8u", "#define MATVEC_MAX_ROWS 1u", text)
         parts.append(f'#line 1 "{name}"\n{text}\n')
     nv = ctypes.CDLL(nvrtc)
     prog = ctypes.c_void_p()
-    assert nv.nvrtcCreateProgram(ctypes.byref(prog), "".join(parts).encode(), b"matvec.cu", 0, None, None) == 0
+    assert nv.nvrtcCreateProgram(ctypes.byref(prog), "".join(parts).encode(), b"matvec_packed.cu", 0, None, None) == 0
     opts = [b"--std=c++17", b"-default-device", b"--gpu-architecture=compute_90"]
     rc = nv.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()

@@ -89,7 +89,8 @@ SIGS: dict[str, list[tuple[str, str]]] = {
         (f"matvec_{kind}{f}", "const unsigned char* w, const float* x, float* y, unsigned rows, "
                               "unsigned out, unsigned in")
         for kind in ("", "wide_") for f in FMTS
-    ] + [
+    ],
+    "matvec_packed.cu": [
         (f"matvec_packed_{f}", "const unsigned char* q, const unsigned short* d, const float* x, float* y, "
                                "unsigned rows, unsigned out, unsigned in")
         for f in PACKED_FMTS + ALIGNED_FMTS
@@ -152,7 +153,7 @@ SIGS: dict[str, list[tuple[str, str]]] = {
                      "float* lse"),
     ],
 }
-QUANT_FILES = {"embedding.cu", "dequant.cu", "matvec.cu"}
+QUANT_FILES = {"embedding.cu", "dequant.cu", "matvec.cu", "matvec_packed.cu"}
 # The GLU activations of matvec_glu_packed_FMT: their `act` codes (common.cuh's
 # STRATA_GLU_*) and the unfused kernel of each (elementwise.cu).
 GLU_ACTS = {"silu": (0, "silu_mul_f32"), "gelu_tanh": (1, "gelu_mul_f32"), "sigmoid": (2, "sigmoid_mul_f32"),
@@ -160,7 +161,7 @@ GLU_ACTS = {"silu": (0, "silu_mul_f32"), "gelu_tanh": (1, "gelu_mul_f32"), "sigm
 # Files whose kernels a file's cases launch too, from their own libraries in the same
 # process (the fused GLU matvec's cases run the unfused matvec and GLU kernels, the fused
 # RoPE + KV store's cases rope_f32 and the stores).
-COMPANIONS = {"matvec.cu": ["elementwise.cu"], "attention.cu": ["rope.cu"]}
+COMPANIONS = {"matvec_packed.cu": ["elementwise.cu"], "attention.cu": ["rope.cu"]}
 SELFTEST_SIGS = [
     ("st_block_sum", "const float* x, float* out, unsigned n"),
     ("st_shuffles", "const float* x, float* out"),

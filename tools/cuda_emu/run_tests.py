@@ -29,7 +29,7 @@ buffers (Ctx, Buf), the comparisons and the weight formats; cases/ has the cases
 kernel file (cases/__init__.py's FILES maps a .cu file to its cases and signatures).
 
 What it does: for each .cu file of kernels/README.md that exists, it concatenates
-common.cuh (+ quant.cuh for embedding/dequant/matvec) + the .cu (with #line markers, so
+common.cuh (+ quant.cuh for embedding/dequant/matvec/matvec_packed) + the .cu (with #line markers, so
 reports name the real files) + small extern "C" host wrappers, one per kernel, and builds
 a shared library with g++ -std=c++20 -O1 -include tools/cuda_emu/emu.hpp (by default also
 -fsanitize=address,undefined). emu.hpp runs each block's threads as real concurrent
@@ -423,7 +423,7 @@ def main():
 
     with cf.ThreadPoolExecutor(max_workers=a.jobs) as ex:
         # the slowest files first, so that the 1024-thread sample kernels overlap the rest
-        slow = ["sample.cu", "attention.cu", "matvec.cu", "selftest.cu"]
+        slow = ["sample.cu", "attention.cu", "matvec_packed.cu", "matvec.cu", "selftest.cu"]
         order = sorted(files, key=lambda f: slow.index(f) if f in slow else len(slow))
         futs = {f: ex.submit(build_and_run, f) for f in order}
         for f in files:  # print in a stable order

@@ -7,7 +7,7 @@ from harness import SELFTEST_SIGS, SIGS
 from .attention import cases_attention
 from .deltanet import cases_deltanet
 from .elementwise import cases_elementwise, cases_norm, cases_rope, cases_rows
-from .quant import cases_dequant, cases_embedding, cases_matvec
+from .quant import cases_dequant, cases_embedding, cases_matvec, cases_matvec_packed
 from .sample import cases_sample
 from .selftest import cases_selftest
 
@@ -21,6 +21,7 @@ FILES = {
     "embedding.cu": (cases_embedding, SIGS["embedding.cu"]),
     "dequant.cu": (cases_dequant, SIGS["dequant.cu"]),
     "matvec.cu": (cases_matvec, SIGS["matvec.cu"]),
+    "matvec_packed.cu": (cases_matvec_packed, SIGS["matvec_packed.cu"]),
     "attention.cu": (cases_attention, SIGS["attention.cu"]),
     "sample.cu": (cases_sample, SIGS["sample.cu"]),
     "deltanet.cu": (cases_deltanet, SIGS["deltanet.cu"]),

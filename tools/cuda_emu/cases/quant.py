@@ -1,4 +1,4 @@
-"""Cases of the weight-format kernels: embedding.cu, dequant.cu and matvec.cu (stored and
+"""Cases of the weight-format kernels: embedding.cu, dequant.cu, matvec.cu and matvec_packed.cu (stored and
 packed layouts, the fused GLU, add and multi matvecs) against gguf-py's decodes."""
 
 from __future__ import annotations
@@ -162,6 +162,13 @@ def cases_matvec():
                                      (5, 4, 2 * odd, 128)):
             cs.append(Case(f"matvec_wide_{fmt} rows={rows} out={out} in={inn} block={wide}", f"matvec_wide_{fmt}",
                            mv(fmt, rows, out, inn, wide)))
+
+    return cs
+
+
+def cases_matvec_packed():
+    import numpy as np
+    cs = []
 
     def mv_packed(fmt, rows, out, inn, block, twice=False):
         # `twice`: also each activation row alone, which must give the same bits (the

@@ -40,6 +40,7 @@ pub const FILES: &[KernelFile] = &[
     kernel_file!("embedding", true),
     kernel_file!("dequant", true),
     kernel_file!("matvec", true),
+    kernel_file!("matvec_packed", true),
     kernel_file!("attention", false),
     kernel_file!("sample", false),
     kernel_file!("deltanet", false),
@@ -609,6 +610,7 @@ KERNEL plain_via_object_macro(float* x) {}
                 "embedding",
                 "dequant",
                 "matvec",
+                "matvec_packed",
                 "attention",
                 "sample",
                 "deltanet"
@@ -616,7 +618,7 @@ KERNEL plain_via_object_macro(float* x) {}
         );
         for f in FILES {
             assert_eq!(by_name(f.name), Some(f));
-            assert_eq!(f.needs_quant, matches!(f.name, "embedding" | "dequant" | "matvec"));
+            assert_eq!(f.needs_quant, matches!(f.name, "embedding" | "dequant" | "matvec" | "matvec_packed"));
         }
     }
 }

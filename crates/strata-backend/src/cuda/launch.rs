@@ -553,16 +553,16 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
     for d in PACKED_FORMATS {
         let f = format_name(d).unwrap_or_default();
         names.push(("embedding", format!("embed_packed_{f}")));
-        names.push(("matvec", format!("matvec_packed_{f}")));
-        names.push(("matvec", format!("matvec_glu_packed_{f}")));
-        names.push(("matvec", format!("matvec_add_packed_{f}")));
-        names.push(("matvec", format!("matvec_multi_packed_{f}")));
+        names.push(("matvec_packed", format!("matvec_packed_{f}")));
+        names.push(("matvec_packed", format!("matvec_glu_packed_{f}")));
+        names.push(("matvec_packed", format!("matvec_add_packed_{f}")));
+        names.push(("matvec_packed", format!("matvec_multi_packed_{f}")));
         names.push(("dequant", format!("dequant_packed_{f}_f16")));
     }
     for d in ALIGNED_FORMATS {
         let f = format_name(d).unwrap_or_default();
         for k in ["packed", "glu_packed", "add_packed", "multi_packed"] {
-            names.push(("matvec", format!("matvec_{k}_{f}")));
+            names.push(("matvec_packed", format!("matvec_{k}_{f}")));
         }
     }
     names
